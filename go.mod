@@ -1,0 +1,3 @@
+module github.com/conveyorq/conveyor
+
+go 1.26

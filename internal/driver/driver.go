@@ -1,0 +1,259 @@
+// Package driver is the contract between conveyor's engine and a database
+// backend. The engine reaches the database only through Driver; dialect
+// differences are expressed as Capabilities, never as type switches in the
+// engine.
+//
+// Every time a driver writes (scheduled_at, lease_expires_at, finalized_at)
+// is computed from the database's clock inside the statement; the durations
+// passed in (lease, delay, backoff) are relative to that clock.
+package driver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// Job states as stored in the database.
+const (
+	StateAvailable = "available"
+	StateScheduled = "scheduled"
+	StateRunning   = "running"
+	StateRetryable = "retryable"
+	StateCompleted = "completed"
+	StateDiscarded = "discarded"
+	StateCancelled = "cancelled"
+)
+
+// AllStates lists every state in lifecycle order.
+var AllStates = []string{StateAvailable, StateScheduled, StateRunning, StateRetryable, StateCompleted, StateDiscarded, StateCancelled}
+
+// ErrSchemaTooNew is returned when the database was migrated by a newer
+// conveyor than this binary.
+var ErrSchemaTooNew = errors.New("database schema is newer than this conveyor binary")
+
+// ErrSchemaOutdated is returned when the database lacks migrations this
+// binary needs.
+var ErrSchemaOutdated = errors.New("database schema is older than this conveyor binary; run `conveyor migrate`")
+
+// ErrNotFound is returned by admin calls for an id that does not exist.
+var ErrNotFound = errors.New("job not found")
+
+// ErrWrongState is returned by admin calls when the job's state does not
+// allow the operation (for example cancelling a completed job).
+var ErrWrongState = errors.New("job is not in a state that allows this")
+
+// ErrTxType is returned when a caller transaction is not of the type the
+// backend accepts.
+var ErrTxType = errors.New("transaction type not supported by this backend")
+
+// Capabilities describes what a backend can do; the engine adapts to it.
+type Capabilities struct {
+	// Listen is true when the backend has a push notification channel
+	// (PostgreSQL LISTEN/NOTIFY). Without it the engine polls.
+	Listen bool
+	// SingleWriter is true when the database serialises all writers
+	// (SQLite); the engine then keeps write batches large.
+	SingleWriter bool
+	// ClaimMethod names how claims avoid deadlocks, for reports
+	// ("skip-locked", "optimistic-window", "immediate-tx").
+	ClaimMethod string
+	// MaxArgsBytes is the largest encoded args the server accepts in one
+	// row (0: no server-specific limit beyond the client's).
+	MaxArgsBytes int
+}
+
+// InsertParams is one job to insert. Args are already validated JSON.
+type InsertParams struct {
+	Queue       string
+	Kind        string
+	Args        json.RawMessage
+	Priority    int
+	MaxAttempts int
+	// TimeoutMS is the per-job timeout in milliseconds; 0 means the client
+	// default, negative means none.
+	TimeoutMS int64
+	// RunAt, when non-zero, is the absolute time the job becomes due.
+	RunAt time.Time
+	// Delay, when RunAt is zero, is added to the database's clock.
+	Delay time.Duration
+}
+
+// JobRow is a job as stored.
+type JobRow struct {
+	ID             int64
+	Queue          string
+	Kind           string
+	Args           json.RawMessage
+	State          string
+	Priority       int
+	Attempt        int
+	MaxAttempts    int
+	TimeoutMS      int64
+	ScheduledAt    time.Time
+	CreatedAt      time.Time
+	AttemptedAt    time.Time // zero if never attempted
+	FinalizedAt    time.Time // zero if not final
+	LeaseExpiresAt time.Time // zero if not running
+	AttemptedBy    string
+	Errors         []AttemptError
+}
+
+// AttemptError is one failed attempt, kept with the job.
+type AttemptError struct {
+	Attempt int       `json:"attempt"`
+	At      time.Time `json:"at"`
+	Error   string    `json:"error"`
+	Trace   string    `json:"trace,omitempty"`
+}
+
+// ClaimParams asks for up to Limit available jobs of one queue.
+type ClaimParams struct {
+	Queue  string
+	Limit  int
+	Lease  time.Duration
+	Worker string // identifies the claiming process, stored in attempted_by
+}
+
+// Outcome is the result of one attempt, as the completer writes it.
+type Outcome struct {
+	ID      int64
+	Attempt int // the fence: applied only if the job is still running this attempt
+	// State is the new state: completed, retryable, discarded or cancelled.
+	State string
+	// RetryIn is the backoff from the database's clock, for retryable.
+	RetryIn time.Duration
+	// Err is recorded in the job's error list when non-nil.
+	Err *AttemptError
+}
+
+// Lease identifies one running attempt, for heartbeats and releases.
+type Lease struct {
+	ID      int64
+	Attempt int
+}
+
+// JobFilter selects jobs for listing. Zero fields match everything.
+type JobFilter struct {
+	States  []string
+	Queue   string
+	Kind    string
+	Limit   int   // default 100
+	AfterID int64 // for paging: only ids greater than this
+}
+
+// QueueStats is one queue's counts by state and its oldest due job.
+type QueueStats struct {
+	Queue  string
+	Counts map[string]int64
+	// OldestAvailable is the age of the oldest available job by the
+	// database's clock, 0 if none.
+	OldestAvailable time.Duration
+}
+
+// Driver is a database backend. All methods are safe for concurrent use.
+type Driver interface {
+	// Name is the backend's short name: "sqlite", "postgres", "mysql".
+	Name() string
+	// Capabilities tells the engine what the backend can do.
+	Capabilities() Capabilities
+	// ServerInfo describes the server and its durability settings, for
+	// reports.
+	ServerInfo(ctx context.Context) (map[string]string, error)
+
+	// Migrate applies missing migrations and returns the versions applied.
+	Migrate(ctx context.Context) ([]int, error)
+	// SchemaVersion returns the applied and the latest known version.
+	SchemaVersion(ctx context.Context) (current, latest int, err error)
+
+	// Insert inserts jobs in one statement and one commit of its own and
+	// returns their ids in order. It also wakes other processes' fetchers
+	// for the queues it touched (one notification per queue).
+	Insert(ctx context.Context, jobs []InsertParams) ([]int64, error)
+	// InsertTx inserts jobs inside the caller's transaction, whose type
+	// the backend checks (ErrTxType otherwise).
+	InsertTx(ctx context.Context, tx any, jobs []InsertParams) ([]int64, error)
+	// BulkInsert streams many jobs (COPY where available) in one
+	// transaction and returns how many were inserted.
+	BulkInsert(ctx context.Context, jobs []InsertParams) (int64, error)
+
+	// Claim moves up to Limit due jobs of a queue to running, increments
+	// their attempt, sets their lease and returns them. It never blocks on
+	// another claimer's locks and never deadlocks.
+	Claim(ctx context.Context, p ClaimParams) ([]*JobRow, error)
+	// Complete applies outcomes fenced by attempt and returns the ids that
+	// took effect; the others were stale and are refused.
+	Complete(ctx context.Context, outcomes []Outcome) (applied []int64, err error)
+	// Heartbeat extends the leases of running attempts and returns the ids
+	// still owned; an id missing from the result has lost its lease.
+	Heartbeat(ctx context.Context, leases []Lease, lease time.Duration) (owned []int64, err error)
+	// Release makes running attempts available again without counting the
+	// attempt (graceful shutdown).
+	Release(ctx context.Context, leases []Lease) (int64, error)
+
+	// Rescue handles up to limit running jobs whose lease expired by the
+	// database's clock: each becomes available again (scheduled_at kept),
+	// or discarded (finalized) when attempt >= max_attempts, and gets an
+	// AttemptError "lease expired: <attempted_by> stopped heartbeating".
+	// It returns the number of jobs rescued per queue and wakes other
+	// processes' fetchers for those queues where the backend can notify.
+	Rescue(ctx context.Context, limit int) (map[string]int, error)
+	// Promote makes up to limit scheduled and retryable jobs whose
+	// scheduled_at has passed available, and returns the count per queue,
+	// notifying like Rescue.
+	Promote(ctx context.Context, limit int) (map[string]int, error)
+	// Prune deletes finished jobs finalized longer ago than the given ages.
+	Prune(ctx context.Context, completedAge, discardedAge time.Duration, limit int) (int64, error)
+	// TryLead takes or keeps leadership of the maintenance loops for ttl.
+	TryLead(ctx context.Context, id string, ttl time.Duration) (bool, error)
+
+	// Listen returns a listener for queue wake-ups, or nil when the backend
+	// has no push channel (Capabilities.Listen is false).
+	Listen(ctx context.Context) (Listener, error)
+
+	// Admin.
+	GetJob(ctx context.Context, id int64) (*JobRow, error)
+	ListJobs(ctx context.Context, f JobFilter) ([]*JobRow, error)
+	// Retry makes a discarded, cancelled, retryable or scheduled job
+	// available now, granting one more attempt if all were used.
+	Retry(ctx context.Context, id int64) (*JobRow, error)
+	// Cancel cancels a job that has not finished.
+	Cancel(ctx context.Context, id int64) (*JobRow, error)
+	// Discard discards a job that has not finished.
+	Discard(ctx context.Context, id int64) (*JobRow, error)
+	Stats(ctx context.Context) ([]QueueStats, error)
+
+	// Counters returns backend-specific counters (busy retries, deadlock
+	// retries) accumulated by this driver.
+	Counters() map[string]int64
+
+	// DropAll drops every table under this driver's prefix (tests, bench).
+	DropAll(ctx context.Context) error
+
+	Close() error
+}
+
+// Options configure a backend at open. The engine fills defaults.
+type Options struct {
+	// Prefix is prepended to every table name (and the PostgreSQL
+	// notification channel). Already validated by sqlq.CheckPrefix.
+	Prefix string
+	// PoolSize caps the backend's connection pool; 0 means backend default.
+	PoolSize int
+	// ClaimStrategy selects the claim on backends with a choice (MySQL):
+	// "" (automatic from the server version), "skip-locked", "optimistic".
+	ClaimStrategy string
+	// Synchronous is SQLite's synchronous mode in WAL: "NORMAL" (durable
+	// against a process crash; the default) or "FULL" (also power loss).
+	Synchronous string
+}
+
+// Listener delivers queue names that have new work.
+type Listener interface {
+	// Wait blocks until a notification arrives or ctx ends; it reconnects
+	// by itself and reports (with queue "") after a reconnect so that the
+	// engine refetches anything it may have missed.
+	Wait(ctx context.Context) (queue string, err error)
+	Close() error
+}

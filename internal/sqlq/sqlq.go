@@ -1,0 +1,107 @@
+// Package sqlq loads a backend's SQL from embedded .sql files: named queries
+// (blocks headed by "-- name: NAME") and numbered migrations
+// (migrations/NNN_description.sql). The token {p} in any SQL is replaced by
+// the configured table prefix.
+package sqlq
+
+import (
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// prefixRE is the documented pattern for table prefixes.
+var prefixRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,30}$`)
+
+// CheckPrefix validates a table prefix: lower-case letters, digits and
+// underscores, starting with a letter, at most 31 characters.
+func CheckPrefix(p string) error {
+	if !prefixRE.MatchString(p) {
+		return fmt.Errorf("conveyor: invalid table prefix %q: must match %s", p, prefixRE)
+	}
+	return nil
+}
+
+// Queries parses every "-- name: X" block of file in fsys into a map, with
+// {p} replaced by prefix. It panics on a malformed file: the files are
+// embedded, so that is a build defect.
+func Queries(fsys fs.FS, file, prefix string) map[string]string {
+	b, err := fs.ReadFile(fsys, file)
+	if err != nil {
+		panic(fmt.Sprintf("sqlq: %s: %v", file, err))
+	}
+	out := map[string]string{}
+	var name string
+	var body strings.Builder
+	flush := func() {
+		if name != "" {
+			out[name] = strings.TrimSpace(strings.ReplaceAll(body.String(), "{p}", prefix))
+		}
+		body.Reset()
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "-- name:"); ok {
+			flush()
+			name = strings.TrimSpace(rest)
+			if _, dup := out[name]; dup {
+				panic(fmt.Sprintf("sqlq: %s: duplicate query %q", file, name))
+			}
+			continue
+		}
+		body.WriteString(line)
+		body.WriteByte('\n')
+	}
+	flush()
+	return out
+}
+
+// Migration is one numbered schema step.
+type Migration struct {
+	Version int
+	Name    string
+	// Statements are executed in order; files separate them with a line
+	// holding only "-- split".
+	Statements []string
+}
+
+// Migrations reads dir/NNN_name.sql files from fsys in version order.
+func Migrations(fsys fs.FS, dir, prefix string) []Migration {
+	entries, err := fs.ReadDir(fsys, dir)
+	if err != nil {
+		panic(fmt.Sprintf("sqlq: %s: %v", dir, err))
+	}
+	var ms []Migration
+	for _, e := range entries {
+		n := e.Name()
+		if !strings.HasSuffix(n, ".sql") {
+			continue
+		}
+		num, rest, ok := strings.Cut(n, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			panic(fmt.Sprintf("sqlq: migration %s is not named NNN_name.sql", n))
+		}
+		b, err := fs.ReadFile(fsys, dir+"/"+n)
+		if err != nil {
+			panic(err)
+		}
+		var stmts []string
+		for _, s := range strings.Split(string(b), "\n-- split\n") {
+			s = strings.TrimSpace(strings.ReplaceAll(s, "{p}", prefix))
+			if s != "" {
+				stmts = append(stmts, s)
+			}
+		}
+		ms = append(ms, Migration{Version: v, Name: strings.TrimSuffix(rest, ".sql"), Statements: stmts})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
+	for i, m := range ms {
+		if m.Version != i+1 {
+			panic(fmt.Sprintf("sqlq: migrations in %s are not numbered 1..n (found %d at %d)", dir, m.Version, i+1))
+		}
+	}
+	return ms
+}
