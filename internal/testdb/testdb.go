@@ -1,0 +1,70 @@
+// Package testdb tells tests where the real databases are. A backend that
+// is unreachable is skipped with a message, unless CONVEYOR_REQUIRE_BACKENDS
+// names it (CI sets "postgres,mysql"), in which case the test fails.
+package testdb
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Default DSNs of the loopback servers; override with CONVEYOR_TEST_POSTGRES
+// and CONVEYOR_TEST_MYSQL.
+const (
+	DefaultPostgres = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	DefaultMySQL    = "mysql://root@127.0.0.1:3306/test"
+)
+
+// Required reports whether the named backend must be reachable.
+func Required(backend string) bool {
+	for _, b := range strings.Split(os.Getenv("CONVEYOR_REQUIRE_BACKENDS"), ",") {
+		if strings.TrimSpace(b) == backend {
+			return true
+		}
+	}
+	return false
+}
+
+// Postgres returns the PostgreSQL test DSN, or skips (fails if required).
+func Postgres(tb testing.TB) string {
+	return dsn(tb, "postgres", "CONVEYOR_TEST_POSTGRES", DefaultPostgres)
+}
+
+// MySQL returns the MySQL/MariaDB test DSN, or skips (fails if required).
+func MySQL(tb testing.TB) string {
+	return dsn(tb, "mysql", "CONVEYOR_TEST_MYSQL", DefaultMySQL)
+}
+
+func dsn(tb testing.TB, backend, env, def string) string {
+	tb.Helper()
+	d := os.Getenv(env)
+	if d == "" {
+		d = def
+	}
+	u, err := url.Parse(d)
+	if err != nil {
+		tb.Fatalf("%s: bad DSN %q: %v", env, d, err)
+	}
+	c, err := net.DialTimeout("tcp", u.Host, 2*time.Second)
+	if err != nil {
+		if Required(backend) {
+			tb.Fatalf("%s backend required (CONVEYOR_REQUIRE_BACKENDS) but unreachable at %s: %v", backend, u.Host, err)
+		}
+		tb.Skipf("SKIPPED BACKEND %s: unreachable at %s (%v); set %s or start the server", backend, u.Host, err, env)
+	}
+	c.Close()
+	return d
+}
+
+// Prefix returns a fresh table prefix so that tests can share a database.
+func Prefix() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return "t" + hex.EncodeToString(b[:]) + "_"
+}
