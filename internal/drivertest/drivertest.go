@@ -1,0 +1,398 @@
+// Package drivertest is the shared suite every backend runs against a real
+// database: the driver contract of internal/driver, checked statement by
+// statement. The client-level conformance suite (package conveyor) runs on
+// top of it.
+package drivertest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// Opener opens a driver on a fresh prefix; the suite migrates it and drops
+// it at the end.
+type Opener func(t *testing.T, prefix string) driver.Driver
+
+func setup(t *testing.T, open Opener, prefix string) driver.Driver {
+	t.Helper()
+	d := open(t, prefix)
+	ctx := context.Background()
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := d.DropAll(context.Background()); err != nil {
+			t.Errorf("drop: %v", err)
+		}
+		d.Close()
+	})
+	return d
+}
+
+func job(queue string, prio int) driver.InsertParams {
+	return driver.InsertParams{Queue: queue, Kind: "k", Args: json.RawMessage(`{"a":1}`), Priority: prio, MaxAttempts: 3}
+}
+
+// Run runs the suite. prefixFor returns a fresh prefix for each sub-test.
+func Run(t *testing.T, prefixFor func() string, open Opener) {
+	ctx := context.Background()
+
+	t.Run("MigrateIdempotent", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		applied, err := d.Migrate(ctx)
+		if err != nil || len(applied) != 0 {
+			t.Fatalf("second migrate applied %v, err %v; want nothing", applied, err)
+		}
+		cur, latest, err := d.SchemaVersion(ctx)
+		if err != nil || cur != latest || cur < 1 {
+			t.Fatalf("schema version %d/%d err %v", cur, latest, err)
+		}
+	})
+
+	t.Run("InsertClaimComplete", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		ids, err := d.Insert(ctx, []driver.InsertParams{job("q", 0), job("q", 0), job("q", 0)})
+		if err != nil || len(ids) != 3 || !(ids[0] < ids[1] && ids[1] < ids[2]) {
+			t.Fatalf("insert: ids %v err %v; want 3 ascending ids", ids, err)
+		}
+		rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "q", Limit: 10, Lease: time.Minute, Worker: "w1"})
+		if err != nil || len(rows) != 3 {
+			t.Fatalf("claim: %d rows err %v; want 3", len(rows), err)
+		}
+		for _, r := range rows {
+			if r.State != driver.StateRunning || r.Attempt != 1 || r.AttemptedBy != "w1" || r.LeaseExpiresAt.IsZero() || string(r.Args) == "" {
+				t.Fatalf("claimed row not running/attempt 1/leased: %+v", r)
+			}
+			var v map[string]int
+			if err := json.Unmarshal(r.Args, &v); err != nil || v["a"] != 1 {
+				t.Fatalf("args round trip: %s", r.Args)
+			}
+		}
+		more, err := d.Claim(ctx, driver.ClaimParams{Queue: "q", Limit: 10, Lease: time.Minute, Worker: "w1"})
+		if err != nil || len(more) != 0 {
+			t.Fatalf("second claim got %d rows, want 0 (err %v)", len(more), err)
+		}
+		out := []driver.Outcome{
+			{ID: ids[0], Attempt: 1, State: driver.StateCompleted},
+			{ID: ids[1], Attempt: 1, State: driver.StateRetryable, RetryIn: time.Hour, Err: &driver.AttemptError{Attempt: 1, At: time.Now(), Error: "boom", Trace: "stack"}},
+			{ID: ids[2], Attempt: 2, State: driver.StateCompleted}, // stale fence
+		}
+		applied, err := d.Complete(ctx, out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sort.Slice(applied, func(i, j int) bool { return applied[i] < applied[j] })
+		if len(applied) != 2 || applied[0] != ids[0] || applied[1] != ids[1] {
+			t.Fatalf("applied %v, want %v", applied, ids[:2])
+		}
+		j0, _ := d.GetJob(ctx, ids[0])
+		j1, _ := d.GetJob(ctx, ids[1])
+		j2, _ := d.GetJob(ctx, ids[2])
+		if j0.State != driver.StateCompleted || j0.FinalizedAt.IsZero() || !j0.LeaseExpiresAt.IsZero() {
+			t.Fatalf("completed job: %+v", j0)
+		}
+		if j1.State != driver.StateRetryable || len(j1.Errors) != 1 || j1.Errors[0].Error != "boom" || j1.Errors[0].Trace != "stack" || j1.Errors[0].Attempt != 1 {
+			t.Fatalf("retryable job: %+v", j1)
+		}
+		if time.Until(j1.ScheduledAt) < 50*time.Minute {
+			t.Fatalf("retry scheduled at %v, want about an hour from now", j1.ScheduledAt)
+		}
+		if j2.State != driver.StateRunning {
+			t.Fatalf("stale outcome was applied: %+v", j2)
+		}
+		// Applying the same outcome twice changes nothing the second time.
+		again, err := d.Complete(ctx, out[:1])
+		if err != nil || len(again) != 0 {
+			t.Fatalf("repeated completion applied %v err %v", again, err)
+		}
+	})
+
+	t.Run("PriorityOrderAndQueues", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		in := []driver.InsertParams{job("a", 5), job("a", 1), job("b", 0), job("a", 3), job("a", 1)}
+		ids, err := d.Insert(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []int64
+		for {
+			rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "a", Limit: 1, Lease: time.Minute, Worker: "w"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rows) == 0 {
+				break
+			}
+			if rows[0].Queue != "a" {
+				t.Fatalf("claimed from queue %q", rows[0].Queue)
+			}
+			got = append(got, rows[0].ID)
+		}
+		want := []int64{ids[1], ids[4], ids[3], ids[0]}
+		if len(got) != len(want) {
+			t.Fatalf("claimed %v want %v", got, want)
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("claim order %v, want %v (priority, then id)", got, want)
+			}
+		}
+	})
+
+	t.Run("ScheduledNotClaimedUntilPromoted", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		p := job("s", 0)
+		p.Delay = 300 * time.Millisecond
+		ids, err := d.Insert(ctx, []driver.InsertParams{p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, _ := d.GetJob(ctx, ids[0])
+		if j.State != driver.StateScheduled {
+			t.Fatalf("delayed job state %q, want scheduled", j.State)
+		}
+		if n, _ := d.Promote(ctx, 100); n["s"] != 0 {
+			t.Fatalf("promoted a job before its time")
+		}
+		rows, _ := d.Claim(ctx, driver.ClaimParams{Queue: "s", Limit: 5, Lease: time.Minute, Worker: "w"})
+		if len(rows) != 0 {
+			t.Fatalf("claimed a scheduled job early")
+		}
+		time.Sleep(400 * time.Millisecond)
+		n, err := d.Promote(ctx, 100)
+		if err != nil || n["s"] != 1 {
+			t.Fatalf("promote: %v err %v", n, err)
+		}
+		rows, _ = d.Claim(ctx, driver.ClaimParams{Queue: "s", Limit: 5, Lease: time.Minute, Worker: "w"})
+		if len(rows) != 1 || time.Since(rows[0].ScheduledAt) < 0 {
+			t.Fatalf("claim after promote: %d rows", len(rows))
+		}
+	})
+
+	t.Run("LeaseHeartbeatRescue", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		p := job("l", 0)
+		p.MaxAttempts = 2
+		ids, _ := d.Insert(ctx, []driver.InsertParams{p, job("l", 0)})
+		rows, _ := d.Claim(ctx, driver.ClaimParams{Queue: "l", Limit: 2, Lease: 200 * time.Millisecond, Worker: "w1"})
+		if len(rows) != 2 {
+			t.Fatalf("claimed %d", len(rows))
+		}
+		// Keep the second alive, let the first expire.
+		owned, err := d.Heartbeat(ctx, []driver.Lease{{ID: ids[1], Attempt: 1}, {ID: ids[0], Attempt: 7}}, time.Minute)
+		if err != nil || len(owned) != 1 || owned[0] != ids[1] {
+			t.Fatalf("heartbeat owned %v err %v; want only %d (other fenced)", owned, err, ids[1])
+		}
+		time.Sleep(350 * time.Millisecond)
+		n, err := d.Rescue(ctx, 100)
+		if err != nil || n["l"] != 1 {
+			t.Fatalf("rescue %v err %v; want 1", n, err)
+		}
+		j, _ := d.GetJob(ctx, ids[0])
+		if j.State != driver.StateAvailable || len(j.Errors) != 1 || j.Errors[0].Attempt != 1 {
+			t.Fatalf("rescued job: %+v", j)
+		}
+		// The stale attempt's acknowledgement is refused.
+		applied, _ := d.Complete(ctx, []driver.Outcome{{ID: ids[0], Attempt: 1, State: driver.StateCompleted}})
+		if len(applied) != 0 {
+			t.Fatalf("stale completion applied after rescue")
+		}
+		// Second attempt expires too: attempts exhausted, discarded.
+		rows, _ = d.Claim(ctx, driver.ClaimParams{Queue: "l", Limit: 1, Lease: 100 * time.Millisecond, Worker: "w2"})
+		if len(rows) != 1 || rows[0].Attempt != 2 {
+			t.Fatalf("reclaim: %+v", rows)
+		}
+		time.Sleep(250 * time.Millisecond)
+		if n, _ := d.Rescue(ctx, 100); n["l"] != 1 {
+			t.Fatalf("second rescue %v", n)
+		}
+		j, _ = d.GetJob(ctx, ids[0])
+		if j.State != driver.StateDiscarded || j.FinalizedAt.IsZero() || len(j.Errors) != 2 {
+			t.Fatalf("exhausted job not discarded: %+v", j)
+		}
+		j, _ = d.GetJob(ctx, ids[1])
+		if j.State != driver.StateRunning {
+			t.Fatalf("heartbeated job was rescued: %+v", j)
+		}
+	})
+
+	t.Run("Release", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		ids, _ := d.Insert(ctx, []driver.InsertParams{job("r", 0)})
+		d.Claim(ctx, driver.ClaimParams{Queue: "r", Limit: 1, Lease: time.Minute, Worker: "w"})
+		n, err := d.Release(ctx, []driver.Lease{{ID: ids[0], Attempt: 1}})
+		if err != nil || n != 1 {
+			t.Fatalf("release %d err %v", n, err)
+		}
+		j, _ := d.GetJob(ctx, ids[0])
+		if j.State != driver.StateAvailable || j.Attempt != 0 {
+			t.Fatalf("released job: %+v", j)
+		}
+	})
+
+	t.Run("ConcurrentClaimsNeverShare", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		const n = 600
+		in := make([]driver.InsertParams, n)
+		for i := range in {
+			in[i] = job("c", i%3)
+		}
+		if _, err := d.Insert(ctx, in); err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		seen := map[int64]int{}
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for w := 0; w < 8; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "c", Limit: 7, Lease: time.Minute, Worker: "w"})
+					if err != nil {
+						errs <- err
+						return
+					}
+					if len(rows) == 0 {
+						return
+					}
+					out := make([]driver.Outcome, len(rows))
+					mu.Lock()
+					for i, r := range rows {
+						seen[r.ID]++
+						out[i] = driver.Outcome{ID: r.ID, Attempt: r.Attempt, State: driver.StateCompleted}
+					}
+					mu.Unlock()
+					if _, err := d.Complete(ctx, out); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("concurrent claim/complete error: %v", err)
+		}
+		if len(seen) != n {
+			t.Fatalf("claimed %d distinct jobs, want %d", len(seen), n)
+		}
+		for id, c := range seen {
+			if c != 1 {
+				t.Fatalf("job %d handed out %d times", id, c)
+			}
+		}
+	})
+
+	t.Run("AdminAndStats", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		ids, _ := d.Insert(ctx, []driver.InsertParams{job("x", 0), job("x", 0), job("y", 0)})
+		if _, err := d.Retry(ctx, ids[0]); !errors.Is(err, driver.ErrWrongState) {
+			t.Fatalf("retry of available job: %v, want ErrWrongState", err)
+		}
+		j, err := d.Cancel(ctx, ids[0])
+		if err != nil || j.State != driver.StateCancelled {
+			t.Fatalf("cancel: %+v %v", j, err)
+		}
+		if _, err := d.Cancel(ctx, ids[0]); !errors.Is(err, driver.ErrWrongState) {
+			t.Fatalf("second cancel: %v", err)
+		}
+		j, err = d.Discard(ctx, ids[1])
+		if err != nil || j.State != driver.StateDiscarded {
+			t.Fatalf("discard: %+v %v", j, err)
+		}
+		j, err = d.Retry(ctx, ids[1])
+		if err != nil || j.State != driver.StateAvailable || j.MaxAttempts < j.Attempt+1 {
+			t.Fatalf("retry: %+v %v", j, err)
+		}
+		if _, err := d.GetJob(ctx, 1<<40); !errors.Is(err, driver.ErrNotFound) {
+			t.Fatalf("get missing: %v", err)
+		}
+		list, err := d.ListJobs(ctx, driver.JobFilter{Queue: "x"})
+		if err != nil || len(list) != 2 {
+			t.Fatalf("list queue x: %d %v", len(list), err)
+		}
+		list, _ = d.ListJobs(ctx, driver.JobFilter{States: []string{driver.StateCancelled}})
+		if len(list) != 1 || list[0].ID != ids[0] {
+			t.Fatalf("list cancelled: %v", list)
+		}
+		st, err := d.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byQ := map[string]driver.QueueStats{}
+		for _, s := range st {
+			byQ[s.Queue] = s
+		}
+		if byQ["x"].Counts[driver.StateAvailable] != 1 || byQ["x"].Counts[driver.StateCancelled] != 1 || byQ["y"].Counts[driver.StateAvailable] != 1 {
+			t.Fatalf("stats: %+v", st)
+		}
+		if _, ok := byQ["x"].Counts[driver.StateDiscarded]; !ok {
+			t.Fatalf("stats omit zero states: %+v", byQ["x"].Counts)
+		}
+	})
+
+	t.Run("BulkInsert", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		in := make([]driver.InsertParams, 2500)
+		for i := range in {
+			in[i] = job("bulk", 0)
+		}
+		in[0].Delay = time.Hour
+		n, err := d.BulkInsert(ctx, in)
+		if err != nil || n != int64(len(in)) {
+			t.Fatalf("bulk insert %d err %v", n, err)
+		}
+		st, _ := d.Stats(ctx)
+		for _, s := range st {
+			if s.Queue == "bulk" && (s.Counts[driver.StateAvailable] != 2499 || s.Counts[driver.StateScheduled] != 1) {
+				t.Fatalf("bulk counts %v", s.Counts)
+			}
+		}
+	})
+
+	t.Run("Prune", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		ids, _ := d.Insert(ctx, []driver.InsertParams{job("p", 0), job("p", 0)})
+		d.Claim(ctx, driver.ClaimParams{Queue: "p", Limit: 2, Lease: time.Minute, Worker: "w"})
+		d.Complete(ctx, []driver.Outcome{{ID: ids[0], Attempt: 1, State: driver.StateCompleted}})
+		time.Sleep(50 * time.Millisecond)
+		n, err := d.Prune(ctx, time.Millisecond, time.Hour, 100)
+		if err != nil || n != 1 {
+			t.Fatalf("prune %d err %v; want 1", n, err)
+		}
+		if _, err := d.GetJob(ctx, ids[0]); !errors.Is(err, driver.ErrNotFound) {
+			t.Fatalf("pruned job still there: %v", err)
+		}
+		if j, err := d.GetJob(ctx, ids[1]); err != nil || j.State != driver.StateRunning {
+			t.Fatalf("running job pruned: %v", err)
+		}
+	})
+
+	t.Run("Leader", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		ok, err := d.TryLead(ctx, "a", 300*time.Millisecond)
+		if err != nil || !ok {
+			t.Fatalf("first leader: %v %v", ok, err)
+		}
+		if ok, _ := d.TryLead(ctx, "b", 300*time.Millisecond); ok {
+			t.Fatal("second process took a live leadership")
+		}
+		if ok, _ := d.TryLead(ctx, "a", 300*time.Millisecond); !ok {
+			t.Fatal("leader could not renew")
+		}
+		time.Sleep(400 * time.Millisecond)
+		if ok, _ := d.TryLead(ctx, "b", 300*time.Millisecond); !ok {
+			t.Fatal("leadership not taken over after expiry")
+		}
+	})
+}
