@@ -1,0 +1,150 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// GetJob returns one job, or an error wrapping driver.ErrNotFound.
+func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
+	j, err := scanJob(d.r.QueryRowContext(ctx, d.q["get_job"], id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("conveyor/sqlite: get job %d: %w", id, driver.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: get job %d: %w", id, err)
+	}
+	return j, nil
+}
+
+// ListJobs lists jobs by ascending id, filtered by f.
+func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.JobRow, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	var states any // NULL: every state
+	if len(f.States) > 0 {
+		var b strings.Builder
+		b.WriteByte('[')
+		for i, s := range f.States {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.Write(appendJSONStr(nil, s))
+		}
+		b.WriteByte(']')
+		states = b.String()
+	}
+	rows, err := d.r.QueryContext(ctx, d.q["list_jobs"], states, f.Queue, f.Kind, f.AfterID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: list jobs: %w", err)
+	}
+	defer rows.Close()
+	var out []*driver.JobRow
+	for rows.Next() {
+		j, err := scanJob(rows)
+		if err != nil {
+			return nil, fmt.Errorf("conveyor/sqlite: list jobs: %w", err)
+		}
+		out = append(out, j)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: list jobs: %w", err)
+	}
+	return out, nil
+}
+
+// Retry makes a discarded, cancelled, retryable, scheduled or completed job
+// available now, granting one more attempt if all were used.
+func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
+	return d.changeJob(ctx, "retry", id, d.q["retry_job"], id)
+}
+
+// Cancel cancels a job that has not finished (available, scheduled,
+// retryable or running; a running attempt's outcome is then refused).
+func (d *Driver) Cancel(ctx context.Context, id int64) (*driver.JobRow, error) {
+	return d.changeJob(ctx, "cancel", id, d.q["finish_job"], id, driver.StateCancelled)
+}
+
+// Discard discards a job that has not finished.
+func (d *Driver) Discard(ctx context.Context, id int64) (*driver.JobRow, error) {
+	return d.changeJob(ctx, "discard", id, d.q["finish_job"], id, driver.StateDiscarded)
+}
+
+// changeJob runs a guarded single-job UPDATE ... RETURNING; when it changes
+// nothing, it tells a missing job (ErrNotFound) from one in the wrong state
+// (ErrWrongState), in the same transaction.
+func (d *Driver) changeJob(ctx context.Context, op string, id int64, query string, args ...any) (*driver.JobRow, error) {
+	var j *driver.JobRow
+	var state string
+	err := d.inTx(ctx, func(tx *sql.Tx) error {
+		j, state = nil, ""
+		var err error
+		j, err = scanJob(tx.QueryRowContext(ctx, query, args...))
+		if err == nil || !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		err = tx.QueryRowContext(ctx, d.q["job_state"], id).Scan(&state)
+		if errors.Is(err, sql.ErrNoRows) {
+			return driver.ErrNotFound
+		}
+		return err
+	})
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("conveyor/sqlite: %s job %d: %w", op, id, err)
+	case j == nil:
+		return nil, fmt.Errorf("conveyor/sqlite: %s job %d: job is %s: %w", op, id, state, driver.ErrWrongState)
+	}
+	return j, nil
+}
+
+// Stats counts jobs per queue and state, and the age of each queue's
+// oldest available job by the database's clock.
+func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
+	rows, err := d.r.QueryContext(ctx, d.q["stats"])
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: stats: %w", err)
+	}
+	defer rows.Close()
+	byQueue := map[string]*driver.QueueStats{}
+	for rows.Next() {
+		var (
+			queue, state string
+			n, now       int64
+			oldest       sql.NullInt64
+		)
+		if err := rows.Scan(&queue, &state, &n, &oldest, &now); err != nil {
+			return nil, fmt.Errorf("conveyor/sqlite: stats: %w", err)
+		}
+		qs := byQueue[queue]
+		if qs == nil {
+			qs = &driver.QueueStats{Queue: queue, Counts: make(map[string]int64, len(driver.AllStates))}
+			for _, s := range driver.AllStates {
+				qs.Counts[s] = 0
+			}
+			byQueue[queue] = qs
+		}
+		qs.Counts[state] += n
+		if state == driver.StateAvailable && oldest.Valid && now > oldest.Int64 {
+			qs.OldestAvailable = time.Duration(now-oldest.Int64) * time.Microsecond
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: stats: %w", err)
+	}
+	out := make([]driver.QueueStats, 0, len(byQueue))
+	for _, qs := range byQueue {
+		out = append(out, *qs)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Queue < out[j].Queue })
+	return out, nil
+}

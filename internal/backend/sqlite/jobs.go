@@ -1,0 +1,353 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// execer is what the insert path needs from *sql.DB, *sql.Tx or *sql.Conn.
+type execer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// Insert inserts jobs in one autocommit statement (several, in one
+// IMMEDIATE transaction, when the encoded batch exceeds insertChunkBytes)
+// and returns their ids in input order.
+func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, error) {
+	if len(jobs) == 0 {
+		return nil, nil
+	}
+	var chunks []string
+	err := insertChunks(jobs, 0, func(chunk string, _ int) error {
+		chunks = append(chunks, chunk)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: insert %d jobs: %w", len(jobs), err)
+	}
+	ids := make([]int64, 0, len(jobs))
+	if len(chunks) == 1 {
+		// One statement is atomic by itself and commits once.
+		err = d.retry(ctx, func() error {
+			ids = ids[:0]
+			return d.insertChunk(ctx, d.w, chunks[0], &ids)
+		})
+	} else {
+		err = d.inTx(ctx, func(tx *sql.Tx) error {
+			ids = ids[:0]
+			for _, c := range chunks {
+				if err := d.insertChunk(ctx, tx, c, &ids); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: insert %d jobs: %w", len(jobs), err)
+	}
+	if len(ids) != len(jobs) {
+		return nil, fmt.Errorf("conveyor/sqlite: insert %d jobs: %d ids returned", len(jobs), len(ids))
+	}
+	return ids, nil
+}
+
+// InsertTx inserts jobs inside the caller's transaction, which must be a
+// *sql.Tx on this database (ideally begun on DB(), whose transactions take
+// the write lock at BEGIN). It never commits.
+func (d *Driver) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, error) {
+	t, ok := tx.(*sql.Tx)
+	if !ok {
+		return nil, fmt.Errorf("conveyor/sqlite: insert in transaction: got %T, want *sql.Tx: %w", tx, driver.ErrTxType)
+	}
+	if t == nil {
+		return nil, fmt.Errorf("conveyor/sqlite: insert in transaction: got a nil *sql.Tx: %w", driver.ErrTxType)
+	}
+	if len(jobs) == 0 {
+		return nil, nil
+	}
+	// Validate everything first, so that a bad job does not leave earlier
+	// chunks inserted in the caller's transaction.
+	for i := range jobs {
+		if err := checkInsert(i, &jobs[i]); err != nil {
+			return nil, fmt.Errorf("conveyor/sqlite: insert %d jobs in transaction: %w", len(jobs), err)
+		}
+	}
+	ids := make([]int64, 0, len(jobs))
+	err := insertChunks(jobs, 0, func(chunk string, _ int) error {
+		return d.insertChunk(ctx, t, chunk, &ids)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: insert %d jobs in transaction: %w", len(jobs), err)
+	}
+	return ids, nil
+}
+
+// insertChunk runs the insert query for one encoded chunk and appends the
+// new ids, in input order, to ids.
+func (d *Driver) insertChunk(ctx context.Context, e execer, chunk string, ids *[]int64) error {
+	rows, err := e.QueryContext(ctx, d.q["insert"], chunk)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	first := len(*ids)
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		*ids = append(*ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	// The query assigns id = base + position + 1 (see queries.sql), so
+	// ascending ids are input order, whatever order RETURNING used.
+	slices.Sort((*ids)[first:])
+	return nil
+}
+
+// BulkInsert inserts jobs in chunks of bulkChunkRows rows, one multi-row
+// statement per chunk, all in one IMMEDIATE transaction.
+func (d *Driver) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (int64, error) {
+	if len(jobs) == 0 {
+		return 0, nil
+	}
+	var n int64
+	err := d.inTx(ctx, func(tx *sql.Tx) error {
+		n = 0
+		return insertChunks(jobs, bulkChunkRows, func(chunk string, rows int) error {
+			res, err := tx.ExecContext(ctx, d.q["bulk_insert"], chunk)
+			if err != nil {
+				return err
+			}
+			c, err := res.RowsAffected()
+			if err != nil {
+				return err
+			}
+			n += c
+			return nil
+		})
+	})
+	if err != nil {
+		return 0, fmt.Errorf("conveyor/sqlite: bulk insert %d jobs: %w", len(jobs), err)
+	}
+	return n, nil
+}
+
+// Claim takes up to p.Limit available jobs of p.Queue in one UPDATE ...
+// RETURNING inside a BEGIN IMMEDIATE transaction. Claimers wait for the
+// write lock in turn (in Go for this process, on busy_timeout for others)
+// and never deadlock; each sees the previous claimer's commit, so no job is
+// given twice.
+func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+	if p.Limit <= 0 {
+		return nil, nil
+	}
+	var out []*driver.JobRow
+	err := d.inTx(ctx, func(tx *sql.Tx) error {
+		out = out[:0]
+		rows, err := tx.QueryContext(ctx, d.q["claim"], p.Queue, p.Limit, us(p.Lease), p.Worker)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			j, err := scanJob(rows)
+			if err != nil {
+				return err
+			}
+			if out == nil {
+				out = make([]*driver.JobRow, 0, p.Limit)
+			}
+			out = append(out, j)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: claim from queue %q: %w", p.Queue, err)
+	}
+	return out, nil
+}
+
+// Complete applies outcomes in one fenced UPDATE ... FROM json_each and
+// returns the ids that took effect. It is idempotent (fenced by attempt and
+// state), so a busy database is simply retried.
+func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int64, error) {
+	if len(outcomes) == 0 {
+		return nil, nil
+	}
+	bp := getBuf()
+	defer putBuf(bp)
+	b, err := encodeOutcomes((*bp)[:0], outcomes)
+	*bp = b
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: complete: %w", err)
+	}
+	param := string(b)
+	applied := make([]int64, 0, len(outcomes))
+	err = d.retry(ctx, func() error {
+		applied = applied[:0]
+		return d.queryIDs(ctx, d.q["complete"], &applied, param)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: complete %d outcomes: %w", len(outcomes), err)
+	}
+	return applied, nil
+}
+
+// queryIDs runs an autocommit statement returning ids on the write
+// connection.
+func (d *Driver) queryIDs(ctx context.Context, query string, ids *[]int64, args ...any) error {
+	rows, err := d.w.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return err
+		}
+		*ids = append(*ids, id)
+	}
+	return rows.Err()
+}
+
+// Heartbeat extends the leases of running attempts in one statement and
+// returns the ids still owned.
+func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease time.Duration) ([]int64, error) {
+	if len(leases) == 0 {
+		return nil, nil
+	}
+	bp := getBuf()
+	defer putBuf(bp)
+	*bp = encodeLeases((*bp)[:0], leases)
+	param := string(*bp)
+	owned := make([]int64, 0, len(leases))
+	err := d.retry(ctx, func() error {
+		owned = owned[:0]
+		return d.queryIDs(ctx, d.q["heartbeat"], &owned, param, us(lease))
+	})
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: heartbeat %d leases: %w", len(leases), err)
+	}
+	return owned, nil
+}
+
+// Release makes running attempts available again without counting them.
+func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, error) {
+	if len(leases) == 0 {
+		return 0, nil
+	}
+	bp := getBuf()
+	defer putBuf(bp)
+	*bp = encodeLeases((*bp)[:0], leases)
+	param := string(*bp)
+	var n int64
+	err := d.retry(ctx, func() error {
+		res, err := d.w.ExecContext(ctx, d.q["release"], param)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("conveyor/sqlite: release %d leases: %w", len(leases), err)
+	}
+	return n, nil
+}
+
+// Rescue handles up to limit running jobs whose lease expired.
+func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) {
+	m, err := d.queueCounts(ctx, d.q["rescue"], limit)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: rescue: %w", err)
+	}
+	return m, nil
+}
+
+// Promote makes up to limit due scheduled and retryable jobs available.
+func (d *Driver) Promote(ctx context.Context, limit int) (map[string]int, error) {
+	m, err := d.queueCounts(ctx, d.q["promote"], limit)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: promote: %w", err)
+	}
+	return m, nil
+}
+
+// queueCounts runs a statement returning one queue name per changed row
+// and counts them.
+func (d *Driver) queueCounts(ctx context.Context, query string, limit int) (map[string]int, error) {
+	m := map[string]int{}
+	if limit <= 0 {
+		return m, nil
+	}
+	err := d.retry(ctx, func() error {
+		clear(m)
+		rows, err := d.w.QueryContext(ctx, query, limit)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var q string
+			if err := rows.Scan(&q); err != nil {
+				return err
+			}
+			m[q]++
+		}
+		return rows.Err()
+	})
+	return m, err
+}
+
+// Prune deletes up to limit finished jobs: completed ones finalized more
+// than completedAge ago, discarded and cancelled ones more than
+// discardedAge ago.
+func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Duration, limit int) (int64, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	var n int64
+	err := d.retry(ctx, func() error {
+		res, err := d.w.ExecContext(ctx, d.q["prune"], us(completedAge), us(discardedAge), limit)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("conveyor/sqlite: prune: %w", err)
+	}
+	return n, nil
+}
+
+// TryLead takes or keeps the maintenance leadership for ttl.
+func (d *Driver) TryLead(ctx context.Context, id string, ttl time.Duration) (bool, error) {
+	var won bool
+	err := d.retry(ctx, func() error {
+		rows, err := d.w.QueryContext(ctx, d.q["try_lead"], id, us(ttl))
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		won = rows.Next()
+		for rows.Next() {
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return false, fmt.Errorf("conveyor/sqlite: try lead: %w", err)
+	}
+	return won, nil
+}

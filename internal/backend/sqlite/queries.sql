@@ -1,0 +1,256 @@
+-- Queries of the SQLite backend.
+--
+-- Tokens, replaced when the driver loads this file:
+--   {p}    the table prefix;
+--   {now}  the "now" block below: the database's clock in unix
+--          microseconds. SQLite evaluates 'now' once per sqlite3_step, so
+--          every use within one statement sees the same instant (its
+--          resolution is one millisecond);
+--   {cols} the "job_columns" block: the column order scanJob expects.
+--
+-- Batches travel as ONE JSON text parameter read with json_each, so a batch
+-- of any size is one statement with a fixed text (no variable limit, one
+-- cached plan).
+
+-- name: now
+CAST(ROUND(unixepoch('subsec') * 1000000) AS INTEGER)
+
+-- name: job_columns
+id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
+attempted_by, errors
+
+-- name: insert
+-- ?1: [[queue, kind, args as a JSON string, priority, max_attempts,
+--       timeout_ms, run_at_us or null, delay_us], ...]
+-- Ids are assigned explicitly as base + key + 1, where base is the largest
+-- id ever used (AUTOINCREMENT's sqlite_sequence, or max(id)): within this
+-- statement, run under the write lock, the id is a strictly increasing
+-- function of the input position, so sorting the returned ids restores the
+-- input order whatever order RETURNING or the insertion loop use (so no
+-- ORDER BY is needed).
+INSERT INTO {p}jobs (id, queue, kind, args, state, priority, max_attempts,
+                     timeout_ms, scheduled_at, created_at)
+SELECT b.base + r.k + 1, r.queue, r.kind, r.args,
+       CASE WHEN coalesce(r.run_at, n.now + r.delay) > n.now
+            THEN 'scheduled' ELSE 'available' END,
+       r.priority, r.max_attempts, r.timeout_ms,
+       coalesce(r.run_at, n.now + r.delay), n.now
+FROM (SELECT {now} AS now) AS n,
+     (SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = '{p}jobs'), 0),
+                 coalesce((SELECT max(id) FROM {p}jobs), 0)) AS base) AS b,
+     (SELECT key AS k,
+             value ->> 0 AS queue, value ->> 1 AS kind, value ->> 2 AS args,
+             value ->> 3 AS priority, value ->> 4 AS max_attempts,
+             value ->> 5 AS timeout_ms, value ->> 6 AS run_at,
+             value ->> 7 AS delay
+        FROM json_each(?1)) AS r
+RETURNING id
+
+-- name: bulk_insert
+-- ?1: as for insert; ids are not needed, so SQLite assigns them.
+INSERT INTO {p}jobs (queue, kind, args, state, priority, max_attempts,
+                     timeout_ms, scheduled_at, created_at)
+SELECT r.queue, r.kind, r.args,
+       CASE WHEN coalesce(r.run_at, n.now + r.delay) > n.now
+            THEN 'scheduled' ELSE 'available' END,
+       r.priority, r.max_attempts, r.timeout_ms,
+       coalesce(r.run_at, n.now + r.delay), n.now
+FROM (SELECT {now} AS now) AS n,
+     (SELECT key AS k,
+             value ->> 0 AS queue, value ->> 1 AS kind, value ->> 2 AS args,
+             value ->> 3 AS priority, value ->> 4 AS max_attempts,
+             value ->> 5 AS timeout_ms, value ->> 6 AS run_at,
+             value ->> 7 AS delay
+        FROM json_each(?1)) AS r
+ORDER BY r.k
+
+-- name: claim
+-- ?1 queue, ?2 limit, ?3 lease in microseconds, ?4 worker.
+-- Run inside BEGIN IMMEDIATE: the write lock is taken before the read, so
+-- claimers (in this process or others) queue on the lock instead of
+-- deadlocking on a read-to-write upgrade. The subquery walks the partial
+-- index jobs_claim in claim order and stops after ?2 rows.
+UPDATE {p}jobs
+   SET state = 'running',
+       attempt = attempt + 1,
+       attempted_at = {now},
+       lease_expires_at = {now} + ?3,
+       attempted_by = ?4
+ WHERE id IN (SELECT id FROM {p}jobs
+               WHERE state = 'available' AND queue = ?1
+               ORDER BY priority, scheduled_at, id
+               LIMIT ?2)
+RETURNING {cols}
+
+-- name: complete
+-- ?1: [[id, attempt, new_state, retry_in_us, error object or null], ...]
+-- Fenced: applies only where the job still runs that attempt.
+UPDATE {p}jobs
+   SET state = o.new_state,
+       scheduled_at = CASE WHEN o.new_state = 'retryable'
+                           THEN n.now + o.retry_in ELSE scheduled_at END,
+       finalized_at = CASE WHEN o.new_state = 'retryable'
+                           THEN NULL ELSE n.now END,
+       lease_expires_at = NULL,
+       errors = CASE WHEN o.err IS NULL THEN errors
+                     ELSE json_insert(errors, '$[#]', json(o.err)) END
+  FROM (SELECT {now} AS now) AS n,
+       (SELECT value ->> 0 AS oid, value ->> 1 AS oattempt,
+               value ->> 2 AS new_state, value ->> 3 AS retry_in,
+               value ->> 4 AS err
+          FROM json_each(?1)) AS o
+ WHERE id = o.oid AND attempt = o.oattempt AND state = 'running'
+RETURNING id
+
+-- name: heartbeat
+-- ?1: [[id, attempt], ...], ?2 lease in microseconds.
+UPDATE {p}jobs
+   SET lease_expires_at = {now} + ?2
+  FROM (SELECT value ->> 0 AS lid, value ->> 1 AS lattempt
+          FROM json_each(?1)) AS l
+ WHERE id = l.lid AND attempt = l.lattempt AND state = 'running'
+RETURNING id
+
+-- name: release
+-- ?1: [[id, attempt], ...]
+UPDATE {p}jobs
+   SET state = 'available',
+       attempt = attempt - 1,
+       lease_expires_at = NULL,
+       attempted_by = NULL
+  FROM (SELECT value ->> 0 AS lid, value ->> 1 AS lattempt
+          FROM json_each(?1)) AS l
+ WHERE id = l.lid AND attempt = l.lattempt AND state = 'running'
+
+-- name: rescue
+-- ?1 limit. Running jobs whose lease expired become available again (or
+-- discarded when out of attempts) with an error recording who lost them.
+UPDATE {p}jobs
+   SET state = CASE WHEN attempt >= max_attempts THEN 'discarded' ELSE 'available' END,
+       finalized_at = CASE WHEN attempt >= max_attempts THEN n.now END,
+       lease_expires_at = NULL,
+       errors = json_insert(errors, '$[#]', json_object(
+           'attempt', attempt,
+           'at', strftime('%Y-%m-%dT%H:%M:%fZ', n.now / 1000000.0, 'unixepoch'),
+           'error', 'lease expired: ' || coalesce(attempted_by, '') || ' stopped heartbeating'))
+  FROM (SELECT {now} AS now) AS n
+ WHERE id IN (SELECT id FROM {p}jobs
+               WHERE state = 'running' AND lease_expires_at < {now}
+               ORDER BY lease_expires_at
+               LIMIT ?1)
+RETURNING queue
+
+-- name: promote
+-- ?1 limit.
+UPDATE {p}jobs
+   SET state = 'available'
+ WHERE id IN (SELECT id FROM {p}jobs
+               WHERE state IN ('scheduled', 'retryable') AND scheduled_at <= {now}
+               ORDER BY scheduled_at
+               LIMIT ?1)
+RETURNING queue
+
+-- name: prune
+-- ?1 completed age, ?2 discarded/cancelled age (microseconds), ?3 limit.
+-- The first finalized_at bound is a range on jobs_finalized; the second
+-- applies each state's own age.
+DELETE FROM {p}jobs
+ WHERE id IN (SELECT id FROM {p}jobs
+               WHERE state IN ('completed', 'discarded', 'cancelled')
+                 AND finalized_at < {now} - min(?1, ?2)
+                 AND finalized_at < {now} - CASE state WHEN 'completed' THEN ?1 ELSE ?2 END
+               LIMIT ?3)
+
+-- name: try_lead
+-- ?1 leader id, ?2 ttl in microseconds. Takes the row when it is free or
+-- expired, keeps it when we hold it; returns a row only on success.
+INSERT INTO {p}leader (name, leader_id, expires_at)
+VALUES ('maintenance', ?1, {now} + ?2)
+ON CONFLICT (name) DO UPDATE
+   SET leader_id = excluded.leader_id, expires_at = excluded.expires_at
+ WHERE {p}leader.leader_id = excluded.leader_id OR {p}leader.expires_at < {now}
+RETURNING leader_id
+
+-- name: get_job
+SELECT {cols} FROM {p}jobs WHERE id = ?1
+
+-- name: job_state
+SELECT state FROM {p}jobs WHERE id = ?1
+
+-- name: list_jobs
+-- ?1 states as a JSON array or NULL for all, ?2 queue or '', ?3 kind or '',
+-- ?4 after id, ?5 limit.
+SELECT {cols} FROM {p}jobs
+ WHERE id > ?4
+   AND (?1 IS NULL OR state IN (SELECT value FROM json_each(?1)))
+   AND (?2 = '' OR queue = ?2)
+   AND (?3 = '' OR kind = ?3)
+ ORDER BY id
+ LIMIT ?5
+
+-- name: retry_job
+UPDATE {p}jobs
+   SET state = 'available',
+       scheduled_at = {now},
+       finalized_at = NULL,
+       lease_expires_at = NULL,
+       max_attempts = max(max_attempts, attempt + 1)
+ WHERE id = ?1
+   AND state IN ('discarded', 'cancelled', 'retryable', 'scheduled', 'completed')
+RETURNING {cols}
+
+-- name: finish_job
+-- ?1 id, ?2 the new state (cancelled or discarded).
+UPDATE {p}jobs
+   SET state = ?2,
+       finalized_at = {now},
+       lease_expires_at = NULL
+ WHERE id = ?1
+   AND state IN ('available', 'scheduled', 'running', 'retryable')
+RETURNING {cols}
+
+-- name: stats
+SELECT queue, state, count(*),
+       min(CASE WHEN state = 'available' THEN scheduled_at END),
+       {now}
+  FROM {p}jobs
+ GROUP BY queue, state
+ ORDER BY queue
+
+-- name: create_migrations_table
+CREATE TABLE IF NOT EXISTS {p}schema_migrations (
+    version    INTEGER PRIMARY KEY,
+    applied_at INTEGER NOT NULL
+)
+
+-- name: migrations_table_exists
+SELECT count(*) FROM sqlite_schema
+ WHERE type = 'table' AND name = '{p}schema_migrations'
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) FROM {p}schema_migrations
+
+-- name: record_migration
+INSERT INTO {p}schema_migrations (version, applied_at) VALUES (?1, {now})
+
+-- name: drop_jobs
+DROP TABLE IF EXISTS {p}jobs
+
+-- name: drop_leader
+DROP TABLE IF EXISTS {p}leader
+
+-- name: drop_migrations
+DROP TABLE IF EXISTS {p}schema_migrations
+
+-- name: server_info
+SELECT sqlite_version()
+
+-- name: pragma_journal_mode
+PRAGMA journal_mode
+
+-- name: pragma_synchronous
+PRAGMA synchronous
+
+-- name: pragma_busy_timeout
+PRAGMA busy_timeout

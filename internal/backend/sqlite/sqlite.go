@@ -1,0 +1,443 @@
+// Package sqlite is conveyor's SQLite backend, built on modernc.org/sqlite
+// (pure Go, no cgo).
+//
+// SQLite has one writer at a time, so the driver keeps one dedicated write
+// connection (every write transaction is BEGIN IMMEDIATE: the write lock is
+// taken up front, so there are no read-to-write upgrade deadlocks and no
+// SQLITE_BUSY in the middle of a transaction) and a separate pool of
+// read-only connections for admin reads. The database runs in WAL mode, so
+// readers never block the writer nor the writer readers. Other processes
+// may write the same file: their locks are waited for by busy_timeout, and
+// an SQLITE_BUSY that still surfaces is retried inside the driver with
+// short backoff (Counters()["busy_retries"]).
+//
+// Batches (insert, complete, heartbeat, release) are passed as one JSON
+// text parameter and unpacked by json_each, so each batch is one statement
+// whatever its size.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+	"github.com/conveyorq/conveyor/internal/sqlq"
+)
+
+//go:embed queries.sql migrations/*.sql
+var sqlFS embed.FS
+
+// busyTimeoutMS is how long SQLite itself waits for another connection's
+// lock before reporting SQLITE_BUSY.
+const busyTimeoutMS = 10000
+
+// maxBusyRetry bounds how long the driver keeps retrying a statement that
+// SQLite reported busy (on top of busy_timeout per attempt), unless the
+// context ends first.
+const maxBusyRetry = 2 * time.Minute
+
+// defaultReadPool is the size of the read pool when Options.PoolSize is 0.
+const defaultReadPool = 4
+
+// insertChunkBytes caps the JSON text of one insert statement; larger
+// batches are split into several statements in one transaction. (A
+// variable so that tests can exercise the split.)
+var insertChunkBytes = 32 << 20
+
+// bulkChunkRows is the number of rows per statement in BulkInsert.
+const bulkChunkRows = 2000
+
+// maxArgsBytes is the largest args the driver accepts in one row: SQLite's
+// default SQLITE_MAX_LENGTH is 1e9 bytes per value, and args travel escaped
+// inside a JSON string (up to 6 bytes per byte for control characters).
+const maxArgsBytes = 100 << 20
+
+// Driver is the SQLite backend. It is safe for concurrent use.
+type Driver struct {
+	path   string // file path, for messages
+	prefix string
+	sync   string // NORMAL, FULL or EXTRA
+
+	w *sql.DB // the one write connection (BEGIN IMMEDIATE)
+	r *sql.DB // read-only pool for admin reads
+
+	q          map[string]string
+	migrations []sqlq.Migration
+
+	busyRetries  atomic.Int64
+	lockTimeouts atomic.Int64
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+// Open opens (creating it if missing) the SQLite database named by dsn: a
+// plain path ("./conveyor.db", "/tmp/x.db"), "sqlite:path",
+// "sqlite://path", or a URI "file:path?...". Query parameters of
+// modernc.org/sqlite may follow a "?" (busy_timeout, for one, may be
+// overridden there); the journal mode (WAL), the synchronous mode
+// (opts.Synchronous: NORMAL by default, FULL or EXTRA) and the transaction
+// locking are the driver's own and may not be given there. In-memory
+// databases are refused: the driver's connections must share one file.
+// opts.PoolSize sizes the read pool (default 4); writes always use one
+// connection. Open does not migrate.
+func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error) {
+	if err := sqlq.CheckPrefix(opts.Prefix); err != nil {
+		return nil, err
+	}
+	syncMode, err := checkSynchronous(opts.Synchronous)
+	if err != nil {
+		return nil, err
+	}
+	target, err := parseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	base := target.base()
+	pragmas := []string{"journal_mode(WAL)", "synchronous(" + syncMode + ")", "foreign_keys(0)"}
+	if !target.hasBusyTimeout {
+		pragmas = append(pragmas, "busy_timeout("+strconv.Itoa(busyTimeoutMS)+")")
+	}
+	wdsn := withParams(base, append(pragmas, "cache_size(-65536)", "temp_store(MEMORY)"), "_txlock=immediate")
+	rdsn := withParams(base, append(pragmas, "query_only(1)"))
+
+	d := &Driver{
+		path:       target.path,
+		prefix:     opts.Prefix,
+		sync:       syncMode,
+		q:          loadQueries(opts.Prefix),
+		migrations: sqlq.Migrations(sqlFS, "migrations", opts.Prefix),
+	}
+	d.w, err = sql.Open("sqlite", wdsn)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: open %s: %w", target.path, err)
+	}
+	// One writer: SQLite serialises writers anyway, and queueing them here
+	// (in Go) instead of on the file lock costs nothing and never spins.
+	d.w.SetMaxOpenConns(1)
+	d.w.SetMaxIdleConns(1)
+	d.w.SetConnMaxLifetime(0)
+	d.w.SetConnMaxIdleTime(0)
+
+	d.r, err = sql.Open("sqlite", rdsn)
+	if err != nil {
+		d.w.Close()
+		return nil, fmt.Errorf("conveyor/sqlite: open %s: %w", target.path, err)
+	}
+	n := opts.PoolSize
+	if n <= 0 {
+		n = defaultReadPool
+	}
+	d.r.SetMaxOpenConns(n)
+	d.r.SetMaxIdleConns(n)
+
+	// Connect now so that a bad path or a locked file fails here. The
+	// write connection goes first: it creates the file and switches it to
+	// WAL.
+	if err := d.retry(ctx, func() error { return d.w.PingContext(ctx) }); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("conveyor/sqlite: open %s: %w", target.path, err)
+	}
+	if err := d.r.PingContext(ctx); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("conveyor/sqlite: open %s (read pool): %w", target.path, err)
+	}
+	var mode string
+	if err := d.w.QueryRowContext(ctx, d.q["pragma_journal_mode"]).Scan(&mode); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("conveyor/sqlite: open %s: %w", target.path, err)
+	}
+	if !strings.EqualFold(mode, "wal") {
+		d.Close()
+		return nil, fmt.Errorf("conveyor/sqlite: open %s: journal_mode is %q, not WAL (is the file on a filesystem without shared memory support?)", target.path, mode)
+	}
+	return d, nil
+}
+
+// loadQueries reads queries.sql and expands the {now} and {cols} tokens.
+func loadQueries(prefix string) map[string]string {
+	q := sqlq.Queries(sqlFS, "queries.sql", prefix)
+	now := "(" + q["now"] + ")"
+	cols := q["job_columns"]
+	for k, v := range q {
+		v = strings.ReplaceAll(v, "{now}", now)
+		q[k] = strings.ReplaceAll(v, "{cols}", cols)
+	}
+	return q
+}
+
+func checkSynchronous(s string) (string, error) {
+	switch strings.ToUpper(strings.TrimSpace(s)) {
+	case "", "NORMAL":
+		return "NORMAL", nil
+	case "FULL":
+		return "FULL", nil
+	case "EXTRA":
+		return "EXTRA", nil
+	}
+	return "", fmt.Errorf("conveyor/sqlite: invalid synchronous mode %q: want NORMAL (durable against a process crash), FULL or EXTRA (also against power loss)", s)
+}
+
+// dsnTarget is a parsed DSN.
+type dsnTarget struct {
+	uri            bool   // file: URI form
+	path           string // the file path (for messages)
+	name           string // what goes before the query: a path or a file: URI
+	query          url.Values
+	hasBusyTimeout bool
+}
+
+var schemeRE = regexp.MustCompile(`^([a-zA-Z][a-zA-Z0-9+.-]*):`)
+
+// parseDSN accepts a plain path, sqlite:path, sqlite://path or file:path?...
+func parseDSN(dsn string) (*dsnTarget, error) {
+	orig := dsn
+	switch {
+	case strings.HasPrefix(dsn, "sqlite://"):
+		dsn = dsn[len("sqlite://"):]
+	case strings.HasPrefix(dsn, "sqlite:"):
+		dsn = dsn[len("sqlite:"):]
+	}
+	t := &dsnTarget{}
+	if strings.HasPrefix(dsn, "file:") {
+		t.uri = true
+	} else if m := schemeRE.FindStringSubmatch(dsn); m != nil && len(m[1]) > 1 {
+		// (A one-letter "scheme" is a Windows drive letter.)
+		return nil, fmt.Errorf("conveyor/sqlite: unsupported DSN %q: scheme %q is not SQLite; use a file path, sqlite:path, sqlite://path or file:path", orig, m[1])
+	}
+	name, rawq, _ := strings.Cut(dsn, "?")
+	q, err := url.ParseQuery(rawq)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: DSN %q: bad query: %w", orig, err)
+	}
+	for _, k := range []string{"_txlock", "_journal_mode", "_journal", "_synchronous", "_sync", "_query_only"} {
+		if q.Has(k) {
+			return nil, fmt.Errorf("conveyor/sqlite: DSN %q: parameter %s is set by the driver (use Options.Synchronous for the synchronous mode)", orig, k)
+		}
+	}
+	for _, p := range q["_pragma"] {
+		lp := strings.ToLower(strings.TrimSpace(p))
+		for _, own := range []string{"journal_mode", "synchronous", "query_only"} {
+			if strings.HasPrefix(lp, own) {
+				return nil, fmt.Errorf("conveyor/sqlite: DSN %q: _pragma=%s is set by the driver (use Options.Synchronous for the synchronous mode)", orig, p)
+			}
+		}
+		if strings.HasPrefix(lp, "busy_timeout") {
+			t.hasBusyTimeout = true
+		}
+	}
+	if q.Has("_busy_timeout") || q.Has("_timeout") {
+		t.hasBusyTimeout = true
+	}
+	t.query = q
+	t.name = name
+	t.path = name
+	if t.uri {
+		t.path = strings.TrimPrefix(name, "file:")
+		if strings.HasPrefix(t.path, "//") { // file://host/path or file:///path
+			rest := t.path[2:]
+			if i := strings.IndexByte(rest, '/'); i >= 0 {
+				t.path = rest[i:]
+			}
+		}
+		if p, err := url.PathUnescape(t.path); err == nil {
+			t.path = p
+		}
+	}
+	if t.path == "" || t.path == ":memory:" || q.Get("mode") == "memory" || q.Has("vfs") && q.Get("vfs") == "memdb" {
+		return nil, fmt.Errorf("conveyor/sqlite: DSN %q: in-memory databases are not supported: conveyor's connections must share one file", orig)
+	}
+	if dir := filepath.Dir(t.path); dir != "" {
+		if st, err := os.Stat(dir); err != nil {
+			return nil, fmt.Errorf("conveyor/sqlite: DSN %q: directory of the database: %w", orig, err)
+		} else if !st.IsDir() {
+			return nil, fmt.Errorf("conveyor/sqlite: DSN %q: %s is not a directory", orig, dir)
+		}
+	}
+	return t, nil
+}
+
+// base is the DSN the driver's own parameters are appended to.
+func (t *dsnTarget) base() string {
+	if len(t.query) == 0 {
+		return t.name + "?"
+	}
+	return t.name + "?" + t.query.Encode() + "&"
+}
+
+func withParams(base string, pragmas []string, extra ...string) string {
+	var b strings.Builder
+	b.WriteString(base)
+	for i, p := range pragmas {
+		if i > 0 {
+			b.WriteByte('&')
+		}
+		b.WriteString("_pragma=")
+		b.WriteString(url.QueryEscape(p))
+	}
+	for _, e := range extra {
+		b.WriteByte('&')
+		b.WriteString(e)
+	}
+	return b.String()
+}
+
+// DB returns the driver's write handle: a pool of exactly one connection
+// whose transactions begin IMMEDIATE. Callers may use it for their own SQL
+// (benchmarks, InsertTx transactions); a transaction held open on it blocks
+// every other write of this driver until it ends.
+func (d *Driver) DB() *sql.DB { return d.w }
+
+// Name returns "sqlite".
+func (d *Driver) Name() string { return "sqlite" }
+
+// Capabilities reports a single-writer backend without push notifications
+// whose claims serialise on BEGIN IMMEDIATE.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{
+		Listen:       false,
+		SingleWriter: true,
+		ClaimMethod:  "immediate-tx",
+		MaxArgsBytes: maxArgsBytes,
+	}
+}
+
+// ServerInfo reports the SQLite version and the settings that decide
+// durability and throughput, as seen by the write connection.
+func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
+	conn, err := d.w.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
+	}
+	defer conn.Close()
+	var version, journal string
+	var syncN, busy int
+	if err := conn.QueryRowContext(ctx, d.q["server_info"]).Scan(&version); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
+	}
+	if err := conn.QueryRowContext(ctx, d.q["pragma_journal_mode"]).Scan(&journal); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
+	}
+	if err := conn.QueryRowContext(ctx, d.q["pragma_synchronous"]).Scan(&syncN); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
+	}
+	if err := conn.QueryRowContext(ctx, d.q["pragma_busy_timeout"]).Scan(&busy); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
+	}
+	syncName := map[int]string{0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[syncN]
+	if syncName == "" {
+		syncName = strconv.Itoa(syncN)
+	}
+	return map[string]string{
+		"backend":        "sqlite",
+		"server_version": version,
+		"sqlite_version": version,
+		"driver":         "modernc.org/sqlite (pure Go)",
+		"path":           d.path,
+		"journal_mode":   journal,
+		"synchronous":    syncName,
+		"busy_timeout":   strconv.Itoa(busy) + "ms",
+		"writers":        "1 connection, BEGIN IMMEDIATE",
+	}, nil
+}
+
+// Counters returns busy_retries (statements retried after SQLITE_BUSY or
+// SQLITE_LOCKED) and lock_timeouts (operations that gave up after
+// retrying for maxBusyRetry).
+func (d *Driver) Counters() map[string]int64 {
+	return map[string]int64{
+		"busy_retries":  d.busyRetries.Load(),
+		"lock_timeouts": d.lockTimeouts.Load(),
+	}
+}
+
+// Listen returns (nil, nil): SQLite has no push channel.
+func (d *Driver) Listen(ctx context.Context) (driver.Listener, error) { return nil, nil }
+
+// Close closes both pools.
+func (d *Driver) Close() error {
+	var errs []error
+	if d.r != nil {
+		errs = append(errs, d.r.Close())
+	}
+	if d.w != nil {
+		errs = append(errs, d.w.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// isBusy reports whether err is SQLite telling us another connection holds
+// a lock (SQLITE_BUSY, SQLITE_LOCKED and their extended codes).
+func isBusy(err error) bool {
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		c := se.Code() & 0xff
+		return c == sqlite3.SQLITE_BUSY || c == sqlite3.SQLITE_LOCKED
+	}
+	return false
+}
+
+// retry runs fn, retrying it with short jittered backoff while SQLite
+// reports busy. fn must be safe to repeat after a busy failure: every
+// caller runs one autocommit statement or one transaction, which SQLite
+// has rolled back when it reports busy.
+func (d *Driver) retry(ctx context.Context, fn func() error) error {
+	err := fn()
+	if err == nil || !isBusy(err) {
+		return err
+	}
+	start := time.Now()
+	for try := 0; ; try++ {
+		if time.Since(start) > maxBusyRetry {
+			d.lockTimeouts.Add(1)
+			return fmt.Errorf("database stayed locked for %s: %w", time.Since(start).Round(time.Second), err)
+		}
+		d.busyRetries.Add(1)
+		backoff := time.Millisecond << min(try, 6) // 1ms .. 64ms
+		backoff += rand.N(backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (while the database was locked: %v)", ctx.Err(), err)
+		case <-t.C:
+		}
+		err = fn()
+		if err == nil || !isBusy(err) {
+			return err
+		}
+	}
+}
+
+// inTx runs fn in a BEGIN IMMEDIATE transaction on the write connection,
+// retrying the whole transaction when SQLite reports busy.
+func (d *Driver) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	return d.retry(ctx, func() error {
+		tx, err := d.w.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if err := fn(tx); err != nil {
+			tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	})
+}
+
+// us converts a duration to whole microseconds.
+func us(d time.Duration) int64 { return d.Microseconds() }
