@@ -1,0 +1,115 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// GetJob returns one job, or an error wrapping driver.ErrNotFound.
+func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
+	j, err := scanJob(d.pool.QueryRow(ctx, d.q.getJob, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("conveyor/postgres: get job %d: %w", id, driver.ErrNotFound)
+	}
+	if err != nil {
+		return nil, wrap("get job", err)
+	}
+	return j, nil
+}
+
+// ListJobs returns the jobs matching f in id order, at most f.Limit
+// (default 100) after f.AfterID.
+func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.JobRow, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	states := f.States
+	if states == nil {
+		states = []string{}
+	}
+	rows, err := d.pool.Query(ctx, d.q.listJobs, f.AfterID, states, f.Queue, f.Kind, limit)
+	if err != nil {
+		return nil, wrap("list jobs", err)
+	}
+	jobs, err := scanJobs(rows)
+	return jobs, wrap("list jobs", err)
+}
+
+// Retry makes a discarded, cancelled, retryable, scheduled or completed job
+// available now, granting one more attempt if all were used, and wakes its
+// queue.
+func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
+	return d.adminUpdate(ctx, "retry", id, d.q.retry, id)
+}
+
+// Cancel cancels a job that has not finished (available, scheduled,
+// retryable or running). A running attempt's later outcome is refused.
+func (d *Driver) Cancel(ctx context.Context, id int64) (*driver.JobRow, error) {
+	return d.adminUpdate(ctx, "cancel", id, d.q.finish, id, driver.StateCancelled)
+}
+
+// Discard discards a job that has not finished.
+func (d *Driver) Discard(ctx context.Context, id int64) (*driver.JobRow, error) {
+	return d.adminUpdate(ctx, "discard", id, d.q.finish, id, driver.StateDiscarded)
+}
+
+// adminUpdate runs a state-guarded single-job update; when no row changed
+// it tells a missing job (ErrNotFound) from one in the wrong state
+// (ErrWrongState).
+func (d *Driver) adminUpdate(ctx context.Context, op string, id int64, query string, args ...any) (*driver.JobRow, error) {
+	j, err := scanJob(d.pool.QueryRow(ctx, query, args...))
+	if err == nil {
+		return j, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return nil, wrap(op, err)
+	}
+	cur, err := d.GetJob(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/postgres: %s job %d: %w", op, id, driver.ErrNotFound)
+	}
+	return nil, fmt.Errorf("conveyor/postgres: %s job %d: job is %s: %w", op, id, cur.State, driver.ErrWrongState)
+}
+
+// Stats returns every queue's counts by state (all states present) and the
+// age of its oldest available job, by the server's clock.
+func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
+	rows, err := d.pool.Query(ctx, d.q.stats)
+	if err != nil {
+		return nil, wrap("stats", err)
+	}
+	defer rows.Close()
+	var out []driver.QueueStats
+	var (
+		queue, state string
+		count, ageUS int64
+	)
+	for rows.Next() {
+		if err := rows.Scan(&queue, &state, &count, &ageUS); err != nil {
+			return nil, wrap("stats", err)
+		}
+		if len(out) == 0 || out[len(out)-1].Queue != queue {
+			c := make(map[string]int64, len(driver.AllStates))
+			for _, s := range driver.AllStates {
+				c[s] = 0
+			}
+			out = append(out, driver.QueueStats{Queue: queue, Counts: c})
+		}
+		qs := &out[len(out)-1]
+		qs.Counts[state] = count
+		if state == driver.StateAvailable {
+			qs.OldestAvailable = time.Duration(ageUS) * time.Microsecond
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap("stats", err)
+	}
+	return out, nil
+}

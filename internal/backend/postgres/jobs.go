@@ -1,0 +1,459 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// emptyArgs stands in for jobs inserted without arguments.
+var emptyArgs = json.RawMessage("{}")
+
+// insertArgs turns jobs into the column arrays (as array literals, see
+// arrayLit) that the insert query unnests.
+func insertArgs(jobs []driver.InsertParams) []any {
+	n := len(jobs)
+	textSize := 0
+	for i := range jobs {
+		textSize += len(jobs[i].Queue) + len(jobs[i].Kind) + len(jobs[i].Args)
+	}
+	var queues, kinds, args, priorities, maxAttempts, timeouts, runAt, delays arrayLit
+	queues.init(textSize/2 + 3*n)
+	kinds.init(textSize/2 + 3*n)
+	args.init(textSize + 3*n)
+	priorities.init(2 * n)
+	maxAttempts.init(3 * n)
+	timeouts.init(3 * n)
+	runAt.init(5 * n)
+	delays.init(2 * n)
+	for i := range jobs {
+		j := &jobs[i]
+		queues.str(j.Queue)
+		kinds.str(j.Kind)
+		if len(j.Args) == 0 {
+			args.bytes(emptyArgs)
+		} else {
+			args.bytes(j.Args)
+		}
+		priorities.int(int64(j.Priority))
+		maxAttempts.int(int64(j.MaxAttempts))
+		timeouts.int(j.TimeoutMS)
+		runAt.time(j.RunAt)
+		delays.int(micros(j.Delay))
+	}
+	return []any{queues.String(), kinds.String(), args.String(), priorities.String(),
+		maxAttempts.String(), timeouts.String(), runAt.String(), delays.String()}
+}
+
+// Insert inserts jobs with one statement in its own (implicit) transaction
+// and returns their ids in input order. The same statement notifies each
+// distinct queue that received a job available now, once.
+func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, error) {
+	if len(jobs) == 0 {
+		return nil, nil
+	}
+	rows, err := d.pool.Query(ctx, d.q.insert, insertArgs(jobs)...)
+	if err != nil {
+		return nil, wrap("insert", err)
+	}
+	ids, err := collectIDs(rows, len(jobs))
+	if err != nil {
+		return nil, wrap("insert", err)
+	}
+	return ids, nil
+}
+
+// InsertTx inserts jobs inside the caller's transaction, which must be a
+// pgx.Tx or a *sql.Tx of the pgx stdlib driver ("pgx"). The wake-up
+// notifications are part of that transaction: they are delivered when it
+// commits and dropped if it rolls back. It never commits.
+func (d *Driver) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, error) {
+	switch t := tx.(type) {
+	case pgx.Tx:
+		if len(jobs) == 0 {
+			return nil, nil
+		}
+		rows, err := t.Query(ctx, d.q.insert, insertArgs(jobs)...)
+		if err != nil {
+			return nil, wrap("insert tx", err)
+		}
+		ids, err := collectIDs(rows, len(jobs))
+		return ids, wrap("insert tx", err)
+	case *sql.Tx:
+		if t == nil {
+			break
+		}
+		if len(jobs) == 0 {
+			return nil, nil
+		}
+		rows, err := t.QueryContext(ctx, d.q.insert, insertArgs(jobs)...)
+		if err != nil {
+			return nil, wrap("insert tx", err)
+		}
+		defer rows.Close()
+		ids := make([]int64, 0, len(jobs))
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				return nil, wrap("insert tx", err)
+			}
+			ids = append(ids, id)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, wrap("insert tx", err)
+		}
+		return ids, nil
+	}
+	return nil, fmt.Errorf("conveyor/postgres: insert tx: transaction of type %T: accepted are pgx.Tx and *sql.Tx (pgx stdlib driver): %w", tx, driver.ErrTxType)
+}
+
+// copyColumns are the columns BulkInsert copies; the others take their
+// defaults.
+var copyColumns = []string{"queue", "kind", "args", "state", "priority", "max_attempts", "timeout_ms", "scheduled_at"}
+
+// copySource streams jobs to CopyFrom, reusing one row of values.
+type copySource struct {
+	jobs   []driver.InsertParams
+	now    time.Time
+	i      int
+	row    [8]any
+	queues map[string]struct{} // queues with a job available now
+}
+
+// Next implements pgx.CopyFromSource.
+func (s *copySource) Next() bool {
+	s.i++
+	return s.i <= len(s.jobs)
+}
+
+// Values implements pgx.CopyFromSource: the row for the current job,
+// with its state decided against the transaction's now().
+func (s *copySource) Values() ([]any, error) {
+	j := &s.jobs[s.i-1]
+	sched := j.RunAt
+	if sched.IsZero() {
+		sched = s.now.Add(j.Delay)
+	}
+	sched = sched.Round(time.Microsecond) // the server's precision
+	state := driver.StateAvailable
+	if sched.After(s.now) {
+		state = driver.StateScheduled
+	} else if _, ok := s.queues[j.Queue]; !ok {
+		s.queues[j.Queue] = struct{}{}
+	}
+	args := j.Args
+	if len(args) == 0 {
+		args = emptyArgs
+	}
+	s.row = [8]any{j.Queue, j.Kind, args, state, int32(j.Priority), int32(j.MaxAttempts), j.TimeoutMS, sched}
+	return s.row[:], nil
+}
+
+// Err implements pgx.CopyFromSource.
+func (s *copySource) Err() error { return nil }
+
+// BulkInsert copies jobs into the jobs table with COPY in one transaction,
+// deciding scheduled or available against the transaction's now() (the
+// same instant the rows' created_at default takes), then notifies each
+// queue that received an available job once, in the same transaction.
+func (d *Driver) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (int64, error) {
+	if len(jobs) == 0 {
+		return 0, nil
+	}
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return 0, wrap("bulk insert", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	src := &copySource{jobs: jobs, queues: make(map[string]struct{})}
+	if err := tx.QueryRow(ctx, d.q.bulkNow).Scan(&src.now); err != nil {
+		return 0, wrap("bulk insert", err)
+	}
+	n, err := tx.CopyFrom(ctx, pgx.Identifier{d.prefix + "jobs"}, copyColumns, src)
+	if err != nil {
+		return 0, wrap("bulk insert: copy", err)
+	}
+	if len(src.queues) > 0 {
+		queues := make([]string, 0, len(src.queues))
+		for q := range src.queues {
+			queues = append(queues, q)
+		}
+		if _, err := tx.Exec(ctx, d.q.notifyQueues, queues); err != nil {
+			return 0, wrap("bulk insert: notify", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, wrap("bulk insert: commit", err)
+	}
+	return n, nil
+}
+
+// Claim takes up to p.Limit available jobs of p.Queue in (priority,
+// scheduled_at, id) order with one UPDATE fed by FOR UPDATE SKIP LOCKED.
+func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+	if p.Limit <= 0 {
+		return nil, nil
+	}
+	rows, err := d.pool.Query(ctx, d.q.claim, p.Queue, p.Limit, micros(p.Lease), p.Worker)
+	if err != nil {
+		return nil, wrap("claim", err)
+	}
+	defer rows.Close()
+
+	// One set of destinations for every row: scanning allocates only what
+	// the row itself needs (args, and errors when there are any).
+	var (
+		j    driver.JobRow
+		args []byte
+	)
+	dest := []any{&j.ID, &internScanner{in: &d.kinds, dst: &j.Kind}, &args, &j.Priority, &j.Attempt,
+		&j.MaxAttempts, &j.TimeoutMS, &j.ScheduledAt, &j.CreatedAt, &j.AttemptedAt, &j.LeaseExpiresAt,
+		&errorsScanner{dst: &j.Errors}}
+	var jobs []driver.JobRow // allocated on the first row: empty polls cost nothing
+	for rows.Next() {
+		if jobs == nil {
+			jobs = make([]driver.JobRow, 0, min(p.Limit, 64))
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, wrap("claim", err)
+		}
+		j.Args = args
+		j.Queue = p.Queue
+		j.State = driver.StateRunning
+		j.AttemptedBy = p.Worker
+		jobs = append(jobs, j)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap("claim", err)
+	}
+	out := make([]*driver.JobRow, len(jobs))
+	for i := range jobs {
+		out[i] = &jobs[i]
+	}
+	return out, nil
+}
+
+// Complete applies all outcomes with one fenced UPDATE (only rows still
+// running the given attempt change) and returns the ids applied. It is
+// retried after deadlocks and lock timeouts.
+func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int64, error) {
+	n := len(outcomes)
+	if n == 0 {
+		return nil, nil
+	}
+	var ids, attempts, states, retryIn, errs arrayLit
+	ids.init(12 * n)
+	attempts.init(2 * n)
+	states.init(12 * n)
+	retryIn.init(2 * n)
+	errs.init(3 * n)
+	for i := range outcomes {
+		o := &outcomes[i]
+		switch o.State {
+		case driver.StateCompleted, driver.StateRetryable, driver.StateDiscarded, driver.StateCancelled:
+		default:
+			return nil, fmt.Errorf("conveyor/postgres: complete: job %d: invalid outcome state %q", o.ID, o.State)
+		}
+		ids.int(o.ID)
+		attempts.int(int64(o.Attempt))
+		states.str(o.State)
+		retryIn.int(micros(o.RetryIn))
+		if o.Err == nil {
+			errs.str("")
+			continue
+		}
+		b, err := json.Marshal(o.Err)
+		if err != nil {
+			return nil, fmt.Errorf("conveyor/postgres: complete: job %d: %w", o.ID, err)
+		}
+		errs.bytes(b)
+	}
+	args := []any{ids.String(), attempts.String(), states.String(), retryIn.String(), errs.String()}
+	var applied []int64
+	err := d.retryable(ctx, func() error {
+		rows, err := d.pool.Query(ctx, d.q.complete, args...)
+		if err != nil {
+			return err
+		}
+		applied, err = collectIDs(rows, n)
+		return err
+	})
+	if err != nil {
+		return nil, wrap("complete", err)
+	}
+	return applied, nil
+}
+
+// leaseArgs turns leases into id and attempt array literals.
+func leaseArgs(leases []driver.Lease) (string, string) {
+	var ids, attempts arrayLit
+	ids.init(12 * len(leases))
+	attempts.init(2 * len(leases))
+	for _, l := range leases {
+		ids.int(l.ID)
+		attempts.int(int64(l.Attempt))
+	}
+	return ids.String(), attempts.String()
+}
+
+// Heartbeat extends the leases still owned, in one statement, and returns
+// their ids.
+func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease time.Duration) ([]int64, error) {
+	if len(leases) == 0 {
+		return nil, nil
+	}
+	ids, attempts := leaseArgs(leases)
+	var owned []int64
+	err := d.retryable(ctx, func() error {
+		rows, err := d.pool.Query(ctx, d.q.heartbeat, ids, attempts, micros(lease))
+		if err != nil {
+			return err
+		}
+		owned, err = collectIDs(rows, len(leases))
+		return err
+	})
+	if err != nil {
+		return nil, wrap("heartbeat", err)
+	}
+	return owned, nil
+}
+
+// Release makes running attempts available again without counting them,
+// in one statement that also wakes their queues, and returns how many it
+// released.
+func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, error) {
+	if len(leases) == 0 {
+		return 0, nil
+	}
+	ids, attempts := leaseArgs(leases)
+	var total int64
+	err := d.retryable(ctx, func() error {
+		counts, err := queueCounts(d.pool.Query(ctx, d.q.release, ids, attempts))
+		total = 0
+		for _, n := range counts {
+			total += int64(n)
+		}
+		return err
+	})
+	if err != nil {
+		return 0, wrap("release", err)
+	}
+	return total, nil
+}
+
+// Rescue makes up to limit running jobs whose lease expired available
+// again (or discarded when out of attempts), recording the lost attempt,
+// and wakes the queues that got available jobs.
+func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) {
+	if limit <= 0 {
+		return map[string]int{}, nil
+	}
+	m, err := queueCounts(d.pool.Query(ctx, d.q.rescue, limit))
+	return m, wrap("rescue", err)
+}
+
+// Promote makes up to limit due scheduled and retryable jobs available
+// and wakes their queues.
+func (d *Driver) Promote(ctx context.Context, limit int) (map[string]int, error) {
+	if limit <= 0 {
+		return map[string]int{}, nil
+	}
+	m, err := queueCounts(d.pool.Query(ctx, d.q.promote, limit))
+	return m, wrap("promote", err)
+}
+
+// Prune deletes up to limit completed jobs finalized more than
+// completedAge ago and discarded or cancelled jobs finalized more than
+// discardedAge ago. A negative age keeps that class forever.
+func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Duration, limit int) (int64, error) {
+	if limit <= 0 || (completedAge < 0 && discardedAge < 0) {
+		return 0, nil
+	}
+	lower := completedAge
+	if lower < 0 || (discardedAge >= 0 && discardedAge < lower) {
+		lower = discardedAge
+	}
+	age := func(a time.Duration) int64 {
+		if a < 0 {
+			return -1 // keep this class
+		}
+		return micros(a)
+	}
+	tag, err := d.pool.Exec(ctx, d.q.prune, age(completedAge), age(discardedAge), micros(lower), limit)
+	if err != nil {
+		return 0, wrap("prune", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// TryLead takes the maintenance leadership for id when it is free or
+// expired, or extends it when id already holds it.
+func (d *Driver) TryLead(ctx context.Context, id string, ttl time.Duration) (bool, error) {
+	var leader string
+	err := d.pool.QueryRow(ctx, d.q.tryLead, id, micros(ttl)).Scan(&leader)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, wrap("try lead", err)
+	}
+	return leader == id, nil
+}
+
+// collectIDs reads a single bigint column from rows and closes them. It
+// decodes the binary value directly, so a batch of thousands of ids costs
+// no per-row allocation.
+func collectIDs(rows pgx.Rows, capHint int) ([]int64, error) {
+	defer rows.Close()
+	ids := make([]int64, 0, capHint)
+	var binaryFmt bool
+	var id int64
+	dest := []any{&id}
+	first := true
+	for rows.Next() {
+		if first {
+			fds := rows.FieldDescriptions()
+			binaryFmt = len(fds) == 1 && fds[0].Format == pgtype.BinaryFormatCode && fds[0].DataTypeOID == pgtype.Int8OID
+			first = false
+		}
+		if raw := rows.RawValues(); binaryFmt && len(raw) == 1 && len(raw[0]) == 8 {
+			ids = append(ids, int64(binary.BigEndian.Uint64(raw[0])))
+			continue
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}
+
+// queueCounts reads (queue, count) rows into a map and closes them.
+func queueCounts(rows pgx.Rows, err error) (map[string]int, error) {
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	m := map[string]int{}
+	var q string
+	var n int64
+	for rows.Next() {
+		if err := rows.Scan(&q, &n); err != nil {
+			return nil, err
+		}
+		m[q] += int(n)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}

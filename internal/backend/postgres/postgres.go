@@ -1,0 +1,332 @@
+// Package postgres is conveyor's PostgreSQL backend, built on pgx/v5 and
+// pgxpool.
+//
+// Claims use a single UPDATE fed by a FOR UPDATE SKIP LOCKED selection, so
+// claimers never wait for each other and never deadlock. Batches (insert,
+// complete, heartbeat, release) are passed as array parameters and
+// expanded with unnest, so each is one statement and one round trip
+// whatever its size. Inserts and state changes that make jobs available
+// wake other processes with one pg_notify per queue on the channel
+// "<prefix>wake", delivered when the transaction commits.
+package postgres
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+	"github.com/conveyorq/conveyor/internal/sqlq"
+)
+
+//go:embed queries.sql migrations/*.sql
+var sqlFS embed.FS
+
+var _ driver.Driver = (*Driver)(nil)
+
+// queries holds the SQL of every named query, with the prefix applied.
+type queries struct {
+	migrateLock, createMigrations, currentVersion, recordVersion, dropAll string
+	serverInfo                                                            string
+	insert, bulkNow, notifyQueues                                         string
+	claim, complete, heartbeat, release                                   string
+	rescue, promote, prune, tryLead, listen                               string
+	getJob, listJobs, retry, finish, stats                                string
+}
+
+func loadQueries(prefix string) queries {
+	m := sqlq.Queries(sqlFS, "queries.sql", prefix)
+	get := func(name string) string {
+		s, ok := m[name]
+		if !ok {
+			panic("postgres: queries.sql has no query " + name)
+		}
+		return s
+	}
+	return queries{
+		migrateLock:      get("migrate_lock"),
+		createMigrations: get("create_migrations"),
+		currentVersion:   get("current_version"),
+		recordVersion:    get("record_version"),
+		dropAll:          get("drop_all"),
+		serverInfo:       get("server_info"),
+		insert:           get("insert"),
+		bulkNow:          get("bulk_now"),
+		notifyQueues:     get("notify_queues"),
+		claim:            get("claim"),
+		complete:         get("complete"),
+		heartbeat:        get("heartbeat"),
+		release:          get("release"),
+		rescue:           get("rescue"),
+		promote:          get("promote"),
+		prune:            get("prune"),
+		tryLead:          get("try_lead"),
+		listen:           get("listen"),
+		getJob:           get("get_job"),
+		listJobs:         get("list_jobs"),
+		retry:            get("retry"),
+		finish:           get("finish"),
+		stats:            get("stats"),
+	}
+}
+
+// Driver is the PostgreSQL implementation of driver.Driver. It is safe for
+// concurrent use.
+type Driver struct {
+	pool       *pgxpool.Pool
+	connConfig *pgx.ConnConfig // for the listener's dedicated connections
+	prefix     string
+	q          queries
+	migrations []sqlq.Migration
+	kinds      interner
+
+	deadlockRetries      atomic.Int64
+	lockTimeouts         atomic.Int64
+	serializationRetries atomic.Int64
+	listenReconnects     atomic.Int64
+}
+
+// Open connects to the PostgreSQL server named by dsn (a postgres:// or
+// postgresql:// URL) and returns a driver whose pool holds at most
+// opts.PoolSize connections (default max(8, 4*GOMAXPROCS), or the DSN's
+// pool_max_conns when it sets one). It does not migrate.
+func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error) {
+	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
+		return nil, errors.New("conveyor/postgres: open: DSN must start with postgres:// or postgresql://")
+	}
+	if err := sqlq.CheckPrefix(opts.Prefix); err != nil {
+		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
+	}
+	switch {
+	case opts.PoolSize > 0:
+		cfg.MaxConns = int32(opts.PoolSize)
+	case !strings.Contains(dsn, "pool_max_conns"):
+		cfg.MaxConns = int32(max(8, 4*runtime.GOMAXPROCS(0)))
+	}
+	if cfg.MinConns > cfg.MaxConns {
+		cfg.MinConns = cfg.MaxConns
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
+	}
+	return &Driver{
+		pool:       pool,
+		connConfig: cfg.ConnConfig.Copy(),
+		prefix:     opts.Prefix,
+		q:          loadQueries(opts.Prefix),
+		migrations: sqlq.Migrations(sqlFS, "migrations", opts.Prefix),
+		kinds:      newInterner(),
+	}, nil
+}
+
+// Pool returns the driver's connection pool, for callers (the benchmark)
+// that run their own SQL next to conveyor's. The driver owns it: do not
+// close it.
+func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
+
+// Name returns "postgres".
+func (d *Driver) Name() string { return "postgres" }
+
+// Capabilities reports LISTEN/NOTIFY support and SKIP LOCKED claims.
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{
+		Listen:      true,
+		ClaimMethod: "skip-locked",
+	}
+}
+
+// ServerInfo returns the server version and the settings that decide
+// commit throughput and durability.
+func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
+	var version, syncCommit, fsync, fpw, walLevel, walSync, commitDelay, maxConns, sharedBuffers string
+	err := d.pool.QueryRow(ctx, d.q.serverInfo).Scan(&version, &syncCommit, &fsync, &fpw, &walLevel, &walSync, &commitDelay, &maxConns, &sharedBuffers)
+	if err != nil {
+		return nil, wrap("server info", err)
+	}
+	return map[string]string{
+		"backend":            "postgres",
+		"server_version":     version,
+		"synchronous_commit": syncCommit,
+		"fsync":              fsync,
+		"full_page_writes":   fpw,
+		"wal_level":          walLevel,
+		"wal_sync_method":    walSync,
+		"commit_delay":       commitDelay,
+		"max_connections":    maxConns,
+		"shared_buffers":     sharedBuffers,
+		"pool_max_conns":     fmt.Sprint(d.pool.Config().MaxConns),
+	}, nil
+}
+
+// Counters returns the retries this driver performed after deadlocks,
+// lock timeouts and serialization failures, and the listener's
+// reconnects.
+func (d *Driver) Counters() map[string]int64 {
+	return map[string]int64{
+		"deadlock_retries":      d.deadlockRetries.Load(),
+		"lock_timeouts":         d.lockTimeouts.Load(),
+		"serialization_retries": d.serializationRetries.Load(),
+		"listen_reconnects":     d.listenReconnects.Load(),
+	}
+}
+
+// Close closes the pool. Listeners have their own connections and are
+// closed separately.
+func (d *Driver) Close() error {
+	d.pool.Close()
+	return nil
+}
+
+// Migrate applies the missing migrations, each in its own transaction
+// under a transaction-level advisory lock that serialises concurrent
+// migrators of the same prefix.
+func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
+	latest := len(d.migrations)
+	var applied []int
+	for {
+		done, v, err := d.migrateStep(ctx, latest)
+		if err != nil {
+			return applied, err
+		}
+		if done {
+			return applied, nil
+		}
+		applied = append(applied, v)
+	}
+}
+
+// migrateStep applies the next missing migration, if any, in one
+// transaction.
+func (d *Driver) migrateStep(ctx context.Context, latest int) (done bool, version int, err error) {
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return false, 0, wrap("migrate", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, d.q.migrateLock, d.prefix); err != nil {
+		return false, 0, wrap("migrate: lock", err)
+	}
+	if _, err := tx.Exec(ctx, d.q.createMigrations); err != nil {
+		return false, 0, wrap("migrate", err)
+	}
+	var current int
+	if err := tx.QueryRow(ctx, d.q.currentVersion).Scan(&current); err != nil {
+		return false, 0, wrap("migrate", err)
+	}
+	if current > latest {
+		return false, 0, fmt.Errorf("conveyor/postgres: migrate: database has schema version %d, this binary knows up to %d: %w", current, latest, driver.ErrSchemaTooNew)
+	}
+	if current == latest {
+		return true, 0, wrap("migrate", tx.Commit(ctx))
+	}
+	m := d.migrations[current]
+	for _, stmt := range m.Statements {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return false, 0, fmt.Errorf("conveyor/postgres: migrate: version %d (%s): %w", m.Version, m.Name, err)
+		}
+	}
+	if _, err := tx.Exec(ctx, d.q.recordVersion, m.Version); err != nil {
+		return false, 0, wrap("migrate", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, 0, wrap("migrate", err)
+	}
+	return false, m.Version, nil
+}
+
+// SchemaVersion returns the highest applied migration (0 when the
+// database has none) and the newest one embedded in this binary.
+func (d *Driver) SchemaVersion(ctx context.Context) (current, latest int, err error) {
+	latest = len(d.migrations)
+	err = d.pool.QueryRow(ctx, d.q.currentVersion).Scan(&current)
+	if err != nil {
+		if pgCode(err) == "42P01" { // undefined_table: never migrated
+			return 0, latest, nil
+		}
+		return 0, latest, wrap("schema version", err)
+	}
+	return current, latest, nil
+}
+
+// DropAll drops every table under this driver's prefix.
+func (d *Driver) DropAll(ctx context.Context) error {
+	_, err := d.pool.Exec(ctx, d.q.dropAll)
+	return wrap("drop all", err)
+}
+
+// wrap names the operation in err, or returns nil.
+func wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("conveyor/postgres: %s: %w", op, err)
+}
+
+// pgCode returns the SQLSTATE of a server error, or "".
+func pgCode(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// retryable runs f again after a short, growing, jittered backoff when the
+// server reports a deadlock, a lock timeout or a serialization failure,
+// counting each retry. f must be idempotent (the fenced batch statements
+// are) and must reset whatever it accumulates.
+func (d *Driver) retryable(ctx context.Context, f func() error) error {
+	const maxAttempts = 10
+	backoff := 2 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		switch pgCode(err) {
+		case "40P01": // deadlock_detected
+			d.deadlockRetries.Add(1)
+		case "55P03": // lock_not_available
+			d.lockTimeouts.Add(1)
+		case "40001": // serialization_failure
+			d.serializationRetries.Add(1)
+		default:
+			return err
+		}
+		if attempt >= maxAttempts {
+			return err
+		}
+		sleep := backoff/2 + rand.N(backoff)
+		t := time.NewTimer(sleep)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
+}
+
+// micros converts a duration to whole microseconds, the unit every query
+// takes durations in.
+func micros(d time.Duration) int64 { return d.Microseconds() }

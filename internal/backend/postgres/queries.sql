@@ -1,0 +1,264 @@
+-- Queries of the PostgreSQL backend. Each block is headed by "-- name: X";
+-- {p} is the table prefix. Durations are passed as bigint microseconds and
+-- every timestamp comes from the server's clock (now(), the start of the
+-- transaction). Batch columns ($n::bigint[], $n::text[], ...) arrive as
+-- array literals in text-format parameters (see arrays.go) and are expanded
+-- with unnest, so a batch of any size is one statement.
+
+-- name: migrate_lock
+-- Serialises concurrent migrators of one prefix until the transaction ends.
+SELECT pg_advisory_xact_lock(hashtextextended('conveyor-migrate:' || $1::text, 0))
+
+-- name: create_migrations
+CREATE TABLE IF NOT EXISTS {p}schema_migrations (
+    version    integer     PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+
+-- name: current_version
+SELECT coalesce(max(version), 0) FROM {p}schema_migrations
+
+-- name: record_version
+INSERT INTO {p}schema_migrations (version) VALUES ($1)
+
+-- name: drop_all
+DROP TABLE IF EXISTS {p}jobs, {p}leader, {p}schema_migrations
+
+-- name: server_info
+SELECT current_setting('server_version'),
+       current_setting('synchronous_commit'),
+       current_setting('fsync'),
+       current_setting('full_page_writes'),
+       current_setting('wal_level'),
+       current_setting('wal_sync_method'),
+       current_setting('commit_delay'),
+       current_setting('max_connections'),
+       current_setting('shared_buffers')
+
+-- name: insert
+-- Ids are drawn from the sequence in input order (WITH ORDINALITY) and
+-- returned in that order. One pg_notify per distinct queue that received a
+-- job that is available now, in the same statement and transaction.
+WITH input AS MATERIALIZED (
+    SELECT nextval('{p}jobs_id_seq') AS id,
+           i.ord, i.queue, i.kind, i.args, i.priority, i.max_attempts, i.timeout_ms,
+           coalesce(i.run_at, now() + i.delay_us * interval '1 microsecond') AS sched
+    FROM unnest($1::text[], $2::text[], $3::json[], $4::int[], $5::int[], $6::bigint[], $7::timestamptz[], $8::bigint[])
+         WITH ORDINALITY AS i(queue, kind, args, priority, max_attempts, timeout_ms, run_at, delay_us, ord)
+),
+ins AS (
+    INSERT INTO {p}jobs (id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at)
+    SELECT id, queue, kind, args,
+           CASE WHEN sched > now() THEN 'scheduled' ELSE 'available' END,
+           priority, max_attempts, timeout_ms, sched
+    FROM input
+),
+woke AS (
+    SELECT pg_notify('{p}wake', d.queue)
+    FROM (SELECT DISTINCT queue FROM input WHERE sched <= now()) d
+)
+SELECT i.id FROM input i CROSS JOIN (SELECT count(*) FROM woke) w ORDER BY i.ord
+
+-- name: bulk_now
+SELECT now()
+
+-- name: notify_queues
+SELECT pg_notify('{p}wake', q) FROM unnest($1::text[]) AS q
+
+-- name: claim
+-- SKIP LOCKED: claimers never wait for each other and never deadlock;
+-- concurrent claimers lock disjoint rows.
+WITH picked AS (
+    SELECT id
+    FROM {p}jobs
+    WHERE state = 'available' AND queue = $1
+    ORDER BY priority, scheduled_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {p}jobs j
+SET state = 'running',
+    attempt = j.attempt + 1,
+    attempted_at = now(),
+    lease_expires_at = now() + $3::bigint * interval '1 microsecond',
+    attempted_by = $4
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.kind, j.args, j.priority, j.attempt, j.max_attempts, j.timeout_ms,
+          j.scheduled_at, j.created_at, j.attempted_at, j.lease_expires_at, j.errors
+
+-- name: complete
+-- One statement for the whole batch, fenced by attempt and state. err is
+-- '' or one AttemptError as JSON.
+UPDATE {p}jobs j
+SET state = o.state,
+    scheduled_at = CASE WHEN o.state = 'retryable'
+                        THEN now() + o.retry_us * interval '1 microsecond'
+                        ELSE j.scheduled_at END,
+    finalized_at = CASE WHEN o.state = 'retryable' THEN NULL ELSE now() END,
+    lease_expires_at = NULL,
+    errors = CASE WHEN o.err = '' THEN j.errors
+                  ELSE j.errors || jsonb_build_array(o.err::jsonb) END
+FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::text[])
+     AS o(id, attempt, state, retry_us, err)
+WHERE j.id = o.id AND j.attempt = o.attempt AND j.state = 'running'
+RETURNING j.id
+
+-- name: heartbeat
+UPDATE {p}jobs j
+SET lease_expires_at = now() + $3::bigint * interval '1 microsecond'
+FROM unnest($1::bigint[], $2::int[]) AS l(id, attempt)
+WHERE j.id = l.id AND j.attempt = l.attempt AND j.state = 'running'
+RETURNING j.id
+
+-- name: release
+-- Returns the number released per queue and wakes those queues.
+WITH u AS (
+    UPDATE {p}jobs j
+    SET state = 'available',
+        attempt = j.attempt - 1,
+        lease_expires_at = NULL,
+        attempted_by = NULL
+    FROM unnest($1::bigint[], $2::int[]) AS l(id, attempt)
+    WHERE j.id = l.id AND j.attempt = l.attempt AND j.state = 'running'
+    RETURNING j.queue
+),
+q AS (SELECT queue, count(*) AS n FROM u GROUP BY queue),
+woke AS (SELECT pg_notify('{p}wake', queue) FROM q)
+SELECT q.queue, q.n FROM q CROSS JOIN (SELECT count(*) FROM woke) w
+
+-- name: rescue
+WITH picked AS (
+    SELECT id
+    FROM {p}jobs
+    WHERE state = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+),
+u AS (
+    UPDATE {p}jobs j
+    SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'discarded' ELSE 'available' END,
+        finalized_at = CASE WHEN j.attempt >= j.max_attempts THEN now() ELSE NULL END,
+        lease_expires_at = NULL,
+        errors = j.errors || jsonb_build_array(jsonb_build_object(
+            'attempt', j.attempt,
+            'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+            'error', 'lease expired: ' || coalesce(j.attempted_by, '') || ' stopped heartbeating'))
+    FROM picked
+    WHERE j.id = picked.id
+    RETURNING j.queue, j.state
+),
+q AS (
+    SELECT queue, count(*) AS n, bool_or(state = 'available') AS wake
+    FROM u GROUP BY queue
+),
+woke AS (SELECT pg_notify('{p}wake', queue) FROM q WHERE wake)
+SELECT q.queue, q.n FROM q CROSS JOIN (SELECT count(*) FROM woke) w
+
+-- name: promote
+WITH picked AS (
+    SELECT id
+    FROM {p}jobs
+    WHERE state IN ('scheduled', 'retryable') AND scheduled_at <= now()
+    ORDER BY scheduled_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+),
+u AS (
+    UPDATE {p}jobs j
+    SET state = 'available'
+    FROM picked
+    WHERE j.id = picked.id
+    RETURNING j.queue
+),
+q AS (SELECT queue, count(*) AS n FROM u GROUP BY queue),
+woke AS (SELECT pg_notify('{p}wake', queue) FROM q)
+SELECT q.queue, q.n FROM q CROSS JOIN (SELECT count(*) FROM woke) w
+
+-- name: prune
+-- $1/$2: completed/discarded ages in microseconds, negative = keep;
+-- $3: the smaller non-negative age (index range); $4: limit.
+WITH d AS (
+    SELECT id
+    FROM {p}jobs
+    WHERE finalized_at IS NOT NULL
+      AND finalized_at < now() - $3::bigint * interval '1 microsecond'
+      AND ((state = 'completed' AND $1::bigint >= 0
+            AND finalized_at < now() - $1::bigint * interval '1 microsecond')
+        OR (state IN ('discarded', 'cancelled') AND $2::bigint >= 0
+            AND finalized_at < now() - $2::bigint * interval '1 microsecond'))
+    ORDER BY finalized_at
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {p}jobs j USING d WHERE j.id = d.id
+
+-- name: try_lead
+INSERT INTO {p}leader AS l (name, leader_id, expires_at)
+VALUES ('maintenance', $1, now() + $2::bigint * interval '1 microsecond')
+ON CONFLICT (name) DO UPDATE
+SET leader_id = EXCLUDED.leader_id, expires_at = EXCLUDED.expires_at
+WHERE l.leader_id = EXCLUDED.leader_id OR l.expires_at < now()
+RETURNING l.leader_id
+
+-- name: listen
+LISTEN {p}wake
+
+-- name: get_job
+SELECT id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+       scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
+       attempted_by, errors
+FROM {p}jobs
+WHERE id = $1
+
+-- name: list_jobs
+SELECT id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+       scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
+       attempted_by, errors
+FROM {p}jobs
+WHERE id > $1
+  AND (cardinality($2::text[]) = 0 OR state = ANY($2::text[]))
+  AND ($3::text = '' OR queue = $3::text)
+  AND ($4::text = '' OR kind = $4::text)
+ORDER BY id
+LIMIT $5
+
+-- name: retry
+-- Also wakes the job's queue.
+WITH u AS (
+    UPDATE {p}jobs
+    SET state = 'available',
+        scheduled_at = now(),
+        finalized_at = NULL,
+        lease_expires_at = NULL,
+        max_attempts = greatest(max_attempts, attempt + 1)
+    WHERE id = $1 AND state IN ('discarded', 'cancelled', 'retryable', 'scheduled', 'completed')
+    RETURNING id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+              scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
+              attempted_by, errors
+),
+woke AS (SELECT pg_notify('{p}wake', queue) FROM u)
+SELECT u.* FROM u CROSS JOIN (SELECT count(*) FROM woke) w
+
+-- name: finish
+-- Cancel or discard a job that has not finished ($2 is the new state).
+UPDATE {p}jobs
+SET state = $2::text,
+    finalized_at = now(),
+    lease_expires_at = NULL
+WHERE id = $1 AND state IN ('available', 'scheduled', 'retryable', 'running')
+RETURNING id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+          scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
+          attempted_by, errors
+
+-- name: stats
+-- Per queue and state: the count and, for available, the age in
+-- microseconds of the oldest scheduled_at.
+SELECT queue, state, count(*),
+       CASE WHEN state = 'available'
+            THEN greatest(0, (extract(epoch FROM now() - min(scheduled_at)) * 1000000)::bigint)
+            ELSE 0 END
+FROM {p}jobs
+GROUP BY queue, state
+ORDER BY queue, state

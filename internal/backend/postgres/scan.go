@@ -1,0 +1,118 @@
+package postgres
+
+import (
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// errorsScanner decodes the errors column straight from the driver's
+// buffer, skipping the common empty list without allocating.
+type errorsScanner struct {
+	dst *[]driver.AttemptError
+}
+
+// ScanBytes implements pgtype.BytesScanner.
+func (s errorsScanner) ScanBytes(b []byte) error {
+	*s.dst = nil
+	if len(b) == 0 || string(b) == "[]" {
+		return nil
+	}
+	return json.Unmarshal(b, s.dst)
+}
+
+// interner returns a shared string for a byte slice it has seen before, so
+// that scanning a batch of jobs of a few kinds does not allocate one string
+// per row. It holds at most maxInterned strings.
+type interner struct {
+	mu sync.RWMutex
+	m  map[string]string
+}
+
+const maxInterned = 4096
+
+func newInterner() interner { return interner{m: make(map[string]string)} }
+
+func (in *interner) get(b []byte) string {
+	in.mu.RLock()
+	s, ok := in.m[string(b)]
+	in.mu.RUnlock()
+	if ok {
+		return s
+	}
+	s = string(b)
+	in.mu.Lock()
+	if len(in.m) < maxInterned {
+		in.m[s] = s
+	}
+	in.mu.Unlock()
+	return s
+}
+
+// internScanner scans a text column through an interner.
+type internScanner struct {
+	in  *interner
+	dst *string
+}
+
+// ScanBytes implements pgtype.BytesScanner.
+func (s internScanner) ScanBytes(b []byte) error {
+	*s.dst = s.in.get(b)
+	return nil
+}
+
+// timeOf returns the time of a nullable timestamp, or the zero time.
+func timeOf(t pgtype.Timestamptz) time.Time {
+	if !t.Valid {
+		return time.Time{}
+	}
+	return t.Time
+}
+
+// scanJobs reads full job rows (the column list of get_job) from rows and
+// closes them.
+func scanJobs(rows pgx.Rows) ([]*driver.JobRow, error) {
+	defer rows.Close()
+	var out []*driver.JobRow
+	for rows.Next() {
+		j, err := scanJob(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, j)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// scanJob reads one full job row.
+func scanJob(row pgx.Row) (*driver.JobRow, error) {
+	j := new(driver.JobRow)
+	var (
+		priority, attempt, maxAttempts int32
+		attemptedAt, finalizedAt       pgtype.Timestamptz
+		leaseExpiresAt                 pgtype.Timestamptz
+		attemptedBy                    pgtype.Text
+		args                           []byte
+	)
+	err := row.Scan(&j.ID, &j.Queue, &j.Kind, &args, &j.State, &priority, &attempt, &maxAttempts,
+		&j.TimeoutMS, &j.ScheduledAt, &j.CreatedAt, &attemptedAt, &finalizedAt, &leaseExpiresAt,
+		&attemptedBy, errorsScanner{&j.Errors})
+	if err != nil {
+		return nil, err
+	}
+	j.Args = args
+	j.Priority, j.Attempt, j.MaxAttempts = int(priority), int(attempt), int(maxAttempts)
+	j.AttemptedAt = timeOf(attemptedAt)
+	j.FinalizedAt = timeOf(finalizedAt)
+	j.LeaseExpiresAt = timeOf(leaseExpiresAt)
+	j.AttemptedBy = attemptedBy.String
+	return j, nil
+}
