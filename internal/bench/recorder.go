@@ -1,0 +1,175 @@
+// Package bench drives conveyor against a database and measures it:
+// throughput, enqueue-to-start latency, lost and duplicate executions, and
+// reordering. It is the engine of `conveyor demo` and `conveyor bench`.
+package bench
+
+import (
+	"math"
+	"sort"
+	"sync/atomic"
+	"time"
+)
+
+const chunkBits = 16
+const chunkSize = 1 << chunkBits
+const maxChunks = 1 << 12 // 268M sequence numbers
+
+type slot struct {
+	enq   atomic.Int64 // unix ns when the enqueue commit was acknowledged
+	call  atomic.Int64 // unix ns when the enqueue call began
+	start atomic.Int64 // unix ns of the first execution's start
+	execs atomic.Int32
+}
+
+type chunk [chunkSize]slot
+
+// Recorder keeps one slot per job sequence number. Recording touches only
+// that job's slot (atomics, no lock shared by workers), so the bench does
+// not become the contention it measures.
+type Recorder struct {
+	chunks [maxChunks]atomic.Pointer[chunk]
+	n      atomic.Int64 // sequence numbers handed out
+}
+
+// NewRecorder returns an empty recorder.
+func NewRecorder() *Recorder { return &Recorder{} }
+
+func (r *Recorder) slot(seq int64) *slot {
+	ci := seq >> chunkBits
+	c := r.chunks[ci].Load()
+	if c == nil {
+		nc := new(chunk)
+		if r.chunks[ci].CompareAndSwap(nil, nc) {
+			c = nc
+		} else {
+			c = r.chunks[ci].Load()
+		}
+	}
+	return &c[seq&(chunkSize-1)]
+}
+
+// Next hands out the next sequence number (enqueue rank).
+func (r *Recorder) Next() int64 { return r.n.Add(1) - 1 }
+
+// Reserve hands out n consecutive sequence numbers and returns the first.
+func (r *Recorder) Reserve(n int) int64 { return r.n.Add(int64(n)) - int64(n) }
+
+// Enqueued records that seq's enqueue began at call and was committed at
+// committed.
+func (r *Recorder) Enqueued(seq int64, call, committed time.Time) {
+	s := r.slot(seq)
+	s.call.Store(call.UnixNano())
+	s.enq.Store(committed.UnixNano())
+}
+
+// Started records one execution of seq starting at t.
+func (r *Recorder) Started(seq int64, t time.Time) {
+	s := r.slot(seq)
+	if s.execs.Add(1) == 1 {
+		s.start.Store(t.UnixNano())
+	}
+}
+
+// Summary is what a run's executions show.
+type Summary struct {
+	Jobs               int64         // sequence numbers handed out
+	Executions         int64         // executions recorded
+	Lost               int64         // enqueued, never started
+	Duplicates         int64         // executions beyond the first
+	P50, P95, P99, Max time.Duration // enqueue-commit-to-start latency
+	CallP50, CallP99   time.Duration // enqueue-call-to-start (includes the commit)
+	ReorderMax         int64
+	ReorderP99         int64
+	// ReorderHist counts jobs by displacement bucket: 0, 1-9, 10-99,
+	// 100-999, 1000+.
+	ReorderHist [5]int64
+	// Latencies holds every latency sample (for histograms).
+	Latencies []time.Duration
+}
+
+// Summarize computes the summary over sequence numbers [0, Next).
+func (r *Recorder) Summarize() Summary {
+	n := r.n.Load()
+	var s Summary
+	s.Jobs = n
+	type st struct {
+		seq   int64
+		start int64
+	}
+	starts := make([]st, 0, n)
+	lat := make([]time.Duration, 0, n)
+	call := make([]time.Duration, 0, n)
+	for i := int64(0); i < n; i++ {
+		sl := r.slot(i)
+		e := int64(sl.execs.Load())
+		s.Executions += e
+		if e == 0 {
+			s.Lost++
+			continue
+		}
+		s.Duplicates += e - 1
+		start := sl.start.Load()
+		starts = append(starts, st{i, start})
+		if enq := sl.enq.Load(); enq != 0 {
+			lat = append(lat, time.Duration(max(0, start-enq)))
+		}
+		if c := sl.call.Load(); c != 0 {
+			call = append(call, time.Duration(max(0, start-c)))
+		}
+	}
+	s.P50, s.P95, s.P99, s.Max = pct(lat, 0.50), pct(lat, 0.95), pct(lat, 0.99), pct(lat, 1)
+	s.CallP50, s.CallP99 = pct(call, 0.50), pct(call, 0.99)
+	s.Latencies = lat
+	// Reordering: start rank against enqueue rank, among started jobs.
+	sort.Slice(starts, func(i, j int) bool {
+		if starts[i].start != starts[j].start {
+			return starts[i].start < starts[j].start
+		}
+		return starts[i].seq < starts[j].seq
+	})
+	byEnq := make([]int64, len(starts))
+	for i := range starts {
+		byEnq[i] = starts[i].seq
+	}
+	sort.Slice(byEnq, func(i, j int) bool { return byEnq[i] < byEnq[j] })
+	enqRank := make(map[int64]int64, len(byEnq))
+	for i, seq := range byEnq {
+		enqRank[seq] = int64(i)
+	}
+	disp := make([]int64, len(starts))
+	for rank, x := range starts {
+		d := int64(rank) - enqRank[x.seq]
+		if d < 0 {
+			d = -d
+		}
+		disp[rank] = d
+		switch {
+		case d == 0:
+			s.ReorderHist[0]++
+		case d < 10:
+			s.ReorderHist[1]++
+		case d < 100:
+			s.ReorderHist[2]++
+		case d < 1000:
+			s.ReorderHist[3]++
+		default:
+			s.ReorderHist[4]++
+		}
+	}
+	sort.Slice(disp, func(i, j int) bool { return disp[i] < disp[j] })
+	if len(disp) > 0 {
+		s.ReorderMax = disp[len(disp)-1]
+		s.ReorderP99 = disp[int(math.Ceil(0.99*float64(len(disp))))-1]
+	}
+	return s
+}
+
+func pct(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	c := append([]time.Duration(nil), d...)
+	sort.Slice(c, func(i, j int) bool { return c[i] < c[j] })
+	i := int(math.Ceil(p*float64(len(c)))) - 1
+	return c[max(0, i)]
+}

@@ -1,0 +1,118 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// completer is the single writer of attempt outcomes: it turns many
+// acknowledgements into one fenced statement per batch.
+type completer struct {
+	e    *Engine
+	in   chan driver.Outcome
+	mu   sync.RWMutex
+	shut bool
+	done chan struct{}
+	// closing is closed when close begins; the writer then gives up on a
+	// database that stays unreachable instead of blocking shutdown.
+	closing chan struct{}
+}
+
+func newCompleter(e *Engine) *completer {
+	c := &completer{
+		e:       e,
+		in:      make(chan driver.Outcome, 4*e.cfg.CompleteBatch),
+		done:    make(chan struct{}),
+		closing: make(chan struct{}),
+	}
+	go c.run()
+	return c
+}
+
+// submit queues an outcome; false if the completer is closed.
+func (c *completer) submit(o driver.Outcome) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.shut {
+		return false
+	}
+	c.in <- o
+	return true
+}
+
+// close flushes queued outcomes and stops the writer.
+func (c *completer) close() {
+	c.mu.Lock()
+	if !c.shut {
+		c.shut = true
+		close(c.closing)
+		close(c.in)
+	}
+	c.mu.Unlock()
+	<-c.done
+}
+
+func (c *completer) run() {
+	defer close(c.done)
+	max := c.e.cfg.CompleteBatch
+	batch := make([]driver.Outcome, 0, max)
+	for o := range c.in {
+		batch = append(batch[:0], o)
+	fill:
+		for len(batch) < max {
+			select {
+			case o, ok := <-c.in:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, o)
+			default:
+				break fill
+			}
+		}
+		c.write(batch)
+	}
+}
+
+func (c *completer) write(batch []driver.Outcome) {
+	e := c.e
+	var giveUp <-chan time.Time
+	for try := 1; ; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		applied, err := e.drv.Complete(ctx, batch)
+		cancel()
+		if err == nil {
+			ok := make(map[int64]struct{}, len(applied))
+			for _, id := range applied {
+				ok[id] = struct{}{}
+			}
+			var done int64
+			for _, o := range batch {
+				if _, in := ok[o.ID]; in && o.State == driver.StateCompleted {
+					done++
+				}
+			}
+			e.metrics.Completed.Add(done)
+			e.metrics.StaleAcksRefused.Add(int64(len(batch) - len(applied)))
+			return
+		}
+		e.metrics.DBErrors.Add(1)
+		e.logf("conveyor: writing %d job outcomes failed (retrying): %v", len(batch), err)
+		if giveUp == nil {
+			select {
+			case <-c.closing:
+				giveUp = time.After(10 * time.Second)
+			default:
+			}
+		}
+		select {
+		case <-time.After(errBackoff(try)):
+		case <-giveUp:
+			e.logf("conveyor: gave up writing %d job outcomes at shutdown; their leases will expire and the jobs will be rescued", len(batch))
+			return
+		}
+	}
+}

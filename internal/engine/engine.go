@@ -1,0 +1,351 @@
+// Package engine runs conveyor inside one process: one fetcher per queue,
+// one completer that batches acknowledgements, one inserter that coalesces
+// enqueues into multi-row inserts (group commit), one heartbeat loop for all
+// running jobs, one listener, and maintenance loops run by an elected
+// leader. Workers never touch the database; they wait on in-process
+// channels (DESIGN.md lessons 1 to 3).
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	mrand "math/rand/v2"
+	"os"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// Handler runs one job. The engine decodes nothing: the public package
+// wraps typed workers into Handlers.
+type Handler func(ctx context.Context, row *driver.JobRow) error
+
+// ErrCancelJob, wrapped in a handler's error, cancels the job without retry.
+var ErrCancelJob = errors.New("job cancelled by its handler")
+
+// ErrStopped is returned by calls made after Close.
+var ErrStopped = errors.New("conveyor: client is closed")
+
+// errShutdown is the cause given to job contexts cancelled by Stop.
+var errShutdown = errors.New("conveyor: client shutting down")
+
+// errLeaseLost is the cause given to job contexts whose lease was lost.
+var errLeaseLost = errors.New("conveyor: job lease lost (rescued or taken by another attempt)")
+
+// Config is the engine's configuration, filled with defaults by the public
+// package (the one place defaults live).
+type Config struct {
+	Queues             map[string]int // queue -> max concurrent jobs
+	ClaimBatch         int
+	CompleteBatch      int
+	InsertBatch        int
+	Lease              time.Duration
+	HeartbeatInterval  time.Duration
+	JobTimeout         time.Duration // <=0: none
+	PollMin            time.Duration
+	PollMax            time.Duration
+	ListenPoll         time.Duration // fallback poll when listening
+	PromoteInterval    time.Duration
+	RescueInterval     time.Duration
+	PruneInterval      time.Duration
+	CompletedRetention time.Duration
+	DiscardedRetention time.Duration
+	ShutdownTimeout    time.Duration
+	Backoff            func(attempt int) time.Duration
+	Logf  func(format string, args ...any)
+}
+
+// Metrics are process-wide counters.
+type Metrics struct {
+	Claimed          atomic.Int64
+	Completed        atomic.Int64
+	Failed           atomic.Int64
+	StaleAcksRefused atomic.Int64
+	LeasesLost       atomic.Int64
+	Released         atomic.Int64
+	Rescued          atomic.Int64
+	Promoted         atomic.Int64
+	Pruned           atomic.Int64
+	DBErrors         atomic.Int64
+}
+
+// Engine is one process's share of the queue.
+type Engine struct {
+	drv      driver.Driver
+	cfg      Config
+	id       string
+	handlers map[string]Handler
+
+	metrics Metrics
+
+	ins  *inserter
+	comp *completer
+
+	mu       sync.Mutex
+	started  bool
+	closed   bool
+	fetchers map[string]*fetcher
+
+	// runCtx lives from Start to the end of Stop (maintenance, fetchers,
+	// heartbeat); workCtx is the parent of job contexts.
+	runCancel  context.CancelFunc
+	workCancel context.CancelCauseFunc
+	fetchWG    sync.WaitGroup
+	loopWG     sync.WaitGroup
+	jobWG      sync.WaitGroup
+	stopping   atomic.Bool
+}
+
+// New creates an engine. Enqueueing works at once; Start runs workers.
+func New(drv driver.Driver, cfg Config, handlers map[string]Handler) *Engine {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	host, _ := os.Hostname()
+	e := &Engine{
+		drv:      drv,
+		cfg:      cfg,
+		id:       fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:])),
+		handlers: handlers,
+		fetchers: map[string]*fetcher{},
+	}
+	e.ins = newInserter(e)
+	return e
+}
+
+// ID identifies this process in attempted_by and leadership.
+func (e *Engine) ID() string { return e.id }
+
+// Metrics returns the engine's counters.
+func (e *Engine) Metrics() *Metrics { return &e.metrics }
+
+func (e *Engine) logf(format string, args ...any) {
+	if e.cfg.Logf != nil {
+		e.cfg.Logf(format, args...)
+	}
+}
+
+// Start begins fetching and working the configured queues.
+func (e *Engine) Start(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return ErrStopped
+	}
+	if e.started {
+		return errors.New("conveyor: client already started")
+	}
+	e.started = true
+	e.stopping.Store(false)
+	runCtx, runCancel := context.WithCancel(context.WithoutCancel(ctx))
+	workCtx, workCancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	e.runCancel, e.workCancel = runCancel, workCancel
+	e.comp = newCompleter(e)
+	e.fetchers = map[string]*fetcher{}
+	for q, n := range e.cfg.Queues {
+		f := newFetcher(e, q, n, workCtx)
+		e.fetchers[q] = f
+	}
+	for _, f := range e.fetchers {
+		f.startWorkers()
+		e.fetchWG.Add(1)
+		go func() { defer e.fetchWG.Done(); f.run(runCtx) }()
+	}
+	e.loopWG.Add(3)
+	go func() { defer e.loopWG.Done(); e.heartbeatLoop(runCtx) }()
+	go func() { defer e.loopWG.Done(); e.maintenanceLoop(runCtx) }()
+	go func() { defer e.loopWG.Done(); e.listenLoop(runCtx) }()
+	return nil
+}
+
+// Stop stops claiming, waits for running jobs until ctx ends or the
+// shutdown timeout passes, then cancels their contexts; acknowledgements
+// are flushed and jobs that did not finish are released, claimable again.
+func (e *Engine) Stop(ctx context.Context) error {
+	e.mu.Lock()
+	if !e.started {
+		e.mu.Unlock()
+		return nil
+	}
+	e.started = false
+	e.mu.Unlock()
+
+	e.stopping.Store(true)
+	// 1. No more claims.
+	for _, f := range e.fetchers {
+		f.stopFetching()
+	}
+	e.fetchWG.Wait()
+	// 2. Wait for running jobs, up to the deadline.
+	done := make(chan struct{})
+	go func() { e.jobWG.Wait(); close(done) }()
+	timer := time.NewTimer(e.cfg.ShutdownTimeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-timer.C:
+	}
+	// 3. Cancel what is left and give handlers a moment to return.
+	e.workCancel(errShutdown)
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+	}
+	// 4. Flush acknowledgements, then release every attempt still held
+	// (handlers that ignore their context, and those that returned because
+	// of the shutdown).
+	for _, f := range e.fetchers {
+		f.closeWorkers()
+	}
+	e.comp.close()
+	var leases []driver.Lease
+	for _, f := range e.fetchers {
+		leases = append(leases, f.takeAllLeases()...)
+	}
+	var err error
+	if len(leases) > 0 {
+		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var n int64
+		n, err = e.drv.Release(rctx, leases)
+		cancel()
+		e.metrics.Released.Add(n)
+		if err != nil {
+			err = fmt.Errorf("conveyor: releasing %d unfinished jobs at shutdown (they will be rescued when their lease expires): %w", len(leases), err)
+		}
+	}
+	e.runCancel()
+	e.loopWG.Wait()
+	return err
+}
+
+// Close stops the engine if started, flushes pending enqueues and closes
+// the inserter. The driver is closed by the caller.
+func (e *Engine) Close(ctx context.Context) error {
+	err := e.Stop(ctx)
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return err
+	}
+	e.closed = true
+	e.mu.Unlock()
+	e.ins.close()
+	return err
+}
+
+// wake nudges the fetcher of queue (all fetchers when queue is "").
+func (e *Engine) wake(queue string) {
+	e.mu.Lock()
+	fs := e.fetchers
+	e.mu.Unlock()
+	if queue == "" {
+		for _, f := range fs {
+			f.nudge()
+		}
+		return
+	}
+	if f := fs[queue]; f != nil {
+		f.nudge()
+	}
+}
+
+// Wake nudges this process's fetcher of queue, if it has one.
+func (e *Engine) Wake(queue string) { e.wake(queue) }
+
+func (e *Engine) wakeAll(counts map[string]int) {
+	for q, n := range counts {
+		if n > 0 {
+			e.wake(q)
+		}
+	}
+}
+
+// sleep waits d or until ctx ends; it reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// errBackoff is the wait after a database error in a loop: 50ms doubling
+// to 2s, with jitter.
+func errBackoff(n int) time.Duration {
+	d := 50 * time.Millisecond * time.Duration(1<<min(n, 6))
+	d = min(d, 2*time.Second)
+	return d/2 + time.Duration(mrand.Int64N(int64(d/2)+1))
+}
+
+// DefaultBackoff is exponential with jitter: about 2^attempt seconds (from
+// 1s), capped at 1 hour, drawn uniformly from [d/2, d].
+func DefaultBackoff(attempt int) time.Duration {
+	d := time.Duration(math.Min(math.Pow(2, float64(attempt-1)), 3600)) * time.Second
+	return d/2 + time.Duration(mrand.Int64N(int64(d/2)+1))
+}
+
+// runJob executes one job's handler with its timeout, converting panics
+// into errors with stack traces.
+func (e *Engine) runJob(ctx context.Context, row *driver.JobRow) (err error, trace string) {
+	h := e.handlers[row.Kind]
+	if h == nil {
+		return fmt.Errorf("unknown job kind %q: no worker registered for it in this client", row.Kind), ""
+	}
+	timeout := e.cfg.JobTimeout
+	if row.TimeoutMS > 0 {
+		timeout = time.Duration(row.TimeoutMS) * time.Millisecond
+	} else if row.TimeoutMS < 0 {
+		timeout = 0
+	}
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, timeout, fmt.Errorf("job timed out after %v", timeout))
+		defer cancel()
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("job panicked: %v", r)
+			trace = string(debug.Stack())
+		}
+	}()
+	err = h(ctx, row)
+	if err == nil && ctx.Err() != nil && errors.Is(context.Cause(ctx), errLeaseLost) {
+		err = context.Cause(ctx)
+	}
+	if err != nil && ctx.Err() != nil {
+		if c := context.Cause(ctx); c != nil && !errors.Is(err, c) {
+			err = fmt.Errorf("%w (%v)", err, c)
+		}
+	}
+	return err, trace
+}
+
+// outcome turns a handler result into the state the completer writes.
+func (e *Engine) outcome(row *driver.JobRow, err error, trace string) driver.Outcome {
+	o := driver.Outcome{ID: row.ID, Attempt: row.Attempt}
+	if err == nil {
+		o.State = driver.StateCompleted
+		return o
+	}
+	o.Err = &driver.AttemptError{Attempt: row.Attempt, At: time.Now().UTC(), Error: err.Error(), Trace: trace}
+	switch {
+	case errors.Is(err, ErrCancelJob):
+		o.State = driver.StateCancelled
+	case row.Attempt >= row.MaxAttempts:
+		o.State = driver.StateDiscarded
+	default:
+		o.State = driver.StateRetryable
+		o.RetryIn = e.cfg.Backoff(row.Attempt)
+	}
+	return o
+}
