@@ -1,0 +1,225 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	sqldriver "database/sql/driver"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// GetJob returns one job, or an error wrapping driver.ErrNotFound.
+func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
+	s, err := d.stmt(ctx, d.q["GetJob"])
+	if err != nil {
+		return nil, d.wrap("get job", err)
+	}
+	j, err := scanJob(s.QueryRowContext(ctx, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("conveyor/mysql: get job %d: %w", id, driver.ErrNotFound)
+	}
+	if err != nil {
+		return nil, d.wrap("get job", err)
+	}
+	return j, nil
+}
+
+// ListJobs returns jobs matching f in id order, at most f.Limit (default
+// 100) with ids greater than f.AfterID.
+func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.JobRow, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	var where strings.Builder
+	args := []any{f.AfterID}
+	if len(f.States) > 0 {
+		where.WriteByte(' ')
+		where.WriteString(strings.Replace(d.q["ListJobsStates"], "{ids}", placeholders(len(f.States)), 1))
+		for _, s := range f.States {
+			args = append(args, s)
+		}
+	}
+	if f.Queue != "" {
+		where.WriteByte(' ')
+		where.WriteString(d.q["ListJobsQueue"])
+		args = append(args, f.Queue)
+	}
+	if f.Kind != "" {
+		where.WriteByte(' ')
+		where.WriteString(d.q["ListJobsKind"])
+		args = append(args, f.Kind)
+	}
+	args = append(args, int64(limit))
+	q := strings.Replace(d.q["ListJobs"], "{where}", where.String(), 1)
+	rows, err := d.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, d.wrap("list jobs", err)
+	}
+	out, err := scanJobs(rows)
+	if err != nil {
+		return nil, d.wrap("list jobs", err)
+	}
+	return out, nil
+}
+
+// adminUpdate runs a state-guarded UPDATE of one job and returns the job;
+// when nothing matched it tells a missing job (ErrNotFound) from one in a
+// state that does not allow op (ErrWrongState).
+func (d *Driver) adminUpdate(ctx context.Context, op string, id int64, q string, args ...any) (*driver.JobRow, error) {
+	n, err := d.execCount(ctx, op, true, q, args)
+	if err != nil {
+		return nil, err
+	}
+	j, err := d.GetJob(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/mysql: %s job %d: %w", op, id, unwrapNotFound(err))
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("conveyor/mysql: %s job %d: state is %s: %w", op, id, j.State, driver.ErrWrongState)
+	}
+	return j, nil
+}
+
+func unwrapNotFound(err error) error {
+	if errors.Is(err, driver.ErrNotFound) {
+		return driver.ErrNotFound
+	}
+	return err
+}
+
+// Retry makes a discarded, cancelled, retryable, scheduled or completed job
+// available now, granting one more attempt if all were used.
+func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
+	return d.adminUpdate(ctx, "retry", id, d.q["Retry"], id)
+}
+
+// Cancel cancels a job that has not finished; a running attempt's outcome
+// will then be refused by its fence.
+func (d *Driver) Cancel(ctx context.Context, id int64) (*driver.JobRow, error) {
+	return d.adminUpdate(ctx, "cancel", id, d.q["Finalize"], driver.StateCancelled, id)
+}
+
+// Discard discards a job that has not finished.
+func (d *Driver) Discard(ctx context.Context, id int64) (*driver.JobRow, error) {
+	return d.adminUpdate(ctx, "discard", id, d.q["Finalize"], driver.StateDiscarded, id)
+}
+
+// Stats counts jobs per queue and state, with the age of each queue's
+// oldest available job by the database's clock.
+func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
+	rows, err := d.db.QueryContext(ctx, d.q["Stats"])
+	if err != nil {
+		return nil, d.wrap("stats", err)
+	}
+	defer rows.Close()
+	by := map[string]*driver.QueueStats{}
+	for rows.Next() {
+		var queue, state string
+		var n int64
+		var oldest, now time.Time
+		if err := rows.Scan(&queue, &state, &n, &oldest, &now); err != nil {
+			return nil, d.wrap("stats", err)
+		}
+		s := by[queue]
+		if s == nil {
+			s = &driver.QueueStats{Queue: queue, Counts: make(map[string]int64, len(driver.AllStates))}
+			for _, st := range driver.AllStates {
+				s.Counts[st] = 0
+			}
+			by[queue] = s
+		}
+		s.Counts[state] += n
+		if state == driver.StateAvailable && n > 0 {
+			s.OldestAvailable = max(now.Sub(oldest), 0)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, d.wrap("stats", err)
+	}
+	out := make([]driver.QueueStats, 0, len(by))
+	for _, s := range by {
+		out = append(out, *s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Queue < out[j].Queue })
+	return out, nil
+}
+
+// Migrate applies the missing migrations under a named lock (GET_LOCK)
+// that serialises concurrent migrators. DDL auto-commits in MySQL, so a
+// migration cannot be one transaction: its statements are idempotent and
+// its version is recorded only after all of them succeeded, so an
+// interrupted migration is re-run from the start.
+func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		return nil, d.wrap("migrate", err)
+	}
+	defer conn.Close()
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, d.q["GetLock"], 60).Scan(&got); err != nil {
+		return nil, d.wrap("migrate: take lock", err)
+	}
+	if !got.Valid || got.Int64 != 1 {
+		return nil, errors.New("conveyor/mysql: migrate: timed out waiting for another migrator's lock")
+	}
+	defer func() {
+		// A fresh context: the lock must be released even if ctx ended.
+		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var r sql.NullInt64
+		if err := conn.QueryRowContext(rctx, d.q["ReleaseLock"]).Scan(&r); err != nil {
+			// The session ends with the connection, which frees the lock.
+			_ = conn.Raw(func(any) error { return sqldriver.ErrBadConn })
+		}
+	}()
+	if _, err := conn.ExecContext(ctx, d.q["MigrationsTable"]); err != nil {
+		return nil, d.wrap("migrate", err)
+	}
+	var current int
+	if err := conn.QueryRowContext(ctx, d.q["MigrationsMax"]).Scan(&current); err != nil {
+		return nil, d.wrap("migrate", err)
+	}
+	latest := len(d.migs)
+	if current > latest {
+		return nil, fmt.Errorf("conveyor/mysql: migrate: database is at schema version %d, this binary knows up to %d: %w", current, latest, driver.ErrSchemaTooNew)
+	}
+	var applied []int
+	for _, m := range d.migs[current:] {
+		for i, st := range m.Statements {
+			if _, err := conn.ExecContext(ctx, st); err != nil {
+				return applied, fmt.Errorf("conveyor/mysql: migrate: version %d (%s) statement %d: %w", m.Version, m.Name, i+1, err)
+			}
+		}
+		if _, err := conn.ExecContext(ctx, d.q["MigrationsRecord"], m.Version); err != nil {
+			return applied, fmt.Errorf("conveyor/mysql: migrate: record version %d: %w", m.Version, err)
+		}
+		applied = append(applied, m.Version)
+	}
+	return applied, nil
+}
+
+// SchemaVersion returns the applied schema version (0 before the first
+// migration) and the latest one this binary embeds.
+func (d *Driver) SchemaVersion(ctx context.Context) (current, latest int, err error) {
+	latest = len(d.migs)
+	err = d.db.QueryRowContext(ctx, d.q["MigrationsMax"]).Scan(&current)
+	if myErrno(err) == errNoSuchTable {
+		return 0, latest, nil
+	}
+	if err != nil {
+		return 0, latest, d.wrap("schema version", err)
+	}
+	return current, latest, nil
+}
+
+// DropAll drops the tables under this driver's prefix.
+func (d *Driver) DropAll(ctx context.Context) error {
+	_, err := d.db.ExecContext(ctx, d.q["DropAll"])
+	return d.wrap("drop all", err)
+}

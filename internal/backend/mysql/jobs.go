@@ -1,0 +1,836 @@
+package mysql
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	mrand "math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// rowScanner is *sql.Row or *sql.Rows.
+type rowScanner interface{ Scan(dest ...any) error }
+
+// scanJob reads the JobColumns of one row, after the extra leading
+// destinations.
+func scanJob(r rowScanner, extra ...any) (*driver.JobRow, error) {
+	j := &driver.JobRow{}
+	var (
+		args                  []byte
+		errs                  []byte
+		attempted, fin, lease sql.NullTime
+		by                    sql.NullString
+	)
+	dest := make([]any, 0, len(extra)+16)
+	dest = append(dest, extra...)
+	dest = append(dest, &j.ID, &j.Queue, &j.Kind, &args, &j.State, &j.Priority, &j.Attempt, &j.MaxAttempts, &j.TimeoutMS,
+		&j.ScheduledAt, &j.CreatedAt, &attempted, &fin, &lease, &by, &errs)
+	if err := r.Scan(dest...); err != nil {
+		return nil, err
+	}
+	j.Args = json.RawMessage(args)
+	j.AttemptedAt = attempted.Time
+	j.FinalizedAt = fin.Time
+	j.LeaseExpiresAt = lease.Time
+	j.AttemptedBy = by.String
+	if len(errs) > 2 {
+		if err := json.Unmarshal(errs, &j.Errors); err != nil {
+			return nil, fmt.Errorf("job %d: decode errors: %w", j.ID, err)
+		}
+	}
+	return j, nil
+}
+
+func scanJobs(rows *sql.Rows) ([]*driver.JobRow, error) {
+	defer rows.Close()
+	var out []*driver.JobRow
+	for rows.Next() {
+		j, err := scanJob(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, j)
+	}
+	return out, rows.Err()
+}
+
+// insertPlan is a validated batch split into statements that each fit in
+// max_allowed_packet and the placeholder limit.
+type insertPlan struct {
+	chunks [][]driver.InsertParams
+}
+
+const insertParamsPerRow = 8
+
+func (d *Driver) planInsert(op string, jobs []driver.InsertParams) (insertPlan, error) {
+	var p insertPlan
+	budget := d.maxPacket - d.maxPacket/8 - 4096
+	rowText := len(d.q["InsertRow"]) + 2
+	start, size := 0, len(d.q["InsertHead"])
+	for i := range jobs {
+		j := &jobs[i]
+		if len(j.Args) > d.maxArgs {
+			return p, fmt.Errorf("conveyor/mysql: %s: job %d (kind %q): args are %d bytes, more than this server accepts (%d bytes, from max_allowed_packet %d)",
+				op, i, j.Kind, len(j.Args), d.maxArgs, d.maxPacket)
+		}
+		if n := utf8.RuneCountInString(j.Queue); n == 0 || n > 128 {
+			return p, fmt.Errorf("conveyor/mysql: %s: job %d: queue name must be 1 to 128 characters, got %d", op, i, n)
+		}
+		if n := utf8.RuneCountInString(j.Kind); n == 0 || n > 128 {
+			return p, fmt.Errorf("conveyor/mysql: %s: job %d: kind must be 1 to 128 characters, got %d", op, i, n)
+		}
+		// Each row costs its values, the parameter headers and its share of
+		// the statement text (the prepare packet must fit too).
+		row := len(j.Args) + len(j.Queue) + len(j.Kind) + 96 + rowText
+		if i > start && (size+row > budget || i-start >= maxInsertRows) {
+			p.chunks = append(p.chunks, jobs[start:i])
+			start, size = i, len(d.q["InsertHead"])
+		}
+		size += row
+	}
+	if start < len(jobs) {
+		p.chunks = append(p.chunks, jobs[start:])
+	}
+	return p, nil
+}
+
+// insertSQL returns the multi-row INSERT for n rows.
+func (d *Driver) insertSQL(n int) string {
+	head, row := d.q["InsertHead"], d.q["InsertRow"]
+	var b strings.Builder
+	b.Grow(len(head) + 1 + n*(len(row)+2))
+	b.WriteString(head)
+	b.WriteByte(' ')
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(row)
+	}
+	return b.String()
+}
+
+func insertArgs(args []any, jobs []driver.InsertParams) []any {
+	for i := range jobs {
+		j := &jobs[i]
+		a := []byte(j.Args)
+		if len(a) == 0 {
+			a = []byte("null")
+		}
+		var runAt any
+		if !j.RunAt.IsZero() {
+			runAt = dbTime(j.RunAt.Truncate(time.Microsecond))
+		}
+		args = append(args, j.Queue, j.Kind, a, int64(j.Priority), int64(j.MaxAttempts), j.TimeoutMS, runAt, micros(j.Delay))
+	}
+	return args
+}
+
+// insertChunk runs one multi-row INSERT and writes the ids in order. The
+// INSERT ... VALUES of a known number of rows is a "simple insert": InnoDB
+// reserves its auto-increment values in one step in every
+// innodb_autoinc_lock_mode (0, 1 and 2), so they are consecutive from the
+// LAST_INSERT_ID() of the statement, spaced by auto_increment_increment.
+func (d *Driver) insertChunk(ctx context.Context, tx *sql.Tx, ext *sql.Tx, jobs []driver.InsertParams, ids []int64) error {
+	args := insertArgs(make([]any, 0, len(jobs)*insertParamsPerRow), jobs)
+	q := d.insertSQL(len(jobs))
+	var res sql.Result
+	var err error
+	if ext != nil {
+		res, err = ext.ExecContext(ctx, q, args...)
+	} else {
+		res, err = d.exec(ctx, tx, len(jobs) <= maxCachedInsertRows, q, args...)
+	}
+	if err != nil {
+		return err
+	}
+	first, err := res.LastInsertId()
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err == nil && n != int64(len(jobs)) {
+		return fmt.Errorf("inserted %d rows, expected %d", n, len(jobs))
+	}
+	for i := range jobs {
+		ids[i] = first + int64(i)*d.autoincStep
+	}
+	return nil
+}
+
+// Insert inserts jobs with one multi-row INSERT (several, in one
+// transaction, when the batch exceeds max_allowed_packet) and returns their
+// ids in order. There is no notification channel to wake.
+func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, error) {
+	if len(jobs) == 0 {
+		return nil, nil
+	}
+	p, err := d.planInsert("insert", jobs)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]int64, len(jobs))
+	if len(p.chunks) == 1 {
+		if err := d.retry(ctx, "insert", func() error { return d.insertChunk(ctx, nil, nil, jobs, ids) }); err != nil {
+			return nil, err
+		}
+		return ids, nil
+	}
+	err = d.inTx(ctx, "insert", func(tx *sql.Tx) error {
+		off := 0
+		for _, c := range p.chunks {
+			if err := d.insertChunk(ctx, tx, nil, c, ids[off:off+len(c)]); err != nil {
+				return err
+			}
+			off += len(c)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
+// InsertTx inserts jobs inside the caller's transaction, which must be a
+// *sql.Tx on a MySQL or MariaDB connection; it never commits it. Times are
+// sent as UTC text and computed with UTC_TIMESTAMP, so the caller's
+// connection settings (loc, time_zone) do not matter.
+func (d *Driver) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, error) {
+	t, ok := tx.(*sql.Tx)
+	if !ok {
+		return nil, fmt.Errorf("conveyor/mysql: insert tx: got %T, want *sql.Tx (database/sql on a go-sql-driver/mysql connection): %w", tx, driver.ErrTxType)
+	}
+	if len(jobs) == 0 {
+		return nil, nil
+	}
+	p, err := d.planInsert("insert tx", jobs)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]int64, len(jobs))
+	off := 0
+	for _, c := range p.chunks {
+		if err := d.insertChunk(ctx, nil, t, c, ids[off:off+len(c)]); err != nil {
+			return nil, d.wrap("insert tx", err)
+		}
+		off += len(c)
+	}
+	return ids, nil
+}
+
+// BulkInsert inserts many jobs in one transaction, as multi-row INSERTs
+// sized to max_allowed_packet; full-size chunks reuse one prepared
+// statement.
+func (d *Driver) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (int64, error) {
+	if len(jobs) == 0 {
+		return 0, nil
+	}
+	p, err := d.planInsert("bulk insert", jobs)
+	if err != nil {
+		return 0, err
+	}
+	err = d.inTx(ctx, "bulk insert", func(tx *sql.Tx) error {
+		stmts := map[int]*sql.Stmt{}
+		defer func() {
+			for _, s := range stmts {
+				s.Close()
+			}
+		}()
+		args := make([]any, 0, maxInsertRows*insertParamsPerRow)
+		for _, c := range p.chunks {
+			args = insertArgs(args[:0], c)
+			s, ok := stmts[len(c)]
+			if !ok {
+				var err error
+				s, err = tx.PrepareContext(ctx, d.insertSQL(len(c)))
+				if err != nil {
+					return err
+				}
+				stmts[len(c)] = s
+			}
+			if _, err := s.ExecContext(ctx, args...); err != nil {
+				return err
+			}
+			clear(args)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return int64(len(jobs)), nil
+}
+
+// Claim takes up to p.Limit available jobs of p.Queue; see ClaimSelect and
+// ClaimOptimistic in queries.sql.
+func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+	if p.Limit <= 0 {
+		return nil, nil
+	}
+	// "Up to Limit": one claim takes at most maxBucket rows, so that its id
+	// lists stay within one prepared statement size.
+	p.Limit = min(p.Limit, maxBucket)
+	if d.claimMethod == ClaimOptimistic {
+		return d.claimOptimistic(ctx, p)
+	}
+	var out []*driver.JobRow
+	err := d.inTx(ctx, "claim", func(tx *sql.Tx) error {
+		out = out[:0]
+		rows, err := d.query(ctx, tx, true, d.q["ClaimSelect"], p.Queue, int64(p.Limit))
+		if err != nil {
+			return err
+		}
+		var now time.Time
+		for rows.Next() {
+			j, err := scanJob(rows, &now)
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			out = append(out, j)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if len(out) == 0 {
+			return nil
+		}
+		lease := now.Add(p.Lease).Truncate(time.Microsecond)
+		ids := make([]int64, len(out))
+		for i, j := range out {
+			ids[i] = j.ID
+		}
+		q, args, cache := d.inList("ClaimMark", ids, dbTime(now), dbTime(lease), p.Worker)
+		res, err := d.exec(ctx, tx, cache, q, args...)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n != int64(len(out)) {
+			return fmt.Errorf("marked %d of %d locked rows", n, len(out))
+		}
+		for _, j := range out {
+			j.State = driver.StateRunning
+			j.Attempt++
+			j.AttemptedAt = now
+			j.LeaseExpiresAt = lease
+			j.AttemptedBy = p.Worker
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// claimWindow is how many due rows a contended optimistic claim picks
+// from at random.
+func claimWindow(limit int) int { return max(4*limit, limit+16) }
+
+// contendedFor is how long optimistic claims keep picking at random after
+// a conflict was seen.
+const contendedFor = time.Second
+
+// claimRounds bounds the window reads of one optimistic claim.
+const claimRounds = 3
+
+// claimOptimistic runs ClaimWindow and ClaimOptimistic. Uncontended, the
+// window is exactly the rows wanted, so jobs are taken strictly in claim
+// order. When the UPDATE took fewer rows than it was given, another claimer
+// got there first: the claim reads a wider window and picks the remainder
+// at random, and for the next second claims pick at random straight away
+// (claim order is then approximate within the window).
+func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+	token, err := newToken()
+	if err != nil {
+		return nil, d.wrap("claim", err)
+	}
+	random := time.Now().UnixNano() < d.contendedUntil.Load()
+	var cand []int64
+	got := 0
+	for round := 0; round < claimRounds && got < p.Limit; round++ {
+		want := p.Limit - got
+		n := want
+		if random {
+			n = claimWindow(want)
+		}
+		var window []int64
+		err := d.retry(ctx, "claim", func() error {
+			window = window[:0]
+			rows, err := d.query(ctx, nil, true, d.q["ClaimWindow"], p.Queue, int64(n))
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var id int64
+				if err := rows.Scan(&id); err != nil {
+					return err
+				}
+				window = append(window, id)
+			}
+			return rows.Err()
+		})
+		if err != nil {
+			return nil, err
+		}
+		if len(window) == 0 {
+			break
+		}
+		pick := window
+		if len(window) > want {
+			for i := 0; i < want; i++ {
+				k := i + mrand.IntN(len(window)-i)
+				window[i], window[k] = window[k], window[i]
+			}
+			pick = window[:want]
+		}
+		slices.Sort(pick)
+		q, args, cache := d.inList("ClaimOptimistic", pick, micros(p.Lease), p.Worker, token[:])
+		took, err := d.execCount(ctx, "claim", cache, q, args)
+		if err != nil {
+			return nil, err
+		}
+		got += int(took)
+		cand = append(cand, pick...)
+		if int(took) == len(pick) {
+			break // no conflict: done, or the queue has no more
+		}
+		d.claimConflicts.Add(1)
+		d.contendedUntil.Store(time.Now().Add(contendedFor).UnixNano())
+		random = true
+	}
+	if got == 0 {
+		return nil, nil
+	}
+	out := make([]*driver.JobRow, 0, got)
+	for off := 0; off < len(cand); off += maxBucket {
+		part := cand[off:min(off+maxBucket, len(cand))]
+		q, args, cache := d.inList("ClaimByToken", part, token[:])
+		rows, err := d.query(ctx, nil, cache, q, args...)
+		if err != nil {
+			return nil, d.wrap("claim", err)
+		}
+		js, err := scanJobs(rows)
+		if err != nil {
+			return nil, d.wrap("claim", err)
+		}
+		out = append(out, js...)
+	}
+	if len(out) != got {
+		return nil, fmt.Errorf("conveyor/mysql: claim: took %d rows but read back %d", got, len(out))
+	}
+	return out, nil
+}
+
+// batchSource expands {source} in the named query for n tuples of width
+// fields, built by add: a JSON_TABLE over one JSON parameter where the
+// server has it, else a UNION ALL derived table padded with id 0 rows to a
+// power of two. It returns the query, the arguments (the source's first,
+// then extra) and whether the query should be cached.
+func (d *Driver) batchSource(name, jsonSrc, rowSrc string, n, width int, add func(i int, js []byte, row []any) []byte, extra ...any) (string, []any, bool) {
+	if d.jsonTable {
+		js := make([]byte, 0, n*32)
+		js = append(js, '[')
+		for i := 0; i < n; i++ {
+			if i > 0 {
+				js = append(js, ',')
+			}
+			js = add(i, js, nil)
+		}
+		js = append(js, ']')
+		q := strings.Replace(d.q[name], "{source}", d.q[jsonSrc], 1)
+		return q, append([]any{js}, extra...), true
+	}
+	b := bucket(n)
+	row := d.q[rowSrc]
+	var sb strings.Builder
+	sb.WriteByte('(')
+	for i := 0; i < b; i++ {
+		if i > 0 {
+			sb.WriteString(" UNION ALL ")
+		}
+		sb.WriteString(row)
+	}
+	sb.WriteByte(')')
+	q := strings.Replace(d.q[name], "{source}", sb.String(), 1)
+	args := make([]any, 0, b*width+len(extra))
+	tuple := make([]any, width)
+	for i := 0; i < b; i++ {
+		if i < n {
+			add(i, nil, tuple)
+		} else {
+			tuple[0], tuple[1] = int64(0), int64(0)
+			for k := 2; k < width; k++ {
+				tuple[k] = nil
+			}
+		}
+		args = append(args, tuple...)
+	}
+	args = append(args, extra...)
+	return q, args, b <= maxBucket
+}
+
+var outcomeStates = map[string]bool{
+	driver.StateCompleted: true, driver.StateRetryable: true,
+	driver.StateDiscarded: true, driver.StateCancelled: true,
+}
+
+// Complete applies outcomes with one fenced UPDATE joined to the batch (see
+// Complete in queries.sql; outcomes carrying an error go in a second
+// statement that also appends to errors). When every outcome matched, that
+// is the whole call; otherwise the ids applied are read back by this call's
+// op_token.
+func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int64, error) {
+	if len(outcomes) == 0 {
+		return nil, nil
+	}
+	token, err := newToken()
+	if err != nil {
+		return nil, d.wrap("complete", err)
+	}
+	errs := make([]string, len(outcomes))
+	var plain, failed []int
+	for i := range outcomes {
+		o := &outcomes[i]
+		if !outcomeStates[o.State] {
+			return nil, fmt.Errorf("conveyor/mysql: complete: job %d: outcome state %q is not completed, retryable, discarded or cancelled", o.ID, o.State)
+		}
+		if o.Err == nil {
+			plain = append(plain, i)
+			continue
+		}
+		b, err := d.encodeAttemptError(o.Err)
+		if err != nil {
+			return nil, d.wrap("complete", err)
+		}
+		errs[i] = b
+		failed = append(failed, i)
+	}
+	var matched int64
+	budget := d.maxPacket / 2
+	for _, part := range []struct {
+		name string
+		idx  []int
+	}{{"Complete", plain}, {"CompleteWithErrors", failed}} {
+		// Ascending ids: concurrent batches lock rows in the same order.
+		slices.SortFunc(part.idx, func(a, b int) int { return cmp.Compare(outcomes[a].ID, outcomes[b].ID) })
+		for len(part.idx) > 0 {
+			// One statement per chunk that fits the packet and the bucket.
+			n, size := 0, 0
+			for n < len(part.idx) && n < maxBucket {
+				sz := 64 + len(errs[part.idx[n]])*5/4
+				if n > 0 && size+sz > budget {
+					break
+				}
+				size += sz
+				n++
+			}
+			chunk := part.idx[:n]
+			part.idx = part.idx[n:]
+			q, args, cache := d.batchSource(part.name, "OutcomeSourceJSON", "OutcomeSourceRow", len(chunk), 5,
+				func(k int, js []byte, row []any) []byte {
+					i := chunk[k]
+					o := &outcomes[i]
+					var retry int64
+					if o.State == driver.StateRetryable {
+						retry = max(micros(o.RetryIn), 0)
+					}
+					if row != nil {
+						row[0], row[1], row[2], row[3], row[4] = o.ID, int64(o.Attempt), o.State, retry, errs[i]
+						return nil
+					}
+					js = append(js, '[')
+					js = strconv.AppendInt(js, o.ID, 10)
+					js = append(js, ',')
+					js = strconv.AppendInt(js, int64(o.Attempt), 10)
+					js = append(js, ",\""...)
+					js = append(js, o.State...)
+					js = append(js, "\","...)
+					js = strconv.AppendInt(js, retry, 10)
+					js = append(js, ',')
+					js = appendJSONString(js, errs[i])
+					return append(js, ']')
+				}, token[:])
+			n64, err := d.execCount(ctx, "complete", cache, q, args)
+			if err != nil {
+				return nil, err
+			}
+			matched += n64
+		}
+	}
+	ids := make([]int64, len(outcomes))
+	for i := range outcomes {
+		ids[i] = outcomes[i].ID
+	}
+	if matched == int64(len(outcomes)) {
+		return ids, nil
+	}
+	return d.fenceCheck(ctx, "complete", token[:], ids)
+}
+
+// execCount runs one autocommit statement with deadlock retries and returns
+// the number of rows it matched.
+func (d *Driver) execCount(ctx context.Context, op string, cache bool, q string, args []any) (int64, error) {
+	var n int64
+	err := d.retry(ctx, op, func() error {
+		res, err := d.exec(ctx, nil, cache, q, args...)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return n, err
+}
+
+// fenceCheck returns, in input order without duplicates, the ids among
+// ids whose row carries token: the rows the call marked with it.
+func (d *Driver) fenceCheck(ctx context.Context, op string, token []byte, ids []int64) ([]int64, error) {
+	got := make(map[int64]bool, len(ids))
+	for off := 0; off < len(ids); off += maxBucket {
+		part := ids[off:min(off+maxBucket, len(ids))]
+		q, args, cache := d.inList("FenceCheck", part, token)
+		err := d.retry(ctx, op, func() error {
+			rows, err := d.query(ctx, nil, cache, q, args...)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var id int64
+				if err := rows.Scan(&id); err != nil {
+					return err
+				}
+				got[id] = true
+			}
+			return rows.Err()
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	out := make([]int64, 0, len(got))
+	for _, id := range ids {
+		if got[id] {
+			out = append(out, id)
+			delete(got, id)
+		}
+	}
+	return out, nil
+}
+
+// newToken returns 16 random bytes marking the rows of one call.
+func newToken() ([16]byte, error) {
+	var t [16]byte
+	_, err := rand.Read(t[:])
+	return t, err
+}
+
+// encodeAttemptError renders e as the JSON element stored in errors. An
+// error or trace so large that a few of them would not fit in
+// max_allowed_packet is cut (with a marker), so that neither this Complete
+// nor later reads of the row can fail on the packet size.
+func (d *Driver) encodeAttemptError(e *driver.AttemptError) (string, error) {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return "", err
+	}
+	limit := max(d.maxPacket/64, 4096)
+	if len(b) <= limit {
+		return string(b), nil
+	}
+	c := *e
+	c.Error = truncate(c.Error, limit/4)
+	c.Trace = truncate(c.Trace, limit/2)
+	b, err = json.Marshal(&c)
+	return string(b), err
+}
+
+// truncate cuts s to at most n bytes on a rune boundary, marking the cut.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + " …[truncated]"
+}
+
+// appendJSONString appends s as a JSON string literal.
+func appendJSONString(b []byte, s string) []byte {
+	if s == "" {
+		return append(b, `""`...)
+	}
+	q, _ := json.Marshal(s)
+	return append(b, q...)
+}
+
+func (d *Driver) leaseSource(name string, leases []driver.Lease, extra ...any) (string, []any, bool) {
+	return d.batchSource(name, "LeaseSourceJSON", "LeaseSourceRow", len(leases), 2,
+		func(i int, js []byte, row []any) []byte {
+			l := leases[i]
+			if row != nil {
+				row[0], row[1] = l.ID, int64(l.Attempt)
+				return nil
+			}
+			js = append(js, '[')
+			js = strconv.AppendInt(js, l.ID, 10)
+			js = append(js, ',')
+			js = strconv.AppendInt(js, int64(l.Attempt), 10)
+			return append(js, ']')
+		}, extra...)
+}
+
+// Heartbeat extends the leases of running attempts with one fenced UPDATE
+// and returns the ids still owned (read back only when some did not
+// match).
+func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease time.Duration) ([]int64, error) {
+	if len(leases) == 0 {
+		return nil, nil
+	}
+	token, err := newToken()
+	if err != nil {
+		return nil, d.wrap("heartbeat", err)
+	}
+	var n int64
+	for off := 0; off < len(leases); off += maxBucket {
+		part := leases[off:min(off+maxBucket, len(leases))]
+		q, args, cache := d.leaseSource("Heartbeat", part, micros(lease), token[:])
+		m, err := d.execCount(ctx, "heartbeat", cache, q, args)
+		if err != nil {
+			return nil, err
+		}
+		n += m
+	}
+	ids := make([]int64, len(leases))
+	for i, l := range leases {
+		ids[i] = l.ID
+	}
+	if n == int64(len(leases)) {
+		return ids, nil
+	}
+	return d.fenceCheck(ctx, "heartbeat", token[:], ids)
+}
+
+// Release makes running attempts available again without counting them.
+func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, error) {
+	if len(leases) == 0 {
+		return 0, nil
+	}
+	var n int64
+	for off := 0; off < len(leases); off += maxBucket {
+		part := leases[off:min(off+maxBucket, len(leases))]
+		q, args, cache := d.leaseSource("Release", part)
+		m, err := d.execCount(ctx, "release", cache, q, args)
+		if err != nil {
+			return n, err
+		}
+		n += m
+	}
+	return n, nil
+}
+
+// lockAndUpdate runs selectQ (id, queue rows, locked FOR UPDATE) and then
+// updateQ over the ids found, in one transaction, and counts per queue.
+func (d *Driver) lockAndUpdate(ctx context.Context, op, selectQ, updateQ string, limit int) (map[string]int, error) {
+	out := map[string]int{}
+	if limit <= 0 {
+		return out, nil
+	}
+	err := d.inTx(ctx, op, func(tx *sql.Tx) error {
+		clear(out)
+		rows, err := d.query(ctx, tx, true, d.q[selectQ], int64(limit))
+		if err != nil {
+			return err
+		}
+		var ids []int64
+		var queues []string
+		for rows.Next() {
+			var id int64
+			var q string
+			if err := rows.Scan(&id, &q); err != nil {
+				rows.Close()
+				return err
+			}
+			ids = append(ids, id)
+			queues = append(queues, q)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for off := 0; off < len(ids); off += maxBucket {
+			part := ids[off:min(off+maxBucket, len(ids))]
+			q, args, cache := d.inList(updateQ, part)
+			if _, err := d.exec(ctx, tx, cache, q, args...); err != nil {
+				return err
+			}
+		}
+		for _, q := range queues {
+			out[q]++
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Rescue requeues (or discards, when attempts are used up) up to limit
+// running jobs whose lease expired, recording an AttemptError on each.
+func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) {
+	return d.lockAndUpdate(ctx, "rescue", "RescueSelect", "RescueUpdate", limit)
+}
+
+// Promote makes up to limit due scheduled and retryable jobs available.
+func (d *Driver) Promote(ctx context.Context, limit int) (map[string]int, error) {
+	return d.lockAndUpdate(ctx, "promote", "PromoteSelect", "PromoteUpdate", limit)
+}
+
+// Prune deletes up to limit completed jobs finalized more than
+// completedAge ago and discarded or cancelled jobs finalized more than
+// discardedAge ago.
+func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Duration, limit int) (int64, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	n, err := d.execCount(ctx, "prune", true, d.q["PruneCompleted"], []any{micros(completedAge), int64(limit)})
+	if err != nil {
+		return 0, err
+	}
+	if n >= int64(limit) {
+		return n, nil
+	}
+	m, err := d.execCount(ctx, "prune", true, d.q["PruneDiscarded"], []any{micros(discardedAge), int64(limit) - n})
+	return n + m, err
+}
+
+// TryLead takes the maintenance leadership if it is free or expired, or
+// extends it if id holds it, and reports whether id leads.
+func (d *Driver) TryLead(ctx context.Context, id string, ttl time.Duration) (bool, error) {
+	us := micros(ttl)
+	if _, err := d.execCount(ctx, "try lead", true, d.q["TryLead"], []any{id, us, id, id, id, us}); err != nil {
+		return false, err
+	}
+	var leader string
+	if err := d.retry(ctx, "try lead", func() error {
+		return d.db.QueryRowContext(ctx, d.q["Leader"]).Scan(&leader)
+	}); err != nil {
+		return false, err
+	}
+	return leader == id, nil
+}

@@ -1,0 +1,572 @@
+// Package mysql is conveyor's MySQL and MariaDB backend, built on
+// github.com/go-sql-driver/mysql.
+//
+// Sessions are pinned to UTC (time_zone '+00:00', parseTime with loc=UTC),
+// READ COMMITTED (no gap locks, so inserts, claims and completions do not
+// block each other through index gaps), utf8mb4 and an explicit sql_mode,
+// so nothing depends on the server's defaults. Every time the driver writes
+// is computed from the database's clock (UTC_TIMESTAMP(6)).
+//
+// Claims use FOR UPDATE SKIP LOCKED where the server has it (MySQL 8.0.1+,
+// MariaDB 10.6+) and otherwise an optimistic claim: a non-locking read of a
+// window of due rows, then one fenced UPDATE of a pick from it (random once
+// claimers compete). Batched writes (Complete, Heartbeat, Release) are one
+// UPDATE joined to a JSON_TABLE of the batch (a UNION ALL derived table on
+// servers without JSON_TABLE). Deadlocks (1213) and lock wait timeouts
+// (1205) are retried inside the driver with backoff and counted in
+// Counters.
+//
+// All SQL lives in queries.sql and migrations/.
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+	"github.com/conveyorq/conveyor/internal/sqlq"
+	gomysql "github.com/go-sql-driver/mysql"
+)
+
+//go:embed queries.sql migrations/*.sql
+var sqlFiles embed.FS
+
+// Claim methods reported in Capabilities.ClaimMethod.
+const (
+	// ClaimSkipLocked locks due rows with FOR UPDATE SKIP LOCKED.
+	ClaimSkipLocked = "skip-locked"
+	// ClaimOptimistic takes a random pick from a window of due rows in one
+	// UPDATE, without locking reads (servers without SKIP LOCKED).
+	ClaimOptimistic = "optimistic-window"
+)
+
+// sqlMode is the session sql_mode: strict, so that a value that does not
+// fit is an error rather than a silent truncation.
+const sqlMode = "STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION"
+
+// lockWaitTimeout (seconds) bounds how long a statement waits for a row
+// lock before the server gives up; the driver then retries it.
+const lockWaitTimeout = "10"
+
+// MySQL error numbers the driver handles.
+const (
+	errLockWaitTimeout = 1205
+	errDeadlock        = 1213
+	errNoSuchTable     = 1146
+	errUnknownVariable = 1193
+)
+
+// Placeholder limit of one prepared statement.
+const maxPlaceholders = 65535
+
+// Rows per multi-row INSERT at most (also bounded by max_allowed_packet).
+const maxInsertRows = 2000
+
+// Insert statements up to this many rows are kept prepared.
+const maxCachedInsertRows = 16
+
+// IN lists and UNION sources are padded to a power of two up to this size
+// so that each size is prepared once per connection.
+const maxBucket = 4096
+
+// Driver is the MySQL / MariaDB backend. It is safe for concurrent use.
+type Driver struct {
+	db     *sql.DB
+	prefix string
+	q      map[string]string
+	migs   []sqlq.Migration
+
+	serverVersion string
+	mariaDB       bool
+	maxPacket     int
+	maxArgs       int
+	autoincStep   int64
+	isoVar        string
+	claimMethod   string
+	skipLocked    bool // the server supports SKIP LOCKED (Rescue, Promote)
+	jsonTable     bool // the server has JSON_TABLE; else UNION ALL sources
+
+	stmtMu sync.Mutex
+	stmts  map[string]*sql.Stmt
+
+	deadlockRetries atomic.Int64
+	lockTimeouts    atomic.Int64
+	claimConflicts  atomic.Int64
+	contendedUntil  atomic.Int64 // unix nanoseconds; see claimOptimistic
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+// Open connects to the server named by dsn, of the form
+// mysql://user:pass@host:port/db?params (a "socket" parameter selects a
+// Unix socket instead of host:port; other parameters are passed to
+// go-sql-driver/mysql). It reads the server's version and
+// max_allowed_packet and chooses the claim strategy.
+func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error) {
+	if err := sqlq.CheckPrefix(opts.Prefix); err != nil {
+		return nil, err
+	}
+	cfg, err := parseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/mysql: open: %w", err)
+	}
+
+	// Probe the server with one connection: version, packet size and the
+	// name of the isolation variable (transaction_isolation on MySQL 5.7.20+
+	// and MariaDB 11.1+, tx_isolation before).
+	pc := cfg.Clone()
+	pc.MaxAllowedPacket = 0
+	pconn, err := gomysql.NewConnector(pc)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/mysql: open: %w", err)
+	}
+	pdb := sql.OpenDB(pconn)
+	defer pdb.Close()
+	pdb.SetMaxOpenConns(1)
+	q := loadQueries(opts.Prefix)
+	d := &Driver{prefix: opts.Prefix, stmts: map[string]*sql.Stmt{}}
+	var packet int64
+	if err := pdb.QueryRowContext(ctx, q["Probe"]).Scan(&d.serverVersion, &packet, &d.autoincStep); err != nil {
+		return nil, fmt.Errorf("conveyor/mysql: open: probe server: %w", err)
+	}
+	d.isoVar = "transaction_isolation"
+	var iso string
+	if err := pdb.QueryRowContext(ctx, q["ProbeIsolation"]).Scan(&iso); err != nil {
+		if myErrno(err) != errUnknownVariable {
+			return nil, fmt.Errorf("conveyor/mysql: open: probe server: %w", err)
+		}
+		d.isoVar = "tx_isolation"
+	}
+	if d.autoincStep < 1 {
+		d.autoincStep = 1
+	}
+	d.maxPacket = int(packet)
+	d.maxArgs = maxArgsFor(d.maxPacket)
+
+	ver := parseVersion(d.serverVersion)
+	d.mariaDB = strings.Contains(strings.ToLower(d.serverVersion), "mariadb")
+	if d.mariaDB {
+		d.skipLocked = !ver.less(10, 6, 0)
+		d.jsonTable = !ver.less(10, 6, 0)
+	} else {
+		d.skipLocked = !ver.less(8, 0, 1)
+		d.jsonTable = !ver.less(8, 0, 4)
+	}
+	switch opts.ClaimStrategy {
+	case "":
+		d.claimMethod = ClaimOptimistic
+		if d.skipLocked {
+			d.claimMethod = ClaimSkipLocked
+		}
+	case "skip-locked":
+		if !d.skipLocked {
+			return nil, fmt.Errorf("conveyor/mysql: open: claim strategy skip-locked needs MySQL 8.0.1+ or MariaDB 10.6+, server is %s", d.serverVersion)
+		}
+		d.claimMethod = ClaimSkipLocked
+	case "optimistic":
+		d.claimMethod = ClaimOptimistic
+	default:
+		return nil, fmt.Errorf("conveyor/mysql: open: unknown claim strategy %q (want \"\", \"skip-locked\" or \"optimistic\")", opts.ClaimStrategy)
+	}
+
+	skip := ""
+	if d.skipLocked {
+		skip = "SKIP LOCKED"
+	}
+	for k, v := range q {
+		v = strings.ReplaceAll(v, "{skip}", skip)
+		q[k] = strings.ReplaceAll(v, "{iso}", d.isoVar)
+	}
+	d.q = q
+	d.migs = sqlq.Migrations(sqlFiles, "migrations", opts.Prefix)
+
+	cfg.MaxAllowedPacket = d.maxPacket
+	cfg.Params[d.isoVar] = "'READ-COMMITTED'"
+	conn, err := gomysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/mysql: open: %w", err)
+	}
+	d.db = sql.OpenDB(conn)
+	pool := opts.PoolSize
+	if pool <= 0 {
+		pool = 16
+	}
+	d.db.SetMaxOpenConns(pool)
+	d.db.SetMaxIdleConns(pool)
+	d.db.SetConnMaxIdleTime(5 * time.Minute)
+	d.db.SetConnMaxLifetime(time.Hour)
+	if err := d.db.PingContext(ctx); err != nil {
+		d.db.Close()
+		return nil, fmt.Errorf("conveyor/mysql: open: %w", err)
+	}
+	return d, nil
+}
+
+// parseDSN converts mysql://user:pass@host:port/db?params into a
+// go-sql-driver configuration with the settings conveyor relies on forced.
+func parseDSN(dsn string) (*gomysql.Config, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("bad DSN: %w", err)
+	}
+	if u.Scheme != "mysql" && u.Scheme != "mariadb" {
+		return nil, fmt.Errorf("bad DSN: scheme %q, want mysql://user:pass@host:port/db", u.Scheme)
+	}
+	base := gomysql.NewConfig()
+	if u.User != nil {
+		base.User = u.User.Username()
+		base.Passwd, _ = u.User.Password()
+	}
+	base.Net = "tcp"
+	base.Addr = u.Host
+	if base.Addr == "" {
+		base.Addr = "127.0.0.1:3306"
+	} else if _, _, err := net.SplitHostPort(base.Addr); err != nil {
+		base.Addr = net.JoinHostPort(strings.Trim(u.Host, "[]"), "3306")
+	}
+	base.DBName = strings.TrimPrefix(u.Path, "/")
+	if base.DBName == "" {
+		return nil, errors.New("bad DSN: no database name")
+	}
+	params := u.Query()
+	if s := params.Get("socket"); s != "" {
+		base.Net = "unix"
+		base.Addr = s
+	}
+	params.Del("socket")
+	// Settings conveyor decides; a DSN cannot override them.
+	for _, k := range []string{"parseTime", "loc", "charset", "collation", "interpolateParams", "multiStatements", "clientFoundRows", "maxAllowedPacket", "time_zone", "sql_mode", "transaction_isolation", "tx_isolation"} {
+		params.Del(k)
+	}
+	cfg := base
+	if len(params) > 0 {
+		// Let go-sql-driver interpret its own parameters (tls, timeouts,
+		// ...); unknown ones become session variables set at connect.
+		cfg, err = gomysql.ParseDSN(base.FormatDSN() + "?" + params.Encode())
+		if err != nil {
+			return nil, fmt.Errorf("bad DSN parameters: %w", err)
+		}
+	}
+	cfg.ParseTime = true
+	cfg.Loc = time.UTC
+	cfg.Collation = "utf8mb4_general_ci"
+	cfg.InterpolateParams = false
+	cfg.MultiStatements = false
+	cfg.ClientFoundRows = true
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["time_zone"] = "'+00:00'"
+	cfg.Params["sql_mode"] = "'" + sqlMode + "'"
+	if _, ok := cfg.Params["innodb_lock_wait_timeout"]; !ok {
+		cfg.Params["innodb_lock_wait_timeout"] = lockWaitTimeout
+	}
+	return cfg, nil
+}
+
+// maxArgsFor leaves headroom in max_allowed_packet for the rest of the row
+// and the protocol.
+func maxArgsFor(packet int) int {
+	head := max(64<<10, packet/16)
+	return max(packet-head, 1024)
+}
+
+type version [3]int
+
+func parseVersion(s string) version {
+	var v version
+	s, _, _ = strings.Cut(s, "-")
+	for i, p := range strings.SplitN(s, ".", 3) {
+		n, _ := strconv.Atoi(strings.TrimFunc(p, func(r rune) bool { return r < '0' || r > '9' }))
+		v[i] = n
+	}
+	return v
+}
+
+func (v version) less(a, b, c int) bool {
+	o := version{a, b, c}
+	for i := range v {
+		if v[i] != o[i] {
+			return v[i] < o[i]
+		}
+	}
+	return false
+}
+
+// loadQueries reads queries.sql, drops comment lines and expands {cols}.
+func loadQueries(prefix string) map[string]string {
+	q := sqlq.Queries(sqlFiles, "queries.sql", prefix)
+	for k, v := range q {
+		var b strings.Builder
+		for _, line := range strings.Split(v, "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), "--") {
+				continue
+			}
+			if b.Len() > 0 {
+				b.WriteByte('\n')
+			}
+			b.WriteString(line)
+		}
+		q[k] = strings.TrimSpace(b.String())
+	}
+	cols := q["JobColumns"]
+	for k, v := range q {
+		q[k] = strings.ReplaceAll(v, "{cols}", cols)
+	}
+	return q
+}
+
+// DB returns the driver's connection pool, so that tools such as the
+// benchmark can run their own SQL against the same server and settings.
+func (d *Driver) DB() *sql.DB { return d.db }
+
+// Name returns "mysql".
+func (d *Driver) Name() string { return "mysql" }
+
+// Capabilities reports no push channel, the active claim method and the
+// largest args the server accepts (derived from max_allowed_packet).
+func (d *Driver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{
+		Listen:       false,
+		ClaimMethod:  d.claimMethod,
+		MaxArgsBytes: d.maxArgs,
+	}
+}
+
+// ServerInfo reports the server version and the settings that decide
+// durability and throughput.
+func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
+	var ver, flush, syncBinlog, iso, logBin, packet, autoinc sql.NullString
+	if err := d.db.QueryRowContext(ctx, d.q["ServerInfo"]).Scan(&ver, &flush, &syncBinlog, &iso, &logBin, &packet, &autoinc); err != nil {
+		return nil, d.wrap("server info", err)
+	}
+	flavor := "mysql"
+	if d.mariaDB {
+		flavor = "mariadb"
+	}
+	return map[string]string{
+		"backend":                        "mysql",
+		"flavor":                         flavor,
+		"server_version":                 ver.String,
+		"innodb_flush_log_at_trx_commit": flush.String,
+		"sync_binlog":                    syncBinlog.String,
+		"log_bin":                        logBin.String,
+		"transaction_isolation":          iso.String,
+		"max_allowed_packet":             packet.String,
+		"innodb_autoinc_lock_mode":       autoinc.String,
+		"claim_method":                   d.claimMethod,
+	}, nil
+}
+
+// Counters returns the retries and conflicts this driver has absorbed:
+// deadlock_retries (error 1213), lock_timeouts (error 1205) and
+// claim_conflicts (optimistic claims that lost the head of the queue to
+// another claimer and fell back to a random pick).
+func (d *Driver) Counters() map[string]int64 {
+	return map[string]int64{
+		"deadlock_retries": d.deadlockRetries.Load(),
+		"lock_timeouts":    d.lockTimeouts.Load(),
+		"claim_conflicts":  d.claimConflicts.Load(),
+	}
+}
+
+// Listen returns nil: MySQL has no push channel and the engine polls.
+func (d *Driver) Listen(ctx context.Context) (driver.Listener, error) { return nil, nil }
+
+// Close closes the prepared statements and the connection pool.
+func (d *Driver) Close() error {
+	d.stmtMu.Lock()
+	for k, s := range d.stmts {
+		s.Close()
+		delete(d.stmts, k)
+	}
+	d.stmtMu.Unlock()
+	return d.db.Close()
+}
+
+func (d *Driver) wrap(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("conveyor/mysql: %s: %w", op, err)
+}
+
+// stmt returns a prepared statement for query, preparing it on first use.
+// database/sql re-prepares it lazily on each connection of the pool.
+func (d *Driver) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	d.stmtMu.Lock()
+	s, ok := d.stmts[query]
+	d.stmtMu.Unlock()
+	if ok {
+		return s, nil
+	}
+	s, err := d.db.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	d.stmtMu.Lock()
+	if old, ok := d.stmts[query]; ok {
+		d.stmtMu.Unlock()
+		s.Close()
+		return old, nil
+	}
+	d.stmts[query] = s
+	d.stmtMu.Unlock()
+	return s, nil
+}
+
+// exec runs a statement on the pool or inside a transaction, using the
+// prepared statement cache when cached is true.
+func (d *Driver) exec(ctx context.Context, tx *sql.Tx, cached bool, query string, args ...any) (sql.Result, error) {
+	if !cached {
+		if tx != nil {
+			return tx.ExecContext(ctx, query, args...)
+		}
+		return d.db.ExecContext(ctx, query, args...)
+	}
+	s, err := d.stmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	if tx != nil {
+		return tx.StmtContext(ctx, s).ExecContext(ctx, args...)
+	}
+	return s.ExecContext(ctx, args...)
+}
+
+func (d *Driver) query(ctx context.Context, tx *sql.Tx, cached bool, query string, args ...any) (*sql.Rows, error) {
+	if !cached {
+		if tx != nil {
+			return tx.QueryContext(ctx, query, args...)
+		}
+		return d.db.QueryContext(ctx, query, args...)
+	}
+	s, err := d.stmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	if tx != nil {
+		return tx.StmtContext(ctx, s).QueryContext(ctx, args...)
+	}
+	return s.QueryContext(ctx, args...)
+}
+
+// myErrno returns the MySQL error number in err, or 0.
+func myErrno(err error) uint16 {
+	var me *gomysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number
+	}
+	return 0
+}
+
+// maxRetries bounds the retries of one operation; with the backoff cap it
+// is minutes, far beyond any real deadlock storm, and ctx ends it sooner.
+const maxRetries = 1000
+
+// retry runs fn again while it fails with a deadlock or a lock wait
+// timeout, with jittered exponential backoff (1ms doubling to 100ms). Each
+// statement retried is fenced or transactional, so running it again is
+// safe. Other errors and the context's end are returned at once.
+func (d *Driver) retry(ctx context.Context, op string, fn func() error) error {
+	for i := 0; ; i++ {
+		err := fn()
+		if err == nil {
+			return nil
+		}
+		switch myErrno(err) {
+		case errDeadlock:
+			d.deadlockRetries.Add(1)
+		case errLockWaitTimeout:
+			d.lockTimeouts.Add(1)
+		default:
+			return d.wrap(op, err)
+		}
+		if i >= maxRetries {
+			return d.wrap(op, fmt.Errorf("gave up after %d retries: %w", i, err))
+		}
+		back := time.Millisecond << min(i, 7)
+		back = min(back, 100*time.Millisecond)
+		back = back/2 + rand.N(back/2+1)
+		t := time.NewTimer(back)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return d.wrap(op, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// inTx runs fn in a READ COMMITTED transaction (the session default),
+// retried as a whole on deadlocks and lock wait timeouts.
+func (d *Driver) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
+	return d.retry(ctx, op, func() error {
+		tx, err := d.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if err := fn(tx); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	})
+}
+
+// bucket rounds n up to a power of two (exact above maxBucket).
+func bucket(n int) int {
+	if n > maxBucket {
+		return n
+	}
+	b := 1
+	for b < n {
+		b <<= 1
+	}
+	return b
+}
+
+// placeholders returns "?, ?, ..." with n marks.
+func placeholders(n int) string {
+	if n <= 0 {
+		return ""
+	}
+	return strings.Repeat("?, ", n-1) + "?"
+}
+
+// inList expands {ids} in the named query for n ids and returns the query,
+// the padded argument list and whether it is worth caching.
+func (d *Driver) inList(name string, ids []int64, extra ...any) (string, []any, bool) {
+	b := bucket(len(ids))
+	q := strings.Replace(d.q[name], "{ids}", placeholders(b), 1)
+	args := make([]any, 0, len(extra)+b)
+	args = append(args, extra...)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	for i := len(ids); i < b; i++ {
+		args = append(args, ids[0])
+	}
+	return q, args, b <= maxBucket
+}
+
+// dbTime formats t for a DATETIME(6) parameter (UTC, microseconds), so the
+// value does not depend on a connection's loc setting.
+func dbTime(t time.Time) string {
+	return t.UTC().Format("2006-01-02 15:04:05.000000")
+}
+
+// micros converts a duration to whole microseconds for INTERVAL ...
+// MICROSECOND.
+func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }
