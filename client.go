@@ -1,0 +1,430 @@
+package conveyor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/backend/mysql"
+	"github.com/conveyorq/conveyor/internal/backend/postgres"
+	"github.com/conveyorq/conveyor/internal/backend/sqlite"
+	"github.com/conveyorq/conveyor/internal/driver"
+	"github.com/conveyorq/conveyor/internal/engine"
+)
+
+// Client enqueues jobs and, once started, works the queues in its Config.
+// It is safe for concurrent use.
+type Client struct {
+	cfg      Config
+	drv      driver.Driver
+	eng      *engine.Engine
+	mu       sync.Mutex
+	handlers map[string]engine.Handler
+	started  bool
+	schemaOK atomic.Bool
+	maxArgs  int
+}
+
+// Open connects to the database named by dsn and returns a client. The
+// DSN is a SQLite path (for example "./conveyor.db", "sqlite:jobs.db" or
+// "file:jobs.db"), "postgres://..." or "mysql://user:pass@host:port/db".
+// Open refuses a database whose schema is newer than this binary; a
+// database that lacks migrations can be migrated with Client.Migrate.
+func Open(ctx context.Context, dsn string, cfg *Config) (*Client, error) {
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	c, err := c.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	drv, err := openDriver(ctx, dsn, driver.Options{
+		Prefix:        c.TablePrefix,
+		PoolSize:      c.PoolSize,
+		ClaimStrategy: c.ClaimStrategy,
+		Synchronous:   c.SQLiteSynchronous,
+	})
+	if err != nil {
+		return nil, err
+	}
+	cl := &Client{cfg: c, drv: drv, handlers: map[string]engine.Handler{}, maxArgs: c.MaxArgsBytes}
+	if m := drv.Capabilities().MaxArgsBytes; m > 0 && m < cl.maxArgs {
+		cl.maxArgs = m
+	}
+	if err := cl.checkSchema(ctx); err != nil && !errors.Is(err, ErrSchemaOutdated) {
+		drv.Close()
+		return nil, err
+	}
+	cl.eng = engine.New(drv, c.engineConfig(), cl.handlers)
+	return cl, nil
+}
+
+// openDriver picks the backend from the DSN's scheme.
+func openDriver(ctx context.Context, dsn string, opts driver.Options) (driver.Driver, error) {
+	scheme, _, hasScheme := strings.Cut(dsn, "://")
+	switch {
+	case dsn == "":
+		return nil, errors.New("conveyor: empty DSN: give a SQLite path, postgres://... or mysql://...")
+	case scheme == "postgres" || scheme == "postgresql":
+		return nilIfErr(postgres.Open(ctx, dsn, opts))
+	case scheme == "mysql":
+		return nilIfErr(mysql.Open(ctx, dsn, opts))
+	case scheme == "sqlite" || scheme == "file" || !hasScheme:
+		return nilIfErr(sqlite.Open(ctx, dsn, opts))
+	default:
+		return nil, fmt.Errorf("conveyor: unsupported DSN scheme %q: give a SQLite path, postgres://... or mysql://...", scheme)
+	}
+}
+
+// nilIfErr keeps a failed backend's nil pointer out of the interface.
+func nilIfErr[D driver.Driver](d D, err error) (driver.Driver, error) {
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (c *Client) checkSchema(ctx context.Context) error {
+	cur, latest, err := c.drv.SchemaVersion(ctx)
+	if err != nil {
+		return err
+	}
+	switch {
+	case cur > latest:
+		return fmt.Errorf("%w: database is at version %d, this binary knows up to %d", ErrSchemaTooNew, cur, latest)
+	case cur < latest:
+		return fmt.Errorf("%w (database at version %d, binary needs %d)", ErrSchemaOutdated, cur, latest)
+	}
+	c.schemaOK.Store(true)
+	return nil
+}
+
+func (c *Client) ready(ctx context.Context) error {
+	if c.schemaOK.Load() {
+		return nil
+	}
+	return c.checkSchema(ctx)
+}
+
+// Migrate applies the embedded migrations that the database lacks and
+// returns their versions; running it again applies nothing.
+func (c *Client) Migrate(ctx context.Context) ([]int, error) {
+	applied, err := c.drv.Migrate(ctx)
+	if err != nil {
+		return applied, err
+	}
+	return applied, c.checkSchema(ctx)
+}
+
+// Backend names the database backend: "sqlite", "postgres" or "mysql".
+func (c *Client) Backend() string { return c.drv.Name() }
+
+// Config returns the client's configuration with defaults filled in.
+func (c *Client) Config() Config { return c.cfg }
+
+// Start begins working the configured queues with the registered workers.
+func (c *Client) Start(ctx context.Context) error {
+	if err := c.ready(ctx); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.started = true
+	c.mu.Unlock()
+	return c.eng.Start(ctx)
+}
+
+// Stop stops claiming jobs, waits for running jobs until ctx ends or
+// Config.ShutdownTimeout passes, then cancels their contexts. Jobs that did
+// not finish are made available again; nothing is lost. The client can
+// still enqueue after Stop.
+func (c *Client) Stop(ctx context.Context) error {
+	err := c.eng.Stop(ctx)
+	c.mu.Lock()
+	c.started = false
+	c.mu.Unlock()
+	return err
+}
+
+// Close stops the client (as Stop, bounded by Config.ShutdownTimeout),
+// waits for pending enqueues and closes the database connections.
+func (c *Client) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.ShutdownTimeout)
+	defer cancel()
+	err := c.eng.Close(ctx)
+	return errors.Join(err, c.drv.Close())
+}
+
+func (c *Client) params(items []EnqueueItem) ([]driver.InsertParams, error) {
+	c.mu.Lock()
+	checkKinds := len(c.handlers) > 0 && !c.cfg.AllowUnregisteredKinds
+	c.mu.Unlock()
+	out := make([]driver.InsertParams, len(items))
+	for i, it := range items {
+		p, err := c.param(it.Args, it.Opts, checkKinds)
+		if err != nil {
+			if len(items) > 1 {
+				err = fmt.Errorf("job %d of %d: %w", i, len(items), err)
+			}
+			return nil, err
+		}
+		out[i] = p
+	}
+	return out, nil
+}
+
+func (c *Client) param(args JobArgs, o *EnqueueOpts, checkKinds bool) (driver.InsertParams, error) {
+	if args == nil {
+		return driver.InsertParams{}, fmt.Errorf("%w: nil args", ErrInvalidArgs)
+	}
+	kind := args.Kind()
+	if err := checkKind(kind); err != nil {
+		return driver.InsertParams{}, err
+	}
+	if checkKinds {
+		c.mu.Lock()
+		_, ok := c.handlers[kind]
+		c.mu.Unlock()
+		if !ok {
+			return driver.InsertParams{}, fmt.Errorf("%w: %q has no worker registered on this client (set Config.AllowUnregisteredKinds if another service works it)", ErrUnknownKind, kind)
+		}
+	}
+	if o == nil {
+		o = &EnqueueOpts{}
+	}
+	p := driver.InsertParams{Queue: o.Queue, Kind: kind, Priority: o.Priority, MaxAttempts: o.MaxAttempts, RunAt: o.RunAt, Delay: o.Delay}
+	if p.Queue == "" {
+		p.Queue = DefaultQueue
+	}
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = c.cfg.MaxAttempts
+	}
+	switch {
+	case checkQueue(p.Queue) != nil:
+		return p, checkQueue(p.Queue)
+	case p.Priority < MinPriority || p.Priority > MaxPriority:
+		return p, fmt.Errorf("%w: priority %d out of range %d..%d", ErrInvalidOpts, p.Priority, MinPriority, MaxPriority)
+	case p.MaxAttempts < 1 || p.MaxAttempts > maxAttemptsLimit:
+		return p, fmt.Errorf("%w: max attempts %d out of range 1..%d", ErrInvalidOpts, p.MaxAttempts, maxAttemptsLimit)
+	case p.Delay < 0 || p.Delay > maxDelay:
+		return p, fmt.Errorf("%w: delay %v out of range 0..%v", ErrInvalidOpts, p.Delay, maxDelay)
+	case !p.RunAt.IsZero() && (p.RunAt.Year() < 2000 || time.Until(p.RunAt) > maxDelay):
+		return p, fmt.Errorf("%w: run-at %v is not between year 2000 and %v from now", ErrInvalidOpts, p.RunAt, maxDelay)
+	case o.Timeout > maxTimeout:
+		return p, fmt.Errorf("%w: timeout %v over the %v limit", ErrInvalidOpts, o.Timeout, maxTimeout)
+	}
+	switch {
+	case o.Timeout < 0:
+		p.TimeoutMS = -1
+	case o.Timeout > 0:
+		p.TimeoutMS = max(1, o.Timeout.Milliseconds())
+	}
+	var err error
+	p.Args, err = encodeArgs(args, c.maxArgs)
+	return p, err
+}
+
+// Enqueue inserts one job and returns its id once it is committed.
+// Concurrent calls are coalesced into multi-row inserts (group commit).
+func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOpts) (int64, error) {
+	ids, err := c.EnqueueMany(ctx, []EnqueueItem{{Args: args, Opts: opts}})
+	if err != nil {
+		return 0, err
+	}
+	return ids[0], nil
+}
+
+// EnqueueMany inserts jobs in one statement and one commit and returns
+// their ids in order. Nothing is inserted if any job is invalid.
+func (c *Client) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]int64, error) {
+	if err := c.ready(ctx); err != nil {
+		return nil, err
+	}
+	ps, err := c.params(items)
+	if err != nil || len(ps) == 0 {
+		return nil, err
+	}
+	return c.eng.Insert(ctx, ps)
+}
+
+// EnqueueTx inserts one job inside the caller's transaction: a pgx.Tx or
+// *sql.Tx on PostgreSQL, a *sql.Tx opened on the same database on SQLite
+// and MySQL. The job exists if and only if that transaction commits, and
+// no worker sees it before. On PostgreSQL the commit wakes workers at once;
+// elsewhere they see it at their next poll (Config.PollMax at most).
+func (c *Client) EnqueueTx(ctx context.Context, tx any, args JobArgs, opts *EnqueueOpts) (int64, error) {
+	ids, err := c.EnqueueManyTx(ctx, tx, []EnqueueItem{{Args: args, Opts: opts}})
+	if err != nil {
+		return 0, err
+	}
+	return ids[0], nil
+}
+
+// EnqueueManyTx inserts jobs inside the caller's transaction, as EnqueueTx.
+func (c *Client) EnqueueManyTx(ctx context.Context, tx any, items []EnqueueItem) ([]int64, error) {
+	if err := c.ready(ctx); err != nil {
+		return nil, err
+	}
+	ps, err := c.params(items)
+	if err != nil || len(ps) == 0 {
+		return nil, err
+	}
+	return c.eng.InsertTx(ctx, tx, ps)
+}
+
+// EnqueueBulk streams many jobs in one transaction (COPY on PostgreSQL,
+// large multi-row inserts elsewhere) and returns how many were inserted.
+// Use it for loading thousands of jobs at once; ids are not returned.
+func (c *Client) EnqueueBulk(ctx context.Context, items []EnqueueItem) (int64, error) {
+	if err := c.ready(ctx); err != nil {
+		return 0, err
+	}
+	ps, err := c.params(items)
+	if err != nil || len(ps) == 0 {
+		return 0, err
+	}
+	return c.eng.BulkInsert(ctx, ps)
+}
+
+// Job returns one job by id (ErrNotFound if there is none).
+func (c *Client) Job(ctx context.Context, id int64) (*JobInfo, error) {
+	r, err := c.drv.GetJob(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return jobInfo(r), nil
+}
+
+// JobFilter selects jobs for Jobs. Zero fields match everything.
+type JobFilter struct {
+	// States to include; empty means all.
+	States []string
+	Queue  string
+	Kind   string
+	// Limit on jobs returned; default 100.
+	Limit int
+	// AfterID returns only jobs with a greater id, for paging.
+	AfterID int64
+}
+
+// Jobs lists jobs by id.
+func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]*JobInfo, error) {
+	for _, s := range f.States {
+		if !validState(s) {
+			return nil, fmt.Errorf("conveyor: unknown state %q (states: %s)", s, strings.Join(driver.AllStates, ", "))
+		}
+	}
+	rows, err := c.drv.ListJobs(ctx, driver.JobFilter(f))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*JobInfo, len(rows))
+	for i, r := range rows {
+		out[i] = jobInfo(r)
+	}
+	return out, nil
+}
+
+func validState(s string) bool {
+	for _, x := range driver.AllStates {
+		if s == x {
+			return true
+		}
+	}
+	return false
+}
+
+// Retry makes a discarded, cancelled, completed, retryable or scheduled job
+// available now, granting one more attempt if all were used.
+func (c *Client) Retry(ctx context.Context, id int64) (*JobInfo, error) {
+	return c.admin(ctx, id, c.drv.Retry)
+}
+
+// Cancel cancels a job that has not finished. A running attempt's result
+// is then refused.
+func (c *Client) Cancel(ctx context.Context, id int64) (*JobInfo, error) {
+	return c.admin(ctx, id, c.drv.Cancel)
+}
+
+// Discard discards a job that has not finished.
+func (c *Client) Discard(ctx context.Context, id int64) (*JobInfo, error) {
+	return c.admin(ctx, id, c.drv.Discard)
+}
+
+func (c *Client) admin(ctx context.Context, id int64, f func(context.Context, int64) (*driver.JobRow, error)) (*JobInfo, error) {
+	r, err := f(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("job %d: %w", id, err)
+	}
+	if r.State == driver.StateAvailable {
+		c.eng.Wake(r.Queue)
+	}
+	return jobInfo(r), nil
+}
+
+// QueueStats are one queue's counts.
+type QueueStats struct {
+	Queue string `json:"queue"`
+	// Counts by state; every state is present.
+	Counts map[string]int64 `json:"counts"`
+	// OldestAvailable is the age of the oldest job waiting to run.
+	OldestAvailable time.Duration `json:"oldest_available_ns"`
+}
+
+// Stats are the queues' counts and this process's counters.
+type Stats struct {
+	Queues []QueueStats `json:"queues"`
+	// Process counters of this client (claimed, completed, stale
+	// acknowledgements refused, leases lost, rescued...) and of its
+	// backend (busy retries, deadlock retries...).
+	Counters map[string]int64 `json:"counters"`
+}
+
+// Stats returns per-queue counts and this process's counters.
+func (c *Client) Stats(ctx context.Context) (*Stats, error) {
+	qs, err := c.drv.Stats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s := &Stats{Counters: c.Counters()}
+	for _, q := range qs {
+		s.Queues = append(s.Queues, QueueStats(q))
+	}
+	return s, nil
+}
+
+// Counters returns this process's counters.
+func (c *Client) Counters() map[string]int64 {
+	m := c.eng.Metrics()
+	out := map[string]int64{
+		"claimed":            m.Claimed.Load(),
+		"completed":          m.Completed.Load(),
+		"failed_attempts":    m.Failed.Load(),
+		"stale_acks_refused": m.StaleAcksRefused.Load(),
+		"leases_lost":        m.LeasesLost.Load(),
+		"released":           m.Released.Load(),
+		"rescued":            m.Rescued.Load(),
+		"promoted":           m.Promoted.Load(),
+		"pruned":             m.Pruned.Load(),
+		"db_errors":          m.DBErrors.Load(),
+	}
+	for k, v := range c.drv.Counters() {
+		out[k] = v
+	}
+	return out
+}
+
+// ServerInfo describes the database server and the settings that decide
+// throughput (durability, isolation).
+func (c *Client) ServerInfo(ctx context.Context) (map[string]string, error) {
+	return c.drv.ServerInfo(ctx)
+}
+
+// DropTables drops every conveyor table under this client's prefix,
+// destroying all its jobs. It is meant for tests and the bench, which work
+// on throw-away prefixes.
+func (c *Client) DropTables(ctx context.Context) error { return c.drv.DropAll(ctx) }

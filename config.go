@@ -1,0 +1,215 @@
+package conveyor
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/engine"
+	"github.com/conveyorq/conveyor/internal/sqlq"
+)
+
+// Config configures a Client. The zero value is usable: every field has a
+// documented default, filled in by Open (in withDefaults, the one place
+// defaults live).
+type Config struct {
+	// Queues maps each queue this client works to its settings.
+	// Default: {"default": {MaxWorkers: 100}}. A client that only
+	// enqueues still gets this default but runs nothing until Start.
+	Queues map[string]QueueConfig
+
+	// TablePrefix is prepended to every conveyor table (and the
+	// PostgreSQL notification channel), so conveyor can share the
+	// application's database. Lower-case letters, digits and underscores,
+	// starting with a letter, at most 31 characters. Default "conveyor_".
+	TablePrefix string
+
+	// PoolSize caps the connections conveyor opens. Default: backend's
+	// own (PostgreSQL max(8, 4*GOMAXPROCS); MySQL the same; SQLite one
+	// writer plus a small read pool).
+	PoolSize int
+
+	// ClaimBatch caps the jobs one claim takes (claims are also capped by
+	// the queue's free worker slots). Default 100.
+	ClaimBatch int
+	// CompleteBatch caps the outcomes written in one statement.
+	// Default 2000.
+	CompleteBatch int
+	// InsertBatch caps the jobs coalesced into one insert by concurrent
+	// Enqueue calls. Default 1000.
+	InsertBatch int
+
+	// Lease is how long a claimed job is owned without a heartbeat; after
+	// it expires (by the database's clock) the job is rescued. Default 30s.
+	Lease time.Duration
+	// HeartbeatInterval is how often one statement renews the leases of
+	// all running jobs of this process. Default Lease/3.
+	HeartbeatInterval time.Duration
+	// JobTimeout is the default per-job timeout: the handler's context is
+	// cancelled and the attempt fails. Negative means none. Default 1m.
+	JobTimeout time.Duration
+	// MaxAttempts is the default maximum attempts of a job. Default 25.
+	MaxAttempts int
+
+	// PollMin and PollMax bound the adaptive poll of backends without
+	// notifications (SQLite, MySQL): PollMin while work is flowing,
+	// doubling to PollMax when idle. Jobs enqueued by this process wake
+	// fetchers at once; the poll is for other processes.
+	// Defaults 10ms and 500ms.
+	PollMin, PollMax time.Duration
+	// ListenPoll is the fallback poll on PostgreSQL, where LISTEN/NOTIFY
+	// wakes fetchers. Default 2s.
+	ListenPoll time.Duration
+	// PromoteInterval is how often the leader makes due scheduled and
+	// retryable jobs available: the most a scheduled job runs late.
+	// Default 250ms.
+	PromoteInterval time.Duration
+	// RescueInterval is how often the leader rescues expired leases.
+	// Default 5s.
+	RescueInterval time.Duration
+	// PruneInterval is how often the leader deletes old finished jobs.
+	// Default 1m.
+	PruneInterval time.Duration
+	// CompletedRetention keeps completed and cancelled jobs this long.
+	// Default 24h.
+	CompletedRetention time.Duration
+	// DiscardedRetention keeps discarded jobs this long. Default 7 days.
+	DiscardedRetention time.Duration
+	// ShutdownTimeout bounds how long Stop waits for running jobs before
+	// cancelling their contexts. Default 10s.
+	ShutdownTimeout time.Duration
+
+	// MaxArgsBytes rejects encoded arguments larger than this at enqueue,
+	// before anything is sent. Default 1 MiB (lowered to what the server
+	// accepts where that is smaller, as on MySQL).
+	MaxArgsBytes int
+
+	// Backoff returns the wait before retry number attempt (1-based).
+	// Default: exponential with jitter, about 2^(attempt-1) seconds drawn
+	// from [d/2, d], capped at one hour.
+	Backoff func(attempt int) time.Duration
+
+	// AllowUnregisteredKinds lets a client that has workers enqueue kinds
+	// it has no worker for (another service works them). By default such
+	// an enqueue is refused with ErrUnknownKind. A client with no workers
+	// at all may always enqueue any kind.
+	AllowUnregisteredKinds bool
+
+	// ClaimStrategy selects the MySQL claim: "" (automatic from the server
+	// version), "skip-locked" or "optimistic". Ignored elsewhere.
+	ClaimStrategy string
+	// SQLiteSynchronous is SQLite's synchronous mode: "NORMAL" (durable
+	// against a process crash; default) or "FULL" (also power loss).
+	SQLiteSynchronous string
+
+	// Logger receives warnings (database errors being retried). Default
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// QueueConfig configures one queue of a client.
+type QueueConfig struct {
+	// MaxWorkers is the most jobs of this queue run at once in this
+	// process. Default 100.
+	MaxWorkers int
+}
+
+func (c Config) withDefaults() (Config, error) {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defInt := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if len(c.Queues) == 0 {
+		c.Queues = map[string]QueueConfig{DefaultQueue: {}}
+	}
+	qs := make(map[string]QueueConfig, len(c.Queues))
+	for name, q := range c.Queues {
+		if err := checkQueue(name); err != nil {
+			return c, err
+		}
+		defInt(&q.MaxWorkers, 100)
+		if q.MaxWorkers < 0 || q.MaxWorkers > 10000 {
+			return c, fmt.Errorf("conveyor: queue %q: MaxWorkers %d out of range 1..10000", name, q.MaxWorkers)
+		}
+		qs[name] = q
+	}
+	c.Queues = qs
+	if c.TablePrefix == "" {
+		c.TablePrefix = "conveyor_"
+	}
+	if err := sqlq.CheckPrefix(c.TablePrefix); err != nil {
+		return c, err
+	}
+	defInt(&c.ClaimBatch, 100)
+	defInt(&c.CompleteBatch, 2000)
+	defInt(&c.InsertBatch, 1000)
+	def(&c.Lease, 30*time.Second)
+	def(&c.HeartbeatInterval, c.Lease/3)
+	def(&c.JobTimeout, time.Minute)
+	defInt(&c.MaxAttempts, 25)
+	def(&c.PollMin, 10*time.Millisecond)
+	def(&c.PollMax, 500*time.Millisecond)
+	def(&c.ListenPoll, 2*time.Second)
+	def(&c.PromoteInterval, 250*time.Millisecond)
+	def(&c.RescueInterval, 5*time.Second)
+	def(&c.PruneInterval, time.Minute)
+	def(&c.CompletedRetention, 24*time.Hour)
+	def(&c.DiscardedRetention, 7*24*time.Hour)
+	def(&c.ShutdownTimeout, 10*time.Second)
+	defInt(&c.MaxArgsBytes, 1<<20)
+	if c.Backoff == nil {
+		c.Backoff = engine.DefaultBackoff
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	switch {
+	case c.ClaimBatch < 1 || c.CompleteBatch < 1 || c.InsertBatch < 1:
+		return c, fmt.Errorf("conveyor: ClaimBatch, CompleteBatch and InsertBatch must be positive")
+	case c.Lease < 100*time.Millisecond:
+		return c, fmt.Errorf("conveyor: Lease %v is too short (minimum 100ms)", c.Lease)
+	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.Lease:
+		return c, fmt.Errorf("conveyor: HeartbeatInterval %v must be positive and shorter than Lease %v", c.HeartbeatInterval, c.Lease)
+	case c.MaxAttempts < 1 || c.MaxAttempts > maxAttemptsLimit:
+		return c, fmt.Errorf("conveyor: MaxAttempts %d out of range 1..%d", c.MaxAttempts, maxAttemptsLimit)
+	case c.PollMin <= 0 || c.PollMax < c.PollMin:
+		return c, fmt.Errorf("conveyor: PollMin %v / PollMax %v: need 0 < PollMin <= PollMax", c.PollMin, c.PollMax)
+	case c.MaxArgsBytes < 2:
+		return c, fmt.Errorf("conveyor: MaxArgsBytes %d too small", c.MaxArgsBytes)
+	}
+	return c, nil
+}
+
+func (c Config) engineConfig() engine.Config {
+	qs := make(map[string]int, len(c.Queues))
+	for n, q := range c.Queues {
+		qs[n] = q.MaxWorkers
+	}
+	logger := c.Logger
+	return engine.Config{
+		Queues:             qs,
+		ClaimBatch:         c.ClaimBatch,
+		CompleteBatch:      c.CompleteBatch,
+		InsertBatch:        c.InsertBatch,
+		Lease:              c.Lease,
+		HeartbeatInterval:  c.HeartbeatInterval,
+		JobTimeout:         c.JobTimeout,
+		PollMin:            c.PollMin,
+		PollMax:            c.PollMax,
+		ListenPoll:         c.ListenPoll,
+		PromoteInterval:    c.PromoteInterval,
+		RescueInterval:     c.RescueInterval,
+		PruneInterval:      c.PruneInterval,
+		CompletedRetention: c.CompletedRetention,
+		DiscardedRetention: c.DiscardedRetention,
+		ShutdownTimeout:    c.ShutdownTimeout,
+		Backoff:            c.Backoff,
+		Logf:               func(f string, a ...any) { logger.Warn(fmt.Sprintf(f, a...)) },
+	}
+}

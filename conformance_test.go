@@ -1,0 +1,692 @@
+package conveyor_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
+
+	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/testdb"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+type backend struct {
+	name string
+	dsn  func(t *testing.T) string
+}
+
+var backends = []backend{
+	{"sqlite", func(t *testing.T) string { return filepath.Join(t.TempDir(), "conveyor.db") }},
+	{"postgres", func(t *testing.T) string { return testdb.Postgres(t) }},
+	{"mysql", func(t *testing.T) string { return testdb.MySQL(t) }},
+}
+
+// forEachBackend runs fn against every backend on a real database.
+func forEachBackend(t *testing.T, fn func(t *testing.T, dsn string)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, b.dsn(t))
+		})
+	}
+}
+
+type noop struct {
+	N int `json:"n"`
+}
+
+func (noop) Kind() string { return "noop" }
+
+type tagged struct {
+	Tag string `json:"tag"`
+}
+
+func (tagged) Kind() string { return "tagged" }
+
+// fast is a test configuration with short intervals.
+func fast(prefix string) *conveyor.Config {
+	return &conveyor.Config{
+		TablePrefix:     prefix,
+		Lease:           2 * time.Second,
+		PromoteInterval: 20 * time.Millisecond,
+		RescueInterval:  100 * time.Millisecond,
+		PollMax:         100 * time.Millisecond,
+		ListenPoll:      200 * time.Millisecond,
+		ShutdownTimeout: 2 * time.Second,
+		Backoff:         func(int) time.Duration { return 10 * time.Millisecond },
+	}
+}
+
+// open opens a migrated client on dsn; at the end of the test it is
+// stopped and closed.
+func open(t *testing.T, dsn string, cfg *conveyor.Config) *conveyor.Client {
+	return openClient(t, dsn, cfg, false)
+}
+
+// openDropped is open, and also drops the prefix's tables at the end. Open
+// it first: cleanups run last-in first-out, so the other clients of the
+// prefix are closed before the tables go.
+func openDropped(t *testing.T, dsn string, cfg *conveyor.Config) *conveyor.Client {
+	return openClient(t, dsn, cfg, true)
+}
+
+func openClient(t *testing.T, dsn string, cfg *conveyor.Config, drop bool) *conveyor.Client {
+	t.Helper()
+	ctx := context.Background()
+	c, err := conveyor.Open(ctx, dsn, cfg)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	if _, err := c.Migrate(ctx); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+		if drop {
+			if err := c.DropTables(ctx); err != nil {
+				t.Errorf("drop: %v", err)
+			}
+		}
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return c
+}
+
+func totalJobs(t *testing.T, c *conveyor.Client) int64 {
+	t.Helper()
+	st, err := c.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, q := range st.Queues {
+		for _, k := range q.Counts {
+			n += k
+		}
+	}
+	return n
+}
+
+func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func jobState(t *testing.T, c *conveyor.Client, id int64) *conveyor.JobInfo {
+	t.Helper()
+	j, err := c.Job(context.Background(), id)
+	if err != nil {
+		t.Fatalf("job %d: %v", id, err)
+	}
+	return j
+}
+
+// execRecord counts executions per job id without a lock shared by all
+// workers being held across work.
+type execRecord struct {
+	mu sync.Mutex
+	n  map[int64]int
+}
+
+func (r *execRecord) add(id int64) {
+	r.mu.Lock()
+	if r.n == nil {
+		r.n = map[int64]int{}
+	}
+	r.n[id]++
+	r.mu.Unlock()
+}
+
+func (r *execRecord) snapshot() map[int64]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[int64]int, len(r.n))
+	for k, v := range r.n {
+		out[k] = v
+	}
+	return out
+}
+
+// beginTx opens the application's own transaction on the backend.
+func beginTx(t *testing.T, dsn string) (tx any, commit, rollback func() error) {
+	t.Helper()
+	ctx := context.Background()
+	switch {
+	case strings.HasPrefix(dsn, "postgres://"):
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		ptx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ptx, func() error { return ptx.Commit(ctx) }, func() error { return ptx.Rollback(ctx) }
+	case strings.HasPrefix(dsn, "mysql://"):
+		u, _ := url.Parse(dsn)
+		db, err := sql.Open("mysql", fmt.Sprintf("%s@tcp(%s)%s?parseTime=true", u.User.String(), u.Host, u.Path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		stx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return stx, stx.Commit, stx.Rollback
+	default:
+		db, err := sql.Open("sqlite", "file:"+dsn+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		stx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return stx, stx.Commit, stx.Rollback
+	}
+}
+
+func TestTransactionalEnqueue(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		c := openDropped(t, dsn, fast(testdb.Prefix()))
+		var rec execRecord
+		if err := conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[tagged]) error {
+			rec.add(j.ID)
+			return nil
+		})); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+
+		// Rolled back: never exists.
+		tx, _, rollback := beginTx(t, dsn)
+		if _, err := c.EnqueueTx(ctx, tx, tagged{"rollback"}, nil); err != nil {
+			t.Fatalf("enqueue in tx: %v", err)
+		}
+		if err := rollback(); err != nil {
+			t.Fatal(err)
+		}
+		if n := totalJobs(t, c); n != 0 {
+			t.Fatalf("%d jobs exist after the enqueueing transaction rolled back", n)
+		}
+
+		// Committed: invisible to workers until commit, then worked.
+		tx, commit, _ := beginTx(t, dsn)
+		id, err := c.EnqueueTx(ctx, tx, tagged{"commit"}, nil)
+		if err != nil {
+			t.Fatalf("enqueue in tx: %v", err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		if rec.snapshot()[id] != 0 {
+			t.Fatal("a worker ran a job whose transaction had not committed")
+		}
+		if err := commit(); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "committed job to complete", 10*time.Second, func() bool {
+			return jobState(t, c, id).State == "completed"
+		})
+		if n := totalJobs(t, c); n != 1 {
+			t.Fatalf("%d jobs exist, want only the committed one", n)
+		}
+		if got := rec.snapshot(); len(got) != 1 || got[id] != 1 {
+			t.Fatalf("executions %v, want exactly job %d once", got, id)
+		}
+		// A transaction of the wrong type is refused with a clear error.
+		if _, err := c.EnqueueTx(ctx, "not a tx", tagged{"x"}, nil); !errors.Is(err, conveyor.ErrTxType) {
+			t.Fatalf("wrong tx type: %v, want ErrTxType", err)
+		}
+	})
+}
+
+func TestNoJobHandedToTwoWorkers(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		prefix := testdb.Prefix()
+		const n = 3000
+		var rec execRecord
+		var done atomic.Int64
+		var clients []*conveyor.Client
+		for i := 0; i < 3; i++ {
+			cfg := fast(prefix)
+			cfg.Queues = map[string]conveyor.QueueConfig{"default": {MaxWorkers: 20}}
+			cfg.ClaimBatch = 7
+			var c *conveyor.Client
+			if i == 0 {
+				c = openDropped(t, dsn, cfg)
+			} else {
+				c = open(t, dsn, cfg)
+			}
+			conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error {
+				rec.add(j.ID)
+				done.Add(1)
+				return nil
+			}))
+			clients = append(clients, c)
+		}
+		items := make([]conveyor.EnqueueItem, n)
+		for i := range items {
+			items[i] = conveyor.EnqueueItem{Args: noop{i}}
+		}
+		if _, err := clients[0].EnqueueBulk(ctx, items); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range clients {
+			if err := c.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitFor(t, "all jobs executed", 60*time.Second, func() bool { return done.Load() >= n })
+		time.Sleep(100 * time.Millisecond)
+		got := rec.snapshot()
+		if len(got) != n {
+			t.Fatalf("%d distinct jobs executed, want %d", len(got), n)
+		}
+		for id, k := range got {
+			if k != 1 {
+				t.Fatalf("job %d executed %d times", id, k)
+			}
+		}
+		waitFor(t, "all completions written", 20*time.Second, func() bool {
+			st, err := clients[0].Stats(ctx)
+			return err == nil && len(st.Queues) == 1 && st.Queues[0].Counts["completed"] == n
+		})
+	})
+}
+
+func TestRetriesBackoffDiscard(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		cfg := fast(testdb.Prefix())
+		var attempts atomic.Int64
+		var gaps sync.Map
+		var last atomic.Int64
+		cfg.Backoff = func(a int) time.Duration { return time.Duration(a) * 100 * time.Millisecond }
+		c := openDropped(t, dsn, cfg)
+		conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error {
+			now := time.Now().UnixNano()
+			if p := last.Swap(now); p != 0 {
+				gaps.Store(j.Attempt, time.Duration(now-p))
+			}
+			attempts.Add(1)
+			return fmt.Errorf("failure %d", j.Attempt)
+		}))
+		id, err := c.Enqueue(ctx, noop{}, &conveyor.EnqueueOpts{MaxAttempts: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Start(ctx)
+		waitFor(t, "job discarded", 20*time.Second, func() bool { return jobState(t, c, id).State == "discarded" })
+		j := jobState(t, c, id)
+		if j.Attempt != 3 || attempts.Load() != 3 || len(j.Errors) != 3 {
+			t.Fatalf("attempt %d, executions %d, errors %d; want 3 each", j.Attempt, attempts.Load(), len(j.Errors))
+		}
+		for i, e := range j.Errors {
+			if e.Attempt != i+1 || e.Error != fmt.Sprintf("failure %d", i+1) {
+				t.Fatalf("error %d = %+v", i, e)
+			}
+		}
+		// Backoff after attempt a is a*100ms: the gaps must be at least that.
+		for a := 2; a <= 3; a++ {
+			g, _ := gaps.Load(a)
+			if g.(time.Duration) < time.Duration(a-1)*100*time.Millisecond {
+				t.Fatalf("attempt %d started %v after the previous one, before its backoff", a, g)
+			}
+		}
+		// Re-enqueued by hand, it runs once more.
+		if _, err := c.Retry(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "retried job discarded again", 10*time.Second, func() bool {
+			j := jobState(t, c, id)
+			return j.State == "discarded" && j.Attempt == 4
+		})
+	})
+}
+
+func TestLeaseExpiryRescueAndStaleAck(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		c := openDropped(t, dsn, fast(testdb.Prefix()))
+		var ran atomic.Int64
+		conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error {
+			ran.Add(1)
+			return nil
+		}))
+		id, err := c.Enqueue(ctx, noop{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Another process claims the job with a short lease and dies.
+		attempt, err := conveyor.ClaimForTest(c, id, 300*time.Millisecond)
+		if err != nil || attempt != 1 {
+			t.Fatalf("dead process claim: attempt %d err %v", attempt, err)
+		}
+		c.Start(ctx)
+		waitFor(t, "rescued job completed", 15*time.Second, func() bool {
+			j := jobState(t, c, id)
+			return j.State == "completed" && j.Attempt == 2
+		})
+		// The dead process comes back and acknowledges: refused.
+		applied, err := conveyor.AckForTest(c, id, attempt)
+		if err != nil || applied != 0 {
+			t.Fatalf("stale acknowledgement applied %d (err %v), want refused", applied, err)
+		}
+		j := jobState(t, c, id)
+		if j.State != "completed" || j.Attempt != 2 || ran.Load() != 1 {
+			t.Fatalf("after stale ack: %+v (ran %d)", j, ran.Load())
+		}
+		if len(j.Errors) != 1 || !strings.Contains(j.Errors[0].Error, "lease expired") {
+			t.Fatalf("rescue not recorded: %+v", j.Errors)
+		}
+	})
+}
+
+func TestGracefulShutdownLeavesJobsClaimable(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		prefix := testdb.Prefix()
+		cfg := fast(prefix)
+		cfg.ShutdownTimeout = 300 * time.Millisecond
+		c := openDropped(t, dsn, cfg)
+		var started atomic.Int64
+		conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[tagged]) error {
+			started.Add(1)
+			if j.Args.Tag == "quick" {
+				time.Sleep(100 * time.Millisecond)
+				return nil
+			}
+			<-ctx.Done() // a long job: interrupted by the shutdown
+			return ctx.Err()
+		}))
+		quick, _ := c.Enqueue(ctx, tagged{"quick"}, nil)
+		slow, _ := c.Enqueue(ctx, tagged{"slow"}, nil)
+		c.Start(ctx)
+		waitFor(t, "both started", 5*time.Second, func() bool { return started.Load() == 2 })
+		if err := c.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if s := jobState(t, c, quick).State; s != "completed" {
+			t.Fatalf("job that finished within the shutdown timeout: %s", s)
+		}
+		j := jobState(t, c, slow)
+		if j.State != "available" || j.Attempt != 0 || len(j.Errors) != 0 {
+			t.Fatalf("interrupted job not released: %+v", j)
+		}
+		// Another client picks it up.
+		c2 := open(t, dsn, fast(prefix))
+		conveyor.AddWorker(c2, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[tagged]) error { return nil }))
+		c2.Start(ctx)
+		waitFor(t, "released job completed elsewhere", 10*time.Second, func() bool { return jobState(t, c2, slow).State == "completed" })
+	})
+}
+
+func TestScheduledJobsNeverRunEarly(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		c := openDropped(t, dsn, fast(testdb.Prefix()))
+		var mu sync.Mutex
+		startedAt := map[int64]time.Time{}
+		conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error {
+			mu.Lock()
+			startedAt[j.ID] = time.Now()
+			mu.Unlock()
+			return nil
+		}))
+		c.Start(ctx)
+		runAt := time.Now().Add(700 * time.Millisecond)
+		a, _ := c.Enqueue(ctx, noop{1}, &conveyor.EnqueueOpts{RunAt: runAt})
+		before := time.Now()
+		b, _ := c.Enqueue(ctx, noop{2}, &conveyor.EnqueueOpts{Delay: 500 * time.Millisecond})
+		if s := jobState(t, c, a).State; s != "scheduled" {
+			t.Fatalf("future job state %s", s)
+		}
+		waitFor(t, "scheduled jobs to run", 10*time.Second, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(startedAt) == 2
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		if startedAt[a].Before(runAt) {
+			t.Fatalf("job ran %v before its RunAt", runAt.Sub(startedAt[a]))
+		}
+		if startedAt[b].Before(before.Add(500 * time.Millisecond)) {
+			t.Fatalf("delayed job ran after %v, before its 500ms delay", startedAt[b].Sub(before))
+		}
+	})
+}
+
+func TestPriorityOrder(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		cfg := fast(testdb.Prefix())
+		cfg.Queues = map[string]conveyor.QueueConfig{"default": {MaxWorkers: 1}}
+		c := openDropped(t, dsn, cfg)
+		var mu sync.Mutex
+		var order []int
+		conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error {
+			mu.Lock()
+			order = append(order, j.Args.N)
+			mu.Unlock()
+			return nil
+		}))
+		prios := []int{5, -3, 0, 5, 100, -3, 1}
+		for i, p := range prios {
+			if _, err := c.Enqueue(ctx, noop{i}, &conveyor.EnqueueOpts{Priority: p}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.Start(ctx)
+		waitFor(t, "all run", 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == len(prios) })
+		want := []int{1, 5, 2, 6, 0, 3, 4}
+		mu.Lock()
+		defer mu.Unlock()
+		if fmt.Sprint(order) != fmt.Sprint(want) {
+			t.Fatalf("execution order %v, want %v (priority, then enqueue order)", order, want)
+		}
+	})
+}
+
+func TestPanicsAndTimeoutsRecorded(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		c := openDropped(t, dsn, fast(testdb.Prefix()))
+		conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[tagged]) error {
+			switch j.Args.Tag {
+			case "panic":
+				panic("handler exploded")
+			case "timeout":
+				<-ctx.Done()
+				return ctx.Err()
+			case "cancel":
+				return conveyor.JobCancel(errors.New("not worth retrying"))
+			}
+			return nil
+		}))
+		one := &conveyor.EnqueueOpts{MaxAttempts: 1}
+		p, _ := c.Enqueue(ctx, tagged{"panic"}, one)
+		to, _ := c.Enqueue(ctx, tagged{"timeout"}, &conveyor.EnqueueOpts{MaxAttempts: 1, Timeout: 100 * time.Millisecond})
+		cn, _ := c.Enqueue(ctx, tagged{"cancel"}, nil)
+		c.Start(ctx)
+		waitFor(t, "all finalized", 10*time.Second, func() bool {
+			return jobState(t, c, p).State == "discarded" && jobState(t, c, to).State == "discarded" && jobState(t, c, cn).State == "cancelled"
+		})
+		pj := jobState(t, c, p)
+		if len(pj.Errors) != 1 || !strings.Contains(pj.Errors[0].Error, "handler exploded") || !strings.Contains(pj.Errors[0].Trace, "goroutine") {
+			t.Fatalf("panic not recorded with stack: %+v", pj.Errors)
+		}
+		tj := jobState(t, c, to)
+		if len(tj.Errors) != 1 || !strings.Contains(tj.Errors[0].Error, "timed out after 100ms") {
+			t.Fatalf("timeout not recorded: %+v", tj.Errors)
+		}
+		cj := jobState(t, c, cn)
+		if cj.Attempt != 1 || len(cj.Errors) != 1 || !strings.Contains(cj.Errors[0].Error, "not worth retrying") {
+			t.Fatalf("cancel not recorded: %+v", cj)
+		}
+	})
+}
+
+func TestMigrationsIdempotent(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		prefix := testdb.Prefix()
+		c := openDropped(t, dsn, &conveyor.Config{TablePrefix: prefix})
+		again, err := c.Migrate(ctx)
+		if err != nil || len(again) != 0 {
+			t.Fatalf("second migrate applied %v, err %v", again, err)
+		}
+		c2, err := conveyor.Open(ctx, dsn, &conveyor.Config{TablePrefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err = c2.Migrate(ctx)
+		c2.Close()
+		if err != nil || len(again) != 0 {
+			t.Fatalf("migrate from a second client applied %v, err %v", again, err)
+		}
+		// A database at a newer schema is refused.
+		if err := conveyor.BumpSchemaForTest(c, 999); err != nil {
+			t.Fatal(err)
+		}
+		_, err = conveyor.Open(ctx, dsn, &conveyor.Config{TablePrefix: prefix})
+		if !errors.Is(err, conveyor.ErrSchemaTooNew) || !strings.Contains(err.Error(), "999") {
+			t.Fatalf("open on a newer schema: %v, want ErrSchemaTooNew naming 999", err)
+		}
+		// An unmigrated database refuses to enqueue with a clear error.
+		c3, err := conveyor.Open(ctx, dsn, &conveyor.Config{TablePrefix: testdb.Prefix()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c3.Close()
+		if _, err := c3.Enqueue(ctx, noop{}, nil); !errors.Is(err, conveyor.ErrSchemaOutdated) {
+			t.Fatalf("enqueue before migrate: %v", err)
+		}
+	})
+}
+
+type big struct {
+	S string `json:"s"`
+}
+
+func (big) Kind() string { return "big" }
+
+func TestBadInputRejectedNothingWritten(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		cfg := fast(testdb.Prefix())
+		cfg.MaxArgsBytes = 1000
+		c := openDropped(t, dsn, cfg)
+		conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error { return nil }))
+		cases := []struct {
+			name string
+			args conveyor.JobArgs
+			opts *conveyor.EnqueueOpts
+			want error
+			text string
+		}{
+			{"invalid json", conveyor.RawArgs{KindName: "noop", JSON: json.RawMessage(`{"n":`)}, nil, conveyor.ErrInvalidArgs, "noop"},
+			{"oversized", conveyor.RawArgs{KindName: "noop", JSON: json.RawMessage(`{"s":"` + strings.Repeat("x", 2000) + `"}`)}, nil, conveyor.ErrInvalidArgs, "1000-byte limit"},
+			{"nul", conveyor.RawArgs{KindName: "noop", JSON: json.RawMessage(`{"s":"a\u0000b"}`)}, nil, conveyor.ErrInvalidArgs, "NUL"},
+			{"invalid utf8", conveyor.RawArgs{KindName: "noop", JSON: json.RawMessage("{\"s\":\"\xff\"}")}, nil, conveyor.ErrInvalidArgs, "UTF-8"},
+			{"unknown kind", big{"x"}, nil, conveyor.ErrUnknownKind, `"big"`},
+			{"bad queue", noop{}, &conveyor.EnqueueOpts{Queue: "no spaces"}, conveyor.ErrInvalidOpts, "no spaces"},
+			{"priority", noop{}, &conveyor.EnqueueOpts{Priority: 1 << 20}, conveyor.ErrInvalidOpts, "priority"},
+			{"negative delay", noop{}, &conveyor.EnqueueOpts{Delay: -time.Second}, conveyor.ErrInvalidOpts, "delay"},
+			{"absurd attempts", noop{}, &conveyor.EnqueueOpts{MaxAttempts: -4}, conveyor.ErrInvalidOpts, "max attempts"},
+		}
+		for _, tc := range cases {
+			_, err := c.Enqueue(ctx, tc.args, tc.opts)
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.text) {
+				t.Errorf("%s: err %v, want %v mentioning %q", tc.name, err, tc.want, tc.text)
+			}
+		}
+		// A batch with one bad job inserts nothing.
+		_, err := c.EnqueueMany(ctx, []conveyor.EnqueueItem{{Args: noop{1}}, {Args: noop{2}, Opts: &conveyor.EnqueueOpts{Queue: "bad queue"}}})
+		if !errors.Is(err, conveyor.ErrInvalidOpts) || !strings.Contains(err.Error(), "job 1 of 2") {
+			t.Fatalf("bad batch: %v", err)
+		}
+		if n := totalJobs(t, c); n != 0 {
+			t.Fatalf("%d jobs exist after rejected input", n)
+		}
+	})
+}
+
+func TestUnknownKindAtExecutionFailsClearly(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		prefix := testdb.Prefix()
+		producer := openDropped(t, dsn, fast(prefix)) // no workers: may enqueue any kind
+		id, err := producer.Enqueue(ctx, big{"x"}, &conveyor.EnqueueOpts{MaxAttempts: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := open(t, dsn, fast(prefix))
+		conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error { return nil }))
+		c.Start(ctx)
+		waitFor(t, "unknown kind discarded", 10*time.Second, func() bool { return jobState(t, c, id).State == "discarded" })
+		j := jobState(t, c, id)
+		if len(j.Errors) != 1 || !strings.Contains(j.Errors[0].Error, `unknown job kind "big"`) {
+			t.Fatalf("reason not recorded: %+v", j.Errors)
+		}
+	})
+}
+
+func TestCancelRunningJobRefusesItsResult(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		c := openDropped(t, dsn, fast(testdb.Prefix()))
+		started := make(chan struct{})
+		finish := make(chan struct{})
+		conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error {
+			close(started)
+			<-finish
+			return nil
+		}))
+		id, _ := c.Enqueue(ctx, noop{}, nil)
+		c.Start(ctx)
+		<-started
+		if _, err := c.Cancel(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		close(finish)
+		waitFor(t, "refused ack counted", 10*time.Second, func() bool { return c.Counters()["stale_acks_refused"] == 1 })
+		if s := jobState(t, c, id).State; s != "cancelled" {
+			t.Fatalf("cancelled job became %s", s)
+		}
+		if _, err := c.Cancel(ctx, id); !errors.Is(err, conveyor.ErrWrongState) {
+			t.Fatalf("cancel twice: %v", err)
+		}
+	})
+}

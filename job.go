@@ -1,0 +1,253 @@
+package conveyor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+	"unicode/utf8"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+	"github.com/conveyorq/conveyor/internal/engine"
+)
+
+// DefaultQueue is the queue of jobs enqueued without one.
+const DefaultQueue = "default"
+
+// Limits on job options; values outside them are refused at enqueue.
+const (
+	// MinPriority and MaxPriority bound EnqueueOpts.Priority; smaller runs
+	// first.
+	MinPriority, MaxPriority = -1000, 1000
+	maxAttemptsLimit         = 1000
+	maxDelay                 = 10 * 365 * 24 * time.Hour
+	maxTimeout               = 30 * 24 * time.Hour
+)
+
+// Errors returned by conveyor. Test for them with errors.Is.
+var (
+	// ErrInvalidArgs: arguments that do not encode to valid JSON, contain
+	// NUL characters or invalid UTF-8, or exceed the size limit.
+	ErrInvalidArgs = errors.New("conveyor: invalid job arguments")
+	// ErrInvalidOpts: a bad queue name, priority, delay, attempt count or
+	// timeout.
+	ErrInvalidOpts = errors.New("conveyor: invalid enqueue options")
+	// ErrUnknownKind: a kind that has no registered worker (see
+	// Config.AllowUnregisteredKinds), or an invalid kind name.
+	ErrUnknownKind = errors.New("conveyor: unknown job kind")
+	// ErrClosed: the client was closed.
+	ErrClosed = engine.ErrStopped
+	// ErrNotFound: no job with that id.
+	ErrNotFound = driver.ErrNotFound
+	// ErrWrongState: the job's state does not allow the operation.
+	ErrWrongState = driver.ErrWrongState
+	// ErrSchemaTooNew: the database was migrated by a newer conveyor.
+	ErrSchemaTooNew = driver.ErrSchemaTooNew
+	// ErrSchemaOutdated: the database needs `conveyor migrate`.
+	ErrSchemaOutdated = driver.ErrSchemaOutdated
+	// ErrTxType: EnqueueTx was given a transaction the backend does not
+	// accept (pgx.Tx or *sql.Tx on PostgreSQL, *sql.Tx elsewhere).
+	ErrTxType = driver.ErrTxType
+)
+
+// JobArgs are a job kind's arguments: any JSON-encodable value with a Kind.
+// Kind must be a constant per type.
+type JobArgs interface {
+	// Kind names the job kind, for example "send_email".
+	Kind() string
+}
+
+// RawArgs are arguments given as JSON with an explicit kind, for callers
+// that do not have a Go type (the CLI, other languages' payloads).
+type RawArgs struct {
+	KindName string
+	JSON     json.RawMessage
+}
+
+// Kind returns KindName.
+func (r RawArgs) Kind() string { return r.KindName }
+
+// MarshalJSON returns the raw JSON as given.
+func (r RawArgs) MarshalJSON() ([]byte, error) {
+	if len(r.JSON) == 0 {
+		return []byte("{}"), nil
+	}
+	return r.JSON, nil
+}
+
+// EnqueueOpts are per-job options; nil or zero fields take defaults.
+type EnqueueOpts struct {
+	// Queue, default "default". Names are 1 to 128 characters of letters,
+	// digits, '_', '-', '.' and ':', starting with a letter or digit.
+	Queue string
+	// Priority: smaller runs first, between MinPriority and MaxPriority.
+	// Default 0.
+	Priority int
+	// RunAt makes the job due at this time. Zero means now (or Delay).
+	RunAt time.Time
+	// Delay makes the job due this long after the database's now.
+	// Ignored when RunAt is set. Must not be negative.
+	Delay time.Duration
+	// MaxAttempts overrides Config.MaxAttempts (1 to 1000).
+	MaxAttempts int
+	// Timeout overrides Config.JobTimeout for this job; negative means no
+	// timeout.
+	Timeout time.Duration
+}
+
+// EnqueueItem is one job of a batch enqueue.
+type EnqueueItem struct {
+	Args JobArgs
+	Opts *EnqueueOpts
+}
+
+// AttemptError is one failed attempt, kept with the job.
+type AttemptError struct {
+	// Attempt is the attempt number that failed (1-based).
+	Attempt int `json:"attempt"`
+	// At is when the failure was recorded.
+	At time.Time `json:"at"`
+	// Error is the handler's error, panic value or timeout.
+	Error string `json:"error"`
+	// Trace is the stack trace of a panic.
+	Trace string `json:"trace,omitempty"`
+}
+
+// JobInfo is a job as stored.
+type JobInfo struct {
+	ID          int64
+	Queue       string
+	Kind        string
+	Args        json.RawMessage
+	State       string // available, scheduled, running, retryable, completed, discarded or cancelled
+	Priority    int
+	Attempt     int // attempts started so far
+	MaxAttempts int
+	// Timeout is the job's own timeout; 0 means the client default,
+	// negative none.
+	Timeout        time.Duration
+	ScheduledAt    time.Time
+	CreatedAt      time.Time
+	AttemptedAt    time.Time
+	FinalizedAt    time.Time
+	LeaseExpiresAt time.Time
+	AttemptedBy    string
+	Errors         []AttemptError
+}
+
+// Job is one attempt of a job handed to a Worker.
+type Job[T JobArgs] struct {
+	*JobInfo
+	// Args are the decoded arguments.
+	Args T
+}
+
+// Worker works jobs of one kind. Return nil to complete the job, an error
+// to fail the attempt (retried with backoff until MaxAttempts, then
+// discarded), or JobCancel(err) to cancel it without retry. The context is
+// cancelled at the job's timeout, at shutdown and if the lease is lost.
+type Worker[T JobArgs] interface {
+	Work(ctx context.Context, job *Job[T]) error
+}
+
+// WorkFunc adapts a function to a Worker.
+func WorkFunc[T JobArgs](f func(ctx context.Context, job *Job[T]) error) Worker[T] {
+	return workFunc[T](f)
+}
+
+type workFunc[T JobArgs] func(ctx context.Context, job *Job[T]) error
+
+func (f workFunc[T]) Work(ctx context.Context, job *Job[T]) error { return f(ctx, job) }
+
+// JobCancel wraps err so that the job is cancelled instead of retried.
+func JobCancel(err error) error {
+	if err == nil {
+		err = errors.New("cancelled")
+	}
+	return fmt.Errorf("%w: %w", engine.ErrCancelJob, err)
+}
+
+// AddWorker registers w for the kind of T on c. Call it before Start.
+func AddWorker[T JobArgs](c *Client, w Worker[T]) error {
+	var zero T
+	kind := zero.Kind()
+	if err := checkKind(kind); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.started {
+		return errors.New("conveyor: AddWorker after Start")
+	}
+	if _, dup := c.handlers[kind]; dup {
+		return fmt.Errorf("conveyor: a worker for kind %q is already registered", kind)
+	}
+	c.handlers[kind] = func(ctx context.Context, row *driver.JobRow) error {
+		job := &Job[T]{JobInfo: jobInfo(row)}
+		if err := json.Unmarshal(row.Args, &job.Args); err != nil {
+			return JobCancel(fmt.Errorf("decoding %s arguments: %w", kind, err))
+		}
+		return w.Work(ctx, job)
+	}
+	return nil
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
+var kindRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$`)
+
+func checkQueue(q string) error {
+	if !nameRE.MatchString(q) {
+		return fmt.Errorf("%w: queue name %q: must match %s", ErrInvalidOpts, q, nameRE)
+	}
+	return nil
+}
+
+func checkKind(k string) error {
+	if !kindRE.MatchString(k) {
+		return fmt.Errorf("%w: kind name %q: must match %s", ErrUnknownKind, k, kindRE)
+	}
+	return nil
+}
+
+// encodeArgs marshals and checks arguments against limit.
+func encodeArgs(args JobArgs, limit int) (json.RawMessage, error) {
+	if args == nil {
+		return nil, fmt.Errorf("%w: nil args", ErrInvalidArgs)
+	}
+	b, err := json.Marshal(args)
+	if err != nil {
+		return nil, fmt.Errorf("%w: kind %q: %v", ErrInvalidArgs, args.Kind(), err)
+	}
+	if !json.Valid(b) || !utf8.Valid(b) {
+		return nil, fmt.Errorf("%w: kind %q: not valid UTF-8 JSON", ErrInvalidArgs, args.Kind())
+	}
+	// encoding/json replaces invalid UTF-8 in strings by \ufffd: refuse it
+	// rather than store something other than what was given.
+	if bytes.Contains(b, []byte(`\ufffd`)) {
+		return nil, fmt.Errorf("%w: kind %q: a string contains invalid UTF-8", ErrInvalidArgs, args.Kind())
+	}
+	if bytes.Contains(b, []byte(`\u0000`)) {
+		return nil, fmt.Errorf("%w: kind %q: a string contains a NUL character, which databases cannot store in JSON", ErrInvalidArgs, args.Kind())
+	}
+	if len(b) > limit {
+		return nil, fmt.Errorf("%w: kind %q: %d bytes encoded, over the %d-byte limit", ErrInvalidArgs, args.Kind(), len(b), limit)
+	}
+	return b, nil
+}
+
+func jobInfo(r *driver.JobRow) *JobInfo {
+	j := &JobInfo{
+		ID: r.ID, Queue: r.Queue, Kind: r.Kind, Args: r.Args, State: r.State,
+		Priority: r.Priority, Attempt: r.Attempt, MaxAttempts: r.MaxAttempts,
+		Timeout:     time.Duration(r.TimeoutMS) * time.Millisecond,
+		ScheduledAt: r.ScheduledAt, CreatedAt: r.CreatedAt, AttemptedAt: r.AttemptedAt,
+		FinalizedAt: r.FinalizedAt, LeaseExpiresAt: r.LeaseExpiresAt, AttemptedBy: r.AttemptedBy,
+	}
+	for _, e := range r.Errors {
+		j.Errors = append(j.Errors, AttemptError(e))
+	}
+	return j
+}
