@@ -120,6 +120,14 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if cfg.MinConns > cfg.MaxConns {
 		cfg.MinConns = cfg.MaxConns
 	}
+	// pgx prepares every statement; after five executions PostgreSQL may
+	// keep a generic plan chosen while the jobs table was small (a seq scan
+	// joined by hash), and keep it until the next ANALYZE. On a table that
+	// grows under load that turned a 2,000-row completion into seconds of
+	// CPU. Batch statements are few and large, so planning each is cheap.
+	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
+		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
