@@ -152,6 +152,15 @@ type QueueStats struct {
 	OldestAvailable time.Duration
 }
 
+// NewQueueStats returns stats for queue with every state counted as 0.
+func NewQueueStats(queue string) *QueueStats {
+	s := &QueueStats{Queue: queue, Counts: make(map[string]int64, len(AllStates))}
+	for _, st := range AllStates {
+		s.Counts[st] = 0
+	}
+	return s
+}
+
 // Driver is a database backend. All methods are safe for concurrent use.
 type Driver interface {
 	// Name is the backend's short name: "sqlite", "postgres", "mysql".

@@ -59,7 +59,7 @@ type Config struct {
 	DiscardedRetention time.Duration
 	ShutdownTimeout    time.Duration
 	Backoff            func(attempt int) time.Duration
-	Logf  func(format string, args ...any)
+	Logf               func(format string, args ...any)
 }
 
 // Metrics are process-wide counters.

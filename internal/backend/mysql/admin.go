@@ -128,10 +128,7 @@ func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
 		}
 		s := by[queue]
 		if s == nil {
-			s = &driver.QueueStats{Queue: queue, Counts: make(map[string]int64, len(driver.AllStates))}
-			for _, st := range driver.AllStates {
-				s.Counts[st] = 0
-			}
+			s = driver.NewQueueStats(queue)
 			by[queue] = s
 		}
 		s.Counts[state] += n

@@ -96,11 +96,7 @@ func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
 			return nil, wrap("stats", err)
 		}
 		if len(out) == 0 || out[len(out)-1].Queue != queue {
-			c := make(map[string]int64, len(driver.AllStates))
-			for _, s := range driver.AllStates {
-				c[s] = 0
-			}
-			out = append(out, driver.QueueStats{Queue: queue, Counts: c})
+			out = append(out, *driver.NewQueueStats(queue))
 		}
 		qs := &out[len(out)-1]
 		qs.Counts[state] = count

@@ -127,10 +127,7 @@ func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
 		}
 		qs := byQueue[queue]
 		if qs == nil {
-			qs = &driver.QueueStats{Queue: queue, Counts: make(map[string]int64, len(driver.AllStates))}
-			for _, s := range driver.AllStates {
-				qs.Counts[s] = 0
-			}
+			qs = driver.NewQueueStats(queue)
 			byQueue[queue] = qs
 		}
 		qs.Counts[state] += n
