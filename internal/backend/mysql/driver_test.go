@@ -637,3 +637,56 @@ func TestVersionParse(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimCursorFindsJobsBehindIt: claims resume after the last claimed
+// key while the queue has a backlog; a job that becomes available before
+// that key (here a higher priority one) is still claimed as soon as a
+// resumed claim comes back short, and nothing is handed out twice.
+func TestClaimCursorFindsJobsBehindIt(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{ClaimStrategy: "skip-locked"}, nil)
+	job := func(prio int) driver.InsertParams {
+		return driver.InsertParams{Queue: "c", Kind: "k", Args: json.RawMessage(`{}`), Priority: prio, MaxAttempts: 1}
+	}
+	backlog := make([]driver.InsertParams, 250)
+	for i := range backlog {
+		backlog[i] = job(5)
+	}
+	if _, err := d.Insert(ctx, backlog); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int64]bool{}
+	claim := func(limit int) []*driver.JobRow {
+		rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "c", Limit: limit, Lease: time.Minute, Worker: "w"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			if seen[r.ID] {
+				t.Fatalf("job %d claimed twice", r.ID)
+			}
+			seen[r.ID] = true
+		}
+		return rows
+	}
+	if got := claim(100); len(got) != 100 {
+		t.Fatalf("first claim: %d rows", len(got))
+	}
+	urgent, err := d.Insert(ctx, []driver.InsertParams{job(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Resumed: the next 100 of the backlog, past the urgent job.
+	if got := claim(100); len(got) != 100 || seen[urgent[0]] {
+		t.Fatalf("resumed claim: %d rows, urgent claimed %v", len(got), seen[urgent[0]])
+	}
+	// 50 left after the cursor: the claim comes back short from the cursor
+	// and takes the rest from the front, urgent job included.
+	got := claim(100)
+	if len(got) != 51 || !seen[urgent[0]] {
+		t.Fatalf("final claim: %d rows (want 51), urgent claimed %v", len(got), seen[urgent[0]])
+	}
+	if len(seen) != 251 {
+		t.Fatalf("claimed %d distinct jobs, want 251", len(seen))
+	}
+}

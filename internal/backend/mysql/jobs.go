@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -282,10 +283,86 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 	if d.claimMethod == ClaimOptimistic {
 		return d.claimOptimistic(ctx, p)
 	}
+	cur := d.claimCursor(p.Queue)
+	out, resumed, err := d.claimSkipLocked(ctx, p, cur)
+	if err != nil || len(out) == p.Limit || !resumed {
+		return out, err
+	}
+	// A resumed claim came back short: the cursor may have passed jobs
+	// that became available behind it. Claim the rest from the front.
+	cur.reset()
+	p.Limit -= len(out)
+	more, _, err := d.claimSkipLocked(ctx, p, cur)
+	return append(out, more...), err
+}
+
+// claimCursor remembers, per queue, the key of the last job this process
+// claimed while the queue had a backlog, so that the next claim resumes
+// after it instead of rescanning delete-marked index entries. It is
+// dropped when a claim comes back short and after cursorFor, so a job that
+// becomes available behind it (higher priority, released, rescued) waits
+// at most that long.
+type claimCursor struct {
+	mu    sync.Mutex
+	valid bool
+	prio  int
+	sched time.Time
+	id    int64
+	since time.Time
+}
+
+// cursorFor bounds how long claims resume from a cursor before starting
+// from the front of the queue again.
+const cursorFor = time.Second
+
+func (d *Driver) claimCursor(queue string) *claimCursor {
+	c, _ := d.cursors.LoadOrStore(queue, &claimCursor{})
+	return c.(*claimCursor)
+}
+
+func (c *claimCursor) reset() {
+	c.mu.Lock()
+	c.valid = false
+	c.mu.Unlock()
+}
+
+// query returns the claim statement, its arguments, and whether it
+// resumes from the cursor.
+func (c *claimCursor) query(d *Driver, p driver.ClaimParams) (string, []any, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.valid || time.Since(c.since) >= cursorFor {
+		c.valid = false
+		return d.q["ClaimSelect"], []any{p.Queue, int64(p.Limit)}, false
+	}
+	s := dbTime(c.sched)
+	return d.q["ClaimSelectAfter"], []any{p.Queue, c.prio, c.prio, s, s, c.id, int64(p.Limit)}, true
+}
+
+// advance moves the cursor past the last of a full claim's rows (rows are
+// in claim order), or drops it after a short one.
+func (c *claimCursor) advance(rows []*driver.JobRow, limit int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(rows) < limit || len(rows) == 0 {
+		c.valid = false
+		return
+	}
+	last := rows[len(rows)-1]
+	if !c.valid {
+		c.since = time.Now()
+	}
+	c.valid, c.prio, c.sched, c.id = true, last.Priority, last.ScheduledAt, last.ID
+}
+
+// claimSkipLocked runs ClaimSelect (or ClaimSelectAfter) and ClaimMark in
+// one transaction.
+func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur *claimCursor) ([]*driver.JobRow, bool, error) {
 	var out []*driver.JobRow
+	q, qargs, resumed := cur.query(d, p)
 	err := d.inTx(ctx, "claim", func(tx *sql.Tx) error {
 		out = out[:0]
-		rows, err := d.query(ctx, tx, true, d.q["ClaimSelect"], p.Queue, int64(p.Limit))
+		rows, err := d.query(ctx, tx, true, q, qargs...)
 		if err != nil {
 			return err
 		}
@@ -328,9 +405,11 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		cur.reset()
+		return nil, resumed, err
 	}
-	return out, nil
+	cur.advance(out, p.Limit)
+	return out, resumed, nil
 }
 
 // claimWindow is how many due rows a contended optimistic claim picks

@@ -82,10 +82,12 @@ const maxBucket = 4096
 
 // Driver is the MySQL / MariaDB backend. It is safe for concurrent use.
 type Driver struct {
-	db     *sql.DB
-	prefix string
-	q      map[string]string
-	migs   []sqlq.Migration
+	// cursors maps a queue to its *claimCursor.
+	cursors sync.Map
+	db      *sql.DB
+	prefix  string
+	q       map[string]string
+	migs    []sqlq.Migration
 
 	serverVersion string
 	mariaDB       bool

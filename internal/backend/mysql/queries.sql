@@ -38,6 +38,14 @@ INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, sc
 -- name: ClaimSelect
 SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND state = 'available' ORDER BY priority, scheduled_at, id LIMIT ? FOR UPDATE SKIP LOCKED
 
+-- ClaimSelectAfter is ClaimSelect resumed after the last key this process
+-- claimed from the queue (see claimCursor in jobs.go). InnoDB keeps the
+-- delete-marked claim-index entries of claimed jobs until purge catches up,
+-- and a claim that starts at the front of the queue scans all of them; under
+-- a backlog that made each claim slower than the last.
+-- name: ClaimSelectAfter
+SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND state = 'available' AND (priority > ? OR (priority = ? AND (scheduled_at > ? OR (scheduled_at = ? AND id > ?)))) ORDER BY priority, scheduled_at, id LIMIT ? FOR UPDATE SKIP LOCKED
+
 -- ClaimMark runs in the same transaction over the rows just locked. It
 -- sets attempted_at and lease_expires_at from the clock ClaimSelect read
 -- (microseconds earlier, same transaction), so the driver returns exactly
