@@ -215,9 +215,42 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	return d, nil
 }
 
-// parseDSN converts mysql://user:pass@host:port/db?params into a
-// go-sql-driver configuration with the settings conveyor relies on forced.
+// URLConfig converts mysql://user:pass@host:port/db?params (a "socket"
+// parameter selects a unix socket) into a go-sql-driver configuration,
+// leaving session settings as the DSN gives them. The bench uses it to
+// open its own connections at the server's defaults.
+func URLConfig(dsn string) (*gomysql.Config, error) {
+	return urlConfig(dsn, nil)
+}
+
+// forced are the settings conveyor decides; a DSN cannot override them.
+var forced = []string{"parseTime", "loc", "charset", "collation", "interpolateParams", "multiStatements", "clientFoundRows", "maxAllowedPacket", "time_zone", "sql_mode", "transaction_isolation", "tx_isolation"}
+
+// parseDSN is URLConfig with the settings conveyor relies on forced.
 func parseDSN(dsn string) (*gomysql.Config, error) {
+	cfg, err := urlConfig(dsn, forced)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ParseTime = true
+	cfg.Loc = time.UTC
+	cfg.Collation = "utf8mb4_general_ci"
+	cfg.InterpolateParams = false
+	cfg.MultiStatements = false
+	cfg.ClientFoundRows = true
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["time_zone"] = "'+00:00'"
+	cfg.Params["sql_mode"] = "'" + sqlMode + "'"
+	if _, ok := cfg.Params["innodb_lock_wait_timeout"]; !ok {
+		cfg.Params["innodb_lock_wait_timeout"] = lockWaitTimeout
+	}
+	return cfg, nil
+}
+
+// urlConfig parses the URL form, dropping the parameters named in drop.
+func urlConfig(dsn string, drop []string) (*gomysql.Config, error) {
 	u, err := url.Parse(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("bad DSN: %w", err)
@@ -247,8 +280,7 @@ func parseDSN(dsn string) (*gomysql.Config, error) {
 		base.Addr = s
 	}
 	params.Del("socket")
-	// Settings conveyor decides; a DSN cannot override them.
-	for _, k := range []string{"parseTime", "loc", "charset", "collation", "interpolateParams", "multiStatements", "clientFoundRows", "maxAllowedPacket", "time_zone", "sql_mode", "transaction_isolation", "tx_isolation"} {
+	for _, k := range drop {
 		params.Del(k)
 	}
 	cfg := base
@@ -259,20 +291,6 @@ func parseDSN(dsn string) (*gomysql.Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("bad DSN parameters: %w", err)
 		}
-	}
-	cfg.ParseTime = true
-	cfg.Loc = time.UTC
-	cfg.Collation = "utf8mb4_general_ci"
-	cfg.InterpolateParams = false
-	cfg.MultiStatements = false
-	cfg.ClientFoundRows = true
-	if cfg.Params == nil {
-		cfg.Params = map[string]string{}
-	}
-	cfg.Params["time_zone"] = "'+00:00'"
-	cfg.Params["sql_mode"] = "'" + sqlMode + "'"
-	if _, ok := cfg.Params["innodb_lock_wait_timeout"]; !ok {
-		cfg.Params["innodb_lock_wait_timeout"] = lockWaitTimeout
 	}
 	return cfg, nil
 }
