@@ -3,15 +3,21 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/internal/bench"
+	"github.com/conveyorq/conveyor/internal/report"
 )
 
 // tempSQLite makes a throw-away SQLite database path and its cleanup.
@@ -21,11 +27,6 @@ func tempSQLite() (string, func(), error) {
 		return "", nil, err
 	}
 	return filepath.Join(dir, "bench.db"), func() { os.RemoveAll(dir) }, nil
-}
-
-func printResult(w io.Writer, r *bench.Result) {
-	fmt.Fprintf(w, "%-8s %-8s workers=%-4d jobs=%-7d %8.0f jobs/s  p50=%.2fms p95=%.2fms p99=%.2fms max=%.2fms  lost=%d dup=%d reorder max=%d p99=%d\n",
-		r.Workload, r.Backend, r.Workers, r.Jobs, r.JobsPerS, r.P50ms, r.P95ms, r.P99ms, r.Maxms, r.Lost, r.Duplicates, r.ReorderMax, r.ReorderP99)
 }
 
 // demo enqueues and works no-op jobs on a temporary SQLite database.
@@ -63,20 +64,37 @@ func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 func benchCmd(ctx context.Context, args []string, dsn string, stdout, stderr io.Writer) error {
 	f := flag.NewFlagSet("bench", flag.ContinueOnError)
 	f.SetOutput(stderr)
-	workload := f.String("workload", "drain", "drain, flow or latency")
-	workers := f.Int("workers", 100, "workers (the queue's MaxWorkers)")
-	jobs := f.Int("jobs", 0, "jobs (drain default 100000, latency default 1000)")
+	workload := f.String("workload", "drain", "drain, flow, latency, sweep, isolation or claims")
+	workers := f.Int("workers", 0, "workers: the queue's MaxWorkers (default 100); claims: claiming goroutines (default 10)")
+	jobs := f.Int("jobs", 0, "jobs: drain 100000, latency 1000, claims 10000, isolation 300 cold jobs per phase")
 	duration := f.Duration("duration", 10*time.Second, "flow: how long producers run")
-	producers := f.Int("producers", 64, "flow: concurrent producers")
-	mode := f.String("mode", "coalesced", "flow: coalesced (Enqueue per job) or batch (EnqueueMany of 100)")
-	interval := f.Duration("interval", 5*time.Millisecond, "latency: time between enqueues")
+	producers := f.Int("producers", 0, "flow: concurrent producers (default 64); isolation: hot-queue producers (default 16)")
+	mode := f.String("mode", "", "flow, isolation: producers enqueue with coalesced (Enqueue per job; flow's default) or batch (EnqueueMany of 100; isolation's default)")
+	interval := f.Duration("interval", 0, "latency: time between enqueues (default 5ms); isolation: between cold-queue jobs (default 10ms)")
 	argBytes := f.Int("arg-bytes", 0, "pad each job's arguments to about this many bytes")
 	work := f.Duration("work", 0, "simulated work per job")
 	spin := f.Bool("spin", false, "simulate work by spinning the CPU instead of sleeping")
-	asJSON := f.Bool("json", false, "print one JSON object per run")
+	of := f.String("of", "latency", "sweep: the workload repeated (latency, drain or flow)")
+	counts := f.String("counts", "1,10,100,200,300", "sweep: worker counts")
+	strategies := f.String("strategies", strings.Join(bench.DefaultStrategies, ","), "claims: strategies compared ("+strings.Join(bench.ClaimStrategies, ", ")+")")
+	window := f.Int("window", 0, "claims: the random optimistic claim picks among the first N available jobs (default 2*workers)")
+	timeout := f.Duration("timeout", 5*time.Minute, "bound on each run")
+	asJSON := f.Bool("json", false, "print one JSON object per run instead of tables")
+	reportFile := f.String("report", "", "write a self-contained HTML report with charts to this file")
 	claimBatch := f.Int("claim-batch", 0, "Config.ClaimBatch (default: conveyor's default)")
 	completeBatch := f.Int("complete-batch", 0, "Config.CompleteBatch (default: conveyor's default)")
+	poolSize := f.Int("pool-size", 0, "Config.PoolSize (default: the backend's)")
 	if err := f.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if f.NArg() > 0 {
+		return fmt.Errorf("bench: unexpected arguments %q", f.Args())
+	}
+	cs, err := parseCounts(*counts)
+	if err != nil {
 		return err
 	}
 	if dsn == "" {
@@ -86,20 +104,254 @@ func benchCmd(ctx context.Context, args []string, dsn string, stdout, stderr io.
 		}
 		defer cleanup()
 		dsn = path
+		if !*asJSON {
+			fmt.Fprintf(stdout, "conveyor bench on a temporary SQLite database (%s)\n", path)
+		}
 	}
-	var progress io.Writer = stderr
-	r, err := bench.Run(ctx, bench.Options{
+	o := bench.Options{
 		DSN: dsn, Workload: *workload, Workers: *workers, Jobs: *jobs, Duration: *duration,
 		Producers: *producers, Mode: *mode, Interval: *interval, ArgBytes: *argBytes, Work: *work, Spin: *spin,
-		Progress: progress,
-		Config:   conveyor.Config{ClaimBatch: *claimBatch, CompleteBatch: *completeBatch},
-	})
-	if r != nil {
-		if *asJSON {
-			json.NewEncoder(stdout).Encode(r)
-		} else {
-			printResult(stdout, r)
+		Of: *of, Counts: cs, Strategies: splitList(*strategies), Window: *window, Timeout: *timeout,
+		Progress: stderr,
+		Config:   conveyor.Config{ClaimBatch: *claimBatch, CompleteBatch: *completeBatch, PoolSize: *poolSize},
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		o.Emit = func(r *bench.Result) { enc.Encode(r) }
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	rs, err := bench.RunAll(ctx, o)
+	if !*asJSON && len(rs) > 0 {
+		printResults(stdout, rs)
+	}
+	if *reportFile != "" && len(rs) > 0 {
+		if rerr := writeReport(*reportFile, rs); rerr != nil {
+			err = errors.Join(err, rerr)
+		} else if !*asJSON {
+			fmt.Fprintf(stdout, "\nreport: %s\n", *reportFile)
 		}
 	}
 	return err
 }
+
+func parseCounts(s string) ([]int, error) {
+	var out []int
+	for _, p := range splitList(s) {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("bench: --counts: %q is not a positive worker count", p)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func ms(v float64) string {
+	switch {
+	case v >= 100:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case v >= 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 2, 64)
+}
+
+func hist(h [5]int64) string {
+	return fmt.Sprintf("%d/%d/%d/%d/%d", h[0], h[1], h[2], h[3], h[4])
+}
+
+// printResults prints the runs as one table, then the contention seen in
+// the database per run, then the settings once.
+func printResults(w io.Writer, rs []*bench.Result) {
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	switch rs[0].Workload {
+	case "claims":
+		fmt.Fprintln(tw, "strategy\tworkers\tjobs\tseconds\tjobs/s\tdeadlocks\tlock timeouts\tduplicates\tdup by deadlock\tcollisions\trounds/job\treorder max\treorder p99\tlost\t")
+		for _, r := range rs {
+			c := r.Claims
+			if c == nil {
+				c = &bench.ClaimFigures{}
+			}
+			rounds := "-"
+			if c.RoundsPerJob > 0 {
+				rounds = strconv.FormatFloat(c.RoundsPerJob, 'f', 2, 64)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%.0f\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t\n",
+				r.Strategy, r.Workers, r.Jobs, r.Seconds, r.JobsPerS, c.Deadlocks, c.LockTimeouts, r.Duplicates, c.DeadlockDuplicates, c.Collisions, rounds, r.ReorderMax, r.ReorderP99, r.Lost)
+		}
+	case "isolation":
+		fmt.Fprintln(tw, "cold queue\tworkers\tjobs\tp50 ms\tp95 ms\tp99 ms\tmax ms\tcall p50 ms\tcall p99 ms\tlost\tdup\thot jobs/s\thot backlog min\t")
+		for _, r := range rs {
+			hot, backlog := "-", "-"
+			if r.HotJobsPerS > 0 {
+				hot = fmt.Sprintf("%.0f", r.HotJobsPerS)
+			}
+			if r.HotBacklogMin != nil {
+				backlog = fmt.Sprint(*r.HotBacklogMin)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t\n",
+				r.Phase, r.Workers, r.Jobs, ms(r.P50ms), ms(r.P95ms), ms(r.P99ms), ms(r.Maxms), ms(r.CallP50ms), ms(r.CallP99ms), r.Lost, r.Duplicates, hot, backlog)
+		}
+	default:
+		// Enqueue-call-to-start (which includes the enqueue's commit) where
+		// jobs are enqueued while workers wait: on SQLite a waiting worker
+		// starts a job before its Enqueue call returns, so commit-to-start
+		// is about zero there.
+		call := rs[0].Workload != "drain" && rs[0].Of != "drain"
+		callHead := ""
+		if call {
+			callHead = "call p50 ms\tcall p99 ms\t"
+		}
+		fmt.Fprintln(tw, "workload\tworkers\tjobs\tseconds\tjobs/s\tp50 ms\tp95 ms\tp99 ms\tmax ms\t"+callHead+"lost\tdup\treorder max\treorder p99\treorder 0/1-9/10-99/100-999/1000+\t")
+		for _, r := range rs {
+			name := r.Workload
+			if r.Of != "" {
+				name += " " + r.Of
+			}
+			callCols := ""
+			if call {
+				callCols = ms(r.CallP50ms) + "\t" + ms(r.CallP99ms) + "\t"
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%.0f\t%s\t%s\t%s\t%s\t%s%d\t%d\t%d\t%d\t%s\t\n",
+				name, r.Workers, r.Jobs, r.Seconds, r.JobsPerS, ms(r.P50ms), ms(r.P95ms), ms(r.P99ms), ms(r.Maxms), callCols, r.Lost, r.Duplicates, r.ReorderMax, r.ReorderP99, hist(r.ReorderHist))
+		}
+	}
+	tw.Flush()
+	if rs[0].Workload == "claims" {
+		fmt.Fprintln(w, "\nreorder histogram (jobs displaced 0/1-9/10-99/100-999/1000+ places):")
+		for _, r := range rs {
+			fmt.Fprintf(w, "  %-12s %s\n", r.Strategy, hist(r.ReorderHist))
+		}
+	}
+	printWaits(w, rs)
+	printSettings(w, rs)
+}
+
+func runName(r *bench.Result) string {
+	switch {
+	case r.Strategy != "":
+		return r.Strategy
+	case r.Phase != "":
+		return r.Phase
+	case r.Of != "":
+		return fmt.Sprintf("%s workers=%d", r.Of, r.Workers)
+	}
+	return r.Workload
+}
+
+// printWaits prints, per run, the database's wait events (most sampled
+// first) and its contention counters.
+func printWaits(w io.Writer, rs []*bench.Result) {
+	src, _ := rs[0].Waits["source"].(string)
+	fmt.Fprintf(w, "\ncontention inside the database (%s):\n", src)
+	if len(rs) == 1 {
+		evs := bench.TopWaits(rs[0], 12)
+		if len(evs) > 0 {
+			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "  wait event\tsamples\tshare\t")
+			for _, e := range evs {
+				fmt.Fprintf(tw, "  %s\t%d\t%.1f%%\t\n", e.Event, e.Count, 100*e.Share)
+			}
+			tw.Flush()
+		}
+		if c := bench.WaitCounters(rs[0]); len(c) > 0 {
+			fmt.Fprintf(w, "  %s\n", strings.Join(c, "  "))
+		}
+		printPS(w, rs[0])
+		return
+	}
+	for _, r := range rs {
+		var parts []string
+		for _, e := range bench.TopWaits(r, 4) {
+			parts = append(parts, fmt.Sprintf("%s %.0f%%", e.Event, 100*e.Share))
+		}
+		line := strings.Join(parts, ", ")
+		if c := bench.WaitCounters(r); len(c) > 0 {
+			if line != "" {
+				line += "; "
+			}
+			line += strings.Join(c, " ")
+		}
+		fmt.Fprintf(w, "  %-22s %s\n", runName(r), line)
+	}
+}
+
+func printPS(w io.Writer, r *bench.Result) {
+	ps, ok := r.Waits["performance_schema"].(map[string]bench.PSWait)
+	if !ok || len(ps) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "  performance_schema waits (top by time):")
+	type kv struct {
+		k string
+		v bench.PSWait
+	}
+	var all []kv
+	for k, v := range ps {
+		all = append(all, kv{k, v})
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].v.MS > all[j].v.MS })
+	for _, e := range all {
+		fmt.Fprintf(w, "    %-50s %8d  %.1fms\n", e.k, e.v.Count, e.v.MS)
+	}
+}
+
+// printSettings prints the settings that decide the results once: a
+// setting that differs between runs lists each run's value.
+func printSettings(w io.Writer, rs []*bench.Result) {
+	keys := map[string]bool{}
+	for _, r := range rs {
+		for k := range r.Settings {
+			keys[k] = true
+		}
+	}
+	ks := make([]string, 0, len(keys))
+	for k := range keys {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	fmt.Fprintln(w, "\nsettings:")
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	for _, k := range ks {
+		vals := map[string][]string{}
+		var order []string
+		for _, r := range rs {
+			v, ok := r.Settings[k]
+			if !ok {
+				continue
+			}
+			if _, seen := vals[v]; !seen {
+				order = append(order, v)
+			}
+			vals[v] = append(vals[v], runName(r))
+		}
+		var line string
+		if len(order) == 1 && len(vals[order[0]]) == len(rs) {
+			line = order[0]
+		} else {
+			var parts []string
+			for _, v := range order {
+				parts = append(parts, fmt.Sprintf("%s (%s)", v, strings.Join(vals[v], ", ")))
+			}
+			line = strings.Join(parts, "; ")
+		}
+		fmt.Fprintf(tw, "  %s\t%s\n", k, line)
+	}
+	tw.Flush()
+}
+
+// writeReport writes the HTML report (a variable so that tests can
+// replace it).
+var writeReport = report.WriteFile

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"runtime"
@@ -18,68 +19,186 @@ import (
 // Job is the bench's job: its sequence number, optional padding and
 // simulated work.
 type Job struct {
-	Seq    int64  `json:"seq"`
-	Pad    string `json:"pad,omitempty"`
-	WorkUS int64  `json:"work_us,omitempty"`
-	Spin   bool   `json:"spin,omitempty"`
+	// Seq is the job's sequence number in its recorder (enqueue rank).
+	Seq int64 `json:"seq"`
+	// Pad pads the arguments to Options.ArgBytes.
+	Pad string `json:"pad,omitempty"`
+	// WorkUS is the simulated work in microseconds.
+	WorkUS int64 `json:"work_us,omitempty"`
+	// Spin simulates the work by spinning the CPU instead of sleeping.
+	Spin bool `json:"spin,omitempty"`
 }
 
 // Kind is "bench".
 func (Job) Kind() string { return "bench" }
 
-// Options select a workload and its parameters.
+// Options select a workload and its parameters. Zero fields take the
+// workload's defaults (see each field).
 type Options struct {
-	DSN      string
-	Workload string // drain, flow, latency
-	// Workers is the queue's MaxWorkers.
+	// DSN names the database, as for conveyor.Open.
+	DSN string
+	// Workload is drain (default), flow, latency, sweep, isolation or
+	// claims.
+	Workload string
+	// Workers is the queue's MaxWorkers; for claims, the number of
+	// claiming goroutines. Default 100 (claims: 10).
 	Workers int
-	// Jobs: drain: jobs pre-inserted; latency: jobs enqueued one by one.
+	// Jobs: drain and claims: jobs pre-inserted (default 100,000; claims
+	// 10,000); latency: jobs enqueued one by one (default 1,000);
+	// isolation: cold-queue jobs per phase (default 300).
 	Jobs int
-	// Duration of a flow run.
+	// Duration of a flow run. Default 10s.
 	Duration time.Duration
-	// Producers and Mode ("coalesced": Enqueue per job from each producer,
-	// group-committed; "batch": EnqueueMany of 100) for flow.
+	// Producers enqueue concurrently in flow (default 64) and keep the hot
+	// queue full in isolation (default 16).
 	Producers int
-	Mode      string
-	// Interval between enqueues in the latency workload.
+	// Mode is how producers enqueue: "coalesced" (Enqueue per job,
+	// group-committed by the client; flow's default) or "batch"
+	// (EnqueueMany of 100; isolation's default, which keeps the hot queue
+	// saturated where coalesced calls let it run dry).
+	Mode string
+	// Interval between enqueues in latency (default 5ms) and between
+	// cold-queue jobs in isolation (default 10ms).
 	Interval time.Duration
-	// ArgBytes pads each job's arguments; Work is simulated work per job
-	// (sleep, or CPU spin when Spin).
+	// ArgBytes pads each job's arguments to about this many bytes.
+	// Default 0.
 	ArgBytes int
-	Work     time.Duration
-	Spin     bool
+	// Work is simulated work per job (a sleep, or a CPU spin when Spin).
+	// Default 0.
+	Work time.Duration
+	// Spin simulates Work by spinning the CPU.
+	Spin bool
+	// Of is the workload a sweep repeats: latency (default), drain or
+	// flow.
+	Of string
+	// Counts are the worker counts of a sweep. Default 1, 10, 100, 200,
+	// 300.
+	Counts []int
+	// Strategies are the claims compared by the claims workload, in order.
+	// Default all of ClaimStrategies except conveyor-b1.
+	Strategies []string
+	// Window is how many of the first available jobs the random
+	// optimistic claim picks among. Default 2*Workers.
+	Window int
+	// Timeout bounds each run; a run that has not finished by then fails
+	// with the jobs not done reported lost. Default 5m.
+	Timeout time.Duration
 	// Config is the client configuration under test (TablePrefix is
-	// replaced by a fresh one unless Keep is set).
+	// replaced by a fresh one unless Keep is set; Queues by the
+	// workload's).
 	Config conveyor.Config
 	// Keep leaves the bench tables in place.
 	Keep bool
 	// Progress receives a live progress line; nil for none.
 	Progress io.Writer
+	// Emit, if set, receives each run's result as soon as the run ends
+	// (sweep, isolation and claims make several runs).
+	Emit func(*Result)
+
+	label string // progress label
 }
 
 // Result is one run's figures. JSON field names are stable.
 type Result struct {
-	Workload    string            `json:"workload"`
-	Backend     string            `json:"backend"`
-	Workers     int               `json:"workers"`
-	Producers   int               `json:"producers,omitempty"`
-	Jobs        int64             `json:"jobs"`
-	Seconds     float64           `json:"seconds"`
-	JobsPerS    float64           `json:"jobs_per_s"`
-	P50ms       float64           `json:"p50_ms"`
-	P95ms       float64           `json:"p95_ms"`
-	P99ms       float64           `json:"p99_ms"`
-	Maxms       float64           `json:"max_ms"`
-	Lost        int64             `json:"lost"`
-	Duplicates  int64             `json:"duplicates"`
-	ReorderMax  int64             `json:"reorder_max"`
-	ReorderP99  int64             `json:"reorder_p99"`
-	ReorderHist [5]int64          `json:"reorder_hist"`
-	Waits       map[string]any    `json:"waits"`
-	Settings    map[string]string `json:"settings"`
-	Counters    map[string]int64  `json:"counters"`
+	// Workload is the workload run: drain, flow, latency, sweep,
+	// isolation or claims.
+	Workload string `json:"workload"`
+	// Of is the workload a sweep run repeats.
+	Of string `json:"of,omitempty"`
+	// Phase of an isolation run: cold-idle, cold-under-hot or hot.
+	Phase string `json:"phase,omitempty"`
+	// Strategy of a claims run.
+	Strategy string `json:"strategy,omitempty"`
+	// Backend is sqlite, postgres or mysql.
+	Backend string `json:"backend"`
+	// Workers is the queue's MaxWorkers (claims: claiming goroutines).
+	Workers int `json:"workers"`
+	// Producers is the number of enqueuing goroutines (flow, isolation).
+	Producers int `json:"producers,omitempty"`
+	// Jobs is the number of jobs the run enqueued and checked.
+	Jobs int64 `json:"jobs"`
+	// Seconds is the measured time.
+	Seconds float64 `json:"seconds"`
+	// JobsPerS is completed jobs per second of measured time.
+	JobsPerS float64 `json:"jobs_per_s"`
+	// P50ms, P95ms, P99ms and Maxms are percentiles of the
+	// enqueue-commit-to-start latency, in milliseconds.
+	P50ms float64 `json:"p50_ms"`
+	P95ms float64 `json:"p95_ms"` // see P50ms
+	P99ms float64 `json:"p99_ms"` // see P50ms
+	Maxms float64 `json:"max_ms"` // see P50ms
+	// CallP50ms and CallP99ms are percentiles of the enqueue-call-to-start
+	// latency (which includes the enqueue's commit).
+	CallP50ms float64 `json:"call_p50_ms"`
+	CallP99ms float64 `json:"call_p99_ms"` // see CallP50ms
+	// Lost counts jobs enqueued and never started.
+	Lost int64 `json:"lost"`
+	// LostSeqs names up to 100 lost jobs by sequence number.
+	LostSeqs []int64 `json:"lost_seqs,omitempty"`
+	// Duplicates counts executions beyond each job's first.
+	Duplicates int64 `json:"duplicates"`
+	// DuplicateSeqs names up to 100 jobs that ran more than once.
+	DuplicateSeqs []int64 `json:"duplicate_seqs,omitempty"`
+	// ReorderMax and ReorderP99 are the maximum and p99 of the distance
+	// between a job's enqueue rank and its start rank.
+	ReorderMax int64 `json:"reorder_max"`
+	ReorderP99 int64 `json:"reorder_p99"` // see ReorderMax
+	// ReorderHist counts jobs by displacement: 0, 1-9, 10-99, 100-999,
+	// 1000+ places.
+	ReorderHist [5]int64 `json:"reorder_hist"`
+	// Waits is the contention seen inside the database during the run:
+	// "events" (map of WaitEvent by wait event, sampled every
+	// SampleInterval on PostgreSQL and MySQL), deltas of the server's
+	// counters (deadlocks, row lock waits...), "busy_retries" on SQLite,
+	// and the client's own retry counters under "client".
+	Waits map[string]any `json:"waits"`
+	// Settings that decide the result: backend, server version,
+	// durability, conveyor's configuration, cores.
+	Settings map[string]string `json:"settings"`
+	// Counters are the client's counters at the end of the run.
+	Counters map[string]int64 `json:"counters,omitempty"`
+	// HotJobsPerS is the hot queue's throughput during an isolation
+	// run's loaded phase.
+	HotJobsPerS float64 `json:"hot_jobs_per_s,omitempty"`
+	// HotBacklogMin is the smallest hot-queue backlog sampled during the
+	// loaded phase: above zero, the hot queue was saturated throughout.
+	HotBacklogMin *int64 `json:"hot_backlog_min,omitempty"`
+	// Claims are a claims run's contention figures.
+	Claims *ClaimFigures `json:"claims,omitempty"`
 	// Latencies are the raw samples (not in JSON) for charts.
 	Latencies []time.Duration `json:"-"`
+}
+
+// fill copies a summary's figures into the result; elapsed is the
+// measured time. It returns an error if jobs were lost or duplicated.
+func (r *Result) fill(s Summary, elapsed time.Duration) error {
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	r.Jobs = s.Jobs
+	r.Seconds = elapsed.Seconds()
+	if elapsed > 0 {
+		r.JobsPerS = float64(s.Jobs-s.Lost) / elapsed.Seconds()
+	}
+	r.P50ms, r.P95ms, r.P99ms, r.Maxms = ms(s.P50), ms(s.P95), ms(s.P99), ms(s.Max)
+	r.CallP50ms, r.CallP99ms = ms(s.CallP50), ms(s.CallP99)
+	r.Lost, r.Duplicates = s.Lost, s.Duplicates
+	r.LostSeqs, r.DuplicateSeqs = s.LostSeqs, s.DuplicateSeqs
+	r.ReorderMax, r.ReorderP99, r.ReorderHist = s.ReorderMax, s.ReorderP99, s.ReorderHist
+	r.Latencies = s.Latencies
+	if s.Lost > 0 || s.Duplicates > 0 {
+		return fmt.Errorf("bench: %s: %d lost and %d duplicate executions (first lost %v, first duplicated %v)",
+			r.label(), s.Lost, s.Duplicates, s.LostSeqs, s.DuplicateSeqs)
+	}
+	return nil
+}
+
+func (r *Result) label() string {
+	l := r.Workload
+	for _, x := range []string{r.Of, r.Phase, r.Strategy} {
+		if x != "" {
+			l += "/" + x
+		}
+	}
+	return l
 }
 
 func (o *Options) defaults() {
@@ -88,11 +207,20 @@ func (o *Options) defaults() {
 	}
 	if o.Workers == 0 {
 		o.Workers = 100
+		if o.Workload == "claims" {
+			o.Workers = 10
+		}
 	}
 	if o.Jobs == 0 {
 		switch o.Workload {
 		case "latency":
 			o.Jobs = 1000
+		case "isolation":
+			o.Jobs = 300
+		case "claims":
+			o.Jobs = 10000
+		case "sweep":
+			// left to the repeated workload
 		default:
 			o.Jobs = 100000
 		}
@@ -100,59 +228,209 @@ func (o *Options) defaults() {
 	if o.Duration == 0 {
 		o.Duration = 10 * time.Second
 	}
-	if o.Producers == 0 {
+	if o.Producers == 0 && o.Workload != "sweep" {
 		o.Producers = 64
+		if o.Workload == "isolation" {
+			o.Producers = 16
+		}
 	}
 	if o.Mode == "" {
+		// Coalesced Enqueue calls cannot keep a hot queue's workers busy
+		// (the backlog runs dry); batches can.
 		o.Mode = "coalesced"
+		if o.Workload == "isolation" {
+			o.Mode = "batch"
+		}
 	}
-	if o.Interval == 0 {
+	if o.Interval == 0 && o.Workload != "sweep" {
 		o.Interval = 5 * time.Millisecond
+		if o.Workload == "isolation" {
+			o.Interval = 10 * time.Millisecond
+		}
+	}
+	if o.Of == "" {
+		o.Of = "latency"
+	}
+	if len(o.Counts) == 0 {
+		o.Counts = []int{1, 10, 100, 200, 300}
+	}
+	if len(o.Strategies) == 0 {
+		o.Strategies = []string{"conveyor", "pessimistic", "optimistic", "random"}
+	}
+	if o.Window == 0 {
+		o.Window = 2 * o.Workers
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 5 * time.Minute
+	}
+	if o.label == "" {
+		o.label = o.Workload
 	}
 }
 
-// Run runs one workload on a fresh set of tables and returns its figures.
-func Run(ctx context.Context, o Options) (*Result, error) {
+// RunAll runs the workload o selects, including the composite ones
+// (sweep, isolation, claims), and returns one result per run. Results
+// with lost or duplicated jobs are returned together with an error.
+func RunAll(ctx context.Context, o Options) ([]*Result, error) {
 	o.defaults()
+	if o.Mode != "coalesced" && o.Mode != "batch" {
+		return nil, fmt.Errorf("bench: unknown producer mode %q (coalesced, batch)", o.Mode)
+	}
+	var rs []*Result
+	var err error
+	switch o.Workload {
+	case "drain", "flow", "latency":
+		var r *Result
+		r, err = Run(ctx, o)
+		if r != nil {
+			rs = append(rs, r)
+		}
+	case "sweep":
+		rs, err = sweep(ctx, o)
+	case "isolation":
+		rs, err = isolation(ctx, o)
+	case "claims":
+		rs, err = claims(ctx, o)
+	default:
+		return nil, fmt.Errorf("bench: unknown workload %q (drain, flow, latency, sweep, isolation, claims)", o.Workload)
+	}
+	return rs, err
+}
+
+func (o Options) emit(r *Result) {
+	if o.Emit != nil && r != nil {
+		o.Emit(r)
+	}
+}
+
+// benchConfig returns the client configuration of a run: o.Config on a
+// fresh table prefix (unless Keep) with the given queues.
+func benchConfig(o Options, queues map[string]int) conveyor.Config {
 	cfg := o.Config
 	if !o.Keep || cfg.TablePrefix == "" {
-		var b [3]byte
-		_, _ = rand.Read(b[:])
-		cfg.TablePrefix = "bench" + hex.EncodeToString(b[:]) + "_"
+		cfg.TablePrefix = freshPrefix("bench")
 	}
-	cfg.Queues = map[string]conveyor.QueueConfig{conveyor.DefaultQueue: {MaxWorkers: o.Workers}}
+	cfg.Queues = map[string]conveyor.QueueConfig{}
+	for q, w := range queues {
+		cfg.Queues[q] = conveyor.QueueConfig{MaxWorkers: w}
+	}
+	return cfg
+}
+
+// freshPrefix returns base followed by six random hex digits and "_".
+func freshPrefix(base string) string {
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return base + hex.EncodeToString(b[:]) + "_"
+}
+
+// openClient opens and migrates a client on fresh tables and registers
+// the bench worker, which records each execution in the recorder of the
+// job's queue and then performs the simulated work.
+func openClient(ctx context.Context, o Options, queues map[string]int, recs map[string]*Recorder) (*conveyor.Client, error) {
+	cfg := benchConfig(o, queues)
 	c, err := conveyor.Open(ctx, o.DSN, &cfg)
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
 	if _, err := c.Migrate(ctx); err != nil {
+		c.Close()
 		return nil, err
 	}
-	if !o.Keep {
-		defer c.DropTables(context.Background())
-	}
-	rec := NewRecorder()
-	pad := strings.Repeat("x", o.ArgBytes)
 	if err := conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[Job]) error {
-		rec.Started(j.Args.Seq, time.Now())
-		if j.Args.WorkUS > 0 {
-			d := time.Duration(j.Args.WorkUS) * time.Microsecond
-			if j.Args.Spin {
-				for end := time.Now().Add(d); time.Now().Before(end); {
-				}
-			} else {
-				time.Sleep(d)
-			}
+		rec := recs[j.Queue]
+		if rec == nil {
+			return conveyor.JobCancel(fmt.Errorf("bench: job in unexpected queue %q", j.Queue))
 		}
+		rec.Started(j.Args.Seq, time.Now())
+		simulate(time.Duration(j.Args.WorkUS)*time.Microsecond, j.Args.Spin)
 		return nil
 	})); err != nil {
+		c.Close()
 		return nil, err
 	}
-	mk := func(seq int64) Job {
+	return c, nil
+}
+
+// simulate performs d of simulated work: a sleep, or a CPU spin.
+func simulate(d time.Duration, spin bool) {
+	if d <= 0 {
+		return
+	}
+	if spin {
+		for end := time.Now().Add(d); time.Now().Before(end); {
+		}
+		return
+	}
+	time.Sleep(d)
+}
+
+// jobMaker returns the function that builds job seq's arguments.
+func jobMaker(o Options) func(int64) Job {
+	pad := strings.Repeat("x", o.ArgBytes)
+	return func(seq int64) Job {
 		return Job{Seq: seq, Pad: pad, WorkUS: o.Work.Microseconds(), Spin: o.Spin}
 	}
+}
+
+// closeClient ends a run's client: stop, read counters and settings, drop
+// the tables (unless Keep), close. It fills res.Counters and res.Settings
+// and returns the first error.
+func closeClient(ctx context.Context, c *conveyor.Client, o Options, res *Result) error {
+	err := c.Stop(ctx)
+	res.Counters = c.Counters()
+	res.Settings = clientSettings(ctx, c)
+	if !o.Keep {
+		err = errors.Join(err, c.DropTables(context.WithoutCancel(ctx)))
+	}
+	return errors.Join(err, c.Close())
+}
+
+// clientSettings describes the server and the client's configuration.
+func clientSettings(ctx context.Context, c *conveyor.Client) map[string]string {
+	s, err := c.ServerInfo(ctx)
+	if s == nil {
+		s = map[string]string{}
+	}
+	if err != nil {
+		s["server_info_error"] = err.Error()
+	}
+	cc := c.Config()
+	s["cores"] = fmt.Sprint(runtime.NumCPU())
+	s["gomaxprocs"] = fmt.Sprint(runtime.GOMAXPROCS(0))
+	s["claim_batch"] = fmt.Sprint(cc.ClaimBatch)
+	s["complete_batch"] = fmt.Sprint(cc.CompleteBatch)
+	s["insert_batch"] = fmt.Sprint(cc.InsertBatch)
+	s["lease"] = cc.Lease.String()
+	switch c.Backend() {
+	case "postgres":
+		s["listen_poll"] = cc.ListenPoll.String()
+	default:
+		s["poll"] = cc.PollMin.String() + ".." + cc.PollMax.String()
+	}
+	if cc.PoolSize > 0 {
+		s["pool_size"] = fmt.Sprint(cc.PoolSize)
+	}
+	if cc.ClaimStrategy != "" {
+		s["claim_strategy"] = cc.ClaimStrategy
+	}
+	return s
+}
+
+// Run runs one drain, flow or latency workload on a fresh set of tables
+// and returns its figures. A run with lost or duplicated jobs returns its
+// result and an error.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	o.defaults()
+	rec := NewRecorder()
+	c, err := openClient(ctx, o, map[string]int{conveyor.DefaultQueue: o.Workers}, map[string]*Recorder{conveyor.DefaultQueue: rec})
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close() // in case of an early return; closing twice is harmless
+	mk := jobMaker(o)
 	res := &Result{Workload: o.Workload, Backend: c.Backend(), Workers: o.Workers}
+	w := startWaits(ctx, o.DSN, c.Backend())
 	var elapsed time.Duration
 	switch o.Workload {
 	case "drain":
@@ -163,45 +441,19 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		res.Producers = o.Producers
 		elapsed, err = flow(ctx, c, rec, o, mk)
 	default:
-		return nil, fmt.Errorf("bench: unknown workload %q (drain, flow, latency)", o.Workload)
+		err = fmt.Errorf("bench: unknown workload %q (drain, flow, latency)", o.Workload)
 	}
-	if err != nil {
-		return nil, err
+	w.stop()
+	cerr := closeClient(ctx, c, o, res)
+	res.Waits = w.finish(ctx, res.Counters)
+	ferr := res.fill(rec.Summarize(), elapsed)
+	o.emit(res)
+	if err != nil || cerr != nil {
+		// The figures show how far the run got; the error says why it
+		// stopped (a lost/duplicate report would only repeat it).
+		return res, errors.Join(err, cerr)
 	}
-	if err := c.Stop(ctx); err != nil {
-		return nil, err
-	}
-	s := rec.Summarize()
-	res.Jobs = s.Jobs
-	res.Seconds = elapsed.Seconds()
-	res.JobsPerS = float64(s.Jobs-s.Lost) / elapsed.Seconds()
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	res.P50ms, res.P95ms, res.P99ms, res.Maxms = ms(s.P50), ms(s.P95), ms(s.P99), ms(s.Max)
-	res.Lost, res.Duplicates = s.Lost, s.Duplicates
-	res.ReorderMax, res.ReorderP99, res.ReorderHist = s.ReorderMax, s.ReorderP99, s.ReorderHist
-	res.Latencies = s.Latencies
-	res.Counters = c.Counters()
-	res.Waits = map[string]any{}
-	for k, v := range res.Counters {
-		if strings.Contains(k, "busy") || strings.Contains(k, "deadlock") || strings.Contains(k, "lock") {
-			res.Waits[k] = v
-		}
-	}
-	res.Settings, _ = c.ServerInfo(ctx)
-	if res.Settings == nil {
-		res.Settings = map[string]string{}
-	}
-	cc := c.Config()
-	res.Settings["cores"] = fmt.Sprint(runtime.NumCPU())
-	res.Settings["gomaxprocs"] = fmt.Sprint(runtime.GOMAXPROCS(0))
-	res.Settings["claim_batch"] = fmt.Sprint(cc.ClaimBatch)
-	res.Settings["complete_batch"] = fmt.Sprint(cc.CompleteBatch)
-	res.Settings["insert_batch"] = fmt.Sprint(cc.InsertBatch)
-	res.Settings["lease"] = cc.Lease.String()
-	if s.Lost > 0 || s.Duplicates > 0 {
-		return res, fmt.Errorf("bench: %d lost and %d duplicate executions", s.Lost, s.Duplicates)
-	}
-	return res, nil
+	return res, ferr
 }
 
 // progress prints a live line until stop is closed.
@@ -273,12 +525,12 @@ func drain(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, mk
 		}
 	}
 	stop := make(chan struct{})
-	wg := progress(o.Progress, "drain", int64(o.Jobs), func() int64 { return c.Counters()["completed"] }, stop)
+	wg := progress(o.Progress, o.label, int64(o.Jobs), func() int64 { return c.Counters()["completed"] }, stop)
 	t0 := time.Now()
 	if err := c.Start(ctx); err != nil {
 		return 0, err
 	}
-	err := waitCompleted(ctx, c, int64(o.Jobs), 10*time.Minute)
+	err := waitCompleted(ctx, c, int64(o.Jobs), o.Timeout)
 	el := time.Since(t0)
 	close(stop)
 	wg.Wait()
@@ -291,7 +543,7 @@ func latency(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, 
 	}
 	time.Sleep(200 * time.Millisecond) // let every worker park
 	stop := make(chan struct{})
-	wg := progress(o.Progress, "latency", int64(o.Jobs), func() int64 { return c.Counters()["completed"] }, stop)
+	wg := progress(o.Progress, o.label, int64(o.Jobs), func() int64 { return c.Counters()["completed"] }, stop)
 	t0 := time.Now()
 	tick := time.NewTicker(o.Interval)
 	defer tick.Stop()
@@ -306,7 +558,7 @@ func latency(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, 
 		}
 		rec.Enqueued(seq, call, time.Now())
 	}
-	err := waitCompleted(ctx, c, int64(o.Jobs), time.Minute)
+	err := waitCompleted(ctx, c, int64(o.Jobs), o.Timeout)
 	el := time.Since(t0)
 	close(stop)
 	wg.Wait()
@@ -318,7 +570,7 @@ func flow(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, mk 
 		return 0, err
 	}
 	stop := make(chan struct{})
-	wg := progress(o.Progress, "flow", 0, func() int64 { return c.Counters()["completed"] }, stop)
+	wg := progress(o.Progress, o.label, 0, func() int64 { return c.Counters()["completed"] }, stop)
 	t0 := time.Now()
 	end := t0.Add(o.Duration)
 	var enq atomic.Int64
@@ -370,7 +622,7 @@ func flow(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, mk 
 		wg.Wait()
 		return 0, perr
 	}
-	err := waitCompleted(ctx, c, enq.Load(), 5*time.Minute)
+	err := waitCompleted(ctx, c, enq.Load(), o.Timeout)
 	el := time.Since(t0)
 	close(stop)
 	wg.Wait()

@@ -70,16 +70,39 @@ func (r *Recorder) Started(seq int64, t time.Time) {
 	}
 }
 
+// maxListed caps Summary.LostSeqs and Summary.DuplicateSeqs.
+const maxListed = 100
+
+// Execs returns how many executions of seq were recorded.
+func (r *Recorder) Execs(seq int64) int { return int(r.slot(seq).execs.Load()) }
+
+// started counts the jobs of [from, to) that have started at least once.
+// It reads every slot of the range: for waiting and progress lines, not
+// for hot paths.
+func (r *Recorder) started(from, to int64) int64 {
+	var n int64
+	for i := from; i < to; i++ {
+		if r.slot(i).execs.Load() > 0 {
+			n++
+		}
+	}
+	return n
+}
+
 // Summary is what a run's executions show.
 type Summary struct {
-	Jobs               int64         // sequence numbers handed out
-	Executions         int64         // executions recorded
-	Lost               int64         // enqueued, never started
-	Duplicates         int64         // executions beyond the first
-	P50, P95, P99, Max time.Duration // enqueue-commit-to-start latency
-	CallP50, CallP99   time.Duration // enqueue-call-to-start (includes the commit)
-	ReorderMax         int64
-	ReorderP99         int64
+	Jobs       int64 // sequence numbers summarized
+	Executions int64 // executions recorded
+	Lost       int64 // enqueued, never started
+	Duplicates int64 // executions beyond the first
+	// LostSeqs and DuplicateSeqs name the first 100 lost jobs and jobs run
+	// more than once (by sequence number), so that a report can be checked
+	// against the database.
+	LostSeqs, DuplicateSeqs []int64
+	P50, P95, P99, Max      time.Duration // enqueue-commit-to-start latency
+	CallP50, CallP99        time.Duration // enqueue-call-to-start (includes the commit)
+	ReorderMax              int64         // largest |start rank - enqueue rank|
+	ReorderP99              int64         // p99 of |start rank - enqueue rank|
 	// ReorderHist counts jobs by displacement bucket: 0, 1-9, 10-99,
 	// 100-999, 1000+.
 	ReorderHist [5]int64
@@ -87,9 +110,16 @@ type Summary struct {
 	Latencies []time.Duration
 }
 
-// Summarize computes the summary over sequence numbers [0, Next).
-func (r *Recorder) Summarize() Summary {
-	n := r.n.Load()
+// Issued returns how many sequence numbers have been handed out.
+func (r *Recorder) Issued() int64 { return r.n.Load() }
+
+// Summarize computes the summary over sequence numbers [0, Issued()).
+func (r *Recorder) Summarize() Summary { return r.SummarizeRange(0, r.n.Load()) }
+
+// SummarizeRange computes the summary over sequence numbers [from, to),
+// for example one phase of a run that shares a recorder with another.
+func (r *Recorder) SummarizeRange(from, to int64) Summary {
+	n := max(0, to-from)
 	var s Summary
 	s.Jobs = n
 	type st struct {
@@ -99,15 +129,21 @@ func (r *Recorder) Summarize() Summary {
 	starts := make([]st, 0, n)
 	lat := make([]time.Duration, 0, n)
 	call := make([]time.Duration, 0, n)
-	for i := int64(0); i < n; i++ {
+	for i := from; i < to; i++ {
 		sl := r.slot(i)
 		e := int64(sl.execs.Load())
 		s.Executions += e
 		if e == 0 {
 			s.Lost++
+			if len(s.LostSeqs) < maxListed {
+				s.LostSeqs = append(s.LostSeqs, i)
+			}
 			continue
 		}
 		s.Duplicates += e - 1
+		if e > 1 && len(s.DuplicateSeqs) < maxListed {
+			s.DuplicateSeqs = append(s.DuplicateSeqs, i)
+		}
 		start := sl.start.Load()
 		starts = append(starts, st{i, start})
 		if enq := sl.enq.Load(); enq != 0 {

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// bench with no --db runs on a temporary SQLite database, prints one table,
+// the contention and the settings once, and writes the report.
+func TestBenchTableAndReport(t *testing.T) {
+	t.Setenv("CONVEYOR_DB", "")
+	report := filepath.Join(t.TempDir(), "r.html")
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"bench", "--workload", "claims", "--jobs", "100", "--workers", "2", "--report", report}, &out, &errOut)
+	if err != nil {
+		t.Fatalf("%v\n%s\n%s", err, out.String(), errOut.String())
+	}
+	s := out.String()
+	for _, want := range []string{"temporary SQLite", "strategy", "pessimistic", "optimistic", "random", "conveyor", "rounds/job",
+		"contention inside the database", "busy_retries=", "settings:", "synchronous", "cores", "report: " + report} {
+		if !strings.Contains(s, want) {
+			t.Errorf("output lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Count(s, "settings:") != 1 {
+		t.Errorf("settings printed %d times", strings.Count(s, "settings:"))
+	}
+	html, err := os.ReadFile(report)
+	if err != nil || !bytes.Contains(html, []byte("<svg")) {
+		t.Fatalf("report: %v, %d bytes", err, len(html))
+	}
+}
+
+func TestBenchJSON(t *testing.T) {
+	t.Setenv("CONVEYOR_DB", "")
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"bench", "--workload", "sweep", "--counts", "1,3", "--jobs", "20", "--interval", "1ms", "--json"}, &out, &errOut)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	sc := bufio.NewScanner(&out)
+	n := 0
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("line %d is not JSON: %v: %s", n, err, sc.Text())
+		}
+		for _, f := range []string{"workload", "backend", "workers", "jobs", "seconds", "jobs_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms", "lost", "duplicates", "reorder_max", "reorder_p99", "waits"} {
+			if _, ok := m[f]; !ok {
+				t.Errorf("line %d lacks %q", n, f)
+			}
+		}
+		n++
+	}
+	if n != 2 {
+		t.Fatalf("%d JSON lines, want one per run (2)", n)
+	}
+}
+
+func TestBenchBadFlags(t *testing.T) {
+	t.Setenv("CONVEYOR_DB", "")
+	for _, args := range [][]string{
+		{"bench", "--counts", "1,x"},
+		{"bench", "--workload", "nope"},
+		{"bench", "--workload", "claims", "--strategies", "nope"},
+		{"bench", "extra"},
+	} {
+		var out, errOut bytes.Buffer
+		if err := run(context.Background(), args, &out, &errOut); err == nil {
+			t.Errorf("%q: no error", args)
+		}
+	}
+}
