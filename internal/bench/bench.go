@@ -57,6 +57,10 @@ type Options struct {
 	// (EnqueueMany of 100; isolation's default, which keeps the hot queue
 	// saturated where coalesced calls let it run dry).
 	Mode string
+	// SeparateProducer makes the latency workload enqueue through a second
+	// client, as another process would: no in-process wake-up, so what is
+	// measured is LISTEN/NOTIFY on PostgreSQL and the poll elsewhere.
+	SeparateProducer bool
 	// Interval between enqueues in latency (default 5ms) and between
 	// cold-queue jobs in isolation (default 10ms).
 	Interval time.Duration
@@ -541,7 +545,17 @@ func latency(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, 
 	if err := c.Start(ctx); err != nil {
 		return 0, err
 	}
-	time.Sleep(200 * time.Millisecond) // let every worker park
+	producer := c
+	if o.SeparateProducer {
+		cfg := c.Config()
+		p, err := conveyor.Open(ctx, o.DSN, &cfg)
+		if err != nil {
+			return 0, err
+		}
+		defer p.Close()
+		producer = p
+	}
+	time.Sleep(time.Second) // let every worker park and idle polls back off
 	stop := make(chan struct{})
 	wg := progress(o.Progress, o.label, int64(o.Jobs), func() int64 { return c.Counters()["completed"] }, stop)
 	t0 := time.Now()
@@ -551,7 +565,7 @@ func latency(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, 
 		<-tick.C
 		seq := rec.Next()
 		call := time.Now()
-		if _, err := c.Enqueue(ctx, mk(seq), nil); err != nil {
+		if _, err := producer.Enqueue(ctx, mk(seq), nil); err != nil {
 			close(stop)
 			wg.Wait()
 			return 0, err
