@@ -690,3 +690,63 @@ func TestCancelRunningJobRefusesItsResult(t *testing.T) {
 		}
 	})
 }
+
+// TestThunderingHerd is the classic failure of database queues: 4,000
+// jobs scheduled for the same moment become due at once in front of 10
+// workers (two clients of 5). Claims must not deadlock or surface errors,
+// and every job runs exactly once.
+func TestThunderingHerd(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		prefix := testdb.Prefix()
+		const n = 4000
+		var rec execRecord
+		var done atomic.Int64
+		var clients []*conveyor.Client
+		for i := 0; i < 2; i++ {
+			cfg := fast(prefix)
+			cfg.Queues = map[string]conveyor.QueueConfig{"default": {MaxWorkers: 5}}
+			c := openClient(t, dsn, cfg, i == 0)
+			conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error {
+				rec.add(j.ID)
+				done.Add(1)
+				return nil
+			}))
+			clients = append(clients, c)
+		}
+		runAt := time.Now().Add(1500 * time.Millisecond)
+		items := make([]conveyor.EnqueueItem, n)
+		for i := range items {
+			items[i] = conveyor.EnqueueItem{Args: noop{i}, Opts: &conveyor.EnqueueOpts{RunAt: runAt}}
+		}
+		if _, err := clients[0].EnqueueBulk(ctx, items); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range clients {
+			if err := c.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitFor(t, "the herd to be worked", 90*time.Second, func() bool { return done.Load() >= n })
+		waitFor(t, "all completions written", 20*time.Second, func() bool {
+			st, err := clients[0].Stats(ctx)
+			return err == nil && len(st.Queues) == 1 && st.Queues[0].Counts["completed"] == n
+		})
+		got := rec.snapshot()
+		if len(got) != n {
+			t.Fatalf("%d distinct jobs ran, want %d", len(got), n)
+		}
+		for id, k := range got {
+			if k != 1 {
+				t.Fatalf("job %d ran %d times", id, k)
+			}
+		}
+		for i, c := range clients {
+			cs := c.Counters()
+			if cs["db_errors"] != 0 || cs["failed_attempts"] != 0 || cs["stale_acks_refused"] != 0 {
+				t.Fatalf("client %d surfaced errors: %v", i, cs)
+			}
+			t.Logf("client %d: deadlock retries %d, lock timeouts %d, busy retries %d", i, cs["deadlock_retries"], cs["lock_timeouts"], cs["busy_retries"])
+		}
+	})
+}
