@@ -72,6 +72,7 @@ func benchCmd(ctx context.Context, args []string, dsn string, stdout, stderr io.
 	mode := f.String("mode", "", "flow, isolation: producers enqueue with coalesced (Enqueue per job; flow's default) or batch (EnqueueMany of 100; isolation's default)")
 	interval := f.Duration("interval", 0, "latency: time between enqueues (default 5ms); isolation: between cold-queue jobs (default 10ms)")
 	separate := f.Bool("separate-producer", false, "latency: enqueue through a second client, as another process would (no in-process wake-up)")
+	herd := f.Bool("herd", false, "drain, claims: schedule every job for one moment, so all become due at once")
 	pollMin := f.Duration("poll-min", 0, "Config.PollMin: poll interval while work flows (SQLite, MySQL; default 10ms)")
 	pollMax := f.Duration("poll-max", 0, "Config.PollMax: poll interval bound when idle (SQLite, MySQL; default 500ms)")
 	argBytes := f.Int("arg-bytes", 0, "pad each job's arguments to about this many bytes")
@@ -113,7 +114,7 @@ func benchCmd(ctx context.Context, args []string, dsn string, stdout, stderr io.
 	}
 	o := bench.Options{
 		DSN: dsn, Workload: *workload, Workers: *workers, Jobs: *jobs, Duration: *duration,
-		Producers: *producers, Mode: *mode, Interval: *interval, SeparateProducer: *separate, ArgBytes: *argBytes, Work: *work, Spin: *spin,
+		Producers: *producers, Mode: *mode, Interval: *interval, SeparateProducer: *separate, Herd: *herd, ArgBytes: *argBytes, Work: *work, Spin: *spin,
 		Of: *of, Counts: cs, Strategies: splitList(*strategies), Window: *window, Timeout: *timeout,
 		Progress: stderr,
 		Config:   conveyor.Config{ClaimBatch: *claimBatch, CompleteBatch: *completeBatch, PoolSize: *poolSize, PollMin: *pollMin, PollMax: *pollMax},

@@ -57,6 +57,10 @@ type Options struct {
 	// (EnqueueMany of 100; isolation's default, which keeps the hot queue
 	// saturated where coalesced calls let it run dry).
 	Mode string
+	// Herd makes drain and claims insert every job scheduled for one
+	// future moment, then start the workers: all become due at once (the
+	// thundering herd that deadlocks pessimistic claims).
+	Herd bool
 	// SeparateProducer makes the latency workload enqueue through a second
 	// client, as another process would: no in-process wake-up, so what is
 	// measured is LISTEN/NOTIFY on PostgreSQL and the poll elsewhere.
@@ -512,18 +516,27 @@ func waitCompleted(ctx context.Context, c *conveyor.Client, n int64, limit time.
 
 func drain(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, mk func(int64) Job) (time.Duration, error) {
 	const chunk = 10000
+	var opts *conveyor.EnqueueOpts
+	var due time.Time
+	if o.Herd {
+		due = time.Now().Add(2 * time.Second)
+		opts = &conveyor.EnqueueOpts{RunAt: due}
+	}
 	for off := 0; off < o.Jobs; off += chunk {
 		n := min(chunk, o.Jobs-off)
 		first := rec.Reserve(n)
 		items := make([]conveyor.EnqueueItem, n)
 		for i := range items {
-			items[i] = conveyor.EnqueueItem{Args: mk(first + int64(i))}
+			items[i] = conveyor.EnqueueItem{Args: mk(first + int64(i)), Opts: opts}
 		}
 		t0 := time.Now()
 		if _, err := c.EnqueueBulk(ctx, items); err != nil {
 			return 0, err
 		}
 		t1 := time.Now()
+		if o.Herd { // latency counts from the moment all became due
+			t0, t1 = due, due
+		}
 		for i := range items {
 			rec.Enqueued(first+int64(i), t0, t1)
 		}
@@ -533,6 +546,10 @@ func drain(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, mk
 	t0 := time.Now()
 	if err := c.Start(ctx); err != nil {
 		return 0, err
+	}
+	if o.Herd {
+		time.Sleep(time.Until(due))
+		t0 = due
 	}
 	err := waitCompleted(ctx, c, int64(o.Jobs), o.Timeout)
 	el := time.Since(t0)

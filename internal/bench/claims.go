@@ -246,6 +246,11 @@ func rawClaims(ctx context.Context, o Options, strategy string) (*Result, error)
 	if err := rc.fill(ctx, db); err != nil {
 		return nil, fmt.Errorf("bench: claims %s: insert jobs: %w", strategy, err)
 	}
+	if o.Herd {
+		if _, err := db.ExecContext(ctx, "UPDATE "+table+" SET state = 'scheduled'"); err != nil {
+			return nil, fmt.Errorf("bench: claims %s: schedule jobs: %w", strategy, err)
+		}
+	}
 	res := &Result{Workload: "claims", Strategy: strategy, Backend: backend, Workers: o.Workers}
 	res.Settings = rawSettings(ctx, db, backend)
 	res.Settings["cores"] = fmt.Sprint(runtime.NumCPU())
@@ -277,6 +282,13 @@ func rawClaims(ctx context.Context, o Options, strategy string) (*Result, error)
 				once.Do(func() { werr = err; cancel() })
 			}
 		}()
+	}
+	if o.Herd {
+		// Every job becomes due at once, in one statement.
+		t0 = time.Now()
+		if _, err := db.ExecContext(ctx, "UPDATE "+table+" SET state = 'available' WHERE state = 'scheduled'"); err != nil {
+			once.Do(func() { werr = fmt.Errorf("bench: claims %s: release the herd: %w", strategy, err); cancel() })
+		}
 	}
 	wg.Wait()
 	elapsed := time.Since(t0)
