@@ -401,6 +401,7 @@ func (c *Client) Stats(ctx context.Context) (*Stats, error) {
 func (c *Client) Counters() map[string]int64 {
 	m := c.eng.Metrics()
 	out := map[string]int64{
+		"claim_rounds":       m.ClaimRounds.Load(),
 		"claimed":            m.Claimed.Load(),
 		"completed":          m.Completed.Load(),
 		"failed_attempts":    m.Failed.Load(),

@@ -64,6 +64,7 @@ type Config struct {
 
 // Metrics are process-wide counters.
 type Metrics struct {
+	ClaimRounds      atomic.Int64 // claim statements issued
 	Claimed          atomic.Int64
 	Completed        atomic.Int64
 	Failed           atomic.Int64

@@ -10,6 +10,10 @@ import (
 	"github.com/conveyorq/conveyor/internal/driver"
 )
 
+// gatherFor bounds how long a fetcher with a backlog waits for more free
+// slots before claiming less than a full batch.
+const gatherFor = time.Millisecond
+
 // fetcher is the only claimer of one queue in this process. It claims
 // batches sized to the free worker slots, claims again at once while the
 // queue has work, and otherwise waits for a wake-up (local enqueue,
@@ -73,13 +77,16 @@ func (f *fetcher) run(ctx context.Context) {
 	defer timer.Stop()
 	more := true // claim at once on start
 	errs := 0
+	want := min(f.max, e.cfg.ClaimBatch)
+	var gathering time.Time // when a backlogged fetcher began waiting for slots
 	for {
 		select {
 		case <-f.stopCh:
 			return
 		default:
 		}
-		free := f.max - int(f.running.Load())
+		running := int(f.running.Load())
+		free := f.max - running
 		if free <= 0 {
 			select {
 			case <-f.freedCh:
@@ -88,6 +95,24 @@ func (f *fetcher) run(ctx context.Context) {
 			}
 			continue
 		}
+		if more && running > 0 && free < want {
+			// The queue has a backlog and only a few slots are free: wait
+			// briefly for more to free up, so that one claim takes a full
+			// batch instead of many claims taking a few rows each.
+			if gathering.IsZero() {
+				gathering = time.Now()
+			}
+			if left := gatherFor - time.Since(gathering); left > 0 {
+				select {
+				case <-f.freedCh:
+				case <-time.After(left):
+				case <-f.stopCh:
+					return
+				}
+				continue
+			}
+		}
+		gathering = time.Time{}
 		if !more {
 			if !timer.Stop() {
 				select {
@@ -121,6 +146,7 @@ func (f *fetcher) run(ctx context.Context) {
 			continue
 		}
 		errs = 0
+		e.metrics.ClaimRounds.Add(1)
 		f.dispatch(rows)
 		more = len(rows) == limit
 		if !listening {
