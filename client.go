@@ -303,8 +303,10 @@ func (c *Client) Job(ctx context.Context, id int64) (*JobInfo, error) {
 type JobFilter struct {
 	// States to include; empty means all.
 	States []string
-	Queue  string
-	Kind   string
+	// Queue, when set, lists only that queue's jobs.
+	Queue string
+	// Kind, when set, lists only jobs of that kind.
+	Kind string
 	// Limit on jobs returned; default 100.
 	Limit int
 	// AfterID returns only jobs with a greater id, for paging.

@@ -118,24 +118,41 @@ type AttemptError struct {
 
 // JobInfo is a job as stored.
 type JobInfo struct {
-	ID          int64
-	Queue       string
-	Kind        string
-	Args        json.RawMessage
-	State       string // available, scheduled, running, retryable, completed, discarded or cancelled
-	Priority    int
-	Attempt     int // attempts started so far
+	// ID is the job's id, unique per database and prefix.
+	ID int64
+	// Queue is the queue the job is in.
+	Queue string
+	// Kind names the worker that runs it.
+	Kind string
+	// Args are the encoded arguments, as stored.
+	Args json.RawMessage
+	// State is available, scheduled, running, retryable, completed,
+	// discarded or cancelled.
+	State string
+	// Priority: smaller runs first.
+	Priority int
+	// Attempt counts the attempts started so far (incremented at claim).
+	Attempt int
+	// MaxAttempts is the most attempts the job gets before it is discarded.
 	MaxAttempts int
 	// Timeout is the job's own timeout; 0 means the client default,
 	// negative none.
-	Timeout        time.Duration
-	ScheduledAt    time.Time
-	CreatedAt      time.Time
-	AttemptedAt    time.Time
-	FinalizedAt    time.Time
+	Timeout time.Duration
+	// ScheduledAt is when the job is, or was, due.
+	ScheduledAt time.Time
+	// CreatedAt is when it was enqueued (database clock).
+	CreatedAt time.Time
+	// AttemptedAt is when the latest attempt was claimed; zero if none.
+	AttemptedAt time.Time
+	// FinalizedAt is when it completed, was discarded or cancelled.
+	FinalizedAt time.Time
+	// LeaseExpiresAt is when a running attempt's lease ends unless renewed.
 	LeaseExpiresAt time.Time
-	AttemptedBy    string
-	Errors         []AttemptError
+	// AttemptedBy identifies the process (host/pid/random) of the latest
+	// attempt.
+	AttemptedBy string
+	// Errors holds every failed attempt's error, oldest first.
+	Errors []AttemptError
 }
 
 // Job is one attempt of a job handed to a Worker.
@@ -160,6 +177,7 @@ func WorkFunc[T JobArgs](f func(ctx context.Context, job *Job[T]) error) Worker[
 
 type workFunc[T JobArgs] func(ctx context.Context, job *Job[T]) error
 
+// Work calls f.
 func (f workFunc[T]) Work(ctx context.Context, job *Job[T]) error { return f(ctx, job) }
 
 // JobCancel wraps err so that the job is cancelled instead of retried.
