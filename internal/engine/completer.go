@@ -16,9 +16,14 @@ type completer struct {
 	mu   sync.RWMutex
 	shut bool
 	done chan struct{}
-	// closing is closed when close begins; the writer then gives up on a
-	// database that stays unreachable instead of blocking shutdown.
-	closing chan struct{}
+	// closing is closed when close begins, before it waits for the lock
+	// (submitters blocked on a full queue hold it); the writer then gives
+	// up on a database that stays unreachable instead of blocking shutdown.
+	closing     chan struct{}
+	closingOnce sync.Once
+	// gaveUp is set once the writer gave up at shutdown: later batches are
+	// tried once and dropped (their leases expire and they are rescued).
+	gaveUp bool
 }
 
 func newCompleter(e *Engine) *completer {
@@ -45,10 +50,10 @@ func (c *completer) submit(o driver.Outcome) bool {
 
 // close flushes queued outcomes and stops the writer.
 func (c *completer) close() {
+	c.closingOnce.Do(func() { close(c.closing) })
 	c.mu.Lock()
 	if !c.shut {
 		c.shut = true
-		close(c.closing)
 		close(c.in)
 	}
 	c.mu.Unlock()
@@ -101,6 +106,10 @@ func (c *completer) write(batch []driver.Outcome) {
 		}
 		e.metrics.DBErrors.Add(1)
 		e.logf("conveyor: writing %d job outcomes failed (retrying): %v", len(batch), err)
+		if c.gaveUp {
+			e.logf("conveyor: dropped %d job outcomes at shutdown; their leases will expire and the jobs will be rescued", len(batch))
+			return
+		}
 		if giveUp == nil {
 			select {
 			case <-c.closing:
@@ -111,6 +120,7 @@ func (c *completer) write(batch []driver.Outcome) {
 		select {
 		case <-time.After(errBackoff(try)):
 		case <-giveUp:
+			c.gaveUp = true // only the writer goroutine reads or writes it
 			e.logf("conveyor: gave up writing %d job outcomes at shutdown; their leases will expire and the jobs will be rescued", len(batch))
 			return
 		}
