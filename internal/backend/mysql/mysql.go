@@ -101,6 +101,8 @@ type Driver struct {
 
 	stmtMu sync.Mutex
 	stmts  map[string]*sql.Stmt
+	// preparing marks statements being prepared in the background.
+	preparing map[string]bool
 
 	deadlockRetries atomic.Int64
 	lockTimeouts    atomic.Int64
@@ -424,6 +426,36 @@ func (d *Driver) wrap(op string, err error) error {
 
 // stmt returns a prepared statement for query, preparing it on first use.
 // database/sql re-prepares it lazily on each connection of the pool.
+func (d *Driver) cachedStmt(query string) *sql.Stmt {
+	d.stmtMu.Lock()
+	defer d.stmtMu.Unlock()
+	return d.stmts[query]
+}
+
+// prepareLater prepares query on the pool once a connection is free.
+func (d *Driver) prepareLater(query string) {
+	d.stmtMu.Lock()
+	if d.preparing == nil {
+		d.preparing = map[string]bool{}
+	}
+	if d.preparing[query] {
+		d.stmtMu.Unlock()
+		return
+	}
+	d.preparing[query] = true
+	d.stmtMu.Unlock()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = d.stmt(ctx, query) // an error leaves it unprepared: tried again later
+		d.stmtMu.Lock()
+		delete(d.preparing, query)
+		d.stmtMu.Unlock()
+	}()
+}
+
+// stmt returns the pool-wide prepared statement for query, preparing it
+// on first use. Never call it while holding a transaction.
 func (d *Driver) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
 	d.stmtMu.Lock()
 	s, ok := d.stmts[query]
@@ -455,12 +487,20 @@ func (d *Driver) exec(ctx context.Context, tx *sql.Tx, cached bool, query string
 		}
 		return d.db.ExecContext(ctx, query, args...)
 	}
+	if tx != nil {
+		if s := d.cachedStmt(query); s != nil {
+			return tx.StmtContext(ctx, s).ExecContext(ctx, args...)
+		}
+		// Not prepared yet: preparing on the pool inside a transaction
+		// would wait for a second connection, which may never come (the
+		// transaction can hold the last one). Run it on the transaction's
+		// connection and prepare it on the pool in the background.
+		d.prepareLater(query)
+		return tx.ExecContext(ctx, query, args...)
+	}
 	s, err := d.stmt(ctx, query)
 	if err != nil {
 		return nil, err
-	}
-	if tx != nil {
-		return tx.StmtContext(ctx, s).ExecContext(ctx, args...)
 	}
 	return s.ExecContext(ctx, args...)
 }
@@ -472,12 +512,20 @@ func (d *Driver) query(ctx context.Context, tx *sql.Tx, cached bool, query strin
 		}
 		return d.db.QueryContext(ctx, query, args...)
 	}
+	if tx != nil {
+		if s := d.cachedStmt(query); s != nil {
+			return tx.StmtContext(ctx, s).QueryContext(ctx, args...)
+		}
+		// Not prepared yet: preparing on the pool inside a transaction
+		// would wait for a second connection, which may never come (the
+		// transaction can hold the last one). Run it on the transaction's
+		// connection and prepare it on the pool in the background.
+		d.prepareLater(query)
+		return tx.QueryContext(ctx, query, args...)
+	}
 	s, err := d.stmt(ctx, query)
 	if err != nil {
 		return nil, err
-	}
-	if tx != nil {
-		return tx.StmtContext(ctx, s).QueryContext(ctx, args...)
 	}
 	return s.QueryContext(ctx, args...)
 }
