@@ -302,13 +302,7 @@ func (e *Engine) runJob(ctx context.Context, row *driver.JobRow) (err error, tra
 	if h == nil {
 		return fmt.Errorf("unknown job kind %q: no worker registered for it in this client", row.Kind), ""
 	}
-	timeout := e.cfg.JobTimeout
-	if row.TimeoutMS > 0 {
-		timeout = time.Duration(row.TimeoutMS) * time.Millisecond
-	} else if row.TimeoutMS < 0 {
-		timeout = 0
-	}
-	if timeout > 0 {
+	if timeout := e.timeout(row); timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, timeout, fmt.Errorf("job timed out after %v", timeout))
 		defer cancel()
@@ -329,6 +323,17 @@ func (e *Engine) runJob(ctx context.Context, row *driver.JobRow) (err error, tra
 		}
 	}
 	return err, trace
+}
+
+// timeout is the job's own timeout or the client default; 0 means none.
+func (e *Engine) timeout(row *driver.JobRow) time.Duration {
+	switch {
+	case row.TimeoutMS > 0:
+		return time.Duration(row.TimeoutMS) * time.Millisecond
+	case row.TimeoutMS < 0 || e.cfg.JobTimeout < 0:
+		return 0
+	}
+	return e.cfg.JobTimeout
 }
 
 // outcome turns a handler result into the state the completer writes.

@@ -43,6 +43,18 @@ type running struct {
 	row    *driver.JobRow
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	// abandonAt, when set, is the job's timeout plus one lease: a handler
+	// still running then ignores its context, and the attempt is abandoned
+	// (no more heartbeats, no release) so its lease expires, the rescue
+	// counts the attempt, and the job is discarded after MaxAttempts
+	// instead of running forever.
+	abandonAt time.Time
+}
+
+// abandoned reports whether the attempt's handler outlived its timeout by
+// a whole lease.
+func (it *running) abandoned(now time.Time) bool {
+	return !it.abandonAt.IsZero() && now.After(it.abandonAt)
 }
 
 func newFetcher(e *Engine, queue string, max int, workCtx context.Context) *fetcher {
@@ -172,6 +184,9 @@ func (f *fetcher) dispatch(rows []*driver.JobRow) {
 	for i, r := range rows {
 		ctx, cancel := context.WithCancelCause(f.workCtx)
 		it := &running{row: r, ctx: ctx, cancel: cancel}
+		if t := f.e.timeout(r); t > 0 {
+			it.abandonAt = time.Now().Add(t + f.e.cfg.Lease)
+		}
 		f.leases[r.ID] = it
 		items[i] = it
 	}
@@ -237,8 +252,12 @@ func (f *fetcher) restoreLease(it *running) {
 
 // snapshot lists the attempts this fetcher holds, for the heartbeat.
 func (f *fetcher) snapshot(dst []driver.Lease) []driver.Lease {
+	now := time.Now()
 	f.mu.Lock()
 	for id, it := range f.leases {
+		if it.abandoned(now) {
+			continue
+		}
 		dst = append(dst, driver.Lease{ID: id, Attempt: it.row.Attempt})
 	}
 	f.mu.Unlock()
@@ -264,10 +283,14 @@ func (f *fetcher) loseLeases(asked map[int64]int, owned map[int64]bool) int {
 func (f *fetcher) takeAllLeases() []driver.Lease {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	now := time.Now()
 	out := make([]driver.Lease, 0, len(f.leases))
 	for id, it := range f.leases {
-		out = append(out, driver.Lease{ID: id, Attempt: it.row.Attempt})
 		delete(f.leases, id)
+		if it.abandoned(now) {
+			continue // left to expire and be rescued, the attempt counted
+		}
+		out = append(out, driver.Lease{ID: id, Attempt: it.row.Attempt})
 	}
 	return out
 }

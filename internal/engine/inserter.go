@@ -99,25 +99,26 @@ func (i *inserter) flush(batch []*insertReq, n int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	ids, err := i.e.drv.Insert(ctx, all)
 	cancel()
-	if err != nil && len(batch) > 1 {
-		// Isolate the failure: each caller gets its own result.
-		for _, r := range batch {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			r.ids, r.err = i.e.drv.Insert(ctx, r.jobs)
-			cancel()
-			close(r.done)
+	// A failed batch is not retried caller by caller: the failure may have
+	// come after the server committed (a connection lost at commit), and a
+	// retry would insert those jobs twice. Input is validated before it
+	// reaches the inserter, so a batch fails for reasons common to all of
+	// its callers (the database), and each caller gets the error.
+	if err != nil {
+		err = fmt.Errorf("conveyor: enqueue of %d jobs failed (if the connection was lost at commit they may exist): %w", len(all), err)
+	}
+	off := 0
+	for _, r := range batch {
+		if err != nil {
+			r.err = err
+		} else {
+			r.ids = ids[off : off+len(r.jobs)]
 		}
-	} else {
-		off := 0
-		for _, r := range batch {
-			if err != nil {
-				r.err = err
-			} else {
-				r.ids = ids[off : off+len(r.jobs)]
-			}
-			off += len(r.jobs)
-			close(r.done)
-		}
+		off += len(r.jobs)
+		close(r.done)
+	}
+	if err != nil {
+		return
 	}
 	i.e.wakeFor(all)
 }
