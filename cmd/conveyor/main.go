@@ -39,6 +39,7 @@ commands:
   demo                    enqueue and work no-op jobs on a temporary SQLite database
   bench [flags]           measure throughput, latency, ordering and duplicates
                           (conveyor bench --help)
+  torture [flags]         inject faults into real worker processes, check nothing is lost (--help)
 `
 
 func main() {
@@ -89,6 +90,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			benchDSN = os.Getenv("CONVEYOR_DB")
 		}
 		return benchCmd(ctx, rest, benchDSN, stdout, stderr)
+	case "torture":
+		return tortureCmd(ctx, rest, g, stdout, stderr)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -1,0 +1,252 @@
+package torture
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// admin is the orchestrator's own raw access to the database, for what the
+// public API does not show: the database's clock, the maintenance leader,
+// the server's view of connections, SQLite's integrity.
+type admin struct {
+	backend string
+	dsn     string
+	prefix  string
+	pg      *pgxpool.Pool
+	db      *sql.DB
+}
+
+func openAdmin(ctx context.Context, dsn, prefix string) (*admin, error) {
+	a := &admin{backend: backendOf(dsn), dsn: dsn, prefix: prefix}
+	switch a.backend {
+	case "postgres":
+		cfg, err := pgxpool.ParseConfig(withAppName(dsn, "conveyor-torture-admin"))
+		if err != nil {
+			return nil, err
+		}
+		cfg.MaxConns = 2
+		a.pg, err = pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+	default:
+		db, err := openSQL(dsn, false)
+		if err != nil {
+			return nil, err
+		}
+		db.SetMaxOpenConns(2)
+		a.db = db
+	}
+	return a, nil
+}
+
+func (a *admin) close() {
+	if a.pg != nil {
+		a.pg.Close()
+	}
+	if a.db != nil {
+		a.db.Close()
+	}
+}
+
+// now returns the database's clock.
+func (a *admin) now(ctx context.Context) (time.Time, error) {
+	var t time.Time
+	switch a.backend {
+	case "postgres":
+		err := a.pg.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&t)
+		return t, err
+	case "mysql":
+		err := a.db.QueryRowContext(ctx, "SELECT UTC_TIMESTAMP(6)").Scan(&t)
+		return t, err
+	}
+	return time.Now(), nil // SQLite's clock is the process's
+}
+
+// clockOffset is the database's clock minus this process's, measured at
+// the middle of the round trip.
+func (a *admin) clockOffset(ctx context.Context) (time.Duration, error) {
+	before := time.Now()
+	t, err := a.now(ctx)
+	after := time.Now()
+	if err != nil {
+		return 0, err
+	}
+	return t.Sub(before.Add(after.Sub(before) / 2)), nil
+}
+
+// leaderPID returns the pid in the maintenance leader's id
+// ("host/pid/random"), or 0 if there is none.
+func (a *admin) leaderPID(ctx context.Context) (int, error) {
+	var id string
+	var err error
+	switch a.backend {
+	case "postgres":
+		err = a.pg.QueryRow(ctx, "SELECT leader_id FROM "+a.prefix+"leader WHERE name = 'maintenance'").Scan(&id)
+	case "mysql":
+		err = a.db.QueryRowContext(ctx, "SELECT leader_id FROM `"+a.prefix+"leader` WHERE name = 'maintenance'").Scan(&id)
+	default:
+		err = a.db.QueryRowContext(ctx, "SELECT leader_id FROM "+a.prefix+"leader WHERE name = 'maintenance'").Scan(&id)
+	}
+	if err != nil {
+		if strings.Contains(err.Error(), "no rows") {
+			return 0, nil
+		}
+		return 0, err
+	}
+	parts := strings.Split(id, "/")
+	if len(parts) < 3 {
+		return 0, fmt.Errorf("leader id %q: unexpected form", id)
+	}
+	return strconv.Atoi(parts[len(parts)-2])
+}
+
+// killConnections has the server kill the connections whose client port
+// is in ports (the suite's worker processes' connections, found from
+// /proc), and returns how many it killed.
+func (a *admin) killConnections(ctx context.Context, ports map[int]bool) (int, error) {
+	if len(ports) == 0 {
+		return 0, nil
+	}
+	switch a.backend {
+	case "postgres":
+		list := make([]int32, 0, len(ports))
+		for p := range ports {
+			list = append(list, int32(p))
+		}
+		var n int
+		err := a.pg.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+			FROM pg_stat_activity WHERE client_port = ANY($1) AND pid <> pg_backend_pid()`, list).Scan(&n)
+		return n, err
+	case "mysql":
+		rows, err := a.db.QueryContext(ctx, "SELECT ID, HOST FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID()")
+		if err != nil {
+			return 0, err
+		}
+		var ids []int64
+		for rows.Next() {
+			var id int64
+			var host string
+			if err := rows.Scan(&id, &host); err != nil {
+				rows.Close()
+				return 0, err
+			}
+			if i := strings.LastIndexByte(host, ':'); i >= 0 {
+				if p, err := strconv.Atoi(host[i+1:]); err == nil && ports[p] {
+					ids = append(ids, id)
+				}
+			}
+		}
+		rows.Close()
+		n := 0
+		for _, id := range ids {
+			if _, err := a.db.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id)); err == nil {
+				n++
+			}
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("no server connections to kill on %s", a.backend)
+}
+
+// integrity runs SQLite's integrity check.
+func (a *admin) integrity(ctx context.Context) (string, error) {
+	var s string
+	err := a.db.QueryRowContext(ctx, "PRAGMA integrity_check").Scan(&s)
+	return s, err
+}
+
+// clientPorts returns the local ports of pid's TCP connections to
+// serverPort, from /proc.
+func clientPorts(pid, serverPort int) (map[int]bool, error) {
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		return nil, err
+	}
+	inodes := map[string]bool{}
+	for _, fd := range fds {
+		l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if err == nil && strings.HasPrefix(l, "socket:[") {
+			inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
+		}
+	}
+	ports := map[int]bool{}
+	for _, f := range []string{"tcp", "tcp6"} {
+		fh, err := os.Open(fmt.Sprintf("/proc/%d/net/%s", pid, f))
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(fh)
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 10 || !inodes[fields[9]] {
+				continue
+			}
+			lp := hexPort(fields[1])
+			rp := hexPort(fields[2])
+			if rp == serverPort && lp > 0 {
+				ports[lp] = true
+			}
+		}
+		fh.Close()
+	}
+	return ports, nil
+}
+
+func hexPort(addr string) int {
+	i := strings.LastIndexByte(addr, ':')
+	if i < 0 {
+		return 0
+	}
+	p, err := strconv.ParseUint(addr[i+1:], 16, 32)
+	if err != nil {
+		return 0
+	}
+	return int(p)
+}
+
+// sqliteWriter returns the pid holding SQLite's WAL write lock on the
+// database at path (byte 120 of the -shm file, WALINDEX_LOCK_OFFSET +
+// WAL_WRITE_LOCK), from /proc/locks, or 0 if nobody holds it: a process
+// holding it is inside a write transaction.
+func sqliteWriter(path string) (int, error) {
+	st, err := os.Stat(path + "-shm")
+	if err != nil {
+		return 0, err
+	}
+	ino := st.Sys().(*syscall.Stat_t).Ino
+	suffix := ":" + strconv.FormatUint(ino, 10)
+	b, err := os.ReadFile("/proc/locks")
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		// "1: POSIX  ADVISORY  WRITE 1234 00:2f:5678 120 120"; waiters
+		// have "->" after the number.
+		if len(f) != 8 || f[1] != "POSIX" || f[3] != "WRITE" || !strings.HasSuffix(f[5], suffix) || f[6] != "120" {
+			continue
+		}
+		return strconv.Atoi(f[4])
+	}
+	return 0, nil
+}
+
+// absPath resolves a SQLite DSN's file.
+func absPath(dsn string) (string, error) {
+	p, err := sqlitePath(dsn)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Abs(p)
+}

@@ -1,0 +1,557 @@
+// Package torture is conveyor's fault-injection suite: it runs real worker
+// processes against a real database, injects faults (processes killed or
+// paused past their lease, the database restarted, connections killed,
+// clocks skewed, poison jobs, a starved connection pool, transactions
+// rolled back) and checks the outcome exactly from records kept outside the
+// queue's tables. `conveyor torture` is its command; docs/torture.md
+// describes the method.
+package torture
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Execution outcomes as a handler records them.
+const (
+	// OutcomeOK: the handler returned nil; the worker will acknowledge
+	// completion (the acknowledgement may still be refused as stale).
+	OutcomeOK = "ok"
+	// OutcomeError: the handler returned an error.
+	OutcomeError = "error"
+	// OutcomePanic: the handler panicked.
+	OutcomePanic = "panic"
+)
+
+// Fault event kinds, as the checker uses them to explain duplicate and
+// overlapping executions.
+const (
+	// EventKill: the process was killed with SIGKILL by a fault.
+	EventKill = "killed"
+	// EventPause: the process was stopped with SIGSTOP, then resumed.
+	EventPause = "paused"
+	// EventExit: the process exited on its own (a poison job called
+	// os.Exit, or it crashed).
+	EventExit = "exited"
+	// EventWriterKill: the process was killed with SIGKILL while it held
+	// SQLite's write lock (mid write transaction).
+	EventWriterKill = "killed mid-write"
+	// EventDBRestart: the database server was restarted (PID 0: every
+	// process was cut off).
+	EventDBRestart = "database restarted"
+	// EventConnKill: the server killed the processes' connections.
+	EventConnKill = "connections killed"
+	// EventStop: the process was asked to stop gracefully (SIGTERM);
+	// attempts it had not finished are released, not counted.
+	EventStop = "stopped"
+)
+
+// Exec is one execution of a job as a worker process recorded it.
+type Exec struct {
+	// Job and Attempt identify the attempt the handler ran; Kind is the
+	// job's kind.
+	Job     int64
+	Attempt int
+	Kind    string
+	// Proc names the process incarnation ("w2.1": slot w2, restarted once).
+	Proc string
+	// PID is the process that ran it.
+	PID int
+	// Start is when the handler began; End when it returned, zero when
+	// the process died first.
+	Start, End time.Time
+	// Outcome is OutcomeOK, OutcomeError or OutcomePanic; "" when End is
+	// zero.
+	Outcome string
+	// Err is the handler's error or panic value.
+	Err string
+	// Enqueued is when the producer enqueued the job (zero if unknown),
+	// for pick-up latency.
+	Enqueued time.Time
+}
+
+// AttemptErr is one entry of a job's error history as stored.
+type AttemptErr struct {
+	// Attempt is the attempt the entry is about; Error its message.
+	Attempt int
+	Error   string
+}
+
+// FinalJob is a job's row as read through the public API after the drain.
+type FinalJob struct {
+	// ID, Kind, State, Attempt and MaxAttempts are as stored.
+	ID          int64
+	Kind        string
+	State       string
+	Attempt     int
+	MaxAttempts int
+	// Token is the unique token the producer put in the job's arguments.
+	Token string
+	// Errors is the job's error history.
+	Errors []AttemptErr
+}
+
+// Event is a fault applied during a run.
+type Event struct {
+	// Kind is one of the Event constants.
+	Kind string
+	// PID is the process it hit; 0 for database-side faults, which hit
+	// every process.
+	PID int
+	// Start and End bound the fault; End equals Start for a kill.
+	Start, End time.Time
+}
+
+// Input is what the checker reads: the records of every process, the
+// final rows and the faults applied.
+type Input struct {
+	// Lease is the workers' lease. Database-side faults are taken to
+	// affect leases until one lease after they end.
+	Lease time.Duration
+	// Acked maps every acknowledged enqueue's job id to its token.
+	Acked map[int64]string
+	// RolledBack holds the tokens of transactional enqueues whose
+	// transaction was rolled back.
+	RolledBack map[string]bool
+	// Execs are every execution recorded by every worker process.
+	Execs []Exec
+	// Jobs are the final rows of every job under the run's prefix.
+	Jobs map[int64]*FinalJob
+	// Events are the faults applied.
+	Events []Event
+	// Deaths maps a process id to when it exited, for executions that
+	// have no end.
+	Deaths map[int]time.Time
+	// Poison lists the kinds that must end discarded.
+	Poison map[string]bool
+	// Applied lists, per job, the attempts a worker saw completed in the
+	// row shortly after they ran (the completion-effect log; sampled).
+	Applied map[int64][]int
+}
+
+// Findings is the checker's verdict on one run.
+type Findings struct {
+	// Enqueued counts acknowledged enqueues; Completed, Discarded and
+	// Cancelled count the final states of every row.
+	Enqueued, Completed, Discarded, Cancelled int
+	// Lost: acknowledged, but neither completed nor discarded/cancelled
+	// with a recorded reason (missing rows included). Must be empty.
+	Lost []int64
+	// CompletedTwice: completed, and an earlier attempt of the same job
+	// also finished successfully and left no trace of being superseded (no
+	// error entry for that attempt): its completion took effect and the job
+	// ran and completed again. Must be empty.
+	CompletedTwice []int64
+	// CompletionsUndone: a worker saw the row completed at attempt k, yet
+	// it did not end completed at k (it ran again, or was reset). Must be
+	// empty.
+	CompletionsUndone []int64
+	// StaleApplied: completed at attempt A although no execution of
+	// attempt A returned success, or although attempt A was already failed
+	// or rescued (it has an error entry): the completion that took effect
+	// came from a superseded attempt; or any attempt with two error
+	// entries (a failure or rescue applied to an attempt that had already
+	// ended). Must be empty.
+	StaleApplied []int64
+	// Duplicates counts executions beyond the first of each job;
+	// DuplicateCauses counts them by the fault that explains them.
+	Duplicates      int
+	DuplicateCauses map[string]int
+	// Unexplained describes duplicate executions no fault explains (a
+	// lease that expired while its process was live, an attempt that
+	// ended without trace). Must be empty.
+	Unexplained []string
+	// Overlaps describes pairs of executions of one job that overlapped
+	// in time while the earlier one's lease was live (or with the same
+	// attempt). Must be empty. OverlapsExplained counts overlaps whose
+	// earlier execution's process was paused, killed or cut off past its
+	// lease and whose attempt the database records as rescued.
+	Overlaps          []string
+	OverlapsExplained int
+	// LateAcks counts successful executions of attempts that were
+	// superseded: their acknowledgements must have been refused.
+	LateAcks int
+	// RolledBackPresent lists tokens of rolled-back enqueues that exist.
+	RolledBackPresent []string
+	// DuplicateRows lists tokens stored in more than one row (one enqueue
+	// inserted twice).
+	DuplicateRows []string
+	// Stuck lists jobs not in a final state after the drain.
+	Stuck []int64
+	// PoisonNotDiscarded lists poison jobs that did not end discarded.
+	PoisonNotDiscarded []int64
+	// Unacknowledged counts rows nobody recorded an acknowledgement for
+	// (an enqueue whose result was an error, or a producer killed between
+	// its commit and its record): allowed.
+	Unacknowledged int
+}
+
+// Failures lists the violations in f, one line each; empty means the run
+// kept every promise.
+func (f *Findings) Failures() []string {
+	var out []string
+	add := func(n int, what string, detail any) {
+		if n > 0 {
+			out = append(out, fmt.Sprintf("%d %s: %v", n, what, detail))
+		}
+	}
+	add(len(f.Lost), "lost", head(f.Lost))
+	add(len(f.CompletedTwice), "completed twice", head(f.CompletedTwice))
+	add(len(f.CompletionsUndone), "completions seen applied and then undone", head(f.CompletionsUndone))
+	add(len(f.StaleApplied), "stale acknowledgements applied", head(f.StaleApplied))
+	add(len(f.Overlaps), "overlapping executions", headS(f.Overlaps))
+	add(len(f.Unexplained), "unexplained duplicate executions", headS(f.Unexplained))
+	add(len(f.RolledBackPresent), "rolled-back enqueues present", headS(f.RolledBackPresent))
+	add(len(f.DuplicateRows), "enqueues stored twice", headS(f.DuplicateRows))
+	add(len(f.Stuck), "jobs stuck in a non-final state", head(f.Stuck))
+	add(len(f.PoisonNotDiscarded), "poison jobs not discarded", head(f.PoisonNotDiscarded))
+	return out
+}
+
+func head[T any](xs []T) []T {
+	if len(xs) > 5 {
+		return xs[:5]
+	}
+	return xs
+}
+
+func headS(xs []string) string {
+	s := strings.Join(head(xs), "; ")
+	if len(xs) > 5 {
+		s += "; ..."
+	}
+	return s
+}
+
+// leaseExpiredPrefix starts the error a rescue records for an attempt
+// whose lease expired (see driver.Driver.Rescue).
+const leaseExpiredPrefix = "lease expired"
+
+var farFuture = time.Unix(1<<40, 0)
+
+// Check computes the findings of one run. It is exact given its inputs:
+// every execution is recorded before it has any effect on the queue, and
+// every attempt that does not complete a job leaves an error entry (a
+// failure or a rescue), except one released at shutdown, which is run
+// again under the same attempt number.
+func Check(in *Input) *Findings {
+	f := &Findings{DuplicateCauses: map[string]int{}, Enqueued: len(in.Acked)}
+	byJob := map[int64][]Exec{}
+	for _, e := range in.Execs {
+		byJob[e.Job] = append(byJob[e.Job], e)
+	}
+	for _, es := range byJob {
+		sort.Slice(es, func(i, j int) bool { return es[i].Start.Before(es[j].Start) })
+	}
+
+	// Lost: acknowledged and not finished with a reason.
+	for id := range in.Acked {
+		j := in.Jobs[id]
+		switch {
+		case j == nil:
+			f.Lost = append(f.Lost, id)
+		case j.State == "completed":
+		case (j.State == "discarded" || j.State == "cancelled") && len(j.Errors) > 0:
+		default:
+			f.Lost = append(f.Lost, id)
+		}
+	}
+
+	// Rows: states, tokens, stuck and poison jobs.
+	tokens := map[string][]int64{}
+	for id, j := range in.Jobs {
+		switch j.State {
+		case "completed":
+			f.Completed++
+		case "discarded":
+			f.Discarded++
+		case "cancelled":
+			f.Cancelled++
+		default:
+			f.Stuck = append(f.Stuck, id)
+		}
+		if in.Poison[j.Kind] && j.State != "discarded" {
+			f.PoisonNotDiscarded = append(f.PoisonNotDiscarded, id)
+		}
+		if j.Token != "" {
+			tokens[j.Token] = append(tokens[j.Token], id)
+			if in.RolledBack[j.Token] {
+				f.RolledBackPresent = append(f.RolledBackPresent, fmt.Sprintf("%s (job %d)", j.Token, id))
+			}
+		}
+		if _, ok := in.Acked[id]; !ok {
+			f.Unacknowledged++
+		}
+	}
+	for tok, ids := range tokens {
+		if len(ids) > 1 {
+			sort.Slice(ids, func(a, b int) bool { return ids[a] < ids[b] })
+			f.DuplicateRows = append(f.DuplicateRows, fmt.Sprintf("%s in jobs %v", tok, ids))
+		}
+	}
+
+	// Completions seen applied must be the final state.
+	for id, atts := range in.Applied {
+		j := in.Jobs[id]
+		for _, a := range atts {
+			if j == nil || j.State != "completed" || j.Attempt != a {
+				f.CompletionsUndone = append(f.CompletionsUndone, id)
+				break
+			}
+		}
+	}
+
+	// Per job: completion, stale acknowledgements, duplicates, overlaps.
+	for id, j := range in.Jobs {
+		es := byJob[id]
+		errAt := map[int][]string{}
+		for _, e := range j.Errors {
+			errAt[e.Attempt] = append(errAt[e.Attempt], e.Error)
+		}
+		okAt := map[int]bool{}
+		for _, e := range es {
+			if e.Outcome == OutcomeOK {
+				okAt[e.Attempt] = true
+			}
+		}
+		stale := false
+		for _, msgs := range errAt {
+			// One attempt ends once: two entries mean a stale outcome (or
+			// a rescue) was applied to an attempt that had already ended.
+			if len(msgs) > 1 {
+				stale = true
+			}
+		}
+		if j.State == "completed" {
+			a := j.Attempt
+			if !okAt[a] || len(errAt[a]) > 0 {
+				stale = true
+			}
+			for k := 1; k < a; k++ {
+				if okAt[k] && len(errAt[k]) == 0 && !rerun(es, k) {
+					f.CompletedTwice = append(f.CompletedTwice, id)
+					break
+				}
+			}
+		}
+		if stale {
+			f.StaleApplied = append(f.StaleApplied, id)
+		}
+		for _, e := range es {
+			if e.Outcome == OutcomeOK && (len(errAt[e.Attempt]) > 0 || (j.State == "completed" && e.Attempt != j.Attempt)) {
+				f.LateAcks++
+			}
+		}
+		for i := 0; i+1 < len(es); i++ {
+			f.Duplicates++
+			cause, ok := in.cause(es[i], es[i+1:], j, errAt)
+			if ok {
+				f.DuplicateCauses[cause]++
+			} else {
+				f.Unexplained = append(f.Unexplained, fmt.Sprintf("job %d attempt %d on %s: %s", id, es[i].Attempt, es[i].Proc, cause))
+			}
+		}
+		for a := 0; a < len(es); a++ {
+			for b := a + 1; b < len(es); b++ {
+				e1, e2 := es[a], es[b]
+				end1 := in.effectiveEnd(e1)
+				if !e2.Start.Before(end1) {
+					continue
+				}
+				desc := fmt.Sprintf("job %d: attempt %d on %s [%s, %s] and attempt %d on %s from %s",
+					id, e1.Attempt, e1.Proc, clock(e1.Start), clockOrDash(e1.End), e2.Attempt, e2.Proc, clock(e2.Start))
+				if e1.Attempt != e2.Attempt && abandoned(j, errAt[e1.Attempt]) {
+					f.OverlapsExplained++
+					continue
+				}
+				if e1.Attempt != e2.Attempt && rescued(errAt[e1.Attempt]) {
+					if _, ok := in.faultFor(e1, e2.Start); ok {
+						f.OverlapsExplained++
+						continue
+					}
+				}
+				f.Overlaps = append(f.Overlaps, desc)
+			}
+		}
+	}
+	for _, s := range [][]int64{f.Lost, f.CompletedTwice, f.CompletionsUndone, f.StaleApplied, f.Stuck, f.PoisonNotDiscarded} {
+		sort.Slice(s, func(a, b int) bool { return s[a] < s[b] })
+	}
+	sort.Strings(f.Unexplained)
+	sort.Strings(f.Overlaps)
+	sort.Strings(f.DuplicateRows)
+	sort.Strings(f.RolledBackPresent)
+	return f
+}
+
+// rerun reports whether attempt k was executed again under the same
+// number, which only a release at shutdown does.
+func rerun(es []Exec, k int) bool {
+	n := 0
+	for _, e := range es {
+		if e.Attempt == k {
+			n++
+		}
+	}
+	return n > 1
+}
+
+// abandonedCause explains the executions of a handler that ignores its
+// context: one lease after its timeout the engine stops renewing the
+// lease, the attempt is rescued and counted, and the job runs again while
+// the stuck goroutine (which Go cannot stop) lives on.
+const abandonedCause = "abandoned: the handler ignored its context past its timeout"
+
+// abandoned reports whether an attempt of job j was abandoned by the
+// engine: a hang poison job whose attempt was rescued.
+func abandoned(j *FinalJob, errs []string) bool {
+	return j.Kind == KindHang && rescued(errs)
+}
+
+func rescued(errs []string) bool {
+	for _, e := range errs {
+		if strings.HasPrefix(e, leaseExpiredPrefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// effectiveEnd is when an execution stopped running: its recorded end,
+// else its process's death, else never.
+func (in *Input) effectiveEnd(e Exec) time.Time {
+	if !e.End.IsZero() {
+		return e.End
+	}
+	if t, ok := in.Deaths[e.PID]; ok {
+		return t
+	}
+	return farFuture
+}
+
+// cause explains why execution e did not finish job j, so that a later
+// execution ran: the fault behind it and whether that is an allowed cause.
+func (in *Input) cause(e Exec, later []Exec, j *FinalJob, errAt map[int][]string) (string, bool) {
+	for _, l := range later {
+		if l.Attempt == e.Attempt {
+			for _, ev := range in.Events {
+				if ev.Kind == EventStop && ev.PID == e.PID && !ev.Start.Before(e.Start) {
+					return "released at shutdown", true
+				}
+			}
+			return "attempt run twice without a shutdown", false
+		}
+	}
+	msgs := errAt[e.Attempt]
+	if abandoned(j, msgs) {
+		return abandonedCause, true
+	}
+	if rescued(msgs) {
+		if ev, ok := in.faultFor(e, farFuture); ok {
+			return "lease expired: " + ev.Kind, true
+		}
+		return "lease expired while its process was live and connected (premature rescue)", false
+	}
+	if len(msgs) > 0 {
+		if in.Poison[j.Kind] {
+			return "poison " + j.Kind + " failed", true
+		}
+		if ev, ok := in.faultFor(e, farFuture); ok && ev.PID == 0 {
+			return "failed during fault: " + ev.Kind, true
+		}
+		return "failed: " + firstLine(msgs[0]), false
+	}
+	if e.Outcome == OutcomeOK {
+		return "completed, yet the job ran again", false
+	}
+	return "attempt ended without an error entry", false
+}
+
+// faultFor finds a fault that hit e's process (or every process) while
+// e's attempt was open, up to until: from its start to one lease after
+// its handler returned (the outcome is written by the process's completer
+// after the handler returns, and the lease is no longer renewed then), or
+// to its process's death. Process faults are a kill, an exit or a pause;
+// database faults are taken to cost leases for one lease after they end.
+func (in *Input) faultFor(e Exec, until time.Time) (Event, bool) {
+	end := in.effectiveEnd(e)
+	if !e.End.IsZero() {
+		end = e.End.Add(in.Lease)
+		if d, ok := in.Deaths[e.PID]; ok && d.Before(end) && !d.Before(e.End) {
+			end = d
+		}
+	}
+	if until.Before(end) {
+		end = until
+	}
+	var best Event
+	found := false
+	for _, ev := range in.Events {
+		if ev.Kind == EventStop {
+			continue
+		}
+		if ev.PID != 0 && ev.PID != e.PID {
+			continue
+		}
+		evEnd := ev.End
+		if ev.PID == 0 {
+			evEnd = evEnd.Add(in.Lease)
+		}
+		// Instantaneous process faults (kill, exit) count when they fall
+		// in [start, end]; windows when they intersect it.
+		if ev.Start.After(end) || evEnd.Before(e.Start) {
+			continue
+		}
+		if !found || (best.PID == 0 && ev.PID != 0) {
+			best, found = ev, true
+		}
+	}
+	return best, found
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	if len(s) > 80 {
+		s = s[:80] + "..."
+	}
+	return s
+}
+
+func clock(t time.Time) string { return t.Format("15:04:05.000") }
+
+func clockOrDash(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return clock(t)
+}
+
+// Recovery returns how long after faultEnd the completion rate first came
+// back to 80% of its level in the three seconds before faultStart,
+// measured over sliding one-second windows of the completion times. ok is
+// false when there was no pre-fault level or it never came back before
+// loadEnd.
+func Recovery(completions []time.Time, faultStart, faultEnd, loadEnd time.Time) (d time.Duration, ok bool) {
+	const pre = 3 * time.Second
+	ts := slices.Clone(completions)
+	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+	count := func(from, to time.Time) int {
+		i, _ := slices.BinarySearchFunc(ts, from, func(a, b time.Time) int { return a.Compare(b) })
+		j, _ := slices.BinarySearchFunc(ts, to, func(a, b time.Time) int { return a.Compare(b) })
+		return j - i
+	}
+	level := float64(count(faultStart.Add(-pre), faultStart)) / pre.Seconds()
+	if level <= 0 {
+		return 0, false
+	}
+	const step = 100 * time.Millisecond
+	for t := faultEnd; !t.Add(time.Second).After(loadEnd); t = t.Add(step) {
+		if float64(count(t, t.Add(time.Second))) >= 0.8*level {
+			return t.Sub(faultEnd), true
+		}
+	}
+	return 0, false
+}

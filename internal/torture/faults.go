@@ -1,0 +1,504 @@
+package torture
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/conveyorq/conveyor"
+)
+
+// fault is one kind of fault: how to set up its phase, how to inject it
+// and what to check beyond the common checks.
+type fault struct {
+	name string
+	doc  string
+	// restarts is set for the fault that restarts the database server.
+	restarts bool
+	// whole is set for faults that last the whole phase: they start at
+	// once, without a warm-up, and have no recovery time.
+	whole   bool
+	applies func(backend string) string // "" if it applies, else why not
+	prepare func(ctx context.Context, p *phase) error
+	inject  func(ctx context.Context, p *phase) error
+	check   func(ctx context.Context, p *phase, rs *records, fd *Findings, in *Input)
+}
+
+// leaderTTL is the engine's maintenance leadership TTL: when the leader
+// dies, nobody rescues or promotes for up to this long.
+const leaderTTL = 15 * time.Second
+
+func always(string) string { return "" }
+
+func servers(backend string) string {
+	if backend == "sqlite" {
+		return "SQLite has no server connections"
+	}
+	return ""
+}
+
+var faults = []*fault{
+	{
+		name:    "kill",
+		doc:     "kill -9 of a worker process in the middle of jobs: its jobs are rescued after the lease and completed by others",
+		applies: always,
+		inject:  injectKill,
+		check:   checkKill,
+	},
+	{
+		name:    "pause",
+		doc:     "SIGSTOP of a worker past its lease while others claim its jobs, then SIGCONT: its late acknowledgements are refused",
+		applies: always,
+		inject:  injectPause,
+		check:   checkPause,
+	},
+	{
+		name:     "restart",
+		doc:      "the database restarted under load (PostgreSQL immediate restart, MariaDB kill -9 and start, SQLite: the writing process killed mid-transaction)",
+		restarts: true,
+		applies:  always,
+		inject:   injectRestart,
+		check:    checkReconnect,
+	},
+	{
+		name:    "connkill",
+		doc:     "the server kills the workers' connections under load (pg_terminate_backend, KILL CONNECTION)",
+		applies: servers,
+		inject:  injectConnKill,
+		check:   checkReconnect,
+	},
+	skewFault("skew+5m", 5*time.Minute),
+	skewFault("skew-5m", -5*time.Minute),
+	{
+		name:    "poison",
+		doc:     "poison jobs (panic, os.Exit, never return): each is discarded after its maximum attempts while the rest flows",
+		whole:   true,
+		applies: always,
+		inject:  injectPoison,
+		check:   checkPoison,
+	},
+	{
+		name:    "smallpool",
+		doc:     "a connection pool smaller than the worker concurrency, with handlers that use the database: heartbeats and claims get through, no lease expires",
+		whole:   true,
+		applies: always,
+		prepare: prepareSmallPool,
+		inject:  func(context.Context, *phase) error { return nil },
+		check:   checkSmallPool,
+	},
+	{
+		name:    "txrollback",
+		doc:     "transactional enqueues rolled back at random under concurrency: exactly the committed jobs exist",
+		whole:   true,
+		applies: always,
+		prepare: func(_ context.Context, p *phase) error {
+			p.producerRole = "txproducer"
+			p.producerArgs = append(p.producerArgs, "--rollback", "0.4", "--goroutines", "4")
+			return nil
+		},
+		inject: func(context.Context, *phase) error { return nil },
+		check:  checkTx,
+	},
+}
+
+// FaultNames lists the faults in the order a run applies them, with what
+// each one does.
+func FaultNames() [][2]string {
+	out := make([][2]string, len(faults))
+	for i, f := range faults {
+		out[i] = [2]string{f.name, f.doc}
+	}
+	return out
+}
+
+func selectFaults(names []string) ([]*fault, error) {
+	if len(names) == 0 {
+		return faults, nil
+	}
+	var out []*fault
+	for _, n := range names {
+		var found *fault
+		for _, f := range faults {
+			if f.name == strings.TrimSpace(n) {
+				found = f
+			}
+		}
+		if found == nil {
+			var all []string
+			for _, f := range faults {
+				all = append(all, f.name)
+			}
+			return nil, fmt.Errorf("torture: unknown fault %q (faults: %s)", n, strings.Join(all, ", "))
+		}
+		out = append(out, found)
+	}
+	return out, nil
+}
+
+func injectKill(ctx context.Context, p *phase) error {
+	victim := p.pickWorker(ctx, false)
+	if victim == "" {
+		return fmt.Errorf("no live worker to kill")
+	}
+	pid, err := p.sup.kill(victim, EventKill)
+	if err != nil {
+		return err
+	}
+	p.injected = append(p.injected, fmt.Sprintf("kill -9 %s (pid %d)", victim, pid))
+	p.faultEnd = time.Now()
+	// A long phase also kills the maintenance leader: rescues wait for its
+	// leadership to expire.
+	if p.budget >= 30*time.Second {
+		sleepUntil(ctx, p.loadStart.Add(p.budget/2))
+		if l := p.pickWorker(ctx, true); l != "" {
+			pid, err := p.sup.kill(l, EventKill)
+			if err != nil {
+				return err
+			}
+			p.injected = append(p.injected, fmt.Sprintf("kill -9 of the leader %s (pid %d)", l, pid))
+			p.faultEnd = time.Now()
+			p.drainTimeout += leaderTTL
+		}
+	}
+	return nil
+}
+
+func checkKill(_ context.Context, p *phase, _ *records, _ *Findings, in *Input) {
+	n, _, worst, unrescued := rescueLatency(in, EventKill)
+	p.injected = append(p.injected, fmt.Sprintf("%d executions cut short, each started again within %.1fs", n, worst.Seconds()))
+	if unrescued > 0 {
+		p.fail("%d executions cut short by the kill never ran again", unrescued)
+	}
+}
+
+func injectPause(ctx context.Context, p *phase) error {
+	victim := p.pickWorker(ctx, false)
+	if victim == "" {
+		return fmt.Errorf("no live non-leader worker to pause")
+	}
+	d := 2*p.o.Lease + time.Second
+	pid, err := p.sup.pause(ctx, victim, d)
+	p.faultEnd = time.Now()
+	p.injected = append(p.injected, fmt.Sprintf("SIGSTOP %s (pid %d) for %v (lease %v), then SIGCONT", victim, pid, d, p.o.Lease))
+	return err
+}
+
+func checkPause(_ context.Context, p *phase, rs *records, fd *Findings, in *Input) {
+	var pid int
+	for _, ev := range in.Events {
+		if ev.Kind == EventPause {
+			pid = ev.PID
+		}
+	}
+	var proc string
+	for pr, id := range rs.pids {
+		if id == pid {
+			proc = pr
+		}
+	}
+	refused := rs.counters[proc]["stale_acks_refused"]
+	p.injected = append(p.injected, fmt.Sprintf("%d late successful executions, paused process refused %d stale acks, %d overlaps past the lease",
+		fd.LateAcks, refused, fd.OverlapsExplained))
+	if fd.DuplicateCauses["lease expired: "+EventPause] == 0 {
+		p.note("no job of the paused process was claimed by another (none in flight?)")
+	}
+}
+
+func injectRestart(ctx context.Context, p *phase) error {
+	if p.backend == "sqlite" {
+		return killSQLiteWriters(ctx, p, 3)
+	}
+	t0 := time.Now()
+	desc, err := restartServer(ctx, p.adm)
+	t1 := time.Now()
+	p.sup.addEvent(Event{Kind: EventDBRestart, Start: t0, End: t1})
+	p.faultEnd = t1
+	p.injected = append(p.injected, fmt.Sprintf("%s, accepting connections again after %.1fs", desc, t1.Sub(t0).Seconds()))
+	return err
+}
+
+// killSQLiteWriters kills, n times, whichever of the phase's processes
+// holds SQLite's write lock, that is, is inside a write transaction.
+func killSQLiteWriters(ctx context.Context, p *phase, n int) error {
+	killed := 0
+	var who []string
+	for k := 0; k < n && ctx.Err() == nil; k++ {
+		deadline := time.Now().Add(3 * time.Second)
+		for time.Now().Before(deadline) {
+			pid, err := sqliteWriter(p.dsn)
+			if err != nil {
+				return err
+			}
+			if pid != 0 && p.sup.pids("")[pid] != "" {
+				name, err := p.sup.killPID(pid, EventWriterKill)
+				if err == nil {
+					killed++
+					who = append(who, name)
+					break
+				}
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+		p.faultEnd = time.Now()
+		if k+1 < n {
+			sleepUntil(ctx, time.Now().Add(time.Second))
+		}
+	}
+	p.injected = append(p.injected, fmt.Sprintf("kill -9 of the process holding the write lock, %d times (%s)", killed, strings.Join(who, ", ")))
+	if killed == 0 {
+		return fmt.Errorf("never caught a process inside a write transaction")
+	}
+	return nil
+}
+
+func injectConnKill(ctx context.Context, p *phase) error {
+	_, port, err := hostPort(p.dsn)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	total, rounds := 0, 3
+	for r := 0; r < rounds; r++ {
+		ports := map[int]bool{}
+		for pid := range p.sup.pids("") {
+			ps, err := clientPorts(pid, port)
+			if err != nil {
+				continue
+			}
+			for k := range ps {
+				ports[k] = true
+			}
+		}
+		n, err := p.adm.killConnections(ctx, ports)
+		if err != nil {
+			return err
+		}
+		total += n
+		if r+1 < rounds {
+			sleepUntil(ctx, time.Now().Add(700*time.Millisecond))
+		}
+	}
+	p.faultEnd = time.Now()
+	p.sup.addEvent(Event{Kind: EventConnKill, Start: start, End: p.faultEnd})
+	how := map[string]string{"postgres": "pg_terminate_backend", "mysql": "KILL CONNECTION"}[p.backend]
+	p.injected = append(p.injected, fmt.Sprintf("%s of %d worker and producer connections in %d rounds", how, total, rounds))
+	return nil
+}
+
+// checkReconnect checks that work flows again after a database fault and,
+// on PostgreSQL, that the notification listener came back: workers poll
+// only every 5s there, so a quick pick-up means LISTEN works again.
+func checkReconnect(ctx context.Context, p *phase, rs *records, fd *Findings, in *Input) {
+	if p.backend == "sqlite" {
+		if s, err := p.adm.integrity(ctx); err != nil || s != "ok" {
+			p.fail("integrity check after the kills: %q %v", s, err)
+		} else {
+			p.note("integrity_check ok")
+		}
+	}
+	from := p.faultEnd.Add(p.o.Lease + time.Second)
+	med, n := pickupLatency(in.Execs, from, p.loadEnd)
+	if n == 0 {
+		p.fail("no job enqueued after the fault was picked up")
+		return
+	}
+	p.note("pick-up median %.0fms over %d jobs enqueued after the fault", float64(med.Microseconds())/1000, n)
+	if p.backend == "postgres" && med > time.Second {
+		p.fail("the notification listener did not come back: pick-up median %v (fallback poll 5s)", med)
+	}
+}
+
+func skewFault(name string, workerSkew time.Duration) *fault {
+	return &fault{
+		name: name,
+		doc: fmt.Sprintf("worker clocks %+v from the database's (the database runs under libfaketime at %+v): no premature rescue, no late one",
+			workerSkew, -workerSkew),
+		whole: true,
+		applies: func(b string) string {
+			if b == "sqlite" {
+				return "out of scope: SQLite's clock is the process's own clock"
+			}
+			return ""
+		},
+		prepare: func(ctx context.Context, p *phase) error {
+			// libfaketime cannot skew a Go program (the runtime reads
+			// the clock through the vDSO, not libc), so the workers keep
+			// the real clock and a private server gets the opposite skew.
+			s, err := startPrivate(ctx, p.backend, -workerSkew)
+			if err != nil {
+				return fmt.Errorf("skipped: private %s server under libfaketime: %v", p.backend, err)
+			}
+			p.private, p.dsn = s, s.dsn
+			p.producerArgs = append(p.producerArgs, "--long-every", "32", "--long-ms", fmt.Sprint((3 * p.o.Lease).Milliseconds()))
+			return nil
+		},
+		inject: func(ctx context.Context, p *phase) error {
+			off, err := p.adm.clockOffset(ctx)
+			if err != nil {
+				return err
+			}
+			p.injected = append(p.injected, fmt.Sprintf("worker clocks %+.1fs from a private database's", -off.Seconds()))
+			if d := -off - workerSkew; d > 5*time.Second || d < -5*time.Second {
+				p.fail("clock skew not in effect: measured %v, wanted %v", -off, workerSkew)
+			}
+			sleepUntil(ctx, p.loadStart.Add(p.budget/2))
+			victim := p.pickWorker(ctx, false)
+			if victim == "" {
+				return fmt.Errorf("no live non-leader worker to kill")
+			}
+			if _, err := p.sup.kill(victim, EventKill); err != nil {
+				return err
+			}
+			p.injected = append(p.injected, "kill -9 "+victim)
+			return nil
+		},
+		check: func(_ context.Context, p *phase, rs *records, fd *Findings, in *Input) {
+			n, best, worst, unrescued := rescueLatency(in, EventKill)
+			bound := p.o.Lease + max(p.o.Lease/8, 50*time.Millisecond) + 2*time.Second
+			p.injected = append(p.injected, fmt.Sprintf("%d executions cut short, started again %.1fs to %.1fs after the kill (allowed %.1fs to %.1fs)",
+				n, best.Seconds(), worst.Seconds(), (p.o.Lease/2).Seconds(), bound.Seconds()))
+			if worst > bound {
+				p.fail("late rescue: %v after the kill (lease %v)", worst, p.o.Lease)
+			}
+			// The last renewal was at most one heartbeat interval
+			// (Lease/3) before the kill, so no lease ends sooner than
+			// about 2/3 of a lease after it.
+			if n > unrescued && best < p.o.Lease/2 {
+				p.fail("premature rescue: %v after the kill (lease %v)", best, p.o.Lease)
+			}
+			if unrescued > 0 {
+				p.fail("%d executions cut short never ran again", unrescued)
+			}
+			if l := rs.sumCounter("leases_lost"); l > 0 {
+				p.fail("live workers lost %d leases (premature rescue): %s", l, rs.counterBy("leases_lost"))
+			}
+			var long int
+			for _, e := range in.Execs {
+				if e.Outcome == OutcomeOK && e.End.Sub(e.Start) > 2*p.o.Lease {
+					long++
+				}
+			}
+			p.note("%d jobs ran longer than two leases on heartbeats alone", long)
+		},
+	}
+}
+
+// poisonCounts is how many jobs of each poison kind the poison fault
+// enqueues.
+var poisonCounts = map[string]int{KindPanic: 3, KindExit: 2, KindHang: 2}
+
+const poisonAttempts = 3
+
+func injectPoison(ctx context.Context, p *phase) error {
+	p.expectExits = true
+	p.drainTimeout = 45 * time.Second
+	if slices.Contains(p.o.PoisonKinds, KindExit) {
+		// Exit jobs get a worker process of their own: were they claimed
+		// with a hanging job, their exit would end it too.
+		if err := p.sup.start(ctx, "x1", "worker", append(slices.Clone(p.workerArgs), "--queue", QueueExit, "--workers", "4")); err != nil {
+			return err
+		}
+	}
+	var parts []string
+	for _, kind := range p.o.PoisonKinds {
+		n, ok := poisonCounts[kind]
+		if !ok {
+			return fmt.Errorf("unknown poison kind %q (panic, exit, hang)", kind)
+		}
+		if p.budget < 20*time.Second {
+			// A short phase: an exit job costs up to one leadership TTL
+			// per attempt when it kills the leader.
+			n = min(n, map[string]int{KindPanic: 2, KindExit: 1, KindHang: 1}[kind])
+		}
+		p.poison[kind] = true
+		for i := 0; i < n; i++ {
+			tok := fmt.Sprintf("orchestrator:%s:%d", kind, i)
+			b, _ := json.Marshal(payload{Tok: tok, Enq: time.Now().UnixNano()})
+			opts := &conveyor.EnqueueOpts{Queue: Queue, MaxAttempts: poisonAttempts}
+			switch kind {
+			case KindHang:
+				opts.Timeout = time.Second
+			case KindExit:
+				opts.Queue = QueueExit
+			}
+			id, err := p.client.Enqueue(ctx, conveyor.RawArgs{KindName: kind, JSON: b}, opts)
+			if err != nil {
+				return err
+			}
+			p.rec.write(line{T: lineEnq, Job: id, Tok: tok, Kind: kind})
+		}
+		parts = append(parts, fmt.Sprintf("%d %s", n, kind))
+	}
+	p.injected = append(p.injected, fmt.Sprintf("%s jobs (max %d attempts; exit jobs on a queue and a process of their own)", strings.Join(parts, ", "), poisonAttempts))
+	return nil
+}
+
+func checkPoison(_ context.Context, p *phase, rs *records, fd *Findings, in *Input) {
+	var ids []int64
+	for id, j := range in.Jobs {
+		if p.poison[j.Kind] {
+			ids = append(ids, id)
+		}
+	}
+	sort.Slice(ids, func(a, b int) bool { return ids[a] < ids[b] })
+	for _, id := range ids {
+		j := in.Jobs[id]
+		if j.State == "discarded" && (j.Attempt != poisonAttempts || len(j.Errors) < poisonAttempts) {
+			p.fail("poison %s job %d discarded after %d attempts with %d errors, want %d", j.Kind, id, j.Attempt, len(j.Errors), poisonAttempts)
+		}
+		if j.State != "discarded" {
+			p.note("poison %s job %d is %s at attempt %d", j.Kind, id, j.State, j.Attempt)
+		}
+	}
+	for _, e := range p.sup.unexpectedExits() {
+		if !strings.HasPrefix(e, "x1.") || !strings.Contains(e, "exit status 3") {
+			p.fail("process exited by itself: %s", e)
+		}
+	}
+	// The rest keeps flowing: ordinary jobs complete at close to the
+	// enqueue rate while the poison jobs fail.
+	n := 0
+	for _, e := range in.Execs {
+		if e.Outcome == OutcomeOK && !p.poison[e.Kind] && e.End.After(p.faultStart) && e.End.Before(p.loadEnd) {
+			n++
+		}
+	}
+	rate := float64(n) / p.loadEnd.Sub(p.faultStart).Seconds()
+	p.note("ordinary jobs completed at %.0f/s while poisoned (enqueued at %.0f/s)", rate, p.o.Rate)
+	if rate < 0.5*p.o.Rate {
+		p.fail("the rest of the queue did not keep flowing: %.0f jobs/s, enqueued %.0f/s", rate, p.o.Rate)
+	}
+}
+
+func prepareSmallPool(_ context.Context, p *phase) error {
+	// By default one connection: claims, heartbeats, completions,
+	// maintenance and every handler share it (on SQLite it is the read
+	// pool; writes always share the one write connection).
+	pool := p.o.SmallPool
+	conc := max(2*p.o.Concurrency, 32)
+	p.workerArgs = append(p.workerArgs, "--pool", fmt.Sprint(pool), "--workers", fmt.Sprint(conc))
+	p.producerArgs = append(p.producerArgs, "--dbwork", "--min-ms", "100", "--max-ms", "300")
+	p.injected = append(p.injected, fmt.Sprintf("PoolSize %d, %d concurrent handlers per process each holding conveyor's connections", pool, conc))
+	return nil
+}
+
+func checkSmallPool(_ context.Context, p *phase, rs *records, fd *Findings, in *Input) {
+	if n := rs.sumCounter("leases_lost"); n > 0 {
+		p.fail("%d leases lost while the pool was starved: %s", n, rs.counterBy("leases_lost"))
+	}
+	if n := rs.sumCounter("rescued"); n > 0 {
+		p.fail("%d jobs rescued while every worker process was alive: a heartbeat waited too long for a connection", n)
+	}
+	med, n := pickupLatency(in.Execs, p.loadStart, p.loadEnd)
+	p.note("pick-up median %.0fms over %d jobs; db errors %d", float64(med.Microseconds())/1000, n, rs.sumCounter("db_errors"))
+}
+
+func checkTx(_ context.Context, p *phase, rs *records, fd *Findings, in *Input) {
+	p.injected = append(p.injected, fmt.Sprintf("%d jobs committed, %d rolled back, %d with an unknown outcome, 4 concurrent transactions",
+		len(rs.acked), len(rs.rolledBack), rs.ambiguous))
+	p.note("unique or idempotent enqueue: not offered by the core, not tested")
+}

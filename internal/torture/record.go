@@ -1,0 +1,219 @@
+package torture
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Record line types. Every process of a run (workers, producers and the
+// orchestrator itself) appends JSON lines to a file of its own, outside the
+// queue's tables.
+const (
+	lineHello    = "hello"    // the process is up (pid, role)
+	lineStart    = "start"    // a handler began an execution
+	lineEnd      = "end"      // a handler returned (out, err)
+	lineEnq      = "enq"      // an enqueue was acknowledged (job, tok)
+	lineRollback = "rb"       // a transactional enqueue was rolled back (tok)
+	lineAmbig    = "amb"      // an enqueue's outcome is unknown (error at commit)
+	lineApplied  = "applied"  // a worker saw the row completed at the attempt it ran
+	lineCounters = "counters" // the client's Counters(), written every 500ms and at exit
+	lineBye      = "bye"      // the process stopped gracefully
+)
+
+// line is one record line; T says which fields are set. Times are Unix
+// nanoseconds of the writing process's clock (every process of a run is on
+// the same machine and the same clock).
+type line struct {
+	T    string           `json:"t"`
+	Proc string           `json:"proc,omitempty"`
+	Role string           `json:"role,omitempty"`
+	PID  int              `json:"pid,omitempty"`
+	At   int64            `json:"at"`
+	Job  int64            `json:"job,omitempty"`
+	Att  int              `json:"att,omitempty"`
+	Kind string           `json:"kind,omitempty"`
+	Enq  int64            `json:"enq,omitempty"`
+	Out  string           `json:"out,omitempty"`
+	Err  string           `json:"err,omitempty"`
+	Tok  string           `json:"tok,omitempty"`
+	C    map[string]int64 `json:"c,omitempty"`
+}
+
+// recorder appends lines to one file. Each line is one write(2) on an
+// O_APPEND descriptor, unbuffered: a line is in the kernel before the
+// recorded event has any effect on the queue (a handler records its end
+// before it returns, a producer records an enqueue only after the commit),
+// so a process killed with SIGKILL loses no line it wrote. Lines are not
+// fsynced: the record survives process deaths, not machine crashes.
+type recorder struct {
+	mu   sync.Mutex
+	f    *os.File
+	proc string
+	pid  int
+	err  error
+}
+
+func newRecorder(path, proc string) (*recorder, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	return &recorder{f: f, proc: proc, pid: os.Getpid()}, nil
+}
+
+func (r *recorder) write(l line) {
+	l.Proc, l.PID = r.proc, r.pid
+	if l.At == 0 {
+		l.At = time.Now().UnixNano()
+	}
+	b, err := json.Marshal(l)
+	if err != nil {
+		r.setErr(err)
+		return
+	}
+	b = append(b, '\n')
+	if _, err := r.f.Write(b); err != nil {
+		r.setErr(err)
+	}
+}
+
+func (r *recorder) setErr(err error) {
+	r.mu.Lock()
+	if r.err == nil {
+		r.err = err
+	}
+	r.mu.Unlock()
+}
+
+func (r *recorder) close() error {
+	r.mu.Lock()
+	err := r.err
+	r.mu.Unlock()
+	if cerr := r.f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// records is everything read back from a run's record files.
+type records struct {
+	execs      []Exec
+	acked      map[int64]string // id -> token
+	ackedKind  map[int64]string // id -> kind
+	rolledBack map[string]bool
+	ambiguous  int
+	applied    map[int64][]int // job -> attempts seen completed
+	// counters: the last counters line of each process incarnation
+	// (proc name -> counters), and which incarnations said goodbye.
+	counters map[string]map[string]int64
+	bye      map[string]bool
+	pids     map[string]int // proc -> pid
+	bad      int            // unparsable lines (a write cut by a kill)
+}
+
+// readRecords parses every *.jsonl file in dir.
+func readRecords(dir string) (*records, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.jsonl"))
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(files)
+	rs := &records{
+		acked: map[int64]string{}, ackedKind: map[int64]string{}, rolledBack: map[string]bool{}, applied: map[int64][]int{},
+		counters: map[string]map[string]int64{}, bye: map[string]bool{}, pids: map[string]int{},
+	}
+	type key struct {
+		proc     string
+		job      int64
+		att      int
+		startSeq int
+	}
+	for _, path := range files {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		// Executions of one process are matched start-to-end by (job,
+		// attempt); a process runs one attempt of a job at most once.
+		open := map[[2]int64]int{} // (job, attempt) -> index in execs
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<24)
+		for sc.Scan() {
+			var l line
+			if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+				rs.bad++
+				continue
+			}
+			switch l.T {
+			case lineHello:
+				rs.pids[l.Proc] = l.PID
+			case lineStart:
+				open[[2]int64{l.Job, int64(l.Att)}] = len(rs.execs)
+				e := Exec{Job: l.Job, Attempt: l.Att, Kind: l.Kind, Proc: l.Proc, PID: l.PID, Start: time.Unix(0, l.At)}
+				if l.Enq != 0 {
+					e.Enqueued = time.Unix(0, l.Enq)
+				}
+				rs.execs = append(rs.execs, e)
+			case lineEnd:
+				k := [2]int64{l.Job, int64(l.Att)}
+				i, ok := open[k]
+				if !ok {
+					rs.bad++
+					continue
+				}
+				delete(open, k)
+				rs.execs[i].End = time.Unix(0, l.At)
+				rs.execs[i].Outcome = l.Out
+				rs.execs[i].Err = l.Err
+			case lineEnq:
+				rs.acked[l.Job] = l.Tok
+				rs.ackedKind[l.Job] = l.Kind
+			case lineRollback:
+				rs.rolledBack[l.Tok] = true
+			case lineAmbig:
+				rs.ambiguous++
+			case lineApplied:
+				rs.applied[l.Job] = append(rs.applied[l.Job], l.Att)
+			case lineCounters:
+				rs.counters[l.Proc] = l.C
+			case lineBye:
+				rs.bye[l.Proc] = true
+			}
+		}
+		err = sc.Err()
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", path, err)
+		}
+	}
+	return rs, nil
+}
+
+// sumCounter adds a counter over every process incarnation.
+func (rs *records) sumCounter(name string) int64 {
+	var n int64
+	for _, c := range rs.counters {
+		n += c[name]
+	}
+	return n
+}
+
+// counterBy returns a counter per process incarnation, for the ones where
+// it is not zero, as "w1.0=3 w2.1=1".
+func (rs *records) counterBy(name string) string {
+	var parts []string
+	for p, c := range rs.counters {
+		if c[name] != 0 {
+			parts = append(parts, fmt.Sprintf("%s=%d", p, c[name]))
+		}
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, " ")
+}

@@ -1,0 +1,689 @@
+package torture
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	gomysql "github.com/go-sql-driver/mysql"
+
+	"github.com/conveyorq/conveyor"
+)
+
+// Options configure a torture run. Zero fields take the defaults below.
+type Options struct {
+	// DSN is the database: a loopback postgres:// or mysql:// URL, or a
+	// SQLite file path. Default: a temporary SQLite file.
+	DSN string
+	// Duration is the total load time, split evenly across the faults
+	// (each gets at least MinPhase). Default 5m.
+	Duration time.Duration
+	// Faults names the faults to run (see FaultNames); empty runs every
+	// fault that applies to the backend.
+	Faults []string
+	// Exe is the program that runs WorkerMain, started once per worker
+	// process; ExeArgs come before the worker flags and Env is added to its
+	// environment. Default: this executable with "torture worker".
+	Exe     string
+	ExeArgs []string
+	Env     []string
+	// Workers is the number of worker processes. Default 3.
+	Workers int
+	// Concurrency is each worker process's MaxWorkers. Default 16.
+	Concurrency int
+	// Rate is the producer's enqueue rate in jobs per second. Default 100.
+	Rate float64
+	// Lease is the workers' lease. Default 2s.
+	Lease time.Duration
+	// NoRestart leaves out the fault that restarts the database server
+	// (which breaks anyone else using it at the time).
+	NoRestart bool
+	// SmallPool is the PoolSize of the smallpool fault's workers. Default 1.
+	SmallPool int
+	// PoisonKinds are the poison kinds the poison fault enqueues.
+	// Default: panic, exit and hang.
+	PoisonKinds []string
+	// Keep keeps each phase's tables and record directory.
+	Keep bool
+	// Log receives progress lines; nil discards them.
+	Log io.Writer
+}
+
+// MinPhase is the shortest load time a fault phase gets.
+const MinPhase = 8 * time.Second
+
+func (o *Options) defaults() error {
+	if o.Duration <= 0 {
+		o.Duration = 5 * time.Minute
+	}
+	if o.Workers <= 0 {
+		o.Workers = 3
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 16
+	}
+	if o.Rate <= 0 {
+		o.Rate = 100
+	}
+	if o.Lease <= 0 {
+		o.Lease = 2 * time.Second
+	}
+	if o.SmallPool <= 0 {
+		o.SmallPool = 1
+	}
+	if o.PoisonKinds == nil {
+		o.PoisonKinds = []string{KindPanic, KindExit, KindHang}
+	}
+	if o.Exe == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		o.Exe, o.ExeArgs = exe, []string{"torture", "worker"}
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	return nil
+}
+
+// Row is the outcome of one fault on one backend.
+type Row struct {
+	Fault   string `json:"fault"`
+	Backend string `json:"backend"`
+	// Skipped says why the fault does not apply (the row is then empty).
+	Skipped string `json:"skipped,omitempty"`
+	// Injected says what was done.
+	Injected string `json:"injected"`
+	// Seconds is the phase's wall time, drain included.
+	Seconds   float64 `json:"seconds"`
+	Enqueued  int     `json:"enqueued"`
+	Completed int     `json:"completed"`
+	Discarded int     `json:"discarded"`
+	// Lost, CompletedTwice, StaleApplied and Overlaps must be 0.
+	Lost           int `json:"lost"`
+	CompletedTwice int `json:"completed_twice"`
+	StaleApplied   int `json:"stale_acks_applied"`
+	// StaleRefused sums the workers' stale_acks_refused counters.
+	StaleRefused int64 `json:"stale_acks_refused"`
+	// LateAcks counts successful executions of superseded attempts.
+	LateAcks int `json:"late_acks"`
+	// Duplicates counts executions beyond the first of each job, and
+	// DuplicateCauses explains them.
+	Duplicates        int            `json:"duplicate_executions"`
+	DuplicateCauses   map[string]int `json:"duplicate_causes"`
+	Overlaps          int            `json:"overlaps"`
+	OverlapsExplained int            `json:"overlaps_explained"`
+	// RecoveryS is the recovery time in seconds: nil when the fault lasts
+	// the whole phase, -1 when throughput did not come back.
+	RecoveryS *float64 `json:"recovery_s"`
+	// Notes are measurements and observations; Failures are violations.
+	Notes    []string `json:"notes,omitempty"`
+	Failures []string `json:"failures,omitempty"`
+	// Dir is the phase's record directory when kept.
+	Dir string `json:"dir,omitempty"`
+}
+
+// OK reports whether the row has no violation.
+func (r *Row) OK() bool { return len(r.Failures) == 0 }
+
+// phase is one fault on one backend: its own table prefix, worker
+// processes, producer and records.
+type phase struct {
+	o       *Options
+	f       *fault
+	backend string
+	dsn     string
+	prefix  string
+	dir     string
+	budget  time.Duration
+
+	client *conveyor.Client
+	adm    *admin
+	sup    *supervisor
+	rec    *recorder
+
+	workerArgs   []string
+	producerRole string
+	producerArgs []string
+	poison       map[string]bool
+	drainTimeout time.Duration
+
+	loadStart, faultStart, faultEnd, loadEnd time.Time
+	whole                                    bool
+	injected                                 []string
+	notes, failures                          []string
+	private                                  *privateServer
+	expectExits                              bool
+}
+
+func (p *phase) logf(format string, args ...any) {
+	fmt.Fprintf(p.o.Log, "  [%s %s] %s\n", p.backend, p.f.name, fmt.Sprintf(format, args...))
+}
+
+func (p *phase) note(format string, args ...any) {
+	p.notes = append(p.notes, fmt.Sprintf(format, args...))
+}
+func (p *phase) fail(format string, args ...any) {
+	p.failures = append(p.failures, fmt.Sprintf(format, args...))
+}
+
+// sleepUntil waits until t or ctx's end.
+func sleepUntil(ctx context.Context, t time.Time) {
+	d := time.Until(t)
+	if d <= 0 {
+		return
+	}
+	select {
+	case <-time.After(d):
+	case <-ctx.Done():
+	}
+}
+
+// Run runs the selected faults one after the other against opts.DSN and
+// returns one row per fault. An error means the suite itself could not
+// run; violations are in the rows.
+func Run(ctx context.Context, opts Options) ([]Row, error) {
+	o := &opts
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	var cleanup func()
+	if o.DSN == "" {
+		dir, err := os.MkdirTemp("", "conveyor-torture-db-")
+		if err != nil {
+			return nil, err
+		}
+		cleanup = func() { os.RemoveAll(dir) }
+		o.DSN = filepath.Join(dir, "torture.db")
+	}
+	if cleanup != nil {
+		defer cleanup()
+	}
+	if err := checkLoopback(o.DSN); err != nil {
+		return nil, err
+	}
+	backend := backendOf(o.DSN)
+	if backend == "mysql" {
+		// go-sql-driver logs dropped connections to stderr by default.
+		_ = gomysql.SetLogger(log.New(o.Log, "  [mysql driver] ", 0))
+	}
+	if backend == "sqlite" {
+		p, err := absPath(o.DSN)
+		if err != nil {
+			return nil, err
+		}
+		o.DSN = p
+	}
+	fs, err := selectFaults(o.Faults)
+	if err != nil {
+		return nil, err
+	}
+	var run []*fault
+	var rows []Row
+	for _, f := range fs {
+		if why := f.applies(backend); why != "" {
+			if len(o.Faults) > 0 { // asked for by name: say why not
+				rows = append(rows, Row{Fault: f.name, Backend: backend, Skipped: why})
+			}
+			continue
+		}
+		if f.restarts && o.NoRestart {
+			rows = append(rows, Row{Fault: f.name, Backend: backend, Skipped: "database restarts disabled"})
+			continue
+		}
+		run = append(run, f)
+	}
+	if len(run) == 0 {
+		return rows, nil
+	}
+	budget := max(o.Duration/time.Duration(len(run)), MinPhase)
+	for _, f := range run {
+		if ctx.Err() != nil {
+			return rows, ctx.Err()
+		}
+		fmt.Fprintf(o.Log, "%s on %s: %v of load\n", f.name, backend, budget.Round(time.Second))
+		row := runPhase(ctx, o, f, backend, budget)
+		for _, fl := range row.Failures {
+			fmt.Fprintf(o.Log, "  FAIL: %s\n", fl)
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+func newPrefix() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return "tt" + hex.EncodeToString(b[:]) + "_"
+}
+
+func runPhase(ctx context.Context, o *Options, f *fault, backend string, budget time.Duration) (row Row) {
+	begin := time.Now()
+	p := &phase{o: o, f: f, backend: backend, dsn: o.DSN, prefix: newPrefix(), budget: budget,
+		drainTimeout: 30 * time.Second, poison: map[string]bool{}, producerRole: "producer"}
+	row = Row{Fault: f.name, Backend: backend}
+	defer func() {
+		row.Seconds = time.Since(begin).Seconds()
+		row.Notes = append(row.Notes, p.notes...)
+		row.Failures = append(row.Failures, p.failures...)
+	}()
+	if f.prepare != nil {
+		if err := f.prepare(ctx, p); err != nil {
+			row.Skipped = err.Error()
+			return row
+		}
+	}
+	if p.private != nil {
+		defer p.private.stop()
+	}
+	if err := p.setUp(ctx); err != nil {
+		p.fail("setting up: %v", err)
+		p.tearDown(ctx, &row)
+		return row
+	}
+	err := p.load(ctx)
+	if err != nil {
+		p.fail("%v", err)
+	}
+	p.finish(ctx, &row)
+	p.tearDown(ctx, &row)
+	return row
+}
+
+func (p *phase) setUp(ctx context.Context) error {
+	dir, err := os.MkdirTemp("", "conveyor-torture-"+p.backend+"-"+strings.NewReplacer("+", "p", "-", "m").Replace(p.f.name)+"-")
+	if err != nil {
+		return err
+	}
+	p.dir = dir
+	p.rec, err = newRecorder(filepath.Join(dir, "orchestrator.jsonl"), "orchestrator")
+	if err != nil {
+		return err
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	p.client, err = openMigrated(ctx, p.dsn, &conveyor.Config{TablePrefix: p.prefix, Logger: quiet})
+	if err != nil {
+		return fmt.Errorf("opening %s: %w", p.backend, err)
+	}
+	p.adm, err = openAdmin(ctx, p.dsn, p.prefix)
+	if err != nil {
+		return err
+	}
+	p.sup = newSupervisor(p.o.Exe, p.o.ExeArgs, p.o.Env, dir, p.logf)
+	common := []string{"--db", withAppName(p.dsn, "conveyor-torture"), "--prefix", p.prefix}
+	p.workerArgs = slices.Concat(common, []string{"--workers", strconv.Itoa(p.o.Concurrency), "--lease", p.o.Lease.String()}, p.workerArgs)
+	p.producerArgs = slices.Concat(common, []string{"--rate", strconv.FormatFloat(p.o.Rate, 'f', -1, 64)}, p.producerArgs)
+	for i := 1; i <= p.o.Workers; i++ {
+		if err := p.sup.start(ctx, fmt.Sprintf("w%d", i), "worker", p.workerArgs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// load runs the producer for the phase's budget and applies the fault.
+func (p *phase) load(ctx context.Context) error {
+	if err := p.sup.start(ctx, "p1", p.producerRole, p.producerArgs); err != nil {
+		return err
+	}
+	p.loadStart = time.Now()
+	p.whole = p.f.whole
+	if !p.whole {
+		// A steady flow before the fault, to measure recovery against.
+		warm := min(max(p.budget/3, 3*time.Second), 5*time.Second)
+		sleepUntil(ctx, p.loadStart.Add(warm))
+	}
+	p.faultStart = time.Now()
+	err := p.f.inject(ctx, p)
+	if p.faultEnd.IsZero() {
+		p.faultEnd = time.Now()
+	}
+	p.loadEnd = p.loadStart.Add(p.budget)
+	if !p.whole {
+		p.loadEnd = latest(p.loadEnd, p.faultEnd.Add(4*time.Second))
+	}
+	sleepUntil(ctx, p.loadEnd)
+	p.sup.stopRole(p.producerRole, 35*time.Second)
+	return err
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// drain waits until no job is left to run, up to the phase's drain
+// timeout.
+func (p *phase) drain(ctx context.Context) (left int64, err error) {
+	deadline := time.Now().Add(p.drainTimeout)
+	for {
+		st, err := p.client.Stats(ctx)
+		if err == nil {
+			left = 0
+			for _, q := range st.Queues {
+				for _, s := range []string{"available", "scheduled", "running", "retryable"} {
+					left += q.Counts[s]
+				}
+			}
+			if left == 0 {
+				return 0, nil
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return left, err
+		}
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
+}
+
+// finish drains the queue, stops the workers and checks the records.
+func (p *phase) finish(ctx context.Context, row *Row) {
+	drainStart := time.Now()
+	left, err := p.drain(ctx)
+	if err != nil {
+		p.fail("drain: %v", err)
+	}
+	if left > 0 {
+		p.note("%d jobs still not final %v after the load ended (%d claims by the workers so far)", left, p.drainTimeout, p.claimed())
+	} else {
+		p.note("drained in %.1fs", time.Since(drainStart).Seconds())
+	}
+	p.sup.stopRole("worker", 15*time.Second)
+	p.sup.close()
+
+	rs, err := readRecords(p.dir)
+	if err != nil {
+		p.fail("reading records: %v", err)
+		return
+	}
+	if rs.bad > 0 {
+		p.note("%d unreadable record lines", rs.bad)
+	}
+	jobs, err := p.finalJobs(ctx)
+	if err != nil {
+		p.fail("reading jobs: %v", err)
+		return
+	}
+	events, deaths := p.sup.snapshot()
+	in := &Input{Lease: p.o.Lease, Acked: rs.acked, RolledBack: rs.rolledBack, Execs: rs.execs,
+		Jobs: jobs, Events: events, Deaths: deaths, Poison: p.poison, Applied: rs.applied}
+	fd := Check(in)
+	row.Enqueued, row.Completed, row.Discarded = fd.Enqueued, fd.Completed, fd.Discarded
+	twice := map[int64]bool{}
+	for _, id := range append(slices.Clone(fd.CompletedTwice), fd.CompletionsUndone...) {
+		twice[id] = true
+	}
+	row.Lost, row.CompletedTwice, row.StaleApplied = len(fd.Lost), len(twice), len(fd.StaleApplied)
+	seen := 0
+	for _, atts := range rs.applied {
+		seen += len(atts)
+	}
+	p.note("completion-effect log: %d of %d completions seen applied by the workers", seen, fd.Completed)
+	row.StaleRefused = rs.sumCounter("stale_acks_refused")
+	row.LateAcks = fd.LateAcks
+	row.Duplicates, row.DuplicateCauses = fd.Duplicates, fd.DuplicateCauses
+	row.Overlaps, row.OverlapsExplained = len(fd.Overlaps), fd.OverlapsExplained
+	p.failures = append(p.failures, fd.Failures()...)
+	if fd.Unacknowledged > 0 {
+		p.note("%d rows without an acknowledged enqueue (%d enqueues ended in an error)", fd.Unacknowledged, rs.ambiguous)
+	}
+	if !p.whole {
+		var done []time.Time
+		for _, e := range rs.execs {
+			if e.Outcome == OutcomeOK {
+				done = append(done, e.End)
+			}
+		}
+		if d, ok := Recovery(done, p.faultStart, p.faultEnd, p.loadEnd); ok {
+			s := d.Seconds()
+			row.RecoveryS = &s
+		} else {
+			s := -1.0
+			row.RecoveryS = &s
+		}
+	}
+	if n := rs.sumCounter("leases_lost"); n > 0 {
+		p.note("leases lost: %s", rs.counterBy("leases_lost"))
+	}
+	if n := rs.sumCounter("rescued"); n > 0 {
+		p.note("rescued: %d", n)
+	}
+	if p.backend == "postgres" {
+		if n := rs.sumCounter("listen_reconnects"); n > 0 {
+			p.note("listener reconnects: %d", n)
+		}
+	}
+	for _, l := range scanLogs(p.dir) {
+		p.fail("worker log: %s", l)
+	}
+	if !p.expectExits {
+		for _, e := range p.sup.unexpectedExits() {
+			p.fail("process exited by itself: %s", e)
+		}
+	}
+	if p.f.check != nil {
+		p.f.check(ctx, p, rs, fd, in)
+	}
+	row.Injected = strings.Join(p.injected, "; ")
+}
+
+// claimed sums the workers' claimed counters from their records.
+func (p *phase) claimed() int64 {
+	rs, err := readRecords(p.dir)
+	if err != nil {
+		return -1
+	}
+	return rs.sumCounter("claimed")
+}
+
+// finalJobs reads every job under the phase's prefix through the public
+// API.
+func (p *phase) finalJobs(ctx context.Context) (map[int64]*FinalJob, error) {
+	out := map[int64]*FinalJob{}
+	var after int64
+	for {
+		var page []*conveyor.JobInfo
+		var err error
+		for try := 0; try < 50; try++ { // the database may still be coming back
+			page, err = p.client.Jobs(ctx, conveyor.JobFilter{AfterID: after, Limit: 1000})
+			if err == nil {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, j := range page {
+			fj := &FinalJob{ID: j.ID, Kind: j.Kind, State: j.State, Attempt: j.Attempt, MaxAttempts: j.MaxAttempts}
+			var pl payload
+			if json.Unmarshal(j.Args, &pl) == nil {
+				fj.Token = pl.Tok
+			}
+			for _, e := range j.Errors {
+				fj.Errors = append(fj.Errors, AttemptErr{Attempt: e.Attempt, Error: e.Error})
+			}
+			out[j.ID] = fj
+			after = j.ID
+		}
+		if len(page) < 1000 {
+			return out, nil
+		}
+	}
+}
+
+func (p *phase) tearDown(ctx context.Context, row *Row) {
+	if p.sup != nil {
+		p.sup.close()
+	}
+	if p.rec != nil {
+		p.rec.close()
+	}
+	if p.adm != nil {
+		p.adm.close()
+	}
+	if p.client != nil {
+		if !p.o.Keep {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			if err := p.client.DropTables(dctx); err != nil {
+				p.note("dropping tables: %v", err)
+			}
+			cancel()
+		}
+		p.client.Close()
+	}
+	if p.dir != "" {
+		if p.o.Keep || len(p.failures) > 0 {
+			row.Dir = p.dir
+			if len(p.failures) > 0 && !p.o.Keep {
+				p.note("records kept in %s", p.dir)
+			}
+		} else {
+			os.RemoveAll(p.dir)
+		}
+	}
+}
+
+// leader returns the worker slot that holds maintenance leadership, or "".
+func (p *phase) leader(ctx context.Context) string {
+	pid, err := p.adm.leaderPID(ctx)
+	if err != nil || pid == 0 {
+		return ""
+	}
+	return p.sup.pids("worker")[pid]
+}
+
+// pickWorker returns a live worker slot that is not the leader (the
+// leader if wantLeader is set), preferring one with jobs in flight: it
+// waits up to two seconds for one that runs at least two jobs. It returns
+// "" if there is none.
+func (p *phase) pickWorker(ctx context.Context, wantLeader bool) string {
+	leader := p.leader(ctx)
+	if wantLeader {
+		return leader
+	}
+	var live []string
+	for _, n := range p.sup.names("worker") {
+		if n != leader && p.sup.current(n) != 0 {
+			live = append(live, n)
+		}
+	}
+	if len(live) == 0 {
+		return ""
+	}
+	best, bestN := live[0], -1
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		open := p.inFlight()
+		for _, n := range live {
+			if open[n] > bestN {
+				best, bestN = n, open[n]
+			}
+		}
+		if bestN >= 2 {
+			break
+		}
+		bestN = -1
+		time.Sleep(50 * time.Millisecond)
+	}
+	return best
+}
+
+// inFlight counts, per worker slot, the executions its current process
+// has started and not finished, from the records.
+func (p *phase) inFlight() map[string]int {
+	rs, err := readRecords(p.dir)
+	if err != nil {
+		return nil
+	}
+	pids := p.sup.pids("worker")
+	out := map[string]int{}
+	for _, e := range rs.execs {
+		if e.End.IsZero() && pids[e.PID] != "" {
+			out[pids[e.PID]]++
+		}
+	}
+	return out
+}
+
+// rescueLatency measures, for the executions a kill cut short, how long
+// until the next execution of the same job started.
+func rescueLatency(in *Input, kind string) (n int, best, worst time.Duration, unrescued int) {
+	next := map[int64][]Exec{}
+	for _, e := range in.Execs {
+		next[e.Job] = append(next[e.Job], e)
+	}
+	for _, ev := range in.Events {
+		if ev.Kind != kind {
+			continue
+		}
+		for _, e := range in.Execs {
+			if e.PID != ev.PID || !e.End.IsZero() {
+				continue
+			}
+			n++
+			var first time.Time
+			for _, l := range next[e.Job] {
+				if l.Start.After(ev.Start) && (first.IsZero() || l.Start.Before(first)) {
+					first = l.Start
+				}
+			}
+			if first.IsZero() {
+				unrescued++
+				continue
+			}
+			d := first.Sub(ev.Start)
+			if best == 0 || d < best {
+				best = d
+			}
+			worst = max(worst, d)
+		}
+	}
+	return n, best, worst, unrescued
+}
+
+// pickupLatency returns the median time from enqueue to first start of
+// the jobs enqueued in [from, to).
+func pickupLatency(execs []Exec, from, to time.Time) (time.Duration, int) {
+	first := map[int64]Exec{}
+	for _, e := range execs {
+		if e.Enqueued.IsZero() || e.Enqueued.Before(from) || !e.Enqueued.Before(to) {
+			continue
+		}
+		if f, ok := first[e.Job]; !ok || e.Start.Before(f.Start) {
+			first[e.Job] = e
+		}
+	}
+	var ls []time.Duration
+	for _, e := range first {
+		ls = append(ls, e.Start.Sub(e.Enqueued))
+	}
+	if len(ls) == 0 {
+		return 0, 0
+	}
+	sort.Slice(ls, func(i, j int) bool { return ls[i] < ls[j] })
+	return ls[len(ls)/2], len(ls)
+}
+
+// ErrViolations is returned by callers (the command) when a run found
+// violations.
+var ErrViolations = errors.New("torture: violations found")

@@ -1,0 +1,98 @@
+package torture
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/testdb"
+)
+
+// workerEnv makes the test binary, re-executed, a torture worker process
+// instead of a test run.
+const workerEnv = "CONVEYOR_TORTURE_WORKER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(workerEnv) == "1" {
+		if err := WorkerMain(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, "torture worker:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// shortRun runs every fault that applies to dsn's backend for about
+// perFault each, with worker processes re-executed from the test binary,
+// and fails the test on any violation.
+func shortRun(t *testing.T, dsn string) {
+	if testing.Short() {
+		t.Skip("torture run skipped in -short mode")
+	}
+	opts := Options{
+		DSN:         dsn,
+		Duration:    time.Second, // every fault gets MinPhase
+		Exe:         os.Args[0],
+		Env:         []string{workerEnv + "=1"},
+		Workers:     3,
+		Concurrency: 12,
+		Rate:        50,
+		// Restarting a shared server breaks other tests running at the
+		// same time: CI sets CONVEYOR_TORTURE_RESTART=1 for a run where
+		// nothing else uses the servers.
+		NoRestart: os.Getenv("CONVEYOR_TORTURE_RESTART") != "1" && backendOf(dsn) != "sqlite",
+		PoisonKinds: []string{KindPanic, KindExit, KindHang},
+		Log:         testWriter{t},
+	}
+	opts.SmallPool = 1
+	start := time.Now()
+	rows, err := Run(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	WriteTable(&b, rows)
+	t.Logf("torture on %s in %v:\n%s", backendOf(dsn), time.Since(start).Round(time.Second), b.String())
+	for _, r := range rows {
+		if r.Skipped != "" && !strings.HasPrefix(r.Skipped, "database restarts disabled") {
+			if strings.HasPrefix(r.Fault, "skew") && os.Getenv("CONVEYOR_TORTURE_REQUIRE_SKEW") == "1" {
+				t.Errorf("%s: skipped: %s", r.Fault, r.Skipped)
+			} else {
+				t.Logf("SKIPPED %s on %s: %s", r.Fault, r.Backend, r.Skipped)
+			}
+		}
+		for _, f := range r.Failures {
+			t.Errorf("%s on %s: %s", r.Fault, r.Backend, f)
+		}
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func TestTortureSQLite(t *testing.T) {
+	shortRun(t, filepath.Join(t.TempDir(), "torture.db"))
+}
+
+// The server backends run side by side (after the SQLite run), so that
+// the package stays within a few minutes.
+
+func TestTorturePostgres(t *testing.T) {
+	t.Parallel()
+	shortRun(t, testdb.Postgres(t))
+}
+
+func TestTortureMySQL(t *testing.T) {
+	t.Parallel()
+	shortRun(t, testdb.MySQL(t))
+}

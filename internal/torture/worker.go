@@ -1,0 +1,540 @@
+package torture
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/conveyorq/conveyor"
+)
+
+// Queue is the queue of the torture workload.
+const Queue = "torture"
+
+// QueueExit is the queue of the poison jobs that exit their process, worked
+// by a process of its own so that their deaths do not hide how the other
+// poison kinds are handled.
+const QueueExit = "torture-exit"
+
+// Job kinds of the torture workload.
+const (
+	// KindWork sleeps for its "ms" argument, honouring its context.
+	KindWork = "work"
+	// KindDBWork reads its own row, its neighbours and the queue
+	// statistics through the client, back to back for its "ms" argument,
+	// holding connections of conveyor's pool.
+	KindDBWork = "dbwork"
+	// KindPanic panics.
+	KindPanic = "panic"
+	// KindExit exits its process with status 3.
+	KindExit = "exit"
+	// KindHang ignores its context and never returns.
+	KindHang = "hang"
+)
+
+// payload is the arguments of every torture job: a unique token, the work
+// duration and the time the producer began the enqueue.
+type payload struct {
+	Tok string `json:"tok"`
+	MS  int    `json:"ms"`
+	Enq int64  `json:"enq"`
+}
+
+func (p payload) base() payload { return p }
+
+type workJob struct{ payload }
+type dbworkJob struct{ payload }
+type panicJob struct{ payload }
+type exitJob struct{ payload }
+type hangJob struct{ payload }
+
+func (workJob) Kind() string   { return KindWork }
+func (dbworkJob) Kind() string { return KindDBWork }
+func (panicJob) Kind() string  { return KindPanic }
+func (exitJob) Kind() string   { return KindExit }
+func (hangJob) Kind() string   { return KindHang }
+
+type torturePayload interface {
+	conveyor.JobArgs
+	base() payload
+}
+
+// workerFlags are the flags of a worker process (`conveyor torture worker`).
+type workerFlags struct {
+	role, dsn, prefix, record, proc string
+	queue                           string
+	workers, pool, goroutines       int
+	lease, listenPoll, jobTimeout   time.Duration
+	rate                            float64
+	rollback                        float64
+	longEvery                       int
+	longMS, minMS, maxMS            int
+	dbwork                          bool
+}
+
+func parseWorkerFlags(args []string, stderr io.Writer) (*workerFlags, error) {
+	fs := flag.NewFlagSet("torture worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	w := &workerFlags{}
+	fs.StringVar(&w.role, "role", "worker", "worker, producer or txproducer")
+	fs.StringVar(&w.dsn, "db", "", "database DSN")
+	fs.StringVar(&w.prefix, "prefix", "", "table prefix")
+	fs.StringVar(&w.record, "record", "", "record file (JSON lines)")
+	fs.StringVar(&w.proc, "proc", "", "name of this process incarnation")
+	fs.StringVar(&w.queue, "queue", Queue, "worker: the queue to work")
+	fs.IntVar(&w.workers, "workers", 16, "worker: concurrent jobs")
+	fs.IntVar(&w.pool, "pool", 0, "worker: Config.PoolSize (0: backend default)")
+	fs.DurationVar(&w.lease, "lease", 2*time.Second, "worker: Config.Lease")
+	fs.DurationVar(&w.listenPoll, "listen-poll", 5*time.Second, "worker: Config.ListenPoll")
+	fs.DurationVar(&w.jobTimeout, "job-timeout", 20*time.Second, "worker: Config.JobTimeout")
+	fs.Float64Var(&w.rate, "rate", 100, "producer: jobs per second")
+	fs.IntVar(&w.goroutines, "goroutines", 4, "producer: concurrent enqueuers")
+	fs.Float64Var(&w.rollback, "rollback", 0.4, "txproducer: fraction of transactions rolled back")
+	fs.IntVar(&w.minMS, "min-ms", 20, "producer: shortest job (ms)")
+	fs.IntVar(&w.maxMS, "max-ms", 200, "producer: longest ordinary job (ms)")
+	fs.IntVar(&w.longEvery, "long-every", 0, "producer: every Nth job is long (0: none)")
+	fs.IntVar(&w.longMS, "long-ms", 6000, "producer: duration of a long job (ms)")
+	fs.BoolVar(&w.dbwork, "dbwork", false, "producer: enqueue dbwork jobs instead of work")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if w.dsn == "" || w.prefix == "" || w.record == "" || w.proc == "" {
+		return nil, errors.New("torture worker: --db, --prefix, --record and --proc are required")
+	}
+	return w, nil
+}
+
+// WorkerMain is the entry point of a torture subprocess (`conveyor torture
+// worker ...`, or the test binary re-executed): a worker that runs the
+// torture job kinds and records every execution, a producer that enqueues
+// at a steady rate and records every acknowledged enqueue, or a
+// transactional producer that rolls back some of its transactions. It
+// writes "ready" on stdout once it is working and runs until SIGTERM (a
+// graceful stop) or SIGKILL.
+func WorkerMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	w, err := parseWorkerFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	rec, err := newRecorder(w.record, w.proc)
+	if err != nil {
+		return err
+	}
+	rec.write(line{T: lineHello, Role: w.role})
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	switch w.role {
+	case "worker":
+		err = runWorker(ctx, w, rec, logger, stdout)
+	case "producer":
+		err = runProducer(ctx, w, rec, logger, stdout)
+	case "txproducer":
+		err = runTxProducer(ctx, w, rec, logger, stdout)
+	default:
+		err = fmt.Errorf("torture worker: unknown role %q", w.role)
+	}
+	rec.write(line{T: lineBye})
+	return errors.Join(err, rec.close())
+}
+
+// workerConfig is the client configuration of torture worker processes:
+// short leases so that a run is quick, fast maintenance and polls.
+func workerConfig(w *workerFlags, logger *slog.Logger) *conveyor.Config {
+	return &conveyor.Config{
+		Queues:          map[string]conveyor.QueueConfig{w.queue: {MaxWorkers: w.workers}},
+		TablePrefix:     w.prefix,
+		PoolSize:        w.pool,
+		Lease:           w.lease,
+		JobTimeout:      w.jobTimeout,
+		PollMin:         10 * time.Millisecond,
+		PollMax:         100 * time.Millisecond,
+		ListenPoll:      w.listenPoll,
+		PromoteInterval: 100 * time.Millisecond,
+		RescueInterval:  max(w.lease/8, 50*time.Millisecond),
+		ShutdownTimeout: 3 * time.Second,
+		Backoff:         func(int) time.Duration { return 100*time.Millisecond + rand.N(100*time.Millisecond) },
+		Logger:          logger,
+	}
+}
+
+func runWorker(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.Logger, stdout io.Writer) error {
+	c, err := openMigrated(ctx, w.dsn, workerConfig(w, logger))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	sleep := func(ctx context.Context, ms int) error {
+		t := time.NewTimer(time.Duration(ms) * time.Millisecond)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+	// The completion-effect log: shortly after a successful execution,
+	// read the row; if it is completed at the attempt that ran, that
+	// completion took effect, and the checker requires the row to end so.
+	obs := make(chan applyCheck, 4096)
+	go observe(ctx, c, rec, obs)
+	onOK := func(id int64, attempt int) {
+		select {
+		case obs <- applyCheck{id, attempt, time.Now()}:
+		default: // the observer is behind: skip this one
+		}
+	}
+	add(c, rec, onOK, func(ctx context.Context, j *conveyor.Job[workJob]) error { return sleep(ctx, j.Args.MS) })
+	add(c, rec, onOK, func(ctx context.Context, j *conveyor.Job[dbworkJob]) error {
+		// Use conveyor's own connections back to back for the job's
+		// duration, as an application that reads job state and queue
+		// statistics from its handlers does: with a small pool the
+		// heartbeat, claims and completions must queue behind these.
+		deadline := time.Now().Add(time.Duration(j.Args.MS) * time.Millisecond)
+		for time.Now().Before(deadline) {
+			if _, err := c.Job(ctx, j.ID); err != nil {
+				return err
+			}
+			if _, err := c.Jobs(ctx, conveyor.JobFilter{AfterID: max(0, j.ID-50), Limit: 50}); err != nil {
+				return err
+			}
+			if _, err := c.Stats(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	add(c, rec, onOK, func(ctx context.Context, j *conveyor.Job[panicJob]) error { panic("torture: poison job panics") })
+	add(c, rec, onOK, func(ctx context.Context, j *conveyor.Job[exitJob]) error {
+		os.Exit(3)
+		return nil
+	})
+	add(c, rec, onOK, func(ctx context.Context, j *conveyor.Job[hangJob]) error {
+		select {} // ignores its context and never returns
+	})
+	if err := c.Start(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "ready")
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-tick.C:
+		}
+		rec.write(line{T: lineCounters, C: c.Counters()})
+	}
+	// SIGTERM: stop gracefully (unfinished attempts are released).
+	err = c.Stop(context.Background())
+	rec.write(line{T: lineCounters, C: c.Counters()})
+	return err
+}
+
+// applyCheck is a successful execution whose effect the observer checks.
+type applyCheck struct {
+	id      int64
+	attempt int
+	at      time.Time
+}
+
+// observe reads the row of each successful execution 300ms after it
+// returned and records an "applied" line when the row is completed at that
+// attempt.
+func observe(ctx context.Context, c *conveyor.Client, rec *recorder, in <-chan applyCheck) {
+	for {
+		var o applyCheck
+		select {
+		case o = <-in:
+		case <-ctx.Done():
+			return
+		}
+		if d := time.Until(o.at.Add(300 * time.Millisecond)); d > 0 {
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+				return
+			}
+		}
+		jctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		j, err := c.Job(jctx, o.id)
+		cancel()
+		if err == nil && j.State == "completed" && j.Attempt == o.attempt {
+			rec.write(line{T: lineApplied, Job: o.id, Att: o.attempt})
+		}
+	}
+}
+
+// add registers a recording worker for kind T: the start is recorded
+// before the handler runs and the end before the engine sees the result;
+// onOK is told of each successful execution.
+func add[T torturePayload](c *conveyor.Client, rec *recorder, onOK func(int64, int), h func(context.Context, *conveyor.Job[T]) error) {
+	var zero T
+	kind := zero.Kind()
+	err := conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[T]) (err error) {
+		rec.write(line{T: lineStart, Job: j.ID, Att: j.Attempt, Kind: kind, Enq: j.Args.base().Enq})
+		defer func() {
+			if r := recover(); r != nil {
+				rec.write(line{T: lineEnd, Job: j.ID, Att: j.Attempt, Out: OutcomePanic, Err: fmt.Sprint(r)})
+				panic(r)
+			}
+			if err != nil {
+				rec.write(line{T: lineEnd, Job: j.ID, Att: j.Attempt, Out: OutcomeError, Err: err.Error()})
+			} else {
+				rec.write(line{T: lineEnd, Job: j.ID, Att: j.Attempt, Out: OutcomeOK})
+				onOK(j.ID, j.Attempt)
+			}
+		}()
+		return h(ctx, j)
+	}))
+	if err != nil {
+		panic(err)
+	}
+}
+
+func openMigrated(ctx context.Context, dsn string, cfg *conveyor.Config) (*conveyor.Client, error) {
+	var c *conveyor.Client
+	var err error
+	// The database may be restarting: retry for a while.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		c, err = conveyor.Open(ctx, dsn, cfg)
+		if err == nil {
+			if _, err = c.Migrate(ctx); err == nil {
+				return c, nil
+			}
+			c.Close()
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// jobSpec says what the next job of a producer is.
+type jobSpec struct {
+	kind string
+	ms   int
+}
+
+func (w *workerFlags) nextJob(n int64) jobSpec {
+	kind := KindWork
+	if w.dbwork {
+		kind = KindDBWork
+	}
+	if w.longEvery > 0 && n%int64(w.longEvery) == 0 {
+		return jobSpec{KindWork, w.longMS}
+	}
+	return jobSpec{kind, w.minMS + rand.IntN(max(1, w.maxMS-w.minMS+1))}
+}
+
+func encodePayload(tok string, ms int) json.RawMessage {
+	b, _ := json.Marshal(payload{Tok: tok, MS: ms, Enq: time.Now().UnixNano()})
+	return b
+}
+
+// pace runs f from g goroutines at rate calls per second in total until
+// ctx ends.
+func pace(ctx context.Context, g int, rate float64, f func(ctx context.Context)) {
+	var wg sync.WaitGroup
+	interval := time.Duration(float64(g) * float64(time.Second) / max(rate, 0.1))
+	for i := 0; i < g; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Spread the goroutines over one interval.
+			next := time.Now().Add(interval * time.Duration(i) / time.Duration(g))
+			for ctx.Err() == nil {
+				if d := time.Until(next); d > 0 {
+					select {
+					case <-time.After(d):
+					case <-ctx.Done():
+						return
+					}
+				}
+				next = next.Add(interval)
+				if lag := time.Since(next); lag > time.Second {
+					next = time.Now() // do not burst after a stall
+				}
+				f(ctx)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func runProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.Logger, stdout io.Writer) error {
+	c, err := openMigrated(ctx, w.dsn, &conveyor.Config{TablePrefix: w.prefix, Logger: logger})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	fmt.Fprintln(stdout, "ready")
+	var seq atomic.Int64
+	pace(ctx, w.goroutines, w.rate, func(ctx context.Context) {
+		n := seq.Add(1)
+		tok := fmt.Sprintf("%s:%d", w.proc, n)
+		spec := w.nextJob(n)
+		// The enqueue is not tied to ctx: SIGTERM must not turn a commit
+		// into an unknown outcome.
+		ectx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		id, err := c.Enqueue(ectx, conveyor.RawArgs{KindName: spec.kind, JSON: encodePayload(tok, spec.ms)}, &conveyor.EnqueueOpts{Queue: Queue})
+		cancel()
+		if err != nil {
+			rec.write(line{T: lineAmbig, Tok: tok, Err: err.Error()})
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-ctx.Done():
+			}
+			return
+		}
+		rec.write(line{T: lineEnq, Job: id, Tok: tok, Kind: spec.kind})
+	})
+	return nil
+}
+
+// txBeginner opens transactions of the type EnqueueTx takes on the
+// backend.
+type txBeginner struct {
+	pg  *pgxpool.Pool
+	sql *sql.DB
+}
+
+type txHandle struct {
+	tx       any
+	commit   func(context.Context) error
+	rollback func(context.Context) error
+}
+
+func openTxBeginner(ctx context.Context, dsn string, n int) (*txBeginner, error) {
+	switch backendOf(dsn) {
+	case "postgres":
+		cfg, err := pgxpool.ParseConfig(dsn)
+		if err != nil {
+			return nil, err
+		}
+		cfg.MaxConns = int32(n)
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return &txBeginner{pg: p}, nil
+	default:
+		db, err := openSQL(dsn, true)
+		if err != nil {
+			return nil, err
+		}
+		db.SetMaxOpenConns(n)
+		return &txBeginner{sql: db}, nil
+	}
+}
+
+func (b *txBeginner) begin(ctx context.Context) (*txHandle, error) {
+	if b.pg != nil {
+		tx, err := b.pg.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return &txHandle{tx: tx, commit: tx.Commit, rollback: tx.Rollback}, nil
+	}
+	tx, err := b.sql.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &txHandle{tx: tx,
+		commit:   func(context.Context) error { return tx.Commit() },
+		rollback: func(context.Context) error { return tx.Rollback() }}, nil
+}
+
+func (b *txBeginner) close() {
+	if b.pg != nil {
+		b.pg.Close()
+	}
+	if b.sql != nil {
+		b.sql.Close()
+	}
+}
+
+func runTxProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.Logger, stdout io.Writer) error {
+	c, err := openMigrated(ctx, w.dsn, &conveyor.Config{TablePrefix: w.prefix, Logger: logger})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	tb, err := openTxBeginner(ctx, w.dsn, w.goroutines)
+	if err != nil {
+		return err
+	}
+	defer tb.close()
+	fmt.Fprintln(stdout, "ready")
+	var seq atomic.Int64
+	pace(ctx, w.goroutines, w.rate/2, func(ctx context.Context) {
+		bctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		n := 1 + rand.IntN(3)
+		items := make([]conveyor.EnqueueItem, n)
+		toks := make([]string, n)
+		kinds := make([]string, n)
+		for i := range items {
+			k := seq.Add(1)
+			toks[i] = fmt.Sprintf("%s:%d", w.proc, k)
+			spec := w.nextJob(k)
+			kinds[i] = spec.kind
+			items[i] = conveyor.EnqueueItem{Args: conveyor.RawArgs{KindName: spec.kind, JSON: encodePayload(toks[i], spec.ms)}, Opts: &conveyor.EnqueueOpts{Queue: Queue}}
+		}
+		h, err := tb.begin(bctx)
+		if err != nil {
+			logger.Warn("torture: begin failed", "err", err)
+			time.Sleep(50 * time.Millisecond)
+			return
+		}
+		ids, err := c.EnqueueManyTx(bctx, h.tx, items)
+		if err != nil {
+			_ = h.rollback(bctx)
+			for _, t := range toks {
+				rec.write(line{T: lineRollback, Tok: t, Err: err.Error()})
+			}
+			return
+		}
+		// Other transactions run meanwhile: hold this one open a moment.
+		time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
+		if rand.Float64() < w.rollback {
+			if err := h.rollback(bctx); err != nil {
+				// A failed rollback: the transaction is gone either way
+				// (nothing was committed).
+				logger.Warn("torture: rollback failed", "err", err)
+			}
+			for _, t := range toks {
+				rec.write(line{T: lineRollback, Tok: t})
+			}
+			return
+		}
+		if err := h.commit(bctx); err != nil {
+			for _, t := range toks {
+				rec.write(line{T: lineAmbig, Tok: t, Err: err.Error()})
+			}
+			return
+		}
+		for i, id := range ids {
+			rec.write(line{T: lineEnq, Job: id, Tok: toks[i], Kind: kinds[i]})
+		}
+	})
+	return nil
+}
