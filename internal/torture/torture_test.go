@@ -46,7 +46,7 @@ func shortRun(t *testing.T, dsn string) {
 		// Restarting a shared server breaks other tests running at the
 		// same time: CI sets CONVEYOR_TORTURE_RESTART=1 for a run where
 		// nothing else uses the servers.
-		NoRestart: os.Getenv("CONVEYOR_TORTURE_RESTART") != "1" && backendOf(dsn) != "sqlite",
+		NoRestart:   os.Getenv("CONVEYOR_TORTURE_RESTART") != "1" && backendOf(dsn) != "sqlite",
 		PoisonKinds: []string{KindPanic, KindExit, KindHang},
 		Log:         testWriter{t},
 	}
