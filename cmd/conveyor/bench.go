@@ -315,43 +315,10 @@ func printPS(w io.Writer, r *bench.Result) {
 // printSettings prints the settings that decide the results once: a
 // setting that differs between runs lists each run's value.
 func printSettings(w io.Writer, rs []*bench.Result) {
-	keys := map[string]bool{}
-	for _, r := range rs {
-		for k := range r.Settings {
-			keys[k] = true
-		}
-	}
-	ks := make([]string, 0, len(keys))
-	for k := range keys {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
 	fmt.Fprintln(w, "\nsettings:")
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
-	for _, k := range ks {
-		vals := map[string][]string{}
-		var order []string
-		for _, r := range rs {
-			v, ok := r.Settings[k]
-			if !ok {
-				continue
-			}
-			if _, seen := vals[v]; !seen {
-				order = append(order, v)
-			}
-			vals[v] = append(vals[v], runName(r))
-		}
-		var line string
-		if len(order) == 1 && len(vals[order[0]]) == len(rs) {
-			line = order[0]
-		} else {
-			var parts []string
-			for _, v := range order {
-				parts = append(parts, fmt.Sprintf("%s (%s)", v, strings.Join(vals[v], ", ")))
-			}
-			line = strings.Join(parts, "; ")
-		}
-		fmt.Fprintf(tw, "  %s\t%s\n", k, line)
+	for _, row := range report.SettingRows(rs) {
+		fmt.Fprintf(tw, "  %s\t%s\n", row[0], row[1])
 	}
 	tw.Flush()
 }

@@ -128,7 +128,7 @@ func Write(w io.Writer, rs []*bench.Result) error {
 
 	pg.Columns, pg.Rows = table(rs)
 	pg.Waits = waitRows(rs)
-	pg.Settings = settingRows(rs)
+	pg.Settings = SettingRows(rs)
 	return pageTmpl.Execute(w, pg)
 }
 
@@ -516,9 +516,10 @@ func waitRows(rs []*bench.Result) [][]string {
 	return rows
 }
 
-// settingRows lists each setting once; one that differs between runs
-// lists each run's value.
-func settingRows(rs []*bench.Result) [][]string {
+// SettingRows lists each setting of the runs once, as [name, value]
+// sorted by name; a setting that differs between runs (or is missing from
+// some) lists each run's value.
+func SettingRows(rs []*bench.Result) [][]string {
 	keys := map[string]bool{}
 	for _, r := range rs {
 		for k := range r.Settings {
