@@ -409,6 +409,7 @@ func (c *Client) Counters() map[string]int64 {
 		"failed_attempts":    m.Failed.Load(),
 		"stale_acks_refused": m.StaleAcksRefused.Load(),
 		"leases_lost":        m.LeasesLost.Load(),
+		"lease_deadlines":    m.LeaseDeadlines.Load(),
 		"released":           m.Released.Load(),
 		"rescued":            m.Rescued.Load(),
 		"promoted":           m.Promoted.Load(),

@@ -40,10 +40,17 @@ type Config struct {
 	InsertBatch int
 
 	// Lease is how long a claimed job is owned without a heartbeat; after
-	// it expires (by the database's clock) the job is rescued. Default 30s.
+	// it expires (by the database's clock) the job is rescued. A process
+	// whose renewals do not get through cancels a handler's context when
+	// four fifths of the lease have passed since the last renewal that
+	// succeeded was sent, so the handler has the last fifth (6s of the
+	// default) to return before another process may take the job.
+	// Default 30s.
 	Lease time.Duration
 	// HeartbeatInterval is how often one statement renews the leases of
-	// all running jobs of this process. Default Lease/3.
+	// all running jobs of this process, on connections of its own. At most
+	// Lease/2, so that a failed renewal is retried well before handlers
+	// are cancelled. Default Lease/3.
 	HeartbeatInterval time.Duration
 	// JobTimeout is the default per-job timeout: the handler's context is
 	// cancelled and the attempt fails. Negative means none. Default 1m.
@@ -174,8 +181,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("conveyor: ClaimBatch, CompleteBatch and InsertBatch must be positive")
 	case c.Lease < 100*time.Millisecond:
 		return c, fmt.Errorf("conveyor: Lease %v is too short (minimum 100ms)", c.Lease)
-	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.Lease:
-		return c, fmt.Errorf("conveyor: HeartbeatInterval %v must be positive and shorter than Lease %v", c.HeartbeatInterval, c.Lease)
+	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval > c.Lease/2:
+		return c, fmt.Errorf("conveyor: HeartbeatInterval %v must be positive and at most half the Lease %v", c.HeartbeatInterval, c.Lease)
 	case c.MaxAttempts < 1 || c.MaxAttempts > maxAttemptsLimit:
 		return c, fmt.Errorf("conveyor: MaxAttempts %d out of range 1..%d", c.MaxAttempts, maxAttemptsLimit)
 	case c.PollMin <= 0 || c.PollMax < c.PollMin:

@@ -375,6 +375,88 @@ func TestRetriesBackoffDiscard(t *testing.T) {
 	})
 }
 
+// A graceful release gives the attempt number back, so the next claim
+// runs the same attempt number again. The fence token is not given back:
+// with this process's own bookkeeping switched off (its worker submits
+// the outcome of an attempt it lost), the database alone refuses the
+// released attempt's late acknowledgement while the next claim runs, and
+// the job ends completed by the attempt that owns it.
+func TestStaleAckAfterReleaseRefusedByDatabase(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		prefix := testdb.Prefix()
+		cfgA := fast(prefix)
+		cfgA.Lease = time.Second
+		cfgA.Queues = map[string]conveyor.QueueConfig{"default": {MaxWorkers: 1}}
+		a := openDropped(t, dsn, cfgA)
+		conveyor.SkipLocalFenceForTest(a)
+		startedA, unblockA := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		conveyor.AddWorker(a, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error {
+			once.Do(func() { close(startedA) })
+			<-unblockA // ignores its context: a late acknowledgement
+			return nil
+		}))
+		id, err := a.Enqueue(ctx, noop{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-startedA:
+		case <-time.After(10 * time.Second):
+			t.Fatal("A never started the job")
+		}
+		fenceA, err := conveyor.FenceForTest(a, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A's attempt is released, as its own shutdown would; A's next
+		// heartbeat finds the lease gone.
+		if n, err := conveyor.ReleaseForTest(a, id, fenceA); err != nil || n != 1 {
+			t.Fatalf("release: %d err %v", n, err)
+		}
+		waitFor(t, "A to see its lease lost", 10*time.Second, func() bool { return a.Counters()["leases_lost"] >= 1 })
+
+		cfgB := fast(prefix)
+		b := open(t, dsn, cfgB)
+		startedB, unblockB := make(chan int, 1), make(chan struct{})
+		conveyor.AddWorker(b, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error {
+			startedB <- j.Attempt
+			<-unblockB
+			return nil
+		}))
+		if err := b.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var attemptB int
+		select {
+		case attemptB = <-startedB:
+		case <-time.After(10 * time.Second):
+			t.Fatal("B never started the job")
+		}
+		if attemptB != 1 {
+			t.Fatalf("B runs attempt %d, want 1 (the released attempt given back)", attemptB)
+		}
+		if f, _ := conveyor.FenceForTest(b, id); f <= fenceA {
+			t.Fatalf("B's fence %d is not above the released attempt's %d", f, fenceA)
+		}
+		// A's handler returns now and its outcome reaches the database.
+		close(unblockA)
+		waitFor(t, "A's stale acknowledgement refused", 10*time.Second, func() bool { return a.Counters()["stale_acks_refused"] >= 1 })
+		if j := jobState(t, b, id); j.State != "running" || j.Attempt != 1 {
+			t.Fatalf("after A's stale acknowledgement the job is %s at attempt %d, want running under B", j.State, j.Attempt)
+		}
+		close(unblockB)
+		waitFor(t, "B's completion", 10*time.Second, func() bool { return jobState(t, b, id).State == "completed" })
+		if n := b.Counters()["stale_acks_refused"]; n != 0 {
+			t.Fatalf("B's acknowledgement refused (%d)", n)
+		}
+	})
+}
+
 func TestLeaseExpiryRescueAndStaleAck(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
@@ -389,7 +471,7 @@ func TestLeaseExpiryRescueAndStaleAck(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Another process claims the job with a short lease and dies.
-		attempt, err := conveyor.ClaimForTest(c, id, 300*time.Millisecond)
+		attempt, fence, err := conveyor.ClaimForTest(c, id, 300*time.Millisecond)
 		if err != nil || attempt != 1 {
 			t.Fatalf("dead process claim: attempt %d err %v", attempt, err)
 		}
@@ -399,7 +481,7 @@ func TestLeaseExpiryRescueAndStaleAck(t *testing.T) {
 			return j.State == "completed" && j.Attempt == 2
 		})
 		// The dead process comes back and acknowledges: refused.
-		applied, err := conveyor.AckForTest(c, id, attempt)
+		applied, err := conveyor.AckForTest(c, id, fence)
 		if err != nil || applied != 0 {
 			t.Fatalf("stale acknowledgement applied %d (err %v), want refused", applied, err)
 		}

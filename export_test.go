@@ -12,28 +12,50 @@ import (
 )
 
 // ClaimForTest claims job id as another process would (without running it)
-// and returns the attempt, so tests can play a process that dies.
-func ClaimForTest(c *Client, id int64, lease time.Duration) (int, error) {
+// and returns the attempt and its fence token, so tests can play a process
+// that dies.
+func ClaimForTest(c *Client, id int64, lease time.Duration) (int, int64, error) {
+	j, err := c.drv.GetJob(context.Background(), id)
+	if err != nil {
+		return 0, 0, err
+	}
+	rows, err := c.drv.Claim(context.Background(), driver.ClaimParams{Queue: j.Queue, Limit: 1, Lease: lease, Worker: "dead-process"})
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(rows) != 1 || rows[0].ID != id {
+		return 0, 0, fmt.Errorf("claimed %d rows, not job %d", len(rows), id)
+	}
+	return rows[0].Attempt, rows[0].Fence, nil
+}
+
+// AckForTest acknowledges job id as completed under fence, as a late
+// worker would, and returns how many rows the acknowledgement changed.
+func AckForTest(c *Client, id int64, fence int64) (int, error) {
+	applied, err := c.drv.Complete(context.Background(), []driver.Outcome{{ID: id, Fence: fence, State: driver.StateCompleted}})
+	return len(applied), err
+}
+
+// ReleaseForTest releases job id's attempt under fence, as a process
+// shutting down gracefully does, and returns how many rows it changed.
+func ReleaseForTest(c *Client, id int64, fence int64) (int64, error) {
+	return c.drv.Release(context.Background(), []driver.Lease{{ID: id, Fence: fence}})
+}
+
+// FenceForTest returns job id's current fence token.
+func FenceForTest(c *Client, id int64) (int64, error) {
 	j, err := c.drv.GetJob(context.Background(), id)
 	if err != nil {
 		return 0, err
 	}
-	rows, err := c.drv.Claim(context.Background(), driver.ClaimParams{Queue: j.Queue, Limit: 1, Lease: lease, Worker: "dead-process"})
-	if err != nil {
-		return 0, err
-	}
-	if len(rows) != 1 || rows[0].ID != id {
-		return 0, fmt.Errorf("claimed %d rows, not job %d", len(rows), id)
-	}
-	return rows[0].Attempt, nil
+	return j.Fence, nil
 }
 
-// AckForTest acknowledges attempt of job id as completed, as a late worker
-// would, and returns how many rows the acknowledgement changed.
-func AckForTest(c *Client, id int64, attempt int) (int, error) {
-	applied, err := c.drv.Complete(context.Background(), []driver.Outcome{{ID: id, Attempt: attempt, State: driver.StateCompleted}})
-	return len(applied), err
-}
+// SkipLocalFenceForTest makes c's workers submit the outcome of every
+// attempt, even one this process knows it lost, so that only the
+// database's fence stands between a stale acknowledgement and the job.
+// Call before Start.
+func SkipLocalFenceForTest(c *Client) { c.eng.SkipLocalFenceForTest() }
 
 // BumpSchemaForTest records schema version v as applied, as a newer
 // conveyor binary would.

@@ -82,13 +82,19 @@ type InsertParams struct {
 
 // JobRow is a job as stored.
 type JobRow struct {
-	ID             int64
-	Queue          string
-	Kind           string
-	Args           json.RawMessage
-	State          string
-	Priority       int
-	Attempt        int
+	ID       int64
+	Queue    string
+	Kind     string
+	Args     json.RawMessage
+	State    string
+	Priority int
+	Attempt  int
+	// Fence is the claim's fence token: it grows by one at every claim and
+	// is never reused (a graceful release gives the attempt back but not
+	// the fence), so an acknowledgement fenced by it is refused by the
+	// database once the attempt it belongs to no longer owns the job,
+	// whatever any process remembers.
+	Fence          int64
 	MaxAttempts    int
 	TimeoutMS      int64
 	ScheduledAt    time.Time
@@ -118,8 +124,13 @@ type ClaimParams struct {
 
 // Outcome is the result of one attempt, as the completer writes it.
 type Outcome struct {
-	ID      int64
-	Attempt int // the fence: applied only if the job is still running this attempt
+	ID int64
+	// Fence is the claim's fence token: the outcome is applied only if the
+	// job is still running under this very claim.
+	Fence int64
+	// Attempt is the attempt number the outcome belongs to (for the error
+	// record; the fence decides).
+	Attempt int
 	// State is the new state: completed, retryable, discarded or cancelled.
 	State string
 	// RetryIn is the backoff from the database's clock, for retryable.
@@ -128,10 +139,11 @@ type Outcome struct {
 	Err *AttemptError
 }
 
-// Lease identifies one running attempt, for heartbeats and releases.
+// Lease identifies one running attempt, for heartbeats and releases, by
+// the job and the fence token of the claim that started the attempt.
 type Lease struct {
-	ID      int64
-	Attempt int
+	ID    int64
+	Fence int64
 }
 
 // JobFilter selects jobs for listing. Zero fields match everything.
@@ -188,17 +200,25 @@ type Driver interface {
 	BulkInsert(ctx context.Context, jobs []InsertParams) (int64, error)
 
 	// Claim moves up to Limit due jobs of a queue to running, increments
-	// their attempt, sets their lease and returns them. It never blocks on
+	// their attempt and their fence token, sets their lease and returns
+	// them. It never blocks on
 	// another claimer's locks and never deadlocks.
 	Claim(ctx context.Context, p ClaimParams) ([]*JobRow, error)
-	// Complete applies outcomes fenced by attempt and returns the ids that
-	// took effect; the others were stale and are refused.
+	// Complete applies outcomes fenced by the claim's fence token and
+	// returns the ids that took effect; the others were stale and are
+	// refused. Complete, Heartbeat and Release are the lease path: a
+	// backend runs them on connections of their own, which the
+	// application's handlers and conveyor's claims and inserts never hold,
+	// so that renewing or ending a lease never waits for a pooled
+	// connection or behind another writer of this process.
 	Complete(ctx context.Context, outcomes []Outcome) (applied []int64, err error)
 	// Heartbeat extends the leases of running attempts and returns the ids
 	// still owned; an id missing from the result has lost its lease.
 	Heartbeat(ctx context.Context, leases []Lease, lease time.Duration) (owned []int64, err error)
 	// Release makes running attempts available again without counting the
-	// attempt (graceful shutdown).
+	// attempt (graceful shutdown). The fence token is kept, so the next
+	// claim gets a larger one and a late acknowledgement of the released
+	// attempt is refused.
 	Release(ctx context.Context, leases []Lease) (int64, error)
 
 	// Rescue handles up to limit running jobs whose lease expired by the

@@ -80,9 +80,9 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 			t.Fatalf("second claim got %d rows, want 0 (err %v)", len(more), err)
 		}
 		out := []driver.Outcome{
-			{ID: ids[0], Attempt: 1, State: driver.StateCompleted},
-			{ID: ids[1], Attempt: 1, State: driver.StateRetryable, RetryIn: time.Hour, Err: &driver.AttemptError{Attempt: 1, At: time.Now(), Error: "boom", Trace: "stack"}},
-			{ID: ids[2], Attempt: 2, State: driver.StateCompleted}, // stale fence
+			{ID: ids[0], Fence: 1, Attempt: 1, State: driver.StateCompleted},
+			{ID: ids[1], Fence: 1, Attempt: 1, State: driver.StateRetryable, RetryIn: time.Hour, Err: &driver.AttemptError{Attempt: 1, At: time.Now(), Error: "boom", Trace: "stack"}},
+			{ID: ids[2], Fence: 2, Attempt: 2, State: driver.StateCompleted}, // stale fence
 		}
 		applied, err := d.Complete(ctx, out)
 		if err != nil {
@@ -186,7 +186,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 			t.Fatalf("claimed %d", len(rows))
 		}
 		// Keep the second alive, let the first expire.
-		owned, err := d.Heartbeat(ctx, []driver.Lease{{ID: ids[1], Attempt: 1}, {ID: ids[0], Attempt: 7}}, time.Minute)
+		owned, err := d.Heartbeat(ctx, []driver.Lease{{ID: ids[1], Fence: 1}, {ID: ids[0], Fence: 7}}, time.Minute)
 		if err != nil || len(owned) != 1 || owned[0] != ids[1] {
 			t.Fatalf("heartbeat owned %v err %v; want only %d (other fenced)", owned, err, ids[1])
 		}
@@ -200,7 +200,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 			t.Fatalf("rescued job: %+v", j)
 		}
 		// The stale attempt's acknowledgement is refused.
-		applied, _ := d.Complete(ctx, []driver.Outcome{{ID: ids[0], Attempt: 1, State: driver.StateCompleted}})
+		applied, _ := d.Complete(ctx, []driver.Outcome{{ID: ids[0], Fence: 1, Attempt: 1, State: driver.StateCompleted}})
 		if len(applied) != 0 {
 			t.Fatalf("stale completion applied after rescue")
 		}
@@ -227,13 +227,62 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		d := setup(t, open, prefixFor())
 		ids, _ := d.Insert(ctx, []driver.InsertParams{job("r", 0)})
 		d.Claim(ctx, driver.ClaimParams{Queue: "r", Limit: 1, Lease: time.Minute, Worker: "w"})
-		n, err := d.Release(ctx, []driver.Lease{{ID: ids[0], Attempt: 1}})
+		n, err := d.Release(ctx, []driver.Lease{{ID: ids[0], Fence: 1}})
 		if err != nil || n != 1 {
 			t.Fatalf("release %d err %v", n, err)
 		}
 		j, _ := d.GetJob(ctx, ids[0])
 		if j.State != driver.StateAvailable || j.Attempt != 0 {
 			t.Fatalf("released job: %+v", j)
+		}
+	})
+
+	// The fence is the database's alone: after a graceful release gives
+	// the attempt back, the next claim carries the same attempt number but
+	// a larger fence, and every acknowledgement of the released attempt is
+	// refused by the database itself, with no process's bookkeeping
+	// involved (this test has none).
+	t.Run("FenceOutlivesRelease", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		ids, _ := d.Insert(ctx, []driver.InsertParams{job("f", 0)})
+		first, err := d.Claim(ctx, driver.ClaimParams{Queue: "f", Limit: 1, Lease: time.Minute, Worker: "w1"})
+		if err != nil || len(first) != 1 {
+			t.Fatalf("claim: %d rows, err %v", len(first), err)
+		}
+		old := driver.Lease{ID: ids[0], Fence: first[0].Fence}
+		if n, err := d.Release(ctx, []driver.Lease{old}); err != nil || n != 1 {
+			t.Fatalf("release %d err %v", n, err)
+		}
+		second, err := d.Claim(ctx, driver.ClaimParams{Queue: "f", Limit: 1, Lease: time.Minute, Worker: "w2"})
+		if err != nil || len(second) != 1 {
+			t.Fatalf("second claim: %d rows, err %v", len(second), err)
+		}
+		if second[0].Attempt != first[0].Attempt {
+			t.Fatalf("attempt after release: %d, want the released attempt's %d given back", second[0].Attempt, first[0].Attempt)
+		}
+		if second[0].Fence <= first[0].Fence {
+			t.Fatalf("fence after release: %d, want more than %d", second[0].Fence, first[0].Fence)
+		}
+		if owned, err := d.Heartbeat(ctx, []driver.Lease{old}, time.Minute); err != nil || len(owned) != 0 {
+			t.Fatalf("heartbeat of the released attempt owned %v err %v", owned, err)
+		}
+		if n, err := d.Release(ctx, []driver.Lease{old}); err != nil || n != 0 {
+			t.Fatalf("release of the released attempt: %d err %v", n, err)
+		}
+		stale := driver.Outcome{ID: ids[0], Fence: first[0].Fence, Attempt: first[0].Attempt, State: driver.StateCompleted}
+		if applied, err := d.Complete(ctx, []driver.Outcome{stale}); err != nil || len(applied) != 0 {
+			t.Fatalf("stale acknowledgement after release applied %v err %v", applied, err)
+		}
+		j, _ := d.GetJob(ctx, ids[0])
+		if j.State != driver.StateRunning || j.AttemptedBy != "w2" {
+			t.Fatalf("job after the stale acknowledgement: %+v", j)
+		}
+		cur := driver.Outcome{ID: ids[0], Fence: second[0].Fence, Attempt: second[0].Attempt, State: driver.StateCompleted}
+		if applied, err := d.Complete(ctx, []driver.Outcome{cur}); err != nil || len(applied) != 1 {
+			t.Fatalf("current acknowledgement applied %v err %v", applied, err)
+		}
+		if j, _ := d.GetJob(ctx, ids[0]); j.State != driver.StateCompleted {
+			t.Fatalf("job after its acknowledgement: %s", j.State)
 		}
 	})
 
@@ -268,7 +317,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 					mu.Lock()
 					for i, r := range rows {
 						seen[r.ID]++
-						out[i] = driver.Outcome{ID: r.ID, Attempt: r.Attempt, State: driver.StateCompleted}
+						out[i] = driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted}
 					}
 					mu.Unlock()
 					if _, err := d.Complete(ctx, out); err != nil {
@@ -364,7 +413,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		d := setup(t, open, prefixFor())
 		ids, _ := d.Insert(ctx, []driver.InsertParams{job("p", 0), job("p", 0)})
 		d.Claim(ctx, driver.ClaimParams{Queue: "p", Limit: 2, Lease: time.Minute, Worker: "w"})
-		d.Complete(ctx, []driver.Outcome{{ID: ids[0], Attempt: 1, State: driver.StateCompleted}})
+		d.Complete(ctx, []driver.Outcome{{ID: ids[0], Fence: 1, Attempt: 1, State: driver.StateCompleted}})
 		time.Sleep(50 * time.Millisecond)
 		n, err := d.Prune(ctx, time.Millisecond, time.Hour, 100)
 		if err != nil || n != 1 {

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"sort"
 	"sync"
 	"time"
 
@@ -9,10 +10,12 @@ import (
 )
 
 // completer is the single writer of attempt outcomes: it turns many
-// acknowledgements into one fenced statement per batch.
+// acknowledgements into one fenced statement per batch. An attempt's lease
+// is renewed until its outcome is written; then the completer settles it
+// with its fetcher.
 type completer struct {
 	e    *Engine
-	in   chan driver.Outcome
+	in   chan pending
 	mu   sync.RWMutex
 	shut bool
 	done chan struct{}
@@ -26,10 +29,16 @@ type completer struct {
 	gaveUp bool
 }
 
+// pending is an outcome and the fetcher holding its attempt's lease.
+type pending struct {
+	f *fetcher
+	o driver.Outcome
+}
+
 func newCompleter(e *Engine) *completer {
 	c := &completer{
 		e:       e,
-		in:      make(chan driver.Outcome, 4*e.cfg.CompleteBatch),
+		in:      make(chan pending, 4*e.cfg.CompleteBatch),
 		done:    make(chan struct{}),
 		closing: make(chan struct{}),
 	}
@@ -38,7 +47,7 @@ func newCompleter(e *Engine) *completer {
 }
 
 // submit queues an outcome; false if the completer is closed.
-func (c *completer) submit(o driver.Outcome) bool {
+func (c *completer) submit(o pending) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if c.shut {
@@ -64,21 +73,29 @@ func (c *completer) run() {
 	defer close(c.done)
 	max := c.e.cfg.CompleteBatch
 	batch := make([]driver.Outcome, 0, max)
-	for o := range c.in {
-		batch = append(batch[:0], o)
+	owners := make([]*fetcher, 0, max)
+	for p := range c.in {
+		batch, owners = append(batch[:0], p.o), append(owners[:0], p.f)
 	fill:
 		for len(batch) < max {
 			select {
-			case o, ok := <-c.in:
+			case p, ok := <-c.in:
 				if !ok {
 					break fill
 				}
-				batch = append(batch, o)
+				batch, owners = append(batch, p.o), append(owners, p.f)
 			default:
 				break fill
 			}
 		}
+		// In id order, so that concurrent writers of the same rows (this
+		// process's heartbeat, another process's completer) lock them in
+		// the same order.
+		sort.Sort(byID{batch, owners})
 		c.write(batch)
+		for i, o := range batch {
+			owners[i].settle(o.ID, o.Fence)
+		}
 	}
 }
 
@@ -125,4 +142,17 @@ func (c *completer) write(batch []driver.Outcome) {
 			return
 		}
 	}
+}
+
+// byID sorts a batch of outcomes and their owners together by job id.
+type byID struct {
+	o []driver.Outcome
+	f []*fetcher
+}
+
+func (b byID) Len() int           { return len(b.o) }
+func (b byID) Less(i, j int) bool { return b.o[i].ID < b.o[j].ID }
+func (b byID) Swap(i, j int) {
+	b.o[i], b.o[j] = b.o[j], b.o[i]
+	b.f[i], b.f[j] = b.f[j], b.f[i]
 }

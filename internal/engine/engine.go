@@ -39,6 +39,11 @@ var errShutdown = errors.New("conveyor: client shutting down")
 // errLeaseLost is the cause given to job contexts whose lease was lost.
 var errLeaseLost = errors.New("conveyor: job lease lost (rescued or taken by another attempt)")
 
+// errLeaseDeadline is the cause given to job contexts cancelled because
+// their lease could not be renewed in time: the handler must stop before
+// the lease can expire and another process take the job.
+var errLeaseDeadline = errors.New("conveyor: job lease could not be renewed in time; handler cancelled before the lease could expire")
+
 // Config is the engine's configuration, filled with defaults by the public
 // package (the one place defaults live).
 type Config struct {
@@ -70,11 +75,14 @@ type Metrics struct {
 	Failed           atomic.Int64
 	StaleAcksRefused atomic.Int64
 	LeasesLost       atomic.Int64
-	Released         atomic.Int64
-	Rescued          atomic.Int64
-	Promoted         atomic.Int64
-	Pruned           atomic.Int64
-	DBErrors         atomic.Int64
+	// LeaseDeadlines counts handlers cancelled because their lease could
+	// not be renewed in time (see Engine.leaseMargin).
+	LeaseDeadlines atomic.Int64
+	Released       atomic.Int64
+	Rescued        atomic.Int64
+	Promoted       atomic.Int64
+	Pruned         atomic.Int64
+	DBErrors       atomic.Int64
 }
 
 // Engine is one process's share of the queue.
@@ -102,7 +110,20 @@ type Engine struct {
 	loopWG     sync.WaitGroup
 	jobWG      sync.WaitGroup
 	stopping   atomic.Bool
+
+	// hbWake asks the heartbeat loop to renew at once (cap 1).
+	hbWake chan struct{}
+
+	// testSkipLocalFence makes workers submit every outcome, even when
+	// this process knows the attempt no longer owns the job, so that tests
+	// can show the database's fence alone refuses it.
+	testSkipLocalFence bool
 }
+
+// SkipLocalFenceForTest makes workers submit outcomes of attempts this
+// process knows it lost or released, leaving the database's fence alone
+// to refuse them. Tests only; call before Start.
+func (e *Engine) SkipLocalFenceForTest() { e.testSkipLocalFence = true }
 
 // New creates an engine. Enqueueing works at once; Start runs workers.
 func New(drv driver.Driver, cfg Config, handlers map[string]Handler) *Engine {
@@ -115,6 +136,7 @@ func New(drv driver.Driver, cfg Config, handlers map[string]Handler) *Engine {
 		id:       fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:])),
 		handlers: handlers,
 		fetchers: map[string]*fetcher{},
+		hbWake:   make(chan struct{}, 1),
 	}
 	e.ins = newInserter(e)
 	return e
@@ -158,8 +180,9 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.fetchWG.Add(1)
 		go func() { defer e.fetchWG.Done(); f.run(runCtx) }()
 	}
-	e.loopWG.Add(3)
+	e.loopWG.Add(4)
 	go func() { defer e.loopWG.Done(); e.heartbeatLoop(runCtx) }()
+	go func() { defer e.loopWG.Done(); e.deadlineLoop(runCtx) }()
 	go func() { defer e.loopWG.Done(); e.maintenanceLoop(runCtx) }()
 	go func() { defer e.loopWG.Done(); e.listenLoop(runCtx) }()
 	return nil
@@ -338,7 +361,7 @@ func (e *Engine) timeout(row *driver.JobRow) time.Duration {
 
 // outcome turns a handler result into the state the completer writes.
 func (e *Engine) outcome(row *driver.JobRow, err error, trace string) driver.Outcome {
-	o := driver.Outcome{ID: row.ID, Attempt: row.Attempt}
+	o := driver.Outcome{ID: row.ID, Fence: row.Fence, Attempt: row.Attempt}
 	if err == nil {
 		o.State = driver.StateCompleted
 		return o

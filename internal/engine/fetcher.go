@@ -38,7 +38,8 @@ type fetcher struct {
 	leases map[int64]*running
 }
 
-// running is one attempt in progress.
+// running is one attempt in progress. Its fields other than row, ctx and
+// cancel are guarded by its fetcher's mu.
 type running struct {
 	row    *driver.JobRow
 	ctx    context.Context
@@ -49,6 +50,19 @@ type running struct {
 	// counts the attempt, and the job is discarded after MaxAttempts
 	// instead of running forever.
 	abandonAt time.Time
+	// validUntil is when the lease may expire in the database, by this
+	// process's clock: Lease after the claim or the last renewal that
+	// succeeded was sent (the database computes the expiry from its own
+	// clock when the statement runs, which is no earlier).
+	validUntil time.Time
+	// finishing is set once the handler returned and its outcome is queued
+	// in the completer: the lease is still renewed until the outcome is
+	// written, so that a slow write cannot let a finished job be rescued
+	// and run again.
+	finishing bool
+	// cutOff is set when the deadline loop cancelled the handler because
+	// the lease could not be renewed in time.
+	cutOff bool
 }
 
 // abandoned reports whether the attempt's handler outlived its timeout by
@@ -141,6 +155,7 @@ func (f *fetcher) run(ctx context.Context) {
 			}
 		}
 		limit := min(free, e.cfg.ClaimBatch)
+		sent := time.Now()
 		rows, err := e.drv.Claim(ctx, driver.ClaimParams{Queue: f.queue, Limit: limit, Lease: e.cfg.Lease, Worker: e.id})
 		if err != nil {
 			if ctx.Err() != nil {
@@ -159,7 +174,7 @@ func (f *fetcher) run(ctx context.Context) {
 		}
 		errs = 0
 		e.metrics.ClaimRounds.Add(1)
-		f.dispatch(rows)
+		f.dispatch(rows, sent)
 		more = len(rows) == limit
 		if !listening {
 			// Adaptive poll: fast while work flows, backing off when idle.
@@ -172,25 +187,35 @@ func (f *fetcher) run(ctx context.Context) {
 	}
 }
 
-func (f *fetcher) dispatch(rows []*driver.JobRow) {
+// dispatch hands claimed rows to the workers; sent is when the claim was
+// sent, from which their leases run.
+func (f *fetcher) dispatch(rows []*driver.JobRow, sent time.Time) {
 	if len(rows) == 0 {
 		return
 	}
 	f.e.metrics.Claimed.Add(int64(len(rows)))
 	f.running.Add(int64(len(rows)))
 	f.e.jobWG.Add(len(rows))
+	valid := sent.Add(f.e.cfg.Lease)
 	f.mu.Lock()
 	items := make([]*running, len(rows))
 	for i, r := range rows {
 		ctx, cancel := context.WithCancelCause(f.workCtx)
-		it := &running{row: r, ctx: ctx, cancel: cancel}
+		it := &running{row: r, ctx: ctx, cancel: cancel, validUntil: valid}
 		if t := f.e.timeout(r); t > 0 {
 			it.abandonAt = time.Now().Add(t + f.e.cfg.Lease)
 		}
+		// An entry of an earlier attempt of the same job (rescued and
+		// claimed here again) is stale: the new claim replaces it.
 		f.leases[r.ID] = it
 		items[i] = it
 	}
 	f.mu.Unlock()
+	if time.Until(valid) < f.e.cfg.Lease-f.e.cfg.HeartbeatInterval {
+		// The claim took longer than a heartbeat interval to come back:
+		// do not wait for the next interval to renew these leases.
+		signal(f.e.hbWake)
+	}
 	for _, it := range items {
 		f.jobs <- it
 	}
@@ -216,18 +241,19 @@ func (f *fetcher) worker() {
 		case err != nil && errors.Is(cause, errShutdown):
 			// Interrupted by shutdown: keep the lease so Stop releases
 			// the job instead of counting a failure.
-		case f.removeLease(it.row.ID):
+		case f.finish(it) || e.testSkipLocalFence:
 			if err != nil {
 				e.metrics.Failed.Add(1)
 			}
-			if !e.comp.submit(e.outcome(it.row, err, trace)) {
-				// The completer closed under us: Stop has released or will
-				// rescue the job.
-				f.restoreLease(it)
+			if !e.comp.submit(pending{f: f, o: e.outcome(it.row, err, trace)}) {
+				// The completer closed under us: Stop releases the job, or
+				// it is rescued.
+				f.unfinish(it)
 			}
 		default:
-			// Released by Stop while the handler ignored its context: the
-			// outcome is dropped, the job belongs to a future attempt.
+			// The lease was lost, or released by Stop while the handler
+			// ignored its context: the outcome is dropped (the database's
+			// fence would refuse it), the job belongs to another attempt.
 		}
 		it.cancel(nil)
 		f.running.Add(-1)
@@ -236,21 +262,39 @@ func (f *fetcher) worker() {
 	}
 }
 
-func (f *fetcher) removeLease(id int64) bool {
+// finish marks it as finishing if this fetcher still holds its lease.
+func (f *fetcher) finish(it *running) bool {
 	f.mu.Lock()
-	_, ok := f.leases[id]
-	delete(f.leases, id)
-	f.mu.Unlock()
-	return ok
+	defer f.mu.Unlock()
+	if f.leases[it.row.ID] != it {
+		return false
+	}
+	it.finishing = true
+	return true
 }
 
-func (f *fetcher) restoreLease(it *running) {
+// unfinish puts a finishing attempt back among the running ones (its
+// outcome could not be queued), for Stop to release.
+func (f *fetcher) unfinish(it *running) {
 	f.mu.Lock()
-	f.leases[it.row.ID] = it
+	if f.leases[it.row.ID] == it {
+		it.finishing = false
+	}
 	f.mu.Unlock()
 }
 
-// snapshot lists the attempts this fetcher holds, for the heartbeat.
+// settle drops the lease of job id's attempt fence once its outcome was
+// written (applied or refused) or given up on.
+func (f *fetcher) settle(id, fence int64) {
+	f.mu.Lock()
+	if it := f.leases[id]; it != nil && it.row.Fence == fence && it.finishing {
+		delete(f.leases, id)
+	}
+	f.mu.Unlock()
+}
+
+// snapshot lists the attempts this fetcher holds, for the heartbeat:
+// running and finishing ones, but not those abandoned.
 func (f *fetcher) snapshot(dst []driver.Lease) []driver.Lease {
 	now := time.Now()
 	f.mu.Lock()
@@ -258,28 +302,61 @@ func (f *fetcher) snapshot(dst []driver.Lease) []driver.Lease {
 		if it.abandoned(now) {
 			continue
 		}
-		dst = append(dst, driver.Lease{ID: id, Attempt: it.row.Attempt})
+		dst = append(dst, driver.Lease{ID: id, Fence: it.row.Fence})
 	}
 	f.mu.Unlock()
 	return dst
 }
 
-// loseLeases cancels held attempts whose ids are not in owned.
-func (f *fetcher) loseLeases(asked map[int64]int, owned map[int64]bool) int {
+// renewed records a heartbeat sent at sent that covered asked: the owned
+// leases are valid for another Lease from sent; the others were lost and
+// their handlers are cancelled. It returns how many were lost.
+func (f *fetcher) renewed(asked map[int64]int64, owned map[int64]bool, sent time.Time) int {
+	valid := sent.Add(f.e.cfg.Lease)
 	n := 0
 	f.mu.Lock()
 	for id, it := range f.leases {
-		if a, ok := asked[id]; ok && a == it.row.Attempt && !owned[id] {
-			delete(f.leases, id)
-			it.cancel(errLeaseLost)
-			n++
+		fence, ok := asked[id]
+		if !ok || fence != it.row.Fence {
+			continue
 		}
+		if owned[id] {
+			if valid.After(it.validUntil) {
+				it.validUntil = valid
+			}
+			continue
+		}
+		delete(f.leases, id)
+		it.cancel(errLeaseLost)
+		n++
 	}
 	f.mu.Unlock()
 	return n
 }
 
-// takeAllLeases removes and returns every held attempt (shutdown).
+// cutOff cancels the handlers of attempts whose lease may expire within
+// margin, because no renewal got through in time, and returns how many it
+// cancelled. They stay held: their outcome is still written, fenced, and a
+// later renewal still extends them.
+func (f *fetcher) cutOff(now time.Time, margin time.Duration) int {
+	n := 0
+	f.mu.Lock()
+	for _, it := range f.leases {
+		if it.finishing || it.cutOff || it.abandoned(now) || now.Before(it.validUntil.Add(-margin)) {
+			continue
+		}
+		it.cutOff = true
+		it.cancel(errLeaseDeadline)
+		n++
+	}
+	f.mu.Unlock()
+	return n
+}
+
+// takeAllLeases removes every held attempt and returns those to release
+// (shutdown): not the abandoned ones, left to expire and be rescued with
+// the attempt counted, and not those whose outcome is written or was
+// given up on.
 func (f *fetcher) takeAllLeases() []driver.Lease {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -287,10 +364,10 @@ func (f *fetcher) takeAllLeases() []driver.Lease {
 	out := make([]driver.Lease, 0, len(f.leases))
 	for id, it := range f.leases {
 		delete(f.leases, id)
-		if it.abandoned(now) {
-			continue // left to expire and be rescued, the attempt counted
+		if it.abandoned(now) || it.finishing {
+			continue
 		}
-		out = append(out, driver.Lease{ID: id, Attempt: it.row.Attempt})
+		out = append(out, driver.Lease{ID: id, Fence: it.row.Fence})
 	}
 	return out
 }

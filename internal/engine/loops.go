@@ -1,51 +1,104 @@
 package engine
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"time"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
 
-// heartbeatLoop renews the leases of every attempt this process holds with
-// one statement per interval, and cancels attempts whose lease was lost.
+// heartbeatLoop renews the leases of every attempt this process holds
+// (running, and finished but not yet written) with one statement per
+// interval, on the backend's lease path, and cancels attempts whose lease
+// was lost. Intervals run from one send to the next, so a slow renewal
+// does not stretch them; a failed renewal is tried again soon, and if none
+// gets through in time the deadline loop stops the handlers.
 func (e *Engine) heartbeatLoop(ctx context.Context) {
-	lastOK := time.Now()
 	var leases []driver.Lease
-	for sleep(ctx, e.cfg.HeartbeatInterval) {
+	wait := e.cfg.HeartbeatInterval
+	fails := 0
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-e.hbWake:
+			// A claim that took long to come back: renew its lease now
+			// rather than at the next interval.
+		}
+		wait = e.cfg.HeartbeatInterval
 		leases = leases[:0]
 		for _, f := range e.fetchers {
 			leases = f.snapshot(leases)
 		}
 		if len(leases) == 0 {
-			lastOK = time.Now()
+			timer.Reset(wait)
 			continue
 		}
-		hctx, cancel := context.WithTimeout(ctx, e.cfg.HeartbeatInterval)
+		// In id order, as the completer writes, so that a renewal and a
+		// completion touching the same rows lock them in the same order.
+		slices.SortFunc(leases, func(a, b driver.Lease) int { return cmp.Compare(a.ID, b.ID) })
+		sent := time.Now()
+		// A renewal waiting for its turn (a lock, a connection) keeps
+		// waiting for as long as it can still save a lease: giving up and
+		// trying again would only lose its place.
+		hctx, cancel := context.WithTimeout(ctx, max(e.cfg.HeartbeatInterval, e.cfg.Lease-e.leaseMargin()))
 		owned, err := e.drv.Heartbeat(hctx, leases, e.cfg.Lease)
 		cancel()
-		asked := make(map[int64]int, len(leases))
-		for _, l := range leases {
-			asked[l.ID] = l.Attempt
-		}
 		if err != nil {
-			e.metrics.DBErrors.Add(1)
-			e.logf("conveyor: heartbeat for %d jobs failed: %v", len(leases), err)
-			if time.Since(lastOK) < e.cfg.Lease {
-				continue
+			if ctx.Err() != nil {
+				return
 			}
-			// No heartbeat got through for a whole lease: others may
-			// rescue these jobs now, so stop working on them.
-			owned = nil
-		} else {
-			lastOK = time.Now()
+			fails++
+			e.metrics.DBErrors.Add(1)
+			e.logf("conveyor: heartbeat for %d jobs failed (retrying): %v", len(leases), err)
+			timer.Reset(min(errBackoff(fails), e.cfg.HeartbeatInterval))
+			continue
+		}
+		fails = 0
+		asked := make(map[int64]int64, len(leases))
+		for _, l := range leases {
+			asked[l.ID] = l.Fence
 		}
 		own := make(map[int64]bool, len(owned))
 		for _, id := range owned {
 			own[id] = true
 		}
 		for _, f := range e.fetchers {
-			e.metrics.LeasesLost.Add(int64(f.loseLeases(asked, own)))
+			e.metrics.LeasesLost.Add(int64(f.renewed(asked, own, sent)))
+		}
+		timer.Reset(max(0, e.cfg.HeartbeatInterval-time.Since(sent)))
+	}
+}
+
+// leaseMargin is how long before its lease may expire an attempt whose
+// lease could not be renewed has its handler cancelled: a fifth of the
+// lease (6s of the default 30s). A handler that honours its context has
+// that long to return before another process may take the job.
+func (e *Engine) leaseMargin() time.Duration { return e.cfg.Lease / 5 }
+
+// deadlineLoop cancels the handlers of attempts whose lease may expire
+// within leaseMargin because no renewal got through (a database that
+// does not answer, a lease path that cannot get its turn): the process
+// stops working on a job before the job can be rescued, so the same job
+// never runs in two places at once while the lease says one owns it. It
+// checks every Lease/20 (at most every second), which the margin covers.
+func (e *Engine) deadlineLoop(ctx context.Context) {
+	margin := e.leaseMargin()
+	tick := max(min(e.cfg.Lease/20, time.Second), 5*time.Millisecond)
+	for sleep(ctx, tick) {
+		now := time.Now()
+		n := 0
+		for _, f := range e.fetchers {
+			n += f.cutOff(now, margin)
+		}
+		if n > 0 {
+			e.metrics.LeaseDeadlines.Add(int64(n))
+			e.logf("conveyor: %d jobs cancelled: their leases could not be renewed within %v of expiring", n, margin)
 		}
 	}
 }

@@ -72,7 +72,7 @@ func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.Jo
 // when nothing matched it tells a missing job (ErrNotFound) from one in a
 // state that does not allow op (ErrWrongState).
 func (d *Driver) adminUpdate(ctx context.Context, op string, id int64, q string, args ...any) (*driver.JobRow, error) {
-	n, err := d.execCount(ctx, op, true, q, args)
+	n, err := d.execCount(ctx, d.main, op, true, q, args)
 	if err != nil {
 		return nil, err
 	}
@@ -189,7 +189,9 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	var applied []int
 	for _, m := range d.migs[current:] {
 		for i, st := range m.Statements {
-			if _, err := conn.ExecContext(ctx, st); err != nil {
+			if _, err := conn.ExecContext(ctx, st); err != nil && myErrno(err) != errDupColumn {
+				// (DDL auto-commits: a column added by a run that stopped
+				// before recording its version is already there.)
 				return applied, fmt.Errorf("conveyor/mysql: migrate: version %d (%s) statement %d: %w", m.Version, m.Name, i+1, err)
 			}
 		}

@@ -66,7 +66,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 						}
 						out := make([]driver.Outcome, len(rows))
 						for i, r := range rows {
-							out[i] = driver.Outcome{ID: r.ID, Attempt: r.Attempt, State: driver.StateCompleted}
+							out[i] = driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted}
 						}
 						if _, err := d.Complete(ctx, out); err != nil {
 							b.Error(err)
@@ -117,7 +117,7 @@ func BenchmarkComplete2000(b *testing.B) {
 				}
 				out := make([]driver.Outcome, len(rows))
 				for i, r := range rows {
-					out[i] = driver.Outcome{ID: r.ID, Attempt: r.Attempt, State: driver.StateCompleted}
+					out[i] = driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted}
 				}
 				b.StartTimer()
 				applied, err := d.Complete(ctx, out)

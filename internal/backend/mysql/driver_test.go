@@ -129,7 +129,7 @@ func TestThunderingHerd(t *testing.T) {
 						mu.Lock()
 						for i, r := range rows {
 							seen[r.ID]++
-							out[i] = driver.Outcome{ID: r.ID, Attempt: r.Attempt, State: driver.StateCompleted}
+							out[i] = driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted}
 						}
 						mu.Unlock()
 						got, err := d.Complete(ctx, out)
@@ -383,9 +383,9 @@ func TestCompleteBatch(t *testing.T) {
 			// Heartbeat everything, plus one stale lease.
 			leases := make([]driver.Lease, 0, n+1)
 			for _, r := range rows {
-				leases = append(leases, driver.Lease{ID: r.ID, Attempt: r.Attempt})
+				leases = append(leases, driver.Lease{ID: r.ID, Fence: r.Fence})
 			}
-			owned, err := d.Heartbeat(ctx, append(leases, driver.Lease{ID: rows[0].ID, Attempt: 9}), time.Hour)
+			owned, err := d.Heartbeat(ctx, append(leases, driver.Lease{ID: rows[0].ID, Fence: 9}), time.Hour)
 			if err != nil || len(owned) != n {
 				t.Fatalf("heartbeat owned %d of %d: %v", len(owned), n, err)
 			}
@@ -396,7 +396,7 @@ func TestCompleteBatch(t *testing.T) {
 			at := time.Date(2030, 1, 2, 3, 4, 5, 6000, time.UTC)
 			out := make([]driver.Outcome, n)
 			for i, r := range rows {
-				out[i] = driver.Outcome{ID: r.ID, Attempt: r.Attempt, State: driver.StateRetryable,
+				out[i] = driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateRetryable,
 					Err: &driver.AttemptError{Attempt: r.Attempt, At: at, Error: fmt.Sprintf(`boom "%d" 😀`, i), Trace: "line1\nline2"}}
 			}
 			// One error far beyond what a packet allows is cut, not fatal.
@@ -426,9 +426,9 @@ func TestCompleteBatch(t *testing.T) {
 				if r.Attempt != 2 || len(r.Errors) != 1 {
 					t.Fatalf("reclaimed row %+v", r)
 				}
-				o := driver.Outcome{ID: r.ID, Attempt: 2, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 2, At: at, Error: "again"}}
+				o := driver.Outcome{ID: r.ID, Fence: 2, Attempt: 2, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 2, At: at, Error: "again"}}
 				if i%2 == 1 {
-					o.Attempt = 1 // stale
+					o.Fence, o.Attempt = 1, 1 // stale
 				} else {
 					want[r.ID] = true
 				}
@@ -455,7 +455,7 @@ func TestCompleteBatch(t *testing.T) {
 			if j.State != driver.StateRunning || len(j.Errors) != 1 {
 				t.Fatalf("stale outcome changed the job: %+v", j)
 			}
-			if n, err := d.Release(ctx, []driver.Lease{{ID: again[1].ID, Attempt: 2}, {ID: again[0].ID, Attempt: 2}}); err != nil || n != 1 {
+			if n, err := d.Release(ctx, []driver.Lease{{ID: again[1].ID, Fence: 2}, {ID: again[0].ID, Fence: 2}}); err != nil || n != 1 {
 				t.Fatalf("release: %d %v", n, err)
 			}
 		})

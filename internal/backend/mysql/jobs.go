@@ -34,7 +34,7 @@ func scanJob(r rowScanner, extra ...any) (*driver.JobRow, error) {
 	dest := make([]any, 0, len(extra)+16)
 	dest = append(dest, extra...)
 	dest = append(dest, &j.ID, &j.Queue, &j.Kind, &args, &j.State, &j.Priority, &j.Attempt, &j.MaxAttempts, &j.TimeoutMS,
-		&j.ScheduledAt, &j.CreatedAt, &attempted, &fin, &lease, &by, &errs)
+		&j.ScheduledAt, &j.CreatedAt, &attempted, &fin, &lease, &by, &errs, &j.Fence)
 	if err := r.Scan(dest...); err != nil {
 		return nil, err
 	}
@@ -398,6 +398,7 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 		for _, j := range out {
 			j.State = driver.StateRunning
 			j.Attempt++
+			j.Fence++
 			j.AttemptedAt = now
 			j.LeaseExpiresAt = lease
 			j.AttemptedBy = p.Worker
@@ -476,7 +477,7 @@ func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*
 		}
 		slices.Sort(pick)
 		q, args, cache := d.inList("ClaimOptimistic", pick, micros(p.Lease), p.Worker, token[:])
-		took, err := d.execCount(ctx, "claim", cache, q, args)
+		took, err := d.execCount(ctx, d.main, "claim", cache, q, args)
 		if err != nil {
 			return nil, err
 		}
@@ -626,13 +627,13 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 						retry = max(micros(o.RetryIn), 0)
 					}
 					if row != nil {
-						row[0], row[1], row[2], row[3], row[4] = o.ID, int64(o.Attempt), o.State, retry, errs[i]
+						row[0], row[1], row[2], row[3], row[4] = o.ID, o.Fence, o.State, retry, errs[i]
 						return nil
 					}
 					js = append(js, '[')
 					js = strconv.AppendInt(js, o.ID, 10)
 					js = append(js, ',')
-					js = strconv.AppendInt(js, int64(o.Attempt), 10)
+					js = strconv.AppendInt(js, o.Fence, 10)
 					js = append(js, ",\""...)
 					js = append(js, o.State...)
 					js = append(js, "\","...)
@@ -641,7 +642,7 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 					js = appendJSONString(js, errs[i])
 					return append(js, ']')
 				}, token[:])
-			n64, err := d.execCount(ctx, "complete", cache, q, args)
+			n64, err := d.execCount(ctx, d.lease, "complete", cache, q, args)
 			if err != nil {
 				return nil, err
 			}
@@ -655,15 +656,15 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	if matched == int64(len(outcomes)) {
 		return ids, nil
 	}
-	return d.fenceCheck(ctx, "complete", token[:], ids)
+	return d.fenceCheck(ctx, d.lease, "complete", token[:], ids)
 }
 
-// execCount runs one autocommit statement with deadlock retries and returns
-// the number of rows it matched.
-func (d *Driver) execCount(ctx context.Context, op string, cache bool, q string, args []any) (int64, error) {
+// execCount runs one autocommit statement on pool p with deadlock retries
+// and returns the number of rows it matched.
+func (d *Driver) execCount(ctx context.Context, p *stmtPool, op string, cache bool, q string, args []any) (int64, error) {
 	var n int64
 	err := d.retry(ctx, op, func() error {
-		res, err := d.exec(ctx, nil, cache, q, args...)
+		res, err := p.exec(ctx, nil, cache, q, args...)
 		if err != nil {
 			return err
 		}
@@ -674,14 +675,15 @@ func (d *Driver) execCount(ctx context.Context, op string, cache bool, q string,
 }
 
 // fenceCheck returns, in input order without duplicates, the ids among
-// ids whose row carries token: the rows the call marked with it.
-func (d *Driver) fenceCheck(ctx context.Context, op string, token []byte, ids []int64) ([]int64, error) {
+// ids whose row carries token: the rows the call marked with it. It reads
+// on pool p.
+func (d *Driver) fenceCheck(ctx context.Context, p *stmtPool, op string, token []byte, ids []int64) ([]int64, error) {
 	got := make(map[int64]bool, len(ids))
 	for off := 0; off < len(ids); off += maxBucket {
 		part := ids[off:min(off+maxBucket, len(ids))]
 		q, args, cache := d.inList("FenceCheck", part, token)
 		err := d.retry(ctx, op, func() error {
-			rows, err := d.query(ctx, nil, cache, q, args...)
+			rows, err := p.query(ctx, nil, cache, q, args...)
 			if err != nil {
 				return err
 			}
@@ -762,13 +764,13 @@ func (d *Driver) leaseSource(name string, leases []driver.Lease, extra ...any) (
 		func(i int, js []byte, row []any) []byte {
 			l := leases[i]
 			if row != nil {
-				row[0], row[1] = l.ID, int64(l.Attempt)
+				row[0], row[1] = l.ID, l.Fence
 				return nil
 			}
 			js = append(js, '[')
 			js = strconv.AppendInt(js, l.ID, 10)
 			js = append(js, ',')
-			js = strconv.AppendInt(js, int64(l.Attempt), 10)
+			js = strconv.AppendInt(js, l.Fence, 10)
 			return append(js, ']')
 		}, extra...)
 }
@@ -788,7 +790,7 @@ func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease tim
 	for off := 0; off < len(leases); off += maxBucket {
 		part := leases[off:min(off+maxBucket, len(leases))]
 		q, args, cache := d.leaseSource("Heartbeat", part, micros(lease), token[:])
-		m, err := d.execCount(ctx, "heartbeat", cache, q, args)
+		m, err := d.execCount(ctx, d.lease, "heartbeat", cache, q, args)
 		if err != nil {
 			return nil, err
 		}
@@ -801,7 +803,7 @@ func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease tim
 	if n == int64(len(leases)) {
 		return ids, nil
 	}
-	return d.fenceCheck(ctx, "heartbeat", token[:], ids)
+	return d.fenceCheck(ctx, d.lease, "heartbeat", token[:], ids)
 }
 
 // Release makes running attempts available again without counting them.
@@ -813,7 +815,7 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 	for off := 0; off < len(leases); off += maxBucket {
 		part := leases[off:min(off+maxBucket, len(leases))]
 		q, args, cache := d.leaseSource("Release", part)
-		m, err := d.execCount(ctx, "release", cache, q, args)
+		m, err := d.execCount(ctx, d.lease, "release", cache, q, args)
 		if err != nil {
 			return n, err
 		}
@@ -887,14 +889,14 @@ func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Dura
 	if limit <= 0 {
 		return 0, nil
 	}
-	n, err := d.execCount(ctx, "prune", true, d.q["PruneCompleted"], []any{micros(completedAge), int64(limit)})
+	n, err := d.execCount(ctx, d.main, "prune", true, d.q["PruneCompleted"], []any{micros(completedAge), int64(limit)})
 	if err != nil {
 		return 0, err
 	}
 	if n >= int64(limit) {
 		return n, nil
 	}
-	m, err := d.execCount(ctx, "prune", true, d.q["PruneDiscarded"], []any{micros(discardedAge), int64(limit) - n})
+	m, err := d.execCount(ctx, d.main, "prune", true, d.q["PruneDiscarded"], []any{micros(discardedAge), int64(limit) - n})
 	return n + m, err
 }
 
@@ -902,7 +904,7 @@ func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Dura
 // extends it if id holds it, and reports whether id leads.
 func (d *Driver) TryLead(ctx context.Context, id string, ttl time.Duration) (bool, error) {
 	us := micros(ttl)
-	if _, err := d.execCount(ctx, "try lead", true, d.q["TryLead"], []any{id, us, id, id, id, us}); err != nil {
+	if _, err := d.execCount(ctx, d.main, "try lead", true, d.q["TryLead"], []any{id, us, id, id, id, us}); err != nil {
 		return false, err
 	}
 	var leader string

@@ -65,6 +65,7 @@ const (
 	errDeadlock        = 1213
 	errNoSuchTable     = 1146
 	errUnknownVariable = 1193
+	errDupColumn       = 1060
 )
 
 // Placeholder limit of one prepared statement.
@@ -85,9 +86,15 @@ type Driver struct {
 	// cursors maps a queue to its *claimCursor.
 	cursors sync.Map
 	db      *sql.DB
-	prefix  string
-	q       map[string]string
-	migs    []sqlq.Migration
+	// main is db with its prepared statements; lease is the lease path's
+	// own pool (heartbeat, complete, release): leaseConns connections that
+	// claims, inserts, maintenance and the application's handlers never
+	// hold, so renewing or ending a lease never waits for a pooled
+	// connection.
+	main, lease *stmtPool
+	prefix      string
+	q           map[string]string
+	migs        []sqlq.Migration
 
 	serverVersion string
 	mariaDB       bool
@@ -98,11 +105,6 @@ type Driver struct {
 	claimMethod   string
 	skipLocked    bool // the server supports SKIP LOCKED (Rescue, Promote)
 	jsonTable     bool // the server has JSON_TABLE; else UNION ALL sources
-
-	stmtMu sync.Mutex
-	stmts  map[string]*sql.Stmt
-	// preparing marks statements being prepared in the background.
-	preparing map[string]bool
 
 	deadlockRetries atomic.Int64
 	lockTimeouts    atomic.Int64
@@ -139,7 +141,7 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	defer pdb.Close()
 	pdb.SetMaxOpenConns(1)
 	q := loadQueries(opts.Prefix)
-	d := &Driver{prefix: opts.Prefix, stmts: map[string]*sql.Stmt{}}
+	d := &Driver{prefix: opts.Prefix}
 	var packet int64
 	if err := pdb.QueryRowContext(ctx, q["Probe"]).Scan(&d.serverVersion, &packet, &d.autoincStep); err != nil {
 		return nil, fmt.Errorf("conveyor/mysql: open: probe server: %w", err)
@@ -214,8 +216,19 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 		d.db.Close()
 		return nil, fmt.Errorf("conveyor/mysql: open: %w", err)
 	}
+	d.main = newStmtPool(d.db)
+	ldb := sql.OpenDB(conn)
+	ldb.SetMaxOpenConns(leaseConns)
+	ldb.SetMaxIdleConns(leaseConns)
+	ldb.SetConnMaxIdleTime(5 * time.Minute)
+	ldb.SetConnMaxLifetime(time.Hour)
+	d.lease = newStmtPool(ldb)
 	return d, nil
 }
+
+// leaseConns is the size of the lease path's pool: the heartbeat loop and
+// the completer each hold at most one connection at a time.
+const leaseConns = 2
 
 // URLConfig converts mysql://user:pass@host:port/db?params (a "socket"
 // parameter selects a unix socket) into a go-sql-driver configuration,
@@ -406,15 +419,9 @@ func (d *Driver) Counters() map[string]int64 {
 // Listen returns nil: MySQL has no push channel and the engine polls.
 func (d *Driver) Listen(ctx context.Context) (driver.Listener, error) { return nil, nil }
 
-// Close closes the prepared statements and the connection pool.
+// Close closes the prepared statements and both connection pools.
 func (d *Driver) Close() error {
-	d.stmtMu.Lock()
-	for k, s := range d.stmts {
-		s.Close()
-		delete(d.stmts, k)
-	}
-	d.stmtMu.Unlock()
-	return d.db.Close()
+	return errors.Join(d.lease.close(), d.main.close())
 }
 
 func (d *Driver) wrap(op string, err error) error {
@@ -424,110 +431,141 @@ func (d *Driver) wrap(op string, err error) error {
 	return fmt.Errorf("conveyor/mysql: %s: %w", op, err)
 }
 
-// stmt returns a prepared statement for query, preparing it on first use.
-// database/sql re-prepares it lazily on each connection of the pool.
-func (d *Driver) cachedStmt(query string) *sql.Stmt {
-	d.stmtMu.Lock()
-	defer d.stmtMu.Unlock()
-	return d.stmts[query]
+// stmtPool is a connection pool with its prepared statements.
+type stmtPool struct {
+	db *sql.DB
+	mu sync.Mutex
+	// stmts are the pool-wide prepared statements; database/sql
+	// re-prepares each lazily on every connection of the pool.
+	stmts map[string]*sql.Stmt
+	// preparing marks statements being prepared in the background.
+	preparing map[string]bool
+}
+
+func newStmtPool(db *sql.DB) *stmtPool {
+	return &stmtPool{db: db, stmts: map[string]*sql.Stmt{}, preparing: map[string]bool{}}
+}
+
+func (p *stmtPool) close() error {
+	p.mu.Lock()
+	for k, s := range p.stmts {
+		s.Close()
+		delete(p.stmts, k)
+	}
+	p.mu.Unlock()
+	return p.db.Close()
+}
+
+// cachedStmt returns the prepared statement for query, or nil.
+func (p *stmtPool) cachedStmt(query string) *sql.Stmt {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stmts[query]
 }
 
 // prepareLater prepares query on the pool once a connection is free.
-func (d *Driver) prepareLater(query string) {
-	d.stmtMu.Lock()
-	if d.preparing == nil {
-		d.preparing = map[string]bool{}
-	}
-	if d.preparing[query] {
-		d.stmtMu.Unlock()
+func (p *stmtPool) prepareLater(query string) {
+	p.mu.Lock()
+	if p.preparing[query] {
+		p.mu.Unlock()
 		return
 	}
-	d.preparing[query] = true
-	d.stmtMu.Unlock()
+	p.preparing[query] = true
+	p.mu.Unlock()
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, _ = d.stmt(ctx, query) // an error leaves it unprepared: tried again later
-		d.stmtMu.Lock()
-		delete(d.preparing, query)
-		d.stmtMu.Unlock()
+		_, _ = p.stmt(ctx, query) // an error leaves it unprepared: tried again later
+		p.mu.Lock()
+		delete(p.preparing, query)
+		p.mu.Unlock()
 	}()
 }
 
 // stmt returns the pool-wide prepared statement for query, preparing it
 // on first use. Never call it while holding a transaction.
-func (d *Driver) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
-	d.stmtMu.Lock()
-	s, ok := d.stmts[query]
-	d.stmtMu.Unlock()
+func (p *stmtPool) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	p.mu.Lock()
+	s, ok := p.stmts[query]
+	p.mu.Unlock()
 	if ok {
 		return s, nil
 	}
-	s, err := d.db.PrepareContext(ctx, query)
+	s, err := p.db.PrepareContext(ctx, query)
 	if err != nil {
 		return nil, err
 	}
-	d.stmtMu.Lock()
-	if old, ok := d.stmts[query]; ok {
-		d.stmtMu.Unlock()
+	p.mu.Lock()
+	if old, ok := p.stmts[query]; ok {
+		p.mu.Unlock()
 		s.Close()
 		return old, nil
 	}
-	d.stmts[query] = s
-	d.stmtMu.Unlock()
+	p.stmts[query] = s
+	p.mu.Unlock()
 	return s, nil
 }
 
-// exec runs a statement on the pool or inside a transaction, using the
-// prepared statement cache when cached is true.
-func (d *Driver) exec(ctx context.Context, tx *sql.Tx, cached bool, query string, args ...any) (sql.Result, error) {
+// exec runs a statement on the pool or inside a transaction begun on it,
+// using the prepared statement cache when cached is true.
+func (p *stmtPool) exec(ctx context.Context, tx *sql.Tx, cached bool, query string, args ...any) (sql.Result, error) {
 	if !cached {
 		if tx != nil {
 			return tx.ExecContext(ctx, query, args...)
 		}
-		return d.db.ExecContext(ctx, query, args...)
+		return p.db.ExecContext(ctx, query, args...)
 	}
 	if tx != nil {
-		if s := d.cachedStmt(query); s != nil {
+		if s := p.cachedStmt(query); s != nil {
 			return tx.StmtContext(ctx, s).ExecContext(ctx, args...)
 		}
 		// Not prepared yet: preparing on the pool inside a transaction
 		// would wait for a second connection, which may never come (the
 		// transaction can hold the last one). Run it on the transaction's
 		// connection and prepare it on the pool in the background.
-		d.prepareLater(query)
+		p.prepareLater(query)
 		return tx.ExecContext(ctx, query, args...)
 	}
-	s, err := d.stmt(ctx, query)
+	s, err := p.stmt(ctx, query)
 	if err != nil {
 		return nil, err
 	}
 	return s.ExecContext(ctx, args...)
 }
 
-func (d *Driver) query(ctx context.Context, tx *sql.Tx, cached bool, query string, args ...any) (*sql.Rows, error) {
+// query is exec for statements that return rows.
+func (p *stmtPool) query(ctx context.Context, tx *sql.Tx, cached bool, query string, args ...any) (*sql.Rows, error) {
 	if !cached {
 		if tx != nil {
 			return tx.QueryContext(ctx, query, args...)
 		}
-		return d.db.QueryContext(ctx, query, args...)
+		return p.db.QueryContext(ctx, query, args...)
 	}
 	if tx != nil {
-		if s := d.cachedStmt(query); s != nil {
+		if s := p.cachedStmt(query); s != nil {
 			return tx.StmtContext(ctx, s).QueryContext(ctx, args...)
 		}
-		// Not prepared yet: preparing on the pool inside a transaction
-		// would wait for a second connection, which may never come (the
-		// transaction can hold the last one). Run it on the transaction's
-		// connection and prepare it on the pool in the background.
-		d.prepareLater(query)
+		p.prepareLater(query) // see exec
 		return tx.QueryContext(ctx, query, args...)
 	}
-	s, err := d.stmt(ctx, query)
+	s, err := p.stmt(ctx, query)
 	if err != nil {
 		return nil, err
 	}
 	return s.QueryContext(ctx, args...)
+}
+
+// stmt, exec and query on the main pool.
+func (d *Driver) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	return d.main.stmt(ctx, query)
+}
+
+func (d *Driver) exec(ctx context.Context, tx *sql.Tx, cached bool, query string, args ...any) (sql.Result, error) {
+	return d.main.exec(ctx, tx, cached, query, args...)
+}
+
+func (d *Driver) query(ctx context.Context, tx *sql.Tx, cached bool, query string, args ...any) (*sql.Rows, error) {
+	return d.main.query(ctx, tx, cached, query, args...)
 }
 
 // myErrno returns the MySQL error number in err, or 0.

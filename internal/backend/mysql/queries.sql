@@ -15,7 +15,7 @@
 -- time_zone '+00:00', READ COMMITTED and an explicit sql_mode (see Open).
 
 -- name: JobColumns
-id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors
+id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors, fence
 
 -- Insert: a multi-row "simple insert" (row count known in advance), so
 -- InnoDB assigns consecutive ids in every innodb_autoinc_lock_mode. A value
@@ -51,7 +51,7 @@ SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE ava
 -- (microseconds earlier, same transaction), so the driver returns exactly
 -- the stored rows without reading them again.
 -- name: ClaimMark
-UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, attempted_at = ?, lease_expires_at = ?, attempted_by = ? WHERE id IN ({ids})
+UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, fence = fence + 1, attempted_at = ?, lease_expires_at = ?, attempted_by = ? WHERE id IN ({ids})
 
 -- Optimistic claim, for servers without SKIP LOCKED. ClaimWindow reads the
 -- first N available rows in claim order with a plain SELECT: under READ
@@ -77,47 +77,48 @@ UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, attempted_at = ?,
 SELECT id FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? ORDER BY priority, scheduled_at, id LIMIT ?
 
 -- name: ClaimOptimistic
-UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, attempted_at = UTC_TIMESTAMP(6), lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, attempted_by = ?, claim_token = ? WHERE id IN ({ids}) AND state = 'available'
+UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, fence = fence + 1, attempted_at = UTC_TIMESTAMP(6), lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, attempted_by = ?, claim_token = ? WHERE id IN ({ids}) AND state = 'available'
 
 -- name: ClaimByToken
 SELECT {cols} FROM `{p}jobs` WHERE claim_token = ? AND id IN ({ids})
 
--- Batch sources. Outcome tuples are [id, attempt, state, retry_us, err]
+-- Batch sources. Outcome tuples are [id, fence, state, retry_us, err]
 -- where err is the AttemptError JSON text, or '' for none.
 -- name: OutcomeSourceJSON
-JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$[0]', attempt BIGINT PATH '$[1]', state VARCHAR(16) PATH '$[2]', retry_us BIGINT PATH '$[3]', err LONGTEXT PATH '$[4]'))
+JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$[0]', fence BIGINT PATH '$[1]', state VARCHAR(16) PATH '$[2]', retry_us BIGINT PATH '$[3]', err LONGTEXT PATH '$[4]'))
 
 -- name: OutcomeSourceRow
-SELECT CAST(? AS SIGNED) AS id, CAST(? AS SIGNED) AS attempt, CAST(? AS CHAR(16)) AS state, CAST(? AS SIGNED) AS retry_us, CAST(? AS CHAR) AS err
+SELECT CAST(? AS SIGNED) AS id, CAST(? AS SIGNED) AS fence, CAST(? AS CHAR(16)) AS state, CAST(? AS SIGNED) AS retry_us, CAST(? AS CHAR) AS err
 
 -- name: LeaseSourceJSON
-JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$[0]', attempt BIGINT PATH '$[1]'))
+JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$[0]', fence BIGINT PATH '$[1]'))
 
 -- name: LeaseSourceRow
-SELECT CAST(? AS SIGNED) AS id, CAST(? AS SIGNED) AS attempt
+SELECT CAST(? AS SIGNED) AS id, CAST(? AS SIGNED) AS fence
 
 -- Complete: MariaDB has no UPDATE ... RETURNING, so the batch is one UPDATE
 -- joined to the batch source (STRAIGHT_JOIN: the batch drives primary-key
--- lookups), fenced by id + attempt + state = 'running'. With
+-- lookups), fenced by id + fence token + state = 'running'. With
 -- CLIENT_FOUND_ROWS the driver learns how many rows matched; when that is
 -- every outcome no further round trip is needed. Otherwise the rows this
 -- call changed are the ones carrying its op_token (FenceCheck). Outcomes
 -- with an error go through CompleteWithErrors: assigning the LONGTEXT
 -- errors column, even to itself, costs about a third of the statement, so
--- the common error-free batch does not touch it. In a multi-table UPDATE
+-- the common error-free batch does not touch it. Complete, Heartbeat and
+-- Release (the lease path) run on a pool of their own. In a multi-table UPDATE
 -- the order of assignments is unspecified, so no assignment reads a column
 -- another one writes.
 -- name: Complete
-UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.attempt = u.attempt SET j.state = u.state, j.finalized_at = IF(u.state = 'retryable', NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state = 'retryable', UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.lease_expires_at = NULL, j.op_token = ? WHERE j.state = 'running'
+UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = u.state, j.finalized_at = IF(u.state = 'retryable', NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state = 'retryable', UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.lease_expires_at = NULL, j.op_token = ? WHERE j.state = 'running'
 
 -- name: CompleteWithErrors
-UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.attempt = u.attempt SET j.state = u.state, j.finalized_at = IF(u.state = 'retryable', NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state = 'retryable', UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.lease_expires_at = NULL, j.errors = CONCAT(LEFT(j.errors, CHAR_LENGTH(j.errors) - 1), IF(j.errors = '[]', '', ','), u.err, ']'), j.op_token = ? WHERE j.state = 'running'
+UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = u.state, j.finalized_at = IF(u.state = 'retryable', NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state = 'retryable', UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.lease_expires_at = NULL, j.errors = CONCAT(LEFT(j.errors, CHAR_LENGTH(j.errors) - 1), IF(j.errors = '[]', '', ','), u.err, ']'), j.op_token = ? WHERE j.state = 'running'
 
 -- name: Heartbeat
-UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.attempt = u.attempt SET j.lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, j.op_token = ? WHERE j.state = 'running'
+UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, j.op_token = ? WHERE j.state = 'running'
 
 -- name: Release
-UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.attempt = u.attempt SET j.state = 'available', j.attempt = j.attempt - 1, j.lease_expires_at = NULL, j.attempted_by = NULL WHERE j.state = 'running'
+UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = 'available', j.attempt = j.attempt - 1, j.lease_expires_at = NULL, j.attempted_by = NULL WHERE j.state = 'running'
 
 -- When fewer rows matched than outcomes/leases were sent: the ids the call
 -- changed, by its op_token.

@@ -290,9 +290,9 @@ func TestCompleteStatesAndErrors(t *testing.T) {
 	}
 	at := time.Date(2024, 5, 6, 7, 8, 9, 123456000, time.UTC)
 	out := []driver.Outcome{
-		{ID: ids[0], Attempt: 1, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 1, At: at, Error: `quote " and \ back`}},
-		{ID: ids[1], Attempt: 1, State: driver.StateCancelled},
-		{ID: ids[2], Attempt: 1, State: driver.StateRetryable, RetryIn: 0, Err: &driver.AttemptError{Attempt: 1, At: at, Error: "e1"}},
+		{ID: ids[0], Fence: 1, Attempt: 1, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 1, At: at, Error: `quote " and \ back`}},
+		{ID: ids[1], Fence: 1, Attempt: 1, State: driver.StateCancelled},
+		{ID: ids[2], Fence: 1, Attempt: 1, State: driver.StateRetryable, RetryIn: 0, Err: &driver.AttemptError{Attempt: 1, At: at, Error: "e1"}},
 	}
 	applied, err := d.Complete(ctx, out)
 	if err != nil || len(applied) != 3 {
@@ -314,12 +314,12 @@ func TestCompleteStatesAndErrors(t *testing.T) {
 	if len(rows) != 1 || rows[0].Attempt != 2 || len(rows[0].Errors) != 1 || rows[0].Errors[0].Error != "e1" {
 		t.Fatalf("reclaimed: %+v", rows)
 	}
-	applied, _ = d.Complete(ctx, []driver.Outcome{{ID: ids[2], Attempt: 2, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 2, At: at, Error: "e2", Trace: "t"}}})
+	applied, _ = d.Complete(ctx, []driver.Outcome{{ID: ids[2], Fence: 2, Attempt: 2, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 2, At: at, Error: "e2", Trace: "t"}}})
 	j, _ = d.GetJob(ctx, ids[2])
 	if len(applied) != 1 || len(j.Errors) != 2 || j.Errors[1].Error != "e2" || j.Errors[1].Trace != "t" || j.Errors[1].Attempt != 2 {
 		t.Fatalf("second error: %+v", j)
 	}
-	if _, err := d.Complete(ctx, []driver.Outcome{{ID: ids[2], Attempt: 2, State: "running"}}); err == nil {
+	if _, err := d.Complete(ctx, []driver.Outcome{{ID: ids[2], Fence: 2, Attempt: 2, State: "running"}}); err == nil {
 		t.Fatal("complete accepted state running")
 	}
 }
@@ -563,9 +563,9 @@ func TestPruneAndLead(t *testing.T) {
 	ids, _ := d.Insert(ctx, []driver.InsertParams{pj("p"), pj("p"), pj("p")})
 	d.Claim(ctx, driver.ClaimParams{Queue: "p", Limit: 3, Lease: time.Minute, Worker: "w"})
 	d.Complete(ctx, []driver.Outcome{
-		{ID: ids[0], Attempt: 1, State: driver.StateCompleted},
-		{ID: ids[1], Attempt: 1, State: driver.StateDiscarded},
-		{ID: ids[2], Attempt: 1, State: driver.StateCancelled},
+		{ID: ids[0], Fence: 1, Attempt: 1, State: driver.StateCompleted},
+		{ID: ids[1], Fence: 1, Attempt: 1, State: driver.StateDiscarded},
+		{ID: ids[2], Fence: 1, Attempt: 1, State: driver.StateCancelled},
 	})
 	time.Sleep(20 * time.Millisecond)
 	if n, err := d.Prune(ctx, -1, time.Millisecond, 10); err != nil || n != 2 {
@@ -612,7 +612,7 @@ func TestArrayLiteralsRoundTrip(t *testing.T) {
 		t.Fatalf("claim tricky queue: %d", len(rows))
 	}
 	msg := "line1\n\"quoted\" \\ {brace}, NULL é"
-	applied, err := d.Complete(ctx, []driver.Outcome{{ID: rows[0].ID, Attempt: 1, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 1, At: time.Now(), Error: msg, Trace: "t\tx"}}})
+	applied, err := d.Complete(ctx, []driver.Outcome{{ID: rows[0].ID, Fence: 1, Attempt: 1, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 1, At: time.Now(), Error: msg, Trace: "t\tx"}}})
 	if err != nil || len(applied) != 1 {
 		t.Fatalf("complete %v %v", applied, err)
 	}

@@ -217,7 +217,7 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 	)
 	dest := []any{&j.ID, &internScanner{in: &d.kinds, dst: &j.Kind}, &args, &j.Priority, &j.Attempt,
 		&j.MaxAttempts, &j.TimeoutMS, &j.ScheduledAt, &j.CreatedAt, &j.AttemptedAt, &j.LeaseExpiresAt,
-		&errorsScanner{dst: &j.Errors}}
+		&errorsScanner{dst: &j.Errors}, &j.Fence}
 	var jobs []driver.JobRow // allocated on the first row: empty polls cost nothing
 	for rows.Next() {
 		if jobs == nil {
@@ -243,16 +243,17 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 }
 
 // Complete applies all outcomes with one fenced UPDATE (only rows still
-// running the given attempt change) and returns the ids applied. It is
-// retried after deadlocks and lock timeouts.
+// running under the given claim's fence change) and returns the ids
+// applied. It runs on the lease pool and is retried after deadlocks and
+// lock timeouts.
 func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int64, error) {
 	n := len(outcomes)
 	if n == 0 {
 		return nil, nil
 	}
-	var ids, attempts, states, retryIn, errs arrayLit
+	var ids, fences, states, retryIn, errs arrayLit
 	ids.init(12 * n)
-	attempts.init(2 * n)
+	fences.init(4 * n)
 	states.init(12 * n)
 	retryIn.init(2 * n)
 	errs.init(3 * n)
@@ -264,7 +265,7 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 			return nil, fmt.Errorf("conveyor/postgres: complete: job %d: invalid outcome state %q", o.ID, o.State)
 		}
 		ids.int(o.ID)
-		attempts.int(int64(o.Attempt))
+		fences.int(o.Fence)
 		states.str(o.State)
 		retryIn.int(micros(o.RetryIn))
 		if o.Err == nil {
@@ -277,10 +278,10 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 		}
 		errs.bytes(b)
 	}
-	args := []any{ids.String(), attempts.String(), states.String(), retryIn.String(), errs.String()}
+	args := []any{ids.String(), fences.String(), states.String(), retryIn.String(), errs.String()}
 	var applied []int64
 	err := d.retryable(ctx, func() error {
-		rows, err := d.pool.Query(ctx, d.q.complete, args...)
+		rows, err := d.lease.Query(ctx, d.q.complete, args...)
 		if err != nil {
 			return err
 		}
@@ -293,28 +294,28 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	return applied, nil
 }
 
-// leaseArgs turns leases into id and attempt array literals.
+// leaseArgs turns leases into id and fence array literals.
 func leaseArgs(leases []driver.Lease) (string, string) {
-	var ids, attempts arrayLit
+	var ids, fences arrayLit
 	ids.init(12 * len(leases))
-	attempts.init(2 * len(leases))
+	fences.init(4 * len(leases))
 	for _, l := range leases {
 		ids.int(l.ID)
-		attempts.int(int64(l.Attempt))
+		fences.int(l.Fence)
 	}
-	return ids.String(), attempts.String()
+	return ids.String(), fences.String()
 }
 
-// Heartbeat extends the leases still owned, in one statement, and returns
-// their ids.
+// Heartbeat extends the leases still owned, in one statement on the lease
+// pool, and returns their ids.
 func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease time.Duration) ([]int64, error) {
 	if len(leases) == 0 {
 		return nil, nil
 	}
-	ids, attempts := leaseArgs(leases)
+	ids, fences := leaseArgs(leases)
 	var owned []int64
 	err := d.retryable(ctx, func() error {
-		rows, err := d.pool.Query(ctx, d.q.heartbeat, ids, attempts, micros(lease))
+		rows, err := d.lease.Query(ctx, d.q.heartbeat, ids, fences, micros(lease))
 		if err != nil {
 			return err
 		}
@@ -334,10 +335,10 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 	if len(leases) == 0 {
 		return 0, nil
 	}
-	ids, attempts := leaseArgs(leases)
+	ids, fences := leaseArgs(leases)
 	var total int64
 	err := d.retryable(ctx, func() error {
-		counts, err := queueCounts(d.pool.Query(ctx, d.q.release, ids, attempts))
+		counts, err := queueCounts(d.lease.Query(ctx, d.q.release, ids, fences))
 		total = 0
 		for _, n := range counts {
 			total += int64(n)

@@ -83,7 +83,12 @@ func loadQueries(prefix string) queries {
 // Driver is the PostgreSQL implementation of driver.Driver. It is safe for
 // concurrent use.
 type Driver struct {
-	pool       *pgxpool.Pool
+	pool *pgxpool.Pool
+	// lease is the lease path's own pool (heartbeat, complete, release):
+	// leaseConns connections that claims, inserts, maintenance and the
+	// application's handlers never hold, so renewing or ending a lease
+	// never waits for a pooled connection.
+	lease      *pgxpool.Pool
 	connConfig *pgx.ConnConfig // for the listener's dedicated connections
 	prefix     string
 	q          queries
@@ -99,7 +104,9 @@ type Driver struct {
 // Open connects to the PostgreSQL server named by dsn (a postgres:// or
 // postgresql:// URL) and returns a driver whose pool holds at most
 // opts.PoolSize connections (default max(8, 4*GOMAXPROCS), or the DSN's
-// pool_max_conns when it sets one). It does not migrate.
+// pool_max_conns when it sets one), plus up to two connections of the
+// lease path's own (heartbeats and acknowledgements) and, once the engine
+// listens, one notification connection. It does not migrate.
 func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error) {
 	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
 		return nil, errors.New("conveyor/postgres: open: DSN must start with postgres:// or postgresql://")
@@ -128,6 +135,7 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
 		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
 	}
+	leaseCfg := cfg.Copy()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
@@ -136,8 +144,15 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 		pool.Close()
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
 	}
+	leaseCfg.MaxConns, leaseCfg.MinConns = leaseConns, 0
+	lease, err := pgxpool.NewWithConfig(ctx, leaseCfg)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("conveyor/postgres: open: lease pool: %w", err)
+	}
 	return &Driver{
 		pool:       pool,
+		lease:      lease,
 		connConfig: cfg.ConnConfig.Copy(),
 		prefix:     opts.Prefix,
 		q:          loadQueries(opts.Prefix),
@@ -197,12 +212,17 @@ func (d *Driver) Counters() map[string]int64 {
 	}
 }
 
-// Close closes the pool. Listeners have their own connections and are
+// Close closes the pools. Listeners have their own connections and are
 // closed separately.
 func (d *Driver) Close() error {
+	d.lease.Close()
 	d.pool.Close()
 	return nil
 }
+
+// leaseConns is the size of the lease path's pool: the heartbeat loop and
+// the completer each hold at most one connection at a time.
+const leaseConns = 2
 
 // Migrate applies the missing migrations, each in its own transaction
 // under a transaction-level advisory lock that serialises concurrent

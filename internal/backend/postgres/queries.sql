@@ -79,17 +79,18 @@ WITH picked AS (
 UPDATE {p}jobs j
 SET state = 'running',
     attempt = j.attempt + 1,
+    fence = j.fence + 1,
     attempted_at = now(),
     lease_expires_at = now() + $3::bigint * interval '1 microsecond',
     attempted_by = $4
 FROM picked
 WHERE j.id = picked.id
 RETURNING j.id, j.kind, j.args, j.priority, j.attempt, j.max_attempts, j.timeout_ms,
-          j.scheduled_at, j.created_at, j.attempted_at, j.lease_expires_at, j.errors
+          j.scheduled_at, j.created_at, j.attempted_at, j.lease_expires_at, j.errors, j.fence
 
 -- name: complete
--- One statement for the whole batch, fenced by attempt and state. err is
--- '' or one AttemptError as JSON.
+-- One statement for the whole batch, fenced by the claim's fence token and
+-- state. err is '' or one AttemptError as JSON.
 UPDATE {p}jobs j
 SET state = o.state,
     scheduled_at = CASE WHEN o.state = 'retryable'
@@ -99,28 +100,32 @@ SET state = o.state,
     lease_expires_at = NULL,
     errors = CASE WHEN o.err = '' THEN j.errors
                   ELSE j.errors || jsonb_build_array(o.err::jsonb) END
-FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::text[])
-     AS o(id, attempt, state, retry_us, err)
-WHERE j.id = o.id AND j.attempt = o.attempt AND j.state = 'running'
+FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::text[])
+     AS o(id, fence, state, retry_us, err)
+WHERE j.id = o.id AND j.fence = o.fence AND j.state = 'running'
 RETURNING j.id
 
 -- name: heartbeat
+-- The lease runs from the statement's own clock (clock_timestamp), not the
+-- start of its transaction, so time spent waiting for a row lock does not
+-- shorten it.
 UPDATE {p}jobs j
-SET lease_expires_at = now() + $3::bigint * interval '1 microsecond'
-FROM unnest($1::bigint[], $2::int[]) AS l(id, attempt)
-WHERE j.id = l.id AND j.attempt = l.attempt AND j.state = 'running'
+SET lease_expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond'
+FROM unnest($1::bigint[], $2::bigint[]) AS l(id, fence)
+WHERE j.id = l.id AND j.fence = l.fence AND j.state = 'running'
 RETURNING j.id
 
 -- name: release
--- Returns the number released per queue and wakes those queues.
+-- Returns the number released per queue and wakes those queues. The
+-- attempt is given back; the fence is not.
 WITH u AS (
     UPDATE {p}jobs j
     SET state = 'available',
         attempt = j.attempt - 1,
         lease_expires_at = NULL,
         attempted_by = NULL
-    FROM unnest($1::bigint[], $2::int[]) AS l(id, attempt)
-    WHERE j.id = l.id AND j.attempt = l.attempt AND j.state = 'running'
+    FROM unnest($1::bigint[], $2::bigint[]) AS l(id, fence)
+    WHERE j.id = l.id AND j.fence = l.fence AND j.state = 'running'
     RETURNING j.queue
 ),
 q AS (SELECT queue, count(*) AS n FROM u GROUP BY queue),
@@ -128,6 +133,10 @@ woke AS (SELECT pg_notify('{p}wake', queue) FROM q)
 SELECT q.queue, q.n FROM q CROSS JOIN (SELECT count(*) FROM woke) w
 
 -- name: rescue
+-- FOR UPDATE re-reads each candidate's latest committed version and
+-- re-checks the WHERE clause on it, and SKIP LOCKED passes over rows a
+-- heartbeat is renewing right now: a lease renewed by a transaction that
+-- committed after this statement's snapshot is not rescued.
 WITH picked AS (
     SELECT id
     FROM {p}jobs
@@ -208,14 +217,14 @@ LISTEN {p}wake
 -- name: get_job
 SELECT id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
        scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
-       attempted_by, errors
+       attempted_by, errors, fence
 FROM {p}jobs
 WHERE id = $1
 
 -- name: list_jobs
 SELECT id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
        scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
-       attempted_by, errors
+       attempted_by, errors, fence
 FROM {p}jobs
 WHERE id > $1
   AND (cardinality($2::text[]) = 0 OR state = ANY($2::text[]))
@@ -236,7 +245,7 @@ WITH u AS (
     WHERE id = $1 AND state IN ('discarded', 'cancelled', 'retryable', 'scheduled', 'completed')
     RETURNING id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
               scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
-              attempted_by, errors
+              attempted_by, errors, fence
 ),
 woke AS (SELECT pg_notify('{p}wake', queue) FROM u)
 SELECT u.* FROM u CROSS JOIN (SELECT count(*) FROM woke) w
@@ -250,7 +259,7 @@ SET state = $2::text,
 WHERE id = $1 AND state IN ('available', 'scheduled', 'retryable', 'running')
 RETURNING id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
           scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
-          attempted_by, errors
+          attempted_by, errors, fence
 
 -- name: stats
 -- Per queue and state: the count and, for available, the age in

@@ -104,7 +104,7 @@ func scanJob(row pgx.Row) (*driver.JobRow, error) {
 	)
 	err := row.Scan(&j.ID, &j.Queue, &j.Kind, &args, &j.State, &priority, &attempt, &maxAttempts,
 		&j.TimeoutMS, &j.ScheduledAt, &j.CreatedAt, &attemptedAt, &finalizedAt, &leaseExpiresAt,
-		&attemptedBy, errorsScanner{&j.Errors})
+		&attemptedBy, errorsScanner{&j.Errors}, &j.Fence)
 	if err != nil {
 		return nil, err
 	}

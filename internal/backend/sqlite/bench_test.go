@@ -70,7 +70,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 					break
 				}
 				for _, r := range rows {
-					out = append(out, driver.Outcome{ID: r.ID, Attempt: r.Attempt, State: driver.StateCompleted})
+					out = append(out, driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted})
 				}
 				if len(out) >= tc.completeEvery {
 					flush()
@@ -111,7 +111,7 @@ func BenchmarkPipeline(b *testing.B) {
 				return
 			}
 			for _, r := range rows {
-				ch <- driver.Outcome{ID: r.ID, Attempt: r.Attempt, State: driver.StateCompleted}
+				ch <- driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted}
 			}
 		}
 	}()

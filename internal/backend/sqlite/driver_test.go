@@ -360,10 +360,10 @@ func TestCompleteOutcomes(t *testing.T) {
 	at := time.Date(2024, 5, 6, 7, 8, 9, 123456789, time.UTC)
 	e1 := &driver.AttemptError{At: at, Error: "first"}
 	applied, err := d.Complete(ctx, []driver.Outcome{
-		{ID: ids[0], Attempt: 1, State: driver.StateDiscarded, Err: e1},
-		{ID: ids[1], Attempt: 1, State: driver.StateCancelled},
-		{ID: ids[2], Attempt: 1, State: driver.StateRetryable, RetryIn: 0, Err: e1},
-		{ID: ids[3], Attempt: 1, State: driver.StateCompleted},
+		{ID: ids[0], Fence: 1, Attempt: 1, State: driver.StateDiscarded, Err: e1},
+		{ID: ids[1], Fence: 1, Attempt: 1, State: driver.StateCancelled},
+		{ID: ids[2], Fence: 1, Attempt: 1, State: driver.StateRetryable, RetryIn: 0, Err: e1},
+		{ID: ids[3], Fence: 1, Attempt: 1, State: driver.StateCompleted},
 	})
 	if err != nil || len(applied) != 4 {
 		t.Fatalf("complete: %v %v", applied, err)
@@ -385,7 +385,7 @@ func TestCompleteOutcomes(t *testing.T) {
 	if len(rows) != 1 || rows[0].ID != ids[2] || rows[0].Attempt != 2 || len(rows[0].Errors) != 1 {
 		t.Fatalf("reclaim: %+v", rows)
 	}
-	applied, err = d.Complete(ctx, []driver.Outcome{{ID: ids[2], Attempt: 2, State: driver.StateRetryable, RetryIn: time.Minute,
+	applied, err = d.Complete(ctx, []driver.Outcome{{ID: ids[2], Fence: 2, Attempt: 2, State: driver.StateRetryable, RetryIn: time.Minute,
 		Err: &driver.AttemptError{Attempt: 2, At: at, Error: "second", Trace: "t"}}})
 	if err != nil || len(applied) != 1 {
 		t.Fatalf("complete: %v %v", applied, err)
@@ -395,11 +395,11 @@ func TestCompleteOutcomes(t *testing.T) {
 		j2.Errors[1].Trace != "t" || !j2.FinalizedAt.IsZero() {
 		t.Fatalf("retryable twice: %+v", j2)
 	}
-	if _, err := d.Complete(ctx, []driver.Outcome{{ID: ids[4], Attempt: 1, State: driver.StateRunning}}); err == nil {
+	if _, err := d.Complete(ctx, []driver.Outcome{{ID: ids[4], Fence: 1, Attempt: 1, State: driver.StateRunning}}); err == nil {
 		t.Fatal("outcome state running accepted")
 	}
 	// Release of the last running job returns it, uncounted.
-	if n, err := d.Release(ctx, []driver.Lease{{ID: ids[4], Attempt: 1}, {ID: ids[3], Attempt: 1}}); err != nil || n != 1 {
+	if n, err := d.Release(ctx, []driver.Lease{{ID: ids[4], Fence: 1}, {ID: ids[3], Fence: 1}}); err != nil || n != 1 {
 		t.Fatalf("release: %d %v", n, err)
 	}
 	j4, _ := d.GetJob(ctx, ids[4])
@@ -435,7 +435,7 @@ func TestAdmin(t *testing.T) {
 	}
 	ids, _ := d.Insert(ctx, in)
 	rows, _ := d.Claim(ctx, driver.ClaimParams{Queue: "a", Limit: 1, Lease: time.Minute, Worker: "w"})
-	d.Complete(ctx, []driver.Outcome{{ID: rows[0].ID, Attempt: 1, State: driver.StateCompleted}})
+	d.Complete(ctx, []driver.Outcome{{ID: rows[0].ID, Fence: 1, Attempt: 1, State: driver.StateCompleted}})
 
 	// Retry from completed grants another attempt.
 	j, err := d.Retry(ctx, ids[0])
@@ -455,7 +455,7 @@ func TestAdmin(t *testing.T) {
 	if j, err := d.Cancel(ctx, rows[0].ID); err != nil || j.State != driver.StateCancelled || !j.LeaseExpiresAt.IsZero() {
 		t.Fatalf("cancel running: %+v %v", j, err)
 	}
-	if applied, _ := d.Complete(ctx, []driver.Outcome{{ID: rows[0].ID, Attempt: rows[0].Attempt, State: driver.StateCompleted}}); len(applied) != 0 {
+	if applied, _ := d.Complete(ctx, []driver.Outcome{{ID: rows[0].ID, Fence: rows[0].Fence, Attempt: rows[0].Attempt, State: driver.StateCompleted}}); len(applied) != 0 {
 		t.Fatal("outcome of a cancelled job applied")
 	}
 	if _, err := d.Discard(ctx, rows[0].ID); !errors.Is(err, driver.ErrWrongState) {
@@ -543,7 +543,7 @@ func TestBusyRetried(t *testing.T) {
 	defer conn.ExecContext(ctx, "ROLLBACK")
 	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
-	_, err = d.Complete(cctx, []driver.Outcome{{ID: ids[0], Attempt: 1, State: driver.StateCompleted}})
+	_, err = d.Complete(cctx, []driver.Outcome{{ID: ids[0], Fence: 1, Attempt: 1, State: driver.StateCompleted}})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("complete with a deadline under a held lock: %v", err)
 	}

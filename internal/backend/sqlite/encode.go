@@ -145,7 +145,7 @@ func insertChunks(jobs []driver.InsertParams, maxRows int, fn func(chunk string,
 	return err
 }
 
-// encodeLeases encodes [[id, attempt], ...].
+// encodeLeases encodes [[id, fence], ...].
 func encodeLeases(b []byte, leases []driver.Lease) []byte {
 	b = append(b, '[')
 	for i, l := range leases {
@@ -155,13 +155,13 @@ func encodeLeases(b []byte, leases []driver.Lease) []byte {
 		b = append(b, '[')
 		b = strconv.AppendInt(b, l.ID, 10)
 		b = append(b, ',')
-		b = strconv.AppendInt(b, int64(l.Attempt), 10)
+		b = strconv.AppendInt(b, l.Fence, 10)
 		b = append(b, ']')
 	}
 	return append(b, ']')
 }
 
-// encodeOutcomes encodes [[id, attempt, state, retry_in_us, error or null], ...].
+// encodeOutcomes encodes [[id, fence, state, retry_in_us, error or null], ...].
 func encodeOutcomes(b []byte, outcomes []driver.Outcome) ([]byte, error) {
 	b = append(b, '[')
 	for i := range outcomes {
@@ -177,7 +177,7 @@ func encodeOutcomes(b []byte, outcomes []driver.Outcome) ([]byte, error) {
 		b = append(b, '[')
 		b = strconv.AppendInt(b, o.ID, 10)
 		b = append(b, ',')
-		b = strconv.AppendInt(b, int64(o.Attempt), 10)
+		b = strconv.AppendInt(b, o.Fence, 10)
 		b = append(b, ",\""...)
 		b = append(b, o.State...)
 		b = append(b, "\","...)
@@ -215,7 +215,7 @@ func scanJob(s scanner) (*driver.JobRow, error) {
 	)
 	if err := s.Scan(&j.ID, &j.Queue, &j.Kind, &args, &j.State, &j.Priority, &j.Attempt,
 		&j.MaxAttempts, &j.TimeoutMS, &scheduled, &created, &attemptedAt, &finalizedAt,
-		&leaseAt, &attemptedBy, &errs); err != nil {
+		&leaseAt, &attemptedBy, &errs, &j.Fence); err != nil {
 		return nil, err
 	}
 	j.Args = json.RawMessage(args)

@@ -193,9 +193,9 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	}
 	param := string(b)
 	applied := make([]int64, 0, len(outcomes))
-	err = d.retry(ctx, func() error {
+	err = d.leaseRetry(ctx, func(conn *sql.Conn) error {
 		applied = applied[:0]
-		return d.queryIDs(ctx, d.q["complete"], &applied, param)
+		return queryIDs(ctx, conn, d.q["complete"], &applied, param)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: complete %d outcomes: %w", len(outcomes), err)
@@ -203,10 +203,9 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	return applied, nil
 }
 
-// queryIDs runs an autocommit statement returning ids on the write
-// connection.
-func (d *Driver) queryIDs(ctx context.Context, query string, ids *[]int64, args ...any) error {
-	rows, err := d.w.QueryContext(ctx, query, args...)
+// queryIDs runs an autocommit statement returning ids on conn.
+func queryIDs(ctx context.Context, conn *sql.Conn, query string, ids *[]int64, args ...any) error {
+	rows, err := conn.QueryContext(ctx, query, args...)
 	if err != nil {
 		return err
 	}
@@ -232,9 +231,9 @@ func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease tim
 	*bp = encodeLeases((*bp)[:0], leases)
 	param := string(*bp)
 	owned := make([]int64, 0, len(leases))
-	err := d.retry(ctx, func() error {
+	err := d.leaseRetry(ctx, func(conn *sql.Conn) error {
 		owned = owned[:0]
-		return d.queryIDs(ctx, d.q["heartbeat"], &owned, param, us(lease))
+		return queryIDs(ctx, conn, d.q["heartbeat"], &owned, param, us(lease))
 	})
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: heartbeat %d leases: %w", len(leases), err)
@@ -252,8 +251,8 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 	*bp = encodeLeases((*bp)[:0], leases)
 	param := string(*bp)
 	var n int64
-	err := d.retry(ctx, func() error {
-		res, err := d.w.ExecContext(ctx, d.q["release"], param)
+	err := d.leaseRetry(ctx, func(conn *sql.Conn) error {
+		res, err := conn.ExecContext(ctx, d.q["release"], param)
 		if err != nil {
 			return err
 		}

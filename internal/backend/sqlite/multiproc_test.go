@@ -70,8 +70,8 @@ func worker(path, name string, done func(int64)) error {
 		out := make([]driver.Outcome, len(rows))
 		leases := make([]driver.Lease, len(rows))
 		for k, r := range rows {
-			out[k] = driver.Outcome{ID: r.ID, Attempt: r.Attempt, State: driver.StateCompleted}
-			leases[k] = driver.Lease{ID: r.ID, Attempt: r.Attempt}
+			out[k] = driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted}
+			leases[k] = driver.Lease{ID: r.ID, Fence: r.Fence}
 		}
 		if owned, err := d.Heartbeat(ctx, leases, time.Minute); err != nil || len(owned) != len(rows) {
 			return fmt.Errorf("heartbeat: %d of %d owned, %v", len(owned), len(rows), err)

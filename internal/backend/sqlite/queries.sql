@@ -18,7 +18,7 @@ CAST(ROUND(unixepoch('subsec') * 1000000) AS INTEGER)
 -- name: job_columns
 id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
 scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
-attempted_by, errors
+attempted_by, errors, fence
 
 -- name: insert
 -- ?1: [[queue, kind, args as a JSON string, priority, max_attempts,
@@ -74,6 +74,7 @@ ORDER BY r.k
 UPDATE {p}jobs
    SET state = 'running',
        attempt = attempt + 1,
+       fence = fence + 1,
        attempted_at = {now},
        lease_expires_at = {now} + ?3,
        attempted_by = ?4
@@ -84,8 +85,8 @@ UPDATE {p}jobs
 RETURNING {cols}
 
 -- name: complete
--- ?1: [[id, attempt, new_state, retry_in_us, error object or null], ...]
--- Fenced: applies only where the job still runs that attempt.
+-- ?1: [[id, fence, new_state, retry_in_us, error object or null], ...]
+-- Fenced: applies only where the job still runs under that claim.
 UPDATE {p}jobs
    SET state = o.new_state,
        scheduled_at = CASE WHEN o.new_state = 'retryable'
@@ -96,32 +97,32 @@ UPDATE {p}jobs
        errors = CASE WHEN o.err IS NULL THEN errors
                      ELSE json_insert(errors, '$[#]', json(o.err)) END
   FROM (SELECT {now} AS now) AS n,
-       (SELECT value ->> 0 AS oid, value ->> 1 AS oattempt,
+       (SELECT value ->> 0 AS oid, value ->> 1 AS ofence,
                value ->> 2 AS new_state, value ->> 3 AS retry_in,
                value ->> 4 AS err
           FROM json_each(?1)) AS o
- WHERE id = o.oid AND attempt = o.oattempt AND state = 'running'
+ WHERE id = o.oid AND fence = o.ofence AND state = 'running'
 RETURNING id
 
 -- name: heartbeat
--- ?1: [[id, attempt], ...], ?2 lease in microseconds.
+-- ?1: [[id, fence], ...], ?2 lease in microseconds.
 UPDATE {p}jobs
    SET lease_expires_at = {now} + ?2
-  FROM (SELECT value ->> 0 AS lid, value ->> 1 AS lattempt
+  FROM (SELECT value ->> 0 AS lid, value ->> 1 AS lfence
           FROM json_each(?1)) AS l
- WHERE id = l.lid AND attempt = l.lattempt AND state = 'running'
+ WHERE id = l.lid AND fence = l.lfence AND state = 'running'
 RETURNING id
 
 -- name: release
--- ?1: [[id, attempt], ...]
+-- ?1: [[id, fence], ...]. The attempt is given back; the fence is not.
 UPDATE {p}jobs
    SET state = 'available',
        attempt = attempt - 1,
        lease_expires_at = NULL,
        attempted_by = NULL
-  FROM (SELECT value ->> 0 AS lid, value ->> 1 AS lattempt
+  FROM (SELECT value ->> 0 AS lid, value ->> 1 AS lfence
           FROM json_each(?1)) AS l
- WHERE id = l.lid AND attempt = l.lattempt AND state = 'running'
+ WHERE id = l.lid AND fence = l.lfence AND state = 'running'
 
 -- name: rescue
 -- ?1 limit. Running jobs whose lease expired become available again (or

@@ -32,6 +32,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	sqldriver "database/sql/driver"
+
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
@@ -75,6 +77,13 @@ type Driver struct {
 
 	w *sql.DB // the one write connection (BEGIN IMMEDIATE)
 	r *sql.DB // read-only pool for admin reads
+	// gate orders this process's writers to the file, the lease path
+	// first; dropGate lets go of it at Close.
+	gate     *gate
+	dropGate func()
+	// busyTimeout is the write connection's busy_timeout in milliseconds,
+	// restored after each lease-path write (which polls by itself).
+	busyTimeout int
 
 	q          map[string]string
 	migrations []sqlq.Migration
@@ -122,6 +131,7 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 		q:          loadQueries(opts.Prefix),
 		migrations: sqlq.Migrations(sqlFS, "migrations", opts.Prefix),
 	}
+	d.gate, d.dropGate = gateFor(target.path)
 	d.w, err = sql.Open("sqlite", wdsn)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: open %s: %w", target.path, err)
@@ -164,6 +174,10 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if !strings.EqualFold(mode, "wal") {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: open %s: journal_mode is %q, not WAL (is the file on a filesystem without shared memory support?)", target.path, mode)
+	}
+	if err := d.w.QueryRowContext(ctx, d.q["pragma_busy_timeout"]).Scan(&d.busyTimeout); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("conveyor/sqlite: open %s: %w", target.path, err)
 	}
 	return d, nil
 }
@@ -370,6 +384,9 @@ func (d *Driver) Listen(ctx context.Context) (driver.Listener, error) { return n
 
 // Close closes both pools.
 func (d *Driver) Close() error {
+	if d.dropGate != nil {
+		d.dropGate()
+	}
 	var errs []error
 	if d.r != nil {
 		errs = append(errs, d.r.Close())
@@ -391,11 +408,68 @@ func isBusy(err error) bool {
 	return false
 }
 
-// retry runs fn, retrying it with short jittered backoff while SQLite
-// reports busy. fn must be safe to repeat after a busy failure: every
-// caller runs one autocommit statement or one transaction, which SQLite
-// has rolled back when it reports busy.
+// retry runs fn on the write connection once the gate lets it (behind
+// every waiting lease-path write), retrying it while SQLite reports busy.
 func (d *Driver) retry(ctx context.Context, fn func() error) error {
+	return d.gated(ctx, false, fn)
+}
+
+// leaseRetry runs fn for the lease path (heartbeat, complete, release) on
+// the write connection: it goes before every other waiting write of this
+// process, and while another process holds the write lock it polls every
+// fraction of a millisecond (busy_timeout is set to 0 for the call)
+// instead of SQLite's busy handler, whose sleeps grow to 100ms and would
+// let a busy neighbour win the lock again and again until the lease
+// expires. fn must run its statement on conn.
+func (d *Driver) leaseRetry(ctx context.Context, fn func(conn *sql.Conn) error) error {
+	if err := d.gate.acquire(ctx, true); err != nil {
+		return err
+	}
+	defer d.gate.release()
+	conn, err := d.w.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "PRAGMA busy_timeout = 0"); err != nil {
+		return err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.ExecContext(rctx, "PRAGMA busy_timeout = "+strconv.Itoa(d.busyTimeout)); err != nil {
+			_ = conn.Raw(func(any) error { return sqldriver.ErrBadConn }) // drop it: a fresh one gets the DSN's timeout
+		}
+	}()
+	for {
+		err := fn(conn)
+		if err == nil || !isBusy(err) {
+			return err
+		}
+		d.busyRetries.Add(1)
+		t := time.NewTimer(250*time.Microsecond + rand.N(500*time.Microsecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w (while the database was locked: %v)", ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}
+
+func (d *Driver) gated(ctx context.Context, lease bool, fn func() error) error {
+	if err := d.gate.acquire(ctx, lease); err != nil {
+		return err
+	}
+	defer d.gate.release()
+	return d.busyRetry(ctx, fn)
+}
+
+// busyRetry runs fn, retrying it with short jittered backoff while SQLite
+// reports busy (another process holds the write lock). fn must be safe to
+// repeat after a busy failure: every caller runs one autocommit statement
+// or one transaction, which SQLite has rolled back when it reports busy.
+func (d *Driver) busyRetry(ctx context.Context, fn func() error) error {
 	err := fn()
 	if err == nil || !isBusy(err) {
 		return err

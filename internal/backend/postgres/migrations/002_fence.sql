@@ -1,0 +1,13 @@
+-- conveyor schema v2 for PostgreSQL: a fence token per job that only
+-- grows. Every claim sets fence = fence + 1 and every acknowledgement
+-- (complete, heartbeat, release) is fenced by it. The attempt counter is
+-- given back by a graceful release, so it cannot serve as the fence: a
+-- later claim would carry the same number as the released attempt. Adding
+-- a column with a constant default does not rewrite the table. Jobs
+-- running while the schema is upgraded keep their attempt as their fence.
+
+ALTER TABLE {p}jobs ADD COLUMN fence bigint NOT NULL DEFAULT 0
+
+-- split
+
+UPDATE {p}jobs SET fence = attempt WHERE state = 'running'
