@@ -1,0 +1,270 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// fakeDriver is an in-memory stand-in for the lease path: Claim hands out
+// the jobs given to it once, and Heartbeat and Complete call hooks the
+// test controls. The rest of driver.Driver is never called by these tests
+// (the embedded nil interface would panic if it were).
+type fakeDriver struct {
+	driver.Driver
+
+	mu      sync.Mutex
+	pending []*driver.JobRow
+	claimAt time.Time // when the last non-empty claim was called
+
+	heartbeat func(ctx context.Context, leases []driver.Lease) ([]int64, error)
+	complete  func(ctx context.Context, outcomes []driver.Outcome) ([]int64, error)
+	released  atomic.Int64
+}
+
+func (d *fakeDriver) Name() string                      { return "fake" }
+func (d *fakeDriver) Capabilities() driver.Capabilities { return driver.Capabilities{} }
+
+func (d *fakeDriver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := min(p.Limit, len(d.pending))
+	out := d.pending[:n]
+	d.pending = d.pending[n:]
+	if n > 0 {
+		d.claimAt = time.Now()
+	}
+	return out, nil
+}
+
+func (d *fakeDriver) Heartbeat(ctx context.Context, leases []driver.Lease, _ time.Duration) ([]int64, error) {
+	return d.heartbeat(ctx, leases)
+}
+
+func (d *fakeDriver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int64, error) {
+	return d.complete(ctx, outcomes)
+}
+
+func (d *fakeDriver) Release(ctx context.Context, leases []driver.Lease) (int64, error) {
+	d.released.Add(int64(len(leases)))
+	return int64(len(leases)), nil
+}
+
+func (d *fakeDriver) TryLead(context.Context, string, time.Duration) (bool, error) { return false, nil }
+
+func owned(leases []driver.Lease) []int64 {
+	ids := make([]int64, len(leases))
+	for i, l := range leases {
+		ids[i] = l.ID
+	}
+	return ids
+}
+
+func applied(outcomes []driver.Outcome) []int64 {
+	ids := make([]int64, len(outcomes))
+	for i, o := range outcomes {
+		ids[i] = o.ID
+	}
+	return ids
+}
+
+func testConfig(lease time.Duration) Config {
+	return Config{
+		Queues:            map[string]int{"q": 4},
+		ClaimBatch:        10,
+		CompleteBatch:     10,
+		InsertBatch:       10,
+		Lease:             lease,
+		HeartbeatInterval: lease / 3,
+		PollMin:           5 * time.Millisecond,
+		PollMax:           20 * time.Millisecond,
+		ListenPoll:        time.Second,
+		PromoteInterval:   time.Hour,
+		RescueInterval:    time.Hour,
+		PruneInterval:     time.Hour,
+		ShutdownTimeout:   time.Second,
+		Backoff:           func(int) time.Duration { return time.Millisecond },
+	}
+}
+
+func job(id int64) *driver.JobRow {
+	return &driver.JobRow{ID: id, Queue: "q", Kind: "k", State: driver.StateRunning, Attempt: 1, Fence: 7, MaxAttempts: 5}
+}
+
+// A process whose renewals never get through cancels its handlers before
+// the lease can expire: the handler's context ends with the deadline
+// cause after at least Lease minus the margin (not early) and before the
+// lease runs out, and the attempt's outcome is still written, fenced.
+func TestHandlerStoppedBeforeUnrenewedLeaseExpires(t *testing.T) {
+	const lease = 2 * time.Second
+	var outcomes []driver.Outcome
+	var mu sync.Mutex
+	d := &fakeDriver{pending: []*driver.JobRow{job(1)}}
+	d.heartbeat = func(ctx context.Context, _ []driver.Lease) ([]int64, error) {
+		<-ctx.Done() // the database never answers
+		return nil, ctx.Err()
+	}
+	d.complete = func(_ context.Context, outs []driver.Outcome) ([]int64, error) {
+		mu.Lock()
+		outcomes = append(outcomes, outs...)
+		mu.Unlock()
+		return applied(outs), nil
+	}
+	type stop struct {
+		at    time.Time
+		cause error
+	}
+	stopped := make(chan stop, 1)
+	e := New(d, testConfig(lease), map[string]Handler{"k": func(ctx context.Context, _ *driver.JobRow) error {
+		<-ctx.Done()
+		stopped <- stop{time.Now(), context.Cause(ctx)}
+		return ctx.Err()
+	}})
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close(context.Background())
+	var s stop
+	select {
+	case s = <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler was never stopped")
+	}
+	d.mu.Lock()
+	claimed := d.claimAt
+	d.mu.Unlock()
+	if !errors.Is(s.cause, errLeaseDeadline) {
+		t.Fatalf("handler stopped by %v, want the lease deadline", s.cause)
+	}
+	if early := claimed.Add(lease - e.leaseMargin()); s.at.Before(early) {
+		t.Fatalf("handler stopped %v after the claim, before the deadline at %v", s.at.Sub(claimed), lease-e.leaseMargin())
+	}
+	if s.at.After(claimed.Add(lease)) {
+		t.Fatalf("handler stopped %v after the claim: the lease (%v) could already have been rescued", s.at.Sub(claimed), lease)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := len(outcomes)
+		mu.Unlock()
+		if n == 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(outcomes) != 1 || outcomes[0].Fence != 7 || outcomes[0].State != driver.StateRetryable || outcomes[0].Err == nil {
+		t.Fatalf("outcomes %+v, want one retryable outcome fenced by 7", outcomes)
+	}
+	if got := e.Metrics().LeaseDeadlines.Load(); got != 1 {
+		t.Fatalf("lease_deadlines %d, want 1", got)
+	}
+}
+
+// A finished job's lease is renewed until its outcome is written, and
+// only until then.
+func TestFinishedJobKeepsLeaseUntilWritten(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	d := &fakeDriver{pending: []*driver.JobRow{job(1)}}
+	var renewedWhileWriting atomic.Bool
+	writing, release := make(chan struct{}), make(chan struct{})
+	var writeDone atomic.Bool
+	var afterWrite atomic.Int64
+	d.heartbeat = func(_ context.Context, leases []driver.Lease) ([]int64, error) {
+		for _, l := range leases {
+			if l.ID == 1 && l.Fence == 7 {
+				select {
+				case <-writing:
+					if writeDone.Load() {
+						afterWrite.Add(1)
+					} else {
+						renewedWhileWriting.Store(true)
+					}
+				default:
+				}
+			}
+		}
+		return owned(leases), nil
+	}
+	var once sync.Once
+	d.complete = func(_ context.Context, outs []driver.Outcome) ([]int64, error) {
+		once.Do(func() { close(writing) })
+		<-release
+		writeDone.Store(true)
+		return applied(outs), nil
+	}
+	e := New(d, testConfig(lease), map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close(context.Background())
+	<-writing
+	deadline := time.Now().Add(10 * time.Second)
+	for !renewedWhileWriting.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the finished job's lease was not renewed while its outcome waited to be written")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	for !writeDone.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	// Several heartbeat intervals later the written job is not renewed.
+	time.Sleep(4 * e.cfg.HeartbeatInterval)
+	if n := afterWrite.Load(); n != 0 {
+		t.Fatalf("the job's lease was renewed %d times after its outcome was written", n)
+	}
+	if got := e.Metrics().LeaseDeadlines.Load(); got != 0 {
+		t.Fatalf("lease_deadlines %d, want 0", got)
+	}
+}
+
+// A heartbeat that reports a lease no longer owned cancels the handler
+// with the lost-lease cause, and the attempt's outcome is dropped by the
+// process (the database's fence would refuse it).
+func TestLostLeaseCancelsHandlerAndDropsOutcome(t *testing.T) {
+	const lease = 300 * time.Millisecond
+	d := &fakeDriver{pending: []*driver.JobRow{job(1)}}
+	d.heartbeat = func(context.Context, []driver.Lease) ([]int64, error) { return nil, nil }
+	var completes atomic.Int64
+	d.complete = func(_ context.Context, outs []driver.Outcome) ([]int64, error) {
+		completes.Add(int64(len(outs)))
+		return applied(outs), nil
+	}
+	cause := make(chan error, 1)
+	e := New(d, testConfig(lease), map[string]Handler{"k": func(ctx context.Context, _ *driver.JobRow) error {
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		return ctx.Err()
+	}})
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c := <-cause:
+		if !errors.Is(c, errLeaseLost) {
+			t.Fatalf("handler stopped by %v, want the lost lease", c)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler was never stopped")
+	}
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := completes.Load(); n != 0 {
+		t.Fatalf("%d outcomes written for a lost lease", n)
+	}
+	if n := d.released.Load(); n != 0 {
+		t.Fatalf("%d lost leases released at shutdown", n)
+	}
+	if got := e.Metrics().LeasesLost.Load(); got != 1 {
+		t.Fatalf("leases_lost %d, want 1", got)
+	}
+}
