@@ -3,7 +3,7 @@
 // enqueues into multi-row inserts (group commit), one heartbeat loop for all
 // running jobs, one listener, and maintenance loops run by an elected
 // leader. Workers never touch the database; they wait on in-process
-// channels (DESIGN.md lessons 1 to 3).
+// channels (docs/lessons.md, lessons 1 to 3).
 package engine
 
 import (
