@@ -109,9 +109,16 @@ type Config struct {
 	// against a process crash; default) or "FULL" (also power loss).
 	SQLiteSynchronous string
 
-	// Logger receives warnings (database errors being retried). Default
+	// Logger receives warnings (database errors being retried, leases lost
+	// or not renewed in time) and one record per failed attempt, each with
+	// attributes (job_id, kind, queue, attempt, max_attempts, duration,
+	// error, next_state). Nothing is logged for a successful job. Default
 	// slog.Default().
 	Logger *slog.Logger
+	// FailedAttemptLevel is the level of the record logged for each failed
+	// attempt, for example slog.LevelInfo or slog.LevelDebug (a level below
+	// the handler's own silences them). Default slog.LevelWarn.
+	FailedAttemptLevel slog.Leveler
 }
 
 // QueueConfig configures one queue of a client.
@@ -176,6 +183,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.FailedAttemptLevel == nil {
+		c.FailedAttemptLevel = slog.LevelWarn
+	}
 	switch {
 	case c.ClaimBatch < 1 || c.CompleteBatch < 1 || c.InsertBatch < 1:
 		return c, fmt.Errorf("conveyor: ClaimBatch, CompleteBatch and InsertBatch must be positive")
@@ -217,6 +227,7 @@ func (c Config) engineConfig() engine.Config {
 		DiscardedRetention: c.DiscardedRetention,
 		ShutdownTimeout:    c.ShutdownTimeout,
 		Backoff:            c.Backoff,
-		Logf:               func(f string, a ...any) { logger.Warn(fmt.Sprintf(f, a...)) },
+		Logger:             logger,
+		FailedAttemptLevel: c.FailedAttemptLevel.Level(),
 	}
 }

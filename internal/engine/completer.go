@@ -122,9 +122,9 @@ func (c *completer) write(batch []driver.Outcome) {
 			return
 		}
 		e.metrics.DBErrors.Add(1)
-		e.logf("conveyor: writing %d job outcomes failed (retrying): %v", len(batch), err)
+		e.warn("conveyor: writing job outcomes failed (retrying)", "jobs", len(batch), "error", err)
 		if c.gaveUp {
-			e.logf("conveyor: dropped %d job outcomes at shutdown; their leases will expire and the jobs will be rescued", len(batch))
+			e.warn("conveyor: dropped job outcomes at shutdown; their leases will expire and the jobs will be rescued", "jobs", len(batch))
 			return
 		}
 		if giveUp == nil {
@@ -138,7 +138,7 @@ func (c *completer) write(batch []driver.Outcome) {
 		case <-time.After(errBackoff(try)):
 		case <-giveUp:
 			c.gaveUp = true // only the writer goroutine reads or writes it
-			e.logf("conveyor: gave up writing %d job outcomes at shutdown; their leases will expire and the jobs will be rescued", len(batch))
+			e.warn("conveyor: gave up writing job outcomes at shutdown; their leases will expire and the jobs will be rescued", "jobs", len(batch))
 			return
 		}
 	}

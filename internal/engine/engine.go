@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	mrand "math/rand/v2"
 	"os"
@@ -64,7 +65,12 @@ type Config struct {
 	DiscardedRetention time.Duration
 	ShutdownTimeout    time.Duration
 	Backoff            func(attempt int) time.Duration
-	Logf               func(format string, args ...any)
+	// Logger receives warnings (database errors being retried, leases
+	// lost) and one record per failed attempt; nil discards them.
+	Logger *slog.Logger
+	// FailedAttemptLevel is the level of the record logged for each
+	// failed attempt. Successful attempts are not logged.
+	FailedAttemptLevel slog.Level
 }
 
 // Metrics are process-wide counters.
@@ -148,10 +154,24 @@ func (e *Engine) ID() string { return e.id }
 // Metrics returns the engine's counters.
 func (e *Engine) Metrics() *Metrics { return &e.metrics }
 
-func (e *Engine) logf(format string, args ...any) {
-	if e.cfg.Logf != nil {
-		e.cfg.Logf(format, args...)
+// warn logs a warning with attributes.
+func (e *Engine) warn(msg string, args ...any) {
+	if e.cfg.Logger != nil {
+		e.cfg.Logger.Warn(msg, args...)
 	}
+}
+
+// logFailure records one failed attempt: the job, its attempt, how long
+// it ran, the error and what becomes of the job.
+func (e *Engine) logFailure(row *driver.JobRow, ran time.Duration, o driver.Outcome, err error) {
+	l := e.cfg.Logger
+	if l == nil || !l.Enabled(context.Background(), e.cfg.FailedAttemptLevel) {
+		return
+	}
+	l.Log(context.Background(), e.cfg.FailedAttemptLevel, "conveyor: job attempt failed",
+		slog.Int64("job_id", row.ID), slog.String("kind", row.Kind), slog.String("queue", row.Queue),
+		slog.Int("attempt", row.Attempt), slog.Int("max_attempts", row.MaxAttempts),
+		slog.Duration("duration", ran), slog.String("error", err.Error()), slog.String("next_state", o.State))
 }
 
 // Start begins fetching and working the configured queues.

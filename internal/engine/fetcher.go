@@ -163,7 +163,7 @@ func (f *fetcher) run(ctx context.Context) {
 			}
 			errs++
 			e.metrics.DBErrors.Add(1)
-			e.logf("conveyor: claim on queue %q failed (retrying): %v", f.queue, err)
+			e.warn("conveyor: claim failed (retrying)", "queue", f.queue, "error", err)
 			select {
 			case <-time.After(errBackoff(errs)):
 			case <-f.stopCh:
@@ -235,17 +235,21 @@ func (f *fetcher) worker() {
 	defer f.workerWG.Done()
 	e := f.e
 	for it := range f.jobs {
+		began := time.Now()
 		err, trace := e.runJob(it.ctx, it.row)
+		ran := time.Since(began)
 		cause := context.Cause(it.ctx)
 		switch {
 		case err != nil && errors.Is(cause, errShutdown):
 			// Interrupted by shutdown: keep the lease so Stop releases
 			// the job instead of counting a failure.
 		case f.finish(it) || e.testSkipLocalFence:
+			o := e.outcome(it.row, err, trace)
 			if err != nil {
 				e.metrics.Failed.Add(1)
+				e.logFailure(it.row, ran, o, err)
 			}
-			if !e.comp.submit(pending{f: f, o: e.outcome(it.row, err, trace)}) {
+			if !e.comp.submit(pending{f: f, o: o}) {
 				// The completer closed under us: Stop releases the job, or
 				// it is rescued.
 				f.unfinish(it)

@@ -55,7 +55,7 @@ func (e *Engine) heartbeatLoop(ctx context.Context) {
 			}
 			fails++
 			e.metrics.DBErrors.Add(1)
-			e.logf("conveyor: heartbeat for %d jobs failed (retrying): %v", len(leases), err)
+			e.warn("conveyor: heartbeat failed (retrying)", "jobs", len(leases), "error", err)
 			timer.Reset(min(errBackoff(fails), e.cfg.HeartbeatInterval))
 			continue
 		}
@@ -98,7 +98,7 @@ func (e *Engine) deadlineLoop(ctx context.Context) {
 		}
 		if n > 0 {
 			e.metrics.LeaseDeadlines.Add(int64(n))
-			e.logf("conveyor: %d jobs cancelled: their leases could not be renewed within %v of expiring", n, margin)
+			e.warn("conveyor: handlers cancelled: their leases could not be renewed in time", "jobs", n, "margin", margin)
 		}
 	}
 }
@@ -121,7 +121,7 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 			if err != nil {
 				errs++
 				e.metrics.DBErrors.Add(1)
-				e.logf("conveyor: leader election failed: %v", err)
+				e.warn("conveyor: leader election failed", "error", err)
 				sleep(ctx, errBackoff(errs))
 				continue
 			}
@@ -142,7 +142,7 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 				n, err := e.drv.Prune(ctx, e.cfg.CompletedRetention, e.cfg.DiscardedRetention, batch)
 				if err != nil {
 					if ctx.Err() == nil {
-						e.logf("conveyor: prune failed: %v", err)
+						e.warn("conveyor: prune failed", "error", err)
 					}
 					break
 				}
@@ -163,7 +163,7 @@ func (e *Engine) drainLoop(ctx context.Context, what string, batch int, m counte
 		if err != nil {
 			if ctx.Err() == nil {
 				e.metrics.DBErrors.Add(1)
-				e.logf("conveyor: %s failed: %v", what, err)
+				e.warn("conveyor: maintenance failed", "task", what, "error", err)
 			}
 			return
 		}
@@ -188,7 +188,7 @@ func (e *Engine) listenLoop(ctx context.Context) {
 	for try := 1; ctx.Err() == nil; try++ {
 		l, err := e.drv.Listen(ctx)
 		if err != nil {
-			e.logf("conveyor: listen failed (polling meanwhile): %v", err)
+			e.warn("conveyor: listen failed (polling meanwhile)", "error", err)
 			sleep(ctx, errBackoff(try))
 			continue
 		}
@@ -199,7 +199,7 @@ func (e *Engine) listenLoop(ctx context.Context) {
 				break
 			}
 			if err != nil {
-				e.logf("conveyor: listener: %v", err)
+				e.warn("conveyor: listener failed (reconnecting)", "error", err)
 				sleep(ctx, errBackoff(1))
 				e.wake("")
 				continue
