@@ -30,7 +30,7 @@ func tortureCmd(ctx context.Context, args []string, g *flag.FlagSet, stdout, std
 	workers := f.Int("workers", 3, "worker processes")
 	concurrency := f.Int("concurrency", 16, "concurrent jobs per worker process")
 	rate := f.Float64("rate", 100, "jobs enqueued per second")
-	lease := f.Duration("lease", 2*time.Second, "the workers' lease")
+	lease := f.Duration("lease", 2*time.Second, "the workers' lease (phase lengths, drains and fault bounds scale with it)")
 	noRestart := f.Bool("no-restart", false, "leave out the fault that restarts the database server")
 	smallPool := f.Int("small-pool", 1, "PoolSize of the workers in the smallpool fault")
 	poison := f.String("poison", "panic,exit,hang", "poison kinds the poison fault enqueues")

@@ -1,10 +1,10 @@
 // Package torture is conveyor's fault-injection suite: it runs real worker
 // processes against a real database, injects faults (processes killed or
 // paused past their lease, the database restarted, connections killed,
-// clocks skewed, poison jobs, a starved connection pool, transactions
-// rolled back) and checks the outcome exactly from records kept outside the
-// queue's tables. `conveyor torture` is its command; docs/torture.md
-// describes the method.
+// clocks skewed, poison jobs, a starved connection pool, saturated CPUs and
+// a throttled disk, transactions rolled back) and checks the outcome
+// exactly from records kept outside the queue's tables. `conveyor torture`
+// is its command; docs/torture.md describes the method.
 package torture
 
 import (

@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	gomysql "github.com/go-sql-driver/mysql"
@@ -29,7 +30,7 @@ type Options struct {
 	// SQLite file path. Default: a temporary SQLite file.
 	DSN string
 	// Duration is the total load time, split evenly across the faults
-	// (each gets at least MinPhase). Default 5m.
+	// (each gets at least MinPhase and four leases). Default 5m.
 	Duration time.Duration
 	// Faults names the faults to run (see FaultNames); empty runs every
 	// fault that applies to the backend.
@@ -46,7 +47,9 @@ type Options struct {
 	Concurrency int
 	// Rate is the producer's enqueue rate in jobs per second. Default 100.
 	Rate float64
-	// Lease is the workers' lease. Default 2s.
+	// Lease is the workers' lease. Default 2s. The phases' lengths, drain
+	// timeouts, fault durations and bounds, and the workers' job timeout
+	// scale with it.
 	Lease time.Duration
 	// NoRestart leaves out the fault that restarts the database server
 	// (which breaks anyone else using it at the time).
@@ -62,8 +65,34 @@ type Options struct {
 	Log io.Writer
 }
 
-// MinPhase is the shortest load time a fault phase gets.
+// MinPhase is the shortest load time a fault phase gets; with a lease
+// longer than a quarter of it, a phase gets at least four leases.
 const MinPhase = 8 * time.Second
+
+// minPhase is the shortest load time of a phase with lease: long enough
+// for leases to expire and jobs to be rescued several times over.
+func minPhase(lease time.Duration) time.Duration {
+	return max(MinPhase, 4*lease)
+}
+
+// drainTimeout is how long a phase waits for the queue to drain by
+// default: enough for the jobs of a process killed at the end of the load
+// to be rescued (a lease) and run, with room for a backlog. Faults with
+// longer jobs or slower rescues add to it.
+func drainTimeout(lease time.Duration) time.Duration {
+	return max(30*time.Second, 3*lease)
+}
+
+// jobTimeout is the workers' JobTimeout: longer than any torture job (the
+// longest run three leases, kept alive by heartbeats).
+func jobTimeout(lease time.Duration) time.Duration {
+	return max(20*time.Second, 4*lease)
+}
+
+// exclusive keeps the phases of faults that load the whole machine (see
+// fault.exclusive) from running at the same time as any other phase of
+// this process: they take it for writing, the others for reading.
+var exclusive sync.RWMutex
 
 func (o *Options) defaults() error {
 	if o.Duration <= 0 {
@@ -159,8 +188,12 @@ type phase struct {
 	workerArgs   []string
 	producerRole string
 	producerArgs []string
+	rate         float64 // the producer's rate (Options.Rate unless the fault lowers it)
 	poison       map[string]bool
 	drainTimeout time.Duration
+	// cleanups run at the very end of the phase, after its processes are
+	// gone, in the order they were added.
+	cleanups []func()
 
 	loadStart, faultStart, faultEnd, loadEnd time.Time
 	whole                                    bool
@@ -168,6 +201,12 @@ type phase struct {
 	notes, failures                          []string
 	private                                  *privateServer
 	expectExits                              bool
+
+	// The cpu faults: the CPU burner, and the disk throttle with what
+	// went through it.
+	burn               *burnState
+	throttle           *blkioThrottle
+	diskIOs, diskBytes int64
 }
 
 func (p *phase) logf(format string, args ...any) {
@@ -250,7 +289,7 @@ func Run(ctx context.Context, opts Options) ([]Row, error) {
 	if len(run) == 0 {
 		return rows, nil
 	}
-	budget := max(o.Duration/time.Duration(len(run)), MinPhase)
+	budget := max(o.Duration/time.Duration(len(run)), minPhase(o.Lease))
 	for _, f := range run {
 		if ctx.Err() != nil {
 			return rows, ctx.Err()
@@ -272,11 +311,21 @@ func newPrefix() string {
 }
 
 func runPhase(ctx context.Context, o *Options, f *fault, backend string, budget time.Duration) (row Row) {
+	if f.exclusive {
+		exclusive.Lock()
+		defer exclusive.Unlock()
+	} else {
+		exclusive.RLock()
+		defer exclusive.RUnlock()
+	}
 	begin := time.Now()
-	p := &phase{o: o, f: f, backend: backend, dsn: o.DSN, prefix: newPrefix(), budget: budget,
-		drainTimeout: 30 * time.Second, poison: map[string]bool{}, producerRole: "producer"}
+	p := &phase{o: o, f: f, backend: backend, dsn: o.DSN, prefix: newPrefix(), budget: budget, rate: o.Rate,
+		drainTimeout: drainTimeout(o.Lease), poison: map[string]bool{}, producerRole: "producer"}
 	row = Row{Fault: f.name, Backend: backend}
 	defer func() {
+		for _, c := range p.cleanups {
+			c()
+		}
 		row.Seconds = time.Since(begin).Seconds()
 		row.Notes = append(row.Notes, p.notes...)
 		row.Failures = append(row.Failures, p.failures...)
@@ -325,8 +374,9 @@ func (p *phase) setUp(ctx context.Context) error {
 	}
 	p.sup = newSupervisor(p.o.Exe, p.o.ExeArgs, p.o.Env, dir, p.logf)
 	common := []string{"--db", withAppName(p.dsn, "conveyor-torture"), "--prefix", p.prefix}
-	p.workerArgs = slices.Concat(common, []string{"--workers", strconv.Itoa(p.o.Concurrency), "--lease", p.o.Lease.String()}, p.workerArgs)
-	p.producerArgs = slices.Concat(common, []string{"--rate", strconv.FormatFloat(p.o.Rate, 'f', -1, 64)}, p.producerArgs)
+	p.workerArgs = slices.Concat(common, []string{"--workers", strconv.Itoa(p.o.Concurrency), "--lease", p.o.Lease.String(),
+		"--job-timeout", jobTimeout(p.o.Lease).String()}, p.workerArgs)
+	p.producerArgs = slices.Concat(common, []string{"--rate", strconv.FormatFloat(p.rate, 'f', -1, 64)}, p.producerArgs)
 	for i := 1; i <= p.o.Workers; i++ {
 		if err := p.sup.start(ctx, fmt.Sprintf("w%d", i), "worker", p.workerArgs); err != nil {
 			return err
@@ -354,7 +404,10 @@ func (p *phase) load(ctx context.Context) error {
 	}
 	p.loadEnd = p.loadStart.Add(p.budget)
 	if !p.whole {
-		p.loadEnd = latest(p.loadEnd, p.faultEnd.Add(4*time.Second))
+		// Load after the fault, to measure recovery and pick-ups on: at
+		// least 4s, and past one lease (checkReconnect looks at the jobs
+		// enqueued from a lease + 1s after the fault on).
+		p.loadEnd = latest(p.loadEnd, p.faultEnd.Add(max(4*time.Second, p.o.Lease+2*time.Second)))
 	}
 	sleepUntil(ctx, p.loadEnd)
 	p.sup.stopRole(p.producerRole, 35*time.Second)
@@ -406,6 +459,9 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 		p.note("%d jobs still not final %v after the load ended (%d claims by the workers so far)", left, p.drainTimeout, p.claimed())
 	} else {
 		p.note("drained in %.1fs", time.Since(drainStart).Seconds())
+	}
+	if p.f.stop != nil {
+		p.f.stop(ctx, p)
 	}
 	p.sup.stopRole("worker", 15*time.Second)
 	p.sup.close()

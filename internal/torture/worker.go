@@ -84,13 +84,18 @@ type workerFlags struct {
 	longEvery                       int
 	longMS, minMS, maxMS            int
 	dbwork                          bool
+	// threads and until are the burner's busy threads and deadline;
+	// blkio is a blkio cgroup the process joins before anything else.
+	threads int
+	until   time.Time
+	blkio   string
 }
 
 func parseWorkerFlags(args []string, stderr io.Writer) (*workerFlags, error) {
 	fs := flag.NewFlagSet("torture worker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	w := &workerFlags{}
-	fs.StringVar(&w.role, "role", "worker", "worker, producer or txproducer")
+	fs.StringVar(&w.role, "role", "worker", "worker, producer, txproducer or burn")
 	fs.StringVar(&w.dsn, "db", "", "database DSN")
 	fs.StringVar(&w.prefix, "prefix", "", "table prefix")
 	fs.StringVar(&w.record, "record", "", "record file (JSON lines)")
@@ -109,11 +114,26 @@ func parseWorkerFlags(args []string, stderr io.Writer) (*workerFlags, error) {
 	fs.IntVar(&w.longEvery, "long-every", 0, "producer: every Nth job is long (0: none)")
 	fs.IntVar(&w.longMS, "long-ms", 6000, "producer: duration of a long job (ms)")
 	fs.BoolVar(&w.dbwork, "dbwork", false, "producer: enqueue dbwork jobs instead of work")
+	fs.IntVar(&w.threads, "threads", 0, "burn: busy threads (0: twice the CPUs)")
+	fs.Func("until", "burn: exit by itself at this time (RFC 3339)", func(s string) (err error) {
+		w.until, err = time.Parse(time.RFC3339Nano, s)
+		return err
+	})
+	fs.StringVar(&w.blkio, "blkio-cgroup", "", "join this blkio cgroup directory before touching the database")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
-	if w.dsn == "" || w.prefix == "" || w.record == "" || w.proc == "" {
-		return nil, errors.New("torture worker: --db, --prefix, --record and --proc are required")
+	if w.record == "" || w.proc == "" {
+		return nil, errors.New("torture worker: --record and --proc are required")
+	}
+	if w.role == roleBurn {
+		if w.until.IsZero() {
+			return nil, errors.New("torture worker: --until is required with --role burn")
+		}
+		return w, nil
+	}
+	if w.dsn == "" || w.prefix == "" {
+		return nil, errors.New("torture worker: --db and --prefix are required")
 	}
 	return w, nil
 }
@@ -122,13 +142,21 @@ func parseWorkerFlags(args []string, stderr io.Writer) (*workerFlags, error) {
 // worker ...`, or the test binary re-executed): a worker that runs the
 // torture job kinds and records every execution, a producer that enqueues
 // at a steady rate and records every acknowledged enqueue, or a
-// transactional producer that rolls back some of its transactions. It
-// writes "ready" on stdout once it is working and runs until SIGTERM (a
-// graceful stop) or SIGKILL.
+// transactional producer that rolls back some of its transactions, or a
+// CPU burner (the cpu faults). It writes "ready" on stdout once it is
+// working and runs until SIGTERM (a graceful stop) or SIGKILL; a burner
+// also ends by itself at its --until deadline.
 func WorkerMain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	w, err := parseWorkerFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if w.blkio != "" {
+		// Before any file is opened, so that all of this process's
+		// writes go through the throttle.
+		if err := joinCgroup(w.blkio, os.Getpid()); err != nil {
+			return err
+		}
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -145,6 +173,8 @@ func WorkerMain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		err = runProducer(ctx, w, rec, logger, stdout)
 	case "txproducer":
 		err = runTxProducer(ctx, w, rec, logger, stdout)
+	case roleBurn:
+		err = runBurner(ctx, w, stdout)
 	default:
 		err = fmt.Errorf("torture worker: unknown role %q", w.role)
 	}
