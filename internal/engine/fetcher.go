@@ -235,6 +235,14 @@ func (f *fetcher) worker() {
 	defer f.workerWG.Done()
 	e := f.e
 	for it := range f.jobs {
+		if !f.startable(it) {
+			f.giveBack(it)
+			it.cancel(nil)
+			f.running.Add(-1)
+			signal(f.freedCh)
+			e.jobWG.Done()
+			continue
+		}
 		began := time.Now()
 		err, trace := e.runJob(it.ctx, it.row)
 		ran := time.Since(began)
@@ -263,6 +271,43 @@ func (f *fetcher) worker() {
 		f.running.Add(-1)
 		signal(f.freedCh)
 		e.jobWG.Done()
+	}
+}
+
+// startable reports whether it may start: this fetcher still holds its
+// lease and the lease is not about to expire. An attempt that waited for a
+// worker while the process was paused or starved past its lease must not
+// start: the job may already be running, or done, elsewhere.
+func (f *fetcher) startable(it *running) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.leases[it.row.ID] != it || it.cutOff {
+		return false
+	}
+	return time.Now().Before(it.validUntil.Add(-f.e.leaseMargin()))
+}
+
+// giveBack releases an attempt that never started (its handler did not
+// run, so the attempt is not counted), fenced: if the job was rescued
+// meanwhile the release is refused and nothing changes.
+func (f *fetcher) giveBack(it *running) {
+	f.mu.Lock()
+	held := f.leases[it.row.ID] == it
+	if held {
+		delete(f.leases, it.row.ID)
+	}
+	f.mu.Unlock()
+	if !held {
+		return // lost, or released by Stop
+	}
+	f.e.metrics.LeaseDeadlines.Add(1)
+	ctx, cancel := context.WithTimeout(context.Background(), f.e.cfg.Lease)
+	defer cancel()
+	n, err := f.e.drv.Release(ctx, []driver.Lease{{ID: it.row.ID, Fence: it.row.Fence}})
+	f.e.metrics.Released.Add(n)
+	if err != nil {
+		f.e.metrics.DBErrors.Add(1)
+		f.e.warn("conveyor: releasing a job whose lease ran out before it started failed; it will be rescued", "job_id", it.row.ID, "error", err)
 	}
 }
 
@@ -313,8 +358,9 @@ func (f *fetcher) snapshot(dst []driver.Lease) []driver.Lease {
 }
 
 // renewed records a heartbeat sent at sent that covered asked: the owned
-// leases are valid for another Lease from sent; the others were lost and
-// their handlers are cancelled. It returns how many were lost.
+// leases are valid for another Lease from sent; the others of running
+// handlers were lost and those handlers are cancelled. It returns how
+// many were lost.
 func (f *fetcher) renewed(asked map[int64]int64, owned map[int64]bool, sent time.Time) int {
 	valid := sent.Add(f.e.cfg.Lease)
 	n := 0
@@ -328,6 +374,13 @@ func (f *fetcher) renewed(asked map[int64]int64, owned map[int64]bool, sent time
 			if valid.After(it.validUntil) {
 				it.validUntil = valid
 			}
+			continue
+		}
+		if it.finishing {
+			// Its outcome was most likely written between the snapshot
+			// and the renewal (the completer settles it); if the job was
+			// taken from us instead, the write is refused and counted as
+			// stale. Either way there is no handler left to stop.
 			continue
 		}
 		delete(f.leases, id)

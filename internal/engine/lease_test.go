@@ -268,3 +268,54 @@ func TestLostLeaseCancelsHandlerAndDropsOutcome(t *testing.T) {
 		t.Fatalf("leases_lost %d, want 1", got)
 	}
 }
+
+// An attempt whose lease ran out before a worker could start it (the
+// claim came back late, the process was paused or starved) is not
+// started: its handler never runs and the claim is given back, fenced.
+func TestAttemptNotStartedPastItsLease(t *testing.T) {
+	const lease = 500 * time.Millisecond
+	d := &slowClaimDriver{fakeDriver: fakeDriver{pending: []*driver.JobRow{job(1)}}, delay: lease - lease/10}
+	d.heartbeat = func(ctx context.Context, _ []driver.Lease) ([]int64, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	d.complete = func(_ context.Context, outs []driver.Outcome) ([]int64, error) { return applied(outs), nil }
+	var ran atomic.Int64
+	e := New(d, testConfig(lease), map[string]Handler{"k": func(context.Context, *driver.JobRow) error {
+		ran.Add(1)
+		return nil
+	}})
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for d.released.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := d.released.Load(); n != 1 {
+		t.Fatalf("%d leases given back, want 1", n)
+	}
+	if n := ran.Load(); n != 0 {
+		t.Fatalf("the handler ran %d times past its lease", n)
+	}
+	if got := e.Metrics().LeaseDeadlines.Load(); got != 1 {
+		t.Fatalf("lease_deadlines %d, want 1", got)
+	}
+}
+
+// slowClaimDriver's claims come back delay after they were sent.
+type slowClaimDriver struct {
+	fakeDriver
+	delay time.Duration
+}
+
+func (d *slowClaimDriver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+	rows, err := d.fakeDriver.Claim(ctx, p)
+	if len(rows) > 0 {
+		time.Sleep(d.delay)
+	}
+	return rows, err
+}
