@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -29,41 +28,11 @@ func tempSQLite() (string, func(), error) {
 	return filepath.Join(dir, "bench.db"), func() { os.RemoveAll(dir) }, nil
 }
 
-// demo enqueues and works no-op jobs on a temporary SQLite database.
-func demo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	f := flag.NewFlagSet("demo", flag.ContinueOnError)
-	f.SetOutput(stderr)
-	jobs := f.Int("jobs", 100000, "no-op jobs to drain")
-	workers := f.Int("workers", 100, "workers")
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	path, cleanup, err := tempSQLite()
-	if err != nil {
-		return err
-	}
-	defer cleanup()
-	fmt.Fprintf(stdout, "conveyor demo on a temporary SQLite database (%s)\n", path)
-	fmt.Fprintf(stdout, "1. drain: %d no-op jobs inserted in bulk, then worked by %d workers\n", *jobs, *workers)
-	d, err := bench.Run(ctx, bench.Options{DSN: path, Workload: "drain", Workers: *workers, Jobs: *jobs, Progress: stdout})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(stdout, "2. pick-up latency: an idle queue, one job enqueued every 5ms")
-	l, err := bench.Run(ctx, bench.Options{DSN: path, Workload: "latency", Workers: *workers, Jobs: 500, Interval: 5 * time.Millisecond, Progress: stdout})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "\nthroughput:        %.0f jobs/s (%d jobs in %.2fs)\n", d.JobsPerS, d.Jobs, d.Seconds)
-	fmt.Fprintf(stdout, "pick-up latency:   p50 %.2fms  p95 %.2fms  p99 %.2fms  max %.2fms (from enqueue commit to handler start)\n", l.P50ms, l.P95ms, l.P99ms, l.Maxms)
-	fmt.Fprintf(stdout, "executions:        %d lost, %d duplicates\n", d.Lost+l.Lost, d.Duplicates+l.Duplicates)
-	fmt.Fprintf(stdout, "sqlite:            %s, synchronous=%s (durable against a process crash)\n", d.Settings["sqlite_version"], d.Settings["synchronous"])
-	return nil
-}
-
-func benchCmd(ctx context.Context, args []string, dsn string, stdout, stderr io.Writer) error {
-	f := flag.NewFlagSet("bench", flag.ContinueOnError)
-	f.SetOutput(stderr)
+// benchCmd runs the bench's workloads on throw-away tables: in the --db
+// database, else $CONVEYOR_DB, else a temporary SQLite file (never the
+// queue commands' ./conveyor.db).
+func benchCmd(e *env, args []string) error {
+	f := e.flags("bench", "bench [--db DSN] [--workload W] [flags]", dbHelpScratch)
 	workload := f.String("workload", "drain", "drain, flow, latency, sweep, isolation or claims")
 	workers := f.Int("workers", 0, "workers: the queue's MaxWorkers (default 100); claims: claiming goroutines (default 10)")
 	jobs := f.Int("jobs", 0, "jobs: drain 100000, latency 1000, claims 10000, isolation 300 cold jobs per phase")
@@ -88,19 +57,21 @@ func benchCmd(ctx context.Context, args []string, dsn string, stdout, stderr io.
 	claimBatch := f.Int("claim-batch", 0, "Config.ClaimBatch (default: conveyor's default)")
 	completeBatch := f.Int("complete-batch", 0, "Config.CompleteBatch (default: conveyor's default)")
 	poolSize := f.Int("pool-size", 0, "Config.PoolSize (default: the backend's)")
-	if err := f.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	pos, err := e.parse(f, args)
+	if err != nil {
 		return err
 	}
-	if f.NArg() > 0 {
-		return fmt.Errorf("bench: unexpected arguments %q", f.Args())
+	if err := noArgs("bench", pos); err != nil {
+		return err
+	}
+	if err := e.noPrefix("bench"); err != nil {
+		return err
 	}
 	cs, err := parseCounts(*counts)
 	if err != nil {
 		return err
 	}
+	dsn := e.scratchDSN()
 	if dsn == "" {
 		path, cleanup, err := tempSQLite()
 		if err != nil {
@@ -109,31 +80,31 @@ func benchCmd(ctx context.Context, args []string, dsn string, stdout, stderr io.
 		defer cleanup()
 		dsn = path
 		if !*asJSON {
-			fmt.Fprintf(stdout, "conveyor bench on a temporary SQLite database (%s)\n", path)
+			fmt.Fprintf(e.stdout, "conveyor bench on a temporary SQLite database (%s)\n", path)
 		}
 	}
 	o := bench.Options{
 		DSN: dsn, Workload: *workload, Workers: *workers, Jobs: *jobs, Duration: *duration,
 		Producers: *producers, Mode: *mode, Interval: *interval, SeparateProducer: *separate, Herd: *herd, ArgBytes: *argBytes, Work: *work, Spin: *spin,
 		Of: *of, Counts: cs, Strategies: splitList(*strategies), Window: *window, Timeout: *timeout,
-		Progress: stderr,
+		Progress: e.stderr,
 		Config:   conveyor.Config{ClaimBatch: *claimBatch, CompleteBatch: *completeBatch, PoolSize: *poolSize, PollMin: *pollMin, PollMax: *pollMax},
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
+		enc := json.NewEncoder(e.stdout)
 		o.Emit = func(r *bench.Result) { enc.Encode(r) }
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
 	rs, err := bench.RunAll(ctx, o)
 	if !*asJSON && len(rs) > 0 {
-		printResults(stdout, rs)
+		printResults(e.stdout, rs)
 	}
 	if *reportFile != "" && len(rs) > 0 {
 		if rerr := writeReport(*reportFile, rs); rerr != nil {
 			err = errors.Join(err, rerr)
 		} else if !*asJSON {
-			fmt.Fprintf(stdout, "\nreport: %s\n", *reportFile)
+			fmt.Fprintf(e.stdout, "\nreport: %s\n", *reportFile)
 		}
 	}
 	return err

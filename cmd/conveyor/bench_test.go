@@ -17,7 +17,7 @@ func TestBenchTableAndReport(t *testing.T) {
 	t.Setenv("CONVEYOR_DB", "")
 	report := filepath.Join(t.TempDir(), "r.html")
 	var out, errOut bytes.Buffer
-	err := run(context.Background(), []string{"bench", "--workload", "claims", "--jobs", "100", "--workers", "2", "--report", report}, &out, &errOut)
+	err := run(context.Background(), []string{"bench", "--workload", "claims", "--jobs", "100", "--workers", "2", "--report", report}, nil, &out, &errOut)
 	if err != nil {
 		t.Fatalf("%v\n%s\n%s", err, out.String(), errOut.String())
 	}
@@ -40,7 +40,7 @@ func TestBenchTableAndReport(t *testing.T) {
 func TestBenchJSON(t *testing.T) {
 	t.Setenv("CONVEYOR_DB", "")
 	var out, errOut bytes.Buffer
-	err := run(context.Background(), []string{"bench", "--workload", "sweep", "--counts", "1,3", "--jobs", "20", "--interval", "1ms", "--json"}, &out, &errOut)
+	err := run(context.Background(), []string{"bench", "--workload", "sweep", "--counts", "1,3", "--jobs", "20", "--interval", "1ms", "--json"}, nil, &out, &errOut)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, errOut.String())
 	}
@@ -72,7 +72,7 @@ func TestBenchBadFlags(t *testing.T) {
 		{"bench", "extra"},
 	} {
 		var out, errOut bytes.Buffer
-		if err := run(context.Background(), args, &out, &errOut); err == nil {
+		if err := run(context.Background(), args, nil, &out, &errOut); err == nil {
 			t.Errorf("%q: no error", args)
 		}
 	}

@@ -1,50 +1,77 @@
 // Command conveyor manages and measures a conveyor job queue: migrate the
 // schema, enqueue and inspect jobs, retry, cancel or discard them, print
-// queue statistics, and run the demo and the bench.
+// queue statistics, and run the demo, the bench and the torture suite.
+//
+// This file holds the dispatch and the flag handling every command shares;
+// each command has a file of its own.
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
+	"net/url"
 	"os"
 	"os/signal"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
-	"text/tabwriter"
-	"time"
 
 	"github.com/conveyorq/conveyor"
 )
 
 const usage = `conveyor: a durable job queue in your database
 
-usage: conveyor [--db DSN] [--prefix P] COMMAND [flags]
+usage: conveyor COMMAND [flags]
 
---db is a SQLite path (default ./conveyor.db, or $CONVEYOR_DB),
-postgres://... or mysql://user:pass@host:port/db.
+--db DSN and --prefix P go before or after the command. --db is a SQLite
+path (default $CONVEYOR_DB, else ./conveyor.db), postgres://... or
+mysql://user:pass@host:port/db; --prefix is the table prefix (default
+conveyor_). Only migrate creates a SQLite database.
 
 commands:
-  migrate                 apply the schema migrations
-  enqueue --kind K --args JSON [--queue Q] [--priority N] [--delay D] [--max-attempts N]
+  migrate                 create the database (SQLite) and apply the schema migrations
+  enqueue --kind K [--args JSON|@FILE|-] [--queue Q] [--priority N] [--delay D] [--max-attempts N]
   jobs [--state S] [--queue Q] [--kind K] [--limit N] [--after ID] [--json]
   job ID [--json]         inspect one job, with every attempt's error
   retry ID | cancel ID | discard ID
   stats [--json]          per queue: counts by state, age of the oldest available job
-  demo                    enqueue and work no-op jobs on a temporary SQLite database
+  demo [flags]            enqueue and work no-op jobs on throw-away tables
   bench [flags]           measure throughput, latency, ordering and duplicates
-                          (conveyor bench --help)
-  torture [flags]         inject faults into real worker processes, check nothing is lost (--help)
+  torture [flags]         inject faults into real worker processes, check nothing is lost
+
+'conveyor COMMAND --help' prints a command's flags.
 `
+
+// Help texts of --db: the queue commands default to ./conveyor.db, the
+// commands that work on throw-away tables to a temporary SQLite file.
+const (
+	dbHelp        = "database `DSN`: a SQLite path, postgres://... or mysql://user:pass@host:port/db (default $CONVEYOR_DB, else ./conveyor.db)"
+	dbHelpScratch = "database `DSN` to work on throw-away tables in: a SQLite path, postgres://... or mysql://... (default $CONVEYOR_DB, else a temporary SQLite file)"
+)
+
+// commands maps each command to the function that runs it on the
+// arguments after its name.
+var commands = map[string]func(*env, []string) error{
+	"migrate": migrateCmd,
+	"enqueue": enqueueCmd,
+	"jobs":    jobsCmd,
+	"job":     jobCmd,
+	"retry":   func(e *env, args []string) error { return adminCmd(e, "retry", args) },
+	"cancel":  func(e *env, args []string) error { return adminCmd(e, "cancel", args) },
+	"discard": func(e *env, args []string) error { return adminCmd(e, "discard", args) },
+	"stats":   statsCmd,
+	"demo":    demoCmd,
+	"bench":   benchCmd,
+	"torture": tortureCmd,
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "conveyor:", strings.TrimPrefix(err.Error(), "conveyor: "))
@@ -52,287 +79,313 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	g := flag.NewFlagSet("conveyor", flag.ContinueOnError)
-	g.SetOutput(stderr)
-	g.Usage = func() { fmt.Fprint(stderr, usage) }
-	def := os.Getenv("CONVEYOR_DB")
-	if def == "" {
-		def = "./conveyor.db"
+// errHelp is returned after --help printed a usage: the run succeeded.
+var errHelp = errors.New("help printed")
+
+// run runs the command line args (without the program name) and returns
+// its error on one line.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if stdin == nil {
+		stdin = strings.NewReader("")
 	}
-	dsn := g.String("db", def, "database DSN")
-	prefix := g.String("prefix", "", "table prefix (default conveyor_)")
+	e := &env{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr}
+	err := e.dispatch(args)
+	if errors.Is(err, errHelp) {
+		return nil
+	}
+	return oneLine(err)
+}
+
+// env is what a command runs with: the context, the global flags and the
+// standard streams.
+type env struct {
+	ctx            context.Context
+	db, prefix     setOnce
+	stdin          io.Reader
+	stdout, stderr io.Writer
+}
+
+func (e *env) dispatch(args []string) error {
+	g := flag.NewFlagSet("conveyor", flag.ContinueOnError)
+	g.SetOutput(io.Discard)
+	g.Usage = func() {}
+	e.globalFlags(g, dbHelp)
 	if err := g.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return nil
+			fmt.Fprint(e.stdout, usage)
+			return errHelp
 		}
-		return err
+		return fmt.Errorf("%v (run 'conveyor --help' for usage)", err)
 	}
 	if g.NArg() == 0 {
-		g.Usage()
+		fmt.Fprint(e.stderr, usage)
 		return errors.New("no command given")
 	}
-	cmd, rest := g.Arg(0), g.Args()[1:]
-	cfg := &conveyor.Config{TablePrefix: *prefix}
-	switch cmd {
-	case "demo":
-		return demo(ctx, rest, stdout, stderr)
-	case "bench":
-		// With no --db and no $CONVEYOR_DB the bench runs on a temporary
-		// SQLite database, never on the user's ./conveyor.db.
-		benchDSN := ""
-		g.Visit(func(f *flag.Flag) {
-			if f.Name == "db" {
-				benchDSN = *dsn
+	name, rest := g.Arg(0), g.Args()[1:]
+	if name == "help" { // "help" or "help COMMAND"
+		if len(rest) == 0 {
+			fmt.Fprint(e.stdout, usage)
+			return nil
+		}
+		if len(rest) > 1 {
+			return fmt.Errorf("help: unexpected argument %q (run 'conveyor --help' for usage)", rest[1])
+		}
+		name, rest = rest[0], []string{"--help"}
+	}
+	cmd, ok := commands[name]
+	if !ok {
+		return fmt.Errorf("unknown command %q (run 'conveyor --help' for usage)", name)
+	}
+	return cmd(e, rest)
+}
+
+func (e *env) globalFlags(f *flag.FlagSet, db string) {
+	f.Var(&e.db, "db", db)
+	f.Var(&e.prefix, "prefix", "table `prefix` (default conveyor_)")
+}
+
+// setOnce is a string flag that may be given both before and after the
+// command, but then with the same value.
+type setOnce struct {
+	val string
+	set bool
+}
+
+// String returns the value.
+func (s *setOnce) String() string {
+	if s == nil {
+		return ""
+	}
+	return s.val
+}
+
+// Set records v, refusing a second, different value.
+func (s *setOnce) Set(v string) error {
+	if s.set && s.val != v {
+		return fmt.Errorf("given twice, as %q and %q", s.val, v)
+	}
+	s.val, s.set = v, true
+	return nil
+}
+
+// cmdFlags are one command's flags (the global ones included) and what
+// its --help prints.
+type cmdFlags struct {
+	*flag.FlagSet
+	synopsis string
+	about    string // printed between the synopsis and the flags
+}
+
+// flags returns a command's flag set, with --db (described by db) and
+// --prefix. Parse errors are returned, not printed.
+func (e *env) flags(name, synopsis, db string) *cmdFlags {
+	f := flag.NewFlagSet(name, flag.ContinueOnError)
+	f.SetOutput(io.Discard)
+	f.Usage = func() {}
+	e.globalFlags(f, db)
+	return &cmdFlags{FlagSet: f, synopsis: synopsis}
+}
+
+// parse parses args, flags and positional arguments in any order ("--"
+// ends the flags), and returns the positional ones. --help prints the
+// usage on stdout and returns errHelp.
+func (e *env) parse(f *cmdFlags, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := f.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fmt.Fprintf(e.stdout, "usage: conveyor %s\n\n", f.synopsis)
+				if f.about != "" {
+					fmt.Fprintf(e.stdout, "%s\n\n", f.about)
+				}
+				fmt.Fprintln(e.stdout, "flags:")
+				f.SetOutput(e.stdout)
+				f.PrintDefaults()
+				return nil, errHelp
 			}
-		})
-		if benchDSN == "" {
-			benchDSN = os.Getenv("CONVEYOR_DB")
+			return nil, usageError(f.Name(), err.Error())
 		}
-		return benchCmd(ctx, rest, benchDSN, stdout, stderr)
-	case "torture":
-		return tortureCmd(ctx, rest, g, stdout, stderr)
-	case "help":
-		fmt.Fprint(stdout, usage)
-		return nil
+		rest := f.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
 	}
-	openClient := func() (*conveyor.Client, error) { return conveyor.Open(ctx, *dsn, cfg) }
-	switch cmd {
-	case "migrate":
-		return migrate(ctx, openClient, stdout)
-	case "enqueue":
-		return enqueue(ctx, openClient, rest, stdout, stderr)
-	case "jobs":
-		return jobs(ctx, openClient, rest, stdout, stderr)
-	case "job":
-		return showJob(ctx, openClient, rest, stdout, stderr)
-	case "retry", "cancel", "discard":
-		return adminCmd(ctx, openClient, cmd, rest, stdout)
-	case "stats":
-		return stats(ctx, openClient, rest, stdout, stderr)
+}
+
+// usageError is a command's one-line error that points at its --help.
+func usageError(cmd, msg string) error {
+	return fmt.Errorf("%s: %s (run 'conveyor %s --help' for usage)", cmd, msg, cmd)
+}
+
+// noArgs refuses positional arguments.
+func noArgs(cmd string, pos []string) error {
+	if len(pos) > 0 {
+		return usageError(cmd, fmt.Sprintf("unexpected argument %q", pos[0]))
+	}
+	return nil
+}
+
+// parseID returns the one positional argument, a job id.
+func parseID(cmd string, pos []string) (int64, error) {
+	switch len(pos) {
+	case 0:
+		return 0, usageError(cmd, "job id required")
+	case 1:
 	default:
-		g.Usage()
-		return fmt.Errorf("unknown command %q", cmd)
+		return 0, usageError(cmd, fmt.Sprintf("unexpected argument %q after the job id", pos[1]))
 	}
-}
-
-func migrate(ctx context.Context, open func() (*conveyor.Client, error), stdout io.Writer) error {
-	c, err := open()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	applied, err := c.Migrate(ctx)
-	if err != nil {
-		return err
-	}
-	if len(applied) == 0 {
-		fmt.Fprintln(stdout, "schema is up to date")
-		return nil
-	}
-	fmt.Fprintf(stdout, "applied migrations %v\n", applied)
-	return nil
-}
-
-func enqueue(ctx context.Context, open func() (*conveyor.Client, error), args []string, stdout, stderr io.Writer) error {
-	f := flag.NewFlagSet("enqueue", flag.ContinueOnError)
-	f.SetOutput(stderr)
-	kind := f.String("kind", "", "job kind (required)")
-	js := f.String("args", "{}", "job arguments as JSON")
-	queue := f.String("queue", "", "queue (default \"default\")")
-	prio := f.Int("priority", 0, "priority: smaller runs first")
-	delay := f.Duration("delay", 0, "run after this delay (e.g. 30s)")
-	attempts := f.Int("max-attempts", 0, "maximum attempts (default 25)")
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	if *kind == "" {
-		return errors.New("enqueue: --kind is required")
-	}
-	c, err := open()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	id, err := c.Enqueue(ctx, conveyor.RawArgs{KindName: *kind, JSON: json.RawMessage(*js)},
-		&conveyor.EnqueueOpts{Queue: *queue, Priority: *prio, Delay: *delay, MaxAttempts: *attempts})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintln(stdout, id)
-	return nil
-}
-
-func jobs(ctx context.Context, open func() (*conveyor.Client, error), args []string, stdout, stderr io.Writer) error {
-	f := flag.NewFlagSet("jobs", flag.ContinueOnError)
-	f.SetOutput(stderr)
-	state := f.String("state", "", "comma-separated states")
-	queue := f.String("queue", "", "queue")
-	kind := f.String("kind", "", "kind")
-	limit := f.Int("limit", 50, "maximum jobs listed")
-	after := f.Int64("after", 0, "list jobs with ids after this one")
-	asJSON := f.Bool("json", false, "print JSON")
-	if err := f.Parse(args); err != nil {
-		return err
-	}
-	var states []string
-	if *state != "" {
-		states = strings.Split(*state, ",")
-	}
-	c, err := open()
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	list, err := c.Jobs(ctx, conveyor.JobFilter{States: states, Queue: *queue, Kind: *kind, Limit: *limit, AfterID: *after})
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return json.NewEncoder(stdout).Encode(list)
-	}
-	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "ID\tQUEUE\tKIND\tSTATE\tATTEMPT\tPRIORITY\tSCHEDULED\tLAST ERROR")
-	for _, j := range list {
-		last := ""
-		if n := len(j.Errors); n > 0 {
-			last = firstLine(j.Errors[n-1].Error, 60)
-		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d/%d\t%d\t%s\t%s\n", j.ID, j.Queue, j.Kind, j.State, j.Attempt, j.MaxAttempts, j.Priority, j.ScheduledAt.Local().Format(time.DateTime), last)
-	}
-	return w.Flush()
-}
-
-func firstLine(s string, n int) string {
-	s, _, _ = strings.Cut(s, "\n")
-	if len(s) > n {
-		s = s[:n] + "..."
-	}
-	return s
-}
-
-func parseID(args []string, what string) (int64, []string, error) {
-	if len(args) == 0 {
-		return 0, nil, fmt.Errorf("%s: job id required", what)
-	}
-	id, err := strconv.ParseInt(args[0], 10, 64)
+	id, err := strconv.ParseInt(pos[0], 10, 64)
 	if err != nil || id <= 0 {
-		return 0, nil, fmt.Errorf("%s: %q is not a job id", what, args[0])
+		return 0, usageError(cmd, fmt.Sprintf("%q is not a job id", pos[0]))
 	}
-	return id, args[1:], nil
+	return id, nil
 }
 
-func showJob(ctx context.Context, open func() (*conveyor.Client, error), args []string, stdout, stderr io.Writer) error {
-	id, rest, err := parseID(args, "job")
-	if err != nil {
-		return err
+// queueDSN is the database of the queue commands: --db, else
+// $CONVEYOR_DB, else ./conveyor.db.
+func (e *env) queueDSN() string {
+	if e.db.set {
+		return e.db.val
 	}
-	f := flag.NewFlagSet("job", flag.ContinueOnError)
-	f.SetOutput(stderr)
-	asJSON := f.Bool("json", false, "print JSON")
-	if err := f.Parse(rest); err != nil {
-		return err
+	if d := os.Getenv("CONVEYOR_DB"); d != "" {
+		return d
 	}
-	c, err := open()
-	if err != nil {
-		return err
+	return "./conveyor.db"
+}
+
+// scratchDSN is the database of demo and bench, which work on throw-away
+// tables: --db, else $CONVEYOR_DB, else "" (a temporary SQLite file).
+func (e *env) scratchDSN() string {
+	if e.db.set {
+		return e.db.val
 	}
-	defer c.Close()
-	j, err := c.Job(ctx, id)
-	if err != nil {
-		return fmt.Errorf("job %d: %w", id, err)
-	}
-	if *asJSON {
-		return json.NewEncoder(stdout).Encode(j)
-	}
-	t := func(x time.Time) string {
-		if x.IsZero() {
-			return "-"
-		}
-		return x.Local().Format(time.RFC3339Nano)
-	}
-	fmt.Fprintf(stdout, "id:           %d\nqueue:        %s\nkind:         %s\nstate:        %s\nattempt:      %d of %d\npriority:     %d\nargs:         %s\ncreated:      %s\nscheduled:    %s\nattempted:    %s by %s\nlease until:  %s\nfinalized:    %s\n",
-		j.ID, j.Queue, j.Kind, j.State, j.Attempt, j.MaxAttempts, j.Priority, j.Args, t(j.CreatedAt), t(j.ScheduledAt), t(j.AttemptedAt), j.AttemptedBy, t(j.LeaseExpiresAt), t(j.FinalizedAt))
-	for _, e := range j.Errors {
-		fmt.Fprintf(stdout, "error (attempt %d at %s): %s\n", e.Attempt, t(e.At), e.Error)
-		if e.Trace != "" {
-			fmt.Fprintf(stdout, "  %s\n", strings.ReplaceAll(strings.TrimSpace(e.Trace), "\n", "\n  "))
-		}
+	return os.Getenv("CONVEYOR_DB")
+}
+
+// noPrefix refuses --prefix for the commands that make their own.
+func (e *env) noPrefix(cmd string) error {
+	if e.prefix.set {
+		return usageError(cmd, "--prefix does not apply: "+cmd+" works on throw-away tables under a fresh prefix")
 	}
 	return nil
 }
 
-func adminCmd(ctx context.Context, open func() (*conveyor.Client, error), cmd string, args []string, stdout io.Writer) error {
-	id, _, err := parseID(args, cmd)
-	if err != nil {
-		return err
+// open opens the queue's database. Only migrate (create) may create a
+// SQLite file; for the other commands the file must exist and hold the
+// schema under the prefix.
+func (e *env) open(create bool) (*conveyor.Client, error) {
+	dsn := e.queueDSN()
+	if p := sqliteFile(dsn); p != "" && !create {
+		if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("no database at %s (run conveyor migrate first)", p)
+		}
 	}
-	c, err := open()
-	if err != nil {
-		return err
+	c, err := conveyor.Open(e.ctx, dsn, &conveyor.Config{TablePrefix: e.prefix.val})
+	if err != nil || create {
+		return c, err
 	}
-	defer c.Close()
-	var j *conveyor.JobInfo
-	switch cmd {
-	case "retry":
-		j, err = c.Retry(ctx, id)
-	case "cancel":
-		j, err = c.Cancel(ctx, id)
-	case "discard":
-		j, err = c.Discard(ctx, id)
+	if err := checkSchema(e.ctx, c); err != nil {
+		c.Close()
+		return nil, err
 	}
-	if err != nil {
-		return fmt.Errorf("%s: %w", cmd, err)
-	}
-	fmt.Fprintf(stdout, "job %d is now %s\n", j.ID, j.State)
-	return nil
+	return c, nil
 }
 
-func stats(ctx context.Context, open func() (*conveyor.Client, error), args []string, stdout, stderr io.Writer) error {
-	f := flag.NewFlagSet("stats", flag.ContinueOnError)
-	f.SetOutput(stderr)
-	asJSON := f.Bool("json", false, "print JSON")
-	if err := f.Parse(args); err != nil {
+// checkSchema explains on one line a database that lacks conveyor's
+// tables under the client's prefix, or has older ones. (EnqueueMany checks
+// the schema before anything else and inserts nothing when given no jobs.)
+func checkSchema(ctx context.Context, c *conveyor.Client) error {
+	_, err := c.EnqueueMany(ctx, nil)
+	if !errors.Is(err, conveyor.ErrSchemaOutdated) {
 		return err
 	}
-	c, err := open()
-	if err != nil {
-		return err
+	p := c.Config().TablePrefix
+	if strings.Contains(err.Error(), "at version 0,") {
+		return fmt.Errorf("database has no conveyor schema under prefix %s: run conveyor migrate", p)
 	}
-	defer c.Close()
-	s, err := c.Stats(ctx)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		type q struct {
-			Queue           string           `json:"queue"`
-			Counts          map[string]int64 `json:"counts"`
-			OldestAvailable float64          `json:"oldest_available_s"`
-		}
-		out := struct {
-			Backend  string           `json:"backend"`
-			Queues   []q              `json:"queues"`
-			Counters map[string]int64 `json:"counters"`
-		}{Backend: c.Backend(), Queues: []q{}, Counters: s.Counters}
-		for _, x := range s.Queues {
-			out.Queues = append(out.Queues, q{x.Queue, x.Counts, x.OldestAvailable.Seconds()})
-		}
-		return json.NewEncoder(stdout).Encode(out)
-	}
-	states := []string{"available", "scheduled", "running", "retryable", "completed", "discarded", "cancelled"}
-	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "QUEUE\t%s\tOLDEST AVAILABLE\n", strings.ToUpper(strings.Join(states, "\t")))
-	sort.Slice(s.Queues, func(i, j int) bool { return s.Queues[i].Queue < s.Queues[j].Queue })
-	for _, x := range s.Queues {
-		fmt.Fprintf(w, "%s", x.Queue)
-		for _, st := range states {
-			fmt.Fprintf(w, "\t%d", x.Counts[st])
-		}
-		fmt.Fprintf(w, "\t%s\n", x.OldestAvailable.Round(time.Millisecond))
-	}
-	if len(s.Queues) == 0 {
-		fmt.Fprintln(w, "(no jobs)")
-	}
-	return w.Flush()
+	return fmt.Errorf("database schema under prefix %s is older than this conveyor: run conveyor migrate", p)
 }
+
+// backendOf names the backend a DSN selects, as conveyor.Open does ("" for
+// a scheme it does not know).
+func backendOf(dsn string) string {
+	scheme, _, ok := strings.Cut(dsn, "://")
+	switch {
+	case ok && (scheme == "postgres" || scheme == "postgresql"):
+		return "postgres"
+	case ok && scheme == "mysql":
+		return "mysql"
+	case !ok || scheme == "sqlite" || scheme == "file":
+		return "sqlite"
+	}
+	return ""
+}
+
+// sqliteFile returns the file a SQLite DSN names (a path, sqlite:path,
+// sqlite://path or file:path?...), or "" for any other DSN.
+func sqliteFile(dsn string) string {
+	if backendOf(dsn) != "sqlite" {
+		return ""
+	}
+	p, _, _ := strings.Cut(dsn, "?")
+	if s, ok := strings.CutPrefix(p, "sqlite://"); ok {
+		p = s
+	} else if s, ok := strings.CutPrefix(p, "sqlite:"); ok {
+		p = s
+	}
+	if s, ok := strings.CutPrefix(p, "file:"); ok {
+		p = s
+		if rest, ok := strings.CutPrefix(p, "//"); ok { // file:///path
+			if i := strings.IndexByte(rest, '/'); i >= 0 {
+				p = rest[i:]
+			}
+		}
+		if u, err := url.PathUnescape(p); err == nil {
+			p = u
+		}
+	}
+	return p
+}
+
+// oneLine returns err with its message on one line: each distinct line of
+// a multi-line message (pgx puts every connection attempt on a line of its
+// own) is kept once, joined with "; ".
+func oneLine(err error) error {
+	if err == nil || !strings.Contains(err.Error(), "\n") {
+		return err
+	}
+	var b strings.Builder
+	seen := map[string]bool{}
+	for _, l := range strings.Split(err.Error(), "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" || seen[l] {
+			continue
+		}
+		seen[l] = true
+		switch {
+		case b.Len() == 0:
+		case strings.HasSuffix(b.String(), ":"):
+			b.WriteString(" ")
+		default:
+			b.WriteString("; ")
+		}
+		b.WriteString(l)
+	}
+	return lineError{msg: b.String(), err: err}
+}
+
+// lineError is an error whose message was put on one line.
+type lineError struct {
+	msg string
+	err error
+}
+
+// Error returns the one-line message.
+func (e lineError) Error() string { return e.msg }
+
+// Unwrap returns the original error.
+func (e lineError) Unwrap() error { return e.err }

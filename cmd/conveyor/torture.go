@@ -1,12 +1,8 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"time"
@@ -14,16 +10,20 @@ import (
 	"github.com/conveyorq/conveyor/internal/torture"
 )
 
+// tortureRun runs the suite (a variable so that tests can see the options
+// without running it).
+var tortureRun = torture.Run
+
 // tortureCmd runs the fault-injection suite (`conveyor torture`), or, as
-// `conveyor torture worker ...`, one of its worker processes. g is the
-// global flag set, whose --db applies when the command's own is not given.
-func tortureCmd(ctx context.Context, args []string, g *flag.FlagSet, stdout, stderr io.Writer) error {
+// `conveyor torture worker ...`, one of its worker processes. Its database
+// is --db only (never $CONVEYOR_DB), and it restarts a database server
+// only when --restart-server is given.
+func tortureCmd(e *env, args []string) error {
 	if len(args) > 0 && args[0] == "worker" {
-		return torture.WorkerMain(ctx, args[1:], stdout, stderr)
+		return torture.WorkerMain(e.ctx, args[1:], e.stdout, e.stderr)
 	}
-	f := flag.NewFlagSet("torture", flag.ContinueOnError)
-	f.SetOutput(stderr)
-	dsn := f.String("db", "", "database: loopback postgres://... or mysql://..., or a SQLite path (default: a temporary SQLite file)")
+	f := e.flags("torture", "torture [--db DSN] [--duration D] [--faults LIST] [--json] [flags]",
+		"loopback postgres://... or mysql://... `DSN`, or a SQLite path (default: a temporary SQLite file)")
 	duration := f.Duration("duration", 5*time.Minute, "total load time, split across the faults")
 	faultList := f.String("faults", "", "comma-separated faults to run (default: all that apply)")
 	asJSON := f.Bool("json", false, "print the rows as JSON")
@@ -31,36 +31,36 @@ func tortureCmd(ctx context.Context, args []string, g *flag.FlagSet, stdout, std
 	concurrency := f.Int("concurrency", 16, "concurrent jobs per worker process")
 	rate := f.Float64("rate", 100, "jobs enqueued per second")
 	lease := f.Duration("lease", 2*time.Second, "the workers' lease (phase lengths, drains and fault bounds scale with it)")
-	noRestart := f.Bool("no-restart", false, "leave out the fault that restarts the database server")
+	restartServer := f.Bool("restart-server", false, "also run the restart fault on PostgreSQL and MariaDB, which restarts the database server (on SQLite it kills the writing process and always runs)")
+	noRestart := f.Bool("no-restart", false, "accepted for compatibility and does nothing: servers are restarted only with --restart-server")
 	smallPool := f.Int("small-pool", 1, "PoolSize of the workers in the smallpool fault")
 	poison := f.String("poison", "panic,exit,hang", "poison kinds the poison fault enqueues")
 	keep := f.Bool("keep", false, "keep each phase's tables and records")
-	f.Usage = func() {
-		fmt.Fprintln(stderr, "usage: conveyor torture [--db DSN] [--duration D] [--faults LIST] [--json] [flags]")
-		fmt.Fprintln(stderr, "\nRuns real worker processes against the database, injects faults and checks that no")
-		fmt.Fprintln(stderr, "job is lost or completed twice. Exits non-zero on any violation. Faults:")
-		for _, n := range torture.FaultNames() {
-			fmt.Fprintf(stderr, "  %-11s %s\n", n[0], n[1])
-		}
-		fmt.Fprintln(stderr, "\nflags:")
-		f.PrintDefaults()
+	var about strings.Builder
+	about.WriteString("Runs real worker processes against the database, injects faults and checks that no\njob is lost or completed twice. Exits non-zero on any violation. Faults:\n")
+	for _, n := range torture.FaultNames() {
+		fmt.Fprintf(&about, "  %-11s %s\n", n[0], n[1])
 	}
-	if err := f.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	f.about = strings.TrimSuffix(about.String(), "\n")
+	pos, err := e.parse(f, args)
+	if err != nil {
 		return err
 	}
-	if *dsn == "" {
-		g.Visit(func(fl *flag.Flag) {
-			if fl.Name == "db" {
-				*dsn = fl.Value.String()
-			}
-		})
+	if err := noArgs("torture", pos); err != nil {
+		return err
 	}
+	if err := e.noPrefix("torture"); err != nil {
+		return err
+	}
+	if *restartServer && *noRestart {
+		return usageError("torture", "--restart-server and --no-restart contradict each other")
+	}
+	dsn := e.db.val
 	opts := torture.Options{
-		DSN: *dsn, Duration: *duration, Workers: *workers, Concurrency: *concurrency,
-		Rate: *rate, Lease: *lease, NoRestart: *noRestart, Keep: *keep, Log: stderr,
+		DSN: dsn, Duration: *duration, Workers: *workers, Concurrency: *concurrency,
+		Rate: *rate, Lease: *lease, Keep: *keep, Log: e.stderr,
+		// SQLite's restart fault restarts no server: it always runs.
+		NoRestart: !*restartServer && backendOf(dsn) != "sqlite",
 		SmallPool: *smallPool, PoisonKinds: []string{},
 	}
 	for _, k := range strings.Split(*poison, ",") {
@@ -76,17 +76,17 @@ func tortureCmd(ctx context.Context, args []string, g *flag.FlagSet, stdout, std
 		return err
 	}
 	opts.Exe, opts.ExeArgs = exe, []string{"torture", "worker"}
-	rows, err := torture.Run(ctx, opts)
+	rows, err := tortureRun(e.ctx, opts)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
+		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(rows); err != nil {
 			return err
 		}
-	} else if err := torture.WriteTable(stdout, rows); err != nil {
+	} else if err := torture.WriteTable(e.stdout, rows); err != nil {
 		return err
 	}
 	bad := 0

@@ -1,0 +1,523 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/testdb"
+	"github.com/conveyorq/conveyor/internal/torture"
+)
+
+// cli runs the command in-process, bounded in time, with stdin as its
+// standard input, and returns what it printed.
+func cli(t *testing.T, stdin string, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	err = run(ctx, args, strings.NewReader(stdin), &out, &errOut)
+	return out.String(), errOut.String(), err
+}
+
+// mustCLI runs the command and fails the test on an error.
+func mustCLI(t *testing.T, args ...string) string {
+	t.Helper()
+	out, errOut, err := cli(t, "", args...)
+	if err != nil {
+		t.Fatalf("%q: %v\n%s", args, err, errOut)
+	}
+	return out
+}
+
+// oneLineErr fails the test unless err is a one-line error containing want.
+func oneLineErr(t *testing.T, args []string, err error, want string) {
+	t.Helper()
+	switch {
+	case err == nil:
+		t.Errorf("%q: no error, want %q", args, want)
+	case strings.Contains(err.Error(), "\n"):
+		t.Errorf("%q: error on several lines:\n%v", args, err)
+	case !strings.Contains(err.Error(), want):
+		t.Errorf("%q: error %q lacks %q", args, err, want)
+	}
+}
+
+// inEmptyDir makes the test run in an empty directory with no
+// $CONVEYOR_DB, and fails it if anything (./conveyor.db first of all) is
+// left there.
+func inEmptyDir(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	t.Setenv("CONVEYOR_DB", "")
+	t.Cleanup(func() {
+		if es, _ := os.ReadDir(dir); len(es) > 0 {
+			t.Errorf("files written to the working directory: %v", es)
+		}
+	})
+}
+
+// backends are the databases the tests run on: a SQLite file in a
+// temporary directory always, PostgreSQL and MariaDB when reachable.
+var backends = []struct {
+	name string
+	dsn  func(testing.TB) string
+}{
+	{"sqlite", func(tb testing.TB) string { return filepath.Join(tb.TempDir(), "q.db") }},
+	{"postgres", testdb.Postgres},
+	{"mysql", testdb.MySQL},
+}
+
+// freshPrefix returns a fresh table prefix whose tables are dropped when
+// the test ends.
+func freshPrefix(t *testing.T, dsn string) string {
+	p := testdb.Prefix()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := conveyor.Open(ctx, dsn, &conveyor.Config{TablePrefix: p})
+		if err != nil {
+			t.Errorf("dropping the tables under %s: %v", p, err)
+			return
+		}
+		defer c.Close()
+		if err := c.DropTables(ctx); err != nil {
+			t.Errorf("dropping the tables under %s: %v", p, err)
+		}
+	})
+	return p
+}
+
+// jobState returns a job's state as job --json prints it.
+func jobState(t *testing.T, args ...string) string {
+	t.Helper()
+	var j struct{ State string }
+	if err := json.Unmarshal([]byte(mustCLI(t, append([]string{"job", "--json"}, args...)...)), &j); err != nil {
+		t.Fatal(err)
+	}
+	return j.State
+}
+
+// --db and --prefix work before and after the command, on every backend,
+// and the default ./conveyor.db is never touched.
+func TestGlobalFlagsEitherPosition(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			dsn := b.dsn(t)
+			inEmptyDir(t)
+			p := freshPrefix(t, dsn)
+			mustCLI(t, "migrate", "--db", dsn, "--prefix", p)
+			id := strings.TrimSpace(mustCLI(t, "--db", dsn, "--prefix", p, "enqueue", "--kind", "k"))
+			id2 := strings.TrimSpace(mustCLI(t, "--prefix", p, "enqueue", "--db", dsn, "--kind", "k"))
+			if out := mustCLI(t, "cancel", id, "--db", dsn, "--prefix", p); !strings.Contains(out, "is now cancelled") {
+				t.Fatalf("cancel: %s", out)
+			}
+			mustCLI(t, "--db", dsn, "discard", "--prefix", p, id2)
+			if s := jobState(t, id, "--db", dsn, "--prefix", p); s != "cancelled" {
+				t.Errorf("job %s is %s, want cancelled", id, s)
+			}
+			if s := jobState(t, "--db", dsn, "--prefix", p, id2); s != "discarded" {
+				t.Errorf("job %s is %s, want discarded", id2, s)
+			}
+			var st struct{ Backend string }
+			if err := json.Unmarshal([]byte(mustCLI(t, "stats", "--json", "--prefix", p, "--db", dsn)), &st); err != nil || st.Backend != b.name {
+				t.Errorf("stats backend %q (%v), want %s", st.Backend, err, b.name)
+			}
+			// The same flag on both sides must agree.
+			mustCLI(t, "--db", dsn, "jobs", "--db", dsn, "--prefix", p)
+			_, _, err := cli(t, "", "--db", dsn, "jobs", "--db", "other.db", "--prefix", p)
+			oneLineErr(t, []string{"--db", dsn, "jobs", "--db", "other.db"}, err, "given twice")
+
+			// bench: --db before and after the command is the same.
+			for _, args := range [][]string{
+				{"bench", "--db", dsn, "--jobs", "200", "--workers", "4", "--json"},
+				{"--db", dsn, "bench", "--jobs", "200", "--workers", "4", "--json"},
+			} {
+				var r struct{ Backend string }
+				out := mustCLI(t, args...)
+				if err := json.Unmarshal([]byte(out), &r); err != nil || r.Backend != b.name {
+					t.Errorf("%q: ran on %q (%v), want %s:\n%s", args, r.Backend, err, b.name, out)
+				}
+			}
+		})
+	}
+}
+
+// demo runs on the --db database, after the command too.
+func TestDemoDB(t *testing.T) {
+	inEmptyDir(t)
+	dsn := filepath.Join(t.TempDir(), "demo.db")
+	out := mustCLI(t, "demo", "--jobs", "200", "--workers", "4", "--db", dsn)
+	if !strings.Contains(out, "throw-away tables in sqlite") || !strings.Contains(out, "0 lost, 0 duplicates") {
+		t.Errorf("demo output:\n%s", out)
+	}
+	if _, err := os.Stat(dsn); err != nil {
+		t.Errorf("demo did not use --db: %v", err)
+	}
+}
+
+// The torture command passes --db from either side, never $CONVEYOR_DB,
+// and restarts a database server only with --restart-server.
+func TestTortureOptions(t *testing.T) {
+	inEmptyDir(t)
+	var got torture.Options
+	tortureRun = func(_ context.Context, o torture.Options) ([]torture.Row, error) {
+		got = o
+		return nil, nil
+	}
+	t.Cleanup(func() { tortureRun = torture.Run })
+	pg := "postgres://postgres@127.0.0.1:5432/test"
+	my := "mysql://root@127.0.0.1:3306/test"
+	t.Setenv("CONVEYOR_DB", pg)
+	for _, c := range []struct {
+		args      []string
+		dsn       string
+		noRestart bool
+	}{
+		{[]string{"torture", "--db", pg}, pg, true},
+		{[]string{"--db", pg, "torture"}, pg, true},
+		{[]string{"torture", "--db", my, "--no-restart"}, my, true},
+		{[]string{"--db", my, "torture", "--restart-server"}, my, false},
+		{[]string{"torture", "--restart-server", "--db", pg}, pg, false},
+		{[]string{"torture"}, "", false}, // a temporary SQLite file: its restart fault restarts no server
+		{[]string{"torture", "--db", "x.db"}, "x.db", false},
+	} {
+		got = torture.Options{}
+		mustCLI(t, c.args...)
+		if got.DSN != c.dsn || got.NoRestart != c.noRestart {
+			t.Errorf("%q: DSN %q NoRestart %v, want %q %v", c.args, got.DSN, got.NoRestart, c.dsn, c.noRestart)
+		}
+	}
+}
+
+// Unknown flags and stray arguments fail on one line, print no usage and
+// write nothing.
+func TestBadArguments(t *testing.T) {
+	inEmptyDir(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"migrate", "--bogus"}, "migrate: flag provided but not defined: -bogus (run 'conveyor migrate --help' for usage)"},
+		{[]string{"migrate", "extra"}, `unexpected argument "extra"`},
+		{[]string{"stats", "extra"}, `stats: unexpected argument "extra"`},
+		{[]string{"stats", "--json=maybe"}, "invalid boolean value"},
+		{[]string{"jobs", "extra"}, `unexpected argument "extra"`},
+		{[]string{"jobs", "--limit", "x"}, `invalid value "x" for flag -limit`},
+		{[]string{"job"}, "job id required"},
+		{[]string{"job", "1", "2"}, `unexpected argument "2" after the job id`},
+		{[]string{"cancel", "1", "2"}, `cancel: unexpected argument "2" after the job id`},
+		{[]string{"retry", "x"}, `"x" is not a job id`},
+		{[]string{"discard", "--", "-1"}, `"-1" is not a job id`},
+		{[]string{"enqueue"}, "--kind is required"},
+		{[]string{"enqueue", "--kind", "k", "extra"}, `unexpected argument "extra"`},
+		{[]string{"enqueue", "--kind", "k", "--args", "{nope"}, "--args is not valid JSON"},
+		{[]string{"--bogus", "jobs"}, "flag provided but not defined: -bogus (run 'conveyor --help' for usage)"},
+		{[]string{"nope"}, `unknown command "nope" (run 'conveyor --help' for usage)`},
+		{[]string{"help", "jobs", "extra"}, `unexpected argument "extra"`},
+		{[]string{"--db", "a.db", "jobs", "--db", "b.db"}, `given twice, as "a.db" and "b.db"`},
+		{[]string{"bench", "extra"}, `unexpected argument "extra"`},
+		{[]string{"bench", "--prefix", "p_"}, "--prefix does not apply"},
+		{[]string{"--prefix", "p_", "demo"}, "--prefix does not apply"},
+		{[]string{"demo", "--jobs", "x"}, `invalid value "x" for flag -jobs`},
+		{[]string{"torture", "--prefix", "p_"}, "--prefix does not apply"},
+		{[]string{"torture", "--restart-server", "--no-restart"}, "contradict"},
+		{[]string{"torture", "extra"}, `unexpected argument "extra"`},
+	} {
+		out, errOut, err := cli(t, "", c.args...)
+		oneLineErr(t, c.args, err, c.want)
+		if out != "" || errOut != "" {
+			t.Errorf("%q printed %q and %q", c.args, out, errOut)
+		}
+	}
+}
+
+// --help prints the usage on stdout and succeeds.
+func TestHelp(t *testing.T) {
+	inEmptyDir(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--help"}, "usage: conveyor COMMAND"},
+		{[]string{"-h"}, "usage: conveyor COMMAND"},
+		{[]string{"help"}, "usage: conveyor COMMAND"},
+		{[]string{"help", "jobs"}, "usage: conveyor jobs"},
+		{[]string{"migrate", "--help"}, "usage: conveyor migrate"},
+		{[]string{"enqueue", "--help"}, "@FILE"},
+		{[]string{"jobs", "--help"}, "-state"},
+		{[]string{"job", "--help"}, "usage: conveyor job ID"},
+		{[]string{"cancel", "-h"}, "usage: conveyor cancel ID"},
+		{[]string{"stats", "--help"}, "-db DSN"},
+		{[]string{"demo", "--help"}, "usage: conveyor demo"},
+		{[]string{"bench", "--help"}, "-workload"},
+		{[]string{"--db", "x.db", "torture", "--help"}, "-restart-server"},
+	} {
+		out, errOut, err := cli(t, "", c.args...)
+		if err != nil || errOut != "" || !strings.Contains(out, c.want) {
+			t.Errorf("%q: err %v, stderr %q, stdout lacks %q:\n%s", c.args, err, errOut, c.want, out)
+		}
+	}
+}
+
+// Only migrate creates a SQLite database; the other commands name the
+// missing file, and every command names a database without the schema.
+func TestNoDatabaseNoSchema(t *testing.T) {
+	cmds := [][]string{{"jobs"}, {"job", "1"}, {"stats"}, {"retry", "1"}, {"cancel", "1"}, {"discard", "1"}, {"enqueue", "--kind", "k"}}
+	t.Run("missing", func(t *testing.T) {
+		dir := t.TempDir()
+		for _, dsn := range []string{filepath.Join(dir, "x.db"), "sqlite:" + filepath.Join(dir, "x.db")} {
+			for _, c := range cmds {
+				args := append(slices.Clone(c), "--db", dsn)
+				_, _, err := cli(t, "", args...)
+				oneLineErr(t, args, err, "no database at "+filepath.Join(dir, "x.db")+" (run conveyor migrate first)")
+			}
+		}
+		if es, _ := os.ReadDir(dir); len(es) > 0 {
+			t.Errorf("files created: %v", es)
+		}
+	})
+	t.Run("default", func(t *testing.T) {
+		inEmptyDir(t)
+		_, _, err := cli(t, "", "jobs")
+		oneLineErr(t, []string{"jobs"}, err, "no database at ./conveyor.db (run conveyor migrate first)")
+	})
+	for _, b := range backends {
+		t.Run("unmigrated-"+b.name, func(t *testing.T) {
+			dsn := b.dsn(t)
+			p := "conveyor_"
+			if b.name == "sqlite" {
+				if err := os.WriteFile(dsn, nil, 0o644); err != nil { // an empty SQLite database
+					t.Fatal(err)
+				}
+			} else {
+				p = freshPrefix(t, dsn)
+			}
+			for _, c := range cmds {
+				args := append(slices.Clone(c), "--db", dsn, "--prefix", p)
+				_, _, err := cli(t, "", args...)
+				oneLineErr(t, args, err, "database has no conveyor schema under prefix "+p+": run conveyor migrate")
+			}
+		})
+	}
+}
+
+// Failing attempts made by a worker, for the JSON test.
+type failArgs struct{}
+
+func (failArgs) Kind() string { return "fail" }
+
+var rfc3339Micro = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$`)
+
+// jobs --json and job --json print snake_case keys, UTC RFC 3339 times
+// with microseconds, null for what is absent and milliseconds; stats
+// --json has no process counters.
+func TestJSONShape(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dsn := filepath.Join(t.TempDir(), "q.db")
+	mustCLI(t, "migrate", "--db", dsn)
+	// Job 1 has a timeout and one failed attempt; job 2 neither.
+	c, err := conveyor.Open(ctx, dsn, &conveyor.Config{AllowUnregisteredKinds: true, Backoff: func(int) time.Duration { return time.Hour }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conveyor.AddWorker(c, conveyor.WorkFunc(func(context.Context, *conveyor.Job[failArgs]) error { return errors.New("boom") }))
+	id, err := c.Enqueue(ctx, failArgs{}, &conveyor.EnqueueOpts{Timeout: 1500 * time.Millisecond, MaxAttempts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		j, err := c.Job(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(j.Errors) > 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.Close()
+	mustCLI(t, "enqueue", "--db", dsn, "--kind", "other", "--args", `{"n":1}`)
+
+	keys := []string{"id", "queue", "kind", "state", "args", "priority", "attempt", "max_attempts", "timeout_ms",
+		"created_at", "scheduled_at", "attempted_at", "attempted_by", "lease_expires_at", "finalized_at", "errors"}
+	check := func(what string, j map[string]any) {
+		t.Helper()
+		var got []string
+		for k := range j {
+			got = append(got, k)
+		}
+		slices.Sort(got)
+		want := slices.Sorted(slices.Values(keys))
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: keys %v, want %v", what, got, want)
+		}
+		for _, k := range []string{"created_at", "scheduled_at", "attempted_at", "lease_expires_at", "finalized_at"} {
+			if s, ok := j[k].(string); ok && !rfc3339Micro.MatchString(s) {
+				t.Errorf("%s: %s = %q, not RFC 3339 UTC with microseconds", what, k, s)
+			}
+		}
+		if j["created_at"] == nil || j["scheduled_at"] == nil || j["finalized_at"] != nil || j["lease_expires_at"] != nil {
+			t.Errorf("%s: times %v %v %v %v", what, j["created_at"], j["scheduled_at"], j["finalized_at"], j["lease_expires_at"])
+		}
+	}
+	var one map[string]any
+	if err := json.Unmarshal([]byte(mustCLI(t, "job", "1", "--json", "--db", dsn)), &one); err != nil {
+		t.Fatal(err)
+	}
+	check("job 1", one)
+	if one["timeout_ms"] != 1500.0 || one["state"] != "retryable" || one["attempted_at"] == nil || one["attempted_by"] == nil {
+		t.Errorf("job 1: %v", one)
+	}
+	errs, _ := one["errors"].([]any)
+	if len(errs) != 1 {
+		t.Fatalf("job 1 errors: %v", one["errors"])
+	}
+	e0 := errs[0].(map[string]any)
+	if e0["attempt"] != 1.0 || e0["error"] != "boom" || e0["trace"] != nil || !rfc3339Micro.MatchString(e0["at"].(string)) || len(e0) != 4 {
+		t.Errorf("job 1 error: %v", e0)
+	}
+
+	var list []map[string]any
+	if err := json.Unmarshal([]byte(mustCLI(t, "jobs", "--json", "--db", dsn)), &list); err != nil || len(list) != 2 {
+		t.Fatalf("jobs --json: %v, %d jobs", err, len(list))
+	}
+	check("jobs[0]", list[0])
+	check("jobs[1]", list[1])
+	two := list[1]
+	if two["timeout_ms"] != nil || two["attempted_at"] != nil || two["attempted_by"] != nil || two["args"].(map[string]any)["n"] != 1.0 {
+		t.Errorf("job 2: %v", two)
+	}
+	if e, ok := two["errors"].([]any); !ok || len(e) != 0 {
+		t.Errorf("job 2 errors: %v, want []", two["errors"])
+	}
+
+	var st map[string]any
+	if err := json.Unmarshal([]byte(mustCLI(t, "stats", "--json", "--db", dsn)), &st); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := st["counters"]; ok || st["backend"] != "sqlite" {
+		t.Errorf("stats --json: %v", st)
+	}
+	for _, q := range st["queues"].([]any) {
+		q := q.(map[string]any)
+		if _, ok := q["oldest_available_ms"]; !ok || len(q) != 3 {
+			t.Errorf("stats queue: %v", q)
+		}
+	}
+	if out := mustCLI(t, "stats", "--db", dsn); strings.Contains(out, "counter") {
+		t.Errorf("stats prints counters:\n%s", out)
+	}
+}
+
+// --args reads a file after @, and standard input for - and @-: args
+// larger than one command-line argument can hold.
+func TestEnqueueArgsFromFileAndStdin(t *testing.T) {
+	dir := t.TempDir()
+	dsn := filepath.Join(dir, "q.db")
+	mustCLI(t, "migrate", "--db", dsn)
+	big, _ := json.Marshal(map[string]string{"pad": strings.Repeat("x", 300<<10)})
+	file := filepath.Join(dir, "args.json")
+	if err := os.WriteFile(file, append(big, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"a": 1,}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args  []string
+		stdin string
+		want  string // error; "" for success
+	}{
+		{[]string{"--args", "@" + file}, "", ""},
+		{[]string{"--args", "-"}, string(big), ""},
+		{[]string{"--args", "@-"}, string(big), ""},
+		{[]string{"--args", "@" + bad}, "", "enqueue: --args: " + bad + " is not valid JSON: invalid character '}'"},
+		{[]string{"--args", "@" + filepath.Join(dir, "none.json")}, "", filepath.Join(dir, "none.json") + ": no such file"},
+		{[]string{"--args", "-"}, "{", "standard input is not valid JSON"},
+	} {
+		args := append([]string{"enqueue", "--db", dsn, "--kind", "k"}, c.args...)
+		out, _, err := cli(t, c.stdin, args...)
+		if c.want != "" {
+			oneLineErr(t, c.args, err, c.want)
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: %v", c.args, err)
+			continue
+		}
+		var j struct{ Args json.RawMessage }
+		if err := json.Unmarshal([]byte(mustCLI(t, "job", strings.TrimSpace(out), "--json", "--db", dsn)), &j); err != nil || !bytes.Equal(j.Args, big) {
+			t.Errorf("%q: args of %d bytes stored as %d bytes (%v)", c.args, len(big), len(j.Args), err)
+		}
+	}
+	var list []any
+	if err := json.Unmarshal([]byte(mustCLI(t, "jobs", "--json", "--db", dsn)), &list); err != nil || len(list) != 3 {
+		t.Errorf("%d jobs (%v), want 3: a failed enqueue enqueued", len(list), err)
+	}
+}
+
+// A multi-line connection error (pgx tries TLS, then plain) is printed on
+// one line, each attempt once.
+func TestUnreachableServerOneLine(t *testing.T) {
+	for _, dsn := range []string{
+		"postgres://postgres@127.0.0.1:1/test?connect_timeout=3",
+		"mysql://root@127.0.0.1:1/test",
+	} {
+		start := time.Now()
+		_, errOut, err := cli(t, "", "jobs", "--db", dsn)
+		oneLineErr(t, []string{dsn}, err, "127.0.0.1:1")
+		if err != nil && strings.Count(err.Error(), "connection refused") > 1 {
+			t.Errorf("%s: repeated lines kept: %v", dsn, err)
+		}
+		if errOut != "" || time.Since(start) > 20*time.Second {
+			t.Errorf("%s: stderr %q after %v", dsn, errOut, time.Since(start))
+		}
+	}
+}
+
+func TestOneLine(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"plain", "plain"},
+		{"open: failed to connect:\n\t1.2.3.4: refused\n\t1.2.3.4: refused\n", "open: failed to connect: 1.2.3.4: refused"},
+		{"a\nb\n\na", "a; b"},
+	} {
+		err := oneLine(errors.New(c.in))
+		if err.Error() != c.want {
+			t.Errorf("oneLine(%q) = %q, want %q", c.in, err, c.want)
+		}
+	}
+	wrapped := oneLine(errors.Join(torture.ErrViolations, errors.New("x")))
+	if !errors.Is(wrapped, torture.ErrViolations) || strings.Contains(wrapped.Error(), "\n") {
+		t.Errorf("oneLine lost the error chain or kept a newline: %v", wrapped)
+	}
+}
+
+// The README's bench example writes nothing to the working directory and
+// prints one table (JSON lines with --json).
+func TestBenchDefaultIsTemporary(t *testing.T) {
+	inEmptyDir(t)
+	out := mustCLI(t, "bench", "--jobs", "100", "--workers", "2", "--json")
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		var r struct{ Backend string }
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil || r.Backend != "sqlite" {
+			t.Errorf("line %q: %v", sc.Text(), err)
+		}
+	}
+}

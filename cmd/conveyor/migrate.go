@@ -1,0 +1,32 @@
+package main
+
+import "fmt"
+
+// migrateCmd applies the schema migrations. It is the only command that
+// creates a SQLite database.
+func migrateCmd(e *env, args []string) error {
+	f := e.flags("migrate", "migrate [--db DSN] [--prefix P]", dbHelp)
+	f.about = "Creates the database if it is a SQLite path that does not exist, then applies the\nembedded, numbered migrations (idempotent; a newer schema is refused)."
+	pos, err := e.parse(f, args)
+	if err != nil {
+		return err
+	}
+	if err := noArgs("migrate", pos); err != nil {
+		return err
+	}
+	c, err := e.open(true)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	applied, err := c.Migrate(e.ctx)
+	if err != nil {
+		return err
+	}
+	if len(applied) == 0 {
+		fmt.Fprintln(e.stdout, "schema is up to date")
+		return nil
+	}
+	fmt.Fprintf(e.stdout, "applied migrations %v\n", applied)
+	return nil
+}

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// statsCmd prints per queue the counts by state and the age of the oldest
+// available job. The client's process counters are left out: a one-shot
+// command claims nothing, so they would always be 0.
+func statsCmd(e *env, args []string) error {
+	f := e.flags("stats", "stats [--json]", dbHelp)
+	asJSON := f.Bool("json", false, "print JSON (the shape is in the README)")
+	pos, err := e.parse(f, args)
+	if err != nil {
+		return err
+	}
+	if err := noArgs("stats", pos); err != nil {
+		return err
+	}
+	c, err := e.open(false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	s, err := c.Stats(e.ctx)
+	if err != nil {
+		return err
+	}
+	sort.Slice(s.Queues, func(i, j int) bool { return s.Queues[i].Queue < s.Queues[j].Queue })
+	if *asJSON {
+		type queue struct {
+			Queue  string           `json:"queue"`
+			Counts map[string]int64 `json:"counts"`
+			// OldestAvailableMS is null when no job is available.
+			OldestAvailableMS *int64 `json:"oldest_available_ms"`
+		}
+		out := struct {
+			Backend string  `json:"backend"`
+			Queues  []queue `json:"queues"`
+		}{Backend: c.Backend(), Queues: []queue{}}
+		for _, x := range s.Queues {
+			q := queue{Queue: x.Queue, Counts: x.Counts}
+			if x.Counts["available"] > 0 {
+				q.OldestAvailableMS = ptr(x.OldestAvailable.Milliseconds())
+			}
+			out.Queues = append(out.Queues, q)
+		}
+		return json.NewEncoder(e.stdout).Encode(out)
+	}
+	states := []string{"available", "scheduled", "running", "retryable", "completed", "discarded", "cancelled"}
+	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "QUEUE\t%s\tOLDEST AVAILABLE\n", strings.ToUpper(strings.Join(states, "\t")))
+	for _, x := range s.Queues {
+		fmt.Fprintf(w, "%s", x.Queue)
+		for _, st := range states {
+			fmt.Fprintf(w, "\t%d", x.Counts[st])
+		}
+		oldest := "-"
+		if x.Counts["available"] > 0 {
+			oldest = x.OldestAvailable.Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(w, "\t%s\n", oldest)
+	}
+	if len(s.Queues) == 0 {
+		fmt.Fprintln(w, "(no jobs)")
+	}
+	return w.Flush()
+}
