@@ -50,7 +50,10 @@ type Config struct {
 	// HeartbeatInterval is how often one statement renews the leases of
 	// all running jobs of this process, on connections of its own. At most
 	// Lease/2, so that a failed renewal is retried well before handlers
-	// are cancelled. Default Lease/3.
+	// are cancelled. Default Lease/5 (6s of the default lease): a process
+	// then rides out a stall of its renewals (a saturated machine, a
+	// database that pauses) of about three fifths of the lease before it
+	// must stop its handlers.
 	HeartbeatInterval time.Duration
 	// JobTimeout is the default per-job timeout: the handler's context is
 	// cancelled and the attempt fails. Negative means none. Default 1m.
@@ -164,7 +167,7 @@ func (c Config) withDefaults() (Config, error) {
 	defInt(&c.CompleteBatch, 2000)
 	defInt(&c.InsertBatch, 1000)
 	def(&c.Lease, 30*time.Second)
-	def(&c.HeartbeatInterval, c.Lease/3)
+	def(&c.HeartbeatInterval, c.Lease/5)
 	def(&c.JobTimeout, time.Minute)
 	defInt(&c.MaxAttempts, 25)
 	def(&c.PollMin, 10*time.Millisecond)

@@ -60,6 +60,8 @@ type running struct {
 	// written, so that a slow write cannot let a finished job be rescued
 	// and run again.
 	finishing bool
+	// finishedAt is when the handler returned (set with finishing).
+	finishedAt time.Time
 	// cutOff is set when the deadline loop cancelled the handler because
 	// the lease could not be renewed in time.
 	cutOff bool
@@ -318,7 +320,7 @@ func (f *fetcher) finish(it *running) bool {
 	if f.leases[it.row.ID] != it {
 		return false
 	}
-	it.finishing = true
+	it.finishing, it.finishedAt = true, time.Now()
 	return true
 }
 
@@ -343,12 +345,18 @@ func (f *fetcher) settle(id, fence int64) {
 }
 
 // snapshot lists the attempts this fetcher holds, for the heartbeat:
-// running and finishing ones, but not those abandoned.
+// running ones, and finished ones whose outcome has waited in the
+// completer for more than half a heartbeat interval (an outcome is
+// usually written within milliseconds; renewing it too would make most
+// renewals touch rows being completed at the same moment), but not those
+// abandoned. A finished attempt was renewed while it ran, so it still
+// holds its lease for well over the interval and a half it may wait.
 func (f *fetcher) snapshot(dst []driver.Lease) []driver.Lease {
 	now := time.Now()
+	slow := now.Add(-f.e.cfg.HeartbeatInterval / 2)
 	f.mu.Lock()
 	for id, it := range f.leases {
-		if it.abandoned(now) {
+		if it.abandoned(now) || it.finishing && it.finishedAt.After(slow) {
 			continue
 		}
 		dst = append(dst, driver.Lease{ID: id, Fence: it.row.Fence})

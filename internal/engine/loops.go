@@ -49,6 +49,9 @@ func (e *Engine) heartbeatLoop(ctx context.Context) {
 		hctx, cancel := context.WithTimeout(ctx, max(e.cfg.HeartbeatInterval, e.cfg.Lease-e.leaseMargin()))
 		owned, err := e.drv.Heartbeat(hctx, leases, e.cfg.Lease)
 		cancel()
+		if took := time.Since(sent); took > e.cfg.HeartbeatInterval {
+			e.warn("conveyor: heartbeat slow", "jobs", len(leases), "took", took, "error", err)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return

@@ -402,8 +402,8 @@ func skewFault(name string, workerSkew time.Duration) *fault {
 				p.fail("late rescue: %v after the kill (lease %v)", worst, p.o.Lease)
 			}
 			// The last renewal was at most one heartbeat interval
-			// (Lease/3) before the kill, so no lease ends sooner than
-			// about 2/3 of a lease after it.
+			// (Lease/5) before the kill, so no lease ends sooner than
+			// about 4/5 of a lease after it.
 			if n > unrescued && best < p.o.Lease/2 {
 				p.fail("premature rescue: %v after the kill (lease %v)", best, p.o.Lease)
 			}
