@@ -84,15 +84,19 @@ func TestTortureSQLite(t *testing.T) {
 	shortRun(t, filepath.Join(t.TempDir(), "torture.db"))
 }
 
-// The server backends run side by side (after the SQLite run), so that
-// the package stays within a few minutes.
+// The backends run one after the other. Side by side, each suite's
+// twelve race-instrumented processes and its database server competed
+// with the other's on two cores, on top of the suite's own cpu fault:
+// under an outside load as well, the MySQL server answered renewals of
+// 2s leases in up to 1.3s and handlers were stopped before their leases
+// could expire, which the checker rightly counts as duplicate executions.
+// Each suite now has the machine (and its outside load) to itself; the
+// cpu fault still saturates every core within it.
 
 func TestTorturePostgres(t *testing.T) {
-	t.Parallel()
 	shortRun(t, testdb.Postgres(t))
 }
 
 func TestTortureMySQL(t *testing.T) {
-	t.Parallel()
 	shortRun(t, testdb.MySQL(t))
 }
