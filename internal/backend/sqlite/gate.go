@@ -10,19 +10,21 @@ import (
 // writer at a time, database/sql hands a freed connection to a waiter
 // chosen at random, and SQLite's busy handler polls with sleeps of up to
 // 100ms, so under load a heartbeat could wait behind any number of claims
-// and inserts and lose its lease while its process is alive. The gate
-// queues writers in two classes, each first come first served: the lease
-// path (heartbeat, complete, release) always goes before everything else
-// that waits, so it waits for at most the one write in progress in this
-// process. Every driver of this process on the same file shares one gate
-// (see gateFor), so two clients of one file do not race each other on the
-// file lock either.
+// and inserts and lose its lease while its process is alive. Ordinary
+// writes (claims, inserts, maintenance) take the gate in turn, first come
+// first served, on the driver's write connection. A lease-path write
+// (heartbeat, complete, release) does not take it: it runs on a
+// connection of its own and only announces itself, and while one is
+// pending no ordinary write starts, so it waits for at most the one write
+// in progress in this process (never behind one that is itself waiting
+// for another process's lock). Every driver of this process on the same
+// file shares one gate (see gateFor).
 type gate struct {
-	mu   sync.Mutex
-	held bool
-	high []chan struct{}
-	low  []chan struct{}
-	refs int // drivers using it; guarded by gatesMu
+	mu    sync.Mutex
+	held  bool
+	lease int // lease-path writes pending
+	low   []chan struct{}
+	refs  int // drivers using it; guarded by gatesMu
 }
 
 var (
@@ -61,21 +63,17 @@ func gateFor(path string) (*gate, func()) {
 	}
 }
 
-// acquire waits for the write connection; lease selects the lease class.
-// It returns ctx's error if ctx ends first, owning nothing.
-func (g *gate) acquire(ctx context.Context, lease bool) error {
+// acquire waits for the write connection for an ordinary write. It
+// returns ctx's error if ctx ends first, owning nothing.
+func (g *gate) acquire(ctx context.Context) error {
 	g.mu.Lock()
-	if !g.held {
+	if !g.held && g.lease == 0 {
 		g.held = true
 		g.mu.Unlock()
 		return nil
 	}
 	ch := make(chan struct{}, 1)
-	if lease {
-		g.high = append(g.high, ch)
-	} else {
-		g.low = append(g.low, ch)
-	}
+	g.low = append(g.low, ch)
 	g.mu.Unlock()
 	select {
 	case <-ch:
@@ -83,9 +81,12 @@ func (g *gate) acquire(ctx context.Context, lease bool) error {
 	case <-ctx.Done():
 	}
 	g.mu.Lock()
-	if g.remove(ch) {
-		g.mu.Unlock()
-		return ctx.Err()
+	for i, c := range g.low {
+		if c == ch {
+			g.low = append(g.low[:i], g.low[i+1:]...)
+			g.mu.Unlock()
+			return ctx.Err()
+		}
 	}
 	g.mu.Unlock()
 	// Granted while ctx ended: pass it on.
@@ -94,33 +95,38 @@ func (g *gate) acquire(ctx context.Context, lease bool) error {
 	return ctx.Err()
 }
 
-// remove takes ch out of its queue; false if it was already granted.
-func (g *gate) remove(ch chan struct{}) bool {
-	for _, q := range []*[]chan struct{}{&g.high, &g.low} {
-		for i, c := range *q {
-			if c == ch {
-				*q = append((*q)[:i], (*q)[i+1:]...)
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// release hands the connection to the next lease-path waiter, else the
-// next other waiter, else frees it.
+// release ends an ordinary write.
 func (g *gate) release() {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	var next chan struct{}
-	switch {
-	case len(g.high) > 0:
-		next, g.high = g.high[0], g.high[1:]
-	case len(g.low) > 0:
-		next, g.low = g.low[0], g.low[1:]
-	default:
-		g.held = false
+	g.held = false
+	g.grant()
+	g.mu.Unlock()
+}
+
+// leaseBegin announces a lease-path write: no ordinary write starts until
+// leaseEnd.
+func (g *gate) leaseBegin() {
+	g.mu.Lock()
+	g.lease++
+	g.mu.Unlock()
+}
+
+// leaseEnd ends a lease-path write.
+func (g *gate) leaseEnd() {
+	g.mu.Lock()
+	g.lease--
+	g.grant()
+	g.mu.Unlock()
+}
+
+// grant hands the write connection to the next ordinary writer when it
+// is free and no lease-path write is pending. g.mu is held.
+func (g *gate) grant() {
+	if g.held || g.lease > 0 || len(g.low) == 0 {
 		return
 	}
+	next := g.low[0]
+	g.low = g.low[1:]
+	g.held = true
 	next <- struct{}{}
 }

@@ -32,8 +32,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	sqldriver "database/sql/driver"
-
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
@@ -75,15 +73,13 @@ type Driver struct {
 	prefix string
 	sync   string // NORMAL, FULL or EXTRA
 
-	w *sql.DB // the one write connection (BEGIN IMMEDIATE)
-	r *sql.DB // read-only pool for admin reads
-	// gate orders this process's writers to the file, the lease path
+	w  *sql.DB // the one write connection (BEGIN IMMEDIATE)
+	lw *sql.DB // the lease path's own write connection (busy_timeout 0)
+	r  *sql.DB // read-only pool for admin reads
+	// gate orders this process's writers to the file, lease-path writes
 	// first; dropGate lets go of it at Close.
 	gate     *gate
 	dropGate func()
-	// busyTimeout is the write connection's busy_timeout in milliseconds,
-	// restored after each lease-path write (which polls by itself).
-	busyTimeout int
 
 	q          map[string]string
 	migrations []sqlq.Migration
@@ -143,9 +139,20 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	d.w.SetConnMaxLifetime(0)
 	d.w.SetConnMaxIdleTime(0)
 
+	d.lw, err = sql.Open("sqlite", wdsn)
+	if err != nil {
+		d.w.Close()
+		return nil, fmt.Errorf("conveyor/sqlite: open %s: %w", target.path, err)
+	}
+	d.lw.SetMaxOpenConns(1)
+	d.lw.SetMaxIdleConns(1)
+	d.lw.SetConnMaxLifetime(0)
+	d.lw.SetConnMaxIdleTime(0)
+
 	d.r, err = sql.Open("sqlite", rdsn)
 	if err != nil {
 		d.w.Close()
+		d.lw.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: open %s: %w", target.path, err)
 	}
 	n := opts.PoolSize
@@ -174,10 +181,6 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if !strings.EqualFold(mode, "wal") {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: open %s: journal_mode is %q, not WAL (is the file on a filesystem without shared memory support?)", target.path, mode)
-	}
-	if err := d.w.QueryRowContext(ctx, d.q["pragma_busy_timeout"]).Scan(&d.busyTimeout); err != nil {
-		d.Close()
-		return nil, fmt.Errorf("conveyor/sqlite: open %s: %w", target.path, err)
 	}
 	return d, nil
 }
@@ -391,6 +394,9 @@ func (d *Driver) Close() error {
 	if d.r != nil {
 		errs = append(errs, d.r.Close())
 	}
+	if d.lw != nil {
+		errs = append(errs, d.lw.Close())
+	}
 	if d.w != nil {
 		errs = append(errs, d.w.Close())
 	}
@@ -408,25 +414,27 @@ func isBusy(err error) bool {
 	return false
 }
 
-// retry runs fn on the write connection once the gate lets it (behind
-// every waiting lease-path write), retrying it while SQLite reports busy.
+// retry runs fn on the write connection once the gate lets it (after
+// every pending lease-path write), retrying it while SQLite reports busy.
 func (d *Driver) retry(ctx context.Context, fn func() error) error {
-	return d.gated(ctx, false, fn)
-}
-
-// leaseRetry runs fn for the lease path (heartbeat, complete, release) on
-// the write connection: it goes before every other waiting write of this
-// process, and while another process holds the write lock it polls every
-// fraction of a millisecond (busy_timeout is set to 0 for the call)
-// instead of SQLite's busy handler, whose sleeps grow to 100ms and would
-// let a busy neighbour win the lock again and again until the lease
-// expires. fn must run its statement on conn.
-func (d *Driver) leaseRetry(ctx context.Context, fn func(conn *sql.Conn) error) error {
-	if err := d.gate.acquire(ctx, true); err != nil {
+	if err := d.gate.acquire(ctx); err != nil {
 		return err
 	}
 	defer d.gate.release()
-	conn, err := d.w.Conn(ctx)
+	return d.busyRetry(ctx, fn)
+}
+
+// leaseRetry runs fn for the lease path (heartbeat, complete, release) on
+// the lease path's own write connection. While it is pending no ordinary
+// write of this process starts, and while any connection holds the write
+// lock it polls every fraction of a millisecond (busy_timeout 0) instead
+// of SQLite's busy handler, whose sleeps grow to 100ms and would let a
+// busy neighbour win the lock again and again until the lease expires.
+// fn must run its statement on conn.
+func (d *Driver) leaseRetry(ctx context.Context, fn func(conn *sql.Conn) error) error {
+	d.gate.leaseBegin()
+	defer d.gate.leaseEnd()
+	conn, err := d.lw.Conn(ctx)
 	if err != nil {
 		return err
 	}
@@ -434,13 +442,6 @@ func (d *Driver) leaseRetry(ctx context.Context, fn func(conn *sql.Conn) error) 
 	if _, err := conn.ExecContext(ctx, "PRAGMA busy_timeout = 0"); err != nil {
 		return err
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := conn.ExecContext(rctx, "PRAGMA busy_timeout = "+strconv.Itoa(d.busyTimeout)); err != nil {
-			_ = conn.Raw(func(any) error { return sqldriver.ErrBadConn }) // drop it: a fresh one gets the DSN's timeout
-		}
-	}()
 	for {
 		err := fn(conn)
 		if err == nil || !isBusy(err) {
@@ -455,14 +456,6 @@ func (d *Driver) leaseRetry(ctx context.Context, fn func(conn *sql.Conn) error) 
 		case <-t.C:
 		}
 	}
-}
-
-func (d *Driver) gated(ctx context.Context, lease bool, fn func() error) error {
-	if err := d.gate.acquire(ctx, lease); err != nil {
-		return err
-	}
-	defer d.gate.release()
-	return d.busyRetry(ctx, fn)
 }
 
 // busyRetry runs fn, retrying it with short jittered backoff while SQLite
