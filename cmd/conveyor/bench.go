@@ -57,14 +57,7 @@ func benchCmd(e *env, args []string) error {
 	claimBatch := f.Int("claim-batch", 0, "Config.ClaimBatch (default: conveyor's default)")
 	completeBatch := f.Int("complete-batch", 0, "Config.CompleteBatch (default: conveyor's default)")
 	poolSize := f.Int("pool-size", 0, "Config.PoolSize (default: the backend's)")
-	pos, err := e.parse(f, args)
-	if err != nil {
-		return err
-	}
-	if err := noArgs("bench", pos); err != nil {
-		return err
-	}
-	if err := e.noPrefix("bench"); err != nil {
+	if err := e.parseNoArgs(f, args, true); err != nil {
 		return err
 	}
 	cs, err := parseCounts(*counts)

@@ -13,14 +13,7 @@ func demoCmd(e *env, args []string) error {
 	f := e.flags("demo", "demo [--db DSN] [--jobs N] [--workers N]", dbHelpScratch)
 	jobs := f.Int("jobs", 100000, "no-op jobs to drain")
 	workers := f.Int("workers", 100, "workers")
-	pos, err := e.parse(f, args)
-	if err != nil {
-		return err
-	}
-	if err := noArgs("demo", pos); err != nil {
-		return err
-	}
-	if err := e.noPrefix("demo"); err != nil {
+	if err := e.parseNoArgs(f, args, true); err != nil {
 		return err
 	}
 	dsn := e.scratchDSN()

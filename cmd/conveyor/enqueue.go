@@ -21,11 +21,7 @@ func enqueueCmd(e *env, args []string) error {
 	prio := f.Int("priority", 0, "priority: smaller runs first")
 	delay := f.Duration("delay", 0, "run after this delay (e.g. 30s)")
 	attempts := f.Int("max-attempts", 0, "maximum attempts (default 25)")
-	pos, err := e.parse(f, args)
-	if err != nil {
-		return err
-	}
-	if err := noArgs("enqueue", pos); err != nil {
+	if err := e.parseNoArgs(f, args, false); err != nil {
 		return err
 	}
 	if *kind == "" {

@@ -19,11 +19,7 @@ func jobsCmd(e *env, args []string) error {
 	limit := f.Int("limit", 50, "maximum jobs listed")
 	after := f.Int64("after", 0, "list jobs with ids after this `ID`")
 	asJSON := f.Bool("json", false, "print a JSON array (the shape is in the README)")
-	pos, err := e.parse(f, args)
-	if err != nil {
-		return err
-	}
-	if err := noArgs("jobs", pos); err != nil {
+	if err := e.parseNoArgs(f, args, false); err != nil {
 		return err
 	}
 	var states []string

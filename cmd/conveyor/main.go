@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net/url"
 	"os"
 	"os/signal"
 	"strconv"
@@ -21,6 +20,7 @@ import (
 	"syscall"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/backend/sqlite"
 )
 
 const usage = `conveyor: a durable job queue in your database
@@ -222,6 +222,23 @@ func usageError(cmd, msg string) error {
 }
 
 // noArgs refuses positional arguments.
+// parseNoArgs parses the flags of a command that takes no positional
+// argument; a scratch command (bench, demo, torture), which works on
+// throw-away tables, also refuses --prefix.
+func (e *env) parseNoArgs(f *cmdFlags, args []string, scratch bool) error {
+	pos, err := e.parse(f, args)
+	if err != nil {
+		return err
+	}
+	if err := noArgs(f.Name(), pos); err != nil {
+		return err
+	}
+	if scratch {
+		return e.noPrefix(f.Name())
+	}
+	return nil
+}
+
 func noArgs(cmd string, pos []string) error {
 	if len(pos) > 0 {
 		return usageError(cmd, fmt.Sprintf("unexpected argument %q", pos[0]))
@@ -325,28 +342,16 @@ func backendOf(dsn string) string {
 	return ""
 }
 
-// sqliteFile returns the file a SQLite DSN names (a path, sqlite:path,
-// sqlite://path or file:path?...), or "" for any other DSN.
+// sqliteFile returns the file a SQLite DSN names, read by the SQLite
+// backend's own parser, or "" for any other DSN (or one it refuses, which
+// opening then reports).
 func sqliteFile(dsn string) string {
 	if backendOf(dsn) != "sqlite" {
 		return ""
 	}
-	p, _, _ := strings.Cut(dsn, "?")
-	if s, ok := strings.CutPrefix(p, "sqlite://"); ok {
-		p = s
-	} else if s, ok := strings.CutPrefix(p, "sqlite:"); ok {
-		p = s
-	}
-	if s, ok := strings.CutPrefix(p, "file:"); ok {
-		p = s
-		if rest, ok := strings.CutPrefix(p, "//"); ok { // file:///path
-			if i := strings.IndexByte(rest, '/'); i >= 0 {
-				p = rest[i:]
-			}
-		}
-		if u, err := url.PathUnescape(p); err == nil {
-			p = u
-		}
+	p, err := sqlite.FilePath(dsn)
+	if err != nil {
+		return ""
 	}
 	return p
 }

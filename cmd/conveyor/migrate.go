@@ -7,11 +7,7 @@ import "fmt"
 func migrateCmd(e *env, args []string) error {
 	f := e.flags("migrate", "migrate [--db DSN] [--prefix P]", dbHelp)
 	f.about = "Creates the database if it is a SQLite path that does not exist, then applies the\nembedded, numbered migrations (idempotent; a newer schema is refused)."
-	pos, err := e.parse(f, args)
-	if err != nil {
-		return err
-	}
-	if err := noArgs("migrate", pos); err != nil {
+	if err := e.parseNoArgs(f, args, false); err != nil {
 		return err
 	}
 	c, err := e.open(true)

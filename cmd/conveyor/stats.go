@@ -15,11 +15,7 @@ import (
 func statsCmd(e *env, args []string) error {
 	f := e.flags("stats", "stats [--json]", dbHelp)
 	asJSON := f.Bool("json", false, "print JSON (the shape is in the README)")
-	pos, err := e.parse(f, args)
-	if err != nil {
-		return err
-	}
-	if err := noArgs("stats", pos); err != nil {
+	if err := e.parseNoArgs(f, args, false); err != nil {
 		return err
 	}
 	c, err := e.open(false)

@@ -42,14 +42,7 @@ func tortureCmd(e *env, args []string) error {
 		fmt.Fprintf(&about, "  %-11s %s\n", n[0], n[1])
 	}
 	f.about = strings.TrimSuffix(about.String(), "\n")
-	pos, err := e.parse(f, args)
-	if err != nil {
-		return err
-	}
-	if err := noArgs("torture", pos); err != nil {
-		return err
-	}
-	if err := e.noPrefix("torture"); err != nil {
+	if err := e.parseNoArgs(f, args, true); err != nil {
 		return err
 	}
 	if *restartServer && *noRestart {

@@ -17,9 +17,8 @@ import (
 // gets through in time the deadline loop stops the handlers.
 func (e *Engine) heartbeatLoop(ctx context.Context) {
 	var leases []driver.Lease
-	wait := e.cfg.HeartbeatInterval
 	fails := 0
-	timer := time.NewTimer(wait)
+	timer := time.NewTimer(e.cfg.HeartbeatInterval)
 	defer timer.Stop()
 	for {
 		select {
@@ -30,13 +29,12 @@ func (e *Engine) heartbeatLoop(ctx context.Context) {
 			// A claim that took long to come back: renew its lease now
 			// rather than at the next interval.
 		}
-		wait = e.cfg.HeartbeatInterval
 		leases = leases[:0]
 		for _, f := range e.fetchers {
 			leases = f.snapshot(leases)
 		}
 		if len(leases) == 0 {
-			timer.Reset(wait)
+			timer.Reset(e.cfg.HeartbeatInterval)
 			continue
 		}
 		// In id order, as the completer writes, so that a renewal and a

@@ -112,6 +112,9 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if err != nil {
 		return nil, err
 	}
+	if err := target.checkDir(dsn); err != nil {
+		return nil, err
+	}
 	base := target.base()
 	pragmas := []string{"journal_mode(WAL)", "synchronous(" + syncMode + ")", "foreign_keys(0)"}
 	if !target.hasBusyTimeout {
@@ -278,14 +281,30 @@ func parseDSN(dsn string) (*dsnTarget, error) {
 	if t.path == "" || t.path == ":memory:" || q.Get("mode") == "memory" || q.Has("vfs") && q.Get("vfs") == "memdb" {
 		return nil, fmt.Errorf("conveyor/sqlite: DSN %q: in-memory databases are not supported: conveyor's connections must share one file", orig)
 	}
+	return t, nil
+}
+
+// FilePath returns the database file a SQLite DSN names (a plain path,
+// sqlite:path, sqlite://path or file:path?...), as Open reads it, without
+// touching the file system.
+func FilePath(dsn string) (string, error) {
+	t, err := parseDSN(dsn)
+	if err != nil {
+		return "", err
+	}
+	return t.path, nil
+}
+
+// checkDir reports a DSN whose file's directory does not exist.
+func (t *dsnTarget) checkDir(orig string) error {
 	if dir := filepath.Dir(t.path); dir != "" {
 		if st, err := os.Stat(dir); err != nil {
-			return nil, fmt.Errorf("conveyor/sqlite: DSN %q: directory of the database: %w", orig, err)
+			return fmt.Errorf("conveyor/sqlite: DSN %q: directory of the database: %w", orig, err)
 		} else if !st.IsDir() {
-			return nil, fmt.Errorf("conveyor/sqlite: DSN %q: %s is not a directory", orig, dir)
+			return fmt.Errorf("conveyor/sqlite: DSN %q: %s is not a directory", orig, dir)
 		}
 	}
-	return t, nil
+	return nil
 }
 
 // base is the DSN the driver's own parameters are appended to.
