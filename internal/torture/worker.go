@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/backend/sqlite"
 )
 
 // Queue is the queue of the torture workload.
@@ -443,8 +444,9 @@ func runProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slo
 // txBeginner opens transactions of the type EnqueueTx takes on the
 // backend.
 type txBeginner struct {
-	pg  *pgxpool.Pool
-	sql *sql.DB
+	pg   *pgxpool.Pool
+	sql  *sql.DB
+	path string // SQLite: the database file
 }
 
 type txHandle struct {
@@ -472,7 +474,11 @@ func openTxBeginner(ctx context.Context, dsn string, n int) (*txBeginner, error)
 			return nil, err
 		}
 		db.SetMaxOpenConns(n)
-		return &txBeginner{sql: db}, nil
+		b := &txBeginner{sql: db}
+		if backendOf(dsn) == "sqlite" {
+			b.path, _ = sqlitePath(dsn)
+		}
+		return b, nil
 	}
 }
 
@@ -483,6 +489,14 @@ func (b *txBeginner) begin(ctx context.Context) (*txHandle, error) {
 			return nil, err
 		}
 		return &txHandle{tx: tx, commit: tx.Commit, rollback: tx.Rollback}, nil
+	}
+	if b.path != "" {
+		// The application's own handle begins BEGIN IMMEDIATE
+		// transactions back to back; on SQLite it lets conveyor's pending
+		// lease renewals go first, as the README tells applications to.
+		if err := sqlite.YieldToLeases(ctx, b.path); err != nil {
+			return nil, err
+		}
 	}
 	tx, err := b.sql.BeginTx(ctx, nil)
 	if err != nil {

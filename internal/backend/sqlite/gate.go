@@ -2,9 +2,22 @@ package sqlite
 
 import (
 	"context"
+	"math/rand/v2"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
+	"time"
 )
+
+// intentSuffix names the side file of the cross-process half of the gate.
+const intentSuffix = "-conveyor-lease"
+
+// maxYield bounds how long a write waits for another process's pending
+// lease renewal. A renewal waits for at most the one write in progress, so
+// it normally clears in milliseconds; the bound only matters when the
+// announcing process was stopped (SIGSTOP, a debugger) mid-renewal, and
+// then waiting is skipped until its announcement is seen gone once.
+const maxYield = 250 * time.Millisecond
 
 // gate orders this process's writes to one database file. SQLite has one
 // writer at a time, database/sql hands a freed connection to a waiter
@@ -19,12 +32,25 @@ import (
 // in progress in this process (never behind one that is itself waiting
 // for another process's lock). Every driver of this process on the same
 // file shares one gate (see gateFor).
+//
+// Other processes writing the same file are ordered by a side file
+// (intentFile): while a heartbeat of this process is pending it holds a
+// read lock there, and an ordinary write of any process, before each try
+// at SQLite's lock, waits while another process holds one (yield). Only
+// heartbeats announce themselves across processes: they are one batch per
+// HeartbeatInterval per process, so other processes are held back rarely
+// and briefly, and a completion that waits keeps its lease through them.
 type gate struct {
-	mu    sync.Mutex
-	held  bool
-	lease int // lease-path writes pending
-	low   []chan struct{}
-	refs  int // drivers using it; guarded by gatesMu
+	mu        sync.Mutex
+	held      bool
+	lease     int // lease-path writes pending
+	announced int // of those, heartbeats announced in the side file
+	low       []chan struct{}
+	refs      int // drivers using it; guarded by gatesMu
+
+	side    *intentFile // nil: this process's writes only (sideErr says why)
+	sideErr error
+	stuck   atomic.Bool // a yield timed out; do not wait again until clear
 }
 
 var (
@@ -36,18 +62,13 @@ var (
 // driver of this process on that file, and a function to call once the
 // driver is closed.
 func gateFor(path string) (*gate, func()) {
-	key := path
-	if abs, err := filepath.Abs(path); err == nil {
-		key = abs
-		if dir, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
-			key = filepath.Join(dir, filepath.Base(abs))
-		}
-	}
+	key := gateKey(path)
 	gatesMu.Lock()
 	defer gatesMu.Unlock()
 	g := gates[key]
 	if g == nil {
 		g = &gate{}
+		g.side, g.sideErr = openIntentFile(key)
 		gates[key] = g
 	}
 	g.refs++
@@ -58,9 +79,26 @@ func gateFor(path string) (*gate, func()) {
 			defer gatesMu.Unlock()
 			if g.refs--; g.refs == 0 {
 				delete(gates, key)
+				if g.side != nil {
+					g.side.close()
+				}
 			}
 		})
 	}
+}
+
+// gateKey is the absolute path of the database file, symbolic links of
+// its directory resolved, so that every spelling of one file shares a
+// gate.
+func gateKey(path string) string {
+	key := path
+	if abs, err := filepath.Abs(path); err == nil {
+		key = abs
+		if dir, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
+			key = filepath.Join(dir, filepath.Base(abs))
+		}
+	}
+	return key
 }
 
 // acquire waits for the write connection for an ordinary write. It
@@ -103,20 +141,102 @@ func (g *gate) release() {
 	g.mu.Unlock()
 }
 
-// leaseBegin announces a lease-path write: no ordinary write starts until
-// leaseEnd.
-func (g *gate) leaseBegin() {
+// leaseBegin announces a lease-path write: no ordinary write of this
+// process starts until leaseEnd. A heartbeat (across) also announces
+// itself to other processes.
+func (g *gate) leaseBegin(across bool) {
 	g.mu.Lock()
 	g.lease++
+	if across && g.side != nil {
+		if g.announced == 0 {
+			// A failed lock leaves other processes unaware; the write
+			// goes ahead all the same.
+			_ = g.side.announce()
+		}
+		g.announced++
+	}
 	g.mu.Unlock()
 }
 
-// leaseEnd ends a lease-path write.
-func (g *gate) leaseEnd() {
+// leaseEnd ends a lease-path write begun with the same across.
+func (g *gate) leaseEnd(across bool) {
 	g.mu.Lock()
 	g.lease--
+	if across && g.side != nil {
+		if g.announced--; g.announced == 0 {
+			_ = g.side.withdraw()
+		}
+	}
 	g.grant()
 	g.mu.Unlock()
+}
+
+// yield waits while another process has a heartbeat pending on the file,
+// for at most maxYield; it returns early only when ctx ends. Ordinary
+// writes call it before each try at SQLite's lock.
+func (g *gate) yield(ctx context.Context) {
+	if g.side == nil {
+		return
+	}
+	if g.stuck.Load() {
+		if !g.side.othersPending() {
+			g.stuck.Store(false)
+		}
+		return
+	}
+	start := time.Now()
+	for g.side.othersPending() {
+		if time.Since(start) > maxYield {
+			g.stuck.Store(true)
+			return
+		}
+		t := time.NewTimer(250*time.Microsecond + rand.N(500*time.Microsecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// YieldToLeases waits, for at most a quarter of a second, while a lease
+// renewal of a conveyor client on the SQLite database at path is pending,
+// in this process or another. SQLite has one writer at a time and no
+// queue: an application that begins its write transactions back to back
+// on its own handle can take the lock again before a renewal polling for
+// it sees it free. Calling this before beginning such a transaction lets
+// the renewal go first. It returns at once when no conveyor client of this
+// process has path open, and ctx's error if ctx ends first.
+func YieldToLeases(ctx context.Context, path string) error {
+	key := gateKey(path)
+	gatesMu.Lock()
+	g := gates[key]
+	gatesMu.Unlock()
+	if g == nil {
+		return nil
+	}
+	start := time.Now()
+	for {
+		g.mu.Lock()
+		local := g.lease > 0
+		g.mu.Unlock()
+		if !local {
+			break
+		}
+		if time.Since(start) > maxYield {
+			return nil
+		}
+		t := time.NewTimer(250*time.Microsecond + rand.N(500*time.Microsecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	g.yield(ctx)
+	return ctx.Err()
 }
 
 // grant hands the write connection to the next ordinary writer when it

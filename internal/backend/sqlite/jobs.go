@@ -193,7 +193,7 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	}
 	param := string(b)
 	applied := make([]int64, 0, len(outcomes))
-	err = d.leaseRetry(ctx, func(conn *sql.Conn) error {
+	err = d.leaseRetry(ctx, false, func(conn *sql.Conn) error {
 		applied = applied[:0]
 		return queryIDs(ctx, conn, d.q["complete"], &applied, param)
 	})
@@ -231,7 +231,7 @@ func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease tim
 	*bp = encodeLeases((*bp)[:0], leases)
 	param := string(*bp)
 	owned := make([]int64, 0, len(leases))
-	err := d.leaseRetry(ctx, func(conn *sql.Conn) error {
+	err := d.leaseRetry(ctx, true, func(conn *sql.Conn) error {
 		owned = owned[:0]
 		return queryIDs(ctx, conn, d.q["heartbeat"], &owned, param, us(lease))
 	})
@@ -251,7 +251,7 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 	*bp = encodeLeases((*bp)[:0], leases)
 	param := string(*bp)
 	var n int64
-	err := d.leaseRetry(ctx, func(conn *sql.Conn) error {
+	err := d.leaseRetry(ctx, false, func(conn *sql.Conn) error {
 		res, err := conn.ExecContext(ctx, d.q["release"], param)
 		if err != nil {
 			return err

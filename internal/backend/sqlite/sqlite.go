@@ -388,7 +388,16 @@ func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
 		"synchronous":    syncName,
 		"busy_timeout":   strconv.Itoa(busy) + "ms",
 		"writers":        "1 connection, BEGIN IMMEDIATE",
+		"lease_priority":  d.leasePriority(),
 	}, nil
+}
+
+// leasePriority says how far lease renewals go ahead of other writes.
+func (d *Driver) leasePriority() string {
+	if d.gate.side == nil {
+		return "this process only (" + d.gate.sideErr.Error() + ")"
+	}
+	return "every process (side file " + d.path + intentSuffix + ")"
 }
 
 // Counters returns busy_retries (statements retried after SQLITE_BUSY or
@@ -434,13 +443,18 @@ func isBusy(err error) bool {
 }
 
 // retry runs fn on the write connection once the gate lets it (after
-// every pending lease-path write), retrying it while SQLite reports busy.
+// every pending lease-path write of this process), retrying it while
+// SQLite reports busy. Before each try it yields to heartbeats pending in
+// other processes.
 func (d *Driver) retry(ctx context.Context, fn func() error) error {
 	if err := d.gate.acquire(ctx); err != nil {
 		return err
 	}
 	defer d.gate.release()
-	return d.busyRetry(ctx, fn)
+	return d.busyRetry(ctx, func() error {
+		d.gate.yield(ctx)
+		return fn()
+	})
 }
 
 // leaseRetry runs fn for the lease path (heartbeat, complete, release) on
@@ -449,10 +463,11 @@ func (d *Driver) retry(ctx context.Context, fn func() error) error {
 // lock it polls every fraction of a millisecond (busy_timeout 0) instead
 // of SQLite's busy handler, whose sleeps grow to 100ms and would let a
 // busy neighbour win the lock again and again until the lease expires.
-// fn must run its statement on conn.
-func (d *Driver) leaseRetry(ctx context.Context, fn func(conn *sql.Conn) error) error {
-	d.gate.leaseBegin()
-	defer d.gate.leaseEnd()
+// A heartbeat (across) also holds back the writes of other processes
+// while it is pending (see gate). fn must run its statement on conn.
+func (d *Driver) leaseRetry(ctx context.Context, across bool, fn func(conn *sql.Conn) error) error {
+	d.gate.leaseBegin(across)
+	defer d.gate.leaseEnd(across)
 	conn, err := d.lw.Conn(ctx)
 	if err != nil {
 		return err

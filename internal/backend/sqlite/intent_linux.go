@@ -1,0 +1,52 @@
+package sqlite
+
+import (
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// intentFile is the cross-process half of the gate (see gate): a side file
+// next to the database, "<database>-conveyor-lease", on which a process
+// holds a read lock while one of its lease renewals is pending. Locks are
+// open-file-description locks (F_OFD_*): they belong to this process's
+// descriptor, conflict with every other descriptor of any process, are
+// never taken for writing, and the kernel drops them when the process
+// dies, so a killed process never leaves one behind.
+type intentFile struct {
+	f *os.File
+}
+
+// openIntentFile opens (creating it if missing) the side file of the
+// database at path. It returns nil and the reason when that cannot be done
+// (a read-only directory, say); the gate then orders this process only.
+func openIntentFile(path string) (*intentFile, error) {
+	f, err := os.OpenFile(path+intentSuffix, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	return &intentFile{f: f}, nil
+}
+
+func (i *intentFile) lock(typ int16) error {
+	lk := unix.Flock_t{Type: typ, Whence: 0, Start: 0, Len: 1}
+	return unix.FcntlFlock(i.f.Fd(), unix.F_OFD_SETLK, &lk)
+}
+
+// announce marks a lease renewal of this process as pending.
+func (i *intentFile) announce() error { return i.lock(unix.F_RDLCK) }
+
+// withdraw ends what announce marked.
+func (i *intentFile) withdraw() error { return i.lock(unix.F_UNLCK) }
+
+// othersPending reports whether another process (or another descriptor of
+// this one) has a lease renewal pending on the database.
+func (i *intentFile) othersPending() bool {
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: 0, Len: 1}
+	if err := unix.FcntlFlock(i.f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
+		return false
+	}
+	return lk.Type != unix.F_UNLCK
+}
+
+func (i *intentFile) close() error { return i.f.Close() }

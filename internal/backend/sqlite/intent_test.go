@@ -1,0 +1,102 @@
+package sqlite
+
+import (
+	"context"
+	"path/filepath"
+	"runtime"
+	"testing"
+)
+
+// TestIntentAcrossDescriptors checks the cross-process half of the gate
+// with a second descriptor of the side file standing for another process
+// (OFD locks conflict between descriptors exactly as between processes).
+func TestIntentAcrossDescriptors(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("cross-process lease priority is Linux only")
+	}
+	path := filepath.Join(t.TempDir(), "x.db")
+	g, drop := gateFor(path)
+	defer drop()
+	if g.side == nil {
+		t.Fatalf("no side file: %v", g.sideErr)
+	}
+	other, err := openIntentFile(gateKey(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.close()
+
+	if other.othersPending() {
+		t.Fatal("a renewal is reported pending before any was announced")
+	}
+	// Completions and releases (across=false) stay within the process.
+	g.leaseBegin(false)
+	if other.othersPending() {
+		t.Fatal("a completion was announced to other processes")
+	}
+	g.leaseEnd(false)
+	// Two overlapping heartbeats: announced until the last one ends.
+	g.leaseBegin(true)
+	g.leaseBegin(true)
+	if !other.othersPending() {
+		t.Fatal("a pending heartbeat is not seen by another process")
+	}
+	g.leaseEnd(true)
+	if !other.othersPending() {
+		t.Fatal("the announcement ended while a heartbeat was still pending")
+	}
+	g.leaseEnd(true)
+	if other.othersPending() {
+		t.Fatal("the announcement outlived the heartbeats")
+	}
+}
+
+// TestYieldIsBounded checks that an announcement nobody withdraws (its
+// process stopped mid-renewal) holds writes back once, for maxYield, and
+// then not again until it is seen gone.
+func TestYieldIsBounded(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("cross-process lease priority is Linux only")
+	}
+	path := filepath.Join(t.TempDir(), "x.db")
+	g, drop := gateFor(path)
+	defer drop()
+	if g.side == nil {
+		t.Fatalf("no side file: %v", g.sideErr)
+	}
+	stopped, err := openIntentFile(gateKey(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stopped.close()
+	if err := stopped.announce(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	g.yield(ctx) // returns after maxYield
+	if !g.stuck.Load() {
+		t.Fatal("a yield that ran out did not mark the announcement stuck")
+	}
+	g.yield(ctx) // returns at once while stuck
+	if !g.stuck.Load() {
+		t.Fatal("stuck cleared while the announcement is still there")
+	}
+	if err := stopped.withdraw(); err != nil {
+		t.Fatal(err)
+	}
+	g.yield(ctx)
+	if g.stuck.Load() {
+		t.Fatal("stuck not cleared once the announcement was gone")
+	}
+	// YieldToLeases on a file no client of this process has open returns.
+	if err := YieldToLeases(ctx, filepath.Join(t.TempDir(), "none.db")); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	g.leaseBegin(false)
+	defer g.leaseEnd(false)
+	if err := YieldToLeases(cctx, path); err == nil {
+		t.Fatal("YieldToLeases ignored its cancelled context while a renewal of this process was pending")
+	}
+}
