@@ -9,12 +9,14 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/conveyorq/conveyor/internal/backend/mysql"
-	"github.com/conveyorq/conveyor/internal/backend/postgres"
-	"github.com/conveyorq/conveyor/internal/backend/sqlite"
 	"github.com/conveyorq/conveyor/internal/driver"
 	"github.com/conveyorq/conveyor/internal/engine"
+	"github.com/conveyorq/conveyor/internal/seam"
 )
+
+func init() {
+	seam.DriverOf = func(c any) driver.Driver { return c.(*Client).drv }
+}
 
 // Client enqueues jobs and, once started, works the queues in its Config.
 // It is safe for concurrent use.
@@ -29,12 +31,27 @@ type Client struct {
 	maxArgs  int
 }
 
-// Open connects to the database named by dsn and returns a client. The
-// DSN is a SQLite path (for example "./conveyor.db", "sqlite:jobs.db" or
-// "file:jobs.db"), "postgres://..." or "mysql://user:pass@host:port/db".
-// Open refuses a database whose schema is newer than this binary; a
-// database that lacks migrations can be migrated with Client.Migrate.
-func Open(ctx context.Context, dsn string, cfg *Config) (*Client, error) {
+// Driver is a database backend for New, built from the application's own
+// handle by one of the driver packages: driver/pgxv5 (a *pgxpool.Pool),
+// driver/sqlitedb (a *sql.DB on a SQLite file) or driver/mysqldb. The
+// package connect opens one from a DSN instead. An application links only
+// the driver packages it imports.
+type Driver interface {
+	// Bind is called once, by New, with the client's table prefix; it
+	// returns the backend conveyor's engine runs on. Applications do not
+	// call it.
+	Bind(ctx context.Context, opts driver.Options) (driver.Driver, error)
+}
+
+// New returns a client on drv. Closing the client closes what conveyor
+// opened itself (the lease path's connections, the listener) and leaves
+// the application's handle open. New refuses a database whose schema is
+// newer than this binary; a database that lacks migrations can be
+// migrated with Client.Migrate.
+func New(ctx context.Context, drv Driver, cfg *Config) (*Client, error) {
+	if drv == nil {
+		return nil, errors.New("conveyor: New: nil Driver: build one with a driver package (driver/pgxv5, driver/sqlitedb, driver/mysqldb) or use connect.Open")
+	}
 	var c Config
 	if cfg != nil {
 		c = *cfg
@@ -43,7 +60,7 @@ func Open(ctx context.Context, dsn string, cfg *Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	drv, err := openDriver(ctx, dsn, driver.Options{
+	d, err := drv.Bind(ctx, driver.Options{
 		Prefix:        c.TablePrefix,
 		PoolSize:      c.PoolSize,
 		ClaimStrategy: c.ClaimStrategy,
@@ -52,41 +69,16 @@ func Open(ctx context.Context, dsn string, cfg *Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	cl := &Client{cfg: c, drv: drv, handlers: map[string]engine.Handler{}, maxArgs: c.MaxArgsBytes}
-	if m := drv.Capabilities().MaxArgsBytes; m > 0 && m < cl.maxArgs {
+	cl := &Client{cfg: c, drv: d, handlers: map[string]engine.Handler{}, maxArgs: c.MaxArgsBytes}
+	if m := d.Capabilities().MaxArgsBytes; m > 0 && m < cl.maxArgs {
 		cl.maxArgs = m
 	}
 	if err := cl.checkSchema(ctx); err != nil && !errors.Is(err, ErrSchemaOutdated) {
-		drv.Close()
+		d.Close()
 		return nil, err
 	}
-	cl.eng = engine.New(drv, c.engineConfig(), cl.handlers)
+	cl.eng = engine.New(d, c.engineConfig(), cl.handlers)
 	return cl, nil
-}
-
-// openDriver picks the backend from the DSN's scheme.
-func openDriver(ctx context.Context, dsn string, opts driver.Options) (driver.Driver, error) {
-	scheme, _, hasScheme := strings.Cut(dsn, "://")
-	switch {
-	case dsn == "":
-		return nil, errors.New("conveyor: empty DSN: give a SQLite path, postgres://... or mysql://...")
-	case scheme == "postgres" || scheme == "postgresql":
-		return nilIfErr(postgres.Open(ctx, dsn, opts))
-	case scheme == "mysql":
-		return nilIfErr(mysql.Open(ctx, dsn, opts))
-	case scheme == "sqlite" || scheme == "file" || !hasScheme:
-		return nilIfErr(sqlite.Open(ctx, dsn, opts))
-	default:
-		return nil, fmt.Errorf("conveyor: unsupported DSN scheme %q: give a SQLite path, postgres://... or mysql://...", scheme)
-	}
-}
-
-// nilIfErr keeps a failed backend's nil pointer out of the interface.
-func nilIfErr[D driver.Driver](d D, err error) (driver.Driver, error) {
-	if err != nil {
-		return nil, err
-	}
-	return d, nil
 }
 
 func (c *Client) checkSchema(ctx context.Context) error {
@@ -427,8 +419,3 @@ func (c *Client) Counters() map[string]int64 {
 func (c *Client) ServerInfo(ctx context.Context) (map[string]string, error) {
 	return c.drv.ServerInfo(ctx)
 }
-
-// DropTables drops every conveyor table under this client's prefix,
-// destroying all its jobs. It is meant for tests and the bench, which work
-// on throw-away prefixes.
-func (c *Client) DropTables(ctx context.Context) error { return c.drv.DropAll(ctx) }

@@ -18,6 +18,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/connect"
+	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
@@ -88,7 +90,7 @@ func openDropped(t *testing.T, dsn string, cfg *conveyor.Config) *conveyor.Clien
 func openClient(t *testing.T, dsn string, cfg *conveyor.Config, drop bool) *conveyor.Client {
 	t.Helper()
 	ctx := context.Background()
-	c, err := conveyor.Open(ctx, dsn, cfg)
+	c, err := connect.Open(ctx, dsn, cfg)
 	if err != nil {
 		t.Fatalf("open: %v", err)
 	}
@@ -100,7 +102,7 @@ func openClient(t *testing.T, dsn string, cfg *conveyor.Config, drop bool) *conv
 			t.Errorf("stop: %v", err)
 		}
 		if drop {
-			if err := c.DropTables(ctx); err != nil {
+			if err := seam.DropTables(ctx, c); err != nil {
 				t.Errorf("drop: %v", err)
 			}
 		}
@@ -649,7 +651,7 @@ func TestMigrationsIdempotent(t *testing.T) {
 		if err != nil || len(again) != 0 {
 			t.Fatalf("second migrate applied %v, err %v", again, err)
 		}
-		c2, err := conveyor.Open(ctx, dsn, &conveyor.Config{TablePrefix: prefix})
+		c2, err := connect.Open(ctx, dsn, &conveyor.Config{TablePrefix: prefix})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -662,12 +664,12 @@ func TestMigrationsIdempotent(t *testing.T) {
 		if err := conveyor.BumpSchemaForTest(c, 999); err != nil {
 			t.Fatal(err)
 		}
-		_, err = conveyor.Open(ctx, dsn, &conveyor.Config{TablePrefix: prefix})
+		_, err = connect.Open(ctx, dsn, &conveyor.Config{TablePrefix: prefix})
 		if !errors.Is(err, conveyor.ErrSchemaTooNew) || !strings.Contains(err.Error(), "999") {
 			t.Fatalf("open on a newer schema: %v, want ErrSchemaTooNew naming 999", err)
 		}
 		// An unmigrated database refuses to enqueue with a clear error.
-		c3, err := conveyor.Open(ctx, dsn, &conveyor.Config{TablePrefix: testdb.Prefix()})
+		c3, err := connect.Open(ctx, dsn, &conveyor.Config{TablePrefix: testdb.Prefix()})
 		if err != nil {
 			t.Fatal(err)
 		}

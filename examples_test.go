@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/connect"
 )
 
 // SendEmail is an example job kind.
@@ -23,7 +24,7 @@ func Example() {
 	dir, _ := os.MkdirTemp("", "conveyor-example-")
 	defer os.RemoveAll(dir)
 
-	client, err := conveyor.Open(ctx, filepath.Join(dir, "app.db"), nil)
+	client, err := connect.Open(ctx, filepath.Join(dir, "app.db"), nil)
 	if err != nil {
 		panic(err)
 	}

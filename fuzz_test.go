@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/connect"
 )
 
 // FuzzEnqueue feeds arbitrary arguments, queue names, kinds, priorities
@@ -45,7 +46,7 @@ func FuzzEnqueue(f *testing.F) {
 	f.Add([]byte(strings.Repeat("[", 10000)+strings.Repeat("]", 10000)), "default", "noop", 0, int64(0))
 
 	ctx := context.Background()
-	c, err := conveyor.Open(ctx, filepath.Join(f.TempDir(), "fuzz.db"), &conveyor.Config{MaxArgsBytes: 4096})
+	c, err := connect.Open(ctx, filepath.Join(f.TempDir(), "fuzz.db"), &conveyor.Config{MaxArgsBytes: 4096})
 	if err != nil {
 		f.Fatal(err)
 	}

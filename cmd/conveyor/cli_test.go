@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/connect"
+	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
 	"github.com/conveyorq/conveyor/internal/torture"
 )
@@ -85,13 +87,13 @@ func freshPrefix(t *testing.T, dsn string) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		c, err := conveyor.Open(ctx, dsn, &conveyor.Config{TablePrefix: p})
+		c, err := connect.Open(ctx, dsn, &conveyor.Config{TablePrefix: p})
 		if err != nil {
 			t.Errorf("dropping the tables under %s: %v", p, err)
 			return
 		}
 		defer c.Close()
-		if err := c.DropTables(ctx); err != nil {
+		if err := seam.DropTables(ctx, c); err != nil {
 			t.Errorf("dropping the tables under %s: %v", p, err)
 		}
 	})
@@ -328,7 +330,7 @@ func TestJSONShape(t *testing.T) {
 	dsn := filepath.Join(t.TempDir(), "q.db")
 	mustCLI(t, "migrate", "--db", dsn)
 	// Job 1 has a timeout and one failed attempt; job 2 neither.
-	c, err := conveyor.Open(ctx, dsn, &conveyor.Config{AllowUnregisteredKinds: true, Backoff: func(int) time.Duration { return time.Hour }})
+	c, err := connect.Open(ctx, dsn, &conveyor.Config{AllowUnregisteredKinds: true, Backoff: func(int) time.Duration { return time.Hour }})
 	if err != nil {
 		t.Fatal(err)
 	}

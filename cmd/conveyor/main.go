@@ -20,7 +20,9 @@ import (
 	"syscall"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/connect"
 	"github.com/conveyorq/conveyor/internal/backend/sqlite"
+	"github.com/conveyorq/conveyor/internal/dsn"
 )
 
 const usage = `conveyor: a durable job queue in your database
@@ -301,7 +303,7 @@ func (e *env) open(create bool) (*conveyor.Client, error) {
 			return nil, fmt.Errorf("no database at %s (run conveyor migrate first)", p)
 		}
 	}
-	c, err := conveyor.Open(e.ctx, dsn, &conveyor.Config{TablePrefix: e.prefix.val})
+	c, err := connect.Open(e.ctx, dsn, &conveyor.Config{TablePrefix: e.prefix.val})
 	if err != nil || create {
 		return c, err
 	}
@@ -327,19 +329,11 @@ func checkSchema(ctx context.Context, c *conveyor.Client) error {
 	return fmt.Errorf("database schema under prefix %s is older than this conveyor: run conveyor migrate", p)
 }
 
-// backendOf names the backend a DSN selects, as conveyor.Open does ("" for
-// a scheme it does not know).
-func backendOf(dsn string) string {
-	scheme, _, ok := strings.Cut(dsn, "://")
-	switch {
-	case ok && (scheme == "postgres" || scheme == "postgresql"):
-		return "postgres"
-	case ok && scheme == "mysql":
-		return "mysql"
-	case !ok || scheme == "sqlite" || scheme == "file":
-		return "sqlite"
-	}
-	return ""
+// backendOf names the backend a DSN selects ("" for a scheme conveyor
+// does not know), as connect.Open does.
+func backendOf(s string) string {
+	b, _ := dsn.Backend(s)
+	return b
 }
 
 // sqliteFile returns the file a SQLite DSN names, read by the SQLite

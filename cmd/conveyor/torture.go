@@ -53,7 +53,7 @@ func tortureCmd(e *env, args []string) error {
 		DSN: dsn, Duration: *duration, Workers: *workers, Concurrency: *concurrency,
 		Rate: *rate, Lease: *lease, Keep: *keep, Log: e.stderr,
 		// SQLite's restart fault restarts no server: it always runs.
-		NoRestart: !*restartServer && backendOf(dsn) != "sqlite",
+		NoRestart: !*restartServer && dsn != "" && backendOf(dsn) != "sqlite", // "": a temporary SQLite file
 		SmallPool: *smallPool, PoisonKinds: []string{},
 	}
 	for _, k := range strings.Split(*poison, ",") {

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/connect"
+	"github.com/conveyorq/conveyor/internal/seam"
 )
 
 // Job is the bench's job: its sequence number, optional padding and
@@ -337,7 +339,7 @@ func freshPrefix(base string) string {
 // job's queue and then performs the simulated work.
 func openClient(ctx context.Context, o Options, queues map[string]int, recs map[string]*Recorder) (*conveyor.Client, error) {
 	cfg := benchConfig(o, queues)
-	c, err := conveyor.Open(ctx, o.DSN, &cfg)
+	c, err := connect.Open(ctx, o.DSN, &cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -389,7 +391,7 @@ func closeClient(ctx context.Context, c *conveyor.Client, o Options, res *Result
 	res.Counters = c.Counters()
 	res.Settings = clientSettings(ctx, c)
 	if !o.Keep {
-		err = errors.Join(err, c.DropTables(context.WithoutCancel(ctx)))
+		err = errors.Join(err, seam.DropTables(context.WithoutCancel(ctx), c))
 	}
 	return errors.Join(err, c.Close())
 }
@@ -565,7 +567,7 @@ func latency(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, 
 	producer := c
 	if o.SeparateProducer {
 		cfg := c.Config()
-		p, err := conveyor.Open(ctx, o.DSN, &cfg)
+		p, err := connect.Open(ctx, o.DSN, &cfg)
 		if err != nil {
 			return 0, err
 		}

@@ -17,20 +17,18 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/conveyorq/conveyor/internal/backend/mysql"
+	"github.com/conveyorq/conveyor/internal/dsn"
 )
 
-// backendOf names the backend a DSN selects, as conveyor.Open does.
-func backendOf(dsn string) string {
-	scheme, _, hasScheme := strings.Cut(dsn, "://")
-	switch {
-	case scheme == "postgres" || scheme == "postgresql":
-		return "postgres"
-	case scheme == "mysql" || scheme == "mariadb":
-		return "mysql"
-	case scheme == "sqlite" || strings.HasPrefix(dsn, "file:") || !hasScheme:
-		return "sqlite"
+// backendOf names the backend a DSN selects, as connect.Open does (the
+// scheme itself for one conveyor does not know).
+func backendOf(s string) string {
+	b, err := dsn.Backend(s)
+	if err != nil {
+		scheme, _, _ := strings.Cut(s, "://")
+		return scheme
 	}
-	return scheme
+	return b
 }
 
 // openRaw opens a database/sql pool of up to conns connections of the

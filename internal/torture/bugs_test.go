@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/connect"
 	"github.com/conveyorq/conveyor/internal/driver"
 	"github.com/conveyorq/conveyor/internal/engine"
+	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
@@ -32,7 +34,7 @@ func (hangForever) Kind() string { return "hang_forever" }
 // uses up its attempts either.
 func TestHangingHandlerDiscarded(t *testing.T) {
 	ctx := context.Background()
-	c, err := conveyor.Open(ctx, filepath.Join(t.TempDir(), "hang.db"), &conveyor.Config{
+	c, err := connect.Open(ctx, filepath.Join(t.TempDir(), "hang.db"), &conveyor.Config{
 		Lease: time.Second, JobTimeout: 300 * time.Millisecond, ShutdownTimeout: 500 * time.Millisecond,
 		RescueInterval: 100 * time.Millisecond, PromoteInterval: 50 * time.Millisecond,
 		Backoff: func(int) time.Duration { return 10 * time.Millisecond },
@@ -174,7 +176,7 @@ func TestMySQLPoolSizeOne(t *testing.T) {
 	dsn := testdb.MySQL(t)
 	ctx := context.Background()
 	prefix := testdb.Prefix()
-	c, err := conveyor.Open(ctx, dsn, &conveyor.Config{TablePrefix: prefix, PoolSize: 1})
+	c, err := connect.Open(ctx, dsn, &conveyor.Config{TablePrefix: prefix, PoolSize: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,8 +202,8 @@ func TestMySQLPoolSizeOne(t *testing.T) {
 		case <-time.After(15 * time.Second):
 			t.Errorf("Close did not return within 15s (the fetcher is stuck in Claim); the client is leaked")
 		}
-		if d, err := conveyor.Open(ctx, dsn, &conveyor.Config{TablePrefix: prefix}); err == nil {
-			d.DropTables(ctx)
+		if d, err := connect.Open(ctx, dsn, &conveyor.Config{TablePrefix: prefix}); err == nil {
+			seam.DropTables(ctx, d)
 			d.Close()
 		}
 	}()

@@ -10,21 +10,15 @@ import (
 	"strings"
 	"time"
 
+	"github.com/conveyorq/conveyor/internal/dsn"
 	gomysql "github.com/go-sql-driver/mysql"
 	_ "modernc.org/sqlite" // registers "sqlite" for the checker's own reads
 )
 
-// backendOf names the backend a DSN selects, as conveyor.Open does.
-func backendOf(dsn string) string {
-	scheme, _, ok := strings.Cut(dsn, "://")
-	switch {
-	case ok && (scheme == "postgres" || scheme == "postgresql"):
-		return "postgres"
-	case ok && scheme == "mysql":
-		return "mysql"
-	default:
-		return "sqlite"
-	}
+// backendOf names the backend a DSN selects, as connect.Open does.
+func backendOf(s string) string {
+	b, _ := dsn.Backend(s)
+	return b
 }
 
 // sqlitePath returns the file of a SQLite DSN: a plain path or

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/connect"
 	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
@@ -42,7 +42,7 @@ func TestMalformedDSNsRefused(t *testing.T) {
 	for _, tc := range cases {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		start := time.Now()
-		c, err := conveyor.Open(ctx, tc.dsn, nil)
+		c, err := connect.Open(ctx, tc.dsn, nil)
 		cancel()
 		if err == nil {
 			c.Close()
@@ -76,7 +76,7 @@ func TestMissingDatabaseNamed(t *testing.T) {
 				t.Fatal(err)
 			}
 			u.Path = "/conveyor_no_such_db"
-			_, err = conveyor.Open(context.Background(), u.String(), nil)
+			_, err = connect.Open(context.Background(), u.String(), nil)
 			if err == nil || !strings.Contains(err.Error(), "conveyor_no_such_db") {
 				t.Fatalf("Open of a missing database: %v", err)
 			}

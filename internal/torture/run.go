@@ -22,6 +22,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/seam"
 )
 
 // Options configure a torture run. Zero fields take the defaults below.
@@ -600,7 +601,7 @@ func (p *phase) tearDown(ctx context.Context, row *Row) {
 	if p.client != nil {
 		if !p.o.Keep {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			if err := p.client.DropTables(dctx); err != nil {
+			if err := seam.DropTables(dctx, p.client); err != nil {
 				p.note("dropping tables: %v", err)
 			}
 			cancel()

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/connect"
 	"github.com/conveyorq/conveyor/internal/backend/sqlite"
 )
 
@@ -345,7 +346,7 @@ func openMigrated(ctx context.Context, dsn string, cfg *conveyor.Config) (*conve
 	// The database may be restarting: retry for a while.
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		c, err = conveyor.Open(ctx, dsn, cfg)
+		c, err = connect.Open(ctx, dsn, cfg)
 		if err == nil {
 			if _, err = c.Migrate(ctx); err == nil {
 				return c, nil

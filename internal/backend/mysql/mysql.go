@@ -123,10 +123,33 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if err := sqlq.CheckPrefix(opts.Prefix); err != nil {
 		return nil, err
 	}
-	cfg, err := parseDSN(dsn)
+	cfg, err := urlConfig(dsn, forced)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/mysql: open: %w", err)
 	}
+	return New(ctx, cfg, opts)
+}
+
+// New opens conveyor's pool on the server an application's go-sql-driver
+// configuration names (user, password, address, database, TLS and other
+// connection settings are kept). Conveyor decides its own session
+// settings on a copy (UTC times, READ COMMITTED, strict sql_mode, found
+// rows, utf8mb4): they are per connection, so conveyor's statements run
+// on connections of its own, opts.PoolSize of them (default 16) plus two
+// for the lease path. A *sql.Tx of the application's handle on the same
+// database works with InsertTx.
+func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Driver, error) {
+	if appCfg == nil {
+		return nil, errors.New("conveyor/mysql: new: nil *mysql.Config")
+	}
+	if err := sqlq.CheckPrefix(opts.Prefix); err != nil {
+		return nil, err
+	}
+	cfg := appCfg.Clone()
+	for _, k := range forced {
+		delete(cfg.Params, k)
+	}
+	forceSettings(cfg)
 
 	// Probe the server with one connection: version, packet size and the
 	// name of the isolation variable (transaction_isolation on MySQL 5.7.20+
@@ -247,6 +270,12 @@ func parseDSN(dsn string) (*gomysql.Config, error) {
 	if err != nil {
 		return nil, err
 	}
+	forceSettings(cfg)
+	return cfg, nil
+}
+
+// forceSettings sets on cfg the session settings conveyor relies on.
+func forceSettings(cfg *gomysql.Config) {
 	cfg.ParseTime = true
 	cfg.Loc = time.UTC
 	cfg.Collation = "utf8mb4_general_ci"
@@ -261,7 +290,6 @@ func parseDSN(dsn string) (*gomysql.Config, error) {
 	if _, ok := cfg.Params["innodb_lock_wait_timeout"]; !ok {
 		cfg.Params["innodb_lock_wait_timeout"] = lockWaitTimeout
 	}
-	return cfg, nil
 }
 
 // urlConfig parses the URL form, dropping the parameters named in drop.

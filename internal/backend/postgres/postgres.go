@@ -89,6 +89,7 @@ type Driver struct {
 	// application's handlers never hold, so renewing or ending a lease
 	// never waits for a pooled connection.
 	lease      *pgxpool.Pool
+	ownsPool   bool            // Open made pool; New's caller owns it
 	connConfig *pgx.ConnConfig // for the listener's dedicated connections
 	prefix     string
 	q          queries
@@ -135,19 +136,43 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
 		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
 	}
-	leaseCfg := cfg.Copy()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
 	}
-	if err := pool.Ping(ctx); err != nil {
+	d, err := New(ctx, pool, opts)
+	if err != nil {
 		pool.Close()
+		return nil, err
+	}
+	d.ownsPool = true
+	return d, nil
+}
+
+// New returns a driver on the application's own pool, which it does not
+// close. Claims, inserts, maintenance and admin calls use that pool; the
+// lease path (heartbeat, complete, release) gets a pool of its own of at
+// most two connections, and the listener one dedicated connection, both
+// made from the pool's configuration (with plan_cache_mode =
+// force_custom_plan unless that configuration sets it).
+func New(ctx context.Context, pool *pgxpool.Pool, opts driver.Options) (*Driver, error) {
+	if pool == nil {
+		return nil, errors.New("conveyor/postgres: new: nil *pgxpool.Pool")
+	}
+	if err := sqlq.CheckPrefix(opts.Prefix); err != nil {
+		return nil, fmt.Errorf("conveyor/postgres: new: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
 	}
+	cfg := pool.Config()
+	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
+		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	}
+	leaseCfg := cfg.Copy()
 	leaseCfg.MaxConns, leaseCfg.MinConns = leaseConns, 0
 	lease, err := pgxpool.NewWithConfig(ctx, leaseCfg)
 	if err != nil {
-		pool.Close()
 		return nil, fmt.Errorf("conveyor/postgres: open: lease pool: %w", err)
 	}
 	return &Driver{
@@ -212,11 +237,13 @@ func (d *Driver) Counters() map[string]int64 {
 	}
 }
 
-// Close closes the pools. Listeners have their own connections and are
-// closed separately.
+// Close closes the lease path's pool, and the main pool when Open made
+// it. Listeners have their own connections and are closed separately.
 func (d *Driver) Close() error {
 	d.lease.Close()
-	d.pool.Close()
+	if d.ownsPool {
+		d.pool.Close()
+	}
 	return nil
 }
 

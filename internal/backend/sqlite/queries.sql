@@ -255,3 +255,6 @@ PRAGMA synchronous
 
 -- name: pragma_busy_timeout
 PRAGMA busy_timeout
+
+-- name: main_file
+SELECT file FROM pragma_database_list WHERE name = 'main'

@@ -73,9 +73,11 @@ type Driver struct {
 	prefix string
 	sync   string // NORMAL, FULL or EXTRA
 
-	w  *sql.DB // the one write connection (BEGIN IMMEDIATE)
-	lw *sql.DB // the lease path's own write connection (busy_timeout 0)
-	r  *sql.DB // read-only pool for admin reads
+	w *sql.DB // the one write connection (BEGIN IMMEDIATE), or the application's handle
+	// borrowed: w and r are the application's handle (New), not closed.
+	borrowed bool
+	lw       *sql.DB // the lease path's own write connection (busy_timeout 0)
+	r        *sql.DB // read-only pool for admin reads
 	// gate orders this process's writers to the file, lease-path writes
 	// first; dropGate lets go of it at Close.
 	gate     *gate
@@ -184,6 +186,74 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if !strings.EqualFold(mode, "wal") {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: open %s: journal_mode is %q, not WAL (is the file on a filesystem without shared memory support?)", target.path, mode)
+	}
+	return d, nil
+}
+
+// New returns a driver on the application's own handle to a SQLite file,
+// which it does not close. Conveyor's claims, inserts and maintenance run
+// on that handle, one at a time behind the gate, so a transaction the
+// application begins on it works with InsertTx and no second pool of
+// writers competes with the application's. The lease path (heartbeat,
+// complete, release) gets one connection of its own, so that renewals
+// never wait for a connection the application holds. The database must
+// be a file in WAL mode (journal_mode is persistent: open the handle once
+// with _pragma=journal_mode(WAL)); its synchronous mode and busy timeout
+// are the application's, set in its DSN. opts.Synchronous must be empty.
+func New(ctx context.Context, db *sql.DB, opts driver.Options) (*Driver, error) {
+	if db == nil {
+		return nil, errors.New("conveyor/sqlite: new: nil *sql.DB")
+	}
+	if err := sqlq.CheckPrefix(opts.Prefix); err != nil {
+		return nil, err
+	}
+	if opts.Synchronous != "" {
+		return nil, errors.New("conveyor/sqlite: new: the synchronous mode of the application's handle is the application's: set it in its DSN (_pragma=synchronous(FULL)), not in conveyor's Config")
+	}
+	q := loadQueries(opts.Prefix)
+	var path, mode string
+	var syncN int
+	if err := db.QueryRowContext(ctx, q["main_file"]).Scan(&path); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: new: %w", err)
+	}
+	if path == "" {
+		return nil, errors.New("conveyor/sqlite: new: the handle is on an in-memory or temporary database: conveyor's connections must share one file")
+	}
+	if err := db.QueryRowContext(ctx, q["pragma_journal_mode"]).Scan(&mode); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: new: %w", err)
+	}
+	if !strings.EqualFold(mode, "wal") {
+		return nil, fmt.Errorf("conveyor/sqlite: new: %s is in journal_mode %q; conveyor needs WAL: open the handle with _pragma=journal_mode(WAL)", path, mode)
+	}
+	if err := db.QueryRowContext(ctx, q["pragma_synchronous"]).Scan(&syncN); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: new: %w", err)
+	}
+	syncMode := map[int]string{0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[syncN]
+	d := &Driver{
+		path:       path,
+		prefix:     opts.Prefix,
+		sync:       syncMode,
+		q:          q,
+		migrations: sqlq.Migrations(sqlFS, "migrations", opts.Prefix),
+		w:          db,
+		r:          db,
+		borrowed:   true,
+	}
+	d.gate, d.dropGate = gateFor(path)
+	lw, err := sql.Open("sqlite", withParams((&url.URL{Scheme: "file", OmitHost: true, Path: path}).String()+"?",
+		[]string{"busy_timeout(0)", "synchronous(" + syncMode + ")", "foreign_keys(0)"}, "_txlock=immediate"))
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("conveyor/sqlite: new: lease connection: %w", err)
+	}
+	lw.SetMaxOpenConns(1)
+	lw.SetMaxIdleConns(1)
+	lw.SetConnMaxLifetime(0)
+	lw.SetConnMaxIdleTime(0)
+	d.lw = lw
+	if err := lw.PingContext(ctx); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("conveyor/sqlite: new: lease connection: %w", err)
 	}
 	return d, nil
 }
@@ -387,10 +457,21 @@ func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
 		"journal_mode":   journal,
 		"synchronous":    syncName,
 		"busy_timeout":   strconv.Itoa(busy) + "ms",
-		"writers":        "1 connection, BEGIN IMMEDIATE",
-		"lease_priority":  d.leasePriority(),
+		"writers":        d.writers(),
+		"lease_priority": d.leasePriority(),
 	}, nil
 }
+
+// writers says which handle conveyor's ordinary writes use.
+func (d *Driver) writers() string {
+	if d.borrowed {
+		return "the application's handle, one write at a time"
+	}
+	return "1 connection, BEGIN IMMEDIATE"
+}
+
+// Path returns the database file.
+func (d *Driver) Path() string { return d.path }
 
 // leasePriority says how far lease renewals go ahead of other writes.
 func (d *Driver) leasePriority() string {
@@ -413,17 +494,21 @@ func (d *Driver) Counters() map[string]int64 {
 // Listen returns (nil, nil): SQLite has no push channel.
 func (d *Driver) Listen(ctx context.Context) (driver.Listener, error) { return nil, nil }
 
-// Close closes both pools.
+// Close closes the driver's own connections; an application's handle
+// given to New stays open.
 func (d *Driver) Close() error {
 	if d.dropGate != nil {
 		d.dropGate()
 	}
 	var errs []error
-	if d.r != nil {
-		errs = append(errs, d.r.Close())
-	}
 	if d.lw != nil {
 		errs = append(errs, d.lw.Close())
+	}
+	if d.borrowed {
+		return errors.Join(errs...)
+	}
+	if d.r != nil {
+		errs = append(errs, d.r.Close())
 	}
 	if d.w != nil {
 		errs = append(errs, d.w.Close())

@@ -1,0 +1,47 @@
+// Package pgxv5 is conveyor's PostgreSQL driver on the application's own
+// pgx v5 pool:
+//
+//	pool, err := pgxpool.New(ctx, "postgres://app@db/app")
+//	...
+//	client, err := conveyor.New(ctx, pgxv5.New(pool), &conveyor.Config{...})
+//
+// Claims, inserts, maintenance and admin calls use the pool; the lease
+// path (heartbeats and acknowledgements) gets a pool of its own of at most
+// two connections, and the listener one dedicated connection, both made
+// from the pool's configuration, so that renewing a lease never waits for
+// a connection the application's handlers hold. Closing the client leaves
+// the pool open. Client.EnqueueTx takes a pgx.Tx begun on any connection
+// to the database (the job appears when that transaction commits).
+//
+// conveyor's own connections run with plan_cache_mode =
+// force_custom_plan: a generic plan chosen while the jobs table was small
+// can stay after it grows. Set the same in the pool's configuration
+// (RuntimeParams, or "?plan_cache_mode=force_custom_plan" in its DSN) so
+// that claims on the application's connections are planned the same way.
+package pgxv5
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/conveyorq/conveyor/internal/backend/postgres"
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// Driver is a conveyor.Driver on an application's *pgxpool.Pool.
+type Driver struct {
+	pool *pgxpool.Pool
+}
+
+// New returns a driver on pool, for conveyor.New.
+func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
+
+// Bind is called by conveyor.New; applications do not call it.
+func (d *Driver) Bind(ctx context.Context, opts driver.Options) (driver.Driver, error) {
+	drv, err := postgres.New(ctx, d.pool, opts)
+	if err != nil {
+		return nil, err
+	}
+	return drv, nil
+}
