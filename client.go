@@ -301,8 +301,9 @@ func (c *Client) Job(ctx context.Context, id int64) (*JobInfo, error) {
 
 // JobFilter selects jobs for Jobs. Zero fields match everything.
 type JobFilter struct {
-	// States to include; empty means all.
-	States []string
+	// States to include; empty means all. Jobs refuses a state that is not
+	// one of JobStates().
+	States []JobState
 	// Queue, when set, lists only that queue's jobs.
 	Queue string
 	// Kind, when set, lists only jobs of that kind.
@@ -313,14 +314,17 @@ type JobFilter struct {
 	AfterID int64
 }
 
-// Jobs lists jobs by id.
+// Jobs lists jobs by id. An unknown state in f.States is an error that
+// names it and lists the valid states.
 func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]*JobInfo, error) {
+	df := driver.JobFilter{Queue: f.Queue, Kind: f.Kind, Limit: f.Limit, AfterID: f.AfterID}
 	for _, s := range f.States {
-		if !validState(s) {
-			return nil, fmt.Errorf("conveyor: unknown state %q (states: %s)", s, strings.Join(driver.AllStates, ", "))
+		if !s.valid() {
+			return nil, unknownState(string(s))
 		}
+		df.States = append(df.States, string(s))
 	}
-	rows, err := c.drv.ListJobs(ctx, driver.JobFilter(f))
+	rows, err := c.drv.ListJobs(ctx, df)
 	if err != nil {
 		return nil, err
 	}
@@ -329,15 +333,6 @@ func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]*JobInfo, error) {
 		out[i] = jobInfo(r)
 	}
 	return out, nil
-}
-
-func validState(s string) bool {
-	for _, x := range driver.AllStates {
-		if s == x {
-			return true
-		}
-	}
-	return false
 }
 
 // Retry makes a discarded, cancelled, completed, retryable or scheduled job
@@ -370,15 +365,17 @@ func (c *Client) admin(ctx context.Context, id int64, f func(context.Context, in
 
 // QueueStats are one queue's counts.
 type QueueStats struct {
+	// Queue names the queue.
 	Queue string `json:"queue"`
-	// Counts by state; every state is present.
-	Counts map[string]int64 `json:"counts"`
+	// Counts by state; every state of JobStates() is present.
+	Counts map[JobState]int64 `json:"counts"`
 	// OldestAvailable is the age of the oldest job waiting to run.
 	OldestAvailable time.Duration `json:"oldest_available_ns"`
 }
 
 // Stats are the queues' counts and this process's counters.
 type Stats struct {
+	// Queues holds one entry per queue that has jobs, in no set order.
 	Queues []QueueStats `json:"queues"`
 	// Process counters of this client (claimed, completed, stale
 	// acknowledgements refused, leases lost, rescued...) and of its
@@ -394,7 +391,11 @@ func (c *Client) Stats(ctx context.Context) (*Stats, error) {
 	}
 	s := &Stats{Counters: c.Counters()}
 	for _, q := range qs {
-		s.Queues = append(s.Queues, QueueStats(q))
+		counts := make(map[JobState]int64, len(q.Counts))
+		for st, n := range q.Counts {
+			counts[JobState(st)] = n
+		}
+		s.Queues = append(s.Queues, QueueStats{Queue: q.Queue, Counts: counts, OldestAvailable: q.OldestAvailable})
 	}
 	return s, nil
 }

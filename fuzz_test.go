@@ -92,7 +92,7 @@ func FuzzEnqueue(f *testing.F) {
 		}
 		// A delay of a second or more is visible in the state (shorter
 		// ones are below some backends' clock resolution).
-		if delay >= int64(time.Second) && j.State != "scheduled" {
+		if delay >= int64(time.Second) && j.State != conveyor.JobStateScheduled {
 			t.Fatalf("delay %v: state %s", time.Duration(delay), j.State)
 		}
 	})

@@ -126,9 +126,8 @@ type JobInfo struct {
 	Kind string
 	// Args are the encoded arguments, as stored.
 	Args json.RawMessage
-	// State is available, scheduled, running, retryable, completed,
-	// discarded or cancelled.
-	State string
+	// State is the job's state, one of JobStates().
+	State JobState
 	// Priority: smaller runs first.
 	Priority int
 	// Attempt counts the attempts started so far (incremented at claim).
@@ -258,7 +257,7 @@ func encodeArgs(args JobArgs, limit int) (json.RawMessage, error) {
 
 func jobInfo(r *driver.JobRow) *JobInfo {
 	j := &JobInfo{
-		ID: r.ID, Queue: r.Queue, Kind: r.Kind, Args: r.Args, State: r.State,
+		ID: r.ID, Queue: r.Queue, Kind: r.Kind, Args: r.Args, State: JobState(r.State),
 		Priority: r.Priority, Attempt: r.Attempt, MaxAttempts: r.MaxAttempts,
 		Timeout:     time.Duration(r.TimeoutMS) * time.Millisecond,
 		ScheduledAt: r.ScheduledAt, CreatedAt: r.CreatedAt, AttemptedAt: r.AttemptedAt,

@@ -58,14 +58,14 @@ func jobCmd(e *env, args []string) error {
 // keys, times in RFC 3339 UTC with microseconds, null for a time or value
 // that is absent, durations in whole milliseconds.
 type jobJSON struct {
-	ID          int64           `json:"id"`
-	Queue       string          `json:"queue"`
-	Kind        string          `json:"kind"`
-	State       string          `json:"state"`
-	Args        json.RawMessage `json:"args"`
-	Priority    int             `json:"priority"`
-	Attempt     int             `json:"attempt"`
-	MaxAttempts int             `json:"max_attempts"`
+	ID          int64             `json:"id"`
+	Queue       string            `json:"queue"`
+	Kind        string            `json:"kind"`
+	State       conveyor.JobState `json:"state"`
+	Args        json.RawMessage   `json:"args"`
+	Priority    int               `json:"priority"`
+	Attempt     int               `json:"attempt"`
+	MaxAttempts int               `json:"max_attempts"`
 	// TimeoutMS is the job's own timeout: null for the workers' default,
 	// -1 for none.
 	TimeoutMS      *int64        `json:"timeout_ms"`

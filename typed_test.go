@@ -1,0 +1,66 @@
+package conveyor_test
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/driver"
+	"github.com/conveyorq/conveyor/internal/testdb"
+)
+
+// The state constants are the strings stored in the database and printed
+// in JSON; changing one is a breaking change of the schema and the CLI.
+func TestJobStatesAreTheStoredStrings(t *testing.T) {
+	want := []conveyor.JobState{"available", "scheduled", "running", "retryable", "completed", "discarded", "cancelled"}
+	if got := conveyor.JobStates(); !slices.Equal(got, want) {
+		t.Fatalf("JobStates() = %q, want %q", got, want)
+	}
+	var stored []conveyor.JobState
+	for _, s := range driver.AllStates {
+		stored = append(stored, conveyor.JobState(s))
+	}
+	if !slices.Equal(conveyor.JobStates(), stored) {
+		t.Fatalf("JobStates() = %q, the driver stores %q", conveyor.JobStates(), stored)
+	}
+	conveyor.JobStates()[0] = "changed"
+	if conveyor.JobStates()[0] != conveyor.JobStateAvailable {
+		t.Fatal("JobStates returns a shared slice")
+	}
+	b, err := json.Marshal(struct {
+		S conveyor.JobState
+		C map[conveyor.JobState]int64
+	}{conveyor.JobStateRetryable, map[conveyor.JobState]int64{conveyor.JobStateAvailable: 1}})
+	if err != nil || string(b) != `{"S":"retryable","C":{"available":1}}` {
+		t.Fatalf("JSON %s (%v)", b, err)
+	}
+}
+
+func TestParseJobState(t *testing.T) {
+	for _, s := range conveyor.JobStates() {
+		if got, err := conveyor.ParseJobState(string(s)); got != s || err != nil {
+			t.Errorf("ParseJobState(%q) = %q, %v", s, got, err)
+		}
+	}
+	for _, bad := range []string{"", "done", "Completed", " running"} {
+		_, err := conveyor.ParseJobState(bad)
+		const list = "available, scheduled, running, retryable, completed, discarded, cancelled"
+		if err == nil || !strings.Contains(err.Error(), `"`+bad+`"`) || !strings.Contains(err.Error(), list) {
+			t.Errorf("ParseJobState(%q): error %v, want one naming it and listing %s", bad, err, list)
+		}
+	}
+}
+
+func TestJobsRefusesUnknownState(t *testing.T) {
+	c := openDropped(t, backends[0].dsn(t), fast(testdb.Prefix()))
+	_, err := c.Jobs(context.Background(), conveyor.JobFilter{States: []conveyor.JobState{conveyor.JobStateRunning, "done"}})
+	if err == nil || !strings.Contains(err.Error(), `unknown job state "done"`) || !strings.Contains(err.Error(), "cancelled") {
+		t.Fatalf("Jobs with state done: %v", err)
+	}
+	if _, err := c.Jobs(context.Background(), conveyor.JobFilter{States: conveyor.JobStates()}); err != nil {
+		t.Fatalf("Jobs with every state: %v", err)
+	}
+}
