@@ -377,10 +377,9 @@ type QueueStats struct {
 type Stats struct {
 	// Queues holds one entry per queue that has jobs, in no set order.
 	Queues []QueueStats `json:"queues"`
-	// Process counters of this client (claimed, completed, stale
-	// acknowledgements refused, leases lost, rescued...) and of its
-	// backend (busy retries, deadlock retries...).
-	Counters map[string]int64 `json:"counters"`
+	// Counters are this client's process counters, as Client.Counters
+	// returns them.
+	Counters Counters `json:"counters"`
 }
 
 // Stats returns per-queue counts and this process's counters.
@@ -398,29 +397,6 @@ func (c *Client) Stats(ctx context.Context) (*Stats, error) {
 		s.Queues = append(s.Queues, QueueStats{Queue: q.Queue, Counts: counts, OldestAvailable: q.OldestAvailable})
 	}
 	return s, nil
-}
-
-// Counters returns this process's counters.
-func (c *Client) Counters() map[string]int64 {
-	m := c.eng.Metrics()
-	out := map[string]int64{
-		"claim_rounds":       m.ClaimRounds.Load(),
-		"claimed":            m.Claimed.Load(),
-		"completed":          m.Completed.Load(),
-		"failed_attempts":    m.Failed.Load(),
-		"stale_acks_refused": m.StaleAcksRefused.Load(),
-		"leases_lost":        m.LeasesLost.Load(),
-		"lease_deadlines":    m.LeaseDeadlines.Load(),
-		"released":           m.Released.Load(),
-		"rescued":            m.Rescued.Load(),
-		"promoted":           m.Promoted.Load(),
-		"pruned":             m.Pruned.Load(),
-		"db_errors":          m.DBErrors.Load(),
-	}
-	for k, v := range c.drv.Counters() {
-		out[k] = v
-	}
-	return out
 }
 
 // ServerInfo describes the database server and the settings that decide

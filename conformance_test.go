@@ -418,7 +418,7 @@ func TestStaleAckAfterReleaseRefusedByDatabase(t *testing.T) {
 		if n, err := conveyor.ReleaseForTest(a, id, fenceA); err != nil || n != 1 {
 			t.Fatalf("release: %d err %v", n, err)
 		}
-		waitFor(t, "A to see its lease lost", 10*time.Second, func() bool { return a.Counters()["leases_lost"] >= 1 })
+		waitFor(t, "A to see its lease lost", 10*time.Second, func() bool { return a.Counters().LeasesLost >= 1 })
 
 		cfgB := fast(prefix)
 		b := open(t, dsn, cfgB)
@@ -445,13 +445,13 @@ func TestStaleAckAfterReleaseRefusedByDatabase(t *testing.T) {
 		}
 		// A's handler returns now and its outcome reaches the database.
 		close(unblockA)
-		waitFor(t, "A's stale acknowledgement refused", 10*time.Second, func() bool { return a.Counters()["stale_acks_refused"] >= 1 })
+		waitFor(t, "A's stale acknowledgement refused", 10*time.Second, func() bool { return a.Counters().StaleAcksRefused >= 1 })
 		if j := jobState(t, b, id); j.State != conveyor.JobStateRunning || j.Attempt != 1 {
 			t.Fatalf("after A's stale acknowledgement the job is %s at attempt %d, want running under B", j.State, j.Attempt)
 		}
 		close(unblockB)
 		waitFor(t, "B's completion", 10*time.Second, func() bool { return jobState(t, b, id).State == conveyor.JobStateCompleted })
-		if n := b.Counters()["stale_acks_refused"]; n != 0 {
+		if n := b.Counters().StaleAcksRefused; n != 0 {
 			t.Fatalf("B's acknowledgement refused (%d)", n)
 		}
 	})
@@ -763,7 +763,7 @@ func TestCancelRunningJobRefusesItsResult(t *testing.T) {
 			t.Fatal(err)
 		}
 		close(finish)
-		waitFor(t, "refused ack counted", 10*time.Second, func() bool { return c.Counters()["stale_acks_refused"] == 1 })
+		waitFor(t, "refused ack counted", 10*time.Second, func() bool { return c.Counters().StaleAcksRefused == 1 })
 		if s := jobState(t, c, id).State; s != conveyor.JobStateCancelled {
 			t.Fatalf("cancelled job became %s", s)
 		}
@@ -825,10 +825,10 @@ func TestThunderingHerd(t *testing.T) {
 		}
 		for i, c := range clients {
 			cs := c.Counters()
-			if cs["db_errors"] != 0 || cs["failed_attempts"] != 0 || cs["stale_acks_refused"] != 0 {
-				t.Fatalf("client %d surfaced errors: %v", i, cs)
+			if cs.DBErrors != 0 || cs.FailedAttempts != 0 || cs.StaleAcksRefused != 0 {
+				t.Fatalf("client %d surfaced errors: %+v", i, cs)
 			}
-			t.Logf("client %d: deadlock retries %d, lock timeouts %d, busy retries %d", i, cs["deadlock_retries"], cs["lock_timeouts"], cs["busy_retries"])
+			t.Logf("client %d: deadlock retries %d, lock timeouts %d, busy retries %d", i, cs.Driver["deadlock_retries"], cs.Driver["lock_timeouts"], cs.Driver["busy_retries"])
 		}
 	})
 }

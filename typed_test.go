@@ -3,6 +3,7 @@ package conveyor_test
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -63,4 +64,51 @@ func TestJobsRefusesUnknownState(t *testing.T) {
 	if _, err := c.Jobs(context.Background(), conveyor.JobFilter{States: conveyor.JobStates()}); err != nil {
 		t.Fatalf("Jobs with every state: %v", err)
 	}
+}
+
+// Counters keep the JSON keys the map they replaced had; the backend's own
+// counters are under "driver", and Map flattens both as before.
+func TestCountersJSONAndMap(t *testing.T) {
+	engine := []string{"claim_rounds", "claimed", "completed", "failed_attempts", "stale_acks_refused", "leases_lost",
+		"lease_deadlines", "released", "rescued", "promoted", "pruned", "db_errors"}
+	c := conveyor.Counters{Claimed: 3, Driver: map[string]int64{"busy_retries": 2}}
+	b, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if want := append(slices.Clone(engine), "driver"); !sameKeys(got, want) {
+		t.Fatalf("JSON keys %v, want %v", slices.Sorted(maps.Keys(got)), want)
+	}
+	if got["claimed"] != 3.0 || got["driver"].(map[string]any)["busy_retries"] != 2.0 {
+		t.Fatalf("JSON %s", b)
+	}
+	m := c.Map()
+	if !sameKeys(m, append(slices.Clone(engine), "busy_retries")) || m["claimed"] != 3 || m["busy_retries"] != 2 {
+		t.Fatalf("Map() = %v", m)
+	}
+}
+
+func sameKeys[V any](m map[string]V, keys []string) bool {
+	return slices.Equal(slices.Sorted(maps.Keys(m)), slices.Sorted(slices.Values(keys)))
+}
+
+// Each backend reports exactly the driver counters Counters.Driver
+// documents for it.
+func TestDriverCountersAsDocumented(t *testing.T) {
+	documented := map[string][]string{
+		"sqlite":   {"busy_retries", "lock_timeouts"},
+		"postgres": {"deadlock_retries", "lock_timeouts", "serialization_retries", "listen_reconnects"},
+		"mysql":    {"deadlock_retries", "lock_timeouts", "claim_conflicts"},
+	}
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		c := openDropped(t, dsn, fast(testdb.Prefix()))
+		got := c.Counters().Driver
+		if want := documented[c.Backend()]; !sameKeys(got, want) {
+			t.Fatalf("%s driver counters %v, documented %v", c.Backend(), got, want)
+		}
+	})
 }
