@@ -87,8 +87,8 @@ func FuzzEnqueue(f *testing.F) {
 		if len(given) == 0 {
 			given = []byte("{}") // RawArgs with no JSON means {}
 		}
-		if !sameJSON(t, given, j.Args) {
-			t.Fatalf("stored args %s, given %s", j.Args, given)
+		if !sameJSON(t, given, j.EncodedArgs) {
+			t.Fatalf("stored args %s, given %s", j.EncodedArgs, given)
 		}
 		// A delay of a second or more is visible in the state (shorter
 		// ones are below some backends' clock resolution).

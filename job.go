@@ -124,8 +124,10 @@ type JobInfo struct {
 	Queue string
 	// Kind names the worker that runs it.
 	Kind string
-	// Args are the encoded arguments, as stored.
-	Args json.RawMessage
+	// EncodedArgs are the arguments as stored, JSON-encoded. A Worker gets
+	// them decoded in Job.Args. (The JSON key stays "Args", the field's
+	// name before it was renamed.)
+	EncodedArgs json.RawMessage `json:"Args"`
 	// State is the job's state, one of JobStates().
 	State JobState
 	// Priority: smaller runs first.
@@ -154,10 +156,11 @@ type JobInfo struct {
 	Errors []AttemptError
 }
 
-// Job is one attempt of a job handed to a Worker.
+// Job is one attempt of a job handed to a Worker: the job as stored
+// (JobInfo, whose fields it promotes) and its decoded arguments.
 type Job[T JobArgs] struct {
 	*JobInfo
-	// Args are the decoded arguments.
+	// Args are the arguments decoded from JobInfo.EncodedArgs.
 	Args T
 }
 
@@ -257,7 +260,7 @@ func encodeArgs(args JobArgs, limit int) (json.RawMessage, error) {
 
 func jobInfo(r *driver.JobRow) *JobInfo {
 	j := &JobInfo{
-		ID: r.ID, Queue: r.Queue, Kind: r.Kind, Args: r.Args, State: JobState(r.State),
+		ID: r.ID, Queue: r.Queue, Kind: r.Kind, EncodedArgs: r.Args, State: JobState(r.State),
 		Priority: r.Priority, Attempt: r.Attempt, MaxAttempts: r.MaxAttempts,
 		Timeout:     time.Duration(r.TimeoutMS) * time.Millisecond,
 		ScheduledAt: r.ScheduledAt, CreatedAt: r.CreatedAt, AttemptedAt: r.AttemptedAt,

@@ -572,7 +572,7 @@ func (p *phase) finalJobs(ctx context.Context) (map[int64]*FinalJob, error) {
 		for _, j := range page {
 			fj := &FinalJob{ID: j.ID, Kind: j.Kind, State: string(j.State), Attempt: j.Attempt, MaxAttempts: j.MaxAttempts}
 			var pl payload
-			if json.Unmarshal(j.Args, &pl) == nil {
+			if json.Unmarshal(j.EncodedArgs, &pl) == nil {
 				fj.Token = pl.Tok
 			}
 			for _, e := range j.Errors {
