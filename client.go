@@ -127,8 +127,23 @@ func (c *Client) Backend() string { return c.drv.Name() }
 // Config returns the client's configuration with defaults filled in.
 func (c *Client) Config() Config { return c.cfg }
 
-// Start begins working the configured queues with the registered workers.
+// Start begins working the configured queues with the registered workers
+// and returns once they run; the work goes on in the background until Stop
+// or Close.
+//
+// ctx bounds the start-up work only (the schema check, when Open could not
+// confirm the schema): if ctx is already done, Start returns its error and
+// starts nothing. Cancelling ctx after Start returned does not stop the
+// client; call Stop. The values of ctx (trace ids, loggers) are passed on
+// to every job's context, whose cancellation is conveyor's own (job
+// timeout, Stop, a lost lease).
+//
+// Start fails on a client that is already started, and with ErrClosed on
+// one that was closed.
 func (c *Client) Start(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if err := c.ready(ctx); err != nil {
 		return err
 	}

@@ -3,10 +3,12 @@ package conveyor_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"maps"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/internal/driver"
@@ -111,4 +113,73 @@ func TestDriverCountersAsDocumented(t *testing.T) {
 			t.Fatalf("%s driver counters %v, documented %v", c.Backend(), got, want)
 		}
 	})
+}
+
+type ctxKey struct{}
+
+// Start's context bounds the start only: a context already done refuses
+// the start, and cancelling it after Start returned leaves the client
+// working. Its values reach the jobs' contexts.
+func TestStartContextBoundsStartOnly(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		c := openDropped(t, dsn, fast(testdb.Prefix()))
+		type seen struct {
+			value   any
+			err     error
+			args    noop
+			encoded json.RawMessage
+		}
+		ran := make(chan seen, 1)
+		conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error {
+			ran <- seen{ctx.Value(ctxKey{}), ctx.Err(), j.Args, j.EncodedArgs}
+			return nil
+		}))
+
+		done, cancelDone := context.WithCancel(context.Background())
+		cancelDone()
+		if err := c.Start(done); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Start with a cancelled context: %v, want context.Canceled", err)
+		}
+
+		ctx, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "from Start"))
+		if err := c.Start(ctx); err != nil {
+			t.Fatalf("Start after a refused start: %v", err)
+		}
+		cancel()
+
+		id, err := c.Enqueue(context.Background(), noop{N: 7}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s seen
+		select {
+		case s = <-ran:
+		case <-time.After(20 * time.Second):
+			t.Fatal("the job did not run after Start's context was cancelled")
+		}
+		if s.value != "from Start" || s.err != nil {
+			t.Fatalf("job context: value %v, err %v; want Start's value and no error", s.value, s.err)
+		}
+		if s.args.N != 7 || !sameJSON(t, []byte(`{"n":7}`), s.encoded) {
+			t.Fatalf("job args %+v, encoded %s", s.args, s.encoded)
+		}
+		waitFor(t, "the job completed", 20*time.Second, func() bool { return jobState(t, c, id).State == conveyor.JobStateCompleted })
+	})
+}
+
+func TestStartAfterClose(t *testing.T) {
+	ctx := context.Background()
+	c, err := conveyor.Open(ctx, backends[0].dsn(t), fast(testdb.Prefix()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); !errors.Is(err, conveyor.ErrClosed) {
+		t.Fatalf("Start after Close: %v, want ErrClosed", err)
+	}
 }
