@@ -63,8 +63,10 @@ type JobArgs interface {
 // RawArgs are arguments given as JSON with an explicit kind, for callers
 // that do not have a Go type (the CLI, other languages' payloads).
 type RawArgs struct {
+	// KindName is the job's kind, returned by Kind.
 	KindName string
-	JSON     json.RawMessage
+	// JSON is the encoded arguments, stored as given; empty means {}.
+	JSON json.RawMessage
 }
 
 // Kind returns KindName.
@@ -100,7 +102,9 @@ type EnqueueOpts struct {
 
 // EnqueueItem is one job of a batch enqueue.
 type EnqueueItem struct {
+	// Args are the job's arguments; their Kind picks the worker.
 	Args JobArgs
+	// Opts are the job's options; nil takes the defaults.
 	Opts *EnqueueOpts
 }
 
@@ -169,6 +173,7 @@ type Job[T JobArgs] struct {
 // discarded), or JobCancel(err) to cancel it without retry. The context is
 // cancelled at the job's timeout, at shutdown and if the lease is lost.
 type Worker[T JobArgs] interface {
+	// Work runs one attempt of job.
 	Work(ctx context.Context, job *Job[T]) error
 }
 
