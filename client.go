@@ -119,8 +119,23 @@ func (c *Client) Backend() string { return c.drv.Name() }
 // Config returns the client's configuration with defaults filled in.
 func (c *Client) Config() Config { return c.cfg }
 
-// Start begins working the configured queues with the registered workers.
+// Start begins working the configured queues with the registered workers
+// and returns once they run; the work goes on in the background until Stop
+// or Close.
+//
+// ctx bounds the start-up work only (the schema check, when Open could not
+// confirm the schema): if ctx is already done, Start returns its error and
+// starts nothing. Cancelling ctx after Start returned does not stop the
+// client; call Stop. The values of ctx (trace ids, loggers) are passed on
+// to every job's context, whose cancellation is conveyor's own (job
+// timeout, Stop, a lost lease).
+//
+// Start fails on a client that is already started, and with ErrClosed on
+// one that was closed.
 func (c *Client) Start(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	if err := c.ready(ctx); err != nil {
 		return err
 	}
@@ -293,8 +308,9 @@ func (c *Client) Job(ctx context.Context, id int64) (*JobInfo, error) {
 
 // JobFilter selects jobs for Jobs. Zero fields match everything.
 type JobFilter struct {
-	// States to include; empty means all.
-	States []string
+	// States to include; empty means all. Jobs refuses a state that is not
+	// one of JobStates().
+	States []JobState
 	// Queue, when set, lists only that queue's jobs.
 	Queue string
 	// Kind, when set, lists only jobs of that kind.
@@ -305,14 +321,17 @@ type JobFilter struct {
 	AfterID int64
 }
 
-// Jobs lists jobs by id.
+// Jobs lists jobs by id. An unknown state in f.States is an error that
+// names it and lists the valid states.
 func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]*JobInfo, error) {
+	df := driver.JobFilter{Queue: f.Queue, Kind: f.Kind, Limit: f.Limit, AfterID: f.AfterID}
 	for _, s := range f.States {
-		if !validState(s) {
-			return nil, fmt.Errorf("conveyor: unknown state %q (states: %s)", s, strings.Join(driver.AllStates, ", "))
+		if !s.valid() {
+			return nil, unknownState(string(s))
 		}
+		df.States = append(df.States, string(s))
 	}
-	rows, err := c.drv.ListJobs(ctx, driver.JobFilter(f))
+	rows, err := c.drv.ListJobs(ctx, df)
 	if err != nil {
 		return nil, err
 	}
@@ -321,15 +340,6 @@ func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]*JobInfo, error) {
 		out[i] = jobInfo(r)
 	}
 	return out, nil
-}
-
-func validState(s string) bool {
-	for _, x := range driver.AllStates {
-		if s == x {
-			return true
-		}
-	}
-	return false
 }
 
 // Retry makes a discarded, cancelled, completed, retryable or scheduled job
@@ -362,20 +372,21 @@ func (c *Client) admin(ctx context.Context, id int64, f func(context.Context, in
 
 // QueueStats are one queue's counts.
 type QueueStats struct {
+	// Queue names the queue.
 	Queue string `json:"queue"`
-	// Counts by state; every state is present.
-	Counts map[string]int64 `json:"counts"`
+	// Counts by state; every state of JobStates() is present.
+	Counts map[JobState]int64 `json:"counts"`
 	// OldestAvailable is the age of the oldest job waiting to run.
 	OldestAvailable time.Duration `json:"oldest_available_ns"`
 }
 
 // Stats are the queues' counts and this process's counters.
 type Stats struct {
+	// Queues holds one entry per queue that has jobs, in no set order.
 	Queues []QueueStats `json:"queues"`
-	// Process counters of this client (claimed, completed, stale
-	// acknowledgements refused, leases lost, rescued...) and of its
-	// backend (busy retries, deadlock retries...).
-	Counters map[string]int64 `json:"counters"`
+	// Counters are this client's process counters, as Client.Counters
+	// returns them.
+	Counters Counters `json:"counters"`
 }
 
 // Stats returns per-queue counts and this process's counters.
@@ -386,32 +397,13 @@ func (c *Client) Stats(ctx context.Context) (*Stats, error) {
 	}
 	s := &Stats{Counters: c.Counters()}
 	for _, q := range qs {
-		s.Queues = append(s.Queues, QueueStats(q))
+		counts := make(map[JobState]int64, len(q.Counts))
+		for st, n := range q.Counts {
+			counts[JobState(st)] = n
+		}
+		s.Queues = append(s.Queues, QueueStats{Queue: q.Queue, Counts: counts, OldestAvailable: q.OldestAvailable})
 	}
 	return s, nil
-}
-
-// Counters returns this process's counters.
-func (c *Client) Counters() map[string]int64 {
-	m := c.eng.Metrics()
-	out := map[string]int64{
-		"claim_rounds":       m.ClaimRounds.Load(),
-		"claimed":            m.Claimed.Load(),
-		"completed":          m.Completed.Load(),
-		"failed_attempts":    m.Failed.Load(),
-		"stale_acks_refused": m.StaleAcksRefused.Load(),
-		"leases_lost":        m.LeasesLost.Load(),
-		"lease_deadlines":    m.LeaseDeadlines.Load(),
-		"released":           m.Released.Load(),
-		"rescued":            m.Rescued.Load(),
-		"promoted":           m.Promoted.Load(),
-		"pruned":             m.Pruned.Load(),
-		"db_errors":          m.DBErrors.Load(),
-	}
-	for k, v := range c.drv.Counters() {
-		out[k] = v
-	}
-	return out
 }
 
 // ServerInfo describes the database server and the settings that decide

@@ -257,7 +257,7 @@ func TestTransactionalEnqueue(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitFor(t, "committed job to complete", 10*time.Second, func() bool {
-			return jobState(t, c, id).State == "completed"
+			return jobState(t, c, id).State == conveyor.JobStateCompleted
 		})
 		if n := totalJobs(t, c); n != 1 {
 			t.Fatalf("%d jobs exist, want only the committed one", n)
@@ -322,7 +322,7 @@ func TestNoJobHandedToTwoWorkers(t *testing.T) {
 		}
 		waitFor(t, "all completions written", 20*time.Second, func() bool {
 			st, err := clients[0].Stats(ctx)
-			return err == nil && len(st.Queues) == 1 && st.Queues[0].Counts["completed"] == n
+			return err == nil && len(st.Queues) == 1 && st.Queues[0].Counts[conveyor.JobStateCompleted] == n
 		})
 	})
 }
@@ -349,7 +349,7 @@ func TestRetriesBackoffDiscard(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.Start(ctx)
-		waitFor(t, "job discarded", 20*time.Second, func() bool { return jobState(t, c, id).State == "discarded" })
+		waitFor(t, "job discarded", 20*time.Second, func() bool { return jobState(t, c, id).State == conveyor.JobStateDiscarded })
 		j := jobState(t, c, id)
 		if j.Attempt != 3 || attempts.Load() != 3 || len(j.Errors) != 3 {
 			t.Fatalf("attempt %d, executions %d, errors %d; want 3 each", j.Attempt, attempts.Load(), len(j.Errors))
@@ -372,7 +372,7 @@ func TestRetriesBackoffDiscard(t *testing.T) {
 		}
 		waitFor(t, "retried job discarded again", 10*time.Second, func() bool {
 			j := jobState(t, c, id)
-			return j.State == "discarded" && j.Attempt == 4
+			return j.State == conveyor.JobStateDiscarded && j.Attempt == 4
 		})
 	})
 }
@@ -420,7 +420,7 @@ func TestStaleAckAfterReleaseRefusedByDatabase(t *testing.T) {
 		if n, err := conveyor.ReleaseForTest(a, id, fenceA); err != nil || n != 1 {
 			t.Fatalf("release: %d err %v", n, err)
 		}
-		waitFor(t, "A to see its lease lost", 10*time.Second, func() bool { return a.Counters()["leases_lost"] >= 1 })
+		waitFor(t, "A to see its lease lost", 10*time.Second, func() bool { return a.Counters().LeasesLost >= 1 })
 
 		cfgB := fast(prefix)
 		b := open(t, dsn, cfgB)
@@ -447,13 +447,13 @@ func TestStaleAckAfterReleaseRefusedByDatabase(t *testing.T) {
 		}
 		// A's handler returns now and its outcome reaches the database.
 		close(unblockA)
-		waitFor(t, "A's stale acknowledgement refused", 10*time.Second, func() bool { return a.Counters()["stale_acks_refused"] >= 1 })
-		if j := jobState(t, b, id); j.State != "running" || j.Attempt != 1 {
+		waitFor(t, "A's stale acknowledgement refused", 10*time.Second, func() bool { return a.Counters().StaleAcksRefused >= 1 })
+		if j := jobState(t, b, id); j.State != conveyor.JobStateRunning || j.Attempt != 1 {
 			t.Fatalf("after A's stale acknowledgement the job is %s at attempt %d, want running under B", j.State, j.Attempt)
 		}
 		close(unblockB)
-		waitFor(t, "B's completion", 10*time.Second, func() bool { return jobState(t, b, id).State == "completed" })
-		if n := b.Counters()["stale_acks_refused"]; n != 0 {
+		waitFor(t, "B's completion", 10*time.Second, func() bool { return jobState(t, b, id).State == conveyor.JobStateCompleted })
+		if n := b.Counters().StaleAcksRefused; n != 0 {
 			t.Fatalf("B's acknowledgement refused (%d)", n)
 		}
 	})
@@ -480,7 +480,7 @@ func TestLeaseExpiryRescueAndStaleAck(t *testing.T) {
 		c.Start(ctx)
 		waitFor(t, "rescued job completed", 15*time.Second, func() bool {
 			j := jobState(t, c, id)
-			return j.State == "completed" && j.Attempt == 2
+			return j.State == conveyor.JobStateCompleted && j.Attempt == 2
 		})
 		// The dead process comes back and acknowledges: refused.
 		applied, err := conveyor.AckForTest(c, id, fence)
@@ -488,7 +488,7 @@ func TestLeaseExpiryRescueAndStaleAck(t *testing.T) {
 			t.Fatalf("stale acknowledgement applied %d (err %v), want refused", applied, err)
 		}
 		j := jobState(t, c, id)
-		if j.State != "completed" || j.Attempt != 2 || ran.Load() != 1 {
+		if j.State != conveyor.JobStateCompleted || j.Attempt != 2 || ran.Load() != 1 {
 			t.Fatalf("after stale ack: %+v (ran %d)", j, ran.Load())
 		}
 		if len(j.Errors) != 1 || !strings.Contains(j.Errors[0].Error, "lease expired") {
@@ -521,18 +521,18 @@ func TestGracefulShutdownLeavesJobsClaimable(t *testing.T) {
 		if err := c.Stop(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if s := jobState(t, c, quick).State; s != "completed" {
+		if s := jobState(t, c, quick).State; s != conveyor.JobStateCompleted {
 			t.Fatalf("job that finished within the shutdown timeout: %s", s)
 		}
 		j := jobState(t, c, slow)
-		if j.State != "available" || j.Attempt != 0 || len(j.Errors) != 0 {
+		if j.State != conveyor.JobStateAvailable || j.Attempt != 0 || len(j.Errors) != 0 {
 			t.Fatalf("interrupted job not released: %+v", j)
 		}
 		// Another client picks it up.
 		c2 := open(t, dsn, fast(prefix))
 		conveyor.AddWorker(c2, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[tagged]) error { return nil }))
 		c2.Start(ctx)
-		waitFor(t, "released job completed elsewhere", 10*time.Second, func() bool { return jobState(t, c2, slow).State == "completed" })
+		waitFor(t, "released job completed elsewhere", 10*time.Second, func() bool { return jobState(t, c2, slow).State == conveyor.JobStateCompleted })
 	})
 }
 
@@ -553,7 +553,7 @@ func TestScheduledJobsNeverRunEarly(t *testing.T) {
 		a, _ := c.Enqueue(ctx, noop{1}, &conveyor.EnqueueOpts{RunAt: runAt})
 		before := time.Now()
 		b, _ := c.Enqueue(ctx, noop{2}, &conveyor.EnqueueOpts{Delay: 500 * time.Millisecond})
-		if s := jobState(t, c, a).State; s != "scheduled" {
+		if s := jobState(t, c, a).State; s != conveyor.JobStateScheduled {
 			t.Fatalf("future job state %s", s)
 		}
 		waitFor(t, "scheduled jobs to run", 10*time.Second, func() bool {
@@ -625,7 +625,7 @@ func TestPanicsAndTimeoutsRecorded(t *testing.T) {
 		cn, _ := c.Enqueue(ctx, tagged{"cancel"}, nil)
 		c.Start(ctx)
 		waitFor(t, "all finalized", 10*time.Second, func() bool {
-			return jobState(t, c, p).State == "discarded" && jobState(t, c, to).State == "discarded" && jobState(t, c, cn).State == "cancelled"
+			return jobState(t, c, p).State == conveyor.JobStateDiscarded && jobState(t, c, to).State == conveyor.JobStateDiscarded && jobState(t, c, cn).State == conveyor.JobStateCancelled
 		})
 		pj := jobState(t, c, p)
 		if len(pj.Errors) != 1 || !strings.Contains(pj.Errors[0].Error, "handler exploded") || !strings.Contains(pj.Errors[0].Trace, "goroutine") {
@@ -739,7 +739,7 @@ func TestUnknownKindAtExecutionFailsClearly(t *testing.T) {
 		c := open(t, dsn, fast(prefix))
 		conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error { return nil }))
 		c.Start(ctx)
-		waitFor(t, "unknown kind discarded", 10*time.Second, func() bool { return jobState(t, c, id).State == "discarded" })
+		waitFor(t, "unknown kind discarded", 10*time.Second, func() bool { return jobState(t, c, id).State == conveyor.JobStateDiscarded })
 		j := jobState(t, c, id)
 		if len(j.Errors) != 1 || !strings.Contains(j.Errors[0].Error, `unknown job kind "big"`) {
 			t.Fatalf("reason not recorded: %+v", j.Errors)
@@ -765,8 +765,8 @@ func TestCancelRunningJobRefusesItsResult(t *testing.T) {
 			t.Fatal(err)
 		}
 		close(finish)
-		waitFor(t, "refused ack counted", 10*time.Second, func() bool { return c.Counters()["stale_acks_refused"] == 1 })
-		if s := jobState(t, c, id).State; s != "cancelled" {
+		waitFor(t, "refused ack counted", 10*time.Second, func() bool { return c.Counters().StaleAcksRefused == 1 })
+		if s := jobState(t, c, id).State; s != conveyor.JobStateCancelled {
 			t.Fatalf("cancelled job became %s", s)
 		}
 		if _, err := c.Cancel(ctx, id); !errors.Is(err, conveyor.ErrWrongState) {
@@ -814,7 +814,7 @@ func TestThunderingHerd(t *testing.T) {
 		waitFor(t, "the herd to be worked", 90*time.Second, func() bool { return done.Load() >= n })
 		waitFor(t, "all completions written", 20*time.Second, func() bool {
 			st, err := clients[0].Stats(ctx)
-			return err == nil && len(st.Queues) == 1 && st.Queues[0].Counts["completed"] == n
+			return err == nil && len(st.Queues) == 1 && st.Queues[0].Counts[conveyor.JobStateCompleted] == n
 		})
 		got := rec.snapshot()
 		if len(got) != n {
@@ -827,10 +827,10 @@ func TestThunderingHerd(t *testing.T) {
 		}
 		for i, c := range clients {
 			cs := c.Counters()
-			if cs["db_errors"] != 0 || cs["failed_attempts"] != 0 || cs["stale_acks_refused"] != 0 {
-				t.Fatalf("client %d surfaced errors: %v", i, cs)
+			if cs.DBErrors != 0 || cs.FailedAttempts != 0 || cs.StaleAcksRefused != 0 {
+				t.Fatalf("client %d surfaced errors: %+v", i, cs)
 			}
-			t.Logf("client %d: deadlock retries %d, lock timeouts %d, busy retries %d", i, cs["deadlock_retries"], cs["lock_timeouts"], cs["busy_retries"])
+			t.Logf("client %d: deadlock retries %d, lock timeouts %d, busy retries %d", i, cs.Driver["deadlock_retries"], cs.Driver["lock_timeouts"], cs.Driver["busy_retries"])
 		}
 	})
 }

@@ -88,12 +88,12 @@ func FuzzEnqueue(f *testing.F) {
 		if len(given) == 0 {
 			given = []byte("{}") // RawArgs with no JSON means {}
 		}
-		if !sameJSON(t, given, j.Args) {
-			t.Fatalf("stored args %s, given %s", j.Args, given)
+		if !sameJSON(t, given, j.EncodedArgs) {
+			t.Fatalf("stored args %s, given %s", j.EncodedArgs, given)
 		}
 		// A delay of a second or more is visible in the state (shorter
 		// ones are below some backends' clock resolution).
-		if delay >= int64(time.Second) && j.State != "scheduled" {
+		if delay >= int64(time.Second) && j.State != conveyor.JobStateScheduled {
 			t.Fatalf("delay %v: state %s", time.Duration(delay), j.State)
 		}
 	})

@@ -63,8 +63,10 @@ type JobArgs interface {
 // RawArgs are arguments given as JSON with an explicit kind, for callers
 // that do not have a Go type (the CLI, other languages' payloads).
 type RawArgs struct {
+	// KindName is the job's kind, returned by Kind.
 	KindName string
-	JSON     json.RawMessage
+	// JSON is the encoded arguments, stored as given; empty means {}.
+	JSON json.RawMessage
 }
 
 // Kind returns KindName.
@@ -100,7 +102,9 @@ type EnqueueOpts struct {
 
 // EnqueueItem is one job of a batch enqueue.
 type EnqueueItem struct {
+	// Args are the job's arguments; their Kind picks the worker.
 	Args JobArgs
+	// Opts are the job's options; nil takes the defaults.
 	Opts *EnqueueOpts
 }
 
@@ -124,11 +128,12 @@ type JobInfo struct {
 	Queue string
 	// Kind names the worker that runs it.
 	Kind string
-	// Args are the encoded arguments, as stored.
-	Args json.RawMessage
-	// State is available, scheduled, running, retryable, completed,
-	// discarded or cancelled.
-	State string
+	// EncodedArgs are the arguments as stored, JSON-encoded. A Worker gets
+	// them decoded in Job.Args. (The JSON key stays "Args", the field's
+	// name before it was renamed.)
+	EncodedArgs json.RawMessage `json:"Args"`
+	// State is the job's state, one of JobStates().
+	State JobState
 	// Priority: smaller runs first.
 	Priority int
 	// Attempt counts the attempts started so far (incremented at claim).
@@ -155,10 +160,11 @@ type JobInfo struct {
 	Errors []AttemptError
 }
 
-// Job is one attempt of a job handed to a Worker.
+// Job is one attempt of a job handed to a Worker: the job as stored
+// (JobInfo, whose fields it promotes) and its decoded arguments.
 type Job[T JobArgs] struct {
 	*JobInfo
-	// Args are the decoded arguments.
+	// Args are the arguments decoded from JobInfo.EncodedArgs.
 	Args T
 }
 
@@ -167,6 +173,7 @@ type Job[T JobArgs] struct {
 // discarded), or JobCancel(err) to cancel it without retry. The context is
 // cancelled at the job's timeout, at shutdown and if the lease is lost.
 type Worker[T JobArgs] interface {
+	// Work runs one attempt of job.
 	Work(ctx context.Context, job *Job[T]) error
 }
 
@@ -258,7 +265,7 @@ func encodeArgs(args JobArgs, limit int) (json.RawMessage, error) {
 
 func jobInfo(r *driver.JobRow) *JobInfo {
 	j := &JobInfo{
-		ID: r.ID, Queue: r.Queue, Kind: r.Kind, Args: r.Args, State: r.State,
+		ID: r.ID, Queue: r.Queue, Kind: r.Kind, EncodedArgs: r.Args, State: JobState(r.State),
 		Priority: r.Priority, Attempt: r.Attempt, MaxAttempts: r.MaxAttempts,
 		Timeout:     time.Duration(r.TimeoutMS) * time.Millisecond,
 		ScheduledAt: r.ScheduledAt, CreatedAt: r.CreatedAt, AttemptedAt: r.AttemptedAt,

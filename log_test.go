@@ -61,7 +61,7 @@ func TestFailedAttemptsLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "both jobs completed", 15*time.Second, func() bool {
-		return jobState(t, c, okID).State == "completed" && jobState(t, c, failID).State == "completed"
+		return jobState(t, c, okID).State == conveyor.JobStateCompleted && jobState(t, c, failID).State == conveyor.JobStateCompleted
 	})
 	var records []map[string]any
 	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
@@ -81,7 +81,7 @@ func TestFailedAttemptsLogged(t *testing.T) {
 	}
 	r := records[0]
 	want := map[string]any{"level": "INFO", "job_id": float64(failID), "kind": "noop", "queue": "default",
-		"attempt": float64(1), "error": "first attempt fails", "next_state": "retryable"}
+		"attempt": float64(1), "error": "first attempt fails", "next_state": string(conveyor.JobStateRetryable)}
 	for k, v := range want {
 		if r[k] != v {
 			t.Errorf("record %s = %v, want %v (record %v)", k, r[k], v, r)

@@ -101,9 +101,9 @@ func freshPrefix(t *testing.T, dsn string) string {
 }
 
 // jobState returns a job's state as job --json prints it.
-func jobState(t *testing.T, args ...string) string {
+func jobState(t *testing.T, args ...string) conveyor.JobState {
 	t.Helper()
-	var j struct{ State string }
+	var j struct{ State conveyor.JobState }
 	if err := json.Unmarshal([]byte(mustCLI(t, append([]string{"job", "--json"}, args...)...)), &j); err != nil {
 		t.Fatal(err)
 	}
@@ -121,14 +121,14 @@ func TestGlobalFlagsEitherPosition(t *testing.T) {
 			mustCLI(t, "migrate", "--db", dsn, "--prefix", p)
 			id := strings.TrimSpace(mustCLI(t, "--db", dsn, "--prefix", p, "enqueue", "--kind", "k"))
 			id2 := strings.TrimSpace(mustCLI(t, "--prefix", p, "enqueue", "--db", dsn, "--kind", "k"))
-			if out := mustCLI(t, "cancel", id, "--db", dsn, "--prefix", p); !strings.Contains(out, "is now cancelled") {
+			if out := mustCLI(t, "cancel", id, "--db", dsn, "--prefix", p); !strings.Contains(out, "is now "+string(conveyor.JobStateCancelled)) {
 				t.Fatalf("cancel: %s", out)
 			}
 			mustCLI(t, "--db", dsn, "discard", "--prefix", p, id2)
-			if s := jobState(t, id, "--db", dsn, "--prefix", p); s != "cancelled" {
+			if s := jobState(t, id, "--db", dsn, "--prefix", p); s != conveyor.JobStateCancelled {
 				t.Errorf("job %s is %s, want cancelled", id, s)
 			}
-			if s := jobState(t, "--db", dsn, "--prefix", p, id2); s != "discarded" {
+			if s := jobState(t, "--db", dsn, "--prefix", p, id2); s != conveyor.JobStateDiscarded {
 				t.Errorf("job %s is %s, want discarded", id2, s)
 			}
 			var st struct{ Backend string }
@@ -216,6 +216,7 @@ func TestBadArguments(t *testing.T) {
 		{[]string{"stats", "--json=maybe"}, "invalid boolean value"},
 		{[]string{"jobs", "extra"}, `unexpected argument "extra"`},
 		{[]string{"jobs", "--limit", "x"}, `invalid value "x" for flag -limit`},
+		{[]string{"jobs", "--state", "running,done"}, `unknown job state "done" (valid states: available, scheduled, running, retryable, completed, discarded, cancelled)`},
 		{[]string{"job"}, "job id required"},
 		{[]string{"job", "1", "2"}, `unexpected argument "2" after the job id`},
 		{[]string{"cancel", "1", "2"}, `cancel: unexpected argument "2" after the job id`},
@@ -382,7 +383,7 @@ func TestJSONShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("job 1", one)
-	if one["timeout_ms"] != 1500.0 || one["state"] != "retryable" || one["attempted_at"] == nil || one["attempted_by"] == nil {
+	if one["timeout_ms"] != 1500.0 || one["state"] != string(conveyor.JobStateRetryable) || one["attempted_at"] == nil || one["attempted_by"] == nil {
 		t.Errorf("job 1: %v", one)
 	}
 	errs, _ := one["errors"].([]any)

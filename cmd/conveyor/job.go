@@ -44,7 +44,7 @@ func jobCmd(e *env, args []string) error {
 		attempted += " by " + j.AttemptedBy
 	}
 	fmt.Fprintf(e.stdout, "id:           %d\nqueue:        %s\nkind:         %s\nstate:        %s\nattempt:      %d of %d\npriority:     %d\nargs:         %s\ncreated:      %s\nscheduled:    %s\nattempted:    %s\nlease until:  %s\nfinalized:    %s\n",
-		j.ID, j.Queue, j.Kind, j.State, j.Attempt, j.MaxAttempts, j.Priority, j.Args, t(j.CreatedAt), t(j.ScheduledAt), attempted, t(j.LeaseExpiresAt), t(j.FinalizedAt))
+		j.ID, j.Queue, j.Kind, j.State, j.Attempt, j.MaxAttempts, j.Priority, j.EncodedArgs, t(j.CreatedAt), t(j.ScheduledAt), attempted, t(j.LeaseExpiresAt), t(j.FinalizedAt))
 	for _, a := range j.Errors {
 		fmt.Fprintf(e.stdout, "error (attempt %d at %s): %s\n", a.Attempt, t(a.At), a.Error)
 		if a.Trace != "" {
@@ -58,14 +58,14 @@ func jobCmd(e *env, args []string) error {
 // keys, times in RFC 3339 UTC with microseconds, null for a time or value
 // that is absent, durations in whole milliseconds.
 type jobJSON struct {
-	ID          int64           `json:"id"`
-	Queue       string          `json:"queue"`
-	Kind        string          `json:"kind"`
-	State       string          `json:"state"`
-	Args        json.RawMessage `json:"args"`
-	Priority    int             `json:"priority"`
-	Attempt     int             `json:"attempt"`
-	MaxAttempts int             `json:"max_attempts"`
+	ID          int64             `json:"id"`
+	Queue       string            `json:"queue"`
+	Kind        string            `json:"kind"`
+	State       conveyor.JobState `json:"state"`
+	Args        json.RawMessage   `json:"args"`
+	Priority    int               `json:"priority"`
+	Attempt     int               `json:"attempt"`
+	MaxAttempts int               `json:"max_attempts"`
 	// TimeoutMS is the job's own timeout: null for the workers' default,
 	// -1 for none.
 	TimeoutMS      *int64        `json:"timeout_ms"`
@@ -91,7 +91,7 @@ const jsonTime = "2006-01-02T15:04:05.000000Z07:00"
 
 func toJobJSON(j *conveyor.JobInfo) jobJSON {
 	out := jobJSON{
-		ID: j.ID, Queue: j.Queue, Kind: j.Kind, State: j.State, Args: j.Args,
+		ID: j.ID, Queue: j.Queue, Kind: j.Kind, State: j.State, Args: j.EncodedArgs,
 		Priority: j.Priority, Attempt: j.Attempt, MaxAttempts: j.MaxAttempts,
 		CreatedAt: timeOrNull(j.CreatedAt), ScheduledAt: timeOrNull(j.ScheduledAt),
 		AttemptedAt: timeOrNull(j.AttemptedAt), AttemptedBy: stringOrNull(j.AttemptedBy),

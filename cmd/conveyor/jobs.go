@@ -22,9 +22,15 @@ func jobsCmd(e *env, args []string) error {
 	if err := e.parseNoArgs(f, args, false); err != nil {
 		return err
 	}
-	var states []string
+	var states []conveyor.JobState
 	if *state != "" {
-		states = strings.Split(*state, ",")
+		for _, name := range strings.Split(*state, ",") {
+			st, err := conveyor.ParseJobState(strings.TrimSpace(name))
+			if err != nil {
+				return err
+			}
+			states = append(states, st)
+		}
 	}
 	c, err := e.open(false)
 	if err != nil {

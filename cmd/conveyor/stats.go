@@ -7,6 +7,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/conveyorq/conveyor"
 )
 
 // statsCmd prints per queue the counts by state and the age of the oldest
@@ -30,8 +32,8 @@ func statsCmd(e *env, args []string) error {
 	sort.Slice(s.Queues, func(i, j int) bool { return s.Queues[i].Queue < s.Queues[j].Queue })
 	if *asJSON {
 		type queue struct {
-			Queue  string           `json:"queue"`
-			Counts map[string]int64 `json:"counts"`
+			Queue  string                      `json:"queue"`
+			Counts map[conveyor.JobState]int64 `json:"counts"`
 			// OldestAvailableMS is null when no job is available.
 			OldestAvailableMS *int64 `json:"oldest_available_ms"`
 		}
@@ -41,23 +43,26 @@ func statsCmd(e *env, args []string) error {
 		}{Backend: c.Backend(), Queues: []queue{}}
 		for _, x := range s.Queues {
 			q := queue{Queue: x.Queue, Counts: x.Counts}
-			if x.Counts["available"] > 0 {
+			if x.Counts[conveyor.JobStateAvailable] > 0 {
 				q.OldestAvailableMS = ptr(x.OldestAvailable.Milliseconds())
 			}
 			out.Queues = append(out.Queues, q)
 		}
 		return json.NewEncoder(e.stdout).Encode(out)
 	}
-	states := []string{"available", "scheduled", "running", "retryable", "completed", "discarded", "cancelled"}
 	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "QUEUE\t%s\tOLDEST AVAILABLE\n", strings.ToUpper(strings.Join(states, "\t")))
+	fmt.Fprint(w, "QUEUE")
+	for _, st := range conveyor.JobStates() {
+		fmt.Fprintf(w, "\t%s", strings.ToUpper(string(st)))
+	}
+	fmt.Fprintln(w, "\tOLDEST AVAILABLE")
 	for _, x := range s.Queues {
 		fmt.Fprintf(w, "%s", x.Queue)
-		for _, st := range states {
+		for _, st := range conveyor.JobStates() {
 			fmt.Fprintf(w, "\t%d", x.Counts[st])
 		}
 		oldest := "-"
-		if x.Counts["available"] > 0 {
+		if x.Counts[conveyor.JobStateAvailable] > 0 {
 			oldest = x.OldestAvailable.Round(time.Millisecond).String()
 		}
 		fmt.Fprintf(w, "\t%s\n", oldest)

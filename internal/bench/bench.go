@@ -388,7 +388,7 @@ func jobMaker(o Options) func(int64) Job {
 // and returns the first error.
 func closeClient(ctx context.Context, c *conveyor.Client, o Options, res *Result) error {
 	err := c.Stop(ctx)
-	res.Counters = c.Counters()
+	res.Counters = c.Counters().Map()
 	res.Settings = clientSettings(ctx, c)
 	if !o.Keep {
 		err = errors.Join(err, seam.DropTables(context.WithoutCancel(ctx), c))
@@ -504,9 +504,9 @@ func progress(w io.Writer, label string, total int64, done func() int64, stop <-
 // waitCompleted waits until the client has committed n completions.
 func waitCompleted(ctx context.Context, c *conveyor.Client, n int64, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
-	for c.Counters()["completed"] < n {
+	for c.Counters().Map()["completed"] < n {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("bench: only %d of %d jobs completed after %v", c.Counters()["completed"], n, limit)
+			return fmt.Errorf("bench: only %d of %d jobs completed after %v", c.Counters().Map()["completed"], n, limit)
 		}
 		if err := ctx.Err(); err != nil {
 			return err
@@ -544,7 +544,7 @@ func drain(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, mk
 		}
 	}
 	stop := make(chan struct{})
-	wg := progress(o.Progress, o.label, int64(o.Jobs), func() int64 { return c.Counters()["completed"] }, stop)
+	wg := progress(o.Progress, o.label, int64(o.Jobs), func() int64 { return c.Counters().Map()["completed"] }, stop)
 	t0 := time.Now()
 	if err := c.Start(ctx); err != nil {
 		return 0, err
@@ -576,7 +576,7 @@ func latency(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, 
 	}
 	time.Sleep(time.Second) // let every worker park and idle polls back off
 	stop := make(chan struct{})
-	wg := progress(o.Progress, o.label, int64(o.Jobs), func() int64 { return c.Counters()["completed"] }, stop)
+	wg := progress(o.Progress, o.label, int64(o.Jobs), func() int64 { return c.Counters().Map()["completed"] }, stop)
 	t0 := time.Now()
 	tick := time.NewTicker(o.Interval)
 	defer tick.Stop()
@@ -603,7 +603,7 @@ func flow(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, mk 
 		return 0, err
 	}
 	stop := make(chan struct{})
-	wg := progress(o.Progress, o.label, 0, func() int64 { return c.Counters()["completed"] }, stop)
+	wg := progress(o.Progress, o.label, 0, func() int64 { return c.Counters().Map()["completed"] }, stop)
 	t0 := time.Now()
 	end := t0.Add(o.Duration)
 	var enq atomic.Int64

@@ -45,11 +45,11 @@ func isolation(ctx context.Context, o Options) ([]*Result, error) {
 
 	// Phase 1: the cold queue alone.
 	w := startWaits(ctx, o.DSN, backend)
-	c0 := c.Counters()
+	c0 := c.Counters().Map()
 	from1 := coldRec.Issued()
 	el1, err1 := coldPhase(ctx, c, coldRec, o, mk, "isolation cold-idle")
 	to1 := coldRec.Issued()
-	c1 := c.Counters()
+	c1 := c.Counters().Map()
 	idle.Waits = w.finish(ctx, diffCounters(c1, c0))
 
 	// Phase 2: the same with the hot queue saturated.
@@ -61,7 +61,7 @@ func isolation(ctx context.Context, o Options) ([]*Result, error) {
 	// claimed. Cold jobs are claimed within milliseconds of their enqueue,
 	// so claimed minus cold jobs enqueued approximates the hot jobs
 	// claimed; the estimate is clamped at zero.
-	backlog := func() int64 { return max(0, hotEnq.Load()-(c.Counters()["claimed"]-coldRec.Issued())) }
+	backlog := func() int64 { return max(0, hotEnq.Load()-(c.Counters().Map()["claimed"]-coldRec.Issued())) }
 	stopHot := make(chan struct{})
 	var hwg sync.WaitGroup
 	var herr error
@@ -108,10 +108,10 @@ func isolation(ctx context.Context, o Options) ([]*Result, error) {
 	hotDone := int64(0)
 	if err1 == nil {
 		w = startWaits(ctx, o.DSN, backend)
-		c2 := c.Counters()
+		c2 := c.Counters().Map()
 		el2, err2 = coldPhase(ctx, c, coldRec, o, mk, "isolation cold-under-hot")
 		to2 = coldRec.Issued()
-		c3 := c.Counters()
+		c3 := c.Counters().Map()
 		close(measuring)
 		mwg.Wait()
 		hotDone = c3["completed"] - c2["completed"] - (to2 - from2)

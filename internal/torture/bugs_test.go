@@ -210,6 +210,6 @@ func TestMySQLPoolSizeOne(t *testing.T) {
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
-		t.Errorf("PoolSize 1: the job was not claimed within 10s (claimed %d)", c.Counters()["claimed"])
+		t.Errorf("PoolSize 1: the job was not claimed within 10s (claimed %d)", c.Counters().Claimed)
 	}
 }

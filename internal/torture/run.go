@@ -431,7 +431,7 @@ func (p *phase) drain(ctx context.Context) (left int64, err error) {
 		if err == nil {
 			left = 0
 			for _, q := range st.Queues {
-				for _, s := range []string{"available", "scheduled", "running", "retryable"} {
+				for _, s := range []conveyor.JobState{"available", "scheduled", "running", "retryable"} {
 					left += q.Counts[s]
 				}
 			}
@@ -571,9 +571,9 @@ func (p *phase) finalJobs(ctx context.Context) (map[int64]*FinalJob, error) {
 			return nil, err
 		}
 		for _, j := range page {
-			fj := &FinalJob{ID: j.ID, Kind: j.Kind, State: j.State, Attempt: j.Attempt, MaxAttempts: j.MaxAttempts}
+			fj := &FinalJob{ID: j.ID, Kind: j.Kind, State: string(j.State), Attempt: j.Attempt, MaxAttempts: j.MaxAttempts}
 			var pl payload
-			if json.Unmarshal(j.Args, &pl) == nil {
+			if json.Unmarshal(j.EncodedArgs, &pl) == nil {
 				fj.Token = pl.Tok
 			}
 			for _, e := range j.Errors {

@@ -271,11 +271,11 @@ func runWorker(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.
 			done = true
 		case <-tick.C:
 		}
-		rec.write(line{T: lineCounters, C: c.Counters()})
+		rec.write(line{T: lineCounters, C: c.Counters().Map()})
 	}
 	// SIGTERM: stop gracefully (unfinished attempts are released).
 	err = c.Stop(context.Background())
-	rec.write(line{T: lineCounters, C: c.Counters()})
+	rec.write(line{T: lineCounters, C: c.Counters().Map()})
 	return err
 }
 
