@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/connect"
 	"github.com/conveyorq/conveyor/internal/driver"
 	"github.com/conveyorq/conveyor/internal/testdb"
 )
@@ -169,7 +170,7 @@ func TestStartContextBoundsStartOnly(t *testing.T) {
 
 func TestStartAfterClose(t *testing.T) {
 	ctx := context.Background()
-	c, err := conveyor.Open(ctx, backends[0].dsn(t), fast(testdb.Prefix()))
+	c, err := connect.Open(ctx, backends[0].dsn(t), fast(testdb.Prefix()))
 	if err != nil {
 		t.Fatal(err)
 	}
