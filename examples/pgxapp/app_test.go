@@ -1,0 +1,92 @@
+package pgxapp
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/seam"
+	"github.com/conveyorq/conveyor/internal/testdb"
+)
+
+// TestRegisterOnTheApplicationsPool runs the application on its own pool:
+// a registration's email job commits with the user, a failed registration
+// (duplicate email) leaves no job, and the handler sends the mail.
+func TestRegisterOnTheApplicationsPool(t *testing.T) {
+	dsn := testdb.Postgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	prefix := testdb.Prefix()
+	table := prefix + "users"
+	app, err := New(ctx, pool, table, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize())
+
+	id, err := app.Register(ctx, "a@example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := app.Register(ctx, "a@example.com"); err == nil {
+		t.Fatal("a duplicate registration succeeded")
+	}
+	jobs, err := app.Client.Jobs(ctx, conveyor.JobFilter{Kind: WelcomeEmail{}.Kind()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(jobs) != 1 {
+		t.Fatalf("%d welcome jobs after one registration and one rolled back, want 1", len(jobs))
+	}
+	if err := app.Client.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-app.Sent:
+		if m.UserID != id || m.Email != "a@example.com" {
+			t.Fatalf("sent %+v, want user %d a@example.com", m, id)
+		}
+	case <-ctx.Done():
+		t.Fatal("the welcome email was never sent")
+	}
+	// The pool is the application's: closing the client leaves it open.
+	if err := app.Client.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := seam.DropTables(ctx, app.Client); err != nil {
+		t.Fatal(err)
+	}
+	if err := app.Client.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatalf("the application's pool is unusable after the client closed: %v", err)
+	}
+}
+
+// TestLinksOnlyPostgres checks that an application on the PostgreSQL
+// driver links no other backend and no plotting code.
+func TestLinksOnlyPostgres(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Skipf("go list unavailable: %v: %s", err, out)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		for _, banned := range []string{"modernc.org/", "github.com/go-sql-driver/", "gonum.org/", "conveyor/internal/backend/sqlite", "conveyor/internal/backend/mysql"} {
+			if strings.Contains(dep, banned) {
+				t.Errorf("a PostgreSQL-only application links %s", dep)
+			}
+		}
+	}
+}
