@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -64,6 +65,7 @@ type call struct {
 	who    string
 	out    []driver.Outcome
 	params []driver.InsertParams
+	done   bool // Claim: the call returned (ids is then complete)
 }
 
 // record appends c to the call log and returns its index.
@@ -144,17 +146,7 @@ func (d *fakeDriver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver
 	if d.claim != nil {
 		out, err = d.claim(ctx, p)
 	} else {
-		d.mu.Lock()
-		rest := d.pending[:0:0]
-		for _, r := range d.pending {
-			if r.Queue == p.Queue && len(out) < p.Limit {
-				out = append(out, r)
-			} else {
-				rest = append(rest, r)
-			}
-		}
-		d.pending = rest
-		d.mu.Unlock()
+		out = d.takePending(p)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -168,7 +160,45 @@ func (d *fakeDriver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver
 		d.held[r.ID] = r.Fence
 		d.calls[i].ids = append(d.calls[i].ids, r.ID)
 	}
+	d.calls[i].done = true
 	return out, err
+}
+
+// takePending removes and returns up to p.Limit pending jobs of p.Queue,
+// oldest first: the default claim.
+func (d *fakeDriver) takePending(p driver.ClaimParams) []*driver.JobRow {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []*driver.JobRow
+	rest := d.pending[:0:0]
+	for _, r := range d.pending {
+		if r.Queue == p.Queue && len(out) < p.Limit {
+			out = append(out, r)
+		} else {
+			rest = append(rest, r)
+		}
+	}
+	d.pending = rest
+	return out
+}
+
+// claimsOf returns the recorded claims of queue.
+func (d *fakeDriver) claimsOf(queue string) []call {
+	var out []call
+	for _, c := range d.callsOf("claim") {
+		if c.queue == queue {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// idle reports whether queue's latest claim has returned, empty: with
+// nothing left to wake it, the queue's fetcher is waiting for a wake-up
+// or its poll timer.
+func (d *fakeDriver) idle(queue string) bool {
+	cs := d.claimsOf(queue)
+	return len(cs) > 0 && cs[len(cs)-1].done && len(cs[len(cs)-1].ids) == 0
 }
 
 func (d *fakeDriver) Heartbeat(ctx context.Context, leases []driver.Lease, lease time.Duration) ([]int64, error) {
@@ -265,12 +295,19 @@ func (d *fakeDriver) Listen(context.Context) (driver.Listener, error) {
 	return fakeListener{d.wakeups}, nil
 }
 
+// listenFailure, sent as a queue name to a fakeListener, makes its Wait
+// fail (a lost connection) instead of delivering a queue.
+const listenFailure = "!fail"
+
 // fakeListener delivers the queue names the test sends on its channel.
 type fakeListener struct{ ch chan string }
 
 func (l fakeListener) Wait(ctx context.Context) (string, error) {
 	select {
 	case q := <-l.ch:
+		if q == listenFailure {
+			return "", errors.New("listener connection lost")
+		}
 		return q, nil
 	case <-ctx.Done():
 		return "", ctx.Err()
