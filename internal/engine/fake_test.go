@@ -42,7 +42,6 @@ type fakeDriver struct {
 	promote func() (map[string]int, error)
 	rescue  func() (map[string]int, error)
 	prune   func() (int64, error)
-	release func(leases []driver.Lease) // observes releases, before they apply
 
 	heartbeat func(ctx context.Context, leases []driver.Lease) ([]int64, error)
 	complete  func(ctx context.Context, outcomes []driver.Outcome) ([]int64, error)
@@ -131,11 +130,16 @@ func (d *fakeDriver) heldIDs() []int64 {
 	return ids
 }
 
+// Name names the fake backend.
 func (d *fakeDriver) Name() string { return "fake" }
+
+// Capabilities offers a push channel only when listen is set.
 func (d *fakeDriver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{Listen: d.listen}
 }
 
+// Claim records the claim, then hands out jobs through the claim hook or
+// takePending, and marks them held.
 func (d *fakeDriver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
 	if d.onClaim != nil {
 		d.onClaim(p)
@@ -201,6 +205,8 @@ func (d *fakeDriver) idle(queue string) bool {
 	return len(cs) > 0 && cs[len(cs)-1].done && len(cs[len(cs)-1].ids) == 0
 }
 
+// Heartbeat records the renewal and answers through the heartbeat hook;
+// without one every lease is still owned.
 func (d *fakeDriver) Heartbeat(ctx context.Context, leases []driver.Lease, lease time.Duration) ([]int64, error) {
 	d.record(call{op: "heartbeat", leases: slices.Clone(leases), ids: owned(leases), dur: lease})
 	if d.heartbeat == nil {
@@ -209,6 +215,8 @@ func (d *fakeDriver) Heartbeat(ctx context.Context, leases []driver.Lease, lease
 	return d.heartbeat(ctx, leases)
 }
 
+// Complete records the outcomes and answers through the complete hook;
+// without one every outcome is applied. Applied ones are no longer held.
 func (d *fakeDriver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int64, error) {
 	d.record(call{op: "complete", ids: applied(outcomes), out: slices.Clone(outcomes)})
 	var ids []int64
@@ -228,11 +236,9 @@ func (d *fakeDriver) Complete(ctx context.Context, outcomes []driver.Outcome) ([
 	return ids, err
 }
 
+// Release records the release, lets the attempts go and counts them.
 func (d *fakeDriver) Release(ctx context.Context, leases []driver.Lease) (int64, error) {
 	d.record(call{op: "release", leases: slices.Clone(leases), ids: owned(leases)})
-	if d.release != nil {
-		d.release(leases)
-	}
 	d.mu.Lock()
 	for _, l := range leases {
 		delete(d.held, l.ID)
@@ -242,6 +248,8 @@ func (d *fakeDriver) Release(ctx context.Context, leases []driver.Lease) (int64,
 	return int64(len(leases)), nil
 }
 
+// Insert records the jobs and answers through the insert hook; without
+// one each job gets the next id and becomes pending.
 func (d *fakeDriver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, error) {
 	d.record(call{op: "insert", params: slices.Clone(jobs)})
 	if d.insert != nil {
@@ -259,6 +267,8 @@ func (d *fakeDriver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]
 	return ids, nil
 }
 
+// TryLead records the attempt and answers through the tryLead hook;
+// without one another process leads.
 func (d *fakeDriver) TryLead(_ context.Context, id string, ttl time.Duration) (bool, error) {
 	d.record(call{op: "trylead", who: id, dur: ttl})
 	if d.tryLead == nil {
@@ -267,6 +277,7 @@ func (d *fakeDriver) TryLead(_ context.Context, id string, ttl time.Duration) (b
 	return d.tryLead()
 }
 
+// Promote records the call and answers through the promote hook.
 func (d *fakeDriver) Promote(context.Context, int) (map[string]int, error) {
 	d.record(call{op: "promote"})
 	if d.promote == nil {
@@ -275,6 +286,7 @@ func (d *fakeDriver) Promote(context.Context, int) (map[string]int, error) {
 	return d.promote()
 }
 
+// Rescue records the call and answers through the rescue hook.
 func (d *fakeDriver) Rescue(context.Context, int) (map[string]int, error) {
 	d.record(call{op: "rescue"})
 	if d.rescue == nil {
@@ -283,6 +295,7 @@ func (d *fakeDriver) Rescue(context.Context, int) (map[string]int, error) {
 	return d.rescue()
 }
 
+// Prune records the retentions and answers through the prune hook.
 func (d *fakeDriver) Prune(_ context.Context, completedAge, discardedAge time.Duration, _ int) (int64, error) {
 	d.record(call{op: "prune", dur: completedAge, dur2: discardedAge})
 	if d.prune == nil {
@@ -291,6 +304,7 @@ func (d *fakeDriver) Prune(_ context.Context, completedAge, discardedAge time.Du
 	return d.prune()
 }
 
+// Listen returns a listener fed by the wakeups channel.
 func (d *fakeDriver) Listen(context.Context) (driver.Listener, error) {
 	return fakeListener{d.wakeups}, nil
 }
@@ -302,6 +316,7 @@ const listenFailure = "!fail"
 // fakeListener delivers the queue names the test sends on its channel.
 type fakeListener struct{ ch chan string }
 
+// Wait returns the next queue name sent, or fails on listenFailure.
 func (l fakeListener) Wait(ctx context.Context) (string, error) {
 	select {
 	case q := <-l.ch:
@@ -314,6 +329,7 @@ func (l fakeListener) Wait(ctx context.Context) (string, error) {
 	}
 }
 
+// Close does nothing: the channel belongs to the test.
 func (l fakeListener) Close() error { return nil }
 
 // owned returns the ids of leases: a heartbeat answer in which every lease

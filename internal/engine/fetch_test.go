@@ -48,6 +48,7 @@ func TestFetchRespectsWorkerSlots(t *testing.T) {
 		runsMu.Unlock()
 		now := cur.Add(1)
 		for p := peak.Load(); now > p && !peak.CompareAndSwap(p, now); p = peak.Load() {
+			// raise peak to now unless another handler raised it higher
 		}
 		<-tokens
 		cur.Add(-1)
