@@ -234,3 +234,36 @@ func (d *slowClaimDriver) Claim(ctx context.Context, p driver.ClaimParams) ([]*d
 	}
 	return rows, err
 }
+
+// An attempt that waited for a worker past its lease is counted once in
+// lease_deadlines, even when the deadline loop cut it off before a worker
+// found it not startable and gave it back. (Under load that interleaving
+// made TestAttemptNotStartedPastItsLease count 2.) The engine's pieces are
+// driven in that order: the claim is dispatched with its lease already
+// run out and no worker yet, the deadline loop runs, then the workers.
+func TestAttemptCutOffBeforeStartCountedOnce(t *testing.T) {
+	const lease = time.Second
+	d := &fakeDriver{}
+	cfg := testConfig(lease)
+	e := New(d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error {
+		t.Error("the handler ran past its lease")
+		return nil
+	}})
+	defer e.Close(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
+	f := newFetcher(e, "q", 1, ctx)
+	e.fetchers = map[string]*fetcher{"q": f}
+	f.dispatch([]*driver.JobRow{job(1)}, time.Now().Add(-lease)) // a claim sent a lease ago
+	loopDone := make(chan struct{})
+	go func() { defer close(loopDone); e.deadlineLoop(ctx) }()
+	waitFor(t, "the deadline loop to cut the attempt off", func() bool { return e.Metrics().LeaseDeadlines.Load() >= 1 })
+	cancel()
+	<-loopDone
+	f.startWorkers()
+	waitFor(t, "the attempt to be given back", func() bool { return d.released.Load() == 1 })
+	f.closeWorkers()
+	f.workerWG.Wait()
+	if got := e.Metrics().LeaseDeadlines.Load(); got != 1 {
+		t.Fatalf("lease_deadlines %d for one attempt, want 1", got)
+	}
+}
