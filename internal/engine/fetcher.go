@@ -295,6 +295,9 @@ func (f *fetcher) startable(it *running) bool {
 func (f *fetcher) giveBack(it *running) {
 	f.mu.Lock()
 	held := f.leases[it.row.ID] == it
+	// The deadline loop may have cut the attempt off while it waited for
+	// a worker; it counted it then.
+	counted := it.cutOff
 	if held {
 		delete(f.leases, it.row.ID)
 	}
@@ -302,7 +305,9 @@ func (f *fetcher) giveBack(it *running) {
 	if !held {
 		return // lost, or released by Stop
 	}
-	f.e.metrics.LeaseDeadlines.Add(1)
+	if !counted {
+		f.e.metrics.LeaseDeadlines.Add(1)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), f.e.cfg.Lease)
 	defer cancel()
 	n, err := f.e.drv.Release(ctx, []driver.Lease{{ID: it.row.ID, Fence: it.row.Fence}})

@@ -11,91 +11,6 @@ import (
 	"github.com/conveyorq/conveyor/internal/driver"
 )
 
-// fakeDriver is an in-memory stand-in for the lease path: Claim hands out
-// the jobs given to it once, and Heartbeat and Complete call hooks the
-// test controls. The rest of driver.Driver is never called by these tests
-// (the embedded nil interface would panic if it were).
-type fakeDriver struct {
-	driver.Driver
-
-	mu      sync.Mutex
-	pending []*driver.JobRow
-	claimAt time.Time // when the last non-empty claim was called
-
-	heartbeat func(ctx context.Context, leases []driver.Lease) ([]int64, error)
-	complete  func(ctx context.Context, outcomes []driver.Outcome) ([]int64, error)
-	released  atomic.Int64
-}
-
-func (d *fakeDriver) Name() string                      { return "fake" }
-func (d *fakeDriver) Capabilities() driver.Capabilities { return driver.Capabilities{} }
-
-func (d *fakeDriver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	n := min(p.Limit, len(d.pending))
-	out := d.pending[:n]
-	d.pending = d.pending[n:]
-	if n > 0 {
-		d.claimAt = time.Now()
-	}
-	return out, nil
-}
-
-func (d *fakeDriver) Heartbeat(ctx context.Context, leases []driver.Lease, _ time.Duration) ([]int64, error) {
-	return d.heartbeat(ctx, leases)
-}
-
-func (d *fakeDriver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int64, error) {
-	return d.complete(ctx, outcomes)
-}
-
-func (d *fakeDriver) Release(ctx context.Context, leases []driver.Lease) (int64, error) {
-	d.released.Add(int64(len(leases)))
-	return int64(len(leases)), nil
-}
-
-func (d *fakeDriver) TryLead(context.Context, string, time.Duration) (bool, error) { return false, nil }
-
-func owned(leases []driver.Lease) []int64 {
-	ids := make([]int64, len(leases))
-	for i, l := range leases {
-		ids[i] = l.ID
-	}
-	return ids
-}
-
-func applied(outcomes []driver.Outcome) []int64 {
-	ids := make([]int64, len(outcomes))
-	for i, o := range outcomes {
-		ids[i] = o.ID
-	}
-	return ids
-}
-
-func testConfig(lease time.Duration) Config {
-	return Config{
-		Queues:            map[string]int{"q": 4},
-		ClaimBatch:        10,
-		CompleteBatch:     10,
-		InsertBatch:       10,
-		Lease:             lease,
-		HeartbeatInterval: lease / 3,
-		PollMin:           5 * time.Millisecond,
-		PollMax:           20 * time.Millisecond,
-		ListenPoll:        time.Second,
-		PromoteInterval:   time.Hour,
-		RescueInterval:    time.Hour,
-		PruneInterval:     time.Hour,
-		ShutdownTimeout:   time.Second,
-		Backoff:           func(int) time.Duration { return time.Millisecond },
-	}
-}
-
-func job(id int64) *driver.JobRow {
-	return &driver.JobRow{ID: id, Queue: "q", Kind: "k", State: driver.StateRunning, Attempt: 1, Fence: 7, MaxAttempts: 5}
-}
-
 // A process whose renewals never get through cancels its handlers before
 // the lease can expire: the handler's context ends with the deadline
 // cause after at least Lease minus the margin (not early) and before the
@@ -318,4 +233,37 @@ func (d *slowClaimDriver) Claim(ctx context.Context, p driver.ClaimParams) ([]*d
 		time.Sleep(d.delay)
 	}
 	return rows, err
+}
+
+// An attempt that waited for a worker past its lease is counted once in
+// lease_deadlines, even when the deadline loop cut it off before a worker
+// found it not startable and gave it back. (Under load that interleaving
+// made TestAttemptNotStartedPastItsLease count 2.) The engine's pieces are
+// driven in that order: the claim is dispatched with its lease already
+// run out and no worker yet, the deadline loop runs, then the workers.
+func TestAttemptCutOffBeforeStartCountedOnce(t *testing.T) {
+	const lease = time.Second
+	d := &fakeDriver{}
+	cfg := testConfig(lease)
+	e := New(d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error {
+		t.Error("the handler ran past its lease")
+		return nil
+	}})
+	defer e.Close(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
+	f := newFetcher(e, "q", 1, ctx)
+	e.fetchers = map[string]*fetcher{"q": f}
+	f.dispatch([]*driver.JobRow{job(1)}, time.Now().Add(-lease)) // a claim sent a lease ago
+	loopDone := make(chan struct{})
+	go func() { defer close(loopDone); e.deadlineLoop(ctx) }()
+	waitFor(t, "the deadline loop to cut the attempt off", func() bool { return e.Metrics().LeaseDeadlines.Load() >= 1 })
+	cancel()
+	<-loopDone
+	f.startWorkers()
+	waitFor(t, "the attempt to be given back", func() bool { return d.released.Load() == 1 })
+	f.closeWorkers()
+	f.workerWG.Wait()
+	if got := e.Metrics().LeaseDeadlines.Load(); got != 1 {
+		t.Fatalf("lease_deadlines %d for one attempt, want 1", got)
+	}
 }

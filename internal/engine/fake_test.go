@@ -1,0 +1,466 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// fakeDriver is an in-memory stand-in for a backend, enough for the
+// engine's loops: Claim hands out the pending jobs of the asked queue
+// once, and every call the engine makes is recorded in order. Each method
+// can be overridden by a hook the test sets before Start; a nil hook gives
+// the behaviour of a healthy database (every lease owned, every outcome
+// applied, inserts queued as pending jobs). The rest of driver.Driver is
+// never called by the engine's loops (the embedded nil interface would
+// panic if it were).
+type fakeDriver struct {
+	driver.Driver
+
+	mu      sync.Mutex
+	pending []*driver.JobRow
+	claimAt time.Time // when the last non-empty claim was called
+	// held is every claimed attempt (id -> fence) not yet completed or
+	// released: what the database would consider running.
+	held   map[int64]int64
+	calls  []call // every call, in the order it began
+	nextID int64  // last id given by Insert
+
+	listen  bool        // Capabilities().Listen
+	wakeups chan string // what the listener delivers when listen is set
+	onClaim func(driver.ClaimParams)
+	claim   func(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error)
+	insert  func(ctx context.Context, jobs []driver.InsertParams) ([]int64, error)
+	tryLead func() (bool, error)
+	promote func() (map[string]int, error)
+	rescue  func() (map[string]int, error)
+	prune   func() (int64, error)
+
+	heartbeat func(ctx context.Context, leases []driver.Lease) ([]int64, error)
+	complete  func(ctx context.Context, outcomes []driver.Outcome) ([]int64, error)
+	released  atomic.Int64
+}
+
+// call is one recorded driver call: its operation, when it began, the
+// queue (Claim), the job ids it carried, and for Heartbeat the leases and
+// the lease duration asked for, for TryLead the leader id and ttl, for
+// Prune the retention ages.
+type call struct {
+	op     string
+	at     time.Time
+	queue  string
+	limit  int
+	ids    []int64
+	leases []driver.Lease
+	dur    time.Duration
+	dur2   time.Duration
+	who    string
+	out    []driver.Outcome
+	params []driver.InsertParams
+	done   bool // Claim: the call returned (ids is then complete)
+}
+
+// record appends c to the call log and returns its index.
+func (d *fakeDriver) record(c call) int {
+	c.at = time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls = append(d.calls, c)
+	return len(d.calls) - 1
+}
+
+// callsOf returns a copy of the recorded calls of operation op.
+func (d *fakeDriver) callsOf(op string) []call {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []call
+	for _, c := range d.calls {
+		if c.op == op {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// count is how many calls of operation op were recorded.
+func (d *fakeDriver) count(op string) int { return len(d.callsOf(op)) }
+
+// allCalls returns a copy of the whole call log.
+func (d *fakeDriver) allCalls() []call {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.calls)
+}
+
+// add makes rows claimable, as a commit by another process would.
+func (d *fakeDriver) add(rows ...*driver.JobRow) {
+	d.mu.Lock()
+	d.pending = append(d.pending, rows...)
+	d.mu.Unlock()
+}
+
+// stillPending lists the ids of jobs never claimed.
+func (d *fakeDriver) stillPending() []int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var ids []int64
+	for _, r := range d.pending {
+		ids = append(ids, r.ID)
+	}
+	return ids
+}
+
+// heldIDs lists, sorted, the attempts claimed and neither completed nor
+// released.
+func (d *fakeDriver) heldIDs() []int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var ids []int64
+	for id := range d.held {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// Name names the fake backend.
+func (d *fakeDriver) Name() string { return "fake" }
+
+// Capabilities offers a push channel only when listen is set.
+func (d *fakeDriver) Capabilities() driver.Capabilities {
+	return driver.Capabilities{Listen: d.listen}
+}
+
+// Claim records the claim, then hands out jobs through the claim hook or
+// takePending, and marks them held.
+func (d *fakeDriver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+	if d.onClaim != nil {
+		d.onClaim(p)
+	}
+	i := d.record(call{op: "claim", queue: p.Queue, limit: p.Limit})
+	var out []*driver.JobRow
+	var err error
+	if d.claim != nil {
+		out, err = d.claim(ctx, p)
+	} else {
+		out = d.takePending(p)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(out) > 0 {
+		d.claimAt = time.Now()
+	}
+	if d.held == nil {
+		d.held = map[int64]int64{}
+	}
+	for _, r := range out {
+		d.held[r.ID] = r.Fence
+		d.calls[i].ids = append(d.calls[i].ids, r.ID)
+	}
+	d.calls[i].done = true
+	return out, err
+}
+
+// takePending removes and returns up to p.Limit pending jobs of p.Queue,
+// oldest first: the default claim.
+func (d *fakeDriver) takePending(p driver.ClaimParams) []*driver.JobRow {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []*driver.JobRow
+	rest := d.pending[:0:0]
+	for _, r := range d.pending {
+		if r.Queue == p.Queue && len(out) < p.Limit {
+			out = append(out, r)
+		} else {
+			rest = append(rest, r)
+		}
+	}
+	d.pending = rest
+	return out
+}
+
+// claimsOf returns the recorded claims of queue.
+func (d *fakeDriver) claimsOf(queue string) []call {
+	var out []call
+	for _, c := range d.callsOf("claim") {
+		if c.queue == queue {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// idle reports whether queue's latest claim has returned, empty: with
+// nothing left to wake it, the queue's fetcher is waiting for a wake-up
+// or its poll timer.
+func (d *fakeDriver) idle(queue string) bool {
+	cs := d.claimsOf(queue)
+	return len(cs) > 0 && cs[len(cs)-1].done && len(cs[len(cs)-1].ids) == 0
+}
+
+// Heartbeat records the renewal and answers through the heartbeat hook;
+// without one every lease is still owned.
+func (d *fakeDriver) Heartbeat(ctx context.Context, leases []driver.Lease, lease time.Duration) ([]int64, error) {
+	d.record(call{op: "heartbeat", leases: slices.Clone(leases), ids: owned(leases), dur: lease})
+	if d.heartbeat == nil {
+		return owned(leases), nil
+	}
+	return d.heartbeat(ctx, leases)
+}
+
+// Complete records the outcomes and answers through the complete hook;
+// without one every outcome is applied. Applied ones are no longer held.
+func (d *fakeDriver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int64, error) {
+	d.record(call{op: "complete", ids: applied(outcomes), out: slices.Clone(outcomes)})
+	var ids []int64
+	var err error
+	if d.complete == nil {
+		ids = applied(outcomes)
+	} else {
+		ids, err = d.complete(ctx, outcomes)
+	}
+	if err == nil {
+		d.mu.Lock()
+		for _, id := range ids {
+			delete(d.held, id)
+		}
+		d.mu.Unlock()
+	}
+	return ids, err
+}
+
+// Release records the release, lets the attempts go and counts them.
+func (d *fakeDriver) Release(ctx context.Context, leases []driver.Lease) (int64, error) {
+	d.record(call{op: "release", leases: slices.Clone(leases), ids: owned(leases)})
+	d.mu.Lock()
+	for _, l := range leases {
+		delete(d.held, l.ID)
+	}
+	d.mu.Unlock()
+	d.released.Add(int64(len(leases)))
+	return int64(len(leases)), nil
+}
+
+// Insert records the jobs and answers through the insert hook; without
+// one each job gets the next id and becomes pending.
+func (d *fakeDriver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, error) {
+	d.record(call{op: "insert", params: slices.Clone(jobs)})
+	if d.insert != nil {
+		return d.insert(ctx, jobs)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ids := make([]int64, len(jobs))
+	for i, j := range jobs {
+		d.nextID++
+		ids[i] = d.nextID
+		d.pending = append(d.pending, &driver.JobRow{ID: d.nextID, Queue: j.Queue, Kind: j.Kind, Args: j.Args,
+			State: driver.StateRunning, Attempt: 1, Fence: 1, MaxAttempts: max(j.MaxAttempts, 1), TimeoutMS: j.TimeoutMS})
+	}
+	return ids, nil
+}
+
+// TryLead records the attempt and answers through the tryLead hook;
+// without one another process leads.
+func (d *fakeDriver) TryLead(_ context.Context, id string, ttl time.Duration) (bool, error) {
+	d.record(call{op: "trylead", who: id, dur: ttl})
+	if d.tryLead == nil {
+		return false, nil
+	}
+	return d.tryLead()
+}
+
+// Promote records the call and answers through the promote hook.
+func (d *fakeDriver) Promote(context.Context, int) (map[string]int, error) {
+	d.record(call{op: "promote"})
+	if d.promote == nil {
+		return nil, nil
+	}
+	return d.promote()
+}
+
+// Rescue records the call and answers through the rescue hook.
+func (d *fakeDriver) Rescue(context.Context, int) (map[string]int, error) {
+	d.record(call{op: "rescue"})
+	if d.rescue == nil {
+		return nil, nil
+	}
+	return d.rescue()
+}
+
+// Prune records the retentions and answers through the prune hook.
+func (d *fakeDriver) Prune(_ context.Context, completedAge, discardedAge time.Duration, _ int) (int64, error) {
+	d.record(call{op: "prune", dur: completedAge, dur2: discardedAge})
+	if d.prune == nil {
+		return 0, nil
+	}
+	return d.prune()
+}
+
+// Listen returns a listener fed by the wakeups channel.
+func (d *fakeDriver) Listen(context.Context) (driver.Listener, error) {
+	return fakeListener{d.wakeups}, nil
+}
+
+// listenFailure, sent as a queue name to a fakeListener, makes its Wait
+// fail (a lost connection) instead of delivering a queue.
+const listenFailure = "!fail"
+
+// fakeListener delivers the queue names the test sends on its channel.
+type fakeListener struct{ ch chan string }
+
+// Wait returns the next queue name sent, or fails on listenFailure.
+func (l fakeListener) Wait(ctx context.Context) (string, error) {
+	select {
+	case q := <-l.ch:
+		if q == listenFailure {
+			return "", errors.New("listener connection lost")
+		}
+		return q, nil
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+// Close does nothing: the channel belongs to the test.
+func (l fakeListener) Close() error { return nil }
+
+// owned returns the ids of leases: a heartbeat answer in which every lease
+// is still owned.
+func owned(leases []driver.Lease) []int64 {
+	ids := make([]int64, len(leases))
+	for i, l := range leases {
+		ids[i] = l.ID
+	}
+	return ids
+}
+
+// applied returns the ids of outcomes: a completion answer in which every
+// outcome took effect.
+func applied(outcomes []driver.Outcome) []int64 {
+	ids := make([]int64, len(outcomes))
+	for i, o := range outcomes {
+		ids[i] = o.ID
+	}
+	return ids
+}
+
+// testConfig is a configuration for one queue "q" of 4 workers with the
+// given lease, short polls, and maintenance that never runs.
+func testConfig(lease time.Duration) Config {
+	return Config{
+		Queues:            map[string]int{"q": 4},
+		ClaimBatch:        10,
+		CompleteBatch:     10,
+		InsertBatch:       10,
+		Lease:             lease,
+		HeartbeatInterval: lease / 3,
+		PollMin:           5 * time.Millisecond,
+		PollMax:           20 * time.Millisecond,
+		ListenPoll:        time.Second,
+		PromoteInterval:   time.Hour,
+		RescueInterval:    time.Hour,
+		PruneInterval:     time.Hour,
+		ShutdownTimeout:   time.Second,
+		Backoff:           func(int) time.Duration { return time.Millisecond },
+	}
+}
+
+// job is attempt 1 of job id of kind "k" in queue "q", fenced by 7.
+func job(id int64) *driver.JobRow {
+	return &driver.JobRow{ID: id, Queue: "q", Kind: "k", State: driver.StateRunning, Attempt: 1, Fence: 7, MaxAttempts: 5}
+}
+
+// jobIn is attempt 1 of job id of kind "k" in queue, fenced by fence.
+func jobIn(queue string, id, fence int64) *driver.JobRow {
+	r := job(id)
+	r.Queue, r.Fence = queue, fence
+	return r
+}
+
+// jobs returns jobs 1 to n of queue "q", each fenced by 100 plus its id.
+func jobs(n int) []*driver.JobRow {
+	out := make([]*driver.JobRow, n)
+	for i := range out {
+		out[i] = jobIn("q", int64(i+1), int64(101+i))
+	}
+	return out
+}
+
+// guard is how long a test waits for something that should happen within
+// milliseconds before it declares the engine stuck: a failure guard only,
+// generous for a loaded machine.
+const guard = 10 * time.Second
+
+// waitFor polls cond until it holds, failing the test after guard.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(guard)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// recv receives from ch, failing the test after guard.
+func recv[T any](t *testing.T, what string, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(guard):
+		t.Fatalf("timed out waiting for %s", what)
+		panic("unreachable")
+	}
+}
+
+// startEngine creates and starts an engine on d and closes it when the
+// test ends (closing twice is harmless).
+func startEngine(t *testing.T, d *fakeDriver, cfg Config, handlers map[string]Handler) *Engine {
+	t.Helper()
+	e := New(d, cfg, handlers)
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
+	return e
+}
+
+// stopAsync calls e.Stop in a goroutine and returns a channel receiving
+// its result.
+func stopAsync(e *Engine) <-chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- e.Stop(context.Background()) }()
+	return ch
+}
+
+// completedIDs lists, in write order, the ids of outcomes the fake
+// accepted with state completed, by reading the completion calls (with the
+// default complete hook every outcome is accepted).
+func completedIDs(d *fakeDriver) []int64 {
+	var ids []int64
+	for _, c := range d.callsOf("complete") {
+		for _, o := range c.out {
+			if o.State == driver.StateCompleted {
+				ids = append(ids, o.ID)
+			}
+		}
+	}
+	return ids
+}
+
+// idSet formats ids sorted, for messages and comparisons.
+func idSet(ids []int64) string {
+	s := slices.Clone(ids)
+	slices.Sort(s)
+	return fmt.Sprint(s)
+}

@@ -1,0 +1,279 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// A fetcher never claims more jobs than its queue has free worker slots:
+// at every claim, the jobs claimed and not yet finished plus the limit
+// asked for fit in the slots, so no more handlers run at once than slots;
+// and the slots are all used while there is work.
+func TestFetchRespectsWorkerSlots(t *testing.T) {
+	const slots, n = 3, 20
+	d := &fakeDriver{}
+	d.add(jobs(n)...)
+	cfg := testConfig(10 * time.Second)
+	cfg.Queues = map[string]int{"q": slots}
+	cfg.ClaimBatch = 2 // smaller than the slots, so that limits vary
+	var returned atomic.Int64
+	var mu sync.Mutex
+	var bad []string
+	d.onClaim = func(p driver.ClaimParams) {
+		claimed := 0
+		for _, c := range d.claimsOf("q") {
+			claimed += len(c.ids)
+		}
+		busy := int64(claimed) - returned.Load()
+		if p.Limit < 1 || p.Limit > cfg.ClaimBatch || int64(p.Limit)+busy > slots {
+			mu.Lock()
+			bad = append(bad, fmt.Sprintf("limit %d with %d jobs unfinished", p.Limit, busy))
+			mu.Unlock()
+		}
+	}
+	var cur, peak atomic.Int64
+	var runsMu sync.Mutex
+	runs := map[int64]int{}
+	tokens := make(chan struct{})
+	startEngine(t, d, cfg, map[string]Handler{"k": func(ctx context.Context, row *driver.JobRow) error {
+		runsMu.Lock()
+		runs[row.ID]++
+		runsMu.Unlock()
+		now := cur.Add(1)
+		for p := peak.Load(); now > p && !peak.CompareAndSwap(p, now); p = peak.Load() {
+			// raise peak to now unless another handler raised it higher
+		}
+		<-tokens
+		cur.Add(-1)
+		returned.Add(1)
+		return nil
+	}})
+	waitFor(t, "every slot busy", func() bool { return cur.Load() == slots })
+	// Let the handlers finish one at a time: each freed slot is claimed
+	// again while the others stay busy.
+	for i := range n {
+		select {
+		case tokens <- struct{}{}:
+		case <-time.After(guard):
+			t.Fatalf("handler %d of %d never ran", i+1, n)
+		}
+	}
+	waitFor(t, "every outcome written", func() bool { return len(completedIDs(d)) == n })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bad) > 0 {
+		t.Fatalf("claims beyond the %d free slots: %v", slots, bad)
+	}
+	if p := peak.Load(); p != slots {
+		t.Fatalf("at most %d handlers ran at once, want %d (the slots)", p, slots)
+	}
+	runsMu.Lock()
+	defer runsMu.Unlock()
+	for id := int64(1); id <= n; id++ {
+		if runs[id] != 1 {
+			t.Fatalf("job %d ran %d times", id, runs[id])
+		}
+	}
+}
+
+// Every claimed job is run exactly once and its outcome written exactly
+// once, fenced by its own claim, however the claims are cut into batches.
+func TestFetchRunsEachClaimedJobOnce(t *testing.T) {
+	const n = 200
+	d := &fakeDriver{}
+	d.add(jobs(n)...)
+	cfg := testConfig(10 * time.Second)
+	cfg.ClaimBatch = 3
+	var mu sync.Mutex
+	runs := map[int64]int{}
+	e := startEngine(t, d, cfg, map[string]Handler{"k": func(_ context.Context, row *driver.JobRow) error {
+		mu.Lock()
+		runs[row.ID]++
+		mu.Unlock()
+		return nil
+	}})
+	waitFor(t, "every job completed", func() bool { return e.Metrics().Completed.Load() == n })
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	written := map[int64]int{}
+	for _, c := range d.callsOf("complete") {
+		for _, o := range c.out {
+			written[o.ID]++
+			if o.Fence != 100+o.ID || o.State != driver.StateCompleted {
+				t.Fatalf("outcome %+v, want completed and fenced by %d", o, 100+o.ID)
+			}
+		}
+	}
+	for id := int64(1); id <= n; id++ {
+		if runs[id] != 1 || written[id] != 1 {
+			t.Fatalf("job %d ran %d times and was written %d times, want once each", id, runs[id], written[id])
+		}
+	}
+	if len(runs) != n || len(written) != n {
+		t.Fatalf("%d jobs ran and %d were written, want %d", len(runs), len(written), n)
+	}
+	if got := e.Metrics().Claimed.Load(); got != n {
+		t.Fatalf("claimed %d, want %d", got, n)
+	}
+	if r := d.released.Load(); r != 0 {
+		t.Fatalf("%d jobs released, want none: all finished", r)
+	}
+}
+
+// A queue with a job now and then is claimed while another queue has an
+// endless backlog that keeps its fetcher claiming without pause.
+func TestFetchQuietQueueNotStarvedByBusyOne(t *testing.T) {
+	d := &fakeDriver{}
+	var next atomic.Int64
+	d.claim = func(_ context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+		if p.Queue != "busy" {
+			return d.takePending(p), nil
+		}
+		rows := make([]*driver.JobRow, p.Limit) // an endless backlog
+		for i := range rows {
+			rows[i] = jobIn("busy", 1000+next.Add(1), 1)
+		}
+		return rows, nil
+	}
+	cfg := testConfig(10 * time.Second)
+	cfg.Queues = map[string]int{"busy": 2, "quiet": 1}
+	cfg.PollMin, cfg.PollMax = time.Millisecond, 5*time.Millisecond
+	quiet := make(chan int64, 1)
+	startEngine(t, d, cfg, map[string]Handler{"k": func(_ context.Context, row *driver.JobRow) error {
+		if row.Queue == "quiet" {
+			quiet <- row.ID
+		}
+		return nil
+	}})
+	waitFor(t, "the busy queue in full swing", func() bool { return len(d.claimsOf("busy")) >= 50 })
+	d.add(jobIn("quiet", 1, 1))
+	if id := recv(t, "the quiet queue's job to run", quiet); id != 1 {
+		t.Fatalf("quiet queue ran job %d, want 1", id)
+	}
+	for _, c := range d.claimsOf("busy") {
+		if c.done && len(c.ids) != c.limit {
+			t.Fatalf("a busy claim came back with %d of %d jobs: the backlog ran out, the test proves nothing", len(c.ids), c.limit)
+		}
+	}
+}
+
+// A fetcher whose claims come back empty polls less and less often, its
+// interval doubling from PollMin up to PollMax, where it stays.
+func TestFetchPollBacksOffWhenIdle(t *testing.T) {
+	d := &fakeDriver{}
+	cfg := testConfig(10 * time.Second)
+	cfg.PollMin, cfg.PollMax = 2*time.Millisecond, 16*time.Millisecond
+	startEngine(t, d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
+	// Without the cap the 14th poll would come about 2^14 PollMin (33s)
+	// after the start, past the guard.
+	const polls = 14
+	waitFor(t, fmt.Sprintf("%d polls", polls), func() bool { return len(d.claimsOf("q")) >= polls })
+	cs := d.claimsOf("q")
+	for i := 1; i < len(cs); i++ {
+		want := min(cfg.PollMin<<i, cfg.PollMax)
+		if gap := cs[i].at.Sub(cs[i-1].at); gap < want {
+			t.Fatalf("empty poll %d came %v after the previous one, want at least %v", i+1, gap, want)
+		}
+	}
+}
+
+// A fetcher waiting out a long poll claims at once when a job due now is
+// enqueued in this process, and is not woken by a job scheduled later.
+func TestFetchWakesOnEnqueue(t *testing.T) {
+	d := &fakeDriver{}
+	var delayed atomic.Int64
+	d.insert = func(_ context.Context, ps []driver.InsertParams) ([]int64, error) {
+		ids := make([]int64, len(ps))
+		for i, p := range ps {
+			ids[i] = int64(10 + i)
+			if p.Delay > 0 {
+				delayed.Add(1) // scheduled: not claimable, not added
+				continue
+			}
+			d.add(&driver.JobRow{ID: ids[i], Queue: p.Queue, Kind: p.Kind, Attempt: 1, Fence: 1, MaxAttempts: 1})
+		}
+		return ids, nil
+	}
+	cfg := testConfig(10 * time.Second)
+	cfg.PollMin, cfg.PollMax = time.Hour, time.Hour
+	ran := make(chan int64, 1)
+	e := startEngine(t, d, cfg, map[string]Handler{"k": func(_ context.Context, row *driver.JobRow) error {
+		ran <- row.ID
+		return nil
+	}})
+	waitFor(t, "the first, empty claim", func() bool { return d.idle("q") })
+	if _, err := e.Insert(context.Background(), []driver.InsertParams{{Queue: "q", Kind: "k", Delay: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	// Room for a wrongly woken fetcher to claim (it would find nothing).
+	time.Sleep(20 * time.Millisecond)
+	if n := len(d.claimsOf("q")); n != 1 {
+		t.Fatalf("%d claims after enqueueing a job due in an hour, want 1 (no wake-up)", n)
+	}
+	ids, err := e.Insert(context.Background(), []driver.InsertParams{{Queue: "q", Kind: "k"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := recv(t, "the enqueued job to run", ran); got != ids[0] {
+		t.Fatalf("ran job %d, want %d", got, ids[0])
+	}
+}
+
+// With a push channel, a notification for a queue wakes that queue's
+// fetcher only; a reconnect report (queue "") and a failure of the
+// listener wake every fetcher.
+func TestFetchWakesOnNotification(t *testing.T) {
+	d := &fakeDriver{listen: true, wakeups: make(chan string)}
+	cfg := testConfig(10 * time.Second)
+	cfg.Queues = map[string]int{"q": 1, "other": 1}
+	cfg.ListenPoll = time.Hour
+	ran := make(chan int64, 2)
+	startEngine(t, d, cfg, map[string]Handler{"k": func(_ context.Context, row *driver.JobRow) error {
+		ran <- row.ID
+		return nil
+	}})
+	notify := func(q string) {
+		select {
+		case d.wakeups <- q:
+		case <-time.After(guard):
+			t.Fatalf("the listener never waited for notification %q", q)
+		}
+	}
+	waitFor(t, "both fetchers idle", func() bool { return d.idle("q") && d.idle("other") })
+	d.add(jobIn("q", 1, 1))
+	notify("q")
+	if id := recv(t, "the notified queue's job to run", ran); id != 1 {
+		t.Fatalf("ran job %d, want 1", id)
+	}
+	if n := len(d.claimsOf("other")); n != 1 {
+		t.Fatalf("queue other claimed %d times, want 1: only q was notified", n)
+	}
+	waitFor(t, "both fetchers idle again", func() bool { return d.idle("q") && d.idle("other") })
+	d.add(jobIn("q", 2, 1), jobIn("other", 3, 1))
+	notify("")
+	got := []int64{recv(t, "a job after the reconnect", ran), recv(t, "a job after the reconnect", ran)}
+	slices.Sort(got)
+	if !slices.Equal(got, []int64{2, 3}) {
+		t.Fatalf("ran %v after a reconnect, want [2 3]: every queue is woken", got)
+	}
+	// A listener that fails may have missed notifications: every queue is
+	// woken too.
+	waitFor(t, "both fetchers idle again", func() bool { return d.idle("q") && d.idle("other") })
+	d.add(jobIn("q", 4, 1), jobIn("other", 5, 1))
+	notify(listenFailure)
+	got = []int64{recv(t, "a job after a listener failure", ran), recv(t, "a job after a listener failure", ran)}
+	slices.Sort(got)
+	if !slices.Equal(got, []int64{4, 5}) {
+		t.Fatalf("ran %v after a listener failure, want [4 5]: every queue is woken", got)
+	}
+}

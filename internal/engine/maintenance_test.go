@@ -1,0 +1,152 @@
+package engine
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// leadTTL is the leadership's time to live (docs/design.md: 15s, renewed
+// every 5s).
+const leadTTL = 15 * time.Second
+
+// maintenanceConfig ticks the maintenance loop every 2ms, with the given
+// rescue and prune intervals.
+func maintenanceConfig(rescue, prune time.Duration) Config {
+	cfg := testConfig(10 * time.Second)
+	cfg.PromoteInterval, cfg.RescueInterval, cfg.PruneInterval = 2*time.Millisecond, rescue, prune
+	cfg.CompletedRetention, cfg.DiscardedRetention = time.Hour, 2*time.Hour
+	return cfg
+}
+
+// A process that does not win the leadership keeps asking for it, under
+// its own id, and never promotes, rescues or prunes.
+func TestMaintenanceNonLeaderNeverRunsTasks(t *testing.T) {
+	d := &fakeDriver{}
+	d.tryLead = func() (bool, error) { return false, nil }
+	e := startEngine(t, d, maintenanceConfig(time.Millisecond, time.Millisecond), nil)
+	waitFor(t, "twenty leadership attempts", func() bool { return d.count("trylead") >= 20 })
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []string{"promote", "rescue", "prune"} {
+		if n := d.count(op); n != 0 {
+			t.Fatalf("a process that is not the leader called %s %d times", op, n)
+		}
+	}
+	for _, c := range d.callsOf("trylead") {
+		if c.who != e.ID() || c.dur != leadTTL {
+			t.Fatalf("TryLead(%q, %v), want (%q, %v)", c.who, c.dur, e.ID(), leadTTL)
+		}
+	}
+}
+
+// The leader promotes at every tick, rescues every RescueInterval and
+// prunes every PruneInterval (with the configured retentions), and renews
+// its leadership every third of its TTL, not at every tick.
+func TestMaintenanceLeaderRunsTasksAtTheirIntervals(t *testing.T) {
+	const rescueEvery = 25 * time.Millisecond
+	d := &fakeDriver{}
+	d.tryLead = func() (bool, error) { return true, nil }
+	cfg := maintenanceConfig(rescueEvery, time.Hour)
+	began := time.Now()
+	e := startEngine(t, d, cfg, nil)
+	waitFor(t, "four rescues", func() bool { return d.count("rescue") >= 4 })
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(began)
+	for _, c := range d.allCalls() {
+		if c.op == "trylead" {
+			break
+		}
+		if c.op == "promote" || c.op == "rescue" || c.op == "prune" {
+			t.Fatalf("%s before the first leadership attempt", c.op)
+		}
+	}
+	rescues, promotes := d.callsOf("rescue"), d.callsOf("promote")
+	// Rescues run at ticks at least RescueInterval apart.
+	if max := 1 + int(took/rescueEvery); len(rescues) > max {
+		t.Fatalf("%d rescues in %v, want at most %d at one per %v", len(rescues), took, max, rescueEvery)
+	}
+	if len(promotes) < len(rescues) {
+		t.Fatalf("%d promotions for %d rescues: the leader promotes at every tick", len(promotes), len(rescues))
+	}
+	for i := 1; i < len(promotes); i++ {
+		if gap := promotes[i].at.Sub(promotes[i-1].at); gap < cfg.PromoteInterval {
+			t.Fatalf("promotions %v apart, want at least PromoteInterval %v", gap, cfg.PromoteInterval)
+		}
+	}
+	prunes := d.callsOf("prune")
+	if len(prunes) != 1 {
+		t.Fatalf("%d prunes, want one: PruneInterval is an hour", len(prunes))
+	}
+	if p := prunes[0]; p.dur != cfg.CompletedRetention || p.dur2 != cfg.DiscardedRetention {
+		t.Fatalf("pruned with retentions %v, %v; want %v, %v", p.dur, p.dur2, cfg.CompletedRetention, cfg.DiscardedRetention)
+	}
+	if max := 1 + int(took/(leadTTL/3)); d.count("trylead") > max {
+		t.Fatalf("%d leadership renewals in %v, want at most %d (one per %v)", d.count("trylead"), took, max, leadTTL/3)
+	}
+}
+
+// A maintenance task that comes back with a full batch runs again at once
+// until the backlog is drained, and the fetchers of the queues it made
+// work available in are woken.
+func TestMaintenanceDrainsFullBatchesAndWakesFetchers(t *testing.T) {
+	d := &fakeDriver{}
+	d.tryLead = func() (bool, error) { return true, nil }
+	var rescues, prunes atomic.Int64
+	d.rescue = func() (map[string]int, error) {
+		if rescues.Add(1) == 1 {
+			return map[string]int{"elsewhere": 1000}, nil // a full batch
+		}
+		return nil, nil
+	}
+	d.prune = func() (int64, error) {
+		if prunes.Add(1) == 1 {
+			return 1000, nil
+		}
+		return 5, nil
+	}
+	var armed, promoted atomic.Bool
+	d.promote = func() (map[string]int, error) {
+		if armed.Load() && promoted.CompareAndSwap(false, true) {
+			d.add(jobIn("q", 1, 1)) // a retryable job became due
+			return map[string]int{"q": 1}, nil
+		}
+		return nil, nil
+	}
+	cfg := maintenanceConfig(time.Hour, time.Hour)
+	cfg.PollMin, cfg.PollMax = time.Hour, time.Hour // only a wake-up can start a claim
+	ran := make(chan int64, 1)
+	e := startEngine(t, d, cfg, map[string]Handler{"k": func(_ context.Context, row *driver.JobRow) error {
+		ran <- row.ID
+		return nil
+	}})
+	waitFor(t, "the first round and an idle fetcher", func() bool { return d.count("prune") >= 2 && d.idle("q") })
+	armed.Store(true)
+	if id := recv(t, "the promoted job to run", ran); id != 1 {
+		t.Fatalf("ran job %d, want 1", id)
+	}
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := d.count("rescue"); n != 2 {
+		t.Fatalf("%d rescues, want 2: the full batch and the one that drained it (RescueInterval is an hour)", n)
+	}
+	if n := d.count("prune"); n != 2 {
+		t.Fatalf("%d prunes, want 2: the full batch and the one that drained it", n)
+	}
+	if got, want := e.Metrics().Rescued.Load(), int64(1000); got != want {
+		t.Fatalf("rescued %d, want %d", got, want)
+	}
+	if got, want := e.Metrics().Pruned.Load(), int64(1005); got != want {
+		t.Fatalf("pruned %d, want %d", got, want)
+	}
+	if got := e.Metrics().Promoted.Load(); got != 1 {
+		t.Fatalf("promoted %d, want 1", got)
+	}
+}
