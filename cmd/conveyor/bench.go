@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,15 +16,6 @@ import (
 	"github.com/conveyorq/conveyor/internal/bench"
 	"github.com/conveyorq/conveyor/internal/report"
 )
-
-// tempSQLite makes a throw-away SQLite database path and its cleanup.
-func tempSQLite() (string, func(), error) {
-	dir, err := os.MkdirTemp("", "conveyor-bench-")
-	if err != nil {
-		return "", nil, err
-	}
-	return filepath.Join(dir, "bench.db"), func() { os.RemoveAll(dir) }, nil
-}
 
 // benchCmd runs the bench's workloads on throw-away tables: in the --db
 // database, else $CONVEYOR_DB, else a temporary SQLite file (never the
@@ -64,17 +53,13 @@ func benchCmd(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	dsn := e.scratchDSN()
-	if dsn == "" {
-		path, cleanup, err := tempSQLite()
-		if err != nil {
-			return err
-		}
-		defer cleanup()
-		dsn = path
-		if !*asJSON {
-			fmt.Fprintf(e.stdout, "conveyor bench on a temporary SQLite database (%s)\n", path)
-		}
+	dsn, temp, cleanup, err := e.scratchDB()
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	if temp && !*asJSON {
+		fmt.Fprintf(e.stdout, "conveyor bench on a temporary SQLite database (%s)\n", dsn)
 	}
 	o := bench.Options{
 		DSN: dsn, Workload: *workload, Workers: *workers, Jobs: *jobs, Duration: *duration,

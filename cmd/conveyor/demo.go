@@ -16,15 +16,13 @@ func demoCmd(e *env, args []string) error {
 	if err := e.parseNoArgs(f, args, true); err != nil {
 		return err
 	}
-	dsn := e.scratchDSN()
-	if dsn == "" {
-		path, cleanup, err := tempSQLite()
-		if err != nil {
-			return err
-		}
-		defer cleanup()
-		dsn = path
-		fmt.Fprintf(e.stdout, "conveyor demo on a temporary SQLite database (%s)\n", path)
+	dsn, temp, cleanup, err := e.scratchDB()
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	if temp {
+		fmt.Fprintf(e.stdout, "conveyor demo on a temporary SQLite database (%s)\n", dsn)
 	} else {
 		fmt.Fprintf(e.stdout, "conveyor demo on throw-away tables in %s\n", backendOf(dsn))
 	}

@@ -15,6 +15,7 @@ import (
 	"io/fs"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -276,13 +277,22 @@ func (e *env) queueDSN() string {
 	return "./conveyor.db"
 }
 
-// scratchDSN is the database of demo and bench, which work on throw-away
-// tables: --db, else $CONVEYOR_DB, else "" (a temporary SQLite file).
-func (e *env) scratchDSN() string {
+// scratchDB returns the database of the commands that work on throw-away
+// tables: --db, else $CONVEYOR_DB, else a new temporary SQLite file
+// (temp true), which cleanup removes. cleanup is never nil.
+func (e *env) scratchDB() (dsn string, temp bool, cleanup func(), err error) {
+	dsn = os.Getenv("CONVEYOR_DB")
 	if e.db.set {
-		return e.db.val
+		dsn = e.db.val
 	}
-	return os.Getenv("CONVEYOR_DB")
+	if dsn != "" {
+		return dsn, false, func() {}, nil
+	}
+	dir, err := os.MkdirTemp("", "conveyor-bench-")
+	if err != nil {
+		return "", false, nil, err
+	}
+	return filepath.Join(dir, "bench.db"), true, func() { os.RemoveAll(dir) }, nil
 }
 
 // noPrefix refuses --prefix for the commands that make their own.

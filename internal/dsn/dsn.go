@@ -41,20 +41,3 @@ func Backend(dsn string) (string, error) {
 	}
 	return "", fmt.Errorf("conveyor: unsupported DSN scheme %q: give a SQLite path, postgres://... or mysql://...", scheme)
 }
-
-// Redact returns dsn with the password of a URL replaced by "xxxxx", for
-// messages.
-func Redact(dsn string) string {
-	scheme, rest, ok := strings.Cut(dsn, "://")
-	if !ok {
-		return dsn
-	}
-	auth, host, ok := strings.Cut(rest, "@")
-	if !ok {
-		return dsn
-	}
-	if user, _, hasPass := strings.Cut(auth, ":"); hasPass {
-		return scheme + "://" + user + ":xxxxx@" + host
-	}
-	return dsn
-}

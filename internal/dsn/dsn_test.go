@@ -25,7 +25,4 @@ func TestBackend(t *testing.T) {
 			t.Errorf("Backend(%q) = %q, want an error", bad, b)
 		}
 	}
-	if got := Redact("postgres://u:secret@h/db"); got != "postgres://u:xxxxx@h/db" {
-		t.Errorf("Redact = %q", got)
-	}
 }

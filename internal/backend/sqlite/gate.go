@@ -190,13 +190,23 @@ func (g *gate) yield(ctx context.Context) {
 			g.stuck.Store(true)
 			return
 		}
-		t := time.NewTimer(250*time.Microsecond + rand.N(500*time.Microsecond))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if pollPause(ctx) != nil {
 			return
-		case <-t.C:
 		}
+	}
+}
+
+// pollPause sleeps for the polling interval of lease writes and of writes
+// that wait for them (0.25 to 0.75ms, jittered so that pollers do not move
+// in step), or until ctx ends, returning ctx's error then.
+func pollPause(ctx context.Context) error {
+	t := time.NewTimer(250*time.Microsecond + rand.N(500*time.Microsecond))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 
@@ -227,12 +237,8 @@ func YieldToLeases(ctx context.Context, path string) error {
 		if time.Since(start) > maxYield {
 			return nil
 		}
-		t := time.NewTimer(250*time.Microsecond + rand.N(500*time.Microsecond))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := pollPause(ctx); err != nil {
+			return err
 		}
 	}
 	g.yield(ctx)

@@ -7,16 +7,18 @@ import (
 	"testing"
 )
 
-// TestIntentAcrossDescriptors checks the cross-process half of the gate
-// with a second descriptor of the side file standing for another process
-// (OFD locks conflict between descriptors exactly as between processes).
-func TestIntentAcrossDescriptors(t *testing.T) {
+// gateAndOther returns the gate of a new database file, a second
+// descriptor of its side file standing for another process (OFD locks
+// conflict between descriptors exactly as between processes), and the
+// file's path. Both are closed when the test ends.
+func gateAndOther(t *testing.T) (*gate, *intentFile, string) {
+	t.Helper()
 	if runtime.GOOS != "linux" {
 		t.Skip("cross-process lease priority is Linux only")
 	}
 	path := filepath.Join(t.TempDir(), "x.db")
 	g, drop := gateFor(path)
-	defer drop()
+	t.Cleanup(drop)
 	if g.side == nil {
 		t.Fatalf("no side file: %v", g.sideErr)
 	}
@@ -24,7 +26,13 @@ func TestIntentAcrossDescriptors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer other.close()
+	t.Cleanup(func() { other.close() })
+	return g, other, path
+}
+
+// TestIntentAcrossDescriptors checks the cross-process half of the gate.
+func TestIntentAcrossDescriptors(t *testing.T) {
+	g, other, _ := gateAndOther(t)
 
 	if other.othersPending() {
 		t.Fatal("a renewal is reported pending before any was announced")
@@ -55,20 +63,7 @@ func TestIntentAcrossDescriptors(t *testing.T) {
 // process stopped mid-renewal) holds writes back once, for maxYield, and
 // then not again until it is seen gone.
 func TestYieldIsBounded(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("cross-process lease priority is Linux only")
-	}
-	path := filepath.Join(t.TempDir(), "x.db")
-	g, drop := gateFor(path)
-	defer drop()
-	if g.side == nil {
-		t.Fatalf("no side file: %v", g.sideErr)
-	}
-	stopped, err := openIntentFile(gateKey(path))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stopped.close()
+	g, stopped, path := gateAndOther(t)
 	if err := stopped.announce(); err != nil {
 		t.Fatal(err)
 	}

@@ -567,12 +567,8 @@ func (d *Driver) leaseRetry(ctx context.Context, across bool, fn func(conn *sql.
 			return err
 		}
 		d.busyRetries.Add(1)
-		t := time.NewTimer(250*time.Microsecond + rand.N(500*time.Microsecond))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%w (while the database was locked: %v)", ctx.Err(), err)
-		case <-t.C:
+		if perr := pollPause(ctx); perr != nil {
+			return fmt.Errorf("%w (while the database was locked: %v)", perr, err)
 		}
 	}
 }
