@@ -45,6 +45,12 @@ type gate struct {
 	held      bool
 	lease     int // lease-path writes pending
 	announced int // of those, heartbeats announced in the side file
+	// inflight: an ordinary write is running a statement or transaction
+	// on SQLite (never while it only waits to retry); idle is closed when
+	// it ends. leaseDone is closed when no lease-path write is pending.
+	inflight  bool
+	idle      chan struct{}
+	leaseDone chan struct{}
 	low       []chan struct{}
 	refs      int // drivers using it; guarded by gatesMu
 
@@ -101,9 +107,10 @@ func gateKey(path string) string {
 	return key
 }
 
-// acquire waits for the write connection for an ordinary write. It
-// returns ctx's error if ctx ends first, owning nothing.
-func (g *gate) acquire(ctx context.Context) error {
+// acquire waits for the write connection for an ordinary write; first
+// puts it ahead of every write already waiting (completions). It returns
+// ctx's error if ctx ends first, owning nothing.
+func (g *gate) acquire(ctx context.Context, first bool) error {
 	g.mu.Lock()
 	if !g.held && g.lease == 0 {
 		g.held = true
@@ -111,7 +118,11 @@ func (g *gate) acquire(ctx context.Context) error {
 		return nil
 	}
 	ch := make(chan struct{}, 1)
-	g.low = append(g.low, ch)
+	if first {
+		g.low = append([]chan struct{}{ch}, g.low...)
+	} else {
+		g.low = append(g.low, ch)
+	}
 	g.mu.Unlock()
 	select {
 	case <-ch:
@@ -167,7 +178,63 @@ func (g *gate) leaseEnd(across bool) {
 			_ = g.side.withdraw()
 		}
 	}
+	if g.lease == 0 && g.leaseDone != nil {
+		close(g.leaseDone)
+		g.leaseDone = nil
+	}
 	g.grant()
+	g.mu.Unlock()
+}
+
+// waitOrdinary waits, for a lease-path write, until the ordinary write of
+// this process that is running on SQLite (if any) ends, so that the two
+// never meet on SQLite's lock, where the loser would sleep in a busy
+// handler. Called after leaseBegin, so no new one starts meanwhile.
+func (g *gate) waitOrdinary(ctx context.Context) error {
+	g.mu.Lock()
+	ch := g.idle
+	g.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// begin marks one try of an ordinary write as running on SQLite, once no
+// lease-path write of this process is pending; end ends it.
+func (g *gate) begin(ctx context.Context) error {
+	for {
+		g.mu.Lock()
+		if g.lease == 0 {
+			g.inflight = true
+			g.idle = make(chan struct{})
+			g.mu.Unlock()
+			return nil
+		}
+		if g.leaseDone == nil {
+			g.leaseDone = make(chan struct{})
+		}
+		ch := g.leaseDone
+		g.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// end ends what begin marked.
+func (g *gate) end() {
+	g.mu.Lock()
+	g.inflight = false
+	close(g.idle)
+	g.idle = nil
 	g.mu.Unlock()
 }
 

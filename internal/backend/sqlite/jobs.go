@@ -193,9 +193,15 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	}
 	param := string(b)
 	applied := make([]int64, 0, len(outcomes))
-	err = d.leaseRetry(ctx, false, func(conn *sql.Conn) error {
+	// Completions run on the write connection, ahead of every write
+	// waiting for it, not on the lease path's: they are as frequent as
+	// claims and inserts, and each switch of connection makes the other
+	// drop its page cache (SQLite flushes a connection's cache when
+	// another one has written). A completion that waits keeps its lease
+	// through the heartbeats, which have the lease path to themselves.
+	err = d.write(ctx, true, func() error {
 		applied = applied[:0]
-		return queryIDs(ctx, conn, d.q["complete"], &applied, param)
+		return queryIDs(ctx, d.w, d.q["complete"], &applied, param)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: complete %d outcomes: %w", len(outcomes), err)
@@ -204,7 +210,7 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 }
 
 // queryIDs runs an autocommit statement returning ids on conn.
-func queryIDs(ctx context.Context, conn *sql.Conn, query string, ids *[]int64, args ...any) error {
+func queryIDs(ctx context.Context, conn execer, query string, ids *[]int64, args ...any) error {
 	rows, err := conn.QueryContext(ctx, query, args...)
 	if err != nil {
 		return err

@@ -532,12 +532,22 @@ func isBusy(err error) bool {
 // SQLite reports busy. Before each try it yields to heartbeats pending in
 // other processes.
 func (d *Driver) retry(ctx context.Context, fn func() error) error {
-	if err := d.gate.acquire(ctx); err != nil {
+	return d.write(ctx, false, fn)
+}
+
+// write is retry, with first putting fn ahead of the writes already
+// waiting for the write connection.
+func (d *Driver) write(ctx context.Context, first bool, fn func() error) error {
+	if err := d.gate.acquire(ctx, first); err != nil {
 		return err
 	}
 	defer d.gate.release()
 	return d.busyRetry(ctx, func() error {
 		d.gate.yield(ctx)
+		if err := d.gate.begin(ctx); err != nil {
+			return err
+		}
+		defer d.gate.end()
 		return fn()
 	})
 }
@@ -553,6 +563,9 @@ func (d *Driver) retry(ctx context.Context, fn func() error) error {
 func (d *Driver) leaseRetry(ctx context.Context, across bool, fn func(conn *sql.Conn) error) error {
 	d.gate.leaseBegin(across)
 	defer d.gate.leaseEnd(across)
+	if err := d.gate.waitOrdinary(ctx); err != nil {
+		return err
+	}
 	conn, err := d.lw.Conn(ctx)
 	if err != nil {
 		return err
