@@ -34,10 +34,13 @@ func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int6
 	ids := make([]int64, 0, len(jobs))
 	if len(chunks) == 1 {
 		// One statement is atomic by itself and commits once.
-		err = d.retry(ctx, func() error {
-			ids = ids[:0]
-			return d.insertChunk(ctx, d.w, chunks[0], &ids)
-		})
+		var st *sql.Stmt
+		if st, err = d.prepared(ctx, "insert"); err == nil {
+			err = d.retry(ctx, func() error {
+				ids = ids[:0]
+				return scanIDs(ctx, st, &ids, chunks[0])
+			})
+		}
 	} else {
 		err = d.inTx(ctx, func(tx *sql.Tx) error {
 			ids = ids[:0]
@@ -93,6 +96,17 @@ func (d *Driver) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParam
 // new ids, in input order, to ids.
 func (d *Driver) insertChunk(ctx context.Context, e execer, chunk string, ids *[]int64) error {
 	rows, err := e.QueryContext(ctx, d.q["insert"], chunk)
+	return sortedIDs(rows, err, ids)
+}
+
+// scanIDs is insertChunk with the insert statement prepared.
+func scanIDs(ctx context.Context, st *sql.Stmt, ids *[]int64, chunk string) error {
+	rows, err := st.QueryContext(ctx, chunk)
+	return sortedIDs(rows, err, ids)
+}
+
+// sortedIDs appends the ids an insert returned, in input order.
+func sortedIDs(rows *sql.Rows, err error, ids *[]int64) error {
 	if err != nil {
 		return err
 	}
@@ -152,9 +166,13 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 		return nil, nil
 	}
 	var out []*driver.JobRow
-	err := d.inTx(ctx, func(tx *sql.Tx) error {
+	st, err := d.prepared(ctx, "claim")
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: claim from queue %q: %w", p.Queue, err)
+	}
+	err = d.inTx(ctx, func(tx *sql.Tx) error {
 		out = out[:0]
-		rows, err := tx.QueryContext(ctx, d.q["claim"], p.Queue, p.Limit, us(p.Lease), p.Worker)
+		rows, err := tx.StmtContext(ctx, st).QueryContext(ctx, p.Queue, p.Limit, us(p.Lease), p.Worker)
 		if err != nil {
 			return err
 		}
@@ -193,6 +211,10 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	}
 	param := string(b)
 	applied := make([]int64, 0, len(outcomes))
+	st, err := d.prepared(ctx, "complete")
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: complete %d outcomes: %w", len(outcomes), err)
+	}
 	// Completions run on the write connection, ahead of every write
 	// waiting for it, not on the lease path's: they are as frequent as
 	// claims and inserts, and each switch of connection makes the other
@@ -201,7 +223,7 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	// through the heartbeats, which have the lease path to themselves.
 	err = d.write(ctx, true, func() error {
 		applied = applied[:0]
-		return queryIDs(ctx, d.w, d.q["complete"], &applied, param)
+		return stmtIDs(ctx, st, &applied, param)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: complete %d outcomes: %w", len(outcomes), err)
@@ -212,6 +234,17 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 // queryIDs runs an autocommit statement returning ids on conn.
 func queryIDs(ctx context.Context, conn execer, query string, ids *[]int64, args ...any) error {
 	rows, err := conn.QueryContext(ctx, query, args...)
+	return appendIDs(rows, err, ids)
+}
+
+// stmtIDs is queryIDs with a prepared statement.
+func stmtIDs(ctx context.Context, st *sql.Stmt, ids *[]int64, args ...any) error {
+	rows, err := st.QueryContext(ctx, args...)
+	return appendIDs(rows, err, ids)
+}
+
+// appendIDs appends the ids rows returns.
+func appendIDs(rows *sql.Rows, err error, ids *[]int64) error {
 	if err != nil {
 		return err
 	}

@@ -70,7 +70,10 @@ ORDER BY r.k
 -- Run inside BEGIN IMMEDIATE: the write lock is taken before the read, so
 -- claimers (in this process or others) queue on the lock instead of
 -- deadlocking on a read-to-write upgrade. The subquery walks the partial
--- index jobs_claim in claim order and stops after ?2 rows.
+-- index jobs_claim in claim order and stops after ?2 rows. The statement
+-- is prepared once (stmts.go); "?2 + 0" keeps it so: SQLite reads a bare
+-- bound LIMIT while planning and then recompiles the statement whenever
+-- that parameter is bound again, which was every claim.
 UPDATE {p}jobs
    SET state = 'running',
        attempt = attempt + 1,
@@ -81,7 +84,7 @@ UPDATE {p}jobs
  WHERE id IN (SELECT id FROM {p}jobs
                WHERE state = 'available' AND queue = ?1
                ORDER BY priority, scheduled_at, id
-               LIMIT ?2)
+               LIMIT ?2 + 0)
 RETURNING {cols}
 
 -- name: complete

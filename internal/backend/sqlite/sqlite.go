@@ -85,6 +85,8 @@ type Driver struct {
 
 	q          map[string]string
 	migrations []sqlq.Migration
+	// stmts: the hot path's statements, prepared on w.
+	stmts stmts
 
 	busyRetries  atomic.Int64
 	lockTimeouts atomic.Int64
@@ -140,6 +142,7 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	// One writer: SQLite serialises writers anyway, and queueing them here
 	// (in Go) instead of on the file lock costs nothing and never spins.
 	d.w.SetMaxOpenConns(1)
+	d.stmts.db = d.w
 	d.w.SetMaxIdleConns(1)
 	d.w.SetConnMaxLifetime(0)
 	d.w.SetConnMaxIdleTime(0)
@@ -239,6 +242,7 @@ func New(ctx context.Context, db *sql.DB, opts driver.Options) (*Driver, error) 
 		r:          db,
 		borrowed:   true,
 	}
+	d.stmts.db = db
 	d.gate, d.dropGate = gateFor(path)
 	lw, err := sql.Open("sqlite", withParams((&url.URL{Scheme: "file", OmitHost: true, Path: path}).String()+"?",
 		[]string{"busy_timeout(0)", "synchronous(" + syncMode + ")", "foreign_keys(0)"}, "_txlock=immediate"))
@@ -500,7 +504,7 @@ func (d *Driver) Close() error {
 	if d.dropGate != nil {
 		d.dropGate()
 	}
-	var errs []error
+	errs := []error{d.stmts.close()}
 	if d.lw != nil {
 		errs = append(errs, d.lw.Close())
 	}
