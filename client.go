@@ -14,14 +14,21 @@ import (
 )
 
 func init() {
-	seam.DriverOf = func(c any) driver.Driver { return c.(*Client).drv }
+	seam.DriverOf = func(c any) driver.Driver {
+		return c.(interface{ driverOf() driver.Driver }).driverOf()
+	}
 }
 
 // Client enqueues jobs and, once started, works the queues in its Config.
-// It is safe for concurrent use.
-type Client struct {
+// It is safe for concurrent use. TTx is the transaction type of its
+// driver, which EnqueueTx takes: pgx.Tx for driver/pgxv5, *sql.Tx for
+// driver/sqlitedb and driver/mysqldb. A client from connect.Open, whose
+// backend is known only at run time, is a Client[any] and checks the
+// transaction's type when it is used.
+type Client[TTx any] struct {
 	cfg      Config
 	drv      driver.Driver
+	unwrap   func(TTx) any
 	eng      *engine.Engine
 	mu       sync.Mutex
 	handlers map[string]engine.Handler
@@ -34,12 +41,16 @@ type Client struct {
 // handle by one of the driver packages: driver/pgxv5 (a *pgxpool.Pool),
 // driver/sqlitedb (a *sql.DB on a SQLite file) or driver/mysqldb. The
 // package connect opens one from a DSN instead. An application links only
-// the driver packages it imports.
-type Driver interface {
+// the driver packages it imports. TTx is the transaction type the
+// driver's EnqueueTx takes, so that the compiler checks it.
+type Driver[TTx any] interface {
 	// Bind is called once, by New, with the client's table prefix; it
 	// returns the backend conveyor's engine runs on. Applications do not
 	// call it.
 	Bind(ctx context.Context, opts driver.Options) (driver.Driver, error)
+	// UnwrapTx returns the transaction in the form the backend takes.
+	// Applications do not call it.
+	UnwrapTx(tx TTx) any
 }
 
 // New returns a client on drv. Closing the client closes what conveyor
@@ -47,7 +58,7 @@ type Driver interface {
 // the application's handle open. New refuses a database whose schema is
 // newer than this binary; a database that lacks migrations can be
 // migrated with Client.Migrate.
-func New(ctx context.Context, drv Driver, cfg *Config) (*Client, error) {
+func New[TTx any](ctx context.Context, drv Driver[TTx], cfg *Config) (*Client[TTx], error) {
 	if drv == nil {
 		return nil, errors.New("conveyor: New: nil Driver: build one with a driver package (driver/pgxv5, driver/sqlitedb, driver/mysqldb) or use connect.Open")
 	}
@@ -59,16 +70,11 @@ func New(ctx context.Context, drv Driver, cfg *Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	d, err := drv.Bind(ctx, driver.Options{
-		Prefix:        c.TablePrefix,
-		PoolSize:      c.PoolSize,
-		ClaimStrategy: c.ClaimStrategy,
-		Synchronous:   c.SQLiteSynchronous,
-	})
+	d, err := drv.Bind(ctx, driver.Options{Prefix: c.TablePrefix})
 	if err != nil {
 		return nil, err
 	}
-	cl := &Client{cfg: c, drv: d, handlers: map[string]engine.Handler{}, maxArgs: c.MaxArgsBytes}
+	cl := &Client[TTx]{cfg: c, drv: d, unwrap: drv.UnwrapTx, handlers: map[string]engine.Handler{}, maxArgs: c.MaxArgsBytes}
 	if m := d.Capabilities().MaxArgsBytes; m > 0 && m < cl.maxArgs {
 		cl.maxArgs = m
 	}
@@ -80,7 +86,10 @@ func New(ctx context.Context, drv Driver, cfg *Config) (*Client, error) {
 	return cl, nil
 }
 
-func (c *Client) checkSchema(ctx context.Context) error {
+// driverOf is the seam to the backend, for the command and the tests.
+func (c *Client[TTx]) driverOf() driver.Driver { return c.drv }
+
+func (c *Client[TTx]) checkSchema(ctx context.Context) error {
 	cur, latest, err := c.drv.SchemaVersion(ctx)
 	if err != nil {
 		return err
@@ -95,7 +104,7 @@ func (c *Client) checkSchema(ctx context.Context) error {
 	return nil
 }
 
-func (c *Client) ready(ctx context.Context) error {
+func (c *Client[TTx]) ready(ctx context.Context) error {
 	if c.schemaOK.Load() {
 		return nil
 	}
@@ -104,7 +113,7 @@ func (c *Client) ready(ctx context.Context) error {
 
 // Migrate applies the embedded migrations that the database lacks and
 // returns their versions; running it again applies nothing.
-func (c *Client) Migrate(ctx context.Context) ([]int, error) {
+func (c *Client[TTx]) Migrate(ctx context.Context) ([]int, error) {
 	applied, err := c.drv.Migrate(ctx)
 	if err != nil {
 		return applied, err
@@ -113,10 +122,10 @@ func (c *Client) Migrate(ctx context.Context) ([]int, error) {
 }
 
 // Backend names the database backend: "sqlite", "postgres" or "mysql".
-func (c *Client) Backend() string { return c.drv.Name() }
+func (c *Client[TTx]) Backend() string { return c.drv.Name() }
 
 // Config returns the client's configuration with defaults filled in.
-func (c *Client) Config() Config { return c.cfg }
+func (c *Client[TTx]) Config() Config { return c.cfg }
 
 // Start begins working the configured queues with the registered workers
 // and returns once they run; the work goes on in the background until Stop
@@ -131,7 +140,7 @@ func (c *Client) Config() Config { return c.cfg }
 //
 // Start fails on a client that is already started, and with ErrClosed on
 // one that was closed.
-func (c *Client) Start(ctx context.Context) error {
+func (c *Client[TTx]) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -148,7 +157,7 @@ func (c *Client) Start(ctx context.Context) error {
 // Config.ShutdownTimeout passes, then cancels their contexts. Jobs that did
 // not finish are made available again; nothing is lost. The client can
 // still enqueue after Stop.
-func (c *Client) Stop(ctx context.Context) error {
+func (c *Client[TTx]) Stop(ctx context.Context) error {
 	err := c.eng.Stop(ctx)
 	c.mu.Lock()
 	c.started = false
@@ -158,14 +167,14 @@ func (c *Client) Stop(ctx context.Context) error {
 
 // Close stops the client (as Stop, bounded by Config.ShutdownTimeout),
 // waits for pending enqueues and closes the database connections.
-func (c *Client) Close() error {
+func (c *Client[TTx]) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.ShutdownTimeout)
 	defer cancel()
 	err := c.eng.Close(ctx)
 	return errors.Join(err, c.drv.Close())
 }
 
-func (c *Client) params(items []EnqueueItem) ([]driver.InsertParams, error) {
+func (c *Client[TTx]) params(items []EnqueueItem) ([]driver.InsertParams, error) {
 	c.mu.Lock()
 	checkKinds := len(c.handlers) > 0 && !c.cfg.AllowUnregisteredKinds
 	c.mu.Unlock()
@@ -183,7 +192,7 @@ func (c *Client) params(items []EnqueueItem) ([]driver.InsertParams, error) {
 	return out, nil
 }
 
-func (c *Client) param(args JobArgs, o *EnqueueOpts, checkKinds bool) (driver.InsertParams, error) {
+func (c *Client[TTx]) param(args JobArgs, o *EnqueueOpts, checkKinds bool) (driver.InsertParams, error) {
 	if args == nil {
 		return driver.InsertParams{}, fmt.Errorf("%w: nil args", ErrInvalidArgs)
 	}
@@ -236,7 +245,7 @@ func (c *Client) param(args JobArgs, o *EnqueueOpts, checkKinds bool) (driver.In
 
 // Enqueue inserts one job and returns its id once it is committed.
 // Concurrent calls are coalesced into multi-row inserts (group commit).
-func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOpts) (int64, error) {
+func (c *Client[TTx]) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOpts) (int64, error) {
 	ids, err := c.EnqueueMany(ctx, []EnqueueItem{{Args: args, Opts: opts}})
 	if err != nil {
 		return 0, err
@@ -246,7 +255,7 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOpts) (
 
 // EnqueueMany inserts jobs in one statement and one commit and returns
 // their ids in order. Nothing is inserted if any job is invalid.
-func (c *Client) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]int64, error) {
+func (c *Client[TTx]) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]int64, error) {
 	if err := c.ready(ctx); err != nil {
 		return nil, err
 	}
@@ -257,12 +266,17 @@ func (c *Client) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]int64,
 	return c.eng.Insert(ctx, ps)
 }
 
-// EnqueueTx inserts one job inside the caller's transaction: a pgx.Tx or
-// *sql.Tx on PostgreSQL, a *sql.Tx opened on the same database on SQLite
-// and MySQL. The job exists if and only if that transaction commits, and
-// no worker sees it before. On PostgreSQL the commit wakes workers at once;
-// elsewhere they see it at their next poll (Config.PollMax at most).
-func (c *Client) EnqueueTx(ctx context.Context, tx any, args JobArgs, opts *EnqueueOpts) (int64, error) {
+// EnqueueTx inserts one job inside the caller's transaction, of the
+// driver's type TTx: a pgx.Tx with driver/pgxv5, a *sql.Tx on the same
+// database with driver/sqlitedb and driver/mysqldb (on SQLite, begun on
+// the handle the driver was built on; sqlitedb.Driver.BeginTx begins one
+// that lets lease renewals go first). A Client[any] from connect.Open
+// takes a pgx.Tx or *sql.Tx on PostgreSQL and a *sql.Tx elsewhere, and
+// refuses anything else with ErrTxType. The job exists if and only if
+// that transaction commits, and no worker sees it before. On PostgreSQL
+// the commit wakes workers at once; elsewhere they see it at their next
+// poll (Config.PollMax at most).
+func (c *Client[TTx]) EnqueueTx(ctx context.Context, tx TTx, args JobArgs, opts *EnqueueOpts) (int64, error) {
 	ids, err := c.EnqueueManyTx(ctx, tx, []EnqueueItem{{Args: args, Opts: opts}})
 	if err != nil {
 		return 0, err
@@ -271,7 +285,7 @@ func (c *Client) EnqueueTx(ctx context.Context, tx any, args JobArgs, opts *Enqu
 }
 
 // EnqueueManyTx inserts jobs inside the caller's transaction, as EnqueueTx.
-func (c *Client) EnqueueManyTx(ctx context.Context, tx any, items []EnqueueItem) ([]int64, error) {
+func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []EnqueueItem) ([]int64, error) {
 	if err := c.ready(ctx); err != nil {
 		return nil, err
 	}
@@ -279,13 +293,13 @@ func (c *Client) EnqueueManyTx(ctx context.Context, tx any, items []EnqueueItem)
 	if err != nil || len(ps) == 0 {
 		return nil, err
 	}
-	return c.eng.InsertTx(ctx, tx, ps)
+	return c.eng.InsertTx(ctx, c.unwrap(tx), ps)
 }
 
 // EnqueueBulk streams many jobs in one transaction (COPY on PostgreSQL,
 // large multi-row inserts elsewhere) and returns how many were inserted.
 // Use it for loading thousands of jobs at once; ids are not returned.
-func (c *Client) EnqueueBulk(ctx context.Context, items []EnqueueItem) (int64, error) {
+func (c *Client[TTx]) EnqueueBulk(ctx context.Context, items []EnqueueItem) (int64, error) {
 	if err := c.ready(ctx); err != nil {
 		return 0, err
 	}
@@ -297,7 +311,7 @@ func (c *Client) EnqueueBulk(ctx context.Context, items []EnqueueItem) (int64, e
 }
 
 // Job returns one job by id (ErrNotFound if there is none).
-func (c *Client) Job(ctx context.Context, id int64) (*JobInfo, error) {
+func (c *Client[TTx]) Job(ctx context.Context, id int64) (*JobInfo, error) {
 	r, err := c.drv.GetJob(ctx, id)
 	if err != nil {
 		return nil, err
@@ -322,7 +336,7 @@ type JobFilter struct {
 
 // Jobs lists jobs by id. An unknown state in f.States is an error that
 // names it and lists the valid states.
-func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]*JobInfo, error) {
+func (c *Client[TTx]) Jobs(ctx context.Context, f JobFilter) ([]*JobInfo, error) {
 	df := driver.JobFilter{Queue: f.Queue, Kind: f.Kind, Limit: f.Limit, AfterID: f.AfterID}
 	for _, s := range f.States {
 		if !s.valid() {
@@ -343,22 +357,22 @@ func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]*JobInfo, error) {
 
 // Retry makes a discarded, cancelled, completed, retryable or scheduled job
 // available now, granting one more attempt if all were used.
-func (c *Client) Retry(ctx context.Context, id int64) (*JobInfo, error) {
+func (c *Client[TTx]) Retry(ctx context.Context, id int64) (*JobInfo, error) {
 	return c.admin(ctx, id, c.drv.Retry)
 }
 
 // Cancel cancels a job that has not finished. A running attempt's result
 // is then refused.
-func (c *Client) Cancel(ctx context.Context, id int64) (*JobInfo, error) {
+func (c *Client[TTx]) Cancel(ctx context.Context, id int64) (*JobInfo, error) {
 	return c.admin(ctx, id, c.drv.Cancel)
 }
 
 // Discard discards a job that has not finished.
-func (c *Client) Discard(ctx context.Context, id int64) (*JobInfo, error) {
+func (c *Client[TTx]) Discard(ctx context.Context, id int64) (*JobInfo, error) {
 	return c.admin(ctx, id, c.drv.Discard)
 }
 
-func (c *Client) admin(ctx context.Context, id int64, f func(context.Context, int64) (*driver.JobRow, error)) (*JobInfo, error) {
+func (c *Client[TTx]) admin(ctx context.Context, id int64, f func(context.Context, int64) (*driver.JobRow, error)) (*JobInfo, error) {
 	r, err := f(ctx, id)
 	if err != nil {
 		return nil, fmt.Errorf("job %d: %w", id, err)
@@ -389,7 +403,7 @@ type Stats struct {
 }
 
 // Stats returns per-queue counts and this process's counters.
-func (c *Client) Stats(ctx context.Context) (*Stats, error) {
+func (c *Client[TTx]) Stats(ctx context.Context) (*Stats, error) {
 	qs, err := c.drv.Stats(ctx)
 	if err != nil {
 		return nil, err
@@ -407,6 +421,6 @@ func (c *Client) Stats(ctx context.Context) (*Stats, error) {
 
 // ServerInfo describes the database server and the settings that decide
 // throughput (durability, isolation).
-func (c *Client) ServerInfo(ctx context.Context) (map[string]string, error) {
+func (c *Client[TTx]) ServerInfo(ctx context.Context) (map[string]string, error) {
 	return c.drv.ServerInfo(ctx)
 }

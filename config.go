@@ -24,11 +24,6 @@ type Config struct {
 	// starting with a letter, at most 31 characters. Default "conveyor_".
 	TablePrefix string
 
-	// PoolSize caps the connections conveyor opens. Default: backend's
-	// own (PostgreSQL max(8, 4*GOMAXPROCS); MySQL the same; SQLite one
-	// writer plus a small read pool).
-	PoolSize int
-
 	// ClaimBatch caps the jobs one claim takes (claims are also capped by
 	// the queue's free worker slots). Default 100.
 	ClaimBatch int
@@ -104,13 +99,6 @@ type Config struct {
 	// an enqueue is refused with ErrUnknownKind. A client with no workers
 	// at all may always enqueue any kind.
 	AllowUnregisteredKinds bool
-
-	// ClaimStrategy selects the MySQL claim: "" (automatic from the server
-	// version), "skip-locked" or "optimistic". Ignored elsewhere.
-	ClaimStrategy string
-	// SQLiteSynchronous is SQLite's synchronous mode: "NORMAL" (durable
-	// against a process crash; default) or "FULL" (also power loss).
-	SQLiteSynchronous string
 
 	// Logger receives warnings (database errors being retried, leases lost
 	// or not renewed in time) and one record per failed attempt, each with

@@ -76,18 +76,18 @@ func fast(prefix string) *conveyor.Config {
 
 // open opens a migrated client on dsn; at the end of the test it is
 // stopped and closed.
-func open(t *testing.T, dsn string, cfg *conveyor.Config) *conveyor.Client {
+func open(t *testing.T, dsn string, cfg *conveyor.Config) *conveyor.Client[any] {
 	return openClient(t, dsn, cfg, false)
 }
 
 // openDropped is open, and also drops the prefix's tables at the end. Open
 // it first: cleanups run last-in first-out, so the other clients of the
 // prefix are closed before the tables go.
-func openDropped(t *testing.T, dsn string, cfg *conveyor.Config) *conveyor.Client {
+func openDropped(t *testing.T, dsn string, cfg *conveyor.Config) *conveyor.Client[any] {
 	return openClient(t, dsn, cfg, true)
 }
 
-func openClient(t *testing.T, dsn string, cfg *conveyor.Config, drop bool) *conveyor.Client {
+func openClient(t *testing.T, dsn string, cfg *conveyor.Config, drop bool) *conveyor.Client[any] {
 	t.Helper()
 	ctx := context.Background()
 	c, err := connect.Open(ctx, dsn, cfg)
@@ -113,7 +113,7 @@ func openClient(t *testing.T, dsn string, cfg *conveyor.Config, drop bool) *conv
 	return c
 }
 
-func totalJobs(t *testing.T, c *conveyor.Client) int64 {
+func totalJobs(t *testing.T, c *conveyor.Client[any]) int64 {
 	t.Helper()
 	st, err := c.Stats(context.Background())
 	if err != nil {
@@ -139,7 +139,7 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 	}
 }
 
-func jobState(t *testing.T, c *conveyor.Client, id int64) *conveyor.JobInfo {
+func jobState(t *testing.T, c *conveyor.Client[any], id int64) *conveyor.JobInfo {
 	t.Helper()
 	j, err := c.Job(context.Background(), id)
 	if err != nil {
@@ -279,12 +279,12 @@ func TestNoJobHandedToTwoWorkers(t *testing.T) {
 		const n = 3000
 		var rec execRecord
 		var done atomic.Int64
-		var clients []*conveyor.Client
+		var clients []*conveyor.Client[any]
 		for i := 0; i < 3; i++ {
 			cfg := fast(prefix)
 			cfg.Queues = map[string]conveyor.QueueConfig{"default": {MaxWorkers: 20}}
 			cfg.ClaimBatch = 7
-			var c *conveyor.Client
+			var c *conveyor.Client[any]
 			if i == 0 {
 				c = openDropped(t, dsn, cfg)
 			} else {
@@ -786,7 +786,7 @@ func TestThunderingHerd(t *testing.T) {
 		const n = 4000
 		var rec execRecord
 		var done atomic.Int64
-		var clients []*conveyor.Client
+		var clients []*conveyor.Client[any]
 		for i := 0; i < 2; i++ {
 			cfg := fast(prefix)
 			cfg.Queues = map[string]conveyor.QueueConfig{"default": {MaxWorkers: 5}}

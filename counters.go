@@ -84,7 +84,7 @@ func (c Counters) Map() map[string]int64 {
 }
 
 // Counters returns this process's counters (see Counters).
-func (c *Client) Counters() Counters {
+func (c *Client[TTx]) Counters() Counters {
 	m := c.eng.Metrics()
 	out := Counters{
 		ClaimRounds:      m.ClaimRounds.Load(),

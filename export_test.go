@@ -14,7 +14,7 @@ import (
 // ClaimForTest claims job id as another process would (without running it)
 // and returns the attempt and its fence token, so tests can play a process
 // that dies.
-func ClaimForTest(c *Client, id int64, lease time.Duration) (int, int64, error) {
+func ClaimForTest[TTx any](c *Client[TTx], id int64, lease time.Duration) (int, int64, error) {
 	j, err := c.drv.GetJob(context.Background(), id)
 	if err != nil {
 		return 0, 0, err
@@ -31,19 +31,19 @@ func ClaimForTest(c *Client, id int64, lease time.Duration) (int, int64, error) 
 
 // AckForTest acknowledges job id as completed under fence, as a late
 // worker would, and returns how many rows the acknowledgement changed.
-func AckForTest(c *Client, id int64, fence int64) (int, error) {
+func AckForTest[TTx any](c *Client[TTx], id int64, fence int64) (int, error) {
 	applied, err := c.drv.Complete(context.Background(), []driver.Outcome{{ID: id, Fence: fence, State: driver.StateCompleted}})
 	return len(applied), err
 }
 
 // ReleaseForTest releases job id's attempt under fence, as a process
 // shutting down gracefully does, and returns how many rows it changed.
-func ReleaseForTest(c *Client, id int64, fence int64) (int64, error) {
+func ReleaseForTest[TTx any](c *Client[TTx], id int64, fence int64) (int64, error) {
 	return c.drv.Release(context.Background(), []driver.Lease{{ID: id, Fence: fence}})
 }
 
 // FenceForTest returns job id's current fence token.
-func FenceForTest(c *Client, id int64) (int64, error) {
+func FenceForTest[TTx any](c *Client[TTx], id int64) (int64, error) {
 	j, err := c.drv.GetJob(context.Background(), id)
 	if err != nil {
 		return 0, err
@@ -55,11 +55,11 @@ func FenceForTest(c *Client, id int64) (int64, error) {
 // attempt, even one this process knows it lost, so that only the
 // database's fence stands between a stale acknowledgement and the job.
 // Call before Start.
-func SkipLocalFenceForTest(c *Client) { c.eng.SkipLocalFenceForTest() }
+func SkipLocalFenceForTest[TTx any](c *Client[TTx]) { c.eng.SkipLocalFenceForTest() }
 
 // BumpSchemaForTest records schema version v as applied, as a newer
 // conveyor binary would.
-func BumpSchemaForTest(c *Client, v int) error {
+func BumpSchemaForTest[TTx any](c *Client[TTx], v int) error {
 	ctx := context.Background()
 	p := c.cfg.TablePrefix
 	switch d := c.drv.(type) {

@@ -196,7 +196,7 @@ func JobCancel(err error) error {
 }
 
 // AddWorker registers w for the kind of T on c. Call it before Start.
-func AddWorker[T JobArgs](c *Client, w Worker[T]) error {
+func AddWorker[T JobArgs, TTx any](c *Client[TTx], w Worker[T]) error {
 	var zero T
 	kind := zero.Kind()
 	if err := checkKind(kind); err != nil {

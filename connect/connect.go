@@ -11,6 +11,7 @@ package connect
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/internal/backend/mysql"
@@ -24,25 +25,58 @@ import (
 // connections of its own, which Client.Close closes. The DSN is a SQLite
 // path ("./conveyor.db", "sqlite:jobs.db", "file:jobs.db?..."),
 // "postgres://..." (or postgresql://) or "mysql://user:pass@host:port/db"
-// (or mariadb://). Config.PoolSize sizes the pool, Config.ClaimStrategy
-// and Config.SQLiteSynchronous apply to their backends. Open refuses a
-// database whose schema is newer than this binary; one that lacks
-// migrations can be migrated with Client.Migrate.
-func Open(ctx context.Context, dsnStr string, cfg *conveyor.Config) (*conveyor.Client, error) {
+// (or mariadb://). Open refuses a database whose schema is newer than
+// this binary; one that lacks migrations can be migrated with
+// Client.Migrate. The client's EnqueueTx takes a pgx.Tx or *sql.Tx on
+// PostgreSQL and a *sql.Tx elsewhere, checked when it is called.
+func Open(ctx context.Context, dsnStr string, cfg *conveyor.Config) (*conveyor.Client[any], error) {
+	return OpenWith(ctx, dsnStr, cfg, Options{})
+}
+
+// Options are the settings of the connections Open opens, which belong
+// to one backend each and not to the shared conveyor.Config. The zero
+// value takes every default.
+type Options struct {
+	// PoolSize caps the connections of the pool conveyor opens: on
+	// PostgreSQL and MySQL the pool for claims, inserts and admin calls
+	// (default max(8, 4*GOMAXPROCS) on PostgreSQL, 16 on MySQL), on
+	// SQLite the read pool (default 4; writes always use one connection).
+	// The lease path's own two connections come on top.
+	PoolSize int
+	// ClaimStrategy selects the MySQL/MariaDB claim: "" (from the server
+	// version: SKIP LOCKED where it is safe), "skip-locked" or
+	// "optimistic". Refused on other backends.
+	ClaimStrategy string
+	// SQLiteSynchronous is SQLite's synchronous mode: "NORMAL" (durable
+	// against a process crash; the default) or "FULL" (also against
+	// power loss). Refused on other backends.
+	SQLiteSynchronous string
+}
+
+// OpenWith is Open with the connections' Options.
+func OpenWith(ctx context.Context, dsnStr string, cfg *conveyor.Config, opts Options) (*conveyor.Client[any], error) {
 	b, err := dsn.Backend(dsnStr)
 	if err != nil {
 		return nil, err
 	}
-	return conveyor.New(ctx, &dsnDriver{backend: b, dsn: dsnStr}, cfg)
+	if opts.ClaimStrategy != "" && b != dsn.MySQL {
+		return nil, fmt.Errorf("conveyor: connect: ClaimStrategy %q is a MySQL/MariaDB setting; this DSN is %s", opts.ClaimStrategy, b)
+	}
+	if opts.SQLiteSynchronous != "" && b != dsn.SQLite {
+		return nil, fmt.Errorf("conveyor: connect: SQLiteSynchronous %q is a SQLite setting; this DSN is %s", opts.SQLiteSynchronous, b)
+	}
+	return conveyor.New(ctx, &dsnDriver{backend: b, dsn: dsnStr, opts: opts}, cfg)
 }
 
 // dsnDriver opens the backend's own connections from a DSN.
 type dsnDriver struct {
 	backend, dsn string
+	opts         Options
 }
 
 // Bind opens the backend named by the DSN.
 func (d *dsnDriver) Bind(ctx context.Context, opts driver.Options) (driver.Driver, error) {
+	opts.PoolSize, opts.ClaimStrategy, opts.Synchronous = d.opts.PoolSize, d.opts.ClaimStrategy, d.opts.SQLiteSynchronous
 	switch d.backend {
 	case dsn.Postgres:
 		return nilIfErr(postgres.Open(ctx, d.dsn, opts))
@@ -52,6 +86,9 @@ func (d *dsnDriver) Bind(ctx context.Context, opts driver.Options) (driver.Drive
 		return nilIfErr(sqlite.Open(ctx, d.dsn, opts))
 	}
 }
+
+// UnwrapTx passes the transaction on: the backend checks its type.
+func (d *dsnDriver) UnwrapTx(tx any) any { return tx }
 
 // nilIfErr keeps a failed backend's nil pointer out of the interface.
 func nilIfErr[D driver.Driver](d D, err error) (driver.Driver, error) {

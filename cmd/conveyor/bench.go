@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/connect"
 	"github.com/conveyorq/conveyor/internal/bench"
 	"github.com/conveyorq/conveyor/internal/report"
 )
@@ -45,7 +46,7 @@ func benchCmd(e *env, args []string) error {
 	reportFile := f.String("report", "", "write a self-contained HTML report with charts to this file")
 	claimBatch := f.Int("claim-batch", 0, "Config.ClaimBatch (default: conveyor's default)")
 	completeBatch := f.Int("complete-batch", 0, "Config.CompleteBatch (default: conveyor's default)")
-	poolSize := f.Int("pool-size", 0, "Config.PoolSize (default: the backend's)")
+	poolSize := f.Int("pool-size", 0, "connect.Options.PoolSize: conveyor's pool (default: the backend's)")
 	if err := e.parseNoArgs(f, args, true); err != nil {
 		return err
 	}
@@ -66,7 +67,8 @@ func benchCmd(e *env, args []string) error {
 		Producers: *producers, Mode: *mode, Interval: *interval, SeparateProducer: *separate, Herd: *herd, ArgBytes: *argBytes, Work: *work, Spin: *spin,
 		Of: *of, Counts: cs, Strategies: splitList(*strategies), Window: *window, Timeout: *timeout,
 		Progress: e.stderr,
-		Config:   conveyor.Config{ClaimBatch: *claimBatch, CompleteBatch: *completeBatch, PoolSize: *poolSize, PollMin: *pollMin, PollMax: *pollMax},
+		Config:   conveyor.Config{ClaimBatch: *claimBatch, CompleteBatch: *completeBatch, PollMin: *pollMin, PollMax: *pollMax},
+		Connect:  connect.Options{PoolSize: *poolSize},
 	}
 	if *asJSON {
 		enc := json.NewEncoder(e.stdout)

@@ -306,7 +306,7 @@ func (e *env) noPrefix(cmd string) error {
 // open opens the queue's database. Only migrate (create) may create a
 // SQLite file; for the other commands the file must exist and hold the
 // schema under the prefix.
-func (e *env) open(create bool) (*conveyor.Client, error) {
+func (e *env) open(create bool) (*conveyor.Client[any], error) {
 	dsn := e.queueDSN()
 	if p := sqliteFile(dsn); p != "" && !create {
 		if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
@@ -327,7 +327,7 @@ func (e *env) open(create bool) (*conveyor.Client, error) {
 // checkSchema explains on one line a database that lacks conveyor's
 // tables under the client's prefix, or has older ones. (EnqueueMany checks
 // the schema before anything else and inserts nothing when given no jobs.)
-func checkSchema(ctx context.Context, c *conveyor.Client) error {
+func checkSchema(ctx context.Context, c *conveyor.Client[any]) error {
 	_, err := c.EnqueueMany(ctx, nil)
 	if !errors.Is(err, conveyor.ErrSchemaOutdated) {
 		return err

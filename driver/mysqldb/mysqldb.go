@@ -20,7 +20,7 @@ package mysqldb
 
 import (
 	"context"
-	"fmt"
+	"database/sql"
 
 	gomysql "github.com/go-sql-driver/mysql"
 
@@ -58,17 +58,12 @@ func New(cfg *gomysql.Config, opts *Options) *Driver {
 	return d
 }
 
+// UnwrapTx is called by Client.EnqueueTx; applications do not call it.
+func (d *Driver) UnwrapTx(tx *sql.Tx) any { return tx }
+
 // Bind is called by conveyor.New; applications do not call it.
 func (d *Driver) Bind(ctx context.Context, opts driver.Options) (driver.Driver, error) {
-	if d.opts.ClaimStrategy != "" {
-		if opts.ClaimStrategy != "" && opts.ClaimStrategy != d.opts.ClaimStrategy {
-			return nil, fmt.Errorf("conveyor/mysql: claim strategy %q in mysqldb.Options and %q in Config: give it once, in mysqldb.Options", d.opts.ClaimStrategy, opts.ClaimStrategy)
-		}
-		opts.ClaimStrategy = d.opts.ClaimStrategy
-	}
-	if d.opts.PoolSize > 0 {
-		opts.PoolSize = d.opts.PoolSize
-	}
+	opts.ClaimStrategy, opts.PoolSize = d.opts.ClaimStrategy, d.opts.PoolSize
 	drv, err := mysql.New(ctx, d.cfg, opts)
 	if err != nil {
 		return nil, err

@@ -23,6 +23,7 @@ package pgxv5
 import (
 	"context"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/conveyorq/conveyor/internal/backend/postgres"
@@ -36,6 +37,9 @@ type Driver struct {
 
 // New returns a driver on pool, for conveyor.New.
 func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
+
+// UnwrapTx is called by Client.EnqueueTx; applications do not call it.
+func (d *Driver) UnwrapTx(tx pgx.Tx) any { return tx }
 
 // Bind is called by conveyor.New; applications do not call it.
 func (d *Driver) Bind(ctx context.Context, opts driver.Options) (driver.Driver, error) {

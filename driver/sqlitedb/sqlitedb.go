@@ -41,6 +41,9 @@ type Driver struct {
 // New returns a driver on db, for conveyor.New.
 func New(db *sql.DB) *Driver { return &Driver{db: db} }
 
+// UnwrapTx is called by Client.EnqueueTx; applications do not call it.
+func (d *Driver) UnwrapTx(tx *sql.Tx) any { return tx }
+
 // Bind is called by conveyor.New; applications do not call it.
 func (d *Driver) Bind(ctx context.Context, opts driver.Options) (driver.Driver, error) {
 	drv, err := sqlite.New(ctx, d.db, opts)

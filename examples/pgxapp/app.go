@@ -28,7 +28,7 @@ func (WelcomeEmail) Kind() string { return "welcome_email" }
 // sent (a stand-in for a mail server).
 type App struct {
 	Pool   *pgxpool.Pool
-	Client *conveyor.Client
+	Client *conveyor.Client[pgx.Tx]
 	Sent   chan WelcomeEmail
 	table  string
 }

@@ -90,3 +90,16 @@ func TestLinksOnlyPostgres(t *testing.T) {
 		}
 	}
 }
+
+// TestEnqueueTxTypeChecked builds the package wrongtx, which hands a
+// *sql.Tx to a client on the PostgreSQL driver, and expects the compiler
+// to refuse it.
+func TestEnqueueTxTypeChecked(t *testing.T) {
+	out, err := exec.Command("go", "build", "-tags", "conveyor_wrongtx", "./wrongtx").CombinedOutput()
+	if err == nil {
+		t.Fatal("a *sql.Tx passed to Client[pgx.Tx].EnqueueTx compiled")
+	}
+	if !strings.Contains(string(out), "cannot use tx (variable of type *sql.Tx) as pgx.Tx value") {
+		t.Fatalf("the build failed for another reason: %s", out)
+	}
+}

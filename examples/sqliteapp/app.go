@@ -29,7 +29,7 @@ func (Invoice) Kind() string { return "invoice" }
 type App struct {
 	DB     *sql.DB
 	Driver *sqlitedb.Driver
-	Client *conveyor.Client
+	Client *conveyor.Client[*sql.Tx]
 	Issued chan Invoice
 }
 

@@ -97,6 +97,9 @@ type Options struct {
 	// replaced by a fresh one unless Keep is set; Queues by the
 	// workload's).
 	Config conveyor.Config
+	// Connect is the connections' backend settings (pool size, MySQL
+	// claim strategy, SQLite synchronous mode).
+	Connect connect.Options
 	// Keep leaves the bench tables in place.
 	Keep bool
 	// Progress receives a live progress line; nil for none.
@@ -337,9 +340,9 @@ func freshPrefix(base string) string {
 // openClient opens and migrates a client on fresh tables and registers
 // the bench worker, which records each execution in the recorder of the
 // job's queue and then performs the simulated work.
-func openClient(ctx context.Context, o Options, queues map[string]int, recs map[string]*Recorder) (*conveyor.Client, error) {
+func openClient(ctx context.Context, o Options, queues map[string]int, recs map[string]*Recorder) (*conveyor.Client[any], error) {
 	cfg := benchConfig(o, queues)
-	c, err := connect.Open(ctx, o.DSN, &cfg)
+	c, err := connect.OpenWith(ctx, o.DSN, &cfg, o.Connect)
 	if err != nil {
 		return nil, err
 	}
@@ -386,10 +389,10 @@ func jobMaker(o Options) func(int64) Job {
 // closeClient ends a run's client: stop, read counters and settings, drop
 // the tables (unless Keep), close. It fills res.Counters and res.Settings
 // and returns the first error.
-func closeClient(ctx context.Context, c *conveyor.Client, o Options, res *Result) error {
+func closeClient(ctx context.Context, c *conveyor.Client[any], o Options, res *Result) error {
 	err := c.Stop(ctx)
 	res.Counters = c.Counters().Map()
-	res.Settings = clientSettings(ctx, c)
+	res.Settings = clientSettings(ctx, c, o.Connect)
 	if !o.Keep {
 		err = errors.Join(err, seam.DropTables(context.WithoutCancel(ctx), c))
 	}
@@ -397,7 +400,7 @@ func closeClient(ctx context.Context, c *conveyor.Client, o Options, res *Result
 }
 
 // clientSettings describes the server and the client's configuration.
-func clientSettings(ctx context.Context, c *conveyor.Client) map[string]string {
+func clientSettings(ctx context.Context, c *conveyor.Client[any], conn connect.Options) map[string]string {
 	s, err := c.ServerInfo(ctx)
 	if s == nil {
 		s = map[string]string{}
@@ -418,11 +421,11 @@ func clientSettings(ctx context.Context, c *conveyor.Client) map[string]string {
 	default:
 		s["poll"] = cc.PollMin.String() + ".." + cc.PollMax.String()
 	}
-	if cc.PoolSize > 0 {
-		s["pool_size"] = fmt.Sprint(cc.PoolSize)
+	if conn.PoolSize > 0 {
+		s["pool_size"] = fmt.Sprint(conn.PoolSize)
 	}
-	if cc.ClaimStrategy != "" {
-		s["claim_strategy"] = cc.ClaimStrategy
+	if conn.ClaimStrategy != "" {
+		s["claim_strategy"] = conn.ClaimStrategy
 	}
 	return s
 }
@@ -502,7 +505,7 @@ func progress(w io.Writer, label string, total int64, done func() int64, stop <-
 }
 
 // waitCompleted waits until the client has committed n completions.
-func waitCompleted(ctx context.Context, c *conveyor.Client, n int64, limit time.Duration) error {
+func waitCompleted(ctx context.Context, c *conveyor.Client[any], n int64, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for c.Counters().Map()["completed"] < n {
 		if time.Now().After(deadline) {
@@ -516,7 +519,7 @@ func waitCompleted(ctx context.Context, c *conveyor.Client, n int64, limit time.
 	return nil
 }
 
-func drain(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, mk func(int64) Job) (time.Duration, error) {
+func drain(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Options, mk func(int64) Job) (time.Duration, error) {
 	const chunk = 10000
 	var opts *conveyor.EnqueueOpts
 	var due time.Time
@@ -560,14 +563,14 @@ func drain(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, mk
 	return el, err
 }
 
-func latency(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, mk func(int64) Job) (time.Duration, error) {
+func latency(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Options, mk func(int64) Job) (time.Duration, error) {
 	if err := c.Start(ctx); err != nil {
 		return 0, err
 	}
 	producer := c
 	if o.SeparateProducer {
 		cfg := c.Config()
-		p, err := connect.Open(ctx, o.DSN, &cfg)
+		p, err := connect.OpenWith(ctx, o.DSN, &cfg, o.Connect)
 		if err != nil {
 			return 0, err
 		}
@@ -598,7 +601,7 @@ func latency(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, 
 	return el, err
 }
 
-func flow(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, mk func(int64) Job) (time.Duration, error) {
+func flow(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Options, mk func(int64) Job) (time.Duration, error) {
 	if err := c.Start(ctx); err != nil {
 		return 0, err
 	}

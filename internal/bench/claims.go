@@ -221,7 +221,7 @@ type rawClaim struct {
 func rawClaims(ctx context.Context, o Options, strategy string) (*Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	db, backend, err := openRaw(ctx, o.DSN, o.Workers+1, o.Config.SQLiteSynchronous)
+	db, backend, err := openRaw(ctx, o.DSN, o.Workers+1, o.Connect.SQLiteSynchronous)
 	if err != nil {
 		return nil, err
 	}

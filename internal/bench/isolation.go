@@ -155,7 +155,7 @@ func isolation(ctx context.Context, o Options) ([]*Result, error) {
 // coldPhase enqueues o.Jobs cold-queue jobs, one every o.Interval, and
 // waits until each has started. It returns the time from the first
 // enqueue to the last start.
-func coldPhase(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, mk func(int64) Job, label string) (time.Duration, error) {
+func coldPhase(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Options, mk func(int64) Job, label string) (time.Duration, error) {
 	from := rec.Issued()
 	to := from + int64(o.Jobs)
 	stop := make(chan struct{})
@@ -194,7 +194,7 @@ func coldPhase(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options
 
 // prefillHot bulk-inserts target hot jobs, so that the hot queue is
 // saturated from the start of the loaded phase.
-func prefillHot(ctx context.Context, c *conveyor.Client, rec *Recorder, mk func(int64) Job, target int64, enq *atomic.Int64) error {
+func prefillHot(ctx context.Context, c *conveyor.Client[any], rec *Recorder, mk func(int64) Job, target int64, enq *atomic.Int64) error {
 	opts := &conveyor.EnqueueOpts{Queue: hotQueue}
 	first := rec.Reserve(int(target))
 	items := make([]conveyor.EnqueueItem, target)
@@ -215,7 +215,7 @@ func prefillHot(ctx context.Context, c *conveyor.Client, rec *Recorder, mk func(
 
 // hotProducer enqueues hot jobs (one per Enqueue, or 100 per EnqueueMany
 // in batch mode) whenever the backlog is under target, until stop.
-func hotProducer(ctx context.Context, c *conveyor.Client, rec *Recorder, o Options, mk func(int64) Job, target int64, enq *atomic.Int64, backlog func() int64, stop <-chan struct{}) error {
+func hotProducer(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Options, mk func(int64) Job, target int64, enq *atomic.Int64, backlog func() int64, stop <-chan struct{}) error {
 	opts := &conveyor.EnqueueOpts{Queue: hotQueue}
 	for {
 		select {

@@ -176,7 +176,7 @@ func TestMySQLPoolSizeOne(t *testing.T) {
 	dsn := testdb.MySQL(t)
 	ctx := context.Background()
 	prefix := testdb.Prefix()
-	c, err := connect.Open(ctx, dsn, &conveyor.Config{TablePrefix: prefix, PoolSize: 1})
+	c, err := connect.OpenWith(ctx, dsn, &conveyor.Config{TablePrefix: prefix}, connect.Options{PoolSize: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

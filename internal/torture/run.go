@@ -22,6 +22,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/connect"
 	"github.com/conveyorq/conveyor/internal/seam"
 )
 
@@ -181,7 +182,7 @@ type phase struct {
 	dir     string
 	budget  time.Duration
 
-	client *conveyor.Client
+	client *conveyor.Client[any]
 	adm    *admin
 	sup    *supervisor
 	rec    *recorder
@@ -365,7 +366,7 @@ func (p *phase) setUp(ctx context.Context) error {
 		return err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	p.client, err = openMigrated(ctx, p.dsn, &conveyor.Config{TablePrefix: p.prefix, Logger: quiet})
+	p.client, err = openMigrated(ctx, p.dsn, &conveyor.Config{TablePrefix: p.prefix, Logger: quiet}, connect.Options{})
 	if err != nil {
 		return fmt.Errorf("opening %s: %w", p.backend, err)
 	}

@@ -104,7 +104,7 @@ func parseWorkerFlags(args []string, stderr io.Writer) (*workerFlags, error) {
 	fs.StringVar(&w.proc, "proc", "", "name of this process incarnation")
 	fs.StringVar(&w.queue, "queue", Queue, "worker: the queue to work")
 	fs.IntVar(&w.workers, "workers", 16, "worker: concurrent jobs")
-	fs.IntVar(&w.pool, "pool", 0, "worker: Config.PoolSize (0: backend default)")
+	fs.IntVar(&w.pool, "pool", 0, "worker: connect.Options.PoolSize (0: backend default)")
 	fs.DurationVar(&w.lease, "lease", 2*time.Second, "worker: Config.Lease")
 	fs.DurationVar(&w.listenPoll, "listen-poll", 5*time.Second, "worker: Config.ListenPoll")
 	fs.DurationVar(&w.jobTimeout, "job-timeout", 20*time.Second, "worker: Config.JobTimeout")
@@ -190,7 +190,6 @@ func workerConfig(w *workerFlags, logger *slog.Logger) *conveyor.Config {
 	return &conveyor.Config{
 		Queues:          map[string]conveyor.QueueConfig{w.queue: {MaxWorkers: w.workers}},
 		TablePrefix:     w.prefix,
-		PoolSize:        w.pool,
 		Lease:           w.lease,
 		JobTimeout:      w.jobTimeout,
 		PollMin:         10 * time.Millisecond,
@@ -205,7 +204,7 @@ func workerConfig(w *workerFlags, logger *slog.Logger) *conveyor.Config {
 }
 
 func runWorker(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.Logger, stdout io.Writer) error {
-	c, err := openMigrated(ctx, w.dsn, workerConfig(w, logger))
+	c, err := openMigrated(ctx, w.dsn, workerConfig(w, logger), connect.Options{PoolSize: w.pool})
 	if err != nil {
 		return err
 	}
@@ -289,7 +288,7 @@ type applyCheck struct {
 // observe reads the row of each successful execution 300ms after it
 // returned and records an "applied" line when the row is completed at that
 // attempt.
-func observe(ctx context.Context, c *conveyor.Client, rec *recorder, in <-chan applyCheck) {
+func observe(ctx context.Context, c *conveyor.Client[any], rec *recorder, in <-chan applyCheck) {
 	for {
 		var o applyCheck
 		select {
@@ -316,7 +315,7 @@ func observe(ctx context.Context, c *conveyor.Client, rec *recorder, in <-chan a
 // add registers a recording worker for kind T: the start is recorded
 // before the handler runs and the end before the engine sees the result;
 // onOK is told of each successful execution.
-func add[T torturePayload](c *conveyor.Client, rec *recorder, onOK func(int64, int), h func(context.Context, *conveyor.Job[T]) error) {
+func add[T torturePayload](c *conveyor.Client[any], rec *recorder, onOK func(int64, int), h func(context.Context, *conveyor.Job[T]) error) {
 	var zero T
 	kind := zero.Kind()
 	err := conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[T]) (err error) {
@@ -340,13 +339,13 @@ func add[T torturePayload](c *conveyor.Client, rec *recorder, onOK func(int64, i
 	}
 }
 
-func openMigrated(ctx context.Context, dsn string, cfg *conveyor.Config) (*conveyor.Client, error) {
-	var c *conveyor.Client
+func openMigrated(ctx context.Context, dsn string, cfg *conveyor.Config, opts connect.Options) (*conveyor.Client[any], error) {
+	var c *conveyor.Client[any]
 	var err error
 	// The database may be restarting: retry for a while.
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		c, err = connect.Open(ctx, dsn, cfg)
+		c, err = connect.OpenWith(ctx, dsn, cfg, opts)
 		if err == nil {
 			if _, err = c.Migrate(ctx); err == nil {
 				return c, nil
@@ -413,7 +412,7 @@ func pace(ctx context.Context, g int, rate float64, f func(ctx context.Context))
 }
 
 func runProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.Logger, stdout io.Writer) error {
-	c, err := openMigrated(ctx, w.dsn, &conveyor.Config{TablePrefix: w.prefix, Logger: logger})
+	c, err := openMigrated(ctx, w.dsn, &conveyor.Config{TablePrefix: w.prefix, Logger: logger}, connect.Options{})
 	if err != nil {
 		return err
 	}
@@ -518,7 +517,7 @@ func (b *txBeginner) close() {
 }
 
 func runTxProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.Logger, stdout io.Writer) error {
-	c, err := openMigrated(ctx, w.dsn, &conveyor.Config{TablePrefix: w.prefix, Logger: logger})
+	c, err := openMigrated(ctx, w.dsn, &conveyor.Config{TablePrefix: w.prefix, Logger: logger}, connect.Options{})
 	if err != nil {
 		return err
 	}
