@@ -237,6 +237,15 @@ type Driver interface {
 	// TryLead takes or keeps leadership of the maintenance loops for ttl.
 	TryLead(ctx context.Context, id string, ttl time.Duration) (bool, error)
 
+	// PauseQueue pauses (paused) or resumes a queue for every process on
+	// the database: no claim that starts after it returns takes a job of
+	// a paused queue. Resuming wakes other processes' fetchers for the
+	// queue where the backend can notify. Pausing a paused queue keeps
+	// its first pause time.
+	PauseQueue(ctx context.Context, queue string, paused bool) error
+	// PausedQueues returns the paused queues and when each was paused.
+	PausedQueues(ctx context.Context) (map[string]time.Time, error)
+
 	// Listen returns a listener for queue wake-ups, or nil when the backend
 	// has no push channel (Capabilities.Listen is false).
 	Listen(ctx context.Context) (Listener, error)

@@ -146,6 +146,57 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		}
 	})
 
+	t.Run("PausedQueueNotClaimed", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		if _, err := d.Insert(ctx, []driver.InsertParams{job("p", 0), job("p", 0), job("other", 0)}); err != nil {
+			t.Fatal(err)
+		}
+		claim := func(q string) int {
+			rows, err := d.Claim(ctx, driver.ClaimParams{Queue: q, Limit: 1, Lease: time.Minute, Worker: "w"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(rows)
+		}
+		if err := d.PauseQueue(ctx, "p", true); err != nil {
+			t.Fatal(err)
+		}
+		paused, err := d.PausedQueues(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, ok := paused["p"]
+		if len(paused) != 1 || !ok || first.IsZero() {
+			t.Fatalf("paused queues %v, want p alone with its time", paused)
+		}
+		if n := claim("p"); n != 0 {
+			t.Fatalf("claimed %d jobs of a paused queue", n)
+		}
+		if n := claim("other"); n != 1 {
+			t.Fatalf("claimed %d jobs of another queue, want 1", n)
+		}
+		// Pausing again keeps the first pause's time.
+		if err := d.PauseQueue(ctx, "p", true); err != nil {
+			t.Fatal(err)
+		}
+		if again, _ := d.PausedQueues(ctx); !again["p"].Equal(first) {
+			t.Fatalf("paused again: since %v, want the first pause's %v", again["p"], first)
+		}
+		if err := d.PauseQueue(ctx, "p", false); err != nil {
+			t.Fatal(err)
+		}
+		if paused, err := d.PausedQueues(ctx); err != nil || len(paused) != 0 {
+			t.Fatalf("after resume: paused %v, %v", paused, err)
+		}
+		if n := claim("p"); n != 1 {
+			t.Fatalf("claimed %d jobs of a resumed queue, want 1", n)
+		}
+		// Resuming a queue that was never paused is not an error.
+		if err := d.PauseQueue(ctx, "never", false); err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	t.Run("ScheduledNotClaimedUntilPromoted", func(t *testing.T) {
 		d := setup(t, open, prefixFor())
 		p := job("s", 0)

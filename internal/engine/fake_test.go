@@ -205,6 +205,14 @@ func (d *fakeDriver) idle(queue string) bool {
 	return len(cs) > 0 && cs[len(cs)-1].done && len(cs[len(cs)-1].ids) == 0
 }
 
+// PauseQueue is not used by the engine's loops.
+func (d *fakeDriver) PauseQueue(context.Context, string, bool) error { return nil }
+
+// PausedQueues reports no paused queue.
+func (d *fakeDriver) PausedQueues(context.Context) (map[string]time.Time, error) {
+	return map[string]time.Time{}, nil
+}
+
 // Heartbeat records the renewal and answers through the heartbeat hook;
 // without one every lease is still owned.
 func (d *fakeDriver) Heartbeat(ctx context.Context, leases []driver.Lease, lease time.Duration) ([]int64, error) {

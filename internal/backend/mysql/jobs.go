@@ -333,10 +333,10 @@ func (c *claimCursor) query(d *Driver, p driver.ClaimParams) (string, []any, boo
 	defer c.mu.Unlock()
 	if !c.valid || time.Since(c.since) >= cursorFor {
 		c.valid = false
-		return d.q["ClaimSelect"], []any{p.Queue, int64(p.Limit)}, false
+		return d.q["ClaimSelect"], []any{p.Queue, p.Queue, int64(p.Limit)}, false
 	}
 	s := dbTime(c.sched)
-	return d.q["ClaimSelectAfter"], []any{p.Queue, c.prio, c.prio, s, s, c.id, int64(p.Limit)}, true
+	return d.q["ClaimSelectAfter"], []any{p.Queue, p.Queue, c.prio, c.prio, s, s, c.id, int64(p.Limit)}, true
 }
 
 // advance moves the cursor past the last of a full claim's rows (rows are
@@ -447,7 +447,7 @@ func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*
 		var window []int64
 		err := d.retry(ctx, "claim", func() error {
 			window = window[:0]
-			rows, err := d.query(ctx, nil, true, d.q["ClaimWindow"], p.Queue, int64(n))
+			rows, err := d.query(ctx, nil, true, d.q["ClaimWindow"], p.Queue, p.Queue, int64(n))
 			if err != nil {
 				return err
 			}

@@ -42,6 +42,7 @@ type queries struct {
 	claim, complete, heartbeat, release                                   string
 	rescue, promote, prune, tryLead, listen                               string
 	getJob, listJobs, retry, finish, stats                                string
+	pauseQueue, pausedQueues                                              string
 }
 
 func loadQueries(prefix string) queries {
@@ -77,6 +78,8 @@ func loadQueries(prefix string) queries {
 		retry:            get("retry"),
 		finish:           get("finish"),
 		stats:            get("stats"),
+		pauseQueue:       get("pause_queue"),
+		pausedQueues:     get("paused_queues"),
 	}
 }
 

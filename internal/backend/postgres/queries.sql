@@ -22,7 +22,7 @@ SELECT coalesce(max(version), 0) FROM {p}schema_migrations
 INSERT INTO {p}schema_migrations (version) VALUES ($1)
 
 -- name: drop_all
-DROP TABLE IF EXISTS {p}jobs, {p}leader, {p}schema_migrations
+DROP TABLE IF EXISTS {p}jobs, {p}leader, {p}queues, {p}schema_migrations
 
 -- name: server_info
 SELECT current_setting('server_version'),
@@ -72,6 +72,8 @@ WITH picked AS (
     SELECT id
     FROM {p}jobs
     WHERE state = 'available' AND queue = $1
+      AND NOT EXISTS (SELECT 1 FROM {p}queues
+                       WHERE name = $1 AND paused_at IS NOT NULL)
     ORDER BY priority, scheduled_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -271,3 +273,20 @@ SELECT queue, state, count(*),
 FROM {p}jobs
 GROUP BY queue, state
 ORDER BY queue, state
+
+-- name: pause_queue
+-- $1 queue, $2 true to pause or false to resume. Pausing keeps the first
+-- pause's time; resuming wakes the queue's fetchers in every process.
+WITH up AS (
+    INSERT INTO {p}queues (name, paused_at, updated_at)
+    VALUES ($1, CASE WHEN $2::boolean THEN now() END, now())
+    ON CONFLICT (name) DO UPDATE
+       SET paused_at = CASE WHEN $2::boolean
+                            THEN coalesce({p}queues.paused_at, excluded.paused_at) END,
+           updated_at = excluded.updated_at
+    RETURNING name
+)
+SELECT pg_notify('{p}wake', name) FROM up WHERE NOT $2::boolean
+
+-- name: paused_queues
+SELECT name, paused_at FROM {p}queues WHERE paused_at IS NOT NULL

@@ -83,6 +83,8 @@ UPDATE {p}jobs
        attempted_by = ?4
  WHERE id IN (SELECT id FROM {p}jobs
                WHERE state = 'available' AND queue = ?1
+                AND NOT EXISTS (SELECT 1 FROM {p}queues
+                                 WHERE name = ?1 AND paused_at IS NOT NULL)
                ORDER BY priority, scheduled_at, id
                LIMIT ?2 + 0)
 RETURNING {cols}
@@ -244,6 +246,9 @@ DROP TABLE IF EXISTS {p}jobs
 -- name: drop_leader
 DROP TABLE IF EXISTS {p}leader
 
+-- name: drop_queues
+DROP TABLE IF EXISTS {p}queues
+
 -- name: drop_migrations
 DROP TABLE IF EXISTS {p}schema_migrations
 
@@ -261,3 +266,15 @@ PRAGMA busy_timeout
 
 -- name: main_file
 SELECT file FROM pragma_database_list WHERE name = 'main'
+
+-- name: pause_queue
+-- ?1 queue, ?2 1 to pause or 0 to resume. Pausing keeps the first
+-- pause's time.
+INSERT INTO {p}queues (name, paused_at, updated_at)
+VALUES (?1, CASE WHEN ?2 THEN {now} END, {now})
+ON CONFLICT (name) DO UPDATE
+   SET paused_at = CASE WHEN ?2 THEN coalesce({p}queues.paused_at, excluded.paused_at) END,
+       updated_at = excluded.updated_at
+
+-- name: paused_queues
+SELECT name, paused_at FROM {p}queues WHERE paused_at IS NOT NULL
