@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/cmd/conveyor/internal/bench"
+	"github.com/conveyorq/conveyor/cmd/conveyor/internal/report"
 	"github.com/conveyorq/conveyor/connect"
-	"github.com/conveyorq/conveyor/internal/bench"
-	"github.com/conveyorq/conveyor/internal/report"
 )
 
 // benchCmd runs the bench's workloads on throw-away tables: in the --db

@@ -15,10 +15,10 @@ import (
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/cmd/conveyor/internal/torture"
 	"github.com/conveyorq/conveyor/connect"
 	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
-	"github.com/conveyorq/conveyor/internal/torture"
 )
 
 // cli runs the command in-process, bounded in time, with stdin as its

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/conveyorq/conveyor/internal/bench"
+	"github.com/conveyorq/conveyor/cmd/conveyor/internal/bench"
 )
 
 // demoCmd enqueues and works no-op jobs on throw-away tables: in the --db

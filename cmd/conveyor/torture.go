@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/conveyorq/conveyor/internal/torture"
+	"github.com/conveyorq/conveyor/cmd/conveyor/internal/torture"
 )
 
 // tortureRun runs the suite (a variable so that tests can see the options

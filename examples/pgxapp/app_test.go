@@ -2,6 +2,7 @@ package pgxapp
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -76,14 +77,15 @@ func TestRegisterOnTheApplicationsPool(t *testing.T) {
 }
 
 // TestLinksOnlyPostgres checks that an application on the PostgreSQL
-// driver links no other backend and no plotting code.
+// driver links no other backend, no plotting code and nothing of the
+// conveyor command (its own module, in cmd/conveyor).
 func TestLinksOnlyPostgres(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
 	if err != nil {
 		t.Skipf("go list unavailable: %v: %s", err, out)
 	}
 	for _, dep := range strings.Fields(string(out)) {
-		for _, banned := range []string{"modernc.org/", "github.com/go-sql-driver/", "gonum.org/", "conveyor/internal/backend/sqlite", "conveyor/internal/backend/mysql"} {
+		for _, banned := range []string{"modernc.org/", "github.com/go-sql-driver/", "gonum.org/", "conveyor/internal/backend/sqlite", "conveyor/internal/backend/mysql", "conveyor/cmd/"} {
 			if strings.Contains(dep, banned) {
 				t.Errorf("a PostgreSQL-only application links %s", dep)
 			}
@@ -101,5 +103,22 @@ func TestEnqueueTxTypeChecked(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "cannot use tx (variable of type *sql.Tx) as pgx.Tx value") {
 		t.Fatalf("the build failed for another reason: %s", out)
+	}
+}
+
+// TestLibraryModuleRequiresNoPlotting checks the library module on its
+// own (GOWORK=off: as an application requiring it sees it): no module of
+// its build list is plotting code, which only the command's module needs.
+func TestLibraryModuleRequiresNoPlotting(t *testing.T) {
+	cmd := exec.Command("go", "list", "-m", "all")
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Skipf("go list -m unavailable: %v: %s", err, out)
+	}
+	for _, mod := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if strings.HasPrefix(mod, "gonum.org/") {
+			t.Errorf("the library module requires %s", mod)
+		}
 	}
 }

@@ -29,7 +29,7 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgsvg"
 
-	"github.com/conveyorq/conveyor/internal/bench"
+	"github.com/conveyorq/conveyor/cmd/conveyor/internal/bench"
 )
 
 // Chart sizes.

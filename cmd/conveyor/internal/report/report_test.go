@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/conveyorq/conveyor/internal/bench"
+	"github.com/conveyorq/conveyor/cmd/conveyor/internal/bench"
 )
 
 func fake(workload string, workers int) *bench.Result {
