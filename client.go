@@ -391,11 +391,15 @@ type QueueStats struct {
 	Counts map[JobState]int64 `json:"counts"`
 	// OldestAvailable is the age of the oldest job waiting to run.
 	OldestAvailable time.Duration `json:"oldest_available_ns"`
+	// PausedAt is when the queue was paused (PauseQueue); zero when it is
+	// not paused.
+	PausedAt time.Time `json:"paused_at"`
 }
 
 // Stats are the queues' counts and this process's counters.
 type Stats struct {
-	// Queues holds one entry per queue that has jobs, in no set order.
+	// Queues holds one entry per queue that has jobs or is paused, in no
+	// set order.
 	Queues []QueueStats `json:"queues"`
 	// Counters are this client's process counters, as Client.Counters
 	// returns them.
@@ -408,15 +412,69 @@ func (c *Client[TTx]) Stats(ctx context.Context) (*Stats, error) {
 	if err != nil {
 		return nil, err
 	}
+	paused, err := c.drv.PausedQueues(ctx)
+	if err != nil {
+		return nil, err
+	}
 	s := &Stats{Counters: c.Counters()}
 	for _, q := range qs {
 		counts := make(map[JobState]int64, len(q.Counts))
 		for st, n := range q.Counts {
 			counts[JobState(st)] = n
 		}
-		s.Queues = append(s.Queues, QueueStats{Queue: q.Queue, Counts: counts, OldestAvailable: q.OldestAvailable})
+		s.Queues = append(s.Queues, QueueStats{Queue: q.Queue, Counts: counts, OldestAvailable: q.OldestAvailable, PausedAt: paused[q.Queue]})
+		delete(paused, q.Queue)
+	}
+	for name, at := range paused {
+		counts := make(map[JobState]int64, len(driver.AllStates))
+		for _, st := range driver.AllStates {
+			counts[JobState(st)] = 0
+		}
+		s.Queues = append(s.Queues, QueueStats{Queue: name, Counts: counts, PausedAt: at})
 	}
 	return s, nil
+}
+
+// PauseQueue pauses queue in every process working it on this database:
+// no claim that starts after PauseQueue returns takes a job of the queue,
+// running jobs finish, and enqueues still succeed (the jobs wait). The
+// pause is stored in the database, so it outlasts restarts, and it holds
+// until ResumeQueue. Pausing a paused queue changes nothing.
+func (c *Client[TTx]) PauseQueue(ctx context.Context, queue string) error {
+	return c.setPaused(ctx, queue, true)
+}
+
+// ResumeQueue resumes a paused queue (a queue that is not paused is left
+// as it is). This process's fetchers claim at once; other processes' on
+// PostgreSQL at once (a notification), elsewhere at their next poll
+// (Config.PollMax at most).
+func (c *Client[TTx]) ResumeQueue(ctx context.Context, queue string) error {
+	return c.setPaused(ctx, queue, false)
+}
+
+func (c *Client[TTx]) setPaused(ctx context.Context, queue string, paused bool) error {
+	if err := checkQueue(queue); err != nil {
+		return err
+	}
+	if err := c.ready(ctx); err != nil {
+		return err
+	}
+	if err := c.drv.PauseQueue(ctx, queue, paused); err != nil {
+		return err
+	}
+	if !paused {
+		c.eng.Wake(queue)
+	}
+	return nil
+}
+
+// PausedQueues returns the paused queues of the database and when each
+// was paused.
+func (c *Client[TTx]) PausedQueues(ctx context.Context) (map[string]time.Time, error) {
+	if err := c.ready(ctx); err != nil {
+		return nil, err
+	}
+	return c.drv.PausedQueues(ctx)
 }
 
 // ServerInfo describes the database server and the settings that decide

@@ -524,3 +524,58 @@ func TestBenchDefaultIsTemporary(t *testing.T) {
 		}
 	}
 }
+
+// TestPauseResume: pause and resume a queue from the command on every
+// backend; stats shows the pause in both shapes; a missing or stray
+// argument is one clear line.
+func TestPauseResume(t *testing.T) {
+	inEmptyDir(t)
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			dsn := b.dsn(t)
+			p := freshPrefix(t, dsn)
+			db := []string{"--db", dsn, "--prefix", p}
+			mustCLI(t, append([]string{"migrate"}, db...)...)
+			mustCLI(t, append([]string{"enqueue", "--kind", "k", "--queue", "mail"}, db...)...)
+			out := mustCLI(t, append([]string{"pause", "mail"}, db...)...)
+			if !strings.Contains(out, "queue mail is paused") {
+				t.Errorf("pause printed %q", out)
+			}
+			var s struct {
+				Queues []struct {
+					Queue    string     `json:"queue"`
+					PausedAt *time.Time `json:"paused_at"`
+				} `json:"queues"`
+			}
+			if err := json.Unmarshal([]byte(mustCLI(t, append([]string{"stats", "--json"}, db...)...)), &s); err != nil {
+				t.Fatal(err)
+			}
+			if len(s.Queues) != 1 || s.Queues[0].Queue != "mail" || s.Queues[0].PausedAt == nil {
+				t.Errorf("stats --json while paused: %+v", s.Queues)
+			}
+			if out := mustCLI(t, append([]string{"stats"}, db...)...); !strings.Contains(out, "PAUSED SINCE") || !regexp.MustCompile(`mail .* \d{4}-\d\d-\d\dT`).MatchString(out) {
+				t.Errorf("stats while paused:\n%s", out)
+			}
+			mustCLI(t, append([]string{"resume", "mail"}, db...)...)
+			s.Queues = nil
+			if err := json.Unmarshal([]byte(mustCLI(t, append([]string{"stats", "--json"}, db...)...)), &s); err != nil {
+				t.Fatal(err)
+			}
+			if len(s.Queues) != 1 || s.Queues[0].PausedAt != nil {
+				t.Errorf("stats --json after resume: %+v", s.Queues)
+			}
+			for _, tc := range []struct {
+				args []string
+				want string
+			}{
+				{[]string{"pause"}, "queue name required"},
+				{[]string{"resume", "a", "b"}, `unexpected argument "b"`},
+				{[]string{"pause", "bad queue"}, `queue name "bad queue"`},
+			} {
+				args := append(tc.args, db...)
+				_, _, err := cli(t, "", args...)
+				oneLineErr(t, args, err, tc.want)
+			}
+		})
+	}
+}

@@ -41,7 +41,9 @@ commands:
   jobs [--state S] [--queue Q] [--kind K] [--limit N] [--after ID] [--json]
   job ID [--json]         inspect one job, with every attempt's error
   retry ID | cancel ID | discard ID
-  stats [--json]          per queue: counts by state, age of the oldest available job
+  stats [--json]          per queue: counts by state, age of the oldest available job, paused since
+  pause QUEUE | resume QUEUE
+                          stop and restart claims of a queue in every process (running jobs finish)
   demo [flags]            enqueue and work no-op jobs on throw-away tables
   bench [flags]           measure throughput, latency, ordering and duplicates
   torture [flags]         inject faults into real worker processes, check nothing is lost
@@ -67,6 +69,8 @@ var commands = map[string]func(*env, []string) error{
 	"cancel":  func(e *env, args []string) error { return adminCmd(e, "cancel", args) },
 	"discard": func(e *env, args []string) error { return adminCmd(e, "discard", args) },
 	"stats":   statsCmd,
+	"pause":   func(e *env, args []string) error { return pauseCmd(e, "pause", args) },
+	"resume":  func(e *env, args []string) error { return pauseCmd(e, "resume", args) },
 	"demo":    demoCmd,
 	"bench":   benchCmd,
 	"torture": tortureCmd,

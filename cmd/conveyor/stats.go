@@ -36,6 +36,8 @@ func statsCmd(e *env, args []string) error {
 			Counts map[conveyor.JobState]int64 `json:"counts"`
 			// OldestAvailableMS is null when no job is available.
 			OldestAvailableMS *int64 `json:"oldest_available_ms"`
+			// PausedAt is null when the queue is not paused.
+			PausedAt *time.Time `json:"paused_at"`
 		}
 		out := struct {
 			Backend string  `json:"backend"`
@@ -46,6 +48,9 @@ func statsCmd(e *env, args []string) error {
 			if x.Counts[conveyor.JobStateAvailable] > 0 {
 				q.OldestAvailableMS = ptr(x.OldestAvailable.Milliseconds())
 			}
+			if !x.PausedAt.IsZero() {
+				q.PausedAt = ptr(x.PausedAt.UTC())
+			}
 			out.Queues = append(out.Queues, q)
 		}
 		return json.NewEncoder(e.stdout).Encode(out)
@@ -55,7 +60,7 @@ func statsCmd(e *env, args []string) error {
 	for _, st := range conveyor.JobStates() {
 		fmt.Fprintf(w, "\t%s", strings.ToUpper(string(st)))
 	}
-	fmt.Fprintln(w, "\tOLDEST AVAILABLE")
+	fmt.Fprintln(w, "\tOLDEST AVAILABLE\tPAUSED SINCE")
 	for _, x := range s.Queues {
 		fmt.Fprintf(w, "%s", x.Queue)
 		for _, st := range conveyor.JobStates() {
@@ -65,7 +70,11 @@ func statsCmd(e *env, args []string) error {
 		if x.Counts[conveyor.JobStateAvailable] > 0 {
 			oldest = x.OldestAvailable.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(w, "\t%s\n", oldest)
+		paused := "-"
+		if !x.PausedAt.IsZero() {
+			paused = x.PausedAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "\t%s\t%s\n", oldest, paused)
 	}
 	if len(s.Queues) == 0 {
 		fmt.Fprintln(w, "(no jobs)")
