@@ -78,7 +78,22 @@ type InsertParams struct {
 	RunAt time.Time
 	// Delay, when RunAt is zero, is added to the database's clock.
 	Delay time.Duration
+	// UniqueKey, when not nil, makes the job unique: the database refuses
+	// a second job with the same key while one holds it (see UniqueKeep).
+	// Only InsertUnique inserts jobs with a key.
+	UniqueKey []byte
+	// UniqueKeep is the finished states in which the job still holds its
+	// key, as bits: KeepCompleted, KeepDiscarded, KeepCancelled. An
+	// unfinished job always holds it.
+	UniqueKeep int
 }
+
+// Bits of InsertParams.UniqueKeep.
+const (
+	KeepCompleted = 1
+	KeepDiscarded = 2
+	KeepCancelled = 4
+)
 
 // JobRow is a job as stored.
 type JobRow struct {
@@ -195,6 +210,15 @@ type Driver interface {
 	// InsertTx inserts jobs inside the caller's transaction, whose type
 	// the backend checks (ErrTxType otherwise).
 	InsertTx(ctx context.Context, tx any, jobs []InsertParams) ([]int64, error)
+	// InsertUnique inserts jobs that each have a UniqueKey (distinct
+	// within the call), in the caller's transaction tx or, when tx is nil,
+	// in one transaction of its own. A job whose key is held by a job
+	// already stored (or being inserted by a transaction that then
+	// commits) is not inserted: its id is the holder's and its duplicate
+	// flag is set. Enforced by a unique index, never by a read before the
+	// insert; rows are inserted in key order so that concurrent inserters
+	// of overlapping keys cannot deadlock. Wakes like Insert.
+	InsertUnique(ctx context.Context, tx any, jobs []InsertParams) (ids []int64, dup []bool, err error)
 	// BulkInsert streams many jobs (COPY where available) in one
 	// transaction and returns how many were inserted.
 	BulkInsert(ctx context.Context, jobs []InsertParams) (int64, error)

@@ -146,6 +146,96 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		}
 	})
 
+	t.Run("UniqueKeys", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		uj := func(key string, keep int) driver.InsertParams {
+			j := job("u", 0)
+			j.UniqueKey, j.UniqueKeep = []byte(key), keep
+			return j
+		}
+		ids, dup, err := d.InsertUnique(ctx, nil, []driver.InsertParams{uj("k2", 0), uj("k1", 0), uj("kept", driver.KeepCompleted)})
+		if err != nil || len(ids) != 3 || dup[0] || dup[1] || dup[2] {
+			t.Fatalf("first insert: ids %v dup %v err %v", ids, dup, err)
+		}
+		again, dup, err := d.InsertUnique(ctx, nil, []driver.InsertParams{uj("k1", 0), uj("new", 0), uj("k2", 0)})
+		if err != nil || !dup[0] || dup[1] || !dup[2] || again[0] != ids[1] || again[2] != ids[0] {
+			t.Fatalf("second insert: ids %v dup %v err %v; want k1 -> %d and k2 -> %d as duplicates", again, dup, err, ids[1], ids[0])
+		}
+		// Finishing frees a key, unless the job keeps it in that state.
+		rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "u", Limit: 10, Lease: time.Minute, Worker: "w"})
+		if err != nil || len(rows) != 4 {
+			t.Fatalf("claim: %d rows, %v", len(rows), err)
+		}
+		var out []driver.Outcome
+		for _, r := range rows {
+			out = append(out, driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted})
+		}
+		if _, err := d.Complete(ctx, out); err != nil {
+			t.Fatal(err)
+		}
+		after, dup, err := d.InsertUnique(ctx, nil, []driver.InsertParams{uj("k1", 0), uj("kept", driver.KeepCompleted)})
+		if err != nil || dup[0] || after[0] == ids[1] || !dup[1] || after[1] != ids[2] {
+			t.Fatalf("after completion: ids %v dup %v err %v; want k1 new and kept -> %d", after, dup, err, ids[2])
+		}
+		// A job cancelled by hand frees its key.
+		if _, err := d.Cancel(ctx, after[0]); err != nil {
+			t.Fatal(err)
+		}
+		if _, dup, err := d.InsertUnique(ctx, nil, []driver.InsertParams{uj("k1", 0)}); err != nil || dup[0] {
+			t.Fatalf("after cancel: dup %v err %v, want a new job", dup, err)
+		}
+	})
+
+	t.Run("UniqueConcurrent", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		const n = 12
+		var wg sync.WaitGroup
+		ids := make([]int64, n)
+		dups := make([]bool, n)
+		errs := make([]error, n)
+		for g := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Overlapping keys in different orders: no deadlock, one
+				// job per key.
+				a, b := job("c", 0), job("c", 0)
+				a.UniqueKey, b.UniqueKey = []byte("x"), []byte("y")
+				if g%2 == 1 {
+					a, b = b, a
+				}
+				got, dup, err := d.InsertUnique(ctx, nil, []driver.InsertParams{a, b})
+				if err == nil && string(a.UniqueKey) == "y" {
+					got[0], got[1], dup[0], dup[1] = got[1], got[0], dup[1], dup[0]
+				}
+				if err == nil {
+					ids[g], dups[g] = got[0], dup[0]
+				}
+				errs[g] = err
+			}()
+		}
+		wg.Wait()
+		inserted := 0
+		for g := range n {
+			if errs[g] != nil {
+				t.Fatalf("goroutine %d: %v", g, errs[g])
+			}
+			if !dups[g] {
+				inserted++
+			}
+			if ids[g] != ids[0] {
+				t.Fatalf("goroutine %d was told job %d, goroutine 0 job %d", g, ids[g], ids[0])
+			}
+		}
+		if inserted != 1 {
+			t.Fatalf("%d goroutines inserted key x, want 1", inserted)
+		}
+		rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "c", Limit: 100, Lease: time.Minute, Worker: "w"})
+		if err != nil || len(rows) != 2 {
+			t.Fatalf("claimed %d jobs, %v; want one per key", len(rows), err)
+		}
+	})
+
 	t.Run("PausedQueueNotClaimed", func(t *testing.T) {
 		d := setup(t, open, prefixFor())
 		if _, err := d.Insert(ctx, []driver.InsertParams{job("p", 0), job("p", 0), job("other", 0)}); err != nil {

@@ -32,6 +32,8 @@ type fakeDriver struct {
 	held   map[int64]int64
 	calls  []call // every call, in the order it began
 	nextID int64  // last id given by Insert
+	// uniqueHolders maps each unique key InsertUnique stored to its job.
+	uniqueHolders map[string]int64
 
 	listen  bool        // Capabilities().Listen
 	wakeups chan string // what the listener delivers when listen is set
@@ -273,6 +275,28 @@ func (d *fakeDriver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]
 			State: driver.StateRunning, Attempt: 1, Fence: 1, MaxAttempts: max(j.MaxAttempts, 1), TimeoutMS: j.TimeoutMS})
 	}
 	return ids, nil
+}
+
+// InsertUnique records the call and inserts every job whose key no job
+// inserted through it holds yet; the others get the holder's id.
+func (d *fakeDriver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, []bool, error) {
+	d.record(call{op: "insertunique", params: slices.Clone(jobs)})
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.uniqueHolders == nil {
+		d.uniqueHolders = map[string]int64{}
+	}
+	ids, dup := make([]int64, len(jobs)), make([]bool, len(jobs))
+	for i, j := range jobs {
+		if id, ok := d.uniqueHolders[string(j.UniqueKey)]; ok {
+			ids[i], dup[i] = id, true
+			continue
+		}
+		d.nextID++
+		ids[i] = d.nextID
+		d.uniqueHolders[string(j.UniqueKey)] = d.nextID
+	}
+	return ids, dup, nil
 }
 
 // TryLead records the attempt and answers through the tryLead hook;

@@ -189,7 +189,7 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	var applied []int
 	for _, m := range d.migs[current:] {
 		for i, st := range m.Statements {
-			if _, err := conn.ExecContext(ctx, st); err != nil && myErrno(err) != errDupColumn {
+			if _, err := conn.ExecContext(ctx, st); err != nil && myErrno(err) != errDupColumn && myErrno(err) != errDupKeyName {
 				// (DDL auto-commits: a column added by a run that stopped
 				// before recording its version is already there.)
 				return applied, fmt.Errorf("conveyor/mysql: migrate: version %d (%s) statement %d: %w", m.Version, m.Name, i+1, err)

@@ -28,6 +28,18 @@ INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, sc
 -- name: InsertRow
 (?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]')
 
+-- Unique jobs are inserted one row each (InsertUniqueHead + InsertUniqueRow):
+-- a duplicate key (error 1062 on unique_idx) refuses the row alone and
+-- leaves the transaction going; UniqueHolder then reads the holder.
+-- name: InsertUniqueHead
+INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, scheduled_at, created_at, state, errors, unique_key, unique_keep) VALUES
+
+-- name: InsertUniqueRow
+(?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]', ?, ?)
+
+-- name: UniqueHolder
+SELECT id FROM `{p}jobs` WHERE unique_live = ?
+
 -- Claim with SKIP LOCKED, in one READ COMMITTED transaction: lock up to
 -- Limit due rows in claim order, skipping rows other claimers hold (never
 -- waiting), read the database's clock in the same statement, then mark the

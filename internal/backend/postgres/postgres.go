@@ -43,6 +43,7 @@ type queries struct {
 	rescue, promote, prune, tryLead, listen                               string
 	getJob, listJobs, retry, finish, stats                                string
 	pauseQueue, pausedQueues                                              string
+	insertUnique, uniqueHolders                                           string
 }
 
 func loadQueries(prefix string) queries {
@@ -80,6 +81,8 @@ func loadQueries(prefix string) queries {
 		stats:            get("stats"),
 		pauseQueue:       get("pause_queue"),
 		pausedQueues:     get("paused_queues"),
+		insertUnique:     get("insert_unique"),
+		uniqueHolders:    get("unique_holders"),
 	}
 }
 

@@ -59,6 +59,53 @@ woke AS (
 )
 SELECT i.id FROM input i CROSS JOIN (SELECT count(*) FROM woke) w ORDER BY i.ord
 
+-- name: insert_unique
+-- insert, for jobs with a unique key ($9, hex) and keep bits ($10), given
+-- in key order: inserted in that order (ORDER BY ord), so that concurrent
+-- inserters of overlapping keys wait for each other in the same order and
+-- cannot deadlock. A row whose key is held by a stored job (or one being
+-- inserted by a transaction that then commits: the partial unique index
+-- makes this insert wait for it) is skipped by ON CONFLICT DO NOTHING; the
+-- result says which rows went in. Only inserted rows notify.
+WITH input AS MATERIALIZED (
+    SELECT nextval('{p}jobs_id_seq') AS id,
+           i.ord, i.queue, i.kind, i.args, i.priority, i.max_attempts, i.timeout_ms,
+           coalesce(i.run_at, now() + i.delay_us * interval '1 microsecond') AS sched,
+           decode(i.ukey, 'hex') AS ukey, i.keep
+    FROM unnest($1::text[], $2::text[], $3::json[], $4::int[], $5::int[], $6::bigint[], $7::timestamptz[], $8::bigint[],
+                $9::text[], $10::int[])
+         WITH ORDINALITY AS i(queue, kind, args, priority, max_attempts, timeout_ms, run_at, delay_us, ukey, keep, ord)
+),
+ins AS (
+    INSERT INTO {p}jobs (id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at,
+                         unique_key, unique_keep)
+    SELECT id, queue, kind, args,
+           CASE WHEN sched > now() THEN 'scheduled' ELSE 'available' END,
+           priority, max_attempts, timeout_ms, sched, ukey, keep
+    FROM input
+    ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue, scheduled_at <= now() AS due
+),
+woke AS (
+    SELECT pg_notify('{p}wake', d.queue)
+    FROM (SELECT DISTINCT queue FROM ins WHERE due) d
+)
+SELECT i.id, ins.id IS NOT NULL
+FROM input i LEFT JOIN ins ON ins.id = i.id CROSS JOIN (SELECT count(*) FROM woke) w
+ORDER BY i.ord
+
+-- name: unique_holders
+-- $1 unique keys (hex): the jobs holding them (the predicate is the
+-- index's).
+SELECT encode(unique_key, 'hex'), id FROM {p}jobs
+ WHERE unique_key = ANY (ARRAY(SELECT decode(k, 'hex') FROM unnest($1::text[]) AS k))
+   AND unique_key IS NOT NULL
+   AND (state IN ('available', 'scheduled', 'running', 'retryable')
+        OR (state = 'completed' AND (unique_keep & 1) <> 0)
+        OR (state = 'discarded' AND (unique_keep & 2) <> 0)
+        OR (state = 'cancelled' AND (unique_keep & 4) <> 0))
+
 -- name: bulk_now
 SELECT now()
 

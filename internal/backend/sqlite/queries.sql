@@ -65,6 +65,37 @@ FROM (SELECT {now} AS now) AS n,
         FROM json_each(?1)) AS r
 ORDER BY r.k
 
+-- name: insert_unique
+-- ?1: one row as for insert, ?2 its unique key, ?3 its keep bits. Nothing
+-- is inserted, and no row returned, when a job holding the key exists
+-- (the partial unique index jobs_unique). "WHERE true" tells SQLite's
+-- parser that ON CONFLICT belongs to the INSERT, not to a join.
+INSERT INTO {p}jobs (queue, kind, args, state, priority, max_attempts,
+                     timeout_ms, scheduled_at, created_at, unique_key, unique_keep)
+SELECT r.queue, r.kind, r.args,
+       CASE WHEN coalesce(r.run_at, n.now + r.delay) > n.now
+            THEN 'scheduled' ELSE 'available' END,
+       r.priority, r.max_attempts, r.timeout_ms,
+       coalesce(r.run_at, n.now + r.delay), n.now, ?2, ?3
+FROM (SELECT {now} AS now) AS n,
+     (SELECT value ->> 0 AS queue, value ->> 1 AS kind, value ->> 2 AS args,
+             value ->> 3 AS priority, value ->> 4 AS max_attempts,
+             value ->> 5 AS timeout_ms, value ->> 6 AS run_at,
+             value ->> 7 AS delay
+        FROM json_each(?1)) AS r
+WHERE true
+ON CONFLICT DO NOTHING
+RETURNING id
+
+-- name: unique_holder
+-- ?1 a unique key: the job holding it (the predicate is the index's).
+SELECT id FROM {p}jobs
+ WHERE unique_key = ?1
+   AND (state IN ('available', 'scheduled', 'running', 'retryable')
+        OR (state = 'completed' AND (unique_keep & 1) <> 0)
+        OR (state = 'discarded' AND (unique_keep & 2) <> 0)
+        OR (state = 'cancelled' AND (unique_keep & 4) <> 0))
+
 -- name: claim
 -- ?1 queue, ?2 limit, ?3 lease in microseconds, ?4 worker.
 -- Run inside BEGIN IMMEDIATE: the write lock is taken before the read, so
