@@ -239,23 +239,38 @@ func (c *Client[TTx]) param(args JobArgs, o *EnqueueOpts, checkKinds bool) (driv
 		p.TimeoutMS = max(1, o.Timeout.Milliseconds())
 	}
 	var err error
-	p.Args, err = encodeArgs(args, c.maxArgs)
+	if p.Args, err = encodeArgs(args, c.maxArgs); err != nil {
+		return p, err
+	}
+	if o.Unique != nil {
+		due := p.RunAt
+		if due.IsZero() {
+			due = time.Now().Add(p.Delay)
+		}
+		p.UniqueKey, p.UniqueKeep, err = uniqueKey(kind, p.Queue, p.Args, due, o.Unique)
+	}
 	return p, err
 }
 
 // Enqueue inserts one job and returns its id once it is committed.
 // Concurrent calls are coalesced into multi-row inserts (group commit).
+// For a unique job (EnqueueOpts.Unique) whose key is held, nothing is
+// inserted and the holder's id is returned; EnqueueMany says which jobs
+// were such duplicates.
 func (c *Client[TTx]) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOpts) (int64, error) {
-	ids, err := c.EnqueueMany(ctx, []EnqueueItem{{Args: args, Opts: opts}})
+	rs, err := c.EnqueueMany(ctx, []EnqueueItem{{Args: args, Opts: opts}})
 	if err != nil {
 		return 0, err
 	}
-	return ids[0], nil
+	return rs[0].ID, nil
 }
 
 // EnqueueMany inserts jobs in one statement and one commit and returns
-// their ids in order. Nothing is inserted if any job is invalid.
-func (c *Client[TTx]) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]int64, error) {
+// one result per job, in order: its id, and whether it was a unique job
+// whose key was held (then nothing was inserted for it and the id is the
+// holder's). Nothing is inserted if any job is invalid. A batch that
+// mixes unique and other jobs is two inserts.
+func (c *Client[TTx]) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]EnqueueResult, error) {
 	if err := c.ready(ctx); err != nil {
 		return nil, err
 	}
@@ -263,7 +278,19 @@ func (c *Client[TTx]) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]i
 	if err != nil || len(ps) == 0 {
 		return nil, err
 	}
-	return c.eng.Insert(ctx, ps)
+	return results(c.eng.Insert(ctx, ps))
+}
+
+// results pairs ids and duplicate flags.
+func results(ids []int64, dup []bool, err error) ([]EnqueueResult, error) {
+	if err != nil {
+		return nil, err
+	}
+	rs := make([]EnqueueResult, len(ids))
+	for i := range ids {
+		rs[i] = EnqueueResult{ID: ids[i], Duplicate: dup[i]}
+	}
+	return rs, nil
 }
 
 // EnqueueTx inserts one job inside the caller's transaction, of the
@@ -276,16 +303,20 @@ func (c *Client[TTx]) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]i
 // that transaction commits, and no worker sees it before. On PostgreSQL
 // the commit wakes workers at once; elsewhere they see it at their next
 // poll (Config.PollMax at most).
+// A unique job whose key is held (by a committed job, or one of this
+// transaction) returns the holder's id; one whose key another open
+// transaction is inserting waits for that transaction to end.
 func (c *Client[TTx]) EnqueueTx(ctx context.Context, tx TTx, args JobArgs, opts *EnqueueOpts) (int64, error) {
-	ids, err := c.EnqueueManyTx(ctx, tx, []EnqueueItem{{Args: args, Opts: opts}})
+	rs, err := c.EnqueueManyTx(ctx, tx, []EnqueueItem{{Args: args, Opts: opts}})
 	if err != nil {
 		return 0, err
 	}
-	return ids[0], nil
+	return rs[0].ID, nil
 }
 
-// EnqueueManyTx inserts jobs inside the caller's transaction, as EnqueueTx.
-func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []EnqueueItem) ([]int64, error) {
+// EnqueueManyTx inserts jobs inside the caller's transaction, as EnqueueTx,
+// with one result per job as EnqueueMany.
+func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []EnqueueItem) ([]EnqueueResult, error) {
 	if err := c.ready(ctx); err != nil {
 		return nil, err
 	}
@@ -293,7 +324,7 @@ func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []Enqueue
 	if err != nil || len(ps) == 0 {
 		return nil, err
 	}
-	return c.eng.InsertTx(ctx, c.unwrap(tx), ps)
+	return results(c.eng.InsertTx(ctx, c.unwrap(tx), ps))
 }
 
 // EnqueueBulk streams many jobs in one transaction (COPY on PostgreSQL,

@@ -98,6 +98,10 @@ type EnqueueOpts struct {
 	// Timeout overrides Config.JobTimeout for this job; negative means no
 	// timeout.
 	Timeout time.Duration
+	// Unique, when set, makes the job unique (see UniqueOpts): an enqueue
+	// while a job with the same key holds it inserts nothing and returns
+	// that job's id.
+	Unique *UniqueOpts
 }
 
 // EnqueueItem is one job of a batch enqueue.
