@@ -311,6 +311,12 @@ type Options struct {
 	Synchronous string
 }
 
+// CancelNotice is what a Listener delivers, instead of a queue name (no
+// queue name can be it), when a running job was cancelled or discarded by
+// hand: the engine then renews its leases at once, which finds the job no
+// longer running and stops its handler.
+const CancelNotice = "!cancel"
+
 // Listener delivers queue names that have new work.
 type Listener interface {
 	// Wait blocks until a notification arrives or ctx ends; it reconnects

@@ -38,7 +38,7 @@ var ErrStopped = errors.New("conveyor: client is closed")
 var errShutdown = errors.New("conveyor: client shutting down")
 
 // errLeaseLost is the cause given to job contexts whose lease was lost.
-var errLeaseLost = errors.New("conveyor: job lease lost (rescued or taken by another attempt)")
+var errLeaseLost = errors.New("conveyor: job lease lost (cancelled or discarded by hand, rescued, or taken by another attempt)")
 
 // errLeaseDeadline is the cause given to job contexts cancelled because
 // their lease could not be renewed in time: the handler must stop before

@@ -205,6 +205,10 @@ func (e *Engine) listenLoop(ctx context.Context) {
 				e.wake("")
 				continue
 			}
+			if q == driver.CancelNotice {
+				signal(e.hbWake)
+				continue
+			}
 			e.wake(q)
 		}
 		l.Close()

@@ -301,14 +301,25 @@ SELECT u.* FROM u CROSS JOIN (SELECT count(*) FROM woke) w
 
 -- name: finish
 -- Cancel or discard a job that has not finished ($2 is the new state).
-UPDATE {p}jobs
-SET state = $2::text,
-    finalized_at = now(),
-    lease_expires_at = NULL
-WHERE id = $1 AND state IN ('available', 'scheduled', 'retryable', 'running')
-RETURNING id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
-          scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
-          attempted_by, errors, fence
+-- When the job was running, every process is told ('!cancel' on the wake
+-- channel, which no queue name can be): each renews its leases at once,
+-- and the one running the job finds it gone and stops its handler. (The
+-- EXISTS reads the row as it was before this statement's update.)
+WITH u AS (
+    UPDATE {p}jobs
+    SET state = $2::text,
+        finalized_at = now(),
+        lease_expires_at = NULL
+    WHERE id = $1 AND state IN ('available', 'scheduled', 'retryable', 'running')
+    RETURNING id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+              scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
+              attempted_by, errors, fence
+),
+woke AS (
+    SELECT pg_notify('{p}wake', '!cancel') FROM u
+    WHERE EXISTS (SELECT 1 FROM {p}jobs o WHERE o.id = $1 AND o.state = 'running')
+)
+SELECT u.* FROM u CROSS JOIN (SELECT count(*) FROM woke) w
 
 -- name: stats
 -- Per queue and state: the count and, for available, the age in
