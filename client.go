@@ -32,6 +32,7 @@ type Client[TTx any] struct {
 	eng      *engine.Engine
 	mu       sync.Mutex
 	handlers map[string]engine.Handler
+	periodic periodic
 	started  bool
 	schemaOK atomic.Bool
 	maxArgs  int
@@ -150,7 +151,11 @@ func (c *Client[TTx]) Start(ctx context.Context) error {
 	c.mu.Lock()
 	c.started = true
 	c.mu.Unlock()
-	return c.eng.Start(ctx)
+	if err := c.eng.Start(ctx); err != nil {
+		return err
+	}
+	c.startPeriodic()
+	return nil
 }
 
 // Stop stops claiming jobs, waits for running jobs until ctx ends or
@@ -158,6 +163,7 @@ func (c *Client[TTx]) Start(ctx context.Context) error {
 // not finish are made available again; nothing is lost. The client can
 // still enqueue after Stop.
 func (c *Client[TTx]) Stop(ctx context.Context) error {
+	c.stopPeriodic()
 	err := c.eng.Stop(ctx)
 	c.mu.Lock()
 	c.started = false
@@ -170,6 +176,7 @@ func (c *Client[TTx]) Stop(ctx context.Context) error {
 func (c *Client[TTx]) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.ShutdownTimeout)
 	defer cancel()
+	c.stopPeriodic()
 	err := c.eng.Close(ctx)
 	return errors.Join(err, c.drv.Close())
 }

@@ -261,6 +261,14 @@ type Driver interface {
 	// TryLead takes or keeps leadership of the maintenance loops for ttl.
 	TryLead(ctx context.Context, id string, ttl time.Duration) (bool, error)
 
+	// RecordSchedule records that schedule s.Name made (or found made)
+	// the job s.LastJob for slot s.LastSlot, and that its next slot is
+	// s.NextSlot; a record of an earlier slot than the one stored changes
+	// only the spec.
+	RecordSchedule(ctx context.Context, s ScheduleRow) error
+	// Schedules lists the recorded schedules by name.
+	Schedules(ctx context.Context) ([]ScheduleRow, error)
+
 	// PauseQueue pauses (paused) or resumes a queue for every process on
 	// the database: no claim that starts after it returns takes a job of
 	// a paused queue. Resuming wakes other processes' fetchers for the
@@ -309,6 +317,19 @@ type Options struct {
 	// Synchronous is SQLite's synchronous mode in WAL: "NORMAL" (durable
 	// against a process crash; the default) or "FULL" (also power loss).
 	Synchronous string
+}
+
+// ScheduleRow is a periodic schedule as recorded in the database.
+type ScheduleRow struct {
+	Name, Spec string
+	// LastSlot is the latest slot a job was made for (zero if none) and
+	// LastJob that job's id.
+	LastSlot time.Time
+	LastJob  int64
+	// NextSlot is the slot after LastSlot (zero if none).
+	NextSlot time.Time
+	// UpdatedAt is when a process last recorded the schedule.
+	UpdatedAt time.Time
 }
 
 // CancelNotice is what a Listener delivers, instead of a queue name (no

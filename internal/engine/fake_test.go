@@ -210,6 +210,12 @@ func (d *fakeDriver) idle(queue string) bool {
 // PauseQueue is not used by the engine's loops.
 func (d *fakeDriver) PauseQueue(context.Context, string, bool) error { return nil }
 
+// RecordSchedule is not used by the engine.
+func (d *fakeDriver) RecordSchedule(context.Context, driver.ScheduleRow) error { return nil }
+
+// Schedules reports none.
+func (d *fakeDriver) Schedules(context.Context) ([]driver.ScheduleRow, error) { return nil, nil }
+
 // PausedQueues reports no paused queue.
 func (d *fakeDriver) PausedQueues(context.Context) (map[string]time.Time, error) {
 	return map[string]time.Time{}, nil

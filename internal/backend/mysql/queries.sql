@@ -226,7 +226,7 @@ SELECT COALESCE(MAX(version), 0) FROM `{p}schema_migrations`
 INSERT INTO `{p}schema_migrations` (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))
 
 -- name: DropAll
-DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schema_migrations`
+DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}schema_migrations`
 
 -- name: PauseQueue
 -- Pausing keeps the first pause's time (?, ?: queue, paused 0/1).
@@ -235,3 +235,16 @@ ON DUPLICATE KEY UPDATE paused_at = IF(VALUES(paused_at) IS NULL, NULL, COALESCE
 
 -- name: PausedQueues
 SELECT name, paused_at FROM `{p}queues` WHERE paused_at IS NOT NULL
+
+-- name: RecordSchedule
+-- The slots only move forward. MySQL evaluates the assignments left to
+-- right, each seeing the ones before it: last_slot is assigned last.
+INSERT INTO `{p}schedules` (name, spec, last_slot, last_job, next_slot, updated_at) VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6))
+ON DUPLICATE KEY UPDATE spec = VALUES(spec),
+  last_job = IF(last_slot IS NULL OR VALUES(last_slot) >= last_slot, VALUES(last_job), last_job),
+  next_slot = IF(last_slot IS NULL OR VALUES(last_slot) >= last_slot, VALUES(next_slot), next_slot),
+  last_slot = GREATEST(COALESCE(last_slot, VALUES(last_slot)), VALUES(last_slot)),
+  updated_at = VALUES(updated_at)
+
+-- name: Schedules
+SELECT name, spec, last_slot, last_job, next_slot, updated_at FROM `{p}schedules` ORDER BY name

@@ -44,6 +44,7 @@ type queries struct {
 	getJob, listJobs, retry, finish, stats                                string
 	pauseQueue, pausedQueues                                              string
 	insertUnique, uniqueHolders                                           string
+	recordSchedule, schedules                                             string
 }
 
 func loadQueries(prefix string) queries {
@@ -83,6 +84,8 @@ func loadQueries(prefix string) queries {
 		pausedQueues:     get("paused_queues"),
 		insertUnique:     get("insert_unique"),
 		uniqueHolders:    get("unique_holders"),
+		recordSchedule:   get("record_schedule"),
+		schedules:        get("schedules"),
 	}
 }
 

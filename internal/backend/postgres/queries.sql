@@ -22,7 +22,7 @@ SELECT coalesce(max(version), 0) FROM {p}schema_migrations
 INSERT INTO {p}schema_migrations (version) VALUES ($1)
 
 -- name: drop_all
-DROP TABLE IF EXISTS {p}jobs, {p}leader, {p}queues, {p}schema_migrations
+DROP TABLE IF EXISTS {p}jobs, {p}leader, {p}queues, {p}schedules, {p}schema_migrations
 
 -- name: server_info
 SELECT current_setting('server_version'),
@@ -348,3 +348,20 @@ SELECT pg_notify('{p}wake', name) FROM up WHERE NOT $2::boolean
 
 -- name: paused_queues
 SELECT name, paused_at FROM {p}queues WHERE paused_at IS NOT NULL
+
+-- name: record_schedule
+-- $1 name, $2 spec, $3 last slot, $4 last job, $5 next slot. The slots
+-- only move forward (SET reads the stored row's values).
+INSERT INTO {p}schedules AS s (name, spec, last_slot, last_job, next_slot, updated_at)
+VALUES ($1, $2, $3, $4, $5, now())
+ON CONFLICT (name) DO UPDATE
+   SET spec = excluded.spec,
+       last_job = CASE WHEN s.last_slot IS NULL OR excluded.last_slot >= s.last_slot
+                       THEN excluded.last_job ELSE s.last_job END,
+       next_slot = CASE WHEN s.last_slot IS NULL OR excluded.last_slot >= s.last_slot
+                        THEN excluded.next_slot ELSE s.next_slot END,
+       last_slot = greatest(s.last_slot, excluded.last_slot),
+       updated_at = excluded.updated_at
+
+-- name: schedules
+SELECT name, spec, last_slot, last_job, next_slot, updated_at FROM {p}schedules ORDER BY name

@@ -280,6 +280,9 @@ DROP TABLE IF EXISTS {p}leader
 -- name: drop_queues
 DROP TABLE IF EXISTS {p}queues
 
+-- name: drop_schedules
+DROP TABLE IF EXISTS {p}schedules
+
 -- name: drop_migrations
 DROP TABLE IF EXISTS {p}schema_migrations
 
@@ -309,3 +312,20 @@ ON CONFLICT (name) DO UPDATE
 
 -- name: paused_queues
 SELECT name, paused_at FROM {p}queues WHERE paused_at IS NOT NULL
+
+-- name: record_schedule
+-- ?1 name, ?2 spec, ?3 last slot, ?4 last job, ?5 next slot (µs or NULL).
+-- The slots only move forward.
+INSERT INTO {p}schedules (name, spec, last_slot, last_job, next_slot, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, {now})
+ON CONFLICT (name) DO UPDATE
+   SET spec = excluded.spec,
+       last_job = CASE WHEN {p}schedules.last_slot IS NULL OR excluded.last_slot >= {p}schedules.last_slot
+                       THEN excluded.last_job ELSE {p}schedules.last_job END,
+       next_slot = CASE WHEN {p}schedules.last_slot IS NULL OR excluded.last_slot >= {p}schedules.last_slot
+                        THEN excluded.next_slot ELSE {p}schedules.next_slot END,
+       last_slot = max(coalesce({p}schedules.last_slot, excluded.last_slot), excluded.last_slot),
+       updated_at = excluded.updated_at
+
+-- name: schedules
+SELECT name, spec, last_slot, last_job, next_slot, updated_at FROM {p}schedules ORDER BY name
