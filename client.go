@@ -199,9 +199,8 @@ func (c *Client) param(args JobArgs, o *EnqueueOpts, checkKinds bool) (driver.In
 			return driver.InsertParams{}, fmt.Errorf("%w: %q has no worker registered on this client (set Config.AllowUnregisteredKinds if another service works it)", ErrUnknownKind, kind)
 		}
 	}
-	if o == nil {
-		o = &EnqueueOpts{}
-	}
+	resolved := resolveOpts(args, o)
+	o = &resolved
 	p := driver.InsertParams{Queue: o.Queue, Kind: kind, Priority: o.Priority, MaxAttempts: o.MaxAttempts, RunAt: o.RunAt, Delay: o.Delay}
 	if p.Queue == "" {
 		p.Queue = DefaultQueue

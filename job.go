@@ -80,7 +80,8 @@ func (r RawArgs) MarshalJSON() ([]byte, error) {
 	return r.JSON, nil
 }
 
-// EnqueueOpts are per-job options; nil or zero fields take defaults.
+// EnqueueOpts are per-job options; nil or zero fields take the defaults
+// the arguments declare (JobArgsWithEnqueueOpts), then the client's.
 type EnqueueOpts struct {
 	// Queue, default "default". Names are 1 to 128 characters of letters,
 	// digits, '_', '-', '.' and ':', starting with a letter or digit.
@@ -98,6 +99,59 @@ type EnqueueOpts struct {
 	// Timeout overrides Config.JobTimeout for this job; negative means no
 	// timeout.
 	Timeout time.Duration
+}
+
+// JobArgsWithEnqueueOpts is implemented by argument types that declare
+// their kind's default enqueue options, so that every producer of the
+// kind (any client, any enqueue call: Enqueue, EnqueueMany, EnqueueTx,
+// EnqueueManyTx, EnqueueBulk) enqueues it the same way without repeating
+// them:
+//
+//	func (SendEmail) EnqueueOpts() conveyor.EnqueueOpts {
+//		return conveyor.EnqueueOpts{Queue: "email", MaxAttempts: 5, Timeout: 30 * time.Second}
+//	}
+//
+// Options are resolved field by field: a non-zero field of the call's
+// *EnqueueOpts wins, then the field EnqueueOpts returns, then the
+// client's default (queue "default", priority 0, Config.MaxAttempts,
+// Config.JobTimeout). The schedule is one field: a call that sets RunAt
+// or Delay replaces both RunAt and Delay of the declared options. Since
+// zero means "not set", a call cannot override a declared value with a
+// zero one (priority 0, no delay); pass the value explicitly instead
+// (RunAt: time.Now() for "now"). EnqueueOpts is called once per job
+// enqueued and must not depend on the arguments' contents.
+type JobArgsWithEnqueueOpts interface {
+	JobArgs
+	// EnqueueOpts returns the kind's default enqueue options.
+	EnqueueOpts() EnqueueOpts
+}
+
+// resolveOpts returns the options a job is enqueued with: the call's
+// non-zero fields over those args declares (JobArgsWithEnqueueOpts).
+func resolveOpts(args JobArgs, call *EnqueueOpts) EnqueueOpts {
+	var o EnqueueOpts
+	if d, ok := args.(JobArgsWithEnqueueOpts); ok {
+		o = d.EnqueueOpts()
+	}
+	if call == nil {
+		return o
+	}
+	if call.Queue != "" {
+		o.Queue = call.Queue
+	}
+	if call.Priority != 0 {
+		o.Priority = call.Priority
+	}
+	if !call.RunAt.IsZero() || call.Delay != 0 {
+		o.RunAt, o.Delay = call.RunAt, call.Delay
+	}
+	if call.MaxAttempts != 0 {
+		o.MaxAttempts = call.MaxAttempts
+	}
+	if call.Timeout != 0 {
+		o.Timeout = call.Timeout
+	}
+	return o
 }
 
 // EnqueueItem is one job of a batch enqueue.
