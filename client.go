@@ -25,6 +25,7 @@ type Client struct {
 	eng      *engine.Engine
 	mu       sync.Mutex
 	handlers map[string]engine.Handler
+	kinds    map[string]engine.KindConfig // WorkerOpts by kind, shared with the engine
 	started  bool
 	schemaOK atomic.Bool
 	maxArgs  int
@@ -68,7 +69,7 @@ func New(ctx context.Context, drv Driver, cfg *Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	cl := &Client{cfg: c, drv: d, handlers: map[string]engine.Handler{}, maxArgs: c.MaxArgsBytes}
+	cl := &Client{cfg: c, drv: d, handlers: map[string]engine.Handler{}, kinds: map[string]engine.KindConfig{}, maxArgs: c.MaxArgsBytes}
 	if m := d.Capabilities().MaxArgsBytes; m > 0 && m < cl.maxArgs {
 		cl.maxArgs = m
 	}
@@ -76,7 +77,9 @@ func New(ctx context.Context, drv Driver, cfg *Config) (*Client, error) {
 		d.Close()
 		return nil, err
 	}
-	cl.eng = engine.New(d, c.engineConfig(), cl.handlers)
+	ec := c.engineConfig()
+	ec.Kinds = cl.kinds
+	cl.eng = engine.New(d, ec, cl.handlers)
 	return cl, nil
 }
 

@@ -139,3 +139,87 @@ func TestArgsDeclaredEnqueueOptsValidated(t *testing.T) {
 		t.Fatalf("declared priority overridden by the call: %v", err)
 	}
 }
+
+// slowKind is a kind registered with its own WorkerOpts.
+type slowKind struct {
+	Block bool `json:"block"`
+}
+
+func (slowKind) Kind() string { return "slow_kind" }
+
+// A kind's WorkerOpts replace the client's JobTimeout and Backoff for its
+// jobs: the handler's context ends at the kind's timeout although the
+// client's is an hour, and the failed attempt is scheduled after the
+// kind's backoff (an hour) although the client's is 10ms. A job's own
+// timeout still beats its kind's. Checked on the stored job, not by
+// timing retries.
+func TestWorkerOptsTimeoutAndBackoff(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		cfg := fast(testdb.Prefix())
+		cfg.JobTimeout = time.Hour
+		c := openDropped(t, dsn, cfg)
+		deadlines := make(chan time.Duration, 2)
+		err := conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[slowKind]) error {
+			dl, _ := ctx.Deadline()
+			deadlines <- time.Until(dl)
+			<-ctx.Done()
+			return ctx.Err()
+		}), conveyor.WorkerOpts{
+			Timeout: 150 * time.Millisecond,
+			Backoff: func(attempt int) time.Duration { return time.Duration(attempt) * time.Hour },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kindTimeout, err := c.Enqueue(ctx, slowKind{true}, &conveyor.EnqueueOpts{MaxAttempts: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ownTimeout, err := c.Enqueue(ctx, slowKind{true}, &conveyor.EnqueueOpts{MaxAttempts: 3, Timeout: 50 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			select {
+			case left := <-deadlines:
+				if left <= 0 || left > 150*time.Millisecond {
+					t.Fatalf("handler's deadline %v away at its start, want at most the kind's 150ms", left)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("handlers never ran")
+			}
+		}
+		waitFor(t, "both attempts failed", 20*time.Second, func() bool {
+			return jobState(t, c, kindTimeout).State == conveyor.JobStateRetryable && jobState(t, c, ownTimeout).State == conveyor.JobStateRetryable
+		})
+		for id, after := range map[int64]string{kindTimeout: "timed out after 150ms", ownTimeout: "timed out after 50ms"} {
+			j := jobState(t, c, id)
+			if len(j.Errors) != 1 || !strings.Contains(j.Errors[0].Error, after) {
+				t.Errorf("job %d: errors %+v, want one saying %q", id, j.Errors, after)
+			}
+			// Retried after the kind's backoff for attempt 1 (an hour) from
+			// when the outcome was written, not the client's 10ms.
+			if wait := j.ScheduledAt.Sub(j.AttemptedAt); wait < time.Hour || wait > time.Hour+time.Minute {
+				t.Errorf("job %d: retry scheduled %v after the attempt, want the kind's hour", id, wait)
+			}
+		}
+	})
+}
+
+func TestAddWorkerOptsRefused(t *testing.T) {
+	c := openDropped(t, backends[0].dsn(t), fast(testdb.Prefix()))
+	w := conveyor.WorkFunc(func(context.Context, *conveyor.Job[slowKind]) error { return nil })
+	if err := conveyor.AddWorker(c, w, conveyor.WorkerOpts{}, conveyor.WorkerOpts{}); err == nil || !strings.Contains(err.Error(), "at most one") {
+		t.Fatalf("two WorkerOpts: %v", err)
+	}
+	if err := conveyor.AddWorker(c, w, conveyor.WorkerOpts{Timeout: 31 * 24 * time.Hour}); err == nil || !strings.Contains(err.Error(), "limit") {
+		t.Fatalf("a 31-day timeout: %v", err)
+	}
+	if err := conveyor.AddWorker(c, w, conveyor.WorkerOpts{Timeout: time.Second}); err != nil {
+		t.Fatalf("valid WorkerOpts after refused ones: %v", err)
+	}
+}
