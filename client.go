@@ -325,14 +325,40 @@ type JobFilter struct {
 // Jobs lists jobs by id. An unknown state in f.States is an error that
 // names it and lists the valid states.
 func (c *Client) Jobs(ctx context.Context, f JobFilter) ([]*JobInfo, error) {
+	df, err := f.driverFilter()
+	if err != nil {
+		return nil, err
+	}
+	return jobInfos(c.drv.ListJobs(ctx, df))
+}
+
+// JobsTx lists jobs as Jobs does, inside the caller's transaction (of a
+// type EnqueueTx accepts): it sees the jobs that transaction enqueued
+// before it commits, which no other transaction sees. Tests use it to
+// check what a transaction enqueued (package conveyortest); applications
+// to read jobs consistently with their own data.
+func (c *Client) JobsTx(ctx context.Context, tx any, f JobFilter) ([]*JobInfo, error) {
+	df, err := f.driverFilter()
+	if err != nil {
+		return nil, err
+	}
+	return jobInfos(c.drv.ListJobsTx(ctx, tx, df))
+}
+
+// driverFilter checks f's states and returns it as the driver takes it.
+func (f JobFilter) driverFilter() (driver.JobFilter, error) {
 	df := driver.JobFilter{Queue: f.Queue, Kind: f.Kind, Limit: f.Limit, AfterID: f.AfterID}
 	for _, s := range f.States {
 		if !s.valid() {
-			return nil, unknownState(string(s))
+			return df, unknownState(string(s))
 		}
 		df.States = append(df.States, string(s))
 	}
-	rows, err := c.drv.ListJobs(ctx, df)
+	return df, nil
+}
+
+// jobInfos converts a driver's list of jobs.
+func jobInfos(rows []*driver.JobRow, err error) ([]*JobInfo, error) {
 	if err != nil {
 		return nil, err
 	}
