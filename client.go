@@ -15,6 +15,20 @@ import (
 
 func init() {
 	seam.DriverOf = func(c any) driver.Driver { return c.(*Client).drv }
+	seam.WorkOne = func(ctx context.Context, c any, id int64) (*engine.Worked, error) {
+		return c.(*Client).workOne(ctx, id)
+	}
+}
+
+// workOne runs job id through its registered worker in the calling
+// goroutine (engine.WorkOne), for package conveyortest through the seam.
+// It is not a method applications see: it bypasses the queues'
+// concurrency limits and the client's shutdown (docs/design.md).
+func (c *Client) workOne(ctx context.Context, id int64) (*engine.Worked, error) {
+	if err := c.ready(ctx); err != nil {
+		return nil, err
+	}
+	return c.eng.WorkOne(ctx, id)
 }
 
 // Client enqueues jobs and, once started, works the queues in its Config.
