@@ -17,6 +17,22 @@ func init() {
 	seam.DriverOf = func(c any) driver.Driver {
 		return c.(interface{ driverOf() driver.Driver }).driverOf()
 	}
+	seam.WorkOne = func(ctx context.Context, c any, id int64) (*engine.Worked, error) {
+		return c.(interface {
+			workOne(context.Context, int64) (*engine.Worked, error)
+		}).workOne(ctx, id)
+	}
+}
+
+// workOne runs job id through its registered worker in the calling
+// goroutine (engine.WorkOne), for package conveyortest through the seam.
+// It is not a method applications see: it bypasses the queues'
+// concurrency limits and the client's shutdown (docs/design.md).
+func (c *Client[TTx]) workOne(ctx context.Context, id int64) (*engine.Worked, error) {
+	if err := c.ready(ctx); err != nil {
+		return nil, err
+	}
+	return c.eng.WorkOne(ctx, id)
 }
 
 // Client enqueues jobs and, once started, works the queues in its Config.
@@ -33,6 +49,7 @@ type Client[TTx any] struct {
 	mu       sync.Mutex
 	handlers map[string]engine.Handler
 	periodic periodic
+	kinds    map[string]engine.KindConfig // WorkerOpts by kind, shared with the engine
 	started  bool
 	schemaOK atomic.Bool
 	maxArgs  int
@@ -75,7 +92,7 @@ func New[TTx any](ctx context.Context, drv Driver[TTx], cfg *Config) (*Client[TT
 	if err != nil {
 		return nil, err
 	}
-	cl := &Client[TTx]{cfg: c, drv: d, unwrap: drv.UnwrapTx, handlers: map[string]engine.Handler{}, maxArgs: c.MaxArgsBytes}
+	cl := &Client[TTx]{cfg: c, drv: d, unwrap: drv.UnwrapTx, handlers: map[string]engine.Handler{}, kinds: map[string]engine.KindConfig{}, maxArgs: c.MaxArgsBytes}
 	if m := d.Capabilities().MaxArgsBytes; m > 0 && m < cl.maxArgs {
 		cl.maxArgs = m
 	}
@@ -83,7 +100,9 @@ func New[TTx any](ctx context.Context, drv Driver[TTx], cfg *Config) (*Client[TT
 		d.Close()
 		return nil, err
 	}
-	cl.eng = engine.New(d, c.engineConfig(), cl.handlers)
+	ec := c.engineConfig()
+	ec.Kinds = cl.kinds
+	cl.eng = engine.New(d, ec, cl.handlers)
 	return cl, nil
 }
 
@@ -215,9 +234,8 @@ func (c *Client[TTx]) param(args JobArgs, o *EnqueueOpts, checkKinds bool) (driv
 			return driver.InsertParams{}, fmt.Errorf("%w: %q has no worker registered on this client (set Config.AllowUnregisteredKinds if another service works it)", ErrUnknownKind, kind)
 		}
 	}
-	if o == nil {
-		o = &EnqueueOpts{}
-	}
+	resolved := resolveOpts(args, o)
+	o = &resolved
 	p := driver.InsertParams{Queue: o.Queue, Kind: kind, Priority: o.Priority, MaxAttempts: o.MaxAttempts, RunAt: o.RunAt, Delay: o.Delay}
 	if p.Queue == "" {
 		p.Queue = DefaultQueue
@@ -375,14 +393,40 @@ type JobFilter struct {
 // Jobs lists jobs by id. An unknown state in f.States is an error that
 // names it and lists the valid states.
 func (c *Client[TTx]) Jobs(ctx context.Context, f JobFilter) ([]*JobInfo, error) {
+	df, err := f.driverFilter()
+	if err != nil {
+		return nil, err
+	}
+	return jobInfos(c.drv.ListJobs(ctx, df))
+}
+
+// JobsTx lists jobs as Jobs does, inside the caller's transaction (of a
+// type EnqueueTx accepts): it sees the jobs that transaction enqueued
+// before it commits, which no other transaction sees. Tests use it to
+// check what a transaction enqueued (package conveyortest); applications
+// to read jobs consistently with their own data.
+func (c *Client[TTx]) JobsTx(ctx context.Context, tx TTx, f JobFilter) ([]*JobInfo, error) {
+	df, err := f.driverFilter()
+	if err != nil {
+		return nil, err
+	}
+	return jobInfos(c.drv.ListJobsTx(ctx, c.unwrap(tx), df))
+}
+
+// driverFilter checks f's states and returns it as the driver takes it.
+func (f JobFilter) driverFilter() (driver.JobFilter, error) {
 	df := driver.JobFilter{Queue: f.Queue, Kind: f.Kind, Limit: f.Limit, AfterID: f.AfterID}
 	for _, s := range f.States {
 		if !s.valid() {
-			return nil, unknownState(string(s))
+			return df, unknownState(string(s))
 		}
 		df.States = append(df.States, string(s))
 	}
-	rows, err := c.drv.ListJobs(ctx, df)
+	return df, nil
+}
+
+// jobInfos converts a driver's list of jobs.
+func jobInfos(rows []*driver.JobRow, err error) ([]*JobInfo, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -519,4 +563,27 @@ func (c *Client[TTx]) PausedQueues(ctx context.Context) (map[string]time.Time, e
 // throughput (durability, isolation).
 func (c *Client[TTx]) ServerInfo(ctx context.Context) (map[string]string, error) {
 	return c.drv.ServerInfo(ctx)
+}
+
+// AnyTx adapts a driver to a Client[any], whose EnqueueTx takes any
+// transaction and checks its type when called (as a client from
+// connect.Open does): for code that handles clients of several backends
+// alike. A transaction of another type than d's is refused with
+// ErrTxType.
+func AnyTx[TTx any](d Driver[TTx]) Driver[any] { return anyTx[TTx]{d} }
+
+type anyTx[TTx any] struct{ d Driver[TTx] }
+
+// Bind binds the adapted driver.
+func (a anyTx[TTx]) Bind(ctx context.Context, opts driver.Options) (driver.Driver, error) {
+	return a.d.Bind(ctx, opts)
+}
+
+// UnwrapTx passes a transaction of the adapted driver's type on, and
+// anything else as it is, for the backend to refuse.
+func (a anyTx[TTx]) UnwrapTx(tx any) any {
+	if t, ok := tx.(TTx); ok {
+		return a.d.UnwrapTx(t)
+	}
+	return tx
 }

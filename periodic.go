@@ -218,6 +218,10 @@ func (c *Client[TTx]) periodicLoop(ctx context.Context) {
 // enqueueSlot enqueues (or finds enqueued) the job of slot s and records
 // it; false if that failed and should be tried again.
 func (c *Client[TTx]) enqueueSlot(ctx context.Context, j *periodicState, s time.Time) bool {
+	// A slot begun is finished even when Stop comes meanwhile, so that its
+	// job and its record go together (bounded: Stop waits for it).
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
 	opts := EnqueueOpts{}
 	if j.Opts != nil {
 		opts = *j.Opts
@@ -227,11 +231,8 @@ func (c *Client[TTx]) enqueueSlot(ctx context.Context, j *periodicState, s time.
 	if err == nil {
 		p.UniqueKey, p.UniqueKeep = slotKey(j.Name, s), driver.KeepCompleted|driver.KeepDiscarded|driver.KeepCancelled
 		var ids []int64
-		if ids, _, err = c.eng.Insert(ctx, []driver.InsertParams{p}); err == nil {
-			// Recorded even when Stop comes now: the slot's job exists.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			err = c.drv.RecordSchedule(rctx, driver.ScheduleRow{
+		if ids, _, err = c.eng.Insert(wctx, []driver.InsertParams{p}); err == nil {
+			err = c.drv.RecordSchedule(wctx, driver.ScheduleRow{
 				Name: j.Name, Spec: j.Schedule.String(), LastSlot: s, LastJob: ids[0], NextSlot: j.Schedule.Next(s),
 			})
 		}

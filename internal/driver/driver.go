@@ -228,6 +228,16 @@ type Driver interface {
 	// them. It never blocks on
 	// another claimer's locks and never deadlocks.
 	Claim(ctx context.Context, p ClaimParams) ([]*JobRow, error)
+	// ClaimJob claims job id as Claim claims a job (state running, attempt
+	// and fence token incremented, lease set from the database's clock,
+	// attempted_by set to worker), whatever its queue, priority or
+	// schedule, provided it is available, scheduled or retryable, and
+	// returns it as claimed. It returns an error wrapping ErrNotFound when
+	// there is no such job and one wrapping ErrWrongState when it is
+	// running or finished. Like Claim it never hands out a job that another
+	// claim holds: of a ClaimJob and a Claim racing for the same job, one
+	// gets it. Used to run one job on demand (conveyortest).
+	ClaimJob(ctx context.Context, id int64, lease time.Duration, worker string) (*JobRow, error)
 	// Complete applies outcomes fenced by the claim's fence token and
 	// returns the ids that took effect; the others were stale and are
 	// refused. Complete, Heartbeat and Release are the lease path: a
@@ -285,6 +295,10 @@ type Driver interface {
 	// Admin.
 	GetJob(ctx context.Context, id int64) (*JobRow, error)
 	ListJobs(ctx context.Context, f JobFilter) ([]*JobRow, error)
+	// ListJobsTx is ListJobs inside the caller's transaction (of a type
+	// InsertTx accepts, ErrTxType otherwise): it sees the jobs that
+	// transaction inserted, before it commits.
+	ListJobsTx(ctx context.Context, tx any, f JobFilter) ([]*JobRow, error)
 	// Retry makes a discarded, cancelled, retryable or scheduled job
 	// available now, granting one more attempt if all were used.
 	Retry(ctx context.Context, id int64) (*JobRow, error)

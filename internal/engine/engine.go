@@ -65,12 +65,28 @@ type Config struct {
 	DiscardedRetention time.Duration
 	ShutdownTimeout    time.Duration
 	Backoff            func(attempt int) time.Duration
+	// Kinds holds the settings of kinds that override JobTimeout or
+	// Backoff, by kind; a kind absent, or a zero field, takes the
+	// engine-wide one. The map may be filled after New, before Start (the
+	// public package shares it with AddWorker, as it shares handlers).
+	Kinds map[string]KindConfig
 	// Logger receives warnings (database errors being retried, leases
 	// lost) and one record per failed attempt; nil discards them.
 	Logger *slog.Logger
 	// FailedAttemptLevel is the level of the record logged for each
 	// failed attempt. Successful attempts are not logged.
 	FailedAttemptLevel slog.Level
+}
+
+// KindConfig is one kind's own settings, overriding the engine-wide ones
+// for its jobs.
+type KindConfig struct {
+	// Timeout replaces Config.JobTimeout for jobs of the kind that have no
+	// timeout of their own (JobRow.TimeoutMS 0); negative means none, zero
+	// takes Config.JobTimeout.
+	Timeout time.Duration
+	// Backoff replaces Config.Backoff for the kind; nil takes it.
+	Backoff func(attempt int) time.Duration
 }
 
 // Metrics are process-wide counters.
@@ -368,15 +384,29 @@ func (e *Engine) runJob(ctx context.Context, row *driver.JobRow) (err error, tra
 	return err, trace
 }
 
-// timeout is the job's own timeout or the client default; 0 means none.
+// timeout is the job's own timeout, else its kind's, else the engine's;
+// 0 means none.
 func (e *Engine) timeout(row *driver.JobRow) time.Duration {
+	t := e.cfg.JobTimeout
+	if k := e.cfg.Kinds[row.Kind].Timeout; k != 0 {
+		t = k
+	}
 	switch {
 	case row.TimeoutMS > 0:
 		return time.Duration(row.TimeoutMS) * time.Millisecond
-	case row.TimeoutMS < 0 || e.cfg.JobTimeout < 0:
+	case row.TimeoutMS < 0 || t < 0:
 		return 0
 	}
-	return e.cfg.JobTimeout
+	return t
+}
+
+// backoff is the wait before retrying row after its attempt failed: its
+// kind's Backoff, else the engine's.
+func (e *Engine) backoff(row *driver.JobRow) time.Duration {
+	if b := e.cfg.Kinds[row.Kind].Backoff; b != nil {
+		return b(row.Attempt)
+	}
+	return e.cfg.Backoff(row.Attempt)
 }
 
 // outcome turns a handler result into the state the completer writes.
@@ -394,7 +424,7 @@ func (e *Engine) outcome(row *driver.JobRow, err error, trace string) driver.Out
 		o.State = driver.StateDiscarded
 	default:
 		o.State = driver.StateRetryable
-		o.RetryIn = e.cfg.Backoff(row.Attempt)
+		o.RetryIn = e.backoff(row)
 	}
 	return o
 }

@@ -45,6 +45,9 @@ type fakeDriver struct {
 	rescue  func() (map[string]int, error)
 	prune   func() (int64, error)
 
+	// claimJob answers ClaimJob; without it a pending job of that id, of
+	// any queue, is claimed, and another id is not found.
+	claimJob  func(ctx context.Context, id int64) (*driver.JobRow, error)
 	heartbeat func(ctx context.Context, leases []driver.Lease) ([]int64, error)
 	complete  func(ctx context.Context, outcomes []driver.Outcome) ([]int64, error)
 	released  atomic.Int64
@@ -168,6 +171,41 @@ func (d *fakeDriver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver
 	}
 	d.calls[i].done = true
 	return out, err
+}
+
+// ClaimJob records the claim of job id (its lease in dur, the worker in
+// who) and answers through the claimJob hook, or takes that job from the
+// pending ones; a job it hands out is held.
+func (d *fakeDriver) ClaimJob(ctx context.Context, id int64, lease time.Duration, worker string) (*driver.JobRow, error) {
+	d.record(call{op: "claimjob", ids: []int64{id}, dur: lease, who: worker})
+	var r *driver.JobRow
+	var err error
+	if d.claimJob != nil {
+		r, err = d.claimJob(ctx, id)
+	} else {
+		d.mu.Lock()
+		for i, p := range d.pending {
+			if p.ID == id {
+				r = p
+				d.pending = slices.Delete(d.pending, i, i+1)
+				break
+			}
+		}
+		d.mu.Unlock()
+		if r == nil {
+			err = fmt.Errorf("fake: job %d: %w", id, driver.ErrNotFound)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	if d.held == nil {
+		d.held = map[int64]int64{}
+	}
+	d.held[r.ID] = r.Fence
+	d.mu.Unlock()
+	return r, nil
 }
 
 // takePending removes and returns up to p.Limit pending jobs of p.Queue,

@@ -69,6 +69,13 @@ SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE ava
 -- name: ClaimMark
 UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, fence = fence + 1, attempted_at = ?, lease_expires_at = ?, attempted_by = ? WHERE id IN ({ids})
 
+-- ClaimJobSelect locks one job by id for ClaimJob, which then marks it with
+-- ClaimMark if it is neither running nor finished. It waits for a claim
+-- that holds the row; once that claim commits the row is running and is
+-- left alone.
+-- name: ClaimJobSelect
+SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` WHERE id = ? FOR UPDATE
+
 -- Optimistic claim, for servers without SKIP LOCKED. ClaimWindow reads the
 -- first N available rows in claim order with a plain SELECT: under READ
 -- COMMITTED that is a consistent read and takes no locks. The driver picks

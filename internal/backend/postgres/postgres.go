@@ -39,7 +39,7 @@ type queries struct {
 	migrateLock, createMigrations, currentVersion, recordVersion, dropAll string
 	serverInfo                                                            string
 	insert, bulkNow, notifyQueues                                         string
-	claim, complete, heartbeat, release                                   string
+	claim, claimJob, complete, heartbeat, release                         string
 	rescue, promote, prune, tryLead, listen                               string
 	getJob, listJobs, retry, finish, stats                                string
 	pauseQueue, pausedQueues                                              string
@@ -67,6 +67,7 @@ func loadQueries(prefix string) queries {
 		bulkNow:          get("bulk_now"),
 		notifyQueues:     get("notify_queues"),
 		claim:            get("claim"),
+		claimJob:         get("claim_job"),
 		complete:         get("complete"),
 		heartbeat:        get("heartbeat"),
 		release:          get("release"),

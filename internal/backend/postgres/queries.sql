@@ -137,6 +137,23 @@ WHERE j.id = picked.id
 RETURNING j.id, j.kind, j.args, j.priority, j.attempt, j.max_attempts, j.timeout_ms,
           j.scheduled_at, j.created_at, j.attempted_at, j.lease_expires_at, j.errors, j.fence
 
+-- name: claim_job
+-- One job by id, as claim claims it, whatever its queue or schedule, if it
+-- is neither running nor finished. A row a claim has locked is waited for
+-- and then re-checked: once that claim commits it is running, and nothing
+-- changes here.
+UPDATE {p}jobs
+SET state = 'running',
+    attempt = attempt + 1,
+    fence = fence + 1,
+    attempted_at = now(),
+    lease_expires_at = now() + $2::bigint * interval '1 microsecond',
+    attempted_by = $3
+WHERE id = $1 AND state IN ('available', 'scheduled', 'retryable')
+RETURNING id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+          scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
+          attempted_by, errors, fence
+
 -- name: complete
 -- One statement for the whole batch, fenced by the claim's fence token and
 -- state. err is '' or one AttemptError as JSON.

@@ -120,6 +120,20 @@ UPDATE {p}jobs
                LIMIT ?2 + 0)
 RETURNING {cols}
 
+-- name: claim_job
+-- ?1 id, ?2 lease in microseconds, ?3 worker. One job by id, as claim
+-- claims it, whatever its queue or schedule, if it is neither running nor
+-- finished. Run inside BEGIN IMMEDIATE, like claim.
+UPDATE {p}jobs
+   SET state = 'running',
+       attempt = attempt + 1,
+       fence = fence + 1,
+       attempted_at = {now},
+       lease_expires_at = {now} + ?2,
+       attempted_by = ?3
+ WHERE id = ?1 AND state IN ('available', 'scheduled', 'retryable')
+RETURNING {cols}
+
 -- name: complete
 -- ?1: [[id, fence, new_state, retry_in_us, error object or null], ...]
 -- Fenced: applies only where the job still runs under that claim.
