@@ -93,7 +93,9 @@ func forEachBackend(t *testing.T, cfg conveyor.Config, fn func(t *testing.T, e e
 	t.Run("mysql", func(t *testing.T) {
 		t.Parallel()
 		dsn := testdb.MySQL(t)
-		c := migrated(t, func(cfg *conveyor.Config) (*conveyor.Client[any], error) { return connect.Open(context.Background(), dsn, cfg) }, cfg)
+		c := migrated(t, func(cfg *conveyor.Config) (*conveyor.Client[any], error) {
+			return connect.Open(context.Background(), dsn, cfg)
+		}, cfg)
 		app, err := mysql.URLConfig(dsn)
 		if err != nil {
 			t.Fatal(err)
@@ -228,7 +230,9 @@ func TestEnqueuedAssertions(t *testing.T) {
 		if !strings.Contains(msg, `no job of kind "email" with arguments containing {"to":"c@example.com"}, in queue "mail" was enqueued`) || !strings.Contains(msg, `queue "mail", available, arguments {`) {
 			t.Errorf("RequireEnqueued failed with %q, want the filter and the jobs of the kind", msg)
 		}
-		msg = fails(t, func(tb testing.TB) { conveyortest.RequireNotEnqueued(tb, c, &conveyortest.Filter[email]{Args: `{"n":2}`}) })
+		msg = fails(t, func(tb testing.TB) {
+			conveyortest.RequireNotEnqueued(tb, c, &conveyortest.Filter[email]{Args: `{"n":2}`})
+		})
 		if !strings.Contains(msg, `1 jobs of kind "email" with arguments containing {"n":2} were enqueued (committed), want none`) || !strings.Contains(msg, "b@example.com") {
 			t.Errorf("RequireNotEnqueued failed with %q", msg)
 		}
