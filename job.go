@@ -248,6 +248,13 @@ type workFunc[T JobArgs] func(ctx context.Context, job *Job[T]) error
 // Work calls f.
 func (f workFunc[T]) Work(ctx context.Context, job *Job[T]) error { return f(ctx, job) }
 
+// JobSnooze, returned by a handler, puts the job back to run again after
+// d (from the database's clock) without using up an attempt and without
+// recording an error: the job becomes scheduled. The snoozed attempt's
+// claim is over: a late acknowledgement of it is refused by the database
+// (the next claim gets a new fence token). A negative d is 0.
+func JobSnooze(d time.Duration) error { return &engine.SnoozeError{For: d} }
+
 // JobCancel wraps err so that the job is cancelled instead of retried.
 func JobCancel(err error) error {
 	if err == nil {

@@ -146,9 +146,12 @@ type Outcome struct {
 	// Attempt is the attempt number the outcome belongs to (for the error
 	// record; the fence decides).
 	Attempt int
-	// State is the new state: completed, retryable, discarded or cancelled.
+	// State is the new state: completed, retryable, discarded or
+	// cancelled, or scheduled for a snooze: the job runs again after
+	// RetryIn and its attempt is given back (not its fence).
 	State string
-	// RetryIn is the backoff from the database's clock, for retryable.
+	// RetryIn is the wait from the database's clock, for retryable and
+	// scheduled.
 	RetryIn time.Duration
 	// Err is recorded in the job's error list when non-nil.
 	Err *AttemptError

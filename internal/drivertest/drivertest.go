@@ -264,6 +264,40 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		}
 	})
 
+	t.Run("SnoozeGivesTheAttemptBackNotTheFence", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		ids, err := d.Insert(ctx, []driver.InsertParams{job("s", 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "s", Limit: 1, Lease: time.Minute, Worker: "w"})
+		if err != nil || len(rows) != 1 {
+			t.Fatalf("claim: %d rows, %v", len(rows), err)
+		}
+		first := rows[0]
+		applied, err := d.Complete(ctx, []driver.Outcome{{ID: ids[0], Fence: first.Fence, Attempt: 1, State: driver.StateScheduled, RetryIn: time.Hour}})
+		if err != nil || len(applied) != 1 {
+			t.Fatalf("snooze: applied %v, %v", applied, err)
+		}
+		j, _ := d.GetJob(ctx, ids[0])
+		if j.State != driver.StateScheduled || j.Attempt != 0 || len(j.Errors) != 0 || !j.FinalizedAt.IsZero() || time.Until(j.ScheduledAt) < 50*time.Minute {
+			t.Fatalf("snoozed job: %+v; want scheduled an hour ahead, attempt given back, no error", j)
+		}
+		// Due now: promoted and claimed again, under a new fence.
+		if _, err := d.Retry(ctx, ids[0]); err != nil {
+			t.Fatal(err)
+		}
+		rows, err = d.Claim(ctx, driver.ClaimParams{Queue: "s", Limit: 1, Lease: time.Minute, Worker: "w"})
+		if err != nil || len(rows) != 1 || rows[0].Attempt != 1 || rows[0].Fence <= first.Fence {
+			t.Fatalf("claim after snooze: %+v, %v", rows, err)
+		}
+		// The snoozed attempt's late acknowledgement is refused.
+		applied, err = d.Complete(ctx, []driver.Outcome{{ID: ids[0], Fence: first.Fence, Attempt: 1, State: driver.StateCompleted}})
+		if err != nil || len(applied) != 0 {
+			t.Fatalf("late ack of the snoozed attempt: applied %v, %v", applied, err)
+		}
+	})
+
 	t.Run("Schedules", func(t *testing.T) {
 		d := setup(t, open, prefixFor())
 		t0 := time.Date(2026, 5, 1, 10, 0, 0, 0, time.UTC)

@@ -28,6 +28,15 @@ import (
 // wraps typed workers into Handlers.
 type Handler func(ctx context.Context, row *driver.JobRow) error
 
+// SnoozeError, returned by a handler (wrapped or not), puts the job back
+// to run again after For without counting the attempt: the job becomes
+// scheduled, its attempt given back. Its fence token is not given back,
+// so a late acknowledgement of the snoozed attempt is refused.
+type SnoozeError struct{ For time.Duration }
+
+// Error says how long the job was snoozed for.
+func (s *SnoozeError) Error() string { return "job snoozed for " + s.For.String() }
+
 // ErrCancelJob, wrapped in a handler's error, cancels the job without retry.
 var ErrCancelJob = errors.New("job cancelled by its handler")
 
@@ -95,6 +104,7 @@ type Metrics struct {
 	Claimed          atomic.Int64
 	Completed        atomic.Int64
 	Failed           atomic.Int64
+	Snoozed          atomic.Int64
 	StaleAcksRefused atomic.Int64
 	LeasesLost       atomic.Int64
 	// LeaseDeadlines counts handlers cancelled because their lease could
@@ -414,6 +424,10 @@ func (e *Engine) outcome(row *driver.JobRow, err error, trace string) driver.Out
 	o := driver.Outcome{ID: row.ID, Fence: row.Fence, Attempt: row.Attempt}
 	if err == nil {
 		o.State = driver.StateCompleted
+		return o
+	}
+	if sn := (*SnoozeError)(nil); errors.As(err, &sn) {
+		o.State, o.RetryIn = driver.StateScheduled, max(sn.For, 0)
 		return o
 	}
 	o.Err = &driver.AttemptError{Attempt: row.Attempt, At: time.Now().UTC(), Error: err.Error(), Trace: trace}

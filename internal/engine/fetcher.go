@@ -298,7 +298,10 @@ func (f *fetcher) work(it *running) attempt {
 	case f.finish(it) || e.testSkipLocalFence:
 		a.write = true
 		a.outcome = e.outcome(it.row, err, trace)
-		if err != nil {
+		switch {
+		case a.outcome.State == driver.StateScheduled:
+			e.metrics.Snoozed.Add(1)
+		case err != nil:
 			e.metrics.Failed.Add(1)
 			e.logFailure(it.row, ran, a.outcome, err)
 		}

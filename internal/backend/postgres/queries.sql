@@ -156,13 +156,15 @@ RETURNING id, queue, kind, args, state, priority, attempt, max_attempts, timeout
 
 -- name: complete
 -- One statement for the whole batch, fenced by the claim's fence token and
--- state. err is '' or one AttemptError as JSON.
+-- state. err is '' or one AttemptError as JSON. A snooze (state
+-- scheduled) gives the attempt back and runs again after retry_us.
 UPDATE {p}jobs j
 SET state = o.state,
-    scheduled_at = CASE WHEN o.state = 'retryable'
+    scheduled_at = CASE WHEN o.state IN ('retryable', 'scheduled')
                         THEN now() + o.retry_us * interval '1 microsecond'
                         ELSE j.scheduled_at END,
-    finalized_at = CASE WHEN o.state = 'retryable' THEN NULL ELSE now() END,
+    finalized_at = CASE WHEN o.state IN ('retryable', 'scheduled') THEN NULL ELSE now() END,
+    attempt = CASE WHEN o.state = 'scheduled' THEN j.attempt - 1 ELSE j.attempt END,
     lease_expires_at = NULL,
     errors = CASE WHEN o.err = '' THEN j.errors
                   ELSE j.errors || jsonb_build_array(o.err::jsonb) END

@@ -139,10 +139,12 @@ RETURNING {cols}
 -- Fenced: applies only where the job still runs under that claim.
 UPDATE {p}jobs
    SET state = o.new_state,
-       scheduled_at = CASE WHEN o.new_state = 'retryable'
+       scheduled_at = CASE WHEN o.new_state IN ('retryable', 'scheduled')
                            THEN n.now + o.retry_in ELSE scheduled_at END,
-       finalized_at = CASE WHEN o.new_state = 'retryable'
+       finalized_at = CASE WHEN o.new_state IN ('retryable', 'scheduled')
                            THEN NULL ELSE n.now END,
+       attempt = CASE WHEN o.new_state = 'scheduled'
+                      THEN attempt - 1 ELSE attempt END,
        lease_expires_at = NULL,
        errors = CASE WHEN o.err IS NULL THEN errors
                      ELSE json_insert(errors, '$[#]', json(o.err)) END
