@@ -287,6 +287,9 @@ func (c *Client[TTx]) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOp
 	if err != nil {
 		return 0, err
 	}
+	if len(rs) != 1 {
+		return 0, fmt.Errorf("conveyor: enqueue: the enqueue middleware passed on %d jobs for 1", len(rs))
+	}
 	return rs[0].ID, nil
 }
 
@@ -296,14 +299,22 @@ func (c *Client[TTx]) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOp
 // holder's). Nothing is inserted if any job is invalid. A batch that
 // mixes unique and other jobs is two inserts.
 func (c *Client[TTx]) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]EnqueueResult, error) {
-	if err := c.ready(ctx); err != nil {
+	var rs []EnqueueResult
+	err := c.enqueueThrough(ctx, items, func(ctx context.Context, items []EnqueueItem) error {
+		if err := c.ready(ctx); err != nil {
+			return err
+		}
+		ps, err := c.params(items)
+		if err != nil || len(ps) == 0 {
+			return err
+		}
+		rs, err = results(c.eng.Insert(ctx, ps))
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
-	ps, err := c.params(items)
-	if err != nil || len(ps) == 0 {
-		return nil, err
-	}
-	return results(c.eng.Insert(ctx, ps))
+	return rs, nil
 }
 
 // results pairs ids and duplicate flags.
@@ -336,34 +347,50 @@ func (c *Client[TTx]) EnqueueTx(ctx context.Context, tx TTx, args JobArgs, opts 
 	if err != nil {
 		return 0, err
 	}
+	if len(rs) != 1 {
+		return 0, fmt.Errorf("conveyor: enqueue: the enqueue middleware passed on %d jobs for 1", len(rs))
+	}
 	return rs[0].ID, nil
 }
 
 // EnqueueManyTx inserts jobs inside the caller's transaction, as EnqueueTx,
 // with one result per job as EnqueueMany.
 func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []EnqueueItem) ([]EnqueueResult, error) {
-	if err := c.ready(ctx); err != nil {
+	var rs []EnqueueResult
+	err := c.enqueueThrough(ctx, items, func(ctx context.Context, items []EnqueueItem) error {
+		if err := c.ready(ctx); err != nil {
+			return err
+		}
+		ps, err := c.params(items)
+		if err != nil || len(ps) == 0 {
+			return err
+		}
+		rs, err = results(c.eng.InsertTx(ctx, c.unwrap(tx), ps))
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
-	ps, err := c.params(items)
-	if err != nil || len(ps) == 0 {
-		return nil, err
-	}
-	return results(c.eng.InsertTx(ctx, c.unwrap(tx), ps))
+	return rs, nil
 }
 
 // EnqueueBulk streams many jobs in one transaction (COPY on PostgreSQL,
 // large multi-row inserts elsewhere) and returns how many were inserted.
 // Use it for loading thousands of jobs at once; ids are not returned.
 func (c *Client[TTx]) EnqueueBulk(ctx context.Context, items []EnqueueItem) (int64, error) {
-	if err := c.ready(ctx); err != nil {
-		return 0, err
-	}
-	ps, err := c.params(items)
-	if err != nil || len(ps) == 0 {
-		return 0, err
-	}
-	return c.eng.BulkInsert(ctx, ps)
+	var n int64
+	err := c.enqueueThrough(ctx, items, func(ctx context.Context, items []EnqueueItem) error {
+		if err := c.ready(ctx); err != nil {
+			return err
+		}
+		ps, err := c.params(items)
+		if err != nil || len(ps) == 0 {
+			return err
+		}
+		n, err = c.eng.BulkInsert(ctx, ps)
+		return err
+	})
+	return n, err
 }
 
 // Job returns one job by id (ErrNotFound if there is none).

@@ -100,6 +100,13 @@ type Config struct {
 	// at all may always enqueue any kind.
 	AllowUnregisteredKinds bool
 
+	// WorkMiddleware wraps every attempt this client runs, the first
+	// outermost, outside the kind's own (WorkerOpts.Middleware).
+	WorkMiddleware []WorkMiddleware
+	// EnqueueMiddleware wraps every enqueue call of this client, the
+	// first outermost.
+	EnqueueMiddleware []EnqueueMiddleware
+
 	// Logger receives warnings (database errors being retried, leases lost
 	// or not renewed in time) and one record per failed attempt, each with
 	// attributes (job_id, kind, queue, attempt, max_attempts, duration,

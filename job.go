@@ -285,6 +285,9 @@ type WorkerOpts struct {
 	// Backoff returns the wait before retry number attempt (1-based) of a
 	// job of the kind, replacing Config.Backoff; nil takes Config.Backoff.
 	Backoff func(attempt int) time.Duration
+	// Middleware wraps the kind's attempts, inside the client's
+	// Config.WorkMiddleware, the first outermost.
+	Middleware []WorkMiddleware
 }
 
 // AddWorker registers w for the kind of T on c, with the kind's own
@@ -317,12 +320,19 @@ func AddWorker[T JobArgs, TTx any](c *Client[TTx], w Worker[T], opts ...WorkerOp
 	if wo.Timeout != 0 || wo.Backoff != nil {
 		c.kinds[kind] = engine.KindConfig{Timeout: wo.Timeout, Backoff: wo.Backoff}
 	}
+	mws := append(append([]WorkMiddleware(nil), c.cfg.WorkMiddleware...), wo.Middleware...)
 	c.handlers[kind] = func(ctx context.Context, row *driver.JobRow) error {
 		job := &Job[T]{JobInfo: jobInfo(row)}
-		if err := json.Unmarshal(row.Args, &job.Args); err != nil {
-			return JobCancel(fmt.Errorf("decoding %s arguments: %w", kind, err))
+		work := func(ctx context.Context) error {
+			if err := json.Unmarshal(row.Args, &job.Args); err != nil {
+				return JobCancel(fmt.Errorf("decoding %s arguments: %w", kind, err))
+			}
+			return w.Work(ctx, job)
 		}
-		return w.Work(ctx, job)
+		if len(mws) == 0 {
+			return work(ctx)
+		}
+		return chainWork(mws, job.JobInfo, work)(ctx)
 	}
 	return nil
 }

@@ -104,6 +104,9 @@ type Options struct {
 	// arguments, which differ from job to job: nothing is a duplicate),
 	// to measure what the unique path costs against plain jobs.
 	Unique bool
+	// Middleware installs this many pass-through work and enqueue
+	// middlewares, to measure what the chain costs.
+	Middleware int
 	// Keep leaves the bench tables in place.
 	Keep bool
 	// Progress receives a live progress line; nil for none.
@@ -128,6 +131,8 @@ type Result struct {
 	Strategy string `json:"strategy,omitempty"`
 	// Unique: a flow run whose jobs were unique (Options.Unique).
 	Unique bool `json:"unique,omitempty"`
+	// Middleware is the number of pass-through middlewares installed.
+	Middleware int `json:"middleware,omitempty"`
 	// Backend is sqlite, postgres or mysql.
 	Backend string `json:"backend"`
 	// Workers is the queue's MaxWorkers (claims: claiming goroutines).
@@ -333,6 +338,14 @@ func benchConfig(o Options, queues map[string]int) conveyor.Config {
 	for q, w := range queues {
 		cfg.Queues[q] = conveyor.QueueConfig{MaxWorkers: w}
 	}
+	for range o.Middleware {
+		cfg.WorkMiddleware = append(cfg.WorkMiddleware, func(ctx context.Context, _ *conveyor.JobInfo, next func(context.Context) error) error {
+			return next(ctx)
+		})
+		cfg.EnqueueMiddleware = append(cfg.EnqueueMiddleware, func(ctx context.Context, items []conveyor.EnqueueItem, next func(context.Context, []conveyor.EnqueueItem) error) error {
+			return next(ctx, items)
+		})
+	}
 	return cfg
 }
 
@@ -448,7 +461,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	defer c.Close() // in case of an early return; closing twice is harmless
 	mk := jobMaker(o)
-	res := &Result{Workload: o.Workload, Backend: c.Backend(), Workers: o.Workers}
+	res := &Result{Workload: o.Workload, Backend: c.Backend(), Workers: o.Workers, Middleware: o.Middleware}
 	w := startWaits(ctx, o.DSN, c.Backend())
 	var elapsed time.Duration
 	switch o.Workload {

@@ -1,0 +1,46 @@
+package conveyor
+
+import "context"
+
+// WorkMiddleware wraps each attempt of a job, for logging, tracing,
+// metrics or tenancy: it runs before the handler, calls next to run the
+// rest of the chain and the handler (with a context of its choosing, for
+// example carrying a span or a tenant), and sees the error next returns,
+// which it may return as it is or replace. A middleware that does not call
+// next skips the handler; its return value is the attempt's outcome as a
+// handler's would be (nil completes, JobSnooze snoozes, JobCancel
+// cancels). The job's timeout, panic recovery and lease apply to the whole
+// chain. The job is the one stored, arguments still encoded
+// (JobInfo.EncodedArgs); a middleware must not keep it past the attempt.
+type WorkMiddleware func(ctx context.Context, job *JobInfo, next func(ctx context.Context) error) error
+
+// EnqueueMiddleware wraps each enqueue call (Enqueue, EnqueueMany, their
+// Tx forms, EnqueueBulk) before anything is checked or sent: it may
+// change the items (a copy is passed: change the slice it gives next, not
+// the caller's), call next with a context of its choosing, and see the
+// error. Not calling next refuses the enqueue with the error it returns.
+type EnqueueMiddleware func(ctx context.Context, items []EnqueueItem, next func(ctx context.Context, items []EnqueueItem) error) error
+
+// chainWork runs the handler h inside mws, the first outermost.
+func chainWork(mws []WorkMiddleware, job *JobInfo, h func(ctx context.Context) error) func(ctx context.Context) error {
+	for i := len(mws) - 1; i >= 0; i-- {
+		mw, next := mws[i], h
+		h = func(ctx context.Context) error { return mw(ctx, job, next) }
+	}
+	return h
+}
+
+// enqueueThrough runs do (the enqueue proper) inside the client's enqueue
+// middleware, the first outermost.
+func (c *Client[TTx]) enqueueThrough(ctx context.Context, items []EnqueueItem, do func(ctx context.Context, items []EnqueueItem) error) error {
+	mws := c.cfg.EnqueueMiddleware
+	if len(mws) == 0 {
+		return do(ctx, items)
+	}
+	h := do
+	for i := len(mws) - 1; i >= 0; i-- {
+		mw, next := mws[i], h
+		h = func(ctx context.Context, items []EnqueueItem) error { return mw(ctx, items, next) }
+	}
+	return h(ctx, append([]EnqueueItem(nil), items...))
+}

@@ -1,0 +1,108 @@
+package conveyor_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/testdb"
+)
+
+type tenantKey struct{}
+
+// TestMiddleware: client and kind work middleware run in order around the
+// handler and can pass it a context, replace its outcome or skip it;
+// enqueue middleware can change the items, pass a context, and refuse.
+func TestMiddleware(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var trail []string
+	log := func(s string) {
+		mu.Lock()
+		trail = append(trail, s)
+		mu.Unlock()
+	}
+	cfg := fast(testdb.Prefix())
+	cfg.WorkMiddleware = []conveyor.WorkMiddleware{
+		func(ctx context.Context, j *conveyor.JobInfo, next func(context.Context) error) error {
+			log("client-in " + j.Kind)
+			err := next(context.WithValue(ctx, tenantKey{}, "acme"))
+			log(fmt.Sprintf("client-out %v", err))
+			return err
+		},
+	}
+	cfg.EnqueueMiddleware = []conveyor.EnqueueMiddleware{
+		func(ctx context.Context, items []conveyor.EnqueueItem, next func(context.Context, []conveyor.EnqueueItem) error) error {
+			for i := range items {
+				if a, ok := items[i].Args.(tagged); ok && a.Tag == "refuse" {
+					return errors.New("refused by the enqueue middleware")
+				}
+				if items[i].Opts == nil {
+					items[i].Opts = &conveyor.EnqueueOpts{}
+				}
+				o := *items[i].Opts
+				o.Priority = 3 // stamped on every job
+				items[i].Opts = &o
+			}
+			return next(ctx, items)
+		},
+	}
+	c := openDropped(t, backends[0].dsn(t), cfg)
+	done := make(chan string, 3)
+	err := conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[tagged]) error {
+		log("handler " + j.Args.Tag + " " + fmt.Sprint(ctx.Value(tenantKey{})))
+		done <- j.Args.Tag
+		if j.Args.Tag == "fail" {
+			return errors.New("handler failed")
+		}
+		return nil
+	}), conveyor.WorkerOpts{Middleware: []conveyor.WorkMiddleware{
+		func(ctx context.Context, j *conveyor.JobInfo, next func(context.Context) error) error {
+			log("kind-in")
+			err := next(ctx)
+			if err != nil && strings.Contains(err.Error(), "handler failed") {
+				return conveyor.JobCancel(err) // the middleware turns a failure into a cancel
+			}
+			return err
+		},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Enqueue(ctx, tagged{"refuse"}, nil); err == nil || !strings.Contains(err.Error(), "refused by the enqueue middleware") {
+		t.Fatalf("refused enqueue: %v", err)
+	}
+	ok, err := c.Enqueue(ctx, tagged{"ok"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, c, ok, conveyor.JobStateCompleted)
+	if j := jobState(t, c, ok); j.Priority != 3 {
+		t.Errorf("priority %d, want 3 (stamped by the enqueue middleware)", j.Priority)
+	}
+	fail, err := c.Enqueue(ctx, tagged{"fail"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, c, fail, conveyor.JobStateCancelled)
+	if err := c.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	okTrail := []string{"client-in tagged", "kind-in", "handler ok acme", "client-out <nil>"}
+	if !slices.Equal(trail[:4], okTrail) {
+		t.Fatalf("trail %q, want it to start %q", trail, okTrail)
+	}
+	if len(trail) != 8 || trail[6] != "handler fail acme" || !strings.Contains(trail[7], "client-out") || !strings.Contains(trail[7], "cancelled") {
+		t.Fatalf("trail %q", trail)
+	}
+}
