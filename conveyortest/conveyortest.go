@@ -2,7 +2,7 @@
 // real database, SQLite by default:
 //
 //	func TestOrder(t *testing.T) {
-//		db := conveyortest.OpenSQLite(t, nil) // a fresh, migrated file in t.TempDir()
+//		db := sqlitetest.Open(t, nil) // a fresh, migrated file in t.TempDir()
 //		app := NewApp(db.DB, db.Client)       // registers its workers
 //
 //		tx, _ := db.Driver.BeginTx(ctx, nil)
@@ -30,7 +30,7 @@
 // is written to the database before Work returns. Nothing sleeps; the
 // client need not be started.
 //
-// OpenSQLite gives a test its own database. On PostgreSQL or MySQL, pass
+// sqlitetest.Open (package conveyortest/sqlitetest) gives a test its own SQLite database. On PostgreSQL or MySQL, pass
 // the test's own client (conveyor.New on the test database) to the same
 // functions.
 package conveyortest

@@ -20,6 +20,7 @@ import (
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/connect"
 	"github.com/conveyorq/conveyor/conveyortest"
+	"github.com/conveyorq/conveyor/conveyortest/sqlitetest"
 	"github.com/conveyorq/conveyor/driver/pgxv5"
 	"github.com/conveyorq/conveyor/driver/sqlitedb"
 	"github.com/conveyorq/conveyor/internal/backend/mysql"
@@ -48,14 +49,14 @@ type env struct {
 	begin func(t *testing.T) (tx any, commit, rollback func() error)
 }
 
-// forEachBackend runs fn on SQLite (conveyortest.OpenSQLite), and on
+// forEachBackend runs fn on SQLite (sqlitetest.Open), and on
 // PostgreSQL (the application's pgx pool) and MySQL/MariaDB (the
 // application's database/sql handle, whose connections read times as
 // text) when they are reachable.
 func forEachBackend(t *testing.T, cfg conveyor.Config, fn func(t *testing.T, e env)) {
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
-		db := conveyortest.OpenSQLite(t, &cfg)
+		db := sqlitetest.Open(t, &cfg)
 		// A Client[any] on the same handle, so that one env type serves
 		// every backend.
 		c, err := conveyor.New(context.Background(), conveyor.AnyTx(sqlitedb.New(db.DB)), &cfg)
@@ -405,7 +406,7 @@ func (ctxKind) Kind() string { return "ctx_kind" }
 // A kind no worker of the client handles fails its attempt as it would
 // in a running client, and is retried.
 func TestWorkUnknownKind(t *testing.T) {
-	db := conveyortest.OpenSQLite(t, nil)
+	db := sqlitetest.Open(t, nil)
 	id, err := db.Client.Enqueue(context.Background(), email{To: "x"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -416,10 +417,10 @@ func TestWorkUnknownKind(t *testing.T) {
 	}
 }
 
-// OpenSQLite's database is the test's: its handle works for the test's
+// sqlitetest.Open's database is the test's: its handle works for the test's
 // own tables, and the client runs on it.
-func TestOpenSQLite(t *testing.T) {
-	db := conveyortest.OpenSQLite(t, &conveyor.Config{TablePrefix: "q_"})
+func TestSQLiteTestOpen(t *testing.T) {
+	db := sqlitetest.Open(t, &conveyor.Config{TablePrefix: "q_"})
 	if db.Client.Backend() != "sqlite" || db.Client.Config().TablePrefix != "q_" {
 		t.Fatalf("client on %s with prefix %q", db.Client.Backend(), db.Client.Config().TablePrefix)
 	}

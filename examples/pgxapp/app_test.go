@@ -139,9 +139,10 @@ func TestRegisterOnTheApplicationsPool(t *testing.T) {
 
 // TestLinksOnlyPostgres checks that an application on the PostgreSQL
 // driver links no other backend, no plotting code and nothing of the
-// conveyor command (its own module, in cmd/conveyor).
+// conveyor command (its own module, in cmd/conveyor), in its binary and
+// in its test binary (which uses conveyortest).
 func TestLinksOnlyPostgres(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
+	out, err := exec.Command("go", "list", "-deps", "-test", ".").CombinedOutput()
 	if err != nil {
 		t.Skipf("go list unavailable: %v: %s", err, out)
 	}
