@@ -104,7 +104,8 @@ func TestPeriodicMissedSlots(t *testing.T) {
 			ctx := context.Background()
 			dsn := backends[0].dsn(t)
 			const step = 200 * time.Millisecond
-			run := func(d time.Duration) *conveyor.Client[any] {
+			// run runs the schedule in a new client until done says so.
+			run := func(done func(c *conveyor.Client[any]) bool) *conveyor.Client[any] {
 				cfg := fast(testdb.Prefix())
 				cfg.TablePrefix = "conveyor_"
 				cfg.AllowUnregisteredKinds = true
@@ -116,13 +117,20 @@ func TestPeriodicMissedSlots(t *testing.T) {
 				if err := c.Start(ctx); err != nil {
 					t.Fatal(err)
 				}
-				time.Sleep(d)
+				deadline := time.Now().Add(30 * time.Second)
+				for !done(c) {
+					if time.Now().After(deadline) {
+						t.Fatal("the periodic loop made no progress within 30s")
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
 				if err := c.Stop(ctx); err != nil {
 					t.Fatal(err)
 				}
 				return c
 			}
-			c := run(time.Second)
+			started := time.Now()
+			c := run(func(c *conveyor.Client[any]) bool { return time.Since(started) > time.Second && len(slotsOf(t, c)) > 0 })
 			before := slotsOf(t, c)
 			if len(before) == 0 {
 				t.Fatal("no slot enqueued in a second of 200ms slots")
@@ -130,7 +138,12 @@ func TestPeriodicMissedSlots(t *testing.T) {
 			stoppedAt := time.Now()
 			time.Sleep(time.Second) // about five slots pass with nothing running
 			restartedAt := time.Now()
-			c = run(500 * time.Millisecond)
+			// Until a slot after the restart exists: the missed ones were
+			// handled before the first new slot.
+			c = run(func(c *conveyor.Client[any]) bool {
+				ss := slotsOf(t, c)
+				return len(ss) > 0 && ss[len(ss)-1].After(restartedAt)
+			})
 			after := slotsOf(t, c)[len(before):]
 			var missed []time.Time
 			for _, s := range after {
