@@ -265,6 +265,8 @@ func TestHelp(t *testing.T) {
 		{[]string{"demo", "--help"}, "usage: conveyor demo"},
 		{[]string{"bench", "--help"}, "-workload"},
 		{[]string{"--db", "x.db", "torture", "--help"}, "-restart-server"},
+		{[]string{"serve", "--help"}, "-insecure-loopback-dev"},
+		{[]string{"--help"}, "serve [--listen ADDR]"},
 	} {
 		out, errOut, err := cli(t, "", c.args...)
 		if err != nil || errOut != "" || !strings.Contains(out, c.want) {
