@@ -404,7 +404,7 @@ func (h *Handler) listJobs(r *http.Request, f jobQuery) (*jobPage, error) {
 		for _, j := range list {
 			page.Scanned++
 			cf.AfterID = j.ID
-			if strings.Contains(strings.ToLower(string(j.EncodedArgs)), needle) {
+			if strings.Contains(searchable(j.EncodedArgs), needle) {
 				page.Jobs = append(page.Jobs, toJobJSON(j))
 				if len(page.Jobs) == f.Limit {
 					page.NextAfter = ptr(j.ID)
@@ -418,6 +418,15 @@ func (h *Handler) listJobs(r *http.Request, f jobQuery) (*jobPage, error) {
 	}
 	page.NextAfter = ptr(cf.AfterID)
 	return page, nil
+}
+
+// htmlEscapes undoes the escapes encoding/json writes for '<', '>' and
+// '&', so that a search finds them as typed.
+var htmlEscapes = strings.NewReplacer(`\u003c`, "<", `\u003e`, ">", `\u0026`, "&")
+
+// searchable is the text a search of the arguments looks in.
+func searchable(args []byte) string {
+	return strings.ToLower(htmlEscapes.Replace(string(args)))
 }
 
 func (h *Handler) apiListJobs(w http.ResponseWriter, r *http.Request, _ principal) {

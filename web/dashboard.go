@@ -204,20 +204,35 @@ func (h *Handler) pageJob(w http.ResponseWriter, r *http.Request, p principal) {
 		h.renderError(w, r, p, status, msg)
 		return
 	}
-	var args bytes.Buffer
-	if json.Indent(&args, j.EncodedArgs, "", "  ") != nil {
-		args.Reset()
-		args.Write(j.EncodedArgs)
-	}
 	jj := toJobJSON(j)
 	pg := h.pageFor(p, fmt.Sprintf("Job %d", id), struct {
 		Job      jobJSON
 		Args     string
 		CanRetry bool
 		CanStop  bool
-	}{jj, args.String(), canRetry(jj.State), canStop(jj.State)})
+	}{jj, prettyArgs(j.EncodedArgs), canRetry(jj.State), canStop(jj.State)})
 	pg.Flash = flashes[r.URL.Query().Get("ok")]
 	h.render(w, http.StatusOK, "job", pg)
+}
+
+// prettyArgs indents arguments for reading, with '<', '>' and '&' as
+// themselves rather than the \u003c escapes encoding/json stores (the
+// template escapes the text for HTML). Objects' keys come out sorted.
+func prettyArgs(raw json.RawMessage) string {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return string(raw)
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if enc.Encode(v) != nil {
+		return string(raw)
+	}
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
 // canRetry and canStop say which actions a job's state allows (the

@@ -49,11 +49,13 @@ func serveCmd(e *env, args []string) error {
 	secureCookie := f.Bool("secure-cookie", false, "mark the session cookie Secure (behind a TLS-terminating proxy)")
 	maintenance := f.Bool("maintenance", true, "take part in maintenance: promote due jobs, rescue expired leases, prune")
 	maxBody := f.Int64("max-body-bytes", 1<<20, "largest request body accepted")
+	sample := f.Duration("sample-interval", 5*time.Second, "spacing of the dashboard's throughput samples (taken while someone looks)")
 	if err := e.parseNoArgs(f, args, false); err != nil {
 		return err
 	}
 	opts := web.Options{InsecureLoopbackDev: *insecure, BasePath: *basePath, SecureCookie: *secureCookie, MaxBodyBytes: *maxBody,
-		Logger: slog.New(slog.NewTextHandler(e.stderr, nil))}
+		SampleInterval: *sample,
+		Logger:         slog.New(slog.NewTextHandler(e.stderr, nil))}
 	var err error
 	for _, tf := range []struct {
 		file string
