@@ -78,12 +78,12 @@ type jobJSON struct {
 	MaxAttempts int             `json:"max_attempts"`
 	// TimeoutMS is null for the workers' default, -1 for none.
 	TimeoutMS      *int64        `json:"timeout_ms"`
-	CreatedAt      *time.Time    `json:"created_at"`
-	ScheduledAt    *time.Time    `json:"scheduled_at"`
-	AttemptedAt    *time.Time    `json:"attempted_at"`
+	CreatedAt      *jsonTime     `json:"created_at"`
+	ScheduledAt    *jsonTime     `json:"scheduled_at"`
+	AttemptedAt    *jsonTime     `json:"attempted_at"`
 	AttemptedBy    *string       `json:"attempted_by"`
-	LeaseExpiresAt *time.Time    `json:"lease_expires_at"`
-	FinalizedAt    *time.Time    `json:"finalized_at"`
+	LeaseExpiresAt *jsonTime     `json:"lease_expires_at"`
+	FinalizedAt    *jsonTime     `json:"finalized_at"`
 	Errors         []attemptJSON `json:"errors"`
 	// Fence is set on claimed jobs only: the token that heartbeat,
 	// complete, fail and release must send back.
@@ -93,16 +93,38 @@ type jobJSON struct {
 // attemptJSON is one failed attempt.
 type attemptJSON struct {
 	Attempt int        `json:"attempt"`
-	At      *time.Time `json:"at"`
+	At      *jsonTime `json:"at"`
 	Error   string     `json:"error"`
 	Trace   *string    `json:"trace"`
 }
 
-func timeOrNull(t time.Time) *time.Time {
+// jsonTime is a time in the API: RFC 3339 in UTC with microseconds, as
+// the command's --json output prints it.
+type jsonTime time.Time
+
+// jsonTimeLayout is the layout of every time in the API.
+const jsonTimeLayout = "2006-01-02T15:04:05.000000Z07:00"
+
+// MarshalJSON writes the time in jsonTimeLayout.
+func (t jsonTime) MarshalJSON() ([]byte, error) {
+	return []byte(`"` + time.Time(t).UTC().Format(jsonTimeLayout) + `"`), nil
+}
+
+// UnmarshalJSON reads an RFC 3339 time.
+func (t *jsonTime) UnmarshalJSON(b []byte) error {
+	var x time.Time
+	if err := x.UnmarshalJSON(b); err != nil {
+		return err
+	}
+	*t = jsonTime(x)
+	return nil
+}
+
+func timeOrNull(t time.Time) *jsonTime {
 	if t.IsZero() {
 		return nil
 	}
-	u := t.UTC()
+	u := jsonTime(t)
 	return &u
 }
 
@@ -484,7 +506,7 @@ type queueJSON struct {
 	OldestAvailableMS *int64 `json:"oldest_available_ms"`
 	Paused            bool   `json:"paused"`
 	// PausedAt is null when the queue is not paused.
-	PausedAt *time.Time `json:"paused_at"`
+	PausedAt *jsonTime `json:"paused_at"`
 }
 
 // queuesJSON is the answer of GET /api/v1/queues.
@@ -493,11 +515,11 @@ type queuesJSON struct {
 	Queues  []queueJSON `json:"queues"`
 	// ReadAt is when the counts were read (they are shared by every
 	// request for StatsMaxAge).
-	ReadAt time.Time `json:"read_at"`
+	ReadAt jsonTime `json:"read_at"`
 }
 
 func toQueuesJSON(backend string, s *conveyor.Stats, at time.Time) queuesJSON {
-	out := queuesJSON{Backend: backend, Queues: []queueJSON{}, ReadAt: at.UTC()}
+	out := queuesJSON{Backend: backend, Queues: []queueJSON{}, ReadAt: jsonTime(at)}
 	for _, x := range s.Queues {
 		q := queueJSON{Queue: x.Queue, Counts: map[string]int64{}, Paused: !x.PausedAt.IsZero(), PausedAt: timeOrNull(x.PausedAt)}
 		for _, st := range conveyor.JobStates() {

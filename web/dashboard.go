@@ -37,11 +37,11 @@ type templates map[string]*template.Template
 
 func parseTemplates() (templates, error) {
 	funcs := template.FuncMap{
-		"tm": func(t *time.Time) string {
-			if t == nil || t.IsZero() {
+		"tm": func(t *jsonTime) string {
+			if t == nil {
 				return "–"
 			}
-			return t.UTC().Format("2006-01-02 15:04:05.000Z")
+			return time.Time(*t).UTC().Format("2006-01-02 15:04:05.000Z")
 		},
 		"ms": func(ms *int64) string {
 			if ms == nil {

@@ -35,7 +35,7 @@ type statsCache struct {
 
 // sample is one point of the throughput chart.
 type sample struct {
-	At time.Time `json:"t"`
+	At jsonTime `json:"t"`
 	// Available, Running and Waiting (scheduled + retryable) are the
 	// totals over every queue.
 	Available int64 `json:"available"`
@@ -99,11 +99,11 @@ func (s *statsCache) record(st *conveyor.Stats, now time.Time) {
 	var prev *sample
 	if n := len(s.samples); n > 0 {
 		prev = &s.samples[(s.next-1+n)%n]
-		if now.Sub(prev.At) < s.interval {
+		if now.Sub(time.Time(prev.At)) < s.interval {
 			return
 		}
 	}
-	x := sample{At: now.UTC()}
+	x := sample{At: jsonTime(now)}
 	for _, q := range st.Queues {
 		x.Available += q.Counts[conveyor.JobStateAvailable]
 		x.Running += q.Counts[conveyor.JobStateRunning]
@@ -111,7 +111,7 @@ func (s *statsCache) record(st *conveyor.Stats, now time.Time) {
 		x.Finished += q.Counts[conveyor.JobStateCompleted] + q.Counts[conveyor.JobStateDiscarded] + q.Counts[conveyor.JobStateCancelled]
 	}
 	if prev != nil {
-		rate := max(0, float64(x.Finished-prev.Finished)/now.Sub(prev.At).Seconds())
+		rate := max(0, float64(x.Finished-prev.Finished)/now.Sub(time.Time(prev.At)).Seconds())
 		x.FinishedPerSec = &rate
 	}
 	if len(s.samples) < seriesLen {
