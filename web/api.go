@@ -92,10 +92,10 @@ type jobJSON struct {
 
 // attemptJSON is one failed attempt.
 type attemptJSON struct {
-	Attempt int        `json:"attempt"`
+	Attempt int       `json:"attempt"`
 	At      *jsonTime `json:"at"`
-	Error   string     `json:"error"`
-	Trace   *string    `json:"trace"`
+	Error   string    `json:"error"`
+	Trace   *string   `json:"trace"`
 }
 
 // jsonTime is a time in the API: RFC 3339 in UTC with microseconds, as
