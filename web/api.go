@@ -41,6 +41,7 @@ func (h *Handler) routeTable() []route {
 		{method: "POST", path: "/api/v1/jobs/{id}/retry", role: ad, api: true, fn: h.apiAdmin("retry")},
 		{method: "POST", path: "/api/v1/jobs/{id}/cancel", role: ad, api: true, fn: h.apiAdmin("cancel")},
 		{method: "POST", path: "/api/v1/jobs/{id}/discard", role: ad, api: true, fn: h.apiAdmin("discard")},
+		{method: "POST", path: "/api/v1/jobs/bulk", role: ad, api: true, fn: h.apiBulk},
 		{method: "GET", path: "/api/v1/queues", role: ro, api: true, fn: h.apiQueues},
 		{method: "POST", path: "/api/v1/queues/{queue}/pause", role: ad, api: true, fn: h.apiPause(true)},
 		{method: "POST", path: "/api/v1/queues/{queue}/resume", role: ad, api: true, fn: h.apiPause(false)},
@@ -59,9 +60,20 @@ func (h *Handler) routeTable() []route {
 		{method: "GET", path: "/jobs", role: ro, html: true, fn: h.pageJobs},
 		{method: "GET", path: "/jobs/{id}", role: ro, html: true, fn: h.pageJob},
 		{method: "POST", path: "/jobs/{id}/{action}", role: ad, html: true, fn: h.formJobAction},
+		{method: "POST", path: "/jobs/bulk", role: ad, html: true, fn: h.formBulk},
 		{method: "POST", path: "/queues/{queue}/{action}", role: ad, html: true, fn: h.formQueueAction},
-		{method: "GET", path: "/static/", public: true, fn: func(w http.ResponseWriter, r *http.Request, _ principal) { h.static.ServeHTTP(w, r) }},
+		{method: "GET", path: "/static/", public: true, fn: h.serveStatic},
 	}
+}
+
+// serveStatic serves the embedded script and style sheet (no directory
+// listing).
+func (h *Handler) serveStatic(w http.ResponseWriter, r *http.Request, _ principal) {
+	if strings.HasSuffix(r.URL.Path, "/") {
+		http.NotFound(w, r)
+		return
+	}
+	h.static.ServeHTTP(w, r)
 }
 
 // jobJSON is a job in the API: snake_case keys, times in RFC 3339 UTC,
@@ -495,6 +507,76 @@ func (h *Handler) apiAdmin(action string) func(http.ResponseWriter, *http.Reques
 		}
 		writeJSON(w, http.StatusOK, toJobJSON(j))
 	}
+}
+
+// maxBulk is the most jobs one bulk action takes.
+const maxBulk = 500
+
+// bulkResult is the outcome of a bulk action for one job.
+type bulkResult struct {
+	ID int64 `json:"id"`
+	// State is the job's state after the action; null when it was refused.
+	State *string `json:"state"`
+	// Error says why it was refused; null when it was applied.
+	Error *string `json:"error"`
+}
+
+// bulk runs action on each id, one after the other; a job the action
+// does not apply to is reported, not fatal.
+func (h *Handler) bulk(r *http.Request, action string, ids []int64) ([]bulkResult, error) {
+	out := make([]bulkResult, 0, len(ids))
+	for _, id := range ids {
+		j, err := h.adminAction(r, action, id)
+		switch {
+		case err == nil:
+			out = append(out, bulkResult{ID: id, State: ptr(string(j.State))})
+		case errors.Is(err, conveyor.ErrNotFound) || errors.Is(err, conveyor.ErrWrongState):
+			out = append(out, bulkResult{ID: id, Error: ptr(strings.TrimPrefix(err.Error(), "conveyor: "))})
+		default:
+			return out, err
+		}
+	}
+	h.stats.invalidate()
+	return out, nil
+}
+
+// checkBulk validates a bulk action's input.
+func checkBulk(action string, ids []int64) error {
+	switch action {
+	case "retry", "cancel", "discard":
+	default:
+		return fmt.Errorf("action %q: retry, cancel or discard", action)
+	}
+	if len(ids) == 0 || len(ids) > maxBulk {
+		return fmt.Errorf("%d ids: send 1 to %d", len(ids), maxBulk)
+	}
+	for _, id := range ids {
+		if id <= 0 {
+			return fmt.Errorf("%d is not a job id", id)
+		}
+	}
+	return nil
+}
+
+// apiBulk retries, cancels or discards up to maxBulk jobs.
+func (h *Handler) apiBulk(w http.ResponseWriter, r *http.Request, _ principal) {
+	var in struct {
+		Action string  `json:"action"`
+		IDs    []int64 `json:"ids"`
+	}
+	if !h.decode(w, r, &in) {
+		return
+	}
+	if err := checkBulk(in.Action, in.IDs); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	res, err := h.bulk(r, in.Action, in.IDs)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string][]bulkResult{"results": res})
 }
 
 // queueJSON is one queue's statistics.

@@ -178,6 +178,7 @@ func (h *Handler) pageJobs(w http.ResponseWriter, r *http.Request, p principal) 
 		state = string(f.States[0])
 	}
 	data := struct {
+		Back      string
 		Query     jobQuery
 		State     string
 		States    []string
@@ -185,11 +186,13 @@ func (h *Handler) pageJobs(w http.ResponseWriter, r *http.Request, p principal) 
 		ScanLimit int
 		NextURL   string
 		FirstURL  string
-	}{Query: f, State: state, States: stateNames(), Page: pg, ScanLimit: textScanLimit, FirstURL: link(0)}
+	}{Back: backURL(h.opts.BasePath+"/jobs", r.URL.Query()), Query: f, State: state, States: stateNames(), Page: pg, ScanLimit: textScanLimit, FirstURL: link(0)}
 	if pg.NextAfter != nil {
 		data.NextURL = link(*pg.NextAfter)
 	}
-	h.render(w, http.StatusOK, "jobs", h.pageFor(p, "Jobs", data))
+	pgd := h.pageFor(p, "Jobs", data)
+	pgd.Flash = bulkFlash(r.URL.Query())
+	h.render(w, http.StatusOK, "jobs", pgd)
 }
 
 func (h *Handler) pageJob(w http.ResponseWriter, r *http.Request, p principal) {
@@ -273,6 +276,81 @@ func (h *Handler) formJobAction(w http.ResponseWriter, r *http.Request, p princi
 	}
 	h.stats.invalidate()
 	http.Redirect(w, r, fmt.Sprintf("%s/jobs/%d?ok=%s", h.opts.BasePath, id, action), http.StatusSeeOther)
+}
+
+// formBulk runs a bulk action from the job list's checkboxes and
+// returns to the list with the counts.
+func (h *Handler) formBulk(w http.ResponseWriter, r *http.Request, p principal) {
+	if err := r.ParseForm(); err != nil {
+		h.renderError(w, r, p, bodyStatus(err), "could not read the form: "+err.Error())
+		return
+	}
+	action := r.PostForm.Get("action")
+	var ids []int64
+	for _, v := range r.PostForm["id"] {
+		id, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			h.renderError(w, r, p, http.StatusBadRequest, "not a job id")
+			return
+		}
+		ids = append(ids, id)
+	}
+	if err := checkBulk(action, ids); err != nil {
+		h.renderError(w, r, p, http.StatusBadRequest, err.Error())
+		return
+	}
+	res, err := h.bulk(r, action, ids)
+	if err != nil {
+		status, msg := h.classify(r, err)
+		h.renderError(w, r, p, status, msg)
+		return
+	}
+	done := 0
+	for _, x := range res {
+		if x.Error == nil {
+			done++
+		}
+	}
+	back := h.safeNext(r.PostForm.Get("back"))
+	sep := "?"
+	if strings.Contains(back, "?") {
+		sep = "&"
+	}
+	http.Redirect(w, r, fmt.Sprintf("%s%sbulk=%s&done=%d&refused=%d", back, sep, action, done, len(res)-done), http.StatusSeeOther)
+}
+
+// backURL is the job list's address to return to after a bulk action,
+// without the previous action's message.
+func backURL(path string, q url.Values) string {
+	v := url.Values{}
+	for k, val := range q {
+		if k != "bulk" && k != "done" && k != "refused" {
+			v[k] = val
+		}
+	}
+	if len(v) == 0 {
+		return path
+	}
+	return path + "?" + v.Encode()
+}
+
+// bulkFlash is the message after a bulk action, from the redirect's
+// query: a fixed text with two numbers.
+func bulkFlash(q url.Values) string {
+	verb := map[string]string{"retry": "Retried", "cancel": "Cancelled", "discard": "Discarded"}[q.Get("bulk")]
+	if verb == "" {
+		return ""
+	}
+	done, err1 := strconv.Atoi(q.Get("done"))
+	refused, err2 := strconv.Atoi(q.Get("refused"))
+	if err1 != nil || err2 != nil {
+		return ""
+	}
+	msg := fmt.Sprintf("%s %d job(s).", verb, done)
+	if refused > 0 {
+		msg += fmt.Sprintf(" %d were in a state that does not allow it (or gone).", refused)
+	}
+	return msg
 }
 
 // formQueueAction pauses or resumes a queue from the dashboard.

@@ -728,3 +728,39 @@ func TestBasePath(t *testing.T) {
 	e.must(200, req{method: "GET", path: "/ops/conveyor/static/style.css"})
 	e.must(404, req{method: "GET", path: "/api/v1/queues", auth: adminToken})
 }
+
+func TestBulkActions(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
+	a := e.enqueue(map[string]any{"kind": "k"})
+	b := e.enqueue(map[string]any{"kind": "k"})
+	e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/cancel", b), auth: adminToken})
+	var out struct{ Results []bulkResult }
+	e.must(200, req{method: "POST", path: "/api/v1/jobs/bulk", auth: adminToken, body: map[string]any{"action": "discard", "ids": []int64{a, b, 999999}}}).json(t, &out)
+	if len(out.Results) != 3 || out.Results[0].State == nil || *out.Results[0].State != "discarded" || out.Results[1].Error == nil || out.Results[2].Error == nil {
+		t.Fatalf("bulk discard: %+v", out.Results)
+	}
+	e.must(400, req{method: "POST", path: "/api/v1/jobs/bulk", auth: adminToken, body: map[string]any{"action": "delete", "ids": []int64{a}}})
+	e.must(400, req{method: "POST", path: "/api/v1/jobs/bulk", auth: adminToken, body: map[string]any{"action": "retry", "ids": []int64{}}})
+	// From the dashboard's form: back to the list with the counts.
+	res := e.must(303, req{method: "POST", path: "/jobs/bulk", auth: adminToken,
+		body: fmt.Sprintf("action=retry&id=%d&id=%d&back=%%2Fjobs%%3Fkind%%3Dk", a, b),
+		header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}})
+	loc := res.header.Get("Location")
+	if loc != "/jobs?kind=k&bulk=retry&done=2&refused=0" {
+		t.Fatalf("redirect to %q", loc)
+	}
+	page := e.must(200, req{method: "GET", path: loc, auth: adminToken})
+	if !bytes.Contains(page.body, []byte("Retried 2 job(s).")) {
+		t.Errorf("no bulk message")
+	}
+	if j := e.job(a); j.State != "available" {
+		t.Errorf("state %s", j.State)
+	}
+	// The back address cannot leave the handler.
+	res = e.must(303, req{method: "POST", path: "/jobs/bulk", auth: adminToken,
+		body: fmt.Sprintf("action=cancel&id=%d&back=https%%3A%%2F%%2Fevil.example%%2F", a),
+		header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}})
+	if loc := res.header.Get("Location"); !strings.HasPrefix(loc, "/?bulk=cancel") {
+		t.Errorf("redirect to %q", loc)
+	}
+}

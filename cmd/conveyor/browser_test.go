@@ -277,6 +277,14 @@ func TestBrowserDashboard(t *testing.T) {
 	b.do("retry", chromedp.Click(chromedp.CSS(`#actions form[data-action="retry"] button`)))
 	b.waitFor("the job retried", `document.querySelector("#job-state").textContent === "available" && document.querySelector(".flash")`)
 
+	// Bulk: tick every completed job of the list and retry them at once.
+	b.navigate(base + "/jobs?kind=resize&state=completed")
+	b.waitFor("40 completed jobs listed", `document.querySelectorAll('#jobs input[name="id"]').length === 40`)
+	b.do("bulk retry", chromedp.Click(chromedp.CSS("#select-all")), chromedp.SetValue(chromedp.CSS("#bulk-action"), "retry"), chromedp.Click(chromedp.CSS("#bulk-go")))
+	b.waitFor("the bulk result", `document.querySelector(".flash") && document.querySelector(".flash").textContent.includes("Retried 40 job(s).")`)
+	b.navigate(base + "/")
+	b.waitFor("40 available again", cell("fill", "available")+` === "41"`)
+
 	// A form on another origin cannot pause the queue, although the
 	// browser holds the session cookie (same site: only the port differs).
 	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

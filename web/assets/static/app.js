@@ -148,8 +148,12 @@
     return s;
   }
 
-  function jobRow(j) {
-    return el("tr", { "data-id": String(j.id) },
+  function jobRow(j, checked) {
+    const tr = el("tr", { "data-id": String(j.id) });
+    if (admin) {
+      tr.append(el("td", { class: "sel" }, el("input", { type: "checkbox", name: "id", value: String(j.id), form: "bulk", "aria-label": "select job " + j.id, checked: checked.has(String(j.id)) })));
+    }
+    tr.append(
       el("td", {}, el("a", { href: base + "/jobs/" + encodeURIComponent(String(j.id)) }, String(j.id))),
       el("td", { "data-label": "queue" }, j.queue),
       el("td", { "data-label": "kind" }, j.kind),
@@ -157,12 +161,19 @@
       el("td", { class: "num", "data-label": "attempt" }, j.attempt + "/" + j.max_attempts),
       el("td", { "data-label": "scheduled" }, fmtTime(j.scheduled_at)),
       el("td", { class: "err", "data-label": "error" }, lastError(j.errors)));
+    return tr;
+  }
+
+  // checkedIDs are the ids ticked for a bulk action, kept across redraws.
+  function checkedIDs() {
+    return new Set([...document.querySelectorAll('#jobs input[name="id"]:checked')].map((c) => c.value));
   }
 
   async function refreshJobs() {
     const d = await getJSON(base + "/api/v1/jobs" + location.search);
-    const rows = d.jobs.map(jobRow);
-    if (!rows.length) rows.push(el("tr", { class: "empty" }, el("td", { colspan: "7" }, "No jobs match.")));
+    const checked = checkedIDs();
+    const rows = d.jobs.map((j) => jobRow(j, checked));
+    if (!rows.length) rows.push(el("tr", { class: "empty" }, el("td", { colspan: "8" }, "No jobs match.")));
     document.getElementById("jobs").tBodies[0].replaceChildren(...rows);
     setLive("live · " + new Date().toISOString().slice(11, 19) + "Z");
   }
@@ -201,11 +212,18 @@
       every(2000, refreshQueues);
       every(5000, refreshSeries);
       break;
-    case "jobs":
+    case "jobs": {
+      const all = document.getElementById("select-all");
+      if (all) {
+        all.addEventListener("change", () => {
+          for (const c of document.querySelectorAll('#jobs input[name="id"]')) c.checked = all.checked;
+        });
+      }
       // A search of the arguments reads up to thousands of rows: it is
       // not repeated in the background.
       if (!new URLSearchParams(location.search).get("q")) every(3000, refreshJobs);
       break;
+    }
     case "job":
       every(2000, refreshJob);
       break;
