@@ -743,7 +743,7 @@ func TestBulkActions(t *testing.T) {
 	e.must(400, req{method: "POST", path: "/api/v1/jobs/bulk", auth: adminToken, body: map[string]any{"action": "retry", "ids": []int64{}}})
 	// From the dashboard's form: back to the list with the counts.
 	res := e.must(303, req{method: "POST", path: "/jobs/bulk", auth: adminToken,
-		body: fmt.Sprintf("action=retry&id=%d&id=%d&back=%%2Fjobs%%3Fkind%%3Dk", a, b),
+		body:   fmt.Sprintf("action=retry&id=%d&id=%d&back=%%2Fjobs%%3Fkind%%3Dk", a, b),
 		header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}})
 	loc := res.header.Get("Location")
 	if loc != "/jobs?kind=k&bulk=retry&done=2&refused=0" {
@@ -758,7 +758,7 @@ func TestBulkActions(t *testing.T) {
 	}
 	// The back address cannot leave the handler.
 	res = e.must(303, req{method: "POST", path: "/jobs/bulk", auth: adminToken,
-		body: fmt.Sprintf("action=cancel&id=%d&back=https%%3A%%2F%%2Fevil.example%%2F", a),
+		body:   fmt.Sprintf("action=cancel&id=%d&back=https%%3A%%2F%%2Fevil.example%%2F", a),
 		header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}})
 	if loc := res.header.Get("Location"); !strings.HasPrefix(loc, "/?bulk=cancel") {
 		t.Errorf("redirect to %q", loc)
