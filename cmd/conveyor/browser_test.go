@@ -97,7 +97,7 @@ func newBrowser(t *testing.T, width, height int) *browser {
 // do runs actions, bounded.
 func (b *browser) do(what string, actions ...chromedp.Action[chromedp.Void]) {
 	b.t.Helper()
-	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(b.ctx, 60*time.Second)
 	defer cancel()
 	if err := chromedp.Do(ctx, actions...); err != nil {
 		b.t.Fatalf("%s: %v", what, err)
@@ -112,11 +112,11 @@ func (b *browser) eval(js string) (string, error) {
 	return string(raw), err
 }
 
-// waitFor waits up to 20s for a JavaScript condition to be true, across
+// waitFor waits up to 45s for a JavaScript condition to be true, across
 // navigations.
 func (b *browser) waitFor(what, js string) {
 	b.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(45 * time.Second) // generous: the suite runs beside every other package
 	for {
 		v, err := b.eval("!!(" + js + ")")
 		if err == nil && v == "true" {
