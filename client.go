@@ -17,6 +17,22 @@ func init() {
 	seam.DriverOf = func(c any) driver.Driver {
 		return c.(interface{ driverOf() driver.Driver }).driverOf()
 	}
+	seam.WorkOne = func(ctx context.Context, c any, id int64) (*engine.Worked, error) {
+		return c.(interface {
+			workOne(context.Context, int64) (*engine.Worked, error)
+		}).workOne(ctx, id)
+	}
+}
+
+// workOne runs job id through its registered worker in the calling
+// goroutine (engine.WorkOne), for package conveyortest through the seam.
+// It is not a method applications see: it bypasses the queues'
+// concurrency limits and the client's shutdown (docs/design.md).
+func (c *Client[TTx]) workOne(ctx context.Context, id int64) (*engine.Worked, error) {
+	if err := c.ready(ctx); err != nil {
+		return nil, err
+	}
+	return c.eng.WorkOne(ctx, id)
 }
 
 // Client enqueues jobs and, once started, works the queues in its Config.
@@ -32,6 +48,8 @@ type Client[TTx any] struct {
 	eng      *engine.Engine
 	mu       sync.Mutex
 	handlers map[string]engine.Handler
+	periodic periodic
+	kinds    map[string]engine.KindConfig // WorkerOpts by kind, shared with the engine
 	started  bool
 	schemaOK atomic.Bool
 	maxArgs  int
@@ -74,7 +92,7 @@ func New[TTx any](ctx context.Context, drv Driver[TTx], cfg *Config) (*Client[TT
 	if err != nil {
 		return nil, err
 	}
-	cl := &Client[TTx]{cfg: c, drv: d, unwrap: drv.UnwrapTx, handlers: map[string]engine.Handler{}, maxArgs: c.MaxArgsBytes}
+	cl := &Client[TTx]{cfg: c, drv: d, unwrap: drv.UnwrapTx, handlers: map[string]engine.Handler{}, kinds: map[string]engine.KindConfig{}, maxArgs: c.MaxArgsBytes}
 	if m := d.Capabilities().MaxArgsBytes; m > 0 && m < cl.maxArgs {
 		cl.maxArgs = m
 	}
@@ -82,7 +100,9 @@ func New[TTx any](ctx context.Context, drv Driver[TTx], cfg *Config) (*Client[TT
 		d.Close()
 		return nil, err
 	}
-	cl.eng = engine.New(d, c.engineConfig(), cl.handlers)
+	ec := c.engineConfig()
+	ec.Kinds = cl.kinds
+	cl.eng = engine.New(d, ec, cl.handlers)
 	return cl, nil
 }
 
@@ -150,7 +170,11 @@ func (c *Client[TTx]) Start(ctx context.Context) error {
 	c.mu.Lock()
 	c.started = true
 	c.mu.Unlock()
-	return c.eng.Start(ctx)
+	if err := c.eng.Start(ctx); err != nil {
+		return err
+	}
+	c.startPeriodic()
+	return nil
 }
 
 // Stop stops claiming jobs, waits for running jobs until ctx ends or
@@ -158,6 +182,7 @@ func (c *Client[TTx]) Start(ctx context.Context) error {
 // not finish are made available again; nothing is lost. The client can
 // still enqueue after Stop.
 func (c *Client[TTx]) Stop(ctx context.Context) error {
+	c.stopPeriodic()
 	err := c.eng.Stop(ctx)
 	c.mu.Lock()
 	c.started = false
@@ -170,6 +195,7 @@ func (c *Client[TTx]) Stop(ctx context.Context) error {
 func (c *Client[TTx]) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.ShutdownTimeout)
 	defer cancel()
+	c.stopPeriodic()
 	err := c.eng.Close(ctx)
 	return errors.Join(err, c.drv.Close())
 }
@@ -208,9 +234,8 @@ func (c *Client[TTx]) param(args JobArgs, o *EnqueueOpts, checkKinds bool) (driv
 			return driver.InsertParams{}, fmt.Errorf("%w: %q has no worker registered on this client (set Config.AllowUnregisteredKinds if another service works it)", ErrUnknownKind, kind)
 		}
 	}
-	if o == nil {
-		o = &EnqueueOpts{}
-	}
+	resolved := resolveOpts(args, o)
+	o = &resolved
 	p := driver.InsertParams{Queue: o.Queue, Kind: kind, Priority: o.Priority, MaxAttempts: o.MaxAttempts, RunAt: o.RunAt, Delay: o.Delay}
 	if p.Queue == "" {
 		p.Queue = DefaultQueue
@@ -239,23 +264,38 @@ func (c *Client[TTx]) param(args JobArgs, o *EnqueueOpts, checkKinds bool) (driv
 		p.TimeoutMS = max(1, o.Timeout.Milliseconds())
 	}
 	var err error
-	p.Args, err = encodeArgs(args, c.maxArgs)
+	if p.Args, err = encodeArgs(args, c.maxArgs); err != nil {
+		return p, err
+	}
+	if o.Unique != nil {
+		due := p.RunAt
+		if due.IsZero() {
+			due = time.Now().Add(p.Delay)
+		}
+		p.UniqueKey, p.UniqueKeep, err = uniqueKey(kind, p.Queue, p.Args, due, o.Unique)
+	}
 	return p, err
 }
 
 // Enqueue inserts one job and returns its id once it is committed.
 // Concurrent calls are coalesced into multi-row inserts (group commit).
+// For a unique job (EnqueueOpts.Unique) whose key is held, nothing is
+// inserted and the holder's id is returned; EnqueueMany says which jobs
+// were such duplicates.
 func (c *Client[TTx]) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOpts) (int64, error) {
-	ids, err := c.EnqueueMany(ctx, []EnqueueItem{{Args: args, Opts: opts}})
+	rs, err := c.EnqueueMany(ctx, []EnqueueItem{{Args: args, Opts: opts}})
 	if err != nil {
 		return 0, err
 	}
-	return ids[0], nil
+	return rs[0].ID, nil
 }
 
 // EnqueueMany inserts jobs in one statement and one commit and returns
-// their ids in order. Nothing is inserted if any job is invalid.
-func (c *Client[TTx]) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]int64, error) {
+// one result per job, in order: its id, and whether it was a unique job
+// whose key was held (then nothing was inserted for it and the id is the
+// holder's). Nothing is inserted if any job is invalid. A batch that
+// mixes unique and other jobs is two inserts.
+func (c *Client[TTx]) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]EnqueueResult, error) {
 	if err := c.ready(ctx); err != nil {
 		return nil, err
 	}
@@ -263,7 +303,19 @@ func (c *Client[TTx]) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]i
 	if err != nil || len(ps) == 0 {
 		return nil, err
 	}
-	return c.eng.Insert(ctx, ps)
+	return results(c.eng.Insert(ctx, ps))
+}
+
+// results pairs ids and duplicate flags.
+func results(ids []int64, dup []bool, err error) ([]EnqueueResult, error) {
+	if err != nil {
+		return nil, err
+	}
+	rs := make([]EnqueueResult, len(ids))
+	for i := range ids {
+		rs[i] = EnqueueResult{ID: ids[i], Duplicate: dup[i]}
+	}
+	return rs, nil
 }
 
 // EnqueueTx inserts one job inside the caller's transaction, of the
@@ -276,16 +328,20 @@ func (c *Client[TTx]) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]i
 // that transaction commits, and no worker sees it before. On PostgreSQL
 // the commit wakes workers at once; elsewhere they see it at their next
 // poll (Config.PollMax at most).
+// A unique job whose key is held (by a committed job, or one of this
+// transaction) returns the holder's id; one whose key another open
+// transaction is inserting waits for that transaction to end.
 func (c *Client[TTx]) EnqueueTx(ctx context.Context, tx TTx, args JobArgs, opts *EnqueueOpts) (int64, error) {
-	ids, err := c.EnqueueManyTx(ctx, tx, []EnqueueItem{{Args: args, Opts: opts}})
+	rs, err := c.EnqueueManyTx(ctx, tx, []EnqueueItem{{Args: args, Opts: opts}})
 	if err != nil {
 		return 0, err
 	}
-	return ids[0], nil
+	return rs[0].ID, nil
 }
 
-// EnqueueManyTx inserts jobs inside the caller's transaction, as EnqueueTx.
-func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []EnqueueItem) ([]int64, error) {
+// EnqueueManyTx inserts jobs inside the caller's transaction, as EnqueueTx,
+// with one result per job as EnqueueMany.
+func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []EnqueueItem) ([]EnqueueResult, error) {
 	if err := c.ready(ctx); err != nil {
 		return nil, err
 	}
@@ -293,7 +349,7 @@ func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []Enqueue
 	if err != nil || len(ps) == 0 {
 		return nil, err
 	}
-	return c.eng.InsertTx(ctx, c.unwrap(tx), ps)
+	return results(c.eng.InsertTx(ctx, c.unwrap(tx), ps))
 }
 
 // EnqueueBulk streams many jobs in one transaction (COPY on PostgreSQL,
@@ -337,14 +393,40 @@ type JobFilter struct {
 // Jobs lists jobs by id. An unknown state in f.States is an error that
 // names it and lists the valid states.
 func (c *Client[TTx]) Jobs(ctx context.Context, f JobFilter) ([]*JobInfo, error) {
+	df, err := f.driverFilter()
+	if err != nil {
+		return nil, err
+	}
+	return jobInfos(c.drv.ListJobs(ctx, df))
+}
+
+// JobsTx lists jobs as Jobs does, inside the caller's transaction (of a
+// type EnqueueTx accepts): it sees the jobs that transaction enqueued
+// before it commits, which no other transaction sees. Tests use it to
+// check what a transaction enqueued (package conveyortest); applications
+// to read jobs consistently with their own data.
+func (c *Client[TTx]) JobsTx(ctx context.Context, tx TTx, f JobFilter) ([]*JobInfo, error) {
+	df, err := f.driverFilter()
+	if err != nil {
+		return nil, err
+	}
+	return jobInfos(c.drv.ListJobsTx(ctx, c.unwrap(tx), df))
+}
+
+// driverFilter checks f's states and returns it as the driver takes it.
+func (f JobFilter) driverFilter() (driver.JobFilter, error) {
 	df := driver.JobFilter{Queue: f.Queue, Kind: f.Kind, Limit: f.Limit, AfterID: f.AfterID}
 	for _, s := range f.States {
 		if !s.valid() {
-			return nil, unknownState(string(s))
+			return df, unknownState(string(s))
 		}
 		df.States = append(df.States, string(s))
 	}
-	rows, err := c.drv.ListJobs(ctx, df)
+	return df, nil
+}
+
+// jobInfos converts a driver's list of jobs.
+func jobInfos(rows []*driver.JobRow, err error) ([]*JobInfo, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -481,4 +563,27 @@ func (c *Client[TTx]) PausedQueues(ctx context.Context) (map[string]time.Time, e
 // throughput (durability, isolation).
 func (c *Client[TTx]) ServerInfo(ctx context.Context) (map[string]string, error) {
 	return c.drv.ServerInfo(ctx)
+}
+
+// AnyTx adapts a driver to a Client[any], whose EnqueueTx takes any
+// transaction and checks its type when called (as a client from
+// connect.Open does): for code that handles clients of several backends
+// alike. A transaction of another type than d's is refused with
+// ErrTxType.
+func AnyTx[TTx any](d Driver[TTx]) Driver[any] { return anyTx[TTx]{d} }
+
+type anyTx[TTx any] struct{ d Driver[TTx] }
+
+// Bind binds the adapted driver.
+func (a anyTx[TTx]) Bind(ctx context.Context, opts driver.Options) (driver.Driver, error) {
+	return a.d.Bind(ctx, opts)
+}
+
+// UnwrapTx passes a transaction of the adapted driver's type on, and
+// anything else as it is, for the backend to refuse.
+func (a anyTx[TTx]) UnwrapTx(tx any) any {
+	if t, ok := tx.(TTx); ok {
+		return a.d.UnwrapTx(t)
+	}
+	return tx
 }

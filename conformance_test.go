@@ -177,42 +177,54 @@ func (r *execRecord) snapshot() map[int64]int {
 // beginTx opens the application's own transaction on the backend.
 func beginTx(t *testing.T, dsn string) (tx any, commit, rollback func() error) {
 	t.Helper()
-	ctx := context.Background()
+	tx, commit, rollback, done, err := openTx(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(done)
+	return tx, commit, rollback
+}
+
+// openTx begins a transaction on a connection of its own to dsn, as an
+// application would on its handle; done closes the connection. Safe to
+// call from any goroutine.
+func openTx(ctx context.Context, dsn string) (tx any, commit, rollback func() error, done func(), err error) {
 	switch {
 	case strings.HasPrefix(dsn, "postgres://"):
 		conn, err := pgx.Connect(ctx, dsn)
 		if err != nil {
-			t.Fatal(err)
+			return nil, nil, nil, nil, err
 		}
-		t.Cleanup(func() { conn.Close(context.Background()) })
+		done := func() { conn.Close(context.Background()) }
 		ptx, err := conn.Begin(ctx)
 		if err != nil {
-			t.Fatal(err)
+			done()
+			return nil, nil, nil, nil, err
 		}
-		return ptx, func() error { return ptx.Commit(ctx) }, func() error { return ptx.Rollback(ctx) }
+		return ptx, func() error { return ptx.Commit(ctx) }, func() error { return ptx.Rollback(ctx) }, done, nil
 	case strings.HasPrefix(dsn, "mysql://"):
 		u, _ := url.Parse(dsn)
 		db, err := sql.Open("mysql", fmt.Sprintf("%s@tcp(%s)%s?parseTime=true", u.User.String(), u.Host, u.Path))
 		if err != nil {
-			t.Fatal(err)
+			return nil, nil, nil, nil, err
 		}
-		t.Cleanup(func() { db.Close() })
 		stx, err := db.BeginTx(ctx, nil)
 		if err != nil {
-			t.Fatal(err)
+			db.Close()
+			return nil, nil, nil, nil, err
 		}
-		return stx, stx.Commit, stx.Rollback
+		return stx, stx.Commit, stx.Rollback, func() { db.Close() }, nil
 	default:
 		db, err := sql.Open("sqlite", "file:"+dsn+"?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate")
 		if err != nil {
-			t.Fatal(err)
+			return nil, nil, nil, nil, err
 		}
-		t.Cleanup(func() { db.Close() })
 		stx, err := db.BeginTx(ctx, nil)
 		if err != nil {
-			t.Fatal(err)
+			db.Close()
+			return nil, nil, nil, nil, err
 		}
-		return stx, stx.Commit, stx.Rollback
+		return stx, stx.Commit, stx.Rollback, func() { db.Close() }, nil
 	}
 }
 

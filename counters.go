@@ -16,6 +16,8 @@ type Counters struct {
 	// FailedAttempts counts attempts whose handler returned an error,
 	// panicked or timed out (including JobCancel).
 	FailedAttempts int64 `json:"failed_attempts"`
+	// Snoozed counts attempts whose handler returned JobSnooze.
+	Snoozed int64 `json:"snoozed"`
 	// StaleAcksRefused counts outcomes the database refused because the
 	// attempt no longer owned the job (its fence token was outdated): the
 	// job had been rescued, released, cancelled or discarded meanwhile.
@@ -68,6 +70,7 @@ func (c Counters) Map() map[string]int64 {
 		"claimed":            c.Claimed,
 		"completed":          c.Completed,
 		"failed_attempts":    c.FailedAttempts,
+		"snoozed":            c.Snoozed,
 		"stale_acks_refused": c.StaleAcksRefused,
 		"leases_lost":        c.LeasesLost,
 		"lease_deadlines":    c.LeaseDeadlines,
@@ -91,6 +94,7 @@ func (c *Client[TTx]) Counters() Counters {
 		Claimed:          m.Claimed.Load(),
 		Completed:        m.Completed.Load(),
 		FailedAttempts:   m.Failed.Load(),
+		Snoozed:          m.Snoozed.Load(),
 		StaleAcksRefused: m.StaleAcksRefused.Load(),
 		LeasesLost:       m.LeasesLost.Load(),
 		LeaseDeadlines:   m.LeaseDeadlines.Load(),

@@ -80,7 +80,8 @@ func (r RawArgs) MarshalJSON() ([]byte, error) {
 	return r.JSON, nil
 }
 
-// EnqueueOpts are per-job options; nil or zero fields take defaults.
+// EnqueueOpts are per-job options; nil or zero fields take the defaults
+// the arguments declare (JobArgsWithEnqueueOpts), then the client's.
 type EnqueueOpts struct {
 	// Queue, default "default". Names are 1 to 128 characters of letters,
 	// digits, '_', '-', '.' and ':', starting with a letter or digit.
@@ -95,9 +96,69 @@ type EnqueueOpts struct {
 	Delay time.Duration
 	// MaxAttempts overrides Config.MaxAttempts (1 to 1000).
 	MaxAttempts int
-	// Timeout overrides Config.JobTimeout for this job; negative means no
-	// timeout.
+	// Timeout overrides the worker's timeout (WorkerOpts.Timeout, else
+	// Config.JobTimeout) for this job; negative means no timeout.
 	Timeout time.Duration
+	// Unique, when set, makes the job unique (see UniqueOpts): an enqueue
+	// while a job with the same key holds it inserts nothing and returns
+	// that job's id.
+	Unique *UniqueOpts
+}
+
+// JobArgsWithEnqueueOpts is implemented by argument types that declare
+// their kind's default enqueue options, so that every producer of the
+// kind (any client, any enqueue call: Enqueue, EnqueueMany, EnqueueTx,
+// EnqueueManyTx, EnqueueBulk) enqueues it the same way without repeating
+// them:
+//
+//	func (SendEmail) EnqueueOpts() conveyor.EnqueueOpts {
+//		return conveyor.EnqueueOpts{Queue: "email", MaxAttempts: 5, Timeout: 30 * time.Second}
+//	}
+//
+// Options are resolved field by field: a non-zero field of the call's
+// *EnqueueOpts wins, then the field EnqueueOpts returns, then the
+// client's default (queue "default", priority 0, Config.MaxAttempts, the
+// worker's timeout). The schedule is one field: a call that sets RunAt
+// or Delay replaces both RunAt and Delay of the declared options. Since
+// zero means "not set", a call cannot override a declared value with a
+// zero one (priority 0, no delay); pass the value explicitly instead
+// (RunAt: time.Now() for "now"). EnqueueOpts is called once per job
+// enqueued and must not depend on the arguments' contents.
+type JobArgsWithEnqueueOpts interface {
+	JobArgs
+	// EnqueueOpts returns the kind's default enqueue options.
+	EnqueueOpts() EnqueueOpts
+}
+
+// resolveOpts returns the options a job is enqueued with: the call's
+// non-zero fields over those args declares (JobArgsWithEnqueueOpts).
+func resolveOpts(args JobArgs, call *EnqueueOpts) EnqueueOpts {
+	var o EnqueueOpts
+	if d, ok := args.(JobArgsWithEnqueueOpts); ok {
+		o = d.EnqueueOpts()
+	}
+	if call == nil {
+		return o
+	}
+	if call.Queue != "" {
+		o.Queue = call.Queue
+	}
+	if call.Priority != 0 {
+		o.Priority = call.Priority
+	}
+	if !call.RunAt.IsZero() || call.Delay != 0 {
+		o.RunAt, o.Delay = call.RunAt, call.Delay
+	}
+	if call.MaxAttempts != 0 {
+		o.MaxAttempts = call.MaxAttempts
+	}
+	if call.Timeout != 0 {
+		o.Timeout = call.Timeout
+	}
+	if call.Unique != nil {
+		o.Unique = call.Unique
+	}
+	return o
 }
 
 // EnqueueItem is one job of a batch enqueue.
@@ -187,6 +248,13 @@ type workFunc[T JobArgs] func(ctx context.Context, job *Job[T]) error
 // Work calls f.
 func (f workFunc[T]) Work(ctx context.Context, job *Job[T]) error { return f(ctx, job) }
 
+// JobSnooze, returned by a handler, puts the job back to run again after
+// d (from the database's clock) without using up an attempt and without
+// recording an error: the job becomes scheduled. The snoozed attempt's
+// claim is over: a late acknowledgement of it is refused by the database
+// (the next claim gets a new fence token). A negative d is 0.
+func JobSnooze(d time.Duration) error { return &engine.SnoozeError{For: d} }
+
 // JobCancel wraps err so that the job is cancelled instead of retried.
 func JobCancel(err error) error {
 	if err == nil {
@@ -195,12 +263,48 @@ func JobCancel(err error) error {
 	return fmt.Errorf("%w: %w", engine.ErrCancelJob, err)
 }
 
-// AddWorker registers w for the kind of T on c. Call it before Start.
-func AddWorker[T JobArgs, TTx any](c *Client[TTx], w Worker[T]) error {
+// WorkerOpts are one kind's own worker settings, given to AddWorker. They
+// override the client's Config for the jobs of that kind this client
+// runs; zero fields take the Config's.
+//
+// A job's timeout is, in order: its own (EnqueueOpts.Timeout, from the
+// call or declared by its arguments' EnqueueOpts method), stored with the
+// job at enqueue; else WorkerOpts.Timeout of the worker that runs it;
+// else Config.JobTimeout. The backoff is WorkerOpts.Backoff, else
+// Config.Backoff. There is no per-worker MaxAttempts: a job's attempts are
+// fixed when it is enqueued, possibly by a producer that has no worker
+// for the kind; declare a kind's default with its arguments'
+// EnqueueOpts method (JobArgsWithEnqueueOpts), which every producer
+// applies.
+type WorkerOpts struct {
+	// Timeout is the timeout of the kind's jobs that have none of their
+	// own: the handler's context is cancelled and the attempt fails. It
+	// replaces Config.JobTimeout; negative means none, zero takes
+	// Config.JobTimeout. At most 30 days.
+	Timeout time.Duration
+	// Backoff returns the wait before retry number attempt (1-based) of a
+	// job of the kind, replacing Config.Backoff; nil takes Config.Backoff.
+	Backoff func(attempt int) time.Duration
+}
+
+// AddWorker registers w for the kind of T on c, with the kind's own
+// settings when opts gives them (at most one WorkerOpts). Call it before
+// Start.
+func AddWorker[T JobArgs, TTx any](c *Client[TTx], w Worker[T], opts ...WorkerOpts) error {
 	var zero T
 	kind := zero.Kind()
 	if err := checkKind(kind); err != nil {
 		return err
+	}
+	var wo WorkerOpts
+	switch {
+	case len(opts) > 1:
+		return fmt.Errorf("conveyor: AddWorker for kind %q: %d WorkerOpts given, want at most one", kind, len(opts))
+	case len(opts) == 1:
+		wo = opts[0]
+	}
+	if wo.Timeout > maxTimeout {
+		return fmt.Errorf("conveyor: AddWorker for kind %q: timeout %v over the %v limit", kind, wo.Timeout, maxTimeout)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -209,6 +313,9 @@ func AddWorker[T JobArgs, TTx any](c *Client[TTx], w Worker[T]) error {
 	}
 	if _, dup := c.handlers[kind]; dup {
 		return fmt.Errorf("conveyor: a worker for kind %q is already registered", kind)
+	}
+	if wo.Timeout != 0 || wo.Backoff != nil {
+		c.kinds[kind] = engine.KindConfig{Timeout: wo.Timeout, Backoff: wo.Backoff}
 	}
 	c.handlers[kind] = func(ctx context.Context, row *driver.JobRow) error {
 		job := &Job[T]{JobInfo: jobInfo(row)}

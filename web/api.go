@@ -46,11 +46,13 @@ func (h *Handler) routeTable() []route {
 		{method: "POST", path: "/api/v1/queues/{queue}/pause", role: ad, api: true, fn: h.apiPause(true)},
 		{method: "POST", path: "/api/v1/queues/{queue}/resume", role: ad, api: true, fn: h.apiPause(false)},
 		{method: "GET", path: "/api/v1/series", role: ro, api: true, fn: h.apiSeries},
+		{method: "GET", path: "/api/v1/schedules", role: ro, api: true, fn: h.apiSchedules},
 		// Worker protocol.
 		{method: "POST", path: "/api/v1/claim", role: ad, api: true, fn: h.apiClaim},
 		{method: "POST", path: "/api/v1/jobs/{id}/heartbeat", role: ad, api: true, fn: h.apiHeartbeat},
 		{method: "POST", path: "/api/v1/jobs/{id}/complete", role: ad, api: true, fn: h.apiComplete},
 		{method: "POST", path: "/api/v1/jobs/{id}/fail", role: ad, api: true, fn: h.apiFail},
+		{method: "POST", path: "/api/v1/jobs/{id}/snooze", role: ad, api: true, fn: h.apiSnooze},
 		{method: "POST", path: "/api/v1/jobs/{id}/release", role: ad, api: true, fn: h.apiRelease},
 		// Dashboard.
 		{method: "GET", path: "/login", public: true, fn: h.loginPage},
@@ -246,6 +248,16 @@ type enqueueJSON struct {
 	TimeoutMS   int64           `json:"timeout_ms"`
 	RunAt       *time.Time      `json:"run_at"`
 	DelayMS     int64           `json:"delay_ms"`
+	Unique      *uniqueJSON     `json:"unique"`
+}
+
+// uniqueJSON are a unique job's options (conveyor.UniqueOpts).
+type uniqueJSON struct {
+	ByArgs     bool     `json:"by_args"`
+	ArgsFields []string `json:"args_fields"`
+	ByQueue    bool     `json:"by_queue"`
+	ByPeriodMS int64    `json:"by_period_ms"`
+	States     []string `json:"states"`
 }
 
 func (e enqueueJSON) item() conveyor.EnqueueItem {
@@ -264,25 +276,54 @@ func (e enqueueJSON) item() conveyor.EnqueueItem {
 	if e.RunAt != nil {
 		o.RunAt = *e.RunAt
 	}
+	if u := e.Unique; u != nil {
+		o.Unique = &conveyor.UniqueOpts{ByArgs: u.ByArgs, ArgsFields: u.ArgsFields, ByQueue: u.ByQueue,
+			ByPeriod: time.Duration(u.ByPeriodMS) * time.Millisecond}
+		for _, st := range u.States {
+			o.Unique.States = append(o.Unique.States, conveyor.JobState(st))
+		}
+	}
 	return conveyor.EnqueueItem{Args: conveyor.RawArgs{KindName: e.Kind, JSON: args}, Opts: o}
 }
 
 // maxBatch is the most jobs one batch enqueue takes.
 const maxBatch = 1000
 
-func (h *Handler) enqueue(w http.ResponseWriter, r *http.Request, jobs []enqueueJSON) ([]int64, bool) {
+// enqueuedJSON is one job's result of an enqueue.
+type enqueuedJSON struct {
+	// ID is the new job's id, or for a unique job whose key was held the
+	// id of the job holding it.
+	ID int64 `json:"id"`
+	// Duplicate is set when nothing was inserted because the unique key
+	// was held.
+	Duplicate bool `json:"duplicate"`
+}
+
+func (h *Handler) enqueue(w http.ResponseWriter, r *http.Request, jobs []enqueueJSON) ([]enqueuedJSON, bool) {
 	items := make([]conveyor.EnqueueItem, len(jobs))
 	for i, j := range jobs {
 		if j.DelayMS < 0 {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("job %d: delay_ms %d is negative", i, j.DelayMS))
 			return nil, false
 		}
+		if j.Unique != nil {
+			for _, st := range j.Unique.States {
+				if _, err := conveyor.ParseJobState(st); err != nil {
+					writeError(w, http.StatusBadRequest, fmt.Sprintf("job %d: unique: %s", i, strings.TrimPrefix(err.Error(), "conveyor: ")))
+					return nil, false
+				}
+			}
+		}
 		items[i] = j.item()
 	}
-	ids, err := h.c.EnqueueMany(r.Context(), items)
+	rs, err := h.c.EnqueueMany(r.Context(), items)
 	if err != nil {
 		h.fail(w, r, err)
 		return nil, false
+	}
+	out := make([]enqueuedJSON, len(rs))
+	for i, x := range rs {
+		out[i] = enqueuedJSON{ID: x.ID, Duplicate: x.Duplicate}
 	}
 	queues := map[string]bool{}
 	for _, it := range items {
@@ -294,7 +335,8 @@ func (h *Handler) enqueue(w http.ResponseWriter, r *http.Request, jobs []enqueue
 		}
 		h.wake.notify(q)
 	}
-	return ids, true
+	h.stats.invalidate()
+	return out, true
 }
 
 func (h *Handler) apiEnqueue(w http.ResponseWriter, r *http.Request, _ principal) {
@@ -302,10 +344,15 @@ func (h *Handler) apiEnqueue(w http.ResponseWriter, r *http.Request, _ principal
 	if !h.decode(w, r, &in) {
 		return
 	}
-	ids, ok := h.enqueue(w, r, []enqueueJSON{in})
-	if ok {
-		writeJSON(w, http.StatusCreated, map[string]int64{"id": ids[0]})
+	rs, ok := h.enqueue(w, r, []enqueueJSON{in})
+	if !ok {
+		return
 	}
+	status := http.StatusCreated
+	if rs[0].Duplicate {
+		status = http.StatusOK
+	}
+	writeJSON(w, status, rs[0])
 }
 
 func (h *Handler) apiEnqueueBatch(w http.ResponseWriter, r *http.Request, _ principal) {
@@ -323,10 +370,18 @@ func (h *Handler) apiEnqueueBatch(w http.ResponseWriter, r *http.Request, _ prin
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("%d jobs in one batch: at most %d", len(in.Jobs), maxBatch))
 		return
 	}
-	ids, ok := h.enqueue(w, r, in.Jobs)
-	if ok {
-		writeJSON(w, http.StatusCreated, map[string][]int64{"ids": ids})
+	rs, ok := h.enqueue(w, r, in.Jobs)
+	if !ok {
+		return
 	}
+	out := struct {
+		IDs     []int64        `json:"ids"`
+		Results []enqueuedJSON `json:"results"`
+	}{IDs: make([]int64, len(rs)), Results: rs}
+	for i, x := range rs {
+		out.IDs[i] = x.ID
+	}
+	writeJSON(w, http.StatusCreated, out)
 }
 
 func (h *Handler) apiGetJob(w http.ResponseWriter, r *http.Request, _ principal) {
@@ -654,4 +709,42 @@ func (h *Handler) apiSeries(w http.ResponseWriter, r *http.Request, _ principal)
 		return
 	}
 	writeJSON(w, http.StatusOK, h.stats.series())
+}
+
+// scheduleJSON is one periodic schedule.
+type scheduleJSON struct {
+	Name string `json:"name"`
+	Spec string `json:"spec"`
+	// Last is the latest slot a job was made for and LastJobID that
+	// job's id; null before the first.
+	Last      *jsonTime `json:"last"`
+	LastJobID *int64    `json:"last_job_id"`
+	// Next is the next slot; null when unknown.
+	Next *jsonTime `json:"next"`
+}
+
+func (h *Handler) schedules(r *http.Request) ([]scheduleJSON, error) {
+	list, err := h.c.Schedules(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]scheduleJSON, 0, len(list))
+	for _, s := range list {
+		x := scheduleJSON{Name: s.Name, Spec: s.Spec, Last: timeOrNull(s.Last), Next: timeOrNull(s.Next)}
+		if s.LastJobID != 0 {
+			x.LastJobID = ptr(s.LastJobID)
+		}
+		out = append(out, x)
+	}
+	return out, nil
+}
+
+// apiSchedules lists the periodic schedules recorded in the database.
+func (h *Handler) apiSchedules(w http.ResponseWriter, r *http.Request, _ principal) {
+	list, err := h.schedules(r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string][]scheduleJSON{"schedules": list})
 }

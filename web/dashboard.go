@@ -130,10 +130,17 @@ func (h *Handler) pageQueues(w http.ResponseWriter, r *http.Request, p principal
 		return
 	}
 	q := toQueuesJSON(h.c.Backend(), s, at)
+	scheds, err := h.schedules(r)
+	if err != nil {
+		status, msg := h.classify(r, err)
+		h.renderError(w, r, p, status, msg)
+		return
+	}
 	pg := h.pageFor(p, "Queues", struct {
 		queuesJSON
-		States []string
-	}{q, stateNames()})
+		States    []string
+		Schedules []scheduleJSON
+	}{q, stateNames(), scheds})
 	pg.Flash = flashes[r.URL.Query().Get("ok")]
 	h.render(w, http.StatusOK, "queues", pg)
 }

@@ -137,7 +137,7 @@ type Options struct {
 // client is what the handler needs of a *conveyor.Client[TTx], whatever
 // its transaction type.
 type client interface {
-	EnqueueMany(ctx context.Context, items []conveyor.EnqueueItem) ([]int64, error)
+	EnqueueMany(ctx context.Context, items []conveyor.EnqueueItem) ([]conveyor.EnqueueResult, error)
 	Job(ctx context.Context, id int64) (*conveyor.JobInfo, error)
 	Jobs(ctx context.Context, f conveyor.JobFilter) ([]*conveyor.JobInfo, error)
 	Retry(ctx context.Context, id int64) (*conveyor.JobInfo, error)
@@ -146,6 +146,7 @@ type client interface {
 	Stats(ctx context.Context) (*conveyor.Stats, error)
 	PauseQueue(ctx context.Context, queue string) error
 	ResumeQueue(ctx context.Context, queue string) error
+	Schedules(ctx context.Context) ([]conveyor.ScheduleInfo, error)
 	Config() conveyor.Config
 	Backend() string
 }

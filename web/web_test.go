@@ -17,6 +17,7 @@ import (
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/connect"
+	"github.com/conveyorq/conveyor/internal/driver"
 	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
 )
@@ -762,5 +763,65 @@ func TestBulkActions(t *testing.T) {
 		header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}})
 	if loc := res.header.Get("Location"); !strings.HasPrefix(loc, "/?bulk=cancel") {
 		t.Errorf("redirect to %q", loc)
+	}
+}
+
+func TestUniqueEnqueue(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		job := map[string]any{"kind": "report", "args": map[string]any{"day": "mon", "x": 1}, "unique": map[string]any{"args_fields": []string{"day"}}}
+		var first, second enqueuedJSON
+		e.must(201, req{method: "POST", path: "/api/v1/jobs", auth: adminToken, body: job}).json(t, &first)
+		job["args"] = map[string]any{"day": "mon", "x": 2}
+		e.must(200, req{method: "POST", path: "/api/v1/jobs", auth: adminToken, body: job}).json(t, &second)
+		if first.Duplicate || !second.Duplicate || second.ID != first.ID {
+			t.Fatalf("unique: %+v then %+v", first, second)
+		}
+		var batch struct {
+			IDs     []int64
+			Results []enqueuedJSON
+		}
+		e.must(201, req{method: "POST", path: "/api/v1/jobs/batch", auth: adminToken, body: map[string]any{"jobs": []any{
+			job, map[string]any{"kind": "report", "args": map[string]any{"day": "tue"}, "unique": map[string]any{"args_fields": []string{"day"}}},
+		}}}).json(t, &batch)
+		if len(batch.Results) != 2 || !batch.Results[0].Duplicate || batch.Results[1].Duplicate || batch.IDs[0] != first.ID {
+			t.Fatalf("batch: %+v", batch)
+		}
+		if n := e.count(); n != 2 {
+			t.Errorf("%d jobs, want 2", n)
+		}
+		e.must(400, req{method: "POST", path: "/api/v1/jobs", auth: adminToken, body: map[string]any{"kind": "r", "unique": map[string]any{"states": []string{"bogus"}}}})
+	})
+}
+
+func TestSnooze(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		id := e.enqueue(map[string]any{"kind": "k"})
+		c := e.claim(nil)[0]
+		e.must(400, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/snooze", id), auth: adminToken, body: map[string]any{"fence": *c.Fence, "delay_ms": -1}})
+		e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/snooze", id), auth: adminToken, body: map[string]any{"fence": *c.Fence, "delay_ms": 60000}})
+		j := e.job(id)
+		if j.State != "scheduled" || j.Attempt != 0 || len(j.Errors) != 0 {
+			t.Errorf("after snooze: %+v", j)
+		}
+		e.must(409, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/snooze", id), auth: adminToken, body: map[string]any{"fence": *c.Fence, "delay_ms": 1}})
+	})
+}
+
+func TestSchedulesListed(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
+	id := e.enqueue(map[string]any{"kind": "nightly"})
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Hour)
+	if err := seam.DriverOf(e.client).RecordSchedule(ctx, driver.ScheduleRow{Name: "nightly", Spec: "every 1h " + xss[1], LastSlot: now, LastJob: id, NextSlot: now.Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	var out struct{ Schedules []scheduleJSON }
+	e.must(200, req{method: "GET", path: "/api/v1/schedules", auth: roToken}).json(t, &out)
+	if len(out.Schedules) != 1 || out.Schedules[0].LastJobID == nil || *out.Schedules[0].LastJobID != id || out.Schedules[0].Next == nil {
+		t.Fatalf("schedules %+v", out.Schedules)
+	}
+	page := e.must(200, req{method: "GET", path: "/", auth: roToken})
+	if !bytes.Contains(page.body, []byte(fmt.Sprintf(`href="/jobs/%d">%d</a>`, id, id))) || bytes.Contains(page.body, []byte("<img src=x")) {
+		t.Errorf("queues page schedules:\n%s", page.body)
 	}
 }

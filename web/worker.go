@@ -280,6 +280,32 @@ func (h *Handler) outcome(w http.ResponseWriter, r *http.Request, o driver.Outco
 	writeJSON(w, http.StatusOK, map[string]any{"id": o.ID, "state": o.State})
 }
 
+// maxSnooze is the longest snooze.
+const maxSnooze = 30 * 24 * time.Hour
+
+// apiSnooze puts a claimed job back for later without using an attempt
+// (the driver's snooze outcome: scheduled after delay_ms, the attempt
+// given back, the fence kept), fenced.
+func (h *Handler) apiSnooze(w http.ResponseWriter, r *http.Request, _ principal) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	var in struct {
+		Fence   int64 `json:"fence"`
+		DelayMS int64 `json:"delay_ms"`
+	}
+	if !h.decode(w, r, &in) {
+		return
+	}
+	d := time.Duration(in.DelayMS) * time.Millisecond
+	if d < 0 || d > maxSnooze {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("delay_ms %d: must be 0 to %d", in.DelayMS, maxSnooze.Milliseconds()))
+		return
+	}
+	h.outcome(w, r, driver.Outcome{ID: id, Fence: in.Fence, State: driver.StateScheduled, RetryIn: d})
+}
+
 // apiRelease gives a claimed job back without counting the attempt (a
 // worker shutting down), fenced: later acknowledgements under this fence
 // are refused.

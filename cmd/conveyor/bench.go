@@ -28,6 +28,7 @@ func benchCmd(e *env, args []string) error {
 	jobs := f.Int("jobs", 0, "jobs: drain 100000, latency 1000, claims 10000, isolation 300 cold jobs per phase")
 	duration := f.Duration("duration", 10*time.Second, "flow: how long producers run")
 	producers := f.Int("producers", 0, "flow: concurrent producers (default 64); isolation: hot-queue producers (default 16)")
+	unique := f.Bool("unique", false, "flow: producers enqueue unique jobs (unique by their arguments, all distinct), to compare with plain ones")
 	mode := f.String("mode", "", "flow, isolation: producers enqueue with coalesced (Enqueue per job; flow's default) or batch (EnqueueMany of 100; isolation's default)")
 	interval := f.Duration("interval", 0, "latency: time between enqueues (default 5ms); isolation: between cold-queue jobs (default 10ms)")
 	separate := f.Bool("separate-producer", false, "latency: enqueue through a second client, as another process would (no in-process wake-up)")
@@ -64,7 +65,7 @@ func benchCmd(e *env, args []string) error {
 	}
 	o := bench.Options{
 		DSN: dsn, Workload: *workload, Workers: *workers, Jobs: *jobs, Duration: *duration,
-		Producers: *producers, Mode: *mode, Interval: *interval, SeparateProducer: *separate, Herd: *herd, ArgBytes: *argBytes, Work: *work, Spin: *spin,
+		Producers: *producers, Mode: *mode, Unique: *unique, Interval: *interval, SeparateProducer: *separate, Herd: *herd, ArgBytes: *argBytes, Work: *work, Spin: *spin,
 		Of: *of, Counts: cs, Strategies: splitList(*strategies), Window: *window, Timeout: *timeout,
 		Progress: e.stderr,
 		Config:   conveyor.Config{ClaimBatch: *claimBatch, CompleteBatch: *completeBatch, PollMin: *pollMin, PollMax: *pollMax},

@@ -581,3 +581,64 @@ func TestPauseResume(t *testing.T) {
 		})
 	}
 }
+
+// TestSchedules: the schedules a client recorded are listed by the
+// command, in both shapes, on every backend.
+func TestSchedules(t *testing.T) {
+	inEmptyDir(t)
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			dsn := b.dsn(t)
+			p := freshPrefix(t, dsn)
+			db := []string{"--db", dsn, "--prefix", p}
+			mustCLI(t, append([]string{"migrate"}, db...)...)
+			if out := mustCLI(t, append([]string{"schedules"}, db...)...); !strings.Contains(out, "no schedules recorded") {
+				t.Errorf("schedules on an empty database:\n%s", out)
+			}
+			c, err := connect.Open(ctx, dsn, &conveyor.Config{TablePrefix: p, AllowUnregisteredKinds: true, Queues: map[string]conveyor.QueueConfig{"none": {}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.AddPeriodic(conveyor.PeriodicJob{Name: "nightly", Schedule: conveyor.Every(100 * time.Millisecond), Args: conveyor.RawArgs{KindName: "report"}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				ss, err := c.Schedules(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(ss) == 1 && ss[0].LastJobID != 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no slot recorded within 30s: %+v", ss)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			c.Stop(ctx)
+			c.Close()
+			var got []struct {
+				Name      string     `json:"name"`
+				Spec      string     `json:"spec"`
+				LastSlot  *time.Time `json:"last_slot"`
+				LastJobID *int64     `json:"last_job_id"`
+				NextSlot  *time.Time `json:"next_slot"`
+			}
+			if err := json.Unmarshal([]byte(mustCLI(t, append([]string{"schedules", "--json"}, db...)...)), &got); err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 1 || got[0].Name != "nightly" || got[0].Spec != "every 100ms" || got[0].LastSlot == nil || got[0].LastJobID == nil ||
+				got[0].NextSlot == nil || !got[0].NextSlot.After(*got[0].LastSlot) {
+				t.Fatalf("schedules --json: %+v", got)
+			}
+			if out := mustCLI(t, append([]string{"schedules"}, db...)...); !strings.Contains(out, "nightly") || !strings.Contains(out, "every 100ms") {
+				t.Errorf("schedules:\n%s", out)
+			}
+		})
+	}
+}

@@ -43,6 +43,7 @@ commands:
   job ID [--json]         inspect one job, with every attempt's error
   retry ID | cancel ID | discard ID
   stats [--json]          per queue: counts by state, age of the oldest available job, paused since
+  schedules [--json]      the periodic schedules: latest slot and job, next slot
   pause QUEUE | resume QUEUE
                           stop and restart claims of a queue in every process (running jobs finish)
   serve [--listen ADDR] [--token-file F] [--read-only-token-file F] [--basic-auth-file F] [--insecure-loopback-dev]
@@ -64,20 +65,21 @@ const (
 // commands maps each command to the function that runs it on the
 // arguments after its name.
 var commands = map[string]func(*env, []string) error{
-	"migrate": migrateCmd,
-	"enqueue": enqueueCmd,
-	"jobs":    jobsCmd,
-	"job":     jobCmd,
-	"retry":   func(e *env, args []string) error { return adminCmd(e, "retry", args) },
-	"cancel":  func(e *env, args []string) error { return adminCmd(e, "cancel", args) },
-	"discard": func(e *env, args []string) error { return adminCmd(e, "discard", args) },
-	"stats":   statsCmd,
-	"pause":   func(e *env, args []string) error { return pauseCmd(e, "pause", args) },
-	"resume":  func(e *env, args []string) error { return pauseCmd(e, "resume", args) },
-	"demo":    demoCmd,
-	"bench":   benchCmd,
-	"torture": tortureCmd,
-	"serve":   serveCmd,
+	"migrate":   migrateCmd,
+	"enqueue":   enqueueCmd,
+	"jobs":      jobsCmd,
+	"job":       jobCmd,
+	"retry":     func(e *env, args []string) error { return adminCmd(e, "retry", args) },
+	"cancel":    func(e *env, args []string) error { return adminCmd(e, "cancel", args) },
+	"discard":   func(e *env, args []string) error { return adminCmd(e, "discard", args) },
+	"stats":     statsCmd,
+	"pause":     func(e *env, args []string) error { return pauseCmd(e, "pause", args) },
+	"resume":    func(e *env, args []string) error { return pauseCmd(e, "resume", args) },
+	"schedules": schedulesCmd,
+	"demo":      demoCmd,
+	"bench":     benchCmd,
+	"torture":   tortureCmd,
+	"serve":     serveCmd,
 }
 
 func main() {

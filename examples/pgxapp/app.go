@@ -74,6 +74,16 @@ func (a *App) Register(ctx context.Context, email string) (int64, error) {
 		return 0, err
 	}
 	defer tx.Rollback(ctx)
+	id, err := a.RegisterTx(ctx, tx, email)
+	if err != nil {
+		return 0, err
+	}
+	return id, tx.Commit(ctx)
+}
+
+// RegisterTx inserts a user and enqueues the welcome email in tx, which
+// the caller commits: the email job exists if and only if the user does.
+func (a *App) RegisterTx(ctx context.Context, tx pgx.Tx, email string) (int64, error) {
 	var id int64
 	if err := tx.QueryRow(ctx, "INSERT INTO "+pgx.Identifier{a.table}.Sanitize()+" (email) VALUES ($1) RETURNING id", email).Scan(&id); err != nil {
 		return 0, fmt.Errorf("register %s: %w", email, err)
@@ -81,5 +91,5 @@ func (a *App) Register(ctx context.Context, email string) (int64, error) {
 	if _, err := a.Client.EnqueueTx(ctx, tx, WelcomeEmail{UserID: id, Email: email}, nil); err != nil {
 		return 0, err
 	}
-	return id, tx.Commit(ctx)
+	return id, nil
 }

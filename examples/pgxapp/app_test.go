@@ -12,9 +12,70 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/conveyortest"
 	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
 )
+
+// TestRegisterEnqueuesTheWelcomeEmail tests the application's use of
+// conveyor with package conveyortest, without starting a client or
+// sleeping: the email job is enqueued inside the registration's pgx
+// transaction (and seen nowhere else before the commit), and the job,
+// run synchronously through the registered handler, sends the mail and
+// is completed in the database.
+func TestRegisterEnqueuesTheWelcomeEmail(t *testing.T) {
+	dsn := testdb.Postgres(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	prefix := testdb.Prefix()
+	table := prefix + "users"
+	app, err := New(ctx, pool, table, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		seam.DropTables(context.Background(), app.Client)
+		app.Client.Close()
+		pool.Exec(context.Background(), "DROP TABLE IF EXISTS "+pgx.Identifier{table}.Sanitize())
+	}()
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	id, err := app.RegisterTx(ctx, tx, "b@example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &conveyortest.Filter[WelcomeEmail]{Args: `{"email": "b@example.com"}`}
+	got := conveyortest.RequireEnqueuedTx(t, app.Client, tx, want)
+	if len(got) != 1 || got[0].Args.UserID != id {
+		t.Fatalf("welcome jobs in the transaction: %+v, want one for user %d", got, id)
+	}
+	conveyortest.RequireNotEnqueued(t, app.Client, want) // not before the commit
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	job := conveyortest.RequireEnqueued(t, app.Client, want)[0]
+
+	res := conveyortest.Work(t, app.Client, job.ID)
+	if res.Err != nil || res.Job.State != conveyor.JobStateCompleted {
+		t.Fatalf("the welcome job ended %s (handler error %v), want completed", res.Job.State, res.Err)
+	}
+	select {
+	case m := <-app.Sent:
+		if m != (WelcomeEmail{UserID: id, Email: "b@example.com"}) {
+			t.Fatalf("sent %+v, want user %d b@example.com", m, id)
+		}
+	default:
+		t.Fatal("the job completed but sent no mail")
+	}
+}
 
 // TestRegisterOnTheApplicationsPool runs the application on its own pool:
 // a registration's email job commits with the user, a failed registration

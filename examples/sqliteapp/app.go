@@ -86,6 +86,16 @@ func (a *App) Order(ctx context.Context, cents int64) (int64, error) {
 		return 0, err
 	}
 	defer tx.Rollback()
+	id, err := a.OrderTx(ctx, tx, cents)
+	if err != nil {
+		return 0, err
+	}
+	return id, tx.Commit()
+}
+
+// OrderTx records an order and enqueues its invoice in tx, which the
+// caller commits: the invoice job exists if and only if the order does.
+func (a *App) OrderTx(ctx context.Context, tx *sql.Tx, cents int64) (int64, error) {
 	res, err := tx.ExecContext(ctx, "INSERT INTO orders (cents) VALUES (?)", cents)
 	if err != nil {
 		return 0, fmt.Errorf("order of %d cents: %w", cents, err)
@@ -97,5 +107,5 @@ func (a *App) Order(ctx context.Context, cents int64) (int64, error) {
 	if _, err := a.Client.EnqueueTx(ctx, tx, Invoice{OrderID: id, Cents: cents}, nil); err != nil {
 		return 0, err
 	}
-	return id, tx.Commit()
+	return id, nil
 }

@@ -78,7 +78,22 @@ type InsertParams struct {
 	RunAt time.Time
 	// Delay, when RunAt is zero, is added to the database's clock.
 	Delay time.Duration
+	// UniqueKey, when not nil, makes the job unique: the database refuses
+	// a second job with the same key while one holds it (see UniqueKeep).
+	// Only InsertUnique inserts jobs with a key.
+	UniqueKey []byte
+	// UniqueKeep is the finished states in which the job still holds its
+	// key, as bits: KeepCompleted, KeepDiscarded, KeepCancelled. An
+	// unfinished job always holds it.
+	UniqueKeep int
 }
+
+// Bits of InsertParams.UniqueKeep.
+const (
+	KeepCompleted = 1
+	KeepDiscarded = 2
+	KeepCancelled = 4
+)
 
 // JobRow is a job as stored.
 type JobRow struct {
@@ -131,9 +146,12 @@ type Outcome struct {
 	// Attempt is the attempt number the outcome belongs to (for the error
 	// record; the fence decides).
 	Attempt int
-	// State is the new state: completed, retryable, discarded or cancelled.
+	// State is the new state: completed, retryable, discarded or
+	// cancelled, or scheduled for a snooze: the job runs again after
+	// RetryIn and its attempt is given back (not its fence).
 	State string
-	// RetryIn is the backoff from the database's clock, for retryable.
+	// RetryIn is the wait from the database's clock, for retryable and
+	// scheduled.
 	RetryIn time.Duration
 	// Err is recorded in the job's error list when non-nil.
 	Err *AttemptError
@@ -195,6 +213,15 @@ type Driver interface {
 	// InsertTx inserts jobs inside the caller's transaction, whose type
 	// the backend checks (ErrTxType otherwise).
 	InsertTx(ctx context.Context, tx any, jobs []InsertParams) ([]int64, error)
+	// InsertUnique inserts jobs that each have a UniqueKey (distinct
+	// within the call), in the caller's transaction tx or, when tx is nil,
+	// in one transaction of its own. A job whose key is held by a job
+	// already stored (or being inserted by a transaction that then
+	// commits) is not inserted: its id is the holder's and its duplicate
+	// flag is set. Enforced by a unique index, never by a read before the
+	// insert; rows are inserted in key order so that concurrent inserters
+	// of overlapping keys cannot deadlock. Wakes like Insert.
+	InsertUnique(ctx context.Context, tx any, jobs []InsertParams) (ids []int64, dup []bool, err error)
 	// BulkInsert streams many jobs (COPY where available) in one
 	// transaction and returns how many were inserted.
 	BulkInsert(ctx context.Context, jobs []InsertParams) (int64, error)
@@ -204,6 +231,16 @@ type Driver interface {
 	// them. It never blocks on
 	// another claimer's locks and never deadlocks.
 	Claim(ctx context.Context, p ClaimParams) ([]*JobRow, error)
+	// ClaimJob claims job id as Claim claims a job (state running, attempt
+	// and fence token incremented, lease set from the database's clock,
+	// attempted_by set to worker), whatever its queue, priority or
+	// schedule, provided it is available, scheduled or retryable, and
+	// returns it as claimed. It returns an error wrapping ErrNotFound when
+	// there is no such job and one wrapping ErrWrongState when it is
+	// running or finished. Like Claim it never hands out a job that another
+	// claim holds: of a ClaimJob and a Claim racing for the same job, one
+	// gets it. Used to run one job on demand (conveyortest).
+	ClaimJob(ctx context.Context, id int64, lease time.Duration, worker string) (*JobRow, error)
 	// Complete applies outcomes fenced by the claim's fence token and
 	// returns the ids that took effect; the others were stale and are
 	// refused. Complete, Heartbeat and Release are the lease path: a
@@ -237,6 +274,14 @@ type Driver interface {
 	// TryLead takes or keeps leadership of the maintenance loops for ttl.
 	TryLead(ctx context.Context, id string, ttl time.Duration) (bool, error)
 
+	// RecordSchedule records that schedule s.Name made (or found made)
+	// the job s.LastJob for slot s.LastSlot, and that its next slot is
+	// s.NextSlot; a record of an earlier slot than the one stored changes
+	// only the spec.
+	RecordSchedule(ctx context.Context, s ScheduleRow) error
+	// Schedules lists the recorded schedules by name.
+	Schedules(ctx context.Context) ([]ScheduleRow, error)
+
 	// PauseQueue pauses (paused) or resumes a queue for every process on
 	// the database: no claim that starts after it returns takes a job of
 	// a paused queue. Resuming wakes other processes' fetchers for the
@@ -253,6 +298,10 @@ type Driver interface {
 	// Admin.
 	GetJob(ctx context.Context, id int64) (*JobRow, error)
 	ListJobs(ctx context.Context, f JobFilter) ([]*JobRow, error)
+	// ListJobsTx is ListJobs inside the caller's transaction (of a type
+	// InsertTx accepts, ErrTxType otherwise): it sees the jobs that
+	// transaction inserted, before it commits.
+	ListJobsTx(ctx context.Context, tx any, f JobFilter) ([]*JobRow, error)
 	// Retry makes a discarded, cancelled, retryable or scheduled job
 	// available now, granting one more attempt if all were used.
 	Retry(ctx context.Context, id int64) (*JobRow, error)
@@ -286,6 +335,25 @@ type Options struct {
 	// against a process crash; the default) or "FULL" (also power loss).
 	Synchronous string
 }
+
+// ScheduleRow is a periodic schedule as recorded in the database.
+type ScheduleRow struct {
+	Name, Spec string
+	// LastSlot is the latest slot a job was made for (zero if none) and
+	// LastJob that job's id.
+	LastSlot time.Time
+	LastJob  int64
+	// NextSlot is the slot after LastSlot (zero if none).
+	NextSlot time.Time
+	// UpdatedAt is when a process last recorded the schedule.
+	UpdatedAt time.Time
+}
+
+// CancelNotice is what a Listener delivers, instead of a queue name (no
+// queue name can be it), when a running job was cancelled or discarded by
+// hand: the engine then renews its leases at once, which finds the job no
+// longer running and stops its handler.
+const CancelNotice = "!cancel"
 
 // Listener delivers queue names that have new work.
 type Listener interface {

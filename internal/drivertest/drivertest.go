@@ -6,12 +6,16 @@ package drivertest
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sort"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
@@ -34,6 +38,30 @@ func setup(t *testing.T, open Opener, prefix string) driver.Driver {
 		d.Close()
 	})
 	return d
+}
+
+// beginTx begins a transaction of the type the driver's InsertTx takes on
+// the driver's own handle (the accessors of the backends), and returns
+// it with its rollback.
+func beginTx(t *testing.T, d driver.Driver) (tx any, rollback func()) {
+	t.Helper()
+	ctx := context.Background()
+	switch h := d.(type) {
+	case interface{ Pool() *pgxpool.Pool }:
+		ptx, err := h.Pool().Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ptx, func() { ptx.Rollback(ctx) }
+	case interface{ DB() *sql.DB }:
+		stx, err := h.DB().BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return stx, func() { stx.Rollback() }
+	}
+	t.Fatalf("driver %T has no handle to begin a transaction on", d)
+	return nil, nil
 }
 
 func job(queue string, prio int) driver.InsertParams {
@@ -144,6 +172,160 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 				t.Fatalf("claim order %v, want %v (priority, then id)", got, want)
 			}
 		}
+	})
+
+	t.Run("UniqueKeys", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		uj := func(key string, keep int) driver.InsertParams {
+			j := job("u", 0)
+			j.UniqueKey, j.UniqueKeep = []byte(key), keep
+			return j
+		}
+		ids, dup, err := d.InsertUnique(ctx, nil, []driver.InsertParams{uj("k2", 0), uj("k1", 0), uj("kept", driver.KeepCompleted)})
+		if err != nil || len(ids) != 3 || dup[0] || dup[1] || dup[2] {
+			t.Fatalf("first insert: ids %v dup %v err %v", ids, dup, err)
+		}
+		again, dup, err := d.InsertUnique(ctx, nil, []driver.InsertParams{uj("k1", 0), uj("new", 0), uj("k2", 0)})
+		if err != nil || !dup[0] || dup[1] || !dup[2] || again[0] != ids[1] || again[2] != ids[0] {
+			t.Fatalf("second insert: ids %v dup %v err %v; want k1 -> %d and k2 -> %d as duplicates", again, dup, err, ids[1], ids[0])
+		}
+		// Finishing frees a key, unless the job keeps it in that state.
+		rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "u", Limit: 10, Lease: time.Minute, Worker: "w"})
+		if err != nil || len(rows) != 4 {
+			t.Fatalf("claim: %d rows, %v", len(rows), err)
+		}
+		var out []driver.Outcome
+		for _, r := range rows {
+			out = append(out, driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted})
+		}
+		if _, err := d.Complete(ctx, out); err != nil {
+			t.Fatal(err)
+		}
+		after, dup, err := d.InsertUnique(ctx, nil, []driver.InsertParams{uj("k1", 0), uj("kept", driver.KeepCompleted)})
+		if err != nil || dup[0] || after[0] == ids[1] || !dup[1] || after[1] != ids[2] {
+			t.Fatalf("after completion: ids %v dup %v err %v; want k1 new and kept -> %d", after, dup, err, ids[2])
+		}
+		// A job cancelled by hand frees its key.
+		if _, err := d.Cancel(ctx, after[0]); err != nil {
+			t.Fatal(err)
+		}
+		if _, dup, err := d.InsertUnique(ctx, nil, []driver.InsertParams{uj("k1", 0)}); err != nil || dup[0] {
+			t.Fatalf("after cancel: dup %v err %v, want a new job", dup, err)
+		}
+	})
+
+	t.Run("UniqueConcurrent", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		const n = 12
+		var wg sync.WaitGroup
+		ids := make([]int64, n)
+		dups := make([]bool, n)
+		errs := make([]error, n)
+		for g := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Overlapping keys in different orders: no deadlock, one
+				// job per key.
+				a, b := job("c", 0), job("c", 0)
+				a.UniqueKey, b.UniqueKey = []byte("x"), []byte("y")
+				if g%2 == 1 {
+					a, b = b, a
+				}
+				got, dup, err := d.InsertUnique(ctx, nil, []driver.InsertParams{a, b})
+				if err == nil && string(a.UniqueKey) == "y" {
+					got[0], got[1], dup[0], dup[1] = got[1], got[0], dup[1], dup[0]
+				}
+				if err == nil {
+					ids[g], dups[g] = got[0], dup[0]
+				}
+				errs[g] = err
+			}()
+		}
+		wg.Wait()
+		inserted := 0
+		for g := range n {
+			if errs[g] != nil {
+				t.Fatalf("goroutine %d: %v", g, errs[g])
+			}
+			if !dups[g] {
+				inserted++
+			}
+			if ids[g] != ids[0] {
+				t.Fatalf("goroutine %d was told job %d, goroutine 0 job %d", g, ids[g], ids[0])
+			}
+		}
+		if inserted != 1 {
+			t.Fatalf("%d goroutines inserted key x, want 1", inserted)
+		}
+		rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "c", Limit: 100, Lease: time.Minute, Worker: "w"})
+		if err != nil || len(rows) != 2 {
+			t.Fatalf("claimed %d jobs, %v; want one per key", len(rows), err)
+		}
+	})
+
+	t.Run("SnoozeGivesTheAttemptBackNotTheFence", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		ids, err := d.Insert(ctx, []driver.InsertParams{job("s", 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "s", Limit: 1, Lease: time.Minute, Worker: "w"})
+		if err != nil || len(rows) != 1 {
+			t.Fatalf("claim: %d rows, %v", len(rows), err)
+		}
+		first := rows[0]
+		applied, err := d.Complete(ctx, []driver.Outcome{{ID: ids[0], Fence: first.Fence, Attempt: 1, State: driver.StateScheduled, RetryIn: time.Hour}})
+		if err != nil || len(applied) != 1 {
+			t.Fatalf("snooze: applied %v, %v", applied, err)
+		}
+		j, _ := d.GetJob(ctx, ids[0])
+		if j.State != driver.StateScheduled || j.Attempt != 0 || len(j.Errors) != 0 || !j.FinalizedAt.IsZero() || time.Until(j.ScheduledAt) < 50*time.Minute {
+			t.Fatalf("snoozed job: %+v; want scheduled an hour ahead, attempt given back, no error", j)
+		}
+		// Due now: promoted and claimed again, under a new fence.
+		if _, err := d.Retry(ctx, ids[0]); err != nil {
+			t.Fatal(err)
+		}
+		rows, err = d.Claim(ctx, driver.ClaimParams{Queue: "s", Limit: 1, Lease: time.Minute, Worker: "w"})
+		if err != nil || len(rows) != 1 || rows[0].Attempt != 1 || rows[0].Fence <= first.Fence {
+			t.Fatalf("claim after snooze: %+v, %v", rows, err)
+		}
+		// The snoozed attempt's late acknowledgement is refused.
+		applied, err = d.Complete(ctx, []driver.Outcome{{ID: ids[0], Fence: first.Fence, Attempt: 1, State: driver.StateCompleted}})
+		if err != nil || len(applied) != 0 {
+			t.Fatalf("late ack of the snoozed attempt: applied %v, %v", applied, err)
+		}
+	})
+
+	t.Run("Schedules", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		t0 := time.Date(2026, 5, 1, 10, 0, 0, 0, time.UTC)
+		rec := func(slot time.Time, job int64) {
+			t.Helper()
+			err := d.RecordSchedule(ctx, driver.ScheduleRow{Name: "s", Spec: "every 1m0s", LastSlot: slot, LastJob: job, NextSlot: slot.Add(time.Minute)})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		check := func(slot time.Time, job int64) {
+			t.Helper()
+			ss, err := d.Schedules(ctx)
+			if err != nil || len(ss) != 1 {
+				t.Fatalf("schedules %+v, %v", ss, err)
+			}
+			s := ss[0]
+			if s.Name != "s" || s.Spec != "every 1m0s" || !s.LastSlot.Equal(slot) || s.LastJob != job || !s.NextSlot.Equal(slot.Add(time.Minute)) || s.UpdatedAt.IsZero() {
+				t.Fatalf("schedule %+v, want last slot %v job %d", s, slot, job)
+			}
+		}
+		rec(t0, 7)
+		check(t0, 7)
+		rec(t0.Add(time.Minute), 8)
+		check(t0.Add(time.Minute), 8)
+		// An older slot recorded late does not move the schedule back.
+		rec(t0, 7)
+		check(t0.Add(time.Minute), 8)
 	})
 
 	t.Run("PausedQueueNotClaimed", func(t *testing.T) {
@@ -334,6 +516,186 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		}
 		if j, _ := d.GetJob(ctx, ids[0]); j.State != driver.StateCompleted {
 			t.Fatalf("job after its acknowledgement: %s", j.State)
+		}
+	})
+
+	// ClaimJob takes one job by id whatever its queue or schedule, as a
+	// claim would (attempt, fence, lease, attempted_by), and only a job
+	// that is neither running nor finished.
+	t.Run("ClaimJob", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		later := job("a", 5)
+		later.Delay = time.Hour
+		ids, err := d.Insert(ctx, []driver.InsertParams{job("a", 0), later, job("b", 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, err := d.ClaimJob(ctx, ids[1], time.Minute, "w1")
+		if err != nil {
+			t.Fatalf("claim of the scheduled job: %v", err)
+		}
+		if j.ID != ids[1] || j.State != driver.StateRunning || j.Attempt != 1 || j.Fence != 1 || j.AttemptedBy != "w1" ||
+			j.Queue != "a" || j.Kind != "k" || j.Priority != 5 || j.MaxAttempts != 3 || string(j.Args) == "" {
+			t.Fatalf("claimed row: %+v", j)
+		}
+		if l := j.LeaseExpiresAt.Sub(j.AttemptedAt); l < 59*time.Second || l > 61*time.Second {
+			t.Fatalf("lease %v from the attempt, want the minute asked (%+v)", l, j)
+		}
+		stored, _ := d.GetJob(ctx, ids[1])
+		if stored.State != driver.StateRunning || stored.Fence != j.Fence || stored.Attempt != 1 || !stored.LeaseExpiresAt.Equal(j.LeaseExpiresAt) {
+			t.Fatalf("stored row %+v differs from the claimed one %+v", stored, j)
+		}
+		if _, err := d.ClaimJob(ctx, ids[1], time.Minute, "w2"); !errors.Is(err, driver.ErrWrongState) {
+			t.Fatalf("claim of a running job: %v, want ErrWrongState", err)
+		}
+		if _, err := d.ClaimJob(ctx, 1<<40, time.Minute, "w2"); !errors.Is(err, driver.ErrNotFound) {
+			t.Fatalf("claim of a missing job: %v, want ErrNotFound", err)
+		}
+		// The queue's claims do not hand it out again; the other job of
+		// the queue is still theirs.
+		rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "a", Limit: 10, Lease: time.Minute, Worker: "w3"})
+		if err != nil || len(rows) != 1 || rows[0].ID != ids[0] {
+			t.Fatalf("claim of queue a after ClaimJob: %d rows %v, want only job %d", len(rows), err, ids[0])
+		}
+		// Its outcome is fenced like a claimed attempt's.
+		fail := driver.Outcome{ID: ids[1], Fence: j.Fence, Attempt: 1, State: driver.StateRetryable, RetryIn: time.Hour, Err: &driver.AttemptError{Attempt: 1, At: time.Now(), Error: "boom"}}
+		if applied, err := d.Complete(ctx, []driver.Outcome{fail}); err != nil || len(applied) != 1 {
+			t.Fatalf("outcome of the ClaimJob attempt: applied %v err %v", applied, err)
+		}
+		// A retryable job is claimed again before its retry is due.
+		j2, err := d.ClaimJob(ctx, ids[1], time.Minute, "w1")
+		if err != nil || j2.Attempt != 2 || j2.Fence != 2 || len(j2.Errors) != 1 {
+			t.Fatalf("claim of the retryable job: %+v %v", j2, err)
+		}
+		done := driver.Outcome{ID: ids[1], Fence: j2.Fence, Attempt: 2, State: driver.StateCompleted}
+		if applied, err := d.Complete(ctx, []driver.Outcome{done}); err != nil || len(applied) != 1 {
+			t.Fatalf("completion: applied %v err %v", applied, err)
+		}
+		if _, err := d.ClaimJob(ctx, ids[1], time.Minute, "w1"); !errors.Is(err, driver.ErrWrongState) {
+			t.Fatalf("claim of a completed job: %v, want ErrWrongState", err)
+		}
+		// A released ClaimJob attempt gives the attempt back, not the fence.
+		j3, err := d.ClaimJob(ctx, ids[2], time.Minute, "w1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := d.Release(ctx, []driver.Lease{{ID: ids[2], Fence: j3.Fence}}); err != nil || n != 1 {
+			t.Fatalf("release: %d %v", n, err)
+		}
+		j4, err := d.ClaimJob(ctx, ids[2], time.Minute, "w1")
+		if err != nil || j4.Attempt != j3.Attempt || j4.Fence <= j3.Fence {
+			t.Fatalf("claim after release: attempt %d fence %d (err %v), want attempt %d and a fence above %d", j4.Attempt, j4.Fence, err, j3.Attempt, j3.Fence)
+		}
+	})
+
+	// A ClaimJob racing a queue's Claim for the same job: exactly one of
+	// them gets it.
+	t.Run("ClaimJobRacesClaim", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		const n = 20
+		in := make([]driver.InsertParams, n)
+		for i := range in {
+			in[i] = job("race", 0)
+		}
+		ids, err := d.Insert(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		got := map[int64]int{}
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for {
+				rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "race", Limit: 1, Lease: time.Minute, Worker: "claim"})
+				if err != nil {
+					t.Errorf("claim: %v", err)
+					return
+				}
+				if len(rows) == 0 {
+					return
+				}
+				mu.Lock()
+				got[rows[0].ID]++
+				mu.Unlock()
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			for i := n - 1; i >= 0; i-- {
+				_, err := d.ClaimJob(ctx, ids[i], time.Minute, "claim-job")
+				switch {
+				case err == nil:
+					mu.Lock()
+					got[ids[i]]++
+					mu.Unlock()
+				case !errors.Is(err, driver.ErrWrongState):
+					t.Errorf("claim job %d: %v", ids[i], err)
+				}
+			}
+		}()
+		wg.Wait()
+		for _, id := range ids {
+			if got[id] != 1 {
+				t.Fatalf("job %d handed out %d times, want once (all: %v)", id, got[id], got)
+			}
+		}
+	})
+
+	// ListJobsTx reads inside the application's transaction: it sees the
+	// jobs that transaction inserted before it commits, which nothing
+	// outside sees.
+	t.Run("ListJobsTx", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		if _, err := d.ListJobsTx(ctx, "not a transaction", driver.JobFilter{}); !errors.Is(err, driver.ErrTxType) {
+			t.Fatalf("list in a string: %v, want ErrTxType", err)
+		}
+		before, err := d.Insert(ctx, []driver.InsertParams{job("t", 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, rollback := beginTx(t, d)
+		a, b := job("t", 0), job("u", 1)
+		b.Kind = "other"
+		b.Delay = time.Hour
+		ids, err := d.InsertTx(ctx, tx, []driver.InsertParams{a, b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all, err := d.ListJobsTx(ctx, tx, driver.JobFilter{})
+		if err != nil || len(all) != 3 || all[0].ID != before[0] || all[1].ID != ids[0] || all[2].ID != ids[1] {
+			t.Fatalf("list in the transaction: %d jobs %v, want the committed one and the two inserted", len(all), err)
+		}
+		if j := all[2]; j.Kind != "other" || j.Queue != "u" || j.State != driver.StateScheduled || j.Priority != 1 || j.Attempt != 0 ||
+			time.Until(j.ScheduledAt) < 50*time.Minute || j.CreatedAt.IsZero() || !j.AttemptedAt.IsZero() || j.Errors != nil || string(j.Args) != `{"a":1}` && string(j.Args) != `{"a": 1}` {
+			t.Fatalf("job read in the transaction: %+v (args %s)", j, j.Args)
+		}
+		for _, c := range []struct {
+			f    driver.JobFilter
+			want []int64
+		}{
+			{driver.JobFilter{Kind: "other"}, ids[1:]},
+			{driver.JobFilter{Queue: "t"}, []int64{before[0], ids[0]}},
+			{driver.JobFilter{States: []string{driver.StateScheduled}}, ids[1:]},
+			{driver.JobFilter{AfterID: before[0], Limit: 1}, ids[:1]},
+		} {
+			got, err := d.ListJobsTx(ctx, tx, c.f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var gotIDs []int64
+			for _, j := range got {
+				gotIDs = append(gotIDs, j.ID)
+			}
+			if fmt.Sprint(gotIDs) != fmt.Sprint(c.want) {
+				t.Fatalf("list %+v in the transaction: %v, want %v", c.f, gotIDs, c.want)
+			}
+		}
+		rollback()
+		outside, err := d.ListJobs(ctx, driver.JobFilter{})
+		if err != nil || len(outside) != 1 {
+			t.Fatalf("after the rollback: %d jobs %v, want only the committed one", len(outside), err)
 		}
 	})
 

@@ -107,18 +107,7 @@ func (c *completer) write(batch []driver.Outcome) {
 		applied, err := e.drv.Complete(ctx, batch)
 		cancel()
 		if err == nil {
-			ok := make(map[int64]struct{}, len(applied))
-			for _, id := range applied {
-				ok[id] = struct{}{}
-			}
-			var done int64
-			for _, o := range batch {
-				if _, in := ok[o.ID]; in && o.State == driver.StateCompleted {
-					done++
-				}
-			}
-			e.metrics.Completed.Add(done)
-			e.metrics.StaleAcksRefused.Add(int64(len(batch) - len(applied)))
+			e.written(batch, applied)
 			return
 		}
 		e.metrics.DBErrors.Add(1)
@@ -142,6 +131,23 @@ func (c *completer) write(batch []driver.Outcome) {
 			return
 		}
 	}
+}
+
+// written counts a batch of outcomes the database answered: the
+// completions applied, and the outcomes its fence refused as stale.
+func (e *Engine) written(batch []driver.Outcome, applied []int64) {
+	ok := make(map[int64]struct{}, len(applied))
+	for _, id := range applied {
+		ok[id] = struct{}{}
+	}
+	var done int64
+	for _, o := range batch {
+		if _, in := ok[o.ID]; in && o.State == driver.StateCompleted {
+			done++
+		}
+	}
+	e.metrics.Completed.Add(done)
+	e.metrics.StaleAcksRefused.Add(int64(len(batch) - len(applied)))
 }
 
 // byID sorts a batch of outcomes and their owners together by job id.

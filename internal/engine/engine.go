@@ -28,6 +28,15 @@ import (
 // wraps typed workers into Handlers.
 type Handler func(ctx context.Context, row *driver.JobRow) error
 
+// SnoozeError, returned by a handler (wrapped or not), puts the job back
+// to run again after For without counting the attempt: the job becomes
+// scheduled, its attempt given back. Its fence token is not given back,
+// so a late acknowledgement of the snoozed attempt is refused.
+type SnoozeError struct{ For time.Duration }
+
+// Error says how long the job was snoozed for.
+func (s *SnoozeError) Error() string { return "job snoozed for " + s.For.String() }
+
 // ErrCancelJob, wrapped in a handler's error, cancels the job without retry.
 var ErrCancelJob = errors.New("job cancelled by its handler")
 
@@ -38,7 +47,7 @@ var ErrStopped = errors.New("conveyor: client is closed")
 var errShutdown = errors.New("conveyor: client shutting down")
 
 // errLeaseLost is the cause given to job contexts whose lease was lost.
-var errLeaseLost = errors.New("conveyor: job lease lost (rescued or taken by another attempt)")
+var errLeaseLost = errors.New("conveyor: job lease lost (cancelled or discarded by hand, rescued, or taken by another attempt)")
 
 // errLeaseDeadline is the cause given to job contexts cancelled because
 // their lease could not be renewed in time: the handler must stop before
@@ -65,6 +74,11 @@ type Config struct {
 	DiscardedRetention time.Duration
 	ShutdownTimeout    time.Duration
 	Backoff            func(attempt int) time.Duration
+	// Kinds holds the settings of kinds that override JobTimeout or
+	// Backoff, by kind; a kind absent, or a zero field, takes the
+	// engine-wide one. The map may be filled after New, before Start (the
+	// public package shares it with AddWorker, as it shares handlers).
+	Kinds map[string]KindConfig
 	// Logger receives warnings (database errors being retried, leases
 	// lost) and one record per failed attempt; nil discards them.
 	Logger *slog.Logger
@@ -73,12 +87,24 @@ type Config struct {
 	FailedAttemptLevel slog.Level
 }
 
+// KindConfig is one kind's own settings, overriding the engine-wide ones
+// for its jobs.
+type KindConfig struct {
+	// Timeout replaces Config.JobTimeout for jobs of the kind that have no
+	// timeout of their own (JobRow.TimeoutMS 0); negative means none, zero
+	// takes Config.JobTimeout.
+	Timeout time.Duration
+	// Backoff replaces Config.Backoff for the kind; nil takes it.
+	Backoff func(attempt int) time.Duration
+}
+
 // Metrics are process-wide counters.
 type Metrics struct {
 	ClaimRounds      atomic.Int64 // claim statements issued
 	Claimed          atomic.Int64
 	Completed        atomic.Int64
 	Failed           atomic.Int64
+	Snoozed          atomic.Int64
 	StaleAcksRefused atomic.Int64
 	LeasesLost       atomic.Int64
 	// LeaseDeadlines counts handlers cancelled because their lease could
@@ -368,15 +394,29 @@ func (e *Engine) runJob(ctx context.Context, row *driver.JobRow) (err error, tra
 	return err, trace
 }
 
-// timeout is the job's own timeout or the client default; 0 means none.
+// timeout is the job's own timeout, else its kind's, else the engine's;
+// 0 means none.
 func (e *Engine) timeout(row *driver.JobRow) time.Duration {
+	t := e.cfg.JobTimeout
+	if k := e.cfg.Kinds[row.Kind].Timeout; k != 0 {
+		t = k
+	}
 	switch {
 	case row.TimeoutMS > 0:
 		return time.Duration(row.TimeoutMS) * time.Millisecond
-	case row.TimeoutMS < 0 || e.cfg.JobTimeout < 0:
+	case row.TimeoutMS < 0 || t < 0:
 		return 0
 	}
-	return e.cfg.JobTimeout
+	return t
+}
+
+// backoff is the wait before retrying row after its attempt failed: its
+// kind's Backoff, else the engine's.
+func (e *Engine) backoff(row *driver.JobRow) time.Duration {
+	if b := e.cfg.Kinds[row.Kind].Backoff; b != nil {
+		return b(row.Attempt)
+	}
+	return e.cfg.Backoff(row.Attempt)
 }
 
 // outcome turns a handler result into the state the completer writes.
@@ -384,6 +424,10 @@ func (e *Engine) outcome(row *driver.JobRow, err error, trace string) driver.Out
 	o := driver.Outcome{ID: row.ID, Fence: row.Fence, Attempt: row.Attempt}
 	if err == nil {
 		o.State = driver.StateCompleted
+		return o
+	}
+	if sn := (*SnoozeError)(nil); errors.As(err, &sn) {
+		o.State, o.RetryIn = driver.StateScheduled, max(sn.For, 0)
 		return o
 	}
 	o.Err = &driver.AttemptError{Attempt: row.Attempt, At: time.Now().UTC(), Error: err.Error(), Trace: trace}
@@ -394,7 +438,7 @@ func (e *Engine) outcome(row *driver.JobRow, err error, trace string) driver.Out
 		o.State = driver.StateDiscarded
 	default:
 		o.State = driver.StateRetryable
-		o.RetryIn = e.cfg.Backoff(row.Attempt)
+		o.RetryIn = e.backoff(row)
 	}
 	return o
 }

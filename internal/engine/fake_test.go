@@ -32,6 +32,8 @@ type fakeDriver struct {
 	held   map[int64]int64
 	calls  []call // every call, in the order it began
 	nextID int64  // last id given by Insert
+	// uniqueHolders maps each unique key InsertUnique stored to its job.
+	uniqueHolders map[string]int64
 
 	listen  bool        // Capabilities().Listen
 	wakeups chan string // what the listener delivers when listen is set
@@ -43,6 +45,9 @@ type fakeDriver struct {
 	rescue  func() (map[string]int, error)
 	prune   func() (int64, error)
 
+	// claimJob answers ClaimJob; without it a pending job of that id, of
+	// any queue, is claimed, and another id is not found.
+	claimJob  func(ctx context.Context, id int64) (*driver.JobRow, error)
 	heartbeat func(ctx context.Context, leases []driver.Lease) ([]int64, error)
 	complete  func(ctx context.Context, outcomes []driver.Outcome) ([]int64, error)
 	released  atomic.Int64
@@ -168,6 +173,41 @@ func (d *fakeDriver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver
 	return out, err
 }
 
+// ClaimJob records the claim of job id (its lease in dur, the worker in
+// who) and answers through the claimJob hook, or takes that job from the
+// pending ones; a job it hands out is held.
+func (d *fakeDriver) ClaimJob(ctx context.Context, id int64, lease time.Duration, worker string) (*driver.JobRow, error) {
+	d.record(call{op: "claimjob", ids: []int64{id}, dur: lease, who: worker})
+	var r *driver.JobRow
+	var err error
+	if d.claimJob != nil {
+		r, err = d.claimJob(ctx, id)
+	} else {
+		d.mu.Lock()
+		for i, p := range d.pending {
+			if p.ID == id {
+				r = p
+				d.pending = slices.Delete(d.pending, i, i+1)
+				break
+			}
+		}
+		d.mu.Unlock()
+		if r == nil {
+			err = fmt.Errorf("fake: job %d: %w", id, driver.ErrNotFound)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	if d.held == nil {
+		d.held = map[int64]int64{}
+	}
+	d.held[r.ID] = r.Fence
+	d.mu.Unlock()
+	return r, nil
+}
+
 // takePending removes and returns up to p.Limit pending jobs of p.Queue,
 // oldest first: the default claim.
 func (d *fakeDriver) takePending(p driver.ClaimParams) []*driver.JobRow {
@@ -207,6 +247,12 @@ func (d *fakeDriver) idle(queue string) bool {
 
 // PauseQueue is not used by the engine's loops.
 func (d *fakeDriver) PauseQueue(context.Context, string, bool) error { return nil }
+
+// RecordSchedule is not used by the engine.
+func (d *fakeDriver) RecordSchedule(context.Context, driver.ScheduleRow) error { return nil }
+
+// Schedules reports none.
+func (d *fakeDriver) Schedules(context.Context) ([]driver.ScheduleRow, error) { return nil, nil }
 
 // PausedQueues reports no paused queue.
 func (d *fakeDriver) PausedQueues(context.Context) (map[string]time.Time, error) {
@@ -273,6 +319,28 @@ func (d *fakeDriver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]
 			State: driver.StateRunning, Attempt: 1, Fence: 1, MaxAttempts: max(j.MaxAttempts, 1), TimeoutMS: j.TimeoutMS})
 	}
 	return ids, nil
+}
+
+// InsertUnique records the call and inserts every job whose key no job
+// inserted through it holds yet; the others get the holder's id.
+func (d *fakeDriver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, []bool, error) {
+	d.record(call{op: "insertunique", params: slices.Clone(jobs)})
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.uniqueHolders == nil {
+		d.uniqueHolders = map[string]int64{}
+	}
+	ids, dup := make([]int64, len(jobs)), make([]bool, len(jobs))
+	for i, j := range jobs {
+		if id, ok := d.uniqueHolders[string(j.UniqueKey)]; ok {
+			ids[i], dup[i] = id, true
+			continue
+		}
+		d.nextID++
+		ids[i] = d.nextID
+		d.uniqueHolders[string(j.UniqueKey)] = d.nextID
+	}
+	return ids, dup, nil
 }
 
 // TryLead records the attempt and answers through the tryLead hook;

@@ -212,7 +212,7 @@ func TestFetchWakesOnEnqueue(t *testing.T) {
 		return nil
 	}})
 	waitFor(t, "the first, empty claim", func() bool { return d.idle("q") })
-	if _, err := e.Insert(context.Background(), []driver.InsertParams{{Queue: "q", Kind: "k", Delay: time.Hour}}); err != nil {
+	if _, _, err := e.Insert(context.Background(), []driver.InsertParams{{Queue: "q", Kind: "k", Delay: time.Hour}}); err != nil {
 		t.Fatal(err)
 	}
 	// Room for a wrongly woken fetcher to claim (it would find nothing).
@@ -220,7 +220,7 @@ func TestFetchWakesOnEnqueue(t *testing.T) {
 	if n := len(d.claimsOf("q")); n != 1 {
 		t.Fatalf("%d claims after enqueueing a job due in an hour, want 1 (no wake-up)", n)
 	}
-	ids, err := e.Insert(context.Background(), []driver.InsertParams{{Queue: "q", Kind: "k"}})
+	ids, _, err := e.Insert(context.Background(), []driver.InsertParams{{Queue: "q", Kind: "k"}})
 	if err != nil {
 		t.Fatal(err)
 	}

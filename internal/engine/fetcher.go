@@ -202,15 +202,7 @@ func (f *fetcher) dispatch(rows []*driver.JobRow, sent time.Time) {
 	f.mu.Lock()
 	items := make([]*running, len(rows))
 	for i, r := range rows {
-		ctx, cancel := context.WithCancelCause(f.workCtx)
-		it := &running{row: r, ctx: ctx, cancel: cancel, validUntil: valid}
-		if t := f.e.timeout(r); t > 0 {
-			it.abandonAt = time.Now().Add(t + f.e.cfg.Lease)
-		}
-		// An entry of an earlier attempt of the same job (rescued and
-		// claimed here again) is stale: the new claim replaces it.
-		f.leases[r.ID] = it
-		items[i] = it
+		items[i] = f.hold(r, valid)
 	}
 	f.mu.Unlock()
 	if time.Until(valid) < f.e.cfg.Lease-f.e.cfg.HeartbeatInterval {
@@ -221,6 +213,20 @@ func (f *fetcher) dispatch(rows []*driver.JobRow, sent time.Time) {
 	for _, it := range items {
 		f.jobs <- it
 	}
+}
+
+// hold records a claimed row as an attempt of this fetcher, its lease
+// valid until valid, with its context. The caller holds f.mu.
+func (f *fetcher) hold(r *driver.JobRow, valid time.Time) *running {
+	ctx, cancel := context.WithCancelCause(f.workCtx)
+	it := &running{row: r, ctx: ctx, cancel: cancel, validUntil: valid}
+	if t := f.e.timeout(r); t > 0 {
+		it.abandonAt = time.Now().Add(t + f.e.cfg.Lease)
+	}
+	// An entry of an earlier attempt of the same job (rescued and claimed
+	// here again) is stale: the new claim replaces it.
+	f.leases[r.ID] = it
+	return it
 }
 
 func (f *fetcher) startWorkers() {
@@ -237,43 +243,80 @@ func (f *fetcher) worker() {
 	defer f.workerWG.Done()
 	e := f.e
 	for it := range f.jobs {
-		if !f.startable(it) {
-			f.giveBack(it)
-			it.cancel(nil)
-			f.running.Add(-1)
-			signal(f.freedCh)
-			e.jobWG.Done()
-			continue
+		if a := f.work(it); a.write && !e.comp.submit(pending{f: f, o: a.outcome}) {
+			// The completer closed under us: Stop releases the job, or it
+			// is rescued.
+			f.unfinish(it)
 		}
-		began := time.Now()
-		err, trace := e.runJob(it.ctx, it.row)
-		ran := time.Since(began)
-		cause := context.Cause(it.ctx)
-		switch {
-		case err != nil && errors.Is(cause, errShutdown):
-			// Interrupted by shutdown: keep the lease so Stop releases
-			// the job instead of counting a failure.
-		case f.finish(it) || e.testSkipLocalFence:
-			o := e.outcome(it.row, err, trace)
-			if err != nil {
-				e.metrics.Failed.Add(1)
-				e.logFailure(it.row, ran, o, err)
-			}
-			if !e.comp.submit(pending{f: f, o: o}) {
-				// The completer closed under us: Stop releases the job, or
-				// it is rescued.
-				f.unfinish(it)
-			}
-		default:
-			// The lease was lost, or released by Stop while the handler
-			// ignored its context: the outcome is dropped (the database's
-			// fence would refuse it), the job belongs to another attempt.
-		}
-		it.cancel(nil)
 		f.running.Add(-1)
 		signal(f.freedCh)
 		e.jobWG.Done()
 	}
+}
+
+// attempt is what became of one claimed attempt that work ran.
+type attempt struct {
+	// ran is set when the handler ran; otherwise the attempt was given
+	// back unstarted (its lease was about to run out).
+	ran bool
+	// err is the handler's error.
+	err error
+	// interrupted is set when the handler failed because its context was
+	// cancelled by a shutdown or by the end of WorkOne's context: the
+	// attempt keeps its lease for the caller to release, so that the
+	// interruption does not count as a failure.
+	interrupted bool
+	// write is set when outcome must be written: the attempt still holds
+	// its lease and is now finishing (its lease is renewed until the
+	// outcome is written and settled).
+	write   bool
+	outcome driver.Outcome
+}
+
+// work runs one claimed attempt: the path every job takes, from a
+// worker of a started engine or from WorkOne. An attempt whose lease is
+// about to run out is given back unstarted; otherwise the handler runs
+// (runJob: the timeout, panic recovery) and its result becomes the
+// outcome to write, unless the attempt was interrupted or lost its lease
+// meanwhile. The attempt's context is cancelled when work returns.
+func (f *fetcher) work(it *running) attempt {
+	e := f.e
+	defer it.cancel(nil)
+	if !f.startable(it) {
+		f.giveBack(it)
+		return attempt{}
+	}
+	began := time.Now()
+	err, trace := e.runJob(it.ctx, it.row)
+	ran := time.Since(began)
+	a := attempt{ran: true, err: err}
+	switch {
+	case err != nil && interrupting(context.Cause(it.ctx)):
+		// Interrupted by shutdown: keep the lease so that it is released
+		// instead of counting a failure.
+		a.interrupted = true
+	case f.finish(it) || e.testSkipLocalFence:
+		a.write = true
+		a.outcome = e.outcome(it.row, err, trace)
+		switch {
+		case a.outcome.State == driver.StateScheduled:
+			e.metrics.Snoozed.Add(1)
+		case err != nil:
+			e.metrics.Failed.Add(1)
+			e.logFailure(it.row, ran, a.outcome, err)
+		}
+	default:
+		// The lease was lost, or released by Stop while the handler
+		// ignored its context: the outcome is dropped (the database's
+		// fence would refuse it), the job belongs to another attempt.
+	}
+	return a
+}
+
+// interrupting reports whether cause, a job context's cancellation cause,
+// interrupts the attempt rather than failing it.
+func interrupting(cause error) bool {
+	return errors.Is(cause, errShutdown) || errors.Is(cause, errCallerGone)
 }
 
 // startable reports whether it may start: this fetcher still holds its

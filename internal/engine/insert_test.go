@@ -49,7 +49,7 @@ func enqueue(e *Engine, prios ...int) <-chan insertResult {
 	}
 	ch := make(chan insertResult, 1)
 	go func() {
-		ids, err := e.Insert(context.Background(), ps)
+		ids, _, err := e.Insert(context.Background(), ps)
 		ch <- insertResult{ids, err}
 	}()
 	return ch
@@ -139,7 +139,46 @@ func TestInserterErrorReachesEveryCallerOfBatch(t *testing.T) {
 	if err := e.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Insert(context.Background(), []driver.InsertParams{{Queue: "q", Kind: "k"}}); !errors.Is(err, ErrStopped) {
+	if _, _, err := e.Insert(context.Background(), []driver.InsertParams{{Queue: "q", Kind: "k"}}); !errors.Is(err, ErrStopped) {
 		t.Fatalf("enqueue after Close: %v, want ErrStopped", err)
+	}
+}
+
+// A batch mixing plain and unique jobs goes to Insert and InsertUnique;
+// a unique job whose key an earlier job of the batch has is that job's
+// duplicate without reaching the driver, and every caller gets its own ids
+// and flags in order.
+func TestInsertSplitsUniqueJobs(t *testing.T) {
+	d := &fakeDriver{}
+	e := New(d, testConfig(time.Second), nil)
+	t.Cleanup(func() { e.Close(context.Background()) })
+	u := func(key string) driver.InsertParams {
+		return driver.InsertParams{Queue: "q", Kind: "k", UniqueKey: []byte(key)}
+	}
+	plain := driver.InsertParams{Queue: "q", Kind: "k"}
+	ids, dup, err := e.Insert(context.Background(), []driver.InsertParams{u("a"), plain, u("a"), u("b"), plain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(dup, []bool{false, false, true, false, false}) || ids[2] != ids[0] || ids[3] == ids[0] || ids[1] == ids[4] {
+		t.Fatalf("ids %v dup %v", ids, dup)
+	}
+	if n := len(d.callsOf("insertunique")); n != 1 {
+		t.Fatalf("%d InsertUnique calls, want 1", n)
+	}
+	if got := d.callsOf("insertunique")[0].params; len(got) != 2 {
+		t.Fatalf("InsertUnique got %d jobs, want the 2 distinct keys", len(got))
+	}
+	if got := d.callsOf("insert"); len(got) != 1 || len(got[0].params) != 2 {
+		t.Fatalf("insert calls %v, want one with the 2 plain jobs", got)
+	}
+	// The key is held now: a later enqueue is a duplicate of the holder.
+	again, dup, err := e.Insert(context.Background(), []driver.InsertParams{u("b")})
+	if err != nil || !dup[0] || again[0] != ids[3] {
+		t.Fatalf("again: ids %v dup %v err %v", again, dup, err)
+	}
+	// In a transaction, the same split, with the caller's transaction.
+	if _, _, err := e.InsertTx(context.Background(), nil, []driver.InsertParams{plain}); !errors.Is(err, driver.ErrTxType) {
+		t.Fatalf("nil transaction: %v, want ErrTxType", err)
 	}
 }

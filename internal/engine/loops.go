@@ -16,6 +16,10 @@ import (
 // does not stretch them; a failed renewal is tried again soon, and if none
 // gets through in time the deadline loop stops the handlers.
 func (e *Engine) heartbeatLoop(ctx context.Context) {
+	fs := make([]*fetcher, 0, len(e.fetchers))
+	for _, f := range e.fetchers {
+		fs = append(fs, f)
+	}
 	var leases []driver.Lease
 	fails := 0
 	timer := time.NewTimer(e.cfg.HeartbeatInterval)
@@ -29,51 +33,70 @@ func (e *Engine) heartbeatLoop(ctx context.Context) {
 			// A claim that took long to come back: renew its lease now
 			// rather than at the next interval.
 		}
-		leases = leases[:0]
-		for _, f := range e.fetchers {
-			leases = f.snapshot(leases)
-		}
-		if len(leases) == 0 {
-			timer.Reset(e.cfg.HeartbeatInterval)
-			continue
-		}
-		// In id order, as the completer writes, so that a renewal and a
-		// completion touching the same rows lock them in the same order.
-		slices.SortFunc(leases, func(a, b driver.Lease) int { return cmp.Compare(a.ID, b.ID) })
-		sent := time.Now()
-		// A renewal waiting for its turn (a lock, a connection) keeps
-		// waiting for as long as it can still save a lease: giving up and
-		// trying again would only lose its place.
-		hctx, cancel := context.WithTimeout(ctx, max(e.cfg.HeartbeatInterval, e.cfg.Lease-e.leaseMargin()))
-		owned, err := e.drv.Heartbeat(hctx, leases, e.cfg.Lease)
-		cancel()
-		if took := time.Since(sent); took > e.cfg.HeartbeatInterval {
-			e.warn("conveyor: heartbeat slow", "jobs", len(leases), "took", took, "error", err)
-		}
-		if err != nil {
+		var sent time.Time
+		var err error
+		leases, sent, err = e.renew(ctx, fs, leases)
+		switch {
+		case err != nil:
 			if ctx.Err() != nil {
 				return
 			}
 			fails++
+			timer.Reset(min(errBackoff(fails), e.cfg.HeartbeatInterval))
+		case sent.IsZero():
+			timer.Reset(e.cfg.HeartbeatInterval)
+		default:
+			fails = 0
+			timer.Reset(max(0, e.cfg.HeartbeatInterval-time.Since(sent)))
+		}
+	}
+}
+
+// renew sends one renewal of the leases fs hold (their snapshots, into
+// buf) and applies its answer: owned leases are valid for another Lease
+// from when it was sent, the handlers of lost ones are cancelled. It
+// returns the leases asked for, when the renewal was sent (zero when
+// there was nothing to renew) and the driver's error.
+func (e *Engine) renew(ctx context.Context, fs []*fetcher, buf []driver.Lease) ([]driver.Lease, time.Time, error) {
+	leases := buf[:0]
+	for _, f := range fs {
+		leases = f.snapshot(leases)
+	}
+	if len(leases) == 0 {
+		return leases, time.Time{}, nil
+	}
+	// In id order, as the completer writes, so that a renewal and a
+	// completion touching the same rows lock them in the same order.
+	slices.SortFunc(leases, func(a, b driver.Lease) int { return cmp.Compare(a.ID, b.ID) })
+	sent := time.Now()
+	// A renewal waiting for its turn (a lock, a connection) keeps waiting
+	// for as long as it can still save a lease: giving up and trying again
+	// would only lose its place.
+	hctx, cancel := context.WithTimeout(ctx, max(e.cfg.HeartbeatInterval, e.cfg.Lease-e.leaseMargin()))
+	owned, err := e.drv.Heartbeat(hctx, leases, e.cfg.Lease)
+	cancel()
+	if took := time.Since(sent); took > e.cfg.HeartbeatInterval {
+		e.warn("conveyor: heartbeat slow", "jobs", len(leases), "took", took, "error", err)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
 			e.metrics.DBErrors.Add(1)
 			e.warn("conveyor: heartbeat failed (retrying)", "jobs", len(leases), "error", err)
-			timer.Reset(min(errBackoff(fails), e.cfg.HeartbeatInterval))
-			continue
 		}
-		fails = 0
-		asked := make(map[int64]int64, len(leases))
-		for _, l := range leases {
-			asked[l.ID] = l.Fence
-		}
-		own := make(map[int64]bool, len(owned))
-		for _, id := range owned {
-			own[id] = true
-		}
-		for _, f := range e.fetchers {
-			e.metrics.LeasesLost.Add(int64(f.renewed(asked, own, sent)))
-		}
-		timer.Reset(max(0, e.cfg.HeartbeatInterval-time.Since(sent)))
+		return leases, sent, err
 	}
+	asked := make(map[int64]int64, len(leases))
+	for _, l := range leases {
+		asked[l.ID] = l.Fence
+	}
+	own := make(map[int64]bool, len(owned))
+	for _, id := range owned {
+		own[id] = true
+	}
+	for _, f := range fs {
+		e.metrics.LeasesLost.Add(int64(f.renewed(asked, own, sent)))
+	}
+	return leases, sent, nil
 }
 
 // leaseMargin is how long before its lease may expire an attempt whose
@@ -89,18 +112,32 @@ func (e *Engine) leaseMargin() time.Duration { return e.cfg.Lease / 5 }
 // never runs in two places at once while the lease says one owns it. It
 // checks every Lease/20 (at most every second), which the margin covers.
 func (e *Engine) deadlineLoop(ctx context.Context) {
+	fs := make([]*fetcher, 0, len(e.fetchers))
+	for _, f := range e.fetchers {
+		fs = append(fs, f)
+	}
+	for sleep(ctx, e.deadlineTick()) {
+		e.cutOff(fs, time.Now())
+	}
+}
+
+// deadlineTick is how often the deadline loop checks: every Lease/20, at
+// most every second, which the margin covers.
+func (e *Engine) deadlineTick() time.Duration {
+	return max(min(e.cfg.Lease/20, time.Second), 5*time.Millisecond)
+}
+
+// cutOff cancels the handlers of fs's attempts whose lease may expire
+// within leaseMargin, and counts them.
+func (e *Engine) cutOff(fs []*fetcher, now time.Time) {
 	margin := e.leaseMargin()
-	tick := max(min(e.cfg.Lease/20, time.Second), 5*time.Millisecond)
-	for sleep(ctx, tick) {
-		now := time.Now()
-		n := 0
-		for _, f := range e.fetchers {
-			n += f.cutOff(now, margin)
-		}
-		if n > 0 {
-			e.metrics.LeaseDeadlines.Add(int64(n))
-			e.warn("conveyor: handlers cancelled: their leases could not be renewed in time", "jobs", n, "margin", margin)
-		}
+	n := 0
+	for _, f := range fs {
+		n += f.cutOff(now, margin)
+	}
+	if n > 0 {
+		e.metrics.LeaseDeadlines.Add(int64(n))
+		e.warn("conveyor: handlers cancelled: their leases could not be renewed in time", "jobs", n, "margin", margin)
 	}
 }
 
@@ -203,6 +240,10 @@ func (e *Engine) listenLoop(ctx context.Context) {
 				e.warn("conveyor: listener failed (reconnecting)", "error", err)
 				sleep(ctx, errBackoff(1))
 				e.wake("")
+				continue
+			}
+			if q == driver.CancelNotice {
+				signal(e.hbWake)
 				continue
 			}
 			e.wake(q)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	sqldriver "database/sql/driver"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -32,6 +33,100 @@ func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
 // ListJobs returns jobs matching f in id order, at most f.Limit (default
 // 100) with ids greater than f.AfterID.
 func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.JobRow, error) {
+	q, args := d.listQuery(f)
+	rows, err := d.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, d.wrap("list jobs", err)
+	}
+	out, err := scanJobs(rows)
+	if err != nil {
+		return nil, d.wrap("list jobs", err)
+	}
+	return out, nil
+}
+
+// ListJobsTx lists jobs as ListJobs does, inside the caller's transaction
+// (a *sql.Tx of the application's handle), seeing the jobs it inserted.
+// The application's connection may read times differently from
+// conveyor's (parseTime, loc): they are read as the UTC they are stored in.
+func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]*driver.JobRow, error) {
+	t, ok := tx.(*sql.Tx)
+	if !ok || t == nil {
+		return nil, fmt.Errorf("conveyor/mysql: list jobs tx: got %T, want a non-nil *sql.Tx (database/sql on a go-sql-driver/mysql connection): %w", tx, driver.ErrTxType)
+	}
+	q, args := d.listQuery(f)
+	rows, err := t.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, d.wrap("list jobs tx", err)
+	}
+	defer rows.Close()
+	var out []*driver.JobRow
+	for rows.Next() {
+		j, err := scanAppJob(rows)
+		if err != nil {
+			return nil, d.wrap("list jobs tx", err)
+		}
+		out = append(out, j)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, d.wrap("list jobs tx", err)
+	}
+	return out, nil
+}
+
+// ClaimJob claims job id, whatever its queue or schedule, if it is
+// available, scheduled or retryable: one transaction locks the row
+// (ClaimJobSelect) and marks it as Claim does (ClaimMark).
+func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, worker string) (*driver.JobRow, error) {
+	var out *driver.JobRow
+	var state string
+	err := d.inTx(ctx, "claim job", func(tx *sql.Tx) error {
+		out, state = nil, ""
+		var now time.Time
+		j, err := scanJob(tx.QueryRowContext(ctx, d.q["ClaimJobSelect"], id), &now)
+		if errors.Is(err, sql.ErrNoRows) {
+			return driver.ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		switch j.State {
+		case driver.StateAvailable, driver.StateScheduled, driver.StateRetryable:
+		default:
+			state = j.State
+			return nil
+		}
+		until := now.Add(lease).Truncate(time.Microsecond)
+		q, args, cache := d.inList("ClaimMark", []int64{id}, dbTime(now), dbTime(until), worker)
+		res, err := d.exec(ctx, tx, cache, q, args...)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return fmt.Errorf("marked %d rows of the one locked", n)
+		}
+		j.State = driver.StateRunning
+		j.Attempt++
+		j.Fence++
+		j.AttemptedAt = now
+		j.LeaseExpiresAt = until
+		j.AttemptedBy = worker
+		out = j
+		return nil
+	})
+	switch {
+	case errors.Is(err, driver.ErrNotFound):
+		return nil, fmt.Errorf("conveyor/mysql: claim job %d: %w", id, driver.ErrNotFound)
+	case err != nil:
+		return nil, d.wrap("claim job", err)
+	case out == nil:
+		return nil, fmt.Errorf("conveyor/mysql: claim job %d: state is %s: %w", id, state, driver.ErrWrongState)
+	}
+	return out, nil
+}
+
+// listQuery returns the ListJobs statement for f and its arguments.
+func (d *Driver) listQuery(f driver.JobFilter) (string, []any) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 100
@@ -56,16 +151,62 @@ func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.Jo
 		args = append(args, f.Kind)
 	}
 	args = append(args, int64(limit))
-	q := strings.Replace(d.q["ListJobs"], "{where}", where.String(), 1)
-	rows, err := d.db.QueryContext(ctx, q, args...)
+	return strings.Replace(d.q["ListJobs"], "{where}", where.String(), 1), args
+}
+
+// scanAppJob reads the JobColumns of one row read on the application's
+// connection, whose DSN may lack parseTime or set another loc.
+func scanAppJob(r rowScanner) (*driver.JobRow, error) {
+	j := &driver.JobRow{}
+	var (
+		args, errs []byte
+		by         sql.NullString
+	)
+	err := r.Scan(&j.ID, &j.Queue, &j.Kind, &args, &j.State, &j.Priority, &j.Attempt, &j.MaxAttempts, &j.TimeoutMS,
+		utcTime{&j.ScheduledAt}, utcTime{&j.CreatedAt}, utcTime{&j.AttemptedAt}, utcTime{&j.FinalizedAt},
+		utcTime{&j.LeaseExpiresAt}, &by, &errs, &j.Fence)
 	if err != nil {
-		return nil, d.wrap("list jobs", err)
+		return nil, err
 	}
-	out, err := scanJobs(rows)
+	j.Args = args
+	j.AttemptedBy = by.String
+	if len(errs) > 2 {
+		if err := json.Unmarshal(errs, &j.Errors); err != nil {
+			return nil, fmt.Errorf("job %d: decode errors: %w", j.ID, err)
+		}
+	}
+	return j, nil
+}
+
+// utcTime scans a DATETIME(6), which conveyor stores in UTC, read as text
+// or as a time.Time in any location (its wall clock is the UTC time); NULL
+// is the zero time.
+type utcTime struct{ dst *time.Time }
+
+// Scan implements sql.Scanner.
+func (u utcTime) Scan(src any) error {
+	switch v := src.(type) {
+	case nil:
+		*u.dst = time.Time{}
+	case time.Time:
+		*u.dst = time.Date(v.Year(), v.Month(), v.Day(), v.Hour(), v.Minute(), v.Second(), v.Nanosecond(), time.UTC)
+	case []byte:
+		return u.parse(string(v))
+	case string:
+		return u.parse(v)
+	default:
+		return fmt.Errorf("DATETIME read as %T", src)
+	}
+	return nil
+}
+
+func (u utcTime) parse(s string) error {
+	t, err := time.ParseInLocation("2006-01-02 15:04:05", s, time.UTC)
 	if err != nil {
-		return nil, d.wrap("list jobs", err)
+		return err
 	}
-	return out, nil
+	*u.dst = t
+	return nil
 }
 
 // adminUpdate runs a state-guarded UPDATE of one job and returns the job;
@@ -189,7 +330,7 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	var applied []int
 	for _, m := range d.migs[current:] {
 		for i, st := range m.Statements {
-			if _, err := conn.ExecContext(ctx, st); err != nil && myErrno(err) != errDupColumn {
+			if _, err := conn.ExecContext(ctx, st); err != nil && myErrno(err) != errDupColumn && myErrno(err) != errDupKeyName {
 				// (DDL auto-commits: a column added by a run that stopped
 				// before recording its version is already there.)
 				return applied, fmt.Errorf("conveyor/mysql: migrate: version %d (%s) statement %d: %w", m.Version, m.Name, i+1, err)

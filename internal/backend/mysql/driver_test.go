@@ -2,6 +2,7 @@ package mysql
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 	"github.com/conveyorq/conveyor/internal/drivertest"
@@ -688,5 +691,55 @@ func TestClaimCursorFindsJobsBehindIt(t *testing.T) {
 	}
 	if len(seen) != 251 {
 		t.Fatalf("claimed %d distinct jobs, want 251", len(seen))
+	}
+}
+
+// ListJobsTx reads in the application's transaction whatever its
+// connection's parseTime and loc: conveyor's times are UTC.
+func TestListJobsTxOnTheApplicationsConnection(t *testing.T) {
+	d := migrated(t, driver.Options{}, nil)
+	ctx := context.Background()
+	ids, err := d.Insert(ctx, []driver.InsertParams{{Queue: "q", Kind: "k", Args: json.RawMessage(`{}`), MaxAttempts: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := d.ClaimJob(ctx, ids[0], time.Minute, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := d.GetJob(ctx, ids[0])
+	base, err := URLConfig(testdb.MySQL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An application session in another time zone.
+	base.Params = map[string]string{"time_zone": "'+05:00'"}
+	for _, c := range []struct {
+		name      string
+		parseTime bool
+		loc       *time.Location
+	}{{"text", false, time.UTC}, {"parseTime local", true, time.FixedZone("X", 5*3600)}} {
+		app := base.Clone()
+		app.ParseTime, app.Loc = c.parseTime, c.loc
+		conn, err := gomysql.NewConnector(app)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := sql.OpenDB(conn)
+		defer db.Close()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := d.ListJobsTx(ctx, tx, driver.JobFilter{})
+		tx.Rollback()
+		if err != nil || len(got) != 1 {
+			t.Fatalf("%s: %d jobs %v", c.name, len(got), err)
+		}
+		j := got[0]
+		if !j.ScheduledAt.Equal(want.ScheduledAt) || !j.CreatedAt.Equal(want.CreatedAt) || !j.AttemptedAt.Equal(claimed.AttemptedAt) ||
+			!j.LeaseExpiresAt.Equal(want.LeaseExpiresAt) || !j.FinalizedAt.IsZero() || j.State != driver.StateRunning || j.AttemptedBy != "w" {
+			t.Fatalf("%s: read %+v, want %+v", c.name, j, want)
+		}
 	}
 }

@@ -564,6 +564,7 @@ func (d *Driver) batchSource(name, jsonSrc, rowSrc string, n, width int, add fun
 var outcomeStates = map[string]bool{
 	driver.StateCompleted: true, driver.StateRetryable: true,
 	driver.StateDiscarded: true, driver.StateCancelled: true,
+	driver.StateScheduled: true, // a snooze
 }
 
 // Complete applies outcomes with one fenced UPDATE joined to the batch (see
@@ -623,7 +624,7 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 					i := chunk[k]
 					o := &outcomes[i]
 					var retry int64
-					if o.State == driver.StateRetryable {
+					if o.State == driver.StateRetryable || o.State == driver.StateScheduled {
 						retry = max(micros(o.RetryIn), 0)
 					}
 					if row != nil {

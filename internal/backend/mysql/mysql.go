@@ -66,6 +66,8 @@ const (
 	errNoSuchTable     = 1146
 	errUnknownVariable = 1193
 	errDupColumn       = 1060
+	errDupKeyName      = 1061
+	errDupEntry        = 1062
 )
 
 // Placeholder limit of one prepared statement.

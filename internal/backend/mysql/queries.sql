@@ -28,6 +28,18 @@ INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, sc
 -- name: InsertRow
 (?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]')
 
+-- Unique jobs are inserted one row each (InsertUniqueHead + InsertUniqueRow):
+-- a duplicate key (error 1062 on unique_idx) refuses the row alone and
+-- leaves the transaction going; UniqueHolder then reads the holder.
+-- name: InsertUniqueHead
+INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, scheduled_at, created_at, state, errors, unique_key, unique_keep) VALUES
+
+-- name: InsertUniqueRow
+(?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]', ?, ?)
+
+-- name: UniqueHolder
+SELECT id FROM `{p}jobs` WHERE unique_live = ?
+
 -- Claim with SKIP LOCKED, in one READ COMMITTED transaction: lock up to
 -- Limit due rows in claim order, skipping rows other claimers hold (never
 -- waiting), read the database's clock in the same statement, then mark the
@@ -56,6 +68,13 @@ SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE ava
 -- the stored rows without reading them again.
 -- name: ClaimMark
 UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, fence = fence + 1, attempted_at = ?, lease_expires_at = ?, attempted_by = ? WHERE id IN ({ids})
+
+-- ClaimJobSelect locks one job by id for ClaimJob, which then marks it with
+-- ClaimMark if it is neither running nor finished. It waits for a claim
+-- that holds the row; once that claim commits the row is running and is
+-- left alone.
+-- name: ClaimJobSelect
+SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` WHERE id = ? FOR UPDATE
 
 -- Optimistic claim, for servers without SKIP LOCKED. ClaimWindow reads the
 -- first N available rows in claim order with a plain SELECT: under READ
@@ -111,12 +130,12 @@ SELECT CAST(? AS SIGNED) AS id, CAST(? AS SIGNED) AS fence
 -- the common error-free batch does not touch it. Complete, Heartbeat and
 -- Release (the lease path) run on a pool of their own. In a multi-table UPDATE
 -- the order of assignments is unspecified, so no assignment reads a column
--- another one writes.
+-- another one writes. A snooze (state scheduled) gives the attempt back.
 -- name: Complete
-UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = u.state, j.finalized_at = IF(u.state = 'retryable', NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state = 'retryable', UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.lease_expires_at = NULL, j.op_token = ? WHERE j.state = 'running'
+UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.op_token = ? WHERE j.state = 'running'
 
 -- name: CompleteWithErrors
-UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = u.state, j.finalized_at = IF(u.state = 'retryable', NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state = 'retryable', UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.lease_expires_at = NULL, j.errors = CONCAT(LEFT(j.errors, CHAR_LENGTH(j.errors) - 1), IF(j.errors = '[]', '', ','), u.err, ']'), j.op_token = ? WHERE j.state = 'running'
+UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.errors = CONCAT(LEFT(j.errors, CHAR_LENGTH(j.errors) - 1), IF(j.errors = '[]', '', ','), u.err, ']'), j.op_token = ? WHERE j.state = 'running'
 
 -- name: Heartbeat
 UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, j.op_token = ? WHERE j.state = 'running'
@@ -214,7 +233,7 @@ SELECT COALESCE(MAX(version), 0) FROM `{p}schema_migrations`
 INSERT INTO `{p}schema_migrations` (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))
 
 -- name: DropAll
-DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schema_migrations`
+DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}schema_migrations`
 
 -- name: PauseQueue
 -- Pausing keeps the first pause's time (?, ?: queue, paused 0/1).
@@ -223,3 +242,16 @@ ON DUPLICATE KEY UPDATE paused_at = IF(VALUES(paused_at) IS NULL, NULL, COALESCE
 
 -- name: PausedQueues
 SELECT name, paused_at FROM `{p}queues` WHERE paused_at IS NOT NULL
+
+-- name: RecordSchedule
+-- The slots only move forward. MySQL evaluates the assignments left to
+-- right, each seeing the ones before it: last_slot is assigned last.
+INSERT INTO `{p}schedules` (name, spec, last_slot, last_job, next_slot, updated_at) VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6))
+ON DUPLICATE KEY UPDATE spec = VALUES(spec),
+  last_job = IF(last_slot IS NULL OR VALUES(last_slot) >= last_slot, VALUES(last_job), last_job),
+  next_slot = IF(last_slot IS NULL OR VALUES(last_slot) >= last_slot, VALUES(next_slot), next_slot),
+  last_slot = GREATEST(COALESCE(last_slot, VALUES(last_slot)), VALUES(last_slot)),
+  updated_at = VALUES(updated_at)
+
+-- name: Schedules
+SELECT name, spec, last_slot, last_job, next_slot, updated_at FROM `{p}schedules` ORDER BY name

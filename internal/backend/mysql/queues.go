@@ -2,7 +2,10 @@ package mysql
 
 import (
 	"context"
+	"database/sql"
 	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
 )
 
 // PauseQueue pauses (paused) or resumes queue for every process on the
@@ -33,4 +36,56 @@ func (d *Driver) PausedQueues(ctx context.Context) (map[string]time.Time, error)
 		return nil, d.wrap("paused queues", err)
 	}
 	return out, nil
+}
+
+// RecordSchedule records a schedule's latest slot and next one.
+func (d *Driver) RecordSchedule(ctx context.Context, s driver.ScheduleRow) error {
+	_, err := d.db.ExecContext(ctx, d.q["RecordSchedule"], s.Name, s.Spec, nullTime(s.LastSlot), nullID(s.LastJob), nullTime(s.NextSlot))
+	return d.wrap("record schedule "+s.Name, err)
+}
+
+// Schedules lists the recorded schedules by name.
+func (d *Driver) Schedules(ctx context.Context) ([]driver.ScheduleRow, error) {
+	rows, err := d.db.QueryContext(ctx, d.q["Schedules"])
+	if err != nil {
+		return nil, d.wrap("schedules", err)
+	}
+	defer rows.Close()
+	var out []driver.ScheduleRow
+	for rows.Next() {
+		var s driver.ScheduleRow
+		var last, next sql.NullTime
+		var job sql.NullInt64
+		if err := rows.Scan(&s.Name, &s.Spec, &last, &job, &next, &s.UpdatedAt); err != nil {
+			return nil, d.wrap("schedules", err)
+		}
+		if last.Valid {
+			s.LastSlot = last.Time.UTC()
+		}
+		if next.Valid {
+			s.NextSlot = next.Time.UTC()
+		}
+		s.LastJob, s.UpdatedAt = job.Int64, s.UpdatedAt.UTC()
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, d.wrap("schedules", err)
+	}
+	return out, nil
+}
+
+// nullTime is t as the driver writes times, or NULL for zero.
+func nullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return dbTime(t.Truncate(time.Microsecond))
+}
+
+// nullID is id, or NULL for 0.
+func nullID(id int64) any {
+	if id == 0 {
+		return nil
+	}
+	return id
 }

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -40,6 +41,46 @@ func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.Jo
 	}
 	jobs, err := scanJobs(rows)
 	return jobs, wrap("list jobs", err)
+}
+
+// ListJobsTx lists jobs as ListJobs does, inside the caller's transaction
+// (a pgx.Tx, or a *sql.Tx of the pgx stdlib driver), seeing the jobs it
+// inserted.
+func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]*driver.JobRow, error) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	states := f.States
+	if states == nil {
+		states = []string{}
+	}
+	switch t := tx.(type) {
+	case pgx.Tx:
+		rows, err := t.Query(ctx, d.q.listJobs, f.AfterID, states, f.Queue, f.Kind, limit)
+		if err != nil {
+			return nil, wrap("list jobs tx", err)
+		}
+		jobs, err := scanJobs(rows)
+		return jobs, wrap("list jobs tx", err)
+	case *sql.Tx:
+		if t == nil {
+			break
+		}
+		rows, err := t.QueryContext(ctx, d.q.listJobs, f.AfterID, textArray(states), f.Queue, f.Kind, limit)
+		if err != nil {
+			return nil, wrap("list jobs tx", err)
+		}
+		jobs, err := scanSQLJobs(rows)
+		return jobs, wrap("list jobs tx", err)
+	}
+	return nil, fmt.Errorf("conveyor/postgres: list jobs tx: transaction of type %T: accepted are pgx.Tx and *sql.Tx (pgx stdlib driver): %w", tx, driver.ErrTxType)
+}
+
+// ClaimJob claims job id, whatever its queue or schedule, if it is
+// available, scheduled or retryable.
+func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, worker string) (*driver.JobRow, error) {
+	return d.adminUpdate(ctx, "claim", id, d.q.claimJob, id, micros(lease), worker)
 }
 
 // Retry makes a discarded, cancelled, retryable, scheduled or completed job

@@ -93,3 +93,13 @@ func (a *arrayLit) String() string {
 	a.b.WriteByte('}')
 	return a.b.String()
 }
+
+// textArray returns ss as one text[] literal.
+func textArray(ss []string) string {
+	var a arrayLit
+	a.init(16 * len(ss))
+	for _, s := range ss {
+		a.str(s)
+	}
+	return a.String()
+}

@@ -621,3 +621,60 @@ func TestArrayLiteralsRoundTrip(t *testing.T) {
 		t.Fatalf("errors %+v", j.Errors)
 	}
 }
+
+// ListJobsTx reads with a *sql.Tx of the pgx stdlib driver as with a
+// pgx.Tx: the same jobs, the same fields.
+func TestListJobsTxDatabaseSQL(t *testing.T) {
+	d := open(t, driver.Options{})
+	ctx := context.Background()
+	ids, err := d.Insert(ctx, []driver.InsertParams{pj("q")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.ClaimJob(ctx, ids[0], time.Minute, "w"); err != nil {
+		t.Fatal(err)
+	}
+	fail := driver.Outcome{ID: ids[0], Fence: 1, Attempt: 1, State: driver.StateRetryable, RetryIn: time.Hour, Err: &driver.AttemptError{Attempt: 1, At: time.Now(), Error: "boom"}}
+	if _, err := d.Complete(ctx, []driver.Outcome{fail}); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("pgx", testdb.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	stx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stx.Rollback()
+	more, err := d.InsertTx(ctx, stx, []driver.InsertParams{pj("q")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	viaSQL, err := d.ListJobsTx(ctx, stx, driver.JobFilter{States: []string{driver.StateRetryable, driver.StateAvailable}})
+	if err != nil || len(viaSQL) != 2 || viaSQL[1].ID != more[0] {
+		t.Fatalf("list in a *sql.Tx: %d jobs %v, want the retryable one and the one inserted", len(viaSQL), err)
+	}
+	ptx, err := d.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptx.Rollback(ctx)
+	viaPgx, err := d.ListJobsTx(ctx, ptx, driver.JobFilter{})
+	if err != nil || len(viaPgx) != 1 {
+		t.Fatalf("list in a pgx.Tx: %d jobs %v", len(viaPgx), err)
+	}
+	a, b := viaSQL[0], viaPgx[0]
+	if a.State != driver.StateRetryable || a.AttemptedBy != "w" || len(a.Errors) != 1 || a.Errors[0].Error != "boom" || a.LeaseExpiresAt != (time.Time{}) {
+		t.Fatalf("retryable job read in a *sql.Tx: %+v", a)
+	}
+	var aa, ba any
+	json.Unmarshal(a.Args, &aa)
+	json.Unmarshal(b.Args, &ba)
+	if fmt.Sprint(aa) != fmt.Sprint(ba) || a.Queue != b.Queue || a.Kind != b.Kind || a.Fence != b.Fence || a.Attempt != b.Attempt ||
+		!a.ScheduledAt.Equal(b.ScheduledAt) || !a.CreatedAt.Equal(b.CreatedAt) || !a.AttemptedAt.Equal(b.AttemptedAt) || !a.FinalizedAt.Equal(b.FinalizedAt) ||
+		fmt.Sprint(a.Errors) != fmt.Sprint(b.Errors) {
+		t.Fatalf("the same job read in a *sql.Tx and a pgx.Tx differs:\n%+v\n%+v", a, b)
+	}
+}

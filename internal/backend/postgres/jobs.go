@@ -260,7 +260,7 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	for i := range outcomes {
 		o := &outcomes[i]
 		switch o.State {
-		case driver.StateCompleted, driver.StateRetryable, driver.StateDiscarded, driver.StateCancelled:
+		case driver.StateCompleted, driver.StateRetryable, driver.StateDiscarded, driver.StateCancelled, driver.StateScheduled:
 		default:
 			return nil, fmt.Errorf("conveyor/postgres: complete: job %d: invalid outcome state %q", o.ID, o.State)
 		}

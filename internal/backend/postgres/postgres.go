@@ -39,10 +39,12 @@ type queries struct {
 	migrateLock, createMigrations, currentVersion, recordVersion, dropAll string
 	serverInfo                                                            string
 	insert, bulkNow, notifyQueues                                         string
-	claim, complete, heartbeat, release                                   string
+	claim, claimJob, complete, heartbeat, release                         string
 	rescue, promote, prune, tryLead, listen                               string
 	getJob, listJobs, retry, finish, stats                                string
 	pauseQueue, pausedQueues                                              string
+	insertUnique, uniqueHolders                                           string
+	recordSchedule, schedules                                             string
 }
 
 func loadQueries(prefix string) queries {
@@ -65,6 +67,7 @@ func loadQueries(prefix string) queries {
 		bulkNow:          get("bulk_now"),
 		notifyQueues:     get("notify_queues"),
 		claim:            get("claim"),
+		claimJob:         get("claim_job"),
 		complete:         get("complete"),
 		heartbeat:        get("heartbeat"),
 		release:          get("release"),
@@ -80,6 +83,10 @@ func loadQueries(prefix string) queries {
 		stats:            get("stats"),
 		pauseQueue:       get("pause_queue"),
 		pausedQueues:     get("paused_queues"),
+		insertUnique:     get("insert_unique"),
+		uniqueHolders:    get("unique_holders"),
+		recordSchedule:   get("record_schedule"),
+		schedules:        get("schedules"),
 	}
 }
 

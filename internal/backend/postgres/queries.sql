@@ -22,7 +22,7 @@ SELECT coalesce(max(version), 0) FROM {p}schema_migrations
 INSERT INTO {p}schema_migrations (version) VALUES ($1)
 
 -- name: drop_all
-DROP TABLE IF EXISTS {p}jobs, {p}leader, {p}queues, {p}schema_migrations
+DROP TABLE IF EXISTS {p}jobs, {p}leader, {p}queues, {p}schedules, {p}schema_migrations
 
 -- name: server_info
 SELECT current_setting('server_version'),
@@ -59,6 +59,53 @@ woke AS (
 )
 SELECT i.id FROM input i CROSS JOIN (SELECT count(*) FROM woke) w ORDER BY i.ord
 
+-- name: insert_unique
+-- insert, for jobs with a unique key ($9, hex) and keep bits ($10), given
+-- in key order: inserted in that order (ORDER BY ord), so that concurrent
+-- inserters of overlapping keys wait for each other in the same order and
+-- cannot deadlock. A row whose key is held by a stored job (or one being
+-- inserted by a transaction that then commits: the partial unique index
+-- makes this insert wait for it) is skipped by ON CONFLICT DO NOTHING; the
+-- result says which rows went in. Only inserted rows notify.
+WITH input AS MATERIALIZED (
+    SELECT nextval('{p}jobs_id_seq') AS id,
+           i.ord, i.queue, i.kind, i.args, i.priority, i.max_attempts, i.timeout_ms,
+           coalesce(i.run_at, now() + i.delay_us * interval '1 microsecond') AS sched,
+           decode(i.ukey, 'hex') AS ukey, i.keep
+    FROM unnest($1::text[], $2::text[], $3::json[], $4::int[], $5::int[], $6::bigint[], $7::timestamptz[], $8::bigint[],
+                $9::text[], $10::int[])
+         WITH ORDINALITY AS i(queue, kind, args, priority, max_attempts, timeout_ms, run_at, delay_us, ukey, keep, ord)
+),
+ins AS (
+    INSERT INTO {p}jobs (id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at,
+                         unique_key, unique_keep)
+    SELECT id, queue, kind, args,
+           CASE WHEN sched > now() THEN 'scheduled' ELSE 'available' END,
+           priority, max_attempts, timeout_ms, sched, ukey, keep
+    FROM input
+    ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue, scheduled_at <= now() AS due
+),
+woke AS (
+    SELECT pg_notify('{p}wake', d.queue)
+    FROM (SELECT DISTINCT queue FROM ins WHERE due) d
+)
+SELECT i.id, ins.id IS NOT NULL
+FROM input i LEFT JOIN ins ON ins.id = i.id CROSS JOIN (SELECT count(*) FROM woke) w
+ORDER BY i.ord
+
+-- name: unique_holders
+-- $1 unique keys (hex): the jobs holding them (the predicate is the
+-- index's).
+SELECT encode(unique_key, 'hex'), id FROM {p}jobs
+ WHERE unique_key = ANY (ARRAY(SELECT decode(k, 'hex') FROM unnest($1::text[]) AS k))
+   AND unique_key IS NOT NULL
+   AND (state IN ('available', 'scheduled', 'running', 'retryable')
+        OR (state = 'completed' AND (unique_keep & 1) <> 0)
+        OR (state = 'discarded' AND (unique_keep & 2) <> 0)
+        OR (state = 'cancelled' AND (unique_keep & 4) <> 0))
+
 -- name: bulk_now
 SELECT now()
 
@@ -90,15 +137,34 @@ WHERE j.id = picked.id
 RETURNING j.id, j.kind, j.args, j.priority, j.attempt, j.max_attempts, j.timeout_ms,
           j.scheduled_at, j.created_at, j.attempted_at, j.lease_expires_at, j.errors, j.fence
 
+-- name: claim_job
+-- One job by id, as claim claims it, whatever its queue or schedule, if it
+-- is neither running nor finished. A row a claim has locked is waited for
+-- and then re-checked: once that claim commits it is running, and nothing
+-- changes here.
+UPDATE {p}jobs
+SET state = 'running',
+    attempt = attempt + 1,
+    fence = fence + 1,
+    attempted_at = now(),
+    lease_expires_at = now() + $2::bigint * interval '1 microsecond',
+    attempted_by = $3
+WHERE id = $1 AND state IN ('available', 'scheduled', 'retryable')
+RETURNING id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+          scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
+          attempted_by, errors, fence
+
 -- name: complete
 -- One statement for the whole batch, fenced by the claim's fence token and
--- state. err is '' or one AttemptError as JSON.
+-- state. err is '' or one AttemptError as JSON. A snooze (state
+-- scheduled) gives the attempt back and runs again after retry_us.
 UPDATE {p}jobs j
 SET state = o.state,
-    scheduled_at = CASE WHEN o.state = 'retryable'
+    scheduled_at = CASE WHEN o.state IN ('retryable', 'scheduled')
                         THEN now() + o.retry_us * interval '1 microsecond'
                         ELSE j.scheduled_at END,
-    finalized_at = CASE WHEN o.state = 'retryable' THEN NULL ELSE now() END,
+    finalized_at = CASE WHEN o.state IN ('retryable', 'scheduled') THEN NULL ELSE now() END,
+    attempt = CASE WHEN o.state = 'scheduled' THEN j.attempt - 1 ELSE j.attempt END,
     lease_expires_at = NULL,
     errors = CASE WHEN o.err = '' THEN j.errors
                   ELSE j.errors || jsonb_build_array(o.err::jsonb) END
@@ -254,14 +320,25 @@ SELECT u.* FROM u CROSS JOIN (SELECT count(*) FROM woke) w
 
 -- name: finish
 -- Cancel or discard a job that has not finished ($2 is the new state).
-UPDATE {p}jobs
-SET state = $2::text,
-    finalized_at = now(),
-    lease_expires_at = NULL
-WHERE id = $1 AND state IN ('available', 'scheduled', 'retryable', 'running')
-RETURNING id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
-          scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
-          attempted_by, errors, fence
+-- When the job was running, every process is told ('!cancel' on the wake
+-- channel, which no queue name can be): each renews its leases at once,
+-- and the one running the job finds it gone and stops its handler. (The
+-- EXISTS reads the row as it was before this statement's update.)
+WITH u AS (
+    UPDATE {p}jobs
+    SET state = $2::text,
+        finalized_at = now(),
+        lease_expires_at = NULL
+    WHERE id = $1 AND state IN ('available', 'scheduled', 'retryable', 'running')
+    RETURNING id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+              scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
+              attempted_by, errors, fence
+),
+woke AS (
+    SELECT pg_notify('{p}wake', '!cancel') FROM u
+    WHERE EXISTS (SELECT 1 FROM {p}jobs o WHERE o.id = $1 AND o.state = 'running')
+)
+SELECT u.* FROM u CROSS JOIN (SELECT count(*) FROM woke) w
 
 -- name: stats
 -- Per queue and state: the count and, for available, the age in
@@ -290,3 +367,20 @@ SELECT pg_notify('{p}wake', name) FROM up WHERE NOT $2::boolean
 
 -- name: paused_queues
 SELECT name, paused_at FROM {p}queues WHERE paused_at IS NOT NULL
+
+-- name: record_schedule
+-- $1 name, $2 spec, $3 last slot, $4 last job, $5 next slot. The slots
+-- only move forward (SET reads the stored row's values).
+INSERT INTO {p}schedules AS s (name, spec, last_slot, last_job, next_slot, updated_at)
+VALUES ($1, $2, $3, $4, $5, now())
+ON CONFLICT (name) DO UPDATE
+   SET spec = excluded.spec,
+       last_job = CASE WHEN s.last_slot IS NULL OR excluded.last_slot >= s.last_slot
+                       THEN excluded.last_job ELSE s.last_job END,
+       next_slot = CASE WHEN s.last_slot IS NULL OR excluded.last_slot >= s.last_slot
+                        THEN excluded.next_slot ELSE s.next_slot END,
+       last_slot = greatest(s.last_slot, excluded.last_slot),
+       updated_at = excluded.updated_at
+
+-- name: schedules
+SELECT name, spec, last_slot, last_job, next_slot, updated_at FROM {p}schedules ORDER BY name

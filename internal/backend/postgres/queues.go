@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
 )
 
 // PauseQueue pauses (paused) or resumes queue for every process on the
@@ -31,4 +33,56 @@ func (d *Driver) PausedQueues(ctx context.Context) (map[string]time.Time, error)
 		out[name] = at.UTC()
 	}
 	return out, wrap("paused queues", rows.Err())
+}
+
+// RecordSchedule records a schedule's latest slot and next one.
+func (d *Driver) RecordSchedule(ctx context.Context, s driver.ScheduleRow) error {
+	_, err := d.pool.Exec(ctx, d.q.recordSchedule, s.Name, s.Spec, nullTime(s.LastSlot), nullID(s.LastJob), nullTime(s.NextSlot))
+	return wrap("record schedule "+s.Name, err)
+}
+
+// Schedules lists the recorded schedules by name.
+func (d *Driver) Schedules(ctx context.Context) ([]driver.ScheduleRow, error) {
+	rows, err := d.pool.Query(ctx, d.q.schedules)
+	if err != nil {
+		return nil, wrap("schedules", err)
+	}
+	defer rows.Close()
+	var out []driver.ScheduleRow
+	for rows.Next() {
+		var s driver.ScheduleRow
+		var last, next *time.Time
+		var job *int64
+		if err := rows.Scan(&s.Name, &s.Spec, &last, &job, &next, &s.UpdatedAt); err != nil {
+			return nil, wrap("schedules", err)
+		}
+		if last != nil {
+			s.LastSlot = last.UTC()
+		}
+		if next != nil {
+			s.NextSlot = next.UTC()
+		}
+		if job != nil {
+			s.LastJob = *job
+		}
+		s.UpdatedAt = s.UpdatedAt.UTC()
+		out = append(out, s)
+	}
+	return out, wrap("schedules", rows.Err())
+}
+
+// nullTime is t, or NULL for zero.
+func nullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
+}
+
+// nullID is id, or NULL for 0.
+func nullID(id int64) any {
+	if id == 0 {
+		return nil
+	}
+	return id
 }

@@ -1,7 +1,9 @@
 package postgres
 
 import (
+	"database/sql"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"time"
 
@@ -115,4 +117,35 @@ func scanJob(row pgx.Row) (*driver.JobRow, error) {
 	j.LeaseExpiresAt = timeOf(leaseExpiresAt)
 	j.AttemptedBy = attemptedBy.String
 	return j, nil
+}
+
+// scanSQLJobs reads full job rows (the column list of get_job) from rows
+// of the pgx stdlib driver (database/sql) and closes them.
+func scanSQLJobs(rows *sql.Rows) ([]*driver.JobRow, error) {
+	defer rows.Close()
+	var out []*driver.JobRow
+	for rows.Next() {
+		j := new(driver.JobRow)
+		var (
+			args, errs                        []byte
+			attemptedAt, finalizedAt, leaseAt sql.NullTime
+			attemptedBy                       sql.NullString
+		)
+		err := rows.Scan(&j.ID, &j.Queue, &j.Kind, &args, &j.State, &j.Priority, &j.Attempt, &j.MaxAttempts,
+			&j.TimeoutMS, &j.ScheduledAt, &j.CreatedAt, &attemptedAt, &finalizedAt, &leaseAt,
+			&attemptedBy, &errs, &j.Fence)
+		if err != nil {
+			return nil, err
+		}
+		j.Args = args
+		j.AttemptedAt, j.FinalizedAt, j.LeaseExpiresAt = attemptedAt.Time, finalizedAt.Time, leaseAt.Time
+		j.AttemptedBy = attemptedBy.String
+		if len(errs) > 2 {
+			if err := json.Unmarshal(errs, &j.Errors); err != nil {
+				return nil, fmt.Errorf("job %d: decode errors: %w", j.ID, err)
+			}
+		}
+		out = append(out, j)
+	}
+	return out, rows.Err()
 }

@@ -26,6 +26,28 @@ func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
 
 // ListJobs lists jobs by ascending id, filtered by f.
 func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.JobRow, error) {
+	return d.listJobs(ctx, d.r, f)
+}
+
+// ListJobsTx lists jobs as ListJobs does, inside the caller's transaction
+// (a *sql.Tx on this database), seeing the jobs it inserted.
+func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]*driver.JobRow, error) {
+	t, ok := tx.(*sql.Tx)
+	if !ok || t == nil {
+		return nil, fmt.Errorf("conveyor/sqlite: list jobs in transaction: got %T, want a non-nil *sql.Tx: %w", tx, driver.ErrTxType)
+	}
+	return d.listJobs(ctx, t, f)
+}
+
+// ClaimJob claims job id, whatever its queue or schedule, if it is
+// available, scheduled or retryable, in a BEGIN IMMEDIATE transaction as
+// Claim does.
+func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, worker string) (*driver.JobRow, error) {
+	return d.changeJob(ctx, "claim", id, d.q["claim_job"], id, us(lease), worker)
+}
+
+// listJobs runs the list_jobs query on q (the read pool or a transaction).
+func (d *Driver) listJobs(ctx context.Context, q execer, f driver.JobFilter) ([]*driver.JobRow, error) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 100
@@ -43,7 +65,7 @@ func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.Jo
 		b.WriteByte(']')
 		states = b.String()
 	}
-	rows, err := d.r.QueryContext(ctx, d.q["list_jobs"], states, f.Queue, f.Kind, f.AfterID, limit)
+	rows, err := q.QueryContext(ctx, d.q["list_jobs"], states, f.Queue, f.Kind, f.AfterID, limit)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: list jobs: %w", err)
 	}

@@ -167,9 +167,9 @@ func encodeOutcomes(b []byte, outcomes []driver.Outcome) ([]byte, error) {
 	for i := range outcomes {
 		o := &outcomes[i]
 		switch o.State {
-		case driver.StateCompleted, driver.StateRetryable, driver.StateDiscarded, driver.StateCancelled:
+		case driver.StateCompleted, driver.StateRetryable, driver.StateDiscarded, driver.StateCancelled, driver.StateScheduled:
 		default:
-			return b, fmt.Errorf("outcome for job %d: invalid state %q (want completed, retryable, discarded or cancelled)", o.ID, o.State)
+			return b, fmt.Errorf("outcome for job %d: invalid state %q (want completed, retryable, discarded, cancelled or scheduled)", o.ID, o.State)
 		}
 		if i > 0 {
 			b = append(b, ',')

@@ -65,6 +65,37 @@ FROM (SELECT {now} AS now) AS n,
         FROM json_each(?1)) AS r
 ORDER BY r.k
 
+-- name: insert_unique
+-- ?1: one row as for insert, ?2 its unique key, ?3 its keep bits. Nothing
+-- is inserted, and no row returned, when a job holding the key exists
+-- (the partial unique index jobs_unique). "WHERE true" tells SQLite's
+-- parser that ON CONFLICT belongs to the INSERT, not to a join.
+INSERT INTO {p}jobs (queue, kind, args, state, priority, max_attempts,
+                     timeout_ms, scheduled_at, created_at, unique_key, unique_keep)
+SELECT r.queue, r.kind, r.args,
+       CASE WHEN coalesce(r.run_at, n.now + r.delay) > n.now
+            THEN 'scheduled' ELSE 'available' END,
+       r.priority, r.max_attempts, r.timeout_ms,
+       coalesce(r.run_at, n.now + r.delay), n.now, ?2, ?3
+FROM (SELECT {now} AS now) AS n,
+     (SELECT value ->> 0 AS queue, value ->> 1 AS kind, value ->> 2 AS args,
+             value ->> 3 AS priority, value ->> 4 AS max_attempts,
+             value ->> 5 AS timeout_ms, value ->> 6 AS run_at,
+             value ->> 7 AS delay
+        FROM json_each(?1)) AS r
+WHERE true
+ON CONFLICT DO NOTHING
+RETURNING id
+
+-- name: unique_holder
+-- ?1 a unique key: the job holding it (the predicate is the index's).
+SELECT id FROM {p}jobs
+ WHERE unique_key = ?1
+   AND (state IN ('available', 'scheduled', 'running', 'retryable')
+        OR (state = 'completed' AND (unique_keep & 1) <> 0)
+        OR (state = 'discarded' AND (unique_keep & 2) <> 0)
+        OR (state = 'cancelled' AND (unique_keep & 4) <> 0))
+
 -- name: claim
 -- ?1 queue, ?2 limit, ?3 lease in microseconds, ?4 worker.
 -- Run inside BEGIN IMMEDIATE: the write lock is taken before the read, so
@@ -89,15 +120,31 @@ UPDATE {p}jobs
                LIMIT ?2 + 0)
 RETURNING {cols}
 
+-- name: claim_job
+-- ?1 id, ?2 lease in microseconds, ?3 worker. One job by id, as claim
+-- claims it, whatever its queue or schedule, if it is neither running nor
+-- finished. Run inside BEGIN IMMEDIATE, like claim.
+UPDATE {p}jobs
+   SET state = 'running',
+       attempt = attempt + 1,
+       fence = fence + 1,
+       attempted_at = {now},
+       lease_expires_at = {now} + ?2,
+       attempted_by = ?3
+ WHERE id = ?1 AND state IN ('available', 'scheduled', 'retryable')
+RETURNING {cols}
+
 -- name: complete
 -- ?1: [[id, fence, new_state, retry_in_us, error object or null], ...]
 -- Fenced: applies only where the job still runs under that claim.
 UPDATE {p}jobs
    SET state = o.new_state,
-       scheduled_at = CASE WHEN o.new_state = 'retryable'
+       scheduled_at = CASE WHEN o.new_state IN ('retryable', 'scheduled')
                            THEN n.now + o.retry_in ELSE scheduled_at END,
-       finalized_at = CASE WHEN o.new_state = 'retryable'
+       finalized_at = CASE WHEN o.new_state IN ('retryable', 'scheduled')
                            THEN NULL ELSE n.now END,
+       attempt = CASE WHEN o.new_state = 'scheduled'
+                      THEN attempt - 1 ELSE attempt END,
        lease_expires_at = NULL,
        errors = CASE WHEN o.err IS NULL THEN errors
                      ELSE json_insert(errors, '$[#]', json(o.err)) END
@@ -249,6 +296,9 @@ DROP TABLE IF EXISTS {p}leader
 -- name: drop_queues
 DROP TABLE IF EXISTS {p}queues
 
+-- name: drop_schedules
+DROP TABLE IF EXISTS {p}schedules
+
 -- name: drop_migrations
 DROP TABLE IF EXISTS {p}schema_migrations
 
@@ -278,3 +328,20 @@ ON CONFLICT (name) DO UPDATE
 
 -- name: paused_queues
 SELECT name, paused_at FROM {p}queues WHERE paused_at IS NOT NULL
+
+-- name: record_schedule
+-- ?1 name, ?2 spec, ?3 last slot, ?4 last job, ?5 next slot (µs or NULL).
+-- The slots only move forward.
+INSERT INTO {p}schedules (name, spec, last_slot, last_job, next_slot, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, {now})
+ON CONFLICT (name) DO UPDATE
+   SET spec = excluded.spec,
+       last_job = CASE WHEN {p}schedules.last_slot IS NULL OR excluded.last_slot >= {p}schedules.last_slot
+                       THEN excluded.last_job ELSE {p}schedules.last_job END,
+       next_slot = CASE WHEN {p}schedules.last_slot IS NULL OR excluded.last_slot >= {p}schedules.last_slot
+                        THEN excluded.next_slot ELSE {p}schedules.next_slot END,
+       last_slot = max(coalesce({p}schedules.last_slot, excluded.last_slot), excluded.last_slot),
+       updated_at = excluded.updated_at
+
+-- name: schedules
+SELECT name, spec, last_slot, last_job, next_slot, updated_at FROM {p}schedules ORDER BY name

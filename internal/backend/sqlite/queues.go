@@ -2,8 +2,11 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
 )
 
 // PauseQueue pauses (paused) or resumes queue for every process on the
@@ -41,4 +44,62 @@ func (d *Driver) PausedQueues(ctx context.Context) (map[string]time.Time, error)
 		return nil, fmt.Errorf("conveyor/sqlite: paused queues: %w", err)
 	}
 	return out, nil
+}
+
+// RecordSchedule records a schedule's latest slot and next one.
+func (d *Driver) RecordSchedule(ctx context.Context, s driver.ScheduleRow) error {
+	err := d.retry(ctx, func() error {
+		_, err := d.w.ExecContext(ctx, d.q["record_schedule"], s.Name, s.Spec, nullMicros(s.LastSlot), nullID(s.LastJob), nullMicros(s.NextSlot))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("conveyor/sqlite: record schedule %q: %w", s.Name, err)
+	}
+	return nil
+}
+
+// Schedules lists the recorded schedules by name.
+func (d *Driver) Schedules(ctx context.Context) ([]driver.ScheduleRow, error) {
+	rows, err := d.r.QueryContext(ctx, d.q["schedules"])
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: schedules: %w", err)
+	}
+	defer rows.Close()
+	var out []driver.ScheduleRow
+	for rows.Next() {
+		var s driver.ScheduleRow
+		var last, next, job sql.NullInt64
+		var updated int64
+		if err := rows.Scan(&s.Name, &s.Spec, &last, &job, &next, &updated); err != nil {
+			return nil, fmt.Errorf("conveyor/sqlite: schedules: %w", err)
+		}
+		if last.Valid {
+			s.LastSlot = time.UnixMicro(last.Int64).UTC()
+		}
+		if next.Valid {
+			s.NextSlot = time.UnixMicro(next.Int64).UTC()
+		}
+		s.LastJob, s.UpdatedAt = job.Int64, time.UnixMicro(updated).UTC()
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: schedules: %w", err)
+	}
+	return out, nil
+}
+
+// nullMicros is t in microseconds since the epoch, or NULL for zero.
+func nullMicros(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.UnixMicro()
+}
+
+// nullID is id, or NULL for 0.
+func nullID(id int64) any {
+	if id == 0 {
+		return nil
+	}
+	return id
 }

@@ -100,6 +100,10 @@ type Options struct {
 	// Connect is the connections' backend settings (pool size, MySQL
 	// claim strategy, SQLite synchronous mode).
 	Connect connect.Options
+	// Unique makes flow's producers enqueue unique jobs (unique by
+	// arguments, which differ from job to job: nothing is a duplicate),
+	// to measure what the unique path costs against plain jobs.
+	Unique bool
 	// Keep leaves the bench tables in place.
 	Keep bool
 	// Progress receives a live progress line; nil for none.
@@ -122,6 +126,8 @@ type Result struct {
 	Phase string `json:"phase,omitempty"`
 	// Strategy of a claims run.
 	Strategy string `json:"strategy,omitempty"`
+	// Unique: a flow run whose jobs were unique (Options.Unique).
+	Unique bool `json:"unique,omitempty"`
 	// Backend is sqlite, postgres or mysql.
 	Backend string `json:"backend"`
 	// Workers is the queue's MaxWorkers (claims: claiming goroutines).
@@ -452,6 +458,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		elapsed, err = latency(ctx, c, rec, o, mk)
 	case "flow":
 		res.Producers = o.Producers
+		res.Unique = o.Unique
 		elapsed, err = flow(ctx, c, rec, o, mk)
 	default:
 		err = fmt.Errorf("bench: unknown workload %q (drain, flow, latency)", o.Workload)
@@ -613,6 +620,10 @@ func flow(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Options
 	var perr error
 	var once sync.Once
 	var pwg sync.WaitGroup
+	var opts *conveyor.EnqueueOpts
+	if o.Unique {
+		opts = &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ByArgs: true}}
+	}
 	for p := 0; p < o.Producers; p++ {
 		pwg.Add(1)
 		go func() {
@@ -623,7 +634,7 @@ func flow(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Options
 				case "coalesced":
 					seq := rec.Next()
 					call := time.Now()
-					if _, err = c.Enqueue(ctx, mk(seq), nil); err == nil {
+					if _, err = c.Enqueue(ctx, mk(seq), opts); err == nil {
 						rec.Enqueued(seq, call, time.Now())
 						enq.Add(1)
 					}
@@ -632,7 +643,7 @@ func flow(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Options
 					first := rec.Reserve(b)
 					items := make([]conveyor.EnqueueItem, b)
 					for i := range items {
-						items[i] = conveyor.EnqueueItem{Args: mk(first + int64(i))}
+						items[i] = conveyor.EnqueueItem{Args: mk(first + int64(i)), Opts: opts}
 					}
 					call := time.Now()
 					if _, err = c.EnqueueMany(ctx, items); err == nil {

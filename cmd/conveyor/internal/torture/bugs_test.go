@@ -122,7 +122,7 @@ func TestInserterNoReinsertAfterAmbiguousFailure(t *testing.T) {
 		return []driver.InsertParams{{Queue: "q", Kind: "k", Args: json.RawMessage(fmt.Sprintf(`{"tag":%q}`, tag)), MaxAttempts: 1}}
 	}
 	first := make(chan error, 1)
-	go func() { _, err := e.Insert(context.Background(), job("first")); first <- err }()
+	go func() { _, _, err := e.Insert(context.Background(), job("first")); first <- err }()
 	for {
 		d.mu.Lock()
 		n := d.calls
@@ -136,7 +136,7 @@ func TestInserterNoReinsertAfterAmbiguousFailure(t *testing.T) {
 	errs := make([]error, 2)
 	for i, tag := range []string{"a", "b"} {
 		wg.Add(1)
-		go func() { defer wg.Done(); _, errs[i] = e.Insert(context.Background(), job(tag)) }()
+		go func() { defer wg.Done(); _, _, errs[i] = e.Insert(context.Background(), job(tag)) }()
 	}
 	time.Sleep(100 * time.Millisecond) // both callers are queued behind the held writer
 	close(d.gate)

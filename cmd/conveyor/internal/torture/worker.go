@@ -576,8 +576,8 @@ func runTxProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *s
 			}
 			return
 		}
-		for i, id := range ids {
-			rec.write(line{T: lineEnq, Job: id, Tok: toks[i], Kind: kinds[i]})
+		for i, r := range ids {
+			rec.write(line{T: lineEnq, Job: r.ID, Tok: toks[i], Kind: kinds[i]})
 		}
 	})
 	return nil

@@ -1,0 +1,100 @@
+package mysql
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// uniqueRounds bounds how often InsertUnique tries again a job whose insert
+// was refused but whose key's holder had finished (and freed the key) by
+// the time it was looked up.
+const uniqueRounds = 10
+
+// InsertUnique inserts unique jobs one row each, in key order, in tx (a
+// *sql.Tx on a MySQL or MariaDB connection) or in one transaction of its
+// own, retried whole on a deadlock. A row refused with a duplicate key
+// (the unique index on unique_live) gets the holder's id and its
+// duplicate flag. InnoDB keeps a shared lock on the holder's index entry
+// until the transaction ends, so a holder that finishes meanwhile waits
+// for that commit; concurrent inserters of one key that both wait for a
+// third may deadlock, which InnoDB resolves by rolling one back (retried
+// here in a transaction of our own; returned to the caller in theirs).
+func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, []bool, error) {
+	if len(jobs) == 0 {
+		return nil, nil, nil
+	}
+	for i := range jobs {
+		if jobs[i].UniqueKey == nil {
+			return nil, nil, fmt.Errorf("conveyor/mysql: insert unique: job %d has no unique key", i)
+		}
+	}
+	if _, err := d.planInsert("insert unique", jobs); err != nil {
+		return nil, nil, err
+	}
+	ids, dup := make([]int64, len(jobs)), make([]bool, len(jobs))
+	if tx == nil {
+		err := d.inTx(ctx, "insert unique", func(t *sql.Tx) error {
+			clear(dup)
+			return d.insertUnique(ctx, t, jobs, ids, dup)
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		return ids, dup, nil
+	}
+	t, ok := tx.(*sql.Tx)
+	if !ok || t == nil {
+		return nil, nil, fmt.Errorf("conveyor/mysql: insert unique tx: got %T, want a non-nil *sql.Tx (database/sql on a go-sql-driver/mysql connection): %w", tx, driver.ErrTxType)
+	}
+	if err := d.insertUnique(ctx, t, jobs, ids, dup); err != nil {
+		return nil, nil, d.wrap("insert unique tx", err)
+	}
+	return ids, dup, nil
+}
+
+func (d *Driver) insertUnique(ctx context.Context, tx *sql.Tx, jobs []driver.InsertParams, ids []int64, dup []bool) error {
+	order := make([]int, len(jobs))
+	for i := range order {
+		order[i] = i
+	}
+	sort.Slice(order, func(a, b int) bool { return bytes.Compare(jobs[order[a]].UniqueKey, jobs[order[b]].UniqueKey) < 0 })
+	q := d.q["InsertUniqueHead"] + " " + d.q["InsertUniqueRow"]
+	for _, i := range order {
+		j := &jobs[i]
+		args := append(insertArgs(make([]any, 0, insertParamsPerRow+2), jobs[i:i+1]), j.UniqueKey, int64(j.UniqueKeep))
+		for round := 0; ; round++ {
+			if round == uniqueRounds {
+				return fmt.Errorf("job %d: its unique key was held and freed again %d times in a row", i, uniqueRounds)
+			}
+			res, err := tx.ExecContext(ctx, q, args...)
+			if err == nil {
+				id, err := res.LastInsertId()
+				if err != nil {
+					return err
+				}
+				ids[i] = id
+				break
+			}
+			if myErrno(err) != errDupEntry {
+				return err
+			}
+			var holder int64
+			err = tx.QueryRowContext(ctx, d.q["UniqueHolder"], j.UniqueKey).Scan(&holder)
+			if errors.Is(err, sql.ErrNoRows) {
+				continue // the holder finished in between: try again
+			}
+			if err != nil {
+				return err
+			}
+			ids[i], dup[i] = holder, true
+			break
+		}
+	}
+	return nil
+}

@@ -1,0 +1,181 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// uniqueRounds bounds how often InsertUnique tries again a job whose insert
+// was refused but whose key's holder had finished (and freed the key) by
+// the time it was looked up.
+const uniqueRounds = 10
+
+// querier runs a query and calls row for each row it returns, with the
+// function that scans the row.
+type querier func(ctx context.Context, query string, args []any, row func(scan func(dest ...any) error) error) error
+
+// InsertUnique inserts unique jobs in tx (a pgx.Tx or a *sql.Tx of the pgx
+// stdlib driver) or, when tx is nil, in one transaction of its own: one
+// statement inserts every job whose key is free, in key order, and one
+// more reads the holders of the others. A holder that finished in between
+// freed its key: those jobs are tried again.
+func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, []bool, error) {
+	if len(jobs) == 0 {
+		return nil, nil, nil
+	}
+	for i := range jobs {
+		if jobs[i].UniqueKey == nil {
+			return nil, nil, fmt.Errorf("conveyor/postgres: insert unique: job %d has no unique key", i)
+		}
+	}
+	ids, dup := make([]int64, len(jobs)), make([]bool, len(jobs))
+	switch t := tx.(type) {
+	case nil:
+		ptx, err := d.pool.Begin(ctx)
+		if err != nil {
+			return nil, nil, wrap("insert unique", err)
+		}
+		defer ptx.Rollback(ctx)
+		if err := d.insertUnique(ctx, pgxQuerier(ptx), jobs, ids, dup); err != nil {
+			return nil, nil, wrap("insert unique", err)
+		}
+		if err := ptx.Commit(ctx); err != nil {
+			return nil, nil, wrap("insert unique: commit (the jobs may exist)", err)
+		}
+	case pgx.Tx:
+		if err := d.insertUnique(ctx, pgxQuerier(t), jobs, ids, dup); err != nil {
+			return nil, nil, wrap("insert unique tx", err)
+		}
+	case *sql.Tx:
+		if t == nil {
+			return nil, nil, fmt.Errorf("conveyor/postgres: insert unique tx: a nil *sql.Tx: %w", driver.ErrTxType)
+		}
+		if err := d.insertUnique(ctx, sqlQuerier(t), jobs, ids, dup); err != nil {
+			return nil, nil, wrap("insert unique tx", err)
+		}
+	default:
+		return nil, nil, fmt.Errorf("conveyor/postgres: insert unique tx: transaction of type %T: accepted are pgx.Tx and *sql.Tx (pgx stdlib driver): %w", tx, driver.ErrTxType)
+	}
+	return ids, dup, nil
+}
+
+func (d *Driver) insertUnique(ctx context.Context, q querier, jobs []driver.InsertParams, ids []int64, dup []bool) error {
+	pending := make([]int, len(jobs))
+	for i := range pending {
+		pending[i] = i
+	}
+	sort.Slice(pending, func(a, b int) bool { return bytes.Compare(jobs[pending[a]].UniqueKey, jobs[pending[b]].UniqueKey) < 0 })
+	for round := 0; len(pending) > 0; round++ {
+		if round == uniqueRounds {
+			return fmt.Errorf("%d unique jobs: their keys were held and freed again %d times in a row", len(pending), uniqueRounds)
+		}
+		batch := make([]driver.InsertParams, len(pending))
+		var keys, keeps arrayLit
+		keys.init(67 * len(pending))
+		keeps.init(2 * len(pending))
+		for k, i := range pending {
+			batch[k] = jobs[i]
+			keys.str(hex.EncodeToString(jobs[i].UniqueKey))
+			keeps.int(int64(jobs[i].UniqueKeep))
+		}
+		var refused []int
+		k := 0
+		err := q(ctx, d.q.insertUnique, append(insertArgs(batch), keys.String(), keeps.String()), func(scan func(...any) error) error {
+			var id int64
+			var inserted bool
+			if err := scan(&id, &inserted); err != nil {
+				return err
+			}
+			if k >= len(pending) {
+				return errors.New("the insert returned more rows than jobs")
+			}
+			i := pending[k]
+			k++
+			if inserted {
+				ids[i] = id
+			} else {
+				refused = append(refused, i)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if k != len(pending) {
+			return fmt.Errorf("the insert returned %d rows for %d jobs", k, len(pending))
+		}
+		if len(refused) == 0 {
+			return nil
+		}
+		var held arrayLit
+		held.init(67 * len(refused))
+		for _, i := range refused {
+			held.str(hex.EncodeToString(jobs[i].UniqueKey))
+		}
+		holders := make(map[string]int64, len(refused))
+		err = q(ctx, d.q.uniqueHolders, []any{held.String()}, func(scan func(...any) error) error {
+			var key string
+			var id int64
+			if err := scan(&key, &id); err != nil {
+				return err
+			}
+			holders[key] = id
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		pending = pending[:0]
+		for _, i := range refused {
+			if id, ok := holders[hex.EncodeToString(jobs[i].UniqueKey)]; ok {
+				ids[i], dup[i] = id, true
+			} else {
+				pending = append(pending, i)
+			}
+		}
+	}
+	return nil
+}
+
+// pgxQuerier runs queries on a pgx transaction.
+func pgxQuerier(tx pgx.Tx) querier {
+	return func(ctx context.Context, query string, args []any, row func(scan func(dest ...any) error) error) error {
+		rows, err := tx.Query(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			if err := row(rows.Scan); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	}
+}
+
+// sqlQuerier runs queries on a database/sql transaction.
+func sqlQuerier(tx *sql.Tx) querier {
+	return func(ctx context.Context, query string, args []any, row func(scan func(dest ...any) error) error) error {
+		rows, err := tx.QueryContext(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			if err := row(rows.Scan); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	}
+}

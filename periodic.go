@@ -1,0 +1,310 @@
+package conveyor
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// PeriodicJob is a job enqueued once for every slot of a schedule.
+//
+// Every started client that has the periodic job enqueues each slot when
+// its clock reaches it; the slot is part of the job's unique key, so the
+// database keeps exactly one job per slot however many processes try, and
+// whichever of them are running, restarted or replaced. A slot that passed
+// while no process of the schedule was running is missed: on start it is
+// skipped, or run once (the latest missed slot only) when RunMissed is
+// set. Slots that a running process reached late (a stalled machine) are
+// all enqueued, in order, when it catches up.
+type PeriodicJob struct {
+	// Name identifies the schedule in the database, across processes and
+	// restarts: the same rules as queue names. Two schedules of one
+	// database must not share a name.
+	Name string
+	// Schedule gives the slots: Every(d) or Cron(spec, loc).
+	Schedule Schedule
+	// Args are the arguments of every slot's job; the handler reads the
+	// slot from Job.ScheduledAt.
+	Args JobArgs
+	// Opts are the jobs' options (queue, priority, attempts, timeout).
+	// RunAt, Delay and Unique must be zero: the schedule sets them. Nil
+	// takes the defaults.
+	Opts *EnqueueOpts
+	// RunMissed enqueues, on start, the latest slot that passed while no
+	// process of the schedule was running; by default such slots are
+	// skipped.
+	RunMissed bool
+}
+
+// ScheduleInfo is a periodic schedule as listed by Client.Schedules.
+type ScheduleInfo struct {
+	// Name and Spec identify and describe the schedule.
+	Name, Spec string
+	// Last is the latest slot a job was made for (zero if none yet) and
+	// LastJobID that job's id.
+	Last      time.Time
+	LastJobID int64
+	// Next is the next slot.
+	Next time.Time
+	// Registered is set for the schedules added to this client with
+	// AddPeriodic; the others were recorded by other processes.
+	Registered bool
+}
+
+// maxCatchUp bounds the slots one wake of the periodic loop enqueues
+// after a stall; beyond it the oldest are skipped.
+const maxCatchUp = 1000
+
+// periodicState is what the periodic loop keeps per schedule.
+type periodicState struct {
+	PeriodicJob
+	next time.Time
+}
+
+// periodic runs the client's periodic jobs while it is started.
+type periodic struct {
+	mu     sync.Mutex
+	jobs   []*periodicState
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// AddPeriodic registers a periodic job on c. Call it before Start; the
+// job's kind needs a worker somewhere (on this client unless
+// Config.AllowUnregisteredKinds).
+func (c *Client[TTx]) AddPeriodic(p PeriodicJob) error {
+	if err := checkQueue(p.Name); err != nil {
+		return fmt.Errorf("conveyor: periodic job name: %w", err)
+	}
+	if p.Schedule == nil {
+		return fmt.Errorf("%w: periodic job %q has no schedule", ErrInvalidOpts, p.Name)
+	}
+	if e, ok := p.Schedule.(every); ok && time.Duration(e) < time.Millisecond {
+		return fmt.Errorf("%w: periodic job %q: interval %v is under a millisecond", ErrInvalidOpts, p.Name, time.Duration(e))
+	}
+	if p.Args == nil {
+		return fmt.Errorf("%w: periodic job %q has nil args", ErrInvalidArgs, p.Name)
+	}
+	if o := p.Opts; o != nil && (!o.RunAt.IsZero() || o.Delay != 0 || o.Unique != nil) {
+		return fmt.Errorf("%w: periodic job %q: RunAt, Delay and Unique are set by the schedule", ErrInvalidOpts, p.Name)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.started {
+		return errors.New("conveyor: AddPeriodic after Start")
+	}
+	for _, j := range c.periodic.jobs {
+		if j.Name == p.Name {
+			return fmt.Errorf("conveyor: a periodic job named %q is already registered", p.Name)
+		}
+	}
+	// Check the options now rather than at the first slot.
+	if _, err := c.param(p.Args, p.Opts, false); err != nil {
+		return fmt.Errorf("conveyor: periodic job %q: %w", p.Name, err)
+	}
+	c.periodic.jobs = append(c.periodic.jobs, &periodicState{PeriodicJob: p})
+	return nil
+}
+
+// startPeriodic starts the periodic loop if there are periodic jobs.
+func (c *Client[TTx]) startPeriodic() {
+	p := &c.periodic
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.jobs) == 0 || p.cancel != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	p.cancel, p.done = cancel, done
+	go func() {
+		defer close(done)
+		c.periodicLoop(ctx)
+	}()
+}
+
+// stopPeriodic stops the periodic loop and waits for it.
+func (c *Client[TTx]) stopPeriodic() {
+	p := &c.periodic
+	p.mu.Lock()
+	cancel, done := p.cancel, p.done
+	p.cancel, p.done = nil, nil
+	p.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
+
+func (c *Client[TTx]) periodicLoop(ctx context.Context) {
+	jobs := c.periodic.jobs
+	recorded := map[string]driver.ScheduleRow{}
+	for try := 0; ; try++ {
+		rows, err := c.drv.Schedules(ctx)
+		if err == nil {
+			for _, r := range rows {
+				recorded[r.Name] = r
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		c.cfg.Logger.Warn("conveyor: reading the periodic schedules failed (retrying)", "error", err)
+		if !sleepCtx(ctx, min(time.Second<<min(try, 5), 30*time.Second)) {
+			return
+		}
+	}
+	now := time.Now()
+	for _, j := range jobs {
+		j.next = j.Schedule.Next(now)
+		r, ok := recorded[j.Name]
+		if !j.RunMissed || !ok || r.LastSlot.IsZero() {
+			continue // missed slots are skipped; a new schedule missed none
+		}
+		// The latest slot in (last recorded, now], if any, was missed.
+		var missed time.Time
+		for s, n := j.Schedule.Next(r.LastSlot), 0; !s.IsZero() && !s.After(now) && n < 1_000_000; s, n = j.Schedule.Next(s), n+1 {
+			missed = s
+		}
+		if !missed.IsZero() {
+			c.enqueueSlot(ctx, j, missed)
+		}
+	}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		var wake time.Time
+		for _, j := range jobs {
+			if !j.next.IsZero() && (wake.IsZero() || j.next.Before(wake)) {
+				wake = j.next
+			}
+		}
+		if wake.IsZero() {
+			return // no schedule has another slot
+		}
+		timer.Reset(time.Until(wake))
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		now := time.Now()
+		for _, j := range jobs {
+			var due []time.Time
+			for s := j.next; !s.IsZero() && !s.After(now); s = j.Schedule.Next(s) {
+				due = append(due, s)
+				if len(due) > maxCatchUp {
+					due = due[1:]
+				}
+			}
+			for _, s := range due {
+				if !c.enqueueSlot(ctx, j, s) {
+					break // retried from this slot at the next wake
+				}
+				j.next = j.Schedule.Next(s)
+			}
+		}
+	}
+}
+
+// enqueueSlot enqueues (or finds enqueued) the job of slot s and records
+// it; false if that failed and should be tried again.
+func (c *Client[TTx]) enqueueSlot(ctx context.Context, j *periodicState, s time.Time) bool {
+	// A slot begun is finished even when Stop comes meanwhile, so that its
+	// job and its record go together (bounded: Stop waits for it).
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	opts := EnqueueOpts{}
+	if j.Opts != nil {
+		opts = *j.Opts
+	}
+	opts.RunAt = s
+	p, err := c.param(j.Args, &opts, false)
+	if err == nil {
+		p.UniqueKey, p.UniqueKeep = slotKey(j.Name, s), driver.KeepCompleted|driver.KeepDiscarded|driver.KeepCancelled
+		var ids []int64
+		if ids, _, err = c.eng.Insert(wctx, []driver.InsertParams{p}); err == nil {
+			err = c.drv.RecordSchedule(wctx, driver.ScheduleRow{
+				Name: j.Name, Spec: j.Schedule.String(), LastSlot: s, LastJob: ids[0], NextSlot: j.Schedule.Next(s),
+			})
+		}
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			c.cfg.Logger.Warn("conveyor: enqueueing a periodic job failed (retrying)", "schedule", j.Name, "slot", s, "error", err)
+			sleepCtx(ctx, time.Second)
+		}
+		return false
+	}
+	return true
+}
+
+// slotKey is the unique key of schedule name's job for slot s: the same
+// in every process, so the database keeps one job per slot.
+func slotKey(name string, s time.Time) []byte {
+	sum := sha256.Sum256([]byte("conveyor/periodic/v1\x00" + name + "\x00" + strconv.FormatInt(s.UnixNano(), 10)))
+	return sum[:]
+}
+
+// Schedules lists the periodic schedules: those added to this client, with
+// their next slot as this client computes it, and those other processes
+// recorded in the database, with the next slot they recorded.
+func (c *Client[TTx]) Schedules(ctx context.Context) ([]ScheduleInfo, error) {
+	if err := c.ready(ctx); err != nil {
+		return nil, err
+	}
+	rows, err := c.drv.Schedules(ctx)
+	if err != nil {
+		return nil, err
+	}
+	byName := map[string]*ScheduleInfo{}
+	var out []*ScheduleInfo
+	for _, r := range rows {
+		s := &ScheduleInfo{Name: r.Name, Spec: r.Spec, Last: r.LastSlot, LastJobID: r.LastJob, Next: r.NextSlot}
+		byName[r.Name] = s
+		out = append(out, s)
+	}
+	c.mu.Lock()
+	jobs := c.periodic.jobs
+	c.mu.Unlock()
+	now := time.Now()
+	for _, j := range jobs {
+		s := byName[j.Name]
+		if s == nil {
+			s = &ScheduleInfo{Name: j.Name}
+			out = append(out, s)
+		}
+		s.Spec, s.Registered = j.Schedule.String(), true
+		from := now
+		if s.Last.After(now) {
+			from = s.Last
+		}
+		s.Next = j.Schedule.Next(from)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Name < out[b].Name })
+	res := make([]ScheduleInfo, len(out))
+	for i, s := range out {
+		res[i] = *s
+	}
+	return res, nil
+}
+
+// sleepCtx waits d or until ctx ends; false if ctx ended.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

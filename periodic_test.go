@@ -1,0 +1,176 @@
+package conveyor_test
+
+import (
+	"context"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/testdb"
+)
+
+type tick struct{}
+
+func (tick) Kind() string { return "tick" }
+
+// slotsOf lists the scheduled times of every job of kind tick, paging.
+func slotsOf(t *testing.T, c *conveyor.Client[any]) []time.Time {
+	t.Helper()
+	var out []time.Time
+	var after int64
+	for {
+		js, err := c.Jobs(context.Background(), conveyor.JobFilter{Kind: "tick", AfterID: after, Limit: 500})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(js) == 0 {
+			break
+		}
+		for _, j := range js {
+			out = append(out, j.ScheduledAt)
+			after = j.ID
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Before(out[b]) })
+	return out
+}
+
+// TestPeriodicExactlyOncePerSlot: three clients run one schedule of 100ms
+// slots; midway the first is closed and a new one started. Every slot from
+// the first to the last has exactly one job.
+func TestPeriodicExactlyOncePerSlot(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		prefix := testdb.Prefix()
+		const step = 100 * time.Millisecond
+		newClient := func(first bool) *conveyor.Client[any] {
+			cfg := fast(prefix)
+			cfg.AllowUnregisteredKinds = true
+			var c *conveyor.Client[any]
+			if first {
+				c = openDropped(t, dsn, cfg)
+			} else {
+				c = open(t, dsn, cfg)
+			}
+			if err := c.AddPeriodic(conveyor.PeriodicJob{Name: "ticker", Schedule: conveyor.Every(step), Args: tick{},
+				Opts: &conveyor.EnqueueOpts{Queue: "ticks"}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		clients := []*conveyor.Client[any]{newClient(true), newClient(false), newClient(false)}
+		time.Sleep(2 * time.Second)
+		// The first client goes away (its tables stay: openDropped drops
+		// them at the end of the test) and a new process takes its place.
+		if err := clients[0].Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, newClient(false))
+		time.Sleep(2 * time.Second)
+		for _, c := range clients[1:] {
+			if err := c.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		slots := slotsOf(t, clients[1])
+		if len(slots) < 30 {
+			t.Fatalf("%d slots enqueued in 4s of 100ms slots, want at least 30", len(slots))
+		}
+		for i := 1; i < len(slots); i++ {
+			switch d := slots[i].Sub(slots[i-1]); {
+			case d == 0:
+				t.Fatalf("slot %v enqueued twice", slots[i])
+			case d != step:
+				t.Fatalf("slots %v and %v: %v apart, want %v (a slot skipped)", slots[i-1], slots[i], d, step)
+			}
+		}
+		ss, err := clients[1].Schedules(ctx)
+		if err != nil || len(ss) != 1 || ss[0].Name != "ticker" || !ss[0].Registered || ss[0].Spec != "every 100ms" ||
+			!ss[0].Last.Equal(slots[len(slots)-1]) || ss[0].LastJobID == 0 || !ss[0].Next.After(ss[0].Last) {
+			t.Fatalf("schedules %+v, %v; last slot %v", ss, err, slots[len(slots)-1])
+		}
+	})
+}
+
+// TestPeriodicMissedSlots: slots that pass while no client runs the
+// schedule are skipped, or the latest of them run once with RunMissed.
+func TestPeriodicMissedSlots(t *testing.T) {
+	for _, runMissed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "skipped", true: "run-once"}[runMissed], func(t *testing.T) {
+			ctx := context.Background()
+			dsn := backends[0].dsn(t)
+			const step = 200 * time.Millisecond
+			run := func(d time.Duration) *conveyor.Client[any] {
+				cfg := fast(testdb.Prefix())
+				cfg.TablePrefix = "conveyor_"
+				cfg.AllowUnregisteredKinds = true
+				c := open(t, dsn, cfg)
+				if err := c.AddPeriodic(conveyor.PeriodicJob{Name: "p", Schedule: conveyor.Every(step), Args: tick{}, RunMissed: runMissed,
+					Opts: &conveyor.EnqueueOpts{Queue: "ticks"}}); err != nil {
+					t.Fatal(err)
+				}
+				if err := c.Start(ctx); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(d)
+				if err := c.Stop(ctx); err != nil {
+					t.Fatal(err)
+				}
+				return c
+			}
+			c := run(time.Second)
+			before := slotsOf(t, c)
+			if len(before) == 0 {
+				t.Fatal("no slot enqueued in a second of 200ms slots")
+			}
+			stoppedAt := time.Now()
+			time.Sleep(time.Second) // about five slots pass with nothing running
+			restartedAt := time.Now()
+			c = run(500 * time.Millisecond)
+			after := slotsOf(t, c)[len(before):]
+			var missed []time.Time
+			for _, s := range after {
+				if s.After(before[len(before)-1]) && s.Before(restartedAt) && !s.Before(stoppedAt.Add(-step)) {
+					missed = append(missed, s)
+				}
+			}
+			want := 0
+			if runMissed {
+				want = 1
+			}
+			if len(missed) != want {
+				t.Fatalf("slots enqueued for the time nothing ran: %v, want %d", missed, want)
+			}
+			if runMissed && restartedAt.Sub(missed[0]) > step {
+				t.Fatalf("run-once slot %v is not the latest missed before %v", missed[0], restartedAt)
+			}
+		})
+	}
+}
+
+// TestAddPeriodicRefusesBadJobs: bad names, schedules and options.
+func TestAddPeriodicRefusesBadJobs(t *testing.T) {
+	c := open(t, backends[0].dsn(t), fast(testdb.Prefix()))
+	for _, p := range []conveyor.PeriodicJob{
+		{Name: "bad name", Schedule: conveyor.Every(time.Second), Args: tick{}},
+		{Name: "nosched", Args: tick{}},
+		{Name: "tiny", Schedule: conveyor.Every(time.Microsecond), Args: tick{}},
+		{Name: "noargs", Schedule: conveyor.Every(time.Second)},
+		{Name: "runat", Schedule: conveyor.Every(time.Second), Args: tick{}, Opts: &conveyor.EnqueueOpts{Delay: time.Second}},
+	} {
+		if err := c.AddPeriodic(p); err == nil {
+			t.Errorf("AddPeriodic(%+v) succeeded", p)
+		}
+	}
+	ok := conveyor.PeriodicJob{Name: "ok", Schedule: conveyor.Every(time.Second), Args: tick{}}
+	if err := c.AddPeriodic(ok); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AddPeriodic(ok); err == nil {
+		t.Error("a second periodic job with the same name was added")
+	}
+}

@@ -1,0 +1,220 @@
+package conveyor
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Schedule says when a periodic job's slots are: Next returns the first
+// slot strictly after t (the zero time when there is none).
+type Schedule interface {
+	// Next returns the first slot strictly after t.
+	Next(t time.Time) time.Time
+	// String describes the schedule, as it is listed (Client.Schedules,
+	// conveyor schedules).
+	String() string
+}
+
+// Every returns a schedule whose slots are the multiples of d since the
+// Unix epoch (every 5 minutes: 10:00, 10:05, ... whatever the start time),
+// so that every process computes the same slots. d must be at least a
+// second (AddPeriodic checks).
+func Every(d time.Duration) Schedule { return every(d) }
+
+type every time.Duration
+
+// Next returns the first multiple of the interval after t.
+func (e every) Next(t time.Time) time.Time {
+	d := int64(e)
+	if d <= 0 {
+		return time.Time{}
+	}
+	n := t.UnixNano()
+	next := (n/d + 1) * d
+	if n < 0 && n%d != 0 {
+		next = (n / d) * d
+	}
+	return time.Unix(0, next).UTC()
+}
+
+// String is "every D".
+func (e every) String() string { return "every " + time.Duration(e).String() }
+
+// Cron parses a cron expression evaluated in loc (nil: UTC): five fields
+// (minute hour day-of-month month day-of-week) or six with seconds first.
+// A field is "*", a number, a range "a-b", a list "a,b", each with an
+// optional step "/n"; months and days of the week may be given by their
+// English three-letter names (JAN, MON), and 7 is Sunday as 0 is. As in
+// cron, when both day fields are restricted a day matching either runs.
+// Local times that do not exist (a daylight-saving gap) are skipped and
+// those that happen twice run once, at their first occurrence.
+func Cron(spec string, loc *time.Location) (Schedule, error) {
+	if loc == nil {
+		loc = time.UTC
+	}
+	f := strings.Fields(spec)
+	switch len(f) {
+	case 5:
+		f = append([]string{"0"}, f...)
+	case 6:
+	default:
+		return nil, fmt.Errorf("cron %q: %d fields, want 5 (minute hour day month weekday) or 6 (with seconds first)", spec, len(f))
+	}
+	c := &cron{spec: spec, loc: loc}
+	var err error
+	parts := []struct {
+		dst      *uint64
+		min, max int
+		names    []string
+		what     string
+	}{
+		{&c.sec, 0, 59, nil, "second"},
+		{&c.min, 0, 59, nil, "minute"},
+		{&c.hour, 0, 23, nil, "hour"},
+		{&c.dom, 1, 31, nil, "day of month"},
+		{&c.month, 1, 12, monthNames, "month"},
+		{&c.dow, 0, 7, dayNames, "day of week"},
+	}
+	for i, p := range parts {
+		if *p.dst, err = cronField(f[i], p.min, p.max, p.names); err != nil {
+			return nil, fmt.Errorf("cron %q: %s field %q: %v", spec, p.what, f[i], err)
+		}
+	}
+	if c.dow&(1<<7) != 0 { // 7 is Sunday
+		c.dow |= 1
+	}
+	c.domAny, c.dowAny = f[3] == "*" || f[3] == "?", f[5] == "*" || f[5] == "?"
+	return c, nil
+}
+
+var (
+	monthNames = []string{"", "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"}
+	dayNames   = []string{"SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"}
+)
+
+// cronField parses one field into a bit set of the values it allows.
+func cronField(s string, min, max int, names []string) (uint64, error) {
+	var bits uint64
+	for _, part := range strings.Split(s, ",") {
+		rng, step := part, 1
+		if i := strings.IndexByte(part, '/'); i >= 0 {
+			n, err := strconv.Atoi(part[i+1:])
+			if err != nil || n < 1 {
+				return 0, fmt.Errorf("step %q is not a positive number", part[i+1:])
+			}
+			rng, step = part[:i], n
+		}
+		lo, hi := min, max
+		switch {
+		case rng == "*" || rng == "?":
+		case strings.Contains(rng, "-"):
+			a, b, _ := strings.Cut(rng, "-")
+			var err error
+			if lo, err = cronValue(a, min, max, names); err != nil {
+				return 0, err
+			}
+			if hi, err = cronValue(b, min, max, names); err != nil {
+				return 0, err
+			}
+			if lo > hi {
+				return 0, fmt.Errorf("range %q runs backwards", rng)
+			}
+		default:
+			v, err := cronValue(rng, min, max, names)
+			if err != nil {
+				return 0, err
+			}
+			lo = v
+			if !strings.Contains(part, "/") {
+				hi = v
+			}
+		}
+		for v := lo; v <= hi; v += step {
+			bits |= 1 << v
+		}
+	}
+	return bits, nil
+}
+
+func cronValue(s string, min, max int, names []string) (int, error) {
+	for i, n := range names {
+		if n != "" && strings.EqualFold(s, n) {
+			return i, nil
+		}
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a number", s)
+	}
+	if v < min || v > max {
+		return 0, fmt.Errorf("%d is out of range %d-%d", v, min, max)
+	}
+	return v, nil
+}
+
+type cron struct {
+	spec                            string
+	loc                             *time.Location
+	sec, min, hour, dom, month, dow uint64
+	domAny, dowAny                  bool
+}
+
+// String is the expression and its time zone.
+func (c *cron) String() string { return "cron " + c.spec + " (" + c.loc.String() + ")" }
+
+// dayOK applies cron's rule for the two day fields.
+func (c *cron) dayOK(t time.Time) bool {
+	d, w := c.dom&(1<<t.Day()) != 0, c.dow&(1<<t.Weekday()) != 0
+	switch {
+	case c.domAny && c.dowAny:
+		return true
+	case c.domAny:
+		return w
+	case c.dowAny:
+		return d
+	}
+	return d || w
+}
+
+// Next returns the first matching second after t, searching at most five
+// years ahead.
+func (c *cron) Next(t time.Time) time.Time {
+	t = t.In(c.loc).Truncate(time.Second).Add(time.Second)
+	limit := t.AddDate(5, 0, 0)
+	for t.Before(limit) {
+		if c.month&(1<<t.Month()) == 0 {
+			t = time.Date(t.Year(), t.Month()+1, 1, 0, 0, 0, 0, c.loc)
+			continue
+		}
+		if !c.dayOK(t) {
+			t = time.Date(t.Year(), t.Month(), t.Day()+1, 0, 0, 0, 0, c.loc)
+			continue
+		}
+		if c.hour&(1<<t.Hour()) == 0 {
+			next := time.Date(t.Year(), t.Month(), t.Day(), t.Hour()+1, 0, 0, 0, c.loc)
+			if !next.After(t) { // in the hour repeated when daylight saving ends
+				next = t.Add(time.Duration(60-t.Minute())*time.Minute - time.Duration(t.Second())*time.Second)
+			}
+			t = next
+			continue
+		}
+		if c.min&(1<<t.Minute()) == 0 {
+			t = t.Truncate(time.Minute).Add(time.Minute)
+			continue
+		}
+		if c.sec&(1<<t.Second()) == 0 {
+			t = t.Add(time.Second)
+			continue
+		}
+		if prev := t.Add(-time.Hour); prev.Day() == t.Day() && prev.Hour() == t.Hour() {
+			// The second occurrence of a local time repeated when daylight
+			// saving ends: it ran an hour ago.
+			t = t.Add(time.Second)
+			continue
+		}
+		return t
+	}
+	return time.Time{}
+}

@@ -1,0 +1,88 @@
+package conveyor_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor"
+)
+
+func TestEvery(t *testing.T) {
+	s := conveyor.Every(5 * time.Minute)
+	at := time.Date(2026, 3, 1, 10, 2, 30, 0, time.UTC)
+	want := []time.Time{
+		time.Date(2026, 3, 1, 10, 5, 0, 0, time.UTC),
+		time.Date(2026, 3, 1, 10, 10, 0, 0, time.UTC),
+	}
+	for _, w := range want {
+		at = s.Next(at)
+		if !at.Equal(w) {
+			t.Fatalf("next %v, want %v", at, w)
+		}
+	}
+	// A slot's own time is not after itself.
+	if got := s.Next(want[1]); !got.Equal(want[1].Add(5 * time.Minute)) {
+		t.Fatalf("next after a slot: %v", got)
+	}
+}
+
+func TestCron(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Skipf("no time zone data: %v", err)
+	}
+	cases := []struct {
+		spec string
+		loc  *time.Location
+		from time.Time
+		want []string // RFC 3339 in UTC
+	}{
+		{"*/15 * * * * *", nil, time.Date(2026, 1, 1, 0, 0, 7, 0, time.UTC),
+			[]string{"2026-01-01T00:00:15Z", "2026-01-01T00:00:30Z", "2026-01-01T00:00:45Z", "2026-01-01T00:01:00Z"}},
+		{"30 9 * * MON-FRI", ny, time.Date(2026, 1, 2, 15, 0, 0, 0, time.UTC), // Friday 10:00 in New York
+			[]string{"2026-01-05T14:30:00Z", "2026-01-06T14:30:00Z"}},
+		{"0 0 1,15 * *", nil, time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC),
+			[]string{"2026-02-15T00:00:00Z", "2026-03-01T00:00:00Z"}},
+		// Both day fields restricted: either matches (the 13th, or a Friday).
+		{"0 12 13 * 5", nil, time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC),
+			[]string{"2026-02-13T12:00:00Z", "2026-02-20T12:00:00Z", "2026-02-27T12:00:00Z", "2026-03-06T12:00:00Z", "2026-03-13T12:00:00Z"}},
+		// 02:30 does not exist in New York on 2026-03-08: skipped.
+		{"30 2 * * *", ny, time.Date(2026, 3, 7, 12, 0, 0, 0, time.UTC),
+			[]string{"2026-03-09T06:30:00Z", "2026-03-10T06:30:00Z"}},
+		// 01:30 happens twice on 2026-11-01: it runs once.
+		{"30 1 * * *", ny, time.Date(2026, 10, 31, 12, 0, 0, 0, time.UTC),
+			[]string{"2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"}},
+		{"0 0 29 2 *", nil, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+			[]string{"2028-02-29T00:00:00Z"}},
+		{"0 0 * * 7", nil, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), // 7 is Sunday
+			[]string{"2026-01-04T00:00:00Z"}},
+	}
+	for _, tc := range cases {
+		s, err := conveyor.Cron(tc.spec, tc.loc)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.spec, err)
+		}
+		at := tc.from
+		for _, w := range tc.want {
+			at = s.Next(at)
+			if got := at.UTC().Format(time.RFC3339); got != w {
+				t.Errorf("%q from %v: next %s, want %s", tc.spec, tc.from, got, w)
+				break
+			}
+		}
+	}
+	for spec, want := range map[string]string{
+		"* * * *":       "4 fields",
+		"61 * * * *":    "minute field",
+		"* * * * MOX":   "day of week field",
+		"*/0 * * * *":   "step",
+		"5-1 * * * *":   "backwards",
+		"* * 0 * *":     "out of range",
+		"* * * * * * *": "7 fields",
+	} {
+		if _, err := conveyor.Cron(spec, nil); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Cron(%q) = %v, want an error about %q", spec, err, want)
+		}
+	}
+}

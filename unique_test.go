@@ -1,0 +1,178 @@
+package conveyor_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/testdb"
+)
+
+type order struct {
+	Customer string `json:"customer"`
+	Item     string `json:"item"`
+	Note     string `json:"note"`
+}
+
+func (order) Kind() string { return "order" }
+
+// TestUniqueUnderConcurrency: 50 goroutines across 3 clients enqueue the
+// same unique job at once, a third outside transactions, a third in
+// transactions that commit, a third in transactions that roll back:
+// exactly one job exists, and every caller whose enqueue stands was told
+// its id.
+func TestUniqueUnderConcurrency(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		prefix := testdb.Prefix()
+		clients := []*conveyor.Client[any]{openDropped(t, dsn, fast(prefix)), open(t, dsn, fast(prefix)), open(t, dsn, fast(prefix))}
+		opts := &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ByArgs: true, ArgsFields: []string{"customer", "item"}}}
+		const n = 50
+		type told struct {
+			id         int64
+			rolledBack bool
+		}
+		results := make([]told, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for g := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c := clients[g%3]
+				args := order{Customer: "ada", Item: "tea", Note: strings.Repeat("x", g)} // Note is not in the key
+				<-start
+				if g%3 == 0 {
+					results[g].id, errs[g] = c.Enqueue(ctx, args, opts)
+					return
+				}
+				for try := 0; ; try++ {
+					tx, commit, rollback, done, err := openTx(ctx, dsn)
+					if err != nil {
+						errs[g] = err
+						return
+					}
+					id, err := c.EnqueueTx(ctx, tx, args, opts)
+					if err == nil && g%3 == 1 {
+						err = commit()
+					} else {
+						rollback()
+					}
+					done()
+					// MySQL rolls back one of two transactions waiting for
+					// the same key (InnoDB's duplicate-key deadlock): an
+					// application retries it, and so does this caller.
+					if err != nil && strings.Contains(err.Error(), "Deadlock") && try < 20 {
+						continue
+					}
+					results[g], errs[g] = told{id: id, rolledBack: g%3 == 2}, err
+					return
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		for g, err := range errs {
+			if err != nil {
+				t.Fatalf("caller %d: %v", g, err)
+			}
+		}
+		jobs, err := clients[1].Jobs(ctx, conveyor.JobFilter{Kind: "order"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(jobs) != 1 {
+			t.Fatalf("%d jobs exist, want exactly 1", len(jobs))
+		}
+		want := jobs[0].ID
+		for g, r := range results {
+			if !r.rolledBack && r.id != want {
+				t.Errorf("caller %d was told job %d, the job is %d", g, r.id, want)
+			}
+		}
+	})
+}
+
+// TestUniqueOptions: what goes into the key, the result's duplicate flag,
+// kept states, and bad options.
+func TestUniqueOptions(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		c := openDropped(t, dsn, fast(testdb.Prefix()))
+		byArgs := &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ByArgs: true}}
+		rs, err := c.EnqueueMany(ctx, []conveyor.EnqueueItem{
+			{Args: order{"a", "tea", ""}, Opts: byArgs},
+			{Args: order{"a", "tea", ""}, Opts: byArgs},     // same batch, same key
+			{Args: order{"a", "tea", "note"}, Opts: byArgs}, // all args: another key
+			{Args: order{"a", "tea", ""}},                   // not unique
+			{Args: order{"a", "tea", ""}, Opts: &conveyor.EnqueueOpts{Queue: "other", Unique: &conveyor.UniqueOpts{ByArgs: true}}}, // queue not in key
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rs[0].Duplicate || !rs[1].Duplicate || rs[1].ID != rs[0].ID || rs[2].Duplicate || rs[2].ID == rs[0].ID ||
+			rs[3].Duplicate || !rs[4].Duplicate || rs[4].ID != rs[0].ID {
+			t.Fatalf("results %+v", rs)
+		}
+		// ByQueue puts the queue in the key.
+		q1, _ := c.EnqueueMany(ctx, []conveyor.EnqueueItem{
+			{Args: order{"b", "", ""}, Opts: &conveyor.EnqueueOpts{Queue: "q1", Unique: &conveyor.UniqueOpts{ByQueue: true}}},
+			{Args: order{"c", "", ""}, Opts: &conveyor.EnqueueOpts{Queue: "q2", Unique: &conveyor.UniqueOpts{ByQueue: true}}},
+			{Args: order{"d", "", ""}, Opts: &conveyor.EnqueueOpts{Queue: "q1", Unique: &conveyor.UniqueOpts{ByQueue: true}}},
+		})
+		if q1[0].Duplicate || q1[1].Duplicate || !q1[2].Duplicate {
+			t.Fatalf("by queue: %+v", q1)
+		}
+		// ByPeriod: one per window of the due time.
+		hour := time.Now().Truncate(time.Hour).Add(2 * time.Hour)
+		per := func(at time.Time) *conveyor.EnqueueOpts {
+			return &conveyor.EnqueueOpts{RunAt: at, Unique: &conveyor.UniqueOpts{ByPeriod: time.Hour}}
+		}
+		p, err := c.EnqueueMany(ctx, []conveyor.EnqueueItem{
+			{Args: order{"p", "", ""}, Opts: per(hour.Add(time.Minute))},
+			{Args: order{"p", "", ""}, Opts: per(hour.Add(59 * time.Minute))},
+			{Args: order{"p", "", ""}, Opts: per(hour.Add(61 * time.Minute))},
+		})
+		if err != nil || p[0].Duplicate || !p[1].Duplicate || p[2].Duplicate {
+			t.Fatalf("by period: %+v %v", p, err)
+		}
+		// A job cancelled by hand frees its key unless its states keep it.
+		keep := &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ByArgs: true, States: append(conveyor.JobStates()[:4:4], conveyor.JobStateCancelled)}}
+		k1, err := c.Enqueue(ctx, order{"k", "", ""}, keep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		free1, _ := c.Enqueue(ctx, order{"f", "", ""}, byArgs)
+		for _, id := range []int64{k1, free1} {
+			if _, err := c.Cancel(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if again, _ := c.Enqueue(ctx, order{"k", "", ""}, keep); again != k1 {
+			t.Errorf("a cancelled job that keeps its key in cancelled: enqueue again gave %d, want %d", again, k1)
+		}
+		if again, _ := c.Enqueue(ctx, order{"f", "", ""}, byArgs); again == free1 {
+			t.Errorf("a cancelled job kept its key")
+		}
+		// Bad options are refused before anything is written.
+		for _, u := range []*conveyor.UniqueOpts{
+			{States: []conveyor.JobState{conveyor.JobStateAvailable}},
+			{States: append(conveyor.JobStates(), "bogus")},
+			{ByPeriod: -time.Second},
+		} {
+			if _, err := c.Enqueue(ctx, order{"bad", "", ""}, &conveyor.EnqueueOpts{Unique: u}); !errors.Is(err, conveyor.ErrInvalidOpts) {
+				t.Errorf("unique %+v: err %v, want ErrInvalidOpts", u, err)
+			}
+		}
+		if _, err := c.Enqueue(ctx, conveyor.RawArgs{KindName: "raw", JSON: []byte(`[1,2]`)},
+			&conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ArgsFields: []string{"a"}}}); !errors.Is(err, conveyor.ErrInvalidOpts) {
+			t.Errorf("ArgsFields on an array: %v, want ErrInvalidOpts", err)
+		}
+	})
+}
