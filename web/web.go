@@ -152,7 +152,10 @@ type client interface {
 }
 
 // Handler is the API and the dashboard; it is an http.Handler. Build it
-// with New. It starts no goroutine and holds nothing that needs closing.
+// with New. On PostgreSQL, long-polling claims share one LISTEN
+// connection of the handler's own, opened at the first long poll and
+// closed 30s after the last one ends; Close closes it at once. Nothing
+// else runs in the background.
 type Handler struct {
 	c       client
 	drv     driver.Driver
@@ -163,6 +166,7 @@ type Handler struct {
 	static  http.Handler
 	routes  []route
 	wake    *notifier
+	listen  listening
 	stats   *statsCache
 	started time.Time
 }
@@ -292,6 +296,16 @@ func (n *notifier) wait(queue string) <-chan struct{} {
 		n.ch[queue] = c
 	}
 	return c
+}
+
+// notifyAll wakes every waiting claim.
+func (n *notifier) notifyAll() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for q, c := range n.ch {
+		close(c)
+		delete(n.ch, q)
+	}
 }
 
 // notify wakes every claim waiting on queue.

@@ -79,6 +79,7 @@ func newEnv(t *testing.T, dsn string, mod func(*Options)) *env {
 	e := &env{t: t, client: c, h: h, srv: httptest.NewServer(h), logs: logs}
 	t.Cleanup(func() {
 		e.srv.Close()
+		e.h.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := seam.DropTables(ctx, c); err != nil {
@@ -823,5 +824,44 @@ func TestSchedulesListed(t *testing.T) {
 	page := e.must(200, req{method: "GET", path: "/", auth: roToken})
 	if !bytes.Contains(page.body, []byte(fmt.Sprintf(`href="/jobs/%d">%d</a>`, id, id))) || bytes.Contains(page.body, []byte("<img src=x")) {
 		t.Errorf("queues page schedules:\n%s", page.body)
+	}
+}
+
+// On PostgreSQL a long-polling claim is woken by the notification of an
+// insert made by any process, not only by this handler's enqueues.
+func TestLongPollWokenByNotification(t *testing.T) {
+	e := newEnv(t, testdb.Postgres(t), nil)
+	other, err := connect.Open(context.Background(), testdb.Postgres(t), &conveyor.Config{TablePrefix: e.client.Config().TablePrefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	var slow []time.Duration
+	for round := range 3 {
+		got := make(chan time.Time, 1)
+		go func() {
+			var out struct{ Jobs []jobJSON }
+			res := e.do(req{method: "POST", path: "/api/v1/claim", auth: adminToken, body: map[string]any{"queue": "n", "wait_ms": 20000}})
+			_ = json.Unmarshal(res.body, &out)
+			if len(out.Jobs) == 1 {
+				got <- time.Now()
+			}
+			close(got)
+		}()
+		time.Sleep(2 * time.Second) // the poll's backoff is at its 1s cap by now
+		at := time.Now()
+		if _, err := other.Enqueue(context.Background(), conveyor.RawArgs{KindName: "k"}, &conveyor.EnqueueOpts{Queue: "n"}); err != nil {
+			t.Fatal(err)
+		}
+		done, ok := <-got
+		if !ok {
+			t.Fatalf("round %d: no job claimed", round)
+		}
+		if d := done.Sub(at); d > 500*time.Millisecond {
+			slow = append(slow, d)
+		}
+	}
+	if len(slow) == 3 {
+		t.Errorf("every claim took over 500ms after the enqueue (%v): not woken by the notification", slow)
 	}
 }

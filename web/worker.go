@@ -53,8 +53,9 @@ func (h *Handler) lease(w http.ResponseWriter, ms int64) (time.Duration, bool) {
 // apiClaim claims up to limit available jobs of a queue, fenced as the
 // in-process fetchers claim them. With wait_ms it long-polls: it claims
 // again after 50ms, doubling to 1s, and at once when this handler
-// enqueues into the queue, retries or resumes it, until a job comes or
-// the wait (at most MaxClaimWait) ends; then it answers with no jobs.
+// enqueues into the queue, retries or resumes it, or (on PostgreSQL) a
+// notification says any process did, until a job comes or the wait (at
+// most MaxClaimWait) ends; then it answers with no jobs.
 func (h *Handler) apiClaim(w http.ResponseWriter, r *http.Request, p principal) {
 	var in claimJSON
 	if !h.decode(w, r, &in) {
@@ -92,6 +93,10 @@ func (h *Handler) apiClaim(w http.ResponseWriter, r *http.Request, p principal) 
 	}
 	deadline := time.Now().Add(wait)
 	backoff := pollMin
+	if wait > 0 {
+		h.listenStart()
+		defer h.listenDone()
+	}
 	for {
 		woken := h.wake.wait(in.Queue) // before the claim, so an enqueue during it is not missed
 		rows, err := h.claim(r.Context(), driver.ClaimParams{Queue: in.Queue, Limit: in.Limit, Lease: lease, Worker: worker})

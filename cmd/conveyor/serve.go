@@ -105,6 +105,7 @@ func serveCmd(e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
+	defer h.Close()
 	if *maintenance {
 		if err := c.Start(e.ctx); err != nil {
 			return fmt.Errorf("serve: starting maintenance: %w", err)
