@@ -44,6 +44,10 @@ type sample struct {
 	// Finished is the total of completed, discarded and cancelled jobs
 	// still in the table.
 	Finished int64 `json:"finished"`
+	// OldestAvailableMS is the age of the oldest available job of any
+	// queue (0 when none waits): how long the longest waiter has waited
+	// so far, an upper view of pick-up latency.
+	OldestAvailableMS int64 `json:"oldest_available_ms"`
 	// FinishedPerSec is the rise of Finished per second since the
 	// previous sample; null for the first. Pruning removes finished
 	// jobs, so a fall is shown as 0, and a rate spanning a prune is low.
@@ -109,6 +113,9 @@ func (s *statsCache) record(st *conveyor.Stats, now time.Time) {
 		x.Running += q.Counts[conveyor.JobStateRunning]
 		x.Waiting += q.Counts[conveyor.JobStateScheduled] + q.Counts[conveyor.JobStateRetryable]
 		x.Finished += q.Counts[conveyor.JobStateCompleted] + q.Counts[conveyor.JobStateDiscarded] + q.Counts[conveyor.JobStateCancelled]
+		if q.Counts[conveyor.JobStateAvailable] > 0 && q.PausedAt.IsZero() {
+			x.OldestAvailableMS = max(x.OldestAvailableMS, q.OldestAvailable.Milliseconds())
+		}
 	}
 	if prev != nil {
 		rate := max(0, float64(x.Finished-prev.Finished)/now.Sub(time.Time(prev.At)).Seconds())

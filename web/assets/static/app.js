@@ -92,19 +92,19 @@
     setLive("live · counts read " + fmtTime(d.read_at));
   }
 
-  function drawChart(svg, lines, unit) {
+  // drawChart draws lines into svg and writes the scale into note (text
+  // outside the SVG, which is stretched to its box).
+  function drawChart(svg, note, lines, unit) {
     const W = 600, H = 160, pad = 14;
     let maxY = 0, n = 0;
     for (const l of lines) { n = Math.max(n, l.values.length); for (const v of l.values) if (v !== null) maxY = Math.max(maxY, v); }
-    const kids = [];
     if (n < 2) {
-      const t = document.createElementNS(SVG, "text");
-      t.setAttribute("x", "10"); t.setAttribute("y", "20");
-      t.textContent = "collecting samples while this page is open…";
-      svg.replaceChildren(t);
+      svg.replaceChildren();
+      note.textContent = "collecting samples while this page is open…";
       return;
     }
     const top = maxY > 0 ? maxY * 1.1 : 1;
+    const kids = [];
     for (const l of lines) {
       const pts = [];
       l.values.forEach((v, i) => {
@@ -118,24 +118,25 @@
       p.setAttribute("class", l.cls);
       kids.push(p);
     }
-    const t = document.createElementNS(SVG, "text");
-    t.setAttribute("x", "6"); t.setAttribute("y", "12");
-    t.textContent = "max " + (Math.round(maxY * 10) / 10) + unit;
-    kids.push(t);
     svg.replaceChildren(...kids);
+    note.textContent = "max " + (Math.round(maxY * 10) / 10) + unit + " · " + n + " samples";
   }
 
   async function refreshSeries() {
     const d = await getJSON(base + "/api/v1/series");
     const s = d.samples;
-    drawChart(document.getElementById("chart-depth"), [
+    const note = (id) => document.getElementById(id);
+    drawChart(note("chart-depth"), note("note-depth"), [
       { cls: "s-available", values: s.map((x) => x.available) },
       { cls: "s-running", values: s.map((x) => x.running) },
       { cls: "s-waiting", values: s.map((x) => x.waiting) },
     ], " jobs");
-    drawChart(document.getElementById("chart-rate"), [
+    drawChart(note("chart-rate"), note("note-rate"), [
       { cls: "s-rate", values: s.map((x) => x.finished_per_s) },
     ], "/s");
+    drawChart(note("chart-wait"), note("note-wait"), [
+      { cls: "s-wait", values: s.map((x) => x.oldest_available_ms / 1000) },
+    ], "s");
     const last = s.length ? s[s.length - 1].finished_per_s : null;
     document.getElementById("rate-now").textContent = last === null ? "" : "now " + last.toFixed(1) + "/s";
   }
