@@ -265,6 +265,8 @@ func TestHelp(t *testing.T) {
 		{[]string{"demo", "--help"}, "usage: conveyor demo"},
 		{[]string{"bench", "--help"}, "-workload"},
 		{[]string{"--db", "x.db", "torture", "--help"}, "-restart-server"},
+		{[]string{"serve", "--help"}, "-insecure-loopback-dev"},
+		{[]string{"--help"}, "serve [--listen ADDR]"},
 	} {
 		out, errOut, err := cli(t, "", c.args...)
 		if err != nil || errOut != "" || !strings.Contains(out, c.want) {
@@ -418,7 +420,7 @@ func TestJSONShape(t *testing.T) {
 	}
 	for _, q := range st["queues"].([]any) {
 		q := q.(map[string]any)
-		if _, ok := q["oldest_available_ms"]; !ok || len(q) != 3 {
+		if _, ok := q["oldest_available_ms"]; !ok || len(q) != 4 { // queue, counts, oldest_available_ms, paused_at
 			t.Errorf("stats queue: %v", q)
 		}
 	}

@@ -1,6 +1,7 @@
 // Command conveyor manages and measures a conveyor job queue: migrate the
 // schema, enqueue and inspect jobs, retry, cancel or discard them, print
-// queue statistics, and run the demo, the bench and the torture suite.
+// queue statistics, serve the dashboard and the HTTP API, and run the
+// demo, the bench and the torture suite.
 //
 // This file holds the dispatch and the flag handling every command shares;
 // each command has a file of its own.
@@ -45,6 +46,8 @@ commands:
   schedules [--json]      the periodic schedules: latest slot and job, next slot
   pause QUEUE | resume QUEUE
                           stop and restart claims of a queue in every process (running jobs finish)
+  serve [--listen ADDR] [--token-file F] [--read-only-token-file F] [--basic-auth-file F] [--insecure-loopback-dev]
+                          the dashboard and the HTTP/JSON API (worker protocol included); refuses to start without credentials
   demo [flags]            enqueue and work no-op jobs on throw-away tables
   bench [flags]           measure throughput, latency, ordering and duplicates
   torture [flags]         inject faults into real worker processes, check nothing is lost
@@ -76,6 +79,7 @@ var commands = map[string]func(*env, []string) error{
 	"demo":      demoCmd,
 	"bench":     benchCmd,
 	"torture":   tortureCmd,
+	"serve":     serveCmd,
 }
 
 func main() {
@@ -313,13 +317,20 @@ func (e *env) noPrefix(cmd string) error {
 // SQLite file; for the other commands the file must exist and hold the
 // schema under the prefix.
 func (e *env) open(create bool) (*conveyor.Client[any], error) {
+	return e.openWith(create, &conveyor.Config{})
+}
+
+// openWith is open with a configuration of the command's own (the table
+// prefix is set from --prefix).
+func (e *env) openWith(create bool, cfg *conveyor.Config) (*conveyor.Client[any], error) {
 	dsn := e.queueDSN()
 	if p := sqliteFile(dsn); p != "" && !create {
 		if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("no database at %s (run conveyor migrate first)", p)
 		}
 	}
-	c, err := connect.Open(e.ctx, dsn, &conveyor.Config{TablePrefix: e.prefix.val})
+	cfg.TablePrefix = e.prefix.val
+	c, err := connect.Open(e.ctx, dsn, cfg)
 	if err != nil || create {
 		return c, err
 	}

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/web"
+)
+
+// maintenanceQueue is the queue the serve command's client "works" so
+// that it can be started, and so take part in the leader's maintenance
+// (promotion of due scheduled and retryable jobs, rescue of expired
+// leases, pruning), which HTTP workers rely on. Nothing should be
+// enqueued into it: a job there would fail as a kind without a worker.
+const maintenanceQueue = "conveyor-serve-maintenance-only"
+
+const serveAbout = `Serves the dashboard (/) and the HTTP/JSON API (/api/v1, described at
+/api/v1/openapi.json) until interrupted. Credentials are required:
+--token-file (admin bearer tokens, one per line), --read-only-token-file,
+--basic-auth-file (lines USER:PASSWORD[:admin|read-only], admin by
+default); '#' starts a comment line. Without any, serve refuses to start
+unless --insecure-loopback-dev, which serves everyone on a loopback
+address as admin and refuses any other listen address.
+
+With --maintenance (the default) serve also runs conveyor's maintenance
+(promoting due scheduled and retryable jobs, rescuing expired leases,
+pruning) when no other process does, as HTTP workers need; it works
+no queue of yours (it polls the otherwise unused queue ` + maintenanceQueue + `).`
+
+// serveCmd serves the dashboard and the HTTP API.
+func serveCmd(e *env, args []string) error {
+	f := e.flags("serve", "serve [--listen ADDR] [--token-file F] [--read-only-token-file F] [--basic-auth-file F] [--insecure-loopback-dev]", dbHelp)
+	f.about = serveAbout
+	listen := f.String("listen", "127.0.0.1:8080", "`address` to listen on")
+	tokenFile := f.String("token-file", "", "`file` of admin bearer tokens, one per line")
+	roFile := f.String("read-only-token-file", "", "`file` of read-only bearer tokens, one per line")
+	basicFile := f.String("basic-auth-file", "", "`file` of USER:PASSWORD[:ROLE] lines")
+	insecure := f.Bool("insecure-loopback-dev", false, "serve without authentication, on a loopback address only (development)")
+	basePath := f.String("base-path", "", "serve under this `path` (such as /conveyor) behind a proxy")
+	secureCookie := f.Bool("secure-cookie", false, "mark the session cookie Secure (behind a TLS-terminating proxy)")
+	maintenance := f.Bool("maintenance", true, "take part in maintenance: promote due jobs, rescue expired leases, prune")
+	maxBody := f.Int64("max-body-bytes", 1<<20, "largest request body accepted")
+	sample := f.Duration("sample-interval", 5*time.Second, "spacing of the dashboard's throughput samples (taken while someone looks)")
+	if err := e.parseNoArgs(f, args, false); err != nil {
+		return err
+	}
+	opts := web.Options{InsecureLoopbackDev: *insecure, BasePath: *basePath, SecureCookie: *secureCookie, MaxBodyBytes: *maxBody,
+		SampleInterval: *sample,
+		Logger:         slog.New(slog.NewTextHandler(e.stderr, nil))}
+	var err error
+	for _, tf := range []struct {
+		file string
+		role web.Role
+	}{{*tokenFile, web.RoleAdmin}, {*roFile, web.RoleReadOnly}} {
+		if tf.file == "" {
+			continue
+		}
+		lines, err := readLines(tf.file)
+		if err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+		if len(lines) == 0 {
+			return fmt.Errorf("serve: %s holds no token", tf.file)
+		}
+		for _, l := range lines {
+			opts.Tokens = append(opts.Tokens, web.Token{Value: l, Role: tf.role})
+		}
+	}
+	if *basicFile != "" {
+		if opts.Users, err = readUsers(*basicFile); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+	}
+	hasCreds := len(opts.Tokens) > 0 || len(opts.Users) > 0
+	switch {
+	case !hasCreds && !*insecure:
+		return usageError("serve", "no credentials: give --token-file, --read-only-token-file or --basic-auth-file (or, for development on loopback only, --insecure-loopback-dev)")
+	case hasCreds && *insecure:
+		return usageError("serve", "--insecure-loopback-dev serves without authentication: it cannot be combined with credential files")
+	case *insecure:
+		if err := loopbackOnly(*listen); err != nil {
+			return usageError("serve", err.Error())
+		}
+	}
+	cfg := &conveyor.Config{}
+	if *maintenance {
+		cfg.Queues = map[string]conveyor.QueueConfig{maintenanceQueue: {MaxWorkers: 1}}
+		cfg.PollMin, cfg.PollMax = 5*time.Second, 5*time.Second
+	}
+	c, err := e.openWith(false, cfg)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	h, err := web.New(c, opts)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	defer h.Close()
+	if *maintenance {
+		if err := c.Start(e.ctx); err != nil {
+			return fmt.Errorf("serve: starting maintenance: %w", err)
+		}
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       time.Minute,
+		WriteTimeout:      2 * time.Minute, // above the handler's 30s + 30s long-poll bound
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    64 << 10,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(e.ctx) },
+	}
+	auth := "credentials required"
+	if *insecure {
+		auth = "NO AUTHENTICATION (--insecure-loopback-dev): loopback only"
+	}
+	fmt.Fprintf(e.stdout, "conveyor serve: http://%s%s/ on %s (%s)\n", ln.Addr(), *basePath, c.Backend(), auth)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		return fmt.Errorf("serve: %w", err)
+	case <-e.ctx.Done():
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		srv.Close()
+	}
+	if err := <-done; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	fmt.Fprintln(e.stdout, "conveyor serve: stopped")
+	return nil
+}
+
+// loopbackOnly refuses a listen address that is not on the loopback
+// interface (an empty host listens on every interface).
+func loopbackOnly(listen string) error {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return fmt.Errorf("--listen %q: %v", listen, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("--insecure-loopback-dev serves without authentication and listens on loopback only (127.0.0.1, ::1 or localhost), not %q", listen)
+}
+
+// readLines returns a file's lines that are neither blank nor comments,
+// trimmed.
+func readLines(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		l := strings.TrimSpace(sc.Text())
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		out = append(out, l)
+	}
+	return out, sc.Err()
+}
+
+// readUsers reads USER:PASSWORD[:ROLE] lines. The role is the last field
+// only when it names one, so a password may contain ':'.
+func readUsers(path string) ([]web.User, error) {
+	lines, err := readLines(path)
+	if err != nil {
+		return nil, err
+	}
+	if len(lines) == 0 {
+		return nil, fmt.Errorf("%s holds no user", path)
+	}
+	var out []web.User
+	for i, l := range lines {
+		name, rest, ok := strings.Cut(l, ":")
+		if !ok {
+			return nil, fmt.Errorf("%s: line %d is not USER:PASSWORD[:ROLE]", path, i+1)
+		}
+		u := web.User{Name: name, Password: rest, Role: web.RoleAdmin}
+		if j := strings.LastIndex(rest, ":"); j >= 0 {
+			if r := web.Role(rest[j+1:]); r == web.RoleAdmin || r == web.RoleReadOnly {
+				u.Password, u.Role = rest[:j], r
+			}
+		}
+		out = append(out, u)
+	}
+	return out, nil
+}

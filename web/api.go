@@ -1,0 +1,750 @@
+package web
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// route is one endpoint: its method and path (under BasePath), the role
+// it needs, and whether it is a dashboard page (answered with the login
+// when unauthenticated), public, or part of the JSON API (and so
+// described in openapi.json).
+type route struct {
+	method, path string
+	role         Role
+	html         bool
+	public       bool
+	api          bool
+	fn           func(http.ResponseWriter, *http.Request, principal)
+}
+
+// routeTable lists every endpoint. The OpenAPI test checks that each API
+// route is described in assets/openapi.json and nothing else is.
+func (h *Handler) routeTable() []route {
+	ro, ad := RoleReadOnly, RoleAdmin
+	return []route{
+		// JSON API.
+		{method: "GET", path: "/api/v1/openapi.json", role: ro, api: true, fn: h.openAPI},
+		{method: "GET", path: "/api/v1/jobs", role: ro, api: true, fn: h.apiListJobs},
+		{method: "POST", path: "/api/v1/jobs", role: ad, api: true, fn: h.apiEnqueue},
+		{method: "POST", path: "/api/v1/jobs/batch", role: ad, api: true, fn: h.apiEnqueueBatch},
+		{method: "GET", path: "/api/v1/jobs/{id}", role: ro, api: true, fn: h.apiGetJob},
+		{method: "POST", path: "/api/v1/jobs/{id}/retry", role: ad, api: true, fn: h.apiAdmin("retry")},
+		{method: "POST", path: "/api/v1/jobs/{id}/cancel", role: ad, api: true, fn: h.apiAdmin("cancel")},
+		{method: "POST", path: "/api/v1/jobs/{id}/discard", role: ad, api: true, fn: h.apiAdmin("discard")},
+		{method: "POST", path: "/api/v1/jobs/bulk", role: ad, api: true, fn: h.apiBulk},
+		{method: "GET", path: "/api/v1/queues", role: ro, api: true, fn: h.apiQueues},
+		{method: "POST", path: "/api/v1/queues/{queue}/pause", role: ad, api: true, fn: h.apiPause(true)},
+		{method: "POST", path: "/api/v1/queues/{queue}/resume", role: ad, api: true, fn: h.apiPause(false)},
+		{method: "GET", path: "/api/v1/series", role: ro, api: true, fn: h.apiSeries},
+		{method: "GET", path: "/api/v1/schedules", role: ro, api: true, fn: h.apiSchedules},
+		// Worker protocol.
+		{method: "POST", path: "/api/v1/claim", role: ad, api: true, fn: h.apiClaim},
+		{method: "POST", path: "/api/v1/jobs/{id}/heartbeat", role: ad, api: true, fn: h.apiHeartbeat},
+		{method: "POST", path: "/api/v1/jobs/{id}/complete", role: ad, api: true, fn: h.apiComplete},
+		{method: "POST", path: "/api/v1/jobs/{id}/fail", role: ad, api: true, fn: h.apiFail},
+		{method: "POST", path: "/api/v1/jobs/{id}/snooze", role: ad, api: true, fn: h.apiSnooze},
+		{method: "POST", path: "/api/v1/jobs/{id}/release", role: ad, api: true, fn: h.apiRelease},
+		// Dashboard.
+		{method: "GET", path: "/login", public: true, fn: h.loginPage},
+		{method: "POST", path: "/login", public: true, fn: h.login},
+		{method: "POST", path: "/logout", role: ro, html: true, fn: h.logout},
+		{method: "GET", path: "/{$}", role: ro, html: true, fn: h.pageQueues},
+		{method: "GET", path: "/jobs", role: ro, html: true, fn: h.pageJobs},
+		{method: "GET", path: "/jobs/{id}", role: ro, html: true, fn: h.pageJob},
+		{method: "POST", path: "/jobs/{id}/{action}", role: ad, html: true, fn: h.formJobAction},
+		{method: "POST", path: "/jobs/bulk", role: ad, html: true, fn: h.formBulk},
+		{method: "POST", path: "/queues/{queue}/{action}", role: ad, html: true, fn: h.formQueueAction},
+		{method: "GET", path: "/static/", public: true, fn: h.serveStatic},
+	}
+}
+
+// serveStatic serves the embedded script and style sheet (no directory
+// listing).
+func (h *Handler) serveStatic(w http.ResponseWriter, r *http.Request, _ principal) {
+	if strings.HasSuffix(r.URL.Path, "/") {
+		http.NotFound(w, r)
+		return
+	}
+	h.static.ServeHTTP(w, r)
+}
+
+// jobJSON is a job in the API: snake_case keys, times in RFC 3339 UTC,
+// null for an absent time or value, durations in milliseconds. It is the
+// shape `conveyor job --json` prints, plus the fence for claimed jobs.
+type jobJSON struct {
+	ID          int64           `json:"id"`
+	Queue       string          `json:"queue"`
+	Kind        string          `json:"kind"`
+	State       string          `json:"state"`
+	Args        json.RawMessage `json:"args"`
+	Priority    int             `json:"priority"`
+	Attempt     int             `json:"attempt"`
+	MaxAttempts int             `json:"max_attempts"`
+	// TimeoutMS is null for the workers' default, -1 for none.
+	TimeoutMS      *int64        `json:"timeout_ms"`
+	CreatedAt      *jsonTime     `json:"created_at"`
+	ScheduledAt    *jsonTime     `json:"scheduled_at"`
+	AttemptedAt    *jsonTime     `json:"attempted_at"`
+	AttemptedBy    *string       `json:"attempted_by"`
+	LeaseExpiresAt *jsonTime     `json:"lease_expires_at"`
+	FinalizedAt    *jsonTime     `json:"finalized_at"`
+	Errors         []attemptJSON `json:"errors"`
+	// Fence is set on claimed jobs only: the token that heartbeat,
+	// complete, fail and release must send back.
+	Fence *int64 `json:"fence,omitempty"`
+}
+
+// attemptJSON is one failed attempt.
+type attemptJSON struct {
+	Attempt int       `json:"attempt"`
+	At      *jsonTime `json:"at"`
+	Error   string    `json:"error"`
+	Trace   *string   `json:"trace"`
+}
+
+// jsonTime is a time in the API: RFC 3339 in UTC with microseconds, as
+// the command's --json output prints it.
+type jsonTime time.Time
+
+// jsonTimeLayout is the layout of every time in the API.
+const jsonTimeLayout = "2006-01-02T15:04:05.000000Z07:00"
+
+// MarshalJSON writes the time in jsonTimeLayout.
+func (t jsonTime) MarshalJSON() ([]byte, error) {
+	return []byte(`"` + time.Time(t).UTC().Format(jsonTimeLayout) + `"`), nil
+}
+
+// UnmarshalJSON reads an RFC 3339 time.
+func (t *jsonTime) UnmarshalJSON(b []byte) error {
+	var x time.Time
+	if err := x.UnmarshalJSON(b); err != nil {
+		return err
+	}
+	*t = jsonTime(x)
+	return nil
+}
+
+func timeOrNull(t time.Time) *jsonTime {
+	if t.IsZero() {
+		return nil
+	}
+	u := jsonTime(t)
+	return &u
+}
+
+func stringOrNull(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func toJobJSON(j *conveyor.JobInfo) jobJSON {
+	out := jobJSON{
+		ID: j.ID, Queue: j.Queue, Kind: j.Kind, State: string(j.State), Args: j.EncodedArgs,
+		Priority: j.Priority, Attempt: j.Attempt, MaxAttempts: j.MaxAttempts,
+		CreatedAt: timeOrNull(j.CreatedAt), ScheduledAt: timeOrNull(j.ScheduledAt),
+		AttemptedAt: timeOrNull(j.AttemptedAt), AttemptedBy: stringOrNull(j.AttemptedBy),
+		LeaseExpiresAt: timeOrNull(j.LeaseExpiresAt), FinalizedAt: timeOrNull(j.FinalizedAt),
+		Errors: []attemptJSON{},
+	}
+	if len(out.Args) == 0 {
+		out.Args = json.RawMessage("{}")
+	}
+	switch {
+	case j.Timeout < 0:
+		out.TimeoutMS = ptr(int64(-1))
+	case j.Timeout > 0:
+		out.TimeoutMS = ptr(j.Timeout.Milliseconds())
+	}
+	for _, a := range j.Errors {
+		out.Errors = append(out.Errors, attemptJSON{Attempt: a.Attempt, At: timeOrNull(a.At), Error: a.Error, Trace: stringOrNull(a.Trace)})
+	}
+	return out
+}
+
+// rowJSON converts a claimed row, with its fence.
+func rowJSON(r *driver.JobRow) jobJSON {
+	j := &conveyor.JobInfo{
+		ID: r.ID, Queue: r.Queue, Kind: r.Kind, EncodedArgs: r.Args, State: conveyor.JobState(r.State),
+		Priority: r.Priority, Attempt: r.Attempt, MaxAttempts: r.MaxAttempts,
+		Timeout:     time.Duration(r.TimeoutMS) * time.Millisecond,
+		ScheduledAt: r.ScheduledAt, CreatedAt: r.CreatedAt, AttemptedAt: r.AttemptedAt,
+		FinalizedAt: r.FinalizedAt, LeaseExpiresAt: r.LeaseExpiresAt, AttemptedBy: r.AttemptedBy,
+	}
+	for _, e := range r.Errors {
+		j.Errors = append(j.Errors, conveyor.AttemptError(e))
+	}
+	out := toJobJSON(j)
+	out.Fence = ptr(r.Fence)
+	return out
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// fail answers an error from the client: 400 for invalid input, 404, 409
+// for a state that does not allow it, 503 for a schema to migrate, 500
+// otherwise (the detail goes to the log, not the answer).
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status, msg := h.classify(r, err)
+	writeError(w, status, msg)
+}
+
+func (h *Handler) classify(r *http.Request, err error) (int, string) {
+	msg := strings.TrimPrefix(err.Error(), "conveyor: ")
+	switch {
+	case errors.Is(err, conveyor.ErrInvalidArgs), errors.Is(err, conveyor.ErrInvalidOpts), errors.Is(err, conveyor.ErrUnknownKind):
+		return http.StatusBadRequest, msg
+	case errors.Is(err, conveyor.ErrNotFound):
+		return http.StatusNotFound, msg
+	case errors.Is(err, conveyor.ErrWrongState):
+		return http.StatusConflict, msg
+	case errors.Is(err, conveyor.ErrSchemaOutdated), errors.Is(err, conveyor.ErrSchemaTooNew):
+		return http.StatusServiceUnavailable, msg
+	case r.Context().Err() != nil:
+		return http.StatusServiceUnavailable, "request timed out or was cancelled: " + r.Context().Err().Error()
+	}
+	h.opts.Logger.ErrorContext(r.Context(), "conveyor web: internal error", "method", r.Method, "path", r.URL.Path, "err", err)
+	return http.StatusInternalServerError, "internal error (logged by the server)"
+}
+
+// pathID parses the {id} path value.
+func pathID(w http.ResponseWriter, r *http.Request) (int64, bool) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%q is not a job id", r.PathValue("id")))
+		return 0, false
+	}
+	return id, true
+}
+
+func (h *Handler) openAPI(w http.ResponseWriter, r *http.Request, _ principal) {
+	b, err := assets.ReadFile("assets/openapi.json")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	_, _ = w.Write(b)
+}
+
+// enqueueJSON is one job to enqueue.
+type enqueueJSON struct {
+	Kind        string          `json:"kind"`
+	Args        json.RawMessage `json:"args"`
+	Queue       string          `json:"queue"`
+	Priority    int             `json:"priority"`
+	MaxAttempts int             `json:"max_attempts"`
+	TimeoutMS   int64           `json:"timeout_ms"`
+	RunAt       *time.Time      `json:"run_at"`
+	DelayMS     int64           `json:"delay_ms"`
+	Unique      *uniqueJSON     `json:"unique"`
+}
+
+// uniqueJSON are a unique job's options (conveyor.UniqueOpts).
+type uniqueJSON struct {
+	ByArgs     bool     `json:"by_args"`
+	ArgsFields []string `json:"args_fields"`
+	ByQueue    bool     `json:"by_queue"`
+	ByPeriodMS int64    `json:"by_period_ms"`
+	States     []string `json:"states"`
+}
+
+func (e enqueueJSON) item() conveyor.EnqueueItem {
+	args := e.Args
+	if len(args) == 0 || string(args) == "null" {
+		args = json.RawMessage("{}")
+	}
+	o := &conveyor.EnqueueOpts{Queue: e.Queue, Priority: e.Priority, MaxAttempts: e.MaxAttempts,
+		Delay: time.Duration(e.DelayMS) * time.Millisecond}
+	switch {
+	case e.TimeoutMS < 0:
+		o.Timeout = -1
+	case e.TimeoutMS > 0:
+		o.Timeout = time.Duration(e.TimeoutMS) * time.Millisecond
+	}
+	if e.RunAt != nil {
+		o.RunAt = *e.RunAt
+	}
+	if u := e.Unique; u != nil {
+		o.Unique = &conveyor.UniqueOpts{ByArgs: u.ByArgs, ArgsFields: u.ArgsFields, ByQueue: u.ByQueue,
+			ByPeriod: time.Duration(u.ByPeriodMS) * time.Millisecond}
+		for _, st := range u.States {
+			o.Unique.States = append(o.Unique.States, conveyor.JobState(st))
+		}
+	}
+	return conveyor.EnqueueItem{Args: conveyor.RawArgs{KindName: e.Kind, JSON: args}, Opts: o}
+}
+
+// maxBatch is the most jobs one batch enqueue takes.
+const maxBatch = 1000
+
+// enqueuedJSON is one job's result of an enqueue.
+type enqueuedJSON struct {
+	// ID is the new job's id, or for a unique job whose key was held the
+	// id of the job holding it.
+	ID int64 `json:"id"`
+	// Duplicate is set when nothing was inserted because the unique key
+	// was held.
+	Duplicate bool `json:"duplicate"`
+}
+
+func (h *Handler) enqueue(w http.ResponseWriter, r *http.Request, jobs []enqueueJSON) ([]enqueuedJSON, bool) {
+	items := make([]conveyor.EnqueueItem, len(jobs))
+	for i, j := range jobs {
+		if j.DelayMS < 0 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("job %d: delay_ms %d is negative", i, j.DelayMS))
+			return nil, false
+		}
+		if j.Unique != nil {
+			for _, st := range j.Unique.States {
+				if _, err := conveyor.ParseJobState(st); err != nil {
+					writeError(w, http.StatusBadRequest, fmt.Sprintf("job %d: unique: %s", i, strings.TrimPrefix(err.Error(), "conveyor: ")))
+					return nil, false
+				}
+			}
+		}
+		items[i] = j.item()
+	}
+	rs, err := h.c.EnqueueMany(r.Context(), items)
+	if err != nil {
+		h.fail(w, r, err)
+		return nil, false
+	}
+	out := make([]enqueuedJSON, len(rs))
+	for i, x := range rs {
+		out[i] = enqueuedJSON{ID: x.ID, Duplicate: x.Duplicate}
+	}
+	queues := map[string]bool{}
+	for _, it := range items {
+		queues[it.Opts.Queue] = true
+	}
+	for q := range queues {
+		if q == "" {
+			q = conveyor.DefaultQueue
+		}
+		h.wake.notify(q)
+	}
+	h.stats.invalidate()
+	return out, true
+}
+
+func (h *Handler) apiEnqueue(w http.ResponseWriter, r *http.Request, _ principal) {
+	var in enqueueJSON
+	if !h.decode(w, r, &in) {
+		return
+	}
+	rs, ok := h.enqueue(w, r, []enqueueJSON{in})
+	if !ok {
+		return
+	}
+	status := http.StatusCreated
+	if rs[0].Duplicate {
+		status = http.StatusOK
+	}
+	writeJSON(w, status, rs[0])
+}
+
+func (h *Handler) apiEnqueueBatch(w http.ResponseWriter, r *http.Request, _ principal) {
+	var in struct {
+		Jobs []enqueueJSON `json:"jobs"`
+	}
+	if !h.decode(w, r, &in) {
+		return
+	}
+	switch {
+	case len(in.Jobs) == 0:
+		writeError(w, http.StatusBadRequest, `"jobs" is empty: send 1 to 1000 jobs`)
+		return
+	case len(in.Jobs) > maxBatch:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%d jobs in one batch: at most %d", len(in.Jobs), maxBatch))
+		return
+	}
+	rs, ok := h.enqueue(w, r, in.Jobs)
+	if !ok {
+		return
+	}
+	out := struct {
+		IDs     []int64        `json:"ids"`
+		Results []enqueuedJSON `json:"results"`
+	}{IDs: make([]int64, len(rs)), Results: rs}
+	for i, x := range rs {
+		out.IDs[i] = x.ID
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+
+func (h *Handler) apiGetJob(w http.ResponseWriter, r *http.Request, _ principal) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	j, err := h.c.Job(r.Context(), id)
+	if err != nil {
+		h.fail(w, r, fmt.Errorf("job %d: %w", id, err))
+		return
+	}
+	writeJSON(w, http.StatusOK, toJobJSON(j))
+}
+
+// jobQuery is a job list's filter, from the query string.
+type jobQuery struct {
+	States []conveyor.JobState
+	Queue  string
+	Kind   string
+	Text   string // substring of the arguments (bounded scan)
+	After  int64
+	Limit  int
+}
+
+// Bounds of a job listing.
+const (
+	defaultListLimit = 50
+	maxListLimit     = 500
+	// textScanLimit is how many jobs a search of the arguments' text
+	// reads at most per request.
+	textScanLimit = 2000
+)
+
+func parseJobQuery(r *http.Request) (jobQuery, error) {
+	q := r.URL.Query()
+	f := jobQuery{Queue: q.Get("queue"), Kind: q.Get("kind"), Text: q.Get("q"), Limit: defaultListLimit}
+	for _, s := range q["state"] {
+		for _, name := range strings.Split(s, ",") {
+			if name = strings.TrimSpace(name); name == "" {
+				continue
+			}
+			st, err := conveyor.ParseJobState(name)
+			if err != nil {
+				return f, errors.New(strings.TrimPrefix(err.Error(), "conveyor: "))
+			}
+			f.States = append(f.States, st)
+		}
+	}
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return f, fmt.Errorf("after=%q is not a job id", v)
+		}
+		f.After = n
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxListLimit {
+			return f, fmt.Errorf("limit=%q: must be 1 to %d", v, maxListLimit)
+		}
+		f.Limit = n
+	}
+	if len(f.Text) > 200 {
+		return f, errors.New("q: at most 200 bytes of search text")
+	}
+	return f, nil
+}
+
+// jobPage is one page of a job list.
+type jobPage struct {
+	Jobs []jobJSON `json:"jobs"`
+	// NextAfter is the after= of the next page; null on the last one.
+	NextAfter *int64 `json:"next_after"`
+	// Scanned is how many jobs were read to answer a text search (q=),
+	// at most ScanLimit; 0 without one.
+	Scanned int `json:"scanned"`
+	// ScanLimit is the most jobs one text search reads.
+	ScanLimit int `json:"scan_limit"`
+}
+
+// listJobs returns one page of jobs. Without a text search it is one
+// query in id order. With one, it reads at most textScanLimit jobs after
+// f.After, in pages, and keeps those whose arguments contain the text
+// (case-insensitively); NextAfter then says where to continue.
+func (h *Handler) listJobs(r *http.Request, f jobQuery) (*jobPage, error) {
+	cf := conveyor.JobFilter{States: f.States, Queue: f.Queue, Kind: f.Kind, AfterID: f.After, Limit: f.Limit}
+	page := &jobPage{Jobs: []jobJSON{}, ScanLimit: textScanLimit}
+	if f.Text == "" {
+		list, err := h.c.Jobs(r.Context(), cf)
+		if err != nil {
+			return nil, err
+		}
+		for _, j := range list {
+			page.Jobs = append(page.Jobs, toJobJSON(j))
+		}
+		if len(list) == f.Limit {
+			page.NextAfter = ptr(list[len(list)-1].ID)
+		}
+		return page, nil
+	}
+	needle := strings.ToLower(f.Text)
+	for page.Scanned < textScanLimit {
+		cf.Limit = min(500, textScanLimit-page.Scanned)
+		list, err := h.c.Jobs(r.Context(), cf)
+		if err != nil {
+			return nil, err
+		}
+		for _, j := range list {
+			page.Scanned++
+			cf.AfterID = j.ID
+			if strings.Contains(searchable(j.EncodedArgs), needle) {
+				page.Jobs = append(page.Jobs, toJobJSON(j))
+				if len(page.Jobs) == f.Limit {
+					page.NextAfter = ptr(j.ID)
+					return page, nil
+				}
+			}
+		}
+		if len(list) < cf.Limit {
+			return page, nil // the end of the table
+		}
+	}
+	page.NextAfter = ptr(cf.AfterID)
+	return page, nil
+}
+
+// htmlEscapes undoes the escapes encoding/json writes for '<', '>' and
+// '&', so that a search finds them as typed.
+var htmlEscapes = strings.NewReplacer(`\u003c`, "<", `\u003e`, ">", `\u0026`, "&")
+
+// searchable is the text a search of the arguments looks in.
+func searchable(args []byte) string {
+	return strings.ToLower(htmlEscapes.Replace(string(args)))
+}
+
+func (h *Handler) apiListJobs(w http.ResponseWriter, r *http.Request, _ principal) {
+	f, err := parseJobQuery(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	page, err := h.listJobs(r, f)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, page)
+}
+
+// adminAction runs retry, cancel or discard on job id.
+func (h *Handler) adminAction(r *http.Request, action string, id int64) (*conveyor.JobInfo, error) {
+	switch action {
+	case "retry":
+		j, err := h.c.Retry(r.Context(), id)
+		if err == nil {
+			h.wake.notify(j.Queue)
+		}
+		return j, err
+	case "cancel":
+		return h.c.Cancel(r.Context(), id)
+	case "discard":
+		return h.c.Discard(r.Context(), id)
+	}
+	return nil, fmt.Errorf("unknown action %q", action)
+}
+
+func (h *Handler) apiAdmin(action string) func(http.ResponseWriter, *http.Request, principal) {
+	return func(w http.ResponseWriter, r *http.Request, _ principal) {
+		id, ok := pathID(w, r)
+		if !ok {
+			return
+		}
+		j, err := h.adminAction(r, action, id)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, toJobJSON(j))
+	}
+}
+
+// maxBulk is the most jobs one bulk action takes.
+const maxBulk = 500
+
+// bulkResult is the outcome of a bulk action for one job.
+type bulkResult struct {
+	ID int64 `json:"id"`
+	// State is the job's state after the action; null when it was refused.
+	State *string `json:"state"`
+	// Error says why it was refused; null when it was applied.
+	Error *string `json:"error"`
+}
+
+// bulk runs action on each id, one after the other; a job the action
+// does not apply to is reported, not fatal.
+func (h *Handler) bulk(r *http.Request, action string, ids []int64) ([]bulkResult, error) {
+	out := make([]bulkResult, 0, len(ids))
+	for _, id := range ids {
+		j, err := h.adminAction(r, action, id)
+		switch {
+		case err == nil:
+			out = append(out, bulkResult{ID: id, State: ptr(string(j.State))})
+		case errors.Is(err, conveyor.ErrNotFound) || errors.Is(err, conveyor.ErrWrongState):
+			out = append(out, bulkResult{ID: id, Error: ptr(strings.TrimPrefix(err.Error(), "conveyor: "))})
+		default:
+			return out, err
+		}
+	}
+	h.stats.invalidate()
+	return out, nil
+}
+
+// checkBulk validates a bulk action's input.
+func checkBulk(action string, ids []int64) error {
+	switch action {
+	case "retry", "cancel", "discard":
+	default:
+		return fmt.Errorf("action %q: retry, cancel or discard", action)
+	}
+	if len(ids) == 0 || len(ids) > maxBulk {
+		return fmt.Errorf("%d ids: send 1 to %d", len(ids), maxBulk)
+	}
+	for _, id := range ids {
+		if id <= 0 {
+			return fmt.Errorf("%d is not a job id", id)
+		}
+	}
+	return nil
+}
+
+// apiBulk retries, cancels or discards up to maxBulk jobs.
+func (h *Handler) apiBulk(w http.ResponseWriter, r *http.Request, _ principal) {
+	var in struct {
+		Action string  `json:"action"`
+		IDs    []int64 `json:"ids"`
+	}
+	if !h.decode(w, r, &in) {
+		return
+	}
+	if err := checkBulk(in.Action, in.IDs); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	res, err := h.bulk(r, in.Action, in.IDs)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string][]bulkResult{"results": res})
+}
+
+// queueJSON is one queue's statistics.
+type queueJSON struct {
+	Queue  string           `json:"queue"`
+	Counts map[string]int64 `json:"counts"`
+	// OldestAvailableMS is the age of the oldest available job; null
+	// when none is available.
+	OldestAvailableMS *int64 `json:"oldest_available_ms"`
+	Paused            bool   `json:"paused"`
+	// PausedAt is null when the queue is not paused.
+	PausedAt *jsonTime `json:"paused_at"`
+}
+
+// queuesJSON is the answer of GET /api/v1/queues.
+type queuesJSON struct {
+	Backend string      `json:"backend"`
+	Queues  []queueJSON `json:"queues"`
+	// ReadAt is when the counts were read (they are shared by every
+	// request for StatsMaxAge).
+	ReadAt jsonTime `json:"read_at"`
+}
+
+func toQueuesJSON(backend string, s *conveyor.Stats, at time.Time) queuesJSON {
+	out := queuesJSON{Backend: backend, Queues: []queueJSON{}, ReadAt: jsonTime(at)}
+	for _, x := range s.Queues {
+		q := queueJSON{Queue: x.Queue, Counts: map[string]int64{}, Paused: !x.PausedAt.IsZero(), PausedAt: timeOrNull(x.PausedAt)}
+		for _, st := range conveyor.JobStates() {
+			q.Counts[string(st)] = x.Counts[st]
+		}
+		if x.Counts[conveyor.JobStateAvailable] > 0 {
+			q.OldestAvailableMS = ptr(x.OldestAvailable.Milliseconds())
+		}
+		out.Queues = append(out.Queues, q)
+	}
+	sort.Slice(out.Queues, func(i, j int) bool { return out.Queues[i].Queue < out.Queues[j].Queue })
+	return out
+}
+
+func (h *Handler) apiQueues(w http.ResponseWriter, r *http.Request, _ principal) {
+	s, at, err := h.stats.get(r.Context())
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toQueuesJSON(h.c.Backend(), s, at))
+}
+
+func (h *Handler) setPaused(r *http.Request, queue string, paused bool) error {
+	var err error
+	if paused {
+		err = h.c.PauseQueue(r.Context(), queue)
+	} else {
+		err = h.c.ResumeQueue(r.Context(), queue)
+		h.wake.notify(queue)
+	}
+	h.stats.invalidate()
+	return err
+}
+
+func (h *Handler) apiPause(paused bool) func(http.ResponseWriter, *http.Request, principal) {
+	return func(w http.ResponseWriter, r *http.Request, _ principal) {
+		q := r.PathValue("queue")
+		if err := h.setPaused(r, q, paused); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"queue": q, "paused": paused})
+	}
+}
+
+func (h *Handler) apiSeries(w http.ResponseWriter, r *http.Request, _ principal) {
+	if _, _, err := h.stats.get(r.Context()); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, h.stats.series())
+}
+
+// scheduleJSON is one periodic schedule.
+type scheduleJSON struct {
+	Name string `json:"name"`
+	Spec string `json:"spec"`
+	// Last is the latest slot a job was made for and LastJobID that
+	// job's id; null before the first.
+	Last      *jsonTime `json:"last"`
+	LastJobID *int64    `json:"last_job_id"`
+	// Next is the next slot; null when unknown.
+	Next *jsonTime `json:"next"`
+}
+
+func (h *Handler) schedules(r *http.Request) ([]scheduleJSON, error) {
+	list, err := h.c.Schedules(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]scheduleJSON, 0, len(list))
+	for _, s := range list {
+		x := scheduleJSON{Name: s.Name, Spec: s.Spec, Last: timeOrNull(s.Last), Next: timeOrNull(s.Next)}
+		if s.LastJobID != 0 {
+			x.LastJobID = ptr(s.LastJobID)
+		}
+		out = append(out, x)
+	}
+	return out, nil
+}
+
+// apiSchedules lists the periodic schedules recorded in the database.
+func (h *Handler) apiSchedules(w http.ResponseWriter, r *http.Request, _ principal) {
+	list, err := h.schedules(r)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string][]scheduleJSON{"schedules": list})
+}

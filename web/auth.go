@@ -1,0 +1,318 @@
+package web
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// cookieName is the dashboard's session cookie.
+const cookieName = "conveyor_session"
+
+// principal is who a request runs as.
+type principal struct {
+	name string // "token #2", "user alice", "loopback-dev"
+	role Role
+}
+
+// cred is one configured credential.
+type cred struct {
+	name   string
+	role   Role
+	secret [32]byte // SHA-256 of the token or password
+	fp     string   // HMAC of the credential under the session key
+}
+
+// credentials are the configured tokens and users.
+type credentials struct {
+	key    []byte
+	tokens []cred
+	users  map[string]cred
+	byFP   map[string]cred
+	devLB  bool // InsecureLoopbackDev without credentials
+}
+
+func newCredentials(o Options) (*credentials, error) {
+	c := &credentials{key: o.SessionKey, users: map[string]cred{}, byFP: map[string]cred{}}
+	mac := func(parts ...string) string {
+		m := hmac.New(sha256.New, o.SessionKey)
+		for _, p := range parts {
+			fmt.Fprintf(m, "%d:%s", len(p), p)
+		}
+		return base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:18])
+	}
+	for i, t := range o.Tokens {
+		switch {
+		case len(t.Value) < 16:
+			return nil, fmt.Errorf("web: token %d is shorter than 16 bytes", i+1)
+		case !t.Role.valid():
+			return nil, fmt.Errorf("web: token %d: role %q is neither %q nor %q", i+1, t.Role, RoleAdmin, RoleReadOnly)
+		case strings.ContainsAny(t.Value, " \t\r\n"):
+			return nil, fmt.Errorf("web: token %d contains white space", i+1)
+		}
+		cr := cred{name: fmt.Sprintf("token #%d", i+1), role: t.Role, secret: sha256.Sum256([]byte(t.Value)), fp: mac("token", t.Value)}
+		c.tokens = append(c.tokens, cr)
+		c.byFP[cr.fp] = cr
+	}
+	for _, u := range o.Users {
+		switch {
+		case u.Name == "" || strings.ContainsAny(u.Name, ":\r\n"):
+			return nil, fmt.Errorf("web: user name %q is empty or contains ':' or a line break", u.Name)
+		case len(u.Password) < 8:
+			return nil, fmt.Errorf("web: user %q: password shorter than 8 bytes", u.Name)
+		case !u.Role.valid():
+			return nil, fmt.Errorf("web: user %q: role %q is neither %q nor %q", u.Name, u.Role, RoleAdmin, RoleReadOnly)
+		}
+		if _, dup := c.users[u.Name]; dup {
+			return nil, fmt.Errorf("web: user %q given twice", u.Name)
+		}
+		cr := cred{name: "user " + u.Name, role: u.Role, secret: sha256.Sum256([]byte(u.Password)), fp: mac("user", u.Name, u.Password)}
+		c.users[u.Name] = cr
+		c.byFP[cr.fp] = cr
+	}
+	if len(c.tokens) == 0 && len(c.users) == 0 {
+		if !o.InsecureLoopbackDev {
+			return nil, errors.New("web: no credentials: set Options.Tokens or Options.Users (or, for development on loopback only, Options.InsecureLoopbackDev)")
+		}
+		c.devLB = true
+	}
+	return c, nil
+}
+
+// token returns the credential of a bearer token. Every token is compared,
+// in constant time, so the time taken does not tell which one matched.
+func (c *credentials) token(v string) (cred, bool) {
+	sum := sha256.Sum256([]byte(v))
+	var found cred
+	ok := 0
+	for _, t := range c.tokens {
+		if subtle.ConstantTimeCompare(sum[:], t.secret[:]) == 1 {
+			found, ok = t, 1
+		}
+	}
+	return found, ok == 1
+}
+
+// user returns the credential of a user name and password.
+func (c *credentials) user(name, password string) (cred, bool) {
+	sum := sha256.Sum256([]byte(password))
+	u, known := c.users[name]
+	if !known {
+		u.secret = sha256.Sum256([]byte("\x00no such user"))
+	}
+	match := subtle.ConstantTimeCompare(sum[:], u.secret[:]) == 1
+	return u, known && match
+}
+
+// errForbiddenRemote is the refusal of a non-loopback request in
+// InsecureLoopbackDev mode.
+var errForbiddenRemote = errors.New("this server runs without authentication (InsecureLoopbackDev) and only answers loopback addresses")
+
+// authenticate returns the request's principal. A request that carries
+// an Authorization header is judged by it alone; otherwise by its session
+// cookie.
+func (h *Handler) authenticate(r *http.Request) (principal, error) {
+	c := h.creds
+	if c.devLB {
+		if !isLoopback(r.RemoteAddr) {
+			return principal{}, errForbiddenRemote
+		}
+		return principal{name: "loopback-dev", role: RoleAdmin}, nil
+	}
+	if a := r.Header.Get("Authorization"); a != "" {
+		if v, ok := strings.CutPrefix(a, "Bearer "); ok {
+			if cr, ok := c.token(strings.TrimSpace(v)); ok {
+				return principal{name: cr.name, role: cr.role}, nil
+			}
+			return principal{}, errors.New("unknown bearer token")
+		}
+		if name, pw, ok := r.BasicAuth(); ok {
+			if cr, ok := c.user(name, pw); ok {
+				return principal{name: cr.name, role: cr.role}, nil
+			}
+			return principal{}, errors.New("wrong user name or password")
+		}
+		return principal{}, errors.New("unsupported Authorization scheme (use Bearer or Basic)")
+	}
+	if ck, err := r.Cookie(cookieName); err == nil {
+		if cr, ok := h.session(ck.Value); ok {
+			return principal{name: cr.name, role: cr.role}, nil
+		}
+		return principal{}, errors.New("session expired or no longer valid: log in again")
+	}
+	return principal{}, errors.New("authentication required")
+}
+
+// sessionClaims are the signed contents of the session cookie.
+type sessionClaims struct {
+	FP  string `json:"f"`
+	Exp int64  `json:"e"`
+}
+
+// newSession returns a signed cookie value for cr.
+func (h *Handler) newSession(cr cred) string {
+	b, _ := json.Marshal(sessionClaims{FP: cr.fp, Exp: time.Now().Add(h.opts.SessionTTL).Unix()})
+	p := base64.RawURLEncoding.EncodeToString(b)
+	return p + "." + h.sign(p)
+}
+
+func (h *Handler) sign(payload string) string {
+	m := hmac.New(sha256.New, h.creds.key)
+	m.Write([]byte("session:" + payload))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// session returns the credential of a valid, unexpired session whose
+// credential is still configured.
+func (h *Handler) session(v string) (cred, bool) {
+	p, sig, ok := strings.Cut(v, ".")
+	if !ok || !hmac.Equal([]byte(sig), []byte(h.sign(p))) {
+		return cred{}, false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(p)
+	if err != nil {
+		return cred{}, false
+	}
+	var s sessionClaims
+	if json.Unmarshal(b, &s) != nil || time.Now().Unix() >= s.Exp {
+		return cred{}, false
+	}
+	cr, ok := h.creds.byFP[s.FP]
+	return cr, ok
+}
+
+// reqInfo is filled in as a request goes through the handler, for the
+// access log.
+type reqInfo struct{ who string }
+
+type reqInfoKey struct{}
+
+// guard authenticates and authorises a route before running it.
+func (h *Handler) guard(rt route) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if rt.public {
+			rt.fn(w, r, principal{})
+			return
+		}
+		p, err := h.authenticate(r)
+		if err != nil {
+			if errors.Is(err, errForbiddenRemote) {
+				writeError(w, http.StatusForbidden, err.Error())
+				return
+			}
+			h.unauthorized(w, r, rt, err)
+			return
+		}
+		if ri, ok := r.Context().Value(reqInfoKey{}).(*reqInfo); ok {
+			ri.who = p.name
+		}
+		if rt.role == RoleAdmin && p.role != RoleAdmin {
+			if rt.html {
+				h.renderError(w, r, p, http.StatusForbidden, "your role is read-only: this action needs an admin credential")
+				return
+			}
+			writeError(w, http.StatusForbidden, "read-only credential: this action needs the admin role")
+			return
+		}
+		rt.fn(w, r, p)
+	})
+}
+
+// unauthorized answers a request without valid credentials: the login
+// page for the dashboard, a JSON 401 for the API.
+func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, rt route, err error) {
+	if rt.html && !strings.HasPrefix(r.URL.Path, h.opts.BasePath+"/api/") {
+		next := ""
+		if r.Method == http.MethodGet {
+			next = r.URL.RequestURI()
+		}
+		msg := ""
+		if r.Header.Get("Authorization") != "" || hasCookie(r) {
+			msg = err.Error()
+		}
+		h.renderLogin(w, http.StatusUnauthorized, next, msg)
+		return
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="conveyor"`)
+	writeError(w, http.StatusUnauthorized, err.Error())
+}
+
+func hasCookie(r *http.Request) bool {
+	_, err := r.Cookie(cookieName)
+	return err == nil
+}
+
+// safeNext returns next when it is a path inside the handler, else the
+// dashboard's home, so that the login cannot redirect elsewhere.
+func (h *Handler) safeNext(next string) string {
+	home := h.opts.BasePath + "/"
+	if next == "" || !strings.HasPrefix(next, home) || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\\r\n") || strings.HasPrefix(next, h.opts.BasePath+"/login") {
+		return home
+	}
+	return next
+}
+
+// loginPage shows the login form (GET /login).
+func (h *Handler) loginPage(w http.ResponseWriter, r *http.Request, _ principal) {
+	h.renderLogin(w, http.StatusOK, r.URL.Query().Get("next"), "")
+}
+
+// login checks a token or a user name and password from the login form
+// and sets the session cookie (POST /login).
+func (h *Handler) login(w http.ResponseWriter, r *http.Request, _ principal) {
+	if err := r.ParseForm(); err != nil {
+		h.renderLogin(w, bodyStatus(err), "", "could not read the form: "+err.Error())
+		return
+	}
+	next := r.PostForm.Get("next")
+	var cr cred
+	ok := false
+	if h.creds.devLB {
+		h.renderLogin(w, http.StatusBadRequest, next, "this server runs without authentication: no login needed")
+		return
+	}
+	if tok := strings.TrimSpace(r.PostForm.Get("token")); tok != "" {
+		cr, ok = h.creds.token(tok)
+	} else if u := r.PostForm.Get("user"); u != "" {
+		cr, ok = h.creds.user(u, r.PostForm.Get("password"))
+	}
+	if !ok {
+		h.opts.Logger.LogAttrs(r.Context(), slog.LevelWarn, "conveyor web: failed login", slog.String("remote", r.RemoteAddr))
+		select { // a little friction against guessing
+		case <-time.After(200 * time.Millisecond):
+		case <-r.Context().Done():
+		}
+		h.renderLogin(w, http.StatusUnauthorized, next, "wrong token, user name or password")
+		return
+	}
+	http.SetCookie(w, &http.Cookie{
+		Name: cookieName, Value: h.newSession(cr), Path: h.opts.BasePath + "/",
+		MaxAge: int(h.opts.SessionTTL.Seconds()), HttpOnly: true, SameSite: http.SameSiteStrictMode,
+		Secure: r.TLS != nil || h.opts.SecureCookie,
+	})
+	http.Redirect(w, r, h.safeNext(next), http.StatusSeeOther)
+}
+
+// logout clears the session cookie (POST /logout).
+func (h *Handler) logout(w http.ResponseWriter, r *http.Request, _ principal) {
+	http.SetCookie(w, &http.Cookie{
+		Name: cookieName, Value: "", Path: h.opts.BasePath + "/", MaxAge: -1,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || h.opts.SecureCookie,
+	})
+	http.Redirect(w, r, h.opts.BasePath+"/login", http.StatusSeeOther)
+}
+
+// withReqInfo adds a reqInfo to the request's context.
+func withReqInfo(r *http.Request) (*http.Request, *reqInfo) {
+	ri := &reqInfo{}
+	return r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, ri)), ri
+}
