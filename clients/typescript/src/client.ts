@@ -1,0 +1,435 @@
+import { ConveyorError, StaleFenceError } from "./errors.js";
+
+/** A job's state, as conveyor names it. */
+export type JobState =
+  | "available"
+  | "scheduled"
+  | "running"
+  | "retryable"
+  | "completed"
+  | "discarded"
+  | "cancelled";
+
+/** One failed attempt of a job. */
+export interface AttemptError {
+  attempt: number;
+  /** When it failed: RFC 3339, UTC, microseconds. */
+  at: string | null;
+  error: string;
+  trace: string | null;
+}
+
+/**
+ * A job as the API describes it. Times are RFC 3339 strings in UTC with
+ * microseconds (kept as text: a Date would drop the microseconds), null
+ * when absent. Ids and fences are JavaScript numbers (exact up to 2^53).
+ */
+export interface Job<Args = unknown> {
+  id: number;
+  queue: string;
+  kind: string;
+  state: JobState;
+  args: Args;
+  priority: number;
+  attempt: number;
+  maxAttempts: number;
+  /** The job's own timeout; null for the workers' default, -1 for none. */
+  timeoutMs: number | null;
+  createdAt: string | null;
+  scheduledAt: string | null;
+  attemptedAt: string | null;
+  attemptedBy: string | null;
+  leaseExpiresAt: string | null;
+  finalizedAt: string | null;
+  errors: AttemptError[];
+}
+
+/** A job handed out by a claim, with the fence its acknowledgements must carry. */
+export interface ClaimedJob<Args = unknown> extends Job<Args> {
+  fence: number;
+}
+
+/** Options of a unique job (conveyor.UniqueOpts). */
+export interface UniqueOptions {
+  byArgs?: boolean;
+  argsFields?: string[];
+  byQueue?: boolean;
+  byPeriodMs?: number;
+  states?: JobState[];
+}
+
+/** How to enqueue a job; every field is optional. */
+export interface EnqueueOptions {
+  /** Default "default". */
+  queue?: string;
+  /** Smaller runs first. */
+  priority?: number;
+  maxAttempts?: number;
+  /** The job's own timeout; -1 for none. */
+  timeoutMs?: number;
+  /** When to run it (a Date or an RFC 3339 string). */
+  runAt?: Date | string;
+  /** Run it this long from now. */
+  delayMs?: number;
+  unique?: UniqueOptions;
+}
+
+/** One job of `enqueueMany`. */
+export interface EnqueueItem<Args = unknown> extends EnqueueOptions {
+  kind: string;
+  args?: Args;
+}
+
+/** The result of enqueueing one job. */
+export interface EnqueueResult {
+  /** The new job's id, or for a duplicate the id of the job holding the unique key. */
+  id: number;
+  /** True when nothing was inserted because a unique job's key was held. */
+  duplicate: boolean;
+}
+
+/** A page of `listJobs`. */
+export interface JobPage {
+  jobs: Job[];
+  /** Pass as `after` for the next page; null at the end. */
+  nextAfter: number | null;
+  scanned: number;
+  scanLimit: number;
+}
+
+/** A filter of `listJobs`. */
+export interface ListJobsOptions {
+  state?: JobState | JobState[];
+  queue?: string;
+  kind?: string;
+  /** Text searched in the arguments. */
+  q?: string;
+  after?: number;
+  limit?: number;
+}
+
+/** The body of a claim. */
+export interface ClaimOptions {
+  /** Default "default". */
+  queue?: string;
+  /** 1 to 1000; default 1. */
+  limit?: number;
+  /** Long-poll this long for a job (at most the server's MaxClaimWait, 30s). */
+  waitMs?: number;
+  /** The claimed jobs' lease, 1s to 1h; default the server's (30s). */
+  leaseMs?: number;
+  /** Recorded as `attempted_by` ("http:" + worker). */
+  worker?: string;
+}
+
+/** How a failed attempt is recorded. */
+export interface FailOptions {
+  error: string;
+  trace?: string;
+  /** End the job as cancelled, without retry. */
+  cancel?: boolean;
+  /** Retry after this long instead of the server's backoff. */
+  retryInMs?: number;
+}
+
+export interface ClientOptions {
+  /** Where conveyor serve (or the mounted handler) is, e.g. "http://127.0.0.1:8080" or ".../conveyor". */
+  baseUrl: string;
+  /** An admin bearer token (a read-only token can only read). */
+  token?: string;
+  /** Bound on each request, default 30s; a long-polling claim gets its wait on top. */
+  timeoutMs?: number;
+  /** Replaces the global fetch (tests, proxies). */
+  fetch?: typeof fetch;
+  /** Sent with every request. */
+  headers?: Record<string, string>;
+}
+
+// Wire shapes (snake_case, as the server writes them).
+interface WireJob {
+  id: number;
+  queue: string;
+  kind: string;
+  state: JobState;
+  args: unknown;
+  priority: number;
+  attempt: number;
+  max_attempts: number;
+  timeout_ms: number | null;
+  created_at: string | null;
+  scheduled_at: string | null;
+  attempted_at: string | null;
+  attempted_by: string | null;
+  lease_expires_at: string | null;
+  finalized_at: string | null;
+  errors: AttemptError[] | null;
+  fence?: number;
+}
+
+function fromWire(w: WireJob): Job {
+  return {
+    id: w.id,
+    queue: w.queue,
+    kind: w.kind,
+    state: w.state,
+    args: w.args,
+    priority: w.priority,
+    attempt: w.attempt,
+    maxAttempts: w.max_attempts,
+    timeoutMs: w.timeout_ms,
+    createdAt: w.created_at,
+    scheduledAt: w.scheduled_at,
+    attemptedAt: w.attempted_at,
+    attemptedBy: w.attempted_by,
+    leaseExpiresAt: w.lease_expires_at,
+    finalizedAt: w.finalized_at,
+    errors: w.errors ?? [],
+  };
+}
+
+function toWire(kind: string, args: unknown, o: EnqueueOptions = {}): Record<string, unknown> {
+  if (typeof kind !== "string" || kind === "") {
+    throw new TypeError("enqueue: kind must be a non-empty string");
+  }
+  const body: Record<string, unknown> = { kind, args: args === undefined ? {} : args };
+  if (o.queue !== undefined) body.queue = o.queue;
+  if (o.priority !== undefined) body.priority = o.priority;
+  if (o.maxAttempts !== undefined) body.max_attempts = o.maxAttempts;
+  if (o.timeoutMs !== undefined) body.timeout_ms = o.timeoutMs;
+  if (o.runAt !== undefined) body.run_at = o.runAt instanceof Date ? o.runAt.toISOString() : o.runAt;
+  if (o.delayMs !== undefined) body.delay_ms = o.delayMs;
+  if (o.unique !== undefined) {
+    const u = o.unique;
+    body.unique = {
+      by_args: u.byArgs ?? false,
+      args_fields: u.argsFields ?? null,
+      by_queue: u.byQueue ?? false,
+      by_period_ms: u.byPeriodMs ?? 0,
+      states: u.states ?? null,
+    };
+  }
+  return body;
+}
+
+/** Acknowledgement endpoints: a 409 there is a stale fence. */
+const fenced = new Set(["heartbeat", "complete", "fail", "snooze", "release"]);
+
+/**
+ * A client of conveyor's HTTP API (`conveyor serve`, or the `web` handler
+ * mounted in a Go server). Every method throws a ConveyorError carrying
+ * the server's message on a 4xx or 5xx, and a StaleFenceError on a 409
+ * to an acknowledgement.
+ */
+export class Client {
+  readonly baseUrl: string;
+  private readonly token: string | undefined;
+  private readonly timeoutMs: number;
+  private readonly fetchFn: typeof fetch;
+  private readonly headers: Record<string, string>;
+
+  constructor(opts: ClientOptions) {
+    if (!opts || typeof opts.baseUrl !== "string" || opts.baseUrl === "") {
+      throw new TypeError("Client: baseUrl is required, e.g. http://127.0.0.1:8080");
+    }
+    this.baseUrl = opts.baseUrl.replace(/\/+$/, "");
+    this.token = opts.token;
+    this.timeoutMs = opts.timeoutMs ?? 30_000;
+    this.fetchFn = opts.fetch ?? globalThis.fetch;
+    if (typeof this.fetchFn !== "function") {
+      throw new TypeError("Client: no global fetch (Node 20 or later has one); pass options.fetch");
+    }
+    this.headers = { ...(opts.headers ?? {}) };
+  }
+
+  /** Enqueues one job. */
+  async enqueue<Args = unknown>(kind: string, args?: Args, opts?: EnqueueOptions): Promise<EnqueueResult> {
+    return this.request<EnqueueResult>("POST", "/api/v1/jobs", toWire(kind, args, opts));
+  }
+
+  /** Enqueues 1 to 1000 jobs in one commit: all or none. Results are in the items' order. */
+  async enqueueMany(items: EnqueueItem[]): Promise<EnqueueResult[]> {
+    if (!Array.isArray(items) || items.length === 0) {
+      throw new TypeError("enqueueMany: give 1 to 1000 jobs");
+    }
+    const jobs = items.map((it) => toWire(it.kind, it.args, it));
+    const out = await this.request<{ results: EnqueueResult[] }>("POST", "/api/v1/jobs/batch", { jobs });
+    return out.results;
+  }
+
+  /** One job, with every failed attempt. */
+  async getJob<Args = unknown>(id: number): Promise<Job<Args>> {
+    return fromWire(await this.request<WireJob>("GET", `/api/v1/jobs/${jobId(id)}`)) as Job<Args>;
+  }
+
+  /** A page of jobs in id order. */
+  async listJobs(f: ListJobsOptions = {}): Promise<JobPage> {
+    const q = new URLSearchParams();
+    if (f.state !== undefined) q.set("state", Array.isArray(f.state) ? f.state.join(",") : f.state);
+    if (f.queue !== undefined) q.set("queue", f.queue);
+    if (f.kind !== undefined) q.set("kind", f.kind);
+    if (f.q !== undefined) q.set("q", f.q);
+    if (f.after !== undefined) q.set("after", String(f.after));
+    if (f.limit !== undefined) q.set("limit", String(f.limit));
+    const qs = q.toString();
+    const out = await this.request<{ jobs: WireJob[]; next_after: number | null; scanned: number; scan_limit: number }>(
+      "GET",
+      "/api/v1/jobs" + (qs ? "?" + qs : ""),
+    );
+    return { jobs: out.jobs.map(fromWire), nextAfter: out.next_after, scanned: out.scanned, scanLimit: out.scan_limit };
+  }
+
+  /** Retries a job now (409 when its state does not allow it). */
+  async retry(id: number): Promise<Job> {
+    return fromWire(await this.request<WireJob>("POST", `/api/v1/jobs/${jobId(id)}/retry`));
+  }
+
+  /** Cancels a job (409 when its state does not allow it). A worker running it gets a 409 at its next heartbeat. */
+  async cancel(id: number): Promise<Job> {
+    return fromWire(await this.request<WireJob>("POST", `/api/v1/jobs/${jobId(id)}/cancel`));
+  }
+
+  /** Discards a job (409 when its state does not allow it). */
+  async discard(id: number): Promise<Job> {
+    return fromWire(await this.request<WireJob>("POST", `/api/v1/jobs/${jobId(id)}/discard`));
+  }
+
+  async pauseQueue(queue: string): Promise<void> {
+    await this.request("POST", `/api/v1/queues/${encodeURIComponent(queue)}/pause`);
+  }
+
+  async resumeQueue(queue: string): Promise<void> {
+    await this.request("POST", `/api/v1/queues/${encodeURIComponent(queue)}/resume`);
+  }
+
+  // The worker protocol. Worker uses these; call them directly to drive
+  // the protocol yourself.
+
+  /**
+   * Claims up to `limit` jobs of a queue, long-polling up to `waitMs`.
+   * An empty array means the wait ended. Aborting `signal` ends the
+   * request; the server then gives back any jobs it had claimed for it.
+   */
+  async claim(opts: ClaimOptions = {}, signal?: AbortSignal): Promise<ClaimedJob[]> {
+    const body: Record<string, unknown> = {};
+    if (opts.queue !== undefined) body.queue = opts.queue;
+    if (opts.limit !== undefined) body.limit = opts.limit;
+    if (opts.waitMs !== undefined) body.wait_ms = Math.round(opts.waitMs);
+    if (opts.leaseMs !== undefined) body.lease_ms = Math.round(opts.leaseMs);
+    if (opts.worker !== undefined) body.worker = opts.worker;
+    const out = await this.request<{ jobs: WireJob[] }>("POST", "/api/v1/claim", body, {
+      signal,
+      extraTimeoutMs: opts.waitMs ?? 0,
+    });
+    return out.jobs.map((w) => ({ ...fromWire(w), fence: w.fence as number }));
+  }
+
+  /** Renews a claimed job's lease. Throws StaleFenceError once the claim no longer holds it. */
+  async heartbeat(id: number, fence: number, leaseMs?: number, signal?: AbortSignal): Promise<void> {
+    const body: Record<string, unknown> = { fence };
+    if (leaseMs !== undefined) body.lease_ms = Math.round(leaseMs);
+    await this.request("POST", `/api/v1/jobs/${jobId(id)}/heartbeat`, body, { signal });
+  }
+
+  /** Records success. Throws StaleFenceError if the claim no longer holds the job. */
+  async complete(id: number, fence: number): Promise<void> {
+    await this.request("POST", `/api/v1/jobs/${jobId(id)}/complete`, { fence });
+  }
+
+  /** Records a failed attempt; returns the job's new state (retryable, discarded or cancelled). */
+  async fail(id: number, fence: number, f: FailOptions): Promise<JobState> {
+    const body: Record<string, unknown> = { fence, error: f.error };
+    if (f.trace !== undefined) body.trace = f.trace;
+    if (f.cancel) body.cancel = true;
+    if (f.retryInMs !== undefined) body.retry_in_ms = Math.round(f.retryInMs);
+    return (await this.request<{ state: JobState }>("POST", `/api/v1/jobs/${jobId(id)}/fail`, body)).state;
+  }
+
+  /** Puts a claimed job back for `delayMs` without using an attempt. */
+  async snooze(id: number, fence: number, delayMs: number): Promise<void> {
+    await this.request("POST", `/api/v1/jobs/${jobId(id)}/snooze`, { fence, delay_ms: Math.round(delayMs) });
+  }
+
+  /** Gives a claimed job back at once without counting the attempt. */
+  async release(id: number, fence: number): Promise<void> {
+    await this.request("POST", `/api/v1/jobs/${jobId(id)}/release`, { fence });
+  }
+
+  /** One request: JSON in, JSON out, errors as ConveyorError. */
+  private async request<T = unknown>(
+    method: string,
+    path: string,
+    body?: unknown,
+    o: { signal?: AbortSignal; extraTimeoutMs?: number } = {},
+  ): Promise<T> {
+    const what = `${method} ${path.split("?")[0]}`;
+    const ctl = new AbortController();
+    const limit = this.timeoutMs + (o.extraTimeoutMs ?? 0);
+    const timer = setTimeout(() => ctl.abort(new Error(`timed out after ${limit}ms`)), limit);
+    const onAbort = () => ctl.abort(o.signal?.reason ?? new Error("aborted"));
+    if (o.signal) {
+      if (o.signal.aborted) onAbort();
+      else o.signal.addEventListener("abort", onAbort, { once: true });
+    }
+    const headers: Record<string, string> = { Accept: "application/json", ...this.headers };
+    if (this.token) headers.Authorization = `Bearer ${this.token}`;
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    let res: Response;
+    let text: string;
+    try {
+      res = await this.fetchFn(this.baseUrl + path, {
+        method,
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+        signal: ctl.signal,
+      });
+      text = await res.text();
+    } catch (err) {
+      const reason = ctl.signal.aborted ? ctl.signal.reason : err;
+      throw new ConveyorError(what, null, describe(reason), { cause: err });
+    } finally {
+      clearTimeout(timer);
+      o.signal?.removeEventListener("abort", onAbort);
+    }
+    let parsed: unknown = undefined;
+    if (text !== "") {
+      try {
+        parsed = JSON.parse(text);
+      } catch {
+        // not JSON (a proxy's page, say): reported below when it matters
+      }
+    }
+    if (!res.ok) {
+      const msg =
+        parsed && typeof parsed === "object" && typeof (parsed as { error?: unknown }).error === "string"
+          ? (parsed as { error: string }).error
+          : text.trim().slice(0, 500) || res.statusText || "no message";
+      const m = /^\/api\/v1\/jobs\/(\d+)\/(\w+)$/.exec(path);
+      if (res.status === 409 && m && fenced.has(m[2])) {
+        const fence = body && typeof body === "object" ? Number((body as { fence?: unknown }).fence) : NaN;
+        throw new StaleFenceError(what, msg, Number(m[1]), fence);
+      }
+      throw new ConveyorError(what, res.status, msg);
+    }
+    if (parsed === undefined && text !== "") {
+      throw new ConveyorError(what, res.status, `answer is not JSON: ${text.trim().slice(0, 200)}`);
+    }
+    return parsed as T;
+  }
+}
+
+function jobId(id: number): string {
+  if (!Number.isSafeInteger(id) || id <= 0) {
+    throw new TypeError(`${id} is not a job id`);
+  }
+  return String(id);
+}
+
+function describe(e: unknown): string {
+  if (e instanceof Error) {
+    const cause = (e as { cause?: unknown }).cause;
+    return cause instanceof Error && cause.message && cause.message !== e.message
+      ? `${e.message}: ${cause.message}`
+      : e.message;
+  }
+  return String(e);
+}

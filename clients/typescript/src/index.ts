@@ -1,0 +1,19 @@
+export { Client } from "./client.js";
+export type {
+  AttemptError,
+  ClaimedJob,
+  ClaimOptions,
+  ClientOptions,
+  EnqueueItem,
+  EnqueueOptions,
+  EnqueueResult,
+  FailOptions,
+  Job,
+  JobPage,
+  JobState,
+  ListJobsOptions,
+  UniqueOptions,
+} from "./client.js";
+export { Worker, WorkerStopping } from "./worker.js";
+export type { Handler, StopOptions, StopResult, WorkerOptions } from "./worker.js";
+export { CancelJob, ConveyorError, Snooze, StaleFenceError, snooze } from "./errors.js";
