@@ -1,0 +1,353 @@
+// Tests against a real `conveyor serve`. cmd/conveyor's TestTypeScriptClient
+// starts the server (SQLite, and PostgreSQL/MariaDB when reachable),
+// enqueues jobs from Go, runs a Go worker, and passes in the environment:
+//
+//   CONVEYOR_URL, CONVEYOR_TOKEN   the server and an admin token
+//   CONVEYOR_TS_DRAIN_QUEUE/IDS    jobs Go enqueued for the TypeScript worker
+//   CONVEYOR_TS_GO_QUEUE/KIND      where a Go worker runs what TypeScript enqueues
+//   CONVEYOR_TS_RESULTS            a directory for the ids seen, checked by Go afterwards
+//
+// Without CONVEYOR_URL every test is skipped.
+
+import test from "node:test";
+import assert from "node:assert/strict";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import {
+  CancelJob,
+  ClaimedJob,
+  Client,
+  ConveyorError,
+  Job,
+  StaleFenceError,
+  Worker,
+  WorkerStopping,
+  snooze,
+} from "../src/index.js";
+
+const env = process.env;
+const url = env.CONVEYOR_URL ?? "";
+const skip = url === "" ? "CONVEYOR_URL not set: run through cmd/conveyor's TestTypeScriptClient" : false;
+const client = new Client({ baseUrl: url || "http://127.0.0.1:1", token: env.CONVEYOR_TOKEN });
+const run = `${Date.now().toString(36)}`; // queue names unique to this run
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+/** Polls until cond holds, failing after ms. */
+async function until(what: string, cond: () => boolean | Promise<boolean>, ms = 20_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > end) assert.fail(`timed out after ${ms}ms waiting for ${what}`);
+    await sleep(25);
+  }
+}
+
+/** Waits for a job to reach one of the states and returns it. */
+async function settled(id: number, states: string[], ms = 20_000): Promise<Job> {
+  let j: Job | undefined;
+  await until(`job ${id} to be ${states.join(" or ")} (is ${j?.state})`, async () => {
+    j = await client.getJob(id);
+    return states.includes(j.state);
+  }, ms);
+  return j as Job;
+}
+
+/** A worker whose onError collects instead of printing. */
+function quietWorker(opts: ConstructorParameters<typeof Worker>[1], errors: unknown[] = []): Worker {
+  return new Worker(client, { onError: (e) => errors.push(e), ...opts });
+}
+
+test("drains the jobs Go enqueued, each exactly once", { skip, timeout: 60_000 }, async () => {
+  const queue = env.CONVEYOR_TS_DRAIN_QUEUE;
+  const ids = (env.CONVEYOR_TS_DRAIN_IDS ?? "").split(",").filter(Boolean).map(Number);
+  assert.ok(queue && ids.length > 0, "CONVEYOR_TS_DRAIN_QUEUE and CONVEYOR_TS_DRAIN_IDS are required");
+  const seen: number[] = [];
+  let running = 0;
+  let most = 0;
+  const errors: unknown[] = [];
+  const w = quietWorker(
+    {
+      queue,
+      concurrency: 8,
+      waitMs: 2000,
+      handlers: {
+        ts_echo: async (job: ClaimedJob<{ n: number }>) => {
+          assert.equal(typeof job.args.n, "number");
+          running++;
+          most = Math.max(most, running);
+          seen.push(job.id);
+          await sleep(Math.random() * 10);
+          running--;
+        },
+      },
+    },
+    errors,
+  );
+  w.start();
+  const want = new Set(ids);
+  await until(`${ids.length} jobs drained (${seen.length} so far)`, () => seen.filter((id) => want.has(id)).length >= want.size, 45_000);
+  const res = await w.stop({ timeoutMs: 10_000 });
+  assert.equal(res.released, 0);
+  assert.deepEqual(errors, []);
+  assert.equal(new Set(seen).size, seen.length, "a job was run twice");
+  assert.deepEqual([...seen].sort((a, b) => a - b), [...ids].sort((a, b) => a - b));
+  assert.ok(most <= 8, `concurrency ${most} over 8`);
+  assert.ok(most > 1, "jobs never ran concurrently");
+  const j = await client.getJob(ids[0]);
+  assert.equal(j.state, "completed");
+  assert.equal(j.attemptedBy, `http:${w.name}`);
+  if (env.CONVEYOR_TS_RESULTS) writeFileSync(join(env.CONVEYOR_TS_RESULTS, "drained.json"), JSON.stringify(seen));
+});
+
+test("enqueues jobs that a Go worker runs", { skip, timeout: 60_000 }, async () => {
+  const queue = env.CONVEYOR_TS_GO_QUEUE;
+  const kind = env.CONVEYOR_TS_GO_KIND;
+  assert.ok(queue && kind, "CONVEYOR_TS_GO_QUEUE and CONVEYOR_TS_GO_KIND are required");
+  const batch = await client.enqueueMany(
+    Array.from({ length: 49 }, (_, i) => ({ kind, args: { n: i, from: "ts" }, queue, maxAttempts: 3 })),
+  );
+  assert.equal(batch.length, 49);
+  assert.ok(batch.every((r) => r.id > 0 && !r.duplicate));
+  const one = await client.enqueue(kind, { n: 49, from: "ts" }, { queue, priority: 1 });
+  assert.equal(one.duplicate, false);
+  const ids = [...batch.map((r) => r.id), one.id];
+  assert.equal(new Set(ids).size, 50);
+  for (const id of ids) {
+    const j = await settled(id, ["completed", "retryable", "discarded", "cancelled"], 30_000);
+    assert.equal(j.state, "completed", `job ${id}: ${JSON.stringify(j.errors)}`);
+    assert.equal(j.queue, queue);
+    assert.equal((j.args as { from: string }).from, "ts");
+    assert.ok(!j.attemptedBy?.startsWith("http:"), `job ${id} was run by ${j.attemptedBy}, not the Go worker`);
+  }
+  if (env.CONVEYOR_TS_RESULTS) writeFileSync(join(env.CONVEYOR_TS_RESULTS, "enqueued.json"), JSON.stringify(ids));
+});
+
+test("a stale worker's acknowledgements are refused with 409", { skip, timeout: 60_000 }, async () => {
+  const queue = `ts-stale-${run}`;
+  const { id } = await client.enqueue("stale", { x: 1 }, { queue });
+  const [first] = await client.claim({ queue, waitMs: 5000, worker: "stale-a" });
+  assert.equal(first?.id, id);
+  await client.release(id, first.fence);
+  const [second] = await client.claim({ queue, waitMs: 5000, worker: "stale-b" });
+  assert.equal(second?.id, id);
+  assert.ok(second.fence > first.fence, `fence ${second.fence} not above ${first.fence}`);
+
+  const refused = await client.complete(id, first.fence).then(
+    () => assert.fail("a completion under the old fence was accepted"),
+    (e: unknown) => e,
+  );
+  assert.ok(refused instanceof StaleFenceError, `not a StaleFenceError: ${refused}`);
+  assert.equal(refused.status, 409);
+  assert.equal(refused.jobId, id);
+  assert.equal(refused.fence, first.fence);
+  assert.match(refused.serverMessage, /no longer held under fence/);
+  assert.match(refused.message, /409/);
+  await assert.rejects(client.heartbeat(id, first.fence), StaleFenceError);
+  await assert.rejects(client.fail(id, first.fence, { error: "late" }), StaleFenceError);
+  await assert.rejects(client.snooze(id, first.fence, 1000), StaleFenceError);
+  await assert.rejects(client.release(id, first.fence), StaleFenceError);
+
+  let j = await client.getJob(id);
+  assert.equal(j.state, "running", "a refused acknowledgement changed the job");
+  assert.deepEqual(j.errors, []);
+  await client.complete(id, second.fence);
+  j = await client.getJob(id);
+  assert.equal(j.state, "completed");
+  assert.equal(j.attempt, 1, "the released attempt was counted");
+});
+
+test("a lease that expired is rescued, and the old holder's completion refused", { skip, timeout: 60_000 }, async () => {
+  // serve's maintenance rescues expired leases every 5s.
+  const queue = `ts-lease-${run}`;
+  const { id } = await client.enqueue("lease", {}, { queue });
+  const [old] = await client.claim({ queue, waitMs: 5000, leaseMs: 1000, worker: "slow" });
+  assert.equal(old?.id, id);
+  let again: ClaimedJob | undefined;
+  await until("the job to be rescued and claimed again", async () => {
+    [again] = await client.claim({ queue, waitMs: 1000, worker: "fresh" });
+    return again !== undefined;
+  }, 30_000);
+  assert.equal(again?.id, id);
+  await assert.rejects(client.complete(id, old.fence), (e: unknown) => e instanceof StaleFenceError && e.status === 409);
+  await client.complete(id, (again as ClaimedJob).fence);
+  assert.equal((await client.getJob(id)).state, "completed");
+});
+
+test("the worker aborts a job cancelled while it runs, and drops its outcome", { skip, timeout: 60_000 }, async () => {
+  const queue = `ts-cancel-${run}`;
+  let started = false;
+  let reason: unknown;
+  const errors: unknown[] = [];
+  const w = quietWorker(
+    {
+      queue,
+      leaseMs: 2000,
+      heartbeatMs: 100,
+      waitMs: 1000,
+      handlers: {
+        slow: (_job: ClaimedJob, signal: AbortSignal) =>
+          new Promise<void>((resolve) => {
+            started = true;
+            signal.addEventListener("abort", () => {
+              reason = signal.reason;
+              resolve(); // a "success" after the abort: must not be sent
+            });
+          }),
+      },
+    },
+    errors,
+  );
+  w.start();
+  const { id } = await client.enqueue("slow", {}, { queue });
+  await until("the handler to start", () => started);
+  await client.cancel(id);
+  await until("the handler's signal to be aborted", () => reason !== undefined, 10_000);
+  assert.ok(reason instanceof StaleFenceError, `aborted with ${reason}`);
+  await until("the job to leave the worker", () => w.active === 0);
+  assert.equal((await w.stop({ timeoutMs: 2000 })).released, 0);
+  const j = await client.getJob(id);
+  assert.equal(j.state, "cancelled");
+  assert.ok(errors.some((e) => e instanceof StaleFenceError), "the 409 was not reported to onError");
+});
+
+test("stop waits for running jobs, then aborts and releases the rest", { skip, timeout: 60_000 }, async () => {
+  const queue = `ts-stop-${run}`;
+  const started = new Set<string>();
+  let stuckReason: unknown;
+  const w = quietWorker({
+    queue,
+    concurrency: 2,
+    waitMs: 1000,
+    handlers: {
+      quick: async () => {
+        started.add("quick");
+        await sleep(300);
+      },
+      stuck: (_job: ClaimedJob, signal: AbortSignal) => {
+        started.add("stuck");
+        return new Promise((_, reject) => signal.addEventListener("abort", () => reject((stuckReason = signal.reason))));
+      },
+    },
+  });
+  const [quick, stuck] = await client.enqueueMany([
+    { kind: "quick", queue },
+    { kind: "stuck", queue },
+  ]);
+  w.start();
+  await until("both jobs to start", () => started.size === 2);
+  const t0 = Date.now();
+  const res = await w.stop({ timeoutMs: 1000 });
+  const took = Date.now() - t0;
+  assert.equal(res.released, 1);
+  assert.ok(took >= 900 && took < 5000, `stop took ${took}ms`);
+  assert.ok(stuckReason instanceof WorkerStopping, `stuck job aborted with ${stuckReason}`);
+  assert.equal(w.active, 0);
+  assert.equal((await client.getJob(quick.id)).state, "completed", "stop did not wait for the running job");
+  const s = await client.getJob(stuck.id);
+  assert.equal(s.state, "available", "the stuck job was not released");
+  assert.equal(s.attempt, 0, "the released attempt was counted");
+  assert.deepEqual(s.errors, []);
+  // Stopped: nothing is claimed any more.
+  await sleep(300);
+  assert.equal((await client.getJob(stuck.id)).state, "available");
+  await client.cancel(stuck.id);
+});
+
+test("fail records the message and stack; CancelJob cancels; snooze puts back", { skip, timeout: 60_000 }, async () => {
+  const queue = `ts-outcomes-${run}`;
+  const w = quietWorker({
+    queue,
+    concurrency: 4,
+    waitMs: 1000,
+    handlers: {
+      boom: async function explodingHandler() {
+        throw new Error("boom: 42 <script>");
+      },
+      nope: async () => {
+        throw new CancelJob("not worth retrying");
+      },
+      later: async () => snooze(60_000),
+      laterThrown: async () => {
+        throw snooze(60_000);
+      },
+      slowpoke: (_job: ClaimedJob, signal: AbortSignal) =>
+        new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason))),
+    },
+  });
+  const [boom, nope, later, laterThrown, unknown, slowpoke] = await client.enqueueMany([
+    { kind: "boom", queue, maxAttempts: 3 },
+    { kind: "nope", queue },
+    { kind: "later", queue },
+    { kind: "laterThrown", queue },
+    { kind: "no_such_kind", queue, maxAttempts: 1 },
+    { kind: "slowpoke", queue, timeoutMs: 300, maxAttempts: 1 },
+  ]);
+  w.start();
+  try {
+    const b = await settled(boom.id, ["retryable", "discarded"]);
+    assert.equal(b.state, "retryable");
+    assert.equal(b.errors.length, 1);
+    assert.equal(b.errors[0].error, "boom: 42 <script>");
+    assert.match(b.errors[0].trace ?? "", /explodingHandler/);
+    const n = await settled(nope.id, ["cancelled", "retryable"]);
+    assert.equal(n.state, "cancelled");
+    assert.equal(n.errors[0]?.error, "not worth retrying");
+    for (const id of [later.id, laterThrown.id]) {
+      const l = await settled(id, ["scheduled", "retryable", "completed"]);
+      assert.equal(l.state, "scheduled");
+      assert.equal(l.attempt, 0, "a snooze used an attempt");
+      assert.ok(Date.parse(l.scheduledAt ?? "") > Date.now() + 30_000, `scheduled at ${l.scheduledAt}`);
+    }
+    const u = await settled(unknown.id, ["discarded", "retryable"]);
+    assert.match(u.errors[0]?.error ?? "", /no handler for kind no_such_kind/);
+    const s = await settled(slowpoke.id, ["discarded", "retryable"]);
+    assert.match(s.errors[0]?.error ?? "", /timed out after 300ms/);
+  } finally {
+    await w.stop({ timeoutMs: 2000 });
+  }
+  for (const id of [boom.id, later.id, laterThrown.id]) await client.cancel(id).catch(() => {});
+});
+
+test("errors carry the server's message", { skip, timeout: 30_000 }, async () => {
+  const status = (p: Promise<unknown>) =>
+    p.then(
+      () => assert.fail("no error"),
+      (e: unknown) => {
+        assert.ok(e instanceof ConveyorError, `not a ConveyorError: ${e}`);
+        return e;
+      },
+    );
+  const bad = new Client({ baseUrl: url, token: "wrong-token-0123456789abcdef" });
+  let e = await status(bad.getJob(1));
+  assert.equal(e.status, 401);
+  assert.ok(e.serverMessage.length > 0);
+  assert.ok(!e.transient);
+
+  e = await status(client.enqueue("x", {}, { delayMs: -1 }));
+  assert.equal(e.status, 400);
+  assert.match(e.serverMessage, /delay_ms -1 is negative/);
+  assert.match(e.message, /^conveyor: POST \/api\/v1\/jobs: 400: /);
+
+  e = await status(client.getJob(2 ** 40));
+  assert.equal(e.status, 404);
+  assert.ok(!(e instanceof StaleFenceError));
+
+  e = await status(client.claim({ queue: "q", limit: 5000 }));
+  assert.equal(e.status, 400);
+  assert.match(e.serverMessage, /limit 5000/);
+
+  const { id } = await client.enqueue("done", {}, { queue: `ts-errors-${run}` });
+  await client.cancel(id);
+  e = await status(client.cancel(id));
+  assert.equal(e.status, 409);
+  assert.ok(!(e instanceof StaleFenceError), "a 409 of cancel is not about a fence");
+
+  const down = new Client({ baseUrl: "http://127.0.0.1:1", token: "x", timeoutMs: 2000 });
+  e = await status(down.getJob(1));
+  assert.equal(e.status, null);
+  assert.ok(e.transient);
+
+  assert.throws(() => new Client({ baseUrl: "" }), TypeError);
+  await assert.rejects(client.enqueue("", {}), TypeError);
+  assert.throws(() => new Worker(client, { handlers: {}, concurrency: 0 }), RangeError);
+});
