@@ -175,7 +175,7 @@ export class Worker {
         released++;
         releases.push(
           this.client.release(r.job.id, r.job.fence).catch((err) => {
-            if (!(err instanceof StaleFenceError)) this.onError(err, r.job);
+            if (!(err instanceof StaleFenceError)) this.report(err, r.job);
           }),
         );
       }
@@ -202,7 +202,7 @@ export class Worker {
         backoff = 500;
       } catch (err) {
         if (this.stopCtl.signal.aborted) break;
-        this.onError(err);
+        this.report(err);
         await sleep(backoff, this.stopCtl.signal);
         backoff = Math.min(backoff * 2, 30_000);
         continue;
@@ -212,13 +212,22 @@ export class Worker {
         await Promise.all(
           jobs.map((j) =>
             this.client.release(j.id, j.fence).catch((err) => {
-              if (!(err instanceof StaleFenceError)) this.onError(err, j);
+              if (!(err instanceof StaleFenceError)) this.report(err, j);
             }),
           ),
         );
         break;
       }
       for (const job of jobs) this.run(job);
+    }
+  }
+
+  /** Tells onError, which must not break the loop by throwing. */
+  private report(err: unknown, job?: ClaimedJob): void {
+    try {
+      this.onError(err, job);
+    } catch {
+      // ignored: a reporter's failure is not the job's
     }
   }
 
@@ -303,7 +312,7 @@ export class Worker {
         }
         return;
       } catch (err) {
-        this.onError(err, r.job);
+        this.report(err, r.job);
         if (!(err instanceof ConveyorError) || !err.transient || attempt >= 5 || dropped(r)) {
           return; // refused (409 stale fence, 4xx) or given up: the lease will lapse and the job be rescued
         }
@@ -325,7 +334,7 @@ export class Worker {
         this.lose(r, err);
         return;
       }
-      this.onError(err, r.job);
+      this.report(err, r.job);
       // As conveyor's own processes do: once four fifths of the lease have
       // passed since the last renewal that got through, another worker may
       // soon hold the job, so stop working it.
@@ -341,7 +350,7 @@ export class Worker {
     const wasRunning = r.phase === "running";
     r.phase = "dropped";
     this.stopHeartbeat(r);
-    if (wasRunning) this.onError(reason, r.job);
+    if (wasRunning) this.report(reason, r.job);
     r.ctl.abort(reason);
   }
 
