@@ -51,6 +51,11 @@ var (
 	// ErrTxType: EnqueueTx was given a transaction the backend does not
 	// accept (pgx.Tx or *sql.Tx on PostgreSQL, *sql.Tx elsewhere).
 	ErrTxType = driver.ErrTxType
+	// ErrUniqueRace: on MySQL/MariaDB, a unique job enqueued in the
+	// application's transaction raced another transaction for its key.
+	// Roll back and run the transaction again (docs/design.md, "Job
+	// features").
+	ErrUniqueRace = driver.ErrUniqueRace
 )
 
 // JobArgs are a job kind's arguments: any JSON-encodable value with a Kind.

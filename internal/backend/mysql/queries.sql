@@ -28,9 +28,11 @@ INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, sc
 -- name: InsertRow
 (?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]')
 
--- Unique jobs are inserted one row each (InsertUniqueHead + InsertUniqueRow):
--- a duplicate key (error 1062 on unique_idx) refuses the row alone and
--- leaves the transaction going; UniqueHolder then reads the holder.
+-- Unique jobs are inserted one row each (InsertUniqueHead + InsertUniqueRow)
+-- after UniqueHolder, a plain consistent read that takes no lock, found no
+-- holder: a duplicate key (error 1062 on unique_idx) then means a
+-- concurrent transaction took the key in between (see InsertUnique in
+-- unique.go for why that case is handled apart).
 -- name: InsertUniqueHead
 INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, scheduled_at, created_at, state, errors, unique_key, unique_keep) VALUES
 
