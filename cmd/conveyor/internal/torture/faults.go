@@ -576,4 +576,7 @@ func checkTx(_ context.Context, p *phase, rs *records, fd *Findings, in *Input) 
 	}
 	p.injected = append(p.injected, fmt.Sprintf("%d jobs committed, %d rolled back, %d with an unknown outcome, 4 concurrent transactions; unique jobs of the same keys enqueued inside them and by a plain producer",
 		committed, len(rs.rolledBack), rs.ambiguous))
+	if rs.failedTx > 0 {
+		p.note("%d of the rolled-back jobs were in transactions whose enqueue failed, as: %s", rs.failedTx, firstLine(rs.failedTxErr))
+	}
 }

@@ -125,6 +125,11 @@ type records struct {
 	// dupRolledBack those of them told they were duplicates.
 	told                          []Told
 	toldRolledBack, dupRolledBack int
+	// failedTx counts the jobs of transactions rolled back because an
+	// enqueue in them failed (a deadlock, a lost connection), and
+	// failedTxErr is one of those errors.
+	failedTx    int
+	failedTxErr string
 	// ready: when each worker incarnation (proc) had started its client.
 	ready map[string]time.Time
 	// counters: the last counters line of each process incarnation
@@ -204,6 +209,10 @@ func readRecords(dir string) (*records, error) {
 				}
 			case lineRollback:
 				rs.rolledBack[l.Tok] = true
+				if l.Err != "" {
+					rs.failedTx++
+					rs.failedTxErr = l.Err
+				}
 				if l.U != "" {
 					rs.toldRolledBack++
 					if l.Dup {
