@@ -2,8 +2,9 @@
 // processes against a real database, injects faults (processes killed or
 // paused past their lease, the database restarted, connections killed,
 // clocks skewed, poison jobs, a starved connection pool, saturated CPUs and
-// a throttled disk, transactions rolled back) and checks the outcome
-// exactly from records kept outside the queue's tables. `conveyor torture`
+// a throttled disk, transactions rolled back), with unique and periodic
+// jobs among the workload, and checks the outcome exactly from records
+// kept outside the queue's tables. `conveyor torture`
 // is its command; docs/torture.md describes the method.
 package torture
 
