@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,22 +14,19 @@ import (
 	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
-// Bugs the suite found that are not fixed yet: each test reproduces one
-// and fails until it is fixed. They run only with CONVEYOR_KNOWN_BUGS=1.
+// Bugs the suite found, reproduced on their own so that they stay fixed.
 
 // On MySQL/MariaDB a transaction told that its unique job is a duplicate
-// keeps a shared lock on the holder's unique-index entry until it ends
-// (see the driver's InsertUnique). The holder's completion waits for it
+// kept a shared lock on the holder's unique-index entry until it ended
+// (fixed: the driver's InsertUnique looks the key up without a lock
+// first, and returns ErrUniqueRace instead of holding one). The holder's completion waits for it
 // while holding the holder's row, and the process's heartbeat, one UPDATE
 // over all its running jobs, waits behind that row and times out: while
 // the caller's transaction stays open, every other job of the process
 // loses its lease and is cancelled and run again. Found by the txrollback
 // phase under load (heartbeats timing out at 1.6s, premature rescues).
 // PostgreSQL is not affected.
-func TestKnownBugMySQLDuplicateTxStallsHeartbeats(t *testing.T) {
-	if os.Getenv("CONVEYOR_KNOWN_BUGS") != "1" {
-		t.Skip("a known bug, not fixed yet: set CONVEYOR_KNOWN_BUGS=1 to reproduce it")
-	}
+func TestMySQLDuplicateTxDoesNotStallHeartbeats(t *testing.T) {
 	dsn := testdb.MySQL(t)
 	ctx := context.Background()
 	cfg := &conveyor.Config{TablePrefix: newPrefix(), Lease: 2 * time.Second, Queues: map[string]conveyor.QueueConfig{Queue: {MaxWorkers: 8}},
