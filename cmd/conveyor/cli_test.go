@@ -418,7 +418,7 @@ func TestJSONShape(t *testing.T) {
 	}
 	for _, q := range st["queues"].([]any) {
 		q := q.(map[string]any)
-		if _, ok := q["oldest_available_ms"]; !ok || len(q) != 3 {
+		if _, ok := q["oldest_available_ms"]; !ok || len(q) != 4 { // queue, counts, oldest_available_ms, paused_at
 			t.Errorf("stats queue: %v", q)
 		}
 	}
