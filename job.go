@@ -293,6 +293,30 @@ func JobCancel(err error) error {
 	return fmt.Errorf("%w: %w", engine.ErrCancelJob, err)
 }
 
+// OutcomeState returns the state an attempt of job that ends with err
+// moves the job to, as the client decides it: JobStateCompleted for nil,
+// JobStateScheduled for a JobSnooze, JobStateCancelled for a JobCancel,
+// JobStateDiscarded for any other error on the job's last attempt
+// (Attempt >= MaxAttempts) and JobStateRetryable otherwise. It is for
+// middleware that report outcomes (metrics, tracing): the state is
+// written only if the attempt still owns the job (a late outcome of a
+// rescued or cancelled job is refused). A panic is an error.
+func OutcomeState(job *JobInfo, err error) JobState {
+	if err == nil {
+		return JobStateCompleted
+	}
+	if sn := (*engine.SnoozeError)(nil); errors.As(err, &sn) {
+		return JobStateScheduled
+	}
+	switch {
+	case errors.Is(err, engine.ErrCancelJob):
+		return JobStateCancelled
+	case job != nil && job.Attempt >= job.MaxAttempts:
+		return JobStateDiscarded
+	}
+	return JobStateRetryable
+}
+
 // WorkerOpts are one kind's own worker settings, given to AddWorker. They
 // override the client's Config for the jobs of that kind this client
 // runs; zero fields take the Config's.
