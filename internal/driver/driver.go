@@ -93,6 +93,10 @@ type InsertParams struct {
 	// key, as bits: KeepCompleted, KeepDiscarded, KeepCancelled. An
 	// unfinished job always holds it.
 	UniqueKeep int
+	// Meta is the job's metadata, a JSON object of strings already
+	// validated and bounded by the public package, stored in the meta
+	// column; nil stores NULL (no metadata).
+	Meta json.RawMessage
 }
 
 // Bits of InsertParams.UniqueKeep.
@@ -126,6 +130,9 @@ type JobRow struct {
 	LeaseExpiresAt time.Time // zero if not running
 	AttemptedBy    string
 	Errors         []AttemptError
+	// Meta is the job's metadata as stored (a JSON object), nil when it
+	// has none.
+	Meta json.RawMessage
 }
 
 // AttemptError is one failed attempt, kept with the job.
