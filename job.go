@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -51,6 +52,11 @@ var (
 	// ErrTxType: EnqueueTx was given a transaction the backend does not
 	// accept (pgx.Tx or *sql.Tx on PostgreSQL, *sql.Tx elsewhere).
 	ErrTxType = driver.ErrTxType
+	// ErrUniqueRace: on MySQL/MariaDB, a unique job enqueued in the
+	// application's transaction raced another transaction for its key.
+	// Roll back and run the transaction again (docs/design.md, "Job
+	// features").
+	ErrUniqueRace = driver.ErrUniqueRace
 )
 
 // JobArgs are a job kind's arguments: any JSON-encodable value with a Kind.
@@ -103,7 +109,19 @@ type EnqueueOpts struct {
 	// while a job with the same key holds it inserts nothing and returns
 	// that job's id.
 	Unique *UniqueOpts
+	// Metadata travels with the job outside its arguments and comes back
+	// in JobInfo.Metadata (to workers and middleware): a trace context, a
+	// tenant, a request id. Nil or empty stores nothing. Keys and values
+	// must be valid UTF-8 without NUL characters, and the map at most
+	// MaxMetadataBytes once encoded as a JSON object. Metadata declared by
+	// the arguments (JobArgsWithEnqueueOpts) is merged with the call's,
+	// the call's keys winning. It is not part of a unique job's key.
+	Metadata map[string]string
 }
+
+// MaxMetadataBytes bounds EnqueueOpts.Metadata encoded as a JSON object;
+// larger metadata is refused at enqueue with ErrInvalidOpts.
+const MaxMetadataBytes = 64 << 10
 
 // JobArgsWithEnqueueOpts is implemented by argument types that declare
 // their kind's default enqueue options, so that every producer of the
@@ -157,6 +175,20 @@ func resolveOpts(args JobArgs, call *EnqueueOpts) EnqueueOpts {
 	}
 	if call.Unique != nil {
 		o.Unique = call.Unique
+	}
+	switch {
+	case len(call.Metadata) == 0:
+	case len(o.Metadata) == 0:
+		o.Metadata = call.Metadata
+	default: // merged into a new map: neither the call's nor the declared one changes
+		m := make(map[string]string, len(o.Metadata)+len(call.Metadata))
+		for k, v := range o.Metadata {
+			m[k] = v
+		}
+		for k, v := range call.Metadata {
+			m[k] = v
+		}
+		o.Metadata = m
 	}
 	return o
 }
@@ -219,6 +251,9 @@ type JobInfo struct {
 	AttemptedBy string
 	// Errors holds every failed attempt's error, oldest first.
 	Errors []AttemptError
+	// Metadata is the job's metadata (EnqueueOpts.Metadata); nil when it
+	// has none.
+	Metadata map[string]string `json:",omitempty"`
 }
 
 // Job is one attempt of a job handed to a Worker: the job as stored
@@ -261,6 +296,30 @@ func JobCancel(err error) error {
 		err = errors.New("cancelled")
 	}
 	return fmt.Errorf("%w: %w", engine.ErrCancelJob, err)
+}
+
+// OutcomeState returns the state an attempt of job that ends with err
+// moves the job to, as the client decides it: JobStateCompleted for nil,
+// JobStateScheduled for a JobSnooze, JobStateCancelled for a JobCancel,
+// JobStateDiscarded for any other error on the job's last attempt
+// (Attempt >= MaxAttempts) and JobStateRetryable otherwise. It is for
+// middleware that report outcomes (metrics, tracing): the state is
+// written only if the attempt still owns the job (a late outcome of a
+// rescued or cancelled job is refused). A panic is an error.
+func OutcomeState(job *JobInfo, err error) JobState {
+	if err == nil {
+		return JobStateCompleted
+	}
+	if sn := (*engine.SnoozeError)(nil); errors.As(err, &sn) {
+		return JobStateScheduled
+	}
+	switch {
+	case errors.Is(err, engine.ErrCancelJob):
+		return JobStateCancelled
+	case job != nil && job.Attempt >= job.MaxAttempts:
+		return JobStateDiscarded
+	}
+	return JobStateRetryable
 }
 
 // WorkerOpts are one kind's own worker settings, given to AddWorker. They
@@ -380,6 +439,31 @@ func encodeArgs(args JobArgs, limit int) (json.RawMessage, error) {
 	return b, nil
 }
 
+// encodeMetadata encodes metadata as the JSON object stored with the job,
+// nil for none, refusing what the databases could not store faithfully
+// and anything over MaxMetadataBytes.
+func encodeMetadata(m map[string]string) (json.RawMessage, error) {
+	if len(m) == 0 {
+		return nil, nil
+	}
+	for k, v := range m {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return nil, fmt.Errorf("%w: metadata key %q: key and value must be valid UTF-8", ErrInvalidOpts, k)
+		}
+		if strings.IndexByte(k, 0) >= 0 || strings.IndexByte(v, 0) >= 0 {
+			return nil, fmt.Errorf("%w: metadata key %q: a NUL character, which databases cannot store in JSON", ErrInvalidOpts, k)
+		}
+	}
+	b, err := json.Marshal(m) // keys sorted
+	if err != nil {
+		return nil, fmt.Errorf("%w: metadata: %v", ErrInvalidOpts, err)
+	}
+	if len(b) > MaxMetadataBytes {
+		return nil, fmt.Errorf("%w: metadata is %d bytes encoded, over the %d-byte limit", ErrInvalidOpts, len(b), MaxMetadataBytes)
+	}
+	return b, nil
+}
+
 func jobInfo(r *driver.JobRow) *JobInfo {
 	j := &JobInfo{
 		ID: r.ID, Queue: r.Queue, Kind: r.Kind, EncodedArgs: r.Args, State: JobState(r.State),
@@ -390,6 +474,12 @@ func jobInfo(r *driver.JobRow) *JobInfo {
 	}
 	for _, e := range r.Errors {
 		j.Errors = append(j.Errors, AttemptError(e))
+	}
+	if len(r.Meta) > 0 {
+		// Written by encodeMetadata (or by hand, in the database): a
+		// column that does not decode as an object of strings is left out
+		// rather than failing the job.
+		_ = json.Unmarshal(r.Meta, &j.Metadata)
 	}
 	return j
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/internal/testdb"
@@ -104,5 +105,28 @@ func TestMiddleware(t *testing.T) {
 	}
 	if len(trail) != 8 || trail[6] != "handler fail acme" || !strings.Contains(trail[7], "client-out") || !strings.Contains(trail[7], "cancelled") {
 		t.Fatalf("trail %q", trail)
+	}
+}
+
+// TestOutcomeState: the states middleware is told match the engine's
+// (internal/engine's outcome).
+func TestOutcomeState(t *testing.T) {
+	j := &conveyor.JobInfo{Attempt: 1, MaxAttempts: 2}
+	last := &conveyor.JobInfo{Attempt: 2, MaxAttempts: 2}
+	for _, c := range []struct {
+		job  *conveyor.JobInfo
+		err  error
+		want conveyor.JobState
+	}{
+		{j, nil, conveyor.JobStateCompleted},
+		{j, errors.New("boom"), conveyor.JobStateRetryable},
+		{last, errors.New("boom"), conveyor.JobStateDiscarded},
+		{last, conveyor.JobCancel(errors.New("no")), conveyor.JobStateCancelled},
+		{j, fmt.Errorf("wrapped: %w", conveyor.JobCancel(nil)), conveyor.JobStateCancelled},
+		{last, conveyor.JobSnooze(time.Second), conveyor.JobStateScheduled},
+	} {
+		if got := conveyor.OutcomeState(c.job, c.err); got != c.want {
+			t.Errorf("OutcomeState(attempt %d/%d, %v) = %s, want %s", c.job.Attempt, c.job.MaxAttempts, c.err, got, c.want)
+		}
 	}
 }

@@ -359,7 +359,7 @@ func TestJSONShape(t *testing.T) {
 	mustCLI(t, "enqueue", "--db", dsn, "--kind", "other", "--args", `{"n":1}`)
 
 	keys := []string{"id", "queue", "kind", "state", "args", "priority", "attempt", "max_attempts", "timeout_ms",
-		"created_at", "scheduled_at", "attempted_at", "attempted_by", "lease_expires_at", "finalized_at", "errors"}
+		"created_at", "scheduled_at", "attempted_at", "attempted_by", "lease_expires_at", "finalized_at", "errors", "metadata"}
 	check := func(what string, j map[string]any) {
 		t.Helper()
 		var got []string

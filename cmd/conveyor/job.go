@@ -76,6 +76,9 @@ type jobJSON struct {
 	LeaseExpiresAt *string       `json:"lease_expires_at"`
 	FinalizedAt    *string       `json:"finalized_at"`
 	Errors         []attemptJSON `json:"errors"`
+	// Metadata is the job's metadata (EnqueueOpts.Metadata), null when it
+	// has none.
+	Metadata map[string]string `json:"metadata"`
 }
 
 // attemptJSON is one failed attempt in jobJSON.
@@ -96,7 +99,7 @@ func toJobJSON(j *conveyor.JobInfo) jobJSON {
 		CreatedAt: timeOrNull(j.CreatedAt), ScheduledAt: timeOrNull(j.ScheduledAt),
 		AttemptedAt: timeOrNull(j.AttemptedAt), AttemptedBy: stringOrNull(j.AttemptedBy),
 		LeaseExpiresAt: timeOrNull(j.LeaseExpiresAt), FinalizedAt: timeOrNull(j.FinalizedAt),
-		Errors: []attemptJSON{},
+		Errors: []attemptJSON{}, Metadata: j.Metadata,
 	}
 	if len(out.Args) == 0 {
 		out.Args = nil

@@ -48,6 +48,13 @@ var ErrWrongState = errors.New("job is not in a state that allows this")
 // backend accepts.
 var ErrTxType = errors.New("transaction type not supported by this backend")
 
+// ErrUniqueRace is returned, in the caller's transaction, when a unique
+// job's key was taken by a concurrent transaction between the check and
+// the insert on a backend that would otherwise keep a lock on the holder
+// until the caller's transaction ends (MySQL/MariaDB). Roll back and run
+// the transaction again: the retry sees the holder.
+var ErrUniqueRace = errors.New("a concurrent transaction took the unique key of a job being enqueued: roll back and run the transaction again")
+
 // Capabilities describes what a backend can do; the engine adapts to it.
 type Capabilities struct {
 	// Listen is true when the backend has a push notification channel
@@ -86,6 +93,10 @@ type InsertParams struct {
 	// key, as bits: KeepCompleted, KeepDiscarded, KeepCancelled. An
 	// unfinished job always holds it.
 	UniqueKeep int
+	// Meta is the job's metadata, a JSON object of strings already
+	// validated and bounded by the public package, stored in the meta
+	// column; nil stores NULL (no metadata).
+	Meta json.RawMessage
 }
 
 // Bits of InsertParams.UniqueKeep.
@@ -119,6 +130,9 @@ type JobRow struct {
 	LeaseExpiresAt time.Time // zero if not running
 	AttemptedBy    string
 	Errors         []AttemptError
+	// Meta is the job's metadata as stored (a JSON object), nil when it
+	// has none.
+	Meta json.RawMessage
 }
 
 // AttemptError is one failed attempt, kept with the job.

@@ -159,16 +159,19 @@ func (d *Driver) listQuery(f driver.JobFilter) (string, []any) {
 func scanAppJob(r rowScanner) (*driver.JobRow, error) {
 	j := &driver.JobRow{}
 	var (
-		args, errs []byte
-		by         sql.NullString
+		args, errs, meta []byte
+		by               sql.NullString
 	)
 	err := r.Scan(&j.ID, &j.Queue, &j.Kind, &args, &j.State, &j.Priority, &j.Attempt, &j.MaxAttempts, &j.TimeoutMS,
 		utcTime{&j.ScheduledAt}, utcTime{&j.CreatedAt}, utcTime{&j.AttemptedAt}, utcTime{&j.FinalizedAt},
-		utcTime{&j.LeaseExpiresAt}, &by, &errs, &j.Fence)
+		utcTime{&j.LeaseExpiresAt}, &by, &errs, &j.Fence, &meta)
 	if err != nil {
 		return nil, err
 	}
 	j.Args = args
+	if len(meta) > 0 {
+		j.Meta = meta
+	}
 	j.AttemptedBy = by.String
 	if len(errs) > 2 {
 		if err := json.Unmarshal(errs, &j.Errors); err != nil {

@@ -30,15 +30,19 @@ func scanJob(r rowScanner, extra ...any) (*driver.JobRow, error) {
 		errs                  []byte
 		attempted, fin, lease sql.NullTime
 		by                    sql.NullString
+		meta                  []byte // NULL scans as nil, without allocating
 	)
-	dest := make([]any, 0, len(extra)+16)
+	dest := make([]any, 0, len(extra)+18)
 	dest = append(dest, extra...)
 	dest = append(dest, &j.ID, &j.Queue, &j.Kind, &args, &j.State, &j.Priority, &j.Attempt, &j.MaxAttempts, &j.TimeoutMS,
-		&j.ScheduledAt, &j.CreatedAt, &attempted, &fin, &lease, &by, &errs, &j.Fence)
+		&j.ScheduledAt, &j.CreatedAt, &attempted, &fin, &lease, &by, &errs, &j.Fence, &meta)
 	if err := r.Scan(dest...); err != nil {
 		return nil, err
 	}
 	j.Args = json.RawMessage(args)
+	if len(meta) > 0 {
+		j.Meta = meta
+	}
 	j.AttemptedAt = attempted.Time
 	j.FinalizedAt = fin.Time
 	j.LeaseExpiresAt = lease.Time
@@ -70,7 +74,7 @@ type insertPlan struct {
 	chunks [][]driver.InsertParams
 }
 
-const insertParamsPerRow = 8
+const insertParamsPerRow = 9
 
 func (d *Driver) planInsert(op string, jobs []driver.InsertParams) (insertPlan, error) {
 	var p insertPlan
@@ -91,7 +95,7 @@ func (d *Driver) planInsert(op string, jobs []driver.InsertParams) (insertPlan, 
 		}
 		// Each row costs its values, the parameter headers and its share of
 		// the statement text (the prepare packet must fit too).
-		row := len(j.Args) + len(j.Queue) + len(j.Kind) + 96 + rowText
+		row := len(j.Args) + len(j.Meta) + len(j.Queue) + len(j.Kind) + 104 + rowText
 		if i > start && (size+row > budget || i-start >= maxInsertRows) {
 			p.chunks = append(p.chunks, jobs[start:i])
 			start, size = i, len(d.q["InsertHead"])
@@ -131,7 +135,11 @@ func insertArgs(args []any, jobs []driver.InsertParams) []any {
 		if !j.RunAt.IsZero() {
 			runAt = dbTime(j.RunAt.Truncate(time.Microsecond))
 		}
-		args = append(args, j.Queue, j.Kind, a, int64(j.Priority), int64(j.MaxAttempts), j.TimeoutMS, runAt, micros(j.Delay))
+		var meta any // NULL without metadata
+		if len(j.Meta) > 0 {
+			meta = []byte(j.Meta)
+		}
+		args = append(args, j.Queue, j.Kind, a, int64(j.Priority), int64(j.MaxAttempts), j.TimeoutMS, runAt, micros(j.Delay), meta)
 	}
 	return args
 }

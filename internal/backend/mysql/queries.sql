@@ -15,7 +15,7 @@
 -- time_zone '+00:00', READ COMMITTED and an explicit sql_mode (see Open).
 
 -- name: JobColumns
-id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors, fence
+id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors, fence, meta
 
 -- Insert: a multi-row "simple insert" (row count known in advance), so
 -- InnoDB assigns consecutive ids in every innodb_autoinc_lock_mode. A value
@@ -23,19 +23,21 @@ id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms, sched
 -- from the scheduled_at just computed and created_at (both the statement's
 -- now when there is no delay).
 -- name: InsertHead
-INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, scheduled_at, created_at, state, errors) VALUES
+INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, scheduled_at, created_at, state, errors, meta) VALUES
 
 -- name: InsertRow
-(?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]')
+(?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]', ?)
 
--- Unique jobs are inserted one row each (InsertUniqueHead + InsertUniqueRow):
--- a duplicate key (error 1062 on unique_idx) refuses the row alone and
--- leaves the transaction going; UniqueHolder then reads the holder.
+-- Unique jobs are inserted one row each (InsertUniqueHead + InsertUniqueRow)
+-- after UniqueHolder, a plain consistent read that takes no lock, found no
+-- holder: a duplicate key (error 1062 on unique_idx) then means a
+-- concurrent transaction took the key in between (see InsertUnique in
+-- unique.go for why that case is handled apart).
 -- name: InsertUniqueHead
-INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, scheduled_at, created_at, state, errors, unique_key, unique_keep) VALUES
+INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, scheduled_at, created_at, state, errors, meta, unique_key, unique_keep) VALUES
 
 -- name: InsertUniqueRow
-(?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]', ?, ?)
+(?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]', ?, ?, ?)
 
 -- name: UniqueHolder
 SELECT id FROM `{p}jobs` WHERE unique_live = ?

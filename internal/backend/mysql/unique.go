@@ -18,13 +18,24 @@ const uniqueRounds = 10
 
 // InsertUnique inserts unique jobs one row each, in key order, in tx (a
 // *sql.Tx on a MySQL or MariaDB connection) or in one transaction of its
-// own, retried whole on a deadlock. A row refused with a duplicate key
-// (the unique index on unique_live) gets the holder's id and its
-// duplicate flag. InnoDB keeps a shared lock on the holder's index entry
-// until the transaction ends, so a holder that finishes meanwhile waits
-// for that commit; concurrent inserters of one key that both wait for a
-// third may deadlock, which InnoDB resolves by rolling one back (retried
-// here in a transaction of our own; returned to the caller in theirs).
+// own, retried whole on a deadlock.
+//
+// Each job's key is first looked up with a plain (consistent, lock-free)
+// read: a job holding it makes this one a duplicate, and nothing is
+// locked. Only a key nobody holds is inserted; the unique index on
+// unique_live refuses it if a concurrent transaction took the key in
+// between (error 1062). InnoDB then keeps a shared lock on the holder's
+// index entry until this transaction ends, and the holder's completion
+// (which changes that entry) waits for it, with the rows of its batch,
+// and the process's heartbeat behind them. In a transaction of our own
+// that is moments; in the caller's it could be as long as the caller
+// keeps it open, and every job of the holder's process would lose its
+// lease meanwhile. So in the caller's transaction that race is
+// ErrUniqueRace: the caller rolls back, which releases the lock, and runs
+// its transaction again. Concurrent inserters of one key that both wait
+// for a third may deadlock, which InnoDB resolves by rolling one back
+// (retried here in a transaction of our own; returned to the caller in
+// theirs).
 func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, []bool, error) {
 	if len(jobs) == 0 {
 		return nil, nil, nil
@@ -41,7 +52,7 @@ func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertP
 	if tx == nil {
 		err := d.inTx(ctx, "insert unique", func(t *sql.Tx) error {
 			clear(dup)
-			return d.insertUnique(ctx, t, jobs, ids, dup)
+			return d.insertUnique(ctx, t, true, jobs, ids, dup)
 		})
 		if err != nil {
 			return nil, nil, err
@@ -52,13 +63,13 @@ func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertP
 	if !ok || t == nil {
 		return nil, nil, fmt.Errorf("conveyor/mysql: insert unique tx: got %T, want a non-nil *sql.Tx (database/sql on a go-sql-driver/mysql connection): %w", tx, driver.ErrTxType)
 	}
-	if err := d.insertUnique(ctx, t, jobs, ids, dup); err != nil {
+	if err := d.insertUnique(ctx, t, false, jobs, ids, dup); err != nil {
 		return nil, nil, d.wrap("insert unique tx", err)
 	}
 	return ids, dup, nil
 }
 
-func (d *Driver) insertUnique(ctx context.Context, tx *sql.Tx, jobs []driver.InsertParams, ids []int64, dup []bool) error {
+func (d *Driver) insertUnique(ctx context.Context, tx *sql.Tx, own bool, jobs []driver.InsertParams, ids []int64, dup []bool) error {
 	order := make([]int, len(jobs))
 	for i := range order {
 		order[i] = i
@@ -72,6 +83,14 @@ func (d *Driver) insertUnique(ctx context.Context, tx *sql.Tx, jobs []driver.Ins
 			if round == uniqueRounds {
 				return fmt.Errorf("job %d: its unique key was held and freed again %d times in a row", i, uniqueRounds)
 			}
+			holder, found, err := d.uniqueHolder(ctx, tx, j.UniqueKey)
+			if err != nil {
+				return err
+			}
+			if found {
+				ids[i], dup[i] = holder, true
+				break
+			}
 			res, err := tx.ExecContext(ctx, q, args...)
 			if err == nil {
 				id, err := res.LastInsertId()
@@ -84,17 +103,22 @@ func (d *Driver) insertUnique(ctx context.Context, tx *sql.Tx, jobs []driver.Ins
 			if myErrno(err) != errDupEntry {
 				return err
 			}
-			var holder int64
-			err = tx.QueryRowContext(ctx, d.q["UniqueHolder"], j.UniqueKey).Scan(&holder)
-			if errors.Is(err, sql.ErrNoRows) {
-				continue // the holder finished in between: try again
+			if !own {
+				return fmt.Errorf("job %d: %w", i, driver.ErrUniqueRace)
 			}
-			if err != nil {
-				return err
-			}
-			ids[i], dup[i] = holder, true
-			break
+			// Our own transaction commits in moments: read the holder
+			// (or, if it finished in between, try again).
 		}
 	}
 	return nil
+}
+
+// uniqueHolder reads, without locking, the job holding key.
+func (d *Driver) uniqueHolder(ctx context.Context, tx *sql.Tx, key []byte) (int64, bool, error) {
+	var holder int64
+	err := tx.QueryRowContext(ctx, d.q["UniqueHolder"], key).Scan(&holder)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil
+	}
+	return holder, err == nil, err
 }

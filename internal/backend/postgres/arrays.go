@@ -88,6 +88,12 @@ func (a *arrayLit) time(t time.Time) {
 	a.b.WriteByte('"')
 }
 
+// null appends a NULL element.
+func (a *arrayLit) null() {
+	a.sep()
+	a.b.WriteString("NULL")
+}
+
 // String closes the literal and returns it.
 func (a *arrayLit) String() string {
 	a.b.WriteByte('}')

@@ -26,7 +26,14 @@ func insertArgs(jobs []driver.InsertParams) []any {
 	for i := range jobs {
 		textSize += len(jobs[i].Queue) + len(jobs[i].Kind) + len(jobs[i].Args)
 	}
-	var queues, kinds, args, priorities, maxAttempts, timeouts, runAt, delays arrayLit
+	var queues, kinds, args, priorities, maxAttempts, timeouts, runAt, delays, metas arrayLit
+	withMeta := false
+	for i := range jobs {
+		if len(jobs[i].Meta) > 0 {
+			withMeta = true
+			textSize += len(jobs[i].Meta)
+		}
+	}
 	queues.init(textSize/2 + 3*n)
 	kinds.init(textSize/2 + 3*n)
 	args.init(textSize + 3*n)
@@ -35,6 +42,9 @@ func insertArgs(jobs []driver.InsertParams) []any {
 	timeouts.init(3 * n)
 	runAt.init(5 * n)
 	delays.init(2 * n)
+	// A batch without metadata sends an empty array: unnest pads it with
+	// NULLs (see the insert query).
+	metas.init(0)
 	for i := range jobs {
 		j := &jobs[i]
 		queues.str(j.Queue)
@@ -49,9 +59,16 @@ func insertArgs(jobs []driver.InsertParams) []any {
 		timeouts.int(j.TimeoutMS)
 		runAt.time(j.RunAt)
 		delays.int(micros(j.Delay))
+		if withMeta {
+			if len(j.Meta) == 0 {
+				metas.null()
+			} else {
+				metas.bytes(j.Meta)
+			}
+		}
 	}
 	return []any{queues.String(), kinds.String(), args.String(), priorities.String(),
-		maxAttempts.String(), timeouts.String(), runAt.String(), delays.String()}
+		maxAttempts.String(), timeouts.String(), runAt.String(), delays.String(), metas.String()}
 }
 
 // Insert inserts jobs with one statement in its own (implicit) transaction
@@ -118,14 +135,14 @@ func (d *Driver) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParam
 
 // copyColumns are the columns BulkInsert copies; the others take their
 // defaults.
-var copyColumns = []string{"queue", "kind", "args", "state", "priority", "max_attempts", "timeout_ms", "scheduled_at"}
+var copyColumns = []string{"queue", "kind", "args", "state", "priority", "max_attempts", "timeout_ms", "scheduled_at", "meta"}
 
 // copySource streams jobs to CopyFrom, reusing one row of values.
 type copySource struct {
 	jobs   []driver.InsertParams
 	now    time.Time
 	i      int
-	row    [8]any
+	row    [9]any
 	queues map[string]struct{} // queues with a job available now
 }
 
@@ -154,7 +171,11 @@ func (s *copySource) Values() ([]any, error) {
 	if len(args) == 0 {
 		args = emptyArgs
 	}
-	s.row = [8]any{j.Queue, j.Kind, args, state, int32(j.Priority), int32(j.MaxAttempts), j.TimeoutMS, sched}
+	var meta any // an untyped nil is NULL
+	if len(j.Meta) > 0 {
+		meta = string(j.Meta)
+	}
+	s.row = [9]any{j.Queue, j.Kind, args, state, int32(j.Priority), int32(j.MaxAttempts), j.TimeoutMS, sched, meta}
 	return s.row[:], nil
 }
 
@@ -217,7 +238,7 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 	)
 	dest := []any{&j.ID, &internScanner{in: &d.kinds, dst: &j.Kind}, &args, &j.Priority, &j.Attempt,
 		&j.MaxAttempts, &j.TimeoutMS, &j.ScheduledAt, &j.CreatedAt, &j.AttemptedAt, &j.LeaseExpiresAt,
-		&errorsScanner{dst: &j.Errors}, &j.Fence}
+		&errorsScanner{dst: &j.Errors}, &j.Fence, metaScanner{&j.Meta}}
 	var jobs []driver.JobRow // allocated on the first row: empty polls cost nothing
 	for rows.Next() {
 		if jobs == nil {

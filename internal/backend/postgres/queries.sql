@@ -39,18 +39,21 @@ SELECT current_setting('server_version'),
 -- Ids are drawn from the sequence in input order (WITH ORDINALITY) and
 -- returned in that order. One pg_notify per distinct queue that received a
 -- job that is available now, in the same statement and transaction.
+-- $9 is the metadata; a batch without any passes an empty array, which
+-- unnest pads with NULLs, so plain jobs cost nothing more.
 WITH input AS MATERIALIZED (
     SELECT nextval('{p}jobs_id_seq') AS id,
            i.ord, i.queue, i.kind, i.args, i.priority, i.max_attempts, i.timeout_ms,
-           coalesce(i.run_at, now() + i.delay_us * interval '1 microsecond') AS sched
-    FROM unnest($1::text[], $2::text[], $3::json[], $4::int[], $5::int[], $6::bigint[], $7::timestamptz[], $8::bigint[])
-         WITH ORDINALITY AS i(queue, kind, args, priority, max_attempts, timeout_ms, run_at, delay_us, ord)
+           coalesce(i.run_at, now() + i.delay_us * interval '1 microsecond') AS sched, i.meta
+    FROM unnest($1::text[], $2::text[], $3::json[], $4::int[], $5::int[], $6::bigint[], $7::timestamptz[], $8::bigint[],
+                $9::jsonb[])
+         WITH ORDINALITY AS i(queue, kind, args, priority, max_attempts, timeout_ms, run_at, delay_us, meta, ord)
 ),
 ins AS (
-    INSERT INTO {p}jobs (id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at)
+    INSERT INTO {p}jobs (id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at, meta)
     SELECT id, queue, kind, args,
            CASE WHEN sched > now() THEN 'scheduled' ELSE 'available' END,
-           priority, max_attempts, timeout_ms, sched
+           priority, max_attempts, timeout_ms, sched, meta
     FROM input
 ),
 woke AS (
@@ -60,7 +63,7 @@ woke AS (
 SELECT i.id FROM input i CROSS JOIN (SELECT count(*) FROM woke) w ORDER BY i.ord
 
 -- name: insert_unique
--- insert, for jobs with a unique key ($9, hex) and keep bits ($10), given
+-- insert, for jobs with a unique key ($10, hex) and keep bits ($11), given
 -- in key order: inserted in that order (ORDER BY ord), so that concurrent
 -- inserters of overlapping keys wait for each other in the same order and
 -- cannot deadlock. A row whose key is held by a stored job (or one being
@@ -71,17 +74,17 @@ WITH input AS MATERIALIZED (
     SELECT nextval('{p}jobs_id_seq') AS id,
            i.ord, i.queue, i.kind, i.args, i.priority, i.max_attempts, i.timeout_ms,
            coalesce(i.run_at, now() + i.delay_us * interval '1 microsecond') AS sched,
-           decode(i.ukey, 'hex') AS ukey, i.keep
+           i.meta, decode(i.ukey, 'hex') AS ukey, i.keep
     FROM unnest($1::text[], $2::text[], $3::json[], $4::int[], $5::int[], $6::bigint[], $7::timestamptz[], $8::bigint[],
-                $9::text[], $10::int[])
-         WITH ORDINALITY AS i(queue, kind, args, priority, max_attempts, timeout_ms, run_at, delay_us, ukey, keep, ord)
+                $9::jsonb[], $10::text[], $11::int[])
+         WITH ORDINALITY AS i(queue, kind, args, priority, max_attempts, timeout_ms, run_at, delay_us, meta, ukey, keep, ord)
 ),
 ins AS (
     INSERT INTO {p}jobs (id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at,
-                         unique_key, unique_keep)
+                         unique_key, unique_keep, meta)
     SELECT id, queue, kind, args,
            CASE WHEN sched > now() THEN 'scheduled' ELSE 'available' END,
-           priority, max_attempts, timeout_ms, sched, ukey, keep
+           priority, max_attempts, timeout_ms, sched, ukey, keep, meta
     FROM input
     ORDER BY ord
     ON CONFLICT DO NOTHING
@@ -135,7 +138,7 @@ SET state = 'running',
 FROM picked
 WHERE j.id = picked.id
 RETURNING j.id, j.kind, j.args, j.priority, j.attempt, j.max_attempts, j.timeout_ms,
-          j.scheduled_at, j.created_at, j.attempted_at, j.lease_expires_at, j.errors, j.fence
+          j.scheduled_at, j.created_at, j.attempted_at, j.lease_expires_at, j.errors, j.fence, j.meta
 
 -- name: claim_job
 -- One job by id, as claim claims it, whatever its queue or schedule, if it
@@ -152,7 +155,7 @@ SET state = 'running',
 WHERE id = $1 AND state IN ('available', 'scheduled', 'retryable')
 RETURNING id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
           scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
-          attempted_by, errors, fence
+          attempted_by, errors, fence, meta
 
 -- name: complete
 -- One statement for the whole batch, fenced by the claim's fence token and
@@ -285,14 +288,14 @@ LISTEN {p}wake
 -- name: get_job
 SELECT id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
        scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
-       attempted_by, errors, fence
+       attempted_by, errors, fence, meta
 FROM {p}jobs
 WHERE id = $1
 
 -- name: list_jobs
 SELECT id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
        scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
-       attempted_by, errors, fence
+       attempted_by, errors, fence, meta
 FROM {p}jobs
 WHERE id > $1
   AND (cardinality($2::text[]) = 0 OR state = ANY($2::text[]))
@@ -313,7 +316,7 @@ WITH u AS (
     WHERE id = $1 AND state IN ('discarded', 'cancelled', 'retryable', 'scheduled', 'completed')
     RETURNING id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
               scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
-              attempted_by, errors, fence
+              attempted_by, errors, fence, meta
 ),
 woke AS (SELECT pg_notify('{p}wake', queue) FROM u)
 SELECT u.* FROM u CROSS JOIN (SELECT count(*) FROM woke) w
@@ -332,7 +335,7 @@ WITH u AS (
     WHERE id = $1 AND state IN ('available', 'scheduled', 'retryable', 'running')
     RETURNING id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
               scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
-              attempted_by, errors, fence
+              attempted_by, errors, fence, meta
 ),
 woke AS (
     SELECT pg_notify('{p}wake', '!cancel') FROM u

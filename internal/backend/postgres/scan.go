@@ -28,6 +28,22 @@ func (s errorsScanner) ScanBytes(b []byte) error {
 	return json.Unmarshal(b, s.dst)
 }
 
+// metaScanner reads the meta column (jsonb) as its JSON text; NULL, the
+// common case, is nil without allocating.
+type metaScanner struct {
+	dst *json.RawMessage
+}
+
+// ScanBytes implements pgtype.BytesScanner.
+func (s metaScanner) ScanBytes(b []byte) error {
+	if b == nil {
+		*s.dst = nil
+		return nil
+	}
+	*s.dst = append(json.RawMessage(nil), b...)
+	return nil
+}
+
 // interner returns a shared string for a byte slice it has seen before, so
 // that scanning a batch of jobs of a few kinds does not allocate one string
 // per row. It holds at most maxInterned strings.
@@ -106,7 +122,7 @@ func scanJob(row pgx.Row) (*driver.JobRow, error) {
 	)
 	err := row.Scan(&j.ID, &j.Queue, &j.Kind, &args, &j.State, &priority, &attempt, &maxAttempts,
 		&j.TimeoutMS, &j.ScheduledAt, &j.CreatedAt, &attemptedAt, &finalizedAt, &leaseExpiresAt,
-		&attemptedBy, errorsScanner{&j.Errors}, &j.Fence)
+		&attemptedBy, errorsScanner{&j.Errors}, &j.Fence, metaScanner{&j.Meta})
 	if err != nil {
 		return nil, err
 	}
@@ -127,17 +143,20 @@ func scanSQLJobs(rows *sql.Rows) ([]*driver.JobRow, error) {
 	for rows.Next() {
 		j := new(driver.JobRow)
 		var (
-			args, errs                        []byte
+			args, errs, meta                  []byte
 			attemptedAt, finalizedAt, leaseAt sql.NullTime
 			attemptedBy                       sql.NullString
 		)
 		err := rows.Scan(&j.ID, &j.Queue, &j.Kind, &args, &j.State, &j.Priority, &j.Attempt, &j.MaxAttempts,
 			&j.TimeoutMS, &j.ScheduledAt, &j.CreatedAt, &attemptedAt, &finalizedAt, &leaseAt,
-			&attemptedBy, &errs, &j.Fence)
+			&attemptedBy, &errs, &j.Fence, &meta)
 		if err != nil {
 			return nil, err
 		}
 		j.Args = args
+		if len(meta) > 0 {
+			j.Meta = meta
+		}
 		j.AttemptedAt, j.FinalizedAt, j.LeaseExpiresAt = attemptedAt.Time, finalizedAt.Time, leaseAt.Time
 		j.AttemptedBy = attemptedBy.String
 		if len(errs) > 2 {

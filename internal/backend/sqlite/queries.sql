@@ -18,11 +18,12 @@ CAST(ROUND(unixepoch('subsec') * 1000000) AS INTEGER)
 -- name: job_columns
 id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
 scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
-attempted_by, errors, fence
+attempted_by, errors, fence, meta
 
 -- name: insert
 -- ?1: [[queue, kind, args as a JSON string, priority, max_attempts,
---       timeout_ms, run_at_us or null, delay_us], ...]
+--       timeout_ms, run_at_us or null, delay_us, meta as a JSON string or
+--       null], ...]
 -- Ids are assigned explicitly as base + key + 1, where base is the largest
 -- id ever used (AUTOINCREMENT's sqlite_sequence, or max(id)): within this
 -- statement, run under the write lock, the id is a strictly increasing
@@ -30,12 +31,12 @@ attempted_by, errors, fence
 -- input order whatever order RETURNING or the insertion loop use (so no
 -- ORDER BY is needed).
 INSERT INTO {p}jobs (id, queue, kind, args, state, priority, max_attempts,
-                     timeout_ms, scheduled_at, created_at)
+                     timeout_ms, scheduled_at, created_at, meta)
 SELECT b.base + r.k + 1, r.queue, r.kind, r.args,
        CASE WHEN coalesce(r.run_at, n.now + r.delay) > n.now
             THEN 'scheduled' ELSE 'available' END,
        r.priority, r.max_attempts, r.timeout_ms,
-       coalesce(r.run_at, n.now + r.delay), n.now
+       coalesce(r.run_at, n.now + r.delay), n.now, r.meta
 FROM (SELECT {now} AS now) AS n,
      (SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = '{p}jobs'), 0),
                  coalesce((SELECT max(id) FROM {p}jobs), 0)) AS base) AS b,
@@ -43,25 +44,25 @@ FROM (SELECT {now} AS now) AS n,
              value ->> 0 AS queue, value ->> 1 AS kind, value ->> 2 AS args,
              value ->> 3 AS priority, value ->> 4 AS max_attempts,
              value ->> 5 AS timeout_ms, value ->> 6 AS run_at,
-             value ->> 7 AS delay
+             value ->> 7 AS delay, value ->> 8 AS meta
         FROM json_each(?1)) AS r
 RETURNING id
 
 -- name: bulk_insert
 -- ?1: as for insert; ids are not needed, so SQLite assigns them.
 INSERT INTO {p}jobs (queue, kind, args, state, priority, max_attempts,
-                     timeout_ms, scheduled_at, created_at)
+                     timeout_ms, scheduled_at, created_at, meta)
 SELECT r.queue, r.kind, r.args,
        CASE WHEN coalesce(r.run_at, n.now + r.delay) > n.now
             THEN 'scheduled' ELSE 'available' END,
        r.priority, r.max_attempts, r.timeout_ms,
-       coalesce(r.run_at, n.now + r.delay), n.now
+       coalesce(r.run_at, n.now + r.delay), n.now, r.meta
 FROM (SELECT {now} AS now) AS n,
      (SELECT key AS k,
              value ->> 0 AS queue, value ->> 1 AS kind, value ->> 2 AS args,
              value ->> 3 AS priority, value ->> 4 AS max_attempts,
              value ->> 5 AS timeout_ms, value ->> 6 AS run_at,
-             value ->> 7 AS delay
+             value ->> 7 AS delay, value ->> 8 AS meta
         FROM json_each(?1)) AS r
 ORDER BY r.k
 
@@ -71,17 +72,17 @@ ORDER BY r.k
 -- (the partial unique index jobs_unique). "WHERE true" tells SQLite's
 -- parser that ON CONFLICT belongs to the INSERT, not to a join.
 INSERT INTO {p}jobs (queue, kind, args, state, priority, max_attempts,
-                     timeout_ms, scheduled_at, created_at, unique_key, unique_keep)
+                     timeout_ms, scheduled_at, created_at, unique_key, unique_keep, meta)
 SELECT r.queue, r.kind, r.args,
        CASE WHEN coalesce(r.run_at, n.now + r.delay) > n.now
             THEN 'scheduled' ELSE 'available' END,
        r.priority, r.max_attempts, r.timeout_ms,
-       coalesce(r.run_at, n.now + r.delay), n.now, ?2, ?3
+       coalesce(r.run_at, n.now + r.delay), n.now, ?2, ?3, r.meta
 FROM (SELECT {now} AS now) AS n,
      (SELECT value ->> 0 AS queue, value ->> 1 AS kind, value ->> 2 AS args,
              value ->> 3 AS priority, value ->> 4 AS max_attempts,
              value ->> 5 AS timeout_ms, value ->> 6 AS run_at,
-             value ->> 7 AS delay
+             value ->> 7 AS delay, value ->> 8 AS meta
         FROM json_each(?1)) AS r
 WHERE true
 ON CONFLICT DO NOTHING

@@ -2,8 +2,9 @@
 // processes against a real database, injects faults (processes killed or
 // paused past their lease, the database restarted, connections killed,
 // clocks skewed, poison jobs, a starved connection pool, saturated CPUs and
-// a throttled disk, transactions rolled back) and checks the outcome
-// exactly from records kept outside the queue's tables. `conveyor torture`
+// a throttled disk, transactions rolled back), with unique and periodic
+// jobs among the workload, and checks the outcome exactly from records
+// kept outside the queue's tables. `conveyor torture`
 // is its command; docs/torture.md describes the method.
 package torture
 
@@ -71,6 +72,9 @@ type Exec struct {
 	// Enqueued is when the producer enqueued the job (zero if unknown),
 	// for pick-up latency.
 	Enqueued time.Time
+	// Scheduled is a periodic job's ScheduledAt as its handler saw it
+	// (zero for other kinds).
+	Scheduled time.Time
 }
 
 // AttemptErr is one entry of a job's error history as stored.
@@ -82,14 +86,21 @@ type AttemptErr struct {
 
 // FinalJob is a job's row as read through the public API after the drain.
 type FinalJob struct {
-	// ID, Kind, State, Attempt and MaxAttempts are as stored.
+	// ID, Queue, Kind, State, Attempt, MaxAttempts and ScheduledAt are
+	// as stored.
 	ID          int64
+	Queue       string
 	Kind        string
 	State       string
 	Attempt     int
 	MaxAttempts int
+	ScheduledAt time.Time
 	// Token is the unique token the producer put in the job's arguments.
 	Token string
+	// U and W are the unique-key fields of the arguments of a unique
+	// job (see uniqueKeyOf); U is empty for other jobs.
+	U string
+	W int64
 	// Errors is the job's error history.
 	Errors []AttemptErr
 }
@@ -128,8 +139,18 @@ type Input struct {
 	// Poison lists the kinds that must end discarded.
 	Poison map[string]bool
 	// Applied lists, per job, the attempts a worker saw completed in the
-	// row shortly after they ran (the completion-effect log; sampled).
-	Applied map[int64][]int
+	// row shortly after they ran (the completion-effect log; sampled),
+	// and AppliedAt when a worker first saw the job completed.
+	Applied   map[int64][]int
+	AppliedAt map[int64]time.Time
+	// Told is what every committed enqueue of a unique job was told.
+	Told []Told
+	// Tick is the interval of the workers' periodic job (0: none);
+	// TickStop when the schedule was told to stop (no slot after it is
+	// required); Ups the worker process incarnations that ran it.
+	Tick     time.Duration
+	TickStop time.Time
+	Ups      []Up
 }
 
 // Findings is the checker's verdict on one run.
@@ -185,8 +206,36 @@ type Findings struct {
 	PoisonNotDiscarded []int64
 	// Unacknowledged counts rows nobody recorded an acknowledgement for
 	// (an enqueue whose result was an error, or a producer killed between
-	// its commit and its record): allowed.
+	// its commit and its record): allowed. Periodic jobs are not counted.
 	Unacknowledged int
+
+	// Unique jobs (see checkUnique). UniqueTold counts the committed
+	// enqueues of unique jobs and DupTold those told they were
+	// duplicates.
+	UniqueTold, DupTold int
+	// UniqueLiveTwice: two jobs of one key certainly unfinished at the
+	// same moment (key freed when a job finishes). Must be empty.
+	UniqueLiveTwice []string
+	// UniqueKeptTwice: two rows of one key whose jobs keep their key in
+	// every state, so that at most one may ever exist. Must be empty.
+	UniqueKeptTwice []string
+	// WrongHolder: an enqueue told an id that is not its key's holder
+	// (no such job, a job of another key, one that did not exist yet or
+	// had already finished). Must be empty.
+	WrongHolder []string
+
+	// Periodic jobs (see checkPeriodic). Slots counts the slots from the
+	// first to the last with a job; SlotsTwice lists slots with more than
+	// one job and SlotsMissed slots without one although a worker process
+	// ran the schedule all along: both must be empty. SlotsSkippedDown
+	// counts slots without a job while no worker process was up (allowed
+	// by design). OffSlot lists periodic jobs not due on a slot and
+	// PeriodicNotCompleted those that did not end completed: must be
+	// empty.
+	Slots, SlotsSkippedDown int
+	SlotsTwice, SlotsMissed []string
+	OffSlot                 []string
+	PeriodicNotCompleted    []int64
 }
 
 // Failures lists the violations in f, one line each; empty means the run
@@ -208,6 +257,13 @@ func (f *Findings) Failures() []string {
 	add(len(f.DuplicateRows), "enqueues stored twice", headS(f.DuplicateRows))
 	add(len(f.Stuck), "jobs stuck in a non-final state", head(f.Stuck))
 	add(len(f.PoisonNotDiscarded), "poison jobs not discarded", head(f.PoisonNotDiscarded))
+	add(len(f.UniqueLiveTwice), "duplicate unique jobs unfinished at once", headS(f.UniqueLiveTwice))
+	add(len(f.UniqueKeptTwice), "unique keys held by two kept jobs", headS(f.UniqueKeptTwice))
+	add(len(f.WrongHolder), "enqueues told an id that is not the key's holder", headS(f.WrongHolder))
+	add(len(f.SlotsTwice), "periodic slots fired twice", headS(f.SlotsTwice))
+	add(len(f.SlotsMissed), "periodic slots missed while a worker process ran the schedule", headS(f.SlotsMissed))
+	add(len(f.OffSlot), "periodic jobs not due on a slot", headS(f.OffSlot))
+	add(len(f.PeriodicNotCompleted), "periodic jobs not completed", head(f.PeriodicNotCompleted))
 	return out
 }
 
@@ -282,7 +338,7 @@ func Check(in *Input) *Findings {
 				f.RolledBackPresent = append(f.RolledBackPresent, fmt.Sprintf("%s (job %d)", j.Token, id))
 			}
 		}
-		if _, ok := in.Acked[id]; !ok {
+		if _, ok := in.Acked[id]; !ok && j.Kind != KindTick {
 			f.Unacknowledged++
 		}
 	}
@@ -377,7 +433,9 @@ func Check(in *Input) *Findings {
 			}
 		}
 	}
-	for _, s := range [][]int64{f.Lost, f.CompletedTwice, f.CompletionsUndone, f.StaleApplied, f.Stuck, f.PoisonNotDiscarded} {
+	in.checkUnique(f, byJob)
+	in.checkPeriodic(f, byJob)
+	for _, s := range [][]int64{f.Lost, f.CompletedTwice, f.CompletionsUndone, f.StaleApplied, f.Stuck, f.PoisonNotDiscarded, f.PeriodicNotCompleted} {
 		sort.Slice(s, func(a, b int) bool { return s[a] < s[b] })
 	}
 	sort.Strings(f.Unexplained)

@@ -255,6 +255,11 @@ func TestRecordsRoundTrip(t *testing.T) {
 	r.write(line{T: lineStart, Job: 8, Att: 2, Kind: KindWork, At: at(3).UnixNano()})
 	r.write(line{T: lineEnq, Job: 9, Tok: "x:1", Kind: KindWork})
 	r.write(line{T: lineCounters, C: map[string]int64{"stale_acks_refused": 4}})
+	// A duplicate told the holder's id: not an acknowledgement of job 9.
+	r.write(line{T: lineEnq, Job: 9, Tok: "x:2", Kind: KindWork, U: "work/L1", Dup: true, B: at(0.5).UnixNano()})
+	r.write(line{T: lineRollback, Tok: "x:3", U: "work/L1", Dup: true})
+	r.write(line{T: lineReady, At: at(0.1).UnixNano()})
+	r.write(line{T: lineStart, Job: 10, Att: 1, Kind: KindTick, Sch: at(0.2).UnixNano()})
 	if err := r.close(); err != nil {
 		t.Fatal(err)
 	}
@@ -262,10 +267,197 @@ func TestRecordsRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rs.execs) != 2 || rs.execs[0].Outcome != OutcomeOK || !rs.execs[0].End.Equal(at(2)) || !rs.execs[1].End.IsZero() {
+	if len(rs.execs) != 3 || rs.execs[0].Outcome != OutcomeOK || !rs.execs[0].End.Equal(at(2)) || !rs.execs[1].End.IsZero() {
 		t.Fatalf("execs %+v", rs.execs)
 	}
 	if rs.acked[9] != "x:1" || rs.sumCounter("stale_acks_refused") != 4 || rs.pids["w1.0"] == 0 {
 		t.Fatalf("records %+v", rs)
+	}
+	if len(rs.told) != 1 || rs.told[0].ID != 9 || !rs.told[0].Dup || !rs.told[0].Begin.Equal(at(0.5)) || rs.toldRolledBack != 1 || rs.dupRolledBack != 1 {
+		t.Fatalf("told %+v, rolled back %d/%d", rs.told, rs.toldRolledBack, rs.dupRolledBack)
+	}
+	if !rs.ready["w1.0"].Equal(at(0.1)) || !rs.execs[2].Scheduled.Equal(at(0.2)) {
+		t.Fatalf("ready %v, execs %+v", rs.ready, rs.execs)
+	}
+}
+
+// unique makes job id a unique job of key u (a live key "L..." or a kept
+// key "K..." of window w) and records that its enqueue, begun at begin,
+// was acknowledged at ack as a new job.
+func (w *world) unique(id int64, u string, win int64, begin, ack float64) *FinalJob {
+	j := w.in.Jobs[id]
+	j.Queue, j.U, j.W = Queue, u, win
+	w.told(j.Token, j.uniqueKey(), id, false, begin, ack)
+	return j
+}
+
+// told records that an enqueue of key was told id (and dup).
+func (w *world) told(tok, key string, id int64, dup bool, begin, ack float64) {
+	w.in.Told = append(w.in.Told, Told{Tok: tok, Key: key, ID: id, Dup: dup, Proc: "p1.0", Begin: at(begin), At: at(ack)})
+}
+
+func TestCheckerUniqueCleanRun(t *testing.T) {
+	w := newWorld()
+	// Live key L1: job 100, then, once it finished, job 101; a duplicate
+	// told job 100 while it ran.
+	w.job(100, "completed", 1)
+	w.exec(100, 1, 100, 1, 1.1, OutcomeOK)
+	a := w.unique(100, "L1", 0, 0.9, 0.95)
+	w.job(101, "completed", 1)
+	w.exec(101, 1, 100, 2, 2.1, OutcomeOK)
+	w.unique(101, "L1", 0, 1.8, 1.9)
+	w.told("p2.0:1", a.uniqueKey(), 100, true, 1.02, 1.05)
+	// Kept key K1 of window 5: one job, and two callers told it, one of
+	// them after it completed.
+	w.job(102, "completed", 1)
+	w.exec(102, 1, 200, 3, 3.1, OutcomeOK)
+	k := w.unique(102, "K1", 5, 2.9, 2.95)
+	w.told("p2.0:2", k.uniqueKey(), 102, true, 2.92, 2.99)
+	w.told("p2.0:3", k.uniqueKey(), 102, true, 4, 4.01)
+	w.in.AppliedAt = map[int64]time.Time{102: at(3.5)}
+	// The same kept key in the next window is another key.
+	w.job(103, "completed", 1)
+	w.exec(103, 1, 200, 3.2, 3.3, OutcomeOK)
+	w.unique(103, "K1", 6, 3.1, 3.15)
+	f := Check(w.in)
+	if fl := f.Failures(); len(fl) > 0 {
+		t.Fatalf("failures in a clean run: %v", fl)
+	}
+	if f.UniqueTold != 7 || f.DupTold != 3 {
+		t.Fatalf("unique told %d, duplicates told %d", f.UniqueTold, f.DupTold)
+	}
+}
+
+func TestCheckerReportsPlantedDuplicateUniqueJob(t *testing.T) {
+	w := newWorld()
+	// Live key L2: job 110 ran from 1s to 1.5s, and job 111 of the same
+	// key was inserted (its caller told "not a duplicate") and ran from
+	// 1.2s: two holders of one key at once.
+	w.job(110, "completed", 1)
+	w.exec(110, 1, 100, 1, 1.5, OutcomeOK)
+	w.unique(110, "L2", 0, 0.8, 0.9)
+	w.job(111, "completed", 1)
+	w.exec(111, 1, 200, 1.2, 1.3, OutcomeOK)
+	w.unique(111, "L2", 0, 1.1, 1.15)
+	// Live key L3: job 113 ran from 3.2s to 3.3s while job 112, whose
+	// enqueue was acknowledged at 3s, had not run yet.
+	w.job(112, "completed", 1)
+	w.exec(112, 1, 100, 3.5, 3.6, OutcomeOK)
+	w.unique(112, "L3", 0, 2.9, 3)
+	w.job(113, "completed", 1)
+	w.exec(113, 1, 200, 3.2, 3.3, OutcomeOK)
+	w.unique(113, "L3", 0, 3.05, 3.1)
+	// Kept key K0 of window 7: two rows.
+	w.job(114, "completed", 1)
+	w.exec(114, 1, 100, 5, 5.1, OutcomeOK)
+	w.unique(114, "K0", 7, 4.8, 4.9)
+	w.job(115, "completed", 1)
+	w.exec(115, 1, 200, 6, 6.1, OutcomeOK)
+	w.unique(115, "K0", 7, 5.8, 5.9)
+	f := Check(w.in)
+	if len(f.UniqueLiveTwice) != 2 || !strings.Contains(f.UniqueLiveTwice[0], "job 110") || !strings.Contains(f.UniqueLiveTwice[1], "job 113") {
+		t.Fatalf("unique live twice %v", f.UniqueLiveTwice)
+	}
+	if len(f.UniqueKeptTwice) != 1 || !strings.Contains(f.UniqueKeptTwice[0], "[114 115]") {
+		t.Fatalf("unique kept twice %v", f.UniqueKeptTwice)
+	}
+	assertFailure(t, f, "2 duplicate unique jobs unfinished at once")
+	assertFailure(t, f, "1 unique keys held by two kept jobs")
+}
+
+func TestCheckerReportsPlantedWrongHolder(t *testing.T) {
+	w := newWorld()
+	w.job(120, "completed", 1)
+	w.exec(120, 1, 100, 1, 1.1, OutcomeOK)
+	j := w.unique(120, "L1", 0, 0.5, 0.6)
+	w.in.AppliedAt = map[int64]time.Time{120: at(1.4)}
+	w.job(121, "completed", 1)
+	w.exec(121, 1, 100, 9, 9.1, OutcomeOK)
+	late := w.unique(121, "L2", 0, 8, 8.1)
+	w.told("p2.0:1", j.uniqueKey(), 999, true, 2, 2.1)          // no such job
+	w.told("p2.0:2", "work/L3", 120, true, 0.7, 0.8)            // a job of another key
+	w.told("p2.0:3", j.uniqueKey(), 120, true, 2, 2.1)          // seen completed at 1.4s
+	w.told("p2.0:4", late.uniqueKey(), 121, true, 7, 7.5)       // its enqueue began at 8s
+	w.told("p2.0:5", "work/torture/K1/3", 1, false, 0.01, 0.02) // a new job that is not unique
+	f := Check(w.in)
+	if len(f.WrongHolder) != 5 {
+		t.Fatalf("wrong holders %v", f.WrongHolder)
+	}
+	for _, want := range []string{"does not exist", `whose key is "work/L1"`, "seen completed", "whose own enqueue began", `whose key is ""`} {
+		if !strings.Contains(strings.Join(f.WrongHolder, "\n"), want) {
+			t.Errorf("no wrong holder mentions %q: %v", want, f.WrongHolder)
+		}
+	}
+	assertFailure(t, f, "5 enqueues told an id that is not the key's holder")
+}
+
+// ticks adds a periodic job per slot index of a 200ms schedule.
+func (w *world) ticks(from int64, idx ...float64) {
+	for i, s := range idx {
+		id := from + int64(i)
+		w.in.Jobs[id] = &FinalJob{ID: id, Queue: Queue, Kind: KindTick, State: "completed", Attempt: 1, MaxAttempts: 25, ScheduledAt: at(s * 0.2)}
+		w.in.Execs = append(w.in.Execs, Exec{Job: id, Attempt: 1, Kind: KindTick, PID: 100, Proc: "w1.0",
+			Start: at(s*0.2 + 0.01), End: at(s*0.2 + 0.02), Outcome: OutcomeOK, Scheduled: at(s * 0.2)})
+	}
+}
+
+func TestCheckerPeriodicCleanRun(t *testing.T) {
+	w := newWorld()
+	w.in.Tick = 200 * time.Millisecond
+	w.in.Ups = []Up{{Proc: "w1.0", PID: 100, Ready: at(-5)}}
+	w.ticks(200, 10, 11, 12, 13, 14, 15)
+	// Slot 16's job failed once and was retried later: the row's
+	// ScheduledAt moved, its first execution saw the slot.
+	w.ticks(206, 16)
+	w.in.Jobs[206].ScheduledAt = at(5.123)
+	// Slots 17 to 19 passed while the only worker process was dead,
+	// and the schedule skipped them.
+	w.in.Ups = append(w.in.Ups, Up{Proc: "w1.1", PID: 101, Ready: at(4.5)})
+	w.in.Ups[0].End = at(3.3)
+	w.ticks(207, 20, 21, 22, 23, 24)
+	f := Check(w.in)
+	if fl := f.Failures(); len(fl) > 0 {
+		t.Fatalf("failures in a clean run: %v", fl)
+	}
+	if f.Slots != 15 || f.SlotsSkippedDown != 3 {
+		t.Fatalf("slots %d, skipped while down %d", f.Slots, f.SlotsSkippedDown)
+	}
+}
+
+func TestCheckerReportsPlantedDoubleFiredSlot(t *testing.T) {
+	w := newWorld()
+	w.in.Tick = 200 * time.Millisecond
+	w.in.Ups = []Up{{Proc: "w1.0", PID: 100, Ready: at(-5)}, {Proc: "w2.0", PID: 200, Ready: at(-5), End: at(2.1)}}
+	// Slot 13 fired twice (a process restarted or resumed enqueued it
+	// again); slot 15 has no job although w1.0 ran the schedule all
+	// along; job 230 is due between two slots.
+	w.ticks(220, 10, 11, 12, 13, 13, 14, 16, 17)
+	w.ticks(230, 18.5)
+	// A periodic job left unfinished.
+	w.in.Jobs[227].State = "retryable"
+	f := Check(w.in)
+	if len(f.SlotsTwice) != 1 || !strings.Contains(f.SlotsTwice[0], "[223 224]") {
+		t.Fatalf("slots twice %v", f.SlotsTwice)
+	}
+	if len(f.SlotsMissed) != 1 || !strings.Contains(f.SlotsMissed[0], "12:00:03.000") || !strings.Contains(f.SlotsMissed[0], "w1.0") {
+		t.Fatalf("slots missed %v", f.SlotsMissed)
+	}
+	assertFailure(t, f, "1 periodic slots fired twice")
+	assertFailure(t, f, "1 periodic slots missed while a worker process ran the schedule")
+	assertFailure(t, f, "1 periodic jobs not due on a slot")
+	assertFailure(t, f, "1 periodic jobs not completed")
+	// A slot missed while a database fault was on is still required of a
+	// process that outlived the fault; of one that died during it, not.
+	w = newWorld()
+	w.in.Tick = 200 * time.Millisecond
+	w.in.Ups = []Up{{Proc: "w1.0", PID: 100, Ready: at(-5), End: at(6)}}
+	w.ticks(240, 10, 11, 13)
+	w.event(EventDBRestart, 0, 2.3, 5)
+	if f := Check(w.in); f.SlotsSkippedDown != 1 || len(f.SlotsMissed) != 0 {
+		t.Fatalf("slot missed during a fault its process died in: missed %v, skipped %d", f.SlotsMissed, f.SlotsSkippedDown)
+	}
+	w.in.Ups[0].End = at(9)
+	if f := Check(w.in); len(f.SlotsMissed) != 1 {
+		t.Fatalf("slot missed by a process that outlived the fault: missed %v", f.SlotsMissed)
 	}
 }

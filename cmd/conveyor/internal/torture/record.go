@@ -19,12 +19,13 @@ const (
 	lineHello    = "hello"    // the process is up (pid, role)
 	lineStart    = "start"    // a handler began an execution
 	lineEnd      = "end"      // a handler returned (out, err)
-	lineEnq      = "enq"      // an enqueue was acknowledged (job, tok)
+	lineEnq      = "enq"      // an enqueue was acknowledged (job, tok; for a unique job its key, the duplicate flag and when the call began)
 	lineRollback = "rb"       // a transactional enqueue was rolled back (tok)
 	lineAmbig    = "amb"      // an enqueue's outcome is unknown (error at commit)
 	lineApplied  = "applied"  // a worker saw the row completed at the attempt it ran
 	lineCounters = "counters" // the client's Counters(), written every 500ms and at exit
 	lineBye      = "bye"      // the process stopped gracefully
+	lineReady    = "ready"    // a worker process started its client (and its periodic job)
 )
 
 // line is one record line; T says which fields are set. Times are Unix
@@ -44,6 +45,14 @@ type line struct {
 	Err  string           `json:"err,omitempty"`
 	Tok  string           `json:"tok,omitempty"`
 	C    map[string]int64 `json:"c,omitempty"`
+	// U is a unique job's key (see uniqueKeyOf), Dup whether the enqueue
+	// was told it was a duplicate (Job is then the holder's id), and B
+	// when the enqueue call (or its transaction) began.
+	U   string `json:"u,omitempty"`
+	Dup bool   `json:"dup,omitempty"`
+	B   int64  `json:"b,omitempty"`
+	// Sch is a periodic job's ScheduledAt as its handler saw it.
+	Sch int64 `json:"sch,omitempty"`
 }
 
 // recorder appends lines to one file. Each line is one write(2) on an
@@ -109,7 +118,20 @@ type records struct {
 	ackedKind  map[int64]string // id -> kind
 	rolledBack map[string]bool
 	ambiguous  int
-	applied    map[int64][]int // job -> attempts seen completed
+	applied    map[int64][]int     // job -> attempts seen completed
+	appliedAt  map[int64]time.Time // job -> when a worker first saw it completed
+	// told: what every committed enqueue of a unique job was told;
+	// toldRolledBack counts those told in transactions rolled back, and
+	// dupRolledBack those of them told they were duplicates.
+	told                          []Told
+	toldRolledBack, dupRolledBack int
+	// failedTx counts the jobs of transactions rolled back because an
+	// enqueue in them failed (a deadlock, a lost connection), and
+	// failedTxErr is one of those errors.
+	failedTx    int
+	failedTxErr string
+	// ready: when each worker incarnation (proc) had started its client.
+	ready map[string]time.Time
 	// counters: the last counters line of each process incarnation
 	// (proc name -> counters), and which incarnations said goodbye.
 	counters map[string]map[string]int64
@@ -127,6 +149,7 @@ func readRecords(dir string) (*records, error) {
 	sort.Strings(files)
 	rs := &records{
 		acked: map[int64]string{}, ackedKind: map[int64]string{}, rolledBack: map[string]bool{}, applied: map[int64][]int{},
+		appliedAt: map[int64]time.Time{}, ready: map[string]time.Time{},
 		counters: map[string]map[string]int64{}, bye: map[string]bool{}, pids: map[string]int{},
 	}
 	type key struct {
@@ -160,6 +183,9 @@ func readRecords(dir string) (*records, error) {
 				if l.Enq != 0 {
 					e.Enqueued = time.Unix(0, l.Enq)
 				}
+				if l.Sch != 0 {
+					e.Scheduled = time.Unix(0, l.Sch)
+				}
 				rs.execs = append(rs.execs, e)
 			case lineEnd:
 				k := [2]int64{l.Job, int64(l.Att)}
@@ -173,14 +199,35 @@ func readRecords(dir string) (*records, error) {
 				rs.execs[i].Outcome = l.Out
 				rs.execs[i].Err = l.Err
 			case lineEnq:
-				rs.acked[l.Job] = l.Tok
-				rs.ackedKind[l.Job] = l.Kind
+				if l.U != "" {
+					rs.told = append(rs.told, Told{Tok: l.Tok, Key: l.U, ID: l.Job, Dup: l.Dup, Proc: l.Proc,
+						Begin: time.Unix(0, l.B), At: time.Unix(0, l.At)})
+				}
+				if !l.Dup { // a duplicate inserted nothing: the id is the holder's
+					rs.acked[l.Job] = l.Tok
+					rs.ackedKind[l.Job] = l.Kind
+				}
 			case lineRollback:
 				rs.rolledBack[l.Tok] = true
+				if l.Err != "" {
+					rs.failedTx++
+					rs.failedTxErr = l.Err
+				}
+				if l.U != "" {
+					rs.toldRolledBack++
+					if l.Dup {
+						rs.dupRolledBack++
+					}
+				}
+			case lineReady:
+				rs.ready[l.Proc] = time.Unix(0, l.At)
 			case lineAmbig:
 				rs.ambiguous++
 			case lineApplied:
 				rs.applied[l.Job] = append(rs.applied[l.Job], l.Att)
+				if t, ok := rs.appliedAt[l.Job]; !ok || time.Unix(0, l.At).Before(t) {
+					rs.appliedAt[l.Job] = time.Unix(0, l.At)
+				}
 			case lineCounters:
 				rs.counters[l.Proc] = l.C
 			case lineBye:

@@ -61,6 +61,13 @@ type Options struct {
 	// PoisonKinds are the poison kinds the poison fault enqueues.
 	// Default: panic, exit and hang.
 	PoisonKinds []string
+	// UniqueShare is the share of the producers' jobs that are unique
+	// (keys from small pools, so that duplicates happen). Default 0.25;
+	// negative: none.
+	UniqueShare float64
+	// Tick is the interval of the periodic job every worker process
+	// runs. Default a tenth of the lease; negative: none.
+	Tick time.Duration
 	// Keep keeps each phase's tables and record directory.
 	Keep bool
 	// Log receives progress lines; nil discards them.
@@ -115,6 +122,12 @@ func (o *Options) defaults() error {
 	if o.SmallPool <= 0 {
 		o.SmallPool = 1
 	}
+	if o.UniqueShare == 0 {
+		o.UniqueShare = 0.25
+	}
+	if o.Tick == 0 {
+		o.Tick = o.Lease / 10
+	}
 	if o.PoisonKinds == nil {
 		o.PoisonKinds = []string{KindPanic, KindExit, KindHang}
 	}
@@ -161,6 +174,16 @@ type Row struct {
 	// RecoveryS is the recovery time in seconds: nil when the fault lasts
 	// the whole phase, -1 when throughput did not come back.
 	RecoveryS *float64 `json:"recovery_s"`
+	// UniqueTold counts the committed enqueues of unique jobs, and
+	// DupTold those told they were duplicates; their violations are in
+	// Failures.
+	UniqueTold int `json:"unique_enqueues"`
+	DupTold    int `json:"duplicates_told"`
+	// Slots counts the periodic job's slots from the first to the last
+	// with a job, and SlotsSkippedDown those without one while no worker
+	// process ran the schedule (allowed); -1 when the phase ran none.
+	Slots            int `json:"periodic_slots"`
+	SlotsSkippedDown int `json:"periodic_slots_skipped_down"`
 	// Notes are measurements and observations; Failures are violations.
 	Notes    []string `json:"notes,omitempty"`
 	Failures []string `json:"failures,omitempty"`
@@ -187,9 +210,19 @@ type phase struct {
 	sup    *supervisor
 	rec    *recorder
 
-	workerArgs   []string
+	workerArgs []string
+	// producerRole is the role of the first producer (p1), p1Args its own
+	// arguments; producerArgs go to both producers (the second, p2, is
+	// always a plain producer).
 	producerRole string
+	p1Args       []string
 	producerArgs []string
+	p2Args       []string
+	// tick is the interval of the workers' periodic job (0: none); it is
+	// stopped at tickStop by a file at tickStopPath.
+	tick         time.Duration
+	tickStopPath string
+	tickStop     time.Time
 	rate         float64 // the producer's rate (Options.Rate unless the fault lowers it)
 	poison       map[string]bool
 	drainTimeout time.Duration
@@ -322,7 +355,7 @@ func runPhase(ctx context.Context, o *Options, f *fault, backend string, budget 
 	}
 	begin := time.Now()
 	p := &phase{o: o, f: f, backend: backend, dsn: o.DSN, prefix: newPrefix(), budget: budget, rate: o.Rate,
-		drainTimeout: drainTimeout(o.Lease), poison: map[string]bool{}, producerRole: "producer"}
+		drainTimeout: drainTimeout(o.Lease), poison: map[string]bool{}, producerRole: "producer", tick: max(o.Tick, 0)}
 	row = Row{Fault: f.name, Backend: backend}
 	defer func() {
 		for _, c := range p.cleanups {
@@ -378,7 +411,21 @@ func (p *phase) setUp(ctx context.Context) error {
 	common := []string{"--db", withAppName(p.dsn, "conveyor-torture"), "--prefix", p.prefix}
 	p.workerArgs = slices.Concat(common, []string{"--workers", strconv.Itoa(p.o.Concurrency), "--lease", p.o.Lease.String(),
 		"--job-timeout", jobTimeout(p.o.Lease).String()}, p.workerArgs)
-	p.producerArgs = slices.Concat(common, []string{"--rate", strconv.FormatFloat(p.rate, 'f', -1, 64)}, p.producerArgs)
+	if p.tick > 0 {
+		p.tickStopPath = filepath.Join(dir, "tick-stop")
+		p.workerArgs = append(p.workerArgs, "--tick", p.tick.String(), "--tick-stop", p.tickStopPath)
+	}
+	// Two producer processes enqueue unique jobs with the same keys: the
+	// first at the fault's rate share, the second at the rest (a quarter
+	// beside the transactional producer, else half).
+	share := 0.5
+	if p.producerRole != "producer" {
+		share = 0.75
+	}
+	rate := func(r float64) string { return strconv.FormatFloat(r, 'f', -1, 64) }
+	prod := slices.Concat(common, []string{"--unique-share", rate(max(p.o.UniqueShare, 0))}, p.producerArgs)
+	p.p2Args = slices.Concat(prod, []string{"--rate", rate(p.rate * (1 - share))})
+	p.producerArgs = slices.Concat(prod, []string{"--rate", rate(p.rate * share)}, p.p1Args)
 	for i := 1; i <= p.o.Workers; i++ {
 		if err := p.sup.start(ctx, fmt.Sprintf("w%d", i), "worker", p.workerArgs); err != nil {
 			return err
@@ -389,7 +436,11 @@ func (p *phase) setUp(ctx context.Context) error {
 
 // load runs the producer for the phase's budget and applies the fault.
 func (p *phase) load(ctx context.Context) error {
-	if err := p.sup.start(ctx, "p1", p.producerRole, p.producerArgs); err != nil {
+	// The producers start side by side: each waits for its client.
+	errs := make(chan error, 2)
+	go func() { errs <- p.sup.start(ctx, "p1", p.producerRole, p.producerArgs) }()
+	go func() { errs <- p.sup.start(ctx, "p2", "producer", p.p2Args) }()
+	if err := errors.Join(<-errs, <-errs); err != nil {
 		return err
 	}
 	p.loadStart = time.Now()
@@ -412,8 +463,26 @@ func (p *phase) load(ctx context.Context) error {
 		p.loadEnd = latest(p.loadEnd, p.faultEnd.Add(max(4*time.Second, p.o.Lease+2*time.Second)))
 	}
 	sleepUntil(ctx, p.loadEnd)
+	if p.tick > 0 {
+		err = errors.Join(err, p.stopTicks())
+	}
 	p.sup.stopRole(p.producerRole, 35*time.Second)
+	if p.producerRole != "producer" {
+		p.sup.stopRole("producer", 35*time.Second)
+	}
 	return err
+}
+
+// stopTicks ends the workers' periodic schedule now: it writes the time
+// to the file their schedule reads (renamed into place, so that it is
+// never read half-written).
+func (p *phase) stopTicks() error {
+	p.tickStop = time.Now()
+	tmp := p.tickStopPath + ".tmp"
+	if err := os.WriteFile(tmp, []byte(p.tickStop.Format(time.RFC3339Nano)), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p.tickStopPath)
 }
 
 func latest(a, b time.Time) time.Time {
@@ -483,7 +552,13 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 	}
 	events, deaths := p.sup.snapshot()
 	in := &Input{Lease: p.o.Lease, Acked: rs.acked, RolledBack: rs.rolledBack, Execs: rs.execs,
-		Jobs: jobs, Events: events, Deaths: deaths, Poison: p.poison, Applied: rs.applied}
+		Jobs: jobs, Events: events, Deaths: deaths, Poison: p.poison, Applied: rs.applied,
+		AppliedAt: rs.appliedAt, Told: rs.told, Tick: p.tick, TickStop: p.tickStop}
+	for proc, at := range rs.ready {
+		pid := rs.pids[proc]
+		in.Ups = append(in.Ups, Up{Proc: proc, PID: pid, Ready: at, End: deaths[pid]})
+	}
+	sort.Slice(in.Ups, func(a, b int) bool { return in.Ups[a].Ready.Before(in.Ups[b].Ready) })
 	fd := Check(in)
 	row.Enqueued, row.Completed, row.Discarded = fd.Enqueued, fd.Completed, fd.Discarded
 	twice := map[int64]bool{}
@@ -501,6 +576,21 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 	row.Duplicates, row.DuplicateCauses = fd.Duplicates, fd.DuplicateCauses
 	row.Overlaps, row.OverlapsExplained = len(fd.Overlaps), fd.OverlapsExplained
 	p.failures = append(p.failures, fd.Failures()...)
+	row.UniqueTold, row.DupTold = fd.UniqueTold, fd.DupTold
+	if fd.UniqueTold > 0 || rs.toldRolledBack > 0 {
+		p.note("unique jobs: %d committed enqueues, %d told duplicate (%d rows); in rolled-back transactions %d more, %d told duplicate",
+			fd.UniqueTold, fd.DupTold, fd.UniqueTold-fd.DupTold, rs.toldRolledBack, rs.dupRolledBack)
+	}
+	row.Slots, row.SlotsSkippedDown = fd.Slots, fd.SlotsSkippedDown
+	if p.tick > 0 {
+		p.note("periodic job every %v: %d slots with one job each, %d skipped while no worker process ran the schedule",
+			p.tick, fd.Slots-len(fd.SlotsTwice)-len(fd.SlotsMissed)-fd.SlotsSkippedDown, fd.SlotsSkippedDown)
+		if fd.Slots == 0 {
+			p.fail("the periodic job never ran")
+		}
+	} else {
+		row.Slots = -1
+	}
 	if fd.Unacknowledged > 0 {
 		p.note("%d rows without an acknowledged enqueue (%d enqueues ended in an error)", fd.Unacknowledged, rs.ambiguous)
 	}
@@ -572,10 +662,11 @@ func (p *phase) finalJobs(ctx context.Context) (map[int64]*FinalJob, error) {
 			return nil, err
 		}
 		for _, j := range page {
-			fj := &FinalJob{ID: j.ID, Kind: j.Kind, State: string(j.State), Attempt: j.Attempt, MaxAttempts: j.MaxAttempts}
+			fj := &FinalJob{ID: j.ID, Queue: j.Queue, Kind: j.Kind, State: string(j.State), Attempt: j.Attempt,
+				MaxAttempts: j.MaxAttempts, ScheduledAt: j.ScheduledAt}
 			var pl payload
 			if json.Unmarshal(j.EncodedArgs, &pl) == nil {
-				fj.Token = pl.Tok
+				fj.Token, fj.U, fj.W = pl.Tok, pl.U, pl.W
 			}
 			for _, e := range j.Errors {
 				fj.Errors = append(fj.Errors, AttemptErr{Attempt: e.Attempt, Error: e.Error})

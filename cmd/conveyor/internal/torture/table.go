@@ -13,19 +13,19 @@ import (
 // measurements and violations.
 func WriteTable(w io.Writer, rows []Row) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "FAULT\tBACKEND\tSECONDS\tENQUEUED\tCOMPLETED\tDISCARDED\tLOST\tCOMPLETED TWICE\tSTALE ACKS APPLIED\tSTALE ACKS REFUSED\tDUPLICATE EXECUTIONS\tOVERLAPS\tRECOVERY\tRESULT")
+	fmt.Fprintln(tw, "FAULT\tBACKEND\tSECONDS\tENQUEUED\tCOMPLETED\tDISCARDED\tLOST\tCOMPLETED TWICE\tSTALE ACKS APPLIED\tSTALE ACKS REFUSED\tDUPLICATE EXECUTIONS\tOVERLAPS\tRECOVERY\tUNIQUE (DUP TOLD)\tSLOTS\tRESULT")
 	for _, r := range rows {
 		if r.Skipped != "" {
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\tn/a\n", r.Fault, r.Backend)
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\tn/a\n", r.Fault, r.Backend)
 			continue
 		}
 		result := "ok"
 		if !r.OK() {
 			result = "FAIL"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\n",
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%d (%d)\t%s\t%s\n",
 			r.Fault, r.Backend, r.Seconds, r.Enqueued, r.Completed, r.Discarded, r.Lost, r.CompletedTwice,
-			r.StaleApplied, r.StaleRefused, dupText(r), overlapText(r), recoveryText(r), result)
+			r.StaleApplied, r.StaleRefused, dupText(r), overlapText(r), recoveryText(r), r.UniqueTold, r.DupTold, slotsText(r), result)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -81,5 +81,16 @@ func recoveryText(r Row) string {
 		return "not recovered"
 	default:
 		return fmt.Sprintf("%.1fs", *r.RecoveryS)
+	}
+}
+
+func slotsText(r Row) string {
+	switch {
+	case r.Slots < 0:
+		return "-"
+	case r.SlotsSkippedDown > 0:
+		return fmt.Sprintf("%d (%d skipped while down)", r.Slots, r.SlotsSkippedDown)
+	default:
+		return fmt.Sprint(r.Slots)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -48,12 +49,18 @@ const (
 	KindHang = "hang"
 )
 
+// TickName is the name of the workers' periodic schedule.
+const TickName = "torture-tick"
+
 // payload is the arguments of every torture job: a unique token, the work
-// duration and the time the producer began the enqueue.
+// duration and the time the producer began the enqueue; for a unique job
+// its key fields (see uniqueKeyOf). The periodic job has no token.
 type payload struct {
 	Tok string `json:"tok"`
 	MS  int    `json:"ms"`
 	Enq int64  `json:"enq"`
+	U   string `json:"u,omitempty"`
+	W   int64  `json:"w,omitempty"`
 }
 
 func (p payload) base() payload { return p }
@@ -63,12 +70,14 @@ type dbworkJob struct{ payload }
 type panicJob struct{ payload }
 type exitJob struct{ payload }
 type hangJob struct{ payload }
+type tickJob struct{ payload }
 
 func (workJob) Kind() string   { return KindWork }
 func (dbworkJob) Kind() string { return KindDBWork }
 func (panicJob) Kind() string  { return KindPanic }
 func (exitJob) Kind() string   { return KindExit }
 func (hangJob) Kind() string   { return KindHang }
+func (tickJob) Kind() string   { return KindTick }
 
 type torturePayload interface {
 	conveyor.JobArgs
@@ -86,6 +95,12 @@ type workerFlags struct {
 	longEvery                       int
 	longMS, minMS, maxMS            int
 	dbwork                          bool
+	// uniqueShare is the share of a producer's jobs that are unique.
+	uniqueShare float64
+	// tick is the interval of the workers' periodic job (0: none), and
+	// tickStop the file whose appearance stops it.
+	tick     time.Duration
+	tickStop string
 	// threads and until are the burner's busy threads and deadline;
 	// blkio is a blkio cgroup the process joins before anything else.
 	threads int
@@ -116,6 +131,9 @@ func parseWorkerFlags(args []string, stderr io.Writer) (*workerFlags, error) {
 	fs.IntVar(&w.longEvery, "long-every", 0, "producer: every Nth job is long (0: none)")
 	fs.IntVar(&w.longMS, "long-ms", 6000, "producer: duration of a long job (ms)")
 	fs.BoolVar(&w.dbwork, "dbwork", false, "producer: enqueue dbwork jobs instead of work")
+	fs.Float64Var(&w.uniqueShare, "unique-share", 0, "producers: share of the jobs that are unique, with keys from small pools")
+	fs.DurationVar(&w.tick, "tick", 0, "worker: interval of the periodic job (0: none)")
+	fs.StringVar(&w.tickStop, "tick-stop", "", "worker: the periodic job has no slot after the time written in this file, once it exists")
 	fs.IntVar(&w.threads, "threads", 0, "burn: busy threads (0: twice the CPUs)")
 	fs.Func("until", "burn: exit by itself at this time (RFC 3339)", func(s string) (err error) {
 		w.until, err = time.Parse(time.RFC3339Nano, s)
@@ -258,9 +276,26 @@ func runWorker(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.
 	add(c, rec, onOK, func(ctx context.Context, j *conveyor.Job[hangJob]) error {
 		select {} // ignores its context and never returns
 	})
+	add(c, rec, onOK, func(ctx context.Context, j *conveyor.Job[tickJob]) error { return sleep(ctx, j.Args.MS) })
+	if w.tick > 0 {
+		// Every worker process runs the schedule: the database must keep
+		// one job per slot whichever of them are killed, paused or
+		// restarted. Its jobs go to the ordinary queue (the exit
+		// worker's run it too but does not work that queue).
+		err := c.AddPeriodic(conveyor.PeriodicJob{
+			Name:     TickName,
+			Schedule: &stoppable{Schedule: conveyor.Every(w.tick), path: w.tickStop},
+			Args:     tickJob{payload{MS: 5}},
+			Opts:     &conveyor.EnqueueOpts{Queue: Queue},
+		})
+		if err != nil {
+			return err
+		}
+	}
 	if err := c.Start(ctx); err != nil {
 		return err
 	}
+	rec.write(line{T: lineReady})
 	fmt.Fprintln(stdout, "ready")
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
@@ -319,7 +354,11 @@ func add[T torturePayload](c *conveyor.Client[any], rec *recorder, onOK func(int
 	var zero T
 	kind := zero.Kind()
 	err := conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[T]) (err error) {
-		rec.write(line{T: lineStart, Job: j.ID, Att: j.Attempt, Kind: kind, Enq: j.Args.base().Enq})
+		l := line{T: lineStart, Job: j.ID, Att: j.Attempt, Kind: kind, Enq: j.Args.base().Enq}
+		if kind == KindTick {
+			l.Sch = j.ScheduledAt.UnixNano()
+		}
+		rec.write(l)
 		defer func() {
 			if r := recover(); r != nil {
 				rec.write(line{T: lineEnd, Job: j.ID, Att: j.Attempt, Out: OutcomePanic, Err: fmt.Sprint(r)})
@@ -359,10 +398,53 @@ func openMigrated(ctx context.Context, dsn string, cfg *conveyor.Config, opts co
 	}
 }
 
-// jobSpec says what the next job of a producer is.
+// stoppable is a schedule that has no slot after the time written in a
+// file, once that file exists: the orchestrator stops the periodic job
+// at the end of the load, so that the queue can drain.
+type stoppable struct {
+	conveyor.Schedule
+	path string
+	mu   sync.Mutex
+	stop time.Time
+}
+
+func (s *stoppable) Next(t time.Time) time.Time {
+	n := s.Schedule.Next(t)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stop.IsZero() && s.path != "" {
+		if b, err := os.ReadFile(s.path); err == nil {
+			s.stop, _ = time.Parse(time.RFC3339Nano, strings.TrimSpace(string(b)))
+		}
+	}
+	if !s.stop.IsZero() && n.After(s.stop) {
+		return time.Time{}
+	}
+	return n
+}
+
+// jobSpec says what the next job of a producer is: its kind, duration,
+// and for a unique job its key fields and options.
 type jobSpec struct {
-	kind string
-	ms   int
+	kind   string
+	ms     int
+	u      string
+	w      int64
+	unique *conveyor.UniqueOpts
+}
+
+// The torture's unique options (see uniqueKeyOf).
+var (
+	liveUnique = &conveyor.UniqueOpts{ArgsFields: []string{"u"}}
+	keptUnique = &conveyor.UniqueOpts{ArgsFields: []string{"u", "w"}, ByQueue: true, States: conveyor.JobStates()}
+)
+
+// key is the spec's unique key, as the checker names it.
+func (s jobSpec) key() string { return uniqueKeyOf(s.kind, Queue, s.u, s.w) }
+
+// opts are the spec's enqueue options.
+func (s jobSpec) opts() *conveyor.EnqueueOpts {
+	return &conveyor.EnqueueOpts{Queue: Queue, Unique: s.unique}
 }
 
 func (w *workerFlags) nextJob(n int64) jobSpec {
@@ -370,14 +452,23 @@ func (w *workerFlags) nextJob(n int64) jobSpec {
 	if w.dbwork {
 		kind = KindDBWork
 	}
+	s := jobSpec{kind: kind, ms: w.minMS + rand.IntN(max(1, w.maxMS-w.minMS+1))}
 	if w.longEvery > 0 && n%int64(w.longEvery) == 0 {
-		return jobSpec{KindWork, w.longMS}
+		s = jobSpec{kind: KindWork, ms: w.longMS}
 	}
-	return jobSpec{kind, w.minMS + rand.IntN(max(1, w.maxMS-w.minMS+1))}
+	if w.uniqueShare > 0 && rand.Float64() < w.uniqueShare {
+		k := rand.IntN(uniqueKeys)
+		if rand.IntN(2) == 0 {
+			s.u, s.unique = fmt.Sprintf("%s%d", uniqueLive, k), liveUnique
+		} else {
+			s.u, s.w, s.unique = fmt.Sprintf("%s%d", uniqueKept, k), time.Now().UnixNano()/int64(keptWindow), keptUnique
+		}
+	}
+	return s
 }
 
-func encodePayload(tok string, ms int) json.RawMessage {
-	b, _ := json.Marshal(payload{Tok: tok, MS: ms, Enq: time.Now().UnixNano()})
+func encodePayload(tok string, s jobSpec) json.RawMessage {
+	b, _ := json.Marshal(payload{Tok: tok, MS: s.ms, Enq: time.Now().UnixNano(), U: s.u, W: s.w})
 	return b
 }
 
@@ -424,9 +515,11 @@ func runProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slo
 		tok := fmt.Sprintf("%s:%d", w.proc, n)
 		spec := w.nextJob(n)
 		// The enqueue is not tied to ctx: SIGTERM must not turn a commit
-		// into an unknown outcome.
+		// into an unknown outcome. EnqueueMany of one job is coalesced
+		// like Enqueue, and says whether a unique job was a duplicate.
 		ectx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		id, err := c.Enqueue(ectx, conveyor.RawArgs{KindName: spec.kind, JSON: encodePayload(tok, spec.ms)}, &conveyor.EnqueueOpts{Queue: Queue})
+		begin := time.Now()
+		res, err := c.EnqueueMany(ectx, []conveyor.EnqueueItem{{Args: conveyor.RawArgs{KindName: spec.kind, JSON: encodePayload(tok, spec)}, Opts: spec.opts()}})
 		cancel()
 		if err != nil {
 			rec.write(line{T: lineAmbig, Tok: tok, Err: err.Error()})
@@ -436,7 +529,11 @@ func runProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slo
 			}
 			return
 		}
-		rec.write(line{T: lineEnq, Job: id, Tok: tok, Kind: spec.kind})
+		l := line{T: lineEnq, Job: res[0].ID, Tok: tok, Kind: spec.kind}
+		if spec.unique != nil {
+			l.U, l.Dup, l.B = spec.key(), res[0].Duplicate, begin.UnixNano()
+		}
+		rec.write(l)
 	})
 	return nil
 }
@@ -535,14 +632,28 @@ func runTxProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *s
 		n := 1 + rand.IntN(3)
 		items := make([]conveyor.EnqueueItem, n)
 		toks := make([]string, n)
-		kinds := make([]string, n)
+		specs := make([]jobSpec, n)
 		for i := range items {
 			k := seq.Add(1)
 			toks[i] = fmt.Sprintf("%s:%d", w.proc, k)
-			spec := w.nextJob(k)
-			kinds[i] = spec.kind
-			items[i] = conveyor.EnqueueItem{Args: conveyor.RawArgs{KindName: spec.kind, JSON: encodePayload(toks[i], spec.ms)}, Opts: &conveyor.EnqueueOpts{Queue: Queue}}
+			specs[i] = w.nextJob(k)
+			items[i] = conveyor.EnqueueItem{Args: conveyor.RawArgs{KindName: specs[i].kind, JSON: encodePayload(toks[i], specs[i])}, Opts: specs[i].opts()}
 		}
+		// told records what item i was told (r: its result, nil if none).
+		told := func(t string, i int, r *conveyor.EnqueueResult, begin time.Time, err error) {
+			l := line{T: t, Tok: toks[i], Kind: specs[i].kind}
+			if err != nil {
+				l.Err = err.Error()
+			}
+			if r != nil {
+				l.Job = r.ID
+				if specs[i].unique != nil {
+					l.U, l.Dup, l.B = specs[i].key(), r.Duplicate, begin.UnixNano()
+				}
+			}
+			rec.write(l)
+		}
+		begin := time.Now()
 		h, err := tb.begin(bctx)
 		if err != nil {
 			logger.Warn("torture: begin failed", "err", err)
@@ -552,8 +663,8 @@ func runTxProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *s
 		ids, err := c.EnqueueManyTx(bctx, h.tx, items)
 		if err != nil {
 			_ = h.rollback(bctx)
-			for _, t := range toks {
-				rec.write(line{T: lineRollback, Tok: t, Err: err.Error()})
+			for i := range toks {
+				told(lineRollback, i, nil, begin, err)
 			}
 			return
 		}
@@ -565,19 +676,19 @@ func runTxProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *s
 				// (nothing was committed).
 				logger.Warn("torture: rollback failed", "err", err)
 			}
-			for _, t := range toks {
-				rec.write(line{T: lineRollback, Tok: t})
+			for i := range toks {
+				told(lineRollback, i, &ids[i], begin, nil)
 			}
 			return
 		}
 		if err := h.commit(bctx); err != nil {
-			for _, t := range toks {
-				rec.write(line{T: lineAmbig, Tok: t, Err: err.Error()})
+			for i := range toks {
+				told(lineAmbig, i, nil, begin, err)
 			}
 			return
 		}
-		for i, r := range ids {
-			rec.write(line{T: lineEnq, Job: r.ID, Tok: toks[i], Kind: kinds[i]})
+		for i := range ids {
+			told(lineEnq, i, &ids[i], begin, nil)
 		}
 	})
 	return nil
