@@ -130,6 +130,20 @@ func (b *browser) waitFor(what, js string) {
 	}
 }
 
+// click clicks the element selector matches, as a user would, in one
+// step of the page's own script: the live updates redraw table rows, and a
+// node found in one DevTools call can be gone by the next (chromedp's
+// Click looks the node up, then clicks it). It waits until the element
+// exists.
+func (b *browser) click(what, selector string) {
+	b.t.Helper()
+	sel := jsString(selector)
+	b.waitFor(what, "document.querySelector("+sel+")")
+	if _, err := b.eval("(document.querySelector(" + sel + ").click(), true)"); err != nil {
+		b.t.Fatalf("%s: %v", what, err)
+	}
+}
+
 func (b *browser) navigate(url string) { b.t.Helper(); b.do("navigate "+url, chromedp.Navigate(url)) }
 
 // api calls the server's JSON API with the admin token.
@@ -226,7 +240,7 @@ func TestBrowserDashboard(t *testing.T) {
 	b.waitFor("fill drained", cell("fill", "completed")+` === "40" && `+cell("fill", "available")+` === "0" && `+cell("fill", "running")+` === "0" && window.__noReload === 1`)
 
 	// Pause and resume the queue with the buttons.
-	b.do("pause", chromedp.Click(chromedp.CSS(`tr[data-queue="fill"] button.pause`)))
+	b.click("pause", `tr[data-queue="fill"] button.pause`)
 	b.waitFor("fill paused", `document.querySelector('tr[data-queue="fill"] .badge.paused') && document.querySelector(".flash")`)
 	var qs struct {
 		Queues []struct {
@@ -238,7 +252,7 @@ func TestBrowserDashboard(t *testing.T) {
 	if len(qs.Queues) != 1 || !qs.Queues[0].Paused {
 		t.Fatalf("after pause: %+v", qs)
 	}
-	b.do("resume", chromedp.Click(chromedp.CSS(`tr[data-queue="fill"] button.resume`)))
+	b.click("resume", `tr[data-queue="fill"] button.resume`)
 	b.waitFor("fill resumed", `document.querySelector('tr[data-queue="fill"] .badge.active')`)
 
 	// A job fails for good, with markup in its arguments and its error.
@@ -257,7 +271,7 @@ func TestBrowserDashboard(t *testing.T) {
 	b.waitFor("the job list", `document.querySelectorAll("#jobs tbody tr[data-id]").length === 41`)
 	b.do("filter", chromedp.SetValue(chromedp.CSS("#f-state"), "discarded"), chromedp.SetValue(chromedp.CSS("#f-kind"), "flaky"), chromedp.Click(chromedp.CSS(`#filters button[type="submit"]`)))
 	b.waitFor("the filtered list", `location.search.includes("state=discarded") && document.querySelectorAll("#jobs tbody tr[data-id]").length === 1`)
-	b.do("open the job", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#jobs a[href$="/jobs/%d"]`, one.ID))))
+	b.click("open the job", fmt.Sprintf(`#jobs a[href$="/jobs/%d"]`, one.ID))
 	b.waitFor("the job page", `document.body.dataset.page === "job" && document.querySelector("#job-state").textContent === "discarded"`)
 	inert := `document.querySelector("#errors pre.error-text").textContent.includes(` + jsString(xssPayload) + `)` +
 		` && document.querySelector("#job-args").textContent.includes(` + jsString(`"><img src=x onerror=alert(1)>`) + `)` +
@@ -274,7 +288,7 @@ func TestBrowserDashboard(t *testing.T) {
 
 	// Retry it from its page.
 	b.navigate(fmt.Sprintf("%s/jobs/%d", base, one.ID))
-	b.do("retry", chromedp.Click(chromedp.CSS(`#actions form[data-action="retry"] button`)))
+	b.click("retry", `#actions form[data-action="retry"] button`)
 	b.waitFor("the job retried", `document.querySelector("#job-state").textContent === "available" && document.querySelector(".flash")`)
 
 	// Bulk: tick every completed job of the list and retry them at once.
