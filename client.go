@@ -303,14 +303,7 @@ func (c *Client[TTx]) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOp
 // mixes unique and other jobs is two inserts.
 func (c *Client[TTx]) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]EnqueueResult, error) {
 	var rs []EnqueueResult
-	err := c.enqueueThrough(ctx, items, func(ctx context.Context, items []EnqueueItem) error {
-		if err := c.ready(ctx); err != nil {
-			return err
-		}
-		ps, err := c.params(items)
-		if err != nil || len(ps) == 0 {
-			return err
-		}
+	err := c.enqueueThrough(ctx, items, func(ctx context.Context, ps []driver.InsertParams) (err error) {
 		rs, err = results(c.eng.Insert(ctx, ps))
 		return err
 	})
@@ -360,14 +353,7 @@ func (c *Client[TTx]) EnqueueTx(ctx context.Context, tx TTx, args JobArgs, opts 
 // with one result per job as EnqueueMany.
 func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []EnqueueItem) ([]EnqueueResult, error) {
 	var rs []EnqueueResult
-	err := c.enqueueThrough(ctx, items, func(ctx context.Context, items []EnqueueItem) error {
-		if err := c.ready(ctx); err != nil {
-			return err
-		}
-		ps, err := c.params(items)
-		if err != nil || len(ps) == 0 {
-			return err
-		}
+	err := c.enqueueThrough(ctx, items, func(ctx context.Context, ps []driver.InsertParams) (err error) {
 		rs, err = results(c.eng.InsertTx(ctx, c.unwrap(tx), ps))
 		return err
 	})
@@ -382,14 +368,7 @@ func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []Enqueue
 // Use it for loading thousands of jobs at once; ids are not returned.
 func (c *Client[TTx]) EnqueueBulk(ctx context.Context, items []EnqueueItem) (int64, error) {
 	var n int64
-	err := c.enqueueThrough(ctx, items, func(ctx context.Context, items []EnqueueItem) error {
-		if err := c.ready(ctx); err != nil {
-			return err
-		}
-		ps, err := c.params(items)
-		if err != nil || len(ps) == 0 {
-			return err
-		}
+	err := c.enqueueThrough(ctx, items, func(ctx context.Context, ps []driver.InsertParams) (err error) {
 		n, err = c.eng.BulkInsert(ctx, ps)
 		return err
 	})

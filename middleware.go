@@ -1,6 +1,10 @@
 package conveyor
 
-import "context"
+import (
+	"context"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
 
 // WorkMiddleware wraps each attempt of a job, for logging, tracing,
 // metrics or tenancy: it runs before the handler, calls next to run the
@@ -30,9 +34,20 @@ func chainWork(mws []WorkMiddleware, job *JobInfo, h func(ctx context.Context) e
 	return h
 }
 
-// enqueueThrough runs do (the enqueue proper) inside the client's enqueue
-// middleware, the first outermost.
-func (c *Client[TTx]) enqueueThrough(ctx context.Context, items []EnqueueItem, do func(ctx context.Context, items []EnqueueItem) error) error {
+// enqueueThrough runs the client's enqueue middleware, the first
+// outermost, around the enqueue proper: the schema check, the items
+// checked and encoded, and insert, which runs only when there are jobs.
+func (c *Client[TTx]) enqueueThrough(ctx context.Context, items []EnqueueItem, insert func(ctx context.Context, ps []driver.InsertParams) error) error {
+	do := func(ctx context.Context, items []EnqueueItem) error {
+		if err := c.ready(ctx); err != nil {
+			return err
+		}
+		ps, err := c.params(items)
+		if err != nil || len(ps) == 0 {
+			return err
+		}
+		return insert(ctx, ps)
+	}
 	mws := c.cfg.EnqueueMiddleware
 	if len(mws) == 0 {
 		return do(ctx, items)

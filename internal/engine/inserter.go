@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -160,6 +161,21 @@ func (e *Engine) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParam
 // with the key of an earlier one is its duplicate). A batch mixing both
 // kinds outside a transaction is two inserts.
 func (e *Engine) insertSplit(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, []bool, error) {
+	if !slices.ContainsFunc(jobs, func(j driver.InsertParams) bool { return j.UniqueKey != nil }) {
+		// The common batch, no unique job: one insert, as before unique
+		// jobs existed.
+		var ids []int64
+		var err error
+		if tx == nil {
+			ids, err = e.drv.Insert(ctx, jobs)
+		} else {
+			ids, err = e.drv.InsertTx(ctx, tx, jobs)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		return ids, make([]bool, len(jobs)), nil
+	}
 	ids, dup := make([]int64, len(jobs)), make([]bool, len(jobs))
 	var plain, uniq []driver.InsertParams
 	var plainAt, uniqAt []int
