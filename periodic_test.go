@@ -103,7 +103,7 @@ func TestPeriodicMissedSlots(t *testing.T) {
 		t.Run(map[bool]string{false: "skipped", true: "run-once"}[runMissed], func(t *testing.T) {
 			ctx := context.Background()
 			dsn := backends[0].dsn(t)
-			const step = 200 * time.Millisecond
+			const step = time.Second
 			// run runs the schedule in a new client until done says so.
 			run := func(done func(c *conveyor.Client[any]) bool) *conveyor.Client[any] {
 				cfg := fast(testdb.Prefix())
@@ -136,7 +136,13 @@ func TestPeriodicMissedSlots(t *testing.T) {
 				t.Fatal("no slot enqueued in a second of 200ms slots")
 			}
 			stoppedAt := time.Now()
-			time.Sleep(time.Second) // about five slots pass with nothing running
+			// Slots pass with nothing running; then restart just after a
+			// slot, so that the restarted loop, however slow a loaded
+			// machine makes its start, reads the clock before the next
+			// slot: the latest missed slot is then the one just passed,
+			// before restartedAt.
+			time.Sleep(2 * step)
+			time.Sleep(time.Until(time.Now().Truncate(step).Add(step + 20*time.Millisecond)))
 			restartedAt := time.Now()
 			// Until a slot after the restart exists: the missed ones were
 			// handled before the first new slot.
