@@ -25,6 +25,9 @@ type HoldFigures struct {
 	// ended, in seconds since the load began.
 	StartS float64 `json:"start_s"`
 	EndS   float64 `json:"end_s"`
+	// Session is the held session's application_name (PostgreSQL), to
+	// find it in pg_stat_activity.
+	Session string `json:"session,omitempty"`
 	// Released: it was rolled back (or its connection closed, which ends
 	// it on the server).
 	Released bool `json:"released"`
@@ -32,19 +35,20 @@ type HoldFigures struct {
 	ReleaseError string `json:"release_error,omitempty"`
 }
 
-// holdAppName is the PostgreSQL application_name of the held session.
+// holdAppName begins the PostgreSQL application_name of the held session
+// (followed by the run's prefix).
 const holdAppName = "conveyor-bench-hold"
 
 // heldTx is a read transaction held open on a connection of its own. It
 // only reads; release ends it, once, and is safe to call from any
 // goroutine and on every exit path.
 type heldTx struct {
-	fig     HoldFigures
-	t0      time.Time
-	once    sync.Once
-	mu      sync.Mutex
-	end     func(context.Context) error // rollback and close
-	opened  time.Time                   // when the reads were done
+	fig    HoldFigures
+	t0     time.Time
+	once   sync.Once
+	mu     sync.Mutex
+	end    func(context.Context) error // rollback and close
+	opened time.Time                   // when the reads were done
 }
 
 // start sets the moment the figures count from (the load's start).
@@ -81,7 +85,8 @@ func holdSnapshot(ctx context.Context, dsn, backend, prefix string, safety time.
 		if err != nil {
 			return nil, err
 		}
-		cfg.RuntimeParams["application_name"] = holdAppName
+		h.fig.Session = holdAppName + " " + prefix
+		cfg.RuntimeParams["application_name"] = h.fig.Session
 		conn, err := pgx.ConnectConfig(ctx, cfg)
 		if err != nil {
 			return nil, err
