@@ -199,7 +199,7 @@ func (c cpuReader) read() cpuTimes {
 // between two readings by the server, this process and everything.
 func cpuShares(a, b cpuTimes) (server, self, busy *float64) {
 	d := float64(b.total - a.total)
-	if d <= 0 {
+	if d < 50 { // under half a second of one core's ticks: too coarse to say
 		return nil, nil, nil
 	}
 	f := func(v int64) *float64 { x := max(0, float64(v)/d); return &x }
