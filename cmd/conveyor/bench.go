@@ -23,11 +23,11 @@ import (
 // queue commands' ./conveyor.db).
 func benchCmd(e *env, args []string) error {
 	f := e.flags("bench", "bench [--db DSN] [--workload W] [flags]", dbHelpScratch)
-	workload := f.String("workload", "drain", "drain, flow, latency, sweep, isolation or claims")
+	workload := f.String("workload", "drain", "drain, flow, latency, sweep, isolation, claims or steady")
 	workers := f.Int("workers", 0, "workers: the queue's MaxWorkers (default 100); claims: claiming goroutines (default 10)")
 	jobs := f.Int("jobs", 0, "jobs: drain 100000, latency 1000, claims 10000, isolation 300 cold jobs per phase")
-	duration := f.Duration("duration", 10*time.Second, "flow: how long producers run")
-	producers := f.Int("producers", 0, "flow: concurrent producers (default 64); isolation: hot-queue producers (default 16)")
+	duration := f.Duration("duration", 10*time.Second, "flow, steady: how long producers run (steady: then --recovery more)")
+	producers := f.Int("producers", 0, "flow: concurrent producers (default 64); isolation: hot-queue producers (default 16); steady: producers sharing the offered rate (default 8)")
 	middleware := f.Int("middleware", 0, "install this many pass-through work and enqueue middlewares (to measure the chain's cost)")
 	unique := f.Bool("unique", false, "flow: producers enqueue unique jobs (unique by their arguments, all distinct), to compare with plain ones")
 	mode := f.String("mode", "", "flow, isolation: producers enqueue with coalesced (Enqueue per job; flow's default) or batch (EnqueueMany of 100; isolation's default)")
@@ -42,7 +42,12 @@ func benchCmd(e *env, args []string) error {
 	of := f.String("of", "latency", "sweep: the workload repeated (latency, drain or flow)")
 	counts := f.String("counts", "1,10,100,200,300", "sweep: worker counts")
 	strategies := f.String("strategies", strings.Join(bench.DefaultStrategies, ","), "claims: strategies compared ("+strings.Join(bench.ClaimStrategies, ", ")+")")
-	window := f.Int("window", 0, "claims: the random optimistic claim picks among the first N available jobs (default 2*workers)")
+	var window windowFlag
+	f.Var(&window, "window", "claims: a count N, the random optimistic claim picks among the first N available jobs (default 2*workers); steady: a duration, the reporting window (default 30s)")
+	rate := f.Float64("rate", 0, "steady: offered jobs per second, on a fixed timetable (default 1000)")
+	holdXmin := f.Bool("hold-xmin", false, "steady: hold a read transaction open (REPEATABLE READ / consistent snapshot / SQLite read) after reading the run's tables, as pg_dump would")
+	holdFor := f.Duration("hold-for", 0, "steady: how long --hold-xmin holds its transaction (default --duration)")
+	recovery := f.Duration("recovery", 0, "steady: keep the load on this long after --duration, to show the recovery once the held transaction ended")
 	timeout := f.Duration("timeout", 5*time.Minute, "bound on each run")
 	asJSON := f.Bool("json", false, "print one JSON object per run instead of tables")
 	reportFile := f.String("report", "", "write a self-contained HTML report with charts to this file")
@@ -51,6 +56,9 @@ func benchCmd(e *env, args []string) error {
 	poolSize := f.Int("pool-size", 0, "connect.Options.PoolSize: conveyor's pool (default: the backend's)")
 	if err := e.parseNoArgs(f, args, true); err != nil {
 		return err
+	}
+	if window.d != 0 && *workload != "steady" || window.n != 0 && *workload == "steady" {
+		return fmt.Errorf("bench: --window is a count for claims and a duration for steady")
 	}
 	cs, err := parseCounts(*counts)
 	if err != nil {
@@ -67,7 +75,8 @@ func benchCmd(e *env, args []string) error {
 	o := bench.Options{
 		DSN: dsn, Workload: *workload, Workers: *workers, Jobs: *jobs, Duration: *duration,
 		Producers: *producers, Mode: *mode, Unique: *unique, Middleware: *middleware, Interval: *interval, SeparateProducer: *separate, Herd: *herd, ArgBytes: *argBytes, Work: *work, Spin: *spin,
-		Of: *of, Counts: cs, Strategies: splitList(*strategies), Window: *window, Timeout: *timeout,
+		Of: *of, Counts: cs, Strategies: splitList(*strategies), Window: window.n, Timeout: *timeout,
+		Rate: *rate, Every: window.d, HoldXmin: *holdXmin, HoldFor: *holdFor, Recovery: *recovery,
 		Progress: e.stderr,
 		Config:   conveyor.Config{ClaimBatch: *claimBatch, CompleteBatch: *completeBatch, PollMin: *pollMin, PollMax: *pollMax},
 		Connect:  connect.Options{PoolSize: *poolSize},
@@ -192,7 +201,11 @@ func printResults(w io.Writer, rs []*bench.Result) {
 			fmt.Fprintf(w, "  %-12s %s\n", r.Strategy, hist(r.ReorderHist))
 		}
 	}
-	printWaits(w, rs)
+	if rs[0].Steady != nil {
+		printSteady(w, rs[0])
+	} else {
+		printWaits(w, rs)
+	}
 	printSettings(w, rs)
 }
 

@@ -4,11 +4,17 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/conveyorq/conveyor/cmd/conveyor/internal/bench"
 )
 
 // bench with no --db runs on a temporary SQLite database, prints one table,
@@ -70,10 +76,91 @@ func TestBenchBadFlags(t *testing.T) {
 		{"bench", "--workload", "nope"},
 		{"bench", "--workload", "claims", "--strategies", "nope"},
 		{"bench", "extra"},
+		{"bench", "--workload", "steady", "--window", "10"},
+		{"bench", "--workload", "claims", "--window", "1s"},
+		{"bench", "--workload", "steady", "--rate", "-1"},
 	} {
 		var out, errOut bytes.Buffer
 		if err := run(context.Background(), args, nil, &out, &errOut); err == nil {
 			t.Errorf("%q: no error", args)
 		}
+	}
+}
+
+// The steady workload with a held snapshot, on every reachable backend:
+// windows reported with the backend's gauges, no job lost or run twice,
+// and the held transaction released (on PostgreSQL: no session of it
+// left).
+func TestBenchSteadyHoldXmin(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			dsn := b.dsn(t)
+			report := filepath.Join(t.TempDir(), "steady.html")
+			var out, errOut bytes.Buffer
+			err := run(context.Background(), []string{"bench", "--db", dsn, "--workload", "steady", "--rate", "200", "--duration", "3s",
+				"--window", "1s", "--recovery", "1s", "--hold-xmin", "--json", "--report", report}, nil, &out, &errOut)
+			if err != nil {
+				t.Fatalf("%v\n%s\n%s", err, out.String(), errOut.String())
+			}
+			var r bench.Result
+			if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+				t.Fatalf("not one JSON object: %v\n%s", err, out.String())
+			}
+			f := r.Steady
+			if r.Workload != "steady" || r.Backend != b.name || f == nil {
+				t.Fatalf("result: %+v", r)
+			}
+			if r.Lost != 0 || r.Duplicates != 0 || r.Jobs != f.Enqueued || f.Offered != 800 || f.Enqueued+f.Shortfall != 800 || f.Shortfall > 400 {
+				t.Errorf("jobs %d lost %d duplicates %d; offered %d enqueued %d short %d", r.Jobs, r.Lost, r.Duplicates, f.Offered, f.Enqueued, f.Shortfall)
+			}
+			if len(f.Windows) != 4 {
+				t.Fatalf("%d windows, want 4", len(f.Windows))
+			}
+			h := f.Hold
+			if h == nil || !h.Released || h.ReleaseError != "" || !slices.Contains(h.Tables, "jobs") || h.EndS < 2.9 || h.EndS > 3.5 {
+				t.Fatalf("hold: %+v", h)
+			}
+			var done int64
+			for i, w := range f.Windows {
+				done += w.Completed
+				if w.Offered != 200 || w.Held != (i < 3) || w.Gauges.Error != "" || w.Gauges.MachineCPUShare == nil || w.Gauges.ClientCPUShare == nil {
+					t.Errorf("window %d: %+v", i, w)
+				}
+				g := w.Gauges
+				var missing bool
+				switch b.name {
+				case "postgres":
+					missing = g.DeadTuples == nil || g.TotalBytes == nil || g.IndexBytes == nil || g.XminAge == nil || g.Tables["jobs"].Dead == nil || g.DBCPUShare == nil
+				case "mysql":
+					missing = g.HistoryLength == nil || g.TotalBytes == nil || g.DBCPUShare == nil
+				case "sqlite":
+					missing = g.WALBytes == nil || g.WALFrames == nil || g.Pages == nil || g.TotalBytes == nil || g.DBCPUShare != nil
+				}
+				if missing {
+					t.Errorf("window %d: gauges of %s missing: %+v", i, b.name, g)
+				}
+			}
+			if done > f.Enqueued || done < f.Enqueued-200 {
+				t.Errorf("windows' completions %d, enqueued %d", done, f.Enqueued)
+			}
+			if b.name == "sqlite" && *f.Windows[2].Gauges.WALFrames <= *f.Windows[0].Gauges.WALFrames {
+				t.Errorf("WAL did not grow while the snapshot was held: %d then %d frames", *f.Windows[0].Gauges.WALFrames, *f.Windows[2].Gauges.WALFrames)
+			}
+			if b.name == "postgres" {
+				db, err := sql.Open("pgx", dsn)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer db.Close()
+				var n int
+				if err := db.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", h.Session).Scan(&n); err != nil || n != 0 {
+					t.Errorf("%d held sessions left (%v)", n, err)
+				}
+			}
+			html, err := os.ReadFile(report)
+			if err != nil || bytes.Count(html, []byte("<svg")) < 5 || !bytes.Contains(html, []byte("snapshot held")) {
+				t.Errorf("report: %v, %d bytes", err, len(html))
+			}
+		})
 	}
 }

@@ -39,8 +39,8 @@ func (Job) Kind() string { return "bench" }
 type Options struct {
 	// DSN names the database, as for conveyor.Open.
 	DSN string
-	// Workload is drain (default), flow, latency, sweep, isolation or
-	// claims.
+	// Workload is drain (default), flow, latency, sweep, isolation,
+	// claims or steady.
 	Workload string
 	// Workers is the queue's MaxWorkers; for claims, the number of
 	// claiming goroutines. Default 100 (claims: 10).
@@ -107,6 +107,20 @@ type Options struct {
 	// Middleware installs this many pass-through work and enqueue
 	// middlewares, to measure what the chain costs.
 	Middleware int
+	// Rate is steady's offered rate in jobs per second. Default 1000.
+	Rate float64
+	// Every is steady's reporting window. Default 30s.
+	Every time.Duration
+	// HoldXmin makes steady hold a read transaction open on a connection
+	// of its own, after reading the run's tables (as pg_dump would), from
+	// before the load until HoldFor.
+	HoldXmin bool
+	// HoldFor is how long the held transaction lasts. Default Duration.
+	HoldFor time.Duration
+	// Recovery is how long steady's load goes on after Duration (and
+	// after the held transaction ended, when HoldFor is Duration).
+	// Default 0.
+	Recovery time.Duration
 	// Keep leaves the bench tables in place.
 	Keep bool
 	// Progress receives a live progress line; nil for none.
@@ -121,7 +135,7 @@ type Options struct {
 // Result is one run's figures. JSON field names are stable.
 type Result struct {
 	// Workload is the workload run: drain, flow, latency, sweep,
-	// isolation or claims.
+	// isolation, claims or steady.
 	Workload string `json:"workload"`
 	// Of is the workload a sweep run repeats.
 	Of string `json:"of,omitempty"`
@@ -189,6 +203,8 @@ type Result struct {
 	HotBacklogMin *int64 `json:"hot_backlog_min,omitempty"`
 	// Claims are a claims run's contention figures.
 	Claims *ClaimFigures `json:"claims,omitempty"`
+	// Steady are a steady run's figures over time.
+	Steady *SteadyFigures `json:"steady,omitempty"`
 	// Latencies are the raw samples (not in JSON) for charts.
 	Latencies []time.Duration `json:"-"`
 }
@@ -254,8 +270,11 @@ func (o *Options) defaults() {
 	}
 	if o.Producers == 0 && o.Workload != "sweep" {
 		o.Producers = 64
-		if o.Workload == "isolation" {
+		switch o.Workload {
+		case "isolation":
 			o.Producers = 16
+		case "steady":
+			o.Producers = 8
 		}
 	}
 	if o.Mode == "" {
@@ -287,6 +306,12 @@ func (o *Options) defaults() {
 	if o.Timeout == 0 {
 		o.Timeout = 5 * time.Minute
 	}
+	if o.Rate == 0 {
+		o.Rate = 1000
+	}
+	if o.Every == 0 {
+		o.Every = 30 * time.Second
+	}
 	if o.label == "" {
 		o.label = o.Workload
 	}
@@ -315,8 +340,13 @@ func RunAll(ctx context.Context, o Options) ([]*Result, error) {
 		rs, err = isolation(ctx, o)
 	case "claims":
 		rs, err = claims(ctx, o)
+	case "steady":
+		rs, err = steady(ctx, o)
+		for _, r := range rs {
+			o.emit(r)
+		}
 	default:
-		return nil, fmt.Errorf("bench: unknown workload %q (drain, flow, latency, sweep, isolation, claims)", o.Workload)
+		return nil, fmt.Errorf("bench: unknown workload %q (drain, flow, latency, sweep, isolation, claims, steady)", o.Workload)
 	}
 	return rs, err
 }

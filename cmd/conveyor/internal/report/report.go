@@ -107,8 +107,17 @@ func Write(w io.Writer, rs []*bench.Result) error {
 	case "isolation":
 		head.Note = "Pick-up latency of the cold queue, alone and while the hot queue is kept saturated."
 		add(&head, "isolation", func() (*plot.Plot, error) { return isolationChart(rs) }, wideW, wideH)
+	case "steady":
+		if r := rs[0]; r.Steady != nil {
+			head.Title = "Over time"
+			head.Note = steadyNote(r)
+			for _, f := range steadyCharts(r) {
+				add(&head, "steady", f, wideW, wideH)
+			}
+			head.Head, head.Rows = bench.WindowTable(r.Steady)
+		}
 	}
-	if len(head.Charts) > 0 {
+	if len(head.Charts) > 0 || len(head.Head) > 0 {
 		pg.Sections = append(pg.Sections, head)
 	}
 
@@ -448,6 +457,9 @@ type section struct {
 	Note   string
 	Grid   bool
 	Charts []template.HTML
+	// Head and Rows are a table under the charts (steady's windows).
+	Head []string
+	Rows [][]string
 }
 
 type page struct {
@@ -595,6 +607,10 @@ table.waits td { text-align: left; white-space: normal; }
 <div class="{{if .Grid}}grid{{else}}charts{{end}}">
 {{range .Charts}}{{.}}
 {{end}}</div>
+{{if .Head}}<div class="scroll"><table>
+<tr>{{range .Head}}<th>{{.}}</th>{{end}}</tr>
+{{range .Rows}}<tr>{{range .}}<td>{{.}}</td>{{end}}</tr>
+{{end}}</table></div>{{end}}
 {{end}}
 <h2>Contention inside the database</h2>
 <table class="waits">
