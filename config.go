@@ -3,6 +3,7 @@ package conveyor
 import (
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"time"
 
 	"github.com/conveyorq/conveyor/internal/engine"
@@ -201,6 +202,40 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
+// The processes table (Client.Processes): a started client refreshes its
+// row every processInterval; the row counts as alive for processTTL after
+// each refresh (a killed process shows as gone within that, about when
+// the leases of its jobs expire), and the maintenance leader deletes rows
+// gone for processPruneAge.
+const (
+	processInterval = 5 * time.Second
+	processTTL      = 30 * time.Second
+	processPruneAge = 15 * time.Minute
+)
+
+// moduleVersion is the version of the conveyor module built into this
+// binary, "(devel)" when it is the main module or built from a work
+// tree, "" when the build carries no module information.
+func moduleVersion() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return ""
+	}
+	const path = "github.com/conveyorq/conveyor"
+	if bi.Main.Path == path {
+		return bi.Main.Version
+	}
+	for _, m := range bi.Deps {
+		if m.Path == path {
+			if m.Replace != nil && m.Replace.Version != "" {
+				return m.Replace.Version
+			}
+			return m.Version
+		}
+	}
+	return ""
+}
+
 func (c Config) engineConfig() engine.Config {
 	qs := make(map[string]int, len(c.Queues))
 	for n, q := range c.Queues {
@@ -227,5 +262,9 @@ func (c Config) engineConfig() engine.Config {
 		Backoff:            c.Backoff,
 		Logger:             logger,
 		FailedAttemptLevel: c.FailedAttemptLevel.Level(),
+		ProcessInterval:    processInterval,
+		ProcessTTL:         processTTL,
+		ProcessPruneAge:    processPruneAge,
+		Version:            moduleVersion(),
 	}
 }

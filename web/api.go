@@ -47,6 +47,7 @@ func (h *Handler) routeTable() []route {
 		{method: "POST", path: "/api/v1/queues/{queue}/resume", role: ad, api: true, fn: h.apiPause(false)},
 		{method: "GET", path: "/api/v1/series", role: ro, api: true, fn: h.apiSeries},
 		{method: "GET", path: "/api/v1/schedules", role: ro, api: true, fn: h.apiSchedules},
+		{method: "GET", path: "/api/v1/processes", role: ro, api: true, fn: h.apiProcesses},
 		// Worker protocol.
 		{method: "POST", path: "/api/v1/claim", role: ad, api: true, fn: h.apiClaim},
 		{method: "POST", path: "/api/v1/jobs/{id}/heartbeat", role: ad, api: true, fn: h.apiHeartbeat},
@@ -644,6 +645,11 @@ type queueJSON struct {
 	Paused            bool   `json:"paused"`
 	// PausedAt is null when the queue is not paused.
 	PausedAt *jsonTime `json:"paused_at"`
+	// Processes is how many alive processes work the queue.
+	Processes int `json:"processes"`
+	// Unworked is set when jobs are available and no alive process
+	// works the queue: they wait until one starts.
+	Unworked bool `json:"unworked"`
 }
 
 // queuesJSON is the answer of GET /api/v1/queues.
@@ -655,10 +661,20 @@ type queuesJSON struct {
 	ReadAt jsonTime `json:"read_at"`
 }
 
-func toQueuesJSON(backend string, s *conveyor.Stats, at time.Time) queuesJSON {
-	out := queuesJSON{Backend: backend, Queues: []queueJSON{}, ReadAt: jsonTime(at)}
-	for _, x := range s.Queues {
+func toQueuesJSON(backend string, rd *reading) queuesJSON {
+	out := queuesJSON{Backend: backend, Queues: []queueJSON{}, ReadAt: jsonTime(rd.At)}
+	working := map[string]int{}
+	for _, p := range rd.Processes {
+		if p.Alive {
+			for q := range p.Queues {
+				working[q]++
+			}
+		}
+	}
+	for _, x := range rd.Stats.Queues {
 		q := queueJSON{Queue: x.Queue, Counts: map[string]int64{}, Paused: !x.PausedAt.IsZero(), PausedAt: timeOrNull(x.PausedAt)}
+		q.Processes = working[x.Queue]
+		q.Unworked = q.Processes == 0 && x.Counts[conveyor.JobStateAvailable] > 0
 		for _, st := range conveyor.JobStates() {
 			q.Counts[string(st)] = x.Counts[st]
 		}
@@ -672,12 +688,12 @@ func toQueuesJSON(backend string, s *conveyor.Stats, at time.Time) queuesJSON {
 }
 
 func (h *Handler) apiQueues(w http.ResponseWriter, r *http.Request, _ principal) {
-	s, at, err := h.stats.get(r.Context())
+	rd, err := h.stats.get(r.Context())
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, toQueuesJSON(h.c.Backend(), s, at))
+	writeJSON(w, http.StatusOK, toQueuesJSON(h.c.Backend(), rd))
 }
 
 func (h *Handler) setPaused(r *http.Request, queue string, paused bool) error {
@@ -704,7 +720,7 @@ func (h *Handler) apiPause(paused bool) func(http.ResponseWriter, *http.Request,
 }
 
 func (h *Handler) apiSeries(w http.ResponseWriter, r *http.Request, _ principal) {
-	if _, _, err := h.stats.get(r.Context()); err != nil {
+	if _, err := h.stats.get(r.Context()); err != nil {
 		h.fail(w, r, err)
 		return
 	}

@@ -43,6 +43,9 @@ func parseTemplates() (templates, error) {
 			}
 			return time.Time(*t).UTC().Format("2006-01-02 15:04:05.000Z")
 		},
+		"tmv": func(t jsonTime) string {
+			return time.Time(t).UTC().Format("2006-01-02 15:04:05.000Z")
+		},
 		"ms": func(ms *int64) string {
 			if ms == nil {
 				return "–"
@@ -123,24 +126,32 @@ var flashes = map[string]string{
 }
 
 func (h *Handler) pageQueues(w http.ResponseWriter, r *http.Request, p principal) {
-	s, at, err := h.stats.get(r.Context())
+	rd, err := h.stats.get(r.Context())
 	if err != nil {
 		status, msg := h.classify(r, err)
 		h.renderError(w, r, p, status, msg)
 		return
 	}
-	q := toQueuesJSON(h.c.Backend(), s, at)
+	q := toQueuesJSON(h.c.Backend(), rd)
 	scheds, err := h.schedules(r)
 	if err != nil {
 		status, msg := h.classify(r, err)
 		h.renderError(w, r, p, status, msg)
 		return
 	}
+	var unworked []string
+	for _, x := range q.Queues {
+		if x.Unworked {
+			unworked = append(unworked, x.Queue)
+		}
+	}
 	pg := h.pageFor(p, "Queues", struct {
 		queuesJSON
 		States    []string
 		Schedules []scheduleJSON
-	}{q, stateNames(), scheds})
+		Processes processesJSON
+		Unworked  []string
+	}{q, stateNames(), scheds, toProcessesJSON(rd), unworked})
 	pg.Flash = flashes[r.URL.Query().Get("ok")]
 	h.render(w, http.StatusOK, "queues", pg)
 }

@@ -12,7 +12,9 @@ import (
 // default 5s interval).
 const seriesLen = 360
 
-// statsCache shares one reading of Client.Stats among every request for
+// statsCache shares one reading of Client.Stats (and of
+// Client.Processes, a small table read with it, so that the queues and
+// the processes working them are seen together) among every request for
 // maxAge, reads it again at most once at a time, and records a sample
 // for the throughput chart at most every interval. Client.Stats groups
 // the whole jobs table by queue and state, so its cost grows with the
@@ -27,10 +29,16 @@ type statsCache struct {
 	fetch sync.Mutex // held while reading Stats: one reader at a time
 
 	mu      sync.Mutex
-	last    *conveyor.Stats
-	lastAt  time.Time
+	last    *reading
 	samples []sample // ring buffer, oldest first once full
 	next    int
+}
+
+// reading is one reading of the queues' statistics and of the processes.
+type reading struct {
+	Stats     *conveyor.Stats
+	Processes []conveyor.ProcessInfo
+	At        time.Time
 }
 
 // sample is one point of the throughput chart.
@@ -58,35 +66,39 @@ func newStatsCache(c client, maxAge, interval time.Duration) *statsCache {
 	return &statsCache{c: c, maxAge: maxAge, interval: interval}
 }
 
-// get returns a reading no older than maxAge and when it was taken.
-func (s *statsCache) get(ctx context.Context) (*conveyor.Stats, time.Time, error) {
-	if st, at, ok := s.fresh(); ok {
-		return st, at, nil
+// get returns a reading no older than maxAge.
+func (s *statsCache) get(ctx context.Context) (*reading, error) {
+	if rd := s.fresh(); rd != nil {
+		return rd, nil
 	}
 	s.fetch.Lock()
 	defer s.fetch.Unlock()
-	if st, at, ok := s.fresh(); ok { // read by another request meanwhile
-		return st, at, nil
+	if rd := s.fresh(); rd != nil { // read by another request meanwhile
+		return rd, nil
 	}
 	st, err := s.c.Stats(ctx)
 	if err != nil {
-		return nil, time.Time{}, err
+		return nil, err
 	}
-	now := time.Now()
+	ps, err := s.c.Processes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rd := &reading{Stats: st, Processes: ps, At: time.Now()}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.last, s.lastAt = st, now
-	s.record(st, now)
-	return st, now, nil
+	s.last = rd
+	s.record(st, rd.At)
+	return rd, nil
 }
 
-func (s *statsCache) fresh() (*conveyor.Stats, time.Time, bool) {
+func (s *statsCache) fresh() *reading {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.last != nil && time.Since(s.lastAt) < s.maxAge {
-		return s.last, s.lastAt, true
+	if s.last != nil && time.Since(s.last.At) < s.maxAge {
+		return s.last
 	}
-	return nil, time.Time{}, false
+	return nil
 }
 
 // invalidate makes the next get read again (after a state change made

@@ -147,6 +147,7 @@ type client interface {
 	PauseQueue(ctx context.Context, queue string) error
 	ResumeQueue(ctx context.Context, queue string) error
 	Schedules(ctx context.Context) ([]conveyor.ScheduleInfo, error)
+	Processes(ctx context.Context) ([]conveyor.ProcessInfo, error)
 	Config() conveyor.Config
 	Backend() string
 }
@@ -168,6 +169,7 @@ type Handler struct {
 	wake    *notifier
 	listen  listening
 	stats   *statsCache
+	workers *httpWorkers
 	started time.Time
 }
 
@@ -193,6 +195,7 @@ func New[TTx any](c *conveyor.Client[TTx], opts Options) (*Handler, error) {
 		wake: newNotifier(), started: time.Now(),
 	}
 	h.stats = newStatsCache(c, o.StatsMaxAge, o.SampleInterval)
+	h.workers = newHTTPWorkers(h.drv, o.Logger)
 	if h.tmpl, err = parseTemplates(); err != nil {
 		return nil, err
 	}

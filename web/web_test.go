@@ -865,3 +865,140 @@ func TestLongPollWokenByNotification(t *testing.T) {
 		t.Errorf("every claim took over 500ms after the enqueue (%v): not woken by the notification", slow)
 	}
 }
+
+// processesOf lists the processes by the API, by id.
+func (e *env) processesOf() map[string]processJSON {
+	e.t.Helper()
+	var out processesJSON
+	e.must(200, req{method: "GET", path: "/api/v1/processes", auth: roToken}).json(e.t, &out)
+	m := map[string]processJSON{}
+	for _, p := range out.Processes {
+		m[p.ID] = p
+	}
+	return m
+}
+
+// queueOf returns one queue of GET /api/v1/queues.
+func (e *env) queueOf(name string) queueJSON {
+	e.t.Helper()
+	var out queuesJSON
+	e.must(200, req{method: "GET", path: "/api/v1/queues", auth: roToken}).json(e.t, &out)
+	for _, q := range out.Queues {
+		if q.Queue == name {
+			return q
+		}
+	}
+	e.t.Fatalf("queue %q not in %+v", name, out.Queues)
+	return queueJSON{}
+}
+
+// A queue with available jobs and no process working it is flagged, in
+// the API and on the page, until a process works it: the started client
+// serving the handler (listed as itself) or an HTTP worker, listed from
+// its claims and kept alive by the heartbeats of the jobs it holds.
+func TestProcessesAndUnworkedQueues(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			e := newEnv(t, b.dsn(t), func(o *Options) { o.StatsMaxAge = time.Nanosecond })
+			ctx := context.Background()
+			e.enqueue(map[string]any{"kind": "email", "queue": "mail"})
+			e.enqueue(map[string]any{"kind": "email", "queue": "mail"})
+			if q := e.queueOf("mail"); !q.Unworked || q.Processes != 0 {
+				t.Fatalf("mail with no process: %+v, want unworked", q)
+			}
+			page := e.must(200, req{method: "GET", path: "/", auth: roToken})
+			for _, want := range []string{`<span class="badge unworked"`, "⚠ no process", `id="unworked-list">mail</span>`} {
+				if !bytes.Contains(page.body, []byte(want)) {
+					t.Fatalf("queues page lacks %q:\n%s", want, page.body)
+				}
+			}
+			if ps := e.processesOf(); len(ps) != 0 {
+				t.Fatalf("processes before any started: %+v", ps)
+			}
+
+			// The handler's own client, started, works "default".
+			if err := e.client.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { e.client.Stop(context.Background()) })
+			var self processJSON
+			waitFor(t, "the started client listed", func() bool {
+				for _, p := range e.processesOf() {
+					self = p
+				}
+				return self.Self
+			})
+			if self.Kind != "client" || !self.Alive || self.PID == nil || self.Queues["default"] != 100 || len(self.Queues) != 1 {
+				t.Fatalf("the started client listed as %+v", self)
+			}
+			if q := e.queueOf("mail"); !q.Unworked {
+				t.Fatalf("mail flagged worked by a client of another queue: %+v", q)
+			}
+
+			// An HTTP worker claims one of the two jobs of mail.
+			name := "mailer " + xss[1]
+			jobs := e.claim(map[string]any{"queue": "mail", "worker": name})
+			if len(jobs) != 1 {
+				t.Fatalf("claimed %d jobs", len(jobs))
+			}
+			hw := e.processesOf()["http:"+name]
+			if hw.Kind != "http" || !hw.Alive || hw.Host != "127.0.0.1" || hw.PID != nil || len(hw.Queues) != 1 || hw.Queues["mail"] != 0 {
+				t.Fatalf("the HTTP worker listed as %+v", hw)
+			}
+			if *jobs[0].AttemptedBy != hw.ID {
+				t.Fatalf("job attempted by %q, process listed as %q", *jobs[0].AttemptedBy, hw.ID)
+			}
+			if q := e.queueOf("mail"); q.Unworked || q.Processes != 1 || q.Counts["available"] != 1 {
+				t.Fatalf("mail worked by the HTTP worker: %+v, want 1 process and not flagged", q)
+			}
+			page = e.must(200, req{method: "GET", path: "/", auth: roToken})
+			if bytes.Contains(page.body, []byte("⚠ no process")) || bytes.Contains(page.body, []byte("<img src=x")) ||
+				!bytes.Contains(page.body, []byte(`mailer &#34;&gt;&lt;img src=x onerror=alert(1)&gt;`)) {
+				t.Fatalf("queues page after the claim (flag gone, worker name escaped):\n%s", page.body)
+			}
+
+			// Busy with its job, the worker only heartbeats: that refreshes
+			// its row once the interval passed (made to pass here).
+			e.h.workers.mu.Lock()
+			e.h.workers.workers[hw.ID].written = time.Time{}
+			e.h.workers.mu.Unlock()
+			e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/heartbeat", jobs[0].ID), auth: adminToken, body: map[string]any{"fence": *jobs[0].Fence}})
+			again := e.processesOf()[hw.ID]
+			if !again.Alive || !time.Time(again.HeartbeatAt).After(time.Time(hw.HeartbeatAt)) || again.Queues["mail"] != 0 || len(again.Queues) != 1 {
+				t.Fatalf("after a heartbeat: %+v, before %+v; want the row refreshed", again, hw)
+			}
+			// Within the interval, requests write nothing.
+			e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/heartbeat", jobs[0].ID), auth: adminToken, body: map[string]any{"fence": *jobs[0].Fence}})
+			if p := e.processesOf()[hw.ID]; !time.Time(p.HeartbeatAt).Equal(time.Time(again.HeartbeatAt)) {
+				t.Fatalf("a heartbeat within the interval rewrote the row: %v, then %v", again.HeartbeatAt, p.HeartbeatAt)
+			}
+			e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/complete", jobs[0].ID), auth: adminToken, body: map[string]any{"fence": *jobs[0].Fence}})
+			e.h.workers.mu.Lock()
+			held := len(e.h.workers.jobs)
+			e.h.workers.mu.Unlock()
+			if held != 0 {
+				t.Fatalf("%d jobs still remembered after the completion", held)
+			}
+
+			// Stopping the client removes its row; the HTTP worker's stays.
+			if err := e.client.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if ps := e.processesOf(); len(ps) != 1 || !ps[hw.ID].Alive {
+				t.Fatalf("after the client stopped: %+v", ps)
+			}
+		})
+	}
+}
+
+// waitFor polls cond every 10ms for up to 20s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

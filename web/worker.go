@@ -91,6 +91,7 @@ func (h *Handler) apiClaim(w http.ResponseWriter, r *http.Request, p principal) 
 	if in.Worker == "" {
 		worker = "http:" + r.RemoteAddr
 	}
+	pid, host := processID(in.Worker, r.RemoteAddr), remoteHost(r.RemoteAddr)
 	deadline := time.Now().Add(wait)
 	backoff := pollMin
 	if wait > 0 {
@@ -99,11 +100,13 @@ func (h *Handler) apiClaim(w http.ResponseWriter, r *http.Request, p principal) 
 	}
 	for {
 		woken := h.wake.wait(in.Queue) // before the claim, so an enqueue during it is not missed
+		h.workers.claiming(r.Context(), pid, host, in.Queue)
 		rows, err := h.claim(r.Context(), driver.ClaimParams{Queue: in.Queue, Limit: in.Limit, Lease: lease, Worker: worker})
 		if err != nil {
 			h.fail(w, r, err)
 			return
 		}
+		h.workers.claimed(pid, rows)
 		left := time.Until(deadline)
 		if len(rows) > 0 || left <= 0 {
 			out := struct {
@@ -178,9 +181,11 @@ func (h *Handler) apiHeartbeat(w http.ResponseWriter, r *http.Request, _ princip
 		return
 	}
 	if len(owned) != 1 {
+		h.workers.done(id)
 		writeError(w, http.StatusConflict, staleMsg(id, in.Fence))
 		return
 	}
+	h.workers.beat(r.Context(), id)
 	writeJSON(w, http.StatusOK, map[string]any{"id": id, "lease_ms": lease.Milliseconds()})
 }
 
@@ -237,6 +242,7 @@ func (h *Handler) apiFail(w http.ResponseWriter, r *http.Request, _ principal) {
 		return
 	}
 	if row.Fence != in.Fence || row.State != driver.StateRunning {
+		h.workers.done(id)
 		writeError(w, http.StatusConflict, staleMsg(id, in.Fence))
 		return
 	}
@@ -277,6 +283,7 @@ func (h *Handler) outcome(w http.ResponseWriter, r *http.Request, o driver.Outco
 		h.fail(w, r, err)
 		return
 	}
+	h.workers.done(o.ID)
 	if len(applied) != 1 {
 		writeError(w, http.StatusConflict, staleMsg(o.ID, o.Fence))
 		return
@@ -330,6 +337,7 @@ func (h *Handler) apiRelease(w http.ResponseWriter, r *http.Request, _ principal
 		h.fail(w, r, err)
 		return
 	}
+	h.workers.done(id)
 	if n != 1 {
 		writeError(w, http.StatusConflict, staleMsg(id, in.Fence))
 		return

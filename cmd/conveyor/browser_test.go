@@ -226,12 +226,23 @@ func TestBrowserDashboard(t *testing.T) {
 		return fmt.Sprintf(`(document.querySelector('tr[data-queue="%s"] td.st-%s') || {}).textContent`, q, st)
 	}
 	b.waitFor("40 available in fill", cell("fill", "available")+` === "40"`)
+	// Nothing works fill: the queue is flagged, in its row and above the
+	// table; the serving process is listed, working only its own queue.
+	b.waitFor("fill flagged as unworked", `document.querySelector('tr[data-queue="fill"] .badge.unworked') && document.querySelector('tr[data-queue="fill"] .badge.unworked').textContent.includes("no process")`+
+		` && !document.querySelector("#unworked").hidden && document.querySelector("#unworked-list").textContent === "fill"`)
+	b.waitFor("the serving process listed", `[...document.querySelectorAll("#processes tr[data-process]")].some(tr => tr.querySelector("td.name").textContent.includes("(this server)")`+
+		` && tr.textContent.includes("conveyor-serve-maintenance-only") && tr.querySelector(".badge.active").textContent === "alive")`)
 	var c struct{ Jobs []claimed }
 	api(t, "POST", base+"/api/v1/claim", map[string]any{"queue": "fill", "limit": 40}, &c)
 	if len(c.Jobs) != 40 {
 		t.Fatalf("claimed %d", len(c.Jobs))
 	}
 	b.waitFor("40 running in fill", cell("fill", "running")+` === "40"`)
+	// The HTTP worker that claimed them is listed as working fill (an
+	// unnamed worker is listed by its host), and fill's row counts it.
+	b.waitFor("the HTTP worker listed", `document.querySelector('#processes tr[data-process="http:127.0.0.1"]') && document.querySelector('#processes tr[data-process="http:127.0.0.1"]').textContent.includes("fill")`+
+		` && document.querySelector('tr[data-queue="fill"] td.procs').textContent === "1" && document.querySelector("#unworked").hidden`+
+		` && document.querySelectorAll("#queues thead th").length === document.querySelectorAll('tr[data-queue="fill"] td').length`)
 	for _, j := range c.Jobs {
 		if s := api(t, "POST", fmt.Sprintf("%s/api/v1/jobs/%d/complete", base, j.ID), map[string]any{"fence": j.Fence}, nil); s != 200 {
 			t.Fatalf("complete: %d", s)
@@ -328,6 +339,7 @@ func TestBrowserReadOnly(t *testing.T) {
 	b.navigate(base + "/login")
 	b.do("log in", chromedp.SetValue(chromedp.CSS("#token"), browserROToken), chromedp.Click(chromedp.CSS("#login-token button")))
 	b.waitFor("the queues, without buttons", `document.querySelector('tr[data-queue="ro"]') && !document.querySelector("button.pause, button.resume")`)
+	b.waitFor("ro flagged as unworked, the processes listed", `document.querySelector('tr[data-queue="ro"] .badge.unworked') && document.querySelector("#processes tr[data-process]")`)
 	v, err := b.eval(`fetch("` + base + `/api/v1/queues/ro/pause", {method: "POST"}).then(r => r.status)`)
 	if err != nil || v != "403" {
 		t.Errorf("read-only pause from the page: %s %v", v, err)

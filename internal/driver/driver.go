@@ -305,6 +305,24 @@ type Driver interface {
 	// PausedQueues returns the paused queues and when each was paused.
 	PausedQueues(ctx context.Context) (map[string]time.Time, error)
 
+	// RegisterProcess inserts or refreshes p's row in the processes
+	// table (one upsert): heartbeat_at becomes the database's now and
+	// expires_at now plus ttl; started_at is kept, unless the stored row
+	// had expired (then the process starts anew). p's StartedAt,
+	// HeartbeatAt, ExpiresAt and Alive are ignored. It is a cheap write
+	// made every few seconds per process, never on the claim path.
+	RegisterProcess(ctx context.Context, p ProcessRow, ttl time.Duration) error
+	// RemoveProcess deletes process id's row (a graceful stop); removing
+	// a row that does not exist is not an error.
+	RemoveProcess(ctx context.Context, id string) error
+	// Processes lists every stored process, alive ones first, each by
+	// kind and id; Alive is judged by the database's clock (expires_at
+	// still ahead).
+	Processes(ctx context.Context) ([]ProcessRow, error)
+	// PruneProcesses deletes processes whose row expired longer ago
+	// than age (by the database's clock) and returns how many.
+	PruneProcesses(ctx context.Context, age time.Duration) (int64, error)
+
 	// Listen returns a listener for queue wake-ups, or nil when the backend
 	// has no push channel (Capabilities.Listen is false).
 	Listen(ctx context.Context) (Listener, error)
@@ -361,6 +379,40 @@ type ScheduleRow struct {
 	NextSlot time.Time
 	// UpdatedAt is when a process last recorded the schedule.
 	UpdatedAt time.Time
+}
+
+// Kinds of process (ProcessRow.Kind).
+const (
+	// ProcessClient is a started conveyor client working queues in its
+	// own process.
+	ProcessClient = "client"
+	// ProcessHTTP is a worker of the HTTP worker protocol, registered by
+	// the web handler that serves its claims.
+	ProcessHTTP = "http"
+)
+
+// ProcessRow is a process working queues, as it last registered itself.
+type ProcessRow struct {
+	// ID is the process's worker id, as it appears in attempted_by.
+	ID string
+	// Kind is ProcessClient or ProcessHTTP.
+	Kind string
+	// Host is the host name (a client) or the remote address the worker
+	// connects from (an HTTP worker).
+	Host string
+	// PID is the operating system's process id; 0 when unknown.
+	PID int
+	// Version is the conveyor version of the process ("" when unknown).
+	Version string
+	// Queues maps each queue the process works to its concurrency (0
+	// when unknown, as for HTTP workers).
+	Queues map[string]int
+	// StartedAt is when the process first registered, HeartbeatAt when
+	// it last did and ExpiresAt when it stops counting as alive without
+	// another registration, all by the database's clock.
+	StartedAt, HeartbeatAt, ExpiresAt time.Time
+	// Alive is whether ExpiresAt is still ahead of the database's clock.
+	Alive bool
 }
 
 // CancelNotice is what a Listener delivers, instead of a queue name (no

@@ -85,6 +85,15 @@ type Config struct {
 	// FailedAttemptLevel is the level of the record logged for each
 	// failed attempt. Successful attempts are not logged.
 	FailedAttemptLevel slog.Level
+	// ProcessInterval is how often a started engine refreshes its row in
+	// the processes table (it registers at Start and removes the row at
+	// Stop); 0 registers nothing. ProcessTTL is how long the row counts
+	// as alive after each refresh, and ProcessPruneAge how long after
+	// expiring the maintenance leader deletes a row (a process that died
+	// without stopping).
+	ProcessInterval, ProcessTTL, ProcessPruneAge time.Duration
+	// Version is the conveyor version recorded with the process's row.
+	Version string
 }
 
 // KindConfig is one kind's own settings, overriding the engine-wide ones
@@ -122,6 +131,7 @@ type Engine struct {
 	drv      driver.Driver
 	cfg      Config
 	id       string
+	host     string
 	handlers map[string]Handler
 
 	metrics Metrics
@@ -166,6 +176,7 @@ func New(drv driver.Driver, cfg Config, handlers map[string]Handler) *Engine {
 		drv:      drv,
 		cfg:      cfg,
 		id:       fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:])),
+		host:     host,
 		handlers: handlers,
 		fetchers: map[string]*fetcher{},
 		hbWake:   make(chan struct{}, 1),
@@ -226,11 +237,12 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.fetchWG.Add(1)
 		go func() { defer e.fetchWG.Done(); f.run(runCtx) }()
 	}
-	e.loopWG.Add(4)
+	e.loopWG.Add(5)
 	go func() { defer e.loopWG.Done(); e.heartbeatLoop(runCtx) }()
 	go func() { defer e.loopWG.Done(); e.deadlineLoop(runCtx) }()
 	go func() { defer e.loopWG.Done(); e.maintenanceLoop(runCtx) }()
 	go func() { defer e.loopWG.Done(); e.listenLoop(runCtx) }()
+	go func() { defer e.loopWG.Done(); e.processLoop(runCtx) }()
 	return nil
 }
 
@@ -292,6 +304,16 @@ func (e *Engine) Stop(ctx context.Context) error {
 	}
 	e.runCancel()
 	e.loopWG.Wait()
+	// 5. Leave the processes table (the loop that refreshed the row has
+	// ended, so nothing registers it again). A row left behind by a
+	// failure expires by itself.
+	if e.cfg.ProcessInterval > 0 {
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if rerr := e.drv.RemoveProcess(rctx, e.id); rerr != nil {
+			e.warn("conveyor: removing this process from the processes table failed (its row expires by itself)", "error", rerr)
+		}
+		cancel()
+	}
 	return err
 }
 

@@ -44,6 +44,8 @@ type fakeDriver struct {
 	promote func() (map[string]int, error)
 	rescue  func() (map[string]int, error)
 	prune   func() (int64, error)
+	// registerProcess answers RegisterProcess; nil succeeds.
+	registerProcess func() error
 
 	// claimJob answers ClaimJob; without it a pending job of that id, of
 	// any queue, is claimed, and another id is not found.
@@ -70,6 +72,7 @@ type call struct {
 	out    []driver.Outcome
 	params []driver.InsertParams
 	done   bool // Claim: the call returned (ids is then complete)
+	procs  []driver.ProcessRow
 }
 
 // record appends c to the call log and returns its index.
@@ -253,6 +256,31 @@ func (d *fakeDriver) RecordSchedule(context.Context, driver.ScheduleRow) error {
 
 // Schedules reports none.
 func (d *fakeDriver) Schedules(context.Context) ([]driver.ScheduleRow, error) { return nil, nil }
+
+// RegisterProcess records the registration (the row in procs, the ttl in
+// dur) and answers through the registerProcess hook.
+func (d *fakeDriver) RegisterProcess(_ context.Context, p driver.ProcessRow, ttl time.Duration) error {
+	d.record(call{op: "register", who: p.ID, dur: ttl, procs: []driver.ProcessRow{p}})
+	if d.registerProcess != nil {
+		return d.registerProcess()
+	}
+	return nil
+}
+
+// RemoveProcess records the removal.
+func (d *fakeDriver) RemoveProcess(_ context.Context, id string) error {
+	d.record(call{op: "unregister", who: id})
+	return nil
+}
+
+// Processes reports none.
+func (d *fakeDriver) Processes(context.Context) ([]driver.ProcessRow, error) { return nil, nil }
+
+// PruneProcesses records the age.
+func (d *fakeDriver) PruneProcesses(_ context.Context, age time.Duration) (int64, error) {
+	d.record(call{op: "pruneprocesses", dur: age})
+	return 0, nil
+}
 
 // PausedQueues reports no paused queue.
 func (d *fakeDriver) PausedQueues(context.Context) (map[string]time.Time, error) {

@@ -3,6 +3,7 @@ package engine
 import (
 	"cmp"
 	"context"
+	"os"
 	"slices"
 	"time"
 
@@ -176,6 +177,11 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 		}
 		if now.Sub(lastPrune) >= e.cfg.PruneInterval {
 			lastPrune = now
+			if e.cfg.ProcessPruneAge > 0 {
+				if _, err := e.drv.PruneProcesses(ctx, e.cfg.ProcessPruneAge); err != nil && ctx.Err() == nil {
+					e.warn("conveyor: pruning gone processes failed", "error", err)
+				}
+			}
 			for {
 				n, err := e.drv.Prune(ctx, e.cfg.CompletedRetention, e.cfg.DiscardedRetention, batch)
 				if err != nil {
@@ -215,6 +221,48 @@ func (e *Engine) drainLoop(ctx context.Context, what string, batch int, m counte
 			return
 		}
 	}
+}
+
+// processLoop registers this process in the processes table at once and
+// refreshes its row every ProcessInterval (one upsert, never on the claim
+// path), so that dashboards list it and the queues it works. A failed
+// refresh is retried sooner; the row outlives a few failures (its TTL is
+// several intervals). Stop removes the row once this loop has ended.
+func (e *Engine) processLoop(ctx context.Context) {
+	if e.cfg.ProcessInterval <= 0 {
+		return
+	}
+	row := e.processRow()
+	fails := 0
+	for {
+		wait := e.cfg.ProcessInterval
+		rctx, cancel := context.WithTimeout(ctx, e.cfg.ProcessInterval)
+		err := e.drv.RegisterProcess(rctx, row, e.cfg.ProcessTTL)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			fails++
+			e.metrics.DBErrors.Add(1)
+			e.warn("conveyor: registering this process failed (retrying)", "error", err)
+			wait = min(errBackoff(fails), wait)
+		} else {
+			fails = 0
+		}
+		if !sleep(ctx, wait) {
+			return
+		}
+	}
+}
+
+// processRow is this process as the processes table records it.
+func (e *Engine) processRow() driver.ProcessRow {
+	qs := make(map[string]int, len(e.cfg.Queues))
+	for q, n := range e.cfg.Queues {
+		qs[q] = n
+	}
+	return driver.ProcessRow{ID: e.id, Kind: driver.ProcessClient, Host: e.host, PID: os.Getpid(), Version: e.cfg.Version, Queues: qs}
 }
 
 // listenLoop holds this process's one notification connection and wakes

@@ -235,7 +235,7 @@ SELECT COALESCE(MAX(version), 0) FROM `{p}schema_migrations`
 INSERT INTO `{p}schema_migrations` (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))
 
 -- name: DropAll
-DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}schema_migrations`
+DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}processes`, `{p}schema_migrations`
 
 -- name: PauseQueue
 -- Pausing keeps the first pause's time (?, ?: queue, paused 0/1).
@@ -257,3 +257,27 @@ ON DUPLICATE KEY UPDATE spec = VALUES(spec),
 
 -- name: Schedules
 SELECT name, spec, last_slot, last_job, next_slot, updated_at FROM `{p}schedules` ORDER BY name
+
+-- name: RegisterProcess
+-- (id, kind, host, pid, version, queues JSON, ttl µs.) started_at
+-- is kept while the row is alive; a row that had expired starts anew.
+-- MySQL evaluates the assignments left to right, each seeing the ones
+-- before it: started_at reads expires_at before it is assigned.
+INSERT INTO `{p}processes` (id, kind, host, pid, version, queues, started_at, heartbeat_at, expires_at)
+VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+ON DUPLICATE KEY UPDATE
+  started_at = IF(expires_at < UTC_TIMESTAMP(6), VALUES(started_at), started_at),
+  kind = VALUES(kind), host = VALUES(host), pid = VALUES(pid), version = VALUES(version), queues = VALUES(queues),
+  heartbeat_at = VALUES(heartbeat_at), expires_at = VALUES(expires_at)
+
+-- name: RemoveProcess
+DELETE FROM `{p}processes` WHERE id = ?
+
+-- name: Processes
+-- Alive first, then by kind and id; alive by the database's clock.
+SELECT id, kind, host, pid, version, queues, started_at, heartbeat_at, expires_at, expires_at > UTC_TIMESTAMP(6) AS alive
+  FROM `{p}processes`
+ ORDER BY alive DESC, kind, id
+
+-- name: PruneProcesses
+DELETE FROM `{p}processes` WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND

@@ -45,6 +45,7 @@ type queries struct {
 	pauseQueue, pausedQueues                                              string
 	insertUnique, uniqueHolders                                           string
 	recordSchedule, schedules                                             string
+	registerProcess, removeProcess, processes, pruneProcesses             string
 }
 
 func loadQueries(prefix string) queries {
@@ -87,6 +88,10 @@ func loadQueries(prefix string) queries {
 		uniqueHolders:    get("unique_holders"),
 		recordSchedule:   get("record_schedule"),
 		schedules:        get("schedules"),
+		registerProcess:  get("register_process"),
+		removeProcess:    get("remove_process"),
+		processes:        get("processes"),
+		pruneProcesses:   get("prune_processes"),
 	}
 }
 

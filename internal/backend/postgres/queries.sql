@@ -22,7 +22,7 @@ SELECT coalesce(max(version), 0) FROM {p}schema_migrations
 INSERT INTO {p}schema_migrations (version) VALUES ($1)
 
 -- name: drop_all
-DROP TABLE IF EXISTS {p}jobs, {p}leader, {p}queues, {p}schedules, {p}schema_migrations
+DROP TABLE IF EXISTS {p}jobs, {p}leader, {p}queues, {p}schedules, {p}processes, {p}schema_migrations
 
 -- name: server_info
 SELECT current_setting('server_version'),
@@ -387,3 +387,28 @@ ON CONFLICT (name) DO UPDATE
 
 -- name: schedules
 SELECT name, spec, last_slot, last_job, next_slot, updated_at FROM {p}schedules ORDER BY name
+
+-- name: register_process
+-- $1 id, $2 kind, $3 host, $4 pid (NULL when unknown), $5 version,
+-- $6 queues (JSON), $7 ttl in microseconds. started_at is kept while the
+-- row is alive; a row that had expired starts anew.
+INSERT INTO {p}processes AS p (id, kind, host, pid, version, queues, started_at, heartbeat_at, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, now(), now(), now() + $7::bigint * interval '1 microsecond')
+ON CONFLICT (id) DO UPDATE
+   SET kind = excluded.kind, host = excluded.host, pid = excluded.pid,
+       version = excluded.version, queues = excluded.queues,
+       started_at = CASE WHEN p.expires_at < now() THEN excluded.started_at ELSE p.started_at END,
+       heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at
+
+-- name: remove_process
+DELETE FROM {p}processes WHERE id = $1
+
+-- name: processes
+-- Alive first, then by kind and id; alive by the database's clock.
+SELECT id, kind, host, pid, version, queues::text, started_at, heartbeat_at, expires_at, expires_at > now() AS alive
+  FROM {p}processes
+ ORDER BY alive DESC, kind, id
+
+-- name: prune_processes
+-- $1 age in microseconds.
+DELETE FROM {p}processes WHERE expires_at < now() - $1::bigint * interval '1 microsecond'

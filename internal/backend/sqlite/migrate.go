@@ -76,7 +76,7 @@ func (d *Driver) SchemaVersion(ctx context.Context) (current, latest int, err er
 // transaction.
 func (d *Driver) DropAll(ctx context.Context) error {
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		for _, q := range []string{"drop_jobs", "drop_leader", "drop_queues", "drop_schedules", "drop_migrations"} {
+		for _, q := range []string{"drop_jobs", "drop_leader", "drop_queues", "drop_schedules", "drop_processes", "drop_migrations"} {
 			if _, err := tx.ExecContext(ctx, d.q[q]); err != nil {
 				return err
 			}

@@ -300,6 +300,9 @@ DROP TABLE IF EXISTS {p}queues
 -- name: drop_schedules
 DROP TABLE IF EXISTS {p}schedules
 
+-- name: drop_processes
+DROP TABLE IF EXISTS {p}processes
+
 -- name: drop_migrations
 DROP TABLE IF EXISTS {p}schema_migrations
 
@@ -346,3 +349,29 @@ ON CONFLICT (name) DO UPDATE
 
 -- name: schedules
 SELECT name, spec, last_slot, last_job, next_slot, updated_at FROM {p}schedules ORDER BY name
+
+-- name: register_process
+-- ?1 id, ?2 kind, ?3 host, ?4 pid (NULL when unknown), ?5 version,
+-- ?6 queues (JSON), ?7 ttl in microseconds. started_at is kept while the
+-- row is alive; a row that had expired starts anew.
+INSERT INTO {p}processes (id, kind, host, pid, version, queues, started_at, heartbeat_at, expires_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, {now}, {now}, {now} + ?7)
+ON CONFLICT (id) DO UPDATE
+   SET kind = excluded.kind, host = excluded.host, pid = excluded.pid,
+       version = excluded.version, queues = excluded.queues,
+       started_at = CASE WHEN {p}processes.expires_at < excluded.heartbeat_at
+                         THEN excluded.started_at ELSE {p}processes.started_at END,
+       heartbeat_at = excluded.heartbeat_at, expires_at = excluded.expires_at
+
+-- name: remove_process
+DELETE FROM {p}processes WHERE id = ?1
+
+-- name: processes
+-- Alive first, then by kind and id; alive by the database's clock.
+SELECT id, kind, host, pid, version, queues, started_at, heartbeat_at, expires_at, expires_at > n.now AS alive
+  FROM {p}processes, (SELECT {now} AS now) AS n
+ ORDER BY alive DESC, kind, id
+
+-- name: prune_processes
+-- ?1 age in microseconds.
+DELETE FROM {p}processes WHERE expires_at < {now} - ?1

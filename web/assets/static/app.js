@@ -73,6 +73,9 @@
         el("a", { href: base + "/jobs?queue=" + enc + "&state=" + encodeURIComponent(st) }, String(q.counts[st] || 0))));
     }
     tr.append(el("td", { "data-label": "oldest" }, q.oldest_available_ms === null ? "–" : fmtMS(q.oldest_available_ms)));
+    tr.append(el("td", { class: "num procs", "data-label": "processes" }, q.unworked
+      ? el("span", { class: "badge unworked", title: "jobs are available but no alive process works this queue" }, "⚠ no process")
+      : String(q.processes)));
     tr.append(el("td", { "data-label": "status" }, q.paused ? el("span", { class: "badge paused" }, "paused") : el("span", { class: "badge active" }, "active")));
     if (admin) {
       tr.append(el("td", {}, q.paused
@@ -87,9 +90,40 @@
     const table = document.getElementById("queues");
     const states = [...table.querySelectorAll("thead th.num")].map((th) => th.textContent);
     const rows = d.queues.map((q) => queueRow(q, states));
-    if (!rows.length) rows.push(el("tr", { class: "empty" }, el("td", { colspan: "11" }, "No jobs yet.")));
+    if (!rows.length) rows.push(el("tr", { class: "empty" }, el("td", { colspan: "12" }, "No jobs yet.")));
     table.tBodies[0].replaceChildren(...rows);
+    const unworked = d.queues.filter((q) => q.unworked).map((q) => q.queue);
+    document.getElementById("unworked-list").textContent = unworked.join(", ");
+    document.getElementById("unworked").hidden = unworked.length === 0;
+    await refreshProcesses();
     setLive("live · counts read " + fmtTime(d.read_at));
+  }
+
+  function processRow(p) {
+    const host = p.host + (p.pid === null ? "" : " · pid " + p.pid);
+    const qs = el("span", { class: "qs" });
+    for (const name of Object.keys(p.queues).sort()) {
+      qs.append(el("a", { href: base + "/jobs?queue=" + encodeURIComponent(name) }, name),
+        p.queues[name] ? " ×" + p.queues[name] + " " : " ");
+    }
+    const name = el("td", { class: "name" }, p.id);
+    if (p.self) name.append(" ", el("span", { class: "muted small" }, "(this server)"));
+    return el("tr", { "data-process": p.id, class: p.alive ? null : "gone" },
+      name,
+      el("td", { "data-label": "kind" }, p.kind),
+      el("td", { "data-label": "host" }, host),
+      el("td", { "data-label": "queues" }, qs),
+      el("td", { "data-label": "version" }, p.version === null ? "–" : p.version),
+      el("td", { "data-label": "started" }, fmtTime(p.started_at)),
+      el("td", { "data-label": "heartbeat" }, fmtTime(p.heartbeat_at)),
+      el("td", { "data-label": "status" }, p.alive ? el("span", { class: "badge active" }, "alive") : el("span", { class: "badge gone" }, "gone")));
+  }
+
+  async function refreshProcesses() {
+    const d = await getJSON(base + "/api/v1/processes");
+    const rows = d.processes.map(processRow);
+    if (!rows.length) rows.push(el("tr", { class: "empty" }, el("td", { colspan: "8" }, "No process works any queue: start a client (Client.Start) or an HTTP worker.")));
+    document.getElementById("processes").tBodies[0].replaceChildren(...rows);
   }
 
   // drawChart draws lines into svg and writes the scale into note (text
