@@ -548,3 +548,74 @@ func TestBusyRetried(t *testing.T) {
 		t.Fatalf("complete with a deadline under a held lock: %v", err)
 	}
 }
+
+// TestWALShrinksAfterHold: while a reader holds a snapshot the WAL grows
+// past the limit (checkpoints cannot pass the reader); once the reader is
+// gone, checkpoints complete and the next writes start the WAL over,
+// truncating the file back to walSizeLimit instead of leaving it at the
+// size the hold made it.
+func TestWALShrinksAfterHold(t *testing.T) {
+	old := walSizeLimit
+	walSizeLimit = 256 << 10
+	defer func() { walSizeLimit = old }()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "wal.db")
+	d := openT(t, path, "c_")
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	walSize := func() int64 {
+		fi, err := os.Stat(path + "-wal")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	insert := func(n int) {
+		args := json.RawMessage(`{"pad":"` + strings.Repeat("x", 2000) + `"}`)
+		in := make([]driver.InsertParams, n)
+		for i := range in {
+			in[i] = driver.InsertParams{Queue: "q", Kind: "k", Args: args}
+		}
+		for i := 0; i < n; i += 50 {
+			if _, err := d.Insert(ctx, in[i:min(i+50, n)]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	// The reader: a separate handle, in a read transaction that has read.
+	rdb, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	tx, err := rdb.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, "SELECT count(*) FROM c_jobs").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	insert(2000) // about 4 MB of pages
+	held := walSize()
+	if held <= 4*walSizeLimit {
+		t.Fatalf("WAL is %d bytes with a snapshot held, want it grown well past %d", held, walSizeLimit)
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	// Enough further writes for an automatic checkpoint to complete and a
+	// later write to start the WAL over.
+	var after int64
+	for i := 0; i < 40; i++ {
+		insert(200)
+		if after = walSize(); after <= walSizeLimit {
+			break
+		}
+	}
+	if after > walSizeLimit {
+		t.Fatalf("WAL is still %d bytes after the hold ended (was %d while held), want at most %d", after, held, walSizeLimit)
+	}
+}

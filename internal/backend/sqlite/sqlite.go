@@ -46,6 +46,16 @@ var sqlFS embed.FS
 // lock before reporting SQLITE_BUSY.
 const busyTimeoutMS = 10000
 
+// walSizeLimit is the journal_size_limit of the driver's own write
+// connections, in bytes. While a reader holds a snapshot (a long read
+// transaction, a backup), checkpoints cannot get past it and the WAL file
+// grows with every write; nothing can bound that growth. Once the reader
+// is gone and a checkpoint completes, the next write starts the WAL over
+// and, with this limit, truncates the file back to it, instead of
+// keeping every gigabyte the hold made it grow to. A variable, so that a
+// test can make it small.
+var walSizeLimit int64 = 64 << 20
+
 // maxBusyRetry bounds how long the driver keeps retrying a statement that
 // SQLite reported busy (on top of busy_timeout per attempt), unless the
 // context ends first.
@@ -124,7 +134,11 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if !target.hasBusyTimeout {
 		pragmas = append(pragmas, "busy_timeout("+strconv.Itoa(busyTimeoutMS)+")")
 	}
-	wdsn := withParams(base, append(pragmas, "cache_size(-65536)", "temp_store(MEMORY)"), "_txlock=immediate")
+	wpragmas := append(append([]string(nil), pragmas...), "cache_size(-65536)", "temp_store(MEMORY)")
+	if !target.hasSizeLimit {
+		wpragmas = append(wpragmas, "journal_size_limit("+strconv.FormatInt(walSizeLimit, 10)+")")
+	}
+	wdsn := withParams(base, wpragmas, "_txlock=immediate")
 	rdsn := withParams(base, append(pragmas, "query_only(1)"))
 
 	d := &Driver{
@@ -245,7 +259,8 @@ func New(ctx context.Context, db *sql.DB, opts driver.Options) (*Driver, error) 
 	d.stmts.db = db
 	d.gate, d.dropGate = gateFor(path)
 	lw, err := sql.Open("sqlite", withParams((&url.URL{Scheme: "file", OmitHost: true, Path: path}).String()+"?",
-		[]string{"busy_timeout(0)", "synchronous(" + syncMode + ")", "foreign_keys(0)"}, "_txlock=immediate"))
+		[]string{"busy_timeout(0)", "synchronous(" + syncMode + ")", "foreign_keys(0)",
+			"journal_size_limit(" + strconv.FormatInt(walSizeLimit, 10) + ")"}, "_txlock=immediate"))
 	if err != nil {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: new: lease connection: %w", err)
@@ -293,6 +308,7 @@ type dsnTarget struct {
 	name           string // what goes before the query: a path or a file: URI
 	query          url.Values
 	hasBusyTimeout bool
+	hasSizeLimit   bool // the DSN sets journal_size_limit itself
 }
 
 var schemeRE = regexp.MustCompile(`^([a-zA-Z][a-zA-Z0-9+.-]*):`)
@@ -332,6 +348,9 @@ func parseDSN(dsn string) (*dsnTarget, error) {
 		}
 		if strings.HasPrefix(lp, "busy_timeout") {
 			t.hasBusyTimeout = true
+		}
+		if strings.HasPrefix(lp, "journal_size_limit") {
+			t.hasSizeLimit = true
 		}
 	}
 	if q.Has("_busy_timeout") || q.Has("_timeout") {
