@@ -69,3 +69,24 @@ func TestSteadyCancelReleasesHold(t *testing.T) {
 		})
 	}
 }
+
+// A hold that fails after its connection is open (here: the prefix has no
+// tables) closes that connection: no session of it is left behind, still
+// holding whatever it had begun.
+func TestHoldSnapshotFailureClosesConnection(t *testing.T) {
+	dsn := testdb.Postgres(t)
+	prefix := "nosuchprefix" + time.Now().Format("150405000000") + "_"
+	h, err := holdSnapshot(context.Background(), dsn, "postgres", prefix, time.Minute)
+	if err == nil || h != nil {
+		t.Fatalf("holdSnapshot on a prefix with no tables: %v, %v", h, err)
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", holdAppName+" "+prefix).Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d sessions of the failed hold left open (%v)", n, err)
+	}
+}
