@@ -619,3 +619,39 @@ func TestWALShrinksAfterHold(t *testing.T) {
 		t.Fatalf("WAL is still %d bytes after the hold ended (was %d while held), want at most %d", after, held, walSizeLimit)
 	}
 }
+
+// TestNewLeaseConnectionKeepsHandleSizeLimit: on the application's own
+// handle (New) the WAL's journal_size_limit is the application's, as its
+// synchronous mode is: the lease path's connection takes the handle's
+// setting instead of imposing the driver's 64 MiB, which would truncate
+// the WAL to a size the application did not choose (or at all, when it
+// set none).
+func TestNewLeaseConnectionKeepsHandleSizeLimit(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		pragma string
+		want   int64
+	}{
+		{"&_pragma=journal_size_limit(12345)", 12345},
+		{"", -1}, // SQLite's default: no limit
+	} {
+		path := filepath.Join(t.TempDir(), "own.db")
+		db, err := sql.Open("sqlite", path+"?_pragma=journal_mode(WAL)"+tc.pragma)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		d, err := New(ctx, db, driver.Options{Prefix: "c_"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		var got int64
+		if err := d.lw.QueryRowContext(ctx, "PRAGMA journal_size_limit").Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != tc.want {
+			t.Errorf("handle %q: the lease connection's journal_size_limit is %d, want the handle's %d", tc.pragma, got, tc.want)
+		}
+	}
+}

@@ -315,6 +315,9 @@ PRAGMA journal_mode
 -- name: pragma_synchronous
 PRAGMA synchronous
 
+-- name: pragma_journal_size_limit
+PRAGMA journal_size_limit
+
 -- name: pragma_busy_timeout
 PRAGMA busy_timeout
 

@@ -246,6 +246,14 @@ func New(ctx context.Context, db *sql.DB, opts driver.Options) (*Driver, error) 
 		return nil, fmt.Errorf("conveyor/sqlite: new: %w", err)
 	}
 	syncMode := map[int]string{0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[syncN]
+	// The WAL's size limit is the application's too: the lease
+	// connection takes the handle's (SQLite's default -1, none, unless
+	// its DSN sets one), so that whichever connection starts the WAL over
+	// truncates it the same way.
+	var sizeLimit int64
+	if err := db.QueryRowContext(ctx, q["pragma_journal_size_limit"]).Scan(&sizeLimit); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: new: %w", err)
+	}
 	d := &Driver{
 		path:       path,
 		prefix:     opts.Prefix,
@@ -260,7 +268,7 @@ func New(ctx context.Context, db *sql.DB, opts driver.Options) (*Driver, error) 
 	d.gate, d.dropGate = gateFor(path)
 	lw, err := sql.Open("sqlite", withParams((&url.URL{Scheme: "file", OmitHost: true, Path: path}).String()+"?",
 		[]string{"busy_timeout(0)", "synchronous(" + syncMode + ")", "foreign_keys(0)",
-			"journal_size_limit(" + strconv.FormatInt(walSizeLimit, 10) + ")"}, "_txlock=immediate"))
+			"journal_size_limit(" + strconv.FormatInt(sizeLimit, 10) + ")"}, "_txlock=immediate"))
 	if err != nil {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: new: lease connection: %w", err)

@@ -67,10 +67,13 @@ func (h *heldTx) start(t0 time.Time) {
 // be stopped in a way that skips release (PostgreSQL
 // idle_in_transaction_session_timeout, MariaDB idle_transaction_timeout).
 func holdSnapshot(ctx context.Context, dsn, backend, prefix string, safety time.Duration) (h *heldTx, err error) {
-	h = &heldTx{t0: time.Now()}
+	// held, not h: a "return nil, err" sets h to nil before this runs,
+	// and the connection opened so far must still be closed.
+	held := &heldTx{t0: time.Now()}
+	h = held
 	defer func() {
 		if err != nil {
-			h.release()
+			held.release()
 			h = nil
 		}
 	}()

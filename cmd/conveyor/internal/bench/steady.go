@@ -187,8 +187,8 @@ func steady(ctx context.Context, o Options) ([]*Result, error) {
 
 	stop := make(chan struct{})
 	pw := progress(o.Progress, o.label, 0, func() int64 { return c.Counters().Map()["completed"] }, stop)
-	offered := int64(math.Floor(o.Rate * load.Seconds()))
-	due := func(i int64) time.Time { return t0.Add(time.Duration(float64(i) * 1e9 / o.Rate)) }
+	offered := jobsDueBefore(load, o.Rate)
+	due := func(i int64) time.Time { return t0.Add(dueAt(i, o.Rate)) }
 	var ticket atomic.Int64
 	firstRefused := atomic.Int64{}
 	firstRefused.Store(offered)
@@ -308,7 +308,7 @@ func fillWindows(fig *SteadyFigures, rec *Recorder, t0 time.Time, k int64, bound
 		}
 		w := idx(enq)
 		fig.Windows[w].Enqueued++
-		dueNS := t0.UnixNano() + int64(float64(i)*1e9/fig.Rate)
+		dueNS := t0.Add(dueAt(i, fig.Rate)).UnixNano()
 		lag[w] = append(lag[w], time.Duration(max(0, enq-dueNS)))
 		if s.execs.Load() > 0 {
 			st := s.start.Load()
@@ -324,8 +324,8 @@ func fillWindows(fig *SteadyFigures, rec *Recorder, t0 time.Time, k int64, bound
 		w.StartS, w.EndS = bounds[i].Sub(t0).Seconds(), bounds[i+1].Sub(t0).Seconds()
 		span := w.EndS - w.StartS
 		// Jobs due in [StartS, EndS): i/Rate in range.
-		lo := int64(math.Ceil(w.StartS * fig.Rate))
-		hi := int64(math.Ceil(w.EndS * fig.Rate))
+		lo := jobsDueBefore(bounds[i].Sub(t0), fig.Rate)
+		hi := jobsDueBefore(bounds[i+1].Sub(t0), fig.Rate)
 		w.Offered = min(hi, fig.Offered) - min(lo, fig.Offered)
 		if span > 0 {
 			w.OfferedPerS = float64(w.Offered) / span
@@ -340,6 +340,28 @@ func fillWindows(fig *SteadyFigures, rec *Recorder, t0 time.Time, k int64, bound
 		// little after its time, more so on a loaded machine).
 		w.Held = holdEnd-w.StartS > 0.05*span
 	}
+}
+
+// dueAt is when job i is due, after the load's start: i/rate seconds.
+func dueAt(i int64, rate float64) time.Duration {
+	return time.Duration(float64(i) * 1e9 / rate)
+}
+
+// jobsDueBefore is how many jobs are due before d: the least n with
+// dueAt(n) >= d. Rounding d*rate up alone miscounts when the product
+// lands a hair above an integer (1.1s at 100/s is 110.00000000000001).
+func jobsDueBefore(d time.Duration, rate float64) int64 {
+	if d <= 0 {
+		return 0
+	}
+	n := int64(math.Ceil(d.Seconds() * rate))
+	for n > 0 && dueAt(n-1, rate) >= d {
+		n--
+	}
+	for dueAt(n, rate) < d {
+		n++
+	}
+	return n
 }
 
 // sortedPct is pct of an already sorted slice.

@@ -69,3 +69,59 @@ func TestSteadyCancelReleasesHold(t *testing.T) {
 		})
 	}
 }
+
+// A hold that fails after its connection is open (here: the prefix has no
+// tables) closes that connection: no session of it is left behind, still
+// holding whatever it had begun.
+func TestHoldSnapshotFailureClosesConnection(t *testing.T) {
+	dsn := testdb.Postgres(t)
+	prefix := "nosuchprefix" + time.Now().Format("150405000000") + "_"
+	h, err := holdSnapshot(context.Background(), dsn, "postgres", prefix, time.Minute)
+	if err == nil || h != nil {
+		t.Fatalf("holdSnapshot on a prefix with no tables: %v, %v", h, err)
+	}
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	if err := db.QueryRow("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", holdAppName+" "+prefix).Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d sessions of the failed hold left open (%v)", n, err)
+	}
+}
+
+// The windows' offered counts are the jobs whose due time i/Rate falls in
+// each window, exactly: 100 jobs/s over 1.1s windows is 110 per window
+// (floating point once made it 111 then 109), and the load's offered
+// count is every job due before its end, a fraction of a job included.
+func TestSteadyOfferedPerWindow(t *testing.T) {
+	for _, tc := range []struct {
+		rate        float64
+		every, load time.Duration
+		offered     int64
+		per         []int64
+	}{
+		{100, 1100 * time.Millisecond, 4400 * time.Millisecond, 440, []int64{110, 110, 110, 110}},
+		{100, 700 * time.Millisecond, 4900 * time.Millisecond, 490, []int64{70, 70, 70, 70, 70, 70, 70}},
+		// Due at 0, 1/3, 2/3, 1, 4/3: five jobs in 1.5s.
+		{3, time.Second, 1500 * time.Millisecond, 5, []int64{3, 2}},
+	} {
+		if got := jobsDueBefore(tc.load, tc.rate); got != tc.offered {
+			t.Errorf("rate %v load %v: %d jobs due, want %d", tc.rate, tc.load, got, tc.offered)
+		}
+		nw := len(tc.per)
+		t0 := time.Now()
+		bounds := make([]time.Time, nw+1)
+		for i := range bounds {
+			bounds[i] = t0.Add(min(tc.load, time.Duration(i)*tc.every))
+		}
+		fig := &SteadyFigures{Rate: tc.rate, WindowS: tc.every.Seconds(), Offered: tc.offered, Windows: make([]Window, nw)}
+		fillWindows(fig, NewRecorder(), t0, 0, bounds, -1)
+		for i, w := range fig.Windows {
+			if w.Offered != tc.per[i] {
+				t.Errorf("rate %v window %v: window %d offered %d, want %d", tc.rate, tc.every, i, w.Offered, tc.per[i])
+			}
+		}
+	}
+}
