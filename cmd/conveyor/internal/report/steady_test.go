@@ -16,8 +16,8 @@ func fakeSteady() *bench.Result {
 	s := &bench.SteadyFigures{Rate: 1000, WindowS: 30, LoadS: 90, Offered: 90000, Enqueued: 90000, DrainS: 0.2,
 		Hold:        &bench.HoldFigures{Statement: "BEGIN ISOLATION LEVEL REPEATABLE READ", Tables: []string{"jobs"}, StartS: -0.05, EndS: 60, Released: true},
 		GaugeSource: "test", CPUSource: "test", Notes: []string{"<b>escaped</b>"},
-		Before:      &bench.Gauges{AtS: -0.3, DeadTuples: i(0), TotalBytes: i(1 << 20)},
-		After:       &bench.Gauges{AtS: 90.2, DeadTuples: i(500), TotalBytes: i(9 << 20)},
+		Before: &bench.Gauges{AtS: -0.3, DeadTuples: i(0), TotalBytes: i(1 << 20)},
+		After:  &bench.Gauges{AtS: 90.2, DeadTuples: i(500), TotalBytes: i(9 << 20)},
 	}
 	for k := 0; k < 3; k++ {
 		s.Windows = append(s.Windows, bench.Window{StartS: float64(30 * k), EndS: float64(30 * (k + 1)), Held: k < 2, Offered: 30000,
