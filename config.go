@@ -15,9 +15,18 @@ import (
 // defaults live).
 type Config struct {
 	// Queues maps each queue this client works to its settings.
-	// Default: {"default": {MaxWorkers: 100}}. A client that only
-	// enqueues still gets this default but runs nothing until Start.
+	// Default: {"default": {MaxWorkers: 100}} unless NoQueues. A client
+	// that only enqueues still gets this default but runs nothing until
+	// Start.
 	Queues map[string]QueueConfig
+	// NoQueues makes a client that works no queue: Queues must then be
+	// empty and gets no default. Started, such a client claims nothing
+	// but takes part in maintenance like any started client (the leader
+	// among them promotes due scheduled and retryable jobs, rescues
+	// expired leases and prunes) and runs its periodic schedules. This is
+	// for a process whose jobs are worked elsewhere, such as HTTP workers
+	// served by package web (conveyor serve runs one). Default false.
+	NoQueues bool
 
 	// TablePrefix is prepended to every conveyor table (and the
 	// PostgreSQL notification channel), so conveyor can share the
@@ -138,7 +147,12 @@ func (c Config) withDefaults() (Config, error) {
 			*v = d
 		}
 	}
-	if len(c.Queues) == 0 {
+	switch {
+	case c.NoQueues && len(c.Queues) > 0:
+		return c, fmt.Errorf("conveyor: NoQueues is set but Queues names %d queue(s): give one or the other", len(c.Queues))
+	case c.NoQueues:
+		c.Queues = map[string]QueueConfig{}
+	case len(c.Queues) == 0:
 		c.Queues = map[string]QueueConfig{DefaultQueue: {}}
 	}
 	qs := make(map[string]QueueConfig, len(c.Queues))

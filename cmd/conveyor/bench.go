@@ -23,11 +23,11 @@ import (
 // queue commands' ./conveyor.db).
 func benchCmd(e *env, args []string) error {
 	f := e.flags("bench", "bench [--db DSN] [--workload W] [flags]", dbHelpScratch)
-	workload := f.String("workload", "drain", "drain, flow, latency, sweep, isolation, claims or steady")
+	workload := f.String("workload", "drain", "drain, flow, latency, sweep, isolation, claims, steady, dashboard, http-enqueue or http-drain")
 	workers := f.Int("workers", 0, "workers: the queue's MaxWorkers (default 100); claims: claiming goroutines (default 10)")
-	jobs := f.Int("jobs", 0, "jobs: drain 100000, latency 1000, claims 10000, isolation 300 cold jobs per phase")
+	jobs := f.Int("jobs", 0, "jobs: drain 100000, latency 1000, claims 10000, isolation 300 cold jobs per phase; dashboard: jobs loaded; http-enqueue, http-drain: jobs per run (100000)")
 	duration := f.Duration("duration", 10*time.Second, "flow, steady: how long producers run (steady: then --recovery more)")
-	producers := f.Int("producers", 0, "flow: concurrent producers (default 64); isolation: hot-queue producers (default 16); steady: producers sharing the offered rate (default 8)")
+	producers := f.Int("producers", 0, "flow: concurrent producers (default 64); isolation: hot-queue producers (default 16); steady: producers sharing the offered rate (default 8); http-enqueue: concurrent callers, http-drain: HTTP workers (default 4)")
 	middleware := f.Int("middleware", 0, "install this many pass-through work and enqueue middlewares (to measure the chain's cost)")
 	unique := f.Bool("unique", false, "flow: producers enqueue unique jobs (unique by their arguments, all distinct), to compare with plain ones")
 	mode := f.String("mode", "", "flow, isolation: producers enqueue with coalesced (Enqueue per job; flow's default) or batch (EnqueueMany of 100; isolation's default)")
@@ -143,6 +143,8 @@ func printResults(w io.Writer, rs []*bench.Result) {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	switch rs[0].Workload {
+	case "dashboard", "http-enqueue", "http-drain":
+		printHTTP(w, rs)
 	case "claims":
 		fmt.Fprintln(tw, "strategy\tworkers\tjobs\tseconds\tjobs/s\tdeadlocks\tlock timeouts\tduplicates\tdup by deadlock\tcollisions\trounds/job\treorder max\treorder p99\tlost\t")
 		for _, r := range rs {
@@ -203,6 +205,8 @@ func printResults(w io.Writer, rs []*bench.Result) {
 	}
 	if rs[0].Steady != nil {
 		printSteady(w, rs[0])
+	} else if rs[0].Workload == "dashboard" {
+		printWaits(w, rs[:1]) // one run: its pages share the sampling
 	} else {
 		printWaits(w, rs)
 	}

@@ -164,3 +164,55 @@ func TestBenchSteadyHoldXmin(t *testing.T) {
 		})
 	}
 }
+
+// The HTTP workloads, on a temporary SQLite database at small sizes:
+// every dashboard page answers, and the HTTP runs report beside the
+// in-process ones with nothing lost.
+func TestBenchHTTPWorkloads(t *testing.T) {
+	t.Setenv("CONVEYOR_DB", "")
+	for _, c := range []struct {
+		workload string
+		want     []string
+	}{
+		{"dashboard", []string{"queues page", "jobs state=available", "jobs queue=rare", "jobs q=user-777", "jobs page 2+ state=running", "job page", "api job (poll)", "p50 ms"}},
+		{"http-enqueue", []string{"in-process", "http", "vs in-process"}},
+		{"http-drain", []string{"in-process", "http", "vs in-process"}},
+	} {
+		t.Run(c.workload, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			err := run(context.Background(), []string{"bench", "--workload", c.workload, "--jobs", "400", "--workers", "8", "--producers", "2", "--timeout", "1m"}, nil, &out, &errOut)
+			if err != nil {
+				t.Fatalf("%v\n%s\n%s", err, out.String(), errOut.String())
+			}
+			for _, want := range c.want {
+				if !strings.Contains(out.String(), want) {
+					t.Errorf("output lacks %q:\n%s", want, out.String())
+				}
+			}
+		})
+	}
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"bench", "--workload", "http-drain", "--jobs", "300", "--json"}, nil, &out, &errOut)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	var phases []string
+	sc := bufio.NewScanner(&out)
+	for sc.Scan() {
+		var r struct {
+			Workload, Phase string
+			Jobs, Lost      int64
+			JobsPerS        float64 `json:"jobs_per_s"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("not JSON: %v: %s", err, sc.Text())
+		}
+		if r.Workload != "http-drain" || r.Jobs != 300 || r.Lost != 0 || r.JobsPerS <= 0 {
+			t.Errorf("run %+v", r)
+		}
+		phases = append(phases, r.Phase)
+	}
+	if strings.Join(phases, ",") != "in-process,http" {
+		t.Errorf("phases %v, want in-process then http", phases)
+	}
+}

@@ -16,13 +16,6 @@ import (
 	"github.com/conveyorq/conveyor/web"
 )
 
-// maintenanceQueue is the queue the serve command's client "works" so
-// that it can be started, and so take part in the leader's maintenance
-// (promotion of due scheduled and retryable jobs, rescue of expired
-// leases, pruning), which HTTP workers rely on. Nothing should be
-// enqueued into it: a job there would fail as a kind without a worker.
-const maintenanceQueue = "conveyor-serve-maintenance-only"
-
 const serveAbout = `Serves the dashboard (/) and the HTTP/JSON API (/api/v1, described at
 /api/v1/openapi.json) until interrupted. Credentials are required:
 --token-file (admin bearer tokens, one per line), --read-only-token-file,
@@ -34,7 +27,7 @@ address as admin and refuses any other listen address.
 With --maintenance (the default) serve also runs conveyor's maintenance
 (promoting due scheduled and retryable jobs, rescuing expired leases,
 pruning) when no other process does, as HTTP workers need; it works
-no queue of yours (it polls the otherwise unused queue ` + maintenanceQueue + `).`
+no queue (its client is opened with conveyor.Config.NoQueues).`
 
 // serveCmd serves the dashboard and the HTTP API.
 func serveCmd(e *env, args []string) error {
@@ -91,11 +84,9 @@ func serveCmd(e *env, args []string) error {
 			return usageError("serve", err.Error())
 		}
 	}
-	cfg := &conveyor.Config{}
-	if *maintenance {
-		cfg.Queues = map[string]conveyor.QueueConfig{maintenanceQueue: {MaxWorkers: 1}}
-		cfg.PollMin, cfg.PollMax = 5*time.Second, 5*time.Second
-	}
+	// The client works no queue: started (with --maintenance) it only
+	// takes part in the leader's maintenance, which HTTP workers rely on.
+	cfg := &conveyor.Config{NoQueues: true}
 	c, err := e.openWith(false, cfg)
 	if err != nil {
 		return err

@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -131,5 +133,55 @@ func TestServeInsecureLoopbackDev(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != 200 {
 		t.Errorf("loopback dev: %d", res.StatusCode)
+	}
+}
+
+// TestServeMaintenance: serve's client works no queue but, started with
+// --maintenance (the default), promotes a delayed job when it comes due;
+// nothing claims it (it stays available at attempt 0 for HTTP workers).
+func TestServeMaintenance(t *testing.T) {
+	dsn := filepath.Join(t.TempDir(), "q.db")
+	mustCLI(t, "migrate", "--db", dsn)
+	base := serve(t, "--db", dsn, "--insecure-loopback-dev")
+	res, err := http.Post(base+"/api/v1/jobs", "application/json", strings.NewReader(`{"kind":"k","delay_ms":100}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var made struct{ ID int64 }
+	err = json.NewDecoder(res.Body).Decode(&made)
+	res.Body.Close()
+	if err != nil || res.StatusCode != 201 || made.ID == 0 {
+		t.Fatalf("enqueue: %d, %v, %+v", res.StatusCode, err, made)
+	}
+	job := func() (state string, attempt int) {
+		t.Helper()
+		res, err := http.Get(fmt.Sprintf("%s/api/v1/jobs/%d", base, made.ID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var j struct {
+			State   string
+			Attempt int
+		}
+		if err := json.NewDecoder(res.Body).Decode(&j); err != nil {
+			t.Fatal(err)
+		}
+		return j.State, j.Attempt
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, _ := job()
+		if st == "available" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("delayed job still %s after 20s: serve ran no maintenance", st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // past a few poll intervals, had serve a queue
+	if st, att := job(); st != "available" || att != 0 {
+		t.Errorf("job is %s at attempt %d: serve claimed it", st, att)
 	}
 }

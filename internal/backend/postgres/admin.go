@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,15 +29,8 @@ func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
 // ListJobs returns the jobs matching f in id order, at most f.Limit
 // (default 100) after f.AfterID.
 func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.JobRow, error) {
-	limit := f.Limit
-	if limit <= 0 {
-		limit = 100
-	}
-	states := f.States
-	if states == nil {
-		states = []string{}
-	}
-	rows, err := d.pool.Query(ctx, d.q.listJobs, f.AfterID, states, f.Queue, f.Kind, limit)
+	q, args := d.listQuery(f, false)
+	rows, err := d.pool.Query(ctx, q, args...)
 	if err != nil {
 		return nil, wrap("list jobs", err)
 	}
@@ -47,17 +42,10 @@ func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.Jo
 // (a pgx.Tx, or a *sql.Tx of the pgx stdlib driver), seeing the jobs it
 // inserted.
 func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]*driver.JobRow, error) {
-	limit := f.Limit
-	if limit <= 0 {
-		limit = 100
-	}
-	states := f.States
-	if states == nil {
-		states = []string{}
-	}
 	switch t := tx.(type) {
 	case pgx.Tx:
-		rows, err := t.Query(ctx, d.q.listJobs, f.AfterID, states, f.Queue, f.Kind, limit)
+		q, args := d.listQuery(f, false)
+		rows, err := t.Query(ctx, q, args...)
 		if err != nil {
 			return nil, wrap("list jobs tx", err)
 		}
@@ -67,7 +55,8 @@ func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]
 		if t == nil {
 			break
 		}
-		rows, err := t.QueryContext(ctx, d.q.listJobs, f.AfterID, textArray(states), f.Queue, f.Kind, limit)
+		q, args := d.listQuery(f, true)
+		rows, err := t.QueryContext(ctx, q, args...)
 		if err != nil {
 			return nil, wrap("list jobs tx", err)
 		}
@@ -75,6 +64,38 @@ func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]
 		return jobs, wrap("list jobs tx", err)
 	}
 	return nil, fmt.Errorf("conveyor/postgres: list jobs tx: transaction of type %T: accepted are pgx.Tx and *sql.Tx (pgx stdlib driver): %w", tx, driver.ErrTxType)
+}
+
+// listQuery builds the list_jobs query for f: only the filters f sets, a
+// single state as an equality (so that the planner walks the state list
+// index in id order). sqlTx encodes a states array for database/sql.
+func (d *Driver) listQuery(f driver.JobFilter, sqlTx bool) (string, []any) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	args := []any{f.AfterID, limit}
+	var where strings.Builder
+	add := func(frag string, v any) {
+		args = append(args, v)
+		where.WriteString(" ")
+		where.WriteString(strings.Replace(frag, "{n}", strconv.Itoa(len(args)), 1))
+	}
+	switch {
+	case len(f.States) == 1:
+		add(d.q.listState, f.States[0])
+	case len(f.States) > 1 && sqlTx:
+		add(d.q.listStates, textArray(f.States))
+	case len(f.States) > 1:
+		add(d.q.listStates, f.States)
+	}
+	if f.Queue != "" {
+		add(d.q.listQueue, f.Queue)
+	}
+	if f.Kind != "" {
+		add(d.q.listKind, f.Kind)
+	}
+	return strings.Replace(d.q.listJobs, "{where}", where.String(), 1), args
 }
 
 // ClaimJob claims job id, whatever its queue or schedule, if it is

@@ -42,6 +42,7 @@ type queries struct {
 	claim, claimJob, complete, heartbeat, release                         string
 	rescue, promote, prune, tryLead, listen                               string
 	getJob, listJobs, retry, finish, stats                                string
+	listState, listStates, listQueue, listKind                            string
 	pauseQueue, pausedQueues                                              string
 	insertUnique, uniqueHolders                                           string
 	recordSchedule, schedules                                             string
@@ -78,6 +79,10 @@ func loadQueries(prefix string) queries {
 		tryLead:          get("try_lead"),
 		listen:           get("listen"),
 		getJob:           get("get_job"),
+		listState:        get("list_jobs_state"),
+		listStates:       get("list_jobs_states"),
+		listQueue:        get("list_jobs_queue"),
+		listKind:         get("list_jobs_kind"),
 		listJobs:         get("list_jobs"),
 		retry:            get("retry"),
 		finish:           get("finish"),

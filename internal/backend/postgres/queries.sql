@@ -293,16 +293,29 @@ FROM {p}jobs
 WHERE id = $1
 
 -- name: list_jobs
+-- $1 after id, $2 limit; the WHERE gets the filters below that apply, each
+-- numbered from $3 on. A filter is a plain predicate (no "$n = '' OR"):
+-- with one the planner walks the matching list index of migration 8 in
+-- id order, and a cached generic plan cannot lose it.
 SELECT id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
        scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
        attempted_by, errors, fence, meta
 FROM {p}jobs
-WHERE id > $1
-  AND (cardinality($2::text[]) = 0 OR state = ANY($2::text[]))
-  AND ($3::text = '' OR queue = $3::text)
-  AND ($4::text = '' OR kind = $4::text)
+WHERE id > $1{where}
 ORDER BY id
-LIMIT $5
+LIMIT $2
+
+-- name: list_jobs_state
+ AND state = ${n}
+
+-- name: list_jobs_states
+ AND state = ANY(${n}::text[])
+
+-- name: list_jobs_queue
+ AND queue = ${n}
+
+-- name: list_jobs_kind
+ AND kind = ${n}
 
 -- name: retry
 -- Also wakes the job's queue.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -46,26 +47,12 @@ func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, wo
 	return d.changeJob(ctx, "claim", id, d.q["claim_job"], id, us(lease), worker)
 }
 
-// listJobs runs the list_jobs query on q (the read pool or a transaction).
+// listJobs runs the list_jobs query on q (the read pool or a
+// transaction) with only the filters f sets: a single state as an
+// equality, so that the planner walks the state list index in id order.
 func (d *Driver) listJobs(ctx context.Context, q execer, f driver.JobFilter) ([]*driver.JobRow, error) {
-	limit := f.Limit
-	if limit <= 0 {
-		limit = 100
-	}
-	var states any // NULL: every state
-	if len(f.States) > 0 {
-		var b strings.Builder
-		b.WriteByte('[')
-		for i, s := range f.States {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			b.Write(appendJSONStr(nil, s))
-		}
-		b.WriteByte(']')
-		states = b.String()
-	}
-	rows, err := q.QueryContext(ctx, d.q["list_jobs"], states, f.Queue, f.Kind, f.AfterID, limit)
+	query, args := d.listQuery(f)
+	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: list jobs: %w", err)
 	}
@@ -82,6 +69,43 @@ func (d *Driver) listJobs(ctx context.Context, q execer, f driver.JobFilter) ([]
 		return nil, fmt.Errorf("conveyor/sqlite: list jobs: %w", err)
 	}
 	return out, nil
+}
+
+// listQuery builds the list_jobs query for f and its arguments.
+func (d *Driver) listQuery(f driver.JobFilter) (string, []any) {
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	args := []any{f.AfterID, limit}
+	var where strings.Builder
+	add := func(frag string, v any) {
+		args = append(args, v)
+		where.WriteString(" ")
+		where.WriteString(strings.Replace(frag, "{n}", strconv.Itoa(len(args)), 1))
+	}
+	switch {
+	case len(f.States) == 1:
+		add(d.q["list_jobs_state"], f.States[0])
+	case len(f.States) > 1:
+		var b strings.Builder
+		b.WriteByte('[')
+		for i, s := range f.States {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.Write(appendJSONStr(nil, s))
+		}
+		b.WriteByte(']')
+		add(d.q["list_jobs_states"], b.String())
+	}
+	if f.Queue != "" {
+		add(d.q["list_jobs_queue"], f.Queue)
+	}
+	if f.Kind != "" {
+		add(d.q["list_jobs_kind"], f.Kind)
+	}
+	return strings.Replace(d.q["list_jobs"], "{where}", where.String(), 1), args
 }
 
 // Retry makes a discarded, cancelled, retryable, scheduled or completed job

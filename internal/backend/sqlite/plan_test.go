@@ -3,6 +3,8 @@ package sqlite
 import (
 	"strings"
 	"testing"
+
+	"github.com/conveyorq/conveyor/internal/driver"
 )
 
 // TestQueryPlans checks that the hot statements use the indexes they were
@@ -49,6 +51,43 @@ func TestQueryPlans(t *testing.T) {
 			if strings.Contains(all, w) {
 				t.Errorf("%s: plan has %q:\n%s", tc.name, w, all)
 			}
+		}
+	}
+}
+
+// TestListPlans checks that a job list filtered by a queue or a kind
+// walks its list index (migration 8) in id order, and one filtered by
+// state the table in id order: no sort. (There is no state list index on
+// SQLite: see migration 8.)
+func TestListPlans(t *testing.T) {
+	d := migrated(t)
+	for _, tc := range []struct {
+		f    driver.JobFilter
+		want string
+	}{
+		{driver.JobFilter{States: []string{"running"}, AfterID: 5, Limit: 50}, "SEARCH conveyor_jobs USING INTEGER PRIMARY KEY (rowid>?)"},
+		{driver.JobFilter{Queue: "q", Limit: 50}, "INDEX conveyor_jobs_queue_list (queue=? AND id>?)"},
+		{driver.JobFilter{Kind: "k", Limit: 50}, "INDEX conveyor_jobs_kind_list (kind=? AND id>?)"},
+		{driver.JobFilter{Limit: 50}, "SEARCH conveyor_jobs USING INTEGER PRIMARY KEY (rowid>?)"},
+	} {
+		q, args := d.listQuery(tc.f)
+		rows, err := d.DB().Query("EXPLAIN QUERY PLAN "+q, args...)
+		if err != nil {
+			t.Fatalf("%+v: %v", tc.f, err)
+		}
+		var plan []string
+		for rows.Next() {
+			var id, parent, unused int
+			var detail string
+			if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+				t.Fatal(err)
+			}
+			plan = append(plan, detail)
+		}
+		rows.Close()
+		all := strings.Join(plan, "\n")
+		if !strings.Contains(all, tc.want) || strings.Contains(all, "TEMP B-TREE") {
+			t.Errorf("%+v: plan is not %q without a sort:\n%s", tc.f, tc.want, all)
 		}
 	}
 }

@@ -233,15 +233,26 @@ SELECT {cols} FROM {p}jobs WHERE id = ?1
 SELECT state FROM {p}jobs WHERE id = ?1
 
 -- name: list_jobs
--- ?1 states as a JSON array or NULL for all, ?2 queue or '', ?3 kind or '',
--- ?4 after id, ?5 limit.
+-- ?1 after id, ?2 limit; the WHERE gets the filters below that apply, each
+-- numbered from ?3 on. A filter is a plain predicate (no "?n = '' OR"),
+-- so that the planner can walk the matching list index of migration 8 in
+-- id order.
 SELECT {cols} FROM {p}jobs
- WHERE id > ?4
-   AND (?1 IS NULL OR state IN (SELECT value FROM json_each(?1)))
-   AND (?2 = '' OR queue = ?2)
-   AND (?3 = '' OR kind = ?3)
+ WHERE id > ?1{where}
  ORDER BY id
- LIMIT ?5
+ LIMIT ?2
+
+-- name: list_jobs_state
+ AND state = ?{n}
+
+-- name: list_jobs_states
+ AND state IN (SELECT value FROM json_each(?{n}))
+
+-- name: list_jobs_queue
+ AND queue = ?{n}
+
+-- name: list_jobs_kind
+ AND kind = ?{n}
 
 -- name: retry_job
 UPDATE {p}jobs

@@ -40,19 +40,22 @@ type Options struct {
 	// DSN names the database, as for conveyor.Open.
 	DSN string
 	// Workload is drain (default), flow, latency, sweep, isolation,
-	// claims or steady.
+	// claims, steady, dashboard, http-enqueue or http-drain.
 	Workload string
 	// Workers is the queue's MaxWorkers; for claims, the number of
 	// claiming goroutines. Default 100 (claims: 10).
 	Workers int
 	// Jobs: drain and claims: jobs pre-inserted (default 100,000; claims
 	// 10,000); latency: jobs enqueued one by one (default 1,000);
-	// isolation: cold-queue jobs per phase (default 300).
+	// isolation: cold-queue jobs per phase (default 300); dashboard: jobs
+	// loaded (default 100,000); http-enqueue and http-drain: jobs
+	// enqueued or drained per run (default 100,000).
 	Jobs int
 	// Duration of a flow run. Default 10s.
 	Duration time.Duration
 	// Producers enqueue concurrently in flow (default 64) and keep the hot
-	// queue full in isolation (default 16).
+	// queue full in isolation (default 16); in http-enqueue they are the
+	// concurrent callers and in http-drain the HTTP workers (default 4).
 	Producers int
 	// Mode is how producers enqueue: "coalesced" (Enqueue per job,
 	// group-committed by the client; flow's default) or "batch"
@@ -139,7 +142,9 @@ type Result struct {
 	Workload string `json:"workload"`
 	// Of is the workload a sweep run repeats.
 	Of string `json:"of,omitempty"`
-	// Phase of an isolation run: cold-idle, cold-under-hot or hot.
+	// Phase of an isolation run: cold-idle, cold-under-hot or hot; of an
+	// http-enqueue or http-drain run: in-process or http; of a dashboard
+	// run: the page timed (P50ms and Maxms are then its request times).
 	Phase string `json:"phase,omitempty"`
 	// Strategy of a claims run.
 	Strategy string `json:"strategy,omitempty"`
@@ -269,12 +274,15 @@ func (o *Options) defaults() {
 		o.Duration = 10 * time.Second
 	}
 	if o.Producers == 0 && o.Workload != "sweep" {
-		o.Producers = 64
 		switch o.Workload {
 		case "isolation":
 			o.Producers = 16
 		case "steady":
 			o.Producers = 8
+		case "http-enqueue", "http-drain":
+			o.Producers = 4
+		default:
+			o.Producers = 64
 		}
 	}
 	if o.Mode == "" {
@@ -345,8 +353,14 @@ func RunAll(ctx context.Context, o Options) ([]*Result, error) {
 		for _, r := range rs {
 			o.emit(r)
 		}
+	case "dashboard":
+		rs, err = dashboard(ctx, o)
+	case "http-enqueue":
+		rs, err = httpEnqueue(ctx, o)
+	case "http-drain":
+		rs, err = httpDrain(ctx, o)
 	default:
-		return nil, fmt.Errorf("bench: unknown workload %q (drain, flow, latency, sweep, isolation, claims, steady)", o.Workload)
+		return nil, fmt.Errorf("bench: unknown workload %q (drain, flow, latency, sweep, isolation, claims, steady, dashboard, http-enqueue, http-drain)", o.Workload)
 	}
 	return rs, err
 }
