@@ -227,11 +227,11 @@ func TestBrowserDashboard(t *testing.T) {
 	}
 	b.waitFor("40 available in fill", cell("fill", "available")+` === "40"`)
 	// Nothing works fill: the queue is flagged, in its row and above the
-	// table; the serving process is listed, working only its own queue.
+	// table; the serving process is listed, working no queue.
 	b.waitFor("fill flagged as unworked", `document.querySelector('tr[data-queue="fill"] .badge.unworked') && document.querySelector('tr[data-queue="fill"] .badge.unworked').textContent.includes("no process")`+
 		` && !document.querySelector("#unworked").hidden && document.querySelector("#unworked-list").textContent === "fill"`)
 	b.waitFor("the serving process listed", `[...document.querySelectorAll("#processes tr[data-process]")].some(tr => tr.querySelector("td.name").textContent.includes("(this server)")`+
-		` && tr.textContent.includes("conveyor-serve-maintenance-only") && tr.querySelector(".badge.active").textContent === "alive")`)
+		` && tr.querySelector('td[data-label="queues"]').textContent === "none (maintenance only)" && tr.querySelector(".badge.active").textContent === "alive")`)
 	var c struct{ Jobs []claimed }
 	api(t, "POST", base+"/api/v1/claim", map[string]any{"queue": "fill", "limit": 40}, &c)
 	if len(c.Jobs) != 40 {

@@ -106,6 +106,7 @@
       qs.append(el("a", { href: base + "/jobs?queue=" + encodeURIComponent(name) }, name),
         p.queues[name] ? " ×" + p.queues[name] + " " : " ");
     }
+    if (!Object.keys(p.queues).length) qs.append(el("span", { class: "muted" }, "none (maintenance only)"));
     const name = el("td", { class: "name" }, p.id);
     if (p.self) name.append(" ", el("span", { class: "muted small" }, "(this server)"));
     return el("tr", { "data-process": p.id, class: p.alive ? null : "gone" },
