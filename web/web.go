@@ -170,6 +170,7 @@ type Handler struct {
 	listen  listening
 	stats   *statsCache
 	workers *httpWorkers
+	acks    *acks
 	started time.Time
 }
 
@@ -196,6 +197,7 @@ func New[TTx any](c *conveyor.Client[TTx], opts Options) (*Handler, error) {
 	}
 	h.stats = newStatsCache(c, o.StatsMaxAge, o.SampleInterval)
 	h.workers = newHTTPWorkers(h.drv, o.Logger)
+	h.acks = newAcks(h.drv)
 	if h.tmpl, err = parseTemplates(); err != nil {
 		return nil, err
 	}

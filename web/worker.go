@@ -275,16 +275,17 @@ func clean(s string, n int) string {
 	return s
 }
 
-// outcome writes one fenced outcome: 200 with the new state, or 409 when
-// the fence is stale (nothing is written then).
+// outcome writes one fenced outcome, batched with other requests' (see
+// acks): 200 with the new state, or 409 when the fence is stale (nothing
+// is written then).
 func (h *Handler) outcome(w http.ResponseWriter, r *http.Request, o driver.Outcome) {
-	applied, err := h.drv.Complete(r.Context(), []driver.Outcome{o})
+	applied, err := h.acks.write(r.Context(), o)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	h.workers.done(o.ID)
-	if len(applied) != 1 {
+	if !applied {
 		writeError(w, http.StatusConflict, staleMsg(o.ID, o.Fence))
 		return
 	}
