@@ -490,24 +490,58 @@ type QueueStats struct {
 // Stats are the queues' counts and this process's counters.
 type Stats struct {
 	// Queues holds one entry per queue that has jobs or is paused, in no
-	// set order.
+	// set order. From Overview: one per queue that has unfinished jobs,
+	// jobs finished since FinishedSince, or is paused.
 	Queues []QueueStats `json:"queues"`
+	// FinishedSince is zero from Stats, whose counts cover every job in
+	// the table. From Overview it is the since given: the finished states
+	// (completed, discarded, cancelled) count only the jobs finished at
+	// or after it.
+	FinishedSince time.Time `json:"finished_since,omitzero"`
 	// Counters are this client's process counters, as Client.Counters
 	// returns them.
 	Counters Counters `json:"counters"`
 }
 
-// Stats returns per-queue counts and this process's counters.
+// Stats returns per-queue counts of every job in the table and this
+// process's counters. It groups the whole jobs table by queue and state,
+// so its cost grows with the table (about a second per million jobs):
+// for a view refreshed often, such as a dashboard, use Overview.
 func (c *Client[TTx]) Stats(ctx context.Context) (*Stats, error) {
 	qs, err := c.drv.Stats(ctx)
 	if err != nil {
 		return nil, err
 	}
+	return c.withPaused(ctx, qs, time.Time{})
+}
+
+// Overview returns the counts of Stats at a cost bounded by the
+// unfinished jobs and the recently finished ones rather than by the
+// table: the unfinished states (available, scheduled, retryable,
+// running) and OldestAvailable are exact, read through the indexes the
+// engine claims, promotes and rescues by; the finished states count only
+// the jobs finished at or after since (by the database's clock, read
+// through the index pruning uses), and Stats.FinishedSince says so.
+// Queues are listed when they have unfinished jobs, jobs finished since
+// since, or are paused. since must not be zero.
+func (c *Client[TTx]) Overview(ctx context.Context, since time.Time) (*Stats, error) {
+	if since.IsZero() {
+		return nil, errors.New("conveyor: Overview: since is zero (Stats counts every finished job)")
+	}
+	qs, err := c.drv.Overview(ctx, since)
+	if err != nil {
+		return nil, err
+	}
+	return c.withPaused(ctx, qs, since)
+}
+
+// withPaused adds the paused queues to the counts of Stats or Overview.
+func (c *Client[TTx]) withPaused(ctx context.Context, qs []driver.QueueStats, since time.Time) (*Stats, error) {
 	paused, err := c.drv.PausedQueues(ctx)
 	if err != nil {
 		return nil, err
 	}
-	s := &Stats{Counters: c.Counters()}
+	s := &Stats{Counters: c.Counters(), FinishedSince: since}
 	for _, q := range qs {
 		counts := make(map[JobState]int64, len(q.Counts))
 		for st, n := range q.Counts {

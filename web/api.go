@@ -659,10 +659,16 @@ type queuesJSON struct {
 	// ReadAt is when the counts were read (they are shared by every
 	// request for StatsMaxAge).
 	ReadAt jsonTime `json:"read_at"`
+	// FinishedWindowS is how far back, in seconds, the finished states
+	// (completed, discarded, cancelled) are counted: jobs finished since
+	// FinishedSince. The unfinished states count every job.
+	FinishedWindowS int64    `json:"finished_window_s"`
+	FinishedSince   jsonTime `json:"finished_since"`
 }
 
 func toQueuesJSON(backend string, rd *reading) queuesJSON {
-	out := queuesJSON{Backend: backend, Queues: []queueJSON{}, ReadAt: jsonTime(rd.At)}
+	out := queuesJSON{Backend: backend, Queues: []queueJSON{}, ReadAt: jsonTime(rd.At),
+		FinishedWindowS: int64(finishedWindow / time.Second), FinishedSince: jsonTime(rd.Stats.FinishedSince)}
 	working := map[string]int{}
 	for _, p := range rd.Processes {
 		if p.Alive {

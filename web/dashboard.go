@@ -151,10 +151,24 @@ func (h *Handler) pageQueues(w http.ResponseWriter, r *http.Request, p principal
 		Schedules []scheduleJSON
 		Processes processesJSON
 		Unworked  []string
-	}{q, stateNames(), scheds, toProcessesJSON(rd), unworked})
+		// Finished marks the states counted over the window only.
+		Finished map[string]bool
+		Window   string
+	}{q, stateNames(), scheds, toProcessesJSON(rd), unworked, finishedStates, windowText})
 	pg.Flash = flashes[r.URL.Query().Get("ok")]
 	h.render(w, http.StatusOK, "queues", pg)
 }
+
+// finishedStates are the states the queues page counts over
+// finishedWindow only.
+var finishedStates = map[string]bool{
+	string(conveyor.JobStateCompleted): true,
+	string(conveyor.JobStateDiscarded): true,
+	string(conveyor.JobStateCancelled): true,
+}
+
+// windowText names finishedWindow in the queues table's headers.
+var windowText = fmt.Sprintf("last %d min", int(finishedWindow/time.Minute))
 
 func stateNames() []string {
 	var out []string

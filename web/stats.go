@@ -12,12 +12,18 @@ import (
 // default 5s interval).
 const seriesLen = 360
 
-// statsCache shares one reading of Client.Stats (and of
+// finishedWindow is how far back the queues page and GET /api/v1/queues
+// count finished jobs (completed, discarded, cancelled): the jobs
+// finished in the last finishedWindow, by Client.Overview.
+const finishedWindow = 5 * time.Minute
+
+// statsCache shares one reading of Client.Overview (and of
 // Client.Processes, a small table read with it, so that the queues and
 // the processes working them are seen together) among every request for
 // maxAge, reads it again at most once at a time, and records a sample
-// for the throughput chart at most every interval. Client.Stats groups
-// the whole jobs table by queue and state, so its cost grows with the
+// for the throughput chart at most every interval. Overview reads the
+// unfinished jobs and the jobs finished in the last finishedWindow
+// through their indexes, so its cost grows with those, not with the
 // table; this bounds how often it runs whatever the number of open
 // dashboards (once per maxAge at most), and it never runs while nobody
 // asks.
@@ -26,7 +32,7 @@ type statsCache struct {
 	maxAge   time.Duration
 	interval time.Duration
 
-	fetch sync.Mutex // held while reading Stats: one reader at a time
+	fetch sync.Mutex // held while reading: one reader at a time
 
 	mu      sync.Mutex
 	last    *reading
@@ -36,6 +42,7 @@ type statsCache struct {
 
 // reading is one reading of the queues' statistics and of the processes.
 type reading struct {
+	// Stats are from Overview: finished counts cover FinishedSince on.
 	Stats     *conveyor.Stats
 	Processes []conveyor.ProcessInfo
 	At        time.Time
@@ -49,16 +56,15 @@ type sample struct {
 	Available int64 `json:"available"`
 	Running   int64 `json:"running"`
 	Waiting   int64 `json:"waiting"`
-	// Finished is the total of completed, discarded and cancelled jobs
-	// still in the table.
-	Finished int64 `json:"finished"`
+	// Finished is the number of jobs finished (completed, discarded,
+	// cancelled) since the previous sample; null for the first.
+	Finished *int64 `json:"finished"`
 	// OldestAvailableMS is the age of the oldest available job of any
 	// queue (0 when none waits): how long the longest waiter has waited
 	// so far, an upper view of pick-up latency.
 	OldestAvailableMS int64 `json:"oldest_available_ms"`
-	// FinishedPerSec is the rise of Finished per second since the
-	// previous sample; null for the first. Pruning removes finished
-	// jobs, so a fall is shown as 0, and a rate spanning a prune is low.
+	// FinishedPerSec is Finished divided by the time since the previous
+	// sample; null for the first.
 	FinishedPerSec *float64 `json:"finished_per_s"`
 }
 
@@ -76,20 +82,59 @@ func (s *statsCache) get(ctx context.Context) (*reading, error) {
 	if rd := s.fresh(); rd != nil { // read by another request meanwhile
 		return rd, nil
 	}
-	st, err := s.c.Stats(ctx)
+	now := time.Now()
+	st, err := s.c.Overview(ctx, now.Add(-finishedWindow))
 	if err != nil {
 		return nil, err
+	}
+	// A chart sample is due: count what finished since the previous one
+	// (a second Overview, at most once per interval).
+	var finished *int64
+	prev, due := s.due(now)
+	if due && !prev.IsZero() {
+		fin, err := s.c.Overview(ctx, prev)
+		if err != nil {
+			return nil, err
+		}
+		n := finishedTotal(fin)
+		finished = &n
 	}
 	ps, err := s.c.Processes(ctx)
 	if err != nil {
 		return nil, err
 	}
-	rd := &reading{Stats: st, Processes: ps, At: time.Now()}
+	rd := &reading{Stats: st, Processes: ps, At: now}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.last = rd
-	s.record(st, rd.At)
+	if due {
+		s.record(st, now, prev, finished)
+	}
 	return rd, nil
+}
+
+// finishedTotal is the number of finished jobs st counts.
+func finishedTotal(st *conveyor.Stats) int64 {
+	var n int64
+	for _, q := range st.Queues {
+		n += q.Counts[conveyor.JobStateCompleted] + q.Counts[conveyor.JobStateDiscarded] + q.Counts[conveyor.JobStateCancelled]
+	}
+	return n
+}
+
+// due tells whether a sample taken at now is due (the previous one is at
+// least interval old, or there is none) and returns the previous
+// sample's time (zero when there is none). Only get records samples,
+// under s.fetch, so the answer holds until it records.
+func (s *statsCache) due(now time.Time) (prev time.Time, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := len(s.samples)
+	if n == 0 {
+		return time.Time{}, true
+	}
+	prev = time.Time(s.samples[(s.next-1+n)%n].At)
+	return prev, now.Sub(prev) >= s.interval
 }
 
 func (s *statsCache) fresh() *reading {
@@ -109,28 +154,21 @@ func (s *statsCache) invalidate() {
 	s.mu.Unlock()
 }
 
-// record appends a sample when the previous one is at least interval
-// old. s.mu is held.
-func (s *statsCache) record(st *conveyor.Stats, now time.Time) {
-	var prev *sample
-	if n := len(s.samples); n > 0 {
-		prev = &s.samples[(s.next-1+n)%n]
-		if now.Sub(time.Time(prev.At)) < s.interval {
-			return
-		}
-	}
-	x := sample{At: jsonTime(now)}
+// record appends a sample taken at now; prev is the previous sample's
+// time (zero for the first) and finished the jobs finished since prev.
+// s.mu is held.
+func (s *statsCache) record(st *conveyor.Stats, now, prev time.Time, finished *int64) {
+	x := sample{At: jsonTime(now), Finished: finished}
 	for _, q := range st.Queues {
 		x.Available += q.Counts[conveyor.JobStateAvailable]
 		x.Running += q.Counts[conveyor.JobStateRunning]
 		x.Waiting += q.Counts[conveyor.JobStateScheduled] + q.Counts[conveyor.JobStateRetryable]
-		x.Finished += q.Counts[conveyor.JobStateCompleted] + q.Counts[conveyor.JobStateDiscarded] + q.Counts[conveyor.JobStateCancelled]
 		if q.Counts[conveyor.JobStateAvailable] > 0 && q.PausedAt.IsZero() {
 			x.OldestAvailableMS = max(x.OldestAvailableMS, q.OldestAvailable.Milliseconds())
 		}
 	}
-	if prev != nil {
-		rate := max(0, float64(x.Finished-prev.Finished)/now.Sub(time.Time(prev.At)).Seconds())
+	if finished != nil && now.After(prev) {
+		rate := float64(*finished) / now.Sub(prev).Seconds()
 		x.FinishedPerSec = &rate
 	}
 	if len(s.samples) < seriesLen {

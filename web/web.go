@@ -143,7 +143,7 @@ type client interface {
 	Retry(ctx context.Context, id int64) (*conveyor.JobInfo, error)
 	Cancel(ctx context.Context, id int64) (*conveyor.JobInfo, error)
 	Discard(ctx context.Context, id int64) (*conveyor.JobInfo, error)
-	Stats(ctx context.Context) (*conveyor.Stats, error)
+	Overview(ctx context.Context, since time.Time) (*conveyor.Stats, error)
 	PauseQueue(ctx context.Context, queue string) error
 	ResumeQueue(ctx context.Context, queue string) error
 	Schedules(ctx context.Context) ([]conveyor.ScheduleInfo, error)

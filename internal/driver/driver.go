@@ -341,7 +341,17 @@ type Driver interface {
 	Cancel(ctx context.Context, id int64) (*JobRow, error)
 	// Discard discards a job that has not finished.
 	Discard(ctx context.Context, id int64) (*JobRow, error)
+	// Stats counts every job by queue and state: it reads the whole jobs
+	// table, so its cost grows with the table.
 	Stats(ctx context.Context) ([]QueueStats, error)
+	// Overview is Stats at a cost bounded by the unfinished jobs and the
+	// recently finished ones: the unfinished states (available,
+	// scheduled, retryable, running) are counted exactly through their
+	// partial or secondary indexes, and the finished states (completed,
+	// discarded, cancelled) count only the jobs whose finalized_at (the
+	// database's clock) is at or after finishedSince, read as a range of
+	// the finalized_at index. Queues without such jobs are left out.
+	Overview(ctx context.Context, finishedSince time.Time) ([]QueueStats, error)
 
 	// Counters returns backend-specific counters (busy retries, deadlock
 	// retries) accumulated by this driver.

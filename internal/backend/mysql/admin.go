@@ -257,9 +257,21 @@ func (d *Driver) Discard(ctx context.Context, id int64) (*driver.JobRow, error) 
 // Stats counts jobs per queue and state, with the age of each queue's
 // oldest available job by the database's clock.
 func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
-	rows, err := d.db.QueryContext(ctx, d.q["Stats"])
+	return d.queueStats(ctx, "stats", d.q["Stats"])
+}
+
+// Overview counts the unfinished jobs and the jobs finished since
+// finishedSince through the secondary indexes (see driver.Driver).
+func (d *Driver) Overview(ctx context.Context, finishedSince time.Time) ([]driver.QueueStats, error) {
+	return d.queueStats(ctx, "overview", d.q["Overview"], finishedSince.UTC())
+}
+
+// queueStats runs Stats or Overview: rows of queue, state, count, the
+// oldest scheduled_at and the database's now.
+func (d *Driver) queueStats(ctx context.Context, what, q string, args ...any) ([]driver.QueueStats, error) {
+	rows, err := d.db.QueryContext(ctx, q, args...)
 	if err != nil {
-		return nil, d.wrap("stats", err)
+		return nil, d.wrap(what, err)
 	}
 	defer rows.Close()
 	by := map[string]*driver.QueueStats{}
@@ -268,7 +280,7 @@ func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
 		var n int64
 		var oldest, now time.Time
 		if err := rows.Scan(&queue, &state, &n, &oldest, &now); err != nil {
-			return nil, d.wrap("stats", err)
+			return nil, d.wrap(what, err)
 		}
 		s := by[queue]
 		if s == nil {
@@ -281,7 +293,7 @@ func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, d.wrap("stats", err)
+		return nil, d.wrap(what, err)
 	}
 	out := make([]driver.QueueStats, 0, len(by))
 	for _, s := range by {

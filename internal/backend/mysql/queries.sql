@@ -208,6 +208,26 @@ UPDATE `{p}jobs` SET state = ?, finalized_at = UTC_TIMESTAMP(6), lease_expires_a
 -- name: Stats
 SELECT queue, state, COUNT(*), MIN(scheduled_at), UTC_TIMESTAMP(6) FROM `{p}jobs` GROUP BY queue, state
 
+-- name: Overview
+-- ? finishedSince (UTC). Stats at a bounded cost: each arm reads one
+-- secondary index's range of the generated or nullable columns that are
+-- NULL outside the states it serves (claim_idx: avail_queue, due_idx:
+-- due_at, lease_idx: lease_expires_at, finalized_idx: finalized_at),
+-- forced so that a large share never turns an arm into a table scan; the
+-- finished states count only the jobs finalized at or after ?. Columns
+-- as in Stats.
+SELECT avail_queue, 'available', COUNT(*), MIN(scheduled_at), UTC_TIMESTAMP(6)
+  FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue IS NOT NULL GROUP BY avail_queue
+UNION ALL
+SELECT queue, state, COUNT(*), MIN(scheduled_at), UTC_TIMESTAMP(6)
+  FROM `{p}jobs` FORCE INDEX (due_idx) WHERE due_at IS NOT NULL GROUP BY queue, state
+UNION ALL
+SELECT queue, state, COUNT(*), MIN(scheduled_at), UTC_TIMESTAMP(6)
+  FROM `{p}jobs` FORCE INDEX (lease_idx) WHERE lease_expires_at IS NOT NULL AND state = 'running' GROUP BY queue, state
+UNION ALL
+SELECT queue, state, COUNT(*), MIN(scheduled_at), UTC_TIMESTAMP(6)
+  FROM `{p}jobs` FORCE INDEX (finalized_idx) WHERE finalized_at >= ? AND state IN ('completed', 'discarded', 'cancelled') GROUP BY queue, state
+
 -- name: ServerInfo
 SELECT VERSION(), @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@{iso}, @@log_bin, @@max_allowed_packet, @@innodb_autoinc_lock_mode
 

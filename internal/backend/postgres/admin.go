@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -143,31 +144,51 @@ func (d *Driver) adminUpdate(ctx context.Context, op string, id int64, query str
 // Stats returns every queue's counts by state (all states present) and the
 // age of its oldest available job, by the server's clock.
 func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
-	rows, err := d.pool.Query(ctx, d.q.stats)
+	return d.queueStats(ctx, "stats", d.q.stats)
+}
+
+// Overview counts the unfinished jobs and the jobs finished since
+// finishedSince through the partial indexes (see driver.Driver).
+func (d *Driver) Overview(ctx context.Context, finishedSince time.Time) ([]driver.QueueStats, error) {
+	return d.queueStats(ctx, "overview", d.q.overview, finishedSince)
+}
+
+// queueStats runs stats or overview: rows of queue, state, count and the
+// oldest available job's age in microseconds.
+func (d *Driver) queueStats(ctx context.Context, what, q string, args ...any) ([]driver.QueueStats, error) {
+	rows, err := d.pool.Query(ctx, q, args...)
 	if err != nil {
-		return nil, wrap("stats", err)
+		return nil, wrap(what, err)
 	}
 	defer rows.Close()
-	var out []driver.QueueStats
+	by := map[string]*driver.QueueStats{}
+	var order []string
 	var (
 		queue, state string
 		count, ageUS int64
 	)
 	for rows.Next() {
 		if err := rows.Scan(&queue, &state, &count, &ageUS); err != nil {
-			return nil, wrap("stats", err)
+			return nil, wrap(what, err)
 		}
-		if len(out) == 0 || out[len(out)-1].Queue != queue {
-			out = append(out, *driver.NewQueueStats(queue))
+		qs := by[queue]
+		if qs == nil {
+			qs = driver.NewQueueStats(queue)
+			by[queue] = qs
+			order = append(order, queue)
 		}
-		qs := &out[len(out)-1]
 		qs.Counts[state] = count
 		if state == driver.StateAvailable {
 			qs.OldestAvailable = time.Duration(ageUS) * time.Microsecond
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, wrap("stats", err)
+		return nil, wrap(what, err)
+	}
+	sort.Strings(order)
+	out := make([]driver.QueueStats, 0, len(order))
+	for _, q := range order {
+		out = append(out, *by[q])
 	}
 	return out, nil
 }

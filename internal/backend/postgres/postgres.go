@@ -41,7 +41,7 @@ type queries struct {
 	insert, bulkNow, notifyQueues                                         string
 	claim, claimJob, complete, heartbeat, release                         string
 	rescue, promote, prune, tryLead, listen                               string
-	getJob, listJobs, retry, finish, stats                                string
+	getJob, listJobs, retry, finish, stats, overview                      string
 	listState, listStates, listQueue, listKind                            string
 	pauseQueue, pausedQueues                                              string
 	insertUnique, uniqueHolders                                           string
@@ -87,6 +87,7 @@ func loadQueries(prefix string) queries {
 		retry:            get("retry"),
 		finish:           get("finish"),
 		stats:            get("stats"),
+		overview:         get("overview"),
 		pauseQueue:       get("pause_queue"),
 		pausedQueues:     get("paused_queues"),
 		insertUnique:     get("insert_unique"),

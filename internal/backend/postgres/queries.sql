@@ -367,6 +367,28 @@ FROM {p}jobs
 GROUP BY queue, state
 ORDER BY queue, state
 
+-- name: overview
+-- $1 finishedSince. Stats at a bounded cost: each arm's WHERE is exactly
+-- one partial index's predicate (jobs_claim_idx, jobs_due_idx,
+-- jobs_lease_idx, jobs_finalized_idx), so each reads only its own states'
+-- index entries; the finished states count only the jobs finalized at or
+-- after $1. Columns: queue, state, count, and for available the age in
+-- microseconds of the oldest scheduled_at (plan_test.go checks the plan).
+SELECT queue, 'available', count(*),
+       greatest(0, (extract(epoch FROM now() - min(scheduled_at)) * 1000000)::bigint)
+  FROM {p}jobs WHERE state = 'available' GROUP BY queue
+UNION ALL
+SELECT queue, state, count(*), 0
+  FROM {p}jobs WHERE state IN ('scheduled', 'retryable') GROUP BY queue, state
+UNION ALL
+SELECT queue, 'running', count(*), 0
+  FROM {p}jobs WHERE state = 'running' GROUP BY queue
+UNION ALL
+SELECT queue, state, count(*), 0
+  FROM {p}jobs WHERE finalized_at IS NOT NULL AND finalized_at >= $1
+                 AND state IN ('completed', 'discarded', 'cancelled')
+ GROUP BY queue, state
+
 -- name: pause_queue
 -- $1 queue, $2 true to pause or false to resume. Pausing keeps the first
 -- pause's time; resuming wakes the queue's fetchers in every process.

@@ -156,9 +156,21 @@ func (d *Driver) changeJob(ctx context.Context, op string, id int64, query strin
 // Stats counts jobs per queue and state, and the age of each queue's
 // oldest available job by the database's clock.
 func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
-	rows, err := d.r.QueryContext(ctx, d.q["stats"])
+	return d.queueStats(ctx, "stats")
+}
+
+// Overview counts the unfinished jobs and the jobs finished since
+// finishedSince through the partial indexes (see driver.Driver).
+func (d *Driver) Overview(ctx context.Context, finishedSince time.Time) ([]driver.QueueStats, error) {
+	return d.queueStats(ctx, "overview", finishedSince.UnixMicro())
+}
+
+// queueStats runs stats or overview: rows of queue, state, count, the
+// oldest available scheduled_at and the database's now.
+func (d *Driver) queueStats(ctx context.Context, what string, args ...any) ([]driver.QueueStats, error) {
+	rows, err := d.r.QueryContext(ctx, d.q[what], args...)
 	if err != nil {
-		return nil, fmt.Errorf("conveyor/sqlite: stats: %w", err)
+		return nil, fmt.Errorf("conveyor/sqlite: %s: %w", what, err)
 	}
 	defer rows.Close()
 	byQueue := map[string]*driver.QueueStats{}
@@ -169,7 +181,7 @@ func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
 			oldest       sql.NullInt64
 		)
 		if err := rows.Scan(&queue, &state, &n, &oldest, &now); err != nil {
-			return nil, fmt.Errorf("conveyor/sqlite: stats: %w", err)
+			return nil, fmt.Errorf("conveyor/sqlite: %s: %w", what, err)
 		}
 		qs := byQueue[queue]
 		if qs == nil {
@@ -182,7 +194,7 @@ func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("conveyor/sqlite: stats: %w", err)
+		return nil, fmt.Errorf("conveyor/sqlite: %s: %w", what, err)
 	}
 	out := make([]driver.QueueStats, 0, len(byQueue))
 	for _, qs := range byQueue {

@@ -283,6 +283,27 @@ SELECT queue, state, count(*),
  GROUP BY queue, state
  ORDER BY queue
 
+-- name: overview
+-- ?1 finishedSince (unix microseconds). Stats at a bounded cost: each
+-- arm's WHERE implies one partial index's predicate (jobs_claim,
+-- jobs_due, jobs_lease, jobs_finalized), so each reads only its own
+-- states' index entries (plan_test.go checks); the finished states count
+-- only the jobs finalized at or after ?1. Columns as in stats. INDEXED BY
+-- pins each arm: left to itself the planner serves GROUP BY queue by
+-- walking the whole jobs_queue_list index (migration 8) instead.
+SELECT queue, 'available', count(*), min(scheduled_at), {now}
+  FROM {p}jobs INDEXED BY {p}jobs_claim WHERE state = 'available' GROUP BY queue
+UNION ALL
+SELECT queue, state, count(*), NULL, {now}
+  FROM {p}jobs INDEXED BY {p}jobs_due WHERE state IN ('scheduled', 'retryable') GROUP BY queue, state
+UNION ALL
+SELECT queue, 'running', count(*), NULL, {now}
+  FROM {p}jobs INDEXED BY {p}jobs_lease WHERE state = 'running' GROUP BY queue
+UNION ALL
+SELECT queue, state, count(*), NULL, {now}
+  FROM {p}jobs INDEXED BY {p}jobs_finalized WHERE state IN ('completed', 'discarded', 'cancelled') AND finalized_at >= ?1
+ GROUP BY queue, state
+
 -- name: create_migrations_table
 CREATE TABLE IF NOT EXISTS {p}schema_migrations (
     version    INTEGER PRIMARY KEY,

@@ -88,9 +88,9 @@
   async function refreshQueues() {
     const d = await getJSON(base + "/api/v1/queues");
     const table = document.getElementById("queues");
-    const states = [...table.querySelectorAll("thead th.num")].map((th) => th.textContent);
+    const states = [...table.querySelectorAll("thead th[data-state]")].map((th) => th.dataset.state);
     const rows = d.queues.map((q) => queueRow(q, states));
-    if (!rows.length) rows.push(el("tr", { class: "empty" }, el("td", { colspan: "12" }, "No jobs yet.")));
+    if (!rows.length) rows.push(el("tr", { class: "empty" }, el("td", { colspan: "12" }, "No unfinished jobs, none finished in the last " + Math.round(d.finished_window_s / 60) + " min, no paused queue.")));
     table.tBodies[0].replaceChildren(...rows);
     const unworked = d.queues.filter((q) => q.unworked).map((q) => q.queue);
     document.getElementById("unworked-list").textContent = unworked.join(", ");
