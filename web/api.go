@@ -336,7 +336,8 @@ func (h *Handler) enqueue(w http.ResponseWriter, r *http.Request, jobs []enqueue
 		}
 		h.wake.notify(q)
 	}
-	h.stats.invalidate()
+	// No h.stats.invalidate(): programs enqueue continuously, and each
+	// call would make the next dashboard refresh read the counts again.
 	return out, true
 }
 

@@ -46,7 +46,17 @@ type reading struct {
 	Stats     *conveyor.Stats
 	Processes []conveyor.ProcessInfo
 	At        time.Time
+	// Took is how long the reading took; it is reused for at least
+	// readCostFactor times that (see fresh).
+	Took time.Duration
 }
+
+// readCostFactor bounds the share of the database's time the dashboard's
+// counts take: a reading that took d is reused for at least
+// readCostFactor*d, so that counting a large backlog (Overview's cost
+// grows with the unfinished jobs) takes at most a tenth of one
+// connection's time however often, and by however many, it is asked for.
+const readCostFactor = 10
 
 // sample is one point of the throughput chart.
 type sample struct {
@@ -103,7 +113,7 @@ func (s *statsCache) get(ctx context.Context) (*reading, error) {
 	if err != nil {
 		return nil, err
 	}
-	rd := &reading{Stats: st, Processes: ps, At: now}
+	rd := &reading{Stats: st, Processes: ps, At: now, Took: time.Since(now)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.last = rd
@@ -140,7 +150,14 @@ func (s *statsCache) due(now time.Time) (prev time.Time, ok bool) {
 func (s *statsCache) fresh() *reading {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.last != nil && time.Since(s.last.At) < s.maxAge {
+	if s.last == nil {
+		return nil
+	}
+	age := s.maxAge
+	if age >= time.Millisecond { // below: every request reads (tests)
+		age = max(age, readCostFactor*s.last.Took)
+	}
+	if time.Since(s.last.At) < age {
 		return s.last
 	}
 	return nil

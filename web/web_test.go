@@ -941,7 +941,13 @@ func TestProcessesAndUnworkedQueues(t *testing.T) {
 			if len(jobs) != 1 {
 				t.Fatalf("claimed %d jobs", len(jobs))
 			}
-			hw := e.processesOf()["http:"+name]
+			// The reading is reused for ten times the time it took, even
+			// with StatsMaxAge at 1ns: wait for the next.
+			var hw processJSON
+			waitFor(t, "the HTTP worker listed", func() bool {
+				hw = e.processesOf()["http:"+name]
+				return hw.ID != ""
+			})
 			if hw.Kind != "http" || !hw.Alive || hw.Host != "127.0.0.1" || hw.PID != nil || len(hw.Queues) != 1 || hw.Queues["mail"] != 0 {
 				t.Fatalf("the HTTP worker listed as %+v", hw)
 			}
