@@ -14,7 +14,13 @@ import (
 
 // GetJob returns one job, or an error wrapping driver.ErrNotFound.
 func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
-	j, err := scanJob(d.pool.QueryRow(ctx, d.q.getJob, id))
+	var j *driver.JobRow
+	var err error
+	if s := d.segs(); s != nil {
+		j, err = s.getJob(ctx, id)
+	} else {
+		j, err = scanJob(d.pool.QueryRow(ctx, d.q.getJob, id))
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("conveyor/postgres: get job %d: %w", id, driver.ErrNotFound)
 	}
@@ -35,7 +41,11 @@ func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.Jo
 	if states == nil {
 		states = []string{}
 	}
-	rows, err := d.pool.Query(ctx, d.q.listJobs, f.AfterID, states, f.Queue, f.Kind, limit)
+	query, err := d.listQuery(ctx, states)
+	if err != nil || query == "" {
+		return nil, wrap("list jobs", err)
+	}
+	rows, err := d.pool.Query(ctx, query, f.AfterID, states, f.Queue, f.Kind, limit)
 	if err != nil {
 		return nil, wrap("list jobs", err)
 	}
@@ -55,9 +65,16 @@ func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]
 	if states == nil {
 		states = []string{}
 	}
+	query, err := d.listQuery(ctx, states)
+	if err != nil {
+		return nil, wrap("list jobs tx", err)
+	}
 	switch t := tx.(type) {
 	case pgx.Tx:
-		rows, err := t.Query(ctx, d.q.listJobs, f.AfterID, states, f.Queue, f.Kind, limit)
+		if query == "" {
+			return nil, nil
+		}
+		rows, err := t.Query(ctx, query, f.AfterID, states, f.Queue, f.Kind, limit)
 		if err != nil {
 			return nil, wrap("list jobs tx", err)
 		}
@@ -67,7 +84,10 @@ func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]
 		if t == nil {
 			break
 		}
-		rows, err := t.QueryContext(ctx, d.q.listJobs, f.AfterID, textArray(states), f.Queue, f.Kind, limit)
+		if query == "" {
+			return nil, nil
+		}
+		rows, err := t.QueryContext(ctx, query, f.AfterID, textArray(states), f.Queue, f.Kind, limit)
 		if err != nil {
 			return nil, wrap("list jobs tx", err)
 		}
@@ -77,9 +97,21 @@ func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]
 	return nil, fmt.Errorf("conveyor/postgres: list jobs tx: transaction of type %T: accepted are pgx.Tx and *sql.Tx (pgx stdlib driver): %w", tx, driver.ErrTxType)
 }
 
+// listQuery returns the list statement of the prefix's storage ("" when
+// no job can match the states).
+func (d *Driver) listQuery(ctx context.Context, states []string) (string, error) {
+	if s := d.segs(); s != nil {
+		return s.listQuery(ctx, states)
+	}
+	return d.q.listJobs, nil
+}
+
 // ClaimJob claims job id, whatever its queue or schedule, if it is
 // available, scheduled or retryable.
 func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, worker string) (*driver.JobRow, error) {
+	if s := d.segs(); s != nil {
+		return s.admin(ctx, "claim", "seg_claim_job", id, []string{phReady, phWaiting}, []string{phRunning}, id, micros(lease), worker)
+	}
 	return d.adminUpdate(ctx, "claim", id, d.q.claimJob, id, micros(lease), worker)
 }
 
@@ -87,17 +119,26 @@ func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, wo
 // available now, granting one more attempt if all were used, and wakes its
 // queue.
 func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
+	if s := d.segs(); s != nil {
+		return s.admin(ctx, "retry", "seg_retry", id, []string{phDead, phDone, phWaiting}, []string{phReady}, id)
+	}
 	return d.adminUpdate(ctx, "retry", id, d.q.retry, id)
 }
 
 // Cancel cancels a job that has not finished (available, scheduled,
 // retryable or running). A running attempt's later outcome is refused.
 func (d *Driver) Cancel(ctx context.Context, id int64) (*driver.JobRow, error) {
+	if s := d.segs(); s != nil {
+		return s.admin(ctx, "cancel", "seg_finish", id, []string{phReady, phWaiting, phRunning}, []string{phDead}, id, driver.StateCancelled)
+	}
 	return d.adminUpdate(ctx, "cancel", id, d.q.finish, id, driver.StateCancelled)
 }
 
 // Discard discards a job that has not finished.
 func (d *Driver) Discard(ctx context.Context, id int64) (*driver.JobRow, error) {
+	if s := d.segs(); s != nil {
+		return s.admin(ctx, "discard", "seg_finish", id, []string{phReady, phWaiting, phRunning}, []string{phDead}, id, driver.StateDiscarded)
+	}
 	return d.adminUpdate(ctx, "discard", id, d.q.finish, id, driver.StateDiscarded)
 }
 
@@ -122,7 +163,14 @@ func (d *Driver) adminUpdate(ctx context.Context, op string, id int64, query str
 // Stats returns every queue's counts by state (all states present) and the
 // age of its oldest available job, by the server's clock.
 func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
-	rows, err := d.pool.Query(ctx, d.q.stats)
+	query := d.q.stats
+	if s := d.segs(); s != nil {
+		var err error
+		if query, err = s.statsQuery(ctx); err != nil {
+			return nil, wrap("stats", err)
+		}
+	}
+	rows, err := d.pool.Query(ctx, query)
 	if err != nil {
 		return nil, wrap("stats", err)
 	}
