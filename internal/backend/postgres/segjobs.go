@@ -49,21 +49,7 @@ func (s *segStore) insert(ctx context.Context, q querier, jobs []driver.InsertPa
 }
 
 // poolQuerier runs queries on the driver's pool.
-func (d *Driver) poolQuerier() querier {
-	return func(ctx context.Context, query string, args []any, row func(scan func(dest ...any) error) error) error {
-		rows, err := d.pool.Query(ctx, query, args...)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			if err := row(rows.Scan); err != nil {
-				return err
-			}
-		}
-		return rows.Err()
-	}
-}
+func (d *Driver) poolQuerier() querier { return rowsQuerier(d.pool.Query) }
 
 // uniqueStatements returns the insert statement of unique jobs and the
 // holders' lookup, of a view read anew when stale is set.
@@ -308,21 +294,7 @@ func (s *segStore) promote(ctx context.Context, limit int) (map[string]int, erro
 }
 
 // leaseQuerier runs queries on the lease pool.
-func (d *Driver) leaseQuerier() querier {
-	return func(ctx context.Context, query string, args []any, row func(scan func(dest ...any) error) error) error {
-		rows, err := d.lease.Query(ctx, query, args...)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			if err := row(rows.Scan); err != nil {
-				return err
-			}
-		}
-		return rows.Err()
-	}
-}
+func (d *Driver) leaseQuerier() querier { return rowsQuerier(d.lease.Query) }
 
 // pruneAll prunes done (completedAge) and dead (discardedAge) segments;
 // a negative age keeps that phase.

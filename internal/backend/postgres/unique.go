@@ -172,9 +172,13 @@ func (d *Driver) insertUnique(ctx context.Context, q querier, jobs []driver.Inse
 }
 
 // pgxQuerier runs queries on a pgx transaction.
-func pgxQuerier(tx pgx.Tx) querier {
+func pgxQuerier(tx pgx.Tx) querier { return rowsQuerier(tx.Query) }
+
+// rowsQuerier runs queries with a pgx Query method (a transaction's, a
+// pool's).
+func rowsQuerier(run func(ctx context.Context, sql string, args ...any) (pgx.Rows, error)) querier {
 	return func(ctx context.Context, query string, args []any, row func(scan func(dest ...any) error) error) error {
-		rows, err := tx.Query(ctx, query, args...)
+		rows, err := run(ctx, query, args...)
 		if err != nil {
 			return err
 		}
