@@ -283,7 +283,7 @@ func (s *segStore) dropSegment(ctx context.Context, r regRow) (bool, error) {
 
 // prune removes the finished jobs of one finished phase older than age
 // by whole segments: the current segment is sealed once it holds a row
-// older than age, and a sealed segment whose newest row is older than age
+// older than age/16, and a sealed segment whose newest row is older than age
 // is truncated (or, while a snapshot holds it, marked drained). It
 // returns the number of jobs removed.
 func (s *segStore) prune(ctx context.Context, phase string, age time.Duration) (int64, error) {
@@ -296,12 +296,14 @@ func (s *segStore) prune(ctx context.Context, phase string, age time.Duration) (
 		if r.phase != phase || (r.status != "current" && r.status != "sealed") {
 			continue
 		}
-		q := "seg_expired"
+		q, after := "seg_expired", age
 		if r.status == "current" {
-			q = "seg_oldest"
+			// Sealed by time, so that a segment spans a sixteenth of
+			// the retention: jobs are kept at most that much longer.
+			q, after = "seg_oldest", age/16
 		}
 		var due bool
-		if err := s.d.pool.QueryRow(ctx, s.table(q, r.tbl, ""), micros(age)).Scan(&due); err != nil {
+		if err := s.d.pool.QueryRow(ctx, s.table(q, r.tbl, ""), micros(after)).Scan(&due); err != nil {
 			return n, err
 		}
 		if !due {

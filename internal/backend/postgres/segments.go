@@ -66,7 +66,7 @@ type segTuning struct {
 
 var defaultTuning = segTuning{
 	sealBytes:     1 << 20,
-	finishedBytes: 16 << 20,
+	finishedBytes: 64 << 20,
 	leftovers:     1000,
 	grace:         2 * time.Second,
 	ring:          2,
