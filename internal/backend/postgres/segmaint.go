@@ -186,6 +186,16 @@ func (s *segStore) rotate(ctx context.Context, phase string) error {
 // are freed and nothing moves. It reports whether the registry changed.
 func (s *segStore) reclaim(ctx context.Context, r regRow, drain, finished bool) (bool, int64, error) {
 	var rows int64
+	if !finished && r.status != "drained" {
+		// Too many rows left to move: not worth a lock (taken, it would
+		// hold the claimers back for the count).
+		if err := s.d.pool.QueryRow(ctx, s.table("seg_rows", r.tbl, ""), s.tune.leftovers+1).Scan(&rows); err != nil {
+			return false, 0, err
+		}
+		if rows > s.tune.leftovers {
+			return false, 0, nil
+		}
+	}
 	ok, err := s.maintTx(ctx, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, s.table("seg_lock_exclusive", r.tbl, "")); err != nil {
 			return err

@@ -83,6 +83,12 @@ type segView struct {
 	cur  map[string]segRef   // phase -> current segment
 	live map[string][]string // phase -> sealed segments (oldest first), then the current one
 	at   time.Time
+	// sig is the registry as read; stmts caches the statements built for
+	// it (name and sources -> text), shared by the views of an unchanged
+	// registry and dropped with them once it changes, so that the cache
+	// never outgrows the live segments.
+	sig   string
+	stmts *sync.Map
 }
 
 // segStore is the segments storage of a driver whose prefix was
@@ -95,7 +101,6 @@ type segStore struct {
 	mu   sync.Mutex // serialises refreshes
 	view atomic.Pointer[segView]
 
-	stmts sync.Map // cache key -> statement text
 
 	// counters, for tests and reports
 	reclaims, drained, refusals, created, dropped, stale atomic.Int64
@@ -158,7 +163,7 @@ func (d *Driver) detectStorage(ctx context.Context) error {
 		return wrap("storage", err)
 	}
 	if n > 0 && d.seg.Load() == nil {
-		d.seg.Store(newSegStore(d))
+		d.seg.CompareAndSwap(nil, newSegStore(d))
 	}
 	return nil
 }
@@ -208,12 +213,14 @@ func (s *segStore) refresh(ctx context.Context, old *segView) (*segView, error) 
 	defer rows.Close()
 	v := &segView{cur: map[string]segRef{}, live: map[string][]string{}, at: time.Now()}
 	var sealed = map[string][]string{}
+	var sig strings.Builder
 	for rows.Next() {
 		var tbl, phase, status string
 		var inc int64
 		if err := rows.Scan(&tbl, &phase, &status, &inc); err != nil {
 			return nil, err
 		}
+		fmt.Fprintf(&sig, "%s %s %d;", tbl, status, inc)
 		if status == "current" {
 			v.cur[phase] = segRef{tbl, inc}
 		} else {
@@ -230,6 +237,12 @@ func (s *segStore) refresh(ctx context.Context, old *segView) (*segView, error) 
 		}
 		v.live[ph] = append(sealed[ph], c.tbl)
 	}
+	v.sig = sig.String()
+	if old := s.view.Load(); old != nil && old.sig == v.sig {
+		v.stmts = old.stmts
+	} else {
+		v.stmts = new(sync.Map)
+	}
 	s.view.Store(v)
 	return v, nil
 }
@@ -245,7 +258,7 @@ func (s *segStore) invalidate() {
 }
 
 // stmt builds the named template for the given source segments, with
-// the current segments and incarnations of v, and caches it.
+// the current segments and incarnations of v, and caches it in v.
 func (s *segStore) stmt(name string, v *segView, srcs []string, guarded ...string) string {
 	var key strings.Builder
 	key.WriteString(name)
@@ -255,19 +268,14 @@ func (s *segStore) stmt(name string, v *segView, srcs []string, guarded ...strin
 	}
 	key.WriteString(" |")
 	for _, ph := range guarded {
-		c := v.cur[ph]
 		key.WriteByte(' ')
-		key.WriteString(c.tbl)
-		key.WriteByte('@')
-		key.WriteString(strconv.FormatInt(c.inc, 10))
-	}
-	for _, ph := range phases {
-		key.WriteByte(' ')
-		key.WriteString(v.cur[ph].tbl)
+		key.WriteString(ph)
 	}
 	k := key.String()
-	if q, ok := s.stmts.Load(k); ok {
-		return q.(string)
+	if v.stmts != nil {
+		if q, ok := v.stmts.Load(k); ok {
+			return q.(string)
+		}
 	}
 	q := expandEach(s.q(name), srcs)
 	guard := "true"
@@ -283,7 +291,9 @@ func (s *segStore) stmt(name string, v *segView, srcs []string, guarded ...strin
 		"{ready}", v.cur[phReady].tbl, "{running}", v.cur[phRunning].tbl, "{waiting}", v.cur[phWaiting].tbl,
 		"{done}", v.cur[phDone].tbl, "{dead}", v.cur[phDead].tbl)
 	q = r.Replace(q)
-	s.stmts.Store(k, q)
+	if v.stmts != nil {
+		v.stmts.Store(k, q)
+	}
 	return q
 }
 

@@ -147,10 +147,12 @@ SELECT {guard}
 -- name: seg_claim
 -- Every live ready segment offers its first $2 jobs of the queue (FOR
 -- UPDATE SKIP LOCKED: claimers never wait for each other); the first $2
--- of all by (priority, pos) move to the current running segment.
+-- of all by (priority, pos) move to the current running segment. The
+-- delete finds them by id (an index scan per job): a join on ctid would
+-- be a hash join over a sequential scan of the whole segment.
 WITH
 {each}c{i} AS (
-    SELECT {i} AS s, ctid AS c, priority, pos FROM {src}
+    SELECT {i} AS s, id AS c, priority, pos FROM {src}
      WHERE queue = $1 AND {guard}
        AND NOT EXISTS (SELECT 1 FROM {p}queues WHERE name = $1 AND paused_at IS NOT NULL)
      ORDER BY priority, pos
@@ -163,7 +165,7 @@ picked AS (
     ORDER BY priority, pos
     LIMIT $2
 ),
-{each}d{i} AS (DELETE FROM {src} r USING picked p WHERE p.s = {i} AND r.ctid = p.c RETURNING r.*),
+{each}d{i} AS (DELETE FROM {src} r USING picked p WHERE p.s = {i} AND r.id = p.c RETURNING r.*),
 {sep}{end}
 ins AS (
     INSERT INTO {running} ({cols})
@@ -268,13 +270,13 @@ UNION ALL SELECT '!stale', 0 WHERE NOT ({guard})
 -- the lease on the latest version.
 WITH
 {each}p{i} AS (
-    SELECT ctid AS c FROM {src}
+    SELECT id AS c FROM {src}
      WHERE lease_expires_at < now() AND {guard}
      ORDER BY lease_expires_at
      LIMIT $1
      FOR UPDATE SKIP LOCKED
 ),
-d{i} AS (DELETE FROM {src} r USING p{i} WHERE r.ctid = p{i}.c AND r.lease_expires_at < now() RETURNING r.*),
+d{i} AS (DELETE FROM {src} r USING p{i} WHERE r.id = p{i}.c AND r.lease_expires_at < now() RETURNING r.*),
 {sep}{end}
 x AS (
     SELECT pos, id, queue, kind, args,
@@ -311,13 +313,13 @@ UNION ALL SELECT '!stale', 0 WHERE NOT ({guard})
 -- Due scheduled and retryable jobs to ready; wakes their queues.
 WITH
 {each}p{i} AS (
-    SELECT ctid AS c FROM {src}
+    SELECT id AS c FROM {src}
      WHERE scheduled_at <= now() AND {guard}
      ORDER BY scheduled_at
      LIMIT $1
      FOR UPDATE SKIP LOCKED
 ),
-d{i} AS (DELETE FROM {src} r USING p{i} WHERE r.ctid = p{i}.c RETURNING r.*),
+d{i} AS (DELETE FROM {src} r USING p{i} WHERE r.id = p{i}.c RETURNING r.*),
 {sep}{end}
 ins AS (
     INSERT INTO {ready} ({cols})

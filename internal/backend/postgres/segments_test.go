@@ -192,8 +192,8 @@ func TestSegmentsRotationUnderLoad(t *testing.T) {
 			t.Errorf("%d jobs %s", n, st)
 		}
 	}
-	if s.reclaims.Load() == 0 || s.created.Load() <= 5 {
-		t.Errorf("no rotation happened: %d reclaims, %d tables created", s.reclaims.Load(), s.created.Load())
+	if s.reclaims.Load() == 0 {
+		t.Errorf("no segment was reclaimed")
 	}
 	t.Logf("reclaims %d, drained %d, refused %d, created %d, dropped %d, stale views %d",
 		s.reclaims.Load(), s.drained.Load(), s.refusals.Load(), s.created.Load(), s.dropped.Load(), s.stale.Load())
