@@ -124,6 +124,13 @@ func (s *segStore) bulkInsert(ctx context.Context, jobs []driver.InsertParams) (
 			return 0, fmt.Errorf("copy: %w", err)
 		}
 		total += n
+		if n >= bulkAnalyze {
+			// The planner needs to know the segment is no longer a few
+			// rows (see seg_analyze); it sees this transaction's rows.
+			if _, err := tx.Exec(ctx, s.table("seg_analyze", part.tbl, "")); err != nil {
+				return 0, fmt.Errorf("analyze: %w", err)
+			}
+		}
 	}
 	if len(queues) > 0 {
 		qs := make([]string, 0, len(queues))
@@ -136,6 +143,10 @@ func (s *segStore) bulkInsert(ctx context.Context, jobs []driver.InsertParams) (
 	}
 	return total, tx.Commit(ctx)
 }
+
+// bulkAnalyze is the size of a copy after which BulkInsert analyzes the
+// segment it filled.
+const bulkAnalyze = 5000
 
 // claim moves up to p.Limit jobs of p.Queue from the live ready segments
 // to the current running segment, in (priority, pos) order across them.

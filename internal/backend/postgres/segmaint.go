@@ -63,6 +63,10 @@ func (s *segStore) round(ctx context.Context) error {
 				return err
 			}
 			changed = true
+			continue
+		}
+		if err := s.analyzeGrown(ctx, r, size); err != nil {
+			return err
 		}
 	}
 	free := map[string]int{}
@@ -89,6 +93,26 @@ func (s *segStore) round(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// analyzeGrown analyzes a current ready or waiting segment that has
+// doubled in size (and passed 64 kB) since it was last analyzed.
+func (s *segStore) analyzeGrown(ctx context.Context, r regRow, size int64) error {
+	if r.phase != phReady && r.phase != phWaiting {
+		return nil
+	}
+	if s.analyzed == nil {
+		s.analyzed = map[string]int64{}
+	}
+	if last := s.analyzed[r.tbl]; size < 64<<10 || size < 2*last {
+		if size < last/2 {
+			s.analyzed[r.tbl] = size // truncated and current again
+		}
+		return nil
+	}
+	s.analyzed[r.tbl] = size
+	_, err := s.d.pool.Exec(ctx, s.table("seg_analyze", r.tbl, ""))
+	return err
 }
 
 // registry reads every registry row.

@@ -107,6 +107,7 @@ type segStore struct {
 
 	lastMaint time.Time // maintenance rate limit (leader only; under maintMu)
 	maintMu   sync.Mutex
+	analyzed  map[string]int64 // size of each current segment at its last ANALYZE (under maintMu)
 
 	// reg is the registry's own connection: a refresh is needed while the
 	// caller holds a pooled connection (a transactional enqueue), so it

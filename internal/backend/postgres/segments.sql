@@ -500,6 +500,13 @@ INSERT INTO {dst} ({cols}) SELECT {cols} FROM d
 -- about to be truncated.
 DELETE FROM {p}unique_keys k USING {t} j WHERE j.unique_key IS NOT NULL AND k.key = j.unique_key AND k.job_id = j.id
 
+-- name: seg_analyze
+-- Statistics for the planner: without them it takes a segment's queue
+-- for a few rows and sorts the whole segment under a claim's LockRows
+-- (which a LIMIT cannot bound) instead of reading the claim index in
+-- order.
+ANALYZE {t}
+
 -- name: seg_truncate
 TRUNCATE {t}
 
