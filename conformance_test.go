@@ -35,7 +35,30 @@ type backend struct {
 var backends = []backend{
 	{"sqlite", func(t *testing.T) string { return filepath.Join(t.TempDir(), "conveyor.db") }},
 	{"postgres", func(t *testing.T) string { return testdb.Postgres(t) }},
+	{"postgres-segments", func(t *testing.T) string { return withSegments(testdb.Postgres(t)) }},
 	{"mysql", func(t *testing.T) string { return testdb.MySQL(t) }},
+}
+
+// segmentsMark, in a PostgreSQL test DSN, makes the clients the suite
+// opens on it migrate their prefix to the segments storage (it is also
+// the sessions' application_name, which changes nothing else).
+const segmentsMark = "application_name=conveyor-segments"
+
+// withSegments marks a PostgreSQL DSN for the segments storage.
+func withSegments(dsn string) string {
+	if strings.Contains(dsn, "?") {
+		return dsn + "&" + segmentsMark
+	}
+	return dsn + "?" + segmentsMark
+}
+
+// connectOptions returns the connect options of the suite's clients on
+// dsn: the segments storage for a DSN marked for it.
+func connectOptions(dsn string) connect.Options {
+	if strings.Contains(dsn, segmentsMark) {
+		return connect.Options{PostgresStorage: "segments"}
+	}
+	return connect.Options{}
 }
 
 // forEachBackend runs fn against every backend on a real database.
@@ -90,7 +113,7 @@ func openDropped(t *testing.T, dsn string, cfg *conveyor.Config) *conveyor.Clien
 func openClient(t *testing.T, dsn string, cfg *conveyor.Config, drop bool) *conveyor.Client[any] {
 	t.Helper()
 	ctx := context.Background()
-	c, err := connect.Open(ctx, dsn, cfg)
+	c, err := connect.OpenWith(ctx, dsn, cfg, connectOptions(dsn))
 	if err != nil {
 		t.Fatalf("open: %v", err)
 	}

@@ -51,6 +51,15 @@ type Options struct {
 	// against a process crash; the default) or "FULL" (also against
 	// power loss). Refused on other backends.
 	SQLiteSynchronous string
+	// PostgresStorage is the PostgreSQL storage Client.Migrate converts
+	// the prefix to: "" keeps the prefix's storage (the one-table storage
+	// for a new prefix), "segments" converts it to phase tables rotated
+	// in segments, whose cost per job does not grow while vacuum is held
+	// back (docs/postgres-storage.md). The conversion moves every job,
+	// running ones included, in one transaction; it is one-way. The
+	// storage belongs to the database: every client of the prefix follows
+	// it, whatever its own Options say. Refused on other backends.
+	PostgresStorage string
 }
 
 // OpenWith is Open with the connections' Options.
@@ -61,6 +70,9 @@ func OpenWith(ctx context.Context, dsnStr string, cfg *conveyor.Config, opts Opt
 	}
 	if opts.ClaimStrategy != "" && b != dsn.MySQL {
 		return nil, fmt.Errorf("conveyor: connect: ClaimStrategy %q is a MySQL/MariaDB setting; this DSN is %s", opts.ClaimStrategy, b)
+	}
+	if opts.PostgresStorage != "" && b != dsn.Postgres {
+		return nil, fmt.Errorf("conveyor: connect: PostgresStorage %q is a PostgreSQL setting; this DSN is %s", opts.PostgresStorage, b)
 	}
 	if opts.SQLiteSynchronous != "" && b != dsn.SQLite {
 		return nil, fmt.Errorf("conveyor: connect: SQLiteSynchronous %q is a SQLite setting; this DSN is %s", opts.SQLiteSynchronous, b)
@@ -77,6 +89,7 @@ type dsnDriver struct {
 // Bind opens the backend named by the DSN.
 func (d *dsnDriver) Bind(ctx context.Context, opts driver.Options) (driver.Driver, error) {
 	opts.PoolSize, opts.ClaimStrategy, opts.Synchronous = d.opts.PoolSize, d.opts.ClaimStrategy, d.opts.SQLiteSynchronous
+	opts.Storage = d.opts.PostgresStorage
 	switch d.backend {
 	case dsn.Postgres:
 		return nilIfErr(postgres.Open(ctx, d.dsn, opts))

@@ -54,6 +54,7 @@ func benchCmd(e *env, args []string) error {
 	claimBatch := f.Int("claim-batch", 0, "Config.ClaimBatch (default: conveyor's default)")
 	completeBatch := f.Int("complete-batch", 0, "Config.CompleteBatch (default: conveyor's default)")
 	poolSize := f.Int("pool-size", 0, "connect.Options.PoolSize: conveyor's pool (default: the backend's)")
+	storage := f.String("storage", "", "PostgreSQL: connect.Options.PostgresStorage, the run's tables converted to this storage (segments) before the load")
 	if err := e.parseNoArgs(f, args, true); err != nil {
 		return err
 	}
@@ -79,7 +80,7 @@ func benchCmd(e *env, args []string) error {
 		Rate: *rate, Every: window.d, HoldXmin: *holdXmin, HoldFor: *holdFor, Recovery: *recovery,
 		Progress: e.stderr,
 		Config:   conveyor.Config{ClaimBatch: *claimBatch, CompleteBatch: *completeBatch, PollMin: *pollMin, PollMax: *pollMax},
-		Connect:  connect.Options{PoolSize: *poolSize},
+		Connect:  connect.Options{PoolSize: *poolSize, PostgresStorage: *storage},
 	}
 	if *asJSON {
 		enc := json.NewEncoder(e.stdout)

@@ -376,6 +376,12 @@ type Options struct {
 	// Synchronous is SQLite's synchronous mode in WAL: "NORMAL" (durable
 	// against a process crash; the default) or "FULL" (also power loss).
 	Synchronous string
+	// Storage is the PostgreSQL storage Migrate converts the prefix to:
+	// "" or "table" keeps the prefix's storage, "segments" converts a
+	// prefix still on the one-table storage (docs/postgres-storage.md).
+	// The storage is a property of the database: every driver follows
+	// its prefix's, whatever this says.
+	Storage string
 }
 
 // ScheduleRow is a periodic schedule as recorded in the database.

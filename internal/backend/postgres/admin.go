@@ -17,7 +17,13 @@ import (
 
 // GetJob returns one job, or an error wrapping driver.ErrNotFound.
 func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
-	j, err := scanJob(d.pool.QueryRow(ctx, d.q.getJob, id))
+	var j *driver.JobRow
+	var err error
+	if s := d.segs(); s != nil {
+		j, err = s.getJob(ctx, id)
+	} else {
+		j, err = scanJob(d.pool.QueryRow(ctx, d.q.getJob, id))
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("conveyor/postgres: get job %d: %w", id, driver.ErrNotFound)
 	}
@@ -30,7 +36,10 @@ func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
 // ListJobs returns the jobs matching f in id order, at most f.Limit
 // (default 100) after f.AfterID.
 func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.JobRow, error) {
-	q, args := d.listQuery(f, false)
+	q, args, err := d.listQuery(ctx, f, false)
+	if err != nil || q == "" {
+		return nil, wrap("list jobs", err)
+	}
 	rows, err := d.pool.Query(ctx, q, args...)
 	if err != nil {
 		return nil, wrap("list jobs", err)
@@ -45,7 +54,10 @@ func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.Jo
 func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]*driver.JobRow, error) {
 	switch t := tx.(type) {
 	case pgx.Tx:
-		q, args := d.listQuery(f, false)
+		q, args, err := d.listQuery(ctx, f, false)
+		if err != nil || q == "" {
+			return nil, wrap("list jobs tx", err)
+		}
 		rows, err := t.Query(ctx, q, args...)
 		if err != nil {
 			return nil, wrap("list jobs tx", err)
@@ -56,7 +68,10 @@ func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]
 		if t == nil {
 			break
 		}
-		q, args := d.listQuery(f, true)
+		q, args, err := d.listQuery(ctx, f, true)
+		if err != nil || q == "" {
+			return nil, wrap("list jobs tx", err)
+		}
 		rows, err := t.QueryContext(ctx, q, args...)
 		if err != nil {
 			return nil, wrap("list jobs tx", err)
@@ -67,13 +82,30 @@ func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]
 	return nil, fmt.Errorf("conveyor/postgres: list jobs tx: transaction of type %T: accepted are pgx.Tx and *sql.Tx (pgx stdlib driver): %w", tx, driver.ErrTxType)
 }
 
-// listQuery builds the list_jobs query for f: only the filters f sets, a
-// single state as an equality (so that the planner walks the state list
-// index in id order). sqlTx encodes a states array for database/sql.
-func (d *Driver) listQuery(f driver.JobFilter, sqlTx bool) (string, []any) {
+// listQuery builds the list statement for f and its arguments ("" when no
+// job can match f's states). On one table: only the filters f sets, a
+// single state as an equality, so that the planner can walk a list index
+// in id order. On segments: a merge of per-segment scans of the phases
+// f's states live in. sqlTx encodes a states array for database/sql.
+func (d *Driver) listQuery(ctx context.Context, f driver.JobFilter, sqlTx bool) (string, []any, error) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 100
+	}
+	if s := d.segs(); s != nil {
+		states := f.States
+		if states == nil {
+			states = []string{}
+		}
+		q, err := s.listQuery(ctx, states)
+		if err != nil || q == "" {
+			return "", nil, err
+		}
+		var st any = states
+		if sqlTx {
+			st = textArray(states)
+		}
+		return q, []any{f.AfterID, st, f.Queue, f.Kind, limit}, nil
 	}
 	args := []any{f.AfterID, limit}
 	var where strings.Builder
@@ -96,12 +128,15 @@ func (d *Driver) listQuery(f driver.JobFilter, sqlTx bool) (string, []any) {
 	if f.Kind != "" {
 		add(d.q.listKind, f.Kind)
 	}
-	return strings.Replace(d.q.listJobs, "{where}", where.String(), 1), args
+	return strings.Replace(d.q.listJobs, "{where}", where.String(), 1), args, nil
 }
 
 // ClaimJob claims job id, whatever its queue or schedule, if it is
 // available, scheduled or retryable.
 func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, worker string) (*driver.JobRow, error) {
+	if s := d.segs(); s != nil {
+		return s.admin(ctx, "claim", "seg_claim_job", id, []string{phReady, phWaiting}, []string{phRunning}, id, micros(lease), worker)
+	}
 	return d.adminUpdate(ctx, "claim", id, d.q.claimJob, id, micros(lease), worker)
 }
 
@@ -109,17 +144,26 @@ func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, wo
 // available now, granting one more attempt if all were used, and wakes its
 // queue.
 func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
+	if s := d.segs(); s != nil {
+		return s.admin(ctx, "retry", "seg_retry", id, []string{phDead, phDone, phWaiting}, []string{phReady}, id)
+	}
 	return d.adminUpdate(ctx, "retry", id, d.q.retry, id)
 }
 
 // Cancel cancels a job that has not finished (available, scheduled,
 // retryable or running). A running attempt's later outcome is refused.
 func (d *Driver) Cancel(ctx context.Context, id int64) (*driver.JobRow, error) {
+	if s := d.segs(); s != nil {
+		return s.admin(ctx, "cancel", "seg_finish", id, []string{phReady, phWaiting, phRunning}, []string{phDead}, id, driver.StateCancelled)
+	}
 	return d.adminUpdate(ctx, "cancel", id, d.q.finish, id, driver.StateCancelled)
 }
 
 // Discard discards a job that has not finished.
 func (d *Driver) Discard(ctx context.Context, id int64) (*driver.JobRow, error) {
+	if s := d.segs(); s != nil {
+		return s.admin(ctx, "discard", "seg_finish", id, []string{phReady, phWaiting, phRunning}, []string{phDead}, id, driver.StateDiscarded)
+	}
 	return d.adminUpdate(ctx, "discard", id, d.q.finish, id, driver.StateDiscarded)
 }
 
@@ -144,13 +188,29 @@ func (d *Driver) adminUpdate(ctx context.Context, op string, id int64, query str
 // Stats returns every queue's counts by state (all states present) and the
 // age of its oldest available job, by the server's clock.
 func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
-	return d.queueStats(ctx, "stats", d.q.stats)
+	query := d.q.stats
+	if s := d.segs(); s != nil {
+		var err error
+		if query, err = s.statsQuery(ctx); err != nil {
+			return nil, wrap("stats", err)
+		}
+	}
+	return d.queueStats(ctx, "stats", query)
 }
 
 // Overview counts the unfinished jobs and the jobs finished since
-// finishedSince through the partial indexes (see driver.Driver).
+// finishedSince through the partial indexes (see driver.Driver). On
+// segments it counts the unfinished phases and the finished segments
+// sealed since finishedSince (and the current ones): see overviewQuery.
 func (d *Driver) Overview(ctx context.Context, finishedSince time.Time) ([]driver.QueueStats, error) {
-	return d.queueStats(ctx, "overview", d.q.overview, finishedSince)
+	query := d.q.overview
+	if s := d.segs(); s != nil {
+		var err error
+		if query, err = s.overviewQuery(ctx, finishedSince); err != nil {
+			return nil, wrap("overview", err)
+		}
+	}
+	return d.queueStats(ctx, "overview", query, finishedSince)
 }
 
 // queueStats runs stats or overview: rows of queue, state, count and the

@@ -22,13 +22,17 @@ import (
 
 func TestDriver(t *testing.T) {
 	dsn := testdb.Postgres(t)
-	drivertest.Run(t, testdb.Prefix, func(t *testing.T, prefix string) driver.Driver {
-		d, err := Open(context.Background(), dsn, driver.Options{Prefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d
-	})
+	for _, storage := range []string{StorageTable, StorageSegments} {
+		t.Run(storage, func(t *testing.T) {
+			drivertest.Run(t, testdb.Prefix, func(t *testing.T, prefix string) driver.Driver {
+				d, err := Open(context.Background(), dsn, driver.Options{Prefix: prefix, Storage: storage})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			})
+		})
+	}
 }
 
 // open returns a migrated driver on a fresh prefix, dropped at the end.

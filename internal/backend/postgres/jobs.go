@@ -78,6 +78,10 @@ func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int6
 	if len(jobs) == 0 {
 		return nil, nil
 	}
+	if s := d.segs(); s != nil {
+		ids, err := s.insert(ctx, d.poolQuerier(), jobs)
+		return ids, wrap("insert", err)
+	}
 	rows, err := d.pool.Query(ctx, d.q.insert, insertArgs(jobs)...)
 	if err != nil {
 		return nil, wrap("insert", err)
@@ -99,6 +103,10 @@ func (d *Driver) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParam
 		if len(jobs) == 0 {
 			return nil, nil
 		}
+		if s := d.segs(); s != nil {
+			ids, err := s.insert(ctx, pgxQuerier(t), jobs)
+			return ids, wrap("insert tx", err)
+		}
 		rows, err := t.Query(ctx, d.q.insert, insertArgs(jobs)...)
 		if err != nil {
 			return nil, wrap("insert tx", err)
@@ -111,6 +119,10 @@ func (d *Driver) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParam
 		}
 		if len(jobs) == 0 {
 			return nil, nil
+		}
+		if s := d.segs(); s != nil {
+			ids, err := s.insert(ctx, sqlQuerier(t), jobs)
+			return ids, wrap("insert tx", err)
 		}
 		rows, err := t.QueryContext(ctx, d.q.insert, insertArgs(jobs)...)
 		if err != nil {
@@ -190,6 +202,10 @@ func (d *Driver) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (in
 	if len(jobs) == 0 {
 		return 0, nil
 	}
+	if s := d.segs(); s != nil {
+		n, err := s.bulkInsert(ctx, jobs)
+		return n, wrap("bulk insert", err)
+	}
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
 		return 0, wrap("bulk insert", err)
@@ -224,10 +240,21 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 	if p.Limit <= 0 {
 		return nil, nil
 	}
+	if s := d.segs(); s != nil {
+		jobs, err := s.claim(ctx, p)
+		return jobs, wrap("claim", err)
+	}
 	rows, err := d.pool.Query(ctx, d.q.claim, p.Queue, p.Limit, micros(p.Lease), p.Worker)
 	if err != nil {
 		return nil, wrap("claim", err)
 	}
+	jobs, err := d.scanClaimed(rows, p)
+	return jobs, wrap("claim", err)
+}
+
+// scanClaimed reads the rows of a claim (the columns of the claim query)
+// and closes them.
+func (d *Driver) scanClaimed(rows pgx.Rows, p driver.ClaimParams) ([]*driver.JobRow, error) {
 	defer rows.Close()
 
 	// One set of destinations for every row: scanning allocates only what
@@ -245,7 +272,7 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 			jobs = make([]driver.JobRow, 0, min(p.Limit, 64))
 		}
 		if err := rows.Scan(dest...); err != nil {
-			return nil, wrap("claim", err)
+			return nil, err
 		}
 		j.Args = args
 		j.Queue = p.Queue
@@ -254,7 +281,7 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 		jobs = append(jobs, j)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, wrap("claim", err)
+		return nil, err
 	}
 	out := make([]*driver.JobRow, len(jobs))
 	for i := range jobs {
@@ -300,6 +327,10 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 		errs.bytes(b)
 	}
 	args := []any{ids.String(), fences.String(), states.String(), retryIn.String(), errs.String()}
+	if s := d.segs(); s != nil {
+		applied, err := s.complete(ctx, args, n)
+		return applied, wrap("complete", err)
+	}
 	var applied []int64
 	err := d.retryable(ctx, func() error {
 		rows, err := d.lease.Query(ctx, d.q.complete, args...)
@@ -334,6 +365,10 @@ func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease tim
 		return nil, nil
 	}
 	ids, fences := leaseArgs(leases)
+	if s := d.segs(); s != nil {
+		owned, err := s.heartbeat(ctx, ids, fences, lease)
+		return owned, wrap("heartbeat", err)
+	}
 	var owned []int64
 	err := d.retryable(ctx, func() error {
 		rows, err := d.lease.Query(ctx, d.q.heartbeat, ids, fences, micros(lease))
@@ -357,6 +392,10 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 		return 0, nil
 	}
 	ids, fences := leaseArgs(leases)
+	if s := d.segs(); s != nil {
+		n, err := s.release(ctx, ids, fences)
+		return n, wrap("release", err)
+	}
 	var total int64
 	err := d.retryable(ctx, func() error {
 		counts, err := queueCounts(d.lease.Query(ctx, d.q.release, ids, fences))
@@ -379,6 +418,10 @@ func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) 
 	if limit <= 0 {
 		return map[string]int{}, nil
 	}
+	if s := d.segs(); s != nil {
+		m, err := s.rescue(ctx, limit)
+		return m, wrap("rescue", err)
+	}
 	m, err := queueCounts(d.pool.Query(ctx, d.q.rescue, limit))
 	return m, wrap("rescue", err)
 }
@@ -388,6 +431,10 @@ func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) 
 func (d *Driver) Promote(ctx context.Context, limit int) (map[string]int, error) {
 	if limit <= 0 {
 		return map[string]int{}, nil
+	}
+	if s := d.segs(); s != nil {
+		m, err := s.promote(ctx, limit)
+		return m, wrap("promote", err)
 	}
 	m, err := queueCounts(d.pool.Query(ctx, d.q.promote, limit))
 	return m, wrap("promote", err)
@@ -399,6 +446,10 @@ func (d *Driver) Promote(ctx context.Context, limit int) (map[string]int, error)
 func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Duration, limit int) (int64, error) {
 	if limit <= 0 || (completedAge < 0 && discardedAge < 0) {
 		return 0, nil
+	}
+	if s := d.segs(); s != nil {
+		n, err := s.pruneAll(ctx, completedAge, discardedAge)
+		return n, wrap("prune", err)
 	}
 	lower := completedAge
 	if lower < 0 || (discardedAge >= 0 && discardedAge < lower) {

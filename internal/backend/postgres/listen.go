@@ -97,6 +97,10 @@ func (l *listener) Wait(ctx context.Context) (string, error) {
 		n, err := l.conn.WaitForNotification(waitCtx)
 		waitCancel()
 		if err == nil {
+			if n.Payload == segNotice {
+				l.d.segmentsChanged(ctx)
+				continue
+			}
 			return n.Payload, nil
 		}
 		if ctx.Err() != nil {

@@ -29,7 +29,7 @@ import (
 	"github.com/conveyorq/conveyor/internal/sqlq"
 )
 
-//go:embed queries.sql migrations/*.sql
+//go:embed queries.sql segments.sql migrations/*.sql
 var sqlFS embed.FS
 
 var _ driver.Driver = (*Driver)(nil)
@@ -116,6 +116,10 @@ type Driver struct {
 	q          queries
 	migrations []sqlq.Migration
 	kinds      interner
+	// storage is the storage Migrate converts the prefix to ("" keeps
+	// it); seg is the segments storage once the prefix uses it.
+	storage string
+	seg     atomic.Pointer[segStore]
 
 	deadlockRetries      atomic.Int64
 	lockTimeouts         atomic.Int64
@@ -196,7 +200,13 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts driver.Options) (*Driver,
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: lease pool: %w", err)
 	}
-	return &Driver{
+	switch opts.Storage {
+	case "", StorageTable, StorageSegments:
+	default:
+		lease.Close()
+		return nil, fmt.Errorf("conveyor/postgres: new: unknown storage %q (table or segments)", opts.Storage)
+	}
+	d := &Driver{
 		pool:       pool,
 		lease:      lease,
 		connConfig: cfg.ConnConfig.Copy(),
@@ -204,7 +214,13 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts driver.Options) (*Driver,
 		q:          loadQueries(opts.Prefix),
 		migrations: sqlq.Migrations(sqlFS, "migrations", opts.Prefix),
 		kinds:      newInterner(),
-	}, nil
+		storage:    opts.Storage,
+	}
+	if err := d.detectStorage(ctx); err != nil {
+		lease.Close()
+		return nil, err
+	}
+	return d, nil
 }
 
 // Pool returns the driver's connection pool, for callers (the benchmark)
@@ -262,6 +278,9 @@ func (d *Driver) Counters() map[string]int64 {
 // it. Listeners have their own connections and are closed separately.
 func (d *Driver) Close() error {
 	d.lease.Close()
+	if s := d.segs(); s != nil {
+		s.close()
+	}
 	if d.ownsPool {
 		d.pool.Close()
 	}
@@ -275,6 +294,11 @@ const leaseConns = 2
 // Migrate applies the missing migrations, each in its own transaction
 // under a transaction-level advisory lock that serialises concurrent
 // migrators of the same prefix.
+//
+// A driver opened with Options.Storage "segments" then converts a prefix
+// still on the one-table storage, in one transaction under the same lock
+// (see convertStorage); the storage is the database's: a driver opened
+// without the option follows whatever its prefix uses.
 func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	latest := len(d.migrations)
 	var applied []int
@@ -284,10 +308,45 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 			return applied, err
 		}
 		if done {
-			return applied, nil
+			break
 		}
 		applied = append(applied, v)
 	}
+	if d.storage == StorageSegments && d.segs() == nil {
+		if err := d.convertStorage(ctx); err != nil {
+			return applied, err
+		}
+	}
+	return applied, d.detectStorage(ctx)
+}
+
+// convertStorage converts the prefix to the segments storage under the
+// migration lock, unless another process did it first, and tells every
+// listening process.
+func (d *Driver) convertStorage(ctx context.Context) error {
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return wrap("convert", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, d.q.migrateLock, d.prefix); err != nil {
+		return wrap("convert: lock", err)
+	}
+	s := newSegStore(d)
+	var n int64
+	if err := tx.QueryRow(ctx, s.q("seg_count")).Scan(&n); err != nil {
+		return wrap("convert", err)
+	}
+	if n > 0 {
+		return nil // converted by another process
+	}
+	if _, err := s.convert(ctx, tx); err != nil {
+		return wrap("convert to segments", err)
+	}
+	if _, err := tx.Exec(ctx, s.q("seg_notify")); err != nil {
+		return wrap("convert", err)
+	}
+	return wrap("convert: commit", tx.Commit(ctx))
 }
 
 // migrateStep applies the next missing migration, if any, in one
@@ -345,7 +404,16 @@ func (d *Driver) SchemaVersion(ctx context.Context) (current, latest int, err er
 
 // DropAll drops every table under this driver's prefix.
 func (d *Driver) DropAll(ctx context.Context) error {
-	_, err := d.pool.Exec(ctx, d.q.dropAll)
+	tables, err := d.segTables(ctx)
+	if err != nil {
+		return wrap("drop all", err)
+	}
+	for _, t := range tables {
+		if _, err := d.pool.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{t}.Sanitize()); err != nil {
+			return wrap("drop all", err)
+		}
+	}
+	_, err = d.pool.Exec(ctx, d.q.dropAll)
 	return wrap("drop all", err)
 }
 

@@ -69,6 +69,23 @@ func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertP
 }
 
 func (d *Driver) insertUnique(ctx context.Context, q querier, jobs []driver.InsertParams, ids []int64, dup []bool) error {
+	// The statements of the prefix's storage; on the segments storage, an
+	// insert the incarnation guard refused returns no row at all, and the
+	// round runs again with a fresh view of the registry.
+	insertQ, holdersQ := d.q.insertUnique, d.q.uniqueHolders
+	s := d.segs()
+	stmts := func(stale bool) error {
+		if s == nil {
+			return nil
+		}
+		var err error
+		insertQ, holdersQ, err = s.uniqueStatements(ctx, stale)
+		return err
+	}
+	if err := stmts(false); err != nil {
+		return err
+	}
+	staleRounds := 0
 	pending := make([]int, len(jobs))
 	for i := range pending {
 		pending[i] = i
@@ -89,7 +106,7 @@ func (d *Driver) insertUnique(ctx context.Context, q querier, jobs []driver.Inse
 		}
 		var refused []int
 		k := 0
-		err := q(ctx, d.q.insertUnique, append(insertArgs(batch), keys.String(), keeps.String()), func(scan func(...any) error) error {
+		err := q(ctx, insertQ, append(insertArgs(batch), keys.String(), keeps.String()), func(scan func(...any) error) error {
 			var id int64
 			var inserted bool
 			if err := scan(&id, &inserted); err != nil {
@@ -110,6 +127,14 @@ func (d *Driver) insertUnique(ctx context.Context, q querier, jobs []driver.Inse
 		if err != nil {
 			return err
 		}
+		if k == 0 && s != nil && staleRounds < segRounds {
+			staleRounds++
+			round--
+			if err := stmts(true); err != nil {
+				return err
+			}
+			continue
+		}
 		if k != len(pending) {
 			return fmt.Errorf("the insert returned %d rows for %d jobs", k, len(pending))
 		}
@@ -122,7 +147,7 @@ func (d *Driver) insertUnique(ctx context.Context, q querier, jobs []driver.Inse
 			held.str(hex.EncodeToString(jobs[i].UniqueKey))
 		}
 		holders := make(map[string]int64, len(refused))
-		err = q(ctx, d.q.uniqueHolders, []any{held.String()}, func(scan func(...any) error) error {
+		err = q(ctx, holdersQ, []any{held.String()}, func(scan func(...any) error) error {
 			var key string
 			var id int64
 			if err := scan(&key, &id); err != nil {
@@ -147,9 +172,13 @@ func (d *Driver) insertUnique(ctx context.Context, q querier, jobs []driver.Inse
 }
 
 // pgxQuerier runs queries on a pgx transaction.
-func pgxQuerier(tx pgx.Tx) querier {
+func pgxQuerier(tx pgx.Tx) querier { return rowsQuerier(tx.Query) }
+
+// rowsQuerier runs queries with a pgx Query method (a transaction's, a
+// pool's).
+func rowsQuerier(run func(ctx context.Context, sql string, args ...any) (pgx.Rows, error)) querier {
 	return func(ctx context.Context, query string, args []any, row func(scan func(dest ...any) error) error) error {
-		rows, err := tx.Query(ctx, query, args...)
+		rows, err := run(ctx, query, args...)
 		if err != nil {
 			return err
 		}

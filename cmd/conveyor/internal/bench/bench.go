@@ -490,6 +490,9 @@ func clientSettings(ctx context.Context, c *conveyor.Client[any], conn connect.O
 	if conn.ClaimStrategy != "" {
 		s["claim_strategy"] = conn.ClaimStrategy
 	}
+	if conn.PostgresStorage != "" {
+		s["storage"] = conn.PostgresStorage
+	}
 	return s
 }
 

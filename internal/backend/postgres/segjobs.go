@@ -1,0 +1,442 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// The driver's job methods on the segments storage. Each builds its
+// statement for the live segments of the phases it reads and the current
+// segments it writes (segments.sql), runs it, and, when the incarnation
+// guard refuses it, refreshes the registry and runs it again.
+
+// guardOK reports whether the current segments of phs are still the
+// incarnations v knows.
+func (s *segStore) guardOK(ctx context.Context, v *segView, phs ...string) (bool, error) {
+	var ok bool
+	err := s.d.pool.QueryRow(ctx, s.stmt("seg_guard", v, nil, phs...)).Scan(&ok)
+	return ok, err
+}
+
+// insert inserts plain jobs through q (the pool or the caller's
+// transaction).
+func (s *segStore) insert(ctx context.Context, q querier, jobs []driver.InsertParams) ([]int64, error) {
+	args := insertArgs(jobs)
+	ids := make([]int64, 0, len(jobs))
+	err := s.withView(ctx, func(v *segView) error {
+		ids = ids[:0]
+		err := q(ctx, s.stmt("seg_insert", v, nil, phReady, phWaiting), args, func(scan func(...any) error) error {
+			var id int64
+			if err := scan(&id); err != nil {
+				return err
+			}
+			ids = append(ids, id)
+			return nil
+		})
+		if err == nil && len(ids) == 0 {
+			return errStale
+		}
+		return err
+	})
+	return ids, err
+}
+
+// poolQuerier runs queries on the driver's pool.
+func (d *Driver) poolQuerier() querier { return rowsQuerier(d.pool.Query) }
+
+// uniqueStatements returns the insert statement of unique jobs and the
+// holders' lookup, of a view read anew when stale is set.
+func (s *segStore) uniqueStatements(ctx context.Context, stale bool) (string, string, error) {
+	v, err := s.viewNow(ctx)
+	if err == nil && stale {
+		s.stale.Add(1)
+		v, err = s.refresh(ctx, v)
+	}
+	if err != nil {
+		return "", "", err
+	}
+	return s.stmt("seg_insert_unique", v, nil, phReady, phWaiting), s.q("seg_unique_holders"), nil
+}
+
+// bulkInsert copies jobs into the current ready and waiting segments in
+// one transaction: it locks them as an insert would (ROW EXCLUSIVE), then
+// checks their incarnations, so that COPY, which has no guard of its own,
+// never writes into a reclaimed table.
+func (s *segStore) bulkInsert(ctx context.Context, jobs []driver.InsertParams) (int64, error) {
+	tx, err := s.d.pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var now time.Time
+	if err := tx.QueryRow(ctx, s.d.q.bulkNow).Scan(&now); err != nil {
+		return 0, err
+	}
+	var v *segView
+	err = s.withView(ctx, func(vv *segView) error {
+		v = vv
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+v.cur[phReady].tbl+", "+v.cur[phWaiting].tbl+" IN ROW EXCLUSIVE MODE"); err != nil {
+			return err
+		}
+		var ok bool
+		if err := tx.QueryRow(ctx, s.stmt("seg_bulk_guard", v, nil, phReady, phWaiting)).Scan(&ok); err != nil {
+			return err
+		}
+		if !ok {
+			return errStale
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	var due, later []driver.InsertParams
+	for _, j := range jobs {
+		sched := j.RunAt
+		if sched.IsZero() {
+			sched = now.Add(j.Delay)
+		}
+		if sched.Round(time.Microsecond).After(now) {
+			later = append(later, j)
+		} else {
+			due = append(due, j)
+		}
+	}
+	var total int64
+	queues := map[string]struct{}{}
+	for _, part := range []struct {
+		tbl  string
+		jobs []driver.InsertParams
+	}{{v.cur[phReady].tbl, due}, {v.cur[phWaiting].tbl, later}} {
+		if len(part.jobs) == 0 {
+			continue
+		}
+		src := &copySource{jobs: part.jobs, now: now, queues: queues}
+		n, err := tx.CopyFrom(ctx, pgx.Identifier{part.tbl}, copyColumns, src)
+		if err != nil {
+			return 0, fmt.Errorf("copy: %w", err)
+		}
+		total += n
+		if n >= bulkAnalyze {
+			// The planner needs to know the segment is no longer a few
+			// rows (see seg_analyze); it sees this transaction's rows.
+			if _, err := tx.Exec(ctx, s.table("seg_analyze", part.tbl, "")); err != nil {
+				return 0, fmt.Errorf("analyze: %w", err)
+			}
+		}
+	}
+	if len(queues) > 0 {
+		qs := make([]string, 0, len(queues))
+		for q := range queues {
+			qs = append(qs, q)
+		}
+		if _, err := tx.Exec(ctx, s.d.q.notifyQueues, qs); err != nil {
+			return 0, fmt.Errorf("notify: %w", err)
+		}
+	}
+	return total, tx.Commit(ctx)
+}
+
+// bulkAnalyze is the size of a copy after which BulkInsert analyzes the
+// segment it filled.
+const bulkAnalyze = 5000
+
+// claim moves up to p.Limit jobs of p.Queue from the live ready segments
+// to the current running segment, in (priority, pos) order across them.
+func (s *segStore) claim(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+	var out []*driver.JobRow
+	err := s.withView(ctx, func(v *segView) error {
+		rows, err := s.d.pool.Query(ctx, s.stmt("seg_claim", v, v.live[phReady], phRunning), p.Queue, p.Limit, micros(p.Lease), p.Worker)
+		if err != nil {
+			return err
+		}
+		if out, err = s.d.scanClaimed(rows, p); err != nil || len(out) > 0 {
+			return err
+		}
+		ok, err := s.guardOK(ctx, v, phRunning)
+		if err == nil && !ok {
+			return errStale
+		}
+		return err
+	})
+	return out, err
+}
+
+// complete applies fenced outcomes found in any live running segment. An
+// outcome not found is looked for once more with a fresh view of the
+// registry, since a reclaim may have moved its job to a segment this
+// process does not know yet.
+func (s *segStore) complete(ctx context.Context, args []any, n int) ([]int64, error) {
+	return s.leaseOp(ctx, args, n, func(v *segView) string {
+		return s.stmt("seg_complete", v, v.live[phRunning], phWaiting, phDone, phDead)
+	})
+}
+
+// heartbeat extends leases in place in the live running segments.
+func (s *segStore) heartbeat(ctx context.Context, ids, fences string, lease time.Duration) ([]int64, error) {
+	return s.leaseOp(ctx, []any{ids, fences, micros(lease)}, 0, func(v *segView) string {
+		return s.stmt("seg_heartbeat", v, v.live[phRunning])
+	})
+}
+
+// leaseOp runs a fenced statement of the lease path on the lease pool
+// (retried after deadlocks), again with a fresh view when the guard
+// refused it or when fewer ids came back than were sent (n, or the length
+// of the first array when n is 0). The second run is idempotent: outcomes
+// already applied are no longer running and match nothing.
+func (s *segStore) leaseOp(ctx context.Context, args []any, n int, build func(v *segView) string) ([]int64, error) {
+	if n == 0 {
+		n = countElems(args[0].(string))
+	}
+	var applied []int64
+	fresh := false
+	err := s.withView(ctx, func(v *segView) error {
+		var got []int64
+		err := s.d.retryable(ctx, func() error {
+			rows, err := s.d.lease.Query(ctx, build(v), args...)
+			if err != nil {
+				return err
+			}
+			got, err = collectIDs(rows, n)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		stale := false
+		for _, id := range got {
+			if id == -1 {
+				stale = true
+			} else {
+				applied = append(applied, id)
+			}
+		}
+		if stale || (len(applied) < n && !fresh) {
+			fresh = true
+			return errStale
+		}
+		return nil
+	})
+	slices.Sort(applied)
+	return slices.Compact(applied), err
+}
+
+// countElems counts the elements of an array literal of integers.
+func countElems(lit string) int {
+	if len(lit) <= 2 {
+		return 0
+	}
+	n := 1
+	for i := 0; i < len(lit); i++ {
+		if lit[i] == ',' {
+			n++
+		}
+	}
+	return n
+}
+
+// queueMove runs a statement returning (queue, count) rows, '!stale'
+// when the guard refused it, again with a fresh view then.
+func (s *segStore) queueMove(ctx context.Context, pool func() querier, build func(v *segView) string, args ...any) (map[string]int, error) {
+	var out map[string]int
+	err := s.withView(ctx, func(v *segView) error {
+		out = map[string]int{}
+		stale := false
+		err := pool()(ctx, build(v), args, func(scan func(...any) error) error {
+			var q string
+			var n int64
+			if err := scan(&q, &n); err != nil {
+				return err
+			}
+			if q == "!stale" {
+				stale = true
+			} else {
+				out[q] += int(n)
+			}
+			return nil
+		})
+		if err == nil && stale {
+			return errStale
+		}
+		return err
+	})
+	return out, err
+}
+
+// release moves running attempts back to ready.
+func (s *segStore) release(ctx context.Context, ids, fences string) (int64, error) {
+	var total int64
+	err := s.d.retryable(ctx, func() error {
+		m, err := s.queueMove(ctx, s.d.leaseQuerier, func(v *segView) string {
+			return s.stmt("seg_release", v, v.live[phRunning], phReady)
+		}, ids, fences)
+		total = 0
+		for _, n := range m {
+			total += int64(n)
+		}
+		return err
+	})
+	return total, err
+}
+
+// rescue moves running jobs whose lease expired to ready or dead.
+func (s *segStore) rescue(ctx context.Context, limit int) (map[string]int, error) {
+	return s.queueMove(ctx, s.d.poolQuerier, func(v *segView) string {
+		return s.stmt("seg_rescue", v, v.live[phRunning], phReady, phDead)
+	}, limit)
+}
+
+// promote runs a maintenance round (rotation and reclaim: Promote is the
+// leader's most frequent task), then moves due waiting jobs to ready.
+func (s *segStore) promote(ctx context.Context, limit int) (map[string]int, error) {
+	if err := s.maintain(ctx); err != nil {
+		return nil, fmt.Errorf("segments: %w", err)
+	}
+	return s.queueMove(ctx, s.d.poolQuerier, func(v *segView) string {
+		return s.stmt("seg_promote", v, v.live[phWaiting], phReady)
+	}, limit)
+}
+
+// leaseQuerier runs queries on the lease pool.
+func (d *Driver) leaseQuerier() querier { return rowsQuerier(d.lease.Query) }
+
+// pruneAll prunes done (completedAge) and dead (discardedAge) segments;
+// a negative age keeps that phase.
+func (s *segStore) pruneAll(ctx context.Context, completedAge, discardedAge time.Duration) (int64, error) {
+	var total int64
+	for _, c := range []struct {
+		phase string
+		age   time.Duration
+	}{{phDone, completedAge}, {phDead, discardedAge}} {
+		if c.age < 0 {
+			continue
+		}
+		n, err := s.prune(ctx, c.phase, c.age)
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// admin runs a single-job move statement over the live segments of
+// srcPhases, guarded by the current segments of guarded; when it moves
+// nothing it tells a stale view (run again), a missing job (ErrNotFound)
+// and one in the wrong state (ErrWrongState) apart.
+func (s *segStore) admin(ctx context.Context, op, name string, id int64, srcPhases, guarded []string, args ...any) (*driver.JobRow, error) {
+	var j *driver.JobRow
+	err := s.withView(ctx, func(v *segView) error {
+		var err error
+		j, err = scanJob(s.d.pool.QueryRow(ctx, s.stmt(name, v, v.srcs(srcPhases...), guarded...), args...))
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		ok, err := s.guardOK(ctx, v, guarded...)
+		if err == nil && !ok {
+			return errStale
+		}
+		if err == nil {
+			err = pgx.ErrNoRows
+		}
+		return err
+	})
+	if err == nil {
+		return j, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return nil, wrap(op, err)
+	}
+	cur, err := s.getJob(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/postgres: %s job %d: %w", op, id, driver.ErrNotFound)
+	}
+	return nil, fmt.Errorf("conveyor/postgres: %s job %d: job is %s: %w", op, id, cur.State, driver.ErrWrongState)
+}
+
+// getJob looks the job up in every live segment.
+func (s *segStore) getJob(ctx context.Context, id int64) (*driver.JobRow, error) {
+	v, err := s.viewNow(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return scanJob(s.d.pool.QueryRow(ctx, s.stmt("seg_get_job", v, v.srcs(phases...)), id))
+}
+
+// phasesOf returns the phases that hold jobs of the given states (all of
+// them for none).
+func phasesOf(states []string) []string {
+	if len(states) == 0 {
+		return phases
+	}
+	var out []string
+	add := func(ph string) {
+		if !slices.Contains(out, ph) {
+			out = append(out, ph)
+		}
+	}
+	for _, st := range states {
+		switch st {
+		case driver.StateAvailable:
+			add(phReady)
+		case driver.StateRunning:
+			add(phRunning)
+		case driver.StateScheduled, driver.StateRetryable:
+			add(phWaiting)
+		case driver.StateCompleted:
+			add(phDone)
+		case driver.StateDiscarded, driver.StateCancelled:
+			add(phDead)
+		}
+	}
+	return out
+}
+
+// listQuery returns the list statement for the phases of states, or ""
+// when no phase holds such jobs.
+func (s *segStore) listQuery(ctx context.Context, states []string) (string, error) {
+	v, err := s.viewNow(ctx)
+	if err != nil {
+		return "", err
+	}
+	phs := phasesOf(states)
+	if len(phs) == 0 {
+		return "", nil
+	}
+	return s.stmt("seg_list_jobs", v, v.srcs(phs...)), nil
+}
+
+// overviewQuery returns the overview statement: every live ready, running
+// and waiting segment, and the done and dead segments that may hold a job
+// finished at or after since (the current ones, and the sealed ones
+// sealed after since less tuning.lateWrites). Finished segments are
+// sealed by time, so these are a few whatever the retention.
+func (s *segStore) overviewQuery(ctx context.Context, since time.Time) (string, error) {
+	v, err := s.viewNow(ctx)
+	if err != nil {
+		return "", err
+	}
+	srcs := v.srcs(phReady, phRunning, phWaiting)
+	for _, t := range v.srcs(phDone, phDead) {
+		if at, sealed := v.sealedAt[t]; !sealed || !at.Before(since.Add(-s.tune.lateWrites)) {
+			srcs = append(srcs, t)
+		}
+	}
+	return s.stmt("seg_overview", v, srcs), nil
+}
+
+// statsQuery returns the stats statement over every live segment.
+func (s *segStore) statsQuery(ctx context.Context) (string, error) {
+	v, err := s.viewNow(ctx)
+	if err != nil {
+		return "", err
+	}
+	return s.stmt("seg_stats", v, v.srcs(phases...)), nil
+}

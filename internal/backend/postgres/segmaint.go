@@ -1,0 +1,369 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Rotation and reclaim of segments, run by the maintenance leader (from
+// Promote and Prune). Every step is a short transaction of its own under
+// a per-prefix advisory lock, and every lock on a segment table is taken
+// NOWAIT: when it is not free at once (a worker is inside, or a held
+// snapshot read the table) the step gives up and the next round tries
+// again, so no ACCESS EXCLUSIVE request ever waits in a lock queue in
+// front of the workers.
+
+// segMaintEvery rate-limits maintenance rounds.
+const segMaintEvery = 200 * time.Millisecond
+
+// regRow is one registry row as maintenance reads it.
+type regRow struct {
+	tbl, phase, status string
+	inc                int64
+	graceOver          bool
+}
+
+// maintain runs one round of rotation and reclaim, unless one ran less
+// than segMaintEvery ago.
+func (s *segStore) maintain(ctx context.Context) error {
+	s.maintMu.Lock()
+	defer s.maintMu.Unlock()
+	if time.Since(s.lastMaint) < segMaintEvery {
+		return nil
+	}
+	s.lastMaint = time.Now()
+	return s.round(ctx)
+}
+
+// round seals full current segments, reclaims drained-out sealed ones,
+// truncates drained ones whose lock is free and drops extra free tables.
+func (s *segStore) round(ctx context.Context) error {
+	regs, err := s.registry(ctx)
+	if err != nil {
+		return err
+	}
+	changed := false
+	for _, r := range regs {
+		limit := s.tune.sealBytes
+		if r.phase == phDone || r.phase == phDead {
+			limit = s.tune.finishedBytes
+		}
+		if r.status != "current" {
+			continue
+		}
+		var size int64
+		if err := s.d.pool.QueryRow(ctx, s.q("seg_size"), r.tbl).Scan(&size); err != nil {
+			return err
+		}
+		if size >= limit {
+			if err := s.rotate(ctx, r.phase); err != nil {
+				return err
+			}
+			changed = true
+			continue
+		}
+		if err := s.analyzeGrown(ctx, r, size); err != nil {
+			return err
+		}
+	}
+	free := map[string]int{}
+	for _, r := range regs {
+		var ok bool
+		switch {
+		case r.status == "sealed" && r.graceOver && r.phase != phDone && r.phase != phDead:
+			ok, _, err = s.reclaim(ctx, r, true, false)
+		case r.status == "drained":
+			ok, _, err = s.reclaim(ctx, r, false, false)
+		case r.status == "free":
+			free[r.phase]++
+			if free[r.phase] > s.tune.ring {
+				ok, err = s.dropSegment(ctx, r)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		changed = changed || ok
+	}
+	if changed {
+		_, err := s.d.pool.Exec(ctx, s.q("seg_notify"))
+		return err
+	}
+	return nil
+}
+
+// analyzeGrown analyzes a current ready or waiting segment that has
+// doubled in size (and passed 64 kB) since it was last analyzed.
+func (s *segStore) analyzeGrown(ctx context.Context, r regRow, size int64) error {
+	if r.phase != phReady && r.phase != phWaiting {
+		return nil
+	}
+	if s.analyzed == nil {
+		s.analyzed = map[string]int64{}
+	}
+	if last := s.analyzed[r.tbl]; size < 64<<10 || size < 2*last {
+		if size < last/2 {
+			s.analyzed[r.tbl] = size // truncated and current again
+		}
+		return nil
+	}
+	s.analyzed[r.tbl] = size
+	_, err := s.d.pool.Exec(ctx, s.table("seg_analyze", r.tbl, ""))
+	return err
+}
+
+// registry reads every registry row.
+func (s *segStore) registry(ctx context.Context) ([]regRow, error) {
+	rows, err := s.d.pool.Query(ctx, s.q("seg_registry_all"), micros(s.tune.grace))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (regRow, error) {
+		var g regRow
+		return g, r.Scan(&g.tbl, &g.phase, &g.status, &g.inc, &g.graceOver)
+	})
+}
+
+// maintTx runs f in a transaction that holds the prefix's maintenance
+// lock; it returns false without running f when another maintainer holds
+// it, and false when f reports a lock that was not free (SQLSTATE
+// 55P03).
+func (s *segStore) maintTx(ctx context.Context, f func(tx pgx.Tx) error) (bool, error) {
+	tx, err := s.d.pool.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var got bool
+	if err := tx.QueryRow(ctx, s.q("seg_maint_lock"), s.d.prefix).Scan(&got); err != nil || !got {
+		return false, err
+	}
+	if err := f(tx); err != nil {
+		if pgCode(err) == "55P03" {
+			s.refusals.Add(1)
+			return false, nil
+		}
+		if errors.Is(err, errSkip) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, tx.Commit(ctx)
+}
+
+// errSkip ends a maintenance step without changing anything.
+var errSkip = errors.New("skip")
+
+// currentOf returns the current segment of phase as the registry says in
+// tx.
+func (s *segStore) currentOf(ctx context.Context, tx pgx.Tx, phase string) (string, error) {
+	var tbl string
+	err := tx.QueryRow(ctx, "SELECT tbl FROM "+s.d.prefix+"segments WHERE phase = $1 AND status = 'current'", phase).Scan(&tbl)
+	return tbl, err
+}
+
+// rotate seals the current segment of phase and makes a free table of the
+// phase current, or a new one when none is free.
+func (s *segStore) rotate(ctx context.Context, phase string) error {
+	_, err := s.maintTx(ctx, func(tx pgx.Tx) error {
+		cur, err := s.currentOf(ctx, tx, phase)
+		if err != nil {
+			return err
+		}
+		var next string
+		var inc int64
+		err = tx.QueryRow(ctx, "SELECT tbl, inc FROM "+s.d.prefix+"segments WHERE phase = $1 AND status = 'free' ORDER BY ord LIMIT 1", phase).Scan(&next, &inc)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			if _, _, err := s.createSegment(ctx, tx, phase, "current"); err != nil {
+				return err
+			}
+		case err != nil:
+			return err
+		default:
+			if _, err := tx.Exec(ctx, s.q("seg_set_status"), next, "current", inc); err != nil {
+				return err
+			}
+		}
+		var curInc int64
+		if err := tx.QueryRow(ctx, "SELECT inc FROM "+s.d.prefix+"segments WHERE tbl = $1", cur).Scan(&curInc); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, s.q("seg_set_status"), cur, "sealed", curInc)
+		return err
+	})
+	return err
+}
+
+// reclaim empties a sealed or drained segment. With the ACCESS EXCLUSIVE
+// lock free at once, it moves its few leftover rows (unless finished)
+// into the current segment of its phase, truncates it, advances its
+// incarnation and marks it free. When only that lock is refused (a
+// snapshot that read the table still holds it) and drain is set, it takes
+// a SHARE lock instead (no writer inside), advances the incarnation, moves
+// the leftovers out by DELETE and marks it drained: no statement reads or
+// writes it any more, and a later round truncates it. finished marks a
+// done or dead segment whose rows retention removes: their unique keys
+// are freed and nothing moves. It reports whether the registry changed.
+func (s *segStore) reclaim(ctx context.Context, r regRow, drain, finished bool) (bool, int64, error) {
+	var rows int64
+	if !finished && r.status != "drained" {
+		// Too many rows left to move: not worth a lock (taken, it would
+		// hold the claimers back for the count).
+		if err := s.d.pool.QueryRow(ctx, s.table("seg_rows", r.tbl, ""), s.tune.leftovers+1).Scan(&rows); err != nil {
+			return false, 0, err
+		}
+		if rows > s.tune.leftovers {
+			return false, 0, nil
+		}
+	}
+	ok, err := s.maintTx(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, s.table("seg_lock_exclusive", r.tbl, "")); err != nil {
+			return err
+		}
+		if r.status != "drained" { // a drained segment's rows are moved or pruned already
+			if err := s.leftovers(ctx, tx, r, finished, "seg_move", &rows); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(ctx, s.table("seg_truncate", r.tbl, "")); err != nil {
+			return err
+		}
+		return s.advance(ctx, tx, r.tbl, "free")
+	})
+	if err != nil || ok {
+		if ok {
+			s.reclaims.Add(1)
+		}
+		return ok, rows, err
+	}
+	if !drain || r.status == "drained" {
+		return false, 0, nil
+	}
+	ok, err = s.maintTx(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, s.table("seg_lock_share", r.tbl, "")); err != nil {
+			return err
+		}
+		if err := s.leftovers(ctx, tx, r, finished, "seg_move_delete", &rows); err != nil {
+			return err
+		}
+		return s.advance(ctx, tx, r.tbl, "drained")
+	})
+	if ok {
+		s.drained.Add(1)
+	}
+	return ok, rows, err
+}
+
+// leftovers counts a segment's rows into n and moves them (unfinished
+// phases, at most tune.leftovers of them, else errSkip) into the current
+// segment of the phase, or frees their unique keys (finished).
+func (s *segStore) leftovers(ctx context.Context, tx pgx.Tx, r regRow, finished bool, move string, n *int64) error {
+	limit := s.tune.leftovers + 1
+	if finished {
+		limit = 1 << 62
+	}
+	if err := tx.QueryRow(ctx, s.table("seg_rows", r.tbl, ""), limit).Scan(n); err != nil {
+		return err
+	}
+	if *n == 0 {
+		return nil
+	}
+	if finished {
+		_, err := tx.Exec(ctx, s.table("seg_free_keys", r.tbl, ""))
+		return err
+	}
+	if *n > s.tune.leftovers {
+		return errSkip
+	}
+	cur, err := s.currentOf(ctx, tx, r.phase)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, s.table(move, r.tbl, cur))
+	return err
+}
+
+// advance draws the next incarnation of tbl and records it with status.
+func (s *segStore) advance(ctx context.Context, tx pgx.Tx, tbl, status string) error {
+	var inc int64
+	if err := tx.QueryRow(ctx, s.table("seg_advance", tbl, "")).Scan(&inc); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, s.q("seg_set_status"), tbl, status, inc)
+	return err
+}
+
+// dropSegment drops a free table beyond the ring, when its lock is free.
+func (s *segStore) dropSegment(ctx context.Context, r regRow) (bool, error) {
+	ok, err := s.maintTx(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, s.table("seg_lock_exclusive", r.tbl, "")); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, s.table("seg_drop", r.tbl, "")); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, s.q("seg_unregister"), r.tbl)
+		return err
+	})
+	if ok {
+		s.dropped.Add(1)
+	}
+	return ok, err
+}
+
+// prune removes the finished jobs of one finished phase older than age
+// by whole segments: the current segment is sealed once it holds a row
+// older than age/16, and a sealed segment whose newest row is older than age
+// is truncated (or, while a snapshot holds it, marked drained). It
+// returns the number of jobs removed.
+func (s *segStore) prune(ctx context.Context, phase string, age time.Duration) (int64, error) {
+	regs, err := s.registry(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, r := range regs {
+		if r.phase != phase || (r.status != "current" && r.status != "sealed") {
+			continue
+		}
+		q, after := "seg_expired", age
+		if r.status == "current" {
+			// Sealed by time, so that a segment spans a sixteenth of
+			// the retention: jobs are kept at most that much longer.
+			q, after = "seg_oldest", age/16
+		}
+		var due bool
+		if err := s.d.pool.QueryRow(ctx, s.table(q, r.tbl, ""), micros(after)).Scan(&due); err != nil {
+			return n, err
+		}
+		if !due {
+			continue
+		}
+		if r.status == "current" {
+			if err := s.rotate(ctx, phase); err != nil {
+				return n, err
+			}
+			// Sealed now: its newest row decides, as for the others.
+			if err := s.d.pool.QueryRow(ctx, s.table("seg_expired", r.tbl, ""), micros(age)).Scan(&due); err != nil || !due {
+				continue
+			}
+			r.status = "sealed"
+		}
+		ok, rows, err := s.reclaim(ctx, r, true, true)
+		if err != nil {
+			return n, err
+		}
+		if ok {
+			n += rows
+		}
+	}
+	if n > 0 {
+		_, err := s.d.pool.Exec(ctx, s.q("seg_notify"))
+		return n, err
+	}
+	return n, nil
+}

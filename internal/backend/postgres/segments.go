@@ -1,0 +1,478 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/conveyorq/conveyor/internal/sqlq"
+)
+
+// The segments storage (docs/postgres-storage.md): every job lives in
+// exactly one table of its phase, each phase is a series of segment
+// tables listed in the registry {p}segments, and the maintenance leader
+// seals, drains and truncates whole segments, so that the cost of a job
+// does not depend on how long vacuum has been held back.
+
+// Phases of the segments storage, in the registry's spelling.
+const (
+	phReady   = "ready"
+	phRunning = "running"
+	phWaiting = "waiting"
+	phDone    = "done"
+	phDead    = "dead"
+)
+
+var phases = []string{phReady, phRunning, phWaiting, phDone, phDead}
+
+// segCols is every column of a segment table, in table order.
+const segCols = "pos, id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms, " +
+	"scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors, " +
+	"fence, unique_key, unique_keep, meta"
+
+// segJobCols are the columns of a job row, in scanJob's order.
+const segJobCols = "id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms, " +
+	"scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, " +
+	"attempted_by, errors, fence, meta"
+
+// segRefreshEvery bounds the age of a process's view of the registry.
+const segRefreshEvery = time.Second
+
+// segTuning holds the thresholds of rotation and reclaim (variables of a
+// store so that tests can rotate often).
+type segTuning struct {
+	// sealBytes is the size at which the current segment of a ready,
+	// running or waiting phase is sealed; finishedBytes the same for done
+	// and dead.
+	sealBytes, finishedBytes int64
+	// leftovers is the most rows a sealed segment may still hold for its
+	// reclaim to move them into the current segment.
+	leftovers int64
+	// grace is how long a sealed segment waits before its first reclaim
+	// attempt, so that writers with a view older than the seal finish.
+	grace time.Duration
+	// ring is the number of free tables a phase keeps; extra free tables
+	// are dropped once no transaction holds them.
+	ring int
+	// lateWrites is how long after a segment is sealed a row may still
+	// enter it, from a process whose view of the registry predates the
+	// seal (views are refreshed every second and on the seal's
+	// notification): the overview reads a finished segment sealed up to
+	// this long before the time it counts from.
+	lateWrites time.Duration
+}
+
+var defaultTuning = segTuning{
+	sealBytes:     1 << 20,
+	finishedBytes: 64 << 20,
+	leftovers:     1000,
+	grace:         2 * time.Second,
+	ring:          2,
+	lateWrites:    time.Minute,
+}
+
+// segRef is one segment table and the incarnation this process knows.
+type segRef struct {
+	tbl string
+	inc int64
+}
+
+// segView is a process's view of the registry.
+type segView struct {
+	cur  map[string]segRef   // phase -> current segment
+	live map[string][]string // phase -> sealed segments (oldest first), then the current one
+	// sealedAt is when each sealed segment was sealed: no row enters a
+	// segment later than tuning.lateWrites after that.
+	sealedAt map[string]time.Time
+	at       time.Time
+	// sig is the registry as read; stmts caches the statements built for
+	// it (name and sources -> text), shared by the views of an unchanged
+	// registry and dropped with them once it changes, so that the cache
+	// never outgrows the live segments.
+	sig   string
+	stmts *sync.Map
+}
+
+// segStore is the segments storage of a driver whose prefix was
+// converted.
+type segStore struct {
+	d    *Driver
+	tune segTuning
+	tpl  map[string]string // templates of segments.sql, with the prefix
+
+	mu   sync.Mutex // serialises refreshes
+	view atomic.Pointer[segView]
+
+
+	// counters, for tests and reports
+	reclaims, drained, refusals, created, dropped, stale atomic.Int64
+
+	lastMaint time.Time // maintenance rate limit (leader only; under maintMu)
+	maintMu   sync.Mutex
+	analyzed  map[string]int64 // size of each current segment at its last ANALYZE (under maintMu)
+
+	// reg is the registry's own connection: a refresh is needed while the
+	// caller holds a pooled connection (a transactional enqueue), so it
+	// must never wait for one.
+	regOnce sync.Once
+	reg     *pgxpool.Pool
+	regErr  error
+}
+
+// regPool returns the registry's pool of one connection, made on first
+// use from the driver pool's configuration.
+func (s *segStore) regPool(ctx context.Context) (*pgxpool.Pool, error) {
+	s.regOnce.Do(func() {
+		cfg := s.d.pool.Config()
+		cfg.MaxConns, cfg.MinConns = 1, 0
+		s.reg, s.regErr = pgxpool.NewWithConfig(ctx, cfg)
+	})
+	return s.reg, s.regErr
+}
+
+// close closes the registry's connection.
+func (s *segStore) close() {
+	if s.reg != nil {
+		s.reg.Close()
+	}
+}
+
+func newSegStore(d *Driver) *segStore {
+	return &segStore{d: d, tune: defaultTuning, tpl: sqlq.Queries(sqlFS, "segments.sql", d.prefix)}
+}
+
+func (s *segStore) q(name string) string {
+	t, ok := s.tpl[name]
+	if !ok {
+		panic("postgres: segments.sql has no query " + name)
+	}
+	return t
+}
+
+// segs returns the driver's segments storage, or nil when its prefix uses
+// the one-table storage.
+func (d *Driver) segs() *segStore { return d.seg.Load() }
+
+// detectStorage reads the registry: a prefix with segments in it uses the
+// segments storage. A database that was never migrated (no registry) uses
+// the one-table storage until it is.
+func (d *Driver) detectStorage(ctx context.Context) error {
+	var n int64
+	err := d.pool.QueryRow(ctx, sqlq.Queries(sqlFS, "segments.sql", d.prefix)["seg_count"]).Scan(&n)
+	if pgCode(err) == "42P01" {
+		return nil
+	}
+	if err != nil {
+		return wrap("storage", err)
+	}
+	if n > 0 && d.seg.Load() == nil {
+		d.seg.CompareAndSwap(nil, newSegStore(d))
+	}
+	return nil
+}
+
+// Storage returns the storage of the driver's prefix as last read:
+// "segments" or "table".
+func (d *Driver) Storage() string {
+	if d.segs() != nil {
+		return StorageSegments
+	}
+	return StorageTable
+}
+
+// Storages of the PostgreSQL backend.
+const (
+	// StorageTable keeps every job in one table ({p}jobs), the default.
+	StorageTable = "table"
+	// StorageSegments keeps jobs in phase tables rotated in segments
+	// and truncated whole (docs/postgres-storage.md).
+	StorageSegments = "segments"
+)
+
+// viewNow returns a view of the registry no older than segRefreshEvery.
+func (s *segStore) viewNow(ctx context.Context) (*segView, error) {
+	if v := s.view.Load(); v != nil && time.Since(v.at) < segRefreshEvery {
+		return v, nil
+	}
+	return s.refresh(ctx, nil)
+}
+
+// refresh reads the registry, unless another goroutine refreshed it after
+// old was read (old nil: always).
+func (s *segStore) refresh(ctx context.Context, old *segView) (*segView, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v := s.view.Load(); v != nil && old != nil && v != old {
+		return v, nil
+	}
+	reg, err := s.regPool(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := reg.Query(ctx, s.q("seg_registry"))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	v := &segView{cur: map[string]segRef{}, live: map[string][]string{}, sealedAt: map[string]time.Time{}, at: time.Now()}
+	var sealed = map[string][]string{}
+	var sig strings.Builder
+	for rows.Next() {
+		var tbl, phase, status string
+		var inc int64
+		var sealedAt *time.Time
+		if err := rows.Scan(&tbl, &phase, &status, &inc, &sealedAt); err != nil {
+			return nil, err
+		}
+		if sealedAt != nil {
+			v.sealedAt[tbl] = *sealedAt
+		}
+		fmt.Fprintf(&sig, "%s %s %d;", tbl, status, inc)
+		if status == "current" {
+			v.cur[phase] = segRef{tbl, inc}
+		} else {
+			sealed[phase] = append(sealed[phase], tbl)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for _, ph := range phases {
+		c, ok := v.cur[ph]
+		if !ok {
+			return nil, fmt.Errorf("the segment registry has no current %s segment", ph)
+		}
+		v.live[ph] = append(sealed[ph], c.tbl)
+	}
+	v.sig = sig.String()
+	if old := s.view.Load(); old != nil && old.sig == v.sig {
+		v.stmts = old.stmts
+	} else {
+		v.stmts = new(sync.Map)
+	}
+	s.view.Store(v)
+	return v, nil
+}
+
+// invalidate makes the next use read the registry again (a notification
+// from the maintenance leader).
+func (s *segStore) invalidate() {
+	if v := s.view.Load(); v != nil {
+		cp := *v
+		cp.at = time.Time{}
+		s.view.Store(&cp)
+	}
+}
+
+// stmt builds the named template for the given source segments, with
+// the current segments and incarnations of v, and caches it in v.
+func (s *segStore) stmt(name string, v *segView, srcs []string, guarded ...string) string {
+	var key strings.Builder
+	key.WriteString(name)
+	for _, t := range srcs {
+		key.WriteByte(' ')
+		key.WriteString(t)
+	}
+	key.WriteString(" |")
+	for _, ph := range guarded {
+		key.WriteByte(' ')
+		key.WriteString(ph)
+	}
+	k := key.String()
+	if v.stmts != nil {
+		if q, ok := v.stmts.Load(k); ok {
+			return q.(string)
+		}
+	}
+	q := expandEach(s.q(name), srcs)
+	guard := "true"
+	if len(guarded) > 0 {
+		parts := make([]string, len(guarded))
+		for i, ph := range guarded {
+			c := v.cur[ph]
+			parts[i] = "(SELECT last_value FROM " + c.tbl + "_inc) = " + strconv.FormatInt(c.inc, 10)
+		}
+		guard = strings.Join(parts, " AND ")
+	}
+	r := strings.NewReplacer("{guard}", guard, "{cols}", segCols, "{jobcols}", segJobCols,
+		"{ready}", v.cur[phReady].tbl, "{running}", v.cur[phRunning].tbl, "{waiting}", v.cur[phWaiting].tbl,
+		"{done}", v.cur[phDone].tbl, "{dead}", v.cur[phDead].tbl)
+	q = r.Replace(q)
+	if v.stmts != nil {
+		v.stmts.Store(k, q)
+	}
+	return q
+}
+
+// table fills {t} (and {dst}) of a maintenance template.
+func (s *segStore) table(name, t, dst string) string {
+	return strings.NewReplacer("{t}", t, "{dst}", dst, "{cols}", segCols).Replace(s.q(name))
+}
+
+// expandEach repeats every {each}X{sep}Y{end} block once per source,
+// with {src} and {i} filled in, joined by Y.
+func expandEach(q string, srcs []string) string {
+	var b strings.Builder
+	for {
+		i := strings.Index(q, "{each}")
+		if i < 0 {
+			b.WriteString(q)
+			return b.String()
+		}
+		b.WriteString(q[:i])
+		rest := q[i+len("{each}"):]
+		j := strings.Index(rest, "{sep}")
+		k := strings.Index(rest, "{end}")
+		if j < 0 || k < j {
+			panic("postgres: segments.sql: {each} without {sep}...{end}")
+		}
+		body, sep := rest[:j], rest[j+len("{sep}"):k]
+		for n, src := range srcs {
+			if n > 0 {
+				b.WriteString(sep)
+			}
+			b.WriteString(strings.NewReplacer("{src}", src, "{i}", strconv.Itoa(n)).Replace(body))
+		}
+		q = rest[k+len("{end}"):]
+	}
+}
+
+// errStale is a statement refused by the incarnation guard.
+var errStale = errors.New("segment view is stale")
+
+// segRounds bounds the retries of a statement refused by the guard: each
+// follows a refresh, and a segment is reclaimed at most once per grace.
+const segRounds = 5
+
+// withView runs f with a view of the registry, again with a fresh view
+// each time f reports errStale.
+func (s *segStore) withView(ctx context.Context, f func(v *segView) error) error {
+	v, err := s.viewNow(ctx)
+	if err != nil {
+		return err
+	}
+	for round := 0; ; round++ {
+		err := f(v)
+		if !errors.Is(err, errStale) {
+			return err
+		}
+		s.stale.Add(1)
+		if round == segRounds {
+			return fmt.Errorf("the segments this process knows were reclaimed %d times in a row", segRounds)
+		}
+		if v, err = s.refresh(ctx, v); err != nil {
+			return err
+		}
+	}
+}
+
+// srcs returns the live segments of the given phases.
+func (v *segView) srcs(phs ...string) []string {
+	var out []string
+	for _, ph := range phs {
+		out = append(out, v.live[ph]...)
+	}
+	return out
+}
+
+// createSegment creates a segment table of phase in tx and registers it
+// with status, returning its name and incarnation.
+func (s *segStore) createSegment(ctx context.Context, tx pgx.Tx, phase, status string) (string, int64, error) {
+	var n int64
+	if err := tx.QueryRow(ctx, s.q("seg_new_name")).Scan(&n); err != nil {
+		return "", 0, err
+	}
+	tbl := s.d.prefix + phase + "_" + strconv.FormatInt(n, 10)
+	if _, err := tx.Exec(ctx, s.table("seg_table", tbl, "")); err != nil {
+		return "", 0, err
+	}
+	switch phase {
+	case phReady:
+		if _, err := tx.Exec(ctx, s.table("seg_index_ready", tbl, "")); err != nil {
+			return "", 0, err
+		}
+	case phWaiting:
+		if _, err := tx.Exec(ctx, s.table("seg_index_waiting", tbl, "")); err != nil {
+			return "", 0, err
+		}
+	}
+	if _, err := tx.Exec(ctx, s.q("seg_register"), tbl, phase, status, int64(1)); err != nil {
+		return "", 0, err
+	}
+	s.created.Add(1)
+	return tbl, 1, nil
+}
+
+// convert switches the driver's prefix to the segments storage in tx
+// (under the migration lock): it creates the sequences, the unique keys
+// table and one current segment per phase, moves every job of {p}jobs
+// into its phase (running jobs keep attempt, fence and lease) and drops
+// {p}jobs. It returns the number of jobs moved.
+func (s *segStore) convert(ctx context.Context, tx pgx.Tx) (int64, error) {
+	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '30s'"); err != nil {
+		return 0, err
+	}
+	if _, err := tx.Exec(ctx, s.q("seg_convert_lock")); err != nil {
+		return 0, fmt.Errorf("lock the jobs table: %w", err)
+	}
+	if _, err := tx.Exec(ctx, s.q("seg_convert_setup")); err != nil {
+		return 0, err
+	}
+	v := &segView{cur: map[string]segRef{}, live: map[string][]string{}}
+	for _, ph := range phases {
+		tbl, inc, err := s.createSegment(ctx, tx, ph, "current")
+		if err != nil {
+			return 0, err
+		}
+		v.cur[ph] = segRef{tbl, inc}
+		v.live[ph] = []string{tbl}
+	}
+	var n int64
+	if err := tx.QueryRow(ctx, s.stmt("seg_convert_move", v, nil)).Scan(&n); err != nil {
+		return 0, err
+	}
+	if _, err := tx.Exec(ctx, s.q("seg_convert_drop")); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// segTables lists every segment table of the prefix (none when it has no
+// registry).
+func (d *Driver) segTables(ctx context.Context) ([]string, error) {
+	rows, err := d.pool.Query(ctx, sqlq.Queries(sqlFS, "segments.sql", d.prefix)["seg_tables"])
+	if pgCode(err) == "42P01" {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	ts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if pgCode(err) == "42P01" {
+		return nil, nil
+	}
+	return ts, err
+}
+
+// segNotice is the payload on the wake channel that tells every process
+// the registry changed (no queue name can be it).
+const segNotice = "!segments"
+
+// segmentsChanged handles segNotice: the next statement reads the
+// registry again, and a process still on the one-table storage learns
+// that its prefix was converted.
+func (d *Driver) segmentsChanged(ctx context.Context) {
+	if s := d.segs(); s != nil {
+		s.invalidate()
+		return
+	}
+	_ = d.detectStorage(ctx)
+}

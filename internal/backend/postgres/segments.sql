@@ -1,0 +1,614 @@
+-- Statement templates of the segments storage (docs/postgres-storage.md).
+-- Besides {p} (the prefix), segments.go fills in:
+--   {t}                     one segment table (maintenance, DDL)
+--   {ready} {running} {waiting} {done} {dead}
+--                           the current segment of each phase
+--   {guard}                 the incarnation guard of every current segment
+--                           the statement inserts into, as
+--                           (SELECT last_value FROM <tbl>_inc) = <inc> AND ...
+--   {cols}                  every column of a segment table, in order
+--   {jobcols}               the columns of a job row (scanJob's order)
+--   {each}X{sep}Y{end}      X once per source segment ({src} its table,
+--                           {i} its index), joined by Y
+-- Statements are built once per set of tables and cached. A statement
+-- that moves jobs deletes them from their sources and inserts them into
+-- the current segment of their next phase in one statement; the guard
+-- sits in the delete (or the input) so that, when a reclaim has made a
+-- target a different incarnation, nothing moves and the statement says so
+-- (a row with id -1, or queue '!stale'), and the caller refreshes its view
+-- of the registry and runs it again.
+
+-- name: seg_table
+CREATE TABLE {t} (
+    pos              bigint       NOT NULL DEFAULT nextval('{p}pos_seq'),
+    id               bigint       NOT NULL DEFAULT nextval('{p}job_ids'),
+    queue            varchar(128) NOT NULL,
+    kind             varchar(128) NOT NULL,
+    args             json         NOT NULL DEFAULT '{}',
+    state            text         NOT NULL,
+    priority         integer      NOT NULL DEFAULT 0,
+    attempt          integer      NOT NULL DEFAULT 0,
+    max_attempts     integer      NOT NULL DEFAULT 25,
+    timeout_ms       bigint       NOT NULL DEFAULT 0,
+    scheduled_at     timestamptz  NOT NULL DEFAULT now(),
+    created_at       timestamptz  NOT NULL DEFAULT now(),
+    attempted_at     timestamptz,
+    finalized_at     timestamptz,
+    lease_expires_at timestamptz,
+    attempted_by     text,
+    errors           jsonb        NOT NULL DEFAULT '[]',
+    fence            bigint       NOT NULL DEFAULT 0,
+    unique_key       bytea,
+    unique_keep      smallint     NOT NULL DEFAULT 0,
+    meta             jsonb
+) WITH (fillfactor = 80);
+CREATE INDEX {t}_id_idx ON {t} (id);
+CREATE SEQUENCE {t}_inc OWNED BY {t}.pos;
+SELECT nextval('{t}_inc')
+
+-- name: seg_index_ready
+-- Claims: a queue's jobs by priority, then in the order they became
+-- available.
+CREATE INDEX {t}_claim_idx ON {t} (queue, priority, pos)
+
+-- name: seg_index_waiting
+-- Promote: scheduled and retryable jobs by due time.
+CREATE INDEX {t}_due_idx ON {t} (scheduled_at)
+
+-- name: seg_registry
+-- The live segments: current and sealed, oldest first within a phase, with
+-- the time each sealed one was sealed (none for current ones).
+SELECT tbl, phase, status, inc, sealed_at FROM {p}segments
+ WHERE status IN ('current', 'sealed')
+ ORDER BY phase, ord
+
+-- name: seg_count
+SELECT count(*) FROM {p}segments
+
+-- name: seg_insert
+-- The insert statement of the one-table storage, into the current ready
+-- segment (due now) or waiting segment (due later).
+WITH input AS MATERIALIZED (
+    SELECT nextval('{p}job_ids') AS id,
+           i.ord, i.queue, i.kind, i.args, i.priority, i.max_attempts, i.timeout_ms,
+           coalesce(i.run_at, now() + i.delay_us * interval '1 microsecond') AS sched, i.meta
+    FROM unnest($1::text[], $2::text[], $3::json[], $4::int[], $5::int[], $6::bigint[], $7::timestamptz[], $8::bigint[],
+                $9::jsonb[])
+         WITH ORDINALITY AS i(queue, kind, args, priority, max_attempts, timeout_ms, run_at, delay_us, meta, ord)
+    WHERE {guard}
+),
+r AS (
+    INSERT INTO {ready} (pos, id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at, meta)
+    SELECT nextval('{p}pos_seq'), id, queue, kind, args, 'available', priority, max_attempts, timeout_ms, sched, meta
+    FROM input WHERE sched <= now() ORDER BY ord
+),
+wt AS (
+    INSERT INTO {waiting} (pos, id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at, meta)
+    SELECT 0, id, queue, kind, args, 'scheduled', priority, max_attempts, timeout_ms, sched, meta
+    FROM input WHERE sched > now()
+),
+woke AS (
+    SELECT pg_notify('{p}wake', d.queue)
+    FROM (SELECT DISTINCT queue FROM input WHERE sched <= now()) d
+)
+SELECT i.id FROM input i CROSS JOIN (SELECT count(*) FROM woke) w ORDER BY i.ord
+
+-- name: seg_insert_unique
+-- seg_insert for jobs with a unique key ($10, hex) and keep bits ($11),
+-- in key order. The key goes into {p}unique_keys first (ON CONFLICT DO
+-- NOTHING waits for a concurrent inserter of the same key and skips a
+-- held one); only jobs whose key went in are inserted.
+WITH input AS MATERIALIZED (
+    SELECT nextval('{p}job_ids') AS id,
+           i.ord, i.queue, i.kind, i.args, i.priority, i.max_attempts, i.timeout_ms,
+           coalesce(i.run_at, now() + i.delay_us * interval '1 microsecond') AS sched,
+           i.meta, decode(i.ukey, 'hex') AS ukey, i.keep
+    FROM unnest($1::text[], $2::text[], $3::json[], $4::int[], $5::int[], $6::bigint[], $7::timestamptz[], $8::bigint[],
+                $9::jsonb[], $10::text[], $11::int[])
+         WITH ORDINALITY AS i(queue, kind, args, priority, max_attempts, timeout_ms, run_at, delay_us, meta, ukey, keep, ord)
+    WHERE {guard}
+),
+k AS (
+    INSERT INTO {p}unique_keys (key, job_id)
+    SELECT ukey, id FROM input ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING job_id
+),
+ins AS (SELECT input.* FROM input JOIN k ON k.job_id = input.id),
+r AS (
+    INSERT INTO {ready} (pos, id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at,
+                         unique_key, unique_keep, meta)
+    SELECT nextval('{p}pos_seq'), id, queue, kind, args, 'available', priority, max_attempts, timeout_ms, sched,
+           ukey, keep, meta
+    FROM ins WHERE sched <= now() ORDER BY ord
+),
+wt AS (
+    INSERT INTO {waiting} (pos, id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at,
+                           unique_key, unique_keep, meta)
+    SELECT 0, id, queue, kind, args, 'scheduled', priority, max_attempts, timeout_ms, sched, ukey, keep, meta
+    FROM ins WHERE sched > now()
+),
+woke AS (
+    SELECT pg_notify('{p}wake', d.queue)
+    FROM (SELECT DISTINCT queue FROM ins WHERE sched <= now()) d
+)
+SELECT i.id, k.job_id IS NOT NULL
+FROM input i LEFT JOIN k ON k.job_id = i.id CROSS JOIN (SELECT count(*) FROM woke) w
+ORDER BY i.ord
+
+-- name: seg_unique_holders
+SELECT encode(key, 'hex'), job_id FROM {p}unique_keys
+ WHERE key = ANY (ARRAY(SELECT decode(k, 'hex') FROM unnest($1::text[]) AS k))
+
+-- name: seg_bulk_guard
+-- BulkInsert copies into the current ready and waiting segments: it locks
+-- them as an insert would, then checks their incarnations.
+SELECT {guard}
+
+-- name: seg_claim
+-- Every live ready segment offers its first $2 jobs of the queue (FOR
+-- UPDATE SKIP LOCKED: claimers never wait for each other); the first $2
+-- of all by (priority, pos) move to the current running segment. The
+-- delete finds them by id (an index scan per job): a join on ctid would
+-- be a hash join over a sequential scan of the whole segment.
+WITH
+{each}c{i} AS (
+    SELECT {i} AS s, id AS c, priority, pos FROM {src}
+     WHERE queue = $1 AND {guard}
+       AND NOT EXISTS (SELECT 1 FROM {p}queues WHERE name = $1 AND paused_at IS NOT NULL)
+     ORDER BY priority, pos
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED
+),
+{sep}{end}
+picked AS (
+    SELECT s, c FROM ({each}SELECT * FROM c{i}{sep} UNION ALL {end}) a
+    ORDER BY priority, pos
+    LIMIT $2
+),
+{each}d{i} AS (DELETE FROM {src} r USING picked p WHERE p.s = {i} AND r.id = p.c RETURNING r.*),
+{sep}{end}
+ins AS (
+    INSERT INTO {running} ({cols})
+    SELECT pos, id, queue, kind, args, 'running', priority, attempt + 1, max_attempts, timeout_ms,
+           scheduled_at, created_at, now(), NULL, now() + $3::bigint * interval '1 microsecond', $4,
+           errors, fence + 1, unique_key, unique_keep, meta
+    FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
+    RETURNING id, kind, args, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at,
+              attempted_at, lease_expires_at, errors, fence, meta, pos
+)
+SELECT id, kind, args, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at,
+       attempted_at, lease_expires_at, errors, fence, meta
+FROM ins ORDER BY priority, pos
+
+-- name: seg_guard
+-- Whether the current segments a statement inserts into are still the
+-- incarnations this process knows.
+SELECT {guard}
+
+-- name: seg_complete
+-- Outcomes fenced by (id, fence), looked up in every live running
+-- segment: completed to done, retryable and snoozed (scheduled) to
+-- waiting, discarded and cancelled to dead. A job leaving the states of
+-- its unique key frees it.
+WITH o AS (
+    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::text[])
+             AS o(id, fence, state, retry_us, err)
+),
+{each}d{i} AS (
+    DELETE FROM {src} r USING o
+     WHERE r.id = o.id AND r.fence = o.fence AND {guard}
+    RETURNING r.*, o.state AS nstate, o.retry_us, o.err
+),
+{sep}{end}
+x AS (
+    SELECT pos, id, queue, kind, args, nstate AS state, priority,
+           CASE WHEN nstate = 'scheduled' THEN attempt - 1 ELSE attempt END AS attempt,
+           max_attempts, timeout_ms,
+           CASE WHEN nstate IN ('retryable', 'scheduled')
+                THEN now() + retry_us * interval '1 microsecond' ELSE scheduled_at END AS scheduled_at,
+           created_at, attempted_at,
+           CASE WHEN nstate IN ('retryable', 'scheduled') THEN NULL ELSE now() END AS finalized_at,
+           NULL::timestamptz AS lease_expires_at, attempted_by,
+           CASE WHEN err = '' THEN errors ELSE errors || jsonb_build_array(err::jsonb) END AS errors,
+           fence, unique_key, unique_keep, meta
+    FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
+),
+iw AS (INSERT INTO {waiting} ({cols}) SELECT {cols} FROM x WHERE state IN ('retryable', 'scheduled')),
+idn AS (INSERT INTO {done} ({cols}) SELECT {cols} FROM x WHERE state = 'completed'),
+idd AS (INSERT INTO {dead} ({cols}) SELECT {cols} FROM x WHERE state IN ('discarded', 'cancelled')),
+uk AS (
+    DELETE FROM {p}unique_keys k USING x
+     WHERE x.unique_key IS NOT NULL AND k.key = x.unique_key AND k.job_id = x.id
+       AND NOT ((x.state = 'completed' AND (x.unique_keep & 1) <> 0)
+             OR (x.state = 'discarded' AND (x.unique_keep & 2) <> 0)
+             OR (x.state = 'cancelled' AND (x.unique_keep & 4) <> 0)
+             OR x.state IN ('retryable', 'scheduled'))
+)
+SELECT id FROM x
+UNION ALL SELECT -1 WHERE NOT ({guard})
+
+-- name: seg_heartbeat
+-- In place, in whichever live running segment holds the job. No index
+-- covers lease_expires_at, so the update is HOT when the page has room.
+WITH l AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS l(id, fence)),
+{each}u{i} AS (
+    UPDATE {src} j
+    SET lease_expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond'
+    FROM l WHERE j.id = l.id AND j.fence = l.fence
+    RETURNING j.id
+){sep},
+{end}
+{each}SELECT id FROM u{i}{sep} UNION ALL {end}
+
+-- name: seg_release
+-- Running attempts back to ready (at the back of their priority), the
+-- attempt given back, the fence kept; wakes their queues.
+WITH l AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS l(id, fence)),
+{each}d{i} AS (
+    DELETE FROM {src} r USING l
+     WHERE r.id = l.id AND r.fence = l.fence AND {guard}
+    RETURNING r.*
+),
+{sep}{end}
+ins AS (
+    INSERT INTO {ready} ({cols})
+    SELECT nextval('{p}pos_seq'), id, queue, kind, args, 'available', priority, attempt - 1, max_attempts,
+           timeout_ms, scheduled_at, created_at, attempted_at, NULL, NULL, NULL, errors, fence,
+           unique_key, unique_keep, meta
+    FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
+    RETURNING queue
+),
+q AS (SELECT queue, count(*) AS n FROM ins GROUP BY queue),
+woke AS (SELECT pg_notify('{p}wake', queue) FROM q)
+SELECT q.queue, q.n FROM q CROSS JOIN (SELECT count(*) FROM woke) w
+UNION ALL SELECT '!stale', 0 WHERE NOT ({guard})
+
+-- name: seg_rescue
+-- Running jobs whose lease expired: back to ready, or to dead when out of
+-- attempts, with the lost attempt recorded. FOR UPDATE SKIP LOCKED passes
+-- over rows a heartbeat is renewing right now, and the delete re-checks
+-- the lease on the latest version.
+WITH
+{each}p{i} AS (
+    SELECT id AS c FROM {src}
+     WHERE lease_expires_at < now() AND {guard}
+     ORDER BY lease_expires_at
+     LIMIT $1
+     FOR UPDATE SKIP LOCKED
+),
+d{i} AS (DELETE FROM {src} r USING p{i} WHERE r.id = p{i}.c AND r.lease_expires_at < now() RETURNING r.*),
+{sep}{end}
+x AS (
+    SELECT pos, id, queue, kind, args,
+           CASE WHEN attempt >= max_attempts THEN 'discarded' ELSE 'available' END AS state,
+           priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at, attempted_at,
+           CASE WHEN attempt >= max_attempts THEN now() END AS finalized_at,
+           NULL::timestamptz AS lease_expires_at, attempted_by,
+           errors || jsonb_build_array(jsonb_build_object(
+               'attempt', attempt,
+               'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+               'error', 'lease expired: ' || coalesce(attempted_by, '') || ' stopped heartbeating')) AS errors,
+           fence, unique_key, unique_keep, meta
+    FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
+),
+ir AS (
+    INSERT INTO {ready} ({cols})
+    SELECT nextval('{p}pos_seq'), id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+           scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
+           fence, unique_key, unique_keep, meta
+    FROM x WHERE state = 'available'
+),
+idd AS (INSERT INTO {dead} ({cols}) SELECT {cols} FROM x WHERE state = 'discarded'),
+uk AS (
+    DELETE FROM {p}unique_keys k USING x
+     WHERE x.state = 'discarded' AND x.unique_key IS NOT NULL AND k.key = x.unique_key AND k.job_id = x.id
+       AND (x.unique_keep & 2) = 0
+),
+q AS (SELECT queue, count(*) AS n, bool_or(state = 'available') AS wake FROM x GROUP BY queue),
+woke AS (SELECT pg_notify('{p}wake', queue) FROM q WHERE wake)
+SELECT q.queue, q.n FROM q CROSS JOIN (SELECT count(*) FROM woke) w
+UNION ALL SELECT '!stale', 0 WHERE NOT ({guard})
+
+-- name: seg_promote
+-- Due scheduled and retryable jobs to ready; wakes their queues.
+WITH
+{each}p{i} AS (
+    SELECT id AS c FROM {src}
+     WHERE scheduled_at <= now() AND {guard}
+     ORDER BY scheduled_at
+     LIMIT $1
+     FOR UPDATE SKIP LOCKED
+),
+d{i} AS (DELETE FROM {src} r USING p{i} WHERE r.id = p{i}.c RETURNING r.*),
+{sep}{end}
+ins AS (
+    INSERT INTO {ready} ({cols})
+    SELECT nextval('{p}pos_seq'), id, queue, kind, args, 'available', priority, attempt, max_attempts, timeout_ms,
+           scheduled_at, created_at, attempted_at, NULL, NULL, attempted_by, errors, fence,
+           unique_key, unique_keep, meta
+    FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
+    RETURNING queue
+),
+q AS (SELECT queue, count(*) AS n FROM ins GROUP BY queue),
+woke AS (SELECT pg_notify('{p}wake', queue) FROM q)
+SELECT q.queue, q.n FROM q CROSS JOIN (SELECT count(*) FROM woke) w
+UNION ALL SELECT '!stale', 0 WHERE NOT ({guard})
+
+-- name: seg_claim_job
+-- One job by id from any ready or waiting segment, claimed as seg_claim
+-- claims. A row a claim has locked is waited for; once that claim commits
+-- the row is gone and nothing moves here.
+WITH
+{each}d{i} AS (DELETE FROM {src} r WHERE r.id = $1 AND {guard} RETURNING r.*),
+{sep}{end}
+ins AS (
+    INSERT INTO {running} ({cols})
+    SELECT pos, id, queue, kind, args, 'running', priority, attempt + 1, max_attempts, timeout_ms,
+           scheduled_at, created_at, now(), NULL, now() + $2::bigint * interval '1 microsecond', $3,
+           errors, fence + 1, unique_key, unique_keep, meta
+    FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
+    RETURNING {jobcols}
+)
+SELECT {jobcols} FROM ins
+
+-- name: seg_get_job
+{each}SELECT {jobcols} FROM {src} WHERE id = $1{sep}
+UNION ALL
+{end}
+LIMIT 1
+
+-- name: seg_list_jobs
+-- A merge of per-segment index scans in id order.
+SELECT {jobcols} FROM (
+{each}(SELECT {jobcols} FROM {src}
+  WHERE id > $1
+    AND (cardinality($2::text[]) = 0 OR state = ANY($2::text[]))
+    AND ($3::text = '' OR queue = $3::text)
+    AND ($4::text = '' OR kind = $4::text)
+  ORDER BY id LIMIT $5){sep}
+UNION ALL
+{end}) j
+ORDER BY id
+LIMIT $5
+
+-- name: seg_retry
+-- A discarded, cancelled, completed, retryable or scheduled job to ready,
+-- now, with one more attempt if all were used; its unique key is taken
+-- again if no other job took it meanwhile. Wakes its queue.
+WITH
+{each}d{i} AS (
+    DELETE FROM {src} r WHERE r.id = $1 AND {guard}
+       AND r.state IN ('discarded', 'cancelled', 'retryable', 'scheduled', 'completed')
+    RETURNING r.*
+),
+{sep}{end}
+ins AS (
+    INSERT INTO {ready} ({cols})
+    SELECT nextval('{p}pos_seq'), id, queue, kind, args, 'available', priority, attempt,
+           greatest(max_attempts, attempt + 1), timeout_ms, now(), created_at, attempted_at, NULL, NULL,
+           attempted_by, errors, fence, unique_key, unique_keep, meta
+    FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
+    RETURNING {jobcols}, unique_key
+),
+uk AS (
+    INSERT INTO {p}unique_keys (key, job_id)
+    SELECT unique_key, id FROM ins WHERE unique_key IS NOT NULL
+    ON CONFLICT DO NOTHING
+),
+woke AS (SELECT pg_notify('{p}wake', queue) FROM ins)
+SELECT {jobcols} FROM ins CROSS JOIN (SELECT count(*) FROM woke) w
+
+-- name: seg_finish
+-- Cancel or discard ($2) a job that has not finished, from any ready,
+-- waiting or running segment, into dead. When it was running, every
+-- process is told ('!cancel').
+WITH
+{each}d{i} AS (DELETE FROM {src} r WHERE r.id = $1 AND {guard} RETURNING r.*),
+{sep}{end}
+d AS ({each}SELECT * FROM d{i}{sep} UNION ALL {end}),
+ins AS (
+    INSERT INTO {dead} ({cols})
+    SELECT pos, id, queue, kind, args, $2::text, priority, attempt, max_attempts, timeout_ms,
+           scheduled_at, created_at, attempted_at, now(), NULL, attempted_by, errors, fence,
+           unique_key, unique_keep, meta
+    FROM d
+    RETURNING {jobcols}
+),
+uk AS (
+    DELETE FROM {p}unique_keys k USING d
+     WHERE d.unique_key IS NOT NULL AND k.key = d.unique_key AND k.job_id = d.id
+       AND NOT (($2::text = 'discarded' AND (d.unique_keep & 2) <> 0)
+             OR ($2::text = 'cancelled' AND (d.unique_keep & 4) <> 0))
+),
+woke AS (SELECT pg_notify('{p}wake', '!cancel') FROM d WHERE d.state = 'running')
+SELECT {jobcols} FROM ins CROSS JOIN (SELECT count(*) FROM woke) w
+
+-- name: seg_stats
+SELECT queue, state, sum(n)::bigint, coalesce(max(age), 0)::bigint FROM (
+{each}SELECT queue, state, count(*) AS n,
+       CASE WHEN state = 'available'
+            THEN greatest(0, (extract(epoch FROM now() - min(scheduled_at)) * 1000000)::bigint)
+            ELSE 0 END AS age
+  FROM {src} GROUP BY queue, state{sep}
+UNION ALL
+{end}) s
+GROUP BY queue, state
+ORDER BY queue, state
+
+-- name: seg_overview
+-- $1 finishedSince: the unfinished jobs of the segments given (every live
+-- ready, running and waiting one) and the jobs finished at or after $1 of
+-- the done and dead segments given (only those that may hold one: see
+-- overviewQuery). Columns as for seg_stats.
+SELECT queue, state, sum(n)::bigint, coalesce(max(age), 0)::bigint FROM (
+{each}SELECT queue, state, count(*) AS n,
+       CASE WHEN state = 'available'
+            THEN greatest(0, (extract(epoch FROM now() - min(scheduled_at)) * 1000000)::bigint)
+            ELSE 0 END AS age
+  FROM {src}
+ WHERE state NOT IN ('completed', 'discarded', 'cancelled') OR finalized_at >= $1
+ GROUP BY queue, state{sep}
+UNION ALL
+{end}) s
+GROUP BY queue, state
+ORDER BY queue, state
+
+-- name: seg_maint_lock
+-- One maintainer at a time per prefix, for the transaction.
+SELECT pg_try_advisory_xact_lock(hashtextextended('conveyor-segments:' || $1::text, 0))
+
+-- name: seg_registry_all
+SELECT tbl, phase, status, inc, coalesce(sealed_at < now() - $1::bigint * interval '1 microsecond', false)
+  FROM {p}segments ORDER BY phase, ord
+
+-- name: seg_new_name
+SELECT nextval('{p}segments_n')
+
+-- name: seg_register
+INSERT INTO {p}segments (tbl, phase, status, inc, ord)
+VALUES ($1, $2, $3, $4, nextval('{p}segments_n'))
+
+-- name: seg_set_status
+-- $1 table, $2 status, $3 incarnation. Becoming current moves it to the
+-- end of its phase's order; being sealed records when.
+UPDATE {p}segments
+   SET status = $2, inc = $3,
+       ord = CASE WHEN $2 = 'current' THEN nextval('{p}segments_n') ELSE ord END,
+       sealed_at = CASE WHEN $2 = 'sealed' THEN now() WHEN $2 = 'current' THEN NULL ELSE sealed_at END
+ WHERE tbl = $1
+
+-- name: seg_unregister
+DELETE FROM {p}segments WHERE tbl = $1
+
+-- name: seg_size
+SELECT pg_relation_size($1::regclass)
+
+-- name: seg_lock_exclusive
+LOCK TABLE {t} IN ACCESS EXCLUSIVE MODE NOWAIT
+
+-- name: seg_lock_share
+-- Keeps writers out (they take ROW EXCLUSIVE) but not readers, so a held
+-- snapshot that read the table does not refuse it.
+LOCK TABLE {t} IN SHARE MODE NOWAIT
+
+-- name: seg_rows
+SELECT count(*) FROM (SELECT 1 FROM {t} LIMIT $1) s
+
+-- name: seg_expired
+-- Whether a finished segment's newest row is older than $1 microseconds.
+SELECT coalesce(max(finalized_at) < now() - $1::bigint * interval '1 microsecond', true) FROM {t}
+
+-- name: seg_oldest
+-- Whether a finished segment holds a row older than $1 microseconds.
+SELECT coalesce(min(finalized_at) < now() - $1::bigint * interval '1 microsecond', false) FROM {t}
+
+-- name: seg_move
+-- The leftovers of a segment being reclaimed, into the current segment
+-- of its phase (under its ACCESS EXCLUSIVE lock: nothing else reads it).
+INSERT INTO {dst} ({cols}) SELECT {cols} FROM {t}
+
+-- name: seg_move_delete
+-- The leftovers of a segment a snapshot still holds (SHARE lock: no
+-- writer inside), deleted and inserted into the current segment.
+WITH d AS (DELETE FROM {t} RETURNING *)
+INSERT INTO {dst} ({cols}) SELECT {cols} FROM d
+
+-- name: seg_free_keys
+-- Retention: the unique keys still held by finished jobs of a segment
+-- about to be truncated.
+DELETE FROM {p}unique_keys k USING {t} j WHERE j.unique_key IS NOT NULL AND k.key = j.unique_key AND k.job_id = j.id
+
+-- name: seg_analyze
+-- Statistics for the planner: without them it takes a segment's queue
+-- for a few rows and sorts the whole segment under a claim's LockRows
+-- (which a LIMIT cannot bound) instead of reading the claim index in
+-- order.
+ANALYZE {t}
+
+-- name: seg_truncate
+TRUNCATE {t}
+
+-- name: seg_advance
+SELECT nextval('{t}_inc')
+
+-- name: seg_drop
+DROP TABLE {t}
+
+-- name: seg_notify
+SELECT pg_notify('{p}wake', '!segments')
+
+-- name: seg_tables
+-- Every segment table (DropAll), if the registry exists.
+SELECT tbl FROM {p}segments
+
+-- name: seg_convert_setup
+-- The sequences and the unique keys table of the segments storage,
+-- created by the conversion of a prefix. Job ids continue from the jobs
+-- table's.
+CREATE SEQUENCE {p}job_ids OWNED BY {p}segments.ord;
+CREATE SEQUENCE {p}pos_seq OWNED BY {p}segments.ord;
+SELECT setval('{p}job_ids', greatest((SELECT last_value FROM {p}jobs_id_seq), (SELECT coalesce(max(id), 0) FROM {p}jobs), 1));
+CREATE TABLE {p}unique_keys (
+    key    bytea  PRIMARY KEY,
+    job_id bigint NOT NULL
+)
+
+-- name: seg_convert_lock
+-- The conversion waits (up to lock_timeout) for the writers of the jobs
+-- table to finish, and keeps every other statement out of it until it
+-- commits; processes still on the one-table storage then fail on the
+-- missing table rather than write where nobody reads.
+LOCK TABLE {p}jobs IN ACCESS EXCLUSIVE MODE
+
+-- name: seg_convert_move
+-- Every job into the current segment of its phase. Running jobs keep
+-- their attempt, fence and lease; ready jobs keep their claim order.
+WITH r AS (
+    INSERT INTO {ready} ({cols})
+    SELECT nextval('{p}pos_seq'), id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+           scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
+           fence, unique_key, unique_keep, meta
+    FROM (SELECT * FROM {p}jobs WHERE state = 'available' ORDER BY priority, scheduled_at, id) j
+),
+run AS (
+    INSERT INTO {running} ({cols})
+    SELECT 0, id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+           scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
+           fence, unique_key, unique_keep, meta
+    FROM {p}jobs WHERE state = 'running'
+),
+wt AS (
+    INSERT INTO {waiting} ({cols})
+    SELECT 0, id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+           scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
+           fence, unique_key, unique_keep, meta
+    FROM {p}jobs WHERE state IN ('scheduled', 'retryable')
+),
+dn AS (
+    INSERT INTO {done} ({cols})
+    SELECT 0, id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+           scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
+           fence, unique_key, unique_keep, meta
+    FROM {p}jobs WHERE state = 'completed'
+),
+dd AS (
+    INSERT INTO {dead} ({cols})
+    SELECT 0, id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+           scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
+           fence, unique_key, unique_keep, meta
+    FROM {p}jobs WHERE state IN ('discarded', 'cancelled')
+),
+uk AS (
+    INSERT INTO {p}unique_keys (key, job_id)
+    SELECT unique_key, id FROM {p}jobs
+     WHERE unique_key IS NOT NULL
+       AND (state IN ('available', 'scheduled', 'running', 'retryable')
+            OR (state = 'completed' AND (unique_keep & 1) <> 0)
+            OR (state = 'discarded' AND (unique_keep & 2) <> 0)
+            OR (state = 'cancelled' AND (unique_keep & 4) <> 0))
+)
+SELECT count(*) FROM {p}jobs
+
+-- name: seg_convert_drop
+DROP TABLE {p}jobs
