@@ -111,7 +111,6 @@ type segStore struct {
 	mu   sync.Mutex // serialises refreshes
 	view atomic.Pointer[segView]
 
-
 	// counters, for tests and reports
 	reclaims, drained, refusals, created, dropped, stale atomic.Int64
 
