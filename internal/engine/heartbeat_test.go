@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,5 +132,48 @@ func TestHeartbeatLostLeaseCancelsOnlyThatHandler(t *testing.T) {
 	}
 	if r := d.released.Load(); r != 0 {
 		t.Fatalf("%d leases released at shutdown, want 0", r)
+	}
+}
+
+// A cancel sent while the listener was reconnecting is lost with the other
+// notifications; the reconnection itself renews the leases at once, so the
+// cancelled job's handler stops now rather than at the next heartbeat (an
+// hour away here).
+func TestListenerReconnectRenewsLeases(t *testing.T) {
+	d := &fakeDriver{listen: true, wakeups: make(chan string)}
+	var gone atomic.Bool
+	d.heartbeat = func(_ context.Context, leases []driver.Lease) ([]int64, error) {
+		if gone.Load() {
+			return nil, nil // cancelled by hand meanwhile
+		}
+		return owned(leases), nil
+	}
+	cfg := testConfig(3 * time.Hour) // heartbeats every hour
+	cfg.ListenPoll = time.Hour
+	started := make(chan struct{})
+	stopped := make(chan error, 1)
+	startEngine(t, d, cfg, map[string]Handler{"k": func(ctx context.Context, row *driver.JobRow) error {
+		close(started)
+		<-ctx.Done()
+		stopped <- context.Cause(ctx)
+		return ctx.Err()
+	}})
+	notify := func(q string) {
+		select {
+		case d.wakeups <- q:
+		case <-time.After(guard):
+			t.Fatalf("the listener never waited for notification %q", q)
+		}
+	}
+	// The listener is up (its first renewal, with no job held, is done
+	// with) before the job exists.
+	notify("elsewhere")
+	d.add(jobs(1)...)
+	notify("q")
+	recv(t, "the job to start", started)
+	gone.Store(true)
+	notify("") // the listener reports it reconnected
+	if c := recv(t, "the cancelled job's handler to stop", stopped); !errors.Is(c, errLeaseLost) {
+		t.Fatalf("handler stopped by %v, want the lost lease", c)
 	}
 }

@@ -279,6 +279,13 @@ func (e *Engine) listenLoop(ctx context.Context) {
 			continue
 		}
 		try = 0
+		// Listening from now on. A cancel sent before this instant (while
+		// connecting, or between a failure and this reconnection) was
+		// missed: renew the leases at once, so that a job cancelled
+		// meanwhile is found gone now rather than at the next heartbeat.
+		// (Missed wake-ups need nothing here: fetchers claim when they
+		// start, and a failure of the listener wakes them all.)
+		signal(e.hbWake)
 		for {
 			q, err := l.Wait(ctx)
 			if ctx.Err() != nil {
@@ -287,12 +294,18 @@ func (e *Engine) listenLoop(ctx context.Context) {
 			if err != nil {
 				e.warn("conveyor: listener failed (reconnecting)", "error", err)
 				sleep(ctx, errBackoff(1))
+				signal(e.hbWake) // a cancel may have been missed meanwhile
 				e.wake("")
 				continue
 			}
 			if q == driver.CancelNotice {
 				signal(e.hbWake)
 				continue
+			}
+			if q == "" {
+				// The listener reconnected: notifications sent while it
+				// was down are lost, a cancel among them.
+				signal(e.hbWake)
 			}
 			e.wake(q)
 		}
