@@ -123,7 +123,11 @@ func TestBenchSteadyHoldXmin(t *testing.T) {
 			var done int64
 			for i, w := range f.Windows {
 				done += w.Completed
-				if w.Offered != 200 || w.Held != (i < 3) || w.Gauges.Error != "" || w.Gauges.MachineCPUShare == nil || w.Gauges.ClientCPUShare == nil {
+				// Held through the first three windows; the fourth counts
+				// as held when the rollback came late into it (a loaded
+				// machine), by the workload's own rule.
+				wantHeld := i < 3 || h.EndS-w.StartS > 0.05*(w.EndS-w.StartS)
+				if w.Offered != 200 || w.Held != wantHeld || w.Gauges.Error != "" || w.Gauges.MachineCPUShare == nil || w.Gauges.ClientCPUShare == nil {
 					t.Errorf("window %d: %+v", i, w)
 				}
 				g := w.Gauges
