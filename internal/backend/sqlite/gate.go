@@ -29,9 +29,10 @@ const maxYield = 250 * time.Millisecond
 // (heartbeat, complete, release) does not take it: it runs on a
 // connection of its own and only announces itself, and while one is
 // pending no ordinary write starts, so it waits for at most the one write
-// in progress in this process (never behind one that is itself waiting
-// for another process's lock). Every driver of this process on the same
-// file shares one gate (see gateFor).
+// in progress in this process, and for that one only briefly
+// (maxWaitOrdinary): it may itself be waiting for another process's
+// lock. Every driver of this process on the same file shares one gate
+// (see gateFor).
 //
 // Other processes writing the same file are ordered by a side file
 // (intentFile): while a heartbeat of this process is pending it holds a
@@ -186,10 +187,21 @@ func (g *gate) leaseEnd(across bool) {
 	g.mu.Unlock()
 }
 
+// maxWaitOrdinary bounds how long a lease-path write waits for the
+// ordinary write of this process that is running on SQLite. That write
+// may not hold the lock at all: it may be asleep in SQLite's busy handler
+// (busy_timeout) behind another process's write, and other processes stop
+// yielding to this process's heartbeat after maxYield. Past the bound the
+// lease-path write polls for the lock itself, which it takes as soon as it
+// is free, ahead of the sleeping ordinary write.
+const maxWaitOrdinary = 10 * time.Millisecond
+
 // waitOrdinary waits, for a lease-path write, until the ordinary write of
-// this process that is running on SQLite (if any) ends, so that the two
-// never meet on SQLite's lock, where the loser would sleep in a busy
-// handler. Called after leaseBegin, so no new one starts meanwhile.
+// this process that is running on SQLite (if any) ends, for at most
+// maxWaitOrdinary. An ordinary write that holds the lock normally ends
+// within it, and then the two never meet on SQLite's lock, where the
+// ordinary write would lose and sleep in the busy handler. Called after
+// leaseBegin, so no new ordinary write starts meanwhile.
 func (g *gate) waitOrdinary(ctx context.Context) error {
 	g.mu.Lock()
 	ch := g.idle
@@ -197,8 +209,12 @@ func (g *gate) waitOrdinary(ctx context.Context) error {
 	if ch == nil {
 		return nil
 	}
+	t := time.NewTimer(maxWaitOrdinary)
+	defer t.Stop()
 	select {
 	case <-ch:
+		return nil
+	case <-t.C:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
