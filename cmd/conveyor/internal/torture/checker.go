@@ -286,6 +286,10 @@ func headS(xs []string) string {
 // whose lease expired (see driver.Driver.Rescue).
 const leaseExpiredPrefix = "lease expired"
 
+// leaseDeadlinePrefix starts the error of an attempt whose handler the
+// engine cut off because its lease could not be renewed in time.
+const leaseDeadlinePrefix = "conveyor: job lease could not be renewed in time"
+
 var farFuture = time.Unix(1<<40, 0)
 
 // Check computes the findings of one run. It is exact given its inputs:
@@ -517,8 +521,17 @@ func (in *Input) cause(e Exec, later []Exec, j *FinalJob, errAt map[int][]string
 		if in.Poison[j.Kind] {
 			return "poison " + j.Kind + " failed", true
 		}
-		if ev, ok := in.faultFor(e, farFuture); ok && ev.PID == 0 {
-			return "failed during fault: " + ev.Kind, true
+		if ev, ok := in.faultFor(e, farFuture); ok {
+			switch {
+			case ev.PID == 0:
+				return "failed during fault: " + ev.Kind, true
+			case ev.Kind == EventPause && strings.HasPrefix(msgs[0], leaseDeadlinePrefix):
+				// Stopped past its lease and resumed before any other
+				// process rescued the attempt (the paused process may
+				// have been the leader that rescues): its deadline loop
+				// cut the handler off on waking, as it must.
+				return "cut off after its lease: " + ev.Kind, true
+			}
 		}
 		return "failed: " + firstLine(msgs[0]), false
 	}

@@ -212,6 +212,31 @@ func TestCheckerPoisonAndExplainedFailures(t *testing.T) {
 	}
 }
 
+// A paused process whose attempt nobody rescued during the pause cuts
+// the handler off when it wakes: explained by the pause. The same error
+// on a process that was never paused is not.
+func TestCheckerLeaseDeadlineAfterPause(t *testing.T) {
+	const cutOff = "conveyor: job lease could not be renewed in time; handler cancelled before the lease could expire"
+	w := newWorld()
+	w.job(80, "completed", 2, AttemptErr{1, cutOff})
+	w.exec(80, 1, 300, 1, 6.6, OutcomeError)
+	w.event(EventPause, 300, 1.2, 6.5)
+	w.exec(80, 2, 200, 7, 7.1, OutcomeOK)
+	f := Check(w.in)
+	if fl := f.Failures(); len(fl) > 0 {
+		t.Fatalf("failures: %v", fl)
+	}
+	if f.DuplicateCauses["cut off after its lease: paused"] != 1 {
+		t.Fatalf("causes %v", f.DuplicateCauses)
+	}
+
+	w = newWorld()
+	w.job(81, "completed", 2, AttemptErr{1, cutOff})
+	w.exec(81, 1, 300, 1, 3, OutcomeError)
+	w.exec(81, 2, 200, 4, 4.1, OutcomeOK)
+	assertFailure(t, Check(w.in), "1 unexplained duplicate executions")
+}
+
 func assertFailure(t *testing.T, f *Findings, want string) {
 	t.Helper()
 	for _, l := range f.Failures() {
