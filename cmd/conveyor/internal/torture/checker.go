@@ -75,6 +75,23 @@ type Exec struct {
 	// Scheduled is a periodic job's ScheduledAt as its handler saw it
 	// (zero for other kinds).
 	Scheduled time.Time
+
+	// opened is when the attempt was open at the latest, set by Check:
+	// Start, or the start of a later attempt of the job if that was
+	// earlier (see openedAt).
+	opened time.Time
+}
+
+// openedAt is when e's attempt was open at the latest. The records do not
+// hold claims, but the claims of one job follow one another: an attempt
+// was claimed before any later attempt of its job started. A process
+// stopped between claiming an attempt and starting its handler records
+// the start when it wakes, after the attempt that replaced it.
+func (e Exec) openedAt() time.Time {
+	if !e.opened.IsZero() && e.opened.Before(e.Start) {
+		return e.opened
+	}
+	return e.Start
 }
 
 // AttemptErr is one entry of a job's error history as stored.
@@ -304,7 +321,29 @@ func Check(in *Input) *Findings {
 		byJob[e.Job] = append(byJob[e.Job], e)
 	}
 	for _, es := range byJob {
-		sort.Slice(es, func(i, j int) bool { return es[i].Start.Before(es[j].Start) })
+		// In the order of the attempts, which is the order of their
+		// claims (an attempt given back, by a release or a snooze, runs
+		// again under the same number, in the order of its starts).
+		sort.Slice(es, func(i, j int) bool {
+			if es[i].Attempt != es[j].Attempt {
+				return es[i].Attempt < es[j].Attempt
+			}
+			return es[i].Start.Before(es[j].Start)
+		})
+		var next time.Time // earliest start of a later attempt
+		for i := len(es) - 1; i >= 0; {
+			k := i
+			for k >= 0 && es[k].Attempt == es[i].Attempt {
+				es[k].opened = next
+				k--
+			}
+			for m := k + 1; m <= i; m++ {
+				if next.IsZero() || es[m].Start.Before(next) {
+					next = es[m].Start
+				}
+			}
+			i = k
+		}
 	}
 
 	// Lost: acknowledged and not finished with a reason.
@@ -572,8 +611,8 @@ func (in *Input) faultFor(e Exec, until time.Time) (Event, bool) {
 			evEnd = evEnd.Add(in.Lease)
 		}
 		// Instantaneous process faults (kill, exit) count when they fall
-		// in [start, end]; windows when they intersect it.
-		if ev.Start.After(end) || evEnd.Before(e.Start) {
+		// in [opened, end]; windows when they intersect it.
+		if ev.Start.After(end) || evEnd.Before(e.openedAt()) {
 			continue
 		}
 		if !found || (best.PID == 0 && ev.PID != 0) {

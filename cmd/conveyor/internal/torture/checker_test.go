@@ -486,3 +486,31 @@ func TestCheckerReportsPlantedDoubleFiredSlot(t *testing.T) {
 		t.Fatalf("slot missed by a process that outlived the fault: missed %v", f.SlotsMissed)
 	}
 }
+
+// A process stopped after it claimed an attempt and before the handler
+// recorded its start: the attempt was rescued and the job completed by
+// another process meanwhile, and the handler records its start when the
+// process wakes, after the next attempt's. The attempt was open from its
+// claim, before the next one: explained by the pause, not taken for a
+// rerun of the completed attempt.
+func TestCheckerAttemptStartedAfterItsSuccessor(t *testing.T) {
+	w := newWorld()
+	w.job(82, "completed", 2, expired(1))
+	w.exec(82, 2, 200, 4, 4.2, OutcomeOK)
+	w.event(EventPause, 300, 1.2, 6.5)
+	w.exec(82, 1, 300, 6.51, 6.6, OutcomeOK)
+	f := Check(w.in)
+	if fl := f.Failures(); len(fl) > 0 {
+		t.Fatalf("failures: %v", fl)
+	}
+	if f.DuplicateCauses["lease expired: paused"] != 1 || f.OverlapsExplained != 1 {
+		t.Fatalf("causes %v, explained overlaps %d", f.DuplicateCauses, f.OverlapsExplained)
+	}
+
+	// The same records without the pause: a premature rescue.
+	w = newWorld()
+	w.job(83, "completed", 2, expired(1))
+	w.exec(83, 2, 200, 4, 4.2, OutcomeOK)
+	w.exec(83, 1, 300, 6.51, 6.6, OutcomeOK)
+	assertFailure(t, Check(w.in), "premature rescue")
+}
