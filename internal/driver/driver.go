@@ -133,6 +133,13 @@ type JobRow struct {
 	// Meta is the job's metadata as stored (a JSON object), nil when it
 	// has none.
 	Meta json.RawMessage
+	// LeaseFrom, on a row Claim returned, is a time by this process's
+	// clock no later than the moment the database started the claim's
+	// lease: on SQLite, when the claim's transaction took the write lock,
+	// after any wait for it. Zero when the driver cannot tell; the
+	// engine then counts the lease from when it called Claim, which is
+	// safe and, after a long wait for a lock or a connection, short.
+	LeaseFrom time.Time
 }
 
 // AttemptError is one failed attempt, kept with the job.

@@ -176,6 +176,11 @@ func (f *fetcher) run(ctx context.Context) {
 		}
 		errs = 0
 		e.metrics.ClaimRounds.Add(1)
+		if len(rows) > 0 && rows[0].LeaseFrom.After(sent) {
+			// The driver knows the claim waited (for a lock) before the
+			// database started its leases.
+			sent = rows[0].LeaseFrom
+		}
 		f.dispatch(rows, sent)
 		more = len(rows) == limit
 		if !listening {

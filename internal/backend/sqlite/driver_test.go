@@ -524,7 +524,11 @@ func TestBusyRetried(t *testing.T) {
 	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		t.Fatal(err)
 	}
-	time.AfterFunc(300*time.Millisecond, func() { conn.ExecContext(ctx, "COMMIT") })
+	committing := make(chan time.Time, 1)
+	time.AfterFunc(300*time.Millisecond, func() {
+		committing <- time.Now()
+		conn.ExecContext(ctx, "COMMIT")
+	})
 	start := time.Now()
 	rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "b", Limit: 1, Lease: time.Minute, Worker: "w"})
 	if err != nil || len(rows) != 1 {
@@ -532,6 +536,15 @@ func TestBusyRetried(t *testing.T) {
 	}
 	if time.Since(start) < 250*time.Millisecond {
 		t.Fatalf("claim did not wait for the lock (%v)", time.Since(start))
+	}
+	// The lease ran from when the claim took the lock, not from when it
+	// was asked for, and LeaseFrom says so without overstating it.
+	from, commit := rows[0].LeaseFrom, <-committing
+	if from.Before(commit.Add(-time.Millisecond)) {
+		t.Fatalf("LeaseFrom %v is before the foreign lock was let go (%v)", from, commit)
+	}
+	if dbStart := rows[0].LeaseExpiresAt.Add(-time.Minute); dbStart.Before(from) {
+		t.Fatalf("LeaseFrom %v is after the database started the lease (%v)", from, dbStart)
 	}
 	if d.Counters()["busy_retries"] == 0 {
 		t.Fatalf("busy retries not counted: %v", d.Counters())

@@ -172,6 +172,15 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 	}
 	err = d.inTx(ctx, func(tx *sql.Tx) error {
 		out = out[:0]
+		// BEGIN IMMEDIATE has taken the write lock: the statement's
+		// clock, which is this process's, starts the leases from now on
+		// (in whole milliseconds, hence the one taken off).
+		began := time.Now().Add(-time.Millisecond)
+		defer func() {
+			for _, j := range out {
+				j.LeaseFrom = began
+			}
+		}()
 		rows, err := tx.StmtContext(ctx, st).QueryContext(ctx, p.Queue, p.Limit, us(p.Lease), p.Worker)
 		if err != nil {
 			return err
