@@ -13,11 +13,22 @@ import (
 const intentSuffix = "-conveyor-lease"
 
 // maxYield bounds how long a write waits for another process's pending
-// lease renewal. A renewal waits for at most the one write in progress, so
-// it normally clears in milliseconds; the bound only matters when the
-// announcing process was stopped (SIGSTOP, a debugger) mid-renewal, and
-// then waiting is skipped until its announcement is seen gone once.
+// lease renewal. A renewal waits for at most the one write in progress in
+// each process, so it normally clears in milliseconds. The bound matters
+// when the announcing process was stopped (SIGSTOP, a debugger)
+// mid-renewal, and on a machine so starved that the writes in progress
+// take longer: then waiting is skipped for stuckFor, or until the
+// announcements are seen gone.
 const maxYield = 250 * time.Millisecond
+
+// stuckFor is how long writes stop yielding after a yield ran out. Not
+// until the announcements are seen gone: on a starved machine, with a
+// few processes renewing, some renewal is nearly always pending, and
+// writes would never yield again just when renewals need it most. A
+// stopped announcer costs other processes' ordinary writes at most
+// maxYield in every maxYield+stuckFor, never their renewals (which do
+// not yield).
+const stuckFor = time.Second
 
 // gate orders this process's writes to one database file. SQLite has one
 // writer at a time, database/sql hands a freed connection to a waiter
@@ -57,7 +68,9 @@ type gate struct {
 
 	side    *intentFile // nil: this process's writes only (sideErr says why)
 	sideErr error
-	stuck   atomic.Bool // a yield timed out; do not wait again until clear
+	// stuckUntil (Unix nanoseconds): a yield ran out; writes do not
+	// yield again before then, unless the announcements are seen gone.
+	stuckUntil atomic.Int64
 }
 
 var (
@@ -261,16 +274,19 @@ func (g *gate) yield(ctx context.Context) {
 	if g.side == nil {
 		return
 	}
-	if g.stuck.Load() {
+	if until := g.stuckUntil.Load(); until != 0 {
 		if !g.side.othersPending() {
-			g.stuck.Store(false)
+			g.stuckUntil.Store(0)
+			return
 		}
-		return
+		if time.Now().UnixNano() < until {
+			return
+		}
 	}
 	start := time.Now()
 	for g.side.othersPending() {
 		if time.Since(start) > maxYield {
-			g.stuck.Store(true)
+			g.stuckUntil.Store(time.Now().Add(stuckFor).UnixNano())
 			return
 		}
 		if pollPause(ctx) != nil {

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 )
 
 // gateAndOther returns the gate of a new database file, a second
@@ -60,27 +61,39 @@ func TestIntentAcrossDescriptors(t *testing.T) {
 }
 
 // TestYieldIsBounded checks that an announcement nobody withdraws (its
-// process stopped mid-renewal) holds writes back once, for maxYield, and
-// then not again until it is seen gone.
+// process stopped mid-renewal) holds writes back for maxYield, then not
+// again for stuckFor or until it is seen gone, whichever comes first.
 func TestYieldIsBounded(t *testing.T) {
 	g, stopped, path := gateAndOther(t)
 	if err := stopped.announce(); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
+	start := time.Now()
 	g.yield(ctx) // returns after maxYield
-	if !g.stuck.Load() {
+	if time.Since(start) < maxYield {
+		t.Fatalf("a yield to a pending announcement returned after %v, before maxYield", time.Since(start))
+	}
+	first := g.stuckUntil.Load()
+	if first == 0 {
 		t.Fatal("a yield that ran out did not mark the announcement stuck")
 	}
 	g.yield(ctx) // returns at once while stuck
-	if !g.stuck.Load() {
-		t.Fatal("stuck cleared while the announcement is still there")
+	if g.stuckUntil.Load() != first {
+		t.Fatal("a yield while stuck waited again and ran out")
+	}
+	// Past stuckFor, writes yield again (and, the announcement still
+	// there, run out again).
+	g.stuckUntil.Store(time.Now().Add(-time.Millisecond).UnixNano())
+	g.yield(ctx)
+	if again := g.stuckUntil.Load(); again <= first {
+		t.Fatal("writes did not yield again once stuckFor had passed")
 	}
 	if err := stopped.withdraw(); err != nil {
 		t.Fatal(err)
 	}
 	g.yield(ctx)
-	if g.stuck.Load() {
+	if g.stuckUntil.Load() != 0 {
 		t.Fatal("stuck not cleared once the announcement was gone")
 	}
 	// YieldToLeases on a file no client of this process has open returns.
