@@ -228,3 +228,27 @@ func (h *heldTx) figures() *HoldFigures {
 	f := h.fig
 	return &f
 }
+
+// Hold is a read transaction held open by HoldSnapshot, for other runs
+// than the steady workload's (the torture suite holds one through its
+// faults).
+type Hold struct{ h *heldTx }
+
+// HoldSnapshot opens the transaction the steady workload's --hold-xmin
+// holds (see holdSnapshot) on backend ("postgres", "mysql" or "sqlite")
+// after reading every table under prefix.
+func HoldSnapshot(ctx context.Context, dsn, backend, prefix string, safety time.Duration) (*Hold, error) {
+	h, err := holdSnapshot(ctx, dsn, backend, prefix, safety)
+	if err != nil {
+		return nil, err
+	}
+	h.start(h.opened)
+	return &Hold{h}, nil
+}
+
+// Release ends the transaction (once; later calls do nothing) and
+// returns its figures, EndS counted from when it was opened.
+func (h *Hold) Release() *HoldFigures {
+	h.h.release()
+	return h.h.figures()
+}

@@ -22,6 +22,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/cmd/conveyor/internal/bench"
 	"github.com/conveyorq/conveyor/connect"
 	"github.com/conveyorq/conveyor/internal/seam"
 )
@@ -68,6 +69,15 @@ type Options struct {
 	// Tick is the interval of the periodic job every worker process
 	// runs. Default a tenth of the lease; negative: none.
 	Tick time.Duration
+	// Storage is the PostgreSQL storage of every phase's tables:
+	// "segments" converts them (connect.Options.PostgresStorage) before
+	// the load; "" keeps the one-table default. PostgreSQL only.
+	Storage string
+	// HoldXmin holds a REPEATABLE READ transaction that has read every
+	// table of the phase open from before the workers start until the
+	// queue has drained, as pg_dump would: vacuum is blocked through the
+	// faults. PostgreSQL only. (The restart fault's restart ends it.)
+	HoldXmin bool
 	// Keep keeps each phase's tables and record directory.
 	Keep bool
 	// Log receives progress lines; nil discards them.
@@ -121,6 +131,9 @@ func (o *Options) defaults() error {
 	}
 	if o.SmallPool <= 0 {
 		o.SmallPool = 1
+	}
+	if o.Storage != "" && o.Storage != "segments" {
+		return fmt.Errorf("torture: storage %q: the only storage besides the default is segments", o.Storage)
 	}
 	if o.UniqueShare == 0 {
 		o.UniqueShare = 0.25
@@ -207,6 +220,7 @@ type phase struct {
 
 	client *conveyor.Client[any]
 	adm    *admin
+	hold   *bench.Hold // Options.HoldXmin's transaction, until tearDown
 	sup    *supervisor
 	rec    *recorder
 
@@ -291,6 +305,9 @@ func Run(ctx context.Context, opts Options) ([]Row, error) {
 		return nil, err
 	}
 	backend := backendOf(o.DSN)
+	if (o.Storage != "" || o.HoldXmin) && backend != "postgres" {
+		return nil, fmt.Errorf("torture: --storage and --hold-xmin are PostgreSQL settings; this database is %s", backend)
+	}
 	if backend == "mysql" {
 		// go-sql-driver logs dropped connections to stderr by default.
 		_ = gomysql.SetLogger(log.New(o.Log, "  [mysql driver] ", 0))
@@ -399,7 +416,7 @@ func (p *phase) setUp(ctx context.Context) error {
 		return err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	p.client, err = openMigrated(ctx, p.dsn, &conveyor.Config{TablePrefix: p.prefix, Logger: quiet}, connect.Options{})
+	p.client, err = openMigrated(ctx, p.dsn, &conveyor.Config{TablePrefix: p.prefix, Logger: quiet}, connect.Options{PostgresStorage: p.o.Storage})
 	if err != nil {
 		return fmt.Errorf("opening %s: %w", p.backend, err)
 	}
@@ -407,8 +424,21 @@ func (p *phase) setUp(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if p.o.Storage != "" {
+		p.note("storage: %s", p.o.Storage)
+	}
+	if p.o.HoldXmin {
+		// Safety net: the server ends it if this process dies first.
+		p.hold, err = bench.HoldSnapshot(ctx, p.dsn, p.backend, p.prefix, time.Hour)
+		if err != nil {
+			return fmt.Errorf("holding a transaction open (--hold-xmin): %w", err)
+		}
+	}
 	p.sup = newSupervisor(p.o.Exe, p.o.ExeArgs, p.o.Env, dir, p.logf)
 	common := []string{"--db", withAppName(p.dsn, "conveyor-torture"), "--prefix", p.prefix}
+	if p.o.Storage != "" {
+		common = append(common, "--storage", p.o.Storage)
+	}
 	p.workerArgs = slices.Concat(common, []string{"--workers", strconv.Itoa(p.o.Concurrency), "--lease", p.o.Lease.String(),
 		"--job-timeout", jobTimeout(p.o.Lease).String()}, p.workerArgs)
 	if p.tick > 0 {
@@ -683,6 +713,17 @@ func (p *phase) finalJobs(ctx context.Context) (map[int64]*FinalJob, error) {
 func (p *phase) tearDown(ctx context.Context, row *Row) {
 	if p.sup != nil {
 		p.sup.close()
+	}
+	if p.hold != nil {
+		// Before the tables are dropped: a DROP waits for the held
+		// transaction's locks.
+		f := p.hold.Release()
+		how := "rolled back"
+		if f.ReleaseError != "" {
+			how = "ended with its session (" + firstLine(f.ReleaseError) + ")"
+		}
+		p.note("held: %s transaction that read %d tables (%d rows), open %.1fs from before the workers started until the queue drained, then %s",
+			f.Statement, len(f.Tables), f.Rows, f.EndS, how)
 	}
 	if p.rec != nil {
 		p.rec.close()
