@@ -120,6 +120,7 @@ type Driver struct {
 	// it); seg is the segments storage once the prefix uses it.
 	storage string
 	seg     atomic.Pointer[segStore]
+	sealAt  atomic.Int64 // SealSegmentsAt's size; 0: the default
 
 	deadlockRetries      atomic.Int64
 	lockTimeouts         atomic.Int64

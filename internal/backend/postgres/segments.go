@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/conveyorq/conveyor/internal/driver"
 	"github.com/conveyorq/conveyor/internal/sqlq"
 )
 
@@ -145,7 +146,31 @@ func (s *segStore) close() {
 }
 
 func newSegStore(d *Driver) *segStore {
-	return &segStore{d: d, tune: defaultTuning, tpl: sqlq.Queries(sqlFS, "segments.sql", d.prefix)}
+	tune := defaultTuning
+	if n := d.sealAt.Load(); n > 0 {
+		tune.sealBytes, tune.finishedBytes = n, 4*n
+	}
+	return &segStore{d: d, tune: tune, tpl: sqlq.Queries(sqlFS, "segments.sql", d.prefix)}
+}
+
+// SealSegmentsAt makes the segments storage of d, a PostgreSQL driver,
+// seal a current ready, running or waiting segment once it takes bytes
+// on disk, and a done or dead one at four times that, instead of the
+// defaults (1 MiB and 64 MiB). conveyor's torture suite uses it so that
+// a run of seconds rotates and reclaims segments many times. Call it
+// before the client works. It reports whether d is a PostgreSQL driver.
+func SealSegmentsAt(d driver.Driver, bytes int64) bool {
+	pd, ok := d.(*Driver)
+	if !ok || bytes <= 0 {
+		return false
+	}
+	pd.sealAt.Store(bytes)
+	if s := pd.segs(); s != nil {
+		s.maintMu.Lock()
+		s.tune.sealBytes, s.tune.finishedBytes = bytes, 4*bytes
+		s.maintMu.Unlock()
+	}
+	return true
 }
 
 func (s *segStore) q(name string) string {

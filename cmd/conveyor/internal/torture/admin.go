@@ -159,6 +159,17 @@ func (a *admin) killConnections(ctx context.Context, ports map[int]bool) (int, e
 	return 0, fmt.Errorf("no server connections to kill on %s", a.backend)
 }
 
+// segRotation reads the segments registry of a PostgreSQL prefix on the
+// segments storage: the tables registered now, the reclaims (truncations)
+// those tables went through, and the highest table number, which counts
+// every segment table the prefix ever had.
+func (a *admin) segRotation(ctx context.Context) (tables, reclaims, highest int64, err error) {
+	err = a.pg.QueryRow(ctx, `SELECT count(*), coalesce(sum(inc - 1), 0),
+	        coalesce(max(substring(tbl from '_([0-9]+)$')::bigint), 0)
+	   FROM `+a.prefix+`segments`).Scan(&tables, &reclaims, &highest)
+	return tables, reclaims, highest, err
+}
+
 // integrity runs SQLite's integrity check.
 func (a *admin) integrity(ctx context.Context) (string, error) {
 	var s string

@@ -78,6 +78,11 @@ type Options struct {
 	// queue has drained, as pg_dump would: vacuum is blocked through the
 	// faults. PostgreSQL only. (The restart fault's restart ends it.)
 	HoldXmin bool
+	// SealAt is the size at which the workers seal a segment of the
+	// segments storage (four times as much for done and dead): small, so
+	// that a phase of seconds rotates and reclaims segments many times,
+	// during the faults and under the held transaction. Default 16 KiB.
+	SealAt int64
 	// Keep keeps each phase's tables and record directory.
 	Keep bool
 	// Log receives progress lines; nil discards them.
@@ -134,6 +139,9 @@ func (o *Options) defaults() error {
 	}
 	if o.Storage != "" && o.Storage != "segments" {
 		return fmt.Errorf("torture: storage %q: the only storage besides the default is segments", o.Storage)
+	}
+	if o.SealAt <= 0 {
+		o.SealAt = 16 << 10
 	}
 	if o.UniqueShare == 0 {
 		o.UniqueShare = 0.25
@@ -437,7 +445,7 @@ func (p *phase) setUp(ctx context.Context) error {
 	p.sup = newSupervisor(p.o.Exe, p.o.ExeArgs, p.o.Env, dir, p.logf)
 	common := []string{"--db", withAppName(p.dsn, "conveyor-torture"), "--prefix", p.prefix}
 	if p.o.Storage != "" {
-		common = append(common, "--storage", p.o.Storage)
+		common = append(common, "--storage", p.o.Storage, "--seal-at", strconv.FormatInt(p.o.SealAt, 10))
 	}
 	p.workerArgs = slices.Concat(common, []string{"--workers", strconv.Itoa(p.o.Concurrency), "--lease", p.o.Lease.String(),
 		"--job-timeout", jobTimeout(p.o.Lease).String()}, p.workerArgs)
@@ -713,6 +721,15 @@ func (p *phase) finalJobs(ctx context.Context) (map[int64]*FinalJob, error) {
 func (p *phase) tearDown(ctx context.Context, row *Row) {
 	if p.sup != nil {
 		p.sup.close()
+	}
+	if p.o.Storage != "" && p.adm != nil {
+		n, reclaims, highest, err := p.adm.segRotation(context.WithoutCancel(ctx))
+		if err != nil {
+			p.note("segments: reading the registry: %v", err)
+		} else {
+			p.note("segments: sealed at %d bytes; %d tables registered at the end, %d reclaims (truncations) of them, %d tables created in all",
+				p.o.SealAt, n, reclaims, highest)
+		}
 	}
 	if p.hold != nil {
 		// Before the tables are dropped: a DROP waits for the held

@@ -22,7 +22,9 @@ import (
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/connect"
+	"github.com/conveyorq/conveyor/internal/backend/postgres"
 	"github.com/conveyorq/conveyor/internal/backend/sqlite"
+	"github.com/conveyorq/conveyor/internal/seam"
 )
 
 // Queue is the queue of the torture workload.
@@ -88,6 +90,7 @@ type torturePayload interface {
 type workerFlags struct {
 	role, dsn, prefix, record, proc string
 	storage                         string
+	sealAt                          int64
 	queue                           string
 	workers, pool, goroutines       int
 	lease, listenPoll, jobTimeout   time.Duration
@@ -122,6 +125,7 @@ func parseWorkerFlags(args []string, stderr io.Writer) (*workerFlags, error) {
 	fs.IntVar(&w.workers, "workers", 16, "worker: concurrent jobs")
 	fs.IntVar(&w.pool, "pool", 0, "worker: connect.Options.PoolSize (0: backend default)")
 	fs.StringVar(&w.storage, "storage", "", "connect.Options.PostgresStorage")
+	fs.Int64Var(&w.sealAt, "seal-at", 0, "segments storage: seal segments at this size in bytes (postgres.SealSegmentsAt; 0: the default)")
 	fs.DurationVar(&w.lease, "lease", 2*time.Second, "worker: Config.Lease")
 	fs.DurationVar(&w.listenPoll, "listen-poll", 5*time.Second, "worker: Config.ListenPoll")
 	fs.DurationVar(&w.jobTimeout, "job-timeout", 20*time.Second, "worker: Config.JobTimeout")
@@ -227,6 +231,9 @@ func runWorker(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.
 	c, err := openMigrated(ctx, w.dsn, workerConfig(w, logger), connect.Options{PoolSize: w.pool, PostgresStorage: w.storage})
 	if err != nil {
 		return err
+	}
+	if w.sealAt > 0 && !postgres.SealSegmentsAt(seam.DriverOf(c), w.sealAt) {
+		return fmt.Errorf("--seal-at: %s is not a PostgreSQL database", w.dsn)
 	}
 	defer c.Close()
 	sleep := func(ctx context.Context, ms int) error {
