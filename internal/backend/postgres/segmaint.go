@@ -45,7 +45,10 @@ func (s *segStore) round(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	changed := false
+	changed, err := s.syncCurrent(ctx, regs)
+	if err != nil {
+		return err
+	}
 	for _, r := range regs {
 		limit := s.tune.sealBytes
 		if r.phase == phDone || r.phase == phDead {
@@ -93,6 +96,47 @@ func (s *segStore) round(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// syncCurrent sets the incarnation sequence of every current segment
+// whose sequence is not at its registry incarnation back to it (see
+// seg_sync in segments.sql: after a crash, a sequence advanced by nextval
+// resumes up to 32 past it, and every insert into or claim through the
+// segment would be refused by its guard for good). It reports whether it
+// changed any.
+func (s *segStore) syncCurrent(ctx context.Context, regs []regRow) (bool, error) {
+	var cur []string
+	for _, r := range regs {
+		if r.status == "current" {
+			cur = append(cur, r.tbl)
+		}
+	}
+	if len(cur) == 0 {
+		return false, nil
+	}
+	rows, err := s.d.pool.Query(ctx, expandEach(s.q("seg_out_of_sync"), cur))
+	if err != nil {
+		return false, err
+	}
+	off, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(off) == 0 {
+		return false, err
+	}
+	changed := false
+	for _, tbl := range off {
+		ok, err := s.maintTx(ctx, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, s.table("seg_sync", tbl, ""))
+			return err
+		})
+		if err != nil {
+			return changed, err
+		}
+		if ok {
+			s.synced.Add(1)
+			changed = true
+		}
+	}
+	return changed, nil
 }
 
 // analyzeGrown analyzes a current ready or waiting segment that has
@@ -185,6 +229,10 @@ func (s *segStore) rotate(ctx context.Context, phase string) error {
 			return err
 		default:
 			if _, err := tx.Exec(ctx, s.q("seg_set_status"), next, "current", inc); err != nil {
+				return err
+			}
+			// Its sequence may have resumed past inc after a crash.
+			if _, err := tx.Exec(ctx, s.table("seg_sync", next, "")); err != nil {
 				return err
 			}
 		}

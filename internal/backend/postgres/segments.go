@@ -113,7 +113,7 @@ type segStore struct {
 	view atomic.Pointer[segView]
 
 	// counters, for tests and reports
-	reclaims, drained, refusals, created, dropped, stale atomic.Int64
+	reclaims, drained, refusals, created, dropped, stale, synced atomic.Int64
 
 	lastMaint time.Time // maintenance rate limit (leader only; under maintMu)
 	maintMu   sync.Mutex

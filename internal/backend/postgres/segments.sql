@@ -44,7 +44,7 @@ CREATE TABLE {t} (
 ) WITH (fillfactor = 80);
 CREATE INDEX {t}_id_idx ON {t} (id);
 CREATE SEQUENCE {t}_inc OWNED BY {t}.pos;
-SELECT nextval('{t}_inc')
+SELECT setval('{t}_inc', 1)
 
 -- name: seg_index_ready
 -- Claims: a queue's jobs by priority, then in the order they became
@@ -530,7 +530,32 @@ ANALYZE {t}
 TRUNCATE {t}
 
 -- name: seg_advance
-SELECT nextval('{t}_inc')
+-- The next incarnation: above both the registry's and the sequence's. It
+-- is set by setval, never drawn by nextval: nextval writes its value 32
+-- ahead to the WAL, so that after a crash the sequence resumes up to 32
+-- past the incarnation the registry committed, and every guard on the
+-- table would fail for good. setval writes the exact value.
+SELECT setval('{t}_inc', greatest(q.last_value, r.inc) + 1)
+  FROM {t}_inc q, {p}segments r
+ WHERE r.tbl = '{t}'
+
+-- name: seg_sync
+-- Sets the sequence of a current segment back to the incarnation the
+-- registry records, if they differ: the table is current, so no reclaim
+-- advanced it, and the difference is nextval's advance into the WAL
+-- replayed by crash recovery (prefixes whose sequences were drawn by
+-- nextval before seg_advance used setval). Reports the table if it did.
+SELECT tbl, setval('{t}_inc', inc) FROM {p}segments
+ WHERE tbl = '{t}' AND status = 'current' AND inc <> (SELECT last_value FROM {t}_inc)
+
+-- name: seg_out_of_sync
+-- Of the current segments as a round read them (one check each), those
+-- whose sequence is not at their registry incarnation.
+SELECT r.tbl FROM {p}segments r JOIN (
+{each}SELECT '{src}'::text AS tbl, (SELECT last_value FROM {src}_inc) AS inc{sep}
+UNION ALL
+{end}) q ON q.tbl = r.tbl
+ WHERE r.status = 'current' AND q.inc <> r.inc
 
 -- name: seg_drop
 DROP TABLE {t}

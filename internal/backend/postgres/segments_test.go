@@ -351,6 +351,128 @@ func TestSegmentsGuard(t *testing.T) {
 	}
 }
 
+// TestSegmentsSequenceResumedPastIncarnation reproduces what crash
+// recovery does to a sequence advanced by nextval (it resumes up to 32
+// past its last value: nextval logs ahead) on the current segments, and
+// on a free one that becomes current: the guards refuse every insert
+// and claim until maintenance sets the sequences back to the registry's
+// incarnations, and a rotation onto a free table does so at once. Found
+// by the torture suite's database restart on the segments storage: after
+// an immediate restart no job was picked up again.
+func TestSegmentsSequenceResumedPastIncarnation(t *testing.T) {
+	d, s := openSeg(t)
+	s.tune.grace = 0
+	ctx := context.Background()
+	jump := func(tbl string) {
+		t.Helper()
+		if _, err := d.pool.Exec(ctx, "SELECT setval('"+tbl+"_inc', last_value + 32) FROM "+tbl+"_inc"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inSync := func(tbl string) {
+		t.Helper()
+		var seq, inc int64
+		if err := d.pool.QueryRow(ctx, "SELECT (SELECT last_value FROM "+tbl+"_inc), inc FROM "+d.prefix+"segments WHERE tbl = $1", tbl).Scan(&seq, &inc); err != nil {
+			t.Fatal(err)
+		}
+		if seq != inc {
+			t.Fatalf("%s: sequence at %d, registry incarnation %d", tbl, seq, inc)
+		}
+	}
+	v, err := s.viewNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ph := range []string{phReady, phRunning, phWaiting, phDone, phDead} {
+		jump(v.cur[ph].tbl)
+	}
+	if _, err := d.Insert(ctx, []driver.InsertParams{pj("q")}); err == nil {
+		t.Fatal("insert through a guard whose sequence is past the incarnation succeeded: the test no longer shows the hazard")
+	}
+	if err := s.round(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.synced.Load(); n != 5 {
+		t.Fatalf("maintenance synced %d current segments, want 5", n)
+	}
+	for _, ph := range []string{phReady, phRunning, phWaiting, phDone, phDead} {
+		inSync(v.cur[ph].tbl)
+	}
+	if ids, err := d.Insert(ctx, []driver.InsertParams{pj("q")}); err != nil || len(ids) != 1 {
+		t.Fatalf("insert after the sync: %v %v", ids, err)
+	}
+	jobs, err := d.Claim(ctx, driver.ClaimParams{Queue: "q", Limit: 5, Lease: time.Minute, Worker: "w"})
+	if err != nil || len(jobs) != 1 {
+		t.Fatalf("claimed %d, %v; want the one job", len(jobs), err)
+	}
+
+	// A free table whose sequence resumed past its incarnation, made
+	// current by a rotation: in sync at once, and its next reclaim draws
+	// an incarnation above both.
+	a := v.cur[phReady].tbl
+	if err := s.rotate(ctx, phReady); err != nil {
+		t.Fatal(err)
+	}
+	s.lastMaint = time.Time{}
+	if err := s.round(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(t, d, a); st != "free" {
+		t.Fatalf("segment %s is %s, want free", a, st)
+	}
+	var freeInc int64
+	if err := d.pool.QueryRow(ctx, "SELECT inc FROM "+d.prefix+"segments WHERE tbl = $1", a).Scan(&freeInc); err != nil {
+		t.Fatal(err)
+	}
+	jump(a)
+	for range 4 { // rotate until a is current again (the ring holds few free tables)
+		if s.view.Load() != nil {
+			s.invalidate()
+		}
+		if err := s.rotate(ctx, phReady); err != nil {
+			t.Fatal(err)
+		}
+		if status(t, d, a) == "current" {
+			break
+		}
+	}
+	if st := status(t, d, a); st != "current" {
+		t.Fatalf("segment %s is %s after rotations, want current", a, st)
+	}
+	inSync(a)
+	s.invalidate()
+	if ids, err := d.Insert(ctx, []driver.InsertParams{pj("q")}); err != nil || len(ids) != 1 {
+		t.Fatalf("insert into the re-used segment: %v %v", ids, err)
+	}
+	if n := rowsIn(t, d, a); n != 1 {
+		t.Fatalf("re-used segment %s holds %d rows, want 1", a, n)
+	}
+	jump(a) // the sequence past the registry again, then sealed and reclaimed
+	var seq int64
+	if err := d.pool.QueryRow(ctx, "SELECT last_value FROM "+a+"_inc").Scan(&seq); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Claim(ctx, driver.ClaimParams{Queue: "q", Limit: 5, Lease: time.Minute, Worker: "w"}); err == nil {
+		// (refused by the guard or not: the claim is not what is tested here)
+		_ = err
+	}
+	s.invalidate()
+	if err := s.rotate(ctx, phReady); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.reclaim(ctx, regRow{tbl: a, phase: phReady, status: "sealed", graceOver: true}, false, false); err != nil {
+		t.Fatal(err)
+	}
+	var inc int64
+	if err := d.pool.QueryRow(ctx, "SELECT inc FROM "+d.prefix+"segments WHERE tbl = $1", a).Scan(&inc); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(t, d, a); st != "free" || inc != seq+1 || inc <= freeInc {
+		t.Fatalf("segment %s reclaimed: %s at incarnation %d; want free at %d (the sequence's %d + 1)", a, st, inc, seq+1, seq)
+	}
+	inSync(a)
+}
+
 // TestSegmentsConversion converts a prefix holding jobs in every state,
 // one of them running: states, attempts, fences, leases and unique keys
 // survive, the running attempt's fence still completes it, and a driver
