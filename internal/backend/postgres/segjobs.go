@@ -57,7 +57,7 @@ func (s *segStore) uniqueStatements(ctx context.Context, stale bool) (string, st
 	v, err := s.viewNow(ctx)
 	if err == nil && stale {
 		s.stale.Add(1)
-		v, err = s.refresh(ctx, v)
+		v, err = s.refresh(ctx, time.Now())
 	}
 	if err != nil {
 		return "", "", err

@@ -94,6 +94,9 @@ type segView struct {
 	// segment later than tuning.lateWrites after that.
 	sealedAt map[string]time.Time
 	at       time.Time
+	// readAt is when the registry query that made the view was sent: the
+	// registry's snapshot is no older.
+	readAt time.Time
 	// sig is the registry as read; stmts caches the statements built for
 	// it (name and sources -> text), shared by the views of an unchanged
 	// registry and dropped with them once it changes, so that the cache
@@ -226,27 +229,34 @@ func (s *segStore) viewNow(ctx context.Context) (*segView, error) {
 	if v := s.view.Load(); v != nil && time.Since(v.at) < segRefreshEvery {
 		return v, nil
 	}
-	return s.refresh(ctx, nil)
+	return s.refresh(ctx, time.Time{})
 }
 
-// refresh reads the registry, unless another goroutine refreshed it after
-// old was read (old nil: always).
-func (s *segStore) refresh(ctx context.Context, old *segView) (*segView, error) {
+// refresh reads the registry, unless another goroutine began reading it
+// after the time given (zero: always read). A caller whose statement the
+// registry made fail passes the time it saw the failure: a view read
+// before then may predate the reclaim that made it fail, and would make
+// it fail again. (Before, any view other than the caller's was reused: a
+// view merely invalidated by the leader's notification, or read just
+// before the reclaim, made a heartbeat miss a job that a reclaim had
+// moved, twice, and the job's live worker lost its lease.)
+func (s *segStore) refresh(ctx context.Context, after time.Time) (*segView, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if v := s.view.Load(); v != nil && old != nil && v != old {
+	if v := s.view.Load(); v != nil && !after.IsZero() && v.readAt.After(after) {
 		return v, nil
 	}
 	reg, err := s.regPool(ctx)
 	if err != nil {
 		return nil, err
 	}
+	readAt := time.Now()
 	rows, err := reg.Query(ctx, s.q("seg_registry"))
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	v := &segView{cur: map[string]segRef{}, live: map[string][]string{}, sealedAt: map[string]time.Time{}, at: time.Now()}
+	v := &segView{cur: map[string]segRef{}, live: map[string][]string{}, sealedAt: map[string]time.Time{}, at: time.Now(), readAt: readAt}
 	var sealed = map[string][]string{}
 	var sig strings.Builder
 	for rows.Next() {
@@ -392,7 +402,7 @@ func (s *segStore) withView(ctx context.Context, f func(v *segView) error) error
 		if round == segRounds {
 			return fmt.Errorf("the segments this process knows were reclaimed %d times in a row", segRounds)
 		}
-		if v, err = s.refresh(ctx, v); err != nil {
+		if v, err = s.refresh(ctx, time.Now()); err != nil {
 			return err
 		}
 	}

@@ -473,6 +473,57 @@ func TestSegmentsSequenceResumedPastIncarnation(t *testing.T) {
 	inSync(a)
 }
 
+// TestSegmentsHeartbeatAfterMoveAndNotification renews the lease of a
+// job that a reclaim moved into a running segment the heartbeat's view
+// does not know, while the leader's notification replaces the view with
+// an invalidated copy of the same stale content: the retry must read the
+// registry again, not reuse that copy, or the live worker loses its lease
+// (seen once in CI's skew+5m torture phase on segments).
+func TestSegmentsHeartbeatAfterMoveAndNotification(t *testing.T) {
+	d, s := openSeg(t)
+	s.tune.grace = 0
+	ctx := context.Background()
+	if _, err := d.Insert(ctx, []driver.InsertParams{pj("h")}); err != nil {
+		t.Fatal(err)
+	}
+	jobs, err := d.Claim(ctx, driver.ClaimParams{Queue: "h", Limit: 1, Lease: time.Minute, Worker: "w"})
+	if err != nil || len(jobs) != 1 {
+		t.Fatalf("claimed %d, %v", len(jobs), err)
+	}
+	stale, err := s.viewNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := stale.cur[phRunning].tbl
+	if err := s.rotate(ctx, phRunning); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.reclaim(ctx, regRow{tbl: r, phase: phRunning, status: "sealed", graceOver: true}, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(t, d, r); st != "free" {
+		t.Fatalf("running segment %s is %s after its reclaim, want free (the job moved out)", r, st)
+	}
+	fresh := *stale
+	fresh.at = time.Now() // the heartbeat's view, as if just read
+	s.view.Store(&fresh)
+	ids, fences := leaseArgs([]driver.Lease{{ID: jobs[0].ID, Fence: jobs[0].Fence}})
+	builds := 0
+	owned, err := s.leaseOp(ctx, []any{ids, fences, micros(time.Minute)}, 0, func(v *segView) string {
+		builds++
+		if builds == 1 {
+			s.invalidate() // the notification arrives while the statement runs
+		}
+		return s.stmt("seg_heartbeat", v, v.live[phRunning])
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(owned) == 0 || owned[0] != jobs[0].ID {
+		t.Fatalf("heartbeat renewed %v after %d statements; want job %d: the live worker lost its lease", owned, builds, jobs[0].ID)
+	}
+}
+
 // TestSegmentsConversion converts a prefix holding jobs in every state,
 // one of them running: states, attempts, fences, leases and unique keys
 // survive, the running attempt's fence still completes it, and a driver
@@ -622,7 +673,7 @@ func TestSegmentsOverviewSkipsOldFinished(t *testing.T) {
 		if err := s.round(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.refresh(ctx, nil); err != nil {
+		if _, err := s.refresh(ctx, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
 		var now time.Time
