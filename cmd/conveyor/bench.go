@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -55,6 +57,7 @@ func benchCmd(e *env, args []string) error {
 	completeBatch := f.Int("complete-batch", 0, "Config.CompleteBatch (default: conveyor's default)")
 	poolSize := f.Int("pool-size", 0, "connect.Options.PoolSize: conveyor's pool (default: the backend's)")
 	storage := f.String("storage", "", "PostgreSQL: connect.Options.PostgresStorage, the run's tables converted to this storage (segments) before the load")
+	cpuProfile := f.String("cpuprofile", "", "write a Go CPU profile of the bench process (conveyor's engine and the bench's own load) to this file, for go tool pprof")
 	if err := e.parseNoArgs(f, args, true); err != nil {
 		return err
 	}
@@ -85,6 +88,17 @@ func benchCmd(e *env, args []string) error {
 	if *asJSON {
 		enc := json.NewEncoder(e.stdout)
 		o.Emit = func(r *bench.Result) { enc.Encode(r) }
+	}
+	if *cpuProfile != "" {
+		pf, err := os.Create(*cpuProfile)
+		if err != nil {
+			return fmt.Errorf("bench: --cpuprofile: %w", err)
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return fmt.Errorf("bench: --cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	ctx, cancel := context.WithCancel(e.ctx)
 	defer cancel()
