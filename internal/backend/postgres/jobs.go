@@ -328,7 +328,11 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	}
 	args := []any{ids.String(), fences.String(), states.String(), retryIn.String(), errs.String()}
 	if s := d.segs(); s != nil {
-		applied, err := s.complete(ctx, args, n)
+		jobIDs := make([]int64, n)
+		for i := range outcomes {
+			jobIDs[i] = outcomes[i].ID
+		}
+		applied, err := s.complete(ctx, jobIDs, args)
 		return applied, wrap("complete", err)
 	}
 	var applied []int64
@@ -358,6 +362,15 @@ func leaseArgs(leases []driver.Lease) (string, string) {
 	return ids.String(), fences.String()
 }
 
+// leaseIDs returns the job ids of leases.
+func leaseIDs(leases []driver.Lease) []int64 {
+	out := make([]int64, len(leases))
+	for i, l := range leases {
+		out[i] = l.ID
+	}
+	return out
+}
+
 // Heartbeat extends the leases still owned, in one statement on the lease
 // pool, and returns their ids.
 func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease time.Duration) ([]int64, error) {
@@ -366,7 +379,7 @@ func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease tim
 	}
 	ids, fences := leaseArgs(leases)
 	if s := d.segs(); s != nil {
-		owned, err := s.heartbeat(ctx, ids, fences, lease)
+		owned, err := s.heartbeat(ctx, leaseIDs(leases), ids, fences, lease)
 		return owned, wrap("heartbeat", err)
 	}
 	var owned []int64
@@ -393,7 +406,7 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 	}
 	ids, fences := leaseArgs(leases)
 	if s := d.segs(); s != nil {
-		n, err := s.release(ctx, ids, fences)
+		n, err := s.release(ctx, leaseIDs(leases), ids, fences)
 		return n, wrap("release", err)
 	}
 	var total int64

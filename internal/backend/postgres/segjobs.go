@@ -158,6 +158,9 @@ func (s *segStore) claim(ctx context.Context, p driver.ClaimParams) ([]*driver.J
 			return err
 		}
 		if out, err = s.d.scanClaimed(rows, p); err != nil || len(out) > 0 {
+			if err == nil {
+				s.place(v.cur[phRunning].tbl, out)
+			}
 			return err
 		}
 		ok, err := s.guardOK(ctx, v, phRunning)
@@ -169,38 +172,44 @@ func (s *segStore) claim(ctx context.Context, p driver.ClaimParams) ([]*driver.J
 	return out, err
 }
 
-// complete applies fenced outcomes found in any live running segment. An
-// outcome not found is looked for once more with a fresh view of the
+// complete applies fenced outcomes found in the running segments their
+// jobs were claimed into (see place). An outcome not found is looked for
+// once more in every live running segment with a fresh view of the
 // registry, since a reclaim may have moved its job to a segment this
-// process does not know yet.
-func (s *segStore) complete(ctx context.Context, args []any, n int) ([]int64, error) {
-	return s.leaseOp(ctx, args, n, func(v *segView) string {
-		return s.stmt("seg_complete", v, v.live[phRunning], phWaiting, phDone, phDead)
+// process does not know yet. ids are the outcomes' job ids, in order.
+func (s *segStore) complete(ctx context.Context, ids []int64, args []any) ([]int64, error) {
+	defer s.forget(ids)
+	return s.leaseOp(ctx, ids, args, func(v *segView, srcs []string) string {
+		return s.stmt("seg_complete", v, srcs, phWaiting, phDone, phDead)
 	})
 }
 
-// heartbeat extends leases in place in the live running segments.
-func (s *segStore) heartbeat(ctx context.Context, ids, fences string, lease time.Duration) ([]int64, error) {
-	return s.leaseOp(ctx, []any{ids, fences, micros(lease)}, 0, func(v *segView) string {
-		return s.stmt("seg_heartbeat", v, v.live[phRunning])
+// heartbeat extends leases in place, in the running segments their jobs
+// were claimed into, else in every live running segment.
+func (s *segStore) heartbeat(ctx context.Context, leases []int64, ids, fences string, lease time.Duration) ([]int64, error) {
+	return s.leaseOp(ctx, leases, []any{ids, fences, micros(lease)}, func(v *segView, srcs []string) string {
+		return s.stmt("seg_heartbeat", v, srcs)
 	})
 }
 
 // leaseOp runs a fenced statement of the lease path on the lease pool
-// (retried after deadlocks), again with a fresh view when the guard
-// refused it or when fewer ids came back than were sent (n, or the length
-// of the first array when n is 0). The second run is idempotent: outcomes
-// already applied are no longer running and match nothing.
-func (s *segStore) leaseOp(ctx context.Context, args []any, n int, build func(v *segView) string) ([]int64, error) {
-	if n == 0 {
-		n = countElems(args[0].(string))
-	}
+// (retried after deadlocks), first on the running segments that hold the
+// jobs ids as far as this process knows, then again on every live one
+// with a fresh view when the guard refused it or when fewer ids came back
+// than were sent. The second run is idempotent: outcomes already applied
+// are no longer running and match nothing.
+func (s *segStore) leaseOp(ctx context.Context, ids []int64, args []any, build func(v *segView, srcs []string) string) ([]int64, error) {
+	n := len(ids)
 	var applied []int64
 	fresh := false
 	err := s.withView(ctx, func(v *segView) error {
 		var got []int64
+		srcs := v.live[phRunning]
+		if !fresh {
+			srcs = s.placedIn(v, ids)
+		}
 		err := s.d.retryable(ctx, func() error {
-			rows, err := s.d.lease.Query(ctx, build(v), args...)
+			rows, err := s.d.lease.Query(ctx, build(v, srcs), args...)
 			if err != nil {
 				return err
 			}
@@ -226,20 +235,6 @@ func (s *segStore) leaseOp(ctx context.Context, args []any, n int, build func(v 
 	})
 	slices.Sort(applied)
 	return slices.Compact(applied), err
-}
-
-// countElems counts the elements of an array literal of integers.
-func countElems(lit string) int {
-	if len(lit) <= 2 {
-		return 0
-	}
-	n := 1
-	for i := 0; i < len(lit); i++ {
-		if lit[i] == ',' {
-			n++
-		}
-	}
-	return n
 }
 
 // queueMove runs a statement returning (queue, count) rows, '!stale'
@@ -270,8 +265,10 @@ func (s *segStore) queueMove(ctx context.Context, pool func() querier, build fun
 	return out, err
 }
 
-// release moves running attempts back to ready.
-func (s *segStore) release(ctx context.Context, ids, fences string) (int64, error) {
+// release moves running attempts back to ready, looking in every live
+// running segment (releases are rare: a worker shutting down).
+func (s *segStore) release(ctx context.Context, leases []int64, ids, fences string) (int64, error) {
+	defer s.forget(leases)
 	var total int64
 	err := s.d.retryable(ctx, func() error {
 		m, err := s.queueMove(ctx, s.d.leaseQuerier, func(v *segView) string {

@@ -122,6 +122,12 @@ type segStore struct {
 	maintMu   sync.Mutex
 	analyzed  map[string]int64 // size of each current segment at its last ANALYZE (under maintMu)
 
+	// placed remembers the running segment each job this process claimed
+	// was claimed into (see place), so that its outcome and heartbeats
+	// name that segment alone.
+	placeMu sync.Mutex
+	placed  map[int64]string
+
 	// reg is the registry's own connection: a refresh is needed while the
 	// caller holds a pooled connection (a transactional enqueue), so it
 	// must never wait for one.
@@ -293,7 +299,89 @@ func (s *segStore) refresh(ctx context.Context, after time.Time) (*segView, erro
 		v.stmts = new(sync.Map)
 	}
 	s.view.Store(v)
+	s.forgetGone(v)
 	return v, nil
+}
+
+// placedMax bounds the jobs whose running segment a process remembers;
+// past it (outcomes that never came: an HTTP worker that went away) the
+// memory is cleared, and outcomes look in every live segment.
+const placedMax = 1 << 20
+
+// place records that jobs were claimed into the running segment tbl.
+//
+// Outcomes and heartbeats then name that segment alone instead of every
+// live running segment. Naming all of them made each statement of the
+// lease path lock every sealed running segment, so that the leader's
+// NOWAIT reclaim was refused for as long as workers were busy: in a
+// drain of 100,000 jobs sealed running segments piled up to 15, and each
+// completion scanned all of them.
+func (s *segStore) place(tbl string, jobs []*driver.JobRow) {
+	s.placeMu.Lock()
+	defer s.placeMu.Unlock()
+	if s.placed == nil || len(s.placed) > placedMax {
+		s.placed = make(map[int64]string, len(jobs))
+	}
+	for _, j := range jobs {
+		s.placed[j.ID] = tbl
+	}
+}
+
+// placedIn returns the live running segments of v that hold the jobs ids
+// as far as this process knows, in v's order: every live running
+// segment when it does not know where one of them is, or knows a
+// segment no longer live (a reclaim moved the job).
+func (s *segStore) placedIn(v *segView, ids []int64) []string {
+	live := v.live[phRunning]
+	if len(live) == 1 {
+		return live
+	}
+	in := make(map[string]bool, 2)
+	s.placeMu.Lock()
+	for _, id := range ids {
+		tbl, ok := s.placed[id]
+		if !ok {
+			s.placeMu.Unlock()
+			return live
+		}
+		in[tbl] = true
+	}
+	s.placeMu.Unlock()
+	out := make([]string, 0, len(in))
+	for _, tbl := range live {
+		if in[tbl] {
+			out = append(out, tbl)
+		}
+	}
+	if len(out) < len(in) {
+		return live
+	}
+	return out
+}
+
+// forget drops what place recorded of jobs whose attempt ended here.
+func (s *segStore) forget(ids []int64) {
+	s.placeMu.Lock()
+	defer s.placeMu.Unlock()
+	for _, id := range ids {
+		delete(s.placed, id)
+	}
+}
+
+// forgetGone drops what place recorded of segments no longer live in v:
+// their jobs were moved, and outcomes would look everywhere for them.
+func (s *segStore) forgetGone(v *segView) {
+	live := map[string]bool{}
+	for _, tbl := range v.live[phRunning] {
+		live[tbl] = true
+	}
+	s.placeMu.Lock()
+	defer s.placeMu.Unlock()
+	for id, tbl := range s.placed {
+		if !live[tbl] {
+			delete(s.placed, id)
+		}
+	}
 }
 
 // invalidate makes the next use read the registry again (a notification

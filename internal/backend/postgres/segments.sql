@@ -42,7 +42,7 @@ CREATE TABLE {t} (
     unique_keep      smallint     NOT NULL DEFAULT 0,
     meta             jsonb
 ) WITH (fillfactor = 80);
-CREATE INDEX {t}_id_idx ON {t} (id);
+CREATE UNIQUE INDEX {t}_id_idx ON {t} (id);
 CREATE SEQUENCE {t}_inc OWNED BY {t}.pos;
 SELECT setval('{t}_inc', 1)
 

@@ -505,18 +505,96 @@ func TestSegmentsHeartbeatAfterMoveAndNotification(t *testing.T) {
 	s.view.Store(&fresh)
 	ids, fences := leaseArgs([]driver.Lease{{ID: jobs[0].ID, Fence: jobs[0].Fence}})
 	builds := 0
-	owned, err := s.leaseOp(ctx, []any{ids, fences, micros(time.Minute)}, 0, func(v *segView) string {
+	owned, err := s.leaseOp(ctx, []int64{jobs[0].ID}, []any{ids, fences, micros(time.Minute)}, func(v *segView, srcs []string) string {
 		builds++
 		if builds == 1 {
 			s.invalidate() // the notification arrives while the statement runs
 		}
-		return s.stmt("seg_heartbeat", v, v.live[phRunning])
+		return s.stmt("seg_heartbeat", v, srcs)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(owned) == 0 || owned[0] != jobs[0].ID {
 		t.Fatalf("heartbeat renewed %v after %d statements; want job %d: the live worker lost its lease", owned, builds, jobs[0].ID)
+	}
+}
+
+// TestSegmentsOutcomesNameTheirSegment completes and heartbeats a job
+// while another session holds an ACCESS EXCLUSIVE lock on a sealed
+// running segment that holds another job: the lease path names only the
+// segment its job was claimed into, so it does not wait for that lock
+// (before, every statement named every live running segment, and the
+// leader's NOWAIT reclaim of a sealed one was refused for as long as
+// workers were busy). The job in the locked segment completes once the
+// lock is gone, and a job whose segment this process never recorded (a
+// fresh driver) is still found by looking in every segment.
+func TestSegmentsOutcomesNameTheirSegment(t *testing.T) {
+	d, s := openSeg(t)
+	ctx := context.Background()
+	claimOne := func(queue string) *driver.JobRow {
+		t.Helper()
+		if _, err := d.Insert(ctx, []driver.InsertParams{pj(queue)}); err != nil {
+			t.Fatal(err)
+		}
+		jobs, err := d.Claim(ctx, driver.ClaimParams{Queue: queue, Limit: 1, Lease: time.Minute, Worker: "w"})
+		if err != nil || len(jobs) != 1 {
+			t.Fatalf("claimed %d, %v", len(jobs), err)
+		}
+		return jobs[0]
+	}
+	a := claimOne("a")
+	v, err := s.viewNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed := v.cur[phRunning].tbl
+	if err := s.rotate(ctx, phRunning); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.refresh(ctx, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	b := claimOne("b")
+
+	lockTx, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lockTx.Rollback(ctx)
+	if _, err := lockTx.Exec(ctx, "LOCK TABLE "+sealed+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	// Bounded: without the fix these statements wait for the lock.
+	bctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	owned, err := d.Heartbeat(bctx, []driver.Lease{{ID: b.ID, Fence: b.Fence}}, time.Minute)
+	if err != nil || len(owned) != 1 {
+		t.Fatalf("heartbeat of job %d in the current segment while %s is locked: %v, %v", b.ID, sealed, owned, err)
+	}
+	done, err := d.Complete(bctx, []driver.Outcome{{ID: b.ID, Fence: b.Fence, State: driver.StateCompleted}})
+	if err != nil || len(done) != 1 {
+		t.Fatalf("completion of job %d in the current segment while %s is locked: %v, %v", b.ID, sealed, done, err)
+	}
+	if err := lockTx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// A driver that did not claim job a looks for it everywhere.
+	other, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: d.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	done, err = other.Complete(ctx, []driver.Outcome{{ID: a.ID, Fence: a.Fence, State: driver.StateCompleted}})
+	if err != nil || len(done) != 1 || done[0] != a.ID {
+		t.Fatalf("completion of job %d by a driver that did not claim it: %v, %v", a.ID, done, err)
+	}
+	for _, j := range []*driver.JobRow{a, b} {
+		got, err := d.GetJob(ctx, j.ID)
+		if err != nil || got.State != driver.StateCompleted {
+			t.Fatalf("job %d after its completion: %+v, %v", j.ID, got, err)
+		}
 	}
 }
 
