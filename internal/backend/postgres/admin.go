@@ -17,6 +17,15 @@ import (
 
 // GetJob returns one job, or an error wrapping driver.ErrNotFound.
 func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
+	out, err := d.tryGetJob(ctx, id)
+	if d.converted(ctx, err) {
+		return d.tryGetJob(ctx, id)
+	}
+	return out, err
+}
+
+// tryGetJob is GetJob on the storage this driver last read (see converted).
+func (d *Driver) tryGetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
 	var j *driver.JobRow
 	var err error
 	if s := d.segs(); s != nil {
@@ -36,6 +45,15 @@ func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
 // ListJobs returns the jobs matching f in id order, at most f.Limit
 // (default 100) after f.AfterID.
 func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.JobRow, error) {
+	out, err := d.tryListJobs(ctx, f)
+	if d.converted(ctx, err) {
+		return d.tryListJobs(ctx, f)
+	}
+	return out, err
+}
+
+// tryListJobs is ListJobs on the storage this driver last read (see converted).
+func (d *Driver) tryListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.JobRow, error) {
 	q, args, err := d.listQuery(ctx, f, false)
 	if err != nil || q == "" {
 		return nil, wrap("list jobs", err)
@@ -52,6 +70,15 @@ func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.Jo
 // (a pgx.Tx, or a *sql.Tx of the pgx stdlib driver), seeing the jobs it
 // inserted.
 func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]*driver.JobRow, error) {
+	out, err := d.tryListJobsTx(ctx, tx, f)
+	if d.converted(ctx, err) {
+		err = fmt.Errorf("%w (the prefix was converted to the segments storage meanwhile; this driver now uses it: run the transaction again)", err)
+	}
+	return out, err
+}
+
+// tryListJobsTx is ListJobsTx on the storage this driver last read (see converted).
+func (d *Driver) tryListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]*driver.JobRow, error) {
 	switch t := tx.(type) {
 	case pgx.Tx:
 		q, args, err := d.listQuery(ctx, f, false)
@@ -134,6 +161,15 @@ func (d *Driver) listQuery(ctx context.Context, f driver.JobFilter, sqlTx bool) 
 // ClaimJob claims job id, whatever its queue or schedule, if it is
 // available, scheduled or retryable.
 func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, worker string) (*driver.JobRow, error) {
+	out, err := d.tryClaimJob(ctx, id, lease, worker)
+	if d.converted(ctx, err) {
+		return d.tryClaimJob(ctx, id, lease, worker)
+	}
+	return out, err
+}
+
+// tryClaimJob is ClaimJob on the storage this driver last read (see converted).
+func (d *Driver) tryClaimJob(ctx context.Context, id int64, lease time.Duration, worker string) (*driver.JobRow, error) {
 	if s := d.segs(); s != nil {
 		return s.admin(ctx, "claim", "seg_claim_job", id, []string{phReady, phWaiting}, []string{phRunning}, id, micros(lease), worker)
 	}
@@ -144,6 +180,15 @@ func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, wo
 // available now, granting one more attempt if all were used, and wakes its
 // queue.
 func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
+	out, err := d.tryRetry(ctx, id)
+	if d.converted(ctx, err) {
+		return d.tryRetry(ctx, id)
+	}
+	return out, err
+}
+
+// tryRetry is Retry on the storage this driver last read (see converted).
+func (d *Driver) tryRetry(ctx context.Context, id int64) (*driver.JobRow, error) {
 	if s := d.segs(); s != nil {
 		return s.admin(ctx, "retry", "seg_retry", id, []string{phDead, phDone, phWaiting}, []string{phReady}, id)
 	}
@@ -153,6 +198,15 @@ func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
 // Cancel cancels a job that has not finished (available, scheduled,
 // retryable or running). A running attempt's later outcome is refused.
 func (d *Driver) Cancel(ctx context.Context, id int64) (*driver.JobRow, error) {
+	out, err := d.tryCancel(ctx, id)
+	if d.converted(ctx, err) {
+		return d.tryCancel(ctx, id)
+	}
+	return out, err
+}
+
+// tryCancel is Cancel on the storage this driver last read (see converted).
+func (d *Driver) tryCancel(ctx context.Context, id int64) (*driver.JobRow, error) {
 	if s := d.segs(); s != nil {
 		return s.admin(ctx, "cancel", "seg_finish", id, []string{phReady, phWaiting, phRunning}, []string{phDead}, id, driver.StateCancelled)
 	}
@@ -161,6 +215,15 @@ func (d *Driver) Cancel(ctx context.Context, id int64) (*driver.JobRow, error) {
 
 // Discard discards a job that has not finished.
 func (d *Driver) Discard(ctx context.Context, id int64) (*driver.JobRow, error) {
+	out, err := d.tryDiscard(ctx, id)
+	if d.converted(ctx, err) {
+		return d.tryDiscard(ctx, id)
+	}
+	return out, err
+}
+
+// tryDiscard is Discard on the storage this driver last read (see converted).
+func (d *Driver) tryDiscard(ctx context.Context, id int64) (*driver.JobRow, error) {
 	if s := d.segs(); s != nil {
 		return s.admin(ctx, "discard", "seg_finish", id, []string{phReady, phWaiting, phRunning}, []string{phDead}, id, driver.StateDiscarded)
 	}
@@ -188,6 +251,15 @@ func (d *Driver) adminUpdate(ctx context.Context, op string, id int64, query str
 // Stats returns every queue's counts by state (all states present) and the
 // age of its oldest available job, by the server's clock.
 func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
+	out, err := d.tryStats(ctx)
+	if d.converted(ctx, err) {
+		return d.tryStats(ctx)
+	}
+	return out, err
+}
+
+// tryStats is Stats on the storage this driver last read (see converted).
+func (d *Driver) tryStats(ctx context.Context) ([]driver.QueueStats, error) {
 	query := d.q.stats
 	if s := d.segs(); s != nil {
 		var err error
@@ -203,6 +275,15 @@ func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
 // segments it counts the unfinished phases and the finished segments
 // sealed since finishedSince (and the current ones): see overviewQuery.
 func (d *Driver) Overview(ctx context.Context, finishedSince time.Time) ([]driver.QueueStats, error) {
+	out, err := d.tryOverview(ctx, finishedSince)
+	if d.converted(ctx, err) {
+		return d.tryOverview(ctx, finishedSince)
+	}
+	return out, err
+}
+
+// tryOverview is Overview on the storage this driver last read (see converted).
+func (d *Driver) tryOverview(ctx context.Context, finishedSince time.Time) ([]driver.QueueStats, error) {
 	query := d.q.overview
 	if s := d.segs(); s != nil {
 		var err error

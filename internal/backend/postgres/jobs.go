@@ -75,6 +75,15 @@ func insertArgs(jobs []driver.InsertParams) []any {
 // and returns their ids in input order. The same statement notifies each
 // distinct queue that received a job available now, once.
 func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, error) {
+	out, err := d.tryInsert(ctx, jobs)
+	if d.converted(ctx, err) {
+		return d.tryInsert(ctx, jobs)
+	}
+	return out, err
+}
+
+// tryInsert is Insert on the storage this driver last read (see converted).
+func (d *Driver) tryInsert(ctx context.Context, jobs []driver.InsertParams) ([]int64, error) {
 	if len(jobs) == 0 {
 		return nil, nil
 	}
@@ -98,6 +107,15 @@ func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int6
 // notifications are part of that transaction: they are delivered when it
 // commits and dropped if it rolls back. It never commits.
 func (d *Driver) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, error) {
+	out, err := d.tryInsertTx(ctx, tx, jobs)
+	if d.converted(ctx, err) {
+		err = fmt.Errorf("%w (the prefix was converted to the segments storage meanwhile; this driver now uses it: run the transaction again)", err)
+	}
+	return out, err
+}
+
+// tryInsertTx is InsertTx on the storage this driver last read (see converted).
+func (d *Driver) tryInsertTx(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, error) {
 	switch t := tx.(type) {
 	case pgx.Tx:
 		if len(jobs) == 0 {
@@ -199,6 +217,15 @@ func (s *copySource) Err() error { return nil }
 // same instant the rows' created_at default takes), then notifies each
 // queue that received an available job once, in the same transaction.
 func (d *Driver) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (int64, error) {
+	out, err := d.tryBulkInsert(ctx, jobs)
+	if d.converted(ctx, err) {
+		return d.tryBulkInsert(ctx, jobs)
+	}
+	return out, err
+}
+
+// tryBulkInsert is BulkInsert on the storage this driver last read (see converted).
+func (d *Driver) tryBulkInsert(ctx context.Context, jobs []driver.InsertParams) (int64, error) {
 	if len(jobs) == 0 {
 		return 0, nil
 	}
@@ -237,6 +264,15 @@ func (d *Driver) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (in
 // Claim takes up to p.Limit available jobs of p.Queue in (priority,
 // scheduled_at, id) order with one UPDATE fed by FOR UPDATE SKIP LOCKED.
 func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+	out, err := d.tryClaim(ctx, p)
+	if d.converted(ctx, err) {
+		return d.tryClaim(ctx, p)
+	}
+	return out, err
+}
+
+// tryClaim is Claim on the storage this driver last read (see converted).
+func (d *Driver) tryClaim(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
 	if p.Limit <= 0 {
 		return nil, nil
 	}
@@ -295,6 +331,15 @@ func (d *Driver) scanClaimed(rows pgx.Rows, p driver.ClaimParams) ([]*driver.Job
 // applied. It runs on the lease pool and is retried after deadlocks and
 // lock timeouts.
 func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int64, error) {
+	out, err := d.tryComplete(ctx, outcomes)
+	if d.converted(ctx, err) {
+		return d.tryComplete(ctx, outcomes)
+	}
+	return out, err
+}
+
+// tryComplete is Complete on the storage this driver last read (see converted).
+func (d *Driver) tryComplete(ctx context.Context, outcomes []driver.Outcome) ([]int64, error) {
 	n := len(outcomes)
 	if n == 0 {
 		return nil, nil
@@ -374,6 +419,15 @@ func leaseIDs(leases []driver.Lease) []int64 {
 // Heartbeat extends the leases still owned, in one statement on the lease
 // pool, and returns their ids.
 func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease time.Duration) ([]int64, error) {
+	out, err := d.tryHeartbeat(ctx, leases, lease)
+	if d.converted(ctx, err) {
+		return d.tryHeartbeat(ctx, leases, lease)
+	}
+	return out, err
+}
+
+// tryHeartbeat is Heartbeat on the storage this driver last read (see converted).
+func (d *Driver) tryHeartbeat(ctx context.Context, leases []driver.Lease, lease time.Duration) ([]int64, error) {
 	if len(leases) == 0 {
 		return nil, nil
 	}
@@ -401,6 +455,15 @@ func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease tim
 // in one statement that also wakes their queues, and returns how many it
 // released.
 func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, error) {
+	out, err := d.tryRelease(ctx, leases)
+	if d.converted(ctx, err) {
+		return d.tryRelease(ctx, leases)
+	}
+	return out, err
+}
+
+// tryRelease is Release on the storage this driver last read (see converted).
+func (d *Driver) tryRelease(ctx context.Context, leases []driver.Lease) (int64, error) {
 	if len(leases) == 0 {
 		return 0, nil
 	}
@@ -428,6 +491,15 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 // again (or discarded when out of attempts), recording the lost attempt,
 // and wakes the queues that got available jobs.
 func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) {
+	out, err := d.tryRescue(ctx, limit)
+	if d.converted(ctx, err) {
+		return d.tryRescue(ctx, limit)
+	}
+	return out, err
+}
+
+// tryRescue is Rescue on the storage this driver last read (see converted).
+func (d *Driver) tryRescue(ctx context.Context, limit int) (map[string]int, error) {
 	if limit <= 0 {
 		return map[string]int{}, nil
 	}
@@ -442,6 +514,15 @@ func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) 
 // Promote makes up to limit due scheduled and retryable jobs available
 // and wakes their queues.
 func (d *Driver) Promote(ctx context.Context, limit int) (map[string]int, error) {
+	out, err := d.tryPromote(ctx, limit)
+	if d.converted(ctx, err) {
+		return d.tryPromote(ctx, limit)
+	}
+	return out, err
+}
+
+// tryPromote is Promote on the storage this driver last read (see converted).
+func (d *Driver) tryPromote(ctx context.Context, limit int) (map[string]int, error) {
 	if limit <= 0 {
 		return map[string]int{}, nil
 	}
@@ -457,6 +538,15 @@ func (d *Driver) Promote(ctx context.Context, limit int) (map[string]int, error)
 // completedAge ago and discarded or cancelled jobs finalized more than
 // discardedAge ago. A negative age keeps that class forever.
 func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Duration, limit int) (int64, error) {
+	out, err := d.tryPrune(ctx, completedAge, discardedAge, limit)
+	if d.converted(ctx, err) {
+		return d.tryPrune(ctx, completedAge, discardedAge, limit)
+	}
+	return out, err
+}
+
+// tryPrune is Prune on the storage this driver last read (see converted).
+func (d *Driver) tryPrune(ctx context.Context, completedAge, discardedAge time.Duration, limit int) (int64, error) {
 	if limit <= 0 || (completedAge < 0 && discardedAge < 0) {
 		return 0, nil
 	}

@@ -212,6 +212,25 @@ func (d *Driver) detectStorage(ctx context.Context) error {
 	return nil
 }
 
+// converted reports whether err is the one-table storage's statement
+// failing because the prefix was converted to the segments storage since
+// this driver last read the registry (its {p}jobs table is gone), and
+// switches the driver to the segments if so. A process that listens
+// learns of a conversion from its notification; one that does not (an
+// enqueue-only process, a dashboard) learns of it here, on the first
+// statement that fails, and its method runs again on the segments.
+func (d *Driver) converted(ctx context.Context, err error) bool {
+	if err == nil || d.segs() != nil || pgCode(err) != "42P01" {
+		return false
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if d.detectStorage(rctx) != nil {
+		return false
+	}
+	return d.segs() != nil
+}
+
 // Storage returns the storage of the driver's prefix as last read:
 // "segments" or "table".
 func (d *Driver) Storage() string {

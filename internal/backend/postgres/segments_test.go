@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -600,9 +601,12 @@ func TestSegmentsOutcomesNameTheirSegment(t *testing.T) {
 
 // TestSegmentsConversion converts a prefix holding jobs in every state,
 // one of them running: states, attempts, fences, leases and unique keys
-// survive, the running attempt's fence still completes it, and a driver
-// still on the one-table storage fails loudly until it learns of the
-// conversion (the notification), then works on the segments.
+// survive, the running attempt's fence still completes it, and drivers
+// still on the one-table storage switch: one on the notification, one on
+// its first statement that finds {p}jobs gone (a process that does not
+// listen), which runs again on the segments, and one whose statement ran
+// in the caller's transaction, which fails naming the conversion, then
+// works in the next transaction.
 func TestSegmentsConversion(t *testing.T) {
 	ctx := context.Background()
 	old := open(t, driver.Options{})
@@ -657,6 +661,20 @@ func TestSegmentsConversion(t *testing.T) {
 		t.Fatalf("listed %d jobs before, %v", len(before), err)
 	}
 
+	deaf, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: old.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer deaf.Close()
+	deafTx, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: old.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer deafTx.Close()
+	if deaf.Storage() != StorageTable || deafTx.Storage() != StorageTable {
+		t.Fatalf("storage %s, %s before the conversion", deaf.Storage(), deafTx.Storage())
+	}
+
 	conv, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: old.prefix, Storage: StorageSegments})
 	if err != nil {
 		t.Fatal(err)
@@ -687,15 +705,39 @@ func TestSegmentsConversion(t *testing.T) {
 	if err != nil || !dup[0] || ids[0] != uids[0] {
 		t.Fatalf("unique key not held after the conversion: %v %v %v", ids, dup, err)
 	}
-	if _, err := old.Insert(ctx, []driver.InsertParams{pj("x")}); err == nil {
-		t.Fatal("a driver still on the one-table storage inserted after the conversion")
-	}
 	old.segmentsChanged(ctx)
 	if old.Storage() != StorageSegments {
 		t.Fatal("the notification did not switch the old driver")
 	}
 	if _, err := old.Insert(ctx, []driver.InsertParams{pj("x")}); err != nil {
 		t.Fatal(err)
+	}
+	deafIDs, err := deaf.Insert(ctx, []driver.InsertParams{pj("deaf")})
+	if err != nil {
+		t.Fatalf("a driver that did not hear the conversion: insert: %v", err)
+	}
+	if deaf.Storage() != StorageSegments {
+		t.Fatalf("storage %s after an insert found {p}jobs gone", deaf.Storage())
+	}
+	if j, err := conv.GetJob(ctx, deafIDs[0]); err != nil || j.Queue != "deaf" || j.State != driver.StateAvailable {
+		t.Fatalf("the job the deaf driver inserted, read on the segments: %+v, %v", j, err)
+	}
+	inTx := func() error {
+		tx, err := deafTx.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err := deafTx.InsertTx(ctx, tx, []driver.InsertParams{pj("deaftx")}); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
+	if err := inTx(); err == nil || !strings.Contains(err.Error(), "converted to the segments storage") {
+		t.Fatalf("a transactional insert on {p}jobs after the conversion: %v; want an error naming the conversion", err)
+	}
+	if err := inTx(); err != nil {
+		t.Fatalf("the transaction run again: %v", err)
 	}
 	js, err := conv.Claim(ctx, driver.ClaimParams{Queue: "avail", Limit: 5, Lease: time.Minute, Worker: "w"})
 	if err != nil || len(js) != 1 || js[0].ID != avail {

@@ -29,6 +29,19 @@ type querier func(ctx context.Context, query string, args []any, row func(scan f
 // more reads the holders of the others. A holder that finished in between
 // freed its key: those jobs are tried again.
 func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, []bool, error) {
+	ids, dup, err := d.tryInsertUnique(ctx, tx, jobs)
+	if d.converted(ctx, err) {
+		if tx == nil {
+			return d.tryInsertUnique(ctx, tx, jobs)
+		}
+		err = fmt.Errorf("%w (the prefix was converted to the segments storage meanwhile; this driver now uses it: run the transaction again)", err)
+	}
+	return ids, dup, err
+}
+
+// tryInsertUnique is InsertUnique on the storage this driver last read
+// (see converted).
+func (d *Driver) tryInsertUnique(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, []bool, error) {
 	if len(jobs) == 0 {
 		return nil, nil, nil
 	}
