@@ -124,7 +124,7 @@ func (d *Driver) listQuery(ctx context.Context, f driver.JobFilter, sqlTx bool) 
 		if states == nil {
 			states = []string{}
 		}
-		q, err := s.listQuery(ctx, states)
+		q, err := s.listQuery(ctx, states, f.Queue != "", f.Kind != "")
 		if err != nil || q == "" {
 			return "", nil, err
 		}

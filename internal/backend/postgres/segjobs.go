@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -397,8 +398,9 @@ func phasesOf(states []string) []string {
 }
 
 // listQuery returns the list statement for the phases of states, or ""
-// when no phase holds such jobs.
-func (s *segStore) listQuery(ctx context.Context, states []string) (string, error) {
+// when no phase holds such jobs; byQueue and byKind say whether the list
+// is filtered by queue or by kind (seg_list_jobs).
+func (s *segStore) listQuery(ctx context.Context, states []string, byQueue, byKind bool) (string, error) {
 	v, err := s.viewNow(ctx)
 	if err != nil {
 		return "", err
@@ -407,7 +409,14 @@ func (s *segStore) listQuery(ctx context.Context, states []string) (string, erro
 	if len(phs) == 0 {
 		return "", nil
 	}
-	return s.stmt("seg_list_jobs", v, v.srcs(phs...)), nil
+	queue, kind := "$3::text = ''", "$4::text = ''"
+	if byQueue {
+		queue = "queue = $3::text"
+	}
+	if byKind {
+		kind = "kind = $4::text"
+	}
+	return strings.NewReplacer("{queue}", queue, "{kind}", kind).Replace(s.stmt("seg_list_jobs", v, v.srcs(phs...))), nil
 }
 
 // overviewQuery returns the overview statement: every live ready, running

@@ -235,6 +235,12 @@ func (s *segStore) rotate(ctx context.Context, phase string) error {
 			if _, err := tx.Exec(ctx, s.table("seg_sync", next, "")); err != nil {
 				return err
 			}
+			if phase == phDone || phase == phDead {
+				// Empty (truncated) and read by nobody: instant.
+				if _, err := tx.Exec(ctx, s.table("seg_index_finished", next, "")); err != nil {
+					return err
+				}
+			}
 		}
 		var curInc int64
 		if err := tx.QueryRow(ctx, "SELECT inc FROM "+s.d.prefix+"segments WHERE tbl = $1", cur).Scan(&curInc); err != nil {

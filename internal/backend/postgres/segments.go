@@ -544,6 +544,10 @@ func (s *segStore) createSegment(ctx context.Context, tx pgx.Tx, phase, status s
 		if _, err := tx.Exec(ctx, s.table("seg_index_waiting", tbl, "")); err != nil {
 			return "", 0, err
 		}
+	case phDone, phDead:
+		if _, err := tx.Exec(ctx, s.table("seg_index_finished", tbl, "")); err != nil {
+			return "", 0, err
+		}
 	}
 	if _, err := tx.Exec(ctx, s.q("seg_register"), tbl, phase, status, int64(1)); err != nil {
 		return "", 0, err

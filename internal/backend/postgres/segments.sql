@@ -55,6 +55,17 @@ CREATE INDEX {t}_claim_idx ON {t} (queue, priority, pos)
 -- Promote: scheduled and retryable jobs by due time.
 CREATE INDEX {t}_due_idx ON {t} (scheduled_at)
 
+-- name: seg_index_finished
+-- The job lists of done and dead segments filtered by queue or by kind,
+-- in id order (as migration 8's indexes on {p}jobs): retention keeps
+-- these segments for a day by default, so a filtered page must read one
+-- index range per segment, not walk every finished job. Rows enter them
+-- once and never change, so each index costs one entry per finished job.
+-- IF NOT EXISTS: a free table of an earlier version gets them when it is
+-- made current again.
+CREATE INDEX IF NOT EXISTS {t}_queue_idx ON {t} (queue, id);
+CREATE INDEX IF NOT EXISTS {t}_kind_idx ON {t} (kind, id)
+
 -- name: seg_registry
 -- The live segments: current and sealed, oldest first within a phase, with
 -- the time each sealed one was sealed (none for current ones).
@@ -359,13 +370,16 @@ UNION ALL
 LIMIT 1
 
 -- name: seg_list_jobs
--- A merge of per-segment index scans in id order.
+-- A merge of per-segment index scans in id order. listQuery fills in
+-- {queue} and {kind}: "queue = $3" when the list is filtered by queue,
+-- so that the planner can read the (queue, id) index of a finished
+-- segment, else "$3 = ''" (true); the same for kind.
 SELECT {jobcols} FROM (
 {each}(SELECT {jobcols} FROM {src}
   WHERE id > $1
     AND (cardinality($2::text[]) = 0 OR state = ANY($2::text[]))
-    AND ($3::text = '' OR queue = $3::text)
-    AND ($4::text = '' OR kind = $4::text)
+    AND {queue}
+    AND {kind}
   ORDER BY id LIMIT $5){sep}
 UNION ALL
 {end}) j

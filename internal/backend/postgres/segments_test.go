@@ -840,3 +840,118 @@ func TestSegmentsOverviewSkipsOldFinished(t *testing.T) {
 		}
 	}
 }
+
+// TestSegmentsFinishedListIndexes: done and dead segments carry the
+// (queue, id) and (kind, id) indexes of the dashboard's filtered lists, a
+// free done table made current again gets them if it lacks them (one
+// from an earlier version), and a list of completed jobs filtered by a
+// rare queue reads the queue index instead of walking every finished job
+// in id order. The done segment is analyzed so that the plan is the one a
+// large segment gets; EXPLAIN without ANALYZE runs nothing.
+func TestSegmentsFinishedListIndexes(t *testing.T) {
+	d, s := openSeg(t)
+	ctx := context.Background()
+	hasIndexes := func(tbl string) bool {
+		t.Helper()
+		var n int
+		if err := d.pool.QueryRow(ctx, "SELECT count(*) FROM pg_indexes WHERE tablename = $1 AND indexname IN ($2, $3)",
+			tbl, tbl+"_queue_idx", tbl+"_kind_idx").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 2
+	}
+	v, err := s.viewNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ph := range []string{phDone, phDead} {
+		if tbl := v.cur[ph].tbl; !hasIndexes(tbl) {
+			t.Errorf("%s segment %s lacks the list indexes", ph, tbl)
+		}
+	}
+
+	// 3,000 completed jobs of queue "busy", 5 of "rare".
+	var params []driver.InsertParams
+	for i := 0; i < 3005; i++ {
+		q := "busy"
+		if i%601 == 0 {
+			q = "rare"
+		}
+		params = append(params, pj(q))
+	}
+	if _, err := d.BulkInsert(ctx, params); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"busy", "rare"} {
+		for {
+			js, err := d.Claim(ctx, driver.ClaimParams{Queue: q, Limit: 500, Lease: time.Minute, Worker: "w"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(js) == 0 {
+				break
+			}
+			var outs []driver.Outcome
+			for _, j := range js {
+				outs = append(outs, driver.Outcome{ID: j.ID, Fence: j.Fence, State: driver.StateCompleted})
+			}
+			if _, err := d.Complete(ctx, outs); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	rare, err := d.ListJobs(ctx, driver.JobFilter{States: []string{driver.StateCompleted}, Queue: "rare"})
+	if err != nil || len(rare) != 5 {
+		t.Fatalf("listed %d completed jobs of queue rare, %v; want 5", len(rare), err)
+	}
+	done := v.cur[phDone].tbl
+	if _, err := d.pool.Exec(ctx, "ANALYZE "+done); err != nil {
+		t.Fatal(err)
+	}
+	q, err := s.listQuery(ctx, []string{driver.StateCompleted}, true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := d.pool.Query(ctx, "EXPLAIN "+q, int64(0), []string{driver.StateCompleted}, "rare", "", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plan []string
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, line)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if all := strings.Join(plan, "\n"); !strings.Contains(all, done+"_queue_idx") {
+		t.Errorf("a list of queue rare's completed jobs does not read %s_queue_idx:\n%s", done, all)
+	}
+
+	// A free done table without the indexes (an earlier version's) gets
+	// them when it becomes current.
+	if err := s.rotate(ctx, phDone); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.pool.Exec(ctx, "UPDATE "+d.prefix+"segments SET status = 'free' WHERE tbl = $1", done); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.pool.Exec(ctx, "TRUNCATE "+done); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.pool.Exec(ctx, "DROP INDEX "+done+"_queue_idx, "+done+"_kind_idx"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.rotate(ctx, phDone); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(t, d, done); st != "current" {
+		t.Fatalf("free done table %s is %s after the rotation, want current", done, st)
+	}
+	if !hasIndexes(done) {
+		t.Errorf("free done table %s made current without the list indexes", done)
+	}
+}
