@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/conveyorq/conveyor/internal/driver"
 )
 
@@ -31,22 +33,7 @@ func TestOverviewPlan(t *testing.T) {
 	if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := tx.Query(ctx, "EXPLAIN "+d.q.overview, time.Now().Add(-5*time.Minute))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var plan []string
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		plan = append(plan, line)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	all := strings.Join(plan, "\n")
+	all := explain(t, tx.Query, d.q.overview, time.Now().Add(-5*time.Minute))
 	if strings.Contains(all, "Seq Scan on "+d.prefix+"jobs") {
 		t.Errorf("overview reads the jobs table whole:\n%s", all)
 	}
@@ -55,4 +42,19 @@ func TestOverviewPlan(t *testing.T) {
 			t.Errorf("overview plan does not use %s:\n%s", d.prefix+idx, all)
 		}
 	}
+}
+
+// explain returns the plan of query with args (EXPLAIN, nothing runs),
+// one line per node, read through query (a pool's, a transaction's).
+func explain(t *testing.T, query func(context.Context, string, ...any) (pgx.Rows, error), q string, args ...any) string {
+	t.Helper()
+	rows, err := query(context.Background(), "EXPLAIN "+q, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
 }

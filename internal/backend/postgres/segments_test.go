@@ -912,22 +912,7 @@ func TestSegmentsFinishedListIndexes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows, err := d.pool.Query(ctx, "EXPLAIN "+q, int64(0), []string{driver.StateCompleted}, "rare", "", 100)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var plan []string
-	for rows.Next() {
-		var line string
-		if err := rows.Scan(&line); err != nil {
-			t.Fatal(err)
-		}
-		plan = append(plan, line)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if all := strings.Join(plan, "\n"); !strings.Contains(all, done+"_queue_idx") {
+	if all := explain(t, d.pool.Query, q, int64(0), []string{driver.StateCompleted}, "rare", "", 100); !strings.Contains(all, done+"_queue_idx") {
 		t.Errorf("a list of queue rare's completed jobs does not read %s_queue_idx:\n%s", done, all)
 	}
 
