@@ -115,11 +115,14 @@ type JobRow struct {
 	State    string
 	Priority int
 	Attempt  int
-	// Fence is the claim's fence token: it grows by one at every claim and
-	// is never reused (a graceful release gives the attempt back but not
-	// the fence), so an acknowledgement fenced by it is refused by the
+	// Fence is the claim's fence token: it grows at every claim and is
+	// never reused (a graceful release gives the attempt back but not the
+	// fence), so an acknowledgement fenced by it is refused by the
 	// database once the attempt it belongs to no longer owns the job,
-	// whatever any process remembers.
+	// whatever any process remembers. SQLite and MySQL add one; PostgreSQL,
+	// whose claims commit without waiting for the disk, takes the database
+	// clock in microseconds, so that a claim lost in a server crash is not
+	// handed out again under the same fence.
 	Fence          int64
 	MaxAttempts    int
 	TimeoutMS      int64

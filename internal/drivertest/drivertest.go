@@ -107,10 +107,11 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		if err != nil || len(more) != 0 {
 			t.Fatalf("second claim got %d rows, want 0 (err %v)", len(more), err)
 		}
+		fence := fences(rows)
 		out := []driver.Outcome{
-			{ID: ids[0], Fence: 1, Attempt: 1, State: driver.StateCompleted},
-			{ID: ids[1], Fence: 1, Attempt: 1, State: driver.StateRetryable, RetryIn: time.Hour, Err: &driver.AttemptError{Attempt: 1, At: time.Now(), Error: "boom", Trace: "stack"}},
-			{ID: ids[2], Fence: 2, Attempt: 2, State: driver.StateCompleted}, // stale fence
+			{ID: ids[0], Fence: fence[ids[0]], Attempt: 1, State: driver.StateCompleted},
+			{ID: ids[1], Fence: fence[ids[1]], Attempt: 1, State: driver.StateRetryable, RetryIn: time.Hour, Err: &driver.AttemptError{Attempt: 1, At: time.Now(), Error: "boom", Trace: "stack"}},
+			{ID: ids[2], Fence: fence[ids[2]] + 1, Attempt: 2, State: driver.StateCompleted}, // stale fence
 		}
 		applied, err := d.Complete(ctx, out)
 		if err != nil {
@@ -670,7 +671,8 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 			t.Fatalf("claimed %d", len(rows))
 		}
 		// Keep the second alive, let the first expire.
-		owned, err := d.Heartbeat(ctx, []driver.Lease{{ID: ids[1], Fence: 1}, {ID: ids[0], Fence: 7}}, time.Minute)
+		fence := fences(rows)
+		owned, err := d.Heartbeat(ctx, []driver.Lease{{ID: ids[1], Fence: fence[ids[1]]}, {ID: ids[0], Fence: fence[ids[0]] + 6}}, time.Minute)
 		if err != nil || len(owned) != 1 || owned[0] != ids[1] {
 			t.Fatalf("heartbeat owned %v err %v; want only %d (other fenced)", owned, err, ids[1])
 		}
@@ -684,7 +686,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 			t.Fatalf("rescued job: %+v", j)
 		}
 		// The stale attempt's acknowledgement is refused.
-		applied, _ := d.Complete(ctx, []driver.Outcome{{ID: ids[0], Fence: 1, Attempt: 1, State: driver.StateCompleted}})
+		applied, _ := d.Complete(ctx, []driver.Outcome{{ID: ids[0], Fence: fence[ids[0]], Attempt: 1, State: driver.StateCompleted}})
 		if len(applied) != 0 {
 			t.Fatalf("stale completion applied after rescue")
 		}
@@ -710,8 +712,11 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 	t.Run("Release", func(t *testing.T) {
 		d := setup(t, open, prefixFor())
 		ids, _ := d.Insert(ctx, []driver.InsertParams{job("r", 0)})
-		d.Claim(ctx, driver.ClaimParams{Queue: "r", Limit: 1, Lease: time.Minute, Worker: "w"})
-		n, err := d.Release(ctx, []driver.Lease{{ID: ids[0], Fence: 1}})
+		rows, _ := d.Claim(ctx, driver.ClaimParams{Queue: "r", Limit: 1, Lease: time.Minute, Worker: "w"})
+		if len(rows) != 1 {
+			t.Fatalf("claimed %d", len(rows))
+		}
+		n, err := d.Release(ctx, []driver.Lease{{ID: ids[0], Fence: rows[0].Fence}})
 		if err != nil || n != 1 {
 			t.Fatalf("release %d err %v", n, err)
 		}
@@ -785,7 +790,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		if err != nil {
 			t.Fatalf("claim of the scheduled job: %v", err)
 		}
-		if j.ID != ids[1] || j.State != driver.StateRunning || j.Attempt != 1 || j.Fence != 1 || j.AttemptedBy != "w1" ||
+		if j.ID != ids[1] || j.State != driver.StateRunning || j.Attempt != 1 || j.Fence < 1 || j.AttemptedBy != "w1" ||
 			j.Queue != "a" || j.Kind != "k" || j.Priority != 5 || j.MaxAttempts != 3 || string(j.Args) == "" {
 			t.Fatalf("claimed row: %+v", j)
 		}
@@ -815,7 +820,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		}
 		// A retryable job is claimed again before its retry is due.
 		j2, err := d.ClaimJob(ctx, ids[1], time.Minute, "w1")
-		if err != nil || j2.Attempt != 2 || j2.Fence != 2 || len(j2.Errors) != 1 {
+		if err != nil || j2.Attempt != 2 || j2.Fence <= j.Fence || len(j2.Errors) != 1 {
 			t.Fatalf("claim of the retryable job: %+v %v", j2, err)
 		}
 		done := driver.Outcome{ID: ids[1], Fence: j2.Fence, Attempt: 2, State: driver.StateCompleted}
@@ -1179,8 +1184,8 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 	t.Run("Prune", func(t *testing.T) {
 		d := setup(t, open, prefixFor())
 		ids, _ := d.Insert(ctx, []driver.InsertParams{job("p", 0), job("p", 0)})
-		d.Claim(ctx, driver.ClaimParams{Queue: "p", Limit: 2, Lease: time.Minute, Worker: "w"})
-		d.Complete(ctx, []driver.Outcome{{ID: ids[0], Fence: 1, Attempt: 1, State: driver.StateCompleted}})
+		rows, _ := d.Claim(ctx, driver.ClaimParams{Queue: "p", Limit: 2, Lease: time.Minute, Worker: "w"})
+		d.Complete(ctx, []driver.Outcome{{ID: ids[0], Fence: fences(rows)[ids[0]], Attempt: 1, State: driver.StateCompleted}})
 		time.Sleep(50 * time.Millisecond)
 		n, err := d.Prune(ctx, time.Millisecond, time.Hour, 100)
 		if err != nil || n != 1 {
@@ -1211,4 +1216,15 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 			t.Fatal("leadership not taken over after expiry")
 		}
 	})
+}
+
+// fences maps the claimed rows' ids to their fence tokens. A fence is the
+// backend's: it only grows, by one or to the database clock (PostgreSQL),
+// so tests take it from the claim rather than assume a value.
+func fences(rows []*driver.JobRow) map[int64]int64 {
+	m := make(map[int64]int64, len(rows))
+	for _, r := range rows {
+		m[r.ID] = r.Fence
+	}
+	return m
 }

@@ -289,14 +289,16 @@ func TestCompleteStatesAndErrors(t *testing.T) {
 	d := open(t, driver.Options{})
 	ctx := context.Background()
 	ids, _ := d.Insert(ctx, []driver.InsertParams{pj("q"), pj("q"), pj("q")})
-	if rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "q", Limit: 3, Lease: time.Minute, Worker: "w"}); err != nil || len(rows) != 3 {
-		t.Fatalf("claim %d %v", len(rows), err)
+	claimed, err := d.Claim(ctx, driver.ClaimParams{Queue: "q", Limit: 3, Lease: time.Minute, Worker: "w"})
+	if err != nil || len(claimed) != 3 {
+		t.Fatalf("claim %d %v", len(claimed), err)
 	}
+	fence := fenceMap(claimed)
 	at := time.Date(2024, 5, 6, 7, 8, 9, 123456000, time.UTC)
 	out := []driver.Outcome{
-		{ID: ids[0], Fence: 1, Attempt: 1, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 1, At: at, Error: `quote " and \ back`}},
-		{ID: ids[1], Fence: 1, Attempt: 1, State: driver.StateCancelled},
-		{ID: ids[2], Fence: 1, Attempt: 1, State: driver.StateRetryable, RetryIn: 0, Err: &driver.AttemptError{Attempt: 1, At: at, Error: "e1"}},
+		{ID: ids[0], Fence: fence[ids[0]], Attempt: 1, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 1, At: at, Error: `quote " and \ back`}},
+		{ID: ids[1], Fence: fence[ids[1]], Attempt: 1, State: driver.StateCancelled},
+		{ID: ids[2], Fence: fence[ids[2]], Attempt: 1, State: driver.StateRetryable, RetryIn: 0, Err: &driver.AttemptError{Attempt: 1, At: at, Error: "e1"}},
 	}
 	applied, err := d.Complete(ctx, out)
 	if err != nil || len(applied) != 3 {
@@ -318,12 +320,12 @@ func TestCompleteStatesAndErrors(t *testing.T) {
 	if len(rows) != 1 || rows[0].Attempt != 2 || len(rows[0].Errors) != 1 || rows[0].Errors[0].Error != "e1" {
 		t.Fatalf("reclaimed: %+v", rows)
 	}
-	applied, _ = d.Complete(ctx, []driver.Outcome{{ID: ids[2], Fence: 2, Attempt: 2, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 2, At: at, Error: "e2", Trace: "t"}}})
+	applied, _ = d.Complete(ctx, []driver.Outcome{{ID: ids[2], Fence: rows[0].Fence, Attempt: 2, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 2, At: at, Error: "e2", Trace: "t"}}})
 	j, _ = d.GetJob(ctx, ids[2])
 	if len(applied) != 1 || len(j.Errors) != 2 || j.Errors[1].Error != "e2" || j.Errors[1].Trace != "t" || j.Errors[1].Attempt != 2 {
 		t.Fatalf("second error: %+v", j)
 	}
-	if _, err := d.Complete(ctx, []driver.Outcome{{ID: ids[2], Fence: 2, Attempt: 2, State: "running"}}); err == nil {
+	if _, err := d.Complete(ctx, []driver.Outcome{{ID: ids[2], Fence: rows[0].Fence, Attempt: 2, State: "running"}}); err == nil {
 		t.Fatal("complete accepted state running")
 	}
 }
@@ -565,11 +567,12 @@ func TestPruneAndLead(t *testing.T) {
 	d := open(t, driver.Options{})
 	ctx := context.Background()
 	ids, _ := d.Insert(ctx, []driver.InsertParams{pj("p"), pj("p"), pj("p")})
-	d.Claim(ctx, driver.ClaimParams{Queue: "p", Limit: 3, Lease: time.Minute, Worker: "w"})
+	claimed, _ := d.Claim(ctx, driver.ClaimParams{Queue: "p", Limit: 3, Lease: time.Minute, Worker: "w"})
+	fence := fenceMap(claimed)
 	d.Complete(ctx, []driver.Outcome{
-		{ID: ids[0], Fence: 1, Attempt: 1, State: driver.StateCompleted},
-		{ID: ids[1], Fence: 1, Attempt: 1, State: driver.StateDiscarded},
-		{ID: ids[2], Fence: 1, Attempt: 1, State: driver.StateCancelled},
+		{ID: ids[0], Fence: fence[ids[0]], Attempt: 1, State: driver.StateCompleted},
+		{ID: ids[1], Fence: fence[ids[1]], Attempt: 1, State: driver.StateDiscarded},
+		{ID: ids[2], Fence: fence[ids[2]], Attempt: 1, State: driver.StateCancelled},
 	})
 	time.Sleep(20 * time.Millisecond)
 	if n, err := d.Prune(ctx, -1, time.Millisecond, 10); err != nil || n != 2 {
@@ -616,7 +619,7 @@ func TestArrayLiteralsRoundTrip(t *testing.T) {
 		t.Fatalf("claim tricky queue: %d", len(rows))
 	}
 	msg := "line1\n\"quoted\" \\ {brace}, NULL é"
-	applied, err := d.Complete(ctx, []driver.Outcome{{ID: rows[0].ID, Fence: 1, Attempt: 1, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 1, At: time.Now(), Error: msg, Trace: "t\tx"}}})
+	applied, err := d.Complete(ctx, []driver.Outcome{{ID: rows[0].ID, Fence: rows[0].Fence, Attempt: 1, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 1, At: time.Now(), Error: msg, Trace: "t\tx"}}})
 	if err != nil || len(applied) != 1 {
 		t.Fatalf("complete %v %v", applied, err)
 	}
@@ -635,10 +638,11 @@ func TestListJobsTxDatabaseSQL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := d.ClaimJob(ctx, ids[0], time.Minute, "w"); err != nil {
+	claimed, err := d.ClaimJob(ctx, ids[0], time.Minute, "w")
+	if err != nil {
 		t.Fatal(err)
 	}
-	fail := driver.Outcome{ID: ids[0], Fence: 1, Attempt: 1, State: driver.StateRetryable, RetryIn: time.Hour, Err: &driver.AttemptError{Attempt: 1, At: time.Now(), Error: "boom"}}
+	fail := driver.Outcome{ID: ids[0], Fence: claimed.Fence, Attempt: 1, State: driver.StateRetryable, RetryIn: time.Hour, Err: &driver.AttemptError{Attempt: 1, At: time.Now(), Error: "boom"}}
 	if _, err := d.Complete(ctx, []driver.Outcome{fail}); err != nil {
 		t.Fatal(err)
 	}
@@ -681,4 +685,14 @@ func TestListJobsTxDatabaseSQL(t *testing.T) {
 		fmt.Sprint(a.Errors) != fmt.Sprint(b.Errors) {
 		t.Fatalf("the same job read in a *sql.Tx and a pgx.Tx differs:\n%+v\n%+v", a, b)
 	}
+}
+
+// fenceMap maps claimed rows' ids to their fences (a claim's fence is taken
+// from the database clock: tests read it rather than assume it).
+func fenceMap(rows []*driver.JobRow) map[int64]int64 {
+	m := make(map[int64]int64, len(rows))
+	for _, r := range rows {
+		m[r.ID] = r.Fence
+	}
+	return m
 }

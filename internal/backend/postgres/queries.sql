@@ -118,7 +118,20 @@ SELECT pg_notify('{p}wake', q) FROM unnest($1::text[]) AS q
 -- name: claim
 -- SKIP LOCKED: claimers never wait for each other and never deadlock;
 -- concurrent claimers lock disjoint rows.
-WITH picked AS (
+--
+-- The claim commits without waiting for its WAL to reach disk (async:
+-- synchronous_commit off for this statement's transaction only), which
+-- takes an fsync off every pick-up. A crash of the server may then lose a
+-- claim whose worker already runs the job; the job is claimed again, as
+-- after any crash, and the fence makes that safe: it is the database
+-- clock in microseconds (or one more than the last fence, if that is
+-- larger), so the new claim's fence differs from the lost one's even
+-- though the lost one never reached the table, and the first worker's
+-- acknowledgements are refused. Every acknowledgement (complete,
+-- heartbeat, release) commits synchronously, and its flush carries any
+-- earlier claim of its job with it.
+WITH async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
+picked AS (
     SELECT id
     FROM {p}jobs
     WHERE state = 'available' AND queue = $1
@@ -131,24 +144,25 @@ WITH picked AS (
 UPDATE {p}jobs j
 SET state = 'running',
     attempt = j.attempt + 1,
-    fence = j.fence + 1,
+    fence = greatest(j.fence + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint),
     attempted_at = now(),
     lease_expires_at = now() + $3::bigint * interval '1 microsecond',
     attempted_by = $4
-FROM picked
+FROM picked, async
 WHERE j.id = picked.id
 RETURNING j.id, j.kind, j.args, j.priority, j.attempt, j.max_attempts, j.timeout_ms,
           j.scheduled_at, j.created_at, j.attempted_at, j.lease_expires_at, j.errors, j.fence, j.meta
 
 -- name: claim_job
--- One job by id, as claim claims it, whatever its queue or schedule, if it
--- is neither running nor finished. A row a claim has locked is waited for
+-- One job by id, as claim claims it (with the same fence; this one
+-- commits synchronously), whatever its queue or schedule, if it is
+-- neither running nor finished. A row a claim has locked is waited for
 -- and then re-checked: once that claim commits it is running, and nothing
 -- changes here.
 UPDATE {p}jobs
 SET state = 'running',
     attempt = attempt + 1,
-    fence = fence + 1,
+    fence = greatest(fence + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint),
     attempted_at = now(),
     lease_expires_at = now() + $2::bigint * interval '1 microsecond',
     attempted_by = $3

@@ -161,8 +161,11 @@ SELECT {guard}
 -- UPDATE SKIP LOCKED: claimers never wait for each other); the first $2
 -- of all by (priority, pos) move to the current running segment. The
 -- delete finds them by id (an index scan per job): a join on ctid would
--- be a hash join over a sequential scan of the whole segment.
+-- be a hash join over a sequential scan of the whole segment. It commits
+-- asynchronously and takes its fence from the clock, as claim does (see
+-- there why that is safe).
 WITH
+async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
 {each}c{i} AS (
     SELECT {i} AS s, id AS c, priority, pos FROM {src}
      WHERE queue = $1 AND {guard}
@@ -183,8 +186,9 @@ ins AS (
     INSERT INTO {running} ({cols})
     SELECT pos, id, queue, kind, args, 'running', priority, attempt + 1, max_attempts, timeout_ms,
            scheduled_at, created_at, now(), NULL, now() + $3::bigint * interval '1 microsecond', $4,
-           errors, fence + 1, unique_key, unique_keep, meta
-    FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
+           errors, greatest(fence + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint),
+           unique_key, unique_keep, meta
+    FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d, async
     RETURNING id, kind, args, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at,
               attempted_at, lease_expires_at, errors, fence, meta, pos
 )
@@ -357,7 +361,8 @@ ins AS (
     INSERT INTO {running} ({cols})
     SELECT pos, id, queue, kind, args, 'running', priority, attempt + 1, max_attempts, timeout_ms,
            scheduled_at, created_at, now(), NULL, now() + $2::bigint * interval '1 microsecond', $3,
-           errors, fence + 1, unique_key, unique_keep, meta
+           errors, greatest(fence + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint),
+           unique_key, unique_keep, meta
     FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
     RETURNING {jobcols}
 )

@@ -940,3 +940,100 @@ func TestSegmentsFinishedListIndexes(t *testing.T) {
 		t.Errorf("free done table %s made current without the list indexes", done)
 	}
 }
+
+// TestClaimLostInCrash: a claim commits without waiting for its WAL flush
+// (synchronous_commit off for that transaction alone), so a server crash
+// may lose a claim whose worker already runs the job. The job is then
+// claimed again with the same attempt number; its new fence must differ
+// from the lost one, or the first worker's acknowledgements would be taken
+// for the new attempt's. The test undoes a claim as the crash would (the
+// row back as it was before, in its ready segment for the segments
+// storage) and checks that the next claim's fence is new and that the
+// lost claim's heartbeat and completion are refused.
+func TestClaimLostInCrash(t *testing.T) {
+	ctx := context.Background()
+	for _, storage := range []string{StorageTable, StorageSegments} {
+		t.Run(storage, func(t *testing.T) {
+			d := open(t, driver.Options{Storage: storage})
+			ids, err := d.Insert(ctx, []driver.InsertParams{pj("c"), pj("c")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The claim statement turns synchronous_commit off for its own
+			// transaction (seen here inside one, rolled back).
+			tx, err := d.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx) // before the cleanup drops the tables
+			claimSQL := d.q.claim
+			s := d.segs()
+			var v *segView
+			if s != nil {
+				if v, err = s.viewNow(ctx); err != nil {
+					t.Fatal(err)
+				}
+				claimSQL = s.stmt("seg_claim", v, v.live[phReady], phRunning)
+			}
+			rows, err := tx.Query(ctx, claimSQL, "c", 1, micros(time.Minute), "probe")
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for rows.Next() {
+				n++
+			}
+			rows.Close()
+			var sc string
+			if err := tx.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sc); err != nil || n != 1 || sc != "off" {
+				t.Fatalf("inside a claim's transaction: claimed %d, synchronous_commit %q (%v); want 1, off", n, sc, err)
+			}
+			tx.Rollback(ctx)
+			if err := d.pool.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sc); err != nil || sc != "on" {
+				t.Fatalf("synchronous_commit %q outside the claim (%v), want on", sc, err)
+			}
+
+			first, err := d.Claim(ctx, driver.ClaimParams{Queue: "c", Limit: 1, Lease: time.Minute, Worker: "w1"})
+			if err != nil || len(first) != 1 || first[0].ID != ids[0] {
+				t.Fatalf("claim: %d rows, %v", len(first), err)
+			}
+			lost := first[0]
+			// Undo the claim as a crash before its flush would.
+			undo := fmt.Sprintf(`UPDATE %sjobs SET state = 'available', attempt = attempt - 1, fence = 0,
+				attempted_at = NULL, lease_expires_at = NULL, attempted_by = NULL WHERE id = $1`, d.prefix)
+			if s != nil {
+				undo = fmt.Sprintf(`WITH m AS (DELETE FROM %s WHERE id = $1 RETURNING *)
+					INSERT INTO %s SELECT * FROM m`, v.cur[phRunning].tbl, v.cur[phReady].tbl)
+			}
+			if tag, err := d.pool.Exec(ctx, undo, lost.ID); err != nil || tag.RowsAffected() != 1 {
+				t.Fatalf("undo the claim: %v, %v", tag, err)
+			}
+			if s != nil {
+				if _, err := d.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET state = 'available', attempt = attempt - 1,
+					fence = 0, attempted_at = NULL, lease_expires_at = NULL, attempted_by = NULL WHERE id = $1`,
+					v.cur[phReady].tbl), lost.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			again, err := d.Claim(ctx, driver.ClaimParams{Queue: "c", Limit: 1, Lease: time.Minute, Worker: "w2"})
+			if err != nil || len(again) != 1 || again[0].ID != lost.ID {
+				t.Fatalf("claim after the lost one: %d rows, %v", len(again), err)
+			}
+			if again[0].Attempt != lost.Attempt || again[0].Fence == lost.Fence {
+				t.Fatalf("after a lost claim: attempt %d fence %d; the lost one had attempt %d fence %d (want the same attempt, another fence)",
+					again[0].Attempt, again[0].Fence, lost.Attempt, lost.Fence)
+			}
+			if owned, err := d.Heartbeat(ctx, []driver.Lease{{ID: lost.ID, Fence: lost.Fence}}, time.Minute); err != nil || len(owned) != 0 {
+				t.Fatalf("heartbeat of the lost claim owned %v (%v)", owned, err)
+			}
+			stale := driver.Outcome{ID: lost.ID, Fence: lost.Fence, Attempt: lost.Attempt, State: driver.StateCompleted}
+			if applied, err := d.Complete(ctx, []driver.Outcome{stale}); err != nil || len(applied) != 0 {
+				t.Fatalf("completion of the lost claim applied %v (%v)", applied, err)
+			}
+			cur := driver.Outcome{ID: lost.ID, Fence: again[0].Fence, Attempt: again[0].Attempt, State: driver.StateCompleted}
+			if applied, err := d.Complete(ctx, []driver.Outcome{cur}); err != nil || len(applied) != 1 {
+				t.Fatalf("completion of the new claim applied %v (%v)", applied, err)
+			}
+		})
+	}
+}
