@@ -155,6 +155,11 @@ type Input struct {
 	Deaths map[int]time.Time
 	// Poison lists the kinds that must end discarded.
 	Poison map[string]bool
+	// AsyncClaims says the backend's claims commit without waiting for
+	// the disk (PostgreSQL): a database restart may lose a claim made
+	// just before it, and the job's attempt then runs again under the
+	// same attempt number (see claimLost).
+	AsyncClaims bool
 	// Applied lists, per job, the attempts a worker saw completed in the
 	// row shortly after they ran (the completion-effect log; sampled),
 	// and AppliedAt when a worker first saw the job completed.
@@ -462,6 +467,10 @@ func Check(in *Input) *Findings {
 				}
 				desc := fmt.Sprintf("job %d: attempt %d on %s [%s, %s] and attempt %d on %s from %s",
 					id, e1.Attempt, e1.Proc, clock(e1.Start), clockOrDash(e1.End), e2.Attempt, e2.Proc, clock(e2.Start))
+				if e1.Attempt == e2.Attempt && in.claimLost(e1, e2) {
+					f.OverlapsExplained++
+					continue
+				}
 				if e1.Attempt != e2.Attempt && abandoned(j, errAt[e1.Attempt]) {
 					f.OverlapsExplained++
 					continue
@@ -521,6 +530,38 @@ func rescued(errs []string) bool {
 	return false
 }
 
+// claimLostCause explains a second execution of one attempt after a
+// database restart lost the first one's claim.
+const claimLostCause = "claim lost in a database restart (asynchronous claim commit)"
+
+// claimLostWindow bounds how far from a database restart an attempt may
+// have been opened for the restart to have lost its claim: a claim that
+// commits asynchronously reaches the disk within three wal_writer_delay
+// (600ms by default), and sooner with the next synchronous commit.
+const claimLostWindow = time.Second
+
+// claimLost reports whether later, an execution of the same attempt as e,
+// is explained by a database restart that lost e's claim: claims commit
+// asynchronously, e's attempt was opened within claimLostWindow of the
+// restart, and later started after the restart began (the database, not
+// a process, handed the attempt out again).
+func (in *Input) claimLost(e, later Exec) bool {
+	if !in.AsyncClaims {
+		return false
+	}
+	opened := e.openedAt()
+	for _, ev := range in.Events {
+		if ev.Kind != EventDBRestart {
+			continue
+		}
+		if opened.After(ev.Start.Add(-claimLostWindow)) && opened.Before(ev.End.Add(claimLostWindow)) &&
+			later.Start.After(ev.Start) {
+			return true
+		}
+	}
+	return false
+}
+
 // effectiveEnd is when an execution stopped running: its recorded end,
 // else its process's death, else never.
 func (in *Input) effectiveEnd(e Exec) time.Time {
@@ -542,6 +583,9 @@ func (in *Input) cause(e Exec, later []Exec, j *FinalJob, errAt map[int][]string
 				if ev.Kind == EventStop && ev.PID == e.PID && !ev.Start.Before(e.Start) {
 					return "released at shutdown", true
 				}
+			}
+			if in.claimLost(e, l) {
+				return claimLostCause, true
 			}
 			return "attempt run twice without a shutdown", false
 		}

@@ -514,3 +514,38 @@ func TestCheckerAttemptStartedAfterItsSuccessor(t *testing.T) {
 	w.exec(83, 1, 300, 6.51, 6.6, OutcomeOK)
 	assertFailure(t, Check(w.in), "premature rescue")
 }
+
+// On PostgreSQL a claim commits asynchronously: a database restart may
+// lose it, and the same attempt then runs again (overlapping the first
+// until its lease renewal is refused). That is explained only near a
+// restart and only when claims are asynchronous.
+func TestCheckerClaimLostInRestart(t *testing.T) {
+	w := newWorld()
+	w.event(EventDBRestart, 0, 5, 11)
+	// Job 60: attempt 1 opened 0.2s before the restart began; the restart
+	// lost its claim and attempt 1 ran again after it, overlapping.
+	w.job(60, "completed", 1)
+	w.exec(60, 1, 100, 4.8, 12, OutcomeOK)
+	w.exec(60, 1, 200, 11.5, 11.6, OutcomeOK)
+	// Job 61: attempt 1 opened long before the restart: no claim of it
+	// could be lost, its re-run is unexplained.
+	w.job(61, "completed", 1)
+	w.exec(61, 1, 100, 1, 2, OutcomeOK)
+	w.exec(61, 1, 200, 11.5, 11.6, OutcomeOK)
+	w.in.AsyncClaims = true
+	f := Check(w.in)
+	if len(f.Unexplained) != 1 || !strings.Contains(f.Unexplained[0], "job 61") {
+		t.Fatalf("unexplained %v, want only job 61's re-run", f.Unexplained)
+	}
+	if f.DuplicateCauses[claimLostCause] != 1 || len(f.Overlaps) != 0 {
+		t.Fatalf("causes %v overlaps %v; want job 60 explained by the lost claim, no overlap", f.DuplicateCauses, f.Overlaps)
+	}
+	// The same records with synchronous claims: both re-runs unexplained,
+	// job 60's overlap too.
+	w.in.AsyncClaims = false
+	f = Check(w.in)
+	if len(f.Unexplained) != 2 || len(f.Overlaps) != 1 || !strings.Contains(f.Overlaps[0], "job 60") {
+		t.Fatalf("with synchronous claims: unexplained %v overlaps %v", f.Unexplained, f.Overlaps)
+	}
+	assertFailure(t, f, "attempt run twice without a shutdown")
+}
