@@ -256,7 +256,7 @@ type Driver interface {
 	// another claimer's locks and never deadlocks.
 	Claim(ctx context.Context, p ClaimParams) ([]*JobRow, error)
 	// ClaimJob claims job id as Claim claims a job (state running, attempt
-	// and fence token incremented, lease set from the database's clock,
+	// incremented, fence token advanced, lease set from the database's clock,
 	// attempted_by set to worker), whatever its queue, priority or
 	// schedule, provided it is available, scheduled or retryable, and
 	// returns it as claimed. It returns an error wrapping ErrNotFound when

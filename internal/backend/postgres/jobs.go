@@ -346,7 +346,7 @@ func (d *Driver) tryComplete(ctx context.Context, outcomes []driver.Outcome) ([]
 	}
 	var ids, fences, states, retryIn, errs arrayLit
 	ids.init(12 * n)
-	fences.init(4 * n)
+	fences.init(17 * n) // clock fences: 16 digits
 	states.init(12 * n)
 	retryIn.init(2 * n)
 	errs.init(3 * n)
@@ -399,7 +399,7 @@ func (d *Driver) tryComplete(ctx context.Context, outcomes []driver.Outcome) ([]
 func leaseArgs(leases []driver.Lease) (string, string) {
 	var ids, fences arrayLit
 	ids.init(12 * len(leases))
-	fences.init(4 * len(leases))
+	fences.init(17 * len(leases))
 	for _, l := range leases {
 		ids.int(l.ID)
 		fences.int(l.Fence)
