@@ -107,7 +107,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		if err != nil || len(more) != 0 {
 			t.Fatalf("second claim got %d rows, want 0 (err %v)", len(more), err)
 		}
-		fence := fences(rows)
+		fence := Fences(rows)
 		out := []driver.Outcome{
 			{ID: ids[0], Fence: fence[ids[0]], Attempt: 1, State: driver.StateCompleted},
 			{ID: ids[1], Fence: fence[ids[1]], Attempt: 1, State: driver.StateRetryable, RetryIn: time.Hour, Err: &driver.AttemptError{Attempt: 1, At: time.Now(), Error: "boom", Trace: "stack"}},
@@ -671,7 +671,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 			t.Fatalf("claimed %d", len(rows))
 		}
 		// Keep the second alive, let the first expire.
-		fence := fences(rows)
+		fence := Fences(rows)
 		owned, err := d.Heartbeat(ctx, []driver.Lease{{ID: ids[1], Fence: fence[ids[1]]}, {ID: ids[0], Fence: fence[ids[0]] + 6}}, time.Minute)
 		if err != nil || len(owned) != 1 || owned[0] != ids[1] {
 			t.Fatalf("heartbeat owned %v err %v; want only %d (other fenced)", owned, err, ids[1])
@@ -1185,7 +1185,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		d := setup(t, open, prefixFor())
 		ids, _ := d.Insert(ctx, []driver.InsertParams{job("p", 0), job("p", 0)})
 		rows, _ := d.Claim(ctx, driver.ClaimParams{Queue: "p", Limit: 2, Lease: time.Minute, Worker: "w"})
-		d.Complete(ctx, []driver.Outcome{{ID: ids[0], Fence: fences(rows)[ids[0]], Attempt: 1, State: driver.StateCompleted}})
+		d.Complete(ctx, []driver.Outcome{{ID: ids[0], Fence: Fences(rows)[ids[0]], Attempt: 1, State: driver.StateCompleted}})
 		time.Sleep(50 * time.Millisecond)
 		n, err := d.Prune(ctx, time.Millisecond, time.Hour, 100)
 		if err != nil || n != 1 {
@@ -1218,10 +1218,10 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 	})
 }
 
-// fences maps the claimed rows' ids to their fence tokens. A fence is the
+// Fences maps the claimed rows' ids to their fence tokens. A fence is the
 // backend's: it only grows, by one or to the database clock (PostgreSQL),
 // so tests take it from the claim rather than assume a value.
-func fences(rows []*driver.JobRow) map[int64]int64 {
+func Fences(rows []*driver.JobRow) map[int64]int64 {
 	m := make(map[int64]int64, len(rows))
 	for _, r := range rows {
 		m[r.ID] = r.Fence

@@ -293,7 +293,7 @@ func TestCompleteStatesAndErrors(t *testing.T) {
 	if err != nil || len(claimed) != 3 {
 		t.Fatalf("claim %d %v", len(claimed), err)
 	}
-	fence := fenceMap(claimed)
+	fence := drivertest.Fences(claimed)
 	at := time.Date(2024, 5, 6, 7, 8, 9, 123456000, time.UTC)
 	out := []driver.Outcome{
 		{ID: ids[0], Fence: fence[ids[0]], Attempt: 1, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 1, At: at, Error: `quote " and \ back`}},
@@ -568,7 +568,7 @@ func TestPruneAndLead(t *testing.T) {
 	ctx := context.Background()
 	ids, _ := d.Insert(ctx, []driver.InsertParams{pj("p"), pj("p"), pj("p")})
 	claimed, _ := d.Claim(ctx, driver.ClaimParams{Queue: "p", Limit: 3, Lease: time.Minute, Worker: "w"})
-	fence := fenceMap(claimed)
+	fence := drivertest.Fences(claimed)
 	d.Complete(ctx, []driver.Outcome{
 		{ID: ids[0], Fence: fence[ids[0]], Attempt: 1, State: driver.StateCompleted},
 		{ID: ids[1], Fence: fence[ids[1]], Attempt: 1, State: driver.StateDiscarded},
@@ -685,14 +685,4 @@ func TestListJobsTxDatabaseSQL(t *testing.T) {
 		fmt.Sprint(a.Errors) != fmt.Sprint(b.Errors) {
 		t.Fatalf("the same job read in a *sql.Tx and a pgx.Tx differs:\n%+v\n%+v", a, b)
 	}
-}
-
-// fenceMap maps claimed rows' ids to their fences (a claim's fence is taken
-// from the database clock: tests read it rather than assume it).
-func fenceMap(rows []*driver.JobRow) map[int64]int64 {
-	m := make(map[int64]int64, len(rows))
-	for _, r := range rows {
-		m[r.ID] = r.Fence
-	}
-	return m
 }
