@@ -631,6 +631,89 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		}
 	})
 
+	// A claim already running when a pause commits must not take a job
+	// inserted after the pause: on InnoDB a locking read sees rows newer
+	// than the statement's snapshot, so a pause check read from that
+	// snapshot could miss a pause that the job's insert came after.
+	// Claimers spin on the queue while each round pauses it, inserts one
+	// job, resumes it and waits for the job. A claim that returned the
+	// job before the resume began took it while the queue was paused.
+	t.Run("PauseBeatsClaimInFlight", func(t *testing.T) {
+		d := setup(t, open, prefixFor())
+		const rounds, claimers = 60, 4
+		var (
+			phase   sync.Mutex // held by a claimer while it reads paused
+			paused  bool
+			claimed = make(chan int64, rounds)
+			bad     = make(chan string, rounds)
+			stop    = make(chan struct{})
+			wg      sync.WaitGroup
+		)
+		for range claimers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "r", Limit: 1, Lease: time.Minute, Worker: "w"})
+					if err != nil {
+						bad <- fmt.Sprintf("claim: %v", err)
+						return
+					}
+					if len(rows) == 0 {
+						continue
+					}
+					phase.Lock()
+					if paused {
+						bad <- fmt.Sprintf("job %d claimed while its queue was paused", rows[0].ID)
+					}
+					phase.Unlock()
+					claimed <- rows[0].ID
+				}
+			}()
+		}
+		defer func() { close(stop); wg.Wait() }()
+		for round := range rounds {
+			if err := d.PauseQueue(ctx, "r", true); err != nil {
+				t.Fatal(err)
+			}
+			phase.Lock()
+			paused = true
+			phase.Unlock()
+			ids, err := d.Insert(ctx, []driver.InsertParams{job("r", 0)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Let the claimers run a few claims against the paused queue.
+			time.Sleep(2 * time.Millisecond)
+			phase.Lock()
+			paused = false
+			phase.Unlock()
+			if err := d.PauseQueue(ctx, "r", false); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case id := <-claimed:
+				if id != ids[0] {
+					t.Fatalf("round %d: claimed job %d, want %d", round, id, ids[0])
+				}
+			case msg := <-bad:
+				t.Fatalf("round %d: %s", round, msg)
+			case <-time.After(30 * time.Second):
+				t.Fatalf("round %d: job %d not claimed within 30s of the resume", round, ids[0])
+			}
+		}
+		select {
+		case msg := <-bad:
+			t.Fatal(msg)
+		default:
+		}
+	})
+
 	t.Run("ScheduledNotClaimedUntilPromoted", func(t *testing.T) {
 		d := setup(t, open, prefixFor())
 		p := job("s", 0)

@@ -363,7 +363,7 @@ func (c *claimCursor) advance(rows []*driver.JobRow, limit int) {
 	c.valid, c.prio, c.sched, c.id = true, last.Priority, last.ScheduledAt, last.ID
 }
 
-// claimSkipLocked runs ClaimSelect (or ClaimSelectAfter) and ClaimMark in
+// claimSkipLocked runs ClaimSelect (or ClaimSelectAfter) and ClaimMarkQueued in
 // one transaction.
 func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur *claimCursor) ([]*driver.JobRow, bool, error) {
 	var out []*driver.JobRow
@@ -395,12 +395,18 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 		for i, j := range out {
 			ids[i] = j.ID
 		}
-		q, args, cache := d.inList("ClaimMark", ids, dbTime(now), dbTime(lease), p.Worker)
+		q, args, cache := d.inList("ClaimMarkQueued", ids, dbTime(now), dbTime(lease), p.Worker, p.Queue)
 		res, err := d.exec(ctx, tx, cache, q, args...)
 		if err != nil {
 			return err
 		}
-		if n, _ := res.RowsAffected(); n != int64(len(out)) {
+		switch n, _ := res.RowsAffected(); n {
+		case int64(len(out)):
+		case 0:
+			// Paused since the rows were locked (see ClaimMarkQueued).
+			out = out[:0]
+			return nil
+		default:
 			return fmt.Errorf("marked %d of %d locked rows", n, len(out))
 		}
 		for _, j := range out {

@@ -52,7 +52,9 @@ SELECT id FROM `{p}jobs` WHERE unique_live = ?
 -- A claim skips a paused queue (a row of {p}queues with paused_at set).
 -- The NOT EXISTS subquery is a plain consistent read: a locking read does
 -- not lock the rows of a nested subquery, so claimers never wait on the
--- queue's row (checked on MariaDB 10.11).
+-- queue's row (checked on MariaDB 10.11). It reads the statement's
+-- snapshot, which can be older than the jobs the locking read finds, so it
+-- only spares a paused queue the locking; ClaimMarkQueued decides.
 -- name: ClaimSelect
 SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND state = 'available' ORDER BY priority, scheduled_at, id LIMIT ? FOR UPDATE SKIP LOCKED
 
@@ -70,6 +72,17 @@ SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE ava
 -- the stored rows without reading them again.
 -- name: ClaimMark
 UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, fence = fence + 1, attempted_at = ?, lease_expires_at = ?, attempted_by = ? WHERE id IN ({ids})
+
+-- ClaimMarkQueued is ClaimMark for a queue claim: it marks nothing if the
+-- queue is paused by now. ClaimSelect's pause check reads the statement's
+-- snapshot, but its locking read of the jobs sees rows committed after
+-- that snapshot was taken, so a claim statement that began before a pause
+-- committed could lock a job inserted after the pause. This statement
+-- begins after those rows were locked, so its read of the queue's row sees
+-- any pause that the locked jobs' inserts came after. The driver then
+-- returns no job and the commit releases the locks.
+-- name: ClaimMarkQueued
+UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, fence = fence + 1, attempted_at = ?, lease_expires_at = ?, attempted_by = ? WHERE NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND id IN ({ids})
 
 -- ClaimJobSelect locks one job by id for ClaimJob, which then marks it with
 -- ClaimMark if it is neither running nor finished. It waits for a claim
