@@ -133,6 +133,9 @@ type Options struct {
 	Emit func(*Result)
 
 	label string // progress label
+	// held, if set, is called once a steady run's held transaction is
+	// open and its load is about to start (tests stop the run then).
+	held func()
 }
 
 // Result is one run's figures. JSON field names are stable.
@@ -490,8 +493,10 @@ func clientSettings(ctx context.Context, c *conveyor.Client[any], conn connect.O
 	if conn.ClaimStrategy != "" {
 		s["claim_strategy"] = conn.ClaimStrategy
 	}
-	if conn.PostgresStorage != "" {
-		s["storage"] = conn.PostgresStorage
+	// The prefix's storage as the driver last read it (the database's,
+	// whatever the options asked for).
+	if st, ok := seam.DriverOf(c).(interface{ Storage() string }); ok {
+		s["storage"] = st.Storage()
 	}
 	return s
 }

@@ -152,6 +152,9 @@ func steady(ctx context.Context, o Options) ([]*Result, error) {
 	if hold != nil {
 		hold.start(t0)
 		time.AfterFunc(time.Until(t0.Add(holdFor)), hold.release)
+		if o.held != nil {
+			o.held()
+		}
 	}
 
 	// The windows' boundaries: completions and gauges at each.
