@@ -35,28 +35,29 @@ type backend struct {
 var backends = []backend{
 	{"sqlite", func(t *testing.T) string { return filepath.Join(t.TempDir(), "conveyor.db") }},
 	{"postgres", func(t *testing.T) string { return testdb.Postgres(t) }},
-	{"postgres-segments", func(t *testing.T) string { return withSegments(testdb.Postgres(t)) }},
+	{"postgres-table", func(t *testing.T) string { return withTable(testdb.Postgres(t)) }},
 	{"mysql", func(t *testing.T) string { return testdb.MySQL(t) }},
 }
 
-// segmentsMark, in a PostgreSQL test DSN, makes the clients the suite
-// opens on it migrate their prefix to the segments storage (it is also
-// the sessions' application_name, which changes nothing else).
-const segmentsMark = "application_name=conveyor-segments"
+// tableMark, in a PostgreSQL test DSN, makes the clients the suite opens
+// on it keep their prefix on the one-table storage (PostgresStorage
+// "table"; without it migration 10 converts the prefix to segments). It
+// is also the sessions' application_name, which changes nothing else.
+const tableMark = "application_name=conveyor-table"
 
-// withSegments marks a PostgreSQL DSN for the segments storage.
-func withSegments(dsn string) string {
+// withTable marks a PostgreSQL DSN for the one-table storage.
+func withTable(dsn string) string {
 	if strings.Contains(dsn, "?") {
-		return dsn + "&" + segmentsMark
+		return dsn + "&" + tableMark
 	}
-	return dsn + "?" + segmentsMark
+	return dsn + "?" + tableMark
 }
 
 // connectOptions returns the connect options of the suite's clients on
-// dsn: the segments storage for a DSN marked for it.
+// dsn: the one-table storage for a DSN marked for it.
 func connectOptions(dsn string) connect.Options {
-	if strings.Contains(dsn, segmentsMark) {
-		return connect.Options{PostgresStorage: "segments"}
+	if strings.Contains(dsn, tableMark) {
+		return connect.Options{PostgresStorage: "table"}
 	}
 	return connect.Options{}
 }

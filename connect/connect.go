@@ -51,14 +51,17 @@ type Options struct {
 	// against a process crash; the default) or "FULL" (also against
 	// power loss). Refused on other backends.
 	SQLiteSynchronous string
-	// PostgresStorage is the PostgreSQL storage Client.Migrate converts
-	// the prefix to: "" keeps the prefix's storage (the one-table storage
-	// for a new prefix), "segments" converts it to phase tables rotated
-	// in segments, whose cost per job does not grow while vacuum is held
-	// back (docs/postgres-storage.md). The conversion moves every job,
-	// running ones included, in one transaction; it is one-way. The
-	// storage belongs to the database: every client of the prefix follows
-	// it, whatever its own Options say. Refused on other backends.
+	// PostgresStorage is the PostgreSQL storage Client.Migrate gives the
+	// prefix. "" (the default) or "segments": phase tables rotated in
+	// segments, whose cost per job does not grow while vacuum is held
+	// back (docs/postgres-storage.md); migration 10 converts a prefix on
+	// the one-table storage of earlier versions, and "segments" also
+	// converts a prefix that migration 10 left on the one table. "table":
+	// migration 10 leaves the prefix on the one table ({p}jobs). The
+	// conversion moves every job, running ones included, in one
+	// transaction; it is one-way. The storage belongs to the database:
+	// every client of the prefix follows it, whatever its own Options
+	// say. Refused on other backends.
 	PostgresStorage string
 }
 

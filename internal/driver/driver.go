@@ -386,11 +386,14 @@ type Options struct {
 	// Synchronous is SQLite's synchronous mode in WAL: "NORMAL" (durable
 	// against a process crash; the default) or "FULL" (also power loss).
 	Synchronous string
-	// Storage is the PostgreSQL storage Migrate converts the prefix to:
-	// "" or "table" keeps the prefix's storage, "segments" converts a
-	// prefix still on the one-table storage (docs/postgres-storage.md).
-	// The storage is a property of the database: every driver follows
-	// its prefix's, whatever this says.
+	// Storage is the PostgreSQL storage Migrate gives the prefix
+	// (docs/postgres-storage.md). "" (the default) or "segments":
+	// migration 10 converts a prefix on the one-table storage to the
+	// segments storage, and "segments" also converts a prefix that
+	// migration 10 left on the one table. "table": migration 10 leaves
+	// the prefix on the one table; a prefix already on segments stays
+	// there. The storage is a property of the database: every driver
+	// follows its prefix's, whatever this says.
 	Storage string
 }
 

@@ -36,11 +36,17 @@ func TestDriver(t *testing.T) {
 }
 
 // open returns a migrated driver on a fresh prefix, dropped at the end.
+// Without a storage it keeps the prefix on the one table, which this
+// package's tests of the table's statements and plans were written for;
+// the segments tests ask for StorageSegments (the default of Open).
 func open(t *testing.T, opts driver.Options) *Driver {
 	t.Helper()
 	dsn := testdb.Postgres(t)
 	if opts.Prefix == "" {
 		opts.Prefix = testdb.Prefix()
+	}
+	if opts.Storage == "" {
+		opts.Storage = StorageTable
 	}
 	d, err := Open(context.Background(), dsn, opts)
 	if err != nil {
@@ -504,9 +510,21 @@ func TestMigrateConcurrentAndTooNew(t *testing.T) {
 	if total != len(ds[0].migrations) {
 		t.Fatalf("concurrent migrators applied %v, want each version once", results)
 	}
-	// Storage parameters for the churning table are set.
+	// Migration 10 converted the prefix once: every migrator is on the
+	// segments and the one table is gone.
+	for i, d := range ds {
+		if d.Storage() != StorageSegments {
+			t.Fatalf("migrator %d: storage %s after Migrate", i, d.Storage())
+		}
+	}
+	var gone bool
+	if err := ds[0].Pool().QueryRow(ctx, "SELECT to_regclass($1) IS NULL", prefix+"jobs").Scan(&gone); err != nil || !gone {
+		t.Fatalf("%sjobs still exists after migration 10 (%v)", prefix, err)
+	}
+	// Storage parameters for the churning one table are set.
 	var opts []string
-	if err := ds[0].Pool().QueryRow(ctx, "SELECT reloptions FROM pg_class WHERE relname = $1", prefix+"jobs").Scan(&opts); err != nil {
+	tbl := open(t, driver.Options{Storage: StorageTable})
+	if err := tbl.Pool().QueryRow(ctx, "SELECT reloptions FROM pg_class WHERE relname = $1", tbl.prefix+"jobs").Scan(&opts); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(strings.Join(opts, ","), "autovacuum_vacuum_scale_factor=0.02") {

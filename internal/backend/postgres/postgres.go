@@ -296,10 +296,12 @@ const leaseConns = 2
 // under a transaction-level advisory lock that serialises concurrent
 // migrators of the same prefix.
 //
-// A driver opened with Options.Storage "segments" then converts a prefix
-// still on the one-table storage, in one transaction under the same lock
-// (see convertStorage); the storage is the database's: a driver opened
-// without the option follows whatever its prefix uses.
+// Migration 10 converts the prefix to the segments storage, unless the
+// driver was opened with Options.Storage "table". A driver opened with
+// "segments" also converts a prefix that migration 10 left on the one
+// table, in one transaction under the same lock (see convertStorage). The
+// storage is the database's: every driver follows whatever its prefix
+// uses, whatever its options say.
 func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	latest := len(d.migrations)
 	var applied []int
@@ -321,9 +323,16 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	return applied, d.detectStorage(ctx)
 }
 
+// segmentsDefaultVersion is the migration (010_segments_default.sql) that
+// converts a prefix to the segments storage unless the driver was opened
+// with Options.Storage "table".
+const segmentsDefaultVersion = 10
+
 // convertStorage converts the prefix to the segments storage under the
 // migration lock, unless another process did it first, and tells every
-// listening process.
+// listening process. Migrate calls it for a driver opened with
+// Options.Storage "segments" on a prefix that migration 10 left on the
+// one table (it was opened with "table" then).
 func (d *Driver) convertStorage(ctx context.Context) error {
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
@@ -333,21 +342,29 @@ func (d *Driver) convertStorage(ctx context.Context) error {
 	if _, err := tx.Exec(ctx, d.q.migrateLock, d.prefix); err != nil {
 		return wrap("convert: lock", err)
 	}
+	if err := d.convertIn(ctx, tx); err != nil {
+		return wrap("convert", err)
+	}
+	return wrap("convert: commit", tx.Commit(ctx))
+}
+
+// convertIn converts the prefix in tx, which holds the migration lock,
+// unless it has segments already, and notifies every listening process
+// when tx commits.
+func (d *Driver) convertIn(ctx context.Context, tx pgx.Tx) error {
 	s := newSegStore(d)
 	var n int64
 	if err := tx.QueryRow(ctx, s.q("seg_count")).Scan(&n); err != nil {
-		return wrap("convert", err)
+		return err
 	}
 	if n > 0 {
 		return nil // converted by another process
 	}
 	if _, err := s.convert(ctx, tx); err != nil {
-		return wrap("convert to segments", err)
+		return fmt.Errorf("to segments: %w", err)
 	}
-	if _, err := tx.Exec(ctx, s.q("seg_notify")); err != nil {
-		return wrap("convert", err)
-	}
-	return wrap("convert: commit", tx.Commit(ctx))
+	_, err := tx.Exec(ctx, s.q("seg_notify"))
+	return err
 }
 
 // migrateStep applies the next missing migration, if any, in one
@@ -377,6 +394,11 @@ func (d *Driver) migrateStep(ctx context.Context, latest int) (done bool, versio
 	m := d.migrations[current]
 	for _, stmt := range m.Statements {
 		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return false, 0, fmt.Errorf("conveyor/postgres: migrate: version %d (%s): %w", m.Version, m.Name, err)
+		}
+	}
+	if m.Version == segmentsDefaultVersion && d.storage != StorageTable {
+		if err := d.convertIn(ctx, tx); err != nil {
 			return false, 0, fmt.Errorf("conveyor/postgres: migrate: version %d (%s): %w", m.Version, m.Name, err)
 		}
 	}

@@ -24,6 +24,9 @@ type regRow struct {
 	tbl, phase, status string
 	inc                int64
 	graceOver          bool
+	// toCount: a sealed done or dead segment past tuning.lateWrites
+	// whose counts are not recorded (see recordCounts).
+	toCount bool
 }
 
 // maintain runs one round of rotation and reclaim, unless one ran less
@@ -91,11 +94,53 @@ func (s *segStore) round(ctx context.Context) error {
 		}
 		changed = changed || ok
 	}
+	// One finished segment counted per round: a 64 MiB segment takes a
+	// scan, and a round should stay short.
+	for _, r := range regs {
+		if r.toCount {
+			if _, err := s.recordCounts(ctx, r.tbl); err != nil {
+				return err
+			}
+			break
+		}
+	}
 	if changed {
 		_, err := s.d.pool.Exec(ctx, s.q("seg_notify"))
 		return err
 	}
 	return nil
+}
+
+// recordCounts records the job counts of a sealed done or dead segment in
+// the registry, which Stats then reads instead of counting the segment.
+// It advances the segment's incarnation first, so that a late write from
+// a process whose view still takes it for current fails its guard. Its
+// rows change after that only by a by-hand retry taking one out, which
+// clears the counts in its own transaction; the registry row's lock
+// (seg_counts_lock) orders the two, so a count never outlives a retry it
+// did not see. It reports whether it recorded them.
+func (s *segStore) recordCounts(ctx context.Context, tbl string) (bool, error) {
+	return s.maintTx(ctx, func(tx pgx.Tx) error {
+		var due bool
+		err := tx.QueryRow(ctx, s.q("seg_counts_lock"), tbl).Scan(&due)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && !due) {
+			return errSkip
+		}
+		if err != nil {
+			return err
+		}
+		// No writer inside while counting (a retry out of the segment,
+		// a late write); refused at once if one is, for the next round.
+		if _, err := tx.Exec(ctx, s.table("seg_lock_share", tbl, "")); err != nil {
+			return err
+		}
+		var inc int64
+		if err := tx.QueryRow(ctx, s.table("seg_advance", tbl, "")).Scan(&inc); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, s.table("seg_record_counts", tbl, ""), tbl, inc)
+		return err
+	})
 }
 
 // syncCurrent sets the incarnation sequence of every current segment
@@ -161,13 +206,13 @@ func (s *segStore) analyzeGrown(ctx context.Context, r regRow, size int64) error
 
 // registry reads every registry row.
 func (s *segStore) registry(ctx context.Context) ([]regRow, error) {
-	rows, err := s.d.pool.Query(ctx, s.q("seg_registry_all"), micros(s.tune.grace))
+	rows, err := s.d.pool.Query(ctx, s.q("seg_registry_all"), micros(s.tune.grace), micros(s.tune.lateWrites))
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (regRow, error) {
 		var g regRow
-		return g, r.Scan(&g.tbl, &g.phase, &g.status, &g.inc, &g.graceOver)
+		return g, r.Scan(&g.tbl, &g.phase, &g.status, &g.inc, &g.graceOver, &g.toCount)
 	})
 }
 

@@ -242,10 +242,12 @@ func (d *Driver) Storage() string {
 
 // Storages of the PostgreSQL backend.
 const (
-	// StorageTable keeps every job in one table ({p}jobs), the default.
+	// StorageTable keeps every job in one table ({p}jobs): the storage of
+	// prefixes before migration 10, kept by Options.Storage "table".
 	StorageTable = "table"
 	// StorageSegments keeps jobs in phase tables rotated in segments
-	// and truncated whole (docs/postgres-storage.md).
+	// and truncated whole (docs/postgres-storage.md): the default since
+	// migration 10.
 	StorageSegments = "segments"
 )
 
@@ -556,17 +558,58 @@ func (s *segStore) createSegment(ctx context.Context, tx pgx.Tx, phase, status s
 	return tbl, 1, nil
 }
 
+// Conversion lock attempts: each waits in the lock queue of {p}jobs for
+// at most convertLockWait (the workers behind it wait as long), then
+// gives the queue back for convertLockPause, until convertLockFor.
+const (
+	convertLockWait  = 200 * time.Millisecond
+	convertLockPause = 800 * time.Millisecond
+)
+
+// convertLockFor bounds the attempts (a variable for the tests).
+var convertLockFor = 30 * time.Second
+
+// lockForConvert takes the ACCESS EXCLUSIVE lock of {p}jobs in tx. A
+// transaction that holds a lock on the table for long (a pg_dump) would
+// keep a plain LOCK waiting, and every worker queued behind it: each
+// attempt waits convertLockWait at most, inside a savepoint so that a
+// refused one leaves tx usable.
+func (s *segStore) lockForConvert(ctx context.Context, tx pgx.Tx) error {
+	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+strconv.FormatInt(convertLockWait.Milliseconds(), 10)+"ms'"); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(convertLockFor)
+	for {
+		if _, err := tx.Exec(ctx, "SAVEPOINT convert_lock"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, s.q("seg_convert_lock"))
+		if err == nil {
+			_, err = tx.Exec(ctx, "RESET lock_timeout")
+			return err
+		}
+		if pgCode(err) != "55P03" || time.Now().After(deadline) {
+			return fmt.Errorf("lock the jobs table: another transaction held a lock on it through every attempt for %v (a pg_dump or a long transaction?); run Migrate again when it ends: %w", convertLockFor, err)
+		}
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT convert_lock"); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(convertLockPause):
+		}
+	}
+}
+
 // convert switches the driver's prefix to the segments storage in tx
 // (under the migration lock): it creates the sequences, the unique keys
 // table and one current segment per phase, moves every job of {p}jobs
 // into its phase (running jobs keep attempt, fence and lease) and drops
 // {p}jobs. It returns the number of jobs moved.
 func (s *segStore) convert(ctx context.Context, tx pgx.Tx) (int64, error) {
-	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '30s'"); err != nil {
+	if err := s.lockForConvert(ctx, tx); err != nil {
 		return 0, err
-	}
-	if _, err := tx.Exec(ctx, s.q("seg_convert_lock")); err != nil {
-		return 0, fmt.Errorf("lock the jobs table: %w", err)
 	}
 	if _, err := tx.Exec(ctx, s.q("seg_convert_setup")); err != nil {
 		return 0, err

@@ -399,9 +399,18 @@ WITH
 {each}d{i} AS (
     DELETE FROM {src} r WHERE r.id = $1 AND {guard}
        AND r.state IN ('discarded', 'cancelled', 'retryable', 'scheduled', 'completed')
-    RETURNING r.*
+    RETURNING r.*, '{src}'::text AS src
 ),
 {sep}{end}
+-- A done or dead segment the job left no longer matches its recorded
+-- counts (see seg_counts_lock): cleared whether recorded or not, so that
+-- the registry row's lock is always taken. A retry out of a finished
+-- segment thus leaves one dead registry row version.
+inv AS (
+    UPDATE {p}segments g SET counts = NULL
+      FROM ({each}SELECT src FROM d{i}{sep} UNION ALL {end}) d
+     WHERE g.tbl = d.src AND g.phase IN ('done', 'dead')
+),
 ins AS (
     INSERT INTO {ready} ({cols})
     SELECT nextval('{p}pos_seq'), id, queue, kind, args, 'available', priority, attempt,
@@ -444,14 +453,30 @@ woke AS (SELECT pg_notify('{p}wake', '!cancel') FROM d WHERE d.state = 'running'
 SELECT {jobcols} FROM ins CROSS JOIN (SELECT count(*) FROM woke) w
 
 -- name: seg_stats
+-- Every live segment is counted, except a sealed done or dead one whose
+-- counts the leader recorded (seg_record_counts): those counts are read
+-- from the registry instead. The test on the registry is uncorrelated, so
+-- it runs once, before the segment's scan, which it skips. A by-hand retry
+-- clears a segment's counts in the transaction that takes its job out
+-- (seg_retry), so one snapshot sees either the counts or the rows. Counts
+-- hold only on a sealed segment under the incarnation they were recorded
+-- under (a process of an earlier version changes a status without
+-- clearing them).
 SELECT queue, state, sum(n)::bigint, coalesce(max(age), 0)::bigint FROM (
 {each}SELECT queue, state, count(*) AS n,
        CASE WHEN state = 'available'
             THEN greatest(0, (extract(epoch FROM now() - min(scheduled_at)) * 1000000)::bigint)
             ELSE 0 END AS age
-  FROM {src} GROUP BY queue, state{sep}
+  FROM {src}
+ WHERE NOT EXISTS (SELECT 1 FROM {p}segments WHERE tbl = '{src}' AND counts IS NOT NULL AND status = 'sealed' AND counts_inc = inc)
+ GROUP BY queue, state{sep}
 UNION ALL
-{end}) s
+{end}
+UNION ALL
+SELECT c.queue, c.state, c.n, 0
+  FROM {p}segments g CROSS JOIN LATERAL jsonb_to_recordset(g.counts) AS c(queue text, state text, n bigint)
+ WHERE g.counts IS NOT NULL AND g.status = 'sealed' AND g.counts_inc = g.inc AND g.tbl IN ({each}'{src}'{sep}, {end})
+) s
 GROUP BY queue, state
 ORDER BY queue, state
 
@@ -478,7 +503,11 @@ ORDER BY queue, state
 SELECT pg_try_advisory_xact_lock(hashtextextended('conveyor-segments:' || $1::text, 0))
 
 -- name: seg_registry_all
-SELECT tbl, phase, status, inc, coalesce(sealed_at < now() - $1::bigint * interval '1 microsecond', false)
+-- $1 grace, $2 late writes, in microseconds. The last column: a sealed
+-- done or dead segment past its late writes whose counts are unknown.
+SELECT tbl, phase, status, inc, coalesce(sealed_at < now() - $1::bigint * interval '1 microsecond', false),
+       status = 'sealed' AND phase IN ('done', 'dead') AND (counts IS NULL OR counts_inc IS DISTINCT FROM inc)
+         AND coalesce(sealed_at < now() - $2::bigint * interval '1 microsecond', false)
   FROM {p}segments ORDER BY phase, ord
 
 -- name: seg_new_name
@@ -492,9 +521,29 @@ VALUES ($1, $2, $3, $4, nextval('{p}segments_n'))
 -- $1 table, $2 status, $3 incarnation. Becoming current moves it to the
 -- end of its phase's order; being sealed records when.
 UPDATE {p}segments
-   SET status = $2, inc = $3,
+   SET status = $2, inc = $3, counts = NULL, counts_inc = NULL,
        ord = CASE WHEN $2 = 'current' THEN nextval('{p}segments_n') ELSE ord END,
        sealed_at = CASE WHEN $2 = 'sealed' THEN now() WHEN $2 = 'current' THEN NULL ELSE sealed_at END
+ WHERE tbl = $1
+
+-- name: seg_counts_lock
+-- Before counting a sealed finished segment: its registry row, locked
+-- until the counts are recorded, so that a by-hand retry's clearing of
+-- the counts (seg_retry) waits for them and comes after.
+SELECT status = 'sealed' AND (counts IS NULL OR counts_inc IS DISTINCT FROM inc)
+  FROM {p}segments WHERE tbl = $1 FOR UPDATE
+
+-- name: seg_record_counts
+-- $2 the segment's new incarnation (seg_advance, drawn after the table's
+-- SHARE lock): a writer whose view still takes the segment for current
+-- fails its guard from now on and reads the registry again, so no late
+-- write enters it after the count. Counted in a statement begun after the
+-- locks: every retry that committed before is seen, and any later one
+-- clears the counts after this transaction commits.
+UPDATE {p}segments
+   SET inc = $2, counts_inc = $2,
+       counts = (SELECT coalesce(jsonb_agg(jsonb_build_object('queue', queue, 'state', state, 'n', n)), '[]'::jsonb)
+                   FROM (SELECT queue, state, count(*) AS n FROM {t} GROUP BY queue, state) c)
  WHERE tbl = $1
 
 -- name: seg_unregister
@@ -599,10 +648,11 @@ CREATE TABLE {p}unique_keys (
 )
 
 -- name: seg_convert_lock
--- The conversion waits (up to lock_timeout) for the writers of the jobs
--- table to finish, and keeps every other statement out of it until it
--- commits; processes still on the one-table storage then fail on the
--- missing table rather than write where nobody reads.
+-- The conversion waits (up to lock_timeout, retried: lockForConvert) for
+-- the writers of the jobs table to finish, and keeps every other
+-- statement out of it until it commits; processes still on the one-table
+-- storage then fail on the missing table rather than write where nobody
+-- reads.
 LOCK TABLE {p}jobs IN ACCESS EXCLUSIVE MODE
 
 -- name: seg_convert_move

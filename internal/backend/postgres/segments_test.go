@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -599,9 +600,38 @@ func TestSegmentsOutcomesNameTheirSegment(t *testing.T) {
 	}
 }
 
+// TestSegmentsConversionAfterTable: a prefix that migration 10 kept on
+// the one table (StorageTable) is converted later by a driver opened with
+// StorageSegments, with no migration left to apply.
+func TestSegmentsConversionAfterTable(t *testing.T) {
+	ctx := context.Background()
+	tbl := open(t, driver.Options{Storage: StorageTable})
+	if tbl.Storage() != StorageTable {
+		t.Fatalf("storage %s with StorageTable", tbl.Storage())
+	}
+	ids, err := tbl.Insert(ctx, []driver.InsertParams{pj("kept")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conv, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: tbl.prefix, Storage: StorageSegments})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conv.Close()
+	if applied, err := conv.Migrate(ctx); err != nil || len(applied) != 0 || conv.Storage() != StorageSegments {
+		t.Fatalf("converting a kept table: applied %v, storage %s, %v", applied, conv.Storage(), err)
+	}
+	js, err := conv.Claim(ctx, driver.ClaimParams{Queue: "kept", Limit: 2, Lease: time.Minute, Worker: "w"})
+	if err != nil || len(js) != 1 || js[0].ID != ids[0] {
+		t.Fatalf("claim after the conversion: %v %v, want job %d", js, err, ids[0])
+	}
+}
+
 // TestSegmentsConversion converts a prefix holding jobs in every state,
-// one of them running: states, attempts, fences, leases and unique keys
-// survive, the running attempt's fence still completes it, and drivers
+// one of them running, as the upgrade to migration 10 does (a version-9
+// prefix on the one table, migrated at the defaults; a driver opened with
+// StorageTable first keeps it on the table): states, attempts, fences,
+// leases and unique keys survive, the running attempt's fence still completes it, and drivers
 // still on the one-table storage switch: one on the notification, one on
 // its first statement that finds {p}jobs gone (a process that does not
 // listen), which runs again on the segments, and one whose statement ran
@@ -675,16 +705,31 @@ func TestSegmentsConversion(t *testing.T) {
 		t.Fatalf("storage %s, %s before the conversion", deaf.Storage(), deafTx.Storage())
 	}
 
-	conv, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: old.prefix, Storage: StorageSegments})
+	// A driver opened with StorageTable keeps the prefix on the one
+	// table: migration 10 is recorded, nothing is converted.
+	keep, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: old.prefix, Storage: StorageTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer keep.Close()
+	if applied, err := keep.Migrate(ctx); err != nil || len(applied) != 0 || keep.Storage() != StorageTable {
+		t.Fatalf("migrate with StorageTable: applied %v, storage %s, %v", applied, keep.Storage(), err)
+	}
+	// The upgrade: the prefix as the release before migration 10 left it
+	// (version 9, the one table), migrated by a driver at its defaults.
+	if _, err := old.pool.Exec(ctx, "DELETE FROM "+old.prefix+"schema_migrations WHERE version >= 10; ALTER TABLE "+old.prefix+"segments DROP COLUMN counts, DROP COLUMN counts_inc"); err != nil {
+		t.Fatal(err)
+	}
+	conv, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: old.prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conv.Close()
-	if _, err := conv.Migrate(ctx); err != nil {
-		t.Fatal(err)
+	if applied, err := conv.Migrate(ctx); err != nil || !slices.Equal(applied, []int{segmentsDefaultVersion, 11}) {
+		t.Fatalf("upgrade from version 9: applied %v, %v", applied, err)
 	}
 	if conv.Storage() != StorageSegments {
-		t.Fatalf("storage %s after conversion", conv.Storage())
+		t.Fatalf("storage %s after migration 10", conv.Storage())
 	}
 	after, err := conv.ListJobs(ctx, driver.JobFilter{})
 	if err != nil || len(after) != len(before) {
@@ -1069,5 +1114,349 @@ func TestClaimLostInCrash(t *testing.T) {
 				t.Fatalf("completion of the new claim applied %v (%v)", applied, err)
 			}
 		})
+	}
+}
+
+// finishJobs inserts n jobs into queue, claims them in one claim and
+// finishes them in state; it returns their ids.
+func finishJobs(t *testing.T, d *Driver, queue string, n int, state string) []int64 {
+	t.Helper()
+	ctx := context.Background()
+	jobs := make([]driver.InsertParams, n)
+	for i := range jobs {
+		jobs[i] = pj(queue)
+	}
+	ids, err := d.Insert(ctx, jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := d.Claim(ctx, driver.ClaimParams{Queue: queue, Limit: n, Lease: time.Minute, Worker: "w"})
+	if err != nil || len(rows) != n {
+		t.Fatalf("claimed %d of %d: %v", len(rows), n, err)
+	}
+	out := make([]driver.Outcome, n)
+	for i, r := range rows {
+		out[i] = driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: state}
+	}
+	if applied, err := d.Complete(ctx, out); err != nil || len(applied) != n {
+		t.Fatalf("completed %d of %d: %v", len(applied), n, err)
+	}
+	return ids
+}
+
+// TestSegmentsStatsCounts: once a sealed done or dead segment is past its
+// late writes, the leader records its counts and Stats reads them instead
+// of scanning it (a row slipped into the segment behind the registry's
+// back is not counted, and the plan never executes the segment's scan); a
+// by-hand retry of one of its jobs clears them, so Stats counts the
+// segment again until the next round records them anew; a status change
+// (retention) clears them too. Counting advances the segment's
+// incarnation, so a late completion through a view from before the seal
+// is refused by its guard and lands in the current segment; counts under
+// another incarnation are ignored and recorded again.
+func TestSegmentsStatsCounts(t *testing.T) {
+	d, s := openSeg(t)
+	s.tune.lateWrites, s.tune.grace = 0, 0
+	ctx := context.Background()
+	done := finishJobs(t, d, "a", 20, driver.StateCompleted)
+	finishJobs(t, d, "b", 10, driver.StateDiscarded)
+	// A job still running, completed later through a view of the registry
+	// from before the seal: a late write.
+	if _, err := d.Insert(ctx, []driver.InsertParams{pj("a")}); err != nil {
+		t.Fatal(err)
+	}
+	late, err := d.Claim(ctx, driver.ClaimParams{Queue: "a", Limit: 1, Lease: time.Minute, Worker: "w"})
+	if err != nil || len(late) != 1 {
+		t.Fatalf("claim: %v %v", late, err)
+	}
+	stale, err := s.viewNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	current := func(phase string) string {
+		t.Helper()
+		var tbl string
+		if err := d.pool.QueryRow(ctx, "SELECT tbl FROM "+d.prefix+"segments WHERE phase = $1 AND status = 'current'", phase).Scan(&tbl); err != nil {
+			t.Fatal(err)
+		}
+		return tbl
+	}
+	doneTbl, deadTbl := current(phDone), current(phDead)
+	for _, ph := range []string{phDone, phDead} {
+		if err := s.rotate(ctx, ph); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.refresh(ctx, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	recorded := func(tbl string) bool {
+		t.Helper()
+		var ok bool
+		if err := d.pool.QueryRow(ctx, "SELECT counts IS NOT NULL FROM "+d.prefix+"segments WHERE tbl = $1", tbl).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	counts := func(queue, state string) int64 {
+		t.Helper()
+		st, err := d.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range st {
+			if q.Queue == queue {
+				return q.Counts[state]
+			}
+		}
+		return 0
+	}
+	scanned := func(tbl string) bool {
+		t.Helper()
+		q, err := s.statsQuery(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan := explain(t, d.pool.Query, "(ANALYZE, COSTS OFF, TIMING OFF) "+q)
+		for _, line := range strings.Split(plan, "\n") {
+			if strings.Contains(line, "Scan on "+tbl) {
+				return !strings.Contains(line, "never executed")
+			}
+		}
+		t.Fatalf("no scan of %s in the stats plan:\n%s", tbl, plan)
+		return false
+	}
+	if recorded(doneTbl) || recorded(deadTbl) || !scanned(doneTbl) {
+		t.Fatal("counts recorded before a maintenance round")
+	}
+	// One segment per round.
+	for range 2 {
+		if err := s.round(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !recorded(doneTbl) || !recorded(deadTbl) {
+		t.Fatalf("counts recorded: done %v, dead %v after two rounds", recorded(doneTbl), recorded(deadTbl))
+	}
+	if a, b := counts("a", driver.StateCompleted), counts("b", driver.StateDiscarded); a != 20 || b != 10 {
+		t.Fatalf("stats from the recorded counts: a completed %d, b discarded %d; want 20, 10", a, b)
+	}
+	// Counting advanced the segment's incarnation: the late completion,
+	// through the view that still takes it for current, fails its guard
+	// and lands in the new current segment instead.
+	cp := *stale
+	cp.at = time.Now()
+	s.view.Store(&cp)
+	if applied, err := d.Complete(ctx, []driver.Outcome{{ID: late[0].ID, Fence: late[0].Fence, Attempt: late[0].Attempt, State: driver.StateCompleted}}); err != nil || len(applied) != 1 {
+		t.Fatalf("late completion: %v %v", applied, err)
+	}
+	if n := rowsIn(t, d, doneTbl); n != 20 {
+		t.Fatalf("the counted segment %s holds %d jobs after a late completion, want its 20", doneTbl, n)
+	}
+	if a := counts("a", driver.StateCompleted); a != 21 {
+		t.Fatalf("after the late completion: a completed %d, want 21", a)
+	}
+	// Two rows slipped in behind the registry's back are not seen: the
+	// counts are read, the segment is not scanned.
+	if _, err := d.pool.Exec(ctx, "INSERT INTO "+doneTbl+" ("+segCols+") SELECT "+
+		strings.Replace(segCols, "id,", "id + 1000000,", 1)+" FROM "+doneTbl+" ORDER BY id LIMIT 2"); err != nil {
+		t.Fatal(err)
+	}
+	if a := counts("a", driver.StateCompleted); a != 21 || scanned(doneTbl) || scanned(deadTbl) {
+		t.Fatalf("with counts recorded: a completed %d (want 21), done scanned %v, dead scanned %v", a, scanned(doneTbl), scanned(deadTbl))
+	}
+	// A retry out of the sealed segment clears its counts.
+	if _, err := d.Retry(ctx, done[5]); err != nil {
+		t.Fatal(err)
+	}
+	if recorded(doneTbl) || !recorded(deadTbl) {
+		t.Fatalf("after a retry out of %s: counts recorded done %v, dead %v", doneTbl, recorded(doneTbl), recorded(deadTbl))
+	}
+	if a, av := counts("a", driver.StateCompleted), counts("a", driver.StateAvailable); a != 22 || av != 1 || !scanned(doneTbl) {
+		t.Fatalf("after the retry: a completed %d available %d (want 22, 1), scanned %v", a, av, scanned(doneTbl))
+	}
+	if err := s.round(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !recorded(doneTbl) || counts("a", driver.StateCompleted) != 22 || scanned(doneTbl) {
+		t.Fatalf("recounted: recorded %v, a completed %d (want 22)", recorded(doneTbl), counts("a", driver.StateCompleted))
+	}
+	// Counts under another incarnation (a process of an earlier version
+	// reclaimed the segment without clearing them) are not used, and the
+	// next round records them again.
+	if _, err := d.pool.Exec(ctx, "UPDATE "+d.prefix+"segments SET inc = inc + 1 WHERE tbl = $1", doneTbl); err != nil {
+		t.Fatal(err)
+	}
+	if !scanned(doneTbl) || counts("a", driver.StateCompleted) != 22 {
+		t.Fatalf("counts of another incarnation: scanned %v, a completed %d (want 22)", scanned(doneTbl), counts("a", driver.StateCompleted))
+	}
+	if err := s.round(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if scanned(doneTbl) || counts("a", driver.StateCompleted) != 22 {
+		t.Fatalf("recounted under the new incarnation: scanned %v, a completed %d (want 22)", scanned(doneTbl), counts("a", driver.StateCompleted))
+	}
+	// Retention reclaims the sealed segments; a status change clears the
+	// counts, and Stats no longer counts their jobs.
+	if _, err := s.pruneAll(ctx, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(t, d, doneTbl); st == "sealed" || recorded(doneTbl) {
+		t.Fatalf("after retention: %s is %s, counts recorded %v", doneTbl, st, recorded(doneTbl))
+	}
+	if _, err := s.refresh(ctx, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := counts("a", driver.StateCompleted), counts("b", driver.StateDiscarded); a != 0 || b != 0 {
+		t.Fatalf("after retention: a completed %d, b discarded %d; want 0", a, b)
+	}
+}
+
+// TestSegmentsStatsCountsRacingRetries: a by-hand retry takes a job out
+// of a sealed done segment while the leader records the segment's counts,
+// started together, 150 times. After each pair the recorded counts are
+// either cleared or exactly the segment's rows, never a count that missed
+// the retry; at the end Stats matches the jobs' real states.
+func TestSegmentsStatsCountsRacingRetries(t *testing.T) {
+	d, s := openSeg(t)
+	s.tune.lateWrites, s.tune.grace = 0, 0
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const n, retried = 300, 150
+	ids := finishJobs(t, d, "r", n, driver.StateCompleted)
+	var tbl string
+	if err := d.pool.QueryRow(ctx, "SELECT tbl FROM "+d.prefix+"segments WHERE phase = 'done' AND status = 'current'").Scan(&tbl); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.rotate(ctx, phDone); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.refresh(ctx, time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	var stale, cleared, recorded int
+	for i, id := range ids[:retried] {
+		if _, err := d.pool.Exec(ctx, "UPDATE "+d.prefix+"segments SET counts = NULL WHERE tbl = $1", tbl); err != nil {
+			t.Fatal(err)
+		}
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		var cerr, rerr error
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, cerr = s.recordCounts(ctx, tbl)
+		}()
+		go func() {
+			defer wg.Done()
+			<-start
+			_, rerr = d.Retry(ctx, id)
+		}()
+		close(start)
+		wg.Wait()
+		if cerr != nil || rerr != nil {
+			t.Fatalf("pair %d: record counts: %v; retry: %v", i, cerr, rerr)
+		}
+		var sum, actual int64
+		if err := d.pool.QueryRow(ctx, "SELECT coalesce((SELECT sum((c->>'n')::bigint) FROM jsonb_array_elements(counts) c), -1) FROM "+
+			d.prefix+"segments WHERE tbl = $1", tbl).Scan(&sum); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.pool.QueryRow(ctx, "SELECT count(*) FROM "+tbl).Scan(&actual); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case sum == -1:
+			cleared++
+		case sum == actual:
+			recorded++
+		default:
+			stale++
+			t.Errorf("pair %d: %s holds %d jobs, its recorded counts say %d", i, tbl, actual, sum)
+		}
+	}
+	if _, err := s.recordCounts(ctx, tbl); err != nil {
+		t.Fatal(err)
+	}
+	st, err := d.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, q := range st {
+		if q.Queue == "r" {
+			found = true
+			if q.Counts[driver.StateCompleted] != n-retried || q.Counts[driver.StateAvailable] != retried {
+				t.Fatalf("stats %v, want %d completed and %d available", q.Counts, n-retried, retried)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("stats %+v: no queue r", st)
+	}
+	t.Logf("%d pairs: counts cleared by the retry after them %d times, recorded after the retry %d times, stale %d", retried, cleared, recorded, stale)
+}
+
+// TestSegmentsConversionBesideHeldLock: a transaction holds a lock on
+// {p}jobs (as pg_dump does) through the conversion's attempts. Inserts
+// keep completing meanwhile (each attempt waits in the lock queue for
+// 200 ms at most), the conversion fails naming the held lock and leaves
+// the prefix on the one table, and it succeeds once the lock is gone.
+func TestSegmentsConversionBesideHeldLock(t *testing.T) {
+	ctx := context.Background()
+	tbl := open(t, driver.Options{Storage: StorageTable})
+	hold, err := tbl.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback(ctx)
+	if _, err := hold.Exec(ctx, "SELECT count(*) FROM "+tbl.prefix+"jobs"); err != nil {
+		t.Fatal(err)
+	}
+	saved := convertLockFor
+	convertLockFor = 2 * time.Second
+	defer func() { convertLockFor = saved }()
+	conv, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: tbl.prefix, Storage: StorageSegments})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conv.Close()
+	migrated := make(chan error, 1)
+	go func() {
+		_, err := conv.Migrate(ctx)
+		migrated <- err
+	}()
+	inserts := 0
+	for {
+		select {
+		case err = <-migrated:
+		default:
+			ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, ierr := tbl.Insert(ictx, []driver.InsertParams{pj("beside")})
+			cancel()
+			if ierr != nil {
+				t.Fatalf("insert %d while the conversion tried its lock: %v", inserts, ierr)
+			}
+			inserts++
+			continue
+		}
+		break
+	}
+	if err == nil || !strings.Contains(err.Error(), "another transaction held a lock") {
+		t.Fatalf("conversion beside a held lock: %v", err)
+	}
+	if conv.Storage() != StorageTable || inserts == 0 {
+		t.Fatalf("after the refused conversion: storage %s, %d inserts", conv.Storage(), inserts)
+	}
+	if err := hold.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conv.Migrate(ctx); err != nil || conv.Storage() != StorageSegments {
+		t.Fatalf("conversion after the lock was released: storage %s, %v", conv.Storage(), err)
+	}
+	st, err := conv.Stats(ctx)
+	if err != nil || len(st) != 1 || st[0].Queue != "beside" || st[0].Counts[driver.StateAvailable] != int64(inserts) {
+		t.Fatalf("stats after the conversion: %+v %v, want the %d jobs inserted available", st, err, inserts)
 	}
 }

@@ -69,9 +69,9 @@ type Options struct {
 	// Tick is the interval of the periodic job every worker process
 	// runs. Default a tenth of the lease; negative: none.
 	Tick time.Duration
-	// Storage is the PostgreSQL storage of every phase's tables:
-	// "segments" converts them (connect.Options.PostgresStorage) before
-	// the load; "" keeps the one-table default. PostgreSQL only.
+	// Storage is the PostgreSQL storage of every phase's tables
+	// (connect.Options.PostgresStorage): "" or "segments", the default;
+	// "table" keeps them on the one table. PostgreSQL only.
 	Storage string
 	// HoldXmin holds a REPEATABLE READ transaction that has read every
 	// table of the phase open from before the workers start until the
@@ -137,8 +137,8 @@ func (o *Options) defaults() error {
 	if o.SmallPool <= 0 {
 		o.SmallPool = 1
 	}
-	if o.Storage != "" && o.Storage != "segments" {
-		return fmt.Errorf("torture: storage %q: the only storage besides the default is segments", o.Storage)
+	if o.Storage != "" && o.Storage != "segments" && o.Storage != "table" {
+		return fmt.Errorf("torture: storage %q: the storages are segments (the default) and table", o.Storage)
 	}
 	if o.SealAt <= 0 {
 		o.SealAt = 16 << 10
@@ -316,6 +316,9 @@ func Run(ctx context.Context, opts Options) ([]Row, error) {
 	if (o.Storage != "" || o.HoldXmin) && backend != "postgres" {
 		return nil, fmt.Errorf("torture: --storage and --hold-xmin are PostgreSQL settings; this database is %s", backend)
 	}
+	if backend == "postgres" && o.Storage == "" {
+		o.Storage = "segments" // the default, named so that the rows say it
+	}
 	if backend == "mysql" {
 		// go-sql-driver logs dropped connections to stderr by default.
 		_ = gomysql.SetLogger(log.New(o.Log, "  [mysql driver] ", 0))
@@ -444,8 +447,11 @@ func (p *phase) setUp(ctx context.Context) error {
 	}
 	p.sup = newSupervisor(p.o.Exe, p.o.ExeArgs, p.o.Env, dir, p.logf)
 	common := []string{"--db", withAppName(p.dsn, "conveyor-torture"), "--prefix", p.prefix}
-	if p.o.Storage != "" {
+	switch p.o.Storage {
+	case "segments":
 		common = append(common, "--storage", p.o.Storage, "--seal-at", strconv.FormatInt(p.o.SealAt, 10))
+	case "table":
+		common = append(common, "--storage", p.o.Storage)
 	}
 	p.workerArgs = slices.Concat(common, []string{"--workers", strconv.Itoa(p.o.Concurrency), "--lease", p.o.Lease.String(),
 		"--job-timeout", jobTimeout(p.o.Lease).String()}, p.workerArgs)
@@ -723,7 +729,7 @@ func (p *phase) tearDown(ctx context.Context, row *Row) {
 	if p.sup != nil {
 		p.sup.close()
 	}
-	if p.o.Storage != "" && p.adm != nil {
+	if p.o.Storage == "segments" && p.adm != nil {
 		n, reclaims, highest, err := p.adm.segRotation(context.WithoutCancel(ctx))
 		if err != nil {
 			p.note("segments: reading the registry: %v", err)
