@@ -102,28 +102,36 @@ var dashboardPages = []dashboardPage{
 
 // dashboard runs the dashboard workload.
 func dashboard(ctx context.Context, o Options) ([]*Result, error) {
+	t0 := time.Now()
+	// The states are set by one UPDATE of the one-table storage. On
+	// PostgreSQL's segments (the default) the jobs are loaded on the one
+	// table of a fresh prefix, given their states there, and converted
+	// by migration 10 when the dashboard's client opens the prefix, the
+	// path of a database upgraded from an earlier version.
+	convert := backendOf(o.DSN) == "postgres" && o.Connect.PostgresStorage != "table"
+	if convert {
+		if !o.Keep || o.Config.TablePrefix == "" {
+			o.Keep, o.Config.TablePrefix = true, freshPrefix("bench")
+		}
+		lo := o
+		lo.Connect.PostgresStorage = "table"
+		if err := dashboardLoad(ctx, lo, t0); err != nil {
+			return nil, err
+		}
+		// "segments": migration 10 is recorded (the loader kept the one
+		// table); this converts such a prefix.
+		o.Connect.PostgresStorage = "segments"
+	}
 	c, err := httpClient(ctx, o)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
 	backend := c.Backend()
-	t0 := time.Now()
-	const chunk = 10000
-	for off := 0; off < o.Jobs; off += chunk {
-		items := make([]conveyor.EnqueueItem, min(chunk, o.Jobs-off))
-		for i := range items {
-			items[i] = dashboardJob(off + i)
-		}
-		if _, err := c.EnqueueBulk(ctx, items); err != nil {
+	if !convert {
+		if err := dashboardFill(ctx, c, o, t0); err != nil {
 			return nil, err
 		}
-		if o.Progress != nil {
-			fmt.Fprintf(o.Progress, "\r%s: loaded %d/%d jobs  %.1fs   ", o.label, off+len(items), o.Jobs, time.Since(t0).Seconds())
-		}
-	}
-	if err := dashboardStates(ctx, o, c.Config().TablePrefix); err != nil {
-		return nil, err
 	}
 	if o.Progress != nil {
 		fmt.Fprintf(o.Progress, "\r%s: loaded %d jobs in mixed states in %.1fs\n", o.label, o.Jobs, time.Since(t0).Seconds())
@@ -160,6 +168,36 @@ func dashboard(ctx context.Context, o Options) ([]*Result, error) {
 		o.emit(r)
 	}
 	return rs, errors.Join(derr, cerr)
+}
+
+// dashboardLoad fills the prefix of o.Config through a client of its
+// own (opened, migrated, closed).
+func dashboardLoad(ctx context.Context, o Options, t0 time.Time) error {
+	c, err := httpClient(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return dashboardFill(ctx, c, o, t0)
+}
+
+// dashboardFill enqueues o.Jobs dashboard jobs through c and gives them
+// their states (dashboardStates).
+func dashboardFill(ctx context.Context, c *conveyor.Client[any], o Options, t0 time.Time) error {
+	const chunk = 10000
+	for off := 0; off < o.Jobs; off += chunk {
+		items := make([]conveyor.EnqueueItem, min(chunk, o.Jobs-off))
+		for i := range items {
+			items[i] = dashboardJob(off + i)
+		}
+		if _, err := c.EnqueueBulk(ctx, items); err != nil {
+			return err
+		}
+		if o.Progress != nil {
+			fmt.Fprintf(o.Progress, "\r%s: loaded %d/%d jobs  %.1fs   ", o.label, off+len(items), o.Jobs, time.Since(t0).Seconds())
+		}
+	}
+	return dashboardStates(ctx, o, c.Config().TablePrefix)
 }
 
 // dashboardStates gives the loaded jobs their states (see
