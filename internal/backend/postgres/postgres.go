@@ -154,37 +154,108 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if cfg.MinConns > cfg.MaxConns {
 		cfg.MinConns = cfg.MaxConns
 	}
-	// pgx prepares every statement; after five executions PostgreSQL may
-	// keep a generic plan chosen while the jobs table was small (a seq scan
-	// joined by hash), and keep it until the next ANALYZE. On a table that
-	// grows under load that turned a 2,000-row completion into seconds of
-	// CPU. Batch statements are few and large, so planning each is cheap.
-	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
-		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	// The plan cache mode follows the prefix's storage (see planModes);
+	// the driver does not exist yet when the pool is made, so the hook
+	// reads it once New has set it.
+	var pm *planModes
+	_, userPlan := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]
+	if !userPlan {
+		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = planCustom
+		pm = &planModes{}
+		pm.hook(&cfg.PrepareConn)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
 	}
-	d, err := New(ctx, pool, opts)
+	d, err := newDriver(ctx, pool, opts, userPlan)
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
 	d.ownsPool = true
+	if pm != nil {
+		pm.d.Store(d)
+	}
 	return d, nil
+}
+
+// Plan cache modes. pgx prepares every statement. On the one-table
+// storage, after five executions PostgreSQL may keep a generic plan chosen
+// while the jobs table was small (a seq scan joined by hash) until the next
+// ANALYZE, which conveyor leaves to autovacuum: on a table that grows under
+// load that turned a 2,000-row completion into seconds of CPU, so each
+// statement is planned anew (force_custom_plan). On the segments storage
+// every table a plan reads is bounded (a segment is sealed at a size) and
+// the leader analyzes each current segment whenever it doubles, which
+// invalidates the plans on it, so a plan cannot outlive the statistics it
+// was made with by more than a doubling; planning the segments' statements
+// at every execution was 15-20% of the server's CPU in a drain. There a
+// connection keeps the generic plan (force_generic_plan).
+const (
+	planCustom  = "force_custom_plan"
+	planGeneric = "force_generic_plan"
+)
+
+// planModes gives the connections of a pool conveyor made the plan cache
+// mode of the driver's storage: set at connection start to planCustom, and
+// switched by PrepareConn (at the acquire of a connection, once) when the
+// driver is on the segments. A pool whose configuration names a
+// plan_cache_mode keeps it: no planModes is made for it.
+type planModes struct {
+	d atomic.Pointer[Driver]
+}
+
+// planKey is the connection's CustomData key of the mode it was given.
+const planKey = "conveyor.plan_cache_mode"
+
+// hook chains the mode switch in front of *prepare (the configuration's
+// own PrepareConn, if any).
+func (pm *planModes) hook(prepare *func(context.Context, *pgx.Conn) (bool, error)) {
+	next := *prepare
+	*prepare = func(ctx context.Context, c *pgx.Conn) (bool, error) {
+		if d := pm.d.Load(); d != nil {
+			want := planCustom
+			if d.segs() != nil {
+				want = planGeneric
+			}
+			data := c.PgConn().CustomData()
+			if have, _ := data[planKey].(string); have != want && !(have == "" && want == planCustom) {
+				if _, err := c.Exec(ctx, "SELECT set_config('plan_cache_mode', $1, false)", want); err != nil {
+					// The connection's state is unknown: a new one is made.
+					return false, nil
+				}
+				data[planKey] = want
+			}
+		}
+		if next != nil {
+			return next(ctx, c)
+		}
+		return true, nil
+	}
 }
 
 // New returns a driver on the application's own pool, which it does not
 // close. Claims, inserts, maintenance and admin calls use that pool; the
 // lease path (heartbeat, complete, release) gets a pool of its own of at
 // most two connections, and the listener one dedicated connection, both
-// made from the pool's configuration (with plan_cache_mode =
-// force_custom_plan unless that configuration sets it).
+// made from the pool's configuration. Unless that configuration sets a
+// plan_cache_mode, the lease pool's connections get the mode of the
+// prefix's storage (see planCustom); the application's pool is left as
+// it is: on the segments storage, giving it plan_cache_mode =
+// force_generic_plan saves the planning of every claim.
 func New(ctx context.Context, pool *pgxpool.Pool, opts driver.Options) (*Driver, error) {
 	if pool == nil {
 		return nil, errors.New("conveyor/postgres: new: nil *pgxpool.Pool")
 	}
+	_, userPlan := pool.Config().ConnConfig.RuntimeParams["plan_cache_mode"]
+	return newDriver(ctx, pool, opts, userPlan)
+}
+
+// newDriver is New; userPlan reports whether the pool's configuration
+// came with a plan_cache_mode of the application's, which every pool of
+// the driver then keeps.
+func newDriver(ctx context.Context, pool *pgxpool.Pool, opts driver.Options, userPlan bool) (*Driver, error) {
 	if err := sqlq.CheckPrefix(opts.Prefix); err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: new: %w", err)
 	}
@@ -192,11 +263,16 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts driver.Options) (*Driver,
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
 	}
 	cfg := pool.Config()
-	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
-		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	var leasePM *planModes
+	if !userPlan {
+		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = planCustom
 	}
 	leaseCfg := cfg.Copy()
 	leaseCfg.MaxConns, leaseCfg.MinConns = leaseConns, 0
+	if !userPlan {
+		leasePM = &planModes{}
+		leasePM.hook(&leaseCfg.PrepareConn)
+	}
 	lease, err := pgxpool.NewWithConfig(ctx, leaseCfg)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: lease pool: %w", err)
@@ -220,6 +296,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts driver.Options) (*Driver,
 	if err := d.detectStorage(ctx); err != nil {
 		lease.Close()
 		return nil, err
+	}
+	if leasePM != nil {
+		leasePM.d.Store(d)
 	}
 	return d, nil
 }

@@ -184,12 +184,13 @@ func (s *segStore) syncCurrent(ctx context.Context, regs []regRow) (bool, error)
 	return changed, nil
 }
 
-// analyzeGrown analyzes a current ready or waiting segment that has
-// doubled in size (and passed 64 kB) since it was last analyzed.
+// analyzeGrown analyzes a current segment that has doubled in size (and
+// passed 64 kB) since it was last analyzed. The statistics steer the
+// claim (see seg_analyze), and the analyze invalidates the plans cached
+// on the segment: the segments' statements keep generic plans (see
+// planCustom), which are thus never made with statistics of a table less
+// than half its size.
 func (s *segStore) analyzeGrown(ctx context.Context, r regRow, size int64) error {
-	if r.phase != phReady && r.phase != phWaiting {
-		return nil
-	}
 	if s.analyzed == nil {
 		s.analyzed = map[string]int64{}
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 	"github.com/conveyorq/conveyor/internal/testdb"
@@ -1458,5 +1459,107 @@ func TestSegmentsConversionBesideHeldLock(t *testing.T) {
 	st, err := conv.Stats(ctx)
 	if err != nil || len(st) != 1 || st[0].Queue != "beside" || st[0].Counts[driver.StateAvailable] != int64(inserts) {
 		t.Fatalf("stats after the conversion: %+v %v, want the %d jobs inserted available", st, err, inserts)
+	}
+}
+
+// planModesOf acquires every connection of pool at once and returns the
+// plan_cache_mode each reports.
+func planModesOf(t *testing.T, pool interface {
+	Acquire(context.Context) (*pgxpool.Conn, error)
+}, n int) []string {
+	t.Helper()
+	ctx := context.Background()
+	var modes []string
+	var held []*pgxpool.Conn
+	defer func() {
+		for _, c := range held {
+			c.Release()
+		}
+	}()
+	for range n {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		var m string
+		if err := c.QueryRow(ctx, "SELECT current_setting('plan_cache_mode')").Scan(&m); err != nil {
+			t.Fatal(err)
+		}
+		modes = append(modes, m)
+	}
+	return modes
+}
+
+// The connections of the pools conveyor makes plan each statement anew on
+// the one-table storage (force_custom_plan) and keep generic plans on the
+// segments (force_generic_plan), switching when the prefix is converted
+// under a running driver; a DSN that names a plan_cache_mode keeps it.
+func TestPlanCacheModeFollowsStorage(t *testing.T) {
+	ctx := context.Background()
+	all := func(modes []string, want string) bool {
+		for _, m := range modes {
+			if m != want {
+				return false
+			}
+		}
+		return len(modes) > 0
+	}
+	tbl := open(t, driver.Options{Storage: StorageTable})
+	n := int(tbl.pool.Config().MaxConns)
+	if m := planModesOf(t, tbl.pool, n); !all(m, planCustom) {
+		t.Errorf("table storage: pool modes %v, want %s", m, planCustom)
+	}
+	if m := planModesOf(t, tbl.lease, leaseConns); !all(m, planCustom) {
+		t.Errorf("table storage: lease pool modes %v, want %s", m, planCustom)
+	}
+
+	seg, _ := openSeg(t)
+	if m := planModesOf(t, seg.pool, n); !all(m, planGeneric) {
+		t.Errorf("segments: pool modes %v, want %s", m, planGeneric)
+	}
+	if m := planModesOf(t, seg.lease, leaseConns); !all(m, planGeneric) {
+		t.Errorf("segments: lease pool modes %v, want %s", m, planGeneric)
+	}
+
+	// Converted under the table driver: its connections, made custom,
+	// switch once it follows the prefix onto the segments.
+	conv, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: tbl.prefix, Storage: StorageSegments})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conv.Close()
+	if _, err := conv.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tbl.Claim(ctx, driver.ClaimParams{Queue: "q", Limit: 1, Lease: time.Minute, Worker: "w"}); err != nil {
+		t.Fatal(err)
+	}
+	if tbl.segs() == nil {
+		t.Fatal("the table driver did not follow the conversion")
+	}
+	if m := planModesOf(t, tbl.pool, n); !all(m, planGeneric) {
+		t.Errorf("after the conversion: pool modes %v, want %s", m, planGeneric)
+	}
+
+	// The application's own choice stands, on either storage.
+	dsn := testdb.Postgres(t)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	own, err := Open(ctx, dsn+sep+"plan_cache_mode=auto", driver.Options{Prefix: seg.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	if own.segs() == nil {
+		t.Fatal("a driver on a segments prefix did not read it")
+	}
+	if m := planModesOf(t, own.pool, n); !all(m, "auto") {
+		t.Errorf("DSN plan_cache_mode=auto: pool modes %v", m)
+	}
+	if m := planModesOf(t, own.lease, leaseConns); !all(m, "auto") {
+		t.Errorf("DSN plan_cache_mode=auto: lease pool modes %v", m)
 	}
 }
