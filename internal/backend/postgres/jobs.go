@@ -350,6 +350,7 @@ func (d *Driver) tryComplete(ctx context.Context, outcomes []driver.Outcome) ([]
 	states.init(12 * n)
 	retryIn.init(2 * n)
 	errs.init(3 * n)
+	allDone := true // every outcome completed, without an error
 	for i := range outcomes {
 		o := &outcomes[i]
 		switch o.State {
@@ -361,6 +362,7 @@ func (d *Driver) tryComplete(ctx context.Context, outcomes []driver.Outcome) ([]
 		fences.int(o.Fence)
 		states.str(o.State)
 		retryIn.int(micros(o.RetryIn))
+		allDone = allDone && o.State == driver.StateCompleted && o.Err == nil
 		if o.Err == nil {
 			errs.str("")
 			continue
@@ -376,6 +378,10 @@ func (d *Driver) tryComplete(ctx context.Context, outcomes []driver.Outcome) ([]
 		jobIDs := make([]int64, n)
 		for i := range outcomes {
 			jobIDs[i] = outcomes[i].ID
+		}
+		if allDone {
+			applied, err := s.completeDone(ctx, jobIDs, args[:2])
+			return applied, wrap("complete", err)
 		}
 		applied, err := s.complete(ctx, jobIDs, args)
 		return applied, wrap("complete", err)

@@ -185,6 +185,15 @@ func (s *segStore) complete(ctx context.Context, ids []int64, args []any) ([]int
 	})
 }
 
+// completeDone is complete for a batch of outcomes that are all completed
+// without an error (seg_complete_done); args are the ids and fences.
+func (s *segStore) completeDone(ctx context.Context, ids []int64, args []any) ([]int64, error) {
+	defer s.forget(ids)
+	return s.leaseOp(ctx, ids, args, func(v *segView, srcs []string) string {
+		return s.stmt("seg_complete_done", v, srcs, phDone)
+	})
+}
+
 // heartbeat extends leases in place, in the running segments their jobs
 // were claimed into, else in every live running segment.
 func (s *segStore) heartbeat(ctx context.Context, leases []int64, ids, fences string, lease time.Duration) ([]int64, error) {

@@ -160,14 +160,16 @@ SELECT {guard}
 -- Every live ready segment offers its first $2 jobs of the queue (FOR
 -- UPDATE SKIP LOCKED: claimers never wait for each other); the first $2
 -- of all by (priority, pos) move to the current running segment. The
--- delete finds them by id (an index scan per job): a join on ctid would
--- be a hash join over a sequential scan of the whole segment. It commits
--- asynchronously and takes its fence from the clock, as claim does (see
--- there why that is safe).
+-- delete finds them by the ctids the locking read returned (a TID scan:
+-- no index descent per job). A locked row cannot move (rows of a ready
+-- segment are never updated, and the lock keeps any other statement from
+-- deleting it), so its ctid still names it when the delete runs. It
+-- commits asynchronously and takes its fence from the clock, as claim
+-- does (see there why that is safe).
 WITH
 async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
 {each}c{i} AS (
-    SELECT {i} AS s, id AS c, priority, pos FROM {src}
+    SELECT {i} AS s, ctid AS c, priority, pos FROM {src}
      WHERE queue = $1 AND {guard}
        AND NOT EXISTS (SELECT 1 FROM {p}queues WHERE name = $1 AND paused_at IS NOT NULL)
      ORDER BY priority, pos
@@ -180,7 +182,7 @@ picked AS (
     ORDER BY priority, pos
     LIMIT $2
 ),
-{each}d{i} AS (DELETE FROM {src} r USING picked p WHERE p.s = {i} AND r.id = p.c RETURNING r.*),
+{each}d{i} AS (DELETE FROM {src} r WHERE r.ctid = ANY (ARRAY(SELECT c FROM picked WHERE s = {i})) RETURNING r.*),
 {sep}{end}
 ins AS (
     INSERT INTO {running} ({cols})
@@ -241,6 +243,35 @@ uk AS (
              OR x.state IN ('retryable', 'scheduled'))
 )
 SELECT id FROM x
+UNION ALL SELECT -1 WHERE NOT ({guard})
+
+-- name: seg_complete_done
+-- seg_complete for a batch of outcomes that are all completed without an
+-- error (a drain's every batch): each job moves from its running segment
+-- straight into the current done segment, without the rows of every kind
+-- of outcome that seg_complete computes and keeps (x), a third of its
+-- cost. The same fence, guard, columns and unique-key rule as there.
+WITH o AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS o(id, fence)),
+{each}d{i} AS (
+    DELETE FROM {src} r USING o
+     WHERE r.id = o.id AND r.fence = o.fence AND {guard}
+    RETURNING r.*
+),
+{sep}{end}
+idn AS (
+    INSERT INTO {done} ({cols})
+    SELECT pos, id, queue, kind, args, 'completed', priority, attempt, max_attempts, timeout_ms,
+           scheduled_at, created_at, attempted_at, now(), NULL, attempted_by, errors,
+           fence, unique_key, unique_keep, meta
+    FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
+    RETURNING id, unique_key, unique_keep
+),
+uk AS (
+    DELETE FROM {p}unique_keys k USING idn
+     WHERE idn.unique_key IS NOT NULL AND k.key = idn.unique_key AND k.job_id = idn.id
+       AND (idn.unique_keep & 1) = 0
+)
+SELECT id FROM idn
 UNION ALL SELECT -1 WHERE NOT ({guard})
 
 -- name: seg_heartbeat
@@ -591,7 +622,8 @@ DELETE FROM {p}unique_keys k USING {t} j WHERE j.unique_key IS NOT NULL AND k.ke
 -- Statistics for the planner: without them it takes a segment's queue
 -- for a few rows and sorts the whole segment under a claim's LockRows
 -- (which a LIMIT cannot bound) instead of reading the claim index in
--- order.
+-- order. The analyze also invalidates the generic plans cached on the
+-- segment, which are then made again with these statistics.
 ANALYZE {t}
 
 -- name: seg_truncate
