@@ -190,7 +190,11 @@ func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
 // tryRetry is Retry on the storage this driver last read (see converted).
 func (d *Driver) tryRetry(ctx context.Context, id int64) (*driver.JobRow, error) {
 	if s := d.segs(); s != nil {
-		return s.admin(ctx, "retry", "seg_retry", id, []string{phDead, phDone, phWaiting}, []string{phReady}, id)
+		j, err := s.admin(ctx, "retry", "seg_retry", id, []string{phDead, phDone, phWaiting}, []string{phReady}, id)
+		if err == nil {
+			s.hints.wake(j.Queue) // see claimHints
+		}
+		return j, err
 	}
 	return d.adminUpdate(ctx, "retry", id, d.q.retry, id)
 }

@@ -290,7 +290,7 @@ func (d *Driver) tryClaim(ctx context.Context, p driver.ClaimParams) ([]*driver.
 
 // scanClaimed reads the rows of a claim (the columns of the claim query)
 // and closes them.
-func (d *Driver) scanClaimed(rows pgx.Rows, p driver.ClaimParams) ([]*driver.JobRow, error) {
+func (d *Driver) scanClaimed(rows pgx.Rows, p driver.ClaimParams, extra ...any) ([]*driver.JobRow, error) {
 	defer rows.Close()
 
 	// One set of destinations for every row: scanning allocates only what
@@ -302,6 +302,7 @@ func (d *Driver) scanClaimed(rows pgx.Rows, p driver.ClaimParams) ([]*driver.Job
 	dest := []any{&j.ID, &internScanner{in: &d.kinds, dst: &j.Kind}, &args, &j.Priority, &j.Attempt,
 		&j.MaxAttempts, &j.TimeoutMS, &j.ScheduledAt, &j.CreatedAt, &j.AttemptedAt, &j.LeaseExpiresAt,
 		&errorsScanner{dst: &j.Errors}, &j.Fence, metaScanner{&j.Meta}}
+	dest = append(dest, extra...)
 	var jobs []driver.JobRow // allocated on the first row: empty polls cost nothing
 	for rows.Next() {
 		if jobs == nil {

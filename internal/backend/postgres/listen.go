@@ -91,6 +91,10 @@ func (l *listener) Wait(ctx context.Context) (string, error) {
 			if err := l.reconnect(ctx); err != nil {
 				return "", l.ctxErr(ctx, err)
 			}
+			// Notifications may have been missed meanwhile.
+			if s := l.d.segs(); s != nil {
+				s.hints.wakeAll()
+			}
 			return "", nil
 		}
 		waitCtx, waitCancel := context.WithTimeout(ctx, listenPingInterval)
@@ -100,6 +104,11 @@ func (l *listener) Wait(ctx context.Context) (string, error) {
 			if n.Payload == segNotice {
 				l.d.segmentsChanged(ctx)
 				continue
+			}
+			if s := l.d.segs(); s != nil {
+				// Jobs became available in the queue: its claim hint
+				// starts over (see claimHints).
+				s.hints.wake(n.Payload)
 			}
 			return n.Payload, nil
 		}

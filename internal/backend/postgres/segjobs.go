@@ -46,7 +46,21 @@ func (s *segStore) insert(ctx context.Context, q querier, jobs []driver.InsertPa
 		}
 		return err
 	})
+	if err == nil {
+		s.wakeJobs(jobs)
+	}
 	return ids, err
+}
+
+// wakeJobs starts over the claim hints of the queues of jobs just
+// inserted (see claimHints); the notification of their commit does it
+// again, for an insert in the caller's transaction.
+func (s *segStore) wakeJobs(jobs []driver.InsertParams) {
+	for i := range jobs {
+		if i == 0 || jobs[i].Queue != jobs[i-1].Queue {
+			s.hints.wake(jobs[i].Queue)
+		}
+	}
 }
 
 // poolQuerier runs queries on the driver's pool.
@@ -142,7 +156,11 @@ func (s *segStore) bulkInsert(ctx context.Context, jobs []driver.InsertParams) (
 			return 0, fmt.Errorf("notify: %w", err)
 		}
 	}
-	return total, tx.Commit(ctx)
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	s.wakeJobs(due)
+	return total, nil
 }
 
 // bulkAnalyze is the size of a copy after which BulkInsert analyzes the
@@ -150,17 +168,56 @@ func (s *segStore) bulkInsert(ctx context.Context, jobs []driver.InsertParams) (
 const bulkAnalyze = 5000
 
 // claim moves up to p.Limit jobs of p.Queue from the live ready segments
-// to the current running segment, in (priority, pos) order across them.
+// to the current running segment, in (priority, pos) order across them,
+// starting past the queue's hint when it has one (see claimHints).
 func (s *segStore) claim(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+	h, hinted, gen, all := s.hints.begin(p.Queue, time.Now())
+	out, last, err := s.claimFrom(ctx, p, h)
+	if err != nil {
+		// The server may have restarted and lost claims (asynchronous
+		// commits): their jobs are back below the hint.
+		s.hints.drop(p.Queue)
+		return nil, err
+	}
+	if len(out) == p.Limit {
+		s.hints.set(p.Queue, last.prio, last.pos, gen, all, time.Now())
+		return out, nil
+	}
+	s.hints.drop(p.Queue)
+	if hinted {
+		// The queue may look short only because of the hint: the rest
+		// from its start, before the jobs past the hint.
+		rest := p
+		rest.Limit = p.Limit - len(out)
+		more, _, err := s.claimFrom(ctx, rest, noHint)
+		if err != nil {
+			if len(out) == 0 {
+				return nil, err
+			}
+			// The hinted claim committed: its jobs are this process's.
+			return out, nil
+		}
+		out = append(more, out...)
+	}
+	return out, nil
+}
+
+// claimFrom runs one claim statement past h, returning the jobs and the
+// (priority, pos) of the last.
+func (s *segStore) claimFrom(ctx context.Context, p driver.ClaimParams, h claimHint) ([]*driver.JobRow, claimHint, error) {
 	var out []*driver.JobRow
+	last := noHint
 	err := s.withView(ctx, func(v *segView) error {
-		rows, err := s.d.pool.Query(ctx, s.stmt("seg_claim", v, v.live[phReady], phRunning), p.Queue, p.Limit, micros(p.Lease), p.Worker)
+		rows, err := s.d.pool.Query(ctx, s.stmt("seg_claim", v, v.live[phReady], phRunning),
+			p.Queue, p.Limit, micros(p.Lease), p.Worker, h.prio, h.pos)
 		if err != nil {
 			return err
 		}
-		if out, err = s.d.scanClaimed(rows, p); err != nil || len(out) > 0 {
+		var pos int64
+		if out, err = s.d.scanClaimed(rows, p, &pos); err != nil || len(out) > 0 {
 			if err == nil {
 				s.place(v.cur[phRunning].tbl, out)
+				last = claimHint{prio: int32(out[len(out)-1].Priority), pos: pos}
 			}
 			return err
 		}
@@ -170,7 +227,7 @@ func (s *segStore) claim(ctx context.Context, p driver.ClaimParams) ([]*driver.J
 		}
 		return err
 	})
-	return out, err
+	return out, last, err
 }
 
 // complete applies fenced outcomes found in the running segments their
@@ -272,6 +329,9 @@ func (s *segStore) queueMove(ctx context.Context, pool func() querier, build fun
 		}
 		return err
 	})
+	for q := range out {
+		s.hints.wake(q)
+	}
 	return out, err
 }
 

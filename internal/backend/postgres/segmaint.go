@@ -105,6 +105,10 @@ func (s *segStore) round(ctx context.Context) error {
 		}
 	}
 	if changed {
+		// A reclaim may have moved jobs into the current ready segment
+		// below a claim hint (see claimHints); other processes start
+		// theirs over on the notification.
+		s.hints.wakeAll()
 		_, err := s.d.pool.Exec(ctx, s.q("seg_notify"))
 		return err
 	}

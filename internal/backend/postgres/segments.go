@@ -121,6 +121,7 @@ type segStore struct {
 	lastMaint time.Time // maintenance rate limit (leader only; under maintMu)
 	maintMu   sync.Mutex
 	analyzed  map[string]int64 // size of each current segment at its last ANALYZE (under maintMu)
+	hints     claimHints       // where each queue's next claim starts
 
 	// placed remembers the running segment each job this process claimed
 	// was claimed into (see place), so that its outcome and heartbeats
@@ -660,6 +661,9 @@ const segNotice = "!segments"
 func (d *Driver) segmentsChanged(ctx context.Context) {
 	if s := d.segs(); s != nil {
 		s.invalidate()
+		// A reclaim may have moved jobs into the current ready segment
+		// (see claimHints).
+		s.hints.wakeAll()
 		return
 	}
 	_ = d.detectStorage(ctx)

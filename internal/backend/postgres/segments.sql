@@ -170,7 +170,7 @@ WITH
 async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
 {each}c{i} AS (
     SELECT {i} AS s, ctid AS c, priority, pos FROM {src}
-     WHERE queue = $1 AND {guard}
+     WHERE queue = $1 AND (priority, pos) > ($5::int, $6::bigint) AND {guard}
        AND NOT EXISTS (SELECT 1 FROM {p}queues WHERE name = $1 AND paused_at IS NOT NULL)
      ORDER BY priority, pos
      LIMIT $2
@@ -195,7 +195,7 @@ ins AS (
               attempted_at, lease_expires_at, errors, fence, meta, pos
 )
 SELECT id, kind, args, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at,
-       attempted_at, lease_expires_at, errors, fence, meta
+       attempted_at, lease_expires_at, errors, fence, meta, pos
 FROM ins ORDER BY priority, pos
 
 -- name: seg_guard

@@ -181,6 +181,9 @@ func (d *Driver) insertUnique(ctx context.Context, q querier, jobs []driver.Inse
 			}
 		}
 	}
+	if s != nil {
+		s.wakeJobs(jobs)
+	}
 	return nil
 }
 
