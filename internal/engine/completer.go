@@ -93,9 +93,21 @@ func (c *completer) run() {
 		// the same order.
 		sort.Sort(byID{batch, owners})
 		c.write(batch)
-		for i, o := range batch {
-			owners[i].settle(o.ID, o.Fence)
+		settleAll(batch, owners)
+	}
+}
+
+// settleAll settles every outcome of batch with its owner, taking each
+// owner's lock once for its run of outcomes (a queue's fetcher owns most
+// of a batch; its workers take that lock before and after every job).
+func settleAll(batch []driver.Outcome, owners []*fetcher) {
+	for i := 0; i < len(batch); {
+		f := owners[i]
+		f.mu.Lock()
+		for ; i < len(batch) && owners[i] == f; i++ {
+			f.settleLocked(batch[i].ID, batch[i].Fence)
 		}
+		f.mu.Unlock()
 	}
 }
 

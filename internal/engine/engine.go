@@ -395,7 +395,7 @@ func (e *Engine) runJob(ctx context.Context, row *driver.JobRow) (err error, tra
 	}
 	if timeout := e.timeout(row); timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeoutCause(ctx, timeout, fmt.Errorf("job timed out after %v", timeout))
+		ctx, cancel = context.WithTimeoutCause(ctx, timeout, &timeoutError{timeout})
 		defer cancel()
 	}
 	defer func() {
@@ -415,6 +415,13 @@ func (e *Engine) runJob(ctx context.Context, row *driver.JobRow) (err error, tra
 	}
 	return err, trace
 }
+
+// timeoutError is the cause of a job context's cancellation at the
+// job's timeout. Its message is formatted only when read: every job's
+// context is given one, and few time out.
+type timeoutError struct{ after time.Duration }
+
+func (e *timeoutError) Error() string { return fmt.Sprintf("job timed out after %v", e.after) }
 
 // timeout is the job's own timeout, else its kind's, else the engine's;
 // 0 means none.

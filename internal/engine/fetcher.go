@@ -391,10 +391,15 @@ func (f *fetcher) unfinish(it *running) {
 // written (applied or refused) or given up on.
 func (f *fetcher) settle(id, fence int64) {
 	f.mu.Lock()
+	f.settleLocked(id, fence)
+	f.mu.Unlock()
+}
+
+// settleLocked is settle with f.mu held.
+func (f *fetcher) settleLocked(id, fence int64) {
 	if it := f.leases[id]; it != nil && it.row.Fence == fence && it.finishing {
 		delete(f.leases, id)
 	}
-	f.mu.Unlock()
 }
 
 // snapshot lists the attempts this fetcher holds, for the heartbeat:
