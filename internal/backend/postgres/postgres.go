@@ -168,7 +168,7 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
 	}
-	d, err := newDriver(ctx, pool, opts, userPlan)
+	d, err := newDriver(ctx, pool, opts, userPlan, true)
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -249,13 +249,14 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts driver.Options) (*Driver,
 		return nil, errors.New("conveyor/postgres: new: nil *pgxpool.Pool")
 	}
 	_, userPlan := pool.Config().ConnConfig.RuntimeParams["plan_cache_mode"]
-	return newDriver(ctx, pool, opts, userPlan)
+	return newDriver(ctx, pool, opts, userPlan, false)
 }
 
 // newDriver is New; userPlan reports whether the pool's configuration
 // came with a plan_cache_mode of the application's, which every pool of
-// the driver then keeps.
-func newDriver(ctx context.Context, pool *pgxpool.Pool, opts driver.Options, userPlan bool) (*Driver, error) {
+// the driver then keeps; ours, whether Open made the pool (its
+// PrepareConn is then planModes', which the lease pool does not take).
+func newDriver(ctx context.Context, pool *pgxpool.Pool, opts driver.Options, userPlan, ours bool) (*Driver, error) {
 	if err := sqlq.CheckPrefix(opts.Prefix); err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: new: %w", err)
 	}
@@ -269,6 +270,9 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts driver.Options, use
 	}
 	leaseCfg := cfg.Copy()
 	leaseCfg.MaxConns, leaseCfg.MinConns = leaseConns, 0
+	if ours {
+		leaseCfg.PrepareConn = nil
+	}
 	if !userPlan {
 		leasePM = &planModes{}
 		leasePM.hook(&leaseCfg.PrepareConn)
