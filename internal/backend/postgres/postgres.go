@@ -162,7 +162,7 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if !userPlan {
 		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = planCustom
 		pm = &planModes{}
-		pm.hook(&cfg.PrepareConn)
+		pm.hook(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -209,11 +209,12 @@ type planModes struct {
 // planKey is the connection's CustomData key of the mode it was given.
 const planKey = "conveyor.plan_cache_mode"
 
-// hook chains the mode switch in front of *prepare (the configuration's
-// own PrepareConn, if any).
-func (pm *planModes) hook(prepare *func(context.Context, *pgx.Conn) (bool, error)) {
-	next := *prepare
-	*prepare = func(ctx context.Context, c *pgx.Conn) (bool, error) {
+// hook chains the mode switch in front of cfg's own acquire hook:
+// PrepareConn, or the deprecated BeforeAcquire (which pgxpool ignores once
+// PrepareConn is set, so the switch calls it).
+func (pm *planModes) hook(cfg *pgxpool.Config) {
+	next, before := cfg.PrepareConn, cfg.BeforeAcquire
+	cfg.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
 		if d := pm.d.Load(); d != nil {
 			want := planCustom
 			if d.segs() != nil {
@@ -228,8 +229,11 @@ func (pm *planModes) hook(prepare *func(context.Context, *pgx.Conn) (bool, error
 				data[planKey] = want
 			}
 		}
-		if next != nil {
+		switch {
+		case next != nil:
 			return next(ctx, c)
+		case before != nil:
+			return before(ctx, c), nil
 		}
 		return true, nil
 	}
@@ -275,7 +279,7 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts driver.Options, use
 	}
 	if !userPlan {
 		leasePM = &planModes{}
-		leasePM.hook(&leaseCfg.PrepareConn)
+		leasePM.hook(leaseCfg)
 	}
 	lease, err := pgxpool.NewWithConfig(ctx, leaseCfg)
 	if err != nil {

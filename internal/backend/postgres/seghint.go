@@ -33,8 +33,12 @@ import (
 //   - a hinted claim that comes back short claims the rest from the
 //     queue's start at once (the queue may look drained only because of
 //     the hint);
-//   - a hint lasts hintTTL (a lost notification, a rolled-back claim of
-//     another process);
+//   - a hint lasts hintTTL from the claim that read the queue from its
+//     start (a lost notification, a rolled-back claim of another process,
+//     a maintenance round that failed after moving jobs): hinted claims
+//     that follow move it forward but do not extend it, so a queue's
+//     claims read it from its start at least once per hintTTL however
+//     long its backlog lasts;
 //   - a listener that reconnects starts every hint over.
 // Priorities hold the same way: a job of a higher priority than the hint's
 // is enqueued with a notification.
@@ -67,10 +71,18 @@ type claimHints struct {
 
 // begin returns where a claim of queue starts (noHint, false when it has
 // no valid hint) and the generations the claim begins under, for set.
+// A queue is tracked from its first claim on: wakes of queues this
+// process never claimed are not kept.
 func (h *claimHints) begin(queue string, now time.Time) (claimHint, bool, uint64, uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	gen := h.gens[queue]
+	gen, ok := h.gens[queue]
+	if !ok {
+		if h.gens == nil {
+			h.gens = map[string]uint64{}
+		}
+		h.gens[queue] = 0
+	}
 	if c, ok := h.hints[queue]; ok && c.gen == gen && c.all == h.all && now.Before(c.until) {
 		return c, true, gen, h.all
 	}
@@ -78,17 +90,23 @@ func (h *claimHints) begin(queue string, now time.Time) (claimHint, bool, uint64
 }
 
 // set records the hint of queue after a claim that took a full batch
-// ending at (prio, pos), unless a wake came since the claim began.
-func (h *claimHints) set(queue string, prio int32, pos int64, gen, all uint64, now time.Time) {
+// ending at (prio, pos), unless a wake came since the claim began. from is
+// the hint that claim started past (noHint: the queue's start): a hint
+// expires hintTTL after the last claim from the queue's start.
+func (h *claimHints) set(queue string, prio int32, pos int64, from claimHint, gen, all uint64, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.gens[queue] != gen || h.all != all {
 		return
 	}
+	until := from.until
+	if until.IsZero() {
+		until = now.Add(hintTTL)
+	}
 	if h.hints == nil {
 		h.hints = map[string]claimHint{}
 	}
-	h.hints[queue] = claimHint{prio: prio, pos: pos, gen: gen, all: all, until: now.Add(hintTTL)}
+	h.hints[queue] = claimHint{prio: prio, pos: pos, gen: gen, all: all, until: until}
 }
 
 // drop forgets queue's hint (its last claim came back short).
@@ -103,12 +121,11 @@ func (h *claimHints) drop(queue string) {
 func (h *claimHints) wake(queues ...string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.gens == nil {
-		h.gens = map[string]uint64{}
-	}
 	for _, q := range queues {
-		h.gens[q]++
-		delete(h.hints, q)
+		if gen, ok := h.gens[q]; ok {
+			h.gens[q] = gen + 1
+			delete(h.hints, q)
+		}
 	}
 }
 

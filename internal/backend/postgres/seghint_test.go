@@ -20,13 +20,13 @@ func TestClaimHintsRules(t *testing.T) {
 	}
 	_, _, gen, all := h.begin("q", now)
 	h.wake("q") // arrives while the claim runs
-	h.set("q", 0, 10, gen, all, now)
+	h.set("q", 0, 10, noHint, gen, all, now)
 	if _, ok, _, _ := h.begin("q", now); ok {
 		t.Error("a claim during which its queue was woken set a hint")
 	}
 	_, _, gen, all = h.begin("q", now)
 	h.wake("other")
-	h.set("q", 0, 10, gen, all, now)
+	h.set("q", 0, 10, noHint, gen, all, now)
 	c, ok, _, _ := h.begin("q", now)
 	if !ok || c.prio != 0 || c.pos != 10 {
 		t.Errorf("hint after a wake of another queue: %+v %v", c, ok)
@@ -34,19 +34,34 @@ func TestClaimHintsRules(t *testing.T) {
 	if _, ok, _, _ := h.begin("q", now.Add(hintTTL+time.Millisecond)); ok {
 		t.Error("a hint outlived hintTTL")
 	}
+	// A claim that started past the hint moves it, and keeps its expiry:
+	// a backlog drained in full batches is still read from its start
+	// once per hintTTL.
+	from, _, gen, all := h.begin("q", now)
+	h.set("q", 0, 15, from, gen, all, now.Add(hintTTL/2))
+	if c, ok, _, _ := h.begin("q", now.Add(hintTTL/2)); !ok || c.pos != 15 {
+		t.Errorf("hint after a hinted claim: %+v %v", c, ok)
+	}
+	if _, ok, _, _ := h.begin("q", now.Add(hintTTL+time.Millisecond)); ok {
+		t.Error("a hinted claim extended the hint past hintTTL from the claim that read the queue from its start")
+	}
 	h.wake("q")
 	if _, ok, _, _ := h.begin("q", now); ok {
 		t.Error("a hint survived a wake of its queue")
 	}
+	h.wake("never-claimed")
+	if _, kept := h.gens["never-claimed"]; kept {
+		t.Error("a wake of a queue this process never claimed was kept")
+	}
 	_, _, gen, all = h.begin("q", now)
-	h.set("q", 0, 20, gen, all, now)
+	h.set("q", 0, 20, noHint, gen, all, now)
 	h.wakeAll()
 	if _, ok, _, _ := h.begin("q", now); ok {
 		t.Error("a hint survived wakeAll")
 	}
 	_, _, gen, all = h.begin("q", now)
 	h.wakeAll()
-	h.set("q", 0, 30, gen, all, now)
+	h.set("q", 0, 30, noHint, gen, all, now)
 	if _, ok, _, _ := h.begin("q", now); ok {
 		t.Error("a claim during which every queue was woken set a hint")
 	}
@@ -258,4 +273,80 @@ func TestClaimHintSkippedLocked(t *testing.T) {
 			t.Errorf("job %d claimed %d times", id, seen[id])
 		}
 	}
+}
+
+// Jobs given back by a claimer that rolled back (no notification) are
+// claimed within about hintTTL while the queue is drained in full
+// batches: hinted claims do not extend the hint (found by review: each
+// full claim used to renew it, so such jobs waited for the backlog's end).
+func TestClaimHintExpiresUnderFullClaims(t *testing.T) {
+	ctx := context.Background()
+	d, s := openSeg(t)
+	insertN(t, d, "q", 3000, 0)
+	v, err := s.viewNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	rows, err := tx.Query(ctx, "SELECT id FROM "+v.cur[phReady].tbl+" ORDER BY pos LIMIT 5 FOR UPDATE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int64]bool{}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		want[id] = true
+	}
+	rows.Close()
+	claimN(t, d, "q", 5)
+	if !hinted(s, "q") {
+		t.Fatal("a full claim left no hint")
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for time.Since(start) < 3*hintTTL {
+		for _, id := range claimN(t, d, "q", 5) {
+			delete(want, id)
+		}
+		if len(want) == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("jobs %v given back by a rolled-back claim still unclaimed after %v (hintTTL %v)", want, time.Since(start), hintTTL)
+}
+
+// Without a notification reaching this process (no listener), a job of a
+// higher priority enqueued by another process is claimed within about
+// hintTTL while the backlog is drained in full batches.
+func TestClaimHintPriorityWithoutNotification(t *testing.T) {
+	ctx := context.Background()
+	d, _ := openSeg(t)
+	other, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: d.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	insertN(t, d, "q", 3000, 5)
+	claimN(t, d, "q", 5)
+	urgent := insertN(t, other, "q", 1, 1)[0]
+	start := time.Now()
+	for time.Since(start) < 3*hintTTL {
+		for _, id := range claimN(t, d, "q", 5) {
+			if id == urgent {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("higher-priority job %d unclaimed after %v (hintTTL %v)", urgent, time.Since(start), hintTTL)
 }

@@ -180,7 +180,7 @@ func (s *segStore) claim(ctx context.Context, p driver.ClaimParams) ([]*driver.J
 		return nil, err
 	}
 	if len(out) == p.Limit {
-		s.hints.set(p.Queue, last.prio, last.pos, gen, all, time.Now())
+		s.hints.set(p.Queue, last.prio, last.pos, h, gen, all, time.Now())
 		return out, nil
 	}
 	s.hints.drop(p.Queue)

@@ -52,6 +52,14 @@ func (s *segStore) round(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// A reclaim may have moved jobs into the current ready segment below
+	// a claim hint (see claimHints), also in a round that fails later on;
+	// other processes start theirs over on the notification below.
+	defer func() {
+		if changed {
+			s.hints.wakeAll()
+		}
+	}()
 	for _, r := range regs {
 		limit := s.tune.sealBytes
 		if r.phase == phDone || r.phase == phDead {
@@ -105,10 +113,6 @@ func (s *segStore) round(ctx context.Context) error {
 		}
 	}
 	if changed {
-		// A reclaim may have moved jobs into the current ready segment
-		// below a claim hint (see claimHints); other processes start
-		// theirs over on the notification.
-		s.hints.wakeAll()
 		_, err := s.d.pool.Exec(ctx, s.q("seg_notify"))
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1567,5 +1568,38 @@ func TestPlanCacheModeFollowsStorage(t *testing.T) {
 	}
 	if m := planModesOf(t, own.lease, leaseConns); !all(m, "auto") {
 		t.Errorf("DSN plan_cache_mode=auto: lease pool modes %v", m)
+	}
+}
+
+// An application pool (New) whose configuration has the deprecated
+// BeforeAcquire hook: the lease pool made from it still runs the hook,
+// although the plan-mode switch sets PrepareConn, which pgxpool runs
+// instead of BeforeAcquire (found by review).
+func TestLeasePoolKeepsBeforeAcquire(t *testing.T) {
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testdb.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	cfg.BeforeAcquire = func(context.Context, *pgx.Conn) bool { calls.Add(1); return true }
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	d, err := New(ctx, pool, driver.Options{Prefix: testdb.Prefix()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	before := calls.Load()
+	c, err := d.lease.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Release()
+	if calls.Load() == before {
+		t.Fatal("the lease pool did not run the application's BeforeAcquire hook")
 	}
 }

@@ -78,6 +78,12 @@ func (d *Driver) tryInsertUnique(ctx context.Context, tx any, jobs []driver.Inse
 	default:
 		return nil, nil, fmt.Errorf("conveyor/postgres: insert unique tx: transaction of type %T: accepted are pgx.Tx and *sql.Tx (pgx stdlib driver): %w", tx, driver.ErrTxType)
 	}
+	if s := d.segs(); s != nil {
+		// After the commit of a transaction of the driver's own; in the
+		// caller's, the notification at its commit wakes the queues too
+		// (see claimHints).
+		s.wakeJobs(jobs)
+	}
 	return ids, dup, nil
 }
 
@@ -180,9 +186,6 @@ func (d *Driver) insertUnique(ctx context.Context, q querier, jobs []driver.Inse
 				pending = append(pending, i)
 			}
 		}
-	}
-	if s != nil {
-		s.wakeJobs(jobs)
 	}
 	return nil
 }
