@@ -22,7 +22,6 @@ type benchDriver struct {
 	completed atomic.Int64
 	done      chan struct{}
 	once      sync.Once
-	ids       sync.Pool
 }
 
 func (d *benchDriver) Capabilities() driver.Capabilities {
