@@ -132,7 +132,9 @@ type Config struct {
 // QueueConfig configures one queue of a client.
 type QueueConfig struct {
 	// MaxWorkers is the most jobs of this queue run at once in this
-	// process. Default 100.
+	// process. Default 100. While the queue has a backlog of jobs whose
+	// handlers take under 5 ms, one more ClaimBatch may be claimed and
+	// wait for a worker (docs/design.md, "One batch ahead").
 	MaxWorkers int
 }
 

@@ -252,8 +252,9 @@ type Driver interface {
 
 	// Claim moves up to Limit due jobs of a queue to running, increments
 	// their attempt and their fence token, sets their lease and returns
-	// them. It never blocks on
-	// another claimer's locks and never deadlocks.
+	// them, in claim order within each priority (the engine starts them
+	// by priority). It never blocks on another claimer's locks and never
+	// deadlocks.
 	Claim(ctx context.Context, p ClaimParams) ([]*JobRow, error)
 	// ClaimJob claims job id as Claim claims a job (state running, attempt
 	// incremented, fence token advanced, lease set from the database's clock,

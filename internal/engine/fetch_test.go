@@ -12,10 +12,11 @@ import (
 	"github.com/conveyorq/conveyor/internal/driver"
 )
 
-// A fetcher never claims more jobs than its queue has free worker slots:
-// at every claim, the jobs claimed and not yet finished plus the limit
-// asked for fit in the slots, so no more handlers run at once than slots;
-// and the slots are all used while there is work.
+// A fetcher whose handlers run longer than aheadMaxRun never claims more
+// jobs than its queue has free worker slots: at every claim, the jobs
+// claimed and not yet finished plus the limit asked for fit in the slots,
+// so no more handlers run at once than slots; and the slots are all used
+// while there is work.
 func TestFetchRespectsWorkerSlots(t *testing.T) {
 	const slots, n = 3, 20
 	d := &fakeDriver{}
@@ -51,6 +52,7 @@ func TestFetchRespectsWorkerSlots(t *testing.T) {
 			// raise peak to now unless another handler raised it higher
 		}
 		<-tokens
+		time.Sleep(aheadMaxRun + time.Millisecond) // not a short job: no claim ahead
 		cur.Add(-1)
 		returned.Add(1)
 		return nil
@@ -275,5 +277,154 @@ func TestFetchWakesOnNotification(t *testing.T) {
 	slices.Sort(got)
 	if !slices.Equal(got, []int64{4, 5}) {
 		t.Fatalf("ran %v after a listener failure, want [4 5]: every queue is woken", got)
+	}
+}
+
+// A fetcher whose handlers are short claims one batch ahead of its free
+// slots while the queue has a backlog, never more: at every claim the jobs
+// claimed and not yet finished plus the limit fit in slots + ClaimBatch;
+// still no more handlers run at once than slots, and every job runs once.
+func TestFetchClaimsAheadForShortJobs(t *testing.T) {
+	const slots, batch, quick, n = 3, 2, 6, 30
+	d := &fakeDriver{}
+	d.add(jobs(n)...)
+	cfg := testConfig(10 * time.Second)
+	cfg.Queues = map[string]int{"q": slots}
+	cfg.ClaimBatch = batch
+	var returned atomic.Int64
+	var mu sync.Mutex
+	var beyond, bad []string
+	d.onClaim = func(p driver.ClaimParams) {
+		claimed := 0
+		for _, c := range d.claimsOf("q") {
+			claimed += len(c.ids)
+		}
+		busy := int64(claimed) - returned.Load()
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case p.Limit < 1 || p.Limit > batch || int64(p.Limit)+busy > slots+batch:
+			bad = append(bad, fmt.Sprintf("limit %d with %d jobs unfinished", p.Limit, busy))
+		case int64(p.Limit)+busy > slots:
+			beyond = append(beyond, fmt.Sprintf("limit %d with %d jobs unfinished", p.Limit, busy))
+		}
+	}
+	var cur, peak atomic.Int64
+	var runsMu sync.Mutex
+	runs := map[int64]int{}
+	tokens := make(chan struct{})
+	startEngine(t, d, cfg, map[string]Handler{"k": func(ctx context.Context, row *driver.JobRow) error {
+		runsMu.Lock()
+		runs[row.ID]++
+		runsMu.Unlock()
+		now := cur.Add(1)
+		for p := peak.Load(); now > p && !peak.CompareAndSwap(p, now); p = peak.Load() {
+		}
+		if row.ID > quick {
+			// The first jobs were short: while these wait for their
+			// tokens, the fetcher takes its handlers for short ones.
+			<-tokens
+			time.Sleep(aheadMaxRun) // long from here on
+		}
+		cur.Add(-1)
+		returned.Add(1)
+		return nil
+	}})
+	waitFor(t, "a batch claimed ahead of the busy slots", func() bool {
+		claimed := 0
+		for _, c := range d.claimsOf("q") {
+			claimed += len(c.ids)
+		}
+		return cur.Load() == slots && int64(claimed)-returned.Load() == slots+batch
+	})
+	for i := range n - quick {
+		select {
+		case tokens <- struct{}{}:
+		case <-time.After(guard):
+			t.Fatalf("handler %d of %d never ran", quick+i+1, n)
+		}
+	}
+	waitFor(t, "every outcome written", func() bool { return len(completedIDs(d)) == n })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bad) > 0 {
+		t.Fatalf("claims beyond one batch ahead of the %d slots: %v", slots, bad)
+	}
+	if len(beyond) == 0 {
+		t.Fatal("no claim ran ahead of the free slots")
+	}
+	if p := peak.Load(); p != slots {
+		t.Fatalf("at most %d handlers ran at once, want %d (the slots)", p, slots)
+	}
+	runsMu.Lock()
+	defer runsMu.Unlock()
+	for id := int64(1); id <= n; id++ {
+		if runs[id] != 1 {
+			t.Fatalf("job %d ran %d times", id, runs[id])
+		}
+	}
+}
+
+// Attempts claimed ahead and still waiting for a worker when Stop begins
+// are not started: Stop releases them with the other unstarted ones,
+// while the running handlers finish.
+func TestStopReleasesAttemptsClaimedAhead(t *testing.T) {
+	const slots, batch, quick = 2, 2, 4
+	d := &fakeDriver{}
+	d.add(jobs(quick + slots + batch)...)
+	cfg := testConfig(10 * time.Second)
+	cfg.Queues = map[string]int{"q": slots}
+	cfg.ClaimBatch = batch
+	cfg.ShutdownTimeout = 10 * time.Second
+	var runsMu sync.Mutex
+	runs := map[int64]int{}
+	var cur atomic.Int64
+	release := make(chan struct{})
+	e := startEngine(t, d, cfg, map[string]Handler{"k": func(ctx context.Context, row *driver.JobRow) error {
+		runsMu.Lock()
+		runs[row.ID]++
+		runsMu.Unlock()
+		if row.ID > quick {
+			cur.Add(1)
+			<-release
+		}
+		return nil
+	}})
+	waitFor(t, "every slot busy and a batch claimed ahead", func() bool {
+		claimed := 0
+		for _, c := range d.claimsOf("q") {
+			claimed += len(c.ids)
+		}
+		return cur.Load() == slots && claimed == quick+slots+batch
+	})
+	stop := stopAsync(e)
+	waitFor(t, "Stop to begin", e.stopping.Load)
+	close(release)
+	if err := recv(t, "Stop to return", stop); err != nil {
+		t.Fatal(err)
+	}
+	runsMu.Lock()
+	defer runsMu.Unlock()
+	var waited []int64
+	for id := int64(quick + slots + 1); id <= quick+slots+batch; id++ {
+		waited = append(waited, id)
+	}
+	started := 0
+	for id := int64(1); id <= quick+slots+batch; id++ {
+		started += runs[id]
+	}
+	if started != quick+slots {
+		t.Fatalf("%d handlers started, want %d: the %d claimed ahead must not start once Stop began (runs %v)", started, quick+slots, batch, runs)
+	}
+	var released []int64
+	for _, c := range d.callsOf("release") {
+		released = append(released, c.ids...)
+	}
+	slices.Sort(released)
+	if !slices.Equal(released, waited) {
+		t.Fatalf("released %v at Stop, want the attempts claimed ahead %v", released, waited)
+	}
+	if got := len(completedIDs(d)); got != quick+slots {
+		t.Fatalf("%d outcomes written, want %d", got, quick+slots)
 	}
 }

@@ -1,8 +1,10 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +15,14 @@ import (
 // gatherFor bounds how long a fetcher with a backlog waits for more free
 // slots before claiming less than a full batch.
 const gatherFor = time.Millisecond
+
+// aheadMaxRun is the longest a queue's handlers may take, on a running
+// average, for its fetcher to claim a batch ahead of free workers while
+// the queue has a backlog: the batch waits for workers about as long as
+// one job runs, so a claimed job never waits long for a worker (and
+// another process never waits long for a job this one holds), and the
+// claim's round trip overlaps the work instead of idling the workers.
+const aheadMaxRun = 5 * time.Millisecond
 
 // fetcher is the only claimer of one queue in this process. It claims
 // batches sized to the free worker slots, claims again at once while the
@@ -28,9 +38,17 @@ type fetcher struct {
 	freedCh chan struct{} // cap 1: "a worker slot was freed"
 	stopCh  chan struct{}
 	stopped sync.Once
-	jobs    chan *running // cap max: never blocks, running <= max
+	// jobs holds claimed attempts for the workers: cap max + ClaimBatch,
+	// so that it never blocks (running <= max + one batch claimed ahead).
+	jobs chan *running
 
-	running  atomic.Int64
+	// running counts the attempts dispatched and not yet done: running
+	// handlers, and those waiting for a worker.
+	running atomic.Int64
+	// runAvg is a running average of the handlers' run time in
+	// nanoseconds (-1 until one ran): claims run a batch ahead only while
+	// it is under aheadMaxRun.
+	runAvg   atomic.Int64
 	workerWG sync.WaitGroup
 	closeW   sync.Once
 
@@ -74,14 +92,34 @@ func (it *running) abandoned(now time.Time) bool {
 }
 
 func newFetcher(e *Engine, queue string, max int, workCtx context.Context) *fetcher {
-	return &fetcher{
+	f := &fetcher{
 		e: e, queue: queue, max: max, workCtx: workCtx,
 		wakeCh:  make(chan struct{}, 1),
 		freedCh: make(chan struct{}, 1),
 		stopCh:  make(chan struct{}),
-		jobs:    make(chan *running, max),
+		jobs:    make(chan *running, max+e.cfg.ClaimBatch),
 		leases:  make(map[int64]*running, max),
 	}
+	f.runAvg.Store(-1)
+	return f
+}
+
+// noteRun folds a handler's run time into runAvg (an average over about
+// the last eight; concurrent updates may drop one, which only blurs it).
+func (f *fetcher) noteRun(d time.Duration) {
+	old := f.runAvg.Load()
+	if old < 0 {
+		f.runAvg.Store(int64(d))
+		return
+	}
+	f.runAvg.Store(old + (int64(d)-old)/8)
+}
+
+// ahead reports whether the fetcher may claim a batch ahead of its free
+// workers: its handlers are short (see aheadMaxRun).
+func (f *fetcher) ahead() bool {
+	avg := f.runAvg.Load()
+	return avg >= 0 && avg < int64(aheadMaxRun)
 }
 
 func signal(ch chan struct{}) {
@@ -114,7 +152,13 @@ func (f *fetcher) run(ctx context.Context) {
 		default:
 		}
 		running := int(f.running.Load())
-		free := f.max - running
+		slots := f.max
+		if more && f.ahead() {
+			// A backlog of short jobs: one batch may wait for workers
+			// while this claim travels (see aheadMaxRun).
+			slots += want
+		}
+		free := slots - running
 		if free <= 0 {
 			select {
 			case <-f.freedCh:
@@ -200,6 +244,14 @@ func (f *fetcher) dispatch(rows []*driver.JobRow, sent time.Time) {
 	if len(rows) == 0 {
 		return
 	}
+	// Workers take the rows in this order, and a batch claimed ahead
+	// waits for them: higher priorities first. Drivers return a claim's
+	// rows in claim order within a priority, not always across
+	// priorities (an UPDATE ... RETURNING returns them in the order it
+	// wrote them).
+	if !slices.IsSortedFunc(rows, claimOrder) {
+		slices.SortStableFunc(rows, claimOrder)
+	}
 	f.e.metrics.Claimed.Add(int64(len(rows)))
 	f.running.Add(int64(len(rows)))
 	f.e.jobWG.Add(len(rows))
@@ -219,6 +271,9 @@ func (f *fetcher) dispatch(rows []*driver.JobRow, sent time.Time) {
 		f.jobs <- it
 	}
 }
+
+// claimOrder orders claimed rows by priority (lower first).
+func claimOrder(a, b *driver.JobRow) int { return cmp.Compare(a.Priority, b.Priority) }
 
 // hold records a claimed row as an attempt of this fetcher, its lease
 // valid until valid, with its context. The caller holds f.mu.
@@ -248,7 +303,20 @@ func (f *fetcher) worker() {
 	defer f.workerWG.Done()
 	e := f.e
 	for it := range f.jobs {
-		if a := f.work(it); a.write && !e.comp.submit(pending{f: f, o: a.outcome}) {
+		if e.stopping.Load() {
+			// Stop began before a worker took this attempt (claimed
+			// ahead, or by a claim already under way): it is not started,
+			// and Stop releases it with the other unstarted ones.
+			f.running.Add(-1)
+			signal(f.freedCh)
+			e.jobWG.Done()
+			continue
+		}
+		a := f.work(it)
+		if a.ran {
+			f.noteRun(a.took)
+		}
+		if a.write && !e.comp.submit(pending{f: f, o: a.outcome}) {
 			// The completer closed under us: Stop releases the job, or it
 			// is rescued.
 			f.unfinish(it)
@@ -264,6 +332,8 @@ type attempt struct {
 	// ran is set when the handler ran; otherwise the attempt was given
 	// back unstarted (its lease was about to run out).
 	ran bool
+	// took is how long the handler ran.
+	took time.Duration
 	// err is the handler's error.
 	err error
 	// interrupted is set when the handler failed because its context was
@@ -294,7 +364,7 @@ func (f *fetcher) work(it *running) attempt {
 	began := time.Now()
 	err, trace := e.runJob(it.ctx, it.row)
 	ran := time.Since(began)
-	a := attempt{ran: true, err: err}
+	a := attempt{ran: true, took: ran, err: err}
 	switch {
 	case err != nil && interrupting(context.Cause(it.ctx)):
 		// Interrupted by shutdown: keep the lease so that it is released
