@@ -57,6 +57,9 @@ func (s *segStore) round(ctx context.Context) error {
 	// other processes start theirs over on the notification below.
 	defer func() {
 		if changed {
+			// This process's own view is stale too: the next statement
+			// reads the registry (others do on the notification below).
+			s.invalidate()
 			s.hints.wakeAll()
 		}
 	}()

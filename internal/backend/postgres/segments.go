@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/conveyorq/conveyor/internal/driver"
@@ -505,6 +506,13 @@ func (s *segStore) withView(ctx context.Context, f func(v *segView) error) error
 	}
 	for round := 0; ; round++ {
 		err := f(v)
+		if s.goneSegment(err) {
+			// A view older than a reclaim and a drop of the table
+			// (the leader drops free tables beyond the ring): the
+			// statement named a table that no longer exists, and
+			// nothing ran. Like a guard refusal: read the registry.
+			err = errStale
+		}
 		if !errors.Is(err, errStale) {
 			return err
 		}
@@ -516,6 +524,21 @@ func (s *segStore) withView(ctx context.Context, f func(v *segView) error) error
 			return err
 		}
 	}
+}
+
+// goneSegment reports whether err says that a segment table (or its
+// incarnation sequence) of this prefix does not exist.
+func (s *segStore) goneSegment(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "42P01" {
+		return false
+	}
+	for _, ph := range []string{phReady, phRunning, phWaiting, phDone, phDead} {
+		if strings.Contains(pe.Message, `"`+s.d.prefix+ph+"_") {
+			return true
+		}
+	}
+	return false
 }
 
 // srcs returns the live segments of the given phases.

@@ -1603,3 +1603,66 @@ func TestLeasePoolKeepsBeforeAcquire(t *testing.T) {
 		t.Fatal("the lease pool did not run the application's BeforeAcquire hook")
 	}
 }
+
+// A process whose view of the registry is older than a segment's
+// rotation, reclaim and drop (the leader drops free tables beyond the
+// ring) runs its next statement on the current segments: the statement
+// that named the dropped table fails with undefined_table before anything
+// runs, and is run again on a fresh view (under load, a claim, a
+// promotion or Stats once failed so).
+func TestStaleViewNamingDroppedSegment(t *testing.T) {
+	ctx := context.Background()
+	d, s := openSeg(t)
+	other, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: d.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.Insert(ctx, []driver.InsertParams{pj("q")}); err != nil { // other's view: read now
+		t.Fatal(err)
+	}
+	ov := other.segs().view.Load()
+	old := ov.cur[phReady].tbl
+	if got := claimN(t, d, "q", 5); len(got) != 1 {
+		t.Fatalf("claimed %v", got)
+	}
+	if err := s.rotate(ctx, phReady); err != nil {
+		t.Fatal(err)
+	}
+	regs, err := s.registry(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range regs {
+		if r.tbl != old {
+			continue
+		}
+		if ok, _, err := s.reclaim(ctx, r, false, false); err != nil || !ok {
+			t.Fatalf("reclaim %s: %v %v", old, ok, err)
+		}
+	}
+	regs, err = s.registry(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range regs {
+		if r.tbl == old {
+			if ok, err := s.dropSegment(ctx, r); err != nil || !ok {
+				t.Fatalf("drop %s: %v %v", old, ok, err)
+			}
+		}
+	}
+	if other.segs().view.Load() != ov {
+		t.Fatal("the other driver's view changed: the test does not exercise a stale one")
+	}
+	ids, err := other.Insert(ctx, []driver.InsertParams{pj("q")})
+	if err != nil {
+		t.Fatalf("insert through a view naming the dropped %s: %v", old, err)
+	}
+	if _, err := other.Stats(ctx); err != nil {
+		t.Fatalf("stats after the drop: %v", err)
+	}
+	if got := claimN(t, other, "q", 5); len(got) != 1 || got[0] != ids[0] {
+		t.Fatalf("claimed %v, want [%d]", got, ids[0])
+	}
+}
