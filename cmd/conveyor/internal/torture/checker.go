@@ -173,6 +173,17 @@ type Input struct {
 	Tick     time.Duration
 	TickStop time.Time
 	Ups      []Up
+	// SlowRenewals lists, per process id, the lease renewals its engine
+	// logged as slower than the heartbeat interval ("conveyor: heartbeat
+	// slow"): on a loaded machine a renewal can come back too late to
+	// save a lease, and the engine then cuts the handlers off before the
+	// lease can expire (see slowRenewal).
+	SlowRenewals map[int][]Renewal
+}
+
+// Renewal is one lease renewal: when it was sent and when it returned.
+type Renewal struct {
+	Sent, Done time.Time
 }
 
 // Findings is the checker's verdict on one run.
@@ -616,12 +627,36 @@ func (in *Input) cause(e Exec, later []Exec, j *FinalJob, errAt map[int][]string
 				return "cut off after its lease: " + ev.Kind, true
 			}
 		}
+		if strings.HasPrefix(msgs[0], leaseDeadlinePrefix) && in.slowRenewal(e) {
+			return slowRenewalCause, true
+		}
 		return "failed: " + firstLine(msgs[0]), false
 	}
 	if e.Outcome == OutcomeOK {
 		return "completed, yet the job ran again", false
 	}
 	return "attempt ended without an error entry", false
+}
+
+// slowRenewalCause explains an attempt that its engine cut off because a
+// renewal of its lease was still out when the lease was about to expire.
+const slowRenewalCause = "cut off: its lease renewal was slow (a loaded machine)"
+
+// slowRenewal reports whether e's process had a lease renewal out when
+// e's handler was cut off: sent before the cut-off (e's end) and back
+// only after it. It is the engine's own evidence that the renewal, not
+// the handler or the queue, was late; an attempt cut off without one
+// stays unexplained.
+func (in *Input) slowRenewal(e Exec) bool {
+	if e.End.IsZero() {
+		return false
+	}
+	for _, r := range in.SlowRenewals[e.PID] {
+		if !r.Sent.After(e.End) && !r.Done.Before(e.End) {
+			return true
+		}
+	}
+	return false
 }
 
 // faultFor finds a fault that hit e's process (or every process) while

@@ -1,6 +1,9 @@
 package torture
 
 import (
+	"io"
+	"log/slog"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -235,6 +238,32 @@ func TestCheckerLeaseDeadlineAfterPause(t *testing.T) {
 	w.exec(81, 1, 300, 1, 3, OutcomeError)
 	w.exec(81, 2, 200, 4, 4.1, OutcomeOK)
 	assertFailure(t, Check(w.in), "1 unexplained duplicate executions")
+}
+
+// TestCheckerLeaseDeadlineAfterSlowRenewal: an attempt its engine cut off
+// with no fault is explained only by a renewal of its own process that was
+// out at the cut-off (the engine logged it as slow); a slow renewal of
+// another process, or one back before the cut-off, explains nothing.
+func TestCheckerLeaseDeadlineAfterSlowRenewal(t *testing.T) {
+	const cutOff = "conveyor: job lease could not be renewed in time; handler cancelled before the lease could expire"
+	planted := func(renewals map[int][]Renewal) *Findings {
+		w := newWorld()
+		w.job(82, "completed", 2, AttemptErr{1, cutOff})
+		w.exec(82, 1, 300, 1, 3, OutcomeError)
+		w.exec(82, 2, 300, 3.3, 3.4, OutcomeOK)
+		w.in.SlowRenewals = renewals
+		return Check(w.in)
+	}
+	f := planted(map[int][]Renewal{300: {{Sent: at(1.6), Done: at(3.2)}}})
+	if fl := f.Failures(); len(fl) > 0 {
+		t.Fatalf("failures: %v", fl)
+	}
+	if f.DuplicateCauses[slowRenewalCause] != 1 {
+		t.Fatalf("causes %v", f.DuplicateCauses)
+	}
+	assertFailure(t, planted(nil), "1 unexplained duplicate executions")
+	assertFailure(t, planted(map[int][]Renewal{200: {{Sent: at(1.6), Done: at(3.2)}}}), "1 unexplained duplicate executions")
+	assertFailure(t, planted(map[int][]Renewal{300: {{Sent: at(1.6), Done: at(2.9)}}}), "1 unexplained duplicate executions")
 }
 
 func assertFailure(t *testing.T, f *Findings, want string) {
@@ -548,4 +577,29 @@ func TestCheckerClaimLostInRestart(t *testing.T) {
 		t.Fatalf("with synchronous claims: unexplained %v overlaps %v", f.Unexplained, f.Overlaps)
 	}
 	assertFailure(t, f, "attempt run twice without a shutdown")
+}
+
+// TestSlowRenewalRecorded: the engine's "heartbeat slow" warning, logged
+// through a torture worker's logger, becomes a slowbeat record line that
+// readRecords turns into the renewal's send and return times.
+func TestSlowRenewalRecorded(t *testing.T) {
+	dir := t.TempDir()
+	rec, err := newRecorder(filepath.Join(dir, "w1.0.jsonl"), "w1.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(beatRecorder{slog.NewTextHandler(io.Discard, nil), rec})
+	logger.Warn("conveyor: heartbeat slow", "jobs", 5, "took", 1500*time.Millisecond, "error", nil)
+	logger.Warn("conveyor: something else", "took", time.Second)
+	if err := rec.close(); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := readRecords(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := rs.slowBeats[os.Getpid()]
+	if len(got) != 1 || got[0].Done.Sub(got[0].Sent) != 1500*time.Millisecond {
+		t.Fatalf("slow renewals %v", rs.slowBeats)
+	}
 }

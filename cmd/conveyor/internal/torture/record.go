@@ -26,6 +26,7 @@ const (
 	lineCounters = "counters" // the client's Counters(), written every 500ms and at exit
 	lineBye      = "bye"      // the process stopped gracefully
 	lineReady    = "ready"    // a worker process started its client (and its periodic job)
+	lineSlowBeat = "slowbeat" // the engine logged a lease renewal slower than its interval (At: when it returned)
 )
 
 // line is one record line; T says which fields are set. Times are Unix
@@ -53,6 +54,8 @@ type line struct {
 	B   int64  `json:"b,omitempty"`
 	// Sch is a periodic job's ScheduledAt as its handler saw it.
 	Sch int64 `json:"sch,omitempty"`
+	// Took is how long a slow lease renewal took, in nanoseconds.
+	Took int64 `json:"took,omitempty"`
 }
 
 // recorder appends lines to one file. Each line is one write(2) on an
@@ -138,6 +141,8 @@ type records struct {
 	bye      map[string]bool
 	pids     map[string]int // proc -> pid
 	bad      int            // unparsable lines (a write cut by a kill)
+	// slowBeats: the slow lease renewals each process logged.
+	slowBeats map[int][]Renewal
 }
 
 // readRecords parses every *.jsonl file in dir.
@@ -151,6 +156,7 @@ func readRecords(dir string) (*records, error) {
 		acked: map[int64]string{}, ackedKind: map[int64]string{}, rolledBack: map[string]bool{}, applied: map[int64][]int{},
 		appliedAt: map[int64]time.Time{}, ready: map[string]time.Time{},
 		counters: map[string]map[string]int64{}, bye: map[string]bool{}, pids: map[string]int{},
+		slowBeats: map[int][]Renewal{},
 	}
 	type key struct {
 		proc     string
@@ -232,6 +238,9 @@ func readRecords(dir string) (*records, error) {
 				rs.counters[l.Proc] = l.C
 			case lineBye:
 				rs.bye[l.Proc] = true
+			case lineSlowBeat:
+				done := time.Unix(0, l.At)
+				rs.slowBeats[l.PID] = append(rs.slowBeats[l.PID], Renewal{Sent: done.Add(-time.Duration(l.Took)), Done: done})
 			}
 		}
 		err = sc.Err()

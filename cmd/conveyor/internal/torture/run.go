@@ -598,7 +598,7 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 	in := &Input{Lease: p.o.Lease, Acked: rs.acked, RolledBack: rs.rolledBack, Execs: rs.execs,
 		Jobs: jobs, Events: events, Deaths: deaths, Poison: p.poison, Applied: rs.applied,
 		AppliedAt: rs.appliedAt, Told: rs.told, Tick: p.tick, TickStop: p.tickStop,
-		AsyncClaims: p.backend == "postgres"}
+		AsyncClaims: p.backend == "postgres", SlowRenewals: rs.slowBeats}
 	for proc, at := range rs.ready {
 		pid := rs.pids[proc]
 		in.Ups = append(in.Ups, Up{Proc: proc, PID: pid, Ready: at, End: deaths[pid]})

@@ -191,7 +191,7 @@ func WorkerMain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	rec.write(line{T: lineHello, Role: w.role})
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	logger := slog.New(beatRecorder{slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}), rec})
 	switch w.role {
 	case "worker":
 		err = runWorker(ctx, w, rec, logger, stdout)
@@ -701,4 +701,34 @@ func runTxProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *s
 		}
 	})
 	return nil
+}
+
+// beatRecorder passes log records on to h and records each slow lease
+// renewal the engine logs ("conveyor: heartbeat slow", with how long it
+// took) as a slowbeat line, the checker's evidence for an attempt cut off
+// because its renewal came back too late (see Input.SlowRenewals).
+type beatRecorder struct {
+	slog.Handler
+	rec *recorder
+}
+
+func (b beatRecorder) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "conveyor: heartbeat slow" {
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "took" && a.Value.Kind() == slog.KindDuration {
+				b.rec.write(line{T: lineSlowBeat, Took: int64(a.Value.Duration())})
+				return false
+			}
+			return true
+		})
+	}
+	return b.Handler.Handle(ctx, r)
+}
+
+func (b beatRecorder) WithAttrs(as []slog.Attr) slog.Handler {
+	return beatRecorder{b.Handler.WithAttrs(as), b.rec}
+}
+
+func (b beatRecorder) WithGroup(name string) slog.Handler {
+	return beatRecorder{b.Handler.WithGroup(name), b.rec}
 }
