@@ -53,6 +53,12 @@ func (e *Engine) heartbeatLoop(ctx context.Context) {
 	}
 }
 
+// MsgHeartbeatSlow is the warning logged when a lease renewal took longer
+// than the heartbeat interval, with "took" (a time.Duration) among its
+// attributes. The torture workers record it as evidence of a renewal that
+// came back too late.
+const MsgHeartbeatSlow = "conveyor: heartbeat slow"
+
 // renew sends one renewal of the leases fs hold (their snapshots, into
 // buf) and applies its answer: owned leases are valid for another Lease
 // from when it was sent, the handlers of lost ones are cancelled. It
@@ -77,7 +83,7 @@ func (e *Engine) renew(ctx context.Context, fs []*fetcher, buf []driver.Lease) (
 	owned, err := e.drv.Heartbeat(hctx, leases, e.cfg.Lease)
 	cancel()
 	if took := time.Since(sent); took > e.cfg.HeartbeatInterval {
-		e.warn("conveyor: heartbeat slow", "jobs", len(leases), "took", took, "error", err)
+		e.warn(MsgHeartbeatSlow, "jobs", len(leases), "took", took, "error", err)
 	}
 	if err != nil {
 		if ctx.Err() == nil {

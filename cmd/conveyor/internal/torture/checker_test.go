@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/conveyorq/conveyor/internal/engine"
 )
 
 var t0 = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
@@ -589,7 +591,7 @@ func TestSlowRenewalRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 	logger := slog.New(beatRecorder{slog.NewTextHandler(io.Discard, nil), rec})
-	logger.Warn("conveyor: heartbeat slow", "jobs", 5, "took", 1500*time.Millisecond, "error", nil)
+	logger.Warn(engine.MsgHeartbeatSlow, "jobs", 5, "took", 1500*time.Millisecond, "error", nil)
 	logger.Warn("conveyor: something else", "took", time.Second)
 	if err := rec.close(); err != nil {
 		t.Fatal(err)

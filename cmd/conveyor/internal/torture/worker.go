@@ -24,6 +24,7 @@ import (
 	"github.com/conveyorq/conveyor/connect"
 	"github.com/conveyorq/conveyor/internal/backend/postgres"
 	"github.com/conveyorq/conveyor/internal/backend/sqlite"
+	"github.com/conveyorq/conveyor/internal/engine"
 	"github.com/conveyorq/conveyor/internal/seam"
 )
 
@@ -704,7 +705,7 @@ func runTxProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *s
 }
 
 // beatRecorder passes log records on to h and records each slow lease
-// renewal the engine logs ("conveyor: heartbeat slow", with how long it
+// renewal the engine logs (engine.MsgHeartbeatSlow, with how long it
 // took) as a slowbeat line, the checker's evidence for an attempt cut off
 // because its renewal came back too late (see Input.SlowRenewals).
 type beatRecorder struct {
@@ -713,7 +714,7 @@ type beatRecorder struct {
 }
 
 func (b beatRecorder) Handle(ctx context.Context, r slog.Record) error {
-	if r.Message == "conveyor: heartbeat slow" {
+	if r.Message == engine.MsgHeartbeatSlow {
 		r.Attrs(func(a slog.Attr) bool {
 			if a.Key == "took" && a.Value.Kind() == slog.KindDuration {
 				b.rec.write(line{T: lineSlowBeat, Took: int64(a.Value.Duration())})
