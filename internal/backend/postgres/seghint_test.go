@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/conveyorq/conveyor/internal/driver"
-	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
 // The hint rules without a database: a wake that arrives while a claim
@@ -127,13 +126,10 @@ func TestClaimHintLateCommit(t *testing.T) {
 	ctx := context.Background()
 	for _, listen := range []bool{true, false} {
 		d, s := openSeg(t)
-		other, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: d.prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer other.Close()
+		other := openOther(t, d)
 		var l driver.Listener
 		if listen {
+			var err error
 			if l, err = d.Listen(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -196,11 +192,7 @@ func TestClaimHintLateCommit(t *testing.T) {
 func TestClaimHintPriority(t *testing.T) {
 	ctx := context.Background()
 	d, s := openSeg(t)
-	other, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: d.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	other := openOther(t, d)
 	l, err := d.Listen(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -329,13 +321,8 @@ func TestClaimHintExpiresUnderFullClaims(t *testing.T) {
 // higher priority enqueued by another process is claimed within about
 // hintTTL while the backlog is drained in full batches.
 func TestClaimHintPriorityWithoutNotification(t *testing.T) {
-	ctx := context.Background()
 	d, _ := openSeg(t)
-	other, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: d.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	other := openOther(t, d)
 	insertN(t, d, "q", 3000, 5)
 	claimN(t, d, "q", 5)
 	urgent := insertN(t, other, "q", 1, 1)[0]

@@ -533,7 +533,7 @@ func (s *segStore) goneSegment(err error) bool {
 	if !errors.As(err, &pe) || pe.Code != "42P01" {
 		return false
 	}
-	for _, ph := range []string{phReady, phRunning, phWaiting, phDone, phDead} {
+	for _, ph := range phases {
 		if strings.Contains(pe.Message, `"`+s.d.prefix+ph+"_") {
 			return true
 		}

@@ -30,6 +30,18 @@ func openSeg(t *testing.T) (*Driver, *segStore) {
 	return d, s
 }
 
+// openOther opens a second driver on d's prefix, as another process
+// would, closed when the test ends.
+func openOther(t *testing.T, d *Driver) *Driver {
+	t.Helper()
+	other, err := Open(context.Background(), testdb.Postgres(t), driver.Options{Prefix: d.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Close() })
+	return other
+}
+
 // status returns a segment's status in the registry.
 func status(t *testing.T, d *Driver, tbl string) string {
 	t.Helper()
@@ -585,11 +597,7 @@ func TestSegmentsOutcomesNameTheirSegment(t *testing.T) {
 	}
 
 	// A driver that did not claim job a looks for it everywhere.
-	other, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: d.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	other := openOther(t, d)
 	done, err = other.Complete(ctx, []driver.Outcome{{ID: a.ID, Fence: a.Fence, State: driver.StateCompleted}})
 	if err != nil || len(done) != 1 || done[0] != a.ID {
 		t.Fatalf("completion of job %d by a driver that did not claim it: %v, %v", a.ID, done, err)
@@ -1613,11 +1621,7 @@ func TestLeasePoolKeepsBeforeAcquire(t *testing.T) {
 func TestStaleViewNamingDroppedSegment(t *testing.T) {
 	ctx := context.Background()
 	d, s := openSeg(t)
-	other, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: d.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	other := openOther(t, d)
 	if _, err := other.Insert(ctx, []driver.InsertParams{pj("q")}); err != nil { // other's view: read now
 		t.Fatal(err)
 	}
