@@ -30,6 +30,9 @@ func (d *Driver) tryGetJob(ctx context.Context, id int64) (*driver.JobRow, error
 	var err error
 	if s := d.segs(); s != nil {
 		j, err = s.getJob(ctx, id)
+		if err == nil && j == nil {
+			err = pgx.ErrNoRows
+		}
 	} else {
 		j, err = scanJob(d.pool.QueryRow(ctx, d.q.getJob, id))
 	}
@@ -54,15 +57,27 @@ func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.Jo
 
 // tryListJobs is ListJobs on the storage this driver last read (see converted).
 func (d *Driver) tryListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.JobRow, error) {
-	q, args, err := d.listQuery(ctx, f, false)
-	if err != nil || q == "" {
-		return nil, wrap("list jobs", err)
+	run := func(v *segView) ([]*driver.JobRow, error) {
+		q, args := d.listQuery(v, f, false)
+		if q == "" {
+			return nil, nil
+		}
+		rows, err := d.pool.Query(ctx, q, args...)
+		if err != nil {
+			return nil, err
+		}
+		return scanJobs(rows)
 	}
-	rows, err := d.pool.Query(ctx, q, args...)
-	if err != nil {
-		return nil, wrap("list jobs", err)
+	s := d.segs()
+	if s == nil {
+		jobs, err := run(nil)
+		return jobs, wrap("list jobs", err)
 	}
-	jobs, err := scanJobs(rows)
+	var jobs []*driver.JobRow
+	err := s.read(ctx, func(v *segView) (err error) {
+		jobs, err = run(v)
+		return err
+	})
 	return jobs, wrap("list jobs", err)
 }
 
@@ -79,60 +94,71 @@ func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]
 
 // tryListJobsTx is ListJobsTx on the storage this driver last read (see converted).
 func (d *Driver) tryListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]*driver.JobRow, error) {
+	var q querier
+	var sqlTx bool
 	switch t := tx.(type) {
 	case pgx.Tx:
-		q, args, err := d.listQuery(ctx, f, false)
-		if err != nil || q == "" {
-			return nil, wrap("list jobs tx", err)
-		}
-		rows, err := t.Query(ctx, q, args...)
-		if err != nil {
-			return nil, wrap("list jobs tx", err)
-		}
-		jobs, err := scanJobs(rows)
-		return jobs, wrap("list jobs tx", err)
+		q = pgxQuerier(t)
 	case *sql.Tx:
-		if t == nil {
-			break
+		if t != nil {
+			q, sqlTx = sqlQuerier(t), true
 		}
-		q, args, err := d.listQuery(ctx, f, true)
-		if err != nil || q == "" {
-			return nil, wrap("list jobs tx", err)
-		}
-		rows, err := t.QueryContext(ctx, q, args...)
-		if err != nil {
-			return nil, wrap("list jobs tx", err)
-		}
-		jobs, err := scanSQLJobs(rows)
-		return jobs, wrap("list jobs tx", err)
 	}
-	return nil, fmt.Errorf("conveyor/postgres: list jobs tx: transaction of type %T: accepted are pgx.Tx and *sql.Tx (pgx stdlib driver): %w", tx, driver.ErrTxType)
+	if q == nil {
+		return nil, fmt.Errorf("conveyor/postgres: list jobs tx: transaction of type %T: accepted are pgx.Tx and *sql.Tx (pgx stdlib driver): %w", tx, driver.ErrTxType)
+	}
+	var jobs []*driver.JobRow
+	run := func(v *segView) error {
+		jobs = jobs[:0]
+		query, args := d.listQuery(v, f, sqlTx)
+		if query == "" {
+			return nil
+		}
+		return q(ctx, query, args, func(scan func(...any) error) error {
+			j, err := scanJobRow(scan, sqlTx)
+			if err == nil {
+				jobs = append(jobs, j)
+			}
+			return err
+		})
+	}
+	var err error
+	if s := d.segs(); s != nil {
+		err = s.readIn(ctx, q, run)
+	} else {
+		err = run(nil)
+	}
+	if err != nil {
+		return nil, wrap("list jobs tx", err)
+	}
+	return jobs, nil
 }
 
 // listQuery builds the list statement for f and its arguments ("" when no
-// job can match f's states). On one table: only the filters f sets, a
-// single state as an equality, so that the planner can walk a list index
-// in id order. On segments: a merge of per-segment scans of the phases
-// f's states live in. sqlTx encodes a states array for database/sql.
-func (d *Driver) listQuery(ctx context.Context, f driver.JobFilter, sqlTx bool) (string, []any, error) {
+// job can match f's states). On one table (v nil): only the filters f
+// sets, a single state as an equality, so that the planner can walk a
+// list index in id order. On segments: a merge of per-segment scans of
+// the phases f's states live in, in v. sqlTx encodes a states array for
+// database/sql.
+func (d *Driver) listQuery(v *segView, f driver.JobFilter, sqlTx bool) (string, []any) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = 100
 	}
-	if s := d.segs(); s != nil {
+	if v != nil {
 		states := f.States
 		if states == nil {
 			states = []string{}
 		}
-		q, err := s.listQuery(ctx, states, f.Queue != "", f.Kind != "")
-		if err != nil || q == "" {
-			return "", nil, err
+		q := d.segs().listQuery(v, states, f.Queue != "", f.Kind != "")
+		if q == "" {
+			return "", nil
 		}
 		var st any = states
 		if sqlTx {
 			st = textArray(states)
 		}
-		return q, []any{f.AfterID, st, f.Queue, f.Kind, limit}, nil
+		return q, []any{f.AfterID, st, f.Queue, f.Kind, limit}
 	}
 	args := []any{f.AfterID, limit}
 	var where strings.Builder
@@ -155,7 +181,7 @@ func (d *Driver) listQuery(ctx context.Context, f driver.JobFilter, sqlTx bool) 
 	if f.Kind != "" {
 		add(d.q.listKind, f.Kind)
 	}
-	return strings.Replace(d.q.listJobs, "{where}", where.String(), 1), args, nil
+	return strings.Replace(d.q.listJobs, "{where}", where.String(), 1), args
 }
 
 // ClaimJob claims job id, whatever its queue or schedule, if it is
@@ -266,25 +292,27 @@ func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
 func (d *Driver) tryStats(ctx context.Context) ([]driver.QueueStats, error) {
 	s := d.segs()
 	if s == nil {
-		return d.queueStats(ctx, "stats", d.pool.Query, d.q.stats)
-	}
-	query, err := s.statsQuery(ctx)
-	if err != nil {
-		return nil, wrap("stats", err)
+		out, err := d.queueStats(ctx, d.pool.Query, d.q.stats)
+		return out, wrap("stats", err)
 	}
 	// Without parallel workers: the planner sizes a sealed finished
 	// segment's arm by its rows, not knowing that recorded counts skip its
 	// scan, and starting the workers it plans for took 40-60 ms of a
 	// 60 ms Stats over 1,000,000 counted jobs.
-	tx, err := d.pool.Begin(ctx)
-	if err != nil {
-		return nil, wrap("stats", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, "SET LOCAL max_parallel_workers_per_gather = 0"); err != nil {
-		return nil, wrap("stats", err)
-	}
-	return d.queueStats(ctx, "stats", tx.Query, query)
+	var out []driver.QueueStats
+	err := s.read(ctx, func(v *segView) error {
+		tx, err := d.pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		if _, err := tx.Exec(ctx, "SET LOCAL max_parallel_workers_per_gather = 0"); err != nil {
+			return err
+		}
+		out, err = d.queueStats(ctx, tx.Query, s.statsQuery(v))
+		return err
+	})
+	return out, wrap("stats", err)
 }
 
 // Overview counts the unfinished jobs and the jobs finished since
@@ -301,22 +329,25 @@ func (d *Driver) Overview(ctx context.Context, finishedSince time.Time) ([]drive
 
 // tryOverview is Overview on the storage this driver last read (see converted).
 func (d *Driver) tryOverview(ctx context.Context, finishedSince time.Time) ([]driver.QueueStats, error) {
-	query := d.q.overview
-	if s := d.segs(); s != nil {
-		var err error
-		if query, err = s.overviewQuery(ctx, finishedSince); err != nil {
-			return nil, wrap("overview", err)
-		}
+	s := d.segs()
+	if s == nil {
+		out, err := d.queueStats(ctx, d.pool.Query, d.q.overview, finishedSince)
+		return out, wrap("overview", err)
 	}
-	return d.queueStats(ctx, "overview", d.pool.Query, query, finishedSince)
+	var out []driver.QueueStats
+	err := s.read(ctx, func(v *segView) (err error) {
+		out, err = d.queueStats(ctx, d.pool.Query, s.overviewQuery(v, finishedSince), finishedSince)
+		return err
+	})
+	return out, wrap("overview", err)
 }
 
 // queueStats runs stats or overview: rows of queue, state, count and the
 // oldest available job's age in microseconds.
-func (d *Driver) queueStats(ctx context.Context, what string, query func(context.Context, string, ...any) (pgx.Rows, error), q string, args ...any) ([]driver.QueueStats, error) {
+func (d *Driver) queueStats(ctx context.Context, query func(context.Context, string, ...any) (pgx.Rows, error), q string, args ...any) ([]driver.QueueStats, error) {
 	rows, err := query(ctx, q, args...)
 	if err != nil {
-		return nil, wrap(what, err)
+		return nil, err
 	}
 	defer rows.Close()
 	by := map[string]*driver.QueueStats{}
@@ -327,7 +358,7 @@ func (d *Driver) queueStats(ctx context.Context, what string, query func(context
 	)
 	for rows.Next() {
 		if err := rows.Scan(&queue, &state, &count, &ageUS); err != nil {
-			return nil, wrap(what, err)
+			return nil, err
 		}
 		qs := by[queue]
 		if qs == nil {
@@ -341,7 +372,7 @@ func (d *Driver) queueStats(ctx context.Context, what string, query func(context
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, wrap(what, err)
+		return nil, err
 	}
 	sort.Strings(order)
 	out := make([]driver.QueueStats, 0, len(order))

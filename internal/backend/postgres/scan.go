@@ -135,36 +135,40 @@ func scanJob(row pgx.Row) (*driver.JobRow, error) {
 	return j, nil
 }
 
-// scanSQLJobs reads full job rows (the column list of get_job) from rows
-// of the pgx stdlib driver (database/sql) and closes them.
-func scanSQLJobs(rows *sql.Rows) ([]*driver.JobRow, error) {
-	defer rows.Close()
-	var out []*driver.JobRow
-	for rows.Next() {
-		j := new(driver.JobRow)
-		var (
-			args, errs, meta                  []byte
-			attemptedAt, finalizedAt, leaseAt sql.NullTime
-			attemptedBy                       sql.NullString
-		)
-		err := rows.Scan(&j.ID, &j.Queue, &j.Kind, &args, &j.State, &j.Priority, &j.Attempt, &j.MaxAttempts,
-			&j.TimeoutMS, &j.ScheduledAt, &j.CreatedAt, &attemptedAt, &finalizedAt, &leaseAt,
-			&attemptedBy, &errs, &j.Fence, &meta)
-		if err != nil {
-			return nil, err
-		}
-		j.Args = args
-		if len(meta) > 0 {
-			j.Meta = meta
-		}
-		j.AttemptedAt, j.FinalizedAt, j.LeaseExpiresAt = attemptedAt.Time, finalizedAt.Time, leaseAt.Time
-		j.AttemptedBy = attemptedBy.String
-		if len(errs) > 2 {
-			if err := json.Unmarshal(errs, &j.Errors); err != nil {
-				return nil, fmt.Errorf("job %d: decode errors: %w", j.ID, err)
-			}
-		}
-		out = append(out, j)
+// scanFunc is a row's Scan method as a pgx.Row.
+type scanFunc func(dest ...any) error
+
+// Scan implements pgx.Row.
+func (f scanFunc) Scan(dest ...any) error { return f(dest...) }
+
+// scanJobRow reads one full job row through scan, of the pgx stdlib
+// driver (database/sql) when sqlTx is set, else of pgx.
+func scanJobRow(scan func(dest ...any) error, sqlTx bool) (*driver.JobRow, error) {
+	if !sqlTx {
+		return scanJob(scanFunc(scan))
 	}
-	return out, rows.Err()
+	j := new(driver.JobRow)
+	var (
+		args, errs, meta                  []byte
+		attemptedAt, finalizedAt, leaseAt sql.NullTime
+		attemptedBy                       sql.NullString
+	)
+	err := scan(&j.ID, &j.Queue, &j.Kind, &args, &j.State, &j.Priority, &j.Attempt, &j.MaxAttempts,
+		&j.TimeoutMS, &j.ScheduledAt, &j.CreatedAt, &attemptedAt, &finalizedAt, &leaseAt,
+		&attemptedBy, &errs, &j.Fence, &meta)
+	if err != nil {
+		return nil, err
+	}
+	j.Args = args
+	if len(meta) > 0 {
+		j.Meta = meta
+	}
+	j.AttemptedAt, j.FinalizedAt, j.LeaseExpiresAt = attemptedAt.Time, finalizedAt.Time, leaseAt.Time
+	j.AttemptedBy = attemptedBy.String
+	if len(errs) > 2 {
+		if err := json.Unmarshal(errs, &j.Errors); err != nil {
+			return nil, fmt.Errorf("job %d: decode errors: %w", j.ID, err)
+		}
+	}
+	return j, nil
 }

@@ -406,8 +406,11 @@ func (s *segStore) admin(ctx context.Context, op, name string, id int64, srcPhas
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
-		ok, err := s.guardOK(ctx, v, guarded...)
-		if err == nil && !ok {
+		// Nothing moved: the job is missing, in another state, or in
+		// a segment created since v (another process rotated or
+		// reclaimed), which a registry read after the statement tells.
+		now, err := s.refresh(ctx, time.Now())
+		if err == nil && now.sig != v.sig {
 			return errStale
 		}
 		if err == nil {
@@ -423,18 +426,27 @@ func (s *segStore) admin(ctx context.Context, op, name string, id int64, srcPhas
 	}
 	cur, err := s.getJob(ctx, id)
 	if err != nil {
+		return nil, wrap(op, err)
+	}
+	if cur == nil {
 		return nil, fmt.Errorf("conveyor/postgres: %s job %d: %w", op, id, driver.ErrNotFound)
 	}
 	return nil, fmt.Errorf("conveyor/postgres: %s job %d: job is %s: %w", op, id, cur.State, driver.ErrWrongState)
 }
 
-// getJob looks the job up in every live segment.
+// getJob looks the job up in every live segment (nil when none holds
+// it).
 func (s *segStore) getJob(ctx context.Context, id int64) (*driver.JobRow, error) {
-	v, err := s.viewNow(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return scanJob(s.d.pool.QueryRow(ctx, s.stmt("seg_get_job", v, v.srcs(phases...)), id))
+	var j *driver.JobRow
+	err := s.read(ctx, func(v *segView) error {
+		var err error
+		j, err = scanJob(s.d.pool.QueryRow(ctx, s.stmt("seg_get_job", v, v.srcs(phases...)), id))
+		if errors.Is(err, pgx.ErrNoRows) {
+			j, err = nil, nil
+		}
+		return err
+	})
+	return j, err
 }
 
 // phasesOf returns the phases that hold jobs of the given states (all of
@@ -466,17 +478,13 @@ func phasesOf(states []string) []string {
 	return out
 }
 
-// listQuery returns the list statement for the phases of states, or ""
-// when no phase holds such jobs; byQueue and byKind say whether the list
-// is filtered by queue or by kind (seg_list_jobs).
-func (s *segStore) listQuery(ctx context.Context, states []string, byQueue, byKind bool) (string, error) {
-	v, err := s.viewNow(ctx)
-	if err != nil {
-		return "", err
-	}
+// listQuery returns the list statement of v for the phases of states,
+// or "" when no phase holds such jobs; byQueue and byKind say whether the
+// list is filtered by queue or by kind (seg_list_jobs).
+func (s *segStore) listQuery(v *segView, states []string, byQueue, byKind bool) string {
 	phs := phasesOf(states)
 	if len(phs) == 0 {
-		return "", nil
+		return ""
 	}
 	queue, kind := "$3::text = ''", "$4::text = ''"
 	if byQueue {
@@ -485,33 +493,26 @@ func (s *segStore) listQuery(ctx context.Context, states []string, byQueue, byKi
 	if byKind {
 		kind = "kind = $4::text"
 	}
-	return strings.NewReplacer("{queue}", queue, "{kind}", kind).Replace(s.stmt("seg_list_jobs", v, v.srcs(phs...))), nil
+	return strings.NewReplacer("{queue}", queue, "{kind}", kind).Replace(s.stmt("seg_list_jobs", v, v.srcs(phs...)))
 }
 
-// overviewQuery returns the overview statement: every live ready, running
-// and waiting segment, and the done and dead segments that may hold a job
-// finished at or after since (the current ones, and the sealed ones
-// sealed after since less tuning.lateWrites). Finished segments are
-// sealed by time, so these are a few whatever the retention.
-func (s *segStore) overviewQuery(ctx context.Context, since time.Time) (string, error) {
-	v, err := s.viewNow(ctx)
-	if err != nil {
-		return "", err
-	}
+// overviewQuery returns the overview statement of v: every live ready,
+// running and waiting segment, and the done and dead segments that may
+// hold a job finished at or after since (the current ones, and the
+// sealed ones sealed after since less tuning.lateWrites). Finished
+// segments are sealed by time, so these are a few whatever the
+// retention.
+func (s *segStore) overviewQuery(v *segView, since time.Time) string {
 	srcs := v.srcs(phReady, phRunning, phWaiting)
 	for _, t := range v.srcs(phDone, phDead) {
 		if at, sealed := v.sealedAt[t]; !sealed || !at.Before(since.Add(-s.tune.lateWrites)) {
 			srcs = append(srcs, t)
 		}
 	}
-	return s.stmt("seg_overview", v, srcs), nil
+	return s.stmt("seg_overview", v, srcs)
 }
 
-// statsQuery returns the stats statement over every live segment.
-func (s *segStore) statsQuery(ctx context.Context) (string, error) {
-	v, err := s.viewNow(ctx)
-	if err != nil {
-		return "", err
-	}
-	return s.stmt("seg_stats", v, v.srcs(phases...)), nil
+// statsQuery returns the stats statement of v, over every live segment.
+func (s *segStore) statsQuery(v *segView) string {
+	return s.stmt("seg_stats", v, v.srcs(phases...))
 }

@@ -94,6 +94,7 @@ type segView struct {
 	// sealedAt is when each sealed segment was sealed: no row enters a
 	// segment later than tuning.lateWrites after that.
 	sealedAt map[string]time.Time
+	inc      map[string]int64 // live segment -> incarnation
 	at       time.Time
 	// readAt is when the registry query that made the view was sent: the
 	// registry's snapshot is no older.
@@ -285,9 +286,7 @@ func (s *segStore) refresh(ctx context.Context, after time.Time) (*segView, erro
 		return nil, err
 	}
 	defer rows.Close()
-	v := &segView{cur: map[string]segRef{}, live: map[string][]string{}, sealedAt: map[string]time.Time{}, at: time.Now(), readAt: readAt}
-	var sealed = map[string][]string{}
-	var sig strings.Builder
+	v := &segView{at: time.Now(), readAt: readAt}
 	for rows.Next() {
 		var tbl, phase, status string
 		var inc int64
@@ -295,35 +294,175 @@ func (s *segStore) refresh(ctx context.Context, after time.Time) (*segView, erro
 		if err := rows.Scan(&tbl, &phase, &status, &inc, &sealedAt); err != nil {
 			return nil, err
 		}
-		if sealedAt != nil {
-			v.sealedAt[tbl] = *sealedAt
-		}
-		fmt.Fprintf(&sig, "%s %s %d;", tbl, status, inc)
-		if status == "current" {
-			v.cur[phase] = segRef{tbl, inc}
-		} else {
-			sealed[phase] = append(sealed[phase], tbl)
+		if err := v.add(tbl, phase, status, inc, sealedAt); err != nil {
+			return nil, err
 		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	for _, ph := range phases {
-		c, ok := v.cur[ph]
-		if !ok {
-			return nil, fmt.Errorf("the segment registry has no current %s segment", ph)
-		}
-		v.live[ph] = append(sealed[ph], c.tbl)
+	if err := v.finish(); err != nil {
+		return nil, err
 	}
-	v.sig = sig.String()
 	if old := s.view.Load(); old != nil && old.sig == v.sig {
 		v.stmts = old.stmts
-	} else {
-		v.stmts = new(sync.Map)
+		s.view.Store(v)
+		return v, nil
 	}
+	v.stmts = new(sync.Map)
 	s.view.Store(v)
 	s.forgetGone(v)
 	return v, nil
+}
+
+// readRounds bounds the rounds of a read whose registry changed while it
+// ran: each round follows a rotation or reclaim (a few a second at most).
+const readRounds = 10
+
+// read runs f, which reads the live segments of the view it is given in
+// one statement on a connection of its own (each statement in its own
+// snapshot), until the registry is seen unchanged from the view's read,
+// before f's statement, to a read sent after f returned. The registry
+// only moves forward (a table's status and incarnation never come back
+// to an earlier pair, and new tables have new names), so the statement's
+// snapshot then saw exactly the view's live segments, every job
+// committed before it is in one of them, and the statement's locks,
+// taken before its snapshot, kept a reclaim from truncating one under it.
+// A view is up to segRefreshEvery old, and a rotation or reclaim by
+// another process since would otherwise make the read omit a segment
+// created meanwhile: a job that exists reported missing, a list or a
+// count short by whole segments.
+func (s *segStore) read(ctx context.Context, f func(v *segView) error) error {
+	v, err := s.viewNow(ctx)
+	if err != nil {
+		return err
+	}
+	for round := 0; ; round++ {
+		ferr := f(v)
+		if ferr != nil && !s.goneSegment(ferr) {
+			return ferr
+		}
+		now, err := s.refresh(ctx, time.Now())
+		if err != nil {
+			return err
+		}
+		if ferr == nil && now.sig == v.sig {
+			return nil
+		}
+		s.stale.Add(1)
+		if round == readRounds {
+			return fmt.Errorf("the segment registry changed during each of %d reads in a row", readRounds+1)
+		}
+		v = now
+	}
+}
+
+// errSnapshotReclaimed is a read in a caller's transaction whose snapshot
+// predates the reclaim of a segment it would read.
+var errSnapshotReclaimed = errors.New("a segment this transaction's snapshot reads was reclaimed since the snapshot was taken (TRUNCATE is not MVCC-safe: its rows would look missing); run the transaction again")
+
+// readIn is read inside the caller's transaction q. Its view is read
+// from the registry in the transaction, so that it names the segments
+// the transaction's snapshot sees. In READ COMMITTED (each statement a
+// snapshot of its own) the read is verified as read verifies it, and
+// runs again on a change. In REPEATABLE READ or SERIALIZABLE the
+// snapshot is the transaction's, possibly older than the read: the
+// segments of its registry must all still hold the incarnation they had
+// then (no reclaim truncated one since, which that snapshot would see
+// empty), else the read fails with errSnapshotReclaimed rather than
+// omit their jobs.
+func (s *segStore) readIn(ctx context.Context, q querier, f func(v *segView) error) error {
+	for round := 0; ; round++ {
+		var v *segView
+		var iso string
+		err := q(ctx, s.q("seg_registry_tx"), nil, func(scan func(...any) error) error {
+			if v == nil {
+				v = &segView{at: time.Now()}
+			}
+			var tbl, phase, status string
+			var inc int64
+			var sealedAt *time.Time
+			if err := scan(&tbl, &phase, &status, &inc, &sealedAt, &iso); err != nil {
+				return err
+			}
+			return v.add(tbl, phase, status, inc, sealedAt)
+		})
+		if err == nil && v == nil {
+			err = errors.New("the segment registry is empty")
+		}
+		if err == nil {
+			err = v.finish()
+		}
+		if err != nil {
+			return err
+		}
+		if err := f(v); err != nil {
+			return err
+		}
+		now, err := s.refresh(ctx, time.Now())
+		if err != nil {
+			return err
+		}
+		if iso != "read committed" && iso != "read uncommitted" {
+			if !v.incarnationsIn(now) {
+				return errSnapshotReclaimed
+			}
+			return nil
+		}
+		if now.sig == v.sig {
+			return nil
+		}
+		s.stale.Add(1)
+		if round == readRounds {
+			return fmt.Errorf("the segment registry changed during each of %d reads in a row", readRounds+1)
+		}
+	}
+}
+
+// incarnationsIn reports whether every live segment of v is live in now
+// under the same incarnation: none was reclaimed (truncated) between
+// the two reads of the registry.
+func (v *segView) incarnationsIn(now *segView) bool {
+	for _, ph := range phases {
+		for _, tbl := range v.live[ph] {
+			if v.inc[tbl] != now.inc[tbl] || now.inc[tbl] == 0 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// add records one row of the registry (seg_registry's columns, in its
+// order).
+func (v *segView) add(tbl, phase, status string, inc int64, sealedAt *time.Time) error {
+	if v.cur == nil {
+		v.cur, v.live, v.sealedAt, v.inc = map[string]segRef{}, map[string][]string{}, map[string]time.Time{}, map[string]int64{}
+	}
+	if sealedAt != nil {
+		v.sealedAt[tbl] = *sealedAt
+	}
+	v.inc[tbl] = inc
+	v.sig += tbl + " " + status + " " + strconv.FormatInt(inc, 10) + ";"
+	if status == "current" {
+		v.cur[phase] = segRef{tbl, inc}
+	} else {
+		v.live[phase] = append(v.live[phase], tbl)
+	}
+	return nil
+}
+
+// finish completes a view whose registry rows were added: every phase
+// has a current segment, last in its live list.
+func (v *segView) finish() error {
+	for _, ph := range phases {
+		c, ok := v.cur[ph]
+		if !ok {
+			return fmt.Errorf("the segment registry has no current %s segment", ph)
+		}
+		v.live[ph] = append(v.live[ph], c.tbl)
+	}
+	return nil
 }
 
 // placedMax bounds the jobs whose running segment a process remembers;

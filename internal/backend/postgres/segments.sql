@@ -73,6 +73,13 @@ SELECT tbl, phase, status, inc, sealed_at FROM {p}segments
  WHERE status IN ('current', 'sealed')
  ORDER BY phase, ord
 
+-- name: seg_registry_tx
+-- seg_registry inside a caller's transaction, with its isolation level
+-- (see readIn).
+SELECT tbl, phase, status, inc, sealed_at, current_setting('transaction_isolation') FROM {p}segments
+ WHERE status IN ('current', 'sealed')
+ ORDER BY phase, ord
+
 -- name: seg_count
 SELECT count(*) FROM {p}segments
 

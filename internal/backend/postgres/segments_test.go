@@ -2,8 +2,10 @@ package postgres
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -963,10 +965,11 @@ func TestSegmentsFinishedListIndexes(t *testing.T) {
 	if _, err := d.pool.Exec(ctx, "ANALYZE "+done); err != nil {
 		t.Fatal(err)
 	}
-	q, err := s.listQuery(ctx, []string{driver.StateCompleted}, true, false)
+	v, err = s.refresh(ctx, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	q := s.listQuery(v, []string{driver.StateCompleted}, true, false)
 	if all := explain(t, d.pool.Query, q, int64(0), []string{driver.StateCompleted}, "rare", "", 100); !strings.Contains(all, done+"_queue_idx") {
 		t.Errorf("a list of queue rare's completed jobs does not read %s_queue_idx:\n%s", done, all)
 	}
@@ -1229,11 +1232,11 @@ func TestSegmentsStatsCounts(t *testing.T) {
 	}
 	scanned := func(tbl string) bool {
 		t.Helper()
-		q, err := s.statsQuery(ctx)
+		v, err := s.refresh(ctx, time.Time{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		plan := explain(t, d.pool.Query, "(ANALYZE, COSTS OFF, TIMING OFF) "+q)
+		plan := explain(t, d.pool.Query, "(ANALYZE, COSTS OFF, TIMING OFF) "+s.statsQuery(v))
 		for _, line := range strings.Split(plan, "\n") {
 			if strings.Contains(line, "Scan on "+tbl) {
 				return !strings.Contains(line, "never executed")
@@ -1668,5 +1671,214 @@ func TestStaleViewNamingDroppedSegment(t *testing.T) {
 	}
 	if got := claimN(t, other, "q", 5); len(got) != 1 || got[0] != ids[0] {
 		t.Fatalf("claimed %v, want [%d]", got, ids[0])
+	}
+}
+
+// TestReadsSeeSegmentsCreatedSince: a long-lived process (other) whose
+// view of the registry predates rotations and a reclaim by another
+// process (d, the leader) still sees every job in every read: GetJob,
+// ListJobs, ListJobsTx (pgx and database/sql transactions, read
+// committed and repeatable read), Stats, Overview and an admin move.
+// The view is pinned as fresh, as it is for up to segRefreshEvery after
+// it was read, so that the test does not depend on timing.
+func TestReadsSeeSegmentsCreatedSince(t *testing.T) {
+	ctx := context.Background()
+	d, s := openSeg(t)
+	s.tune.grace = 0
+	other := openOther(t, d)
+	if _, err := other.Stats(ctx); err != nil { // other's view: read now
+		t.Fatal(err)
+	}
+	os := other.segs()
+	ov := os.view.Load()
+
+	// A job left in the ready segment other knows, which a reclaim then
+	// moves into a ready segment other does not know.
+	moved, err := d.Insert(ctx, []driver.InsertParams{pj("m")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldReady := ov.cur[phReady].tbl
+	for i := 0; i < 2; i++ {
+		if err := s.rotate(ctx, phReady); err != nil {
+			t.Fatal(err)
+		}
+	}
+	regs, err := s.registry(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range regs {
+		if r.tbl == oldReady {
+			if ok, _, err := s.reclaim(ctx, r, false, false); err != nil || !ok {
+				t.Fatalf("reclaim %s: %v %v", oldReady, ok, err)
+			}
+		}
+	}
+	if n := rowsIn(t, d, oldReady); n != 0 {
+		t.Fatalf("%d rows left in the reclaimed %s", n, oldReady)
+	}
+	// Completed jobs in a done segment created after other's view.
+	if err := s.rotate(ctx, phDone); err != nil {
+		t.Fatal(err)
+	}
+	s.invalidate()
+	done := finishJobs(t, d, "q", 3, driver.StateCompleted)
+	if err := s.rotate(ctx, phDone); err != nil { // and sealed
+		t.Fatal(err)
+	}
+	s.invalidate()
+	waiting, err := d.Insert(ctx, []driver.InsertParams{{Queue: "w", Kind: "k", Args: []byte(`{}`), MaxAttempts: 3, Delay: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// pin puts other's first view back before each read, as fresh.
+	pin := func() {
+		cp := *ov
+		cp.at = time.Now()
+		os.view.Store(&cp)
+	}
+	pin()
+	if j, err := other.GetJob(ctx, done[0]); err != nil || j.State != driver.StateCompleted {
+		t.Errorf("GetJob of a job in a done segment created since the view: %+v, %v", j, err)
+	}
+	pin()
+	if j, err := other.GetJob(ctx, moved[0]); err != nil || j.State != driver.StateAvailable {
+		t.Errorf("GetJob of a job a reclaim moved into a ready segment created since the view: %+v, %v", j, err)
+	}
+	wantList := func(what string, jobs []*driver.JobRow, err error, want []int64) {
+		t.Helper()
+		var got []int64
+		for _, j := range jobs {
+			got = append(got, j.ID)
+		}
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("%s: %v, %v; want %v", what, got, err, want)
+		}
+	}
+	pin()
+	jobs, err := other.ListJobs(ctx, driver.JobFilter{States: []string{driver.StateCompleted}})
+	wantList("ListJobs completed", jobs, err, done)
+	pin()
+	jobs, err = other.ListJobs(ctx, driver.JobFilter{Queue: "m"})
+	wantList("ListJobs of queue m", jobs, err, moved)
+
+	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead} {
+		pin()
+		tx, err := other.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+		if err != nil {
+			t.Fatal(err)
+		}
+		jobs, err = other.ListJobsTx(ctx, tx, driver.JobFilter{States: []string{driver.StateCompleted, driver.StateAvailable}})
+		_ = tx.Rollback(ctx)
+		wantList("ListJobsTx (pgx, "+string(iso)+")", jobs, err, append(slices.Clone(moved), done...))
+	}
+	pin()
+	db, err := sql.Open("pgx", testdb.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	stx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs, err = other.ListJobsTx(ctx, stx, driver.JobFilter{Queue: "q"})
+	_ = stx.Rollback()
+	wantList("ListJobsTx (database/sql)", jobs, err, done)
+
+	counts := func(stats []driver.QueueStats) map[string]int64 {
+		out := map[string]int64{}
+		for _, q := range stats {
+			for st, n := range q.Counts {
+				if n > 0 {
+					out[q.Queue+" "+st] = n
+				}
+			}
+		}
+		return out
+	}
+	want := map[string]int64{"m available": 1, "q completed": 3, "w scheduled": 1}
+	pin()
+	stats, err := other.Stats(ctx)
+	if got := counts(stats); err != nil || !maps.Equal(got, want) {
+		t.Errorf("Stats: %v, %v; want %v", got, err, want)
+	}
+	pin()
+	stats, err = other.Overview(ctx, time.Now().Add(-time.Hour))
+	if got := counts(stats); err != nil || !maps.Equal(got, want) {
+		t.Errorf("Overview: %v, %v; want %v", got, err, want)
+	}
+	pin()
+	if j, err := other.Retry(ctx, done[1]); err != nil || j.State != driver.StateAvailable {
+		t.Errorf("Retry of a job in a done segment created since the view: %+v, %v", j, err)
+	}
+	pin()
+	if j, err := other.Cancel(ctx, waiting[0]); err != nil || j.State != driver.StateCancelled {
+		t.Errorf("Cancel of a waiting job: %+v, %v", j, err)
+	}
+}
+
+// TestReadInSnapshotOlderThanReclaim: a REPEATABLE READ transaction
+// whose snapshot predates a reclaim (TRUNCATE is not MVCC-safe: the
+// reclaimed segment looks empty to it, and the moved jobs are not in
+// its snapshot) is told so by ListJobsTx instead of getting a list
+// without the moved jobs.
+func TestReadInSnapshotOlderThanReclaim(t *testing.T) {
+	ctx := context.Background()
+	d, s := openSeg(t)
+	s.tune.grace = 0
+	ids, err := d.Insert(ctx, []driver.InsertParams{pj("q")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := d.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil { // the snapshot
+		t.Fatal(err)
+	}
+	jobs, err := d.ListJobsTx(ctx, tx, driver.JobFilter{})
+	if err != nil || len(jobs) != 1 || jobs[0].ID != ids[0] {
+		t.Fatalf("before the reclaim: %v, %v", jobs, err)
+	}
+	if err := tx.Rollback(ctx); err != nil { // its locks held the reclaim off
+		t.Fatal(err)
+	}
+	tx, err = d.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.refresh(ctx, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := v.cur[phReady].tbl
+	if err := s.rotate(ctx, phReady); err != nil {
+		t.Fatal(err)
+	}
+	regs, err := s.registry(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range regs {
+		if r.tbl == old {
+			if ok, _, err := s.reclaim(ctx, r, false, false); err != nil || !ok {
+				t.Fatalf("reclaim %s: %v %v", old, ok, err)
+			}
+		}
+	}
+	jobs, err = d.ListJobsTx(ctx, tx, driver.JobFilter{})
+	if !errors.Is(err, errSnapshotReclaimed) {
+		t.Fatalf("after the reclaim: %v, %v; want errSnapshotReclaimed", jobs, err)
+	}
+	if j, err := d.GetJob(ctx, ids[0]); err != nil || j.State != driver.StateAvailable {
+		t.Fatalf("the moved job: %+v, %v", j, err)
 	}
 }
