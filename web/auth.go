@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 )
@@ -251,11 +252,36 @@ func hasCookie(r *http.Request) bool {
 	return err == nil
 }
 
-// safeNext returns next when it is a path inside the handler, else the
-// dashboard's home, so that the login cannot redirect elsewhere.
+// safeNext returns next when it is a clean path under the base path (with
+// an optional query), else the dashboard's home, so that the login cannot
+// redirect to another origin or out of the handler. Refused: anything but
+// printable ASCII (browsers drop tabs and line breaks, so "/\t/host"
+// would become "//host"), backslashes, fragments, "//" and "." or ".."
+// segments (also percent-encoded), paths outside the base, and the login
+// page itself.
 func (h *Handler) safeNext(next string) string {
 	home := h.opts.BasePath + "/"
-	if next == "" || !strings.HasPrefix(next, home) || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\\r\n") || strings.HasPrefix(next, h.opts.BasePath+"/login") {
+	for i := 0; i < len(next); i++ {
+		if c := next[i]; c <= ' ' || c >= 0x7f || c == '\\' || c == '#' {
+			return home
+		}
+	}
+	p, _, _ := strings.Cut(next, "?")
+	dec, err := url.PathUnescape(p)
+	if err != nil || !strings.HasPrefix(p, home) || !strings.HasPrefix(dec, home) || strings.HasPrefix(dec, h.opts.BasePath+"/login") {
+		return home
+	}
+	for i := 0; i < len(dec); i++ {
+		if c := dec[i]; c <= ' ' || c >= 0x7f || c == '\\' {
+			return home
+		}
+	}
+	for _, seg := range strings.Split(dec[len(home):], "/") {
+		if seg == "." || seg == ".." {
+			return home
+		}
+	}
+	if strings.Contains(dec, "//") {
 		return home
 	}
 	return next

@@ -1,13 +1,83 @@
 package web
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 )
+
+// postLogin posts the login form and returns the answer, without
+// following a redirect.
+func (e *env) postLogin(path string, form url.Values) *http.Response {
+	e.t.Helper()
+	cl := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	res, err := cl.PostForm(e.srv.URL+path, form)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	res.Body.Close()
+	return res
+}
+
+// TestLoginRedirectStaysUnderBase: after a login, next may only lead to a
+// clean path under the base path; anything else leads to the base.
+func TestLoginRedirectStaysUnderBase(t *testing.T) {
+	for _, base := range []string{"", "/conveyor"} {
+		t.Run("base="+base, func(t *testing.T) {
+			e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), func(o *Options) { o.BasePath = base })
+			home := base + "/"
+			cases := map[string]string{
+				base + "/jobs?state=failed&queue=a": base + "/jobs?state=failed&queue=a",
+				base + "/jobs/7":                    base + "/jobs/7",
+				home:                                home,
+				"":                                  home,
+				"/\t/127.0.0.1:18099/x":             home, // browsers drop the tab: //127.0.0.1:18099/x
+				base + "/\t/127.0.0.1:18099/x":      home,
+				base + "/%09/127.0.0.1:18099/x":     home,
+				base + "/\n/evil.example":           home,
+				base + "/\x7f/evil.example":         home,
+				"//evil.example/x":                  home,
+				base + "//evil.example/x":           home,
+				base + "/%2f%2fevil.example/x":      home,
+				"/\\evil.example/x":                 home,
+				base + "/\\evil.example/x":          home,
+				base + "/%5cevil.example/x":         home,
+				"https://evil.example/":             home,
+				base + "/../evil":                   home,
+				base + "/jobs/../../evil":           home,
+				base + "/%2e%2e/evil":               home,
+				base + "/.%2E/evil":                 home,
+				base + "/./jobs":                    home,
+				base + "/jobs/..":                   home,
+				base + "/login?next=/x":             home,
+				base + "/jobs#frag":                 home,
+				base + "/jobs\u00a0":                home,
+				base + "/%zz":                       home,
+			}
+			if base != "" {
+				cases["/conveyorx/jobs"] = home // outside the base
+				cases["/jobs"] = home
+			}
+			for next, want := range cases {
+				res := e.postLogin(base+"/login", url.Values{"token": {adminToken}, "next": {next}})
+				if res.StatusCode != 303 || res.Header.Get("Location") != want {
+					t.Errorf("login with next %q: %d to %q, want 303 to %q", next, res.StatusCode, res.Header.Get("Location"), want)
+				}
+			}
+			// The login page carries only a safe next to its form.
+			res := e.do(req{method: "GET", path: base + "/login?next=" + url.QueryEscape(base+"/../evil")})
+			if bytes.Contains(res.body, []byte("evil")) {
+				t.Errorf("login page keeps an unsafe next: %s", res.body)
+			}
+		})
+	}
+}
 
 // TestDurationFieldsRangeChecked: a duration in milliseconds too large
 // for a time.Duration is refused with its field's name, not wrapped
@@ -74,4 +144,3 @@ func TestDurationFieldsRangeChecked(t *testing.T) {
 		t.Errorf("in-range job stored as %+v", j)
 	}
 }
-
