@@ -79,6 +79,55 @@ func TestLoginRedirectStaysUnderBase(t *testing.T) {
 	}
 }
 
+// TestLoopbackDevRefusesForeignHost: without authentication on loopback,
+// a request addressed to any other name (DNS rebinding: a page of
+// another site whose name resolves to 127.0.0.1) is refused with 421.
+func TestLoopbackDevRefusesForeignHost(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), func(o *Options) {
+		o.Tokens, o.Users, o.InsecureLoopbackDev = nil, nil, true
+	})
+	_, port, _ := strings.Cut(strings.TrimPrefix(e.srv.URL, "http://"), ":")
+	do := func(host, method, path, body string) (int, string) {
+		r, err := http.NewRequestWithContext(t.Context(), method, e.srv.URL+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Host = host
+		if body != "" {
+			r.Header.Set("Content-Type", "application/json")
+		}
+		res, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var b bytes.Buffer
+		_, _ = b.ReadFrom(res.Body)
+		return res.StatusCode, b.String()
+	}
+	for _, host := range []string{"rebind.example:" + port, "rebind.example", "127.0.0.1.nip.io:" + port, "localhost.evil.example:" + port, "0.0.0.0:" + port} {
+		for _, c := range []struct{ method, path, body string }{
+			{"POST", "/api/v1/jobs", `{"kind":"k"}`},
+			{"GET", "/api/v1/jobs", ""},
+			{"GET", "/", ""},
+			{"GET", "/login", ""},
+		} {
+			status, body := do(host, c.method, c.path, c.body)
+			if status != 421 || !strings.Contains(body, "InsecureLoopbackDev") {
+				t.Errorf("%s %s with Host %q: %d %s, want 421", c.method, c.path, host, status, body)
+			}
+		}
+	}
+	for _, host := range []string{"127.0.0.1:" + port, "localhost:" + port, "LOCALHOST:" + port, "[::1]:" + port, "127.0.0.1", "localhost", "[::1]"} {
+		if status, body := do(host, "POST", "/api/v1/jobs", `{"kind":"k"}`); status != 201 {
+			t.Errorf("enqueue with Host %q: %d %s", host, status, body)
+		}
+	}
+	if status, body := do("localhost:"+port, "GET", "/api/v1/jobs", ""); status != 200 || strings.Count(body, `"kind":"k"`) != 7 {
+		t.Errorf("list with Host localhost: %d %s", status, body)
+	}
+}
+
 // TestDurationFieldsRangeChecked: a duration in milliseconds too large
 // for a time.Duration is refused with its field's name, not wrapped
 // around into range (288230376151712744 ms wraps to 1s,

@@ -604,7 +604,7 @@ func TestNewRequiresCredentials(t *testing.T) {
 	}
 	for addr, want := range map[string]int{"127.0.0.1:5000": 200, "[::1]:5000": 200, "192.0.2.7:5000": 403} {
 		r := httptest.NewRequest("GET", "/api/v1/queues", nil)
-		r.RemoteAddr = addr
+		r.RemoteAddr, r.Host = addr, "127.0.0.1:8080"
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
 		// Loopback gets in without credentials; anything else is refused.
