@@ -3,16 +3,17 @@ package web
 import (
 	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -148,22 +149,97 @@ func (h *Handler) authenticate(r *http.Request) (principal, error) {
 		if cr, ok := h.session(ck.Value); ok {
 			return principal{name: cr.name, role: cr.role}, nil
 		}
-		return principal{}, errors.New("session expired or no longer valid: log in again")
+		return principal{}, errors.New("session expired, logged out or no longer valid: log in again")
 	}
 	return principal{}, errors.New("authentication required")
 }
 
-// sessionClaims are the signed contents of the session cookie.
-type sessionClaims struct {
-	FP  string `json:"f"`
-	Exp int64  `json:"e"`
+// Bounds of the session table.
+const (
+	// maxSessionsPerCred is the most open sessions of one credential;
+	// a login beyond it ends that credential's oldest session.
+	maxSessionsPerCred = 100
+)
+
+// sessions are the dashboard's logins, kept in the handler's memory: a
+// session is a random id in the cookie (signed with the session key) and
+// an entry here, so that logging out ends it on the server and the old
+// cookie is refused from then on. A session is valid only on the handler
+// that opened it. Entries end at their expiry, at logout, or when their
+// credential's sessions go over maxSessionsPerCred (the oldest first); so
+// the table holds at most that many per configured credential.
+type sessions struct {
+	mu   sync.Mutex
+	now  func() time.Time
+	byID map[string]*sessionEntry
 }
 
-// newSession returns a signed cookie value for cr.
+// sessionEntry is one open session.
+type sessionEntry struct {
+	fp      string // the credential's fingerprint
+	created time.Time
+	exp     time.Time
+}
+
+func newSessions() *sessions {
+	return &sessions{now: time.Now, byID: map[string]*sessionEntry{}}
+}
+
+// open records a new session of fp lasting ttl and returns its id.
+func (s *sessions) open(fp string, ttl time.Duration) string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	id := base64.RawURLEncoding.EncodeToString(b)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var oldest string
+	n := 0
+	for k, e := range s.byID {
+		switch {
+		case !now.Before(e.exp):
+			delete(s.byID, k)
+		case e.fp == fp:
+			n++
+			if oldest == "" || e.created.Before(s.byID[oldest].created) {
+				oldest = k
+			}
+		}
+	}
+	if n >= maxSessionsPerCred {
+		delete(s.byID, oldest)
+	}
+	s.byID[id] = &sessionEntry{fp: fp, created: now, exp: now.Add(ttl)}
+	return id
+}
+
+// get returns the fingerprint of an open, unexpired session.
+func (s *sessions) get(id string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.byID[id]
+	if !ok {
+		return "", false
+	}
+	if !s.now().Before(e.exp) {
+		delete(s.byID, id)
+		return "", false
+	}
+	return e.fp, true
+}
+
+// end ends a session.
+func (s *sessions) end(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.byID, id)
+}
+
+// newSession opens a session for cr and returns its cookie value: the
+// session's id and its signature.
 func (h *Handler) newSession(cr cred) string {
-	b, _ := json.Marshal(sessionClaims{FP: cr.fp, Exp: time.Now().Add(h.opts.SessionTTL).Unix()})
-	p := base64.RawURLEncoding.EncodeToString(b)
-	return p + "." + h.sign(p)
+	id := h.sessions.open(cr.fp, h.opts.SessionTTL)
+	return id + "." + h.sign(id)
 }
 
 func (h *Handler) sign(payload string) string {
@@ -172,22 +248,27 @@ func (h *Handler) sign(payload string) string {
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
-// session returns the credential of a valid, unexpired session whose
+// sessionID returns the id of a cookie value whose signature is valid.
+func (h *Handler) sessionID(v string) (string, bool) {
+	id, sig, ok := strings.Cut(v, ".")
+	if !ok || !hmac.Equal([]byte(sig), []byte(h.sign(id))) {
+		return "", false
+	}
+	return id, true
+}
+
+// session returns the credential of an open, unexpired session whose
 // credential is still configured.
 func (h *Handler) session(v string) (cred, bool) {
-	p, sig, ok := strings.Cut(v, ".")
-	if !ok || !hmac.Equal([]byte(sig), []byte(h.sign(p))) {
+	id, ok := h.sessionID(v)
+	if !ok {
 		return cred{}, false
 	}
-	b, err := base64.RawURLEncoding.DecodeString(p)
-	if err != nil {
+	fp, ok := h.sessions.get(id)
+	if !ok {
 		return cred{}, false
 	}
-	var s sessionClaims
-	if json.Unmarshal(b, &s) != nil || time.Now().Unix() >= s.Exp {
-		return cred{}, false
-	}
-	cr, ok := h.creds.byFP[s.FP]
+	cr, ok := h.creds.byFP[fp]
 	return cr, ok
 }
 
@@ -328,8 +409,14 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request, _ principal) {
 	http.Redirect(w, r, h.safeNext(next), http.StatusSeeOther)
 }
 
-// logout clears the session cookie (POST /logout).
+// logout ends the request's session on the server, so that its cookie is
+// refused from then on, and clears the cookie (POST /logout).
 func (h *Handler) logout(w http.ResponseWriter, r *http.Request, _ principal) {
+	if ck, err := r.Cookie(cookieName); err == nil {
+		if id, ok := h.sessionID(ck.Value); ok {
+			h.sessions.end(id)
+		}
+	}
 	http.SetCookie(w, &http.Cookie{
 		Name: cookieName, Value: "", Path: h.opts.BasePath + "/", MaxAge: -1,
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || h.opts.SecureCookie,

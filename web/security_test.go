@@ -8,9 +8,36 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
+
+// fakeClock is a clock the test moves by hand.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// useFakeClock makes the handler's sessions run on a clock the test
+// moves.
+func (e *env) useFakeClock() *fakeClock {
+	c := &fakeClock{t: time.Now()}
+	e.h.sessions.now = c.now
+	return c
+}
 
 // postLogin posts the login form and returns the answer, without
 // following a redirect.
@@ -76,6 +103,65 @@ func TestLoginRedirectStaysUnderBase(t *testing.T) {
 				t.Errorf("login page keeps an unsafe next: %s", res.body)
 			}
 		})
+	}
+}
+
+// TestLogoutEndsSession: after logout the old cookie is refused by the
+// server, not only cleared in the browser; other sessions go on.
+func TestLogoutEndsSession(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
+	ck := e.login(adminToken)
+	other := e.login(adminToken)
+	cookie := map[string]string{"Cookie": ck.Name + "=" + ck.Value}
+	e.must(200, req{method: "GET", path: "/api/v1/jobs", header: cookie})
+	res := e.must(303, req{method: "POST", path: "/logout", header: cookie})
+	cleared := false
+	for _, c := range (&http.Response{Header: res.header}).Cookies() {
+		cleared = cleared || (c.Name == cookieName && c.MaxAge < 0)
+	}
+	if !cleared {
+		t.Error("logout does not clear the cookie")
+	}
+	for _, path := range []string{"/api/v1/jobs", "/jobs"} {
+		if res := e.do(req{method: "GET", path: path, header: cookie}); res.status != 401 {
+			t.Errorf("GET %s with the cookie of a session logged out: %d, want 401", path, res.status)
+		}
+	}
+	if res := e.do(req{method: "POST", path: "/api/v1/jobs", header: cookie, body: map[string]any{"kind": "k"}}); res.status != 401 {
+		t.Errorf("enqueue with the cookie of a session logged out: %d, want 401", res.status)
+	}
+	e.must(200, req{method: "GET", path: "/api/v1/jobs", header: map[string]string{"Cookie": other.Name + "=" + other.Value}})
+	if n := e.count(); n != 0 {
+		t.Errorf("%d jobs enqueued", n)
+	}
+}
+
+// TestSessionExpiresAndTableBounded: a session ends at its TTL, and one
+// credential's logins beyond maxSessionsPerCred end its oldest ones.
+func TestSessionExpiresAndTableBounded(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), func(o *Options) { o.SessionTTL = time.Hour })
+	clock := e.useFakeClock()
+	first := e.login(adminToken)
+	h := map[string]string{"Cookie": first.Name + "=" + first.Value}
+	e.must(200, req{method: "GET", path: "/api/v1/jobs", header: h})
+	clock.add(time.Hour)
+	e.must(401, req{method: "GET", path: "/api/v1/jobs", header: h})
+
+	var cks []*http.Cookie
+	for range maxSessionsPerCred + 1 {
+		clock.add(time.Second)
+		cks = append(cks, e.login(adminToken))
+	}
+	ro := e.login(roToken)
+	e.h.sessions.mu.Lock()
+	n := len(e.h.sessions.byID)
+	e.h.sessions.mu.Unlock()
+	if n != maxSessionsPerCred+1 {
+		t.Errorf("%d sessions held, want %d (one credential's cap, and the other's one)", n, maxSessionsPerCred+1)
+	}
+	e.must(401, req{method: "GET", path: "/api/v1/jobs", header: map[string]string{"Cookie": cks[0].Name + "=" + cks[0].Value}})
+	for _, c := range []*http.Cookie{cks[1], cks[len(cks)-1], ro} {
+		e.must(200, req{method: "GET", path: "/api/v1/jobs", header: map[string]string{"Cookie": c.Name + "=" + c.Value}})
 	}
 }
 

@@ -110,10 +110,14 @@ type Options struct {
 	MaxClaimWait time.Duration
 	// SessionTTL is how long a dashboard login lasts. Default 12h.
 	SessionTTL time.Duration
-	// SessionKey signs the dashboard's session cookies (HMAC-SHA256); at
-	// least 32 bytes. Default: random at New, so that sessions end when
-	// the process does. A session also ends when the credential it was
-	// opened with is no longer configured.
+	// SessionKey signs the ids in the dashboard's session cookies
+	// (HMAC-SHA256); at least 32 bytes. Default: random at New. Sessions
+	// themselves are kept in the handler's memory: a session is valid
+	// only on the handler that opened it, and ends at logout (on the
+	// server: the old cookie is refused from then on), after SessionTTL,
+	// or when the process ends, whatever the key. Behind a load
+	// balancer, send a browser to the same process each time (sticky
+	// sessions) or use tokens or basic auth.
 	SessionKey []byte
 	// SecureCookie marks the session cookie Secure even on plain HTTP
 	// requests (set it behind a TLS-terminating proxy). It is always
@@ -178,6 +182,8 @@ type Handler struct {
 	workers *httpWorkers
 	acks    *acks
 	started time.Time
+	// sessions are the dashboard's logins (auth.go).
+	sessions *sessions
 }
 
 //go:embed assets
@@ -200,6 +206,7 @@ func New[TTx any](c *conveyor.Client[TTx], opts Options) (*Handler, error) {
 	h := &Handler{
 		c: c, drv: seam.DriverOf(c), opts: o, creds: creds,
 		wake: newNotifier(), started: time.Now(),
+		sessions: newSessions(),
 	}
 	h.stats = newStatsCache(c, o.StatsMaxAge, o.SampleInterval)
 	h.workers = newHTTPWorkers(h.drv, o.Logger)
