@@ -9,7 +9,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
@@ -119,9 +118,17 @@ func (c *credentials) user(name, password string) (cred, bool) {
 // InsecureLoopbackDev mode.
 var errForbiddenRemote = errors.New("this server runs without authentication (InsecureLoopbackDev) and only answers loopback addresses")
 
+// throttledError refuses the credentials of an address that failed to
+// log in too often (see loginThrottle).
+type throttledError struct{ wait time.Duration }
+
+func (e throttledError) Error() string {
+	return fmt.Sprintf("too many failed logins from this address: try again in %d s", retryAfter(e.wait))
+}
+
 // authenticate returns the request's principal. A request that carries
-// an Authorization header is judged by it alone; otherwise by its session
-// cookie.
+// an Authorization header is judged by it alone (unless its address is
+// throttled, see loginThrottle); otherwise by its session cookie.
 func (h *Handler) authenticate(r *http.Request) (principal, error) {
 	c := h.creds
 	if c.devLB {
@@ -131,16 +138,21 @@ func (h *Handler) authenticate(r *http.Request) (principal, error) {
 		return principal{name: "loopback-dev", role: RoleAdmin}, nil
 	}
 	if a := r.Header.Get("Authorization"); a != "" {
+		if d := h.throttle.wait(r.RemoteAddr); d > 0 {
+			return principal{}, throttledError{d}
+		}
 		if v, ok := strings.CutPrefix(a, "Bearer "); ok {
 			if cr, ok := c.token(strings.TrimSpace(v)); ok {
 				return principal{name: cr.name, role: cr.role}, nil
 			}
+			h.throttle.fail(r.Context(), h.opts.Logger, r.RemoteAddr, "bearer", "")
 			return principal{}, errors.New("unknown bearer token")
 		}
 		if name, pw, ok := r.BasicAuth(); ok {
 			if cr, ok := c.user(name, pw); ok {
 				return principal{name: cr.name, role: cr.role}, nil
 			}
+			h.throttle.fail(r.Context(), h.opts.Logger, r.RemoteAddr, "basic", name)
 			return principal{}, errors.New("wrong user name or password")
 		}
 		return principal{}, errors.New("unsupported Authorization scheme (use Bearer or Basic)")
@@ -291,6 +303,11 @@ func (h *Handler) guard(rt route) http.Handler {
 				writeError(w, http.StatusForbidden, err.Error())
 				return
 			}
+			var te throttledError
+			if errors.As(err, &te) {
+				h.throttled(w, r, rt.html, te)
+				return
+			}
 			h.unauthorized(w, r, rt, err)
 			return
 		}
@@ -331,6 +348,18 @@ func (h *Handler) unauthorized(w http.ResponseWriter, r *http.Request, rt route,
 func hasCookie(r *http.Request) bool {
 	_, err := r.Cookie(cookieName)
 	return err == nil
+}
+
+// throttled answers a request whose address must wait before its
+// credentials are looked at: 429 with Retry-After, the login form for the
+// dashboard, JSON for the API.
+func (h *Handler) throttled(w http.ResponseWriter, r *http.Request, html bool, te throttledError) {
+	w.Header().Set("Retry-After", fmt.Sprint(retryAfter(te.wait)))
+	if html && !strings.HasPrefix(r.URL.Path, h.opts.BasePath+"/api/") {
+		h.renderLogin(w, http.StatusTooManyRequests, "", te.Error())
+		return
+	}
+	writeError(w, http.StatusTooManyRequests, te.Error())
 }
 
 // safeNext returns next when it is a clean path under the base path (with
@@ -374,7 +403,8 @@ func (h *Handler) loginPage(w http.ResponseWriter, r *http.Request, _ principal)
 }
 
 // login checks a token or a user name and password from the login form
-// and sets the session cookie (POST /login).
+// and sets the session cookie (POST /login). Failures are throttled and
+// logged by address (see loginThrottle).
 func (h *Handler) login(w http.ResponseWriter, r *http.Request, _ principal) {
 	if err := r.ParseForm(); err != nil {
 		h.renderLogin(w, bodyStatus(err), "", "could not read the form: "+err.Error())
@@ -387,17 +417,20 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request, _ principal) {
 		h.renderLogin(w, http.StatusBadRequest, next, "this server runs without authentication: no login needed")
 		return
 	}
+	if d := h.throttle.wait(r.RemoteAddr); d > 0 {
+		w.Header().Set("Retry-After", fmt.Sprint(retryAfter(d)))
+		h.renderLogin(w, http.StatusTooManyRequests, next, throttledError{d}.Error())
+		return
+	}
+	user := r.PostForm.Get("user")
 	if tok := strings.TrimSpace(r.PostForm.Get("token")); tok != "" {
 		cr, ok = h.creds.token(tok)
-	} else if u := r.PostForm.Get("user"); u != "" {
-		cr, ok = h.creds.user(u, r.PostForm.Get("password"))
+		user = ""
+	} else if user != "" {
+		cr, ok = h.creds.user(user, r.PostForm.Get("password"))
 	}
 	if !ok {
-		h.opts.Logger.LogAttrs(r.Context(), slog.LevelWarn, "conveyor web: failed login", slog.String("remote", r.RemoteAddr))
-		select { // a little friction against guessing
-		case <-time.After(200 * time.Millisecond):
-		case <-r.Context().Done():
-		}
+		h.throttle.fail(r.Context(), h.opts.Logger, r.RemoteAddr, "login form", user)
 		h.renderLogin(w, http.StatusUnauthorized, next, "wrong token, user name or password")
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"path/filepath"
@@ -31,12 +32,20 @@ func (c *fakeClock) add(d time.Duration) {
 	c.t = c.t.Add(d)
 }
 
-// useFakeClock makes the handler's sessions run on a clock the test
-// moves.
+// useFakeClock makes the handler's sessions and login throttle run on a
+// clock the test moves.
 func (e *env) useFakeClock() *fakeClock {
 	c := &fakeClock{t: time.Now()}
 	e.h.sessions.now = c.now
+	e.h.throttle.now = c.now
 	return c
+}
+
+// reset forgets every failure, for tests that fail to log in on purpose.
+func (t *loginThrottle) reset() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.addrs, t.overflow = map[string]*failures{}, failures{}
 }
 
 // postLogin posts the login form and returns the answer, without
@@ -162,6 +171,128 @@ func TestSessionExpiresAndTableBounded(t *testing.T) {
 	e.must(401, req{method: "GET", path: "/api/v1/jobs", header: map[string]string{"Cookie": cks[0].Name + "=" + cks[0].Value}})
 	for _, c := range []*http.Cookie{cks[1], cks[len(cks)-1], ro} {
 		e.must(200, req{method: "GET", path: "/api/v1/jobs", header: map[string]string{"Cookie": c.Name + "=" + c.Value}})
+	}
+}
+
+// TestFailedLoginsThrottled: after freeFailures failed logins an address
+// waits, doubling, and while it waits even a correct credential is not
+// looked at (429 with Retry-After); each failure is logged without the
+// secret.
+func TestFailedLoginsThrottled(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
+	clock := e.useFakeClock()
+	const wrongPass = "wrong-password-guess-42"
+	basic := func(pass string) map[string]string {
+		r, _ := http.NewRequest("GET", "/", nil)
+		r.SetBasicAuth(userName, pass)
+		return map[string]string{"Authorization": r.Header.Get("Authorization")}
+	}
+	for i := range freeFailures + 1 {
+		if res := e.do(req{method: "GET", path: "/api/v1/jobs", header: basic(wrongPass)}); res.status != 401 {
+			t.Fatalf("failure %d: %d, want 401", i+1, res.status)
+		}
+	}
+	// Waiting 1s now: every credential is refused unseen.
+	for _, r := range []req{
+		{method: "GET", path: "/api/v1/jobs", auth: "basic"},
+		{method: "GET", path: "/api/v1/jobs", auth: adminToken},
+		{method: "GET", path: "/jobs", auth: adminToken},
+	} {
+		res := e.do(r)
+		if res.status != 429 || res.header.Get("Retry-After") != "1" {
+			t.Errorf("%s %s while throttled: %d, Retry-After %q; want 429, 1", r.method, r.path, res.status, res.header.Get("Retry-After"))
+		}
+	}
+	if res := e.postLogin("/login", url.Values{"token": {adminToken}}); res.StatusCode != 429 || res.Header.Get("Retry-After") != "1" {
+		t.Errorf("login form while throttled: %d, Retry-After %q", res.StatusCode, res.Header.Get("Retry-After"))
+	}
+	clock.add(time.Second)
+	e.must(200, req{method: "GET", path: "/api/v1/jobs", auth: "basic"})
+	// A success does not reset the count: the next failure waits 2s.
+	e.must(401, req{method: "GET", path: "/api/v1/jobs", auth: "wrong-token-0123456789abcdef"})
+	if res := e.do(req{method: "GET", path: "/api/v1/jobs", auth: adminToken}); res.status != 429 || res.header.Get("Retry-After") != "2" {
+		t.Errorf("after the 7th failure: %d, Retry-After %q; want 429, 2", res.status, res.header.Get("Retry-After"))
+	}
+	// The form's failures count too, and the user name is logged.
+	clock.add(2 * time.Second)
+	if res := e.postLogin("/login", url.Values{"user": {"mallory"}, "password": {wrongPass}}); res.StatusCode != 401 {
+		t.Errorf("wrong password at the form: %d", res.StatusCode)
+	}
+	if res := e.postLogin("/login", url.Values{"user": {userName}, "password": {userPass}}); res.StatusCode != 429 || res.Header.Get("Retry-After") != "4" {
+		t.Errorf("form after the 8th failure: %d, Retry-After %q; want 429, 4", res.StatusCode, res.Header.Get("Retry-After"))
+	}
+	// Forgotten forgetAfter after the last failure.
+	clock.add(forgetAfter + time.Second)
+	for range freeFailures {
+		e.must(401, req{method: "GET", path: "/api/v1/jobs", header: basic(wrongPass)})
+	}
+	e.must(200, req{method: "GET", path: "/api/v1/jobs", auth: "basic"})
+
+	logs := e.logs.String()
+	if strings.Contains(logs, wrongPass) || strings.Contains(logs, userPass) || strings.Contains(logs, adminToken) {
+		t.Errorf("a secret in the log:\n%s", logs)
+	}
+	var warn []string
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, "level=WARN") && strings.Contains(l, "failed login") {
+			warn = append(warn, l)
+		}
+	}
+	if len(warn) != freeFailures+3+freeFailures {
+		t.Errorf("%d failed-login warnings, want %d:\n%s", len(warn), freeFailures+3+freeFailures, strings.Join(warn, "\n"))
+	}
+	for _, want := range []string{"remote=127.0.0.1:", "method=basic user=alice failures=1", "method=bearer failures=7 blocked_for=2s", "method=\"login form\" user=mallory failures=8 blocked_for=4s"} {
+		if !strings.Contains(strings.Join(warn, "\n"), want) {
+			t.Errorf("no %q in the failed-login warnings:\n%s", want, strings.Join(warn, "\n"))
+		}
+	}
+}
+
+// TestLoginThrottleBounded: the throttle remembers at most max addresses,
+// the others share one entry (so they are slowed down too), an IPv6 host
+// counts by its /64, and the warnings are rate-limited, the next line
+// saying how many were left out.
+func TestLoginThrottleBounded(t *testing.T) {
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	clock := &fakeClock{t: time.Now()}
+	th := newLoginThrottle()
+	th.now, th.max = clock.now, 10
+	ctx := t.Context()
+	for i := range 1000 {
+		th.fail(ctx, log, fmt.Sprintf("192.0.2.%d:4000", i%250), "basic", "u")
+	}
+	if n := len(th.addrs); n > th.max {
+		t.Errorf("%d addresses remembered, max %d", n, th.max)
+	}
+	if d := th.wait("198.51.100.1:1"); d != maxBlock {
+		t.Errorf("a new address while the table is full waits %v, want %v (the overflow's)", d, maxBlock)
+	}
+	if lines := strings.Count(logs.String(), "failed login"); lines != failLogBurst {
+		t.Errorf("%d warnings for 1000 failures at once, want %d", lines, failLogBurst)
+	}
+	clock.add(failLogEvery)
+	th.fail(ctx, log, "192.0.2.1:4000", "basic", "u")
+	if !strings.Contains(logs.String(), fmt.Sprintf("not_logged_before=%d", 1000-failLogBurst)) {
+		t.Errorf("the next warning does not count the ones left out:\n%s", logs.String())
+	}
+	// After forgetAfter the table is swept at the next new address.
+	clock.add(forgetAfter + maxBlock)
+	th.fail(ctx, log, "203.0.113.9:1", "basic", strings.Repeat("x", 1000))
+	if _, ok := th.addrs["203.0.113.9"]; !ok || len(th.addrs) != 1 {
+		t.Errorf("after a sweep: %v", th.addrs)
+	}
+	if strings.Contains(logs.String(), strings.Repeat("x", maxLoggedName+1)) || !strings.Contains(logs.String(), "user="+strings.Repeat("x", maxLoggedName)+"...") {
+		t.Error("a long user name is not logged cut to maxLoggedName bytes")
+	}
+	// IPv6: one /64 is one host.
+	th2 := newLoginThrottle()
+	th2.now = clock.now
+	for i := range freeFailures + 1 {
+		th2.fail(ctx, log, fmt.Sprintf("[2001:db8:1:2::%x]:5000", i), "bearer", "")
+	}
+	if th2.wait("[2001:db8:1:2:ffff::1]:1") == 0 || th2.wait("[2001:db8:1:3::1]:1") != 0 {
+		t.Error("IPv6 addresses are not counted by their /64")
 	}
 }
 

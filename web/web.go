@@ -182,8 +182,10 @@ type Handler struct {
 	workers *httpWorkers
 	acks    *acks
 	started time.Time
-	// sessions are the dashboard's logins (auth.go).
+	// sessions are the dashboard's logins; throttle slows down failed
+	// logins (auth.go, throttle.go).
 	sessions *sessions
+	throttle *loginThrottle
 }
 
 //go:embed assets
@@ -206,7 +208,7 @@ func New[TTx any](c *conveyor.Client[TTx], opts Options) (*Handler, error) {
 	h := &Handler{
 		c: c, drv: seam.DriverOf(c), opts: o, creds: creds,
 		wake: newNotifier(), started: time.Now(),
-		sessions: newSessions(),
+		sessions: newSessions(), throttle: newLoginThrottle(),
 	}
 	h.stats = newStatsCache(c, o.StatsMaxAge, o.SampleInterval)
 	h.workers = newHTTPWorkers(h.drv, o.Logger)
