@@ -261,6 +261,48 @@ type uniqueJSON struct {
 	States     []string `json:"states"`
 }
 
+// Bounds of an enqueued job's durations: the engine's own (it refuses a
+// longer timeout or delay), checked here on the milliseconds before they
+// are converted, where a larger value would wrap around.
+const (
+	maxJobTimeout = 30 * 24 * time.Hour
+	maxJobDelay   = 10 * 365 * 24 * time.Hour
+	// maxUniquePeriod bounds unique.by_period_ms as delays are bounded.
+	maxUniquePeriod = maxJobDelay
+)
+
+// msDuration converts the milliseconds of field to a duration after
+// checking that they lie in lo..hi, so that a value too large for a
+// time.Duration is refused rather than wrapped around into range.
+func msDuration(field string, ms int64, lo, hi time.Duration) (time.Duration, error) {
+	switch {
+	case ms < 0 && lo >= 0:
+		return 0, fmt.Errorf("%s %d is negative: must be %d to %d", field, ms, lo.Milliseconds(), hi.Milliseconds())
+	case ms < lo.Milliseconds() || ms > hi.Milliseconds():
+		return 0, fmt.Errorf("%s %d: must be %d to %d", field, ms, lo.Milliseconds(), hi.Milliseconds())
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// check range-checks the job's durations, naming the field at fault.
+func (e enqueueJSON) check() error {
+	if e.TimeoutMS > 0 { // negative: no timeout; 0: the workers' default
+		if _, err := msDuration("timeout_ms", e.TimeoutMS, time.Millisecond, maxJobTimeout); err != nil {
+			return fmt.Errorf("%w (or -1 for no timeout, 0 for the workers' default)", err)
+		}
+	}
+	if _, err := msDuration("delay_ms", e.DelayMS, 0, maxJobDelay); err != nil {
+		return err
+	}
+	if e.Unique != nil {
+		if _, err := msDuration("unique.by_period_ms", e.Unique.ByPeriodMS, 0, maxUniquePeriod); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// item is the job to enqueue; call check first.
 func (e enqueueJSON) item() conveyor.EnqueueItem {
 	args := e.Args
 	if len(args) == 0 || string(args) == "null" {
@@ -303,8 +345,8 @@ type enqueuedJSON struct {
 func (h *Handler) enqueue(w http.ResponseWriter, r *http.Request, jobs []enqueueJSON) ([]enqueuedJSON, bool) {
 	items := make([]conveyor.EnqueueItem, len(jobs))
 	for i, j := range jobs {
-		if j.DelayMS < 0 {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("job %d: delay_ms %d is negative", i, j.DelayMS))
+		if err := j.check(); err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("job %d: %v", i, err))
 			return nil, false
 		}
 		if j.Unique != nil {

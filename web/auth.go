@@ -3,15 +3,16 @@ package web
 import (
 	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -117,9 +118,17 @@ func (c *credentials) user(name, password string) (cred, bool) {
 // InsecureLoopbackDev mode.
 var errForbiddenRemote = errors.New("this server runs without authentication (InsecureLoopbackDev) and only answers loopback addresses")
 
+// throttledError refuses the credentials of an address that failed to
+// log in too often (see loginThrottle).
+type throttledError struct{ wait time.Duration }
+
+func (e throttledError) Error() string {
+	return fmt.Sprintf("too many failed logins from this address: try again in %d s", retryAfter(e.wait))
+}
+
 // authenticate returns the request's principal. A request that carries
-// an Authorization header is judged by it alone; otherwise by its session
-// cookie.
+// an Authorization header is judged by it alone (unless its address is
+// throttled, see loginThrottle); otherwise by its session cookie.
 func (h *Handler) authenticate(r *http.Request) (principal, error) {
 	c := h.creds
 	if c.devLB {
@@ -129,16 +138,21 @@ func (h *Handler) authenticate(r *http.Request) (principal, error) {
 		return principal{name: "loopback-dev", role: RoleAdmin}, nil
 	}
 	if a := r.Header.Get("Authorization"); a != "" {
+		if d := h.throttle.wait(r.RemoteAddr); d > 0 {
+			return principal{}, throttledError{d}
+		}
 		if v, ok := strings.CutPrefix(a, "Bearer "); ok {
 			if cr, ok := c.token(strings.TrimSpace(v)); ok {
 				return principal{name: cr.name, role: cr.role}, nil
 			}
+			h.throttle.fail(r.Context(), h.opts.Logger, r.RemoteAddr, "bearer", "")
 			return principal{}, errors.New("unknown bearer token")
 		}
 		if name, pw, ok := r.BasicAuth(); ok {
 			if cr, ok := c.user(name, pw); ok {
 				return principal{name: cr.name, role: cr.role}, nil
 			}
+			h.throttle.fail(r.Context(), h.opts.Logger, r.RemoteAddr, "basic", name)
 			return principal{}, errors.New("wrong user name or password")
 		}
 		return principal{}, errors.New("unsupported Authorization scheme (use Bearer or Basic)")
@@ -147,22 +161,97 @@ func (h *Handler) authenticate(r *http.Request) (principal, error) {
 		if cr, ok := h.session(ck.Value); ok {
 			return principal{name: cr.name, role: cr.role}, nil
 		}
-		return principal{}, errors.New("session expired or no longer valid: log in again")
+		return principal{}, errors.New("session expired, logged out or no longer valid: log in again")
 	}
 	return principal{}, errors.New("authentication required")
 }
 
-// sessionClaims are the signed contents of the session cookie.
-type sessionClaims struct {
-	FP  string `json:"f"`
-	Exp int64  `json:"e"`
+// Bounds of the session table.
+const (
+	// maxSessionsPerCred is the most open sessions of one credential;
+	// a login beyond it ends that credential's oldest session.
+	maxSessionsPerCred = 100
+)
+
+// sessions are the dashboard's logins, kept in the handler's memory: a
+// session is a random id in the cookie (signed with the session key) and
+// an entry here, so that logging out ends it on the server and the old
+// cookie is refused from then on. A session is valid only on the handler
+// that opened it. Entries end at their expiry, at logout, or when their
+// credential's sessions go over maxSessionsPerCred (the oldest first); so
+// the table holds at most that many per configured credential.
+type sessions struct {
+	mu   sync.Mutex
+	now  func() time.Time
+	byID map[string]*sessionEntry
 }
 
-// newSession returns a signed cookie value for cr.
+// sessionEntry is one open session.
+type sessionEntry struct {
+	fp      string // the credential's fingerprint
+	created time.Time
+	exp     time.Time
+}
+
+func newSessions() *sessions {
+	return &sessions{now: time.Now, byID: map[string]*sessionEntry{}}
+}
+
+// open records a new session of fp lasting ttl and returns its id.
+func (s *sessions) open(fp string, ttl time.Duration) string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	id := base64.RawURLEncoding.EncodeToString(b)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var oldest string
+	n := 0
+	for k, e := range s.byID {
+		switch {
+		case !now.Before(e.exp):
+			delete(s.byID, k)
+		case e.fp == fp:
+			n++
+			if oldest == "" || e.created.Before(s.byID[oldest].created) {
+				oldest = k
+			}
+		}
+	}
+	if n >= maxSessionsPerCred {
+		delete(s.byID, oldest)
+	}
+	s.byID[id] = &sessionEntry{fp: fp, created: now, exp: now.Add(ttl)}
+	return id
+}
+
+// get returns the fingerprint of an open, unexpired session.
+func (s *sessions) get(id string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.byID[id]
+	if !ok {
+		return "", false
+	}
+	if !s.now().Before(e.exp) {
+		delete(s.byID, id)
+		return "", false
+	}
+	return e.fp, true
+}
+
+// end ends a session.
+func (s *sessions) end(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.byID, id)
+}
+
+// newSession opens a session for cr and returns its cookie value: the
+// session's id and its signature.
 func (h *Handler) newSession(cr cred) string {
-	b, _ := json.Marshal(sessionClaims{FP: cr.fp, Exp: time.Now().Add(h.opts.SessionTTL).Unix()})
-	p := base64.RawURLEncoding.EncodeToString(b)
-	return p + "." + h.sign(p)
+	id := h.sessions.open(cr.fp, h.opts.SessionTTL)
+	return id + "." + h.sign(id)
 }
 
 func (h *Handler) sign(payload string) string {
@@ -171,22 +260,27 @@ func (h *Handler) sign(payload string) string {
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
-// session returns the credential of a valid, unexpired session whose
+// sessionID returns the id of a cookie value whose signature is valid.
+func (h *Handler) sessionID(v string) (string, bool) {
+	id, sig, ok := strings.Cut(v, ".")
+	if !ok || !hmac.Equal([]byte(sig), []byte(h.sign(id))) {
+		return "", false
+	}
+	return id, true
+}
+
+// session returns the credential of an open, unexpired session whose
 // credential is still configured.
 func (h *Handler) session(v string) (cred, bool) {
-	p, sig, ok := strings.Cut(v, ".")
-	if !ok || !hmac.Equal([]byte(sig), []byte(h.sign(p))) {
+	id, ok := h.sessionID(v)
+	if !ok {
 		return cred{}, false
 	}
-	b, err := base64.RawURLEncoding.DecodeString(p)
-	if err != nil {
+	fp, ok := h.sessions.get(id)
+	if !ok {
 		return cred{}, false
 	}
-	var s sessionClaims
-	if json.Unmarshal(b, &s) != nil || time.Now().Unix() >= s.Exp {
-		return cred{}, false
-	}
-	cr, ok := h.creds.byFP[s.FP]
+	cr, ok := h.creds.byFP[fp]
 	return cr, ok
 }
 
@@ -207,6 +301,11 @@ func (h *Handler) guard(rt route) http.Handler {
 		if err != nil {
 			if errors.Is(err, errForbiddenRemote) {
 				writeError(w, http.StatusForbidden, err.Error())
+				return
+			}
+			var te throttledError
+			if errors.As(err, &te) {
+				h.throttled(w, r, rt.html, te)
 				return
 			}
 			h.unauthorized(w, r, rt, err)
@@ -251,11 +350,48 @@ func hasCookie(r *http.Request) bool {
 	return err == nil
 }
 
-// safeNext returns next when it is a path inside the handler, else the
-// dashboard's home, so that the login cannot redirect elsewhere.
+// throttled answers a request whose address must wait before its
+// credentials are looked at: 429 with Retry-After, the login form for the
+// dashboard, JSON for the API.
+func (h *Handler) throttled(w http.ResponseWriter, r *http.Request, html bool, te throttledError) {
+	w.Header().Set("Retry-After", fmt.Sprint(retryAfter(te.wait)))
+	if html && !strings.HasPrefix(r.URL.Path, h.opts.BasePath+"/api/") {
+		h.renderLogin(w, http.StatusTooManyRequests, "", te.Error())
+		return
+	}
+	writeError(w, http.StatusTooManyRequests, te.Error())
+}
+
+// safeNext returns next when it is a clean path under the base path (with
+// an optional query), else the dashboard's home, so that the login cannot
+// redirect to another origin or out of the handler. Refused: anything but
+// printable ASCII (browsers drop tabs and line breaks, so "/\t/host"
+// would become "//host"), backslashes, fragments, "//" and "." or ".."
+// segments (also percent-encoded), paths outside the base, and the login
+// page itself.
 func (h *Handler) safeNext(next string) string {
 	home := h.opts.BasePath + "/"
-	if next == "" || !strings.HasPrefix(next, home) || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\\r\n") || strings.HasPrefix(next, h.opts.BasePath+"/login") {
+	for i := 0; i < len(next); i++ {
+		if c := next[i]; c <= ' ' || c >= 0x7f || c == '\\' || c == '#' {
+			return home
+		}
+	}
+	p, _, _ := strings.Cut(next, "?")
+	dec, err := url.PathUnescape(p)
+	if err != nil || !strings.HasPrefix(p, home) || !strings.HasPrefix(dec, home) || strings.HasPrefix(dec, h.opts.BasePath+"/login") {
+		return home
+	}
+	for i := 0; i < len(dec); i++ {
+		if c := dec[i]; c <= ' ' || c >= 0x7f || c == '\\' {
+			return home
+		}
+	}
+	for _, seg := range strings.Split(dec[len(home):], "/") {
+		if seg == "." || seg == ".." {
+			return home
+		}
+	}
+	if strings.Contains(dec, "//") {
 		return home
 	}
 	return next
@@ -267,7 +403,8 @@ func (h *Handler) loginPage(w http.ResponseWriter, r *http.Request, _ principal)
 }
 
 // login checks a token or a user name and password from the login form
-// and sets the session cookie (POST /login).
+// and sets the session cookie (POST /login). Failures are throttled and
+// logged by address (see loginThrottle).
 func (h *Handler) login(w http.ResponseWriter, r *http.Request, _ principal) {
 	if err := r.ParseForm(); err != nil {
 		h.renderLogin(w, bodyStatus(err), "", "could not read the form: "+err.Error())
@@ -280,17 +417,20 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request, _ principal) {
 		h.renderLogin(w, http.StatusBadRequest, next, "this server runs without authentication: no login needed")
 		return
 	}
+	if d := h.throttle.wait(r.RemoteAddr); d > 0 {
+		w.Header().Set("Retry-After", fmt.Sprint(retryAfter(d)))
+		h.renderLogin(w, http.StatusTooManyRequests, next, throttledError{d}.Error())
+		return
+	}
+	user := r.PostForm.Get("user")
 	if tok := strings.TrimSpace(r.PostForm.Get("token")); tok != "" {
 		cr, ok = h.creds.token(tok)
-	} else if u := r.PostForm.Get("user"); u != "" {
-		cr, ok = h.creds.user(u, r.PostForm.Get("password"))
+		user = ""
+	} else if user != "" {
+		cr, ok = h.creds.user(user, r.PostForm.Get("password"))
 	}
 	if !ok {
-		h.opts.Logger.LogAttrs(r.Context(), slog.LevelWarn, "conveyor web: failed login", slog.String("remote", r.RemoteAddr))
-		select { // a little friction against guessing
-		case <-time.After(200 * time.Millisecond):
-		case <-r.Context().Done():
-		}
+		h.throttle.fail(r.Context(), h.opts.Logger, r.RemoteAddr, "login form", user)
 		h.renderLogin(w, http.StatusUnauthorized, next, "wrong token, user name or password")
 		return
 	}
@@ -302,8 +442,14 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request, _ principal) {
 	http.Redirect(w, r, h.safeNext(next), http.StatusSeeOther)
 }
 
-// logout clears the session cookie (POST /logout).
+// logout ends the request's session on the server, so that its cookie is
+// refused from then on, and clears the cookie (POST /logout).
 func (h *Handler) logout(w http.ResponseWriter, r *http.Request, _ principal) {
+	if ck, err := r.Cookie(cookieName); err == nil {
+		if id, ok := h.sessionID(ck.Value); ok {
+			h.sessions.end(id)
+		}
+	}
 	http.SetCookie(w, &http.Cookie{
 		Name: cookieName, Value: "", Path: h.opts.BasePath + "/", MaxAge: -1,
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil || h.opts.SecureCookie,

@@ -88,8 +88,10 @@ type Options struct {
 	Users []User
 	// InsecureLoopbackDev, with no Tokens and no Users, serves every
 	// request from a loopback address as admin without authentication,
-	// and refuses (403) requests from any other address. It is for
-	// development on one's own machine only; `conveyor serve` also
+	// and refuses (403) requests from any other address, and (421)
+	// requests whose Host header is not localhost or a loopback address,
+	// which a page of another site could send through DNS rebinding. It
+	// is for development on one's own machine only; `conveyor serve` also
 	// refuses to listen on a non-loopback address with it.
 	InsecureLoopbackDev bool
 	// BasePath is the path the handler is mounted under, such as
@@ -108,10 +110,14 @@ type Options struct {
 	MaxClaimWait time.Duration
 	// SessionTTL is how long a dashboard login lasts. Default 12h.
 	SessionTTL time.Duration
-	// SessionKey signs the dashboard's session cookies (HMAC-SHA256); at
-	// least 32 bytes. Default: random at New, so that sessions end when
-	// the process does. A session also ends when the credential it was
-	// opened with is no longer configured.
+	// SessionKey signs the ids in the dashboard's session cookies
+	// (HMAC-SHA256); at least 32 bytes. Default: random at New. Sessions
+	// themselves are kept in the handler's memory: a session is valid
+	// only on the handler that opened it, and ends at logout (on the
+	// server: the old cookie is refused from then on), after SessionTTL,
+	// or when the process ends, whatever the key. Behind a load
+	// balancer, send a browser to the same process each time (sticky
+	// sessions) or use tokens or basic auth.
 	SessionKey []byte
 	// SecureCookie marks the session cookie Secure even on plain HTTP
 	// requests (set it behind a TLS-terminating proxy). It is always
@@ -176,6 +182,10 @@ type Handler struct {
 	workers *httpWorkers
 	acks    *acks
 	started time.Time
+	// sessions are the dashboard's logins; throttle slows down failed
+	// logins (auth.go, throttle.go).
+	sessions *sessions
+	throttle *loginThrottle
 }
 
 //go:embed assets
@@ -198,6 +208,7 @@ func New[TTx any](c *conveyor.Client[TTx], opts Options) (*Handler, error) {
 	h := &Handler{
 		c: c, drv: seam.DriverOf(c), opts: o, creds: creds,
 		wake: newNotifier(), started: time.Now(),
+		sessions: newSessions(), throttle: newLoginThrottle(),
 	}
 	h.stats = newStatsCache(c, o.StatsMaxAge, o.SampleInterval)
 	h.workers = newHTTPWorkers(h.drv, o.Logger)
@@ -227,7 +238,11 @@ func New[TTx any](c *conveyor.Client[TTx], opts Options) (*Handler, error) {
 	// Anything else: 404 for the authenticated, 401 (the login) for
 	// everyone else, so that nothing is learned without credentials.
 	mux.Handle(o.BasePath+"/", h.guard(route{path: "/", role: RoleReadOnly, html: true, fn: h.notFound}))
-	h.root = h.accessLog(securityHeaders(cop.Handler(h.limits(mux))))
+	var inner http.Handler = cop.Handler(h.limits(mux))
+	if creds.devLB {
+		inner = loopbackHostOnly(inner)
+	}
+	h.root = h.accessLog(securityHeaders(inner))
 	return h, nil
 }
 
@@ -281,6 +296,37 @@ func isLoopback(remoteAddr string) bool {
 	host, _, err := net.SplitHostPort(remoteAddr)
 	if err != nil {
 		host = remoteAddr
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// loopbackHostOnly refuses, with 421, requests whose Host header is not
+// a loopback address or "localhost" (with or without a port). In
+// InsecureLoopbackDev mode the remote address is always loopback, but a
+// page of another site whose name was made to resolve to 127.0.0.1 (DNS
+// rebinding) would reach the server from the user's own browser, with
+// the other site's name in Host.
+func loopbackHostOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !loopbackHost(r.Host) {
+			writeError(w, http.StatusMisdirectedRequest, fmt.Sprintf("Host %q refused: this server runs without authentication (InsecureLoopbackDev) and answers only requests addressed to localhost, 127.0.0.1 or [::1]", r.Host))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// loopbackHost reports whether a Host header names a loopback address or
+// localhost, with or without a port.
+func loopbackHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	} else {
+		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()

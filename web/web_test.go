@@ -436,6 +436,7 @@ func TestAuthRequired(t *testing.T) {
 	for mp := range paths {
 		method, path, _ := strings.Cut(mp, " ")
 		for _, auth := range []string{"", "wrong-token-0123456789abcdef"} {
+			e.h.throttle.reset() // failing on purpose: the throttle has its own tests
 			res := e.do(req{method: method, path: path, auth: auth, body: `{}`})
 			if res.status != 401 {
 				t.Errorf("%s %s (auth %q): %d, want 401", method, path, auth, res.status)
@@ -604,7 +605,7 @@ func TestNewRequiresCredentials(t *testing.T) {
 	}
 	for addr, want := range map[string]int{"127.0.0.1:5000": 200, "[::1]:5000": 200, "192.0.2.7:5000": 403} {
 		r := httptest.NewRequest("GET", "/api/v1/queues", nil)
-		r.RemoteAddr = addr
+		r.RemoteAddr, r.Host = addr, "127.0.0.1:8080"
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
 		// Loopback gets in without credentials; anything else is refused.

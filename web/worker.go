@@ -42,9 +42,9 @@ func (h *Handler) lease(w http.ResponseWriter, ms int64) (time.Duration, bool) {
 	if ms == 0 {
 		return h.c.Config().Lease, true
 	}
-	d := time.Duration(ms) * time.Millisecond
-	if d < minLease || d > maxLease {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("lease_ms %d: must be %d to %d", ms, minLease.Milliseconds(), maxLease.Milliseconds()))
+	d, err := msDuration("lease_ms", ms, minLease, maxLease)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return 0, false
 	}
 	return d, true
@@ -71,13 +71,13 @@ func (h *Handler) apiClaim(w http.ResponseWriter, r *http.Request, p principal) 
 	if !ok {
 		return
 	}
-	wait := time.Duration(in.WaitMS) * time.Millisecond
+	wait, err := msDuration("wait_ms", in.WaitMS, 0, h.opts.MaxClaimWait)
 	switch {
 	case in.Limit < 1 || in.Limit > maxClaimLimit:
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("limit %d: must be 1 to %d", in.Limit, maxClaimLimit))
 		return
-	case wait < 0 || wait > h.opts.MaxClaimWait:
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("wait_ms %d: must be 0 to %d", in.WaitMS, h.opts.MaxClaimWait.Milliseconds()))
+	case err != nil:
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	case len(in.Worker) > 200 || strings.IndexFunc(in.Worker, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0:
 		writeError(w, http.StatusBadRequest, "worker: at most 200 printable characters")
@@ -312,9 +312,9 @@ func (h *Handler) apiSnooze(w http.ResponseWriter, r *http.Request, _ principal)
 	if !h.decode(w, r, &in) {
 		return
 	}
-	d := time.Duration(in.DelayMS) * time.Millisecond
-	if d < 0 || d > maxSnooze {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("delay_ms %d: must be 0 to %d", in.DelayMS, maxSnooze.Milliseconds()))
+	d, err := msDuration("delay_ms", in.DelayMS, 0, maxSnooze)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	h.outcome(w, r, driver.Outcome{ID: id, Fence: in.Fence, State: driver.StateScheduled, RetryIn: d})
