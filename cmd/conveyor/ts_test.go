@@ -5,10 +5,12 @@ package main
 // enqueued, a Go worker runs jobs the TypeScript client enqueued, and a
 // stale worker's acknowledgements are refused with 409 (the scenarios are
 // in clients/typescript/test/server.test.ts; this test sets them up and
-// checks the database afterwards). Locally it skips, saying why, when
-// Node.js 20+ and npm are absent or npm cannot install the package's one
-// development dependency; with CI=true it fails instead. Everything
-// listens on 127.0.0.1 and every step is bounded in time.
+// checks the database afterwards); and, once, the worker's lease safety
+// against a fake server (clients/typescript/test/lease.test.ts, no
+// database). Locally it skips, saying why, when Node.js 20+ and npm are
+// absent or npm cannot install the package's one development dependency;
+// with CI=true it fails instead. Everything listens on 127.0.0.1 and every
+// step is bounded in time.
 
 import (
 	"context"
@@ -102,6 +104,7 @@ func TestTypeScriptClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	buildTS(t, npm, dir)
+	t.Run("lease", func(t *testing.T) { runNodeTests(t, node, dir, "lease.test.js", nil) })
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			dsn := b.dsn(t)
@@ -185,33 +188,15 @@ func runTS(t *testing.T, node, dir, dsn, prefix, base string) {
 	}
 
 	results := t.TempDir()
-	nctx, ncancel := context.WithTimeout(ctx, 100*time.Second)
-	defer ncancel()
-	cmd := exec.CommandContext(nctx, node, "--test", "--test-timeout=60000", filepath.Join("dist", "test", "server.test.js"))
-	cmd.Dir = dir
-	cmd.WaitDelay = 5 * time.Second
-	cmd.Env = append(os.Environ(),
-		"CONVEYOR_URL="+base,
-		"CONVEYOR_TOKEN="+tsToken,
-		"CONVEYOR_TS_DRAIN_QUEUE="+drainQueue,
-		"CONVEYOR_TS_DRAIN_IDS="+strings.Join(ids, ","),
-		"CONVEYOR_TS_GO_QUEUE="+goQueue,
-		"CONVEYOR_TS_GO_KIND="+goEcho{}.Kind(),
-		"CONVEYOR_TS_RESULTS="+results,
-	)
-	start := time.Now()
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("node --test (%s): %v\n%s", time.Since(start).Round(time.Millisecond), err, out)
-	}
-	summary := map[string]int{}
-	for _, m := range regexp.MustCompile(`(?m)^# (tests|pass|fail|skipped|todo|cancelled) (\d+)$`).FindAllStringSubmatch(string(out), -1) {
-		summary[m[1]], _ = strconv.Atoi(m[2])
-	}
-	if summary["tests"] == 0 || summary["pass"] != summary["tests"] {
-		t.Fatalf("node --test: not every test passed (%v):\n%s", summary, out)
-	}
-	t.Logf("node --test: %d passed in %s", summary["pass"], time.Since(start).Round(time.Millisecond))
+	runNodeTests(t, node, dir, "server.test.js", []string{
+		"CONVEYOR_URL=" + base,
+		"CONVEYOR_TOKEN=" + tsToken,
+		"CONVEYOR_TS_DRAIN_QUEUE=" + drainQueue,
+		"CONVEYOR_TS_DRAIN_IDS=" + strings.Join(ids, ","),
+		"CONVEYOR_TS_GO_QUEUE=" + goQueue,
+		"CONVEYOR_TS_GO_KIND=" + goEcho{}.Kind(),
+		"CONVEYOR_TS_RESULTS=" + results,
+	})
 
 	// The TypeScript worker ran each of Go's jobs once, and the database
 	// says so: completed at the first attempt, by an HTTP worker.
@@ -253,6 +238,32 @@ func runTS(t *testing.T, node, dir, dsn, prefix, base string) {
 	if len(ran) != len(enqueued) {
 		t.Errorf("the Go worker ran %d jobs, want the %d the TypeScript client enqueued", len(ran), len(enqueued))
 	}
+}
+
+// runNodeTests runs one compiled test file of the package (dist/test/file)
+// with node's test runner and env added to the environment, bounded in
+// time, and fails unless every test in it passed.
+func runNodeTests(t *testing.T, node, dir, file string, env []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "--test", "--test-timeout=60000", filepath.Join("dist", "test", file))
+	cmd.Dir = dir
+	cmd.WaitDelay = 5 * time.Second
+	cmd.Env = append(os.Environ(), env...)
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node --test %s (%s): %v\n%s", file, time.Since(start).Round(time.Millisecond), err, out)
+	}
+	summary := map[string]int{}
+	for _, m := range regexp.MustCompile(`(?m)^# (tests|pass|fail|skipped|todo|cancelled) (\d+)$`).FindAllStringSubmatch(string(out), -1) {
+		summary[m[1]], _ = strconv.Atoi(m[2])
+	}
+	if summary["tests"] == 0 || summary["pass"] != summary["tests"] {
+		t.Fatalf("node --test %s: not every test passed (%v):\n%s", file, summary, out)
+	}
+	t.Logf("node --test %s: %d passed in %s", file, summary["pass"], time.Since(start).Round(time.Millisecond))
 }
 
 func readJSON(t *testing.T, path string, v any) {

@@ -323,7 +323,11 @@ export class Client {
     return out.jobs.map((w) => ({ ...fromWire(w), fence: w.fence as number }));
   }
 
-  /** Renews a claimed job's lease. Throws StaleFenceError once the claim no longer holds it. */
+  /**
+   * Renews a claimed job's lease. Throws StaleFenceError once the claim no
+   * longer holds it. Aborting `signal` gives up the request (as do the
+   * acknowledgements' signals below): the Worker bounds each by its lease.
+   */
   async heartbeat(id: number, fence: number, leaseMs?: number, signal?: AbortSignal): Promise<void> {
     const body: Record<string, unknown> = { fence };
     if (leaseMs !== undefined) body.lease_ms = Math.round(leaseMs);
@@ -331,27 +335,27 @@ export class Client {
   }
 
   /** Records success. Throws StaleFenceError if the claim no longer holds the job. */
-  async complete(id: number, fence: number): Promise<void> {
-    await this.request("POST", `/api/v1/jobs/${jobId(id)}/complete`, { fence });
+  async complete(id: number, fence: number, signal?: AbortSignal): Promise<void> {
+    await this.request("POST", `/api/v1/jobs/${jobId(id)}/complete`, { fence }, { signal });
   }
 
   /** Records a failed attempt; returns the job's new state (retryable, discarded or cancelled). */
-  async fail(id: number, fence: number, f: FailOptions): Promise<JobState> {
+  async fail(id: number, fence: number, f: FailOptions, signal?: AbortSignal): Promise<JobState> {
     const body: Record<string, unknown> = { fence, error: f.error };
     if (f.trace !== undefined) body.trace = f.trace;
     if (f.cancel) body.cancel = true;
     if (f.retryInMs !== undefined) body.retry_in_ms = Math.round(f.retryInMs);
-    return (await this.request<{ state: JobState }>("POST", `/api/v1/jobs/${jobId(id)}/fail`, body)).state;
+    return (await this.request<{ state: JobState }>("POST", `/api/v1/jobs/${jobId(id)}/fail`, body, { signal })).state;
   }
 
   /** Puts a claimed job back for `delayMs` without using an attempt. */
-  async snooze(id: number, fence: number, delayMs: number): Promise<void> {
-    await this.request("POST", `/api/v1/jobs/${jobId(id)}/snooze`, { fence, delay_ms: Math.round(delayMs) });
+  async snooze(id: number, fence: number, delayMs: number, signal?: AbortSignal): Promise<void> {
+    await this.request("POST", `/api/v1/jobs/${jobId(id)}/snooze`, { fence, delay_ms: Math.round(delayMs) }, { signal });
   }
 
   /** Gives a claimed job back at once without counting the attempt. */
-  async release(id: number, fence: number): Promise<void> {
-    await this.request("POST", `/api/v1/jobs/${jobId(id)}/release`, { fence });
+  async release(id: number, fence: number, signal?: AbortSignal): Promise<void> {
+    await this.request("POST", `/api/v1/jobs/${jobId(id)}/release`, { fence }, { signal });
   }
 
   /** One request: JSON in, JSON out, errors as ConveyorError. */

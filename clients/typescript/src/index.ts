@@ -14,6 +14,6 @@ export type {
   ListJobsOptions,
   UniqueOptions,
 } from "./client.js";
-export { Worker, WorkerStopping } from "./worker.js";
+export { LeaseDeadlineError, Worker, WorkerStopping } from "./worker.js";
 export type { Handler, StopOptions, StopResult, WorkerOptions } from "./worker.js";
 export { CancelJob, ConveyorError, Snooze, StaleFenceError, snooze } from "./errors.js";

@@ -6,10 +6,14 @@ import { CancelJob, ConveyorError, Snooze, StaleFenceError } from "./errors.js";
  * throw to fail the attempt (retried with the server's backoff until its
  * max attempts, then discarded); throw a CancelJob to cancel it without
  * retry; return or throw `snooze(ms)` to put it back for later without
- * using an attempt. `signal` is aborted when the job's timeout passes,
- * when its lease is lost (a 409 at a heartbeat: it was cancelled, or
- * rescued and claimed by another worker) and when `stop` gives up
- * waiting; the outcome is then dropped, so stop working promptly.
+ * using an attempt. `signal` is aborted when the job's timeout passes
+ * (the attempt fails), when no heartbeat got through for four fifths of
+ * the lease (a LeaseDeadlineError: the attempt fails), when its lease is
+ * lost (a 409 at a heartbeat: it was cancelled, or rescued and claimed by
+ * another worker; the outcome is dropped) and when `stop` gives up
+ * waiting (the job is released). After an abort the worker no longer
+ * waits for the handler and ignores what it returns, so stop working
+ * promptly.
  */
 export type Handler<Args = any> = (job: ClaimedJob<Args>, signal: AbortSignal) => unknown;
 
@@ -20,9 +24,20 @@ export interface WorkerOptions {
   concurrency?: number;
   /** A handler per job kind. A claimed job of another kind fails ("no handler"), as in Go. */
   handlers: Record<string, Handler>;
-  /** The lease asked for at claim and at each heartbeat; default 30s (1s to 1h). */
+  /**
+   * The lease asked for at claim and at each heartbeat; default 30s (1s to
+   * 1h). A job's handler is aborted when no renewal got through for four
+   * fifths of it, counted from when the last renewal that succeeded (or
+   * the claim) was sent, so it has the last fifth to return before
+   * another worker may claim the job.
+   */
   leaseMs?: number;
-  /** Heartbeat period of each running job; default a fifth of the lease. */
+  /**
+   * Heartbeat period of each running job, from one send to the next;
+   * default a fifth of the lease, at most half of it. A heartbeat that
+   * fails is sent again within 50ms to 2s; one that has no answer after
+   * a tenth of the lease is given up and sent again.
+   */
   heartbeatMs?: number;
   /** How long one claim long-polls; default 20s (the server allows up to 30s). */
   waitMs?: number;
@@ -53,15 +68,33 @@ type Outcome =
   | { kind: "snooze"; delayMs: number }
   | { kind: "fail"; error: string; trace?: string; cancel: boolean };
 
+type Timer = ReturnType<typeof setTimeout>;
+
 interface Running {
   job: ClaimedJob;
   ctl: AbortController;
-  /** running: the handler works; acking: its outcome is being sent; dropped: lost or released, nothing to send. */
-  phase: "running" | "acking" | "dropped";
-  timer: ReturnType<typeof setInterval> | undefined;
-  beating: boolean;
-  /** When the last heartbeat that succeeded was sent (the claim's time at first). */
+  /**
+   * running: the handler works (or is about to start); acking: its outcome
+   * is being sent; dropped: lost or released, nothing to send; done: over.
+   */
+  phase: "running" | "acking" | "dropped" | "done";
+  /** Whether the handler was started (the cut-off applies from then on). */
+  started: boolean;
+  /** The next heartbeat. */
+  beatTimer: Timer | undefined;
+  /** The heartbeat in flight. */
+  beating: Promise<void> | undefined;
+  /** Heartbeats that failed in a row. */
+  fails: number;
+  /**
+   * When the last renewal that succeeded was sent (the claim's send at
+   * first): the lease holds until leaseMs after it, whatever is in flight.
+   */
   renewedAt: number;
+  /** Aborts the handler at renewedAt + the cut-off; moved by each renewal. */
+  cutTimer: Timer | undefined;
+  /** Set when the cut-off aborted the handler. */
+  cutOff: LeaseDeadlineError | undefined;
   done: Promise<void>;
 }
 
@@ -74,11 +107,47 @@ export class WorkerStopping extends Error {
 }
 
 /**
+ * Thrown into a job's signal when no renewal of its lease got through for
+ * four fifths of the lease, counted from when the last one that succeeded
+ * (or the claim) was sent, whether heartbeats failed or are still waiting
+ * for an answer. The handler has the lease's last fifth to return before
+ * the lease can expire and another worker claim the job. As with
+ * conveyor's own workers, the attempt fails with this message (retried
+ * with backoff), sent under the claim's fence, whatever the handler
+ * returns afterwards.
+ */
+export class LeaseDeadlineError extends Error {
+  /** The job whose handler was aborted. */
+  readonly jobId: number;
+  /** How long before the abort the last renewal that succeeded was sent. */
+  readonly sinceRenewalMs: number;
+
+  constructor(jobId: number, sinceRenewalMs: number, leaseMs: number) {
+    super(
+      `job ${jobId}: lease could not be renewed in time (none got through for ${sinceRenewalMs}ms of a ${leaseMs}ms lease); handler aborted before the lease could expire`,
+    );
+    this.name = "LeaseDeadlineError";
+    this.jobId = jobId;
+    this.sinceRenewalMs = sinceRenewalMs;
+  }
+}
+
+/**
  * A worker loop over conveyor's worker protocol: it long-polls claims for
  * as many jobs as it has free slots, runs each with its kind's handler,
  * heartbeats each running job, and completes, fails or snoozes it under
  * the claim's fence. A 409 (stale fence) aborts the job's signal and
  * drops its outcome.
+ *
+ * Leases follow conveyor's own rule: a job's lease is known to hold until
+ * leaseMs after the last renewal that succeeded was sent (the claim, then
+ * each heartbeat answered). A timer aborts the handler at four fifths of
+ * that, whether the heartbeats failed or still wait for an answer, so the
+ * handler has the last fifth to return before another worker may claim
+ * the job; the attempt then fails. Every request that concerns a lease
+ * is bounded by it: a heartbeat by a tenth of the lease, an
+ * acknowledgement or release by the time until the lease may expire (at
+ * least a tenth of it), and by the client's timeoutMs.
  */
 export class Worker {
   readonly client: Client;
@@ -88,6 +157,10 @@ export class Worker {
   private readonly handlers: Record<string, Handler>;
   private readonly leaseMs: number;
   private readonly heartbeatMs: number;
+  /** When, after the last successful renewal's send, a handler is aborted: four fifths of the lease. */
+  private readonly cutOffMs: number;
+  /** How long a heartbeat may wait for its answer: a tenth of the lease, half its last fifth. */
+  private readonly heartbeatTimeoutMs: number;
   private readonly waitMs: number;
   private readonly jobTimeoutMs: number;
   private readonly onError: (err: unknown, job?: ClaimedJob) => void;
@@ -120,6 +193,8 @@ export class Worker {
     if (!(this.heartbeatMs > 0 && this.heartbeatMs <= this.leaseMs / 2)) {
       throw new RangeError(`Worker: heartbeatMs ${opts.heartbeatMs} must be above 0 and at most half the lease (${this.leaseMs / 2})`);
     }
+    this.cutOffMs = (this.leaseMs * 4) / 5;
+    this.heartbeatTimeoutMs = this.leaseMs / 10;
     this.waitMs = opts.waitMs ?? 20_000;
     if (!(this.waitMs >= 0 && this.waitMs <= 30_000)) throw new RangeError(`Worker: waitMs ${opts.waitMs} must be 0 to 30000`);
     this.jobTimeoutMs = opts.jobTimeoutMs ?? 60_000;
@@ -170,14 +245,10 @@ export class Worker {
       for (const r of this.running.values()) {
         if (r.phase !== "running") continue; // acking: let the acknowledgement finish
         r.phase = "dropped";
-        this.stopHeartbeat(r);
+        this.stopTimers(r);
         r.ctl.abort(new WorkerStopping());
         released++;
-        releases.push(
-          this.client.release(r.job.id, r.job.fence).catch((err) => {
-            if (!(err instanceof StaleFenceError)) this.report(err, r.job);
-          }),
-        );
+        releases.push(this.release(r.job, r.renewedAt));
       }
       await Promise.all(releases);
     }
@@ -194,6 +265,9 @@ export class Worker {
         continue;
       }
       let jobs: ClaimedJob[];
+      // The claimed jobs' leases are taken between the send and the
+      // answer: they are known to hold until leaseMs after the send.
+      const sent = now();
       try {
         jobs = await this.client.claim(
           { queue: this.queue, limit: free, waitMs: this.waitMs, leaseMs: this.leaseMs, worker: this.name },
@@ -209,16 +283,10 @@ export class Worker {
       }
       if (this.stopCtl.signal.aborted) {
         // Stopped while the answer came: give the jobs straight back.
-        await Promise.all(
-          jobs.map((j) =>
-            this.client.release(j.id, j.fence).catch((err) => {
-              if (!(err instanceof StaleFenceError)) this.report(err, j);
-            }),
-          ),
-        );
+        await Promise.all(jobs.map((j) => this.release(j, sent)));
         break;
       }
-      for (const job of jobs) this.run(job);
+      for (const job of jobs) this.run(job, sent);
     }
   }
 
@@ -237,23 +305,78 @@ export class Worker {
     for (const w of ws) w();
   }
 
-  private run(job: ClaimedJob): void {
+  /** Gives a job back (fenced, not counting the attempt), bounded by its lease; a 409 means it is not ours anyway. */
+  private release(job: ClaimedJob, renewedAt: number): Promise<void> {
+    const t = deadline(this.untilExpiry(renewedAt));
+    return this.client
+      .release(job.id, job.fence, t.signal)
+      .catch((err) => {
+        if (!(err instanceof StaleFenceError)) this.report(err, job);
+      })
+      .finally(t.clear);
+  }
+
+  /**
+   * How long a request about a lease renewed (or claimed) at renewedAt may
+   * wait for its answer: until the lease may expire, as no answer after
+   * that can be trusted to help, but at least the heartbeat's bound.
+   */
+  private untilExpiry(renewedAt: number): number {
+    return Math.max(this.heartbeatTimeoutMs, renewedAt + this.leaseMs - now());
+  }
+
+  /** Runs a job claimed by a claim sent at claimSent. */
+  private run(job: ClaimedJob, claimSent: number): void {
     const r: Running = {
       job,
       ctl: new AbortController(),
       phase: "running",
-      timer: undefined,
-      beating: false,
-      renewedAt: Date.now(),
+      started: false,
+      beatTimer: undefined,
+      beating: undefined,
+      fails: 0,
+      renewedAt: claimSent,
+      cutTimer: undefined,
+      cutOff: undefined,
       done: Promise.resolve(),
     };
     this.running.set(job.id, r);
-    r.timer = setInterval(() => void this.beat(r), this.heartbeatMs);
+    // A claim that took longer than a heartbeat interval to come back (a
+    // long poll that waited) is renewed at once, as conveyor's own
+    // processes do, rather than an interval later.
+    this.scheduleBeat(r, Math.max(0, claimSent + this.heartbeatMs - now()));
     r.done = this.work(r).finally(() => {
-      this.stopHeartbeat(r);
+      r.phase = "done";
+      this.stopTimers(r);
       this.running.delete(job.id);
       this.wakeSlots();
     });
+  }
+
+  /**
+   * Whether a job may start: its lease holds for more than the last fifth
+   * (a handler never starts where the cut-off would already abort it). A
+   * claim that came back that late (a long poll, a slow network) waits
+   * for the renewal sent on its answer; when none gets through, the job
+   * is given back unstarted (released under its fence, its attempt not
+   * counted) and reported to onError, as conveyor's own processes do.
+   */
+  private async startable(r: Running): Promise<boolean> {
+    if (now() < r.renewedAt + this.cutOffMs) return true;
+    await this.beat(r);
+    if (r.phase !== "running") return false; // lost: a 409
+    const since = Math.round(now() - r.renewedAt);
+    if (since < this.cutOffMs) return true;
+    r.phase = "dropped";
+    this.stopTimers(r);
+    this.report(
+      new Error(
+        `job ${r.job.id} not started: its claim came back late and its lease could not be renewed in time (none got through for ${since}ms of a ${this.leaseMs}ms lease); given back`,
+      ),
+      r.job,
+    );
+    await this.release(r.job, r.renewedAt);
+    return false;
   }
 
   private async work(r: Running): Promise<void> {
@@ -262,7 +385,11 @@ export class Worker {
     const handler = Object.prototype.hasOwnProperty.call(this.handlers, job.kind) ? this.handlers[job.kind] : undefined;
     if (!handler) {
       outcome = { kind: "fail", error: `no handler for kind ${job.kind} in worker ${this.name} (queue ${this.queue})`, cancel: false };
+    } else if (!(await this.startable(r))) {
+      return; // given back unstarted, or lost
     } else {
+      r.started = true;
+      this.armCutOff(r);
       const timeout = job.timeoutMs === null ? this.jobTimeoutMs : job.timeoutMs;
       let timer: ReturnType<typeof setTimeout> | undefined;
       try {
@@ -284,9 +411,12 @@ export class Worker {
         outcome = result instanceof Snooze ? { kind: "snooze", delayMs: result.delayMs } : { kind: "complete" };
       } catch (err) {
         if (err instanceof Snooze) outcome = { kind: "snooze", delayMs: err.delayMs };
+        else if (err !== undefined && err === r.cutOff) outcome = { kind: "fail", error: r.cutOff.message, cancel: false };
         else outcome = { kind: "fail", ...errorText(err), cancel: err instanceof CancelJob };
       } finally {
         clearTimeout(timer);
+        clearTimeout(r.cutTimer);
+        r.cutTimer = undefined;
       }
     }
     if (r.phase !== "running") return; // lost (409) or released by stop: the outcome is not ours to send
@@ -294,20 +424,25 @@ export class Worker {
     await this.ack(r, outcome);
   }
 
-  /** Sends an outcome, retrying transient failures while the heartbeat keeps the lease. */
+  /**
+   * Sends an outcome, retrying transient failures while the heartbeat
+   * keeps the lease. Each try waits for its answer until the lease may
+   * expire, counted from the last renewal that succeeded.
+   */
   private async ack(r: Running, o: Outcome): Promise<void> {
     const { id, fence } = r.job;
     for (let attempt = 1; ; attempt++) {
+      const t = deadline(this.untilExpiry(r.renewedAt));
       try {
         switch (o.kind) {
           case "complete":
-            await this.client.complete(id, fence);
+            await this.client.complete(id, fence, t.signal);
             break;
           case "snooze":
-            await this.client.snooze(id, fence, o.delayMs);
+            await this.client.snooze(id, fence, o.delayMs, t.signal);
             break;
           case "fail":
-            await this.client.fail(id, fence, { error: o.error, trace: o.trace, cancel: o.cancel });
+            await this.client.fail(id, fence, { error: o.error, trace: o.trace, cancel: o.cancel }, t.signal);
             break;
         }
         return;
@@ -316,53 +451,117 @@ export class Worker {
         if (!(err instanceof ConveyorError) || !err.transient || attempt >= 5 || dropped(r)) {
           return; // refused (409 stale fence, 4xx) or given up: the lease will lapse and the job be rescued
         }
-        await sleep(Math.min(250 * 2 ** attempt, 4000));
+      } finally {
+        t.clear();
       }
+      await sleep(Math.min(250 * 2 ** attempt, 4000));
     }
   }
 
-  private async beat(r: Running): Promise<void> {
-    if (r.beating || r.phase === "dropped") return;
-    r.beating = true;
-    const sent = Date.now();
+  private scheduleBeat(r: Running, ms: number): void {
+    clearTimeout(r.beatTimer);
+    r.beatTimer = setTimeout(() => void this.beat(r), ms);
+  }
+
+  /** Sends a heartbeat now, or joins the one in flight. */
+  private beat(r: Running): Promise<void> {
+    clearTimeout(r.beatTimer);
+    r.beatTimer = undefined;
+    if (ended(r)) return Promise.resolve();
+    if (!r.beating) r.beating = this.renew(r).finally(() => (r.beating = undefined));
+    return r.beating;
+  }
+
+  /**
+   * One heartbeat, given up after a tenth of the lease so that a hung
+   * request cannot hold up the next. Intervals run from one send to the
+   * next; a failure is retried within 50ms to 2s. Only a success moves
+   * the cut-off, to four fifths of the lease after this beat's send.
+   */
+  private async renew(r: Running): Promise<void> {
+    const sent = now();
+    const t = deadline(this.heartbeatTimeoutMs);
+    let next: number;
     try {
-      await this.client.heartbeat(r.job.id, r.job.fence, this.leaseMs);
-      r.renewedAt = sent;
+      await this.client.heartbeat(r.job.id, r.job.fence, this.leaseMs, t.signal);
+      r.fails = 0;
+      if (sent > r.renewedAt) r.renewedAt = sent;
+      this.armCutOff(r);
+      next = Math.max(0, sent + this.heartbeatMs - now());
     } catch (err) {
-      if (dropped(r)) return;
+      if (ended(r)) return;
       if (err instanceof StaleFenceError) {
         this.lose(r, err);
         return;
       }
       this.report(err, r.job);
-      // As conveyor's own processes do: once four fifths of the lease have
-      // passed since the last renewal that got through, another worker may
-      // soon hold the job, so stop working it.
-      if (Date.now() - r.renewedAt > (this.leaseMs * 4) / 5) {
-        this.lose(r, new Error(`job ${r.job.id}: lease lost: no heartbeat got through for ${Date.now() - r.renewedAt}ms`));
-      }
+      r.fails++;
+      next = Math.min(errBackoff(r.fails), this.heartbeatMs);
     } finally {
-      r.beating = false;
+      t.clear();
     }
+    if (!ended(r)) this.scheduleBeat(r, next);
+  }
+
+  /** (Re)sets the timer that aborts a running handler at four fifths of the lease after the last successful renewal's send. */
+  private armCutOff(r: Running): void {
+    clearTimeout(r.cutTimer);
+    r.cutTimer = undefined;
+    if (!r.started || r.phase !== "running" || r.cutOff) return;
+    r.cutTimer = setTimeout(() => this.cutOffNow(r), Math.max(0, r.renewedAt + this.cutOffMs - now()));
+  }
+
+  /** Aborts a handler whose lease could not be renewed in time; its outcome is then that failure. */
+  private cutOffNow(r: Running): void {
+    r.cutTimer = undefined;
+    if (r.phase !== "running" || r.cutOff || r.ctl.signal.aborted) return;
+    const since = Math.round(now() - r.renewedAt);
+    if (since < this.cutOffMs) {
+      this.armCutOff(r); // a timer may fire a millisecond early
+      return;
+    }
+    r.cutOff = new LeaseDeadlineError(r.job.id, since, this.leaseMs);
+    this.report(r.cutOff, r.job);
+    r.ctl.abort(r.cutOff);
   }
 
   private lose(r: Running, reason: Error): void {
     const wasRunning = r.phase === "running";
     r.phase = "dropped";
-    this.stopHeartbeat(r);
+    this.stopTimers(r);
     if (wasRunning) this.report(reason, r.job);
     r.ctl.abort(reason);
   }
 
-  private stopHeartbeat(r: Running): void {
-    if (r.timer !== undefined) clearInterval(r.timer);
-    r.timer = undefined;
+  private stopTimers(r: Running): void {
+    clearTimeout(r.beatTimer);
+    r.beatTimer = undefined;
+    clearTimeout(r.cutTimer);
+    r.cutTimer = undefined;
   }
 }
 
 /** Whether the job was lost or released (a function, so that TypeScript does not narrow phase across awaits). */
 function dropped(r: Running): boolean {
   return r.phase === "dropped";
+}
+
+/** Whether nothing more is to be done for the job: lost, released or over. */
+function ended(r: Running): boolean {
+  return r.phase === "dropped" || r.phase === "done";
+}
+
+/** The wait before retrying a heartbeat after n failures in a row: 50ms doubling to 2s, with jitter (as conveyor's own processes). */
+function errBackoff(n: number): number {
+  const d = Math.min(50 * 2 ** Math.min(n, 6), 2000);
+  return d / 2 + Math.random() * (d / 2);
+}
+
+/** A signal that gives up a request after ms. */
+function deadline(ms: number): { signal: AbortSignal; clear: () => void } {
+  const ctl = new AbortController();
+  const t = setTimeout(() => ctl.abort(new Error(`gave up waiting after ${Math.round(ms)}ms, a bound set by the job's lease`)), ms);
+  return { signal: ctl.signal, clear: () => clearTimeout(t) };
 }
 
 function errorText(err: unknown): { error: string; trace?: string } {
@@ -388,4 +587,9 @@ function sleep(ms: number, signal?: AbortSignal): Promise<void> {
     }
     signal?.addEventListener("abort", done, { once: true });
   });
+}
+
+/** A monotonic clock in milliseconds for lease times: a step of the wall clock cannot move a deadline. */
+function now(): number {
+  return performance.now();
 }

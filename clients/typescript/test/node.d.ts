@@ -41,3 +41,24 @@ declare module "node:path" {
 }
 
 declare const process: { env: Record<string, string | undefined>; pid: number };
+
+declare module "node:http" {
+  interface IncomingMessage {
+    method?: string;
+    url?: string;
+    on(event: "data", fn: (chunk: { toString(): string }) => void): this;
+    on(event: "end", fn: () => void): this;
+  }
+  interface ServerResponse {
+    writeHead(status: number, headers?: Record<string, string>): this;
+    end(body?: string): void;
+    on(event: "close", fn: () => void): this;
+  }
+  interface Server {
+    listen(port: number, host: string, cb?: () => void): this;
+    address(): { port: number } | string | null;
+    close(cb?: (err?: Error) => void): this;
+    closeAllConnections(): void;
+  }
+  function createServer(handler: (req: IncomingMessage, res: ServerResponse) => void): Server;
+}

@@ -1,0 +1,378 @@
+// The worker's lease safety against a fake conveyor server whose worker
+// endpoints hang or fail on demand: no database and no Go needed (npm test
+// runs these alone; cmd/conveyor's TestTypeScriptClient runs them too).
+//
+// The rule, as conveyor's own processes keep it: a job's lease is known to
+// hold until Lease after the last renewal that succeeded was *sent* (the
+// claim, then each heartbeat answered 200); when no renewal got through
+// for four fifths of the lease, the handler's signal is aborted, so the
+// handler has the last fifth to return before the lease can expire and
+// another worker claim the job. Times below are taken by a fetch wrapper
+// as each request leaves the client, so "the last successful renewal's
+// send" is the client's own.
+
+import test from "node:test";
+import assert from "node:assert/strict";
+import { createServer, IncomingMessage, ServerResponse } from "node:http";
+import { Client, LeaseDeadlineError, Worker } from "../src/index.js";
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+
+/** Polls until cond holds or ms passed; returns whether it held. */
+async function until(cond: () => boolean, ms: number): Promise<boolean> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) return false;
+    await sleep(5);
+  }
+  return true;
+}
+
+/** What the fake server does with a request: answer, or never answer. */
+type Reply = { status: number; body: unknown } | "hang";
+
+const ok = (body: unknown = {}): Reply => ({ status: 200, body });
+const down: Reply = { status: 503, body: { error: "database unavailable" } };
+
+/** A request as the fake server saw it. */
+interface Seen {
+  /** claim, heartbeat, complete, fail, snooze, release */
+  kind: string;
+  body: Record<string, unknown>;
+  at: number;
+  /** When the connection closed before an answer was written (the client gave up). */
+  abandonedAt?: number;
+}
+
+interface Fake {
+  url: string;
+  seen: Seen[];
+  of(kind: string): Seen[];
+  close(): Promise<void>;
+}
+
+/** A job as a claim hands it out; no timeout of its own, so only the lease can stop it. */
+function wireJob(id: number, kind = "work") {
+  return {
+    id, queue: "q", kind, state: "running", args: {}, priority: 0, attempt: 1, max_attempts: 25,
+    timeout_ms: -1, created_at: null, scheduled_at: null, attempted_at: null, attempted_by: "http:t",
+    lease_expires_at: null, finalized_at: null, errors: [], fence: 7,
+  };
+}
+
+async function fakeServer(route: (kind: string, s: Seen) => Reply | Promise<Reply>): Promise<Fake> {
+  const seen: Seen[] = [];
+  const server = createServer((req: IncomingMessage, res: ServerResponse) => {
+    let text = "";
+    req.on("data", (c) => (text += c.toString()));
+    req.on("end", async () => {
+      const path = req.url ?? "";
+      const kind = path === "/api/v1/claim" ? "claim" : (/^\/api\/v1\/jobs\/\d+\/(\w+)$/.exec(path)?.[1] ?? path);
+      const s: Seen = { kind, body: text ? JSON.parse(text) : {}, at: Date.now() };
+      seen.push(s);
+      let answered = false;
+      res.on("close", () => {
+        if (!answered) s.abandonedAt = Date.now();
+      });
+      const reply = await route(kind, s);
+      if (reply === "hang") return;
+      answered = true;
+      res.writeHead(reply.status, { "Content-Type": "application/json" });
+      res.end(JSON.stringify(reply.body));
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  const addr = server.address();
+  const port = typeof addr === "object" && addr ? addr.port : 0;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    seen,
+    of: (kind) => seen.filter((s) => s.kind === kind),
+    close: () =>
+      new Promise<void>((r) => {
+        server.closeAllConnections();
+        server.close(() => r());
+      }),
+  };
+}
+
+/** A request as the client sent it. */
+interface Sent {
+  kind: string;
+  sent: number;
+  status?: number;
+  answered?: number;
+}
+
+/** A client whose fetch records when each request left and how it was answered. */
+function recordingClient(url: string): { client: Client; sent: Sent[]; renewals: () => Sent[] } {
+  const sent: Sent[] = [];
+  const f: typeof fetch = async (input, init) => {
+    const path = new URL(String(input)).pathname;
+    const kind = path === "/api/v1/claim" ? "claim" : (/(\w+)$/.exec(path)?.[1] ?? path);
+    const s: Sent = { kind, sent: Date.now() };
+    sent.push(s);
+    const res = await fetch(input, init);
+    s.status = res.status;
+    s.answered = Date.now();
+    return res;
+  };
+  // The claim that handed out the job, then every heartbeat answered 200.
+  const renewals = () => sent.filter((s) => (s.kind === "claim" && s === sent[0]) || (s.kind === "heartbeat" && s.status === 200));
+  return { client: new Client({ baseUrl: url, token: "t", fetch: f }), sent, renewals };
+}
+
+/** Answers the first claim with job 1 (after delayMs), later ones with nothing after their wait. */
+function claims(delayMs = 0): (s: Seen) => Promise<Reply> {
+  let handed = false;
+  return async (s) => {
+    if (!handed) {
+      handed = true;
+      await sleep(delayMs);
+      return ok({ jobs: [wireJob(1)] });
+    }
+    await sleep(Number(s.body.wait_ms ?? 0));
+    return ok({ jobs: [] });
+  };
+}
+
+/** A handler that waits for its signal, notes when and why it was aborted, then resolves (a "success" that must not be sent). */
+function abortWatcher() {
+  const w = { started: 0, abortedAt: 0, reason: undefined as unknown, ran: 0 };
+  const handler = (_job: unknown, signal: AbortSignal) =>
+    new Promise<void>((resolve) => {
+      w.ran++;
+      w.started = Date.now();
+      signal.addEventListener("abort", () => {
+        w.abortedAt = Date.now();
+        w.reason = signal.reason;
+        resolve();
+      });
+    });
+  return { w, handler };
+}
+
+/**
+ * Checks that the handler was aborted by the lease deadline after four
+ * fifths of the lease and before the lease could expire, both measured
+ * from the send of the last renewal that succeeded before the abort.
+ */
+async function checkCutOff(
+  w: { abortedAt: number; reason: unknown },
+  renewals: () => Sent[],
+  leaseMs: number,
+): Promise<number> {
+  const lastOk = () => Math.max(...renewals().filter((s) => w.abortedAt === 0 || s.sent < w.abortedAt).map((s) => s.sent));
+  const aborted = await until(() => w.abortedAt > 0 || Date.now() > lastOk() + leaseMs + 500, 60_000);
+  assert.ok(aborted && w.abortedAt > 0, `the handler's signal was not aborted before the lease (${leaseMs}ms from the last successful renewal) expired`);
+  const since = w.abortedAt - lastOk();
+  assert.ok(since < leaseMs, `aborted ${since}ms after the last successful renewal was sent: the lease (${leaseMs}ms) could have expired`);
+  assert.ok(since >= (leaseMs * 4) / 5 - 50, `aborted ${since}ms after the last successful renewal was sent, before four fifths of the lease`);
+  assert.ok(w.reason instanceof LeaseDeadlineError, `aborted with ${w.reason}`);
+  assert.equal(w.reason.jobId, 1);
+  assert.match(w.reason.message, /lease could not be renewed in time/);
+  return since;
+}
+
+/** Waits for the attempt's outcome: a fail naming the lease deadline, and never a complete. */
+async function checkFailedNotCompleted(srv: Fake): Promise<void> {
+  assert.ok(await until(() => srv.of("fail").length > 0 || srv.of("complete").length > 0, 20_000), "no outcome was sent");
+  assert.equal(srv.of("complete").length, 0, "a cut-off attempt was sent as a success");
+  const f = srv.of("fail")[0];
+  assert.equal(f.body.fence, 7);
+  assert.match(String(f.body.error), /lease could not be renewed in time/);
+  assert.notEqual(f.body.cancel, true);
+}
+
+test("a heartbeat that hangs: the handler is aborted in time, the hung beat given up and retried", { timeout: 60_000 }, async (t) => {
+  const leaseMs = 4000;
+  let beats = 0;
+  const claim = claims();
+  const srv = await fakeServer((kind, s) => {
+    if (kind === "claim") return claim(s);
+    if (kind === "heartbeat") return ++beats === 1 ? ok({ id: 1, lease_ms: leaseMs }) : "hang";
+    return ok({ state: "retryable" });
+  });
+  const { client, sent, renewals } = recordingClient(srv.url);
+  const { w, handler } = abortWatcher();
+  const worker = new Worker(client, { queue: "q", leaseMs, waitMs: 100, handlers: { work: handler }, onError: () => {} });
+  worker.start();
+  try {
+    const since = await checkCutOff(w, renewals, leaseMs);
+    const okBeats = renewals().filter((s) => s.kind === "heartbeat");
+    assert.equal(okBeats.length, 1, "the renewal the abort was measured from is the one heartbeat answered");
+    // The hung beat did not hold up the others: it was given up (its
+    // connection closed by the client) and beats were sent again.
+    const hung = srv.of("heartbeat").slice(1);
+    assert.ok(hung.length >= 2, `${hung.length} heartbeats sent after the last success, want the hung one given up and retried`);
+    assert.ok(hung[0].abandonedAt !== undefined && hung[0].abandonedAt < w.abortedAt, "the hung heartbeat was not given up before the handler was aborted");
+    await checkFailedNotCompleted(srv);
+    assert.ok(sent.every((s) => s.kind !== "complete"));
+    t.diagnostic(`hanging heartbeat: aborted ${since}ms after the last successful renewal's send (lease ${leaseMs}ms); ${hung.length} beats tried meanwhile`);
+  } finally {
+    await srv.close();
+    await worker.stop({ timeoutMs: 1000 });
+  }
+});
+
+test("heartbeats that fail: the handler is aborted before the lease can expire, measured from the last success", { timeout: 60_000 }, async () => {
+  const leaseMs = 3000;
+  let beats = 0;
+  const claim = claims();
+  const srv = await fakeServer((kind, s) => {
+    if (kind === "claim") return claim(s);
+    if (kind === "heartbeat") return ++beats === 1 ? ok({ id: 1, lease_ms: leaseMs }) : down;
+    return ok({ state: "retryable" });
+  });
+  const { client, renewals } = recordingClient(srv.url);
+  const { w, handler } = abortWatcher();
+  // Beats at the longest interval allowed (half the lease): a check made
+  // only when a beat fails comes a whole lease after the last success.
+  const worker = new Worker(client, { queue: "q", leaseMs, heartbeatMs: leaseMs / 2, waitMs: 100, handlers: { work: handler }, onError: () => {} });
+  worker.start();
+  try {
+    await checkCutOff(w, renewals, leaseMs);
+    assert.equal(renewals().filter((s) => s.kind === "heartbeat").length, 1);
+    await checkFailedNotCompleted(srv);
+  } finally {
+    await srv.close();
+    await worker.stop({ timeoutMs: 1000 });
+  }
+});
+
+test("a claim that came back late: its lease counts from the claim's send, and it is renewed at once", { timeout: 60_000 }, async () => {
+  const leaseMs = 3000;
+  const claim = claims(leaseMs * 0.6); // a long poll whose job came late
+  const srv = await fakeServer((kind, s) => {
+    if (kind === "claim") return claim(s);
+    if (kind === "heartbeat") return down;
+    return ok({ state: "retryable" });
+  });
+  const { client, sent, renewals } = recordingClient(srv.url);
+  const { w, handler } = abortWatcher();
+  const worker = new Worker(client, { queue: "q", leaseMs, waitMs: 100, handlers: { work: handler }, onError: () => {} });
+  worker.start();
+  try {
+    await checkCutOff(w, renewals, leaseMs);
+    const answered = sent[0].answered as number;
+    const first = sent.find((s) => s.kind === "heartbeat");
+    assert.ok(first, "no heartbeat was sent");
+    assert.ok(first.sent - answered < leaseMs / 10, `the first heartbeat left ${first.sent - answered}ms after the late claim's answer, not at once`);
+    await checkFailedNotCompleted(srv);
+  } finally {
+    await srv.close();
+    await worker.stop({ timeoutMs: 1000 });
+  }
+});
+
+test("a claim that came back past its cut-off: the handler starts only after a renewal", { timeout: 60_000 }, async () => {
+  const leaseMs = 2000;
+  const claim = claims(leaseMs * 0.9);
+  const srv = await fakeServer((kind, s) => {
+    if (kind === "claim") return claim(s);
+    if (kind === "heartbeat") return ok({ id: 1, lease_ms: leaseMs });
+    return ok({});
+  });
+  const { client, sent } = recordingClient(srv.url);
+  let started = 0;
+  const worker = new Worker(client, {
+    queue: "q", leaseMs, waitMs: 100, onError: () => {},
+    handlers: { work: () => void (started = Date.now()) },
+  });
+  worker.start();
+  try {
+    assert.ok(await until(() => srv.of("complete").length > 0, 20_000), "the job was not completed");
+    const renewed = sent.find((s) => s.kind === "heartbeat" && s.status === 200);
+    assert.ok(renewed?.answered, "the job was started without a renewal");
+    assert.ok(started >= renewed.answered, "the handler started before its lease was renewed");
+  } finally {
+    await srv.close();
+    await worker.stop({ timeoutMs: 1000 });
+  }
+});
+
+test("a claim that came back past its cut-off and cannot be renewed is given back unstarted", { timeout: 60_000 }, async () => {
+  const leaseMs = 2000;
+  const claim = claims(leaseMs * 0.9);
+  const srv = await fakeServer((kind, s) => {
+    if (kind === "claim") return claim(s);
+    if (kind === "heartbeat") return down;
+    return ok({});
+  });
+  const { client } = recordingClient(srv.url);
+  let ran = 0;
+  const errors: unknown[] = [];
+  const worker = new Worker(client, {
+    queue: "q", leaseMs, waitMs: 100, onError: (e) => errors.push(e),
+    handlers: { work: () => void ran++ },
+  });
+  worker.start();
+  try {
+    assert.ok(await until(() => srv.of("release").length > 0 || ran > 0, 20_000), "the job was neither run nor given back");
+    assert.equal(ran, 0, "the handler ran although its lease could not be renewed");
+    assert.equal(srv.of("release")[0].body.fence, 7);
+    assert.ok(await until(() => worker.active === 0, 5000));
+    assert.equal(srv.of("complete").length + srv.of("fail").length, 0);
+    assert.ok(errors.some((e) => /not started/.test(String((e as Error).message))), "the give-back was not reported to onError");
+  } finally {
+    await srv.close();
+    await worker.stop({ timeoutMs: 1000 });
+  }
+});
+
+test("heartbeats that get through keep a handler running past its lease", { timeout: 60_000 }, async () => {
+  const leaseMs = 1500;
+  const claim = claims();
+  const srv = await fakeServer((kind, s) => {
+    if (kind === "claim") return claim(s);
+    if (kind === "heartbeat") return ok({ id: 1, lease_ms: leaseMs });
+    return ok({});
+  });
+  const { client } = recordingClient(srv.url);
+  let aborted = false;
+  const worker = new Worker(client, {
+    queue: "q", leaseMs, waitMs: 100, onError: () => {},
+    handlers: {
+      work: async (_job, signal) => {
+        signal.addEventListener("abort", () => (aborted = true));
+        await sleep(leaseMs * 2.5);
+      },
+    },
+  });
+  worker.start();
+  try {
+    assert.ok(await until(() => srv.of("complete").length > 0 || srv.of("fail").length > 0, 20_000), "no outcome");
+    assert.equal(aborted, false, "a handler whose lease was renewed was aborted");
+    assert.equal(srv.of("complete").length, 1);
+    assert.equal(srv.of("fail").length, 0);
+    assert.ok(srv.of("heartbeat").length >= 5, `${srv.of("heartbeat").length} heartbeats in 2.5 leases`);
+  } finally {
+    await srv.close();
+    await worker.stop({ timeoutMs: 1000 });
+  }
+});
+
+test("an acknowledgement that hangs is given up within the lease and sent again", { timeout: 60_000 }, async () => {
+  const leaseMs = 3000;
+  let completes = 0;
+  const claim = claims();
+  const srv = await fakeServer((kind, s) => {
+    if (kind === "claim") return claim(s);
+    if (kind === "heartbeat") return ok({ id: 1, lease_ms: leaseMs });
+    if (kind === "complete") return ++completes === 1 ? "hang" : ok({});
+    return ok({});
+  });
+  const { client } = recordingClient(srv.url);
+  const worker = new Worker(client, { queue: "q", leaseMs, waitMs: 100, onError: () => {}, handlers: { work: () => {} } });
+  worker.start();
+  try {
+    assert.ok(await until(() => srv.of("complete").length > 0, 20_000), "no completion sent");
+    const first = srv.of("complete")[0];
+    const again = await until(() => srv.of("complete").length > 1, 2 * leaseMs);
+    assert.ok(again, `the hung completion was not given up and sent again within ${2 * leaseMs}ms`);
+    assert.ok(first.abandonedAt !== undefined && first.abandonedAt - first.at <= leaseMs + 200, "the hung completion outlived the lease");
+  } finally {
+    await srv.close();
+    await worker.stop({ timeoutMs: 1000 });
+  }
+});
