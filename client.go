@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -466,7 +467,12 @@ func (c *Client[TTx]) Discard(ctx context.Context, id int64) (*JobInfo, error) {
 func (c *Client[TTx]) admin(ctx context.Context, id int64, f func(context.Context, int64) (*driver.JobRow, error)) (*JobInfo, error) {
 	r, err := f(ctx, id)
 	if err != nil {
-		return nil, fmt.Errorf("job %d: %w", id, err)
+		// The backends' errors name the job ("cancel job 7: job not
+		// found"); one that does not gets it here, never twice.
+		if !strings.Contains(err.Error(), fmt.Sprintf("job %d:", id)) {
+			err = fmt.Errorf("job %d: %w", id, err)
+		}
+		return nil, err
 	}
 	if r.State == driver.StateAvailable {
 		c.eng.Wake(r.Queue)
