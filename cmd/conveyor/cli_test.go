@@ -6,11 +6,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -210,12 +212,12 @@ func TestBadArguments(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"migrate", "--bogus"}, "migrate: flag provided but not defined: -bogus (run 'conveyor migrate --help' for usage)"},
+		{[]string{"migrate", "--bogus"}, "migrate: flag provided but not defined: --bogus (run 'conveyor migrate --help' for usage)"},
 		{[]string{"migrate", "extra"}, `unexpected argument "extra"`},
 		{[]string{"stats", "extra"}, `stats: unexpected argument "extra"`},
 		{[]string{"stats", "--json=maybe"}, "invalid boolean value"},
 		{[]string{"jobs", "extra"}, `unexpected argument "extra"`},
-		{[]string{"jobs", "--limit", "x"}, `invalid value "x" for flag -limit`},
+		{[]string{"jobs", "--limit", "x"}, `invalid value "x" for flag --limit`},
 		{[]string{"jobs", "--state", "running,done"}, `unknown job state "done" (valid states: available, scheduled, running, retryable, completed, discarded, cancelled)`},
 		{[]string{"job"}, "job id required"},
 		{[]string{"job", "1", "2"}, `unexpected argument "2" after the job id`},
@@ -225,14 +227,20 @@ func TestBadArguments(t *testing.T) {
 		{[]string{"enqueue"}, "--kind is required"},
 		{[]string{"enqueue", "--kind", "k", "extra"}, `unexpected argument "extra"`},
 		{[]string{"enqueue", "--kind", "k", "--args", "{nope"}, "--args is not valid JSON"},
-		{[]string{"--bogus", "jobs"}, "flag provided but not defined: -bogus (run 'conveyor --help' for usage)"},
+		{[]string{"--bogus", "jobs"}, "flag provided but not defined: --bogus (run 'conveyor --help' for usage)"},
 		{[]string{"nope"}, `unknown command "nope" (run 'conveyor --help' for usage)`},
 		{[]string{"help", "jobs", "extra"}, `unexpected argument "extra"`},
 		{[]string{"--db", "a.db", "jobs", "--db", "b.db"}, `given twice, as "a.db" and "b.db"`},
 		{[]string{"bench", "extra"}, `unexpected argument "extra"`},
 		{[]string{"bench", "--prefix", "p_"}, "--prefix does not apply"},
 		{[]string{"--prefix", "p_", "demo"}, "--prefix does not apply"},
-		{[]string{"demo", "--jobs", "x"}, `invalid value "x" for flag -jobs`},
+		{[]string{"demo", "--jobs", "x"}, `invalid value "x" for flag --jobs`},
+		{[]string{"stats", "--json=maybe"}, `invalid boolean value "maybe" for --json`},
+		{[]string{"enqueue", "--kind"}, "flag needs an argument: --kind"},
+		{[]string{"jobs", "--connect-timeout", "-1s"}, "--connect-timeout: must not be negative"},
+		{[]string{"jobs", "--connect-timeout", "soon"}, "--connect-timeout: not a duration"},
+		{[]string{"--connect-timeout", "1s", "jobs", "--connect-timeout", "2s"}, "given twice, as 1s and 2s"},
+		{[]string{"bench", "--connect-timeout", "1s"}, "--connect-timeout does not apply to bench"},
 		{[]string{"torture", "--prefix", "p_"}, "--prefix does not apply"},
 		{[]string{"torture", "--restart-server", "--no-restart"}, "contradict"},
 		{[]string{"torture", "extra"}, `unexpected argument "extra"`},
@@ -261,7 +269,8 @@ func TestHelp(t *testing.T) {
 		{[]string{"jobs", "--help"}, "-state"},
 		{[]string{"job", "--help"}, "usage: conveyor job ID"},
 		{[]string{"cancel", "-h"}, "usage: conveyor cancel ID"},
-		{[]string{"stats", "--help"}, "-db DSN"},
+		{[]string{"stats", "--help"}, "--db DSN"},
+		{[]string{"stats", "--help"}, "--connect-timeout duration"},
 		{[]string{"demo", "--help"}, "usage: conveyor demo"},
 		{[]string{"bench", "--help"}, "-workload"},
 		{[]string{"--db", "x.db", "torture", "--help"}, "-restart-server"},
@@ -271,6 +280,15 @@ func TestHelp(t *testing.T) {
 		out, errOut, err := cli(t, "", c.args...)
 		if err != nil || errOut != "" || !strings.Contains(out, c.want) {
 			t.Errorf("%q: err %v, stderr %q, stdout lacks %q:\n%s", c.args, err, errOut, c.want, out)
+		}
+	}
+	// Every command's flags are listed with two dashes, as the usage and
+	// the errors write them.
+	single := regexp.MustCompile(`(?m)^\s+-[a-z]`)
+	for name := range commands {
+		out := mustCLI(t, name, "--help")
+		if l := single.FindString(out); l != "" || !strings.Contains(out, "  --db ") {
+			t.Errorf("%s --help lists a flag with one dash (%q):\n%s", name, l, out)
 		}
 	}
 }
@@ -490,6 +508,11 @@ func TestUnreachableServerOneLine(t *testing.T) {
 		if err != nil && strings.Count(err.Error(), "connection refused") > 1 {
 			t.Errorf("%s: repeated lines kept: %v", dsn, err)
 		}
+		// main prints "conveyor: " before the error: the library's own
+		// prefix would double it ("conveyor: conveyor/postgres: ...").
+		if err != nil && (strings.Contains(err.Error(), "conveyor/") || strings.HasPrefix(err.Error(), "conveyor:")) {
+			t.Errorf("%s: the error repeats conveyor's prefix: %v", dsn, err)
+		}
 		if errOut != "" || time.Since(start) > 20*time.Second {
 			t.Errorf("%s: stderr %q after %v", dsn, errOut, time.Since(start))
 		}
@@ -638,6 +661,124 @@ func TestSchedules(t *testing.T) {
 			}
 			if out := mustCLI(t, append([]string{"schedules"}, db...)...); !strings.Contains(out, "nightly") || !strings.Contains(out, "every 100ms") {
 				t.Errorf("schedules:\n%s", out)
+			}
+		})
+	}
+}
+
+// silentServer listens on a loopback port, accepts TCP connections and
+// never answers: a server that is up but does not speak the protocol. It
+// returns its address and stops when the test ends.
+func silentServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// A server that accepts connections and never answers fails the command
+// after --connect-timeout (and the default applies without it: the
+// command's own context here is far longer), with one line naming the
+// server and the timeout.
+func TestConnectTimeoutCommand(t *testing.T) {
+	inEmptyDir(t)
+	addr := silentServer(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"jobs", "--db", "postgres://postgres@" + addr + "/test", "--connect-timeout", "500ms"}, addr + " did not answer within 500ms (connect timeout)"},
+		{[]string{"--connect-timeout", "500ms", "stats", "--db", "mysql://root@" + addr + "/test"}, addr + " did not answer within 500ms (connect timeout)"},
+		{[]string{"migrate", "--db", "mysql://root@" + addr + "/test", "--connect-timeout", "500ms"}, addr + " did not answer within 500ms (connect timeout)"},
+		{[]string{"enqueue", "--kind", "k", "--db", "postgres://postgres@" + addr + "/test"}, addr + " did not answer within 10s (connect timeout)"},
+	} {
+		_, _, err := cli(t, "", c.args...)
+		oneLineErr(t, c.args, err, c.want)
+	}
+}
+
+// A DSN's password is never printed, whatever the typo: one that url.Parse
+// refuses (it quotes the URL), one that lost its "://" and is taken for a
+// SQLite path, one that the server refuses.
+func TestDSNPasswordNotPrinted(t *testing.T) {
+	inEmptyDir(t)
+	for _, d := range []string{
+		"mysql://root:Sekr3tPw@127.0.0.1:33o6/test",
+		"mysql://root:Sek%r3tPw@127.0.0.1:3306/test",
+		"mysql//root:Sekr3tPw@127.0.0.1:3306/test",
+		"mysql:/root:Sekr3tPw@127.0.0.1:3306/test",
+		"mysql://root:Sekr3tPw@127.0.0.1:1/test",
+		"postgres://postgres:Sekr3tPw@127.0.0.1:1/test",
+		"postgres//postgres:Sekr3tPw@127.0.0.1:1/test",
+	} {
+		for _, args := range [][]string{{"jobs", "--db", d}, {"migrate", "--db", d}} {
+			out, errOut, err := cli(t, "", args...)
+			if err == nil {
+				t.Errorf("%q: no error", args)
+				continue
+			}
+			if all := out + errOut + err.Error(); strings.Contains(all, "Sekr3tPw") || strings.Contains(all, "Sek%r3tPw") {
+				t.Errorf("%q printed the password: %v", args, err)
+			}
+		}
+	}
+}
+
+// An error names its operation and job once, without the library's
+// prefixes ("cancel job 1", not "cancel: job 1: conveyor/sqlite: cancel
+// job 1").
+func TestErrorsSayItOnce(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			dsn := b.dsn(t)
+			p := freshPrefix(t, dsn)
+			db := []string{"--db", dsn, "--prefix", p}
+			mustCLI(t, append([]string{"migrate"}, db...)...)
+			id := strings.TrimSpace(mustCLI(t, append([]string{"enqueue", "--kind", "k"}, db...)...))
+			mustCLI(t, append([]string{"cancel", id}, db...)...)
+			for _, c := range []struct {
+				args []string
+				want string
+			}{
+				{[]string{"cancel", id}, "cancel job " + id + ": "},
+				{[]string{"retry", "999999"}, "retry job 999999: job not found"},
+				{[]string{"discard", "999999"}, "discard job 999999: job not found"},
+				{[]string{"job", "999999"}, "job 999999: job not found"},
+			} {
+				args := append(c.args, db...)
+				_, _, err := cli(t, "", args...)
+				oneLineErr(t, args, err, c.want)
+				if err == nil {
+					continue
+				}
+				m := err.Error()
+				op := regexp.MustCompile(`\b` + c.args[0] + `\b`)
+				if strings.Contains(m, "conveyor") || strings.Count(m, "job "+c.args[1]) != 1 || c.args[0] != "job" && len(op.FindAllString(m, -1)) != 1 {
+					t.Errorf("%q: %q repeats itself or conveyor's prefix", args, m)
+				}
 			}
 		})
 	}
