@@ -584,8 +584,12 @@ func (c *Client[TTx]) ResumeQueue(ctx context.Context, queue string) error {
 }
 
 func (c *Client[TTx]) setPaused(ctx context.Context, queue string, paused bool) error {
-	if err := checkQueue(queue); err != nil {
-		return err
+	if !nameRE.MatchString(queue) {
+		op := "resume"
+		if paused {
+			op = "pause"
+		}
+		return queueNameError{op: op, queue: queue}
 	}
 	if err := c.ready(ctx); err != nil {
 		return err
@@ -598,6 +602,19 @@ func (c *Client[TTx]) setPaused(ctx context.Context, queue string, paused bool) 
 	}
 	return nil
 }
+
+// queueNameError refuses a queue name that PauseQueue or ResumeQueue was
+// given. It is ErrInvalidOpts for errors.Is, but its message does not
+// speak of enqueue options.
+type queueNameError struct{ op, queue string }
+
+// Error names the operation, the queue and the rule.
+func (e queueNameError) Error() string {
+	return fmt.Sprintf("conveyor: %s queue %q: invalid queue name: must match %s", e.op, e.queue, nameRE)
+}
+
+// Is reports the error as ErrInvalidOpts.
+func (e queueNameError) Is(target error) bool { return target == ErrInvalidOpts }
 
 // PausedQueues returns the paused queues of the database and when each
 // was paused.
