@@ -121,8 +121,8 @@ func TestGlobalFlagsEitherPosition(t *testing.T) {
 			inEmptyDir(t)
 			p := freshPrefix(t, dsn)
 			mustCLI(t, "migrate", "--db", dsn, "--prefix", p)
-			id := strings.TrimSpace(mustCLI(t, "--db", dsn, "--prefix", p, "enqueue", "--kind", "k"))
-			id2 := strings.TrimSpace(mustCLI(t, "--prefix", p, "enqueue", "--db", dsn, "--kind", "k"))
+			id := strings.TrimSpace(mustCLI(t, "--db", dsn, "--prefix", p, "enqueue", "--kind", "k", "--allow-unknown-kinds"))
+			id2 := strings.TrimSpace(mustCLI(t, "--prefix", p, "enqueue", "--db", dsn, "--kind", "k", "--allow-unknown-kinds"))
 			if out := mustCLI(t, "cancel", id, "--db", dsn, "--prefix", p); !strings.Contains(out, "is now "+string(conveyor.JobStateCancelled)) {
 				t.Fatalf("cancel: %s", out)
 			}
@@ -227,6 +227,18 @@ func TestBadArguments(t *testing.T) {
 		{[]string{"enqueue"}, "--kind is required"},
 		{[]string{"enqueue", "--kind", "k", "extra"}, `unexpected argument "extra"`},
 		{[]string{"enqueue", "--kind", "k", "--args", "{nope"}, "--args is not valid JSON"},
+		{[]string{"enqueue", "--kind", "k", "--args", "[1,2]"}, "enqueue: --args must be a JSON object ({...}), not an array"},
+		{[]string{"enqueue", "--kind", "k", "--args", `"x"`}, "--args must be a JSON object ({...}), not a string"},
+		{[]string{"enqueue", "--kind", "k", "--args", "null"}, "--args must be a JSON object ({...}), not null"},
+		{[]string{"enqueue", "--kind", "k", "--max-attempts", "0"}, "enqueue: --max-attempts 0: must be 1 or more"},
+		{[]string{"enqueue", "--kind", "k", "--max-attempts", "-3"}, "--max-attempts -3: must be 1 or more"},
+		{[]string{"enqueue", "--kind", "k", "--priority", "5000"}, "--priority 5000: must be -1000 to 1000"},
+		{[]string{"enqueue", "--kind", "k", "--delay", "-1s"}, "--delay -1s: must not be negative"},
+		{[]string{"jobs", "--limit", "0"}, "jobs: --limit 0: must be 1 or more"},
+		{[]string{"jobs", "--limit", "-1"}, "jobs: --limit -1: must be 1 or more"},
+		{[]string{"jobs", "--after", "-1"}, "jobs: --after -1: must be a job id"},
+		{[]string{"pause", "bad queue!"}, `pause queue "bad queue!": invalid queue name`},
+		{[]string{"resume", "bad queue!"}, `resume queue "bad queue!": invalid queue name`},
 		{[]string{"--bogus", "jobs"}, "flag provided but not defined: --bogus (run 'conveyor --help' for usage)"},
 		{[]string{"nope"}, `unknown command "nope" (run 'conveyor --help' for usage)`},
 		{[]string{"help", "jobs", "extra"}, `unexpected argument "extra"`},
@@ -374,7 +386,7 @@ func TestJSONShape(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	c.Close()
-	mustCLI(t, "enqueue", "--db", dsn, "--kind", "other", "--args", `{"n":1}`)
+	mustCLI(t, "enqueue", "--db", dsn, "--kind", "other", "--args", `{"n":1}`, "--allow-unknown-kinds")
 
 	keys := []string{"id", "queue", "kind", "state", "args", "priority", "attempt", "max_attempts", "timeout_ms",
 		"created_at", "scheduled_at", "attempted_at", "attempted_by", "lease_expires_at", "finalized_at", "errors", "metadata"}
@@ -474,7 +486,7 @@ func TestEnqueueArgsFromFileAndStdin(t *testing.T) {
 		{[]string{"--args", "@" + filepath.Join(dir, "none.json")}, "", filepath.Join(dir, "none.json") + ": no such file"},
 		{[]string{"--args", "-"}, "{", "standard input is not valid JSON"},
 	} {
-		args := append([]string{"enqueue", "--db", dsn, "--kind", "k"}, c.args...)
+		args := append([]string{"enqueue", "--db", dsn, "--kind", "k", "--allow-unknown-kinds"}, c.args...)
 		out, _, err := cli(t, c.stdin, args...)
 		if c.want != "" {
 			oneLineErr(t, c.args, err, c.want)
@@ -561,7 +573,7 @@ func TestPauseResume(t *testing.T) {
 			p := freshPrefix(t, dsn)
 			db := []string{"--db", dsn, "--prefix", p}
 			mustCLI(t, append([]string{"migrate"}, db...)...)
-			mustCLI(t, append([]string{"enqueue", "--kind", "k", "--queue", "mail"}, db...)...)
+			mustCLI(t, append([]string{"enqueue", "--kind", "k", "--queue", "mail", "--allow-unknown-kinds"}, db...)...)
 			out := mustCLI(t, append([]string{"pause", "mail"}, db...)...)
 			if !strings.Contains(out, "queue mail is paused") {
 				t.Errorf("pause printed %q", out)
@@ -581,7 +593,20 @@ func TestPauseResume(t *testing.T) {
 			if out := mustCLI(t, append([]string{"stats"}, db...)...); !strings.Contains(out, "PAUSED SINCE") || !regexp.MustCompile(`mail .* \d{4}-\d\d-\d\dT`).MatchString(out) {
 				t.Errorf("stats while paused:\n%s", out)
 			}
+			if out := mustCLI(t, append([]string{"pause", "mail"}, db...)...); !strings.Contains(out, "queue mail was already paused, since ") {
+				t.Errorf("pause of a paused queue printed %q", out)
+			}
+			_, _, err := cli(t, "", append([]string{"resume", "mial"}, db...)...)
+			oneLineErr(t, []string{"resume", "mial"}, err, `resume: queue "mial" is unknown and not paused: nothing to resume (paused queues: mail)`)
 			mustCLI(t, append([]string{"resume", "mail"}, db...)...)
+			if out := mustCLI(t, append([]string{"resume", "mail"}, db...)...); out != "queue mail is not paused: nothing changed\n" {
+				t.Errorf("resume of a queue not paused printed %q", out)
+			}
+			// A queue may be paused before its first job, on request.
+			if out := mustCLI(t, append([]string{"pause", "--allow-unknown-queue", "later"}, db...)...); !strings.Contains(out, "queue later is paused, before its first use") {
+				t.Errorf("pause --allow-unknown-queue printed %q", out)
+			}
+			mustCLI(t, append([]string{"resume", "later"}, db...)...)
 			s.Queues = nil
 			if err := json.Unmarshal([]byte(mustCLI(t, append([]string{"stats", "--json"}, db...)...)), &s); err != nil {
 				t.Fatal(err)
@@ -595,7 +620,9 @@ func TestPauseResume(t *testing.T) {
 			}{
 				{[]string{"pause"}, "queue name required"},
 				{[]string{"resume", "a", "b"}, `unexpected argument "b"`},
-				{[]string{"pause", "bad queue"}, `queue name "bad queue"`},
+				{[]string{"pause", "bad queue"}, `pause queue "bad queue": invalid queue name`},
+				{[]string{"pause", "mial"}, `pause: queue "mial" is unknown: it has no job, no live process works it and it is not paused`},
+				{[]string{"resume", "mial"}, `resume: queue "mial" is unknown and not paused: nothing to resume (no queue is paused)`},
 			} {
 				args := append(tc.args, db...)
 				_, _, err := cli(t, "", args...)
@@ -757,7 +784,7 @@ func TestErrorsSayItOnce(t *testing.T) {
 			p := freshPrefix(t, dsn)
 			db := []string{"--db", dsn, "--prefix", p}
 			mustCLI(t, append([]string{"migrate"}, db...)...)
-			id := strings.TrimSpace(mustCLI(t, append([]string{"enqueue", "--kind", "k"}, db...)...))
+			id := strings.TrimSpace(mustCLI(t, append([]string{"enqueue", "--kind", "k", "--allow-unknown-kinds"}, db...)...))
 			mustCLI(t, append([]string{"cancel", id}, db...)...)
 			for _, c := range []struct {
 				args []string
@@ -783,3 +810,88 @@ func TestErrorsSayItOnce(t *testing.T) {
 		})
 	}
 }
+
+// A queue that a live process works exists for pause even with no job.
+func TestPauseQueueOfLiveProcess(t *testing.T) {
+	ctx := context.Background()
+	dsn := filepath.Join(t.TempDir(), "q.db")
+	mustCLI(t, "migrate", "--db", dsn)
+	c, err := connect.Open(ctx, dsn, &conveyor.Config{Queues: map[string]conveyor.QueueConfig{"busy": {}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) { // registration is the first step of Start's loops
+		ps, err := c.Processes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ps) == 1 && ps[0].Alive {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the client did not register within 30s: %+v", ps)
+		}
+	}
+	if out := mustCLI(t, "pause", "busy", "--db", dsn); !strings.Contains(out, "queue busy is paused in every process") {
+		t.Errorf("pause of a queue a live process works printed %q", out)
+	}
+}
+
+// enqueue refuses a kind no job of which has completed on the database
+// (no worker is known to handle it: a typo, most likely), as a client
+// with workers refuses a kind it has none for; --allow-unknown-kinds
+// enqueues it, and a kind a worker completed is accepted.
+func TestEnqueueUnknownKind(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			dsn := b.dsn(t)
+			p := freshPrefix(t, dsn)
+			db := []string{"--db", dsn, "--prefix", p}
+			mustCLI(t, append([]string{"migrate"}, db...)...)
+			args := append([]string{"enqueue", "--kind", "sendmial"}, db...)
+			_, _, err := cli(t, "", args...)
+			oneLineErr(t, args, err, `unknown job kind "sendmial": no job of this kind has completed on this database, so no worker is known to handle it (a typo? enqueue it anyway with --allow-unknown-kinds)`)
+			if !errors.Is(err, conveyor.ErrUnknownKind) {
+				t.Errorf("%v is not ErrUnknownKind", err)
+			}
+			var list []any
+			if err := json.Unmarshal([]byte(mustCLI(t, append([]string{"jobs", "--json"}, db...)...)), &list); err != nil || len(list) != 0 {
+				t.Fatalf("a refused enqueue enqueued: %v %v", list, err)
+			}
+			// A worker completes one job of kind "sendmail": the kind is
+			// known from then on.
+			id := strings.TrimSpace(mustCLI(t, append([]string{"enqueue", "--kind", "sendmail", "--allow-unknown-kinds"}, db...)...))
+			c, err := connect.Open(ctx, dsn, &conveyor.Config{TablePrefix: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			conveyor.AddWorker(c, conveyor.WorkFunc(func(context.Context, *conveyor.Job[sendmailArgs]) error { return nil }))
+			if _, _, err := cli(t, "", args...); err == nil {
+				t.Error("sendmial enqueued while sendmail is pending")
+			}
+			if err := c.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(time.Minute); jobState(t, append([]string{id}, db...)...) != conveyor.JobStateCompleted; time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("job not completed within a minute")
+				}
+			}
+			c.Stop(ctx)
+			if out := mustCLI(t, append([]string{"enqueue", "--kind", "sendmail"}, db...)...); strings.TrimSpace(out) == "" {
+				t.Error("enqueue of a known kind printed no id")
+			}
+		})
+	}
+}
+
+// sendmailArgs is the kind TestEnqueueUnknownKind's worker completes.
+type sendmailArgs struct{}
+
+func (sendmailArgs) Kind() string { return "sendmail" }
