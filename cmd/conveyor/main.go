@@ -42,16 +42,19 @@ database.
 
 commands:
   migrate                 create the database (SQLite) and apply the schema migrations
-  enqueue --kind K [--args JSON|@FILE|-] [--queue Q] [--priority N] [--delay D] [--max-attempts N]
+  enqueue --kind K [--args JSON|@FILE|-] [--queue Q] [--priority N] [--delay D] [--max-attempts N] [--allow-unknown-kinds]
+                          refuses a kind no job of which has completed on the database, unless --allow-unknown-kinds
   jobs [--state S] [--queue Q] [--kind K] [--limit N] [--after ID] [--json]
   job ID [--json]         inspect one job, with every attempt's error
   retry ID | cancel ID | discard ID
   stats [--json]          per queue: counts by state, age of the oldest available job, paused since
   schedules [--json]      the periodic schedules: latest slot and job, next slot
-  pause QUEUE | resume QUEUE
+  pause QUEUE [--allow-unknown-queue] | resume QUEUE
                           stop and restart claims of a queue in every process (running jobs finish)
   serve [--listen ADDR] [--token-file F] [--read-only-token-file F] [--basic-auth-file F] [--insecure-loopback-dev]
-                          the dashboard and the HTTP/JSON API (worker protocol included); refuses to start without credentials
+        [--unknown-kinds warn|refuse|allow] [--metrics=false]
+                          the dashboard, the HTTP/JSON API (worker protocol included) and /metrics for
+                          Prometheus; refuses to start without credentials
   demo [flags]            enqueue and work no-op jobs on throw-away tables
   bench [flags]           measure throughput, latency, ordering and duplicates
   torture [flags]         inject faults into real worker processes, check nothing is lost
