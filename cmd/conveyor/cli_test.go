@@ -895,3 +895,38 @@ func TestEnqueueUnknownKind(t *testing.T) {
 type sendmailArgs struct{}
 
 func (sendmailArgs) Kind() string { return "sendmail" }
+
+// The first job of a fresh install is job 1 on every backend (PostgreSQL's
+// conversion to the segments storage, which migrate runs on a fresh
+// prefix too, consumed an id), and a prefix converted with jobs in it
+// goes on after its last id.
+func TestFirstJobID(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			dsn := b.dsn(t)
+			p := freshPrefix(t, dsn)
+			db := []string{"--db", dsn, "--prefix", p, "--allow-unknown-kinds"}
+			mustCLI(t, "migrate", "--db", dsn, "--prefix", p)
+			for _, want := range []string{"1", "2"} {
+				if id := strings.TrimSpace(mustCLI(t, append([]string{"enqueue", "--kind", "k"}, db...)...)); id != want {
+					t.Errorf("job id %s, want %s", id, want)
+				}
+			}
+		})
+	}
+	t.Run("postgres-converted", func(t *testing.T) {
+		dsn := testdb.Postgres(t)
+		p := freshPrefix(t, dsn)
+		db := []string{"--db", dsn, "--prefix", p, "--allow-unknown-kinds"}
+		mustCLI(t, "migrate", "--db", dsn, "--prefix", p, "--storage", "table")
+		for _, want := range []string{"1", "2"} {
+			if id := strings.TrimSpace(mustCLI(t, append([]string{"enqueue", "--kind", "k"}, db...)...)); id != want {
+				t.Errorf("job id %s on the one table, want %s", id, want)
+			}
+		}
+		mustCLI(t, "migrate", "--db", dsn, "--prefix", p, "--storage", "segments")
+		if id := strings.TrimSpace(mustCLI(t, append([]string{"enqueue", "--kind", "k"}, db...)...)); id != "3" {
+			t.Errorf("job id %s after the conversion, want 3", id)
+		}
+	})
+}
