@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -466,7 +467,12 @@ func (c *Client[TTx]) Discard(ctx context.Context, id int64) (*JobInfo, error) {
 func (c *Client[TTx]) admin(ctx context.Context, id int64, f func(context.Context, int64) (*driver.JobRow, error)) (*JobInfo, error) {
 	r, err := f(ctx, id)
 	if err != nil {
-		return nil, fmt.Errorf("job %d: %w", id, err)
+		// The backends' errors name the job ("cancel job 7: job not
+		// found"); one that does not gets it here, never twice.
+		if !strings.Contains(err.Error(), fmt.Sprintf("job %d:", id)) {
+			err = fmt.Errorf("job %d: %w", id, err)
+		}
+		return nil, err
 	}
 	if r.State == driver.StateAvailable {
 		c.eng.Wake(r.Queue)
@@ -578,8 +584,12 @@ func (c *Client[TTx]) ResumeQueue(ctx context.Context, queue string) error {
 }
 
 func (c *Client[TTx]) setPaused(ctx context.Context, queue string, paused bool) error {
-	if err := checkQueue(queue); err != nil {
-		return err
+	if !nameRE.MatchString(queue) {
+		op := "resume"
+		if paused {
+			op = "pause"
+		}
+		return queueNameError{op: op, queue: queue}
 	}
 	if err := c.ready(ctx); err != nil {
 		return err
@@ -592,6 +602,19 @@ func (c *Client[TTx]) setPaused(ctx context.Context, queue string, paused bool) 
 	}
 	return nil
 }
+
+// queueNameError refuses a queue name that PauseQueue or ResumeQueue was
+// given. It is ErrInvalidOpts for errors.Is, but its message does not
+// speak of enqueue options.
+type queueNameError struct{ op, queue string }
+
+// Error names the operation, the queue and the rule.
+func (e queueNameError) Error() string {
+	return fmt.Sprintf("conveyor: %s queue %q: invalid queue name: must match %s", e.op, e.queue, nameRE)
+}
+
+// Is reports the error as ErrInvalidOpts.
+func (e queueNameError) Is(target error) bool { return target == ErrInvalidOpts }
 
 // PausedQueues returns the paused queues of the database and when each
 // was paused.

@@ -2,7 +2,9 @@ package conveyor_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -137,6 +139,14 @@ func TestPauseRefusesBadQueueName(t *testing.T) {
 	for _, q := range []string{"", "a b", "<script>"} {
 		if err := c.PauseQueue(context.Background(), q); err == nil {
 			t.Errorf("PauseQueue(%q) succeeded", q)
+		}
+		// The error is ErrInvalidOpts (a 400 in the API) but speaks of
+		// the pause, not of enqueue options.
+		for op, err := range map[string]error{"pause": c.PauseQueue(context.Background(), q), "resume": c.ResumeQueue(context.Background(), q)} {
+			want := fmt.Sprintf("conveyor: %s queue %q: invalid queue name", op, q)
+			if !errors.Is(err, conveyor.ErrInvalidOpts) || !strings.HasPrefix(fmt.Sprint(err), want) || strings.Contains(fmt.Sprint(err), "enqueue") {
+				t.Errorf("%s %q: %v, want ErrInvalidOpts starting %q", op, q, err, want)
+			}
 		}
 	}
 	if paused, err := c.PausedQueues(context.Background()); err != nil || len(paused) != 0 {

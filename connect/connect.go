@@ -11,7 +11,10 @@ package connect
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/url"
+	"time"
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/internal/backend/mysql"
@@ -63,7 +66,18 @@ type Options struct {
 	// every client of the prefix follows it, whatever its own Options
 	// say. Refused on other backends.
 	PostgresStorage string
+	// ConnectTimeout bounds opening a PostgreSQL or MySQL client: reaching
+	// the server, its handshake and the statements Open runs to probe it
+	// and check the schema. A server that accepts connections but never
+	// answers (a wrong port, a firewall that drops packets, a server hung
+	// in recovery) then fails Open after ConnectTimeout instead of hanging
+	// it. Default DefaultConnectTimeout; negative for no bound. SQLite
+	// opens a local file and is not bounded.
+	ConnectTimeout time.Duration
 }
+
+// DefaultConnectTimeout is the default of Options.ConnectTimeout.
+const DefaultConnectTimeout = 10 * time.Second
 
 // OpenWith is Open with the connections' Options.
 func OpenWith(ctx context.Context, dsnStr string, cfg *conveyor.Config, opts Options) (*conveyor.Client[any], error) {
@@ -80,7 +94,52 @@ func OpenWith(ctx context.Context, dsnStr string, cfg *conveyor.Config, opts Opt
 	if opts.SQLiteSynchronous != "" && b != dsn.SQLite {
 		return nil, fmt.Errorf("conveyor: connect: SQLiteSynchronous %q is a SQLite setting; this DSN is %s", opts.SQLiteSynchronous, b)
 	}
-	return conveyor.New(ctx, &dsnDriver{backend: b, dsn: dsnStr, opts: opts}, cfg)
+	octx, timeout := ctx, opts.ConnectTimeout
+	if timeout == 0 {
+		timeout = DefaultConnectTimeout
+	}
+	if b != dsn.SQLite && timeout > 0 {
+		var cancel context.CancelFunc
+		octx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	c, err := conveyor.New(octx, &dsnDriver{backend: b, dsn: dsnStr, opts: opts}, cfg)
+	if err != nil {
+		if errors.Is(octx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+			err = &timeoutError{backend: b, server: server(dsnStr), timeout: timeout, err: err}
+		}
+		return nil, dsn.RedactError(err, dsnStr)
+	}
+	return c, nil
+}
+
+// timeoutError is an Open that ConnectTimeout cut off.
+type timeoutError struct {
+	backend, server string
+	timeout         time.Duration
+	err             error
+}
+
+// Error names the server and the timeout, not the connection attempt's
+// own error (a "context deadline exceeded" at some step of it).
+func (e *timeoutError) Error() string {
+	return fmt.Sprintf("conveyor/%s: open: %s did not answer within %v (connect timeout)", e.backend, e.server, e.timeout)
+}
+
+// Unwrap returns the connection attempt's error.
+func (e *timeoutError) Unwrap() error { return e.err }
+
+// Is reports the error as context.DeadlineExceeded, whatever step of the
+// connection attempt the deadline cut.
+func (e *timeoutError) Is(target error) bool { return target == context.DeadlineExceeded }
+
+// server returns the host:port a network DSN names, or "the server" when
+// it cannot tell.
+func server(dsnStr string) string {
+	if u, err := url.Parse(dsnStr); err == nil && u.Host != "" {
+		return u.Host
+	}
+	return "the server"
 }
 
 // dsnDriver opens the backend's own connections from a DSN.

@@ -4,9 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/conveyorq/conveyor"
 )
@@ -59,5 +62,79 @@ func TestClientAnyChecksTxType(t *testing.T) {
 	_, err = c.EnqueueTx(ctx, &sql.Conn{}, conveyor.RawArgs{KindName: "k", JSON: []byte(`{}`)}, nil)
 	if !errors.Is(err, conveyor.ErrTxType) || !strings.Contains(err.Error(), "*sql.Conn") {
 		t.Errorf("EnqueueTx with a *sql.Conn: %v, want ErrTxType naming the type", err)
+	}
+}
+
+// silentServer listens on a loopback port, accepts connections and never
+// answers: a server that is up at the TCP level but does not speak the
+// protocol. It returns its address; it stops when the test ends.
+func silentServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// TestConnectTimeout: a server that accepts TCP connections and never
+// answers fails Open after ConnectTimeout, with an error naming the
+// server and the timeout (and matching context.DeadlineExceeded),
+// instead of hanging until the caller's context ends.
+func TestConnectTimeout(t *testing.T) {
+	addr := silentServer(t)
+	for _, d := range []string{"postgres://postgres:Sekr3tPw@" + addr + "/test", "mysql://root:Sekr3tPw@" + addr + "/test"} {
+		// The caller's own bound, far above the connect timeout: hitting
+		// it means ConnectTimeout did not apply.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		c, err := OpenWith(ctx, d, nil, Options{ConnectTimeout: 300 * time.Millisecond})
+		callerExpired := ctx.Err() != nil
+		cancel()
+		if err == nil {
+			c.Close()
+			t.Fatalf("%s: opened a server that never answers", d)
+		}
+		want := addr + " did not answer within 300ms (connect timeout)"
+		if callerExpired || !strings.Contains(err.Error(), want) || !errors.Is(err, context.DeadlineExceeded) || strings.Contains(err.Error(), "Sekr3tPw") {
+			t.Errorf("%s: %v (caller's context expired: %v), want an error containing %q", d, err, callerExpired, want)
+		}
+	}
+}
+
+// TestOpenErrorsHideThePassword: DSN typos that the backends' parsers
+// echo (url.Parse quotes the whole URL) are reported without the password.
+func TestOpenErrorsHideThePassword(t *testing.T) {
+	for _, d := range []string{
+		"mysql://root:Sekr3tPw@127.0.0.1:33o6/test",
+		"mysql://root:Sek%r3tPw@127.0.0.1:3306/test",
+		"mysql://root:Sekr3tPw@[127.0.0.1:3306/test",
+		"mysql:/root:Sekr3tPw@127.0.0.1:3306/test",
+		"postgres://postgres:Sekr3tPw@127.0.0.1:54x/test",
+	} {
+		_, err := Open(context.Background(), d, nil)
+		if err == nil || strings.Contains(err.Error(), "Sekr3tPw") || strings.Contains(err.Error(), "Sek%r3tPw") {
+			t.Errorf("Open(%q): %v", d, err)
+		}
 	}
 }

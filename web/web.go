@@ -142,6 +142,10 @@ type Options struct {
 	// Logger receives the access log (one line per request at Info) and
 	// internal errors. Default slog.Default().
 	Logger *slog.Logger
+	// Metrics, when set, is served at GET BasePath+"/metrics" to any
+	// credential (read-only included), as the API is: a Prometheus
+	// handler, for example (`conveyor serve` mounts one).
+	Metrics http.Handler
 }
 
 // client is what the handler needs of a *conveyor.Client[TTx], whatever
@@ -234,6 +238,10 @@ func New[TTx any](c *conveyor.Client[TTx], opts Options) (*Handler, error) {
 	h.routes = h.routeTable()
 	for _, rt := range h.routes {
 		mux.Handle(rt.method+" "+o.BasePath+rt.path, h.guard(rt))
+	}
+	if o.Metrics != nil {
+		mux.Handle("GET "+o.BasePath+"/metrics", h.guard(route{method: "GET", path: "/metrics", role: RoleReadOnly,
+			fn: func(w http.ResponseWriter, r *http.Request, _ principal) { o.Metrics.ServeHTTP(w, r) }}))
 	}
 	// Anything else: 404 for the authenticated, 401 (the login) for
 	// everyone else, so that nothing is learned without credentials.

@@ -32,7 +32,7 @@ func adminCmd(e *env, cmd string, args []string) error {
 		j, err = c.Discard(e.ctx, id)
 	}
 	if err != nil {
-		return fmt.Errorf("%s: %w", cmd, err)
+		return err // names the operation and the job: "cancel job 7: ..."
 	}
 	fmt.Fprintf(e.stdout, "job %d is now %s\n", j.ID, j.State)
 	return nil

@@ -6,11 +6,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -119,8 +121,8 @@ func TestGlobalFlagsEitherPosition(t *testing.T) {
 			inEmptyDir(t)
 			p := freshPrefix(t, dsn)
 			mustCLI(t, "migrate", "--db", dsn, "--prefix", p)
-			id := strings.TrimSpace(mustCLI(t, "--db", dsn, "--prefix", p, "enqueue", "--kind", "k"))
-			id2 := strings.TrimSpace(mustCLI(t, "--prefix", p, "enqueue", "--db", dsn, "--kind", "k"))
+			id := strings.TrimSpace(mustCLI(t, "--db", dsn, "--prefix", p, "enqueue", "--kind", "k", "--allow-unknown-kinds"))
+			id2 := strings.TrimSpace(mustCLI(t, "--prefix", p, "enqueue", "--db", dsn, "--kind", "k", "--allow-unknown-kinds"))
 			if out := mustCLI(t, "cancel", id, "--db", dsn, "--prefix", p); !strings.Contains(out, "is now "+string(conveyor.JobStateCancelled)) {
 				t.Fatalf("cancel: %s", out)
 			}
@@ -210,12 +212,12 @@ func TestBadArguments(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"migrate", "--bogus"}, "migrate: flag provided but not defined: -bogus (run 'conveyor migrate --help' for usage)"},
+		{[]string{"migrate", "--bogus"}, "migrate: flag provided but not defined: --bogus (run 'conveyor migrate --help' for usage)"},
 		{[]string{"migrate", "extra"}, `unexpected argument "extra"`},
 		{[]string{"stats", "extra"}, `stats: unexpected argument "extra"`},
 		{[]string{"stats", "--json=maybe"}, "invalid boolean value"},
 		{[]string{"jobs", "extra"}, `unexpected argument "extra"`},
-		{[]string{"jobs", "--limit", "x"}, `invalid value "x" for flag -limit`},
+		{[]string{"jobs", "--limit", "x"}, `invalid value "x" for flag --limit`},
 		{[]string{"jobs", "--state", "running,done"}, `unknown job state "done" (valid states: available, scheduled, running, retryable, completed, discarded, cancelled)`},
 		{[]string{"job"}, "job id required"},
 		{[]string{"job", "1", "2"}, `unexpected argument "2" after the job id`},
@@ -225,14 +227,32 @@ func TestBadArguments(t *testing.T) {
 		{[]string{"enqueue"}, "--kind is required"},
 		{[]string{"enqueue", "--kind", "k", "extra"}, `unexpected argument "extra"`},
 		{[]string{"enqueue", "--kind", "k", "--args", "{nope"}, "--args is not valid JSON"},
-		{[]string{"--bogus", "jobs"}, "flag provided but not defined: -bogus (run 'conveyor --help' for usage)"},
+		{[]string{"enqueue", "--kind", "k", "--args", "[1,2]"}, "enqueue: --args must be a JSON object ({...}), not an array"},
+		{[]string{"enqueue", "--kind", "k", "--args", `"x"`}, "--args must be a JSON object ({...}), not a string"},
+		{[]string{"enqueue", "--kind", "k", "--args", "null"}, "--args must be a JSON object ({...}), not null"},
+		{[]string{"enqueue", "--kind", "k", "--max-attempts", "0"}, "enqueue: --max-attempts 0: must be 1 or more"},
+		{[]string{"enqueue", "--kind", "k", "--max-attempts", "-3"}, "--max-attempts -3: must be 1 or more"},
+		{[]string{"enqueue", "--kind", "k", "--priority", "5000"}, "--priority 5000: must be -1000 to 1000"},
+		{[]string{"enqueue", "--kind", "k", "--delay", "-1s"}, "--delay -1s: must not be negative"},
+		{[]string{"jobs", "--limit", "0"}, "jobs: --limit 0: must be 1 or more"},
+		{[]string{"jobs", "--limit", "-1"}, "jobs: --limit -1: must be 1 or more"},
+		{[]string{"jobs", "--after", "-1"}, "jobs: --after -1: must be a job id"},
+		{[]string{"pause", "bad queue!"}, `pause queue "bad queue!": invalid queue name`},
+		{[]string{"resume", "bad queue!"}, `resume queue "bad queue!": invalid queue name`},
+		{[]string{"--bogus", "jobs"}, "flag provided but not defined: --bogus (run 'conveyor --help' for usage)"},
 		{[]string{"nope"}, `unknown command "nope" (run 'conveyor --help' for usage)`},
 		{[]string{"help", "jobs", "extra"}, `unexpected argument "extra"`},
 		{[]string{"--db", "a.db", "jobs", "--db", "b.db"}, `given twice, as "a.db" and "b.db"`},
 		{[]string{"bench", "extra"}, `unexpected argument "extra"`},
 		{[]string{"bench", "--prefix", "p_"}, "--prefix does not apply"},
 		{[]string{"--prefix", "p_", "demo"}, "--prefix does not apply"},
-		{[]string{"demo", "--jobs", "x"}, `invalid value "x" for flag -jobs`},
+		{[]string{"demo", "--jobs", "x"}, `invalid value "x" for flag --jobs`},
+		{[]string{"stats", "--json=maybe"}, `invalid boolean value "maybe" for --json`},
+		{[]string{"enqueue", "--kind"}, "flag needs an argument: --kind"},
+		{[]string{"jobs", "--connect-timeout", "-1s"}, "--connect-timeout: must not be negative"},
+		{[]string{"jobs", "--connect-timeout", "soon"}, "--connect-timeout: not a duration"},
+		{[]string{"--connect-timeout", "1s", "jobs", "--connect-timeout", "2s"}, "given twice, as 1s and 2s"},
+		{[]string{"bench", "--connect-timeout", "1s"}, "--connect-timeout does not apply to bench"},
 		{[]string{"torture", "--prefix", "p_"}, "--prefix does not apply"},
 		{[]string{"torture", "--restart-server", "--no-restart"}, "contradict"},
 		{[]string{"torture", "extra"}, `unexpected argument "extra"`},
@@ -261,7 +281,8 @@ func TestHelp(t *testing.T) {
 		{[]string{"jobs", "--help"}, "-state"},
 		{[]string{"job", "--help"}, "usage: conveyor job ID"},
 		{[]string{"cancel", "-h"}, "usage: conveyor cancel ID"},
-		{[]string{"stats", "--help"}, "-db DSN"},
+		{[]string{"stats", "--help"}, "--db DSN"},
+		{[]string{"stats", "--help"}, "--connect-timeout duration"},
 		{[]string{"demo", "--help"}, "usage: conveyor demo"},
 		{[]string{"bench", "--help"}, "-workload"},
 		{[]string{"--db", "x.db", "torture", "--help"}, "-restart-server"},
@@ -271,6 +292,15 @@ func TestHelp(t *testing.T) {
 		out, errOut, err := cli(t, "", c.args...)
 		if err != nil || errOut != "" || !strings.Contains(out, c.want) {
 			t.Errorf("%q: err %v, stderr %q, stdout lacks %q:\n%s", c.args, err, errOut, c.want, out)
+		}
+	}
+	// Every command's flags are listed with two dashes, as the usage and
+	// the errors write them.
+	single := regexp.MustCompile(`(?m)^\s+-[a-z]`)
+	for name := range commands {
+		out := mustCLI(t, name, "--help")
+		if l := single.FindString(out); l != "" || !strings.Contains(out, "  --db ") {
+			t.Errorf("%s --help lists a flag with one dash (%q):\n%s", name, l, out)
 		}
 	}
 }
@@ -356,7 +386,7 @@ func TestJSONShape(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	c.Close()
-	mustCLI(t, "enqueue", "--db", dsn, "--kind", "other", "--args", `{"n":1}`)
+	mustCLI(t, "enqueue", "--db", dsn, "--kind", "other", "--args", `{"n":1}`, "--allow-unknown-kinds")
 
 	keys := []string{"id", "queue", "kind", "state", "args", "priority", "attempt", "max_attempts", "timeout_ms",
 		"created_at", "scheduled_at", "attempted_at", "attempted_by", "lease_expires_at", "finalized_at", "errors", "metadata"}
@@ -456,7 +486,7 @@ func TestEnqueueArgsFromFileAndStdin(t *testing.T) {
 		{[]string{"--args", "@" + filepath.Join(dir, "none.json")}, "", filepath.Join(dir, "none.json") + ": no such file"},
 		{[]string{"--args", "-"}, "{", "standard input is not valid JSON"},
 	} {
-		args := append([]string{"enqueue", "--db", dsn, "--kind", "k"}, c.args...)
+		args := append([]string{"enqueue", "--db", dsn, "--kind", "k", "--allow-unknown-kinds"}, c.args...)
 		out, _, err := cli(t, c.stdin, args...)
 		if c.want != "" {
 			oneLineErr(t, c.args, err, c.want)
@@ -489,6 +519,11 @@ func TestUnreachableServerOneLine(t *testing.T) {
 		oneLineErr(t, []string{dsn}, err, "127.0.0.1:1")
 		if err != nil && strings.Count(err.Error(), "connection refused") > 1 {
 			t.Errorf("%s: repeated lines kept: %v", dsn, err)
+		}
+		// main prints "conveyor: " before the error: the library's own
+		// prefix would double it ("conveyor: conveyor/postgres: ...").
+		if err != nil && (strings.Contains(err.Error(), "conveyor/") || strings.HasPrefix(err.Error(), "conveyor:")) {
+			t.Errorf("%s: the error repeats conveyor's prefix: %v", dsn, err)
 		}
 		if errOut != "" || time.Since(start) > 20*time.Second {
 			t.Errorf("%s: stderr %q after %v", dsn, errOut, time.Since(start))
@@ -538,7 +573,7 @@ func TestPauseResume(t *testing.T) {
 			p := freshPrefix(t, dsn)
 			db := []string{"--db", dsn, "--prefix", p}
 			mustCLI(t, append([]string{"migrate"}, db...)...)
-			mustCLI(t, append([]string{"enqueue", "--kind", "k", "--queue", "mail"}, db...)...)
+			mustCLI(t, append([]string{"enqueue", "--kind", "k", "--queue", "mail", "--allow-unknown-kinds"}, db...)...)
 			out := mustCLI(t, append([]string{"pause", "mail"}, db...)...)
 			if !strings.Contains(out, "queue mail is paused") {
 				t.Errorf("pause printed %q", out)
@@ -558,7 +593,20 @@ func TestPauseResume(t *testing.T) {
 			if out := mustCLI(t, append([]string{"stats"}, db...)...); !strings.Contains(out, "PAUSED SINCE") || !regexp.MustCompile(`mail .* \d{4}-\d\d-\d\dT`).MatchString(out) {
 				t.Errorf("stats while paused:\n%s", out)
 			}
+			if out := mustCLI(t, append([]string{"pause", "mail"}, db...)...); !strings.Contains(out, "queue mail was already paused, since ") {
+				t.Errorf("pause of a paused queue printed %q", out)
+			}
+			_, _, err := cli(t, "", append([]string{"resume", "mial"}, db...)...)
+			oneLineErr(t, []string{"resume", "mial"}, err, `resume: queue "mial" is unknown and not paused: nothing to resume (paused queues: mail)`)
 			mustCLI(t, append([]string{"resume", "mail"}, db...)...)
+			if out := mustCLI(t, append([]string{"resume", "mail"}, db...)...); out != "queue mail is not paused: nothing changed\n" {
+				t.Errorf("resume of a queue not paused printed %q", out)
+			}
+			// A queue may be paused before its first job, on request.
+			if out := mustCLI(t, append([]string{"pause", "--allow-unknown-queue", "later"}, db...)...); !strings.Contains(out, "queue later is paused, before its first use") {
+				t.Errorf("pause --allow-unknown-queue printed %q", out)
+			}
+			mustCLI(t, append([]string{"resume", "later"}, db...)...)
 			s.Queues = nil
 			if err := json.Unmarshal([]byte(mustCLI(t, append([]string{"stats", "--json"}, db...)...)), &s); err != nil {
 				t.Fatal(err)
@@ -572,7 +620,9 @@ func TestPauseResume(t *testing.T) {
 			}{
 				{[]string{"pause"}, "queue name required"},
 				{[]string{"resume", "a", "b"}, `unexpected argument "b"`},
-				{[]string{"pause", "bad queue"}, `queue name "bad queue"`},
+				{[]string{"pause", "bad queue"}, `pause queue "bad queue": invalid queue name`},
+				{[]string{"pause", "mial"}, `pause: queue "mial" is unknown: it has no job, no live process works it and it is not paused`},
+				{[]string{"resume", "mial"}, `resume: queue "mial" is unknown and not paused: nothing to resume (no queue is paused)`},
 			} {
 				args := append(tc.args, db...)
 				_, _, err := cli(t, "", args...)
@@ -641,4 +691,242 @@ func TestSchedules(t *testing.T) {
 			}
 		})
 	}
+}
+
+// silentServer listens on a loopback port, accepts TCP connections and
+// never answers: a server that is up but does not speak the protocol. It
+// returns its address and stops when the test ends.
+func silentServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
+
+// A server that accepts connections and never answers fails the command
+// after --connect-timeout (and the default applies without it: the
+// command's own context here is far longer), with one line naming the
+// server and the timeout.
+func TestConnectTimeoutCommand(t *testing.T) {
+	inEmptyDir(t)
+	addr := silentServer(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"jobs", "--db", "postgres://postgres@" + addr + "/test", "--connect-timeout", "500ms"}, addr + " did not answer within 500ms (connect timeout)"},
+		{[]string{"--connect-timeout", "500ms", "stats", "--db", "mysql://root@" + addr + "/test"}, addr + " did not answer within 500ms (connect timeout)"},
+		{[]string{"migrate", "--db", "mysql://root@" + addr + "/test", "--connect-timeout", "500ms"}, addr + " did not answer within 500ms (connect timeout)"},
+		{[]string{"enqueue", "--kind", "k", "--db", "postgres://postgres@" + addr + "/test"}, addr + " did not answer within 10s (connect timeout)"},
+	} {
+		_, _, err := cli(t, "", c.args...)
+		oneLineErr(t, c.args, err, c.want)
+	}
+}
+
+// A DSN's password is never printed, whatever the typo: one that url.Parse
+// refuses (it quotes the URL), one that lost its "://" and is taken for a
+// SQLite path, one that the server refuses.
+func TestDSNPasswordNotPrinted(t *testing.T) {
+	inEmptyDir(t)
+	for _, d := range []string{
+		"mysql://root:Sekr3tPw@127.0.0.1:33o6/test",
+		"mysql://root:Sek%r3tPw@127.0.0.1:3306/test",
+		"mysql//root:Sekr3tPw@127.0.0.1:3306/test",
+		"mysql:/root:Sekr3tPw@127.0.0.1:3306/test",
+		"mysql://root:Sekr3tPw@127.0.0.1:1/test",
+		"postgres://postgres:Sekr3tPw@127.0.0.1:1/test",
+		"postgres//postgres:Sekr3tPw@127.0.0.1:1/test",
+	} {
+		for _, args := range [][]string{{"jobs", "--db", d}, {"migrate", "--db", d}} {
+			out, errOut, err := cli(t, "", args...)
+			if err == nil {
+				t.Errorf("%q: no error", args)
+				continue
+			}
+			if all := out + errOut + err.Error(); strings.Contains(all, "Sekr3tPw") || strings.Contains(all, "Sek%r3tPw") {
+				t.Errorf("%q printed the password: %v", args, err)
+			}
+		}
+	}
+}
+
+// An error names its operation and job once, without the library's
+// prefixes ("cancel job 1", not "cancel: job 1: conveyor/sqlite: cancel
+// job 1").
+func TestErrorsSayItOnce(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			dsn := b.dsn(t)
+			p := freshPrefix(t, dsn)
+			db := []string{"--db", dsn, "--prefix", p}
+			mustCLI(t, append([]string{"migrate"}, db...)...)
+			id := strings.TrimSpace(mustCLI(t, append([]string{"enqueue", "--kind", "k", "--allow-unknown-kinds"}, db...)...))
+			mustCLI(t, append([]string{"cancel", id}, db...)...)
+			for _, c := range []struct {
+				args []string
+				want string
+			}{
+				{[]string{"cancel", id}, "cancel job " + id + ": "},
+				{[]string{"retry", "999999"}, "retry job 999999: job not found"},
+				{[]string{"discard", "999999"}, "discard job 999999: job not found"},
+				{[]string{"job", "999999"}, "job 999999: job not found"},
+			} {
+				args := append(c.args, db...)
+				_, _, err := cli(t, "", args...)
+				oneLineErr(t, args, err, c.want)
+				if err == nil {
+					continue
+				}
+				m := err.Error()
+				op := regexp.MustCompile(`\b` + c.args[0] + `\b`)
+				if strings.Contains(m, "conveyor") || strings.Count(m, "job "+c.args[1]) != 1 || c.args[0] != "job" && len(op.FindAllString(m, -1)) != 1 {
+					t.Errorf("%q: %q repeats itself or conveyor's prefix", args, m)
+				}
+			}
+		})
+	}
+}
+
+// A queue that a live process works exists for pause even with no job.
+func TestPauseQueueOfLiveProcess(t *testing.T) {
+	ctx := context.Background()
+	dsn := filepath.Join(t.TempDir(), "q.db")
+	mustCLI(t, "migrate", "--db", dsn)
+	c, err := connect.Open(ctx, dsn, &conveyor.Config{Queues: map[string]conveyor.QueueConfig{"busy": {}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) { // registration is the first step of Start's loops
+		ps, err := c.Processes(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ps) == 1 && ps[0].Alive {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the client did not register within 30s: %+v", ps)
+		}
+	}
+	if out := mustCLI(t, "pause", "busy", "--db", dsn); !strings.Contains(out, "queue busy is paused in every process") {
+		t.Errorf("pause of a queue a live process works printed %q", out)
+	}
+}
+
+// enqueue refuses a kind no job of which has completed on the database
+// (no worker is known to handle it: a typo, most likely), as a client
+// with workers refuses a kind it has none for; --allow-unknown-kinds
+// enqueues it, and a kind a worker completed is accepted.
+func TestEnqueueUnknownKind(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			dsn := b.dsn(t)
+			p := freshPrefix(t, dsn)
+			db := []string{"--db", dsn, "--prefix", p}
+			mustCLI(t, append([]string{"migrate"}, db...)...)
+			args := append([]string{"enqueue", "--kind", "sendmial"}, db...)
+			_, _, err := cli(t, "", args...)
+			oneLineErr(t, args, err, `unknown job kind "sendmial": no job of this kind has completed on this database, so no worker is known to handle it (a typo? enqueue it anyway with --allow-unknown-kinds)`)
+			if !errors.Is(err, conveyor.ErrUnknownKind) {
+				t.Errorf("%v is not ErrUnknownKind", err)
+			}
+			var list []any
+			if err := json.Unmarshal([]byte(mustCLI(t, append([]string{"jobs", "--json"}, db...)...)), &list); err != nil || len(list) != 0 {
+				t.Fatalf("a refused enqueue enqueued: %v %v", list, err)
+			}
+			// A worker completes one job of kind "sendmail": the kind is
+			// known from then on.
+			id := strings.TrimSpace(mustCLI(t, append([]string{"enqueue", "--kind", "sendmail", "--allow-unknown-kinds"}, db...)...))
+			c, err := connect.Open(ctx, dsn, &conveyor.Config{TablePrefix: p})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			conveyor.AddWorker(c, conveyor.WorkFunc(func(context.Context, *conveyor.Job[sendmailArgs]) error { return nil }))
+			if _, _, err := cli(t, "", args...); err == nil {
+				t.Error("sendmial enqueued while sendmail is pending")
+			}
+			if err := c.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(time.Minute); jobState(t, append([]string{id}, db...)...) != conveyor.JobStateCompleted; time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("job not completed within a minute")
+				}
+			}
+			c.Stop(ctx)
+			if out := mustCLI(t, append([]string{"enqueue", "--kind", "sendmail"}, db...)...); strings.TrimSpace(out) == "" {
+				t.Error("enqueue of a known kind printed no id")
+			}
+		})
+	}
+}
+
+// sendmailArgs is the kind TestEnqueueUnknownKind's worker completes.
+type sendmailArgs struct{}
+
+func (sendmailArgs) Kind() string { return "sendmail" }
+
+// The first job of a fresh install is job 1 on every backend (PostgreSQL's
+// conversion to the segments storage, which migrate runs on a fresh
+// prefix too, consumed an id), and a prefix converted with jobs in it
+// goes on after its last id.
+func TestFirstJobID(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			dsn := b.dsn(t)
+			p := freshPrefix(t, dsn)
+			db := []string{"--db", dsn, "--prefix", p, "--allow-unknown-kinds"}
+			mustCLI(t, "migrate", "--db", dsn, "--prefix", p)
+			for _, want := range []string{"1", "2"} {
+				if id := strings.TrimSpace(mustCLI(t, append([]string{"enqueue", "--kind", "k"}, db...)...)); id != want {
+					t.Errorf("job id %s, want %s", id, want)
+				}
+			}
+		})
+	}
+	t.Run("postgres-converted", func(t *testing.T) {
+		dsn := testdb.Postgres(t)
+		p := freshPrefix(t, dsn)
+		db := []string{"--db", dsn, "--prefix", p, "--allow-unknown-kinds"}
+		mustCLI(t, "migrate", "--db", dsn, "--prefix", p, "--storage", "table")
+		for _, want := range []string{"1", "2"} {
+			if id := strings.TrimSpace(mustCLI(t, append([]string{"enqueue", "--kind", "k"}, db...)...)); id != want {
+				t.Errorf("job id %s on the one table, want %s", id, want)
+			}
+		}
+		mustCLI(t, "migrate", "--db", dsn, "--prefix", p, "--storage", "segments")
+		if id := strings.TrimSpace(mustCLI(t, append([]string{"enqueue", "--kind", "k"}, db...)...)); id != "3" {
+			t.Errorf("job id %s after the conversion, want 3", id)
+		}
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -12,20 +13,33 @@ import (
 	"github.com/conveyorq/conveyor"
 )
 
-// enqueueCmd enqueues one job and prints its id.
+// enqueueCmd enqueues one job and prints its id. It refuses a kind that no
+// worker is known to handle (see kinds.go) unless --allow-unknown-kinds.
 func enqueueCmd(e *env, args []string) error {
-	f := e.flags("enqueue", "enqueue --kind K [--args JSON|@FILE|-] [--queue Q] [--priority N] [--delay D] [--max-attempts N]", dbHelp)
+	f := e.flags("enqueue", "enqueue --kind K [--args JSON|@FILE|-] [--queue Q] [--priority N] [--delay D] [--max-attempts N] [--allow-unknown-kinds]", dbHelp)
 	kind := f.String("kind", "", "job `kind` (required)")
-	js := f.String("args", "{}", "job arguments: `JSON`, @FILE to read them from a file, or - (or @-) to read them from standard input")
+	js := f.String("args", "{}", "job arguments, a JSON object: `JSON`, @FILE to read them from a file, or - (or @-) to read them from standard input")
 	queue := f.String("queue", "", "`queue` (default \"default\")")
-	prio := f.Int("priority", 0, "priority: smaller runs first")
+	prio := f.Int("priority", 0, fmt.Sprintf("priority: smaller runs first (%d to %d)", conveyor.MinPriority, conveyor.MaxPriority))
 	delay := f.Duration("delay", 0, "run after this delay (e.g. 30s)")
-	attempts := f.Int("max-attempts", 0, "maximum attempts (default 25)")
+	attempts := f.Int("max-attempts", 0, "maximum attempts, 1 or more (default 25)")
+	allowUnknown := f.Bool("allow-unknown-kinds", false, "enqueue a kind no job of which has completed on the database (a new kind, or one rarer than the completed jobs' retention)")
 	if err := e.parseNoArgs(f, args, false); err != nil {
 		return err
 	}
-	if *kind == "" {
+	given := map[string]bool{}
+	f.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	switch {
+	case *kind == "":
 		return usageError("enqueue", "--kind is required")
+	case given["max-attempts"] && *attempts < 1:
+		// 0 is the library's "default": given on the command line it is a
+		// mistake, not a request for the default.
+		return usageError("enqueue", fmt.Sprintf("--max-attempts %d: must be 1 or more", *attempts))
+	case *prio < conveyor.MinPriority || *prio > conveyor.MaxPriority:
+		return usageError("enqueue", fmt.Sprintf("--priority %d: must be %d to %d", *prio, conveyor.MinPriority, conveyor.MaxPriority))
+	case *delay < 0:
+		return usageError("enqueue", fmt.Sprintf("--delay %v: must not be negative", *delay))
 	}
 	raw, err := readArgs(*js, e.stdin)
 	if err != nil {
@@ -36,6 +50,15 @@ func enqueueCmd(e *env, args []string) error {
 		return err
 	}
 	defer c.Close()
+	if !*allowUnknown && libKindRE.MatchString(*kind) {
+		known, err := kindKnown(e.ctx, c, *kind)
+		if err != nil {
+			return err
+		}
+		if !known {
+			return unknownKind(*kind, "enqueue it anyway with --allow-unknown-kinds")
+		}
+	}
 	id, err := c.Enqueue(e.ctx, conveyor.RawArgs{KindName: *kind, JSON: raw},
 		&conveyor.EnqueueOpts{Queue: *queue, Priority: *prio, Delay: *delay, MaxAttempts: *attempts})
 	if err != nil {
@@ -75,5 +98,29 @@ func readArgs(v string, stdin io.Reader) (json.RawMessage, error) {
 		}
 		return nil, fmt.Errorf("enqueue: --args is not valid JSON: %v", err)
 	}
+	if _, ok := x.(map[string]any); !ok {
+		what := "--args"
+		if from != "" {
+			what += ": " + from
+		}
+		return nil, fmt.Errorf("enqueue: %s must be a JSON object ({...}), not %s", what, jsonKind(x))
+	}
 	return bytes.TrimSpace(b), nil
+}
+
+// jsonKind names the kind of a decoded JSON value, for an error.
+func jsonKind(x any) string {
+	switch x.(type) {
+	case []any:
+		return "an array"
+	case string:
+		return "a string"
+	case float64:
+		return "a number"
+	case bool:
+		return "a boolean"
+	case nil:
+		return "null"
+	}
+	return fmt.Sprintf("%T", x)
 }

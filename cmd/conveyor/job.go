@@ -28,7 +28,7 @@ func jobCmd(e *env, args []string) error {
 	defer c.Close()
 	j, err := c.Job(e.ctx, id)
 	if err != nil {
-		return fmt.Errorf("job %d: %w", id, err)
+		return err // "get job 7: job not found"
 	}
 	if *asJSON {
 		return json.NewEncoder(e.stdout).Encode(toJobJSON(j))

@@ -16,11 +16,17 @@ func jobsCmd(e *env, args []string) error {
 	state := f.String("state", "", "comma-separated `states`")
 	queue := f.String("queue", "", "`queue`")
 	kind := f.String("kind", "", "`kind`")
-	limit := f.Int("limit", 50, "maximum jobs listed")
+	limit := f.Int("limit", 50, "maximum jobs listed (1 or more)")
 	after := f.Int64("after", 0, "list jobs with ids after this `ID`")
 	asJSON := f.Bool("json", false, "print a JSON array (the shape is in the README)")
 	if err := e.parseNoArgs(f, args, false); err != nil {
 		return err
+	}
+	switch {
+	case *limit < 1:
+		return usageError("jobs", fmt.Sprintf("--limit %d: must be 1 or more", *limit))
+	case *after < 0:
+		return usageError("jobs", fmt.Sprintf("--after %d: must be a job id (or 0, the default, for the first page)", *after))
 	}
 	var states []conveyor.JobState
 	if *state != "" {

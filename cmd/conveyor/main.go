@@ -17,9 +17,11 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/connect"
@@ -31,23 +33,28 @@ const usage = `conveyor: a durable job queue in your database
 
 usage: conveyor COMMAND [flags]
 
---db DSN and --prefix P go before or after the command. --db is a SQLite
-path (default $CONVEYOR_DB, else ./conveyor.db), postgres://... or
-mysql://user:pass@host:port/db; --prefix is the table prefix (default
-conveyor_). Only migrate creates a SQLite database.
+--db DSN, --prefix P and --connect-timeout D go before or after the
+command. --db is a SQLite path (default $CONVEYOR_DB, else ./conveyor.db),
+postgres://... or mysql://user:pass@host:port/db; --prefix is the table
+prefix (default conveyor_); --connect-timeout bounds reaching a PostgreSQL
+or MySQL server (default 10s, 0 for none). Only migrate creates a SQLite
+database.
 
 commands:
   migrate                 create the database (SQLite) and apply the schema migrations
-  enqueue --kind K [--args JSON|@FILE|-] [--queue Q] [--priority N] [--delay D] [--max-attempts N]
+  enqueue --kind K [--args JSON|@FILE|-] [--queue Q] [--priority N] [--delay D] [--max-attempts N] [--allow-unknown-kinds]
+                          refuses a kind no job of which has completed on the database, unless --allow-unknown-kinds
   jobs [--state S] [--queue Q] [--kind K] [--limit N] [--after ID] [--json]
   job ID [--json]         inspect one job, with every attempt's error
   retry ID | cancel ID | discard ID
   stats [--json]          per queue: counts by state, age of the oldest available job, paused since
   schedules [--json]      the periodic schedules: latest slot and job, next slot
-  pause QUEUE | resume QUEUE
+  pause QUEUE [--allow-unknown-queue] | resume QUEUE
                           stop and restart claims of a queue in every process (running jobs finish)
   serve [--listen ADDR] [--token-file F] [--read-only-token-file F] [--basic-auth-file F] [--insecure-loopback-dev]
-                          the dashboard and the HTTP/JSON API (worker protocol included); refuses to start without credentials
+        [--unknown-kinds warn|refuse|allow] [--metrics=false]
+                          the dashboard, the HTTP/JSON API (worker protocol included) and /metrics for
+                          Prometheus; refuses to start without credentials
   demo [flags]            enqueue and work no-op jobs on throw-away tables
   bench [flags]           measure throughput, latency, ordering and duplicates
   torture [flags]         inject faults into real worker processes, check nothing is lost
@@ -87,7 +94,7 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "conveyor:", strings.TrimPrefix(err.Error(), "conveyor: "))
+		fmt.Fprintln(os.Stderr, "conveyor:", err)
 		os.Exit(1)
 	}
 }
@@ -96,7 +103,9 @@ func main() {
 var errHelp = errors.New("help printed")
 
 // run runs the command line args (without the program name) and returns
-// its error on one line.
+// its error as main prints it after "conveyor: ": on one line, without the
+// library's own "conveyor: " prefixes, and without the password of the
+// database's DSN.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if stdin == nil {
 		stdin = strings.NewReader("")
@@ -106,7 +115,33 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if errors.Is(err, errHelp) {
 		return nil
 	}
-	return oneLine(err)
+	return dsn.RedactError(trimPrefixes(oneLine(err)), e.queueDSN())
+}
+
+// libPrefix matches the prefixes the library's errors start with,
+// "conveyor: " and "conveyor/BACKEND: ", at the start of a message or of a
+// wrapped part.
+var libPrefix = regexp.MustCompile(`(^|: )conveyor(/[a-z]+)?: `)
+
+// trimPrefixes drops the library's "conveyor: " prefixes from err's
+// message, which main prints after its own "conveyor: ", and shortens
+// "conveyor/postgres: " to "postgres: ", so that no line says "conveyor:
+// conveyor/postgres: ...". errors.Is and errors.As see err as before.
+func trimPrefixes(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := libPrefix.ReplaceAllStringFunc(err.Error(), func(m string) string {
+		lead, rest, _ := strings.Cut(m, "conveyor")
+		if strings.HasPrefix(rest, "/") {
+			return lead + rest[1:]
+		}
+		return lead
+	})
+	if msg == err.Error() {
+		return err
+	}
+	return lineError{msg: msg, err: err}
 }
 
 // env is what a command runs with: the context, the global flags and the
@@ -114,6 +149,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 type env struct {
 	ctx            context.Context
 	db, prefix     setOnce
+	connectTimeout durationOnce
 	stdin          io.Reader
 	stdout, stderr io.Writer
 }
@@ -128,7 +164,7 @@ func (e *env) dispatch(args []string) error {
 			fmt.Fprint(e.stdout, usage)
 			return errHelp
 		}
-		return fmt.Errorf("%v (run 'conveyor --help' for usage)", err)
+		return fmt.Errorf("%s (run 'conveyor --help' for usage)", flagError(err))
 	}
 	if g.NArg() == 0 {
 		fmt.Fprint(e.stderr, usage)
@@ -155,6 +191,51 @@ func (e *env) dispatch(args []string) error {
 func (e *env) globalFlags(f *flag.FlagSet, db string) {
 	f.Var(&e.db, "db", db)
 	f.Var(&e.prefix, "prefix", "table `prefix` (default conveyor_)")
+	f.Var(&e.connectTimeout, "connect-timeout", "give up reaching a PostgreSQL or MySQL server after this `duration` (default 10s; 0 for no bound)")
+}
+
+// connectOptions returns the connection options of the queue commands:
+// the connect timeout of --connect-timeout.
+func (e *env) connectOptions() connect.Options {
+	o := connect.Options{}
+	if e.connectTimeout.set {
+		o.ConnectTimeout = e.connectTimeout.val
+		if o.ConnectTimeout == 0 {
+			o.ConnectTimeout = -1 // connect's "no bound"
+		}
+	}
+	return o
+}
+
+// durationOnce is a duration flag that, as setOnce, may be given before
+// and after the command with the same value. Negative durations are
+// refused.
+type durationOnce struct {
+	val time.Duration
+	set bool
+}
+
+// String returns the value ("" when unset).
+func (d *durationOnce) String() string {
+	if d == nil || !d.set {
+		return ""
+	}
+	return d.val.String()
+}
+
+// Set parses v, refusing a negative duration or a second, different one.
+func (d *durationOnce) Set(v string) error {
+	x, err := time.ParseDuration(v)
+	switch {
+	case err != nil:
+		return errors.New("not a duration (such as 10s or 1m)")
+	case x < 0:
+		return errors.New("must not be negative (0 for no bound)")
+	case d.set && d.val != x:
+		return fmt.Errorf("given twice, as %v and %v", d.val, x)
+	}
+	d.val, d.set = x, true
+	return nil
 }
 
 // setOnce is a string flag that may be given both before and after the
@@ -212,11 +293,10 @@ func (e *env) parse(f *cmdFlags, args []string) ([]string, error) {
 					fmt.Fprintf(e.stdout, "%s\n\n", f.about)
 				}
 				fmt.Fprintln(e.stdout, "flags:")
-				f.SetOutput(e.stdout)
-				f.PrintDefaults()
+				printFlags(e.stdout, f.FlagSet)
 				return nil, errHelp
 			}
-			return nil, usageError(f.Name(), err.Error())
+			return nil, usageError(f.Name(), flagError(err))
 		}
 		rest := f.Args()
 		if len(rest) == 0 {
@@ -227,6 +307,38 @@ func (e *env) parse(f *cmdFlags, args []string) ([]string, error) {
 		}
 		pos, args = append(pos, rest[0]), rest[1:]
 	}
+}
+
+// printFlags prints f's flags as flag.PrintDefaults does, but with the
+// double dash the usage, the errors and the README use (--db, not -db).
+func printFlags(w io.Writer, f *flag.FlagSet) {
+	f.VisitAll(func(fl *flag.Flag) {
+		name, usage := flag.UnquoteUsage(fl)
+		line := "  --" + fl.Name
+		if name != "" {
+			line += " " + name
+		}
+		line += "\n    \t" + strings.ReplaceAll(usage, "\n", "\n    \t")
+		switch def := fl.DefValue; {
+		case def == "" || def == "0" || def == "false" || def == "0s":
+		case fmt.Sprintf("%T", fl.Value) == "*flag.stringValue":
+			line += fmt.Sprintf(" (default %q)", def)
+		default:
+			line += fmt.Sprintf(" (default %v)", def)
+		}
+		fmt.Fprintln(w, line)
+	})
+}
+
+// flagNameRE matches a flag's name as package flag writes it in its
+// errors: one dash.
+var flagNameRE = regexp.MustCompile(`(defined: |argument: |for flag |for )-([A-Za-z][A-Za-z0-9_-]*)`)
+
+// flagError returns a parse error of package flag with the flag's name
+// written with two dashes, as everywhere else ("flag provided but not
+// defined: --bogus", "invalid value "x" for flag --limit: ...").
+func flagError(err error) string {
+	return flagNameRE.ReplaceAllString(err.Error(), "${1}--${2}")
 }
 
 // usageError is a command's one-line error that points at its --help.
@@ -305,10 +417,14 @@ func (e *env) scratchDB() (dsn string, temp bool, cleanup func(), err error) {
 	return filepath.Join(dir, "bench.db"), true, func() { os.RemoveAll(dir) }, nil
 }
 
-// noPrefix refuses --prefix for the commands that make their own.
+// noPrefix refuses --prefix for the commands that make their own, and
+// --connect-timeout, which only the queue commands take.
 func (e *env) noPrefix(cmd string) error {
 	if e.prefix.set {
 		return usageError(cmd, "--prefix does not apply: "+cmd+" works on throw-away tables under a fresh prefix")
+	}
+	if e.connectTimeout.set {
+		return usageError(cmd, "--connect-timeout does not apply to "+cmd+" (it opens with the default, 10s)")
 	}
 	return nil
 }
@@ -330,7 +446,7 @@ func (e *env) openWith(create bool, cfg *conveyor.Config) (*conveyor.Client[any]
 		}
 	}
 	cfg.TablePrefix = e.prefix.val
-	c, err := connect.Open(e.ctx, dsn, cfg)
+	c, err := connect.OpenWith(e.ctx, dsn, cfg, e.connectOptions())
 	if err != nil || create {
 		return c, err
 	}

@@ -19,7 +19,9 @@ func migrateCmd(e *env, args []string) error {
 	if *storage != "" && *storage != "segments" && *storage != "table" {
 		return usageError("migrate", fmt.Sprintf("--storage %q: the storages are segments and table", *storage))
 	}
-	c, err := connect.OpenWith(e.ctx, e.queueDSN(), &conveyor.Config{TablePrefix: e.prefix.val}, connect.Options{PostgresStorage: *storage})
+	o := e.connectOptions()
+	o.PostgresStorage = *storage
+	c, err := connect.OpenWith(e.ctx, e.queueDSN(), &conveyor.Config{TablePrefix: e.prefix.val}, o)
 	if err != nil {
 		return err
 	}

@@ -12,7 +12,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/observe/promconveyor"
 	"github.com/conveyorq/conveyor/web"
 )
 
@@ -27,11 +32,23 @@ address as admin and refuses any other listen address.
 With --maintenance (the default) serve also runs conveyor's maintenance
 (promoting due scheduled and retryable jobs, rescuing expired leases,
 pruning) when no other process does, as HTTP workers need; it works
-no queue (its client is opened with conveyor.Config.NoQueues).`
+no queue (its client is opened with conveyor.Config.NoQueues).
+
+--unknown-kinds decides what the API's enqueue does with a kind no job of
+which has completed on the database (so no worker is known to handle it;
+the first job of a new kind is one): warn (the default) enqueues it and
+logs a warning, at most once per kind every 10 minutes; refuse answers 400
+(unknown job kind); allow says nothing.
+
+With --metrics (the default) serve answers GET /metrics in Prometheus'
+text format, to the same credentials as the API (read-only included):
+the queues' depth by state, oldest available job and pauses (sampled at
+most every 15s), serve's own counters (maintenance, database errors), the
+jobs enqueued through the API by queue and kind, and the Go runtime's.`
 
 // serveCmd serves the dashboard and the HTTP API.
 func serveCmd(e *env, args []string) error {
-	f := e.flags("serve", "serve [--listen ADDR] [--token-file F] [--read-only-token-file F] [--basic-auth-file F] [--insecure-loopback-dev]", dbHelp)
+	f := e.flags("serve", "serve [--listen ADDR] [--token-file F] [--read-only-token-file F] [--basic-auth-file F] [--insecure-loopback-dev] [--unknown-kinds warn|refuse|allow] [--metrics=false]", dbHelp)
 	f.about = serveAbout
 	listen := f.String("listen", "127.0.0.1:8080", "`address` to listen on")
 	tokenFile := f.String("token-file", "", "`file` of admin bearer tokens, one per line")
@@ -43,12 +60,20 @@ func serveCmd(e *env, args []string) error {
 	maintenance := f.Bool("maintenance", true, "take part in maintenance: promote due jobs, rescue expired leases, prune")
 	maxBody := f.Int64("max-body-bytes", 1<<20, "largest request body accepted")
 	sample := f.Duration("sample-interval", 5*time.Second, "spacing of the dashboard's throughput samples (taken while someone looks)")
+	unknownKinds := f.String("unknown-kinds", kindsWarn, "what the API's enqueue does with a kind no job of which has completed on the database: warn, refuse or allow")
+	metrics := f.Bool("metrics", true, "serve Prometheus metrics at /metrics, behind the API's credentials")
 	if err := e.parseNoArgs(f, args, false); err != nil {
 		return err
 	}
+	switch *unknownKinds {
+	case kindsWarn, kindsRefuse, kindsAllow:
+	default:
+		return usageError("serve", fmt.Sprintf("--unknown-kinds %q: warn, refuse or allow", *unknownKinds))
+	}
+	logger := slog.New(slog.NewTextHandler(e.stderr, nil))
 	opts := web.Options{InsecureLoopbackDev: *insecure, BasePath: *basePath, SecureCookie: *secureCookie, MaxBodyBytes: *maxBody,
 		SampleInterval: *sample,
-		Logger:         slog.New(slog.NewTextHandler(e.stderr, nil))}
+		Logger:         logger}
 	var err error
 	for _, tf := range []struct {
 		file string
@@ -87,11 +112,25 @@ func serveCmd(e *env, args []string) error {
 	// The client works no queue: started (with --maintenance) it only
 	// takes part in the leader's maintenance, which HTTP workers rely on.
 	cfg := &conveyor.Config{NoQueues: true}
+	kinds := newKindCheck(*unknownKinds, "this server refuses kinds no worker is known to handle: --unknown-kinds refuse", logger)
+	cfg.EnqueueMiddleware = append(cfg.EnqueueMiddleware, kinds.Middleware)
+	var m *promconveyor.Metrics
+	if *metrics {
+		m = promconveyor.New(promconveyor.Options{})
+		cfg.EnqueueMiddleware = append(cfg.EnqueueMiddleware, m.EnqueueMiddleware)
+	}
 	c, err := e.openWith(false, cfg)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	kinds.client = c
+	if *metrics {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(m, promconveyor.NewClientCollector(c, promconveyor.ClientOptions{}),
+			collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		opts.Metrics = promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelError)})
+	}
 	h, err := web.New(c, opts)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,8 +12,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/connect"
 )
 
 func TestServeRefusesWithoutCredentials(t *testing.T) {
@@ -38,11 +43,18 @@ func TestServeRefusesWithoutCredentials(t *testing.T) {
 // server stops when the test ends.
 func serve(t *testing.T, args ...string) string {
 	t.Helper()
+	return serveLogging(t, io.Discard, args...)
+}
+
+// serveLogging is serve with the server's log (its standard error) going
+// to stderr.
+func serveLogging(t *testing.T, stderr io.Writer, args ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...), nil, pw, io.Discard)
+		done <- run(ctx, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...), nil, pw, stderr)
 		pw.Close()
 	}()
 	line, err := bufio.NewReader(pr).ReadString('\n')
@@ -183,5 +195,171 @@ func TestServeMaintenance(t *testing.T) {
 	time.Sleep(time.Second) // past a few poll intervals, had serve a queue
 	if st, att := job(); st != "available" || att != 0 {
 		t.Errorf("job is %s at attempt %d: serve claimed it", st, att)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// request sends method path with body (JSON, or nothing when "") and the
+// bearer token (none when ""), and returns the status and the body.
+func request(t *testing.T, method, url, token, body string) (int, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	r, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		r.Header.Set("Authorization", "Bearer "+token)
+	}
+	if body != "" {
+		r.Header.Set("Content-Type", "application/json")
+	}
+	res, err := http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.StatusCode, string(b)
+}
+
+// TestServeUnknownKinds: the API's enqueue of a kind no job of which has
+// completed on the database is logged as a warning by default (the first
+// job of a new kind for an HTTP worker is one: it cannot have completed
+// before it is enqueued), refused with 400 under --unknown-kinds refuse,
+// and passed silently under --unknown-kinds allow; a kind a worker
+// completed is accepted in every mode.
+func TestServeUnknownKinds(t *testing.T) {
+	ctx := context.Background()
+	dsn := filepath.Join(t.TempDir(), "q.db")
+	mustCLI(t, "migrate", "--db", dsn)
+	// A worker completes one job of kind "sendmail".
+	c, err := connect.Open(ctx, dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conveyor.AddWorker(c, conveyor.WorkFunc(func(context.Context, *conveyor.Job[sendmailArgs]) error { return nil }))
+	id, err := c.Enqueue(ctx, sendmailArgs{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		j, err := c.Job(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.State == conveyor.JobStateCompleted {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %d is %s after a minute", id, j.State)
+		}
+	}
+	c.Close()
+	for _, mode := range []string{"", "warn", "refuse", "allow"} {
+		t.Run("mode="+mode, func(t *testing.T) {
+			var logs syncBuffer
+			args := []string{"--db", dsn, "--insecure-loopback-dev", "--maintenance=false"}
+			if mode != "" {
+				args = append(args, "--unknown-kinds", mode)
+			}
+			base := serveLogging(t, &logs, args...)
+			if st, body := request(t, "POST", base+"/api/v1/jobs", "", `{"kind":"sendmail"}`); st != 201 {
+				t.Errorf("known kind: %d %s", st, body)
+			}
+			st, body := request(t, "POST", base+"/api/v1/jobs", "", `{"kind":"sendmial","queue":"mail"}`)
+			warning := `msg="enqueued a kind no worker is known to handle`
+			switch mode {
+			case "refuse":
+				if st != 400 || !strings.Contains(body, `unknown job kind \"sendmial\": no job of this kind has completed on this database`) {
+					t.Errorf("unknown kind: %d %s, want 400 naming it", st, body)
+				}
+				if st, body := request(t, "POST", base+"/api/v1/jobs/batch", "", `{"jobs":[{"kind":"sendmail"},{"kind":"sendmial"}]}`); st != 400 || !strings.Contains(body, "sendmial") {
+					t.Errorf("batch with an unknown kind: %d %s, want 400", st, body)
+				}
+			default:
+				if st != 201 {
+					t.Errorf("unknown kind: %d %s, want 201", st, body)
+				}
+				// The server logs before it answers: the log holds the
+				// warning now, or never will.
+				if got := strings.Count(logs.String(), warning); (mode == "allow") != (got == 0) {
+					t.Errorf("%d warnings for mode %q:\n%s", got, mode, logs.String())
+				}
+				if mode != "allow" && !strings.Contains(logs.String(), "kind=sendmial queue=mail") {
+					t.Errorf("the warning does not name the kind and queue:\n%s", logs.String())
+				}
+				// Once per kind, not once per job.
+				request(t, "POST", base+"/api/v1/jobs", "", `{"kind":"sendmial"}`)
+				if got := strings.Count(logs.String(), warning); mode != "allow" && got != 1 {
+					t.Errorf("%d warnings after a second job of the kind, want 1", got)
+				}
+			}
+		})
+	}
+}
+
+// TestServeMetrics: /metrics answers Prometheus' text format to the API's
+// credentials (read-only included) and to nobody else: the queues' depth,
+// the jobs enqueued through the API, serve's own counters and the Go
+// runtime's. --metrics=false leaves it out.
+func TestServeMetrics(t *testing.T) {
+	dir := t.TempDir()
+	dsn := filepath.Join(dir, "q.db")
+	mustCLI(t, "migrate", "--db", dsn)
+	tokens, ro := filepath.Join(dir, "tokens"), filepath.Join(dir, "ro")
+	os.WriteFile(tokens, []byte("admin-token-0123456789abcdef\n"), 0o600)
+	os.WriteFile(ro, []byte("read-only-token-0123456789ab\n"), 0o600)
+	base := serve(t, "--db", dsn, "--token-file", tokens, "--read-only-token-file", ro, "--unknown-kinds", "allow")
+	if st, body := request(t, "POST", base+"/api/v1/jobs", "admin-token-0123456789abcdef", `{"kind":"k","queue":"mail"}`); st != 201 {
+		t.Fatalf("enqueue: %d %s", st, body)
+	}
+	if st, _ := request(t, "GET", base+"/metrics", "", ""); st != 401 {
+		t.Errorf("/metrics without credentials: %d, want 401", st)
+	}
+	st, body := request(t, "GET", base+"/metrics", "read-only-token-0123456789ab", "")
+	if st != 200 {
+		t.Fatalf("/metrics: %d %s", st, body)
+	}
+	for _, want := range []string{
+		`conveyor_queue_jobs{queue="mail",state="available"} 1`,
+		`conveyor_jobs_enqueued_total{kind="k",queue="mail"} 1`,
+		`conveyor_queue_stats_up 1`,
+		`conveyor_client_promoted_total 0`,
+		`go_goroutines `,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q:\n%s", want, body)
+		}
+	}
+	off := serve(t, "--db", dsn, "--token-file", tokens, "--metrics=false")
+	if st, _ := request(t, "GET", off+"/metrics", "admin-token-0123456789abcdef", ""); st != 404 {
+		t.Errorf("/metrics with --metrics=false: %d, want 404", st)
 	}
 }

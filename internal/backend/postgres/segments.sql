@@ -677,10 +677,12 @@ SELECT tbl FROM {p}segments
 -- name: seg_convert_setup
 -- The sequences and the unique keys table of the segments storage,
 -- created by the conversion of a prefix. Job ids continue from the jobs
--- table's.
+-- table's: the next id is the one its sequence would give (last_value
+-- itself while is_called is false: on a fresh install, where the first
+-- id is then 1 as on the other backends), and above every id in it.
 CREATE SEQUENCE {p}job_ids OWNED BY {p}segments.ord;
 CREATE SEQUENCE {p}pos_seq OWNED BY {p}segments.ord;
-SELECT setval('{p}job_ids', greatest((SELECT last_value FROM {p}jobs_id_seq), (SELECT coalesce(max(id), 0) FROM {p}jobs), 1));
+SELECT setval('{p}job_ids', greatest((SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM {p}jobs_id_seq), (SELECT coalesce(max(id), 0) + 1 FROM {p}jobs)), false);
 CREATE TABLE {p}unique_keys (
     key    bytea  PRIMARY KEY,
     job_id bigint NOT NULL
