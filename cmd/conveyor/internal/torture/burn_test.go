@@ -20,8 +20,8 @@ import (
 // threads runnable at once, and the machine's CPU time busy) and exit by
 // itself, successfully, at its deadline. How much CPU time the burner gets
 // and how soon after its deadline it exits depend on what else the machine
-// runs: they are logged, not asserted (the exit is bounded by 10s only, as
-// a process that never exits).
+// runs: they are logged, not asserted (a burner still alive 10s after its
+// deadline fails, as one that would never exit).
 func TestBurnerExitsByItself(t *testing.T) {
 	if testing.Short() {
 		t.Skip("loads every core for a second")
