@@ -82,9 +82,10 @@ func TestPauseReachesEveryClient(t *testing.T) {
 			t.Fatal("the running job did not finish within 30s of the pause")
 		}
 		waitState(t, clients[1], hold, conveyor.JobStateCompleted)
-		// Ten poll bounds: every client has claimed (and found nothing)
-		// several times since the pause.
-		time.Sleep(10 * fast(prefix).PollMax)
+		// Every client has claimed (and found nothing) since the jobs
+		// were enqueued: two claim rounds each, the second begun after
+		// the first ended, so after this point.
+		claimedSince(t, clients, 2)
 		select {
 		case tag := <-done:
 			t.Fatalf("job %q ran while its queue was paused", tag)
@@ -168,4 +169,24 @@ func waitState(t *testing.T, c *conveyor.Client[any], id int64, want conveyor.Jo
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// claimedSince waits until each client has issued n more claim rounds
+// than it had when called (Counters.ClaimRounds): with n of 2, at least
+// one of them began after the call. It bounds a check that something
+// was not claimed by the claims that would have taken it, not by a sleep.
+func claimedSince(t *testing.T, clients []*conveyor.Client[any], n int64) {
+	t.Helper()
+	base := make([]int64, len(clients))
+	for i, c := range clients {
+		base[i] = c.Counters().ClaimRounds
+	}
+	waitFor(t, fmt.Sprintf("%d claim rounds of every client", n), 30*time.Second, func() bool {
+		for i, c := range clients {
+			if c.Counters().ClaimRounds < base[i]+n {
+				return false
+			}
+		}
+		return true
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
 func TestEvery(t *testing.T) {
@@ -27,37 +28,17 @@ func TestEvery(t *testing.T) {
 	}
 }
 
-func TestCron(t *testing.T) {
-	ny, err := time.LoadLocation("America/New_York")
-	if err != nil {
-		t.Skipf("no time zone data: %v", err)
-	}
-	cases := []struct {
-		spec string
-		loc  *time.Location
-		from time.Time
-		want []string // RFC 3339 in UTC
-	}{
-		{"*/15 * * * * *", nil, time.Date(2026, 1, 1, 0, 0, 7, 0, time.UTC),
-			[]string{"2026-01-01T00:00:15Z", "2026-01-01T00:00:30Z", "2026-01-01T00:00:45Z", "2026-01-01T00:01:00Z"}},
-		{"30 9 * * MON-FRI", ny, time.Date(2026, 1, 2, 15, 0, 0, 0, time.UTC), // Friday 10:00 in New York
-			[]string{"2026-01-05T14:30:00Z", "2026-01-06T14:30:00Z"}},
-		{"0 0 1,15 * *", nil, time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC),
-			[]string{"2026-02-15T00:00:00Z", "2026-03-01T00:00:00Z"}},
-		// Both day fields restricted: either matches (the 13th, or a Friday).
-		{"0 12 13 * 5", nil, time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC),
-			[]string{"2026-02-13T12:00:00Z", "2026-02-20T12:00:00Z", "2026-02-27T12:00:00Z", "2026-03-06T12:00:00Z", "2026-03-13T12:00:00Z"}},
-		// 02:30 does not exist in New York on 2026-03-08: skipped.
-		{"30 2 * * *", ny, time.Date(2026, 3, 7, 12, 0, 0, 0, time.UTC),
-			[]string{"2026-03-09T06:30:00Z", "2026-03-10T06:30:00Z"}},
-		// 01:30 happens twice on 2026-11-01: it runs once.
-		{"30 1 * * *", ny, time.Date(2026, 10, 31, 12, 0, 0, 0, time.UTC),
-			[]string{"2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"}},
-		{"0 0 29 2 *", nil, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
-			[]string{"2028-02-29T00:00:00Z"}},
-		{"0 0 * * 7", nil, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), // 7 is Sunday
-			[]string{"2026-01-04T00:00:00Z"}},
-	}
+// cronCase is a cron expression in a location and the times it fires
+// next, one after the other, from a start.
+type cronCase struct {
+	spec string
+	loc  *time.Location
+	from time.Time
+	want []string // RFC 3339 in UTC
+}
+
+func checkCron(t *testing.T, cases []cronCase) {
+	t.Helper()
 	for _, tc := range cases {
 		s, err := conveyor.Cron(tc.spec, tc.loc)
 		if err != nil {
@@ -72,6 +53,24 @@ func TestCron(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestCron: schedules in UTC (a nil location), which need no time zone
+// data, and the expressions refused.
+func TestCron(t *testing.T) {
+	checkCron(t, []cronCase{
+		{"*/15 * * * * *", nil, time.Date(2026, 1, 1, 0, 0, 7, 0, time.UTC),
+			[]string{"2026-01-01T00:00:15Z", "2026-01-01T00:00:30Z", "2026-01-01T00:00:45Z", "2026-01-01T00:01:00Z"}},
+		{"0 0 1,15 * *", nil, time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC),
+			[]string{"2026-02-15T00:00:00Z", "2026-03-01T00:00:00Z"}},
+		// Both day fields restricted: either matches (the 13th, or a Friday).
+		{"0 12 13 * 5", nil, time.Date(2026, 2, 10, 0, 0, 0, 0, time.UTC),
+			[]string{"2026-02-13T12:00:00Z", "2026-02-20T12:00:00Z", "2026-02-27T12:00:00Z", "2026-03-06T12:00:00Z", "2026-03-13T12:00:00Z"}},
+		{"0 0 29 2 *", nil, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+			[]string{"2028-02-29T00:00:00Z"}},
+		{"0 0 * * 7", nil, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), // 7 is Sunday
+			[]string{"2026-01-04T00:00:00Z"}},
+	})
 	for spec, want := range map[string]string{
 		"* * * *":       "4 fields",
 		"61 * * * *":    "minute field",
@@ -85,4 +84,24 @@ func TestCron(t *testing.T) {
 			t.Errorf("Cron(%q) = %v, want an error about %q", spec, err, want)
 		}
 	}
+}
+
+// TestCronTimeZone: schedules in a location with daylight saving time,
+// which needs the system's time zone data (apt-get install tzdata): the
+// test is skipped without it, and fails under CI (testdb.Strict).
+func TestCronTimeZone(t *testing.T) {
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		testdb.Missing(t, "time zone data (apt-get install tzdata): %v", err)
+	}
+	checkCron(t, []cronCase{
+		{"30 9 * * MON-FRI", ny, time.Date(2026, 1, 2, 15, 0, 0, 0, time.UTC), // Friday 10:00 in New York
+			[]string{"2026-01-05T14:30:00Z", "2026-01-06T14:30:00Z"}},
+		// 02:30 does not exist in New York on 2026-03-08: skipped.
+		{"30 2 * * *", ny, time.Date(2026, 3, 7, 12, 0, 0, 0, time.UTC),
+			[]string{"2026-03-09T06:30:00Z", "2026-03-10T06:30:00Z"}},
+		// 01:30 happens twice on 2026-11-01: it runs once.
+		{"30 1 * * *", ny, time.Date(2026, 10, 31, 12, 0, 0, 0, time.UTC),
+			[]string{"2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"}},
+	})
 }

@@ -438,7 +438,7 @@ func TestSQLiteTestOpen(t *testing.T) {
 func TestLinksNoOtherBackend(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
 	if err != nil {
-		t.Skipf("go list unavailable: %v: %s", err, out)
+		testdb.Missing(t, "a working go command (go list -deps): %v: %s", err, out)
 	}
 	for _, dep := range strings.Fields(string(out)) {
 		for _, banned := range []string{"github.com/jackc/", "github.com/go-sql-driver/", "gonum.org/", "conveyor/internal/backend/postgres", "conveyor/internal/backend/mysql", "conveyor/connect"} {

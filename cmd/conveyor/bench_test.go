@@ -89,8 +89,12 @@ func TestBenchBadFlags(t *testing.T) {
 
 // The steady workload with a held snapshot, on every reachable backend:
 // windows reported with the backend's gauges, no job lost or run twice,
-// and the held transaction released (on PostgreSQL: no session of it
-// left).
+// and the held transaction released at the end of its time, not at the
+// end of the run (on PostgreSQL: no session of it left). How many of the
+// offered jobs the producers enqueued, and how many completed within the
+// windows, is the machine's speed, the bench's figures to read, not a
+// test's to assert: a race-instrumented run on a loaded two-core machine
+// enqueued 43 of 800.
 func TestBenchSteadyHoldXmin(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
@@ -110,7 +114,7 @@ func TestBenchSteadyHoldXmin(t *testing.T) {
 			if r.Workload != "steady" || r.Backend != b.name || f == nil {
 				t.Fatalf("result: %+v", r)
 			}
-			if r.Lost != 0 || r.Duplicates != 0 || r.Jobs != f.Enqueued || f.Offered != 800 || f.Enqueued+f.Shortfall != 800 || f.Shortfall > 400 {
+			if r.Lost != 0 || r.Duplicates != 0 || r.Jobs != f.Enqueued || f.Offered != 800 || f.Enqueued+f.Shortfall != 800 || f.Enqueued == 0 {
 				t.Errorf("jobs %d lost %d duplicates %d; offered %d enqueued %d short %d", r.Jobs, r.Lost, r.Duplicates, f.Offered, f.Enqueued, f.Shortfall)
 			}
 			if len(f.Windows) != 4 {
@@ -123,8 +127,11 @@ func TestBenchSteadyHoldXmin(t *testing.T) {
 			if b.name == "postgres" {
 				jobsTable = "segments"
 			}
-			if h == nil || !h.Released || h.ReleaseError != "" || !slices.Contains(h.Tables, jobsTable) || h.EndS < 2.9 || h.EndS > 3.5 {
-				t.Fatalf("hold: %+v", h)
+			// Released at 3s (--duration), before the run ended (the
+			// load and its drain), after which the run releases it
+			// anyway.
+			if h == nil || !h.Released || h.ReleaseError != "" || !slices.Contains(h.Tables, jobsTable) || h.EndS < 2.9 || h.EndS >= f.LoadS+f.DrainS {
+				t.Fatalf("hold: %+v (load %.2fs, drain %.2fs)", h, f.LoadS, f.DrainS)
 			}
 			var done int64
 			for i, w := range f.Windows {
@@ -150,10 +157,13 @@ func TestBenchSteadyHoldXmin(t *testing.T) {
 					t.Errorf("window %d: gauges of %s missing: %+v", i, b.name, g)
 				}
 			}
-			if done > f.Enqueued || done < f.Enqueued-200 {
+			if done > f.Enqueued {
 				t.Errorf("windows' completions %d, enqueued %d", done, f.Enqueued)
 			}
-			if b.name == "sqlite" && *f.Windows[2].Gauges.WALFrames <= *f.Windows[0].Gauges.WALFrames {
+			// Jobs enqueued in windows 1 and 2 were written after the
+			// WAL was read at the end of window 0, while the snapshot
+			// was held: no checkpoint could pass it.
+			if b.name == "sqlite" && f.Windows[1].Enqueued+f.Windows[2].Enqueued > 0 && *f.Windows[2].Gauges.WALFrames <= *f.Windows[0].Gauges.WALFrames {
 				t.Errorf("WAL did not grow while the snapshot was held: %d then %d frames", *f.Windows[0].Gauges.WALFrames, *f.Windows[2].Gauges.WALFrames)
 			}
 			if b.name == "postgres" {

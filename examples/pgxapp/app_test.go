@@ -144,7 +144,7 @@ func TestRegisterOnTheApplicationsPool(t *testing.T) {
 func TestLinksOnlyPostgres(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", "-test", ".").CombinedOutput()
 	if err != nil {
-		t.Skipf("go list unavailable: %v: %s", err, out)
+		testdb.Missing(t, "a working go command (go list -deps): %v: %s", err, out)
 	}
 	for _, dep := range strings.Fields(string(out)) {
 		for _, banned := range []string{"modernc.org/", "github.com/go-sql-driver/", "gonum.org/", "conveyor/internal/backend/sqlite", "conveyor/internal/backend/mysql", "conveyor/cmd/"} {
@@ -176,7 +176,7 @@ func TestLibraryModuleRequiresNoPlotting(t *testing.T) {
 	cmd.Env = append(os.Environ(), "GOWORK=off")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Skipf("go list -m unavailable: %v: %s", err, out)
+		testdb.Missing(t, "a working go command (go list -m all): %v: %s", err, out)
 	}
 	for _, mod := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		if strings.HasPrefix(mod, "gonum.org/") {

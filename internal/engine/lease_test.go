@@ -83,27 +83,35 @@ func TestHandlerStoppedBeforeUnrenewedLeaseExpires(t *testing.T) {
 }
 
 // A finished job's lease is renewed until its outcome is written, and
-// only until then.
+// only until then. Job 2 runs all along, so that heartbeats keep being
+// sent after job 1's outcome is written: the renewals that leave job 1
+// out are counted, not waited for.
 func TestFinishedJobKeepsLeaseUntilWritten(t *testing.T) {
 	const lease = 300 * time.Millisecond
-	d := &fakeDriver{pending: []*driver.JobRow{job(1)}}
+	d := &fakeDriver{pending: []*driver.JobRow{job(1), job(2)}}
 	var renewedWhileWriting atomic.Bool
 	writing, release := make(chan struct{}), make(chan struct{})
 	var writeDone atomic.Bool
-	var afterWrite atomic.Int64
+	var mu sync.Mutex
+	var afterWrite []bool // per renewal sent after job 1's write: was job 1 in it?
 	d.heartbeat = func(_ context.Context, leases []driver.Lease) ([]int64, error) {
+		has1 := false
 		for _, l := range leases {
 			if l.ID == 1 && l.Fence == 7 {
+				has1 = true
 				select {
 				case <-writing:
-					if writeDone.Load() {
-						afterWrite.Add(1)
-					} else {
+					if !writeDone.Load() {
 						renewedWhileWriting.Store(true)
 					}
 				default:
 				}
 			}
+		}
+		if writeDone.Load() {
+			mu.Lock()
+			afterWrite = append(afterWrite, has1)
+			mu.Unlock()
 		}
 		return owned(leases), nil
 	}
@@ -114,11 +122,21 @@ func TestFinishedJobKeepsLeaseUntilWritten(t *testing.T) {
 		writeDone.Store(true)
 		return applied(outs), nil
 	}
-	e := New(d, testConfig(lease), map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
+	running := make(chan struct{})
+	e := New(d, testConfig(lease), map[string]Handler{"k": func(ctx context.Context, row *driver.JobRow) error {
+		if row.ID == 2 {
+			select {
+			case <-running:
+			case <-ctx.Done():
+			}
+		}
+		return nil
+	}})
 	if err := e.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close(context.Background())
+	defer close(running)
 	<-writing
 	deadline := time.Now().Add(10 * time.Second)
 	for !renewedWhileWriting.Load() {
@@ -128,13 +146,24 @@ func TestFinishedJobKeepsLeaseUntilWritten(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	close(release)
-	for !writeDone.Load() {
-		time.Sleep(time.Millisecond)
+	// Three renewals (of job 2) sent after the write returned. The first
+	// may have listed job 1 before the engine took the answer in; the
+	// later ones must not.
+	var sent []bool
+	deadline = time.Now().Add(10 * time.Second)
+	for len(sent) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d renewals in 10s after job 1's outcome was written, want 3 (job 2 still runs)", len(sent))
+		}
+		time.Sleep(5 * time.Millisecond)
+		mu.Lock()
+		sent = append([]bool(nil), afterWrite...)
+		mu.Unlock()
 	}
-	// Several heartbeat intervals later the written job is not renewed.
-	time.Sleep(4 * e.cfg.HeartbeatInterval)
-	if n := afterWrite.Load(); n != 0 {
-		t.Fatalf("the job's lease was renewed %d times after its outcome was written", n)
+	for i, has1 := range sent[1:] {
+		if has1 {
+			t.Fatalf("renewal %d after job 1's outcome was written renewed it too (renewals %v)", i+2, sent)
+		}
 	}
 	if got := e.Metrics().LeaseDeadlines.Load(); got != 0 {
 		t.Fatalf("lease_deadlines %d, want 0", got)

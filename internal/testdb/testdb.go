@@ -1,6 +1,8 @@
 // Package testdb tells tests where the real databases are. A backend that
 // is unreachable is skipped with a message, unless CONVEYOR_REQUIRE_BACKENDS
-// names it (CI sets "postgres,mysql"), in which case the test fails.
+// names it (CI sets "postgres,mysql"), in which case the test fails. It
+// also says whether anything else a test needs (a tool, time zone data)
+// may be missing: see Strict and Missing.
 package testdb
 
 import (
@@ -29,6 +31,25 @@ func Required(backend string) bool {
 		}
 	}
 	return false
+}
+
+// Strict reports whether tests run where everything they need must be
+// present: in CI (CI=true) or whenever CONVEYOR_REQUIRE_BACKENDS is set
+// (scripts/test sets it under CI). There a test that cannot run fails
+// instead of skipping.
+func Strict() bool {
+	return os.Getenv("CI") == "true" || strings.TrimSpace(os.Getenv("CONVEYOR_REQUIRE_BACKENDS")) != ""
+}
+
+// Missing ends the test because something it needs is missing (a tool,
+// time zone data, a kernel feature), which the message names with how to
+// get it: the test is skipped, or fails when Strict.
+func Missing(tb testing.TB, format string, args ...any) {
+	tb.Helper()
+	if Strict() {
+		tb.Fatalf("required under CI=true or CONVEYOR_REQUIRE_BACKENDS, but missing: "+format, args...)
+	}
+	tb.Skipf("SKIPPED, missing: "+format, args...)
 }
 
 // Postgres returns the PostgreSQL test DSN, or skips (fails if required).

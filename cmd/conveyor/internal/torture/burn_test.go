@@ -2,6 +2,7 @@ package torture
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,11 +11,17 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
 // TestBurnerExitsByItself runs the CPU burner with a deadline 1.5s away
-// and nobody to stop it: it must keep every core busy and exit by itself,
-// successfully, at its deadline.
+// and nobody to stop it: it must keep every core busy (all its spinning
+// threads runnable at once, and the machine's CPU time busy) and exit by
+// itself, successfully, at its deadline. How much CPU time the burner gets
+// and how soon after its deadline it exits depend on what else the machine
+// runs: they are logged, not asserted (a burner still alive 10s after its
+// deadline fails, as one that would never exit).
 func TestBurnerExitsByItself(t *testing.T) {
 	if testing.Short() {
 		t.Skip("loads every core for a second")
@@ -32,9 +39,23 @@ func TestBurnerExitsByItself(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	// Every spinning thread runnable at once: seen in the thread states,
+	// whatever share of the cores the machine's other processes leave
+	// the burner (a runnable thread waiting for a core is "R" too).
+	spinning := 0
+	for spinning < threads && time.Now().Before(until.Add(-500*time.Millisecond)) {
+		n, err := runnableThreads(cmd.Process.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		spinning = max(spinning, n)
+		time.Sleep(time.Millisecond)
+	}
+	if spinning < threads {
+		t.Errorf("at most %d of the burner's threads runnable at once, want its %d spinning ones", spinning, threads)
+	}
 	// How busy the machine is while the burner runs (other processes
 	// may take their share of it, the burner fills the rest).
-	time.Sleep(500 * time.Millisecond)
 	cpu0, err := readCPUTimes()
 	if err != nil {
 		t.Fatal(err)
@@ -57,16 +78,11 @@ func TestBurnerExitsByItself(t *testing.T) {
 	late := time.Since(until)
 	busy := float64(cpu1.busy-cpu0.busy) / float64(cpu1.total-cpu0.total)
 	used := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
-	t.Logf("cores %.1f%% busy while it ran; exited %v after its deadline; %v of CPU time", 100*busy, late.Round(time.Millisecond), used.Round(time.Millisecond))
-	// Under -race a process sleeps 1s at exit.
-	if late > 2500*time.Millisecond {
-		t.Errorf("exited %v after its deadline", late)
-	}
+	t.Logf("%d threads runnable at once; cores %.1f%% busy while it ran; exited %v after its deadline (under -race a process sleeps 1s at exit); %v of CPU time",
+		spinning, 100*busy, late.Round(time.Millisecond), used.Round(time.Millisecond))
+	// Other processes only make the machine busier.
 	if busy < minBusy {
 		t.Errorf("cores %.1f%% busy while the burner ran, want %.0f%%", 100*busy, 100*minBusy)
-	}
-	if used < 500*time.Millisecond {
-		t.Errorf("the burner used %v of CPU time in 1.5s", used)
 	}
 	if strings.TrimSpace(out.String()) != "ready" {
 		t.Errorf("burner said %q, want ready", out.String())
@@ -130,7 +146,7 @@ func TestCheckerCPUFaultExplainsNothing(t *testing.T) {
 // directory's disk, has a child process join it and write 4 MiB with
 // direct I/O, and checks that the writes went through the throttle at its
 // rate and that the cgroup is removed. Skipped, with the reason, where the
-// throttle cannot be applied.
+// throttle cannot be applied; under CI (testdb.Strict) that fails.
 func TestBlkioThrottle(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes through a throttle for half a second")
@@ -138,7 +154,7 @@ func TestBlkioThrottle(t *testing.T) {
 	dir := t.TempDir()
 	th, err := newBlkioThrottle("conveyor-torture-test-"+strconv.Itoa(os.Getpid()), filepath.Join(dir, "torture.db"))
 	if err != nil {
-		t.Skip(err)
+		testdb.Missing(t, "the cpudisk fault's disk throttle (root and a cgroup v1 blkio hierarchy): %v", err)
 	}
 	defer func() {
 		if err := th.remove(); err != nil {
@@ -169,4 +185,29 @@ func TestBlkioThrottle(t *testing.T) {
 	if took < want/2 {
 		t.Errorf("written in %v: not throttled", took)
 	}
+}
+
+// runnableThreads counts the threads of process pid in state R (running,
+// or runnable and waiting for a core).
+func runnableThreads(pid int) (int, error) {
+	dirs, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, d := range dirs {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, d.Name()))
+		if err != nil {
+			continue // the thread ended
+		}
+		// The command name is in parentheses and may hold spaces: the
+		// state is the first field after the last ')'.
+		s := string(b)
+		if i := strings.LastIndexByte(s, ')'); i >= 0 {
+			if f := strings.Fields(s[i+1:]); len(f) > 0 && f[0] == "R" {
+				n++
+			}
+		}
+	}
+	return n, nil
 }
