@@ -60,16 +60,6 @@ func parseTemplates() (templates, error) {
 			}
 			return *s
 		},
-		"lastErr": func(errs []attemptJSON) string {
-			if len(errs) == 0 {
-				return ""
-			}
-			s, _, _ := strings.Cut(errs[len(errs)-1].Error, "\n")
-			if len(s) > 120 {
-				s = strings.ToValidUTF8(s[:120], "") + "…"
-			}
-			return s
-		},
 	}
 	out := templates{}
 	for _, name := range pageNames {
@@ -214,7 +204,11 @@ func (h *Handler) pageJobs(w http.ResponseWriter, r *http.Request, p principal) 
 		h.renderError(w, r, p, http.StatusBadRequest, err.Error())
 		return
 	}
-	pg, err := h.listJobs(r, f)
+	f.Summary = true
+	jobs, info, err := listJobs(h, r, f, func(j *conveyor.JobInfo) (jobSummaryJSON, int, error) {
+		s := toJobSummary(j)
+		return s, s.size(), nil
+	})
 	if err != nil {
 		status, msg := h.classify(r, err)
 		h.renderError(w, r, p, status, msg)
@@ -244,13 +238,14 @@ func (h *Handler) pageJobs(w http.ResponseWriter, r *http.Request, p principal) 
 		Query     jobQuery
 		State     string
 		States    []string
-		Page      *jobPage
+		Jobs      []jobSummaryJSON
+		Info      pageInfo
 		ScanLimit int
 		NextURL   string
 		FirstURL  string
-	}{Back: backURL(h.opts.BasePath+"/jobs", r.URL.Query()), Query: f, State: state, States: stateNames(), Page: pg, ScanLimit: textScanLimit, FirstURL: link(0)}
-	if pg.NextAfter != nil {
-		data.NextURL = link(*pg.NextAfter)
+	}{Back: backURL(h.opts.BasePath+"/jobs", r.URL.Query()), Query: f, State: state, States: stateNames(), Jobs: jobs, Info: info, ScanLimit: textScanLimit, FirstURL: link(0)}
+	if info.NextAfter != nil {
+		data.NextURL = link(*info.NextAfter)
 	}
 	pgd := h.pageFor(p, "Jobs", data)
 	pgd.Flash = bulkFlash(r.URL.Query())
@@ -417,14 +412,14 @@ func formatJSON(raw []byte, max, depth int) (text string, truncated, flattened b
 }
 
 // htmlEscape returns the character encoding/json escapes as \u00XY
-// (for '<', '>' and '&'), or 0.
+// (xy is 3c, 3e or 26: '<', '>' and '&'), or 0.
 func htmlEscape(x, y byte) byte {
-	switch string([]byte{x, y}) {
-	case "3c", "3C":
+	switch {
+	case x == '3' && y == 'c':
 		return '<'
-	case "3e", "3E":
+	case x == '3' && y == 'e':
 		return '>'
-	case "26":
+	case x == '2' && y == '6':
 		return '&'
 	}
 	return 0

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -134,5 +135,205 @@ func TestJobPageLargeArgsTruncated(t *testing.T) {
 	body = e.must(200, req{method: "GET", path: fmt.Sprintf("/jobs/%d", small), auth: roToken}).body
 	if bytes.Contains(body, []byte(`id="args-note"`)) || !bytes.Contains(body, []byte("{\n  &#34;to&#34;: &#34;a@example.com&#34;\n}")) {
 		t.Errorf("small arguments:\n%s", body)
+	}
+}
+
+// readRecorder records the most bytes of jobs one query of the handler
+// returned.
+type readRecorder struct {
+	client
+	mu      sync.Mutex
+	most    int
+	queries int
+}
+
+func (r *readRecorder) Jobs(ctx context.Context, f conveyor.JobFilter) ([]*conveyor.JobInfo, error) {
+	list, err := r.client.Jobs(ctx, f)
+	n := 0
+	for _, j := range list {
+		n += len(j.EncodedArgs)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.most = max(r.most, n)
+	r.queries++
+	return list, err
+}
+
+// recordReads makes e's handler read jobs through a readRecorder.
+func (e *env) recordReads() *readRecorder {
+	rec := &readRecorder{client: e.h.c}
+	e.h.c = rec
+	return rec
+}
+
+// bigJobs enqueues n jobs of about size bytes of arguments, each holding
+// the word "payload", and returns their ids.
+func (e *env) bigJobs(n, size int) []int64 {
+	e.t.Helper()
+	var args [][]byte
+	for i := range n {
+		args = append(args, []byte(fmt.Sprintf(`{"payload":"%s","i":%d}`, strings.Repeat("x", size), i)))
+	}
+	return e.enqueueRaw("big", args...)
+}
+
+// pages follows a job list from path (which has a query string) to its
+// end and returns its pages and the bodies' sizes.
+func (e *env) pages(path string) ([]jobPage, []int) {
+	e.t.Helper()
+	var out []jobPage
+	var sizes []int
+	next := path
+	for range 100 {
+		res := e.must(200, req{method: "GET", path: next, auth: roToken})
+		var p jobPage
+		res.json(e.t, &p)
+		out, sizes = append(out, p), append(sizes, len(res.body))
+		if p.NextAfter == nil {
+			return out, sizes
+		}
+		next = fmt.Sprintf("%s&after=%d", path, *p.NextAfter)
+	}
+	e.t.Fatalf("%s: no end after 100 pages", path)
+	return nil, nil
+}
+
+// TestListPageBytesBounded: a list page of large jobs ends at
+// listPageBytes (truncated, next_after going on) and the handler reads
+// them a few at a time: 12 jobs of 700 KB asked for with limit=500 were
+// one 8.4 MB answer, read in one query.
+func TestListPageBytesBounded(t *testing.T) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			e := newEnv(t, b.dsn(t), nil)
+			ids := append(e.bigJobs(12, 700_000), e.enqueueRaw("small", []byte(`{"a":1}`), []byte(`{"a":2}`))...)
+			rec := e.recordReads()
+			pages, sizes := e.pages("/api/v1/jobs?limit=500")
+			var got []int64
+			for i, p := range pages {
+				if sizes[i] > listPageBytes+1024 {
+					t.Errorf("page %d: %d bytes, over %d", i, sizes[i], listPageBytes)
+				}
+				if last := i == len(pages)-1; p.Truncated == last || p.MaxPageBytes != listPageBytes {
+					t.Errorf("page %d of %d: truncated %v, max_page_bytes %d", i, len(pages), p.Truncated, p.MaxPageBytes)
+				}
+				for _, j := range p.Jobs {
+					got = append(got, j.ID)
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(ids) {
+				t.Errorf("jobs listed %v, want %v", got, ids)
+			}
+			if len(pages) < 3 {
+				t.Errorf("%d pages for 8.4 MB of jobs", len(pages))
+			}
+			if rec.most > listReadBytes {
+				t.Errorf("one query read %d bytes of arguments, over %d", rec.most, listReadBytes)
+			}
+		})
+	}
+}
+
+// TestSearchBytesBounded: a q= search reads large jobs a few at a time
+// and its pages end at listPageBytes; one that matches nothing answers
+// a few bytes.
+func TestSearchBytesBounded(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
+	ids := e.bigJobs(12, 700_000)
+	e.enqueueRaw("small", []byte(`{"a":"no"}`))
+	rec := e.recordReads()
+	pages, sizes := e.pages("/api/v1/jobs?q=PAYLOAD&limit=500")
+	var got []int64
+	scanned := 0
+	for i, p := range pages {
+		if sizes[i] > listPageBytes+1024 {
+			t.Errorf("page %d: %d bytes", i, sizes[i])
+		}
+		for _, j := range p.Jobs {
+			got = append(got, j.ID)
+		}
+		scanned += p.Scanned
+	}
+	if fmt.Sprint(got) != fmt.Sprint(ids) || scanned != 13 {
+		t.Errorf("found %v after %d scanned, want %v after 13", got, scanned, ids)
+	}
+	var p jobPage
+	res := e.must(200, req{method: "GET", path: "/api/v1/jobs?q=nowhere&limit=500", auth: roToken})
+	res.json(t, &p)
+	if len(p.Jobs) != 0 || p.Scanned != 13 || p.NextAfter != nil || len(res.body) > 200 {
+		t.Errorf("search matching nothing: %s", res.body)
+	}
+	if rec.most > listReadBytes {
+		t.Errorf("one query read %d bytes of arguments, over %d", rec.most, listReadBytes)
+	}
+}
+
+// TestJobListSummary: the dashboard's list and view=summary show every
+// job of a page, however large, with a preview of its arguments and its
+// last error.
+func TestJobListSummary(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
+	ids := e.bigJobs(12, 700_000)
+	id := e.enqueue(map[string]any{"kind": "k", "args": map[string]string{"to": "<b>"}})
+	c := e.claim(nil)[0] // the first big job
+	e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/fail", c.ID), auth: adminToken, body: map[string]any{"fence": *c.Fence, "error": "first line\nsecond", "trace": strings.Repeat("t", 200_000)}})
+	rec := e.recordReads()
+
+	res := e.must(200, req{method: "GET", path: "/jobs?limit=500", auth: roToken})
+	if len(res.body) > 64<<10 || bytes.Count(res.body, []byte("<tr data-id=")) != 13 || bytes.Contains(res.body, []byte(`id="page-note"`)) {
+		t.Errorf("dashboard list of 13 jobs: %d bytes, %d rows", len(res.body), bytes.Count(res.body, []byte("<tr data-id=")))
+	}
+	for _, want := range []string{`{&#34;payload&#34;:&#34;xxxxx`, "…", `{&#34;to&#34;:&#34;&lt;b&gt;&#34;}`, "first line"} {
+		if !bytes.Contains(res.body, []byte(want)) {
+			t.Errorf("dashboard list lacks %q", want)
+		}
+	}
+
+	var p struct {
+		Jobs []jobSummaryJSON
+		pageInfo
+	}
+	res = e.must(200, req{method: "GET", path: "/api/v1/jobs?limit=500&view=summary", auth: roToken})
+	res.json(t, &p)
+	if len(p.Jobs) != 13 || p.Truncated || p.NextAfter != nil || len(res.body) > 16<<10 {
+		t.Fatalf("summary page: %d jobs, truncated %v, %d bytes", len(p.Jobs), p.Truncated, len(res.body))
+	}
+	first, last := p.Jobs[0], p.Jobs[12]
+	if first.ID != ids[0] || !strings.HasPrefix(first.ArgsPreview, `{"payload":"xxx`) || !strings.HasSuffix(first.ArgsPreview, "…") ||
+		len(first.ArgsPreview) > previewBytes+len("…") || first.ArgsBytes < 700_000 || first.ErrorCount != 1 || first.LastError == nil || *first.LastError != "first line" {
+		t.Errorf("first summary %+v", first)
+	}
+	if last.ID != id || last.ArgsPreview != `{"to":"<b>"}` || last.LastError != nil || last.ErrorCount != 0 {
+		t.Errorf("last summary %+v", last)
+	}
+	if rec.most > listReadBytes {
+		t.Errorf("one query read %d bytes of arguments, over %d", rec.most, listReadBytes)
+	}
+	e.must(400, req{method: "GET", path: "/api/v1/jobs?view=compact", auth: roToken})
+}
+
+// TestArgsMatcherIsLowerContains: the search's matcher finds what
+// strings.Contains(strings.ToLower(...)) of the unescaped arguments did.
+func TestArgsMatcherIsLowerContains(t *testing.T) {
+	for _, c := range []struct {
+		args, text string
+		want       bool
+	}{
+		{`{"w":"Needle"}`, "needle", true},
+		{`{"w":"NEEDLE"}`, "nEEdle", true},
+		{`{"w":"\u003cb\u003e \u0026"}`, "<B> &", true},
+		{`{"w":"\u003Cb"}`, "<b", false},
+		{`{"w":"ÉCOLE Straße"}`, "école straße", true},
+		{`{"w":"needl"}`, "needle", false},
+		{"{\"w\":\"bad \xff byte\"}", "bad \uFFFD byte", true},
+	} {
+		m := newArgsMatcher(c.text)
+		if got := m.match([]byte(c.args)); got != c.want {
+			t.Errorf("match(%s, %q) = %v, want %v", c.args, c.text, got, c.want)
+		}
+		if old := strings.Contains(strings.ToLower(strings.NewReplacer(`\u003c`, "<", `\u003e`, ">", `\u0026`, "&").Replace(c.args)), strings.ToLower(c.text)); old != c.want {
+			t.Errorf("case %s %q: the old search says %v", c.args, c.text, old)
+		}
 	}
 }
