@@ -1,6 +1,8 @@
 package web
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/internal/driver"
@@ -449,6 +453,9 @@ type jobQuery struct {
 	Text   string // substring of the arguments (bounded scan)
 	After  int64
 	Limit  int
+	// Summary lists jobSummaryJSON rows (view=summary) instead of whole
+	// jobs.
+	Summary bool
 }
 
 // Bounds of a job listing.
@@ -458,6 +465,25 @@ const (
 	// textScanLimit is how many jobs a search of the arguments' text
 	// reads at most per request.
 	textScanLimit = 2000
+	// listPageBytes bounds a page of a job list: a page ends before the
+	// job that would take its jobs, as encoded, past this many bytes
+	// (it keeps at least one), says so with truncated, and its
+	// next_after continues after the last job it holds.
+	listPageBytes = 4 << 20
+	// listReadBytes is about how many bytes of jobs one query of a
+	// listing reads: a listing reads its rows in queries of
+	// listReadBytes divided by the largest job it has read so far (by
+	// MaxArgsBytes before the first), so that it holds about this much
+	// of rows at a time, whatever limit asks for and however large the
+	// jobs.
+	listReadBytes = 4 << 20
+	// listReadCapBytes caps the jobs one query asks for, whatever the
+	// jobs read so far, at this divided by MaxArgsBytes (64 with the
+	// default 1 MiB): the most a query of small jobs followed by large
+	// ones can read.
+	listReadCapBytes = 64 << 20
+	// maxReadRows is the most jobs one query of a listing asks for.
+	maxReadRows = 500
 )
 
 func parseJobQuery(r *http.Request) (jobQuery, error) {
@@ -492,12 +518,25 @@ func parseJobQuery(r *http.Request) (jobQuery, error) {
 	if len(f.Text) > 200 {
 		return f, errors.New("q: at most 200 bytes of search text")
 	}
+	switch v := q.Get("view"); v {
+	case "", "full":
+	case "summary":
+		f.Summary = true
+	default:
+		return f, fmt.Errorf("view=%q: full or summary", v)
+	}
 	return f, nil
 }
 
-// jobPage is one page of a job list.
+// jobPage is one page of a job list, the answer of GET /api/v1/jobs
+// (apiListJobs writes it job by job).
 type jobPage struct {
 	Jobs []jobJSON `json:"jobs"`
+	pageInfo
+}
+
+// pageInfo is what a page of a job list says besides its jobs.
+type pageInfo struct {
 	// NextAfter is the after= of the next page; null on the last one.
 	NextAfter *int64 `json:"next_after"`
 	// Scanned is how many jobs were read to answer a text search (q=),
@@ -505,61 +544,208 @@ type jobPage struct {
 	Scanned int `json:"scanned"`
 	// ScanLimit is the most jobs one text search reads.
 	ScanLimit int `json:"scan_limit"`
+	// Truncated is set when the page ended at MaxPageBytes with fewer
+	// jobs than limit asked for; NextAfter continues after its last job.
+	Truncated bool `json:"truncated"`
+	// MaxPageBytes is listPageBytes: the most bytes of jobs one page
+	// holds (besides a first job larger than that, alone on its page).
+	MaxPageBytes int `json:"max_page_bytes"`
 }
 
-// listJobs returns one page of jobs. Without a text search it is one
-// query in id order. With one, it reads at most textScanLimit jobs after
-// f.After, in pages, and keeps those whose arguments contain the text
-// (case-insensitively); NextAfter then says where to continue.
-func (h *Handler) listJobs(r *http.Request, f jobQuery) (*jobPage, error) {
-	cf := conveyor.JobFilter{States: f.States, Queue: f.Queue, Kind: f.Kind, AfterID: f.After, Limit: f.Limit}
-	page := &jobPage{Jobs: []jobJSON{}, ScanLimit: textScanLimit}
-	if f.Text == "" {
-		list, err := h.c.Jobs(r.Context(), cf)
-		if err != nil {
-			return nil, err
-		}
-		for _, j := range list {
-			page.Jobs = append(page.Jobs, toJobJSON(j))
-		}
-		if len(list) == f.Limit {
-			page.NextAfter = ptr(list[len(list)-1].ID)
-		}
-		return page, nil
+// jobSummaryJSON is a job in a list read with view=summary, as the
+// dashboard lists them: the job's fields, with a preview of its
+// arguments and the first line of its last error instead of all of
+// them, so that a row is small whatever the job holds.
+type jobSummaryJSON struct {
+	ID          int64     `json:"id"`
+	Queue       string    `json:"queue"`
+	Kind        string    `json:"kind"`
+	State       string    `json:"state"`
+	Priority    int       `json:"priority"`
+	Attempt     int       `json:"attempt"`
+	MaxAttempts int       `json:"max_attempts"`
+	CreatedAt   *jsonTime `json:"created_at"`
+	ScheduledAt *jsonTime `json:"scheduled_at"`
+	AttemptedAt *jsonTime `json:"attempted_at"`
+	AttemptedBy *string   `json:"attempted_by"`
+	FinalizedAt *jsonTime `json:"finalized_at"`
+	// ArgsPreview is the start of the arguments' JSON on one line, at
+	// most previewBytes of it, ending in "…" when cut.
+	ArgsPreview string `json:"args_preview"`
+	// ArgsBytes is the size of the arguments' JSON as stored.
+	ArgsBytes int `json:"args_bytes"`
+	// ErrorCount is how many attempts failed.
+	ErrorCount int `json:"error_count"`
+	// LastError is the first line of the last failed attempt's error, at
+	// most previewBytes of it, ending in "…" when cut; null without one.
+	LastError *string `json:"last_error"`
+}
+
+// previewBytes bounds the texts of a summary row.
+const previewBytes = 120
+
+func toJobSummary(j *conveyor.JobInfo) jobSummaryJSON {
+	out := jobSummaryJSON{
+		ID: j.ID, Queue: j.Queue, Kind: j.Kind, State: string(j.State),
+		Priority: j.Priority, Attempt: j.Attempt, MaxAttempts: j.MaxAttempts,
+		CreatedAt: timeOrNull(j.CreatedAt), ScheduledAt: timeOrNull(j.ScheduledAt),
+		AttemptedAt: timeOrNull(j.AttemptedAt), AttemptedBy: stringOrNull(j.AttemptedBy),
+		FinalizedAt: timeOrNull(j.FinalizedAt),
+		ArgsBytes:   len(j.EncodedArgs), ErrorCount: len(j.Errors),
 	}
-	needle := strings.ToLower(f.Text)
-	for page.Scanned < textScanLimit {
-		cf.Limit = min(500, textScanLimit-page.Scanned)
+	args := j.EncodedArgs
+	if len(args) == 0 {
+		args = json.RawMessage("{}")
+	}
+	text, cut, _ := formatJSON(args, previewBytes, 0)
+	if cut {
+		text += "…"
+	}
+	out.ArgsPreview = text
+	if n := len(j.Errors); n > 0 {
+		line, _, _ := strings.Cut(j.Errors[n-1].Error, "\n")
+		if len(line) > previewBytes {
+			line = strings.ToValidUTF8(line[:previewBytes], "") + "…"
+		}
+		out.LastError = &line
+	}
+	return out
+}
+
+// size is about how many bytes the summary takes in a page.
+func (s *jobSummaryJSON) size() int {
+	n := 400 + len(s.Queue) + len(s.Kind) + len(s.ArgsPreview)
+	if s.AttemptedBy != nil {
+		n += len(*s.AttemptedBy)
+	}
+	if s.LastError != nil {
+		n += len(*s.LastError)
+	}
+	return n
+}
+
+// readBytes is about how many bytes a job read from the database holds.
+func readBytes(j *conveyor.JobInfo) int {
+	n := 256 + len(j.Queue) + len(j.Kind) + len(j.AttemptedBy) + len(j.EncodedArgs)
+	for _, e := range j.Errors {
+		n += 64 + len(e.Error) + len(e.Trace)
+	}
+	return n
+}
+
+// listJobs reads one page of the jobs f selects, in id order, and
+// returns each as row makes it, with the page's info. row returns the
+// bytes the job takes in the page; the page ends before the job that
+// would take it past listPageBytes (Truncated; at least one job is
+// kept). Without a text search it reads up to f.Limit jobs; with one, at
+// most textScanLimit jobs after f.After, keeping those whose arguments
+// contain the text (case-insensitively). Either way it reads in queries
+// of about listReadBytes (see there), dropping each job once row made
+// it, so that what it holds is the page plus one query's rows.
+func listJobs[T any](h *Handler, r *http.Request, f jobQuery, row func(*conveyor.JobInfo) (T, int, error)) ([]T, pageInfo, error) {
+	cf := conveyor.JobFilter{States: f.States, Queue: f.Queue, Kind: f.Kind, AfterID: f.After}
+	info := pageInfo{ScanLimit: textScanLimit, MaxPageBytes: listPageBytes}
+	out := []T{}
+	maxArgs := h.c.Config().MaxArgsBytes
+	if maxArgs <= 0 {
+		maxArgs = 1 << 20
+	}
+	largest := maxArgs // the largest job read so far; before any, the largest one may be
+	first, size := true, 0
+	var m *argsMatcher
+	if f.Text != "" {
+		m = newArgsMatcher(f.Text)
+	}
+	for {
+		want := f.Limit - len(out)
+		if m != nil {
+			want = textScanLimit - info.Scanned
+		}
+		cf.Limit = min(want, maxReadRows, max(1, listReadBytes/largest), max(1, listReadCapBytes/maxArgs))
 		list, err := h.c.Jobs(r.Context(), cf)
 		if err != nil {
-			return nil, err
+			return nil, info, err
 		}
-		for _, j := range list {
-			page.Scanned++
-			cf.AfterID = j.ID
-			if strings.Contains(searchable(j.EncodedArgs), needle) {
-				page.Jobs = append(page.Jobs, toJobJSON(j))
-				if len(page.Jobs) == f.Limit {
-					page.NextAfter = ptr(j.ID)
-					return page, nil
+		if first {
+			first, largest = false, 1 // from now on, what was read
+		}
+		for i, j := range list {
+			list[i] = nil // held by nothing once handled
+			largest = max(largest, readBytes(j))
+			if m != nil {
+				info.Scanned++
+				if !m.match(j.EncodedArgs) {
+					cf.AfterID = j.ID
+					continue
 				}
+			}
+			v, n, err := row(j)
+			if err != nil {
+				return nil, info, fmt.Errorf("job %d: %w", j.ID, err)
+			}
+			if len(out) > 0 && size+n > listPageBytes {
+				if m != nil {
+					info.Scanned-- // the next page reads it again
+				}
+				info.Truncated, info.NextAfter = true, ptr(cf.AfterID)
+				return out, info, nil
+			}
+			out, size, cf.AfterID = append(out, v), size+n, j.ID
+			if len(out) == f.Limit {
+				info.NextAfter = ptr(j.ID)
+				return out, info, nil
 			}
 		}
 		if len(list) < cf.Limit {
-			return page, nil // the end of the table
+			return out, info, nil // the end of the table
+		}
+		if m != nil && info.Scanned >= textScanLimit {
+			info.NextAfter = ptr(cf.AfterID)
+			return out, info, nil
 		}
 	}
-	page.NextAfter = ptr(cf.AfterID)
-	return page, nil
 }
 
-// htmlEscapes undoes the escapes encoding/json writes for '<', '>' and
-// '&', so that a search finds them as typed.
-var htmlEscapes = strings.NewReplacer(`\u003c`, "<", `\u003e`, ">", `\u0026`, "&")
+// argsMatcher finds a text in jobs' arguments, case-insensitively, with
+// encoding/json's escapes of '<', '>' and '&' read as the characters (as
+// typed). It folds each job's arguments into one buffer it reuses, so a
+// search holds one job's arguments twice at most, not a copy per job.
+type argsMatcher struct {
+	needle, buf []byte
+}
 
-// searchable is the text a search of the arguments looks in.
-func searchable(args []byte) string {
-	return strings.ToLower(htmlEscapes.Replace(string(args)))
+func newArgsMatcher(text string) *argsMatcher {
+	return &argsMatcher{needle: []byte(strings.ToLower(text))}
+}
+
+// match reports whether args contain the text, as
+// strings.Contains(strings.ToLower(unescaped args), strings.ToLower(text))
+// would.
+func (m *argsMatcher) match(args []byte) bool {
+	b := m.buf[:0]
+	for i := 0; i < len(args); {
+		c := args[i]
+		if c == '\\' && i+5 < len(args) && args[i+1] == 'u' && args[i+2] == '0' && args[i+3] == '0' {
+			if x := htmlEscape(args[i+4], args[i+5]); x != 0 {
+				b = append(b, x)
+				i += 6
+				continue
+			}
+		}
+		if c < utf8.RuneSelf {
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			b = append(b, c)
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRune(args[i:])
+		b = utf8.AppendRune(b, unicode.ToLower(r)) // invalid UTF-8 as U+FFFD, as strings.ToLower does
+		i += n
+	}
+	m.buf = b
+	return bytes.Contains(b, m.needle)
 }
 
 func (h *Handler) apiListJobs(w http.ResponseWriter, r *http.Request, _ principal) {
@@ -568,12 +754,43 @@ func (h *Handler) apiListJobs(w http.ResponseWriter, r *http.Request, _ principa
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	page, err := h.listJobs(r, f)
+	// Each job is encoded as it is read; the page is then written job by
+	// job, so that it is never encoded whole in one buffer.
+	encode := func(j *conveyor.JobInfo) ([]byte, int, error) {
+		b, err := json.Marshal(toJobJSON(j))
+		return b, len(b), err
+	}
+	if f.Summary {
+		encode = func(j *conveyor.JobInfo) ([]byte, int, error) {
+			b, err := json.Marshal(toJobSummary(j))
+			return b, len(b), err
+		}
+	}
+	rows, info, err := listJobs(h, r, f, encode)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, page)
+	tail, err := json.Marshal(info)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriterSize(w, 32<<10)
+	bw.WriteString(`{"jobs":[`)
+	for i, b := range rows {
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		bw.Write(b)
+		rows[i] = nil
+	}
+	bw.WriteString("],")
+	bw.Write(tail[1:]) // the info's fields and its closing brace
+	bw.WriteByte('\n')
+	_ = bw.Flush()
 }
 
 // adminAction runs retry, cancel or discard on job id.

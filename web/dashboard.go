@@ -1,6 +1,7 @@
 package web
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/conveyorq/conveyor"
 )
@@ -58,16 +60,6 @@ func parseTemplates() (templates, error) {
 			}
 			return *s
 		},
-		"lastErr": func(errs []attemptJSON) string {
-			if len(errs) == 0 {
-				return ""
-			}
-			s, _, _ := strings.Cut(errs[len(errs)-1].Error, "\n")
-			if len(s) > 120 {
-				s = strings.ToValidUTF8(s[:120], "") + "…"
-			}
-			return s
-		},
 	}
 	out := templates{}
 	for _, name := range pageNames {
@@ -80,18 +72,46 @@ func parseTemplates() (templates, error) {
 	return out, nil
 }
 
-// render writes a page with status.
+// renderBuffer is how much of a page is kept before it is sent: a page
+// is written while its template runs, this much at a time, not built
+// whole in memory first.
+const renderBuffer = 32 << 10
+
+// render writes a page with status. A template that fails within the
+// first renderBuffer bytes answers 500 instead; past them the status is
+// sent, so a failure (mostly the client gone) is only logged.
 func (h *Handler) render(w http.ResponseWriter, status int, name string, p page) {
 	p.Base, p.Page = h.opts.BasePath, name
-	var buf bytes.Buffer
-	if err := h.tmpl[name].ExecuteTemplate(&buf, "base", p); err != nil {
-		h.opts.Logger.Error("conveyor web: rendering a page", "page", name, "err", err)
-		http.Error(w, "internal error rendering the page (logged by the server)", http.StatusInternalServerError)
+	sw := &startWriter{w: w, status: status}
+	bw := bufio.NewWriterSize(sw, renderBuffer)
+	err := h.tmpl[name].ExecuteTemplate(bw, "base", p)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err == nil {
 		return
 	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.WriteHeader(status)
-	_, _ = w.Write(buf.Bytes())
+	h.opts.Logger.Error("conveyor web: rendering a page", "page", name, "err", err)
+	if !sw.started {
+		http.Error(w, "internal error rendering the page (logged by the server)", http.StatusInternalServerError)
+	}
+}
+
+// startWriter sends an HTML page's header with its status at the first
+// write.
+type startWriter struct {
+	w       http.ResponseWriter
+	status  int
+	started bool
+}
+
+func (s *startWriter) Write(b []byte) (int, error) {
+	if !s.started {
+		s.started = true
+		s.w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		s.w.WriteHeader(s.status)
+	}
+	return s.w.Write(b)
 }
 
 // pageFor fills the principal's part of a page.
@@ -184,7 +204,11 @@ func (h *Handler) pageJobs(w http.ResponseWriter, r *http.Request, p principal) 
 		h.renderError(w, r, p, http.StatusBadRequest, err.Error())
 		return
 	}
-	pg, err := h.listJobs(r, f)
+	f.Summary = true
+	jobs, info, err := listJobs(h, r, f, func(j *conveyor.JobInfo) (jobSummaryJSON, int, error) {
+		s := toJobSummary(j)
+		return s, s.size(), nil
+	})
 	if err != nil {
 		status, msg := h.classify(r, err)
 		h.renderError(w, r, p, status, msg)
@@ -214,13 +238,14 @@ func (h *Handler) pageJobs(w http.ResponseWriter, r *http.Request, p principal) 
 		Query     jobQuery
 		State     string
 		States    []string
-		Page      *jobPage
+		Jobs      []jobSummaryJSON
+		Info      pageInfo
 		ScanLimit int
 		NextURL   string
 		FirstURL  string
-	}{Back: backURL(h.opts.BasePath+"/jobs", r.URL.Query()), Query: f, State: state, States: stateNames(), Page: pg, ScanLimit: textScanLimit, FirstURL: link(0)}
-	if pg.NextAfter != nil {
-		data.NextURL = link(*pg.NextAfter)
+	}{Back: backURL(h.opts.BasePath+"/jobs", r.URL.Query()), Query: f, State: state, States: stateNames(), Jobs: jobs, Info: info, ScanLimit: textScanLimit, FirstURL: link(0)}
+	if info.NextAfter != nil {
+		data.NextURL = link(*info.NextAfter)
 	}
 	pgd := h.pageFor(p, "Jobs", data)
 	pgd.Flash = bulkFlash(r.URL.Query())
@@ -242,7 +267,7 @@ func (h *Handler) pageJob(w http.ResponseWriter, r *http.Request, p principal) {
 	jj := toJobJSON(j)
 	pg := h.pageFor(p, fmt.Sprintf("Job %d", id), struct {
 		Job      jobJSON
-		Args     string
+		Args     argsView
 		CanRetry bool
 		CanStop  bool
 	}{jj, prettyArgs(j.EncodedArgs), canRetry(jj.State), canStop(jj.State)})
@@ -250,24 +275,154 @@ func (h *Handler) pageJob(w http.ResponseWriter, r *http.Request, p principal) {
 	h.render(w, http.StatusOK, "job", pg)
 }
 
-// prettyArgs indents arguments for reading, with '<', '>' and '&' as
-// themselves rather than the \u003c escapes encoding/json stores (the
-// template escapes the text for HTML). Objects' keys come out sorted.
-func prettyArgs(raw json.RawMessage) string {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	var v any
-	if dec.Decode(&v) != nil {
-		return string(raw)
+// Bounds of the arguments shown on a job's page.
+const (
+	// argsPageBytes is the most text of a job's arguments its page
+	// shows; beyond it the page says so and links the job's raw JSON
+	// (GET /api/v1/jobs/{id}).
+	argsPageBytes = 256 << 10
+	// argsIndentDepth is the deepest nesting the job page indents: a
+	// value nested deeper is written on one line, so that the page grows
+	// with the arguments' size, not with the square of their depth.
+	argsIndentDepth = 32
+)
+
+// argsView is a job's arguments as its page shows them.
+type argsView struct {
+	// Text is the arguments, indented (see formatJSON).
+	Text string
+	// Truncated is set when Text is only the first argsPageBytes of it.
+	Truncated bool
+	// Flattened is set when values nested deeper than argsIndentDepth
+	// were written on one line.
+	Flattened bool
+	// Bytes is the size of the arguments as stored.
+	Bytes int
+	// Limit and Depth are argsPageBytes and argsIndentDepth, for the
+	// page's note.
+	Limit, Depth int
+}
+
+// prettyArgs is the arguments of a job's page: indented up to
+// argsIndentDepth, at most argsPageBytes.
+func prettyArgs(raw json.RawMessage) argsView {
+	text, truncated, flattened := formatJSON(raw, argsPageBytes, argsIndentDepth)
+	return argsView{Text: text, Truncated: truncated, Flattened: flattened, Bytes: len(raw), Limit: argsPageBytes, Depth: argsIndentDepth}
+}
+
+// formatJSON rewrites JSON text for reading in one pass over its bytes,
+// without decoding it into values: containers nested at most depth deep
+// are indented two spaces a level (as json.Indent does), deeper ones are
+// written on one line, whitespace between tokens is dropped (so depth 0
+// gives the compact form), and encoding/json's escapes of '<', '>' and
+// '&' (\u003c, \u003e, \u0026) are written as the characters (an HTML
+// template escapes the text). Strings and object keys are otherwise
+// kept as stored, in the stored order. The output stops once it holds
+// max bytes (cut at a character's boundary), and truncated says so; it
+// is then at most max plus one indentation (2*depth+1 bytes) long.
+// Text that is not JSON comes out rearranged but whole, never refused.
+func formatJSON(raw []byte, max, depth int) (text string, truncated, flattened bool) {
+	var b strings.Builder
+	b.Grow(min(len(raw)+len(raw)/4, max+2*depth+2))
+	level := 0 // containers open around the current byte
+	newline := func(level int) {
+		b.WriteByte('\n')
+		for range level {
+			b.WriteString("  ")
+		}
 	}
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	enc.SetIndent("", "  ")
-	if enc.Encode(v) != nil {
-		return string(raw)
+	inString := false
+	for i := 0; i < len(raw); i++ {
+		if b.Len() >= max {
+			truncated = len(bytes.TrimLeft(raw[i:], " \t\n\r")) > 0
+			break
+		}
+		c := raw[i]
+		if inString {
+			switch {
+			case c == '\\' && i+5 < len(raw) && raw[i+1] == 'u' && raw[i+2] == '0' && raw[i+3] == '0' && htmlEscape(raw[i+4], raw[i+5]) != 0:
+				b.WriteByte(htmlEscape(raw[i+4], raw[i+5]))
+				i += 5
+			case c == '\\' && i+1 < len(raw):
+				b.WriteByte(c)
+				b.WriteByte(raw[i+1])
+				i++
+			default:
+				b.WriteByte(c)
+				inString = c != '"'
+			}
+			continue
+		}
+		switch c {
+		case ' ', '\t', '\n', '\r':
+		case '"':
+			inString = true
+			b.WriteByte(c)
+		case '{', '[':
+			j := i + 1
+			for j < len(raw) && (raw[j] == ' ' || raw[j] == '\t' || raw[j] == '\n' || raw[j] == '\r') {
+				j++
+			}
+			if j < len(raw) && raw[j] == c+2 { // '{'+2 is '}', '['+2 is ']'
+				b.WriteByte(c)
+				b.WriteByte(c + 2)
+				i = j
+				continue
+			}
+			level++
+			b.WriteByte(c)
+			if level <= depth {
+				newline(level)
+			} else {
+				flattened = true
+			}
+		case '}', ']':
+			if level > 0 {
+				level--
+			}
+			if level < depth {
+				newline(level)
+			}
+			b.WriteByte(c)
+		case ',':
+			b.WriteByte(c)
+			if level <= depth {
+				newline(level)
+			}
+		case ':':
+			b.WriteByte(c)
+			if level <= depth {
+				b.WriteByte(' ')
+			}
+		default:
+			b.WriteByte(c)
+		}
 	}
-	return strings.TrimSuffix(b.String(), "\n")
+	text = b.String()
+	if truncated {
+		// Drop a character cut in the middle.
+		for k := 0; k < utf8.UTFMax && len(text) > 0; k++ {
+			if r, size := utf8.DecodeLastRuneInString(text); r != utf8.RuneError || size != 1 {
+				break
+			}
+			text = text[:len(text)-1]
+		}
+	}
+	return text, truncated, flattened
+}
+
+// htmlEscape returns the character encoding/json escapes as \u00XY
+// (xy is 3c, 3e or 26: '<', '>' and '&'), or 0.
+func htmlEscape(x, y byte) byte {
+	switch {
+	case x == '3' && y == 'c':
+		return '<'
+	case x == '3' && y == 'e':
+		return '>'
+	case x == '2' && y == '6':
+		return '&'
+	}
+	return 0
 }
 
 // canRetry and canStop say which actions a job's state allows (the

@@ -177,13 +177,6 @@
   }
 
   // ---- Jobs page ---------------------------------------------------------
-  function lastError(errs) {
-    if (!errs || !errs.length) return "";
-    let s = errs[errs.length - 1].error.split("\n")[0];
-    if (s.length > 120) s = s.slice(0, 120) + "…";
-    return s;
-  }
-
   function jobRow(j, checked) {
     const tr = el("tr", { "data-id": String(j.id) });
     if (admin) {
@@ -193,10 +186,11 @@
       el("td", {}, el("a", { href: base + "/jobs/" + encodeURIComponent(String(j.id)) }, String(j.id))),
       el("td", { "data-label": "queue" }, j.queue),
       el("td", { "data-label": "kind" }, j.kind),
+      el("td", { class: "args-preview", "data-label": "args" }, j.args_preview),
       el("td", { "data-label": "state" }, el("span", { class: "badge st-" + j.state }, j.state)),
       el("td", { class: "num", "data-label": "attempt" }, j.attempt + "/" + j.max_attempts),
       el("td", { "data-label": "scheduled" }, fmtTime(j.scheduled_at)),
-      el("td", { class: "err", "data-label": "error" }, lastError(j.errors)));
+      el("td", { class: "err", "data-label": "error" }, j.last_error || ""));
     return tr;
   }
 
@@ -206,10 +200,14 @@
   }
 
   async function refreshJobs() {
-    const d = await getJSON(base + "/api/v1/jobs" + location.search);
+    // Summary rows: a preview of the arguments and the last error's
+    // first line, whatever the jobs hold.
+    const q = new URLSearchParams(location.search);
+    q.set("view", "summary");
+    const d = await getJSON(base + "/api/v1/jobs?" + q.toString());
     const checked = checkedIDs();
     const rows = d.jobs.map((j) => jobRow(j, checked));
-    if (!rows.length) rows.push(el("tr", { class: "empty" }, el("td", { colspan: "8" }, "No jobs match.")));
+    if (!rows.length) rows.push(el("tr", { class: "empty" }, el("td", { colspan: "9" }, "No jobs match.")));
     document.getElementById("jobs").tBodies[0].replaceChildren(...rows);
     setLive("live · " + new Date().toISOString().slice(11, 19) + "Z");
   }
