@@ -95,6 +95,13 @@ export interface JobPage {
   nextAfter: number | null;
   scanned: number;
   scanLimit: number;
+  /**
+   * True when the page stopped before `limit` jobs because it reached the
+   * server's byte budget (`maxPageBytes`); `nextAfter` continues it.
+   */
+  truncated: boolean;
+  /** The server's byte budget of one page. */
+  maxPageBytes: number;
 }
 
 /** A filter of `listJobs`. */
@@ -271,11 +278,12 @@ export class Client {
     if (f.after !== undefined) q.set("after", String(f.after));
     if (f.limit !== undefined) q.set("limit", String(f.limit));
     const qs = q.toString();
-    const out = await this.request<{ jobs: WireJob[]; next_after: number | null; scanned: number; scan_limit: number }>(
+    const out = await this.request<{ jobs: WireJob[]; next_after: number | null; scanned: number; scan_limit: number; truncated?: boolean; max_page_bytes?: number }>(
       "GET",
       "/api/v1/jobs" + (qs ? "?" + qs : ""),
     );
-    return { jobs: out.jobs.map(fromWire), nextAfter: out.next_after, scanned: out.scanned, scanLimit: out.scan_limit };
+    return { jobs: out.jobs.map(fromWire), nextAfter: out.next_after, scanned: out.scanned, scanLimit: out.scan_limit,
+      truncated: out.truncated ?? false, maxPageBytes: out.max_page_bytes ?? 0 };
   }
 
   /** Retries a job now (409 when its state does not allow it). */

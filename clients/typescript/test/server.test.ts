@@ -119,6 +119,10 @@ test("enqueues jobs that a Go worker runs", { skip, timeout: 60_000 }, async () 
     assert.equal((j.args as { from: string }).from, "ts");
     assert.ok(!j.attemptedBy?.startsWith("http:"), `job ${id} was run by ${j.attemptedBy}, not the Go worker`);
   }
+  const page = await client.listJobs({ queue, limit: 100 });
+  assert.deepEqual(page.jobs.map((j) => j.id).sort((a, b) => a - b), [...ids].sort((a, b) => a - b));
+  assert.equal(page.truncated, false);
+  assert.ok(page.maxPageBytes > 0, `maxPageBytes ${page.maxPageBytes}`);
   if (env.CONVEYOR_TS_RESULTS) writeFileSync(join(env.CONVEYOR_TS_RESULTS, "enqueued.json"), JSON.stringify(ids));
 });
 
