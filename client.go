@@ -447,7 +447,11 @@ func jobInfos(rows []*driver.JobRow, err error) ([]*JobInfo, error) {
 }
 
 // Retry makes a discarded, cancelled, completed, retryable or scheduled job
-// available now, granting one more attempt if all were used.
+// available now, granting one more attempt if all were used. A finished
+// unique job whose key another job took meanwhile is not retried: the
+// error wraps ErrUniqueConflict (a *UniqueConflictError naming the
+// holder) and the job is left as it was; retry it once the holder has
+// finished.
 func (c *Client[TTx]) Retry(ctx context.Context, id int64) (*JobInfo, error) {
 	return c.admin(ctx, id, c.drv.Retry)
 }

@@ -3,6 +3,7 @@ package conveyor_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -175,6 +176,75 @@ func TestUniqueOptions(t *testing.T) {
 		if _, err := c.Enqueue(ctx, conveyor.RawArgs{KindName: "raw", JSON: []byte(`[1,2]`)},
 			&conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ArgsFields: []string{"a"}}}); !errors.Is(err, conveyor.ErrInvalidOpts) {
 			t.Errorf("ArgsFields on an array: %v, want ErrInvalidOpts", err)
+		}
+	})
+}
+
+// TestRetryUniqueKeyHeld: retrying by hand a finished unique job whose key
+// another job took meanwhile is refused with ErrUniqueConflict, naming the
+// job, the holder and the key, and changes nothing; a finished job that
+// still holds its own key (a kept state) is retried as usual.
+func TestRetryUniqueKeyHeld(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		c := openDropped(t, dsn, fast(testdb.Prefix()))
+		byArgs := &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ByArgs: true}}
+		first, err := c.Enqueue(ctx, order{"r", "", ""}, byArgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Cancel(ctx, first); err != nil { // frees the key
+			t.Fatal(err)
+		}
+		holder, err := c.Enqueue(ctx, order{"r", "", ""}, byArgs)
+		if err != nil || holder == first {
+			t.Fatalf("second job %d (%v), want a new one", holder, err)
+		}
+		_, err = c.Retry(ctx, first)
+		var conflict *conveyor.UniqueConflictError
+		if !errors.Is(err, conveyor.ErrUniqueConflict) || !errors.As(err, &conflict) {
+			t.Fatalf("retry of job %d whose key job %d holds: %v; want ErrUniqueConflict", first, holder, err)
+		}
+		if conflict.JobID != first || conflict.HolderID != holder || len(conflict.Key) != 32 {
+			t.Fatalf("conflict %+v; want job %d, holder %d, a 32-byte key", conflict, first, holder)
+		}
+		for _, want := range []string{fmt.Sprintf("job %d", first), fmt.Sprintf("held by job %d", holder), fmt.Sprintf("%x", conflict.Key)} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q does not say %q", err, want)
+			}
+		}
+		if j := jobState(t, c, first); j.State != conveyor.JobStateCancelled {
+			t.Errorf("refused retry left job %d %s, want cancelled", first, j.State)
+		}
+		if j := jobState(t, c, holder); j.State != conveyor.JobStateAvailable {
+			t.Errorf("holder %d is %s, want available", holder, j.State)
+		}
+		// Once the holder finishes, the retry goes through and takes the
+		// key back: an enqueue is its duplicate.
+		if _, err := c.Cancel(ctx, holder); err != nil {
+			t.Fatal(err)
+		}
+		if j, err := c.Retry(ctx, first); err != nil || j.State != conveyor.JobStateAvailable {
+			t.Fatalf("retry with the key free: %v, %v", j, err)
+		}
+		if again, err := c.Enqueue(ctx, order{"r", "", ""}, byArgs); err != nil || again != first {
+			t.Fatalf("enqueue after the retry: %d, %v; want the retried job %d, which holds the key", again, err, first)
+		}
+		// A job kept in cancelled holds its key there: its retry is no
+		// conflict with itself.
+		keep := &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ByArgs: true, States: append(conveyor.JobStates()[:4:4], conveyor.JobStateCancelled)}}
+		kept, err := c.Enqueue(ctx, order{"k", "", ""}, keep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Cancel(ctx, kept); err != nil {
+			t.Fatal(err)
+		}
+		if j, err := c.Retry(ctx, kept); err != nil || j.State != conveyor.JobStateAvailable {
+			t.Fatalf("retry of a job that kept its key: %v, %v", j, err)
+		}
+		if again, err := c.Enqueue(ctx, order{"k", "", ""}, keep); err != nil || again != kept {
+			t.Fatalf("enqueue after retrying the kept job: %d, %v; want %d", again, err, kept)
 		}
 	})
 }

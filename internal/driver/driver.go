@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -54,6 +55,38 @@ var ErrTxType = errors.New("transaction type not supported by this backend")
 // until the caller's transaction ends (MySQL/MariaDB). Roll back and run
 // the transaction again: the retry sees the holder.
 var ErrUniqueRace = errors.New("a concurrent transaction took the unique key of a job being enqueued: roll back and run the transaction again")
+
+// ErrUniqueConflict is wrapped (through a *UniqueConflictError) by the
+// error of an operation that would give a job a unique key that another
+// job holds: the retry by hand of a finished unique job whose key another
+// job took meanwhile. Nothing was changed.
+var ErrUniqueConflict = errors.New("another job holds the unique key")
+
+// UniqueConflictError says which job was refused its unique key and which
+// job holds it. errors.Is(err, ErrUniqueConflict) matches it.
+type UniqueConflictError struct {
+	// Op is the operation refused: "retry".
+	Op string
+	// JobID is the job the operation was refused for.
+	JobID int64
+	// Key is the job's unique key (the SHA-256 digest stored with it).
+	Key []byte
+	// HolderID is the job that holds the key; 0 when it let the key go
+	// before it could be read.
+	HolderID int64
+}
+
+// Error says what was refused, for which job, and who holds the key.
+func (e *UniqueConflictError) Error() string {
+	if e.HolderID == 0 {
+		return fmt.Sprintf("%s job %d: another job holds its unique key %x", e.Op, e.JobID, e.Key)
+	}
+	return fmt.Sprintf("%s job %d: its unique key %x is held by job %d; %s it once job %d has finished",
+		e.Op, e.JobID, e.Key, e.HolderID, e.Op, e.HolderID)
+}
+
+// Is matches ErrUniqueConflict.
+func (e *UniqueConflictError) Is(target error) bool { return target == ErrUniqueConflict }
 
 // Capabilities describes what a backend can do; the engine adapts to it.
 type Capabilities struct {
@@ -345,8 +378,11 @@ type Driver interface {
 	// InsertTx accepts, ErrTxType otherwise): it sees the jobs that
 	// transaction inserted, before it commits.
 	ListJobsTx(ctx context.Context, tx any, f JobFilter) ([]*JobRow, error)
-	// Retry makes a discarded, cancelled, retryable or scheduled job
-	// available now, granting one more attempt if all were used.
+	// Retry makes a discarded, cancelled, completed, retryable or
+	// scheduled job available now, granting one more attempt if all were
+	// used. A finished unique job whose key another job holds now is
+	// refused with a *UniqueConflictError (ErrUniqueConflict), and left as
+	// it was.
 	Retry(ctx context.Context, id int64) (*JobRow, error)
 	// Cancel cancels a job that has not finished.
 	Cancel(ctx context.Context, id int64) (*JobRow, error)

@@ -44,7 +44,7 @@ type queries struct {
 	getJob, listJobs, retry, finish, stats, overview                      string
 	listState, listStates, listQueue, listKind                            string
 	pauseQueue, pausedQueues                                              string
-	insertUnique, uniqueHolders                                           string
+	insertUnique, uniqueHolders, jobUniqueKey                             string
 	recordSchedule, schedules                                             string
 	registerProcess, removeProcess, processes, pruneProcesses             string
 }
@@ -92,6 +92,7 @@ func loadQueries(prefix string) queries {
 		pausedQueues:     get("paused_queues"),
 		insertUnique:     get("insert_unique"),
 		uniqueHolders:    get("unique_holders"),
+		jobUniqueKey:     get("job_unique_key"),
 		recordSchedule:   get("record_schedule"),
 		schedules:        get("schedules"),
 		registerProcess:  get("register_process"),

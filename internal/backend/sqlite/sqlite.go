@@ -547,6 +547,13 @@ func (d *Driver) Close() error {
 	return errors.Join(errs...)
 }
 
+// isUniqueViolation reports whether err is SQLite refusing a second holder
+// of a unique index's key (SQLITE_CONSTRAINT_UNIQUE).
+func isUniqueViolation(err error) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se) && se.Code() == sqlite3.SQLITE_CONSTRAINT_UNIQUE
+}
+
 // isBusy reports whether err is SQLite telling us another connection holds
 // a lock (SQLITE_BUSY, SQLITE_LOCKED and their extended codes).
 func isBusy(err error) bool {
