@@ -2,12 +2,16 @@ package conveyor_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/internal/testdb"
@@ -245,6 +249,177 @@ func TestRetryUniqueKeyHeld(t *testing.T) {
 		}
 		if again, err := c.Enqueue(ctx, order{"k", "", ""}, keep); err != nil || again != kept {
 			t.Fatalf("enqueue after retrying the kept job: %d, %v; want %d", again, err, kept)
+		}
+	})
+}
+
+// waitBlocked waits until a statement on the tables of prefix waits for a
+// lock another transaction holds (PostgreSQL, MySQL); on SQLite, where a
+// writer waits for the database's one write lock before it begins, it
+// returns at once.
+func waitBlocked(t *testing.T, dsn, prefix string) {
+	t.Helper()
+	ctx := context.Background()
+	var count func() (int, error)
+	switch {
+	case strings.HasPrefix(dsn, "postgres://"):
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		count = func() (n int, err error) {
+			err = conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0", prefix).Scan(&n)
+			return n, err
+		}
+	case strings.HasPrefix(dsn, "mysql://"):
+		u, _ := url.Parse(dsn)
+		db, err := sql.Open("mysql", fmt.Sprintf("%s@tcp(%s)%s", u.User.String(), u.Host, u.Path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		count = func() (n int, err error) {
+			// InnoDB refreshes the table's cache only when it was not
+			// read for 100ms.
+			time.Sleep(150 * time.Millisecond)
+			err = db.QueryRowContext(ctx, "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT' AND LOCATE(?, trx_query) > 0", prefix).Scan(&n)
+			return n, err
+		}
+	default:
+		return
+	}
+	waitFor(t, "an enqueue waiting for the key's lock", 30*time.Second, func() bool {
+		n, err := count()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+}
+
+// TestUniqueRaceForced forces the race for a unique key: a transaction
+// has inserted the key and not committed when another enqueue of the key
+// reaches the database, and then commits or rolls back. The documented
+// outcomes, on every backend:
+//   - an enqueue in the application's transaction: on MySQL/MariaDB
+//     ErrUniqueRace (the transaction run again is told the holder); on
+//     PostgreSQL it waits and is told the holder; on SQLite it cannot
+//     begin before the holder's transaction ends, and is told the holder;
+//   - an enqueue outside transactions waits and is told the holder;
+//   - when the holder's transaction rolls back, the waiting enqueue
+//     inserts its job.
+func TestUniqueRaceForced(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		prefix := testdb.Prefix()
+		c := openDropped(t, dsn, fast(prefix))
+		byArgs := &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ByArgs: true}}
+		mysql := strings.HasPrefix(dsn, "mysql://")
+		type result struct {
+			id  int64
+			err error
+		}
+		// holdKey inserts a unique job in a transaction of its own and
+		// leaves it open.
+		holdKey := func(key string) (int64, func() error, func() error) {
+			tx, commit, rollback := beginTx(t, dsn)
+			t.Cleanup(func() { _ = rollback() }) // before the tables are dropped, if the test fails
+			id, err := c.EnqueueTx(ctx, tx, order{key, "", ""}, byArgs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return id, commit, rollback
+		}
+		jobsOf := func(key string) []int64 {
+			js, err := c.Jobs(ctx, conveyor.JobFilter{Kind: "order"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []int64
+			for _, j := range js {
+				if strings.Contains(string(j.EncodedArgs), `"customer":"`+key+`"`) {
+					ids = append(ids, j.ID)
+				}
+			}
+			return ids
+		}
+
+		// In the application's transaction.
+		held, commit, _ := holdKey("app")
+		done := make(chan result, 1)
+		go func() {
+			tx, commit, rollback, closeTx, err := openTx(ctx, dsn)
+			if err != nil {
+				done <- result{err: err}
+				return
+			}
+			defer closeTx()
+			id, err := c.EnqueueTx(ctx, tx, order{"app", "", ""}, byArgs)
+			if err != nil {
+				rollback()
+				done <- result{err: err}
+				return
+			}
+			done <- result{id, commit()}
+		}()
+		waitBlocked(t, dsn, prefix)
+		if err := commit(); err != nil {
+			t.Fatal(err)
+		}
+		r := <-done
+		switch {
+		case mysql && !errors.Is(r.err, conveyor.ErrUniqueRace):
+			t.Fatalf("MySQL, in the application's transaction: %d, %v; want ErrUniqueRace", r.id, r.err)
+		case mysql:
+			// Run again, as the error says: the holder is seen.
+			tx, commit, _ := beginTx(t, dsn)
+			if r.id, r.err = c.EnqueueTx(ctx, tx, order{"app", "", ""}, byArgs); r.err == nil {
+				r.err = commit()
+			}
+			fallthrough
+		default:
+			if r.err != nil || r.id != held {
+				t.Fatalf("in the application's transaction: %d, %v; want the holder %d", r.id, r.err, held)
+			}
+		}
+		if ids := jobsOf("app"); len(ids) != 1 || ids[0] != held {
+			t.Fatalf("jobs of the key: %v, want [%d]", ids, held)
+		}
+
+		// Outside transactions (conveyor's own, through the inserter).
+		held, commit, _ = holdKey("own")
+		go func() {
+			id, err := c.Enqueue(ctx, order{"own", "", ""}, byArgs)
+			done <- result{id, err}
+		}()
+		waitBlocked(t, dsn, prefix)
+		if err := commit(); err != nil {
+			t.Fatal(err)
+		}
+		if r := <-done; r.err != nil || r.id != held {
+			t.Fatalf("outside transactions: %d, %v; want the holder %d", r.id, r.err, held)
+		}
+		if ids := jobsOf("own"); len(ids) != 1 || ids[0] != held {
+			t.Fatalf("jobs of the key: %v, want [%d]", ids, held)
+		}
+
+		// The holder rolls back: the waiting enqueue inserts its job.
+		_, _, rollback := holdKey("gone")
+		go func() {
+			id, err := c.Enqueue(ctx, order{"gone", "", ""}, byArgs)
+			done <- result{id, err}
+		}()
+		waitBlocked(t, dsn, prefix)
+		if err := rollback(); err != nil {
+			t.Fatal(err)
+		}
+		if r = <-done; r.err != nil {
+			t.Fatalf("after the holder rolled back: %v; want a job of its own", r.err)
+		}
+		if ids := jobsOf("gone"); len(ids) != 1 || ids[0] != r.id {
+			t.Fatalf("jobs of the key: %v, want [%d]", ids, r.id)
 		}
 	})
 }
