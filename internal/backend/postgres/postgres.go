@@ -536,6 +536,19 @@ func wrap(op string, err error) error {
 	return fmt.Errorf("conveyor/postgres: %s: %w", op, err)
 }
 
+// refused marks err driver.NotCommitted when the write it ended certainly
+// did not take effect: the server answered with an error (which rolls back
+// an autocommit statement, a transaction's statement, or a commit), or
+// nothing had been sent (pgconn.SafeToRetry). Anything else, such as a
+// connection lost while waiting for the answer, may have committed.
+func refused(err error) error {
+	var pe *pgconn.PgError
+	if err != nil && (errors.As(err, &pe) || pgconn.SafeToRetry(err)) {
+		return driver.NotCommitted(err)
+	}
+	return err
+}
+
 // pgCode returns the SQLSTATE of a server error, or "".
 func pgCode(err error) string {
 	var pe *pgconn.PgError

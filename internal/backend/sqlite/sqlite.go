@@ -657,16 +657,17 @@ func (d *Driver) busyRetry(ctx context.Context, fn func() error) error {
 }
 
 // inTx runs fn in a BEGIN IMMEDIATE transaction on the write connection,
-// retrying the whole transaction when SQLite reports busy.
+// retrying the whole transaction when SQLite reports busy. An error before
+// the commit is marked driver.NotCommitted; the commit's own is not.
 func (d *Driver) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return d.retry(ctx, func() error {
 		tx, err := d.w.BeginTx(ctx, nil)
 		if err != nil {
-			return err
+			return driver.NotCommitted(err)
 		}
 		if err := fn(tx); err != nil {
 			tx.Rollback()
-			return err
+			return driver.NotCommitted(err)
 		}
 		return tx.Commit()
 	})
