@@ -204,7 +204,7 @@ func (i *inserter) fail(r *insertReq, err error) {
 	if driver.IsNotCommitted(err) {
 		r.err = fmt.Errorf("conveyor: enqueue of %d job(s) failed, none was inserted: %w", len(r.jobs), err)
 	} else {
-		r.err = fmt.Errorf("conveyor: enqueue of %d job(s) failed, and whether they were committed is unknown (a connection lost while committing): they may exist: %w", len(r.jobs), err)
+		r.err = fmt.Errorf("conveyor: enqueue of %d job(s) failed before the commit was confirmed, so they may exist: %w", len(r.jobs), err)
 	}
 	close(r.done)
 }
