@@ -282,10 +282,15 @@ func (c *Client[TTx]) param(args JobArgs, o *EnqueueOpts, checkKinds bool) (driv
 }
 
 // Enqueue inserts one job and returns its id once it is committed.
-// Concurrent calls are coalesced into multi-row inserts (group commit).
-// For a unique job (EnqueueOpts.Unique) whose key is held, nothing is
-// inserted and the holder's id is returned; EnqueueMany says which jobs
-// were such duplicates.
+// Concurrent calls are coalesced into multi-row inserts (group commit),
+// and each is told what happened to its own job: its id once committed,
+// or an error. An error says either that the job was not inserted (for
+// example a row the database refused, of this call or of another coalesced
+// with it: each call is then written again on its own), or, when the
+// connection was lost while committing, that it may exist. For a unique
+// job (EnqueueOpts.Unique) whose key is held, nothing is inserted and the
+// holder's id is returned; EnqueueMany says which jobs were such
+// duplicates.
 func (c *Client[TTx]) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOpts) (int64, error) {
 	rs, err := c.EnqueueMany(ctx, []EnqueueItem{{Args: args, Opts: opts}})
 	if err != nil {
@@ -297,11 +302,13 @@ func (c *Client[TTx]) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOp
 	return rs[0].ID, nil
 }
 
-// EnqueueMany inserts jobs in one statement and one commit and returns
-// one result per job, in order: its id, and whether it was a unique job
-// whose key was held (then nothing was inserted for it and the id is the
-// holder's). Nothing is inserted if any job is invalid. A batch that
-// mixes unique and other jobs is two inserts.
+// EnqueueMany inserts jobs in one transaction and returns one result per
+// job, in order: its id, and whether it was a unique job whose key was
+// held (then nothing was inserted for it and the id is the holder's). All
+// of the jobs are committed or none: nothing is inserted if any job is
+// invalid or refused by the database. Plain jobs are one statement; unique
+// jobs add their own statements to the same transaction. Concurrent calls
+// are coalesced as Enqueue's, and told the same way.
 func (c *Client[TTx]) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]EnqueueResult, error) {
 	var rs []EnqueueResult
 	err := c.enqueueThrough(ctx, items, func(ctx context.Context, ps []driver.InsertParams) (err error) {
@@ -365,8 +372,11 @@ func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []Enqueue
 }
 
 // EnqueueBulk streams many jobs in one transaction (COPY on PostgreSQL,
-// large multi-row inserts elsewhere) and returns how many were inserted.
-// Use it for loading thousands of jobs at once; ids are not returned.
+// large multi-row inserts elsewhere) and returns how many were inserted:
+// all of them or none. Use it for loading thousands of jobs at once; ids
+// are not returned. Unique jobs are inserted as EnqueueMany inserts them
+// (plain jobs then too, in the same transaction, without COPY), and only
+// those inserted are counted.
 func (c *Client[TTx]) EnqueueBulk(ctx context.Context, items []EnqueueItem) (int64, error) {
 	var n int64
 	err := c.enqueueThrough(ctx, items, func(ctx context.Context, ps []driver.InsertParams) (err error) {
@@ -448,7 +458,11 @@ func jobInfos(rows []*driver.JobRow, err error) ([]*JobInfo, error) {
 }
 
 // Retry makes a discarded, cancelled, completed, retryable or scheduled job
-// available now, granting one more attempt if all were used.
+// available now, granting one more attempt if all were used. A finished
+// unique job whose key another job took meanwhile is not retried: the
+// error wraps ErrUniqueConflict (a *UniqueConflictError naming the
+// holder) and the job is left as it was; retry it once the holder has
+// finished.
 func (c *Client[TTx]) Retry(ctx context.Context, id int64) (*JobInfo, error) {
 	return c.admin(ctx, id, c.drv.Retry)
 }

@@ -51,6 +51,12 @@ func FenceForTest[TTx any](c *Client[TTx], id int64) (int64, error) {
 	return j.Fence, nil
 }
 
+// InserterForTest returns how many enqueue calls wait for c's group-commit
+// writer, and how many it has taken so far.
+func InserterForTest[TTx any](c *Client[TTx]) (queued int, taken int64) {
+	return c.eng.QueuedInserts(), c.eng.TakenInserts()
+}
+
 // SkipLocalFenceForTest makes c's workers submit the outcome of every
 // attempt, even one this process knows it lost, so that only the
 // database's fence stands between a stale acknowledgement and the job.

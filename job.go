@@ -57,7 +57,20 @@ var (
 	// Roll back and run the transaction again (docs/design.md, "Job
 	// features").
 	ErrUniqueRace = driver.ErrUniqueRace
+	// ErrUniqueConflict: Retry of a finished unique job whose unique key
+	// another job holds now (a job freed its key when it finished, and
+	// another took it). Nothing was changed; the error is a
+	// *UniqueConflictError naming the holder. Retry again once the
+	// holder has finished.
+	ErrUniqueConflict = driver.ErrUniqueConflict
 )
+
+// UniqueConflictError is the error, wrapping ErrUniqueConflict, of a
+// Retry refused because another job holds the retried job's unique key:
+// Op ("retry"), JobID, Key (the key's SHA-256 digest) and HolderID (0
+// when the holder finished before it could be read). Get it with
+// errors.As.
+type UniqueConflictError = driver.UniqueConflictError
 
 // JobArgs are a job kind's arguments: any JSON-encodable value with a Kind.
 // Kind must be a constant per type.

@@ -2,11 +2,16 @@ package conveyor_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/internal/testdb"
@@ -175,6 +180,246 @@ func TestUniqueOptions(t *testing.T) {
 		if _, err := c.Enqueue(ctx, conveyor.RawArgs{KindName: "raw", JSON: []byte(`[1,2]`)},
 			&conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ArgsFields: []string{"a"}}}); !errors.Is(err, conveyor.ErrInvalidOpts) {
 			t.Errorf("ArgsFields on an array: %v, want ErrInvalidOpts", err)
+		}
+	})
+}
+
+// TestRetryUniqueKeyHeld: retrying by hand a finished unique job whose key
+// another job took meanwhile is refused with ErrUniqueConflict, naming the
+// job, the holder and the key, and changes nothing; a finished job that
+// still holds its own key (a kept state) is retried as usual.
+func TestRetryUniqueKeyHeld(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		c := openDropped(t, dsn, fast(testdb.Prefix()))
+		byArgs := &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ByArgs: true}}
+		first, err := c.Enqueue(ctx, order{"r", "", ""}, byArgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Cancel(ctx, first); err != nil { // frees the key
+			t.Fatal(err)
+		}
+		holder, err := c.Enqueue(ctx, order{"r", "", ""}, byArgs)
+		if err != nil || holder == first {
+			t.Fatalf("second job %d (%v), want a new one", holder, err)
+		}
+		_, err = c.Retry(ctx, first)
+		var conflict *conveyor.UniqueConflictError
+		if !errors.Is(err, conveyor.ErrUniqueConflict) || !errors.As(err, &conflict) {
+			t.Fatalf("retry of job %d whose key job %d holds: %v; want ErrUniqueConflict", first, holder, err)
+		}
+		if conflict.JobID != first || conflict.HolderID != holder || len(conflict.Key) != 32 {
+			t.Fatalf("conflict %+v; want job %d, holder %d, a 32-byte key", conflict, first, holder)
+		}
+		for _, want := range []string{fmt.Sprintf("job %d", first), fmt.Sprintf("held by job %d", holder), fmt.Sprintf("%x", conflict.Key)} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q does not say %q", err, want)
+			}
+		}
+		if j := jobState(t, c, first); j.State != conveyor.JobStateCancelled {
+			t.Errorf("refused retry left job %d %s, want cancelled", first, j.State)
+		}
+		if j := jobState(t, c, holder); j.State != conveyor.JobStateAvailable {
+			t.Errorf("holder %d is %s, want available", holder, j.State)
+		}
+		// Once the holder finishes, the retry goes through and takes the
+		// key back: an enqueue is its duplicate.
+		if _, err := c.Cancel(ctx, holder); err != nil {
+			t.Fatal(err)
+		}
+		if j, err := c.Retry(ctx, first); err != nil || j.State != conveyor.JobStateAvailable {
+			t.Fatalf("retry with the key free: %v, %v", j, err)
+		}
+		if again, err := c.Enqueue(ctx, order{"r", "", ""}, byArgs); err != nil || again != first {
+			t.Fatalf("enqueue after the retry: %d, %v; want the retried job %d, which holds the key", again, err, first)
+		}
+		// A job kept in cancelled holds its key there: its retry is no
+		// conflict with itself.
+		keep := &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ByArgs: true, States: append(conveyor.JobStates()[:4:4], conveyor.JobStateCancelled)}}
+		kept, err := c.Enqueue(ctx, order{"k", "", ""}, keep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Cancel(ctx, kept); err != nil {
+			t.Fatal(err)
+		}
+		if j, err := c.Retry(ctx, kept); err != nil || j.State != conveyor.JobStateAvailable {
+			t.Fatalf("retry of a job that kept its key: %v, %v", j, err)
+		}
+		if again, err := c.Enqueue(ctx, order{"k", "", ""}, keep); err != nil || again != kept {
+			t.Fatalf("enqueue after retrying the kept job: %d, %v; want %d", again, err, kept)
+		}
+	})
+}
+
+// waitBlocked waits until a statement on the tables of prefix waits for a
+// lock another transaction holds (PostgreSQL, MySQL); on SQLite, where a
+// writer waits for the database's one write lock before it begins, it
+// returns at once.
+func waitBlocked(t *testing.T, dsn, prefix string) {
+	t.Helper()
+	ctx := context.Background()
+	var count func() (int, error)
+	switch {
+	case strings.HasPrefix(dsn, "postgres://"):
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		count = func() (n int, err error) {
+			err = conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0", prefix).Scan(&n)
+			return n, err
+		}
+	case strings.HasPrefix(dsn, "mysql://"):
+		u, _ := url.Parse(dsn)
+		db, err := sql.Open("mysql", fmt.Sprintf("%s@tcp(%s)%s", u.User.String(), u.Host, u.Path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		count = func() (n int, err error) {
+			// InnoDB refreshes the table's cache only when it was not
+			// read for 100ms.
+			time.Sleep(150 * time.Millisecond)
+			err = db.QueryRowContext(ctx, "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT' AND LOCATE(?, trx_query) > 0", prefix).Scan(&n)
+			return n, err
+		}
+	default:
+		return
+	}
+	waitFor(t, "an enqueue waiting for the key's lock", 30*time.Second, func() bool {
+		n, err := count()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+}
+
+// TestUniqueRaceForced forces the race for a unique key: a transaction
+// has inserted the key and not committed when another enqueue of the key
+// reaches the database, and then commits or rolls back. The documented
+// outcomes, on every backend:
+//   - an enqueue in the application's transaction: on MySQL/MariaDB
+//     ErrUniqueRace (the transaction run again is told the holder); on
+//     PostgreSQL it waits and is told the holder; on SQLite it cannot
+//     begin before the holder's transaction ends, and is told the holder;
+//   - an enqueue outside transactions waits and is told the holder;
+//   - when the holder's transaction rolls back, the waiting enqueue
+//     inserts its job.
+func TestUniqueRaceForced(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		prefix := testdb.Prefix()
+		c := openDropped(t, dsn, fast(prefix))
+		byArgs := &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ByArgs: true}}
+		mysql := strings.HasPrefix(dsn, "mysql://")
+		type result struct {
+			id  int64
+			err error
+		}
+		// holdKey inserts a unique job in a transaction of its own and
+		// leaves it open.
+		holdKey := func(key string) (int64, func() error, func() error) {
+			tx, commit, rollback := beginTx(t, dsn)
+			t.Cleanup(func() { _ = rollback() }) // before the tables are dropped, if the test fails
+			id, err := c.EnqueueTx(ctx, tx, order{key, "", ""}, byArgs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return id, commit, rollback
+		}
+		jobsOf := func(key string) []int64 {
+			js, err := c.Jobs(ctx, conveyor.JobFilter{Kind: "order"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []int64
+			for _, j := range js {
+				if strings.Contains(string(j.EncodedArgs), `"customer":"`+key+`"`) {
+					ids = append(ids, j.ID)
+				}
+			}
+			return ids
+		}
+
+		// In the application's transaction.
+		held, commit, _ := holdKey("app")
+		done := make(chan result, 1)
+		go func() {
+			tx, commit, rollback, closeTx, err := openTx(ctx, dsn)
+			if err != nil {
+				done <- result{err: err}
+				return
+			}
+			defer closeTx()
+			id, err := c.EnqueueTx(ctx, tx, order{"app", "", ""}, byArgs)
+			if err != nil {
+				rollback()
+				done <- result{err: err}
+				return
+			}
+			done <- result{id, commit()}
+		}()
+		waitBlocked(t, dsn, prefix)
+		if err := commit(); err != nil {
+			t.Fatal(err)
+		}
+		r := <-done
+		switch {
+		case mysql && !errors.Is(r.err, conveyor.ErrUniqueRace):
+			t.Fatalf("MySQL, in the application's transaction: %d, %v; want ErrUniqueRace", r.id, r.err)
+		case mysql:
+			// Run again, as the error says: the holder is seen.
+			tx, commit, _ := beginTx(t, dsn)
+			if r.id, r.err = c.EnqueueTx(ctx, tx, order{"app", "", ""}, byArgs); r.err == nil {
+				r.err = commit()
+			}
+			fallthrough
+		default:
+			if r.err != nil || r.id != held {
+				t.Fatalf("in the application's transaction: %d, %v; want the holder %d", r.id, r.err, held)
+			}
+		}
+		if ids := jobsOf("app"); len(ids) != 1 || ids[0] != held {
+			t.Fatalf("jobs of the key: %v, want [%d]", ids, held)
+		}
+
+		// Outside transactions (conveyor's own, through the inserter).
+		held, commit, _ = holdKey("own")
+		go func() {
+			id, err := c.Enqueue(ctx, order{"own", "", ""}, byArgs)
+			done <- result{id, err}
+		}()
+		waitBlocked(t, dsn, prefix)
+		if err := commit(); err != nil {
+			t.Fatal(err)
+		}
+		if r := <-done; r.err != nil || r.id != held {
+			t.Fatalf("outside transactions: %d, %v; want the holder %d", r.id, r.err, held)
+		}
+		if ids := jobsOf("own"); len(ids) != 1 || ids[0] != held {
+			t.Fatalf("jobs of the key: %v, want [%d]", ids, held)
+		}
+
+		// The holder rolls back: the waiting enqueue inserts its job.
+		_, _, rollback := holdKey("gone")
+		go func() {
+			id, err := c.Enqueue(ctx, order{"gone", "", ""}, byArgs)
+			done <- result{id, err}
+		}()
+		waitBlocked(t, dsn, prefix)
+		if err := rollback(); err != nil {
+			t.Fatal(err)
+		}
+		if r = <-done; r.err != nil {
+			t.Fatalf("after the holder rolled back: %v; want a job of its own", r.err)
+		}
+		if ids := jobsOf("gone"); len(ids) != 1 || ids[0] != r.id {
+			t.Fatalf("jobs of the key: %v, want [%d]", ids, r.id)
 		}
 	})
 }

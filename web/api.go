@@ -198,8 +198,9 @@ func rowJSON(r *driver.JobRow) jobJSON {
 func ptr[T any](v T) *T { return &v }
 
 // fail answers an error from the client: 400 for invalid input, 404, 409
-// for a state that does not allow it, 503 for a schema to migrate, 500
-// otherwise (the detail goes to the log, not the answer).
+// for a state that does not allow it or a unique key another job holds,
+// 503 for a schema to migrate, 500 otherwise (the detail goes to the log,
+// not the answer).
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	status, msg := h.classify(r, err)
 	writeError(w, status, msg)
@@ -212,7 +213,7 @@ func (h *Handler) classify(r *http.Request, err error) (int, string) {
 		return http.StatusBadRequest, msg
 	case errors.Is(err, conveyor.ErrNotFound):
 		return http.StatusNotFound, msg
-	case errors.Is(err, conveyor.ErrWrongState):
+	case errors.Is(err, conveyor.ErrWrongState), errors.Is(err, conveyor.ErrUniqueConflict):
 		return http.StatusConflict, msg
 	case errors.Is(err, conveyor.ErrSchemaOutdated), errors.Is(err, conveyor.ErrSchemaTooNew):
 		return http.StatusServiceUnavailable, msg
@@ -846,7 +847,7 @@ func (h *Handler) bulk(r *http.Request, action string, ids []int64) ([]bulkResul
 		switch {
 		case err == nil:
 			out = append(out, bulkResult{ID: id, State: ptr(string(j.State))})
-		case errors.Is(err, conveyor.ErrNotFound) || errors.Is(err, conveyor.ErrWrongState):
+		case errors.Is(err, conveyor.ErrNotFound) || errors.Is(err, conveyor.ErrWrongState) || errors.Is(err, conveyor.ErrUniqueConflict):
 			out = append(out, bulkResult{ID: id, Error: ptr(strings.TrimPrefix(err.Error(), "conveyor: "))})
 		default:
 			return out, err

@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -54,6 +55,67 @@ var ErrTxType = errors.New("transaction type not supported by this backend")
 // until the caller's transaction ends (MySQL/MariaDB). Roll back and run
 // the transaction again: the retry sees the holder.
 var ErrUniqueRace = errors.New("a concurrent transaction took the unique key of a job being enqueued: roll back and run the transaction again")
+
+// ErrUniqueConflict is wrapped (through a *UniqueConflictError) by the
+// error of an operation that would give a job a unique key that another
+// job holds: the retry by hand of a finished unique job whose key another
+// job took meanwhile. Nothing was changed.
+var ErrUniqueConflict = errors.New("another job holds the unique key")
+
+// UniqueConflictError says which job was refused its unique key and which
+// job holds it. errors.Is(err, ErrUniqueConflict) matches it.
+type UniqueConflictError struct {
+	// Op is the operation refused: "retry".
+	Op string
+	// JobID is the job the operation was refused for.
+	JobID int64
+	// Key is the job's unique key (the SHA-256 digest stored with it).
+	Key []byte
+	// HolderID is the job that holds the key; 0 when it let the key go
+	// before it could be read.
+	HolderID int64
+}
+
+// Error says what was refused, for which job, and who holds the key.
+func (e *UniqueConflictError) Error() string {
+	if e.HolderID == 0 {
+		return fmt.Sprintf("%s job %d: another job holds its unique key %x", e.Op, e.JobID, e.Key)
+	}
+	return fmt.Sprintf("%s job %d: its unique key %x is held by job %d; %s it once job %d has finished",
+		e.Op, e.JobID, e.Key, e.HolderID, e.Op, e.HolderID)
+}
+
+// Is matches ErrUniqueConflict.
+func (e *UniqueConflictError) Is(target error) bool { return target == ErrUniqueConflict }
+
+// notCommitted marks an error after which nothing of the call was
+// committed.
+type notCommitted struct{ err error }
+
+func (e notCommitted) Error() string { return e.err.Error() }
+func (e notCommitted) Unwrap() error { return e.err }
+
+// NotCommitted marks err (nil stays nil) as the error of a write of which
+// the driver knows that nothing was committed: it failed before its
+// transaction was committed (a statement refused, a connection lost
+// before the commit was sent, a lock never obtained), or the server said
+// the commit failed. A write that fails without the mark may have
+// committed (a connection lost while the commit was under way). The
+// engine may run the writes of a failed group commit again, caller by
+// caller, only after an error so marked. The message is err's.
+func NotCommitted(err error) error {
+	if err == nil || IsNotCommitted(err) {
+		return err
+	}
+	return notCommitted{err}
+}
+
+// IsNotCommitted reports whether err, or an error it wraps, was marked by
+// NotCommitted.
+func IsNotCommitted(err error) bool {
+	var n notCommitted
+	return errors.As(err, &n)
+}
 
 // Capabilities describes what a backend can do; the engine adapts to it.
 type Capabilities struct {
@@ -232,19 +294,23 @@ type Driver interface {
 
 	// Insert inserts jobs in one statement and one commit of its own and
 	// returns their ids in order. It also wakes other processes' fetchers
-	// for the queues it touched (one notification per queue).
+	// for the queues it touched (one notification per queue). Its error
+	// is marked NotCommitted when the driver knows that none of the jobs
+	// was committed (see IsNotCommitted); otherwise they may have been.
 	Insert(ctx context.Context, jobs []InsertParams) ([]int64, error)
 	// InsertTx inserts jobs inside the caller's transaction, whose type
 	// the backend checks (ErrTxType otherwise).
 	InsertTx(ctx context.Context, tx any, jobs []InsertParams) ([]int64, error)
-	// InsertUnique inserts jobs that each have a UniqueKey (distinct
-	// within the call), in the caller's transaction tx or, when tx is nil,
-	// in one transaction of its own. A job whose key is held by a job
-	// already stored (or being inserted by a transaction that then
+	// InsertUnique inserts jobs in the caller's transaction tx or, when tx
+	// is nil, in one transaction of its own: all of them or none. Jobs
+	// without a UniqueKey are inserted as Insert would; the keys of the
+	// others are distinct within the call. A job whose key is held by a
+	// job already stored (or being inserted by a transaction that then
 	// commits) is not inserted: its id is the holder's and its duplicate
 	// flag is set. Enforced by a unique index, never by a read before the
-	// insert; rows are inserted in key order so that concurrent inserters
-	// of overlapping keys cannot deadlock. Wakes like Insert.
+	// insert; rows with a key are inserted in key order so that concurrent
+	// inserters of overlapping keys cannot deadlock. Wakes like Insert,
+	// and marks its error NotCommitted as Insert does.
 	InsertUnique(ctx context.Context, tx any, jobs []InsertParams) (ids []int64, dup []bool, err error)
 	// BulkInsert streams many jobs (COPY where available) in one
 	// transaction and returns how many were inserted.
@@ -345,8 +411,11 @@ type Driver interface {
 	// InsertTx accepts, ErrTxType otherwise): it sees the jobs that
 	// transaction inserted, before it commits.
 	ListJobsTx(ctx context.Context, tx any, f JobFilter) ([]*JobRow, error)
-	// Retry makes a discarded, cancelled, retryable or scheduled job
-	// available now, granting one more attempt if all were used.
+	// Retry makes a discarded, cancelled, completed, retryable or
+	// scheduled job available now, granting one more attempt if all were
+	// used. A finished unique job whose key another job holds now is
+	// refused with a *UniqueConflictError (ErrUniqueConflict), and left as
+	// it was.
 	Retry(ctx context.Context, id int64) (*JobRow, error)
 	// Cancel cancels a job that has not finished.
 	Cancel(ctx context.Context, id int64) (*JobRow, error)

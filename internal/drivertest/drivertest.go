@@ -367,6 +367,41 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		}
 	})
 
+	t.Run("UniqueWithPlainJobs", func(t *testing.T) {
+		// InsertUnique inserts jobs without a key as plain jobs, in the
+		// same transaction, each id in its place.
+		d := setup(t, open, prefixFor())
+		uj := func(key string, prio int) driver.InsertParams {
+			j := job("m", prio)
+			j.UniqueKey = []byte(key)
+			return j
+		}
+		held, _, err := d.InsertUnique(ctx, nil, []driver.InsertParams{uj("held", 0)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := []driver.InsertParams{job("m", 1), uj("b", 2), job("m", 3), uj("held", 4), uj("a", 5), job("m", 6)}
+		ids, dup, err := d.InsertUnique(ctx, nil, in)
+		if err != nil || len(ids) != len(in) {
+			t.Fatalf("ids %v dup %v err %v", ids, dup, err)
+		}
+		for i, p := range in {
+			if wantDup := string(p.UniqueKey) == "held"; dup[i] != wantDup {
+				t.Fatalf("job %d: dup %v, want %v", i, dup[i], wantDup)
+			}
+			if dup[i] {
+				if ids[i] != held[0] {
+					t.Fatalf("job %d: id %d, want the holder %d", i, ids[i], held[0])
+				}
+				continue
+			}
+			j, err := d.GetJob(ctx, ids[i])
+			if err != nil || j.Priority != p.Priority {
+				t.Fatalf("job %d (id %d): %+v, %v; want priority %d", i, ids[i], j, err, p.Priority)
+			}
+		}
+	})
+
 	t.Run("UniqueConcurrent", func(t *testing.T) {
 		d := setup(t, open, prefixFor())
 		const n = 12

@@ -46,6 +46,9 @@ type fakeDriver struct {
 	prune   func() (int64, error)
 	// registerProcess answers RegisterProcess; nil succeeds.
 	registerProcess func() error
+	// insertUnique, when set, answers InsertUnique in place of the fake's
+	// own bookkeeping.
+	insertUnique func(ctx context.Context, jobs []driver.InsertParams) ([]int64, []bool, error)
 
 	// claimJob answers ClaimJob; without it a pending job of that id, of
 	// any queue, is claimed, and another id is not found.
@@ -349,10 +352,15 @@ func (d *fakeDriver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]
 	return ids, nil
 }
 
-// InsertUnique records the call and inserts every job whose key no job
-// inserted through it holds yet; the others get the holder's id.
+// InsertUnique records the call and answers through the insertUnique
+// hook; without one it inserts every job without a key, and every job
+// whose key no job inserted through it holds yet; the others get the
+// holder's id.
 func (d *fakeDriver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, []bool, error) {
 	d.record(call{op: "insertunique", params: slices.Clone(jobs)})
+	if d.insertUnique != nil {
+		return d.insertUnique(ctx, jobs)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.uniqueHolders == nil {
@@ -360,13 +368,15 @@ func (d *fakeDriver) InsertUnique(ctx context.Context, tx any, jobs []driver.Ins
 	}
 	ids, dup := make([]int64, len(jobs)), make([]bool, len(jobs))
 	for i, j := range jobs {
-		if id, ok := d.uniqueHolders[string(j.UniqueKey)]; ok {
+		if id, ok := d.uniqueHolders[string(j.UniqueKey)]; ok && j.UniqueKey != nil {
 			ids[i], dup[i] = id, true
 			continue
 		}
 		d.nextID++
 		ids[i] = d.nextID
-		d.uniqueHolders[string(j.UniqueKey)] = d.nextID
+		if j.UniqueKey != nil {
+			d.uniqueHolders[string(j.UniqueKey)] = d.nextID
+		}
 	}
 	return ids, dup, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -105,10 +106,11 @@ func TestInserterBatchesEnqueues(t *testing.T) {
 	}
 }
 
-// When a batch's insert fails, every caller of that batch gets the error
-// (the insert is not retried caller by caller: it may have committed), the
-// callers of other batches are unaffected, and an enqueue after Close is
-// refused.
+// When a batch's insert fails and the driver cannot tell whether it
+// committed (a connection lost at commit), every caller of that batch gets
+// the error, which says its jobs may exist, and nothing is written again
+// (a retry could insert them twice); the callers of other batches are
+// unaffected, and an enqueue after Close is refused.
 func TestInserterErrorReachesEveryCallerOfBatch(t *testing.T) {
 	d := &fakeDriver{}
 	first, gate := make(chan struct{}), make(chan struct{})
@@ -126,15 +128,15 @@ func TestInserterErrorReachesEveryCallerOfBatch(t *testing.T) {
 		t.Fatalf("caller a of the first batch got %v, %v; want [1001]", r.ids, r.err)
 	}
 	for name, ch := range map[string]<-chan insertResult{"b": b, "c": c} {
-		if r := recv(t, "caller "+name, ch); !errors.Is(r.err, errBoom) || r.ids != nil {
-			t.Fatalf("caller %s of the failed batch got %v, %v; want the insert's error", name, r.ids, r.err)
+		if r := recv(t, "caller "+name, ch); !errors.Is(r.err, errBoom) || r.ids != nil || !strings.Contains(r.err.Error(), "may exist") {
+			t.Fatalf("caller %s of the failed batch got %v, %v; want the insert's error, saying the jobs may exist", name, r.ids, r.err)
 		}
 	}
 	if r := recv(t, "a caller after the failure", enqueue(e, 5)); r.err != nil || !slices.Equal(r.ids, []int64{1005}) {
 		t.Fatalf("caller after the failed batch got %v, %v; want [1005]", r.ids, r.err)
 	}
 	if n := d.count("insert"); n != 3 {
-		t.Fatalf("%d insert statements, want 3: a failed batch is not retried", n)
+		t.Fatalf("%d insert statements, want 3: a batch that may have committed is not written again", n)
 	}
 	if err := e.Close(context.Background()); err != nil {
 		t.Fatal(err)
@@ -144,11 +146,212 @@ func TestInserterErrorReachesEveryCallerOfBatch(t *testing.T) {
 	}
 }
 
-// A batch mixing plain and unique jobs goes to Insert and InsertUnique;
-// a unique job whose key an earlier job of the batch has is that job's
-// duplicate without reaching the driver, and every caller gets its own ids
-// and flags in order.
-func TestInsertSplitsUniqueJobs(t *testing.T) {
+// errBadRow is a row the database refuses: the statement, and so its
+// whole transaction, fails and commits nothing.
+var errBadRow = errors.New("the database refused a row")
+
+// poisoned reports whether jobs include one of priority 66 (a bad row) or
+// with unique key "poison".
+func poisoned(jobs []driver.InsertParams) bool {
+	return slices.ContainsFunc(jobs, func(j driver.InsertParams) bool { return j.Priority == 66 || string(j.UniqueKey) == "poison" })
+}
+
+// rejectPoison makes the fake refuse, with nothing committed, every
+// insert that holds a poisoned job; the first insert waits until gate is
+// closed, after closing first. Inserted jobs get 1000 plus their priority.
+func rejectPoison(d *fakeDriver, first, gate chan struct{}) {
+	var n atomic.Int64
+	ids := func(ps []driver.InsertParams) []int64 {
+		out := make([]int64, len(ps))
+		for i, p := range ps {
+			out[i] = int64(1000 + p.Priority)
+		}
+		return out
+	}
+	d.insert = func(_ context.Context, ps []driver.InsertParams) ([]int64, error) {
+		if n.Add(1) == 1 {
+			close(first)
+			<-gate
+		}
+		if poisoned(ps) {
+			return nil, driver.NotCommitted(errBadRow)
+		}
+		return ids(ps), nil
+	}
+	d.insertUnique = func(_ context.Context, ps []driver.InsertParams) ([]int64, []bool, error) {
+		if poisoned(ps) {
+			return nil, nil, driver.NotCommitted(errBadRow)
+		}
+		return ids(ps), make([]bool, len(ps)), nil
+	}
+}
+
+// enqueueJobs calls e.Insert with jobs in a goroutine and returns a
+// channel receiving its result.
+func enqueueJobs(ctx context.Context, e *Engine, jobs ...driver.InsertParams) <-chan insertResult {
+	ch := make(chan insertResult, 1)
+	go func() {
+		ids, _, err := e.Insert(ctx, jobs)
+		ch <- insertResult{ids, err}
+	}()
+	return ch
+}
+
+// A bad row in one caller's jobs fails the insert of the batch, which
+// commits nothing; every caller is then written again on its own, so that
+// the others' jobs are inserted and only that caller gets the error, all
+// of its jobs refused with the bad one.
+func TestInserterIsolatesCallerAfterNothingCommitted(t *testing.T) {
+	d := &fakeDriver{}
+	first, gate := make(chan struct{}), make(chan struct{})
+	rejectPoison(d, first, gate)
+	e := New(d, testConfig(time.Second), nil)
+	t.Cleanup(func() { e.Close(context.Background()) })
+	a := enqueue(e, 1)
+	recv(t, "the first insert", first)
+	b := enqueue(e, 2)
+	waitFor(t, "caller b queued", func() bool { return e.QueuedInserts() == 1 })
+	c := enqueue(e, 66, 3)
+	waitFor(t, "caller c queued", func() bool { return e.QueuedInserts() == 2 })
+	dd := enqueue(e, 4, 5)
+	waitFor(t, "caller d queued", func() bool { return e.QueuedInserts() == 3 })
+	close(gate)
+	for _, w := range []struct {
+		name string
+		ch   <-chan insertResult
+		want []int64
+	}{{"a", a, []int64{1001}}, {"b", b, []int64{1002}}, {"d", dd, []int64{1004, 1005}}} {
+		if r := recv(t, "caller "+w.name, w.ch); r.err != nil || !slices.Equal(r.ids, w.want) {
+			t.Fatalf("caller %s got %v, %v; want %v", w.name, r.ids, r.err, w.want)
+		}
+	}
+	if r := recv(t, "caller c", c); !errors.Is(r.err, errBadRow) || r.ids != nil || !strings.Contains(r.err.Error(), "none was inserted") {
+		t.Fatalf("caller c, with the bad row, got %v, %v; want the row's error saying none was inserted", r.ids, r.err)
+	}
+	var got [][]int
+	for _, c := range d.callsOf("insert") {
+		got = append(got, priorities(c))
+	}
+	if want := [][]int{{1}, {2, 66, 3, 4, 5}, {2}, {66, 3}, {4, 5}}; !slices.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("insert statements %v, want %v", got, want)
+	}
+}
+
+// A batch of plain and unique callers is two transactions, each caller's
+// jobs in one of them: when the one with unique jobs fails, the callers of
+// plain jobs still get their ids (their jobs were committed), and each
+// call with unique jobs commits whole or not at all.
+func TestInserterMixedBatchTellsEachCaller(t *testing.T) {
+	u := func(key string, prio int) driver.InsertParams {
+		return driver.InsertParams{Queue: "q", Kind: "k", Priority: prio, UniqueKey: []byte(key)}
+	}
+	p := func(prio int) driver.InsertParams { return driver.InsertParams{Queue: "q", Kind: "k", Priority: prio} }
+	for _, tc := range []struct {
+		name    string
+		fail    error // the error of the transaction of unique jobs
+		isolate bool  // whether its callers are written again one by one
+	}{
+		{"nothing committed", driver.NotCommitted(errBadRow), true},
+		{"outcome unknown", errBoom, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &fakeDriver{}
+			first, gate := make(chan struct{}), make(chan struct{})
+			rejectPoison(d, first, gate)
+			if !tc.isolate {
+				d.insertUnique = func(context.Context, []driver.InsertParams) ([]int64, []bool, error) { return nil, nil, tc.fail }
+			}
+			e := New(d, testConfig(time.Second), nil)
+			t.Cleanup(func() { e.Close(context.Background()) })
+			ctx := context.Background()
+			a := enqueue(e, 1)
+			recv(t, "the first insert", first)
+			plain := enqueueJobs(ctx, e, p(2))
+			waitFor(t, "the plain caller queued", func() bool { return e.QueuedInserts() == 1 })
+			good := enqueueJobs(ctx, e, u("k1", 3), p(4))
+			waitFor(t, "the unique caller queued", func() bool { return e.QueuedInserts() == 2 })
+			bad := enqueueJobs(ctx, e, p(5), u("poison", 6))
+			waitFor(t, "the poisoned caller queued", func() bool { return e.QueuedInserts() == 3 })
+			close(gate)
+			recv(t, "caller a", a)
+			if r := recv(t, "the plain caller", plain); r.err != nil || !slices.Equal(r.ids, []int64{1002}) {
+				t.Fatalf("the plain caller got %v, %v; want its committed job [1002]", r.ids, r.err)
+			}
+			rg, rb := recv(t, "the unique caller", good), recv(t, "the poisoned caller", bad)
+			if tc.isolate {
+				if rg.err != nil || !slices.Equal(rg.ids, []int64{1003, 1004}) {
+					t.Fatalf("the unique caller got %v, %v; want [1003 1004]", rg.ids, rg.err)
+				}
+				if !errors.Is(rb.err, errBadRow) || !strings.Contains(rb.err.Error(), "none was inserted") {
+					t.Fatalf("the poisoned caller got %v, %v; want the bad row's error", rb.ids, rb.err)
+				}
+			} else {
+				for _, r := range []insertResult{rg, rb} {
+					if !errors.Is(r.err, errBoom) || !strings.Contains(r.err.Error(), "may exist") {
+						t.Fatalf("a caller of the transaction whose outcome is unknown got %v, %v; want its error saying the jobs may exist", r.ids, r.err)
+					}
+				}
+			}
+			// Each call's plain and unique jobs went to the database
+			// together, in the same transaction.
+			var got [][]int
+			for _, c := range d.callsOf("insertunique") {
+				got = append(got, priorities(c))
+			}
+			want := [][]int{{3, 4, 5, 6}}
+			if tc.isolate {
+				want = append(want, []int{3, 4}, []int{5, 6})
+			}
+			if !slices.EqualFunc(got, want, slices.Equal) {
+				t.Fatalf("InsertUnique calls %v, want %v", got, want)
+			}
+			if n := d.count("insert"); n != 2 {
+				t.Fatalf("%d plain inserts, want 2 (the first caller's, the plain caller's)", n)
+			}
+		})
+	}
+}
+
+// After a batch that committed nothing, a caller that has already given
+// up (its context ended: it was told its jobs may or may not exist) is not
+// written again.
+func TestInserterSkipsCallerThatGaveUp(t *testing.T) {
+	d := &fakeDriver{}
+	first, gate := make(chan struct{}), make(chan struct{})
+	rejectPoison(d, first, gate)
+	e := New(d, testConfig(time.Second), nil)
+	t.Cleanup(func() { e.Close(context.Background()) })
+	a := enqueue(e, 1)
+	recv(t, "the first insert", first)
+	ctx, cancel := context.WithCancel(context.Background())
+	gone := enqueueJobs(ctx, e, driver.InsertParams{Queue: "q", Kind: "k", Priority: 7})
+	waitFor(t, "the caller queued", func() bool { return e.QueuedInserts() == 1 })
+	bad := enqueue(e, 66)
+	waitFor(t, "the bad caller queued", func() bool { return e.QueuedInserts() == 2 })
+	cancel()
+	if r := recv(t, "the caller that gave up", gone); !errors.Is(r.err, context.Canceled) || !strings.Contains(r.err.Error(), "may or may not exist") {
+		t.Fatalf("the caller that gave up got %v, %v", r.ids, r.err)
+	}
+	close(gate)
+	recv(t, "caller a", a)
+	if r := recv(t, "the bad caller", bad); !errors.Is(r.err, errBadRow) {
+		t.Fatalf("the bad caller got %v, %v", r.ids, r.err)
+	}
+	var got [][]int
+	for _, c := range d.callsOf("insert") {
+		got = append(got, priorities(c))
+	}
+	if want := [][]int{{1}, {7, 66}, {66}}; !slices.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("insert statements %v, want %v: the caller that gave up is not written again", got, want)
+	}
+}
+
+// A call mixing plain and unique jobs is one InsertUnique, one
+// transaction; a unique job whose key an earlier job of the call has is
+// that job's duplicate without reaching the driver, and the caller gets
+// its ids and flags in order. EnqueueBulk with unique jobs is one
+// transaction too.
+func TestInsertMixedCallIsOneTransaction(t *testing.T) {
 	d := &fakeDriver{}
 	e := New(d, testConfig(time.Second), nil)
 	t.Cleanup(func() { e.Close(context.Background()) })
@@ -163,21 +366,27 @@ func TestInsertSplitsUniqueJobs(t *testing.T) {
 	if !slices.Equal(dup, []bool{false, false, true, false, false}) || ids[2] != ids[0] || ids[3] == ids[0] || ids[1] == ids[4] {
 		t.Fatalf("ids %v dup %v", ids, dup)
 	}
-	if n := len(d.callsOf("insertunique")); n != 1 {
-		t.Fatalf("%d InsertUnique calls, want 1", n)
+	if calls := d.callsOf("insertunique"); len(calls) != 1 || len(calls[0].params) != 4 {
+		t.Fatalf("InsertUnique calls %v, want one with the 2 plain jobs and the 2 distinct keys", calls)
 	}
-	if got := d.callsOf("insertunique")[0].params; len(got) != 2 {
-		t.Fatalf("InsertUnique got %d jobs, want the 2 distinct keys", len(got))
-	}
-	if got := d.callsOf("insert"); len(got) != 1 || len(got[0].params) != 2 {
-		t.Fatalf("insert calls %v, want one with the 2 plain jobs", got)
+	if n := d.count("insert"); n != 0 {
+		t.Fatalf("%d plain inserts, want none: the call is one transaction", n)
 	}
 	// The key is held now: a later enqueue is a duplicate of the holder.
 	again, dup, err := e.Insert(context.Background(), []driver.InsertParams{u("b")})
 	if err != nil || !dup[0] || again[0] != ids[3] {
 		t.Fatalf("again: ids %v dup %v err %v", again, dup, err)
 	}
-	// In a transaction, the same split, with the caller's transaction.
+	// EnqueueBulk: one InsertUnique (the fake has no BulkInsert), counting
+	// the jobs inserted.
+	n, err := e.BulkInsert(context.Background(), []driver.InsertParams{plain, u("b"), u("c"), u("c"), plain})
+	if err != nil || n != 3 {
+		t.Fatalf("bulk: %d, %v; want 3 inserted (2 plain, c)", n, err)
+	}
+	if calls := d.callsOf("insertunique"); len(calls) != 3 || len(calls[2].params) != 4 {
+		t.Fatalf("InsertUnique calls %v, want the bulk's 4 distinct jobs in one", calls)
+	}
+	// In a transaction, the same, with the caller's transaction.
 	if _, _, err := e.InsertTx(context.Background(), nil, []driver.InsertParams{plain}); !errors.Is(err, driver.ErrTxType) {
 		t.Fatalf("nil transaction: %v, want ErrTxType", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/conveyorq/conveyor/internal/driver"
@@ -13,21 +14,41 @@ import (
 // inserter coalesces concurrent Enqueue calls into multi-row inserts: one
 // statement and one commit per batch (group commit); each caller returns
 // once its own jobs are committed.
+//
+// Each caller is told what happened to its own jobs. A batch is written as
+// at most two transactions: one for the callers whose jobs are all plain
+// (one multi-row insert) and one for the callers with unique jobs (whose
+// plain jobs go in the same transaction, so that every call commits whole
+// or not at all). A caller's jobs are all in one of them, and the caller
+// gets that transaction's outcome: its ids, or the error. When the
+// transaction of several callers failed and the driver knows nothing of it
+// was committed (driver.IsNotCommitted: a refused row, a connection lost
+// before the commit, a lock wait that timed out), each of those callers'
+// jobs is written again on its own, so that one caller's bad job does not
+// fail the others; when the outcome is unknown (a connection lost while
+// committing), no job is written twice: each caller of that transaction
+// is told its jobs may or may not exist.
 type inserter struct {
-	e    *Engine
-	in   chan *insertReq
-	mu   sync.RWMutex
-	shut bool
-	done chan struct{}
+	e     *Engine
+	in    chan *insertReq
+	mu    sync.RWMutex
+	shut  bool
+	done  chan struct{}
+	taken atomic.Int64 // calls the writer took from in (tests)
 }
 
 type insertReq struct {
+	ctx  context.Context // the caller's: once it ends, its jobs are not written again
 	jobs []driver.InsertParams
 	ids  []int64
 	dup  []bool // per job: a unique job whose key was held (ids has the holder)
 	err  error
 	done chan struct{}
 }
+
+// flushTimeout bounds one write of a batch, and separately the writes
+// again of its callers one by one after it failed.
+const flushTimeout = 30 * time.Second
 
 func newInserter(e *Engine) *inserter {
 	i := &inserter{e: e, in: make(chan *insertReq, 1024), done: make(chan struct{})}
@@ -38,7 +59,7 @@ func newInserter(e *Engine) *inserter {
 // insert queues jobs and waits for their commit. If ctx ends first the
 // error says the jobs may or may not have been committed.
 func (i *inserter) insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, []bool, error) {
-	req := &insertReq{jobs: jobs, done: make(chan struct{})}
+	req := &insertReq{ctx: ctx, jobs: jobs, done: make(chan struct{})}
 	i.mu.RLock()
 	if i.shut {
 		i.mu.RUnlock()
@@ -58,6 +79,9 @@ func (i *inserter) insert(ctx context.Context, jobs []driver.InsertParams) ([]in
 		return nil, nil, fmt.Errorf("conveyor: enqueue: %w before the commit was confirmed; the job may or may not exist", ctx.Err())
 	}
 }
+
+// queued is how many enqueue calls wait for the writer (tests).
+func (i *inserter) queued() int { return len(i.in) }
 
 func (i *inserter) close() {
 	i.mu.Lock()
@@ -89,40 +113,105 @@ func (i *inserter) run() {
 				break fill
 			}
 		}
-		i.flush(batch, n)
+		i.taken.Add(int64(len(batch)))
+		i.flush(batch)
 	}
 }
 
-func (i *inserter) flush(batch []*insertReq, n int) {
-	all := make([]driver.InsertParams, 0, n)
+// flush writes a batch: the callers of plain jobs only in one
+// transaction, the callers with unique jobs in another.
+func (i *inserter) flush(batch []*insertReq) {
+	var plain, uniq []*insertReq
 	for _, r := range batch {
-		all = append(all, r.jobs...)
+		if hasUnique(r.jobs) {
+			uniq = append(uniq, r)
+		} else {
+			plain = append(plain, r)
+		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	i.write(plain)
+	i.write(uniq)
+}
+
+// write writes the jobs of reqs in one transaction and tells each caller
+// its outcome; after a failure that committed nothing, it writes each
+// caller's jobs again on its own (see inserter).
+func (i *inserter) write(reqs []*insertReq) {
+	if len(reqs) == 0 {
+		return
+	}
+	err := i.try(reqs, time.Now().Add(flushTimeout))
+	if err == nil {
+		return
+	}
+	if len(reqs) == 1 || !driver.IsNotCommitted(err) {
+		for _, r := range reqs {
+			i.fail(r, err)
+		}
+		return
+	}
+	deadline := time.Now().Add(flushTimeout)
+	for _, r := range reqs {
+		if r.ctx.Err() != nil || !time.Now().Before(deadline) {
+			// The caller gave up (it was told its job may or may not
+			// exist), or there is no time left: nothing of it was
+			// committed, and it is not written again.
+			i.fail(r, err)
+			continue
+		}
+		if rerr := i.try([]*insertReq{r}, deadline); rerr != nil {
+			i.fail(r, rerr)
+		}
+	}
+}
+
+// try inserts the jobs of reqs in one transaction; on success it gives
+// each caller its ids and returns nil, on failure it returns the error
+// and tells no one.
+func (i *inserter) try(reqs []*insertReq, deadline time.Time) error {
+	var all []driver.InsertParams
+	if len(reqs) == 1 {
+		all = reqs[0].jobs
+	} else {
+		n := 0
+		for _, r := range reqs {
+			n += len(r.jobs)
+		}
+		all = make([]driver.InsertParams, 0, n)
+		for _, r := range reqs {
+			all = append(all, r.jobs...)
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	ids, dup, err := i.e.insertSplit(ctx, nil, all)
 	cancel()
-	// A failed batch is not retried caller by caller: the failure may have
-	// come after the server committed (a connection lost at commit), and a
-	// retry would insert those jobs twice. Input is validated before it
-	// reaches the inserter, so a batch fails for reasons common to all of
-	// its callers (the database), and each caller gets the error.
 	if err != nil {
-		err = fmt.Errorf("conveyor: enqueue of %d jobs failed (if the connection was lost at commit they may exist): %w", len(all), err)
+		return err
 	}
 	off := 0
-	for _, r := range batch {
-		if err != nil {
-			r.err = err
-		} else {
-			r.ids, r.dup = ids[off:off+len(r.jobs)], dup[off:off+len(r.jobs)]
-		}
+	for _, r := range reqs {
+		r.ids, r.dup = ids[off:off+len(r.jobs)], dup[off:off+len(r.jobs)]
 		off += len(r.jobs)
 		close(r.done)
 	}
-	if err != nil {
-		return
-	}
 	i.e.wakeFor(all)
+	return nil
+}
+
+// fail tells r's caller that its jobs were not inserted (err marked
+// NotCommitted), or that they may have been.
+func (i *inserter) fail(r *insertReq, err error) {
+	if driver.IsNotCommitted(err) {
+		r.err = fmt.Errorf("conveyor: enqueue of %d job(s) failed, none was inserted: %w", len(r.jobs), err)
+	} else {
+		r.err = fmt.Errorf("conveyor: enqueue of %d job(s) failed before the commit was confirmed, so they may exist: %w", len(r.jobs), err)
+	}
+	close(r.done)
+}
+
+// hasUnique reports whether any of jobs is unique.
+func hasUnique(jobs []driver.InsertParams) bool {
+	return slices.ContainsFunc(jobs, func(j driver.InsertParams) bool { return j.UniqueKey != nil })
 }
 
 // wakeFor nudges local fetchers of queues that received jobs due now.
@@ -155,13 +244,14 @@ func (e *Engine) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParam
 	return e.insertSplit(ctx, tx, jobs)
 }
 
-// insertSplit inserts jobs in tx, or without one (each driver call its own
-// transaction) when tx is nil: plain jobs with Insert or InsertTx, unique
-// ones with InsertUnique, once per distinct key (a later job of the batch
-// with the key of an earlier one is its duplicate). A batch mixing both
-// kinds outside a transaction is two inserts.
+// insertSplit inserts jobs in tx, or without one (in one transaction of
+// the driver's own) when tx is nil: a batch of plain jobs with Insert or
+// InsertTx, one with unique jobs with InsertUnique, which inserts its
+// plain jobs in the same transaction. Unique jobs are inserted once per
+// distinct key: a later job of the batch with the key of an earlier one
+// is its duplicate.
 func (e *Engine) insertSplit(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, []bool, error) {
-	if !slices.ContainsFunc(jobs, func(j driver.InsertParams) bool { return j.UniqueKey != nil }) {
+	if !hasUnique(jobs) {
 		// The common batch, no unique job: one insert, as before unique
 		// jobs existed.
 		var ids []int64
@@ -177,84 +267,46 @@ func (e *Engine) insertSplit(ctx context.Context, tx any, jobs []driver.InsertPa
 		return ids, make([]bool, len(jobs)), nil
 	}
 	ids, dup := make([]int64, len(jobs)), make([]bool, len(jobs))
-	var plain, uniq []driver.InsertParams
-	var plainAt, uniqAt []int
-	first := map[string]int{} // key -> index in uniq
-	alias := map[int]int{}    // job index -> index in uniq of its key's first job
+	var send []driver.InsertParams
+	var sentAt []int
+	first := map[string]int{} // key -> index in send
+	alias := map[int]int{}    // job index -> index in send of its key's first job
 	for i := range jobs {
-		if jobs[i].UniqueKey == nil {
-			plain, plainAt = append(plain, jobs[i]), append(plainAt, i)
-			continue
+		if k := jobs[i].UniqueKey; k != nil {
+			if at, ok := first[string(k)]; ok {
+				alias[i] = at
+				continue
+			}
+			first[string(k)] = len(send)
 		}
-		if k, ok := first[string(jobs[i].UniqueKey)]; ok {
-			alias[i] = k
-			continue
-		}
-		first[string(jobs[i].UniqueKey)] = len(uniq)
-		uniq, uniqAt = append(uniq, jobs[i]), append(uniqAt, i)
+		send, sentAt = append(send, jobs[i]), append(sentAt, i)
 	}
-	if len(plain) > 0 {
-		var got []int64
-		var err error
-		if tx == nil {
-			got, err = e.drv.Insert(ctx, plain)
-		} else {
-			got, err = e.drv.InsertTx(ctx, tx, plain)
-		}
-		if err != nil {
-			return nil, nil, err
-		}
-		for k, i := range plainAt {
-			ids[i] = got[k]
-		}
+	got, gotDup, err := e.drv.InsertUnique(ctx, tx, send)
+	if err != nil {
+		return nil, nil, err
 	}
-	if len(uniq) > 0 {
-		got, gotDup, err := e.drv.InsertUnique(ctx, tx, uniq)
-		if err != nil {
-			return nil, nil, err
-		}
-		for k, i := range uniqAt {
-			ids[i], dup[i] = got[k], gotDup[k]
-		}
-		for i, k := range alias {
-			ids[i], dup[i] = got[k], true
-		}
+	for k, i := range sentAt {
+		ids[i], dup[i] = got[k], gotDup[k]
+	}
+	for i, k := range alias {
+		ids[i], dup[i] = got[k], true
 	}
 	return ids, dup, nil
 }
 
-// BulkInsert streams many jobs in one transaction and wakes local fetchers.
+// BulkInsert streams many jobs in one transaction and wakes local
+// fetchers. A batch with unique jobs goes through InsertUnique (plain
+// jobs in the same transaction); only the jobs inserted are counted.
 func (e *Engine) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (int64, error) {
-	var plain, uniq []driver.InsertParams
-	for _, j := range jobs {
-		if j.UniqueKey == nil {
-			plain = append(plain, j)
-		} else {
-			uniq = append(uniq, j)
+	if hasUnique(jobs) {
+		_, dup, err := e.insertSplit(ctx, nil, jobs)
+		if err != nil {
+			return 0, err
 		}
-	}
-	if len(uniq) > 0 {
-		// Unique jobs go through InsertUnique, which refuses held keys one
-		// by one, in chunks; only the inserted ones are counted.
 		var n int64
-		if len(plain) > 0 {
-			c, err := e.drv.BulkInsert(ctx, plain)
-			if err != nil {
-				return 0, err
-			}
-			n = c
-		}
-		for len(uniq) > 0 {
-			chunk := uniq[:min(len(uniq), e.cfg.InsertBatch)]
-			uniq = uniq[len(chunk):]
-			_, dup, err := e.insertSplit(ctx, nil, chunk)
-			if err != nil {
-				return n, err
-			}
-			for _, d := range dup {
-				if !d {
-					n++
-				}
+		for _, d := range dup {
+			if !d {
+				n++
 			}
 		}
 		e.wakeFor(jobs)
@@ -266,3 +318,11 @@ func (e *Engine) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (in
 	}
 	return n, err
 }
+
+// QueuedInserts is how many Insert calls wait for the group-commit writer,
+// and TakenInserts how many it has taken so far: for tests that line
+// callers up behind a write in progress.
+func (e *Engine) QueuedInserts() int { return e.ins.queued() }
+
+// TakenInserts: see QueuedInserts.
+func (e *Engine) TakenInserts() int64 { return e.ins.taken.Load() }

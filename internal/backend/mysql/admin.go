@@ -238,9 +238,30 @@ func unwrapNotFound(err error) error {
 }
 
 // Retry makes a discarded, cancelled, retryable, scheduled or completed job
-// available now, granting one more attempt if all were used.
+// available now, granting one more attempt if all were used. A finished
+// unique job whose key another job holds now (the unique index refuses
+// the update: error 1062) is refused with a *driver.UniqueConflictError
+// naming the holder; should the holder finish before it is read, the
+// retry is tried again.
 func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
-	return d.adminUpdate(ctx, "retry", id, d.q["Retry"], id)
+	for round := 0; ; round++ {
+		j, err := d.adminUpdate(ctx, "retry", id, d.q["Retry"], id)
+		if myErrno(err) != errDupEntry {
+			return j, err
+		}
+		c := &driver.UniqueConflictError{Op: "retry", JobID: id}
+		if err := d.db.QueryRowContext(ctx, d.q["JobUniqueKey"], id).Scan(&c.Key); err != nil {
+			return nil, d.wrap("retry", err)
+		}
+		err = d.db.QueryRowContext(ctx, d.q["UniqueHolder"], c.Key).Scan(&c.HolderID)
+		switch {
+		case errors.Is(err, sql.ErrNoRows) && round < uniqueRounds:
+			continue // the holder finished in between
+		case err != nil && !errors.Is(err, sql.ErrNoRows):
+			return nil, d.wrap("retry", err)
+		}
+		return nil, fmt.Errorf("conveyor/mysql: %w", c)
+	}
 }
 
 // Cancel cancels a job that has not finished; a running attempt's outcome

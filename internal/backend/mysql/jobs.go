@@ -177,18 +177,19 @@ func (d *Driver) insertChunk(ctx context.Context, tx *sql.Tx, ext *sql.Tx, jobs 
 
 // Insert inserts jobs with one multi-row INSERT (several, in one
 // transaction, when the batch exceeds max_allowed_packet) and returns their
-// ids in order. There is no notification channel to wake.
+// ids in order. There is no notification channel to wake. Its error is
+// marked driver.NotCommitted when nothing was committed (see refused).
 func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, error) {
 	if len(jobs) == 0 {
 		return nil, nil
 	}
 	p, err := d.planInsert("insert", jobs)
 	if err != nil {
-		return nil, err
+		return nil, driver.NotCommitted(err)
 	}
 	ids := make([]int64, len(jobs))
 	if len(p.chunks) == 1 {
-		if err := d.retry(ctx, "insert", func() error { return d.insertChunk(ctx, nil, nil, jobs, ids) }); err != nil {
+		if err := d.retry(ctx, "insert", func() error { return refused(d.insertChunk(ctx, nil, nil, jobs, ids)) }); err != nil {
 			return nil, err
 		}
 		return ids, nil

@@ -22,6 +22,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	sqldriver "database/sql/driver"
 	"embed"
 	"errors"
 	"fmt"
@@ -646,19 +647,34 @@ func (d *Driver) retry(ctx context.Context, op string, fn func() error) error {
 }
 
 // inTx runs fn in a READ COMMITTED transaction (the session default),
-// retried as a whole on deadlocks and lock wait timeouts.
+// retried as a whole on deadlocks and lock wait timeouts. An error before
+// the commit, or the server's refusal of the commit, is marked
+// driver.NotCommitted; a commit whose answer was lost is not.
 func (d *Driver) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
 	return d.retry(ctx, op, func() error {
 		tx, err := d.db.BeginTx(ctx, nil)
 		if err != nil {
-			return err
+			return driver.NotCommitted(err)
 		}
 		if err := fn(tx); err != nil {
 			_ = tx.Rollback()
-			return err
+			return driver.NotCommitted(err)
 		}
-		return tx.Commit()
+		return refused(tx.Commit())
 	})
+}
+
+// refused marks err driver.NotCommitted when the write it ended certainly
+// did not take effect: the server answered with an error (which rolls back
+// an autocommit statement, or a commit), or the connection was found
+// broken before anything was sent (driver.ErrBadConn). Anything else, such
+// as a connection lost while waiting for the answer, may have committed.
+func refused(err error) error {
+	var me *gomysql.MySQLError
+	if errors.As(err, &me) || errors.Is(err, sqldriver.ErrBadConn) {
+		return driver.NotCommitted(err)
+	}
+	return err
 }
 
 // bucket rounds n up to a power of two (exact above maxBucket).

@@ -199,6 +199,9 @@ SELECT leader_id FROM `{p}leader` WHERE name = 'maintenance'
 -- name: GetJob
 SELECT {cols} FROM `{p}jobs` WHERE id = ?
 
+-- name: JobUniqueKey
+SELECT unique_key FROM `{p}jobs` WHERE id = ?
+
 -- name: ListJobs
 SELECT {cols} FROM `{p}jobs` WHERE id > ?{where} ORDER BY id LIMIT ?
 

@@ -16,9 +16,10 @@ import (
 // the time it was looked up.
 const uniqueRounds = 10
 
-// InsertUnique inserts unique jobs one row each, in key order, in tx (a
-// *sql.Tx on a MySQL or MariaDB connection) or in one transaction of its
-// own, retried whole on a deadlock.
+// InsertUnique inserts, in tx (a *sql.Tx on a MySQL or MariaDB
+// connection) or in one transaction of its own retried whole on a
+// deadlock, the jobs without a unique key as Insert does, then the unique
+// ones one row each, in key order.
 //
 // Each job's key is first looked up with a plain (consistent, lock-free)
 // read: a job holding it makes this one a duplicate, and nothing is
@@ -40,13 +41,8 @@ func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertP
 	if len(jobs) == 0 {
 		return nil, nil, nil
 	}
-	for i := range jobs {
-		if jobs[i].UniqueKey == nil {
-			return nil, nil, fmt.Errorf("conveyor/mysql: insert unique: job %d has no unique key", i)
-		}
-	}
 	if _, err := d.planInsert("insert unique", jobs); err != nil {
-		return nil, nil, err
+		return nil, nil, driver.NotCommitted(err)
 	}
 	ids, dup := make([]int64, len(jobs)), make([]bool, len(jobs))
 	if tx == nil {
@@ -70,9 +66,36 @@ func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertP
 }
 
 func (d *Driver) insertUnique(ctx context.Context, tx *sql.Tx, own bool, jobs []driver.InsertParams, ids []int64, dup []bool) error {
-	order := make([]int, len(jobs))
-	for i := range order {
-		order[i] = i
+	var order, plainAt []int
+	var plain []driver.InsertParams
+	for i := range jobs {
+		if jobs[i].UniqueKey == nil {
+			plain, plainAt = append(plain, jobs[i]), append(plainAt, i)
+		} else {
+			order = append(order, i)
+		}
+	}
+	if len(plain) > 0 {
+		p, err := d.planInsert("insert unique", plain)
+		if err != nil {
+			return err
+		}
+		got := make([]int64, len(plain))
+		off := 0
+		for _, c := range p.chunks {
+			if own {
+				err = d.insertChunk(ctx, tx, nil, c, got[off:off+len(c)])
+			} else {
+				err = d.insertChunk(ctx, nil, tx, c, got[off:off+len(c)])
+			}
+			if err != nil {
+				return err
+			}
+			off += len(c)
+		}
+		for k, i := range plainAt {
+			ids[i] = got[k]
+		}
 	}
 	sort.Slice(order, func(a, b int) bool { return bytes.Compare(jobs[order[a]].UniqueKey, jobs[order[b]].UniqueKey) < 0 })
 	q := d.q["InsertUniqueHead"] + " " + d.q["InsertUniqueRow"]

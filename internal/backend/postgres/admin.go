@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sort"
@@ -204,13 +205,51 @@ func (d *Driver) tryClaimJob(ctx context.Context, id int64, lease time.Duration,
 
 // Retry makes a discarded, cancelled, retryable, scheduled or completed job
 // available now, granting one more attempt if all were used, and wakes its
-// queue.
+// queue. A finished unique job whose key another job holds now (the
+// unique index, or the unique keys table on segments, refuses it) is
+// refused with a *driver.UniqueConflictError naming the holder; should
+// the holder finish before it is read, the retry is tried again.
 func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
-	out, err := d.tryRetry(ctx, id)
-	if d.converted(ctx, err) {
-		return d.tryRetry(ctx, id)
+	for round := 0; ; round++ {
+		out, err := d.tryRetry(ctx, id)
+		if d.converted(ctx, err) {
+			out, err = d.tryRetry(ctx, id)
+		}
+		if pgCode(err) != "23505" { // unique_violation
+			return out, err
+		}
+		c := &driver.UniqueConflictError{Op: "retry", JobID: id}
+		found, err := d.uniqueHolder(ctx, id, c)
+		switch {
+		case err != nil:
+			return nil, wrap("retry", err)
+		case !found && round < uniqueRounds:
+			continue // the holder finished in between
+		}
+		return nil, fmt.Errorf("conveyor/postgres: %w", c)
 	}
-	return out, err
+}
+
+// uniqueHolder fills in c.Key, job id's unique key, and c.HolderID, the
+// job holding that key, if any.
+func (d *Driver) uniqueHolder(ctx context.Context, id int64, c *driver.UniqueConflictError) (bool, error) {
+	keyQ, holdersQ := d.q.jobUniqueKey, d.q.uniqueHolders
+	if s := d.segs(); s != nil {
+		v, err := s.viewNow(ctx)
+		if err != nil {
+			return false, err
+		}
+		keyQ, holdersQ = s.stmt("seg_job_unique_key", v, v.srcs(phases...)), s.q("seg_unique_holders")
+	}
+	if err := d.pool.QueryRow(ctx, keyQ, id).Scan(&c.Key); err != nil {
+		return false, err
+	}
+	var key string
+	err := d.pool.QueryRow(ctx, holdersQ, "{"+hex.EncodeToString(c.Key)+"}").Scan(&key, &c.HolderID)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // tryRetry is Retry on the storage this driver last read (see converted).

@@ -73,7 +73,8 @@ func insertArgs(jobs []driver.InsertParams) []any {
 
 // Insert inserts jobs with one statement in its own (implicit) transaction
 // and returns their ids in input order. The same statement notifies each
-// distinct queue that received a job available now, once.
+// distinct queue that received a job available now, once. Its error is
+// marked driver.NotCommitted when nothing was committed (see refused).
 func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, error) {
 	out, err := d.tryInsert(ctx, jobs)
 	if d.converted(ctx, err) {
@@ -89,15 +90,15 @@ func (d *Driver) tryInsert(ctx context.Context, jobs []driver.InsertParams) ([]i
 	}
 	if s := d.segs(); s != nil {
 		ids, err := s.insert(ctx, d.poolQuerier(), jobs)
-		return ids, wrap("insert", err)
+		return ids, wrap("insert", refused(err))
 	}
 	rows, err := d.pool.Query(ctx, d.q.insert, insertArgs(jobs)...)
 	if err != nil {
-		return nil, wrap("insert", err)
+		return nil, wrap("insert", refused(err))
 	}
 	ids, err := collectIDs(rows, len(jobs))
 	if err != nil {
-		return nil, wrap("insert", err)
+		return nil, wrap("insert", refused(err))
 	}
 	return ids, nil
 }

@@ -44,7 +44,7 @@ type queries struct {
 	getJob, listJobs, retry, finish, stats, overview                      string
 	listState, listStates, listQueue, listKind                            string
 	pauseQueue, pausedQueues                                              string
-	insertUnique, uniqueHolders                                           string
+	insertUnique, uniqueHolders, jobUniqueKey                             string
 	recordSchedule, schedules                                             string
 	registerProcess, removeProcess, processes, pruneProcesses             string
 }
@@ -92,6 +92,7 @@ func loadQueries(prefix string) queries {
 		pausedQueues:     get("paused_queues"),
 		insertUnique:     get("insert_unique"),
 		uniqueHolders:    get("unique_holders"),
+		jobUniqueKey:     get("job_unique_key"),
 		recordSchedule:   get("record_schedule"),
 		schedules:        get("schedules"),
 		registerProcess:  get("register_process"),
@@ -533,6 +534,19 @@ func wrap(op string, err error) error {
 		return nil
 	}
 	return fmt.Errorf("conveyor/postgres: %s: %w", op, err)
+}
+
+// refused marks err driver.NotCommitted when the write it ended certainly
+// did not take effect: the server answered with an error (which rolls back
+// an autocommit statement, a transaction's statement, or a commit), or
+// nothing had been sent (pgconn.SafeToRetry). Anything else, such as a
+// connection lost while waiting for the answer, may have committed.
+func refused(err error) error {
+	var pe *pgconn.PgError
+	if err != nil && (errors.As(err, &pe) || pgconn.SafeToRetry(err)) {
+		return driver.NotCommitted(err)
+	}
+	return err
 }
 
 // pgCode returns the SQLSTATE of a server error, or "".

@@ -109,6 +109,9 @@ SELECT encode(unique_key, 'hex'), id FROM {p}jobs
         OR (state = 'discarded' AND (unique_keep & 2) <> 0)
         OR (state = 'cancelled' AND (unique_keep & 4) <> 0))
 
+-- name: job_unique_key
+SELECT unique_key FROM {p}jobs WHERE id = $1
+
 -- name: bulk_now
 SELECT now()
 

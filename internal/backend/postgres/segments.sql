@@ -154,6 +154,13 @@ SELECT i.id, k.job_id IS NOT NULL
 FROM input i LEFT JOIN k ON k.job_id = i.id CROSS JOIN (SELECT count(*) FROM woke) w
 ORDER BY i.ord
 
+-- name: seg_job_unique_key
+SELECT unique_key FROM (
+{each}SELECT unique_key FROM {src} WHERE id = $1{sep}
+UNION ALL
+{end}) j
+LIMIT 1
+
 -- name: seg_unique_holders
 SELECT encode(key, 'hex'), job_id FROM {p}unique_keys
  WHERE key = ANY (ARRAY(SELECT decode(k, 'hex') FROM unnest($1::text[]) AS k))
@@ -431,8 +438,11 @@ LIMIT $5
 
 -- name: seg_retry
 -- A discarded, cancelled, completed, retryable or scheduled job to ready,
--- now, with one more attempt if all were used; its unique key is taken
--- again if no other job took it meanwhile. Wakes its queue.
+-- now, with one more attempt if all were used. A unique job that does not
+-- hold its key (it finished in a state that freed it) takes it again: if
+-- another job took it meanwhile, the insert fails (unique_violation) and
+-- the whole statement with it, which Retry reports as a conflict. Wakes
+-- its queue.
 WITH
 {each}d{i} AS (
     DELETE FROM {src} r WHERE r.id = $1 AND {guard}
@@ -459,8 +469,9 @@ ins AS (
 ),
 uk AS (
     INSERT INTO {p}unique_keys (key, job_id)
-    SELECT unique_key, id FROM ins WHERE unique_key IS NOT NULL
-    ON CONFLICT DO NOTHING
+    SELECT unique_key, id FROM ins
+     WHERE unique_key IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM {p}unique_keys h WHERE h.key = ins.unique_key AND h.job_id = ins.id)
 ),
 woke AS (SELECT pg_notify('{p}wake', queue) FROM ins)
 SELECT {jobcols} FROM ins CROSS JOIN (SELECT count(*) FROM woke) w

@@ -23,11 +23,14 @@ const uniqueRounds = 10
 // function that scans the row.
 type querier func(ctx context.Context, query string, args []any, row func(scan func(dest ...any) error) error) error
 
-// InsertUnique inserts unique jobs in tx (a pgx.Tx or a *sql.Tx of the pgx
-// stdlib driver) or, when tx is nil, in one transaction of its own: one
-// statement inserts every job whose key is free, in key order, and one
-// more reads the holders of the others. A holder that finished in between
-// freed its key: those jobs are tried again.
+// InsertUnique inserts jobs in tx (a pgx.Tx or a *sql.Tx of the pgx
+// stdlib driver) or, when tx is nil, in one transaction of its own: the
+// jobs without a unique key with Insert's statement, then one statement
+// inserts every unique job whose key is free, in key order, and one more
+// reads the holders of the others. A holder that finished in between
+// freed its key: those jobs are tried again. In a transaction of its own,
+// an error before the commit, or the server's refusal of the commit, is
+// marked driver.NotCommitted.
 func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, []bool, error) {
 	ids, dup, err := d.tryInsertUnique(ctx, tx, jobs)
 	if d.converted(ctx, err) {
@@ -45,24 +48,19 @@ func (d *Driver) tryInsertUnique(ctx context.Context, tx any, jobs []driver.Inse
 	if len(jobs) == 0 {
 		return nil, nil, nil
 	}
-	for i := range jobs {
-		if jobs[i].UniqueKey == nil {
-			return nil, nil, fmt.Errorf("conveyor/postgres: insert unique: job %d has no unique key", i)
-		}
-	}
 	ids, dup := make([]int64, len(jobs)), make([]bool, len(jobs))
 	switch t := tx.(type) {
 	case nil:
 		ptx, err := d.pool.Begin(ctx)
 		if err != nil {
-			return nil, nil, wrap("insert unique", err)
+			return nil, nil, wrap("insert unique", driver.NotCommitted(err))
 		}
 		defer ptx.Rollback(ctx)
 		if err := d.insertUnique(ctx, pgxQuerier(ptx), jobs, ids, dup); err != nil {
-			return nil, nil, wrap("insert unique", err)
+			return nil, nil, wrap("insert unique", driver.NotCommitted(err))
 		}
 		if err := ptx.Commit(ctx); err != nil {
-			return nil, nil, wrap("insert unique: commit (the jobs may exist)", err)
+			return nil, nil, wrap("insert unique: commit", refused(err))
 		}
 	case pgx.Tx:
 		if err := d.insertUnique(ctx, pgxQuerier(t), jobs, ids, dup); err != nil {
@@ -87,12 +85,63 @@ func (d *Driver) tryInsertUnique(ctx context.Context, tx any, jobs []driver.Inse
 	return ids, dup, nil
 }
 
-func (d *Driver) insertUnique(ctx context.Context, q querier, jobs []driver.InsertParams, ids []int64, dup []bool) error {
+func (d *Driver) insertUnique(ctx context.Context, q querier, all []driver.InsertParams, ids []int64, dup []bool) error {
+	s := d.segs()
+	var jobs, plain []driver.InsertParams
+	var jobsAt, plainAt []int
+	for i := range all {
+		if all[i].UniqueKey == nil {
+			plain, plainAt = append(plain, all[i]), append(plainAt, i)
+		} else {
+			jobs, jobsAt = append(jobs, all[i]), append(jobsAt, i)
+		}
+	}
+	if len(plain) > 0 {
+		var got []int64
+		var err error
+		if s != nil {
+			got, err = s.insert(ctx, q, plain)
+		} else {
+			got = make([]int64, 0, len(plain))
+			err = q(ctx, d.q.insert, insertArgs(plain), func(scan func(...any) error) error {
+				var id int64
+				if err := scan(&id); err != nil {
+					return err
+				}
+				got = append(got, id)
+				return nil
+			})
+		}
+		if err != nil {
+			return err
+		}
+		if len(got) != len(plain) {
+			return fmt.Errorf("the insert returned %d ids for %d jobs", len(got), len(plain))
+		}
+		for k, i := range plainAt {
+			ids[i] = got[k]
+		}
+	}
+	if len(jobs) == 0 {
+		return nil
+	}
+	uids, udup := make([]int64, len(jobs)), make([]bool, len(jobs))
+	if err := d.insertKeyed(ctx, q, s, jobs, uids, udup); err != nil {
+		return err
+	}
+	for k, i := range jobsAt {
+		ids[i], dup[i] = uids[k], udup[k]
+	}
+	return nil
+}
+
+// insertKeyed inserts jobs that all have a unique key, in key order, and
+// reads the holders of the keys held (s is the segments storage, or nil).
+func (d *Driver) insertKeyed(ctx context.Context, q querier, s *segStore, jobs []driver.InsertParams, ids []int64, dup []bool) error {
 	// The statements of the prefix's storage; on the segments storage, an
 	// insert the incarnation guard refused returns no row at all, and the
 	// round runs again with a fresh view of the registry.
 	insertQ, holdersQ := d.q.insertUnique, d.q.uniqueHolders
-	s := d.segs()
 	stmts := func(stale bool) error {
 		if s == nil {
 			return nil

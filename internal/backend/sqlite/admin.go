@@ -109,9 +109,25 @@ func (d *Driver) listQuery(f driver.JobFilter) (string, []any) {
 }
 
 // Retry makes a discarded, cancelled, retryable, scheduled or completed job
-// available now, granting one more attempt if all were used.
+// available now, granting one more attempt if all were used. A finished
+// unique job whose key another job holds now is refused with a
+// *driver.UniqueConflictError.
 func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
 	return d.changeJob(ctx, "retry", id, d.q["retry_job"], id)
+}
+
+// uniqueConflict reads, in tx, job id's unique key and the job holding it,
+// for the error of an update refused by the unique index.
+func (d *Driver) uniqueConflict(ctx context.Context, tx *sql.Tx, op string, id int64) error {
+	c := &driver.UniqueConflictError{Op: op, JobID: id}
+	if err := tx.QueryRowContext(ctx, d.q["job_unique_key"], id).Scan(&c.Key); err != nil {
+		return err
+	}
+	err := tx.QueryRowContext(ctx, d.q["unique_holder"], c.Key).Scan(&c.HolderID)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	return c
 }
 
 // Cancel cancels a job that has not finished (available, scheduled,
@@ -135,6 +151,11 @@ func (d *Driver) changeJob(ctx context.Context, op string, id int64, query strin
 		j, state = nil, ""
 		var err error
 		j, err = scanJob(tx.QueryRowContext(ctx, query, args...))
+		if isUniqueViolation(err) {
+			// A unique job retried while another holds its key. The
+			// write lock is ours: the holder read next is the one.
+			return d.uniqueConflict(ctx, tx, op, id)
+		}
 		if err == nil || !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}

@@ -3,9 +3,12 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
+
+	"modernc.org/sqlite"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
@@ -18,7 +21,9 @@ type execer interface {
 
 // Insert inserts jobs in one autocommit statement (several, in one
 // IMMEDIATE transaction, when the encoded batch exceeds insertChunkBytes)
-// and returns their ids in input order.
+// and returns their ids in input order. Its error is marked
+// driver.NotCommitted when nothing was committed: a job refused before
+// the statement, or the statement (or transaction) failed.
 func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, error) {
 	if len(jobs) == 0 {
 		return nil, nil
@@ -29,13 +34,15 @@ func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int6
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("conveyor/sqlite: insert %d jobs: %w", len(jobs), err)
+		return nil, driver.NotCommitted(fmt.Errorf("conveyor/sqlite: insert %d jobs: %w", len(jobs), err))
 	}
 	ids := make([]int64, 0, len(jobs))
 	if len(chunks) == 1 {
 		// One statement is atomic by itself and commits once.
 		var st *sql.Stmt
-		if st, err = d.prepared(ctx, "insert"); err == nil {
+		if st, err = d.prepared(ctx, "insert"); err != nil {
+			err = driver.NotCommitted(err)
+		} else {
 			err = d.retry(ctx, func() error {
 				ids = ids[:0]
 				return scanIDs(ctx, st, &ids, chunks[0])
@@ -99,10 +106,21 @@ func (d *Driver) insertChunk(ctx context.Context, e execer, chunk string, ids *[
 	return sortedIDs(rows, err, ids)
 }
 
-// scanIDs is insertChunk with the insert statement prepared.
+// scanIDs is insertChunk with the insert statement prepared, run in
+// autocommit. SQLite reports a statement that failed (and so changed
+// nothing) at its first step, within QueryContext: that error is marked
+// driver.NotCommitted. A context that ends meanwhile is not: the statement
+// may have run, and committed once reset.
 func scanIDs(ctx context.Context, st *sql.Stmt, ids *[]int64, chunk string) error {
 	rows, err := st.QueryContext(ctx, chunk)
-	return sortedIDs(rows, err, ids)
+	if err != nil {
+		var se *sqlite.Error
+		if errors.As(err, &se) {
+			err = driver.NotCommitted(err)
+		}
+		return err
+	}
+	return sortedIDs(rows, nil, ids)
 }
 
 // sortedIDs appends the ids an insert returned, in input order.

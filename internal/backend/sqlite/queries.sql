@@ -232,6 +232,9 @@ SELECT {cols} FROM {p}jobs WHERE id = ?1
 -- name: job_state
 SELECT state FROM {p}jobs WHERE id = ?1
 
+-- name: job_unique_key
+SELECT unique_key FROM {p}jobs WHERE id = ?1
+
 -- name: list_jobs
 -- ?1 after id, ?2 limit; the WHERE gets the filters below that apply, each
 -- numbered from ?3 on. A filter is a plain predicate (no "?n = '' OR"),

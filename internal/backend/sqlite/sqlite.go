@@ -547,6 +547,13 @@ func (d *Driver) Close() error {
 	return errors.Join(errs...)
 }
 
+// isUniqueViolation reports whether err is SQLite refusing a second holder
+// of a unique index's key (SQLITE_CONSTRAINT_UNIQUE).
+func isUniqueViolation(err error) bool {
+	var se *sqlite.Error
+	return errors.As(err, &se) && se.Code() == sqlite3.SQLITE_CONSTRAINT_UNIQUE
+}
+
 // isBusy reports whether err is SQLite telling us another connection holds
 // a lock (SQLITE_BUSY, SQLITE_LOCKED and their extended codes).
 func isBusy(err error) bool {
@@ -650,16 +657,17 @@ func (d *Driver) busyRetry(ctx context.Context, fn func() error) error {
 }
 
 // inTx runs fn in a BEGIN IMMEDIATE transaction on the write connection,
-// retrying the whole transaction when SQLite reports busy.
+// retrying the whole transaction when SQLite reports busy. An error before
+// the commit is marked driver.NotCommitted; the commit's own is not.
 func (d *Driver) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
 	return d.retry(ctx, func() error {
 		tx, err := d.w.BeginTx(ctx, nil)
 		if err != nil {
-			return err
+			return driver.NotCommitted(err)
 		}
 		if err := fn(tx); err != nil {
 			tx.Rollback()
-			return err
+			return driver.NotCommitted(err)
 		}
 		return tx.Commit()
 	})

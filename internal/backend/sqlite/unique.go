@@ -11,21 +11,19 @@ import (
 	"github.com/conveyorq/conveyor/internal/driver"
 )
 
-// InsertUnique inserts unique jobs one statement each, in key order, in
-// tx (a *sql.Tx on this database) or in one IMMEDIATE transaction of its
-// own. A job whose key is held gets the holder's id and its duplicate
-// flag. SQLite has one writer, so the holder is always visible to the
-// statement that follows the refused insert.
+// InsertUnique inserts, in tx (a *sql.Tx on this database) or in one
+// IMMEDIATE transaction of its own, the jobs without a unique key as Insert
+// does, then the unique ones one statement each, in key order. A job whose
+// key is held gets the holder's id and its duplicate flag. SQLite has one
+// writer, so the holder is always visible to the statement that follows
+// the refused insert.
 func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, []bool, error) {
 	if len(jobs) == 0 {
 		return nil, nil, nil
 	}
 	for i := range jobs {
 		if err := checkInsert(i, &jobs[i]); err != nil {
-			return nil, nil, fmt.Errorf("conveyor/sqlite: insert %d unique jobs: %w", len(jobs), err)
-		}
-		if jobs[i].UniqueKey == nil {
-			return nil, nil, fmt.Errorf("conveyor/sqlite: insert unique: job %d has no unique key", i)
+			return nil, nil, driver.NotCommitted(fmt.Errorf("conveyor/sqlite: insert %d unique jobs: %w", len(jobs), err))
 		}
 	}
 	ids, dup := make([]int64, len(jobs)), make([]bool, len(jobs))
@@ -52,9 +50,29 @@ func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertP
 }
 
 func (d *Driver) insertUnique(ctx context.Context, e execer, jobs []driver.InsertParams, ids []int64, dup []bool) error {
-	order := make([]int, len(jobs))
-	for i := range order {
-		order[i] = i
+	var order, plainAt []int
+	var plain []driver.InsertParams
+	for i := range jobs {
+		if jobs[i].UniqueKey == nil {
+			plain, plainAt = append(plain, jobs[i]), append(plainAt, i)
+		} else {
+			order = append(order, i)
+		}
+	}
+	if len(plain) > 0 {
+		got := make([]int64, 0, len(plain))
+		err := insertChunks(plain, 0, func(chunk string, _ int) error {
+			return d.insertChunk(ctx, e, chunk, &got)
+		})
+		if err != nil {
+			return err
+		}
+		if len(got) != len(plain) {
+			return fmt.Errorf("%d ids returned for %d jobs", len(got), len(plain))
+		}
+		for k, i := range plainAt {
+			ids[i] = got[k]
+		}
 	}
 	sort.Slice(order, func(a, b int) bool { return bytes.Compare(jobs[order[a]].UniqueKey, jobs[order[b]].UniqueKey) < 0 })
 	for _, i := range order {
