@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -168,6 +171,50 @@ func (a *admin) segRotation(ctx context.Context) (tables, reclaims, highest int6
 	        coalesce(max(substring(tbl from '_([0-9]+)$')::bigint), 0)
 	   FROM `+a.prefix+`segments`).Scan(&tables, &reclaims, &highest)
 	return tables, reclaims, highest, err
+}
+
+// unfinishedSegRows returns the jobs of a PostgreSQL prefix on the
+// segments storage that are in no final state, by id, with their state
+// and attempt. It reads every ready, running and waiting table of the
+// registry, whatever its status, in one statement: the orchestrator's own
+// reading of the tables, which depends on no client's view of the
+// registry. A table dropped between the registry's reading and the
+// statement's makes it read the registry again.
+func (a *admin) unfinishedSegRows(ctx context.Context) (map[int64]string, error) {
+	for try := 0; ; try++ {
+		var tbls []string
+		rows, err := a.pg.Query(ctx, "SELECT tbl FROM "+a.prefix+"segments WHERE phase IN ('ready', 'running', 'waiting') ORDER BY tbl")
+		if err == nil {
+			tbls, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(tbls) == 0 {
+			return nil, nil
+		}
+		parts := make([]string, len(tbls))
+		for i, t := range tbls {
+			parts[i] = "SELECT id, state, attempt FROM " + pgx.Identifier{t}.Sanitize() +
+				" WHERE state NOT IN ('completed', 'discarded', 'cancelled')"
+		}
+		rows, err = a.pg.Query(ctx, strings.Join(parts, " UNION ALL "))
+		out := map[int64]string{}
+		if err == nil {
+			var id int64
+			var state string
+			var attempt int
+			_, err = pgx.ForEachRow(rows, []any{&id, &state, &attempt}, func() error {
+				out[id] = fmt.Sprintf("%s at attempt %d", state, attempt)
+				return nil
+			})
+		}
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42P01" && try < 5 {
+			continue
+		}
+		return out, err
+	}
 }
 
 // integrity runs SQLite's integrity check.
