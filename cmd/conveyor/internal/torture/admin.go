@@ -174,16 +174,29 @@ func (a *admin) segRotation(ctx context.Context) (tables, reclaims, highest int6
 }
 
 // unfinishedSegRows returns the jobs of a PostgreSQL prefix on the
-// segments storage that are in no final state, by id, with their state
-// and attempt. It reads every ready, running and waiting table of the
-// registry, whatever its status, in one statement: the orchestrator's own
-// reading of the tables, which depends on no client's view of the
-// registry. A table dropped between the registry's reading and the
-// statement's makes it read the registry again.
+// segments storage that are in no final state, read from every ready,
+// running and waiting table (see segRows).
 func (a *admin) unfinishedSegRows(ctx context.Context) (map[int64]string, error) {
+	return a.segRows(ctx, true)
+}
+
+// segRows returns the jobs of a PostgreSQL prefix on the segments storage,
+// by id, with their state and attempt ("completed at attempt 1"): every
+// job, or only those in no final state (read from the ready, running and
+// waiting tables). It reads every such table of the registry, whatever
+// its status, in one statement: the orchestrator's own reading of the
+// tables, which depends on no client's view of the registry. A table
+// dropped between the registry's reading and the statement's makes it
+// read the registry again.
+func (a *admin) segRows(ctx context.Context, unfinished bool) (map[int64]string, error) {
+	phases, final := "", ""
+	if unfinished {
+		phases = " WHERE phase IN ('ready', 'running', 'waiting')"
+		final = " WHERE state NOT IN ('completed', 'discarded', 'cancelled')"
+	}
 	for try := 0; ; try++ {
 		var tbls []string
-		rows, err := a.pg.Query(ctx, "SELECT tbl FROM "+a.prefix+"segments WHERE phase IN ('ready', 'running', 'waiting') ORDER BY tbl")
+		rows, err := a.pg.Query(ctx, "SELECT tbl FROM "+a.prefix+"segments"+phases+" ORDER BY tbl")
 		if err == nil {
 			tbls, err = pgx.CollectRows(rows, pgx.RowTo[string])
 		}
@@ -195,8 +208,7 @@ func (a *admin) unfinishedSegRows(ctx context.Context) (map[int64]string, error)
 		}
 		parts := make([]string, len(tbls))
 		for i, t := range tbls {
-			parts[i] = "SELECT id, state, attempt FROM " + pgx.Identifier{t}.Sanitize() +
-				" WHERE state NOT IN ('completed', 'discarded', 'cancelled')"
+			parts[i] = "SELECT id, state, attempt FROM " + pgx.Identifier{t}.Sanitize() + final
 		}
 		rows, err = a.pg.Query(ctx, strings.Join(parts, " UNION ALL "))
 		out := map[int64]string{}

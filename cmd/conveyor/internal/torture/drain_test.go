@@ -33,7 +33,7 @@ func TestMissedByStats(t *testing.T) {
 // TestUnfinishedSegRows: the orchestrator's own reading of a segments
 // prefix finds its unfinished jobs in whichever phase they are (ready,
 // waiting, running), with their state and attempt, and not the finished
-// ones.
+// ones; asked for every job, it finds the finished ones too.
 func TestUnfinishedSegRows(t *testing.T) {
 	ctx := context.Background()
 	dsn := testdb.Postgres(t)
@@ -83,6 +83,10 @@ func TestUnfinishedSegRows(t *testing.T) {
 	go func() { _, err := seam.WorkOne(ctx, c, running); worked <- err }()
 	<-claimed
 	got, err := adm.unfinishedSegRows(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := adm.segRows(ctx, false)
 	close(done)
 	if err != nil {
 		t.Fatal(err)
@@ -93,6 +97,10 @@ func TestUnfinishedSegRows(t *testing.T) {
 	want := map[int64]string{later: "scheduled at attempt 0", ready: "available at attempt 0", running: "running at attempt 1"}
 	if !maps.Equal(got, want) {
 		t.Fatalf("unfinished %v, want %v (completed %d, cancelled %d)", got, want, completed, cancelled)
+	}
+	want[completed], want[cancelled] = "completed at attempt 1", "cancelled at attempt 0"
+	if !maps.Equal(all, want) {
+		t.Fatalf("all rows %v, want %v", all, want)
 	}
 }
 
@@ -143,5 +151,34 @@ func TestDrainGoesOnWhileTablesHoldAJob(t *testing.T) {
 	statsCalls = 0
 	if left, err := drainQueue(ctx, time.Now().Add(time.Minute), time.Millisecond, stats, tables, nil); err != nil || left != 0 || statsCalls != 1 {
 		t.Fatalf("tables empty: %d left, %v, after %d Stats", left, err, statsCalls)
+	}
+}
+
+// TestFinalReadDiff: the final read is checked job by job against the
+// tables: a job the client's Jobs left out (the smallpool phase's "lost"
+// job 510, completed in a done segment made current after the reading
+// client's view of the registry), one in another state or at another
+// attempt, and one the tables do not hold are each named; agreeing reads
+// give nothing.
+func TestFinalReadDiff(t *testing.T) {
+	jobs := map[int64]*FinalJob{
+		1: {ID: 1, State: "completed", Attempt: 1},
+		2: {ID: 2, State: "available", Attempt: 1},
+		4: {ID: 4, State: "discarded", Attempt: 3},
+	}
+	rows := map[int64]string{1: "completed at attempt 1", 2: "completed at attempt 2", 3: "completed at attempt 1"}
+	want := []string{
+		"job 2 available at attempt 1 (completed at attempt 2 in the tables)",
+		"job 3 missing (completed at attempt 1 in the tables)",
+		"job 4 discarded at attempt 3 (not in the tables)",
+	}
+	if got := finalReadDiff(jobs, rows); !slices.Equal(got, want) {
+		t.Fatalf("diff %q, want %q", got, want)
+	}
+	delete(jobs, 4)
+	rows[2] = "available at attempt 1"
+	jobs[3] = &FinalJob{ID: 3, State: "completed", Attempt: 1}
+	if got := finalReadDiff(jobs, rows); len(got) != 0 {
+		t.Fatalf("diff %q for agreeing reads", got)
 	}
 }

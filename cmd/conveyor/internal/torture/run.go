@@ -10,6 +10,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -659,6 +660,9 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 		p.fail("reading jobs: %v", err)
 		return
 	}
+	if p.o.Storage == "segments" && p.adm != nil && p.adm.pg != nil {
+		jobs = p.checkFinalRead(ctx, jobs)
+	}
 	events, deaths := p.sup.snapshot()
 	in := &Input{Lease: p.o.Lease, Acked: rs.acked, RolledBack: rs.rolledBack, Execs: rs.execs,
 		Jobs: jobs, Events: events, Deaths: deaths, Poison: p.poison, Applied: rs.applied,
@@ -751,6 +755,66 @@ func (p *phase) claimed() int64 {
 		return -1
 	}
 	return rs.sumCounter("claimed")
+}
+
+// checkFinalRead compares the final rows the client's Jobs returned with
+// the orchestrator's own reading of the segment tables (admin.segRows; by
+// then nothing moves them: the workers have stopped). A job Jobs left out,
+// or returned in another state or at another attempt, fails the phase,
+// naming it, and Jobs is read again, a few times, until it agrees, so that
+// the checks run on the rows as stored instead of reporting such a job
+// lost. It returns the rows the checks use.
+func (p *phase) checkFinalRead(ctx context.Context, jobs map[int64]*FinalJob) map[int64]*FinalJob {
+	for try := 0; ; try++ {
+		rows, err := p.adm.segRows(ctx, false)
+		if err != nil {
+			p.note("final read: reading the segment tables: %v", err)
+			return jobs
+		}
+		diff := finalReadDiff(jobs, rows)
+		if len(diff) == 0 {
+			return jobs
+		}
+		if try == 0 {
+			p.fail("final read: the client's Jobs returned %d jobs unlike the tables: %s", len(diff), strings.Join(head(diff), "; "))
+		}
+		if try == 5 {
+			p.note("final read: the client's Jobs still disagreed with the tables after %d readings; checked as Jobs returned them", try+1)
+			return jobs
+		}
+		time.Sleep(500 * time.Millisecond)
+		again, err := p.finalJobs(ctx)
+		if err != nil {
+			return jobs
+		}
+		jobs = again
+	}
+}
+
+// finalReadDiff lists, in id order, the jobs on which jobs (the client's
+// Jobs) and rows (the tables: id -> "STATE at attempt N") disagree.
+func finalReadDiff(jobs map[int64]*FinalJob, rows map[int64]string) []string {
+	ids := map[int64]bool{}
+	for id := range jobs {
+		ids[id] = true
+	}
+	for id := range rows {
+		ids[id] = true
+	}
+	var out []string
+	for _, id := range slices.Sorted(maps.Keys(ids)) {
+		row, stored := rows[id]
+		j := jobs[id]
+		switch {
+		case j == nil:
+			out = append(out, fmt.Sprintf("job %d missing (%s in the tables)", id, row))
+		case !stored:
+			out = append(out, fmt.Sprintf("job %d %s at attempt %d (not in the tables)", id, j.State, j.Attempt))
+		case fmt.Sprintf("%s at attempt %d", j.State, j.Attempt) != row:
+			out = append(out, fmt.Sprintf("job %d %s at attempt %d (%s in the tables)", id, j.State, j.Attempt, row))
+		}
+	}
+	return out
 }
 
 // finalJobs reads every job under the phase's prefix through the public
