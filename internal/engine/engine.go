@@ -52,7 +52,14 @@ var errLeaseLost = errors.New("conveyor: job lease lost (cancelled or discarded 
 // errLeaseDeadline is the cause given to job contexts cancelled because
 // their lease could not be renewed in time: the handler must stop before
 // the lease can expire and another process take the job.
-var errLeaseDeadline = errors.New("conveyor: job lease could not be renewed in time; handler cancelled before the lease could expire")
+var errLeaseDeadline = errors.New(MsgLeaseDeadline)
+
+// MsgLeaseDeadline is the message of the cause given to a job's context
+// when its lease could not be renewed in time. The attempt's error entry
+// starts with it when the handler returned the cause, and ends with it in
+// parentheses when the handler returned an error of its own (see runJob).
+// The torture suite's checker recognises such attempts by it.
+const MsgLeaseDeadline = "conveyor: job lease could not be renewed in time; handler cancelled before the lease could expire"
 
 // Config is the engine's configuration, filled with defaults by the public
 // package (the one place defaults live).

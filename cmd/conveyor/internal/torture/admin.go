@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -168,6 +171,62 @@ func (a *admin) segRotation(ctx context.Context) (tables, reclaims, highest int6
 	        coalesce(max(substring(tbl from '_([0-9]+)$')::bigint), 0)
 	   FROM `+a.prefix+`segments`).Scan(&tables, &reclaims, &highest)
 	return tables, reclaims, highest, err
+}
+
+// unfinishedSegRows returns the jobs of a PostgreSQL prefix on the
+// segments storage that are in no final state, read from every ready,
+// running and waiting table (see segRows).
+func (a *admin) unfinishedSegRows(ctx context.Context) (map[int64]string, error) {
+	return a.segRows(ctx, true)
+}
+
+// segRows returns the jobs of a PostgreSQL prefix on the segments storage,
+// by id, with their state and attempt ("completed at attempt 1"): every
+// job, or only those in no final state (read from the ready, running and
+// waiting tables). It reads every such table of the registry, whatever
+// its status, in one statement: the orchestrator's own reading of the
+// tables, which depends on no client's view of the registry. A table
+// dropped between the registry's reading and the statement's makes it
+// read the registry again.
+func (a *admin) segRows(ctx context.Context, unfinished bool) (map[int64]string, error) {
+	phases, final := "", ""
+	if unfinished {
+		phases = " WHERE phase IN ('ready', 'running', 'waiting')"
+		final = " WHERE state NOT IN ('completed', 'discarded', 'cancelled')"
+	}
+	for try := 0; ; try++ {
+		var tbls []string
+		rows, err := a.pg.Query(ctx, "SELECT tbl FROM "+a.prefix+"segments"+phases+" ORDER BY tbl")
+		if err == nil {
+			tbls, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(tbls) == 0 {
+			return nil, nil
+		}
+		parts := make([]string, len(tbls))
+		for i, t := range tbls {
+			parts[i] = "SELECT id, state, attempt FROM " + pgx.Identifier{t}.Sanitize() + final
+		}
+		rows, err = a.pg.Query(ctx, strings.Join(parts, " UNION ALL "))
+		out := map[int64]string{}
+		if err == nil {
+			var id int64
+			var state string
+			var attempt int
+			_, err = pgx.ForEachRow(rows, []any{&id, &state, &attempt}, func() error {
+				out[id] = fmt.Sprintf("%s at attempt %d", state, attempt)
+				return nil
+			})
+		}
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42P01" && try < 5 {
+			continue
+		}
+		return out, err
+	}
 }
 
 // integrity runs SQLite's integrity check.

@@ -14,6 +14,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/conveyorq/conveyor/internal/engine"
 )
 
 // Execution outcomes as a handler records them.
@@ -319,9 +321,17 @@ func headS(xs []string) string {
 // whose lease expired (see driver.Driver.Rescue).
 const leaseExpiredPrefix = "lease expired"
 
-// leaseDeadlinePrefix starts the error of an attempt whose handler the
-// engine cut off because its lease could not be renewed in time.
-const leaseDeadlinePrefix = "conveyor: job lease could not be renewed in time"
+// cutOffErr reports whether msg, an attempt's error entry, says that its
+// engine cut the handler off because the lease could not be renewed in
+// time: the handler returned the cut-off's cause (engine.MsgLeaseDeadline
+// starts the entry), or an error of its own from a call the cancellation
+// interrupted, a database read for one, to which the engine appended the
+// cause in parentheses (the entry ends with it). It is the attempt's side
+// of the evidence; the cause of the cut-off (a pause, a slow renewal)
+// must be found in the records as well.
+func cutOffErr(msg string) bool {
+	return strings.HasPrefix(msg, engine.MsgLeaseDeadline) || strings.HasSuffix(msg, " ("+engine.MsgLeaseDeadline+")")
+}
 
 var farFuture = time.Unix(1<<40, 0)
 
@@ -619,7 +629,7 @@ func (in *Input) cause(e Exec, later []Exec, j *FinalJob, errAt map[int][]string
 			switch {
 			case ev.PID == 0:
 				return "failed during fault: " + ev.Kind, true
-			case ev.Kind == EventPause && strings.HasPrefix(msgs[0], leaseDeadlinePrefix):
+			case ev.Kind == EventPause && cutOffErr(msgs[0]):
 				// Stopped past its lease and resumed before any other
 				// process rescued the attempt (the paused process may
 				// have been the leader that rescues): its deadline loop
@@ -627,7 +637,7 @@ func (in *Input) cause(e Exec, later []Exec, j *FinalJob, errAt map[int][]string
 				return "cut off after its lease: " + ev.Kind, true
 			}
 		}
-		if strings.HasPrefix(msgs[0], leaseDeadlinePrefix) && in.slowRenewal(e) {
+		if cutOffErr(msgs[0]) && in.slowRenewal(e) {
 			return slowRenewalCause, true
 		}
 		return "failed: " + firstLine(msgs[0]), false

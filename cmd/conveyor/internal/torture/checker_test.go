@@ -268,6 +268,50 @@ func TestCheckerLeaseDeadlineAfterSlowRenewal(t *testing.T) {
 	assertFailure(t, planted(map[int][]Renewal{300: {{Sent: at(1.6), Done: at(2.9)}}}), "1 unexplained duplicate executions")
 }
 
+// TestCheckerLeaseDeadlineInHandlerError: a handler cut off in a call of
+// its own that honours the context (a database read) returns that call's
+// error, and the engine appends the cut-off's cause in parentheses. Such
+// an attempt is explained as a cut-off by the same evidence as one whose
+// handler returned the cause: its own process's renewal out at the
+// cut-off, or a pause past the lease. An error that only mentions the
+// cause elsewhere, or ends with another cause, explains nothing.
+func TestCheckerLeaseDeadlineInHandlerError(t *testing.T) {
+	wrapped := "conveyor/postgres: paused queues: context canceled (" + engine.MsgLeaseDeadline + ")"
+	slow := map[int][]Renewal{300: {{Sent: at(1.6), Done: at(3.2)}}}
+	planted := func(msg string, renewals map[int][]Renewal) *Findings {
+		w := newWorld()
+		w.job(83, "completed", 2, AttemptErr{1, msg})
+		w.exec(83, 1, 300, 1, 3, OutcomeError)
+		w.exec(83, 2, 200, 3.3, 3.4, OutcomeOK)
+		w.in.SlowRenewals = renewals
+		return Check(w.in)
+	}
+	f := planted(wrapped, slow)
+	if fl := f.Failures(); len(fl) > 0 {
+		t.Fatalf("failures: %v", fl)
+	}
+	if f.DuplicateCauses[slowRenewalCause] != 1 {
+		t.Fatalf("causes %v", f.DuplicateCauses)
+	}
+	assertFailure(t, planted(wrapped, nil), "1 unexplained duplicate executions")
+	assertFailure(t, planted(wrapped, map[int][]Renewal{300: {{Sent: at(1.6), Done: at(2.9)}}}), "1 unexplained duplicate executions")
+	assertFailure(t, planted("read failed: context canceled ("+engine.MsgLeaseDeadline+") and then: boom", slow), "1 unexplained duplicate executions")
+	assertFailure(t, planted("read failed: context canceled (conveyor: client shutting down)", slow), "1 unexplained duplicate executions")
+
+	w := newWorld()
+	w.job(84, "completed", 2, AttemptErr{1, wrapped})
+	w.exec(84, 1, 300, 1, 6.6, OutcomeError)
+	w.event(EventPause, 300, 1.2, 6.5)
+	w.exec(84, 2, 200, 7, 7.1, OutcomeOK)
+	f = Check(w.in)
+	if fl := f.Failures(); len(fl) > 0 {
+		t.Fatalf("paused: failures: %v", fl)
+	}
+	if f.DuplicateCauses["cut off after its lease: paused"] != 1 {
+		t.Fatalf("paused: causes %v", f.DuplicateCauses)
+	}
+}
+
 func assertFailure(t *testing.T, f *Findings, want string) {
 	t.Helper()
 	for _, l := range f.Failures() {

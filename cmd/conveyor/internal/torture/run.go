@@ -10,6 +10,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -537,16 +538,60 @@ func latest(a, b time.Time) time.Time {
 }
 
 // drain waits until no job is left to run, up to the phase's drain
-// timeout.
+// timeout, by the client's Stats, as an application would; on the
+// segments storage it checks Stats against the tables (see drainQueue).
+// A job Stats missed fails the phase.
 func (p *phase) drain(ctx context.Context) (left int64, err error) {
-	deadline := time.Now().Add(p.drainTimeout)
-	for {
+	stats := func(ctx context.Context) (int64, error) {
 		st, err := p.client.Stats(ctx)
-		if err == nil {
-			left = 0
-			for _, q := range st.Queues {
-				for _, s := range []conveyor.JobState{"available", "scheduled", "running", "retryable"} {
-					left += q.Counts[s]
+		if err != nil {
+			return 0, err
+		}
+		var left int64
+		for _, q := range st.Queues {
+			for _, s := range []conveyor.JobState{"available", "scheduled", "running", "retryable"} {
+				left += q.Counts[s]
+			}
+		}
+		return left, nil
+	}
+	var tables func(context.Context) (map[int64]string, error)
+	if p.o.Storage == "segments" && p.adm != nil && p.adm.pg != nil {
+		tables = p.adm.unfinishedSegRows
+	}
+	return drainQueue(ctx, time.Now().Add(p.drainTimeout), 200*time.Millisecond, stats, tables, func(at time.Time, missed []string) {
+		p.fail("drain: the client's Stats counted no unfinished job at %s, yet the tables held %d committed before it was called: %s",
+			clock(at), len(missed), strings.Join(head(missed), "; "))
+	})
+}
+
+// drainQueue polls stats (the unfinished jobs Stats counts) every poll
+// until it counts none, or until deadline, and returns its last count.
+// With tables (the orchestrator's own reading of the unfinished rows, nil
+// when it has none), each time stats counts none the tables are read too,
+// and the drain goes on while they hold a job, so that the phase's checks
+// see a drained queue whatever Stats said. A job found unfinished by two
+// such readings was committed and unfinished all along between them, so
+// the Stats call between them must have counted it: if it counted none,
+// missed is called once, with when that call was made and the jobs it
+// missed (missedByStats).
+func drainQueue(ctx context.Context, deadline time.Time, poll time.Duration,
+	stats func(context.Context) (int64, error), tables func(context.Context) (map[int64]string, error),
+	missed func(at time.Time, jobs []string)) (left int64, err error) {
+	var seen map[int64]string // the tables' last reading
+	reported := false
+	for {
+		asked := time.Now()
+		var n int64
+		if n, err = stats(ctx); err == nil {
+			left = n
+			if left == 0 && tables != nil {
+				if rows, terr := tables(ctx); terr == nil {
+					if m := missedByStats(seen, rows); len(m) > 0 && !reported {
+						reported = true
+						missed(asked, m)
+					}
+					seen, left = rows, int64(len(rows))
 				}
 			}
 			if left == 0 {
@@ -557,10 +602,31 @@ func (p *phase) drain(ctx context.Context) (left int64, err error) {
 			return left, err
 		}
 		select {
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(poll):
 		case <-ctx.Done():
 		}
 	}
+}
+
+// missedByStats lists the jobs unfinished in both readings of the tables,
+// prev and cur, between which Stats counted no unfinished job: each was
+// committed by prev's reading, before Stats was called, and a job never
+// becomes unfinished again once final (the suite retries none by hand),
+// so it was unfinished all along, when Stats read too. In id order, each
+// as "job ID STATE at attempt N".
+func missedByStats(prev, cur map[int64]string) []string {
+	var ids []int64
+	for id := range cur {
+		if _, ok := prev[id]; ok {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = fmt.Sprintf("job %d %s", id, cur[id])
+	}
+	return out
 }
 
 // finish drains the queue, stops the workers and checks the records.
@@ -593,6 +659,9 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 	if err != nil {
 		p.fail("reading jobs: %v", err)
 		return
+	}
+	if p.o.Storage == "segments" && p.adm != nil && p.adm.pg != nil {
+		jobs = p.checkFinalRead(ctx, jobs)
 	}
 	events, deaths := p.sup.snapshot()
 	in := &Input{Lease: p.o.Lease, Acked: rs.acked, RolledBack: rs.rolledBack, Execs: rs.execs,
@@ -686,6 +755,66 @@ func (p *phase) claimed() int64 {
 		return -1
 	}
 	return rs.sumCounter("claimed")
+}
+
+// checkFinalRead compares the final rows the client's Jobs returned with
+// the orchestrator's own reading of the segment tables (admin.segRows; by
+// then nothing moves them: the workers have stopped). A job Jobs left out,
+// or returned in another state or at another attempt, fails the phase,
+// naming it, and Jobs is read again, a few times, until it agrees, so that
+// the checks run on the rows as stored instead of reporting such a job
+// lost. It returns the rows the checks use.
+func (p *phase) checkFinalRead(ctx context.Context, jobs map[int64]*FinalJob) map[int64]*FinalJob {
+	for try := 0; ; try++ {
+		rows, err := p.adm.segRows(ctx, false)
+		if err != nil {
+			p.note("final read: reading the segment tables: %v", err)
+			return jobs
+		}
+		diff := finalReadDiff(jobs, rows)
+		if len(diff) == 0 {
+			return jobs
+		}
+		if try == 0 {
+			p.fail("final read: the client's Jobs returned %d jobs unlike the tables: %s", len(diff), strings.Join(head(diff), "; "))
+		}
+		if try == 5 {
+			p.note("final read: the client's Jobs still disagreed with the tables after %d readings; checked as Jobs returned them", try+1)
+			return jobs
+		}
+		time.Sleep(500 * time.Millisecond)
+		again, err := p.finalJobs(ctx)
+		if err != nil {
+			return jobs
+		}
+		jobs = again
+	}
+}
+
+// finalReadDiff lists, in id order, the jobs on which jobs (the client's
+// Jobs) and rows (the tables: id -> "STATE at attempt N") disagree.
+func finalReadDiff(jobs map[int64]*FinalJob, rows map[int64]string) []string {
+	ids := map[int64]bool{}
+	for id := range jobs {
+		ids[id] = true
+	}
+	for id := range rows {
+		ids[id] = true
+	}
+	var out []string
+	for _, id := range slices.Sorted(maps.Keys(ids)) {
+		row, stored := rows[id]
+		j := jobs[id]
+		switch {
+		case j == nil:
+			out = append(out, fmt.Sprintf("job %d missing (%s in the tables)", id, row))
+		case !stored:
+			out = append(out, fmt.Sprintf("job %d %s at attempt %d (not in the tables)", id, j.State, j.Attempt))
+		case fmt.Sprintf("%s at attempt %d", j.State, j.Attempt) != row:
+			out = append(out, fmt.Sprintf("job %d %s at attempt %d (%s in the tables)", id, j.State, j.Attempt, row))
+		}
+	}
+	return out
 }
 
 // finalJobs reads every job under the phase's prefix through the public

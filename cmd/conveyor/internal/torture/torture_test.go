@@ -28,6 +28,12 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// faultsEnv, when set, names the faults (comma-separated, see FaultNames)
+// that the torture tests run instead of every one that applies, to run a
+// phase alone: CONVEYOR_TORTURE_FAULTS=poison go test -run
+// TestTorturePostgresSegmentsHeld.
+const faultsEnv = "CONVEYOR_TORTURE_FAULTS"
+
 // shortRun runs every fault that applies to dsn's backend for about
 // perFault each, with worker processes re-executed from the test binary,
 // and fails the test on any violation.
@@ -51,6 +57,9 @@ func shortRun(t *testing.T, dsn string, set ...func(*Options)) []Row {
 		Log:         testWriter{t},
 	}
 	opts.SmallPool = 1
+	if fs := os.Getenv(faultsEnv); fs != "" {
+		opts.Faults = strings.Split(fs, ",")
+	}
 	for _, f := range set {
 		f(&opts)
 	}
