@@ -73,7 +73,7 @@ func shortRun(t *testing.T, dsn string, set ...func(*Options)) []Row {
 	t.Logf("torture on %s in %v:\n%s", backendOf(dsn), time.Since(start).Round(time.Second), b.String())
 	for _, r := range rows {
 		if r.Skipped != "" && !strings.HasPrefix(r.Skipped, "database restarts disabled") {
-			if strings.HasPrefix(r.Fault, "skew") && os.Getenv("CONVEYOR_TORTURE_REQUIRE_SKEW") == "1" {
+			if strings.HasPrefix(r.Fault, "skew") && (os.Getenv("CONVEYOR_TORTURE_REQUIRE_SKEW") == "1" || testdb.Strict()) {
 				t.Errorf("%s: skipped: %s", r.Fault, r.Skipped)
 			} else {
 				t.Logf("SKIPPED %s on %s: %s", r.Fault, r.Backend, r.Skipped)
