@@ -126,4 +126,3 @@ func pausedList(paused map[string]time.Time) string {
 	sort.Strings(names)
 	return "paused queues: " + strings.Join(names, ", ")
 }
-
