@@ -4,14 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
 // TestOptionsBelongToTheirBackend: a setting of another backend is refused
@@ -65,45 +64,12 @@ func TestClientAnyChecksTxType(t *testing.T) {
 	}
 }
 
-// silentServer listens on a loopback port, accepts connections and never
-// answers: a server that is up at the TCP level but does not speak the
-// protocol. It returns its address; it stops when the test ends.
-func silentServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
-
 // TestConnectTimeout: a server that accepts TCP connections and never
 // answers fails Open after ConnectTimeout, with an error naming the
 // server and the timeout (and matching context.DeadlineExceeded),
 // instead of hanging until the caller's context ends.
 func TestConnectTimeout(t *testing.T) {
-	addr := silentServer(t)
+	addr := testdb.SilentServer(t)
 	for _, d := range []string{"postgres://postgres:Sekr3tPw@" + addr + "/test", "mysql://root:Sekr3tPw@" + addr + "/test"} {
 		// The caller's own bound, far above the connect timeout: hitting
 		// it means ConnectTimeout did not apply.

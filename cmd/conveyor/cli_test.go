@@ -6,13 +6,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -693,46 +691,13 @@ func TestSchedules(t *testing.T) {
 	}
 }
 
-// silentServer listens on a loopback port, accepts TCP connections and
-// never answers: a server that is up but does not speak the protocol. It
-// returns its address and stops when the test ends.
-func silentServer(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	return ln.Addr().String()
-}
-
 // A server that accepts connections and never answers fails the command
 // after --connect-timeout (and the default applies without it: the
 // command's own context here is far longer), with one line naming the
 // server and the timeout.
 func TestConnectTimeoutCommand(t *testing.T) {
 	inEmptyDir(t)
-	addr := silentServer(t)
+	addr := testdb.SilentServer(t)
 	for _, c := range []struct {
 		args []string
 		want string

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -88,4 +89,38 @@ func Prefix() string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return "t" + hex.EncodeToString(b[:]) + "_"
+}
+
+// SilentServer listens on a loopback port, accepts TCP connections and
+// never answers: a server that is up but does not speak the protocol,
+// for connect-timeout tests. It returns its address and stops when the
+// test ends.
+func SilentServer(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	tb.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return ln.Addr().String()
 }
