@@ -1708,17 +1708,7 @@ func TestReadsSeeSegmentsCreatedSince(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	regs, err := s.registry(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range regs {
-		if r.tbl == oldReady {
-			if ok, _, err := s.reclaim(ctx, r, false, false); err != nil || !ok {
-				t.Fatalf("reclaim %s: %v %v", oldReady, ok, err)
-			}
-		}
-	}
+	reclaimSealed(t, s, oldReady)
 	if n := rowsIn(t, d, oldReady); n != 0 {
 		t.Fatalf("%d rows left in the reclaimed %s", n, oldReady)
 	}
@@ -1867,17 +1857,7 @@ func TestReadInSnapshotOlderThanReclaim(t *testing.T) {
 	if err := s.rotate(ctx, phReady); err != nil {
 		t.Fatal(err)
 	}
-	regs, err := s.registry(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range regs {
-		if r.tbl == old {
-			if ok, _, err := s.reclaim(ctx, r, false, false); err != nil || !ok {
-				t.Fatalf("reclaim %s: %v %v", old, ok, err)
-			}
-		}
-	}
+	reclaimSealed(t, s, old)
 	jobs, err = d.ListJobsTx(ctx, tx, driver.JobFilter{})
 	if !errors.Is(err, errSnapshotReclaimed) {
 		t.Fatalf("after the reclaim: %v, %v; want errSnapshotReclaimed", jobs, err)
@@ -1885,4 +1865,23 @@ func TestReadInSnapshotOlderThanReclaim(t *testing.T) {
 	if j, err := d.GetJob(ctx, ids[0]); err != nil || j.State != driver.StateAvailable {
 		t.Fatalf("the moved job: %+v, %v", j, err)
 	}
+}
+
+// reclaimSealed reclaims the sealed segment tbl now (its leftovers move
+// into the current segment of its phase), failing the test if it cannot.
+func reclaimSealed(t *testing.T, s *segStore, tbl string) {
+	t.Helper()
+	regs, err := s.registry(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range regs {
+		if r.tbl == tbl {
+			if ok, _, err := s.reclaim(context.Background(), r, false, false); err != nil || !ok {
+				t.Fatalf("reclaim %s: %v %v", tbl, ok, err)
+			}
+			return
+		}
+	}
+	t.Fatalf("%s is not in the registry", tbl)
 }
