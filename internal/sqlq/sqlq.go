@@ -5,8 +5,10 @@
 package sqlq
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
+	"reflect"
 	"regexp"
 	"sort"
 	"strconv"
@@ -29,9 +31,71 @@ func CheckPrefix(p string) error {
 // {p} replaced by prefix. It panics on a malformed file: the files are
 // embedded, so that is a build defect.
 func Queries(fsys fs.FS, file, prefix string) map[string]string {
+	out, err := parse(fsys, file, prefix)
+	if err != nil {
+		panic(err)
+	}
+	return out
+}
+
+// Load fills dst, a pointer to a struct of string fields each tagged
+// `sql:"name"`, with the queries of the given files of fsys ({p}
+// replaced by prefix). Every backend loads its queries this way, so that
+// a query that is missing from the files, named twice, or present in a
+// file with no field to receive it, fails when the driver opens, not when
+// the statement is first run.
+func Load(dst any, fsys fs.FS, prefix string, files ...string) error {
+	v := reflect.ValueOf(dst)
+	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
+		return fmt.Errorf("sqlq: Load: %T is not a pointer to a struct", dst)
+	}
+	all := map[string]string{}
+	from := map[string]string{}
+	for _, f := range files {
+		qs, err := parse(fsys, f, prefix)
+		if err != nil {
+			return err
+		}
+		for name, q := range qs {
+			if prev, dup := from[name]; dup {
+				return fmt.Errorf("sqlq: query %q is in both %s and %s", name, prev, f)
+			}
+			all[name], from[name] = q, f
+		}
+	}
+	var errs []error
+	s, t := v.Elem(), v.Elem().Type()
+	used := map[string]bool{}
+	for i := range t.NumField() {
+		name, ok := t.Field(i).Tag.Lookup("sql")
+		if !ok {
+			continue
+		}
+		if t.Field(i).Type.Kind() != reflect.String {
+			errs = append(errs, fmt.Errorf("sqlq: field %s (query %q) is not a string", t.Field(i).Name, name))
+			continue
+		}
+		q, ok := all[name]
+		if !ok {
+			errs = append(errs, fmt.Errorf("sqlq: query %q (field %s) is in none of %v", name, t.Field(i).Name, files))
+			continue
+		}
+		used[name] = true
+		s.Field(i).SetString(q)
+	}
+	for name := range all {
+		if !used[name] {
+			errs = append(errs, fmt.Errorf("sqlq: query %q of %s has no field tagged sql:%q in %s", name, from[name], name, t))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// parse reads every "-- name: X" block of file, with {p} replaced.
+func parse(fsys fs.FS, file, prefix string) (map[string]string, error) {
 	b, err := fs.ReadFile(fsys, file)
 	if err != nil {
-		panic(fmt.Sprintf("sqlq: %s: %v", file, err))
+		return nil, fmt.Errorf("sqlq: %s: %w", file, err)
 	}
 	out := map[string]string{}
 	var name string
@@ -47,7 +111,7 @@ func Queries(fsys fs.FS, file, prefix string) map[string]string {
 			flush()
 			name = strings.TrimSpace(rest)
 			if _, dup := out[name]; dup {
-				panic(fmt.Sprintf("sqlq: %s: duplicate query %q", file, name))
+				return nil, fmt.Errorf("sqlq: %s: query %q is named twice", file, name)
 			}
 			continue
 		}
@@ -55,7 +119,7 @@ func Queries(fsys fs.FS, file, prefix string) map[string]string {
 		body.WriteByte('\n')
 	}
 	flush()
-	return out
+	return out, nil
 }
 
 // Migration is one numbered schema step.
