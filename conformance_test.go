@@ -422,51 +422,30 @@ func TestRetriesBackoffDiscard(t *testing.T) {
 
 // A graceful release gives the attempt number back, so the next claim
 // runs the same attempt number again. The fence token is not given back:
-// with this process's own bookkeeping switched off (its worker submits
-// the outcome of an attempt it lost), the database alone refuses the
-// released attempt's late acknowledgement while the next claim runs, and
-// the job ends completed by the attempt that owns it.
+// a remote worker, for which the engine keeps no bookkeeping of its own,
+// acknowledges its released attempt late, and the database alone refuses
+// it while the next claim runs; the job ends completed by the attempt that
+// owns it.
 func TestStaleAckAfterReleaseRefusedByDatabase(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
 		prefix := testdb.Prefix()
-		cfgA := fast(prefix)
-		cfgA.Lease = time.Second
-		cfgA.Queues = map[string]conveyor.QueueConfig{"default": {MaxWorkers: 1}}
-		a := openDropped(t, dsn, cfgA)
-		conveyor.SkipLocalFenceForTest(a)
-		startedA, unblockA := make(chan struct{}), make(chan struct{})
-		var once sync.Once
-		conveyor.AddWorker(a, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error {
-			once.Do(func() { close(startedA) })
-			<-unblockA // ignores its context: a late acknowledgement
-			return nil
-		}))
+		a := openDropped(t, dsn, fast(prefix))
 		id, err := a.Enqueue(ctx, noop{}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := a.Start(ctx); err != nil {
-			t.Fatal(err)
+		claimed, err := a.RemoteWorkers().Claim(ctx, conveyor.RemoteClaim{Worker: "A", Lease: time.Minute})
+		if err != nil || len(claimed) != 1 || claimed[0].ID != id || claimed[0].Attempt != 1 {
+			t.Fatalf("A's claim: %+v err %v", claimed, err)
 		}
-		select {
-		case <-startedA:
-		case <-time.After(10 * time.Second):
-			t.Fatal("A never started the job")
+		fenceA := claimed[0].Fence
+		// A's attempt is released, as its shutdown would.
+		if err := a.RemoteWorkers().Release(ctx, id, fenceA); err != nil {
+			t.Fatalf("release: %v", err)
 		}
-		fenceA, err := conveyor.FenceForTest(a, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// A's attempt is released, as its own shutdown would; A's next
-		// heartbeat finds the lease gone.
-		if n, err := conveyor.ReleaseForTest(a, id, fenceA); err != nil || n != 1 {
-			t.Fatalf("release: %d err %v", n, err)
-		}
-		waitFor(t, "A to see its lease lost", 10*time.Second, func() bool { return a.Counters().LeasesLost >= 1 })
 
-		cfgB := fast(prefix)
-		b := open(t, dsn, cfgB)
+		b := open(t, dsn, fast(prefix))
 		startedB, unblockB := make(chan int, 1), make(chan struct{})
 		conveyor.AddWorker(b, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error {
 			startedB <- j.Attempt
@@ -488,11 +467,21 @@ func TestStaleAckAfterReleaseRefusedByDatabase(t *testing.T) {
 		if f, _ := conveyor.FenceForTest(b, id); f <= fenceA {
 			t.Fatalf("B's fence %d is not above the released attempt's %d", f, fenceA)
 		}
-		// A's handler returns now and its outcome reaches the database.
-		close(unblockA)
-		waitFor(t, "A's stale acknowledgement refused", 10*time.Second, func() bool { return a.Counters().StaleAcksRefused >= 1 })
+		// A's late acknowledgements reach the database, which refuses them.
+		if err := a.RemoteWorkers().Complete(ctx, id, fenceA); !errors.Is(err, conveyor.ErrLeaseLost) {
+			t.Fatalf("A's stale completion: %v, want ErrLeaseLost", err)
+		}
+		if err := a.RemoteWorkers().Snooze(ctx, id, fenceA, time.Hour); !errors.Is(err, conveyor.ErrLeaseLost) {
+			t.Fatalf("A's stale snooze: %v, want ErrLeaseLost", err)
+		}
+		if err := a.RemoteWorkers().Renew(ctx, id, fenceA, 0); !errors.Is(err, conveyor.ErrLeaseLost) {
+			t.Fatalf("A's stale renewal: %v, want ErrLeaseLost", err)
+		}
+		if n := a.Counters().StaleAcksRefused; n < 2 {
+			t.Fatalf("A's stale acknowledgements counted refused: %d, want 2", n)
+		}
 		if j := jobState(t, b, id); j.State != conveyor.JobStateRunning || j.Attempt != 1 {
-			t.Fatalf("after A's stale acknowledgement the job is %s at attempt %d, want running under B", j.State, j.Attempt)
+			t.Fatalf("after A's stale acknowledgements the job is %s at attempt %d, want running under B", j.State, j.Attempt)
 		}
 		close(unblockB)
 		waitFor(t, "B's completion", 10*time.Second, func() bool { return jobState(t, b, id).State == conveyor.JobStateCompleted })

@@ -57,12 +57,6 @@ func InserterForTest[TTx any](c *Client[TTx]) (queued int, taken int64) {
 	return c.eng.QueuedInserts(), c.eng.TakenInserts()
 }
 
-// SkipLocalFenceForTest makes c's workers submit the outcome of every
-// attempt, even one this process knows it lost, so that only the
-// database's fence stands between a stale acknowledgement and the job.
-// Call before Start.
-func SkipLocalFenceForTest[TTx any](c *Client[TTx]) { c.eng.SkipLocalFenceForTest() }
-
 // BumpSchemaForTest records schema version v as applied, as a newer
 // conveyor binary would.
 func BumpSchemaForTest[TTx any](c *Client[TTx], v int) error {

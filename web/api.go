@@ -15,7 +15,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/conveyorq/conveyor"
-	"github.com/conveyorq/conveyor/internal/driver"
 )
 
 // route is one endpoint: its method and path (under BasePath), the role
@@ -178,20 +177,10 @@ func toJobJSON(j *conveyor.JobInfo) jobJSON {
 	return out
 }
 
-// rowJSON converts a claimed row, with its fence.
-func rowJSON(r *driver.JobRow) jobJSON {
-	j := &conveyor.JobInfo{
-		ID: r.ID, Queue: r.Queue, Kind: r.Kind, EncodedArgs: r.Args, State: conveyor.JobState(r.State),
-		Priority: r.Priority, Attempt: r.Attempt, MaxAttempts: r.MaxAttempts,
-		Timeout:     time.Duration(r.TimeoutMS) * time.Millisecond,
-		ScheduledAt: r.ScheduledAt, CreatedAt: r.CreatedAt, AttemptedAt: r.AttemptedAt,
-		FinalizedAt: r.FinalizedAt, LeaseExpiresAt: r.LeaseExpiresAt, AttemptedBy: r.AttemptedBy,
-	}
-	for _, e := range r.Errors {
-		j.Errors = append(j.Errors, conveyor.AttemptError(e))
-	}
-	out := toJobJSON(j)
-	out.Fence = ptr(r.Fence)
+// claimedJSON converts a claimed job, with its fence.
+func claimedJSON(j *conveyor.ClaimedJob) jobJSON {
+	out := toJobJSON(j.JobInfo)
+	out.Fence = ptr(j.Fence)
 	return out
 }
 
@@ -209,7 +198,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 func (h *Handler) classify(r *http.Request, err error) (int, string) {
 	msg := strings.TrimPrefix(err.Error(), "conveyor: ")
 	switch {
-	case errors.Is(err, conveyor.ErrInvalidArgs), errors.Is(err, conveyor.ErrInvalidOpts), errors.Is(err, conveyor.ErrUnknownKind):
+	case errors.Is(err, conveyor.ErrInvalidArgs), errors.Is(err, conveyor.ErrInvalidOpts), errors.Is(err, conveyor.ErrUnknownKind), errors.Is(err, conveyor.ErrInvalidClaim):
 		return http.StatusBadRequest, msg
 	case errors.Is(err, conveyor.ErrNotFound):
 		return http.StatusNotFound, msg
@@ -373,16 +362,7 @@ func (h *Handler) enqueue(w http.ResponseWriter, r *http.Request, jobs []enqueue
 	for i, x := range rs {
 		out[i] = enqueuedJSON{ID: x.ID, Duplicate: x.Duplicate}
 	}
-	queues := map[string]bool{}
-	for _, it := range items {
-		queues[it.Opts.Queue] = true
-	}
-	for q := range queues {
-		if q == "" {
-			q = conveyor.DefaultQueue
-		}
-		h.wake.notify(q)
-	}
+	// The client wakes this process's waiting claims of the queues.
 	// No h.stats.invalidate(): programs enqueue continuously, and each
 	// call would make the next dashboard refresh read the counts again.
 	return out, true
@@ -798,11 +778,7 @@ func (h *Handler) apiListJobs(w http.ResponseWriter, r *http.Request, _ principa
 func (h *Handler) adminAction(r *http.Request, action string, id int64) (*conveyor.JobInfo, error) {
 	switch action {
 	case "retry":
-		j, err := h.c.Retry(r.Context(), id)
-		if err == nil {
-			h.wake.notify(j.Queue)
-		}
-		return j, err
+		return h.c.Retry(r.Context(), id) // which wakes the queue's waiting claims
 	case "cancel":
 		return h.c.Cancel(r.Context(), id)
 	case "discard":
@@ -968,8 +944,7 @@ func (h *Handler) setPaused(r *http.Request, queue string, paused bool) error {
 	if paused {
 		err = h.c.PauseQueue(r.Context(), queue)
 	} else {
-		err = h.c.ResumeQueue(r.Context(), queue)
-		h.wake.notify(queue)
+		err = h.c.ResumeQueue(r.Context(), queue) // which wakes its waiting claims
 	}
 	h.stats.invalidate()
 	return err

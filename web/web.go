@@ -35,12 +35,9 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/conveyorq/conveyor"
-	"github.com/conveyorq/conveyor/internal/driver"
-	"github.com/conveyorq/conveyor/internal/seam"
 )
 
 // Role is what a credential may do: RoleAdmin changes state, RoleReadOnly
@@ -167,25 +164,24 @@ type client interface {
 }
 
 // Handler is the API and the dashboard; it is an http.Handler. Build it
-// with New. On PostgreSQL, long-polling claims share one LISTEN
-// connection of the handler's own, opened at the first long poll and
-// closed 30s after the last one ends; Close closes it at once. Nothing
-// else runs in the background.
+// with New. Its worker protocol runs on the client's engine
+// (conveyor.RemoteWorkers): long-polling claims are woken by the client's
+// listener on PostgreSQL, as its own workers are. Nothing runs in the
+// background.
 type Handler struct {
 	c       client
-	drv     driver.Driver
+	rw      *conveyor.RemoteWorkers
 	opts    Options
 	creds   *credentials
 	root    http.Handler
 	tmpl    templates
 	static  http.Handler
 	routes  []route
-	wake    *notifier
-	listen  listening
 	stats   *statsCache
-	workers *httpWorkers
-	acks    *acks
 	started time.Time
+	// closing ends with Close: waiting claims answer at once.
+	closing context.Context
+	close   context.CancelFunc
 	// sessions are the dashboard's logins; throttle slows down failed
 	// logins (auth.go, throttle.go).
 	sessions *sessions
@@ -210,13 +206,11 @@ func New[TTx any](c *conveyor.Client[TTx], opts Options) (*Handler, error) {
 		return nil, err
 	}
 	h := &Handler{
-		c: c, drv: seam.DriverOf(c), opts: o, creds: creds,
-		wake: newNotifier(), started: time.Now(),
+		c: c, rw: c.RemoteWorkers(), opts: o, creds: creds, started: time.Now(),
 		sessions: newSessions(), throttle: newLoginThrottle(),
 	}
+	h.closing, h.close = context.WithCancel(context.Background())
 	h.stats = newStatsCache(c, o.StatsMaxAge, o.SampleInterval)
-	h.workers = newHTTPWorkers(h.drv, o.Logger)
-	h.acks = newAcks(h.drv)
 	if h.tmpl, err = parseTemplates(); err != nil {
 		return nil, err
 	}
@@ -340,43 +334,11 @@ func loopbackHost(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// notifier wakes long-polling claims of a queue when this handler
-// enqueues into it.
-type notifier struct {
-	mu sync.Mutex
-	ch map[string]chan struct{}
-}
-
-func newNotifier() *notifier { return &notifier{ch: map[string]chan struct{}{}} }
-
-// wait returns a channel closed at the next notify of queue.
-func (n *notifier) wait(queue string) <-chan struct{} {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	c, ok := n.ch[queue]
-	if !ok {
-		c = make(chan struct{})
-		n.ch[queue] = c
-	}
-	return c
-}
-
-// notifyAll wakes every waiting claim.
-func (n *notifier) notifyAll() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for q, c := range n.ch {
-		close(c)
-		delete(n.ch, q)
-	}
-}
-
-// notify wakes every claim waiting on queue.
-func (n *notifier) notify(queue string) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if c, ok := n.ch[queue]; ok {
-		close(c)
-		delete(n.ch, queue)
-	}
+// Close ends the long-polling claims waiting in this handler: they answer
+// at once with no jobs, so that a server shutting down need not wait for
+// them (call it before http.Server.Shutdown). Later claims do not wait.
+// Close does not close the client.
+func (h *Handler) Close() error {
+	h.close()
+	return nil
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"sync"
 	"time"
@@ -9,10 +10,12 @@ import (
 	"github.com/conveyorq/conveyor/internal/driver"
 )
 
-// completer is the single writer of attempt outcomes: it turns many
-// acknowledgements into one fenced statement per batch. An attempt's lease
-// is renewed until its outcome is written; then the completer settles it
-// with its fetcher.
+// completer is the single writer of attempt outcomes, of this process's
+// workers and of the remote workers it serves (remote.go): it turns many
+// acknowledgements into one fenced statement per batch. A local attempt's
+// lease is renewed until its outcome is written; then the completer
+// settles it with its fetcher. A remote outcome's caller waits for its
+// result: applied, or refused by the fence.
 type completer struct {
 	e    *Engine
 	in   chan pending
@@ -29,10 +32,30 @@ type completer struct {
 	gaveUp bool
 }
 
-// pending is an outcome and the fetcher holding its attempt's lease.
+// pending is an outcome and the fetcher holding its attempt's lease, or,
+// for a remote worker's outcome, the channel its result goes to.
 type pending struct {
-	f *fetcher
-	o driver.Outcome
+	f   *fetcher
+	o   driver.Outcome
+	res chan written
+}
+
+// written is the result of a remote outcome: whether the database
+// applied it (false: its fence was stale), or why it was not written.
+type written struct {
+	applied bool
+	err     error
+}
+
+// errDropped is the result of a remote outcome the completer gave up on
+// at shutdown.
+var errDropped = errors.New("conveyor: the outcome was not written: the database did not answer while the client shut down (the job's lease will expire and it will be rescued)")
+
+// closed reports whether close has begun.
+func (c *completer) closed() bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.shut
 }
 
 func newCompleter(e *Engine) *completer {
@@ -73,17 +96,53 @@ func (c *completer) run() {
 	defer close(c.done)
 	max := c.e.cfg.CompleteBatch
 	batch := make([]driver.Outcome, 0, max)
-	owners := make([]*fetcher, 0, max)
-	for p := range c.in {
-		batch, owners = append(batch[:0], p.o), append(owners[:0], p.f)
+	owners := make([]pending, 0, max)
+	in := make(map[int64]bool, max)
+	// later holds outcomes of jobs already in the batch being filled: one
+	// statement would apply one of them and report the job's id as
+	// applied for both, so the second waits for the next batch, where its
+	// fence decides it. (Two outcomes of one job come from remote workers
+	// repeating a request, or from an attempt rescued and claimed again
+	// while its first worker still answers.)
+	var later []pending
+	add := func(p pending) {
+		if in[p.o.ID] {
+			later = append(later, p)
+			return
+		}
+		in[p.o.ID] = true
+		batch, owners = append(batch, p.o), append(owners, p)
+	}
+	open := true
+	for open || len(later) > 0 {
+		batch, owners = batch[:0], owners[:0]
+		clear(in)
+		carried := later
+		later = nil
+		for _, p := range carried {
+			if len(batch) < max {
+				add(p)
+			} else {
+				later = append(later, p)
+			}
+		}
+		if len(batch) == 0 {
+			p, ok := <-c.in
+			if !ok {
+				open = false
+				continue
+			}
+			add(p)
+		}
 	fill:
-		for len(batch) < max {
+		for open && len(batch) < max {
 			select {
 			case p, ok := <-c.in:
 				if !ok {
+					open = false
 					break fill
 				}
-				batch, owners = append(batch, p.o), append(owners, p.f)
+				add(p)
 			default:
 				break fill
 			}
@@ -92,26 +151,42 @@ func (c *completer) run() {
 		// process's heartbeat, another process's completer) lock them in
 		// the same order.
 		sort.Sort(byID{batch, owners})
-		c.write(batch)
-		settleAll(batch, owners)
+		applied, err := c.write(batch)
+		settleAll(batch, owners, applied, err)
 	}
 }
 
 // settleAll settles every outcome of batch with its owner, taking each
-// owner's lock once for its run of outcomes (a queue's fetcher owns most
-// of a batch; its workers take that lock before and after every job).
-func settleAll(batch []driver.Outcome, owners []*fetcher) {
+// fetcher's lock once for its run of outcomes (a queue's fetcher owns most
+// of a batch; its workers take that lock before and after every job), and
+// sends remote outcomes their result: applied (ids from the driver), or
+// err when the batch was not written.
+func settleAll(batch []driver.Outcome, owners []pending, applied []int64, err error) {
+	var ok map[int64]bool
 	for i := 0; i < len(batch); {
-		f := owners[i]
+		f := owners[i].f
+		if f == nil {
+			if ok == nil {
+				ok = make(map[int64]bool, len(applied))
+				for _, id := range applied {
+					ok[id] = true
+				}
+			}
+			owners[i].res <- written{applied: ok[batch[i].ID], err: err}
+			i++
+			continue
+		}
 		f.mu.Lock()
-		for ; i < len(batch) && owners[i] == f; i++ {
+		for ; i < len(batch) && owners[i].f == f; i++ {
 			f.settleLocked(batch[i].ID, batch[i].Fence)
 		}
 		f.mu.Unlock()
 	}
 }
 
-func (c *completer) write(batch []driver.Outcome) {
+// write writes one batch, retrying until the database answers; it
+// returns the ids applied, or errDropped when it gave up at shutdown.
+func (c *completer) write(batch []driver.Outcome) ([]int64, error) {
 	e := c.e
 	var giveUp <-chan time.Time
 	for try := 1; ; try++ {
@@ -120,13 +195,13 @@ func (c *completer) write(batch []driver.Outcome) {
 		cancel()
 		if err == nil {
 			e.written(batch, applied)
-			return
+			return applied, nil
 		}
 		e.metrics.DBErrors.Add(1)
 		e.warn("conveyor: writing job outcomes failed (retrying)", "jobs", len(batch), "error", err)
 		if c.gaveUp {
 			e.warn("conveyor: dropped job outcomes at shutdown; their leases will expire and the jobs will be rescued", "jobs", len(batch))
-			return
+			return nil, errDropped
 		}
 		if giveUp == nil {
 			select {
@@ -140,7 +215,7 @@ func (c *completer) write(batch []driver.Outcome) {
 		case <-giveUp:
 			c.gaveUp = true // only the writer goroutine reads or writes it
 			e.warn("conveyor: gave up writing job outcomes at shutdown; their leases will expire and the jobs will be rescued", "jobs", len(batch))
-			return
+			return nil, errDropped
 		}
 	}
 }
@@ -165,7 +240,7 @@ func (e *Engine) written(batch []driver.Outcome, applied []int64) {
 // byID sorts a batch of outcomes and their owners together by job id.
 type byID struct {
 	o []driver.Outcome
-	f []*fetcher
+	f []pending
 }
 
 func (b byID) Len() int           { return len(b.o) }

@@ -143,8 +143,16 @@ type Engine struct {
 
 	metrics Metrics
 
-	ins  *inserter
+	ins *inserter
+	// comp writes outcomes. A started engine's fetchers hold the one made
+	// at Start until Stop closes it; remote outcomes use the current one,
+	// made anew when needed (completer).
 	comp *completer
+	// waiters wakes waiting remote claims, remote tracks remote workers
+	// for the processes table, listen holds the one listener (remote.go).
+	waiters *waiters
+	remote  *remoteProcs
+	listen  listening
 
 	mu       sync.Mutex
 	started  bool
@@ -162,17 +170,7 @@ type Engine struct {
 
 	// hbWake asks the heartbeat loop to renew at once (cap 1).
 	hbWake chan struct{}
-
-	// testSkipLocalFence makes workers submit every outcome, even when
-	// this process knows the attempt no longer owns the job, so that tests
-	// can show the database's fence alone refuses it.
-	testSkipLocalFence bool
 }
-
-// SkipLocalFenceForTest makes workers submit outcomes of attempts this
-// process knows it lost or released, leaving the database's fence alone
-// to refuse them. Tests only; call before Start.
-func (e *Engine) SkipLocalFenceForTest() { e.testSkipLocalFence = true }
 
 // New creates an engine. Enqueueing works at once; Start runs workers.
 func New(drv driver.Driver, cfg Config, handlers map[string]Handler) *Engine {
@@ -187,9 +185,37 @@ func New(drv driver.Driver, cfg Config, handlers map[string]Handler) *Engine {
 		handlers: handlers,
 		fetchers: map[string]*fetcher{},
 		hbWake:   make(chan struct{}, 1),
+		waiters:  newWaiters(),
 	}
 	e.ins = newInserter(e)
+	e.remote = newRemoteProcs(e)
 	return e
+}
+
+// isClosed reports whether Close was called.
+func (e *Engine) isClosed() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.closed
+}
+
+// completer returns the completer remote outcomes go to: the started
+// engine's, or one made for them (closed by the next Stop or by Close);
+// nil once the engine is closed.
+func (e *Engine) completer() *completer {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
+	return e.completerLocked()
+}
+
+func (e *Engine) completerLocked() *completer {
+	if e.comp == nil || e.comp.closed() {
+		e.comp = newCompleter(e)
+	}
+	return e.comp
 }
 
 // ID identifies this process in attempted_by and leadership.
@@ -233,10 +259,11 @@ func (e *Engine) Start(ctx context.Context) error {
 	runCtx, runCancel := context.WithCancel(context.WithoutCancel(ctx))
 	workCtx, workCancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	e.runCancel, e.workCancel = runCancel, workCancel
-	e.comp = newCompleter(e)
+	comp := e.completerLocked()
 	e.fetchers = map[string]*fetcher{}
 	for q, n := range e.cfg.Queues {
 		f := newFetcher(e, q, n, workCtx)
+		f.comp = comp
 		e.fetchers[q] = f
 	}
 	for _, f := range e.fetchers {
@@ -244,12 +271,12 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.fetchWG.Add(1)
 		go func() { defer e.fetchWG.Done(); f.run(runCtx) }()
 	}
-	e.loopWG.Add(5)
+	e.loopWG.Add(4)
 	go func() { defer e.loopWG.Done(); e.heartbeatLoop(runCtx) }()
 	go func() { defer e.loopWG.Done(); e.deadlineLoop(runCtx) }()
 	go func() { defer e.loopWG.Done(); e.maintenanceLoop(runCtx) }()
-	go func() { defer e.loopWG.Done(); e.listenLoop(runCtx) }()
 	go func() { defer e.loopWG.Done(); e.processLoop(runCtx) }()
+	e.listenAcquire()
 	return nil
 }
 
@@ -293,7 +320,18 @@ func (e *Engine) Stop(ctx context.Context) error {
 	for _, f := range e.fetchers {
 		f.closeWorkers()
 	}
-	e.comp.close()
+	var comp *completer
+	for _, f := range e.fetchers {
+		comp = f.comp
+	}
+	if comp == nil { // no queues: the completer made at Start
+		e.mu.Lock()
+		comp = e.comp
+		e.mu.Unlock()
+	}
+	if comp != nil {
+		comp.close()
+	}
 	var leases []driver.Lease
 	for _, f := range e.fetchers {
 		leases = append(leases, f.takeAllLeases()...)
@@ -311,6 +349,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 	}
 	e.runCancel()
 	e.loopWG.Wait()
+	e.listenRelease(0)
 	// 5. Leave the processes table (the loop that refreshed the row has
 	// ended, so nothing registers it again). A row left behind by a
 	// failure expires by itself.
@@ -334,13 +373,20 @@ func (e *Engine) Close(ctx context.Context) error {
 		return err
 	}
 	e.closed = true
+	comp := e.comp
 	e.mu.Unlock()
+	if comp != nil {
+		comp.close() // remote outcomes of a client never started
+	}
+	e.listenClose()
 	e.ins.close()
 	return err
 }
 
-// wake nudges the fetcher of queue (all fetchers when queue is "").
+// wake nudges the fetcher of queue and wakes the remote claims waiting
+// on it (all of them when queue is "").
 func (e *Engine) wake(queue string) {
+	e.waiters.notify(queue)
 	e.mu.Lock()
 	fs := e.fetchers
 	e.mu.Unlock()
@@ -355,7 +401,8 @@ func (e *Engine) wake(queue string) {
 	}
 }
 
-// Wake nudges this process's fetcher of queue, if it has one.
+// Wake nudges this process's fetcher of queue, if it has one, and the
+// remote claims waiting on it.
 func (e *Engine) Wake(queue string) { e.wake(queue) }
 
 func (e *Engine) wakeAll(counts map[string]int) {

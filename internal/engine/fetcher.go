@@ -30,6 +30,7 @@ const aheadMaxRun = 5 * time.Millisecond
 // notification) or its poll timer.
 type fetcher struct {
 	e       *Engine
+	comp    *completer // a started engine's, from Start (nil for WorkOne's)
 	queue   string
 	max     int
 	workCtx context.Context
@@ -316,7 +317,7 @@ func (f *fetcher) worker() {
 		if a.ran {
 			f.noteRun(a.took)
 		}
-		if a.write && !e.comp.submit(pending{f: f, o: a.outcome}) {
+		if a.write && !f.comp.submit(pending{f: f, o: a.outcome}) {
 			// The completer closed under us: Stop releases the job, or it
 			// is rescued.
 			f.unfinish(it)
@@ -370,7 +371,7 @@ func (f *fetcher) work(it *running) attempt {
 		// Interrupted by shutdown: keep the lease so that it is released
 		// instead of counting a failure.
 		a.interrupted = true
-	case f.finish(it) || e.testSkipLocalFence:
+	case f.finish(it):
 		a.write = true
 		a.outcome = e.outcome(it.row, err, trace)
 		switch {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/conveyorq/conveyor/internal/driver"
@@ -271,8 +272,102 @@ func (e *Engine) processRow() driver.ProcessRow {
 	return driver.ProcessRow{ID: e.id, Kind: driver.ProcessClient, Host: e.host, PID: os.Getpid(), Version: e.cfg.Version, Queues: qs}
 }
 
+// listening runs the engine's one listener while something needs it: a
+// started engine (from Start to Stop) or waiting remote claims (until
+// remoteListenIdle after the last one ended).
+type listening struct {
+	mu     sync.Mutex
+	refs   int
+	closed bool
+	cancel context.CancelFunc // nil when not running
+	done   chan struct{}
+	idle   *time.Timer
+	wg     sync.WaitGroup // every listenLoop, those still ending too
+}
+
+// listenAcquire starts the listener, on a backend that has one, if it
+// is not running, and keeps it running until the matching listenRelease.
+func (e *Engine) listenAcquire() {
+	if !e.drv.Capabilities().Listen {
+		return
+	}
+	l := &e.listen
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	l.refs++
+	if l.idle != nil {
+		l.idle.Stop()
+		l.idle = nil
+	}
+	if l.cancel != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	l.cancel, l.done = cancel, done
+	l.wg.Add(1)
+	go func() { defer l.wg.Done(); defer close(done); e.listenLoop(ctx) }()
+}
+
+// listenRelease ends a listenAcquire. The listener stops linger after
+// the last one ended; with no linger at once, and listenRelease waits
+// for it.
+func (e *Engine) listenRelease(linger time.Duration) {
+	if !e.drv.Capabilities().Listen {
+		return
+	}
+	l := &e.listen
+	l.mu.Lock()
+	if l.refs > 0 {
+		l.refs--
+	}
+	if l.refs > 0 || l.cancel == nil {
+		l.mu.Unlock()
+		return
+	}
+	if linger > 0 {
+		if l.idle == nil {
+			l.idle = time.AfterFunc(linger, func() {
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				if l.refs == 0 && l.cancel != nil {
+					l.cancel()
+					l.cancel = nil
+				}
+			})
+		}
+		l.mu.Unlock()
+		return
+	}
+	l.cancel()
+	l.cancel = nil
+	done := l.done
+	l.mu.Unlock()
+	<-done
+}
+
+// listenClose stops the listener for good and waits for it.
+func (e *Engine) listenClose() {
+	l := &e.listen
+	l.mu.Lock()
+	l.closed = true
+	if l.idle != nil {
+		l.idle.Stop()
+	}
+	if l.cancel != nil {
+		l.cancel()
+		l.cancel = nil
+	}
+	l.mu.Unlock()
+	l.wg.Wait()
+}
+
 // listenLoop holds this process's one notification connection and wakes
-// the fetcher of each queue named in a notification.
+// the fetcher of each queue named in a notification, and the remote
+// claims waiting on it.
 func (e *Engine) listenLoop(ctx context.Context) {
 	if !e.drv.Capabilities().Listen {
 		return

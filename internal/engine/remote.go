@@ -1,0 +1,311 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// Remote workers are workers in other processes that reach this engine
+// through a protocol (package web's HTTP worker protocol): the engine
+// claims, renews and settles their jobs as it does its own, through the
+// same driver calls, fence, completer, listener and processes table.
+
+// Bounds of remote claims.
+const (
+	// remotePollMin and remotePollMax bound the re-claims of a waiting
+	// remote claim: 50ms after an empty claim, doubling to 1s.
+	remotePollMin, remotePollMax = 50 * time.Millisecond, time.Second
+	// remoteListenIdle is how long the listener a waiting remote claim
+	// opened (on a backend with notifications, when this engine is not
+	// started) stays open after the last such claim ended.
+	remoteListenIdle = 30 * time.Second
+	// remoteWriteTimeout bounds a remote claim's, renewal's or release's
+	// statement, which runs on a context the remote worker's disconnect
+	// does not cancel.
+	remoteWriteTimeout = 30 * time.Second
+)
+
+// ErrLeaseLost is returned for a remote worker's renewal or outcome when
+// the job is no longer held under the fence it sends: its lease expired
+// and it was rescued, or it was released, cancelled, discarded or
+// finished.
+var ErrLeaseLost = errors.New("conveyor: job is no longer held under this fence")
+
+// RemoteClaim is a claim made on behalf of a remote worker.
+type RemoteClaim struct {
+	// Queue to claim from.
+	Queue string
+	// Limit is the most jobs claimed.
+	Limit int
+	// Lease is how long the claimed jobs are held before they can be
+	// rescued, unless renewed.
+	Lease time.Duration
+	// Wait, when positive, makes the claim wait up to that long for a job
+	// when the queue has none: it claims again 50ms after an empty claim,
+	// doubling to 1s, and at once when the queue is woken (an enqueue, a
+	// retry or a resume in this process, a notification from another).
+	Wait time.Duration
+	// Worker is recorded in the claimed jobs' attempted_by.
+	Worker string
+	// Process is the remote worker's id in the processes table, Host the
+	// host it connects from.
+	Process, Host string
+}
+
+// ClaimRemote claims jobs for a remote worker. The claim runs on a
+// context ctx's cancellation does not cut short (a claim cut off half way
+// may have committed); if ctx ended meanwhile, the claimed jobs are
+// released at once, rather than when their leases expire, and ctx's
+// error is returned.
+func (e *Engine) ClaimRemote(ctx context.Context, p RemoteClaim) ([]*driver.JobRow, error) {
+	if e.isClosed() {
+		return nil, ErrStopped
+	}
+	deadline := time.Now().Add(p.Wait)
+	backoff := remotePollMin
+	if p.Wait > 0 {
+		e.listenAcquire()
+		defer e.listenRelease(remoteListenIdle)
+	}
+	for {
+		woken := e.waiters.wait(p.Queue) // before the claim, so a wake during it is not missed
+		e.remote.claiming(ctx, p.Process, p.Host, p.Queue)
+		rows, err := e.claimRemote(ctx, driver.ClaimParams{Queue: p.Queue, Limit: p.Limit, Lease: p.Lease, Worker: p.Worker})
+		if err != nil {
+			return nil, err
+		}
+		e.remote.claimed(p.Process, rows)
+		left := time.Until(deadline)
+		if len(rows) > 0 || left <= 0 {
+			return rows, nil
+		}
+		t := time.NewTimer(min(backoff, left))
+		select {
+		case <-woken:
+			backoff = remotePollMin
+		case <-t.C:
+			backoff = min(2*backoff, remotePollMax)
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		}
+		t.Stop()
+	}
+}
+
+func (e *Engine) claimRemote(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), remoteWriteTimeout)
+	defer cancel()
+	e.metrics.ClaimRounds.Add(1)
+	rows, err := e.drv.Claim(cctx, p)
+	if err != nil {
+		e.metrics.DBErrors.Add(1)
+		return nil, err
+	}
+	e.metrics.Claimed.Add(int64(len(rows)))
+	if ctx.Err() == nil || len(rows) == 0 {
+		return rows, nil
+	}
+	leases := make([]driver.Lease, len(rows))
+	for i, row := range rows {
+		leases[i] = driver.Lease{ID: row.ID, Fence: row.Fence}
+	}
+	n, rerr := e.drv.Release(cctx, leases)
+	e.metrics.Released.Add(n)
+	if rerr != nil {
+		e.warn("conveyor: releasing the jobs of a remote claim whose caller went away (they are rescued when their leases expire)", "jobs", len(rows), "error", rerr)
+	}
+	return nil, ctx.Err()
+}
+
+// RenewRemote renews the lease of a remote worker's job for another
+// lease, fenced; ErrLeaseLost when the job is no longer held under fence.
+func (e *Engine) RenewRemote(ctx context.Context, id, fence int64, lease time.Duration) error {
+	if e.isClosed() {
+		return ErrStopped
+	}
+	owned, err := e.drv.Heartbeat(ctx, []driver.Lease{{ID: id, Fence: fence}}, lease)
+	if err != nil {
+		return err
+	}
+	if len(owned) != 1 {
+		e.remote.done(id)
+		e.metrics.LeasesLost.Add(1)
+		return ErrLeaseLost
+	}
+	e.remote.beat(ctx, id)
+	return nil
+}
+
+// RemoteFailure is a remote worker's failed attempt.
+type RemoteFailure struct {
+	// Error is the worker's error message, Trace its stack trace (both
+	// stored with the attempt).
+	Error, Trace string
+	// Cancel ends the job as cancelled, without retry.
+	Cancel bool
+	// RetryIn, when positive, replaces the kind's backoff before the
+	// next attempt.
+	RetryIn time.Duration
+}
+
+// remoteError is a remote failure as a handler error, so that the
+// outcome of a remote attempt is decided as a local one is (outcome).
+type remoteError struct {
+	msg    string
+	cancel bool
+}
+
+func (r *remoteError) Error() string { return r.msg }
+
+// Is makes a cancelling failure match ErrCancelJob.
+func (r *remoteError) Is(target error) bool { return r.cancel && target == ErrCancelJob }
+
+// CompleteRemote records a remote worker's success, fenced.
+func (e *Engine) CompleteRemote(ctx context.Context, id, fence int64) error {
+	return e.settleRemote(ctx, driver.Outcome{ID: id, Fence: fence, State: driver.StateCompleted})
+}
+
+// SnoozeRemote puts a remote worker's job back for d without counting
+// the attempt, fenced.
+func (e *Engine) SnoozeRemote(ctx context.Context, id, fence int64, d time.Duration) error {
+	err := e.settleRemote(ctx, driver.Outcome{ID: id, Fence: fence, State: driver.StateScheduled, RetryIn: max(d, 0)})
+	if err == nil {
+		e.metrics.Snoozed.Add(1)
+	}
+	return err
+}
+
+// FailRemote records a remote worker's failed attempt, fenced, and
+// returns the job's new state: retryable with the kind's backoff (or
+// f.RetryIn), discarded after its last attempt, or cancelled. The
+// decision is the one a local worker's error gets (outcome); the
+// attempt and its limit are read first, and the fenced write refuses the
+// outcome if another claim took the job meanwhile.
+func (e *Engine) FailRemote(ctx context.Context, id, fence int64, f RemoteFailure) (string, error) {
+	if e.isClosed() {
+		return "", ErrStopped
+	}
+	row, err := e.drv.GetJob(ctx, id)
+	if err != nil {
+		return "", fmt.Errorf("job %d: %w", id, err)
+	}
+	if row.Fence != fence || row.State != driver.StateRunning {
+		e.remote.done(id)
+		e.metrics.StaleAcksRefused.Add(1)
+		return "", ErrLeaseLost
+	}
+	rerr := &remoteError{msg: f.Error, cancel: f.Cancel}
+	o := e.outcome(row, rerr, f.Trace)
+	if o.State == driver.StateRetryable && f.RetryIn > 0 {
+		o.RetryIn = f.RetryIn
+	}
+	if err := e.settleRemote(ctx, o); err != nil {
+		return "", err
+	}
+	e.metrics.Failed.Add(1)
+	e.logFailure(row, 0, o, rerr)
+	return o.State, nil
+}
+
+// settleRemote writes a remote worker's outcome through the completer,
+// batched with this process's and other remote workers' outcomes, and
+// waits for its result. When ctx ends first it returns ctx's error; the
+// outcome may still be written with its batch.
+func (e *Engine) settleRemote(ctx context.Context, o driver.Outcome) error {
+	res := make(chan written, 1)
+	for {
+		c := e.completer()
+		if c == nil {
+			return ErrStopped
+		}
+		if c.submit(pending{o: o, res: res}) {
+			break
+		}
+	}
+	select {
+	case w := <-res:
+		e.remote.done(o.ID)
+		switch {
+		case w.err != nil:
+			return w.err
+		case !w.applied:
+			return ErrLeaseLost
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// ReleaseRemote gives a remote worker's job back without counting the
+// attempt (a worker shutting down), fenced, and wakes the queue's
+// waiting claims.
+func (e *Engine) ReleaseRemote(ctx context.Context, id, fence int64) error {
+	if e.isClosed() {
+		return ErrStopped
+	}
+	queue := e.remote.queueOf(id)
+	n, err := e.drv.Release(ctx, []driver.Lease{{ID: id, Fence: fence}})
+	if err != nil {
+		return err
+	}
+	e.remote.done(id)
+	if n != 1 {
+		return ErrLeaseLost
+	}
+	e.metrics.Released.Add(n)
+	if queue == "" {
+		if row, err := e.drv.GetJob(ctx, id); err == nil {
+			queue = row.Queue
+		}
+	}
+	if queue != "" {
+		e.wake(queue)
+	}
+	return nil
+}
+
+// waiters wakes waiting remote claims of a queue: engine.wake notifies
+// it with the fetchers.
+type waiters struct {
+	mu sync.Mutex
+	ch map[string]chan struct{}
+}
+
+func newWaiters() *waiters { return &waiters{ch: map[string]chan struct{}{}} }
+
+// wait returns a channel closed at the next notify of queue.
+func (w *waiters) wait(queue string) <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	c, ok := w.ch[queue]
+	if !ok {
+		c = make(chan struct{})
+		w.ch[queue] = c
+	}
+	return c
+}
+
+// notify wakes every claim waiting on queue, every waiting claim when
+// queue is "".
+func (w *waiters) notify(queue string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if queue != "" {
+		if c, ok := w.ch[queue]; ok {
+			close(c)
+			delete(w.ch, queue)
+		}
+		return
+	}
+	for q, c := range w.ch {
+		close(c)
+		delete(w.ch, q)
+	}
+}
