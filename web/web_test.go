@@ -365,6 +365,32 @@ func TestLongPollClaimWokenByEnqueue(t *testing.T) {
 	e.must(400, req{method: "POST", path: "/api/v1/claim", auth: adminToken, body: map[string]any{"queue": "<x>"}})
 }
 
+// Handler.Close ends the claims waiting in the handler: they answer at
+// once with no jobs, and later claims do not wait.
+func TestCloseEndsWaitingClaims(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
+	got := make(chan resp, 1)
+	go func() {
+		got <- e.do(req{method: "POST", path: "/api/v1/claim", auth: adminToken, body: map[string]any{"queue": "q", "wait_ms": 30000}})
+	}()
+	time.Sleep(200 * time.Millisecond) // the claim is waiting (if not yet, it will not wait at all)
+	if err := e.h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-got:
+		if r.status != 200 || !bytes.Contains(r.body, []byte(`"jobs":[]`)) {
+			t.Fatalf("the waiting claim answered %d %s, want 200 with no jobs", r.status, r.body)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close did not end the waiting claim (its wait is 30s)")
+	}
+	id := e.enqueue(map[string]any{"kind": "k", "queue": "q"})
+	if jobs := e.claim(map[string]any{"queue": "q", "wait_ms": 30000}); len(jobs) != 1 || jobs[0].ID != id {
+		t.Fatalf("a claim after Close: %+v, want the job", jobs)
+	}
+}
+
 func TestPauseResume(t *testing.T) {
 	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
 	e.enqueue(map[string]any{"kind": "k", "queue": "p"})

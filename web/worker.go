@@ -80,10 +80,17 @@ func (h *Handler) apiClaim(w http.ResponseWriter, r *http.Request, _ principal) 
 			return
 		}
 	}
-	// A long poll ends early, with no jobs, when the handler is closed.
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	defer context.AfterFunc(h.closing, cancel)()
+	// A long poll ends early, with no jobs, when the handler is closed;
+	// once it is, claims do not wait.
+	ctx := r.Context()
+	if h.closing.Err() != nil {
+		wait = 0
+	} else if wait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(h.closing, cancel)()
+	}
 	jobs, err := h.rw.Claim(ctx, conveyor.RemoteClaim{
 		Queue: in.Queue, Limit: in.Limit, Lease: lease, Wait: wait,
 		Worker: in.Worker, Addr: r.RemoteAddr, Protocol: "http",
