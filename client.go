@@ -152,7 +152,7 @@ func (c *Client[TTx]) Config() Config { return c.cfg }
 // and returns once they run; the work goes on in the background until Stop
 // or Close.
 //
-// ctx bounds the start-up work only (the schema check, when Open could not
+// ctx bounds the start-up work only (the schema check, when New could not
 // confirm the schema): if ctx is already done, Start returns its error and
 // starts nothing. Cancelling ctx after Start returned does not stop the
 // client; call Stop. The values of ctx (trace ids, loggers) are passed on

@@ -1,9 +1,10 @@
 package conveyor
 
 // Counters are one client's process counters: what this process has done
-// since Open, not totals for the queue (those are Stats.Queues). They only
-// grow; subtract two readings to measure an interval. The JSON keys are
-// the snake_case names in the tags.
+// since the client was made (New or connect.Open), for its own workers and
+// for the remote workers it serves (RemoteWorkers), not totals for the
+// queue (those are Stats.Queues). They only grow; subtract two readings to
+// measure an interval. The JSON keys are the snake_case names in the tags.
 type Counters struct {
 	// ClaimRounds counts claim statements issued, one per round of a
 	// queue's fetcher, whether or not it claimed anything.
