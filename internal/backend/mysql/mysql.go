@@ -43,7 +43,7 @@ import (
 //go:embed queries.sql migrations/*.sql
 var sqlFiles embed.FS
 
-// Claim methods reported in Capabilities.ClaimMethod.
+// Claim methods, reported as claim_method by ServerInfo.
 const (
 	// ClaimSkipLocked locks due rows with FOR UPDATE SKIP LOCKED.
 	ClaimSkipLocked = "skip-locked"
@@ -377,12 +377,12 @@ func (d *Driver) DB() *sql.DB { return d.db }
 // Name returns "mysql".
 func (d *Driver) Name() string { return "mysql" }
 
-// Capabilities reports no push channel, the active claim method and the
-// largest args the server accepts (derived from max_allowed_packet).
+// Capabilities reports no push channel and the largest args the server
+// accepts (derived from max_allowed_packet). The claim method is in
+// ServerInfo.
 func (d *Driver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{
 		Listen:       false,
-		ClaimMethod:  d.claimMethod,
 		MaxArgsBytes: d.maxArgs,
 	}
 }

@@ -437,13 +437,11 @@ func (d *Driver) DB() *sql.DB { return d.w }
 // Name returns "sqlite".
 func (d *Driver) Name() string { return "sqlite" }
 
-// Capabilities reports a single-writer backend without push notifications
-// whose claims serialise on BEGIN IMMEDIATE.
+// Capabilities reports no push notifications and the largest args a job
+// may carry.
 func (d *Driver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{
 		Listen:       false,
-		SingleWriter: true,
-		ClaimMethod:  "immediate-tx",
 		MaxArgsBytes: maxArgsBytes,
 	}
 }
