@@ -122,12 +122,6 @@ type Capabilities struct {
 	// Listen is true when the backend has a push notification channel
 	// (PostgreSQL LISTEN/NOTIFY). Without it the engine polls.
 	Listen bool
-	// SingleWriter is true when the database serialises all writers
-	// (SQLite); the engine then keeps write batches large.
-	SingleWriter bool
-	// ClaimMethod names how claims avoid deadlocks, for reports
-	// ("skip-locked", "optimistic-window", "immediate-tx").
-	ClaimMethod string
 	// MaxArgsBytes is the largest encoded args the server accepts in one
 	// row (0: no server-specific limit beyond the client's).
 	MaxArgsBytes int

@@ -25,7 +25,7 @@ type benchDriver struct {
 }
 
 func (d *benchDriver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{ClaimMethod: "skip-locked"}
+	return driver.Capabilities{}
 }
 
 func (d *benchDriver) Claim(_ context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {

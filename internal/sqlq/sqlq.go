@@ -169,3 +169,15 @@ func Migrations(fsys fs.FS, dir, prefix string) []Migration {
 	}
 	return ms
 }
+
+// Rewrite replaces each query of dst, a struct filled by Load, with f of
+// it: the backends expand their own tokens ({cols}, server-dependent
+// clauses) once, when the driver opens.
+func Rewrite(dst any, f func(string) string) {
+	s := reflect.ValueOf(dst).Elem()
+	for i := range s.NumField() {
+		if _, ok := s.Type().Field(i).Tag.Lookup("sql"); ok {
+			s.Field(i).SetString(f(s.Field(i).String()))
+		}
+	}
+}

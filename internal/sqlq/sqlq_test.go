@@ -59,3 +59,20 @@ func TestLoad(t *testing.T) {
 		t.Fatal("a struct value, not a pointer, was accepted")
 	}
 }
+
+func TestRewrite(t *testing.T) {
+	fsys := fstest.MapFS{"a.sql": {Data: []byte("-- name: cols\nid, name\n\n-- name: get\nSELECT {cols} FROM {p}t\n")}}
+	var q struct {
+		Cols  string `sql:"cols"`
+		Get   string `sql:"get"`
+		Other string
+	}
+	q.Other = "{cols}"
+	if err := Load(&q, fsys, "x_", "a.sql"); err != nil {
+		t.Fatal(err)
+	}
+	Rewrite(&q, strings.NewReplacer("{cols}", q.Cols).Replace)
+	if q.Get != "SELECT id, name FROM x_t" || q.Cols != "id, name" || q.Other != "{cols}" {
+		t.Fatalf("rewritten %+v", q)
+	}
+}

@@ -16,7 +16,7 @@ import (
 
 // GetJob returns one job, or an error wrapping driver.ErrNotFound.
 func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
-	s, err := d.stmt(ctx, d.q["GetJob"])
+	s, err := d.stmt(ctx, d.q.GetJob)
 	if err != nil {
 		return nil, d.wrap("get job", err)
 	}
@@ -76,14 +76,14 @@ func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]
 
 // ClaimJob claims job id, whatever its queue or schedule, if it is
 // available, scheduled or retryable: one transaction locks the row
-// (ClaimJobSelect) and marks it as Claim does (ClaimMark).
+// (claim_job_select) and marks it as Claim does (claim_mark).
 func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, worker string) (*driver.JobRow, error) {
 	var out *driver.JobRow
 	var state string
 	err := d.inTx(ctx, "claim job", func(tx *sql.Tx) error {
 		out, state = nil, ""
 		var now time.Time
-		j, err := scanJob(tx.QueryRowContext(ctx, d.q["ClaimJobSelect"], id), &now)
+		j, err := scanJob(tx.QueryRowContext(ctx, d.q.ClaimJobSelect, id), &now)
 		if errors.Is(err, sql.ErrNoRows) {
 			return driver.ErrNotFound
 		}
@@ -97,7 +97,7 @@ func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, wo
 			return nil
 		}
 		until := now.Add(lease).Truncate(time.Microsecond)
-		q, args, cache := d.inList("ClaimMark", []int64{id}, dbTime(now), dbTime(until), worker)
+		q, args, cache := d.inList(d.q.ClaimMark, []int64{id}, dbTime(now), dbTime(until), worker)
 		res, err := d.exec(ctx, tx, cache, q, args...)
 		if err != nil {
 			return err
@@ -125,7 +125,7 @@ func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, wo
 	return out, nil
 }
 
-// listQuery returns the ListJobs statement for f and its arguments.
+// listQuery returns the list_jobs statement for f and its arguments.
 func (d *Driver) listQuery(f driver.JobFilter) (string, []any) {
 	limit := f.Limit
 	if limit <= 0 {
@@ -135,26 +135,26 @@ func (d *Driver) listQuery(f driver.JobFilter) (string, []any) {
 	args := []any{f.AfterID}
 	if len(f.States) > 0 {
 		where.WriteByte(' ')
-		where.WriteString(strings.Replace(d.q["ListJobsStates"], "{ids}", placeholders(len(f.States)), 1))
+		where.WriteString(strings.Replace(d.q.ListJobsStates, "{ids}", placeholders(len(f.States)), 1))
 		for _, s := range f.States {
 			args = append(args, s)
 		}
 	}
 	if f.Queue != "" {
 		where.WriteByte(' ')
-		where.WriteString(d.q["ListJobsQueue"])
+		where.WriteString(d.q.ListJobsQueue)
 		args = append(args, f.Queue)
 	}
 	if f.Kind != "" {
 		where.WriteByte(' ')
-		where.WriteString(d.q["ListJobsKind"])
+		where.WriteString(d.q.ListJobsKind)
 		args = append(args, f.Kind)
 	}
 	args = append(args, int64(limit))
-	return strings.Replace(d.q["ListJobs"], "{where}", where.String(), 1), args
+	return strings.Replace(d.q.ListJobs, "{where}", where.String(), 1), args
 }
 
-// scanAppJob reads the JobColumns of one row read on the application's
+// scanAppJob reads the job_columns of one row read on the application's
 // connection, whose DSN may lack parseTime or set another loc.
 func scanAppJob(r rowScanner) (*driver.JobRow, error) {
 	j := &driver.JobRow{}
@@ -245,15 +245,15 @@ func unwrapNotFound(err error) error {
 // retry is tried again.
 func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
 	for round := 0; ; round++ {
-		j, err := d.adminUpdate(ctx, "retry", id, d.q["Retry"], id)
+		j, err := d.adminUpdate(ctx, "retry", id, d.q.Retry, id)
 		if myErrno(err) != errDupEntry {
 			return j, err
 		}
 		c := &driver.UniqueConflictError{Op: "retry", JobID: id}
-		if err := d.db.QueryRowContext(ctx, d.q["JobUniqueKey"], id).Scan(&c.Key); err != nil {
+		if err := d.db.QueryRowContext(ctx, d.q.JobUniqueKey, id).Scan(&c.Key); err != nil {
 			return nil, d.wrap("retry", err)
 		}
-		err = d.db.QueryRowContext(ctx, d.q["UniqueHolder"], c.Key).Scan(&c.HolderID)
+		err = d.db.QueryRowContext(ctx, d.q.UniqueHolder, c.Key).Scan(&c.HolderID)
 		switch {
 		case errors.Is(err, sql.ErrNoRows) && round < uniqueRounds:
 			continue // the holder finished in between
@@ -267,24 +267,24 @@ func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
 // Cancel cancels a job that has not finished; a running attempt's outcome
 // will then be refused by its fence.
 func (d *Driver) Cancel(ctx context.Context, id int64) (*driver.JobRow, error) {
-	return d.adminUpdate(ctx, "cancel", id, d.q["Finalize"], driver.StateCancelled, id)
+	return d.adminUpdate(ctx, "cancel", id, d.q.Finalize, driver.StateCancelled, id)
 }
 
 // Discard discards a job that has not finished.
 func (d *Driver) Discard(ctx context.Context, id int64) (*driver.JobRow, error) {
-	return d.adminUpdate(ctx, "discard", id, d.q["Finalize"], driver.StateDiscarded, id)
+	return d.adminUpdate(ctx, "discard", id, d.q.Finalize, driver.StateDiscarded, id)
 }
 
 // Stats counts jobs per queue and state, with the age of each queue's
 // oldest available job by the database's clock.
 func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
-	return d.queueStats(ctx, "stats", d.q["Stats"])
+	return d.queueStats(ctx, "stats", d.q.Stats)
 }
 
 // Overview counts the unfinished jobs and the jobs finished since
 // finishedSince through the secondary indexes (see driver.Driver).
 func (d *Driver) Overview(ctx context.Context, finishedSince time.Time) ([]driver.QueueStats, error) {
-	return d.queueStats(ctx, "overview", d.q["Overview"], finishedSince.UTC())
+	return d.queueStats(ctx, "overview", d.q.Overview, finishedSince.UTC())
 }
 
 // queueStats runs Stats or Overview: rows of queue, state, count, the
@@ -336,7 +336,7 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	}
 	defer conn.Close()
 	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, d.q["GetLock"], 60).Scan(&got); err != nil {
+	if err := conn.QueryRowContext(ctx, d.q.GetLock, 60).Scan(&got); err != nil {
 		return nil, d.wrap("migrate: take lock", err)
 	}
 	if !got.Valid || got.Int64 != 1 {
@@ -347,16 +347,16 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		var r sql.NullInt64
-		if err := conn.QueryRowContext(rctx, d.q["ReleaseLock"]).Scan(&r); err != nil {
+		if err := conn.QueryRowContext(rctx, d.q.ReleaseLock).Scan(&r); err != nil {
 			// The session ends with the connection, which frees the lock.
 			_ = conn.Raw(func(any) error { return sqldriver.ErrBadConn })
 		}
 	}()
-	if _, err := conn.ExecContext(ctx, d.q["MigrationsTable"]); err != nil {
+	if _, err := conn.ExecContext(ctx, d.q.MigrationsTable); err != nil {
 		return nil, d.wrap("migrate", err)
 	}
 	var current int
-	if err := conn.QueryRowContext(ctx, d.q["MigrationsMax"]).Scan(&current); err != nil {
+	if err := conn.QueryRowContext(ctx, d.q.MigrationsMax).Scan(&current); err != nil {
 		return nil, d.wrap("migrate", err)
 	}
 	latest := len(d.migs)
@@ -372,7 +372,7 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 				return applied, fmt.Errorf("conveyor/mysql: migrate: version %d (%s) statement %d: %w", m.Version, m.Name, i+1, err)
 			}
 		}
-		if _, err := conn.ExecContext(ctx, d.q["MigrationsRecord"], m.Version); err != nil {
+		if _, err := conn.ExecContext(ctx, d.q.MigrationsRecord, m.Version); err != nil {
 			return applied, fmt.Errorf("conveyor/mysql: migrate: record version %d: %w", m.Version, err)
 		}
 		applied = append(applied, m.Version)
@@ -384,7 +384,7 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 // migration) and the latest one this binary embeds.
 func (d *Driver) SchemaVersion(ctx context.Context) (current, latest int, err error) {
 	latest = len(d.migs)
-	err = d.db.QueryRowContext(ctx, d.q["MigrationsMax"]).Scan(&current)
+	err = d.db.QueryRowContext(ctx, d.q.MigrationsMax).Scan(&current)
 	if myErrno(err) == errNoSuchTable {
 		return 0, latest, nil
 	}
@@ -396,6 +396,6 @@ func (d *Driver) SchemaVersion(ctx context.Context) (current, latest int, err er
 
 // DropAll drops the tables under this driver's prefix.
 func (d *Driver) DropAll(ctx context.Context) error {
-	_, err := d.db.ExecContext(ctx, d.q["DropAll"])
+	_, err := d.db.ExecContext(ctx, d.q.DropAll)
 	return d.wrap("drop all", err)
 }

@@ -21,7 +21,7 @@ import (
 // rowScanner is *sql.Row or *sql.Rows.
 type rowScanner interface{ Scan(dest ...any) error }
 
-// scanJob reads the JobColumns of one row, after the extra leading
+// scanJob reads the job_columns of one row, after the extra leading
 // destinations.
 func scanJob(r rowScanner, extra ...any) (*driver.JobRow, error) {
 	j := &driver.JobRow{}
@@ -79,8 +79,8 @@ const insertParamsPerRow = 9
 func (d *Driver) planInsert(op string, jobs []driver.InsertParams) (insertPlan, error) {
 	var p insertPlan
 	budget := d.maxPacket - d.maxPacket/8 - 4096
-	rowText := len(d.q["InsertRow"]) + 2
-	start, size := 0, len(d.q["InsertHead"])
+	rowText := len(d.q.InsertRow) + 2
+	start, size := 0, len(d.q.InsertHead)
 	for i := range jobs {
 		j := &jobs[i]
 		if len(j.Args) > d.maxArgs {
@@ -98,7 +98,7 @@ func (d *Driver) planInsert(op string, jobs []driver.InsertParams) (insertPlan, 
 		row := len(j.Args) + len(j.Meta) + len(j.Queue) + len(j.Kind) + 104 + rowText
 		if i > start && (size+row > budget || i-start >= maxInsertRows) {
 			p.chunks = append(p.chunks, jobs[start:i])
-			start, size = i, len(d.q["InsertHead"])
+			start, size = i, len(d.q.InsertHead)
 		}
 		size += row
 	}
@@ -110,7 +110,7 @@ func (d *Driver) planInsert(op string, jobs []driver.InsertParams) (insertPlan, 
 
 // insertSQL returns the multi-row INSERT for n rows.
 func (d *Driver) insertSQL(n int) string {
-	head, row := d.q["InsertHead"], d.q["InsertRow"]
+	head, row := d.q.InsertHead, d.q.InsertRow
 	var b strings.Builder
 	b.Grow(len(head) + 1 + n*(len(row)+2))
 	b.WriteString(head)
@@ -280,8 +280,8 @@ func (d *Driver) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (in
 	return int64(len(jobs)), nil
 }
 
-// Claim takes up to p.Limit available jobs of p.Queue; see ClaimSelect and
-// ClaimOptimistic in queries.sql.
+// Claim takes up to p.Limit available jobs of p.Queue; see claim_select
+// and claim_optimistic in queries.sql.
 func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
 	if p.Limit <= 0 {
 		return nil, nil
@@ -342,10 +342,10 @@ func (c *claimCursor) query(d *Driver, p driver.ClaimParams) (string, []any, boo
 	defer c.mu.Unlock()
 	if !c.valid || time.Since(c.since) >= cursorFor {
 		c.valid = false
-		return d.q["ClaimSelect"], []any{p.Queue, p.Queue, int64(p.Limit)}, false
+		return d.q.ClaimSelect, []any{p.Queue, p.Queue, int64(p.Limit)}, false
 	}
 	s := dbTime(c.sched)
-	return d.q["ClaimSelectAfter"], []any{p.Queue, p.Queue, c.prio, c.prio, s, s, c.id, int64(p.Limit)}, true
+	return d.q.ClaimSelectAfter, []any{p.Queue, p.Queue, c.prio, c.prio, s, s, c.id, int64(p.Limit)}, true
 }
 
 // advance moves the cursor past the last of a full claim's rows (rows are
@@ -364,8 +364,8 @@ func (c *claimCursor) advance(rows []*driver.JobRow, limit int) {
 	c.valid, c.prio, c.sched, c.id = true, last.Priority, last.ScheduledAt, last.ID
 }
 
-// claimSkipLocked runs ClaimSelect (or ClaimSelectAfter) and ClaimMarkQueued in
-// one transaction.
+// claimSkipLocked runs claim_select (or claim_select_after) and
+// claim_mark_queued in one transaction.
 func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur *claimCursor) ([]*driver.JobRow, bool, error) {
 	var out []*driver.JobRow
 	q, qargs, resumed := cur.query(d, p)
@@ -396,7 +396,7 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 		for i, j := range out {
 			ids[i] = j.ID
 		}
-		q, args, cache := d.inList("ClaimMarkQueued", ids, dbTime(now), dbTime(lease), p.Worker, p.Queue)
+		q, args, cache := d.inList(d.q.ClaimMarkQueued, ids, dbTime(now), dbTime(lease), p.Worker, p.Queue)
 		res, err := d.exec(ctx, tx, cache, q, args...)
 		if err != nil {
 			return err
@@ -404,7 +404,7 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 		switch n, _ := res.RowsAffected(); n {
 		case int64(len(out)):
 		case 0:
-			// Paused since the rows were locked (see ClaimMarkQueued).
+			// Paused since the rows were locked (see claim_mark_queued).
 			out = out[:0]
 			return nil
 		default:
@@ -439,7 +439,7 @@ const contendedFor = time.Second
 // claimRounds bounds the window reads of one optimistic claim.
 const claimRounds = 3
 
-// claimOptimistic runs ClaimWindow and ClaimOptimistic. Uncontended, the
+// claimOptimistic runs claim_window and claim_optimistic. Uncontended, the
 // window is exactly the rows wanted, so jobs are taken strictly in claim
 // order. When the UPDATE took fewer rows than it was given, another claimer
 // got there first: the claim reads a wider window and picks the remainder
@@ -462,7 +462,7 @@ func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*
 		var window []int64
 		err := d.retry(ctx, "claim", func() error {
 			window = window[:0]
-			rows, err := d.query(ctx, nil, true, d.q["ClaimWindow"], p.Queue, p.Queue, int64(n))
+			rows, err := d.query(ctx, nil, true, d.q.ClaimWindow, p.Queue, p.Queue, int64(n))
 			if err != nil {
 				return err
 			}
@@ -491,7 +491,7 @@ func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*
 			pick = window[:want]
 		}
 		slices.Sort(pick)
-		q, args, cache := d.inList("ClaimOptimistic", pick, micros(p.Lease), p.Worker, token[:])
+		q, args, cache := d.inList(d.q.ClaimOptimistic, pick, micros(p.Lease), p.Worker, token[:])
 		took, err := d.execCount(ctx, d.main, "claim", cache, q, args)
 		if err != nil {
 			return nil, err
@@ -511,7 +511,7 @@ func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*
 	out := make([]*driver.JobRow, 0, got)
 	for off := 0; off < len(cand); off += maxBucket {
 		part := cand[off:min(off+maxBucket, len(cand))]
-		q, args, cache := d.inList("ClaimByToken", part, token[:])
+		q, args, cache := d.inList(d.q.ClaimByToken, part, token[:])
 		rows, err := d.query(ctx, nil, cache, q, args...)
 		if err != nil {
 			return nil, d.wrap("claim", err)
@@ -528,12 +528,12 @@ func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*
 	return out, nil
 }
 
-// batchSource expands {source} in the named query for n tuples of width
-// fields, built by add: a JSON_TABLE over one JSON parameter where the
-// server has it, else a UNION ALL derived table padded with id 0 rows to a
-// power of two. It returns the query, the arguments (the source's first,
-// then extra) and whether the query should be cached.
-func (d *Driver) batchSource(name, jsonSrc, rowSrc string, n, width int, add func(i int, js []byte, row []any) []byte, extra ...any) (string, []any, bool) {
+// batchSource expands {source} in query for n tuples of width fields,
+// built by add: a JSON_TABLE over one JSON parameter (jsonSrc) where the
+// server has it, else a UNION ALL derived table of rowSrc rows padded with
+// id 0 rows to a power of two. It returns the query, the arguments (the
+// source's first, then extra) and whether the query should be cached.
+func (d *Driver) batchSource(query, jsonSrc, rowSrc string, n, width int, add func(i int, js []byte, row []any) []byte, extra ...any) (string, []any, bool) {
 	if d.jsonTable {
 		js := make([]byte, 0, n*32)
 		js = append(js, '[')
@@ -544,21 +544,20 @@ func (d *Driver) batchSource(name, jsonSrc, rowSrc string, n, width int, add fun
 			js = add(i, js, nil)
 		}
 		js = append(js, ']')
-		q := strings.Replace(d.q[name], "{source}", d.q[jsonSrc], 1)
+		q := strings.Replace(query, "{source}", jsonSrc, 1)
 		return q, append([]any{js}, extra...), true
 	}
 	b := bucket(n)
-	row := d.q[rowSrc]
 	var sb strings.Builder
 	sb.WriteByte('(')
 	for i := 0; i < b; i++ {
 		if i > 0 {
 			sb.WriteString(" UNION ALL ")
 		}
-		sb.WriteString(row)
+		sb.WriteString(rowSrc)
 	}
 	sb.WriteByte(')')
-	q := strings.Replace(d.q[name], "{source}", sb.String(), 1)
+	q := strings.Replace(query, "{source}", sb.String(), 1)
 	args := make([]any, 0, b*width+len(extra))
 	tuple := make([]any, width)
 	for i := 0; i < b; i++ {
@@ -583,7 +582,7 @@ var outcomeStates = map[string]bool{
 }
 
 // Complete applies outcomes with one fenced UPDATE joined to the batch (see
-// Complete in queries.sql; outcomes carrying an error go in a second
+// complete in queries.sql; outcomes carrying an error go in a second
 // statement that also appends to errors). When every outcome matched, that
 // is the whole call; otherwise the ids applied are read back by this call's
 // op_token.
@@ -616,9 +615,9 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	var matched int64
 	budget := d.maxPacket / 2
 	for _, part := range []struct {
-		name string
-		idx  []int
-	}{{"Complete", plain}, {"CompleteWithErrors", failed}} {
+		query string
+		idx   []int
+	}{{d.q.Complete, plain}, {d.q.CompleteWithErrors, failed}} {
 		// Ascending ids: concurrent batches lock rows in the same order.
 		slices.SortFunc(part.idx, func(a, b int) int { return cmp.Compare(outcomes[a].ID, outcomes[b].ID) })
 		for len(part.idx) > 0 {
@@ -634,7 +633,7 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 			}
 			chunk := part.idx[:n]
 			part.idx = part.idx[n:]
-			q, args, cache := d.batchSource(part.name, "OutcomeSourceJSON", "OutcomeSourceRow", len(chunk), 5,
+			q, args, cache := d.batchSource(part.query, d.q.OutcomeSourceJSON, d.q.OutcomeSourceRow, len(chunk), 5,
 				func(k int, js []byte, row []any) []byte {
 					i := chunk[k]
 					o := &outcomes[i]
@@ -697,7 +696,7 @@ func (d *Driver) fenceCheck(ctx context.Context, p *stmtPool, op string, token [
 	got := make(map[int64]bool, len(ids))
 	for off := 0; off < len(ids); off += maxBucket {
 		part := ids[off:min(off+maxBucket, len(ids))]
-		q, args, cache := d.inList("FenceCheck", part, token)
+		q, args, cache := d.inList(d.q.FenceCheck, part, token)
 		err := d.retry(ctx, op, func() error {
 			rows, err := p.query(ctx, nil, cache, q, args...)
 			if err != nil {
@@ -775,8 +774,9 @@ func appendJSONString(b []byte, s string) []byte {
 	return append(b, q...)
 }
 
-func (d *Driver) leaseSource(name string, leases []driver.Lease, extra ...any) (string, []any, bool) {
-	return d.batchSource(name, "LeaseSourceJSON", "LeaseSourceRow", len(leases), 2,
+// leaseSource is batchSource for query over leases (id, fence tuples).
+func (d *Driver) leaseSource(query string, leases []driver.Lease, extra ...any) (string, []any, bool) {
+	return d.batchSource(query, d.q.LeaseSourceJSON, d.q.LeaseSourceRow, len(leases), 2,
 		func(i int, js []byte, row []any) []byte {
 			l := leases[i]
 			if row != nil {
@@ -805,7 +805,7 @@ func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease tim
 	var n int64
 	for off := 0; off < len(leases); off += maxBucket {
 		part := leases[off:min(off+maxBucket, len(leases))]
-		q, args, cache := d.leaseSource("Heartbeat", part, micros(lease), token[:])
+		q, args, cache := d.leaseSource(d.q.Heartbeat, part, micros(lease), token[:])
 		m, err := d.execCount(ctx, d.lease, "heartbeat", cache, q, args)
 		if err != nil {
 			return nil, err
@@ -830,7 +830,7 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 	var n int64
 	for off := 0; off < len(leases); off += maxBucket {
 		part := leases[off:min(off+maxBucket, len(leases))]
-		q, args, cache := d.leaseSource("Release", part)
+		q, args, cache := d.leaseSource(d.q.Release, part)
 		m, err := d.execCount(ctx, d.lease, "release", cache, q, args)
 		if err != nil {
 			return n, err
@@ -849,7 +849,7 @@ func (d *Driver) lockAndUpdate(ctx context.Context, op, selectQ, updateQ string,
 	}
 	err := d.inTx(ctx, op, func(tx *sql.Tx) error {
 		clear(out)
-		rows, err := d.query(ctx, tx, true, d.q[selectQ], int64(limit))
+		rows, err := d.query(ctx, tx, true, selectQ, int64(limit))
 		if err != nil {
 			return err
 		}
@@ -890,12 +890,12 @@ func (d *Driver) lockAndUpdate(ctx context.Context, op, selectQ, updateQ string,
 // Rescue requeues (or discards, when attempts are used up) up to limit
 // running jobs whose lease expired, recording an AttemptError on each.
 func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) {
-	return d.lockAndUpdate(ctx, "rescue", "RescueSelect", "RescueUpdate", limit)
+	return d.lockAndUpdate(ctx, "rescue", d.q.RescueSelect, d.q.RescueUpdate, limit)
 }
 
 // Promote makes up to limit due scheduled and retryable jobs available.
 func (d *Driver) Promote(ctx context.Context, limit int) (map[string]int, error) {
-	return d.lockAndUpdate(ctx, "promote", "PromoteSelect", "PromoteUpdate", limit)
+	return d.lockAndUpdate(ctx, "promote", d.q.PromoteSelect, d.q.PromoteUpdate, limit)
 }
 
 // Prune deletes up to limit completed jobs finalized more than
@@ -905,14 +905,14 @@ func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Dura
 	if limit <= 0 {
 		return 0, nil
 	}
-	n, err := d.execCount(ctx, d.main, "prune", true, d.q["PruneCompleted"], []any{micros(completedAge), int64(limit)})
+	n, err := d.execCount(ctx, d.main, "prune", true, d.q.PruneCompleted, []any{micros(completedAge), int64(limit)})
 	if err != nil {
 		return 0, err
 	}
 	if n >= int64(limit) {
 		return n, nil
 	}
-	m, err := d.execCount(ctx, d.main, "prune", true, d.q["PruneDiscarded"], []any{micros(discardedAge), int64(limit) - n})
+	m, err := d.execCount(ctx, d.main, "prune", true, d.q.PruneDiscarded, []any{micros(discardedAge), int64(limit) - n})
 	return n + m, err
 }
 
@@ -920,12 +920,12 @@ func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Dura
 // extends it if id holds it, and reports whether id leads.
 func (d *Driver) TryLead(ctx context.Context, id string, ttl time.Duration) (bool, error) {
 	us := micros(ttl)
-	if _, err := d.execCount(ctx, d.main, "try lead", true, d.q["TryLead"], []any{id, us, id, id, id, us}); err != nil {
+	if _, err := d.execCount(ctx, d.main, "try lead", true, d.q.TryLead, []any{id, us, id, id, id, us}); err != nil {
 		return false, err
 	}
 	var leader string
 	if err := d.retry(ctx, "try lead", func() error {
-		return d.db.QueryRowContext(ctx, d.q["Leader"]).Scan(&leader)
+		return d.db.QueryRowContext(ctx, d.q.Leader).Scan(&leader)
 	}); err != nil {
 		return false, err
 	}

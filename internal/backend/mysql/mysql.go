@@ -43,7 +43,7 @@ import (
 //go:embed queries.sql migrations/*.sql
 var sqlFiles embed.FS
 
-// Claim methods reported in Capabilities.ClaimMethod.
+// Claim methods, reported as claim_method by ServerInfo.
 const (
 	// ClaimSkipLocked locks due rows with FOR UPDATE SKIP LOCKED.
 	ClaimSkipLocked = "skip-locked"
@@ -96,7 +96,7 @@ type Driver struct {
 	// connection.
 	main, lease *stmtPool
 	prefix      string
-	q           map[string]string
+	q           queries
 	migs        []sqlq.Migration
 
 	serverVersion string
@@ -153,6 +153,10 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 		delete(cfg.Params, k)
 	}
 	forceSettings(cfg)
+	q, err := loadQueries(opts.Prefix)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/mysql: open: %w", err)
+	}
 
 	// Probe the server with one connection: version, packet size and the
 	// name of the isolation variable (transaction_isolation on MySQL 5.7.20+
@@ -166,15 +170,14 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 	pdb := sql.OpenDB(pconn)
 	defer pdb.Close()
 	pdb.SetMaxOpenConns(1)
-	q := loadQueries(opts.Prefix)
 	d := &Driver{prefix: opts.Prefix}
 	var packet int64
-	if err := pdb.QueryRowContext(ctx, q["Probe"]).Scan(&d.serverVersion, &packet, &d.autoincStep); err != nil {
+	if err := pdb.QueryRowContext(ctx, q.Probe).Scan(&d.serverVersion, &packet, &d.autoincStep); err != nil {
 		return nil, fmt.Errorf("conveyor/mysql: open: probe server: %w", err)
 	}
 	d.isoVar = "transaction_isolation"
 	var iso string
-	if err := pdb.QueryRowContext(ctx, q["ProbeIsolation"]).Scan(&iso); err != nil {
+	if err := pdb.QueryRowContext(ctx, q.ProbeIsolation).Scan(&iso); err != nil {
 		if myErrno(err) != errUnknownVariable {
 			return nil, fmt.Errorf("conveyor/mysql: open: probe server: %w", err)
 		}
@@ -216,10 +219,7 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 	if d.skipLocked {
 		skip = "SKIP LOCKED"
 	}
-	for k, v := range q {
-		v = strings.ReplaceAll(v, "{skip}", skip)
-		q[k] = strings.ReplaceAll(v, "{iso}", d.isoVar)
-	}
+	sqlq.Rewrite(&q, strings.NewReplacer("{skip}", skip, "{iso}", d.isoVar).Replace)
 	d.q = q
 	d.migs = sqlq.Migrations(sqlFiles, "migrations", opts.Prefix)
 
@@ -370,29 +370,6 @@ func (v version) less(a, b, c int) bool {
 	return false
 }
 
-// loadQueries reads queries.sql, drops comment lines and expands {cols}.
-func loadQueries(prefix string) map[string]string {
-	q := sqlq.Queries(sqlFiles, "queries.sql", prefix)
-	for k, v := range q {
-		var b strings.Builder
-		for _, line := range strings.Split(v, "\n") {
-			if strings.HasPrefix(strings.TrimSpace(line), "--") {
-				continue
-			}
-			if b.Len() > 0 {
-				b.WriteByte('\n')
-			}
-			b.WriteString(line)
-		}
-		q[k] = strings.TrimSpace(b.String())
-	}
-	cols := q["JobColumns"]
-	for k, v := range q {
-		q[k] = strings.ReplaceAll(v, "{cols}", cols)
-	}
-	return q
-}
-
 // DB returns the driver's connection pool, so that tools such as the
 // benchmark can run their own SQL against the same server and settings.
 func (d *Driver) DB() *sql.DB { return d.db }
@@ -400,12 +377,12 @@ func (d *Driver) DB() *sql.DB { return d.db }
 // Name returns "mysql".
 func (d *Driver) Name() string { return "mysql" }
 
-// Capabilities reports no push channel, the active claim method and the
-// largest args the server accepts (derived from max_allowed_packet).
+// Capabilities reports no push channel and the largest args the server
+// accepts (derived from max_allowed_packet). The claim method is in
+// ServerInfo.
 func (d *Driver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{
 		Listen:       false,
-		ClaimMethod:  d.claimMethod,
 		MaxArgsBytes: d.maxArgs,
 	}
 }
@@ -414,7 +391,7 @@ func (d *Driver) Capabilities() driver.Capabilities {
 // durability and throughput.
 func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
 	var ver, flush, syncBinlog, iso, logBin, packet, autoinc sql.NullString
-	if err := d.db.QueryRowContext(ctx, d.q["ServerInfo"]).Scan(&ver, &flush, &syncBinlog, &iso, &logBin, &packet, &autoinc); err != nil {
+	if err := d.db.QueryRowContext(ctx, d.q.ServerInfo).Scan(&ver, &flush, &syncBinlog, &iso, &logBin, &packet, &autoinc); err != nil {
 		return nil, d.wrap("server info", err)
 	}
 	flavor := "mysql"
@@ -697,11 +674,11 @@ func placeholders(n int) string {
 	return strings.Repeat("?, ", n-1) + "?"
 }
 
-// inList expands {ids} in the named query for n ids and returns the query,
+// inList expands {ids} in query for n ids and returns the query,
 // the padded argument list and whether it is worth caching.
-func (d *Driver) inList(name string, ids []int64, extra ...any) (string, []any, bool) {
+func (d *Driver) inList(query string, ids []int64, extra ...any) (string, []any, bool) {
 	b := bucket(len(ids))
-	q := strings.Replace(d.q[name], "{ids}", placeholders(b), 1)
+	q := strings.Replace(query, "{ids}", placeholders(b), 1)
 	args := make([]any, 0, len(extra)+b)
 	args = append(args, extra...)
 	for _, id := range ids {

@@ -16,20 +16,20 @@ func (d *Driver) RegisterProcess(ctx context.Context, p driver.ProcessRow, ttl t
 	if err != nil {
 		return d.wrap("register process "+p.ID, err)
 	}
-	_, err = d.execCount(ctx, d.main, "register process "+p.ID, true, d.q["RegisterProcess"],
+	_, err = d.execCount(ctx, d.main, "register process "+p.ID, true, d.q.RegisterProcess,
 		[]any{p.ID, p.Kind, p.Host, nullPID(p.PID), p.Version, string(qs), micros(ttl)})
 	return err
 }
 
 // RemoveProcess deletes process id's row.
 func (d *Driver) RemoveProcess(ctx context.Context, id string) error {
-	_, err := d.execCount(ctx, d.main, "remove process "+id, true, d.q["RemoveProcess"], []any{id})
+	_, err := d.execCount(ctx, d.main, "remove process "+id, true, d.q.RemoveProcess, []any{id})
 	return err
 }
 
 // Processes lists the stored processes, alive first.
 func (d *Driver) Processes(ctx context.Context) ([]driver.ProcessRow, error) {
-	rows, err := d.db.QueryContext(ctx, d.q["Processes"])
+	rows, err := d.db.QueryContext(ctx, d.q.Processes)
 	if err != nil {
 		return nil, d.wrap("processes", err)
 	}
@@ -57,7 +57,7 @@ func (d *Driver) Processes(ctx context.Context) ([]driver.ProcessRow, error) {
 
 // PruneProcesses deletes processes expired longer ago than age.
 func (d *Driver) PruneProcesses(ctx context.Context, age time.Duration) (int64, error) {
-	return d.execCount(ctx, d.main, "prune processes", true, d.q["PruneProcesses"], []any{micros(age)})
+	return d.execCount(ctx, d.main, "prune processes", true, d.q.PruneProcesses, []any{micros(age)})
 }
 
 // queuesOrEmpty is qs, or an empty map for nil (stored as {}).

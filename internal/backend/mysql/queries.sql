@@ -1,7 +1,7 @@
 -- Queries of the MySQL / MariaDB backend.
 --
 -- Tokens besides {p}, replaced by the driver:
---   {cols}   the JobColumns list below
+--   {cols}   the job_columns list below
 --   {ids}    a list of N "?" placeholders (N rounded up to a power of two and
 --            padded with a repeated id, so that each size is prepared once)
 --   {source} the batch of (id, attempt, ...) tuples: a JSON_TABLE over one
@@ -14,7 +14,7 @@
 -- microseconds), which is constant within one statement. Sessions run with
 -- time_zone '+00:00', READ COMMITTED and an explicit sql_mode (see Open).
 
--- name: JobColumns
+-- name: job_columns
 id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors, fence, meta
 
 -- Insert: a multi-row "simple insert" (row count known in advance), so
@@ -22,24 +22,24 @@ id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms, sched
 -- list may refer to a column set earlier in the same row: state is derived
 -- from the scheduled_at just computed and created_at (both the statement's
 -- now when there is no delay).
--- name: InsertHead
+-- name: insert_head
 INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, scheduled_at, created_at, state, errors, meta) VALUES
 
--- name: InsertRow
+-- name: insert_row
 (?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]', ?)
 
--- Unique jobs are inserted one row each (InsertUniqueHead + InsertUniqueRow)
--- after UniqueHolder, a plain consistent read that takes no lock, found no
--- holder: a duplicate key (error 1062 on unique_idx) then means a
--- concurrent transaction took the key in between (see InsertUnique in
--- unique.go for why that case is handled apart).
--- name: InsertUniqueHead
+-- Unique jobs are inserted one row each (insert_unique_head +
+-- insert_unique_row) after unique_holder, a plain consistent read that
+-- takes no lock, found no holder: a duplicate key (error 1062 on
+-- unique_idx) then means a concurrent transaction took the key in between
+-- (see InsertUnique in unique.go for why that case is handled apart).
+-- name: insert_unique_head
 INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, scheduled_at, created_at, state, errors, meta, unique_key, unique_keep) VALUES
 
--- name: InsertUniqueRow
+-- name: insert_unique_row
 (?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]', ?, ?, ?)
 
--- name: UniqueHolder
+-- name: unique_holder
 SELECT id FROM `{p}jobs` WHERE unique_live = ?
 
 -- Claim with SKIP LOCKED, in one READ COMMITTED transaction: lock up to
@@ -54,48 +54,48 @@ SELECT id FROM `{p}jobs` WHERE unique_live = ?
 -- not lock the rows of a nested subquery, so claimers never wait on the
 -- queue's row (checked on MariaDB 10.11). It reads the statement's
 -- snapshot, which can be older than the jobs the locking read finds, so it
--- only spares a paused queue the locking; ClaimMarkQueued decides.
--- name: ClaimSelect
+-- only spares a paused queue the locking; claim_mark_queued decides.
+-- name: claim_select
 SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND state = 'available' ORDER BY priority, scheduled_at, id LIMIT ? FOR UPDATE SKIP LOCKED
 
--- ClaimSelectAfter is ClaimSelect resumed after the last key this process
+-- claim_select_after is claim_select resumed after the last key this process
 -- claimed from the queue (see claimCursor in jobs.go). InnoDB keeps the
 -- delete-marked claim-index entries of claimed jobs until purge catches up,
 -- and a claim that starts at the front of the queue scans all of them; under
 -- a backlog that made each claim slower than the last.
--- name: ClaimSelectAfter
+-- name: claim_select_after
 SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND state = 'available' AND (priority > ? OR (priority = ? AND (scheduled_at > ? OR (scheduled_at = ? AND id > ?)))) ORDER BY priority, scheduled_at, id LIMIT ? FOR UPDATE SKIP LOCKED
 
--- ClaimMark runs in the same transaction over the rows just locked. It
--- sets attempted_at and lease_expires_at from the clock ClaimSelect read
+-- claim_mark runs in the same transaction over the rows just locked. It
+-- sets attempted_at and lease_expires_at from the clock claim_select read
 -- (microseconds earlier, same transaction), so the driver returns exactly
 -- the stored rows without reading them again.
--- name: ClaimMark
+-- name: claim_mark
 UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, fence = fence + 1, attempted_at = ?, lease_expires_at = ?, attempted_by = ? WHERE id IN ({ids})
 
--- ClaimMarkQueued is ClaimMark for a queue claim: it marks nothing if the
--- queue is paused by now. ClaimSelect's pause check reads the statement's
+-- claim_mark_queued is claim_mark for a queue claim: it marks nothing if the
+-- queue is paused by now. claim_select's pause check reads the statement's
 -- snapshot, but its locking read of the jobs sees rows committed after
 -- that snapshot was taken, so a claim statement that began before a pause
 -- committed could lock a job inserted after the pause. This statement
 -- begins after those rows were locked, so its read of the queue's row sees
 -- any pause that the locked jobs' inserts came after. The driver then
 -- returns no job and the commit releases the locks.
--- name: ClaimMarkQueued
+-- name: claim_mark_queued
 UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, fence = fence + 1, attempted_at = ?, lease_expires_at = ?, attempted_by = ? WHERE NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND id IN ({ids})
 
--- ClaimJobSelect locks one job by id for ClaimJob, which then marks it with
--- ClaimMark if it is neither running nor finished. It waits for a claim
+-- claim_job_select locks one job by id for ClaimJob, which then marks it with
+-- claim_mark if it is neither running nor finished. It waits for a claim
 -- that holds the row; once that claim commits the row is running and is
 -- left alone.
--- name: ClaimJobSelect
+-- name: claim_job_select
 SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` WHERE id = ? FOR UPDATE
 
--- Optimistic claim, for servers without SKIP LOCKED. ClaimWindow reads the
+-- Optimistic claim, for servers without SKIP LOCKED. claim_window reads the
 -- first N available rows in claim order with a plain SELECT: under READ
 -- COMMITTED that is a consistent read and takes no locks. The driver picks
 -- up to Limit of them (at random once it has seen contention, so that
--- concurrent claimers mostly pick different rows) and ClaimOptimistic takes
+-- concurrent claimers mostly pick different rows) and claim_optimistic takes
 -- them in one autocommit UPDATE. The id list is a primary-key range read
 -- in ascending order, so claimers lock rows in the same order and cannot
 -- deadlock on each other; state = 'available' is evaluated on the locked,
@@ -111,27 +111,27 @@ SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` WHERE id = ? FOR UPDATE
 -- UPDATE and INSERT ... SELECT get consistent reads), and the S-to-X lock
 -- upgrades between concurrent claimers deadlock constantly (about 200
 -- deadlocks per 4,000 jobs with 10 claimers on MariaDB 10.11).
--- name: ClaimWindow
+-- name: claim_window
 SELECT id FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) ORDER BY priority, scheduled_at, id LIMIT ?
 
--- name: ClaimOptimistic
+-- name: claim_optimistic
 UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, fence = fence + 1, attempted_at = UTC_TIMESTAMP(6), lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, attempted_by = ?, claim_token = ? WHERE id IN ({ids}) AND state = 'available'
 
--- name: ClaimByToken
+-- name: claim_by_token
 SELECT {cols} FROM `{p}jobs` WHERE claim_token = ? AND id IN ({ids})
 
 -- Batch sources. Outcome tuples are [id, fence, state, retry_us, err]
 -- where err is the AttemptError JSON text, or '' for none.
--- name: OutcomeSourceJSON
+-- name: outcome_source_json
 JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$[0]', fence BIGINT PATH '$[1]', state VARCHAR(16) PATH '$[2]', retry_us BIGINT PATH '$[3]', err LONGTEXT PATH '$[4]'))
 
--- name: OutcomeSourceRow
+-- name: outcome_source_row
 SELECT CAST(? AS SIGNED) AS id, CAST(? AS SIGNED) AS fence, CAST(? AS CHAR(16)) AS state, CAST(? AS SIGNED) AS retry_us, CAST(? AS CHAR) AS err
 
--- name: LeaseSourceJSON
+-- name: lease_source_json
 JSON_TABLE(?, '$[*]' COLUMNS (id BIGINT PATH '$[0]', fence BIGINT PATH '$[1]'))
 
--- name: LeaseSourceRow
+-- name: lease_source_row
 SELECT CAST(? AS SIGNED) AS id, CAST(? AS SIGNED) AS fence
 
 -- Complete: MariaDB has no UPDATE ... RETURNING, so the batch is one UPDATE
@@ -139,92 +139,92 @@ SELECT CAST(? AS SIGNED) AS id, CAST(? AS SIGNED) AS fence
 -- lookups), fenced by id + fence token + state = 'running'. With
 -- CLIENT_FOUND_ROWS the driver learns how many rows matched; when that is
 -- every outcome no further round trip is needed. Otherwise the rows this
--- call changed are the ones carrying its op_token (FenceCheck). Outcomes
--- with an error go through CompleteWithErrors: assigning the LONGTEXT
+-- call changed are the ones carrying its op_token (fence_check). Outcomes
+-- with an error go through complete_with_errors: assigning the LONGTEXT
 -- errors column, even to itself, costs about a third of the statement, so
 -- the common error-free batch does not touch it. Complete, Heartbeat and
 -- Release (the lease path) run on a pool of their own. In a multi-table UPDATE
 -- the order of assignments is unspecified, so no assignment reads a column
 -- another one writes. A snooze (state scheduled) gives the attempt back.
--- name: Complete
+-- name: complete
 UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.op_token = ? WHERE j.state = 'running'
 
--- name: CompleteWithErrors
+-- name: complete_with_errors
 UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.errors = CONCAT(LEFT(j.errors, CHAR_LENGTH(j.errors) - 1), IF(j.errors = '[]', '', ','), u.err, ']'), j.op_token = ? WHERE j.state = 'running'
 
--- name: Heartbeat
+-- name: heartbeat
 UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, j.op_token = ? WHERE j.state = 'running'
 
--- name: Release
+-- name: release
 UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = 'available', j.attempt = j.attempt - 1, j.lease_expires_at = NULL, j.attempted_by = NULL WHERE j.state = 'running'
 
 -- When fewer rows matched than outcomes/leases were sent: the ids the call
 -- changed, by its op_token.
--- name: FenceCheck
+-- name: fence_check
 SELECT id FROM `{p}jobs` WHERE op_token = ? AND id IN ({ids})
 
 -- Rescue, in one transaction: lock expired leases (oldest first, by the
 -- lease index), then requeue or discard them. Single-table UPDATE
 -- assignments run left to right, so errors and finalized_at are computed
 -- before state changes.
--- name: RescueSelect
+-- name: rescue_select
 SELECT id, queue FROM `{p}jobs` FORCE INDEX (lease_idx) WHERE lease_expires_at < UTC_TIMESTAMP(6) AND state = 'running' ORDER BY lease_expires_at LIMIT ? FOR UPDATE {skip}
 
--- name: RescueUpdate
+-- name: rescue_update
 UPDATE `{p}jobs` SET errors = CONCAT(LEFT(errors, CHAR_LENGTH(errors) - 1), IF(errors = '[]', '', ','), '{"attempt":', attempt, ',"at":"', DATE_FORMAT(UTC_TIMESTAMP(6), '%Y-%m-%dT%H:%i:%s.%fZ'), '","error":', JSON_QUOTE(CONCAT('lease expired: ', COALESCE(attempted_by, ''), ' stopped heartbeating')), '}]'), finalized_at = IF(attempt >= max_attempts, UTC_TIMESTAMP(6), NULL), state = IF(attempt >= max_attempts, 'discarded', 'available'), lease_expires_at = NULL WHERE id IN ({ids}) AND state = 'running'
 
 -- Promote, in one transaction: lock due scheduled/retryable rows (due_at is
 -- their scheduled_at, NULL for other states), oldest first, and make them
 -- available.
--- name: PromoteSelect
+-- name: promote_select
 SELECT id, queue FROM `{p}jobs` FORCE INDEX (due_idx) WHERE due_at <= UTC_TIMESTAMP(6) ORDER BY due_at LIMIT ? FOR UPDATE {skip}
 
--- name: PromoteUpdate
+-- name: promote_update
 UPDATE `{p}jobs` SET state = 'available' WHERE id IN ({ids}) AND state IN ('retryable', 'scheduled')
 
--- name: PruneCompleted
+-- name: prune_completed
 DELETE FROM `{p}jobs` WHERE finalized_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND state = 'completed' ORDER BY finalized_at LIMIT ?
 
--- name: PruneDiscarded
+-- name: prune_discarded
 DELETE FROM `{p}jobs` WHERE finalized_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND state IN ('discarded', 'cancelled') ORDER BY finalized_at LIMIT ?
 
 -- TryLead: ON DUPLICATE KEY UPDATE assignments run left to right, so
 -- expires_at is extended only when leader_id is (now) ours.
--- name: TryLead
+-- name: try_lead
 INSERT INTO `{p}leader` (name, leader_id, expires_at) VALUES ('maintenance', ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) ON DUPLICATE KEY UPDATE leader_id = IF(leader_id = ? OR expires_at < UTC_TIMESTAMP(6), ?, leader_id), expires_at = IF(leader_id = ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, expires_at)
 
--- name: Leader
+-- name: leader
 SELECT leader_id FROM `{p}leader` WHERE name = 'maintenance'
 
--- name: GetJob
+-- name: get_job
 SELECT {cols} FROM `{p}jobs` WHERE id = ?
 
--- name: JobUniqueKey
+-- name: job_unique_key
 SELECT unique_key FROM `{p}jobs` WHERE id = ?
 
--- name: ListJobs
+-- name: list_jobs
 SELECT {cols} FROM `{p}jobs` WHERE id > ?{where} ORDER BY id LIMIT ?
 
--- name: ListJobsStates
+-- name: list_jobs_states
  AND state IN ({ids})
 
--- name: ListJobsQueue
+-- name: list_jobs_queue
  AND queue = ?
 
--- name: ListJobsKind
+-- name: list_jobs_kind
  AND kind = ?
 
--- name: Retry
+-- name: retry
 UPDATE `{p}jobs` SET state = 'available', scheduled_at = UTC_TIMESTAMP(6), finalized_at = NULL, lease_expires_at = NULL, max_attempts = GREATEST(max_attempts, attempt + 1) WHERE id = ? AND state IN ('discarded', 'cancelled', 'retryable', 'scheduled', 'completed')
 
 -- Cancel and Discard (the new state is the first parameter).
--- name: Finalize
+-- name: finalize
 UPDATE `{p}jobs` SET state = ?, finalized_at = UTC_TIMESTAMP(6), lease_expires_at = NULL WHERE id = ? AND state IN ('available', 'scheduled', 'retryable', 'running')
 
--- name: Stats
+-- name: stats
 SELECT queue, state, COUNT(*), MIN(scheduled_at), UTC_TIMESTAMP(6) FROM `{p}jobs` GROUP BY queue, state
 
--- name: Overview
+-- name: overview
 -- ? finishedSince (UTC). Stats at a bounded cost: each arm reads one
 -- secondary index's range of the generated or nullable columns that are
 -- NULL outside the states it serves (claim_idx: avail_queue, due_idx:
@@ -244,44 +244,44 @@ UNION ALL
 SELECT queue, state, COUNT(*), MIN(scheduled_at), UTC_TIMESTAMP(6)
   FROM `{p}jobs` FORCE INDEX (finalized_idx) WHERE finalized_at >= ? AND state IN ('completed', 'discarded', 'cancelled') GROUP BY queue, state
 
--- name: ServerInfo
+-- name: server_info
 SELECT VERSION(), @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@{iso}, @@log_bin, @@max_allowed_packet, @@innodb_autoinc_lock_mode
 
--- name: Probe
+-- name: probe
 SELECT VERSION(), @@max_allowed_packet, @@auto_increment_increment
 
--- name: ProbeIsolation
+-- name: probe_isolation
 SELECT @@transaction_isolation
 
 -- Migrations, serialised across processes by a named lock (the name hashes
 -- database and prefix so that it stays under 64 characters).
--- name: GetLock
+-- name: get_lock
 SELECT GET_LOCK(CONCAT('conveyor:', MD5(CONCAT(DATABASE(), '.', '{p}'))), ?)
 
--- name: ReleaseLock
+-- name: release_lock
 SELECT RELEASE_LOCK(CONCAT('conveyor:', MD5(CONCAT(DATABASE(), '.', '{p}'))))
 
--- name: MigrationsTable
+-- name: migrations_table
 CREATE TABLE IF NOT EXISTS `{p}schema_migrations` (`version` INT NOT NULL, `applied_at` DATETIME(6) NOT NULL, PRIMARY KEY (`version`)) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
 
--- name: MigrationsMax
+-- name: migrations_max
 SELECT COALESCE(MAX(version), 0) FROM `{p}schema_migrations`
 
--- name: MigrationsRecord
+-- name: migrations_record
 INSERT INTO `{p}schema_migrations` (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))
 
--- name: DropAll
+-- name: drop_all
 DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}processes`, `{p}schema_migrations`
 
--- name: PauseQueue
+-- name: pause_queue
 -- Pausing keeps the first pause's time (?, ?: queue, paused 0/1).
 INSERT INTO `{p}queues` (name, paused_at, updated_at) VALUES (?, IF(?, UTC_TIMESTAMP(6), NULL), UTC_TIMESTAMP(6))
 ON DUPLICATE KEY UPDATE paused_at = IF(VALUES(paused_at) IS NULL, NULL, COALESCE(paused_at, VALUES(paused_at))), updated_at = VALUES(updated_at)
 
--- name: PausedQueues
+-- name: paused_queues
 SELECT name, paused_at FROM `{p}queues` WHERE paused_at IS NOT NULL
 
--- name: RecordSchedule
+-- name: record_schedule
 -- The slots only move forward. MySQL evaluates the assignments left to
 -- right, each seeing the ones before it: last_slot is assigned last.
 INSERT INTO `{p}schedules` (name, spec, last_slot, last_job, next_slot, updated_at) VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6))
@@ -291,10 +291,10 @@ ON DUPLICATE KEY UPDATE spec = VALUES(spec),
   last_slot = GREATEST(COALESCE(last_slot, VALUES(last_slot)), VALUES(last_slot)),
   updated_at = VALUES(updated_at)
 
--- name: Schedules
+-- name: schedules
 SELECT name, spec, last_slot, last_job, next_slot, updated_at FROM `{p}schedules` ORDER BY name
 
--- name: RegisterProcess
+-- name: register_process
 -- (id, kind, host, pid, version, queues JSON, ttl µs.) started_at
 -- is kept while the row is alive; a row that had expired starts anew.
 -- MySQL evaluates the assignments left to right, each seeing the ones
@@ -306,14 +306,14 @@ ON DUPLICATE KEY UPDATE
   kind = VALUES(kind), host = VALUES(host), pid = VALUES(pid), version = VALUES(version), queues = VALUES(queues),
   heartbeat_at = VALUES(heartbeat_at), expires_at = VALUES(expires_at)
 
--- name: RemoveProcess
+-- name: remove_process
 DELETE FROM `{p}processes` WHERE id = ?
 
--- name: Processes
+-- name: processes
 -- Alive first, then by kind and id; alive by the database's clock.
 SELECT id, kind, host, pid, version, queues, started_at, heartbeat_at, expires_at, expires_at > UTC_TIMESTAMP(6) AS alive
   FROM `{p}processes`
  ORDER BY alive DESC, kind, id
 
--- name: PruneProcesses
+-- name: prune_processes
 DELETE FROM `{p}processes` WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND

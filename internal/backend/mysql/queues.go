@@ -12,13 +12,13 @@ import (
 // database: claims skip a paused queue (the check is part of the claim
 // statements). Other processes notice a resume at their next poll.
 func (d *Driver) PauseQueue(ctx context.Context, queue string, paused bool) error {
-	_, err := d.db.ExecContext(ctx, d.q["PauseQueue"], queue, paused)
+	_, err := d.db.ExecContext(ctx, d.q.PauseQueue, queue, paused)
 	return d.wrap("pause queue "+queue, err)
 }
 
 // PausedQueues returns the paused queues and when each was paused.
 func (d *Driver) PausedQueues(ctx context.Context) (map[string]time.Time, error) {
-	rows, err := d.db.QueryContext(ctx, d.q["PausedQueues"])
+	rows, err := d.db.QueryContext(ctx, d.q.PausedQueues)
 	if err != nil {
 		return nil, d.wrap("paused queues", err)
 	}
@@ -40,13 +40,13 @@ func (d *Driver) PausedQueues(ctx context.Context) (map[string]time.Time, error)
 
 // RecordSchedule records a schedule's latest slot and next one.
 func (d *Driver) RecordSchedule(ctx context.Context, s driver.ScheduleRow) error {
-	_, err := d.db.ExecContext(ctx, d.q["RecordSchedule"], s.Name, s.Spec, nullTime(s.LastSlot), nullID(s.LastJob), nullTime(s.NextSlot))
+	_, err := d.db.ExecContext(ctx, d.q.RecordSchedule, s.Name, s.Spec, nullTime(s.LastSlot), nullID(s.LastJob), nullTime(s.NextSlot))
 	return d.wrap("record schedule "+s.Name, err)
 }
 
 // Schedules lists the recorded schedules by name.
 func (d *Driver) Schedules(ctx context.Context) ([]driver.ScheduleRow, error) {
-	rows, err := d.db.QueryContext(ctx, d.q["Schedules"])
+	rows, err := d.db.QueryContext(ctx, d.q.Schedules)
 	if err != nil {
 		return nil, d.wrap("schedules", err)
 	}

@@ -98,7 +98,7 @@ func (d *Driver) insertUnique(ctx context.Context, tx *sql.Tx, own bool, jobs []
 		}
 	}
 	sort.Slice(order, func(a, b int) bool { return bytes.Compare(jobs[order[a]].UniqueKey, jobs[order[b]].UniqueKey) < 0 })
-	q := d.q["InsertUniqueHead"] + " " + d.q["InsertUniqueRow"]
+	q := d.q.InsertUniqueHead + " " + d.q.InsertUniqueRow
 	for _, i := range order {
 		j := &jobs[i]
 		args := append(insertArgs(make([]any, 0, insertParamsPerRow+2), jobs[i:i+1]), j.UniqueKey, int64(j.UniqueKeep))
@@ -139,7 +139,7 @@ func (d *Driver) insertUnique(ctx context.Context, tx *sql.Tx, own bool, jobs []
 // uniqueHolder reads, without locking, the job holding key.
 func (d *Driver) uniqueHolder(ctx context.Context, tx *sql.Tx, key []byte) (int64, bool, error) {
 	var holder int64
-	err := tx.QueryRowContext(ctx, d.q["UniqueHolder"], key).Scan(&holder)
+	err := tx.QueryRowContext(ctx, d.q.UniqueHolder, key).Scan(&holder)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, false, nil
 	}

@@ -554,7 +554,7 @@ func TestServerInfoAndCapabilities(t *testing.T) {
 			t.Fatalf("server info lacks %s: %v", k, info)
 		}
 	}
-	if c := d.Capabilities(); !c.Listen || c.ClaimMethod != "skip-locked" || d.Name() != "postgres" {
+	if c := d.Capabilities(); !c.Listen || d.Name() != "postgres" {
 		t.Fatalf("capabilities %+v", c)
 	}
 	for _, k := range []string{"deadlock_retries", "lock_timeouts"} {

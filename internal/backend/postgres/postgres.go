@@ -323,8 +323,7 @@ func (d *Driver) Name() string { return "postgres" }
 // Capabilities reports LISTEN/NOTIFY support and SKIP LOCKED claims.
 func (d *Driver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{
-		Listen:      true,
-		ClaimMethod: "skip-locked",
+		Listen: true,
 	}
 }
 

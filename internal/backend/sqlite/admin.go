@@ -15,7 +15,7 @@ import (
 
 // GetJob returns one job, or an error wrapping driver.ErrNotFound.
 func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
-	j, err := scanJob(d.r.QueryRowContext(ctx, d.q["get_job"], id))
+	j, err := scanJob(d.r.QueryRowContext(ctx, d.q.GetJob, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("conveyor/sqlite: get job %d: %w", id, driver.ErrNotFound)
 	}
@@ -44,7 +44,7 @@ func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]
 // available, scheduled or retryable, in a BEGIN IMMEDIATE transaction as
 // Claim does.
 func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, worker string) (*driver.JobRow, error) {
-	return d.changeJob(ctx, "claim", id, d.q["claim_job"], id, us(lease), worker)
+	return d.changeJob(ctx, "claim", id, d.q.ClaimJob, id, us(lease), worker)
 }
 
 // listJobs runs the list_jobs query on q (the read pool or a
@@ -86,7 +86,7 @@ func (d *Driver) listQuery(f driver.JobFilter) (string, []any) {
 	}
 	switch {
 	case len(f.States) == 1:
-		add(d.q["list_jobs_state"], f.States[0])
+		add(d.q.ListJobsState, f.States[0])
 	case len(f.States) > 1:
 		var b strings.Builder
 		b.WriteByte('[')
@@ -97,15 +97,15 @@ func (d *Driver) listQuery(f driver.JobFilter) (string, []any) {
 			b.Write(appendJSONStr(nil, s))
 		}
 		b.WriteByte(']')
-		add(d.q["list_jobs_states"], b.String())
+		add(d.q.ListJobsStates, b.String())
 	}
 	if f.Queue != "" {
-		add(d.q["list_jobs_queue"], f.Queue)
+		add(d.q.ListJobsQueue, f.Queue)
 	}
 	if f.Kind != "" {
-		add(d.q["list_jobs_kind"], f.Kind)
+		add(d.q.ListJobsKind, f.Kind)
 	}
-	return strings.Replace(d.q["list_jobs"], "{where}", where.String(), 1), args
+	return strings.Replace(d.q.ListJobs, "{where}", where.String(), 1), args
 }
 
 // Retry makes a discarded, cancelled, retryable, scheduled or completed job
@@ -113,17 +113,17 @@ func (d *Driver) listQuery(f driver.JobFilter) (string, []any) {
 // unique job whose key another job holds now is refused with a
 // *driver.UniqueConflictError.
 func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
-	return d.changeJob(ctx, "retry", id, d.q["retry_job"], id)
+	return d.changeJob(ctx, "retry", id, d.q.RetryJob, id)
 }
 
 // uniqueConflict reads, in tx, job id's unique key and the job holding it,
 // for the error of an update refused by the unique index.
 func (d *Driver) uniqueConflict(ctx context.Context, tx *sql.Tx, op string, id int64) error {
 	c := &driver.UniqueConflictError{Op: op, JobID: id}
-	if err := tx.QueryRowContext(ctx, d.q["job_unique_key"], id).Scan(&c.Key); err != nil {
+	if err := tx.QueryRowContext(ctx, d.q.JobUniqueKey, id).Scan(&c.Key); err != nil {
 		return err
 	}
-	err := tx.QueryRowContext(ctx, d.q["unique_holder"], c.Key).Scan(&c.HolderID)
+	err := tx.QueryRowContext(ctx, d.q.UniqueHolder, c.Key).Scan(&c.HolderID)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return err
 	}
@@ -133,12 +133,12 @@ func (d *Driver) uniqueConflict(ctx context.Context, tx *sql.Tx, op string, id i
 // Cancel cancels a job that has not finished (available, scheduled,
 // retryable or running; a running attempt's outcome is then refused).
 func (d *Driver) Cancel(ctx context.Context, id int64) (*driver.JobRow, error) {
-	return d.changeJob(ctx, "cancel", id, d.q["finish_job"], id, driver.StateCancelled)
+	return d.changeJob(ctx, "cancel", id, d.q.FinishJob, id, driver.StateCancelled)
 }
 
 // Discard discards a job that has not finished.
 func (d *Driver) Discard(ctx context.Context, id int64) (*driver.JobRow, error) {
-	return d.changeJob(ctx, "discard", id, d.q["finish_job"], id, driver.StateDiscarded)
+	return d.changeJob(ctx, "discard", id, d.q.FinishJob, id, driver.StateDiscarded)
 }
 
 // changeJob runs a guarded single-job UPDATE ... RETURNING; when it changes
@@ -159,7 +159,7 @@ func (d *Driver) changeJob(ctx context.Context, op string, id int64, query strin
 		if err == nil || !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
-		err = tx.QueryRowContext(ctx, d.q["job_state"], id).Scan(&state)
+		err = tx.QueryRowContext(ctx, d.q.JobState, id).Scan(&state)
 		if errors.Is(err, sql.ErrNoRows) {
 			return driver.ErrNotFound
 		}
@@ -177,19 +177,20 @@ func (d *Driver) changeJob(ctx context.Context, op string, id int64, query strin
 // Stats counts jobs per queue and state, and the age of each queue's
 // oldest available job by the database's clock.
 func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
-	return d.queueStats(ctx, "stats")
+	return d.queueStats(ctx, "stats", d.q.Stats)
 }
 
 // Overview counts the unfinished jobs and the jobs finished since
 // finishedSince through the partial indexes (see driver.Driver).
 func (d *Driver) Overview(ctx context.Context, finishedSince time.Time) ([]driver.QueueStats, error) {
-	return d.queueStats(ctx, "overview", finishedSince.UnixMicro())
+	return d.queueStats(ctx, "overview", d.q.Overview, finishedSince.UnixMicro())
 }
 
-// queueStats runs stats or overview: rows of queue, state, count, the
-// oldest available scheduled_at and the database's now.
-func (d *Driver) queueStats(ctx context.Context, what string, args ...any) ([]driver.QueueStats, error) {
-	rows, err := d.r.QueryContext(ctx, d.q[what], args...)
+// queueStats runs query, stats or overview (named what in errors): rows
+// of queue, state, count, the oldest available scheduled_at and the
+// database's now.
+func (d *Driver) queueStats(ctx context.Context, what, query string, args ...any) ([]driver.QueueStats, error) {
+	rows, err := d.r.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: %s: %w", what, err)
 	}

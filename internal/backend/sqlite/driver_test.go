@@ -132,7 +132,7 @@ func TestSynchronousFull(t *testing.T) {
 		t.Fatalf("server info %v", info)
 	}
 	c := d.Capabilities()
-	if c.Listen || !c.SingleWriter || c.ClaimMethod != "immediate-tx" {
+	if c.Listen || c.MaxArgsBytes != maxArgsBytes {
 		t.Fatalf("capabilities %+v", c)
 	}
 	if l, err := d.Listen(ctx); l != nil || err != nil {

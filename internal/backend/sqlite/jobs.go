@@ -40,7 +40,7 @@ func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int6
 	if len(chunks) == 1 {
 		// One statement is atomic by itself and commits once.
 		var st *sql.Stmt
-		if st, err = d.prepared(ctx, "insert"); err != nil {
+		if st, err = d.prepared(ctx, d.q.Insert); err != nil {
 			err = driver.NotCommitted(err)
 		} else {
 			err = d.retry(ctx, func() error {
@@ -102,7 +102,7 @@ func (d *Driver) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParam
 // insertChunk runs the insert query for one encoded chunk and appends the
 // new ids, in input order, to ids.
 func (d *Driver) insertChunk(ctx context.Context, e execer, chunk string, ids *[]int64) error {
-	rows, err := e.QueryContext(ctx, d.q["insert"], chunk)
+	rows, err := e.QueryContext(ctx, d.q.Insert, chunk)
 	return sortedIDs(rows, err, ids)
 }
 
@@ -156,7 +156,7 @@ func (d *Driver) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (in
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
 		n = 0
 		return insertChunks(jobs, bulkChunkRows, func(chunk string, rows int) error {
-			res, err := tx.ExecContext(ctx, d.q["bulk_insert"], chunk)
+			res, err := tx.ExecContext(ctx, d.q.BulkInsert, chunk)
 			if err != nil {
 				return err
 			}
@@ -184,7 +184,7 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 		return nil, nil
 	}
 	var out []*driver.JobRow
-	st, err := d.prepared(ctx, "claim")
+	st, err := d.prepared(ctx, d.q.Claim)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: claim from queue %q: %w", p.Queue, err)
 	}
@@ -238,7 +238,7 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	}
 	param := string(b)
 	applied := make([]int64, 0, len(outcomes))
-	st, err := d.prepared(ctx, "complete")
+	st, err := d.prepared(ctx, d.q.Complete)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: complete %d outcomes: %w", len(outcomes), err)
 	}
@@ -299,7 +299,7 @@ func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease tim
 	owned := make([]int64, 0, len(leases))
 	err := d.leaseRetry(ctx, true, func(conn *sql.Conn) error {
 		owned = owned[:0]
-		return queryIDs(ctx, conn, d.q["heartbeat"], &owned, param, us(lease))
+		return queryIDs(ctx, conn, d.q.Heartbeat, &owned, param, us(lease))
 	})
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: heartbeat %d leases: %w", len(leases), err)
@@ -318,7 +318,7 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 	param := string(*bp)
 	var n int64
 	err := d.leaseRetry(ctx, false, func(conn *sql.Conn) error {
-		res, err := conn.ExecContext(ctx, d.q["release"], param)
+		res, err := conn.ExecContext(ctx, d.q.Release, param)
 		if err != nil {
 			return err
 		}
@@ -333,7 +333,7 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 
 // Rescue handles up to limit running jobs whose lease expired.
 func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) {
-	m, err := d.queueCounts(ctx, d.q["rescue"], limit)
+	m, err := d.queueCounts(ctx, d.q.Rescue, limit)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: rescue: %w", err)
 	}
@@ -342,7 +342,7 @@ func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) 
 
 // Promote makes up to limit due scheduled and retryable jobs available.
 func (d *Driver) Promote(ctx context.Context, limit int) (map[string]int, error) {
-	m, err := d.queueCounts(ctx, d.q["promote"], limit)
+	m, err := d.queueCounts(ctx, d.q.Promote, limit)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: promote: %w", err)
 	}
@@ -384,7 +384,7 @@ func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Dura
 	}
 	var n int64
 	err := d.retry(ctx, func() error {
-		res, err := d.w.ExecContext(ctx, d.q["prune"], us(completedAge), us(discardedAge), limit)
+		res, err := d.w.ExecContext(ctx, d.q.Prune, us(completedAge), us(discardedAge), limit)
 		if err != nil {
 			return err
 		}
@@ -401,7 +401,7 @@ func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Dura
 func (d *Driver) TryLead(ctx context.Context, id string, ttl time.Duration) (bool, error) {
 	var won bool
 	err := d.retry(ctx, func() error {
-		rows, err := d.w.QueryContext(ctx, d.q["try_lead"], id, us(ttl))
+		rows, err := d.w.QueryContext(ctx, d.q.TryLead, id, us(ttl))
 		if err != nil {
 			return err
 		}

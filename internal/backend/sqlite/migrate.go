@@ -20,11 +20,11 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 		var did int
 		err := d.inTx(ctx, func(tx *sql.Tx) error {
 			did = 0
-			if _, err := tx.ExecContext(ctx, d.q["create_migrations_table"]); err != nil {
+			if _, err := tx.ExecContext(ctx, d.q.CreateMigrationsTable); err != nil {
 				return err
 			}
 			var cur int
-			if err := tx.QueryRowContext(ctx, d.q["schema_version"]).Scan(&cur); err != nil {
+			if err := tx.QueryRowContext(ctx, d.q.SchemaVersion).Scan(&cur); err != nil {
 				return err
 			}
 			if cur > latest {
@@ -39,7 +39,7 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 					return fmt.Errorf("migration %d (%s) statement %d: %w", m.Version, m.Name, i+1, err)
 				}
 			}
-			if _, err := tx.ExecContext(ctx, d.q["record_migration"], m.Version); err != nil {
+			if _, err := tx.ExecContext(ctx, d.q.RecordMigration, m.Version); err != nil {
 				return err
 			}
 			did = m.Version
@@ -60,13 +60,13 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 func (d *Driver) SchemaVersion(ctx context.Context) (current, latest int, err error) {
 	latest = len(d.migrations)
 	var n int
-	if err := d.r.QueryRowContext(ctx, d.q["migrations_table_exists"]).Scan(&n); err != nil {
+	if err := d.r.QueryRowContext(ctx, d.q.MigrationsTableExists).Scan(&n); err != nil {
 		return 0, latest, fmt.Errorf("conveyor/sqlite: schema version: %w", err)
 	}
 	if n == 0 {
 		return 0, latest, nil
 	}
-	if err := d.r.QueryRowContext(ctx, d.q["schema_version"]).Scan(&current); err != nil {
+	if err := d.r.QueryRowContext(ctx, d.q.SchemaVersion).Scan(&current); err != nil {
 		return 0, latest, fmt.Errorf("conveyor/sqlite: schema version: %w", err)
 	}
 	return current, latest, nil
@@ -76,8 +76,8 @@ func (d *Driver) SchemaVersion(ctx context.Context) (current, latest int, err er
 // transaction.
 func (d *Driver) DropAll(ctx context.Context) error {
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		for _, q := range []string{"drop_jobs", "drop_leader", "drop_queues", "drop_schedules", "drop_processes", "drop_migrations"} {
-			if _, err := tx.ExecContext(ctx, d.q[q]); err != nil {
+		for _, q := range []string{d.q.DropJobs, d.q.DropLeader, d.q.DropQueues, d.q.DropSchedules, d.q.DropProcesses, d.q.DropMigrations} {
+			if _, err := tx.ExecContext(ctx, q); err != nil {
 				return err
 			}
 		}

@@ -18,7 +18,7 @@ func (d *Driver) RegisterProcess(ctx context.Context, p driver.ProcessRow, ttl t
 		return fmt.Errorf("conveyor/sqlite: register process %q: %w", p.ID, err)
 	}
 	err = d.retry(ctx, func() error {
-		_, err := d.w.ExecContext(ctx, d.q["register_process"], p.ID, p.Kind, p.Host, nullPID(p.PID), p.Version, string(qs), us(ttl))
+		_, err := d.w.ExecContext(ctx, d.q.RegisterProcess, p.ID, p.Kind, p.Host, nullPID(p.PID), p.Version, string(qs), us(ttl))
 		return err
 	})
 	if err != nil {
@@ -30,7 +30,7 @@ func (d *Driver) RegisterProcess(ctx context.Context, p driver.ProcessRow, ttl t
 // RemoveProcess deletes process id's row, through the write gate.
 func (d *Driver) RemoveProcess(ctx context.Context, id string) error {
 	err := d.retry(ctx, func() error {
-		_, err := d.w.ExecContext(ctx, d.q["remove_process"], id)
+		_, err := d.w.ExecContext(ctx, d.q.RemoveProcess, id)
 		return err
 	})
 	if err != nil {
@@ -41,7 +41,7 @@ func (d *Driver) RemoveProcess(ctx context.Context, id string) error {
 
 // Processes lists the stored processes, alive first.
 func (d *Driver) Processes(ctx context.Context) ([]driver.ProcessRow, error) {
-	rows, err := d.r.QueryContext(ctx, d.q["processes"])
+	rows, err := d.r.QueryContext(ctx, d.q.Processes)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: processes: %w", err)
 	}
@@ -73,7 +73,7 @@ func (d *Driver) Processes(ctx context.Context) ([]driver.ProcessRow, error) {
 func (d *Driver) PruneProcesses(ctx context.Context, age time.Duration) (int64, error) {
 	var n int64
 	err := d.retry(ctx, func() error {
-		res, err := d.w.ExecContext(ctx, d.q["prune_processes"], us(age))
+		res, err := d.w.ExecContext(ctx, d.q.PruneProcesses, us(age))
 		if err != nil {
 			return err
 		}

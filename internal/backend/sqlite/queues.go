@@ -15,7 +15,7 @@ import (
 // nothing). Other processes notice a resume at their next poll.
 func (d *Driver) PauseQueue(ctx context.Context, queue string, paused bool) error {
 	err := d.retry(ctx, func() error {
-		_, err := d.w.ExecContext(ctx, d.q["pause_queue"], queue, paused)
+		_, err := d.w.ExecContext(ctx, d.q.PauseQueue, queue, paused)
 		return err
 	})
 	if err != nil {
@@ -26,7 +26,7 @@ func (d *Driver) PauseQueue(ctx context.Context, queue string, paused bool) erro
 
 // PausedQueues returns the paused queues and when each was paused.
 func (d *Driver) PausedQueues(ctx context.Context) (map[string]time.Time, error) {
-	rows, err := d.r.QueryContext(ctx, d.q["paused_queues"])
+	rows, err := d.r.QueryContext(ctx, d.q.PausedQueues)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: paused queues: %w", err)
 	}
@@ -49,7 +49,7 @@ func (d *Driver) PausedQueues(ctx context.Context) (map[string]time.Time, error)
 // RecordSchedule records a schedule's latest slot and next one.
 func (d *Driver) RecordSchedule(ctx context.Context, s driver.ScheduleRow) error {
 	err := d.retry(ctx, func() error {
-		_, err := d.w.ExecContext(ctx, d.q["record_schedule"], s.Name, s.Spec, nullMicros(s.LastSlot), nullID(s.LastJob), nullMicros(s.NextSlot))
+		_, err := d.w.ExecContext(ctx, d.q.RecordSchedule, s.Name, s.Spec, nullMicros(s.LastSlot), nullID(s.LastJob), nullMicros(s.NextSlot))
 		return err
 	})
 	if err != nil {
@@ -60,7 +60,7 @@ func (d *Driver) RecordSchedule(ctx context.Context, s driver.ScheduleRow) error
 
 // Schedules lists the recorded schedules by name.
 func (d *Driver) Schedules(ctx context.Context) ([]driver.ScheduleRow, error) {
-	rows, err := d.r.QueryContext(ctx, d.q["schedules"])
+	rows, err := d.r.QueryContext(ctx, d.q.Schedules)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: schedules: %w", err)
 	}

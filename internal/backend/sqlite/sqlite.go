@@ -93,7 +93,7 @@ type Driver struct {
 	gate     *gate
 	dropGate func()
 
-	q          map[string]string
+	q          queries
 	migrations []sqlq.Migration
 	// stmts: the hot path's statements, prepared on w.
 	stmts stmts
@@ -129,6 +129,10 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if err := target.checkDir(dsn); err != nil {
 		return nil, err
 	}
+	q, err := loadQueries(opts.Prefix)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: open: %w", err)
+	}
 	base := target.base()
 	pragmas := []string{"journal_mode(WAL)", "synchronous(" + syncMode + ")", "foreign_keys(0)"}
 	if !target.hasBusyTimeout {
@@ -145,7 +149,7 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 		path:       target.path,
 		prefix:     opts.Prefix,
 		sync:       syncMode,
-		q:          loadQueries(opts.Prefix),
+		q:          q,
 		migrations: sqlq.Migrations(sqlFS, "migrations", opts.Prefix),
 	}
 	d.gate, d.dropGate = gateFor(target.path)
@@ -196,7 +200,7 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 		return nil, fmt.Errorf("conveyor/sqlite: open %s (read pool): %w", target.path, err)
 	}
 	var mode string
-	if err := d.w.QueryRowContext(ctx, d.q["pragma_journal_mode"]).Scan(&mode); err != nil {
+	if err := d.w.QueryRowContext(ctx, d.q.PragmaJournalMode).Scan(&mode); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: open %s: %w", target.path, err)
 	}
@@ -227,22 +231,25 @@ func New(ctx context.Context, db *sql.DB, opts driver.Options) (*Driver, error) 
 	if opts.Synchronous != "" {
 		return nil, errors.New("conveyor/sqlite: new: the synchronous mode of the application's handle is the application's: set it in its DSN (_pragma=synchronous(FULL)), not in conveyor's Config")
 	}
-	q := loadQueries(opts.Prefix)
+	q, err := loadQueries(opts.Prefix)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: new: %w", err)
+	}
 	var path, mode string
 	var syncN int
-	if err := db.QueryRowContext(ctx, q["main_file"]).Scan(&path); err != nil {
+	if err := db.QueryRowContext(ctx, q.MainFile).Scan(&path); err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: new: %w", err)
 	}
 	if path == "" {
 		return nil, errors.New("conveyor/sqlite: new: the handle is on an in-memory or temporary database: conveyor's connections must share one file")
 	}
-	if err := db.QueryRowContext(ctx, q["pragma_journal_mode"]).Scan(&mode); err != nil {
+	if err := db.QueryRowContext(ctx, q.PragmaJournalMode).Scan(&mode); err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: new: %w", err)
 	}
 	if !strings.EqualFold(mode, "wal") {
 		return nil, fmt.Errorf("conveyor/sqlite: new: %s is in journal_mode %q; conveyor needs WAL: open the handle with _pragma=journal_mode(WAL)", path, mode)
 	}
-	if err := db.QueryRowContext(ctx, q["pragma_synchronous"]).Scan(&syncN); err != nil {
+	if err := db.QueryRowContext(ctx, q.PragmaSynchronous).Scan(&syncN); err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: new: %w", err)
 	}
 	syncMode := map[int]string{0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[syncN]
@@ -251,7 +258,7 @@ func New(ctx context.Context, db *sql.DB, opts driver.Options) (*Driver, error) 
 	// its DSN sets one), so that whichever connection starts the WAL over
 	// truncates it the same way.
 	var sizeLimit int64
-	if err := db.QueryRowContext(ctx, q["pragma_journal_size_limit"]).Scan(&sizeLimit); err != nil {
+	if err := db.QueryRowContext(ctx, q.PragmaJournalSizeLimit).Scan(&sizeLimit); err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: new: %w", err)
 	}
 	d := &Driver{
@@ -283,18 +290,6 @@ func New(ctx context.Context, db *sql.DB, opts driver.Options) (*Driver, error) 
 		return nil, fmt.Errorf("conveyor/sqlite: new: lease connection: %w", err)
 	}
 	return d, nil
-}
-
-// loadQueries reads queries.sql and expands the {now} and {cols} tokens.
-func loadQueries(prefix string) map[string]string {
-	q := sqlq.Queries(sqlFS, "queries.sql", prefix)
-	now := "(" + q["now"] + ")"
-	cols := q["job_columns"]
-	for k, v := range q {
-		v = strings.ReplaceAll(v, "{now}", now)
-		q[k] = strings.ReplaceAll(v, "{cols}", cols)
-	}
-	return q
 }
 
 func checkSynchronous(s string) (string, error) {
@@ -442,13 +437,11 @@ func (d *Driver) DB() *sql.DB { return d.w }
 // Name returns "sqlite".
 func (d *Driver) Name() string { return "sqlite" }
 
-// Capabilities reports a single-writer backend without push notifications
-// whose claims serialise on BEGIN IMMEDIATE.
+// Capabilities reports no push notifications and the largest args a job
+// may carry.
 func (d *Driver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{
 		Listen:       false,
-		SingleWriter: true,
-		ClaimMethod:  "immediate-tx",
 		MaxArgsBytes: maxArgsBytes,
 	}
 }
@@ -463,16 +456,16 @@ func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
 	defer conn.Close()
 	var version, journal string
 	var syncN, busy int
-	if err := conn.QueryRowContext(ctx, d.q["server_info"]).Scan(&version); err != nil {
+	if err := conn.QueryRowContext(ctx, d.q.ServerInfo).Scan(&version); err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
 	}
-	if err := conn.QueryRowContext(ctx, d.q["pragma_journal_mode"]).Scan(&journal); err != nil {
+	if err := conn.QueryRowContext(ctx, d.q.PragmaJournalMode).Scan(&journal); err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
 	}
-	if err := conn.QueryRowContext(ctx, d.q["pragma_synchronous"]).Scan(&syncN); err != nil {
+	if err := conn.QueryRowContext(ctx, d.q.PragmaSynchronous).Scan(&syncN); err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
 	}
-	if err := conn.QueryRowContext(ctx, d.q["pragma_busy_timeout"]).Scan(&busy); err != nil {
+	if err := conn.QueryRowContext(ctx, d.q.PragmaBusyTimeout).Scan(&busy); err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
 	}
 	syncName := map[int]string{0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[syncN]

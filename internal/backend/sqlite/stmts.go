@@ -18,15 +18,14 @@ import (
 type stmts struct {
 	mu sync.Mutex
 	db *sql.DB
-	m  map[string]*sql.Stmt
+	m  map[string]*sql.Stmt // by query text
 }
 
-// get returns the statement named name (a key of the driver's queries),
-// preparing it on first use.
-func (s *stmts) get(ctx context.Context, name, query string) (*sql.Stmt, error) {
+// get returns query prepared, preparing it on first use.
+func (s *stmts) get(ctx context.Context, query string) (*sql.Stmt, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if st := s.m[name]; st != nil {
+	if st := s.m[query]; st != nil {
 		return st, nil
 	}
 	st, err := s.db.PrepareContext(ctx, query)
@@ -36,7 +35,7 @@ func (s *stmts) get(ctx context.Context, name, query string) (*sql.Stmt, error) 
 	if s.m == nil {
 		s.m = map[string]*sql.Stmt{}
 	}
-	s.m[name] = st
+	s.m[query] = st
 	return st, nil
 }
 
@@ -53,7 +52,8 @@ func (s *stmts) close() error {
 	return errors.Join(errs...)
 }
 
-// prepared returns the named query prepared on the write handle.
-func (d *Driver) prepared(ctx context.Context, name string) (*sql.Stmt, error) {
-	return d.stmts.get(ctx, name, d.q[name])
+// prepared returns query, one of the driver's queries, prepared on the
+// write handle.
+func (d *Driver) prepared(ctx context.Context, query string) (*sql.Stmt, error) {
+	return d.stmts.get(ctx, query)
 }

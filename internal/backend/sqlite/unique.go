@@ -82,14 +82,14 @@ func (d *Driver) insertUnique(ctx context.Context, e execer, jobs []driver.Inser
 			return err
 		}
 		var got []int64
-		if err := queryIDs(ctx, e, d.q["insert_unique"], &got, row, j.UniqueKey, j.UniqueKeep); err != nil {
+		if err := queryIDs(ctx, e, d.q.InsertUnique, &got, row, j.UniqueKey, j.UniqueKeep); err != nil {
 			return err
 		}
 		if len(got) == 1 {
 			ids[i] = got[0]
 			continue
 		}
-		rows, err := e.QueryContext(ctx, d.q["unique_holder"], j.UniqueKey)
+		rows, err := e.QueryContext(ctx, d.q.UniqueHolder, j.UniqueKey)
 		if err != nil {
 			return err
 		}

@@ -13,7 +13,7 @@
 -- lead with state, measured on MariaDB 10.11). errors has no DEFAULT because MySQL before
 -- 8.0.13 refuses defaults on TEXT columns: the driver always writes '[]'.
 -- claim_token marks the rows taken by one optimistic claim (see
--- queries.sql, ClaimOptimistic) and op_token the rows one Complete or
+-- queries.sql, claim_optimistic) and op_token the rows one Complete or
 -- Heartbeat call changed; both are read back by primary key and need no
 -- index.
 CREATE TABLE IF NOT EXISTS `{p}jobs` (

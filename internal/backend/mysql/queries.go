@@ -1,0 +1,119 @@
+package mysql
+
+import (
+	"strings"
+
+	"github.com/conveyorq/conveyor/internal/sqlq"
+)
+
+// queries holds the statements of queries.sql, prefixed, without their
+// comment lines and with {cols} expanded; Open expands {skip} and {iso}
+// once it knows the server. The tags are the file's query names:
+// sqlq.Load fails, and so does opening the driver, on a name missing from
+// the file or a query with no field here. {ids}, {source} and {where} are
+// filled per call.
+type queries struct {
+	// The column list scanJob reads ({cols}).
+	JobColumns string `sql:"job_columns"`
+
+	// Inserts: a statement head and one row, repeated per job.
+	InsertHead       string `sql:"insert_head"`
+	InsertRow        string `sql:"insert_row"`
+	InsertUniqueHead string `sql:"insert_unique_head"`
+	InsertUniqueRow  string `sql:"insert_unique_row"`
+	UniqueHolder     string `sql:"unique_holder"`
+
+	// Claims: SKIP LOCKED (select, then mark), by id, and optimistic.
+	ClaimSelect      string `sql:"claim_select"`
+	ClaimSelectAfter string `sql:"claim_select_after"`
+	ClaimMark        string `sql:"claim_mark"`
+	ClaimMarkQueued  string `sql:"claim_mark_queued"`
+	ClaimJobSelect   string `sql:"claim_job_select"`
+	ClaimWindow      string `sql:"claim_window"`
+	ClaimOptimistic  string `sql:"claim_optimistic"`
+	ClaimByToken     string `sql:"claim_by_token"`
+
+	// The lease path: the batch sources ({source}) and the fenced
+	// updates joined to them.
+	OutcomeSourceJSON  string `sql:"outcome_source_json"`
+	OutcomeSourceRow   string `sql:"outcome_source_row"`
+	LeaseSourceJSON    string `sql:"lease_source_json"`
+	LeaseSourceRow     string `sql:"lease_source_row"`
+	Complete           string `sql:"complete"`
+	CompleteWithErrors string `sql:"complete_with_errors"`
+	Heartbeat          string `sql:"heartbeat"`
+	Release            string `sql:"release"`
+	FenceCheck         string `sql:"fence_check"`
+
+	// Maintenance.
+	RescueSelect   string `sql:"rescue_select"`
+	RescueUpdate   string `sql:"rescue_update"`
+	PromoteSelect  string `sql:"promote_select"`
+	PromoteUpdate  string `sql:"promote_update"`
+	PruneCompleted string `sql:"prune_completed"`
+	PruneDiscarded string `sql:"prune_discarded"`
+	TryLead        string `sql:"try_lead"`
+	Leader         string `sql:"leader"`
+
+	// Reads and changes of one job, the job lists (list_jobs is a
+	// template: {where} takes the list_jobs_* conditions) and the
+	// per-queue counts.
+	GetJob         string `sql:"get_job"`
+	JobUniqueKey   string `sql:"job_unique_key"`
+	ListJobs       string `sql:"list_jobs"`
+	ListJobsStates string `sql:"list_jobs_states"`
+	ListJobsQueue  string `sql:"list_jobs_queue"`
+	ListJobsKind   string `sql:"list_jobs_kind"`
+	Retry          string `sql:"retry"`
+	Finalize       string `sql:"finalize"`
+	Stats          string `sql:"stats"`
+	Overview       string `sql:"overview"`
+
+	// The server, the schema's migrations and DropAll.
+	ServerInfo       string `sql:"server_info"`
+	Probe            string `sql:"probe"`
+	ProbeIsolation   string `sql:"probe_isolation"`
+	GetLock          string `sql:"get_lock"`
+	ReleaseLock      string `sql:"release_lock"`
+	MigrationsTable  string `sql:"migrations_table"`
+	MigrationsMax    string `sql:"migrations_max"`
+	MigrationsRecord string `sql:"migrations_record"`
+	DropAll          string `sql:"drop_all"`
+
+	// Paused queues, schedules and the process registry.
+	PauseQueue      string `sql:"pause_queue"`
+	PausedQueues    string `sql:"paused_queues"`
+	RecordSchedule  string `sql:"record_schedule"`
+	Schedules       string `sql:"schedules"`
+	RegisterProcess string `sql:"register_process"`
+	RemoveProcess   string `sql:"remove_process"`
+	Processes       string `sql:"processes"`
+	PruneProcesses  string `sql:"prune_processes"`
+}
+
+// loadQueries reads queries.sql for prefix, drops its comment lines and
+// expands {cols}.
+func loadQueries(prefix string) (queries, error) {
+	var q queries
+	if err := sqlq.Load(&q, sqlFiles, prefix, "queries.sql"); err != nil {
+		return q, err
+	}
+	sqlq.Rewrite(&q, dropComments)
+	sqlq.Rewrite(&q, strings.NewReplacer("{cols}", q.JobColumns).Replace)
+	return q, nil
+}
+
+// dropComments returns query without its comment lines.
+func dropComments(query string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(query, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "--") {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(line)
+	}
+	return strings.TrimSpace(b.String())
+}

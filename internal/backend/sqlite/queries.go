@@ -1,0 +1,92 @@
+package sqlite
+
+import (
+	"strings"
+
+	"github.com/conveyorq/conveyor/internal/sqlq"
+)
+
+// queries holds the statements of queries.sql, prefixed and with {now} and
+// {cols} expanded. The tags are the files' query names: sqlq.Load fails,
+// and so does opening the driver, on a name missing from the file or a
+// query with no field here.
+type queries struct {
+	// Fragments expanded into the others: the database's clock in unix
+	// microseconds ({now}) and the column list scanJob reads ({cols}).
+	Now        string `sql:"now"`
+	JobColumns string `sql:"job_columns"`
+
+	// The hot path: inserts, claims and the lease path.
+	Insert       string `sql:"insert"`
+	BulkInsert   string `sql:"bulk_insert"`
+	InsertUnique string `sql:"insert_unique"`
+	UniqueHolder string `sql:"unique_holder"`
+	Claim        string `sql:"claim"`
+	ClaimJob     string `sql:"claim_job"`
+	Complete     string `sql:"complete"`
+	Heartbeat    string `sql:"heartbeat"`
+	Release      string `sql:"release"`
+
+	// Maintenance.
+	Rescue  string `sql:"rescue"`
+	Promote string `sql:"promote"`
+	Prune   string `sql:"prune"`
+	TryLead string `sql:"try_lead"`
+
+	// Reads and changes of one job, the job lists (list_jobs is a
+	// template: {where} takes the list_jobs_* conditions, {n} their
+	// argument numbers) and the per-queue counts.
+	GetJob         string `sql:"get_job"`
+	JobState       string `sql:"job_state"`
+	JobUniqueKey   string `sql:"job_unique_key"`
+	ListJobs       string `sql:"list_jobs"`
+	ListJobsState  string `sql:"list_jobs_state"`
+	ListJobsStates string `sql:"list_jobs_states"`
+	ListJobsQueue  string `sql:"list_jobs_queue"`
+	ListJobsKind   string `sql:"list_jobs_kind"`
+	RetryJob       string `sql:"retry_job"`
+	FinishJob      string `sql:"finish_job"`
+	Stats          string `sql:"stats"`
+	Overview       string `sql:"overview"`
+
+	// The schema: migrations and DropAll.
+	CreateMigrationsTable string `sql:"create_migrations_table"`
+	MigrationsTableExists string `sql:"migrations_table_exists"`
+	SchemaVersion         string `sql:"schema_version"`
+	RecordMigration       string `sql:"record_migration"`
+	DropJobs              string `sql:"drop_jobs"`
+	DropLeader            string `sql:"drop_leader"`
+	DropQueues            string `sql:"drop_queues"`
+	DropSchedules         string `sql:"drop_schedules"`
+	DropProcesses         string `sql:"drop_processes"`
+	DropMigrations        string `sql:"drop_migrations"`
+
+	// The file and its settings.
+	ServerInfo             string `sql:"server_info"`
+	PragmaJournalMode      string `sql:"pragma_journal_mode"`
+	PragmaSynchronous      string `sql:"pragma_synchronous"`
+	PragmaJournalSizeLimit string `sql:"pragma_journal_size_limit"`
+	PragmaBusyTimeout      string `sql:"pragma_busy_timeout"`
+	MainFile               string `sql:"main_file"`
+
+	// Paused queues, schedules and the process registry.
+	PauseQueue      string `sql:"pause_queue"`
+	PausedQueues    string `sql:"paused_queues"`
+	RecordSchedule  string `sql:"record_schedule"`
+	Schedules       string `sql:"schedules"`
+	RegisterProcess string `sql:"register_process"`
+	RemoveProcess   string `sql:"remove_process"`
+	Processes       string `sql:"processes"`
+	PruneProcesses  string `sql:"prune_processes"`
+}
+
+// loadQueries reads queries.sql for prefix and expands the {now} and
+// {cols} tokens.
+func loadQueries(prefix string) (queries, error) {
+	var q queries
+	if err := sqlq.Load(&q, sqlFS, prefix, "queries.sql"); err != nil {
+		return q, err
+	}
+	sqlq.Rewrite(&q, strings.NewReplacer("{now}", "("+q.Now+")", "{cols}", q.JobColumns).Replace)
+	return q, nil
+}

@@ -1,0 +1,94 @@
+package drivertest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// maintenance runs the suite's tests of schema migration and the leader's
+// upkeep: promotion of scheduled jobs, pruning, leadership.
+func maintenance(t *testing.T, s suite) {
+	ctx := context.Background()
+
+	t.Run("MigrateIdempotent", func(t *testing.T) {
+		d := s.setup(t)
+		applied, err := d.Migrate(ctx)
+		if err != nil || len(applied) != 0 {
+			t.Fatalf("second migrate applied %v, err %v; want nothing", applied, err)
+		}
+		cur, latest, err := d.SchemaVersion(ctx)
+		if err != nil || cur != latest || cur < 1 {
+			t.Fatalf("schema version %d/%d err %v", cur, latest, err)
+		}
+	})
+
+	t.Run("ScheduledNotClaimedUntilPromoted", func(t *testing.T) {
+		d := s.setup(t)
+		p := job("s", 0)
+		p.Delay = 300 * time.Millisecond
+		ids, err := d.Insert(ctx, []driver.InsertParams{p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		j, _ := d.GetJob(ctx, ids[0])
+		if j.State != driver.StateScheduled {
+			t.Fatalf("delayed job state %q, want scheduled", j.State)
+		}
+		if n, _ := d.Promote(ctx, 100); n["s"] != 0 {
+			t.Fatalf("promoted a job before its time")
+		}
+		rows, _ := d.Claim(ctx, driver.ClaimParams{Queue: "s", Limit: 5, Lease: time.Minute, Worker: "w"})
+		if len(rows) != 0 {
+			t.Fatalf("claimed a scheduled job early")
+		}
+		time.Sleep(400 * time.Millisecond)
+		n, err := d.Promote(ctx, 100)
+		if err != nil || n["s"] != 1 {
+			t.Fatalf("promote: %v err %v", n, err)
+		}
+		rows, _ = d.Claim(ctx, driver.ClaimParams{Queue: "s", Limit: 5, Lease: time.Minute, Worker: "w"})
+		if len(rows) != 1 || time.Since(rows[0].ScheduledAt) < 0 {
+			t.Fatalf("claim after promote: %d rows", len(rows))
+		}
+	})
+
+	t.Run("Prune", func(t *testing.T) {
+		d := s.setup(t)
+		ids, _ := d.Insert(ctx, []driver.InsertParams{job("p", 0), job("p", 0)})
+		rows, _ := d.Claim(ctx, driver.ClaimParams{Queue: "p", Limit: 2, Lease: time.Minute, Worker: "w"})
+		d.Complete(ctx, []driver.Outcome{{ID: ids[0], Fence: Fences(rows)[ids[0]], Attempt: 1, State: driver.StateCompleted}})
+		time.Sleep(50 * time.Millisecond)
+		n, err := d.Prune(ctx, time.Millisecond, time.Hour, 100)
+		if err != nil || n != 1 {
+			t.Fatalf("prune %d err %v; want 1", n, err)
+		}
+		if _, err := d.GetJob(ctx, ids[0]); !errors.Is(err, driver.ErrNotFound) {
+			t.Fatalf("pruned job still there: %v", err)
+		}
+		if j, err := d.GetJob(ctx, ids[1]); err != nil || j.State != driver.StateRunning {
+			t.Fatalf("running job pruned: %v", err)
+		}
+	})
+
+	t.Run("Leader", func(t *testing.T) {
+		d := s.setup(t)
+		ok, err := d.TryLead(ctx, "a", 300*time.Millisecond)
+		if err != nil || !ok {
+			t.Fatalf("first leader: %v %v", ok, err)
+		}
+		if ok, _ := d.TryLead(ctx, "b", 300*time.Millisecond); ok {
+			t.Fatal("second process took a live leadership")
+		}
+		if ok, _ := d.TryLead(ctx, "a", 300*time.Millisecond); !ok {
+			t.Fatal("leader could not renew")
+		}
+		time.Sleep(400 * time.Millisecond)
+		if ok, _ := d.TryLead(ctx, "b", 300*time.Millisecond); !ok {
+			t.Fatal("leadership not taken over after expiry")
+		}
+	})
+}
