@@ -281,3 +281,49 @@ func TestEnqueueMetadataRefused(t *testing.T) {
 		t.Errorf("metadata of %d bytes did not come back", conveyor.MaxMetadataBytes)
 	}
 }
+
+// TestOpenAPIJobSchemas: openapi.json's Job has JobJSON's keys and
+// requires all but fence, and its EnqueueRequest has enqueueJSON's keys.
+func TestOpenAPIJobSchemas(t *testing.T) {
+	b, err := assets.ReadFile("assets/openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type schema struct {
+		Required   []string                   `json:"required"`
+		Properties map[string]json.RawMessage `json:"properties"`
+	}
+	var doc struct {
+		Components struct{ Schemas map[string]schema } `json:"components"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	tags := func(v any) []string {
+		var out []string
+		rt := reflect.TypeOf(v)
+		for i := range rt.NumField() {
+			name, _, _ := strings.Cut(rt.Field(i).Tag.Get("json"), ",")
+			out = append(out, name)
+		}
+		return out
+	}
+	props := func(s schema) []string {
+		var out []string
+		for k := range s.Properties {
+			out = append(out, k)
+		}
+		slices.Sort(out)
+		return out
+	}
+	job := doc.Components.Schemas["Job"]
+	if got, want := props(job), slices.Sorted(slices.Values(tags(JobJSON{}))); !slices.Equal(got, want) {
+		t.Errorf("openapi Job: properties %v, want %v", got, want)
+	}
+	if got, want := slices.Sorted(slices.Values(job.Required)), slices.Sorted(slices.Values(jobKeys)); !slices.Equal(got, want) {
+		t.Errorf("openapi Job: required %v, want %v", got, want)
+	}
+	if got, want := props(doc.Components.Schemas["EnqueueRequest"]), slices.Sorted(slices.Values(tags(enqueueJSON{}))); !slices.Equal(got, want) {
+		t.Errorf("openapi EnqueueRequest: properties %v, want %v", got, want)
+	}
+}
