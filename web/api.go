@@ -82,109 +82,13 @@ func (h *Handler) serveStatic(w http.ResponseWriter, r *http.Request, _ principa
 	h.static.ServeHTTP(w, r)
 }
 
-// jobJSON is a job in the API: snake_case keys, times in RFC 3339 UTC,
-// null for an absent time or value, durations in milliseconds. It is the
-// shape `conveyor job --json` prints, plus the fence for claimed jobs.
-type jobJSON struct {
-	ID          int64           `json:"id"`
-	Queue       string          `json:"queue"`
-	Kind        string          `json:"kind"`
-	State       string          `json:"state"`
-	Args        json.RawMessage `json:"args"`
-	Priority    int             `json:"priority"`
-	Attempt     int             `json:"attempt"`
-	MaxAttempts int             `json:"max_attempts"`
-	// TimeoutMS is null for the workers' default, -1 for none.
-	TimeoutMS      *int64        `json:"timeout_ms"`
-	CreatedAt      *jsonTime     `json:"created_at"`
-	ScheduledAt    *jsonTime     `json:"scheduled_at"`
-	AttemptedAt    *jsonTime     `json:"attempted_at"`
-	AttemptedBy    *string       `json:"attempted_by"`
-	LeaseExpiresAt *jsonTime     `json:"lease_expires_at"`
-	FinalizedAt    *jsonTime     `json:"finalized_at"`
-	Errors         []attemptJSON `json:"errors"`
-	// Fence is set on claimed jobs only: the token that heartbeat,
-	// complete, fail and release must send back.
-	Fence *int64 `json:"fence,omitempty"`
-}
-
-// attemptJSON is one failed attempt.
-type attemptJSON struct {
-	Attempt int       `json:"attempt"`
-	At      *jsonTime `json:"at"`
-	Error   string    `json:"error"`
-	Trace   *string   `json:"trace"`
-}
-
-// jsonTime is a time in the API: RFC 3339 in UTC with microseconds, as
-// the command's --json output prints it.
-type jsonTime time.Time
-
-// jsonTimeLayout is the layout of every time in the API.
-const jsonTimeLayout = "2006-01-02T15:04:05.000000Z07:00"
-
-// MarshalJSON writes the time in jsonTimeLayout.
-func (t jsonTime) MarshalJSON() ([]byte, error) {
-	return []byte(`"` + time.Time(t).UTC().Format(jsonTimeLayout) + `"`), nil
-}
-
-// UnmarshalJSON reads an RFC 3339 time.
-func (t *jsonTime) UnmarshalJSON(b []byte) error {
-	var x time.Time
-	if err := x.UnmarshalJSON(b); err != nil {
-		return err
-	}
-	*t = jsonTime(x)
-	return nil
-}
-
-func timeOrNull(t time.Time) *jsonTime {
-	if t.IsZero() {
-		return nil
-	}
-	u := jsonTime(t)
-	return &u
-}
-
-func stringOrNull(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
-}
-
-func toJobJSON(j *conveyor.JobInfo) jobJSON {
-	out := jobJSON{
-		ID: j.ID, Queue: j.Queue, Kind: j.Kind, State: string(j.State), Args: j.EncodedArgs,
-		Priority: j.Priority, Attempt: j.Attempt, MaxAttempts: j.MaxAttempts,
-		CreatedAt: timeOrNull(j.CreatedAt), ScheduledAt: timeOrNull(j.ScheduledAt),
-		AttemptedAt: timeOrNull(j.AttemptedAt), AttemptedBy: stringOrNull(j.AttemptedBy),
-		LeaseExpiresAt: timeOrNull(j.LeaseExpiresAt), FinalizedAt: timeOrNull(j.FinalizedAt),
-		Errors: []attemptJSON{},
-	}
-	if len(out.Args) == 0 {
-		out.Args = json.RawMessage("{}")
-	}
-	switch {
-	case j.Timeout < 0:
-		out.TimeoutMS = ptr(int64(-1))
-	case j.Timeout > 0:
-		out.TimeoutMS = ptr(j.Timeout.Milliseconds())
-	}
-	for _, a := range j.Errors {
-		out.Errors = append(out.Errors, attemptJSON{Attempt: a.Attempt, At: timeOrNull(a.At), Error: a.Error, Trace: stringOrNull(a.Trace)})
-	}
-	return out
-}
-
-// claimedJSON converts a claimed job, with its fence.
-func claimedJSON(j *conveyor.ClaimedJob) jobJSON {
-	out := toJobJSON(j.JobInfo)
+// claimedJSON converts a claimed job: the job GET /api/v1/jobs/{id}
+// answers, plus its fence.
+func claimedJSON(j *conveyor.ClaimedJob) JobJSON {
+	out := NewJobJSON(j.JobInfo)
 	out.Fence = ptr(j.Fence)
 	return out
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // fail answers an error from the client: 400 for invalid input, 404, 409
 // for a state that does not allow it or a unique key another job holds,
@@ -244,6 +148,10 @@ type enqueueJSON struct {
 	RunAt       *time.Time      `json:"run_at"`
 	DelayMS     int64           `json:"delay_ms"`
 	Unique      *uniqueJSON     `json:"unique"`
+	// Metadata is the job's metadata (conveyor.EnqueueOpts.Metadata),
+	// checked by the client: a key or value with a NUL character, or more
+	// than conveyor.MaxMetadataBytes encoded, is refused with 400.
+	Metadata map[string]string `json:"metadata"`
 }
 
 // uniqueJSON are a unique job's options (conveyor.UniqueOpts).
@@ -303,7 +211,7 @@ func (e enqueueJSON) item() conveyor.EnqueueItem {
 		args = json.RawMessage("{}")
 	}
 	o := &conveyor.EnqueueOpts{Queue: e.Queue, Priority: e.Priority, MaxAttempts: e.MaxAttempts,
-		Delay: time.Duration(e.DelayMS) * time.Millisecond}
+		Delay: time.Duration(e.DelayMS) * time.Millisecond, Metadata: e.Metadata}
 	switch {
 	case e.TimeoutMS < 0:
 		o.Timeout = -1
@@ -423,7 +331,7 @@ func (h *Handler) apiGetJob(w http.ResponseWriter, r *http.Request, _ principal)
 		h.fail(w, r, fmt.Errorf("job %d: %w", id, err))
 		return
 	}
-	writeJSON(w, http.StatusOK, toJobJSON(j))
+	writeJSON(w, http.StatusOK, NewJobJSON(j))
 }
 
 // jobQuery is a job list's filter, from the query string.
@@ -512,7 +420,7 @@ func parseJobQuery(r *http.Request) (jobQuery, error) {
 // jobPage is one page of a job list, the answer of GET /api/v1/jobs
 // (apiListJobs writes it job by job).
 type jobPage struct {
-	Jobs []jobJSON `json:"jobs"`
+	Jobs []JobJSON `json:"jobs"`
 	pageInfo
 }
 
@@ -738,7 +646,7 @@ func (h *Handler) apiListJobs(w http.ResponseWriter, r *http.Request, _ principa
 	// Each job is encoded as it is read; the page is then written job by
 	// job, so that it is never encoded whole in one buffer.
 	encode := func(j *conveyor.JobInfo) ([]byte, int, error) {
-		b, err := json.Marshal(toJobJSON(j))
+		b, err := json.Marshal(NewJobJSON(j))
 		return b, len(b), err
 	}
 	if f.Summary {
@@ -798,7 +706,7 @@ func (h *Handler) apiAdmin(action string) func(http.ResponseWriter, *http.Reques
 			h.fail(w, r, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, toJobJSON(j))
+		writeJSON(w, http.StatusOK, NewJobJSON(j))
 	}
 }
 

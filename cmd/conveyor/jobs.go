@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/web"
 )
 
 // jobsCmd lists jobs.
@@ -48,9 +49,9 @@ func jobsCmd(e *env, args []string) error {
 		return err
 	}
 	if *asJSON {
-		out := make([]jobJSON, len(list))
+		out := make([]web.JobJSON, len(list))
 		for i, j := range list {
-			out[i] = toJobJSON(j)
+			out[i] = web.NewJobJSON(j)
 		}
 		return json.NewEncoder(e.stdout).Encode(out)
 	}

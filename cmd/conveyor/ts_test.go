@@ -2,8 +2,10 @@ package main
 
 // The TypeScript client (clients/typescript) against a real `conveyor
 // serve`, on every reachable backend: a TypeScript worker drains jobs Go
-// enqueued, a Go worker runs jobs the TypeScript client enqueued, and a
-// stale worker's acknowledgements are refused with 409 (the scenarios are
+// enqueued (their metadata included), a Go worker runs jobs the TypeScript
+// client enqueued, metadata the TypeScript client enqueued is what
+// `conveyor job --json` prints, and a stale worker's acknowledgements are
+// refused with 409 (the scenarios are
 // in clients/typescript/test/server.test.ts; this test sets them up and
 // checks the database afterwards); and, once, the worker's lease safety
 // against a fake server (clients/typescript/test/lease.test.ts, no
@@ -19,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -28,6 +31,7 @@ import (
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/connect"
+	"github.com/conveyorq/conveyor/web"
 )
 
 const tsToken = "ts-client-admin-token-0123456789"
@@ -173,7 +177,7 @@ func runTS(t *testing.T, node, dir, dsn, prefix, base string) {
 	for i := range items {
 		items[i] = conveyor.EnqueueItem{
 			Args: conveyor.RawArgs{KindName: "ts_echo", JSON: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))},
-			Opts: &conveyor.EnqueueOpts{Queue: drainQueue},
+			Opts: &conveyor.EnqueueOpts{Queue: drainQueue, Metadata: map[string]string{"from": "go", "n": strconv.Itoa(i)}},
 		}
 	}
 	rs, err := c.EnqueueMany(ctx, items)
@@ -220,6 +224,27 @@ func runTS(t *testing.T, node, dir, dsn, prefix, base string) {
 	}
 	if len(drained) != n {
 		t.Errorf("the TypeScript worker ran %d jobs, want %d", len(drained), n)
+	}
+
+	// The metadata the TypeScript client enqueued (and one job's, enqueued
+	// through the API by hand) is what `conveyor job --json` prints.
+	var meta map[string]map[string]string
+	readJSON(t, filepath.Join(results, "metadata.json"), &meta)
+	if len(meta) != 5 {
+		t.Errorf("the TypeScript metadata test wrote %d jobs, want 5", len(meta))
+	}
+	db := []string{"--db", dsn}
+	if prefix != "" {
+		db = append(db, "--prefix", prefix)
+	}
+	for id, want := range meta {
+		var j web.JobJSON
+		if err := json.Unmarshal([]byte(mustCLI(t, append([]string{"job", "--json", id}, db...)...)), &j); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(j.Metadata, want) {
+			t.Errorf("job --json %s: metadata %v, want %v as the TypeScript client enqueued it", id, j.Metadata, want)
+		}
 	}
 
 	// The Go worker ran each job the TypeScript client enqueued once.

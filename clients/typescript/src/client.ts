@@ -42,6 +42,8 @@ export interface Job<Args = unknown> {
   leaseExpiresAt: string | null;
   finalizedAt: string | null;
   errors: AttemptError[];
+  /** The job's metadata (`EnqueueOptions.metadata`), null when it has none. */
+  metadata: Record<string, string> | null;
 }
 
 /** A job handed out by a claim, with the fence its acknowledgements must carry. */
@@ -72,6 +74,13 @@ export interface EnqueueOptions {
   /** Run it this long from now. */
   delayMs?: number;
   unique?: UniqueOptions;
+  /**
+   * Strings that travel with the job outside its arguments (a trace
+   * context, a tenant, a request id) and come back in `Job.metadata`. The
+   * server refuses (400) a key or value with a NUL character, or more
+   * than 64 KiB encoded as JSON. An empty object stores nothing.
+   */
+  metadata?: Record<string, string>;
 }
 
 /** One job of `enqueueMany`. */
@@ -170,6 +179,7 @@ interface WireJob {
   lease_expires_at: string | null;
   finalized_at: string | null;
   errors: AttemptError[] | null;
+  metadata?: Record<string, string> | null;
   fence?: number;
 }
 
@@ -191,6 +201,7 @@ function fromWire(w: WireJob): Job {
     leaseExpiresAt: w.lease_expires_at,
     finalizedAt: w.finalized_at,
     errors: w.errors ?? [],
+    metadata: w.metadata ?? null,
   };
 }
 
@@ -205,6 +216,7 @@ function toWire(kind: string, args: unknown, o: EnqueueOptions = {}): Record<str
   if (o.timeoutMs !== undefined) body.timeout_ms = o.timeoutMs;
   if (o.runAt !== undefined) body.run_at = o.runAt instanceof Date ? o.runAt.toISOString() : o.runAt;
   if (o.delayMs !== undefined) body.delay_ms = o.delayMs;
+  if (o.metadata !== undefined) body.metadata = o.metadata;
   if (o.unique !== undefined) {
     const u = o.unique;
     body.unique = {

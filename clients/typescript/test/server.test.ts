@@ -3,7 +3,8 @@
 // enqueues jobs from Go, runs a Go worker, and passes in the environment:
 //
 //   CONVEYOR_URL, CONVEYOR_TOKEN   the server and an admin token
-//   CONVEYOR_TS_DRAIN_QUEUE/IDS    jobs Go enqueued for the TypeScript worker
+//   CONVEYOR_TS_DRAIN_QUEUE/IDS    jobs Go enqueued for the TypeScript worker,
+//                                  each with metadata {"from": "go", "n": its n}
 //   CONVEYOR_TS_GO_QUEUE/KIND      where a Go worker runs what TypeScript enqueues
 //   CONVEYOR_TS_RESULTS            a directory for the ids seen, checked by Go afterwards
 //
@@ -73,6 +74,7 @@ test("drains the jobs Go enqueued, each exactly once", { skip, timeout: 60_000 }
       handlers: {
         ts_echo: async (job: ClaimedJob<{ n: number }>) => {
           assert.equal(typeof job.args.n, "number");
+          assert.deepEqual(job.metadata, { from: "go", n: String(job.args.n) });
           running++;
           most = Math.max(most, running);
           seen.push(job.id);
@@ -124,6 +126,65 @@ test("enqueues jobs that a Go worker runs", { skip, timeout: 60_000 }, async () 
   assert.equal(page.truncated, false);
   assert.ok(page.maxPageBytes > 0, `maxPageBytes ${page.maxPageBytes}`);
   if (env.CONVEYOR_TS_RESULTS) writeFileSync(join(env.CONVEYOR_TS_RESULTS, "enqueued.json"), JSON.stringify(ids));
+});
+
+test("metadata comes back from get, list and claim, whoever enqueued it", { skip, timeout: 60_000 }, async () => {
+  const queue = `ts-meta-${run}`;
+  const meta = { tenant: "acme", traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", note: "✓ <&>" };
+  const one = await client.enqueue("meta", { n: 1 }, { queue, metadata: meta });
+  const [two, none, empty] = await client.enqueueMany([
+    { kind: "meta", queue, metadata: { request: "r-2" } },
+    { kind: "meta", queue },
+    { kind: "meta", queue, metadata: {} },
+  ]);
+  // Through the API itself, as a program in another language would.
+  const res = await fetch(`${url}/api/v1/jobs`, {
+    method: "POST",
+    headers: { Authorization: `Bearer ${env.CONVEYOR_TOKEN}`, "Content-Type": "application/json" },
+    body: JSON.stringify({ kind: "meta", queue, metadata: { from: "raw" } }),
+  });
+  assert.equal(res.status, 201);
+  const raw = (await res.json()) as { id: number };
+  const want = new Map<number, Record<string, string> | null>([
+    [one.id, meta],
+    [two.id, { request: "r-2" }],
+    [none.id, null],
+    [empty.id, null],
+    [raw.id, { from: "raw" }],
+  ]);
+  for (const [id, m] of want) assert.deepEqual((await client.getJob(id)).metadata, m, `getJob(${id})`);
+  const page = await client.listJobs({ queue });
+  assert.deepEqual(
+    page.jobs.map((j) => [j.id, j.metadata]),
+    [...want],
+  );
+  const claimed = await client.claim({ queue, limit: 10, waitMs: 5000, worker: "ts-meta" });
+  assert.deepEqual(claimed.map((j) => j.id).sort((a, b) => a - b), [...want.keys()].sort((a, b) => a - b));
+  for (const j of claimed) {
+    assert.deepEqual(j.metadata, want.get(j.id), `claimed job ${j.id}`);
+    await client.complete(j.id, j.fence);
+  }
+
+  // The server refuses what the library refuses, naming it.
+  const refused = await client.enqueue("meta", {}, { queue, metadata: { k: "a\u0000b" } }).then(
+    () => assert.fail("metadata with a NUL character was accepted"),
+    (e: unknown) => e,
+  );
+  assert.ok(refused instanceof ConveyorError, `not a ConveyorError: ${refused}`);
+  assert.equal(refused.status, 400);
+  assert.match(refused.serverMessage, /metadata key "k": a NUL character/);
+  const big = await client.enqueue("meta", {}, { queue, metadata: { pad: "x".repeat(70_000) } }).then(
+    () => assert.fail("metadata over 64 KiB was accepted"),
+    (e: unknown) => e,
+  );
+  assert.ok(big instanceof ConveyorError && big.status === 400, `not a 400: ${big}`);
+  assert.match(big.serverMessage, /metadata is \d+ bytes encoded, over the 65536-byte limit/);
+  assert.equal((await client.listJobs({ queue })).jobs.length, want.size, "a refused enqueue wrote a job");
+
+  // cmd/conveyor's test reads these back with `conveyor job --json`.
+  if (env.CONVEYOR_TS_RESULTS) {
+    writeFileSync(join(env.CONVEYOR_TS_RESULTS, "metadata.json"), JSON.stringify(Object.fromEntries(want)));
+  }
 });
 
 test("a stale worker's acknowledgements are refused with 409", { skip, timeout: 60_000 }, async () => {
