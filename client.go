@@ -18,6 +18,9 @@ func init() {
 	seam.DriverOf = func(c any) driver.Driver {
 		return c.(interface{ driverOf() driver.Driver }).driverOf()
 	}
+	seam.EngineOf = func(c any) *engine.Engine {
+		return c.(interface{ engineOf() *engine.Engine }).engineOf()
+	}
 	seam.WorkOne = func(ctx context.Context, c any, id int64) (*engine.Worked, error) {
 		return c.(interface {
 			workOne(context.Context, int64) (*engine.Worked, error)
@@ -109,6 +112,9 @@ func New[TTx any](ctx context.Context, drv Driver[TTx], cfg *Config) (*Client[TT
 
 // driverOf is the seam to the backend, for the command and the tests.
 func (c *Client[TTx]) driverOf() driver.Driver { return c.drv }
+
+// engineOf is the seam to the engine, for package lab's hooks.
+func (c *Client[TTx]) engineOf() *engine.Engine { return c.eng }
 
 func (c *Client[TTx]) checkSchema(ctx context.Context) error {
 	cur, latest, err := c.drv.SchemaVersion(ctx)

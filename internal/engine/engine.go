@@ -170,6 +170,8 @@ type Engine struct {
 
 	// hbWake asks the heartbeat loop to renew at once (cap 1).
 	hbWake chan struct{}
+	// slowRenewal is OnSlowRenewal's hook (loops.go).
+	slowRenewal atomic.Pointer[func(SlowRenewal)]
 }
 
 // New creates an engine. Enqueueing works at once; Start runs workers.

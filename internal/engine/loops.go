@@ -54,11 +54,21 @@ func (e *Engine) heartbeatLoop(ctx context.Context) {
 	}
 }
 
-// MsgHeartbeatSlow is the warning logged when a lease renewal took longer
-// than the heartbeat interval, with "took" (a time.Duration) among its
-// attributes. The torture workers record it as evidence of a renewal that
-// came back too late.
-const MsgHeartbeatSlow = "conveyor: heartbeat slow"
+// SlowRenewal is a lease renewal that took longer than the heartbeat
+// interval: when it was sent, how long it took to come back (or fail),
+// how many leases it asked for and the driver's error.
+type SlowRenewal struct {
+	Sent   time.Time
+	Took   time.Duration
+	Leases int
+	Err    error
+}
+
+// OnSlowRenewal has fn called, on the heartbeat's goroutine, after each
+// renewal slower than the heartbeat interval (which is also logged as
+// "conveyor: heartbeat slow"); nil removes it. It is the lab package's
+// hook; fn must return quickly.
+func (e *Engine) OnSlowRenewal(fn func(SlowRenewal)) { e.slowRenewal.Store(&fn) }
 
 // renew sends one renewal of the leases fs hold (their snapshots, into
 // buf) and applies its answer: owned leases are valid for another Lease
@@ -84,7 +94,10 @@ func (e *Engine) renew(ctx context.Context, fs []*fetcher, buf []driver.Lease) (
 	owned, err := e.drv.Heartbeat(hctx, leases, e.cfg.Lease)
 	cancel()
 	if took := time.Since(sent); took > e.cfg.HeartbeatInterval {
-		e.warn(MsgHeartbeatSlow, "jobs", len(leases), "took", took, "error", err)
+		e.warn("conveyor: heartbeat slow", "jobs", len(leases), "took", took, "error", err)
+		if fn := e.slowRenewal.Load(); fn != nil && *fn != nil {
+			(*fn)(SlowRenewal{Sent: sent, Took: took, Leases: len(leases), Err: err})
+		}
 	}
 	if err != nil {
 		if ctx.Err() == nil {

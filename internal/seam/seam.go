@@ -1,8 +1,9 @@
-// Package seam lets conveyor's own tools (the command, the bench, the
-// torture suite, package conveyortest and tests) reach what a public
-// Client does not offer applications, without methods on the Client: the
-// driver under it, and through it destructive calls such as dropping
-// every table; running one job synchronously.
+// Package seam is the bridge from package conveyor to the packages that
+// reach what a public Client does not offer applications, without
+// methods on the Client: package lab (the hooks of conveyor's tests and
+// of the command's bench and torture suite) and package conveyortest
+// (running one job synchronously). Package conveyor fills its variables
+// when it is initialised.
 package seam
 
 import (
@@ -16,6 +17,10 @@ import (
 // sets it when it is initialised.
 var DriverOf func(client any) driver.Driver
 
+// EngineOf returns the engine of a *conveyor.Client; package conveyor
+// sets it when it is initialised.
+var EngineOf func(client any) *engine.Engine
+
 // WorkOne claims job id on a *conveyor.Client and runs it through the
 // client's registered worker in the calling goroutine, writing its
 // outcome before it returns (engine.Engine.WorkOne); package conveyor
@@ -23,7 +28,7 @@ var DriverOf func(client any) driver.Driver
 var WorkOne func(ctx context.Context, client any, id int64) (*engine.Worked, error)
 
 // DropTables drops every conveyor table under the client's prefix, with
-// every job in it.
+// every job in it (lab.DropTables is the public form).
 func DropTables(ctx context.Context, client any) error {
 	return DriverOf(client).DropAll(ctx)
 }
