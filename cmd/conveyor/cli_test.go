@@ -17,8 +17,8 @@ import (
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/cmd/conveyor/internal/torture"
 	"github.com/conveyorq/conveyor/connect"
-	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
+	"github.com/conveyorq/conveyor/lab"
 )
 
 // cli runs the command in-process, bounded in time, with stdin as its
@@ -93,7 +93,7 @@ func freshPrefix(t *testing.T, dsn string) string {
 			return
 		}
 		defer c.Close()
-		if err := seam.DropTables(ctx, c); err != nil {
+		if err := lab.DropTables(ctx, c); err != nil {
 			t.Errorf("dropping the tables under %s: %v", p, err)
 		}
 	})

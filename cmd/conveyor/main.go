@@ -25,8 +25,6 @@ import (
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/connect"
-	"github.com/conveyorq/conveyor/internal/backend/sqlite"
-	"github.com/conveyorq/conveyor/internal/dsn"
 )
 
 const usage = `conveyor: a durable job queue in your database
@@ -115,7 +113,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if errors.Is(err, errHelp) {
 		return nil
 	}
-	return dsn.RedactError(trimPrefixes(oneLine(err)), e.queueDSN())
+	return connect.RedactError(trimPrefixes(oneLine(err)), e.queueDSN())
 }
 
 // libPrefix matches the prefixes the library's errors start with,
@@ -475,18 +473,15 @@ func checkSchema(ctx context.Context, c *conveyor.Client[any]) error {
 // backendOf names the backend a DSN selects ("" for a scheme conveyor
 // does not know), as connect.Open does.
 func backendOf(s string) string {
-	b, _ := dsn.Backend(s)
+	b, _ := connect.Backend(s)
 	return b
 }
 
-// sqliteFile returns the file a SQLite DSN names, read by the SQLite
-// backend's own parser, or "" for any other DSN (or one it refuses, which
-// opening then reports).
+// sqliteFile returns the file a SQLite DSN names, as connect.Open reads
+// it, or "" for any other DSN (or one it refuses, which opening then
+// reports).
 func sqliteFile(dsn string) string {
-	if backendOf(dsn) != "sqlite" {
-		return ""
-	}
-	p, err := sqlite.FilePath(dsn)
+	p, err := connect.SQLiteFile(dsn)
 	if err != nil {
 		return ""
 	}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/connect"
-	"github.com/conveyorq/conveyor/internal/seam"
+	"github.com/conveyorq/conveyor/lab"
 )
 
 // Job is the bench's job: its sequence number, optional padding and
@@ -460,7 +460,7 @@ func closeClient(ctx context.Context, c *conveyor.Client[any], o Options, res *R
 	res.Counters = c.Counters().Map()
 	res.Settings = clientSettings(ctx, c, o.Connect)
 	if !o.Keep {
-		err = errors.Join(err, seam.DropTables(context.WithoutCancel(ctx), c))
+		err = errors.Join(err, lab.DropTables(context.WithoutCancel(ctx), c))
 	}
 	return errors.Join(err, c.Close())
 }
@@ -495,8 +495,8 @@ func clientSettings(ctx context.Context, c *conveyor.Client[any], conn connect.O
 	}
 	// The prefix's storage as the driver last read it (the database's,
 	// whatever the options asked for).
-	if st, ok := seam.DriverOf(c).(interface{ Storage() string }); ok {
-		s["storage"] = st.Storage()
+	if st := lab.Storage(c); st != "" {
+		s["storage"] = st
 	}
 	return s
 }

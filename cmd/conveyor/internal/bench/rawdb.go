@@ -16,14 +16,14 @@ import (
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 
-	"github.com/conveyorq/conveyor/internal/backend/mysql"
-	"github.com/conveyorq/conveyor/internal/dsn"
+	"github.com/conveyorq/conveyor/connect"
+	"github.com/conveyorq/conveyor/lab"
 )
 
 // backendOf names the backend a DSN selects, as connect.Open does (the
 // scheme itself for one conveyor does not know).
 func backendOf(s string) string {
-	b, err := dsn.Backend(s)
+	b, err := connect.Backend(s)
 	if err != nil {
 		scheme, _, _ := strings.Cut(s, "://")
 		return scheme
@@ -103,10 +103,11 @@ func sqliteDSN(dsn string, params ...string) string {
 	return dsn + sep + strings.Join(params, "&")
 }
 
-// mysqlConfig is the backend's URL conversion with times parsed in UTC;
-// session settings stay at the server's defaults.
+// mysqlConfig is the MySQL backend's URL conversion (lab.MySQLConfig)
+// with times parsed in UTC; session settings stay at the server's
+// defaults.
 func mysqlConfig(dsn string) (*gomysql.Config, error) {
-	cfg, err := mysql.URLConfig(dsn)
+	cfg, err := lab.MySQLConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("bench: %w", err)
 	}

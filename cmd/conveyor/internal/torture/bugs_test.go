@@ -2,20 +2,14 @@ package torture
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/connect"
-	"github.com/conveyorq/conveyor/internal/driver"
-	"github.com/conveyorq/conveyor/internal/engine"
-	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
+	"github.com/conveyorq/conveyor/lab"
 )
 
 // The tests below are regressions for engine and backend bugs this suite
@@ -75,91 +69,6 @@ func TestHangingHandlerDiscarded(t *testing.T) {
 		j.State, j.Attempt, j.LeaseExpiresAt.Format(time.TimeOnly), after.State, after.Attempt)
 }
 
-// lossyDriver plays a database whose connection breaks while the server
-// commits an insert: the rows are committed but the client gets an
-// error. Only Insert is implemented.
-type lossyDriver struct {
-	driver.Driver
-	gate chan struct{}
-
-	mu    sync.Mutex
-	calls int
-	rows  []driver.InsertParams
-}
-
-func (d *lossyDriver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, error) {
-	d.mu.Lock()
-	d.calls++
-	n := d.calls
-	d.mu.Unlock()
-	if n == 1 {
-		<-d.gate // hold the writer so that the next callers share one batch
-	}
-	d.mu.Lock()
-	first := len(d.rows)
-	d.rows = append(d.rows, jobs...) // committed
-	d.mu.Unlock()
-	if n == 2 {
-		return nil, errors.New("unexpected EOF (connection lost while committing)")
-	}
-	ids := make([]int64, len(jobs))
-	for i := range ids {
-		ids[i] = int64(first + i + 1)
-	}
-	return ids, nil
-}
-
-// When a coalesced insert fails, the inserter re-inserts each caller's
-// jobs alone (engine/inserter.go, inserter.flush). If the failure was a
-// lost connection after the server committed, the jobs of the first
-// statement exist already, and the retry inserts them a second time: one
-// Enqueue call, two jobs that both run.
-func TestInserterNoReinsertAfterAmbiguousFailure(t *testing.T) {
-	d := &lossyDriver{gate: make(chan struct{})}
-	e := engine.New(d, engine.Config{InsertBatch: 100}, nil)
-	defer e.Close(context.Background())
-	job := func(tag string) []driver.InsertParams {
-		return []driver.InsertParams{{Queue: "q", Kind: "k", Args: json.RawMessage(fmt.Sprintf(`{"tag":%q}`, tag)), MaxAttempts: 1}}
-	}
-	first := make(chan error, 1)
-	go func() { _, _, err := e.Insert(context.Background(), job("first")); first <- err }()
-	for {
-		d.mu.Lock()
-		n := d.calls
-		d.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	for i, tag := range []string{"a", "b"} {
-		wg.Add(1)
-		go func() { defer wg.Done(); _, _, errs[i] = e.Insert(context.Background(), job(tag)) }()
-	}
-	time.Sleep(100 * time.Millisecond) // both callers are queued behind the held writer
-	close(d.gate)
-	wg.Wait()
-	<-first
-	count := map[string]int{}
-	for _, r := range d.rows {
-		count[string(r.Args)]++
-	}
-	for _, tag := range []string{"a", "b"} {
-		if n := count[fmt.Sprintf(`{"tag":%q}`, tag)]; n != 1 {
-			t.Errorf("job %q: its Enqueue returned %v, and the database holds it %d times", tag, errs[tagIndex(tag)], n)
-		}
-	}
-}
-
-func tagIndex(tag string) int {
-	if tag == "a" {
-		return 0
-	}
-	return 1
-}
-
 type poolJob struct{}
 
 func (poolJob) Kind() string { return "pool_job" }
@@ -203,7 +112,7 @@ func TestMySQLPoolSizeOne(t *testing.T) {
 			t.Errorf("Close did not return within 15s (the fetcher is stuck in Claim); the client is leaked")
 		}
 		if d, err := connect.Open(ctx, dsn, &conveyor.Config{TablePrefix: prefix}); err == nil {
-			seam.DropTables(ctx, d)
+			lab.DropTables(ctx, d)
 			d.Close()
 		}
 	}()

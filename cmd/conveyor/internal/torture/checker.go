@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/conveyorq/conveyor/internal/engine"
+	"github.com/conveyorq/conveyor/lab"
 )
 
 // Execution outcomes as a handler records them.
@@ -176,8 +176,8 @@ type Input struct {
 	TickStop time.Time
 	Ups      []Up
 	// SlowRenewals lists, per process id, the lease renewals its engine
-	// logged as slower than the heartbeat interval ("conveyor: heartbeat
-	// slow"): on a loaded machine a renewal can come back too late to
+	// reported as slower than the heartbeat interval (lab.OnSlowRenewal,
+	// recorded as slowbeat lines): on a loaded machine a renewal can come back too late to
 	// save a lease, and the engine then cuts the handlers off before the
 	// lease can expire (see slowRenewal).
 	SlowRenewals map[int][]Renewal
@@ -321,17 +321,16 @@ func headS(xs []string) string {
 // whose lease expired (see driver.Driver.Rescue).
 const leaseExpiredPrefix = "lease expired"
 
-// cutOffErr reports whether msg, an attempt's error entry, says that its
-// engine cut the handler off because the lease could not be renewed in
-// time: the handler returned the cut-off's cause (engine.MsgLeaseDeadline
-// starts the entry), or an error of its own from a call the cancellation
-// interrupted, a database read for one, to which the engine appended the
-// cause in parentheses (the entry ends with it). It is the attempt's side
-// of the evidence; the cause of the cut-off (a pause, a slow renewal)
-// must be found in the records as well.
-func cutOffErr(msg string) bool {
-	return strings.HasPrefix(msg, engine.MsgLeaseDeadline) || strings.HasSuffix(msg, " ("+engine.MsgLeaseDeadline+")")
-}
+// cutOffErr reports whether msg, an attempt's error entry as stored in
+// the database, says that its engine cut the handler off because the
+// lease could not be renewed in time: the handler returned the cut-off's
+// cause (lab.LeaseDeadlineMessage starts the entry), or an error of its
+// own from a call the cancellation interrupted, a database read for one,
+// to which the engine appended the cause in parentheses (the entry ends
+// with it); lab.CutOff decides. It is the attempt's side of the evidence;
+// the cause of the cut-off (a pause, a slow renewal) must be found in the
+// records as well.
+func cutOffErr(msg string) bool { return lab.CutOff(msg) }
 
 var farFuture = time.Unix(1<<40, 0)
 

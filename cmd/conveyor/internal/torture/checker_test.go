@@ -1,16 +1,13 @@
 package torture
 
 import (
-	"io"
-	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/conveyorq/conveyor/internal/engine"
+	"github.com/conveyorq/conveyor/lab"
 )
 
 var t0 = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
@@ -221,7 +218,7 @@ func TestCheckerPoisonAndExplainedFailures(t *testing.T) {
 // the handler off when it wakes: explained by the pause. The same error
 // on a process that was never paused is not.
 func TestCheckerLeaseDeadlineAfterPause(t *testing.T) {
-	const cutOff = "conveyor: job lease could not be renewed in time; handler cancelled before the lease could expire"
+	const cutOff = lab.LeaseDeadlineMessage
 	w := newWorld()
 	w.job(80, "completed", 2, AttemptErr{1, cutOff})
 	w.exec(80, 1, 300, 1, 6.6, OutcomeError)
@@ -244,10 +241,10 @@ func TestCheckerLeaseDeadlineAfterPause(t *testing.T) {
 
 // TestCheckerLeaseDeadlineAfterSlowRenewal: an attempt its engine cut off
 // with no fault is explained only by a renewal of its own process that was
-// out at the cut-off (the engine logged it as slow); a slow renewal of
+// out at the cut-off (the engine reported it as slow); a slow renewal of
 // another process, or one back before the cut-off, explains nothing.
 func TestCheckerLeaseDeadlineAfterSlowRenewal(t *testing.T) {
-	const cutOff = "conveyor: job lease could not be renewed in time; handler cancelled before the lease could expire"
+	const cutOff = lab.LeaseDeadlineMessage
 	planted := func(renewals map[int][]Renewal) *Findings {
 		w := newWorld()
 		w.job(82, "completed", 2, AttemptErr{1, cutOff})
@@ -276,7 +273,7 @@ func TestCheckerLeaseDeadlineAfterSlowRenewal(t *testing.T) {
 // cut-off, or a pause past the lease. An error that only mentions the
 // cause elsewhere, or ends with another cause, explains nothing.
 func TestCheckerLeaseDeadlineInHandlerError(t *testing.T) {
-	wrapped := "conveyor/postgres: paused queues: context canceled (" + engine.MsgLeaseDeadline + ")"
+	wrapped := "conveyor/postgres: paused queues: context canceled (" + lab.LeaseDeadlineMessage + ")"
 	slow := map[int][]Renewal{300: {{Sent: at(1.6), Done: at(3.2)}}}
 	planted := func(msg string, renewals map[int][]Renewal) *Findings {
 		w := newWorld()
@@ -295,7 +292,7 @@ func TestCheckerLeaseDeadlineInHandlerError(t *testing.T) {
 	}
 	assertFailure(t, planted(wrapped, nil), "1 unexplained duplicate executions")
 	assertFailure(t, planted(wrapped, map[int][]Renewal{300: {{Sent: at(1.6), Done: at(2.9)}}}), "1 unexplained duplicate executions")
-	assertFailure(t, planted("read failed: context canceled ("+engine.MsgLeaseDeadline+") and then: boom", slow), "1 unexplained duplicate executions")
+	assertFailure(t, planted("read failed: context canceled ("+lab.LeaseDeadlineMessage+") and then: boom", slow), "1 unexplained duplicate executions")
 	assertFailure(t, planted("read failed: context canceled (conveyor: client shutting down)", slow), "1 unexplained duplicate executions")
 
 	w := newWorld()
@@ -623,29 +620,4 @@ func TestCheckerClaimLostInRestart(t *testing.T) {
 		t.Fatalf("with synchronous claims: unexplained %v overlaps %v", f.Unexplained, f.Overlaps)
 	}
 	assertFailure(t, f, "attempt run twice without a shutdown")
-}
-
-// TestSlowRenewalRecorded: the engine's "heartbeat slow" warning, logged
-// through a torture worker's logger, becomes a slowbeat record line that
-// readRecords turns into the renewal's send and return times.
-func TestSlowRenewalRecorded(t *testing.T) {
-	dir := t.TempDir()
-	rec, err := newRecorder(filepath.Join(dir, "w1.0.jsonl"), "w1.0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	logger := slog.New(beatRecorder{slog.NewTextHandler(io.Discard, nil), rec})
-	logger.Warn(engine.MsgHeartbeatSlow, "jobs", 5, "took", 1500*time.Millisecond, "error", nil)
-	logger.Warn("conveyor: something else", "took", time.Second)
-	if err := rec.close(); err != nil {
-		t.Fatal(err)
-	}
-	rs, err := readRecords(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := rs.slowBeats[os.Getpid()]
-	if len(got) != 1 || got[0].Done.Sub(got[0].Sent) != 1500*time.Millisecond {
-		t.Fatalf("slow renewals %v", rs.slowBeats)
-	}
 }

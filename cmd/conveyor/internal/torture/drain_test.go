@@ -11,8 +11,8 @@ import (
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/connect"
-	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
+	"github.com/conveyorq/conveyor/lab"
 )
 
 // TestMissedByStats: a job unfinished in two readings of the tables, with
@@ -44,7 +44,7 @@ func TestUnfinishedSegRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	defer func() { _ = seam.DropTables(context.WithoutCancel(ctx), c) }()
+	defer func() { _ = lab.DropTables(context.WithoutCancel(ctx), c) }()
 	adm, err := openAdmin(ctx, dsn, prefix)
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +69,7 @@ func TestUnfinishedSegRows(t *testing.T) {
 		return id
 	}
 	completed := enqueue("completed", nil)
-	if _, err := seam.WorkOne(ctx, c, completed); err != nil {
+	if _, err := lab.WorkOne(ctx, c, completed); err != nil {
 		t.Fatal(err)
 	}
 	cancelled := enqueue("cancelled", nil)
@@ -80,7 +80,7 @@ func TestUnfinishedSegRows(t *testing.T) {
 	ready := enqueue("ready", nil)
 	running := enqueue("running", nil)
 	worked := make(chan error, 1)
-	go func() { _, err := seam.WorkOne(ctx, c, running); worked <- err }()
+	go func() { _, err := lab.WorkOne(ctx, c, running); worked <- err }()
 	<-claimed
 	got, err := adm.unfinishedSegRows(ctx)
 	if err != nil {

@@ -10,14 +10,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/conveyorq/conveyor/internal/dsn"
 	gomysql "github.com/go-sql-driver/mysql"
 	_ "modernc.org/sqlite" // registers "sqlite" for the checker's own reads
+
+	"github.com/conveyorq/conveyor/connect"
 )
 
 // backendOf names the backend a DSN selects, as connect.Open does.
 func backendOf(s string) string {
-	b, _ := dsn.Backend(s)
+	b, _ := connect.Backend(s)
 	return b
 }
 

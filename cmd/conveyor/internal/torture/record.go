@@ -26,7 +26,7 @@ const (
 	lineCounters = "counters" // the client's Counters(), written every 500ms and at exit
 	lineBye      = "bye"      // the process stopped gracefully
 	lineReady    = "ready"    // a worker process started its client (and its periodic job)
-	lineSlowBeat = "slowbeat" // the engine logged a lease renewal slower than its interval (At: when it returned)
+	lineSlowBeat = "slowbeat" // the engine reported a lease renewal slower than its interval (lab.OnSlowRenewal; At: when it returned, Took: how long it took)
 )
 
 // line is one record line; T says which fields are set. Times are Unix

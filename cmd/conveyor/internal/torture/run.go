@@ -25,7 +25,7 @@ import (
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/cmd/conveyor/internal/bench"
 	"github.com/conveyorq/conveyor/connect"
-	"github.com/conveyorq/conveyor/internal/seam"
+	"github.com/conveyorq/conveyor/lab"
 )
 
 // Options configure a torture run. Zero fields take the defaults below.
@@ -887,7 +887,7 @@ func (p *phase) tearDown(ctx context.Context, row *Row) {
 	if p.client != nil {
 		if !p.o.Keep {
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			if err := seam.DropTables(dctx, p.client); err != nil {
+			if err := lab.DropTables(dctx, p.client); err != nil {
 				p.note("dropping tables: %v", err)
 			}
 			cancel()

@@ -10,8 +10,8 @@ import (
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/connect"
-	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
+	"github.com/conveyorq/conveyor/lab"
 )
 
 // Bugs the suite found, reproduced on their own so that they stay fixed.
@@ -36,7 +36,7 @@ func TestMySQLDuplicateTxDoesNotStallHeartbeats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = seam.DropTables(ctx, c); c.Close() }()
+	defer func() { _ = lab.DropTables(ctx, c); c.Close() }()
 	started := make(chan struct{}, 1)
 	var others, cancelled atomic.Int32
 	_ = conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[workJob]) error {

@@ -22,10 +22,7 @@ import (
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/connect"
-	"github.com/conveyorq/conveyor/internal/backend/postgres"
-	"github.com/conveyorq/conveyor/internal/backend/sqlite"
-	"github.com/conveyorq/conveyor/internal/engine"
-	"github.com/conveyorq/conveyor/internal/seam"
+	"github.com/conveyorq/conveyor/lab"
 )
 
 // Queue is the queue of the torture workload.
@@ -126,7 +123,7 @@ func parseWorkerFlags(args []string, stderr io.Writer) (*workerFlags, error) {
 	fs.IntVar(&w.workers, "workers", 16, "worker: concurrent jobs")
 	fs.IntVar(&w.pool, "pool", 0, "worker: connect.Options.PoolSize (0: backend default)")
 	fs.StringVar(&w.storage, "storage", "", "connect.Options.PostgresStorage")
-	fs.Int64Var(&w.sealAt, "seal-at", 0, "segments storage: seal segments at this size in bytes (postgres.SealSegmentsAt; 0: the default)")
+	fs.Int64Var(&w.sealAt, "seal-at", 0, "segments storage: seal segments at this size in bytes (lab.SealSegmentsAt; 0: the default)")
 	fs.DurationVar(&w.lease, "lease", 2*time.Second, "worker: Config.Lease")
 	fs.DurationVar(&w.listenPoll, "listen-poll", 5*time.Second, "worker: Config.ListenPoll")
 	fs.DurationVar(&w.jobTimeout, "job-timeout", 20*time.Second, "worker: Config.JobTimeout")
@@ -192,7 +189,7 @@ func WorkerMain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	rec.write(line{T: lineHello, Role: w.role})
-	logger := slog.New(beatRecorder{slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}), rec})
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	switch w.role {
 	case "worker":
 		err = runWorker(ctx, w, rec, logger, stdout)
@@ -233,10 +230,13 @@ func runWorker(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.
 	if err != nil {
 		return err
 	}
-	if w.sealAt > 0 && !postgres.SealSegmentsAt(seam.DriverOf(c), w.sealAt) {
-		return fmt.Errorf("--seal-at: %s is not a PostgreSQL database", w.dsn)
-	}
 	defer c.Close()
+	if w.sealAt > 0 {
+		if err := lab.SealSegmentsAt(c, w.sealAt); err != nil {
+			return fmt.Errorf("--seal-at: %w", err)
+		}
+	}
+	recordSlowRenewals(c, rec)
 	sleep := func(ctx context.Context, ms int) error {
 		t := time.NewTimer(time.Duration(ms) * time.Millisecond)
 		defer t.Stop()
@@ -601,7 +601,7 @@ func (b *txBeginner) begin(ctx context.Context) (*txHandle, error) {
 		// The application's own handle begins BEGIN IMMEDIATE
 		// transactions back to back; on SQLite it lets conveyor's pending
 		// lease renewals go first, as the README tells applications to.
-		if err := sqlite.YieldToLeases(ctx, b.path); err != nil {
+		if err := lab.YieldToLeases(ctx, b.path); err != nil {
 			return nil, err
 		}
 	}
@@ -704,32 +704,12 @@ func runTxProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *s
 	return nil
 }
 
-// beatRecorder passes log records on to h and records each slow lease
-// renewal the engine logs (engine.MsgHeartbeatSlow, with how long it
-// took) as a slowbeat line, the checker's evidence for an attempt cut off
+// recordSlowRenewals records each lease renewal of c's engine slower
+// than the heartbeat interval (lab.OnSlowRenewal) as a slowbeat line, at
+// the time it returned, the checker's evidence for an attempt cut off
 // because its renewal came back too late (see Input.SlowRenewals).
-type beatRecorder struct {
-	slog.Handler
-	rec *recorder
-}
-
-func (b beatRecorder) Handle(ctx context.Context, r slog.Record) error {
-	if r.Message == engine.MsgHeartbeatSlow {
-		r.Attrs(func(a slog.Attr) bool {
-			if a.Key == "took" && a.Value.Kind() == slog.KindDuration {
-				b.rec.write(line{T: lineSlowBeat, Took: int64(a.Value.Duration())})
-				return false
-			}
-			return true
-		})
-	}
-	return b.Handler.Handle(ctx, r)
-}
-
-func (b beatRecorder) WithAttrs(as []slog.Attr) slog.Handler {
-	return beatRecorder{b.Handler.WithAttrs(as), b.rec}
-}
-
-func (b beatRecorder) WithGroup(name string) slog.Handler {
-	return beatRecorder{b.Handler.WithGroup(name), b.rec}
+func recordSlowRenewals(c *conveyor.Client[any], rec *recorder) {
+	lab.OnSlowRenewal(c, func(r lab.SlowRenewal) {
+		rec.write(line{T: lineSlowBeat, At: r.Sent.Add(r.Took).UnixNano(), Took: int64(r.Took)})
+	})
 }
