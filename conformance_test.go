@@ -19,8 +19,8 @@ import (
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/connect"
-	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
+	"github.com/conveyorq/conveyor/lab"
 )
 
 func TestMain(m *testing.M) {
@@ -126,7 +126,7 @@ func openClient(t *testing.T, dsn string, cfg *conveyor.Config, drop bool) *conv
 			t.Errorf("stop: %v", err)
 		}
 		if drop {
-			if err := seam.DropTables(ctx, c); err != nil {
+			if err := lab.DropTables(ctx, c); err != nil {
 				t.Errorf("drop: %v", err)
 			}
 		}

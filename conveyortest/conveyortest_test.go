@@ -23,9 +23,8 @@ import (
 	"github.com/conveyorq/conveyor/conveyortest/sqlitetest"
 	"github.com/conveyorq/conveyor/driver/pgxv5"
 	"github.com/conveyorq/conveyor/driver/sqlitedb"
-	"github.com/conveyorq/conveyor/internal/backend/mysql"
-	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
+	"github.com/conveyorq/conveyor/lab"
 )
 
 func TestMain(m *testing.M) {
@@ -97,7 +96,7 @@ func forEachBackend(t *testing.T, cfg conveyor.Config, fn func(t *testing.T, e e
 		c := migrated(t, func(cfg *conveyor.Config) (*conveyor.Client[any], error) {
 			return connect.Open(context.Background(), dsn, cfg)
 		}, cfg)
-		app, err := mysql.URLConfig(dsn)
+		app, err := lab.MySQLConfig(dsn)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -127,7 +126,7 @@ func migrated(t *testing.T, open func(*conveyor.Config) (*conveyor.Client[any], 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := seam.DropTables(context.Background(), c); err != nil {
+		if err := lab.DropTables(context.Background(), c); err != nil {
 			t.Errorf("drop: %v", err)
 		}
 		c.Close()
