@@ -2,8 +2,9 @@
 // reach what a public Client does not offer applications, without
 // methods on the Client: package lab (the hooks of conveyor's tests and
 // of the command's bench and torture suite) and package conveyortest
-// (running one job synchronously). Package conveyor fills its variables
-// when it is initialised.
+// (running one job synchronously), and the library's own tests that must
+// not link every backend through lab. Package conveyor fills its
+// variables when it is initialised.
 package seam
 
 import (
@@ -28,7 +29,9 @@ var EngineOf func(client any) *engine.Engine
 var WorkOne func(ctx context.Context, client any, id int64) (*engine.Worked, error)
 
 // DropTables drops every conveyor table under the client's prefix, with
-// every job in it (lab.DropTables is the public form).
+// every job in it: lab.DropTables, for the library's own tests that must
+// not link every backend through package lab (an application's example
+// on one driver checks what it links).
 func DropTables(ctx context.Context, client any) error {
 	return DriverOf(client).DropAll(ctx)
 }
