@@ -58,10 +58,10 @@ func (e *Engine) heartbeatLoop(ctx context.Context) {
 // interval: when it was sent, how long it took to come back (or fail),
 // how many leases it asked for and the driver's error.
 type SlowRenewal struct {
-	Sent   time.Time
-	Took   time.Duration
-	Leases int
-	Err    error
+	Sent   time.Time     // when the renewal was sent
+	Took   time.Duration // until it came back or failed
+	Leases int           // leases it asked for
+	Err    error         // the driver's error, nil when it got through
 }
 
 // OnSlowRenewal has fn called, on the heartbeat's goroutine, after each
