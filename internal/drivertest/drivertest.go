@@ -1017,6 +1017,8 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		}
 	})
 
+	t.Run("ListNewestFirst", func(t *testing.T) { listNewestFirst(t, setup(t, open, prefixFor())) })
+
 	// ListJobsTx reads inside the application's transaction: it sees the
 	// jobs that transaction inserted before it commits, which nothing
 	// outside sees.

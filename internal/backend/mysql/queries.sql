@@ -205,6 +205,13 @@ SELECT unique_key FROM `{p}jobs` WHERE id = ?
 -- name: ListJobs
 SELECT {cols} FROM `{p}jobs` WHERE id > ?{where} ORDER BY id LIMIT ?
 
+-- name: ListJobsDesc
+-- ListJobs newest first: the same index read backwards.
+SELECT {cols} FROM `{p}jobs` WHERE id > ?{where} ORDER BY id DESC LIMIT ?
+
+-- name: ListJobsBefore
+ AND id < ?
+
 -- name: ListJobsStates
  AND state IN ({ids})
 
