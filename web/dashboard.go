@@ -224,10 +224,11 @@ func (h *Handler) pageJobs(w http.ResponseWriter, r *http.Request, p principal) 
 		return
 	}
 	// link is this list's address with a cursor: "after" (the newer
-	// page) or "before" (the older page), or none (the newest page).
+	// page) or "before" (the older page), or none (the newest page); a
+	// bulk action's message stays on this page only.
 	link := func(cursor string, id int64) string {
 		v := url.Values{}
-		for k, val := range r.URL.Query() {
+		for k, val := range backQuery(r.URL.Query()) {
 			if k != "after" && k != "before" && k != "order" && len(val) > 0 && val[0] != "" {
 				v[k] = val
 			}
@@ -246,7 +247,15 @@ func (h *Handler) pageJobs(w http.ResponseWriter, r *http.Request, p principal) 
 		// shown instead, whole, so that paging back and forth returns
 		// to it however many jobs were enqueued meanwhile.
 		if info.NextAfter == nil {
-			http.Redirect(w, r, link("", 0), http.StatusSeeOther)
+			top := link("", 0)
+			if msg := r.URL.Query(); msg.Has("bulk") {
+				sep := "?"
+				if strings.Contains(top, "?") {
+					sep = "&"
+				}
+				top += sep + url.Values{"bulk": msg["bulk"], "done": msg["done"], "refused": msg["refused"]}.Encode()
+			}
+			http.Redirect(w, r, top, http.StatusSeeOther)
 			return
 		}
 		slices.Reverse(jobs)
@@ -546,16 +555,22 @@ func (h *Handler) formBulk(w http.ResponseWriter, r *http.Request, p principal) 
 // backURL is the job list's address to return to after a bulk action,
 // without the previous action's message.
 func backURL(path string, q url.Values) string {
+	v := backQuery(q)
+	if len(v) == 0 {
+		return path
+	}
+	return path + "?" + v.Encode()
+}
+
+// backQuery is a job list's query without a bulk action's message.
+func backQuery(q url.Values) url.Values {
 	v := url.Values{}
 	for k, val := range q {
 		if k != "bulk" && k != "done" && k != "refused" {
 			v[k] = val
 		}
 	}
-	if len(v) == 0 {
-		return path
-	}
-	return path + "?" + v.Encode()
+	return v
 }
 
 // bulkFlash is the message after a bulk action, from the redirect's

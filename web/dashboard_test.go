@@ -124,6 +124,16 @@ func TestJobsPageNewestFirst(t *testing.T) {
 	if loc := res.header.Get("Location"); loc != "/jobs?limit=3&queue=pg" {
 		t.Errorf("newer page past the newest: Location %q", loc)
 	}
+	// After a bulk action its message shows on the page it returned to,
+	// through that redirect too, and the pager's links leave it behind.
+	res = e.must(303, req{method: "GET", path: fmt.Sprintf("/jobs?queue=pg&limit=3&after=%d&bulk=retry&done=2&refused=0", added[1]), auth: roToken})
+	if loc := res.header.Get("Location"); loc != "/jobs?limit=3&queue=pg&bulk=retry&done=2&refused=0" {
+		t.Errorf("newer page past the newest after a bulk action: Location %q", loc)
+	}
+	after := e.jobsPage("/jobs?queue=pg&limit=3&bulk=retry&done=2&refused=0")
+	if strings.Contains(after.older, "bulk") || after.older == "" {
+		t.Errorf("Older link after a bulk action: %q", after.older)
+	}
 }
 
 // TestAPIListNewestFirst: GET /api/v1/jobs?order=desc pages newest first

@@ -321,10 +321,10 @@
   }
 
   // listURL is the job list's address with filters and a cursor, as
-  // the server links it (pageJobs).
+  // the server links it (pageJobs), without a bulk action's message.
   function listURL(cursor, id) {
     const q = new URLSearchParams(location.search);
-    for (const k of ["after", "before", "order"]) q.delete(k);
+    for (const k of ["after", "before", "order", "bulk", "done", "refused"]) q.delete(k);
     if (cursor) q.set(cursor, String(id));
     const s = q.toString();
     return base + "/jobs" + (s ? "?" + s : "");
