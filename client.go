@@ -414,9 +414,16 @@ type JobFilter struct {
 	Limit int
 	// AfterID returns only jobs with a greater id, for paging.
 	AfterID int64
+	// BeforeID, when positive, returns only jobs with a smaller id: the
+	// cursor of a newest-first list (Desc), whose next page is read
+	// with BeforeID set to its last job's id.
+	BeforeID int64
+	// Desc lists newest first (descending id); Limit then keeps the
+	// highest ids within AfterID and BeforeID.
+	Desc bool
 }
 
-// Jobs lists jobs by id. An unknown state in f.States is an error that
+// Jobs lists jobs by id, ascending unless f.Desc. An unknown state in f.States is an error that
 // names it and lists the valid states.
 func (c *Client[TTx]) Jobs(ctx context.Context, f JobFilter) ([]*JobInfo, error) {
 	df, err := f.driverFilter()
@@ -441,7 +448,7 @@ func (c *Client[TTx]) JobsTx(ctx context.Context, tx TTx, f JobFilter) ([]*JobIn
 
 // driverFilter checks f's states and returns it as the driver takes it.
 func (f JobFilter) driverFilter() (driver.JobFilter, error) {
-	df := driver.JobFilter{Queue: f.Queue, Kind: f.Kind, Limit: f.Limit, AfterID: f.AfterID}
+	df := driver.JobFilter{Queue: f.Queue, Kind: f.Kind, Limit: f.Limit, AfterID: f.AfterID, BeforeID: f.BeforeID, Desc: f.Desc}
 	for _, s := range f.States {
 		if !s.valid() {
 			return df, unknownState(string(s))

@@ -341,7 +341,12 @@ type jobQuery struct {
 	Kind   string
 	Text   string // substring of the arguments (bounded scan)
 	After  int64
-	Limit  int
+	// Before bounds the ids from above (before=): the cursor of a
+	// newest-first list's next page.
+	Before int64
+	// Desc lists newest first (order=desc).
+	Desc  bool
+	Limit int
 	// Summary lists jobSummaryJSON rows (view=summary) instead of whole
 	// jobs.
 	Summary bool
@@ -397,6 +402,20 @@ func parseJobQuery(r *http.Request) (jobQuery, error) {
 		}
 		f.After = n
 	}
+	if v := q.Get("before"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			return f, fmt.Errorf("before=%q is not a job id", v)
+		}
+		f.Before = n
+	}
+	switch v := q.Get("order"); v {
+	case "", "asc":
+	case "desc":
+		f.Desc = true
+	default:
+		return f, fmt.Errorf("order=%q: asc or desc", v)
+	}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > maxListLimit {
@@ -426,15 +445,21 @@ type jobPage struct {
 
 // pageInfo is what a page of a job list says besides its jobs.
 type pageInfo struct {
-	// NextAfter is the after= of the next page; null on the last one.
+	// NextAfter is the after= of the next page in id order; null on the
+	// last one, and in a newest-first list (order=desc).
 	NextAfter *int64 `json:"next_after"`
+	// NextBefore is the before= of the next page of a newest-first list
+	// (order=desc): the older jobs; null on the last one, and in id
+	// order.
+	NextBefore *int64 `json:"next_before"`
 	// Scanned is how many jobs were read to answer a text search (q=),
 	// at most ScanLimit; 0 without one.
 	Scanned int `json:"scanned"`
 	// ScanLimit is the most jobs one text search reads.
 	ScanLimit int `json:"scan_limit"`
 	// Truncated is set when the page ended at MaxPageBytes with fewer
-	// jobs than limit asked for; NextAfter continues after its last job.
+	// jobs than limit asked for; NextAfter (NextBefore) continues after
+	// its last job.
 	Truncated bool `json:"truncated"`
 	// MaxPageBytes is listPageBytes: the most bytes of jobs one page
 	// holds (besides a first job larger than that, alone on its page).
@@ -522,18 +547,26 @@ func readBytes(j *conveyor.JobInfo) int {
 	return n
 }
 
-// listJobs reads one page of the jobs f selects, in id order, and
-// returns each as row makes it, with the page's info. row returns the
+// listJobs reads one page of the jobs f selects, in id order (newest
+// first with f.Desc, from f.Before down), and returns each as row makes
+// it, with the page's info. row returns the
 // bytes the job takes in the page; the page ends before the job that
 // would take it past listPageBytes (Truncated; at least one job is
 // kept). Without a text search it reads up to f.Limit jobs; with one, at
-// most textScanLimit jobs after f.After, keeping those whose arguments
+// most textScanLimit jobs past the cursor, keeping those whose arguments
 // contain the text (case-insensitively). Either way it reads in queries
 // of about listReadBytes (see there), dropping each job once row made
 // it, so that what it holds is the page plus one query's rows.
 func listJobs[T any](h *Handler, r *http.Request, f jobQuery, row func(*conveyor.JobInfo) (T, int, error)) ([]T, pageInfo, error) {
-	cf := conveyor.JobFilter{States: f.States, Queue: f.Queue, Kind: f.Kind, AfterID: f.After}
+	cf := conveyor.JobFilter{States: f.States, Queue: f.Queue, Kind: f.Kind, AfterID: f.After, BeforeID: f.Before, Desc: f.Desc}
 	info := pageInfo{ScanLimit: textScanLimit, MaxPageBytes: listPageBytes}
+	// The cursor moves past each job read: up in id order, down newest
+	// first; next is where the next page starts.
+	cursor := &cf.AfterID
+	next := &info.NextAfter
+	if f.Desc {
+		cursor, next = &cf.BeforeID, &info.NextBefore
+	}
 	out := []T{}
 	maxArgs := h.c.Config().MaxArgsBytes
 	if maxArgs <= 0 {
@@ -564,7 +597,7 @@ func listJobs[T any](h *Handler, r *http.Request, f jobQuery, row func(*conveyor
 			if m != nil {
 				info.Scanned++
 				if !m.match(j.EncodedArgs) {
-					cf.AfterID = j.ID
+					*cursor = j.ID
 					continue
 				}
 			}
@@ -576,12 +609,12 @@ func listJobs[T any](h *Handler, r *http.Request, f jobQuery, row func(*conveyor
 				if m != nil {
 					info.Scanned-- // the next page reads it again
 				}
-				info.Truncated, info.NextAfter = true, ptr(cf.AfterID)
+				info.Truncated, *next = true, ptr(*cursor)
 				return out, info, nil
 			}
-			out, size, cf.AfterID = append(out, v), size+n, j.ID
+			out, size, *cursor = append(out, v), size+n, j.ID
 			if len(out) == f.Limit {
-				info.NextAfter = ptr(j.ID)
+				*next = ptr(j.ID)
 				return out, info, nil
 			}
 		}
@@ -589,7 +622,7 @@ func listJobs[T any](h *Handler, r *http.Request, f jobQuery, row func(*conveyor
 			return out, info, nil // the end of the table
 		}
 		if m != nil && info.Scanned >= textScanLimit {
-			info.NextAfter = ptr(cf.AfterID)
+			*next = ptr(*cursor)
 			return out, info, nil
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -39,21 +40,26 @@ type templates map[string]*template.Template
 
 func parseTemplates() (templates, error) {
 	funcs := template.FuncMap{
-		"tm": func(t *jsonTime) string {
-			if t == nil {
-				return "–"
+		// at is a time as the "time" template shows it: relative to now,
+		// absolute on hover.
+		"at": func(t any) timeView {
+			switch t := t.(type) {
+			case *jsonTime:
+				if t != nil {
+					return newTimeView(time.Time(*t), time.Now())
+				}
+			case jsonTime:
+				return newTimeView(time.Time(t), time.Now())
 			}
-			return time.Time(*t).UTC().Format("2006-01-02 15:04:05.000Z")
-		},
-		"tmv": func(t jsonTime) string {
-			return time.Time(t).UTC().Format("2006-01-02 15:04:05.000Z")
+			return timeView{}
 		},
 		"ms": func(ms *int64) string {
 			if ms == nil {
 				return "–"
 			}
-			return (time.Duration(*ms) * time.Millisecond).Round(time.Millisecond).String()
+			return humanDuration(time.Duration(*ms) * time.Millisecond)
 		},
+		"nowms": func() int64 { return time.Now().UnixMilli() },
 		"deref": func(s *string) string {
 			if s == nil {
 				return ""
@@ -204,7 +210,10 @@ func (h *Handler) pageJobs(w http.ResponseWriter, r *http.Request, p principal) 
 		h.renderError(w, r, p, http.StatusBadRequest, err.Error())
 		return
 	}
+	// Newest first, paged back by before=; after= is the newer page.
 	f.Summary = true
+	newer := f.After > 0
+	f.Desc = !newer
 	jobs, info, err := listJobs(h, r, f, func(j *conveyor.JobInfo) (jobSummaryJSON, int, error) {
 		s := toJobSummary(j)
 		return s, s.size(), nil
@@ -214,20 +223,42 @@ func (h *Handler) pageJobs(w http.ResponseWriter, r *http.Request, p principal) 
 		h.renderError(w, r, p, status, msg)
 		return
 	}
-	link := func(after int64) string {
+	// link is this list's address with a cursor: "after" (the newer
+	// page) or "before" (the older page), or none (the newest page); a
+	// bulk action's message stays on this page only.
+	link := func(cursor string, id int64) string {
 		v := url.Values{}
-		for k, val := range r.URL.Query() {
-			if k != "after" && len(val) > 0 && val[0] != "" {
+		for k, val := range backQuery(r.URL.Query()) {
+			if k != "after" && k != "before" && k != "order" && len(val) > 0 && val[0] != "" {
 				v[k] = val
 			}
 		}
-		if after > 0 {
-			v.Set("after", strconv.FormatInt(after, 10))
+		if cursor != "" {
+			v.Set(cursor, strconv.FormatInt(id, 10))
 		}
 		if len(v) == 0 {
 			return h.opts.BasePath + "/jobs"
 		}
 		return h.opts.BasePath + "/jobs?" + v.Encode()
+	}
+	if newer {
+		// Read in id order after the cursor, shown newest first. With
+		// nothing newer beyond, this is the newest page: that page is
+		// shown instead, whole, so that paging back and forth returns
+		// to it however many jobs were enqueued meanwhile.
+		if info.NextAfter == nil {
+			top := link("", 0)
+			if msg := r.URL.Query(); msg.Has("bulk") {
+				sep := "?"
+				if strings.Contains(top, "?") {
+					sep = "&"
+				}
+				top += sep + url.Values{"bulk": msg["bulk"], "done": msg["done"], "refused": msg["refused"]}.Encode()
+			}
+			http.Redirect(w, r, top, http.StatusSeeOther)
+			return
+		}
+		slices.Reverse(jobs)
 	}
 	state := ""
 	if len(f.States) == 1 {
@@ -241,11 +272,26 @@ func (h *Handler) pageJobs(w http.ResponseWriter, r *http.Request, p principal) 
 		Jobs      []jobSummaryJSON
 		Info      pageInfo
 		ScanLimit int
-		NextURL   string
-		FirstURL  string
-	}{Back: backURL(h.opts.BasePath+"/jobs", r.URL.Query()), Query: f, State: state, States: stateNames(), Jobs: jobs, Info: info, ScanLimit: textScanLimit, FirstURL: link(0)}
-	if info.NextAfter != nil {
-		data.NextURL = link(*info.NextAfter)
+		// NewestURL, NewerURL and OlderURL are the pager's links; ""
+		// when there is no such page.
+		NewestURL, NewerURL, OlderURL string
+	}{Back: backURL(h.opts.BasePath+"/jobs", r.URL.Query()), Query: f, State: state, States: stateNames(), Jobs: jobs, Info: info, ScanLimit: textScanLimit}
+	if f.After > 0 || f.Before > 0 {
+		data.NewestURL = link("", 0)
+		switch {
+		case newer:
+			data.NewerURL = link("after", *info.NextAfter)
+		case len(jobs) > 0:
+			data.NewerURL = link("after", jobs[0].ID)
+		default:
+			data.NewerURL = link("after", f.Before-1)
+		}
+	}
+	switch {
+	case info.NextBefore != nil:
+		data.OlderURL = link("before", *info.NextBefore)
+	case newer && len(jobs) > 0:
+		data.OlderURL = link("before", jobs[len(jobs)-1].ID)
 	}
 	pgd := h.pageFor(p, "Jobs", data)
 	pgd.Flash = bulkFlash(r.URL.Query())
@@ -509,16 +555,22 @@ func (h *Handler) formBulk(w http.ResponseWriter, r *http.Request, p principal) 
 // backURL is the job list's address to return to after a bulk action,
 // without the previous action's message.
 func backURL(path string, q url.Values) string {
+	v := backQuery(q)
+	if len(v) == 0 {
+		return path
+	}
+	return path + "?" + v.Encode()
+}
+
+// backQuery is a job list's query without a bulk action's message.
+func backQuery(q url.Values) url.Values {
 	v := url.Values{}
 	for k, val := range q {
 		if k != "bulk" && k != "done" && k != "refused" {
 			v[k] = val
 		}
 	}
-	if len(v) == 0 {
-		return path
-	}
-	return path + "?" + v.Encode()
+	return v
 }
 
 // bulkFlash is the message after a bulk action, from the redirect's
@@ -563,4 +615,61 @@ func checkQueueName(q string) error {
 		return fmt.Errorf("queue name %q: 1 to 128 letters, digits, '_', '.', ':' or '-', starting with a letter or digit", q)
 	}
 	return nil
+}
+
+// timeView is a time as the dashboard shows it (the "time" template of
+// base.html): how long ago or how far ahead, with the absolute time in
+// the title and the datetime attribute. The script keeps the relative
+// text current and shows the title in the browser's time zone.
+type timeView struct {
+	// ISO is the time in RFC 3339, UTC, milliseconds; "" for no time.
+	ISO string
+	// Title is the absolute time for reading: UTC, to the millisecond.
+	Title string
+	// Rel is the time relative to the page's now ("3 min ago", "in 20 s").
+	Rel string
+}
+
+func newTimeView(t, now time.Time) timeView {
+	if t.IsZero() {
+		return timeView{}
+	}
+	u := t.UTC()
+	return timeView{ISO: u.Format("2006-01-02T15:04:05.000Z"), Title: u.Format("2006-01-02 15:04:05.000") + " UTC", Rel: relativeTime(t, now)}
+}
+
+// relativeTime says when t is from now, to one unit, rounded down: "now"
+// within a second, "45 s ago", "3 min ago", "in 2 h", "in 3 d" (days
+// from 48 hours on). app.js's relTime says the same.
+func relativeTime(t, now time.Time) string {
+	d := t.Sub(now)
+	future := d > 0
+	if d < 0 {
+		d = -d
+	}
+	if d < time.Second {
+		return "now"
+	}
+	text := humanDuration(d)
+	if future {
+		return "in " + text
+	}
+	return text + " ago"
+}
+
+// humanDuration is d to one unit, rounded down: "850 ms" (below a
+// second), "45 s", "3 min", "5 h", "3 d" (from 48 hours on). app.js's
+// human says the same.
+func humanDuration(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return fmt.Sprintf("%d ms", d.Milliseconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%d s", int64(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%d min", int64(d/time.Minute))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%d h", int64(d/time.Hour))
+	}
+	return fmt.Sprintf("%d d", int64(d/(24*time.Hour)))
 }

@@ -38,9 +38,26 @@ func (s *statusWriter) Write(b []byte) (int, error) {
 // Unwrap lets http.ResponseController reach the underlying writer.
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
+// liveHeader marks the dashboard's live refreshes: the polls of its
+// script (app.js), which every open page sends every few seconds.
+const liveHeader = "X-Conveyor-Refresh"
+
+// accessLevel is the level of a request's access log line: Debug for a
+// live refresh that succeeded (a GET with liveHeader answered below 400),
+// so that an open dashboard does not fill the log; Info for everything
+// else. The header is the client's say-so, so it lowers only reads that
+// succeeded: a refused or failed request, or any state change, is logged
+// at Info whatever it claims.
+func accessLevel(r *http.Request, status int) slog.Level {
+	if r.Method == http.MethodGet && status < 400 && r.Header.Get(liveHeader) == "live" {
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
+}
+
 // accessLog logs one line per request: method, path (without the query,
 // which may hold search text), status, size, duration, remote address and
-// who made it.
+// who made it; at the level accessLevel says.
 func (h *Handler) accessLog(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -50,7 +67,7 @@ func (h *Handler) accessLog(next http.Handler) http.Handler {
 		if sw.status == 0 {
 			sw.status = http.StatusOK
 		}
-		h.opts.Logger.LogAttrs(r.Context(), slog.LevelInfo, "conveyor web",
+		h.opts.Logger.LogAttrs(r.Context(), accessLevel(r, sw.status), "conveyor web",
 			slog.String("method", r.Method), slog.String("path", r.URL.Path),
 			slog.Int("status", sw.status), slog.Int64("bytes", sw.bytes),
 			slog.Duration("duration", time.Since(start)),

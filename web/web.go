@@ -136,8 +136,9 @@ type Options struct {
 	// backlog costs the database at most a tenth of one connection's
 	// time; below 1ms, every request reads.
 	StatsMaxAge time.Duration
-	// Logger receives the access log (one line per request at Info) and
-	// internal errors. Default slog.Default().
+	// Logger receives the access log (one line per request at Info; the
+	// dashboard's live refreshes, its script's periodic reads, at Debug)
+	// and internal errors. Default slog.Default().
 	Logger *slog.Logger
 	// Metrics, when set, is served at GET BasePath+"/metrics" to any
 	// credential (read-only included), as the API is: a Prometheus

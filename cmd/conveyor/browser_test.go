@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -183,12 +184,18 @@ type claimed struct {
 // serveForBrowser starts `conveyor serve` on a fresh SQLite database with
 // an admin and a read-only token, and returns its base URL.
 func serveForBrowser(t *testing.T, extra ...string) string {
+	return serveForBrowserLogging(t, io.Discard, extra...)
+}
+
+// serveForBrowserLogging is serveForBrowser with the server's log going
+// to stderr.
+func serveForBrowserLogging(t *testing.T, stderr io.Writer, extra ...string) string {
 	dir := t.TempDir()
 	dsn := filepath.Join(dir, "q.db")
 	mustCLI(t, "migrate", "--db", dsn)
 	os.WriteFile(filepath.Join(dir, "admin"), []byte(browserAdminToken+"\n"), 0o600)
 	os.WriteFile(filepath.Join(dir, "ro"), []byte(browserROToken+"\n"), 0o600)
-	return serve(t, append([]string{"--db", dsn, "--token-file", filepath.Join(dir, "admin"), "--read-only-token-file", filepath.Join(dir, "ro")}, extra...)...)
+	return serveLogging(t, stderr, append([]string{"--db", dsn, "--token-file", filepath.Join(dir, "admin"), "--read-only-token-file", filepath.Join(dir, "ro")}, extra...)...)
 }
 
 // xssPayload goes into a job's arguments and error; it must stay text.
@@ -329,6 +336,106 @@ func TestBrowserDashboard(t *testing.T) {
 	}
 }
 
+// rowIDs is the script that lists the job list's ids, top to bottom, as
+// text: "[9,8,7]".
+const rowIDs = `JSON.stringify([...document.querySelectorAll("#jobs tbody tr[data-id]")].map(tr => +tr.dataset.id))`
+
+// The job list reads newest first and pages both ways by id, also while
+// jobs are enqueued; times read relative to now with the absolute time
+// on hover; every chart has a labelled time axis and a value axis with
+// its unit; the page's live refreshes leave the server's log (at Info)
+// alone.
+func TestBrowserListsTimesCharts(t *testing.T) {
+	chromium(t)
+	var logs syncBuffer
+	base := serveForBrowserLogging(t, &logs, "--sample-interval", "500ms")
+	b := newBrowser(t, 1280, 900)
+	b.navigate(base + "/login")
+	b.do("log in", chromedp.SetValue(chromedp.CSS("#token"), browserROToken), chromedp.Click(chromedp.CSS("#login-token button")))
+	b.waitFor("the queues page", `document.body.dataset.page === "queues"`)
+
+	var ids []int64
+	for i := range 8 {
+		var one struct{ ID int64 }
+		api(t, "POST", base+"/api/v1/jobs", map[string]any{"kind": "page", "queue": "pg", "args": map[string]int{"n": i}}, &one)
+		ids = append(ids, one.ID)
+	}
+	list := func(is ...int64) string { b, _ := json.Marshal(is); return string(b) }
+
+	// Newest first, three to a page.
+	b.navigate(base + "/jobs?queue=pg&limit=3")
+	b.waitFor("the newest three first", rowIDs+` === `+jsString(list(ids[7], ids[6], ids[5]))+` && !document.querySelector("#newer-page") && !document.querySelector("#older-page").hidden`)
+	// Older, then Newer: back to the same jobs.
+	b.click("Older", "#older-page")
+	b.waitFor("the next three", `location.search.includes("before=") && `+rowIDs+` === `+jsString(list(ids[4], ids[3], ids[2])))
+	b.click("Older again", "#older-page")
+	b.waitFor("the last two", rowIDs+` === `+jsString(list(ids[1], ids[0]))+` && document.querySelector("#older-page").hidden`)
+	b.click("Newer", "#newer-page")
+	b.waitFor("the middle page again", `location.search.includes("after=") && `+rowIDs+` === `+jsString(list(ids[4], ids[3], ids[2])))
+	b.click("Newer again", "#newer-page")
+	b.waitFor("the first page again", rowIDs+` === `+jsString(list(ids[7], ids[6], ids[5])))
+	b.click("Newest", "#newest-page")
+	b.waitFor("the newest page", `!location.search.includes("after=") && !location.search.includes("before=") && `+rowIDs+` === `+jsString(list(ids[7], ids[6], ids[5])))
+
+	// Two jobs arrive while the newest page is open: the live refresh
+	// shows them on top, and Older then starts below the last job shown
+	// now, so that none is skipped.
+	for i := range 2 {
+		var one struct{ ID int64 }
+		api(t, "POST", base+"/api/v1/jobs", map[string]any{"kind": "page", "queue": "pg", "args": map[string]int{"n": 8 + i}}, &one)
+		ids = append(ids, one.ID)
+	}
+	b.waitFor("the new jobs on top", rowIDs+` === `+jsString(list(ids[9], ids[8], ids[7])))
+	b.click("Older after the refresh", "#older-page")
+	b.waitFor("the jobs pushed down", rowIDs+` === `+jsString(list(ids[6], ids[5], ids[4])))
+
+	// Relative times with the absolute time on hover, in the browser's
+	// zone once the script has run, on the server's rows and on those the
+	// live refresh draws.
+	absRE := `/^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC([+-]\d\d:\d\d)?$/`
+	relTimes := `[...document.querySelectorAll("#jobs td[data-label=created] time.rel")]`
+	timesOK := relTimes + `.length === 3 && ` + relTimes + `.every(t => /^(now|\d+ s ago|\d+ min ago)$/.test(t.textContent) && ` + absRE + `.test(t.title) && !isNaN(Date.parse(t.getAttribute("datetime"))))`
+	b.navigate(base + "/jobs?queue=pg&limit=3")
+	b.waitFor("relative created times with absolute titles", timesOK)
+	b.do("mark the rows", chromedp.Evaluate[chromedp.Void](`document.querySelector("#jobs tbody tr").dataset.old = "1"`))
+	b.waitFor("the rows redrawn by the live refresh", `!document.querySelector("#jobs tbody tr[data-old]") && `+timesOK)
+	var later struct{ ID int64 }
+	api(t, "POST", base+"/api/v1/jobs", map[string]any{"kind": "later", "queue": "later", "delay_ms": 3_600_000}, &later)
+	b.navigate(fmt.Sprintf("%s/jobs/%d", base, later.ID))
+	b.waitFor("the job's times", `/^in (59 min|1 h)$/.test(document.querySelector('[data-field="scheduled_at"] time.rel').textContent)`+
+		` && `+absRE+`.test(document.querySelector('[data-field="scheduled_at"] time.rel').title)`+
+		` && /^(now|\d+ s ago)$/.test(document.querySelector('[data-field="created_at"] time.rel').textContent)`+
+		` && document.querySelector('[data-field="finalized_at"]').textContent === "–"`)
+
+	// Charts: every one has its axes' titles from the start, and tick
+	// labels on both axes once samples come in.
+	b.navigate(base + "/")
+	charts := map[string]string{"chart-depth": "jobs", "chart-rate": "jobs/s", "chart-wait": "wait (s)"}
+	for id, unit := range charts {
+		c := `document.querySelector("#` + id + `")`
+		b.waitFor(id+"'s axes", c+`.querySelector(".axis-x .axis-title").textContent === "time (your clock)"`+
+			` && `+c+`.querySelector(".axis-y .axis-title").textContent === `+jsString(unit)+
+			` && `+c+`.querySelectorAll(".axis-x text.tick").length >= 2`+
+			` && [...`+c+`.querySelectorAll(".axis-x text.tick")].every(x => /^\d\d:\d\d(:\d\d)?$/.test(x.textContent))`+
+			` && `+c+`.querySelectorAll(".axis-y text.tick").length >= 2 && `+c+`.querySelector(".axis-y text.tick").textContent === "0"`+
+			` && `+c+`.querySelectorAll("polyline").length > 0`)
+	}
+	// The footer says when the counts were read, relative and ticking.
+	b.waitFor("the live footer", `/^live · counts read (now|\d+ s ago)$/.test(document.querySelector("#live").textContent)`)
+
+	// The server logged the pages and the login at Info, and none of the
+	// dozens of live refreshes made meanwhile.
+	log := logs.String()
+	if !strings.Contains(log, "path=/jobs status=200") || !strings.Contains(log, "path=/login") {
+		t.Errorf("the server's log lacks the pages:\n%s", log)
+	}
+	for _, p := range []string{"path=/api/v1/queues ", "path=/api/v1/series ", "path=/api/v1/processes ", "path=/api/v1/jobs/"} {
+		if strings.Contains(log, p) {
+			t.Errorf("a live refresh (%s) logged at Info:\n%s", p, log)
+		}
+	}
+}
+
 // A read-only login sees the dashboard without the buttons, and its
 // state changes are refused.
 func TestBrowserReadOnly(t *testing.T) {
@@ -413,7 +520,8 @@ func TestBrowserScreenshots(t *testing.T) {
 		}
 		b.waitFor("chart lines", `document.querySelectorAll("#chart-depth polyline").length > 0`)
 		shot("queues")
-		b.navigate(base + "/jobs?queue=email")
+		b.navigate(base + "/jobs?queue=email&limit=20")
+		b.waitFor("the job list and its pager", `document.querySelector("#jobs tbody tr[data-id]") && !document.querySelector("#older-page").hidden`)
 		shot("jobs")
 		b.navigate(fmt.Sprintf("%s/jobs/%d", base, failed))
 		b.waitFor("the job", `document.body.dataset.page === "job"`)

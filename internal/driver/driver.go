@@ -251,6 +251,13 @@ type JobFilter struct {
 	Kind    string
 	Limit   int   // default 100
 	AfterID int64 // for paging: only ids greater than this
+	// BeforeID, when positive, keeps only ids smaller than this: the
+	// cursor of a list read newest first (Desc), whose next page is
+	// the jobs before its last one. It bounds an ascending list too.
+	BeforeID int64
+	// Desc lists by descending id (newest first); Limit then takes the
+	// highest ids within the bounds.
+	Desc bool
 }
 
 // QueueStats is one queue's counts by state and its oldest due job.

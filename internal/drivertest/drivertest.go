@@ -92,6 +92,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		{"Admin", admin},
 		{"Stats", stats},
 		{"Maintenance", maintenance},
+		{"ListNewestFirst", func(t *testing.T, s suite) { listNewestFirst(t, s.setup(t)) }},
 	} {
 		t.Run(a.name, func(t *testing.T) { a.run(t, s) })
 	}

@@ -30,8 +30,9 @@ func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
 	return j, nil
 }
 
-// ListJobs returns jobs matching f in id order, at most f.Limit (default
-// 100) with ids greater than f.AfterID.
+// ListJobs returns jobs matching f in id order (descending with f.Desc),
+// at most f.Limit (default 100) with ids greater than f.AfterID (and
+// smaller than f.BeforeID when set).
 func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.JobRow, error) {
 	q, args := d.listQuery(f)
 	rows, err := d.db.QueryContext(ctx, q, args...)
@@ -150,8 +151,17 @@ func (d *Driver) listQuery(f driver.JobFilter) (string, []any) {
 		where.WriteString(d.q.ListJobsKind)
 		args = append(args, f.Kind)
 	}
+	if f.BeforeID > 0 {
+		where.WriteByte(' ')
+		where.WriteString(d.q.ListJobsBefore)
+		args = append(args, f.BeforeID)
+	}
 	args = append(args, int64(limit))
-	return strings.Replace(d.q.ListJobs, "{where}", where.String(), 1), args
+	list := d.q.ListJobs
+	if f.Desc {
+		list = d.q.ListJobsDesc
+	}
+	return strings.Replace(list, "{where}", where.String(), 1), args
 }
 
 // scanAppJob reads the job_columns of one row read on the application's

@@ -61,6 +61,8 @@ type queries struct {
 	GetJob         string `sql:"get_job"`
 	JobUniqueKey   string `sql:"job_unique_key"`
 	ListJobs       string `sql:"list_jobs"`
+	ListJobsDesc   string `sql:"list_jobs_desc"`
+	ListJobsBefore string `sql:"list_jobs_before"`
 	ListJobsStates string `sql:"list_jobs_states"`
 	ListJobsQueue  string `sql:"list_jobs_queue"`
 	ListJobsKind   string `sql:"list_jobs_kind"`

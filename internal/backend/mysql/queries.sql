@@ -205,6 +205,13 @@ SELECT unique_key FROM `{p}jobs` WHERE id = ?
 -- name: list_jobs
 SELECT {cols} FROM `{p}jobs` WHERE id > ?{where} ORDER BY id LIMIT ?
 
+-- name: list_jobs_desc
+-- ListJobs newest first: the same index read backwards.
+SELECT {cols} FROM `{p}jobs` WHERE id > ?{where} ORDER BY id DESC LIMIT ?
+
+-- name: list_jobs_before
+ AND id < ?
+
 -- name: list_jobs_states
  AND state IN ({ids})
 

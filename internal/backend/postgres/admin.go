@@ -46,8 +46,9 @@ func (d *Driver) tryGetJob(ctx context.Context, id int64) (*driver.JobRow, error
 	return j, nil
 }
 
-// ListJobs returns the jobs matching f in id order, at most f.Limit
-// (default 100) after f.AfterID.
+// ListJobs returns the jobs matching f in id order (descending with
+// f.Desc), at most f.Limit (default 100) after f.AfterID (and before
+// f.BeforeID when set).
 func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.JobRow, error) {
 	out, err := d.tryListJobs(ctx, f)
 	if d.converted(ctx, err) {
@@ -151,7 +152,8 @@ func (d *Driver) listQuery(v *segView, f driver.JobFilter, sqlTx bool) (string, 
 		if states == nil {
 			states = []string{}
 		}
-		q := d.segs().listQuery(v, states, f.Queue != "", f.Kind != "")
+		before := max(f.BeforeID, 0)
+		q := d.segs().listQuery(v, states, f.Queue != "", f.Kind != "", before > 0, f.Desc)
 		if q == "" {
 			return "", nil
 		}
@@ -159,7 +161,7 @@ func (d *Driver) listQuery(v *segView, f driver.JobFilter, sqlTx bool) (string, 
 		if sqlTx {
 			st = textArray(states)
 		}
-		return q, []any{f.AfterID, st, f.Queue, f.Kind, limit}
+		return q, []any{f.AfterID, st, f.Queue, f.Kind, limit, before}
 	}
 	args := []any{f.AfterID, limit}
 	var where strings.Builder
@@ -182,7 +184,14 @@ func (d *Driver) listQuery(v *segView, f driver.JobFilter, sqlTx bool) (string, 
 	if f.Kind != "" {
 		add(d.q.listKind, f.Kind)
 	}
-	return strings.Replace(d.q.listJobs, "{where}", where.String(), 1), args
+	if f.BeforeID > 0 {
+		add(d.q.listBefore, f.BeforeID)
+	}
+	list := d.q.listJobs
+	if f.Desc {
+		list = d.q.listDesc
+	}
+	return strings.Replace(list, "{where}", where.String(), 1), args
 }
 
 // ClaimJob claims job id, whatever its queue or schedule, if it is

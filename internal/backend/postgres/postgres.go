@@ -43,6 +43,7 @@ type queries struct {
 	rescue, promote, prune, tryLead, listen                               string
 	getJob, listJobs, retry, finish, stats, overview                      string
 	listState, listStates, listQueue, listKind                            string
+	listDesc, listBefore                                                  string
 	pauseQueue, pausedQueues                                              string
 	insertUnique, uniqueHolders, jobUniqueKey                             string
 	recordSchedule, schedules                                             string
@@ -84,6 +85,8 @@ func loadQueries(prefix string) queries {
 		listQueue:        get("list_jobs_queue"),
 		listKind:         get("list_jobs_kind"),
 		listJobs:         get("list_jobs"),
+		listDesc:         get("list_jobs_desc"),
+		listBefore:       get("list_jobs_before"),
 		retry:            get("retry"),
 		finish:           get("finish"),
 		stats:            get("stats"),

@@ -322,6 +322,19 @@ WHERE id > $1{where}
 ORDER BY id
 LIMIT $2
 
+-- name: list_jobs_desc
+-- list_jobs newest first: the same index walked backwards.
+SELECT id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+       scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
+       attempted_by, errors, fence, meta
+FROM {p}jobs
+WHERE id > $1{where}
+ORDER BY id DESC
+LIMIT $2
+
+-- name: list_jobs_before
+ AND id < ${n}
+
 -- name: list_jobs_state
  AND state = ${n}
 

@@ -479,21 +479,29 @@ func phasesOf(states []string) []string {
 }
 
 // listQuery returns the list statement of v for the phases of states,
-// or "" when no phase holds such jobs; byQueue and byKind say whether the
-// list is filtered by queue or by kind (seg_list_jobs).
-func (s *segStore) listQuery(v *segView, states []string, byQueue, byKind bool) string {
+// or "" when no phase holds such jobs; byQueue, byKind and before say
+// whether the list is filtered by queue, by kind or by an upper id bound,
+// desc whether it reads newest first (seg_list_jobs, seg_list_jobs_desc).
+func (s *segStore) listQuery(v *segView, states []string, byQueue, byKind, before, desc bool) string {
 	phs := phasesOf(states)
 	if len(phs) == 0 {
 		return ""
 	}
-	queue, kind := "$3::text = ''", "$4::text = ''"
+	queue, kind, below := "$3::text = ''", "$4::text = ''", "$6::bigint = 0"
 	if byQueue {
 		queue = "queue = $3::text"
 	}
 	if byKind {
 		kind = "kind = $4::text"
 	}
-	return strings.NewReplacer("{queue}", queue, "{kind}", kind).Replace(s.stmt("seg_list_jobs", v, v.srcs(phs...)))
+	if before {
+		below = "id < $6::bigint"
+	}
+	name := "seg_list_jobs"
+	if desc {
+		name = "seg_list_jobs_desc"
+	}
+	return strings.NewReplacer("{queue}", queue, "{kind}", kind, "{before}", below).Replace(s.stmt(name, v, v.srcs(phs...)))
 }
 
 // overviewQuery returns the overview statement of v: every live ready,

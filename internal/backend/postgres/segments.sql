@@ -423,17 +423,34 @@ LIMIT 1
 -- A merge of per-segment index scans in id order. listQuery fills in
 -- {queue} and {kind}: "queue = $3" when the list is filtered by queue,
 -- so that the planner can read the (queue, id) index of a finished
--- segment, else "$3 = ''" (true); the same for kind.
+-- segment, else "$3 = ''" (true); the same for kind, and for {before}
+-- ("id < $6" or "$6 = 0").
 SELECT {jobcols} FROM (
 {each}(SELECT {jobcols} FROM {src}
   WHERE id > $1
     AND (cardinality($2::text[]) = 0 OR state = ANY($2::text[]))
     AND {queue}
     AND {kind}
+    AND {before}
   ORDER BY id LIMIT $5){sep}
 UNION ALL
 {end}) j
 ORDER BY id
+LIMIT $5
+
+-- name: seg_list_jobs_desc
+-- seg_list_jobs newest first: the same scans, backwards.
+SELECT {jobcols} FROM (
+{each}(SELECT {jobcols} FROM {src}
+  WHERE id > $1
+    AND (cardinality($2::text[]) = 0 OR state = ANY($2::text[]))
+    AND {queue}
+    AND {kind}
+    AND {before}
+  ORDER BY id DESC LIMIT $5){sep}
+UNION ALL
+{end}) j
+ORDER BY id DESC
 LIMIT $5
 
 -- name: seg_retry

@@ -969,9 +969,13 @@ func TestSegmentsFinishedListIndexes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := s.listQuery(v, []string{driver.StateCompleted}, true, false)
-	if all := explain(t, d.pool.Query, q, int64(0), []string{driver.StateCompleted}, "rare", "", 100); !strings.Contains(all, done+"_queue_idx") {
+	q := s.listQuery(v, []string{driver.StateCompleted}, true, false, false, false)
+	if all := explain(t, d.pool.Query, q, int64(0), []string{driver.StateCompleted}, "rare", "", 100, int64(0)); !strings.Contains(all, done+"_queue_idx") {
 		t.Errorf("a list of queue rare's completed jobs does not read %s_queue_idx:\n%s", done, all)
+	}
+	q = s.listQuery(v, []string{driver.StateCompleted}, true, false, true, true)
+	if all := explain(t, d.pool.Query, q, int64(0), []string{driver.StateCompleted}, "rare", "", 100, int64(1<<40)); !strings.Contains(all, "Index Scan Backward using "+done+"_queue_idx") || strings.Contains(all, "Sort") {
+		t.Errorf("a list of queue rare's completed jobs, newest first, does not read %s_queue_idx backwards:\n%s", done, all)
 	}
 
 	// A free done table without the indexes (an earlier version's) gets

@@ -25,7 +25,8 @@ func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
 	return j, nil
 }
 
-// ListJobs lists jobs by ascending id, filtered by f.
+// ListJobs lists jobs by ascending id (descending with f.Desc),
+// filtered by f.
 func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.JobRow, error) {
 	return d.listJobs(ctx, d.r, f)
 }
@@ -105,7 +106,14 @@ func (d *Driver) listQuery(f driver.JobFilter) (string, []any) {
 	if f.Kind != "" {
 		add(d.q.ListJobsKind, f.Kind)
 	}
-	return strings.Replace(d.q.ListJobs, "{where}", where.String(), 1), args
+	if f.BeforeID > 0 {
+		add(d.q.ListJobsBefore, f.BeforeID)
+	}
+	list := d.q.ListJobs
+	if f.Desc {
+		list = d.q.ListJobsDesc
+	}
+	return strings.Replace(list, "{where}", where.String(), 1), args
 }
 
 // Retry makes a discarded, cancelled, retryable, scheduled or completed job

@@ -61,7 +61,7 @@ func TestQueryPlans(t *testing.T) {
 
 // TestListPlans checks that a job list filtered by a queue or a kind
 // walks its list index (migration 8) in id order, and one filtered by
-// state the table in id order: no sort. (There is no state list index on
+// state the table in id order, either way (Desc): no sort. (There is no state list index on
 // SQLite: see migration 8.)
 func TestListPlans(t *testing.T) {
 	d := migrated(t)
@@ -73,6 +73,11 @@ func TestListPlans(t *testing.T) {
 		{driver.JobFilter{Queue: "q", Limit: 50}, "INDEX conveyor_jobs_queue_list (queue=? AND id>?)"},
 		{driver.JobFilter{Kind: "k", Limit: 50}, "INDEX conveyor_jobs_kind_list (kind=? AND id>?)"},
 		{driver.JobFilter{Limit: 50}, "SEARCH conveyor_jobs USING INTEGER PRIMARY KEY (rowid>?)"},
+		// Newest first, paged back by BeforeID: the same walks, backwards.
+		{driver.JobFilter{Desc: true, BeforeID: 90, Limit: 50}, "SEARCH conveyor_jobs USING INTEGER PRIMARY KEY (rowid>? AND rowid<?)"},
+		{driver.JobFilter{States: []string{"running"}, Desc: true, Limit: 50}, "SEARCH conveyor_jobs USING INTEGER PRIMARY KEY (rowid>?)"},
+		{driver.JobFilter{Queue: "q", Desc: true, BeforeID: 90, Limit: 50}, "INDEX conveyor_jobs_queue_list (queue=? AND id>? AND id<?)"},
+		{driver.JobFilter{Kind: "k", Desc: true, Limit: 50}, "INDEX conveyor_jobs_kind_list (kind=? AND id>?)"},
 	} {
 		q, args := d.listQuery(tc.f)
 		rows, err := d.DB().Query("EXPLAIN QUERY PLAN "+q, args...)

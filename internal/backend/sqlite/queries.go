@@ -40,6 +40,8 @@ type queries struct {
 	JobState       string `sql:"job_state"`
 	JobUniqueKey   string `sql:"job_unique_key"`
 	ListJobs       string `sql:"list_jobs"`
+	ListJobsDesc   string `sql:"list_jobs_desc"`
+	ListJobsBefore string `sql:"list_jobs_before"`
 	ListJobsState  string `sql:"list_jobs_state"`
 	ListJobsStates string `sql:"list_jobs_states"`
 	ListJobsQueue  string `sql:"list_jobs_queue"`

@@ -245,6 +245,16 @@ SELECT {cols} FROM {p}jobs
  ORDER BY id
  LIMIT ?2
 
+-- name: list_jobs_desc
+-- list_jobs newest first: the same index walked backwards.
+SELECT {cols} FROM {p}jobs
+ WHERE id > ?1{where}
+ ORDER BY id DESC
+ LIMIT ?2
+
+-- name: list_jobs_before
+ AND id < ?{n}
+
 -- name: list_jobs_state
  AND state = ?{n}
 
