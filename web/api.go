@@ -478,11 +478,11 @@ type jobSummaryJSON struct {
 	Priority    int       `json:"priority"`
 	Attempt     int       `json:"attempt"`
 	MaxAttempts int       `json:"max_attempts"`
-	CreatedAt   *jsonTime `json:"created_at"`
-	ScheduledAt *jsonTime `json:"scheduled_at"`
-	AttemptedAt *jsonTime `json:"attempted_at"`
+	CreatedAt   *JSONTime `json:"created_at"`
+	ScheduledAt *JSONTime `json:"scheduled_at"`
+	AttemptedAt *JSONTime `json:"attempted_at"`
 	AttemptedBy *string   `json:"attempted_by"`
-	FinalizedAt *jsonTime `json:"finalized_at"`
+	FinalizedAt *JSONTime `json:"finalized_at"`
 	// ArgsPreview is the start of the arguments' JSON on one line, at
 	// most previewBytes of it, ending in "…" when cut.
 	ArgsPreview string `json:"args_preview"`
@@ -822,7 +822,7 @@ type queueJSON struct {
 	OldestAvailableMS *int64 `json:"oldest_available_ms"`
 	Paused            bool   `json:"paused"`
 	// PausedAt is null when the queue is not paused.
-	PausedAt *jsonTime `json:"paused_at"`
+	PausedAt *JSONTime `json:"paused_at"`
 	// Processes is how many alive processes work the queue.
 	Processes int `json:"processes"`
 	// Unworked is set when jobs are available and no alive process
@@ -836,17 +836,17 @@ type queuesJSON struct {
 	Queues  []queueJSON `json:"queues"`
 	// ReadAt is when the counts were read (they are shared by every
 	// request for StatsMaxAge).
-	ReadAt jsonTime `json:"read_at"`
+	ReadAt JSONTime `json:"read_at"`
 	// FinishedWindowS is how far back, in seconds, the finished states
 	// (completed, discarded, cancelled) are counted: jobs finished since
 	// FinishedSince. The unfinished states count every job.
 	FinishedWindowS int64    `json:"finished_window_s"`
-	FinishedSince   jsonTime `json:"finished_since"`
+	FinishedSince   JSONTime `json:"finished_since"`
 }
 
 func toQueuesJSON(backend string, rd *reading) queuesJSON {
-	out := queuesJSON{Backend: backend, Queues: []queueJSON{}, ReadAt: jsonTime(rd.At),
-		FinishedWindowS: int64(finishedWindow / time.Second), FinishedSince: jsonTime(rd.Stats.FinishedSince)}
+	out := queuesJSON{Backend: backend, Queues: []queueJSON{}, ReadAt: JSONTime(rd.At),
+		FinishedWindowS: int64(finishedWindow / time.Second), FinishedSince: JSONTime(rd.Stats.FinishedSince)}
 	working := map[string]int{}
 	for _, p := range rd.Processes {
 		if p.Alive {
@@ -916,10 +916,10 @@ type scheduleJSON struct {
 	Spec string `json:"spec"`
 	// Last is the latest slot a job was made for and LastJobID that
 	// job's id; null before the first.
-	Last      *jsonTime `json:"last"`
+	Last      *JSONTime `json:"last"`
 	LastJobID *int64    `json:"last_job_id"`
 	// Next is the next slot; null when unknown.
-	Next *jsonTime `json:"next"`
+	Next *JSONTime `json:"next"`
 }
 
 func (h *Handler) schedules(r *http.Request) ([]scheduleJSON, error) {

@@ -44,11 +44,11 @@ func parseTemplates() (templates, error) {
 		// absolute on hover.
 		"at": func(t any) timeView {
 			switch t := t.(type) {
-			case *jsonTime:
+			case *JSONTime:
 				if t != nil {
 					return newTimeView(time.Time(*t), time.Now())
 				}
-			case jsonTime:
+			case JSONTime:
 				return newTimeView(time.Time(t), time.Now())
 			}
 			return timeView{}
@@ -310,9 +310,9 @@ func (h *Handler) pageJob(w http.ResponseWriter, r *http.Request, p principal) {
 		h.renderError(w, r, p, status, msg)
 		return
 	}
-	jj := toJobJSON(j)
+	jj := NewJobJSON(j)
 	pg := h.pageFor(p, fmt.Sprintf("Job %d", id), struct {
-		Job      jobJSON
+		Job      JobJSON
 		Args     argsView
 		CanRetry bool
 		CanStop  bool

@@ -83,10 +83,6 @@ type AttemptJSON struct {
 // 3339 in UTC with microseconds, e.g. "2025-06-01T10:00:00.123456Z".
 type JSONTime time.Time
 
-// jsonTime is the package's name for JSONTime, which every time in the
-// API is.
-type jsonTime = JSONTime
-
 // jsonTimeLayout is the layout of every time in the API.
 const jsonTimeLayout = "2006-01-02T15:04:05.000000Z07:00"
 
@@ -133,12 +129,6 @@ func NewJobJSON(j *conveyor.JobInfo) JobJSON {
 	}
 	return out
 }
-
-// jobJSON and toJobJSON are the package's names for JobJSON and
-// NewJobJSON.
-type jobJSON = JobJSON
-
-func toJobJSON(j *conveyor.JobInfo) JobJSON { return NewJobJSON(j) }
 
 func timeOrNull(t time.Time) *JSONTime {
 	if t.IsZero() {

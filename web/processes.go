@@ -19,9 +19,9 @@ type processJSON struct {
 	// Queues maps each queue the process works to its concurrency (0
 	// when unknown, as for HTTP workers).
 	Queues      map[string]int `json:"queues"`
-	StartedAt   jsonTime       `json:"started_at"`
-	HeartbeatAt jsonTime       `json:"heartbeat_at"`
-	ExpiresAt   jsonTime       `json:"expires_at"`
+	StartedAt   JSONTime       `json:"started_at"`
+	HeartbeatAt JSONTime       `json:"heartbeat_at"`
+	ExpiresAt   JSONTime       `json:"expires_at"`
 	// Alive is false for a process whose row expired (it died without
 	// stopping); such rows are listed until the maintenance leader
 	// prunes them.
@@ -35,15 +35,15 @@ type processesJSON struct {
 	Processes []processJSON `json:"processes"`
 	// ReadAt is when the list was read (shared with the queues' counts
 	// for StatsMaxAge).
-	ReadAt jsonTime `json:"read_at"`
+	ReadAt JSONTime `json:"read_at"`
 }
 
 func toProcessesJSON(rd *reading) processesJSON {
-	out := processesJSON{Processes: make([]processJSON, 0, len(rd.Processes)), ReadAt: jsonTime(rd.At)}
+	out := processesJSON{Processes: make([]processJSON, 0, len(rd.Processes)), ReadAt: JSONTime(rd.At)}
 	for _, p := range rd.Processes {
 		x := processJSON{
 			ID: p.ID, Kind: string(p.Kind), Host: p.Host, Version: stringOrNull(p.Version), Queues: p.Queues,
-			StartedAt: jsonTime(p.StartedAt), HeartbeatAt: jsonTime(p.HeartbeatAt), ExpiresAt: jsonTime(p.ExpiresAt),
+			StartedAt: JSONTime(p.StartedAt), HeartbeatAt: JSONTime(p.HeartbeatAt), ExpiresAt: JSONTime(p.ExpiresAt),
 			Alive: p.Alive, Self: p.Self,
 		}
 		if p.PID != 0 {

@@ -60,7 +60,7 @@ const readCostFactor = 10
 
 // sample is one point of the throughput chart.
 type sample struct {
-	At jsonTime `json:"t"`
+	At JSONTime `json:"t"`
 	// Available, Running and Waiting (scheduled + retryable) are the
 	// totals over every queue.
 	Available int64 `json:"available"`
@@ -175,7 +175,7 @@ func (s *statsCache) invalidate() {
 // time (zero for the first) and finished the jobs finished since prev.
 // s.mu is held.
 func (s *statsCache) record(st *conveyor.Stats, now, prev time.Time, finished *int64) {
-	x := sample{At: jsonTime(now), Finished: finished}
+	x := sample{At: JSONTime(now), Finished: finished}
 	for _, q := range st.Queues {
 		x.Available += q.Counts[conveyor.JobStateAvailable]
 		x.Running += q.Counts[conveyor.JobStateRunning]

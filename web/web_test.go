@@ -196,16 +196,16 @@ func (e *env) enqueue(job map[string]any) int64 {
 	return out.ID
 }
 
-func (e *env) claim(body map[string]any) []jobJSON {
+func (e *env) claim(body map[string]any) []JobJSON {
 	e.t.Helper()
-	var out struct{ Jobs []jobJSON }
+	var out struct{ Jobs []JobJSON }
 	e.must(200, req{method: "POST", path: "/api/v1/claim", auth: adminToken, body: body}).json(e.t, &out)
 	return out.Jobs
 }
 
-func (e *env) job(id int64) jobJSON {
+func (e *env) job(id int64) JobJSON {
 	e.t.Helper()
-	var j jobJSON
+	var j JobJSON
 	e.must(200, req{method: "GET", path: fmt.Sprintf("/api/v1/jobs/%d", id), auth: roToken}).json(e.t, &j)
 	return j
 }
@@ -332,9 +332,9 @@ func TestStaleWorkerRefused(t *testing.T) {
 func TestLongPollClaimWokenByEnqueue(t *testing.T) {
 	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
 	start := time.Now()
-	got := make(chan []jobJSON, 1)
+	got := make(chan []JobJSON, 1)
 	go func() {
-		var out struct{ Jobs []jobJSON }
+		var out struct{ Jobs []JobJSON }
 		res := e.do(req{method: "POST", path: "/api/v1/claim", auth: adminToken, body: map[string]any{"queue": "q", "wait_ms": 20000}})
 		_ = json.Unmarshal(res.body, &out)
 		got <- out.Jobs
@@ -867,7 +867,7 @@ func TestLongPollWokenByNotification(t *testing.T) {
 	for round := range 3 {
 		got := make(chan time.Time, 1)
 		go func() {
-			var out struct{ Jobs []jobJSON }
+			var out struct{ Jobs []JobJSON }
 			res := e.do(req{method: "POST", path: "/api/v1/claim", auth: adminToken, body: map[string]any{"queue": "n", "wait_ms": 20000}})
 			_ = json.Unmarshal(res.body, &out)
 			if len(out.Jobs) == 1 {

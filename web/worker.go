@@ -100,8 +100,8 @@ func (h *Handler) apiClaim(w http.ResponseWriter, r *http.Request, _ principal) 
 		return
 	}
 	out := struct {
-		Jobs []jobJSON `json:"jobs"`
-	}{Jobs: make([]jobJSON, len(jobs))}
+		Jobs []JobJSON `json:"jobs"`
+	}{Jobs: make([]JobJSON, len(jobs))}
 	for i, j := range jobs {
 		out.Jobs[i] = claimedJSON(j)
 	}
