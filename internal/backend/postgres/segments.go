@@ -159,9 +159,10 @@ func newSegStore(d *Driver) *segStore {
 	return &segStore{d: d, tune: defaultTuning}
 }
 
-// SealSegmentsAt makes the maintenance of d, a PostgreSQL driver, seal a current ready, running or waiting segment once it takes bytes
-// on disk, and a done or dead one at four times that, instead of the
-// defaults (1 MiB and 64 MiB). conveyor's torture suite uses it so that
+// SealSegmentsAt makes the maintenance of d, a PostgreSQL driver, seal a
+// current ready, running or waiting segment once it takes bytes on disk,
+// and a done or dead one at four times that, instead of the defaults
+// (1 MiB and 64 MiB). conveyor's torture suite uses it so that
 // a run of seconds rotates and reclaims segments many times. Call it
 // before the client works. It reports whether d is a PostgreSQL driver.
 func SealSegmentsAt(d driver.Driver, bytes int64) bool {
