@@ -35,31 +35,7 @@ type backend struct {
 var backends = []backend{
 	{"sqlite", func(t *testing.T) string { return filepath.Join(t.TempDir(), "conveyor.db") }},
 	{"postgres", func(t *testing.T) string { return testdb.Postgres(t) }},
-	{"postgres-table", func(t *testing.T) string { return withTable(testdb.Postgres(t)) }},
 	{"mysql", func(t *testing.T) string { return testdb.MySQL(t) }},
-}
-
-// tableMark, in a PostgreSQL test DSN, makes the clients the suite opens
-// on it keep their prefix on the one-table storage (PostgresStorage
-// "table"; without it migration 10 converts the prefix to segments). It
-// is also the sessions' application_name, which changes nothing else.
-const tableMark = "application_name=conveyor-table"
-
-// withTable marks a PostgreSQL DSN for the one-table storage.
-func withTable(dsn string) string {
-	if strings.Contains(dsn, "?") {
-		return dsn + "&" + tableMark
-	}
-	return dsn + "?" + tableMark
-}
-
-// connectOptions returns the connect options of the suite's clients on
-// dsn: the one-table storage for a DSN marked for it.
-func connectOptions(dsn string) connect.Options {
-	if strings.Contains(dsn, tableMark) {
-		return connect.Options{PostgresStorage: "table"}
-	}
-	return connect.Options{}
 }
 
 // forEachBackend runs fn against every backend on a real database.
@@ -114,7 +90,7 @@ func openDropped(t *testing.T, dsn string, cfg *conveyor.Config) *conveyor.Clien
 func openClient(t *testing.T, dsn string, cfg *conveyor.Config, drop bool) *conveyor.Client[any] {
 	t.Helper()
 	ctx := context.Background()
-	c, err := connect.OpenWith(ctx, dsn, cfg, connectOptions(dsn))
+	c, err := connect.Open(ctx, dsn, cfg)
 	if err != nil {
 		t.Fatalf("open: %v", err)
 	}

@@ -28,8 +28,8 @@ type poison struct {
 func (poison) Kind() string { return "poison" }
 
 // refusePoison installs, on the jobs tables of prefix, a trigger that
-// refuses every row of kind "poison" (on PostgreSQL's segments storage,
-// on every segment table).
+// refuses every row of kind "poison" (on PostgreSQL, on every segment
+// table).
 func refusePoison(t *testing.T, dsn, prefix string) {
 	t.Helper()
 	ctx := context.Background()
@@ -55,9 +55,8 @@ func refusePoison(t *testing.T, dsn, prefix string) {
 				t.Errorf("drop the trigger function: %v", err)
 			}
 		})
-		// The jobs table of the one-table storage, or the segment tables.
-		rows, err := conn.Query(ctx, "SELECT t FROM (SELECT to_regclass($1)::text AS t) j WHERE t IS NOT NULL "+
-			"UNION ALL SELECT tbl FROM "+prefix+"segments", prefix+"jobs")
+		// The segment tables.
+		rows, err := conn.Query(ctx, "SELECT tbl FROM "+prefix+"segments")
 		if err != nil {
 			t.Fatal(err)
 		}

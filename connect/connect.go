@@ -54,18 +54,6 @@ type Options struct {
 	// against a process crash; the default) or "FULL" (also against
 	// power loss). Refused on other backends.
 	SQLiteSynchronous string
-	// PostgresStorage is the PostgreSQL storage Client.Migrate gives the
-	// prefix. "" (the default) or "segments": phase tables rotated in
-	// segments, whose cost per job does not grow while vacuum is held
-	// back (docs/postgres-storage.md); migration 10 converts a prefix on
-	// the one-table storage of earlier versions, and "segments" also
-	// converts a prefix that migration 10 left on the one table. "table":
-	// migration 10 leaves the prefix on the one table ({p}jobs). The
-	// conversion moves every job, running ones included, in one
-	// transaction; it is one-way. The storage belongs to the database:
-	// every client of the prefix follows it, whatever its own Options
-	// say. Refused on other backends.
-	PostgresStorage string
 	// ConnectTimeout bounds opening a PostgreSQL or MySQL client: reaching
 	// the server, its handshake and the statements Open runs to probe it
 	// and check the schema. A server that accepts connections but never
@@ -87,9 +75,6 @@ func OpenWith(ctx context.Context, dsnStr string, cfg *conveyor.Config, opts Opt
 	}
 	if opts.ClaimStrategy != "" && b != dsn.MySQL {
 		return nil, fmt.Errorf("conveyor: connect: ClaimStrategy %q is a MySQL/MariaDB setting; this DSN is %s", opts.ClaimStrategy, b)
-	}
-	if opts.PostgresStorage != "" && b != dsn.Postgres {
-		return nil, fmt.Errorf("conveyor: connect: PostgresStorage %q is a PostgreSQL setting; this DSN is %s", opts.PostgresStorage, b)
 	}
 	if opts.SQLiteSynchronous != "" && b != dsn.SQLite {
 		return nil, fmt.Errorf("conveyor: connect: SQLiteSynchronous %q is a SQLite setting; this DSN is %s", opts.SQLiteSynchronous, b)
@@ -151,7 +136,6 @@ type dsnDriver struct {
 // Bind opens the backend named by the DSN.
 func (d *dsnDriver) Bind(ctx context.Context, opts driver.Options) (driver.Driver, error) {
 	opts.PoolSize, opts.ClaimStrategy, opts.Synchronous = d.opts.PoolSize, d.opts.ClaimStrategy, d.opts.SQLiteSynchronous
-	opts.Storage = d.opts.PostgresStorage
 	switch d.backend {
 	case dsn.Postgres:
 		return nilIfErr(postgres.Open(ctx, d.dsn, opts))

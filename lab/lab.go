@@ -87,14 +87,18 @@ func SealSegmentsAt[TTx any](c *conveyor.Client[TTx], bytes int64) error {
 	return nil
 }
 
-// Storage returns the storage of the client's prefix as its PostgreSQL
-// backend last read it from the database ("segments" or "table"), or ""
-// on another backend.
-func Storage[TTx any](c *conveyor.Client[TTx]) string {
-	if s, ok := seam.DriverOf(c).(interface{ Storage() string }); ok {
-		return s.Storage()
+// MigrateTo migrates the client's PostgreSQL prefix up to version only,
+// as an earlier release left it (at version 9, every job in the one table
+// that version 10 converts to segment tables): the bench builds an
+// upgraded database this way. It fails on another backend.
+func MigrateTo[TTx any](ctx context.Context, c *conveyor.Client[TTx], version int) ([]int, error) {
+	m, ok := seam.DriverOf(c).(interface {
+		MigrateTo(context.Context, int) ([]int, error)
+	})
+	if !ok {
+		return nil, fmt.Errorf("conveyor/lab: migrating to an earlier version is a PostgreSQL facility; this client is on %s", c.Backend())
 	}
-	return ""
+	return m.MigrateTo(ctx, version)
 }
 
 // YieldToLeases waits, for at most a quarter of a second, while a lease

@@ -111,15 +111,14 @@ func TestWorkOne(t *testing.T) {
 }
 
 // TestSealSegmentsAt: the seal size is a PostgreSQL setting, refused on
-// SQLite and for a size that is not positive; Storage names the prefix's
-// storage on PostgreSQL only.
+// SQLite and for a size that is not positive; so is MigrateTo.
 func TestSealSegmentsAt(t *testing.T) {
 	sq := open(t, sqliteDSN(t), nil)
 	if err := lab.SealSegmentsAt(sq, 1<<14); err == nil || !strings.Contains(err.Error(), "PostgreSQL") {
 		t.Fatalf("SealSegmentsAt on SQLite: %v, want an error naming PostgreSQL", err)
 	}
-	if s := lab.Storage(sq); s != "" {
-		t.Fatalf("Storage on SQLite: %q, want none", s)
+	if _, err := lab.MigrateTo(context.Background(), sq, 9); err == nil || !strings.Contains(err.Error(), "PostgreSQL") {
+		t.Fatalf("MigrateTo on SQLite: %v, want an error naming PostgreSQL", err)
 	}
 	pg := open(t, testdb.Postgres(t), nil)
 	t.Cleanup(func() { lab.DropTables(context.Background(), pg) })
@@ -128,9 +127,6 @@ func TestSealSegmentsAt(t *testing.T) {
 	}
 	if err := lab.SealSegmentsAt(pg, 1<<14); err != nil {
 		t.Fatalf("SealSegmentsAt on PostgreSQL: %v", err)
-	}
-	if s := lab.Storage(pg); s != "segments" {
-		t.Fatalf("Storage on PostgreSQL: %q, want segments", s)
 	}
 }
 

@@ -56,7 +56,6 @@ func benchCmd(e *env, args []string) error {
 	claimBatch := f.Int("claim-batch", 0, "Config.ClaimBatch (default: conveyor's default)")
 	completeBatch := f.Int("complete-batch", 0, "Config.CompleteBatch (default: conveyor's default)")
 	poolSize := f.Int("pool-size", 0, "connect.Options.PoolSize: conveyor's pool (default: the backend's)")
-	storage := f.String("storage", "", "PostgreSQL: connect.Options.PostgresStorage, the storage of the run's tables: segments (the default) or table (the one table of versions before migration 10)")
 	cpuProfile := f.String("cpuprofile", "", "write a Go CPU profile of the bench process (conveyor's engine and the bench's own load) to this file, for go tool pprof")
 	if err := e.parseNoArgs(f, args, true); err != nil {
 		return err
@@ -83,7 +82,7 @@ func benchCmd(e *env, args []string) error {
 		Rate: *rate, Every: window.d, HoldXmin: *holdXmin, HoldFor: *holdFor, Recovery: *recovery,
 		Progress: e.stderr,
 		Config:   conveyor.Config{ClaimBatch: *claimBatch, CompleteBatch: *completeBatch, PollMin: *pollMin, PollMax: *pollMax},
-		Connect:  connect.Options{PoolSize: *poolSize, PostgresStorage: *storage},
+		Connect:  connect.Options{PoolSize: *poolSize},
 	}
 	if *asJSON {
 		enc := json.NewEncoder(e.stdout)

@@ -122,7 +122,7 @@ func TestBenchSteadyHoldXmin(t *testing.T) {
 			}
 			h := f.Hold
 			// The jobs table the hold read first: on PostgreSQL the
-			// segments' registry and its tables (the default storage).
+			// segments' registry and its tables.
 			jobsTable := "jobs"
 			if b.name == "postgres" {
 				jobsTable = "segments"

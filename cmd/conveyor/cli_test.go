@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/cmd/conveyor/internal/torture"
 	"github.com/conveyorq/conveyor/connect"
@@ -862,9 +864,9 @@ type sendmailArgs struct{}
 func (sendmailArgs) Kind() string { return "sendmail" }
 
 // The first job of a fresh install is job 1 on every backend (PostgreSQL's
-// conversion to the segments storage, which migrate runs on a fresh
-// prefix too, consumed an id), and a prefix converted with jobs in it
-// goes on after its last id.
+// conversion to the segment tables, which migrate runs on a fresh prefix
+// too, once consumed an id), and a prefix converted with jobs in it goes
+// on after its last id.
 func TestFirstJobID(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
@@ -879,17 +881,47 @@ func TestFirstJobID(t *testing.T) {
 			}
 		})
 	}
-	t.Run("postgres-converted", func(t *testing.T) {
+	// A prefix an earlier version left at migration 9, its jobs in one
+	// table: a command is told to migrate first, migrate converts it
+	// (migrations 10 and 11, then the jobs into the segment tables), its
+	// jobs are listed in their states, and new ones go on after its last
+	// id.
+	t.Run("postgres-earlier-version", func(t *testing.T) {
+		ctx := context.Background()
 		dsn := testdb.Postgres(t)
 		p := freshPrefix(t, dsn)
 		db := []string{"--db", dsn, "--prefix", p, "--allow-unknown-kinds"}
-		mustCLI(t, "migrate", "--db", dsn, "--prefix", p, "--storage", "table")
-		for _, want := range []string{"1", "2"} {
-			if id := strings.TrimSpace(mustCLI(t, append([]string{"enqueue", "--kind", "k"}, db...)...)); id != want {
-				t.Errorf("job id %s on the one table, want %s", id, want)
-			}
+		c, err := connect.Open(ctx, dsn, &conveyor.Config{TablePrefix: p})
+		if err != nil {
+			t.Fatal(err)
 		}
-		mustCLI(t, "migrate", "--db", dsn, "--prefix", p, "--storage", "segments")
+		old, ok := seam.DriverOf(c).(interface {
+			MigrateTo(context.Context, int) ([]int, error)
+			Pool() *pgxpool.Pool
+		})
+		if !ok {
+			t.Fatalf("the PostgreSQL driver %T cannot migrate to an earlier version", seam.DriverOf(c))
+		}
+		if _, err := old.MigrateTo(ctx, 9); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := old.Pool().Exec(ctx, "INSERT INTO "+p+"jobs (queue, kind, state, finalized_at) VALUES "+
+			"('default', 'k', 'available', NULL), ('default', 'k', 'completed', now())"); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		_, _, err = cli(t, "", append([]string{"enqueue", "--kind", "k"}, db...)...)
+		if err == nil || !strings.Contains(err.Error(), "conveyor migrate") {
+			t.Fatalf("enqueue on the prefix of an earlier version: %v; want an error asking for conveyor migrate", err)
+		}
+		if out := mustCLI(t, "migrate", "--db", dsn, "--prefix", p); !strings.Contains(out, "applied migrations [10 11]") {
+			t.Fatalf("migrate: %q", out)
+		}
+		var list []map[string]any
+		if err := json.Unmarshal([]byte(mustCLI(t, "jobs", "--json", "--db", dsn, "--prefix", p)), &list); err != nil || len(list) != 2 ||
+			list[0]["state"] != "available" || list[1]["state"] != "completed" {
+			t.Fatalf("jobs after the conversion: %v, %v", list, err)
+		}
 		if id := strings.TrimSpace(mustCLI(t, append([]string{"enqueue", "--kind", "k"}, db...)...)); id != "3" {
 			t.Errorf("job id %s after the conversion, want 3", id)
 		}

@@ -36,8 +36,7 @@ func tortureCmd(e *env, args []string) error {
 	smallPool := f.Int("small-pool", 1, "PoolSize of the workers in the smallpool fault")
 	poison := f.String("poison", "panic,exit,hang", "poison kinds the poison fault enqueues")
 	keep := f.Bool("keep", false, "keep each phase's tables and records")
-	storage := f.String("storage", "", "PostgreSQL: run every phase on this storage: segments (the default) or table")
-	sealAt := f.Int64("seal-at", 16<<10, "PostgreSQL, on the segments storage: seal segments at this size in bytes, so that a short run rotates them")
+	sealAt := f.Int64("seal-at", 16<<10, "PostgreSQL: seal segments at this size in bytes, so that a short run rotates them")
 	holdXmin := f.Bool("hold-xmin", false, "PostgreSQL: hold a REPEATABLE READ transaction that read the phase's tables open through each phase, as pg_dump would")
 	var about strings.Builder
 	about.WriteString("Runs real worker processes against the database, injects faults and checks that no\njob is lost or completed twice. Exits non-zero on any violation. Faults:\n")
@@ -57,7 +56,7 @@ func tortureCmd(e *env, args []string) error {
 		Rate: *rate, Lease: *lease, Keep: *keep, Log: e.stderr,
 		// SQLite's restart fault restarts no server: it always runs.
 		NoRestart: !*restartServer && dsn != "" && backendOf(dsn) != "sqlite", // "": a temporary SQLite file
-		SmallPool: *smallPool, PoisonKinds: []string{}, Storage: *storage, HoldXmin: *holdXmin, SealAt: *sealAt,
+		SmallPool: *smallPool, PoisonKinds: []string{}, HoldXmin: *holdXmin, SealAt: *sealAt,
 	}
 	for _, k := range strings.Split(*poison, ",") {
 		if k = strings.TrimSpace(k); k != "" {

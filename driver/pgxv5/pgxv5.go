@@ -13,16 +13,12 @@
 // the pool open. Client.EnqueueTx takes a pgx.Tx begun on any connection
 // to the database (the job appears when that transaction commits).
 //
-// conveyor's own connections take the plan cache mode of the prefix's
-// storage. On the segments storage (the default), force_generic_plan:
-// every segment is bounded and analyzed as it grows, and planning each
-// claim anew costs 15-20% of the database's CPU in a drain. On the
-// one-table storage (PostgresStorage "table"), force_custom_plan: a
-// generic plan chosen while the jobs table was small can stay after it
-// grows. The application's pool keeps its own setting; set the mode of
-// your storage in its configuration (RuntimeParams, or
-// "?plan_cache_mode=force_generic_plan" in its DSN) so that claims on its
-// connections are planned the same way.
+// conveyor's own connections keep generic plans (force_generic_plan):
+// every segment table is bounded and analyzed as it grows, and planning
+// each claim anew costs 15-20% of the database's CPU in a drain. The
+// application's pool keeps its own setting; set the mode in its
+// configuration (RuntimeParams, or "?plan_cache_mode=force_generic_plan"
+// in its DSN) so that claims on its connections are planned the same way.
 package pgxv5
 
 import (

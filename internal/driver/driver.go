@@ -363,6 +363,19 @@ type Driver interface {
 	Promote(ctx context.Context, limit int) (map[string]int, error)
 	// Prune deletes finished jobs finalized longer ago than the given ages.
 	Prune(ctx context.Context, completedAge, discardedAge time.Duration, limit int) (int64, error)
+	// Maintain runs one round of the backend's own upkeep of its tables:
+	// on PostgreSQL, the rotation, sealing and reclaiming of segment
+	// tables (docs/postgres-storage.md); the other backends have none and
+	// return nil. Only the maintenance leader calls it, once per round of
+	// its loop (every PromoteInterval), before Promote; a backend may skip
+	// a round that comes sooner than its own interval. It never waits for
+	// a lock that a worker or a long transaction holds: a step whose lock
+	// is not free is left for a later round. It returns how many times
+	// each task did something, by the task's name (for logs and tests),
+	// leaving out tasks that did nothing. It changes no job's state: a
+	// job it moves to another table stays as it was, and visible to every
+	// call.
+	Maintain(ctx context.Context) (map[string]int, error)
 	// TryLead takes or keeps leadership of the maintenance loops for ttl.
 	TryLead(ctx context.Context, id string, ttl time.Duration) (bool, error)
 
@@ -457,15 +470,6 @@ type Options struct {
 	// Synchronous is SQLite's synchronous mode in WAL: "NORMAL" (durable
 	// against a process crash; the default) or "FULL" (also power loss).
 	Synchronous string
-	// Storage is the PostgreSQL storage Migrate gives the prefix
-	// (docs/postgres-storage.md). "" (the default) or "segments":
-	// migration 10 converts a prefix on the one-table storage to the
-	// segments storage, and "segments" also converts a prefix that
-	// migration 10 left on the one table. "table": migration 10 leaves
-	// the prefix on the one table; a prefix already on segments stays
-	// there. The storage is a property of the database: every driver
-	// follows its prefix's, whatever this says.
-	Storage string
 }
 
 // ScheduleRow is a periodic schedule as recorded in the database.

@@ -44,6 +44,9 @@ type fakeDriver struct {
 	promote func() (map[string]int, error)
 	rescue  func() (map[string]int, error)
 	prune   func() (int64, error)
+
+	// maintain answers Maintain; nil does nothing.
+	maintain func() (map[string]int, error)
 	// registerProcess answers RegisterProcess; nil succeeds.
 	registerProcess func() error
 	// insertUnique, when set, answers InsertUnique in place of the fake's
@@ -389,6 +392,15 @@ func (d *fakeDriver) TryLead(_ context.Context, id string, ttl time.Duration) (b
 		return false, nil
 	}
 	return d.tryLead()
+}
+
+// Maintain records the call and answers through the maintain hook.
+func (d *fakeDriver) Maintain(context.Context) (map[string]int, error) {
+	d.record(call{op: "maintain"})
+	if d.maintain == nil {
+		return nil, nil
+	}
+	return d.maintain()
 }
 
 // Promote records the call and answers through the promote hook.

@@ -162,8 +162,9 @@ func (e *Engine) cutOff(fs []*fetcher, now time.Time) {
 	}
 }
 
-// maintenanceLoop runs promotion, rescue and pruning while this process
-// holds leadership; every process competes for it.
+// maintenanceLoop runs the backend's upkeep (driver.Driver.Maintain),
+// promotion, rescue and pruning while this process holds leadership;
+// every process competes for it.
 func (e *Engine) maintenanceLoop(ctx context.Context) {
 	const batch = 1000
 	leadTTL := 15 * time.Second
@@ -189,6 +190,10 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 		}
 		if !leader {
 			continue
+		}
+		if _, err := e.drv.Maintain(ctx); err != nil && ctx.Err() == nil {
+			e.metrics.DBErrors.Add(1)
+			e.warn("conveyor: maintenance failed", "task", "maintain", "error", err)
 		}
 		e.drainLoop(ctx, "promote", batch, &e.metrics.Promoted, e.drv.Promote)
 		if now.Sub(lastRescue) >= e.cfg.RescueInterval {

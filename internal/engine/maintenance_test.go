@@ -23,7 +23,7 @@ func maintenanceConfig(rescue, prune time.Duration) Config {
 }
 
 // A process that does not win the leadership keeps asking for it, under
-// its own id, and never promotes, rescues or prunes.
+// its own id, and never maintains, promotes, rescues or prunes.
 func TestMaintenanceNonLeaderNeverRunsTasks(t *testing.T) {
 	d := &fakeDriver{}
 	d.tryLead = func() (bool, error) { return false, nil }
@@ -32,7 +32,7 @@ func TestMaintenanceNonLeaderNeverRunsTasks(t *testing.T) {
 	if err := e.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	for _, op := range []string{"promote", "rescue", "prune"} {
+	for _, op := range []string{"maintain", "promote", "rescue", "prune"} {
 		if n := d.count(op); n != 0 {
 			t.Fatalf("a process that is not the leader called %s %d times", op, n)
 		}
@@ -44,9 +44,10 @@ func TestMaintenanceNonLeaderNeverRunsTasks(t *testing.T) {
 	}
 }
 
-// The leader promotes at every tick, rescues every RescueInterval and
-// prunes every PruneInterval (with the configured retentions), and renews
-// its leadership every third of its TTL, not at every tick.
+// The leader runs the backend's Maintain and then promotes at every tick,
+// rescues every RescueInterval and prunes every PruneInterval (with the
+// configured retentions), and renews its leadership every third of its
+// TTL, not at every tick.
 func TestMaintenanceLeaderRunsTasksAtTheirIntervals(t *testing.T) {
 	const rescueEvery = 25 * time.Millisecond
 	d := &fakeDriver{}
@@ -63,14 +64,37 @@ func TestMaintenanceLeaderRunsTasksAtTheirIntervals(t *testing.T) {
 		if c.op == "trylead" {
 			break
 		}
-		if c.op == "promote" || c.op == "rescue" || c.op == "prune" {
+		if c.op == "maintain" || c.op == "promote" || c.op == "rescue" || c.op == "prune" {
 			t.Fatalf("%s before the first leadership attempt", c.op)
 		}
+	}
+	// Each tick: Maintain, then the promotions.
+	var last string
+	maintains := 0
+	for _, c := range d.allCalls() {
+		switch c.op {
+		case "maintain":
+			if last == "maintain" {
+				t.Fatal("Maintain twice in a row, without the promotion of its tick")
+			}
+			maintains++
+		case "promote":
+			if last != "maintain" && last != "promote" {
+				t.Fatalf("a promotion after %s: each tick's promotions follow its Maintain", last)
+			}
+		default:
+			continue
+		}
+		last = c.op
 	}
 	rescues, promotes := d.callsOf("rescue"), d.callsOf("promote")
 	// Rescues run at ticks at least RescueInterval apart.
 	if max := 1 + int(took/rescueEvery); len(rescues) > max {
 		t.Fatalf("%d rescues in %v, want at most %d at one per %v", len(rescues), took, max, rescueEvery)
+	}
+	// (Close may end the last tick between its Maintain and promotion.)
+	if maintains != len(promotes) && maintains != len(promotes)+1 {
+		t.Fatalf("%d Maintain calls for %d promotions: one each per tick", maintains, len(promotes))
 	}
 	if len(promotes) < len(rescues) {
 		t.Fatalf("%d promotions for %d rescues: the leader promotes at every tick", len(promotes), len(rescues))

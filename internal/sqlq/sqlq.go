@@ -27,17 +27,6 @@ func CheckPrefix(p string) error {
 	return nil
 }
 
-// Queries parses every "-- name: X" block of file in fsys into a map, with
-// {p} replaced by prefix. It panics on a malformed file: the files are
-// embedded, so that is a build defect.
-func Queries(fsys fs.FS, file, prefix string) map[string]string {
-	out, err := parse(fsys, file, prefix)
-	if err != nil {
-		panic(err)
-	}
-	return out
-}
-
 // Load fills dst, a pointer to a struct of string fields each tagged
 // `sql:"name"`, with the queries of the given files of fsys ({p}
 // replaced by prefix). Every backend loads its queries this way, so that

@@ -71,36 +71,18 @@ func insertArgs(jobs []driver.InsertParams) []any {
 		maxAttempts.String(), timeouts.String(), runAt.String(), delays.String(), metas.String()}
 }
 
-// Insert inserts jobs with one statement in its own (implicit) transaction
-// and returns their ids in input order. The same statement notifies each
-// distinct queue that received a job available now, once. Its error is
-// marked driver.NotCommitted when nothing was committed (see refused).
+// Insert inserts jobs with one statement in its own (implicit)
+// transaction, into the current ready segment (due now) or waiting
+// segment (due later), and returns their ids in input order. The same
+// statement notifies each distinct queue that received a job available
+// now, once. Its error is marked driver.NotCommitted when nothing was
+// committed (see refused).
 func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, error) {
-	out, err := d.tryInsert(ctx, jobs)
-	if d.converted(ctx, err) {
-		return d.tryInsert(ctx, jobs)
-	}
-	return out, err
-}
-
-// tryInsert is Insert on the storage this driver last read (see converted).
-func (d *Driver) tryInsert(ctx context.Context, jobs []driver.InsertParams) ([]int64, error) {
 	if len(jobs) == 0 {
 		return nil, nil
 	}
-	if s := d.segs(); s != nil {
-		ids, err := s.insert(ctx, d.poolQuerier(), jobs)
-		return ids, wrap("insert", refused(err))
-	}
-	rows, err := d.pool.Query(ctx, d.q.insert, insertArgs(jobs)...)
-	if err != nil {
-		return nil, wrap("insert", refused(err))
-	}
-	ids, err := collectIDs(rows, len(jobs))
-	if err != nil {
-		return nil, wrap("insert", refused(err))
-	}
-	return ids, nil
+	ids, err := d.seg.insert(ctx, d.poolQuerier(), jobs)
+	return ids, wrap("insert", refused(err))
 }
 
 // InsertTx inserts jobs inside the caller's transaction, which must be a
@@ -108,60 +90,27 @@ func (d *Driver) tryInsert(ctx context.Context, jobs []driver.InsertParams) ([]i
 // notifications are part of that transaction: they are delivered when it
 // commits and dropped if it rolls back. It never commits.
 func (d *Driver) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, error) {
-	out, err := d.tryInsertTx(ctx, tx, jobs)
-	if d.converted(ctx, err) {
-		err = fmt.Errorf("%w (the prefix was converted to the segments storage meanwhile; this driver now uses it: run the transaction again)", err)
+	q, _, err := txQuerier("insert tx", tx)
+	if err != nil || len(jobs) == 0 {
+		return nil, err
 	}
-	return out, err
+	ids, err := d.seg.insert(ctx, q, jobs)
+	return ids, wrap("insert tx", err)
 }
 
-// tryInsertTx is InsertTx on the storage this driver last read (see converted).
-func (d *Driver) tryInsertTx(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, error) {
+// txQuerier returns the querier of the caller's transaction tx, a pgx.Tx
+// or a *sql.Tx of the pgx stdlib driver, and whether it is a *sql.Tx;
+// op names the call in the error of any other type (driver.ErrTxType).
+func txQuerier(op string, tx any) (querier, bool, error) {
 	switch t := tx.(type) {
 	case pgx.Tx:
-		if len(jobs) == 0 {
-			return nil, nil
-		}
-		if s := d.segs(); s != nil {
-			ids, err := s.insert(ctx, pgxQuerier(t), jobs)
-			return ids, wrap("insert tx", err)
-		}
-		rows, err := t.Query(ctx, d.q.insert, insertArgs(jobs)...)
-		if err != nil {
-			return nil, wrap("insert tx", err)
-		}
-		ids, err := collectIDs(rows, len(jobs))
-		return ids, wrap("insert tx", err)
+		return pgxQuerier(t), false, nil
 	case *sql.Tx:
-		if t == nil {
-			break
+		if t != nil {
+			return sqlQuerier(t), true, nil
 		}
-		if len(jobs) == 0 {
-			return nil, nil
-		}
-		if s := d.segs(); s != nil {
-			ids, err := s.insert(ctx, sqlQuerier(t), jobs)
-			return ids, wrap("insert tx", err)
-		}
-		rows, err := t.QueryContext(ctx, d.q.insert, insertArgs(jobs)...)
-		if err != nil {
-			return nil, wrap("insert tx", err)
-		}
-		defer rows.Close()
-		ids := make([]int64, 0, len(jobs))
-		for rows.Next() {
-			var id int64
-			if err := rows.Scan(&id); err != nil {
-				return nil, wrap("insert tx", err)
-			}
-			ids = append(ids, id)
-		}
-		if err := rows.Err(); err != nil {
-			return nil, wrap("insert tx", err)
-		}
-		return ids, nil
 	}
-	return nil, fmt.Errorf("conveyor/postgres: insert tx: transaction of type %T: accepted are pgx.Tx and *sql.Tx (pgx stdlib driver): %w", tx, driver.ErrTxType)
+	return nil, false, fmt.Errorf("conveyor/postgres: %s: transaction of type %T: accepted are pgx.Tx and *sql.Tx (pgx stdlib driver): %w", op, tx, driver.ErrTxType)
 }
 
 // copyColumns are the columns BulkInsert copies; the others take their
@@ -213,79 +162,115 @@ func (s *copySource) Values() ([]any, error) {
 // Err implements pgx.CopyFromSource.
 func (s *copySource) Err() error { return nil }
 
-// BulkInsert copies jobs into the jobs table with COPY in one transaction,
-// deciding scheduled or available against the transaction's now() (the
-// same instant the rows' created_at default takes), then notifies each
-// queue that received an available job once, in the same transaction.
+// BulkInsert copies jobs into the current ready and waiting segments
+// with COPY in one transaction, deciding scheduled or available against
+// the transaction's now() (the same instant the rows' created_at default
+// takes), then notifies each queue that received an available job once,
+// in the same transaction. It locks the two segments as an insert would
+// (ROW EXCLUSIVE), then checks their incarnations, so that COPY, which
+// has no guard of its own, never writes into a reclaimed table.
 func (d *Driver) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (int64, error) {
-	out, err := d.tryBulkInsert(ctx, jobs)
-	if d.converted(ctx, err) {
-		return d.tryBulkInsert(ctx, jobs)
-	}
-	return out, err
-}
-
-// tryBulkInsert is BulkInsert on the storage this driver last read (see converted).
-func (d *Driver) tryBulkInsert(ctx context.Context, jobs []driver.InsertParams) (int64, error) {
 	if len(jobs) == 0 {
 		return 0, nil
 	}
-	if s := d.segs(); s != nil {
-		n, err := s.bulkInsert(ctx, jobs)
-		return n, wrap("bulk insert", err)
-	}
+	n, err := d.bulkInsert(ctx, jobs)
+	return n, wrap("bulk insert", err)
+}
+
+// bulkInsert is BulkInsert, its error not yet named.
+func (d *Driver) bulkInsert(ctx context.Context, jobs []driver.InsertParams) (int64, error) {
+	s := d.seg
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
-		return 0, wrap("bulk insert", err)
+		return 0, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	src := &copySource{jobs: jobs, queues: make(map[string]struct{})}
-	if err := tx.QueryRow(ctx, d.q.bulkNow).Scan(&src.now); err != nil {
-		return 0, wrap("bulk insert", err)
+	var now time.Time
+	if err := tx.QueryRow(ctx, d.q.BulkNow).Scan(&now); err != nil {
+		return 0, err
 	}
-	n, err := tx.CopyFrom(ctx, pgx.Identifier{d.prefix + "jobs"}, copyColumns, src)
-	if err != nil {
-		return 0, wrap("bulk insert: copy", err)
-	}
-	if len(src.queues) > 0 {
-		queues := make([]string, 0, len(src.queues))
-		for q := range src.queues {
-			queues = append(queues, q)
+	var v *segView
+	err = s.withView(ctx, func(vv *segView) error {
+		v = vv
+		if _, err := tx.Exec(ctx, s.stmt(&d.q.SegBulkLock, v, nil)); err != nil {
+			return err
 		}
-		if _, err := tx.Exec(ctx, d.q.notifyQueues, queues); err != nil {
-			return 0, wrap("bulk insert: notify", err)
+		var ok bool
+		if err := tx.QueryRow(ctx, s.stmt(&d.q.SegBulkGuard, v, nil, phReady, phWaiting)).Scan(&ok); err != nil {
+			return err
+		}
+		if !ok {
+			return errStale
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	var due, later []driver.InsertParams
+	for _, j := range jobs {
+		sched := j.RunAt
+		if sched.IsZero() {
+			sched = now.Add(j.Delay)
+		}
+		if sched.Round(time.Microsecond).After(now) {
+			later = append(later, j)
+		} else {
+			due = append(due, j)
+		}
+	}
+	var total int64
+	queues := map[string]struct{}{}
+	for _, part := range []struct {
+		tbl  string
+		jobs []driver.InsertParams
+	}{{v.cur[phReady].tbl, due}, {v.cur[phWaiting].tbl, later}} {
+		if len(part.jobs) == 0 {
+			continue
+		}
+		src := &copySource{jobs: part.jobs, now: now, queues: queues}
+		n, err := tx.CopyFrom(ctx, pgx.Identifier{part.tbl}, copyColumns, src)
+		if err != nil {
+			return 0, fmt.Errorf("copy: %w", err)
+		}
+		total += n
+		if n >= bulkAnalyze {
+			// The planner needs to know the segment is no longer a few
+			// rows (see seg_analyze); it sees this transaction's rows.
+			if _, err := tx.Exec(ctx, s.table(d.q.SegAnalyze, part.tbl, "")); err != nil {
+				return 0, fmt.Errorf("analyze: %w", err)
+			}
+		}
+	}
+	if len(queues) > 0 {
+		qs := make([]string, 0, len(queues))
+		for q := range queues {
+			qs = append(qs, q)
+		}
+		if _, err := tx.Exec(ctx, d.q.NotifyQueues, qs); err != nil {
+			return 0, fmt.Errorf("notify: %w", err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, wrap("bulk insert: commit", err)
+		return 0, err
 	}
-	return n, nil
+	s.wakeJobs(due)
+	return total, nil
 }
 
-// Claim takes up to p.Limit available jobs of p.Queue in (priority,
-// scheduled_at, id) order with one UPDATE fed by FOR UPDATE SKIP LOCKED.
+// bulkAnalyze is the size of a copy after which BulkInsert analyzes the
+// segment it filled.
+const bulkAnalyze = 5000
+
+// Claim moves up to p.Limit available jobs of p.Queue from the live ready
+// segments to the current running segment, in (priority, pos) order, with
+// one statement whose selection is FOR UPDATE SKIP LOCKED (see
+// segStore.claim).
 func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
-	out, err := d.tryClaim(ctx, p)
-	if d.converted(ctx, err) {
-		return d.tryClaim(ctx, p)
-	}
-	return out, err
-}
-
-// tryClaim is Claim on the storage this driver last read (see converted).
-func (d *Driver) tryClaim(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
 	if p.Limit <= 0 {
 		return nil, nil
 	}
-	if s := d.segs(); s != nil {
-		jobs, err := s.claim(ctx, p)
-		return jobs, wrap("claim", err)
-	}
-	rows, err := d.pool.Query(ctx, d.q.claim, p.Queue, p.Limit, micros(p.Lease), p.Worker)
-	if err != nil {
-		return nil, wrap("claim", err)
-	}
-	jobs, err := d.scanClaimed(rows, p)
+	jobs, err := d.seg.claim(ctx, p)
 	return jobs, wrap("claim", err)
 }
 
@@ -328,20 +313,12 @@ func (d *Driver) scanClaimed(rows pgx.Rows, p driver.ClaimParams, extra ...any) 
 	return out, nil
 }
 
-// Complete applies all outcomes with one fenced UPDATE (only rows still
-// running under the given claim's fence change) and returns the ids
-// applied. It runs on the lease pool and is retried after deadlocks and
-// lock timeouts.
+// Complete applies all outcomes with one fenced statement (only jobs
+// still running under the given claim's fence move) and returns the ids
+// applied. It looks for the jobs in the running segments they were
+// claimed into, then in every live one (see segStore.leaseOp), on the
+// lease pool, retried after deadlocks and lock timeouts.
 func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int64, error) {
-	out, err := d.tryComplete(ctx, outcomes)
-	if d.converted(ctx, err) {
-		return d.tryComplete(ctx, outcomes)
-	}
-	return out, err
-}
-
-// tryComplete is Complete on the storage this driver last read (see converted).
-func (d *Driver) tryComplete(ctx context.Context, outcomes []driver.Outcome) ([]int64, error) {
 	n := len(outcomes)
 	if n == 0 {
 		return nil, nil
@@ -352,6 +329,7 @@ func (d *Driver) tryComplete(ctx context.Context, outcomes []driver.Outcome) ([]
 	states.init(12 * n)
 	retryIn.init(2 * n)
 	errs.init(3 * n)
+	jobIDs := make([]int64, n)
 	allDone := true // every outcome completed, without an error
 	for i := range outcomes {
 		o := &outcomes[i]
@@ -360,6 +338,7 @@ func (d *Driver) tryComplete(ctx context.Context, outcomes []driver.Outcome) ([]
 		default:
 			return nil, fmt.Errorf("conveyor/postgres: complete: job %d: invalid outcome state %q", o.ID, o.State)
 		}
+		jobIDs[i] = o.ID
 		ids.int(o.ID)
 		fences.int(o.Fence)
 		states.str(o.State)
@@ -376,31 +355,17 @@ func (d *Driver) tryComplete(ctx context.Context, outcomes []driver.Outcome) ([]
 		errs.bytes(b)
 	}
 	args := []any{ids.String(), fences.String(), states.String(), retryIn.String(), errs.String()}
-	if s := d.segs(); s != nil {
-		jobIDs := make([]int64, n)
-		for i := range outcomes {
-			jobIDs[i] = outcomes[i].ID
-		}
-		if allDone {
-			applied, err := s.completeDone(ctx, jobIDs, args[:2])
-			return applied, wrap("complete", err)
-		}
-		applied, err := s.complete(ctx, jobIDs, args)
-		return applied, wrap("complete", err)
+	tpl, guarded := &d.q.SegComplete, []string{phWaiting, phDone, phDead}
+	if allDone {
+		// A drain's every batch: the statement without the rows of
+		// every kind of outcome (seg_complete_done).
+		tpl, guarded, args = &d.q.SegCompleteDone, []string{phDone}, args[:2]
 	}
-	var applied []int64
-	err := d.retryable(ctx, func() error {
-		rows, err := d.lease.Query(ctx, d.q.complete, args...)
-		if err != nil {
-			return err
-		}
-		applied, err = collectIDs(rows, n)
-		return err
+	defer d.seg.forget(jobIDs)
+	applied, err := d.seg.leaseOp(ctx, jobIDs, args, func(v *segView, srcs []string) string {
+		return d.seg.stmt(tpl, v, srcs, guarded...)
 	})
-	if err != nil {
-		return nil, wrap("complete", err)
-	}
-	return applied, nil
+	return applied, wrap("complete", err)
 }
 
 // leaseArgs turns leases into id and fence array literals.
@@ -424,166 +389,118 @@ func leaseIDs(leases []driver.Lease) []int64 {
 	return out
 }
 
-// Heartbeat extends the leases still owned, in one statement on the lease
-// pool, and returns their ids.
+// Heartbeat extends the leases still owned, in place, in one statement
+// on the lease pool, and returns their ids: in the running segments their
+// jobs were claimed into, else in every live one.
 func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease time.Duration) ([]int64, error) {
-	out, err := d.tryHeartbeat(ctx, leases, lease)
-	if d.converted(ctx, err) {
-		return d.tryHeartbeat(ctx, leases, lease)
-	}
-	return out, err
-}
-
-// tryHeartbeat is Heartbeat on the storage this driver last read (see converted).
-func (d *Driver) tryHeartbeat(ctx context.Context, leases []driver.Lease, lease time.Duration) ([]int64, error) {
 	if len(leases) == 0 {
 		return nil, nil
 	}
 	ids, fences := leaseArgs(leases)
-	if s := d.segs(); s != nil {
-		owned, err := s.heartbeat(ctx, leaseIDs(leases), ids, fences, lease)
-		return owned, wrap("heartbeat", err)
-	}
-	var owned []int64
-	err := d.retryable(ctx, func() error {
-		rows, err := d.lease.Query(ctx, d.q.heartbeat, ids, fences, micros(lease))
-		if err != nil {
-			return err
-		}
-		owned, err = collectIDs(rows, len(leases))
-		return err
+	owned, err := d.seg.leaseOp(ctx, leaseIDs(leases), []any{ids, fences, micros(lease)}, func(v *segView, srcs []string) string {
+		return d.seg.stmt(&d.q.SegHeartbeat, v, srcs)
 	})
-	if err != nil {
-		return nil, wrap("heartbeat", err)
-	}
-	return owned, nil
+	return owned, wrap("heartbeat", err)
 }
 
 // Release makes running attempts available again without counting them,
 // in one statement that also wakes their queues, and returns how many it
-// released.
+// released. It looks in every live running segment (releases are rare: a
+// worker shutting down).
 func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, error) {
-	out, err := d.tryRelease(ctx, leases)
-	if d.converted(ctx, err) {
-		return d.tryRelease(ctx, leases)
-	}
-	return out, err
-}
-
-// tryRelease is Release on the storage this driver last read (see converted).
-func (d *Driver) tryRelease(ctx context.Context, leases []driver.Lease) (int64, error) {
 	if len(leases) == 0 {
 		return 0, nil
 	}
 	ids, fences := leaseArgs(leases)
-	if s := d.segs(); s != nil {
-		n, err := s.release(ctx, leaseIDs(leases), ids, fences)
-		return n, wrap("release", err)
-	}
+	defer d.seg.forget(leaseIDs(leases))
 	var total int64
 	err := d.retryable(ctx, func() error {
-		counts, err := queueCounts(d.lease.Query(ctx, d.q.release, ids, fences))
+		m, err := d.seg.queueMove(ctx, d.leaseQuerier, func(v *segView) string {
+			return d.seg.stmt(&d.q.SegRelease, v, v.live[phRunning], phReady)
+		}, ids, fences)
 		total = 0
-		for _, n := range counts {
+		for _, n := range m {
 			total += int64(n)
 		}
 		return err
 	})
-	if err != nil {
-		return 0, wrap("release", err)
-	}
-	return total, nil
+	return total, wrap("release", err)
 }
 
 // Rescue makes up to limit running jobs whose lease expired available
 // again (or discarded when out of attempts), recording the lost attempt,
 // and wakes the queues that got available jobs.
 func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) {
-	out, err := d.tryRescue(ctx, limit)
-	if d.converted(ctx, err) {
-		return d.tryRescue(ctx, limit)
-	}
-	return out, err
-}
-
-// tryRescue is Rescue on the storage this driver last read (see converted).
-func (d *Driver) tryRescue(ctx context.Context, limit int) (map[string]int, error) {
 	if limit <= 0 {
 		return map[string]int{}, nil
 	}
-	if s := d.segs(); s != nil {
-		m, err := s.rescue(ctx, limit)
-		return m, wrap("rescue", err)
-	}
-	m, err := queueCounts(d.pool.Query(ctx, d.q.rescue, limit))
+	m, err := d.seg.queueMove(ctx, d.poolQuerier, func(v *segView) string {
+		return d.seg.stmt(&d.q.SegRescue, v, v.live[phRunning], phReady, phDead)
+	}, limit)
 	return m, wrap("rescue", err)
 }
 
 // Promote makes up to limit due scheduled and retryable jobs available
-// and wakes their queues.
+// and wakes their queues. It does no maintenance of the segments: the
+// leader runs that with Maintain.
 func (d *Driver) Promote(ctx context.Context, limit int) (map[string]int, error) {
-	out, err := d.tryPromote(ctx, limit)
-	if d.converted(ctx, err) {
-		return d.tryPromote(ctx, limit)
-	}
-	return out, err
-}
-
-// tryPromote is Promote on the storage this driver last read (see converted).
-func (d *Driver) tryPromote(ctx context.Context, limit int) (map[string]int, error) {
 	if limit <= 0 {
 		return map[string]int{}, nil
 	}
-	if s := d.segs(); s != nil {
-		m, err := s.promote(ctx, limit)
-		return m, wrap("promote", err)
-	}
-	m, err := queueCounts(d.pool.Query(ctx, d.q.promote, limit))
+	m, err := d.seg.queueMove(ctx, d.poolQuerier, func(v *segView) string {
+		return d.seg.stmt(&d.q.SegPromote, v, v.live[phWaiting], phReady)
+	}, limit)
 	return m, wrap("promote", err)
 }
 
-// Prune deletes up to limit completed jobs finalized more than
-// completedAge ago and discarded or cancelled jobs finalized more than
-// discardedAge ago. A negative age keeps that class forever.
+// Prune removes completed jobs finalized more than completedAge ago and
+// discarded or cancelled jobs finalized more than discardedAge ago, by
+// whole done and dead segments (see segStore.prune), and returns how many
+// it removed. A negative age keeps that class forever. limit does not
+// bound it: a segment is removed whole.
 func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Duration, limit int) (int64, error) {
-	out, err := d.tryPrune(ctx, completedAge, discardedAge, limit)
-	if d.converted(ctx, err) {
-		return d.tryPrune(ctx, completedAge, discardedAge, limit)
-	}
-	return out, err
-}
-
-// tryPrune is Prune on the storage this driver last read (see converted).
-func (d *Driver) tryPrune(ctx context.Context, completedAge, discardedAge time.Duration, limit int) (int64, error) {
 	if limit <= 0 || (completedAge < 0 && discardedAge < 0) {
 		return 0, nil
 	}
-	if s := d.segs(); s != nil {
-		n, err := s.pruneAll(ctx, completedAge, discardedAge)
-		return n, wrap("prune", err)
-	}
-	lower := completedAge
-	if lower < 0 || (discardedAge >= 0 && discardedAge < lower) {
-		lower = discardedAge
-	}
-	age := func(a time.Duration) int64 {
-		if a < 0 {
-			return -1 // keep this class
+	var total int64
+	for _, c := range []struct {
+		phase string
+		age   time.Duration
+	}{{phDone, completedAge}, {phDead, discardedAge}} {
+		if c.age < 0 {
+			continue
 		}
-		return micros(a)
+		n, err := d.seg.prune(ctx, c.phase, c.age)
+		total += n
+		if err != nil {
+			return total, wrap("prune", err)
+		}
 	}
-	tag, err := d.pool.Exec(ctx, d.q.prune, age(completedAge), age(discardedAge), micros(lower), limit)
-	if err != nil {
-		return 0, wrap("prune", err)
-	}
-	return tag.RowsAffected(), nil
+	return total, nil
+}
+
+// Maintain runs one round of the segments' maintenance, unless one ran
+// less than segMaintEvery ago: it seals every current segment grown past
+// its size (and makes a free or new table current in its place), reclaims
+// sealed segments whose jobs have moved on (TRUNCATE, or drained while a
+// snapshot holds them), drops free tables beyond the ring, records the
+// counts of a sealed finished segment, analyzes current segments that
+// doubled and puts the incarnation sequences of current segments back in
+// step with the registry. Each step is a transaction of its own under the
+// prefix's maintenance lock and takes every table lock NOWAIT (see
+// segmaint.go). It returns what the round did, by task (sealed,
+// reclaimed, drained, created, dropped, counted, synced, refused: a lock
+// that was not free), leaving out tasks that did nothing.
+func (d *Driver) Maintain(ctx context.Context) (map[string]int, error) {
+	report, err := d.seg.maintain(ctx)
+	return report, wrap("maintain", err)
 }
 
 // TryLead takes the maintenance leadership for id when it is free or
 // expired, or extends it when id already holds it.
 func (d *Driver) TryLead(ctx context.Context, id string, ttl time.Duration) (bool, error) {
 	var leader string
-	err := d.pool.QueryRow(ctx, d.q.tryLead, id, micros(ttl)).Scan(&leader)
+	err := d.pool.QueryRow(ctx, d.q.TryLead, id, micros(ttl)).Scan(&leader)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -619,25 +536,4 @@ func collectIDs(rows pgx.Rows, capHint int) ([]int64, error) {
 		ids = append(ids, id)
 	}
 	return ids, rows.Err()
-}
-
-// queueCounts reads (queue, count) rows into a map and closes them.
-func queueCounts(rows pgx.Rows, err error) (map[string]int, error) {
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	m := map[string]int{}
-	var q string
-	var n int64
-	for rows.Next() {
-		if err := rows.Scan(&q, &n); err != nil {
-			return nil, err
-		}
-		m[q] += int(n)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return m, nil
 }

@@ -57,7 +57,7 @@ func (d *Driver) listenConn(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := conn.Exec(ctx, d.q.listen); err != nil {
+	if _, err := conn.Exec(ctx, d.q.Listen); err != nil {
 		closeConn(conn)
 		return nil, err
 	}
@@ -92,9 +92,7 @@ func (l *listener) Wait(ctx context.Context) (string, error) {
 				return "", l.ctxErr(ctx, err)
 			}
 			// Notifications may have been missed meanwhile.
-			if s := l.d.segs(); s != nil {
-				s.hints.wakeAll()
-			}
+			l.d.seg.hints.wakeAll()
 			return "", nil
 		}
 		waitCtx, waitCancel := context.WithTimeout(ctx, listenPingInterval)
@@ -102,14 +100,12 @@ func (l *listener) Wait(ctx context.Context) (string, error) {
 		waitCancel()
 		if err == nil {
 			if n.Payload == segNotice {
-				l.d.segmentsChanged(ctx)
+				l.d.segmentsChanged()
 				continue
 			}
-			if s := l.d.segs(); s != nil {
-				// Jobs became available in the queue: its claim hint
-				// starts over (see claimHints).
-				s.hints.wake(n.Payload)
-			}
+			// Jobs became available in the queue: its claim hint starts
+			// over (see claimHints).
+			l.d.seg.hints.wake(n.Payload)
 			return n.Payload, nil
 		}
 		if ctx.Err() != nil {

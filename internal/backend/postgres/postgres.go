@@ -1,13 +1,17 @@
 // Package postgres is conveyor's PostgreSQL backend, built on pgx/v5 and
 // pgxpool.
 //
-// Claims use a single UPDATE fed by a FOR UPDATE SKIP LOCKED selection, so
-// claimers never wait for each other and never deadlock. Batches (insert,
-// complete, heartbeat, release) are passed as array parameters and
-// expanded with unnest, so each is one statement and one round trip
-// whatever its size. Inserts and state changes that make jobs available
-// wake other processes with one pg_notify per queue on the channel
-// "<prefix>wake", delivered when the transaction commits.
+// Jobs live in tables per phase (ready, running, waiting, done, dead),
+// each a series of segment tables that the maintenance leader seals and
+// truncates whole (docs/postgres-storage.md). A job moves between phases
+// by one statement that deletes it from its segment and inserts it into
+// the current segment of its next phase. Claims select with FOR UPDATE
+// SKIP LOCKED, so claimers never wait for each other and never deadlock.
+// Batches (insert, complete, heartbeat, release) are passed as array
+// parameters and expanded with unnest, so each is one statement and one
+// round trip whatever its size. Inserts and state changes that make jobs
+// available wake other processes with one pg_notify per queue on the
+// channel "<prefix>wake", delivered when the transaction commits.
 package postgres
 
 import (
@@ -34,75 +38,93 @@ var sqlFS embed.FS
 
 var _ driver.Driver = (*Driver)(nil)
 
-// queries holds the SQL of every named query, with the prefix applied.
+// queries holds every named query of queries.sql and segments.sql, with
+// the prefix applied (sqlq.Load). The statements of segments.sql are
+// mostly templates that segStore.stmt and segStore.table fill in.
 type queries struct {
-	migrateLock, createMigrations, currentVersion, recordVersion, dropAll string
-	serverInfo                                                            string
-	insert, bulkNow, notifyQueues                                         string
-	claim, claimJob, complete, heartbeat, release                         string
-	rescue, promote, prune, tryLead, listen                               string
-	getJob, listJobs, retry, finish, stats, overview                      string
-	listState, listStates, listQueue, listKind                            string
-	listDesc, listBefore                                                  string
-	pauseQueue, pausedQueues                                              string
-	insertUnique, uniqueHolders, jobUniqueKey                             string
-	recordSchedule, schedules                                             string
-	registerProcess, removeProcess, processes, pruneProcesses             string
-}
+	MigrateLock      string `sql:"migrate_lock"`
+	CreateMigrations string `sql:"create_migrations"`
+	CurrentVersion   string `sql:"current_version"`
+	RecordVersion    string `sql:"record_version"`
+	DropAll          string `sql:"drop_all"`
+	ServerInfo       string `sql:"server_info"`
+	BulkNow          string `sql:"bulk_now"`
+	NotifyQueues     string `sql:"notify_queues"`
+	TryLead          string `sql:"try_lead"`
+	Listen           string `sql:"listen"`
+	PauseQueue       string `sql:"pause_queue"`
+	PausedQueues     string `sql:"paused_queues"`
+	RecordSchedule   string `sql:"record_schedule"`
+	Schedules        string `sql:"schedules"`
+	RegisterProcess  string `sql:"register_process"`
+	RemoveProcess    string `sql:"remove_process"`
+	Processes        string `sql:"processes"`
+	PruneProcesses   string `sql:"prune_processes"`
 
-func loadQueries(prefix string) queries {
-	m := sqlq.Queries(sqlFS, "queries.sql", prefix)
-	get := func(name string) string {
-		s, ok := m[name]
-		if !ok {
-			panic("postgres: queries.sql has no query " + name)
-		}
-		return s
-	}
-	return queries{
-		migrateLock:      get("migrate_lock"),
-		createMigrations: get("create_migrations"),
-		currentVersion:   get("current_version"),
-		recordVersion:    get("record_version"),
-		dropAll:          get("drop_all"),
-		serverInfo:       get("server_info"),
-		insert:           get("insert"),
-		bulkNow:          get("bulk_now"),
-		notifyQueues:     get("notify_queues"),
-		claim:            get("claim"),
-		claimJob:         get("claim_job"),
-		complete:         get("complete"),
-		heartbeat:        get("heartbeat"),
-		release:          get("release"),
-		rescue:           get("rescue"),
-		promote:          get("promote"),
-		prune:            get("prune"),
-		tryLead:          get("try_lead"),
-		listen:           get("listen"),
-		getJob:           get("get_job"),
-		listState:        get("list_jobs_state"),
-		listStates:       get("list_jobs_states"),
-		listQueue:        get("list_jobs_queue"),
-		listKind:         get("list_jobs_kind"),
-		listJobs:         get("list_jobs"),
-		listDesc:         get("list_jobs_desc"),
-		listBefore:       get("list_jobs_before"),
-		retry:            get("retry"),
-		finish:           get("finish"),
-		stats:            get("stats"),
-		overview:         get("overview"),
-		pauseQueue:       get("pause_queue"),
-		pausedQueues:     get("paused_queues"),
-		insertUnique:     get("insert_unique"),
-		uniqueHolders:    get("unique_holders"),
-		jobUniqueKey:     get("job_unique_key"),
-		recordSchedule:   get("record_schedule"),
-		schedules:        get("schedules"),
-		registerProcess:  get("register_process"),
-		removeProcess:    get("remove_process"),
-		processes:        get("processes"),
-		pruneProcesses:   get("prune_processes"),
-	}
+	SegTable              string `sql:"seg_table"`
+	SegIndexReady         string `sql:"seg_index_ready"`
+	SegIndexWaiting       string `sql:"seg_index_waiting"`
+	SegIndexFinished      string `sql:"seg_index_finished"`
+	SegRegistry           string `sql:"seg_registry"`
+	SegRegistryTx         string `sql:"seg_registry_tx"`
+	SegCount              string `sql:"seg_count"`
+	SegInsert             string `sql:"seg_insert"`
+	SegInsertUnique       string `sql:"seg_insert_unique"`
+	SegJobUniqueKey       string `sql:"seg_job_unique_key"`
+	SegUniqueHolders      string `sql:"seg_unique_holders"`
+	SegBulkLock           string `sql:"seg_bulk_lock"`
+	SegBulkGuard          string `sql:"seg_bulk_guard"`
+	SegClaim              string `sql:"seg_claim"`
+	SegGuard              string `sql:"seg_guard"`
+	SegComplete           string `sql:"seg_complete"`
+	SegCompleteDone       string `sql:"seg_complete_done"`
+	SegHeartbeat          string `sql:"seg_heartbeat"`
+	SegRelease            string `sql:"seg_release"`
+	SegRescue             string `sql:"seg_rescue"`
+	SegPromote            string `sql:"seg_promote"`
+	SegClaimJob           string `sql:"seg_claim_job"`
+	SegGetJob             string `sql:"seg_get_job"`
+	SegListJobs           string `sql:"seg_list_jobs"`
+	SegListJobsDesc       string `sql:"seg_list_jobs_desc"`
+	SegRetry              string `sql:"seg_retry"`
+	SegFinish             string `sql:"seg_finish"`
+	SegStats              string `sql:"seg_stats"`
+	SegStatsSerial        string `sql:"seg_stats_serial"`
+	SegOverview           string `sql:"seg_overview"`
+	SegMaintLock          string `sql:"seg_maint_lock"`
+	SegRegistryAll        string `sql:"seg_registry_all"`
+	SegCurrent            string `sql:"seg_current"`
+	SegFree               string `sql:"seg_free"`
+	SegInc                string `sql:"seg_inc"`
+	SegNewName            string `sql:"seg_new_name"`
+	SegRegister           string `sql:"seg_register"`
+	SegSetStatus          string `sql:"seg_set_status"`
+	SegCountsLock         string `sql:"seg_counts_lock"`
+	SegRecordCounts       string `sql:"seg_record_counts"`
+	SegUnregister         string `sql:"seg_unregister"`
+	SegSize               string `sql:"seg_size"`
+	SegLockExclusive      string `sql:"seg_lock_exclusive"`
+	SegLockShare          string `sql:"seg_lock_share"`
+	SegRows               string `sql:"seg_rows"`
+	SegExpired            string `sql:"seg_expired"`
+	SegOldest             string `sql:"seg_oldest"`
+	SegMove               string `sql:"seg_move"`
+	SegMoveDelete         string `sql:"seg_move_delete"`
+	SegFreeKeys           string `sql:"seg_free_keys"`
+	SegAnalyze            string `sql:"seg_analyze"`
+	SegTruncate           string `sql:"seg_truncate"`
+	SegAdvance            string `sql:"seg_advance"`
+	SegSync               string `sql:"seg_sync"`
+	SegOutOfSync          string `sql:"seg_out_of_sync"`
+	SegDrop               string `sql:"seg_drop"`
+	SegNotify             string `sql:"seg_notify"`
+	SegTables             string `sql:"seg_tables"`
+	SegConvertSetup       string `sql:"seg_convert_setup"`
+	SegConvertLock        string `sql:"seg_convert_lock"`
+	SegConvertLockTimeout string `sql:"seg_convert_lock_timeout"`
+	SegConvertLockReset   string `sql:"seg_convert_lock_reset"`
+	SegConvertMove        string `sql:"seg_convert_move"`
+	SegConvertDrop        string `sql:"seg_convert_drop"`
 }
 
 // Driver is the PostgreSQL implementation of driver.Driver. It is safe for
@@ -120,11 +142,7 @@ type Driver struct {
 	q          queries
 	migrations []sqlq.Migration
 	kinds      interner
-	// storage is the storage Migrate converts the prefix to ("" keeps
-	// it); seg is the segments storage once the prefix uses it.
-	storage string
-	seg     atomic.Pointer[segStore]
-	sealAt  atomic.Int64 // SealSegmentsAt's size; 0: the default
+	seg        *segStore // the segment tables and their registry
 
 	deadlockRetries      atomic.Int64
 	lockTimeouts         atomic.Int64
@@ -158,88 +176,35 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if cfg.MinConns > cfg.MaxConns {
 		cfg.MinConns = cfg.MaxConns
 	}
-	// The plan cache mode follows the prefix's storage (see planModes);
-	// the driver does not exist yet when the pool is made, so the hook
-	// reads it once New has set it.
-	var pm *planModes
-	_, userPlan := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]
-	if !userPlan {
-		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = planCustom
-		pm = &planModes{}
-		pm.hook(cfg)
-	}
+	setPlanMode(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
 	}
-	d, err := newDriver(ctx, pool, opts, userPlan, true)
+	d, err := newDriver(ctx, pool, opts)
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
 	d.ownsPool = true
-	if pm != nil {
-		pm.d.Store(d)
-	}
 	return d, nil
 }
 
-// Plan cache modes. pgx prepares every statement. On the one-table
-// storage, after five executions PostgreSQL may keep a generic plan chosen
-// while the jobs table was small (a seq scan joined by hash) until the next
-// ANALYZE, which conveyor leaves to autovacuum: on a table that grows under
-// load that turned a 2,000-row completion into seconds of CPU, so each
-// statement is planned anew (force_custom_plan). On the segments storage
-// every table a plan reads is bounded (a segment is sealed at a size) and
-// the leader analyzes each current segment whenever it doubles, which
-// invalidates the plans on it, so a plan cannot outlive the statistics it
-// was made with by more than a doubling; planning the segments' statements
-// at every execution was 15-20% of the server's CPU in a drain. There a
-// connection keeps the generic plan (force_generic_plan).
-const (
-	planCustom  = "force_custom_plan"
-	planGeneric = "force_generic_plan"
-)
+// planGeneric is the plan cache mode of the connections conveyor makes.
+// pgx prepares every statement. Every table a plan reads is bounded (a
+// segment is sealed at a size) and the leader analyzes each current
+// segment whenever it doubles, which invalidates the plans on it, so a
+// generic plan cannot outlive the statistics it was made with by more
+// than a doubling; planning the statements at every execution was 15-20%
+// of the server's CPU in a drain.
+const planGeneric = "force_generic_plan"
 
-// planModes gives the connections of a pool conveyor made the plan cache
-// mode of the driver's storage: set at connection start to planCustom, and
-// switched by PrepareConn (at the acquire of a connection, once) when the
-// driver is on the segments. A pool whose configuration names a
-// plan_cache_mode keeps it: no planModes is made for it.
-type planModes struct {
-	d atomic.Pointer[Driver]
-}
-
-// planKey is the connection's CustomData key of the mode it was given.
-const planKey = "conveyor.plan_cache_mode"
-
-// hook chains the mode switch in front of cfg's own acquire hook:
-// PrepareConn, or the deprecated BeforeAcquire (which pgxpool ignores once
-// PrepareConn is set, so the switch calls it).
-func (pm *planModes) hook(cfg *pgxpool.Config) {
-	next, before := cfg.PrepareConn, cfg.BeforeAcquire
-	cfg.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
-		if d := pm.d.Load(); d != nil {
-			want := planCustom
-			if d.segs() != nil {
-				want = planGeneric
-			}
-			data := c.PgConn().CustomData()
-			if have, _ := data[planKey].(string); have != want && !(have == "" && want == planCustom) {
-				if _, err := c.Exec(ctx, "SELECT set_config('plan_cache_mode', $1, false)", want); err != nil {
-					// The connection's state is unknown: a new one is made.
-					return false, nil
-				}
-				data[planKey] = want
-			}
-		}
-		switch {
-		case next != nil:
-			return next(ctx, c)
-		case before != nil:
-			return before(ctx, c), nil
-		}
-		return true, nil
+// setPlanMode gives the connections of cfg planGeneric, unless its
+// configuration names a plan_cache_mode of the application's, which
+// stands.
+func setPlanMode(cfg *pgxpool.Config) {
+	if _, ok := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !ok {
+		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = planGeneric
 	}
 }
 
@@ -248,70 +213,46 @@ func (pm *planModes) hook(cfg *pgxpool.Config) {
 // lease path (heartbeat, complete, release) gets a pool of its own of at
 // most two connections, and the listener one dedicated connection, both
 // made from the pool's configuration. Unless that configuration sets a
-// plan_cache_mode, the lease pool's connections get the mode of the
-// prefix's storage (see planCustom); the application's pool is left as
-// it is: on the segments storage, giving it plan_cache_mode =
-// force_generic_plan saves the planning of every claim.
+// plan_cache_mode, the lease pool's connections get force_generic_plan
+// (see planGeneric); the application's pool is left as it is: giving it
+// that mode too saves the planning of every claim.
 func New(ctx context.Context, pool *pgxpool.Pool, opts driver.Options) (*Driver, error) {
 	if pool == nil {
 		return nil, errors.New("conveyor/postgres: new: nil *pgxpool.Pool")
 	}
-	_, userPlan := pool.Config().ConnConfig.RuntimeParams["plan_cache_mode"]
-	return newDriver(ctx, pool, opts, userPlan, false)
+	return newDriver(ctx, pool, opts)
 }
 
-// newDriver is New; userPlan reports whether the pool's configuration
-// came with a plan_cache_mode of the application's, which every pool of
-// the driver then keeps; ours, whether Open made the pool (its
-// PrepareConn is then planModes', which the lease pool does not take).
-func newDriver(ctx context.Context, pool *pgxpool.Pool, opts driver.Options, userPlan, ours bool) (*Driver, error) {
+// newDriver is New.
+func newDriver(ctx context.Context, pool *pgxpool.Pool, opts driver.Options) (*Driver, error) {
 	if err := sqlq.CheckPrefix(opts.Prefix); err != nil {
+		return nil, fmt.Errorf("conveyor/postgres: new: %w", err)
+	}
+	var q queries
+	if err := sqlq.Load(&q, sqlFS, opts.Prefix, "queries.sql", "segments.sql"); err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: new: %w", err)
 	}
 	if err := pool.Ping(ctx); err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
 	}
 	cfg := pool.Config()
-	var leasePM *planModes
-	if !userPlan {
-		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = planCustom
-	}
+	setPlanMode(cfg)
 	leaseCfg := cfg.Copy()
 	leaseCfg.MaxConns, leaseCfg.MinConns = leaseConns, 0
-	if ours {
-		leaseCfg.PrepareConn = nil
-	}
-	if !userPlan {
-		leasePM = &planModes{}
-		leasePM.hook(leaseCfg)
-	}
 	lease, err := pgxpool.NewWithConfig(ctx, leaseCfg)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: lease pool: %w", err)
-	}
-	switch opts.Storage {
-	case "", StorageTable, StorageSegments:
-	default:
-		lease.Close()
-		return nil, fmt.Errorf("conveyor/postgres: new: unknown storage %q (table or segments)", opts.Storage)
 	}
 	d := &Driver{
 		pool:       pool,
 		lease:      lease,
 		connConfig: cfg.ConnConfig.Copy(),
 		prefix:     opts.Prefix,
-		q:          loadQueries(opts.Prefix),
+		q:          q,
 		migrations: sqlq.Migrations(sqlFS, "migrations", opts.Prefix),
 		kinds:      newInterner(),
-		storage:    opts.Storage,
 	}
-	if err := d.detectStorage(ctx); err != nil {
-		lease.Close()
-		return nil, err
-	}
-	if leasePM != nil {
-		leasePM.d.Store(d)
-	}
+	d.seg = newSegStore(d)
 	return d, nil
 }
 
@@ -334,7 +275,7 @@ func (d *Driver) Capabilities() driver.Capabilities {
 // commit throughput and durability.
 func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
 	var version, syncCommit, fsync, fpw, walLevel, walSync, commitDelay, maxConns, sharedBuffers string
-	err := d.pool.QueryRow(ctx, d.q.serverInfo).Scan(&version, &syncCommit, &fsync, &fpw, &walLevel, &walSync, &commitDelay, &maxConns, &sharedBuffers)
+	err := d.pool.QueryRow(ctx, d.q.ServerInfo).Scan(&version, &syncCommit, &fsync, &fpw, &walLevel, &walSync, &commitDelay, &maxConns, &sharedBuffers)
 	if err != nil {
 		return nil, wrap("server info", err)
 	}
@@ -365,13 +306,12 @@ func (d *Driver) Counters() map[string]int64 {
 	}
 }
 
-// Close closes the lease path's pool, and the main pool when Open made
-// it. Listeners have their own connections and are closed separately.
+// Close closes the lease path's pool, the registry's connection, and the
+// main pool when Open made it. Listeners have their own connections and
+// are closed separately.
 func (d *Driver) Close() error {
 	d.lease.Close()
-	if s := d.segs(); s != nil {
-		s.close()
-	}
+	d.seg.close()
 	if d.ownsPool {
 		d.pool.Close()
 	}
@@ -384,101 +324,95 @@ const leaseConns = 2
 
 // Migrate applies the missing migrations, each in its own transaction
 // under a transaction-level advisory lock that serialises concurrent
-// migrators of the same prefix.
-//
-// Migration 10 converts the prefix to the segments storage, unless the
-// driver was opened with Options.Storage "table". A driver opened with
-// "segments" also converts a prefix that migration 10 left on the one
-// table, in one transaction under the same lock (see convertStorage). The
-// storage is the database's: every driver follows whatever its prefix
-// uses, whatever its options say.
+// migrators of the same prefix, then converts a prefix that an earlier
+// version left on its one jobs table ({p}jobs) to the segment tables, in
+// one more transaction under the same lock (see convertStorage): jobs in
+// every state are moved, running ones with their attempt, fence and
+// lease.
 func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
-	latest := len(d.migrations)
+	applied, err := d.MigrateTo(ctx, len(d.migrations))
+	if err != nil {
+		return applied, err
+	}
+	return applied, d.convertStorage(ctx)
+}
+
+// MigrateTo applies the missing migrations up to version and stops there,
+// without the conversion that Migrate runs after the last one: the prefix
+// is left as a release whose newest migration was version left it, its
+// jobs in the one table {p}jobs. Tests and the bench build a prefix of an
+// earlier release with it; applications call Migrate.
+func (d *Driver) MigrateTo(ctx context.Context, version int) ([]int, error) {
 	var applied []int
 	for {
-		done, v, err := d.migrateStep(ctx, latest)
+		done, v, err := d.migrateStep(ctx, version)
 		if err != nil {
 			return applied, err
 		}
 		if done {
-			break
+			return applied, nil
 		}
 		applied = append(applied, v)
 	}
-	if d.storage == StorageSegments && d.segs() == nil {
-		if err := d.convertStorage(ctx); err != nil {
-			return applied, err
-		}
-	}
-	return applied, d.detectStorage(ctx)
 }
 
-// segmentsDefaultVersion is the migration (010_segments_default.sql) that
-// converts a prefix to the segments storage unless the driver was opened
-// with Options.Storage "table".
-const segmentsDefaultVersion = 10
+// segmentsVersion is the first migration (010_segments_default.sql) after
+// which a prefix is expected on the segment tables: a prefix at it or
+// later whose registry is empty was kept on the one table by an earlier
+// version, and still needs the conversion (see SchemaVersion).
+const segmentsVersion = 10
 
-// convertStorage converts the prefix to the segments storage under the
-// migration lock, unless another process did it first, and tells every
-// listening process. Migrate calls it for a driver opened with
-// Options.Storage "segments" on a prefix that migration 10 left on the
-// one table (it was opened with "table" then).
+// convertStorage converts the prefix to the segment tables under the
+// migration lock, unless it has them already, and tells every listening
+// process (one of an earlier version on the one table switches).
 func (d *Driver) convertStorage(ctx context.Context) error {
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
-		return wrap("convert", err)
+		return wrap("migrate: convert", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, d.q.migrateLock, d.prefix); err != nil {
-		return wrap("convert: lock", err)
+	if _, err := tx.Exec(ctx, d.q.MigrateLock, d.prefix); err != nil {
+		return wrap("migrate: convert: lock", err)
 	}
-	if err := d.convertIn(ctx, tx); err != nil {
-		return wrap("convert", err)
-	}
-	return wrap("convert: commit", tx.Commit(ctx))
-}
-
-// convertIn converts the prefix in tx, which holds the migration lock,
-// unless it has segments already, and notifies every listening process
-// when tx commits.
-func (d *Driver) convertIn(ctx context.Context, tx pgx.Tx) error {
-	s := newSegStore(d)
 	var n int64
-	if err := tx.QueryRow(ctx, s.q("seg_count")).Scan(&n); err != nil {
-		return err
+	if err := tx.QueryRow(ctx, d.q.SegCount).Scan(&n); err != nil {
+		return wrap("migrate: convert", err)
 	}
 	if n > 0 {
-		return nil // converted by another process
+		return nil // converted already
 	}
-	if _, err := s.convert(ctx, tx); err != nil {
-		return fmt.Errorf("to segments: %w", err)
+	if _, err := d.seg.convert(ctx, tx); err != nil {
+		return wrap("migrate: convert to segments", err)
 	}
-	_, err := tx.Exec(ctx, s.q("seg_notify"))
-	return err
+	if _, err := tx.Exec(ctx, d.q.SegNotify); err != nil {
+		return wrap("migrate: convert", err)
+	}
+	return wrap("migrate: convert: commit", tx.Commit(ctx))
 }
 
-// migrateStep applies the next missing migration, if any, in one
-// transaction.
-func (d *Driver) migrateStep(ctx context.Context, latest int) (done bool, version int, err error) {
+// migrateStep applies the next missing migration up to target, if any,
+// in one transaction.
+func (d *Driver) migrateStep(ctx context.Context, target int) (done bool, version int, err error) {
+	latest := len(d.migrations)
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
 		return false, 0, wrap("migrate", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if _, err := tx.Exec(ctx, d.q.migrateLock, d.prefix); err != nil {
+	if _, err := tx.Exec(ctx, d.q.MigrateLock, d.prefix); err != nil {
 		return false, 0, wrap("migrate: lock", err)
 	}
-	if _, err := tx.Exec(ctx, d.q.createMigrations); err != nil {
+	if _, err := tx.Exec(ctx, d.q.CreateMigrations); err != nil {
 		return false, 0, wrap("migrate", err)
 	}
 	var current int
-	if err := tx.QueryRow(ctx, d.q.currentVersion).Scan(&current); err != nil {
+	if err := tx.QueryRow(ctx, d.q.CurrentVersion).Scan(&current); err != nil {
 		return false, 0, wrap("migrate", err)
 	}
 	if current > latest {
 		return false, 0, fmt.Errorf("conveyor/postgres: migrate: database has schema version %d, this binary knows up to %d: %w", current, latest, driver.ErrSchemaTooNew)
 	}
-	if current == latest {
+	if current >= min(target, latest) {
 		return true, 0, wrap("migrate", tx.Commit(ctx))
 	}
 	m := d.migrations[current]
@@ -487,12 +421,7 @@ func (d *Driver) migrateStep(ctx context.Context, latest int) (done bool, versio
 			return false, 0, fmt.Errorf("conveyor/postgres: migrate: version %d (%s): %w", m.Version, m.Name, err)
 		}
 	}
-	if m.Version == segmentsDefaultVersion && d.storage != StorageTable {
-		if err := d.convertIn(ctx, tx); err != nil {
-			return false, 0, fmt.Errorf("conveyor/postgres: migrate: version %d (%s): %w", m.Version, m.Name, err)
-		}
-	}
-	if _, err := tx.Exec(ctx, d.q.recordVersion, m.Version); err != nil {
+	if _, err := tx.Exec(ctx, d.q.RecordVersion, m.Version); err != nil {
 		return false, 0, wrap("migrate", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -502,15 +431,28 @@ func (d *Driver) migrateStep(ctx context.Context, latest int) (done bool, versio
 }
 
 // SchemaVersion returns the highest applied migration (0 when the
-// database has none) and the newest one embedded in this binary.
+// database has none) and the newest one embedded in this binary. A
+// prefix that an earlier version kept on its one jobs table past
+// migration 10 reports version 9: it needs Migrate's conversion before
+// this binary can use it.
 func (d *Driver) SchemaVersion(ctx context.Context) (current, latest int, err error) {
 	latest = len(d.migrations)
-	err = d.pool.QueryRow(ctx, d.q.currentVersion).Scan(&current)
+	err = d.pool.QueryRow(ctx, d.q.CurrentVersion).Scan(&current)
 	if err != nil {
 		if pgCode(err) == "42P01" { // undefined_table: never migrated
 			return 0, latest, nil
 		}
 		return 0, latest, wrap("schema version", err)
+	}
+	if current < segmentsVersion || current > latest {
+		return current, latest, nil
+	}
+	var n int64
+	if err := d.pool.QueryRow(ctx, d.q.SegCount).Scan(&n); err != nil {
+		return 0, latest, wrap("schema version", err)
+	}
+	if n == 0 {
+		current = segmentsVersion - 1
 	}
 	return current, latest, nil
 }
@@ -522,11 +464,11 @@ func (d *Driver) DropAll(ctx context.Context) error {
 		return wrap("drop all", err)
 	}
 	for _, t := range tables {
-		if _, err := d.pool.Exec(ctx, "DROP TABLE IF EXISTS "+pgx.Identifier{t}.Sanitize()); err != nil {
+		if _, err := d.pool.Exec(ctx, d.seg.table(d.q.SegDrop, t, "")); err != nil {
 			return wrap("drop all", err)
 		}
 	}
-	_, err = d.pool.Exec(ctx, d.q.dropAll)
+	_, err = d.pool.Exec(ctx, d.q.DropAll)
 	return wrap("drop all", err)
 }
 

@@ -14,19 +14,19 @@ func (d *Driver) RegisterProcess(ctx context.Context, p driver.ProcessRow, ttl t
 	if err != nil {
 		return wrap("register process "+p.ID, err)
 	}
-	_, err = d.pool.Exec(ctx, d.q.registerProcess, p.ID, p.Kind, p.Host, nullPID(p.PID), p.Version, string(qs), micros(ttl))
+	_, err = d.pool.Exec(ctx, d.q.RegisterProcess, p.ID, p.Kind, p.Host, nullPID(p.PID), p.Version, string(qs), micros(ttl))
 	return wrap("register process "+p.ID, err)
 }
 
 // RemoveProcess deletes process id's row.
 func (d *Driver) RemoveProcess(ctx context.Context, id string) error {
-	_, err := d.pool.Exec(ctx, d.q.removeProcess, id)
+	_, err := d.pool.Exec(ctx, d.q.RemoveProcess, id)
 	return wrap("remove process "+id, err)
 }
 
 // Processes lists the stored processes, alive first.
 func (d *Driver) Processes(ctx context.Context) ([]driver.ProcessRow, error) {
-	rows, err := d.pool.Query(ctx, d.q.processes)
+	rows, err := d.pool.Query(ctx, d.q.Processes)
 	if err != nil {
 		return nil, wrap("processes", err)
 	}
@@ -53,7 +53,7 @@ func (d *Driver) Processes(ctx context.Context) ([]driver.ProcessRow, error) {
 
 // PruneProcesses deletes processes expired longer ago than age.
 func (d *Driver) PruneProcesses(ctx context.Context, age time.Duration) (int64, error) {
-	tag, err := d.pool.Exec(ctx, d.q.pruneProcesses, micros(age))
+	tag, err := d.pool.Exec(ctx, d.q.PruneProcesses, micros(age))
 	if err != nil {
 		return 0, wrap("prune processes", err)
 	}

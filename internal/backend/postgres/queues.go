@@ -12,13 +12,13 @@ import (
 // statement). Resuming notifies the queue, waking every process's
 // fetchers for it.
 func (d *Driver) PauseQueue(ctx context.Context, queue string, paused bool) error {
-	_, err := d.pool.Exec(ctx, d.q.pauseQueue, queue, paused)
+	_, err := d.pool.Exec(ctx, d.q.PauseQueue, queue, paused)
 	return wrap("pause queue "+queue, err)
 }
 
 // PausedQueues returns the paused queues and when each was paused.
 func (d *Driver) PausedQueues(ctx context.Context) (map[string]time.Time, error) {
-	rows, err := d.pool.Query(ctx, d.q.pausedQueues)
+	rows, err := d.pool.Query(ctx, d.q.PausedQueues)
 	if err != nil {
 		return nil, wrap("paused queues", err)
 	}
@@ -37,13 +37,13 @@ func (d *Driver) PausedQueues(ctx context.Context) (map[string]time.Time, error)
 
 // RecordSchedule records a schedule's latest slot and next one.
 func (d *Driver) RecordSchedule(ctx context.Context, s driver.ScheduleRow) error {
-	_, err := d.pool.Exec(ctx, d.q.recordSchedule, s.Name, s.Spec, nullTime(s.LastSlot), nullID(s.LastJob), nullTime(s.NextSlot))
+	_, err := d.pool.Exec(ctx, d.q.RecordSchedule, s.Name, s.Spec, nullTime(s.LastSlot), nullID(s.LastJob), nullTime(s.NextSlot))
 	return wrap("record schedule "+s.Name, err)
 }
 
 // Schedules lists the recorded schedules by name.
 func (d *Driver) Schedules(ctx context.Context) ([]driver.ScheduleRow, error) {
-	rows, err := d.pool.Query(ctx, d.q.schedules)
+	rows, err := d.pool.Query(ctx, d.q.Schedules)
 	if err != nil {
 		return nil, wrap("schedules", err)
 	}

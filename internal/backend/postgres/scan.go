@@ -92,7 +92,7 @@ func timeOf(t pgtype.Timestamptz) time.Time {
 	return t.Time
 }
 
-// scanJobs reads full job rows (the column list of get_job) from rows and
+// scanJobs reads full job rows (the columns of seg_get_job) from rows and
 // closes them.
 func scanJobs(rows pgx.Rows) ([]*driver.JobRow, error) {
 	defer rows.Close()

@@ -8,8 +8,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Rotation and reclaim of segments, run by the maintenance leader (from
-// Promote and Prune). Every step is a short transaction of its own under
+// Rotation and reclaim of segments, run by the maintenance leader:
+// Maintain seals, reclaims and drops; Prune seals and reclaims finished
+// segments by age (retention). Every step is a short transaction of its own under
 // a per-prefix advisory lock, and every lock on a segment table is taken
 // NOWAIT: when it is not free at once (a worker is inside, or a held
 // snapshot read the table) the step gives up and the next round tries
@@ -30,15 +31,33 @@ type regRow struct {
 }
 
 // maintain runs one round of rotation and reclaim, unless one ran less
-// than segMaintEvery ago.
-func (s *segStore) maintain(ctx context.Context) error {
+// than segMaintEvery ago, and reports what it did (see Maintain).
+func (s *segStore) maintain(ctx context.Context) (map[string]int, error) {
 	s.maintMu.Lock()
 	defer s.maintMu.Unlock()
 	if time.Since(s.lastMaint) < segMaintEvery {
-		return nil
+		return nil, nil
 	}
 	s.lastMaint = time.Now()
-	return s.round(ctx)
+	before := s.counts()
+	err := s.round(ctx)
+	after := s.counts()
+	report := map[string]int{}
+	for task, n := range after {
+		if d := n - before[task]; d > 0 {
+			report[task] = int(d)
+		}
+	}
+	return report, err
+}
+
+// counts returns the maintenance counters by task.
+func (s *segStore) counts() map[string]int64 {
+	return map[string]int64{
+		"sealed": s.sealed.Load(), "reclaimed": s.reclaims.Load(), "drained": s.drained.Load(),
+		"created": s.created.Load(), "dropped": s.dropped.Load(), "counted": s.counted.Load(),
+		"synced": s.synced.Load(), "refused": s.refusals.Load(),
+	}
 }
 
 // round seals full current segments, reclaims drained-out sealed ones,
@@ -72,7 +91,7 @@ func (s *segStore) round(ctx context.Context) error {
 			continue
 		}
 		var size int64
-		if err := s.d.pool.QueryRow(ctx, s.q("seg_size"), r.tbl).Scan(&size); err != nil {
+		if err := s.d.pool.QueryRow(ctx, s.d.q.SegSize, r.tbl).Scan(&size); err != nil {
 			return err
 		}
 		if size >= limit {
@@ -116,7 +135,7 @@ func (s *segStore) round(ctx context.Context) error {
 		}
 	}
 	if changed {
-		_, err := s.d.pool.Exec(ctx, s.q("seg_notify"))
+		_, err := s.d.pool.Exec(ctx, s.d.q.SegNotify)
 		return err
 	}
 	return nil
@@ -131,9 +150,9 @@ func (s *segStore) round(ctx context.Context) error {
 // (seg_counts_lock) orders the two, so a count never outlives a retry it
 // did not see. It reports whether it recorded them.
 func (s *segStore) recordCounts(ctx context.Context, tbl string) (bool, error) {
-	return s.maintTx(ctx, func(tx pgx.Tx) error {
+	ok, err := s.maintTx(ctx, func(tx pgx.Tx) error {
 		var due bool
-		err := tx.QueryRow(ctx, s.q("seg_counts_lock"), tbl).Scan(&due)
+		err := tx.QueryRow(ctx, s.d.q.SegCountsLock, tbl).Scan(&due)
 		if errors.Is(err, pgx.ErrNoRows) || (err == nil && !due) {
 			return errSkip
 		}
@@ -142,16 +161,20 @@ func (s *segStore) recordCounts(ctx context.Context, tbl string) (bool, error) {
 		}
 		// No writer inside while counting (a retry out of the segment,
 		// a late write); refused at once if one is, for the next round.
-		if _, err := tx.Exec(ctx, s.table("seg_lock_share", tbl, "")); err != nil {
+		if _, err := tx.Exec(ctx, s.table(s.d.q.SegLockShare, tbl, "")); err != nil {
 			return err
 		}
 		var inc int64
-		if err := tx.QueryRow(ctx, s.table("seg_advance", tbl, "")).Scan(&inc); err != nil {
+		if err := tx.QueryRow(ctx, s.table(s.d.q.SegAdvance, tbl, "")).Scan(&inc); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, s.table("seg_record_counts", tbl, ""), tbl, inc)
+		_, err = tx.Exec(ctx, s.table(s.d.q.SegRecordCounts, tbl, ""), tbl, inc)
 		return err
 	})
+	if ok {
+		s.counted.Add(1)
+	}
+	return ok, err
 }
 
 // syncCurrent sets the incarnation sequence of every current segment
@@ -170,7 +193,7 @@ func (s *segStore) syncCurrent(ctx context.Context, regs []regRow) (bool, error)
 	if len(cur) == 0 {
 		return false, nil
 	}
-	rows, err := s.d.pool.Query(ctx, expandEach(s.q("seg_out_of_sync"), cur))
+	rows, err := s.d.pool.Query(ctx, expandEach(s.d.q.SegOutOfSync, cur))
 	if err != nil {
 		return false, err
 	}
@@ -181,7 +204,7 @@ func (s *segStore) syncCurrent(ctx context.Context, regs []regRow) (bool, error)
 	changed := false
 	for _, tbl := range off {
 		ok, err := s.maintTx(ctx, func(tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, s.table("seg_sync", tbl, ""))
+			_, err := tx.Exec(ctx, s.table(s.d.q.SegSync, tbl, ""))
 			return err
 		})
 		if err != nil {
@@ -199,7 +222,7 @@ func (s *segStore) syncCurrent(ctx context.Context, regs []regRow) (bool, error)
 // passed 64 kB) since it was last analyzed. The statistics steer the
 // claim (see seg_analyze), and the analyze invalidates the plans cached
 // on the segment: the segments' statements keep generic plans (see
-// planCustom), which are thus never made with statistics of a table less
+// planGeneric), which are thus never made with statistics of a table less
 // than half its size.
 func (s *segStore) analyzeGrown(ctx context.Context, r regRow, size int64) error {
 	if s.analyzed == nil {
@@ -212,13 +235,13 @@ func (s *segStore) analyzeGrown(ctx context.Context, r regRow, size int64) error
 		return nil
 	}
 	s.analyzed[r.tbl] = size
-	_, err := s.d.pool.Exec(ctx, s.table("seg_analyze", r.tbl, ""))
+	_, err := s.d.pool.Exec(ctx, s.table(s.d.q.SegAnalyze, r.tbl, ""))
 	return err
 }
 
 // registry reads every registry row.
 func (s *segStore) registry(ctx context.Context) ([]regRow, error) {
-	rows, err := s.d.pool.Query(ctx, s.q("seg_registry_all"), micros(s.tune.grace), micros(s.tune.lateWrites))
+	rows, err := s.d.pool.Query(ctx, s.d.q.SegRegistryAll, micros(s.tune.grace), micros(s.tune.lateWrites))
 	if err != nil {
 		return nil, err
 	}
@@ -239,7 +262,7 @@ func (s *segStore) maintTx(ctx context.Context, f func(tx pgx.Tx) error) (bool, 
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var got bool
-	if err := tx.QueryRow(ctx, s.q("seg_maint_lock"), s.d.prefix).Scan(&got); err != nil || !got {
+	if err := tx.QueryRow(ctx, s.d.q.SegMaintLock, s.d.prefix).Scan(&got); err != nil || !got {
 		return false, err
 	}
 	if err := f(tx); err != nil {
@@ -262,21 +285,21 @@ var errSkip = errors.New("skip")
 // tx.
 func (s *segStore) currentOf(ctx context.Context, tx pgx.Tx, phase string) (string, error) {
 	var tbl string
-	err := tx.QueryRow(ctx, "SELECT tbl FROM "+s.d.prefix+"segments WHERE phase = $1 AND status = 'current'", phase).Scan(&tbl)
+	err := tx.QueryRow(ctx, s.d.q.SegCurrent, phase).Scan(&tbl)
 	return tbl, err
 }
 
 // rotate seals the current segment of phase and makes a free table of the
 // phase current, or a new one when none is free.
 func (s *segStore) rotate(ctx context.Context, phase string) error {
-	_, err := s.maintTx(ctx, func(tx pgx.Tx) error {
+	ok, err := s.maintTx(ctx, func(tx pgx.Tx) error {
 		cur, err := s.currentOf(ctx, tx, phase)
 		if err != nil {
 			return err
 		}
 		var next string
 		var inc int64
-		err = tx.QueryRow(ctx, "SELECT tbl, inc FROM "+s.d.prefix+"segments WHERE phase = $1 AND status = 'free' ORDER BY ord LIMIT 1", phase).Scan(&next, &inc)
+		err = tx.QueryRow(ctx, s.d.q.SegFree, phase).Scan(&next, &inc)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			if _, _, err := s.createSegment(ctx, tx, phase, "current"); err != nil {
@@ -285,27 +308,30 @@ func (s *segStore) rotate(ctx context.Context, phase string) error {
 		case err != nil:
 			return err
 		default:
-			if _, err := tx.Exec(ctx, s.q("seg_set_status"), next, "current", inc); err != nil {
+			if _, err := tx.Exec(ctx, s.d.q.SegSetStatus, next, "current", inc); err != nil {
 				return err
 			}
 			// Its sequence may have resumed past inc after a crash.
-			if _, err := tx.Exec(ctx, s.table("seg_sync", next, "")); err != nil {
+			if _, err := tx.Exec(ctx, s.table(s.d.q.SegSync, next, "")); err != nil {
 				return err
 			}
 			if phase == phDone || phase == phDead {
 				// Empty (truncated) and read by nobody: instant.
-				if _, err := tx.Exec(ctx, s.table("seg_index_finished", next, "")); err != nil {
+				if _, err := tx.Exec(ctx, s.table(s.d.q.SegIndexFinished, next, "")); err != nil {
 					return err
 				}
 			}
 		}
 		var curInc int64
-		if err := tx.QueryRow(ctx, "SELECT inc FROM "+s.d.prefix+"segments WHERE tbl = $1", cur).Scan(&curInc); err != nil {
+		if err := tx.QueryRow(ctx, s.d.q.SegInc, cur).Scan(&curInc); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, s.q("seg_set_status"), cur, "sealed", curInc)
+		_, err = tx.Exec(ctx, s.d.q.SegSetStatus, cur, "sealed", curInc)
 		return err
 	})
+	if ok {
+		s.sealed.Add(1)
+	}
 	return err
 }
 
@@ -324,7 +350,7 @@ func (s *segStore) reclaim(ctx context.Context, r regRow, drain, finished bool) 
 	if !finished && r.status != "drained" {
 		// Too many rows left to move: not worth a lock (taken, it would
 		// hold the claimers back for the count).
-		if err := s.d.pool.QueryRow(ctx, s.table("seg_rows", r.tbl, ""), s.tune.leftovers+1).Scan(&rows); err != nil {
+		if err := s.d.pool.QueryRow(ctx, s.table(s.d.q.SegRows, r.tbl, ""), s.tune.leftovers+1).Scan(&rows); err != nil {
 			return false, 0, err
 		}
 		if rows > s.tune.leftovers {
@@ -332,15 +358,15 @@ func (s *segStore) reclaim(ctx context.Context, r regRow, drain, finished bool) 
 		}
 	}
 	ok, err := s.maintTx(ctx, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, s.table("seg_lock_exclusive", r.tbl, "")); err != nil {
+		if _, err := tx.Exec(ctx, s.table(s.d.q.SegLockExclusive, r.tbl, "")); err != nil {
 			return err
 		}
 		if r.status != "drained" { // a drained segment's rows are moved or pruned already
-			if err := s.leftovers(ctx, tx, r, finished, "seg_move", &rows); err != nil {
+			if err := s.leftovers(ctx, tx, r, finished, s.d.q.SegMove, &rows); err != nil {
 				return err
 			}
 		}
-		if _, err := tx.Exec(ctx, s.table("seg_truncate", r.tbl, "")); err != nil {
+		if _, err := tx.Exec(ctx, s.table(s.d.q.SegTruncate, r.tbl, "")); err != nil {
 			return err
 		}
 		return s.advance(ctx, tx, r.tbl, "free")
@@ -355,10 +381,10 @@ func (s *segStore) reclaim(ctx context.Context, r regRow, drain, finished bool) 
 		return false, 0, nil
 	}
 	ok, err = s.maintTx(ctx, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, s.table("seg_lock_share", r.tbl, "")); err != nil {
+		if _, err := tx.Exec(ctx, s.table(s.d.q.SegLockShare, r.tbl, "")); err != nil {
 			return err
 		}
-		if err := s.leftovers(ctx, tx, r, finished, "seg_move_delete", &rows); err != nil {
+		if err := s.leftovers(ctx, tx, r, finished, s.d.q.SegMoveDelete, &rows); err != nil {
 			return err
 		}
 		return s.advance(ctx, tx, r.tbl, "drained")
@@ -377,14 +403,14 @@ func (s *segStore) leftovers(ctx context.Context, tx pgx.Tx, r regRow, finished 
 	if finished {
 		limit = 1 << 62
 	}
-	if err := tx.QueryRow(ctx, s.table("seg_rows", r.tbl, ""), limit).Scan(n); err != nil {
+	if err := tx.QueryRow(ctx, s.table(s.d.q.SegRows, r.tbl, ""), limit).Scan(n); err != nil {
 		return err
 	}
 	if *n == 0 {
 		return nil
 	}
 	if finished {
-		_, err := tx.Exec(ctx, s.table("seg_free_keys", r.tbl, ""))
+		_, err := tx.Exec(ctx, s.table(s.d.q.SegFreeKeys, r.tbl, ""))
 		return err
 	}
 	if *n > s.tune.leftovers {
@@ -401,23 +427,23 @@ func (s *segStore) leftovers(ctx context.Context, tx pgx.Tx, r regRow, finished 
 // advance draws the next incarnation of tbl and records it with status.
 func (s *segStore) advance(ctx context.Context, tx pgx.Tx, tbl, status string) error {
 	var inc int64
-	if err := tx.QueryRow(ctx, s.table("seg_advance", tbl, "")).Scan(&inc); err != nil {
+	if err := tx.QueryRow(ctx, s.table(s.d.q.SegAdvance, tbl, "")).Scan(&inc); err != nil {
 		return err
 	}
-	_, err := tx.Exec(ctx, s.q("seg_set_status"), tbl, status, inc)
+	_, err := tx.Exec(ctx, s.d.q.SegSetStatus, tbl, status, inc)
 	return err
 }
 
 // dropSegment drops a free table beyond the ring, when its lock is free.
 func (s *segStore) dropSegment(ctx context.Context, r regRow) (bool, error) {
 	ok, err := s.maintTx(ctx, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, s.table("seg_lock_exclusive", r.tbl, "")); err != nil {
+		if _, err := tx.Exec(ctx, s.table(s.d.q.SegLockExclusive, r.tbl, "")); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, s.table("seg_drop", r.tbl, "")); err != nil {
+		if _, err := tx.Exec(ctx, s.table(s.d.q.SegDrop, r.tbl, "")); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, s.q("seg_unregister"), r.tbl)
+		_, err := tx.Exec(ctx, s.d.q.SegUnregister, r.tbl)
 		return err
 	})
 	if ok {
@@ -441,11 +467,11 @@ func (s *segStore) prune(ctx context.Context, phase string, age time.Duration) (
 		if r.phase != phase || (r.status != "current" && r.status != "sealed") {
 			continue
 		}
-		q, after := "seg_expired", age
+		q, after := s.d.q.SegExpired, age
 		if r.status == "current" {
 			// Sealed by time, so that a segment spans a sixteenth of
 			// the retention: jobs are kept at most that much longer.
-			q, after = "seg_oldest", age/16
+			q, after = s.d.q.SegOldest, age/16
 		}
 		var due bool
 		if err := s.d.pool.QueryRow(ctx, s.table(q, r.tbl, ""), micros(after)).Scan(&due); err != nil {
@@ -459,7 +485,7 @@ func (s *segStore) prune(ctx context.Context, phase string, age time.Duration) (
 				return n, err
 			}
 			// Sealed now: its newest row decides, as for the others.
-			if err := s.d.pool.QueryRow(ctx, s.table("seg_expired", r.tbl, ""), micros(age)).Scan(&due); err != nil || !due {
+			if err := s.d.pool.QueryRow(ctx, s.table(s.d.q.SegExpired, r.tbl, ""), micros(age)).Scan(&due); err != nil || !due {
 				continue
 			}
 			r.status = "sealed"
@@ -473,7 +499,7 @@ func (s *segStore) prune(ctx context.Context, phase string, age time.Duration) (
 		}
 	}
 	if n > 0 {
-		_, err := s.d.pool.Exec(ctx, s.q("seg_notify"))
+		_, err := s.d.pool.Exec(ctx, s.d.q.SegNotify)
 		return n, err
 	}
 	return n, nil

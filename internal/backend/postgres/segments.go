@@ -15,16 +15,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/conveyorq/conveyor/internal/driver"
-	"github.com/conveyorq/conveyor/internal/sqlq"
 )
 
-// The segments storage (docs/postgres-storage.md): every job lives in
+// The segment tables (docs/postgres-storage.md): every job lives in
 // exactly one table of its phase, each phase is a series of segment
 // tables listed in the registry {p}segments, and the maintenance leader
-// seals, drains and truncates whole segments, so that the cost of a job
-// does not depend on how long vacuum has been held back.
+// seals, drains and truncates whole segments (Maintain), so that the
+// cost of a job does not depend on how long vacuum has been held back.
 
-// Phases of the segments storage, in the registry's spelling.
+// Phases, in the registry's spelling.
 const (
 	phReady   = "ready"
 	phRunning = "running"
@@ -107,18 +106,17 @@ type segView struct {
 	stmts *sync.Map
 }
 
-// segStore is the segments storage of a driver whose prefix was
-// converted.
+// segStore is a driver's view of the segment tables of its prefix and
+// their maintenance.
 type segStore struct {
 	d    *Driver
 	tune segTuning
-	tpl  map[string]string // templates of segments.sql, with the prefix
 
 	mu   sync.Mutex // serialises refreshes
 	view atomic.Pointer[segView]
 
 	// counters, for tests and reports
-	reclaims, drained, refusals, created, dropped, stale, synced atomic.Int64
+	sealed, reclaims, drained, refusals, created, dropped, counted, stale, synced atomic.Int64
 
 	lastMaint time.Time // maintenance rate limit (leader only; under maintMu)
 	maintMu   sync.Mutex
@@ -158,17 +156,13 @@ func (s *segStore) close() {
 }
 
 func newSegStore(d *Driver) *segStore {
-	tune := defaultTuning
-	if n := d.sealAt.Load(); n > 0 {
-		tune.sealBytes, tune.finishedBytes = n, 4*n
-	}
-	return &segStore{d: d, tune: tune, tpl: sqlq.Queries(sqlFS, "segments.sql", d.prefix)}
+	return &segStore{d: d, tune: defaultTuning}
 }
 
-// SealSegmentsAt makes the segments storage of d, a PostgreSQL driver,
-// seal a current ready, running or waiting segment once it takes bytes
-// on disk, and a done or dead one at four times that, instead of the
-// defaults (1 MiB and 64 MiB). conveyor's torture suite uses it so that
+// SealSegmentsAt makes the maintenance of d, a PostgreSQL driver, seal a
+// current ready, running or waiting segment once it takes bytes on disk,
+// and a done or dead one at four times that, instead of the defaults
+// (1 MiB and 64 MiB). conveyor's torture suite uses it so that
 // a run of seconds rotates and reclaims segments many times. Call it
 // before the client works. It reports whether d is a PostgreSQL driver.
 func SealSegmentsAt(d driver.Driver, bytes int64) bool {
@@ -176,83 +170,12 @@ func SealSegmentsAt(d driver.Driver, bytes int64) bool {
 	if !ok || bytes <= 0 {
 		return false
 	}
-	pd.sealAt.Store(bytes)
-	if s := pd.segs(); s != nil {
-		s.maintMu.Lock()
-		s.tune.sealBytes, s.tune.finishedBytes = bytes, 4*bytes
-		s.maintMu.Unlock()
-	}
+	s := pd.seg
+	s.maintMu.Lock()
+	s.tune.sealBytes, s.tune.finishedBytes = bytes, 4*bytes
+	s.maintMu.Unlock()
 	return true
 }
-
-func (s *segStore) q(name string) string {
-	t, ok := s.tpl[name]
-	if !ok {
-		panic("postgres: segments.sql has no query " + name)
-	}
-	return t
-}
-
-// segs returns the driver's segments storage, or nil when its prefix uses
-// the one-table storage.
-func (d *Driver) segs() *segStore { return d.seg.Load() }
-
-// detectStorage reads the registry: a prefix with segments in it uses the
-// segments storage. A database that was never migrated (no registry) uses
-// the one-table storage until it is.
-func (d *Driver) detectStorage(ctx context.Context) error {
-	var n int64
-	err := d.pool.QueryRow(ctx, sqlq.Queries(sqlFS, "segments.sql", d.prefix)["seg_count"]).Scan(&n)
-	if pgCode(err) == "42P01" {
-		return nil
-	}
-	if err != nil {
-		return wrap("storage", err)
-	}
-	if n > 0 && d.seg.Load() == nil {
-		d.seg.CompareAndSwap(nil, newSegStore(d))
-	}
-	return nil
-}
-
-// converted reports whether err is the one-table storage's statement
-// failing because the prefix was converted to the segments storage since
-// this driver last read the registry (its {p}jobs table is gone), and
-// switches the driver to the segments if so. A process that listens
-// learns of a conversion from its notification; one that does not (an
-// enqueue-only process, a dashboard) learns of it here, on the first
-// statement that fails, and its method runs again on the segments.
-func (d *Driver) converted(ctx context.Context, err error) bool {
-	if err == nil || d.segs() != nil || pgCode(err) != "42P01" {
-		return false
-	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if d.detectStorage(rctx) != nil {
-		return false
-	}
-	return d.segs() != nil
-}
-
-// Storage returns the storage of the driver's prefix as last read:
-// "segments" or "table".
-func (d *Driver) Storage() string {
-	if d.segs() != nil {
-		return StorageSegments
-	}
-	return StorageTable
-}
-
-// Storages of the PostgreSQL backend.
-const (
-	// StorageTable keeps every job in one table ({p}jobs): the storage of
-	// prefixes before migration 10, kept by Options.Storage "table".
-	StorageTable = "table"
-	// StorageSegments keeps jobs in phase tables rotated in segments
-	// and truncated whole (docs/postgres-storage.md): the default since
-	// migration 10.
-	StorageSegments = "segments"
-)
 
 // viewNow returns a view of the registry no older than segRefreshEvery.
 func (s *segStore) viewNow(ctx context.Context) (*segView, error) {
@@ -281,7 +204,7 @@ func (s *segStore) refresh(ctx context.Context, after time.Time) (*segView, erro
 		return nil, err
 	}
 	readAt := time.Now()
-	rows, err := reg.Query(ctx, s.q("seg_registry"))
+	rows, err := reg.Query(ctx, s.d.q.SegRegistry)
 	if err != nil {
 		return nil, err
 	}
@@ -375,7 +298,7 @@ func (s *segStore) readIn(ctx context.Context, q querier, f func(v *segView) err
 	for round := 0; ; round++ {
 		var v *segView
 		var iso string
-		err := q(ctx, s.q("seg_registry_tx"), nil, func(scan func(...any) error) error {
+		err := q(ctx, s.d.q.SegRegistryTx, nil, func(scan func(...any) error) error {
 			if v == nil {
 				v = &segView{at: time.Now()}
 			}
@@ -387,10 +310,10 @@ func (s *segStore) readIn(ctx context.Context, q querier, f func(v *segView) err
 			}
 			return v.add(tbl, phase, status, inc, sealedAt)
 		})
-		if err == nil && v == nil {
-			err = errors.New("the segment registry is empty")
-		}
 		if err == nil {
+			if v == nil {
+				v = &segView{}
+			}
 			err = v.finish()
 		}
 		if err != nil {
@@ -453,8 +376,13 @@ func (v *segView) add(tbl, phase, status string, inc int64, sealedAt *time.Time)
 }
 
 // finish completes a view whose registry rows were added: every phase
-// has a current segment, last in its live list.
+// has a current segment, last in its live list. An empty registry is a
+// prefix that an earlier version kept on its one jobs table, which
+// Migrate converts.
 func (v *segView) finish() error {
+	if len(v.cur) == 0 {
+		return fmt.Errorf("the prefix has no segment tables (an earlier version kept its jobs in one table): %w", driver.ErrSchemaOutdated)
+	}
 	for _, ph := range phases {
 		c, ok := v.cur[ph]
 		if !ok {
@@ -556,27 +484,34 @@ func (s *segStore) invalidate() {
 	}
 }
 
-// stmt builds the named template for the given source segments, with
-// the current segments and incarnations of v, and caches it in v.
-func (s *segStore) stmt(name string, v *segView, srcs []string, guarded ...string) string {
+// stmtKey names a statement built by stmt: its template (a field of the
+// driver's queries) and the tables it was built for.
+type stmtKey struct {
+	tpl    *string
+	tables string
+}
+
+// stmt builds the template tpl, a field of the driver's queries, for the
+// given source segments, with the current segments and incarnations of
+// v, and caches it in v.
+func (s *segStore) stmt(tpl *string, v *segView, srcs []string, guarded ...string) string {
 	var key strings.Builder
-	key.WriteString(name)
 	for _, t := range srcs {
-		key.WriteByte(' ')
 		key.WriteString(t)
+		key.WriteByte(' ')
 	}
-	key.WriteString(" |")
+	key.WriteString("|")
 	for _, ph := range guarded {
 		key.WriteByte(' ')
 		key.WriteString(ph)
 	}
-	k := key.String()
+	k := stmtKey{tpl, key.String()}
 	if v.stmts != nil {
 		if q, ok := v.stmts.Load(k); ok {
 			return q.(string)
 		}
 	}
-	q := expandEach(s.q(name), srcs)
+	q := expandEach(*tpl, srcs)
 	guard := "true"
 	if len(guarded) > 0 {
 		parts := make([]string, len(guarded))
@@ -596,9 +531,9 @@ func (s *segStore) stmt(name string, v *segView, srcs []string, guarded ...strin
 	return q
 }
 
-// table fills {t} (and {dst}) of a maintenance template.
-func (s *segStore) table(name, t, dst string) string {
-	return strings.NewReplacer("{t}", t, "{dst}", dst, "{cols}", segCols).Replace(s.q(name))
+// table fills {t} (and {dst}) of a maintenance template tpl.
+func (s *segStore) table(tpl, t, dst string) string {
+	return strings.NewReplacer("{t}", t, "{dst}", dst, "{cols}", segCols).Replace(tpl)
 }
 
 // expandEach repeats every {each}X{sep}Y{end} block once per source,
@@ -693,28 +628,26 @@ func (v *segView) srcs(phs ...string) []string {
 // with status, returning its name and incarnation.
 func (s *segStore) createSegment(ctx context.Context, tx pgx.Tx, phase, status string) (string, int64, error) {
 	var n int64
-	if err := tx.QueryRow(ctx, s.q("seg_new_name")).Scan(&n); err != nil {
+	q := &s.d.q
+	if err := tx.QueryRow(ctx, q.SegNewName).Scan(&n); err != nil {
 		return "", 0, err
 	}
 	tbl := s.d.prefix + phase + "_" + strconv.FormatInt(n, 10)
-	if _, err := tx.Exec(ctx, s.table("seg_table", tbl, "")); err != nil {
-		return "", 0, err
-	}
+	ddl := []string{q.SegTable}
 	switch phase {
 	case phReady:
-		if _, err := tx.Exec(ctx, s.table("seg_index_ready", tbl, "")); err != nil {
-			return "", 0, err
-		}
+		ddl = append(ddl, q.SegIndexReady)
 	case phWaiting:
-		if _, err := tx.Exec(ctx, s.table("seg_index_waiting", tbl, "")); err != nil {
-			return "", 0, err
-		}
+		ddl = append(ddl, q.SegIndexWaiting)
 	case phDone, phDead:
-		if _, err := tx.Exec(ctx, s.table("seg_index_finished", tbl, "")); err != nil {
+		ddl = append(ddl, q.SegIndexFinished)
+	}
+	for _, tpl := range ddl {
+		if _, err := tx.Exec(ctx, s.table(tpl, tbl, "")); err != nil {
 			return "", 0, err
 		}
 	}
-	if _, err := tx.Exec(ctx, s.q("seg_register"), tbl, phase, status, int64(1)); err != nil {
+	if _, err := tx.Exec(ctx, q.SegRegister, tbl, phase, status, int64(1)); err != nil {
 		return "", 0, err
 	}
 	s.created.Add(1)
@@ -735,26 +668,31 @@ var convertLockFor = 30 * time.Second
 // lockForConvert takes the ACCESS EXCLUSIVE lock of {p}jobs in tx. A
 // transaction that holds a lock on the table for long (a pg_dump) would
 // keep a plain LOCK waiting, and every worker queued behind it: each
-// attempt waits convertLockWait at most, inside a savepoint so that a
-// refused one leaves tx usable.
+// attempt waits convertLockWait at most, inside a savepoint (a pgx
+// nested transaction) so that a refused one leaves tx usable.
 func (s *segStore) lockForConvert(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+strconv.FormatInt(convertLockWait.Milliseconds(), 10)+"ms'"); err != nil {
+	q := &s.d.q
+	if _, err := tx.Exec(ctx, q.SegConvertLockTimeout, strconv.FormatInt(convertLockWait.Milliseconds(), 10)+"ms"); err != nil {
 		return err
 	}
 	deadline := time.Now().Add(convertLockFor)
 	for {
-		if _, err := tx.Exec(ctx, "SAVEPOINT convert_lock"); err != nil {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, s.q("seg_convert_lock"))
+		_, err = sp.Exec(ctx, q.SegConvertLock)
 		if err == nil {
-			_, err = tx.Exec(ctx, "RESET lock_timeout")
+			if err := sp.Commit(ctx); err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, q.SegConvertLockReset)
 			return err
 		}
 		if pgCode(err) != "55P03" || time.Now().After(deadline) {
 			return fmt.Errorf("lock the jobs table: another transaction held a lock on it through every attempt for %v (a pg_dump or a long transaction?); run Migrate again when it ends: %w", convertLockFor, err)
 		}
-		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT convert_lock"); err != nil {
+		if err := sp.Rollback(ctx); err != nil {
 			return err
 		}
 		select {
@@ -765,16 +703,17 @@ func (s *segStore) lockForConvert(ctx context.Context, tx pgx.Tx) error {
 	}
 }
 
-// convert switches the driver's prefix to the segments storage in tx
-// (under the migration lock): it creates the sequences, the unique keys
-// table and one current segment per phase, moves every job of {p}jobs
-// into its phase (running jobs keep attempt, fence and lease) and drops
-// {p}jobs. It returns the number of jobs moved.
+// convert moves the prefix from the one jobs table of earlier versions
+// to the segment tables in tx (under the migration lock): it creates the
+// sequences, the unique keys table and one current segment per phase,
+// moves every job of {p}jobs into its phase (running jobs keep attempt,
+// fence and lease) and drops {p}jobs. It returns the number of jobs
+// moved.
 func (s *segStore) convert(ctx context.Context, tx pgx.Tx) (int64, error) {
 	if err := s.lockForConvert(ctx, tx); err != nil {
 		return 0, err
 	}
-	if _, err := tx.Exec(ctx, s.q("seg_convert_setup")); err != nil {
+	if _, err := tx.Exec(ctx, s.d.q.SegConvertSetup); err != nil {
 		return 0, err
 	}
 	v := &segView{cur: map[string]segRef{}, live: map[string][]string{}}
@@ -787,10 +726,10 @@ func (s *segStore) convert(ctx context.Context, tx pgx.Tx) (int64, error) {
 		v.live[ph] = []string{tbl}
 	}
 	var n int64
-	if err := tx.QueryRow(ctx, s.stmt("seg_convert_move", v, nil)).Scan(&n); err != nil {
+	if err := tx.QueryRow(ctx, s.stmt(&s.d.q.SegConvertMove, v, nil)).Scan(&n); err != nil {
 		return 0, err
 	}
-	if _, err := tx.Exec(ctx, s.q("seg_convert_drop")); err != nil {
+	if _, err := tx.Exec(ctx, s.d.q.SegConvertDrop); err != nil {
 		return 0, err
 	}
 	return n, nil
@@ -799,7 +738,7 @@ func (s *segStore) convert(ctx context.Context, tx pgx.Tx) (int64, error) {
 // segTables lists every segment table of the prefix (none when it has no
 // registry).
 func (d *Driver) segTables(ctx context.Context) ([]string, error) {
-	rows, err := d.pool.Query(ctx, sqlq.Queries(sqlFS, "segments.sql", d.prefix)["seg_tables"])
+	rows, err := d.pool.Query(ctx, d.q.SegTables)
 	if pgCode(err) == "42P01" {
 		return nil, nil
 	}
@@ -818,15 +757,10 @@ func (d *Driver) segTables(ctx context.Context) ([]string, error) {
 const segNotice = "!segments"
 
 // segmentsChanged handles segNotice: the next statement reads the
-// registry again, and a process still on the one-table storage learns
-// that its prefix was converted.
-func (d *Driver) segmentsChanged(ctx context.Context) {
-	if s := d.segs(); s != nil {
-		s.invalidate()
-		// A reclaim may have moved jobs into the current ready segment
-		// (see claimHints).
-		s.hints.wakeAll()
-		return
-	}
-	_ = d.detectStorage(ctx)
+// registry again.
+func (d *Driver) segmentsChanged() {
+	d.seg.invalidate()
+	// A reclaim may have moved jobs into the current ready segment (see
+	// claimHints).
+	d.seg.hints.wakeAll()
 }

@@ -1,5 +1,7 @@
--- Statement templates of the segments storage (docs/postgres-storage.md).
--- Besides {p} (the prefix), segments.go fills in:
+-- The statements of the jobs' tables (docs/postgres-storage.md): every
+-- job lives in one segment table of its phase, listed in the registry
+-- {p}segments. Most are templates; besides {p} (the prefix), segments.go
+-- fills in:
 --   {t}                     one segment table (maintenance, DDL)
 --   {ready} {running} {waiting} {done} {dead}
 --                           the current segment of each phase
@@ -84,8 +86,13 @@ SELECT tbl, phase, status, inc, sealed_at, current_setting('transaction_isolatio
 SELECT count(*) FROM {p}segments
 
 -- name: seg_insert
--- The insert statement of the one-table storage, into the current ready
--- segment (due now) or waiting segment (due later).
+-- Jobs into the current ready segment (due now) or waiting segment (due
+-- later). Ids are drawn from the sequence in input order (WITH
+-- ORDINALITY) and returned in that order. One pg_notify per distinct
+-- queue that received a job that is available now, in the same statement
+-- and transaction. $9 is the metadata; a batch without any passes an
+-- empty array, which unnest pads with NULLs, so plain jobs cost nothing
+-- more.
 WITH input AS MATERIALIZED (
     SELECT nextval('{p}job_ids') AS id,
            i.ord, i.queue, i.kind, i.args, i.priority, i.max_attempts, i.timeout_ms,
@@ -113,9 +120,12 @@ SELECT i.id FROM input i CROSS JOIN (SELECT count(*) FROM woke) w ORDER BY i.ord
 
 -- name: seg_insert_unique
 -- seg_insert for jobs with a unique key ($10, hex) and keep bits ($11),
--- in key order. The key goes into {p}unique_keys first (ON CONFLICT DO
--- NOTHING waits for a concurrent inserter of the same key and skips a
--- held one); only jobs whose key went in are inserted.
+-- given in key order. The key goes into {p}unique_keys first, in that
+-- order (ORDER BY ord), so that concurrent inserters of overlapping keys
+-- wait for each other in the same order and cannot deadlock: ON CONFLICT
+-- DO NOTHING waits for a concurrent inserter of the same key and skips a
+-- held one. Only jobs whose key went in are inserted, and only they
+-- notify; the result says which went in.
 WITH input AS MATERIALIZED (
     SELECT nextval('{p}job_ids') AS id,
            i.ord, i.queue, i.kind, i.args, i.priority, i.max_attempts, i.timeout_ms,
@@ -165,6 +175,11 @@ LIMIT 1
 SELECT encode(key, 'hex'), job_id FROM {p}unique_keys
  WHERE key = ANY (ARRAY(SELECT decode(k, 'hex') FROM unnest($1::text[]) AS k))
 
+-- name: seg_bulk_lock
+-- BulkInsert's lock on the current ready and waiting segments, the lock
+-- an insert takes (a reclaim's ACCESS EXCLUSIVE waits for it).
+LOCK TABLE {ready}, {waiting} IN ROW EXCLUSIVE MODE
+
 -- name: seg_bulk_guard
 -- BulkInsert copies into the current ready and waiting segments: it locks
 -- them as an insert would, then checks their incarnations.
@@ -177,9 +192,19 @@ SELECT {guard}
 -- delete finds them by the ctids the locking read returned (a TID scan:
 -- no index descent per job). A locked row cannot move (rows of a ready
 -- segment are never updated, and the lock keeps any other statement from
--- deleting it), so its ctid still names it when the delete runs. It
--- commits asynchronously and takes its fence from the clock, as claim
--- does (see there why that is safe).
+-- deleting it), so its ctid still names it when the delete runs.
+--
+-- The claim commits without waiting for its WAL to reach disk (async:
+-- synchronous_commit off for this statement's transaction only), which
+-- takes an fsync off every pick-up. A crash of the server may then lose a
+-- claim whose worker already runs the job; the job is claimed again, as
+-- after any crash, and the fence makes that safe: it is the database
+-- clock in microseconds (or one more than the last fence, if that is
+-- larger), so the new claim's fence differs from the lost one's even
+-- though the lost one never reached the table, and the first worker's
+-- acknowledgements are refused. Every acknowledgement (complete,
+-- heartbeat, release) commits synchronously, and its flush carries any
+-- earlier claim of its job with it.
 WITH
 async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
 {each}c{i} AS (
@@ -546,6 +571,13 @@ SELECT c.queue, c.state, c.n, 0
 GROUP BY queue, state
 ORDER BY queue, state
 
+-- name: seg_stats_serial
+-- Stats without parallel workers: the planner sizes a sealed finished
+-- segment's arm by its rows, not knowing that recorded counts skip its
+-- scan, and starting the workers it plans for took 40-60 ms of a 60 ms
+-- Stats over 1,000,000 counted jobs.
+SET LOCAL max_parallel_workers_per_gather = 0
+
 -- name: seg_overview
 -- $1 finishedSince: the unfinished jobs of the segments given (every live
 -- ready, running and waiting one) and the jobs finished at or after $1 of
@@ -575,6 +607,17 @@ SELECT tbl, phase, status, inc, coalesce(sealed_at < now() - $1::bigint * interv
        status = 'sealed' AND phase IN ('done', 'dead') AND (counts IS NULL OR counts_inc IS DISTINCT FROM inc)
          AND coalesce(sealed_at < now() - $2::bigint * interval '1 microsecond', false)
   FROM {p}segments ORDER BY phase, ord
+
+-- name: seg_current
+-- $1 phase: its current segment, in the maintainer's transaction.
+SELECT tbl FROM {p}segments WHERE phase = $1 AND status = 'current'
+
+-- name: seg_free
+-- $1 phase: its oldest free table and that table's incarnation.
+SELECT tbl, inc FROM {p}segments WHERE phase = $1 AND status = 'free' ORDER BY ord LIMIT 1
+
+-- name: seg_inc
+SELECT inc FROM {p}segments WHERE tbl = $1
 
 -- name: seg_new_name
 SELECT nextval('{p}segments_n')
@@ -693,7 +736,8 @@ UNION ALL
  WHERE r.status = 'current' AND q.inc <> r.inc
 
 -- name: seg_drop
-DROP TABLE {t}
+-- IF EXISTS: DropAll drops every table the registry names.
+DROP TABLE IF EXISTS {t}
 
 -- name: seg_notify
 SELECT pg_notify('{p}wake', '!segments')
@@ -703,7 +747,7 @@ SELECT pg_notify('{p}wake', '!segments')
 SELECT tbl FROM {p}segments
 
 -- name: seg_convert_setup
--- The sequences and the unique keys table of the segments storage,
+-- The sequences and the unique keys table of the segment tables,
 -- created by the conversion of a prefix. Job ids continue from the jobs
 -- table's: the next id is the one its sequence would give (last_value
 -- itself while is_called is false: on a fresh install, where the first
@@ -719,10 +763,20 @@ CREATE TABLE {p}unique_keys (
 -- name: seg_convert_lock
 -- The conversion waits (up to lock_timeout, retried: lockForConvert) for
 -- the writers of the jobs table to finish, and keeps every other
--- statement out of it until it commits; processes still on the one-table
--- storage then fail on the missing table rather than write where nobody
--- reads.
+-- statement out of it until it commits; processes of an earlier version
+-- still writing the one table then fail on the missing table rather than
+-- write where nobody reads.
 LOCK TABLE {p}jobs IN ACCESS EXCLUSIVE MODE
+
+-- name: seg_convert_lock_timeout
+-- $1: how long each attempt of seg_convert_lock waits, for the
+-- transaction.
+SELECT set_config('lock_timeout', $1, true)
+
+-- name: seg_convert_lock_reset
+-- Once the lock is taken: the rest of the conversion waits as long as it
+-- must.
+RESET lock_timeout
 
 -- name: seg_convert_move
 -- Every job into the current segment of its phase. Running jobs keep

@@ -20,16 +20,12 @@ import (
 	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
-// openSeg returns a migrated driver on a fresh prefix converted to the
-// segments storage, dropped at the end.
+// openSeg returns a migrated driver on a fresh prefix, dropped at the
+// end, and its segments.
 func openSeg(t *testing.T) (*Driver, *segStore) {
 	t.Helper()
-	d := open(t, driver.Options{Storage: StorageSegments})
-	s := d.segs()
-	if s == nil || d.Storage() != StorageSegments {
-		t.Fatalf("storage %q after migrate with Storage segments", d.Storage())
-	}
-	return d, s
+	d := open(t, driver.Options{})
+	return d, d.seg
 }
 
 // openOther opens a second driver on d's prefix, as another process
@@ -528,7 +524,7 @@ func TestSegmentsHeartbeatAfterMoveAndNotification(t *testing.T) {
 		if builds == 1 {
 			s.invalidate() // the notification arrives while the statement runs
 		}
-		return s.stmt("seg_heartbeat", v, srcs)
+		return s.stmt(&d.q.SegHeartbeat, v, srcs)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -609,205 +605,6 @@ func TestSegmentsOutcomesNameTheirSegment(t *testing.T) {
 		if err != nil || got.State != driver.StateCompleted {
 			t.Fatalf("job %d after its completion: %+v, %v", j.ID, got, err)
 		}
-	}
-}
-
-// TestSegmentsConversionAfterTable: a prefix that migration 10 kept on
-// the one table (StorageTable) is converted later by a driver opened with
-// StorageSegments, with no migration left to apply.
-func TestSegmentsConversionAfterTable(t *testing.T) {
-	ctx := context.Background()
-	tbl := open(t, driver.Options{Storage: StorageTable})
-	if tbl.Storage() != StorageTable {
-		t.Fatalf("storage %s with StorageTable", tbl.Storage())
-	}
-	ids, err := tbl.Insert(ctx, []driver.InsertParams{pj("kept")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	conv, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: tbl.prefix, Storage: StorageSegments})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conv.Close()
-	if applied, err := conv.Migrate(ctx); err != nil || len(applied) != 0 || conv.Storage() != StorageSegments {
-		t.Fatalf("converting a kept table: applied %v, storage %s, %v", applied, conv.Storage(), err)
-	}
-	js, err := conv.Claim(ctx, driver.ClaimParams{Queue: "kept", Limit: 2, Lease: time.Minute, Worker: "w"})
-	if err != nil || len(js) != 1 || js[0].ID != ids[0] {
-		t.Fatalf("claim after the conversion: %v %v, want job %d", js, err, ids[0])
-	}
-}
-
-// TestSegmentsConversion converts a prefix holding jobs in every state,
-// one of them running, as the upgrade to migration 10 does (a version-9
-// prefix on the one table, migrated at the defaults; a driver opened with
-// StorageTable first keeps it on the table): states, attempts, fences,
-// leases and unique keys survive, the running attempt's fence still completes it, and drivers
-// still on the one-table storage switch: one on the notification, one on
-// its first statement that finds {p}jobs gone (a process that does not
-// listen), which runs again on the segments, and one whose statement ran
-// in the caller's transaction, which fails naming the conversion, then
-// works in the next transaction.
-func TestSegmentsConversion(t *testing.T) {
-	ctx := context.Background()
-	old := open(t, driver.Options{})
-	ins := func(p driver.InsertParams) int64 {
-		t.Helper()
-		ids, err := old.Insert(ctx, []driver.InsertParams{p})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ids[0]
-	}
-	claim := func(queue string) *driver.JobRow {
-		t.Helper()
-		js, err := old.Claim(ctx, driver.ClaimParams{Queue: queue, Limit: 1, Lease: time.Hour, Worker: "w"})
-		if err != nil || len(js) != 1 {
-			t.Fatalf("claim %s: %d %v", queue, len(js), err)
-		}
-		return js[0]
-	}
-	complete := func(j *driver.JobRow, state string) {
-		t.Helper()
-		applied, err := old.Complete(ctx, []driver.Outcome{{ID: j.ID, Fence: j.Fence, Attempt: j.Attempt, State: state, RetryIn: time.Hour,
-			Err: &driver.AttemptError{Attempt: j.Attempt, Error: "boom"}}})
-		if err != nil || len(applied) != 1 {
-			t.Fatalf("complete: %v %v", applied, err)
-		}
-	}
-	avail := ins(pj("avail"))
-	later := pj("sched")
-	later.Delay = time.Hour
-	sched := ins(later)
-	ins(pj("run"))
-	running := claim("run")
-	ins(pj("retry"))
-	complete(claim("retry"), driver.StateRetryable)
-	ins(pj("done"))
-	complete(claim("done"), driver.StateCompleted)
-	ins(pj("dead"))
-	complete(claim("dead"), driver.StateDiscarded)
-	cancelled := ins(pj("cancel"))
-	if _, err := old.Cancel(ctx, cancelled); err != nil {
-		t.Fatal(err)
-	}
-	u := pj("uniq")
-	u.UniqueKey = []byte("key-1")
-	uids, _, err := old.InsertUnique(ctx, nil, []driver.InsertParams{u})
-	if err != nil {
-		t.Fatal(err)
-	}
-	before, err := old.ListJobs(ctx, driver.JobFilter{})
-	if err != nil || len(before) != 8 {
-		t.Fatalf("listed %d jobs before, %v", len(before), err)
-	}
-
-	deaf, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: old.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer deaf.Close()
-	deafTx, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: old.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer deafTx.Close()
-	if deaf.Storage() != StorageTable || deafTx.Storage() != StorageTable {
-		t.Fatalf("storage %s, %s before the conversion", deaf.Storage(), deafTx.Storage())
-	}
-
-	// A driver opened with StorageTable keeps the prefix on the one
-	// table: migration 10 is recorded, nothing is converted.
-	keep, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: old.prefix, Storage: StorageTable})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer keep.Close()
-	if applied, err := keep.Migrate(ctx); err != nil || len(applied) != 0 || keep.Storage() != StorageTable {
-		t.Fatalf("migrate with StorageTable: applied %v, storage %s, %v", applied, keep.Storage(), err)
-	}
-	// The upgrade: the prefix as the release before migration 10 left it
-	// (version 9, the one table), migrated by a driver at its defaults.
-	if _, err := old.pool.Exec(ctx, "DELETE FROM "+old.prefix+"schema_migrations WHERE version >= 10; ALTER TABLE "+old.prefix+"segments DROP COLUMN counts, DROP COLUMN counts_inc"); err != nil {
-		t.Fatal(err)
-	}
-	conv, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: old.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conv.Close()
-	if applied, err := conv.Migrate(ctx); err != nil || !slices.Equal(applied, []int{segmentsDefaultVersion, 11}) {
-		t.Fatalf("upgrade from version 9: applied %v, %v", applied, err)
-	}
-	if conv.Storage() != StorageSegments {
-		t.Fatalf("storage %s after migration 10", conv.Storage())
-	}
-	after, err := conv.ListJobs(ctx, driver.JobFilter{})
-	if err != nil || len(after) != len(before) {
-		t.Fatalf("listed %d jobs after, %v", len(after), err)
-	}
-	for i := range before {
-		b, a := before[i], after[i]
-		if b.ID != a.ID || b.State != a.State || b.Attempt != a.Attempt || b.Fence != a.Fence ||
-			!b.LeaseExpiresAt.Equal(a.LeaseExpiresAt) || !b.ScheduledAt.Equal(a.ScheduledAt) || len(b.Errors) != len(a.Errors) {
-			t.Errorf("job %d: before %+v\nafter %+v", b.ID, b, a)
-		}
-	}
-	applied, err := conv.Complete(ctx, []driver.Outcome{{ID: running.ID, Fence: running.Fence, Attempt: running.Attempt, State: driver.StateCompleted}})
-	if err != nil || len(applied) != 1 {
-		t.Fatalf("the running job's fence did not complete it after the conversion: %v %v", applied, err)
-	}
-	ids, dup, err := conv.InsertUnique(ctx, nil, []driver.InsertParams{u})
-	if err != nil || !dup[0] || ids[0] != uids[0] {
-		t.Fatalf("unique key not held after the conversion: %v %v %v", ids, dup, err)
-	}
-	old.segmentsChanged(ctx)
-	if old.Storage() != StorageSegments {
-		t.Fatal("the notification did not switch the old driver")
-	}
-	if _, err := old.Insert(ctx, []driver.InsertParams{pj("x")}); err != nil {
-		t.Fatal(err)
-	}
-	deafIDs, err := deaf.Insert(ctx, []driver.InsertParams{pj("deaf")})
-	if err != nil {
-		t.Fatalf("a driver that did not hear the conversion: insert: %v", err)
-	}
-	if deaf.Storage() != StorageSegments {
-		t.Fatalf("storage %s after an insert found {p}jobs gone", deaf.Storage())
-	}
-	if j, err := conv.GetJob(ctx, deafIDs[0]); err != nil || j.Queue != "deaf" || j.State != driver.StateAvailable {
-		t.Fatalf("the job the deaf driver inserted, read on the segments: %+v, %v", j, err)
-	}
-	inTx := func() error {
-		tx, err := deafTx.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(ctx)
-		if _, err := deafTx.InsertTx(ctx, tx, []driver.InsertParams{pj("deaftx")}); err != nil {
-			return err
-		}
-		return tx.Commit(ctx)
-	}
-	if err := inTx(); err == nil || !strings.Contains(err.Error(), "converted to the segments storage") {
-		t.Fatalf("a transactional insert on {p}jobs after the conversion: %v; want an error naming the conversion", err)
-	}
-	if err := inTx(); err != nil {
-		t.Fatalf("the transaction run again: %v", err)
-	}
-	js, err := conv.Claim(ctx, driver.ClaimParams{Queue: "avail", Limit: 5, Lease: time.Minute, Worker: "w"})
-	if err != nil || len(js) != 1 || js[0].ID != avail {
-		t.Fatalf("claim after conversion: %v %v", js, err)
-	}
-	if j, err := conv.GetJob(ctx, sched); err != nil || j.State != driver.StateScheduled {
-		t.Fatalf("scheduled job: %+v %v", j, err)
-	}
-	if _, err := conv.Retry(ctx, cancelled); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conv.GetJob(ctx, 1<<40); !errors.Is(err, driver.ErrNotFound) {
-		t.Fatalf("missing job: %v", err)
 	}
 }
 
@@ -1009,138 +806,122 @@ func TestSegmentsFinishedListIndexes(t *testing.T) {
 // claimed again with the same attempt number; its new fence must differ
 // from the lost one, or the first worker's acknowledgements would be taken
 // for the new attempt's. The test undoes a claim as the crash would (the
-// row back as it was before, in its ready segment for the segments
-// storage) and checks that the next claim's fence is new and that the
+// row back as it was before, in its ready segment) and checks that the next claim's fence is new and that the
 // lost claim's heartbeat and completion are refused.
 func TestClaimLostInCrash(t *testing.T) {
 	ctx := context.Background()
-	for _, storage := range []string{StorageTable, StorageSegments} {
-		t.Run(storage, func(t *testing.T) {
-			d := open(t, driver.Options{Storage: storage})
-			ids, err := d.Insert(ctx, []driver.InsertParams{pj("c"), pj("c"), pj("probe")})
-			if err != nil {
-				t.Fatal(err)
-			}
-			claimSQL := d.q.claim
-			var hint []any // the segments' claim starts past a hint (none here)
-			s := d.segs()
-			var v *segView
-			if s != nil {
-				if v, err = s.viewNow(ctx); err != nil {
-					t.Fatal(err)
-				}
-				claimSQL = s.stmt("seg_claim", v, v.live[phReady], phRunning)
-				hint = []any{noHint.prio, noHint.pos}
-			}
-			// The claim statement turns synchronous_commit off for its own
-			// transaction: seen inside an explicit one (rolled back), and
-			// back to the session's setting on the same connection after
-			// a claim in its own implicit transaction.
-			conn, err := d.pool.Acquire(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Release()
-			show := func(q interface {
-				QueryRow(context.Context, string, ...any) pgx.Row
-			}) string {
-				t.Helper()
-				var sc string
-				if err := q.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sc); err != nil {
-					t.Fatal(err)
-				}
-				return sc
-			}
-			claimed := func(rows pgx.Rows, err error) int {
-				t.Helper()
-				if err != nil {
-					t.Fatal(err)
-				}
-				n := 0
-				for rows.Next() {
-					n++
-				}
-				rows.Close()
-				if rows.Err() != nil {
-					t.Fatal(rows.Err())
-				}
-				return n
-			}
-			// The session's own setting is on, whatever the server's
-			// (a test server may run with synchronous_commit off), so
-			// that the claim's "off" can be told apart from it.
-			if _, err := conn.Exec(ctx, "SET synchronous_commit = on"); err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Exec(ctx, "RESET synchronous_commit") // before Release
-			session := show(conn)
-			tx, err := conn.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(ctx) // before the cleanup drops the tables
-			if n := claimed(tx.Query(ctx, claimSQL, append([]any{"c", 1, micros(time.Minute), "probe"}, hint...)...)); n != 1 {
-				t.Fatalf("claim in a transaction: %d rows, want 1", n)
-			}
-			if sc := show(tx); sc != "off" {
-				t.Fatalf("synchronous_commit %q after a claim in its transaction, want off", sc)
-			}
-			if err := tx.Rollback(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if n := claimed(conn.Query(ctx, claimSQL, append([]any{"probe", 1, micros(time.Minute), "probe"}, hint...)...)); n != 1 {
-				t.Fatalf("claim of the probe job: %d rows, want 1", n)
-			}
-			if sc := show(conn); sc != session {
-				t.Fatalf("synchronous_commit %q on the connection after a claim, want the session's %q", sc, session)
-			}
+	d, s := openSeg(t)
+	ids, err := d.Insert(ctx, []driver.InsertParams{pj("c"), pj("c"), pj("probe")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.viewNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimSQL := s.stmt(&d.q.SegClaim, v, v.live[phReady], phRunning)
+	hint := []any{noHint.prio, noHint.pos} // the claim starts past a hint (none here)
+	// The claim statement turns synchronous_commit off for its own
+	// transaction: seen inside an explicit one (rolled back), and
+	// back to the session's setting on the same connection after
+	// a claim in its own implicit transaction.
+	conn, err := d.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	show := func(q interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) string {
+		t.Helper()
+		var sc string
+		if err := q.QueryRow(ctx, "SHOW synchronous_commit").Scan(&sc); err != nil {
+			t.Fatal(err)
+		}
+		return sc
+	}
+	claimed := func(rows pgx.Rows, err error) int {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for rows.Next() {
+			n++
+		}
+		rows.Close()
+		if rows.Err() != nil {
+			t.Fatal(rows.Err())
+		}
+		return n
+	}
+	// The session's own setting is on, whatever the server's
+	// (a test server may run with synchronous_commit off), so
+	// that the claim's "off" can be told apart from it.
+	if _, err := conn.Exec(ctx, "SET synchronous_commit = on"); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, "RESET synchronous_commit") // before Release
+	session := show(conn)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) // before the cleanup drops the tables
+	if n := claimed(tx.Query(ctx, claimSQL, append([]any{"c", 1, micros(time.Minute), "probe"}, hint...)...)); n != 1 {
+		t.Fatalf("claim in a transaction: %d rows, want 1", n)
+	}
+	if sc := show(tx); sc != "off" {
+		t.Fatalf("synchronous_commit %q after a claim in its transaction, want off", sc)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := claimed(conn.Query(ctx, claimSQL, append([]any{"probe", 1, micros(time.Minute), "probe"}, hint...)...)); n != 1 {
+		t.Fatalf("claim of the probe job: %d rows, want 1", n)
+	}
+	if sc := show(conn); sc != session {
+		t.Fatalf("synchronous_commit %q on the connection after a claim, want the session's %q", sc, session)
+	}
 
-			first, err := d.Claim(ctx, driver.ClaimParams{Queue: "c", Limit: 1, Lease: time.Minute, Worker: "w1"})
-			if err != nil || len(first) != 1 || first[0].ID != ids[0] {
-				t.Fatalf("claim: %d rows, %v", len(first), err)
-			}
-			lost := first[0]
-			// Undo the claim as a crash before its flush would.
-			undo := fmt.Sprintf(`UPDATE %sjobs SET state = 'available', attempt = attempt - 1, fence = 0,
-				attempted_at = NULL, lease_expires_at = NULL, attempted_by = NULL WHERE id = $1`, d.prefix)
-			if s != nil {
-				undo = fmt.Sprintf(`WITH m AS (DELETE FROM %s WHERE id = $1 RETURNING *)
-					INSERT INTO %s SELECT * FROM m`, v.cur[phRunning].tbl, v.cur[phReady].tbl)
-			}
-			if tag, err := d.pool.Exec(ctx, undo, lost.ID); err != nil || tag.RowsAffected() != 1 {
-				t.Fatalf("undo the claim: %v, %v", tag, err)
-			}
-			if s != nil {
-				if _, err := d.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET state = 'available', attempt = attempt - 1,
-					fence = 0, attempted_at = NULL, lease_expires_at = NULL, attempted_by = NULL WHERE id = $1`,
-					v.cur[phReady].tbl), lost.ID); err != nil {
-					t.Fatal(err)
-				}
-				// The server's restart broke the listener's connection,
-				// and its reconnection starts the claim hints over (the
-				// claim above left one past the lost job).
-				s.hints.wakeAll()
-			}
-			again, err := d.Claim(ctx, driver.ClaimParams{Queue: "c", Limit: 1, Lease: time.Minute, Worker: "w2"})
-			if err != nil || len(again) != 1 || again[0].ID != lost.ID {
-				t.Fatalf("claim after the lost one: %d rows, %v", len(again), err)
-			}
-			if again[0].Attempt != lost.Attempt || again[0].Fence <= lost.Fence {
-				t.Fatalf("after a lost claim: attempt %d fence %d; the lost one had attempt %d fence %d (want the same attempt, a larger fence)",
-					again[0].Attempt, again[0].Fence, lost.Attempt, lost.Fence)
-			}
-			if owned, err := d.Heartbeat(ctx, []driver.Lease{{ID: lost.ID, Fence: lost.Fence}}, time.Minute); err != nil || len(owned) != 0 {
-				t.Fatalf("heartbeat of the lost claim owned %v (%v)", owned, err)
-			}
-			stale := driver.Outcome{ID: lost.ID, Fence: lost.Fence, Attempt: lost.Attempt, State: driver.StateCompleted}
-			if applied, err := d.Complete(ctx, []driver.Outcome{stale}); err != nil || len(applied) != 0 {
-				t.Fatalf("completion of the lost claim applied %v (%v)", applied, err)
-			}
-			cur := driver.Outcome{ID: lost.ID, Fence: again[0].Fence, Attempt: again[0].Attempt, State: driver.StateCompleted}
-			if applied, err := d.Complete(ctx, []driver.Outcome{cur}); err != nil || len(applied) != 1 {
-				t.Fatalf("completion of the new claim applied %v (%v)", applied, err)
-			}
-		})
+	first, err := d.Claim(ctx, driver.ClaimParams{Queue: "c", Limit: 1, Lease: time.Minute, Worker: "w1"})
+	if err != nil || len(first) != 1 || first[0].ID != ids[0] {
+		t.Fatalf("claim: %d rows, %v", len(first), err)
+	}
+	lost := first[0]
+	// Undo the claim as a crash before its flush would.
+	undo := fmt.Sprintf(`WITH m AS (DELETE FROM %s WHERE id = $1 RETURNING *)
+				INSERT INTO %s SELECT * FROM m`, v.cur[phRunning].tbl, v.cur[phReady].tbl)
+	if tag, err := d.pool.Exec(ctx, undo, lost.ID); err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("undo the claim: %v, %v", tag, err)
+	}
+	if _, err := d.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET state = 'available', attempt = attempt - 1,
+				fence = 0, attempted_at = NULL, lease_expires_at = NULL, attempted_by = NULL WHERE id = $1`,
+		v.cur[phReady].tbl), lost.ID); err != nil {
+		t.Fatal(err)
+	}
+	// The server's restart broke the listener's connection, and
+	// its reconnection starts the claim hints over (the claim
+	// above left one past the lost job).
+	s.hints.wakeAll()
+	again, err := d.Claim(ctx, driver.ClaimParams{Queue: "c", Limit: 1, Lease: time.Minute, Worker: "w2"})
+	if err != nil || len(again) != 1 || again[0].ID != lost.ID {
+		t.Fatalf("claim after the lost one: %d rows, %v", len(again), err)
+	}
+	if again[0].Attempt != lost.Attempt || again[0].Fence <= lost.Fence {
+		t.Fatalf("after a lost claim: attempt %d fence %d; the lost one had attempt %d fence %d (want the same attempt, a larger fence)",
+			again[0].Attempt, again[0].Fence, lost.Attempt, lost.Fence)
+	}
+	if owned, err := d.Heartbeat(ctx, []driver.Lease{{ID: lost.ID, Fence: lost.Fence}}, time.Minute); err != nil || len(owned) != 0 {
+		t.Fatalf("heartbeat of the lost claim owned %v (%v)", owned, err)
+	}
+	stale := driver.Outcome{ID: lost.ID, Fence: lost.Fence, Attempt: lost.Attempt, State: driver.StateCompleted}
+	if applied, err := d.Complete(ctx, []driver.Outcome{stale}); err != nil || len(applied) != 0 {
+		t.Fatalf("completion of the lost claim applied %v (%v)", applied, err)
+	}
+	cur := driver.Outcome{ID: lost.ID, Fence: again[0].Fence, Attempt: again[0].Attempt, State: driver.StateCompleted}
+	if applied, err := d.Complete(ctx, []driver.Outcome{cur}); err != nil || len(applied) != 1 {
+		t.Fatalf("completion of the new claim applied %v (%v)", applied, err)
 	}
 }
 
@@ -1325,7 +1106,7 @@ func TestSegmentsStatsCounts(t *testing.T) {
 	}
 	// Retention reclaims the sealed segments; a status change clears the
 	// counts, and Stats no longer counts their jobs.
-	if _, err := s.pruneAll(ctx, 0, 0); err != nil {
+	if _, err := d.Prune(ctx, 0, 0, 1000); err != nil {
 		t.Fatal(err)
 	}
 	if st := status(t, d, doneTbl); st == "sealed" || recorded(doneTbl) {
@@ -1425,69 +1206,6 @@ func TestSegmentsStatsCountsRacingRetries(t *testing.T) {
 	t.Logf("%d pairs: counts cleared by the retry after them %d times, recorded after the retry %d times, stale %d", retried, cleared, recorded, stale)
 }
 
-// TestSegmentsConversionBesideHeldLock: a transaction holds a lock on
-// {p}jobs (as pg_dump does) through the conversion's attempts. Inserts
-// keep completing meanwhile (each attempt waits in the lock queue for
-// 200 ms at most), the conversion fails naming the held lock and leaves
-// the prefix on the one table, and it succeeds once the lock is gone.
-func TestSegmentsConversionBesideHeldLock(t *testing.T) {
-	ctx := context.Background()
-	tbl := open(t, driver.Options{Storage: StorageTable})
-	hold, err := tbl.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hold.Rollback(ctx)
-	if _, err := hold.Exec(ctx, "SELECT count(*) FROM "+tbl.prefix+"jobs"); err != nil {
-		t.Fatal(err)
-	}
-	saved := convertLockFor
-	convertLockFor = 2 * time.Second
-	defer func() { convertLockFor = saved }()
-	conv, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: tbl.prefix, Storage: StorageSegments})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conv.Close()
-	migrated := make(chan error, 1)
-	go func() {
-		_, err := conv.Migrate(ctx)
-		migrated <- err
-	}()
-	inserts := 0
-	for {
-		select {
-		case err = <-migrated:
-		default:
-			ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, ierr := tbl.Insert(ictx, []driver.InsertParams{pj("beside")})
-			cancel()
-			if ierr != nil {
-				t.Fatalf("insert %d while the conversion tried its lock: %v", inserts, ierr)
-			}
-			inserts++
-			continue
-		}
-		break
-	}
-	if err == nil || !strings.Contains(err.Error(), "another transaction held a lock") {
-		t.Fatalf("conversion beside a held lock: %v", err)
-	}
-	if conv.Storage() != StorageTable || inserts == 0 {
-		t.Fatalf("after the refused conversion: storage %s, %d inserts", conv.Storage(), inserts)
-	}
-	if err := hold.Rollback(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conv.Migrate(ctx); err != nil || conv.Storage() != StorageSegments {
-		t.Fatalf("conversion after the lock was released: storage %s, %v", conv.Storage(), err)
-	}
-	st, err := conv.Stats(ctx)
-	if err != nil || len(st) != 1 || st[0].Queue != "beside" || st[0].Counts[driver.StateAvailable] != int64(inserts) {
-		t.Fatalf("stats after the conversion: %+v %v, want the %d jobs inserted available", st, err, inserts)
-	}
-}
-
 // planModesOf acquires every connection of pool at once and returns the
 // plan_cache_mode each reports.
 func planModesOf(t *testing.T, pool interface {
@@ -1517,83 +1235,8 @@ func planModesOf(t *testing.T, pool interface {
 	return modes
 }
 
-// The connections of the pools conveyor makes plan each statement anew on
-// the one-table storage (force_custom_plan) and keep generic plans on the
-// segments (force_generic_plan), switching when the prefix is converted
-// under a running driver; a DSN that names a plan_cache_mode keeps it.
-func TestPlanCacheModeFollowsStorage(t *testing.T) {
-	ctx := context.Background()
-	all := func(modes []string, want string) bool {
-		for _, m := range modes {
-			if m != want {
-				return false
-			}
-		}
-		return len(modes) > 0
-	}
-	tbl := open(t, driver.Options{Storage: StorageTable})
-	n := int(tbl.pool.Config().MaxConns)
-	if m := planModesOf(t, tbl.pool, n); !all(m, planCustom) {
-		t.Errorf("table storage: pool modes %v, want %s", m, planCustom)
-	}
-	if m := planModesOf(t, tbl.lease, leaseConns); !all(m, planCustom) {
-		t.Errorf("table storage: lease pool modes %v, want %s", m, planCustom)
-	}
-
-	seg, _ := openSeg(t)
-	if m := planModesOf(t, seg.pool, n); !all(m, planGeneric) {
-		t.Errorf("segments: pool modes %v, want %s", m, planGeneric)
-	}
-	if m := planModesOf(t, seg.lease, leaseConns); !all(m, planGeneric) {
-		t.Errorf("segments: lease pool modes %v, want %s", m, planGeneric)
-	}
-
-	// Converted under the table driver: its connections, made custom,
-	// switch once it follows the prefix onto the segments.
-	conv, err := Open(ctx, testdb.Postgres(t), driver.Options{Prefix: tbl.prefix, Storage: StorageSegments})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conv.Close()
-	if _, err := conv.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tbl.Claim(ctx, driver.ClaimParams{Queue: "q", Limit: 1, Lease: time.Minute, Worker: "w"}); err != nil {
-		t.Fatal(err)
-	}
-	if tbl.segs() == nil {
-		t.Fatal("the table driver did not follow the conversion")
-	}
-	if m := planModesOf(t, tbl.pool, n); !all(m, planGeneric) {
-		t.Errorf("after the conversion: pool modes %v, want %s", m, planGeneric)
-	}
-
-	// The application's own choice stands, on either storage.
-	dsn := testdb.Postgres(t)
-	sep := "?"
-	if strings.Contains(dsn, "?") {
-		sep = "&"
-	}
-	own, err := Open(ctx, dsn+sep+"plan_cache_mode=auto", driver.Options{Prefix: seg.prefix})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer own.Close()
-	if own.segs() == nil {
-		t.Fatal("a driver on a segments prefix did not read it")
-	}
-	if m := planModesOf(t, own.pool, n); !all(m, "auto") {
-		t.Errorf("DSN plan_cache_mode=auto: pool modes %v", m)
-	}
-	if m := planModesOf(t, own.lease, leaseConns); !all(m, "auto") {
-		t.Errorf("DSN plan_cache_mode=auto: lease pool modes %v", m)
-	}
-}
-
 // An application pool (New) whose configuration has the deprecated
-// BeforeAcquire hook: the lease pool made from it still runs the hook,
-// although the plan-mode switch sets PrepareConn, which pgxpool runs
-// instead of BeforeAcquire (found by review).
+// BeforeAcquire hook: the lease pool made from it still runs the hook.
 func TestLeasePoolKeepsBeforeAcquire(t *testing.T) {
 	ctx := context.Background()
 	cfg, err := pgxpool.ParseConfig(testdb.Postgres(t))
@@ -1636,7 +1279,7 @@ func TestStaleViewNamingDroppedSegment(t *testing.T) {
 	if _, err := other.Insert(ctx, []driver.InsertParams{pj("q")}); err != nil { // other's view: read now
 		t.Fatal(err)
 	}
-	ov := other.segs().view.Load()
+	ov := other.seg.view.Load()
 	old := ov.cur[phReady].tbl
 	if got := claimN(t, d, "q", 5); len(got) != 1 {
 		t.Fatalf("claimed %v", got)
@@ -1667,7 +1310,7 @@ func TestStaleViewNamingDroppedSegment(t *testing.T) {
 			}
 		}
 	}
-	if other.segs().view.Load() != ov {
+	if other.seg.view.Load() != ov {
 		t.Fatal("the other driver's view changed: the test does not exercise a stale one")
 	}
 	ids, err := other.Insert(ctx, []driver.InsertParams{pj("q")})
@@ -1697,7 +1340,7 @@ func TestReadsSeeSegmentsCreatedSince(t *testing.T) {
 	if _, err := other.Stats(ctx); err != nil { // other's view: read now
 		t.Fatal(err)
 	}
-	os := other.segs()
+	os := other.seg
 	ov := os.view.Load()
 
 	// A job left in the ready segment other knows, which a reclaim then
@@ -1888,4 +1531,19 @@ func reclaimSealed(t *testing.T, s *segStore, tbl string) {
 		}
 	}
 	t.Fatalf("%s is not in the registry", tbl)
+}
+
+// explain returns the plan of query with args (EXPLAIN, nothing runs),
+// one line per node, read through query (a pool's, a transaction's).
+func explain(t *testing.T, query func(context.Context, string, ...any) (pgx.Rows, error), q string, args ...any) string {
+	t.Helper()
+	rows, err := query(context.Background(), "EXPLAIN "+q, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
 }

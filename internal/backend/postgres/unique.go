@@ -32,25 +32,11 @@ type querier func(ctx context.Context, query string, args []any, row func(scan f
 // an error before the commit, or the server's refusal of the commit, is
 // marked driver.NotCommitted.
 func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, []bool, error) {
-	ids, dup, err := d.tryInsertUnique(ctx, tx, jobs)
-	if d.converted(ctx, err) {
-		if tx == nil {
-			return d.tryInsertUnique(ctx, tx, jobs)
-		}
-		err = fmt.Errorf("%w (the prefix was converted to the segments storage meanwhile; this driver now uses it: run the transaction again)", err)
-	}
-	return ids, dup, err
-}
-
-// tryInsertUnique is InsertUnique on the storage this driver last read
-// (see converted).
-func (d *Driver) tryInsertUnique(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, []bool, error) {
 	if len(jobs) == 0 {
 		return nil, nil, nil
 	}
 	ids, dup := make([]int64, len(jobs)), make([]bool, len(jobs))
-	switch t := tx.(type) {
-	case nil:
+	if tx == nil {
 		ptx, err := d.pool.Begin(ctx)
 		if err != nil {
 			return nil, nil, wrap("insert unique", driver.NotCommitted(err))
@@ -62,31 +48,23 @@ func (d *Driver) tryInsertUnique(ctx context.Context, tx any, jobs []driver.Inse
 		if err := ptx.Commit(ctx); err != nil {
 			return nil, nil, wrap("insert unique: commit", refused(err))
 		}
-	case pgx.Tx:
-		if err := d.insertUnique(ctx, pgxQuerier(t), jobs, ids, dup); err != nil {
+	} else {
+		q, _, err := txQuerier("insert unique tx", tx)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := d.insertUnique(ctx, q, jobs, ids, dup); err != nil {
 			return nil, nil, wrap("insert unique tx", err)
 		}
-	case *sql.Tx:
-		if t == nil {
-			return nil, nil, fmt.Errorf("conveyor/postgres: insert unique tx: a nil *sql.Tx: %w", driver.ErrTxType)
-		}
-		if err := d.insertUnique(ctx, sqlQuerier(t), jobs, ids, dup); err != nil {
-			return nil, nil, wrap("insert unique tx", err)
-		}
-	default:
-		return nil, nil, fmt.Errorf("conveyor/postgres: insert unique tx: transaction of type %T: accepted are pgx.Tx and *sql.Tx (pgx stdlib driver): %w", tx, driver.ErrTxType)
 	}
-	if s := d.segs(); s != nil {
-		// After the commit of a transaction of the driver's own; in the
-		// caller's, the notification at its commit wakes the queues too
-		// (see claimHints).
-		s.wakeJobs(jobs)
-	}
+	// After the commit of a transaction of the driver's own; in the
+	// caller's, the notification at its commit wakes the queues too (see
+	// claimHints).
+	d.seg.wakeJobs(jobs)
 	return ids, dup, nil
 }
 
 func (d *Driver) insertUnique(ctx context.Context, q querier, all []driver.InsertParams, ids []int64, dup []bool) error {
-	s := d.segs()
 	var jobs, plain []driver.InsertParams
 	var jobsAt, plainAt []int
 	for i := range all {
@@ -97,21 +75,7 @@ func (d *Driver) insertUnique(ctx context.Context, q querier, all []driver.Inser
 		}
 	}
 	if len(plain) > 0 {
-		var got []int64
-		var err error
-		if s != nil {
-			got, err = s.insert(ctx, q, plain)
-		} else {
-			got = make([]int64, 0, len(plain))
-			err = q(ctx, d.q.insert, insertArgs(plain), func(scan func(...any) error) error {
-				var id int64
-				if err := scan(&id); err != nil {
-					return err
-				}
-				got = append(got, id)
-				return nil
-			})
-		}
+		got, err := d.seg.insert(ctx, q, plain)
 		if err != nil {
 			return err
 		}
@@ -126,7 +90,7 @@ func (d *Driver) insertUnique(ctx context.Context, q querier, all []driver.Inser
 		return nil
 	}
 	uids, udup := make([]int64, len(jobs)), make([]bool, len(jobs))
-	if err := d.insertKeyed(ctx, q, s, jobs, uids, udup); err != nil {
+	if err := d.insertKeyed(ctx, q, jobs, uids, udup); err != nil {
 		return err
 	}
 	for k, i := range jobsAt {
@@ -136,21 +100,12 @@ func (d *Driver) insertUnique(ctx context.Context, q querier, all []driver.Inser
 }
 
 // insertKeyed inserts jobs that all have a unique key, in key order, and
-// reads the holders of the keys held (s is the segments storage, or nil).
-func (d *Driver) insertKeyed(ctx context.Context, q querier, s *segStore, jobs []driver.InsertParams, ids []int64, dup []bool) error {
-	// The statements of the prefix's storage; on the segments storage, an
-	// insert the incarnation guard refused returns no row at all, and the
-	// round runs again with a fresh view of the registry.
-	insertQ, holdersQ := d.q.insertUnique, d.q.uniqueHolders
-	stmts := func(stale bool) error {
-		if s == nil {
-			return nil
-		}
-		var err error
-		insertQ, holdersQ, err = s.uniqueStatements(ctx, stale)
-		return err
-	}
-	if err := stmts(false); err != nil {
+// reads the holders of the keys held. An insert the incarnation guard
+// refused returns no row at all, and the round runs again with a fresh
+// view of the registry.
+func (d *Driver) insertKeyed(ctx context.Context, q querier, jobs []driver.InsertParams, ids []int64, dup []bool) error {
+	insertQ, err := d.seg.uniqueInsert(ctx, false)
+	if err != nil {
 		return err
 	}
 	staleRounds := 0
@@ -195,10 +150,10 @@ func (d *Driver) insertKeyed(ctx context.Context, q querier, s *segStore, jobs [
 		if err != nil {
 			return err
 		}
-		if k == 0 && s != nil && staleRounds < segRounds {
+		if k == 0 && staleRounds < segRounds {
 			staleRounds++
 			round--
-			if err := stmts(true); err != nil {
+			if insertQ, err = d.seg.uniqueInsert(ctx, true); err != nil {
 				return err
 			}
 			continue
@@ -215,7 +170,7 @@ func (d *Driver) insertKeyed(ctx context.Context, q querier, s *segStore, jobs [
 			held.str(hex.EncodeToString(jobs[i].UniqueKey))
 		}
 		holders := make(map[string]int64, len(refused))
-		err = q(ctx, holdersQ, []any{held.String()}, func(scan func(...any) error) error {
+		err = q(ctx, d.q.SegUniqueHolders, []any{held.String()}, func(scan func(...any) error) error {
 			var key string
 			var id int64
 			if err := scan(&key, &id); err != nil {

@@ -493,11 +493,6 @@ func clientSettings(ctx context.Context, c *conveyor.Client[any], conn connect.O
 	if conn.ClaimStrategy != "" {
 		s["claim_strategy"] = conn.ClaimStrategy
 	}
-	// The prefix's storage as the driver last read it (the database's,
-	// whatever the options asked for).
-	if st := lab.Storage(c); st != "" {
-		s["storage"] = st
-	}
 	return s
 }
 

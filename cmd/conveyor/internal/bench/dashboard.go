@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/connect"
+	"github.com/conveyorq/conveyor/lab"
 	"github.com/conveyorq/conveyor/web"
 )
 
@@ -103,24 +105,20 @@ var dashboardPages = []dashboardPage{
 // dashboard runs the dashboard workload.
 func dashboard(ctx context.Context, o Options) ([]*Result, error) {
 	t0 := time.Now()
-	// The states are set by one UPDATE of the one-table storage. On
-	// PostgreSQL's segments (the default) the jobs are loaded on the one
-	// table of a fresh prefix, given their states there, and converted
-	// by migration 10 when the dashboard's client opens the prefix, the
-	// path of a database upgraded from an earlier version.
-	convert := backendOf(o.DSN) == "postgres" && o.Connect.PostgresStorage != "table"
+	// The states are set by one UPDATE of a table that holds every job.
+	// On PostgreSQL, whose jobs live in segment tables, the jobs are
+	// loaded into the one table of a fresh prefix as a release before
+	// the segment tables left it, given their states there, and
+	// converted by Migrate when the dashboard's client opens the prefix:
+	// the path of a database upgraded from an earlier version.
+	convert := backendOf(o.DSN) == "postgres"
 	if convert {
 		if !o.Keep || o.Config.TablePrefix == "" {
 			o.Keep, o.Config.TablePrefix = true, freshPrefix("bench")
 		}
-		lo := o
-		lo.Connect.PostgresStorage = "table"
-		if err := dashboardLoad(ctx, lo, t0); err != nil {
+		if err := dashboardLoadTable(ctx, o, t0); err != nil {
 			return nil, err
 		}
-		// "segments": migration 10 is recorded (the loader kept the one
-		// table); this converts such a prefix.
-		o.Connect.PostgresStorage = "segments"
 	}
 	c, err := httpClient(ctx, o)
 	if err != nil {
@@ -170,15 +168,47 @@ func dashboard(ctx context.Context, o Options) ([]*Result, error) {
 	return rs, errors.Join(derr, cerr)
 }
 
-// dashboardLoad fills the prefix of o.Config through a client of its
-// own (opened, migrated, closed).
-func dashboardLoad(ctx context.Context, o Options, t0 time.Time) error {
-	c, err := httpClient(ctx, o)
+// dashboardTableVersion is the last PostgreSQL migration before the
+// segment tables: a prefix migrated up to it keeps its jobs in one table.
+const dashboardTableVersion = 9
+
+// dashboardTableSQL inserts $1 jobs into the one table, job i (from 0)
+// as dashboardJob(i) with id i+1.
+const dashboardTableSQL = `INSERT INTO {p}jobs (id, queue, kind, args)
+SELECT i + 1,
+       CASE WHEN i % 10000 = 5000 THEN 'rare' WHEN i % 10 = 9 THEN 'reports' WHEN i % 10 >= 6 THEN 'mail' ELSE 'default' END,
+       CASE WHEN i % 10000 = 2500 THEN 'rare_kind' WHEN i % 5 = 0 THEN 'report' ELSE 'bench' END,
+       format('{"seq":%s,"user":"user-%s"}', i, i % 1000)::json
+FROM generate_series(0, $1::bigint - 1) AS i`
+
+// dashboardLoadTable migrates the PostgreSQL prefix of o.Config up to
+// dashboardTableVersion (its jobs in one table, as an earlier release
+// left them), fills that table with o.Jobs dashboard jobs
+// (dashboardTableSQL) and gives them their states (dashboardStates).
+func dashboardLoadTable(ctx context.Context, o Options, t0 time.Time) error {
+	cfg := benchConfig(o, nil)
+	cfg.Queues, cfg.NoQueues = nil, true
+	c, err := connect.OpenWith(ctx, o.DSN, &cfg, o.Connect)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	return dashboardFill(ctx, c, o, t0)
+	if _, err := lab.MigrateTo(ctx, c, dashboardTableVersion); err != nil {
+		return err
+	}
+	db, _, err := openRaw(ctx, o.DSN, 1, "")
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	prefix := c.Config().TablePrefix
+	if _, err := db.ExecContext(ctx, strings.ReplaceAll(dashboardTableSQL, "{p}", prefix), o.Jobs); err != nil {
+		return fmt.Errorf("bench: dashboard: loading the jobs: %w", err)
+	}
+	if o.Progress != nil {
+		fmt.Fprintf(o.Progress, "\r%s: loaded %d/%d jobs  %.1fs   ", o.label, o.Jobs, o.Jobs, time.Since(t0).Seconds())
+	}
+	return dashboardStates(ctx, o, prefix)
 }
 
 // dashboardFill enqueues o.Jobs dashboard jobs through c and gives them

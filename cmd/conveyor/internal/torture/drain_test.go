@@ -39,7 +39,7 @@ func TestUnfinishedSegRows(t *testing.T) {
 	dsn := testdb.Postgres(t)
 	prefix := testdb.Prefix()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	c, err := openMigrated(ctx, dsn, &conveyor.Config{TablePrefix: prefix, Logger: quiet}, connect.Options{PostgresStorage: "segments"})
+	c, err := openMigrated(ctx, dsn, &conveyor.Config{TablePrefix: prefix, Logger: quiet}, connect.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestDrainGoesOnWhileTablesHoldAJob(t *testing.T) {
 		t.Fatalf("reports %q at %v, want one naming job 12 at the second Stats call (%v)", reports, reportedAt, calls)
 	}
 
-	// Without a reading of the tables (other backends and storages), or
+	// Without a reading of the tables (other backends), or
 	// when they agree, the drain ends on the first Stats that counts none.
 	statsCalls, tableReads = 0, 3
 	if left, err := drainQueue(ctx, time.Now().Add(time.Minute), time.Millisecond, stats, nil, nil); err != nil || left != 0 || statsCalls != 1 {

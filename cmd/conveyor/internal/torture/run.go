@@ -70,17 +70,13 @@ type Options struct {
 	// Tick is the interval of the periodic job every worker process
 	// runs. Default a tenth of the lease; negative: none.
 	Tick time.Duration
-	// Storage is the PostgreSQL storage of every phase's tables
-	// (connect.Options.PostgresStorage): "" or "segments", the default;
-	// "table" keeps them on the one table. PostgreSQL only.
-	Storage string
 	// HoldXmin holds a REPEATABLE READ transaction that has read every
 	// table of the phase open from before the workers start until the
 	// queue has drained, as pg_dump would: vacuum is blocked through the
 	// faults. PostgreSQL only. (The restart fault's restart ends it.)
 	HoldXmin bool
-	// SealAt is the size at which the workers seal a segment of the
-	// segments storage (four times as much for done and dead): small, so
+	// SealAt is the size at which the workers seal a PostgreSQL segment
+	// table (four times as much for done and dead): small, so
 	// that a phase of seconds rotates and reclaims segments many times,
 	// during the faults and under the held transaction. Default 16 KiB.
 	SealAt int64
@@ -137,9 +133,6 @@ func (o *Options) defaults() error {
 	}
 	if o.SmallPool <= 0 {
 		o.SmallPool = 1
-	}
-	if o.Storage != "" && o.Storage != "segments" && o.Storage != "table" {
-		return fmt.Errorf("torture: storage %q: the storages are segments (the default) and table", o.Storage)
 	}
 	if o.SealAt <= 0 {
 		o.SealAt = 16 << 10
@@ -314,11 +307,8 @@ func Run(ctx context.Context, opts Options) ([]Row, error) {
 		return nil, err
 	}
 	backend := backendOf(o.DSN)
-	if (o.Storage != "" || o.HoldXmin) && backend != "postgres" {
-		return nil, fmt.Errorf("torture: --storage and --hold-xmin are PostgreSQL settings; this database is %s", backend)
-	}
-	if backend == "postgres" && o.Storage == "" {
-		o.Storage = "segments" // the default, named so that the rows say it
+	if o.HoldXmin && backend != "postgres" {
+		return nil, fmt.Errorf("torture: --hold-xmin is a PostgreSQL setting; this database is %s", backend)
 	}
 	if backend == "mysql" {
 		// go-sql-driver logs dropped connections to stderr by default.
@@ -428,16 +418,13 @@ func (p *phase) setUp(ctx context.Context) error {
 		return err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	p.client, err = openMigrated(ctx, p.dsn, &conveyor.Config{TablePrefix: p.prefix, Logger: quiet}, connect.Options{PostgresStorage: p.o.Storage})
+	p.client, err = openMigrated(ctx, p.dsn, &conveyor.Config{TablePrefix: p.prefix, Logger: quiet}, connect.Options{})
 	if err != nil {
 		return fmt.Errorf("opening %s: %w", p.backend, err)
 	}
 	p.adm, err = openAdmin(ctx, p.dsn, p.prefix)
 	if err != nil {
 		return err
-	}
-	if p.o.Storage != "" {
-		p.note("storage: %s", p.o.Storage)
 	}
 	if p.o.HoldXmin {
 		// Safety net: the server ends it if this process dies first.
@@ -448,11 +435,8 @@ func (p *phase) setUp(ctx context.Context) error {
 	}
 	p.sup = newSupervisor(p.o.Exe, p.o.ExeArgs, p.o.Env, dir, p.logf)
 	common := []string{"--db", withAppName(p.dsn, "conveyor-torture"), "--prefix", p.prefix}
-	switch p.o.Storage {
-	case "segments":
-		common = append(common, "--storage", p.o.Storage, "--seal-at", strconv.FormatInt(p.o.SealAt, 10))
-	case "table":
-		common = append(common, "--storage", p.o.Storage)
+	if p.backend == "postgres" {
+		common = append(common, "--seal-at", strconv.FormatInt(p.o.SealAt, 10))
 	}
 	p.workerArgs = slices.Concat(common, []string{"--workers", strconv.Itoa(p.o.Concurrency), "--lease", p.o.Lease.String(),
 		"--job-timeout", jobTimeout(p.o.Lease).String()}, p.workerArgs)
@@ -538,8 +522,8 @@ func latest(a, b time.Time) time.Time {
 }
 
 // drain waits until no job is left to run, up to the phase's drain
-// timeout, by the client's Stats, as an application would; on the
-// segments storage it checks Stats against the tables (see drainQueue).
+// timeout, by the client's Stats, as an application would; on
+// PostgreSQL it checks Stats against the segment tables (see drainQueue).
 // A job Stats missed fails the phase.
 func (p *phase) drain(ctx context.Context) (left int64, err error) {
 	stats := func(ctx context.Context) (int64, error) {
@@ -556,7 +540,7 @@ func (p *phase) drain(ctx context.Context) (left int64, err error) {
 		return left, nil
 	}
 	var tables func(context.Context) (map[int64]string, error)
-	if p.o.Storage == "segments" && p.adm != nil && p.adm.pg != nil {
+	if p.adm != nil && p.adm.pg != nil {
 		tables = p.adm.unfinishedSegRows
 	}
 	return drainQueue(ctx, time.Now().Add(p.drainTimeout), 200*time.Millisecond, stats, tables, func(at time.Time, missed []string) {
@@ -660,7 +644,7 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 		p.fail("reading jobs: %v", err)
 		return
 	}
-	if p.o.Storage == "segments" && p.adm != nil && p.adm.pg != nil {
+	if p.adm != nil && p.adm.pg != nil {
 		jobs = p.checkFinalRead(ctx, jobs)
 	}
 	events, deaths := p.sup.snapshot()
@@ -858,7 +842,7 @@ func (p *phase) tearDown(ctx context.Context, row *Row) {
 	if p.sup != nil {
 		p.sup.close()
 	}
-	if p.o.Storage == "segments" && p.adm != nil {
+	if p.backend == "postgres" && p.adm != nil {
 		n, reclaims, highest, err := p.adm.segRotation(context.WithoutCancel(ctx))
 		if err != nil {
 			p.note("segments: reading the registry: %v", err)

@@ -106,36 +106,34 @@ func TestTortureSQLite(t *testing.T) {
 // Each suite now has the machine (and its outside load) to itself; the
 // cpu fault still saturates every core within it.
 
-// The one-table storage that migration 10 keeps when asked
-// (PostgresStorage "table"); the default segments storage runs below with
-// a held transaction.
+// PostgreSQL's segment tables (docs/postgres-storage.md) through every
+// fault, rotated and truncated while nothing holds them; the run below
+// holds a transaction.
 func TestTorturePostgres(t *testing.T) {
-	shortRun(t, testdb.Postgres(t), func(o *Options) { o.Storage = "table" })
+	shortRun(t, testdb.Postgres(t))
 }
 
-// The segments storage (docs/postgres-storage.md) through every fault,
-// with a REPEATABLE READ transaction that read the phase's tables held
-// open for the whole of each phase, as pg_dump would: segment rotation
-// must neither wait for it nor lose or repeat a job.
+// The segment tables through every fault, with a REPEATABLE READ
+// transaction that read the phase's tables held open for the whole of
+// each phase, as pg_dump would: segment rotation must neither wait for it
+// nor lose or repeat a job.
 func TestTorturePostgresSegmentsHeld(t *testing.T) {
 	rows := shortRun(t, testdb.Postgres(t), func(o *Options) {
-		o.Storage = "segments"
 		o.HoldXmin = true
 	})
 	for _, r := range rows {
 		if r.Skipped != "" {
 			continue
 		}
-		var storage, held bool
+		var held bool
 		var reclaims int64 = -1
 		for _, n := range r.Notes {
-			storage = storage || n == "storage: segments"
 			held = held || strings.HasPrefix(n, "held: BEGIN ISOLATION LEVEL REPEATABLE READ transaction")
 			var seal, tables int64
 			_, _ = fmt.Sscanf(n, "segments: sealed at %d bytes; %d tables registered at the end, %d reclaims", &seal, &tables, &reclaims)
 		}
-		if !storage || !held {
-			t.Errorf("%s: the phase did not run on segments with a held transaction: notes %q", r.Fault, r.Notes)
+		if !held {
+			t.Errorf("%s: the phase did not run with a held transaction: notes %q", r.Fault, r.Notes)
 		}
 		// The workers seal segments at 16 KiB: in seconds of load at 50
 		// jobs/s they must have sealed and truncated some while the

@@ -87,7 +87,6 @@ type torturePayload interface {
 // workerFlags are the flags of a worker process (`conveyor torture worker`).
 type workerFlags struct {
 	role, dsn, prefix, record, proc string
-	storage                         string
 	sealAt                          int64
 	queue                           string
 	workers, pool, goroutines       int
@@ -122,8 +121,7 @@ func parseWorkerFlags(args []string, stderr io.Writer) (*workerFlags, error) {
 	fs.StringVar(&w.queue, "queue", Queue, "worker: the queue to work")
 	fs.IntVar(&w.workers, "workers", 16, "worker: concurrent jobs")
 	fs.IntVar(&w.pool, "pool", 0, "worker: connect.Options.PoolSize (0: backend default)")
-	fs.StringVar(&w.storage, "storage", "", "connect.Options.PostgresStorage")
-	fs.Int64Var(&w.sealAt, "seal-at", 0, "segments storage: seal segments at this size in bytes (lab.SealSegmentsAt; 0: the default)")
+	fs.Int64Var(&w.sealAt, "seal-at", 0, "PostgreSQL: seal segments at this size in bytes (lab.SealSegmentsAt; 0: the default)")
 	fs.DurationVar(&w.lease, "lease", 2*time.Second, "worker: Config.Lease")
 	fs.DurationVar(&w.listenPoll, "listen-poll", 5*time.Second, "worker: Config.ListenPoll")
 	fs.DurationVar(&w.jobTimeout, "job-timeout", 20*time.Second, "worker: Config.JobTimeout")
@@ -226,7 +224,7 @@ func workerConfig(w *workerFlags, logger *slog.Logger) *conveyor.Config {
 }
 
 func runWorker(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.Logger, stdout io.Writer) error {
-	c, err := openMigrated(ctx, w.dsn, workerConfig(w, logger), connect.Options{PoolSize: w.pool, PostgresStorage: w.storage})
+	c, err := openMigrated(ctx, w.dsn, workerConfig(w, logger), connect.Options{PoolSize: w.pool})
 	if err != nil {
 		return err
 	}
@@ -513,7 +511,7 @@ func pace(ctx context.Context, g int, rate float64, f func(ctx context.Context))
 }
 
 func runProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.Logger, stdout io.Writer) error {
-	c, err := openMigrated(ctx, w.dsn, &conveyor.Config{TablePrefix: w.prefix, Logger: logger}, connect.Options{PostgresStorage: w.storage})
+	c, err := openMigrated(ctx, w.dsn, &conveyor.Config{TablePrefix: w.prefix, Logger: logger}, connect.Options{})
 	if err != nil {
 		return err
 	}
@@ -624,7 +622,7 @@ func (b *txBeginner) close() {
 }
 
 func runTxProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.Logger, stdout io.Writer) error {
-	c, err := openMigrated(ctx, w.dsn, &conveyor.Config{TablePrefix: w.prefix, Logger: logger}, connect.Options{PostgresStorage: w.storage})
+	c, err := openMigrated(ctx, w.dsn, &conveyor.Config{TablePrefix: w.prefix, Logger: logger}, connect.Options{})
 	if err != nil {
 		return err
 	}

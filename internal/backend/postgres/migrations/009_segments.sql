@@ -1,8 +1,7 @@
--- Version 9: the registry of segment tables, for the segments storage
--- (docs/postgres-storage.md). Empty, it changes nothing: a prefix keeps
--- its one-table storage ({p}jobs) until it is converted explicitly
--- (conveyor migrate --storage segments). Once converted, every process on
--- the prefix reads this table: each row is one segment table of a phase
+-- Version 9: the registry of segment tables (docs/postgres-storage.md).
+-- Empty, it changes nothing: the jobs stay in the one table {p}jobs
+-- until Migrate converts the prefix, once every migration is applied.
+-- Once converted, every process on the prefix reads this table: each row is one segment table of a phase
 -- (ready, running, waiting, done, dead), its incarnation (the last value
 -- of its sequence <tbl>_inc, advanced by every reclaim) and its status:
 -- current (new rows go there), sealed (read, drained by the maintenance

@@ -1,9 +1,8 @@
--- Version 10: the segments storage becomes the default. This migration
--- has no statement of its own: the driver runs it in Go (migrateStep),
--- in its transaction under the migration lock. It converts a prefix
--- still on the one-table storage ({p}jobs) to the segments storage
--- (docs/postgres-storage.md), moving every job into its phase with its
--- attempt, fence and lease, unless the driver was opened with
--- Options.Storage "table", which records this version and keeps the one
--- table. A prefix converted earlier (conveyor migrate --storage
--- segments) is left as it is.
+-- Version 10: the segment tables become the jobs' storage. This
+-- migration has no statement of its own: once every migration is
+-- applied, the driver converts a prefix whose jobs are still in the one
+-- table {p}jobs (docs/postgres-storage.md), in Go (Migrate, then
+-- convertStorage), in a transaction under the migration lock, moving
+-- every job into its phase with its attempt, fence and lease. Earlier
+-- versions could record this version and keep the one table; such a
+-- prefix reports version 9 until it is converted.
