@@ -895,21 +895,19 @@ func TestFirstJobID(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		old, ok := seam.DriverOf(c).(interface {
-			MigrateTo(context.Context, int) ([]int, error)
-			Pool() *pgxpool.Pool
-		})
-		if !ok {
-			t.Fatalf("the PostgreSQL driver %T cannot migrate to an earlier version", seam.DriverOf(c))
-		}
-		if _, err := old.MigrateTo(ctx, 9); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := old.Pool().Exec(ctx, "INSERT INTO "+p+"jobs (queue, kind, state, finalized_at) VALUES "+
-			"('default', 'k', 'available', NULL), ('default', 'k', 'completed', now())"); err != nil {
+		if _, err := lab.MigrateTo(ctx, c, 9); err != nil {
 			t.Fatal(err)
 		}
 		c.Close()
+		pool, err := pgxpool.New(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		if _, err := pool.Exec(ctx, "INSERT INTO "+p+"jobs (queue, kind, state, finalized_at) VALUES "+
+			"('default', 'k', 'available', NULL), ('default', 'k', 'completed', now())"); err != nil {
+			t.Fatal(err)
+		}
 		_, _, err = cli(t, "", append([]string{"enqueue", "--kind", "k"}, db...)...)
 		if err == nil || !strings.Contains(err.Error(), "conveyor migrate") {
 			t.Fatalf("enqueue on the prefix of an earlier version: %v; want an error asking for conveyor migrate", err)
