@@ -48,7 +48,7 @@ jobs enqueued through the API by queue and kind, and the Go runtime's.`
 
 // serveCmd serves the dashboard and the HTTP API.
 func serveCmd(e *env, args []string) error {
-	f := e.flags("serve", "serve [--listen ADDR] [--token-file F] [--read-only-token-file F] [--basic-auth-file F] [--insecure-loopback-dev] [--unknown-kinds warn|refuse|allow] [--metrics=false]", dbHelp)
+	f := e.flags("serve", "serve [--listen ADDR] [--token-file F] [--read-only-token-file F] [--basic-auth-file F] [--insecure-loopback-dev] [--unknown-kinds warn|refuse|allow] [--metrics=false] [--log-level debug|info|warn|error]", dbHelp)
 	f.about = serveAbout
 	listen := f.String("listen", "127.0.0.1:8080", "`address` to listen on")
 	tokenFile := f.String("token-file", "", "`file` of admin bearer tokens, one per line")
@@ -62,15 +62,20 @@ func serveCmd(e *env, args []string) error {
 	sample := f.Duration("sample-interval", 5*time.Second, "spacing of the dashboard's throughput samples (taken while someone looks)")
 	unknownKinds := f.String("unknown-kinds", kindsWarn, "what the API's enqueue does with a kind no job of which has completed on the database: warn, refuse or allow")
 	metrics := f.Bool("metrics", true, "serve Prometheus metrics at /metrics, behind the API's credentials")
+	logLevel := f.String("log-level", "info", "least level logged: debug (adds the dashboard's live refreshes to the access log), info, warn or error")
 	if err := e.parseNoArgs(f, args, false); err != nil {
 		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return usageError("serve", fmt.Sprintf("--log-level %q: debug, info, warn or error", *logLevel))
 	}
 	switch *unknownKinds {
 	case kindsWarn, kindsRefuse, kindsAllow:
 	default:
 		return usageError("serve", fmt.Sprintf("--unknown-kinds %q: warn, refuse or allow", *unknownKinds))
 	}
-	logger := slog.New(slog.NewTextHandler(e.stderr, nil))
+	logger := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: level}))
 	opts := web.Options{InsecureLoopbackDev: *insecure, BasePath: *basePath, SecureCookie: *secureCookie, MaxBodyBytes: *maxBody,
 		SampleInterval: *sample,
 		Logger:         logger}

@@ -363,3 +363,51 @@ func TestServeMetrics(t *testing.T) {
 		t.Errorf("/metrics with --metrics=false: %d, want 404", st)
 	}
 }
+
+// TestServeLogLevel: the dashboard's live refreshes are logged at debug,
+// so serve's access log shows them with --log-level debug and not by
+// default; an unknown level is refused.
+func TestServeLogLevel(t *testing.T) {
+	dsn := filepath.Join(t.TempDir(), "q.db")
+	mustCLI(t, "migrate", "--db", dsn)
+	get := func(base, path string, live bool) {
+		t.Helper()
+		r, err := http.NewRequest("GET", base+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if live {
+			r.Header.Set("X-Conveyor-Refresh", "live")
+		}
+		res, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != 200 {
+			t.Fatalf("GET %s: %d", path, res.StatusCode)
+		}
+	}
+	var quiet, loud syncBuffer
+	base := serveLogging(t, &quiet, "--db", dsn, "--insecure-loopback-dev", "--maintenance=false")
+	get(base, "/api/v1/queues", true)
+	get(base, "/api/v1/schedules", false) // logged at info, after the refresh
+	baseDebug := serveLogging(t, &loud, "--db", dsn, "--insecure-loopback-dev", "--maintenance=false", "--log-level", "debug")
+	get(baseDebug, "/api/v1/queues", true)
+	waitUntil := time.Now().Add(10 * time.Second)
+	for (!strings.Contains(loud.String(), "path=/api/v1/queues") || !strings.Contains(quiet.String(), "path=/api/v1/schedules")) && time.Now().Before(waitUntil) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(quiet.String(), "path=/api/v1/schedules") {
+		t.Fatalf("default level: an ordinary request is not logged:\n%s", quiet.String())
+	}
+	if !strings.Contains(loud.String(), "level=DEBUG") || !strings.Contains(loud.String(), "path=/api/v1/queues") {
+		t.Errorf("--log-level debug: the live refresh is not logged:\n%s", loud.String())
+	}
+	if strings.Contains(quiet.String(), "path=/api/v1/queues") {
+		t.Errorf("default level: a live refresh is logged:\n%s", quiet.String())
+	}
+	if _, _, err := cli(t, "", "serve", "--db", dsn, "--insecure-loopback-dev", "--log-level", "loud"); err == nil || !strings.Contains(err.Error(), `--log-level "loud"`) {
+		t.Errorf("--log-level loud: %v", err)
+	}
+}
