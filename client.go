@@ -53,7 +53,6 @@ type Client[TTx any] struct {
 	mu       sync.Mutex
 	handlers map[string]engine.Handler
 	periodic periodic
-	kinds    map[string]engine.KindConfig // WorkerOpts by kind, shared with the engine
 	started  bool
 	schemaOK atomic.Bool
 	maxArgs  int
@@ -96,7 +95,7 @@ func New[TTx any](ctx context.Context, drv Driver[TTx], cfg *Config) (*Client[TT
 	if err != nil {
 		return nil, err
 	}
-	cl := &Client[TTx]{cfg: c, drv: d, unwrap: drv.UnwrapTx, handlers: map[string]engine.Handler{}, kinds: map[string]engine.KindConfig{}, maxArgs: c.MaxArgsBytes}
+	cl := &Client[TTx]{cfg: c, drv: d, unwrap: drv.UnwrapTx, handlers: map[string]engine.Handler{}, maxArgs: c.MaxArgsBytes}
 	if m := d.Capabilities().MaxArgsBytes; m > 0 && m < cl.maxArgs {
 		cl.maxArgs = m
 	}
@@ -105,7 +104,6 @@ func New[TTx any](ctx context.Context, drv Driver[TTx], cfg *Config) (*Client[TT
 		return nil, err
 	}
 	ec := c.engineConfig()
-	ec.Kinds = cl.kinds
 	cl.eng = engine.New(d, ec, cl.handlers)
 	return cl, nil
 }

@@ -390,7 +390,7 @@ func AddWorker[T JobArgs, TTx any](c *Client[TTx], w Worker[T], opts ...WorkerOp
 		return fmt.Errorf("conveyor: a worker for kind %q is already registered", kind)
 	}
 	if wo.Timeout != 0 || wo.Backoff != nil {
-		c.kinds[kind] = engine.KindConfig{Timeout: wo.Timeout, Backoff: wo.Backoff}
+		c.eng.SetKind(kind, engine.KindConfig{Timeout: wo.Timeout, Backoff: wo.Backoff})
 	}
 	mws := append(append([]WorkMiddleware(nil), c.cfg.WorkMiddleware...), wo.Middleware...)
 	c.handlers[kind] = func(ctx context.Context, row *driver.JobRow) error {

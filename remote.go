@@ -49,8 +49,11 @@ const (
 // attempt, cancel), the same batching of outcomes into one statement per
 // batch, the same listener waking waiting claims, and the processes table
 // (remote workers are listed with kind "http"). The client need not be
-// started. Every call is fenced: a renewal or an outcome of an attempt
-// that no longer owns its job returns ErrLeaseLost and writes nothing.
+// started; the maintenance (promotion of due jobs, rescue of expired
+// leases, pruning) still needs a started client somewhere on the
+// database, such as `conveyor serve` with --maintenance. Every call is
+// fenced: a renewal or an outcome of an attempt that no longer owns its
+// job returns ErrLeaseLost and writes nothing.
 type RemoteWorkers struct {
 	eng *engine.Engine
 	cfg Config
@@ -81,8 +84,9 @@ type RemoteClaim struct {
 	// (Protocol + ":" + Addr when Worker is ""), and the processes table
 	// lists it as Protocol + ":" + Worker (or the host of Addr).
 	Worker string
-	// Addr is the worker's network address (host:port), Protocol the
-	// name of the protocol it uses ("http" when "").
+	// Addr is the worker's network address (host:port, at most
+	// MaxRemoteWorkerName printable characters), Protocol the name of the
+	// protocol it uses ("http" when "").
 	Addr, Protocol string
 }
 
@@ -117,13 +121,14 @@ func (r *RemoteWorkers) Claim(ctx context.Context, p RemoteClaim) ([]*ClaimedJob
 		return nil, fmt.Errorf("%w: limit %d: must be 1 to %d", ErrInvalidClaim, p.Limit, MaxRemoteClaim)
 	case p.Wait < 0:
 		return nil, fmt.Errorf("%w: wait %v: must not be negative", ErrInvalidClaim, p.Wait)
-	case len(p.Worker) > MaxRemoteWorkerName || strings.IndexFunc(p.Worker, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0:
+	case !printable(p.Worker, MaxRemoteWorkerName):
 		return nil, fmt.Errorf("%w: worker name: at most %d printable characters", ErrInvalidClaim, MaxRemoteWorkerName)
+	case !printable(p.Addr, MaxRemoteWorkerName):
+		return nil, fmt.Errorf("%w: address: at most %d printable characters", ErrInvalidClaim, MaxRemoteWorkerName)
 	case !nameRE.MatchString(p.Protocol):
 		return nil, fmt.Errorf("%w: protocol %q: must match %s", ErrInvalidClaim, p.Protocol, nameRE)
-	}
-	if err := checkQueue(p.Queue); err != nil {
-		return nil, err
+	case !nameRE.MatchString(p.Queue):
+		return nil, fmt.Errorf("%w: queue name %q: must match %s", ErrInvalidClaim, p.Queue, nameRE)
 	}
 	host := p.Addr
 	if h, _, err := net.SplitHostPort(p.Addr); err == nil {
@@ -224,6 +229,11 @@ func (r *RemoteWorkers) Snooze(ctx context.Context, id, fence int64, d time.Dura
 // under this fence return ErrLeaseLost.
 func (r *RemoteWorkers) Release(ctx context.Context, id, fence int64) error {
 	return r.eng.ReleaseRemote(ctx, id, fence)
+}
+
+// printable reports whether s is at most n bytes of printable characters.
+func printable(s string, n int) bool {
+	return len(s) <= n && strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) < 0
 }
 
 // cleanText makes a worker's text storable: valid UTF-8, no NUL (which

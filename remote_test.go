@@ -3,6 +3,7 @@ package conveyor_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +21,9 @@ import (
 func TestRemoteWorkers(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
-		c := openDropped(t, dsn, fast(testdb.Prefix()))
+		cfg := fast(testdb.Prefix())
+		cfg.Logger = slog.New(slog.DiscardHandler) // its failed attempts are logged
+		c := openDropped(t, dsn, cfg)
 		// The serving client knows the kind: its backoff applies to remote
 		// failures too.
 		if err := conveyor.AddWorker(c, conveyor.WorkFunc(func(context.Context, *conveyor.Job[tagged]) error { return nil }),
@@ -110,9 +113,10 @@ func TestRemoteWorkers(t *testing.T) {
 			{conveyor.RemoteClaim{Wait: -time.Second}, "wait -1s"},
 			{conveyor.RemoteClaim{Worker: "a\nb"}, "worker name"},
 			{conveyor.RemoteClaim{Queue: "no spaces"}, `queue name "no spaces"`},
+			{conveyor.RemoteClaim{Addr: strings.Repeat("a", 201)}, "address"},
 		} {
 			_, err := rw.Claim(ctx, bad.p)
-			if err == nil || !strings.Contains(err.Error(), bad.want) || (!errors.Is(err, conveyor.ErrInvalidClaim) && !errors.Is(err, conveyor.ErrInvalidOpts)) {
+			if err == nil || !strings.Contains(err.Error(), bad.want) || !errors.Is(err, conveyor.ErrInvalidClaim) {
 				t.Errorf("claim %+v: %v, want an error naming %q", bad.p, err, bad.want)
 			}
 		}

@@ -108,7 +108,7 @@ func (h *Handler) classify(r *http.Request, err error) (int, string) {
 		return http.StatusNotFound, msg
 	case errors.Is(err, conveyor.ErrWrongState), errors.Is(err, conveyor.ErrUniqueConflict):
 		return http.StatusConflict, msg
-	case errors.Is(err, conveyor.ErrSchemaOutdated), errors.Is(err, conveyor.ErrSchemaTooNew):
+	case errors.Is(err, conveyor.ErrSchemaOutdated), errors.Is(err, conveyor.ErrSchemaTooNew), errors.Is(err, conveyor.ErrClosed):
 		return http.StatusServiceUnavailable, msg
 	case r.Context().Err() != nil:
 		return http.StatusServiceUnavailable, "request timed out or was cancelled: " + r.Context().Err().Error()

@@ -95,7 +95,9 @@ func (h *Handler) apiClaim(w http.ResponseWriter, r *http.Request, _ principal) 
 		Queue: in.Queue, Limit: in.Limit, Lease: lease, Wait: wait,
 		Worker: in.Worker, Addr: r.RemoteAddr, Protocol: "http",
 	})
-	if err != nil && (r.Context().Err() != nil || h.closing.Err() == nil) {
+	// A wait the handler's Close ended answers with no jobs; any other
+	// error is the error.
+	if err != nil && !(errors.Is(err, context.Canceled) && h.closing.Err() != nil && r.Context().Err() == nil) {
 		h.fail(w, r, err)
 		return
 	}

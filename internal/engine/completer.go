@@ -2,7 +2,7 @@ package engine
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -49,13 +49,16 @@ type written struct {
 
 // errDropped is the result of a remote outcome the completer gave up on
 // at shutdown.
-var errDropped = errors.New("conveyor: the outcome was not written: the database did not answer while the client shut down (the job's lease will expire and it will be rescued)")
+var errDropped = fmt.Errorf("%w: the outcome was not written: the database did not answer while the client shut down (the job's lease will expire and it will be rescued)", ErrStopped)
 
-// closed reports whether close has begun.
+// closed reports whether close has begun. It never waits.
 func (c *completer) closed() bool {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.shut
+	select {
+	case <-c.closing:
+		return true
+	default:
+		return false
+	}
 }
 
 func newCompleter(e *Engine) *completer {
@@ -78,6 +81,22 @@ func (c *completer) submit(o pending) bool {
 	}
 	c.in <- o
 	return true
+}
+
+// submitCtx queues a remote outcome unless ctx ends first; false if the
+// completer is closed.
+func (c *completer) submitCtx(ctx context.Context, o pending) (bool, error) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.shut {
+		return false, nil
+	}
+	select {
+	case c.in <- o:
+		return true, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
 }
 
 // close flushes queued outcomes and stops the writer.

@@ -83,8 +83,7 @@ type Config struct {
 	Backoff            func(attempt int) time.Duration
 	// Kinds holds the settings of kinds that override JobTimeout or
 	// Backoff, by kind; a kind absent, or a zero field, takes the
-	// engine-wide one. The map may be filled after New, before Start (the
-	// public package shares it with AddWorker, as it shares handlers).
+	// engine-wide one. New copies it; SetKind adds one later.
 	Kinds map[string]KindConfig
 	// Logger receives warnings (database errors being retried, leases
 	// lost) and one record per failed attempt; nil discards them.
@@ -154,6 +153,7 @@ type Engine struct {
 	remote  *remoteProcs
 	listen  listening
 
+	stopMu   sync.Mutex // held for the whole of Start and of Stop
 	mu       sync.Mutex
 	started  bool
 	closed   bool
@@ -172,6 +172,11 @@ type Engine struct {
 	hbWake chan struct{}
 	// slowRenewal is OnSlowRenewal's hook (loops.go).
 	slowRenewal atomic.Pointer[func(SlowRenewal)]
+
+	// kinds is Config.Kinds, replaced whole by SetKind (copy on write):
+	// remote workers' outcomes read it whether or not the engine is
+	// started, while the public package may still add workers.
+	kinds atomic.Pointer[map[string]KindConfig]
 }
 
 // New creates an engine. Enqueueing works at once; Start runs workers.
@@ -191,7 +196,26 @@ func New(drv driver.Driver, cfg Config, handlers map[string]Handler) *Engine {
 	}
 	e.ins = newInserter(e)
 	e.remote = newRemoteProcs(e)
+	kinds := make(map[string]KindConfig, len(cfg.Kinds))
+	for k, v := range cfg.Kinds {
+		kinds[k] = v
+	}
+	e.kinds.Store(&kinds)
 	return e
+}
+
+// SetKind sets kind's own settings (KindConfig), replacing Config.Kinds'
+// entry; safe while the engine runs.
+func (e *Engine) SetKind(kind string, k KindConfig) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	old := *e.kinds.Load()
+	kinds := make(map[string]KindConfig, len(old)+1)
+	for n, v := range old {
+		kinds[n] = v
+	}
+	kinds[kind] = k
+	e.kinds.Store(&kinds)
 }
 
 // isClosed reports whether Close was called.
@@ -248,6 +272,8 @@ func (e *Engine) logFailure(row *driver.JobRow, ran time.Duration, o driver.Outc
 
 // Start begins fetching and working the configured queues.
 func (e *Engine) Start(ctx context.Context) error {
+	e.stopMu.Lock() // a Start waits for a Stop under way
+	defer e.stopMu.Unlock()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
@@ -286,6 +312,8 @@ func (e *Engine) Start(ctx context.Context) error {
 // shutdown timeout passes, then cancels their contexts; acknowledgements
 // are flushed and jobs that did not finish are released, claimable again.
 func (e *Engine) Stop(ctx context.Context) error {
+	e.stopMu.Lock()
+	defer e.stopMu.Unlock()
 	e.mu.Lock()
 	if !e.started {
 		e.mu.Unlock()
@@ -377,6 +405,7 @@ func (e *Engine) Close(ctx context.Context) error {
 	e.closed = true
 	comp := e.comp
 	e.mu.Unlock()
+	e.waiters.notify("")
 	if comp != nil {
 		comp.close() // remote outcomes of a client never started
 	}
@@ -483,7 +512,7 @@ func (e *timeoutError) Error() string { return fmt.Sprintf("job timed out after 
 // 0 means none.
 func (e *Engine) timeout(row *driver.JobRow) time.Duration {
 	t := e.cfg.JobTimeout
-	if k := e.cfg.Kinds[row.Kind].Timeout; k != 0 {
+	if k := (*e.kinds.Load())[row.Kind].Timeout; k != 0 {
 		t = k
 	}
 	switch {
@@ -498,7 +527,7 @@ func (e *Engine) timeout(row *driver.JobRow) time.Duration {
 // backoff is the wait before retrying row after its attempt failed: its
 // kind's Backoff, else the engine's.
 func (e *Engine) backoff(row *driver.JobRow) time.Duration {
-	if b := e.cfg.Kinds[row.Kind].Backoff; b != nil {
+	if b := (*e.kinds.Load())[row.Kind].Backoff; b != nil {
 		return b(row.Attempt)
 	}
 	return e.cfg.Backoff(row.Attempt)

@@ -348,14 +348,20 @@ func (e *Engine) listenRelease(linger time.Duration) {
 	}
 	if linger > 0 {
 		if l.idle == nil {
-			l.idle = time.AfterFunc(linger, func() {
+			var idle *time.Timer
+			idle = time.AfterFunc(linger, func() {
 				l.mu.Lock()
 				defer l.mu.Unlock()
+				if l.idle != idle {
+					return // stopped, and the listener acquired again since
+				}
+				l.idle = nil
 				if l.refs == 0 && l.cancel != nil {
 					l.cancel()
 					l.cancel = nil
 				}
 			})
+			l.idle = idle
 		}
 		l.mu.Unlock()
 		return

@@ -24,9 +24,8 @@ const (
 	// opened (on a backend with notifications, when this engine is not
 	// started) stays open after the last such claim ended.
 	remoteListenIdle = 30 * time.Second
-	// remoteWriteTimeout bounds a remote claim's, renewal's or release's
-	// statement, which runs on a context the remote worker's disconnect
-	// does not cancel.
+	// remoteWriteTimeout bounds a remote claim's statement, which runs on
+	// a context the remote worker's disconnect does not cancel.
 	remoteWriteTimeout = 30 * time.Second
 )
 
@@ -73,15 +72,21 @@ func (e *Engine) ClaimRemote(ctx context.Context, p RemoteClaim) ([]*driver.JobR
 		defer e.listenRelease(remoteListenIdle)
 	}
 	for {
-		woken := e.waiters.wait(p.Queue) // before the claim, so a wake during it is not missed
+		woken, done := e.waiters.wait(p.Queue) // before the claim, so a wake during it is not missed
+		if e.isClosed() {
+			done()
+			return nil, ErrStopped
+		}
 		e.remote.claiming(ctx, p.Process, p.Host, p.Queue)
 		rows, err := e.claimRemote(ctx, driver.ClaimParams{Queue: p.Queue, Limit: p.Limit, Lease: p.Lease, Worker: p.Worker})
 		if err != nil {
+			done()
 			return nil, err
 		}
 		e.remote.claimed(p.Process, rows)
 		left := time.Until(deadline)
 		if len(rows) > 0 || left <= 0 {
+			done()
 			return rows, nil
 		}
 		t := time.NewTimer(min(backoff, left))
@@ -92,9 +97,11 @@ func (e *Engine) ClaimRemote(ctx context.Context, p RemoteClaim) ([]*driver.JobR
 			backoff = min(2*backoff, remotePollMax)
 		case <-ctx.Done():
 			t.Stop()
+			done()
 			return nil, ctx.Err()
 		}
 		t.Stop()
+		done()
 	}
 }
 
@@ -192,6 +199,10 @@ func (e *Engine) FailRemote(ctx context.Context, id, fence int64, f RemoteFailur
 		return "", ErrStopped
 	}
 	row, err := e.drv.GetJob(ctx, id)
+	if errors.Is(err, driver.ErrNotFound) {
+		err = nil // pruned or deleted: no longer held, as for any outcome
+		row = &driver.JobRow{ID: id}
+	}
 	if err != nil {
 		return "", fmt.Errorf("job %d: %w", id, err)
 	}
@@ -224,7 +235,11 @@ func (e *Engine) settleRemote(ctx context.Context, o driver.Outcome) error {
 		if c == nil {
 			return ErrStopped
 		}
-		if c.submit(pending{o: o, res: res}) {
+		ok, err := c.submitCtx(ctx, pending{o: o, res: res})
+		if err != nil {
+			return err
+		}
+		if ok {
 			break
 		}
 	}
@@ -239,6 +254,7 @@ func (e *Engine) settleRemote(ctx context.Context, o driver.Outcome) error {
 		}
 		return nil
 	case <-ctx.Done():
+		e.remote.done(o.ID) // the worker that waited is gone
 		return ctx.Err()
 	}
 }
@@ -272,24 +288,39 @@ func (e *Engine) ReleaseRemote(ctx context.Context, id, fence int64) error {
 }
 
 // waiters wakes waiting remote claims of a queue: engine.wake notifies
-// it with the fetchers.
+// it with the fetchers. A queue's entry lives while a claim waits on it.
 type waiters struct {
 	mu sync.Mutex
-	ch map[string]chan struct{}
+	ch map[string]*waiting
 }
 
-func newWaiters() *waiters { return &waiters{ch: map[string]chan struct{}{}} }
+// waiting is the channel the claims waiting on one queue share, and how
+// many hold it.
+type waiting struct {
+	ch chan struct{}
+	n  int
+}
 
-// wait returns a channel closed at the next notify of queue.
-func (w *waiters) wait(queue string) <-chan struct{} {
+func newWaiters() *waiters { return &waiters{ch: map[string]*waiting{}} }
+
+// wait returns a channel closed at the next notify of queue, and the
+// function that ends the wait (call it once).
+func (w *waiters) wait(queue string) (<-chan struct{}, func()) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	c, ok := w.ch[queue]
-	if !ok {
-		c = make(chan struct{})
-		w.ch[queue] = c
+	x := w.ch[queue]
+	if x == nil {
+		x = &waiting{ch: make(chan struct{})}
+		w.ch[queue] = x
 	}
-	return c
+	x.n++
+	return x.ch, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if x.n--; x.n == 0 && w.ch[queue] == x {
+			delete(w.ch, queue)
+		}
+	}
 }
 
 // notify wakes every claim waiting on queue, every waiting claim when
@@ -298,14 +329,14 @@ func (w *waiters) notify(queue string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if queue != "" {
-		if c, ok := w.ch[queue]; ok {
-			close(c)
+		if x := w.ch[queue]; x != nil {
+			close(x.ch)
 			delete(w.ch, queue)
 		}
 		return
 	}
-	for q, c := range w.ch {
-		close(c)
+	for q, x := range w.ch {
+		close(x.ch)
 		delete(w.ch, q)
 	}
 }

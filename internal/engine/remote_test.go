@@ -194,7 +194,8 @@ func TestRemoteClaimWoken(t *testing.T) {
 	e := New(d, testConfig(10*time.Second), nil)
 	ctx := context.Background()
 
-	ch := e.waiters.wait("q")
+	ch, done := e.waiters.wait("q")
+	defer done()
 	if _, _, err := e.Insert(ctx, []driver.InsertParams{{Queue: "q", Kind: "k"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +212,8 @@ func TestRemoteClaimWoken(t *testing.T) {
 		defer e.listen.mu.Unlock()
 		return e.listen.cancel != nil
 	})
-	ch = e.waiters.wait("r")
+	ch, doneR := e.waiters.wait("r")
+	defer doneR()
 	d.wakeups <- "r"
 	recv(t, "the notification's wake", ch)
 	cancel()

@@ -64,6 +64,10 @@ func Load(dst any, fsys fs.FS, prefix string, files ...string) error {
 			errs = append(errs, fmt.Errorf("sqlq: field %s (query %q) is not a string", t.Field(i).Name, name))
 			continue
 		}
+		if used[name] {
+			errs = append(errs, fmt.Errorf("sqlq: query %q has two fields in %s", name, t))
+			continue
+		}
 		q, ok := all[name]
 		if !ok {
 			errs = append(errs, fmt.Errorf("sqlq: query %q (field %s) is in none of %v", name, t.Field(i).Name, files))

@@ -55,6 +55,14 @@ func TestLoad(t *testing.T) {
 	if err := Load(&both, fstest.MapFS{"a.sql": fsys["a.sql"], "c.sql": {Data: []byte("-- name: count\nSELECT 3\n")}}, "", "a.sql", "c.sql"); err == nil || !strings.Contains(err.Error(), "in both") {
 		t.Fatalf("a query in two files: %v", err)
 	}
+	var twice struct {
+		GetJob string `sql:"get_job"`
+		Again  string `sql:"get_job"`
+		Count  string `sql:"count"`
+	}
+	if err := Load(&twice, fsys, "", "a.sql"); err == nil || !strings.Contains(err.Error(), "two fields") {
+		t.Fatalf("a query with two fields: %v", err)
+	}
 	if err := Load(q, fsys, "", "a.sql"); err == nil {
 		t.Fatal("a struct value, not a pointer, was accepted")
 	}

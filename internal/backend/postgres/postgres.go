@@ -329,6 +329,13 @@ const leaseConns = 2
 // one more transaction under the same lock (see convertStorage): jobs in
 // every state are moved, running ones with their attempt, fence and
 // lease.
+//
+// The conversion runs after the last migration, not at version 10: a
+// binary that knows migration 11 refuses nothing on a database that an
+// earlier binary converted. A future migration that changes the segment
+// tables must therefore not assume a converted prefix: it runs before the
+// conversion on a prefix that an earlier version kept on the one table
+// (the registry is empty then), or it must convert first.
 func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	applied, err := d.MigrateTo(ctx, len(d.migrations))
 	if err != nil {

@@ -10,15 +10,15 @@ import (
 	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
-// Failing test from review: a remote worker's failure on a client that
-// is not started reads the kinds' settings (engine.Config.Kinds) that
-// AddWorker writes under the client's lock only: a data race when a
-// worker is added while remote workers are served.
-type reviewOther struct{}
+// otherKind is a kind registered while remote workers are served.
+type otherKind struct{}
 
-func (reviewOther) Kind() string { return "review_other" }
+func (otherKind) Kind() string { return "other_kind" }
 
-func TestReviewAddWorkerWhileRemoteFail(t *testing.T) {
+// A remote worker's failure on a client that is not started reads the
+// kinds' settings while AddWorker may add one (under -race, a data race
+// before the engine kept them copy on write).
+func TestAddWorkerWhileRemoteFail(t *testing.T) {
 	ctx := context.Background()
 	c := openDropped(t, filepath.Join(t.TempDir(), "c.db"), fast(testdb.Prefix()))
 	rw := c.RemoteWorkers()
@@ -32,7 +32,7 @@ func TestReviewAddWorkerWhileRemoteFail(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		conveyor.AddWorker(c, conveyor.WorkFunc(func(context.Context, *conveyor.Job[reviewOther]) error { return nil }),
+		conveyor.AddWorker(c, conveyor.WorkFunc(func(context.Context, *conveyor.Job[otherKind]) error { return nil }),
 			conveyor.WorkerOpts{Backoff: func(int) time.Duration { return time.Hour }})
 	}()
 	if _, err := rw.Fail(ctx, jobs[0].ID, jobs[0].Fence, conveyor.RemoteFailure{Error: "x"}); err != nil {

@@ -10,8 +10,10 @@ import (
 	"github.com/conveyorq/conveyor/internal/driver"
 )
 
-// Failing tests that show defects found in review; each says what the
-// code should do.
+// Shutdown with remote workers: a remote outcome honours its context on
+// a full completer queue, the engine's lock is not held across a closing
+// completer, a waiting remote claim ends at Close, and a Close during a
+// running Stop keeps the outcomes of jobs that finish meanwhile.
 
 // stuckCompleter returns a fake whose Complete blocks until release is
 // closed, an engine on it, and the engine's completer once its writer is
@@ -43,7 +45,7 @@ func stuckCompleter(t *testing.T) (*fakeDriver, *Engine, *completer, chan struct
 // outcome blocked on the completer's full queue (the database not
 // answering) must return too, not hold its request until the database
 // answers.
-func TestReviewSettleRemoteHonoursCtxOnFullQueue(t *testing.T) {
+func TestSettleRemoteHonoursCtxOnFullQueue(t *testing.T) {
 	_, e, _, release := stuckCompleter(t)
 	defer func() { close(release); e.Close(context.Background()) }()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -59,7 +61,7 @@ func TestReviewSettleRemoteHonoursCtxOnFullQueue(t *testing.T) {
 // on the database, a remote outcome calling e.completer() must not hold
 // the engine's lock while it waits for the completer's: wake (every
 // enqueue's, the listener's) and isClosed (every remote call's) take it.
-func TestReviewEngineLockNotHeldAcrossCompleterClose(t *testing.T) {
+func TestEngineLockNotHeldAcrossCompleterClose(t *testing.T) {
 	_, e, c, release := stuckCompleter(t)
 	defer func() { close(release); e.Close(context.Background()) }()
 	go e.CompleteRemote(context.Background(), 5000, 1) // blocked in submit, holding c.mu.RLock
@@ -84,7 +86,7 @@ func TestReviewEngineLockNotHeldAcrossCompleterClose(t *testing.T) {
 // A remote claim waiting for a job ends when the engine is closed: it
 // does not go on claiming through the driver, which the client closes
 // right after the engine.
-func TestReviewWaitingClaimEndsAtClose(t *testing.T) {
+func TestWaitingClaimEndsAtClose(t *testing.T) {
 	var closed atomic.Bool
 	var after atomic.Int64
 	d := &fakeDriver{onClaim: func(driver.ClaimParams) {
@@ -112,7 +114,7 @@ func TestReviewWaitingClaimEndsAtClose(t *testing.T) {
 // Close while Stop waits for running jobs: a job that finishes within
 // the shutdown grace has its outcome written (as before remote outcomes
 // shared the completer), not dropped and the job released to run again.
-func TestReviewCloseDuringStopKeepsOutcomes(t *testing.T) {
+func TestCloseDuringStopKeepsOutcomes(t *testing.T) {
 	d := &fakeDriver{}
 	cfg := testConfig(10 * time.Second)
 	cfg.ShutdownTimeout = 20 * time.Second
