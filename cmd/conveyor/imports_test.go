@@ -17,11 +17,13 @@ import (
 const libraryInternal = "github.com/conveyorq/conveyor/internal/"
 
 // testOnlyInternal are the library's internal packages the command's tests
-// may import: internal/testdb finds the databases they run on. Non-test
+// may import: internal/testdb finds the databases they run on and
+// internal/topology starts the topologies (PgBouncer, Patroni, Galera)
+// some of them run on. Non-test
 // code may import none: the command, the bench and the torture suite use
 // the library's public API, package connect (clients from DSNs, DSN
 // helpers) and package lab (the hooks only tests and the lab may use).
-var testOnlyInternal = []string{libraryInternal + "testdb"}
+var testOnlyInternal = []string{libraryInternal + "testdb", libraryInternal + "topology"}
 
 // importViolations reads the output of `go list -f` with importsFormat
 // and returns one line per import of the library's internal packages
