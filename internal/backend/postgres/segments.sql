@@ -198,15 +198,44 @@ SELECT {guard}
 -- synchronous_commit off for this statement's transaction only), which
 -- takes an fsync off every pick-up. A crash of the server may then lose a
 -- claim whose worker already runs the job; the job is claimed again, as
--- after any crash, and the fence makes that safe: it is the database
--- clock in microseconds (or one more than the last fence, if that is
--- larger), so the new claim's fence differs from the lost one's even
--- though the lost one never reached the table, and the first worker's
--- acknowledgements are refused. Every acknowledgement (complete,
--- heartbeat, release) commits synchronously, and its flush carries any
--- earlier claim of its job with it.
+-- after any crash, and the fence makes that safe: the new claim's fence
+-- differs from the lost one's even though the lost one never reached the
+-- table, and the first worker's acknowledgements are refused. Every
+-- acknowledgement (complete, heartbeat, release) commits synchronously,
+-- and its flush carries any earlier claim of its job with it.
+--
+-- The fence is greatest(fence + 1, floor), the floor computed once per
+-- statement (the materialized CTE) as
+--
+--     (timeline + 128) * 2^44 + milliseconds since 1970 (database clock)
+--
+-- where timeline is the server's current WAL timeline: the first 8 hex
+-- digits of the name of the WAL file being written (pg_walfile_name of
+-- pg_current_wal_lsn, both callable by any role; pg_control_checkpoint's
+-- timeline would lag until the next checkpoint). Why no fence repeats:
+--   - Within one timeline, fence + 1 makes every claim of a job larger
+--     than the last one the table holds. A claim lost in a crash of the
+--     same server (the timeline survives a restart) was at most a few
+--     claims past the table's fence, at a clock the restarted server has
+--     passed long since (a restart takes far longer than a millisecond).
+--   - A promotion always starts a new, larger timeline, whatever the
+--     clocks of the old and new primary say. Every fence issued on
+--     timeline t is below (t + 129) * 2^44 (a job would need 2^44 claims
+--     to climb past it), and every fence on a later timeline is at least
+--     its floor, so the claims lost with the old primary can never be
+--     repeated by the new one.
+-- 128 puts timeline 1's floor (about 2.27e15) above every fence of the
+-- former layout (the clock in microseconds: 1.8e15 in 2027, 2^51 in
+-- 2041), so jobs claimed before an upgrade move into the new layout with
+-- their next claim. Milliseconds keep the fence below 2^53, the integers
+-- JSON numbers carry exactly (the HTTP worker protocol sends the fence to
+-- JavaScript workers), up to timeline 383 and the year 2527.
 WITH
-async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
+async AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true),
+           (('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint + 128) * 17592186044416
+             + (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS floor
+),
 {each}c{i} AS (
     SELECT {i} AS s, ctid AS c, priority, pos FROM {src}
      WHERE queue = $1 AND (priority, pos) > ($5::int, $6::bigint) AND {guard}
@@ -227,7 +256,7 @@ ins AS (
     INSERT INTO {running} ({cols})
     SELECT pos, id, queue, kind, args, 'running', priority, attempt + 1, max_attempts, timeout_ms,
            scheduled_at, created_at, now(), NULL, now() + $3::bigint * interval '1 microsecond', $4,
-           errors, greatest(fence + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint),
+           errors, greatest(fence + 1, async.floor),
            unique_key, unique_keep, meta
     FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d, async
     RETURNING id, kind, args, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at,
@@ -423,17 +452,21 @@ UNION ALL SELECT '!stale', 0 WHERE NOT ({guard})
 -- name: seg_claim_job
 -- One job by id from any ready or waiting segment, claimed as seg_claim
 -- claims. A row a claim has locked is waited for; once that claim commits
--- the row is gone and nothing moves here.
+-- the row is gone and nothing moves here. The fence as in seg_claim.
 WITH
+f AS MATERIALIZED (
+    SELECT (('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint + 128) * 17592186044416
+             + (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS floor
+),
 {each}d{i} AS (DELETE FROM {src} r WHERE r.id = $1 AND {guard} RETURNING r.*),
 {sep}{end}
 ins AS (
     INSERT INTO {running} ({cols})
     SELECT pos, id, queue, kind, args, 'running', priority, attempt + 1, max_attempts, timeout_ms,
            scheduled_at, created_at, now(), NULL, now() + $2::bigint * interval '1 microsecond', $3,
-           errors, greatest(fence + 1, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint),
+           errors, greatest(fence + 1, f.floor),
            unique_key, unique_keep, meta
-    FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
+    FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d, f
     RETURNING {jobcols}
 )
 SELECT {jobcols} FROM ins
