@@ -84,7 +84,8 @@ func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, wo
 	err := d.inTx(ctx, "claim job", func(tx *sql.Tx) error {
 		out, state = nil, ""
 		var now time.Time
-		j, err := scanJob(tx.QueryRowContext(ctx, d.q.ClaimJobSelect, id), &now)
+		var floor sql.NullInt64
+		j, err := scanJob(tx.QueryRowContext(ctx, d.q.ClaimJobSelect, id), &now, &floor)
 		if errors.Is(err, sql.ErrNoRows) {
 			return driver.ErrNotFound
 		}
@@ -97,8 +98,12 @@ func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, wo
 			state = j.State
 			return nil
 		}
+		f, err := d.fenceFloor(ctx, tx, floor)
+		if err != nil {
+			return err
+		}
 		until := now.Add(lease).Truncate(time.Microsecond)
-		q, args, cache := d.inList(d.q.ClaimMark, []int64{id}, dbTime(now), dbTime(until), worker)
+		q, args, cache := d.inList(d.q.ClaimMark, []int64{id}, dbTime(now), dbTime(until), worker, f)
 		res, err := d.exec(ctx, tx, cache, q, args...)
 		if err != nil {
 			return err
@@ -108,7 +113,7 @@ func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, wo
 		}
 		j.State = driver.StateRunning
 		j.Attempt++
-		j.Fence++
+		j.Fence = max(j.Fence+1, f)
 		j.AttemptedAt = now
 		j.LeaseExpiresAt = until
 		j.AttemptedBy = worker

@@ -429,9 +429,9 @@ func TestCompleteBatch(t *testing.T) {
 				if r.Attempt != 2 || len(r.Errors) != 1 {
 					t.Fatalf("reclaimed row %+v", r)
 				}
-				o := driver.Outcome{ID: r.ID, Fence: 2, Attempt: 2, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 2, At: at, Error: "again"}}
+				o := driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: 2, State: driver.StateDiscarded, Err: &driver.AttemptError{Attempt: 2, At: at, Error: "again"}}
 				if i%2 == 1 {
-					o.Fence, o.Attempt = 1, 1 // stale
+					o.Fence, o.Attempt = r.Fence-1, 1 // stale: the first claim's fence
 				} else {
 					want[r.ID] = true
 				}
@@ -458,7 +458,7 @@ func TestCompleteBatch(t *testing.T) {
 			if j.State != driver.StateRunning || len(j.Errors) != 1 {
 				t.Fatalf("stale outcome changed the job: %+v", j)
 			}
-			if n, err := d.Release(ctx, []driver.Lease{{ID: again[1].ID, Fence: 2}, {ID: again[0].ID, Fence: 2}}); err != nil || n != 1 {
+			if n, err := d.Release(ctx, []driver.Lease{{ID: again[1].ID, Fence: again[1].Fence}, {ID: again[0].ID, Fence: again[0].Fence}}); err != nil || n != 1 {
 				t.Fatalf("release: %d %v", n, err)
 			}
 		})

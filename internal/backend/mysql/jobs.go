@@ -376,8 +376,9 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 			return err
 		}
 		var now time.Time
+		var floor sql.NullInt64
 		for rows.Next() {
-			j, err := scanJob(rows, &now)
+			j, err := scanJob(rows, &now, &floor)
 			if err != nil {
 				rows.Close()
 				return err
@@ -391,12 +392,16 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 		if len(out) == 0 {
 			return nil
 		}
+		f, err := d.fenceFloor(ctx, tx, floor)
+		if err != nil {
+			return err
+		}
 		lease := now.Add(p.Lease).Truncate(time.Microsecond)
 		ids := make([]int64, len(out))
 		for i, j := range out {
 			ids[i] = j.ID
 		}
-		q, args, cache := d.inList(d.q.ClaimMarkQueued, ids, dbTime(now), dbTime(lease), p.Worker, p.Queue)
+		q, args, cache := d.inList(d.q.ClaimMarkQueued, ids, dbTime(now), dbTime(lease), p.Worker, f, p.Queue)
 		res, err := d.exec(ctx, tx, cache, q, args...)
 		if err != nil {
 			return err
@@ -413,7 +418,7 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 		for _, j := range out {
 			j.State = driver.StateRunning
 			j.Attempt++
-			j.Fence++
+			j.Fence = max(j.Fence+1, f)
 			j.AttemptedAt = now
 			j.LeaseExpiresAt = lease
 			j.AttemptedBy = p.Worker
@@ -452,6 +457,7 @@ func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*
 	}
 	random := time.Now().UnixNano() < d.contendedUntil.Load()
 	var cand []int64
+	var floor sql.NullInt64
 	got := 0
 	for round := 0; round < claimRounds && got < p.Limit; round++ {
 		want := p.Limit - got
@@ -469,7 +475,7 @@ func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*
 			defer rows.Close()
 			for rows.Next() {
 				var id int64
-				if err := rows.Scan(&id); err != nil {
+				if err := rows.Scan(&id, &floor); err != nil {
 					return err
 				}
 				window = append(window, id)
@@ -482,6 +488,16 @@ func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*
 		if len(window) == 0 {
 			break
 		}
+		if !floor.Valid {
+			// A new primary, or a failback: take the next epoch first.
+			if err := d.inTx(ctx, "claim", func(tx *sql.Tx) error {
+				f, err := d.fenceFloor(ctx, tx, floor)
+				floor = sql.NullInt64{Int64: f, Valid: err == nil}
+				return err
+			}); err != nil {
+				return nil, err
+			}
+		}
 		pick := window
 		if len(window) > want {
 			for i := 0; i < want; i++ {
@@ -491,7 +507,7 @@ func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*
 			pick = window[:want]
 		}
 		slices.Sort(pick)
-		q, args, cache := d.inList(d.q.ClaimOptimistic, pick, micros(p.Lease), p.Worker, token[:])
+		q, args, cache := d.inList(d.q.ClaimOptimistic, pick, floor.Int64, micros(p.Lease), p.Worker, token[:], floor.Int64>>fenceEpochShift)
 		took, err := d.execCount(ctx, d.main, "claim", cache, q, args)
 		if err != nil {
 			return nil, err
@@ -930,4 +946,35 @@ func (d *Driver) TryLead(ctx context.Context, id string, ttl time.Duration) (boo
 		return false, err
 	}
 	return leader == id, nil
+}
+
+// fenceEpochShift places the epoch in a fence floor: floor = epoch <<
+// fenceEpochShift + server bits (see fence_floor in queries.sql).
+const fenceEpochShift = 36
+
+// fenceBumps bounds how many epochs one claim inserts before it gives up
+// (each failed round means another claimer took the epoch meanwhile).
+const fenceBumps = 5
+
+// fenceFloor returns this server's fence floor: floor itself when the
+// claim's read found one, else, in the claim's transaction tx (on the same
+// server as the claim), the next epoch inserted for this server and its
+// floor. See fence_floor in queries.sql.
+func (d *Driver) fenceFloor(ctx context.Context, tx *sql.Tx, floor sql.NullInt64) (int64, error) {
+	for range fenceBumps {
+		if floor.Valid {
+			return floor.Int64, nil
+		}
+		var server, epoch int64
+		if err := tx.QueryRowContext(ctx, d.q.FenceEpochState).Scan(&floor, &server, &epoch); err != nil {
+			return 0, fmt.Errorf("read fence epoch: %w", err)
+		}
+		if floor.Valid {
+			return floor.Int64, nil
+		}
+		if _, err := tx.ExecContext(ctx, d.q.FenceEpochInsert, epoch+1, server); err != nil && myErrno(err) != errDupEntry {
+			return 0, fmt.Errorf("take fence epoch %d for server %d: %w", epoch+1, server, err)
+		}
+	}
+	return 0, fmt.Errorf("no fence epoch of this server after %d tries (other servers keep taking them: more than one primary?)", fenceBumps)
 }

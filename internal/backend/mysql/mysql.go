@@ -183,6 +183,15 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 		}
 		d.isoVar = "tx_isolation"
 	}
+	// Fence epochs name the server by @@server_id, or 0 on every node of
+	// a Galera cluster (one logical primary); see fence_floor.
+	server := "@@server_id"
+	var wsrep sql.NullString
+	if err := pdb.QueryRowContext(ctx, q.ProbeWsrep).Scan(&wsrep); err == nil {
+		server = "IF(@@wsrep_on, 0, @@server_id)"
+	} else if myErrno(err) != errUnknownVariable {
+		return nil, fmt.Errorf("conveyor/mysql: open: probe server: %w", err)
+	}
 	if d.autoincStep < 1 {
 		d.autoincStep = 1
 	}
@@ -219,7 +228,7 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 	if d.skipLocked {
 		skip = "SKIP LOCKED"
 	}
-	sqlq.Rewrite(&q, strings.NewReplacer("{skip}", skip, "{iso}", d.isoVar).Replace)
+	sqlq.Rewrite(&q, strings.NewReplacer("{skip}", skip, "{iso}", d.isoVar, "{server}", server).Replace)
 	d.q = q
 	d.migs = sqlq.Migrations(sqlFiles, "migrations", opts.Prefix)
 

@@ -7,8 +7,8 @@ import (
 )
 
 // queries holds the statements of queries.sql, prefixed, without their
-// comment lines and with {cols} expanded; Open expands {skip} and {iso}
-// once it knows the server. The tags are the file's query names:
+// comment lines and with {cols} and {fence_floor} expanded; Open expands
+// {skip}, {iso} and {server} once it knows the server. The tags are the file's query names:
 // sqlq.Load fails, and so does opening the driver, on a name missing from
 // the file or a query with no field here. {ids}, {source} and {where} are
 // filled per call.
@@ -32,6 +32,11 @@ type queries struct {
 	ClaimWindow      string `sql:"claim_window"`
 	ClaimOptimistic  string `sql:"claim_optimistic"`
 	ClaimByToken     string `sql:"claim_by_token"`
+
+	// Fence epochs (see fence_floor in queries.sql).
+	FenceFloor       string `sql:"fence_floor"`
+	FenceEpochState  string `sql:"fence_epoch_state"`
+	FenceEpochInsert string `sql:"fence_epoch_insert"`
 
 	// The lease path: the batch sources ({source}) and the fenced
 	// updates joined to them.
@@ -75,6 +80,7 @@ type queries struct {
 	ServerInfo       string `sql:"server_info"`
 	Probe            string `sql:"probe"`
 	ProbeIsolation   string `sql:"probe_isolation"`
+	ProbeWsrep       string `sql:"probe_wsrep"`
 	GetLock          string `sql:"get_lock"`
 	ReleaseLock      string `sql:"release_lock"`
 	MigrationsTable  string `sql:"migrations_table"`
@@ -94,14 +100,14 @@ type queries struct {
 }
 
 // loadQueries reads queries.sql for prefix, drops its comment lines and
-// expands {cols}.
+// expands {cols} and {fence_floor}.
 func loadQueries(prefix string) (queries, error) {
 	var q queries
 	if err := sqlq.Load(&q, sqlFiles, prefix, "queries.sql"); err != nil {
 		return q, err
 	}
 	sqlq.Rewrite(&q, dropComments)
-	sqlq.Rewrite(&q, strings.NewReplacer("{cols}", q.JobColumns).Replace)
+	sqlq.Rewrite(&q, strings.NewReplacer("{cols}", q.JobColumns, "{fence_floor}", q.FenceFloor).Replace)
 	return q, nil
 }
 

@@ -9,6 +9,11 @@
 --            10.6+), else a derived table of UNION ALL rows
 --   {skip}   "SKIP LOCKED" where the server supports it, else empty
 --   {iso}    the server's name for the isolation variable
+--   {server} the current server's identity for fence epochs (see
+--            fence_floor): IF(@@wsrep_on, 0, @@server_id) where the server
+--            knows wsrep_on (MariaDB, Galera builds of MySQL), else
+--            @@server_id
+--   {fence_floor} the fence_floor expression below
 --
 -- Every time is computed with UTC_TIMESTAMP(6) (the database's clock, UTC,
 -- microseconds), which is constant within one statement. Sessions run with
@@ -16,6 +21,56 @@
 
 -- name: job_columns
 id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors, fence, meta
+
+-- Fences. A claim sets fence = GREATEST(fence + 1, floor), where floor is
+-- this expression: the current server's floor, from the fence_epochs row
+-- with the largest epoch, or NULL when that row is not this server's (none
+-- yet, another primary's, or this server's from before a failover away
+-- and back). On NULL the driver inserts epoch max + 1 for this server
+-- (fence_epoch_state, fence_epoch_insert) in the claim's transaction and
+-- reads the floor again. The layout, below 2^53 (the integers JSON numbers
+-- carry exactly: the HTTP worker protocol sends fences to JavaScript
+-- workers) for epochs up to 2^17 - 1:
+--
+--     epoch * 2^36 + (server & 65535) * 2^20 + claims since the floor
+--
+-- Why a fence never repeats across primaries. Replication applies the
+-- primary's transactions in commit order, so a replica always holds a
+-- prefix of its primary's history. Say job J's last fence a promoted
+-- replica B holds is f, and primary A issued further fences for J that B
+-- never received (claims lost in the failover). Every claim of a server
+-- reads the floor of an epoch row of its own that committed before it, so:
+--   - If B holds A's epoch row e (A's lost claims came after it), B's max
+--     is at least e, so B's new epoch is larger: B's floor is at least
+--     (e + 1) * 2^36, above every fence A issued in epoch e (a job would
+--     need 2^36 claims in one epoch to climb past it).
+--   - If B lost A's epoch row too, B may pick the same epoch e, but its
+--     floor differs from A's in the server bits (servers of one
+--     replication topology have distinct server_ids, required by MySQL
+--     replication; they must also differ modulo 65536). A's lost fences
+--     lie in [A's floor, A's floor + k) and B's start at B's floor, above
+--     f (J's fences before epoch e are below both floors); the ranges are
+--     2^20 apart at least, so they meet only after a million claims of J
+--     in the one epoch.
+--   - A failback to A (its row no longer the largest) bumps again, so A's
+--     new fences are above everything B issued.
+-- A Galera cluster is one logical primary (every node takes writes and
+-- certifies them in one global order): its nodes share server 0, so they
+-- never bump each other's epoch.
+-- name: fence_floor
+(SELECT IF(e.server = {server}, e.epoch * 68719476736 + ({server} & 65535) * 1048576, NULL) FROM `{p}fence_epochs` e ORDER BY e.epoch DESC LIMIT 1)
+
+-- fence_epoch_state reads the floor, this server's identity and the
+-- largest epoch; fence_epoch_insert takes the next one. Plain values are
+-- inserted (not an INSERT ... SELECT of @@server_id), so the row
+-- replicates the same in every binlog format. A concurrent claimer that
+-- inserted the same epoch first wins (duplicate key), and the floor is
+-- read again.
+-- name: fence_epoch_state
+SELECT {fence_floor}, {server}, (SELECT COALESCE(MAX(epoch), 0) FROM `{p}fence_epochs`)
+
+-- name: fence_epoch_insert
+INSERT INTO `{p}fence_epochs` (epoch, server, created_at) VALUES (?, ?, UTC_TIMESTAMP(6))
 
 -- Insert: a multi-row "simple insert" (row count known in advance), so
 -- InnoDB assigns consecutive ids in every innodb_autoinc_lock_mode. A value
@@ -56,7 +111,7 @@ SELECT id FROM `{p}jobs` WHERE unique_live = ?
 -- snapshot, which can be older than the jobs the locking read finds, so it
 -- only spares a paused queue the locking; claim_mark_queued decides.
 -- name: claim_select
-SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND state = 'available' ORDER BY priority, scheduled_at, id LIMIT ? FOR UPDATE SKIP LOCKED
+SELECT UTC_TIMESTAMP(6), {fence_floor}, {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND state = 'available' ORDER BY priority, scheduled_at, id LIMIT ? FOR UPDATE SKIP LOCKED
 
 -- claim_select_after is claim_select resumed after the last key this process
 -- claimed from the queue (see claimCursor in jobs.go). InnoDB keeps the
@@ -64,14 +119,15 @@ SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE ava
 -- and a claim that starts at the front of the queue scans all of them; under
 -- a backlog that made each claim slower than the last.
 -- name: claim_select_after
-SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND state = 'available' AND (priority > ? OR (priority = ? AND (scheduled_at > ? OR (scheduled_at = ? AND id > ?)))) ORDER BY priority, scheduled_at, id LIMIT ? FOR UPDATE SKIP LOCKED
+SELECT UTC_TIMESTAMP(6), {fence_floor}, {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND state = 'available' AND (priority > ? OR (priority = ? AND (scheduled_at > ? OR (scheduled_at = ? AND id > ?)))) ORDER BY priority, scheduled_at, id LIMIT ? FOR UPDATE SKIP LOCKED
 
 -- claim_mark runs in the same transaction over the rows just locked. It
 -- sets attempted_at and lease_expires_at from the clock claim_select read
--- (microseconds earlier, same transaction), so the driver returns exactly
--- the stored rows without reading them again.
+-- (microseconds earlier, same transaction), and the fence from the floor
+-- it read (see fence_floor), so the driver returns exactly the stored rows
+-- without reading them again.
 -- name: claim_mark
-UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, fence = fence + 1, attempted_at = ?, lease_expires_at = ?, attempted_by = ? WHERE id IN ({ids})
+UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, attempted_at = ?, lease_expires_at = ?, attempted_by = ?, fence = GREATEST(fence + 1, ?) WHERE id IN ({ids})
 
 -- claim_mark_queued is claim_mark for a queue claim: it marks nothing if the
 -- queue is paused by now. claim_select's pause check reads the statement's
@@ -82,14 +138,14 @@ UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, fence = fence + 1
 -- any pause that the locked jobs' inserts came after. The driver then
 -- returns no job and the commit releases the locks.
 -- name: claim_mark_queued
-UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, fence = fence + 1, attempted_at = ?, lease_expires_at = ?, attempted_by = ? WHERE NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND id IN ({ids})
+UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, attempted_at = ?, lease_expires_at = ?, attempted_by = ?, fence = GREATEST(fence + 1, ?) WHERE NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND id IN ({ids})
 
 -- claim_job_select locks one job by id for ClaimJob, which then marks it with
 -- claim_mark if it is neither running nor finished. It waits for a claim
 -- that holds the row; once that claim commits the row is running and is
 -- left alone.
 -- name: claim_job_select
-SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` WHERE id = ? FOR UPDATE
+SELECT UTC_TIMESTAMP(6), {fence_floor}, {cols} FROM `{p}jobs` WHERE id = ? FOR UPDATE
 
 -- Optimistic claim, for servers without SKIP LOCKED. claim_window reads the
 -- first N available rows in claim order with a plain SELECT: under READ
@@ -103,7 +159,10 @@ SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` WHERE id = ? FOR UPDATE
 -- meantime is skipped and one job is never handed to two claimers (a row
 -- another claimer's UPDATE is still holding is waited for, for the length
 -- of that one autocommit statement). The rows taken carry this call's
--- claim_token and are read back by id + token.
+-- claim_token and are read back by id + token. The window read returns
+-- the fence floor (fence_floor) beside each id; claim_optimistic sets the
+-- fence from it only while the largest epoch is still the one it came
+-- from (a floor read on one server is never applied on another).
 --
 -- This is deliberately not one multi-table UPDATE joined to a derived
 -- table of the window: InnoDB reads the derived table of a multi-table
@@ -112,10 +171,10 @@ SELECT UTC_TIMESTAMP(6), {cols} FROM `{p}jobs` WHERE id = ? FOR UPDATE
 -- upgrades between concurrent claimers deadlock constantly (about 200
 -- deadlocks per 4,000 jobs with 10 claimers on MariaDB 10.11).
 -- name: claim_window
-SELECT id FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) ORDER BY priority, scheduled_at, id LIMIT ?
+SELECT id, {fence_floor} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) ORDER BY priority, scheduled_at, id LIMIT ?
 
 -- name: claim_optimistic
-UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, fence = fence + 1, attempted_at = UTC_TIMESTAMP(6), lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, attempted_by = ?, claim_token = ? WHERE id IN ({ids}) AND state = 'available'
+UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, fence = GREATEST(fence + 1, ?), attempted_at = UTC_TIMESTAMP(6), lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, attempted_by = ?, claim_token = ? WHERE (SELECT MAX(epoch) FROM `{p}fence_epochs`) = ? AND id IN ({ids}) AND state = 'available'
 
 -- name: claim_by_token
 SELECT {cols} FROM `{p}jobs` WHERE claim_token = ? AND id IN ({ids})
@@ -260,6 +319,11 @@ SELECT VERSION(), @@max_allowed_packet, @@auto_increment_increment
 -- name: probe_isolation
 SELECT @@transaction_isolation
 
+-- probe_wsrep fails with error 1193 on a server without wsrep (MySQL
+-- without Galera); see {server}.
+-- name: probe_wsrep
+SELECT @@wsrep_on
+
 -- Migrations, serialised across processes by a named lock (the name hashes
 -- database and prefix so that it stays under 64 characters).
 -- name: get_lock
@@ -278,7 +342,7 @@ SELECT COALESCE(MAX(version), 0) FROM `{p}schema_migrations`
 INSERT INTO `{p}schema_migrations` (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))
 
 -- name: drop_all
-DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}processes`, `{p}schema_migrations`
+DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}processes`, `{p}fence_epochs`, `{p}schema_migrations`
 
 -- name: pause_queue
 -- Pausing keeps the first pause's time (?, ?: queue, paused 0/1).
