@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -89,3 +90,5 @@ func checkStaleAcksRefused(t *testing.T, ctx context.Context, dsn, prefix string
 		t.Fatalf("after the second claim's completion the job is %+v (%v), want completed", j, err)
 	}
 }
+
+func itoa(i int) string { return strconv.Itoa(i) }
