@@ -140,7 +140,7 @@ func probePooler(ctx context.Context, q *queries, cfg *pgx.ConnConfig, addedPlan
 		if err != nil {
 			return pr, err
 		}
-		if err := simpleExec(ctx, b, "BEGIN"); err != nil {
+		if err := simpleExec(ctx, b, q.ProbeBegin); err != nil {
 			return pr, statementPooling(err)
 		}
 		pb, err := backendPID(ctx, q, b)
@@ -151,7 +151,7 @@ func probePooler(ctx context.Context, q *queries, cfg *pgx.ConnConfig, addedPlan
 		if err != nil {
 			return pr, err
 		}
-		if err := simpleExec(ctx, b, "ROLLBACK"); err != nil {
+		if err := simpleExec(ctx, b, q.ProbeRollback); err != nil {
 			return pr, statementPooling(err)
 		}
 		if a1 != a2 || pb == a1 || pb == a2 {

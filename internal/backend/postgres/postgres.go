@@ -50,6 +50,8 @@ type queries struct {
 	ServerInfo       string `sql:"server_info"`
 	BackendPID       string `sql:"backend_pid"`
 	SessionPlanMode  string `sql:"session_plan_mode"`
+	ProbeBegin       string `sql:"probe_begin"`
+	ProbeRollback    string `sql:"probe_rollback"`
 	BulkNow          string `sql:"bulk_now"`
 	NotifyQueues     string `sql:"notify_queues"`
 	TryLead          string `sql:"try_lead"`

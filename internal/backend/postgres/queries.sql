@@ -118,6 +118,14 @@ DELETE FROM {p}processes WHERE expires_at < now() - $1::bigint * interval '1 mic
 -- two client connections to find a transaction pooler.
 SELECT pg_backend_pid()
 
+-- name: probe_begin
+-- probePooler's transaction on its second connection (refused by a
+-- pooler in statement mode).
+BEGIN
+
+-- name: probe_rollback
+ROLLBACK
+
 -- name: session_plan_mode
 -- Generic plans for a connection through a pooler in session mode, which
 -- refuses plan_cache_mode as a startup parameter (see planGeneric).
