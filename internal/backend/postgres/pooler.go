@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -147,20 +148,37 @@ func probePooler(ctx context.Context, q *queries, cfg *pgx.ConnConfig, addedPlan
 		if err != nil {
 			return pr, statementPooling(err)
 		}
-		a2, err := backendPID(ctx, q, a)
+		if pb == a1 {
+			pr.pooler = PoolerTransaction
+			return pr, nil
+		}
+		// A pooler whose every server connection B's transaction and
+		// other clients hold makes A wait: a client connection of its
+		// own would not, so a wait past probeWait proves pooling too.
+		actx, cancel := context.WithTimeout(ctx, probeWait)
+		a2, err := backendPID(actx, q, a)
+		cancel()
+		if err != nil && ctx.Err() == nil && actx.Err() != nil {
+			pr.pooler = PoolerTransaction
+			return pr, nil
+		}
 		if err != nil {
 			return pr, err
 		}
 		if err := simpleExec(ctx, b, q.ProbeRollback); err != nil {
 			return pr, statementPooling(err)
 		}
-		if a1 != a2 || pb == a1 || pb == a2 {
+		if a1 != a2 || pb == a2 {
 			pr.pooler = PoolerTransaction
 			return pr, nil
 		}
 	}
 	return pr, nil
 }
+
+// probeWait bounds probePooler's statement on its first connection while
+// the second holds a transaction (see probePooler).
+const probeWait = 2 * time.Second
 
 // refusedStartup reports the error of a pooler that refused a startup
 // parameter ("unsupported startup parameter: plan_cache_mode").

@@ -41,6 +41,9 @@ func TestPoolerDetected(t *testing.T) {
 	direct := testdb.Postgres(t)
 	session := topology.PgBouncerT(t, topology.PgBouncerOptions{Mode: "session"})
 	transaction := topology.PgBouncerT(t, topology.PgBouncerOptions{Mode: "transaction"})
+	// One server connection: the probe's second connection takes the
+	// one its first released, and the first must not wait for it.
+	single := topology.PgBouncerT(t, topology.PgBouncerOptions{Mode: "transaction", PoolSize: 1})
 	for _, c := range []struct {
 		name   string
 		dsn    string
@@ -52,8 +55,11 @@ func TestPoolerDetected(t *testing.T) {
 		{"session", session.DSN("sslmode=disable"), PoolerSession, pgx.QueryExecModeCacheStatement, true},
 		{"transaction", transaction.DSN("sslmode=disable"), PoolerTransaction, pgx.QueryExecModeCacheDescribe, false},
 		{"transaction-exec", transaction.DSN("sslmode=disable&default_query_exec_mode=exec"), PoolerTransaction, pgx.QueryExecModeExec, false},
+		{"transaction-one-server-connection", single.DSN("sslmode=disable"), PoolerTransaction, pgx.QueryExecModeCacheDescribe, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
 			d, err := Open(ctx, c.dsn, driver.Options{Prefix: testdb.Prefix()})
 			if err != nil {
 				t.Fatal(err)
