@@ -40,12 +40,10 @@ func TestMain(m *testing.M) {
 // bouncer is the PgBouncer (transaction pooling) in front of the
 // PostgreSQL test server that the postgres-pgbouncer backend goes
 // through, shared by every test of this binary and stopped by TestMain.
-// Its server connections outnumber the transactions the tests hold open
-// at once (TestUniqueUnderConcurrency: 33 callers' own, each enqueueing
-// in it): a transaction that enqueues may need a second server
-// connection to read the segment registry, so a pool of fewer would
-// leave every server connection held by a transaction waiting for one.
-var bouncer = &topology.SharedPgBouncer{Options: topology.PgBouncerOptions{Mode: "transaction", PoolSize: 60}}
+// Its 20 server connections (PgBouncer's default) are fewer than the
+// transactions some tests hold open at once (TestUniqueUnderConcurrency:
+// 33 callers' own, each enqueueing in it).
+var bouncer = &topology.SharedPgBouncer{Options: topology.PgBouncerOptions{Mode: "transaction", PoolSize: 20}}
 
 type backend struct {
 	name string
@@ -64,10 +62,11 @@ var backends = []backend{
 // PgBouncer in transaction pooling: statements described and executed
 // unnamed (default_query_exec_mode=cache_describe, which conveyor would
 // choose by itself, but the application's own transactions need too) and
-// the listener on a direct connection (conveyor_listen_dsn).
+// the listener and the registry's reader on a direct connection
+// (conveyor_direct_dsn).
 func pgbouncerDSN(t *testing.T) string {
 	direct := testdb.Postgres(t)
-	return bouncer.Get(t).DSN("sslmode=disable&default_query_exec_mode=cache_describe&conveyor_listen_dsn=" + url.QueryEscape(direct))
+	return bouncer.Get(t).DSN("sslmode=disable&default_query_exec_mode=cache_describe&conveyor_direct_dsn=" + url.QueryEscape(direct))
 }
 
 // appDSN is dsn as the application's own connections take it: without
@@ -75,11 +74,11 @@ func pgbouncerDSN(t *testing.T) string {
 // startup parameter.
 func appDSN(dsn string) string {
 	u, err := url.Parse(dsn)
-	if err != nil || !u.Query().Has("conveyor_listen_dsn") {
+	if err != nil || !u.Query().Has("conveyor_direct_dsn") {
 		return dsn
 	}
 	q := u.Query()
-	q.Del("conveyor_listen_dsn")
+	q.Del("conveyor_direct_dsn")
 	u.RawQuery = q.Encode()
 	return u.String()
 }

@@ -87,7 +87,7 @@ func TestPgBouncerWithoutListenerPollsAndWarnsOnce(t *testing.T) {
 			warnings = append(warnings, l)
 		}
 	}
-	if len(warnings) != 1 || !strings.Contains(warnings[0], "level=WARN") || !strings.Contains(warnings[0], "conveyor_listen_dsn") {
-		t.Fatalf("warnings %q, want one WARN line naming conveyor_listen_dsn", warnings)
+	if len(warnings) != 1 || !strings.Contains(warnings[0], "level=WARN") || !strings.Contains(warnings[0], "conveyor_direct_dsn") {
+		t.Fatalf("warnings %q, want one WARN line naming conveyor_direct_dsn", warnings)
 	}
 }

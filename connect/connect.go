@@ -29,9 +29,10 @@ import (
 // path ("./conveyor.db", "sqlite:jobs.db", "file:jobs.db?..."),
 // "postgres://..." (or postgresql://) or "mysql://user:pass@host:port/db"
 // (or mariadb://). A postgres:// DSN that goes through PgBouncer in
-// transaction pooling may name a direct connection to PostgreSQL for the
-// listener in its conveyor_listen_dsn parameter (a URL-encoded
-// postgres:// URL); without one there the client polls. Open refuses a
+// transaction pooling names a direct connection to PostgreSQL, for the
+// listener and the segment registry's reader, in its conveyor_direct_dsn
+// parameter (a URL-encoded postgres:// URL); without one there the client
+// polls. Open refuses a
 // database whose schema is newer than
 // this binary; one that lacks migrations can be migrated with
 // Client.Migrate. The client's EnqueueTx takes a pgx.Tx or *sql.Tx on

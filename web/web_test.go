@@ -47,14 +47,14 @@ var backends = []struct {
 
 // bouncer is PgBouncer in transaction pooling in front of the PostgreSQL
 // test server, shared by this package's tests and stopped by TestMain.
-var bouncer = &topology.SharedPgBouncer{Options: topology.PgBouncerOptions{Mode: "transaction", PoolSize: 40}}
+var bouncer = &topology.SharedPgBouncer{Options: topology.PgBouncerOptions{Mode: "transaction", PoolSize: 20}}
 
 // pgbouncerDSN is the postgres-pgbouncer backend: through PgBouncer, with
 // the listener on a direct connection, as the documentation configures
 // an application behind it.
 func pgbouncerDSN(tb testing.TB) string {
 	direct := testdb.Postgres(tb)
-	return bouncer.Get(tb).DSN("sslmode=disable&conveyor_listen_dsn=" + url.QueryEscape(direct))
+	return bouncer.Get(tb).DSN("sslmode=disable&conveyor_direct_dsn=" + url.QueryEscape(direct))
 }
 
 func TestMain(m *testing.M) {

@@ -16,8 +16,8 @@
 // Behind PgBouncer in transaction pooling mode the pool must not prepare
 // named statements: give its DSN default_query_exec_mode=cache_describe
 // (conveyor.New refuses pgx's default, cache_statement, there), and give
-// the listener a direct connection with WithListen. Statement pooling is
-// refused.
+// conveyor a direct connection to PostgreSQL with WithDirect. Statement
+// pooling is refused.
 //
 // conveyor's own connections keep generic plans (force_generic_plan):
 // every segment table is bounded and analyzed as it grows, and planning
@@ -40,22 +40,25 @@ import (
 // Driver is a conveyor.Driver on an application's *pgxpool.Pool.
 type Driver struct {
 	pool   *pgxpool.Pool
-	listen *pgx.ConnConfig
+	direct *pgx.ConnConfig
 }
 
 // New returns a driver on pool, for conveyor.New.
 func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
 
-// WithListen gives the listener (LISTEN/NOTIFY, which wakes workers when
-// another process enqueues) a connection made from cfg instead of the
-// pool's configuration, and returns d. A pool that goes through a
-// transaction pooler (PgBouncer pool_mode = transaction) needs it: LISTEN
-// through one receives nothing. cfg must reach PostgreSQL itself (Bind
-// refuses one that goes through a transaction pooler too); without it,
-// behind such a pooler the client polls for other processes' jobs and
-// logs a warning once when it starts. Call it before conveyor.New.
-func (d *Driver) WithListen(cfg *pgx.ConnConfig) *Driver {
-	d.listen = cfg
+// WithDirect makes the listener's connection (LISTEN/NOTIFY, which wakes
+// workers when another process enqueues) and the segment registry's
+// reader from cfg instead of the pool's configuration, and returns d. A
+// pool that goes through a transaction pooler (PgBouncer pool_mode =
+// transaction) needs it: LISTEN through one receives nothing, and the
+// registry's reader, which runs while a transaction that enqueues holds a
+// server connection, must not wait for another one from the pooler. cfg
+// must reach PostgreSQL itself (Bind refuses one that goes through a
+// transaction pooler too); without it, behind such a pooler the client
+// polls for other processes' jobs and logs a warning once when it
+// starts. Call it before conveyor.New.
+func (d *Driver) WithDirect(cfg *pgx.ConnConfig) *Driver {
+	d.direct = cfg
 	return d
 }
 
@@ -64,7 +67,7 @@ func (d *Driver) UnwrapTx(tx pgx.Tx) any { return tx }
 
 // Bind is called by conveyor.New; applications do not call it.
 func (d *Driver) Bind(ctx context.Context, opts driver.Options) (driver.Driver, error) {
-	drv, err := postgres.New(ctx, d.pool, d.listen, opts)
+	drv, err := postgres.New(ctx, d.pool, d.direct, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -34,22 +34,27 @@ import (
 //     parameters by the types the server described); an application pool
 //     (New) that would prepare statements is refused;
 //   - LISTEN through a transaction pooler receives nothing: the listener
-//     needs a direct connection (ListenDSNParam, or New's listen
+//     needs a direct connection (DirectDSNParam, or New's direct
 //     configuration); without one the engine polls and says so once.
+//     The segment registry's reader takes the direct connection too: it
+//     runs while a transaction that enqueues holds a server connection,
+//     and through the pooler it would wait for another, which every
+//     other such transaction may hold.
 //
 // Everything else conveyor keeps on a server connection is scoped to a
 // transaction (advisory locks are pg_advisory_xact_lock, settings are
 // SET LOCAL or set_config(..., true)), so it holds through any pooler.
 
-// ListenDSNParam is the query parameter of a postgres:// DSN that names a
-// direct connection to PostgreSQL for the listener, URL-encoded, when the
-// DSN itself goes through a transaction pooler (LISTEN through one
-// receives nothing):
+// DirectDSNParam is the query parameter of a postgres:// DSN that names,
+// URL-encoded, a direct connection to PostgreSQL for the two connections
+// of a process that must not go through a transaction pooler when the
+// DSN itself does: the listener (LISTEN through one receives nothing) and
+// the segment registry's reader (see the list above):
 //
-//	postgres://app@pgbouncer:6432/app?conveyor_listen_dsn=postgres%3A%2F%2Fapp%40db%3A5432%2Fapp
+//	postgres://app@pgbouncer:6432/app?conveyor_direct_dsn=postgres%3A%2F%2Fapp%40db%3A5432%2Fapp
 //
 // Open removes it before the DSN reaches pgx.
-const ListenDSNParam = "conveyor_listen_dsn"
+const DirectDSNParam = "conveyor_direct_dsn"
 
 // Pooler is what lies between conveyor's connections and PostgreSQL, as
 // probePooler found it.
@@ -214,27 +219,27 @@ func backendPID(ctx context.Context, q *queries, c *pgx.Conn) (string, error) {
 	return string(res[0].Rows[0][0]), nil
 }
 
-// splitListenDSN removes ListenDSNParam from dsn and returns the DSN
-// without it and the listen DSN ("" when absent).
-func splitListenDSN(dsn string) (string, string, error) {
-	if !strings.Contains(dsn, ListenDSNParam) {
+// splitDirectDSN removes DirectDSNParam from dsn and returns the DSN
+// without it and the direct DSN ("" when absent).
+func splitDirectDSN(dsn string) (string, string, error) {
+	if !strings.Contains(dsn, DirectDSNParam) {
 		return dsn, "", nil
 	}
 	u, err := url.Parse(dsn)
 	if err != nil {
-		return "", "", fmt.Errorf("%s: %w", ListenDSNParam, err)
+		return "", "", fmt.Errorf("%s: %w", DirectDSNParam, err)
 	}
 	q := u.Query()
-	listen := q.Get(ListenDSNParam)
-	q.Del(ListenDSNParam)
+	direct := q.Get(DirectDSNParam)
+	q.Del(DirectDSNParam)
 	u.RawQuery = q.Encode()
-	if listen == "" {
-		return "", "", fmt.Errorf("%s is empty: give it a postgres:// URL of the database's server itself, URL-encoded", ListenDSNParam)
+	if direct == "" {
+		return "", "", fmt.Errorf("%s is empty: give it a postgres:// URL of the database's server itself, URL-encoded", DirectDSNParam)
 	}
-	if !strings.HasPrefix(listen, "postgres://") && !strings.HasPrefix(listen, "postgresql://") {
-		return "", "", fmt.Errorf("%s must be a postgres:// URL, URL-encoded in the DSN", ListenDSNParam)
+	if !strings.HasPrefix(direct, "postgres://") && !strings.HasPrefix(direct, "postgresql://") {
+		return "", "", fmt.Errorf("%s must be a postgres:// URL, URL-encoded in the DSN", DirectDSNParam)
 	}
-	return u.String(), listen, nil
+	return u.String(), direct, nil
 }
 
 // adapt makes cfg fit what pr found behind it: conveyor's generic plans
@@ -274,28 +279,28 @@ func checkExecMode(cfg *pgx.ConnConfig) error {
 	return nil
 }
 
-// listenConfig parses a listen DSN and checks that it reaches PostgreSQL
+// directConfig parses a direct DSN and checks that it reaches PostgreSQL
 // without a transaction pooler.
-func listenConfig(ctx context.Context, q *queries, dsn string) (*pgx.ConnConfig, error) {
+func directConfig(ctx context.Context, q *queries, dsn string) (*pgx.ConnConfig, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", ListenDSNParam, err)
+		return nil, fmt.Errorf("%s: %w", DirectDSNParam, err)
 	}
-	if err := checkListenConfig(ctx, q, cfg); err != nil {
+	if err := checkDirectConfig(ctx, q, cfg); err != nil {
 		return nil, err
 	}
 	return cfg, nil
 }
 
-// checkListenConfig refuses a listener configuration that goes through a
+// checkDirectConfig refuses a direct configuration that goes through a
 // transaction pooler too.
-func checkListenConfig(ctx context.Context, q *queries, cfg *pgx.ConnConfig) error {
+func checkDirectConfig(ctx context.Context, q *queries, cfg *pgx.ConnConfig) error {
 	pr, err := probePooler(ctx, q, cfg, false)
 	if err != nil {
-		return fmt.Errorf("listen connection: %w", err)
+		return fmt.Errorf("direct connection (%s): %w", DirectDSNParam, err)
 	}
 	if pr.pooler == PoolerTransaction {
-		return errors.New("the listen connection goes through a transaction pooler too, where LISTEN receives nothing: give it the address of PostgreSQL itself")
+		return fmt.Errorf("the direct connection (%s) goes through a transaction pooler too, where LISTEN receives nothing: give it the address of PostgreSQL itself", DirectDSNParam)
 	}
 	return nil
 }

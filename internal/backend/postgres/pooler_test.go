@@ -211,7 +211,7 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 
 // TestListenThroughPoolers: LISTEN works through a session pooler, and
 // through a transaction pooler when the listener has a direct connection
-// (conveyor_listen_dsn); a listen DSN that goes through the transaction
+// (conveyor_direct_dsn); a direct DSN that goes through the transaction
 // pooler too is refused.
 func TestListenThroughPoolers(t *testing.T) {
 	ctx := context.Background()
@@ -219,7 +219,7 @@ func TestListenThroughPoolers(t *testing.T) {
 	session := topology.PgBouncerT(t, topology.PgBouncerOptions{Mode: "session"})
 	transaction := topology.PgBouncerT(t, topology.PgBouncerOptions{Mode: "transaction"})
 	listenVia := func(dsn, listen string) string {
-		return dsn + "&" + ListenDSNParam + "=" + url.QueryEscape(listen)
+		return dsn + "&" + DirectDSNParam + "=" + url.QueryEscape(listen)
 	}
 	for _, c := range []struct{ name, dsn string }{
 		{"session", session.DSN("sslmode=disable")},

@@ -143,7 +143,8 @@ type Driver struct {
 	ownsPool   bool            // Open made pool; New's caller owns it
 	connConfig *pgx.ConnConfig // for the listener's dedicated connections
 	pooler     Pooler          // what lies between the pool and PostgreSQL
-	canListen  bool            // false behind a transaction pooler without a listen connection
+	canListen  bool            // false behind a transaction pooler without a direct connection
+	direct     *pgx.ConnConfig // the registry's connection when not nil (DirectDSNParam)
 	prefix     string
 	q          queries
 	migrations []sqlq.Migration
@@ -166,7 +167,8 @@ type Driver struct {
 //
 // Open finds out whether the DSN goes through a connection pooler, and
 // in which mode, and adapts or refuses (see probePooler and adapt).
-// The DSN's ListenDSNParam, if any, names the listener's own connection.
+// The DSN's DirectDSNParam, if any, names the direct connection of the
+// listener and the segment registry's reader.
 func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error) {
 	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
 		return nil, errors.New("conveyor/postgres: open: DSN must start with postgres:// or postgresql://")
@@ -175,7 +177,7 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
 	}
-	dsn, listenDSN, err := splitListenDSN(dsn)
+	dsn, directDSN, err := splitDirectDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
 	}
@@ -201,9 +203,9 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if err := adapt(q, cfg, pr, strings.Contains(dsn, "default_query_exec_mode")); err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
 	}
-	var listen *pgx.ConnConfig
-	if listenDSN != "" {
-		if listen, err = listenConfig(ctx, q, listenDSN); err != nil {
+	var direct *pgx.ConnConfig
+	if directDSN != "" {
+		if direct, err = directConfig(ctx, q, directDSN); err != nil {
 			return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
 		}
 	}
@@ -211,7 +213,7 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
 	}
-	d, err := newDriver(ctx, pool, opts, &setup{q: q, probe: pr, listen: listen})
+	d, err := newDriver(ctx, pool, opts, &setup{q: q, probe: pr, direct: direct})
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -224,7 +226,7 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 type setup struct {
 	q      *queries
 	probe  probe
-	listen *pgx.ConnConfig // nil: the pool's configuration
+	direct *pgx.ConnConfig // the listener's and the registry's; nil: the pool's configuration
 }
 
 // loadQueries loads queries.sql and segments.sql for prefix.
@@ -262,7 +264,8 @@ func setPlanMode(cfg *pgxpool.Config) {
 // lease path (heartbeat, complete, release) gets a pool of its own of at
 // most two connections, the segment registry one connection, and the
 // listener one dedicated connection, all made from the pool's
-// configuration, except the listener's when listen is not nil. Unless
+// configuration, except the listener's and the registry's when direct is
+// not nil. Unless
 // that configuration sets a plan_cache_mode, the lease pool's connections
 // get force_generic_plan (see planGeneric); the application's pool is
 // left as it is: giving it that mode too saves the planning of every
@@ -271,16 +274,18 @@ func setPlanMode(cfg *pgxpool.Config) {
 // Behind a transaction pooler (see probePooler) the pool must not
 // prepare named statements (pgx QueryExecModeCacheStatement, its
 // default): New refuses it. LISTEN through such a pooler receives
-// nothing; listen, a configuration that reaches PostgreSQL itself, gives
-// the listener a connection that works, and without it the engine polls.
-func New(ctx context.Context, pool *pgxpool.Pool, listen *pgx.ConnConfig, opts driver.Options) (*Driver, error) {
+// nothing; direct, a configuration that reaches PostgreSQL itself, gives
+// the listener a connection that works (and the registry's reader one
+// that never waits for a pooled server connection), and without it the
+// engine polls.
+func New(ctx context.Context, pool *pgxpool.Pool, direct *pgx.ConnConfig, opts driver.Options) (*Driver, error) {
 	if pool == nil {
 		return nil, errors.New("conveyor/postgres: new: nil *pgxpool.Pool")
 	}
-	if listen != nil {
-		listen = listen.Copy()
+	if direct != nil {
+		direct = direct.Copy()
 	}
-	return newDriver(ctx, pool, opts, &setup{listen: listen})
+	return newDriver(ctx, pool, opts, &setup{direct: direct})
 }
 
 // newDriver is New; s.q nil means New's caller made the pool, which has
@@ -308,8 +313,8 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts driver.Options, s *
 		if err := adapt(q, cfg, pr, true); err != nil {
 			return nil, fmt.Errorf("conveyor/postgres: new: %w", err)
 		}
-		if s.listen != nil {
-			if err := checkListenConfig(ctx, q, s.listen); err != nil {
+		if s.direct != nil {
+			if err := checkDirectConfig(ctx, q, s.direct); err != nil {
 				return nil, fmt.Errorf("conveyor/postgres: new: %w", err)
 			}
 		}
@@ -322,7 +327,7 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts driver.Options, s *
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: lease pool: %w", err)
 	}
-	listenCfg := s.listen
+	listenCfg := s.direct
 	if listenCfg == nil {
 		listenCfg = cfg.ConnConfig.Copy()
 	}
@@ -331,7 +336,8 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts driver.Options, s *
 		lease:      lease,
 		connConfig: listenCfg,
 		pooler:     pr.pooler,
-		canListen:  pr.pooler != PoolerTransaction || s.listen != nil,
+		direct:     s.direct,
+		canListen:  pr.pooler != PoolerTransaction || s.direct != nil,
 		prefix:     opts.Prefix,
 		q:          *q,
 		migrations: sqlq.Migrations(sqlFS, "migrations", opts.Prefix),
@@ -351,7 +357,7 @@ func (d *Driver) Name() string { return "postgres" }
 
 // noListen is Capabilities.NoListen behind a transaction pooler without
 // a listen connection.
-const noListen = "PostgreSQL is reached through a transaction pooler (PgBouncer pool_mode = transaction), where LISTEN receives nothing; give the listener a direct connection to PostgreSQL (" + ListenDSNParam + " in the DSN, or pgxv5.Driver.WithListen)"
+const noListen = "PostgreSQL is reached through a transaction pooler (PgBouncer pool_mode = transaction), where LISTEN receives nothing; give the listener a direct connection to PostgreSQL (" + DirectDSNParam + " in the DSN, or pgxv5.Driver.WithDirect)"
 
 // Capabilities reports LISTEN/NOTIFY support: not behind a transaction
 // pooler unless the listener has a connection of its own.

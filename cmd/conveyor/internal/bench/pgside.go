@@ -14,9 +14,9 @@ import (
 // statement (default_query_exec_mode=cache_describe), as an
 // application's must.
 func pgSideConfig(dsn string) (*pgx.ConnConfig, error) {
-	if u, err := url.Parse(dsn); err == nil && u.Query().Has("conveyor_listen_dsn") {
+	if u, err := url.Parse(dsn); err == nil && u.Query().Has("conveyor_direct_dsn") {
 		q := u.Query()
-		q.Del("conveyor_listen_dsn")
+		q.Del("conveyor_direct_dsn")
 		u.RawQuery = q.Encode()
 		dsn = u.String()
 	}
