@@ -357,7 +357,7 @@ func (d *Driver) Name() string { return "postgres" }
 
 // noListen is Capabilities.NoListen behind a transaction pooler without
 // a listen connection.
-const noListen = "PostgreSQL is reached through a transaction pooler (PgBouncer pool_mode = transaction), where LISTEN receives nothing; give the listener a direct connection to PostgreSQL (" + DirectDSNParam + " in the DSN, or pgxv5.Driver.WithDirect)"
+const noListen = "PostgreSQL is reached through a transaction pooler (PgBouncer pool_mode = transaction), where LISTEN receives nothing; give conveyor a direct connection to PostgreSQL (" + DirectDSNParam + " in the DSN, or pgxv5.Driver.WithDirect)"
 
 // Capabilities reports LISTEN/NOTIFY support: not behind a transaction
 // pooler unless the listener has a connection of its own.
