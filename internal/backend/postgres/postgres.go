@@ -265,11 +265,10 @@ func setPlanMode(cfg *pgxpool.Config) {
 // most two connections, the segment registry one connection, and the
 // listener one dedicated connection, all made from the pool's
 // configuration, except the listener's and the registry's when direct is
-// not nil. Unless
-// that configuration sets a plan_cache_mode, the lease pool's connections
-// get force_generic_plan (see planGeneric); the application's pool is
-// left as it is: giving it that mode too saves the planning of every
-// claim.
+// not nil. Unless that configuration sets a plan_cache_mode, the lease
+// pool's connections get force_generic_plan (see planGeneric); the
+// application's pool is left as it is: giving it that mode too saves the
+// planning of every claim.
 //
 // Behind a transaction pooler (see probePooler) the pool must not
 // prepare named statements (pgx QueryExecModeCacheStatement, its
@@ -356,11 +355,11 @@ func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 func (d *Driver) Name() string { return "postgres" }
 
 // noListen is Capabilities.NoListen behind a transaction pooler without
-// a listen connection.
+// a direct connection.
 const noListen = "PostgreSQL is reached through a transaction pooler (PgBouncer pool_mode = transaction), where LISTEN receives nothing; give conveyor a direct connection to PostgreSQL (" + DirectDSNParam + " in the DSN, or pgxv5.Driver.WithDirect)"
 
 // Capabilities reports LISTEN/NOTIFY support: not behind a transaction
-// pooler unless the listener has a connection of its own.
+// pooler unless the listener has a direct connection.
 func (d *Driver) Capabilities() driver.Capabilities {
 	if !d.canListen {
 		return driver.Capabilities{NoListen: noListen}
