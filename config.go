@@ -76,7 +76,8 @@ type Config struct {
 	MaxAttempts int
 
 	// PollMin and PollMax bound the adaptive poll of backends without
-	// notifications (SQLite, MySQL): PollMin while work is flowing,
+	// notifications (SQLite, MySQL, and PostgreSQL through a transaction
+	// pooler without a listen connection): PollMin while work is flowing,
 	// doubling to PollMax when idle. Jobs enqueued by this process wake
 	// fetchers at once; the poll is for other processes. Each at least
 	// 1ms, PollMax not below PollMin. Defaults 10ms and 500ms (PollMin

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,12 +21,29 @@ import (
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/connect"
 	"github.com/conveyorq/conveyor/internal/testdb"
+	"github.com/conveyorq/conveyor/internal/topology"
 	"github.com/conveyorq/conveyor/lab"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	code := m.Run()
+	bouncer.Stop()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
+
+// bouncer is the PgBouncer (transaction pooling) in front of the
+// PostgreSQL test server that the postgres-pgbouncer backend goes
+// through, shared by every test of this binary and stopped by TestMain.
+// Its 20 server connections (PgBouncer's default) are fewer than the
+// transactions some tests hold open at once (TestUniqueUnderConcurrency:
+// 33 callers' own, each enqueueing in it).
+var bouncer = &topology.SharedPgBouncer{Options: topology.PgBouncerOptions{Mode: "transaction", PoolSize: 20}}
 
 type backend struct {
 	name string
@@ -36,6 +54,33 @@ var backends = []backend{
 	{"sqlite", func(t *testing.T) string { return filepath.Join(t.TempDir(), "conveyor.db") }},
 	{"postgres", func(t *testing.T) string { return testdb.Postgres(t) }},
 	{"mysql", func(t *testing.T) string { return testdb.MySQL(t) }},
+	{"postgres-pgbouncer", pgbouncerDSN},
+}
+
+// pgbouncerDSN returns the DSN of the postgres-pgbouncer backend,
+// configured as the documentation asks of an application behind
+// PgBouncer in transaction pooling: statements described and executed
+// unnamed (default_query_exec_mode=cache_describe, which conveyor would
+// choose by itself, but the application's own transactions need too) and
+// the listener and the registry's reader on a direct connection
+// (conveyor_direct_dsn).
+func pgbouncerDSN(t *testing.T) string {
+	direct := testdb.Postgres(t)
+	return bouncer.Get(t).DSN("sslmode=disable&default_query_exec_mode=cache_describe&conveyor_direct_dsn=" + url.QueryEscape(direct))
+}
+
+// appDSN is dsn as the application's own connections take it: without
+// conveyor's listen DSN parameter, which PgBouncer would refuse as a
+// startup parameter.
+func appDSN(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil || !u.Query().Has("conveyor_direct_dsn") {
+		return dsn
+	}
+	q := u.Query()
+	q.Del("conveyor_direct_dsn")
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // forEachBackend runs fn against every backend on a real database.
@@ -191,7 +236,7 @@ func beginTx(t *testing.T, dsn string) (tx any, commit, rollback func() error) {
 func openTx(ctx context.Context, dsn string) (tx any, commit, rollback func() error, done func(), err error) {
 	switch {
 	case strings.HasPrefix(dsn, "postgres://"):
-		conn, err := pgx.Connect(ctx, dsn)
+		conn, err := pgx.Connect(ctx, appDSN(dsn))
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}

@@ -35,7 +35,7 @@ func refusePoison(t *testing.T, dsn, prefix string) {
 	ctx := context.Background()
 	switch {
 	case strings.HasPrefix(dsn, "postgres://"):
-		conn, err := pgx.Connect(ctx, dsn)
+		conn, err := pgx.Connect(ctx, appDSN(dsn))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -46,7 +46,7 @@ func refusePoison(t *testing.T, dsn, prefix string) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { // before the tables go: the function is not one of them
-			conn, err := pgx.Connect(ctx, dsn)
+			conn, err := pgx.Connect(ctx, appDSN(dsn))
 			if err == nil {
 				_, err = conn.Exec(ctx, "DROP FUNCTION "+fn+"() CASCADE")
 				conn.Close(ctx)
@@ -320,7 +320,7 @@ func killWaiters(ctx context.Context, t *testing.T, dsn string, blocker int64, n
 	var closeDB func()
 	switch {
 	case strings.HasPrefix(dsn, "postgres://"):
-		conn, err := pgx.Connect(ctx, dsn)
+		conn, err := pgx.Connect(ctx, appDSN(dsn))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -426,7 +426,11 @@ func TestGroupCommitConnectionKilled(t *testing.T) {
 		var holder int64 // its connection, whose waiters are killed
 		switch tx := tx.(type) {
 		case pgx.Tx:
-			holder = int64(tx.Conn().PgConn().PID())
+			// The server's process id, not the connection's (through
+			// PgBouncer they differ).
+			if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&holder); err != nil {
+				t.Fatal(err)
+			}
 		case *sql.Tx:
 			if err := tx.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&holder); err != nil {
 				t.Fatal(err)

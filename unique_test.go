@@ -263,7 +263,7 @@ func waitBlocked(t *testing.T, dsn, prefix string) {
 	var count func() (int, error)
 	switch {
 	case strings.HasPrefix(dsn, "postgres://"):
-		conn, err := pgx.Connect(ctx, dsn)
+		conn, err := pgx.Connect(ctx, appDSN(dsn))
 		if err != nil {
 			t.Fatal(err)
 		}

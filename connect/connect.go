@@ -28,7 +28,12 @@ import (
 // connections of its own, which Client.Close closes. The DSN is a SQLite
 // path ("./conveyor.db", "sqlite:jobs.db", "file:jobs.db?..."),
 // "postgres://..." (or postgresql://) or "mysql://user:pass@host:port/db"
-// (or mariadb://). Open refuses a database whose schema is newer than
+// (or mariadb://). A postgres:// DSN that goes through PgBouncer in
+// transaction pooling names a direct connection to PostgreSQL, for the
+// listener and the segment registry's reader, in its conveyor_direct_dsn
+// parameter (a URL-encoded postgres:// URL); without one there the client
+// polls. Open refuses a
+// database whose schema is newer than
 // this binary; one that lacks migrations can be migrated with
 // Client.Migrate. The client's EnqueueTx takes a pgx.Tx or *sql.Tx on
 // PostgreSQL and a *sql.Tx elsewhere, checked when it is called.

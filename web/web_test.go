@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,6 +22,7 @@ import (
 	"github.com/conveyorq/conveyor/internal/driver"
 	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
+	"github.com/conveyorq/conveyor/internal/topology"
 )
 
 // Credentials of the test servers.
@@ -39,6 +42,25 @@ var backends = []struct {
 	{"sqlite", func(tb testing.TB) string { return filepath.Join(tb.TempDir(), "q.db") }},
 	{"postgres", testdb.Postgres},
 	{"mysql", testdb.MySQL},
+	{"postgres-pgbouncer", pgbouncerDSN},
+}
+
+// bouncer is PgBouncer in transaction pooling in front of the PostgreSQL
+// test server, shared by this package's tests and stopped by TestMain.
+var bouncer = &topology.SharedPgBouncer{Options: topology.PgBouncerOptions{Mode: "transaction", PoolSize: 20}}
+
+// pgbouncerDSN is the postgres-pgbouncer backend: through PgBouncer, with
+// the listener on a direct connection, as the documentation configures
+// an application behind it.
+func pgbouncerDSN(tb testing.TB) string {
+	direct := testdb.Postgres(tb)
+	return bouncer.Get(tb).DSN("sslmode=disable&conveyor_direct_dsn=" + url.QueryEscape(direct))
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	bouncer.Stop()
+	os.Exit(code)
 }
 
 // env is a handler on a fresh, migrated schema, served on loopback.

@@ -13,6 +13,12 @@
 // the pool open. Client.EnqueueTx takes a pgx.Tx begun on any connection
 // to the database (the job appears when that transaction commits).
 //
+// Behind PgBouncer in transaction pooling mode the pool must not prepare
+// named statements: give its DSN default_query_exec_mode=cache_describe
+// (conveyor.New refuses pgx's default, cache_statement, there), and give
+// conveyor a direct connection to PostgreSQL with WithDirect. Statement
+// pooling is refused.
+//
 // conveyor's own connections keep generic plans (force_generic_plan):
 // every segment table is bounded and analyzed as it grows, and planning
 // each claim anew costs 15-20% of the database's CPU in a drain. The
@@ -33,18 +39,35 @@ import (
 
 // Driver is a conveyor.Driver on an application's *pgxpool.Pool.
 type Driver struct {
-	pool *pgxpool.Pool
+	pool   *pgxpool.Pool
+	direct *pgx.ConnConfig
 }
 
 // New returns a driver on pool, for conveyor.New.
 func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
+
+// WithDirect makes the listener's connection (LISTEN/NOTIFY, which wakes
+// workers when another process enqueues) and the segment registry's
+// reader from cfg instead of the pool's configuration, and returns d. A
+// pool that goes through a transaction pooler (PgBouncer pool_mode =
+// transaction) needs it: LISTEN through one receives nothing, and the
+// registry's reader, which runs while a transaction that enqueues holds a
+// server connection, must not wait for another one from the pooler. cfg
+// must reach PostgreSQL itself (Bind refuses one that goes through a
+// transaction pooler too); without it, behind such a pooler the client
+// polls for other processes' jobs and logs a warning once when it
+// starts. Call it before conveyor.New.
+func (d *Driver) WithDirect(cfg *pgx.ConnConfig) *Driver {
+	d.direct = cfg
+	return d
+}
 
 // UnwrapTx is called by Client.EnqueueTx; applications do not call it.
 func (d *Driver) UnwrapTx(tx pgx.Tx) any { return tx }
 
 // Bind is called by conveyor.New; applications do not call it.
 func (d *Driver) Bind(ctx context.Context, opts driver.Options) (driver.Driver, error) {
-	drv, err := postgres.New(ctx, d.pool, opts)
+	drv, err := postgres.New(ctx, d.pool, d.direct, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -122,6 +122,11 @@ type Capabilities struct {
 	// Listen is true when the backend has a push notification channel
 	// (PostgreSQL LISTEN/NOTIFY). Without it the engine polls.
 	Listen bool
+	// NoListen says why a backend that has notifications cannot listen
+	// on this connection (PostgreSQL behind a transaction pooler, with no
+	// direct connection for the listener), and what would let it. Listen
+	// is false then; the engine logs it once when it starts.
+	NoListen string
 	// MaxArgsBytes is the largest encoded args the server accepts in one
 	// row (0: no server-specific limit beyond the client's).
 	MaxArgsBytes int

@@ -304,6 +304,10 @@ func (e *Engine) Start(ctx context.Context) error {
 	go func() { defer e.loopWG.Done(); e.deadlineLoop(runCtx) }()
 	go func() { defer e.loopWG.Done(); e.maintenanceLoop(runCtx) }()
 	go func() { defer e.loopWG.Done(); e.processLoop(runCtx) }()
+	if why := e.drv.Capabilities().NoListen; why != "" {
+		e.warn("conveyor: notifications unavailable, polling for jobs of other processes", "reason", why,
+			"poll_min", e.cfg.PollMin, "poll_max", e.cfg.PollMax)
+	}
 	e.listenAcquire()
 	return nil
 }

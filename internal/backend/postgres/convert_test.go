@@ -338,7 +338,7 @@ func TestPlanCacheMode(t *testing.T) {
 	}
 	defer app.Close()
 	server := planModesOf(t, app, 1)[0]
-	nd, err := New(ctx, app, driver.Options{Prefix: d.prefix})
+	nd, err := New(ctx, app, nil, driver.Options{Prefix: d.prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,6 +48,10 @@ type queries struct {
 	RecordVersion    string `sql:"record_version"`
 	DropAll          string `sql:"drop_all"`
 	ServerInfo       string `sql:"server_info"`
+	BackendPID       string `sql:"backend_pid"`
+	SessionPlanMode  string `sql:"session_plan_mode"`
+	ProbeBegin       string `sql:"probe_begin"`
+	ProbeRollback    string `sql:"probe_rollback"`
 	BulkNow          string `sql:"bulk_now"`
 	NotifyQueues     string `sql:"notify_queues"`
 	TryLead          string `sql:"try_lead"`
@@ -138,6 +142,9 @@ type Driver struct {
 	lease      *pgxpool.Pool
 	ownsPool   bool            // Open made pool; New's caller owns it
 	connConfig *pgx.ConnConfig // for the listener's dedicated connections
+	pooler     Pooler          // what lies between the pool and PostgreSQL
+	canListen  bool            // false behind a transaction pooler without a direct connection
+	direct     *pgx.ConnConfig // the registry's connection when not nil (DirectDSNParam)
 	prefix     string
 	q          queries
 	migrations []sqlq.Migration
@@ -154,13 +161,24 @@ type Driver struct {
 // postgresql:// URL) and returns a driver whose pool holds at most
 // opts.PoolSize connections (default max(8, 4*GOMAXPROCS), or the DSN's
 // pool_max_conns when it sets one), plus up to two connections of the
-// lease path's own (heartbeats and acknowledgements) and, once the engine
-// listens, one notification connection. It does not migrate.
+// lease path's own (heartbeats and acknowledgements), one of the segment
+// registry's and, once the engine listens, one notification connection.
+// It does not migrate.
+//
+// Open finds out whether the DSN goes through a connection pooler, and
+// in which mode, and adapts or refuses (see probePooler and adapt).
+// The DSN's DirectDSNParam, if any, names the direct connection of the
+// listener and the segment registry's reader.
 func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error) {
 	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
 		return nil, errors.New("conveyor/postgres: open: DSN must start with postgres:// or postgresql://")
 	}
-	if err := sqlq.CheckPrefix(opts.Prefix); err != nil {
+	q, err := loadQueries(opts.Prefix)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
+	}
+	dsn, directDSN, err := splitDirectDSN(dsn)
+	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
@@ -176,18 +194,51 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if cfg.MinConns > cfg.MaxConns {
 		cfg.MinConns = cfg.MaxConns
 	}
+	_, planSet := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]
 	setPlanMode(cfg)
+	pr, err := probePooler(ctx, q, cfg.ConnConfig, !planSet)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
+	}
+	if err := adapt(q, cfg, pr, strings.Contains(dsn, "default_query_exec_mode")); err != nil {
+		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
+	}
+	var direct *pgx.ConnConfig
+	if directDSN != "" {
+		if direct, err = directConfig(ctx, q, directDSN); err != nil {
+			return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
+		}
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
 	}
-	d, err := newDriver(ctx, pool, opts)
+	d, err := newDriver(ctx, pool, opts, &setup{q: q, probe: pr, direct: direct})
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
 	d.ownsPool = true
 	return d, nil
+}
+
+// setup is what Open learnt before it made the pool, for newDriver.
+type setup struct {
+	q      *queries
+	probe  probe
+	direct *pgx.ConnConfig // the listener's and the registry's; nil: the pool's configuration
+}
+
+// loadQueries loads queries.sql and segments.sql for prefix.
+func loadQueries(prefix string) (*queries, error) {
+	if err := sqlq.CheckPrefix(prefix); err != nil {
+		return nil, err
+	}
+	var q queries
+	if err := sqlq.Load(&q, sqlFS, prefix, "queries.sql", "segments.sql"); err != nil {
+		return nil, err
+	}
+	return &q, nil
 }
 
 // planGeneric is the plan cache mode of the connections conveyor makes.
@@ -211,44 +262,83 @@ func setPlanMode(cfg *pgxpool.Config) {
 // New returns a driver on the application's own pool, which it does not
 // close. Claims, inserts, maintenance and admin calls use that pool; the
 // lease path (heartbeat, complete, release) gets a pool of its own of at
-// most two connections, and the listener one dedicated connection, both
-// made from the pool's configuration. Unless that configuration sets a
-// plan_cache_mode, the lease pool's connections get force_generic_plan
-// (see planGeneric); the application's pool is left as it is: giving it
-// that mode too saves the planning of every claim.
-func New(ctx context.Context, pool *pgxpool.Pool, opts driver.Options) (*Driver, error) {
+// most two connections, the segment registry one connection, and the
+// listener one dedicated connection, all made from the pool's
+// configuration, except the listener's and the registry's when direct is
+// not nil. Unless that configuration sets a plan_cache_mode, the lease
+// pool's connections get force_generic_plan (see planGeneric); the
+// application's pool is left as it is: giving it that mode too saves the
+// planning of every claim.
+//
+// Behind a transaction pooler (see probePooler) the pool must not
+// prepare named statements (pgx QueryExecModeCacheStatement, its
+// default): New refuses it. LISTEN through such a pooler receives
+// nothing; direct, a configuration that reaches PostgreSQL itself, gives
+// the listener a connection that works (and the registry's reader one
+// that never waits for a pooled server connection), and without it the
+// engine polls.
+func New(ctx context.Context, pool *pgxpool.Pool, direct *pgx.ConnConfig, opts driver.Options) (*Driver, error) {
 	if pool == nil {
 		return nil, errors.New("conveyor/postgres: new: nil *pgxpool.Pool")
 	}
-	return newDriver(ctx, pool, opts)
+	if direct != nil {
+		direct = direct.Copy()
+	}
+	return newDriver(ctx, pool, opts, &setup{direct: direct})
 }
 
-// newDriver is New.
-func newDriver(ctx context.Context, pool *pgxpool.Pool, opts driver.Options) (*Driver, error) {
-	if err := sqlq.CheckPrefix(opts.Prefix); err != nil {
-		return nil, fmt.Errorf("conveyor/postgres: new: %w", err)
-	}
-	var q queries
-	if err := sqlq.Load(&q, sqlFS, opts.Prefix, "queries.sql", "segments.sql"); err != nil {
-		return nil, fmt.Errorf("conveyor/postgres: new: %w", err)
+// newDriver is New; s.q nil means New's caller made the pool, which has
+// not been probed.
+func newDriver(ctx context.Context, pool *pgxpool.Pool, opts driver.Options, s *setup) (*Driver, error) {
+	q := s.q
+	if q == nil {
+		var err error
+		if q, err = loadQueries(opts.Prefix); err != nil {
+			return nil, fmt.Errorf("conveyor/postgres: new: %w", err)
+		}
 	}
 	if err := pool.Ping(ctx); err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
 	}
 	cfg := pool.Config()
+	_, planSet := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]
 	setPlanMode(cfg)
+	pr := s.probe
+	if s.q == nil {
+		var err error
+		if pr, err = probePooler(ctx, q, cfg.ConnConfig, !planSet); err != nil {
+			return nil, fmt.Errorf("conveyor/postgres: new: %w", err)
+		}
+		if err := adapt(q, cfg, pr, true); err != nil {
+			return nil, fmt.Errorf("conveyor/postgres: new: %w", err)
+		}
+		if s.direct != nil {
+			if err := checkDirectConfig(ctx, q, s.direct); err != nil {
+				return nil, fmt.Errorf("conveyor/postgres: new: %w", err)
+			}
+		}
+	} else if pr.planRefused {
+		delete(cfg.ConnConfig.RuntimeParams, "plan_cache_mode")
+	}
 	leaseCfg := cfg.Copy()
 	leaseCfg.MaxConns, leaseCfg.MinConns = leaseConns, 0
 	lease, err := pgxpool.NewWithConfig(ctx, leaseCfg)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: lease pool: %w", err)
 	}
+	listenCfg := s.direct
+	if listenCfg == nil {
+		listenCfg = cfg.ConnConfig.Copy()
+	}
 	d := &Driver{
 		pool:       pool,
 		lease:      lease,
-		connConfig: cfg.ConnConfig.Copy(),
+		connConfig: listenCfg,
+		pooler:     pr.pooler,
+		direct:     s.direct,
+		canListen:  pr.pooler != PoolerTransaction || s.direct != nil,
 		prefix:     opts.Prefix,
-		q:          q,
+		q:          *q,
 		migrations: sqlq.Migrations(sqlFS, "migrations", opts.Prefix),
 		kinds:      newInterner(),
 	}
@@ -264,11 +354,17 @@ func (d *Driver) Pool() *pgxpool.Pool { return d.pool }
 // Name returns "postgres".
 func (d *Driver) Name() string { return "postgres" }
 
-// Capabilities reports LISTEN/NOTIFY support and SKIP LOCKED claims.
+// noListen is Capabilities.NoListen behind a transaction pooler without
+// a direct connection.
+const noListen = "PostgreSQL is reached through a transaction pooler (PgBouncer pool_mode = transaction), where LISTEN receives nothing; give conveyor a direct connection to PostgreSQL (" + DirectDSNParam + " in the DSN, or pgxv5.Driver.WithDirect)"
+
+// Capabilities reports LISTEN/NOTIFY support: not behind a transaction
+// pooler unless the listener has a direct connection.
 func (d *Driver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{
-		Listen: true,
+	if !d.canListen {
+		return driver.Capabilities{NoListen: noListen}
 	}
+	return driver.Capabilities{Listen: true}
 }
 
 // ServerInfo returns the server version and the settings that decide
@@ -291,6 +387,8 @@ func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
 		"max_connections":    maxConns,
 		"shared_buffers":     sharedBuffers,
 		"pool_max_conns":     fmt.Sprint(d.pool.Config().MaxConns),
+		"pooler":             d.pooler.String(),
+		"listen":             fmt.Sprint(d.canListen),
 	}, nil
 }
 

@@ -112,3 +112,21 @@ SELECT id, kind, host, pid, version, queues::text, started_at, heartbeat_at, exp
 -- name: prune_processes
 -- $1 age in microseconds.
 DELETE FROM {p}processes WHERE expires_at < now() - $1::bigint * interval '1 microsecond'
+
+-- name: backend_pid
+-- The server process of the connection: probePooler compares it across
+-- two client connections to find a transaction pooler.
+SELECT pg_backend_pid()
+
+-- name: probe_begin
+-- probePooler's transaction on its second connection (refused by a
+-- pooler in statement mode).
+BEGIN
+
+-- name: probe_rollback
+ROLLBACK
+
+-- name: session_plan_mode
+-- Generic plans for a connection through a pooler in session mode, which
+-- refuses plan_cache_mode as a startup parameter (see planGeneric).
+SET plan_cache_mode = force_generic_plan

@@ -138,10 +138,14 @@ type segStore struct {
 }
 
 // regPool returns the registry's pool of one connection, made on first
-// use from the driver pool's configuration.
+// use from the driver pool's configuration, on the direct connection's
+// when the driver has one (see DirectDSNParam).
 func (s *segStore) regPool(ctx context.Context) (*pgxpool.Pool, error) {
 	s.regOnce.Do(func() {
 		cfg := s.d.pool.Config()
+		if s.d.direct != nil {
+			cfg.ConnConfig = s.d.direct.Copy()
+		}
 		cfg.MaxConns, cfg.MinConns = 1, 0
 		s.reg, s.regErr = pgxpool.NewWithConfig(ctx, cfg)
 	})

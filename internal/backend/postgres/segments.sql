@@ -809,7 +809,7 @@ SELECT set_config('lock_timeout', $1, true)
 -- name: seg_convert_lock_reset
 -- Once the lock is taken: the rest of the conversion waits as long as it
 -- must.
-RESET lock_timeout
+SET LOCAL lock_timeout TO DEFAULT
 
 -- name: seg_convert_move
 -- Every job into the current segment of its phase. Running jobs keep

@@ -1250,7 +1250,7 @@ func TestLeasePoolKeepsBeforeAcquire(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	d, err := New(ctx, pool, driver.Options{Prefix: testdb.Prefix()})
+	d, err := New(ctx, pool, nil, driver.Options{Prefix: testdb.Prefix()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -142,7 +142,7 @@ func newGauger(ctx context.Context, dsn, backend, prefix string) (*gauger, error
 	g := &gauger{backend: backend, prefix: prefix, t0: time.Now()}
 	switch backend {
 	case "postgres":
-		cfg, err := pgx.ParseConfig(dsn)
+		cfg, err := pgSideConfig(dsn)
 		if err != nil {
 			return nil, err
 		}

@@ -84,7 +84,7 @@ func holdSnapshot(ctx context.Context, dsn, backend, prefix string, safety time.
 	quote := func(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 	switch backend {
 	case "postgres":
-		cfg, err := pgx.ParseConfig(dsn)
+		cfg, err := pgSideConfig(dsn)
 		if err != nil {
 			return nil, err
 		}

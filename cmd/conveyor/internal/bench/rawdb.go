@@ -10,7 +10,6 @@ import (
 	"time"
 
 	gomysql "github.com/go-sql-driver/mysql"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"modernc.org/sqlite"
@@ -42,7 +41,7 @@ func openRaw(ctx context.Context, dsn string, conns int, sync string) (*sql.DB, 
 	var db *sql.DB
 	switch backend {
 	case "postgres":
-		cfg, err := pgx.ParseConfig(dsn)
+		cfg, err := pgSideConfig(dsn)
 		if err != nil {
 			return nil, backend, err
 		}

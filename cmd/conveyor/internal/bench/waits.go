@@ -88,7 +88,7 @@ func startWaits(ctx context.Context, dsn, backend string) *waits {
 	var sample func(context.Context) error
 	switch backend {
 	case "postgres":
-		cfg, err := pgx.ParseConfig(dsn)
+		cfg, err := pgSideConfig(dsn)
 		if err == nil {
 			cfg.RuntimeParams["application_name"] = "conveyor-bench-sampler"
 			w.pg, err = pgx.ConnectConfig(ctx, cfg)
