@@ -288,12 +288,12 @@ func (c *Patroni) DSN(database string) string {
 	for i, n := range c.Nodes {
 		hosts[i] = fmt.Sprintf("127.0.0.1:%d", n.PGPort)
 	}
-	return fmt.Sprintf("postgres://postgres@%s/%s?target_session_attrs=read-write&connect_timeout=3", strings.Join(hosts, ","), database)
+	return fmt.Sprintf("postgres://postgres@%s/%s?target_session_attrs=read-write&sslmode=disable&connect_timeout=3", strings.Join(hosts, ","), database)
 }
 
 // NodeDSN returns the URL of one node alone.
 func (n *PatroniNode) NodeDSN(database string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?connect_timeout=3", n.PGPort, database)
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable&connect_timeout=3", n.PGPort, database)
 }
 
 // RESTEndpoints returns every node's REST API base URL.
