@@ -158,7 +158,9 @@ type Driver struct {
 // opts.PoolSize connections (default max(8, 4*GOMAXPROCS), or the DSN's
 // pool_max_conns when it sets one), plus up to two connections of the
 // lease path's own (heartbeats and acknowledgements) and, once the engine
-// listens, one notification connection. It does not migrate.
+// listens, one notification connection. A DSN that names several hosts
+// and no target_session_attrs connects to a writable one only (see
+// readWriteFallbacks). It does not migrate.
 func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error) {
 	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
 		return nil, errors.New("conveyor/postgres: open: DSN must start with postgres:// or postgresql://")
@@ -221,6 +223,11 @@ func setPlanMode(cfg *pgxpool.Config) {
 // plan_cache_mode, the lease pool's connections get force_generic_plan
 // (see planGeneric); the application's pool is left as it is: giving it
 // that mode too saves the planning of every claim.
+//
+// The driver resets the application's pool (pgxpool.Pool.Reset), with
+// its own, when a statement finds the server gone or read-only (a
+// switchover or failover of the primary; see dropServer): the pool's
+// connections to that server are of no use to the application either.
 func New(ctx context.Context, pool *pgxpool.Pool, opts driver.Options) (*Driver, error) {
 	if pool == nil {
 		return nil, errors.New("conveyor/postgres: new: nil *pgxpool.Pool")
