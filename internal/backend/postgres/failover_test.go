@@ -118,3 +118,46 @@ func TestServerGone(t *testing.T) {
 		}
 	}
 }
+
+// TestDropServerReconnectsListener: once the driver drops its
+// connections (a statement found the server gone or read-only), a
+// listener blocked on its old connection, which may be to that server,
+// reconnects, reports "" so that the caller claims what it may have
+// missed, and is subscribed again.
+func TestDropServerReconnectsListener(t *testing.T) {
+	d := open(t, driver.Options{})
+	ctx := context.Background()
+	li, err := d.Listen(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer li.Close()
+	l := li.(*listener)
+	pid := l.conn.PgConn().PID()
+	type result struct {
+		q   string
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		q, err := l.Wait(wctx)
+		got <- result{q, err}
+	}()
+	time.Sleep(100 * time.Millisecond) // let Wait block on the connection
+	d.dropServer()
+	r := <-got
+	if r.err != nil || r.q != "" {
+		t.Fatalf("wait after a drop: %q %v; want \"\" nil (a reconnect)", r.q, r.err)
+	}
+	if l.conn.PgConn().PID() == pid {
+		t.Fatal("the listener kept its connection after the drop")
+	}
+	if _, err := d.Insert(ctx, []driver.InsertParams{pj("afterdrop")}); err != nil {
+		t.Fatal(err)
+	}
+	if q := collect(t, l, 300*time.Millisecond); fmt.Sprint(q) != "[afterdrop]" {
+		t.Fatalf("after the drop %v", q)
+	}
+}
