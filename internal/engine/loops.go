@@ -170,7 +170,7 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 	leadTTL := 15 * time.Second
 	var leader bool
 	var lastLead, lastRescue, lastPrune time.Time
-	errs := 0
+	errs, roundErrs := 0, 0
 	for sleep(ctx, e.cfg.PromoteInterval) {
 		now := time.Now()
 		if now.Sub(lastLead) >= leadTTL/3 || !leader {
@@ -191,11 +191,25 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 		if !leader {
 			continue
 		}
-		if _, err := e.drv.Maintain(ctx); err != nil && ctx.Err() == nil {
+		// A round that fails (the database is away: a failover, a
+		// restart) is followed by a growing pause rather than the next
+		// round at PromoteInterval.
+		if _, err := e.drv.Maintain(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
 			e.metrics.DBErrors.Add(1)
 			e.warn("conveyor: maintenance failed", "task", "maintain", "error", err)
+			roundErrs++
+			sleep(ctx, errBackoff(roundErrs))
+			continue
 		}
-		e.drainLoop(ctx, "promote", batch, &e.metrics.Promoted, e.drv.Promote)
+		if !e.drainLoop(ctx, "promote", batch, &e.metrics.Promoted, e.drv.Promote) {
+			roundErrs++
+			sleep(ctx, errBackoff(roundErrs))
+			continue
+		}
+		roundErrs = 0
 		if now.Sub(lastRescue) >= e.cfg.RescueInterval {
 			lastRescue = now
 			e.drainLoop(ctx, "rescue", batch, &e.metrics.Rescued, e.drv.Rescue)
@@ -226,7 +240,9 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 
 type counter interface{ Add(int64) int64 }
 
-func (e *Engine) drainLoop(ctx context.Context, what string, batch int, m counter, f func(context.Context, int) (map[string]int, error)) {
+// drainLoop runs f in batches until one comes back short, and reports
+// whether none failed.
+func (e *Engine) drainLoop(ctx context.Context, what string, batch int, m counter, f func(context.Context, int) (map[string]int, error)) bool {
 	for ctx.Err() == nil {
 		counts, err := f(ctx, batch)
 		if err != nil {
@@ -234,7 +250,7 @@ func (e *Engine) drainLoop(ctx context.Context, what string, batch int, m counte
 				e.metrics.DBErrors.Add(1)
 				e.warn("conveyor: maintenance failed", "task", what, "error", err)
 			}
-			return
+			return false
 		}
 		total := 0
 		for _, n := range counts {
@@ -243,9 +259,10 @@ func (e *Engine) drainLoop(ctx context.Context, what string, batch int, m counte
 		m.Add(int64(total))
 		e.wakeAll(counts)
 		if total < batch {
-			return
+			return true
 		}
 	}
+	return true
 }
 
 // processLoop registers this process in the processes table at once and

@@ -18,7 +18,7 @@ import (
 func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
 	j, err := d.seg.getJob(ctx, id)
 	if err != nil {
-		return nil, wrap("get job", err)
+		return nil, d.wrap("get job", err)
 	}
 	if j == nil {
 		return nil, fmt.Errorf("conveyor/postgres: get job %d: %w", id, driver.ErrNotFound)
@@ -45,7 +45,7 @@ func (d *Driver) ListJobs(ctx context.Context, f driver.JobFilter) ([]*driver.Jo
 		jobs, err = scanJobs(rows)
 		return err
 	})
-	return jobs, wrap("list jobs", err)
+	return jobs, d.wrap("list jobs", err)
 }
 
 // ListJobsTx lists jobs as ListJobs does, inside the caller's transaction
@@ -72,7 +72,7 @@ func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]
 		})
 	})
 	if err != nil {
-		return nil, wrap("list jobs tx", err)
+		return nil, d.wrap("list jobs tx", err)
 	}
 	return jobs, nil
 }
@@ -126,7 +126,7 @@ func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
 		found, err := d.uniqueHolder(ctx, id, c)
 		switch {
 		case err != nil:
-			return nil, wrap("retry", err)
+			return nil, d.wrap("retry", err)
 		case !found && round < uniqueRounds:
 			continue // the holder finished in between
 		}
@@ -181,7 +181,7 @@ func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
 		out, err = d.queueStats(ctx, tx.Query, d.seg.statsQuery(v))
 		return err
 	})
-	return out, wrap("stats", err)
+	return out, d.wrap("stats", err)
 }
 
 // Overview counts the unfinished jobs and the jobs finished since
@@ -194,7 +194,7 @@ func (d *Driver) Overview(ctx context.Context, finishedSince time.Time) ([]drive
 		out, err = d.queueStats(ctx, d.pool.Query, d.seg.overviewQuery(v, finishedSince), finishedSince)
 		return err
 	})
-	return out, wrap("overview", err)
+	return out, d.wrap("overview", err)
 }
 
 // queueStats runs stats or overview: rows of queue, state, count and the

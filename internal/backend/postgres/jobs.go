@@ -82,7 +82,7 @@ func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int6
 		return nil, nil
 	}
 	ids, err := d.seg.insert(ctx, d.poolQuerier(), jobs)
-	return ids, wrap("insert", refused(err))
+	return ids, d.wrap("insert", refused(err))
 }
 
 // InsertTx inserts jobs inside the caller's transaction, which must be a
@@ -95,7 +95,7 @@ func (d *Driver) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParam
 		return nil, err
 	}
 	ids, err := d.seg.insert(ctx, q, jobs)
-	return ids, wrap("insert tx", err)
+	return ids, d.wrap("insert tx", err)
 }
 
 // txQuerier returns the querier of the caller's transaction tx, a pgx.Tx
@@ -174,7 +174,7 @@ func (d *Driver) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (in
 		return 0, nil
 	}
 	n, err := d.bulkInsert(ctx, jobs)
-	return n, wrap("bulk insert", err)
+	return n, d.wrap("bulk insert", err)
 }
 
 // bulkInsert is BulkInsert, its error not yet named.
@@ -271,7 +271,7 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 		return nil, nil
 	}
 	jobs, err := d.seg.claim(ctx, p)
-	return jobs, wrap("claim", err)
+	return jobs, d.wrap("claim", err)
 }
 
 // scanClaimed reads the rows of a claim (the columns of the claim query)
@@ -365,7 +365,7 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	applied, err := d.seg.leaseOp(ctx, jobIDs, args, func(v *segView, srcs []string) string {
 		return d.seg.stmt(tpl, v, srcs, guarded...)
 	})
-	return applied, wrap("complete", err)
+	return applied, d.wrap("complete", err)
 }
 
 // leaseArgs turns leases into id and fence array literals.
@@ -400,7 +400,7 @@ func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease tim
 	owned, err := d.seg.leaseOp(ctx, leaseIDs(leases), []any{ids, fences, micros(lease)}, func(v *segView, srcs []string) string {
 		return d.seg.stmt(&d.q.SegHeartbeat, v, srcs)
 	})
-	return owned, wrap("heartbeat", err)
+	return owned, d.wrap("heartbeat", err)
 }
 
 // Release makes running attempts available again without counting them,
@@ -424,7 +424,7 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 		}
 		return err
 	})
-	return total, wrap("release", err)
+	return total, d.wrap("release", err)
 }
 
 // Rescue makes up to limit running jobs whose lease expired available
@@ -437,7 +437,7 @@ func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) 
 	m, err := d.seg.queueMove(ctx, d.poolQuerier, func(v *segView) string {
 		return d.seg.stmt(&d.q.SegRescue, v, v.live[phRunning], phReady, phDead)
 	}, limit)
-	return m, wrap("rescue", err)
+	return m, d.wrap("rescue", err)
 }
 
 // Promote makes up to limit due scheduled and retryable jobs available
@@ -450,7 +450,7 @@ func (d *Driver) Promote(ctx context.Context, limit int) (map[string]int, error)
 	m, err := d.seg.queueMove(ctx, d.poolQuerier, func(v *segView) string {
 		return d.seg.stmt(&d.q.SegPromote, v, v.live[phWaiting], phReady)
 	}, limit)
-	return m, wrap("promote", err)
+	return m, d.wrap("promote", err)
 }
 
 // Prune removes completed jobs finalized more than completedAge ago and
@@ -473,7 +473,7 @@ func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Dura
 		n, err := d.seg.prune(ctx, c.phase, c.age)
 		total += n
 		if err != nil {
-			return total, wrap("prune", err)
+			return total, d.wrap("prune", err)
 		}
 	}
 	return total, nil
@@ -493,7 +493,7 @@ func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Dura
 // that was not free), leaving out tasks that did nothing.
 func (d *Driver) Maintain(ctx context.Context) (map[string]int, error) {
 	report, err := d.seg.maintain(ctx)
-	return report, wrap("maintain", err)
+	return report, d.wrap("maintain", err)
 }
 
 // TryLead takes the maintenance leadership for id when it is free or
@@ -505,7 +505,7 @@ func (d *Driver) TryLead(ctx context.Context, id string, ttl time.Duration) (boo
 		return false, nil
 	}
 	if err != nil {
-		return false, wrap("try lead", err)
+		return false, d.wrap("try lead", err)
 	}
 	return leader == id, nil
 }

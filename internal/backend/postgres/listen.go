@@ -35,20 +35,22 @@ type listener struct {
 	closing context.Context // cancelled by Close
 	cancel  context.CancelFunc
 
-	mu     sync.Mutex // held by Wait; guards conn and closed
+	mu     sync.Mutex // held by Wait; guards conn, gen and closed
 	conn   *pgx.Conn
+	gen    uint64 // the driver's drop generation when conn was made
 	closed bool
 }
 
 // Listen opens a dedicated connection and subscribes to this prefix's wake
 // channel, on which every notification's payload is a queue name.
 func (d *Driver) Listen(ctx context.Context) (driver.Listener, error) {
+	gen, _ := d.generation()
 	conn, err := d.listenConn(ctx)
 	if err != nil {
-		return nil, wrap("listen", err)
+		return nil, d.wrap("listen", err)
 	}
 	closing, cancel := context.WithCancel(context.Background())
-	return &listener{d: d, closing: closing, cancel: cancel, conn: conn}, nil
+	return &listener{d: d, closing: closing, cancel: cancel, conn: conn, gen: gen}, nil
 }
 
 // listenConn connects outside the pool and issues LISTEN.
@@ -95,8 +97,19 @@ func (l *listener) Wait(ctx context.Context) (string, error) {
 			l.d.seg.hints.wakeAll()
 			return "", nil
 		}
+		gen, changed := l.d.generation()
+		if gen != l.gen {
+			// The driver dropped its connections to a server that is gone
+			// or read-only (see dropServer) since this one was made: it may
+			// be to that server, which sends no more notifications.
+			closeConn(l.conn)
+			l.conn = nil
+			continue
+		}
 		waitCtx, waitCancel := context.WithTimeout(ctx, listenPingInterval)
+		stopChanged := context.AfterFunc(changed, waitCancel)
 		n, err := l.conn.WaitForNotification(waitCtx)
+		stopChanged()
 		waitCancel()
 		if err == nil {
 			if n.Payload == segNotice {
@@ -114,6 +127,9 @@ func (l *listener) Wait(ctx context.Context) (string, error) {
 			}
 			return "", l.ctxErr(ctx, ctx.Err())
 		}
+		if changed.Err() != nil {
+			continue // dropped: reconnect above
+		}
 		if !l.conn.IsClosed() && waitCtx.Err() != nil {
 			// Quiet for a while: make sure the connection is alive, since a
 			// half-open TCP connection would otherwise wait forever.
@@ -127,7 +143,9 @@ func (l *listener) Wait(ctx context.Context) (string, error) {
 				return "", l.ctxErr(ctx, ctx.Err())
 			}
 		}
-		// The connection failed: drop it and reconnect.
+		// The connection failed: drop it (and, if its server is gone or
+		// read-only, every connection of the driver) and reconnect.
+		l.d.noticeLost(err)
 		closeConn(l.conn)
 		l.conn = nil
 	}
@@ -141,7 +159,7 @@ func (l *listener) ctxErr(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return wrap("listen", err)
+	return l.d.wrap("listen", err)
 }
 
 // reconnect dials until it succeeds or ctx ends, backing off
@@ -149,9 +167,10 @@ func (l *listener) ctxErr(ctx context.Context, err error) error {
 func (l *listener) reconnect(ctx context.Context) error {
 	backoff := listenMinBackoff
 	for {
+		gen, _ := l.d.generation()
 		conn, err := l.d.listenConn(ctx)
 		if err == nil {
-			l.conn = conn
+			l.conn, l.gen = conn, gen
 			l.d.listenReconnects.Add(1)
 			return nil
 		}

@@ -155,6 +155,9 @@ type Driver struct {
 	lockTimeouts         atomic.Int64
 	serializationRetries atomic.Int64
 	listenReconnects     atomic.Int64
+	serverDrops          atomic.Int64
+
+	fo failover // see dropServer
 }
 
 // Open connects to the PostgreSQL server named by dsn (a postgres:// or
@@ -163,7 +166,8 @@ type Driver struct {
 // pool_max_conns when it sets one), plus up to two connections of the
 // lease path's own (heartbeats and acknowledgements), one of the segment
 // registry's and, once the engine listens, one notification connection.
-// It does not migrate.
+// A DSN that names several hosts and no target_session_attrs connects to
+// a writable one only (see readWriteFallbacks). It does not migrate.
 //
 // Open finds out whether the DSN goes through a connection pooler, and
 // in which mode, and adapts or refuses (see probePooler and adapt).
@@ -196,6 +200,8 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	}
 	_, planSet := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]
 	setPlanMode(cfg)
+	readWriteFallbacks(dsn, &cfg.ConnConfig.Config)
+	closeOnReadOnly(cfg.ConnConfig.OnPgError, &cfg.ConnConfig.Config)
 	pr, err := probePooler(ctx, q, cfg.ConnConfig, !planSet)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/postgres: open: %w", err)
@@ -277,6 +283,11 @@ func setPlanMode(cfg *pgxpool.Config) {
 // the listener a connection that works (and the registry's reader one
 // that never waits for a pooled server connection), and without it the
 // engine polls.
+//
+// The driver resets the application's pool (pgxpool.Pool.Reset), with
+// its own, when a statement finds the server gone or read-only (a
+// switchover or failover of the primary; see dropServer): the pool's
+// connections to that server are of no use to the application either.
 func New(ctx context.Context, pool *pgxpool.Pool, direct *pgx.ConnConfig, opts driver.Options) (*Driver, error) {
 	if pool == nil {
 		return nil, errors.New("conveyor/postgres: new: nil *pgxpool.Pool")
@@ -320,6 +331,7 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts driver.Options, s *
 	} else if pr.planRefused {
 		delete(cfg.ConnConfig.RuntimeParams, "plan_cache_mode")
 	}
+	closeOnReadOnly(cfg.ConnConfig.OnPgError, &cfg.ConnConfig.Config)
 	leaseCfg := cfg.Copy()
 	leaseCfg.MaxConns, leaseCfg.MinConns = leaseConns, 0
 	lease, err := pgxpool.NewWithConfig(ctx, leaseCfg)
@@ -373,7 +385,7 @@ func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
 	var version, syncCommit, fsync, fpw, walLevel, walSync, commitDelay, maxConns, sharedBuffers string
 	err := d.pool.QueryRow(ctx, d.q.ServerInfo).Scan(&version, &syncCommit, &fsync, &fpw, &walLevel, &walSync, &commitDelay, &maxConns, &sharedBuffers)
 	if err != nil {
-		return nil, wrap("server info", err)
+		return nil, d.wrap("server info", err)
 	}
 	return map[string]string{
 		"backend":            "postgres",
@@ -401,6 +413,7 @@ func (d *Driver) Counters() map[string]int64 {
 		"lock_timeouts":         d.lockTimeouts.Load(),
 		"serialization_retries": d.serializationRetries.Load(),
 		"listen_reconnects":     d.listenReconnects.Load(),
+		"server_drops":          d.serverDrops.Load(),
 	}
 }
 
@@ -473,26 +486,26 @@ const segmentsVersion = 10
 func (d *Driver) convertStorage(ctx context.Context) error {
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
-		return wrap("migrate: convert", err)
+		return d.wrap("migrate: convert", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := tx.Exec(ctx, d.q.MigrateLock, d.prefix); err != nil {
-		return wrap("migrate: convert: lock", err)
+		return d.wrap("migrate: convert: lock", err)
 	}
 	var n int64
 	if err := tx.QueryRow(ctx, d.q.SegCount).Scan(&n); err != nil {
-		return wrap("migrate: convert", err)
+		return d.wrap("migrate: convert", err)
 	}
 	if n > 0 {
 		return nil // converted already
 	}
 	if _, err := d.seg.convert(ctx, tx); err != nil {
-		return wrap("migrate: convert to segments", err)
+		return d.wrap("migrate: convert to segments", err)
 	}
 	if _, err := tx.Exec(ctx, d.q.SegNotify); err != nil {
-		return wrap("migrate: convert", err)
+		return d.wrap("migrate: convert", err)
 	}
-	return wrap("migrate: convert: commit", tx.Commit(ctx))
+	return d.wrap("migrate: convert: commit", tx.Commit(ctx))
 }
 
 // migrateStep applies the next missing migration up to target, if any,
@@ -501,24 +514,24 @@ func (d *Driver) migrateStep(ctx context.Context, target int) (done bool, versio
 	latest := len(d.migrations)
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
-		return false, 0, wrap("migrate", err)
+		return false, 0, d.wrap("migrate", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := tx.Exec(ctx, d.q.MigrateLock, d.prefix); err != nil {
-		return false, 0, wrap("migrate: lock", err)
+		return false, 0, d.wrap("migrate: lock", err)
 	}
 	if _, err := tx.Exec(ctx, d.q.CreateMigrations); err != nil {
-		return false, 0, wrap("migrate", err)
+		return false, 0, d.wrap("migrate", err)
 	}
 	var current int
 	if err := tx.QueryRow(ctx, d.q.CurrentVersion).Scan(&current); err != nil {
-		return false, 0, wrap("migrate", err)
+		return false, 0, d.wrap("migrate", err)
 	}
 	if current > latest {
 		return false, 0, fmt.Errorf("conveyor/postgres: migrate: database has schema version %d, this binary knows up to %d: %w", current, latest, driver.ErrSchemaTooNew)
 	}
 	if current >= min(target, latest) {
-		return true, 0, wrap("migrate", tx.Commit(ctx))
+		return true, 0, d.wrap("migrate", tx.Commit(ctx))
 	}
 	m := d.migrations[current]
 	for _, stmt := range m.Statements {
@@ -527,10 +540,10 @@ func (d *Driver) migrateStep(ctx context.Context, target int) (done bool, versio
 		}
 	}
 	if _, err := tx.Exec(ctx, d.q.RecordVersion, m.Version); err != nil {
-		return false, 0, wrap("migrate", err)
+		return false, 0, d.wrap("migrate", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return false, 0, wrap("migrate", err)
+		return false, 0, d.wrap("migrate", err)
 	}
 	return false, m.Version, nil
 }
@@ -547,14 +560,14 @@ func (d *Driver) SchemaVersion(ctx context.Context) (current, latest int, err er
 		if pgCode(err) == "42P01" { // undefined_table: never migrated
 			return 0, latest, nil
 		}
-		return 0, latest, wrap("schema version", err)
+		return 0, latest, d.wrap("schema version", err)
 	}
 	if current < segmentsVersion || current > latest {
 		return current, latest, nil
 	}
 	var n int64
 	if err := d.pool.QueryRow(ctx, d.q.SegCount).Scan(&n); err != nil {
-		return 0, latest, wrap("schema version", err)
+		return 0, latest, d.wrap("schema version", err)
 	}
 	if n == 0 {
 		current = segmentsVersion - 1
@@ -566,15 +579,21 @@ func (d *Driver) SchemaVersion(ctx context.Context) (current, latest int, err er
 func (d *Driver) DropAll(ctx context.Context) error {
 	tables, err := d.segTables(ctx)
 	if err != nil {
-		return wrap("drop all", err)
+		return d.wrap("drop all", err)
 	}
 	for _, t := range tables {
 		if _, err := d.pool.Exec(ctx, d.seg.table(d.q.SegDrop, t, "")); err != nil {
-			return wrap("drop all", err)
+			return d.wrap("drop all", err)
 		}
 	}
 	_, err = d.pool.Exec(ctx, d.q.DropAll)
-	return wrap("drop all", err)
+	return d.wrap("drop all", err)
+}
+
+// wrap is wrap, after noticeLost: an error that says the server is gone
+// or read-only drops the driver's connections to it.
+func (d *Driver) wrap(op string, err error) error {
+	return wrap(op, d.noticeLost(err))
 }
 
 // wrap names the operation in err, or returns nil.

@@ -13,14 +13,14 @@ import (
 // fetchers for it.
 func (d *Driver) PauseQueue(ctx context.Context, queue string, paused bool) error {
 	_, err := d.pool.Exec(ctx, d.q.PauseQueue, queue, paused)
-	return wrap("pause queue "+queue, err)
+	return d.wrap("pause queue "+queue, err)
 }
 
 // PausedQueues returns the paused queues and when each was paused.
 func (d *Driver) PausedQueues(ctx context.Context) (map[string]time.Time, error) {
 	rows, err := d.pool.Query(ctx, d.q.PausedQueues)
 	if err != nil {
-		return nil, wrap("paused queues", err)
+		return nil, d.wrap("paused queues", err)
 	}
 	defer rows.Close()
 	out := map[string]time.Time{}
@@ -28,24 +28,24 @@ func (d *Driver) PausedQueues(ctx context.Context) (map[string]time.Time, error)
 		var name string
 		var at time.Time
 		if err := rows.Scan(&name, &at); err != nil {
-			return nil, wrap("paused queues", err)
+			return nil, d.wrap("paused queues", err)
 		}
 		out[name] = at.UTC()
 	}
-	return out, wrap("paused queues", rows.Err())
+	return out, d.wrap("paused queues", rows.Err())
 }
 
 // RecordSchedule records a schedule's latest slot and next one.
 func (d *Driver) RecordSchedule(ctx context.Context, s driver.ScheduleRow) error {
 	_, err := d.pool.Exec(ctx, d.q.RecordSchedule, s.Name, s.Spec, nullTime(s.LastSlot), nullID(s.LastJob), nullTime(s.NextSlot))
-	return wrap("record schedule "+s.Name, err)
+	return d.wrap("record schedule "+s.Name, err)
 }
 
 // Schedules lists the recorded schedules by name.
 func (d *Driver) Schedules(ctx context.Context) ([]driver.ScheduleRow, error) {
 	rows, err := d.pool.Query(ctx, d.q.Schedules)
 	if err != nil {
-		return nil, wrap("schedules", err)
+		return nil, d.wrap("schedules", err)
 	}
 	defer rows.Close()
 	var out []driver.ScheduleRow
@@ -54,7 +54,7 @@ func (d *Driver) Schedules(ctx context.Context) ([]driver.ScheduleRow, error) {
 		var last, next *time.Time
 		var job *int64
 		if err := rows.Scan(&s.Name, &s.Spec, &last, &job, &next, &s.UpdatedAt); err != nil {
-			return nil, wrap("schedules", err)
+			return nil, d.wrap("schedules", err)
 		}
 		if last != nil {
 			s.LastSlot = last.UTC()
@@ -68,7 +68,7 @@ func (d *Driver) Schedules(ctx context.Context) ([]driver.ScheduleRow, error) {
 		s.UpdatedAt = s.UpdatedAt.UTC()
 		out = append(out, s)
 	}
-	return out, wrap("schedules", rows.Err())
+	return out, d.wrap("schedules", rows.Err())
 }
 
 // nullTime is t, or NULL for zero.

@@ -135,6 +135,7 @@ type segStore struct {
 	regOnce sync.Once
 	reg     *pgxpool.Pool
 	regErr  error
+	regOpen atomic.Pointer[pgxpool.Pool] // reg once made, for regIfOpen
 }
 
 // regPool returns the registry's pool of one connection, made on first
@@ -147,10 +148,20 @@ func (s *segStore) regPool(ctx context.Context) (*pgxpool.Pool, error) {
 			cfg.ConnConfig = s.d.direct.Copy()
 		}
 		cfg.MaxConns, cfg.MinConns = 1, 0
+		closeOnReadOnly(cfg.ConnConfig.OnPgError, &cfg.ConnConfig.Config)
 		s.reg, s.regErr = pgxpool.NewWithConfig(ctx, cfg)
+		if s.regErr == nil {
+			s.regOpen.Store(s.reg)
+		}
 	})
-	return s.reg, s.regErr
+	if s.regErr != nil {
+		return nil, s.regErr
+	}
+	return s.reg, nil
 }
+
+// regIfOpen returns the registry's pool, or nil before its first use.
+func (s *segStore) regIfOpen() *pgxpool.Pool { return s.regOpen.Load() }
 
 // close closes the registry's connection.
 func (s *segStore) close() {

@@ -39,14 +39,14 @@ func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertP
 	if tx == nil {
 		ptx, err := d.pool.Begin(ctx)
 		if err != nil {
-			return nil, nil, wrap("insert unique", driver.NotCommitted(err))
+			return nil, nil, d.wrap("insert unique", driver.NotCommitted(err))
 		}
 		defer ptx.Rollback(ctx)
 		if err := d.insertUnique(ctx, pgxQuerier(ptx), jobs, ids, dup); err != nil {
-			return nil, nil, wrap("insert unique", driver.NotCommitted(err))
+			return nil, nil, d.wrap("insert unique", driver.NotCommitted(err))
 		}
 		if err := ptx.Commit(ctx); err != nil {
-			return nil, nil, wrap("insert unique: commit", refused(err))
+			return nil, nil, d.wrap("insert unique: commit", refused(err))
 		}
 	} else {
 		q, _, err := txQuerier("insert unique tx", tx)
@@ -54,7 +54,7 @@ func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertP
 			return nil, nil, err
 		}
 		if err := d.insertUnique(ctx, q, jobs, ids, dup); err != nil {
-			return nil, nil, wrap("insert unique tx", err)
+			return nil, nil, d.wrap("insert unique tx", err)
 		}
 	}
 	// After the commit of a transaction of the driver's own; in the

@@ -551,8 +551,9 @@ func rescued(errs []string) bool {
 }
 
 // claimLostCause explains a second execution of one attempt after a
-// database restart lost the first one's claim.
-const claimLostCause = "claim lost in a database restart (asynchronous claim commit)"
+// database restart, a switchover or a failover lost the first one's
+// claim (the new primary never had it).
+const claimLostCause = "claim lost in a database restart or failover (asynchronous claim commit)"
 
 // claimLostWindow bounds how far from a database restart an attempt may
 // have been opened for the restart to have lost its claim: a claim that
@@ -561,7 +562,8 @@ const claimLostCause = "claim lost in a database restart (asynchronous claim com
 const claimLostWindow = time.Second
 
 // claimLost reports whether later, an execution of the same attempt as e,
-// is explained by a database restart that lost e's claim: claims commit
+// is explained by a database restart (or a switchover or failover of the
+// primary: see clusterEvent) that lost e's claim: claims commit
 // asynchronously, e's attempt was opened within claimLostWindow of the
 // restart, and later started after the restart began (the database, not
 // a process, handed the attempt out again).
@@ -571,7 +573,7 @@ func (in *Input) claimLost(e, later Exec) bool {
 	}
 	opened := e.openedAt()
 	for _, ev := range in.Events {
-		if ev.Kind != EventDBRestart {
+		if !clusterEvent(ev.Kind) {
 			continue
 		}
 		if opened.After(ev.Start.Add(-claimLostWindow)) && opened.Before(ev.End.Add(claimLostWindow)) &&

@@ -111,16 +111,24 @@ func checkLoopback(dsn string) error {
 	if backendOf(dsn) == "sqlite" {
 		return nil
 	}
-	host, _, err := hostPort(dsn)
+	u, err := url.Parse(dsn)
 	if err != nil {
 		return fmt.Errorf("torture: bad DSN: %w", err)
 	}
-	if host == "localhost" {
-		return nil
-	}
-	ip := net.ParseIP(host)
-	if ip == nil || !ip.IsLoopback() {
-		return errors.New("torture: the database must be on a loopback address (127.0.0.1, ::1 or localhost): the suite kills its connections and restarts it")
+	// A PostgreSQL URL may name several hosts (a Patroni cluster's nodes),
+	// each with its port.
+	for _, hp := range strings.Split(u.Host, ",") {
+		host := hp
+		if h, _, err := net.SplitHostPort(hp); err == nil {
+			host = h
+		}
+		if host == "localhost" {
+			continue
+		}
+		ip := net.ParseIP(strings.Trim(host, "[]"))
+		if ip == nil || !ip.IsLoopback() {
+			return errors.New("torture: the database must be on a loopback address (127.0.0.1, ::1 or localhost): the suite kills its connections and restarts it")
+		}
 	}
 	return nil
 }

@@ -19,6 +19,9 @@ type fault struct {
 	doc  string
 	// restarts is set for the fault that restarts the database server.
 	restarts bool
+	// patroni is set for the faults that act on the Patroni cluster of
+	// Options.Patroni (skipped without one).
+	patroni bool
 	// whole is set for faults that last the whole phase: they start at
 	// once, without a warm-up, and have no recovery time.
 	whole bool
@@ -72,6 +75,12 @@ var faults = []*fault{
 		inject:   injectRestart,
 		check:    checkReconnect,
 	},
+	patroniFault("switchover",
+		"Patroni switches the primary over to the synchronous standby under load (synchronous_mode; the DSN names every node with target_session_attrs=read-write): a pause, then work flows on the new primary, LISTEN comes back, nothing acknowledged is lost; runs only against the cluster of Options.Patroni",
+		EventSwitchover),
+	patroniFault("failover",
+		"kill -9 of the primary's postmaster of a Patroni cluster under load, and Patroni promotes the synchronous standby: same checks as switchover",
+		EventFailover),
 	{
 		name:    "connkill",
 		doc:     "the server kills the workers' connections under load (pg_terminate_backend, KILL CONNECTION)",

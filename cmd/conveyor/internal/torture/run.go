@@ -55,6 +55,9 @@ type Options struct {
 	// timeouts, fault durations and bounds, and the workers' job timeout
 	// scale with it.
 	Lease time.Duration
+	// Patroni is the Patroni cluster behind DSN, for the switchover and
+	// failover faults; without it they are skipped.
+	Patroni *PatroniCluster
 	// NoRestart leaves out the fault that restarts the database server
 	// (which breaks anyone else using it at the time).
 	NoRestart bool
@@ -331,6 +334,12 @@ func Run(ctx context.Context, opts Options) ([]Row, error) {
 		if why := f.applies(backend); why != "" {
 			if len(o.Faults) > 0 { // asked for by name: say why not
 				rows = append(rows, Row{Fault: f.name, Backend: backend, Skipped: why})
+			}
+			continue
+		}
+		if f.patroni && o.Patroni == nil {
+			if len(o.Faults) > 0 {
+				rows = append(rows, Row{Fault: f.name, Backend: backend, Skipped: "needs a Patroni cluster behind the DSN (Options.Patroni)"})
 			}
 			continue
 		}

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/conveyorq/conveyor/internal/testdb"
+	"github.com/conveyorq/conveyor/internal/topology"
 )
 
 // workerEnv makes the test binary, re-executed, a torture worker process
@@ -146,4 +149,65 @@ func TestTorturePostgresSegmentsHeld(t *testing.T) {
 
 func TestTortureMySQL(t *testing.T) {
 	shortRun(t, testdb.MySQL(t))
+}
+
+// patroniRunsEnv, when set to N, makes TestTorturePatroni run each of its
+// faults N times, for the figures it logs.
+const patroniRunsEnv = "CONVEYOR_TORTURE_PATRONI_RUNS"
+
+// TestTorturePatroni runs the switchover and failover faults against a
+// Patroni cluster of three nodes with synchronous replication, which the
+// workers and producers reach through a multi-host DSN with
+// target_session_attrs=read-write, with every check of the suite. It
+// logs the time from each fault to the first job completed on the new
+// primary (p50 and p99 over the runs; CONVEYOR_TORTURE_PATRONI_RUNS=N
+// runs each fault N times).
+func TestTorturePatroni(t *testing.T) {
+	if testing.Short() {
+		t.Skip("torture run skipped in -short mode")
+	}
+	runs := 1
+	if v := os.Getenv(patroniRunsEnv); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("%s=%q: want a count", patroniRunsEnv, v)
+		}
+		runs = n
+	}
+	cluster := topology.StartPatroniT(t, topology.PatroniOptions{})
+	var names []string
+	for i := 0; i < runs; i++ {
+		names = append(names, "switchover", "failover")
+	}
+	rows := shortRun(t, cluster.DSN("test"), func(o *Options) {
+		o.Faults = names
+		o.Patroni = &PatroniCluster{REST: cluster.RESTEndpoints(), DataDirs: cluster.DataDirs()}
+	})
+	took := map[string][]float64{}
+	for _, r := range rows {
+		if r.Skipped != "" {
+			t.Errorf("%s: skipped: %s", r.Fault, r.Skipped)
+			continue
+		}
+		found := false
+		for _, n := range r.Notes {
+			var s, w float64
+			if _, err := fmt.Sscanf(n, "fault to first completion on the new primary: %fs (new primary writable after %fs)", &s, &w); err == nil {
+				took[r.Fault] = append(took[r.Fault], s)
+				found = true
+			}
+		}
+		if !found && len(r.Failures) == 0 {
+			t.Errorf("%s: no completion on the new primary noted: %q", r.Fault, r.Notes)
+		}
+	}
+	for _, f := range []string{"switchover", "failover"} {
+		xs := took[f]
+		if len(xs) == 0 {
+			continue
+		}
+		slices.Sort(xs)
+		pct := func(p float64) float64 { return xs[min(len(xs)-1, int(p*float64(len(xs))))] }
+		t.Logf("%s: fault to first completion on the new primary over %d runs: p50 %.2fs, p99 %.2fs (all %v)", f, len(xs), pct(0.5), pct(0.99), xs)
+	}
 }
