@@ -75,8 +75,17 @@ type queries struct {
 	ServerInfo       string `sql:"server_info"`
 	Probe            string `sql:"probe"`
 	ProbeIsolation   string `sql:"probe_isolation"`
+	ProbeWsrep       string `sql:"probe_wsrep"`
+	CausalRead       string `sql:"causal_read"`
+	InsertReturning  string `sql:"insert_returning"`
 	GetLock          string `sql:"get_lock"`
 	ReleaseLock      string `sql:"release_lock"`
+
+	// The migration lock row on Galera.
+	MigrationLockTable   string `sql:"migration_lock_table"`
+	MigrationLockTake    string `sql:"migration_lock_take"`
+	MigrationLockHolder  string `sql:"migration_lock_holder"`
+	MigrationLockRelease string `sql:"migration_lock_release"`
 	MigrationsTable  string `sql:"migrations_table"`
 	MigrationsMax    string `sql:"migrations_max"`
 	MigrationsRecord string `sql:"migrations_record"`
