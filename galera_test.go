@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,7 +77,7 @@ func (r *galeraRecord) snapshot() (map[int][]int, map[int]int64) {
 // records its runs as client number i; its cleanup stops and closes it
 // (tolerating a stop error when tolerate is set, for a client whose node
 // was killed).
-func galeraClient(t *testing.T, dsn string, cfg *conveyor.Config, i int, rec *galeraRecord, work time.Duration, tolerate bool) *conveyor.Client[any] {
+func galeraClient(t *testing.T, dsn string, cfg *conveyor.Config, i int, rec *galeraRecord, work time.Duration, tolerate bool, hook func()) *conveyor.Client[any] {
 	t.Helper()
 	ctx := context.Background()
 	c, err := connect.Open(ctx, dsn, cfg)
@@ -90,6 +91,9 @@ func galeraClient(t *testing.T, dsn string, cfg *conveyor.Config, i int, rec *ga
 	conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error {
 		if work > 0 {
 			time.Sleep(work)
+		}
+		if hook != nil {
+			hook()
 		}
 		rec.add(j.Args.N, i, j.ID)
 		return nil
@@ -161,7 +165,7 @@ func TestGaleraWorkersOnEveryNode(t *testing.T) {
 	var rec galeraRecord
 	var clients []*conveyor.Client[any]
 	for i := 1; i <= 3; i++ {
-		clients = append(clients, galeraClient(t, g.DSN(i), galeraConfig(prefix), i, &rec, 0, false))
+		clients = append(clients, galeraClient(t, g.DSN(i), galeraConfig(prefix), i, &rec, 0, false, nil))
 	}
 	t.Cleanup(func() { dropPrefix(t, g.DSN(1), prefix) })
 	const perNode = 300
@@ -374,11 +378,31 @@ func TestGaleraNodeKilled(t *testing.T) {
 	prefix := testdb.Prefix()
 	const victim = 2
 	var rec galeraRecord
+	// The dead node's client is in the middle of jobs when its node dies:
+	// once hold is set, its handlers wait for the kill before they return.
+	var hold atomic.Bool
+	var held atomic.Int64
+	killedCh := make(chan struct{})
+	holdJobs := func() {
+		if hold.Load() {
+			held.Add(1)
+			<-killedCh
+		}
+	}
 	var clients []*conveyor.Client[any]
 	for i := 1; i <= 3; i++ {
+		var hook func()
+		if i == victim {
+			hook = holdJobs
+		}
 		cfg := galeraConfig(prefix)
-		cfg.Lease = 3 * time.Second
-		clients = append(clients, galeraClient(t, g.DSN(i), cfg, i, &rec, 5*time.Millisecond, i == victim))
+		// Longer than the cluster's stall while it evicts the dead node
+		// (no node commits, renewals included: about 2-4s with the
+		// harness's evs timeouts), so that no live client's lease
+		// expires in it: a job that ran twice must then have run first
+		// on the dead node's client.
+		cfg.Lease = 8 * time.Second
+		clients = append(clients, galeraClient(t, g.DSN(i), cfg, i, &rec, 5*time.Millisecond, i == victim, hook))
 	}
 	const n = 1200
 	enqueueNumbered(t, clients[0], 0, n, 50)
@@ -393,8 +417,12 @@ func TestGaleraNodeKilled(t *testing.T) {
 	})
 	// Completions landing through the survivors, counted on their side.
 	completed := func() int64 { return clients[0].Counters().Completed + clients[2].Counters().Completed }
+	hold.Store(true)
+	waitFor(t, "the dead node's client in the middle of jobs", time.Minute, func() bool { return held.Load() > 0 })
 	g.KillNode(victim)
 	killed := time.Now()
+	hold.Store(false)
+	close(killedCh)
 	atKill := completed()
 	runsAtKill, _ := rec.snapshot()
 	t.Logf("node %d killed after %d of %d jobs ran", victim, len(runsAtKill), n)
@@ -437,7 +465,12 @@ func TestGaleraNodeKilled(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d jobs ran again after the dead node's client had run them", twice)
+	// The jobs held across the kill were run by the dead node's client,
+	// whose completions could not land: each was rescued and ran again.
+	if twice == 0 {
+		t.Fatalf("no job ran again, yet the dead node's client was running %d when its node died", held.Load())
+	}
+	t.Logf("%d jobs ran again after the dead node's client had run them (%d were held across the kill)", twice, held.Load())
 
 	// The node comes back; its client reconnects and works again.
 	if err := g.RestartNode(ctx, victim); err != nil {
