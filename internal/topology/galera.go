@@ -210,11 +210,12 @@ func galeraConfig(nd *GaleraNode, gcomm, ist, sst int, addrs []string) string {
 	}, "\n")
 }
 
-func (g *Galera) startNode(ctx context.Context, nd *GaleraNode, bootstrap bool) error {
+func (g *Galera) startNode(ctx context.Context, nd *GaleraNode, bootstrap bool, extra ...string) error {
 	args := []string{"--defaults-file=" + nd.cfg}
 	if bootstrap {
 		args = append(args, "--wsrep-new-cluster")
 	}
+	args = append(args, extra...)
 	cmd := exec.Command(mariadbd, args...)
 	cmd.Dir = nd.Dir
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C"}
@@ -365,10 +366,13 @@ func (g *Galera) KillNode(i int) {
 	}
 }
 
-// RestartNode starts node i again after KillNode, joining the running
-// cluster (an incremental state transfer from a donor's gcache when it
-// can, a full rsync one otherwise), and waits until it is Synced. The
-// start is bounded by GaleraStartTimeout.
+// RestartNode starts node i again after KillNode, as the packaged
+// service does after a crash: it first recovers the node's last committed
+// position from InnoDB (mariadbd --wsrep-recover; a killed node's
+// grastate.dat does not have it), then starts it at that position, so
+// that it rejoins by an incremental state transfer from a donor's gcache
+// (a full rsync one when the gcache no longer has what it missed), and
+// waits until it is Synced. The whole is bounded by GaleraStartTimeout.
 func (g *Galera) RestartNode(ctx context.Context, i int) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -378,10 +382,35 @@ func (g *Galera) RestartNode(ctx context.Context, i int) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, GaleraStartTimeout)
 	defer cancel()
-	if err := g.startNode(ctx, nd, false); err != nil {
+	pos, err := g.recoverPosition(ctx, nd)
+	if err != nil {
+		return err
+	}
+	if err := g.startNode(ctx, nd, false, "--wsrep-start-position="+pos); err != nil {
 		return err
 	}
 	return g.waitSynced(ctx, i, 1)
+}
+
+// recoverPosition runs mariadbd --wsrep-recover on a stopped node and
+// returns the position it reports (cluster UUID:seqno).
+func (g *Galera) recoverPosition(ctx context.Context, nd *GaleraNode) (string, error) {
+	logFile := filepath.Join(nd.Dir, "recover.log")
+	_ = os.Remove(logFile)
+	if err := runAsMySQL(ctx, nd.Dir, mariadbd, "--defaults-file="+nd.cfg, "--wsrep-recover", "--log-error="+logFile); err != nil {
+		return "", fmt.Errorf("topology: galera node %d: recover position: %w", nd.Index, err)
+	}
+	b, err := os.ReadFile(logFile)
+	if err != nil {
+		return "", fmt.Errorf("topology: galera node %d: recover position: %w", nd.Index, err)
+	}
+	const mark = "WSREP: Recovered position: "
+	for _, line := range strings.Split(string(b), "\n") {
+		if _, pos, ok := strings.Cut(line, mark); ok {
+			return strings.TrimSpace(pos), nil
+		}
+	}
+	return "", fmt.Errorf("topology: galera node %d: mariadbd --wsrep-recover reported no position: %s", nd.Index, b)
 }
 
 // WaitSize waits until every running node is Synced in a cluster of
