@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,6 +29,7 @@ import (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	bouncer.Stop()
+	stopGalera()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
@@ -45,6 +47,60 @@ func TestMain(m *testing.M) {
 // 33 callers' own, each enqueueing in it).
 var bouncer = &topology.SharedPgBouncer{Options: topology.PgBouncerOptions{Mode: "transaction", PoolSize: 20}}
 
+// The mysql-galera backend: one 3-node cluster per test binary, started
+// by the first test that needs it. Each call of galeraDSN, and each client
+// openClient opens on one of its DSNs, takes the next node, so that the
+// clients of a test are spread over the nodes and write on all of them.
+var (
+	galeraOnce sync.Once
+	galera     atomic.Pointer[topology.Galera]
+	galeraErr  error
+)
+
+func galeraDSN(t *testing.T) string {
+	t.Helper()
+	topology.NeedGalera(t)
+	galeraOnce.Do(func() {
+		var g *topology.Galera
+		g, galeraErr = topology.StartGalera(context.Background(), 3)
+		galera.Store(g)
+	})
+	if galeraErr != nil {
+		t.Fatalf("mysql-galera backend: %v", galeraErr)
+	}
+	return galera.Load().NextDSN()
+}
+
+func stopGalera() {
+	if g := galera.Load(); g != nil {
+		g.Stop()
+	}
+}
+
+// spread returns dsn for the first client a test opens and the next
+// node's DSN for each further one, when dsn is a node of the Galera
+// cluster; otherwise dsn. The first client stays on the test's node, so
+// that a test's own transactions (beginTx(dsn)) and lock waits meet the
+// client they are about on one node.
+func spread(t *testing.T, dsn string) string {
+	g := galera.Load()
+	if g == nil || !slices.Contains(g.DSNs(), dsn) {
+		return dsn
+	}
+	spreadMu.Lock()
+	defer spreadMu.Unlock()
+	spreadOpened[t.Name()]++
+	if spreadOpened[t.Name()] == 1 {
+		return dsn
+	}
+	return g.NextDSN()
+}
+
+var (
+	spreadMu     sync.Mutex
+	spreadOpened = map[string]int{}
+)
+
 type backend struct {
 	name string
 	dsn  func(t *testing.T) string
@@ -55,6 +111,7 @@ var backends = []backend{
 	{"postgres", func(t *testing.T) string { return testdb.Postgres(t) }},
 	{"mysql", func(t *testing.T) string { return testdb.MySQL(t) }},
 	{"postgres-pgbouncer", pgbouncerDSN},
+	{"mysql-galera", galeraDSN},
 }
 
 // pgbouncerDSN returns the DSN of the postgres-pgbouncer backend,
@@ -135,7 +192,7 @@ func openDropped(t *testing.T, dsn string, cfg *conveyor.Config) *conveyor.Clien
 func openClient(t *testing.T, dsn string, cfg *conveyor.Config, drop bool) *conveyor.Client[any] {
 	t.Helper()
 	ctx := context.Background()
-	c, err := connect.Open(ctx, dsn, cfg)
+	c, err := connect.Open(ctx, spread(t, dsn), cfg)
 	if err != nil {
 		t.Fatalf("open: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sort"
 	"strings"
 	"time"
@@ -339,34 +340,32 @@ func (d *Driver) queueStats(ctx context.Context, what, q string, args ...any) ([
 	return out, nil
 }
 
-// Migrate applies the missing migrations under a named lock (GET_LOCK)
-// that serialises concurrent migrators. DDL auto-commits in MySQL, so a
-// migration cannot be one transaction: its statements are idempotent and
-// its version is recorded only after all of them succeeded, so an
-// interrupted migration is re-run from the start.
+// Migrate applies the missing migrations under a lock that serialises
+// concurrent migrators: a named lock (GET_LOCK), or on Galera, where
+// GET_LOCK is local to a node, a lock row (see lockMigrations). DDL
+// auto-commits in MySQL, so a migration cannot be one transaction: its
+// statements are idempotent and its version is recorded only after all of
+// them succeeded, so an interrupted migration is re-run from the start.
 func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
+	if d.galera {
+		unlock, err := d.lockMigrations(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+	}
 	conn, err := d.db.Conn(ctx)
 	if err != nil {
 		return nil, d.wrap("migrate", err)
 	}
 	defer conn.Close()
-	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, d.q.GetLock, 60).Scan(&got); err != nil {
-		return nil, d.wrap("migrate: take lock", err)
-	}
-	if !got.Valid || got.Int64 != 1 {
-		return nil, errors.New("conveyor/mysql: migrate: timed out waiting for another migrator's lock")
-	}
-	defer func() {
-		// A fresh context: the lock must be released even if ctx ended.
-		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		var r sql.NullInt64
-		if err := conn.QueryRowContext(rctx, d.q.ReleaseLock).Scan(&r); err != nil {
-			// The session ends with the connection, which frees the lock.
-			_ = conn.Raw(func(any) error { return sqldriver.ErrBadConn })
+	if !d.galera {
+		unlock, err := d.getLock(ctx, conn)
+		if err != nil {
+			return nil, err
 		}
-	}()
+		defer unlock()
+	}
 	if _, err := conn.ExecContext(ctx, d.q.MigrationsTable); err != nil {
 		return nil, d.wrap("migrate", err)
 	}
@@ -381,18 +380,136 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 	var applied []int
 	for _, m := range d.migs[current:] {
 		for i, st := range m.Statements {
-			if _, err := conn.ExecContext(ctx, st); err != nil && myErrno(err) != errDupColumn && myErrno(err) != errDupKeyName {
+			// Retried on a deadlock: on Galera a data statement can lose
+			// certification to a write made through another node.
+			err := d.retry(ctx, "migrate", func() error {
+				_, err := conn.ExecContext(ctx, st)
+				return err
+			})
+			if err != nil && myErrno(err) != errDupColumn && myErrno(err) != errDupKeyName {
 				// (DDL auto-commits: a column added by a run that stopped
 				// before recording its version is already there.)
 				return applied, fmt.Errorf("conveyor/mysql: migrate: version %d (%s) statement %d: %w", m.Version, m.Name, i+1, err)
 			}
 		}
-		if _, err := conn.ExecContext(ctx, d.q.MigrationsRecord, m.Version); err != nil {
+		// A duplicate means another migrator recorded it (one whose lock
+		// row expired under it): the statements are applied all the same.
+		err := d.retry(ctx, "migrate", func() error {
+			_, err := conn.ExecContext(ctx, d.q.MigrationsRecord, m.Version)
+			return err
+		})
+		if err != nil && myErrno(err) != errDupEntry {
 			return applied, fmt.Errorf("conveyor/mysql: migrate: record version %d: %w", m.Version, err)
 		}
 		applied = append(applied, m.Version)
 	}
 	return applied, nil
+}
+
+// getLock takes the migrators' named lock on conn, waiting up to a minute.
+func (d *Driver) getLock(ctx context.Context, conn *sql.Conn) (unlock func(), err error) {
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, d.q.GetLock, 60).Scan(&got); err != nil {
+		return nil, d.wrap("migrate: take lock", err)
+	}
+	if !got.Valid || got.Int64 != 1 {
+		return nil, errors.New("conveyor/mysql: migrate: timed out waiting for another migrator's lock")
+	}
+	return func() {
+		// A fresh context: the lock must be released even if ctx ended.
+		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var r sql.NullInt64
+		if err := conn.QueryRowContext(rctx, d.q.ReleaseLock).Scan(&r); err != nil {
+			// The session ends with the connection, which frees the lock.
+			_ = conn.Raw(func(any) error { return sqldriver.ErrBadConn })
+		}
+	}, nil
+}
+
+// The migration lock row's lease, how often its holder renews it, and how
+// long a migrator waits for it.
+const (
+	migrationLockTTL   = 30 * time.Second
+	migrationLockRenew = 5 * time.Second
+	migrationLockWait  = 60 * time.Second
+)
+
+// lockMigrations takes the migration lock row (Galera; see
+// migration_lock_take): it creates the lock table if needed (DDL, which
+// Galera replicates in total order before it returns, so concurrent
+// creators are safe), then takes the row's lease, waiting up to
+// migrationLockWait for another holder to release it or for its lease to
+// expire. The lease is renewed until unlock, which deletes the row.
+func (d *Driver) lockMigrations(ctx context.Context) (unlock func(), err error) {
+	token, err := newToken()
+	if err != nil {
+		return nil, d.wrap("migrate: take lock", err)
+	}
+	holder := fmt.Sprintf("%x", token[:])
+	if err := d.retry(ctx, "migrate: create lock table", func() error {
+		_, err := d.db.ExecContext(ctx, d.q.MigrationLockTable)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	take := func(ctx context.Context) (string, error) {
+		var got string
+		err := d.inTx(ctx, "migrate: take lock", func(tx *sql.Tx) error {
+			if _, err := tx.ExecContext(ctx, d.q.MigrationLockTake, holder, micros(migrationLockTTL)); err != nil {
+				return err
+			}
+			return tx.QueryRowContext(ctx, d.q.MigrationLockHolder).Scan(&got)
+		})
+		return got, err
+	}
+	deadline := time.Now().Add(migrationLockWait)
+	for {
+		got, err := take(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if got == holder {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("conveyor/mysql: migrate: timed out after %v waiting for another migrator's lock (held by %s)", migrationLockWait, got)
+		}
+		t := time.NewTimer(100*time.Millisecond + rand.N(100*time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, d.wrap("migrate: take lock", ctx.Err())
+		case <-t.C:
+		}
+	}
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(migrationLockRenew)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				rctx, cancel := context.WithTimeout(context.Background(), migrationLockRenew)
+				_, _ = take(rctx) // a failed renewal is tried again at the next tick
+				cancel()
+			}
+		}
+	}()
+	return func() {
+		close(stop)
+		<-stopped
+		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		// On failure the lease expires by itself.
+		_ = d.retry(rctx, "migrate: release lock", func() error {
+			_, err := d.db.ExecContext(rctx, d.q.MigrationLockRelease, holder)
+			return err
+		})
+	}, nil
 }
 
 // SchemaVersion returns the applied schema version (0 before the first

@@ -149,7 +149,21 @@ func insertArgs(args []any, jobs []driver.InsertParams) []any {
 // reserves its auto-increment values in one step in every
 // innodb_autoinc_lock_mode (0, 1 and 2), so they are consecutive from the
 // LAST_INSERT_ID() of the statement, spaced by auto_increment_increment.
+// On Galera that step follows the cluster's size and can change under an
+// open session, so there the INSERT returns its ids (insert_returning),
+// or, on servers without RETURNING, each row is a statement of its own.
 func (d *Driver) insertChunk(ctx context.Context, tx *sql.Tx, ext *sql.Tx, jobs []driver.InsertParams, ids []int64) error {
+	if d.galera && len(jobs) > 1 {
+		if d.returning {
+			return d.insertReturning(ctx, tx, ext, jobs, ids)
+		}
+		for i := range jobs {
+			if err := d.insertChunk(ctx, tx, ext, jobs[i:i+1], ids[i:i+1]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	args := insertArgs(make([]any, 0, len(jobs)*insertParamsPerRow), jobs)
 	q := d.insertSQL(len(jobs))
 	var res sql.Result
@@ -171,6 +185,41 @@ func (d *Driver) insertChunk(ctx context.Context, tx *sql.Tx, ext *sql.Tx, jobs 
 	}
 	for i := range jobs {
 		ids[i] = first + int64(i)*d.autoincStep
+	}
+	return nil
+}
+
+// insertReturning is insertChunk's multi-row INSERT ... RETURNING id: the
+// rows come back in the order of the VALUES list.
+func (d *Driver) insertReturning(ctx context.Context, tx *sql.Tx, ext *sql.Tx, jobs []driver.InsertParams, ids []int64) error {
+	args := insertArgs(make([]any, 0, len(jobs)*insertParamsPerRow), jobs)
+	q := d.insertSQL(len(jobs)) + " " + d.q.InsertReturning
+	var rows *sql.Rows
+	var err error
+	if ext != nil {
+		rows, err = ext.QueryContext(ctx, q, args...)
+	} else {
+		rows, err = d.query(ctx, tx, len(jobs) <= maxCachedInsertRows, q, args...)
+	}
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		if n == len(ids) {
+			return fmt.Errorf("inserted more rows than the %d expected", len(jobs))
+		}
+		if err := rows.Scan(&ids[n]); err != nil {
+			return err
+		}
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if n != len(jobs) {
+		return fmt.Errorf("inserted %d rows, expected %d", n, len(jobs))
 	}
 	return nil
 }

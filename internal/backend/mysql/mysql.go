@@ -108,6 +108,13 @@ type Driver struct {
 	claimMethod   string
 	skipLocked    bool // the server supports SKIP LOCKED (Rescue, Promote)
 	jsonTable     bool // the server has JSON_TABLE; else UNION ALL sources
+	// galera: the server is a Galera node (wsrep_on): reads that follow
+	// writes made through other nodes are causal (causal_read),
+	// migrations take a lock row instead of GET_LOCK, and multi-row
+	// inserts return their ids (returning, on MariaDB 10.5+) or insert
+	// one row per statement.
+	galera    bool
+	returning bool
 
 	deadlockRetries atomic.Int64
 	lockTimeouts    atomic.Int64
@@ -185,6 +192,7 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 	}
 	// Fence epochs name the server by @@server_id, or 0 on every node of
 	// a Galera cluster (one logical primary); see fence_floor.
+	// Galera is detected the same way (see probe_wsrep).
 	server := "@@server_id"
 	var wsrep sql.NullString
 	if err := pdb.QueryRowContext(ctx, q.ProbeWsrep).Scan(&wsrep); err == nil {
@@ -195,6 +203,7 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 	if d.autoincStep < 1 {
 		d.autoincStep = 1
 	}
+	d.galera = wsrep.String == "1" || strings.EqualFold(wsrep.String, "ON")
 	d.maxPacket = int(packet)
 	d.maxArgs = maxArgsFor(d.maxPacket)
 
@@ -222,6 +231,16 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 		d.claimMethod = ClaimOptimistic
 	default:
 		return nil, fmt.Errorf("conveyor/mysql: open: unknown claim strategy %q (want \"\", \"skip-locked\" or \"optimistic\")", opts.ClaimStrategy)
+	}
+
+	if d.galera {
+		d.returning = d.mariaDB && !ver.less(10, 5, 0)
+		// Reads that an application expects to see writes made through
+		// any node (see causal_read).
+		for _, r := range []*string{&q.GetJob, &q.ListJobs, &q.ListJobsDesc, &q.Stats, &q.Overview,
+			&q.PausedQueues, &q.Schedules, &q.Processes, &q.MigrationsMax} {
+			*r = q.CausalRead + " " + *r
+		}
 	}
 
 	skip := ""
@@ -418,6 +437,7 @@ func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
 		"max_allowed_packet":             packet.String,
 		"innodb_autoinc_lock_mode":       autoinc.String,
 		"claim_method":                   d.claimMethod,
+		"galera":                         strconv.FormatBool(d.galera),
 	}, nil
 }
 

@@ -77,16 +77,24 @@ type queries struct {
 	Overview       string `sql:"overview"`
 
 	// The server, the schema's migrations and DropAll.
-	ServerInfo       string `sql:"server_info"`
-	Probe            string `sql:"probe"`
-	ProbeIsolation   string `sql:"probe_isolation"`
-	ProbeWsrep       string `sql:"probe_wsrep"`
-	GetLock          string `sql:"get_lock"`
-	ReleaseLock      string `sql:"release_lock"`
-	MigrationsTable  string `sql:"migrations_table"`
-	MigrationsMax    string `sql:"migrations_max"`
-	MigrationsRecord string `sql:"migrations_record"`
-	DropAll          string `sql:"drop_all"`
+	ServerInfo      string `sql:"server_info"`
+	Probe           string `sql:"probe"`
+	ProbeIsolation  string `sql:"probe_isolation"`
+	ProbeWsrep      string `sql:"probe_wsrep"`
+	CausalRead      string `sql:"causal_read"`
+	InsertReturning string `sql:"insert_returning"`
+	GetLock         string `sql:"get_lock"`
+	ReleaseLock     string `sql:"release_lock"`
+
+	// The migration lock row on Galera.
+	MigrationLockTable   string `sql:"migration_lock_table"`
+	MigrationLockTake    string `sql:"migration_lock_take"`
+	MigrationLockHolder  string `sql:"migration_lock_holder"`
+	MigrationLockRelease string `sql:"migration_lock_release"`
+	MigrationsTable      string `sql:"migrations_table"`
+	MigrationsMax        string `sql:"migrations_max"`
+	MigrationsRecord     string `sql:"migrations_record"`
+	DropAll              string `sql:"drop_all"`
 
 	// Paused queues, schedules and the process registry.
 	PauseQueue      string `sql:"pause_queue"`

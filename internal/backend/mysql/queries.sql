@@ -319,10 +319,24 @@ SELECT VERSION(), @@max_allowed_packet, @@auto_increment_increment
 -- name: probe_isolation
 SELECT @@transaction_isolation
 
--- probe_wsrep fails with error 1193 on a server without wsrep (MySQL
--- without Galera); see {server}.
+-- Galera: wsrep_on is ON on a MariaDB Galera node (MySQL without wsrep has
+-- no such variable: error 1193); see {server}.
 -- name: probe_wsrep
 SELECT @@wsrep_on
+
+-- On Galera, reads that must see what was committed on any node before
+-- they began (a job just enqueued through another node, the schema another
+-- node's migrator just recorded) run with this prefix: the node first
+-- applies every write set the cluster had ordered when the read arrived.
+-- name: causal_read
+SET STATEMENT wsrep_sync_wait = 1 FOR
+
+-- Multi-row inserts on Galera return their ids: auto_increment_increment
+-- follows the cluster's size (wsrep_auto_increment_control) and changes,
+-- in open sessions too, when a node leaves or joins, so ids cannot be
+-- derived from LAST_INSERT_ID() and a step read earlier (MariaDB 10.5+).
+-- name: insert_returning
+ RETURNING id
 
 -- Migrations, serialised across processes by a named lock (the name hashes
 -- database and prefix so that it stays under 64 characters).
@@ -331,6 +345,24 @@ SELECT GET_LOCK(CONCAT('conveyor:', MD5(CONCAT(DATABASE(), '.', '{p}'))), ?)
 
 -- name: release_lock
 SELECT RELEASE_LOCK(CONCAT('conveyor:', MD5(CONCAT(DATABASE(), '.', '{p}'))))
+
+-- On Galera, GET_LOCK is node-local: the migrators of different nodes
+-- take a lock row instead, an expiring lease (renewed while migrating, so
+-- a migrator that died frees it) granted like try_lead. Two nodes taking
+-- it at once write the same row: certification lets one commit and the
+-- other retries (error 1213) and then reads the winner.
+-- name: migration_lock_table
+CREATE TABLE IF NOT EXISTS `{p}migration_lock` (`name` VARCHAR(64) NOT NULL, `holder` VARCHAR(64) NOT NULL, `expires_at` DATETIME(6) NOT NULL, PRIMARY KEY (`name`)) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin
+
+-- (holder, ttl µs.)
+-- name: migration_lock_take
+INSERT INTO `{p}migration_lock` (name, holder, expires_at) VALUES ('migrate', ?, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND) ON DUPLICATE KEY UPDATE holder = IF(holder = VALUES(holder) OR expires_at < UTC_TIMESTAMP(6), VALUES(holder), holder), expires_at = IF(holder = VALUES(holder), VALUES(expires_at), expires_at)
+
+-- name: migration_lock_holder
+SELECT holder FROM `{p}migration_lock` WHERE name = 'migrate'
+
+-- name: migration_lock_release
+DELETE FROM `{p}migration_lock` WHERE name = 'migrate' AND holder = ?
 
 -- name: migrations_table
 CREATE TABLE IF NOT EXISTS `{p}schema_migrations` (`version` INT NOT NULL, `applied_at` DATETIME(6) NOT NULL, PRIMARY KEY (`version`)) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4
@@ -342,7 +374,7 @@ SELECT COALESCE(MAX(version), 0) FROM `{p}schema_migrations`
 INSERT INTO `{p}schema_migrations` (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))
 
 -- name: drop_all
-DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}processes`, `{p}fence_epochs`, `{p}schema_migrations`
+DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}processes`, `{p}fence_epochs`, `{p}schema_migrations`, `{p}migration_lock`
 
 -- name: pause_queue
 -- Pausing keeps the first pause's time (?, ?: queue, paused 0/1).

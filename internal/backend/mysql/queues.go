@@ -12,8 +12,8 @@ import (
 // database: claims skip a paused queue (the check is part of the claim
 // statements). Other processes notice a resume at their next poll.
 func (d *Driver) PauseQueue(ctx context.Context, queue string, paused bool) error {
-	_, err := d.db.ExecContext(ctx, d.q.PauseQueue, queue, paused)
-	return d.wrap("pause queue "+queue, err)
+	_, err := d.execCount(ctx, d.main, "pause queue "+queue, false, d.q.PauseQueue, []any{queue, paused})
+	return err
 }
 
 // PausedQueues returns the paused queues and when each was paused.
@@ -38,10 +38,13 @@ func (d *Driver) PausedQueues(ctx context.Context) (map[string]time.Time, error)
 	return out, nil
 }
 
-// RecordSchedule records a schedule's latest slot and next one.
+// RecordSchedule records a schedule's latest slot and next one (retried
+// on a deadlock: on Galera, processes recording the same schedule through
+// different nodes conflict at certification).
 func (d *Driver) RecordSchedule(ctx context.Context, s driver.ScheduleRow) error {
-	_, err := d.db.ExecContext(ctx, d.q.RecordSchedule, s.Name, s.Spec, nullTime(s.LastSlot), nullID(s.LastJob), nullTime(s.NextSlot))
-	return d.wrap("record schedule "+s.Name, err)
+	_, err := d.execCount(ctx, d.main, "record schedule "+s.Name, false, d.q.RecordSchedule,
+		[]any{s.Name, s.Spec, nullTime(s.LastSlot), nullID(s.LastJob), nullTime(s.NextSlot)})
+	return err
 }
 
 // Schedules lists the recorded schedules by name.

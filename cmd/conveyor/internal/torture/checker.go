@@ -47,6 +47,12 @@ const (
 	EventDBRestart = "database restarted"
 	// EventConnKill: the server killed the processes' connections.
 	EventConnKill = "connections killed"
+	// EventNodeKill: the cluster node the process was connected to was
+	// killed, until it rejoined.
+	EventNodeKill = "database node killed"
+	// EventClusterStall: a multi-primary cluster committed nothing until
+	// the nodes left evicted a killed node (PID 0).
+	EventClusterStall = "cluster stalled evicting a dead node"
 	// EventStop: the process was asked to stop gracefully (SIGTERM);
 	// attempts it had not finished are released, not counted.
 	EventStop = "stopped"

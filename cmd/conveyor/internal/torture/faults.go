@@ -22,6 +22,8 @@ type fault struct {
 	// patroni is set for the faults that act on the Patroni cluster of
 	// Options.Patroni (skipped without one).
 	patroni bool
+	// cluster is set for faults that need Options.Cluster.
+	cluster bool
 	// whole is set for faults that last the whole phase: they start at
 	// once, without a warm-up, and have no recovery time.
 	whole bool
@@ -81,6 +83,19 @@ var faults = []*fault{
 	patroniFault("failover",
 		"kill -9 of the primary's postmaster of a Patroni cluster under load, and Patroni promotes the synchronous standby: same checks as switchover",
 		EventFailover),
+	{
+		name:    "node-kill",
+		doc:     "kill -9 of one node of a multi-primary cluster (MariaDB Galera) under load, then its restart and rejoin: the other nodes' processes go on, the dead node's jobs are rescued after their lease",
+		cluster: true,
+		applies: func(b string) string {
+			if b != "mysql" {
+				return "a Galera cluster is MariaDB's"
+			}
+			return ""
+		},
+		inject: injectNodeKill,
+		check:  checkNodeKill,
+	},
 	{
 		name:    "connkill",
 		doc:     "the server kills the workers' connections under load (pg_terminate_backend, KILL CONNECTION)",
@@ -588,4 +603,97 @@ func checkTx(_ context.Context, p *phase, rs *records, fd *Findings, in *Input) 
 	if rs.failedTx > 0 {
 		p.note("%d of the rolled-back jobs were in transactions whose enqueue failed, as: %s", rs.failedTx, firstLine(rs.failedTxErr))
 	}
+}
+
+// nodeKillVictim is the node the node-kill fault kills: the second, which
+// neither the orchestrator's client nor a producer uses.
+const nodeKillVictim = 1
+
+// injectNodeKill kills one node of the cluster, waits until the others
+// have evicted it, leaves it down for a lease and a second (so that the
+// leases its processes held expire and are rescued elsewhere), then
+// restarts it when the cluster can.
+func injectNodeKill(ctx context.Context, p *phase) error {
+	c := p.o.Cluster
+	var on []string
+	pids := map[int]string{}
+	for name, node := range p.nodeOf {
+		if node == nodeKillVictim {
+			on = append(on, name)
+			if pid := p.sup.current(name); pid != 0 {
+				pids[pid] = name
+			}
+		}
+	}
+	sort.Strings(on)
+	// Kill it with jobs in flight on it, when that happens within 3s.
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		open := p.inFlight()
+		n := 0
+		for _, name := range on {
+			n += open[name]
+		}
+		if n > 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if l := p.leader(ctx); l != "" && p.nodeOf[l] == nodeKillVictim {
+		// Rescues wait for the dead node's leader's leadership to expire.
+		p.drainTimeout += leaderTTL
+	}
+	t0 := time.Now()
+	if err := c.Kill(nodeKillVictim); err != nil {
+		return fmt.Errorf("killing node %d: %w", nodeKillVictim+1, err)
+	}
+	err := c.Evicted(ctx)
+	t1 := time.Now()
+	// Until the survivors evict the dead node, no node commits: every
+	// process's writes (renewals too) wait.
+	p.sup.addEvent(Event{Kind: EventClusterStall, Start: t0, End: t1})
+	if err != nil {
+		return fmt.Errorf("the nodes left did not evict node %d: %w", nodeKillVictim+1, err)
+	}
+	p.nodeStallEnd = t1
+	sleepUntil(ctx, t1.Add(p.o.Lease+time.Second))
+	desc := "left down"
+	if c.Restart != nil {
+		t2 := time.Now()
+		if err := c.Restart(ctx, nodeKillVictim); err != nil {
+			return fmt.Errorf("restarting node %d: %w", nodeKillVictim+1, err)
+		}
+		desc = fmt.Sprintf("restarted, rejoined in %.1fs", time.Since(t2).Seconds())
+	}
+	p.faultEnd = time.Now()
+	for pid := range pids {
+		p.sup.addEvent(Event{Kind: EventNodeKill, PID: pid, Start: t0, End: p.faultEnd})
+	}
+	p.injected = append(p.injected, fmt.Sprintf("kill -9 of node %d of %d (processes on it: %s); the others took writes again after %.1fs; %s",
+		nodeKillVictim+1, len(c.DSNs), strings.Join(on, ", "), t1.Sub(t0).Seconds(), desc))
+	return nil
+}
+
+// checkNodeKill checks that the processes on the other nodes completed
+// jobs while the killed node was down (after its eviction), and that work
+// flows again after the node came back.
+func checkNodeKill(ctx context.Context, p *phase, rs *records, fd *Findings, in *Input) {
+	checkReconnect(ctx, p, rs, fd, in)
+	if p.nodeStallEnd.IsZero() {
+		return
+	}
+	survivors := 0
+	for _, e := range in.Execs {
+		name, _, _ := strings.Cut(e.Proc, ".")
+		node, ok := p.nodeOf[name]
+		if ok && node != nodeKillVictim && e.Outcome != "" && e.End.After(p.nodeStallEnd) && e.End.Before(p.faultEnd) {
+			survivors++
+		}
+	}
+	if survivors == 0 {
+		p.fail("no process on the nodes left completed a job while node %d was down", nodeKillVictim+1)
+		return
+	}
+	p.note("%d executions on the nodes left while node %d was down; %d duplicate executions (%v)",
+		survivors, nodeKillVictim+1, fd.Duplicates, fd.DuplicateCauses)
 }

@@ -85,8 +85,32 @@ type Options struct {
 	SealAt int64
 	// Keep keeps each phase's tables and record directory.
 	Keep bool
+	// Cluster, when set, is a multi-primary cluster (MariaDB Galera) whose
+	// first node is DSN (default: that node): the worker and producer
+	// processes are spread over its nodes, and the node-kill fault
+	// applies.
+	Cluster *Cluster
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
+}
+
+// Cluster is a multi-primary cluster of database servers where every node
+// takes writes (MariaDB Galera), for the node-kill fault. The test or
+// tool that started the cluster supplies how to kill and restart a node.
+type Cluster struct {
+	// DSNs are the nodes' DSNs. Worker process wN runs on node
+	// (N-1) mod len(DSNs), the first producer on the first node (as the
+	// orchestrator's own client does) and the second on the last.
+	DSNs []string
+	// Kill kills node i (an index into DSNs) as a crash would (SIGKILL of
+	// its server process).
+	Kill func(i int) error
+	// Evicted waits until the nodes left have evicted a killed node and
+	// take writes again.
+	Evicted func(ctx context.Context) error
+	// Restart starts node i again and waits until it has rejoined the
+	// cluster; nil leaves a killed node down for the rest of the phase.
+	Restart func(ctx context.Context, i int) error
 }
 
 // MinPhase is the shortest load time a fault phase gets; with a lease
@@ -250,11 +274,15 @@ type phase struct {
 	cleanups []func()
 
 	loadStart, faultStart, faultEnd, loadEnd time.Time
-	whole                                    bool
-	injected                                 []string
-	notes, failures                          []string
-	private                                  *privateServer
-	expectExits                              bool
+	// nodeStallEnd is when the nodes left evicted the killed node (node-kill).
+	nodeStallEnd    time.Time
+	whole           bool
+	injected        []string
+	notes, failures []string
+	private         *privateServer
+	expectExits     bool
+	// nodeOf maps a process slot to its node, with Options.Cluster.
+	nodeOf map[string]int
 
 	// The cpu faults: the CPU burner, and the disk throttle with what
 	// went through it.
@@ -306,6 +334,22 @@ func Run(ctx context.Context, opts Options) ([]Row, error) {
 	if cleanup != nil {
 		defer cleanup()
 	}
+	if o.Cluster != nil {
+		if len(o.Cluster.DSNs) < 2 || o.Cluster.Kill == nil || o.Cluster.Evicted == nil {
+			return nil, errors.New("torture: a cluster needs two or more DSNs, Kill and Evicted")
+		}
+		if o.DSN == "" {
+			o.DSN = o.Cluster.DSNs[0]
+		}
+		if o.DSN != o.Cluster.DSNs[0] {
+			return nil, fmt.Errorf("torture: the DSN %s is not the cluster's first node %s", o.DSN, o.Cluster.DSNs[0])
+		}
+		for _, d := range o.Cluster.DSNs {
+			if err := checkLoopback(d); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if err := checkLoopback(o.DSN); err != nil {
 		return nil, err
 	}
@@ -340,6 +384,12 @@ func Run(ctx context.Context, opts Options) ([]Row, error) {
 		if f.patroni && o.Patroni == nil {
 			if len(o.Faults) > 0 {
 				rows = append(rows, Row{Fault: f.name, Backend: backend, Skipped: "needs a Patroni cluster behind the DSN (Options.Patroni)"})
+			}
+			continue
+		}
+		if f.cluster && o.Cluster == nil {
+			if len(o.Faults) > 0 {
+				rows = append(rows, Row{Fault: f.name, Backend: backend, Skipped: "needs a multi-primary cluster (Options.Cluster)"})
 			}
 			continue
 		}
@@ -465,19 +515,46 @@ func (p *phase) setUp(ctx context.Context) error {
 	p.p2Args = slices.Concat(prod, []string{"--rate", rate(p.rate * (1 - share))})
 	p.producerArgs = slices.Concat(prod, []string{"--rate", rate(p.rate * share)}, p.p1Args)
 	for i := 1; i <= p.o.Workers; i++ {
-		if err := p.sup.start(ctx, fmt.Sprintf("w%d", i), "worker", p.workerArgs); err != nil {
+		name := fmt.Sprintf("w%d", i)
+		if err := p.sup.start(ctx, name, "worker", p.onNode(name, i-1, p.workerArgs)); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// onNode returns args (which name the phase's DSN after --db) for the
+// process called name on node i of the cluster, recording where it runs,
+// or args unchanged without a cluster.
+func (p *phase) onNode(name string, i int, args []string) []string {
+	c := p.o.Cluster
+	if c == nil {
+		return args
+	}
+	i %= len(c.DSNs)
+	if p.nodeOf == nil {
+		p.nodeOf = map[string]int{}
+	}
+	p.nodeOf[name] = i
+	out := slices.Clone(args)
+	for k := 0; k+1 < len(out); k++ {
+		if out[k] == "--db" {
+			out[k+1] = withAppName(c.DSNs[i], "conveyor-torture")
+		}
+	}
+	return out
+}
+
 // load runs the producer for the phase's budget and applies the fault.
 func (p *phase) load(ctx context.Context) error {
 	// The producers start side by side: each waits for its client.
 	errs := make(chan error, 2)
-	go func() { errs <- p.sup.start(ctx, "p1", p.producerRole, p.producerArgs) }()
-	go func() { errs <- p.sup.start(ctx, "p2", "producer", p.p2Args) }()
+	p1, p2 := p.onNode("p1", 0, p.producerArgs), p.p2Args
+	if p.o.Cluster != nil {
+		p2 = p.onNode("p2", len(p.o.Cluster.DSNs)-1, p.p2Args)
+	}
+	go func() { errs <- p.sup.start(ctx, "p1", p.producerRole, p1) }()
+	go func() { errs <- p.sup.start(ctx, "p2", "producer", p2) }()
 	if err := errors.Join(<-errs, <-errs); err != nil {
 		return err
 	}

@@ -211,3 +211,50 @@ func TestTorturePatroni(t *testing.T) {
 		t.Logf("%s: fault to first completion on the new primary over %d runs: p50 %.2fs, p99 %.2fs (all %v)", f, len(xs), pct(0.5), pct(0.99), xs)
 	}
 }
+
+// TestTortureGalera runs the node-kill fault (and a worker kill) against
+// a 3-node MariaDB Galera cluster of its own, every node taking writes,
+// with the worker processes spread over the nodes. The killed node is
+// restarted and rejoins by an incremental state transfer.
+func TestTortureGalera(t *testing.T) {
+	if testing.Short() {
+		t.Skip("torture run skipped in -short mode")
+	}
+	topology.NeedGalera(t)
+	ctx := context.Background()
+	g, err := topology.StartGalera(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Stop)
+	faults := []string{"node-kill", "kill"}
+	if fs := os.Getenv(faultsEnv); fs != "" {
+		faults = strings.Split(fs, ",")
+	}
+	rows := shortRun(t, g.DSN(1), func(o *Options) {
+		o.Faults = faults
+		o.NoRestart = true // the node-kill fault restarts a node itself
+		o.Cluster = &Cluster{
+			DSNs: g.DSNs(),
+			Kill: func(i int) error {
+				g.KillNode(i + 1)
+				if g.Pid(i+1) != 0 {
+					return fmt.Errorf("galera node %d still running", i+1)
+				}
+				return nil
+			},
+			Evicted: func(ctx context.Context) error { return g.WaitSize(ctx, len(g.Nodes)-1, time.Minute) },
+			Restart: func(ctx context.Context, i int) error {
+				if err := g.RestartNode(ctx, i+1); err != nil {
+					return err
+				}
+				return g.WaitSize(ctx, len(g.Nodes), time.Minute)
+			},
+		}
+	})
+	for _, r := range rows {
+		if r.Fault == "node-kill" && r.Skipped != "" {
+			t.Errorf("node-kill skipped: %s", r.Skipped)
+		}
+	}
+}
