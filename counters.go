@@ -54,7 +54,9 @@ type Counters struct {
 	//   - PostgreSQL: deadlock_retries, lock_timeouts and
 	//     serialization_retries (statements retried after a deadlock, a
 	//     lock timeout or a serialization failure), listen_reconnects
-	//     (LISTEN connections re-established).
+	//     (LISTEN connections re-established), server_drops (times the
+	//     driver dropped its connections to a server that was gone or
+	//     read-only, as in a failover).
 	//   - MySQL/MariaDB: deadlock_retries (error 1213), lock_timeouts
 	//     (error 1205), claim_conflicts (optimistic claims that lost the
 	//     head of the queue to another claimer and picked again).
