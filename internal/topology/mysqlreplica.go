@@ -62,7 +62,9 @@ func (n *MariaDBNode) Kill() {
 // ctx and a minute.
 func StartMariaDB(ctx context.Context, name, dir string, serverID int, env []string) (*MariaDBNode, error) {
 	data := filepath.Join(dir, "data")
-	if err := runAsOwner(ctx, "mysql", dir, nil, MariaDBTools[1], "--no-defaults", "--datadir="+data,
+	// --tmpdir: bootstraps running at once in the shared /tmp collide on
+	// their temporary tables' names.
+	if err := runAsOwner(ctx, "mysql", dir, nil, MariaDBTools[1], "--no-defaults", "--datadir="+data, "--tmpdir="+dir,
 		"--auth-root-authentication-method=normal", "--skip-test-db"); err != nil {
 		return nil, err
 	}
@@ -70,7 +72,7 @@ func StartMariaDB(ctx context.Context, name, dir string, serverID int, env []str
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(MariaDBTools[0], "--no-defaults", "--datadir="+data, "--port="+strconv.Itoa(port),
+	cmd := exec.Command(MariaDBTools[0], "--no-defaults", "--datadir="+data, "--tmpdir="+dir, "--port="+strconv.Itoa(port),
 		"--bind-address=127.0.0.1", "--socket="+filepath.Join(dir, "sock"), "--pid-file="+filepath.Join(dir, "pid"),
 		"--log-bin="+filepath.Join(dir, "binlog"), "--binlog-format=ROW", "--server-id="+strconv.Itoa(serverID),
 		"--innodb-buffer-pool-size=32M", "--skip-name-resolve", "--max-connections=100")
