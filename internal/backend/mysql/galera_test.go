@@ -123,3 +123,51 @@ func TestTryLeadAcrossNodes(t *testing.T) {
 	}
 	t.Logf("certification conflicts retried: %d", retries)
 }
+
+// TestGaleraInsertRowPerStatement: on a Galera node without RETURNING
+// (forced here), Insert writes each row as a statement of its own, in one
+// transaction. A batch whose second row the server refuses commits
+// nothing, and its error says so; a good batch gets distinct ids.
+func TestGaleraInsertRowPerStatement(t *testing.T) {
+	g := galera(t)
+	ctx := context.Background()
+	d, err := Open(ctx, g.DSN(1), driver.Options{Prefix: testdb.Prefix()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := d.DropAll(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	d.returning = false
+	job := func(queue string, priority int) driver.InsertParams {
+		return driver.InsertParams{Queue: queue, Kind: "k", Args: []byte(`{}`), Priority: priority, MaxAttempts: 1}
+	}
+	ids, err := d.Insert(ctx, []driver.InsertParams{job("good", 0), job("good", 0), job("good", 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids[0] == ids[1] || ids[1] == ids[2] || ids[0] == ids[2] {
+		t.Fatalf("ids %v, want distinct", ids)
+	}
+	// The priority column is an INT: strict mode refuses 1<<40.
+	_, err = d.Insert(ctx, []driver.InsertParams{job("bad", 0), job("bad", 1<<40), job("bad", 0)})
+	if err == nil {
+		t.Fatal("insert of an out-of-range priority succeeded")
+	}
+	var n int
+	if err := d.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM `"+d.prefix+"jobs` WHERE queue = 'bad'").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("failed insert left %d of its rows committed (error %v, not committed: %v); want none", n, err, driver.IsNotCommitted(err))
+	}
+	if !driver.IsNotCommitted(err) {
+		t.Fatalf("failed insert that committed nothing: %v, not marked NotCommitted", err)
+	}
+}
