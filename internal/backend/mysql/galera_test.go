@@ -2,6 +2,8 @@ package mysql
 
 import (
 	"context"
+	sqldriver "database/sql/driver"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -12,6 +14,7 @@ import (
 	"github.com/conveyorq/conveyor/internal/drivertest"
 	"github.com/conveyorq/conveyor/internal/testdb"
 	"github.com/conveyorq/conveyor/internal/topology"
+	gomysql "github.com/go-sql-driver/mysql"
 )
 
 func TestMain(m *testing.M) {
@@ -169,5 +172,35 @@ func TestGaleraInsertRowPerStatement(t *testing.T) {
 	}
 	if !driver.IsNotCommitted(err) {
 		t.Fatalf("failed insert that committed nothing: %v, not marked NotCommitted", err)
+	}
+}
+
+// TestRefusedOnGalera: which commit errors mark a write NotCommitted. On
+// Galera, 1180 and 1047 may come after the cluster committed the write
+// set; a certification failure (1213) and a broken connection found
+// before sending are refusals everywhere.
+func TestRefusedOnGalera(t *testing.T) {
+	bad := errors.New("lost")
+	for _, c := range []struct {
+		err           error
+		single, multi bool // NotCommitted on a single server, on Galera
+	}{
+		{&gomysql.MySQLError{Number: 1180, Message: "error during commit"}, true, false},
+		{&gomysql.MySQLError{Number: 1047, Message: "WSREP has not yet prepared node"}, true, false},
+		{&gomysql.MySQLError{Number: 1213, Message: "deadlock"}, true, true},
+		{&gomysql.MySQLError{Number: 1062, Message: "duplicate"}, true, true},
+		{fmt.Errorf("wrapped: %w", sqldriver.ErrBadConn), true, true},
+		{bad, false, false},
+	} {
+		for _, galera := range []bool{false, true} {
+			want := c.single
+			if galera {
+				want = c.multi
+			}
+			d := &Driver{galera: galera}
+			if got := driver.IsNotCommitted(d.refused(c.err)); got != want {
+				t.Errorf("galera %v: %v: NotCommitted %v, want %v", galera, c.err, got, want)
+			}
+		}
 	}
 }

@@ -244,7 +244,7 @@ func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int6
 	}
 	ids := make([]int64, len(jobs))
 	if len(p.chunks) == 1 && !d.rowPerStatement(len(jobs)) {
-		if err := d.retry(ctx, "insert", func() error { return refused(d.insertChunk(ctx, nil, nil, jobs, ids)) }); err != nil {
+		if err := d.retry(ctx, "insert", func() error { return d.refused(d.insertChunk(ctx, nil, nil, jobs, ids)) }); err != nil {
 			return nil, err
 		}
 		return ids, nil
