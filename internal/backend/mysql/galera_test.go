@@ -204,3 +204,58 @@ func TestRefusedOnGalera(t *testing.T) {
 		}
 	}
 }
+
+// TestGaleraMigrationLockLost: a migrator whose lock row another
+// migrator took through another node (as after its lease expired during
+// a long DDL) learns it at its next renewal, which ends the context its
+// migration statements run under, and cannot record a version.
+func TestGaleraMigrationLockLost(t *testing.T) {
+	g := galera(t)
+	ctx := context.Background()
+	prefix := testdb.Prefix()
+	var ds []*Driver
+	for i := 1; i <= 2; i++ {
+		d, err := Open(ctx, g.DSN(i), driver.Options{Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		ds = append(ds, d)
+	}
+	defer func() {
+		if err := ds[0].DropAll(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	if _, err := ds[0].db.ExecContext(ctx, ds[0].q.MigrationsTable); err != nil {
+		t.Fatal(err)
+	}
+	l, err := ds[0].lockMigrations(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.unlock()
+	// Through node 2, once it has applied the lock row's write set.
+	res, err := ds[1].db.ExecContext(ctx, "SET STATEMENT wsrep_sync_wait = 2 FOR UPDATE `"+prefix+"migration_lock` SET holder = 'other', expires_at = UTC_TIMESTAMP(6) + INTERVAL 10 MINUTE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		t.Fatalf("taking the lock row through node 2: %d rows, %v; want 1", n, err)
+	}
+	select {
+	case <-l.ctx.Done():
+	case <-time.After(4 * migrationLockRenew):
+		t.Fatal("the migration lock's context did not end after another migrator took the lock")
+	}
+	if cause := context.Cause(l.ctx); !errors.Is(cause, errMigrationLockLost) {
+		t.Fatalf("lock context ended with %v, want %v", cause, errMigrationLockLost)
+	}
+	if err := l.record(ctx, 1); !errors.Is(err, errMigrationLockLost) {
+		t.Fatalf("record after losing the lock: %v, want %v", err, errMigrationLockLost)
+	}
+	var n int
+	if err := ds[0].db.QueryRowContext(ctx, "SELECT COUNT(*) FROM `"+prefix+"schema_migrations`").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("versions recorded: %d, %v; want none", n, err)
+	}
+}
