@@ -259,3 +259,81 @@ func TestGaleraMigrationLockLost(t *testing.T) {
 		t.Fatalf("versions recorded: %d, %v; want none", n, err)
 	}
 }
+
+// TestGaleraAckThroughOtherNode: jobs claimed through node 1 are
+// heartbeated and completed at once through node 2, which may not have
+// applied the claims yet. The acknowledgements wait for it (causal_ack):
+// none is refused while its lease is valid; nor is the cancel through
+// node 2 of a job just enqueued through node 1.
+func TestGaleraAckThroughOtherNode(t *testing.T) {
+	g := galera(t)
+	ctx := context.Background()
+	prefix := testdb.Prefix()
+	var ds []*Driver
+	for i := 1; i <= 2; i++ {
+		d, err := Open(ctx, g.DSN(i), driver.Options{Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		ds = append(ds, d)
+	}
+	if _, err := ds[0].Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := ds[0].DropAll(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	const rounds, batch = 100, 8
+	jobs := make([]driver.InsertParams, batch)
+	for i := range jobs {
+		jobs[i] = driver.InsertParams{Queue: "q", Kind: "k", Args: []byte(`{}`), MaxAttempts: 1}
+	}
+	for round := 0; round < rounds; round++ {
+		if _, err := ds[0].Insert(ctx, jobs); err != nil {
+			t.Fatal(err)
+		}
+		claimed, err := ds[0].Claim(ctx, driver.ClaimParams{Queue: "q", Limit: batch, Lease: time.Minute, Worker: "w"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(claimed) != batch {
+			t.Fatalf("round %d: claimed %d jobs, want %d", round, len(claimed), batch)
+		}
+		var leases []driver.Lease
+		var outcomes []driver.Outcome
+		for _, j := range claimed {
+			leases = append(leases, driver.Lease{ID: j.ID, Fence: j.Fence})
+			outcomes = append(outcomes, driver.Outcome{ID: j.ID, Fence: j.Fence, Attempt: j.Attempt, State: "completed"})
+		}
+		// Half the rounds heartbeat first, half complete straight away.
+		if round%2 == 0 {
+			owned, err := ds[1].Heartbeat(ctx, leases, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(owned) != batch {
+				t.Fatalf("round %d: heartbeat through node 2 kept %d of %d valid leases", round, len(owned), batch)
+			}
+		}
+		done, err := ds[1].Complete(ctx, outcomes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(done) != batch {
+			t.Fatalf("round %d: completion through node 2 applied %d of %d outcomes of valid leases", round, len(done), batch)
+		}
+	}
+	// A job enqueued through node 1 is cancelled at once through node 2.
+	for round := 0; round < rounds; round++ {
+		ids, err := ds[0].Insert(ctx, jobs[:1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ds[1].Cancel(ctx, ids[0]); err != nil {
+			t.Fatalf("round %d: cancel through node 2 of a job just enqueued: %v", round, err)
+		}
+	}
+}

@@ -112,7 +112,8 @@ type Driver struct {
 	skipLocked    bool // the server supports SKIP LOCKED (Rescue, Promote)
 	jsonTable     bool // the server has JSON_TABLE; else UNION ALL sources
 	// galera: the server is a Galera node (wsrep_on): reads that follow
-	// writes made through other nodes are causal (causal_read),
+	// writes made through other nodes are causal (causal_read), and so
+	// are the lease path's acknowledgements (causal_ack),
 	// migrations take a lock row instead of GET_LOCK, and multi-row
 	// inserts return their ids (returning, on MariaDB 10.5+) or insert
 	// one row per statement.
@@ -243,6 +244,13 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 		for _, r := range []*string{&q.GetJob, &q.ListJobs, &q.ListJobsDesc, &q.Stats, &q.Overview,
 			&q.PausedQueues, &q.Schedules, &q.Processes, &q.MigrationsMax} {
 			*r = q.CausalRead + " " + *r
+		}
+		// Acknowledgements that may reach a node before the claim they
+		// acknowledge, and the changes of one job by id (Cancel, Discard,
+		// Retry) that may reach it before the job or its last change (see
+		// causal_ack).
+		for _, r := range []*string{&q.Complete, &q.CompleteWithErrors, &q.Heartbeat, &q.Release, &q.FenceCheck, &q.Finalize, &q.Retry} {
+			*r = q.CausalAck + " " + *r
 		}
 	}
 
