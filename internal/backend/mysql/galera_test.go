@@ -93,6 +93,15 @@ func TestTryLeadAcrossNodes(t *testing.T) {
 		if _, err := ds[0].db.ExecContext(ctx, "DELETE FROM `"+prefix+"leader`"); err != nil {
 			t.Fatal(err)
 		}
+		// Every node applies the delete before the round: a node that
+		// still had last round's row would find its lease unexpired,
+		// change nothing, then read no leader once the delete arrived.
+		for _, d := range ds {
+			var n int
+			if err := d.db.QueryRowContext(ctx, d.q.CausalRead+" SELECT COUNT(*) FROM `"+prefix+"leader`").Scan(&n); err != nil || n != 0 {
+				t.Fatalf("round %d: leader rows after the delete: %d, %v", round, n, err)
+			}
+		}
 		leads := make([]bool, len(ds))
 		errs := make([]error, len(ds))
 		start := make(chan struct{})
