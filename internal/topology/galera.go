@@ -70,7 +70,11 @@ type Galera struct {
 
 	dir  string
 	next atomic.Uint64
-	mu   sync.Mutex
+	// mu serializes RestartNode and Stop, so that a node is never
+	// started after (or while) Stop stops the others; stopped is set by
+	// Stop, under mu.
+	mu      sync.Mutex
+	stopped bool
 }
 
 // StartGalera starts an n-node Galera cluster (n >= 1) in temporary
@@ -373,9 +377,13 @@ func (g *Galera) KillNode(i int) {
 // that it rejoins by an incremental state transfer from a donor's gcache
 // (a full rsync one when the gcache no longer has what it missed), and
 // waits until it is Synced. The whole is bounded by GaleraStartTimeout.
+// It fails once Stop has been called.
 func (g *Galera) RestartNode(ctx context.Context, i int) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.stopped {
+		return fmt.Errorf("topology: galera node %d: cluster stopped", i)
+	}
 	nd := g.Nodes[i-1]
 	if g.Pid(i) != 0 {
 		return fmt.Errorf("topology: galera node %d is running", i)
@@ -457,8 +465,12 @@ func (g *Galera) size(ctx context.Context, i int) int {
 }
 
 // Stop stops every node and removes the cluster's directories. It may
-// be called more than once.
+// be called more than once. It waits for a RestartNode under way to end
+// and makes later ones fail, so no node outlives it.
 func (g *Galera) Stop() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.stopped = true
 	var wg sync.WaitGroup
 	for _, nd := range g.Nodes {
 		if p := nd.Proc(); p != nil {

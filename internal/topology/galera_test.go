@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,6 +58,14 @@ func TestGaleraStartKillRestart(t *testing.T) {
 	var n int
 	if err := nodeDB(t, g, 2).QueryRow("SELECT COUNT(*) FROM missed").Scan(&n); err != nil || n != 3 {
 		t.Fatalf("node 2 after rejoining: %d rows written while it was down, %v; want 3", n, err)
+	}
+	// After Stop, nothing starts a node again.
+	g.Stop()
+	if err := g.RestartNode(ctx, 2); err == nil || !strings.Contains(err.Error(), "cluster stopped") {
+		t.Fatalf("RestartNode after Stop: %v; want the cluster-stopped refusal", err)
+	}
+	if g.Pid(2) != 0 {
+		t.Fatal("node 2 running after Stop")
 	}
 }
 

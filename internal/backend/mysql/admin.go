@@ -347,12 +347,22 @@ func (d *Driver) queueStats(ctx context.Context, what, q string, args ...any) ([
 // statements are idempotent and its version is recorded only after all of
 // them succeeded, so an interrupted migration is re-run from the start.
 func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
+	record := func(ctx context.Context, conn *sql.Conn, version int) error {
+		return d.retry(ctx, "migrate", func() error {
+			_, err := conn.ExecContext(ctx, d.q.MigrationsRecord, version)
+			return err
+		})
+	}
 	if d.galera {
-		unlock, err := d.lockMigrations(ctx)
+		lock, err := d.lockMigrations(ctx)
 		if err != nil {
 			return nil, err
 		}
-		defer unlock()
+		defer lock.unlock()
+		// The statements stop once the lock row is lost (lock.ctx ends),
+		// and each version is recorded only while it is still held.
+		ctx = lock.ctx
+		record = func(ctx context.Context, _ *sql.Conn, version int) error { return lock.record(ctx, version) }
 	}
 	conn, err := d.db.Conn(ctx)
 	if err != nil {
@@ -389,21 +399,26 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 			if err != nil && myErrno(err) != errDupColumn && myErrno(err) != errDupKeyName {
 				// (DDL auto-commits: a column added by a run that stopped
 				// before recording its version is already there.)
-				return applied, fmt.Errorf("conveyor/mysql: migrate: version %d (%s) statement %d: %w", m.Version, m.Name, i+1, err)
+				return applied, fmt.Errorf("conveyor/mysql: migrate: version %d (%s) statement %d: %w", m.Version, m.Name, i+1, migrateErr(ctx, err))
 			}
 		}
-		// A duplicate means another migrator recorded it (one whose lock
-		// row expired under it): the statements are applied all the same.
-		err := d.retry(ctx, "migrate", func() error {
-			_, err := conn.ExecContext(ctx, d.q.MigrationsRecord, m.Version)
-			return err
-		})
-		if err != nil && myErrno(err) != errDupEntry {
-			return applied, fmt.Errorf("conveyor/mysql: migrate: record version %d: %w", m.Version, err)
+		// A duplicate means another migrator recorded it: the statements
+		// are applied all the same.
+		if err := record(ctx, conn, m.Version); err != nil && myErrno(err) != errDupEntry {
+			return applied, fmt.Errorf("conveyor/mysql: migrate: record version %d: %w", m.Version, migrateErr(ctx, err))
 		}
 		applied = append(applied, m.Version)
 	}
 	return applied, nil
+}
+
+// migrateErr is err, or the reason ctx ended when it did (such as the
+// loss of the migration lock).
+func migrateErr(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); cause != nil && cause != ctx.Err() {
+		return fmt.Errorf("%w (%v)", cause, err)
+	}
+	return err
 }
 
 // getLock takes the migrators' named lock on conn, waiting up to a minute.
@@ -435,41 +450,135 @@ const (
 	migrationLockWait  = 60 * time.Second
 )
 
+// errMigrationLockLost ends a migration whose lock row another migrator
+// took, or whose lease could not be renewed for half its TTL.
+var errMigrationLockLost = errors.New("conveyor/mysql: migrate: lost the migration lock")
+
+// migrationLock is a held migration lock row (see lockMigrations).
+type migrationLock struct {
+	d      *Driver
+	holder string
+	// ctx is the caller's context, ended (with errMigrationLockLost as
+	// its cause) once the lock is lost.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	stop   chan struct{}
+	done   chan struct{}
+}
+
+// take renews or takes the lease of the lock row and returns its holder.
+func (l *migrationLock) take(ctx context.Context, tx *sql.Tx) (string, error) {
+	if _, err := tx.ExecContext(ctx, l.d.q.MigrationLockTake, l.holder, micros(migrationLockTTL)); err != nil {
+		return "", err
+	}
+	var got string
+	err := tx.QueryRowContext(ctx, l.d.q.MigrationLockHolder).Scan(&got)
+	return got, err
+}
+
+func (l *migrationLock) takeTx(ctx context.Context) (string, error) {
+	var got string
+	err := l.d.inTx(ctx, "migrate: take lock", func(tx *sql.Tx) error {
+		var err error
+		got, err = l.take(ctx, tx)
+		return err
+	})
+	return got, err
+}
+
+// record records version as applied in the transaction that renews the
+// lease, so that it commits only while the lock is held: a migrator that
+// took the row meanwhile conflicts with it (on its own node, by the row
+// lock; across nodes, at certification).
+func (l *migrationLock) record(ctx context.Context, version int) error {
+	return l.d.inTx(ctx, "migrate: record version", func(tx *sql.Tx) error {
+		got, err := l.take(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if got != l.holder {
+			err := fmt.Errorf("%w: held by %s", errMigrationLockLost, got)
+			l.cancel(err)
+			return err
+		}
+		_, err = tx.ExecContext(ctx, l.d.q.MigrationsRecord, version)
+		return err
+	})
+}
+
+// renew renews the lease every migrationLockRenew until unlock. It ends
+// l.ctx when another migrator holds the row, or when no renewal succeeded
+// for half the TTL (as when a DDL statement replicated in total order
+// stalls the cluster's commits): the lease may then expire and be taken.
+func (l *migrationLock) renew() {
+	defer close(l.done)
+	tick := time.NewTicker(migrationLockRenew)
+	defer tick.Stop()
+	renewed := time.Now()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-l.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		rctx, cancel := context.WithTimeout(context.Background(), migrationLockRenew)
+		got, err := l.takeTx(rctx)
+		cancel()
+		switch {
+		case err == nil && got == l.holder:
+			renewed = time.Now()
+		case err == nil:
+			l.cancel(fmt.Errorf("%w: held by %s", errMigrationLockLost, got))
+			return
+		case time.Since(renewed) >= migrationLockTTL/2:
+			l.cancel(fmt.Errorf("%w: not renewed for %v: %v", errMigrationLockLost, time.Since(renewed).Round(time.Second), err))
+			return
+		}
+	}
+}
+
+// unlock stops the renewals and deletes the row.
+func (l *migrationLock) unlock() {
+	close(l.stop)
+	<-l.done
+	l.cancel(nil)
+	rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// On failure the lease expires by itself.
+	_ = l.d.retry(rctx, "migrate: release lock", func() error {
+		_, err := l.d.db.ExecContext(rctx, l.d.q.MigrationLockRelease, l.holder)
+		return err
+	})
+}
+
 // lockMigrations takes the migration lock row (Galera; see
 // migration_lock_take): it creates the lock table if needed (DDL, which
 // Galera replicates in total order before it returns, so concurrent
 // creators are safe), then takes the row's lease, waiting up to
 // migrationLockWait for another holder to release it or for its lease to
-// expire. The lease is renewed until unlock, which deletes the row.
-func (d *Driver) lockMigrations(ctx context.Context) (unlock func(), err error) {
+// expire. The lease is renewed until unlock, which deletes the row; the
+// lock's ctx ends if it is lost before.
+func (d *Driver) lockMigrations(ctx context.Context) (*migrationLock, error) {
 	token, err := newToken()
 	if err != nil {
 		return nil, d.wrap("migrate: take lock", err)
 	}
-	holder := fmt.Sprintf("%x", token[:])
+	l := &migrationLock{d: d, holder: fmt.Sprintf("%x", token[:]), stop: make(chan struct{}), done: make(chan struct{})}
 	if err := d.retry(ctx, "migrate: create lock table", func() error {
 		_, err := d.db.ExecContext(ctx, d.q.MigrationLockTable)
 		return err
 	}); err != nil {
 		return nil, err
 	}
-	take := func(ctx context.Context) (string, error) {
-		var got string
-		err := d.inTx(ctx, "migrate: take lock", func(tx *sql.Tx) error {
-			if _, err := tx.ExecContext(ctx, d.q.MigrationLockTake, holder, micros(migrationLockTTL)); err != nil {
-				return err
-			}
-			return tx.QueryRowContext(ctx, d.q.MigrationLockHolder).Scan(&got)
-		})
-		return got, err
-	}
 	deadline := time.Now().Add(migrationLockWait)
 	for {
-		got, err := take(ctx)
+		got, err := l.takeTx(ctx)
 		if err != nil {
 			return nil, err
 		}
-		if got == holder {
+		if got == l.holder {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -483,33 +592,9 @@ func (d *Driver) lockMigrations(ctx context.Context) (unlock func(), err error) 
 		case <-t.C:
 		}
 	}
-	stop, stopped := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(migrationLockRenew)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-				rctx, cancel := context.WithTimeout(context.Background(), migrationLockRenew)
-				_, _ = take(rctx) // a failed renewal is tried again at the next tick
-				cancel()
-			}
-		}
-	}()
-	return func() {
-		close(stop)
-		<-stopped
-		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		// On failure the lease expires by itself.
-		_ = d.retry(rctx, "migrate: release lock", func() error {
-			_, err := d.db.ExecContext(rctx, d.q.MigrationLockRelease, holder)
-			return err
-		})
-	}, nil
+	l.ctx, l.cancel = context.WithCancelCause(ctx)
+	go l.renew()
+	return l, nil
 }
 
 // SchemaVersion returns the applied schema version (0 before the first

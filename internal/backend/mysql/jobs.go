@@ -151,11 +151,16 @@ func insertArgs(args []any, jobs []driver.InsertParams) []any {
 // LAST_INSERT_ID() of the statement, spaced by auto_increment_increment.
 // On Galera that step follows the cluster's size and can change under an
 // open session, so there the INSERT returns its ids (insert_returning),
-// or, on servers without RETURNING, each row is a statement of its own.
+// or, on servers without RETURNING, each row is a statement of its own,
+// which must then run inside a transaction (tx or ext) so that the rows
+// commit together (see rowPerStatement).
 func (d *Driver) insertChunk(ctx context.Context, tx *sql.Tx, ext *sql.Tx, jobs []driver.InsertParams, ids []int64) error {
 	if d.galera && len(jobs) > 1 {
 		if d.returning {
 			return d.insertReturning(ctx, tx, ext, jobs, ids)
+		}
+		if tx == nil && ext == nil {
+			return fmt.Errorf("inserting %d rows one statement each needs a transaction", len(jobs))
 		}
 		for i := range jobs {
 			if err := d.insertChunk(ctx, tx, ext, jobs[i:i+1], ids[i:i+1]); err != nil {
@@ -225,9 +230,10 @@ func (d *Driver) insertReturning(ctx context.Context, tx *sql.Tx, ext *sql.Tx, j
 }
 
 // Insert inserts jobs with one multi-row INSERT (several, in one
-// transaction, when the batch exceeds max_allowed_packet) and returns their
-// ids in order. There is no notification channel to wake. Its error is
-// marked driver.NotCommitted when nothing was committed (see refused).
+// transaction, when the batch exceeds max_allowed_packet or each row is a
+// statement of its own, see rowPerStatement) and returns their ids in
+// order. There is no notification channel to wake. Its error is marked
+// driver.NotCommitted when nothing was committed (see refused).
 func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, error) {
 	if len(jobs) == 0 {
 		return nil, nil
@@ -237,8 +243,8 @@ func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int6
 		return nil, driver.NotCommitted(err)
 	}
 	ids := make([]int64, len(jobs))
-	if len(p.chunks) == 1 {
-		if err := d.retry(ctx, "insert", func() error { return refused(d.insertChunk(ctx, nil, nil, jobs, ids)) }); err != nil {
+	if len(p.chunks) == 1 && !d.rowPerStatement(len(jobs)) {
+		if err := d.retry(ctx, "insert", func() error { return d.refused(d.insertChunk(ctx, nil, nil, jobs, ids)) }); err != nil {
 			return nil, err
 		}
 		return ids, nil
@@ -257,6 +263,14 @@ func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int6
 		return nil, err
 	}
 	return ids, nil
+}
+
+// rowPerStatement reports whether insertChunk writes n rows as n
+// statements (Galera without RETURNING). Without a transaction each would
+// commit on its own: a failure on a later row would leave the earlier
+// ones committed, and a retry would insert them again.
+func (d *Driver) rowPerStatement(n int) bool {
+	return d.galera && !d.returning && n > 1
 }
 
 // InsertTx inserts jobs inside the caller's transaction, which must be a

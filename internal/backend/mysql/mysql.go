@@ -69,6 +69,9 @@ const (
 	errDupColumn       = 1060
 	errDupKeyName      = 1061
 	errDupEntry        = 1062
+	// Galera errors whose commit outcome is unknown (see refused).
+	errErrorDuringCommit = 1180
+	errUnknownCom        = 1047
 )
 
 // Placeholder limit of one prepared statement.
@@ -109,7 +112,8 @@ type Driver struct {
 	skipLocked    bool // the server supports SKIP LOCKED (Rescue, Promote)
 	jsonTable     bool // the server has JSON_TABLE; else UNION ALL sources
 	// galera: the server is a Galera node (wsrep_on): reads that follow
-	// writes made through other nodes are causal (causal_read),
+	// writes made through other nodes are causal (causal_read), and so
+	// are the lease path's acknowledgements (causal_ack),
 	// migrations take a lock row instead of GET_LOCK, and multi-row
 	// inserts return their ids (returning, on MariaDB 10.5+) or insert
 	// one row per statement.
@@ -240,6 +244,13 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 		for _, r := range []*string{&q.GetJob, &q.ListJobs, &q.ListJobsDesc, &q.Stats, &q.Overview,
 			&q.PausedQueues, &q.Schedules, &q.Processes, &q.MigrationsMax} {
 			*r = q.CausalRead + " " + *r
+		}
+		// Acknowledgements that may reach a node before the claim they
+		// acknowledge, and the changes of one job by id (Cancel, Discard,
+		// Retry) that may reach it before the job or its last change (see
+		// causal_ack).
+		for _, r := range []*string{&q.Complete, &q.CompleteWithErrors, &q.Heartbeat, &q.Release, &q.FenceCheck, &q.Finalize, &q.Retry} {
+			*r = q.CausalAck + " " + *r
 		}
 	}
 
@@ -666,16 +677,31 @@ func (d *Driver) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error)
 			_ = tx.Rollback()
 			return driver.NotCommitted(err)
 		}
-		return refused(tx.Commit())
+		return d.refused(tx.Commit())
 	})
 }
 
-// refused marks err driver.NotCommitted when the write it ended certainly
-// did not take effect: the server answered with an error (which rolls back
-// an autocommit statement, or a commit), or the connection was found
-// broken before anything was sent (driver.ErrBadConn). Anything else, such
-// as a connection lost while waiting for the answer, may have committed.
-func refused(err error) error {
+// refused marks err, the error of a commit or of an autocommit statement,
+// driver.NotCommitted when the write it ended certainly did not take
+// effect: the server answered with an error (which rolls back an
+// autocommit statement, or a commit), or the connection was found broken
+// before anything was sent (driver.ErrBadConn). Anything else, such as a
+// connection lost while waiting for the answer, may have committed.
+//
+// On Galera a commit replicates the write set to the cluster before the
+// node answers, so some of the node's errors leave the outcome unknown:
+// error 1180 (ER_ERROR_DURING_COMMIT) and 1047 (WSREP not ready, as when
+// the node left the primary component meanwhile) may come after the rest
+// of the cluster received the write set and committed it. Only a
+// certification failure (1213) and the other statement errors, raised
+// before the commit replicates anything, are certain refusals there.
+func (d *Driver) refused(err error) error {
+	if d.galera {
+		switch myErrno(err) {
+		case errErrorDuringCommit, errUnknownCom:
+			return err
+		}
+	}
 	var me *gomysql.MySQLError
 	if errors.As(err, &me) || errors.Is(err, sqldriver.ErrBadConn) {
 		return driver.NotCommitted(err)

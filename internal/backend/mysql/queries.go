@@ -82,6 +82,7 @@ type queries struct {
 	ProbeIsolation  string `sql:"probe_isolation"`
 	ProbeWsrep      string `sql:"probe_wsrep"`
 	CausalRead      string `sql:"causal_read"`
+	CausalAck       string `sql:"causal_ack"`
 	InsertReturning string `sql:"insert_returning"`
 	GetLock         string `sql:"get_lock"`
 	ReleaseLock     string `sql:"release_lock"`

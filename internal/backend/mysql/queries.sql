@@ -331,6 +331,17 @@ SELECT @@wsrep_on
 -- name: causal_read
 SET STATEMENT wsrep_sync_wait = 1 FOR
 
+-- On Galera, the fenced acknowledgements of a lease (complete, heartbeat,
+-- release and fence_check) and the changes of one job by id (finalize,
+-- retry) run with this prefix: a worker may acknowledge through a node
+-- that has not yet applied the claim, where the fenced UPDATE would match
+-- nothing; and an UPDATE that changes nothing writes nothing, so
+-- certification would never see the stale read. The node first applies
+-- what the cluster had ordered (3: before reads, bit 1, and before UPDATE
+-- and DELETE, bit 2; none of them is an INSERT or REPLACE, bit 4).
+-- name: causal_ack
+SET STATEMENT wsrep_sync_wait = 3 FOR
+
 -- Multi-row inserts on Galera return their ids: auto_increment_increment
 -- follows the cluster's size (wsrep_auto_increment_control) and changes,
 -- in open sessions too, when a node leaves or joins, so ids cannot be
