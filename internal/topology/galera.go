@@ -184,6 +184,9 @@ func galeraConfig(nd *GaleraNode, gcomm, ist, sst int, addrs []string) string {
 	return strings.Join([]string{
 		"[mysqld]",
 		"datadir=" + filepath.Join(nd.Dir, "data"),
+		// A tmpdir of its own: servers and bootstraps sharing /tmp
+		// collide on their temporary tables' names.
+		"tmpdir=" + nd.Dir,
 		"port=" + strconv.Itoa(nd.Port),
 		"bind-address=127.0.0.1",
 		"socket=" + filepath.Join(nd.Dir, "sock"),
