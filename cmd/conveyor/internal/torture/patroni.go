@@ -277,7 +277,11 @@ func injectPatroni(ctx context.Context, p *phase, kind string) error {
 	if err != nil {
 		return err
 	}
+	// The fault begins now, not when the phase called inject: waitSync
+	// may have waited long for a synchronous standby, and the figures
+	// checkPatroni notes count from here.
 	t0 := time.Now()
+	p.faultStart = t0
 	deadline := t0.Add(patroniFaultTimeout)
 	var how string
 	if kind == EventSwitchover {
