@@ -38,7 +38,7 @@ func tortureCmd(e *env, args []string) error {
 	keep := f.Bool("keep", false, "keep each phase's tables and records")
 	sealAt := f.Int64("seal-at", 16<<10, "PostgreSQL: seal segments at this size in bytes, so that a short run rotates them")
 	holdXmin := f.Bool("hold-xmin", false, "PostgreSQL: hold a REPEATABLE READ transaction that read the phase's tables open through each phase, as pg_dump would")
-	patroniREST := f.String("patroni-rest", "", "PostgreSQL: comma-separated Patroni REST API URLs of the cluster behind a multi-host --db, for the switchover and failover faults")
+	patroniREST := f.String("patroni-rest", "", "PostgreSQL: comma-separated Patroni REST API URLs (on loopback) of the cluster behind a multi-host --db, for the switchover and failover faults")
 	patroniDirs := f.String("patroni-data-dirs", "", "PostgreSQL: the Patroni nodes' data directories, in the order of --patroni-rest (the failover fault kills the primary's postmaster)")
 	var about strings.Builder
 	about.WriteString("Runs real worker processes against the database, injects faults and checks that no\njob is lost or completed twice. Exits non-zero on any violation. Faults:\n")

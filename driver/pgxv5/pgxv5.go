@@ -56,7 +56,10 @@ func New(pool *pgxpool.Pool) *Driver { return &Driver{pool: pool} }
 // must reach PostgreSQL itself (Bind refuses one that goes through a
 // transaction pooler too); without it, behind such a pooler the client
 // polls for other processes' jobs and logs a warning once when it
-// starts. Call it before conveyor.New.
+// starts. A cfg that names several hosts and no target_session_attrs
+// (no ValidateConnect) connects to a writable host only, as
+// target_session_attrs=read-write would (conveyor works on a copy of
+// cfg). Call it before conveyor.New.
 func (d *Driver) WithDirect(cfg *pgx.ConnConfig) *Driver {
 	d.direct = cfg
 	return d

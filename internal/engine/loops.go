@@ -191,28 +191,29 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 		if !leader {
 			continue
 		}
-		// A round that fails (the database is away: a failover, a
-		// restart) is followed by a growing pause rather than the next
-		// round at PromoteInterval.
+		// Every round runs all its tasks: one that fails (a lasting
+		// Maintain error, say no privilege to rotate a segment) must not
+		// keep the others from promoting and rescuing. A round in which
+		// any failed (the database is away: a failover, a restart) is
+		// followed by a growing pause rather than the next round at
+		// PromoteInterval.
+		failed := false
 		if _, err := e.drv.Maintain(ctx); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
+			failed = true
 			e.metrics.DBErrors.Add(1)
 			e.warn("conveyor: maintenance failed", "task", "maintain", "error", err)
-			roundErrs++
-			sleep(ctx, errBackoff(roundErrs))
-			continue
 		}
 		if !e.drainLoop(ctx, "promote", batch, &e.metrics.Promoted, e.drv.Promote) {
-			roundErrs++
-			sleep(ctx, errBackoff(roundErrs))
-			continue
+			failed = true
 		}
-		roundErrs = 0
 		if now.Sub(lastRescue) >= e.cfg.RescueInterval {
 			lastRescue = now
-			e.drainLoop(ctx, "rescue", batch, &e.metrics.Rescued, e.drv.Rescue)
+			if !e.drainLoop(ctx, "rescue", batch, &e.metrics.Rescued, e.drv.Rescue) {
+				failed = true
+			}
 		}
 		if now.Sub(lastPrune) >= e.cfg.PruneInterval {
 			lastPrune = now
@@ -234,6 +235,12 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 					break
 				}
 			}
+		}
+		if failed {
+			roundErrs++
+			sleep(ctx, errBackoff(roundErrs))
+		} else {
+			roundErrs = 0
 		}
 	}
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -172,5 +173,55 @@ func TestMaintenanceDrainsFullBatchesAndWakesFetchers(t *testing.T) {
 	}
 	if got := e.Metrics().Promoted.Load(); got != 1 {
 		t.Fatalf("promoted %d, want 1", got)
+	}
+}
+
+// A Maintain that keeps failing (no privilege to rotate a segment, a
+// full disk) does not stop the rest of the round: scheduled and
+// retryable jobs are still promoted, expired leases still rescued and
+// old jobs still pruned, round after round.
+func TestMaintenanceFailingMaintainStillPromotesRescuesPrunes(t *testing.T) {
+	d := &fakeDriver{}
+	d.tryLead = func() (bool, error) { return true, nil }
+	d.maintain = func() (map[string]int, error) {
+		return nil, errors.New("permission denied for schema public")
+	}
+	var promoted, rescued atomic.Bool
+	d.promote = func() (map[string]int, error) {
+		if promoted.CompareAndSwap(false, true) {
+			d.add(jobIn("q", 1, 1)) // a scheduled job became due
+			return map[string]int{"q": 1}, nil
+		}
+		return nil, nil
+	}
+	d.rescue = func() (map[string]int, error) {
+		if rescued.CompareAndSwap(false, true) {
+			return map[string]int{"q": 1}, nil // an expired lease
+		}
+		return nil, nil
+	}
+	cfg := maintenanceConfig(2*time.Millisecond, 2*time.Millisecond)
+	ran := make(chan int64, 1)
+	e := startEngine(t, d, cfg, map[string]Handler{"k": func(_ context.Context, row *driver.JobRow) error {
+		ran <- row.ID
+		return nil
+	}})
+	if id := recv(t, "the promoted job to run", ran); id != 1 {
+		t.Fatalf("ran job %d, want 1", id)
+	}
+	waitFor(t, "a rescue, a second promotion and a prune after failed Maintains", func() bool {
+		return e.Metrics().Rescued.Load() == 1 && d.count("promote") >= 2 && d.count("prune") >= 2
+	})
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.Metrics().Promoted.Load(); got != 1 {
+		t.Fatalf("promoted %d, want 1", got)
+	}
+	if n := d.count("maintain"); n < 2 {
+		t.Fatalf("%d Maintain calls, want one per round", n)
+	}
+	if got := e.Metrics().DBErrors.Load(); got < 2 {
+		t.Fatalf("%d database errors counted, want one per failed Maintain", got)
 	}
 }

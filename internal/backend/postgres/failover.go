@@ -32,8 +32,10 @@ import (
 // server is the primary by then: a multi-host DSN should name
 // target_session_attrs=read-write, which the driver sets itself on the
 // connections it makes when the DSN names several hosts and no
-// target_session_attrs when Open makes the pool (see readWriteFallbacks).
-// The connections conveyor makes also close at once on a read-only error (closeOnReadOnly).
+// target_session_attrs when Open makes the pool, and on the direct
+// connection's (see readWriteFallbacks). The connections conveyor makes,
+// the direct ones included, also close at once on a read-only error
+// (closeOnReadOnly).
 //
 // Nothing else is cached per server: the tables, the registry, the leader
 // row and the fences live in the database and replicate with it.
@@ -150,8 +152,10 @@ func closeOnReadOnly(prev pgconn.PgErrorHandler, cfg *pgconn.Config) {
 // (target_session_attrs=read-write): a job queue writes on every
 // statement, and a connection to a standby is of no use to it.
 // Open applies it to a DSN that does not name target_session_attrs (and
-// with no PGTARGETSESSIONATTRS in the environment); a pool given to New
-// is the application's, and its configuration stands.
+// with no PGTARGETSESSIONATTRS in the environment), and to its direct DSN
+// (DirectDSNParam); a pool given to New is the application's, and its
+// configuration stands, but New applies it (with dsn "") to the direct
+// configuration it is given.
 func readWriteFallbacks(dsn string, cfg *pgconn.Config) {
 	if len(cfg.Fallbacks) == 0 || cfg.ValidateConnect != nil ||
 		strings.Contains(dsn, "target_session_attrs") || os.Getenv("PGTARGETSESSIONATTRS") != "" {

@@ -280,12 +280,16 @@ func checkExecMode(cfg *pgx.ConnConfig) error {
 }
 
 // directConfig parses a direct DSN and checks that it reaches PostgreSQL
-// without a transaction pooler.
+// without a transaction pooler. A DSN that names several hosts and no
+// target_session_attrs connects to a writable one only, as the pool's
+// does (see readWriteFallbacks): LISTEN fails on a standby, and the
+// registry's reader must see what the primary has.
 func directConfig(ctx context.Context, q *queries, dsn string) (*pgx.ConnConfig, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", DirectDSNParam, err)
 	}
+	readWriteFallbacks(dsn, &cfg.Config)
 	if err := checkDirectConfig(ctx, q, cfg); err != nil {
 		return nil, err
 	}

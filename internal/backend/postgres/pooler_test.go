@@ -3,12 +3,15 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/conveyorq/conveyor/internal/driver"
@@ -276,5 +279,109 @@ func TestListenThroughPoolers(t *testing.T) {
 		if !strings.Contains(err.Error(), "LISTEN receives nothing") {
 			t.Fatalf("error %q does not say why", err)
 		}
+	})
+}
+
+// TestDirectDSNConnectsToThePrimary: behind PgBouncer, a direct
+// connection that names several hosts, a standby first, connects to the
+// writable one (as target_session_attrs=read-write would), for Open's
+// conveyor_direct_dsn and for New's direct configuration alike: LISTEN
+// works (it fails on a standby, "cannot execute LISTEN during recovery")
+// and the registry's reader is on the primary. The direct connections
+// close on a read-only error.
+func TestDirectDSNConnectsToThePrimary(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testdb.Missing(t, "root, to run a private PostgreSQL primary and standby as the postgres user")
+	}
+	if _, err := topology.PostgresBin(); err != nil {
+		testdb.Missing(t, "%v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	node := func(name string, start func(dir string) (*topology.PostgresNode, error)) *topology.PostgresNode {
+		dir, err := topology.TempDir("conveyor-direct-"+name+"-", "postgres")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		n, err := start(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(n.Stop)
+		return n
+	}
+	primary := node("primary", func(dir string) (*topology.PostgresNode, error) {
+		return topology.StartPostgresPrimary(ctx, "primary", dir, nil)
+	})
+	standby := node("standby", func(dir string) (*topology.PostgresNode, error) {
+		return topology.StartPostgresStandby(ctx, "standby", primary, dir, nil)
+	})
+	b := topology.PgBouncerT(t, topology.PgBouncerOptions{Mode: "transaction", Upstream: primary.DSN("postgres")})
+	directDSN := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable", standby.Port, primary.Port)
+
+	check := func(t *testing.T, d *Driver) {
+		if _, err := d.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer d.DropAll(ctx)
+		reg, err := d.seg.regPool(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var recovering bool
+		if err := reg.QueryRow(ctx, "select pg_is_in_recovery()").Scan(&recovering); err != nil || recovering {
+			t.Fatalf("the registry's reader is on a standby (in recovery %v, %v)", recovering, err)
+		}
+		if d.connConfig.OnPgError(nil, &pgconn.PgError{Severity: "ERROR", Code: "25006"}) {
+			t.Fatal("the direct connection stays open after a read-only error")
+		}
+		l, err := d.Listen(ctx)
+		if err != nil {
+			t.Fatalf("listen on the direct connection: %v", err)
+		}
+		defer l.Close()
+		if _, err := d.Insert(ctx, []driver.InsertParams{pj("woken")}); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		for {
+			q, err := l.Wait(wctx)
+			if err != nil {
+				t.Fatalf("no notification: %v", err)
+			}
+			if q == "woken" {
+				return
+			}
+		}
+	}
+	t.Run("Open", func(t *testing.T) {
+		d, err := Open(ctx, b.DSN("sslmode=disable&"+DirectDSNParam+"="+url.QueryEscape(directDSN)), driver.Options{Prefix: testdb.Prefix()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		check(t, d)
+	})
+	t.Run("New", func(t *testing.T) {
+		pool, err := pgxpool.New(ctx, b.DSN("sslmode=disable&default_query_exec_mode=cache_describe"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		direct, err := pgx.ParseConfig(directDSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := New(ctx, pool, direct, driver.Options{Prefix: testdb.Prefix()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		if direct.ValidateConnect != nil || (direct.OnPgError != nil && !direct.OnPgError(nil, &pgconn.PgError{Severity: "ERROR", Code: "25006"})) {
+			t.Fatal("New changed the caller's configuration")
+		}
+		check(t, d)
 	})
 }

@@ -288,12 +288,22 @@ func setPlanMode(cfg *pgxpool.Config) {
 // its own, when a statement finds the server gone or read-only (a
 // switchover or failover of the primary; see dropServer): the pool's
 // connections to that server are of no use to the application either.
+// The pool's configuration stands as the application made it, but a
+// direct configuration that names several hosts (Fallbacks) and no
+// ValidateConnect (no target_session_attrs, or "any") gets
+// target_session_attrs=read-write, as a DSN given to Open does (see
+// readWriteFallbacks), unless PGTARGETSESSIONATTRS is set: its
+// connections are the listener's and the registry reader's, of no use
+// on a standby. Give it a ValidateConnect of its own to choose
+// otherwise. The direct connections, like the driver's own pools',
+// close on a read-only error (see closeOnReadOnly).
 func New(ctx context.Context, pool *pgxpool.Pool, direct *pgx.ConnConfig, opts driver.Options) (*Driver, error) {
 	if pool == nil {
 		return nil, errors.New("conveyor/postgres: new: nil *pgxpool.Pool")
 	}
 	if direct != nil {
 		direct = direct.Copy()
+		readWriteFallbacks("", &direct.Config)
 	}
 	return newDriver(ctx, pool, opts, &setup{direct: direct})
 }
@@ -332,6 +342,9 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts driver.Options, s *
 		delete(cfg.ConnConfig.RuntimeParams, "plan_cache_mode")
 	}
 	closeOnReadOnly(cfg.ConnConfig.OnPgError, &cfg.ConnConfig.Config)
+	if s.direct != nil {
+		closeOnReadOnly(s.direct.OnPgError, &s.direct.Config)
+	}
 	leaseCfg := cfg.Copy()
 	leaseCfg.MaxConns, leaseCfg.MinConns = leaseConns, 0
 	lease, err := pgxpool.NewWithConfig(ctx, leaseCfg)

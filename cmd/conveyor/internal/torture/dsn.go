@@ -122,15 +122,21 @@ func checkLoopback(dsn string) error {
 		if h, _, err := net.SplitHostPort(hp); err == nil {
 			host = h
 		}
-		if host == "localhost" {
-			continue
-		}
-		ip := net.ParseIP(strings.Trim(host, "[]"))
-		if ip == nil || !ip.IsLoopback() {
+		if !loopbackHost(host) {
 			return errors.New("torture: the database must be on a loopback address (127.0.0.1, ::1 or localhost): the suite kills its connections and restarts it")
 		}
 	}
 	return nil
+}
+
+// loopbackHost reports whether host (a name or an address, IPv6 in
+// brackets or not) is localhost or a loopback address.
+func loopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && ip.IsLoopback()
 }
 
 // withAppName adds application_name to a PostgreSQL DSN, so that the

@@ -83,3 +83,37 @@ func TestMissingDatabaseNamed(t *testing.T) {
 		})
 	}
 }
+
+// Patroni REST API URLs off loopback (or not http URLs) are refused
+// before anything runs, as a database off loopback is: the switchover
+// fault POSTs /switchover to them.
+func TestPatroniRESTMustBeLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		rest []string
+		want string // "" accepted
+	}{
+		{[]string{"http://127.0.0.1:8008", "http://localhost:8009", "http://[::1]:8010/"}, ""},
+		{[]string{"http://127.0.0.1:8008", "http://10.0.0.2:8008"}, `"http://10.0.0.2:8008": the cluster must be on a loopback address`},
+		{[]string{"https://patroni.example.com:8008"}, "must be on a loopback address"},
+		{[]string{"http://127.0.0.1.example.com:8008"}, "must be on a loopback address"},
+		{[]string{"127.0.0.1:8008"}, "want http://host:port"},
+		{[]string{"ftp://127.0.0.1/"}, "want http://host:port"},
+	} {
+		err := (&PatroniCluster{REST: tc.rest}).checkREST()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%q refused: %v", tc.rest, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%q: %v, want an error mentioning %q", tc.rest, err, tc.want)
+		}
+	}
+	// Run refuses them before it starts anything.
+	_, err := Run(context.Background(), Options{
+		DSN:     "postgres://postgres@127.0.0.1:5432/test",
+		Faults:  []string{"switchover"},
+		Patroni: &PatroniCluster{REST: []string{"http://192.0.2.1:8008"}},
+	})
+	if err == nil || !strings.Contains(err.Error(), "loopback") {
+		t.Fatalf("Run with a Patroni REST API off loopback: %v, want a refusal", err)
+	}
+}

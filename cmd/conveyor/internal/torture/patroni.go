@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,7 +25,7 @@ import (
 // the switchover and failover faults.
 type PatroniCluster struct {
 	// REST are the base URLs of every node's Patroni REST API
-	// ("http://127.0.0.1:8008").
+	// ("http://127.0.0.1:8008"), on loopback hosts (Run refuses others).
 	REST []string
 	// DataDirs are the nodes' PostgreSQL data directories, in the order
 	// of REST: the failover fault kills the postmaster that the
@@ -47,6 +48,22 @@ const (
 // patroniFaultTimeout bounds a switchover or failover, from the request
 // to a new primary that accepts writes through the DSN.
 const patroniFaultTimeout = 90 * time.Second
+
+// checkREST refuses a REST URL that is not an http(s) URL on a loopback
+// host, as checkLoopback refuses a database elsewhere: the switchover
+// fault POSTs /switchover to these URLs.
+func (c *PatroniCluster) checkREST() error {
+	for _, r := range c.REST {
+		u, err := url.Parse(r)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("torture: Patroni REST API URL %q: want http://host:port", r)
+		}
+		if !loopbackHost(u.Hostname()) {
+			return fmt.Errorf("torture: Patroni REST API URL %q: the cluster must be on a loopback address (127.0.0.1, ::1 or localhost): the suite switches its primary over and kills it", r)
+		}
+	}
+	return nil
+}
 
 // patroniMember is a node as GET /cluster reports it.
 type patroniMember struct {
@@ -260,7 +277,11 @@ func injectPatroni(ctx context.Context, p *phase, kind string) error {
 	if err != nil {
 		return err
 	}
+	// The fault begins now, not when the phase called inject: waitSync
+	// may have waited long for a synchronous standby, and the figures
+	// checkPatroni notes count from here.
 	t0 := time.Now()
+	p.faultStart = t0
 	deadline := t0.Add(patroniFaultTimeout)
 	var how string
 	if kind == EventSwitchover {

@@ -353,6 +353,11 @@ func Run(ctx context.Context, opts Options) ([]Row, error) {
 	if err := checkLoopback(o.DSN); err != nil {
 		return nil, err
 	}
+	if o.Patroni != nil {
+		if err := o.Patroni.checkREST(); err != nil {
+			return nil, err
+		}
+	}
 	backend := backendOf(o.DSN)
 	if o.HoldXmin && backend != "postgres" {
 		return nil, fmt.Errorf("torture: --hold-xmin is a PostgreSQL setting; this database is %s", backend)

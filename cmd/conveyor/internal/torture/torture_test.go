@@ -183,7 +183,7 @@ func TestTorturePatroni(t *testing.T) {
 		o.Faults = names
 		o.Patroni = &PatroniCluster{REST: cluster.RESTEndpoints(), DataDirs: cluster.DataDirs()}
 	})
-	took := map[string][]float64{}
+	took, writable, share := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
 	for _, r := range rows {
 		if r.Skipped != "" {
 			t.Errorf("%s: skipped: %s", r.Fault, r.Skipped)
@@ -194,6 +194,8 @@ func TestTorturePatroni(t *testing.T) {
 			var s, w float64
 			if _, err := fmt.Sscanf(n, "fault to first completion on the new primary: %fs (new primary writable after %fs)", &s, &w); err == nil {
 				took[r.Fault] = append(took[r.Fault], s)
+				writable[r.Fault] = append(writable[r.Fault], w)
+				share[r.Fault] = append(share[r.Fault], s-w)
 				found = true
 			}
 		}
@@ -208,7 +210,8 @@ func TestTorturePatroni(t *testing.T) {
 		}
 		slices.Sort(xs)
 		pct := func(p float64) float64 { return xs[min(len(xs)-1, int(p*float64(len(xs))))] }
-		t.Logf("%s: fault to first completion on the new primary over %d runs: p50 %.2fs, p99 %.2fs (all %v)", f, len(xs), pct(0.5), pct(0.99), xs)
+		t.Logf("%s: fault to first completion on the new primary over %d runs: p50 %.2fs, p99 %.2fs (all %v); new primary writable after %.2f-%.2fs; conveyor's share %.2f-%.2fs",
+			f, len(xs), pct(0.5), pct(0.99), xs, slices.Min(writable[f]), slices.Max(writable[f]), slices.Min(share[f]), slices.Max(share[f]))
 	}
 }
 
