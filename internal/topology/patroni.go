@@ -372,7 +372,13 @@ func PatroniMembers(ctx context.Context, rest []string) ([]PatroniMember, error)
 // restJSON sends a request with a JSON body (nil: none) and decodes a
 // JSON answer into out (nil: ignored), within 5 seconds.
 func restJSON(ctx context.Context, method, url string, body, out any) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	// Patroni answers POST /switchover only once the switchover is done,
+	// which takes seconds on a busy machine; a read answers at once.
+	timeout := 5 * time.Second
+	if method == http.MethodPost {
+		timeout = time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var rd io.Reader
 	if body != nil {
