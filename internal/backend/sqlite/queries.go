@@ -69,6 +69,9 @@ type queries struct {
 	PragmaSynchronous      string `sql:"pragma_synchronous"`
 	PragmaJournalSizeLimit string `sql:"pragma_journal_size_limit"`
 	PragmaBusyTimeout      string `sql:"pragma_busy_timeout"`
+	PragmaWALAutocheckpoint string `sql:"pragma_wal_autocheckpoint"`
+	CheckpointPassive      string `sql:"checkpoint_passive"`
+	CheckpointRestart      string `sql:"checkpoint_restart"`
 	MainFile               string `sql:"main_file"`
 
 	// Paused queues, schedules and the process registry.

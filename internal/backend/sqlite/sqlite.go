@@ -87,6 +87,8 @@ type Driver struct {
 	// borrowed: w and r are the application's handle (New), not closed.
 	borrowed bool
 	lw       *sql.DB // the lease path's own write connection (busy_timeout 0)
+	// cp checkpoints the WAL off the writers' path (checkpoint.go).
+	cp *checkpointer
 	r        *sql.DB // read-only pool for admin reads
 	// gate orders this process's writers to the file, lease-path writes
 	// first; dropGate lets go of it at Close.
@@ -138,12 +140,18 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if !target.hasBusyTimeout {
 		pragmas = append(pragmas, "busy_timeout("+strconv.Itoa(busyTimeoutMS)+")")
 	}
-	wpragmas := append(append([]string(nil), pragmas...), "cache_size(-65536)", "temp_store(MEMORY)")
+	// wal_autocheckpoint(0): no commit of the driver's runs a checkpoint;
+	// the checkpointer does, off the writers' path (checkpoint.go).
+	wpragmas := append(append([]string(nil), pragmas...), "cache_size(-65536)", "temp_store(MEMORY)", "wal_autocheckpoint(0)")
 	if !target.hasSizeLimit {
 		wpragmas = append(wpragmas, "journal_size_limit("+strconv.FormatInt(walSizeLimit, 10)+")")
 	}
 	wdsn := withParams(base, wpragmas, "_txlock=immediate")
 	rdsn := withParams(base, append(pragmas, "query_only(1)"))
+	// The checkpointer's connection: the writers' synchronous mode (a
+	// checkpoint syncs what it copies as they would) and no busy handler,
+	// so that its checkpoints never wait for a lock.
+	cdsn := withParams(base, []string{"synchronous(" + syncMode + ")", "busy_timeout(0)", "foreign_keys(0)"})
 
 	d := &Driver{
 		path:       target.path,
@@ -187,6 +195,12 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	}
 	d.r.SetMaxOpenConns(n)
 	d.r.SetMaxIdleConns(n)
+
+	d.cp, err = startCheckpointer(cdsn, &d.q, checkpointInterval)
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("conveyor/sqlite: open %s (checkpointer): %w", target.path, err)
+	}
 
 	// Connect now so that a bad path or a locked file fails here. The
 	// write connection goes first: it creates the file and switches it to
@@ -275,7 +289,7 @@ func New(ctx context.Context, db *sql.DB, opts driver.Options) (*Driver, error) 
 	d.gate, d.dropGate = gateFor(path)
 	lw, err := sql.Open("sqlite", withParams((&url.URL{Scheme: "file", OmitHost: true, Path: path}).String()+"?",
 		[]string{"busy_timeout(0)", "synchronous(" + syncMode + ")", "foreign_keys(0)",
-			"journal_size_limit(" + strconv.FormatInt(sizeLimit, 10) + ")"}, "_txlock=immediate"))
+			"journal_size_limit(" + strconv.FormatInt(sizeLimit, 10) + ")", "wal_autocheckpoint(0)"}, "_txlock=immediate"))
 	if err != nil {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: new: lease connection: %w", err)
@@ -288,6 +302,16 @@ func New(ctx context.Context, db *sql.DB, opts driver.Options) (*Driver, error) 
 	if err := lw.PingContext(ctx); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: new: lease connection: %w", err)
+	}
+	// The checkpointer, with the handle's synchronous mode. The handle's
+	// own connections keep the application's wal_autocheckpoint: with
+	// _pragma=wal_autocheckpoint(0) in its DSN, no commit on it (the
+	// application's nor conveyor's) runs a checkpoint.
+	d.cp, err = startCheckpointer(withParams((&url.URL{Scheme: "file", OmitHost: true, Path: path}).String()+"?",
+		[]string{"busy_timeout(0)", "synchronous(" + syncMode + ")", "foreign_keys(0)"}), &d.q, checkpointInterval)
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("conveyor/sqlite: new: checkpointer: %w", err)
 	}
 	return d, nil
 }
@@ -455,7 +479,7 @@ func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
 	}
 	defer conn.Close()
 	var version, journal string
-	var syncN, busy int
+	var syncN, busy, autoCkpt int
 	if err := conn.QueryRowContext(ctx, d.q.ServerInfo).Scan(&version); err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
 	}
@@ -466,6 +490,9 @@ func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
 		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
 	}
 	if err := conn.QueryRowContext(ctx, d.q.PragmaBusyTimeout).Scan(&busy); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
+	}
+	if err := conn.QueryRowContext(ctx, d.q.PragmaWALAutocheckpoint).Scan(&autoCkpt); err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
 	}
 	syncName := map[int]string{0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[syncN]
@@ -483,6 +510,7 @@ func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
 		"busy_timeout":   strconv.Itoa(busy) + "ms",
 		"writers":        d.writers(),
 		"lease_priority": d.leasePriority(),
+		"checkpoints":    checkpoints(autoCkpt),
 	}, nil
 }
 
@@ -492,6 +520,16 @@ func (d *Driver) writers() string {
 		return "the application's handle, one write at a time"
 	}
 	return "1 connection, BEGIN IMMEDIATE"
+}
+
+// checkpoints says where the WAL is checkpointed, given the
+// wal_autocheckpoint of the connection conveyor's ordinary writes use.
+func checkpoints(autoCkpt int) string {
+	s := "PASSIVE every " + checkpointInterval.String() + " on a connection of conveyor's own"
+	if autoCkpt > 0 {
+		return s + "; also in commits on the application's handle (wal_autocheckpoint " + strconv.Itoa(autoCkpt) + ")"
+	}
+	return s + "; never in a commit"
 }
 
 // Path returns the database file.
@@ -525,6 +563,9 @@ func (d *Driver) Close() error {
 		d.dropGate()
 	}
 	errs := []error{d.stmts.close()}
+	if d.cp != nil {
+		errs = append(errs, d.cp.close())
+	}
 	if d.lw != nil {
 		errs = append(errs, d.lw.Close())
 	}

@@ -1,0 +1,169 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"sync/atomic"
+	"time"
+)
+
+// Checkpoints. SQLite's default runs a checkpoint inside the commit that
+// takes the WAL past 1000 pages (wal_autocheckpoint), on the committing
+// connection: the commit returns only once the WAL's frames are copied
+// into the database file and the file is synced. That is usually a few
+// milliseconds; after a long reader ends (a backup, a report, a held
+// snapshot), it is the whole WAL the reader held back, seconds of copying
+// during which every write of this process waits behind the one
+// connection that writes.
+//
+// So the driver's write connections run with wal_autocheckpoint(0) and
+// never checkpoint, and a checkpointer of its own does it, on a
+// connection of its own, every checkpointInterval:
+//
+//   - a PASSIVE checkpoint, which takes no lock that writers or readers
+//     wait for: writers keep appending to the WAL while it copies, and
+//     another connection's checkpoint in progress (another process's
+//     checkpointer) makes it return at once;
+//   - while writers keep adding frames during each pass, PASSIVE never
+//     catches up, and the WAL can start over (its next commit writing from
+//     the beginning) only once every frame is copied. When the WAL is past
+//     restartFrames and a pass leaves at most restartTail frames, a
+//     RESTART checkpoint copies those and starts the WAL over. The
+//     checkpointer's connection has no busy handler, so RESTART never
+//     waits: with a writer in its transaction it does only what PASSIVE
+//     does, with a reader on the WAL it does not start the WAL over. Its
+//     cost to writers is the time it holds the write lock: copying at most
+//     restartTail frames and syncing the file.
+//
+// Durability is the synchronous mode's, as before: the checkpointer's
+// connection has the writers' synchronous setting, so a checkpoint syncs
+// the WAL before copying it and the database file after (NORMAL, FULL,
+// EXTRA). With NORMAL a commit is on disk against power loss once a
+// checkpoint has copied it, now within about checkpointInterval of its
+// commit instead of whenever the WAL next reached 1000 pages.
+//
+// Nothing bounds the WAL while a reader holds its snapshot: no checkpoint
+// can copy frames the reader may still need. Once the reader ends, the
+// checkpointer copies the backlog off the writers' path.
+
+// checkpointInterval is the time between the checkpointer's passes. (A
+// variable, so that a test can stop it or make it short.)
+var checkpointInterval = 200 * time.Millisecond
+
+// restartFrames is the WAL size, in frames, past which the checkpointer
+// starts the WAL over itself (RESTART) rather than leaving it to the next
+// commit after a pass that copied every frame.
+const restartFrames = 4096
+
+// restartTail is the most frames a RESTART checkpoint may have left to
+// copy while it holds the write lock.
+const restartTail = 256
+
+// maxPasses bounds the PASSIVE passes of one round: each copies the
+// frames written during the previous one, so they shrink while writers
+// are slower than the copy.
+const maxPasses = 8
+
+// checkpointer runs the driver's checkpoints on a connection of its own.
+type checkpointer struct {
+	db     *sql.DB
+	q      *queries
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	// passes counts checkpoints that ran (PASSIVE, or RESTART whether or
+	// not it started the WAL over); restarts, the RESTART checkpoints that
+	// started the WAL over; busy, PASSIVE passes refused because another
+	// connection's checkpoint was running and RESTARTs that a writer or a
+	// reader stopped short; errors, statements that failed (retried at the
+	// next interval).
+	passes, restarts, busy, errors atomic.Int64
+}
+
+// startCheckpointer opens the checkpointer's connection on dsn (which must
+// set busy_timeout(0) and the writers' synchronous mode) and starts its
+// loop. interval 0 or less starts no loop (tests).
+func startCheckpointer(dsn string, q *queries, interval time.Duration) (*checkpointer, error) {
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
+	db.SetConnMaxLifetime(0)
+	db.SetConnMaxIdleTime(0)
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &checkpointer{db: db, q: q, cancel: cancel, done: make(chan struct{})}
+	if interval <= 0 {
+		close(c.done)
+		return c, nil
+	}
+	go c.loop(ctx, interval)
+	return c, nil
+}
+
+func (c *checkpointer) loop(ctx context.Context, interval time.Duration) {
+	defer close(c.done)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.round(ctx)
+	}
+}
+
+// round runs PASSIVE passes while each copies something and frames
+// remain, then a RESTART when the WAL is large and little is left.
+func (c *checkpointer) round(ctx context.Context) {
+	prev := int64(-1)
+	for i := 0; i < maxPasses; i++ {
+		busy, log, ckpt, err := c.run(ctx, c.q.CheckpointPassive)
+		if err != nil || busy || log <= 0 {
+			return
+		}
+		if log >= restartFrames && log-ckpt <= restartTail {
+			if busy, _, _, err := c.run(ctx, c.q.CheckpointRestart); err == nil && !busy {
+				c.restarts.Add(1)
+			}
+			return
+		}
+		if ckpt >= log || ckpt == prev {
+			// Everything copied (the next commit starts the WAL over), or
+			// a reader's snapshot stops the copy where it is.
+			return
+		}
+		prev = ckpt
+	}
+}
+
+// run runs one checkpoint statement and reports whether it was refused
+// (busy), the WAL's frames and the frames copied.
+func (c *checkpointer) run(ctx context.Context, stmt string) (busy bool, log, ckpt int64, err error) {
+	var b int
+	if err := c.db.QueryRowContext(ctx, stmt).Scan(&b, &log, &ckpt); err != nil {
+		c.errors.Add(1)
+		return false, 0, 0, err
+	}
+	if b != 0 {
+		// PASSIVE: another connection's checkpoint holds the checkpoint
+		// lock. RESTART: a writer or a reader stopped it from finishing.
+		c.busy.Add(1)
+		if stmt == c.q.CheckpointPassive {
+			return true, log, ckpt, nil
+		}
+	}
+	c.passes.Add(1)
+	return b != 0, log, ckpt, nil
+}
+
+// close stops the loop (interrupting a checkpoint in progress) and closes
+// the connection.
+func (c *checkpointer) close() error {
+	c.cancel()
+	<-c.done
+	return c.db.Close()
+}
