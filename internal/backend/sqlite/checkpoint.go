@@ -52,12 +52,14 @@ var checkpointInterval = 200 * time.Millisecond
 
 // restartFrames is the WAL size, in frames, past which the checkpointer
 // starts the WAL over itself (RESTART) rather than leaving it to the next
-// commit after a pass that copied every frame.
-const restartFrames = 4096
+// commit after a pass that copied every frame: SQLite's own automatic
+// checkpoint threshold, so that the WAL stays about the size it had when
+// commits checkpointed.
+const restartFrames = 1000
 
 // restartTail is the most frames a RESTART checkpoint may have left to
 // copy while it holds the write lock.
-const restartTail = 256
+const restartTail = 64
 
 // maxPasses bounds the PASSIVE passes of one round: each copies the
 // frames written during the previous one, so they shrink while writers
