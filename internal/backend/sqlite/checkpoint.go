@@ -1,8 +1,11 @@
 package sqlite
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"encoding/binary"
+	"os"
 	"sync/atomic"
 	"time"
 )
@@ -33,7 +36,8 @@ import (
 //     waits: with a writer in its transaction it does only what PASSIVE
 //     does, with a reader on the WAL it does not start the WAL over. Its
 //     cost to writers is the time it holds the write lock: copying at most
-//     restartTail frames and syncing the file.
+//     restartTail frames and syncing the file. Before it, the checkpointer
+//     lets pending lease renewals go first, as ordinary writes do.
 //
 // Durability is the synchronous mode's, as before: the checkpointer's
 // connection has the writers' synchronous setting, so a checkpoint syncs
@@ -61,6 +65,17 @@ const restartFrames = 1000
 // copy while it holds the write lock.
 const restartTail = 64
 
+// shrinkStep is the most the checkpointer cuts off the WAL file at a
+// time, while it holds the write lock: freeing the blocks of a file of
+// gigabytes takes seconds (more on a file system mounted with discard),
+// which SQLite's own journal_size_limit spends inside the first commit
+// after the WAL starts over.
+const shrinkStep = 16 << 20
+
+// maxShrinkSteps bounds the cuts of one round (each takes and releases
+// the write lock, letting lease renewals go first).
+const maxShrinkSteps = 16
+
 // maxPasses bounds the PASSIVE passes of one round: each copies the
 // frames written during the previous one, so they shrink while writers
 // are slower than the copy.
@@ -68,8 +83,15 @@ const maxPasses = 8
 
 // checkpointer runs the driver's checkpoints on a connection of its own.
 type checkpointer struct {
-	db     *sql.DB
-	q      *queries
+	db *sql.DB
+	q  *queries
+	// yield waits while lease renewals are pending (YieldToLeases), before
+	// a RESTART or a cut takes the write lock.
+	yield func(context.Context) error
+	// wal is the WAL file's path and limit the size the checkpointer cuts
+	// it back to, in steps (shrink); limit < 0: it leaves the file alone.
+	wal    string
+	limit  int64
 	cancel context.CancelFunc
 	done   chan struct{}
 
@@ -80,12 +102,14 @@ type checkpointer struct {
 	// reader stopped short; errors, statements that failed (retried at the
 	// next interval).
 	passes, restarts, busy, errors atomic.Int64
+	// cuts counts the WAL file's cuts (shrink).
+	cuts atomic.Int64
 }
 
 // startCheckpointer opens the checkpointer's connection on dsn (which must
-// set busy_timeout(0) and the writers' synchronous mode) and starts its
-// loop. interval 0 or less starts no loop (tests).
-func startCheckpointer(dsn string, q *queries, interval time.Duration) (*checkpointer, error) {
+// set busy_timeout(0) and the writers' synchronous mode), for the
+// database file at path, and starts its loop. interval 0 or less starts no loop (tests).
+func startCheckpointer(dsn, path string, limit int64, q *queries, interval time.Duration) (*checkpointer, error) {
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, err
@@ -95,7 +119,9 @@ func startCheckpointer(dsn string, q *queries, interval time.Duration) (*checkpo
 	db.SetConnMaxLifetime(0)
 	db.SetConnMaxIdleTime(0)
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &checkpointer{db: db, q: q, cancel: cancel, done: make(chan struct{})}
+	c := &checkpointer{db: db, q: q, cancel: cancel, done: make(chan struct{}),
+		yield: func(ctx context.Context) error { return YieldToLeases(ctx, path) },
+		wal:   path + "-wal", limit: limit}
 	if interval <= 0 {
 		close(c.done)
 		return c, nil
@@ -115,19 +141,111 @@ func (c *checkpointer) loop(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 		}
 		c.round(ctx)
+		c.shrink(ctx)
 	}
+}
+
+// shrink cuts the WAL file back towards limit, shrinkStep at a time, each
+// cut under the write lock (taken without waiting: a writer in its
+// transaction makes it try again next round) and never below the frames
+// in use. It is SQLite's journal_size_limit, off the writers' path.
+func (c *checkpointer) shrink(ctx context.Context) {
+	if c.limit < 0 {
+		return
+	}
+	for i := 0; i < maxShrinkSteps; i++ {
+		fi, err := os.Stat(c.wal)
+		if err != nil || fi.Size() <= c.limit {
+			return
+		}
+		if c.yield(ctx) != nil {
+			return
+		}
+		done, err := c.cut(ctx, fi.Size())
+		if err != nil || !done {
+			return
+		}
+	}
+}
+
+// cut truncates the WAL file of size bytes by at most shrinkStep, to no
+// less than limit and the frames in use, holding the write lock so that
+// no frame is appended meanwhile. It reports whether it cut.
+func (c *checkpointer) cut(ctx context.Context, size int64) (bool, error) {
+	conn, err := c.db.Conn(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return false, nil // busy: a writer holds the lock
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
+	used, ok := walUsed(c.wal[:len(c.wal)-len("-wal")] + "-shm")
+	if !ok {
+		return false, nil
+	}
+	target := max(c.limit, used, size-shrinkStep)
+	if target >= size {
+		return false, nil
+	}
+	if err := os.Truncate(c.wal, target); err != nil {
+		c.errors.Add(1)
+		return false, err
+	}
+	c.cuts.Add(1)
+	return true, nil
+}
+
+// walUsed reads the bytes of the WAL in use (its header and frames up to
+// mxFrame) from the wal-index header in the -shm file at shm. The header
+// is in native byte order (little-endian on the platforms conveyor
+// supports); its two copies are equal and stable while the caller holds
+// the write lock. ok is false when the header is not one this reads.
+func walUsed(shm string) (used int64, ok bool) {
+	f, err := os.Open(shm)
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	var b [96]byte
+	if _, err := f.ReadAt(b[:], 0); err != nil {
+		return 0, false
+	}
+	le := binary.LittleEndian
+	if le.Uint32(b[0:]) != 3007000 || b[12] != 1 || !bytes.Equal(b[:48], b[48:96]) { // WALINDEX_MAX_VERSION, isInit
+		return 0, false
+	}
+	sz := int64(le.Uint16(b[14:]))
+	pageSize := sz&0xfe00 + (sz&1)<<16
+	if pageSize < 512 {
+		return 0, false
+	}
+	return 32 + int64(le.Uint32(b[16:]))*(24+pageSize), true
 }
 
 // round runs PASSIVE passes while each copies something and frames
 // remain, then a RESTART when the WAL is large and little is left.
 func (c *checkpointer) round(ctx context.Context) {
 	prev := int64(-1)
+	yielded := false
 	for i := 0; i < maxPasses; i++ {
 		busy, log, ckpt, err := c.run(ctx, c.q.CheckpointPassive)
 		if err != nil || busy || log <= 0 {
 			return
 		}
 		if log >= restartFrames && log-ckpt <= restartTail {
+			if !yielded && c.yield != nil {
+				// RESTART takes the write lock: let pending lease
+				// renewals (this process's and others') go first, then
+				// copy what was written meanwhile in one more pass.
+				yielded = true
+				if c.yield(ctx) != nil {
+					return
+				}
+				prev = ckpt
+				continue
+			}
 			if busy, _, _, err := c.run(ctx, c.q.CheckpointRestart); err == nil && !busy {
 				c.restarts.Add(1)
 			}

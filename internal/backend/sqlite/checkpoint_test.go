@@ -122,7 +122,7 @@ func TestCommitsDoNotCheckpoint(t *testing.T) {
 func TestCheckpointAfterLongReader(t *testing.T) {
 	oldLimit, oldInterval := walSizeLimit, checkpointInterval
 	walSizeLimit = 256 << 10
-	checkpointInterval = 20 * time.Millisecond
+	checkpointInterval = 5 * time.Millisecond
 	defer func() { walSizeLimit, checkpointInterval = oldLimit, oldInterval }()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "reader.db")
@@ -177,6 +177,15 @@ func TestCheckpointAfterLongReader(t *testing.T) {
 	}
 	if d.cp.passes.Load() == passes {
 		t.Fatal("the WAL started over without a pass of the checkpointer: something else checkpointed")
+	}
+	if d.cp.cuts.Load() == 0 {
+		t.Fatal("the WAL file shrank without a cut of the checkpointer: a commit truncated it")
+	}
+	for name, db := range map[string]*sql.DB{"write": d.w, "lease": d.lw} {
+		var limit int64
+		if err := db.QueryRowContext(ctx, "PRAGMA journal_size_limit").Scan(&limit); err != nil || limit != -1 {
+			t.Errorf("the %s connection's journal_size_limit is %d (%v), want -1: the checkpointer cuts the file", name, limit, err)
+		}
 	}
 	t.Logf("checkpointer: %d passes, %d restarts after the reader ended", d.cp.passes.Load()-passes, d.cp.restarts.Load()-restarts)
 }

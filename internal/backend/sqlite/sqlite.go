@@ -46,14 +46,14 @@ var sqlFS embed.FS
 // lock before reporting SQLITE_BUSY.
 const busyTimeoutMS = 10000
 
-// walSizeLimit is the journal_size_limit of the driver's own write
-// connections, in bytes. While a reader holds a snapshot (a long read
+// walSizeLimit is the size, in bytes, the checkpointer cuts the WAL file
+// of a database the driver opened back to (unless the DSN sets
+// journal_size_limit). While a reader holds a snapshot (a long read
 // transaction, a backup), checkpoints cannot get past it and the WAL file
 // grows with every write; nothing can bound that growth. Once the reader
-// is gone and a checkpoint completes, the next write starts the WAL over
-// and, with this limit, truncates the file back to it, instead of
-// keeping every gigabyte the hold made it grow to. A variable, so that a
-// test can make it small.
+// is gone and a checkpoint completes, the WAL starts over and the file is
+// cut back to this size, instead of keeping every gigabyte the hold made
+// it grow to. A variable, so that a test can make it small.
 var walSizeLimit int64 = 64 << 20
 
 // maxBusyRetry bounds how long the driver keeps retrying a statement that
@@ -89,7 +89,7 @@ type Driver struct {
 	lw       *sql.DB // the lease path's own write connection (busy_timeout 0)
 	// cp checkpoints the WAL off the writers' path (checkpoint.go).
 	cp *checkpointer
-	r        *sql.DB // read-only pool for admin reads
+	r  *sql.DB // read-only pool for admin reads
 	// gate orders this process's writers to the file, lease-path writes
 	// first; dropGate lets go of it at Close.
 	gate     *gate
@@ -143,8 +143,13 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	// wal_autocheckpoint(0): no commit of the driver's runs a checkpoint;
 	// the checkpointer does, off the writers' path (checkpoint.go).
 	wpragmas := append(append([]string(nil), pragmas...), "cache_size(-65536)", "temp_store(MEMORY)", "wal_autocheckpoint(0)")
+	// The WAL's size limit: a DSN's journal_size_limit applies as SQLite
+	// applies it, in the first commit after the WAL starts over;
+	// otherwise the checkpointer cuts the file back to walSizeLimit in
+	// steps, off the writers' path.
+	cpLimit := int64(-1)
 	if !target.hasSizeLimit {
-		wpragmas = append(wpragmas, "journal_size_limit("+strconv.FormatInt(walSizeLimit, 10)+")")
+		cpLimit = walSizeLimit
 	}
 	wdsn := withParams(base, wpragmas, "_txlock=immediate")
 	rdsn := withParams(base, append(pragmas, "query_only(1)"))
@@ -196,7 +201,7 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	d.r.SetMaxOpenConns(n)
 	d.r.SetMaxIdleConns(n)
 
-	d.cp, err = startCheckpointer(cdsn, &d.q, checkpointInterval)
+	d.cp, err = startCheckpointer(cdsn, target.path, cpLimit, &d.q, checkpointInterval)
 	if err != nil {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: open %s (checkpointer): %w", target.path, err)
@@ -308,7 +313,7 @@ func New(ctx context.Context, db *sql.DB, opts driver.Options) (*Driver, error) 
 	// _pragma=wal_autocheckpoint(0) in its DSN, no commit on it (the
 	// application's nor conveyor's) runs a checkpoint.
 	d.cp, err = startCheckpointer(withParams((&url.URL{Scheme: "file", OmitHost: true, Path: path}).String()+"?",
-		[]string{"busy_timeout(0)", "synchronous(" + syncMode + ")", "foreign_keys(0)"}), &d.q, checkpointInterval)
+		[]string{"busy_timeout(0)", "synchronous(" + syncMode + ")", "foreign_keys(0)"}), path, -1, &d.q, checkpointInterval)
 	if err != nil {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: new: checkpointer: %w", err)
