@@ -187,7 +187,28 @@ func TestCheckpointAfterLongReader(t *testing.T) {
 			t.Errorf("the %s connection's journal_size_limit is %d (%v), want -1: the checkpointer cuts the file", name, limit, err)
 		}
 	}
-	t.Logf("checkpointer: %d passes, %d restarts after the reader ended", d.cp.passes.Load()-passes, d.cp.restarts.Load()-restarts)
+	t.Logf("checkpointer: %d passes, %d restarts, %d cuts after the reader ended", d.cp.passes.Load()-passes, d.cp.restarts.Load()-restarts, d.cp.cuts.Load())
+	// The cuts never took frames in use: a new handle (reading the WAL
+	// from the file) finds the database whole and every job there.
+	check, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check.Close()
+	var ok string
+	if err := check.QueryRowContext(ctx, "PRAGMA integrity_check").Scan(&ok); err != nil || ok != "ok" {
+		t.Fatalf("integrity_check after the cuts: %q (%v)", ok, err)
+	}
+	var jobs, viaDriver int
+	if err := check.QueryRowContext(ctx, "SELECT count(*) FROM c_jobs").Scan(&jobs); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.w.QueryRowContext(ctx, "SELECT count(*) FROM c_jobs").Scan(&viaDriver); err != nil {
+		t.Fatal(err)
+	}
+	if jobs != viaDriver || jobs < 2000 {
+		t.Fatalf("a new handle counts %d jobs, the driver %d (want the same, at least 2000)", jobs, viaDriver)
+	}
 }
 
 // TestNewCheckpointer: on the application's handle the lease connection
