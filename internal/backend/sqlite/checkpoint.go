@@ -90,10 +90,12 @@ type checkpointer struct {
 	yield func(context.Context) error
 	// wal is the WAL file's path and limit the size the checkpointer cuts
 	// it back to, in steps (shrink); limit < 0: it leaves the file alone.
-	wal    string
-	limit  int64
-	cancel context.CancelFunc
-	done   chan struct{}
+	wal string
+	// interval is the time between rounds (0: no loop).
+	interval time.Duration
+	limit    int64
+	cancel   context.CancelFunc
+	done     chan struct{}
 
 	// passes counts checkpoints that ran (PASSIVE, or RESTART whether or
 	// not it started the WAL over); restarts, the RESTART checkpoints that
@@ -121,7 +123,7 @@ func startCheckpointer(dsn, path string, limit int64, q *queries, interval time.
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &checkpointer{db: db, q: q, cancel: cancel, done: make(chan struct{}),
 		yield: func(ctx context.Context) error { return YieldToLeases(ctx, path) },
-		wal:   path + "-wal", limit: limit}
+		wal:   path + "-wal", limit: limit, interval: max(interval, 0)}
 	if interval <= 0 {
 		close(c.done)
 		return c, nil

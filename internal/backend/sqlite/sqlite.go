@@ -515,7 +515,7 @@ func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
 		"busy_timeout":   strconv.Itoa(busy) + "ms",
 		"writers":        d.writers(),
 		"lease_priority": d.leasePriority(),
-		"checkpoints":    checkpoints(autoCkpt),
+		"checkpoints":    checkpoints(d.cp.interval, autoCkpt),
 	}, nil
 }
 
@@ -527,10 +527,11 @@ func (d *Driver) writers() string {
 	return "1 connection, BEGIN IMMEDIATE"
 }
 
-// checkpoints says where the WAL is checkpointed, given the
-// wal_autocheckpoint of the connection conveyor's ordinary writes use.
-func checkpoints(autoCkpt int) string {
-	s := "PASSIVE every " + checkpointInterval.String() + " on a connection of conveyor's own"
+// checkpoints says where the WAL is checkpointed, given the checkpointer's
+// interval and the wal_autocheckpoint of the connection conveyor's
+// ordinary writes use.
+func checkpoints(interval time.Duration, autoCkpt int) string {
+	s := "PASSIVE every " + interval.String() + " on a connection of conveyor's own"
 	if autoCkpt > 0 {
 		return s + "; also in commits on the application's handle (wal_autocheckpoint " + strconv.Itoa(autoCkpt) + ")"
 	}
