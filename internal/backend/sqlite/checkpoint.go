@@ -90,12 +90,13 @@ type checkpointer struct {
 	yield func(context.Context) error
 	// wal is the WAL file's path and limit the size the checkpointer cuts
 	// it back to, in steps (shrink); limit < 0: it leaves the file alone.
-	wal string
+	wal   string
+	limit int64
 	// interval is the time between rounds (0: no loop).
 	interval time.Duration
-	limit    int64
-	cancel   context.CancelFunc
-	done     chan struct{}
+	// cancel stops the loop, which closes done when it has returned.
+	cancel context.CancelFunc
+	done   chan struct{}
 
 	// passes counts checkpoints that ran (PASSIVE, or RESTART whether or
 	// not it started the WAL over); restarts, the RESTART checkpoints that
