@@ -36,8 +36,9 @@ import (
 //     waits: with a writer in its transaction it does only what PASSIVE
 //     does, with a reader on the WAL it does not start the WAL over. Its
 //     cost to writers is the time it holds the write lock: copying at most
-//     restartTail frames and syncing the file. Before it, the checkpointer
-//     lets pending lease renewals go first, as ordinary writes do.
+//     restartTail frames and syncing the file. It runs in this process's
+//     turn at the write lock, after pending lease renewals, as ordinary
+//     writes do.
 //
 // Durability is the synchronous mode's, as before: the checkpointer's
 // connection has the writers' synchronous setting, so a checkpoint syncs
@@ -85,9 +86,11 @@ const maxPasses = 8
 type checkpointer struct {
 	db *sql.DB
 	q  *queries
-	// yield waits while lease renewals are pending (YieldToLeases), before
-	// a RESTART or a cut takes the write lock.
-	yield func(context.Context) error
+	// turn runs fn in this process's turn at the write lock (Driver.turn):
+	// a RESTART and each cut take the lock after pending lease renewals and
+	// the writes queued before them, and this process's writers queue
+	// behind them in Go instead of polling SQLite's lock.
+	turn func(ctx context.Context, fn func() error) error
 	// wal is the WAL file's path and limit the size the checkpointer cuts
 	// it back to, in steps (shrink); limit < 0: it leaves the file alone.
 	wal   string
@@ -112,7 +115,7 @@ type checkpointer struct {
 // startCheckpointer opens the checkpointer's connection on dsn (which must
 // set busy_timeout(0) and the writers' synchronous mode), for the
 // database file at path, and starts its loop. interval 0 or less starts no loop (tests).
-func startCheckpointer(dsn, path string, limit int64, q *queries, interval time.Duration) (*checkpointer, error) {
+func startCheckpointer(dsn, path string, limit int64, turn func(context.Context, func() error) error, q *queries, interval time.Duration) (*checkpointer, error) {
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, err
@@ -123,8 +126,8 @@ func startCheckpointer(dsn, path string, limit int64, q *queries, interval time.
 	db.SetConnMaxIdleTime(0)
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &checkpointer{db: db, q: q, cancel: cancel, done: make(chan struct{}),
-		yield: func(ctx context.Context) error { return YieldToLeases(ctx, path) },
-		wal:   path + "-wal", limit: limit, interval: max(interval, 0)}
+		turn: turn,
+		wal:  path + "-wal", limit: limit, interval: max(interval, 0)}
 	if interval <= 0 {
 		close(c.done)
 		return c, nil
@@ -161,11 +164,11 @@ func (c *checkpointer) shrink(ctx context.Context) {
 		if err != nil || fi.Size() <= c.limit {
 			return
 		}
-		if c.yield(ctx) != nil {
-			return
-		}
-		done, err := c.cut(ctx, fi.Size())
-		if err != nil || !done {
+		var done bool
+		if err := c.turn(ctx, func() (err error) {
+			done, err = c.cut(ctx, fi.Size())
+			return err
+		}); err != nil || !done {
 			return
 		}
 	}
@@ -231,27 +234,18 @@ func walUsed(shm string) (used int64, ok bool) {
 // remain, then a RESTART when the WAL is large and little is left.
 func (c *checkpointer) round(ctx context.Context) {
 	prev := int64(-1)
-	yielded := false
 	for i := 0; i < maxPasses; i++ {
 		busy, log, ckpt, err := c.run(ctx, c.q.CheckpointPassive)
 		if err != nil || busy || log <= 0 {
 			return
 		}
 		if log >= restartFrames && log-ckpt <= restartTail {
-			if !yielded && c.yield != nil {
-				// RESTART takes the write lock: let pending lease
-				// renewals (this process's and others') go first, then
-				// copy what was written meanwhile in one more pass.
-				yielded = true
-				if c.yield(ctx) != nil {
-					return
+			c.turn(ctx, func() error {
+				if busy, _, _, err := c.run(ctx, c.q.CheckpointRestart); err == nil && !busy {
+					c.restarts.Add(1)
 				}
-				prev = ckpt
-				continue
-			}
-			if busy, _, _, err := c.run(ctx, c.q.CheckpointRestart); err == nil && !busy {
-				c.restarts.Add(1)
-			}
+				return nil
+			})
 			return
 		}
 		if ckpt >= log || ckpt == prev {

@@ -201,7 +201,7 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	d.r.SetMaxOpenConns(n)
 	d.r.SetMaxIdleConns(n)
 
-	d.cp, err = startCheckpointer(cdsn, target.path, cpLimit, &d.q, checkpointInterval)
+	d.cp, err = startCheckpointer(cdsn, target.path, cpLimit, d.turn, &d.q, checkpointInterval)
 	if err != nil {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: open %s (checkpointer): %w", target.path, err)
@@ -313,7 +313,7 @@ func New(ctx context.Context, db *sql.DB, opts driver.Options) (*Driver, error) 
 	// _pragma=wal_autocheckpoint(0) in its DSN, no commit on it (the
 	// application's nor conveyor's) runs a checkpoint.
 	d.cp, err = startCheckpointer(withParams((&url.URL{Scheme: "file", OmitHost: true, Path: path}).String()+"?",
-		[]string{"busy_timeout(0)", "synchronous(" + syncMode + ")", "foreign_keys(0)"}), path, -1, &d.q, checkpointInterval)
+		[]string{"busy_timeout(0)", "synchronous(" + syncMode + ")", "foreign_keys(0)"}), path, -1, d.turn, &d.q, checkpointInterval)
 	if err != nil {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: new: checkpointer: %w", err)
@@ -628,6 +628,25 @@ func (d *Driver) write(ctx context.Context, first bool, fn func() error) error {
 		defer d.gate.end()
 		return fn()
 	})
+}
+
+// turn runs fn once in this process's turn at the write lock, as an
+// ordinary write does (after every pending lease-path write of this
+// process and the writes queued before it, having yielded to heartbeats
+// pending in other processes), without retrying it. The checkpointer
+// takes the write lock this way, so that this process's writers wait for
+// it in the gate's queue rather than in SQLite's busy handler.
+func (d *Driver) turn(ctx context.Context, fn func() error) error {
+	if err := d.gate.acquire(ctx, false); err != nil {
+		return err
+	}
+	defer d.gate.release()
+	d.gate.yield(ctx)
+	if err := d.gate.begin(ctx); err != nil {
+		return err
+	}
+	defer d.gate.end()
+	return fn()
 }
 
 // leaseRetry runs fn for the lease path (heartbeat, complete, release) on
