@@ -201,12 +201,6 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	d.r.SetMaxOpenConns(n)
 	d.r.SetMaxIdleConns(n)
 
-	d.cp, err = startCheckpointer(cdsn, target.path, cpLimit, d.turn, &d.q, checkpointInterval)
-	if err != nil {
-		d.Close()
-		return nil, fmt.Errorf("conveyor/sqlite: open %s (checkpointer): %w", target.path, err)
-	}
-
 	// Connect now so that a bad path or a locked file fails here. The
 	// write connection goes first: it creates the file and switches it to
 	// WAL.
@@ -226,6 +220,11 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if !strings.EqualFold(mode, "wal") {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: open %s: journal_mode is %q, not WAL (is the file on a filesystem without shared memory support?)", target.path, mode)
+	}
+	d.cp, err = startCheckpointer(cdsn, target.path, cpLimit, d.turn, &d.q, checkpointInterval)
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("conveyor/sqlite: open %s (checkpointer): %w", target.path, err)
 	}
 	return d, nil
 }
@@ -565,13 +564,15 @@ func (d *Driver) Listen(ctx context.Context) (driver.Listener, error) { return n
 // Close closes the driver's own connections; an application's handle
 // given to New stays open.
 func (d *Driver) Close() error {
+	var errs []error
+	if d.cp != nil {
+		// First: the loop takes the gate for a RESTART or a cut.
+		errs = append(errs, d.cp.close())
+	}
 	if d.dropGate != nil {
 		d.dropGate()
 	}
-	errs := []error{d.stmts.close()}
-	if d.cp != nil {
-		errs = append(errs, d.cp.close())
-	}
+	errs = append(errs, d.stmts.close())
 	if d.lw != nil {
 		errs = append(errs, d.lw.Close())
 	}
