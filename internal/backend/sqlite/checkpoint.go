@@ -44,12 +44,18 @@ import (
 // connection has the writers' synchronous setting, so a checkpoint syncs
 // the WAL before copying it and the database file after (NORMAL, FULL,
 // EXTRA). With NORMAL a commit is on disk against power loss once a
-// checkpoint has copied it, now within about checkpointInterval of its
-// commit instead of whenever the WAL next reached 1000 pages.
+// checkpoint has synced the WAL, now within about checkpointInterval of
+// its commit (unless a reader holds checkpoints back) instead of whenever
+// the WAL next reached 1000 pages.
 //
 // Nothing bounds the WAL while a reader holds its snapshot: no checkpoint
 // can copy frames the reader may still need. Once the reader ends, the
-// checkpointer copies the backlog off the writers' path.
+// checkpointer copies the backlog off the writers' path and, on a file
+// the driver opened, cuts the WAL file back to walSizeLimit a few MiB at a
+// time (shrink) instead of leaving journal_size_limit to truncate it in a
+// commit. Close stops the loop (interrupting a checkpoint in progress);
+// SQLite's own checkpoint when the file's last connection closes is
+// SQLite's, as before.
 
 // checkpointInterval is the time between the checkpointer's passes. (A
 // variable, so that a test can stop it or make it short.)
