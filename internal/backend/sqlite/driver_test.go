@@ -568,9 +568,12 @@ func TestBusyRetried(t *testing.T) {
 // truncating the file back to walSizeLimit instead of leaving it at the
 // size the hold made it.
 func TestWALShrinksAfterHold(t *testing.T) {
-	old := walSizeLimit
+	old, oldInterval := walSizeLimit, checkpointInterval
 	walSizeLimit = 256 << 10
-	defer func() { walSizeLimit = old }()
+	// Rounds of the checkpointer a few commits apart, so that one comes
+	// before the frames in use since the WAL started over pass the limit.
+	checkpointInterval = 5 * time.Millisecond
+	defer func() { walSizeLimit, checkpointInterval = old, oldInterval }()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "wal.db")
 	d := openT(t, path, "c_")
@@ -619,20 +622,16 @@ func TestWALShrinksAfterHold(t *testing.T) {
 	if err := tx.Rollback(); err != nil {
 		t.Fatal(err)
 	}
-	// Further writes, one transaction of 50 jobs (about 100 KB) at a time:
-	// an automatic checkpoint (every 1000 pages) now completes, and the
-	// next transaction starts the WAL over, truncating the file to the
-	// limit at its commit. The file then grows again until the next
-	// checkpoint, so the size to look for is the smallest seen after a
-	// commit: without the limit it never falls below the held peak.
-	args := json.RawMessage(`{"pad":"` + strings.Repeat("x", 2000) + `"}`)
-	batch := make([]driver.InsertParams, 50)
-	for i := range batch {
-		batch[i] = driver.InsertParams{Queue: "q", Kind: "k", Args: args}
-	}
+	// Further writes, one small job at a time: the checkpointer copies
+	// the backlog, the WAL starts over, and the checkpointer cuts the file
+	// back to the limit. The file then grows again until the WAL next
+	// starts over, so the size to look for is the smallest seen after a
+	// commit: without the limit it never falls below the held peak. The
+	// deadline only bounds a broken run.
+	args := json.RawMessage(`{"pad":"x"}`)
 	smallest := held
-	for i := 0; i < 400 && smallest > walSizeLimit; i++ {
-		if _, err := d.Insert(ctx, batch); err != nil {
+	for deadline := time.Now().Add(time.Minute); smallest > walSizeLimit && time.Now().Before(deadline); {
+		if _, err := d.Insert(ctx, []driver.InsertParams{{Queue: "q", Kind: "k", Args: args}}); err != nil {
 			t.Fatal(err)
 		}
 		smallest = min(smallest, walSize())

@@ -64,12 +64,15 @@ type queries struct {
 	DropMigrations        string `sql:"drop_migrations"`
 
 	// The file and its settings.
-	ServerInfo             string `sql:"server_info"`
-	PragmaJournalMode      string `sql:"pragma_journal_mode"`
-	PragmaSynchronous      string `sql:"pragma_synchronous"`
-	PragmaJournalSizeLimit string `sql:"pragma_journal_size_limit"`
-	PragmaBusyTimeout      string `sql:"pragma_busy_timeout"`
-	MainFile               string `sql:"main_file"`
+	ServerInfo              string `sql:"server_info"`
+	PragmaJournalMode       string `sql:"pragma_journal_mode"`
+	PragmaSynchronous       string `sql:"pragma_synchronous"`
+	PragmaJournalSizeLimit  string `sql:"pragma_journal_size_limit"`
+	PragmaBusyTimeout       string `sql:"pragma_busy_timeout"`
+	PragmaWALAutocheckpoint string `sql:"pragma_wal_autocheckpoint"`
+	CheckpointPassive       string `sql:"checkpoint_passive"`
+	CheckpointRestart       string `sql:"checkpoint_restart"`
+	MainFile                string `sql:"main_file"`
 
 	// Paused queues, schedules and the process registry.
 	PauseQueue      string `sql:"pause_queue"`

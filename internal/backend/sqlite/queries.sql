@@ -423,3 +423,23 @@ SELECT id, kind, host, pid, version, queues, started_at, heartbeat_at, expires_a
 -- name: prune_processes
 -- ?1 age in microseconds.
 DELETE FROM {p}processes WHERE expires_at < {now} - ?1
+
+-- name: pragma_wal_autocheckpoint
+PRAGMA wal_autocheckpoint
+
+-- name: checkpoint_passive
+-- Copies what it can of the WAL into the database file without waiting
+-- for any lock: another connection's checkpoint in progress makes it
+-- return busy = 1 at once, and a reader's snapshot or a writer's new
+-- frames only stop it where they begin. Columns: busy, frames in the WAL,
+-- frames copied.
+PRAGMA wal_checkpoint(PASSIVE)
+
+-- name: checkpoint_restart
+-- Copies the rest of the WAL and starts it over, so that the next commit
+-- writes from its beginning (and truncates the file to
+-- journal_size_limit). The checkpointer's connection has no busy
+-- handler: when a writer holds the write lock it does only what PASSIVE
+-- does, and when a reader still uses the WAL it does not start it over;
+-- it never waits.
+PRAGMA wal_checkpoint(RESTART)

@@ -46,14 +46,14 @@ var sqlFS embed.FS
 // lock before reporting SQLITE_BUSY.
 const busyTimeoutMS = 10000
 
-// walSizeLimit is the journal_size_limit of the driver's own write
-// connections, in bytes. While a reader holds a snapshot (a long read
+// walSizeLimit is the size, in bytes, the checkpointer cuts the WAL file
+// of a database the driver opened back to (unless the DSN sets
+// journal_size_limit). While a reader holds a snapshot (a long read
 // transaction, a backup), checkpoints cannot get past it and the WAL file
 // grows with every write; nothing can bound that growth. Once the reader
-// is gone and a checkpoint completes, the next write starts the WAL over
-// and, with this limit, truncates the file back to it, instead of
-// keeping every gigabyte the hold made it grow to. A variable, so that a
-// test can make it small.
+// is gone and a checkpoint completes, the WAL starts over and the file is
+// cut back to this size, instead of keeping every gigabyte the hold made
+// it grow to. A variable, so that a test can make it small.
 var walSizeLimit int64 = 64 << 20
 
 // maxBusyRetry bounds how long the driver keeps retrying a statement that
@@ -87,7 +87,9 @@ type Driver struct {
 	// borrowed: w and r are the application's handle (New), not closed.
 	borrowed bool
 	lw       *sql.DB // the lease path's own write connection (busy_timeout 0)
-	r        *sql.DB // read-only pool for admin reads
+	// cp checkpoints the WAL off the writers' path (checkpoint.go).
+	cp *checkpointer
+	r  *sql.DB // read-only pool for admin reads
 	// gate orders this process's writers to the file, lease-path writes
 	// first; dropGate lets go of it at Close.
 	gate     *gate
@@ -138,12 +140,23 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if !target.hasBusyTimeout {
 		pragmas = append(pragmas, "busy_timeout("+strconv.Itoa(busyTimeoutMS)+")")
 	}
-	wpragmas := append(append([]string(nil), pragmas...), "cache_size(-65536)", "temp_store(MEMORY)")
+	// wal_autocheckpoint(0): no commit of the driver's runs a checkpoint;
+	// the checkpointer does, off the writers' path (checkpoint.go).
+	wpragmas := append(append([]string(nil), pragmas...), "cache_size(-65536)", "temp_store(MEMORY)", "wal_autocheckpoint(0)")
+	// The WAL's size limit: a DSN's journal_size_limit applies as SQLite
+	// applies it, in the first commit after the WAL starts over;
+	// otherwise the checkpointer cuts the file back to walSizeLimit in
+	// steps, off the writers' path.
+	cpLimit := int64(-1)
 	if !target.hasSizeLimit {
-		wpragmas = append(wpragmas, "journal_size_limit("+strconv.FormatInt(walSizeLimit, 10)+")")
+		cpLimit = walSizeLimit
 	}
 	wdsn := withParams(base, wpragmas, "_txlock=immediate")
 	rdsn := withParams(base, append(pragmas, "query_only(1)"))
+	// The checkpointer's connection: the writers' synchronous mode (a
+	// checkpoint syncs what it copies as they would) and no busy handler,
+	// so that its checkpoints never wait for a lock.
+	cdsn := withParams(base, []string{"synchronous(" + syncMode + ")", "busy_timeout(0)", "foreign_keys(0)"})
 
 	d := &Driver{
 		path:       target.path,
@@ -207,6 +220,11 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	if !strings.EqualFold(mode, "wal") {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: open %s: journal_mode is %q, not WAL (is the file on a filesystem without shared memory support?)", target.path, mode)
+	}
+	d.cp, err = startCheckpointer(cdsn, target.path, cpLimit, d.turn, &d.q, checkpointInterval)
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("conveyor/sqlite: open %s (checkpointer): %w", target.path, err)
 	}
 	return d, nil
 }
@@ -275,7 +293,7 @@ func New(ctx context.Context, db *sql.DB, opts driver.Options) (*Driver, error) 
 	d.gate, d.dropGate = gateFor(path)
 	lw, err := sql.Open("sqlite", withParams((&url.URL{Scheme: "file", OmitHost: true, Path: path}).String()+"?",
 		[]string{"busy_timeout(0)", "synchronous(" + syncMode + ")", "foreign_keys(0)",
-			"journal_size_limit(" + strconv.FormatInt(sizeLimit, 10) + ")"}, "_txlock=immediate"))
+			"journal_size_limit(" + strconv.FormatInt(sizeLimit, 10) + ")", "wal_autocheckpoint(0)"}, "_txlock=immediate"))
 	if err != nil {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: new: lease connection: %w", err)
@@ -288,6 +306,16 @@ func New(ctx context.Context, db *sql.DB, opts driver.Options) (*Driver, error) 
 	if err := lw.PingContext(ctx); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: new: lease connection: %w", err)
+	}
+	// The checkpointer, with the handle's synchronous mode. The handle's
+	// own connections keep the application's wal_autocheckpoint: with
+	// _pragma=wal_autocheckpoint(0) in its DSN, no commit on it (the
+	// application's nor conveyor's) runs a checkpoint.
+	d.cp, err = startCheckpointer(withParams((&url.URL{Scheme: "file", OmitHost: true, Path: path}).String()+"?",
+		[]string{"busy_timeout(0)", "synchronous(" + syncMode + ")", "foreign_keys(0)"}), path, -1, d.turn, &d.q, checkpointInterval)
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("conveyor/sqlite: new: checkpointer: %w", err)
 	}
 	return d, nil
 }
@@ -455,7 +483,7 @@ func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
 	}
 	defer conn.Close()
 	var version, journal string
-	var syncN, busy int
+	var syncN, busy, autoCkpt int
 	if err := conn.QueryRowContext(ctx, d.q.ServerInfo).Scan(&version); err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
 	}
@@ -466,6 +494,9 @@ func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
 		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
 	}
 	if err := conn.QueryRowContext(ctx, d.q.PragmaBusyTimeout).Scan(&busy); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
+	}
+	if err := conn.QueryRowContext(ctx, d.q.PragmaWALAutocheckpoint).Scan(&autoCkpt); err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: server info: %w", err)
 	}
 	syncName := map[int]string{0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}[syncN]
@@ -483,6 +514,7 @@ func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
 		"busy_timeout":   strconv.Itoa(busy) + "ms",
 		"writers":        d.writers(),
 		"lease_priority": d.leasePriority(),
+		"checkpoints":    checkpoints(d.cp.interval, autoCkpt),
 	}, nil
 }
 
@@ -492,6 +524,17 @@ func (d *Driver) writers() string {
 		return "the application's handle, one write at a time"
 	}
 	return "1 connection, BEGIN IMMEDIATE"
+}
+
+// checkpoints says where the WAL is checkpointed, given the checkpointer's
+// interval and the wal_autocheckpoint of the connection conveyor's
+// ordinary writes use.
+func checkpoints(interval time.Duration, autoCkpt int) string {
+	s := "PASSIVE every " + interval.String() + " on a connection of conveyor's own"
+	if autoCkpt > 0 {
+		return s + "; also in commits on the application's handle (wal_autocheckpoint " + strconv.Itoa(autoCkpt) + ")"
+	}
+	return s + "; never in a commit"
 }
 
 // Path returns the database file.
@@ -521,10 +564,15 @@ func (d *Driver) Listen(ctx context.Context) (driver.Listener, error) { return n
 // Close closes the driver's own connections; an application's handle
 // given to New stays open.
 func (d *Driver) Close() error {
+	var errs []error
+	if d.cp != nil {
+		// First: the loop takes the gate for a RESTART or a cut.
+		errs = append(errs, d.cp.close())
+	}
 	if d.dropGate != nil {
 		d.dropGate()
 	}
-	errs := []error{d.stmts.close()}
+	errs = append(errs, d.stmts.close())
 	if d.lw != nil {
 		errs = append(errs, d.lw.Close())
 	}
@@ -581,6 +629,25 @@ func (d *Driver) write(ctx context.Context, first bool, fn func() error) error {
 		defer d.gate.end()
 		return fn()
 	})
+}
+
+// turn runs fn once in this process's turn at the write lock, as an
+// ordinary write does (after every pending lease-path write of this
+// process and the writes queued before it, having yielded to heartbeats
+// pending in other processes), without retrying it. The checkpointer
+// takes the write lock this way, so that this process's writers wait for
+// it in the gate's queue rather than in SQLite's busy handler.
+func (d *Driver) turn(ctx context.Context, fn func() error) error {
+	if err := d.gate.acquire(ctx, false); err != nil {
+		return err
+	}
+	defer d.gate.release()
+	d.gate.yield(ctx)
+	if err := d.gate.begin(ctx); err != nil {
+		return err
+	}
+	defer d.gate.end()
+	return fn()
 }
 
 // leaseRetry runs fn for the lease path (heartbeat, complete, release) on
