@@ -385,11 +385,6 @@ func steadyNotes(ctx context.Context, g *gauger) []string {
 		if err := g.pg.QueryRow(ctx, "SHOW autovacuum").Scan(&av); err == nil && av != "on" {
 			notes = append(notes, "autovacuum is "+av+" on this server (not stock): dead tuples are not reclaimed whether or not a snapshot is held")
 		}
-	case "sqlite":
-		var n int64
-		if err := g.db.QueryRowContext(ctx, "PRAGMA wal_autocheckpoint").Scan(&n); err == nil {
-			notes = append(notes, fmt.Sprintf("wal_autocheckpoint is %d pages on the gauges' connection (conveyor's connections checkpoint as they commit)", n))
-		}
 	}
 	return notes
 }
