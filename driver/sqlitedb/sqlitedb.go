@@ -13,6 +13,12 @@
 // WAL mode; its synchronous mode and busy timeout are the application's.
 // Closing the client leaves the handle open.
 //
+// conveyor checkpoints the WAL on a connection of its own, off every
+// commit path. The handle's own connections still checkpoint as they
+// commit (SQLite's default) unless the DSN turns that off, which keeps
+// checkpoints, and the stall after a long reader ends, out of the
+// application's commits too: add _pragma=wal_autocheckpoint(0).
+//
 // SQLite has one writer at a time and no queue for its lock. While a
 // heartbeat of any conveyor client on the file is pending, conveyor's
 // other writes in every process wait for it (on Linux; a side file
