@@ -516,6 +516,16 @@ type QueueStats struct {
 	// PausedAt is when the queue was paused (PauseQueue); zero when it is
 	// not paused.
 	PausedAt time.Time `json:"paused_at"`
+	// Limits are the queue's flow limits (SetQueueLimits); nil when it
+	// has none.
+	Limits *QueueLimits `json:"limits,omitempty"`
+	// LimitUse is how much of Limits is in use; nil without Limits.
+	LimitUse *LimitUse `json:"limit_use,omitempty"`
+	// Held says why the queue's available jobs are not being started
+	// although workers may be free: HeldByPause, HeldByConcurrency or
+	// HeldByRate; "" when nothing holds them (they wait for a worker, or
+	// there are none).
+	Held string `json:"held,omitempty"`
 }
 
 // Stats are the queues' counts and this process's counters.
@@ -572,23 +582,62 @@ func (c *Client[TTx]) withPaused(ctx context.Context, qs []driver.QueueStats, si
 	if err != nil {
 		return nil, err
 	}
+	usage, err := c.drv.LimitUsage(ctx)
+	if err != nil {
+		return nil, err
+	}
 	s := &Stats{Counters: c.Counters(), FinishedSince: since}
+	seen := make(map[string]bool, len(qs))
 	for _, q := range qs {
 		counts := make(map[JobState]int64, len(q.Counts))
 		for st, n := range q.Counts {
 			counts[JobState(st)] = n
 		}
-		s.Queues = append(s.Queues, QueueStats{Queue: q.Queue, Counts: counts, OldestAvailable: q.OldestAvailable, PausedAt: paused[q.Queue]})
-		delete(paused, q.Queue)
+		s.Queues = append(s.Queues, QueueStats{Queue: q.Queue, Counts: counts, OldestAvailable: q.OldestAvailable})
+		seen[q.Queue] = true
 	}
-	for name, at := range paused {
-		counts := make(map[JobState]int64, len(driver.AllStates))
-		for _, st := range driver.AllStates {
-			counts[JobState(st)] = 0
+	// Paused and limited queues are listed even without jobs.
+	for name := range paused {
+		if !seen[name] {
+			s.Queues = append(s.Queues, QueueStats{Queue: name, Counts: zeroCounts()})
+			seen[name] = true
 		}
-		s.Queues = append(s.Queues, QueueStats{Queue: name, Counts: counts, PausedAt: at})
+	}
+	for name := range usage {
+		if !seen[name] {
+			s.Queues = append(s.Queues, QueueStats{Queue: name, Counts: zeroCounts()})
+			seen[name] = true
+		}
+	}
+	for i := range s.Queues {
+		q := &s.Queues[i]
+		q.PausedAt = paused[q.Queue]
+		u, limited := usage[q.Queue]
+		if limited {
+			l := QueueLimits(u.Limits)
+			q.Limits = &l
+			q.LimitUse = &LimitUse{Running: u.Running, Started: u.Started, NextStart: u.NextStart}
+		}
+		switch {
+		case q.Counts[JobStateAvailable] == 0:
+		case !q.PausedAt.IsZero():
+			q.Held = HeldByPause
+		case limited && u.Limits.MaxRunning > 0 && u.Running >= u.Limits.MaxRunning:
+			q.Held = HeldByConcurrency
+		case limited && u.Limits.Rate > 0 && u.Started >= u.Limits.Rate:
+			q.Held = HeldByRate
+		}
 	}
 	return s, nil
+}
+
+// zeroCounts is the counts of a queue without jobs: every state, 0.
+func zeroCounts() map[JobState]int64 {
+	counts := make(map[JobState]int64, len(driver.AllStates))
+	for _, st := range driver.AllStates {
+		counts[JobState(st)] = 0
+	}
+	return counts
 }
 
 // PauseQueue pauses queue in every process working it on this database:

@@ -283,6 +283,56 @@ func NewQueueStats(queue string) *QueueStats {
 	return s
 }
 
+// QueueLimits are a queue's flow limits. They are kept in the database
+// (beside the queue's pause) and every claim of every process, in-process
+// workers and HTTP workers alike, is held to them. The zero value means
+// no limit.
+type QueueLimits struct {
+	// MaxRunning is the most jobs of the queue running at once across
+	// every process; 0 means no limit. A job counts from the claim that
+	// starts its attempt to the statement that ends the attempt (an
+	// outcome, a release, a rescue, a cancel or discard by hand).
+	MaxRunning int
+	// Rate is the most jobs of the queue started in any window of
+	// RatePeriod, by the database's clock; 0 means no limit. Every claim
+	// counts as a start, whatever the attempt's outcome.
+	Rate int
+	// RatePeriod is the window of Rate; set exactly when Rate is.
+	RatePeriod time.Duration
+}
+
+// IsZero reports whether l limits nothing.
+func (l QueueLimits) IsZero() bool { return l.MaxRunning == 0 && l.Rate == 0 }
+
+// LimitUsage is a limited queue's limits and how much of them is in use,
+// read in one statement by the database's clock.
+type LimitUsage struct {
+	Limits QueueLimits
+	// Running is the number of concurrency slots held by attempts.
+	Running int
+	// Started is the number of starts within the last RatePeriod.
+	Started int
+	// NextStart, when Started has reached Rate, is how long until the
+	// oldest of those starts leaves the window; 0 otherwise.
+	NextStart time.Duration
+}
+
+// ClaimResult is what ClaimLimited claimed, and whether the queue's limits
+// held jobs back.
+type ClaimResult struct {
+	// Rows are the claimed jobs, as Claim returns them.
+	Rows []*JobRow
+	// Held is true when the queue's limits let the claim take fewer
+	// jobs than it asked for while due jobs of the queue may be waiting
+	// (a concurrency limit reached, or the rate's window full). A claim
+	// that found no due job is not Held.
+	Held bool
+	// RetryIn, when the rate held jobs back, is how long until the
+	// window has room again (by the database's clock); 0 when only the
+	// concurrency limit held them (a slot frees when an attempt ends).
+	RetryIn time.Duration
+}
+
 // Driver is a database backend. All methods are safe for concurrent use.
 type Driver interface {
 	// Name is the backend's short name: "sqlite", "postgres", "mysql".
@@ -328,6 +378,21 @@ type Driver interface {
 	// by priority). It never blocks on another claimer's locks and never
 	// deadlocks.
 	Claim(ctx context.Context, p ClaimParams) ([]*JobRow, error)
+	// ClaimLimited is Claim for a queue that may have limits
+	// (SetQueueLimits). It reads the queue's limits inside its own
+	// transaction and claims at most as many jobs as the queue's free
+	// concurrency slots and the room left in its rate window allow,
+	// taking a slot for each claimed attempt and recording each start,
+	// in the same transaction as the claim. Slots are rows of their own,
+	// locked with SKIP LOCKED where the database has it: concurrent
+	// claimers never wait for each other and never count the same slot
+	// twice. A queue without limits is claimed as Claim claims it. Every
+	// statement that ends an attempt (Complete, whatever the outcome;
+	// Release; Rescue; Cancel and Discard of a running job) frees the
+	// attempt's slot in its own transaction; Rescue also frees slots
+	// whose holder is no longer running under the slot's fence. ClaimJob
+	// takes no slot.
+	ClaimLimited(ctx context.Context, p ClaimParams) (ClaimResult, error)
 	// ClaimJob claims job id as Claim claims a job (state running, attempt
 	// incremented, fence token advanced, lease set from the database's clock,
 	// attempted_by set to worker), whatever its queue, priority or
@@ -400,6 +465,18 @@ type Driver interface {
 	PauseQueue(ctx context.Context, queue string, paused bool) error
 	// PausedQueues returns the paused queues and when each was paused.
 	PausedQueues(ctx context.Context) (map[string]time.Time, error)
+
+	// SetQueueLimits stores queue's limits for every process (the zero
+	// QueueLimits removes them), with the slot rows they need. A lowered
+	// MaxRunning stops new claims until fewer attempts than the new limit
+	// hold slots; attempts already running finish. It leaves the queue's
+	// pause as it was, and PauseQueue leaves its limits.
+	SetQueueLimits(ctx context.Context, queue string, l QueueLimits) error
+	// QueueLimits returns the limits of every limited queue: one cheap
+	// read of the queues table (processes refresh it every second).
+	QueueLimits(ctx context.Context) (map[string]QueueLimits, error)
+	// LimitUsage returns every limited queue's limits and their use.
+	LimitUsage(ctx context.Context) (map[string]LimitUsage, error)
 
 	// RegisterProcess inserts or refreshes p's row in the processes
 	// table (one upsert): heartbeat_at becomes the database's now and

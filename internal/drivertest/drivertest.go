@@ -88,6 +88,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		{"Inserts", inserts},
 		{"Periodic", periodic},
 		{"Pause", pause},
+		{"Limits", limits},
 		{"Processes", processes},
 		{"Admin", admin},
 		{"Stats", stats},

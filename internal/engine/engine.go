@@ -560,3 +560,12 @@ func (e *Engine) outcome(row *driver.JobRow, err error, trace string) driver.Out
 	}
 	return o
 }
+
+// LimitsChanged tells the engine that this process set queue's limits
+// (limited: it has some now), so that its claims follow them at once
+// rather than at the next refresh of the limits.
+func (e *Engine) LimitsChanged(queue string, limited bool) {
+	// Placeholder until the engine claims limited queues through
+	// ClaimLimited: wake the queue's fetcher so it claims again.
+	e.wake(queue)
+}

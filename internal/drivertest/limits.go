@@ -1,0 +1,374 @@
+package drivertest
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// limits runs the suite's tests of queue limits: a concurrency limit
+// never exceeded across concurrent claimers, every way an attempt ends
+// freeing its slot, a rate limit's window, limits changed while jobs run.
+func limits(t *testing.T, s suite) {
+	ctx := context.Background()
+	insert := func(t *testing.T, d driver.Driver, queue string, n int) []int64 {
+		t.Helper()
+		jobs := make([]driver.InsertParams, n)
+		for i := range jobs {
+			jobs[i] = job(queue, 0)
+		}
+		ids, err := d.Insert(ctx, jobs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	claim := func(t *testing.T, d driver.Driver, queue string, limit int, lease time.Duration) driver.ClaimResult {
+		t.Helper()
+		r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: queue, Limit: limit, Lease: lease, Worker: "w"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	complete := func(t *testing.T, d driver.Driver, r *driver.JobRow, state string) {
+		t.Helper()
+		o := driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: state}
+		if state == driver.StateRetryable || state == driver.StateScheduled {
+			o.RetryIn = time.Hour
+		}
+		applied, err := d.Complete(ctx, []driver.Outcome{o})
+		if err != nil || len(applied) != 1 {
+			t.Fatalf("complete %d as %s: applied %v, %v", r.ID, state, applied, err)
+		}
+	}
+	set := func(t *testing.T, d driver.Driver, queue string, l driver.QueueLimits) {
+		t.Helper()
+		if err := d.SetQueueLimits(ctx, queue, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("StoredBesidePause", func(t *testing.T) {
+		d := s.setup(t)
+		if got, err := d.QueueLimits(ctx); err != nil || len(got) != 0 {
+			t.Fatalf("limits of a fresh database: %v, %v", got, err)
+		}
+		want := driver.QueueLimits{MaxRunning: 5, Rate: 100, RatePeriod: time.Minute}
+		set(t, d, "q", want)
+		if err := d.PauseQueue(ctx, "q", true); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := d.QueueLimits(ctx); err != nil || got["q"] != want || len(got) != 1 {
+			t.Fatalf("limits after a pause: %v, %v; want q: %+v", got, err, want)
+		}
+		set(t, d, "q", driver.QueueLimits{MaxRunning: 2})
+		if paused, err := d.PausedQueues(ctx); err != nil || paused["q"].IsZero() {
+			t.Fatalf("setting limits resumed the queue: %v, %v", paused, err)
+		}
+		if err := d.PauseQueue(ctx, "q", false); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := d.QueueLimits(ctx); got["q"] != (driver.QueueLimits{MaxRunning: 2}) {
+			t.Fatalf("limits after a resume: %v", got)
+		}
+		set(t, d, "q", driver.QueueLimits{})
+		set(t, d, "never-limited", driver.QueueLimits{})
+		if got, err := d.QueueLimits(ctx); err != nil || len(got) != 0 {
+			t.Fatalf("limits after removing them: %v, %v", got, err)
+		}
+	})
+
+	t.Run("UnlimitedQueueClaimsAsClaim", func(t *testing.T) {
+		d := s.setup(t)
+		insert(t, d, "u", 5)
+		r := claim(t, d, "u", 3, time.Minute)
+		if len(r.Rows) != 3 || r.Held {
+			t.Fatalf("claimed %d (held %v) of an unlimited queue, want 3 not held", len(r.Rows), r.Held)
+		}
+		r = claim(t, d, "u", 3, time.Minute)
+		if len(r.Rows) != 2 || r.Held {
+			t.Fatalf("claimed %d (held %v), want the last 2 not held", len(r.Rows), r.Held)
+		}
+	})
+
+	t.Run("EveryEndFreesTheSlot", func(t *testing.T) {
+		d := s.setup(t)
+		insert(t, d, "c", 20)
+		set(t, d, "c", driver.QueueLimits{MaxRunning: 3})
+		r := claim(t, d, "c", 10, time.Minute)
+		if len(r.Rows) != 3 || !r.Held || r.RetryIn != 0 {
+			t.Fatalf("claimed %d (held %v, retry in %v) with a limit of 3, want 3 held by the concurrency limit", len(r.Rows), r.Held, r.RetryIn)
+		}
+		if again := claim(t, d, "c", 10, time.Minute); len(again.Rows) != 0 || !again.Held {
+			t.Fatalf("claimed %d (held %v) with every slot taken", len(again.Rows), again.Held)
+		}
+		if u, err := d.LimitUsage(ctx); err != nil || u["c"].Running != 3 || u["c"].Limits.MaxRunning != 3 {
+			t.Fatalf("usage %+v, %v; want 3 running of 3", u, err)
+		}
+		// A heartbeat keeps the slot.
+		if _, err := d.Heartbeat(ctx, []driver.Lease{{ID: r.Rows[0].ID, Fence: r.Rows[0].Fence}}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if again := claim(t, d, "c", 10, time.Minute); len(again.Rows) != 0 {
+			t.Fatalf("a heartbeat freed a slot: claimed %d", len(again.Rows))
+		}
+		held := r.Rows
+		// Each way an attempt ends frees exactly its slot.
+		ends := []struct {
+			name string
+			end  func(r *driver.JobRow)
+		}{
+			{"completed", func(r *driver.JobRow) { complete(t, d, r, driver.StateCompleted) }},
+			{"retryable", func(r *driver.JobRow) { complete(t, d, r, driver.StateRetryable) }},
+			{"discarded", func(r *driver.JobRow) { complete(t, d, r, driver.StateDiscarded) }},
+			{"cancelled outcome", func(r *driver.JobRow) { complete(t, d, r, driver.StateCancelled) }},
+			{"snoozed", func(r *driver.JobRow) { complete(t, d, r, driver.StateScheduled) }},
+			{"released", func(r *driver.JobRow) {
+				if n, err := d.Release(ctx, []driver.Lease{{ID: r.ID, Fence: r.Fence}}); err != nil || n != 1 {
+					t.Fatalf("release: %d, %v", n, err)
+				}
+			}},
+			{"cancelled by hand", func(r *driver.JobRow) {
+				if _, err := d.Cancel(ctx, r.ID); err != nil {
+					t.Fatal(err)
+				}
+			}},
+			{"discarded by hand", func(r *driver.JobRow) {
+				if _, err := d.Discard(ctx, r.ID); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		}
+		for _, e := range ends {
+			e.end(held[0])
+			got := claim(t, d, "c", 10, time.Minute)
+			if len(got.Rows) != 1 {
+				t.Fatalf("after an attempt %s: claimed %d, want the 1 slot it freed", e.name, len(got.Rows))
+			}
+			held = append(held[1:], got.Rows[0])
+		}
+		// A stale outcome frees nothing: release the first attempt, claim
+		// the job again, then complete it under the released fence.
+		first := held[0]
+		if n, err := d.Release(ctx, []driver.Lease{{ID: first.ID, Fence: first.Fence}}); err != nil || n != 1 {
+			t.Fatalf("release: %d, %v", n, err)
+		}
+		var again *driver.JobRow
+		for again == nil || again.ID != first.ID {
+			// The released job is due again; other jobs of the queue may
+			// come first, each taking the one free slot: give them back.
+			got := claim(t, d, "c", 1, time.Minute)
+			if len(got.Rows) != 1 {
+				t.Fatalf("claimed %d looking for the released job", len(got.Rows))
+			}
+			again = got.Rows[0]
+			if again.ID != first.ID {
+				complete(t, d, again, driver.StateCompleted)
+			}
+		}
+		if applied, err := d.Complete(ctx, []driver.Outcome{{ID: first.ID, Fence: first.Fence, Attempt: first.Attempt, State: driver.StateCompleted}}); err != nil || len(applied) != 0 {
+			t.Fatalf("stale outcome: applied %v, %v", applied, err)
+		}
+		if got := claim(t, d, "c", 10, time.Minute); len(got.Rows) != 0 {
+			t.Fatalf("a stale outcome freed a slot: claimed %d", len(got.Rows))
+		}
+	})
+
+	t.Run("RescueFreesTheSlot", func(t *testing.T) {
+		d := s.setup(t)
+		insert(t, d, "r", 4)
+		set(t, d, "r", driver.QueueLimits{MaxRunning: 1})
+		r := claim(t, d, "r", 4, 200*time.Millisecond)
+		if len(r.Rows) != 1 {
+			t.Fatalf("claimed %d with a limit of 1", len(r.Rows))
+		}
+		time.Sleep(350 * time.Millisecond)
+		if n, err := d.Rescue(ctx, 100); err != nil || n["r"] != 1 {
+			t.Fatalf("rescue: %v, %v", n, err)
+		}
+		if got := claim(t, d, "r", 4, time.Minute); len(got.Rows) != 1 {
+			t.Fatalf("after a rescue: claimed %d, want the freed slot's 1", len(got.Rows))
+		}
+	})
+
+	t.Run("ClaimJobTakesNoSlot", func(t *testing.T) {
+		d := s.setup(t)
+		ids := insert(t, d, "j", 3)
+		set(t, d, "j", driver.QueueLimits{MaxRunning: 1})
+		if _, err := d.ClaimJob(ctx, ids[2], time.Minute, "w"); err != nil {
+			t.Fatal(err)
+		}
+		if got := claim(t, d, "j", 3, time.Minute); len(got.Rows) != 1 {
+			t.Fatalf("claimed %d beside a job run on demand, want the limit's 1", len(got.Rows))
+		}
+	})
+
+	t.Run("LoweredAndRaised", func(t *testing.T) {
+		d := s.setup(t)
+		insert(t, d, "l", 20)
+		set(t, d, "l", driver.QueueLimits{MaxRunning: 4})
+		held := claim(t, d, "l", 10, time.Minute).Rows
+		if len(held) != 4 {
+			t.Fatalf("claimed %d with a limit of 4", len(held))
+		}
+		set(t, d, "l", driver.QueueLimits{MaxRunning: 2})
+		for i := range 2 {
+			if got := claim(t, d, "l", 10, time.Minute); len(got.Rows) != 0 || !got.Held {
+				t.Fatalf("%d running above a lowered limit of 2: claimed %d (held %v)", 4-i, len(got.Rows), got.Held)
+			}
+			complete(t, d, held[i], driver.StateCompleted)
+		}
+		// Two run, the new limit: still nothing.
+		if got := claim(t, d, "l", 10, time.Minute); len(got.Rows) != 0 {
+			t.Fatalf("claimed %d with 2 running at a limit of 2", len(got.Rows))
+		}
+		complete(t, d, held[2], driver.StateCompleted)
+		if got := claim(t, d, "l", 10, time.Minute); len(got.Rows) != 1 {
+			t.Fatalf("claimed %d with 1 running at a limit of 2, want 1", len(got.Rows))
+		}
+		set(t, d, "l", driver.QueueLimits{MaxRunning: 5})
+		if got := claim(t, d, "l", 10, time.Minute); len(got.Rows) != 3 {
+			t.Fatalf("claimed %d after raising the limit to 5 with 2 running, want 3", len(got.Rows))
+		}
+		set(t, d, "l", driver.QueueLimits{})
+		if got := claim(t, d, "l", 10, time.Minute); len(got.Rows) != 10 || got.Held {
+			t.Fatalf("claimed %d (held %v) after removing the limit, want 10", len(got.Rows), got.Held)
+		}
+	})
+
+	t.Run("RateWindow", func(t *testing.T) {
+		d := s.setup(t)
+		insert(t, d, "rate", 10)
+		const period = 700 * time.Millisecond
+		set(t, d, "rate", driver.QueueLimits{Rate: 3, RatePeriod: period})
+		r := claim(t, d, "rate", 10, time.Minute)
+		if len(r.Rows) != 3 || !r.Held || r.RetryIn <= 0 || r.RetryIn > period {
+			t.Fatalf("claimed %d (held %v, retry in %v) at a rate of 3 per %v", len(r.Rows), r.Held, r.RetryIn, period)
+		}
+		for _, row := range r.Rows {
+			complete(t, d, row, driver.StateCompleted) // ending attempts does not refill the window
+		}
+		again := claim(t, d, "rate", 10, time.Minute)
+		if len(again.Rows) != 0 || !again.Held || again.RetryIn <= 0 {
+			t.Fatalf("claimed %d (held %v, retry in %v) with the window full", len(again.Rows), again.Held, again.RetryIn)
+		}
+		u, err := d.LimitUsage(ctx)
+		if err != nil || u["rate"].Started != 3 || u["rate"].NextStart <= 0 {
+			t.Fatalf("usage %+v, %v; want 3 started and a next start", u, err)
+		}
+		time.Sleep(again.RetryIn + 50*time.Millisecond)
+		if got := claim(t, d, "rate", 10, time.Minute); len(got.Rows) != 3 {
+			t.Fatalf("claimed %d once the window had room, want 3", len(got.Rows))
+		}
+	})
+
+	// Claimers race for a limit of 5 while each holds its jobs a little
+	// before completing them: the jobs held at once, counted between a
+	// claim's return and the outcome's call (so never more than the
+	// database held), never exceed the limit. Starts against a rate are
+	// checked from the claims' attempted_at (the database's clock): no
+	// window of the period holds more than the rate.
+	t.Run("ConcurrentClaimersHeldToLimits", func(t *testing.T) {
+		d := s.setup(t)
+		const jobs, limit, claimers = 150, 5, 6
+		insert(t, d, "cc", jobs)
+		set(t, d, "cc", driver.QueueLimits{MaxRunning: limit})
+		var held, peak, done atomic.Int64
+		var wg sync.WaitGroup
+		errs := make(chan error, claimers)
+		deadline := time.Now().Add(60 * time.Second)
+		for range claimers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for done.Load() < jobs && time.Now().Before(deadline) {
+					r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "cc", Limit: 1 + rand.IntN(4), Lease: time.Minute, Worker: "w"})
+					if err != nil {
+						errs <- err
+						return
+					}
+					if len(r.Rows) == 0 {
+						time.Sleep(time.Millisecond)
+						continue
+					}
+					n := held.Add(int64(len(r.Rows)))
+					for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+					}
+					time.Sleep(time.Duration(1+rand.IntN(3)) * time.Millisecond)
+					held.Add(-int64(len(r.Rows)))
+					outs := make([]driver.Outcome, len(r.Rows))
+					for i, row := range r.Rows {
+						outs[i] = driver.Outcome{ID: row.ID, Fence: row.Fence, Attempt: row.Attempt, State: driver.StateCompleted}
+					}
+					applied, err := d.Complete(ctx, outs)
+					if err != nil || len(applied) != len(outs) {
+						errs <- err
+						return
+					}
+					done.Add(int64(len(applied)))
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		if done.Load() != jobs {
+			t.Fatalf("completed %d of %d jobs", done.Load(), jobs)
+		}
+		if p := peak.Load(); p > limit || p < 2 {
+			t.Fatalf("peak of %d jobs held at once, want between 2 and the limit %d", p, limit)
+		}
+
+		const rate, period = 4, 300 * time.Millisecond
+		insert(t, d, "cr", 16)
+		set(t, d, "cr", driver.QueueLimits{Rate: rate, RatePeriod: period})
+		var mu sync.Mutex
+		var starts []time.Time
+		var wg2 sync.WaitGroup
+		deadline = time.Now().Add(30 * time.Second)
+		for range claimers {
+			wg2.Add(1)
+			go func() {
+				defer wg2.Done()
+				for time.Now().Before(deadline) {
+					mu.Lock()
+					n := len(starts)
+					mu.Unlock()
+					if n >= 16 {
+						return
+					}
+					r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "cr", Limit: 3, Lease: time.Minute, Worker: "w"})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					for _, row := range r.Rows {
+						starts = append(starts, row.AttemptedAt)
+					}
+					mu.Unlock()
+					time.Sleep(2 * time.Millisecond)
+				}
+			}()
+		}
+		wg2.Wait()
+		if len(starts) != 16 {
+			t.Fatalf("started %d of 16 rate-limited jobs", len(starts))
+		}
+		slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
+		for i := rate; i < len(starts); i++ {
+			if gap := starts[i].Sub(starts[i-rate]); gap < period {
+				t.Fatalf("starts %d and %d are %v apart: %d starts within %v at a rate of %d", i-rate, i, gap, rate+1, period, rate)
+			}
+		}
+	})
+}

@@ -1,0 +1,124 @@
+package conveyor
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// QueueLimits are a queue's flow limits. They are kept in the database,
+// beside the queue's pause, and every process claiming from the queue is
+// held to them: in-process workers and HTTP workers alike, whichever
+// process runs them. A change reaches every process within a second; no
+// process needs a restart. The zero value means no limit.
+//
+// docs/flow-control.md says how each limit is held without a shared
+// counter row, and what it costs.
+type QueueLimits struct {
+	// MaxRunning is the most jobs of the queue running at once across
+	// every process, 0 to 100000; 0 means no limit. A job counts from the
+	// claim that starts its attempt until the attempt ends (its outcome
+	// is written, it is released, rescued, or cancelled or discarded by
+	// hand). Jobs over the limit wait in the queue: they are not failed
+	// and spend no attempt. A lowered limit lets running jobs finish and
+	// starts no job until fewer than the new limit run.
+	MaxRunning int `json:"max_running,omitempty"`
+	// Rate is the most jobs of the queue started in any window of
+	// RatePeriod, by the database's clock, 0 to 100000; 0 means no limit.
+	// Every start counts, whatever the attempt's outcome. Jobs over the
+	// rate wait, as over MaxRunning; a process waits for the window to
+	// have room rather than polling for it.
+	Rate int `json:"rate,omitempty"`
+	// RatePeriod is Rate's window, 1ms to 30 days; set when Rate is
+	// set, and only then.
+	RatePeriod time.Duration `json:"rate_period_ns,omitempty"`
+}
+
+// Bounds of QueueLimits.
+const (
+	maxLimitSlots = 100000
+	maxRatePeriod = 30 * 24 * time.Hour
+)
+
+// IsZero reports whether l limits nothing.
+func (l QueueLimits) IsZero() bool { return l.MaxRunning == 0 && l.Rate == 0 }
+
+// check refuses limits that make no sense, naming the field.
+func (l QueueLimits) check(queue string) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: limits of queue %q: %s", ErrInvalidOpts, queue, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case l.MaxRunning < 0 || l.MaxRunning > maxLimitSlots:
+		return bad("MaxRunning %d is out of range (0 for none, at most %d)", l.MaxRunning, maxLimitSlots)
+	case l.Rate < 0 || l.Rate > maxLimitSlots:
+		return bad("Rate %d is out of range (0 for none, at most %d)", l.Rate, maxLimitSlots)
+	case l.Rate > 0 && (l.RatePeriod < time.Millisecond || l.RatePeriod > maxRatePeriod):
+		return bad("RatePeriod %v is out of range (1ms to %v) for a Rate of %d", l.RatePeriod, maxRatePeriod, l.Rate)
+	case l.Rate == 0 && l.RatePeriod != 0:
+		return bad("RatePeriod %v is set without a Rate", l.RatePeriod)
+	}
+	return nil
+}
+
+// SetQueueLimits sets queue's limits for every process on the database;
+// the zero QueueLimits removes them. The queue need not exist yet. A bad
+// queue name or a value out of range is refused with ErrInvalidOpts,
+// naming the field, and nothing is changed. The queue's pause is left as
+// it is.
+func (c *Client[TTx]) SetQueueLimits(ctx context.Context, queue string, l QueueLimits) error {
+	if !nameRE.MatchString(queue) {
+		return queueNameError{op: "set limits of", queue: queue}
+	}
+	if err := l.check(queue); err != nil {
+		return err
+	}
+	if err := c.ready(ctx); err != nil {
+		return err
+	}
+	if err := c.drv.SetQueueLimits(ctx, queue, driver.QueueLimits(l)); err != nil {
+		return err
+	}
+	c.eng.LimitsChanged(queue, !l.IsZero())
+	return nil
+}
+
+// QueueLimits returns the limits of every limited queue of the database.
+func (c *Client[TTx]) QueueLimits(ctx context.Context) (map[string]QueueLimits, error) {
+	if err := c.ready(ctx); err != nil {
+		return nil, err
+	}
+	got, err := c.drv.QueueLimits(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]QueueLimits, len(got))
+	for q, l := range got {
+		out[q] = QueueLimits(l)
+	}
+	return out, nil
+}
+
+// Why a queue's available jobs wait (QueueStats.Held).
+const (
+	// HeldByConcurrency: the queue's MaxRunning jobs are running.
+	HeldByConcurrency = "concurrency"
+	// HeldByRate: the queue's rate window is full.
+	HeldByRate = "rate"
+	// HeldByPause: the queue is paused.
+	HeldByPause = "paused"
+)
+
+// LimitUse is how much of a limited queue's limits is in use.
+type LimitUse struct {
+	// Running is the number of jobs holding the queue's concurrency
+	// slots.
+	Running int `json:"running"`
+	// Started is the number of jobs started within the last RatePeriod.
+	Started int `json:"started"`
+	// NextStart, when Started has reached Rate, is how long until the
+	// window has room again; 0 otherwise.
+	NextStart time.Duration `json:"next_start_ns,omitempty"`
+}
