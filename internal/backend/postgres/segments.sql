@@ -19,7 +19,9 @@
 -- Its one-time test (an uncorrelated EXISTS, evaluated once before the
 -- join) skips the join while no slot of the prefix is held, so that
 -- jobs of unlimited queues pay one probe of an empty index per
--- statement. A statement that freed a slot wakes the slot's queue.
+-- statement. A statement that freed a slot wakes the slot's queue; the
+-- outcomes' statements read the wake-ups as a one-time test too (not a
+-- join repeated per row).
 -- Statements are built once per set of tables and cached. A statement
 -- that moves jobs deletes them from their sources and inserts them into
 -- the current segment of their next phase in one statement; the guard
@@ -376,7 +378,7 @@ fr AS (
     RETURNING s.queue
 ),
 woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT DISTINCT queue FROM fr) f)
-SELECT id FROM x CROSS JOIN (SELECT count(*) FROM woke) w
+SELECT id FROM x WHERE (SELECT count(*) FROM woke) >= 0
 UNION ALL SELECT -1 WHERE NOT ({guard})
 
 -- name: seg_complete_done
@@ -413,7 +415,7 @@ fr AS (
     RETURNING s.queue
 ),
 woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT DISTINCT queue FROM fr) f)
-SELECT id FROM idn CROSS JOIN (SELECT count(*) FROM woke) w
+SELECT id FROM idn WHERE (SELECT count(*) FROM woke) >= 0
 UNION ALL SELECT -1 WHERE NOT ({guard})
 
 -- name: seg_heartbeat
