@@ -25,7 +25,7 @@ import (
 // queue commands' ./conveyor.db).
 func benchCmd(e *env, args []string) error {
 	f := e.flags("bench", "bench [--db DSN] [--workload W] [flags]", dbHelpScratch)
-	workload := f.String("workload", "drain", "drain, flow, latency, sweep, isolation, claims, steady, dashboard, http-enqueue or http-drain")
+	workload := f.String("workload", "drain", "drain, flow, latency, sweep, isolation, claims, steady, dashboard, http-enqueue, http-drain or limits")
 	workers := f.Int("workers", 0, "workers: the queue's MaxWorkers (default 100); claims: claiming goroutines (default 10)")
 	jobs := f.Int("jobs", 0, "jobs: drain 100000, latency 1000, claims 10000, isolation 300 cold jobs per phase; dashboard: jobs loaded; http-enqueue, http-drain: jobs per run (100000)")
 	duration := f.Duration("duration", 10*time.Second, "flow, steady: how long producers run (steady: then --recovery more)")
@@ -173,6 +173,8 @@ func printResults(w io.Writer, rs []*bench.Result) {
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%.0f\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t\n",
 				r.Strategy, r.Workers, r.Jobs, r.Seconds, r.JobsPerS, c.Deadlocks, c.LockTimeouts, r.Duplicates, c.DeadlockDuplicates, c.Collisions, rounds, r.ReorderMax, r.ReorderP99, r.Lost)
 		}
+	case "limits":
+		printLimits(tw, rs)
 	case "isolation":
 		fmt.Fprintln(tw, "cold queue\tworkers\tjobs\tp50 ms\tp95 ms\tp99 ms\tmax ms\tcall p50 ms\tcall p99 ms\tlost\tdup\thot jobs/s\thot backlog min\t")
 		for _, r := range rs {
@@ -310,3 +312,39 @@ func printSettings(w io.Writer, rs []*bench.Result) {
 // writeReport writes the HTML report (a variable so that tests can
 // replace it).
 var writeReport = report.WriteFile
+
+// printLimits prints a limits run: each phase's throughput, its ratio to
+// the unlimited drain (or to what its limit allows), and the most
+// executions at once and starts in a window, counted outside the queue.
+func printLimits(tw *tabwriter.Writer, rs []*bench.Result) {
+	var base float64
+	for _, r := range rs {
+		if r.Phase == "unlimited" {
+			base = r.JobsPerS
+		}
+	}
+	fmt.Fprintln(tw, "phase\tlimits\tworkers\tjobs\tseconds\tjobs/s\tallowed jobs/s\tratio\tpeak running\tmost starts in a period\tp99 ms\tlost\tdup\t")
+	for _, r := range rs {
+		lim, allowed, ratio, win := "none", "-", "-", "-"
+		if l := r.Limits; l != nil {
+			var parts []string
+			if l.MaxRunning > 0 {
+				parts = append(parts, fmt.Sprintf("max running %d", l.MaxRunning))
+			}
+			if l.Rate > 0 {
+				parts = append(parts, fmt.Sprintf("rate %d per %v", l.Rate, l.RatePeriod))
+				win = fmt.Sprint(r.MaxStartsInWindow)
+			}
+			lim = strings.Join(parts, ", ")
+		}
+		switch {
+		case r.Allowed > 0:
+			allowed = fmt.Sprintf("%.0f", r.Allowed)
+			ratio = fmt.Sprintf("%.2f of allowed", r.JobsPerS/r.Allowed)
+		case base > 0 && r.Phase != "unlimited":
+			ratio = fmt.Sprintf("%.2f of unlimited", r.JobsPerS/base)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.0f\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t\n",
+			r.Phase, lim, r.Workers, r.Jobs, r.Seconds, r.JobsPerS, allowed, ratio, r.PeakRunning, win, ms(r.P99ms), r.Lost, r.Duplicates)
+	}
+}

@@ -124,6 +124,9 @@ type Options struct {
 	// after the held transaction ended, when HoldFor is Duration).
 	// Default 0.
 	Recovery time.Duration
+	// Limits are set on the run's queue before it starts (drain, flow,
+	// latency); the limits workload sets its own.
+	Limits conveyor.QueueLimits
 	// Keep leaves the bench tables in place.
 	Keep bool
 	// Progress receives a live progress line; nil for none.
@@ -213,6 +216,17 @@ type Result struct {
 	Claims *ClaimFigures `json:"claims,omitempty"`
 	// Steady are a steady run's figures over time.
 	Steady *SteadyFigures `json:"steady,omitempty"`
+	// Limits are the queue limits the run was held to (nil: none).
+	Limits *conveyor.QueueLimits `json:"limits,omitempty"`
+	// PeakRunning is the most executions under way at once, counted by
+	// the bench's handler outside the queue.
+	PeakRunning int64 `json:"peak_running"`
+	// MaxStartsInWindow, for a rate-limited run, is the most first starts
+	// seen within any window of the rate's period (the bench's clock).
+	MaxStartsInWindow int64 `json:"max_starts_in_window,omitempty"`
+	// Allowed, for a run held below its workers by a limit, is the
+	// jobs/s the limit allows (slots / work per job, or the rate).
+	Allowed float64 `json:"allowed_jobs_per_s,omitempty"`
 	// Latencies are the raw samples (not in JSON) for charts.
 	Latencies []time.Duration `json:"-"`
 }
@@ -362,8 +376,10 @@ func RunAll(ctx context.Context, o Options) ([]*Result, error) {
 		rs, err = httpEnqueue(ctx, o)
 	case "http-drain":
 		rs, err = httpDrain(ctx, o)
+	case "limits":
+		rs, err = limits(ctx, o)
 	default:
-		return nil, fmt.Errorf("bench: unknown workload %q (drain, flow, latency, sweep, isolation, claims, steady, dashboard, http-enqueue, http-drain)", o.Workload)
+		return nil, fmt.Errorf("bench: unknown workload %q (drain, flow, latency, sweep, isolation, claims, steady, dashboard, http-enqueue, http-drain, limits)", o.Workload)
 	}
 	return rs, err
 }
@@ -422,7 +438,9 @@ func openClient(ctx context.Context, o Options, queues map[string]int, recs map[
 			return conveyor.JobCancel(fmt.Errorf("bench: job in unexpected queue %q", j.Queue))
 		}
 		rec.Started(j.Args.Seq, time.Now())
+		rec.Begin()
 		simulate(time.Duration(j.Args.WorkUS)*time.Microsecond, j.Args.Spin)
+		rec.End()
 		return nil
 	})); err != nil {
 		c.Close()
@@ -507,8 +525,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	defer c.Close() // in case of an early return; closing twice is harmless
+	if !o.Limits.IsZero() {
+		if err := c.SetQueueLimits(ctx, conveyor.DefaultQueue, o.Limits); err != nil {
+			return nil, errors.Join(err, c.Close())
+		}
+	}
 	mk := jobMaker(o)
 	res := &Result{Workload: o.Workload, Backend: c.Backend(), Workers: o.Workers, Middleware: o.Middleware}
+	if !o.Limits.IsZero() {
+		l := o.Limits
+		res.Limits = &l
+	}
 	w := startWaits(ctx, o.DSN, c.Backend())
 	var elapsed time.Duration
 	switch o.Workload {
@@ -527,6 +554,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	cerr := closeClient(ctx, c, o, res)
 	res.Waits = w.finish(ctx, res.Counters)
 	ferr := res.fill(rec.Summarize(), elapsed)
+	res.PeakRunning = rec.Peak()
+	if o.Limits.Rate > 0 {
+		res.MaxStartsInWindow = rec.MaxInWindow(0, rec.Issued(), o.Limits.RatePeriod)
+	}
 	o.emit(res)
 	if err != nil || cerr != nil {
 		// The figures show how far the run got; the error says why it

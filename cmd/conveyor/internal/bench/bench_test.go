@@ -170,6 +170,31 @@ func runWorkloads(t *testing.T, dsn, backend string) {
 		}
 		checkRuns(t, backend, rs)
 	})
+	t.Run("limits", func(t *testing.T) {
+		o := small(dsn, "limits")
+		o.Workers = 40 // the held phase needs more workers than its 10 slots
+		rs, err := RunAll(ctx, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"unlimited", "limit-above", "limit-10", "rate"}
+		if len(rs) != len(want) {
+			t.Fatalf("limits: %d results, want %d", len(rs), len(want))
+		}
+		for i, r := range rs {
+			if r.Phase != want[i] || r.Duplicates != 0 {
+				t.Fatalf("limits %d: phase %q duplicates %d", i, r.Phase, r.Duplicates)
+			}
+		}
+		// The held phases are held, and as measured outside the queue.
+		if p := rs[2].PeakRunning; p > 10 || p < 2 || rs[2].Limits == nil || rs[2].Limits.MaxRunning != 10 {
+			t.Errorf("limit-10: peak %d running (want 2 to 10), limits %+v", p, rs[2].Limits)
+		}
+		if w := rs[3].MaxStartsInWindow; w > limitsRate+1 || w < limitsRate/2 || rs[3].Seconds < 1.5 {
+			t.Errorf("rate: %d starts in a period over %.1fs, want at most %d+1 and a run of about 3s", w, rs[3].Seconds, limitsRate)
+		}
+		checkRuns(t, backend, rs)
+	})
 }
 
 func TestWorkloadsSQLite(t *testing.T) {

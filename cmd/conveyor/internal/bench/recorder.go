@@ -29,6 +29,44 @@ type chunk [chunkSize]slot
 type Recorder struct {
 	chunks [maxChunks]atomic.Pointer[chunk]
 	n      atomic.Int64 // sequence numbers handed out
+	// running counts executions under way (Begin to End), peak the most
+	// at once: measured outside the queue, to check its limits.
+	running, peak atomic.Int64
+}
+
+// Begin records that an execution began; End that it ended. Peak is the
+// most executions under way at once.
+func (r *Recorder) Begin() {
+	n := r.running.Add(1)
+	for p := r.peak.Load(); n > p && !r.peak.CompareAndSwap(p, n); p = r.peak.Load() {
+	}
+}
+
+// End records that an execution begun with Begin ended.
+func (r *Recorder) End() { r.running.Add(-1) }
+
+// Peak returns the most executions under way at once so far.
+func (r *Recorder) Peak() int64 { return r.peak.Load() }
+
+// MaxInWindow returns the most first starts of the jobs [from, to) that
+// fall within any window of length d (by this process's clock).
+func (r *Recorder) MaxInWindow(from, to int64, d time.Duration) int64 {
+	starts := make([]int64, 0, max(0, to-from))
+	for i := from; i < to; i++ {
+		if sl := r.slot(i); sl.execs.Load() > 0 {
+			starts = append(starts, sl.start.Load())
+		}
+	}
+	sort.Slice(starts, func(i, j int) bool { return starts[i] < starts[j] })
+	var best int64
+	lo := 0
+	for hi := range starts {
+		for starts[hi]-starts[lo] >= int64(d) {
+			lo++
+		}
+		best = max(best, int64(hi-lo+1))
+	}
+	return best
 }
 
 // NewRecorder returns an empty recorder.
