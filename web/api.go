@@ -71,6 +71,7 @@ func (h *Handler) routeTable() []route {
 		{method: "POST", path: "/jobs/{id}/{action}", role: ad, html: true, fn: h.formJobAction},
 		{method: "POST", path: "/jobs/bulk", role: ad, html: true, fn: h.formBulk},
 		{method: "POST", path: "/queues/{queue}/{action}", role: ad, html: true, fn: h.formQueueAction},
+		{method: "POST", path: "/queues/limits", role: ad, html: true, fn: h.formLimits},
 		{method: "GET", path: "/static/", public: true, fn: h.serveStatic},
 	}
 }
