@@ -2,6 +2,7 @@ package web
 
 import (
 	"encoding/json"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -160,5 +161,73 @@ func TestShortDuration(t *testing.T) {
 		if back, err := time.ParseDuration(shortDuration(d)); err != nil || back != d {
 			t.Errorf("%q reads back as %v, %v", shortDuration(d), back, err)
 		}
+	}
+}
+
+// TestLimitsForm: the queues page's form sets and clears a queue's
+// limits, shown in the queues table; bad values are refused naming the
+// field; it is guarded as the pause buttons are.
+func TestLimitsForm(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
+	form := func(auth string, h map[string]string, v url.Values) resp {
+		t.Helper()
+		hd := map[string]string{"Content-Type": "application/x-www-form-urlencoded"}
+		for k, x := range h {
+			hd[k] = x
+		}
+		return e.do(req{method: "POST", path: "/queues/limits", auth: auth, header: hd, body: v.Encode()})
+	}
+	for _, c := range []struct {
+		v    url.Values
+		want string
+	}{
+		{url.Values{"queue": {"q"}, "op": {"set"}, "max_running": {"x"}}, `max running &#34;x&#34; is not a whole number`},
+		{url.Values{"queue": {"q"}, "op": {"set"}, "rate": {"1.5"}, "rate_period": {"1m"}}, `rate &#34;1.5&#34; is not a whole number`},
+		{url.Values{"queue": {"q"}, "op": {"set"}, "rate": {"10"}, "rate_period": {"soon"}}, `rate period &#34;soon&#34; is not a duration`},
+		{url.Values{"queue": {"q"}, "op": {"set"}, "max_running": {"-1"}}, "MaxRunning -1 is out of range"},
+		{url.Values{"queue": {"q"}, "op": {"set"}, "rate": {"10"}}, "RatePeriod 0s is out of range"},
+		{url.Values{"queue": {"q"}, "op": {"set"}}, "give max running, or a rate with its period"},
+		{url.Values{"queue": {""}, "op": {"set"}, "max_running": {"1"}}, "queue: give the queue"},
+		{url.Values{"queue": {"bad name"}, "op": {"set"}, "max_running": {"1"}}, "invalid queue name"},
+		{url.Values{"queue": {"q"}, "op": {"drop"}}, `op &#34;drop&#34;: set or clear`},
+	} {
+		res := form(adminToken, nil, c.v)
+		if res.status != 400 || !strings.Contains(string(res.body), c.want) {
+			t.Errorf("form %v: %d, want 400 saying %s:\n%.300s", c.v, res.status, c.want, res.body)
+		}
+	}
+	set := url.Values{"queue": {"mail"}, "op": {"set"}, "max_running": {"5"}, "rate": {"10"}, "rate_period": {"1m"}}
+	if res := form(roToken, nil, set); res.status != 403 {
+		t.Errorf("read-only form: %d", res.status)
+	}
+	if res := form(adminToken, map[string]string{"Sec-Fetch-Site": "cross-site"}, set); res.status != 403 || !strings.Contains(string(res.body), "cross-origin request refused") {
+		t.Errorf("cross-origin form: %d %s", res.status, res.body)
+	}
+	if l, err := e.client.QueueLimits(t.Context()); err != nil || len(l) != 0 {
+		t.Fatalf("refused forms set limits: %v, %v", l, err)
+	}
+
+	res := form(adminToken, nil, set)
+	if res.status != 303 || res.header.Get("Location") != "/?ok=limits" {
+		t.Fatalf("form set: %d %s %s", res.status, res.header.Get("Location"), res.body)
+	}
+	if l, err := e.client.QueueLimits(t.Context()); err != nil || l["mail"] != (conveyor.QueueLimits{MaxRunning: 5, Rate: 10, RatePeriod: time.Minute}) {
+		t.Fatalf("after the form: %v, %v", l, err)
+	}
+	page := e.must(200, req{method: "GET", path: "/?ok=limits", auth: adminToken})
+	for _, want := range []string{"<div>0/5 running</div><div>rate 0/10 per 1m</div>", "limits are set in every process", `id="limits-form"`} {
+		if !strings.Contains(string(page.body), want) {
+			t.Errorf("queues page lacks %s", want)
+		}
+	}
+	if page := e.must(200, req{method: "GET", path: "/", auth: roToken}); strings.Contains(string(page.body), `id="limits-form"`) {
+		t.Error("the limits form is shown to a read-only user")
+	}
+	res = form(adminToken, nil, url.Values{"queue": {"mail"}, "op": {"clear"}})
+	if res.status != 303 || res.header.Get("Location") != "/?ok=nolimit" {
+		t.Fatalf("form clear: %d %s %s", res.status, res.header.Get("Location"), res.body)
+	}
+	if l, err := e.client.QueueLimits(t.Context()); err != nil || len(l) != 0 {
+		t.Fatalf("after clearing: %v, %v", l, err)
 	}
 }
