@@ -48,6 +48,9 @@ func (h *Handler) routeTable() []route {
 		{method: "GET", path: "/api/v1/queues", role: ro, api: true, fn: h.apiQueues},
 		{method: "POST", path: "/api/v1/queues/{queue}/pause", role: ad, api: true, fn: h.apiPause(true)},
 		{method: "POST", path: "/api/v1/queues/{queue}/resume", role: ad, api: true, fn: h.apiPause(false)},
+		{method: "GET", path: "/api/v1/queues/{queue}/limits", role: ro, api: true, fn: h.apiGetLimits},
+		{method: "PUT", path: "/api/v1/queues/{queue}/limits", role: ad, api: true, fn: h.apiPutLimits},
+		{method: "DELETE", path: "/api/v1/queues/{queue}/limits", role: ad, api: true, fn: h.apiDeleteLimits},
 		{method: "GET", path: "/api/v1/series", role: ro, api: true, fn: h.apiSeries},
 		{method: "GET", path: "/api/v1/schedules", role: ro, api: true, fn: h.apiSchedules},
 		{method: "GET", path: "/api/v1/processes", role: ro, api: true, fn: h.apiProcesses},
@@ -68,6 +71,7 @@ func (h *Handler) routeTable() []route {
 		{method: "POST", path: "/jobs/{id}/{action}", role: ad, html: true, fn: h.formJobAction},
 		{method: "POST", path: "/jobs/bulk", role: ad, html: true, fn: h.formBulk},
 		{method: "POST", path: "/queues/{queue}/{action}", role: ad, html: true, fn: h.formQueueAction},
+		{method: "POST", path: "/queues/limits", role: ad, html: true, fn: h.formLimits},
 		{method: "GET", path: "/static/", public: true, fn: h.serveStatic},
 	}
 }
@@ -828,6 +832,14 @@ type queueJSON struct {
 	// Unworked is set when jobs are available and no alive process
 	// works the queue: they wait until one starts.
 	Unworked bool `json:"unworked"`
+	// Limits are the queue's flow limits; null when it has none.
+	Limits *limitsJSON `json:"limits"`
+	// LimitUse is how much of Limits is in use; null without Limits.
+	LimitUse *limitUseJSON `json:"limit_use"`
+	// Held says why available jobs are not started although workers may
+	// be free: "paused", "concurrency" (MaxRunning jobs run) or "rate"
+	// (the rate window is full); null when nothing holds them.
+	Held *string `json:"held"`
 }
 
 // queuesJSON is the answer of GET /api/v1/queues.
@@ -858,6 +870,10 @@ func toQueuesJSON(backend string, rd *reading) queuesJSON {
 	for _, x := range rd.Stats.Queues {
 		q := queueJSON{Queue: x.Queue, Counts: map[string]int64{}, Paused: !x.PausedAt.IsZero(), PausedAt: timeOrNull(x.PausedAt)}
 		q.Processes = working[x.Queue]
+		q.Limits, q.LimitUse = toLimitsJSON(x.Limits), toLimitUseJSON(x.LimitUse)
+		if x.Held != "" {
+			q.Held = ptr(x.Held)
+		}
 		q.Unworked = q.Processes == 0 && x.Counts[conveyor.JobStateAvailable] > 0
 		for _, st := range conveyor.JobStates() {
 			q.Counts[string(st)] = x.Counts[st]

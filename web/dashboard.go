@@ -60,6 +60,9 @@ func parseTemplates() (templates, error) {
 			return humanDuration(time.Duration(*ms) * time.Millisecond)
 		},
 		"nowms": func() int64 { return time.Now().UnixMilli() },
+		// limitLines is a queue's limits with their use, one line each:
+		// "3/5 running", "rate 8/10 per 1m"; none without limits.
+		"limitLines": limitLines,
 		"deref": func(s *string) string {
 			if s == nil {
 				return ""
@@ -149,6 +152,8 @@ var flashes = map[string]string{
 	"discard": "The job was discarded.",
 	"pause":   "The queue is paused in every process; running jobs finish.",
 	"resume":  "The queue is resumed.",
+	"limits":  "The queue's limits are set in every process.",
+	"nolimit": "The queue's limits are cleared.",
 }
 
 func (h *Handler) pageQueues(w http.ResponseWriter, r *http.Request, p principal) {
@@ -493,7 +498,7 @@ func canStop(state string) bool {
 // and redirects to the job.
 func (h *Handler) formJobAction(w http.ResponseWriter, r *http.Request, p principal) {
 	action := r.PathValue("action")
-	if _, ok := flashes[action]; !ok || action == "pause" || action == "resume" {
+	if _, ok := flashes[action]; !ok || action == "pause" || action == "resume" || action == "limits" || action == "nolimit" {
 		h.renderError(w, r, p, http.StatusNotFound, "unknown action")
 		return
 	}
@@ -605,6 +610,99 @@ func (h *Handler) formQueueAction(w http.ResponseWriter, r *http.Request, p prin
 		return
 	}
 	http.Redirect(w, r, h.opts.BasePath+"/?ok="+action, http.StatusSeeOther)
+}
+
+// formLimits sets (op=set) or clears (op=clear) a queue's limits from
+// the queues page's form: queue, max_running, rate and rate_period (a Go
+// duration); an empty number is no limit.
+func (h *Handler) formLimits(w http.ResponseWriter, r *http.Request, p principal) {
+	if err := r.ParseForm(); err != nil {
+		h.renderError(w, r, p, bodyStatus(err), "could not read the form: "+err.Error())
+		return
+	}
+	queue, op := strings.TrimSpace(r.PostForm.Get("queue")), r.PostForm.Get("op")
+	if queue == "" {
+		h.renderError(w, r, p, http.StatusBadRequest, "queue: give the queue's name")
+		return
+	}
+	var l conveyor.QueueLimits
+	switch op {
+	case "clear":
+	case "set":
+		var err error
+		if l, err = formLimitValues(r.PostForm); err != nil {
+			h.renderError(w, r, p, http.StatusBadRequest, err.Error())
+			return
+		}
+		if l.IsZero() {
+			h.renderError(w, r, p, http.StatusBadRequest, "give max running, or a rate with its period (Clear limits removes them)")
+			return
+		}
+	default:
+		h.renderError(w, r, p, http.StatusBadRequest, fmt.Sprintf("op %q: set or clear", op))
+		return
+	}
+	if err := h.setLimits(r, queue, l); err != nil {
+		status, msg := h.classify(r, err)
+		h.renderError(w, r, p, status, msg)
+		return
+	}
+	ok := "limits"
+	if op == "clear" {
+		ok = "nolimit"
+	}
+	http.Redirect(w, r, h.opts.BasePath+"/?ok="+ok, http.StatusSeeOther)
+}
+
+// formLimitValues reads the limits of the queues page's form, naming the
+// field at fault.
+func formLimitValues(form url.Values) (conveyor.QueueLimits, error) {
+	var l conveyor.QueueLimits
+	num := func(field, label string) (int, error) {
+		v := strings.TrimSpace(form.Get(field))
+		if v == "" {
+			return 0, nil
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return 0, fmt.Errorf("%s %q is not a whole number (empty for no limit)", label, v)
+		}
+		return n, nil
+	}
+	var err error
+	if l.MaxRunning, err = num("max_running", "max running"); err != nil {
+		return l, err
+	}
+	if l.Rate, err = num("rate", "rate"); err != nil {
+		return l, err
+	}
+	per := strings.TrimSpace(form.Get("rate_period"))
+	if per != "" {
+		if l.RatePeriod, err = time.ParseDuration(per); err != nil {
+			return l, fmt.Errorf("rate period %q is not a duration: write it as 1m, 30s or 250ms", per)
+		}
+	}
+	return l, nil
+}
+
+// limitLines is a queue's limits with their use, one line each, as the
+// queues page shows them (app.js's limitLines says the same).
+func limitLines(q queueJSON) []string {
+	l, u := q.Limits, q.LimitUse
+	if l == nil {
+		return nil
+	}
+	if u == nil {
+		u = &limitUseJSON{}
+	}
+	var out []string
+	if l.MaxRunning > 0 {
+		out = append(out, fmt.Sprintf("%d/%d running", u.Running, l.MaxRunning))
+	}
+	if l.Rate > 0 {
+		out = append(out, fmt.Sprintf("rate %d/%d per %s", u.Started, l.Rate, l.RatePeriod))
+	}
+	return out
 }
 
 // queueRE is conveyor's rule for queue names.

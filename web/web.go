@@ -158,6 +158,8 @@ type client interface {
 	Overview(ctx context.Context, since time.Time) (*conveyor.Stats, error)
 	PauseQueue(ctx context.Context, queue string) error
 	ResumeQueue(ctx context.Context, queue string) error
+	SetQueueLimits(ctx context.Context, queue string, l conveyor.QueueLimits) error
+	QueueLimits(ctx context.Context) (map[string]conveyor.QueueLimits, error)
 	Schedules(ctx context.Context) ([]conveyor.ScheduleInfo, error)
 	Processes(ctx context.Context) ([]conveyor.ProcessInfo, error)
 	Config() conveyor.Config

@@ -317,6 +317,45 @@ func TestBrowserDashboard(t *testing.T) {
 	b.navigate(base + "/")
 	b.waitFor("40 available again", cell("fill", "available")+` === "41"`)
 
+	// Limit the queue with the form: its row shows the limits and their
+	// use; paused, its waiting jobs are marked held by the pause; the
+	// form clears the limits again.
+	b.do("set limits", chromedp.SetValue(chromedp.CSS("#l-queue"), "fill"), chromedp.SetValue(chromedp.CSS("#l-max"), "5"),
+		chromedp.SetValue(chromedp.CSS("#l-rate"), "10"), chromedp.SetValue(chromedp.CSS("#l-per"), "1m"))
+	b.click("set limits", "#l-set")
+	limits := `document.querySelector('tr[data-queue="fill"] td.limits').innerText`
+	b.waitFor("fill limited", `document.querySelector(".flash") && document.querySelector(".flash").textContent.includes("limits are set")`+
+		` && `+limits+`.includes("0/5 running") && `+limits+`.includes("rate 0/10 per 1m")`)
+	var lim struct {
+		Limits *struct {
+			MaxRunning int    `json:"max_running"`
+			Rate       int    `json:"rate"`
+			RatePeriod string `json:"rate_period"`
+		} `json:"limits"`
+	}
+	api(t, "GET", base+"/api/v1/queues/fill/limits", nil, &lim)
+	if lim.Limits == nil || lim.Limits.MaxRunning != 5 || lim.Limits.Rate != 10 || lim.Limits.RatePeriod != "1m" {
+		t.Fatalf("limits set by the form: %+v", lim.Limits)
+	}
+	b.click("pause the limited queue", `tr[data-queue="fill"] button.pause`)
+	b.waitFor("fill held by the pause", `document.querySelector('tr[data-queue="fill"] .badge.held') && document.querySelector('tr[data-queue="fill"] .badge.held').textContent === "held: paused"`)
+	b.click("resume the limited queue", `tr[data-queue="fill"] button.resume`)
+	b.waitFor("fill no longer held", `document.querySelector('tr[data-queue="fill"] .badge.active') && !document.querySelector('tr[data-queue="fill"] .badge.held')`)
+	// A bad value is refused, naming it, and changes nothing.
+	b.do("bad limits", chromedp.SetValue(chromedp.CSS("#l-queue"), "fill"), chromedp.SetValue(chromedp.CSS("#l-rate"), "10"), chromedp.SetValue(chromedp.CSS("#l-per"), "soon"))
+	b.click("set bad limits", "#l-set")
+	b.waitFor("the refusal", `document.body.innerText.includes('rate period "soon" is not a duration')`)
+	b.navigate(base + "/")
+	b.do("clear limits", chromedp.SetValue(chromedp.CSS("#l-queue"), "fill"))
+	b.click("clear limits", "#l-clear")
+	b.waitFor("fill unlimited", `document.querySelector(".flash") && document.querySelector(".flash").textContent.includes("limits are cleared")`+
+		` && `+limits+` === "–"`)
+	lim.Limits = nil
+	api(t, "GET", base+"/api/v1/queues/fill/limits", nil, &lim)
+	if lim.Limits != nil {
+		t.Fatalf("limits after clearing by the form: %+v", lim.Limits)
+	}
+
 	// A form on another origin cannot pause the queue, although the
 	// browser holds the session cookie (same site: only the port differs).
 	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -45,10 +45,14 @@ commands:
   jobs [--state S] [--queue Q] [--kind K] [--limit N] [--after ID] [--json]
   job ID [--json]         inspect one job, with every attempt's error
   retry ID | cancel ID | discard ID
-  stats [--json]          per queue: counts by state, age of the oldest available job, paused since
+  stats [--json]          per queue: counts by state, age of the oldest available job, paused since,
+                          limits and their use, what holds its jobs
   schedules [--json]      the periodic schedules: latest slot and job, next slot
   pause QUEUE [--allow-unknown-queue] | resume QUEUE
                           stop and restart claims of a queue in every process (running jobs finish)
+  limits [--json] | limits set QUEUE [--max-running N] [--rate N --per DURATION] | limits clear QUEUE
+                          the limited queues, their use and what holds them; set or clear a queue's limits
+                          (jobs running at once, jobs started per window) for every process
   serve [--listen ADDR] [--token-file F] [--read-only-token-file F] [--basic-auth-file F] [--insecure-loopback-dev]
         [--unknown-kinds warn|refuse|allow] [--metrics=false]
                           the dashboard, the HTTP/JSON API (worker protocol included) and /metrics for
@@ -80,6 +84,7 @@ var commands = map[string]func(*env, []string) error{
 	"stats":     statsCmd,
 	"pause":     func(e *env, args []string) error { return pauseCmd(e, "pause", args) },
 	"resume":    func(e *env, args []string) error { return pauseCmd(e, "resume", args) },
+	"limits":    limitsCmd,
 	"schedules": schedulesCmd,
 	"demo":      demoCmd,
 	"bench":     benchCmd,

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -11,8 +12,9 @@ import (
 	"github.com/conveyorq/conveyor"
 )
 
-// statsCmd prints per queue the counts by state and the age of the oldest
-// available job. The client's process counters are left out: a one-shot
+// statsCmd prints per queue the counts by state, the age of the oldest
+// available job, the pause, the limits with their use, and what holds
+// the queue's jobs. The client's process counters are left out: a one-shot
 // command claims nothing, so they would always be 0.
 func statsCmd(e *env, args []string) error {
 	f := e.flags("stats", "stats [--json]", dbHelp)
@@ -31,27 +33,12 @@ func statsCmd(e *env, args []string) error {
 	}
 	sort.Slice(s.Queues, func(i, j int) bool { return s.Queues[i].Queue < s.Queues[j].Queue })
 	if *asJSON {
-		type queue struct {
-			Queue  string                      `json:"queue"`
-			Counts map[conveyor.JobState]int64 `json:"counts"`
-			// OldestAvailableMS is null when no job is available.
-			OldestAvailableMS *int64 `json:"oldest_available_ms"`
-			// PausedAt is null when the queue is not paused.
-			PausedAt *time.Time `json:"paused_at"`
-		}
 		out := struct {
-			Backend string  `json:"backend"`
-			Queues  []queue `json:"queues"`
-		}{Backend: c.Backend(), Queues: []queue{}}
+			Backend string           `json:"backend"`
+			Queues  []queueStatsJSON `json:"queues"`
+		}{Backend: c.Backend(), Queues: []queueStatsJSON{}}
 		for _, x := range s.Queues {
-			q := queue{Queue: x.Queue, Counts: x.Counts}
-			if x.Counts[conveyor.JobStateAvailable] > 0 {
-				q.OldestAvailableMS = ptr(x.OldestAvailable.Milliseconds())
-			}
-			if !x.PausedAt.IsZero() {
-				q.PausedAt = ptr(x.PausedAt.UTC())
-			}
-			out.Queues = append(out.Queues, q)
+			out.Queues = append(out.Queues, toQueueStatsJSON(x))
 		}
 		return json.NewEncoder(e.stdout).Encode(out)
 	}
@@ -60,7 +47,7 @@ func statsCmd(e *env, args []string) error {
 	for _, st := range conveyor.JobStates() {
 		fmt.Fprintf(w, "\t%s", strings.ToUpper(string(st)))
 	}
-	fmt.Fprintln(w, "\tOLDEST AVAILABLE\tPAUSED SINCE")
+	fmt.Fprintln(w, "\tOLDEST AVAILABLE\tPAUSED SINCE\tLIMITS\tHELD")
 	for _, x := range s.Queues {
 		fmt.Fprintf(w, "%s", x.Queue)
 		for _, st := range conveyor.JobStates() {
@@ -74,10 +61,22 @@ func statsCmd(e *env, args []string) error {
 		if !x.PausedAt.IsZero() {
 			paused = x.PausedAt.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(w, "\t%s\t%s\n", oldest, paused)
+		limits := "-"
+		if run, rate := limitUseText(x); run != "" || rate != "" {
+			limits = strings.Join(slices.DeleteFunc([]string{prefixed("running ", run), prefixed("rate ", rate)}, func(s string) bool { return s == "" }), ", ")
+		}
+		fmt.Fprintf(w, "\t%s\t%s\t%s\t%s\n", oldest, paused, limits, dash(x.Held))
 	}
 	if len(s.Queues) == 0 {
 		fmt.Fprintln(w, "(no jobs)")
 	}
 	return w.Flush()
+}
+
+// prefixed is p+s, or "" for an empty s.
+func prefixed(p, s string) string {
+	if s == "" {
+		return ""
+	}
+	return p + s
 }

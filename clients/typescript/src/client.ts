@@ -148,6 +148,62 @@ export interface FailOptions {
   retryInMs?: number;
 }
 
+/** Why a queue's available jobs are not started although workers may be free. */
+export type Held = "paused" | "concurrency" | "rate";
+
+/** A queue's flow limits, held across every process claiming from the queue; 0 is no limit. */
+export interface QueueLimits {
+  /** The most jobs of the queue running at once across every process. */
+  maxRunning: number;
+  /** The most jobs of the queue started per ratePeriod (by the database's clock). */
+  rate: number;
+  /** rate's window as a Go duration ("1m", "250ms"); "" without a rate. */
+  ratePeriod: string;
+  /** ratePeriod in milliseconds; 0 without a rate. */
+  ratePeriodMs: number;
+}
+
+/** Limits to set: a field left out is no limit (setQueueLimits replaces them whole). */
+export interface QueueLimitsInput {
+  /** The most jobs running at once, 0 to 100000. */
+  maxRunning?: number;
+  /** The most jobs started per ratePeriod, 0 to 100000; needs ratePeriod. */
+  rate?: number;
+  /** rate's window, 1ms to 30 days: a Go duration string ("1m", "30s", "1h30m") or milliseconds. */
+  ratePeriod?: string | number;
+}
+
+/** How much of a queue's limits is in use. */
+export interface LimitUse {
+  /** Jobs holding the queue's concurrency slots. */
+  running: number;
+  /** Jobs started within the last rate period. */
+  started: number;
+  /** When started has reached the rate, how long until the window has room again; 0 otherwise. */
+  nextStartMs: number;
+}
+
+/** One queue as GET /api/v1/queues lists it. */
+export interface QueueInfo {
+  queue: string;
+  /** Per state: the unfinished ones count every job, the finished ones the last 5 minutes'. */
+  counts: Record<JobState, number>;
+  /** Age of the oldest available job; null when none is available. */
+  oldestAvailableMs: number | null;
+  paused: boolean;
+  pausedAt: string | null;
+  /** How many alive processes work the queue. */
+  processes: number;
+  /** Jobs are available and no alive process works the queue. */
+  unworked: boolean;
+  /** The queue's flow limits; null when it has none. */
+  limits: QueueLimits | null;
+  /** How much of limits is in use; null without limits. */
+  limitUse: LimitUse | null;
+  /** Why its available jobs wait although workers may be free; null when nothing holds them. */
+  held: Held | null;
+}
+
 export interface ClientOptions {
   /** Where conveyor serve (or the mounted handler) is, e.g. "http://127.0.0.1:8080" or ".../conveyor". */
   baseUrl: string;
@@ -227,6 +283,43 @@ function toWire(kind: string, args: unknown, o: EnqueueOptions = {}): Record<str
       states: u.states ?? null,
     };
   }
+  return body;
+}
+
+interface WireLimits {
+  max_running: number;
+  rate: number;
+  rate_period: string;
+  rate_period_ms: number;
+}
+
+interface WireQueue {
+  queue: string;
+  counts: Record<JobState, number>;
+  oldest_available_ms: number | null;
+  paused: boolean;
+  paused_at: string | null;
+  processes: number;
+  unworked: boolean;
+  limits?: WireLimits | null;
+  limit_use?: { running: number; started: number; next_start_ms: number } | null;
+  held?: Held | null;
+}
+
+function limitsFromWire(w: WireLimits | null | undefined): QueueLimits | null {
+  if (!w) return null;
+  return { maxRunning: w.max_running, rate: w.rate, ratePeriod: w.rate_period, ratePeriodMs: w.rate_period_ms };
+}
+
+function limitsToWire(l: QueueLimitsInput): Record<string, unknown> {
+  if (!l || typeof l !== "object") {
+    throw new TypeError("setQueueLimits: give the limits, e.g. { maxRunning: 5 } or { rate: 100, ratePeriod: \"1m\" }");
+  }
+  const body: Record<string, unknown> = {};
+  if (l.maxRunning !== undefined) body.max_running = l.maxRunning;
+  if (l.rate !== undefined) body.rate = l.rate;
+  if (typeof l.ratePeriod === "number") body.rate_period_ms = l.ratePeriod;
+  else if (l.ratePeriod !== undefined) body.rate_period = l.ratePeriod;
   return body;
 }
 
@@ -319,6 +412,50 @@ export class Client {
 
   async resumeQueue(queue: string): Promise<void> {
     await this.request("POST", `/api/v1/queues/${encodeURIComponent(queue)}/resume`);
+  }
+
+  /** Every queue with unfinished or recently finished jobs, paused or limited: counts, pause, limits and what holds it. */
+  async queues(): Promise<QueueInfo[]> {
+    const out = await this.request<{ queues: WireQueue[] }>("GET", "/api/v1/queues");
+    return out.queues.map((q) => ({
+      queue: q.queue,
+      counts: q.counts,
+      oldestAvailableMs: q.oldest_available_ms,
+      paused: q.paused,
+      pausedAt: q.paused_at,
+      processes: q.processes,
+      unworked: q.unworked,
+      limits: limitsFromWire(q.limits),
+      limitUse: q.limit_use ? { running: q.limit_use.running, started: q.limit_use.started, nextStartMs: q.limit_use.next_start_ms } : null,
+      held: q.held ?? null,
+    }));
+  }
+
+  /** A queue's flow limits; null when it has none. */
+  async queueLimits(queue: string): Promise<QueueLimits | null> {
+    const out = await this.request<{ limits: WireLimits | null }>("GET", `/api/v1/queues/${encodeURIComponent(queue)}/limits`);
+    return limitsFromWire(out.limits);
+  }
+
+  /**
+   * Sets a queue's flow limits for every process, replacing them whole (a
+   * field left out is no limit; all left out clears them). The queue need
+   * not exist yet; its pause is kept. A value out of range is refused
+   * with a 400 naming the field, and nothing changes. Returns the limits
+   * set, null for none.
+   */
+  async setQueueLimits(queue: string, limits: QueueLimitsInput): Promise<QueueLimits | null> {
+    const out = await this.request<{ limits: WireLimits | null }>(
+      "PUT",
+      `/api/v1/queues/${encodeURIComponent(queue)}/limits`,
+      limitsToWire(limits),
+    );
+    return limitsFromWire(out.limits);
+  }
+
+  /** Removes a queue's flow limits. */
+  async clearQueueLimits(queue: string): Promise<void> {
+    await this.request("DELETE", `/api/v1/queues/${encodeURIComponent(queue)}/limits`);
   }
 
   // The worker protocol. Worker uses these; call them directly to drive

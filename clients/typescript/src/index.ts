@@ -8,10 +8,15 @@ export type {
   EnqueueOptions,
   EnqueueResult,
   FailOptions,
+  Held,
   Job,
   JobPage,
   JobState,
+  LimitUse,
   ListJobsOptions,
+  QueueInfo,
+  QueueLimits,
+  QueueLimitsInput,
   UniqueOptions,
 } from "./client.js";
 export { LeaseDeadlineError, Worker, WorkerStopping } from "./worker.js";

@@ -416,3 +416,55 @@ test("errors carry the server's message", { skip, timeout: 30_000 }, async () =>
   await assert.rejects(client.enqueue("", {}), TypeError);
   assert.throws(() => new Worker(client, { handlers: {}, concurrency: 0 }), RangeError);
 });
+
+test("queue limits: set, read, listed with their use and what holds the queue, cleared", { skip, timeout: 30_000 }, async () => {
+  const q = `ts-limits-${run}`;
+  assert.equal(await client.queueLimits(q), null);
+
+  const set = await client.setQueueLimits(q, { maxRunning: 5, rate: 100, ratePeriod: "1m" });
+  const want = { maxRunning: 5, rate: 100, ratePeriod: "1m", ratePeriodMs: 60_000 };
+  assert.deepEqual(set, want);
+  assert.deepEqual(await client.queueLimits(q), want);
+  // Milliseconds are a period too.
+  assert.deepEqual(await client.setQueueLimits(q, { rate: 10, ratePeriod: 1500 }), { maxRunning: 0, rate: 10, ratePeriod: "1.5s", ratePeriodMs: 1500 });
+  await client.setQueueLimits(q, { maxRunning: 5, rate: 100, ratePeriod: "1m" });
+
+  // Listed without jobs, with its use; a job waiting in the paused queue
+  // is held by the pause.
+  let info = (await client.queues()).find((x) => x.queue === q);
+  assert.ok(info, `queue ${q} not listed`);
+  assert.deepEqual(info.limits, want);
+  assert.deepEqual(info.limitUse, { running: 0, started: 0, nextStartMs: 0 });
+  assert.equal(info.held, null);
+  const { id } = await client.enqueue("limited", {}, { queue: q });
+  await client.pauseQueue(q);
+  await until("the paused queue to be held", async () => {
+    info = (await client.queues()).find((x) => x.queue === q);
+    return info?.held === "paused";
+  });
+  assert.deepEqual(info?.limits, want, "the pause kept the limits");
+
+  // Bad values are refused naming the field, and nothing changes.
+  for (const [bad, field] of [
+    [{ maxRunning: -1 }, /MaxRunning -1 is out of range/],
+    [{ rate: 10 }, /RatePeriod 0s is out of range/],
+    [{ rate: 10, ratePeriod: "a minute" }, /rate_period "a minute" is not a duration/],
+    [{ ratePeriod: "1m" }, /RatePeriod 1m0s is set without a Rate/],
+  ] as const) {
+    await assert.rejects(client.setQueueLimits(q, bad), (e: unknown) => {
+      assert.ok(e instanceof ConveyorError, `not a ConveyorError: ${e}`);
+      assert.equal(e.status, 400);
+      assert.match(e.serverMessage, field);
+      return true;
+    });
+  }
+  assert.deepEqual(await client.queueLimits(q), want);
+
+  await client.clearQueueLimits(q);
+  assert.equal(await client.queueLimits(q), null);
+  info = (await client.queues()).find((x) => x.queue === q);
+  assert.equal(info?.limits, null);
+  assert.equal(info?.limitUse, null);
+  await client.resumeQueue(q);
+  await client.cancel(id).catch(() => {});
+});

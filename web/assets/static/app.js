@@ -113,6 +113,17 @@
   }
 
   // ---- Queues page -------------------------------------------------------
+  // limitLines is a queue's limits with their use, one line each, as
+  // dashboard.go's limitLines says them.
+  function limitLines(q) {
+    const l = q.limits, u = q.limit_use || { running: 0, started: 0 };
+    if (!l) return [];
+    const out = [];
+    if (l.max_running > 0) out.push(u.running + "/" + l.max_running + " running");
+    if (l.rate > 0) out.push("rate " + u.started + "/" + l.rate + " per " + l.rate_period);
+    return out;
+  }
+
   function queueRow(q, states) {
     const enc = encodeURIComponent(q.queue);
     const tr = el("tr", { "data-queue": q.queue },
@@ -125,7 +136,11 @@
     tr.append(el("td", { class: "num procs", "data-label": "processes" }, q.unworked
       ? el("span", { class: "badge unworked", title: "jobs are available but no alive process works this queue" }, "⚠ no process")
       : String(q.processes)));
-    tr.append(el("td", { "data-label": "status" }, q.paused ? el("span", { class: "badge paused" }, "paused") : el("span", { class: "badge active" }, "active")));
+    const lines = limitLines(q);
+    tr.append(el("td", { "data-label": "limits", class: "limits" }, ...(lines.length ? lines.map((l) => el("div", {}, l)) : ["–"])));
+    const status = el("td", { "data-label": "status" }, q.paused ? el("span", { class: "badge paused" }, "paused") : el("span", { class: "badge active" }, "active"));
+    if (q.held) status.append(" ", el("span", { class: "badge held held-" + q.held, title: "available jobs wait: " + q.held }, "held: " + q.held));
+    tr.append(status);
     if (admin) {
       tr.append(el("td", {}, q.paused
         ? postForm(base + "/queues/" + enc + "/resume", "Resume", "resume")
@@ -139,7 +154,7 @@
     const table = document.getElementById("queues");
     const states = [...table.querySelectorAll("thead th[data-state]")].map((th) => th.dataset.state);
     const rows = d.queues.map((q) => queueRow(q, states));
-    if (!rows.length) rows.push(el("tr", { class: "empty" }, el("td", { colspan: "12" }, "No unfinished jobs, none finished in the last " + Math.round(d.finished_window_s / 60) + " min, no paused queue.")));
+    if (!rows.length) rows.push(el("tr", { class: "empty" }, el("td", { colspan: "13" }, "No unfinished jobs, none finished in the last " + Math.round(d.finished_window_s / 60) + " min, no paused queue.")));
     table.tBodies[0].replaceChildren(...rows);
     const unworked = d.queues.filter((q) => q.unworked).map((q) => q.queue);
     document.getElementById("unworked-list").textContent = unworked.join(", ");

@@ -1,0 +1,377 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/conveyorq/conveyor"
+)
+
+// Bounds of the limits flags: the library's (conveyor.QueueLimits),
+// checked here so that an error names the flag.
+const (
+	maxLimitSlots = 100000
+	maxRatePeriod = 30 * 24 * time.Hour
+)
+
+const limitsSynopsis = "limits [--json] | limits set QUEUE [--max-running N] [--rate N --per DURATION] [--allow-unknown-queue] | limits clear QUEUE"
+
+// limitsFlags are the flags of limits and its subcommands, parsed in one
+// set so that they may come before or after the subcommand.
+type limitsFlags struct {
+	asJSON, allow bool
+	maxRunning    int
+	rate          int
+	per           time.Duration
+	set           map[string]bool // the flags given
+}
+
+// limitsCmd lists the limited queues (no subcommand), sets a queue's
+// limits (set) or clears them (clear).
+func limitsCmd(e *env, args []string) error {
+	f := e.flags("limits", limitsSynopsis, dbHelp)
+	f.about = "limits: the limited queues, with their use and what holds their jobs.\n" +
+		"limits set: limits QUEUE in every process working it on the database: at most N jobs running\n" +
+		"at once (--max-running), at most N jobs started per DURATION (--rate with --per). Only the\n" +
+		"limits given change; 0 removes one. Jobs over a limit wait in the queue; running jobs go on.\n" +
+		"A queue exists when the database holds a job of it, a live process works it, or it is paused\n" +
+		"or limited; limiting one that does not exist is refused without --allow-unknown-queue.\n" +
+		"limits clear: removes QUEUE's limits."
+	var o limitsFlags
+	f.BoolVar(&o.asJSON, "json", false, "limits: print JSON, the queues as in stats --json")
+	f.IntVar(&o.maxRunning, "max-running", 0, "set: most jobs of the queue running at once across every process, 0 for no limit (0 to 100000)")
+	f.IntVar(&o.rate, "rate", 0, "set: most jobs of the queue started per --per, 0 for no rate limit (0 to 100000)")
+	f.DurationVar(&o.per, "per", 0, "set: the rate's `window`, such as 1s, 1m or 1h (1ms to 720h); with --rate")
+	f.BoolVar(&o.allow, "allow-unknown-queue", false, "set: limit a queue that has no job, no live process, no pause and no limits yet (before its first use)")
+	pos, err := e.parse(f, args)
+	if err != nil {
+		return err
+	}
+	o.set = map[string]bool{}
+	f.Visit(func(fl *flag.Flag) { o.set[fl.Name] = true })
+	sub := ""
+	if len(pos) > 0 {
+		sub, pos = pos[0], pos[1:]
+	}
+	only := func(cmd string, allowed ...string) error {
+		for name := range o.set {
+			if name != "db" && name != "prefix" && name != "connect-timeout" && !slices.Contains(allowed, name) {
+				return usageError(cmd, fmt.Sprintf("--%s does not apply to %s", name, cmd))
+			}
+		}
+		return nil
+	}
+	switch sub {
+	case "":
+		if err := only("limits", "json"); err != nil {
+			return err
+		}
+		return limitsList(e, o)
+	case "set":
+		if err := only("limits set", "max-running", "rate", "per", "allow-unknown-queue"); err != nil {
+			return err
+		}
+		return limitsSet(e, o, pos)
+	case "clear":
+		if err := only("limits clear"); err != nil {
+			return err
+		}
+		return limitsClear(e, pos)
+	}
+	return usageError("limits", fmt.Sprintf("unknown subcommand %q: set or clear", sub))
+}
+
+// limitsList prints the limited queues.
+func limitsList(e *env, o limitsFlags) error {
+	c, err := e.open(false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	// Overview since now counts the unfinished jobs exactly, through their
+	// indexes, and no finished one: what holds a queue needs no more.
+	s, err := c.Overview(e.ctx, time.Now())
+	if err != nil {
+		return err
+	}
+	var limited []conveyor.QueueStats
+	for _, q := range s.Queues {
+		if q.Limits != nil {
+			limited = append(limited, q)
+		}
+	}
+	sort.Slice(limited, func(i, j int) bool { return limited[i].Queue < limited[j].Queue })
+	if o.asJSON {
+		out := struct {
+			Backend string           `json:"backend"`
+			Queues  []queueStatsJSON `json:"queues"`
+		}{Backend: c.Backend(), Queues: []queueStatsJSON{}}
+		for _, x := range limited {
+			out.Queues = append(out.Queues, toQueueStatsJSON(x))
+		}
+		return json.NewEncoder(e.stdout).Encode(out)
+	}
+	if len(limited) == 0 {
+		fmt.Fprintln(e.stdout, "no queue has limits (conveyor limits set QUEUE --max-running N | --rate N --per DURATION)")
+		return nil
+	}
+	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "QUEUE\tRUNNING\tSTARTED\tAVAILABLE\tHELD")
+	for _, x := range limited {
+		run, rate := limitUseText(x)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", x.Queue, dash(run), dash(rate), x.Counts[conveyor.JobStateAvailable], dash(x.Held))
+	}
+	return w.Flush()
+}
+
+// limitsSet sets a queue's limits. Only the limits given change:
+// --max-running alone keeps the queue's rate, and 0 removes a limit.
+func limitsSet(e *env, o limitsFlags, pos []string) error {
+	const cmd = "limits set"
+	queue, err := limitsQueue(cmd, pos)
+	if err != nil {
+		return err
+	}
+	set := o.set
+	switch {
+	case set["per"] && !set["rate"]:
+		return usageError(cmd, "--per is the window of --rate: give --rate N with it")
+	case !set["max-running"] && !set["rate"]:
+		return usageError(cmd, "give --max-running N, or --rate N with --per DURATION (limits clear removes every limit)")
+	case set["max-running"] && (o.maxRunning < 0 || o.maxRunning > maxLimitSlots):
+		return usageError(cmd, fmt.Sprintf("--max-running %d: must be 0 (no limit) to %d", o.maxRunning, maxLimitSlots))
+	case set["rate"] && (o.rate < 0 || o.rate > maxLimitSlots):
+		return usageError(cmd, fmt.Sprintf("--rate %d: must be 0 (no limit) to %d", o.rate, maxLimitSlots))
+	case o.rate > 0 && !set["per"]:
+		return usageError(cmd, fmt.Sprintf("--rate %d needs --per DURATION, its window (such as --per 1m)", o.rate))
+	case set["rate"] && o.rate == 0 && set["per"]:
+		return usageError(cmd, "--per is for --rate N above 0 (--rate 0 removes the rate limit)")
+	case set["per"] && (o.per < time.Millisecond || o.per > maxRatePeriod):
+		return usageError(cmd, fmt.Sprintf("--per %v: must be 1ms to %s", o.per, shortDuration(maxRatePeriod)))
+	}
+	c, err := e.open(false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	all, err := c.QueueLimits(e.ctx)
+	if err != nil {
+		return err
+	}
+	l, limited := all[queue]
+	if !limited && !o.allow {
+		exists, err := queueKnown(e, c, queue)
+		if err != nil {
+			return err
+		}
+		if !exists {
+			return fmt.Errorf("%s: queue %q is unknown: it has no job, no live process works it and it is neither paused nor limited (a typo? --allow-unknown-queue limits it before its first use)", cmd, queue)
+		}
+	}
+	if set["max-running"] {
+		l.MaxRunning = o.maxRunning
+	}
+	if set["rate"] {
+		l.Rate, l.RatePeriod = o.rate, o.per
+	}
+	if err := c.SetQueueLimits(e.ctx, queue, l); err != nil {
+		return fmt.Errorf("%s: %w", cmd, err)
+	}
+	if l.IsZero() {
+		fmt.Fprintf(e.stdout, "queue %s has no limits now\n", queue)
+		return nil
+	}
+	fmt.Fprintf(e.stdout, "queue %s is limited in every process: %s (conveyor limits clear %s removes the limits)\n", queue, limitsText(l), queue)
+	return nil
+}
+
+// limitsClear removes a queue's limits.
+func limitsClear(e *env, pos []string) error {
+	const cmd = "limits clear"
+	queue, err := limitsQueue(cmd, pos)
+	if err != nil {
+		return err
+	}
+	c, err := e.open(false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	all, err := c.QueueLimits(e.ctx)
+	if err != nil {
+		return err
+	}
+	if _, ok := all[queue]; !ok {
+		exists, err := queueKnown(e, c, queue)
+		if err != nil {
+			return err
+		}
+		if !exists {
+			return fmt.Errorf("%s: queue %q is unknown and has no limits: nothing to clear (%s)", cmd, queue, limitedList(all))
+		}
+		fmt.Fprintf(e.stdout, "queue %s has no limits: nothing changed\n", queue)
+		return nil
+	}
+	if err := c.SetQueueLimits(e.ctx, queue, conveyor.QueueLimits{}); err != nil {
+		return fmt.Errorf("%s: %w", cmd, err)
+	}
+	fmt.Fprintf(e.stdout, "queue %s has no limits now\n", queue)
+	return nil
+}
+
+// limitsQueue returns the one positional argument, a queue name.
+func limitsQueue(cmd string, pos []string) (string, error) {
+	switch len(pos) {
+	case 0:
+		return "", usageError(cmd, "queue name required")
+	case 1:
+	default:
+		return "", usageError(cmd, fmt.Sprintf("unexpected argument %q after the queue name", pos[1]))
+	}
+	if !queueNameRE.MatchString(pos[0]) {
+		return "", fmt.Errorf("%s: queue %q: invalid queue name: must match %s", cmd, pos[0], queueNameRE)
+	}
+	return pos[0], nil
+}
+
+// queueKnown reports whether queue has a job, a live process working it,
+// or a pause.
+func queueKnown(e *env, c *conveyor.Client[any], queue string) (bool, error) {
+	paused, err := c.PausedQueues(e.ctx)
+	if err != nil {
+		return false, err
+	}
+	if _, ok := paused[queue]; ok {
+		return true, nil
+	}
+	return queueInUse(e, c, queue)
+}
+
+// limitedList names the limited queues, for an error about another one.
+func limitedList(all map[string]conveyor.QueueLimits) string {
+	if len(all) == 0 {
+		return "no queue has limits"
+	}
+	names := make([]string, 0, len(all))
+	for q := range all {
+		names = append(names, q)
+	}
+	sort.Strings(names)
+	return "limited queues: " + strings.Join(names, ", ")
+}
+
+// limitsText says what l allows: "at most 5 running, at most 100
+// started per 1m".
+func limitsText(l conveyor.QueueLimits) string {
+	var parts []string
+	if l.MaxRunning > 0 {
+		parts = append(parts, fmt.Sprintf("at most %d running", l.MaxRunning))
+	}
+	if l.Rate > 0 {
+		parts = append(parts, fmt.Sprintf("at most %d started per %s", l.Rate, shortDuration(l.RatePeriod)))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// limitUseText is a queue's use of its limits: "3/5" jobs running of
+// MaxRunning, and "8/10 per 1m" started of the rate (with the wait for
+// room when the window is full); "" for a limit the queue does not have.
+func limitUseText(q conveyor.QueueStats) (running, rate string) {
+	if q.Limits == nil || q.LimitUse == nil {
+		return "", ""
+	}
+	l, u := q.Limits, q.LimitUse
+	if l.MaxRunning > 0 {
+		running = fmt.Sprintf("%d/%d", u.Running, l.MaxRunning)
+	}
+	if l.Rate > 0 {
+		rate = fmt.Sprintf("%d/%d per %s", u.Started, l.Rate, shortDuration(l.RatePeriod))
+		if u.NextStart > 0 {
+			rate += fmt.Sprintf(" (room in %v)", u.NextStart.Round(time.Millisecond))
+		}
+	}
+	return running, rate
+}
+
+// dash is s, or "-" for "".
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// shortDuration is d as --per reads it, without the zero units
+// time.Duration.String leaves: "1m", "1h", "1h30m", "250ms".
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// limitsJSON are a queue's limits in the JSON of stats and limits, as
+// the HTTP API writes them.
+type limitsJSON struct {
+	MaxRunning int `json:"max_running"`
+	Rate       int `json:"rate"`
+	// RatePeriod is a Go duration ("1m"); "" without a rate.
+	RatePeriod   string `json:"rate_period"`
+	RatePeriodMS int64  `json:"rate_period_ms"`
+}
+
+// limitUseJSON is a queue's use of its limits.
+type limitUseJSON struct {
+	Running     int   `json:"running"`
+	Started     int   `json:"started"`
+	NextStartMS int64 `json:"next_start_ms"`
+}
+
+// queueStatsJSON is one queue of stats --json and limits --json.
+type queueStatsJSON struct {
+	Queue  string                      `json:"queue"`
+	Counts map[conveyor.JobState]int64 `json:"counts"`
+	// OldestAvailableMS is null when no job is available.
+	OldestAvailableMS *int64 `json:"oldest_available_ms"`
+	// PausedAt is null when the queue is not paused.
+	PausedAt *time.Time `json:"paused_at"`
+	// Limits and LimitUse are null when the queue has no limits.
+	Limits   *limitsJSON   `json:"limits"`
+	LimitUse *limitUseJSON `json:"limit_use"`
+	// Held is why available jobs wait ("paused", "concurrency",
+	// "rate"); null when nothing holds them.
+	Held *string `json:"held"`
+}
+
+func toQueueStatsJSON(x conveyor.QueueStats) queueStatsJSON {
+	q := queueStatsJSON{Queue: x.Queue, Counts: x.Counts}
+	if x.Counts[conveyor.JobStateAvailable] > 0 {
+		q.OldestAvailableMS = ptr(x.OldestAvailable.Milliseconds())
+	}
+	if !x.PausedAt.IsZero() {
+		q.PausedAt = ptr(x.PausedAt.UTC())
+	}
+	if l := x.Limits; l != nil {
+		q.Limits = &limitsJSON{MaxRunning: l.MaxRunning, Rate: l.Rate}
+		if l.Rate > 0 {
+			q.Limits.RatePeriod, q.Limits.RatePeriodMS = shortDuration(l.RatePeriod), l.RatePeriod.Milliseconds()
+		}
+	}
+	if u := x.LimitUse; u != nil {
+		q.LimitUse = &limitUseJSON{Running: u.Running, Started: u.Started, NextStartMS: u.NextStart.Milliseconds()}
+	}
+	if x.Held != "" {
+		q.Held = ptr(x.Held)
+	}
+	return q
+}

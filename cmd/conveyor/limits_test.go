@@ -1,0 +1,147 @@
+package main
+
+import (
+	"encoding/json"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor"
+)
+
+// TestLimits: set, list and clear a queue's limits from the command on
+// every backend; stats shows them in both shapes.
+func TestLimits(t *testing.T) {
+	inEmptyDir(t)
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			dsn := b.dsn(t)
+			p := freshPrefix(t, dsn)
+			db := []string{"--db", dsn, "--prefix", p}
+			run := func(args ...string) string { t.Helper(); return mustCLI(t, append(args, db...)...) }
+			run("migrate")
+			if out := run("limits"); !strings.Contains(out, "no queue has limits") {
+				t.Errorf("limits with none printed %q", out)
+			}
+			run("enqueue", "--kind", "k", "--queue", "mail", "--allow-unknown-kinds")
+			out := run("limits", "set", "mail", "--max-running", "5")
+			if out != "queue mail is limited in every process: at most 5 running (conveyor limits clear mail removes the limits)\n" {
+				t.Errorf("limits set printed %q", out)
+			}
+			// Only the limits given change.
+			out = run("limits", "set", "--rate", "100", "--per", "1m", "mail")
+			if !strings.Contains(out, "at most 5 running, at most 100 started per 1m") {
+				t.Errorf("limits set --rate printed %q", out)
+			}
+			var s struct {
+				Queues []queueStatsJSON `json:"queues"`
+			}
+			if err := json.Unmarshal([]byte(run("limits", "--json")), &s); err != nil {
+				t.Fatal(err)
+			}
+			want := limitsJSON{MaxRunning: 5, Rate: 100, RatePeriod: "1m", RatePeriodMS: 60000}
+			if len(s.Queues) != 1 || s.Queues[0].Queue != "mail" || s.Queues[0].Limits == nil || *s.Queues[0].Limits != want ||
+				s.Queues[0].LimitUse == nil || *s.Queues[0].LimitUse != (limitUseJSON{}) || s.Queues[0].Held != nil {
+				t.Fatalf("limits --json: %+v", s.Queues)
+			}
+			if out := run("limits"); !regexp.MustCompile(`(?m)^mail +0/5 +0/100 per 1m +1 +-$`).MatchString(out) {
+				t.Errorf("limits printed:\n%s", out)
+			}
+			// A paused limited queue with a job waiting is held by the
+			// pause; stats shows limits and held in both shapes.
+			run("pause", "mail")
+			if out := run("limits"); !regexp.MustCompile(`(?m)^mail +0/5 +0/100 per 1m +1 +paused$`).MatchString(out) {
+				t.Errorf("limits of a paused queue printed:\n%s", out)
+			}
+			if out := run("stats"); !strings.Contains(out, "LIMITS") || !regexp.MustCompile(`mail .* running 0/5, rate 0/100 per 1m +paused`).MatchString(out) {
+				t.Errorf("stats printed:\n%s", out)
+			}
+			s.Queues = nil
+			if err := json.Unmarshal([]byte(run("stats", "--json")), &s); err != nil {
+				t.Fatal(err)
+			}
+			if len(s.Queues) != 1 || s.Queues[0].Limits == nil || *s.Queues[0].Limits != want || s.Queues[0].Held == nil || *s.Queues[0].Held != "paused" {
+				t.Fatalf("stats --json: %+v", s.Queues)
+			}
+			run("resume", "mail")
+			// 0 removes one limit.
+			if out := run("limits", "set", "mail", "--rate", "0"); !strings.Contains(out, ": at most 5 running (") {
+				t.Errorf("limits set --rate 0 printed %q", out)
+			}
+			if out := run("limits", "clear", "mail"); out != "queue mail has no limits now\n" {
+				t.Errorf("limits clear printed %q", out)
+			}
+			if out := run("limits", "clear", "mail"); out != "queue mail has no limits: nothing changed\n" {
+				t.Errorf("limits clear again printed %q", out)
+			}
+			if out := run("stats"); !regexp.MustCompile(`mail .* - +-\n`).MatchString(out) {
+				t.Errorf("stats without limits printed:\n%s", out)
+			}
+			// An unknown queue is refused, unless asked for.
+			_, _, err := cli(t, "", append([]string{"limits", "set", "mial", "--max-running", "1"}, db...)...)
+			oneLineErr(t, []string{"limits", "set", "mial"}, err, `limits set: queue "mial" is unknown: it has no job, no live process works it and it is neither paused nor limited`)
+			if out := run("limits", "set", "later", "--max-running", "1", "--allow-unknown-queue"); !strings.Contains(out, "queue later is limited") {
+				t.Errorf("limits set --allow-unknown-queue printed %q", out)
+			}
+			_, _, err = cli(t, "", append([]string{"limits", "clear", "mial"}, db...)...)
+			oneLineErr(t, []string{"limits", "clear", "mial"}, err, `limits clear: queue "mial" is unknown and has no limits: nothing to clear (limited queues: later)`)
+		})
+	}
+}
+
+// TestLimitsBadInput: every bad argument is one line naming the flag or
+// argument at fault, before the database is opened.
+func TestLimitsBadInput(t *testing.T) {
+	inEmptyDir(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"limits", "set"}, "limits set: queue name required"},
+		{[]string{"limits", "set", "q"}, "limits set: give --max-running N, or --rate N with --per DURATION"},
+		{[]string{"limits", "set", "q", "r", "--max-running", "1"}, `limits set: unexpected argument "r" after the queue name`},
+		{[]string{"limits", "set", "bad q", "--max-running", "1"}, `limits set: queue "bad q": invalid queue name`},
+		{[]string{"limits", "set", "q", "--max-running", "-1"}, "limits set: --max-running -1: must be 0 (no limit) to 100000"},
+		{[]string{"limits", "set", "q", "--max-running", "100001"}, "--max-running 100001: must be 0 (no limit) to 100000"},
+		{[]string{"limits", "set", "q", "--max-running", "x"}, `invalid value "x" for flag --max-running`},
+		{[]string{"limits", "set", "q", "--rate", "-2", "--per", "1s"}, "--rate -2: must be 0 (no limit) to 100000"},
+		{[]string{"limits", "set", "q", "--rate", "10"}, "--rate 10 needs --per DURATION"},
+		{[]string{"limits", "set", "q", "--per", "1m"}, "--per is the window of --rate"},
+		{[]string{"limits", "set", "q", "--rate", "0", "--per", "1m"}, "--per is for --rate N above 0"},
+		{[]string{"limits", "set", "q", "--rate", "10", "--per", "0s"}, "--per 0s: must be 1ms to 720h"},
+		{[]string{"limits", "set", "q", "--rate", "10", "--per", "721h"}, "--per 721h0m0s: must be 1ms to 720h"},
+		{[]string{"limits", "set", "q", "--rate", "10", "--per", "soon"}, `invalid value "soon" for flag --per`},
+		{[]string{"limits", "set", "q", "--json", "--max-running", "1"}, "--json does not apply to limits set"},
+		{[]string{"limits", "--max-running", "1"}, "--max-running does not apply to limits"},
+		{[]string{"limits", "clear"}, "limits clear: queue name required"},
+		{[]string{"limits", "clear", "q", "--rate", "1"}, "--rate does not apply to limits clear"},
+		{[]string{"limits", "bogus"}, `limits: unknown subcommand "bogus": set or clear`},
+	} {
+		_, _, err := cli(t, "", tc.args...)
+		oneLineErr(t, tc.args, err, tc.want)
+	}
+}
+
+// TestLimitsText: the use of a queue's limits as limits and stats print
+// it, and its JSON.
+func TestLimitsText(t *testing.T) {
+	q := conveyor.QueueStats{Queue: "a", Counts: map[conveyor.JobState]int64{conveyor.JobStateAvailable: 4},
+		Limits:   &conveyor.QueueLimits{MaxRunning: 5, Rate: 10, RatePeriod: 90 * time.Second},
+		LimitUse: &conveyor.LimitUse{Running: 3, Started: 10, NextStart: 1500 * time.Millisecond}, Held: conveyor.HeldByRate}
+	run, rate := limitUseText(q)
+	if run != "3/5" || rate != "10/10 per 1m30s (room in 1.5s)" {
+		t.Errorf("limitUseText: %q, %q", run, rate)
+	}
+	b, err := json.Marshal(toQueueStatsJSON(q))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `"limits":{"max_running":5,"rate":10,"rate_period":"1m30s","rate_period_ms":90000},"limit_use":{"running":3,"started":10,"next_start_ms":1500},"held":"rate"`
+	if !strings.Contains(string(b), want) {
+		t.Errorf("JSON %s lacks %s", b, want)
+	}
+	if run, rate := limitUseText(conveyor.QueueStats{}); run != "" || rate != "" {
+		t.Errorf("no limits: %q, %q", run, rate)
+	}
+}

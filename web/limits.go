@@ -1,0 +1,180 @@
+package web
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/conveyorq/conveyor"
+)
+
+// limitsJSON are a queue's flow limits (conveyor.QueueLimits), as the
+// API answers them and as PUT /api/v1/queues/{queue}/limits takes them.
+type limitsJSON struct {
+	// MaxRunning is the most jobs of the queue running at once across
+	// every process; 0 for no limit.
+	MaxRunning int `json:"max_running"`
+	// Rate is the most jobs started per RatePeriod; 0 for no limit.
+	Rate int `json:"rate"`
+	// RatePeriod is Rate's window as a Go duration ("1m", "500ms"); ""
+	// without a Rate.
+	RatePeriod string `json:"rate_period"`
+	// RatePeriodMS is RatePeriod in milliseconds; 0 without a Rate.
+	RatePeriodMS int64 `json:"rate_period_ms"`
+}
+
+// limitUseJSON is how much of a queue's limits is in use
+// (conveyor.LimitUse).
+type limitUseJSON struct {
+	// Running is how many jobs hold the queue's concurrency slots.
+	Running int `json:"running"`
+	// Started is how many jobs started within the last rate period.
+	Started int `json:"started"`
+	// NextStartMS, when Started has reached the rate, is how long until
+	// the window has room again; 0 otherwise.
+	NextStartMS int64 `json:"next_start_ms"`
+}
+
+// limitsRequest is the body of PUT /api/v1/queues/{queue}/limits. Every
+// field is optional; one left out is no limit (PUT replaces the queue's
+// limits whole).
+type limitsRequest struct {
+	MaxRunning int `json:"max_running"`
+	Rate       int `json:"rate"`
+	// RatePeriod is a Go duration string ("1m", "1h30m", "250ms").
+	RatePeriod *string `json:"rate_period"`
+	// RatePeriodMS is the period in milliseconds, instead of RatePeriod
+	// (or with it, when both say the same).
+	RatePeriodMS *int64 `json:"rate_period_ms"`
+}
+
+// limits converts the request, refusing a period that is not a
+// duration, naming the field; the range checks are the client's
+// (conveyor.ErrInvalidOpts).
+func (in limitsRequest) limits() (conveyor.QueueLimits, error) {
+	l := conveyor.QueueLimits{MaxRunning: in.MaxRunning, Rate: in.Rate}
+	if in.RatePeriod != nil && *in.RatePeriod != "" {
+		d, err := time.ParseDuration(*in.RatePeriod)
+		if err != nil {
+			return l, fmt.Errorf("rate_period %q is not a duration: write it as Go does, such as 1m, 30s or 250ms", *in.RatePeriod)
+		}
+		l.RatePeriod = d
+	}
+	if ms := in.RatePeriodMS; ms != nil {
+		if *ms < 0 || *ms > int64(maxRatePeriodMS) {
+			return l, fmt.Errorf("rate_period_ms %d: must be 1 to %d", *ms, maxRatePeriodMS)
+		}
+		d := time.Duration(*ms) * time.Millisecond
+		if in.RatePeriod != nil && *in.RatePeriod != "" && d != l.RatePeriod {
+			return l, fmt.Errorf("rate_period %q and rate_period_ms %d differ: send one", *in.RatePeriod, *ms)
+		}
+		l.RatePeriod = d
+	}
+	return l, nil
+}
+
+// maxRatePeriodMS bounds rate_period_ms before it is converted (the
+// client refuses a period over 30 days; a larger number would wrap
+// around).
+const maxRatePeriodMS = 30 * 24 * 3600 * 1000
+
+// toLimitsJSON converts limits; nil for none.
+func toLimitsJSON(l *conveyor.QueueLimits) *limitsJSON {
+	if l == nil || l.IsZero() {
+		return nil
+	}
+	out := &limitsJSON{MaxRunning: l.MaxRunning, Rate: l.Rate}
+	if l.Rate > 0 {
+		out.RatePeriod = shortDuration(l.RatePeriod)
+		out.RatePeriodMS = l.RatePeriod.Milliseconds()
+	}
+	return out
+}
+
+func toLimitUseJSON(u *conveyor.LimitUse) *limitUseJSON {
+	if u == nil {
+		return nil
+	}
+	return &limitUseJSON{Running: u.Running, Started: u.Started, NextStartMS: u.NextStart.Milliseconds()}
+}
+
+// shortDuration is d as time.ParseDuration reads it, without the zero
+// units time.Duration.String leaves: "1m", "1h", "1h30m", "250ms".
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// queueLimitsJSON is the answer of the limits endpoints: the queue and
+// its limits, null when it has none.
+type queueLimitsJSON struct {
+	Queue  string      `json:"queue"`
+	Limits *limitsJSON `json:"limits"`
+}
+
+// queueLimits reads queue's limits; nil when it has none.
+func (h *Handler) queueLimits(r *http.Request, queue string) (*conveyor.QueueLimits, error) {
+	if err := checkQueueName(queue); err != nil {
+		return nil, fmt.Errorf("%w: %v", conveyor.ErrInvalidOpts, err)
+	}
+	all, err := h.c.QueueLimits(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	if l, ok := all[queue]; ok && !l.IsZero() {
+		return &l, nil
+	}
+	return nil, nil
+}
+
+// setLimits sets queue's limits (the zero value clears them) and makes
+// the next reading of the counts fresh.
+func (h *Handler) setLimits(r *http.Request, queue string, l conveyor.QueueLimits) error {
+	err := h.c.SetQueueLimits(r.Context(), queue, l)
+	h.stats.invalidate()
+	return err
+}
+
+func (h *Handler) apiGetLimits(w http.ResponseWriter, r *http.Request, _ principal) {
+	q := r.PathValue("queue")
+	l, err := h.queueLimits(r, q)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, queueLimitsJSON{Queue: q, Limits: toLimitsJSON(l)})
+}
+
+func (h *Handler) apiPutLimits(w http.ResponseWriter, r *http.Request, _ principal) {
+	q := r.PathValue("queue")
+	var in limitsRequest
+	if !h.decode(w, r, &in) {
+		return
+	}
+	l, err := in.limits()
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if err := h.setLimits(r, q, l); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, queueLimitsJSON{Queue: q, Limits: toLimitsJSON(&l)})
+}
+
+func (h *Handler) apiDeleteLimits(w http.ResponseWriter, r *http.Request, _ principal) {
+	q := r.PathValue("queue")
+	if err := h.setLimits(r, q, conveyor.QueueLimits{}); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, queueLimitsJSON{Queue: q})
+}
