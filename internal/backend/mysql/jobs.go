@@ -709,15 +709,27 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	if err != nil {
 		return nil, d.wrap("complete", err)
 	}
-	errs := make([]string, len(outcomes))
-	var plain, failed []int
 	for i := range outcomes {
 		o := &outcomes[i]
 		if !outcomeStates[o.State] {
 			return nil, fmt.Errorf("conveyor/mysql: complete: job %d: outcome state %q is not completed, retryable, discarded or cancelled", o.ID, o.State)
 		}
+	}
+	holders, err := d.slotHolders(ctx, outcomes)
+	if err != nil {
+		return nil, err
+	}
+	errs := make([]string, len(outcomes))
+	var plain, failed, plainSlot, failedSlot []int
+	for i := range outcomes {
+		o := &outcomes[i]
+		slot := holders[o.ID]
 		if o.Err == nil {
-			plain = append(plain, i)
+			if slot {
+				plainSlot = append(plainSlot, i)
+			} else {
+				plain = append(plain, i)
+			}
 			continue
 		}
 		b, err := d.encodeAttemptError(o.Err)
@@ -725,7 +737,11 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 			return nil, d.wrap("complete", err)
 		}
 		errs[i] = b
-		failed = append(failed, i)
+		if slot {
+			failedSlot = append(failedSlot, i)
+		} else {
+			failed = append(failed, i)
+		}
 	}
 	var matched int64
 	freed := false
@@ -733,7 +749,7 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	for _, part := range []struct {
 		query string
 		idx   []int
-	}{{d.q.Complete, plain}, {d.q.CompleteWithErrors, failed}} {
+	}{{d.q.Complete, plain}, {d.q.CompleteWithErrors, failed}, {d.q.CompleteFreeing, plainSlot}, {d.q.CompleteWithErrorsFreeing, failedSlot}} {
 		// Ascending ids: concurrent batches lock rows in the same order.
 		slices.SortFunc(part.idx, func(a, b int) int { return cmp.Compare(outcomes[a].ID, outcomes[b].ID) })
 		for len(part.idx) > 0 {
@@ -789,6 +805,43 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 		return ids, nil
 	}
 	return d.fenceCheck(ctx, d.lease, "complete", token[:], ids)
+}
+
+// slotHolders returns the ids of the outcomes whose attempt holds a
+// concurrency slot of a limited queue (slot_holders), or nil when none
+// does, the case of every job of an unlimited queue.
+func (d *Driver) slotHolders(ctx context.Context, outcomes []driver.Outcome) (map[int64]bool, error) {
+	var out map[int64]bool
+	for off := 0; off < len(outcomes); off += maxBucket {
+		part := outcomes[off:min(off+maxBucket, len(outcomes))]
+		leases := make([]driver.Lease, len(part))
+		for i, o := range part {
+			leases[i] = driver.Lease{ID: o.ID, Fence: o.Fence}
+		}
+		q, args, cache := d.leaseSource(d.q.SlotHolders, leases)
+		err := d.retry(ctx, "complete", func() error {
+			rows, err := d.lease.query(ctx, nil, cache, q, args...)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			for rows.Next() {
+				var id int64
+				if err := rows.Scan(&id); err != nil {
+					return err
+				}
+				if out == nil {
+					out = map[int64]bool{}
+				}
+				out[id] = true
+			}
+			return rows.Err()
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // execFreeing is execCount for a statement that may free the slots of

@@ -249,7 +249,7 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 		// acknowledge, and the changes of one job by id (Cancel, Discard,
 		// Retry) that may reach it before the job or its last change (see
 		// causal_ack).
-		for _, r := range []*string{&q.Complete, &q.CompleteWithErrors, &q.Heartbeat, &q.Release, &q.FenceCheck, &q.Finalize, &q.Retry} {
+		for _, r := range []*string{&q.Complete, &q.CompleteWithErrors, &q.SlotHolders, &q.CompleteFreeing, &q.CompleteWithErrorsFreeing, &q.Heartbeat, &q.Release, &q.FenceCheck, &q.Finalize, &q.Retry} {
 			*r = q.CausalAck + " " + *r
 		}
 	}

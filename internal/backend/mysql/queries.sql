@@ -205,19 +205,36 @@ SELECT CAST(? AS SIGNED) AS id, CAST(? AS SIGNED) AS fence
 -- Release (the lease path) run on a pool of their own. In a multi-table UPDATE
 -- the order of assignments is unspecified, so no assignment reads a column
 -- another one writes. A snooze (state scheduled) gives the attempt back.
--- The LEFT JOIN frees the attempt's concurrency slot of a limited queue in
--- the same statement (the slot held under the same job and fence; fence
--- is not assigned here, so the join sees the attempt's). For a job of an
--- unlimited queue it is one probe of slot_job_idx that finds nothing.
--- A freed slot adds to the matched count, so its assignment also sets
--- LAST_INSERT_ID(1), which the server reports with the statement's
+--
+-- Queue limits: an attempt of a limited queue holds a concurrency slot,
+-- freed in the statement that ends the attempt. slot_holders first reads
+-- which of the batch's attempts hold one (a plain read by slot_job_idx;
+-- an attempt's slot was written by the claim that issued its fence, so
+-- the read cannot miss it, and nothing takes a slot for a fence later).
+-- Those outcomes go through complete_freeing and
+-- complete_with_errors_freeing, which also free the slot held under the
+-- same job and fence (fence is not assigned, so the join sees the
+-- attempt's); the others through complete and complete_with_errors, which
+-- never touch the slots: a second table to update costs the server a
+-- temporary table per statement, which jobs of unlimited queues do not
+-- pay. A freed slot adds to the matched count, so its assignment also
+-- sets LAST_INSERT_ID(1), which the server reports with the statement's
 -- result (0 when no slot was freed): the driver then reads back the ids
 -- applied by op_token instead of trusting the count.
+-- name: slot_holders
+SELECT s.job_id FROM {source} u STRAIGHT_JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = u.id AND s.fence = u.fence
+
 -- name: complete
-UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence LEFT JOIN `{p}limit_slots` s ON s.job_id = j.id AND s.fence = j.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.op_token = ?, s.job_id = NULL, s.fence = IF(LAST_INSERT_ID(1), NULL, NULL) WHERE j.state = 'running'
+UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.op_token = ? WHERE j.state = 'running'
 
 -- name: complete_with_errors
-UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence LEFT JOIN `{p}limit_slots` s ON s.job_id = j.id AND s.fence = j.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.errors = CONCAT(LEFT(j.errors, CHAR_LENGTH(j.errors) - 1), IF(j.errors = '[]', '', ','), u.err, ']'), j.op_token = ?, s.job_id = NULL, s.fence = IF(LAST_INSERT_ID(1), NULL, NULL) WHERE j.state = 'running'
+UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.errors = CONCAT(LEFT(j.errors, CHAR_LENGTH(j.errors) - 1), IF(j.errors = '[]', '', ','), u.err, ']'), j.op_token = ? WHERE j.state = 'running'
+
+-- name: complete_freeing
+UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND s.fence = j.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.op_token = ?, s.job_id = NULL, s.fence = IF(LAST_INSERT_ID(1), NULL, NULL) WHERE j.state = 'running'
+
+-- name: complete_with_errors_freeing
+UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND s.fence = j.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.errors = CONCAT(LEFT(j.errors, CHAR_LENGTH(j.errors) - 1), IF(j.errors = '[]', '', ','), u.err, ']'), j.op_token = ?, s.job_id = NULL, s.fence = IF(LAST_INSERT_ID(1), NULL, NULL) WHERE j.state = 'running'
 
 -- name: heartbeat
 UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, j.op_token = ? WHERE j.state = 'running'
@@ -225,7 +242,7 @@ UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence
 -- Release frees the slot as complete does, and marks the rows it changed
 -- with op_token for the same reason.
 -- name: release
-UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence LEFT JOIN `{p}limit_slots` s ON s.job_id = j.id AND s.fence = j.fence SET j.state = 'available', j.attempt = j.attempt - 1, j.lease_expires_at = NULL, j.attempted_by = NULL, j.op_token = ?, s.job_id = NULL, s.fence = IF(LAST_INSERT_ID(1), NULL, NULL) WHERE j.state = 'running'
+UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND s.fence = j.fence SET j.state = 'available', j.attempt = j.attempt - 1, j.lease_expires_at = NULL, j.attempted_by = NULL, j.op_token = ?, s.job_id = NULL, s.fence = IF(LAST_INSERT_ID(1), NULL, NULL) WHERE j.state = 'running'
 
 -- When fewer rows matched than outcomes/leases were sent: the ids the call
 -- changed, by its op_token.
@@ -306,7 +323,7 @@ UPDATE `{p}jobs` SET state = 'available', scheduled_at = UTC_TIMESTAMP(6), final
 -- complete). The matched count is only compared with 0, which a freed
 -- slot (matched only beside its job) cannot make.
 -- name: finalize
-UPDATE `{p}jobs` j LEFT JOIN `{p}limit_slots` s ON s.job_id = j.id AND s.fence = j.fence AND j.state = 'running' SET j.state = ?, j.finalized_at = UTC_TIMESTAMP(6), j.lease_expires_at = NULL, s.job_id = NULL, s.fence = NULL WHERE j.id = ? AND j.state IN ('available', 'scheduled', 'retryable', 'running')
+UPDATE `{p}jobs` j LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND s.fence = j.fence AND j.state = 'running' SET j.state = ?, j.finalized_at = UTC_TIMESTAMP(6), j.lease_expires_at = NULL, s.job_id = NULL, s.fence = NULL WHERE j.id = ? AND j.state IN ('available', 'scheduled', 'retryable', 'running')
 
 -- name: stats
 SELECT queue, state, COUNT(*), MIN(scheduled_at), UTC_TIMESTAMP(6) FROM `{p}jobs` GROUP BY queue, state
