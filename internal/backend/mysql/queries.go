@@ -51,9 +51,9 @@ type queries struct {
 	SlotHolders               string `sql:"slot_holders"`
 	CompleteFreeing           string `sql:"complete_freeing"`
 	CompleteWithErrorsFreeing string `sql:"complete_with_errors_freeing"`
-	Heartbeat          string `sql:"heartbeat"`
-	Release            string `sql:"release"`
-	FenceCheck         string `sql:"fence_check"`
+	Heartbeat                 string `sql:"heartbeat"`
+	Release                   string `sql:"release"`
+	FenceCheck                string `sql:"fence_check"`
 
 	// Maintenance.
 	RescueSelect    string `sql:"rescue_select"`
