@@ -470,7 +470,7 @@ SELECT id, kind, host, pid, version, queues, started_at, heartbeat_at, expires_a
 -- name: prune_processes
 DELETE FROM `{p}processes` WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
 
--- Queue limits (see migrations/010_limits.sql and docs/flow-control.md).
+-- Queue limits (see migrations/010_limits.sql and limits.go).
 -- SetQueueLimits, in one transaction: set_queue_limits upserts only the
 -- limit columns (a pause is kept, as pause_queue keeps the limits), then
 -- the missing slots are created and the slots beyond the limits deleted.
