@@ -242,14 +242,14 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 		// Reads that an application expects to see writes made through
 		// any node (see causal_read).
 		for _, r := range []*string{&q.GetJob, &q.ListJobs, &q.ListJobsDesc, &q.Stats, &q.Overview,
-			&q.PausedQueues, &q.Schedules, &q.Processes, &q.MigrationsMax} {
+			&q.PausedQueues, &q.QueueLimits, &q.LimitUsage, &q.Schedules, &q.Processes, &q.MigrationsMax} {
 			*r = q.CausalRead + " " + *r
 		}
 		// Acknowledgements that may reach a node before the claim they
 		// acknowledge, and the changes of one job by id (Cancel, Discard,
 		// Retry) that may reach it before the job or its last change (see
 		// causal_ack).
-		for _, r := range []*string{&q.Complete, &q.CompleteWithErrors, &q.Heartbeat, &q.Release, &q.FenceCheck, &q.Finalize, &q.Retry} {
+		for _, r := range []*string{&q.Complete, &q.CompleteWithErrors, &q.SlotHolders, &q.CompleteFreeing, &q.CompleteWithErrorsFreeing, &q.Heartbeat, &q.Release, &q.FenceCheck, &q.Finalize, &q.Retry} {
 			*r = q.CausalAck + " " + *r
 		}
 	}
