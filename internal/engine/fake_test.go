@@ -46,6 +46,8 @@ type fakeDriver struct {
 	// counts the reads.
 	limits     map[string]driver.QueueLimits
 	limitReads atomic.Int64
+	// queueLimits, when set, answers QueueLimits in place of limits.
+	queueLimits func(ctx context.Context) (map[string]driver.QueueLimits, error)
 	insert     func(ctx context.Context, jobs []driver.InsertParams) ([]int64, error)
 	tryLead    func() (bool, error)
 	promote    func() (map[string]int, error)
@@ -228,9 +230,13 @@ func (d *fakeDriver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (dr
 	return res, err
 }
 
-// QueueLimits answers the limits set in d.limits, and counts the read.
-func (d *fakeDriver) QueueLimits(context.Context) (map[string]driver.QueueLimits, error) {
+// QueueLimits answers through the queueLimits hook, or the limits set in
+// d.limits, and counts the read.
+func (d *fakeDriver) QueueLimits(ctx context.Context) (map[string]driver.QueueLimits, error) {
 	d.limitReads.Add(1)
+	if d.queueLimits != nil {
+		return d.queueLimits(ctx)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make(map[string]driver.QueueLimits, len(d.limits))
