@@ -429,7 +429,8 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 
 // Rescue makes up to limit running jobs whose lease expired available
 // again (or discarded when out of attempts), recording the lost attempt,
-// and wakes the queues that got available jobs.
+// frees their queue limit slots, and wakes the queues that got available
+// jobs or a free slot. It then sweeps the limit slots (see sweepSlots).
 func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) {
 	if limit <= 0 {
 		return map[string]int{}, nil
@@ -437,7 +438,11 @@ func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) 
 	m, err := d.seg.queueMove(ctx, d.poolQuerier, func(v *segView) string {
 		return d.seg.stmt(&d.q.SegRescue, v, v.live[phRunning], phReady, phDead)
 	}, limit)
-	return m, d.wrap("rescue", err)
+	if err != nil {
+		return m, d.wrap("rescue", err)
+	}
+	_, err = d.seg.sweepSlots(ctx)
+	return m, d.wrap("rescue: sweep the limit slots", err)
 }
 
 // Promote makes up to limit due scheduled and retryable jobs available

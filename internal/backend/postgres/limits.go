@@ -3,28 +3,360 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
 
-var errLimitsTODO = errors.New("conveyor/postgres: queue limits are not implemented yet")
+// Queue limits (driver.QueueLimits): a queue's limits are columns of its
+// row in {p}queues, beside its pause, and each limit of N is N rows of
+// {p}limit_slots that claimers lock with SKIP LOCKED, never one counter
+// row that every claim must lock. A concurrency slot is held by the
+// attempt (job, fence) that took it until a statement that ends the
+// attempt frees it in a CTE of its own (segments.sql); a rate slot
+// records the start it last admitted (used_at), and admits another once
+// that start has left the window.
 
-// ClaimLimited claims a queue's jobs within its limits.
-func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
-	return driver.ClaimResult{}, errLimitsTODO
+// limits is a queue's row of limits as a claim reads it.
+type limits struct {
+	maxRunning, rate int
+	periodUS         int64
+	paused           bool
 }
 
-// SetQueueLimits stores a queue's limits.
+// ClaimLimited claims up to p.Limit jobs of p.Queue within its limits. A
+// queue without limits is claimed by Claim's statement alone. A limited
+// one is claimed in one transaction, which commits without waiting for
+// the WAL flush as a claim does: it reads the limits again, locks free
+// concurrency slots and the rate slots whose last start has left the
+// window (SKIP LOCKED), claims at most as many jobs as it locked slots
+// of each with Claim's statement, and gives each claimed attempt one
+// concurrency slot and one rate slot, stamped with the claim's now(),
+// the attempted_at of its job.
+//
+// A lowered MaxRunning leaves slots at or above it held by attempts that
+// started before; while one is, claims count every held slot against the
+// new limit, one claim at a time per queue (the queue's row, locked SKIP
+// LOCKED: a second claimer claims nothing meanwhile), so that the limit
+// holds as soon as fewer attempts than it run.
+func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
+	if p.Limit <= 0 {
+		return driver.ClaimResult{}, nil
+	}
+	var l limits
+	err := d.pool.QueryRow(ctx, d.q.LimitRead, p.Queue).Scan(&l.maxRunning, &l.rate, &l.periodUS, &l.paused)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return driver.ClaimResult{}, d.wrap("claim", err)
+	}
+	if l.maxRunning == 0 && l.rate == 0 {
+		rows, err := d.Claim(ctx, p)
+		return driver.ClaimResult{Rows: rows}, err
+	}
+	if l.paused {
+		return driver.ClaimResult{}, nil
+	}
+	s := d.seg
+	v, err := s.viewNow(ctx)
+	for round := 0; err == nil; round++ {
+		var res driver.ClaimResult
+		var again, unlimited bool
+		res, again, unlimited, err = d.claimLimited(ctx, v, p)
+		if err != nil {
+			s.hints.drop(p.Queue)
+			if !s.goneSegment(err) {
+				break
+			}
+			// A view older than the drop of a segment it names: the
+			// transaction is aborted; it runs again on a fresh view.
+			again, err = true, nil
+		}
+		switch {
+		case unlimited:
+			// The limits were removed since the first read.
+			rows, err := d.Claim(ctx, p)
+			return driver.ClaimResult{Rows: rows}, err
+		case !again:
+			return res, nil
+		}
+		s.stale.Add(1)
+		if round == segRounds {
+			err = fmt.Errorf("the segments this process knows were reclaimed %d times in a row", segRounds)
+			break
+		}
+		v, err = s.refresh(ctx, time.Now())
+	}
+	return driver.ClaimResult{}, d.wrap("claim", err)
+}
+
+// claimLimited is one transaction of ClaimLimited on view v. again says
+// that the incarnation guard refused the claim (the transaction was
+// rolled back: run it again with a fresh view); unlimited that the queue
+// has no limits any more.
+func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimParams) (res driver.ClaimResult, again, unlimited bool, err error) {
+	s, q := d.seg, &d.q
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return res, false, false, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var l limits
+	var async string
+	err = tx.QueryRow(ctx, q.LimitBegin, p.Queue).Scan(&async, &l.maxRunning, &l.rate, &l.periodUS, &l.paused)
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && l.maxRunning == 0 && l.rate == 0 {
+		return res, false, true, nil
+	}
+	if err != nil || l.paused {
+		return res, false, false, err
+	}
+	want := p.Limit
+	high, cs, rs, err := d.lockSlots(ctx, tx, p.Queue, l, want, false)
+	if err != nil {
+		return res, false, false, err
+	}
+	if high {
+		// A lowered limit, slots at or above it still held: count them.
+		var mine bool
+		err := tx.QueryRow(ctx, q.LimitRowLock, p.Queue).Scan(&mine)
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Another claim counts: nothing this time.
+			return driver.ClaimResult{Held: true}, false, false, nil
+		}
+		var held int
+		if err == nil {
+			err = tx.QueryRow(ctx, q.LimitHeld, p.Queue).Scan(&held)
+		}
+		if err != nil {
+			return res, false, false, err
+		}
+		cs, rs = nil, nil
+		if room := l.maxRunning - held; room > 0 {
+			if _, cs, rs, err = d.lockSlots(ctx, tx, p.Queue, l, min(want, room), true); err != nil {
+				return res, false, false, err
+			}
+		}
+	}
+	k := want
+	if l.maxRunning > 0 {
+		k = min(k, len(cs))
+	}
+	if l.rate > 0 {
+		k = min(k, len(rs))
+	}
+	var rows []*driver.JobRow
+	if k > 0 {
+		cp := p
+		cp.Limit = k
+		var stale bool
+		rows, stale, err = s.claimIn(ctx, tx, v, cp)
+		if err != nil || stale {
+			return res, stale, false, err
+		}
+	}
+	if len(rows) > 0 {
+		var ns, fences, ids arrayLit
+		ns.init(8 * len(rows))
+		ids.init(12 * len(rows))
+		fences.init(17 * len(rows))
+		for i, r := range rows {
+			if l.maxRunning > 0 {
+				ns.int(int64(cs[i]))
+				ids.int(r.ID)
+				fences.int(r.Fence)
+			}
+		}
+		var stamps arrayLit
+		stamps.init(8 * len(rows))
+		if l.rate > 0 {
+			for _, n := range rs[:len(rows)] {
+				stamps.int(int64(n))
+			}
+		}
+		if _, err := tx.Exec(ctx, q.LimitTake, p.Queue, ns.String(), ids.String(), fences.String(), stamps.String()); err != nil {
+			return res, false, false, err
+		}
+	}
+	res.Rows = rows
+	if k < want {
+		if k > 0 {
+			res.Held = len(rows) == k
+		} else {
+			err := tx.QueryRow(ctx, s.stmt(&q.SegHasReady, v, v.live[phReady]), p.Queue).Scan(&res.Held)
+			if err != nil {
+				return res, false, false, err
+			}
+		}
+	}
+	if res.Held && l.rate > 0 && len(rs) < want {
+		var us int64
+		if err := tx.QueryRow(ctx, q.LimitRetryIn, p.Queue, l.rate, l.periodUS).Scan(&us); err != nil {
+			return res, false, false, err
+		}
+		// At least a millisecond: a slot whose start left the window
+		// but that another claimer had locked is taken or free again
+		// by then.
+		res.RetryIn = max(time.Duration(us)*time.Microsecond, time.Millisecond)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return driver.ClaimResult{}, false, false, err
+	}
+	if len(rows) > 0 {
+		s.place(v.cur[phRunning].tbl, rows)
+	}
+	return res, false, false, nil
+}
+
+// lockSlots runs limit_lock: whether a concurrency slot at or above the
+// limit is held (and, unless anyHeld, none was locked then), and the
+// concurrency and rate slots locked, by number.
+func (d *Driver) lockSlots(ctx context.Context, tx pgx.Tx, queue string, l limits, want int, anyHeld bool) (bool, []int32, []int32, error) {
+	var high bool
+	var cs, rs []int32
+	err := tx.QueryRow(ctx, d.q.LimitLock, queue, l.maxRunning, l.rate, want, l.periodUS, anyHeld).Scan(&high, &cs, &rs)
+	return high, cs, rs, err
+}
+
+// claimIn runs the claim statement of view v in tx, past the queue's
+// hint as claim does (see claimHints), and from the queue's start for
+// the rest when a hinted claim comes back short. stale says that the
+// guard refused it.
+func (s *segStore) claimIn(ctx context.Context, tx pgx.Tx, v *segView, p driver.ClaimParams) ([]*driver.JobRow, bool, error) {
+	h, hinted, gen, all := s.hints.begin(p.Queue, time.Now())
+	run := func(p driver.ClaimParams, h claimHint) ([]*driver.JobRow, int64, error) {
+		rows, err := tx.Query(ctx, s.stmt(&s.d.q.SegClaim, v, v.live[phReady], phRunning),
+			p.Queue, p.Limit, micros(p.Lease), p.Worker, h.prio, h.pos)
+		if err != nil {
+			return nil, 0, err
+		}
+		var pos int64
+		out, err := s.d.scanClaimed(rows, p, &pos)
+		return out, pos, err
+	}
+	out, pos, err := run(p, h)
+	if err != nil {
+		return nil, false, err
+	}
+	if len(out) == p.Limit {
+		// Dropped again by ClaimLimited should the transaction fail.
+		s.hints.set(p.Queue, int32(out[len(out)-1].Priority), pos, h, gen, all, time.Now())
+		return out, false, nil
+	}
+	s.hints.drop(p.Queue)
+	if hinted {
+		rest := p
+		rest.Limit = p.Limit - len(out)
+		more, _, err := run(rest, noHint)
+		if err != nil {
+			return nil, false, err
+		}
+		out = append(more, out...)
+	}
+	if len(out) > 0 {
+		return out, false, nil
+	}
+	ok, err := s.guardOK(ctx, v, phRunning)
+	return nil, err == nil && !ok, err
+}
+
+// SetQueueLimits stores queue's limits (the zero QueueLimits removes
+// them) and makes or deletes its slots, in one statement, leaving its
+// pause as it was; it wakes the queue's fetchers in every process. A
+// lowered Rate forgets the starts recorded in the slots it removes: up
+// to the old rate may start within the window of the change.
 func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.QueueLimits) error {
-	return errLimitsTODO
+	period := int64(0)
+	if l.Rate > 0 {
+		period = micros(l.RatePeriod)
+	}
+	_, err := d.pool.Exec(ctx, d.q.SetQueueLimits, queue, l.MaxRunning, l.Rate, period)
+	return d.wrap("set limits of queue "+queue, err)
 }
 
 // QueueLimits returns the limits of every limited queue.
 func (d *Driver) QueueLimits(ctx context.Context) (map[string]driver.QueueLimits, error) {
-	return nil, errLimitsTODO
+	rows, err := d.pool.Query(ctx, d.q.QueueLimits)
+	if err != nil {
+		return nil, d.wrap("queue limits", err)
+	}
+	defer rows.Close()
+	out := map[string]driver.QueueLimits{}
+	for rows.Next() {
+		var name string
+		var l driver.QueueLimits
+		var periodUS int64
+		if err := rows.Scan(&name, &l.MaxRunning, &l.Rate, &periodUS); err != nil {
+			return nil, d.wrap("queue limits", err)
+		}
+		l.RatePeriod = time.Duration(periodUS) * time.Microsecond
+		out[name] = l
+	}
+	return out, d.wrap("queue limits", rows.Err())
 }
 
-// LimitUsage returns every limited queue's limits and their use.
+// LimitUsage returns every limited queue's limits and their use, read in
+// one statement by the database's clock.
 func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, error) {
-	return nil, errLimitsTODO
+	rows, err := d.pool.Query(ctx, d.q.LimitUsage)
+	if err != nil {
+		return nil, d.wrap("limit usage", err)
+	}
+	defer rows.Close()
+	out := map[string]driver.LimitUsage{}
+	for rows.Next() {
+		var name string
+		var u driver.LimitUsage
+		var periodUS, nextUS int64
+		if err := rows.Scan(&name, &u.Limits.MaxRunning, &u.Limits.Rate, &periodUS, &u.Running, &u.Started, &nextUS); err != nil {
+			return nil, d.wrap("limit usage", err)
+		}
+		u.Limits.RatePeriod = time.Duration(periodUS) * time.Microsecond
+		u.NextStart = time.Duration(nextUS) * time.Microsecond
+		out[name] = u
+	}
+	return out, d.wrap("limit usage", rows.Err())
+}
+
+// sweepRounds bounds the sweeps whose registry changed under them.
+const sweepRounds = 3
+
+// sweepSlots frees the limit slots whose holder is no longer running
+// under the slot's fence, and deletes free concurrency slots above their
+// queue's limit (seg_sweep_slots). Its statement reads the running
+// segments of a view read anew for it, never a cached one (a running
+// segment the view did not know would make it free a slot held there),
+// and checks in its own snapshot that the registry names exactly those;
+// if not, it frees nothing and runs again on a fresh view. It returns
+// how many slots it freed.
+func (s *segStore) sweepSlots(ctx context.Context) (int64, error) {
+	for round := 0; ; round++ {
+		v, err := s.refresh(ctx, time.Now())
+		if err != nil {
+			return 0, err
+		}
+		running := slices.Clone(v.live[phRunning])
+		slices.Sort(running)
+		parts := make([]string, len(running))
+		for i, t := range running {
+			parts[i] = t + ":" + strconv.FormatInt(v.inc[t], 10)
+		}
+		var same bool
+		var freed, woke int64
+		err = s.d.pool.QueryRow(ctx, s.stmt(&s.d.q.SegSweepSlots, v, v.live[phRunning]), strings.Join(parts, ",")).
+			Scan(&same, &freed, &woke)
+		if s.goneSegment(err) {
+			err, same = nil, false
+		}
+		if err != nil || same {
+			return freed, err
+		}
+		s.stale.Add(1)
+		if round == sweepRounds {
+			return 0, fmt.Errorf("the segment registry changed during each of %d sweeps of the limit slots", sweepRounds+1)
+		}
+	}
 }

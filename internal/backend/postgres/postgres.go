@@ -64,6 +64,16 @@ type queries struct {
 	RemoveProcess    string `sql:"remove_process"`
 	Processes        string `sql:"processes"`
 	PruneProcesses   string `sql:"prune_processes"`
+	SetQueueLimits   string `sql:"set_queue_limits"`
+	QueueLimits      string `sql:"queue_limits"`
+	LimitUsage       string `sql:"limit_usage"`
+	LimitRead        string `sql:"limit_read"`
+	LimitBegin       string `sql:"limit_begin"`
+	LimitLock        string `sql:"limit_lock"`
+	LimitRowLock     string `sql:"limit_row_lock"`
+	LimitHeld        string `sql:"limit_held"`
+	LimitTake        string `sql:"limit_take"`
+	LimitRetryIn     string `sql:"limit_retry_in"`
 
 	SegTable              string `sql:"seg_table"`
 	SegIndexReady         string `sql:"seg_index_ready"`
@@ -80,6 +90,8 @@ type queries struct {
 	SegBulkGuard          string `sql:"seg_bulk_guard"`
 	SegClaim              string `sql:"seg_claim"`
 	SegGuard              string `sql:"seg_guard"`
+	SegHasReady           string `sql:"seg_has_ready"`
+	SegSweepSlots         string `sql:"seg_sweep_slots"`
 	SegComplete           string `sql:"seg_complete"`
 	SegCompleteDone       string `sql:"seg_complete_done"`
 	SegHeartbeat          string `sql:"seg_heartbeat"`

@@ -24,7 +24,7 @@ SELECT coalesce(max(version), 0) FROM {p}schema_migrations
 INSERT INTO {p}schema_migrations (version) VALUES ($1)
 
 -- name: drop_all
-DROP TABLE IF EXISTS {p}jobs, {p}unique_keys, {p}segments, {p}leader, {p}queues, {p}schedules, {p}processes, {p}schema_migrations
+DROP TABLE IF EXISTS {p}jobs, {p}unique_keys, {p}segments, {p}leader, {p}queues, {p}limit_slots, {p}schedules, {p}processes, {p}schema_migrations
 
 -- name: server_info
 SELECT current_setting('server_version'),
@@ -130,3 +130,139 @@ ROLLBACK
 -- Generic plans for a connection through a pooler in session mode, which
 -- refuses plan_cache_mode as a startup parameter (see planGeneric).
 SET plan_cache_mode = force_generic_plan
+
+-- name: set_queue_limits
+-- $1 queue, $2 max running, $3 rate, $4 rate period in microseconds (0:
+-- none). Upserts the queue's limit columns only (its pause stays), makes
+-- the missing slots (concurrency 0..$2-1, rate 0..$3-1), deletes the free
+-- concurrency slots at or above $2 (held ones stay until their attempt
+-- ends: rescue deletes them once free) and every rate slot at or above
+-- $3 (a lowered rate forgets the starts they recorded, so that up to the
+-- old rate may start in the window of the change), and wakes the queue's
+-- fetchers in every process. One statement: one transaction. The rows it
+-- inserts and deletes are disjoint.
+WITH up AS (
+    INSERT INTO {p}queues (name, max_running, rate, rate_period_us, updated_at)
+    VALUES ($1, nullif($2::int, 0), nullif($3::int, 0), CASE WHEN $3::int > 0 THEN $4::bigint END, now())
+    ON CONFLICT (name) DO UPDATE
+       SET max_running = excluded.max_running, rate = excluded.rate,
+           rate_period_us = excluded.rate_period_us, updated_at = excluded.updated_at
+    RETURNING name
+),
+mk AS (
+    INSERT INTO {p}limit_slots (queue, type, lkey, n)
+    SELECT $1, 'c', '', g FROM generate_series(0, $2::int - 1) AS g
+    UNION ALL
+    SELECT $1, 'r', '', g FROM generate_series(0, $3::int - 1) AS g
+    ON CONFLICT DO NOTHING
+),
+del AS (
+    DELETE FROM {p}limit_slots s
+     WHERE s.queue = $1 AND s.lkey = ''
+       AND ((s.type = 'c' AND s.n >= $2::int AND s.job_id IS NULL) OR (s.type = 'r' AND s.n >= $3::int))
+)
+SELECT pg_notify('{p}wake', name) FROM up
+
+-- name: queue_limits
+-- Every queue with a limit.
+SELECT name, coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0)
+  FROM {p}queues
+ WHERE max_running IS NOT NULL OR rate IS NOT NULL
+
+-- name: limit_usage
+-- Every limited queue's limits, its held concurrency slots, its starts
+-- within the last period and, when they fill the rate, the microseconds
+-- until the oldest of them leaves the window; by the database's clock.
+SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_period_us, 0),
+       (SELECT count(*) FROM {p}limit_slots c
+         WHERE c.queue = q.name AND c.type = 'c' AND c.lkey = '' AND c.job_id IS NOT NULL),
+       coalesce(r.started, 0),
+       CASE WHEN r.started >= q.rate
+            THEN greatest(0, (extract(epoch FROM r.oldest + q.rate_period_us * interval '1 microsecond' - now())
+                              * 1000000)::bigint)
+            ELSE 0 END
+  FROM {p}queues q
+  LEFT JOIN LATERAL (
+      SELECT count(*) AS started, min(s.used_at) AS oldest FROM {p}limit_slots s
+       WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate
+         AND s.used_at > now() - q.rate_period_us * interval '1 microsecond'
+  ) r ON true
+ WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL
+
+-- name: limit_read
+-- A queue's limits and whether it is paused (no row: none, not paused).
+SELECT coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0), paused_at IS NOT NULL
+  FROM {p}queues WHERE name = $1
+
+-- name: limit_begin
+-- limit_read as the first statement of a limited claim's transaction,
+-- which commits without waiting for the WAL flush, as seg_claim does:
+-- the slots it takes are lost with the claim in a crash, never without
+-- it.
+SELECT set_config('synchronous_commit', 'off', true),
+       coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0), paused_at IS NOT NULL
+  FROM {p}queues WHERE name = $1
+
+-- name: limit_lock
+-- $1 queue, $2 max running, $3 rate, $4 how many, $5 rate period in
+-- microseconds, $6 whether a concurrency slot at or above $2 may be
+-- held (see ClaimLimited). The first column: such a slot is held, and
+-- then (unless $6) no concurrency slot is locked. Then up to $4 free
+-- concurrency slots below $2 and, of the rate slots below $3 whose last
+-- start has left the window, as many as concurrency slots were locked
+-- (or $4 without a concurrency limit), each locked FOR UPDATE SKIP
+-- LOCKED: concurrent claimers never wait for each other and never take
+-- the same slot.
+WITH hi AS MATERIALIZED (
+    SELECT $2::int > 0 AND EXISTS (SELECT 1 FROM {p}limit_slots
+                    WHERE queue = $1 AND type = 'c' AND lkey = '' AND n >= $2::int AND job_id IS NOT NULL) AS held
+),
+c AS MATERIALIZED (
+    SELECT n FROM {p}limit_slots
+     WHERE queue = $1 AND type = 'c' AND lkey = '' AND n < $2::int AND job_id IS NULL
+       AND ($6::boolean OR NOT (SELECT held FROM hi))
+     ORDER BY n
+     LIMIT $4
+     FOR UPDATE SKIP LOCKED
+),
+r AS MATERIALIZED (
+    SELECT n FROM {p}limit_slots
+     WHERE queue = $1 AND type = 'r' AND lkey = '' AND n < $3::int
+       AND (used_at IS NULL OR used_at <= now() - $5::bigint * interval '1 microsecond')
+     ORDER BY n
+     LIMIT CASE WHEN $2::int > 0 THEN (SELECT count(*) FROM c) ELSE $4 END
+     FOR UPDATE SKIP LOCKED
+)
+SELECT (SELECT held FROM hi), ARRAY(SELECT n FROM c ORDER BY n), ARRAY(SELECT n FROM r ORDER BY n)
+
+-- name: limit_row_lock
+-- A claim under a lowered concurrency limit, while slots at or above it
+-- are still held, counts the held slots: one such claim at a time per
+-- queue, on the queue's row (SKIP LOCKED: a claimer that finds it taken
+-- claims nothing rather than wait).
+SELECT true FROM {p}queues WHERE name = $1 FOR NO KEY UPDATE SKIP LOCKED
+
+-- name: limit_held
+-- The queue's held concurrency slots, at any number.
+SELECT count(*) FROM {p}limit_slots WHERE queue = $1 AND type = 'c' AND lkey = '' AND job_id IS NOT NULL
+
+-- name: limit_take
+-- $1 queue; $2, $3, $4 the concurrency slots taken and the attempts
+-- (job, fence) that hold them; $5 the rate slots that record a start,
+-- stamped with the transaction's now(), the attempted_at of the claim.
+WITH c AS (
+    UPDATE {p}limit_slots s SET job_id = t.id, fence = t.fence
+      FROM unnest($2::int[], $3::bigint[], $4::bigint[]) AS t(n, id, fence)
+     WHERE s.queue = $1 AND s.type = 'c' AND s.lkey = '' AND s.n = t.n
+)
+UPDATE {p}limit_slots s SET used_at = now()
+ WHERE s.queue = $1 AND s.type = 'r' AND s.lkey = '' AND s.n = ANY ($5::int[])
+
+-- name: limit_retry_in
+-- $1 queue, $2 rate, $3 rate period in microseconds: the microseconds
+-- until the oldest start recorded in the queue's rate slots leaves the
+-- window (by the transaction's now(): after limit_take, it sees its
+-- stamps).
+SELECT coalesce((extract(epoch FROM min(used_at) + $3::bigint * interval '1 microsecond' - now()) * 1000000)::bigint, 0)
+  FROM {p}limit_slots
+ WHERE queue = $1 AND type = 'r' AND lkey = '' AND n < $2::int AND used_at IS NOT NULL

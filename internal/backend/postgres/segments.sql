@@ -12,6 +12,16 @@
 --   {jobcols}               the columns of a job row (scanJob's order)
 --   {each}X{sep}Y{end}      X once per source segment ({src} its table,
 --                           {i} its index), joined by Y
+-- Every statement that ends an attempt (seg_complete, seg_complete_done,
+-- seg_release, seg_rescue, seg_finish) frees the attempt's queue limit
+-- slot in a CTE of its own (fr): the slot held under the moved row's id
+-- and fence, so that a stale outcome, which moves nothing, frees nothing.
+-- Its one-time test (an uncorrelated EXISTS, evaluated once before the
+-- join) skips the join while no slot of the prefix is held, so that
+-- jobs of unlimited queues pay one probe of an empty index per
+-- statement. A statement that freed a slot wakes the slot's queue; the
+-- outcomes' statements read the wake-ups as a one-time test too (not a
+-- join repeated per row).
 -- Statements are built once per set of tables and cached. A statement
 -- that moves jobs deletes them from their sources and inserts them into
 -- the current segment of their next phase in one statement; the guard
@@ -266,6 +276,56 @@ SELECT id, kind, args, priority, attempt, max_attempts, timeout_ms, scheduled_at
        attempted_at, lease_expires_at, errors, fence, meta, pos
 FROM ins ORDER BY priority, pos
 
+-- name: seg_has_ready
+-- Whether a job of queue $1 is available in a live ready segment: a
+-- limited claim that took nothing tells so whether its limits held a
+-- job back.
+SELECT EXISTS (
+{each}SELECT 1 FROM {src} WHERE queue = $1{sep}
+UNION ALL
+{end})
+
+-- name: seg_sweep_slots
+-- Rescue's sweep of the queue limit slots. $1 the live running segments
+-- the statement was built for, as "tbl:inc" joined by "," in byte order:
+-- the statement's snapshot of the registry must name exactly them (the
+-- first column says whether it did), else it frees nothing, since a
+-- running segment it does not read would make it free a slot whose
+-- holder runs there. Frees every slot whose holder is not running under
+-- the slot's fence in those segments (an attempt that ended by a path
+-- that did not free it: a statement of an earlier version), re-checking
+-- job_id and fence on the slot's latest version so that a slot taken
+-- meanwhile stays taken, and wakes their queues; deletes the free
+-- concurrency slots at or above their queue's limit (left held by a
+-- lowered limit), or of a queue without one.
+WITH
+reg AS MATERIALIZED (
+    SELECT coalesce(string_agg(tbl || ':' || inc, ',' ORDER BY tbl COLLATE "C"), '') = $1 AS same
+      FROM {p}segments WHERE phase = 'running' AND status IN ('current', 'sealed')
+),
+c AS MATERIALIZED (
+    SELECT s.queue, s.type, s.lkey, s.n, s.job_id, s.fence FROM {p}limit_slots s
+     WHERE s.job_id IS NOT NULL AND (SELECT same FROM reg)
+       AND NOT EXISTS (
+{each}SELECT 1 FROM {src} r WHERE r.id = s.job_id AND r.fence = s.fence{sep}
+UNION ALL
+{end})
+),
+fr AS (
+    UPDATE {p}limit_slots s SET job_id = NULL, fence = NULL
+      FROM c
+     WHERE s.queue = c.queue AND s.type = c.type AND s.lkey = c.lkey AND s.n = c.n
+       AND s.job_id = c.job_id AND s.fence = c.fence
+    RETURNING s.queue
+),
+del AS (
+    DELETE FROM {p}limit_slots s
+     WHERE s.type = 'c' AND s.job_id IS NULL
+       AND s.n >= coalesce((SELECT q.max_running FROM {p}queues q WHERE q.name = s.queue), 0)
+),
+woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT DISTINCT queue FROM fr) f)
+SELECT (SELECT same FROM reg), (SELECT count(*) FROM fr), (SELECT count(*) FROM woke)
+
 -- name: seg_guard
 -- Whether the current segments a statement inserts into are still the
 -- incarnations this process knows.
@@ -309,8 +369,16 @@ uk AS (
              OR (x.state = 'discarded' AND (x.unique_keep & 2) <> 0)
              OR (x.state = 'cancelled' AND (x.unique_keep & 4) <> 0)
              OR x.state IN ('retryable', 'scheduled'))
-)
-SELECT id FROM x
+),
+fr AS (
+    UPDATE {p}limit_slots s SET job_id = NULL, fence = NULL
+      FROM x
+     WHERE s.job_id = x.id AND s.fence = x.fence
+       AND EXISTS (SELECT 1 FROM {p}limit_slots WHERE job_id IS NOT NULL)
+    RETURNING s.queue
+),
+woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT DISTINCT queue FROM fr) f)
+SELECT id FROM x WHERE (SELECT count(*) FROM woke) >= 0
 UNION ALL SELECT -1 WHERE NOT ({guard})
 
 -- name: seg_complete_done
@@ -332,14 +400,22 @@ idn AS (
            scheduled_at, created_at, attempted_at, now(), NULL, attempted_by, errors,
            fence, unique_key, unique_keep, meta
     FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
-    RETURNING id, unique_key, unique_keep
+    RETURNING id, fence, unique_key, unique_keep
 ),
 uk AS (
     DELETE FROM {p}unique_keys k USING idn
      WHERE idn.unique_key IS NOT NULL AND k.key = idn.unique_key AND k.job_id = idn.id
        AND (idn.unique_keep & 1) = 0
-)
-SELECT id FROM idn
+),
+fr AS (
+    UPDATE {p}limit_slots s SET job_id = NULL, fence = NULL
+      FROM idn
+     WHERE s.job_id = idn.id AND s.fence = idn.fence
+       AND EXISTS (SELECT 1 FROM {p}limit_slots WHERE job_id IS NOT NULL)
+    RETURNING s.queue
+),
+woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT DISTINCT queue FROM fr) f)
+SELECT id FROM idn WHERE (SELECT count(*) FROM woke) >= 0
 UNION ALL SELECT -1 WHERE NOT ({guard})
 
 -- name: seg_heartbeat
@@ -371,7 +447,14 @@ ins AS (
            timeout_ms, scheduled_at, created_at, attempted_at, NULL, NULL, NULL, errors, fence,
            unique_key, unique_keep, meta
     FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
-    RETURNING queue
+    RETURNING id, fence, queue
+),
+-- The released jobs' queues are woken whether a slot was freed or not.
+fr AS (
+    UPDATE {p}limit_slots s SET job_id = NULL, fence = NULL
+      FROM ins
+     WHERE s.job_id = ins.id AND s.fence = ins.fence
+       AND EXISTS (SELECT 1 FROM {p}limit_slots WHERE job_id IS NOT NULL)
 ),
 q AS (SELECT queue, count(*) AS n FROM ins GROUP BY queue),
 woke AS (SELECT pg_notify('{p}wake', queue) FROM q)
@@ -419,8 +502,18 @@ uk AS (
      WHERE x.state = 'discarded' AND x.unique_key IS NOT NULL AND k.key = x.unique_key AND k.job_id = x.id
        AND (x.unique_keep & 2) = 0
 ),
+fr AS (
+    UPDATE {p}limit_slots s SET job_id = NULL, fence = NULL
+      FROM x
+     WHERE s.job_id = x.id AND s.fence = x.fence
+       AND EXISTS (SELECT 1 FROM {p}limit_slots WHERE job_id IS NOT NULL)
+    RETURNING s.queue
+),
 q AS (SELECT queue, count(*) AS n, bool_or(state = 'available') AS wake FROM x GROUP BY queue),
-woke AS (SELECT pg_notify('{p}wake', queue) FROM q WHERE wake)
+woke AS (
+    SELECT pg_notify('{p}wake', w.queue)
+      FROM (SELECT queue FROM q WHERE wake UNION SELECT queue FROM fr) w
+)
 SELECT q.queue, q.n FROM q CROSS JOIN (SELECT count(*) FROM woke) w
 UNION ALL SELECT '!stale', 0 WHERE NOT ({guard})
 
@@ -554,7 +647,7 @@ SELECT {jobcols} FROM ins CROSS JOIN (SELECT count(*) FROM woke) w
 -- name: seg_finish
 -- Cancel or discard ($2) a job that has not finished, from any ready,
 -- waiting or running segment, into dead. When it was running, every
--- process is told ('!cancel').
+-- process is told ('!cancel'), and its attempt's limit slot is freed.
 WITH
 {each}d{i} AS (DELETE FROM {src} r WHERE r.id = $1 AND {guard} RETURNING r.*),
 {sep}{end}
@@ -573,7 +666,18 @@ uk AS (
        AND NOT (($2::text = 'discarded' AND (d.unique_keep & 2) <> 0)
              OR ($2::text = 'cancelled' AND (d.unique_keep & 4) <> 0))
 ),
-woke AS (SELECT pg_notify('{p}wake', '!cancel') FROM d WHERE d.state = 'running')
+fr AS (
+    UPDATE {p}limit_slots s SET job_id = NULL, fence = NULL
+      FROM d
+     WHERE d.state = 'running' AND s.job_id = d.id AND s.fence = d.fence
+       AND EXISTS (SELECT 1 FROM {p}limit_slots WHERE job_id IS NOT NULL)
+    RETURNING s.queue
+),
+woke AS (
+    SELECT pg_notify('{p}wake', '!cancel') FROM d WHERE d.state = 'running'
+    UNION ALL
+    SELECT pg_notify('{p}wake', f.queue) FROM (SELECT DISTINCT queue FROM fr) f
+)
 SELECT {jobcols} FROM ins CROSS JOIN (SELECT count(*) FROM woke) w
 
 -- name: seg_stats

@@ -1,0 +1,158 @@
+package postgres
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// TestLimitsFreeingWakes: a statement that frees a queue's limit slot
+// notifies the queue, so that other processes' fetchers claim at once;
+// one that frees none (an unlimited queue's outcome) notifies nothing.
+func TestLimitsFreeingWakes(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	if _, err := d.Insert(ctx, []driver.InsertParams{pj("lim"), pj("lim"), pj("lim"), pj("free")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "lim", driver.QueueLimits{MaxRunning: 1}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := d.Listen(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	collect(t, l, 200*time.Millisecond) // the inserts' and the limits' own
+
+	free, err := d.Claim(ctx, driver.ClaimParams{Queue: "free", Limit: 1, Lease: time.Minute, Worker: "w"})
+	if err != nil || len(free) != 1 {
+		t.Fatalf("claim: %v, %v", free, err)
+	}
+	if _, err := d.Complete(ctx, []driver.Outcome{{ID: free[0].ID, Fence: free[0].Fence, Attempt: 1, State: driver.StateCompleted}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := collect(t, l, 200*time.Millisecond); len(got) != 0 {
+		t.Fatalf("an unlimited queue's outcome notified %v", got)
+	}
+
+	ends := []struct {
+		name string
+		end  func(r *driver.JobRow) error
+	}{
+		{"completed", func(r *driver.JobRow) error {
+			_, err := d.Complete(ctx, []driver.Outcome{{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted}})
+			return err
+		}},
+		{"retryable", func(r *driver.JobRow) error {
+			_, err := d.Complete(ctx, []driver.Outcome{{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateRetryable, RetryIn: time.Hour}})
+			return err
+		}},
+		{"discarded by hand", func(r *driver.JobRow) error {
+			_, err := d.Discard(ctx, r.ID)
+			return err
+		}},
+	}
+	for _, e := range ends {
+		r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "lim", Limit: 3, Lease: time.Minute, Worker: "w"})
+		if err != nil || len(r.Rows) != 1 {
+			t.Fatalf("%s: claimed %d, %v; want 1", e.name, len(r.Rows), err)
+		}
+		if err := e.end(r.Rows[0]); err != nil {
+			t.Fatal(err)
+		}
+		if got := collect(t, l, 200*time.Millisecond); !slices.Contains(got, "lim") {
+			t.Fatalf("an attempt %s freed its slot and notified %v, want lim", e.name, got)
+		}
+	}
+}
+
+// TestLimitsSweep: Rescue frees a slot whose holder is not running under
+// its fence and keeps one whose holder is; it deletes a free slot left
+// above a lowered limit; and its statement frees nothing when the
+// registry does not name exactly the running segments it was built for.
+func TestLimitsSweep(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	if _, err := d.Insert(ctx, []driver.InsertParams{pj("s"), pj("s"), pj("s")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "s", driver.QueueLimits{MaxRunning: 2}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "s", Limit: 3, Lease: time.Minute, Worker: "w"})
+	if err != nil || len(r.Rows) != 2 {
+		t.Fatalf("claimed %d, %v; want 2", len(r.Rows), err)
+	}
+	running := func() int {
+		t.Helper()
+		u, err := d.LimitUsage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u["s"].Running
+	}
+	slots := func() int {
+		t.Helper()
+		var n int
+		if err := d.pool.QueryRow(ctx, "SELECT count(*) FROM "+d.prefix+"limit_slots WHERE queue = 's' AND type = 'c'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// Slot 0's attempt ends without freeing it (as a process of an
+	// earlier version would): its holder is no longer running.
+	orphan := func() {
+		t.Helper()
+		if _, err := d.pool.Exec(ctx, "UPDATE "+d.prefix+"limit_slots SET fence = fence + 1 WHERE queue = 's' AND type = 'c' AND n = 0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	orphan()
+
+	// Built for a registry other than the one stored: nothing freed.
+	v, err := d.seg.refresh(ctx, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var same bool
+	var freed, woke int64
+	if err := d.pool.QueryRow(ctx, d.seg.stmt(&d.q.SegSweepSlots, v, v.live[phRunning]), "elsewhere:1").Scan(&same, &freed, &woke); err != nil || same || freed != 0 {
+		t.Fatalf("sweep on a registry it was not built for: same %v, freed %d, %v", same, freed, err)
+	}
+	if n := running(); n != 2 {
+		t.Fatalf("%d slots held after a refused sweep, want 2", n)
+	}
+
+	if _, err := d.Rescue(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	if n := running(); n != 1 {
+		t.Fatalf("%d slots held after the sweep, want the running holder's 1", n)
+	}
+
+	// Lowered to 1 while slot 1 is held: it stays until its attempt
+	// ends, then the sweep deletes it.
+	if err := d.SetQueueLimits(ctx, "s", driver.QueueLimits{MaxRunning: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if n := slots(); n != 2 {
+		t.Fatalf("%d concurrency slots after lowering the limit with slot 1 held, want 2", n)
+	}
+	holder := r.Rows[1]
+	if _, err := d.Complete(ctx, []driver.Outcome{{ID: holder.ID, Fence: holder.Fence, Attempt: holder.Attempt, State: driver.StateCompleted}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Rescue(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	if n := slots(); n != 1 {
+		t.Fatalf("%d concurrency slots after the sweep, want the limit's 1", n)
+	}
+	if got, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "s", Limit: 3, Lease: time.Minute, Worker: "w"}); err != nil || len(got.Rows) != 1 {
+		t.Fatalf("claimed %d, %v; want 1", len(got.Rows), err)
+	}
+}
