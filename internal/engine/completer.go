@@ -189,10 +189,10 @@ func (c *completer) run() {
 	}
 }
 
-// freed wakes the fetchers and held remote claims of the limited queues
-// among owners' jobs: their attempts ended, so slots of those queues'
-// limits are free. Jobs of unlimited queues cost one map lookup per
-// batch and queue, and nothing when no queue is limited.
+// freed wakes the fetchers and held remote claims of the limited
+// queues among owners' jobs: their attempts ended, so slots of those
+// queues' limits are free. It is not called when no queue is limited;
+// otherwise a job of an unlimited queue costs a lookup in memory.
 func (c *completer) freed(owners []pending) {
 	var last string
 	for i := range owners {
