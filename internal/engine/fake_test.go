@@ -48,11 +48,11 @@ type fakeDriver struct {
 	limitReads atomic.Int64
 	// queueLimits, when set, answers QueueLimits in place of limits.
 	queueLimits func(ctx context.Context) (map[string]driver.QueueLimits, error)
-	insert     func(ctx context.Context, jobs []driver.InsertParams) ([]int64, error)
-	tryLead    func() (bool, error)
-	promote    func() (map[string]int, error)
-	rescue     func() (map[string]int, error)
-	prune      func() (int64, error)
+	insert      func(ctx context.Context, jobs []driver.InsertParams) ([]int64, error)
+	tryLead     func() (bool, error)
+	promote     func() (map[string]int, error)
+	rescue      func() (map[string]int, error)
+	prune       func() (int64, error)
 
 	// maintain answers Maintain; nil does nothing.
 	maintain func() (map[string]int, error)
