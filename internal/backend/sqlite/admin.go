@@ -45,7 +45,7 @@ func (d *Driver) ListJobsTx(ctx context.Context, tx any, f driver.JobFilter) ([]
 // available, scheduled or retryable, in a BEGIN IMMEDIATE transaction as
 // Claim does.
 func (d *Driver) ClaimJob(ctx context.Context, id int64, lease time.Duration, worker string) (*driver.JobRow, error) {
-	return d.changeJob(ctx, "claim", id, d.q.ClaimJob, id, us(lease), worker)
+	return d.changeJob(ctx, "claim", id, false, d.q.ClaimJob, id, us(lease), worker)
 }
 
 // listJobs runs the list_jobs query on q (the read pool or a
@@ -121,7 +121,7 @@ func (d *Driver) listQuery(f driver.JobFilter) (string, []any) {
 // unique job whose key another job holds now is refused with a
 // *driver.UniqueConflictError.
 func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
-	return d.changeJob(ctx, "retry", id, d.q.RetryJob, id)
+	return d.changeJob(ctx, "retry", id, false, d.q.RetryJob, id)
 }
 
 // uniqueConflict reads, in tx, job id's unique key and the job holding it,
@@ -139,20 +139,24 @@ func (d *Driver) uniqueConflict(ctx context.Context, tx *sql.Tx, op string, id i
 }
 
 // Cancel cancels a job that has not finished (available, scheduled,
-// retryable or running; a running attempt's outcome is then refused).
+// retryable or running; a running attempt's outcome is then refused, and
+// its concurrency slot is freed).
 func (d *Driver) Cancel(ctx context.Context, id int64) (*driver.JobRow, error) {
-	return d.changeJob(ctx, "cancel", id, d.q.FinishJob, id, driver.StateCancelled)
+	return d.changeJob(ctx, "cancel", id, true, d.q.FinishJob, id, driver.StateCancelled)
 }
 
-// Discard discards a job that has not finished.
+// Discard discards a job that has not finished, freeing the concurrency
+// slot of a running attempt.
 func (d *Driver) Discard(ctx context.Context, id int64) (*driver.JobRow, error) {
-	return d.changeJob(ctx, "discard", id, d.q.FinishJob, id, driver.StateDiscarded)
+	return d.changeJob(ctx, "discard", id, true, d.q.FinishJob, id, driver.StateDiscarded)
 }
 
 // changeJob runs a guarded single-job UPDATE ... RETURNING; when it changes
 // nothing, it tells a missing job (ErrNotFound) from one in the wrong state
-// (ErrWrongState), in the same transaction.
-func (d *Driver) changeJob(ctx context.Context, op string, id int64, query string, args ...any) (*driver.JobRow, error) {
+// (ErrWrongState), in the same transaction. With ends, the change ends a
+// running attempt: the slot it holds under the job's fence (which the
+// change keeps) is freed in the same transaction.
+func (d *Driver) changeJob(ctx context.Context, op string, id int64, ends bool, query string, args ...any) (*driver.JobRow, error) {
 	var j *driver.JobRow
 	var state string
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
@@ -163,6 +167,10 @@ func (d *Driver) changeJob(ctx context.Context, op string, id int64, query strin
 			// A unique job retried while another holds its key. The
 			// write lock is ours: the holder read next is the one.
 			return d.uniqueConflict(ctx, tx, op, id)
+		}
+		if err == nil && ends {
+			_, err = tx.ExecContext(ctx, d.q.FreeSlot, j.ID, j.Fence)
+			return err
 		}
 		if err == nil || !errors.Is(err, sql.ErrNoRows) {
 			return err

@@ -189,37 +189,40 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 		return nil, fmt.Errorf("conveyor/sqlite: claim from queue %q: %w", p.Queue, err)
 	}
 	err = d.inTx(ctx, func(tx *sql.Tx) error {
-		out = out[:0]
-		// BEGIN IMMEDIATE has taken the write lock: the statement's
-		// clock, which is this process's, starts the leases from now on
-		// (in whole milliseconds, hence the one taken off).
-		began := time.Now().Add(-time.Millisecond)
-		defer func() {
-			for _, j := range out {
-				j.LeaseFrom = began
-			}
-		}()
-		rows, err := tx.StmtContext(ctx, st).QueryContext(ctx, p.Queue, p.Limit, us(p.Lease), p.Worker)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			j, err := scanJob(rows)
-			if err != nil {
-				return err
-			}
-			if out == nil {
-				out = make([]*driver.JobRow, 0, p.Limit)
-			}
-			out = append(out, j)
-		}
-		return rows.Err()
+		out, err = claimIn(ctx, tx, st, p, p.Limit)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: claim from queue %q: %w", p.Queue, err)
 	}
 	return out, nil
+}
+
+// claimIn runs the claim statement st (the prepared claim query) in tx,
+// a BEGIN IMMEDIATE transaction, for up to limit jobs of p.Queue.
+func claimIn(ctx context.Context, tx *sql.Tx, st *sql.Stmt, p driver.ClaimParams, limit int) ([]*driver.JobRow, error) {
+	var out []*driver.JobRow
+	// BEGIN IMMEDIATE has taken the write lock: the statement's clock,
+	// which is this process's, starts the leases from now on (in whole
+	// milliseconds, hence the one taken off).
+	began := time.Now().Add(-time.Millisecond)
+	rows, err := tx.StmtContext(ctx, st).QueryContext(ctx, p.Queue, limit, us(p.Lease), p.Worker)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		j, err := scanJob(rows)
+		if err != nil {
+			return nil, err
+		}
+		if out == nil {
+			out = make([]*driver.JobRow, 0, limit)
+		}
+		j.LeaseFrom = began
+		out = append(out, j)
+	}
+	return out, rows.Err()
 }
 
 // Complete applies outcomes in one fenced UPDATE ... FROM json_each and
@@ -242,15 +245,26 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: complete %d outcomes: %w", len(outcomes), err)
 	}
+	free, err := d.prepared(ctx, d.q.FreeSlots)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: complete %d outcomes: %w", len(outcomes), err)
+	}
 	// Completions run on the write connection, ahead of every write
 	// waiting for it, not on the lease path's: they are as frequent as
 	// claims and inserts, and each switch of connection makes the other
 	// drop its page cache (SQLite flushes a connection's cache when
 	// another one has written). A completion that waits keeps its lease
 	// through the heartbeats, which have the lease path to themselves.
-	err = d.write(ctx, true, func() error {
+	// The ended attempts' concurrency slots are freed in the same
+	// transaction: for jobs of unlimited queues, one empty probe of the
+	// slots' job index each.
+	err = d.writeTx(ctx, true, func(tx *sql.Tx) error {
 		applied = applied[:0]
-		return stmtIDs(ctx, st, &applied, param)
+		if err := stmtIDs(ctx, tx.StmtContext(ctx, st), &applied, param); err != nil {
+			return err
+		}
+		_, err := tx.StmtContext(ctx, free).ExecContext(ctx, param)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: complete %d outcomes: %w", len(outcomes), err)
@@ -318,12 +332,25 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 	param := string(*bp)
 	var n int64
 	err := d.leaseRetry(ctx, false, func(conn *sql.Conn) error {
-		res, err := conn.ExecContext(ctx, d.q.Release, param)
+		// The released attempts' slots are freed in the same
+		// transaction (BEGIN IMMEDIATE: the lease connection's
+		// transactions take the write lock up front).
+		tx, err := conn.BeginTx(ctx, nil)
 		if err != nil {
 			return err
 		}
-		n, err = res.RowsAffected()
-		return err
+		defer tx.Rollback()
+		res, err := tx.ExecContext(ctx, d.q.Release, param)
+		if err != nil {
+			return err
+		}
+		if n, err = res.RowsAffected(); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, d.q.FreeSlots, param); err != nil {
+			return err
+		}
+		return tx.Commit()
 	})
 	if err != nil {
 		return 0, fmt.Errorf("conveyor/sqlite: release %d leases: %w", len(leases), err)
@@ -331,9 +358,13 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 	return n, nil
 }
 
-// Rescue handles up to limit running jobs whose lease expired.
+// Rescue handles up to limit running jobs whose lease expired and, in
+// the same transaction, sweeps the queue limits' slots: it frees every
+// slot whose holder no longer runs under the slot's fence (the attempts
+// just rescued, and any an earlier statement left held) and deletes the
+// free concurrency slots above their queue's limit.
 func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) {
-	m, err := d.queueCounts(ctx, d.q.Rescue, limit)
+	m, err := d.queueCounts(ctx, d.q.Rescue, limit, d.q.SweepSlots, d.q.SweepExtraSlots)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: rescue: %w", err)
 	}
@@ -350,15 +381,16 @@ func (d *Driver) Promote(ctx context.Context, limit int) (map[string]int, error)
 }
 
 // queueCounts runs a statement returning one queue name per changed row
-// and counts them.
-func (d *Driver) queueCounts(ctx context.Context, query string, limit int) (map[string]int, error) {
+// and counts them; then, in the same transaction, the statements of
+// after (which take no argument).
+func (d *Driver) queueCounts(ctx context.Context, query string, limit int, after ...string) (map[string]int, error) {
 	m := map[string]int{}
 	if limit <= 0 {
 		return m, nil
 	}
-	err := d.retry(ctx, func() error {
+	err := d.inTx(ctx, func(tx *sql.Tx) error {
 		clear(m)
-		rows, err := d.w.QueryContext(ctx, query, limit)
+		rows, err := tx.QueryContext(ctx, query, limit)
 		if err != nil {
 			return err
 		}
@@ -370,7 +402,16 @@ func (d *Driver) queueCounts(ctx context.Context, query string, limit int) (map[
 			}
 			m[q]++
 		}
-		return rows.Err()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		rows.Close()
+		for _, a := range after {
+			if _, err := tx.ExecContext(ctx, a); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	return m, err
 }

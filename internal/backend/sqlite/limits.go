@@ -2,29 +2,277 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"fmt"
+	"time"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
 
-var errLimitsTODO = errors.New("conveyor/sqlite: queue limits are not implemented yet")
-
-// ClaimLimited claims a queue's jobs within its limits.
+// ClaimLimited claims up to p.Limit jobs of p.Queue within the queue's
+// limits, in one BEGIN IMMEDIATE transaction: it reads the limits, takes
+// as many free concurrency slots and rate slots as it may, claims at most
+// that many jobs with the claim statement Claim runs, and gives each
+// claimed attempt a concurrency slot (job id, fence) and a rate slot
+// (stamped with the attempt's attempted_at). The transaction holds the
+// write lock, so no other claimer, in this process or another, sees a
+// slot between its read and its update. A queue without limits is
+// claimed as Claim claims it.
+//
+// A concurrency limit admits a claim while fewer attempts than the limit
+// hold slots, counting the slots above a lowered limit that attempts
+// still hold, and only into free slots below the limit.
 func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
-	return driver.ClaimResult{}, errLimitsTODO
+	var res driver.ClaimResult
+	if p.Limit <= 0 {
+		return res, nil
+	}
+	// Prepared before the transaction: the write handle's one
+	// connection is the transaction's until it ends.
+	var ls limitStmts
+	for _, x := range []struct {
+		st    **sql.Stmt
+		query string
+	}{
+		{&ls.claim, d.q.Claim}, {&ls.limitsOf, d.q.LimitsOf},
+		{&ls.freeC, d.q.FreeConcurrencySlots}, {&ls.freeR, d.q.FreeRateSlots},
+		{&ls.takeC, d.q.TakeConcurrencySlot}, {&ls.takeR, d.q.TakeRateSlot}, {&ls.due, d.q.DueJobWaits}, {&ls.retryIn, d.q.RateRetryIn},
+	} {
+		var err error
+		if *x.st, err = d.prepared(ctx, x.query); err != nil {
+			return res, fmt.Errorf("conveyor/sqlite: claim from queue %q within its limits: %w", p.Queue, err)
+		}
+	}
+	err := d.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		res, err = d.claimLimitedIn(ctx, tx, &ls, p)
+		return err
+	})
+	if err != nil {
+		return driver.ClaimResult{}, fmt.Errorf("conveyor/sqlite: claim from queue %q within its limits: %w", p.Queue, err)
+	}
+	return res, nil
 }
 
-// SetQueueLimits stores a queue's limits.
+// limitStmts are the statements of a limited claim, prepared on the write
+// handle.
+type limitStmts struct {
+	claim, limitsOf, freeC, freeR, takeC, takeR, due, retryIn *sql.Stmt
+}
+
+// claimLimitedIn is ClaimLimited's transaction.
+func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts, p driver.ClaimParams) (driver.ClaimResult, error) {
+	var res driver.ClaimResult
+	var maxRunning, rate, held int
+	var period int64
+	err := tx.StmtContext(ctx, ls.limitsOf).QueryRowContext(ctx, p.Queue).Scan(&maxRunning, &rate, &period, &held)
+	if errors.Is(err, sql.ErrNoRows) || err == nil && maxRunning <= 0 && rate <= 0 {
+		res.Rows, err = claimIn(ctx, tx, ls.claim, p, p.Limit)
+		return res, err
+	}
+	if err != nil {
+		return res, fmt.Errorf("read limits: %w", err)
+	}
+	want := p.Limit
+	// allowed: what the concurrency limit lets this claim take.
+	allowed := want
+	var cSlots []int64
+	if maxRunning > 0 {
+		allowed = min(allowed, maxRunning-held)
+		if allowed > 0 {
+			if cSlots, err = slotNumbers(ctx, tx.StmtContext(ctx, ls.freeC), p.Queue, maxRunning, allowed); err != nil {
+				return res, fmt.Errorf("read free concurrency slots: %w", err)
+			}
+		}
+		allowed = len(cSlots)
+	}
+	k := allowed
+	rateCut := false
+	var rSlots []int64
+	if rate > 0 && allowed > 0 {
+		if rSlots, err = slotNumbers(ctx, tx.StmtContext(ctx, ls.freeR), p.Queue, rate, period, allowed); err != nil {
+			return res, fmt.Errorf("read free rate slots: %w", err)
+		}
+		k = len(rSlots)
+		rateCut = k < allowed
+	}
+	if k <= 0 {
+		var waits bool
+		if err := tx.StmtContext(ctx, ls.due).QueryRowContext(ctx, p.Queue).Scan(&waits); err != nil {
+			return res, fmt.Errorf("look for a due job: %w", err)
+		}
+		res.Held = waits
+	} else {
+		if res.Rows, err = claimIn(ctx, tx, ls.claim, p, k); err != nil {
+			return res, err
+		}
+		if len(res.Rows) > 0 {
+			if err := takeSlots(ctx, tx, ls, p.Queue, res.Rows, cSlots, rSlots); err != nil {
+				return res, fmt.Errorf("take slots: %w", err)
+			}
+		}
+		res.Held = k < want && len(res.Rows) == k
+	}
+	if res.Held && rateCut {
+		var in int64
+		if err := tx.StmtContext(ctx, ls.retryIn).QueryRowContext(ctx, p.Queue, period).Scan(&in); err != nil {
+			return res, fmt.Errorf("read the rate's window: %w", err)
+		}
+		// The window is full (the rate cut the claim), so its oldest
+		// start leaves it in at most one period: at least a millisecond,
+		// the clock's resolution, for a start leaving it now.
+		res.RetryIn = max(time.Duration(in)*time.Microsecond, time.Millisecond)
+	}
+	return res, nil
+}
+
+// slotNumbers runs st, a query returning slot numbers.
+func slotNumbers(ctx context.Context, st *sql.Stmt, args ...any) ([]int64, error) {
+	rows, err := st.QueryContext(ctx, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []int64
+	for rows.Next() {
+		var n int64
+		if err := rows.Scan(&n); err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, rows.Err()
+}
+
+// takeSlots gives each claimed job one of the concurrency slots cSlots
+// (when the queue has a concurrency limit) and stamps one of the rate
+// slots rSlots (when it has a rate) with the job's attempted_at. Each
+// holds at least len(rows) slots when not empty.
+func takeSlots(ctx context.Context, tx *sql.Tx, ls *limitStmts, queue string, rows []*driver.JobRow, cSlots, rSlots []int64) error {
+	var takeC, takeR *sql.Stmt
+	if len(cSlots) > 0 {
+		takeC = tx.StmtContext(ctx, ls.takeC)
+	}
+	if len(rSlots) > 0 {
+		takeR = tx.StmtContext(ctx, ls.takeR)
+	}
+	for i, r := range rows {
+		if takeC != nil {
+			if _, err := takeC.ExecContext(ctx, queue, cSlots[i], r.ID, r.Fence); err != nil {
+				return err
+			}
+		}
+		if takeR != nil {
+			if _, err := takeR.ExecContext(ctx, queue, rSlots[i], r.AttemptedAt.UnixMicro()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// SetQueueLimits stores queue's limits (the zero QueueLimits removes
+// them) and, in the same transaction, creates the slots they need and
+// deletes those they no longer do: free concurrency slots above
+// MaxRunning (slots still held go once their attempts end, at Rescue's
+// sweep) and rate slots above Rate. A lowered rate forgets the starts
+// recorded in the rate slots it deletes, so within the window of the
+// change it may admit up to the old rate. The queue's pause is kept.
 func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.QueueLimits) error {
-	return errLimitsTODO
+	if err := checkLimits(l); err != nil {
+		return fmt.Errorf("conveyor/sqlite: set limits of queue %q: %w", queue, err)
+	}
+	var maxRunning, rate, period any
+	if l.MaxRunning > 0 {
+		maxRunning = l.MaxRunning
+	}
+	if l.Rate > 0 {
+		rate, period = l.Rate, us(l.RatePeriod)
+	}
+	err := d.inTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, d.q.SetQueueLimits, queue, maxRunning, rate, period); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, d.q.AddLimitSlots, queue, "c", l.MaxRunning); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, d.q.AddLimitSlots, queue, "r", l.Rate); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, d.q.DropLimitSlots, queue, l.MaxRunning, l.Rate)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("conveyor/sqlite: set limits of queue %q: %w", queue, err)
+	}
+	return nil
+}
+
+// checkLimits refuses limits the database cannot hold.
+func checkLimits(l driver.QueueLimits) error {
+	switch {
+	case l.MaxRunning < 0:
+		return fmt.Errorf("MaxRunning %d is negative", l.MaxRunning)
+	case l.Rate < 0:
+		return fmt.Errorf("Rate %d is negative", l.Rate)
+	case l.Rate > 0 && l.RatePeriod < time.Microsecond:
+		return fmt.Errorf("Rate %d needs a RatePeriod of at least a microsecond, got %v", l.Rate, l.RatePeriod)
+	case l.Rate == 0 && l.RatePeriod != 0:
+		return fmt.Errorf("RatePeriod %v without a Rate", l.RatePeriod)
+	}
+	return nil
 }
 
 // QueueLimits returns the limits of every limited queue.
 func (d *Driver) QueueLimits(ctx context.Context) (map[string]driver.QueueLimits, error) {
-	return nil, errLimitsTODO
+	rows, err := d.r.QueryContext(ctx, d.q.QueueLimits)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: queue limits: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]driver.QueueLimits{}
+	for rows.Next() {
+		var name string
+		var l driver.QueueLimits
+		var period int64
+		if err := rows.Scan(&name, &l.MaxRunning, &l.Rate, &period); err != nil {
+			return nil, fmt.Errorf("conveyor/sqlite: queue limits: %w", err)
+		}
+		l.RatePeriod = time.Duration(period) * time.Microsecond
+		out[name] = l
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: queue limits: %w", err)
+	}
+	return out, nil
 }
 
-// LimitUsage returns every limited queue's limits and their use.
+// LimitUsage returns every limited queue's limits and their use, read in
+// one statement by the database's clock.
 func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, error) {
-	return nil, errLimitsTODO
+	rows, err := d.r.QueryContext(ctx, d.q.LimitUsage)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: limit usage: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]driver.LimitUsage{}
+	for rows.Next() {
+		var name string
+		var u driver.LimitUsage
+		var period, now int64
+		var oldest sql.NullInt64
+		if err := rows.Scan(&name, &u.Limits.MaxRunning, &u.Limits.Rate, &period, &u.Running, &u.Started, &oldest, &now); err != nil {
+			return nil, fmt.Errorf("conveyor/sqlite: limit usage: %w", err)
+		}
+		u.Limits.RatePeriod = time.Duration(period) * time.Microsecond
+		if u.Limits.Rate > 0 && u.Started >= u.Limits.Rate && oldest.Valid {
+			u.NextStart = max(time.Duration(oldest.Int64+period-now)*time.Microsecond, 0)
+		}
+		out[name] = u
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: limit usage: %w", err)
+	}
+	return out, nil
 }

@@ -27,6 +27,16 @@ func TestQueryPlans(t *testing.T) {
 		{"promote", d.q.Promote, []any{1}, []string{"INDEX conveyor_jobs_due (scheduled_at<?)"}, []string{"SCAN conveyor_jobs"}},
 		{"prune", d.q.Prune, []any{1, 1, 1}, []string{"INDEX conveyor_jobs_finalized (finalized_at<?)"}, []string{"SCAN conveyor_jobs"}},
 		{"insert", d.q.Insert, []any{"[]"}, nil, []string{"SCAN conveyor_jobs", "TEMP B-TREE"}},
+		// Queue limits: the statements that end attempts probe the
+		// slots' job index; a limited claim reads its queue's slots by
+		// key, in slot order.
+		{"free slots", d.q.FreeSlots, []any{"[]"}, []string{"INDEX conveyor_limit_slots_job (job_id=?)"}, []string{"SCAN conveyor_limit_slots"}},
+		{"free slot", d.q.FreeSlot, []any{1, 1}, []string{"INDEX conveyor_limit_slots_job (job_id=?)"}, []string{"SCAN conveyor_limit_slots"}},
+		{"free concurrency slots", d.q.FreeConcurrencySlots, []any{"q", 5, 5}, []string{"queue=? AND type=? AND lkey=? AND n<?)"}, []string{"SCAN conveyor_limit_slots", "TEMP B-TREE"}},
+		{"free rate slots", d.q.FreeRateSlots, []any{"q", 5, 1, 5}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=? AND n<?)"}, []string{"SCAN conveyor_limit_slots", "TEMP B-TREE"}},
+		{"take concurrency slot", d.q.TakeConcurrencySlot, []any{"q", 1, 1, 1}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=? AND n=?)"}, nil},
+		{"take rate slot", d.q.TakeRateSlot, []any{"q", 1, 1}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=? AND n=?)"}, nil},
+		{"sweep slots", d.q.SweepSlots, nil, []string{"INDEX conveyor_limit_slots_job (job_id>?)", "INTEGER PRIMARY KEY (rowid=?)"}, []string{"SCAN conveyor_jobs"}},
 		// The dashboard's overview: every arm on its partial index, none
 		// on the table (SCAN conveyor_jobs USING ... INDEX is an index).
 		{"overview", d.q.Overview, []any{1}, []string{"USING COVERING INDEX conveyor_jobs_claim", "INDEX conveyor_jobs_due", "INDEX conveyor_jobs_lease", "INDEX conveyor_jobs_finalized (finalized_at>?)"}, []string{"SCAN conveyor_jobs\n", "jobs_queue_list", "USING INTEGER PRIMARY KEY"}},

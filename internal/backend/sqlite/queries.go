@@ -61,6 +61,7 @@ type queries struct {
 	DropQueues            string `sql:"drop_queues"`
 	DropSchedules         string `sql:"drop_schedules"`
 	DropProcesses         string `sql:"drop_processes"`
+	DropLimitSlotsTable   string `sql:"drop_limit_slots_table"`
 	DropMigrations        string `sql:"drop_migrations"`
 
 	// The file and its settings.
@@ -73,6 +74,25 @@ type queries struct {
 	CheckpointPassive       string `sql:"checkpoint_passive"`
 	CheckpointRestart       string `sql:"checkpoint_restart"`
 	MainFile                string `sql:"main_file"`
+
+	// Queue limits: their rows, the claim of a limited queue, the freeing
+	// of slots by the statements that end attempts, and Rescue's sweep.
+	SetQueueLimits       string `sql:"set_queue_limits"`
+	AddLimitSlots        string `sql:"add_limit_slots"`
+	DropLimitSlots       string `sql:"drop_limit_slots"`
+	QueueLimits          string `sql:"queue_limits"`
+	LimitsOf             string `sql:"limits_of"`
+	FreeConcurrencySlots string `sql:"free_concurrency_slots"`
+	FreeRateSlots        string `sql:"free_rate_slots"`
+	TakeConcurrencySlot  string `sql:"take_concurrency_slot"`
+	TakeRateSlot         string `sql:"take_rate_slot"`
+	DueJobWaits          string `sql:"due_job_waits"`
+	RateRetryIn          string `sql:"rate_retry_in"`
+	FreeSlots            string `sql:"free_slots"`
+	FreeSlot             string `sql:"free_slot"`
+	SweepSlots           string `sql:"sweep_slots"`
+	SweepExtraSlots      string `sql:"sweep_extra_slots"`
+	LimitUsage           string `sql:"limit_usage"`
 
 	// Paused queues, schedules and the process registry.
 	PauseQueue      string `sql:"pause_queue"`

@@ -720,7 +720,13 @@ func (d *Driver) busyRetry(ctx context.Context, fn func() error) error {
 // retrying the whole transaction when SQLite reports busy. An error before
 // the commit is marked driver.NotCommitted; the commit's own is not.
 func (d *Driver) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	return d.retry(ctx, func() error {
+	return d.writeTx(ctx, false, fn)
+}
+
+// writeTx is inTx, with first putting the transaction ahead of the
+// writes already waiting for the write connection (see write).
+func (d *Driver) writeTx(ctx context.Context, first bool, fn func(tx *sql.Tx) error) error {
+	return d.write(ctx, first, func() error {
 		tx, err := d.w.BeginTx(ctx, nil)
 		if err != nil {
 			return driver.NotCommitted(err)
