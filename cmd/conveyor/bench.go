@@ -323,7 +323,7 @@ func printLimits(tw *tabwriter.Writer, rs []*bench.Result) {
 			base = r.JobsPerS
 		}
 	}
-	fmt.Fprintln(tw, "phase\tlimits\tworkers\tjobs\tseconds\tjobs/s\tallowed jobs/s\tratio\tpeak running\tmost starts in a period\tp99 ms\tlost\tdup\t")
+	fmt.Fprintln(tw, "phase\tlimits\tworkers\tjobs\tseconds\tjobs/s\tallowed jobs/s\tratio\tpeak running\tmost claims in a period\tp99 ms\tlost\tdup\t")
 	for _, r := range rs {
 		lim, allowed, ratio, win := "none", "-", "-", "-"
 		if l := r.Limits; l != nil {

@@ -221,8 +221,9 @@ type Result struct {
 	// PeakRunning is the most executions under way at once, counted by
 	// the bench's handler outside the queue.
 	PeakRunning int64 `json:"peak_running"`
-	// MaxStartsInWindow, for a rate-limited run, is the most first starts
-	// seen within any window of the rate's period (the bench's clock).
+	// MaxStartsInWindow, for a rate-limited run, is the most first claims
+	// within any window of the rate's period, by the database's clock
+	// (the jobs' attempted_at).
 	MaxStartsInWindow int64 `json:"max_starts_in_window,omitempty"`
 	// Allowed, for a run held below its workers by a limit, is the
 	// jobs/s the limit allows (slots / work per job, or the rate).
@@ -438,6 +439,7 @@ func openClient(ctx context.Context, o Options, queues map[string]int, recs map[
 			return conveyor.JobCancel(fmt.Errorf("bench: job in unexpected queue %q", j.Queue))
 		}
 		rec.Started(j.Args.Seq, time.Now())
+		rec.Claimed(j.Args.Seq, j.AttemptedAt)
 		rec.Begin()
 		simulate(time.Duration(j.Args.WorkUS)*time.Microsecond, j.Args.Spin)
 		rec.End()

@@ -18,6 +18,9 @@ type slot struct {
 	enq   atomic.Int64 // unix ns when the enqueue commit was acknowledged
 	call  atomic.Int64 // unix ns when the enqueue call began
 	start atomic.Int64 // unix ns of the first execution's start
+	// claimed is the unix ns of the first execution's claim by the
+	// database's clock (the job's attempted_at), 0 when not recorded.
+	claimed atomic.Int64
 	execs atomic.Int32
 }
 
@@ -48,13 +51,24 @@ func (r *Recorder) End() { r.running.Add(-1) }
 // Peak returns the most executions under way at once so far.
 func (r *Recorder) Peak() int64 { return r.peak.Load() }
 
-// MaxInWindow returns the most first starts of the jobs [from, to) that
-// fall within any window of length d (by this process's clock).
+// Claimed records the database's clock at seq's first claim (its
+// attempted_at), for MaxInWindow.
+func (r *Recorder) Claimed(seq int64, at time.Time) {
+	if !at.IsZero() {
+		r.slot(seq).claimed.CompareAndSwap(0, at.UnixNano())
+	}
+}
+
+// MaxInWindow returns the most first claims of the jobs [from, to) that
+// fall within any window of length d, by the database's clock (Claimed).
+// A rate limit holds claims by that clock: handlers' start times lag
+// their claims by a delay that varies with the workers' backlog, so they
+// cannot check it to the job.
 func (r *Recorder) MaxInWindow(from, to int64, d time.Duration) int64 {
 	starts := make([]int64, 0, max(0, to-from))
 	for i := from; i < to; i++ {
-		if sl := r.slot(i); sl.execs.Load() > 0 {
-			starts = append(starts, sl.start.Load())
+		if sl := r.slot(i); sl.execs.Load() > 0 && sl.claimed.Load() != 0 {
+			starts = append(starts, sl.claimed.Load())
 		}
 	}
 	sort.Slice(starts, func(i, j int) bool { return starts[i] < starts[j] })
