@@ -50,6 +50,8 @@ func benchCmd(e *env, args []string) error {
 	holdXmin := f.Bool("hold-xmin", false, "steady: hold a read transaction open (REPEATABLE READ / consistent snapshot / SQLite read) after reading the run's tables, as pg_dump would")
 	holdFor := f.Duration("hold-for", 0, "steady: how long --hold-xmin holds its transaction (default --duration)")
 	recovery := f.Duration("recovery", 0, "steady: keep the load on this long after --duration, to show the recovery once the held transaction ended")
+	maxRunning := f.Int("max-running", 0, "drain, flow, latency: hold the queue to this many jobs running at once across processes (QueueLimits.MaxRunning; default none)")
+	rateLimit := f.String("rate-limit", "", "drain, flow, latency: hold the queue to N starts per period, as N/PERIOD (for example 500/1s; QueueLimits.Rate and RatePeriod; default none)")
 	timeout := f.Duration("timeout", 5*time.Minute, "bound on each run")
 	asJSON := f.Bool("json", false, "print one JSON object per run instead of tables")
 	reportFile := f.String("report", "", "write a self-contained HTML report with charts to this file")
@@ -62,6 +64,16 @@ func benchCmd(e *env, args []string) error {
 	}
 	if window.d != 0 && *workload != "steady" || window.n != 0 && *workload == "steady" {
 		return fmt.Errorf("bench: --window is a count for claims and a duration for steady")
+	}
+	limits := conveyor.QueueLimits{MaxRunning: *maxRunning}
+	if *rateLimit != "" {
+		n, per, ok := strings.Cut(*rateLimit, "/")
+		rate, nerr := strconv.Atoi(n)
+		period, perr := time.ParseDuration(per)
+		if !ok || nerr != nil || perr != nil || rate < 1 || period <= 0 {
+			return fmt.Errorf("bench: --rate-limit %q: want N/PERIOD, for example 500/1s", *rateLimit)
+		}
+		limits.Rate, limits.RatePeriod = rate, period
 	}
 	cs, err := parseCounts(*counts)
 	if err != nil {
@@ -79,7 +91,7 @@ func benchCmd(e *env, args []string) error {
 		DSN: dsn, Workload: *workload, Workers: *workers, Jobs: *jobs, Duration: *duration,
 		Producers: *producers, Mode: *mode, Unique: *unique, Middleware: *middleware, Interval: *interval, SeparateProducer: *separate, Herd: *herd, ArgBytes: *argBytes, Work: *work, Spin: *spin,
 		Of: *of, Counts: cs, Strategies: splitList(*strategies), Window: window.n, Timeout: *timeout,
-		Rate: *rate, Every: window.d, HoldXmin: *holdXmin, HoldFor: *holdFor, Recovery: *recovery,
+		Rate: *rate, Every: window.d, HoldXmin: *holdXmin, HoldFor: *holdFor, Recovery: *recovery, Limits: limits,
 		Progress: e.stderr,
 		Config:   conveyor.Config{ClaimBatch: *claimBatch, CompleteBatch: *completeBatch, PollMin: *pollMin, PollMax: *pollMax},
 		Connect:  connect.Options{PoolSize: *poolSize},

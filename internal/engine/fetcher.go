@@ -169,11 +169,14 @@ func (f *fetcher) run(ctx context.Context) {
 		}
 		running := int(f.running.Load())
 		slots := f.max
-		if more && f.ahead() && !e.limited(f.queue) {
-			// (Not for a limited queue: jobs waiting for a worker would
-			// hold its slots while other processes' workers idle.)
+		if more && f.ahead() && (held == 0 || !e.limited(f.queue)) {
 			// A backlog of short jobs: one batch may wait for workers
-			// while this claim travels (see aheadMaxRun).
+			// while this claim travels (see aheadMaxRun). Not for a
+			// limited queue whose limits held the last claim back: jobs
+			// waiting for a worker would hold its slots while other
+			// processes' workers idle. A limit that does not bind (above
+			// the workers of every process) holds nothing back, and its
+			// queue claims ahead as any other.
 			slots += want
 		}
 		free := slots - running

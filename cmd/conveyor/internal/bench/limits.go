@@ -52,7 +52,10 @@ func limits(ctx context.Context, o Options) ([]*Result, error) {
 		{"unlimited", conveyor.QueueLimits{}, o.Jobs, o.Work, 0},
 		{"limit-above", conveyor.QueueLimits{MaxRunning: limitsAboveMult * o.Workers}, o.Jobs, o.Work, 0},
 		{"limit-10", conveyor.QueueLimits{MaxRunning: limitsSlots}, limitsHeldJobs, work, limitsSlots / work.Seconds()},
-		{"rate", conveyor.QueueLimits{Rate: limitsRate, RatePeriod: limitsPeriod}, limitsRateJobs, 0, limitsRate / limitsPeriod.Seconds()},
+		// Rate N per period P lets J jobs start in (ceil(J/N) - 1) periods:
+		// N at once, then N more each period.
+		{"rate", conveyor.QueueLimits{Rate: limitsRate, RatePeriod: limitsPeriod}, limitsRateJobs, 0,
+			limitsRateJobs / (float64((limitsRateJobs+limitsRate-1)/limitsRate-1) * limitsPeriod.Seconds())},
 	}
 	var rs []*Result
 	var errs []error
