@@ -192,7 +192,15 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 			}
 		}
 	}
-	if res.Held && l.rate > 0 && len(rs) < want {
+	// The rate cut the claim when it locked fewer rate slots than it
+	// sought: as many as the concurrency slots it locked (limit_lock), or
+	// want without a concurrency limit. A claim the concurrency limit
+	// alone cut waits for a slot to free, not for the window.
+	sought := want
+	if l.maxRunning > 0 {
+		sought = len(cs)
+	}
+	if res.Held && l.rate > 0 && len(rs) < sought {
 		var us int64
 		if err := tx.QueryRow(ctx, q.LimitRetryIn, p.Queue, l.rate, l.periodUS).Scan(&us); err != nil {
 			return res, false, false, err
