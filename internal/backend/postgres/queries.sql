@@ -212,7 +212,12 @@ SELECT set_config('synchronous_commit', 'off', true),
 -- start has left the window, as many as concurrency slots were locked
 -- (or $4 without a concurrency limit), each locked FOR UPDATE SKIP
 -- LOCKED: concurrent claimers never wait for each other and never take
--- the same slot.
+-- the same slot. The second column: the queue's limits are still $2, $3
+-- and $5 in the statement's snapshot. A slot is locked only if it was
+-- free in that snapshot, so a claim that read the limits before a lowered
+-- MaxRunning committed, and locks a slot at or above it freed since, sees
+-- the change here and must not use the slots (a claim reading the new
+-- limit meanwhile counts that slot as free).
 WITH hi AS MATERIALIZED (
     SELECT $2::int > 0 AND EXISTS (SELECT 1 FROM {p}limit_slots
                     WHERE queue = $1 AND type = 'c' AND lkey = '' AND n >= $2::int AND job_id IS NOT NULL) AS held
@@ -233,7 +238,11 @@ r AS MATERIALIZED (
      LIMIT CASE WHEN $2::int > 0 THEN (SELECT count(*) FROM c) ELSE $4 END
      FOR UPDATE SKIP LOCKED
 )
-SELECT (SELECT held FROM hi), ARRAY(SELECT n FROM c ORDER BY n), ARRAY(SELECT n FROM r ORDER BY n)
+SELECT (SELECT held FROM hi),
+       coalesce((SELECT coalesce(max_running, 0) = $2::int AND coalesce(rate, 0) = $3::int
+                        AND coalesce(rate_period_us, 0) = $5::bigint
+                   FROM {p}queues WHERE name = $1), false),
+       ARRAY(SELECT n FROM c ORDER BY n), ARRAY(SELECT n FROM r ORDER BY n)
 
 -- name: limit_row_lock
 -- A claim under a lowered concurrency limit, while slots at or above it
