@@ -140,8 +140,19 @@ SET plan_cache_mode = force_generic_plan
 -- $3 (a lowered rate forgets the starts they recorded, so that up to the
 -- old rate may start in the window of the change), and wakes the queue's
 -- fetchers in every process. One statement: one transaction. The rows it
--- inserts and deletes are disjoint.
-WITH up AS (
+-- inserts and deletes are disjoint. It locks every concurrency slot at or
+-- above $2, held or not, until it commits: an attempt holding one cannot
+-- free it meanwhile, so a claim that read the old limits and locks such a
+-- slot freed later sees the new limits in the snapshot that saw it free
+-- (limit_lock), and one that locked it first makes this wait for it.
+-- The free ones among them are deleted (del reads lk, which is so locked
+-- first).
+WITH lk AS MATERIALIZED (
+    SELECT n FROM {p}limit_slots
+     WHERE queue = $1 AND type = 'c' AND lkey = '' AND n >= $2::int
+     FOR UPDATE
+),
+up AS (
     INSERT INTO {p}queues (name, max_running, rate, rate_period_us, updated_at)
     VALUES ($1, nullif($2::int, 0), nullif($3::int, 0), CASE WHEN $3::int > 0 THEN $4::bigint END, now())
     ON CONFLICT (name) DO UPDATE
@@ -159,7 +170,7 @@ mk AS (
 del AS (
     DELETE FROM {p}limit_slots s
      WHERE s.queue = $1 AND s.lkey = ''
-       AND ((s.type = 'c' AND s.n >= $2::int AND s.job_id IS NULL) OR (s.type = 'r' AND s.n >= $3::int))
+       AND ((s.type = 'c' AND s.n IN (SELECT n FROM lk) AND s.job_id IS NULL) OR (s.type = 'r' AND s.n >= $3::int))
 )
 SELECT pg_notify('{p}wake', name) FROM up
 
