@@ -415,6 +415,8 @@ func (d *Driver) heldEmpty(ctx context.Context, queue string) (driver.ClaimResul
 // concurrency slots at or beyond MaxRunning and of every rate slot at or
 // beyond Rate. A lowered rate forgets the starts those rate slots
 // recorded, so in the window of the change up to the old rate may start.
+// The concurrency slots at or beyond MaxRunning stay locked until it
+// commits (slot_lock_above).
 func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.QueueLimits) error {
 	if l.MaxRunning < 0 || l.Rate < 0 || (l.Rate > 0 && l.RatePeriod < time.Microsecond) {
 		return fmt.Errorf("conveyor/mysql: set limits of queue %q: invalid limits %+v", queue, l)
@@ -438,10 +440,21 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 				return err
 			}
 		}
+		rows, err := tx.QueryContext(ctx, d.q.SlotLockAbove, queue, int64(l.MaxRunning))
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+		}
+		if err := rows.Err(); err != nil {
+			rows.Close()
+			return err
+		}
+		rows.Close()
 		if _, err := tx.ExecContext(ctx, d.q.SlotTrimC, queue, int64(l.MaxRunning)); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, d.q.SlotTrimR, queue, int64(l.Rate))
+		_, err = tx.ExecContext(ctx, d.q.SlotTrimR, queue, int64(l.Rate))
 		return err
 	})
 }
