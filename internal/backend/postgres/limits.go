@@ -301,7 +301,13 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 	if l.Rate > 0 {
 		period = micros(l.RatePeriod)
 	}
-	_, err := d.pool.Exec(ctx, d.q.SetQueueLimits, queue, l.MaxRunning, l.Rate, period)
+	// Retried after a deadlock: the statement locks the concurrency
+	// slots at or above the limit, held ones included, which an outcome
+	// freeing several of them may lock in another order.
+	err := d.retryable(ctx, func() error {
+		_, err := d.pool.Exec(ctx, d.q.SetQueueLimits, queue, l.MaxRunning, l.Rate, period)
+		return err
+	})
 	return d.wrap("set limits of queue "+queue, err)
 }
 

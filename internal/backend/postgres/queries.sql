@@ -150,6 +150,7 @@ SET plan_cache_mode = force_generic_plan
 WITH lk AS MATERIALIZED (
     SELECT n FROM {p}limit_slots
      WHERE queue = $1 AND type = 'c' AND lkey = '' AND n >= $2::int
+     ORDER BY n
      FOR UPDATE
 ),
 up AS (
