@@ -269,6 +269,33 @@ func limits(t *testing.T, s suite) {
 		}
 	})
 
+	// A queue with both limits whose claims the concurrency limit cuts
+	// while its rate window has room: RetryIn stays 0 (a slot frees when
+	// an attempt ends), never the age of the window's oldest start, which
+	// is up to a period away (a claimer would sleep that long), or a
+	// millisecond once that start left the window (a claimer would spin).
+	t.Run("ConcurrencyCutWithRoomInTheRate", func(t *testing.T) {
+		d := s.setup(t)
+		insert(t, d, "cr2", 10)
+		const period = 300 * time.Millisecond
+		set(t, d, "cr2", driver.QueueLimits{MaxRunning: 2, Rate: 100, RatePeriod: period})
+		r := claim(t, d, "cr2", 5, time.Minute)
+		if len(r.Rows) != 2 || !r.Held || r.RetryIn != 0 {
+			t.Fatalf("claimed %d (held %v, retry in %v) at 2 running and a rate of 100, want 2 held by the concurrency limit, retry in 0", len(r.Rows), r.Held, r.RetryIn)
+		}
+		if again := claim(t, d, "cr2", 5, time.Minute); len(again.Rows) != 0 || !again.Held || again.RetryIn != 0 {
+			t.Fatalf("claimed %d (held %v, retry in %v) with every concurrency slot taken, want none held, retry in 0", len(again.Rows), again.Held, again.RetryIn)
+		}
+		time.Sleep(period + 50*time.Millisecond)
+		if again := claim(t, d, "cr2", 5, time.Minute); len(again.Rows) != 0 || !again.Held || again.RetryIn != 0 {
+			t.Fatalf("claimed %d (held %v, retry in %v) with every concurrency slot taken and the starts out of the window, want none held, retry in 0", len(again.Rows), again.Held, again.RetryIn)
+		}
+		complete(t, d, r.Rows[0], driver.StateCompleted)
+		if got := claim(t, d, "cr2", 5, time.Minute); len(got.Rows) != 1 || !got.Held || got.RetryIn != 0 {
+			t.Fatalf("claimed %d (held %v, retry in %v) with one slot free, want 1 held by the concurrency limit, retry in 0", len(got.Rows), got.Held, got.RetryIn)
+		}
+	})
+
 	// Claimers race for a limit of 5 while each holds its jobs a little
 	// before completing them: the jobs held at once, counted between a
 	// claim's return and the outcome's call (so never more than the

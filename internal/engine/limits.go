@@ -29,10 +29,17 @@ const (
 	limitsReadTimeout = 5 * time.Second
 )
 
-// limitCache is one read of the limited queues, and when it was read.
+// limitCache is one read of the limited queues, and when it was read,
+// with the changes this process made since (LimitsChanged).
 type limitCache struct {
 	limited map[string]bool
-	at      time.Time
+	// at is when the read began: the age of what the cache says of
+	// every queue but those this process changed since.
+	at time.Time
+	// changed is when this process last changed a queue's limits since
+	// the read (zero if it did not): a read that began earlier may miss
+	// the change.
+	changed time.Time
 }
 
 // limited reports whether queue must be claimed through ClaimLimited:
@@ -77,7 +84,7 @@ func (e *Engine) setLimited(m map[string]driver.QueueLimits, at time.Time) {
 	}
 	e.limitsMu.Lock()
 	defer e.limitsMu.Unlock()
-	if old := e.limits.Load(); old != nil && old.at.After(at) {
+	if old := e.limits.Load(); old != nil && (old.at.After(at) || old.changed.After(at)) {
 		return // a later change (LimitsChanged) is already in
 	}
 	e.limits.Store(&limitCache{limited: limited, at: at})
@@ -99,9 +106,10 @@ func (e *Engine) LimitsChanged(queue string, limited bool) {
 		} else {
 			delete(m, queue)
 		}
-		// Stamped now: a read that began before this change must not
-		// undo it (setLimited keeps the later of the two).
-		e.limits.Store(&limitCache{limited: m, at: time.Now()})
+		// The read's age is kept (the rest of the cache is no fresher
+		// for this change); the change is stamped now, so that a read
+		// that began before it does not undo it (setLimited).
+		e.limits.Store(&limitCache{limited: m, at: old.at, changed: time.Now()})
 	}
 	e.limitsMu.Unlock()
 	e.wake(queue)

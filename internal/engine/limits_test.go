@@ -195,3 +195,31 @@ func TestLimitsChangedSwitchesClaimAtOnce(t *testing.T) {
 
 // claimAfter is the first claim of "q" after index i.
 func claimAfter(d *fakeDriver, i int) call { return claimsAfter(d, "q", i)[0] }
+
+// While the limits cannot be read, the cache goes stale and every queue
+// is claimed through ClaimLimited (another process may have limited any
+// of them since the last read). A change of limits made by this process
+// meanwhile (LimitsChanged) tells about one queue only: it must not make
+// the rest of the stale cache look fresh again, which would let claims of
+// a queue limited elsewhere go through Claim for another while, and for
+// as long as this process keeps changing limits.
+func TestLimitsChangedKeepsAStaleCacheStale(t *testing.T) {
+	d := &fakeDriver{}
+	var reads atomic.Int64
+	d.queueLimits = func(ctx context.Context) (map[string]driver.QueueLimits, error) {
+		if reads.Add(1) > 1 {
+			return nil, context.DeadlineExceeded // the database does not answer
+		}
+		return map[string]driver.QueueLimits{}, nil
+	}
+	e := startEngine(t, d, limitConfig(time.Hour), map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
+	waitFor(t, "the first read of the limits", func() bool { return e.limits.Load() != nil })
+	waitFor(t, "the cache to go stale", func() bool { return e.limited("elsewhere") })
+	e.LimitsChanged("q", true)
+	if !e.limited("elsewhere") {
+		t.Fatal("after LimitsChanged of another queue, a stale cache said a queue is not limited")
+	}
+	if !e.limited("q") {
+		t.Fatal("the queue just limited is not limited")
+	}
+}

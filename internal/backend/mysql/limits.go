@@ -3,6 +3,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"strings"
@@ -25,6 +26,15 @@ import (
 // deadlock, as are Galera's certification conflicts on a slot that two
 // nodes took at once.
 
+// errLimitsChanged says that a claim's transaction locked slots under
+// limits that changed after the claim read them: it is rolled back and
+// the claim runs again under the new ones.
+var errLimitsChanged = errors.New("the queue's limits changed during the claim")
+
+// limitRounds bounds the limited claims run again in a row because the
+// queue's limits changed during them; past it the claim takes nothing.
+const limitRounds = 3
+
 // slotRowArgs is the number of parameters of slot_take_row.
 const slotRowArgs = 6
 
@@ -43,6 +53,20 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 		return driver.ClaimResult{}, nil
 	}
 	p.Limit = min(p.Limit, maxBucket)
+	for round := 0; ; round++ {
+		res, err := d.claimLimitedOnce(ctx, p)
+		if !errors.Is(err, errLimitsChanged) {
+			return res, err
+		}
+		if round == limitRounds {
+			return driver.ClaimResult{}, nil
+		}
+	}
+}
+
+// claimLimitedOnce is one round of ClaimLimited: it reads the queue's
+// limits and claims under them, or fails with errLimitsChanged.
+func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
 	var maxRunning, rate, periodUS sql.NullInt64
 	var above int
 	err := d.retry(ctx, "claim limited", func() error {
@@ -126,6 +150,21 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 			}
 		}
 	}
+	if len(cslots) > 0 || len(rslots) > 0 {
+		// The limits were read before the transaction. A slot at or
+		// beyond a MaxRunning lowered since, freed after the change, is
+		// locked here as free under the old limit while claims under
+		// the new one fill the slots below it. Read after the slots were
+		// locked (a new snapshot, which holds every change committed
+		// before the slots were freed), the limits must be the same.
+		same, err := d.limitsStill(ctx, tx, p.Queue, l)
+		if err != nil {
+			return driver.ClaimResult{}, err
+		}
+		if !same {
+			return driver.ClaimResult{}, errLimitsChanged
+		}
+	}
 	k := want
 	if l.MaxRunning > 0 {
 		k = min(k, max(len(cslots)-above, 0))
@@ -178,6 +217,25 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 		res.RetryIn = in
 	}
 	return res, nil
+}
+
+// limitsStill reports whether queue's limits, read in tx, are still l.
+func (d *Driver) limitsStill(ctx context.Context, tx *sql.Tx, queue string, l driver.QueueLimits) (bool, error) {
+	rows, err := d.query(ctx, tx, true, d.q.LimitsRead, queue)
+	if err != nil {
+		return false, err
+	}
+	defer rows.Close()
+	var now driver.QueueLimits
+	if rows.Next() {
+		var maxRunning, rate, periodUS sql.NullInt64
+		var above int
+		if err := rows.Scan(&maxRunning, &rate, &periodUS, &above); err != nil {
+			return false, err
+		}
+		now = limitsOf(maxRunning, rate, periodUS)
+	}
+	return now == l, rows.Err()
 }
 
 // slotNumbers runs a slot_lock_* statement and returns the slot numbers.
@@ -357,6 +415,8 @@ func (d *Driver) heldEmpty(ctx context.Context, queue string) (driver.ClaimResul
 // concurrency slots at or beyond MaxRunning and of every rate slot at or
 // beyond Rate. A lowered rate forgets the starts those rate slots
 // recorded, so in the window of the change up to the old rate may start.
+// The concurrency slots at or beyond MaxRunning stay locked until it
+// commits (slot_lock_above).
 func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.QueueLimits) error {
 	if l.MaxRunning < 0 || l.Rate < 0 || (l.Rate > 0 && l.RatePeriod < time.Microsecond) {
 		return fmt.Errorf("conveyor/mysql: set limits of queue %q: invalid limits %+v", queue, l)
@@ -380,10 +440,21 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 				return err
 			}
 		}
+		rows, err := tx.QueryContext(ctx, d.q.SlotLockAbove, queue, int64(l.MaxRunning))
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+		}
+		if err := rows.Err(); err != nil {
+			rows.Close()
+			return err
+		}
+		rows.Close()
 		if _, err := tx.ExecContext(ctx, d.q.SlotTrimC, queue, int64(l.MaxRunning)); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, d.q.SlotTrimR, queue, int64(l.Rate))
+		_, err = tx.ExecContext(ctx, d.q.SlotTrimR, queue, int64(l.Rate))
 		return err
 	})
 }

@@ -2,7 +2,9 @@ package mysql
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -188,6 +190,57 @@ func TestLimitsUnderChanges(t *testing.T) {
 			}
 			if u, err := d.LimitUsage(ctx); err != nil || u["lc"].Running != 0 {
 				t.Fatalf("usage %+v, %v; want no slot held", u, err)
+			}
+		})
+	}
+}
+
+// TestClaimUnderLimitsReadBeforeALoweredLimit: a claim reads the queue's
+// limits before its transaction. One that read MaxRunning 3, while the
+// limit was lowered to 2 and the attempt on slot 2 then ended, must not
+// lock slot 2 under the limit it read (claims under the new one fill
+// slots 0 and 1): the attempts on slots 0 and 1 still run, so it must
+// claim nothing.
+func TestClaimUnderLimitsReadBeforeALoweredLimit(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			ctx := context.Background()
+			d := migrated(t, v.opts, v.tweak)
+			if _, err := d.Insert(ctx, limitJobs("lo", 6)); err != nil {
+				t.Fatal(err)
+			}
+			old := driver.QueueLimits{MaxRunning: 3}
+			if err := d.SetQueueLimits(ctx, "lo", old); err != nil {
+				t.Fatal(err)
+			}
+			rows := claimLimited(t, d, "lo", 3, time.Minute)
+			if len(rows) != 3 {
+				t.Fatalf("claimed %d, want 3", len(rows))
+			}
+			if err := d.SetQueueLimits(ctx, "lo", driver.QueueLimits{MaxRunning: 2}); err != nil {
+				t.Fatal(err)
+			}
+			last := rows[2]
+			if _, err := d.Complete(ctx, []driver.Outcome{{ID: last.ID, Fence: last.Fence, Attempt: last.Attempt, State: driver.StateCompleted}}); err != nil {
+				t.Fatal(err)
+			}
+			// The claim's transaction, under the limits it read before
+			// the change.
+			var res driver.ClaimResult
+			err := d.inTx(ctx, "claim limited", func(tx *sql.Tx) error {
+				var err error
+				res, err = d.claimLimitedTx(ctx, tx, driver.ClaimParams{Queue: "lo", Limit: 1, Lease: time.Minute, Worker: "c"}, old, 0)
+				return err
+			})
+			if err != nil && !errors.Is(err, errLimitsChanged) {
+				t.Fatal(err)
+			}
+			u, err := d.LimitUsage(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := u["lo"]; got.Running > got.Limits.MaxRunning || len(res.Rows) != 0 {
+				t.Fatalf("the claim took %d jobs: %d running at a limit of %d", len(res.Rows), got.Running, got.Limits.MaxRunning)
 			}
 		})
 	}

@@ -121,6 +121,7 @@ type queries struct {
 	SlotInsertRow  string `sql:"slot_insert_row"`
 	SlotInsertTail string `sql:"slot_insert_tail"`
 	SlotTrimC      string `sql:"slot_trim_c"`
+	SlotLockAbove  string `sql:"slot_lock_above"`
 	SlotTrimR      string `sql:"slot_trim_r"`
 	QueueLimits    string `sql:"queue_limits"`
 	LimitUsage     string `sql:"limit_usage"`

@@ -494,6 +494,14 @@ INSERT INTO `{p}limit_slots` (queue, type, lkey, n) VALUES
 -- name: slot_insert_tail
 ON DUPLICATE KEY UPDATE n = n
 
+-- Locks every concurrency slot at or beyond the new limit, held or not,
+-- until SetQueueLimits commits: an attempt cannot free one meanwhile, so
+-- a claim that read the old limits and locks such a slot freed later
+-- reads the new limits after its lock (limitsStill), and one that locked
+-- it first makes the change wait for it. (queue, max_running.)
+-- name: slot_lock_above
+SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n >= ? ORDER BY n FOR UPDATE
+
 -- Concurrency slots at or beyond the limit that no attempt holds; a held
 -- one stays until its attempt ends (then the rescue's sweep deletes it).
 -- (queue, max_running.)

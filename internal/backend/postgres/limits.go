@@ -44,7 +44,9 @@ type limits struct {
 // started before; while one is, claims count every held slot against the
 // new limit, one claim at a time per queue (the queue's row, locked SKIP
 // LOCKED: a second claimer claims nothing meanwhile), so that the limit
-// holds as soon as fewer attempts than it run.
+// holds as soon as fewer attempts than it run. The statement that locks
+// the slots checks in its own snapshot that the limits are still those
+// the transaction read; if not, it runs again under the new ones.
 func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
 	if p.Limit <= 0 {
 		return driver.ClaimResult{}, nil
@@ -63,10 +65,21 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 	}
 	s := d.seg
 	v, err := s.viewNow(ctx)
+	changes := 0
 	for round := 0; err == nil; round++ {
 		var res driver.ClaimResult
-		var again, unlimited bool
-		res, again, unlimited, err = d.claimLimited(ctx, v, p)
+		var again, unlimited, changed bool
+		res, again, unlimited, changed, err = d.claimLimited(ctx, v, p)
+		if changed {
+			// The limits changed between their read and the lock of
+			// the slots: the transaction was rolled back; it runs
+			// again under the new ones.
+			if changes++; changes > limitRounds {
+				return driver.ClaimResult{}, nil
+			}
+			round--
+			continue
+		}
 		if err != nil {
 			s.hints.drop(p.Queue)
 			if !s.goneSegment(err) {
@@ -94,30 +107,35 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 	return driver.ClaimResult{}, d.wrap("claim", err)
 }
 
+// limitRounds bounds the limited claims run again in a row because the
+// queue's limits changed during them; past it the claim takes nothing.
+const limitRounds = 3
+
 // claimLimited is one transaction of ClaimLimited on view v. again says
 // that the incarnation guard refused the claim (the transaction was
 // rolled back: run it again with a fresh view); unlimited that the queue
-// has no limits any more.
-func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimParams) (res driver.ClaimResult, again, unlimited bool, err error) {
+// has no limits any more; changed that its limits changed after the
+// transaction read them (rolled back: run it again).
+func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimParams) (res driver.ClaimResult, again, unlimited, changed bool, err error) {
 	s, q := d.seg, &d.q
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
-		return res, false, false, err
+		return res, false, false, false, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var l limits
 	var async string
 	err = tx.QueryRow(ctx, q.LimitBegin, p.Queue).Scan(&async, &l.maxRunning, &l.rate, &l.periodUS, &l.paused)
 	if errors.Is(err, pgx.ErrNoRows) || err == nil && l.maxRunning == 0 && l.rate == 0 {
-		return res, false, true, nil
+		return res, false, true, false, nil
 	}
 	if err != nil || l.paused {
-		return res, false, false, err
+		return res, false, false, false, err
 	}
 	want := p.Limit
-	high, cs, rs, err := d.lockSlots(ctx, tx, p.Queue, l, want, false)
-	if err != nil {
-		return res, false, false, err
+	high, same, cs, rs, err := d.lockSlots(ctx, tx, p.Queue, l, want, false)
+	if err != nil || !same {
+		return res, false, false, err == nil && !same, err
 	}
 	if high {
 		// A lowered limit, slots at or above it still held: count them.
@@ -125,19 +143,20 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 		err := tx.QueryRow(ctx, q.LimitRowLock, p.Queue).Scan(&mine)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// Another claim counts: nothing this time.
-			return driver.ClaimResult{Held: true}, false, false, nil
+			return driver.ClaimResult{Held: true}, false, false, false, nil
 		}
 		var held int
 		if err == nil {
 			err = tx.QueryRow(ctx, q.LimitHeld, p.Queue).Scan(&held)
 		}
 		if err != nil {
-			return res, false, false, err
+			return res, false, false, false, err
 		}
 		cs, rs = nil, nil
 		if room := l.maxRunning - held; room > 0 {
-			if _, cs, rs, err = d.lockSlots(ctx, tx, p.Queue, l, min(want, room), true); err != nil {
-				return res, false, false, err
+			var same bool
+			if _, same, cs, rs, err = d.lockSlots(ctx, tx, p.Queue, l, min(want, room), true); err != nil || !same {
+				return res, false, false, err == nil && !same, err
 			}
 		}
 	}
@@ -155,7 +174,7 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 		var stale bool
 		rows, stale, err = s.claimIn(ctx, tx, v, cp)
 		if err != nil || stale {
-			return res, stale, false, err
+			return res, stale, false, false, err
 		}
 	}
 	if len(rows) > 0 {
@@ -178,7 +197,7 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 			}
 		}
 		if _, err := tx.Exec(ctx, q.LimitTake, p.Queue, ns.String(), ids.String(), fences.String(), stamps.String()); err != nil {
-			return res, false, false, err
+			return res, false, false, false, err
 		}
 	}
 	res.Rows = rows
@@ -188,14 +207,22 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 		} else {
 			err := tx.QueryRow(ctx, s.stmt(&q.SegHasReady, v, v.live[phReady]), p.Queue).Scan(&res.Held)
 			if err != nil {
-				return res, false, false, err
+				return res, false, false, false, err
 			}
 		}
 	}
-	if res.Held && l.rate > 0 && len(rs) < want {
+	// The rate cut the claim when it locked fewer rate slots than it
+	// sought: as many as the concurrency slots it locked (limit_lock), or
+	// want without a concurrency limit. A claim the concurrency limit
+	// alone cut waits for a slot to free, not for the window.
+	sought := want
+	if l.maxRunning > 0 {
+		sought = len(cs)
+	}
+	if res.Held && l.rate > 0 && len(rs) < sought {
 		var us int64
 		if err := tx.QueryRow(ctx, q.LimitRetryIn, p.Queue, l.rate, l.periodUS).Scan(&us); err != nil {
-			return res, false, false, err
+			return res, false, false, false, err
 		}
 		// At least a millisecond: a slot whose start left the window
 		// but that another claimer had locked is taken or free again
@@ -203,22 +230,23 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 		res.RetryIn = max(time.Duration(us)*time.Microsecond, time.Millisecond)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return driver.ClaimResult{}, false, false, err
+		return driver.ClaimResult{}, false, false, false, err
 	}
 	if len(rows) > 0 {
 		s.place(v.cur[phRunning].tbl, rows)
 	}
-	return res, false, false, nil
+	return res, false, false, false, nil
 }
 
 // lockSlots runs limit_lock: whether a concurrency slot at or above the
-// limit is held (and, unless anyHeld, none was locked then), and the
-// concurrency and rate slots locked, by number.
-func (d *Driver) lockSlots(ctx context.Context, tx pgx.Tx, queue string, l limits, want int, anyHeld bool) (bool, []int32, []int32, error) {
-	var high bool
-	var cs, rs []int32
-	err := tx.QueryRow(ctx, d.q.LimitLock, queue, l.maxRunning, l.rate, want, l.periodUS, anyHeld).Scan(&high, &cs, &rs)
-	return high, cs, rs, err
+// limit is held (and, unless anyHeld, none was locked then), whether the
+// queue's limits are still l in the statement's snapshot (if not, the
+// slots were locked under limits no longer in force: the transaction
+// must not use them), and the concurrency and rate slots locked, by
+// number.
+func (d *Driver) lockSlots(ctx context.Context, tx pgx.Tx, queue string, l limits, want int, anyHeld bool) (high, same bool, cs, rs []int32, err error) {
+	err = tx.QueryRow(ctx, d.q.LimitLock, queue, l.maxRunning, l.rate, want, l.periodUS, anyHeld).Scan(&high, &same, &cs, &rs)
+	return high, same, cs, rs, err
 }
 
 // claimIn runs the claim statement of view v in tx, past the queue's
@@ -273,7 +301,13 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 	if l.Rate > 0 {
 		period = micros(l.RatePeriod)
 	}
-	_, err := d.pool.Exec(ctx, d.q.SetQueueLimits, queue, l.MaxRunning, l.Rate, period)
+	// Retried after a deadlock: the statement locks the concurrency
+	// slots at or above the limit, held ones included, which an outcome
+	// freeing several of them may lock in another order.
+	err := d.retryable(ctx, func() error {
+		_, err := d.pool.Exec(ctx, d.q.SetQueueLimits, queue, l.MaxRunning, l.Rate, period)
+		return err
+	})
 	return d.wrap("set limits of queue "+queue, err)
 }
 

@@ -156,3 +156,78 @@ func TestLimitsSweep(t *testing.T) {
 		t.Fatalf("claimed %d, %v; want 1", len(got.Rows), err)
 	}
 }
+
+// TestLimitsLoweredDuringAClaim: a claim that read the queue's limits
+// before a lowered MaxRunning committed must not lock a concurrency
+// slot at or above the new limit that an attempt freed after the change:
+// a claim reading the new limit meanwhile counts that slot as free of
+// the old limit's holders, and the two would run more than the limit.
+// The claim is held between its read of the limits and its lock of the
+// slots by an ACCESS EXCLUSIVE lock on the slots' table, in whose
+// transaction the limit is lowered from 3 to 2 (as SetQueueLimits writes
+// it: no free slot above it to delete) and the attempt on slot 2 ends
+// (as Complete frees its slot), slots 0 and 1 still held.
+func TestLimitsLoweredDuringAClaim(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	if _, err := d.Insert(ctx, []driver.InsertParams{pj("low"), pj("low"), pj("low"), pj("low"), pj("low")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "low", driver.QueueLimits{MaxRunning: 3}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "low", Limit: 3, Lease: time.Minute, Worker: "w"})
+	if err != nil || len(r.Rows) != 3 {
+		t.Fatalf("claim: %d rows, %v", len(r.Rows), err)
+	}
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+d.prefix+"limit_slots IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		res driver.ClaimResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "low", Limit: 1, Lease: time.Minute, Worker: "c"})
+		done <- result{res, err}
+	}()
+	// Until the claim waits for the slots' table.
+	for waiting := false; !waiting; {
+		err := d.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = $1::regclass)`,
+			d.prefix+"limit_slots").Scan(&waiting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case res := <-done:
+			t.Fatalf("the claim did not wait for the slots' table: %d rows, %v", len(res.res.Rows), res.err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if _, err := tx.Exec(ctx, "UPDATE "+d.prefix+"queues SET max_running = 2 WHERE name = 'low'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "UPDATE "+d.prefix+"limit_slots SET job_id = NULL, fence = NULL WHERE queue = 'low' AND type = 'c' AND n = 2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	u, err := d.LimitUsage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := u["low"]; got.Running > got.Limits.MaxRunning || len(res.res.Rows) != 0 {
+		t.Fatalf("the claim took %d jobs: %d running at a limit of %d", len(res.res.Rows), got.Running, got.Limits.MaxRunning)
+	}
+}

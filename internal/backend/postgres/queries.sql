@@ -140,8 +140,20 @@ SET plan_cache_mode = force_generic_plan
 -- $3 (a lowered rate forgets the starts they recorded, so that up to the
 -- old rate may start in the window of the change), and wakes the queue's
 -- fetchers in every process. One statement: one transaction. The rows it
--- inserts and deletes are disjoint.
-WITH up AS (
+-- inserts and deletes are disjoint. It locks every concurrency slot at or
+-- above $2, held or not, until it commits: an attempt holding one cannot
+-- free it meanwhile, so a claim that read the old limits and locks such a
+-- slot freed later sees the new limits in the snapshot that saw it free
+-- (limit_lock), and one that locked it first makes this wait for it.
+-- The free ones among them are deleted (del reads lk, which is so locked
+-- first).
+WITH lk AS MATERIALIZED (
+    SELECT n FROM {p}limit_slots
+     WHERE queue = $1 AND type = 'c' AND lkey = '' AND n >= $2::int
+     ORDER BY n
+     FOR UPDATE
+),
+up AS (
     INSERT INTO {p}queues (name, max_running, rate, rate_period_us, updated_at)
     VALUES ($1, nullif($2::int, 0), nullif($3::int, 0), CASE WHEN $3::int > 0 THEN $4::bigint END, now())
     ON CONFLICT (name) DO UPDATE
@@ -159,7 +171,7 @@ mk AS (
 del AS (
     DELETE FROM {p}limit_slots s
      WHERE s.queue = $1 AND s.lkey = ''
-       AND ((s.type = 'c' AND s.n >= $2::int AND s.job_id IS NULL) OR (s.type = 'r' AND s.n >= $3::int))
+       AND ((s.type = 'c' AND s.n IN (SELECT n FROM lk) AND s.job_id IS NULL) OR (s.type = 'r' AND s.n >= $3::int))
 )
 SELECT pg_notify('{p}wake', name) FROM up
 
@@ -212,7 +224,12 @@ SELECT set_config('synchronous_commit', 'off', true),
 -- start has left the window, as many as concurrency slots were locked
 -- (or $4 without a concurrency limit), each locked FOR UPDATE SKIP
 -- LOCKED: concurrent claimers never wait for each other and never take
--- the same slot.
+-- the same slot. The second column: the queue's limits are still $2, $3
+-- and $5 in the statement's snapshot. A slot is locked only if it was
+-- free in that snapshot, so a claim that read the limits before a lowered
+-- MaxRunning committed, and locks a slot at or above it freed since, sees
+-- the change here and must not use the slots (a claim reading the new
+-- limit meanwhile counts that slot as free).
 WITH hi AS MATERIALIZED (
     SELECT $2::int > 0 AND EXISTS (SELECT 1 FROM {p}limit_slots
                     WHERE queue = $1 AND type = 'c' AND lkey = '' AND n >= $2::int AND job_id IS NOT NULL) AS held
@@ -233,7 +250,11 @@ r AS MATERIALIZED (
      LIMIT CASE WHEN $2::int > 0 THEN (SELECT count(*) FROM c) ELSE $4 END
      FOR UPDATE SKIP LOCKED
 )
-SELECT (SELECT held FROM hi), ARRAY(SELECT n FROM c ORDER BY n), ARRAY(SELECT n FROM r ORDER BY n)
+SELECT (SELECT held FROM hi),
+       coalesce((SELECT coalesce(max_running, 0) = $2::int AND coalesce(rate, 0) = $3::int
+                        AND coalesce(rate_period_us, 0) = $5::bigint
+                   FROM {p}queues WHERE name = $1), false),
+       ARRAY(SELECT n FROM c ORDER BY n), ARRAY(SELECT n FROM r ORDER BY n)
 
 -- name: limit_row_lock
 -- A claim under a lowered concurrency limit, while slots at or above it
