@@ -287,7 +287,12 @@ func (s *segStore) claimIn(ctx context.Context, tx pgx.Tx, v *segView, p driver.
 	if len(out) > 0 {
 		return out, false, nil
 	}
-	ok, err := s.guardOK(ctx, v, phRunning)
+	// In the claim's transaction: it holds a connection of the pool, and
+	// a second one, taken while it waits, could be the pool's last (a
+	// pool of one never had it, and every claim of a full pool would wait
+	// for the others').
+	var ok bool
+	err = tx.QueryRow(ctx, s.stmt(&s.d.q.SegGuard, v, nil, phRunning)).Scan(&ok)
 	return nil, err == nil && !ok, err
 }
 

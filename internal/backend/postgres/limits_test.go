@@ -231,3 +231,29 @@ func TestLimitsLoweredDuringAClaim(t *testing.T) {
 		t.Fatalf("the claim took %d jobs: %d running at a limit of %d", len(res.res.Rows), got.Running, got.Limits.MaxRunning)
 	}
 }
+
+// TestLimitedClaimOnAPoolOfOne: a limited claim that finds nothing checks
+// its view of the segments in its own transaction; it took a second
+// connection of the pool while holding the first, and a pool of one
+// (connect.Options.PoolSize 1) waited for ever.
+func TestLimitedClaimOnAPoolOfOne(t *testing.T) {
+	d := open(t, driver.Options{PoolSize: 1})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := d.SetQueueLimits(ctx, "one", driver.QueueLimits{MaxRunning: 2}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		res, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "one", Limit: 5, Lease: time.Minute, Worker: "w"})
+		if err != nil || len(res.Rows) != 0 || res.Held {
+			t.Fatalf("claim %d of an empty limited queue on a pool of one: %d rows, held %v, %v", i, len(res.Rows), res.Held, err)
+		}
+	}
+	if _, err := d.Insert(ctx, []driver.InsertParams{pj("one"), pj("one"), pj("one")}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "one", Limit: 5, Lease: time.Minute, Worker: "w"})
+	if err != nil || len(res.Rows) != 2 || !res.Held {
+		t.Fatalf("claim on a pool of one: %d rows, held %v, %v; want the limit's 2, held", len(res.Rows), res.Held, err)
+	}
+}
