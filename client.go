@@ -576,7 +576,9 @@ func (c *Client[TTx]) Overview(ctx context.Context, since time.Time) (*Stats, er
 	return c.withPaused(ctx, qs, since)
 }
 
-// withPaused adds the paused queues to the counts of Stats or Overview.
+// withPaused adds to the counts of Stats or Overview the paused and the
+// limited queues (listed even without jobs), each queue's limits and
+// their use, and why its available jobs wait (Held).
 func (c *Client[TTx]) withPaused(ctx context.Context, qs []driver.QueueStats, since time.Time) (*Stats, error) {
 	paused, err := c.drv.PausedQueues(ctx)
 	if err != nil {

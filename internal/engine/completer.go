@@ -38,6 +38,17 @@ type pending struct {
 	f   *fetcher
 	o   driver.Outcome
 	res chan written
+	// queue is the job's queue when the outcome is a remote worker's and
+	// the engine knows it ("" otherwise; a local outcome's is f's).
+	queue string
+}
+
+// queueOf is the queue of p's job, "" when unknown.
+func (p *pending) queueOf() string {
+	if p.f != nil {
+		return p.f.queue
+	}
+	return p.queue
 }
 
 // written is the result of a remote outcome: whether the database
@@ -172,6 +183,27 @@ func (c *completer) run() {
 		sort.Sort(byID{batch, owners})
 		applied, err := c.write(batch)
 		settleAll(batch, owners, applied, err)
+		if err == nil && len(applied) > 0 && c.e.anyLimited() {
+			c.freed(owners)
+		}
+	}
+}
+
+// freed wakes the fetchers and held remote claims of the limited
+// queues among owners' jobs: their attempts ended, so slots of those
+// queues' limits are free. It is not called when no queue is limited;
+// otherwise a job of an unlimited queue costs a lookup in memory.
+func (c *completer) freed(owners []pending) {
+	var last string
+	for i := range owners {
+		q := owners[i].queueOf()
+		if q == "" || q == last {
+			continue
+		}
+		last = q
+		if c.e.limited(q) {
+			c.e.slotFreed(q)
+		}
 	}
 }
 

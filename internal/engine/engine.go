@@ -177,6 +177,16 @@ type Engine struct {
 	// remote workers' outcomes read it whether or not the engine is
 	// started, while the public package may still add workers.
 	kinds atomic.Pointer[map[string]KindConfig]
+
+	// limits caches which queues are limited (limits.go); limitsMu
+	// orders its writers, limitsLoopState runs its refresh.
+	limits          atomic.Pointer[limitCache]
+	limitsMu        sync.Mutex
+	limitsLoopState limitsRefresher
+	// limitsRead is closed once the first read of the limits answered
+	// (or failed).
+	limitsRead chan struct{}
+	limitsOnce sync.Once
 }
 
 // New creates an engine. Enqueueing works at once; Start runs workers.
@@ -193,6 +203,8 @@ func New(drv driver.Driver, cfg Config, handlers map[string]Handler) *Engine {
 		fetchers: map[string]*fetcher{},
 		hbWake:   make(chan struct{}, 1),
 		waiters:  newWaiters(),
+
+		limitsRead: make(chan struct{}),
 	}
 	e.ins = newInserter(e)
 	e.remote = newRemoteProcs(e)
@@ -309,6 +321,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			"poll_min", e.cfg.PollMin, "poll_max", e.cfg.PollMax)
 	}
 	e.listenAcquire()
+	e.limitsAcquire()
 	return nil
 }
 
@@ -384,6 +397,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 	e.runCancel()
 	e.loopWG.Wait()
 	e.listenRelease(0)
+	e.limitsRelease(0)
 	// 5. Leave the processes table (the loop that refreshed the row has
 	// ended, so nothing registers it again). A row left behind by a
 	// failure expires by itself.
@@ -414,6 +428,7 @@ func (e *Engine) Close(ctx context.Context) error {
 		comp.close() // remote outcomes of a client never started
 	}
 	e.listenClose()
+	e.limitsClose()
 	e.ins.close()
 	return err
 }
@@ -559,13 +574,4 @@ func (e *Engine) outcome(row *driver.JobRow, err error, trace string) driver.Out
 		o.RetryIn = e.backoff(row)
 	}
 	return o
-}
-
-// LimitsChanged tells the engine that this process set queue's limits
-// (limited: it has some now), so that its claims follow them at once
-// rather than at the next refresh of the limits.
-func (e *Engine) LimitsChanged(queue string, limited bool) {
-	// Placeholder until the engine claims limited queues through
-	// ClaimLimited: wake the queue's fetcher so it claims again.
-	e.wake(queue)
 }

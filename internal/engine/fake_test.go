@@ -39,11 +39,20 @@ type fakeDriver struct {
 	wakeups chan string // what the listener delivers when listen is set
 	onClaim func(driver.ClaimParams)
 	claim   func(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error)
-	insert  func(ctx context.Context, jobs []driver.InsertParams) ([]int64, error)
-	tryLead func() (bool, error)
-	promote func() (map[string]int, error)
-	rescue  func() (map[string]int, error)
-	prune   func() (int64, error)
+	// claimLimited answers ClaimLimited; nil hands out pending jobs as
+	// Claim does, never held.
+	claimLimited func(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error)
+	// limits is what QueueLimits answers (guarded by mu); limitReads
+	// counts the reads.
+	limits     map[string]driver.QueueLimits
+	limitReads atomic.Int64
+	// queueLimits, when set, answers QueueLimits in place of limits.
+	queueLimits func(ctx context.Context) (map[string]driver.QueueLimits, error)
+	insert      func(ctx context.Context, jobs []driver.InsertParams) ([]int64, error)
+	tryLead     func() (bool, error)
+	promote     func() (map[string]int, error)
+	rescue      func() (map[string]int, error)
+	prune       func() (int64, error)
 
 	// maintain answers Maintain; nil does nothing.
 	maintain func() (map[string]int, error)
@@ -78,7 +87,10 @@ type call struct {
 	out    []driver.Outcome
 	params []driver.InsertParams
 	done   bool // Claim: the call returned (ids is then complete)
-	procs  []driver.ProcessRow
+	// limited marks a claim made through ClaimLimited (recorded as op
+	// "claim" too), held one that the limits held back.
+	limited, held bool
+	procs         []driver.ProcessRow
 }
 
 // record appends c to the call log and returns its index.
@@ -180,6 +192,73 @@ func (d *fakeDriver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver
 	}
 	d.calls[i].done = true
 	return out, err
+}
+
+// ClaimLimited records the claim as a "claim" marked limited, then
+// answers through the claimLimited hook, or as Claim does through the
+// claim hook or takePending (never held),
+// and marks the jobs held.
+func (d *fakeDriver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
+	if d.onClaim != nil {
+		d.onClaim(p)
+	}
+	i := d.record(call{op: "claim", queue: p.Queue, limit: p.Limit, limited: true})
+	var res driver.ClaimResult
+	var err error
+	switch {
+	case d.claimLimited != nil:
+		res, err = d.claimLimited(ctx, p)
+	case d.claim != nil: // a queue without limits is claimed as Claim claims it
+		res.Rows, err = d.claim(ctx, p)
+	default:
+		res.Rows = d.takePending(p)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(res.Rows) > 0 {
+		d.claimAt = time.Now()
+	}
+	if d.held == nil {
+		d.held = map[int64]int64{}
+	}
+	for _, r := range res.Rows {
+		d.held[r.ID] = r.Fence
+		d.calls[i].ids = append(d.calls[i].ids, r.ID)
+	}
+	d.calls[i].held = res.Held
+	d.calls[i].done = true
+	return res, err
+}
+
+// QueueLimits answers through the queueLimits hook, or the limits set in
+// d.limits, and counts the read.
+func (d *fakeDriver) QueueLimits(ctx context.Context) (map[string]driver.QueueLimits, error) {
+	d.limitReads.Add(1)
+	if d.queueLimits != nil {
+		return d.queueLimits(ctx)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[string]driver.QueueLimits, len(d.limits))
+	for q, l := range d.limits {
+		out[q] = l
+	}
+	return out, nil
+}
+
+// setLimits sets queue's limits as another process would (the engine
+// learns it at its next read).
+func (d *fakeDriver) setLimits(queue string, l driver.QueueLimits) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.limits == nil {
+		d.limits = map[string]driver.QueueLimits{}
+	}
+	if l.IsZero() {
+		delete(d.limits, queue)
+	} else {
+		d.limits[queue] = l
+	}
 }
 
 // ClaimJob records the claim of job id (its lease in dur, the worker in

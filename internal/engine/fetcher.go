@@ -37,6 +37,11 @@ type fetcher struct {
 
 	wakeCh  chan struct{} // cap 1: "the queue may have work"
 	freedCh chan struct{} // cap 1: "a worker slot was freed"
+	// limitCh (cap 1) says "a slot of the queue's limits may be free":
+	// an attempt of the queue ended, or its limits changed. A fetcher
+	// held back by the limits waits on it, not on wakeCh: an enqueue
+	// frees no slot.
+	limitCh chan struct{}
 	stopCh  chan struct{}
 	stopped sync.Once
 	// jobs holds claimed attempts for the workers: cap max + ClaimBatch,
@@ -97,6 +102,7 @@ func newFetcher(e *Engine, queue string, max int, workCtx context.Context) *fetc
 		e: e, queue: queue, max: max, workCtx: workCtx,
 		wakeCh:  make(chan struct{}, 1),
 		freedCh: make(chan struct{}, 1),
+		limitCh: make(chan struct{}, 1),
 		stopCh:  make(chan struct{}),
 		jobs:    make(chan *running, max+e.cfg.ClaimBatch),
 		leases:  make(map[int64]*running, max),
@@ -146,6 +152,15 @@ func (f *fetcher) run(ctx context.Context) {
 	errs := 0
 	want := min(f.max, e.cfg.ClaimBatch)
 	var gathering time.Time // when a backlogged fetcher began waiting for slots
+	// held, when positive, is how long to wait before claiming again
+	// because the queue's limits held jobs back at the last claim: until
+	// the rate's window has room, or PollMin for a concurrency slot
+	// (freed by another process; this process's own frees wake it at
+	// once through limitCh).
+	var held time.Duration
+	if !e.awaitLimits(f.stopCh) {
+		return
+	}
 	for {
 		select {
 		case <-f.stopCh:
@@ -154,7 +169,9 @@ func (f *fetcher) run(ctx context.Context) {
 		}
 		running := int(f.running.Load())
 		slots := f.max
-		if more && f.ahead() {
+		if more && f.ahead() && !e.limited(f.queue) {
+			// (Not for a limited queue: jobs waiting for a worker would
+			// hold its slots while other processes' workers idle.)
 			// A backlog of short jobs: one batch may wait for workers
 			// while this claim travels (see aheadMaxRun).
 			slots += want
@@ -186,7 +203,24 @@ func (f *fetcher) run(ctx context.Context) {
 			}
 		}
 		gathering = time.Time{}
-		if !more {
+		if held > 0 {
+			// Held back by the queue's limits: jobs are waiting, so this
+			// is not an idle queue (no backoff towards PollMax), and an
+			// enqueue frees no slot (wakeCh stays set for later).
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+			timer.Reset(held)
+			select {
+			case <-f.limitCh:
+			case <-timer.C:
+			case <-f.stopCh:
+				return
+			}
+		} else if !more {
 			if !timer.Stop() {
 				select {
 				case <-timer.C:
@@ -203,7 +237,7 @@ func (f *fetcher) run(ctx context.Context) {
 		}
 		limit := min(free, e.cfg.ClaimBatch)
 		sent := time.Now()
-		rows, err := e.drv.Claim(ctx, driver.ClaimParams{Queue: f.queue, Limit: limit, Lease: e.cfg.Lease, Worker: e.id})
+		rows, hold, err := f.claim(ctx, limit)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -216,7 +250,7 @@ func (f *fetcher) run(ctx context.Context) {
 			case <-f.stopCh:
 				return
 			}
-			more = true
+			more, held = true, 0
 			continue
 		}
 		errs = 0
@@ -228,6 +262,13 @@ func (f *fetcher) run(ctx context.Context) {
 		}
 		f.dispatch(rows, sent)
 		more = len(rows) == limit
+		held = hold
+		if held > 0 {
+			// Fewer rows than asked because of the limits, not because
+			// the queue ran dry.
+			more = false
+			continue
+		}
 		if !listening {
 			// Adaptive poll: fast while work flows, backing off when idle.
 			if len(rows) > 0 {
@@ -237,6 +278,35 @@ func (f *fetcher) run(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// claim claims up to limit jobs of the queue: through ClaimLimited when
+// the queue has limits (or the engine cannot tell), else through Claim.
+// hold, when positive, is how long to wait before the next claim because
+// the limits held jobs back: the result's RetryIn (the rate), else
+// PollMin (a concurrency slot).
+func (f *fetcher) claim(ctx context.Context, limit int) (rows []*driver.JobRow, hold time.Duration, err error) {
+	e := f.e
+	p := driver.ClaimParams{Queue: f.queue, Limit: limit, Lease: e.cfg.Lease, Worker: e.id}
+	if !e.limited(f.queue) {
+		rows, err = e.drv.Claim(ctx, p)
+		return rows, 0, err
+	}
+	res, err := e.drv.ClaimLimited(ctx, p)
+	if err != nil || !res.Held {
+		return res.Rows, 0, err
+	}
+	return res.Rows, heldWait(res.RetryIn, e.cfg.PollMin), nil
+}
+
+// heldWait is how long a claim held back by a queue's limits waits
+// before the next: until the rate's window has room (retryIn), else
+// pollMin; never less than a millisecond.
+func heldWait(retryIn, pollMin time.Duration) time.Duration {
+	if retryIn > 0 {
+		return max(retryIn, time.Millisecond)
+	}
+	return max(pollMin, time.Millisecond)
 }
 
 // dispatch hands claimed rows to the workers; sent is when the claim was
@@ -431,6 +501,9 @@ func (f *fetcher) giveBack(it *running) {
 	defer cancel()
 	n, err := f.e.drv.Release(ctx, []driver.Lease{{ID: it.row.ID, Fence: it.row.Fence}})
 	f.e.metrics.Released.Add(n)
+	if n > 0 && f.e.limited(f.queue) {
+		f.e.slotFreed(f.queue)
+	}
 	if err != nil {
 		f.e.metrics.DBErrors.Add(1)
 		f.e.warn("conveyor: releasing a job whose lease ran out before it started failed; it will be rescued", "job_id", it.row.ID, "error", err)

@@ -457,6 +457,12 @@ func (e *Engine) listenLoop(ctx context.Context) {
 				signal(e.hbWake)
 			}
 			e.wake(q)
+			if q != "" && e.limited(q) {
+				// Another process may have ended an attempt of the
+				// queue (a backend may notify as a slot frees): a
+				// fetcher held back by the limits claims again.
+				e.slotFreed(q)
+			}
 		}
 		l.Close()
 	}

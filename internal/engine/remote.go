@@ -48,6 +48,10 @@ type RemoteClaim struct {
 	// when the queue has none: it claims again 50ms after an empty claim,
 	// doubling to 1s, and at once when the queue is woken (an enqueue, a
 	// retry or a resume in this process, a notification from another).
+	// When the queue's limits hold its jobs back, it claims again when
+	// the rate's window has room, or every PollMin for a concurrency
+	// slot, and at once when an attempt of the queue ends in this
+	// process.
 	Wait time.Duration
 	// Worker is recorded in the claimed jobs' attempted_by.
 	Worker string
@@ -67,56 +71,89 @@ func (e *Engine) ClaimRemote(ctx context.Context, p RemoteClaim) ([]*driver.JobR
 	}
 	deadline := time.Now().Add(p.Wait)
 	backoff := remotePollMin
+	// The limits cache is kept fresh while remote claims are served.
+	e.limitsAcquire()
+	defer e.limitsRelease(remoteListenIdle)
 	if p.Wait > 0 {
 		e.listenAcquire()
 		defer e.listenRelease(remoteListenIdle)
 	}
 	for {
-		woken, done := e.waiters.wait(p.Queue) // before the claim, so a wake during it is not missed
+		// Before the claim, so that a wake during it is not missed: an
+		// enqueue for a claim that finds the queue empty, a freed slot
+		// for one the limits hold back.
+		woken, done := e.waiters.wait(p.Queue)
+		freed, doneHeld := e.waiters.wait(heldKey(p.Queue))
 		if e.isClosed() {
 			done()
+			doneHeld()
 			return nil, ErrStopped
 		}
 		e.remote.claiming(ctx, p.Process, p.Host, p.Queue)
-		rows, err := e.claimRemote(ctx, driver.ClaimParams{Queue: p.Queue, Limit: p.Limit, Lease: p.Lease, Worker: p.Worker})
+		rows, hold, err := e.claimRemote(ctx, driver.ClaimParams{Queue: p.Queue, Limit: p.Limit, Lease: p.Lease, Worker: p.Worker})
 		if err != nil {
 			done()
+			doneHeld()
 			return nil, err
 		}
 		e.remote.claimed(p.Process, rows)
 		left := time.Until(deadline)
 		if len(rows) > 0 || left <= 0 {
 			done()
+			doneHeld()
 			return rows, nil
 		}
-		t := time.NewTimer(min(backoff, left))
+		wait := backoff
+		if hold > 0 {
+			// Jobs are waiting, held back by the limits: an enqueue
+			// changes nothing, a freed slot or the window's room does.
+			wait, woken = hold, nil
+		}
+		t := time.NewTimer(min(wait, left))
 		select {
 		case <-woken:
 			backoff = remotePollMin
+		case <-freed:
 		case <-t.C:
-			backoff = min(2*backoff, remotePollMax)
+			if hold == 0 {
+				backoff = min(2*backoff, remotePollMax)
+			}
 		case <-ctx.Done():
 			t.Stop()
 			done()
+			doneHeld()
 			return nil, ctx.Err()
 		}
 		t.Stop()
 		done()
+		doneHeld()
 	}
 }
 
-func (e *Engine) claimRemote(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+// claimRemote makes one claim of a remote claim: through ClaimLimited
+// for a limited queue (hold is then the wait before the next claim when
+// the limits held jobs back, see fetcher.claim), else through Claim.
+func (e *Engine) claimRemote(ctx context.Context, p driver.ClaimParams) (rows []*driver.JobRow, hold time.Duration, err error) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), remoteWriteTimeout)
 	defer cancel()
 	e.metrics.ClaimRounds.Add(1)
-	rows, err := e.drv.Claim(cctx, p)
+	if e.limited(p.Queue) {
+		var res driver.ClaimResult
+		res, err = e.drv.ClaimLimited(cctx, p)
+		rows = res.Rows
+		if res.Held {
+			hold = heldWait(res.RetryIn, e.cfg.PollMin)
+		}
+	} else {
+		rows, err = e.drv.Claim(cctx, p)
+	}
 	if err != nil {
 		e.metrics.DBErrors.Add(1)
-		return nil, err
+		return nil, 0, err
 	}
 	e.metrics.Claimed.Add(int64(len(rows)))
 	if ctx.Err() == nil || len(rows) == 0 {
-		return rows, nil
+		return rows, hold, nil
 	}
 	leases := make([]driver.Lease, len(rows))
 	for i, row := range rows {
@@ -127,7 +164,10 @@ func (e *Engine) claimRemote(ctx context.Context, p driver.ClaimParams) ([]*driv
 	if rerr != nil {
 		e.warn("conveyor: releasing the jobs of a remote claim whose caller went away (they are rescued when their leases expire)", "jobs", len(rows), "error", rerr)
 	}
-	return nil, ctx.Err()
+	if n > 0 && e.limited(p.Queue) {
+		e.slotFreed(p.Queue)
+	}
+	return nil, 0, ctx.Err()
 }
 
 // RenewRemote renews the lease of a remote worker's job for another
@@ -235,7 +275,7 @@ func (e *Engine) settleRemote(ctx context.Context, o driver.Outcome) error {
 		if c == nil {
 			return ErrStopped
 		}
-		ok, err := c.submitCtx(ctx, pending{o: o, res: res})
+		ok, err := c.submitCtx(ctx, pending{o: o, res: res, queue: e.remote.queueOf(o.ID)})
 		if err != nil {
 			return err
 		}
@@ -283,6 +323,9 @@ func (e *Engine) ReleaseRemote(ctx context.Context, id, fence int64) error {
 	}
 	if queue != "" {
 		e.wake(queue)
+		if e.limited(queue) {
+			e.slotFreed(queue)
+		}
 	}
 	return nil
 }

@@ -433,60 +433,9 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 	var out []*driver.JobRow
 	q, qargs, resumed := cur.query(d, p)
 	err := d.inTx(ctx, "claim", func(tx *sql.Tx) error {
-		out = out[:0]
-		rows, err := d.query(ctx, tx, true, q, qargs...)
-		if err != nil {
-			return err
-		}
-		var now time.Time
-		var floor sql.NullInt64
-		for rows.Next() {
-			j, err := scanJob(rows, &now, &floor)
-			if err != nil {
-				rows.Close()
-				return err
-			}
-			out = append(out, j)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		if len(out) == 0 {
-			return nil
-		}
-		f, err := d.fenceFloor(ctx, tx, floor)
-		if err != nil {
-			return err
-		}
-		lease := now.Add(p.Lease).Truncate(time.Microsecond)
-		ids := make([]int64, len(out))
-		for i, j := range out {
-			ids[i] = j.ID
-		}
-		q, args, cache := d.inList(d.q.ClaimMarkQueued, ids, dbTime(now), dbTime(lease), p.Worker, f, p.Queue)
-		res, err := d.exec(ctx, tx, cache, q, args...)
-		if err != nil {
-			return err
-		}
-		switch n, _ := res.RowsAffected(); n {
-		case int64(len(out)):
-		case 0:
-			// Paused since the rows were locked (see claim_mark_queued).
-			out = out[:0]
-			return nil
-		default:
-			return fmt.Errorf("marked %d of %d locked rows", n, len(out))
-		}
-		for _, j := range out {
-			j.State = driver.StateRunning
-			j.Attempt++
-			j.Fence = max(j.Fence+1, f)
-			j.AttemptedAt = now
-			j.LeaseExpiresAt = lease
-			j.AttemptedBy = p.Worker
-		}
-		return nil
+		var err error
+		out, err = d.claimLockedTx(ctx, tx, p, q, qargs)
+		return err
 	})
 	if err != nil {
 		cur.reset()
@@ -494,6 +443,65 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 	}
 	cur.advance(out, p.Limit)
 	return out, resumed, nil
+}
+
+// claimLockedTx runs the locking claim statement q (claim_select or
+// claim_select_after, with its arguments) and claim_mark_queued in tx,
+// and returns the jobs as marked.
+func (d *Driver) claimLockedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimParams, q string, qargs []any) ([]*driver.JobRow, error) {
+	var out []*driver.JobRow
+	rows, err := d.query(ctx, tx, true, q, qargs...)
+	if err != nil {
+		return nil, err
+	}
+	var now time.Time
+	var floor sql.NullInt64
+	for rows.Next() {
+		j, err := scanJob(rows, &now, &floor)
+		if err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out = append(out, j)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	f, err := d.fenceFloor(ctx, tx, floor)
+	if err != nil {
+		return nil, err
+	}
+	lease := now.Add(p.Lease).Truncate(time.Microsecond)
+	ids := make([]int64, len(out))
+	for i, j := range out {
+		ids[i] = j.ID
+	}
+	mq, args, cache := d.inList(d.q.ClaimMarkQueued, ids, dbTime(now), dbTime(lease), p.Worker, f, p.Queue)
+	res, err := d.exec(ctx, tx, cache, mq, args...)
+	if err != nil {
+		return nil, err
+	}
+	switch n, _ := res.RowsAffected(); n {
+	case int64(len(out)):
+	case 0:
+		// Paused since the rows were locked (see claim_mark_queued).
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("marked %d of %d locked rows", n, len(out))
+	}
+	for _, j := range out {
+		j.State = driver.StateRunning
+		j.Attempt++
+		j.Fence = max(j.Fence+1, f)
+		j.AttemptedAt = now
+		j.LeaseExpiresAt = lease
+		j.AttemptedBy = p.Worker
+	}
+	return out, nil
 }
 
 // claimWindow is how many due rows a contended optimistic claim picks
@@ -514,6 +522,20 @@ const claimRounds = 3
 // at random, and for the next second claims pick at random straight away
 // (claim order is then approximate within the window).
 func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+	return d.claimOptimisticTx(ctx, nil, p)
+}
+
+// claimOptimisticTx is claimOptimistic inside tx, or with autocommit
+// statements (each retried on its own) when tx is nil. Inside tx, the
+// rows it took stay locked until tx ends and an error is returned at
+// once, for the caller to retry the whole transaction.
+func (d *Driver) claimOptimisticTx(ctx context.Context, tx *sql.Tx, p driver.ClaimParams) ([]*driver.JobRow, error) {
+	run := func(op string, fn func() error) error {
+		if tx != nil {
+			return fn()
+		}
+		return d.retry(ctx, op, fn)
+	}
 	token, err := newToken()
 	if err != nil {
 		return nil, d.wrap("claim", err)
@@ -529,9 +551,9 @@ func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*
 			n = claimWindow(want)
 		}
 		var window []int64
-		err := d.retry(ctx, "claim", func() error {
+		err := run("claim", func() error {
 			window = window[:0]
-			rows, err := d.query(ctx, nil, true, d.q.ClaimWindow, p.Queue, p.Queue, int64(n))
+			rows, err := d.query(ctx, tx, true, d.q.ClaimWindow, p.Queue, p.Queue, int64(n))
 			if err != nil {
 				return err
 			}
@@ -553,11 +575,17 @@ func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*
 		}
 		if !floor.Valid {
 			// A new primary, or a failback: take the next epoch first.
-			if err := d.inTx(ctx, "claim", func(tx *sql.Tx) error {
+			take := func(tx *sql.Tx) error {
 				f, err := d.fenceFloor(ctx, tx, floor)
 				floor = sql.NullInt64{Int64: f, Valid: err == nil}
 				return err
-			}); err != nil {
+			}
+			if tx != nil {
+				err = take(tx)
+			} else {
+				err = d.inTx(ctx, "claim", take)
+			}
+			if err != nil {
 				return nil, err
 			}
 		}
@@ -571,7 +599,15 @@ func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*
 		}
 		slices.Sort(pick)
 		q, args, cache := d.inList(d.q.ClaimOptimistic, pick, floor.Int64, micros(p.Lease), p.Worker, token[:], floor.Int64>>fenceEpochShift)
-		took, err := d.execCount(ctx, d.main, "claim", cache, q, args)
+		var took int64
+		err = run("claim", func() error {
+			res, err := d.exec(ctx, tx, cache, q, args...)
+			if err != nil {
+				return err
+			}
+			took, err = res.RowsAffected()
+			return err
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -591,7 +627,7 @@ func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*
 	for off := 0; off < len(cand); off += maxBucket {
 		part := cand[off:min(off+maxBucket, len(cand))]
 		q, args, cache := d.inList(d.q.ClaimByToken, part, token[:])
-		rows, err := d.query(ctx, nil, cache, q, args...)
+		rows, err := d.query(ctx, tx, cache, q, args...)
 		if err != nil {
 			return nil, d.wrap("claim", err)
 		}
@@ -692,6 +728,7 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 		failed = append(failed, i)
 	}
 	var matched int64
+	freed := false
 	budget := d.maxPacket / 2
 	for _, part := range []struct {
 		query string
@@ -736,21 +773,43 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 					js = appendJSONString(js, errs[i])
 					return append(js, ']')
 				}, token[:])
-			n64, err := d.execCount(ctx, d.lease, "complete", cache, q, args)
+			n64, f, err := d.execFreeing(ctx, d.lease, "complete", cache, q, args)
 			if err != nil {
 				return nil, err
 			}
 			matched += n64
+			freed = freed || f
 		}
 	}
 	ids := make([]int64, len(outcomes))
 	for i := range outcomes {
 		ids[i] = outcomes[i].ID
 	}
-	if matched == int64(len(outcomes)) {
+	if matched == int64(len(outcomes)) && !freed {
 		return ids, nil
 	}
 	return d.fenceCheck(ctx, d.lease, "complete", token[:], ids)
+}
+
+// execFreeing is execCount for a statement that may free the slots of
+// limited queues beside the jobs it changes (complete, release): a freed
+// slot counts as a matched row too, so it also reports whether any slot
+// was freed (the statement's LAST_INSERT_ID(1), see complete in
+// queries.sql). The count is then not the jobs' alone.
+func (d *Driver) execFreeing(ctx context.Context, p *stmtPool, op string, cache bool, q string, args []any) (int64, bool, error) {
+	var n, id int64
+	err := d.retry(ctx, op, func() error {
+		res, err := p.exec(ctx, nil, cache, q, args...)
+		if err != nil {
+			return err
+		}
+		if n, err = res.RowsAffected(); err != nil {
+			return err
+		}
+		id, err = res.LastInsertId()
+		return err
+	})
+	return n, id != 0, err
 }
 
 // execCount runs one autocommit statement on pool p with deadlock retries
@@ -901,18 +960,36 @@ func (d *Driver) Heartbeat(ctx context.Context, leases []driver.Lease, lease tim
 	return d.fenceCheck(ctx, d.lease, "heartbeat", token[:], ids)
 }
 
-// Release makes running attempts available again without counting them.
+// Release makes running attempts available again without counting them,
+// freeing their slots in the same statement. When a slot was freed the
+// matched count includes it, and the released jobs are counted by the
+// call's op_token instead.
 func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, error) {
 	if len(leases) == 0 {
 		return 0, nil
 	}
+	token, err := newToken()
+	if err != nil {
+		return 0, d.wrap("release", err)
+	}
 	var n int64
 	for off := 0; off < len(leases); off += maxBucket {
 		part := leases[off:min(off+maxBucket, len(leases))]
-		q, args, cache := d.leaseSource(d.q.Release, part)
-		m, err := d.execCount(ctx, d.lease, "release", cache, q, args)
+		q, args, cache := d.leaseSource(d.q.Release, part, token[:])
+		m, freed, err := d.execFreeing(ctx, d.lease, "release", cache, q, args)
 		if err != nil {
 			return n, err
+		}
+		if freed {
+			ids := make([]int64, len(part))
+			for i, l := range part {
+				ids[i] = l.ID
+			}
+			got, err := d.fenceCheck(ctx, d.lease, "release", token[:], ids)
+			if err != nil {
+				return n, err
+			}
+			m = int64(len(got))
 		}
 		n += m
 	}
@@ -920,8 +997,9 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 }
 
 // lockAndUpdate runs selectQ (id, queue rows, locked FOR UPDATE) and then
-// updateQ over the ids found, in one transaction, and counts per queue.
-func (d *Driver) lockAndUpdate(ctx context.Context, op, selectQ, updateQ string, limit int) (map[string]int, error) {
+// updateQ and each of then over the ids found, in one transaction, and
+// counts per queue.
+func (d *Driver) lockAndUpdate(ctx context.Context, op, selectQ, updateQ string, limit int, then ...string) (map[string]int, error) {
 	out := map[string]int{}
 	if limit <= 0 {
 		return out, nil
@@ -950,9 +1028,11 @@ func (d *Driver) lockAndUpdate(ctx context.Context, op, selectQ, updateQ string,
 		}
 		for off := 0; off < len(ids); off += maxBucket {
 			part := ids[off:min(off+maxBucket, len(ids))]
-			q, args, cache := d.inList(updateQ, part)
-			if _, err := d.exec(ctx, tx, cache, q, args...); err != nil {
-				return err
+			for _, uq := range append([]string{updateQ}, then...) {
+				q, args, cache := d.inList(uq, part)
+				if _, err := d.exec(ctx, tx, cache, q, args...); err != nil {
+					return err
+				}
 			}
 		}
 		for _, q := range queues {
@@ -967,9 +1047,18 @@ func (d *Driver) lockAndUpdate(ctx context.Context, op, selectQ, updateQ string,
 }
 
 // Rescue requeues (or discards, when attempts are used up) up to limit
-// running jobs whose lease expired, recording an AttemptError on each.
+// running jobs whose lease expired, recording an AttemptError on each and
+// freeing their slots in the same transaction; then it sweeps the slots
+// of limited queues (see sweepSlots).
 func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) {
-	return d.lockAndUpdate(ctx, "rescue", d.q.RescueSelect, d.q.RescueUpdate, limit)
+	out, err := d.lockAndUpdate(ctx, "rescue", d.q.RescueSelect, d.q.RescueUpdate, limit, d.q.RescueFreeSlots)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.sweepSlots(ctx, limit); err != nil {
+		return out, err
+	}
+	return out, nil
 }
 
 // Promote makes up to limit due scheduled and retryable jobs available.

@@ -2,29 +2,560 @@ package mysql
 
 import (
 	"context"
-	"errors"
+	"database/sql"
+	"fmt"
+	mrand "math/rand/v2"
+	"strings"
+	"time"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
 
-var errLimitsTODO = errors.New("conveyor/mysql: queue limits are not implemented yet")
+// Queue limits. A queue's limits live in its {p}queues row; the slots
+// that enforce them are rows of {p}limit_slots, one per unit of a limit
+// (migrations/010_limits.sql), so that concurrent claimers take different
+// rows and never queue on one counter row. A claim locks slots before
+// jobs; every statement that ends an attempt locks the job before its
+// slot. The two orders cannot deadlock: a claim never waits for a slot
+// that an attempt holds (it takes free slots only, skipping locked rows
+// with SKIP LOCKED, and its optimistic reservation reads the committed
+// version of a locked row, which an attempt's slot never matches), and
+// what remains (a lowered limit racing a claim, the optimistic claim's
+// waits on rows of other claims) is retried whole on error 1213 as any
+// deadlock, as are Galera's certification conflicts on a slot that two
+// nodes took at once.
 
-// ClaimLimited claims a queue's jobs within its limits.
+// slotRowArgs is the number of parameters of slot_take_row.
+const slotRowArgs = 6
+
+// slotInsertChunk bounds the rows of one slot_insert statement.
+const slotInsertChunk = 1000
+
+// ClaimLimited claims up to p.Limit due jobs of p.Queue within the
+// queue's limits, in one transaction: it takes a concurrency slot and a
+// rate slot for each job it claims (locked with SKIP LOCKED on the
+// skip-locked strategy, reserved with a conditional UPDATE on the
+// optimistic one), claims at most as many jobs as it got slots, and
+// writes the slots' holders and starts with the clock value the claim
+// wrote as attempted_at. A queue without limits is claimed by Claim.
 func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
-	return driver.ClaimResult{}, errLimitsTODO
+	if p.Limit <= 0 {
+		return driver.ClaimResult{}, nil
+	}
+	p.Limit = min(p.Limit, maxBucket)
+	var maxRunning, rate, periodUS sql.NullInt64
+	var above int
+	err := d.retry(ctx, "claim limited", func() error {
+		err := d.db.QueryRowContext(ctx, d.q.LimitsRead, p.Queue).Scan(&maxRunning, &rate, &periodUS, &above)
+		if err == sql.ErrNoRows {
+			maxRunning, rate, above = sql.NullInt64{}, sql.NullInt64{}, 0
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return driver.ClaimResult{}, err
+	}
+	l := limitsOf(maxRunning, rate, periodUS)
+	if l.IsZero() {
+		rows, err := d.Claim(ctx, p)
+		return driver.ClaimResult{Rows: rows}, err
+	}
+	if l.MaxRunning == 0 {
+		above = 0
+	}
+	if l.MaxRunning > 0 && above >= l.MaxRunning {
+		// A lowered limit: as many attempts as it allows, or more, still
+		// hold slots beyond it.
+		return d.heldEmpty(ctx, p.Queue)
+	}
+	var res driver.ClaimResult
+	err = d.inTx(ctx, "claim limited", func(tx *sql.Tx) error {
+		var err error
+		res, err = d.claimLimitedTx(ctx, tx, p, l, above)
+		return err
+	})
+	if err != nil {
+		return driver.ClaimResult{}, err
+	}
+	return res, nil
 }
 
-// SetQueueLimits stores a queue's limits.
+// limitsOf converts a queues row's limit columns.
+func limitsOf(maxRunning, rate, periodUS sql.NullInt64) driver.QueueLimits {
+	var l driver.QueueLimits
+	if maxRunning.Valid && maxRunning.Int64 > 0 {
+		l.MaxRunning = int(maxRunning.Int64)
+	}
+	if rate.Valid && rate.Int64 > 0 && periodUS.Valid && periodUS.Int64 > 0 {
+		l.Rate = int(rate.Int64)
+		l.RatePeriod = time.Duration(periodUS.Int64) * time.Microsecond
+	}
+	return l
+}
+
+// claimLimitedTx is ClaimLimited's transaction for a limited queue.
+// above is the number of attempts holding concurrency slots at or beyond
+// MaxRunning (a lowered limit): they count against the limit, so the
+// claim takes that many fewer of the free slots below it. The count was
+// read before the transaction; it only falls as those attempts end, so
+// a stale one holds back more than needed, never less.
+func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimParams, l driver.QueueLimits, above int) (driver.ClaimResult, error) {
+	want := p.Limit
+	wantC := min(want+above, l.MaxRunning)
+	period := micros(l.RatePeriod)
+	var cslots, rslots []int64
+	var marker int64
+	optimistic := d.claimMethod == ClaimOptimistic
+	if optimistic {
+		marker = -1 - mrand.Int64N(1<<62)
+		var err error
+		if cslots, rslots, err = d.reserveSlots(ctx, tx, p.Queue, l, wantC, want, above, marker); err != nil {
+			return driver.ClaimResult{}, err
+		}
+	} else {
+		var err error
+		if l.MaxRunning > 0 {
+			if cslots, err = d.slotNumbers(ctx, tx, d.q.SlotLockC, p.Queue, int64(l.MaxRunning), int64(wantC)); err != nil {
+				return driver.ClaimResult{}, err
+			}
+		}
+		if l.Rate > 0 && (l.MaxRunning == 0 || len(cslots) > above) {
+			if rslots, err = d.slotNumbers(ctx, tx, d.q.SlotLockR, p.Queue, int64(l.Rate), period, int64(want)); err != nil {
+				return driver.ClaimResult{}, err
+			}
+		}
+	}
+	k := want
+	if l.MaxRunning > 0 {
+		k = min(k, max(len(cslots)-above, 0))
+	}
+	// The rate's slots were sought unless no concurrency slot was free.
+	rateCut := false
+	if l.Rate > 0 && (l.MaxRunning == 0 || len(cslots) > above) {
+		rateCut = len(rslots) < want && len(rslots) <= k
+		k = min(k, len(rslots))
+	}
+	var rows []*driver.JobRow
+	if k > 0 {
+		cp := p
+		cp.Limit = k
+		var err error
+		if optimistic {
+			rows, err = d.claimOptimisticTx(ctx, tx, cp)
+		} else {
+			rows, err = d.claimLockedTx(ctx, tx, cp, d.q.ClaimSelect, []any{p.Queue, p.Queue, int64(k)})
+		}
+		if err != nil {
+			return driver.ClaimResult{}, err
+		}
+		if err := d.takeSlots(ctx, tx, p.Queue, l, rows, cslots, rslots); err != nil {
+			return driver.ClaimResult{}, err
+		}
+	}
+	if optimistic && (len(cslots) > 0 || len(rslots) > 0) {
+		if _, err := d.exec(ctx, tx, true, d.q.SlotUnreserve, marker); err != nil {
+			return driver.ClaimResult{}, err
+		}
+	}
+	res := driver.ClaimResult{Rows: rows}
+	if k >= want || len(rows) < k {
+		// Not cut by the limits, or the queue ran out of due jobs.
+		return res, nil
+	}
+	if k == 0 {
+		due, err := d.dueExists(ctx, tx, p.Queue)
+		if err != nil || !due {
+			return res, err
+		}
+	}
+	res.Held = true
+	if rateCut {
+		in, err := d.rateRetryIn(ctx, tx, p.Queue, l)
+		if err != nil {
+			return driver.ClaimResult{}, err
+		}
+		res.RetryIn = in
+	}
+	return res, nil
+}
+
+// slotNumbers runs a slot_lock_* statement and returns the slot numbers.
+func (d *Driver) slotNumbers(ctx context.Context, tx *sql.Tx, q string, args ...any) ([]int64, error) {
+	rows, err := d.query(ctx, tx, true, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []int64
+	for rows.Next() {
+		var n int64
+		if err := rows.Scan(&n); err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	return out, rows.Err()
+}
+
+// reserveSlots reserves up to wantC free concurrency slots and want rate
+// slots for the optimistic strategy with conditional UPDATEs
+// (slot_reserve_c, slot_reserve_r) marking them with marker, and returns
+// their numbers; no rate slot when no more than above concurrency slots
+// were free (see claimLimitedTx).
+func (d *Driver) reserveSlots(ctx context.Context, tx *sql.Tx, queue string, l driver.QueueLimits, wantC, want, above int, marker int64) (cslots, rslots []int64, err error) {
+	var got int64
+	if l.MaxRunning > 0 {
+		res, err := d.exec(ctx, tx, true, d.q.SlotReserveC, marker, queue, int64(l.MaxRunning), int64(wantC))
+		if err != nil {
+			return nil, nil, err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return nil, nil, err
+		}
+		got += n
+		if n <= int64(above) {
+			want = 0
+		}
+	}
+	if l.Rate > 0 && want > 0 {
+		res, err := d.exec(ctx, tx, true, d.q.SlotReserveR, marker, queue, int64(l.Rate), micros(l.RatePeriod), int64(want))
+		if err != nil {
+			return nil, nil, err
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return nil, nil, err
+		}
+		got += n
+	}
+	if got == 0 {
+		return nil, nil, nil
+	}
+	rows, err := d.query(ctx, tx, true, d.q.SlotReserved, marker)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var typ string
+		var n int64
+		if err := rows.Scan(&typ, &n); err != nil {
+			return nil, nil, err
+		}
+		if typ == "c" {
+			cslots = append(cslots, n)
+		} else {
+			rslots = append(rslots, n)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	if int64(len(cslots)+len(rslots)) != got {
+		return nil, nil, fmt.Errorf("reserved %d slots but read back %d", got, len(cslots)+len(rslots))
+	}
+	return cslots, rslots, nil
+}
+
+// takeSlots gives each claimed job one of the concurrency slots (its id
+// and fence) and stamps one of the rate slots with its attempted_at, in
+// one statement.
+func (d *Driver) takeSlots(ctx context.Context, tx *sql.Tx, queue string, l driver.QueueLimits, rows []*driver.JobRow, cslots, rslots []int64) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	n := 0
+	args := make([]any, 0, 2*len(rows)*slotRowArgs)
+	for i, j := range rows {
+		at := dbTime(j.AttemptedAt)
+		if l.MaxRunning > 0 {
+			args = append(args, queue, "c", cslots[i], j.ID, j.Fence, at)
+			n++
+		}
+		if l.Rate > 0 {
+			args = append(args, queue, "r", rslots[i], nil, nil, at)
+			n++
+		}
+	}
+	q := d.rowsSQL(d.q.SlotTakeHead, d.q.SlotTakeRow, d.q.SlotTakeTail, n)
+	_, err := d.exec(ctx, tx, n <= maxCachedInsertRows, q, args...)
+	return err
+}
+
+// rowsSQL is head, n rows and tail as one statement.
+func (d *Driver) rowsSQL(head, row, tail string, n int) string {
+	var b strings.Builder
+	b.Grow(len(head) + len(tail) + 2 + n*(len(row)+2))
+	b.WriteString(head)
+	b.WriteByte(' ')
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(row)
+	}
+	b.WriteByte(' ')
+	b.WriteString(tail)
+	return b.String()
+}
+
+// dueExists reports whether queue has a due job, read in tx (or on the
+// pool when tx is nil).
+func (d *Driver) dueExists(ctx context.Context, tx *sql.Tx, queue string) (bool, error) {
+	rows, err := d.query(ctx, tx, true, d.q.DueExists, queue)
+	if err != nil {
+		return false, err
+	}
+	defer rows.Close()
+	var due bool
+	if rows.Next() {
+		if err := rows.Scan(&due); err != nil {
+			return false, err
+		}
+	}
+	return due, rows.Err()
+}
+
+// rateRetryIn returns how long until the oldest start in queue's rate
+// window leaves it (at least a millisecond: a slot another claim holds
+// without a start yet is free again as soon as that claim ends).
+func (d *Driver) rateRetryIn(ctx context.Context, tx *sql.Tx, queue string, l driver.QueueLimits) (time.Duration, error) {
+	rows, err := d.query(ctx, tx, true, d.q.SlotRetryIn, micros(l.RatePeriod), queue, int64(l.Rate))
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var us sql.NullInt64
+	if rows.Next() {
+		if err := rows.Scan(&us); err != nil {
+			return 0, err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	return max(time.Duration(us.Int64)*time.Microsecond, time.Millisecond), nil
+}
+
+// heldEmpty is the result of a claim that a lowered concurrency limit
+// cut to nothing before it began: Held when a due job waits.
+func (d *Driver) heldEmpty(ctx context.Context, queue string) (driver.ClaimResult, error) {
+	var due bool
+	err := d.retry(ctx, "claim limited", func() error {
+		var err error
+		due, err = d.dueExists(ctx, nil, queue)
+		return err
+	})
+	return driver.ClaimResult{Held: due}, err
+}
+
+// SetQueueLimits stores queue's limits (the zero QueueLimits removes
+// them) in one transaction: the limit columns of its queues row (its
+// pause is kept), the missing slots, and the deletion of free
+// concurrency slots at or beyond MaxRunning and of every rate slot at or
+// beyond Rate. A lowered rate forgets the starts those rate slots
+// recorded, so in the window of the change up to the old rate may start.
 func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.QueueLimits) error {
-	return errLimitsTODO
+	if l.MaxRunning < 0 || l.Rate < 0 || (l.Rate > 0 && l.RatePeriod < time.Microsecond) {
+		return fmt.Errorf("conveyor/mysql: set limits of queue %q: invalid limits %+v", queue, l)
+	}
+	var maxRunning, rate, period any
+	if l.MaxRunning > 0 {
+		maxRunning = int64(l.MaxRunning)
+	}
+	if l.Rate > 0 {
+		rate, period = int64(l.Rate), micros(l.RatePeriod)
+	}
+	return d.inTx(ctx, "set limits of queue "+queue, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, d.q.SetQueueLimits, queue, maxRunning, rate, period); err != nil {
+			return err
+		}
+		for _, s := range []struct {
+			typ string
+			n   int
+		}{{"c", l.MaxRunning}, {"r", l.Rate}} {
+			if err := d.createSlots(ctx, tx, queue, s.typ, s.n); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.ExecContext(ctx, d.q.SlotTrimC, queue, int64(l.MaxRunning)); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, d.q.SlotTrimR, queue, int64(l.Rate))
+		return err
+	})
+}
+
+// createSlots creates the missing slots [0, n) of type typ for queue.
+func (d *Driver) createSlots(ctx context.Context, tx *sql.Tx, queue, typ string, n int) error {
+	if n <= 0 {
+		return nil
+	}
+	var have int
+	if err := tx.QueryRowContext(ctx, d.q.SlotCount, queue, typ, int64(n)).Scan(&have); err != nil {
+		return err
+	}
+	if have == n {
+		return nil
+	}
+	for from := 0; from < n; from += slotInsertChunk {
+		to := min(from+slotInsertChunk, n)
+		args := make([]any, 0, 3*(to-from))
+		for i := from; i < to; i++ {
+			args = append(args, queue, typ, int64(i))
+		}
+		if _, err := tx.ExecContext(ctx, d.rowsSQL(d.q.SlotInsertHead, d.q.SlotInsertRow, d.q.SlotInsertTail, to-from), args...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // QueueLimits returns the limits of every limited queue.
 func (d *Driver) QueueLimits(ctx context.Context) (map[string]driver.QueueLimits, error) {
-	return nil, errLimitsTODO
+	out := map[string]driver.QueueLimits{}
+	err := d.retry(ctx, "queue limits", func() error {
+		clear(out)
+		rows, err := d.db.QueryContext(ctx, d.q.QueueLimits)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var name string
+			var maxRunning, rate, period sql.NullInt64
+			if err := rows.Scan(&name, &maxRunning, &rate, &period); err != nil {
+				return err
+			}
+			if l := limitsOf(maxRunning, rate, period); !l.IsZero() {
+				out[name] = l
+			}
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
-// LimitUsage returns every limited queue's limits and their use.
+// LimitUsage returns every limited queue's limits and their use, read in
+// one statement by the database's clock.
 func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, error) {
-	return nil, errLimitsTODO
+	out := map[string]driver.LimitUsage{}
+	err := d.retry(ctx, "limit usage", func() error {
+		clear(out)
+		rows, err := d.db.QueryContext(ctx, d.q.LimitUsage)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var name string
+			var maxRunning, rate, period, next sql.NullInt64
+			var running, started int
+			if err := rows.Scan(&name, &maxRunning, &rate, &period, &running, &started, &next); err != nil {
+				return err
+			}
+			l := limitsOf(maxRunning, rate, period)
+			if l.IsZero() {
+				continue
+			}
+			u := driver.LimitUsage{Limits: l, Running: running, Started: started}
+			if l.Rate > 0 && started >= l.Rate && next.Valid && next.Int64 > 0 {
+				u.NextStart = time.Duration(next.Int64) * time.Microsecond
+			}
+			out[name] = u
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// sweepSlots is the rescue's sweep of the limits' slots: it frees up to
+// limit slots whose holder no longer runs under the slot's fence
+// (slot_stale, each freed by slot_free fenced by its job and fence), and
+// deletes the free concurrency slots at or beyond their queue's
+// MaxRunning, or of a queue without one, under the lock of the queue's
+// row (slot_lock_queue) that SetQueueLimits takes first.
+func (d *Driver) sweepSlots(ctx context.Context, limit int) error {
+	limit = max(limit, 100)
+	type slot struct {
+		queue, typ, lkey string
+		n, job, fence    int64
+	}
+	var stale []slot
+	err := d.retry(ctx, "rescue: sweep slots", func() error {
+		stale = stale[:0]
+		rows, err := d.query(ctx, nil, true, d.q.SlotStale, int64(limit))
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var s slot
+			if err := rows.Scan(&s.queue, &s.typ, &s.lkey, &s.n, &s.job, &s.fence); err != nil {
+				return err
+			}
+			stale = append(stale, s)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return err
+	}
+	for _, s := range stale {
+		if _, err := d.execCount(ctx, d.main, "rescue: free slot", true, d.q.SlotFree, []any{s.queue, s.typ, s.lkey, s.n, s.job, s.fence}); err != nil {
+			return err
+		}
+	}
+
+	top := map[string]int64{}
+	err = d.retry(ctx, "rescue: sweep slots", func() error {
+		clear(top)
+		rows, err := d.query(ctx, nil, true, d.q.SlotMaxC)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var q string
+			var n int64
+			if err := rows.Scan(&q, &n); err != nil {
+				return err
+			}
+			top[q] = n
+		}
+		return rows.Err()
+	})
+	if err != nil || len(top) == 0 {
+		return err
+	}
+	limits, err := d.QueueLimits(ctx)
+	if err != nil {
+		return err
+	}
+	for q, n := range top {
+		if n < int64(limits[q].MaxRunning) {
+			continue
+		}
+		err := d.inTx(ctx, "rescue: trim slots of queue "+q, func(tx *sql.Tx) error {
+			var maxRunning sql.NullInt64
+			err := tx.QueryRowContext(ctx, d.q.SlotLockQueue, q).Scan(&maxRunning)
+			if err != nil && err != sql.ErrNoRows {
+				return err
+			}
+			_, err = tx.ExecContext(ctx, d.q.SlotTrimC, q, max(maxRunning.Int64, 0))
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

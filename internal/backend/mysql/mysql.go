@@ -242,7 +242,7 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 		// Reads that an application expects to see writes made through
 		// any node (see causal_read).
 		for _, r := range []*string{&q.GetJob, &q.ListJobs, &q.ListJobsDesc, &q.Stats, &q.Overview,
-			&q.PausedQueues, &q.Schedules, &q.Processes, &q.MigrationsMax} {
+			&q.PausedQueues, &q.QueueLimits, &q.LimitUsage, &q.Schedules, &q.Processes, &q.MigrationsMax} {
 			*r = q.CausalRead + " " + *r
 		}
 		// Acknowledgements that may reach a node before the claim they

@@ -51,14 +51,15 @@ type queries struct {
 	FenceCheck         string `sql:"fence_check"`
 
 	// Maintenance.
-	RescueSelect   string `sql:"rescue_select"`
-	RescueUpdate   string `sql:"rescue_update"`
-	PromoteSelect  string `sql:"promote_select"`
-	PromoteUpdate  string `sql:"promote_update"`
-	PruneCompleted string `sql:"prune_completed"`
-	PruneDiscarded string `sql:"prune_discarded"`
-	TryLead        string `sql:"try_lead"`
-	Leader         string `sql:"leader"`
+	RescueSelect    string `sql:"rescue_select"`
+	RescueFreeSlots string `sql:"rescue_free_slots"`
+	RescueUpdate    string `sql:"rescue_update"`
+	PromoteSelect   string `sql:"promote_select"`
+	PromoteUpdate   string `sql:"promote_update"`
+	PruneCompleted  string `sql:"prune_completed"`
+	PruneDiscarded  string `sql:"prune_discarded"`
+	TryLead         string `sql:"try_lead"`
+	Leader          string `sql:"leader"`
 
 	// Reads and changes of one job, the job lists (list_jobs is a
 	// template: {where} takes the list_jobs_* conditions) and the
@@ -106,6 +107,34 @@ type queries struct {
 	RemoveProcess   string `sql:"remove_process"`
 	Processes       string `sql:"processes"`
 	PruneProcesses  string `sql:"prune_processes"`
+
+	// Queue limits: their settings, the claim's slots and the sweep of
+	// stale slots (see limits.go).
+	SetQueueLimits string `sql:"set_queue_limits"`
+	SlotCount      string `sql:"slot_count"`
+	SlotInsertHead string `sql:"slot_insert_head"`
+	SlotInsertRow  string `sql:"slot_insert_row"`
+	SlotInsertTail string `sql:"slot_insert_tail"`
+	SlotTrimC      string `sql:"slot_trim_c"`
+	SlotTrimR      string `sql:"slot_trim_r"`
+	QueueLimits    string `sql:"queue_limits"`
+	LimitUsage     string `sql:"limit_usage"`
+	LimitsRead     string `sql:"limits_read"`
+	SlotLockC      string `sql:"slot_lock_c"`
+	SlotLockR      string `sql:"slot_lock_r"`
+	SlotReserveC   string `sql:"slot_reserve_c"`
+	SlotReserveR   string `sql:"slot_reserve_r"`
+	SlotReserved   string `sql:"slot_reserved"`
+	SlotUnreserve  string `sql:"slot_unreserve"`
+	SlotTakeHead   string `sql:"slot_take_head"`
+	SlotTakeRow    string `sql:"slot_take_row"`
+	SlotTakeTail   string `sql:"slot_take_tail"`
+	SlotRetryIn    string `sql:"slot_retry_in"`
+	DueExists      string `sql:"due_exists"`
+	SlotStale      string `sql:"slot_stale"`
+	SlotFree       string `sql:"slot_free"`
+	SlotMaxC       string `sql:"slot_max_c"`
+	SlotLockQueue  string `sql:"slot_lock_queue"`
 }
 
 // loadQueries reads queries.sql for prefix, drops its comment lines and

@@ -205,17 +205,27 @@ SELECT CAST(? AS SIGNED) AS id, CAST(? AS SIGNED) AS fence
 -- Release (the lease path) run on a pool of their own. In a multi-table UPDATE
 -- the order of assignments is unspecified, so no assignment reads a column
 -- another one writes. A snooze (state scheduled) gives the attempt back.
+-- The LEFT JOIN frees the attempt's concurrency slot of a limited queue in
+-- the same statement (the slot held under the same job and fence; fence
+-- is not assigned here, so the join sees the attempt's). For a job of an
+-- unlimited queue it is one probe of slot_job_idx that finds nothing.
+-- A freed slot adds to the matched count, so its assignment also sets
+-- LAST_INSERT_ID(1), which the server reports with the statement's
+-- result (0 when no slot was freed): the driver then reads back the ids
+-- applied by op_token instead of trusting the count.
 -- name: complete
-UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.op_token = ? WHERE j.state = 'running'
+UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence LEFT JOIN `{p}limit_slots` s ON s.job_id = j.id AND s.fence = j.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.op_token = ?, s.job_id = NULL, s.fence = IF(LAST_INSERT_ID(1), NULL, NULL) WHERE j.state = 'running'
 
 -- name: complete_with_errors
-UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.errors = CONCAT(LEFT(j.errors, CHAR_LENGTH(j.errors) - 1), IF(j.errors = '[]', '', ','), u.err, ']'), j.op_token = ? WHERE j.state = 'running'
+UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence LEFT JOIN `{p}limit_slots` s ON s.job_id = j.id AND s.fence = j.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.errors = CONCAT(LEFT(j.errors, CHAR_LENGTH(j.errors) - 1), IF(j.errors = '[]', '', ','), u.err, ']'), j.op_token = ?, s.job_id = NULL, s.fence = IF(LAST_INSERT_ID(1), NULL, NULL) WHERE j.state = 'running'
 
 -- name: heartbeat
 UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, j.op_token = ? WHERE j.state = 'running'
 
+-- Release frees the slot as complete does, and marks the rows it changed
+-- with op_token for the same reason.
 -- name: release
-UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = 'available', j.attempt = j.attempt - 1, j.lease_expires_at = NULL, j.attempted_by = NULL WHERE j.state = 'running'
+UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence LEFT JOIN `{p}limit_slots` s ON s.job_id = j.id AND s.fence = j.fence SET j.state = 'available', j.attempt = j.attempt - 1, j.lease_expires_at = NULL, j.attempted_by = NULL, j.op_token = ?, s.job_id = NULL, s.fence = IF(LAST_INSERT_ID(1), NULL, NULL) WHERE j.state = 'running'
 
 -- When fewer rows matched than outcomes/leases were sent: the ids the call
 -- changed, by its op_token.
@@ -235,6 +245,14 @@ UPDATE `{p}jobs` SET errors = CONCAT(LEFT(errors, CHAR_LENGTH(errors) - 1), IF(e
 -- Promote, in one transaction: lock due scheduled/retryable rows (due_at is
 -- their scheduled_at, NULL for other states), oldest first, and make them
 -- available.
+-- rescue_free_slots runs in the rescue's transaction after rescue_update,
+-- over the same ids, whose rows it still holds locked: a slot held by one
+-- of them is held by the attempt just rescued (a job's fence only grows,
+-- and no later attempt can have started while the row is locked), so the
+-- job id alone fences it.
+-- name: rescue_free_slots
+UPDATE `{p}limit_slots` SET job_id = NULL, fence = NULL WHERE job_id IN ({ids})
+
 -- name: promote_select
 SELECT id, queue FROM `{p}jobs` FORCE INDEX (due_idx) WHERE due_at <= UTC_TIMESTAMP(6) ORDER BY due_at LIMIT ? FOR UPDATE {skip}
 
@@ -283,9 +301,12 @@ SELECT {cols} FROM `{p}jobs` WHERE id > ?{where} ORDER BY id DESC LIMIT ?
 -- name: retry
 UPDATE `{p}jobs` SET state = 'available', scheduled_at = UTC_TIMESTAMP(6), finalized_at = NULL, lease_expires_at = NULL, max_attempts = GREATEST(max_attempts, attempt + 1) WHERE id = ? AND state IN ('discarded', 'cancelled', 'retryable', 'scheduled', 'completed')
 
--- Cancel and Discard (the new state is the first parameter).
+-- Cancel and Discard (the new state is the first parameter). A running
+-- job's attempt ends here: its slot is freed in the same statement (see
+-- complete). The matched count is only compared with 0, which a freed
+-- slot (matched only beside its job) cannot make.
 -- name: finalize
-UPDATE `{p}jobs` SET state = ?, finalized_at = UTC_TIMESTAMP(6), lease_expires_at = NULL WHERE id = ? AND state IN ('available', 'scheduled', 'retryable', 'running')
+UPDATE `{p}jobs` j LEFT JOIN `{p}limit_slots` s ON s.job_id = j.id AND s.fence = j.fence AND j.state = 'running' SET j.state = ?, j.finalized_at = UTC_TIMESTAMP(6), j.lease_expires_at = NULL, s.job_id = NULL, s.fence = NULL WHERE j.id = ? AND j.state IN ('available', 'scheduled', 'retryable', 'running')
 
 -- name: stats
 SELECT queue, state, COUNT(*), MIN(scheduled_at), UTC_TIMESTAMP(6) FROM `{p}jobs` GROUP BY queue, state
@@ -385,7 +406,7 @@ SELECT COALESCE(MAX(version), 0) FROM `{p}schema_migrations`
 INSERT INTO `{p}schema_migrations` (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))
 
 -- name: drop_all
-DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}processes`, `{p}fence_epochs`, `{p}schema_migrations`, `{p}migration_lock`
+DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}processes`, `{p}fence_epochs`, `{p}limit_slots`, `{p}schema_migrations`, `{p}migration_lock`
 
 -- name: pause_queue
 -- Pausing keeps the first pause's time (?, ?: queue, paused 0/1).
@@ -431,3 +452,142 @@ SELECT id, kind, host, pid, version, queues, started_at, heartbeat_at, expires_a
 
 -- name: prune_processes
 DELETE FROM `{p}processes` WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+
+-- Queue limits (see migrations/010_limits.sql and docs/flow-control.md).
+-- SetQueueLimits, in one transaction: set_queue_limits upserts only the
+-- limit columns (a pause is kept, as pause_queue keeps the limits), then
+-- the missing slots are created and the slots beyond the limits deleted.
+-- (queue, max_running, rate, rate_period_us; NULL for none.)
+-- name: set_queue_limits
+INSERT INTO `{p}queues` (name, paused_at, updated_at, max_running, rate, rate_period_us) VALUES (?, NULL, UTC_TIMESTAMP(6), ?, ?, ?)
+ON DUPLICATE KEY UPDATE max_running = VALUES(max_running), rate = VALUES(rate), rate_period_us = VALUES(rate_period_us), updated_at = VALUES(updated_at)
+
+-- (queue, type, count): how many of the slots [0, count) exist.
+-- name: slot_count
+SELECT COUNT(*) FROM `{p}limit_slots` WHERE queue = ? AND type = ? AND lkey = '' AND n < ?
+
+-- slot_insert_head + slot_insert_row per slot (queue, type, n) +
+-- slot_insert_tail: create slots, keeping those that exist.
+-- name: slot_insert_head
+INSERT INTO `{p}limit_slots` (queue, type, lkey, n) VALUES
+
+-- name: slot_insert_row
+(?, ?, '', ?)
+
+-- name: slot_insert_tail
+ON DUPLICATE KEY UPDATE n = n
+
+-- Concurrency slots at or beyond the limit that no attempt holds; a held
+-- one stays until its attempt ends (then the rescue's sweep deletes it).
+-- (queue, max_running.)
+-- name: slot_trim_c
+DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n >= ? AND job_id IS NULL
+
+-- Rate slots at or beyond the rate: a lowered rate forgets their starts.
+-- (queue, rate.)
+-- name: slot_trim_r
+DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n >= ?
+
+-- name: queue_limits
+SELECT name, max_running, rate, rate_period_us FROM `{p}queues` WHERE max_running IS NOT NULL OR rate IS NOT NULL
+
+-- LimitUsage, one statement by the database's clock: per limited queue,
+-- the concurrency slots held, the starts within the window and how long
+-- until the oldest of them leaves it.
+-- name: limit_usage
+SELECT q.name, q.max_running, q.rate, q.rate_period_us,
+  (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.job_id > 0),
+  (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate AND s.used_at > UTC_TIMESTAMP(6) - INTERVAL q.rate_period_us MICROSECOND),
+  (SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(s.used_at) + INTERVAL q.rate_period_us MICROSECOND) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate AND s.used_at > UTC_TIMESTAMP(6) - INTERVAL q.rate_period_us MICROSECOND)
+  FROM `{p}queues` q WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL
+
+-- ClaimLimited. limits_read is a plain read of the queue's limits and of
+-- how many concurrency slots at or beyond max_running are still held (a
+-- lowered limit: those attempts count against it until they end). A
+-- queue without limits is claimed by Claim. (queue.)
+-- name: limits_read
+SELECT q.max_running, q.rate, q.rate_period_us, (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.n >= q.max_running AND s.job_id IS NOT NULL) FROM `{p}queues` q WHERE q.name = ?
+
+-- With SKIP LOCKED (the skip-locked strategy), in the claim's
+-- transaction and before the jobs: lock up to want free concurrency slots
+-- (queue, max_running, want) and up to want rate slots whose last start
+-- has left the window (queue, rate, period µs, want), skipping the slots
+-- other claimers hold. Slots before jobs in every claim, so claimers lock
+-- in one order; and they never wait.
+-- name: slot_lock_c
+SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL ORDER BY n LIMIT ? FOR UPDATE {skip}
+
+-- name: slot_lock_r
+SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n < ? AND (used_at IS NULL OR used_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) ORDER BY n LIMIT ? FOR UPDATE {skip}
+
+-- Without SKIP LOCKED (the optimistic strategy): reserve the same slots
+-- with a conditional UPDATE that marks them with this claim's reservation
+-- (a negative job_id, never a job's); the rows it changed are the
+-- claim's, and a slot another claim reserved or took is not free any
+-- more once that claim commits (a reservation never commits: the claim
+-- turns it into a holder or clears it). Rows are locked in slot order.
+-- (marker, queue, max_running, want) and (marker, queue, rate, period µs,
+-- want).
+-- name: slot_reserve_c
+UPDATE `{p}limit_slots` SET job_id = ? WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL ORDER BY n LIMIT ?
+
+-- name: slot_reserve_r
+UPDATE `{p}limit_slots` SET job_id = ? WHERE queue = ? AND type = 'r' AND lkey = '' AND n < ? AND job_id IS NULL AND (used_at IS NULL OR used_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) ORDER BY n LIMIT ?
+
+-- The slots this claim reserved (marker): a read of its own changes.
+-- name: slot_reserved
+SELECT type, n FROM `{p}limit_slots` WHERE job_id = ? ORDER BY type, n
+
+-- Clears the reservations the claim did not use (marker).
+-- name: slot_unreserve
+UPDATE `{p}limit_slots` SET job_id = NULL WHERE job_id = ?
+
+-- slot_take_head + slot_take_row per slot + slot_take_tail: give each
+-- claimed attempt its slots, all of them locked by this claim: a
+-- concurrency slot gets the job and the attempt's fence, a rate slot
+-- the start's time; used_at is the attempt's attempted_at, the clock
+-- value the claim wrote. (queue, type, n, job_id, fence, used_at.)
+-- name: slot_take_head
+INSERT INTO `{p}limit_slots` (queue, type, lkey, n, job_id, fence, used_at) VALUES
+
+-- name: slot_take_row
+(?, ?, '', ?, ?, ?, ?)
+
+-- name: slot_take_tail
+ON DUPLICATE KEY UPDATE job_id = VALUES(job_id), fence = VALUES(fence), used_at = VALUES(used_at)
+
+-- How long until the oldest start of the rate's window leaves it, when
+-- the rate held jobs back. (period µs, queue, rate.)
+-- name: slot_retry_in
+SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(used_at) + INTERVAL ? MICROSECOND) FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n < ?
+
+-- Whether the queue has a due job (a claim the limits cut to nothing is
+-- Held only then). (queue.)
+-- name: due_exists
+SELECT EXISTS (SELECT 1 FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ?)
+
+-- The rescue's sweep. slot_stale is a plain read of the slots whose
+-- holder is no longer running under the slot's fence (a holder's outcome
+-- frees its slot in its own statement, so these are rare: an attempt
+-- ended by a path that could not see it). The read and the job's state
+-- come from one snapshot; a fence never runs again once its attempt
+-- ended, so slot_free, fenced by the slot's job and fence, frees only
+-- that stale holder and never a slot taken meanwhile. (limit.)
+-- name: slot_stale
+SELECT s.queue, s.type, s.lkey, s.n, s.job_id, s.fence FROM `{p}limit_slots` s LEFT JOIN `{p}jobs` j ON j.id = s.job_id WHERE s.job_id > 0 AND (j.id IS NULL OR j.fence <> s.fence OR j.state <> 'running') LIMIT ?
+
+-- (queue, type, lkey, n, job_id, fence.)
+-- name: slot_free
+UPDATE `{p}limit_slots` SET job_id = NULL, fence = NULL WHERE queue = ? AND type = ? AND lkey = ? AND n = ? AND job_id = ? AND fence = ?
+
+-- The highest concurrency slot of each queue (a loose index scan of the
+-- primary key), compared with the queue's limit to find slots to delete.
+-- name: slot_max_c
+SELECT queue, MAX(n) FROM `{p}limit_slots` WHERE type = 'c' AND lkey = '' GROUP BY queue
+
+-- Locks the queue's row (the one SetQueueLimits upserts first) before the
+-- sweep deletes its slots beyond the limit: the sweep and SetQueueLimits
+-- serialise on it, so the sweep never deletes slots of a limit just
+-- raised. (queue.)
+-- name: slot_lock_queue
+SELECT max_running FROM `{p}queues` WHERE name = ? FOR UPDATE

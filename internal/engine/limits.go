@@ -1,0 +1,254 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// Queue limits (driver.QueueLimits) are kept in the database and held by
+// the claim statement itself (driver.Driver.ClaimLimited). The engine
+// only needs to know which queues are limited, to claim those through
+// ClaimLimited and the others through the cheaper Claim: it keeps that in
+// a cache refreshed by one read per process every limitsRefresh, while
+// the engine is started or remote claims are served, and updated at once
+// when this process sets limits (LimitsChanged). When the cache is
+// missing or stale (not refreshed yet, or the database did not answer),
+// every queue is claimed through ClaimLimited, which is always right.
+
+const (
+	// limitsRefresh is how often the limits cache is read again: a
+	// queue limited by another process is claimed within its limits
+	// after at most about this long.
+	limitsRefresh = time.Second
+	// limitsStale is the age past which the cache is not trusted.
+	limitsStale = 3 * limitsRefresh / 2
+	// limitsReadTimeout bounds one read of the limits.
+	limitsReadTimeout = 5 * time.Second
+)
+
+// limitCache is one read of the limited queues, and when it was read.
+type limitCache struct {
+	limited map[string]bool
+	at      time.Time
+}
+
+// limited reports whether queue must be claimed through ClaimLimited:
+// it has limits, or the cache cannot tell.
+func (e *Engine) limited(queue string) bool {
+	c := e.limits.Load()
+	if c == nil || time.Since(c.at) > limitsStale {
+		return true
+	}
+	return c.limited[queue]
+}
+
+// anyLimited reports whether some queue may be limited (the completer's
+// cheap test before it looks at a batch's queues).
+func (e *Engine) anyLimited() bool {
+	c := e.limits.Load()
+	return c == nil || len(c.limited) > 0 || time.Since(c.at) > limitsStale
+}
+
+// awaitLimits waits, up to limitsReadTimeout, for the first read of the
+// limits (or its failure), so that a starting fetcher's first claims take
+// the right statement; false if stop closed first.
+func (e *Engine) awaitLimits(stop <-chan struct{}) bool {
+	t := time.NewTimer(limitsReadTimeout)
+	defer t.Stop()
+	select {
+	case <-e.limitsRead:
+	case <-t.C:
+	case <-stop:
+		return false
+	}
+	return true
+}
+
+// setLimited replaces the cache with a fresh read.
+func (e *Engine) setLimited(m map[string]driver.QueueLimits, at time.Time) {
+	limited := make(map[string]bool, len(m))
+	for q, l := range m {
+		if !l.IsZero() {
+			limited[q] = true
+		}
+	}
+	e.limitsMu.Lock()
+	defer e.limitsMu.Unlock()
+	if old := e.limits.Load(); old != nil && old.at.After(at) {
+		return // a later change (LimitsChanged) is already in
+	}
+	e.limits.Store(&limitCache{limited: limited, at: at})
+}
+
+// LimitsChanged tells the engine that this process set queue's limits
+// (limited: it has some now), so that its claims follow them at once
+// rather than at the next refresh of the limits. It wakes the queue's
+// fetcher and the remote claims waiting on it.
+func (e *Engine) LimitsChanged(queue string, limited bool) {
+	e.limitsMu.Lock()
+	if old := e.limits.Load(); old != nil && old.limited[queue] != limited {
+		m := make(map[string]bool, len(old.limited)+1)
+		for q := range old.limited {
+			m[q] = true
+		}
+		if limited {
+			m[queue] = true
+		} else {
+			delete(m, queue)
+		}
+		// Stamped now: a read that began before this change must not
+		// undo it (setLimited keeps the later of the two).
+		e.limits.Store(&limitCache{limited: m, at: time.Now()})
+	}
+	e.limitsMu.Unlock()
+	e.wake(queue)
+	e.slotFreed(queue)
+}
+
+// slotFreed wakes the fetcher of a limited queue and the remote claims
+// held back by its limits: an attempt of the queue ended (a slot may be
+// free), or its limits changed.
+func (e *Engine) slotFreed(queue string) {
+	e.waiters.notify(heldKey(queue))
+	e.mu.Lock()
+	f := e.fetchers[queue]
+	e.mu.Unlock()
+	if f != nil {
+		signal(f.limitCh)
+	}
+}
+
+// heldKey is the waiters' key of the remote claims of queue held back by
+// its limits: they wait for a slot to free, not for an enqueue.
+func heldKey(queue string) string { return "\x00held:" + queue }
+
+// limitsRefresher runs the loop that refreshes the limits cache while
+// something needs it: a started engine (Start to Stop) or remote claims
+// (until remoteListenIdle after the last one).
+type limitsRefresher struct {
+	mu     sync.Mutex
+	refs   int
+	closed bool
+	cancel context.CancelFunc // nil when not running
+	idle   *time.Timer
+	wg     sync.WaitGroup
+}
+
+// limitsAcquire starts the refresh loop if it is not running and keeps
+// it running until the matching limitsRelease.
+func (e *Engine) limitsAcquire() {
+	l := &e.limitsLoopState
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	l.refs++
+	if l.idle != nil {
+		l.idle.Stop()
+		l.idle = nil
+	}
+	if l.cancel != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l.cancel = cancel
+	l.wg.Add(1)
+	go func() { defer l.wg.Done(); e.limitsLoop(ctx) }()
+}
+
+// limitsRelease ends a limitsAcquire; the loop stops linger after the
+// last one ended (at once without linger).
+func (e *Engine) limitsRelease(linger time.Duration) {
+	l := &e.limitsLoopState
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.refs > 0 {
+		l.refs--
+	}
+	if l.refs > 0 || l.cancel == nil {
+		return
+	}
+	if linger <= 0 {
+		l.cancel()
+		l.cancel = nil
+		return
+	}
+	if l.idle != nil {
+		return
+	}
+	var idle *time.Timer
+	idle = time.AfterFunc(linger, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.idle != idle {
+			return
+		}
+		l.idle = nil
+		if l.refs == 0 && l.cancel != nil {
+			l.cancel()
+			l.cancel = nil
+		}
+	})
+	l.idle = idle
+}
+
+// limitsClose stops the refresh loop for good and waits for it.
+func (e *Engine) limitsClose() {
+	l := &e.limitsLoopState
+	l.mu.Lock()
+	l.closed = true
+	if l.idle != nil {
+		l.idle.Stop()
+		l.idle = nil
+	}
+	if l.cancel != nil {
+		l.cancel()
+		l.cancel = nil
+	}
+	l.mu.Unlock()
+	l.wg.Wait()
+}
+
+// limitsLoop reads the limited queues at once and every limitsRefresh.
+// A queue that becomes limited, or no longer is, wakes its fetcher (it
+// may be waiting for a slot, or claim through the other statement now).
+func (e *Engine) limitsLoop(ctx context.Context) {
+	for {
+		at := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, limitsReadTimeout)
+		m, err := e.drv.QueueLimits(rctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		e.limitsOnce.Do(func() { close(e.limitsRead) })
+		if err != nil {
+			e.metrics.DBErrors.Add(1)
+			e.warn("conveyor: reading queue limits failed (claiming every queue within its limits meanwhile)", "error", err)
+		} else {
+			old := e.limits.Load()
+			e.setLimited(m, at)
+			if old != nil {
+				now := e.limits.Load()
+				for q := range now.limited {
+					if !old.limited[q] {
+						e.slotFreed(q)
+					}
+				}
+				for q := range old.limited {
+					if !now.limited[q] {
+						e.slotFreed(q)
+						e.wake(q)
+					}
+				}
+			}
+		}
+		if !sleep(ctx, limitsRefresh) {
+			return
+		}
+	}
+}

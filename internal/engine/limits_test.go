@@ -1,0 +1,197 @@
+package engine
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// limitConfig is testConfig for one queue "q" whose idle poll would back
+// off to an hour: a fetcher that took a held claim for an empty queue
+// would not claim again within the tests' guard.
+func limitConfig(pollMin time.Duration) Config {
+	cfg := testConfig(10 * time.Second)
+	cfg.PollMin, cfg.PollMax, cfg.ListenPoll = pollMin, time.Hour, time.Hour
+	return cfg
+}
+
+// claimsAfter returns the claims of queue that began after index i of
+// its claims.
+func claimsAfter(d *fakeDriver, queue string, i int) []call {
+	cs := d.claimsOf(queue)
+	if len(cs) <= i {
+		return nil
+	}
+	return cs[i:]
+}
+
+// A claim held back by the concurrency limit (Held, no RetryIn) is tried
+// again every PollMin while it stays held: jobs are waiting, so the
+// fetcher neither backs off towards PollMax, as after an empty claim, nor
+// claims in a tight loop.
+func TestLimitHeldClaimRetriedAtPollMin(t *testing.T) {
+	const pollMin = 10 * time.Millisecond
+	d := &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 1}}}
+	d.claimLimited = func(context.Context, driver.ClaimParams) (driver.ClaimResult, error) {
+		return driver.ClaimResult{Held: true}, nil
+	}
+	startEngine(t, d, limitConfig(pollMin), map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
+	// Backing off from PollMin to an hour, the 15th claim would come
+	// about 2^15 PollMin (5 minutes) after the first.
+	const claims = 15
+	waitFor(t, "15 held claims", func() bool { return len(d.claimsOf("q")) >= claims })
+	cs := d.claimsOf("q")
+	for i, c := range cs {
+		if !c.limited {
+			t.Fatalf("claim %d of a limited queue went through Claim, not ClaimLimited", i+1)
+		}
+		if i > 0 {
+			if gap := c.at.Sub(cs[i-1].at); gap < pollMin {
+				t.Fatalf("held claim %d came %v after the previous one, want at least PollMin (%v): a tight loop", i+1, gap, pollMin)
+			}
+		}
+	}
+}
+
+// A claim held back by the rate (Held with RetryIn) is tried again when
+// the window has room, RetryIn later: not at PollMin, not at PollMax.
+func TestLimitHeldClaimRetriedAfterRetryIn(t *testing.T) {
+	const retryIn = 300 * time.Millisecond
+	d := &fakeDriver{limits: map[string]driver.QueueLimits{"q": {Rate: 1, RatePeriod: time.Second}}}
+	var n atomic.Int64
+	d.claimLimited = func(_ context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
+		if n.Add(1) == 1 {
+			return driver.ClaimResult{Held: true, RetryIn: retryIn}, nil
+		}
+		return driver.ClaimResult{Rows: d.takePending(p)}, nil
+	}
+	d.add(job(1))
+	ran := make(chan int64, 1)
+	startEngine(t, d, limitConfig(10*time.Millisecond), map[string]Handler{"k": func(_ context.Context, row *driver.JobRow) error {
+		ran <- row.ID
+		return nil
+	}})
+	if id := recv(t, "the job held by the rate to run", ran); id != 1 {
+		t.Fatalf("ran job %d, want 1", id)
+	}
+	cs := d.claimsOf("q")
+	if len(cs) < 2 {
+		t.Fatalf("%d claims, want 2", len(cs))
+	}
+	if gap := cs[1].at.Sub(cs[0].at); gap < retryIn {
+		t.Fatalf("the claim after a rate hold came %v after it, want at least RetryIn (%v)", gap, retryIn)
+	}
+}
+
+// When an attempt of a limited queue ends, the completer wakes the
+// queue's fetcher, held back by the concurrency limit: it claims at once,
+// not at its next poll (an hour here).
+func TestLimitCompletionWakesHeldFetcher(t *testing.T) {
+	d := &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 1}}}
+	var n atomic.Int64
+	d.claimLimited = func(_ context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
+		switch n.Add(1) {
+		case 1: // job 1 takes the one slot; job 2 waits
+			return driver.ClaimResult{Rows: []*driver.JobRow{jobIn("q", 1, 101)}, Held: true}, nil
+		case 2:
+			return driver.ClaimResult{Rows: []*driver.JobRow{jobIn("q", 2, 102)}}, nil
+		}
+		return driver.ClaimResult{}, nil
+	}
+	gate := make(chan struct{})
+	ran := make(chan int64, 2)
+	startEngine(t, d, limitConfig(time.Hour), map[string]Handler{"k": func(_ context.Context, row *driver.JobRow) error {
+		if row.ID == 1 {
+			<-gate
+		}
+		ran <- row.ID
+		return nil
+	}})
+	waitFor(t, "the held claim", func() bool { cs := d.claimsOf("q"); return len(cs) == 1 && cs[0].done })
+	close(gate)
+	recv(t, "job 1 to finish", ran)
+	if id := recv(t, "job 2 to run after job 1's slot was freed", ran); id != 2 {
+		t.Fatalf("ran job %d, want 2", id)
+	}
+	cs, done := d.claimsOf("q"), d.callsOf("complete")
+	if len(done) == 0 || cs[1].at.Before(done[0].at) {
+		t.Fatal("the second claim did not follow the completion of job 1")
+	}
+}
+
+// A remote claim waiting on a queue held back by its concurrency limit is
+// woken when a remote attempt of the queue ends, and claims the job the
+// freed slot lets start (its own poll here is an hour).
+func TestLimitCompletionWakesHeldRemoteClaim(t *testing.T) {
+	d := &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 1}}}
+	var n atomic.Int64
+	d.claimLimited = func(_ context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
+		switch n.Add(1) {
+		case 1:
+			return driver.ClaimResult{Rows: []*driver.JobRow{jobIn("q", 1, 101)}}, nil
+		case 2:
+			return driver.ClaimResult{Held: true}, nil
+		}
+		return driver.ClaimResult{Rows: []*driver.JobRow{jobIn("q", 2, 102)}}, nil
+	}
+	e := New(d, limitConfig(time.Hour), nil)
+	t.Cleanup(func() { e.Close(context.Background()) })
+	ctx := context.Background()
+	first, err := e.ClaimRemote(ctx, RemoteClaim{Queue: "q", Limit: 1, Lease: time.Minute, Worker: "w"})
+	if err != nil || len(first) != 1 {
+		t.Fatalf("first claim: %v %v", first, err)
+	}
+	got := make(chan []*driver.JobRow, 1)
+	go func() {
+		rows, err := e.ClaimRemote(ctx, RemoteClaim{Queue: "q", Limit: 1, Lease: time.Minute, Worker: "w", Wait: 3 * guard})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- rows
+	}()
+	waitFor(t, "the held remote claim", func() bool { cs := d.claimsOf("q"); return len(cs) == 2 && cs[1].done })
+	if err := e.CompleteRemote(ctx, 1, 101); err != nil {
+		t.Fatal(err)
+	}
+	rows := recv(t, "the held remote claim to be woken", got)
+	if len(rows) != 1 || rows[0].ID != 2 {
+		t.Fatalf("the woken claim got %v, want job 2", rows)
+	}
+}
+
+// LimitsChanged switches the queue's claims to ClaimLimited at once, and
+// back to Claim, without waiting for the next read of the limits (which
+// never answers here after the first).
+func TestLimitsChangedSwitchesClaimAtOnce(t *testing.T) {
+	d := &fakeDriver{}
+	var reads atomic.Int64
+	d.queueLimits = func(ctx context.Context) (map[string]driver.QueueLimits, error) {
+		if reads.Add(1) > 1 {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return map[string]driver.QueueLimits{}, nil
+	}
+	e := startEngine(t, d, limitConfig(time.Hour), map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
+	waitFor(t, "the first claim", func() bool { return d.idle("q") })
+	if cs := d.claimsOf("q"); cs[0].limited {
+		t.Fatal("a queue without limits was claimed through ClaimLimited")
+	}
+	for _, limited := range []bool{true, false} {
+		before := len(d.claimsOf("q"))
+		e.LimitsChanged("q", limited)
+		waitFor(t, "a claim after LimitsChanged", func() bool {
+			cs := claimsAfter(d, "q", before)
+			return len(cs) > 0 && cs[0].done
+		})
+		if c := claimAfter(d, before); c.limited != limited {
+			t.Fatalf("after LimitsChanged(q, %v) the claim was limited=%v", limited, c.limited)
+		}
+	}
+}
+
+// claimAfter is the first claim of "q" after index i.
+func claimAfter(d *fakeDriver, i int) call { return claimsAfter(d, "q", i)[0] }
