@@ -1,0 +1,194 @@
+package mysql
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+func limitJobs(queue string, n int) []driver.InsertParams {
+	jobs := make([]driver.InsertParams, n)
+	for i := range jobs {
+		jobs[i] = driver.InsertParams{Queue: queue, Kind: "k", Args: json.RawMessage(`{}`), MaxAttempts: 5}
+	}
+	return jobs
+}
+
+func claimLimited(t *testing.T, d *Driver, queue string, limit int, lease time.Duration) []*driver.JobRow {
+	t.Helper()
+	r, err := d.ClaimLimited(context.Background(), driver.ClaimParams{Queue: queue, Limit: limit, Lease: lease, Worker: "w"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Rows
+}
+
+// A freed slot adds to the matched count of complete and release: a batch
+// whose stale outcome is made up for by a freed slot must still report
+// only the outcomes applied, and Release only the jobs released.
+func TestFreedSlotsDoNotCountAsJobs(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			ctx := context.Background()
+			d := migrated(t, v.opts, v.tweak)
+			if _, err := d.Insert(ctx, limitJobs("fq", 6)); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.SetQueueLimits(ctx, "fq", driver.QueueLimits{MaxRunning: 4}); err != nil {
+				t.Fatal(err)
+			}
+			rows := claimLimited(t, d, "fq", 4, time.Minute)
+			if len(rows) != 4 {
+				t.Fatalf("claimed %d, want 4", len(rows))
+			}
+			a, b := rows[0], rows[1]
+			if _, err := d.Cancel(ctx, b.ID); err != nil {
+				t.Fatal(err)
+			}
+			applied, err := d.Complete(ctx, []driver.Outcome{
+				{ID: a.ID, Fence: a.Fence, Attempt: a.Attempt, State: driver.StateCompleted},
+				{ID: b.ID, Fence: b.Fence, Attempt: b.Attempt, State: driver.StateCompleted},
+			})
+			if err != nil || len(applied) != 1 || applied[0] != a.ID {
+				t.Fatalf("complete of one live and one cancelled attempt: applied %v, %v; want [%d]", applied, err, a.ID)
+			}
+			n, err := d.Release(ctx, []driver.Lease{{ID: rows[2].ID, Fence: rows[2].Fence}, {ID: rows[3].ID, Fence: rows[3].Fence}, {ID: a.ID, Fence: a.Fence}})
+			if err != nil || n != 2 {
+				t.Fatalf("release of two live attempts and a finished one: %d, %v; want 2", n, err)
+			}
+			u, err := d.LimitUsage(ctx)
+			if err != nil || u["fq"].Running != 0 {
+				t.Fatalf("usage %+v, %v; want no slot held", u, err)
+			}
+		})
+	}
+}
+
+// Rescue's sweep frees a slot whose holder ended by a path that did not
+// free it, and deletes free slots beyond the limit.
+func TestRescueSweepsSlots(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{}, nil)
+	if _, err := d.Insert(ctx, limitJobs("sq", 3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "sq", driver.QueueLimits{MaxRunning: 2}); err != nil {
+		t.Fatal(err)
+	}
+	rows := claimLimited(t, d, "sq", 2, time.Minute)
+	if len(rows) != 2 {
+		t.Fatalf("claimed %d, want 2", len(rows))
+	}
+	// End one attempt behind the driver's back, and add a surplus slot.
+	if _, err := d.db.ExecContext(ctx, "UPDATE `"+d.prefix+"jobs` SET state = 'completed', lease_expires_at = NULL WHERE id = ?", rows[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.db.ExecContext(ctx, "INSERT INTO `"+d.prefix+"limit_slots` (queue, type, lkey, n) VALUES ('sq', 'c', '', 7)"); err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := d.LimitUsage(ctx); u["sq"].Running != 2 {
+		t.Fatalf("usage %+v before the sweep, want 2 running", u)
+	}
+	if _, err := d.Rescue(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := d.LimitUsage(ctx); u["sq"].Running != 1 {
+		t.Fatalf("usage %+v after the sweep, want the live attempt's 1", u)
+	}
+	var slots int
+	if err := d.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM `"+d.prefix+"limit_slots` WHERE queue = 'sq'").Scan(&slots); err != nil {
+		t.Fatal(err)
+	}
+	if slots != 2 {
+		t.Fatalf("%d slots after the sweep, want the limit's 2", slots)
+	}
+	if got := claimLimited(t, d, "sq", 5, time.Minute); len(got) != 1 {
+		t.Fatalf("claimed %d after the sweep, want 1", len(got))
+	}
+}
+
+// Claimers, outcomes and limit changes race on one queue: lock order
+// (slots then jobs in claims, jobs then slots in outcomes, the queue's
+// row first in SetQueueLimits) leaves nothing that surfaces as an error,
+// and every job is completed once.
+func TestLimitsUnderChanges(t *testing.T) {
+	for _, v := range variants[:2] {
+		t.Run(v.name, func(t *testing.T) {
+			ctx := context.Background()
+			d := migrated(t, v.opts, v.tweak)
+			const jobs = 300
+			if _, err := d.Insert(ctx, limitJobs("lc", jobs)); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.SetQueueLimits(ctx, "lc", driver.QueueLimits{MaxRunning: 4, Rate: 1000, RatePeriod: time.Second}); err != nil {
+				t.Fatal(err)
+			}
+			var done atomic.Int64
+			var wg sync.WaitGroup
+			errs := make(chan error, 8)
+			deadline := time.Now().Add(60 * time.Second)
+			stop, stopped := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(stopped)
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					case <-time.After(20 * time.Millisecond):
+					}
+					l := driver.QueueLimits{MaxRunning: 1 + i%6, Rate: 500 + i%3*500, RatePeriod: time.Second}
+					if err := d.SetQueueLimits(ctx, "lc", l); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+			for range 5 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for done.Load() < jobs && time.Now().Before(deadline) {
+						r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "lc", Limit: 3, Lease: time.Minute, Worker: "w"})
+						if err != nil {
+							errs <- err
+							return
+						}
+						if len(r.Rows) == 0 {
+							time.Sleep(time.Millisecond)
+							continue
+						}
+						outs := make([]driver.Outcome, len(r.Rows))
+						for i, row := range r.Rows {
+							outs[i] = driver.Outcome{ID: row.ID, Fence: row.Fence, Attempt: row.Attempt, State: driver.StateCompleted}
+						}
+						applied, err := d.Complete(ctx, outs)
+						if err != nil {
+							errs <- err
+							return
+						}
+						done.Add(int64(len(applied)))
+					}
+				}()
+			}
+			wg.Wait()
+			close(stop)
+			<-stopped
+			select {
+			case err := <-errs:
+				t.Fatal(err)
+			default:
+			}
+			if done.Load() != jobs {
+				t.Fatalf("completed %d of %d", done.Load(), jobs)
+			}
+			if u, err := d.LimitUsage(ctx); err != nil || u["lc"].Running != 0 {
+				t.Fatalf("usage %+v, %v; want no slot held", u, err)
+			}
+		})
+	}
+}
