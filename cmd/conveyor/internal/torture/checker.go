@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/lab"
 )
 
@@ -83,6 +84,10 @@ type Exec struct {
 	// Scheduled is a periodic job's ScheduledAt as its handler saw it
 	// (zero for other kinds).
 	Scheduled time.Time
+	// Claimed is the attempt's AttemptedAt as its handler saw it: when
+	// the database claimed it, by the database's clock (zero if not
+	// recorded). The rate limit is checked on it (see checkLimits).
+	Claimed time.Time
 
 	// opened is when the attempt was open at the latest, set by Check:
 	// Start, or the start of a later attempt of the job if that was
@@ -163,6 +168,9 @@ type Input struct {
 	Deaths map[int]time.Time
 	// Poison lists the kinds that must end discarded.
 	Poison map[string]bool
+	// Limits are the queue limits set for the run, by queue (see
+	// checkLimits); nil when none.
+	Limits map[string]conveyor.QueueLimits
 	// AsyncClaims says the backend's claims commit without waiting for
 	// the disk (PostgreSQL): a database restart may lose a claim made
 	// just before it, and the job's attempt then runs again under the
@@ -277,6 +285,16 @@ type Findings struct {
 	SlotsTwice, SlotsMissed []string
 	OffSlot                 []string
 	PeriodicNotCompleted    []int64
+
+	// Queue limits (see checkLimits). OverLimit: instants at which more
+	// executions of a queue with MaxRunning were in progress than it
+	// allows, each with the executions. OverRate: windows of a queue's
+	// RatePeriod holding more than Rate + 1 claims. Both must be empty.
+	// LimitPeak is the most executions of each queue with MaxRunning in
+	// progress at once, RatePeak the most claims of each queue with a
+	// Rate within one RatePeriod.
+	OverLimit, OverRate []string
+	LimitPeak, RatePeak map[string]int
 }
 
 // Failures lists the violations in f, one line each; empty means the run
@@ -305,6 +323,8 @@ func (f *Findings) Failures() []string {
 	add(len(f.SlotsMissed), "periodic slots missed while a worker process ran the schedule", headS(f.SlotsMissed))
 	add(len(f.OffSlot), "periodic jobs not due on a slot", headS(f.OffSlot))
 	add(len(f.PeriodicNotCompleted), "periodic jobs not completed", head(f.PeriodicNotCompleted))
+	add(len(f.OverLimit), "instants over a queue's MaxRunning", headS(f.OverLimit))
+	add(len(f.OverRate), "windows over a queue's Rate", headS(f.OverRate))
 	return out
 }
 
@@ -513,6 +533,7 @@ func Check(in *Input) *Findings {
 	}
 	in.checkUnique(f, byJob)
 	in.checkPeriodic(f, byJob)
+	in.checkLimits(f, byJob)
 	for _, s := range [][]int64{f.Lost, f.CompletedTwice, f.CompletionsUndone, f.StaleApplied, f.Stuck, f.PoisonNotDiscarded, f.PeriodicNotCompleted} {
 		sort.Slice(s, func(a, b int) bool { return s[a] < s[b] })
 	}

@@ -347,7 +347,7 @@ func TestRecordsRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.write(line{T: lineHello, Role: "worker"})
-	r.write(line{T: lineStart, Job: 7, Att: 1, Kind: KindWork, At: at(1).UnixNano()})
+	r.write(line{T: lineStart, Job: 7, Att: 1, Kind: KindWork, At: at(1).UnixNano(), Cl: at(0.9).UnixNano()})
 	r.write(line{T: lineEnd, Job: 7, Att: 1, Out: OutcomeOK, At: at(2).UnixNano()})
 	r.write(line{T: lineStart, Job: 8, Att: 2, Kind: KindWork, At: at(3).UnixNano()})
 	r.write(line{T: lineEnq, Job: 9, Tok: "x:1", Kind: KindWork})
@@ -372,6 +372,9 @@ func TestRecordsRoundTrip(t *testing.T) {
 	}
 	if len(rs.told) != 1 || rs.told[0].ID != 9 || !rs.told[0].Dup || !rs.told[0].Begin.Equal(at(0.5)) || rs.toldRolledBack != 1 || rs.dupRolledBack != 1 {
 		t.Fatalf("told %+v, rolled back %d/%d", rs.told, rs.toldRolledBack, rs.dupRolledBack)
+	}
+	if !rs.execs[0].Claimed.Equal(at(0.9)) || !rs.execs[1].Claimed.IsZero() {
+		t.Fatalf("claimed %v and %v, want %v and none", rs.execs[0].Claimed, rs.execs[1].Claimed, at(0.9))
 	}
 	if !rs.ready["w1.0"].Equal(at(0.1)) || !rs.execs[2].Scheduled.Equal(at(0.2)) {
 		t.Fatalf("ready %v, execs %+v", rs.ready, rs.execs)

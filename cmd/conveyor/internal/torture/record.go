@@ -56,6 +56,9 @@ type line struct {
 	Sch int64 `json:"sch,omitempty"`
 	// Took is how long a slow lease renewal took, in nanoseconds.
 	Took int64 `json:"took,omitempty"`
+	// Cl is the attempt's AttemptedAt as the handler saw it (the
+	// database's clock at the claim).
+	Cl int64 `json:"cl,omitempty"`
 }
 
 // recorder appends lines to one file. Each line is one write(2) on an
@@ -191,6 +194,9 @@ func readRecords(dir string) (*records, error) {
 				}
 				if l.Sch != 0 {
 					e.Scheduled = time.Unix(0, l.Sch)
+				}
+				if l.Cl != 0 {
+					e.Claimed = time.Unix(0, l.Cl)
 				}
 				rs.execs = append(rs.execs, e)
 			case lineEnd:

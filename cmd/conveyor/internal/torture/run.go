@@ -267,6 +267,7 @@ type phase struct {
 	tickStopPath string
 	tickStop     time.Time
 	rate         float64 // the producer's rate (Options.Rate unless the fault lowers it)
+	limits       map[string]conveyor.QueueLimits
 	poison       map[string]bool
 	drainTimeout time.Duration
 	// cleanups run at the very end of the phase, after its processes are
@@ -497,6 +498,14 @@ func (p *phase) setUp(ctx context.Context) error {
 			return fmt.Errorf("holding a transaction open (--hold-xmin): %w", err)
 		}
 	}
+	// The limited queues' limits, in the database before any worker
+	// process claims (see LimitsOf and checkLimits).
+	p.limits = LimitsOf(p.rate)
+	for _, q := range slices.Sorted(maps.Keys(p.limits)) {
+		if err := p.client.SetQueueLimits(ctx, q, p.limits[q]); err != nil {
+			return fmt.Errorf("setting the limits of %s: %w", q, err)
+		}
+	}
 	p.sup = newSupervisor(p.o.Exe, p.o.ExeArgs, p.o.Env, dir, p.logf)
 	common := []string{"--db", withAppName(p.dsn, "conveyor-torture"), "--prefix", p.prefix}
 	if p.backend == "postgres" {
@@ -516,7 +525,10 @@ func (p *phase) setUp(ctx context.Context) error {
 		share = 0.75
 	}
 	rate := func(r float64) string { return strconv.FormatFloat(r, 'f', -1, 64) }
-	prod := slices.Concat(common, []string{"--unique-share", rate(max(p.o.UniqueShare, 0))}, p.producerArgs)
+	lo, hi := limitedJobMS(p.rate)
+	prod := slices.Concat(common, []string{"--unique-share", rate(max(p.o.UniqueShare, 0)),
+		"--limited-share", rate(limitedShare), "--rated-share", rate(ratedShare),
+		"--limited-min-ms", strconv.Itoa(lo), "--limited-max-ms", strconv.Itoa(hi)}, p.producerArgs)
 	p.p2Args = slices.Concat(prod, []string{"--rate", rate(p.rate * (1 - share))})
 	p.producerArgs = slices.Concat(prod, []string{"--rate", rate(p.rate * share)}, p.p1Args)
 	for i := 1; i <= p.o.Workers; i++ {
@@ -742,7 +754,7 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 	in := &Input{Lease: p.o.Lease, Acked: rs.acked, RolledBack: rs.rolledBack, Execs: rs.execs,
 		Jobs: jobs, Events: events, Deaths: deaths, Poison: p.poison, Applied: rs.applied,
 		AppliedAt: rs.appliedAt, Told: rs.told, Tick: p.tick, TickStop: p.tickStop,
-		AsyncClaims: p.backend == "postgres", SlowRenewals: rs.slowBeats}
+		AsyncClaims: p.backend == "postgres", SlowRenewals: rs.slowBeats, Limits: p.limits}
 	for proc, at := range rs.ready {
 		pid := rs.pids[proc]
 		in.Ups = append(in.Ups, Up{Proc: proc, PID: pid, Ready: at, End: deaths[pid]})
@@ -780,6 +792,7 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 	} else {
 		row.Slots = -1
 	}
+	p.noteLimits(fd)
 	if fd.Unacknowledged > 0 {
 		p.note("%d rows without an acknowledged enqueue (%d enqueues ended in an error)", fd.Unacknowledged, rs.ambiguous)
 	}
@@ -821,6 +834,41 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 		p.f.check(ctx, p, rs, fd, in)
 	}
 	row.Injected = strings.Join(p.injected, "; ")
+}
+
+// The shares of the producers' jobs enqueued on the limited queues.
+const (
+	limitedShare = 0.125
+	ratedShare   = 0.125
+)
+
+// limitedJobMS bounds the durations of QueueLimited's jobs for an enqueue
+// rate of rate jobs per second: on average its limitedShare of them keep
+// four fifths of its MaxRunning busy, so that the limit binds whenever
+// more than the average arrive at once and after every stall, while the
+// queue still keeps up with its share of the load.
+func limitedJobMS(rate float64) (lo, hi int) {
+	mean := 0.8 * limitedMaxRunning / max(rate*limitedShare, 0.1) * 1000
+	mean = min(max(mean, 40), 2000)
+	return int(mean / 2), int(mean * 3 / 2)
+}
+
+// noteLimits notes the peaks the limited queues reached, and fails a
+// phase where the concurrency limit never bound (the check would have
+// proved nothing).
+func (p *phase) noteLimits(fd *Findings) {
+	for _, q := range slices.Sorted(maps.Keys(p.limits)) {
+		l := p.limits[q]
+		if l.MaxRunning > 0 {
+			p.note("%s: at most %d jobs running at once (MaxRunning %d)", q, fd.LimitPeak[q], l.MaxRunning)
+			if fd.LimitPeak[q] < l.MaxRunning {
+				p.fail("%s: at most %d jobs ran at once, under its MaxRunning %d: the limit never bound", q, fd.LimitPeak[q], l.MaxRunning)
+			}
+		}
+		if l.Rate > 0 {
+			p.note("%s: at most %d claims within %v (Rate %d)", q, fd.RatePeak[q], l.RatePeriod, l.Rate)
+		}
+	}
 }
 
 // claimed sums the workers' claimed counters from their records.

@@ -33,6 +33,19 @@ const Queue = "torture"
 // poison kinds are handled.
 const QueueExit = "torture-exit"
 
+// QueueLimited and QueueRated are the torture's limited queues, worked by
+// every ordinary worker process beside Queue: QueueLimited runs at most
+// limitedMaxRunning jobs at once across the processes, QueueRated starts
+// at most a fifth of the enqueue rate per second (see LimitsOf). The
+// orchestrator sets their limits before any worker starts.
+const (
+	QueueLimited = "torture-limited"
+	QueueRated   = "torture-rated"
+)
+
+// limitedMaxRunning is QueueLimited's MaxRunning.
+const limitedMaxRunning = 3
+
 // Job kinds of the torture workload.
 const (
 	// KindWork sleeps for its "ms" argument, honouring its context.
@@ -98,6 +111,11 @@ type workerFlags struct {
 	dbwork                          bool
 	// uniqueShare is the share of a producer's jobs that are unique.
 	uniqueShare float64
+	// limitedShare and ratedShare are the shares of a producer's jobs
+	// that go to QueueLimited and QueueRated; limitedMinMS and
+	// limitedMaxMS bound the duration of a QueueLimited job.
+	limitedShare, ratedShare   float64
+	limitedMinMS, limitedMaxMS int
 	// tick is the interval of the workers' periodic job (0: none), and
 	// tickStop the file whose appearance stops it.
 	tick     time.Duration
@@ -134,6 +152,10 @@ func parseWorkerFlags(args []string, stderr io.Writer) (*workerFlags, error) {
 	fs.IntVar(&w.longMS, "long-ms", 6000, "producer: duration of a long job (ms)")
 	fs.BoolVar(&w.dbwork, "dbwork", false, "producer: enqueue dbwork jobs instead of work")
 	fs.Float64Var(&w.uniqueShare, "unique-share", 0, "producers: share of the jobs that are unique, with keys from small pools")
+	fs.Float64Var(&w.limitedShare, "limited-share", 0, "producers: share of the jobs enqueued on "+QueueLimited)
+	fs.Float64Var(&w.ratedShare, "rated-share", 0, "producers: share of the jobs enqueued on "+QueueRated)
+	fs.IntVar(&w.limitedMinMS, "limited-min-ms", 100, "producers: shortest job on "+QueueLimited+" (ms)")
+	fs.IntVar(&w.limitedMaxMS, "limited-max-ms", 200, "producers: longest job on "+QueueLimited+" (ms)")
 	fs.DurationVar(&w.tick, "tick", 0, "worker: interval of the periodic job (0: none)")
 	fs.StringVar(&w.tickStop, "tick-stop", "", "worker: the periodic job has no slot after the time written in this file, once it exists")
 	fs.IntVar(&w.threads, "threads", 0, "burn: busy threads (0: twice the CPUs)")
@@ -207,8 +229,15 @@ func WorkerMain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // workerConfig is the client configuration of torture worker processes:
 // short leases so that a run is quick, fast maintenance and polls.
 func workerConfig(w *workerFlags, logger *slog.Logger) *conveyor.Config {
+	queues := map[string]conveyor.QueueConfig{w.queue: {MaxWorkers: w.workers}}
+	if w.queue == Queue {
+		// Every ordinary worker process works the limited queues too,
+		// each with room for more than the limits let run.
+		queues[QueueLimited] = conveyor.QueueConfig{MaxWorkers: w.workers}
+		queues[QueueRated] = conveyor.QueueConfig{MaxWorkers: w.workers}
+	}
 	return &conveyor.Config{
-		Queues:          map[string]conveyor.QueueConfig{w.queue: {MaxWorkers: w.workers}},
+		Queues:          queues,
 		TablePrefix:     w.prefix,
 		Lease:           w.lease,
 		JobTimeout:      w.jobTimeout,
@@ -363,6 +392,9 @@ func add[T torturePayload](c *conveyor.Client[any], rec *recorder, onOK func(int
 	kind := zero.Kind()
 	err := conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[T]) (err error) {
 		l := line{T: lineStart, Job: j.ID, Att: j.Attempt, Kind: kind, Enq: j.Args.base().Enq}
+		if !j.AttemptedAt.IsZero() {
+			l.Cl = j.AttemptedAt.UnixNano()
+		}
 		if kind == KindTick {
 			l.Sch = j.ScheduledAt.UnixNano()
 		}
@@ -434,6 +466,7 @@ func (s *stoppable) Next(t time.Time) time.Time {
 // jobSpec says what the next job of a producer is: its kind, duration,
 // and for a unique job its key fields and options.
 type jobSpec struct {
+	queue  string
 	kind   string
 	ms     int
 	u      string
@@ -452,7 +485,7 @@ func (s jobSpec) key() string { return uniqueKeyOf(s.kind, Queue, s.u, s.w) }
 
 // opts are the spec's enqueue options.
 func (s jobSpec) opts() *conveyor.EnqueueOpts {
-	return &conveyor.EnqueueOpts{Queue: Queue, Unique: s.unique}
+	return &conveyor.EnqueueOpts{Queue: s.queue, Unique: s.unique}
 }
 
 func (w *workerFlags) nextJob(n int64) jobSpec {
@@ -460,9 +493,17 @@ func (w *workerFlags) nextJob(n int64) jobSpec {
 	if w.dbwork {
 		kind = KindDBWork
 	}
-	s := jobSpec{kind: kind, ms: w.minMS + rand.IntN(max(1, w.maxMS-w.minMS+1))}
+	s := jobSpec{queue: Queue, kind: kind, ms: w.minMS + rand.IntN(max(1, w.maxMS-w.minMS+1))}
 	if w.longEvery > 0 && n%int64(w.longEvery) == 0 {
-		s = jobSpec{kind: KindWork, ms: w.longMS}
+		s = jobSpec{queue: Queue, kind: KindWork, ms: w.longMS}
+	} else {
+		// The limited queues get plain work jobs, never unique ones.
+		switch x := rand.Float64(); {
+		case x < w.limitedShare:
+			return jobSpec{queue: QueueLimited, kind: KindWork, ms: w.limitedMinMS + rand.IntN(max(1, w.limitedMaxMS-w.limitedMinMS+1))}
+		case x < w.limitedShare+w.ratedShare:
+			return s.on(QueueRated)
+		}
 	}
 	if w.uniqueShare > 0 && rand.Float64() < w.uniqueShare {
 		k := rand.IntN(uniqueKeys)
@@ -472,6 +513,12 @@ func (w *workerFlags) nextJob(n int64) jobSpec {
 			s.u, s.w, s.unique = fmt.Sprintf("%s%d", uniqueKept, k), time.Now().UnixNano()/int64(keptWindow), keptUnique
 		}
 	}
+	return s
+}
+
+// on returns s enqueued on queue instead, as a plain work job.
+func (s jobSpec) on(queue string) jobSpec {
+	s.queue, s.kind = queue, KindWork
 	return s
 }
 

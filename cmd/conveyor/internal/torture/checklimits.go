@@ -1,0 +1,258 @@
+package torture
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/conveyorq/conveyor"
+)
+
+// Queue limits (conveyor.QueueLimits) as the records show them.
+//
+// Concurrency. A job of a queue with MaxRunning holds one of the queue's
+// slots from the claim that starts its attempt until the attempt ends in
+// the database (its outcome is written, it is released or rescued). Each
+// execution's recorded interval lies within that hold, except where the
+// database ended the attempt while the handler still ran:
+//
+//   - the recorded start follows the claim (the handler records it first
+//     thing), and the recorded end precedes the outcome (the handler
+//     records it before it returns to the engine, which then writes the
+//     outcome and frees the slot in the same statement or transaction);
+//   - a process killed with SIGKILL (or exited) holds its slot in the
+//     database until its attempts are rescued, after its death: the
+//     checker's effective end (the death) is earlier;
+//   - an attempt the database rescued ("lease expired") while its handler
+//     still ran, in a process stopped with SIGSTOP or cut off from the
+//     database past its lease, was freed by that rescue at a moment the
+//     records do not hold: it came after the fault that kept the lease
+//     from being renewed began (the same fault the checker requires to
+//     excuse the overlap of two executions of one job, faultFor). Such an
+//     execution counts up to the start of that fault (nothing when the
+//     fault began before the handler started: a process stopped between
+//     its claim and its handler), never past it;
+//   - an attempt whose claim a database restart lost (claimLost:
+//     PostgreSQL's asynchronous claim commit) never held a slot the
+//     database kept: its slot was lost with the claim, and it does not
+//     count.
+//
+// Each counted interval is thus within its slot's hold in the database,
+// and two holds of one slot never overlap, so at no instant may more than
+// MaxRunning counted intervals of the queue be in progress
+// (Findings.OverLimit). The rule is a lower bound on the slots the
+// database had handed out: it can miss an excess while a killed or
+// stopped process's slot awaited its rescue, never report one that was
+// not there.
+//
+// Rate. A claim of a queue with a Rate stamps one of its Rate slots with
+// the claim's clock value, the one the claim also writes as the job's
+// attempted_at, and a slot is stamped again only a RatePeriod or more
+// after its last stamp, so that no window of RatePeriod holds more than
+// Rate claims by the database's clock. Each execution records the
+// attempted_at its handler was given (Exec.Claimed), and the check
+// counts those, not the handlers' own start times: the delay from claim
+// to start varies (a loaded machine, a process stopped between the two),
+// and start times could crowd claims made a period apart into one window.
+// A claim lost in a database restart does not count (its stamp was lost
+// with it). No window of RatePeriod may hold more than Rate + 1 claims
+// (Findings.OverRate): one of slack for clocks read outside the
+// database (SQLite's clock is the claiming process's). Claims whose
+// handler never started (a process killed in between) are not recorded:
+// like the concurrency rule, the count can only be short.
+
+// limitSlack is how many claims beyond Rate a window of RatePeriod may
+// hold.
+const limitSlack = 1
+
+// checkLimits applies the queue limits in in.Limits to the executions
+// (see above).
+func (in *Input) checkLimits(f *Findings, byJob map[int64][]Exec) {
+	if len(in.Limits) == 0 {
+		return
+	}
+	type span struct {
+		e          Exec
+		start, end time.Time
+	}
+	spans := map[string][]span{}
+	claims := map[string][]Exec{}
+	for id, es := range byJob {
+		j := in.Jobs[id]
+		if j == nil {
+			continue
+		}
+		l, ok := in.Limits[j.Queue]
+		if !ok || l.IsZero() {
+			continue
+		}
+		errAt := map[int][]string{}
+		for _, e := range j.Errors {
+			errAt[e.Attempt] = append(errAt[e.Attempt], e.Error)
+		}
+		for i, e := range es {
+			if in.lostClaim(e, es[i+1:]) {
+				continue
+			}
+			claims[j.Queue] = append(claims[j.Queue], e)
+			end := in.slotEnd(e, errAt[e.Attempt])
+			if end.After(e.Start) {
+				spans[j.Queue] = append(spans[j.Queue], span{e, e.Start, end})
+			}
+		}
+	}
+	if f.LimitPeak == nil {
+		f.LimitPeak, f.RatePeak = map[string]int{}, map[string]int{}
+	}
+	for _, q := range slices.Sorted(maps.Keys(in.Limits)) {
+		l := in.Limits[q]
+		if l.MaxRunning > 0 {
+			ss := spans[q]
+			// Ends before starts at one instant: an interval is
+			// [start, end).
+			type edge struct {
+				at    time.Time
+				delta int
+				i     int
+			}
+			edges := make([]edge, 0, 2*len(ss))
+			for i, s := range ss {
+				edges = append(edges, edge{s.start, 1, i}, edge{s.end, -1, i})
+			}
+			sort.Slice(edges, func(a, b int) bool {
+				if !edges[a].at.Equal(edges[b].at) {
+					return edges[a].at.Before(edges[b].at)
+				}
+				return edges[a].delta < edges[b].delta
+			})
+			open := map[int]bool{}
+			peak := 0
+			for _, ed := range edges {
+				if ed.delta < 0 {
+					delete(open, ed.i)
+					continue
+				}
+				open[ed.i] = true
+				peak = max(peak, len(open))
+				if len(open) == l.MaxRunning+1 {
+					// Entering an excess: name what ran at that instant.
+					var who []string
+					for _, i := range slices.Sorted(maps.Keys(open)) {
+						s := ss[i]
+						who = append(who, fmt.Sprintf("job %d attempt %d on %s [%s, %s)", s.e.Job, s.e.Attempt, s.e.Proc, clock(s.start), clock(s.end)))
+					}
+					sort.Strings(who)
+					f.OverLimit = append(f.OverLimit, fmt.Sprintf("queue %s: %d running at %s, MaxRunning %d: %s",
+						q, len(open), clock(ed.at), l.MaxRunning, strings.Join(who, ", ")))
+				}
+			}
+			f.LimitPeak[q] = peak
+		}
+		if l.Rate > 0 {
+			var ts []time.Time
+			seen := map[[2]int64]bool{}
+			for _, e := range claims[q] {
+				t := e.claimedAt()
+				k := [2]int64{e.Job, t.UnixNano()}
+				if seen[k] { // one claim recorded twice
+					continue
+				}
+				seen[k] = true
+				ts = append(ts, t)
+			}
+			f.RatePeak[q], _ = maxInWindow(ts, l.RatePeriod)
+			// One finding per crowded window, from its first claim.
+			slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+			for i := 0; i < len(ts); i++ {
+				k := i
+				for k < len(ts) && ts[k].Sub(ts[i]) < l.RatePeriod {
+					k++
+				}
+				if k-i > l.Rate+limitSlack {
+					f.OverRate = append(f.OverRate, fmt.Sprintf("queue %s: %d claims within %v from %s, Rate %d (plus %d)",
+						q, k-i, l.RatePeriod, clock(ts[i]), l.Rate, limitSlack))
+					i = k - 1
+				}
+			}
+		}
+	}
+	sort.Strings(f.OverLimit)
+	sort.Strings(f.OverRate)
+}
+
+// lostClaim reports whether e's claim was lost in a database restart: a
+// later execution of the same attempt is explained by claimLost.
+func (in *Input) lostClaim(e Exec, later []Exec) bool {
+	for _, l := range later {
+		if l.Attempt == e.Attempt && in.claimLost(e, l) {
+			return true
+		}
+	}
+	return false
+}
+
+// slotEnd is when execution e stops counting against its queue's
+// MaxRunning: its effective end, or, when the database rescued its
+// attempt (errs are the attempt's error entries) because a fault kept
+// its lease from being renewed, the start of that fault if earlier (the
+// rescue freed the slot some time after it), but not before e's start.
+func (in *Input) slotEnd(e Exec, errs []string) time.Time {
+	end := in.effectiveEnd(e)
+	if !rescued(errs) {
+		return end
+	}
+	ev, ok := in.faultFor(e, farFuture)
+	if !ok {
+		// A rescue no fault explains is a finding of its own
+		// (Unexplained); count the execution whole.
+		return end
+	}
+	if ev.Start.Before(end) {
+		end = ev.Start
+	}
+	if end.Before(e.Start) {
+		end = e.Start
+	}
+	return end
+}
+
+// claimedAt is when e's attempt was claimed by the database's clock, or
+// its start when that was not recorded.
+func (e Exec) claimedAt() time.Time {
+	if !e.Claimed.IsZero() {
+		return e.Claimed
+	}
+	return e.Start
+}
+
+// maxInWindow is the most of ts within any window of d (from one of
+// them, inclusive, to d later, exclusive) and where that window starts.
+func maxInWindow(ts []time.Time, d time.Duration) (int, time.Time) {
+	ts = slices.Clone(ts)
+	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+	top, at := 0, time.Time{}
+	k := 0
+	for i, s := range ts {
+		for k < len(ts) && ts[k].Sub(s) < d {
+			k++
+		}
+		if k-i > top {
+			top, at = k-i, s
+		}
+	}
+	return top, at
+}
+
+// LimitsOf are the torture's limited queues and their limits for a run
+// whose producers enqueue rate jobs per second in all: QueueLimited runs
+// at most three jobs at once, QueueRated starts at most a fifth of the
+// enqueue rate per second (Rate 20 per second at the default 100).
+func LimitsOf(rate float64) map[string]conveyor.QueueLimits {
+	return map[string]conveyor.QueueLimits{
+		QueueLimited: {MaxRunning: limitedMaxRunning},
+		QueueRated:   {Rate: max(2, int(rate/5+0.5)), RatePeriod: time.Second},
+	}
+}

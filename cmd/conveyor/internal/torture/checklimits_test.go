@@ -1,0 +1,222 @@
+package torture
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor"
+)
+
+// limitedWorld is a world with QueueLimited at MaxRunning 3 and runs on
+// it that respect the limit: three at once at most, counting a killed
+// process's open execution until its death and a paused process's
+// rescued one until its pause began.
+func limitedWorld() *world {
+	w := newWorld()
+	w.in.Limits = map[string]conveyor.QueueLimits{QueueLimited: {MaxRunning: 3}}
+	on := func(j *FinalJob) { j.Queue = QueueLimited }
+	// Job 20: its process was killed at 1.5, mid-job; its attempt was
+	// rescued and ran again later.
+	on(w.job(20, "completed", 2, expired(1)))
+	w.exec(20, 1, 100, 1.0, 0, "")
+	w.event(EventKill, 100, 1.5, 1.5)
+	w.exec(20, 2, 200, 4.0, 4.2, OutcomeOK)
+	// Jobs 21 and 22 run from 1.0 and 1.1 to 3.0; job 23 starts after
+	// the kill, while 21 and 22 run: three at once, not four.
+	on(w.job(21, "completed", 1))
+	w.exec(21, 1, 200, 1.0, 3.0, OutcomeOK)
+	on(w.job(22, "completed", 1))
+	w.exec(22, 1, 300, 1.1, 3.0, OutcomeOK)
+	on(w.job(23, "completed", 1))
+	w.exec(23, 1, 300, 1.6, 2.5, OutcomeOK)
+	// Job 24 starts the instant 21 and 22 end.
+	on(w.job(24, "completed", 1))
+	w.exec(24, 1, 200, 3.0, 3.5, OutcomeOK)
+	// Job 25: its process was stopped past its lease at 5.2; its attempt
+	// was rescued, and ran again at 7.5 beside jobs 26 and 27 while the
+	// stopped handler had not returned (it did at 9.0, refused).
+	on(w.job(25, "completed", 2, expired(1)))
+	w.exec(25, 1, 400, 5.0, 9.0, OutcomeOK)
+	w.event(EventPause, 400, 5.2, 8.5)
+	w.exec(25, 2, 200, 7.5, 7.7, OutcomeOK)
+	on(w.job(26, "completed", 1))
+	w.exec(26, 1, 300, 7.0, 8.0, OutcomeOK)
+	on(w.job(27, "completed", 1))
+	w.exec(27, 1, 300, 7.0, 8.0, OutcomeOK)
+	return w
+}
+
+func TestCheckerLimitRespected(t *testing.T) {
+	w := limitedWorld()
+	f := Check(w.in)
+	if fl := f.Failures(); len(fl) > 0 {
+		t.Fatalf("failures with the limit respected: %v", fl)
+	}
+	if f.LimitPeak[QueueLimited] != 3 {
+		t.Fatalf("peak %d, want 3", f.LimitPeak[QueueLimited])
+	}
+	// The same records on an unlimited queue are not checked.
+	w.in.Limits = nil
+	if f := Check(w.in); len(f.Failures()) > 0 || len(f.LimitPeak) != 0 {
+		t.Fatalf("no limits: failures %v peaks %v", f.Failures(), f.LimitPeak)
+	}
+}
+
+func TestCheckerReportsPlantedOverLimit(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		plant func(w *world)
+		want  string
+	}{{
+		// A fourth job beside 21, 22 and 23.
+		name: "fourth",
+		plant: func(w *world) {
+			w.job(28, "completed", 1).Queue = QueueLimited
+			w.exec(28, 1, 300, 2.0, 2.2, OutcomeOK)
+		},
+		want: "job 28 attempt 1",
+	}, {
+		// The killed process's open execution holds its slot until
+		// its death: a start at 1.2 beside 21 and 22 is a fourth.
+		name: "beside a killed process's open execution",
+		plant: func(w *world) {
+			w.job(28, "completed", 1).Queue = QueueLimited
+			w.exec(28, 1, 300, 1.2, 1.4, OutcomeOK)
+		},
+		want: "job 20 attempt 1 on w0 [12:00:01.000, 12:00:01.500)",
+	}, {
+		// A process stopped for less than its lease keeps its slot:
+		// jobs 29 to 31 start beside its job 32.
+		name: "beside a short pause",
+		plant: func(w *world) {
+			w.job(32, "completed", 1).Queue = QueueLimited
+			w.exec(32, 1, 500, 10, 12, OutcomeOK)
+			w.event(EventPause, 500, 10.5, 11)
+			for id := int64(29); id <= 31; id++ {
+				w.job(id, "completed", 1).Queue = QueueLimited
+				w.exec(id, 1, 300, 11, 11.5, OutcomeOK)
+			}
+		},
+		want: "job 32 attempt 1",
+	}, {
+		// A process that died without a kill or a rescue: its
+		// execution counts until its death.
+		name: "beside a dead process's execution",
+		plant: func(w *world) {
+			w.job(33, "completed", 2, AttemptErr{Attempt: 1, Error: "boom"})
+			w.in.Jobs[33].Queue = QueueLimited
+			w.exec(33, 1, 600, 13, 0, "")
+			w.in.Deaths[600] = at(14)
+			w.exec(33, 2, 200, 15, 15.1, OutcomeOK)
+			for id := int64(34); id <= 36; id++ {
+				w.job(id, "completed", 1).Queue = QueueLimited
+				w.exec(id, 1, 300, 13.5, 13.8, OutcomeOK)
+			}
+		},
+		want: "job 33 attempt 1",
+	}} {
+		t.Run(c.name, func(t *testing.T) {
+			w := limitedWorld()
+			c.plant(w)
+			f := Check(w.in)
+			if len(f.OverLimit) != 1 || !strings.Contains(f.OverLimit[0], c.want) || !strings.Contains(f.OverLimit[0], "4 running") {
+				t.Fatalf("over the limit: %q, want one naming %q", f.OverLimit, c.want)
+			}
+			assertFailure(t, f, "instants over a queue's MaxRunning")
+			if f.LimitPeak[QueueLimited] != 4 {
+				t.Fatalf("peak %d, want 4", f.LimitPeak[QueueLimited])
+			}
+		})
+	}
+}
+
+// A claim lost in a database restart held no slot the database kept: its
+// execution does not count against the limit; with synchronous claims it
+// does.
+func TestCheckerLimitClaimLost(t *testing.T) {
+	w := limitedWorld()
+	w.event(EventDBRestart, 0, 20, 21)
+	w.job(40, "completed", 1).Queue = QueueLimited
+	w.exec(40, 1, 100, 19.8, 23, OutcomeOK)
+	w.exec(40, 1, 200, 22.5, 22.6, OutcomeOK)
+	for id := int64(41); id <= 43; id++ {
+		w.job(id, "completed", 1).Queue = QueueLimited
+		w.exec(id, 1, 300, 21.2, 22, OutcomeOK)
+	}
+	w.in.AsyncClaims = true
+	if f := Check(w.in); len(f.OverLimit) != 0 {
+		t.Fatalf("over the limit with a lost claim: %v", f.OverLimit)
+	}
+	w.in.AsyncClaims = false
+	if f := Check(w.in); len(f.OverLimit) != 1 || !strings.Contains(f.OverLimit[0], "job 40 attempt 1 on w0") {
+		t.Fatalf("synchronous claims: over the limit %v, want one with job 40", f.OverLimit)
+	}
+}
+
+// rateWorld has QueueRated at 5 per second and n executions on it claimed
+// every step seconds from 1.0, each started 0.05s after its claim.
+func rateWorld(n int, step float64) *world {
+	w := newWorld()
+	w.in.Limits = map[string]conveyor.QueueLimits{QueueRated: {Rate: 5, RatePeriod: time.Second}}
+	for i := 0; i < n; i++ {
+		id := int64(50 + i)
+		w.job(id, "completed", 1).Queue = QueueRated
+		c := 1 + step*float64(i)
+		w.exec(id, 1, 200, c+0.05, c+0.1, OutcomeOK)
+		w.in.Execs[len(w.in.Execs)-1].Claimed = at(c)
+	}
+	return w
+}
+
+func TestCheckerRate(t *testing.T) {
+	// Five a second, then Rate + 1 (the slack) within one second: fine.
+	w := rateWorld(12, 0.2)
+	w.job(70, "completed", 1).Queue = QueueRated
+	w.exec(70, 1, 300, 1.5, 1.6, OutcomeOK)
+	w.in.Execs[len(w.in.Execs)-1].Claimed = at(1.45)
+	f := Check(w.in)
+	if fl := f.Failures(); len(fl) > 0 {
+		t.Fatalf("failures within the rate: %v", fl)
+	}
+	if f.RatePeak[QueueRated] != 6 {
+		t.Fatalf("rate peak %d, want 6", f.RatePeak[QueueRated])
+	}
+	// Two more in that second: Rate + 2.
+	w.job(71, "completed", 1).Queue = QueueRated
+	w.exec(71, 1, 300, 1.7, 1.8, OutcomeOK)
+	w.in.Execs[len(w.in.Execs)-1].Claimed = at(1.65)
+	f = Check(w.in)
+	if len(f.OverRate) != 1 || !strings.Contains(f.OverRate[0], "7 claims within 1s from 12:00:01.000") {
+		t.Fatalf("over the rate: %q", f.OverRate)
+	}
+	assertFailure(t, f, "windows over a queue's Rate")
+}
+
+// The rate is checked on the claims (the database's clock), not on the
+// handlers' starts: claims a period apart whose handlers started
+// together (a process stopped between claim and start) are within it;
+// claims crowded into one window are not, whenever their handlers
+// started.
+func TestCheckerRateByClaims(t *testing.T) {
+	w := rateWorld(10, 0.2)
+	for i := range w.in.Execs {
+		if w.in.Execs[i].Job >= 50 {
+			w.in.Execs[i].Start = at(3.0 + 0.001*float64(i))
+			w.in.Execs[i].End = at(3.1)
+		}
+	}
+	if f := Check(w.in); len(f.OverRate) != 0 {
+		t.Fatalf("over the rate by starts only: %v", f.OverRate)
+	}
+	w = rateWorld(10, 0.05)
+	for i := range w.in.Execs {
+		if w.in.Execs[i].Job >= 50 {
+			w.in.Execs[i].Start = at(1 + 0.3*float64(i))
+			w.in.Execs[i].End = w.in.Execs[i].Start.Add(time.Millisecond)
+		}
+	}
+	if f := Check(w.in); len(f.OverRate) != 1 || !strings.Contains(f.OverRate[0], "10 claims") {
+		t.Fatalf("claims crowded, starts spread: over the rate %v", f.OverRate)
+	}
+}
