@@ -373,18 +373,26 @@ func testServeLimits(t *testing.T, exe, dsn, prefix string) {
 
 	// Stopped in this order on every path (deferred, so before the
 	// cleanups stop serve and drop the tables): the HTTP claimers, then
-	// the clients.
-	for _, c := range []*conveyor.Client[any]{a, b} {
-		if err := c.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		defer func() {
-			sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer scancel()
-			if err := c.Stop(sctx); err != nil {
-				t.Errorf("stopping a client: %v", err)
+	// the clients. The clients start once the HTTP worker runs a job
+	// (startClients): a process re-takes the slots its own jobs free at
+	// once, while serve learns of them at its next poll, so clients
+	// started first can keep all 5 slots on a loaded machine and leave
+	// the HTTP worker none.
+	startClients := func() {
+		for _, c := range []*conveyor.Client[any]{a, b} {
+			if err := c.Start(ctx); err != nil {
+				t.Fatal(err)
 			}
-		}()
+			// A cleanup registered after serve's: it runs before serve
+			// stops, and after the deferred stop of the claimers.
+			t.Cleanup(func() {
+				sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer scancel()
+				if err := c.Stop(sctx); err != nil {
+					t.Errorf("stopping a client: %v", err)
+				}
+			})
+		}
 	}
 	w := &httpLimitsWorker{t: t, base: base, client: &http.Client{Timeout: 30 * time.Second}, log: &log}
 	stop := make(chan struct{})
@@ -484,6 +492,17 @@ func testServeLimits(t *testing.T, exe, dsn, prefix string) {
 	// claimers), at most 5 running at once.
 	runIDs := enqueue(runQ, nRun)
 	startClaimers(runQ)
+	for started := false; !started; {
+		for _, x := range log.snapshot() {
+			started = started || x.by == "http"
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the HTTP worker ran no job before the deadline: %v", ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	startClients()
 	jobs := waitAll(runIDs)
 	var xs []serveExecution
 	inRun := map[int64]bool{}
