@@ -1092,7 +1092,9 @@ func (p *phase) inFlight() map[string]int {
 }
 
 // rescueLatency measures, for the executions a kill cut short, how long
-// until the next execution of the same job started.
+// until the next execution of the same job started: best over them all,
+// worst over the jobs of unlimited queues (a limited queue's rescued job
+// may wait for a slot or the rate's window after its rescue).
 func rescueLatency(in *Input, kind string) (n int, best, worst time.Duration, unrescued int) {
 	next := map[int64][]Exec{}
 	for _, e := range in.Execs {
@@ -1121,7 +1123,13 @@ func rescueLatency(in *Input, kind string) (n int, best, worst time.Duration, un
 			if best == 0 || d < best {
 				best = d
 			}
-			worst = max(worst, d)
+			// A rescued job of a limited queue starts again when a slot
+			// frees or the rate's window has room, which may be well
+			// after its rescue: its start bounds how early the rescue
+			// came, not how late.
+			if j := in.Jobs[e.Job]; j == nil || (j.Queue != QueueLimited && j.Queue != QueueRated) {
+				worst = max(worst, d)
+			}
 		}
 	}
 	return n, best, worst, unrescued
