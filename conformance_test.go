@@ -907,6 +907,11 @@ func TestThunderingHerd(t *testing.T) {
 		for i := 0; i < 2; i++ {
 			cfg := fast(prefix)
 			cfg.Queues = map[string]conveyor.QueueConfig{"default": {MaxWorkers: 5}}
+			// The herd is about claims. fast's 2s lease gives a renewal
+			// 1.6s, which a SQLite heartbeat queued behind the other
+			// client's herd of writes overran under four busy loops
+			// (retried, no lease lost, but counted as a DB error).
+			cfg.Lease = 10 * time.Second
 			c := openClient(t, dsn, cfg, i == 0)
 			conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error {
 				rec.add(j.ID)
