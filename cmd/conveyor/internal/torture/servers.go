@@ -146,7 +146,11 @@ func restartMySQL(ctx context.Context, a *admin) (string, error) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	start := append([]string{"--start", "--oknodo", "--background", "--exec", exe}, "--")
+	// --pidfile: other servers of the same executable may run beside this
+	// one (a Galera cluster, a skewed private server); matched by --exec
+	// alone, start-stop-daemon would take any of them for this one and
+	// start nothing.
+	start := append([]string{"--start", "--oknodo", "--background", "--pidfile", pidFile, "--exec", exe}, "--")
 	start = append(start, args...)
 	var serr error
 	for i := 0; i < 3; i++ {
