@@ -17,7 +17,7 @@ import (
 // microseconds (JSONTime). A time or value that is absent is null, never
 // a zero time or an empty string. Durations are whole milliseconds under
 // keys ending in _ms. errors is [] for a job that never failed; metadata
-// is null for a job without any; fence is present on claimed jobs only.
+// and result are null for a job without any; fence is present on claimed jobs only.
 //
 // It is not conveyor.JobInfo's own encoding (json.Marshal of a JobInfo
 // keeps Go's field names and time layout).
@@ -61,6 +61,10 @@ type JobJSON struct {
 	// Metadata is the job's metadata (conveyor.EnqueueOpts.Metadata);
 	// null when it has none.
 	Metadata map[string]string `json:"metadata"`
+	// Result is the JSON value the attempt that completed the job set
+	// (conveyor.SetResult, or an HTTP worker's completion); null when
+	// there is none, and in job lists and claims, which do not read it.
+	Result json.RawMessage `json:"result"`
 	// Fence is set on claimed jobs only: the token that heartbeat,
 	// complete, fail, snooze and release must send back.
 	Fence *int64 `json:"fence,omitempty"`
@@ -126,6 +130,9 @@ func NewJobJSON(j *conveyor.JobInfo) JobJSON {
 	}
 	if len(j.Metadata) > 0 {
 		out.Metadata = j.Metadata
+	}
+	if len(j.Result) > 0 {
+		out.Result = j.Result
 	}
 	return out
 }

@@ -262,9 +262,15 @@ func TestEnqueueClaimComplete(t *testing.T) {
 		}
 		j0, j1, j2 := jobs[0], jobs[1], jobs[2]
 		e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/heartbeat", j0.ID), auth: adminToken, body: map[string]any{"fence": *j0.Fence, "lease_ms": 60000}})
-		e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/complete", j0.ID), auth: adminToken, body: map[string]any{"fence": *j0.Fence}})
-		if j := e.job(j0.ID); j.State != "completed" || j.FinalizedAt == nil {
-			t.Errorf("after complete: %+v", j)
+		// A result over the limit is refused, and the job left running.
+		e.must(400, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/complete", j0.ID), auth: adminToken,
+			body: map[string]any{"fence": *j0.Fence, "result": strings.Repeat("x", conveyor.MaxResultBytes)}})
+		if j := e.job(j0.ID); j.State != "running" || string(j.Result) != "null" {
+			t.Errorf("after a refused result: %+v", j)
+		}
+		e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/complete", j0.ID), auth: adminToken, body: map[string]any{"fence": *j0.Fence, "result": map[string]any{"sent": true}}})
+		if j := e.job(j0.ID); j.State != "completed" || j.FinalizedAt == nil || string(j.Result) != `{"sent":true}` {
+			t.Errorf("after complete: %+v (result %s)", j, j.Result)
 		}
 		// A failure with attempts left is retryable, with the error kept.
 		var out struct{ State string }

@@ -389,7 +389,7 @@ func TestJSONShape(t *testing.T) {
 	mustCLI(t, "enqueue", "--db", dsn, "--kind", "other", "--args", `{"n":1}`, "--allow-unknown-kinds")
 
 	keys := []string{"id", "queue", "kind", "state", "args", "priority", "attempt", "max_attempts", "timeout_ms",
-		"created_at", "scheduled_at", "attempted_at", "attempted_by", "lease_expires_at", "finalized_at", "errors", "metadata"}
+		"created_at", "scheduled_at", "attempted_at", "attempted_by", "lease_expires_at", "finalized_at", "errors", "metadata", "result"}
 	check := func(what string, j map[string]any) {
 		t.Helper()
 		var got []string
@@ -912,7 +912,7 @@ func TestFirstJobID(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "conveyor migrate") {
 			t.Fatalf("enqueue on the prefix of an earlier version: %v; want an error asking for conveyor migrate", err)
 		}
-		if out := mustCLI(t, "migrate", "--db", dsn, "--prefix", p); !strings.Contains(out, "applied migrations [10 11 12]") {
+		if out := mustCLI(t, "migrate", "--db", dsn, "--prefix", p); !strings.Contains(out, "applied migrations [10 11 12 13]") {
 			t.Fatalf("migrate: %q", out)
 		}
 		var list []map[string]any

@@ -45,6 +45,9 @@ func jobCmd(e *env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "id:           %d\nqueue:        %s\nkind:         %s\nstate:        %s\nattempt:      %d of %d\npriority:     %d\nargs:         %s\ncreated:      %s\nscheduled:    %s\nattempted:    %s\nlease until:  %s\nfinalized:    %s\n",
 		j.ID, j.Queue, j.Kind, j.State, j.Attempt, j.MaxAttempts, j.Priority, j.EncodedArgs, t(j.CreatedAt), t(j.ScheduledAt), attempted, t(j.LeaseExpiresAt), t(j.FinalizedAt))
+	if len(j.Result) > 0 {
+		fmt.Fprintf(e.stdout, "result:       %s\n", j.Result)
+	}
 	for _, a := range j.Errors {
 		fmt.Fprintf(e.stdout, "error (attempt %d at %s): %s\n", a.Attempt, t(a.At), a.Error)
 		if a.Trace != "" {

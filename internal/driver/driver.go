@@ -197,6 +197,11 @@ type JobRow struct {
 	// Meta is the job's metadata as stored (a JSON object), nil when it
 	// has none.
 	Meta json.RawMessage
+	// Result is the JSON value the attempt that completed the job
+	// returned (Outcome.Result), nil when the job is not completed or
+	// completed without one. Only GetJob reads it; other reads leave it
+	// nil.
+	Result json.RawMessage
 	// LeaseFrom, on a row Claim returned, is a time by this process's
 	// clock no later than the moment the database started the claim's
 	// lease: on SQLite, when the claim's transaction took the write lock,
@@ -240,6 +245,11 @@ type Outcome struct {
 	RetryIn time.Duration
 	// Err is recorded in the job's error list when non-nil.
 	Err *AttemptError
+	// Result, for a completed outcome, is the JSON value the handler
+	// returned (already validated and bounded), stored in the job's
+	// result row in the same transaction as the outcome and only if the
+	// outcome is applied; nil stores nothing. Ignored for other states.
+	Result json.RawMessage
 }
 
 // Lease identifies one running attempt, for heartbeats and releases, by
@@ -431,7 +441,8 @@ type Driver interface {
 	// scheduled_at has passed available, and returns the count per queue,
 	// notifying like Rescue.
 	Promote(ctx context.Context, limit int) (map[string]int, error)
-	// Prune deletes finished jobs finalized longer ago than the given ages.
+	// Prune deletes finished jobs finalized longer ago than the given ages,
+	// and the results stored longer ago than completedAge.
 	Prune(ctx context.Context, completedAge, discardedAge time.Duration, limit int) (int64, error)
 	// Maintain runs one round of the backend's own upkeep of its tables:
 	// on PostgreSQL, the rotation, sealing and reclaiming of segment
@@ -501,6 +512,8 @@ type Driver interface {
 	Listen(ctx context.Context) (Listener, error)
 
 	// Admin.
+	// GetJob returns job id, with its Result when it is completed and
+	// its completion stored one.
 	GetJob(ctx context.Context, id int64) (*JobRow, error)
 	ListJobs(ctx context.Context, f JobFilter) ([]*JobRow, error)
 	// ListJobsTx is ListJobs inside the caller's transaction (of a type

@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -490,13 +491,44 @@ func DefaultBackoff(attempt int) time.Duration {
 	return d/2 + time.Duration(mrand.Int64N(int64(d/2)+1))
 }
 
+// resultKey keys the *resultSlot of an attempt's context.
+type resultKey struct{}
+
+// resultSlot holds the result an attempt's handler set (SetResult).
+type resultSlot struct {
+	mu  sync.Mutex
+	val json.RawMessage
+}
+
+// SetResult records v, already encoded and checked, as the result of the
+// attempt whose handler's context is ctx; the last call wins. It reports
+// false when ctx is not an attempt's context.
+func SetResult(ctx context.Context, v json.RawMessage) bool {
+	s, ok := ctx.Value(resultKey{}).(*resultSlot)
+	if !ok {
+		return false
+	}
+	s.mu.Lock()
+	s.val = v
+	s.mu.Unlock()
+	return true
+}
+
 // runJob executes one job's handler with its timeout, converting panics
-// into errors with stack traces.
-func (e *Engine) runJob(ctx context.Context, row *driver.JobRow) (err error, trace string) {
+// into errors with stack traces; result is what the handler gave
+// SetResult.
+func (e *Engine) runJob(ctx context.Context, row *driver.JobRow) (err error, trace string, result json.RawMessage) {
 	h := e.handlers[row.Kind]
 	if h == nil {
-		return fmt.Errorf("unknown job kind %q: no worker registered for it in this client", row.Kind), ""
+		return fmt.Errorf("unknown job kind %q: no worker registered for it in this client", row.Kind), "", nil
 	}
+	slot := &resultSlot{}
+	ctx = context.WithValue(ctx, resultKey{}, slot)
+	defer func() {
+		slot.mu.Lock()
+		result = slot.val
+		slot.mu.Unlock()
+	}()
 	if timeout := e.timeout(row); timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, timeout, &timeoutError{timeout})
@@ -517,7 +549,7 @@ func (e *Engine) runJob(ctx context.Context, row *driver.JobRow) (err error, tra
 			err = fmt.Errorf("%w (%v)", err, c)
 		}
 	}
-	return err, trace
+	return err, trace, nil
 }
 
 // timeoutError is the cause of a job context's cancellation at the
@@ -552,11 +584,13 @@ func (e *Engine) backoff(row *driver.JobRow) time.Duration {
 	return e.cfg.Backoff(row.Attempt)
 }
 
-// outcome turns a handler result into the state the completer writes.
-func (e *Engine) outcome(row *driver.JobRow, err error, trace string) driver.Outcome {
+// outcome turns a handler's error and result into the outcome the
+// completer writes; the result is kept only by a completion.
+func (e *Engine) outcome(row *driver.JobRow, err error, trace string, result json.RawMessage) driver.Outcome {
 	o := driver.Outcome{ID: row.ID, Fence: row.Fence, Attempt: row.Attempt}
 	if err == nil {
 		o.State = driver.StateCompleted
+		o.Result = result
 		return o
 	}
 	if sn := (*SnoozeError)(nil); errors.As(err, &sn) {

@@ -436,7 +436,7 @@ func (f *fetcher) work(it *running) attempt {
 		return attempt{}
 	}
 	began := time.Now()
-	err, trace := e.runJob(it.ctx, it.row)
+	err, trace, result := e.runJob(it.ctx, it.row)
 	ran := time.Since(began)
 	a := attempt{ran: true, took: ran, err: err}
 	switch {
@@ -446,7 +446,7 @@ func (f *fetcher) work(it *running) attempt {
 		a.interrupted = true
 	case f.finish(it):
 		a.write = true
-		a.outcome = e.outcome(it.row, err, trace)
+		a.outcome = e.outcome(it.row, err, trace, result)
 		switch {
 		case a.outcome.State == driver.StateScheduled:
 			e.metrics.Snoozed.Add(1)

@@ -62,9 +62,14 @@ type queries struct {
 	PromoteSelect   string `sql:"promote_select"`
 	PromoteUpdate   string `sql:"promote_update"`
 	PruneCompleted  string `sql:"prune_completed"`
-	PruneDiscarded  string `sql:"prune_discarded"`
-	TryLead         string `sql:"try_lead"`
-	Leader          string `sql:"leader"`
+	// Results (migration 11).
+	CompleteOne    string `sql:"complete_one"`
+	StoreResult    string `sql:"store_result"`
+	GetResult      string `sql:"get_result"`
+	PruneResults   string `sql:"prune_results"`
+	PruneDiscarded string `sql:"prune_discarded"`
+	TryLead        string `sql:"try_lead"`
+	Leader         string `sql:"leader"`
 
 	// Reads and changes of one job, the job lists (list_jobs is a
 	// template: {where} takes the list_jobs_* conditions) and the

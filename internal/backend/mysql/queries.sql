@@ -276,6 +276,21 @@ SELECT id, queue FROM `{p}jobs` FORCE INDEX (due_idx) WHERE due_at <= UTC_TIMEST
 -- name: promote_update
 UPDATE `{p}jobs` SET state = 'available' WHERE id IN ({ids}) AND state IN ('retryable', 'scheduled')
 
+-- A completion that carries a result, in a transaction with
+-- store_result (see Complete): the one job, fenced, its slot freed as
+-- complete_freeing frees it.
+-- name: complete_one
+UPDATE `{p}jobs` j LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND s.fence = j.fence SET j.state = 'completed', j.finalized_at = UTC_TIMESTAMP(6), j.lease_expires_at = NULL, s.job_id = NULL, s.fence = NULL WHERE j.id = ? AND j.fence = ? AND j.state = 'running'
+
+-- name: store_result
+INSERT INTO `{p}job_results` (job_id, fence, result, stored_at) VALUES (?, ?, ?, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE fence = VALUES(fence), result = VALUES(result), stored_at = VALUES(stored_at)
+
+-- name: get_result
+SELECT result FROM `{p}job_results` WHERE job_id = ? AND fence = ?
+
+-- name: prune_results
+DELETE FROM `{p}job_results` WHERE stored_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND ORDER BY stored_at LIMIT ?
+
 -- name: prune_completed
 DELETE FROM `{p}jobs` WHERE finalized_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND state = 'completed' ORDER BY finalized_at LIMIT ?
 
@@ -423,7 +438,7 @@ SELECT COALESCE(MAX(version), 0) FROM `{p}schema_migrations`
 INSERT INTO `{p}schema_migrations` (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))
 
 -- name: drop_all
-DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}processes`, `{p}fence_epochs`, `{p}limit_slots`, `{p}schema_migrations`, `{p}migration_lock`
+DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}processes`, `{p}fence_epochs`, `{p}limit_slots`, `{p}job_results`, `{p}schema_migrations`, `{p}migration_lock`
 
 -- name: pause_queue
 -- Pausing keeps the first pause's time (?, ?: queue, paused 0/1).

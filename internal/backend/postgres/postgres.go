@@ -64,6 +64,8 @@ type queries struct {
 	RemoveProcess    string `sql:"remove_process"`
 	Processes        string `sql:"processes"`
 	PruneProcesses   string `sql:"prune_processes"`
+	GetResult        string `sql:"get_result"`
+	PruneResults     string `sql:"prune_results"`
 	SetQueueLimits   string `sql:"set_queue_limits"`
 	QueueLimits      string `sql:"queue_limits"`
 	LimitUsage       string `sql:"limit_usage"`

@@ -24,7 +24,7 @@ SELECT coalesce(max(version), 0) FROM {p}schema_migrations
 INSERT INTO {p}schema_migrations (version) VALUES ($1)
 
 -- name: drop_all
-DROP TABLE IF EXISTS {p}jobs, {p}unique_keys, {p}segments, {p}leader, {p}queues, {p}limit_slots, {p}schedules, {p}processes, {p}schema_migrations
+DROP TABLE IF EXISTS {p}jobs, {p}unique_keys, {p}job_results, {p}segments, {p}leader, {p}queues, {p}limit_slots, {p}schedules, {p}processes, {p}schema_migrations
 
 -- name: server_info
 SELECT current_setting('server_version'),
@@ -108,6 +108,17 @@ DELETE FROM {p}processes WHERE id = $1
 SELECT id, kind, host, pid, version, queues::text, started_at, heartbeat_at, expires_at, expires_at > now() AS alive
   FROM {p}processes
  ORDER BY alive DESC, kind, id
+
+-- name: get_result
+-- $1 job id, $2 the job's fence: a result of an earlier completion of a
+-- job retried since is not its result.
+SELECT result::text FROM {p}job_results WHERE job_id = $1 AND fence = $2
+
+-- name: prune_results
+-- $1 age in microseconds, $2 limit.
+DELETE FROM {p}job_results
+ WHERE job_id IN (SELECT job_id FROM {p}job_results
+                   WHERE stored_at < now() - $1::bigint * interval '1 microsecond' LIMIT $2)
 
 -- name: prune_processes
 -- $1 age in microseconds.

@@ -31,7 +31,12 @@ type queries struct {
 	Rescue  string `sql:"rescue"`
 	Promote string `sql:"promote"`
 	Prune   string `sql:"prune"`
-	TryLead string `sql:"try_lead"`
+	// Results (migration 10).
+	StoreResults string `sql:"store_results"`
+	GetResult    string `sql:"get_result"`
+	PruneResults string `sql:"prune_results"`
+	DropResults  string `sql:"drop_results"`
+	TryLead      string `sql:"try_lead"`
 
 	// Reads and changes of one job, the job lists (list_jobs is a
 	// template: {where} takes the list_jobs_* conditions, {n} their

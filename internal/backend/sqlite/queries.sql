@@ -157,6 +157,25 @@ UPDATE {p}jobs
  WHERE id = o.oid AND fence = o.ofence AND state = 'running'
 RETURNING id
 
+-- name: store_results
+-- ?1: [[id, fence, result], ...] of outcomes the complete statement
+-- just applied, in its transaction.
+INSERT OR REPLACE INTO {p}job_results (job_id, fence, result, stored_at)
+SELECT value ->> 0, value ->> 1, json(value -> 2), {now} FROM json_each(?1)
+
+-- name: get_result
+-- ?1 job id, ?2 the job's fence: a result of an earlier completion of a
+-- job retried since is not its result.
+SELECT result FROM {p}job_results WHERE job_id = ?1 AND fence = ?2
+
+-- name: prune_results
+-- ?1 age (microseconds), ?2 limit.
+DELETE FROM {p}job_results
+ WHERE job_id IN (SELECT job_id FROM {p}job_results WHERE stored_at < {now} - ?1 LIMIT ?2)
+
+-- name: drop_results
+DROP TABLE IF EXISTS {p}job_results
+
 -- name: heartbeat
 -- ?1: [[id, fence], ...], ?2 lease in microseconds.
 UPDATE {p}jobs
