@@ -153,3 +153,53 @@ func stringOrNull(s string) *string {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// BatchJSON is a batch as the HTTP API (GET /api/v1/batches/{id}) and
+// `conveyor batch --json` write it. callback_id and fired_at are null
+// until every job of the batch has finished and the callback was
+// enqueued; counts has every state that some job is in ("" for jobs
+// retention deleted).
+type BatchJSON struct {
+	// ID is the batch's id.
+	ID int64 `json:"id"`
+	// CreatedAt is when the batch was enqueued.
+	CreatedAt *JSONTime `json:"created_at"`
+	// Finished is whether every job has finished.
+	Finished bool `json:"finished"`
+	// CallbackKind is the callback job's kind.
+	CallbackKind string `json:"callback_kind"`
+	// CallbackID is the callback job's id once enqueued.
+	CallbackID *int64 `json:"callback_id"`
+	// FiredAt is when the callback was enqueued.
+	FiredAt *JSONTime `json:"fired_at"`
+	// Counts counts the jobs by state.
+	Counts map[string]int `json:"counts"`
+	// Jobs are the batch's jobs by id.
+	Jobs []BatchJobJSON `json:"jobs"`
+}
+
+// BatchJobJSON is one job of a batch in BatchJSON.
+type BatchJobJSON struct {
+	// ID is the job's id.
+	ID int64 `json:"id"`
+	// State is its state, "" once retention deleted it.
+	State string `json:"state"`
+	// Result is its result, null for none.
+	Result json.RawMessage `json:"result"`
+}
+
+// NewBatchJSON returns b in the shape of BatchJSON.
+func NewBatchJSON(b *conveyor.Batch) BatchJSON {
+	out := BatchJSON{ID: b.ID, CreatedAt: timeOrNull(b.CreatedAt), Finished: b.Finished(), CallbackKind: b.CallbackKind,
+		FiredAt: timeOrNull(b.FiredAt), Counts: map[string]int{}, Jobs: make([]BatchJobJSON, len(b.Jobs))}
+	if b.CallbackID != 0 {
+		out.CallbackID = ptr(b.CallbackID)
+	}
+	for st, n := range b.Counts {
+		out.Counts[string(st)] = n
+	}
+	for i, j := range b.Jobs {
+		out.Jobs[i] = BatchJobJSON{ID: j.ID, State: string(j.State), Result: j.Result}
+	}
+	return out
+}

@@ -1048,3 +1048,40 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestGetBatch: GET /api/v1/batches/{id} answers the batch's jobs, their
+// states and results, and its callback once enqueued; 404 for none.
+func TestGetBatch(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		bid, ids, err := e.client.EnqueueBatch(ctx, []conveyor.EnqueueItem{
+			{Args: conveyor.RawArgs{KindName: "part"}}, {Args: conveyor.RawArgs{KindName: "part"}},
+		}, conveyor.EnqueueItem{Args: conveyor.RawArgs{KindName: "parts_done"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := e.claim(map[string]any{"limit": 2})
+		if len(c) != 2 {
+			t.Fatalf("claimed %d", len(c))
+		}
+		for i, j := range c {
+			e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/complete", j.ID), auth: adminToken, body: map[string]any{"fence": *j.Fence, "result": i}})
+		}
+		fired, err := seam.DriverOf(e.client).FireBatches(ctx, 10)
+		if err != nil || fired[bid] == 0 {
+			t.Fatalf("fire: %v %v", fired, err)
+		}
+		var b BatchJSON
+		e.must(200, req{method: "GET", path: fmt.Sprintf("/api/v1/batches/%d", bid), auth: roToken}).json(t, &b)
+		if b.ID != bid || !b.Finished || b.CallbackKind != "parts_done" || b.CallbackID == nil || *b.CallbackID != fired[bid] ||
+			b.FiredAt == nil || b.Counts["completed"] != 2 || len(b.Jobs) != 2 || b.Jobs[0].ID != ids[0] {
+			t.Fatalf("batch %+v", b)
+		}
+		for _, j := range b.Jobs {
+			if j.State != "completed" || (string(j.Result) != "0" && string(j.Result) != "1") {
+				t.Fatalf("batch job %+v (result %s)", j, j.Result)
+			}
+		}
+		e.must(404, req{method: "GET", path: fmt.Sprintf("/api/v1/batches/%d", bid+100), auth: roToken})
+	})
+}

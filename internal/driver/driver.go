@@ -542,6 +542,26 @@ type Driver interface {
 	// the finalized_at index. Queues without such jobs are left out.
 	Overview(ctx context.Context, finishedSince time.Time) ([]QueueStats, error)
 
+	// InsertBatch inserts jobs and a batch of them in the caller's
+	// transaction tx or, when tx is nil, in one transaction of its own:
+	// the jobs (as InsertTx inserts them; none unique), a batch row that
+	// keeps callback (encoded, not yet a job) and one member row per job.
+	// It returns the batch's id and the jobs' ids in order, and wakes the
+	// jobs' queues as Insert does when it commits its own transaction.
+	InsertBatch(ctx context.Context, tx any, jobs []InsertParams, callback InsertParams) (batchID int64, ids []int64, err error)
+	// FireBatches enqueues the callback of up to limit batches whose
+	// every member has finished (completed, discarded or cancelled, or
+	// deleted by Prune since) and whose callback was not enqueued yet,
+	// and returns the callback's id by batch id. Each batch is fired in a
+	// transaction of its own that inserts the callback (its metadata
+	// given BatchMetaKey) and records its id on the batch row only if no
+	// callback is recorded there yet, so that concurrent callers enqueue
+	// each callback exactly once.
+	FireBatches(ctx context.Context, limit int) (map[int64]int64, error)
+	// GetBatch returns batch id and every member's state and result
+	// (ErrBatchNotFound when there is no such batch).
+	GetBatch(ctx context.Context, id int64) (*BatchRow, error)
+
 	// Counters returns backend-specific counters (busy retries, deadlock
 	// retries) accumulated by this driver.
 	Counters() map[string]int64
@@ -627,4 +647,55 @@ type Listener interface {
 	// engine refetches anything it may have missed.
 	Wait(ctx context.Context) (queue string, err error)
 	Close() error
+}
+
+// ErrBatchNotFound is returned by GetBatch for an id that does not exist.
+var ErrBatchNotFound = errors.New("batch not found")
+
+// BatchMetaKey is the metadata key under which a batch's callback job
+// carries the batch's id (decimal).
+const BatchMetaKey = "conveyor.batch_id"
+
+// BatchRow is a batch as stored, with its members.
+type BatchRow struct {
+	ID int64
+	// CreatedAt is when the batch was inserted, FiredAt when its
+	// callback was enqueued (zero until then), by the database's clock.
+	CreatedAt, FiredAt time.Time
+	// CallbackID is the callback job's id, 0 until it is enqueued.
+	CallbackID int64
+	// Callback is the callback job as it will be, or was, inserted.
+	Callback InsertParams
+	// Members are the batch's jobs by id.
+	Members []BatchMember
+}
+
+// BatchMember is one job of a batch.
+type BatchMember struct {
+	ID int64
+	// State is the job's state, "" when Prune deleted it.
+	State string
+	// Result is the job's result (see JobRow.Result), nil for none.
+	Result json.RawMessage
+}
+
+// CallbackForBatch returns callback with BatchMetaKey set to batchID in
+// its metadata.
+func CallbackForBatch(callback InsertParams, batchID int64) (InsertParams, error) {
+	m := map[string]string{}
+	if len(callback.Meta) > 0 {
+		if err := json.Unmarshal(callback.Meta, &m); err != nil {
+			return callback, fmt.Errorf("batch %d: callback metadata: %w", batchID, err)
+		}
+	}
+	if m == nil { // "null"
+		m = map[string]string{}
+	}
+	m[BatchMetaKey] = fmt.Sprint(batchID)
+	b, err := json.Marshal(m)
+	if err != nil {
+		return callback, err
+	}
+	callback.Meta = b
+	return callback, nil
 }

@@ -241,7 +241,7 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 		d.returning = d.mariaDB && !ver.less(10, 5, 0)
 		// Reads that an application expects to see writes made through
 		// any node (see causal_read).
-		for _, r := range []*string{&q.GetJob, &q.GetResult, &q.ListJobs, &q.ListJobsDesc, &q.Stats, &q.Overview,
+		for _, r := range []*string{&q.GetJob, &q.GetResult, &q.GetBatch, &q.BatchMembers, &q.ReadyBatches, &q.ListJobs, &q.ListJobsDesc, &q.Stats, &q.Overview,
 			&q.PausedQueues, &q.QueueLimits, &q.LimitUsage, &q.Schedules, &q.Processes, &q.MigrationsMax} {
 			*r = q.CausalRead + " " + *r
 		}

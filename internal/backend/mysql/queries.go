@@ -63,13 +63,20 @@ type queries struct {
 	PromoteUpdate   string `sql:"promote_update"`
 	PruneCompleted  string `sql:"prune_completed"`
 	// Results (migration 11).
-	CompleteOne    string `sql:"complete_one"`
-	StoreResult    string `sql:"store_result"`
-	GetResult      string `sql:"get_result"`
-	PruneResults   string `sql:"prune_results"`
-	PruneDiscarded string `sql:"prune_discarded"`
-	TryLead        string `sql:"try_lead"`
-	Leader         string `sql:"leader"`
+	CompleteOne  string `sql:"complete_one"`
+	StoreResult  string `sql:"store_result"`
+	GetResult    string `sql:"get_result"`
+	PruneResults string `sql:"prune_results"`
+	// Batches (migration 12).
+	InsertBatch     string `sql:"insert_batch"`
+	InsertBatchJobs string `sql:"insert_batch_jobs"`
+	ReadyBatches    string `sql:"ready_batches"`
+	FireBatch       string `sql:"fire_batch"`
+	GetBatch        string `sql:"get_batch"`
+	BatchMembers    string `sql:"batch_members"`
+	PruneDiscarded  string `sql:"prune_discarded"`
+	TryLead         string `sql:"try_lead"`
+	Leader          string `sql:"leader"`
 
 	// Reads and changes of one job, the job lists (list_jobs is a
 	// template: {where} takes the list_jobs_* conditions) and the

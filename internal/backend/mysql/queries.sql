@@ -291,6 +291,29 @@ SELECT result FROM `{p}job_results` WHERE job_id = ? AND fence = ?
 -- name: prune_results
 DELETE FROM `{p}job_results` WHERE stored_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND ORDER BY stored_at LIMIT ?
 
+-- name: insert_batch
+INSERT INTO `{p}batches` (callback, created_at) VALUES (?, UTC_TIMESTAMP(6))
+
+-- Members: the driver appends one (?, ?) per job.
+-- name: insert_batch_jobs
+INSERT INTO `{p}batch_jobs` (batch_id, job_id) VALUES
+
+-- Batches without a callback yet whose every member has finished (a
+-- member Prune deleted has finished), oldest first. Reads each open
+-- batch's members up to its first unfinished one.
+-- name: ready_batches
+SELECT b.id, b.callback FROM `{p}batches` b FORCE INDEX (open_idx) WHERE b.callback_id IS NULL AND NOT EXISTS (SELECT 1 FROM `{p}batch_jobs` m JOIN `{p}jobs` j ON j.id = m.job_id WHERE m.batch_id = b.id AND j.state NOT IN ('completed', 'discarded', 'cancelled')) ORDER BY b.id LIMIT ?
+
+-- name: fire_batch
+UPDATE `{p}batches` SET callback_id = ?, fired_at = UTC_TIMESTAMP(6) WHERE id = ? AND callback_id IS NULL
+
+-- name: get_batch
+SELECT id, callback, callback_id, created_at, fired_at FROM `{p}batches` WHERE id = ?
+
+-- A member's result is its result only under the job's current fence.
+-- name: batch_members
+SELECT m.job_id, COALESCE(j.state, ''), r.result FROM `{p}batch_jobs` m LEFT JOIN `{p}jobs` j ON j.id = m.job_id LEFT JOIN `{p}job_results` r ON r.job_id = m.job_id AND r.fence = j.fence AND j.state = 'completed' WHERE m.batch_id = ? ORDER BY m.job_id
+
 -- name: prune_completed
 DELETE FROM `{p}jobs` WHERE finalized_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND state = 'completed' ORDER BY finalized_at LIMIT ?
 
@@ -438,7 +461,7 @@ SELECT COALESCE(MAX(version), 0) FROM `{p}schema_migrations`
 INSERT INTO `{p}schema_migrations` (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))
 
 -- name: drop_all
-DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}processes`, `{p}fence_epochs`, `{p}limit_slots`, `{p}job_results`, `{p}schema_migrations`, `{p}migration_lock`
+DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}processes`, `{p}fence_epochs`, `{p}limit_slots`, `{p}job_results`, `{p}batches`, `{p}batch_jobs`, `{p}schema_migrations`, `{p}migration_lock`
 
 -- name: pause_queue
 -- Pausing keeps the first pause's time (?, ?: queue, paused 0/1).

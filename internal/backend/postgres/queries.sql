@@ -24,7 +24,7 @@ SELECT coalesce(max(version), 0) FROM {p}schema_migrations
 INSERT INTO {p}schema_migrations (version) VALUES ($1)
 
 -- name: drop_all
-DROP TABLE IF EXISTS {p}jobs, {p}unique_keys, {p}job_results, {p}segments, {p}leader, {p}queues, {p}limit_slots, {p}schedules, {p}processes, {p}schema_migrations
+DROP TABLE IF EXISTS {p}jobs, {p}unique_keys, {p}job_results, {p}batches, {p}batch_jobs, {p}segments, {p}leader, {p}queues, {p}limit_slots, {p}schedules, {p}processes, {p}schema_migrations
 
 -- name: server_info
 SELECT current_setting('server_version'),
@@ -119,6 +119,19 @@ SELECT result::text FROM {p}job_results WHERE job_id = $1 AND fence = $2
 DELETE FROM {p}job_results
  WHERE job_id IN (SELECT job_id FROM {p}job_results
                    WHERE stored_at < now() - $1::bigint * interval '1 microsecond' LIMIT $2)
+
+-- name: insert_batch
+INSERT INTO {p}batches (callback) VALUES ($1) RETURNING id
+
+-- name: insert_batch_jobs
+INSERT INTO {p}batch_jobs (batch_id, job_id) SELECT $1, unnest($2::bigint[])
+
+-- name: fire_batch
+-- $1 batch id, $2 callback job id: only while no callback is recorded.
+UPDATE {p}batches SET callback_id = $2, fired_at = now() WHERE id = $1 AND callback_id IS NULL
+
+-- name: get_batch
+SELECT id, callback, callback_id, created_at, fired_at FROM {p}batches WHERE id = $1
 
 -- name: prune_processes
 -- $1 age in microseconds.

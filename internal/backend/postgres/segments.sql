@@ -589,6 +589,36 @@ ins AS (
 )
 SELECT {jobcols} FROM ins
 
+-- name: seg_ready_batches
+-- Batches without a callback yet none of whose members is in a live
+-- ready, running or waiting segment (the statement's sources): every
+-- member has finished, or Prune deleted it. Oldest first, $1 at most.
+-- Each open batch's members are probed by id, up to the first unfinished
+-- one.
+SELECT b.id, b.callback FROM {p}batches b
+ WHERE b.callback_id IS NULL
+   AND NOT EXISTS (
+       SELECT 1 FROM {p}batch_jobs m
+        WHERE m.batch_id = b.id AND EXISTS (
+{each}SELECT 1 FROM {src} r WHERE r.id = m.job_id{sep}
+UNION ALL
+{end}))
+ ORDER BY b.id LIMIT $1
+
+-- name: seg_batch_members
+-- Every member's state (from every live segment, by id) and, when
+-- completed under the fence its result was stored with, its result.
+SELECT m.job_id, coalesce(r.state, ''), res.result::text
+  FROM {p}batch_jobs m
+  LEFT JOIN LATERAL (
+{each}SELECT state, fence FROM {src} WHERE id = m.job_id{sep}
+UNION ALL
+{end}
+LIMIT 1) r ON true
+  LEFT JOIN {p}job_results res ON res.job_id = m.job_id AND res.fence = r.fence AND r.state = 'completed'
+ WHERE m.batch_id = $1
+ ORDER BY m.job_id
+
 -- name: seg_get_job
 {each}SELECT {jobcols} FROM {src} WHERE id = $1{sep}
 UNION ALL

@@ -36,7 +36,16 @@ type queries struct {
 	GetResult    string `sql:"get_result"`
 	PruneResults string `sql:"prune_results"`
 	DropResults  string `sql:"drop_results"`
-	TryLead      string `sql:"try_lead"`
+	// Batches (migration 11).
+	InsertBatch     string `sql:"insert_batch"`
+	InsertBatchJobs string `sql:"insert_batch_jobs"`
+	ReadyBatches    string `sql:"ready_batches"`
+	FireBatch       string `sql:"fire_batch"`
+	GetBatch        string `sql:"get_batch"`
+	BatchMembers    string `sql:"batch_members"`
+	DropBatches     string `sql:"drop_batches"`
+	DropBatchJobs   string `sql:"drop_batch_jobs"`
+	TryLead         string `sql:"try_lead"`
 
 	// Reads and changes of one job, the job lists (list_jobs is a
 	// template: {where} takes the list_jobs_* conditions, {n} their

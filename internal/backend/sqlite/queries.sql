@@ -176,6 +176,46 @@ DELETE FROM {p}job_results
 -- name: drop_results
 DROP TABLE IF EXISTS {p}job_results
 
+-- name: insert_batch
+-- ?1 the callback (encoded InsertParams).
+INSERT INTO {p}batches (callback, created_at) VALUES (?1, {now}) RETURNING id
+
+-- name: insert_batch_jobs
+-- ?1 batch id, ?2 [job id, ...].
+INSERT INTO {p}batch_jobs (batch_id, job_id) SELECT ?1, value FROM json_each(?2)
+
+-- name: ready_batches
+-- Batches without a callback yet whose every member has finished (a
+-- member Prune deleted has finished), oldest first, ?1 at most. Reads
+-- each open batch's members up to its first unfinished one.
+SELECT b.id, b.callback FROM {p}batches b INDEXED BY {p}batches_open
+ WHERE b.callback_id IS NULL
+   AND NOT EXISTS (SELECT 1 FROM {p}batch_jobs m JOIN {p}jobs j ON j.id = m.job_id
+                    WHERE m.batch_id = b.id AND j.state NOT IN ('completed', 'discarded', 'cancelled'))
+ ORDER BY b.id LIMIT ?1
+
+-- name: fire_batch
+-- ?1 batch id, ?2 callback job id: only while no callback is recorded.
+UPDATE {p}batches SET callback_id = ?2, fired_at = {now} WHERE id = ?1 AND callback_id IS NULL
+
+-- name: get_batch
+SELECT id, callback, callback_id, created_at, fired_at FROM {p}batches WHERE id = ?1
+
+-- name: batch_members
+-- A member's result is its result only under the job's current fence.
+SELECT m.job_id, coalesce(j.state, ''), r.result
+  FROM {p}batch_jobs m
+  LEFT JOIN {p}jobs j ON j.id = m.job_id
+  LEFT JOIN {p}job_results r ON r.job_id = m.job_id AND r.fence = j.fence AND j.state = 'completed'
+ WHERE m.batch_id = ?1
+ ORDER BY m.job_id
+
+-- name: drop_batches
+DROP TABLE IF EXISTS {p}batches
+
+-- name: drop_batch_jobs
+DROP TABLE IF EXISTS {p}batch_jobs
+
 -- name: heartbeat
 -- ?1: [[id, fence], ...], ?2 lease in microseconds.
 UPDATE {p}jobs
