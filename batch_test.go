@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
@@ -226,6 +227,49 @@ func TestBatchInTransaction(t *testing.T) {
 					t.Fatalf("rolled back batch: %v", err)
 				}
 			}
+		}
+	})
+}
+
+// TestBatchPruned: once a batch's callback was enqueued longer ago than
+// the completed jobs' retention, Prune deletes the batch with its jobs
+// and their results.
+func TestBatchPruned(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		cfg := fast(testdb.Prefix())
+		cfg.AllowUnregisteredKinds = true
+		c := openDropped(t, dsn, cfg)
+		bid, ids, err := c.EnqueueBatch(ctx, []conveyor.EnqueueItem{{Args: part{N: 1}}}, conveyor.EnqueueItem{Args: partsDone{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rw := c.RemoteWorkers()
+		got, err := rw.Claim(ctx, conveyor.RemoteClaim{Worker: "w", Lease: time.Minute})
+		if err != nil || len(got) != 1 || got[0].ID != ids[0] {
+			t.Fatalf("claim: %v %v", got, err)
+		}
+		if err := rw.Complete(ctx, ids[0], got[0].Fence, []byte(`"r"`)); err != nil {
+			t.Fatal(err)
+		}
+		drv := seam.DriverOf(c)
+		// Not fired yet: Prune keeps the batch, whatever its jobs' age.
+		if _, err := drv.Prune(ctx, 0, 0, 100); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := c.Batch(ctx, bid); err != nil || b.CallbackID != 0 || b.Jobs[0].State != "" {
+			t.Fatalf("unfired batch after prune: %+v %v", b, err)
+		}
+		fired, err := drv.FireBatches(ctx, 10)
+		if err != nil || fired[bid] == 0 {
+			t.Fatalf("fire (its one job pruned counts as finished): %v %v", fired, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+		if _, err := drv.Prune(ctx, time.Millisecond, time.Millisecond, 100); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Batch(ctx, bid); !errors.Is(err, conveyor.ErrBatchNotFound) {
+			t.Fatalf("pruned batch: %v", err)
 		}
 	})
 }

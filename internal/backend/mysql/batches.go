@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
@@ -173,4 +174,39 @@ func (d *Driver) GetBatch(ctx context.Context, id int64) (*driver.BatchRow, erro
 		return nil, d.wrap("get batch members", err)
 	}
 	return b, nil
+}
+
+// pruneBatches deletes up to limit batches fired longer ago than age,
+// with their member rows, in one transaction. A fired batch never
+// changes, so the ids read first are deleted as read.
+func (d *Driver) pruneBatches(ctx context.Context, age time.Duration, limit int) error {
+	var ids []int64
+	err := d.retry(ctx, "prune batches", func() error {
+		ids = ids[:0]
+		rows, err := d.db.QueryContext(ctx, d.q.PrunableBatches, micros(age), int64(limit))
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				return err
+			}
+			ids = append(ids, id)
+		}
+		return rows.Err()
+	})
+	if err != nil || len(ids) == 0 {
+		return err
+	}
+	return d.inTx(ctx, "prune batches", func(tx *sql.Tx) error {
+		q, args, _ := d.inList(d.q.PruneBatchJobs, ids)
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return err
+		}
+		q, args, _ = d.inList(d.q.PruneBatches, ids)
+		_, err := tx.ExecContext(ctx, q, args...)
+		return err
+	})
 }

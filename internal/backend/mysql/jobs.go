@@ -1202,6 +1202,9 @@ func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Dura
 	if _, err := d.execCount(ctx, d.main, "prune results", true, d.q.PruneResults, []any{micros(completedAge), int64(limit)}); err != nil {
 		return 0, err
 	}
+	if err := d.pruneBatches(ctx, completedAge, limit); err != nil {
+		return 0, err
+	}
 	n, err := d.execCount(ctx, d.main, "prune", true, d.q.PruneCompleted, []any{micros(completedAge), int64(limit)})
 	if err != nil {
 		return 0, err

@@ -74,6 +74,9 @@ type queries struct {
 	FireBatch       string `sql:"fire_batch"`
 	GetBatch        string `sql:"get_batch"`
 	BatchMembers    string `sql:"batch_members"`
+	PrunableBatches string `sql:"prunable_batches"`
+	PruneBatchJobs  string `sql:"prune_batch_jobs"`
+	PruneBatches    string `sql:"prune_batches"`
 	PruneDiscarded  string `sql:"prune_discarded"`
 	TryLead         string `sql:"try_lead"`
 	Leader          string `sql:"leader"`

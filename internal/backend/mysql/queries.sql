@@ -307,6 +307,17 @@ SELECT b.id, b.callback FROM `{p}batches` b FORCE INDEX (open_idx) WHERE b.callb
 -- name: fire_batch
 UPDATE `{p}batches` SET callback_id = ?, fired_at = UTC_TIMESTAMP(6) WHERE id = ? AND callback_id IS NULL
 
+-- Batches fired longer ago than the completed jobs' retention (the
+-- driver then deletes them and their members in one transaction).
+-- name: prunable_batches
+SELECT id FROM `{p}batches` WHERE fired_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND ORDER BY fired_at LIMIT ?
+
+-- name: prune_batch_jobs
+DELETE FROM `{p}batch_jobs` WHERE batch_id IN ({ids})
+
+-- name: prune_batches
+DELETE FROM `{p}batches` WHERE id IN ({ids})
+
 -- name: get_batch
 SELECT id, callback, callback_id, created_at, fired_at FROM `{p}batches` WHERE id = ?
 

@@ -69,6 +69,7 @@ type queries struct {
 	InsertBatchJobs  string `sql:"insert_batch_jobs"`
 	FireBatch        string `sql:"fire_batch"`
 	GetBatch         string `sql:"get_batch"`
+	PruneBatches     string `sql:"prune_batches"`
 	PruneResults     string `sql:"prune_results"`
 	SetQueueLimits   string `sql:"set_queue_limits"`
 	QueueLimits      string `sql:"queue_limits"`

@@ -130,6 +130,18 @@ INSERT INTO {p}batch_jobs (batch_id, job_id) SELECT $1, unnest($2::bigint[])
 -- $1 batch id, $2 callback job id: only while no callback is recorded.
 UPDATE {p}batches SET callback_id = $2, fired_at = now() WHERE id = $1 AND callback_id IS NULL
 
+-- name: prune_batches
+-- $1 age in microseconds, $2 limit: batches fired that long ago, and
+-- their member rows, in one statement.
+WITH b AS (
+    DELETE FROM {p}batches
+     WHERE id IN (SELECT id FROM {p}batches
+                   WHERE fired_at IS NOT NULL AND fired_at < now() - $1::bigint * interval '1 microsecond'
+                   ORDER BY fired_at LIMIT $2)
+    RETURNING id
+)
+DELETE FROM {p}batch_jobs m USING b WHERE m.batch_id = b.id
+
 -- name: get_batch
 SELECT id, callback, callback_id, created_at, fired_at FROM {p}batches WHERE id = $1
 

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -446,6 +447,23 @@ func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Dura
 			return err
 		}
 		_, err = d.w.ExecContext(ctx, d.q.PruneResults, us(completedAge), limit)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("conveyor/sqlite: prune: %w", err)
+	}
+	// Batches fired longer ago than completed jobs are kept, with their
+	// members.
+	err = d.inTx(ctx, func(tx *sql.Tx) error {
+		var ids []int64
+		if err := queryIDs(ctx, tx, d.q.PruneBatches, &ids, us(completedAge), limit); err != nil || len(ids) == 0 {
+			return err
+		}
+		b, err := json.Marshal(ids)
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, d.q.PruneBatchJobs, string(b))
 		return err
 	})
 	if err != nil {

@@ -43,6 +43,8 @@ type queries struct {
 	FireBatch       string `sql:"fire_batch"`
 	GetBatch        string `sql:"get_batch"`
 	BatchMembers    string `sql:"batch_members"`
+	PruneBatchJobs  string `sql:"prune_batch_jobs"`
+	PruneBatches    string `sql:"prune_batches"`
 	DropBatches     string `sql:"drop_batches"`
 	DropBatchJobs   string `sql:"drop_batch_jobs"`
 	TryLead         string `sql:"try_lead"`

@@ -210,6 +210,17 @@ SELECT m.job_id, coalesce(j.state, ''), r.result
  WHERE m.batch_id = ?1
  ORDER BY m.job_id
 
+-- name: prune_batches
+-- ?1 age (microseconds), ?2 limit: batches fired that long ago.
+DELETE FROM {p}batches
+ WHERE id IN (SELECT id FROM {p}batches INDEXED BY {p}batches_fired
+               WHERE fired_at IS NOT NULL AND fired_at < {now} - ?1 ORDER BY fired_at LIMIT ?2)
+RETURNING id
+
+-- name: prune_batch_jobs
+-- ?1 [batch id, ...] prune_batches deleted, in its transaction.
+DELETE FROM {p}batch_jobs WHERE batch_id IN (SELECT value FROM json_each(?1))
+
 -- name: drop_batches
 DROP TABLE IF EXISTS {p}batches
 

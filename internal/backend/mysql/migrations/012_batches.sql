@@ -6,7 +6,9 @@
 -- is enqueued exactly once. Members are rows of batch_jobs, written once
 -- when the batch is inserted; no statement that finishes a job writes to
 -- a batch, so finishing a member costs nothing more. open_idx lists the
--- batches still waiting (callback_id NULL) by id.
+-- batches still waiting (callback_id NULL) by id; fired_idx lets Prune
+-- delete the batches fired longer ago than the completed jobs'
+-- retention, with their member rows.
 CREATE TABLE IF NOT EXISTS `{p}batches` (
   `id` BIGINT NOT NULL AUTO_INCREMENT,
   `callback` LONGTEXT NOT NULL,
@@ -14,7 +16,8 @@ CREATE TABLE IF NOT EXISTS `{p}batches` (
   `created_at` DATETIME(6) NOT NULL,
   `fired_at` DATETIME(6) NULL,
   PRIMARY KEY (`id`),
-  KEY `open_idx` (`callback_id`, `id`)
+  KEY `open_idx` (`callback_id`, `id`),
+  KEY `fired_idx` (`fired_at`)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin
 -- split
 CREATE TABLE IF NOT EXISTS `{p}batch_jobs` (

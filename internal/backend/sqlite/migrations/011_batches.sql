@@ -5,7 +5,9 @@
 -- callback_id is NULL, so the callback is enqueued exactly once. Members
 -- are rows of batch_jobs, written once when the batch is inserted; no
 -- statement that finishes a job writes to a batch, so finishing a member
--- costs nothing more. batches_open lists the batches still waiting.
+-- costs nothing more. batches_open lists the batches still waiting;
+-- batches_fired lets Prune delete the batches fired longer ago than the
+-- completed jobs' retention, with their member rows.
 CREATE TABLE {p}batches (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
     callback    TEXT    NOT NULL,
@@ -15,6 +17,8 @@ CREATE TABLE {p}batches (
 )
 -- split
 CREATE INDEX {p}batches_open ON {p}batches (id) WHERE callback_id IS NULL
+-- split
+CREATE INDEX {p}batches_fired ON {p}batches (fired_at) WHERE fired_at IS NOT NULL
 -- split
 CREATE TABLE {p}batch_jobs (
     batch_id INTEGER NOT NULL,
