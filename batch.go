@@ -98,8 +98,16 @@ func (c *Client[TTx]) enqueueBatch(ctx context.Context, tx any, jobs []EnqueueIt
 				return fmt.Errorf("%w: batch: %s is unique; batches take no unique jobs", ErrInvalidOpts, what)
 			}
 		}
+		members := make([]int, len(ps)-1)
+		for i := range members {
+			members[i] = i
+		}
 		var err error
-		batchID, ids, err = c.drv.InsertBatch(ctx, tx, ps[:len(ps)-1], ps[len(ps)-1])
+		var bids []int64
+		ids, bids, err = c.drv.InsertBatches(ctx, tx, ps[:len(ps)-1], []driver.BatchParams{{Callback: ps[len(ps)-1], Jobs: members}})
+		if err == nil {
+			batchID = bids[0]
+		}
 		return err
 	})
 	if err != nil {

@@ -458,6 +458,9 @@ func AddWorker[T JobArgs, TTx any](c *Client[TTx], w Worker[T], opts ...WorkerOp
 	c.handlers[kind] = func(ctx context.Context, row *driver.JobRow) error {
 		job := &Job[T]{JobInfo: jobInfo(row)}
 		work := func(ctx context.Context) error {
+			if err := c.dependencyFailure(ctx, job.JobInfo); err != nil {
+				return err
+			}
 			if err := json.Unmarshal(row.Args, &job.Args); err != nil {
 				return JobCancel(fmt.Errorf("decoding %s arguments: %w", kind, err))
 			}

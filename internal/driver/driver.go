@@ -542,24 +542,27 @@ type Driver interface {
 	// the finalized_at index. Queues without such jobs are left out.
 	Overview(ctx context.Context, finishedSince time.Time) ([]QueueStats, error)
 
-	// InsertBatch inserts jobs and a batch of them in the caller's
-	// transaction tx or, when tx is nil, in one transaction of its own:
-	// the jobs (as InsertTx inserts them; none unique), a batch row that
-	// keeps callback (encoded, not yet a job) and one member row per job.
-	// It returns the batch's id and the jobs' ids in order, and wakes the
-	// jobs' queues as Insert does when it commits its own transaction.
-	InsertBatch(ctx context.Context, tx any, jobs []InsertParams, callback InsertParams) (batchID int64, ids []int64, err error)
+	// InsertBatches inserts jobs and batches in the caller's transaction
+	// tx or, when tx is nil, in one transaction of its own: the jobs (as
+	// InsertTx inserts them; none unique), then per batch a row that
+	// keeps its callback (encoded, not yet a job), one member row per job
+	// of the batch and one row per earlier batch it waits for. It returns
+	// the jobs' ids and the batches' ids in order.
+	InsertBatches(ctx context.Context, tx any, jobs []InsertParams, batches []BatchParams) (jobIDs, batchIDs []int64, err error)
 	// FireBatches enqueues the callback of up to limit batches whose
 	// every member has finished (completed, discarded or cancelled, or
-	// deleted by Prune since) and whose callback was not enqueued yet,
+	// deleted by Prune since), whose every batch waited for (After) has
+	// its callback enqueued and finished, and whose callback was not
+	// enqueued yet,
 	// and returns the callback's id by batch id. Each batch is fired in a
 	// transaction of its own that inserts the callback (its metadata
 	// given BatchMetaKey) and records its id on the batch row only if no
 	// callback is recorded there yet, so that concurrent callers enqueue
 	// each callback exactly once.
 	FireBatches(ctx context.Context, limit int) (map[int64]int64, error)
-	// GetBatch returns batch id and every member's state and result
-	// (ErrBatchNotFound when there is no such batch).
+	// GetBatch returns batch id and every member's state and result,
+	// the callbacks already enqueued of the batches it waits for counting
+	// as members (ErrBatchNotFound when there is no such batch).
 	GetBatch(ctx context.Context, id int64) (*BatchRow, error)
 
 	// Counters returns backend-specific counters (busy retries, deadlock
@@ -698,4 +701,16 @@ func CallbackForBatch(callback InsertParams, batchID int64) (InsertParams, error
 	}
 	callback.Meta = b
 	return callback, nil
+}
+
+// BatchParams is one batch of InsertBatches.
+type BatchParams struct {
+	// Callback is the job enqueued once the batch has finished.
+	Callback InsertParams
+	// Jobs are the batch's members, as indexes into InsertBatches' jobs.
+	Jobs []int
+	// After are earlier batches of the same call (indexes) the batch
+	// also waits for: each has finished once its callback was enqueued
+	// and has finished.
+	After []int
 }

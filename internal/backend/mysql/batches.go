@@ -12,39 +12,23 @@ import (
 	"github.com/conveyorq/conveyor/internal/driver"
 )
 
-// InsertBatch inserts jobs, a batch row keeping callback and the batch's
-// member rows, in tx (a *sql.Tx) or in a transaction of its own when tx is
-// nil.
-func (d *Driver) InsertBatch(ctx context.Context, tx any, jobs []driver.InsertParams, callback driver.InsertParams) (int64, []int64, error) {
-	cb, err := json.Marshal(callback)
-	if err != nil {
-		return 0, nil, fmt.Errorf("conveyor/mysql: insert batch: callback: %w", err)
-	}
-	var batchID int64
-	var ids []int64
-	in := func(t *sql.Tx) error {
-		var err error
-		if ids, err = d.InsertTx(ctx, t, jobs); err != nil {
-			return err
-		}
-		res, err := t.ExecContext(ctx, d.q.InsertBatch, string(cb))
-		if err != nil {
-			return err
-		}
-		if batchID, err = res.LastInsertId(); err != nil {
-			return err
-		}
-		for off := 0; off < len(ids); off += 1000 {
-			part := ids[off:min(off+1000, len(ids))]
+// InsertBatches inserts jobs, then per batch a row keeping its callback,
+// its member rows and the rows of the batches it waits for, in tx (a
+// *sql.Tx) or in a transaction of its own when tx is nil.
+func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.InsertParams, batches []driver.BatchParams) ([]int64, []int64, error) {
+	var ids, batchIDs []int64
+	pairs := func(t *sql.Tx, head string, a int64, bs []int64) error {
+		for off := 0; off < len(bs); off += 1000 {
+			part := bs[off:min(off+1000, len(bs))]
 			var q strings.Builder
-			q.WriteString(d.q.InsertBatchJobs)
+			q.WriteString(head)
 			args := make([]any, 0, 2*len(part))
-			for i, id := range part {
+			for i, b := range part {
 				if i > 0 {
 					q.WriteByte(',')
 				}
 				q.WriteString(" (?, ?)")
-				args = append(args, batchID, id)
+				args = append(args, a, b)
 			}
 			if _, err := t.ExecContext(ctx, q.String(), args...); err != nil {
 				return err
@@ -52,19 +36,56 @@ func (d *Driver) InsertBatch(ctx context.Context, tx any, jobs []driver.InsertPa
 		}
 		return nil
 	}
+	in := func(t *sql.Tx) error {
+		var err error
+		if ids, err = d.InsertTx(ctx, t, jobs); err != nil {
+			return err
+		}
+		batchIDs = batchIDs[:0]
+		for _, b := range batches {
+			cb, err := json.Marshal(b.Callback)
+			if err != nil {
+				return err
+			}
+			res, err := t.ExecContext(ctx, d.q.InsertBatch, string(cb))
+			if err != nil {
+				return err
+			}
+			bid, err := res.LastInsertId()
+			if err != nil {
+				return err
+			}
+			members, deps := make([]int64, len(b.Jobs)), make([]int64, len(b.After))
+			for i, j := range b.Jobs {
+				members[i] = ids[j]
+			}
+			for i, a := range b.After {
+				deps[i] = batchIDs[a]
+			}
+			if err := pairs(t, d.q.InsertBatchJobs, bid, members); err != nil {
+				return err
+			}
+			if err := pairs(t, d.q.InsertBatchDeps, bid, deps); err != nil {
+				return err
+			}
+			batchIDs = append(batchIDs, bid)
+		}
+		return nil
+	}
+	var err error
 	if tx != nil {
 		t, ok := tx.(*sql.Tx)
 		if !ok || t == nil {
-			return 0, nil, fmt.Errorf("conveyor/mysql: insert batch in transaction: got %T, want a non-nil *sql.Tx: %w", tx, driver.ErrTxType)
+			return nil, nil, fmt.Errorf("conveyor/mysql: insert batch in transaction: got %T, want a non-nil *sql.Tx: %w", tx, driver.ErrTxType)
 		}
 		err = in(t)
 	} else {
 		err = d.inTx(ctx, "insert batch", in)
 	}
 	if err != nil {
-		return 0, nil, d.wrap(fmt.Sprintf("insert batch of %d jobs", len(jobs)), err)
+		return nil, nil, d.wrap(fmt.Sprintf("insert %d batches of %d jobs", len(batches), len(jobs)), err)
 	}
-	return batchID, ids, nil
+	return ids, batchIDs, nil
 }
 
 // errFiredElsewhere is a batch another caller fired first.
@@ -154,7 +175,7 @@ func (d *Driver) GetBatch(ctx context.Context, id int64) (*driver.BatchRow, erro
 		return nil, fmt.Errorf("conveyor/mysql: get batch %d: callback: %w", id, err)
 	}
 	b.CallbackID, b.FiredAt = cbID.Int64, fired.Time
-	rows, err := d.db.QueryContext(ctx, d.q.BatchMembers, id)
+	rows, err := d.db.QueryContext(ctx, d.q.BatchMembers, id, id)
 	if err != nil {
 		return nil, d.wrap("get batch members", err)
 	}
@@ -202,6 +223,10 @@ func (d *Driver) pruneBatches(ctx context.Context, age time.Duration, limit int)
 	}
 	return d.inTx(ctx, "prune batches", func(tx *sql.Tx) error {
 		q, args, _ := d.inList(d.q.PruneBatchJobs, ids)
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return err
+		}
+		q, args, _ = d.inList(d.q.PruneBatchDeps, ids)
 		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 			return err
 		}

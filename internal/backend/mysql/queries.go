@@ -77,6 +77,8 @@ type queries struct {
 	PrunableBatches string `sql:"prunable_batches"`
 	PruneBatchJobs  string `sql:"prune_batch_jobs"`
 	PruneBatches    string `sql:"prune_batches"`
+	InsertBatchDeps string `sql:"insert_batch_deps"`
+	PruneBatchDeps  string `sql:"prune_batch_deps"`
 	PruneDiscarded  string `sql:"prune_discarded"`
 	TryLead         string `sql:"try_lead"`
 	Leader          string `sql:"leader"`

@@ -12,44 +12,62 @@ import (
 	"github.com/conveyorq/conveyor/internal/driver"
 )
 
-// InsertBatch inserts jobs, a batch row keeping callback and the batch's
-// member rows, in tx (a pgx.Tx or a *sql.Tx of the pgx stdlib driver) or
-// in a transaction of its own when tx is nil.
-func (d *Driver) InsertBatch(ctx context.Context, tx any, jobs []driver.InsertParams, callback driver.InsertParams) (int64, []int64, error) {
-	cb, err := json.Marshal(callback)
-	if err != nil {
-		return 0, nil, fmt.Errorf("conveyor/postgres: insert batch: callback: %w", err)
-	}
-	var batchID int64
-	var ids []int64
+// InsertBatches inserts jobs, then per batch a row keeping its callback,
+// its member rows and the rows of the batches it waits for, in tx (a
+// pgx.Tx or a *sql.Tx of the pgx stdlib driver) or in a transaction of
+// its own when tx is nil.
+func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.InsertParams, batches []driver.BatchParams) ([]int64, []int64, error) {
+	var ids, batchIDs []int64
+	none := func(func(...any) error) error { return nil }
 	in := func(q querier) error {
-		var err error
-		if ids, err = d.seg.insert(ctx, q, jobs); err != nil {
-			return err
+		ids, batchIDs = nil, batchIDs[:0]
+		if len(jobs) > 0 {
+			var err error
+			if ids, err = d.seg.insert(ctx, q, jobs); err != nil {
+				return err
+			}
 		}
-		if err := q(ctx, d.q.InsertBatch, []any{string(cb)}, func(scan func(...any) error) error {
-			return scan(&batchID)
-		}); err != nil {
-			return err
+		for _, b := range batches {
+			cb, err := json.Marshal(b.Callback)
+			if err != nil {
+				return err
+			}
+			var bid int64
+			if err := q(ctx, d.q.InsertBatch, []any{string(cb)}, func(scan func(...any) error) error {
+				return scan(&bid)
+			}); err != nil {
+				return err
+			}
+			var members, deps arrayLit
+			members.init(12 * len(b.Jobs))
+			deps.init(12 * len(b.After))
+			for _, j := range b.Jobs {
+				members.int(ids[j])
+			}
+			for _, a := range b.After {
+				deps.int(batchIDs[a])
+			}
+			if err := q(ctx, d.q.InsertBatchJobs, []any{bid, members.String()}, none); err != nil {
+				return err
+			}
+			if err := q(ctx, d.q.InsertBatchDeps, []any{bid, deps.String()}, none); err != nil {
+				return err
+			}
+			batchIDs = append(batchIDs, bid)
 		}
-		var members arrayLit
-		members.init(12 * len(ids))
-		for _, id := range ids {
-			members.int(id)
-		}
-		return q(ctx, d.q.InsertBatchJobs, []any{batchID, members.String()}, func(func(...any) error) error { return nil })
+		return nil
 	}
 	if tx != nil {
 		q, _, err := txQuerier("insert batch", tx)
 		if err != nil {
-			return 0, nil, err
+			return nil, nil, err
 		}
 		if err := in(q); err != nil {
-			return 0, nil, d.wrap("insert batch", err)
+			return nil, nil, d.wrap("insert batch", err)
 		}
-		return batchID, ids, nil
+		return ids, batchIDs, nil
 	}
-	err = d.retryable(ctx, func() error {
+	err := d.retryable(ctx, func() error {
 		t, err := d.pool.Begin(ctx)
 		if err != nil {
 			return err
@@ -61,9 +79,9 @@ func (d *Driver) InsertBatch(ctx context.Context, tx any, jobs []driver.InsertPa
 		return t.Commit(ctx)
 	})
 	if err != nil {
-		return 0, nil, d.wrap("insert batch", err)
+		return nil, nil, d.wrap("insert batch", err)
 	}
-	return batchID, ids, nil
+	return ids, batchIDs, nil
 }
 
 // errFiredElsewhere is a batch another caller fired first.

@@ -70,6 +70,7 @@ type queries struct {
 	FireBatch        string `sql:"fire_batch"`
 	GetBatch         string `sql:"get_batch"`
 	PruneBatches     string `sql:"prune_batches"`
+	InsertBatchDeps  string `sql:"insert_batch_deps"`
 	PruneResults     string `sql:"prune_results"`
 	SetQueueLimits   string `sql:"set_queue_limits"`
 	QueueLimits      string `sql:"queue_limits"`

@@ -603,20 +603,28 @@ SELECT b.id, b.callback FROM {p}batches b
 {each}SELECT 1 FROM {src} r WHERE r.id = m.job_id{sep}
 UNION ALL
 {end}))
+   AND NOT EXISTS (
+       SELECT 1 FROM {p}batch_deps d JOIN {p}batches p ON p.id = d.dep_batch_id
+        WHERE d.batch_id = b.id AND (p.callback_id IS NULL OR EXISTS (
+{each}SELECT 1 FROM {src} r WHERE r.id = p.callback_id{sep}
+UNION ALL
+{end})))
  ORDER BY b.id LIMIT $1
 
 -- name: seg_batch_members
 -- Every member's state (from every live segment, by id) and, when
 -- completed under the fence its result was stored with, its result.
 SELECT m.job_id, coalesce(r.state, ''), res.result::text
-  FROM {p}batch_jobs m
+  FROM (SELECT job_id FROM {p}batch_jobs WHERE batch_id = $1
+        UNION ALL
+        SELECT p.callback_id FROM {p}batch_deps d JOIN {p}batches p ON p.id = d.dep_batch_id
+         WHERE d.batch_id = $1 AND p.callback_id IS NOT NULL) m
   LEFT JOIN LATERAL (
 {each}SELECT state, fence FROM {src} WHERE id = m.job_id{sep}
 UNION ALL
 {end}
 LIMIT 1) r ON true
   LEFT JOIN {p}job_results res ON res.job_id = m.job_id AND res.fence = r.fence AND r.state = 'completed'
- WHERE m.batch_id = $1
  ORDER BY m.job_id
 
 -- name: seg_get_job

@@ -10,44 +10,60 @@ import (
 	"github.com/conveyorq/conveyor/internal/driver"
 )
 
-// InsertBatch inserts jobs, a batch row keeping callback and the batch's
-// member rows, in tx (a *sql.Tx on this database) or in a write
-// transaction of its own when tx is nil.
-func (d *Driver) InsertBatch(ctx context.Context, tx any, jobs []driver.InsertParams, callback driver.InsertParams) (int64, []int64, error) {
-	cb, err := json.Marshal(callback)
-	if err != nil {
-		return 0, nil, fmt.Errorf("conveyor/sqlite: insert batch: callback: %w", err)
-	}
-	var batchID int64
-	var ids []int64
+// InsertBatches inserts jobs, then per batch a row keeping its callback,
+// its member rows and the rows of the batches it waits for, in tx (a
+// *sql.Tx on this database) or in a write transaction of its own when tx
+// is nil.
+func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.InsertParams, batches []driver.BatchParams) ([]int64, []int64, error) {
+	var ids, batchIDs []int64
 	in := func(t *sql.Tx) error {
 		var err error
 		if ids, err = d.InsertTx(ctx, t, jobs); err != nil {
 			return err
 		}
-		if err := t.QueryRowContext(ctx, d.q.InsertBatch, string(cb)).Scan(&batchID); err != nil {
-			return err
+		batchIDs = batchIDs[:0]
+		for _, b := range batches {
+			cb, err := json.Marshal(b.Callback)
+			if err != nil {
+				return err
+			}
+			var bid int64
+			if err := t.QueryRowContext(ctx, d.q.InsertBatch, string(cb)).Scan(&bid); err != nil {
+				return err
+			}
+			members, deps := make([]int64, len(b.Jobs)), make([]int64, len(b.After))
+			for i, j := range b.Jobs {
+				members[i] = ids[j]
+			}
+			for i, a := range b.After {
+				deps[i] = batchIDs[a]
+			}
+			mj, _ := json.Marshal(members)
+			dj, _ := json.Marshal(deps)
+			if _, err := t.ExecContext(ctx, d.q.InsertBatchJobs, bid, string(mj)); err != nil {
+				return err
+			}
+			if _, err := t.ExecContext(ctx, d.q.InsertBatchDeps, bid, string(dj)); err != nil {
+				return err
+			}
+			batchIDs = append(batchIDs, bid)
 		}
-		members, err := json.Marshal(ids)
-		if err != nil {
-			return err
-		}
-		_, err = t.ExecContext(ctx, d.q.InsertBatchJobs, batchID, string(members))
-		return err
+		return nil
 	}
+	var err error
 	if tx != nil {
 		t, ok := tx.(*sql.Tx)
 		if !ok || t == nil {
-			return 0, nil, fmt.Errorf("conveyor/sqlite: insert batch in transaction: got %T, want a non-nil *sql.Tx: %w", tx, driver.ErrTxType)
+			return nil, nil, fmt.Errorf("conveyor/sqlite: insert batch in transaction: got %T, want a non-nil *sql.Tx: %w", tx, driver.ErrTxType)
 		}
 		err = in(t)
 	} else {
 		err = d.inTx(ctx, in)
 	}
 	if err != nil {
-		return 0, nil, fmt.Errorf("conveyor/sqlite: insert batch of %d jobs: %w", len(jobs), err)
+		return nil, nil, fmt.Errorf("conveyor/sqlite: insert %d batches of %d jobs: %w", len(batches), len(jobs), err)
 	}
-	return batchID, ids, nil
+	return ids, batchIDs, nil
 }
 
 // FireBatches enqueues the callbacks of up to limit batches whose members

@@ -463,7 +463,10 @@ func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Dura
 		if err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, d.q.PruneBatchJobs, string(b))
+		if _, err = tx.ExecContext(ctx, d.q.PruneBatchJobs, string(b)); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, d.q.PruneBatchDeps, string(b))
 		return err
 	})
 	if err != nil {

@@ -46,6 +46,9 @@ type queries struct {
 	PruneBatchJobs  string `sql:"prune_batch_jobs"`
 	PruneBatches    string `sql:"prune_batches"`
 	DropBatches     string `sql:"drop_batches"`
+	InsertBatchDeps string `sql:"insert_batch_deps"`
+	PruneBatchDeps  string `sql:"prune_batch_deps"`
+	DropBatchDeps   string `sql:"drop_batch_deps"`
 	DropBatchJobs   string `sql:"drop_batch_jobs"`
 	TryLead         string `sql:"try_lead"`
 

@@ -192,7 +192,15 @@ SELECT b.id, b.callback FROM {p}batches b INDEXED BY {p}batches_open
  WHERE b.callback_id IS NULL
    AND NOT EXISTS (SELECT 1 FROM {p}batch_jobs m JOIN {p}jobs j ON j.id = m.job_id
                     WHERE m.batch_id = b.id AND j.state NOT IN ('completed', 'discarded', 'cancelled'))
+   AND NOT EXISTS (SELECT 1 FROM {p}batch_deps d JOIN {p}batches p ON p.id = d.dep_batch_id
+                     LEFT JOIN {p}jobs j ON j.id = p.callback_id
+                    WHERE d.batch_id = b.id
+                      AND (p.callback_id IS NULL OR j.state NOT IN ('completed', 'discarded', 'cancelled')))
  ORDER BY b.id LIMIT ?1
+
+-- name: insert_batch_deps
+-- ?1 batch id, ?2 [batch id, ...] it waits for.
+INSERT INTO {p}batch_deps (batch_id, dep_batch_id) SELECT ?1, value FROM json_each(?2)
 
 -- name: fire_batch
 -- ?1 batch id, ?2 callback job id: only while no callback is recorded.
@@ -204,10 +212,12 @@ SELECT id, callback, callback_id, created_at, fired_at FROM {p}batches WHERE id 
 -- name: batch_members
 -- A member's result is its result only under the job's current fence.
 SELECT m.job_id, coalesce(j.state, ''), r.result
-  FROM {p}batch_jobs m
+  FROM (SELECT job_id FROM {p}batch_jobs WHERE batch_id = ?1
+        UNION ALL
+        SELECT p.callback_id FROM {p}batch_deps d JOIN {p}batches p ON p.id = d.dep_batch_id
+         WHERE d.batch_id = ?1 AND p.callback_id IS NOT NULL) m
   LEFT JOIN {p}jobs j ON j.id = m.job_id
   LEFT JOIN {p}job_results r ON r.job_id = m.job_id AND r.fence = j.fence AND j.state = 'completed'
- WHERE m.batch_id = ?1
  ORDER BY m.job_id
 
 -- name: prune_batches
@@ -221,11 +231,17 @@ RETURNING id
 -- ?1 [batch id, ...] prune_batches deleted, in its transaction.
 DELETE FROM {p}batch_jobs WHERE batch_id IN (SELECT value FROM json_each(?1))
 
+-- name: prune_batch_deps
+DELETE FROM {p}batch_deps WHERE batch_id IN (SELECT value FROM json_each(?1))
+
 -- name: drop_batches
 DROP TABLE IF EXISTS {p}batches
 
 -- name: drop_batch_jobs
 DROP TABLE IF EXISTS {p}batch_jobs
+
+-- name: drop_batch_deps
+DROP TABLE IF EXISTS {p}batch_deps
 
 -- name: heartbeat
 -- ?1: [[id, fence], ...], ?2 lease in microseconds.

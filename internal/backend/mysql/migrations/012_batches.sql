@@ -6,7 +6,9 @@
 -- is enqueued exactly once. Members are rows of batch_jobs, written once
 -- when the batch is inserted; no statement that finishes a job writes to
 -- a batch, so finishing a member costs nothing more. open_idx lists the
--- batches still waiting (callback_id NULL) by id; fired_idx lets Prune
+-- batches still waiting (callback_id NULL) by id; batch_deps holds the
+-- earlier batches a batch waits for (a workflow's steps), each finished
+-- once its callback was enqueued and has finished; fired_idx lets Prune
 -- delete the batches fired longer ago than the completed jobs'
 -- retention, with their member rows.
 CREATE TABLE IF NOT EXISTS `{p}batches` (
@@ -24,4 +26,11 @@ CREATE TABLE IF NOT EXISTS `{p}batch_jobs` (
   `batch_id` BIGINT NOT NULL,
   `job_id` BIGINT NOT NULL,
   PRIMARY KEY (`batch_id`, `job_id`)
+) ENGINE=InnoDB
+
+-- split
+CREATE TABLE IF NOT EXISTS `{p}batch_deps` (
+  `batch_id` BIGINT NOT NULL,
+  `dep_batch_id` BIGINT NOT NULL,
+  PRIMARY KEY (`batch_id`, `dep_batch_id`)
 ) ENGINE=InnoDB

@@ -22,4 +22,11 @@ CREATE TABLE {p}batch_jobs (
     batch_id bigint NOT NULL,
     job_id   bigint NOT NULL,
     PRIMARY KEY (batch_id, job_id)
+);
+-- The earlier batches a batch waits for (a workflow's steps): each has
+-- finished once its callback was enqueued and has finished.
+CREATE TABLE {p}batch_deps (
+    batch_id     bigint NOT NULL,
+    dep_batch_id bigint NOT NULL,
+    PRIMARY KEY (batch_id, dep_batch_id)
 )

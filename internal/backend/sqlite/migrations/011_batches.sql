@@ -25,3 +25,12 @@ CREATE TABLE {p}batch_jobs (
     job_id   INTEGER NOT NULL,
     PRIMARY KEY (batch_id, job_id)
 ) WITHOUT ROWID
+
+-- split
+-- A batch that waits for other batches (a workflow's step after steps):
+-- each has finished once its callback was enqueued and has finished.
+CREATE TABLE {p}batch_deps (
+    batch_id     INTEGER NOT NULL,
+    dep_batch_id INTEGER NOT NULL,
+    PRIMARY KEY (batch_id, dep_batch_id)
+) WITHOUT ROWID
