@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -121,6 +122,50 @@ func TestJobResults(t *testing.T) {
 		}
 		if j := jobState(t, c, id); j.State != conveyor.JobStateCompleted || j.Result != nil {
 			t.Fatalf("completed again without a result: %s with %q, want none", j.State, j.Result)
+		}
+	})
+}
+
+// TestJobResultsFreeLimitSlots: completions that carry results free the
+// concurrency slot of a limited queue, as other completions do: three
+// jobs of a queue limited to one running job all complete, with their
+// results. Rescue, which also frees the slots of attempts that ended
+// without freeing theirs, does not run during the test.
+func TestJobResultsFreeLimitSlots(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		cfg := fast(testdb.Prefix())
+		cfg.RescueInterval = time.Hour
+		c := openDropped(t, dsn, cfg)
+		conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[sum]) error {
+			return conveyor.SetResult(ctx, j.Args.A+j.Args.B)
+		}))
+		if err := c.SetQueueLimits(ctx, "default", conveyor.QueueLimits{MaxRunning: 1}); err != nil {
+			t.Fatal(err)
+		}
+		var ids []int64
+		for i := range 3 {
+			id, err := c.Enqueue(ctx, sum{A: i, B: 10}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		if err := c.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "three jobs completed through one slot", 30*time.Second, func() bool {
+			for _, id := range ids {
+				if jobState(t, c, id).State != conveyor.JobStateCompleted {
+					return false
+				}
+			}
+			return true
+		})
+		for i, id := range ids {
+			if got, want := string(jobState(t, c, id).Result), fmt.Sprint(i+10); got != want {
+				t.Fatalf("job %d's result %q, want %s", id, got, want)
+			}
 		}
 	})
 }
