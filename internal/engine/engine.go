@@ -514,21 +514,20 @@ func SetResult(ctx context.Context, v json.RawMessage) bool {
 	return true
 }
 
+// get returns the result set, nil for none.
+func (s *resultSlot) get() json.RawMessage {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.val
+}
+
 // runJob executes one job's handler with its timeout, converting panics
-// into errors with stack traces; result is what the handler gave
-// SetResult.
-func (e *Engine) runJob(ctx context.Context, row *driver.JobRow) (err error, trace string, result json.RawMessage) {
+// into errors with stack traces.
+func (e *Engine) runJob(ctx context.Context, row *driver.JobRow) (err error, trace string) {
 	h := e.handlers[row.Kind]
 	if h == nil {
-		return fmt.Errorf("unknown job kind %q: no worker registered for it in this client", row.Kind), "", nil
+		return fmt.Errorf("unknown job kind %q: no worker registered for it in this client", row.Kind), ""
 	}
-	slot := &resultSlot{}
-	ctx = context.WithValue(ctx, resultKey{}, slot)
-	defer func() {
-		slot.mu.Lock()
-		result = slot.val
-		slot.mu.Unlock()
-	}()
 	if timeout := e.timeout(row); timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, timeout, &timeoutError{timeout})
@@ -549,7 +548,7 @@ func (e *Engine) runJob(ctx context.Context, row *driver.JobRow) (err error, tra
 			err = fmt.Errorf("%w (%v)", err, c)
 		}
 	}
-	return err, trace, nil
+	return err, trace
 }
 
 // timeoutError is the cause of a job context's cancellation at the
