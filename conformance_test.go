@@ -546,7 +546,7 @@ func TestStaleAckAfterReleaseRefusedByDatabase(t *testing.T) {
 			t.Fatalf("B's fence %d is not above the released attempt's %d", f, fenceA)
 		}
 		// A's late acknowledgements reach the database, which refuses them.
-		if err := a.RemoteWorkers().Complete(ctx, id, fenceA); !errors.Is(err, conveyor.ErrLeaseLost) {
+		if err := a.RemoteWorkers().Complete(ctx, id, fenceA, nil); !errors.Is(err, conveyor.ErrLeaseLost) {
 			t.Fatalf("A's stale completion: %v, want ErrLeaseLost", err)
 		}
 		if err := a.RemoteWorkers().Snooze(ctx, id, fenceA, time.Hour); !errors.Is(err, conveyor.ErrLeaseLost) {

@@ -75,3 +75,10 @@ func BumpSchemaForTest[TTx any](c *Client[TTx], v int) error {
 	}
 	return fmt.Errorf("unknown driver %T", c.drv)
 }
+
+// FireBatchesForTest runs the maintenance leader's firing of finished
+// batches once, as any process may, and returns the callbacks it
+// enqueued by batch id.
+func FireBatchesForTest[TTx any](c *Client[TTx], limit int) (map[int64]int64, error) {
+	return c.drv.FireBatches(context.Background(), limit)
+}

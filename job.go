@@ -267,6 +267,68 @@ type JobInfo struct {
 	// Metadata is the job's metadata (EnqueueOpts.Metadata); nil when it
 	// has none.
 	Metadata map[string]string `json:",omitempty"`
+	// Result is the JSON value the attempt that completed the job set
+	// with SetResult (or an HTTP worker sent with its completion); nil
+	// when the job is not completed or completed without one. Only
+	// Client.Job reads it: job lists and the Job handed to a worker leave
+	// it nil.
+	Result json.RawMessage `json:",omitempty"`
+}
+
+// MaxResultBytes bounds a job's result encoded as JSON (SetResult, an
+// HTTP worker's completion); a larger one is refused with
+// ErrInvalidResult.
+const MaxResultBytes = 256 << 10
+
+// ErrInvalidResult: SetResult was given a value that does not encode to
+// valid JSON, contains NUL characters or invalid UTF-8, exceeds
+// MaxResultBytes, or was called outside a handler's context.
+var ErrInvalidResult = errors.New("conveyor: invalid job result")
+
+// SetResult records v, encoded as JSON, as the result of the attempt whose
+// handler was given ctx (a Worker's Work, or middleware inside it). The
+// last call wins. The result is stored only if the attempt completes the
+// job (the handler returns nil), in the same transaction as the
+// completion and fenced like it: the result of an attempt that no longer
+// owns the job (rescued, cancelled) is refused with its outcome. Read it
+// back with Client.Job (JobInfo.Result). It returns an error wrapping
+// ErrInvalidResult, and records nothing, when v does not encode, is over
+// MaxResultBytes or ctx is not a handler's; the handler decides whether
+// that fails the attempt.
+func SetResult(ctx context.Context, v any) error {
+	b, err := encodeResult(v)
+	if err != nil {
+		return err
+	}
+	if !engine.SetResult(ctx, b) {
+		return fmt.Errorf("%w: the context is not a job handler's", ErrInvalidResult)
+	}
+	return nil
+}
+
+// encodeResult encodes a job's result, refusing what the databases could
+// not store faithfully and anything over MaxResultBytes.
+func encodeResult(v any) (json.RawMessage, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidResult, err)
+	}
+	return checkResult(b)
+}
+
+// checkResult checks an encoded result as encodeResult does.
+func checkResult(b []byte) (json.RawMessage, error) {
+	switch {
+	case !json.Valid(b) || !utf8.Valid(b):
+		return nil, fmt.Errorf("%w: not valid UTF-8 JSON", ErrInvalidResult)
+	case bytes.Contains(b, []byte(`\ufffd`)):
+		return nil, fmt.Errorf("%w: a string contains invalid UTF-8", ErrInvalidResult)
+	case bytes.Contains(b, []byte(`\u0000`)):
+		return nil, fmt.Errorf("%w: a string contains a NUL character, which databases cannot store in JSON", ErrInvalidResult)
+	case len(b) > MaxResultBytes:
+		return nil, fmt.Errorf("%w: %d bytes encoded, over the %d-byte limit (MaxResultBytes)", ErrInvalidResult, len(b), MaxResultBytes)
+	}
+	return b, nil
 }
 
 // Job is one attempt of a job handed to a Worker: the job as stored
@@ -396,6 +458,9 @@ func AddWorker[T JobArgs, TTx any](c *Client[TTx], w Worker[T], opts ...WorkerOp
 	c.handlers[kind] = func(ctx context.Context, row *driver.JobRow) error {
 		job := &Job[T]{JobInfo: jobInfo(row)}
 		work := func(ctx context.Context) error {
+			if err := c.dependencyFailure(ctx, job.JobInfo); err != nil {
+				return err
+			}
 			if err := json.Unmarshal(row.Args, &job.Args); err != nil {
 				return JobCancel(fmt.Errorf("decoding %s arguments: %w", kind, err))
 			}
@@ -484,6 +549,7 @@ func jobInfo(r *driver.JobRow) *JobInfo {
 		Timeout:     time.Duration(r.TimeoutMS) * time.Millisecond,
 		ScheduledAt: r.ScheduledAt, CreatedAt: r.CreatedAt, AttemptedAt: r.AttemptedAt,
 		FinalizedAt: r.FinalizedAt, LeaseExpiresAt: r.LeaseExpiresAt, AttemptedBy: r.AttemptedBy,
+		Result: r.Result,
 	}
 	for _, e := range r.Errors {
 		j.Errors = append(j.Errors, AttemptError(e))

@@ -496,7 +496,7 @@ func TestLimitStats(t *testing.T) {
 				t.Errorf("%s of a limited queue without jobs: listed %v, %+v", what, ok, q)
 			}
 		}
-		if err := rw.Complete(ctx, conc[0].ID, conc[0].Fence); err != nil {
+		if err := rw.Complete(ctx, conc[0].ID, conc[0].Fence, nil); err != nil {
 			t.Fatal(err)
 		}
 		if next := claim("conc"); len(next) != 1 {

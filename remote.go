@@ -2,6 +2,7 @@ package conveyor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -174,12 +175,22 @@ func (r *RemoteWorkers) Renew(ctx context.Context, id, fence int64, lease time.D
 	return r.eng.RenewRemote(ctx, id, fence, d)
 }
 
-// Complete records the success of job id's attempt claimed under fence.
-// It waits until the outcome is written, batched with the client's other
-// outcomes; if ctx ends first it returns ctx's error, and the outcome may
-// still be written.
-func (r *RemoteWorkers) Complete(ctx context.Context, id, fence int64) error {
-	return r.eng.CompleteRemote(ctx, id, fence)
+// Complete records the success of job id's attempt claimed under fence,
+// with the attempt's result when result is not empty: JSON, checked as
+// SetResult checks it (an error wrapping ErrInvalidResult, and nothing
+// written, otherwise), stored only if the completion is applied. It waits
+// until the outcome is written, batched with the client's other outcomes;
+// if ctx ends first it returns ctx's error, and the outcome may still be
+// written.
+func (r *RemoteWorkers) Complete(ctx context.Context, id, fence int64, result json.RawMessage) error {
+	var res json.RawMessage
+	if len(result) > 0 {
+		var err error
+		if res, err = checkResult(result); err != nil {
+			return fmt.Errorf("job %d: result: %w", id, err)
+		}
+	}
+	return r.eng.CompleteRemote(ctx, id, fence, res)
 }
 
 // RemoteFailure is a remote worker's failed attempt.

@@ -83,7 +83,7 @@ func TestRemoteWorkers(t *testing.T) {
 		if info := jobState(t, c, id2); info.State != conveyor.JobStateScheduled || info.Attempt != 0 {
 			t.Fatalf("snoozed job: %s attempt %d, want scheduled with its attempt given back", info.State, info.Attempt)
 		}
-		if err := rw.Complete(ctx, j.ID, j.Fence); !errors.Is(err, conveyor.ErrLeaseLost) {
+		if err := rw.Complete(ctx, j.ID, j.Fence, nil); !errors.Is(err, conveyor.ErrLeaseLost) {
 			t.Fatalf("completing a snoozed attempt: %v, want ErrLeaseLost", err)
 		}
 

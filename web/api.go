@@ -41,6 +41,7 @@ func (h *Handler) routeTable() []route {
 		{method: "POST", path: "/api/v1/jobs", role: ad, api: true, fn: h.apiEnqueue},
 		{method: "POST", path: "/api/v1/jobs/batch", role: ad, api: true, fn: h.apiEnqueueBatch},
 		{method: "GET", path: "/api/v1/jobs/{id}", role: ro, api: true, fn: h.apiGetJob},
+		{method: "GET", path: "/api/v1/batches/{id}", role: ro, api: true, fn: h.apiGetBatch},
 		{method: "POST", path: "/api/v1/jobs/{id}/retry", role: ad, api: true, fn: h.apiAdmin("retry")},
 		{method: "POST", path: "/api/v1/jobs/{id}/cancel", role: ad, api: true, fn: h.apiAdmin("cancel")},
 		{method: "POST", path: "/api/v1/jobs/{id}/discard", role: ad, api: true, fn: h.apiAdmin("discard")},
@@ -108,7 +109,7 @@ func (h *Handler) classify(r *http.Request, err error) (int, string) {
 	switch {
 	case errors.Is(err, conveyor.ErrInvalidArgs), errors.Is(err, conveyor.ErrInvalidOpts), errors.Is(err, conveyor.ErrUnknownKind), errors.Is(err, conveyor.ErrInvalidClaim):
 		return http.StatusBadRequest, msg
-	case errors.Is(err, conveyor.ErrNotFound):
+	case errors.Is(err, conveyor.ErrNotFound), errors.Is(err, conveyor.ErrBatchNotFound):
 		return http.StatusNotFound, msg
 	case errors.Is(err, conveyor.ErrWrongState), errors.Is(err, conveyor.ErrUniqueConflict):
 		return http.StatusConflict, msg
@@ -336,6 +337,20 @@ func (h *Handler) apiGetJob(w http.ResponseWriter, r *http.Request, _ principal)
 		return
 	}
 	writeJSON(w, http.StatusOK, NewJobJSON(j))
+}
+
+// apiGetBatch answers a batch (BatchJSON).
+func (h *Handler) apiGetBatch(w http.ResponseWriter, r *http.Request, _ principal) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	b, err := h.c.Batch(r.Context(), id)
+	if err != nil {
+		h.fail(w, r, fmt.Errorf("batch %d: %w", id, err))
+		return
+	}
+	writeJSON(w, http.StatusOK, NewBatchJSON(b))
 }
 
 // jobQuery is a job list's filter, from the query string.

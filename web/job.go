@@ -17,7 +17,7 @@ import (
 // microseconds (JSONTime). A time or value that is absent is null, never
 // a zero time or an empty string. Durations are whole milliseconds under
 // keys ending in _ms. errors is [] for a job that never failed; metadata
-// is null for a job without any; fence is present on claimed jobs only.
+// and result are null for a job without any; fence is present on claimed jobs only.
 //
 // It is not conveyor.JobInfo's own encoding (json.Marshal of a JobInfo
 // keeps Go's field names and time layout).
@@ -61,6 +61,10 @@ type JobJSON struct {
 	// Metadata is the job's metadata (conveyor.EnqueueOpts.Metadata);
 	// null when it has none.
 	Metadata map[string]string `json:"metadata"`
+	// Result is the JSON value the attempt that completed the job set
+	// (conveyor.SetResult, or an HTTP worker's completion); null when
+	// there is none, and in job lists and claims, which do not read it.
+	Result json.RawMessage `json:"result"`
 	// Fence is set on claimed jobs only: the token that heartbeat,
 	// complete, fail, snooze and release must send back.
 	Fence *int64 `json:"fence,omitempty"`
@@ -127,6 +131,9 @@ func NewJobJSON(j *conveyor.JobInfo) JobJSON {
 	if len(j.Metadata) > 0 {
 		out.Metadata = j.Metadata
 	}
+	if len(j.Result) > 0 {
+		out.Result = j.Result
+	}
 	return out
 }
 
@@ -146,3 +153,53 @@ func stringOrNull(s string) *string {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// BatchJSON is a batch as the HTTP API (GET /api/v1/batches/{id}) and
+// `conveyor batch --json` write it. callback_id and fired_at are null
+// until every job of the batch has finished and the callback was
+// enqueued; counts has every state that some job is in ("" for jobs
+// retention deleted).
+type BatchJSON struct {
+	// ID is the batch's id.
+	ID int64 `json:"id"`
+	// CreatedAt is when the batch was enqueued.
+	CreatedAt *JSONTime `json:"created_at"`
+	// Finished is whether every job has finished.
+	Finished bool `json:"finished"`
+	// CallbackKind is the callback job's kind.
+	CallbackKind string `json:"callback_kind"`
+	// CallbackID is the callback job's id once enqueued.
+	CallbackID *int64 `json:"callback_id"`
+	// FiredAt is when the callback was enqueued.
+	FiredAt *JSONTime `json:"fired_at"`
+	// Counts counts the jobs by state.
+	Counts map[string]int `json:"counts"`
+	// Jobs are the batch's jobs by id.
+	Jobs []BatchJobJSON `json:"jobs"`
+}
+
+// BatchJobJSON is one job of a batch in BatchJSON.
+type BatchJobJSON struct {
+	// ID is the job's id.
+	ID int64 `json:"id"`
+	// State is its state, "" once retention deleted it.
+	State string `json:"state"`
+	// Result is its result, null for none.
+	Result json.RawMessage `json:"result"`
+}
+
+// NewBatchJSON returns b in the shape of BatchJSON.
+func NewBatchJSON(b *conveyor.Batch) BatchJSON {
+	out := BatchJSON{ID: b.ID, CreatedAt: timeOrNull(b.CreatedAt), Finished: b.Finished(), CallbackKind: b.CallbackKind,
+		FiredAt: timeOrNull(b.FiredAt), Counts: map[string]int{}, Jobs: make([]BatchJobJSON, len(b.Jobs))}
+	if b.CallbackID != 0 {
+		out.CallbackID = ptr(b.CallbackID)
+	}
+	for st, n := range b.Counts {
+		out.Counts[string(st)] = n
+	}
+	for i, j := range b.Jobs {
+		out.Jobs[i] = BatchJobJSON{ID: j.ID, State: string(j.State), Result: j.Result}
+	}
+	return out
+}

@@ -151,6 +151,7 @@ type Options struct {
 type client interface {
 	EnqueueMany(ctx context.Context, items []conveyor.EnqueueItem) ([]conveyor.EnqueueResult, error)
 	Job(ctx context.Context, id int64) (*conveyor.JobInfo, error)
+	Batch(ctx context.Context, id int64) (*conveyor.Batch, error)
 	Jobs(ctx context.Context, f conveyor.JobFilter) ([]*conveyor.JobInfo, error)
 	Retry(ctx context.Context, id int64) (*conveyor.JobInfo, error)
 	Cancel(ctx context.Context, id int64) (*conveyor.JobInfo, error)

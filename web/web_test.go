@@ -262,9 +262,15 @@ func TestEnqueueClaimComplete(t *testing.T) {
 		}
 		j0, j1, j2 := jobs[0], jobs[1], jobs[2]
 		e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/heartbeat", j0.ID), auth: adminToken, body: map[string]any{"fence": *j0.Fence, "lease_ms": 60000}})
-		e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/complete", j0.ID), auth: adminToken, body: map[string]any{"fence": *j0.Fence}})
-		if j := e.job(j0.ID); j.State != "completed" || j.FinalizedAt == nil {
-			t.Errorf("after complete: %+v", j)
+		// A result over the limit is refused, and the job left running.
+		e.must(400, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/complete", j0.ID), auth: adminToken,
+			body: map[string]any{"fence": *j0.Fence, "result": strings.Repeat("x", conveyor.MaxResultBytes)}})
+		if j := e.job(j0.ID); j.State != "running" || string(j.Result) != "null" {
+			t.Errorf("after a refused result: %+v", j)
+		}
+		e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/complete", j0.ID), auth: adminToken, body: map[string]any{"fence": *j0.Fence, "result": map[string]any{"sent": true}}})
+		if j := e.job(j0.ID); j.State != "completed" || j.FinalizedAt == nil || string(j.Result) != `{"sent":true}` {
+			t.Errorf("after complete: %+v (result %s)", j, j.Result)
 		}
 		// A failure with attempts left is retryable, with the error kept.
 		var out struct{ State string }
@@ -1041,4 +1047,41 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestGetBatch: GET /api/v1/batches/{id} answers the batch's jobs, their
+// states and results, and its callback once enqueued; 404 for none.
+func TestGetBatch(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		ctx := context.Background()
+		bid, ids, err := e.client.EnqueueBatch(ctx, []conveyor.EnqueueItem{
+			{Args: conveyor.RawArgs{KindName: "part"}}, {Args: conveyor.RawArgs{KindName: "part"}},
+		}, conveyor.EnqueueItem{Args: conveyor.RawArgs{KindName: "parts_done"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := e.claim(map[string]any{"limit": 2})
+		if len(c) != 2 {
+			t.Fatalf("claimed %d", len(c))
+		}
+		for i, j := range c {
+			e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/complete", j.ID), auth: adminToken, body: map[string]any{"fence": *j.Fence, "result": i}})
+		}
+		fired, err := seam.DriverOf(e.client).FireBatches(ctx, 10)
+		if err != nil || fired[bid] == 0 {
+			t.Fatalf("fire: %v %v", fired, err)
+		}
+		var b BatchJSON
+		e.must(200, req{method: "GET", path: fmt.Sprintf("/api/v1/batches/%d", bid), auth: roToken}).json(t, &b)
+		if b.ID != bid || !b.Finished || b.CallbackKind != "parts_done" || b.CallbackID == nil || *b.CallbackID != fired[bid] ||
+			b.FiredAt == nil || b.Counts["completed"] != 2 || len(b.Jobs) != 2 || b.Jobs[0].ID != ids[0] {
+			t.Fatalf("batch %+v", b)
+		}
+		for _, j := range b.Jobs {
+			if j.State != "completed" || (string(j.Result) != "0" && string(j.Result) != "1") {
+				t.Fatalf("batch job %+v (result %s)", j, j.Result)
+			}
+		}
+		e.must(404, req{method: "GET", path: fmt.Sprintf("/api/v1/batches/%d", bid+100), auth: roToken})
+	})
 }

@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -149,11 +150,21 @@ func (h *Handler) apiComplete(w http.ResponseWriter, r *http.Request, _ principa
 	}
 	var in struct {
 		Fence int64 `json:"fence"`
+		// Result is the attempt's result, any JSON value; absent or
+		// null stores none.
+		Result json.RawMessage `json:"result"`
 	}
 	if !h.decode(w, r, &in) {
 		return
 	}
-	if err := h.rw.Complete(r.Context(), id, in.Fence); err != nil {
+	if string(in.Result) == "null" {
+		in.Result = nil
+	}
+	if err := h.rw.Complete(r.Context(), id, in.Fence, in.Result); err != nil {
+		if errors.Is(err, conveyor.ErrInvalidResult) {
+			writeError(w, http.StatusBadRequest, err.Error())
+			return
+		}
 		h.workerFail(w, r, id, in.Fence, err)
 		return
 	}

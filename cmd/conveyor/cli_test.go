@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -389,7 +390,7 @@ func TestJSONShape(t *testing.T) {
 	mustCLI(t, "enqueue", "--db", dsn, "--kind", "other", "--args", `{"n":1}`, "--allow-unknown-kinds")
 
 	keys := []string{"id", "queue", "kind", "state", "args", "priority", "attempt", "max_attempts", "timeout_ms",
-		"created_at", "scheduled_at", "attempted_at", "attempted_by", "lease_expires_at", "finalized_at", "errors", "metadata"}
+		"created_at", "scheduled_at", "attempted_at", "attempted_by", "lease_expires_at", "finalized_at", "errors", "metadata", "result"}
 	check := func(what string, j map[string]any) {
 		t.Helper()
 		var got []string
@@ -912,7 +913,7 @@ func TestFirstJobID(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "conveyor migrate") {
 			t.Fatalf("enqueue on the prefix of an earlier version: %v; want an error asking for conveyor migrate", err)
 		}
-		if out := mustCLI(t, "migrate", "--db", dsn, "--prefix", p); !strings.Contains(out, "applied migrations [10 11 12]") {
+		if out := mustCLI(t, "migrate", "--db", dsn, "--prefix", p); !strings.Contains(out, "applied migrations [10 11 12 13 14]") {
 			t.Fatalf("migrate: %q", out)
 		}
 		var list []map[string]any
@@ -924,4 +925,35 @@ func TestFirstJobID(t *testing.T) {
 			t.Errorf("job id %s after the conversion, want 3", id)
 		}
 	})
+}
+
+// TestBatchCommand: `conveyor batch ID` prints a batch's jobs and
+// callback, as text and as the API's JSON; an unknown batch is an error.
+func TestBatchCommand(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dsn := filepath.Join(t.TempDir(), "q.db")
+	mustCLI(t, "migrate", "--db", dsn)
+	c, err := connect.Open(ctx, dsn, &conveyor.Config{AllowUnregisteredKinds: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bid, ids, err := c.EnqueueBatch(ctx, []conveyor.EnqueueItem{{Args: conveyor.RawArgs{KindName: "part"}}},
+		conveyor.EnqueueItem{Args: conveyor.RawArgs{KindName: "parts_done"}})
+	c.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := mustCLI(t, "batch", strconv.FormatInt(bid, 10), "--db", dsn)
+	if !strings.Contains(out, "parts_done (waiting for every job to finish)") || !strings.Contains(out, "  "+strconv.FormatInt(ids[0], 10)+" available") {
+		t.Fatalf("batch:\n%s", out)
+	}
+	var b map[string]any
+	if err := json.Unmarshal([]byte(mustCLI(t, "batch", strconv.FormatInt(bid, 10), "--json", "--db", dsn)), &b); err != nil ||
+		b["finished"] != false || b["callback_id"] != nil || b["callback_kind"] != "parts_done" {
+		t.Fatalf("batch --json: %v %v", b, err)
+	}
+	if _, _, err := cli(t, "", "batch", strconv.FormatInt(bid+1, 10), "--db", dsn); err == nil || !strings.Contains(err.Error(), "batch not found") {
+		t.Fatalf("unknown batch: %v", err)
+	}
 }

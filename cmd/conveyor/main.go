@@ -44,6 +44,7 @@ commands:
                           refuses a kind no job of which has completed on the database, unless --allow-unknown-kinds
   jobs [--state S] [--queue Q] [--kind K] [--limit N] [--after ID] [--json]
   job ID [--json]         inspect one job, with every attempt's error
+  batch ID [--json]       inspect one batch: its jobs' states and results, its callback
   retry ID | cancel ID | discard ID
   stats [--json]          per queue: counts by state, age of the oldest available job, paused since,
                           limits and their use, what holds its jobs
@@ -78,6 +79,7 @@ var commands = map[string]func(*env, []string) error{
 	"enqueue":   enqueueCmd,
 	"jobs":      jobsCmd,
 	"job":       jobCmd,
+	"batch":     batchCmd,
 	"retry":     func(e *env, args []string) error { return adminCmd(e, "retry", args) },
 	"cancel":    func(e *env, args []string) error { return adminCmd(e, "cancel", args) },
 	"discard":   func(e *env, args []string) error { return adminCmd(e, "discard", args) },

@@ -197,6 +197,11 @@ type JobRow struct {
 	// Meta is the job's metadata as stored (a JSON object), nil when it
 	// has none.
 	Meta json.RawMessage
+	// Result is the JSON value the attempt that completed the job
+	// returned (Outcome.Result), nil when the job is not completed or
+	// completed without one. Only GetJob reads it; other reads leave it
+	// nil.
+	Result json.RawMessage
 	// LeaseFrom, on a row Claim returned, is a time by this process's
 	// clock no later than the moment the database started the claim's
 	// lease: on SQLite, when the claim's transaction took the write lock,
@@ -240,6 +245,11 @@ type Outcome struct {
 	RetryIn time.Duration
 	// Err is recorded in the job's error list when non-nil.
 	Err *AttemptError
+	// Result, for a completed outcome, is the JSON value the handler
+	// returned (already validated and bounded), stored in the job's
+	// result row in the same transaction as the outcome and only if the
+	// outcome is applied; nil stores nothing. Ignored for other states.
+	Result json.RawMessage
 }
 
 // Lease identifies one running attempt, for heartbeats and releases, by
@@ -431,7 +441,8 @@ type Driver interface {
 	// scheduled_at has passed available, and returns the count per queue,
 	// notifying like Rescue.
 	Promote(ctx context.Context, limit int) (map[string]int, error)
-	// Prune deletes finished jobs finalized longer ago than the given ages.
+	// Prune deletes finished jobs finalized longer ago than the given ages,
+	// and the results stored longer ago than completedAge.
 	Prune(ctx context.Context, completedAge, discardedAge time.Duration, limit int) (int64, error)
 	// Maintain runs one round of the backend's own upkeep of its tables:
 	// on PostgreSQL, the rotation, sealing and reclaiming of segment
@@ -501,6 +512,8 @@ type Driver interface {
 	Listen(ctx context.Context) (Listener, error)
 
 	// Admin.
+	// GetJob returns job id, with its Result when it is completed and
+	// its completion stored one.
 	GetJob(ctx context.Context, id int64) (*JobRow, error)
 	ListJobs(ctx context.Context, f JobFilter) ([]*JobRow, error)
 	// ListJobsTx is ListJobs inside the caller's transaction (of a type
@@ -528,6 +541,29 @@ type Driver interface {
 	// database's clock) is at or after finishedSince, read as a range of
 	// the finalized_at index. Queues without such jobs are left out.
 	Overview(ctx context.Context, finishedSince time.Time) ([]QueueStats, error)
+
+	// InsertBatches inserts jobs and batches in the caller's transaction
+	// tx or, when tx is nil, in one transaction of its own: the jobs (as
+	// InsertTx inserts them; none unique), then per batch a row that
+	// keeps its callback (encoded, not yet a job), one member row per job
+	// of the batch and one row per earlier batch it waits for. It returns
+	// the jobs' ids and the batches' ids in order.
+	InsertBatches(ctx context.Context, tx any, jobs []InsertParams, batches []BatchParams) (jobIDs, batchIDs []int64, err error)
+	// FireBatches enqueues the callback of up to limit batches whose
+	// every member has finished (completed, discarded or cancelled, or
+	// deleted by Prune since), whose every batch waited for (After) has
+	// its callback enqueued and finished, and whose callback was not
+	// enqueued yet,
+	// and returns the callback's id by batch id. Each batch is fired in a
+	// transaction of its own that inserts the callback (its metadata
+	// given BatchMetaKey) and records its id on the batch row only if no
+	// callback is recorded there yet, so that concurrent callers enqueue
+	// each callback exactly once.
+	FireBatches(ctx context.Context, limit int) (map[int64]int64, error)
+	// GetBatch returns batch id and every member's state and result,
+	// the callbacks already enqueued of the batches it waits for counting
+	// as members (ErrBatchNotFound when there is no such batch).
+	GetBatch(ctx context.Context, id int64) (*BatchRow, error)
 
 	// Counters returns backend-specific counters (busy retries, deadlock
 	// retries) accumulated by this driver.
@@ -614,4 +650,67 @@ type Listener interface {
 	// engine refetches anything it may have missed.
 	Wait(ctx context.Context) (queue string, err error)
 	Close() error
+}
+
+// ErrBatchNotFound is returned by GetBatch for an id that does not exist.
+var ErrBatchNotFound = errors.New("batch not found")
+
+// BatchMetaKey is the metadata key under which a batch's callback job
+// carries the batch's id (decimal).
+const BatchMetaKey = "conveyor.batch_id"
+
+// BatchRow is a batch as stored, with its members.
+type BatchRow struct {
+	ID int64
+	// CreatedAt is when the batch was inserted, FiredAt when its
+	// callback was enqueued (zero until then), by the database's clock.
+	CreatedAt, FiredAt time.Time
+	// CallbackID is the callback job's id, 0 until it is enqueued.
+	CallbackID int64
+	// Callback is the callback job as it will be, or was, inserted.
+	Callback InsertParams
+	// Members are the batch's jobs by id.
+	Members []BatchMember
+}
+
+// BatchMember is one job of a batch.
+type BatchMember struct {
+	ID int64
+	// State is the job's state, "" when Prune deleted it.
+	State string
+	// Result is the job's result (see JobRow.Result), nil for none.
+	Result json.RawMessage
+}
+
+// CallbackForBatch returns callback with BatchMetaKey set to batchID in
+// its metadata.
+func CallbackForBatch(callback InsertParams, batchID int64) (InsertParams, error) {
+	m := map[string]string{}
+	if len(callback.Meta) > 0 {
+		if err := json.Unmarshal(callback.Meta, &m); err != nil {
+			return callback, fmt.Errorf("batch %d: callback metadata: %w", batchID, err)
+		}
+	}
+	if m == nil { // "null"
+		m = map[string]string{}
+	}
+	m[BatchMetaKey] = fmt.Sprint(batchID)
+	b, err := json.Marshal(m)
+	if err != nil {
+		return callback, err
+	}
+	callback.Meta = b
+	return callback, nil
+}
+
+// BatchParams is one batch of InsertBatches.
+type BatchParams struct {
+	// Callback is the job enqueued once the batch has finished.
+	Callback InsertParams
+	// Jobs are the batch's members, as indexes into InsertBatches' jobs.
+	Jobs []int
+	// After are earlier batches of the same call (indexes) the batch
+	// also waits for: each has finished once its callback was enqueued
+	// and has finished.
+	After []int
 }

@@ -69,6 +69,11 @@ func (d *benchDriver) RegisterProcess(context.Context, driver.ProcessRow, time.D
 	return nil
 }
 func (d *benchDriver) RemoveProcess(context.Context, string) error { return nil }
+
+// QueueLimits: no queue is limited.
+func (d *benchDriver) QueueLimits(context.Context) (map[string]driver.QueueLimits, error) {
+	return nil, nil
+}
 func (d *benchDriver) TryLead(context.Context, string, time.Duration) (bool, error) {
 	return false, nil
 }

@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -490,6 +491,36 @@ func DefaultBackoff(attempt int) time.Duration {
 	return d/2 + time.Duration(mrand.Int64N(int64(d/2)+1))
 }
 
+// resultKey keys the *resultSlot of an attempt's context.
+type resultKey struct{}
+
+// resultSlot holds the result an attempt's handler set (SetResult).
+type resultSlot struct {
+	mu  sync.Mutex
+	val json.RawMessage
+}
+
+// SetResult records v, already encoded and checked, as the result of the
+// attempt whose handler's context is ctx; the last call wins. It reports
+// false when ctx is not an attempt's context.
+func SetResult(ctx context.Context, v json.RawMessage) bool {
+	s, ok := ctx.Value(resultKey{}).(*resultSlot)
+	if !ok {
+		return false
+	}
+	s.mu.Lock()
+	s.val = v
+	s.mu.Unlock()
+	return true
+}
+
+// get returns the result set, nil for none.
+func (s *resultSlot) get() json.RawMessage {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.val
+}
+
 // runJob executes one job's handler with its timeout, converting panics
 // into errors with stack traces.
 func (e *Engine) runJob(ctx context.Context, row *driver.JobRow) (err error, trace string) {
@@ -552,11 +583,13 @@ func (e *Engine) backoff(row *driver.JobRow) time.Duration {
 	return e.cfg.Backoff(row.Attempt)
 }
 
-// outcome turns a handler result into the state the completer writes.
-func (e *Engine) outcome(row *driver.JobRow, err error, trace string) driver.Outcome {
+// outcome turns a handler's error and result into the outcome the
+// completer writes; the result is kept only by a completion.
+func (e *Engine) outcome(row *driver.JobRow, err error, trace string, result json.RawMessage) driver.Outcome {
 	o := driver.Outcome{ID: row.ID, Fence: row.Fence, Attempt: row.Attempt}
 	if err == nil {
 		o.State = driver.StateCompleted
+		o.Result = result
 		return o
 	}
 	if sn := (*SnoozeError)(nil); errors.As(err, &sn) {

@@ -483,6 +483,9 @@ func (d *fakeDriver) Maintain(context.Context) (map[string]int, error) {
 }
 
 // Promote records the call and answers through the promote hook.
+// FireBatches has no batches to fire.
+func (d *fakeDriver) FireBatches(context.Context, int) (map[int64]int64, error) { return nil, nil }
+
 func (d *fakeDriver) Promote(context.Context, int) (map[string]int, error) {
 	d.record(call{op: "promote"})
 	if d.promote == nil {

@@ -89,6 +89,10 @@ type running struct {
 	// cutOff is set when the deadline loop cancelled the handler because
 	// the lease could not be renewed in time.
 	cutOff bool
+	// result is what the handler gave SetResult: the handler's context
+	// carries a pointer to it (one context value per attempt, no
+	// allocation of its own).
+	result resultSlot
 }
 
 // abandoned reports whether the attempt's handler outlived its timeout by
@@ -436,7 +440,7 @@ func (f *fetcher) work(it *running) attempt {
 		return attempt{}
 	}
 	began := time.Now()
-	err, trace := e.runJob(it.ctx, it.row)
+	err, trace := e.runJob(context.WithValue(it.ctx, resultKey{}, &it.result), it.row)
 	ran := time.Since(began)
 	a := attempt{ran: true, took: ran, err: err}
 	switch {
@@ -446,7 +450,7 @@ func (f *fetcher) work(it *running) attempt {
 		a.interrupted = true
 	case f.finish(it):
 		a.write = true
-		a.outcome = e.outcome(it.row, err, trace)
+		a.outcome = e.outcome(it.row, err, trace, it.result.get())
 		switch {
 		case a.outcome.State == driver.StateScheduled:
 			e.metrics.Snoozed.Add(1)

@@ -62,18 +62,18 @@ func TestKindBackoffInOutcome(t *testing.T) {
 	fail := errors.New("failed")
 	r := job(1)
 	r.Kind, r.Attempt = "slow", 3
-	if o := e.outcome(r, fail, ""); o.State != driver.StateRetryable || o.RetryIn != 3*time.Hour {
+	if o := e.outcome(r, fail, "", nil); o.State != driver.StateRetryable || o.RetryIn != 3*time.Hour {
 		t.Fatalf("kind with its own backoff: %s in %v, want retryable in 3h", o.State, o.RetryIn)
 	}
 	if len(asked) != 1 || asked[0] != 3 {
 		t.Fatalf("the kind's backoff was asked for attempts %v, want [3]", asked)
 	}
 	r.Kind = "k"
-	if o := e.outcome(r, fail, ""); o.RetryIn != 3*time.Second {
+	if o := e.outcome(r, fail, "", nil); o.RetryIn != 3*time.Second {
 		t.Fatalf("kind without settings retried in %v, want the engine's 3s", o.RetryIn)
 	}
 	r.Kind, r.Attempt = "slow", r.MaxAttempts
-	if o := e.outcome(r, fail, ""); o.State != driver.StateDiscarded || len(asked) != 1 {
+	if o := e.outcome(r, fail, "", nil); o.State != driver.StateDiscarded || len(asked) != 1 {
 		t.Fatalf("last attempt: %s (backoff asked %d times), want discarded without asking", o.State, len(asked))
 	}
 }

@@ -153,7 +153,7 @@ func TestLimitCompletionWakesHeldRemoteClaim(t *testing.T) {
 		got <- rows
 	}()
 	waitFor(t, "the held remote claim", func() bool { cs := d.claimsOf("q"); return len(cs) == 2 && cs[1].done })
-	if err := e.CompleteRemote(ctx, 1, 101); err != nil {
+	if err := e.CompleteRemote(ctx, 1, 101, nil); err != nil {
 		t.Fatal(err)
 	}
 	rows := recv(t, "the held remote claim to be woken", got)

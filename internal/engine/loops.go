@@ -209,6 +209,12 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 		if !e.drainLoop(ctx, "promote", batch, &e.metrics.Promoted, e.drv.Promote) {
 			failed = true
 		}
+		// Batches whose every job has finished get their callback.
+		if _, err := e.drv.FireBatches(ctx, batch); err != nil && ctx.Err() == nil {
+			failed = true
+			e.metrics.DBErrors.Add(1)
+			e.warn("conveyor: enqueueing the callbacks of finished batches failed", "error", err)
+		}
 		if now.Sub(lastRescue) >= e.cfg.RescueInterval {
 			lastRescue = now
 			if !e.drainLoop(ctx, "rescue", batch, &e.metrics.Rescued, e.drv.Rescue) {

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -213,9 +214,11 @@ func (r *remoteError) Error() string { return r.msg }
 // Is makes a cancelling failure match ErrCancelJob.
 func (r *remoteError) Is(target error) bool { return r.cancel && target == ErrCancelJob }
 
-// CompleteRemote records a remote worker's success, fenced.
-func (e *Engine) CompleteRemote(ctx context.Context, id, fence int64) error {
-	return e.settleRemote(ctx, driver.Outcome{ID: id, Fence: fence, State: driver.StateCompleted})
+// CompleteRemote records a remote worker's success, fenced, with its
+// result (already checked; nil for none), stored only if the completion
+// is applied.
+func (e *Engine) CompleteRemote(ctx context.Context, id, fence int64, result json.RawMessage) error {
+	return e.settleRemote(ctx, driver.Outcome{ID: id, Fence: fence, State: driver.StateCompleted, Result: result})
 }
 
 // SnoozeRemote puts a remote worker's job back for d without counting
@@ -252,7 +255,7 @@ func (e *Engine) FailRemote(ctx context.Context, id, fence int64, f RemoteFailur
 		return "", ErrLeaseLost
 	}
 	rerr := &remoteError{msg: f.Error, cancel: f.Cancel}
-	o := e.outcome(row, rerr, f.Trace)
+	o := e.outcome(row, rerr, f.Trace, nil)
 	if o.State == driver.StateRetryable && f.RetryIn > 0 {
 		o.RetryIn = f.RetryIn
 	}

@@ -31,11 +31,11 @@ func stuckCompleter(t *testing.T) (*fakeDriver, *Engine, *completer, chan struct
 	}}
 	e := New(d, testConfig(10*time.Second), nil)
 	bg := context.Background()
-	go e.CompleteRemote(bg, 1, 1)
+	go e.CompleteRemote(bg, 1, 1, nil)
 	waitFor(t, "the first batch", func() bool { return d.count("complete") == 1 })
 	c := e.completer()
 	for id := int64(2); id < 2+int64(cap(c.in)); id++ {
-		go e.CompleteRemote(bg, id, 1)
+		go e.CompleteRemote(bg, id, 1, nil)
 	}
 	waitFor(t, "the completer's queue full", func() bool { return len(c.in) == cap(c.in) })
 	return d, e, c, release
@@ -50,7 +50,7 @@ func TestSettleRemoteHonoursCtxOnFullQueue(t *testing.T) {
 	defer func() { close(release); e.Close(context.Background()) }()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- e.CompleteRemote(ctx, 1000, 1) }()
+	go func() { done <- e.CompleteRemote(ctx, 1000, 1, nil) }()
 	cancel()
 	if err := recv(t, "CompleteRemote to return after its context was cancelled", done); !errors.Is(err, context.Canceled) {
 		t.Fatalf("got %v, want context.Canceled", err)
@@ -64,7 +64,7 @@ func TestSettleRemoteHonoursCtxOnFullQueue(t *testing.T) {
 func TestEngineLockNotHeldAcrossCompleterClose(t *testing.T) {
 	_, e, c, release := stuckCompleter(t)
 	defer func() { close(release); e.Close(context.Background()) }()
-	go e.CompleteRemote(context.Background(), 5000, 1) // blocked in submit, holding c.mu.RLock
+	go e.CompleteRemote(context.Background(), 5000, 1, nil) // blocked in submit, holding c.mu.RLock
 	time.Sleep(50 * time.Millisecond)
 	go c.close() // as Stop does: waits for c.mu.Lock
 	waitFor(t, "close to begin", func() bool {
@@ -76,7 +76,7 @@ func TestEngineLockNotHeldAcrossCompleterClose(t *testing.T) {
 		}
 	})
 	time.Sleep(50 * time.Millisecond)
-	go e.CompleteRemote(context.Background(), 5001, 1) // e.completer(): e.mu, then c.closed()
+	go e.CompleteRemote(context.Background(), 5001, 1, nil) // e.completer(): e.mu, then c.closed()
 	time.Sleep(50 * time.Millisecond)
 	woke := make(chan struct{})
 	go func() { e.wake("q"); close(woke) }()

@@ -53,7 +53,7 @@ func TestRemoteOutcomesBatched(t *testing.T) {
 	}
 	results := make(chan result, 20)
 	send := func(id int64) {
-		go func() { results <- result{id, e.CompleteRemote(ctx, id, 1)} }()
+		go func() { results <- result{id, e.CompleteRemote(ctx, id, 1, nil)} }()
 	}
 	send(1) // written alone; its write blocks until release
 	waitFor(t, "the first batch", func() bool { mu.Lock(); defer mu.Unlock(); return len(batches) == 1 })
@@ -105,7 +105,7 @@ func TestRemoteOutcomesShareTheStartedCompleter(t *testing.T) {
 	if e.fetchers["default"].comp != local {
 		t.Fatal("the fetcher and remote outcomes use different completers")
 	}
-	if err := e.CompleteRemote(context.Background(), 7, 1); err != nil {
+	if err := e.CompleteRemote(context.Background(), 7, 1, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Stop(context.Background()); err != nil {
@@ -114,7 +114,7 @@ func TestRemoteOutcomesShareTheStartedCompleter(t *testing.T) {
 	if !local.closed() {
 		t.Fatal("Stop left the started engine's completer open")
 	}
-	if err := e.CompleteRemote(context.Background(), 8, 1); err != nil {
+	if err := e.CompleteRemote(context.Background(), 8, 1, nil); err != nil {
 		t.Fatalf("a remote outcome after Stop: %v", err)
 	}
 	if got := completedIDs(d); !slices.Equal(got, []int64{7, 8}) {
@@ -123,7 +123,7 @@ func TestRemoteOutcomesShareTheStartedCompleter(t *testing.T) {
 	if err := e.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.CompleteRemote(context.Background(), 9, 1); !errors.Is(err, ErrStopped) {
+	if err := e.CompleteRemote(context.Background(), 9, 1, nil); !errors.Is(err, ErrStopped) {
 		t.Fatalf("a remote outcome after Close: %v, want ErrStopped", err)
 	}
 }
@@ -170,7 +170,7 @@ func TestRemoteWorkersRegistered(t *testing.T) {
 	if n := d.count("register"); n != 2 {
 		t.Fatalf("a renewal after the interval: %d registrations, want 2", n)
 	}
-	if err := e.CompleteRemote(ctx, rows[0].ID, rows[0].Fence); err != nil {
+	if err := e.CompleteRemote(ctx, rows[0].ID, rows[0].Fence, nil); err != nil {
 		t.Fatal(err)
 	}
 	e.remote.mu.Lock()

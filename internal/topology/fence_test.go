@@ -77,13 +77,13 @@ func checkStaleAcksRefused(t *testing.T, ctx context.Context, dsn, prefix string
 	if err := fresh.RemoteWorkers().Renew(ctx, id, lost.Fence, 0); !errors.Is(err, conveyor.ErrLeaseLost) {
 		t.Fatalf("the lost claim's heartbeat on the new primary: %v, want ErrLeaseLost", err)
 	}
-	if err := fresh.RemoteWorkers().Complete(ctx, id, lost.Fence); !errors.Is(err, conveyor.ErrLeaseLost) {
+	if err := fresh.RemoteWorkers().Complete(ctx, id, lost.Fence, nil); !errors.Is(err, conveyor.ErrLeaseLost) {
 		t.Fatalf("the lost claim's completion on the new primary: %v, want ErrLeaseLost", err)
 	}
 	if j, err := second.Job(ctx, id); err != nil || j.State != conveyor.JobStateRunning || j.Attempt != won.Attempt {
 		t.Fatalf("after the stale acknowledgements the job is %+v (%v), want running attempt %d", j, err, won.Attempt)
 	}
-	if err := second.RemoteWorkers().Complete(ctx, id, won.Fence); err != nil {
+	if err := second.RemoteWorkers().Complete(ctx, id, won.Fence, nil); err != nil {
 		t.Fatalf("the second claim's completion: %v", err)
 	}
 	if j, err := second.Job(ctx, id); err != nil || j.State != conveyor.JobStateCompleted {

@@ -44,6 +44,13 @@ export interface Job<Args = unknown> {
   errors: AttemptError[];
   /** The job's metadata (`EnqueueOptions.metadata`), null when it has none. */
   metadata: Record<string, string> | null;
+  /**
+   * The result the attempt that completed the job stored (a Go worker's
+   * `conveyor.SetResult`, the value a TypeScript handler resolved with), a
+   * JSON value; null when there is none, and in job lists and claims,
+   * which do not read it.
+   */
+  result: unknown;
 }
 
 /** A job handed out by a claim, with the fence its acknowledgements must carry. */
@@ -236,6 +243,7 @@ interface WireJob {
   finalized_at: string | null;
   errors: AttemptError[] | null;
   metadata?: Record<string, string> | null;
+  result?: unknown;
   fence?: number;
 }
 
@@ -258,6 +266,7 @@ function fromWire(w: WireJob): Job {
     finalizedAt: w.finalized_at,
     errors: w.errors ?? [],
     metadata: w.metadata ?? null,
+    result: w.result ?? null,
   };
 }
 
@@ -491,9 +500,16 @@ export class Client {
     await this.request("POST", `/api/v1/jobs/${jobId(id)}/heartbeat`, body, { signal });
   }
 
-  /** Records success. Throws StaleFenceError if the claim no longer holds the job. */
-  async complete(id: number, fence: number, signal?: AbortSignal): Promise<void> {
-    await this.request("POST", `/api/v1/jobs/${jobId(id)}/complete`, { fence }, { signal });
+  /**
+   * Records success, with the attempt's result when `result` is neither
+   * undefined nor null: any JSON value, at most 256 KiB encoded (the server
+   * answers 400 otherwise). Throws StaleFenceError if the claim no longer
+   * holds the job; its result is then not stored either.
+   */
+  async complete(id: number, fence: number, signal?: AbortSignal, result?: unknown): Promise<void> {
+    const body: Record<string, unknown> = { fence };
+    if (result !== undefined && result !== null) body.result = result;
+    await this.request("POST", `/api/v1/jobs/${jobId(id)}/complete`, body, { signal });
   }
 
   /** Records a failed attempt; returns the job's new state (retryable, discarded or cancelled). */

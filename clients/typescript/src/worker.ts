@@ -2,7 +2,9 @@ import { Client, ClaimedJob } from "./client.js";
 import { CancelJob, ConveyorError, Snooze, StaleFenceError } from "./errors.js";
 
 /**
- * Works one job. Resolve (with anything but a Snooze) to complete it;
+ * Works one job. Resolve (with anything but a Snooze) to complete it: a
+ * value other than undefined or null is the job's result, sent with the
+ * completion as JSON (at most 256 KiB) and stored with the job;
  * throw to fail the attempt (retried with the server's backoff until its
  * max attempts, then discarded); throw a CancelJob to cancel it without
  * retry; return or throw `snooze(ms)` to put it back for later without
@@ -64,7 +66,7 @@ export interface StopResult {
 }
 
 type Outcome =
-  | { kind: "complete" }
+  | { kind: "complete"; result?: unknown }
   | { kind: "snooze"; delayMs: number }
   | { kind: "fail"; error: string; trace?: string; cancel: boolean };
 
@@ -408,7 +410,7 @@ export class Worker {
             .then(resolve, reject)
             .finally(() => r.ctl.signal.removeEventListener("abort", onAbort));
         });
-        outcome = result instanceof Snooze ? { kind: "snooze", delayMs: result.delayMs } : { kind: "complete" };
+        outcome = result instanceof Snooze ? { kind: "snooze", delayMs: result.delayMs } : { kind: "complete", result };
       } catch (err) {
         if (err instanceof Snooze) outcome = { kind: "snooze", delayMs: err.delayMs };
         else if (err !== undefined && err === r.cutOff) outcome = { kind: "fail", error: r.cutOff.message, cancel: false };
@@ -436,7 +438,7 @@ export class Worker {
       try {
         switch (o.kind) {
           case "complete":
-            await this.client.complete(id, fence, t.signal);
+            await this.client.complete(id, fence, t.signal, o.result);
             break;
           case "snooze":
             await this.client.snooze(id, fence, o.delayMs, t.signal);

@@ -28,6 +28,16 @@ func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
 	if err != nil {
 		return nil, d.wrap("get job", err)
 	}
+	if j.State == driver.StateCompleted {
+		var res string
+		switch err := d.db.QueryRowContext(ctx, d.q.GetResult, id, j.Fence).Scan(&res); {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return nil, d.wrap("get job result", err)
+		default:
+			j.Result = json.RawMessage(res)
+		}
+	}
 	return j, nil
 }
 

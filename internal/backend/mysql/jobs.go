@@ -701,7 +701,80 @@ var outcomeStates = map[string]bool{
 // statement that also appends to errors). When every outcome matched, that
 // is the whole call; otherwise the ids applied are read back by this call's
 // op_token.
+//
+// Completions that carry a result are written apart, in one transaction
+// (completeResults).
 func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int64, error) {
+	var withResult, rest []driver.Outcome
+	for i := range outcomes {
+		if outcomes[i].State == driver.StateCompleted && len(outcomes[i].Result) > 0 {
+			if withResult == nil {
+				rest = append(make([]driver.Outcome, 0, len(outcomes)), outcomes[:i]...)
+			}
+			withResult = append(withResult, outcomes[i])
+		} else if withResult != nil {
+			rest = append(rest, outcomes[i])
+		}
+	}
+	if withResult == nil {
+		return d.complete(ctx, outcomes)
+	}
+	applied, err := d.completeResults(ctx, withResult)
+	if err != nil {
+		return nil, err
+	}
+	more, err := d.complete(ctx, rest)
+	if err != nil {
+		return nil, err
+	}
+	return append(more, applied...), nil
+}
+
+// completeResults completes the jobs of outcomes, each fenced by its own
+// statement (complete_one), and stores the result of each job completed
+// (store_result), in one transaction on the lease pool, in ascending id
+// order so that concurrent batches lock rows in the same order. It
+// returns the ids applied.
+func (d *Driver) completeResults(ctx context.Context, outcomes []driver.Outcome) ([]int64, error) {
+	slices.SortFunc(outcomes, func(a, b driver.Outcome) int { return cmp.Compare(a.ID, b.ID) })
+	var applied []int64
+	err := d.retry(ctx, "complete", func() error {
+		applied = applied[:0]
+		tx, err := d.lease.db.BeginTx(ctx, nil)
+		if err != nil {
+			return driver.NotCommitted(err)
+		}
+		for i := range outcomes {
+			o := &outcomes[i]
+			res, err := tx.ExecContext(ctx, d.q.CompleteOne, o.ID, o.Fence)
+			if err != nil {
+				_ = tx.Rollback()
+				return driver.NotCommitted(err)
+			}
+			// The job's row, and its slot's when it held one.
+			if n, err := res.RowsAffected(); err != nil || n == 0 {
+				if err != nil {
+					_ = tx.Rollback()
+					return driver.NotCommitted(err)
+				}
+				continue
+			}
+			if _, err := tx.ExecContext(ctx, d.q.StoreResult, o.ID, o.Fence, string(o.Result)); err != nil {
+				_ = tx.Rollback()
+				return driver.NotCommitted(err)
+			}
+			applied = append(applied, o.ID)
+		}
+		return d.refused(tx.Commit())
+	})
+	if err != nil {
+		return nil, d.wrap("complete", err)
+	}
+	return applied, nil
+}
+
+// complete applies outcomes without results (see Complete).
+func (d *Driver) complete(ctx context.Context, outcomes []driver.Outcome) ([]int64, error) {
 	if len(outcomes) == 0 {
 		return nil, nil
 	}
@@ -1125,6 +1198,12 @@ func (d *Driver) Promote(ctx context.Context, limit int) (map[string]int, error)
 func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Duration, limit int) (int64, error) {
 	if limit <= 0 {
 		return 0, nil
+	}
+	if _, err := d.execCount(ctx, d.main, "prune results", true, d.q.PruneResults, []any{micros(completedAge), int64(limit)}); err != nil {
+		return 0, err
+	}
+	if err := d.pruneBatches(ctx, completedAge, limit); err != nil {
+		return 0, err
 	}
 	n, err := d.execCount(ctx, d.main, "prune", true, d.q.PruneCompleted, []any{micros(completedAge), int64(limit)})
 	if err != nil {

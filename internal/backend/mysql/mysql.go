@@ -241,7 +241,7 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 		d.returning = d.mariaDB && !ver.less(10, 5, 0)
 		// Reads that an application expects to see writes made through
 		// any node (see causal_read).
-		for _, r := range []*string{&q.GetJob, &q.ListJobs, &q.ListJobsDesc, &q.Stats, &q.Overview,
+		for _, r := range []*string{&q.GetJob, &q.GetResult, &q.GetBatch, &q.BatchMembers, &q.ReadyBatches, &q.ListJobs, &q.ListJobsDesc, &q.Stats, &q.Overview,
 			&q.PausedQueues, &q.QueueLimits, &q.LimitUsage, &q.Schedules, &q.Processes, &q.MigrationsMax} {
 			*r = q.CausalRead + " " + *r
 		}
@@ -249,7 +249,7 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 		// acknowledge, and the changes of one job by id (Cancel, Discard,
 		// Retry) that may reach it before the job or its last change (see
 		// causal_ack).
-		for _, r := range []*string{&q.Complete, &q.CompleteWithErrors, &q.SlotHolders, &q.CompleteFreeing, &q.CompleteWithErrorsFreeing, &q.Heartbeat, &q.Release, &q.FenceCheck, &q.Finalize, &q.Retry} {
+		for _, r := range []*string{&q.Complete, &q.CompleteWithErrors, &q.SlotHolders, &q.CompleteFreeing, &q.CompleteWithErrorsFreeing, &q.Heartbeat, &q.Release, &q.FenceCheck, &q.Finalize, &q.Retry, &q.CompleteOne} {
 			*r = q.CausalAck + " " + *r
 		}
 	}

@@ -62,6 +62,23 @@ type queries struct {
 	PromoteSelect   string `sql:"promote_select"`
 	PromoteUpdate   string `sql:"promote_update"`
 	PruneCompleted  string `sql:"prune_completed"`
+	// Results (migration 11).
+	CompleteOne  string `sql:"complete_one"`
+	StoreResult  string `sql:"store_result"`
+	GetResult    string `sql:"get_result"`
+	PruneResults string `sql:"prune_results"`
+	// Batches (migration 12).
+	InsertBatch     string `sql:"insert_batch"`
+	InsertBatchJobs string `sql:"insert_batch_jobs"`
+	ReadyBatches    string `sql:"ready_batches"`
+	FireBatch       string `sql:"fire_batch"`
+	GetBatch        string `sql:"get_batch"`
+	BatchMembers    string `sql:"batch_members"`
+	PrunableBatches string `sql:"prunable_batches"`
+	PruneBatchJobs  string `sql:"prune_batch_jobs"`
+	PruneBatches    string `sql:"prune_batches"`
+	InsertBatchDeps string `sql:"insert_batch_deps"`
+	PruneBatchDeps  string `sql:"prune_batch_deps"`
 	PruneDiscarded  string `sql:"prune_discarded"`
 	TryLead         string `sql:"try_lead"`
 	Leader          string `sql:"leader"`

@@ -276,6 +276,62 @@ SELECT id, queue FROM `{p}jobs` FORCE INDEX (due_idx) WHERE due_at <= UTC_TIMEST
 -- name: promote_update
 UPDATE `{p}jobs` SET state = 'available' WHERE id IN ({ids}) AND state IN ('retryable', 'scheduled')
 
+-- A completion that carries a result, in a transaction with
+-- store_result (see Complete): the one job, fenced, its slot freed as
+-- complete_freeing frees it.
+-- name: complete_one
+UPDATE `{p}jobs` j LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND s.fence = j.fence SET j.state = 'completed', j.finalized_at = UTC_TIMESTAMP(6), j.lease_expires_at = NULL, s.job_id = NULL, s.fence = NULL WHERE j.id = ? AND j.fence = ? AND j.state = 'running'
+
+-- name: store_result
+INSERT INTO `{p}job_results` (job_id, fence, result, stored_at) VALUES (?, ?, ?, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE fence = VALUES(fence), result = VALUES(result), stored_at = VALUES(stored_at)
+
+-- name: get_result
+SELECT result FROM `{p}job_results` WHERE job_id = ? AND fence = ?
+
+-- name: prune_results
+DELETE FROM `{p}job_results` WHERE stored_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND ORDER BY stored_at LIMIT ?
+
+-- name: insert_batch
+INSERT INTO `{p}batches` (callback, created_at) VALUES (?, UTC_TIMESTAMP(6))
+
+-- Members: the driver appends one (?, ?) per job.
+-- name: insert_batch_jobs
+INSERT INTO `{p}batch_jobs` (batch_id, job_id) VALUES
+
+-- Batches without a callback yet whose every member has finished (a
+-- member Prune deleted has finished), oldest first. Reads each open
+-- batch's members up to its first unfinished one.
+-- name: ready_batches
+SELECT b.id, b.callback FROM `{p}batches` b FORCE INDEX (open_idx) WHERE b.callback_id IS NULL AND NOT EXISTS (SELECT 1 FROM `{p}batch_jobs` m JOIN `{p}jobs` j ON j.id = m.job_id WHERE m.batch_id = b.id AND j.state NOT IN ('completed', 'discarded', 'cancelled')) AND NOT EXISTS (SELECT 1 FROM `{p}batch_deps` d JOIN `{p}batches` p ON p.id = d.dep_batch_id LEFT JOIN `{p}jobs` j ON j.id = p.callback_id WHERE d.batch_id = b.id AND (p.callback_id IS NULL OR j.state NOT IN ('completed', 'discarded', 'cancelled'))) ORDER BY b.id LIMIT ?
+
+-- Earlier batches a batch waits for: the driver appends one (?, ?) each.
+-- name: insert_batch_deps
+INSERT INTO `{p}batch_deps` (batch_id, dep_batch_id) VALUES
+
+-- name: fire_batch
+UPDATE `{p}batches` SET callback_id = ?, fired_at = UTC_TIMESTAMP(6) WHERE id = ? AND callback_id IS NULL
+
+-- Batches fired longer ago than the completed jobs' retention (the
+-- driver then deletes them and their members in one transaction).
+-- name: prunable_batches
+SELECT id FROM `{p}batches` WHERE fired_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND ORDER BY fired_at LIMIT ?
+
+-- name: prune_batch_jobs
+DELETE FROM `{p}batch_jobs` WHERE batch_id IN ({ids})
+
+-- name: prune_batch_deps
+DELETE FROM `{p}batch_deps` WHERE batch_id IN ({ids})
+
+-- name: prune_batches
+DELETE FROM `{p}batches` WHERE id IN ({ids})
+
+-- name: get_batch
+SELECT id, callback, callback_id, created_at, fired_at FROM `{p}batches` WHERE id = ?
+
+-- A member's result is its result only under the job's current fence.
+-- name: batch_members
+SELECT m.job_id, COALESCE(j.state, ''), r.result FROM (SELECT job_id FROM `{p}batch_jobs` WHERE batch_id = ? UNION ALL SELECT p.callback_id FROM `{p}batch_deps` d JOIN `{p}batches` p ON p.id = d.dep_batch_id WHERE d.batch_id = ? AND p.callback_id IS NOT NULL) m LEFT JOIN `{p}jobs` j ON j.id = m.job_id LEFT JOIN `{p}job_results` r ON r.job_id = m.job_id AND r.fence = j.fence AND j.state = 'completed' ORDER BY m.job_id
+
 -- name: prune_completed
 DELETE FROM `{p}jobs` WHERE finalized_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND state = 'completed' ORDER BY finalized_at LIMIT ?
 
@@ -423,7 +479,7 @@ SELECT COALESCE(MAX(version), 0) FROM `{p}schema_migrations`
 INSERT INTO `{p}schema_migrations` (version, applied_at) VALUES (?, UTC_TIMESTAMP(6))
 
 -- name: drop_all
-DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}processes`, `{p}fence_epochs`, `{p}limit_slots`, `{p}schema_migrations`, `{p}migration_lock`
+DROP TABLE IF EXISTS `{p}jobs`, `{p}leader`, `{p}queues`, `{p}schedules`, `{p}processes`, `{p}fence_epochs`, `{p}limit_slots`, `{p}job_results`, `{p}batches`, `{p}batch_jobs`, `{p}batch_deps`, `{p}schema_migrations`, `{p}migration_lock`
 
 -- name: pause_queue
 -- Pausing keeps the first pause's time (?, ?: queue, paused 0/1).

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -22,6 +23,16 @@ func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
 	}
 	if j == nil {
 		return nil, fmt.Errorf("conveyor/postgres: get job %d: %w", id, driver.ErrNotFound)
+	}
+	if j.State == driver.StateCompleted {
+		var res string
+		switch err := d.pool.QueryRow(ctx, d.q.GetResult, id, j.Fence).Scan(&res); {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return nil, d.wrap("get job result", err)
+		default:
+			j.Result = json.RawMessage(res)
+		}
 	}
 	return j, nil
 }

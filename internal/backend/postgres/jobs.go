@@ -323,12 +323,14 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	if n == 0 {
 		return nil, nil
 	}
-	var ids, fences, states, retryIn, errs arrayLit
+	var ids, fences, states, retryIn, errs, resIDs, results arrayLit
 	ids.init(12 * n)
 	fences.init(17 * n) // clock fences: 16 digits
 	states.init(12 * n)
 	retryIn.init(2 * n)
 	errs.init(3 * n)
+	resIDs.init(0)
+	results.init(0)
 	jobIDs := make([]int64, n)
 	allDone := true // every outcome completed, without an error
 	for i := range outcomes {
@@ -344,6 +346,10 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 		states.str(o.State)
 		retryIn.int(micros(o.RetryIn))
 		allDone = allDone && o.State == driver.StateCompleted && o.Err == nil
+		if o.State == driver.StateCompleted && len(o.Result) > 0 {
+			resIDs.int(o.ID)
+			results.bytes(o.Result)
+		}
 		if o.Err == nil {
 			errs.str("")
 			continue
@@ -354,12 +360,12 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 		}
 		errs.bytes(b)
 	}
-	args := []any{ids.String(), fences.String(), states.String(), retryIn.String(), errs.String()}
+	args := []any{ids.String(), fences.String(), states.String(), retryIn.String(), errs.String(), resIDs.String(), results.String()}
 	tpl, guarded := &d.q.SegComplete, []string{phWaiting, phDone, phDead}
 	if allDone {
 		// A drain's every batch: the statement without the rows of
 		// every kind of outcome (seg_complete_done).
-		tpl, guarded, args = &d.q.SegCompleteDone, []string{phDone}, args[:2]
+		tpl, guarded, args = &d.q.SegCompleteDone, []string{phDone}, []any{args[0], args[1], args[5], args[6]}
 	}
 	defer d.seg.forget(jobIDs)
 	applied, err := d.seg.leaseOp(ctx, jobIDs, args, func(v *segView, srcs []string) string {
@@ -479,6 +485,14 @@ func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Dura
 		total += n
 		if err != nil {
 			return total, d.wrap("prune", err)
+		}
+	}
+	if completedAge >= 0 {
+		if _, err := d.pool.Exec(ctx, d.q.PruneResults, micros(completedAge), int64(limit)); err != nil {
+			return total, d.wrap("prune results", err)
+		}
+		if _, err := d.pool.Exec(ctx, d.q.PruneBatches, micros(completedAge), int64(limit)); err != nil {
+			return total, d.wrap("prune batches", err)
 		}
 	}
 	return total, nil

@@ -64,6 +64,14 @@ type queries struct {
 	RemoveProcess    string `sql:"remove_process"`
 	Processes        string `sql:"processes"`
 	PruneProcesses   string `sql:"prune_processes"`
+	GetResult        string `sql:"get_result"`
+	InsertBatch      string `sql:"insert_batch"`
+	InsertBatchJobs  string `sql:"insert_batch_jobs"`
+	FireBatch        string `sql:"fire_batch"`
+	GetBatch         string `sql:"get_batch"`
+	PruneBatches     string `sql:"prune_batches"`
+	InsertBatchDeps  string `sql:"insert_batch_deps"`
+	PruneResults     string `sql:"prune_results"`
 	SetQueueLimits   string `sql:"set_queue_limits"`
 	QueueLimits      string `sql:"queue_limits"`
 	LimitUsage       string `sql:"limit_usage"`
@@ -100,6 +108,8 @@ type queries struct {
 	SegPromote            string `sql:"seg_promote"`
 	SegClaimJob           string `sql:"seg_claim_job"`
 	SegGetJob             string `sql:"seg_get_job"`
+	SegReadyBatches       string `sql:"seg_ready_batches"`
+	SegBatchMembers       string `sql:"seg_batch_members"`
 	SegListJobs           string `sql:"seg_list_jobs"`
 	SegListJobsDesc       string `sql:"seg_list_jobs_desc"`
 	SegRetry              string `sql:"seg_retry"`

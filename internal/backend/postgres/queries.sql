@@ -24,7 +24,7 @@ SELECT coalesce(max(version), 0) FROM {p}schema_migrations
 INSERT INTO {p}schema_migrations (version) VALUES ($1)
 
 -- name: drop_all
-DROP TABLE IF EXISTS {p}jobs, {p}unique_keys, {p}segments, {p}leader, {p}queues, {p}limit_slots, {p}schedules, {p}processes, {p}schema_migrations
+DROP TABLE IF EXISTS {p}jobs, {p}unique_keys, {p}job_results, {p}batches, {p}batch_jobs, {p}batch_deps, {p}segments, {p}leader, {p}queues, {p}limit_slots, {p}schedules, {p}processes, {p}schema_migrations
 
 -- name: server_info
 SELECT current_setting('server_version'),
@@ -108,6 +108,46 @@ DELETE FROM {p}processes WHERE id = $1
 SELECT id, kind, host, pid, version, queues::text, started_at, heartbeat_at, expires_at, expires_at > now() AS alive
   FROM {p}processes
  ORDER BY alive DESC, kind, id
+
+-- name: get_result
+-- $1 job id, $2 the job's fence: a result of an earlier completion of a
+-- job retried since is not its result.
+SELECT result::text FROM {p}job_results WHERE job_id = $1 AND fence = $2
+
+-- name: prune_results
+-- $1 age in microseconds, $2 limit.
+DELETE FROM {p}job_results
+ WHERE job_id IN (SELECT job_id FROM {p}job_results
+                   WHERE stored_at < now() - $1::bigint * interval '1 microsecond' LIMIT $2)
+
+-- name: insert_batch
+INSERT INTO {p}batches (callback) VALUES ($1) RETURNING id
+
+-- name: insert_batch_jobs
+INSERT INTO {p}batch_jobs (batch_id, job_id) SELECT $1, unnest($2::bigint[])
+
+-- name: insert_batch_deps
+INSERT INTO {p}batch_deps (batch_id, dep_batch_id) SELECT $1, unnest($2::bigint[])
+
+-- name: fire_batch
+-- $1 batch id, $2 callback job id: only while no callback is recorded.
+UPDATE {p}batches SET callback_id = $2, fired_at = now() WHERE id = $1 AND callback_id IS NULL
+
+-- name: prune_batches
+-- $1 age in microseconds, $2 limit: batches fired that long ago, and
+-- their member and dependency rows, in one statement.
+WITH b AS (
+    DELETE FROM {p}batches
+     WHERE id IN (SELECT id FROM {p}batches
+                   WHERE fired_at IS NOT NULL AND fired_at < now() - $1::bigint * interval '1 microsecond'
+                   ORDER BY fired_at LIMIT $2)
+    RETURNING id
+),
+bj AS (DELETE FROM {p}batch_jobs m USING b WHERE m.batch_id = b.id)
+DELETE FROM {p}batch_deps d USING b WHERE d.batch_id = b.id
+
+-- name: get_batch
+SELECT id, callback, callback_id, created_at, fired_at FROM {p}batches WHERE id = $1
 
 -- name: prune_processes
 -- $1 age in microseconds.

@@ -341,7 +341,10 @@ SELECT {guard}
 -- Outcomes fenced by (id, fence), looked up in every live running
 -- segment: completed to done, retryable and snoozed (scheduled) to
 -- waiting, discarded and cancelled to dead. A job leaving the states of
--- its unique key frees it.
+-- its unique key frees it. $6 and $7 are the ids and results of the
+-- outcomes that carry one (empty arrays for none): stored in rs for the
+-- jobs the statement completed, so that a stale attempt's result is
+-- refused with its outcome.
 WITH o AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::text[])
              AS o(id, fence, state, retry_us, err)
@@ -383,6 +386,14 @@ fr AS (
        AND EXISTS (SELECT 1 FROM {p}limit_slots WHERE job_id IS NOT NULL)
     RETURNING s.queue
 ),
+rs AS (
+    INSERT INTO {p}job_results (job_id, fence, result)
+    SELECT x.id, x.fence, r.result::json
+      FROM unnest($6::bigint[], $7::text[]) AS r(id, result) JOIN x ON x.id = r.id
+     WHERE x.state = 'completed'
+    ON CONFLICT (job_id) DO UPDATE
+       SET fence = excluded.fence, result = excluded.result, stored_at = excluded.stored_at
+),
 woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT DISTINCT queue FROM fr) f)
 SELECT id FROM x WHERE (SELECT count(*) FROM woke) >= 0
 UNION ALL SELECT -1 WHERE NOT ({guard})
@@ -392,7 +403,8 @@ UNION ALL SELECT -1 WHERE NOT ({guard})
 -- error (a drain's every batch): each job moves from its running segment
 -- straight into the current done segment, without the rows of every kind
 -- of outcome that seg_complete computes and keeps (x), a third of its
--- cost. The same fence, guard, columns and unique-key rule as there.
+-- cost. The same fence, guard, columns and unique-key rule as there; $3
+-- and $4 are seg_complete's $6 and $7 (results).
 WITH o AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS o(id, fence)),
 {each}d{i} AS (
     DELETE FROM {src} r USING o
@@ -419,6 +431,13 @@ fr AS (
      WHERE s.job_id = idn.id AND s.fence = idn.fence
        AND EXISTS (SELECT 1 FROM {p}limit_slots WHERE job_id IS NOT NULL)
     RETURNING s.queue
+),
+rs AS (
+    INSERT INTO {p}job_results (job_id, fence, result)
+    SELECT idn.id, idn.fence, r.result::json
+      FROM unnest($3::bigint[], $4::text[]) AS r(id, result) JOIN idn ON idn.id = r.id
+    ON CONFLICT (job_id) DO UPDATE
+       SET fence = excluded.fence, result = excluded.result, stored_at = excluded.stored_at
 ),
 woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT DISTINCT queue FROM fr) f)
 SELECT id FROM idn WHERE (SELECT count(*) FROM woke) >= 0
@@ -569,6 +588,44 @@ ins AS (
     RETURNING {jobcols}
 )
 SELECT {jobcols} FROM ins
+
+-- name: seg_ready_batches
+-- Batches without a callback yet none of whose members is in a live
+-- ready, running or waiting segment (the statement's sources): every
+-- member has finished, or Prune deleted it. Oldest first, $1 at most.
+-- Each open batch's members are probed by id, up to the first unfinished
+-- one.
+SELECT b.id, b.callback FROM {p}batches b
+ WHERE b.callback_id IS NULL
+   AND NOT EXISTS (
+       SELECT 1 FROM {p}batch_jobs m
+        WHERE m.batch_id = b.id AND EXISTS (
+{each}SELECT 1 FROM {src} r WHERE r.id = m.job_id{sep}
+UNION ALL
+{end}))
+   AND NOT EXISTS (
+       SELECT 1 FROM {p}batch_deps d JOIN {p}batches p ON p.id = d.dep_batch_id
+        WHERE d.batch_id = b.id AND (p.callback_id IS NULL OR EXISTS (
+{each}SELECT 1 FROM {src} r WHERE r.id = p.callback_id{sep}
+UNION ALL
+{end})))
+ ORDER BY b.id LIMIT $1
+
+-- name: seg_batch_members
+-- Every member's state (from every live segment, by id) and, when
+-- completed under the fence its result was stored with, its result.
+SELECT m.job_id, coalesce(r.state, ''), res.result::text
+  FROM (SELECT job_id FROM {p}batch_jobs WHERE batch_id = $1
+        UNION ALL
+        SELECT p.callback_id FROM {p}batch_deps d JOIN {p}batches p ON p.id = d.dep_batch_id
+         WHERE d.batch_id = $1 AND p.callback_id IS NOT NULL) m
+  LEFT JOIN LATERAL (
+{each}SELECT state, fence FROM {src} WHERE id = m.job_id{sep}
+UNION ALL
+{end}
+LIMIT 1) r ON true
+  LEFT JOIN {p}job_results res ON res.job_id = m.job_id AND res.fence = r.fence AND r.state = 'completed'
+ ORDER BY m.job_id
 
 -- name: seg_get_job
 {each}SELECT {jobcols} FROM {src} WHERE id = $1{sep}

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -21,6 +22,16 @@ func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: get job %d: %w", id, err)
+	}
+	if j.State == driver.StateCompleted {
+		var res string
+		switch err := d.r.QueryRowContext(ctx, d.q.GetResult, id, j.Fence).Scan(&res); {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return nil, fmt.Errorf("conveyor/sqlite: get job %d: result: %w", id, err)
+		default:
+			j.Result = json.RawMessage(res)
+		}
 	}
 	return j, nil
 }

@@ -255,3 +255,46 @@ func scanJob(s scanner) (*driver.JobRow, error) {
 
 // fromUS converts unix microseconds to a UTC time.
 func fromUS(v int64) time.Time { return time.UnixMicro(v).UTC() }
+
+// hasResults reports whether an outcome of outcomes completes its job
+// with a result.
+func hasResults(outcomes []driver.Outcome) bool {
+	for i := range outcomes {
+		if outcomes[i].State == driver.StateCompleted && len(outcomes[i].Result) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// encodeResults encodes [[id, fence, result], ...] for the outcomes that complete
+// their job with a result and whose id is in applied; "" when none.
+func encodeResults(outcomes []driver.Outcome, applied []int64) string {
+	in := make(map[int64]bool, len(applied))
+	for _, id := range applied {
+		in[id] = true
+	}
+	var b []byte
+	for i := range outcomes {
+		o := &outcomes[i]
+		if o.State != driver.StateCompleted || len(o.Result) == 0 || !in[o.ID] {
+			continue
+		}
+		if b == nil {
+			b = append(b, '[')
+		} else {
+			b = append(b, ',')
+		}
+		b = append(b, '[')
+		b = strconv.AppendInt(b, o.ID, 10)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, o.Fence, 10)
+		b = append(b, ',')
+		b = append(b, o.Result...)
+		b = append(b, ']')
+	}
+	if b == nil {
+		return ""
+	}
+	return string(append(b, ']'))
+}

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -258,12 +259,25 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	// The ended attempts' concurrency slots are freed in the same
 	// transaction: for jobs of unlimited queues, one empty probe of the
 	// slots' job index each.
+	withResults := hasResults(outcomes)
 	err = d.writeTx(ctx, true, func(tx *sql.Tx) error {
 		applied = applied[:0]
 		if err := stmtIDs(ctx, tx.StmtContext(ctx, st), &applied, param); err != nil {
 			return err
 		}
-		_, err := tx.StmtContext(ctx, free).ExecContext(ctx, param)
+		if _, err := tx.StmtContext(ctx, free).ExecContext(ctx, param); err != nil {
+			return err
+		}
+		if !withResults {
+			return nil
+		}
+		// The results of the outcomes just applied, in the same
+		// transaction: a stale attempt's result goes with its outcome.
+		res := encodeResults(outcomes, applied)
+		if res == "" {
+			return nil
+		}
+		_, err := tx.ExecContext(ctx, d.q.StoreResults, res)
 		return err
 	})
 	if err != nil {
@@ -429,7 +443,30 @@ func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Dura
 		if err != nil {
 			return err
 		}
-		n, err = res.RowsAffected()
+		if n, err = res.RowsAffected(); err != nil {
+			return err
+		}
+		_, err = d.w.ExecContext(ctx, d.q.PruneResults, us(completedAge), limit)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("conveyor/sqlite: prune: %w", err)
+	}
+	// Batches fired longer ago than completed jobs are kept, with their
+	// members.
+	err = d.inTx(ctx, func(tx *sql.Tx) error {
+		var ids []int64
+		if err := queryIDs(ctx, tx, d.q.PruneBatches, &ids, us(completedAge), limit); err != nil || len(ids) == 0 {
+			return err
+		}
+		b, err := json.Marshal(ids)
+		if err != nil {
+			return err
+		}
+		if _, err = tx.ExecContext(ctx, d.q.PruneBatchJobs, string(b)); err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, d.q.PruneBatchDeps, string(b))
 		return err
 	})
 	if err != nil {

@@ -31,7 +31,26 @@ type queries struct {
 	Rescue  string `sql:"rescue"`
 	Promote string `sql:"promote"`
 	Prune   string `sql:"prune"`
-	TryLead string `sql:"try_lead"`
+	// Results (migration 10).
+	StoreResults string `sql:"store_results"`
+	GetResult    string `sql:"get_result"`
+	PruneResults string `sql:"prune_results"`
+	DropResults  string `sql:"drop_results"`
+	// Batches (migration 11).
+	InsertBatch     string `sql:"insert_batch"`
+	InsertBatchJobs string `sql:"insert_batch_jobs"`
+	ReadyBatches    string `sql:"ready_batches"`
+	FireBatch       string `sql:"fire_batch"`
+	GetBatch        string `sql:"get_batch"`
+	BatchMembers    string `sql:"batch_members"`
+	PruneBatchJobs  string `sql:"prune_batch_jobs"`
+	PruneBatches    string `sql:"prune_batches"`
+	DropBatches     string `sql:"drop_batches"`
+	InsertBatchDeps string `sql:"insert_batch_deps"`
+	PruneBatchDeps  string `sql:"prune_batch_deps"`
+	DropBatchDeps   string `sql:"drop_batch_deps"`
+	DropBatchJobs   string `sql:"drop_batch_jobs"`
+	TryLead         string `sql:"try_lead"`
 
 	// Reads and changes of one job, the job lists (list_jobs is a
 	// template: {where} takes the list_jobs_* conditions, {n} their

@@ -157,6 +157,92 @@ UPDATE {p}jobs
  WHERE id = o.oid AND fence = o.ofence AND state = 'running'
 RETURNING id
 
+-- name: store_results
+-- ?1: [[id, fence, result], ...] of outcomes the complete statement
+-- just applied, in its transaction.
+INSERT OR REPLACE INTO {p}job_results (job_id, fence, result, stored_at)
+SELECT value ->> 0, value ->> 1, json(value -> 2), {now} FROM json_each(?1)
+
+-- name: get_result
+-- ?1 job id, ?2 the job's fence: a result of an earlier completion of a
+-- job retried since is not its result.
+SELECT result FROM {p}job_results WHERE job_id = ?1 AND fence = ?2
+
+-- name: prune_results
+-- ?1 age (microseconds), ?2 limit.
+DELETE FROM {p}job_results
+ WHERE job_id IN (SELECT job_id FROM {p}job_results WHERE stored_at < {now} - ?1 LIMIT ?2)
+
+-- name: drop_results
+DROP TABLE IF EXISTS {p}job_results
+
+-- name: insert_batch
+-- ?1 the callback (encoded InsertParams).
+INSERT INTO {p}batches (callback, created_at) VALUES (?1, {now}) RETURNING id
+
+-- name: insert_batch_jobs
+-- ?1 batch id, ?2 [job id, ...].
+INSERT INTO {p}batch_jobs (batch_id, job_id) SELECT ?1, value FROM json_each(?2)
+
+-- name: ready_batches
+-- Batches without a callback yet whose every member has finished (a
+-- member Prune deleted has finished), oldest first, ?1 at most. Reads
+-- each open batch's members up to its first unfinished one.
+SELECT b.id, b.callback FROM {p}batches b INDEXED BY {p}batches_open
+ WHERE b.callback_id IS NULL
+   AND NOT EXISTS (SELECT 1 FROM {p}batch_jobs m JOIN {p}jobs j ON j.id = m.job_id
+                    WHERE m.batch_id = b.id AND j.state NOT IN ('completed', 'discarded', 'cancelled'))
+   AND NOT EXISTS (SELECT 1 FROM {p}batch_deps d JOIN {p}batches p ON p.id = d.dep_batch_id
+                     LEFT JOIN {p}jobs j ON j.id = p.callback_id
+                    WHERE d.batch_id = b.id
+                      AND (p.callback_id IS NULL OR j.state NOT IN ('completed', 'discarded', 'cancelled')))
+ ORDER BY b.id LIMIT ?1
+
+-- name: insert_batch_deps
+-- ?1 batch id, ?2 [batch id, ...] it waits for.
+INSERT INTO {p}batch_deps (batch_id, dep_batch_id) SELECT ?1, value FROM json_each(?2)
+
+-- name: fire_batch
+-- ?1 batch id, ?2 callback job id: only while no callback is recorded.
+UPDATE {p}batches SET callback_id = ?2, fired_at = {now} WHERE id = ?1 AND callback_id IS NULL
+
+-- name: get_batch
+SELECT id, callback, callback_id, created_at, fired_at FROM {p}batches WHERE id = ?1
+
+-- name: batch_members
+-- A member's result is its result only under the job's current fence.
+SELECT m.job_id, coalesce(j.state, ''), r.result
+  FROM (SELECT job_id FROM {p}batch_jobs WHERE batch_id = ?1
+        UNION ALL
+        SELECT p.callback_id FROM {p}batch_deps d JOIN {p}batches p ON p.id = d.dep_batch_id
+         WHERE d.batch_id = ?1 AND p.callback_id IS NOT NULL) m
+  LEFT JOIN {p}jobs j ON j.id = m.job_id
+  LEFT JOIN {p}job_results r ON r.job_id = m.job_id AND r.fence = j.fence AND j.state = 'completed'
+ ORDER BY m.job_id
+
+-- name: prune_batches
+-- ?1 age (microseconds), ?2 limit: batches fired that long ago.
+DELETE FROM {p}batches
+ WHERE id IN (SELECT id FROM {p}batches INDEXED BY {p}batches_fired
+               WHERE fired_at IS NOT NULL AND fired_at < {now} - ?1 ORDER BY fired_at LIMIT ?2)
+RETURNING id
+
+-- name: prune_batch_jobs
+-- ?1 [batch id, ...] prune_batches deleted, in its transaction.
+DELETE FROM {p}batch_jobs WHERE batch_id IN (SELECT value FROM json_each(?1))
+
+-- name: prune_batch_deps
+DELETE FROM {p}batch_deps WHERE batch_id IN (SELECT value FROM json_each(?1))
+
+-- name: drop_batches
+DROP TABLE IF EXISTS {p}batches
+
+-- name: drop_batch_jobs
+DROP TABLE IF EXISTS {p}batch_jobs
+
+-- name: drop_batch_deps
+DROP TABLE IF EXISTS {p}batch_deps
+
 -- name: heartbeat
 -- ?1: [[id, fence], ...], ?2 lease in microseconds.
 UPDATE {p}jobs

@@ -1,0 +1,211 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// InsertBatches inserts jobs, then per batch a row keeping its callback,
+// its member rows and the rows of the batches it waits for, in tx (a
+// pgx.Tx or a *sql.Tx of the pgx stdlib driver) or in a transaction of
+// its own when tx is nil.
+func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.InsertParams, batches []driver.BatchParams) ([]int64, []int64, error) {
+	var ids, batchIDs []int64
+	none := func(func(...any) error) error { return nil }
+	in := func(q querier) error {
+		ids, batchIDs = nil, batchIDs[:0]
+		if len(jobs) > 0 {
+			var err error
+			if ids, err = d.seg.insert(ctx, q, jobs); err != nil {
+				return err
+			}
+		}
+		for _, b := range batches {
+			cb, err := json.Marshal(b.Callback)
+			if err != nil {
+				return err
+			}
+			var bid int64
+			if err := q(ctx, d.q.InsertBatch, []any{string(cb)}, func(scan func(...any) error) error {
+				return scan(&bid)
+			}); err != nil {
+				return err
+			}
+			var members, deps arrayLit
+			members.init(12 * len(b.Jobs))
+			deps.init(12 * len(b.After))
+			for _, j := range b.Jobs {
+				members.int(ids[j])
+			}
+			for _, a := range b.After {
+				deps.int(batchIDs[a])
+			}
+			if err := q(ctx, d.q.InsertBatchJobs, []any{bid, members.String()}, none); err != nil {
+				return err
+			}
+			if err := q(ctx, d.q.InsertBatchDeps, []any{bid, deps.String()}, none); err != nil {
+				return err
+			}
+			batchIDs = append(batchIDs, bid)
+		}
+		return nil
+	}
+	if tx != nil {
+		q, _, err := txQuerier("insert batch", tx)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := in(q); err != nil {
+			return nil, nil, d.wrap("insert batch", err)
+		}
+		return ids, batchIDs, nil
+	}
+	err := d.retryable(ctx, func() error {
+		t, err := d.pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = t.Rollback(context.WithoutCancel(ctx)) }()
+		if err := in(pgxQuerier(t)); err != nil {
+			return err
+		}
+		return t.Commit(ctx)
+	})
+	if err != nil {
+		return nil, nil, d.wrap("insert batch", err)
+	}
+	return ids, batchIDs, nil
+}
+
+// errFiredElsewhere is a batch another caller fired first.
+var errFiredElsewhere = errors.New("batch fired by another caller")
+
+// FireBatches enqueues the callbacks of up to limit batches none of whose
+// members is in a live ready, running or waiting segment, read with a
+// verified view of the registry (see segStore.read), each in a
+// transaction whose UPDATE of the batch row records the callback's id
+// only while none is recorded.
+func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, error) {
+	type ready struct {
+		id int64
+		cb string
+	}
+	var rs []ready
+	err := d.seg.read(ctx, func(v *segView) error {
+		rs = rs[:0]
+		rows, err := d.pool.Query(ctx, d.seg.stmt(&d.q.SegReadyBatches, v, v.srcs(phReady, phRunning, phWaiting)), limit)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var r ready
+			if err := rows.Scan(&r.id, &r.cb); err != nil {
+				return err
+			}
+			rs = append(rs, r)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, d.wrap("fire batches", err)
+	}
+	fired := map[int64]int64{}
+	for _, r := range rs {
+		var p driver.InsertParams
+		if err := json.Unmarshal([]byte(r.cb), &p); err != nil {
+			return fired, fmt.Errorf("conveyor/postgres: fire batch %d: callback: %w", r.id, err)
+		}
+		if p, err = driver.CallbackForBatch(p, r.id); err != nil {
+			return fired, fmt.Errorf("conveyor/postgres: fire batch %d: %w", r.id, err)
+		}
+		var cbID int64
+		err := d.retryable(ctx, func() error {
+			t, err := d.pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = t.Rollback(context.WithoutCancel(ctx)) }()
+			ids, err := d.seg.insert(ctx, pgxQuerier(t), []driver.InsertParams{p})
+			if err != nil {
+				return err
+			}
+			tag, err := t.Exec(ctx, d.q.FireBatch, r.id, ids[0])
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() != 1 {
+				return errFiredElsewhere
+			}
+			if err := t.Commit(ctx); err != nil {
+				return err
+			}
+			cbID = ids[0]
+			return nil
+		})
+		switch {
+		case errors.Is(err, errFiredElsewhere):
+		case err != nil:
+			return fired, d.wrap(fmt.Sprintf("fire batch %d", r.id), err)
+		default:
+			fired[r.id] = cbID
+		}
+	}
+	return fired, nil
+}
+
+// GetBatch returns batch id with its members' states and results, read
+// from every live segment.
+func (d *Driver) GetBatch(ctx context.Context, id int64) (*driver.BatchRow, error) {
+	b := &driver.BatchRow{}
+	var cb string
+	var cbID *int64
+	var fired *time.Time
+	err := d.pool.QueryRow(ctx, d.q.GetBatch, id).Scan(&b.ID, &cb, &cbID, &b.CreatedAt, &fired)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("conveyor/postgres: get batch %d: %w", id, driver.ErrBatchNotFound)
+	}
+	if err != nil {
+		return nil, d.wrap("get batch", err)
+	}
+	if err := json.Unmarshal([]byte(cb), &b.Callback); err != nil {
+		return nil, fmt.Errorf("conveyor/postgres: get batch %d: callback: %w", id, err)
+	}
+	if cbID != nil {
+		b.CallbackID = *cbID
+	}
+	if fired != nil {
+		b.FiredAt = *fired
+	}
+	err = d.seg.read(ctx, func(v *segView) error {
+		b.Members = b.Members[:0]
+		rows, err := d.pool.Query(ctx, d.seg.stmt(&d.q.SegBatchMembers, v, v.srcs(phases...)), id)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var m driver.BatchMember
+			var res *string
+			if err := rows.Scan(&m.ID, &m.State, &res); err != nil {
+				return err
+			}
+			if res != nil {
+				m.Result = json.RawMessage(*res)
+			}
+			b.Members = append(b.Members, m)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, d.wrap("get batch members", err)
+	}
+	return b, nil
+}

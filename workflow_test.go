@@ -1,0 +1,164 @@
+package conveyor_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/testdb"
+)
+
+type step struct {
+	Name string `json:"name"`
+	Fail bool   `json:"fail"`
+}
+
+func (step) Kind() string { return "step" }
+
+// stepWorker runs a workflow step: its result is its name around the
+// sorted results of its dependencies, read from its batch.
+func stepWorker(c *conveyor.Client[any], ran chan<- string) conveyor.Worker[step] {
+	return conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[step]) error {
+		ran <- j.Args.Name
+		if j.Args.Fail {
+			return errors.New("step failed")
+		}
+		var deps []string
+		if id, ok := conveyor.BatchOf(j.JobInfo); ok {
+			b, err := c.Batch(ctx, id)
+			if err != nil {
+				return err
+			}
+			for _, d := range b.Jobs {
+				if d.Result == nil { // a dependency that failed (RunDependents)
+					continue
+				}
+				var s string
+				if err := json.Unmarshal(d.Result, &s); err != nil {
+					return fmt.Errorf("dependency %d (%s) result %q: %w", d.ID, d.State, d.Result, err)
+				}
+				deps = append(deps, s)
+			}
+		}
+		slices.Sort(deps)
+		r := j.Args.Name
+		if len(deps) > 0 {
+			r += "(" + strings.Join(deps, ",") + ")"
+		}
+		return conveyor.SetResult(ctx, r)
+	})
+}
+
+// diamond is A -> B, C -> D.
+func diamond(failA bool) []conveyor.WorkflowJob {
+	one := &conveyor.EnqueueOpts{MaxAttempts: 1}
+	return []conveyor.WorkflowJob{
+		{Name: "D", Args: step{Name: "D"}, Opts: one, DependsOn: []string{"B", "C"}},
+		{Name: "B", Args: step{Name: "B"}, Opts: one, DependsOn: []string{"A"}},
+		{Name: "A", Args: step{Name: "A", Fail: failA}, Opts: one},
+		{Name: "C", Args: step{Name: "C"}, Opts: one, DependsOn: []string{"A"}},
+	}
+}
+
+// TestWorkflowDiamond: A -> B, C -> D on two clients. Each job runs once,
+// only after its dependencies completed, and D reads B's and C's
+// results. When A is discarded, B, C and D are cancelled without running
+// under the default policy, and run under RunDependents.
+func TestWorkflowDiamond(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		prefix := testdb.Prefix()
+		ran := make(chan string, 100)
+		var cs []*conveyor.Client[any]
+		for i := range 2 {
+			var c *conveyor.Client[any]
+			if i == 0 {
+				c = openDropped(t, dsn, fast(prefix))
+			} else {
+				c = open(t, dsn, fast(prefix))
+			}
+			conveyor.AddWorker(c, stepWorker(c, ran))
+			cs = append(cs, c)
+		}
+		c := cs[0]
+		if _, err := c.EnqueueWorkflow(ctx, []conveyor.WorkflowJob{
+			{Name: "A", Args: step{}, DependsOn: []string{"B"}}, {Name: "B", Args: step{}, DependsOn: []string{"A"}},
+		}, nil); !errors.Is(err, conveyor.ErrInvalidOpts) {
+			t.Fatalf("a cycle: %v", err)
+		}
+		if _, err := c.EnqueueWorkflow(ctx, []conveyor.WorkflowJob{{Name: "A", Args: step{}, DependsOn: []string{"Z"}}}, nil); !errors.Is(err, conveyor.ErrInvalidOpts) {
+			t.Fatalf("an unknown dependency: %v", err)
+		}
+		ok, err := c.EnqueueWorkflow(ctx, diamond(false), nil)
+		if err != nil || len(ok.JobIDs) != 1 || len(ok.BatchIDs) != 3 {
+			t.Fatalf("enqueue: %+v %v", ok, err)
+		}
+		for _, c := range cs {
+			if err := c.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		callbackOf := func(name string, wf *conveyor.Workflow) *conveyor.JobInfo {
+			t.Helper()
+			b, err := c.Batch(ctx, wf.BatchIDs[name])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.CallbackID == 0 {
+				return nil
+			}
+			return jobState(t, c, b.CallbackID)
+		}
+		waitFor(t, "D completed", 30*time.Second, func() bool {
+			d := callbackOf("D", ok)
+			return d != nil && d.State == conveyor.JobStateCompleted
+		})
+		if got := string(callbackOf("D", ok).Result); got != `"D(B(A),C(A))"` {
+			t.Fatalf("D's result %s, want \"D(B(A),C(A))\"", got)
+		}
+		var order []string
+		for len(ran) > 0 {
+			order = append(order, <-ran)
+		}
+		if len(order) != 4 || order[0] != "A" || order[3] != "D" {
+			t.Fatalf("steps ran in the order %v, want A first, D last, each once", order)
+		}
+
+		for _, p := range []struct {
+			opts *conveyor.WorkflowOpts
+			want conveyor.JobState
+			runs int
+		}{{nil, conveyor.JobStateCancelled, 1}, {&conveyor.WorkflowOpts{OnDependencyFailure: conveyor.RunDependents}, conveyor.JobStateCompleted, 4}} {
+			wf, err := c.EnqueueWorkflow(ctx, diamond(true), p.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "D finished", 30*time.Second, func() bool {
+				d := callbackOf("D", wf)
+				return d != nil && (d.State == conveyor.JobStateCompleted || d.State == conveyor.JobStateCancelled || d.State == conveyor.JobStateDiscarded)
+			})
+			for _, name := range []string{"B", "C", "D"} {
+				if j := callbackOf(name, wf); j.State != p.want {
+					t.Fatalf("policy %+v: %s is %s, want %s", p.opts, name, j.State, p.want)
+				}
+			}
+			if a := jobState(t, c, wf.JobIDs["A"]); a.State != conveyor.JobStateDiscarded {
+				t.Fatalf("A is %s", a.State)
+			}
+			n := 0
+			for len(ran) > 0 {
+				<-ran
+				n++
+			}
+			if n != p.runs {
+				t.Fatalf("policy %+v: %d handlers ran, want %d", p.opts, n, p.runs)
+			}
+		}
+	})
+}
