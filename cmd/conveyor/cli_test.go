@@ -221,6 +221,8 @@ func TestBadArguments(t *testing.T) {
 		{[]string{"jobs", "--limit", "x"}, `invalid value "x" for flag --limit`},
 		{[]string{"jobs", "--state", "running,done"}, `unknown job state "done" (valid states: available, scheduled, running, retryable, completed, discarded, cancelled)`},
 		{[]string{"job"}, "job id required"},
+		{[]string{"batch"}, "batch id required"},
+		{[]string{"batch", "x1"}, `"x1" is not a batch id`},
 		{[]string{"job", "1", "2"}, `unexpected argument "2" after the job id`},
 		{[]string{"cancel", "1", "2"}, `cancel: unexpected argument "2" after the job id`},
 		{[]string{"retry", "x"}, `"x" is not a job id`},

@@ -376,18 +376,23 @@ func noArgs(cmd string, pos []string) error {
 	return nil
 }
 
-// parseID returns the one positional argument, a job id.
+// parseID returns the one positional argument, a job id (a batch id for
+// the batch command).
 func parseID(cmd string, pos []string) (int64, error) {
+	what := "job id"
+	if cmd == "batch" {
+		what = "batch id"
+	}
 	switch len(pos) {
 	case 0:
-		return 0, usageError(cmd, "job id required")
+		return 0, usageError(cmd, what+" required")
 	case 1:
 	default:
-		return 0, usageError(cmd, fmt.Sprintf("unexpected argument %q after the job id", pos[1]))
+		return 0, usageError(cmd, fmt.Sprintf("unexpected argument %q after the %s", pos[1], what))
 	}
 	id, err := strconv.ParseInt(pos[0], 10, 64)
 	if err != nil || id <= 0 {
-		return 0, usageError(cmd, fmt.Sprintf("%q is not a job id", pos[0]))
+		return 0, usageError(cmd, fmt.Sprintf("%q is not a %s", pos[0], what))
 	}
 	return id, nil
 }

@@ -450,6 +450,13 @@ export class Worker {
         return;
       } catch (err) {
         this.report(err, r.job);
+        if (o.kind === "complete" && o.result !== undefined && err instanceof ConveyorError && err.status === 400) {
+          // The server refused the result (not JSON-encodable, or too
+          // large): the attempt fails naming why, rather than its lease
+          // lapsing and the handler running again for the same refusal.
+          o = { kind: "fail", error: `result refused: ${err.serverMessage}`, cancel: false };
+          continue;
+        }
         if (!(err instanceof ConveyorError) || !err.transient || attempt >= 5 || dropped(r)) {
           return; // refused (409 stale fence, 4xx) or given up: the lease will lapse and the job be rescued
         }

@@ -373,6 +373,35 @@ test("fail records the message and stack; CancelJob cancels; snooze puts back", 
   for (const id of [boom.id, later.id, laterThrown.id]) await client.cancel(id).catch(() => {});
 });
 
+test("a handler's value is stored as the job's result; a refused result fails the attempt naming why", { skip, timeout: 60_000 }, async () => {
+  const queue = `ts-results-${run}`;
+  const w = quietWorker({
+    queue,
+    concurrency: 2,
+    waitMs: 1000,
+    handlers: {
+      answer: async (job: ClaimedJob<{ n: number }>) => ({ doubled: job.args.n * 2 }),
+      huge: async () => "x".repeat(300 * 1024),
+    },
+  });
+  const [answer, huge] = await client.enqueueMany([
+    { kind: "answer", queue, args: { n: 21 } },
+    { kind: "huge", queue, maxAttempts: 1 },
+  ]);
+  w.start();
+  try {
+    const a = await settled(answer.id, ["completed", "retryable", "discarded"]);
+    assert.equal(a.state, "completed");
+    assert.deepEqual(a.result, { doubled: 42 });
+    const h = await settled(huge.id, ["discarded", "retryable", "completed"]);
+    assert.equal(h.state, "discarded", "a result over the limit must not complete the job");
+    assert.match(h.errors[0]?.error ?? "", /^result refused: .*result/);
+    assert.equal(h.result ?? null, null);
+  } finally {
+    await w.stop({ timeoutMs: 2000 });
+  }
+});
+
 test("errors carry the server's message", { skip, timeout: 30_000 }, async () => {
   const status = (p: Promise<unknown>) =>
     p.then(
