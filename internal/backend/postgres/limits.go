@@ -31,36 +31,29 @@ type limits struct {
 }
 
 // ClaimLimited claims up to p.Limit jobs of p.Queue within its limits. A
-// queue without limits is claimed by Claim's statement alone. A limited
-// one is claimed in one transaction, which commits without waiting for
-// the WAL flush as a claim does: it reads the limits again, locks free
+// queue without limits is claimed by Claim's statement alone (after the
+// first statement of the transaction below finds none: the engine calls
+// ClaimLimited for the queues it knows are limited, and for every queue
+// only while it cannot tell). A limited one is claimed in one
+// transaction, which commits without waiting for the WAL flush as a
+// claim does: its first statement reads the limits and locks free
 // concurrency slots and the rate slots whose last start has left the
-// window (SKIP LOCKED), claims at most as many jobs as it locked slots
-// of each with Claim's statement, and gives each claimed attempt one
-// concurrency slot and one rate slot, stamped with the claim's now(),
-// the attempted_at of its job.
+// window (SKIP LOCKED); it claims at most as many jobs as it locked
+// slots of each with Claim's statement, and gives each claimed attempt
+// one concurrency slot and one rate slot, stamped with the claim's
+// now(), the attempted_at of its job, in a statement that checks in its
+// own snapshot, taken after the slots were locked, that the limits are
+// still those the transaction read; if not, it runs again under the new
+// ones. That is five round trips (BEGIN, limits and slots, claim,
+// stamps, COMMIT) where an unlimited claim is one.
 //
 // A lowered MaxRunning leaves slots at or above it held by attempts that
 // started before; while one is, claims count every held slot against the
 // new limit, one claim at a time per queue (the queue's row, locked SKIP
 // LOCKED: a second claimer claims nothing meanwhile), so that the limit
-// holds as soon as fewer attempts than it run. The statement that locks
-// the slots checks in its own snapshot that the limits are still those
-// the transaction read; if not, it runs again under the new ones.
+// holds as soon as fewer attempts than it run.
 func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
 	if p.Limit <= 0 {
-		return driver.ClaimResult{}, nil
-	}
-	var l limits
-	err := d.pool.QueryRow(ctx, d.q.LimitRead, p.Queue).Scan(&l.maxRunning, &l.rate, &l.periodUS, &l.paused)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return driver.ClaimResult{}, d.wrap("claim", err)
-	}
-	if l.maxRunning == 0 && l.rate == 0 {
-		rows, err := d.Claim(ctx, p)
-		return driver.ClaimResult{Rows: rows}, err
-	}
-	if l.paused {
 		return driver.ClaimResult{}, nil
 	}
 	s := d.seg
@@ -125,17 +118,15 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var l limits
 	var async string
-	err = tx.QueryRow(ctx, q.LimitBegin, p.Queue).Scan(&async, &l.maxRunning, &l.rate, &l.periodUS, &l.paused)
+	want := p.Limit
+	var high bool
+	var cs, rs []int32
+	err = tx.QueryRow(ctx, q.LimitBegin, p.Queue, want).Scan(&async, &l.maxRunning, &l.rate, &l.periodUS, &l.paused, &high, &cs, &rs)
 	if errors.Is(err, pgx.ErrNoRows) || err == nil && l.maxRunning == 0 && l.rate == 0 {
 		return res, false, true, false, nil
 	}
 	if err != nil || l.paused {
 		return res, false, false, false, err
-	}
-	want := p.Limit
-	high, same, cs, rs, err := d.lockSlots(ctx, tx, p.Queue, l, want, false)
-	if err != nil || !same {
-		return res, false, false, err == nil && !same, err
 	}
 	if high {
 		// A lowered limit, slots at or above it still held: count them.
@@ -196,8 +187,11 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 				stamps.int(int64(n))
 			}
 		}
-		if _, err := tx.Exec(ctx, q.LimitTake, p.Queue, ns.String(), ids.String(), fences.String(), stamps.String()); err != nil {
-			return res, false, false, false, err
+		var same bool
+		err := tx.QueryRow(ctx, q.LimitTake, p.Queue, ns.String(), ids.String(), fences.String(), stamps.String(),
+			l.maxRunning, l.rate, l.periodUS).Scan(&same)
+		if err != nil || !same {
+			return res, false, false, err == nil && !same, err
 		}
 	}
 	res.Rows = rows
