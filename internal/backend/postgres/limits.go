@@ -134,7 +134,7 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 		err := tx.QueryRow(ctx, q.LimitRowLock, p.Queue).Scan(&mine)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// Another claim counts: nothing this time.
-			return driver.ClaimResult{Held: true}, false, false, false, nil
+			return driver.ClaimResult{Held: true, MaxRunning: l.maxRunning}, false, false, false, nil
 		}
 		var held int
 		if err == nil {
@@ -194,7 +194,7 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 			return res, false, false, err == nil && !same, err
 		}
 	}
-	res.Rows = rows
+	res.Rows, res.MaxRunning = rows, l.maxRunning
 	if k < want {
 		if k > 0 {
 			res.Held = len(rows) == k
