@@ -302,13 +302,14 @@ SELECT count(*) FROM {p}limit_slots WHERE queue = $1 AND type = 'c' AND lkey = '
 -- $1 queue; $2, $3, $4 the concurrency slots taken and the attempts
 -- (job, fence) that hold them; $5 the rate slots that record a start,
 -- stamped with the transaction's now(), the attempted_at of the claim;
--- $6, $7, $8 the limits the slots were locked under. It returns whether
--- the queue's limits are still those, read in this statement's
--- snapshot, taken after the slots were locked: if not (a lowered
+-- $6, $7, $8 the limits the slots were locked under. It checks that the
+-- queue's limits are still those, read in this statement's snapshot,
+-- taken after the slots were locked, and returns 1; if not (a lowered
 -- MaxRunning committed meanwhile, and a slot at or above it freed since
--- may be among them), the transaction must not commit. A change
--- committed later must lock the slots this claim holds, and finds them
--- held.
+-- may be among them), it fails (an integer cast of a text naming the
+-- cause), so that the COMMIT sent with it does not run and the claim
+-- runs again. A change committed later must lock the slots this claim
+-- holds, and finds them held.
 WITH c AS (
     UPDATE {p}limit_slots s SET job_id = t.id, fence = t.fence
       FROM unnest($2::int[], $3::bigint[], $4::bigint[]) AS t(n, id, fence)
@@ -318,9 +319,10 @@ r AS (
     UPDATE {p}limit_slots s SET used_at = now()
      WHERE s.queue = $1 AND s.type = 'r' AND s.lkey = '' AND s.n = ANY ($5::int[])
 )
-SELECT coalesce((SELECT coalesce(max_running, 0) = $6::int AND coalesce(rate, 0) = $7::int
-                        AND coalesce(rate_period_us, 0) = $8::bigint
-                   FROM {p}queues WHERE name = $1), false)
+SELECT (CASE WHEN coalesce((SELECT coalesce(max_running, 0) = $6::int AND coalesce(rate, 0) = $7::int
+                                  AND coalesce(rate_period_us, 0) = $8::bigint
+                             FROM {p}queues WHERE name = $1), false)
+             THEN '1' ELSE 'conveyor: the queue''s limits changed' END)::int
 
 -- name: limit_retry_in
 -- $1 queue, $2 rate, $3 rate period in microseconds: the microseconds
