@@ -49,8 +49,9 @@ type fetcher struct {
 	jobs chan *running
 
 	// maxRun is the queue's MaxRunning as the last limited claim read it
-	// (0: none known); only the fetch loop uses it (see room).
-	maxRun int
+	// (0: none known; see room). Set by the fetch loop, and cleared by
+	// LimitsChanged: this process changed the queue's limits.
+	maxRun atomic.Int64
 
 	// running counts the attempts dispatched and not yet done: running
 	// handlers, and those waiting for a worker.
@@ -209,7 +210,7 @@ func (f *fetcher) run(ctx context.Context) {
 				select {
 				case <-f.limitCh:
 				case <-timer.C:
-					f.maxRun = 0
+					f.maxRun.Store(0)
 				case <-f.stopCh:
 					return
 				}
@@ -326,13 +327,14 @@ func (f *fetcher) run(ctx context.Context) {
 // limit is known. Attempts that took no slot (claimed before the queue
 // was limited) make it smaller than it is, for as long as they run.
 func (f *fetcher) room() (n int, ok bool) {
-	if f.maxRun <= 0 || !f.e.limited(f.queue) {
+	m := int(f.maxRun.Load())
+	if m <= 0 || !f.e.limited(f.queue) {
 		return 0, false
 	}
 	f.mu.Lock()
 	held := len(f.leases)
 	f.mu.Unlock()
-	return f.maxRun - held, true
+	return m - held, true
 }
 
 // claim claims up to limit jobs of the queue: through ClaimLimited when
@@ -344,13 +346,13 @@ func (f *fetcher) claim(ctx context.Context, limit int) (rows []*driver.JobRow, 
 	e := f.e
 	p := driver.ClaimParams{Queue: f.queue, Limit: limit, Lease: e.cfg.Lease, Worker: e.id}
 	if !e.limited(f.queue) {
-		f.maxRun = 0
+		f.maxRun.Store(0)
 		rows, err = e.drv.Claim(ctx, p)
 		return rows, 0, err
 	}
 	res, err := e.drv.ClaimLimited(ctx, p)
 	if err == nil {
-		f.maxRun = res.MaxRunning
+		f.maxRun.Store(int64(res.MaxRunning))
 	}
 	if err != nil || !res.Held {
 		return res.Rows, 0, err

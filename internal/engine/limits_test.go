@@ -148,6 +148,17 @@ func TestLimitFullProcessClaimsAfterItsOwnEnd(t *testing.T) {
 	}
 }
 
+// A process that holds every slot and changes the queue's limits itself
+// claims at once: its MaxRunning may have been raised.
+func TestLimitFullProcessClaimsAfterItsOwnChange(t *testing.T) {
+	e, d := limitHoldEngine(t)
+	defer close(d.gate)
+	e.LimitsChanged("q", true)
+	if id := recv(t, "job 2 to run after the process changed the limits", d.ran); id != 2 {
+		t.Fatalf("ran job %d, want 2", id)
+	}
+}
+
 // limitHoldDriver is a fake whose queue "q" has a MaxRunning of 1: job 1
 // takes the slot and runs until gate closes; job 2 comes with the next
 // claim.
