@@ -140,6 +140,14 @@ func pickup(ctx context.Context, c *conveyor.Client[any], l conveyor.QueueLimits
 		}
 		after = js[len(js)-1].ID
 	}
+	return pickupWaits(starts, ends, l, conc), nil
+}
+
+// pickupWaits computes pickup's waits from the jobs' starts and ends
+// (unix ns, in any order): after each end, under the concurrency limit
+// (conc), else after each start left the rate's window.
+func pickupWaits(starts, ends []int64, l conveyor.QueueLimits, conc bool) []time.Duration {
+	starts, ends = slices.Clone(starts), slices.Clone(ends)
 	slices.Sort(starts)
 	slices.Sort(ends)
 	var waits []time.Duration
@@ -155,7 +163,7 @@ func pickup(ctx context.Context, c *conveyor.Client[any], l conveyor.QueueLimits
 			add(starts[i-n]+p, starts[i])
 		}
 	}
-	return waits, nil
+	return waits
 }
 
 // quantile returns the q-quantile (0..1) of sorted ds, in milliseconds.
