@@ -341,6 +341,11 @@ type ClaimResult struct {
 	// window has room again (by the database's clock); 0 when only the
 	// concurrency limit held them (a slot frees when an attempt ends).
 	RetryIn time.Duration
+	// MaxRunning is the queue's MaxRunning as the claim read it (0: no
+	// concurrency limit). A process that holds that many of the queue's
+	// attempts need not claim again until one of them ends (the engine
+	// still claims every PollMin, for a limit raised elsewhere).
+	MaxRunning int
 }
 
 // Driver is a database backend. All methods are safe for concurrent use.

@@ -48,6 +48,11 @@ type fetcher struct {
 	// so that it never blocks (running <= max + one batch claimed ahead).
 	jobs chan *running
 
+	// maxRun is the queue's MaxRunning as the last limited claim read it
+	// (0: none known; see room). Set by the fetch loop, and cleared by
+	// LimitsChanged: this process changed the queue's limits.
+	maxRun atomic.Int64
+
 	// running counts the attempts dispatched and not yet done: running
 	// handlers, and those waiting for a worker.
 	running atomic.Int64
@@ -192,7 +197,37 @@ func (f *fetcher) run(ctx context.Context) {
 			}
 			continue
 		}
-		if more && running > 0 && free < want {
+		capped := false
+		if room, ok := f.room(); ok {
+			if room <= 0 {
+				// This process holds every concurrency slot of the
+				// queue's limit: no claim could take one before one of
+				// its attempts ends (limitCh). After PollMin it claims
+				// anyway: the limit may have been raised elsewhere.
+				if !timer.Stop() {
+					select {
+					case <-timer.C:
+					default:
+					}
+				}
+				timer.Reset(max(e.cfg.PollMin, time.Millisecond))
+				select {
+				case <-f.limitCh:
+				case <-timer.C:
+					f.maxRun.Store(0)
+				case <-f.stopCh:
+					return
+				}
+				// This was the wait of a claim held back by the limits:
+				// claim at once.
+				held, more = 0, true
+				continue
+			}
+			if room < free {
+				free, capped = room, true
+			}
+		}
+		if more && running > 0 && free < want && !capped {
 			// The queue has a backlog and only a few slots are free: wait
 			// briefly for more to free up, so that one claim takes a full
 			// batch instead of many claims taking a few rows each.
@@ -287,6 +322,25 @@ func (f *fetcher) run(ctx context.Context) {
 	}
 }
 
+// room returns how many more slots of the queue's concurrency limit
+// this process could take at most, as far as it knows: the queue's
+// MaxRunning as its last claim read it, less the attempts this process
+// holds (running, waiting for a worker, or finishing: an attempt keeps
+// its slot until its outcome is written). Claiming more than that would
+// come back short, and count as held. ok is false when no concurrency
+// limit is known. Attempts that took no slot (claimed before the queue
+// was limited) make it smaller than it is, for as long as they run.
+func (f *fetcher) room() (n int, ok bool) {
+	m := int(f.maxRun.Load())
+	if m <= 0 || !f.e.limited(f.queue) {
+		return 0, false
+	}
+	f.mu.Lock()
+	held := len(f.leases)
+	f.mu.Unlock()
+	return m - held, true
+}
+
 // claim claims up to limit jobs of the queue: through ClaimLimited when
 // the queue has limits (or the engine cannot tell), else through Claim.
 // hold, when positive, is how long to wait before the next claim because
@@ -296,10 +350,14 @@ func (f *fetcher) claim(ctx context.Context, limit int) (rows []*driver.JobRow, 
 	e := f.e
 	p := driver.ClaimParams{Queue: f.queue, Limit: limit, Lease: e.cfg.Lease, Worker: e.id}
 	if !e.limited(f.queue) {
+		f.maxRun.Store(0)
 		rows, err = e.drv.Claim(ctx, p)
 		return rows, 0, err
 	}
 	res, err := e.drv.ClaimLimited(ctx, p)
+	if err == nil {
+		f.maxRun.Store(int64(res.MaxRunning))
+	}
 	if err != nil || !res.Held {
 		return res.Rows, 0, err
 	}

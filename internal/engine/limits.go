@@ -112,6 +112,13 @@ func (e *Engine) LimitsChanged(queue string, limited bool) {
 		e.limits.Store(&limitCache{limited: m, at: old.at, changed: time.Now()})
 	}
 	e.limitsMu.Unlock()
+	e.mu.Lock()
+	if f := e.fetchers[queue]; f != nil {
+		// Its MaxRunning may be another now: claim at once rather than
+		// wait for an attempt of its own to end (see room).
+		f.maxRun.Store(0)
+	}
+	e.mu.Unlock()
 	e.wake(queue)
 	e.slotFreed(queue)
 }

@@ -122,6 +122,83 @@ func TestLimitCompletionWakesHeldFetcher(t *testing.T) {
 	}
 }
 
+// A fetcher whose process holds every slot of its queue's MaxRunning (as
+// its last claim read it) does not claim when woken for a slot freed
+// elsewhere: no claim could take one of this process's slots. It claims
+// as soon as one of its own attempts ends, and asks for no more than the
+// slots it could take.
+func TestLimitFullProcessClaimsAfterItsOwnEnd(t *testing.T) {
+	e, d := limitHoldEngine(t)
+	// Wake-ups of the kind a notification of a slot freed elsewhere
+	// gives: none may start a claim while job 1 holds the one slot.
+	for range 5 {
+		e.slotFreed("q")
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := len(d.claimsOf("q")); n != 1 {
+		t.Fatalf("%d claims while the process held every slot, want only the first", n)
+	}
+	close(d.gate)
+	if id := recv(t, "job 2 to run after job 1 ended", d.ran); id != 2 {
+		t.Fatalf("ran job %d, want 2", id)
+	}
+	cs := d.claimsOf("q")
+	if len(cs) < 2 || cs[1].limit != 1 {
+		t.Fatalf("claims %+v: want a second claim for the one slot freed", cs)
+	}
+}
+
+// A process that holds every slot and changes the queue's limits itself
+// claims at once: its MaxRunning may have been raised.
+func TestLimitFullProcessClaimsAfterItsOwnChange(t *testing.T) {
+	e, d := limitHoldEngine(t)
+	defer close(d.gate)
+	e.LimitsChanged("q", true)
+	if id := recv(t, "job 2 to run after the process changed the limits", d.ran); id != 2 {
+		t.Fatalf("ran job %d, want 2", id)
+	}
+}
+
+// limitHoldDriver is a fake whose queue "q" has a MaxRunning of 1: job 1
+// takes the slot and runs until gate closes; job 2 comes with the next
+// claim.
+type limitHoldDriver struct {
+	*fakeDriver
+	gate chan struct{}
+	ran  chan int64
+}
+
+// limitHoldEngine starts an engine (PollMin an hour) on a
+// limitHoldDriver and waits until job 1 holds the slot.
+func limitHoldEngine(t *testing.T) (*Engine, *limitHoldDriver) {
+	t.Helper()
+	d := &limitHoldDriver{
+		fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 1}}},
+		gate:       make(chan struct{}), ran: make(chan int64, 2),
+	}
+	var n atomic.Int64
+	d.claimLimited = func(_ context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
+		switch n.Add(1) {
+		case 1:
+			return driver.ClaimResult{Rows: []*driver.JobRow{jobIn("q", 1, 101)}, Held: true, MaxRunning: 1}, nil
+		case 2:
+			return driver.ClaimResult{Rows: []*driver.JobRow{jobIn("q", 2, 102)}, MaxRunning: 1}, nil
+		}
+		return driver.ClaimResult{MaxRunning: 1}, nil
+	}
+	e := startEngine(t, d.fakeDriver, limitConfig(time.Hour), map[string]Handler{"k": func(_ context.Context, row *driver.JobRow) error {
+		d.ran <- row.ID
+		if row.ID == 1 {
+			<-d.gate
+		}
+		return nil
+	}})
+	if id := recv(t, "job 1 to start", d.ran); id != 1 {
+		t.Fatalf("ran job %d first, want 1", id)
+	}
+	return e, d
+}
+
 // A remote claim waiting on a queue held back by its concurrency limit is
 // woken when a remote attempt of the queue ends, and claims the job the
 // freed slot lets start (its own poll here is an hour).

@@ -91,7 +91,9 @@ func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (dr
 	if l.MaxRunning > 0 && above >= l.MaxRunning {
 		// A lowered limit: as many attempts as it allows, or more, still
 		// hold slots beyond it.
-		return d.heldEmpty(ctx, p.Queue)
+		res, err := d.heldEmpty(ctx, p.Queue)
+		res.MaxRunning = l.MaxRunning
+		return res, err
 	}
 	var res driver.ClaimResult
 	err = d.inTx(ctx, "claim limited", func(tx *sql.Tx) error {
@@ -102,6 +104,7 @@ func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (dr
 	if err != nil {
 		return driver.ClaimResult{}, err
 	}
+	res.MaxRunning = l.MaxRunning
 	return res, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
@@ -31,36 +32,29 @@ type limits struct {
 }
 
 // ClaimLimited claims up to p.Limit jobs of p.Queue within its limits. A
-// queue without limits is claimed by Claim's statement alone. A limited
-// one is claimed in one transaction, which commits without waiting for
-// the WAL flush as a claim does: it reads the limits again, locks free
+// queue without limits is claimed by Claim's statement alone (after the
+// first statement of the transaction below finds none: the engine calls
+// ClaimLimited for the queues it knows are limited, and for every queue
+// only while it cannot tell). A limited one is claimed in one
+// transaction, which commits without waiting for the WAL flush as a
+// claim does: its first statement reads the limits and locks free
 // concurrency slots and the rate slots whose last start has left the
-// window (SKIP LOCKED), claims at most as many jobs as it locked slots
-// of each with Claim's statement, and gives each claimed attempt one
-// concurrency slot and one rate slot, stamped with the claim's now(),
-// the attempted_at of its job.
+// window (SKIP LOCKED); it claims at most as many jobs as it locked
+// slots of each with Claim's statement, and gives each claimed attempt
+// one concurrency slot and one rate slot, stamped with the claim's
+// now(), the attempted_at of its job, in a statement that checks in its
+// own snapshot, taken after the slots were locked, that the limits are
+// still those the transaction read; if not, it runs again under the new
+// ones. That is three round trips (BEGIN with limits and slots, the
+// claim, stamps with COMMIT) where an unlimited claim is one.
 //
 // A lowered MaxRunning leaves slots at or above it held by attempts that
 // started before; while one is, claims count every held slot against the
 // new limit, one claim at a time per queue (the queue's row, locked SKIP
 // LOCKED: a second claimer claims nothing meanwhile), so that the limit
-// holds as soon as fewer attempts than it run. The statement that locks
-// the slots checks in its own snapshot that the limits are still those
-// the transaction read; if not, it runs again under the new ones.
+// holds as soon as fewer attempts than it run.
 func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
 	if p.Limit <= 0 {
-		return driver.ClaimResult{}, nil
-	}
-	var l limits
-	err := d.pool.QueryRow(ctx, d.q.LimitRead, p.Queue).Scan(&l.maxRunning, &l.rate, &l.periodUS, &l.paused)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return driver.ClaimResult{}, d.wrap("claim", err)
-	}
-	if l.maxRunning == 0 && l.rate == 0 {
-		rows, err := d.Claim(ctx, p)
-		return driver.ClaimResult{Rows: rows}, err
-	}
-	if l.paused {
 		return driver.ClaimResult{}, nil
 	}
 	s := d.seg
@@ -118,36 +112,52 @@ const limitRounds = 3
 // transaction read them (rolled back: run it again).
 func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimParams) (res driver.ClaimResult, again, unlimited, changed bool, err error) {
 	s, q := d.seg, &d.q
-	tx, err := d.pool.Begin(ctx)
+	conn, err := d.pool.Acquire(ctx)
 	if err != nil {
 		return res, false, false, false, err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	committed := false
+	defer func() {
+		if !committed {
+			// Ends the transaction, if one is open (else a warning
+			// only): the pool closes a connection released in one.
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+		conn.Release()
+	}()
 	var l limits
 	var async string
-	err = tx.QueryRow(ctx, q.LimitBegin, p.Queue).Scan(&async, &l.maxRunning, &l.rate, &l.periodUS, &l.paused)
+	want := p.Limit
+	var high bool
+	var cs, rs []int32
+	// BEGIN and the first statement in one round trip.
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(q.LimitBegin, p.Queue, want)
+	br := conn.SendBatch(ctx, b)
+	if _, err = br.Exec(); err == nil {
+		err = br.QueryRow().Scan(&async, &l.maxRunning, &l.rate, &l.periodUS, &l.paused, &high, &cs, &rs)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if errors.Is(err, pgx.ErrNoRows) || err == nil && l.maxRunning == 0 && l.rate == 0 {
 		return res, false, true, false, nil
 	}
 	if err != nil || l.paused {
 		return res, false, false, false, err
 	}
-	want := p.Limit
-	high, same, cs, rs, err := d.lockSlots(ctx, tx, p.Queue, l, want, false)
-	if err != nil || !same {
-		return res, false, false, err == nil && !same, err
-	}
 	if high {
 		// A lowered limit, slots at or above it still held: count them.
 		var mine bool
-		err := tx.QueryRow(ctx, q.LimitRowLock, p.Queue).Scan(&mine)
+		err := conn.QueryRow(ctx, q.LimitRowLock, p.Queue).Scan(&mine)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// Another claim counts: nothing this time.
-			return driver.ClaimResult{Held: true}, false, false, false, nil
+			return driver.ClaimResult{Held: true, MaxRunning: l.maxRunning}, false, false, false, nil
 		}
 		var held int
 		if err == nil {
-			err = tx.QueryRow(ctx, q.LimitHeld, p.Queue).Scan(&held)
+			err = conn.QueryRow(ctx, q.LimitHeld, p.Queue).Scan(&held)
 		}
 		if err != nil {
 			return res, false, false, false, err
@@ -155,7 +165,7 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 		cs, rs = nil, nil
 		if room := l.maxRunning - held; room > 0 {
 			var same bool
-			if _, same, cs, rs, err = d.lockSlots(ctx, tx, p.Queue, l, min(want, room), true); err != nil || !same {
+			if _, same, cs, rs, err = d.lockSlots(ctx, conn, p.Queue, l, min(want, room), true); err != nil || !same {
 				return res, false, false, err == nil && !same, err
 			}
 		}
@@ -172,11 +182,20 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 		cp := p
 		cp.Limit = k
 		var stale bool
-		rows, stale, err = s.claimIn(ctx, tx, v, cp)
+		rows, stale, err = s.claimIn(ctx, conn, v, cp)
 		if err != nil || stale {
 			return res, stale, false, false, err
 		}
 	}
+	// The last statements and COMMIT in one round trip: the slots' stamps
+	// (which fail the transaction if the limits changed, so that COMMIT
+	// does not run), whether a due job waits when none was claimed, and
+	// how long until the rate's window has room when the rate cut the
+	// claim: when it locked fewer rate slots than it sought, as many as
+	// the concurrency slots it locked (limit_begin), or want without a
+	// concurrency limit. A claim the concurrency limit alone cut waits
+	// for a slot to free, not for the window.
+	b = &pgx.Batch{}
 	if len(rows) > 0 {
 		var ns, fences, ids arrayLit
 		ns.init(8 * len(rows))
@@ -196,46 +215,77 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 				stamps.int(int64(n))
 			}
 		}
-		if _, err := tx.Exec(ctx, q.LimitTake, p.Queue, ns.String(), ids.String(), fences.String(), stamps.String()); err != nil {
-			return res, false, false, false, err
-		}
+		b.Queue(q.LimitTake, p.Queue, ns.String(), ids.String(), fences.String(), stamps.String(),
+			l.maxRunning, l.rate, l.periodUS)
 	}
-	res.Rows = rows
-	if k < want {
-		if k > 0 {
-			res.Held = len(rows) == k
-		} else {
-			err := tx.QueryRow(ctx, s.stmt(&q.SegHasReady, v, v.live[phReady]), p.Queue).Scan(&res.Held)
-			if err != nil {
-				return res, false, false, false, err
-			}
-		}
+	res.Rows, res.MaxRunning = rows, l.maxRunning
+	ready := k == 0
+	if ready {
+		b.Queue(s.stmt(&q.SegHasReady, v, v.live[phReady]), p.Queue)
+	} else if k < want {
+		res.Held = len(rows) == k
 	}
-	// The rate cut the claim when it locked fewer rate slots than it
-	// sought: as many as the concurrency slots it locked (limit_lock), or
-	// want without a concurrency limit. A claim the concurrency limit
-	// alone cut waits for a slot to free, not for the window.
 	sought := want
 	if l.maxRunning > 0 {
 		sought = len(cs)
 	}
-	if res.Held && l.rate > 0 && len(rs) < sought {
-		var us int64
-		if err := tx.QueryRow(ctx, q.LimitRetryIn, p.Queue, l.rate, l.periodUS).Scan(&us); err != nil {
-			return res, false, false, false, err
-		}
+	retry := l.rate > 0 && len(rs) < sought && (ready || res.Held)
+	if retry {
+		b.Queue(q.LimitRetryIn, p.Queue, l.rate, l.periodUS)
+	}
+	b.Queue("COMMIT")
+	br = conn.SendBatch(ctx, b)
+	var us int64
+	if len(rows) > 0 {
+		var one int
+		err = br.QueryRow().Scan(&one)
+	}
+	if err == nil && ready {
+		err = br.QueryRow().Scan(&res.Held)
+	}
+	if err == nil && retry {
+		err = br.QueryRow().Scan(&us)
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if limitsChanged(err) {
+		return driver.ClaimResult{}, false, false, true, nil
+	}
+	if err != nil {
+		return driver.ClaimResult{}, false, false, false, err
+	}
+	committed = true
+	if res.Held && retry {
 		// At least a millisecond: a slot whose start left the window
 		// but that another claimer had locked is taken or free again
 		// by then.
 		res.RetryIn = max(time.Duration(us)*time.Microsecond, time.Millisecond)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return driver.ClaimResult{}, false, false, false, err
-	}
 	if len(rows) > 0 {
 		s.place(v.cur[phRunning].tbl, rows)
 	}
 	return res, false, false, false, nil
+}
+
+// limitsChanged reports whether err is limit_take's failure: the
+// queue's limits changed after the claim read them.
+func limitsChanged(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "22P02" && strings.Contains(pe.Message, limitsChangedText)
+}
+
+// limitsChangedText is in the message of limit_take's failure.
+const limitsChangedText = "conveyor: the queue's limits changed"
+
+// queryer runs the statements of a limited claim on its connection,
+// inside its transaction.
+type queryer interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // lockSlots runs limit_lock: whether a concurrency slot at or above the
@@ -244,7 +294,7 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 // slots were locked under limits no longer in force: the transaction
 // must not use them), and the concurrency and rate slots locked, by
 // number.
-func (d *Driver) lockSlots(ctx context.Context, tx pgx.Tx, queue string, l limits, want int, anyHeld bool) (high, same bool, cs, rs []int32, err error) {
+func (d *Driver) lockSlots(ctx context.Context, tx queryer, queue string, l limits, want int, anyHeld bool) (high, same bool, cs, rs []int32, err error) {
 	err = tx.QueryRow(ctx, d.q.LimitLock, queue, l.maxRunning, l.rate, want, l.periodUS, anyHeld).Scan(&high, &same, &cs, &rs)
 	return high, same, cs, rs, err
 }
@@ -253,7 +303,7 @@ func (d *Driver) lockSlots(ctx context.Context, tx pgx.Tx, queue string, l limit
 // hint as claim does (see claimHints), and from the queue's start for
 // the rest when a hinted claim comes back short. stale says that the
 // guard refused it.
-func (s *segStore) claimIn(ctx context.Context, tx pgx.Tx, v *segView, p driver.ClaimParams) ([]*driver.JobRow, bool, error) {
+func (s *segStore) claimIn(ctx context.Context, tx queryer, v *segView, p driver.ClaimParams) ([]*driver.JobRow, bool, error) {
 	h, hinted, gen, all := s.hints.begin(p.Queue, time.Now())
 	run := func(p driver.ClaimParams, h claimHint) ([]*driver.JobRow, int64, error) {
 		rows, err := tx.Query(ctx, s.stmt(&s.d.q.SegClaim, v, v.live[phReady], phRunning),

@@ -257,3 +257,35 @@ func TestLimitedClaimOnAPoolOfOne(t *testing.T) {
 		t.Fatalf("claim on a pool of one: %d rows, held %v, %v; want the limit's 2, held", len(res.Rows), res.Held, err)
 	}
 }
+
+// TestLimitTakeRefusesChangedLimits: the statement that stamps a limited
+// claim's slots, sent with its COMMIT, fails when the queue's limits are
+// no longer those the claim locked its slots under (so that the COMMIT
+// does not run and the claim runs again), and ClaimLimited recognises
+// that failure; under the same limits it succeeds.
+func TestLimitTakeRefusesChangedLimits(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	if err := d.SetQueueLimits(ctx, "chg", driver.QueueLimits{MaxRunning: 3}); err != nil {
+		t.Fatal(err)
+	}
+	take := func(maxRunning int) error {
+		tx, err := d.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		var one int
+		return tx.QueryRow(ctx, d.q.LimitTake, "chg", "{}", "{}", "{}", "{}", maxRunning, 0, int64(0)).Scan(&one)
+	}
+	if err := take(3); err != nil {
+		t.Fatalf("under the same limits: %v", err)
+	}
+	err := take(4)
+	if err == nil || !limitsChanged(err) {
+		t.Fatalf("under changed limits: %v, want the limits-changed failure", err)
+	}
+	if limitsChanged(context.Canceled) {
+		t.Fatal("another error taken for the limits-changed failure")
+	}
+}

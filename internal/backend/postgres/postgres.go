@@ -75,7 +75,6 @@ type queries struct {
 	SetQueueLimits   string `sql:"set_queue_limits"`
 	QueueLimits      string `sql:"queue_limits"`
 	LimitUsage       string `sql:"limit_usage"`
-	LimitRead        string `sql:"limit_read"`
 	LimitBegin       string `sql:"limit_begin"`
 	LimitLock        string `sql:"limit_lock"`
 	LimitRowLock     string `sql:"limit_row_lock"`

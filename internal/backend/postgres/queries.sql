@@ -241,19 +241,50 @@ SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_
   ) r ON true
  WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL
 
--- name: limit_read
--- A queue's limits and whether it is paused (no row: none, not paused).
-SELECT coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0), paused_at IS NOT NULL
-  FROM {p}queues WHERE name = $1
-
 -- name: limit_begin
--- limit_read as the first statement of a limited claim's transaction,
--- which commits without waiting for the WAL flush, as seg_claim does:
--- the slots it takes are lost with the claim in a crash, never without
--- it.
-SELECT set_config('synchronous_commit', 'off', true),
-       coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0), paused_at IS NOT NULL
-  FROM {p}queues WHERE name = $1
+-- The first statement of a limited claim's transaction, which commits
+-- without waiting for the WAL flush, as seg_claim does (the slots it
+-- takes are lost with the claim in a crash, never without it): $1
+-- queue, $2 how many. It reads the queue's limits and pause (no row:
+-- none, not paused) and, under those limits, locks slots as limit_lock
+-- does, in the same round trip. The columns: the limits, the pause,
+-- whether a concurrency slot at or above the limit is held (then no
+-- concurrency slot is locked: see ClaimLimited), and the concurrency
+-- and rate slots locked. The limits are read in the statement's
+-- snapshot, before the slots are locked: limit_take checks them again
+-- in a later one.
+WITH l AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true) AS async,
+           coalesce(max_running, 0) AS mr, coalesce(rate, 0) AS rt,
+           coalesce(rate_period_us, 0) AS per, paused_at IS NOT NULL AS paused
+      FROM {p}queues WHERE name = $1
+),
+hi AS MATERIALIZED (
+    SELECT l.mr > 0 AND NOT l.paused
+           AND EXISTS (SELECT 1 FROM {p}limit_slots
+                        WHERE queue = $1 AND type = 'c' AND lkey = '' AND n >= l.mr AND job_id IS NOT NULL) AS held
+      FROM l
+),
+c AS MATERIALIZED (
+    SELECT n FROM {p}limit_slots
+     WHERE queue = $1 AND type = 'c' AND lkey = '' AND n < (SELECT mr FROM l) AND job_id IS NULL
+       AND NOT (SELECT paused FROM l) AND NOT (SELECT held FROM hi)
+     ORDER BY n
+     LIMIT $2
+     FOR UPDATE SKIP LOCKED
+),
+r AS MATERIALIZED (
+    SELECT n FROM {p}limit_slots
+     WHERE queue = $1 AND type = 'r' AND lkey = '' AND n < (SELECT rt FROM l)
+       AND (used_at IS NULL OR used_at <= now() - (SELECT per FROM l) * interval '1 microsecond')
+       AND NOT (SELECT paused FROM l)
+     ORDER BY n
+     LIMIT CASE WHEN (SELECT mr FROM l) > 0 THEN (SELECT count(*) FROM c) ELSE $2 END
+     FOR UPDATE SKIP LOCKED
+)
+SELECT l.async, l.mr, l.rt, l.per, l.paused, (SELECT held FROM hi),
+       ARRAY(SELECT n FROM c ORDER BY n), ARRAY(SELECT n FROM r ORDER BY n)
+  FROM l
 
 -- name: limit_lock
 -- $1 queue, $2 max running, $3 rate, $4 how many, $5 rate period in
@@ -310,14 +341,28 @@ SELECT count(*) FROM {p}limit_slots WHERE queue = $1 AND type = 'c' AND lkey = '
 -- name: limit_take
 -- $1 queue; $2, $3, $4 the concurrency slots taken and the attempts
 -- (job, fence) that hold them; $5 the rate slots that record a start,
--- stamped with the transaction's now(), the attempted_at of the claim.
+-- stamped with the transaction's now(), the attempted_at of the claim;
+-- $6, $7, $8 the limits the slots were locked under. It checks that the
+-- queue's limits are still those, read in this statement's snapshot,
+-- taken after the slots were locked, and returns 1; if not (a lowered
+-- MaxRunning committed meanwhile, and a slot at or above it freed since
+-- may be among them), it fails (an integer cast of a text naming the
+-- cause), so that the COMMIT sent with it does not run and the claim
+-- runs again. A change committed later must lock the slots this claim
+-- holds, and finds them held.
 WITH c AS (
     UPDATE {p}limit_slots s SET job_id = t.id, fence = t.fence
       FROM unnest($2::int[], $3::bigint[], $4::bigint[]) AS t(n, id, fence)
      WHERE s.queue = $1 AND s.type = 'c' AND s.lkey = '' AND s.n = t.n
+),
+r AS (
+    UPDATE {p}limit_slots s SET used_at = now()
+     WHERE s.queue = $1 AND s.type = 'r' AND s.lkey = '' AND s.n = ANY ($5::int[])
 )
-UPDATE {p}limit_slots s SET used_at = now()
- WHERE s.queue = $1 AND s.type = 'r' AND s.lkey = '' AND s.n = ANY ($5::int[])
+SELECT (CASE WHEN coalesce((SELECT coalesce(max_running, 0) = $6::int AND coalesce(rate, 0) = $7::int
+                                  AND coalesce(rate_period_us, 0) = $8::bigint
+                             FROM {p}queues WHERE name = $1), false)
+             THEN '1' ELSE 'conveyor: the queue''s limits changed' END)::int
 
 -- name: limit_retry_in
 -- $1 queue, $2 rate, $3 rate period in microseconds: the microseconds

@@ -74,6 +74,7 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 	if err != nil {
 		return res, fmt.Errorf("read limits: %w", err)
 	}
+	res.MaxRunning = max(maxRunning, 0)
 	want := p.Limit
 	// allowed: what the concurrency limit lets this claim take.
 	allowed := want

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -228,6 +229,15 @@ type Result struct {
 	// Allowed, for a run held below its workers by a limit, is the
 	// jobs/s the limit allows (slots / work per job, or the rate).
 	Allowed float64 `json:"allowed_jobs_per_s,omitempty"`
+	// PickupP50ms and PickupP99ms, for a run whose limits bind, are the
+	// median and 99th percentile of how long a job freed by the limits
+	// waited to start: from the end that freed its concurrency slot, or
+	// from the moment the rate's window had room, to its claim, by the
+	// database's clock (see pickup); PickupN is how many waits they
+	// summarize.
+	PickupP50ms float64 `json:"pickup_p50_ms,omitempty"`
+	PickupP99ms float64 `json:"pickup_p99_ms,omitempty"`
+	PickupN     int     `json:"pickup_n,omitempty"`
 	// Latencies are the raw samples (not in JSON) for charts.
 	Latencies []time.Duration `json:"-"`
 }
@@ -478,6 +488,13 @@ func jobMaker(o Options) func(int64) Job {
 func closeClient(ctx context.Context, c *conveyor.Client[any], o Options, res *Result) error {
 	err := c.Stop(ctx)
 	res.Counters = c.Counters().Map()
+	if o.Limits != (conveyor.QueueLimits{}) && err == nil {
+		// After Stop: every outcome is written.
+		waits, perr := pickup(ctx, c, o.Limits, o.Workers)
+		slices.Sort(waits)
+		res.PickupP50ms, res.PickupP99ms, res.PickupN = quantile(waits, 0.5), quantile(waits, 0.99), len(waits)
+		err = perr
+	}
 	res.Settings = clientSettings(ctx, c, o.Connect)
 	if !o.Keep {
 		err = errors.Join(err, lab.DropTables(context.WithoutCancel(ctx), c))

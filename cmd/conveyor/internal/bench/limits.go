@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/conveyorq/conveyor"
@@ -97,4 +98,79 @@ func checkHeld(r *Result) error {
 		return fmt.Errorf("bench: %s: %d starts within %v under a Rate of %d", r.label(), r.MaxStartsInWindow, r.Limits.RatePeriod, rt)
 	}
 	return nil
+}
+
+// pickupPage is how many jobs one read of pickup lists.
+const pickupPage = 1000
+
+// pickup measures, after a limited run of a backlogged queue, how long a
+// job freed by the limits waited to start, by the database's clock:
+//
+//   - under a MaxRunning of m that binds (m below the workers), the
+//     (i+m)-th start (in time order) needs the i-th end: its wait is
+//     from that end (the outcome's finalized_at, when the slot was
+//     freed) to the start (the claim's attempted_at);
+//   - under a Rate of n per period, the i-th start needs the (i-n)-th
+//     to have left the window: its wait is from that moment (the
+//     earlier start's attempted_at plus the period) to the start.
+//
+// Both clocks are the claim's and the outcome's transaction start
+// (now()), a little before their commits: a wait shorter than that gap
+// shows as 0. It reads every completed job of the queue (the run's
+// tables are its own) and returns the waits in time order, nil when the
+// run's limits do not bind.
+func pickup(ctx context.Context, c *conveyor.Client[any], l conveyor.QueueLimits, workers int) ([]time.Duration, error) {
+	conc := l.MaxRunning > 0 && l.MaxRunning < workers
+	if !conc && l.Rate == 0 {
+		return nil, nil
+	}
+	var starts, ends []int64
+	for after := int64(0); ; {
+		js, err := c.Jobs(ctx, conveyor.JobFilter{States: []conveyor.JobState{conveyor.JobStateCompleted},
+			Queue: conveyor.DefaultQueue, Limit: pickupPage, AfterID: after})
+		if err != nil {
+			return nil, err
+		}
+		for _, j := range js {
+			starts = append(starts, j.AttemptedAt.UnixNano())
+			ends = append(ends, j.FinalizedAt.UnixNano())
+		}
+		if len(js) < pickupPage {
+			break
+		}
+		after = js[len(js)-1].ID
+	}
+	return pickupWaits(starts, ends, l, conc), nil
+}
+
+// pickupWaits computes pickup's waits from the jobs' starts and ends
+// (unix ns, in any order): after each end, under the concurrency limit
+// (conc), else after each start left the rate's window.
+func pickupWaits(starts, ends []int64, l conveyor.QueueLimits, conc bool) []time.Duration {
+	starts, ends = slices.Clone(starts), slices.Clone(ends)
+	slices.Sort(starts)
+	slices.Sort(ends)
+	var waits []time.Duration
+	add := func(from, to int64) { waits = append(waits, time.Duration(max(0, to-from))) }
+	if conc {
+		m := l.MaxRunning
+		for i := 0; i+m < len(starts) && i < len(ends); i++ {
+			add(ends[i], starts[i+m])
+		}
+	} else {
+		n, p := l.Rate, int64(l.RatePeriod)
+		for i := n; i < len(starts); i++ {
+			add(starts[i-n]+p, starts[i])
+		}
+	}
+	return waits
+}
+
+// quantile returns the q-quantile (0..1) of sorted ds, in milliseconds.
+func quantile(ds []time.Duration, q float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	i := min(len(ds)-1, int(q*float64(len(ds))))
+	return float64(ds[i]) / float64(time.Millisecond)
 }
