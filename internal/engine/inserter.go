@@ -231,6 +231,7 @@ func (i *inserter) try(reqs []*insertReq, deadline time.Time) error {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	ids, dup, err := i.e.insertSplit(ctx, nil, all)
 	cancel()
+	i.e.metrics.InsertRounds.Add(1)
 	if err != nil {
 		return err
 	}
