@@ -12,6 +12,13 @@ type Counters struct {
 	// Claimed counts jobs claimed, that is attempts handed to this
 	// process's workers.
 	Claimed int64 `json:"claimed"`
+	// OutcomeRounds counts the statements that wrote attempt outcomes,
+	// each carrying a batch of them (Completed per OutcomeRounds is the
+	// outcomes per commit).
+	OutcomeRounds int64 `json:"outcome_rounds"`
+	// InsertRounds counts the transactions of the group commit of
+	// Enqueue calls, each carrying the jobs of the calls it gathered.
+	InsertRounds int64 `json:"insert_rounds"`
 	// Completed counts attempts whose success was written.
 	Completed int64 `json:"completed"`
 	// FailedAttempts counts attempts whose handler returned an error,
@@ -71,6 +78,8 @@ func (c Counters) Map() map[string]int64 {
 	out := map[string]int64{
 		"claim_rounds":       c.ClaimRounds,
 		"claimed":            c.Claimed,
+		"outcome_rounds":     c.OutcomeRounds,
+		"insert_rounds":      c.InsertRounds,
 		"completed":          c.Completed,
 		"failed_attempts":    c.FailedAttempts,
 		"snoozed":            c.Snoozed,
@@ -95,6 +104,8 @@ func (c *Client[TTx]) Counters() Counters {
 	out := Counters{
 		ClaimRounds:      m.ClaimRounds.Load(),
 		Claimed:          m.Claimed.Load(),
+		OutcomeRounds:    m.OutcomeRounds.Load(),
+		InsertRounds:     m.InsertRounds.Load(),
 		Completed:        m.Completed.Load(),
 		FailedAttempts:   m.Failed.Load(),
 		Snoozed:          m.Snoozed.Load(),

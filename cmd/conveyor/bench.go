@@ -32,7 +32,7 @@ func benchCmd(e *env, args []string) error {
 	producers := f.Int("producers", 0, "flow: concurrent producers (default 64); isolation: hot-queue producers (default 16); steady: producers sharing the offered rate (default 8); http-enqueue: concurrent callers, http-drain: HTTP workers (default 4)")
 	middleware := f.Int("middleware", 0, "install this many pass-through work and enqueue middlewares (to measure the chain's cost)")
 	unique := f.Bool("unique", false, "flow: producers enqueue unique jobs (unique by their arguments, all distinct), to compare with plain ones")
-	mode := f.String("mode", "", "flow, isolation: producers enqueue with coalesced (Enqueue per job; flow's default) or batch (EnqueueMany of 100; isolation's default)")
+	mode := f.String("mode", "", "flow, isolation: producers enqueue with coalesced (Enqueue per job; flow's default) or batch (EnqueueMany of 100; isolation's default); flow also bulk (EnqueueBulk of 100)")
 	interval := f.Duration("interval", 0, "latency: time between enqueues (default 5ms); isolation: between cold-queue jobs (default 10ms)")
 	separate := f.Bool("separate-producer", false, "latency: enqueue through a second client, as another process would (no in-process wake-up)")
 	herd := f.Bool("herd", false, "drain, claims: schedule every job for one moment, so all become due at once")
@@ -210,6 +210,13 @@ func printResults(w io.Writer, rs []*bench.Result) {
 		if call {
 			callHead = "call p50 ms\tcall p99 ms\t"
 		}
+		enq := false
+		for _, r := range rs {
+			enq = enq || r.EnqueuedPerS > 0
+		}
+		if enq {
+			callHead = "mode\tenqueued/s\t" + callHead
+		}
 		fmt.Fprintln(tw, "workload\tworkers\tjobs\tseconds\tjobs/s\tp50 ms\tp95 ms\tp99 ms\tmax ms\t"+callHead+"lost\tdup\treorder max\treorder p99\treorder 0/1-9/10-99/100-999/1000+\t")
 		for _, r := range rs {
 			name := r.Workload
@@ -219,6 +226,9 @@ func printResults(w io.Writer, rs []*bench.Result) {
 			callCols := ""
 			if call {
 				callCols = ms(r.CallP50ms) + "\t" + ms(r.CallP99ms) + "\t"
+			}
+			if enq {
+				callCols = fmt.Sprintf("%s\t%.0f\t", r.Mode, r.EnqueuedPerS) + callCols
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%.0f\t%s\t%s\t%s\t%s\t%s%d\t%d\t%d\t%d\t%s\t\n",
 				name, r.Workers, r.Jobs, r.Seconds, r.JobsPerS, ms(r.P50ms), ms(r.P95ms), ms(r.P99ms), ms(r.Maxms), callCols, r.Lost, r.Duplicates, r.ReorderMax, r.ReorderP99, hist(r.ReorderHist))

@@ -244,6 +244,7 @@ func (c *completer) write(batch []driver.Outcome) ([]int64, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		applied, err := e.drv.Complete(ctx, batch)
 		cancel()
+		e.metrics.OutcomeRounds.Add(1)
 		if err == nil {
 			e.written(batch, applied)
 			return applied, nil

@@ -117,6 +117,8 @@ type KindConfig struct {
 // Metrics are process-wide counters.
 type Metrics struct {
 	ClaimRounds      atomic.Int64 // claim statements issued
+	OutcomeRounds    atomic.Int64 // outcome statements written (each a batch)
+	InsertRounds     atomic.Int64 // group-commit insert transactions
 	Claimed          atomic.Int64
 	Completed        atomic.Int64
 	Failed           atomic.Int64

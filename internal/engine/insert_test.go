@@ -106,6 +106,71 @@ func TestInserterBatchesEnqueues(t *testing.T) {
 	}
 }
 
+// The callers of one write return together and call again one after
+// another: the writer waits (up to half the last write's duration) to
+// gather as many callers as the last batch had, so that the first of them
+// is not written on its own with the others behind it.
+func TestInserterGathersAsManyCallersAsLastBatch(t *testing.T) {
+	d := &fakeDriver{}
+	first, gate := make(chan struct{}), make(chan struct{})
+	second, gate2 := make(chan struct{}), make(chan struct{})
+	var n atomic.Int64
+	d.insert = func(_ context.Context, ps []driver.InsertParams) ([]int64, error) {
+		switch n.Add(1) {
+		case 1:
+			close(first)
+			<-gate
+		case 2:
+			close(second)
+			<-gate2
+		}
+		ids := make([]int64, len(ps))
+		for i, p := range ps {
+			ids[i] = int64(1000 + p.Priority)
+		}
+		return ids, nil
+	}
+	e := New(d, testConfig(time.Second), nil)
+	e.ins.gather.Store(int64(time.Minute))
+	t.Cleanup(func() { e.Close(context.Background()) })
+	a := enqueue(e, 1)
+	recv(t, "the first insert", first)
+	var chs []<-chan insertResult
+	for k, p := range []int{2, 3, 4} {
+		chs = append(chs, enqueue(e, p))
+		waitFor(t, "a caller queued", func() bool { return e.QueuedInserts() == k+1 })
+	}
+	close(gate)
+	recv(t, "the second insert", second)
+	// The second write (three callers) lasts long enough that half of it
+	// outlasts the pauses between the next callers below.
+	time.Sleep(time.Second)
+	close(gate2)
+	recv(t, "caller a", a)
+	for _, ch := range chs {
+		recv(t, "a caller of the second batch", ch)
+	}
+	// Three callers one after another, with pauses in which a writer that
+	// did not wait would write what it had.
+	for _, p := range []int{5, 6, 7} {
+		chs = append(chs, enqueue(e, p))
+		waitFor(t, "the caller taken", func() bool { return e.QueuedInserts() == 0 })
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, ch := range chs[3:] {
+		if r := recv(t, "a caller of the third batch", ch); r.err != nil || len(r.ids) != 1 {
+			t.Fatalf("a caller of the third batch got %v, %v", r.ids, r.err)
+		}
+	}
+	var got [][]int
+	for _, c := range d.callsOf("insert") {
+		got = append(got, priorities(c))
+	}
+	if want := [][]int{{1}, {2, 3, 4}, {5, 6, 7}}; !slices.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("insert statements %v, want %v", got, want)
+	}
+}
+
 // When a batch's insert fails and the driver cannot tell whether it
 // committed (a connection lost at commit), every caller of that batch gets
 // the error, which says its jobs may exist, and nothing is written again

@@ -29,12 +29,13 @@ import (
 // committing), no job is written twice: each caller of that transaction
 // is told its jobs may or may not exist.
 type inserter struct {
-	e     *Engine
-	in    chan *insertReq
-	mu    sync.RWMutex
-	shut  bool
-	done  chan struct{}
-	taken atomic.Int64 // calls the writer took from in (tests)
+	e      *Engine
+	in     chan *insertReq
+	gather atomic.Int64 // bound on the wait to gather a batch, ns (maxGather; tests)
+	mu     sync.RWMutex
+	shut   bool
+	done   chan struct{}
+	taken  atomic.Int64 // calls the writer took from in (tests)
 }
 
 type insertReq struct {
@@ -50,8 +51,12 @@ type insertReq struct {
 // again of its callers one by one after it failed.
 const flushTimeout = 30 * time.Second
 
+// maxGather bounds how long the writer waits to gather a batch (see run).
+const maxGather = 2 * time.Millisecond
+
 func newInserter(e *Engine) *inserter {
 	i := &inserter{e: e, in: make(chan *insertReq, 1024), done: make(chan struct{})}
+	i.gather.Store(int64(maxGather))
 	go i.run()
 	return i
 }
@@ -93,13 +98,24 @@ func (i *inserter) close() {
 	<-i.done
 }
 
+// run writes batches, one at a time. A batch takes every caller already
+// waiting, up to InsertBatch jobs. When it holds fewer callers than the
+// batch before it, the writer waits a little for more (at most half the
+// last write's duration, at most gather): the callers of a write return
+// together and most call again at once, and without the wait the first
+// of them would be written on its own, the others behind it, so that
+// every other commit carried a handful of jobs. A lone caller after a
+// lone caller is written at once.
 func (i *inserter) run() {
 	defer close(i.done)
 	max := i.e.cfg.InsertBatch
 	var batch []*insertReq
+	var timer *time.Timer
+	prevCallers, prevDur := 0, time.Duration(0)
 	for req := range i.in {
 		batch = append(batch[:0], req)
 		n := len(req.jobs)
+		var expire <-chan time.Time
 	fill:
 		for n < max {
 			select {
@@ -109,12 +125,42 @@ func (i *inserter) run() {
 				}
 				batch = append(batch, r)
 				n += len(r.jobs)
+				continue
 			default:
+			}
+			if len(batch) >= prevCallers {
+				break fill
+			}
+			if expire == nil {
+				wait := min(prevDur/2, time.Duration(i.gather.Load()))
+				if timer == nil {
+					timer = time.NewTimer(wait)
+				} else {
+					timer.Reset(wait)
+				}
+				expire = timer.C
+			}
+			select {
+			case r, ok := <-i.in:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, r)
+				n += len(r.jobs)
+			case <-expire:
 				break fill
 			}
 		}
+		if expire != nil && !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
 		i.taken.Add(int64(len(batch)))
+		t0 := time.Now()
 		i.flush(batch)
+		prevCallers, prevDur = len(batch), time.Since(t0)
 	}
 }
 
@@ -185,6 +231,7 @@ func (i *inserter) try(reqs []*insertReq, deadline time.Time) error {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	ids, dup, err := i.e.insertSplit(ctx, nil, all)
 	cancel()
+	i.e.metrics.InsertRounds.Add(1)
 	if err != nil {
 		return err
 	}

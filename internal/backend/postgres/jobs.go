@@ -277,6 +277,12 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 // scanClaimed reads the rows of a claim (the columns of the claim query)
 // and closes them.
 func (d *Driver) scanClaimed(rows pgx.Rows, p driver.ClaimParams, extra ...any) ([]*driver.JobRow, error) {
+	return d.scanClaimedEach(rows, p, nil, extra...)
+}
+
+// scanClaimedEach is scanClaimed calling keep, when set, on each row
+// scanned (extra filled in): a row it refuses is left out.
+func (d *Driver) scanClaimedEach(rows pgx.Rows, p driver.ClaimParams, keep func(*driver.JobRow) bool, extra ...any) ([]*driver.JobRow, error) {
 	defer rows.Close()
 
 	// One set of destinations for every row: scanning allocates only what
@@ -296,6 +302,9 @@ func (d *Driver) scanClaimed(rows pgx.Rows, p driver.ClaimParams, extra ...any) 
 		}
 		if err := rows.Scan(dest...); err != nil {
 			return nil, err
+		}
+		if keep != nil && !keep(&j) {
+			continue
 		}
 		j.Args = args
 		j.Queue = p.Queue

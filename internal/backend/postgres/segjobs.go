@@ -127,18 +127,29 @@ func (s *segStore) claimFrom(ctx context.Context, p driver.ClaimParams, h claimH
 			return err
 		}
 		var pos int64
-		if out, err = s.d.scanClaimed(rows, p, &pos); err != nil || len(out) > 0 {
-			if err == nil {
-				s.place(v.cur[phRunning].tbl, out)
-				last = claimHint{prio: int32(out[len(out)-1].Priority), pos: pos}
+		var lastPos int64
+		stale := false
+		out, err = s.d.scanClaimedEach(rows, p, func(j *driver.JobRow) bool {
+			if j.ID == -1 {
+				// The guard's refusal (see seg_claim).
+				stale = true
+				return false
 			}
+			lastPos = pos
+			return true
+		}, &pos)
+		if err != nil {
 			return err
 		}
-		ok, err := s.guardOK(ctx, v, phRunning)
-		if err == nil && !ok {
+		if len(out) > 0 {
+			s.place(v.cur[phRunning].tbl, out)
+			last = claimHint{prio: int32(out[len(out)-1].Priority), pos: lastPos}
+			return nil
+		}
+		if stale {
 			return errStale
 		}
-		return err
+		return nil
 	})
 	return out, last, err
 }

@@ -280,7 +280,17 @@ ins AS (
 )
 SELECT id, kind, args, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at,
        attempted_at, lease_expires_at, errors, fence, meta, pos
-FROM ins ORDER BY priority, pos
+FROM ins
+UNION ALL
+-- The guard's refusal, in the claim's own result (one round trip, not a
+-- second statement after every claim that found nothing): a row with id
+-- -1 when the running segment is no longer the incarnation the statement
+-- was built for. It is evaluated apart from the guard of the reads above,
+-- so that a reclaim between the two can give jobs and this row: the jobs
+-- moved, and the caller keeps them and drops the row.
+SELECT -1, '', '{}'::json, 0, 0, 0, 0, now(), now(), now(), now(), '[]'::jsonb, 0, NULL::jsonb, 0
+ WHERE NOT ({guard})
+ORDER BY priority, pos
 
 -- name: seg_has_ready
 -- Whether a job of queue $1 is available in a live ready segment: a

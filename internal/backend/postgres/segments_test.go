@@ -365,6 +365,63 @@ func TestSegmentsGuard(t *testing.T) {
 	}
 }
 
+// A claim built for a running segment that has since been reclaimed
+// moves nothing and says so in its own result (a row the driver drops):
+// the driver reads the registry again and claims into the current one,
+// also when the queue is empty.
+func TestSegmentsClaimGuardInResult(t *testing.T) {
+	d, s := openSeg(t)
+	s.tune.grace = 0
+	ctx := context.Background()
+	if _, err := d.Insert(ctx, []driver.InsertParams{pj("cg"), pj("cg")}); err != nil {
+		t.Fatal(err)
+	}
+	stale, err := s.viewNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := stale.cur[phRunning].tbl
+	if err := s.rotate(ctx, phRunning); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.round(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(t, d, a); st != "free" {
+		t.Fatalf("segment %s is %s, want free", a, st)
+	}
+	useStale := func() {
+		cp := *stale
+		cp.at = time.Now()
+		s.view.Store(&cp)
+	}
+	for _, q := range []struct {
+		queue string
+		want  int
+	}{{"cg", 2}, {"cg-empty", 0}} {
+		useStale()
+		before := s.stale.Load()
+		jobs, err := d.Claim(ctx, driver.ClaimParams{Queue: q.queue, Limit: 5, Lease: time.Minute, Worker: "w"})
+		if err != nil || len(jobs) != q.want {
+			t.Fatalf("%s: claimed %d, %v; want %d", q.queue, len(jobs), err, q.want)
+		}
+		for _, j := range jobs {
+			if j.ID <= 0 || j.Kind != "k" {
+				t.Fatalf("%s: claimed %+v", q.queue, j)
+			}
+		}
+		if s.stale.Load() == before {
+			t.Errorf("%s: the stale claim was not refused", q.queue)
+		}
+		if n := rowsIn(t, d, a); n != 0 {
+			t.Fatalf("%s: %d rows went into the reclaimed segment %s", q.queue, n, a)
+		}
+	}
+	if cur := s.view.Load().cur[phRunning].tbl; cur == a || rowsIn(t, d, cur) != 2 {
+		t.Fatalf("current running segment %s (stale was %s) holds %d rows, want 2", cur, a, rowsIn(t, d, cur))
+	}
+}
+
 // TestSegmentsSequenceResumedPastIncarnation reproduces what crash
 // recovery does to a sequence advanced by nextval (it resumes up to 32
 // past its last value: nextval logs ahead) on the current segments, and

@@ -59,9 +59,10 @@ type Options struct {
 	// concurrent callers and in http-drain the HTTP workers (default 4).
 	Producers int
 	// Mode is how producers enqueue: "coalesced" (Enqueue per job,
-	// group-committed by the client; flow's default) or "batch"
+	// group-committed by the client; flow's default), "batch"
 	// (EnqueueMany of 100; isolation's default, which keeps the hot queue
-	// saturated where coalesced calls let it run dry).
+	// saturated where coalesced calls let it run dry) or "bulk" (flow:
+	// EnqueueBulk of 100, the streaming insert, to compare with coalesced).
 	Mode string
 	// Herd makes drain and claims insert every job scheduled for one
 	// future moment, then start the workers: all become due at once (the
@@ -171,6 +172,12 @@ type Result struct {
 	Seconds float64 `json:"seconds"`
 	// JobsPerS is completed jobs per second of measured time.
 	JobsPerS float64 `json:"jobs_per_s"`
+	// EnqueuedPerS is, in flow, the jobs the producers enqueued per second
+	// of the time they ran (--duration): the enqueue rate on its own, where
+	// JobsPerS is bounded by the slower of enqueueing and draining.
+	EnqueuedPerS float64 `json:"enqueued_per_s,omitempty"`
+	// Mode is flow's producer mode (coalesced, batch or bulk).
+	Mode string `json:"mode,omitempty"`
 	// P50ms, P95ms, P99ms and Maxms are percentiles of the
 	// enqueue-commit-to-start latency, in milliseconds.
 	P50ms float64 `json:"p50_ms"`
@@ -358,8 +365,8 @@ func (o *Options) defaults() {
 // with lost or duplicated jobs are returned together with an error.
 func RunAll(ctx context.Context, o Options) ([]*Result, error) {
 	o.defaults()
-	if o.Mode != "coalesced" && o.Mode != "batch" {
-		return nil, fmt.Errorf("bench: unknown producer mode %q (coalesced, batch)", o.Mode)
+	if o.Mode != "coalesced" && o.Mode != "batch" && (o.Mode != "bulk" || o.Workload == "isolation") {
+		return nil, fmt.Errorf("bench: unknown producer mode %q (coalesced, batch; flow also bulk)", o.Mode)
 	}
 	var rs []*Result
 	var err error
@@ -565,7 +572,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	case "flow":
 		res.Producers = o.Producers
 		res.Unique = o.Unique
-		elapsed, err = flow(ctx, c, rec, o, mk)
+		res.Mode = o.Mode
+		elapsed, err = flow(ctx, c, rec, o, mk, res)
 	default:
 		err = fmt.Errorf("bench: unknown workload %q (drain, flow, latency)", o.Workload)
 	}
@@ -718,7 +726,7 @@ func latency(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Opti
 	return el, err
 }
 
-func flow(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Options, mk func(int64) Job) (time.Duration, error) {
+func flow(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Options, mk func(int64) Job, res *Result) (time.Duration, error) {
 	if err := c.Start(ctx); err != nil {
 		return 0, err
 	}
@@ -748,7 +756,7 @@ func flow(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Options
 						rec.Enqueued(seq, call, time.Now())
 						enq.Add(1)
 					}
-				case "batch":
+				case "batch", "bulk":
 					const b = 100
 					first := rec.Reserve(b)
 					items := make([]conveyor.EnqueueItem, b)
@@ -756,7 +764,12 @@ func flow(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Options
 						items[i] = conveyor.EnqueueItem{Args: mk(first + int64(i)), Opts: opts}
 					}
 					call := time.Now()
-					if _, err = c.EnqueueMany(ctx, items); err == nil {
+					if o.Mode == "bulk" {
+						_, err = c.EnqueueBulk(ctx, items)
+					} else {
+						_, err = c.EnqueueMany(ctx, items)
+					}
+					if err == nil {
 						now := time.Now()
 						for i := range items {
 							rec.Enqueued(first+int64(i), call, now)
@@ -764,7 +777,7 @@ func flow(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Options
 						enq.Add(b)
 					}
 				default:
-					err = fmt.Errorf("bench: unknown producer mode %q (coalesced, batch)", o.Mode)
+					err = fmt.Errorf("bench: unknown producer mode %q (coalesced, batch, bulk)", o.Mode)
 				}
 				if err != nil {
 					once.Do(func() { perr = err })
@@ -774,6 +787,7 @@ func flow(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Options
 		}()
 	}
 	pwg.Wait()
+	res.EnqueuedPerS = float64(enq.Load()) / time.Since(t0).Seconds()
 	if perr != nil {
 		close(stop)
 		wg.Wait()

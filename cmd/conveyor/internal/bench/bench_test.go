@@ -116,6 +116,18 @@ func runWorkloads(t *testing.T, dsn, backend string) {
 		}
 		checkRuns(t, backend, rs)
 	})
+	t.Run("flow-bulk", func(t *testing.T) {
+		o := small(dsn, "flow")
+		o.Mode = "bulk"
+		rs, err := RunAll(ctx, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rs) != 1 || rs[0].Mode != "bulk" || rs[0].Jobs < 100 || rs[0].Jobs%100 != 0 || rs[0].EnqueuedPerS <= 0 || rs[0].Duplicates != 0 {
+			t.Fatalf("flow bulk: %+v", rs)
+		}
+		checkRuns(t, backend, rs)
+	})
 	t.Run("isolation", func(t *testing.T) {
 		o := small(dsn, "isolation")
 		o.Jobs = 20
@@ -222,6 +234,9 @@ func TestUnknownWorkloadAndStrategy(t *testing.T) {
 	}
 	if _, err := RunAll(context.Background(), Options{DSN: dsn, Workload: "flow", Mode: "nope"}); err == nil {
 		t.Error("unknown mode accepted")
+	}
+	if _, err := RunAll(context.Background(), Options{DSN: dsn, Workload: "isolation", Mode: "bulk"}); err == nil {
+		t.Error("isolation's producers accepted bulk, a flow mode")
 	}
 }
 
