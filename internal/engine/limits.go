@@ -240,7 +240,6 @@ func (e *Engine) limitsLoop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		e.limitsOnce.Do(func() { close(e.limitsRead) })
 		if err != nil {
 			e.metrics.DBErrors.Add(1)
 			e.warn("conveyor: reading queue limits failed (claiming every queue within its limits meanwhile)", "error", err)
@@ -262,6 +261,10 @@ func (e *Engine) limitsLoop(ctx context.Context) {
 				}
 			}
 		}
+		// Only now, the cache stored: a fetcher awaiting the first read
+		// (awaitLimits) must find it there, or it would take its first
+		// claims through ClaimLimited for want of a cache.
+		e.limitsOnce.Do(func() { close(e.limitsRead) })
 		if !sleep(ctx, limitsRefresh) {
 			return
 		}
