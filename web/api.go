@@ -71,6 +71,7 @@ func (h *Handler) routeTable() []route {
 		{method: "GET", path: "/{$}", role: ro, html: true, fn: h.pageQueues},
 		{method: "GET", path: "/jobs", role: ro, html: true, fn: h.pageJobs},
 		{method: "GET", path: "/jobs/{id}", role: ro, html: true, fn: h.pageJob},
+		{method: "GET", path: "/batches/{id}", role: ro, html: true, fn: h.pageBatch},
 		{method: "POST", path: "/jobs/{id}/{action}", role: ad, html: true, fn: h.formJobAction},
 		{method: "POST", path: "/jobs/bulk", role: ad, html: true, fn: h.formBulk},
 		{method: "POST", path: "/queues/{queue}/{action}", role: ad, html: true, fn: h.formQueueAction},

@@ -2,6 +2,7 @@ package web
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -104,4 +105,62 @@ func TestEnqueueWorkflow(t *testing.T) {
 			t.Errorf("%d jobs exist, want only a (the others wait for their dependencies)", n)
 		}
 	})
+}
+
+// TestBatchAndResultPages: a job's page shows its result as text, and a
+// batch's page lists its jobs with their states and results as text,
+// its callback still waiting; a bad or unknown batch id answers 400 or
+// 404.
+func TestBatchAndResultPages(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
+	payload := strings.Join(xss, " ")
+	var got batchEnqueuedJSON
+	e.must(201, req{method: "POST", path: "/api/v1/batches", auth: adminToken, body: map[string]any{
+		"jobs":     []any{map[string]any{"kind": "part", "queue": "b"}, map[string]any{"kind": "part", "queue": "b"}},
+		"callback": map[string]any{"kind": "total", "queue": "b"},
+	}}).json(t, &got)
+	c := e.claim(map[string]any{"queue": "b"})
+	if len(c) != 1 || c[0].ID != got.IDs[0] {
+		t.Fatalf("claimed %+v, want job %d", c, got.IDs[0])
+	}
+	e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/complete", c[0].ID), auth: adminToken,
+		body: map[string]any{"fence": *c[0].Fence, "result": map[string]any{"note": payload, "n": 7}}})
+
+	escaped := "&lt;script&gt;alert(1)&lt;/script&gt;"
+	checkPage := func(path string, want ...string) string {
+		t.Helper()
+		res := e.must(200, req{method: "GET", path: path, auth: roToken})
+		body := string(res.body)
+		for _, bad := range []string{"<script>alert", "<img src=x", "<svg onload", "onerror=alert(1)>"} {
+			if strings.Contains(body, bad) {
+				t.Errorf("%s: raw %q in the page", path, bad)
+			}
+		}
+		for _, w := range want {
+			if !strings.Contains(body, w) {
+				t.Errorf("%s: page lacks %q", path, w)
+			}
+		}
+		if csp := res.header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") {
+			t.Errorf("%s: CSP %q", path, csp)
+		}
+		return body
+	}
+	checkPage(fmt.Sprintf("/jobs/%d", got.IDs[0]), `id="job-result">`, escaped, `&#34;n&#34;: 7`)
+	body := checkPage(fmt.Sprintf("/jobs/%d", got.IDs[1]), `id="job-result-none">none yet`)
+	if strings.Contains(body, `id="job-batch"`) {
+		t.Errorf("job %d, a batch's job and no callback, links a batch as its callback's", got.IDs[1])
+	}
+	body = checkPage(fmt.Sprintf("/batches/%d", got.BatchID), `id="batch-jobs"`, escaped, "1 of 2 finished",
+		"total, enqueued once every job has finished", `<span class="badge st-completed">completed</span>`,
+		`<span class="badge st-available">available</span>`, fmt.Sprintf(`/jobs/%d"`, got.IDs[1]))
+	if strings.Count(body, `<tr data-id=`) != 2 {
+		t.Errorf("batch page lists %d jobs, want 2", strings.Count(body, `<tr data-id=`))
+	}
+	e.must(400, req{method: "GET", path: "/batches/x", auth: roToken})
+	e.must(404, req{method: "GET", path: "/batches/999999", auth: roToken})
+	// Unauthenticated, the batch page is the login.
+	if res := e.do(req{method: "GET", path: fmt.Sprintf("/batches/%d", got.BatchID)}); res.status != 401 || strings.Contains(string(res.body), "batch-jobs") {
+		t.Errorf("batch page without credentials: %d", res.status)
+	}
 }
