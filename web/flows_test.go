@@ -22,7 +22,9 @@ func TestEnqueueBatchWithCallback(t *testing.T) {
 			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}}, "callback": map[string]any{"kind": "cb", "delay_ms": -5}}, "callback: delay_ms -5"},
 			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}, map[string]any{"kind": "k", "timeout_ms": 1 << 62}}, "callback": map[string]any{"kind": "cb"}}, "job 1: timeout_ms"},
 			{map[string]any{"jobs": []any{map[string]any{"kind": "k", "unique": map[string]any{"by_args": true}}}, "callback": map[string]any{"kind": "cb"}}, "job 0 is unique"},
-			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}}, "callback": map[string]any{"kind": "<bad>"}}, "kind name"},
+			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}}, "callback": map[string]any{"kind": "<bad>"}}, `callback: conveyor: unknown job kind: kind name "<bad>"`},
+			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}, map[string]any{"kind": "k", "max_attempts": -1}}, "callback": map[string]any{"kind": "cb"}}, "job 1: conveyor: invalid enqueue options: max attempts -1"},
+			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}}, "callback": map[string]any{"kind": "cb", "max_attempts": 5000}}, "callback: conveyor: invalid enqueue options: max attempts 5000"},
 			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}}, "callback": map[string]any{"kind": "cb"}, "extra": 1}, `unknown field "extra"`},
 		}
 		for _, c := range bad {
