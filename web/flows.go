@@ -3,8 +3,6 @@ package web
 import (
 	"fmt"
 	"net/http"
-	"strconv"
-	"strings"
 
 	"github.com/conveyorq/conveyor"
 )
@@ -55,41 +53,11 @@ func (h *Handler) apiEnqueueBatchCallback(w http.ResponseWriter, r *http.Request
 	}
 	id, ids, err := h.c.EnqueueBatch(r.Context(), items, in.Callback.item())
 	if err != nil {
-		h.fail(w, r, batchItemError(err, len(items)))
+		h.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, batchEnqueuedJSON{BatchID: id, IDs: ids})
 }
-
-// batchItemError renames the job an EnqueueBatch error names: the client
-// checks the jobs and the callback as one list ("job 2 of 3: ..."), where
-// the callback is the last; the request calls them "jobs" and "callback".
-func batchItemError(err error, jobs int) error {
-	msg := strings.TrimPrefix(err.Error(), "conveyor: ")
-	of := fmt.Sprintf(" of %d: ", jobs+1)
-	if !strings.HasPrefix(msg, "job ") || !strings.Contains(msg, of) {
-		return err
-	}
-	head, rest, _ := strings.Cut(msg, of)
-	n, convErr := strconv.Atoi(strings.TrimPrefix(head, "job "))
-	if convErr != nil {
-		return err
-	}
-	what := fmt.Sprintf("job %d", n)
-	if n == jobs {
-		what = "callback"
-	}
-	return renamedError{msg: what + ": " + rest, err: err}
-}
-
-// renamedError is err with another message.
-type renamedError struct {
-	msg string
-	err error
-}
-
-func (e renamedError) Error() string { return e.msg }
-func (e renamedError) Unwrap() error { return e.err }
 
 // workflowJobJSON is one job of POST /api/v1/workflows: a job to enqueue
 // with its name and the names of the jobs it waits for.

@@ -22,9 +22,9 @@ func TestEnqueueBatchWithCallback(t *testing.T) {
 			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}}, "callback": map[string]any{"kind": "cb", "delay_ms": -5}}, "callback: delay_ms -5"},
 			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}, map[string]any{"kind": "k", "timeout_ms": 1 << 62}}, "callback": map[string]any{"kind": "cb"}}, "job 1: timeout_ms"},
 			{map[string]any{"jobs": []any{map[string]any{"kind": "k", "unique": map[string]any{"by_args": true}}}, "callback": map[string]any{"kind": "cb"}}, "job 0 is unique"},
-			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}}, "callback": map[string]any{"kind": "<bad>"}}, `callback: conveyor: unknown job kind: kind name "<bad>"`},
-			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}, map[string]any{"kind": "k", "max_attempts": -1}}, "callback": map[string]any{"kind": "cb"}}, "job 1: conveyor: invalid enqueue options: max attempts -1"},
-			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}}, "callback": map[string]any{"kind": "cb", "max_attempts": 5000}}, "callback: conveyor: invalid enqueue options: max attempts 5000"},
+			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}}, "callback": map[string]any{"kind": "<bad>"}}, `batch callback: conveyor: unknown job kind: kind name "<bad>"`},
+			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}, map[string]any{"kind": "k", "max_attempts": -1}}, "callback": map[string]any{"kind": "cb"}}, "batch job 1 of 2: conveyor: invalid enqueue options: max attempts -1"},
+			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}}, "callback": map[string]any{"kind": "cb", "max_attempts": 5000}}, "batch callback: conveyor: invalid enqueue options: max attempts 5000"},
 			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}}, "callback": map[string]any{"kind": "cb"}, "extra": 1}, `unknown field "extra"`},
 		}
 		for _, c := range bad {
@@ -78,6 +78,9 @@ func TestEnqueueWorkflow(t *testing.T) {
 			{map[string]any{"jobs": []any{job("a"), job("b", "c"), job("c", "b")}}, "cycle"},
 			{map[string]any{"jobs": []any{job("a"), map[string]any{"name": "b", "kind": "k", "depends_on": []string{"a"}, "delay_ms": -1}}}, `job 1 ("b"): delay_ms -1`},
 			{map[string]any{"jobs": []any{map[string]any{"name": "a", "kind": "k", "unique": map[string]any{"by_args": true}}}}, `job "a" is unique`},
+			// x is second in dependency order, third in the request: named.
+			{map[string]any{"jobs": []any{job("d", "a"), job("a"), map[string]any{"name": "x", "kind": "<bad>"}}}, `workflow job "x": conveyor: unknown job kind: kind name "<bad>"`},
+			{map[string]any{"jobs": []any{job("d", "a"), job("a"), map[string]any{"name": "x", "kind": "k", "max_attempts": -1}}}, `workflow job "x": conveyor: invalid enqueue options: max attempts -1`},
 		}
 		for _, c := range bad {
 			var out struct{ Error string }
