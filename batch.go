@@ -3,6 +3,7 @@ package conveyor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -110,6 +111,15 @@ func (c *Client[TTx]) enqueueBatch(ctx context.Context, tx any, jobs []EnqueueIt
 		}
 		return err
 	})
+	var ie *itemError
+	if errors.As(err, &ie) && ie.count == len(items) {
+		// Named as the caller named them: jobs, and the callback.
+		if ie.index == len(jobs) {
+			err = fmt.Errorf("batch callback: %w", ie.err)
+		} else {
+			err = fmt.Errorf("batch job %d of %d: %w", ie.index, len(jobs), ie.err)
+		}
+	}
 	if err != nil {
 		return 0, nil, err
 	}

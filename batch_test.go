@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -204,6 +205,14 @@ func TestBatchInTransaction(t *testing.T) {
 		uniq := []conveyor.EnqueueItem{{Args: part{}, Opts: &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{}}}}
 		if _, _, err := c.EnqueueBatch(ctx, uniq, cb); !errors.Is(err, conveyor.ErrInvalidOpts) {
 			t.Fatalf("unique job in a batch: %v", err)
+		}
+		// A refused job or callback is named as the caller named it.
+		bad := &conveyor.EnqueueOpts{MaxAttempts: -1}
+		if _, _, err := c.EnqueueBatch(ctx, []conveyor.EnqueueItem{{Args: part{}}, {Args: part{}, Opts: bad}}, cb); !errors.Is(err, conveyor.ErrInvalidOpts) || !strings.HasPrefix(err.Error(), "batch job 1 of 2: ") {
+			t.Fatalf("invalid batch job: %v", err)
+		}
+		if _, _, err := c.EnqueueBatch(ctx, []conveyor.EnqueueItem{{Args: part{}}}, conveyor.EnqueueItem{Args: partsDone{}, Opts: bad}); !errors.Is(err, conveyor.ErrInvalidOpts) || !strings.HasPrefix(err.Error(), "batch callback: ") {
+			t.Fatalf("invalid callback: %v", err)
 		}
 		for _, commit := range []bool{false, true} {
 			tx, doCommit, rollback := beginTx(t, appDSN(dsn))

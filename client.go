@@ -205,6 +205,17 @@ func (c *Client[TTx]) Close() error {
 	return errors.Join(err, c.drv.Close())
 }
 
+// itemError is the refusal of one job of several enqueued at once, by
+// its place among them; batches and workflows rename it after their own
+// jobs.
+type itemError struct {
+	index, count int
+	err          error
+}
+
+func (e *itemError) Error() string { return fmt.Sprintf("job %d of %d: %v", e.index, e.count, e.err) }
+func (e *itemError) Unwrap() error { return e.err }
+
 func (c *Client[TTx]) params(items []EnqueueItem) ([]driver.InsertParams, error) {
 	c.mu.Lock()
 	checkKinds := len(c.handlers) > 0 && !c.cfg.AllowUnregisteredKinds
@@ -214,7 +225,7 @@ func (c *Client[TTx]) params(items []EnqueueItem) ([]driver.InsertParams, error)
 		p, err := c.param(it.Args, it.Opts, checkKinds)
 		if err != nil {
 			if len(items) > 1 {
-				err = fmt.Errorf("job %d of %d: %w", i, len(items), err)
+				err = &itemError{index: i, count: len(items), err: err}
 			}
 			return nil, err
 		}

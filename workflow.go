@@ -2,6 +2,7 @@ package conveyor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/conveyorq/conveyor/internal/driver"
@@ -140,6 +141,11 @@ func (c *Client[TTx]) enqueueWorkflow(ctx context.Context, tx any, jobs []Workfl
 		}
 		return nil
 	})
+	var ie *itemError
+	if errors.As(err, &ie) && ie.count == len(items) {
+		// Named by the job's name, not its place in dependency order.
+		err = fmt.Errorf("workflow job %q: %w", jobs[order[ie.index]].Name, ie.err)
+	}
 	if err != nil {
 		return nil, err
 	}

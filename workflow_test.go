@@ -95,6 +95,13 @@ func TestWorkflowDiamond(t *testing.T) {
 		if _, err := c.EnqueueWorkflow(ctx, []conveyor.WorkflowJob{{Name: "A", Args: step{}, DependsOn: []string{"Z"}}}, nil); !errors.Is(err, conveyor.ErrInvalidOpts) {
 			t.Fatalf("an unknown dependency: %v", err)
 		}
+		// Named by its name, not by its place in dependency order (B is
+		// second in the list, third in that order).
+		if _, err := c.EnqueueWorkflow(ctx, []conveyor.WorkflowJob{
+			{Name: "C", Args: step{}, DependsOn: []string{"A"}}, {Name: "B", Args: step{}, Opts: &conveyor.EnqueueOpts{MaxAttempts: -1}, DependsOn: []string{"C"}}, {Name: "A", Args: step{}},
+		}, nil); !errors.Is(err, conveyor.ErrInvalidOpts) || !strings.HasPrefix(err.Error(), `workflow job "B": `) {
+			t.Fatalf("an invalid job: %v", err)
+		}
 		ok, err := c.EnqueueWorkflow(ctx, diamond(false), nil)
 		if err != nil || len(ok.JobIDs) != 1 || len(ok.BatchIDs) != 3 {
 			t.Fatalf("enqueue: %+v %v", ok, err)

@@ -42,6 +42,8 @@ func (h *Handler) routeTable() []route {
 		{method: "POST", path: "/api/v1/jobs/batch", role: ad, api: true, fn: h.apiEnqueueBatch},
 		{method: "GET", path: "/api/v1/jobs/{id}", role: ro, api: true, fn: h.apiGetJob},
 		{method: "GET", path: "/api/v1/batches/{id}", role: ro, api: true, fn: h.apiGetBatch},
+		{method: "POST", path: "/api/v1/batches", role: ad, api: true, fn: h.apiEnqueueBatchCallback},
+		{method: "POST", path: "/api/v1/workflows", role: ad, api: true, fn: h.apiEnqueueWorkflow},
 		{method: "POST", path: "/api/v1/jobs/{id}/retry", role: ad, api: true, fn: h.apiAdmin("retry")},
 		{method: "POST", path: "/api/v1/jobs/{id}/cancel", role: ad, api: true, fn: h.apiAdmin("cancel")},
 		{method: "POST", path: "/api/v1/jobs/{id}/discard", role: ad, api: true, fn: h.apiAdmin("discard")},
@@ -69,6 +71,7 @@ func (h *Handler) routeTable() []route {
 		{method: "GET", path: "/{$}", role: ro, html: true, fn: h.pageQueues},
 		{method: "GET", path: "/jobs", role: ro, html: true, fn: h.pageJobs},
 		{method: "GET", path: "/jobs/{id}", role: ro, html: true, fn: h.pageJob},
+		{method: "GET", path: "/batches/{id}", role: ro, html: true, fn: h.pageBatch},
 		{method: "POST", path: "/jobs/{id}/{action}", role: ad, html: true, fn: h.formJobAction},
 		{method: "POST", path: "/jobs/bulk", role: ad, html: true, fn: h.formBulk},
 		{method: "POST", path: "/queues/{queue}/{action}", role: ad, html: true, fn: h.formQueueAction},
@@ -209,6 +212,22 @@ func (e enqueueJSON) check() error {
 	return nil
 }
 
+// validate checks what the web layer checks before the client sees the
+// job: its durations (check) and its unique states.
+func (e enqueueJSON) validate() error {
+	if err := e.check(); err != nil {
+		return err
+	}
+	if e.Unique != nil {
+		for _, st := range e.Unique.States {
+			if _, err := conveyor.ParseJobState(st); err != nil {
+				return fmt.Errorf("unique: %s", strings.TrimPrefix(err.Error(), "conveyor: "))
+			}
+		}
+	}
+	return nil
+}
+
 // item is the job to enqueue; call check first.
 func (e enqueueJSON) item() conveyor.EnqueueItem {
 	args := e.Args
@@ -252,17 +271,9 @@ type enqueuedJSON struct {
 func (h *Handler) enqueue(w http.ResponseWriter, r *http.Request, jobs []enqueueJSON) ([]enqueuedJSON, bool) {
 	items := make([]conveyor.EnqueueItem, len(jobs))
 	for i, j := range jobs {
-		if err := j.check(); err != nil {
+		if err := j.validate(); err != nil {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("job %d: %v", i, err))
 			return nil, false
-		}
-		if j.Unique != nil {
-			for _, st := range j.Unique.States {
-				if _, err := conveyor.ParseJobState(st); err != nil {
-					writeError(w, http.StatusBadRequest, fmt.Sprintf("job %d: unique: %s", i, strings.TrimPrefix(err.Error(), "conveyor: ")))
-					return nil, false
-				}
-			}
 		}
 		items[i] = j.item()
 	}

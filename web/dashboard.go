@@ -21,7 +21,7 @@ import (
 // page is what every dashboard template gets.
 type page struct {
 	Base      string
-	Page      string // "queues", "jobs", "job", "login", "error"
+	Page      string // "queues", "jobs", "job", "batch", "login", "error"
 	Title     string
 	Who       string
 	Role      Role
@@ -33,7 +33,7 @@ type page struct {
 }
 
 // pages are the dashboard's templates, each with the base layout.
-var pageNames = []string{"login", "error", "queues", "jobs", "job"}
+var pageNames = []string{"login", "error", "queues", "jobs", "job", "batch"}
 
 // templates maps a page name to its parsed template.
 type templates map[string]*template.Template
@@ -63,6 +63,12 @@ func parseTemplates() (templates, error) {
 		// limitLines is a queue's limits with their use, one line each:
 		// "3/5 running", "rate 8/10 per 1m"; none without limits.
 		"limitLines": limitLines,
+		"deref64": func(n *int64) int64 {
+			if n == nil {
+				return 0
+			}
+			return *n
+		},
 		"deref": func(s *string) string {
 			if s == nil {
 				return ""
@@ -316,14 +322,68 @@ func (h *Handler) pageJob(w http.ResponseWriter, r *http.Request, p principal) {
 		return
 	}
 	jj := NewJobJSON(j)
+	var result *argsView
+	if len(j.Result) > 0 {
+		v := prettyArgs(j.Result)
+		result = &v
+	}
+	batchID, _ := conveyor.BatchOf(j)
 	pg := h.pageFor(p, fmt.Sprintf("Job %d", id), struct {
 		Job      JobJSON
 		Args     argsView
+		Result   *argsView
+		BatchID  int64
 		CanRetry bool
 		CanStop  bool
-	}{jj, prettyArgs(j.EncodedArgs), canRetry(jj.State), canStop(jj.State)})
+	}{jj, prettyArgs(j.EncodedArgs), result, batchID, canRetry(jj.State), canStop(jj.State)})
 	pg.Flash = flashes[r.URL.Query().Get("ok")]
 	h.render(w, http.StatusOK, "job", pg)
+}
+
+// batchResultBytes is the most text of each job's result a batch's page
+// shows; the job's own page shows more.
+const batchResultBytes = 2 << 10
+
+// batchJobView is one job of a batch's page.
+type batchJobView struct {
+	ID     int64
+	State  string
+	Result argsView
+}
+
+// pageBatch shows a batch: its callback, and its jobs with their states
+// and results.
+func (h *Handler) pageBatch(w http.ResponseWriter, r *http.Request, p principal) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		h.renderError(w, r, p, http.StatusBadRequest, "not a batch id")
+		return
+	}
+	b, err := h.c.Batch(r.Context(), id)
+	if err != nil {
+		status, msg := h.classify(r, fmt.Errorf("batch %d: %w", id, err))
+		h.renderError(w, r, p, status, msg)
+		return
+	}
+	bj := NewBatchJSON(b)
+	jobs := make([]batchJobView, len(b.Jobs))
+	done := 0
+	for i, j := range b.Jobs {
+		jobs[i] = batchJobView{ID: j.ID, State: string(j.State)}
+		if len(j.Result) > 0 {
+			text, truncated, flattened := formatJSON(j.Result, batchResultBytes, argsIndentDepth)
+			jobs[i].Result = argsView{Text: text, Truncated: truncated, Flattened: flattened, Bytes: len(j.Result)}
+		}
+		switch j.State {
+		case conveyor.JobStateCompleted, conveyor.JobStateDiscarded, conveyor.JobStateCancelled, "":
+			done++
+		}
+	}
+	h.render(w, http.StatusOK, "batch", h.pageFor(p, fmt.Sprintf("Batch %d", id), struct {
+		Batch    BatchJSON
+		Jobs     []batchJobView
+		Finished int
+	}{bj, jobs, done}))
 }
 
 // Bounds of the arguments shown on a job's page.

@@ -152,6 +152,8 @@ type client interface {
 	EnqueueMany(ctx context.Context, items []conveyor.EnqueueItem) ([]conveyor.EnqueueResult, error)
 	Job(ctx context.Context, id int64) (*conveyor.JobInfo, error)
 	Batch(ctx context.Context, id int64) (*conveyor.Batch, error)
+	EnqueueBatch(ctx context.Context, jobs []conveyor.EnqueueItem, callback conveyor.EnqueueItem) (int64, []int64, error)
+	EnqueueWorkflow(ctx context.Context, jobs []conveyor.WorkflowJob, opts *conveyor.WorkflowOpts) (*conveyor.Workflow, error)
 	Jobs(ctx context.Context, f conveyor.JobFilter) ([]*conveyor.JobInfo, error)
 	Retry(ctx context.Context, id int64) (*conveyor.JobInfo, error)
 	Cancel(ctx context.Context, id int64) (*conveyor.JobInfo, error)

@@ -567,3 +567,69 @@ func TestBrowserScreenshots(t *testing.T) {
 		shot("job")
 	}
 }
+
+// TestBrowserResultAndBatch: a job's result, markup included, appears on
+// its open page as text when an HTTP worker completes it; the workflow
+// job that waited for it links its batch, whose page lists the job with
+// its state and result.
+func TestBrowserResultAndBatch(t *testing.T) {
+	chromium(t)
+	base := serveForBrowser(t)
+	var wf struct {
+		JobIDs   map[string]int64 `json:"job_ids"`
+		BatchIDs map[string]int64 `json:"batch_ids"`
+	}
+	if s := api(t, "POST", base+"/api/v1/workflows", map[string]any{"jobs": []any{
+		map[string]any{"name": "A", "kind": "fetch", "queue": "wf"},
+		map[string]any{"name": "B", "kind": "report", "queue": "wf", "depends_on": []string{"A"}},
+	}}, &wf); s != 201 {
+		t.Fatalf("enqueue workflow: %d %+v", s, wf)
+	}
+	a := wf.JobIDs["A"]
+	b := newBrowser(t, 1280, 900)
+	b.navigate(base + "/login")
+	b.do("log in", chromedp.SetValue(chromedp.CSS("#token"), browserAdminToken), chromedp.Click(chromedp.CSS("#login-token button")))
+	b.waitFor("the queues page", `document.body.dataset.page === "queues"`)
+	b.navigate(fmt.Sprintf("%s/jobs/%d", base, a))
+	b.waitFor("A's page without a result or batch", `document.querySelector("#job-result").hidden && document.querySelector("#job-result-none") && !document.querySelector("#job-batch")`)
+
+	var c struct{ Jobs []claimed }
+	api(t, "POST", base+"/api/v1/claim", map[string]any{"queue": "wf"}, &c)
+	if len(c.Jobs) != 1 || c.Jobs[0].ID != a {
+		t.Fatalf("claimed %+v, want A (%d)", c.Jobs, a)
+	}
+	if s := api(t, "POST", fmt.Sprintf("%s/api/v1/jobs/%d/complete", base, a), map[string]any{"fence": c.Jobs[0].Fence, "result": map[string]any{"rows": 3, "note": xssPayload}}, nil); s != 200 {
+		t.Fatalf("complete: %d", s)
+	}
+	// The result is JSON text: the payload's quote is escaped in it, so
+	// its parts around the quote are looked for.
+	shown := func(sel string) string {
+		return `document.querySelector(` + jsString(sel) + `).textContent.includes("<script>alert(1)</script>")` +
+			` && document.querySelector(` + jsString(sel) + `).textContent.includes("><img src=x onerror=alert(1)> '><svg onload=alert(1)>")`
+	}
+	inert := ` && document.querySelectorAll("img, svg:not(.chart), main script").length === 0` +
+		` && [...document.scripts].every(s => !s.textContent.includes("alert"))`
+	b.waitFor("A's result shown live, as text", `document.querySelector("#job-state").textContent === "completed" && !document.querySelector("#job-result").hidden`+
+		` && `+shown("#job-result")+` && document.querySelector("#job-result-none").hidden`+inert)
+	b.navigate(fmt.Sprintf("%s/jobs/%d", base, a))
+	b.waitFor("A's result rendered by the server, as text", shown("#job-result")+` && document.querySelector("#job-result").textContent.includes('"rows": 3')`+inert)
+
+	// B is enqueued by the server's maintenance once A has finished.
+	var bb struct {
+		CallbackID *int64 `json:"callback_id"`
+	}
+	for end := time.Now().Add(20 * time.Second); bb.CallbackID == nil; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("B was not enqueued within 20s of A completing")
+		}
+		api(t, "GET", fmt.Sprintf("%s/api/v1/batches/%d", base, wf.BatchIDs["B"]), nil, &bb)
+	}
+	b.navigate(fmt.Sprintf("%s/jobs/%d", base, *bb.CallbackID))
+	b.waitFor("B's page linking its batch", `document.querySelector("#job-batch") && document.querySelector("#job-result-none")`)
+	b.click("open the batch", "#job-batch")
+	b.waitFor("the batch page", fmt.Sprintf(`document.body.dataset.page === "batch" && document.querySelector("#batch-id").textContent === "%d"`, wf.BatchIDs["B"])+
+		` && document.querySelector("#batch-state").textContent === "finished" && document.querySelector("#batch-progress").textContent === "1 of 1 finished"`+
+		fmt.Sprintf(` && document.querySelector('#batch-callback a[href$="/jobs/%d"]')`, *bb.CallbackID)+
+		fmt.Sprintf(` && document.querySelector('#batch-jobs tr[data-id="%d"] .badge').textContent === "completed"`, a)+
+		` && `+shown(fmt.Sprintf(`#batch-jobs tr[data-id="%d"] pre.result`, a))+inert)
+}

@@ -51,6 +51,13 @@ export interface Job<Args = unknown> {
    * which do not read it.
    */
   result: unknown;
+  /**
+   * For a batch's callback (and so for a workflow job with dependencies),
+   * the batch's id, read from its metadata `conveyor.batch_id`: pass it
+   * to `getBatch` to read the states and results of the jobs it waited
+   * for. Null for any other job.
+   */
+  batchId: number | null;
 }
 
 /** A job handed out by a claim, with the fence its acknowledgements must carry. */
@@ -94,6 +101,73 @@ export interface EnqueueOptions {
 export interface EnqueueItem<Args = unknown> extends EnqueueOptions {
   kind: string;
   args?: Args;
+}
+
+/** One job of a batch as `getBatch` reads it. */
+export interface BatchJob {
+  id: number;
+  /** The job's state; "" once retention deleted it. */
+  state: JobState | "";
+  /** The job's result (see `Job.result`); null for none. */
+  result: unknown;
+}
+
+/** A batch: its jobs' states and results, and its callback once enqueued. */
+export interface Batch {
+  id: number;
+  /** When it was enqueued: RFC 3339, UTC, microseconds. */
+  createdAt: string | null;
+  /** Whether every job has finished (completed, discarded, cancelled or deleted). */
+  finished: boolean;
+  /** The callback job's kind. */
+  callbackKind: string;
+  /** The callback job's id; null until every job has finished and the callback was enqueued. */
+  callbackId: number | null;
+  /** When the callback was enqueued; null until then. */
+  firedAt: string | null;
+  /** The jobs counted by state ("" for jobs retention deleted). */
+  counts: Record<string, number>;
+  /** The batch's jobs by id. */
+  jobs: BatchJob[];
+}
+
+/** What `enqueueBatch` enqueued. */
+export interface BatchEnqueued {
+  /** The batch's id, for `getBatch`. */
+  batchId: number;
+  /** The jobs' ids, in the order given. */
+  ids: number[];
+}
+
+/** One job of `enqueueWorkflow`. */
+export interface WorkflowJob<Args = unknown> extends EnqueueItem<Args> {
+  /** The job's name, unique and non-empty within its workflow. */
+  name: string;
+  /** Names of the workflow's jobs this one waits for. */
+  dependsOn?: string[];
+}
+
+/** Options of `enqueueWorkflow`. */
+export interface WorkflowOptions {
+  /**
+   * What becomes of a job one of whose dependencies was discarded or
+   * cancelled: "cancel" (the default) marks it to be cancelled, "run" runs
+   * it once every dependency has finished. Go workers cancel such a job
+   * before its handler runs; a TypeScript handler is given it and checks
+   * its batch (`getBatch(job.batchId)`) itself.
+   */
+  onDependencyFailure?: "cancel" | "run";
+}
+
+/** What `enqueueWorkflow` enqueued, by job name. */
+export interface WorkflowEnqueued {
+  /** Ids of the jobs without dependencies, enqueued at once. */
+  jobIds: Record<string, number>;
+  /**
+   * For each job with dependencies, the batch whose callback it is: its
+   * `callbackId` is the job's id once the dependencies have finished.
+   */
+  batchIds: Record<string, number>;
 }
 
 /** The result of enqueueing one job. */
@@ -267,7 +341,29 @@ function fromWire(w: WireJob): Job {
     errors: w.errors ?? [],
     metadata: w.metadata ?? null,
     result: w.result ?? null,
+    batchId: batchIdOf(w.metadata),
   };
+}
+
+/** The metadata key under which a batch's callback job names its batch. */
+const batchMetaKey = "conveyor.batch_id";
+
+function batchIdOf(m: Record<string, string> | null | undefined): number | null {
+  const v = m?.[batchMetaKey];
+  if (v === undefined || !/^[1-9][0-9]*$/.test(v)) return null;
+  const id = Number(v);
+  return Number.isSafeInteger(id) ? id : null;
+}
+
+interface WireBatch {
+  id: number;
+  created_at: string | null;
+  finished: boolean;
+  callback_kind: string;
+  callback_id: number | null;
+  fired_at: string | null;
+  counts: Record<string, number> | null;
+  jobs: { id: number; state: JobState | ""; result?: unknown }[] | null;
 }
 
 function toWire(kind: string, args: unknown, o: EnqueueOptions = {}): Record<string, unknown> {
@@ -375,6 +471,71 @@ export class Client {
     const jobs = items.map((it) => toWire(it.kind, it.args, it));
     const out = await this.request<{ results: EnqueueResult[] }>("POST", "/api/v1/jobs/batch", { jobs });
     return out.results;
+  }
+
+  /**
+   * Enqueues a batch: 1 to 1000 jobs (none unique) and a callback job,
+   * all in one commit. The callback is enqueued exactly once, after every
+   * job of the batch has finished (completed, discarded or cancelled);
+   * its `batchId` then names the batch, whose jobs' states and results
+   * `getBatch` reads.
+   */
+  async enqueueBatch(jobs: EnqueueItem[], callback: EnqueueItem): Promise<BatchEnqueued> {
+    if (!Array.isArray(jobs) || jobs.length === 0) {
+      throw new TypeError("enqueueBatch: give 1 to 1000 jobs");
+    }
+    if (!callback || typeof callback !== "object") {
+      throw new TypeError("enqueueBatch: give the callback job, e.g. { kind: \"report\" }");
+    }
+    const out = await this.request<{ batch_id: number; ids: number[] }>("POST", "/api/v1/batches", {
+      jobs: jobs.map((it) => toWire(it.kind, it.args, it)),
+      callback: toWire(callback.kind, callback.args, callback),
+    });
+    return { batchId: out.batch_id, ids: out.ids };
+  }
+
+  /**
+   * Enqueues a workflow: named jobs with dependencies, in one commit. A
+   * job without dependencies is enqueued at once; a job with dependencies
+   * is the callback of the batch of them, enqueued exactly once after they
+   * have all finished, and reads their results with
+   * `getBatch(job.batchId)`. Duplicate or empty names, a dependency on a
+   * job not in the workflow, or a cycle are refused with a 400 naming
+   * them, and nothing is enqueued.
+   */
+  async enqueueWorkflow(jobs: WorkflowJob[], opts: WorkflowOptions = {}): Promise<WorkflowEnqueued> {
+    if (!Array.isArray(jobs) || jobs.length === 0) {
+      throw new TypeError("enqueueWorkflow: give 1 to 1000 jobs");
+    }
+    const body: Record<string, unknown> = {
+      jobs: jobs.map((j) => {
+        const w = toWire(j.kind, j.args, j);
+        w.name = j.name;
+        if (j.dependsOn !== undefined) w.depends_on = j.dependsOn;
+        return w;
+      }),
+    };
+    if (opts.onDependencyFailure !== undefined) body.on_dependency_failure = opts.onDependencyFailure;
+    const out = await this.request<{ job_ids: Record<string, number>; batch_ids: Record<string, number> }>("POST", "/api/v1/workflows", body);
+    return { jobIds: out.job_ids, batchIds: out.batch_ids };
+  }
+
+  /** A batch, with every job's state and result (404 when there is none). */
+  async getBatch(id: number): Promise<Batch> {
+    if (!Number.isSafeInteger(id) || id <= 0) {
+      throw new TypeError(`${id} is not a batch id`);
+    }
+    const w = await this.request<WireBatch>("GET", `/api/v1/batches/${id}`);
+    return {
+      id: w.id,
+      createdAt: w.created_at,
+      finished: w.finished,
+      callbackKind: w.callback_kind,
+      callbackId: w.callback_id,
+      firedAt: w.fired_at,
+      counts: w.counts ?? {},
+      jobs: (w.jobs ?? []).map((j) => ({ id: j.id, state: j.state, result: j.result ?? null })),
+    };
   }
 
   /** One job, with every failed attempt. */

@@ -1,6 +1,9 @@
 export { Client } from "./client.js";
 export type {
   AttemptError,
+  Batch,
+  BatchEnqueued,
+  BatchJob,
   ClaimedJob,
   ClaimOptions,
   ClientOptions,
@@ -18,6 +21,9 @@ export type {
   QueueLimits,
   QueueLimitsInput,
   UniqueOptions,
+  WorkflowEnqueued,
+  WorkflowJob,
+  WorkflowOptions,
 } from "./client.js";
 export { LeaseDeadlineError, Worker, WorkerStopping } from "./worker.js";
 export type { Handler, StopOptions, StopResult, WorkerOptions } from "./worker.js";

@@ -402,6 +402,100 @@ test("a handler's value is stored as the job's result; a refused result fails th
   }
 });
 
+test("a diamond workflow A -> B, C -> D: each job runs once, D reads B's and C's results from its batch", { skip, timeout: 60_000 }, async () => {
+  const queue = `ts-workflow-${run}`;
+  const ran: string[] = [];
+  const errors: unknown[] = [];
+  // Each step's result is its name around its dependencies' results,
+  // read from the batch whose callback it is.
+  const step = async (job: ClaimedJob<{ name: string }>) => {
+    ran.push(job.args.name);
+    const deps: string[] = [];
+    if (job.batchId !== null) {
+      const b = await client.getBatch(job.batchId);
+      for (const d of b.jobs) {
+        assert.equal(d.state, "completed", `dependency ${d.id} of ${job.args.name}`);
+        deps.push(d.result as string);
+      }
+    }
+    deps.sort();
+    return deps.length > 0 ? `${job.args.name}(${deps.join(",")})` : job.args.name;
+  };
+  const w = quietWorker({ queue, concurrency: 2, waitMs: 500, handlers: { step } }, errors);
+  const job = (name: string, ...dependsOn: string[]) => ({ name, kind: "step", queue, args: { name }, dependsOn, maxAttempts: 1 });
+  const wf = await client.enqueueWorkflow([job("D", "B", "C"), job("B", "A"), job("C", "A"), job("A")]);
+  assert.deepEqual(Object.keys(wf.jobIds), ["A"]);
+  assert.deepEqual(Object.keys(wf.batchIds).sort(), ["B", "C", "D"]);
+  const before = await client.getBatch(wf.batchIds.D);
+  assert.equal(before.callbackId, null, "D must wait for B and C");
+  assert.equal(before.callbackKind, "step");
+  w.start();
+  try {
+    let d: Job | undefined;
+    await until("D to be enqueued and finish", async () => {
+      const b = await client.getBatch(wf.batchIds.D);
+      if (b.callbackId === null) return false;
+      d = await client.getJob(b.callbackId);
+      return ["completed", "discarded", "cancelled"].includes(d.state);
+    }, 40_000);
+    assert.equal(d?.state, "completed", `D: ${JSON.stringify(d?.errors)}`);
+    assert.equal(d?.result, "D(B(A),C(A))");
+    assert.equal(d?.batchId, wf.batchIds.D);
+    const b = await client.getBatch(wf.batchIds.D);
+    assert.equal(b.finished, true);
+    assert.equal(b.jobs.length, 2);
+    assert.deepEqual(b.jobs.map((j) => j.result).sort(), ["B(A)", "C(A)"]);
+    assert.deepEqual([...ran].sort(), ["A", "B", "C", "D"], "each job runs exactly once");
+    assert.equal(ran[0], "A");
+    assert.equal(ran[3], "D");
+    assert.deepEqual(errors, []);
+  } finally {
+    await w.stop({ timeoutMs: 2000 });
+  }
+});
+
+test("enqueueBatch: the callback runs once after the jobs, and getBatch reads their results", { skip, timeout: 60_000 }, async () => {
+  const queue = `ts-batch-${run}`;
+  const w = quietWorker({
+    queue,
+    concurrency: 2,
+    waitMs: 500,
+    handlers: {
+      part: async (job: ClaimedJob<{ n: number }>) => job.args.n * 10,
+      sum: async (job: ClaimedJob) => {
+        const b = await client.getBatch(job.batchId as number);
+        return b.jobs.reduce((acc, j) => acc + (j.result as number), 0);
+      },
+    },
+  });
+  const got = await client.enqueueBatch(
+    [1, 2, 3].map((n) => ({ kind: "part", queue, args: { n } })),
+    { kind: "sum", queue, metadata: { why: "total" } },
+  );
+  assert.equal(got.ids.length, 3);
+  w.start();
+  try {
+    let cb: Job | undefined;
+    await until("the callback to finish", async () => {
+      const b = await client.getBatch(got.batchId);
+      if (b.callbackId === null) return false;
+      cb = await client.getJob(b.callbackId);
+      return ["completed", "discarded", "cancelled"].includes(cb.state);
+    }, 40_000);
+    assert.equal(cb?.state, "completed");
+    assert.equal(cb?.result, 60);
+    assert.equal(cb?.metadata?.why, "total");
+    const b = await client.getBatch(got.batchId);
+    assert.deepEqual(b.jobs.map((j) => j.id), got.ids);
+    assert.deepEqual(b.counts, { completed: 3 });
+  } finally {
+    await w.stop({ timeoutMs: 2000 });
+  }
+  await assert.rejects(client.enqueueWorkflow([{ name: "a", kind: "k", dependsOn: ["b"] }]), (e: unknown) =>
+    e instanceof ConveyorError && e.status === 400 && /"a" depends on "b"/.test(e.message));
+  await assert.rejects(client.getBatch(999_999_999), (e: unknown) => e instanceof ConveyorError && e.status === 404);
+});
+
 test("errors carry the server's message", { skip, timeout: 30_000 }, async () => {
   const status = (p: Promise<unknown>) =>
     p.then(

@@ -394,6 +394,14 @@
     if (!errs.length) errs.push(el("li", { class: "none muted" }, "none"));
     document.getElementById("errors").replaceChildren(...errs);
     document.getElementById("err-count").textContent = String(j.errors.length);
+    // A result appears when the job completes while the page is open.
+    const res = document.getElementById("job-result");
+    if (res && res.hidden && j.result !== null && j.result !== undefined) {
+      res.textContent = JSON.stringify(j.result, null, 2);
+      res.hidden = false;
+      const none = document.getElementById("job-result-none");
+      if (none) none.hidden = true;
+    }
     for (const f of document.querySelectorAll("#actions form")) {
       const a = f.dataset.action;
       f.hidden = !(a === "retry" ? retryable.includes(j.state) : stoppable.includes(j.state));

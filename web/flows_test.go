@@ -1,0 +1,171 @@
+package web
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestEnqueueBatchWithCallback: POST /api/v1/batches enqueues the jobs
+// and keeps the callback with the batch, which GET /api/v1/batches/{id}
+// then shows; bad input answers 400 naming the field at fault and
+// writes nothing; a read-only token is refused.
+func TestEnqueueBatchWithCallback(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		bad := []struct {
+			body any
+			want string
+		}{
+			{map[string]any{"jobs": []any{}, "callback": map[string]any{"kind": "cb"}}, `"jobs" is empty`},
+			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}}}, `"callback" is missing`},
+			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}}, "callback": map[string]any{"kind": "cb", "delay_ms": -5}}, "callback: delay_ms -5"},
+			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}, map[string]any{"kind": "k", "timeout_ms": 1 << 62}}, "callback": map[string]any{"kind": "cb"}}, "job 1: timeout_ms"},
+			{map[string]any{"jobs": []any{map[string]any{"kind": "k", "unique": map[string]any{"by_args": true}}}, "callback": map[string]any{"kind": "cb"}}, "job 0 is unique"},
+			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}}, "callback": map[string]any{"kind": "<bad>"}}, `batch callback: conveyor: unknown job kind: kind name "<bad>"`},
+			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}, map[string]any{"kind": "k", "max_attempts": -1}}, "callback": map[string]any{"kind": "cb"}}, "batch job 1 of 2: conveyor: invalid enqueue options: max attempts -1"},
+			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}}, "callback": map[string]any{"kind": "cb", "max_attempts": 5000}}, "batch callback: conveyor: invalid enqueue options: max attempts 5000"},
+			{map[string]any{"jobs": []any{map[string]any{"kind": "k"}}, "callback": map[string]any{"kind": "cb"}, "extra": 1}, `unknown field "extra"`},
+		}
+		for _, c := range bad {
+			var out struct{ Error string }
+			e.must(400, req{method: "POST", path: "/api/v1/batches", auth: adminToken, body: c.body}).json(t, &out)
+			if !strings.Contains(out.Error, c.want) {
+				t.Errorf("%v: error %q lacks %q", c.body, out.Error, c.want)
+			}
+		}
+		ok := map[string]any{"jobs": []any{map[string]any{"kind": "k", "args": map[string]int{"n": 1}}, map[string]any{"kind": "k"}},
+			"callback": map[string]any{"kind": "cb", "queue": "after"}}
+		e.must(403, req{method: "POST", path: "/api/v1/batches", auth: roToken, body: ok})
+		if n := e.count(); n != 0 {
+			t.Fatalf("%d jobs written by refused batches", n)
+		}
+		var got batchEnqueuedJSON
+		e.must(201, req{method: "POST", path: "/api/v1/batches", auth: adminToken, body: ok}).json(t, &got)
+		if got.BatchID <= 0 || len(got.IDs) != 2 {
+			t.Fatalf("answer %+v", got)
+		}
+		var b BatchJSON
+		e.must(200, req{method: "GET", path: fmt.Sprintf("/api/v1/batches/%d", got.BatchID), auth: roToken}).json(t, &b)
+		if b.ID != got.BatchID || b.CallbackKind != "cb" || b.CallbackID != nil || b.Finished || len(b.Jobs) != 2 ||
+			b.Jobs[0].ID != got.IDs[0] || b.Jobs[1].ID != got.IDs[1] || b.Counts["available"] != 2 {
+			t.Errorf("batch %+v, enqueued %+v", b, got)
+		}
+		if n := e.count(); n != 2 {
+			t.Errorf("%d jobs exist, want the batch's 2 (the callback waits with the batch)", n)
+		}
+	})
+}
+
+// TestEnqueueWorkflow: POST /api/v1/workflows enqueues a diamond
+// A -> B, C -> D: A at once, B, C and D as callbacks of batches whose
+// jobs are their dependencies; bad names, dependencies, cycles and
+// policies answer 400 naming them and write nothing.
+func TestEnqueueWorkflow(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		job := func(name string, deps ...string) map[string]any {
+			return map[string]any{"name": name, "kind": "step", "args": map[string]string{"step": name}, "depends_on": deps}
+		}
+		bad := []struct {
+			body any
+			want string
+		}{
+			{map[string]any{"jobs": []any{}}, `"jobs" is empty`},
+			{map[string]any{"jobs": []any{job("a")}, "on_dependency_failure": "ignore"}, `on_dependency_failure "ignore"`},
+			{map[string]any{"jobs": []any{job("a"), job("a")}}, `name "a" is used twice`},
+			{map[string]any{"jobs": []any{job("")}}, "job 0 has no name"},
+			{map[string]any{"jobs": []any{job("a"), job("b", "x")}}, `"b" depends on "x"`},
+			{map[string]any{"jobs": []any{job("a"), job("b", "c"), job("c", "b")}}, "cycle"},
+			{map[string]any{"jobs": []any{job("a"), map[string]any{"name": "b", "kind": "k", "depends_on": []string{"a"}, "delay_ms": -1}}}, `job 1 ("b"): delay_ms -1`},
+			{map[string]any{"jobs": []any{map[string]any{"name": "a", "kind": "k", "unique": map[string]any{"by_args": true}}}}, `job "a" is unique`},
+			// x is second in dependency order, third in the request: named.
+			{map[string]any{"jobs": []any{job("d", "a"), job("a"), map[string]any{"name": "x", "kind": "<bad>"}}}, `workflow job "x": conveyor: unknown job kind: kind name "<bad>"`},
+			{map[string]any{"jobs": []any{job("d", "a"), job("a"), map[string]any{"name": "x", "kind": "k", "max_attempts": -1}}}, `workflow job "x": conveyor: invalid enqueue options: max attempts -1`},
+		}
+		for _, c := range bad {
+			var out struct{ Error string }
+			e.must(400, req{method: "POST", path: "/api/v1/workflows", auth: adminToken, body: c.body}).json(t, &out)
+			if !strings.Contains(out.Error, c.want) {
+				t.Errorf("%v: error %q lacks %q", c.body, out.Error, c.want)
+			}
+		}
+		diamond := map[string]any{"jobs": []any{job("d", "b", "c"), job("b", "a"), job("c", "a"), job("a")}, "on_dependency_failure": "run"}
+		e.must(403, req{method: "POST", path: "/api/v1/workflows", auth: roToken, body: diamond})
+		if n := e.count(); n != 0 {
+			t.Fatalf("%d jobs written by refused workflows", n)
+		}
+		var wf workflowEnqueuedJSON
+		e.must(201, req{method: "POST", path: "/api/v1/workflows", auth: adminToken, body: diamond}).json(t, &wf)
+		if len(wf.JobIDs) != 1 || wf.JobIDs["a"] <= 0 || len(wf.BatchIDs) != 3 || wf.BatchIDs["b"] <= 0 || wf.BatchIDs["c"] <= 0 || wf.BatchIDs["d"] <= 0 {
+			t.Fatalf("answer %+v", wf)
+		}
+		for _, name := range []string{"b", "c"} {
+			var b BatchJSON
+			e.must(200, req{method: "GET", path: fmt.Sprintf("/api/v1/batches/%d", wf.BatchIDs[name]), auth: roToken}).json(t, &b)
+			if len(b.Jobs) != 1 || b.Jobs[0].ID != wf.JobIDs["a"] || b.CallbackKind != "step" {
+				t.Errorf("batch of %s: %+v, want a's job %d as its only job", name, b, wf.JobIDs["a"])
+			}
+		}
+		if n := e.count(); n != 1 {
+			t.Errorf("%d jobs exist, want only a (the others wait for their dependencies)", n)
+		}
+	})
+}
+
+// TestBatchAndResultPages: a job's page shows its result as text, and a
+// batch's page lists its jobs with their states and results as text,
+// its callback still waiting; a bad or unknown batch id answers 400 or
+// 404.
+func TestBatchAndResultPages(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
+	payload := strings.Join(xss, " ")
+	var got batchEnqueuedJSON
+	e.must(201, req{method: "POST", path: "/api/v1/batches", auth: adminToken, body: map[string]any{
+		"jobs":     []any{map[string]any{"kind": "part", "queue": "b"}, map[string]any{"kind": "part", "queue": "b"}},
+		"callback": map[string]any{"kind": "total", "queue": "b"},
+	}}).json(t, &got)
+	c := e.claim(map[string]any{"queue": "b"})
+	if len(c) != 1 || c[0].ID != got.IDs[0] {
+		t.Fatalf("claimed %+v, want job %d", c, got.IDs[0])
+	}
+	e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/complete", c[0].ID), auth: adminToken,
+		body: map[string]any{"fence": *c[0].Fence, "result": map[string]any{"note": payload, "n": 7}}})
+
+	escaped := "&lt;script&gt;alert(1)&lt;/script&gt;"
+	checkPage := func(path string, want ...string) string {
+		t.Helper()
+		res := e.must(200, req{method: "GET", path: path, auth: roToken})
+		body := string(res.body)
+		for _, bad := range []string{"<script>alert", "<img src=x", "<svg onload", "onerror=alert(1)>"} {
+			if strings.Contains(body, bad) {
+				t.Errorf("%s: raw %q in the page", path, bad)
+			}
+		}
+		for _, w := range want {
+			if !strings.Contains(body, w) {
+				t.Errorf("%s: page lacks %q", path, w)
+			}
+		}
+		if csp := res.header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") {
+			t.Errorf("%s: CSP %q", path, csp)
+		}
+		return body
+	}
+	checkPage(fmt.Sprintf("/jobs/%d", got.IDs[0]), `id="job-result">`, escaped, `&#34;n&#34;: 7`)
+	body := checkPage(fmt.Sprintf("/jobs/%d", got.IDs[1]), `id="job-result-none">none yet`)
+	if strings.Contains(body, `id="job-batch"`) {
+		t.Errorf("job %d, a batch's job and no callback, links a batch as its callback's", got.IDs[1])
+	}
+	body = checkPage(fmt.Sprintf("/batches/%d", got.BatchID), `id="batch-jobs"`, escaped, "1 of 2 finished",
+		"total, enqueued once every job has finished", `<span class="badge st-completed">completed</span>`,
+		`<span class="badge st-available">available</span>`, fmt.Sprintf(`/jobs/%d"`, got.IDs[1]))
+	if strings.Count(body, `<tr data-id=`) != 2 {
+		t.Errorf("batch page lists %d jobs, want 2", strings.Count(body, `<tr data-id=`))
+	}
+	e.must(400, req{method: "GET", path: "/batches/x", auth: roToken})
+	e.must(404, req{method: "GET", path: "/batches/999999", auth: roToken})
+	// Unauthenticated, the batch page is the login.
+	if res := e.do(req{method: "GET", path: fmt.Sprintf("/batches/%d", got.BatchID)}); res.status != 401 || strings.Contains(string(res.body), "batch-jobs") {
+		t.Errorf("batch page without credentials: %d", res.status)
+	}
+}
