@@ -31,12 +31,14 @@ import (
 // the claim runs again under the new ones.
 var errLimitsChanged = errors.New("the queue's limits changed during the claim")
 
+// errSlotsLost says that a claim's transaction no longer held a slot it
+// had locked or reserved when it came to take it (see slot_take): it is
+// rolled back and run again.
+var errSlotsLost = errors.New("a slot locked by the claim was no longer free")
+
 // limitRounds bounds the limited claims run again in a row because the
 // queue's limits changed during them; past it the claim takes nothing.
 const limitRounds = 3
-
-// slotRowArgs is the number of parameters of slot_take_row.
-const slotRowArgs = 6
 
 // slotInsertChunk bounds the rows of one slot_insert statement.
 const slotInsertChunk = 1000
@@ -55,7 +57,7 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 	p.Limit = min(p.Limit, maxBucket)
 	for round := 0; ; round++ {
 		res, err := d.claimLimitedOnce(ctx, p)
-		if !errors.Is(err, errLimitsChanged) {
+		if !errors.Is(err, errLimitsChanged) && !errors.Is(err, errSlotsLost) {
 			return res, err
 		}
 		if round == limitRounds {
@@ -191,7 +193,7 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 		if err != nil {
 			return driver.ClaimResult{}, err
 		}
-		if err := d.takeSlots(ctx, tx, p.Queue, l, rows, cslots, rslots); err != nil {
+		if err := d.takeSlots(ctx, tx, p.Queue, l, rows, cslots, rslots, marker); err != nil {
 			return driver.ClaimResult{}, err
 		}
 	}
@@ -321,28 +323,58 @@ func (d *Driver) reserveSlots(ctx context.Context, tx *sql.Tx, queue string, l d
 }
 
 // takeSlots gives each claimed job one of the concurrency slots (its id
-// and fence) and stamps one of the rate slots with its attempted_at, in
-// one statement.
-func (d *Driver) takeSlots(ctx context.Context, tx *sql.Tx, queue string, l driver.QueueLimits, rows []*driver.JobRow, cslots, rslots []int64) error {
+// and fence) and stamps one of the rate slots with its attempted_at, one
+// statement per type of slot (slot_take). Every slot must still be free or
+// reserved with marker (0 without a reservation): errSlotsLost otherwise.
+func (d *Driver) takeSlots(ctx context.Context, tx *sql.Tx, queue string, l driver.QueueLimits, rows []*driver.JobRow, cslots, rslots []int64, marker int64) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	n := 0
-	args := make([]any, 0, 2*len(rows)*slotRowArgs)
-	for i, j := range rows {
-		at := dbTime(j.AttemptedAt)
-		if l.MaxRunning > 0 {
-			args = append(args, queue, "c", cslots[i], j.ID, j.Fence, at)
-			n++
+	for _, t := range []struct {
+		typ   string
+		on    bool
+		slots []int64
+	}{{"c", l.MaxRunning > 0, cslots}, {"r", l.Rate > 0, rslots}} {
+		if !t.on {
+			continue
 		}
-		if l.Rate > 0 {
-			args = append(args, queue, "r", rslots[i], nil, nil, at)
-			n++
+		k := len(rows)
+		args := make([]any, 0, 7*k+3)
+		for i, j := range rows {
+			if t.typ == "c" {
+				args = append(args, t.slots[i], j.ID)
+			} else {
+				args = append(args, t.slots[i], nil)
+			}
+		}
+		for i, j := range rows {
+			if t.typ == "c" {
+				args = append(args, t.slots[i], j.Fence)
+			} else {
+				args = append(args, t.slots[i], nil)
+			}
+		}
+		for i, j := range rows {
+			args = append(args, t.slots[i], dbTime(j.AttemptedAt))
+		}
+		args = append(args, queue, t.typ)
+		for i := range rows {
+			args = append(args, t.slots[i])
+		}
+		args = append(args, marker)
+		q := strings.NewReplacer("{cases}", strings.TrimSuffix(strings.Repeat("WHEN ? THEN ? ", k), " "),
+			"{ids}", strings.TrimSuffix(strings.Repeat("?, ", k), ", ")).Replace(d.q.SlotTake)
+		res, err := d.exec(ctx, tx, k <= maxCachedInsertRows, q, args...)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n != int64(k) {
+			return fmt.Errorf("%w: took %d of %d %s slots", errSlotsLost, n, k, t.typ)
 		}
 	}
-	q := d.rowsSQL(d.q.SlotTakeHead, d.q.SlotTakeRow, d.q.SlotTakeTail, n)
-	_, err := d.exec(ctx, tx, n <= maxCachedInsertRows, q, args...)
-	return err
+	return nil
 }
 
 // rowsSQL is head, n rows and tail as one statement.

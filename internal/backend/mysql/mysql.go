@@ -258,7 +258,13 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 	if d.skipLocked {
 		skip = "SKIP LOCKED"
 	}
-	sqlq.Rewrite(&q, strings.NewReplacer("{skip}", skip, "{iso}", d.isoVar, "{server}", server).Replace)
+	intx := ""
+	if d.galera {
+		// The guard of the writes in transactions (see "Transactions on
+		// Galera" in queries.sql).
+		intx = " AND @@in_transaction = 1"
+	}
+	sqlq.Rewrite(&q, strings.NewReplacer("{skip}", skip, "{iso}", d.isoVar, "{server}", server, "{intx}", intx).Replace)
 	d.q = q
 	d.migs = sqlq.Migrations(sqlFiles, "migrations", opts.Prefix)
 
@@ -629,8 +635,8 @@ func myErrno(err error) uint16 {
 // is minutes, far beyond any real deadlock storm, and ctx ends it sooner.
 const maxRetries = 1000
 
-// retry runs fn again while it fails with a deadlock or a lock wait
-// timeout, with jittered exponential backoff (1ms doubling to 100ms). Each
+// retry runs fn again while it fails with a deadlock, a lock wait
+// timeout or errTxEnded, with jittered exponential backoff (1ms doubling to 100ms). Each
 // statement retried is fenced or transactional, so running it again is
 // safe. Other errors and the context's end are returned at once.
 func (d *Driver) retry(ctx context.Context, op string, fn func() error) error {
@@ -641,6 +647,11 @@ func (d *Driver) retry(ctx context.Context, op string, fn func() error) error {
 		}
 		switch myErrno(err) {
 		case errDeadlock:
+			d.deadlockRetries.Add(1)
+		case 0:
+			if !errors.Is(err, errTxEnded) {
+				return d.wrap(op, err)
+			}
 			d.deadlockRetries.Add(1)
 		case errLockWaitTimeout:
 			d.lockTimeouts.Add(1)
@@ -673,12 +684,38 @@ func (d *Driver) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error)
 		if err != nil {
 			return driver.NotCommitted(err)
 		}
-		if err := fn(tx); err != nil {
+		ferr := fn(tx)
+		if d.galera && (ferr == nil || myErrno(ferr) == 0) {
+			// Before the commit, and when a statement's result made fn
+			// give up: was the transaction ended under it?
+			if err := d.txOpen(ctx, tx); err != nil {
+				_ = tx.Rollback()
+				return driver.NotCommitted(err)
+			}
+		}
+		if ferr != nil {
 			_ = tx.Rollback()
-			return driver.NotCommitted(err)
+			return driver.NotCommitted(ferr)
 		}
 		return d.refused(tx.Commit())
 	})
+}
+
+// errTxEnded says that Galera ended a transaction before its COMMIT
+// without telling any of its statements (see "Transactions on Galera" in
+// queries.sql): nothing of it is committed, and it is run again whole.
+var errTxEnded = errors.New("the cluster rolled the transaction back before its commit")
+
+// txOpen fails with errTxEnded when tx is no longer open on the server.
+func (d *Driver) txOpen(ctx context.Context, tx *sql.Tx) error {
+	var open sql.NullInt64
+	if err := tx.QueryRowContext(ctx, d.q.TxOpen).Scan(&open); err != nil {
+		return err
+	}
+	if open.Int64 != 1 {
+		return errTxEnded
+	}
+	return nil
 }
 
 // refused marks err, the error of a commit or of an autocommit statement,

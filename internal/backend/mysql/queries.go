@@ -106,6 +106,7 @@ type queries struct {
 	ProbeWsrep      string `sql:"probe_wsrep"`
 	CausalRead      string `sql:"causal_read"`
 	CausalAck       string `sql:"causal_ack"`
+	TxOpen          string `sql:"tx_open"`
 	InsertReturning string `sql:"insert_returning"`
 	GetLock         string `sql:"get_lock"`
 	ReleaseLock     string `sql:"release_lock"`
@@ -149,9 +150,7 @@ type queries struct {
 	SlotReserveR   string `sql:"slot_reserve_r"`
 	SlotReserved   string `sql:"slot_reserved"`
 	SlotUnreserve  string `sql:"slot_unreserve"`
-	SlotTakeHead   string `sql:"slot_take_head"`
-	SlotTakeRow    string `sql:"slot_take_row"`
-	SlotTakeTail   string `sql:"slot_take_tail"`
+	SlotTake       string `sql:"slot_take"`
 	SlotRetryIn    string `sql:"slot_retry_in"`
 	DueExists      string `sql:"due_exists"`
 	SlotStale      string `sql:"slot_stale"`

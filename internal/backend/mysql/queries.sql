@@ -14,6 +14,9 @@
 --            knows wsrep_on (MariaDB, Galera builds of MySQL), else
 --            @@server_id
 --   {fence_floor} the fence_floor expression below
+--   {intx}   on Galera, " AND @@in_transaction = 1", else empty: the guard
+--            of every write of the claim, rescue and promote transactions
+--            (see "Transactions on Galera" below)
 --
 -- Every time is computed with UTC_TIMESTAMP(6) (the database's clock, UTC,
 -- microseconds), which is constant within one statement. Sessions run with
@@ -127,7 +130,7 @@ SELECT UTC_TIMESTAMP(6), {fence_floor}, {cols} FROM `{p}jobs` FORCE INDEX (claim
 -- it read (see fence_floor), so the driver returns exactly the stored rows
 -- without reading them again.
 -- name: claim_mark
-UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, attempted_at = ?, lease_expires_at = ?, attempted_by = ?, fence = GREATEST(fence + 1, ?) WHERE id IN ({ids})
+UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, attempted_at = ?, lease_expires_at = ?, attempted_by = ?, fence = GREATEST(fence + 1, ?) WHERE id IN ({ids}){intx}
 
 -- claim_mark_queued is claim_mark for a queue claim: it marks nothing if the
 -- queue is paused by now. claim_select's pause check reads the statement's
@@ -138,7 +141,7 @@ UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, attempted_at = ?,
 -- any pause that the locked jobs' inserts came after. The driver then
 -- returns no job and the commit releases the locks.
 -- name: claim_mark_queued
-UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, attempted_at = ?, lease_expires_at = ?, attempted_by = ?, fence = GREATEST(fence + 1, ?) WHERE NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND id IN ({ids})
+UPDATE `{p}jobs` SET state = 'running', attempt = attempt + 1, attempted_at = ?, lease_expires_at = ?, attempted_by = ?, fence = GREATEST(fence + 1, ?) WHERE NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND id IN ({ids}){intx}
 
 -- claim_job_select locks one job by id for ClaimJob, which then marks it with
 -- claim_mark if it is neither running nor finished. It waits for a claim
@@ -257,7 +260,7 @@ SELECT id FROM `{p}jobs` WHERE op_token = ? AND id IN ({ids})
 SELECT id, queue FROM `{p}jobs` FORCE INDEX (lease_idx) WHERE lease_expires_at < UTC_TIMESTAMP(6) AND state = 'running' ORDER BY lease_expires_at LIMIT ? FOR UPDATE {skip}
 
 -- name: rescue_update
-UPDATE `{p}jobs` SET errors = CONCAT(LEFT(errors, CHAR_LENGTH(errors) - 1), IF(errors = '[]', '', ','), '{"attempt":', attempt, ',"at":"', DATE_FORMAT(UTC_TIMESTAMP(6), '%Y-%m-%dT%H:%i:%s.%fZ'), '","error":', JSON_QUOTE(CONCAT('lease expired: ', COALESCE(attempted_by, ''), ' stopped heartbeating')), '}]'), finalized_at = IF(attempt >= max_attempts, UTC_TIMESTAMP(6), NULL), state = IF(attempt >= max_attempts, 'discarded', 'available'), lease_expires_at = NULL WHERE id IN ({ids}) AND state = 'running'
+UPDATE `{p}jobs` SET errors = CONCAT(LEFT(errors, CHAR_LENGTH(errors) - 1), IF(errors = '[]', '', ','), '{"attempt":', attempt, ',"at":"', DATE_FORMAT(UTC_TIMESTAMP(6), '%Y-%m-%dT%H:%i:%s.%fZ'), '","error":', JSON_QUOTE(CONCAT('lease expired: ', COALESCE(attempted_by, ''), ' stopped heartbeating')), '}]'), finalized_at = IF(attempt >= max_attempts, UTC_TIMESTAMP(6), NULL), state = IF(attempt >= max_attempts, 'discarded', 'available'), lease_expires_at = NULL WHERE id IN ({ids}) AND state = 'running'{intx}
 
 -- Promote, in one transaction: lock due scheduled/retryable rows (due_at is
 -- their scheduled_at, NULL for other states), oldest first, and make them
@@ -268,13 +271,13 @@ UPDATE `{p}jobs` SET errors = CONCAT(LEFT(errors, CHAR_LENGTH(errors) - 1), IF(e
 -- and no later attempt can have started while the row is locked), so the
 -- job id alone fences it.
 -- name: rescue_free_slots
-UPDATE `{p}limit_slots` SET job_id = NULL, fence = NULL WHERE job_id IN ({ids})
+UPDATE `{p}limit_slots` SET job_id = NULL, fence = NULL WHERE job_id IN ({ids}){intx}
 
 -- name: promote_select
 SELECT id, queue FROM `{p}jobs` FORCE INDEX (due_idx) WHERE due_at <= UTC_TIMESTAMP(6) ORDER BY due_at LIMIT ? FOR UPDATE {skip}
 
 -- name: promote_update
-UPDATE `{p}jobs` SET state = 'available' WHERE id IN ({ids}) AND state IN ('retryable', 'scheduled')
+UPDATE `{p}jobs` SET state = 'available' WHERE id IN ({ids}) AND state IN ('retryable', 'scheduled'){intx}
 
 -- A completion that carries a result, in a transaction with
 -- store_result (see Complete): the one job, fenced, its slot freed as
@@ -435,6 +438,22 @@ SET STATEMENT wsrep_sync_wait = 1 FOR
 -- and DELETE, bit 2; none of them is an INSERT or REPLACE, bit 4).
 -- name: causal_ack
 SET STATEMENT wsrep_sync_wait = 3 FOR
+
+-- Transactions on Galera. A node that applies another node's write set
+-- aborts the local transactions holding locks it needs. A transaction
+-- aborted while one of its statements runs (a locking read of the slots
+-- or the jobs, say) can find that statement answered without an error
+-- and be rolled back all the same: the statements after it then run
+-- outside any transaction, each committed on its own, and the COMMIT
+-- commits nothing. A claim would hand out jobs whose marking was rolled
+-- back, or take slots for attempts that never started, or keep its jobs'
+-- marking after its slots were lost and another claim took them. So on
+-- Galera the writes of the claim, rescue and promote transactions carry
+-- {intx}: after such an abort they change nothing, and their counts fall
+-- short; and before every COMMIT the driver reads @@in_transaction, and
+-- runs the whole transaction again when it is no longer open.
+-- name: tx_open
+SELECT @@in_transaction
 
 -- Multi-row inserts on Galera return their ids: auto_increment_increment
 -- follows the cluster's size (wsrep_auto_increment_control) and changes,
@@ -610,10 +629,10 @@ SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND 
 -- (marker, queue, max_running, want) and (marker, queue, rate, period µs,
 -- want).
 -- name: slot_reserve_c
-UPDATE `{p}limit_slots` SET job_id = ? WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL ORDER BY n LIMIT ?
+UPDATE `{p}limit_slots` SET job_id = ? WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL{intx} ORDER BY n LIMIT ?
 
 -- name: slot_reserve_r
-UPDATE `{p}limit_slots` SET job_id = ? WHERE queue = ? AND type = 'r' AND lkey = '' AND n < ? AND job_id IS NULL AND (used_at IS NULL OR used_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) ORDER BY n LIMIT ?
+UPDATE `{p}limit_slots` SET job_id = ? WHERE queue = ? AND type = 'r' AND lkey = '' AND n < ? AND job_id IS NULL AND (used_at IS NULL OR used_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND){intx} ORDER BY n LIMIT ?
 
 -- The slots this claim reserved (marker): a read of its own changes.
 -- name: slot_reserved
@@ -621,21 +640,20 @@ SELECT type, n FROM `{p}limit_slots` WHERE job_id = ? ORDER BY type, n
 
 -- Clears the reservations the claim did not use (marker).
 -- name: slot_unreserve
-UPDATE `{p}limit_slots` SET job_id = NULL WHERE job_id = ?
+UPDATE `{p}limit_slots` SET job_id = NULL WHERE job_id = ?{intx}
 
--- slot_take_head + slot_take_row per slot + slot_take_tail: give each
--- claimed attempt its slots, all of them locked by this claim: a
--- concurrency slot gets the job and the attempt's fence, a rate slot
--- the start's time; used_at is the attempt's attempted_at, the clock
--- value the claim wrote. (queue, type, n, job_id, fence, used_at.)
--- name: slot_take_head
-INSERT INTO `{p}limit_slots` (queue, type, lkey, n, job_id, fence, used_at) VALUES
-
--- name: slot_take_row
-(?, ?, '', ?, ?, ?, ?)
-
--- name: slot_take_tail
-ON DUPLICATE KEY UPDATE job_id = VALUES(job_id), fence = VALUES(fence), used_at = VALUES(used_at)
+-- slot_take gives the claimed attempts the slots of one type that this
+-- claim locked (or reserved with its marker): a concurrency slot gets the
+-- job and the attempt's fence, a rate slot the start's time (its job and
+-- fence stay NULL); used_at is the attempt's attempted_at, the clock value
+-- the claim wrote. {cases} is one "WHEN ? THEN ?" per slot (slot number,
+-- value) and {ids} the slot numbers. Only a slot still free, or reserved
+-- with the marker, is taken, and the driver requires every one of them:
+-- a slot the claim no longer holds is never taken over from another
+-- attempt. (job cases, fence cases, used_at cases, queue, type, slot
+-- numbers, marker: 0 without a reservation.)
+-- name: slot_take
+UPDATE `{p}limit_slots` SET job_id = CASE n {cases} END, fence = CASE n {cases} END, used_at = CASE n {cases} END WHERE queue = ? AND type = ? AND lkey = '' AND n IN ({ids}) AND (job_id IS NULL OR job_id = ?){intx}
 
 -- How long until the oldest start of the rate's window leaves it, when
 -- the rate held jobs back. (period µs, queue, rate.)
