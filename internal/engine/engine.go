@@ -116,9 +116,12 @@ type KindConfig struct {
 
 // Metrics are process-wide counters.
 type Metrics struct {
-	ClaimRounds      atomic.Int64 // claim statements issued
-	OutcomeRounds    atomic.Int64 // outcome statements written (each a batch)
-	InsertRounds     atomic.Int64 // group-commit insert transactions
+	ClaimRounds   atomic.Int64 // claim statements issued
+	OutcomeRounds atomic.Int64 // outcome statements written (each a batch)
+	InsertRounds  atomic.Int64 // group-commit insert transactions
+	// SelfNotices counts wake-up notifications of this process's own
+	// inserts that the listener passed over (see selfNotes).
+	SelfNotices      atomic.Int64
 	Claimed          atomic.Int64
 	Completed        atomic.Int64
 	Failed           atomic.Int64
@@ -146,6 +149,9 @@ type Engine struct {
 	metrics Metrics
 
 	ins *inserter
+	// self counts the notifications of this process's own inserts that
+	// the listener passes over (selfnotify.go).
+	self selfNotes
 	// comp writes outcomes. A started engine's fetchers hold the one made
 	// at Start until Stop closes it; remote outcomes use the current one,
 	// made anew when needed (completer).

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -228,6 +229,84 @@ func TestFetchWakesOnEnqueue(t *testing.T) {
 	}
 	if got := recv(t, "the enqueued job to run", ran); got != ids[0] {
 		t.Fatalf("ran job %d, want %d", got, ids[0])
+	}
+}
+
+// The notification of this process's own insert, which woke the queue's
+// fetcher in process already, costs no second claim; a notification
+// another process sends afterwards still wakes it, and so does one that
+// follows an insert that failed.
+func TestFetchPassesOverOwnInsertNotification(t *testing.T) {
+	d := &fakeDriver{listen: true, wakeups: make(chan string)}
+	var fail atomic.Bool
+	d.insert = func(_ context.Context, ps []driver.InsertParams) ([]int64, error) {
+		if fail.Load() {
+			return nil, errors.New("insert refused")
+		}
+		ids := make([]int64, len(ps))
+		for i, p := range ps {
+			ids[i] = int64(10 + i)
+			d.add(&driver.JobRow{ID: ids[i], Queue: p.Queue, Kind: p.Kind, Attempt: 1, Fence: 1, MaxAttempts: 1})
+		}
+		return ids, nil
+	}
+	cfg := testConfig(10 * time.Second)
+	cfg.PollMin, cfg.PollMax, cfg.ListenPoll = time.Hour, time.Hour, time.Hour
+	ran := make(chan int64, 1)
+	e := startEngine(t, d, cfg, map[string]Handler{"k": func(_ context.Context, row *driver.JobRow) error {
+		ran <- row.ID
+		return nil
+	}})
+	notify := func(q string) {
+		select {
+		case d.wakeups <- q:
+		case <-time.After(guard):
+			t.Fatalf("the listener never waited for notification %q", q)
+		}
+	}
+	settled := func() bool {
+		cs := d.claimsOf("q")
+		return len(cs) > 0 && cs[len(cs)-1].done
+	}
+	waitFor(t, "the first, empty claim", func() bool { return d.idle("q") })
+	ids, _, err := e.Insert(context.Background(), []driver.InsertParams{{Queue: "q", Kind: "k"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := recv(t, "the enqueued job to run", ran); got != ids[0] {
+		t.Fatalf("ran job %d, want %d", got, ids[0])
+	}
+	waitFor(t, "the fetcher's claim returned", settled)
+	before := len(d.claimsOf("q"))
+	notify("q") // the insert's own notification
+	// Room for a wrongly woken fetcher to claim (it would find nothing).
+	time.Sleep(20 * time.Millisecond)
+	if n := len(d.claimsOf("q")) - before; n != 0 {
+		t.Fatalf("%d claims after the process's own insert notification, want 0", n)
+	}
+	if n := e.Metrics().SelfNotices.Load(); n != 1 {
+		t.Fatalf("SelfNotices = %d, want 1", n)
+	}
+
+	// Another process's job, same payload: it wakes the fetcher.
+	d.add(jobIn("q", 99, 1))
+	notify("q")
+	if got := recv(t, "the other process's job to run", ran); got != 99 {
+		t.Fatalf("ran job %d, want 99", got)
+	}
+	waitFor(t, "the fetcher's claim returned again", settled)
+
+	// A failed insert sends nothing: the next notification wakes.
+	fail.Store(true)
+	if _, _, err := e.Insert(context.Background(), []driver.InsertParams{{Queue: "q", Kind: "k"}}); err == nil {
+		t.Fatal("the insert succeeded, want its error")
+	}
+	fail.Store(false)
+	waitFor(t, "the fetcher's claim after the failed insert returned", settled)
+	d.add(jobIn("q", 100, 1))
+	notify("q")
+	if got := recv(t, "the job after a failed insert to run", ran); got != 100 {
+		t.Fatalf("ran job %d, want 100", got)
 	}
 }
 

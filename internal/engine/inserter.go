@@ -228,11 +228,21 @@ func (i *inserter) try(reqs []*insertReq, deadline time.Time) error {
 			all = append(all, r.jobs...)
 		}
 	}
+	var taken []string
+	if i.e.drv.Capabilities().Listen {
+		taken = i.e.self.take(all)
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	ids, dup, err := i.e.insertSplit(ctx, nil, all)
 	cancel()
 	i.e.metrics.InsertRounds.Add(1)
+	i.e.self.give(taken, all, dup, err != nil)
 	if err != nil {
+		// A notification passed over meanwhile on the strength of these
+		// counts is made up for here (see selfNotes).
+		for _, q := range taken {
+			i.e.wake(q)
+		}
 		return err
 	}
 	off := 0

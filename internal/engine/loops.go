@@ -434,6 +434,8 @@ func (e *Engine) listenLoop(ctx context.Context) {
 			continue
 		}
 		try = 0
+		// Notifications sent before now are not received (see selfNotes).
+		e.self.forget()
 		// Listening from now on. A cancel sent before this instant (while
 		// connecting, or between a failure and this reconnection) was
 		// missed: renew the leases at once, so that a job cancelled
@@ -448,6 +450,7 @@ func (e *Engine) listenLoop(ctx context.Context) {
 			}
 			if err != nil {
 				e.warn("conveyor: listener failed (reconnecting)", "error", err)
+				e.self.forget()
 				sleep(ctx, errBackoff(1))
 				signal(e.hbWake) // a cancel may have been missed meanwhile
 				e.wake("")
@@ -460,7 +463,13 @@ func (e *Engine) listenLoop(ctx context.Context) {
 			if q == "" {
 				// The listener reconnected: notifications sent while it
 				// was down are lost, a cancel among them.
+				e.self.forget()
 				signal(e.hbWake)
+			} else if e.self.own(q) && !e.limited(q) {
+				// This process's own insert sent it and has woken the
+				// queue's fetcher itself (see selfNotes).
+				e.metrics.SelfNotices.Add(1)
+				continue
 			}
 			e.wake(q)
 			if q != "" && e.limited(q) {
