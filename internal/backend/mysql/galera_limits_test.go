@@ -42,6 +42,7 @@ func TestGaleraLimitedClaimsAcrossNodes(t *testing.T) {
 		}
 	}()
 	const maxRunning, jobs = 3, 600
+	const lease = time.Second
 	if _, err := ds[0].Insert(ctx, limitJobs("gq", jobs)); err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +80,8 @@ func TestGaleraLimitedClaimsAcrossNodes(t *testing.T) {
 						return
 					default:
 					}
-					r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "gq", Limit: 1 + rand.IntN(2), Lease: 300 * time.Millisecond, Worker: "w"})
+					claimed := time.Now()
+					r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "gq", Limit: 1 + rand.IntN(2), Lease: lease, Worker: "w"})
 					if err != nil {
 						if claimErrs.Add(1) == 1 {
 							t.Errorf("claim: %v", err)
@@ -117,7 +119,11 @@ func TestGaleraLimitedClaimsAcrossNodes(t *testing.T) {
 						t.Errorf("complete: %v", err)
 						return
 					}
-					if len(done) != len(outs) {
+					// An attempt may be rescued once its lease passed (a
+					// loaded machine can hold a worker that long), and its
+					// completion is then rightly refused; within the
+					// lease, counted from before the claim, it may not.
+					if len(done) != len(outs) && time.Since(claimed) < lease {
 						t.Errorf("complete of %d live attempts applied %d", len(outs), len(done))
 					}
 					settled.Add(int64(len(done)))
