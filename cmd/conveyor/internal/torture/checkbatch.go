@@ -125,6 +125,12 @@ func (in *Input) checkBatches(f *Findings, byJob map[int64][]Exec) {
 				first = e.Start
 			}
 		}
+		if !first.IsZero() && !lastEnd.IsZero() {
+			f.BatchGapRun = minGap(f.BatchGapRun, first.Sub(lastEnd))
+		}
+		if !cb.CreatedAt.IsZero() && !lastFinal.IsZero() {
+			f.BatchGapDB = minGap(f.BatchGapDB, cb.CreatedAt.Sub(lastFinal))
+		}
 		if !first.IsZero() && !lastEnd.IsZero() && first.Add(batchClockSlack).Before(lastEnd) {
 			f.BatchCallbackEarly = append(f.BatchCallbackEarly, fmt.Sprintf("batch %d: callback job %d started at %s, before job %d finished running at %s",
 				b.ID, cb.ID, clock(first), lastJob, clock(lastEnd)))
@@ -154,6 +160,14 @@ func (in *Input) checkBatches(f *Findings, byJob map[int64][]Exec) {
 	sort.Strings(f.BatchCallbackEarly)
 	sort.Strings(f.BatchCallbackNotDone)
 	sort.Strings(f.BatchCountsWrong)
+}
+
+// minGap is the smaller of the gaps so far (nil: none) and g.
+func minGap(so *time.Duration, g time.Duration) *time.Duration {
+	if so == nil || g < *so {
+		return &g
+	}
+	return so
 }
 
 // finishingExec is when the execution that finished job j returned: for

@@ -314,10 +314,15 @@ type Findings struct {
 	// BatchCallbackNotDone: a callback that did not end completed, or did
 	// without recording what it read. BatchCountsWrong: a callback that
 	// read counts of states other than its jobs' final states. All must
-	// be empty.
+	// be empty. BatchGapRun is the smallest time from the end of a
+	// batch's last job's finishing execution to its callback's first
+	// start (records), BatchGapDB the smallest from that job's
+	// finalization to the callback's creation (database clock); nil when
+	// there was none.
 	Batches                                int
 	BatchCallbackCount, BatchCallbackEarly []string
 	BatchCallbackNotDone, BatchCountsWrong []string
+	BatchGapRun, BatchGapDB                *time.Duration
 }
 
 // Failures lists the violations in f, one line each; empty means the run

@@ -838,7 +838,14 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 				cbs++
 			}
 		}
-		p.note("batches: %d enqueued, %d callback jobs, %d callback reads recorded", fd.Batches, cbs, len(rs.batchSeen))
+		gap := func(d *time.Duration) string {
+			if d == nil {
+				return "-"
+			}
+			return d.Round(time.Microsecond).String()
+		}
+		p.note("batches: %d enqueued, %d callback jobs, %d callback reads recorded; callbacks at the soonest %s after their last job's run ended, created %s after its finalization (database clock)",
+			fd.Batches, cbs, len(rs.batchSeen), gap(fd.BatchGapRun), gap(fd.BatchGapDB))
 	}
 	if fd.Unacknowledged > 0 {
 		p.note("%d rows without an acknowledged enqueue (%d enqueues ended in an error)", fd.Unacknowledged, rs.ambiguous)
