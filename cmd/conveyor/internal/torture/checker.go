@@ -133,6 +133,11 @@ type FinalJob struct {
 	W int64
 	// Errors is the job's error history.
 	Errors []AttemptErr
+	// Batch is the batch whose callback the job is (conveyor.BatchOf), 0
+	// for other jobs.
+	Batch int64
+	// CreatedAt and FinalizedAt are as stored (the database's clock).
+	CreatedAt, FinalizedAt time.Time
 }
 
 // Event is a fault applied during a run.
@@ -195,6 +200,11 @@ type Input struct {
 	// save a lease, and the engine then cuts the handlers off before the
 	// lease can expire (see slowRenewal).
 	SlowRenewals map[int][]Renewal
+	// Batches are the batches the producers enqueued, and BatchSeen what
+	// each execution of a batch's callback read of its batch (see
+	// checkBatches).
+	Batches   []BatchRec
+	BatchSeen []BatchSeen
 }
 
 // Renewal is one lease renewal: when it was sent and when it returned.
@@ -255,7 +265,8 @@ type Findings struct {
 	PoisonNotDiscarded []int64
 	// Unacknowledged counts rows nobody recorded an acknowledgement for
 	// (an enqueue whose result was an error, or a producer killed between
-	// its commit and its record): allowed. Periodic jobs are not counted.
+	// its commit and its record): allowed. Periodic jobs and batch
+	// callbacks are not counted.
 	Unacknowledged int
 
 	// Unique jobs (see checkUnique). UniqueTold counts the committed
@@ -295,6 +306,23 @@ type Findings struct {
 	// Rate within one RatePeriod.
 	OverLimit, OverRate []string
 	LimitPeak, RatePeak map[string]int
+
+	// Batches (see checkBatches). Batches counts the recorded batches.
+	// BatchCallbackCount: a batch with two callback jobs, a finished one
+	// with none, or an unfinished one with one. BatchCallbackEarly: a
+	// callback enqueued before its batch's last job finished.
+	// BatchCallbackNotDone: a callback that did not end completed, or did
+	// without recording what it read. BatchCountsWrong: a callback that
+	// read counts of states other than its jobs' final states. All must
+	// be empty. BatchGapRun is the smallest time from the end of a
+	// batch's last job's finishing execution to its callback's first
+	// start (records), BatchGapDB the smallest from that job's
+	// finalization to the callback's creation (database clock); nil when
+	// there was none.
+	Batches                                int
+	BatchCallbackCount, BatchCallbackEarly []string
+	BatchCallbackNotDone, BatchCountsWrong []string
+	BatchGapRun, BatchGapDB                *time.Duration
 }
 
 // Failures lists the violations in f, one line each; empty means the run
@@ -325,6 +353,10 @@ func (f *Findings) Failures() []string {
 	add(len(f.PeriodicNotCompleted), "periodic jobs not completed", head(f.PeriodicNotCompleted))
 	add(len(f.OverLimit), "instants over a queue's MaxRunning", headS(f.OverLimit))
 	add(len(f.OverRate), "windows over a queue's Rate", headS(f.OverRate))
+	add(len(f.BatchCallbackCount), "batches without exactly one callback job once finished", headS(f.BatchCallbackCount))
+	add(len(f.BatchCallbackEarly), "batch callbacks enqueued before their last job finished", headS(f.BatchCallbackEarly))
+	add(len(f.BatchCallbackNotDone), "batch callbacks not completed", headS(f.BatchCallbackNotDone))
+	add(len(f.BatchCountsWrong), "batch callbacks that read wrong counts", headS(f.BatchCountsWrong))
 	return out
 }
 
@@ -432,7 +464,7 @@ func Check(in *Input) *Findings {
 				f.RolledBackPresent = append(f.RolledBackPresent, fmt.Sprintf("%s (job %d)", j.Token, id))
 			}
 		}
-		if _, ok := in.Acked[id]; !ok && j.Kind != KindTick {
+		if _, ok := in.Acked[id]; !ok && j.Kind != KindTick && j.Batch == 0 {
 			f.Unacknowledged++
 		}
 	}
@@ -534,6 +566,7 @@ func Check(in *Input) *Findings {
 	in.checkUnique(f, byJob)
 	in.checkPeriodic(f, byJob)
 	in.checkLimits(f, byJob)
+	in.checkBatches(f, byJob)
 	for _, s := range [][]int64{f.Lost, f.CompletedTwice, f.CompletionsUndone, f.StaleApplied, f.Stuck, f.PoisonNotDiscarded, f.PeriodicNotCompleted} {
 		sort.Slice(s, func(a, b int) bool { return s[a] < s[b] })
 	}

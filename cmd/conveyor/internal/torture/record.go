@@ -27,6 +27,8 @@ const (
 	lineBye      = "bye"      // the process stopped gracefully
 	lineReady    = "ready"    // a worker process started its client (and its periodic job)
 	lineSlowBeat = "slowbeat" // the engine reported a lease renewal slower than its interval (lab.OnSlowRenewal; At: when it returned, Took: how long it took)
+	lineBatch    = "bat"      // a batch's enqueue was acknowledged (Bat: its id, IDs: its jobs' ids)
+	lineBatchCB  = "cb"       // a batch's callback read its batch (Job, Att: the callback; Bat: the batch; C: the counts of its jobs' states)
 )
 
 // line is one record line; T says which fields are set. Times are Unix
@@ -59,6 +61,9 @@ type line struct {
 	// Cl is the attempt's AttemptedAt as the handler saw it (the
 	// database's clock at the claim).
 	Cl int64 `json:"cl,omitempty"`
+	// Bat is a batch's id and IDs its jobs' ids.
+	Bat int64   `json:"bat,omitempty"`
+	IDs []int64 `json:"ids,omitempty"`
 }
 
 // recorder appends lines to one file. Each line is one write(2) on an
@@ -146,6 +151,9 @@ type records struct {
 	bad      int            // unparsable lines (a write cut by a kill)
 	// slowBeats: the slow lease renewals each process logged.
 	slowBeats map[int][]Renewal
+	// batches: the batches enqueued; batchSeen: what their callbacks read.
+	batches   []BatchRec
+	batchSeen []BatchSeen
 }
 
 // readRecords parses every *.jsonl file in dir.
@@ -244,6 +252,10 @@ func readRecords(dir string) (*records, error) {
 				rs.counters[l.Proc] = l.C
 			case lineBye:
 				rs.bye[l.Proc] = true
+			case lineBatch:
+				rs.batches = append(rs.batches, BatchRec{ID: l.Bat, Jobs: l.IDs, At: time.Unix(0, l.At)})
+			case lineBatchCB:
+				rs.batchSeen = append(rs.batchSeen, BatchSeen{Job: l.Job, Attempt: l.Att, Batch: l.Bat, Counts: l.C})
 			case lineSlowBeat:
 				done := time.Unix(0, l.At)
 				rs.slowBeats[l.PID] = append(rs.slowBeats[l.PID], Renewal{Sent: done.Add(-time.Duration(l.Took)), Done: done})

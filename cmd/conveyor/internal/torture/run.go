@@ -528,7 +528,8 @@ func (p *phase) setUp(ctx context.Context) error {
 	lo, hi := limitedJobMS(p.rate)
 	prod := slices.Concat(common, []string{"--unique-share", rate(max(p.o.UniqueShare, 0)),
 		"--limited-share", rate(limitedShare), "--rated-share", rate(ratedShare),
-		"--limited-min-ms", strconv.Itoa(lo), "--limited-max-ms", strconv.Itoa(hi)}, p.producerArgs)
+		"--limited-min-ms", strconv.Itoa(lo), "--limited-max-ms", strconv.Itoa(hi),
+		"--batch-rate", rate(batchRate)}, p.producerArgs)
 	p.p2Args = slices.Concat(prod, []string{"--rate", rate(p.rate * (1 - share))})
 	p.producerArgs = slices.Concat(prod, []string{"--rate", rate(p.rate * share)}, p.p1Args)
 	for i := 1; i <= p.o.Workers; i++ {
@@ -629,12 +630,18 @@ func latest(a, b time.Time) time.Time {
 // PostgreSQL it checks Stats against the segment tables (see drainQueue).
 // A job Stats missed fails the phase.
 func (p *phase) drain(ctx context.Context) (left int64, err error) {
+	fired := map[int64]bool{}
 	stats := func(ctx context.Context) (int64, error) {
+		// Batches first: a callback enqueued after this reading is
+		// counted by the Stats below.
+		left, err := p.batchesUnfired(ctx, fired)
+		if err != nil {
+			return 0, err
+		}
 		st, err := p.client.Stats(ctx)
 		if err != nil {
 			return 0, err
 		}
-		var left int64
 		for _, q := range st.Queues {
 			for _, s := range []conveyor.JobState{"available", "scheduled", "running", "retryable"} {
 				left += q.Counts[s]
@@ -650,6 +657,36 @@ func (p *phase) drain(ctx context.Context) (left int64, err error) {
 		p.fail("drain: the client's Stats counted no unfinished job at %s, yet the tables held %d committed before it was called: %s",
 			clock(at), len(missed), strings.Join(head(missed), "; "))
 	})
+}
+
+// batchRate is how many batches each plain producer enqueues per second.
+const batchRate = 1.0
+
+// batchesUnfired counts the recorded batches whose callback has not been
+// enqueued yet (the maintenance leader enqueues it shortly after their
+// last job finished), skipping those in fired and adding the ones found
+// fired to it.
+func (p *phase) batchesUnfired(ctx context.Context, fired map[int64]bool) (int64, error) {
+	rs, err := readRecords(p.dir)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, b := range rs.batches {
+		if fired[b.ID] {
+			continue
+		}
+		got, err := p.client.Batch(ctx, b.ID)
+		if err != nil {
+			return 0, fmt.Errorf("batch %d: %w", b.ID, err)
+		}
+		if got.CallbackID != 0 {
+			fired[b.ID] = true
+			continue
+		}
+		n++
+	}
+	return n, nil
 }
 
 // drainQueue polls stats (the unfinished jobs Stats counts) every poll
@@ -754,7 +791,8 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 	in := &Input{Lease: p.o.Lease, Acked: rs.acked, RolledBack: rs.rolledBack, Execs: rs.execs,
 		Jobs: jobs, Events: events, Deaths: deaths, Poison: p.poison, Applied: rs.applied,
 		AppliedAt: rs.appliedAt, Told: rs.told, Tick: p.tick, TickStop: p.tickStop,
-		AsyncClaims: p.backend == "postgres", SlowRenewals: rs.slowBeats, Limits: p.limits}
+		AsyncClaims: p.backend == "postgres", SlowRenewals: rs.slowBeats, Limits: p.limits,
+		Batches: rs.batches, BatchSeen: rs.batchSeen}
 	for proc, at := range rs.ready {
 		pid := rs.pids[proc]
 		in.Ups = append(in.Ups, Up{Proc: proc, PID: pid, Ready: at, End: deaths[pid]})
@@ -793,6 +831,22 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 		row.Slots = -1
 	}
 	p.noteLimits(fd)
+	if fd.Batches > 0 {
+		cbs := 0
+		for _, j := range jobs {
+			if j.Batch != 0 {
+				cbs++
+			}
+		}
+		gap := func(d *time.Duration) string {
+			if d == nil {
+				return "-"
+			}
+			return d.Round(time.Microsecond).String()
+		}
+		p.note("batches: %d enqueued, %d callback jobs, %d callback reads recorded; callbacks at the soonest %s after their last job's run ended, created %s after its finalization (database clock)",
+			fd.Batches, cbs, len(rs.batchSeen), gap(fd.BatchGapRun), gap(fd.BatchGapDB))
+	}
 	if fd.Unacknowledged > 0 {
 		p.note("%d rows without an acknowledged enqueue (%d enqueues ended in an error)", fd.Unacknowledged, rs.ambiguous)
 	}
@@ -960,7 +1014,8 @@ func (p *phase) finalJobs(ctx context.Context) (map[int64]*FinalJob, error) {
 		}
 		for _, j := range page {
 			fj := &FinalJob{ID: j.ID, Queue: j.Queue, Kind: j.Kind, State: string(j.State), Attempt: j.Attempt,
-				MaxAttempts: j.MaxAttempts, ScheduledAt: j.ScheduledAt}
+				MaxAttempts: j.MaxAttempts, ScheduledAt: j.ScheduledAt, CreatedAt: j.CreatedAt, FinalizedAt: j.FinalizedAt}
+			fj.Batch, _ = conveyor.BatchOf(j)
 			var pl payload
 			if json.Unmarshal(j.EncodedArgs, &pl) == nil {
 				fj.Token, fj.U, fj.W = pl.Tok, pl.U, pl.W

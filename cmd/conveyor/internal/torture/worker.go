@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -84,13 +85,15 @@ type panicJob struct{ payload }
 type exitJob struct{ payload }
 type hangJob struct{ payload }
 type tickJob struct{ payload }
+type batchDoneJob struct{ payload }
 
-func (workJob) Kind() string   { return KindWork }
-func (dbworkJob) Kind() string { return KindDBWork }
-func (panicJob) Kind() string  { return KindPanic }
-func (exitJob) Kind() string   { return KindExit }
-func (hangJob) Kind() string   { return KindHang }
-func (tickJob) Kind() string   { return KindTick }
+func (workJob) Kind() string      { return KindWork }
+func (dbworkJob) Kind() string    { return KindDBWork }
+func (panicJob) Kind() string     { return KindPanic }
+func (exitJob) Kind() string      { return KindExit }
+func (hangJob) Kind() string      { return KindHang }
+func (tickJob) Kind() string      { return KindTick }
+func (batchDoneJob) Kind() string { return KindBatchDone }
 
 type torturePayload interface {
 	conveyor.JobArgs
@@ -120,6 +123,10 @@ type workerFlags struct {
 	// tickStop the file whose appearance stops it.
 	tick     time.Duration
 	tickStop string
+	// batchRate is how many batches (of batchSize work jobs and a
+	// KindBatchDone callback) a producer enqueues per second, beside its
+	// jobs (0: none).
+	batchRate float64
 	// threads and until are the burner's busy threads and deadline;
 	// blkio is a blkio cgroup the process joins before anything else.
 	threads int
@@ -156,6 +163,7 @@ func parseWorkerFlags(args []string, stderr io.Writer) (*workerFlags, error) {
 	fs.Float64Var(&w.ratedShare, "rated-share", 0, "producers: share of the jobs enqueued on "+QueueRated)
 	fs.IntVar(&w.limitedMinMS, "limited-min-ms", 100, "producers: shortest job on "+QueueLimited+" (ms)")
 	fs.IntVar(&w.limitedMaxMS, "limited-max-ms", 200, "producers: longest job on "+QueueLimited+" (ms)")
+	fs.Float64Var(&w.batchRate, "batch-rate", 0, "producer: batches per second (of "+strconv.Itoa(batchSize)+" jobs and a callback)")
 	fs.DurationVar(&w.tick, "tick", 0, "worker: interval of the periodic job (0: none)")
 	fs.StringVar(&w.tickStop, "tick-stop", "", "worker: the periodic job has no slot after the time written in this file, once it exists")
 	fs.IntVar(&w.threads, "threads", 0, "burn: busy threads (0: twice the CPUs)")
@@ -314,6 +322,23 @@ func runWorker(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.
 		select {} // ignores its context and never returns
 	})
 	add(c, rec, onOK, func(ctx context.Context, j *conveyor.Job[tickJob]) error { return sleep(ctx, j.Args.MS) })
+	add(c, rec, onOK, func(ctx context.Context, j *conveyor.Job[batchDoneJob]) error {
+		// A batch's callback: record what its batch says of its jobs.
+		id, ok := conveyor.BatchOf(j.JobInfo)
+		if !ok {
+			return errors.New("torture: a batch callback that names no batch")
+		}
+		b, err := c.Batch(ctx, id)
+		if err != nil {
+			return err
+		}
+		counts := map[string]int64{}
+		for st, n := range b.Counts {
+			counts[string(st)] = int64(n)
+		}
+		rec.write(line{T: lineBatchCB, Job: j.ID, Att: j.Attempt, Bat: id, C: counts})
+		return nil
+	})
 	if w.tick > 0 {
 		// Every worker process runs the schedule: the database must keep
 		// one job per slot whichever of them are killed, paused or
@@ -565,6 +590,15 @@ func runProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slo
 	defer c.Close()
 	fmt.Fprintln(stdout, "ready")
 	var seq atomic.Int64
+	var wg sync.WaitGroup
+	if w.batchRate > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pace(ctx, 1, w.batchRate, func(ctx context.Context) { enqueueBatch(ctx, c, w, rec, seq.Add(1)) })
+		}()
+	}
+	defer wg.Wait()
 	pace(ctx, w.goroutines, w.rate, func(ctx context.Context) {
 		n := seq.Add(1)
 		tok := fmt.Sprintf("%s:%d", w.proc, n)
@@ -591,6 +625,42 @@ func runProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slo
 		rec.write(l)
 	})
 	return nil
+}
+
+// batchSize is how many jobs a producer's batch holds.
+const batchSize = 5
+
+// enqueueBatch enqueues one batch of batchSize work jobs on Queue with a
+// KindBatchDone callback, and records each job's enqueue and the batch.
+func enqueueBatch(ctx context.Context, c *conveyor.Client[any], w *workerFlags, rec *recorder, n int64) {
+	items := make([]conveyor.EnqueueItem, batchSize)
+	toks := make([]string, batchSize)
+	for i := range items {
+		toks[i] = fmt.Sprintf("%s:%d.%d", w.proc, n, i)
+		spec := jobSpec{queue: Queue, kind: KindWork, ms: w.minMS + rand.IntN(max(1, w.maxMS-w.minMS+1))}
+		items[i] = conveyor.EnqueueItem{Args: conveyor.RawArgs{KindName: spec.kind, JSON: encodePayload(toks[i], spec)}, Opts: spec.opts()}
+	}
+	cb := conveyor.EnqueueItem{Args: conveyor.RawArgs{KindName: KindBatchDone,
+		JSON: encodePayload(fmt.Sprintf("%s:%d.cb", w.proc, n), jobSpec{kind: KindBatchDone, ms: 5})},
+		Opts: &conveyor.EnqueueOpts{Queue: Queue}}
+	// Not tied to ctx, like the jobs' enqueues.
+	ectx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	bid, ids, err := c.EnqueueBatch(ectx, items, cb)
+	cancel()
+	if err != nil {
+		for _, tok := range toks {
+			rec.write(line{T: lineAmbig, Tok: tok, Err: err.Error()})
+		}
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		return
+	}
+	for i, id := range ids {
+		rec.write(line{T: lineEnq, Job: id, Tok: toks[i], Kind: KindWork})
+	}
+	rec.write(line{T: lineBatch, Bat: bid, IDs: ids})
 }
 
 // txBeginner opens transactions of the type EnqueueTx takes on the
