@@ -21,7 +21,7 @@ type slot struct {
 	// claimed is the unix ns of the first execution's claim by the
 	// database's clock (the job's attempted_at), 0 when not recorded.
 	claimed atomic.Int64
-	execs atomic.Int32
+	execs   atomic.Int32
 }
 
 type chunk [chunkSize]slot
