@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 	"github.com/conveyorq/conveyor/internal/engine"
@@ -272,7 +273,12 @@ func (c *Client[TTx]) param(args JobArgs, o *EnqueueOpts, checkKinds bool) (driv
 		return p, fmt.Errorf("%w: run-at %v is not between year 2000 and %v from now", ErrInvalidOpts, p.RunAt, maxDelay)
 	case o.Timeout > maxTimeout:
 		return p, fmt.Errorf("%w: timeout %v over the %v limit", ErrInvalidOpts, o.Timeout, maxTimeout)
+	case len(o.Key) > MaxKeyBytes:
+		return p, fmt.Errorf("%w: key is %d bytes, over the %d-byte limit", ErrInvalidOpts, len(o.Key), MaxKeyBytes)
+	case !utf8.ValidString(o.Key) || strings.ContainsRune(o.Key, 0):
+		return p, fmt.Errorf("%w: key %q is not UTF-8 without NUL characters", ErrInvalidOpts, o.Key)
 	}
+	p.Key = o.Key
 	switch {
 	case o.Timeout < 0:
 		p.TimeoutMS = -1
@@ -629,7 +635,7 @@ func (c *Client[TTx]) withPaused(ctx context.Context, qs []driver.QueueStats, si
 		if limited {
 			l := QueueLimits(u.Limits)
 			q.Limits = &l
-			q.LimitUse = &LimitUse{Running: u.Running, Started: u.Started, NextStart: u.NextStart}
+			q.LimitUse = &LimitUse{Running: u.Running, Started: u.Started, NextStart: u.NextStart, KeysRunning: u.KeysRunning, KeyHeld: u.KeyHeld}
 		}
 		switch {
 		case q.Counts[JobStateAvailable] == 0:
@@ -639,6 +645,8 @@ func (c *Client[TTx]) withPaused(ctx context.Context, qs []driver.QueueStats, si
 			q.Held = HeldByConcurrency
 		case limited && u.Limits.Rate > 0 && u.Started >= u.Limits.Rate:
 			q.Held = HeldByRate
+		case limited && u.KeyHeld > 0 && u.KeyHeld >= q.Counts[JobStateAvailable]:
+			q.Held = HeldByKey
 		}
 	}
 	return s, nil

@@ -130,7 +130,16 @@ type EnqueueOpts struct {
 	// the arguments (JobArgsWithEnqueueOpts) is merged with the call's,
 	// the call's keys winning. It is not part of a unique job's key.
 	Metadata map[string]string
+	// Key is the job's limit key: a tenant, an account, a partner. The
+	// queue's per-key limits (QueueLimits.KeyMaxRunning, Ordered) apply
+	// to each key on its own; a job without a key is held only by the
+	// queue's own limits. 1 to MaxKeyBytes bytes of UTF-8 without NUL;
+	// "" means no key. It is not part of a unique job's key.
+	Key string
 }
+
+// MaxKeyBytes bounds EnqueueOpts.Key.
+const MaxKeyBytes = driver.MaxKeyBytes
 
 // MaxMetadataBytes bounds EnqueueOpts.Metadata encoded as a JSON object;
 // larger metadata is refused at enqueue with ErrInvalidOpts.
@@ -188,6 +197,9 @@ func resolveOpts(args JobArgs, call *EnqueueOpts) EnqueueOpts {
 	}
 	if call.Unique != nil {
 		o.Unique = call.Unique
+	}
+	if call.Key != "" {
+		o.Key = call.Key
 	}
 	switch {
 	case len(call.Metadata) == 0:
@@ -267,6 +279,8 @@ type JobInfo struct {
 	// Metadata is the job's metadata (EnqueueOpts.Metadata); nil when it
 	// has none.
 	Metadata map[string]string `json:",omitempty"`
+	// Key is the job's limit key (EnqueueOpts.Key), "" when it has none.
+	Key string `json:",omitempty"`
 	// Result is the JSON value the attempt that completed the job set
 	// with SetResult (or an HTTP worker sent with its completion); nil
 	// when the job is not completed or completed without one. Only
@@ -549,7 +563,7 @@ func jobInfo(r *driver.JobRow) *JobInfo {
 		Timeout:     time.Duration(r.TimeoutMS) * time.Millisecond,
 		ScheduledAt: r.ScheduledAt, CreatedAt: r.CreatedAt, AttemptedAt: r.AttemptedAt,
 		FinalizedAt: r.FinalizedAt, LeaseExpiresAt: r.LeaseExpiresAt, AttemptedBy: r.AttemptedBy,
-		Result: r.Result,
+		Result: r.Result, Key: r.Key,
 	}
 	for _, e := range r.Errors {
 		j.Errors = append(j.Errors, AttemptError(e))

@@ -34,6 +34,24 @@ type QueueLimits struct {
 	// RatePeriod is Rate's window, 1ms to 30 days; set when Rate is
 	// set, and only then.
 	RatePeriod time.Duration `json:"rate_period_ns,omitempty"`
+	// KeyMaxRunning is the most jobs with the same key (EnqueueOpts.Key)
+	// running at once across every process, 0 to 100000; 0 means no
+	// limit per key. Jobs without a key are not held by it. Held and
+	// freed as MaxRunning is; each key has its own slots.
+	KeyMaxRunning int `json:"key_max_running,omitempty"`
+	// Ordered makes the jobs of each key start one at a time, in the
+	// order they were enqueued, among the key's due jobs (a job enqueued
+	// for later takes its turn when it is due; priority orders keys'
+	// turns, not jobs within a key). It implies a KeyMaxRunning of 1
+	// (KeyMaxRunning must be 0 or 1). A job that failed and waits for
+	// its retry, or was snoozed, holds its key: no later job of the key
+	// starts until it completes, is discarded or is cancelled, while
+	// every other key goes on. Jobs without a key are not ordered.
+	Ordered bool `json:"ordered,omitempty"`
+	// OrderedMoveOn, with Ordered, lets a key's next job start while a
+	// failed job of the key waits for its retry; the failed job takes
+	// the key's next turn once it is due again (it is the key's oldest).
+	OrderedMoveOn bool `json:"ordered_move_on,omitempty"`
 }
 
 // Bounds of QueueLimits.
@@ -43,7 +61,7 @@ const (
 )
 
 // IsZero reports whether l limits nothing.
-func (l QueueLimits) IsZero() bool { return l.MaxRunning == 0 && l.Rate == 0 }
+func (l QueueLimits) IsZero() bool { return driver.QueueLimits(l).IsZero() }
 
 // check refuses limits that make no sense, naming the field.
 func (l QueueLimits) check(queue string) error {
@@ -59,6 +77,12 @@ func (l QueueLimits) check(queue string) error {
 		return bad("RatePeriod %v is out of range (1ms to %v) for a Rate of %d", l.RatePeriod, maxRatePeriod, l.Rate)
 	case l.Rate == 0 && l.RatePeriod != 0:
 		return bad("RatePeriod %v is set without a Rate", l.RatePeriod)
+	case l.KeyMaxRunning < 0 || l.KeyMaxRunning > maxLimitSlots:
+		return bad("KeyMaxRunning %d is out of range (0 for none, at most %d)", l.KeyMaxRunning, maxLimitSlots)
+	case l.Ordered && l.KeyMaxRunning > 1:
+		return bad("KeyMaxRunning %d with Ordered (an ordered key runs one job at a time: 0 or 1)", l.KeyMaxRunning)
+	case l.OrderedMoveOn && !l.Ordered:
+		return bad("OrderedMoveOn is set without Ordered")
 	}
 	return nil
 }
@@ -109,6 +133,9 @@ const (
 	HeldByRate = "rate"
 	// HeldByPause: the queue is paused.
 	HeldByPause = "paused"
+	// HeldByKey: every available job's key is at its KeyMaxRunning (or,
+	// Ordered, waits for an earlier job of the key).
+	HeldByKey = "key"
 )
 
 // LimitUse is how much of a limited queue's limits is in use.
@@ -121,4 +148,10 @@ type LimitUse struct {
 	// NextStart, when Started has reached Rate, is how long until the
 	// window has room again; 0 otherwise.
 	NextStart time.Duration `json:"next_start_ns,omitempty"`
+	// KeysRunning is the number of keys holding at least one of their
+	// slots (KeyMaxRunning, Ordered).
+	KeysRunning int `json:"keys_running,omitempty"`
+	// KeyHeld is the number of due available jobs that wait because
+	// their key has no slot free for them.
+	KeyHeld int64 `json:"key_held,omitempty"`
 }

@@ -158,7 +158,17 @@ type InsertParams struct {
 	// validated and bounded by the public package, stored in the meta
 	// column; nil stores NULL (no metadata).
 	Meta json.RawMessage
+	// Key is the job's limit key (a tenant, an account, a partner),
+	// stored in the lkey column; "" stores NULL (no key). Already
+	// validated by the public package: 1 to MaxKeyBytes bytes of UTF-8
+	// without NUL. The queue's key limits (QueueLimits.KeyMaxRunning,
+	// Ordered) apply per key; a job without a key is held only by the
+	// queue's own limits.
+	Key string
 }
+
+// MaxKeyBytes bounds a job's limit key (InsertParams.Key).
+const MaxKeyBytes = 255
 
 // Bits of InsertParams.UniqueKeep.
 const (
@@ -197,6 +207,8 @@ type JobRow struct {
 	// Meta is the job's metadata as stored (a JSON object), nil when it
 	// has none.
 	Meta json.RawMessage
+	// Key is the job's limit key, "" when it has none.
+	Key string
 	// Result is the JSON value the attempt that completed the job
 	// returned (Outcome.Result), nil when the job is not completed or
 	// completed without one. Only GetJob reads it; other reads leave it
@@ -309,10 +321,34 @@ type QueueLimits struct {
 	Rate int
 	// RatePeriod is the window of Rate; set exactly when Rate is.
 	RatePeriod time.Duration
+	// KeyMaxRunning is the most jobs with the same key (InsertParams.Key)
+	// running at once across every process; 0 means no limit per key.
+	// Jobs without a key are not held by it. Held like MaxRunning, by
+	// slot rows of their own (one per unit of the limit per key, made
+	// when a claim first needs them), from the claim that starts an
+	// attempt to the statement that ends it.
+	KeyMaxRunning int
+	// Ordered makes the jobs of each key start one at a time in the
+	// order they were enqueued (by id) among those due; KeyMaxRunning is
+	// then 1. A job of the key that failed and waits for its retry (or
+	// was snoozed) keeps its key's slot, so that no later job of the key
+	// starts before it completes, is discarded or is cancelled, unless
+	// OrderedMoveOn is set.
+	Ordered bool
+	// OrderedMoveOn, with Ordered, lets a key's next job start while a
+	// failed job of the key waits for its retry: the waiting job gives
+	// its slot back and takes its turn again (it is the key's oldest
+	// job) when it is due.
+	OrderedMoveOn bool
 }
 
 // IsZero reports whether l limits nothing.
-func (l QueueLimits) IsZero() bool { return l.MaxRunning == 0 && l.Rate == 0 }
+func (l QueueLimits) IsZero() bool {
+	return l.MaxRunning == 0 && l.Rate == 0 && l.KeyMaxRunning == 0 && !l.Ordered
+}
+
+// HasKeyLimits reports whether l limits jobs per key.
+func (l QueueLimits) HasKeyLimits() bool { return l.KeyMaxRunning > 0 || l.Ordered }
 
 // LimitUsage is a limited queue's limits and how much of them is in use,
 // read in one statement by the database's clock.
@@ -325,6 +361,13 @@ type LimitUsage struct {
 	// NextStart, when Started has reached Rate, is how long until the
 	// oldest of those starts leaves the window; 0 otherwise.
 	NextStart time.Duration
+	// KeysRunning is the number of keys with at least one key slot held
+	// (by a running attempt, or kept for an ordered key's retry).
+	KeysRunning int
+	// KeyHeld is the number of due available jobs whose key has no slot
+	// free for them: every slot of the key held, or (Ordered) kept for
+	// another job of the key.
+	KeyHeld int64
 }
 
 // ClaimResult is what ClaimLimited claimed, and whether the queue's limits
@@ -407,6 +450,28 @@ type Driver interface {
 	// attempt's slot in its own transaction; Rescue also frees slots
 	// whose holder is no longer running under the slot's fence. ClaimJob
 	// takes no slot.
+	//
+	// Key limits (KeyMaxRunning, Ordered): a job with a key is claimed
+	// only into a free slot of its key (a key slot row (queue, key, n),
+	// n < KeyMaxRunning, 1 when Ordered), taken in the same transaction,
+	// beside the queue's own slots. Key slot rows are made on demand by
+	// claims (INSERT of the missing ones, never waiting on a held one)
+	// and deleted by Rescue's sweep once free and unused for a while.
+	// The claim finds keys by walking the distinct keys of due jobs in
+	// key order from where the driver's last claim of the queue stopped
+	// (wrapping around), so that keys are served in rotation and the
+	// cost of a claim does not grow with the depth of any key; within a
+	// key it takes jobs by priority then id (Ordered: by id alone, the
+	// key's oldest due job only). A key slot kept for an ordered key's
+	// retry (see QueueLimits.Ordered) admits only the job it is kept
+	// for. Jobs without a key are claimed as in a queue without key
+	// limits, after the keyed ones, within the same queue limits. Held
+	// is true when due jobs were left because their keys had no free
+	// slot. The statements that end an attempt free its key slot as
+	// they free its queue slot, fenced the same way; a retryable or
+	// snoozed outcome in an Ordered queue without OrderedMoveOn keeps
+	// the slot for the job instead (its fence cleared), and Rescue's
+	// sweep frees a kept slot whose job is no longer waiting to run.
 	ClaimLimited(ctx context.Context, p ClaimParams) (ClaimResult, error)
 	// ClaimJob claims job id as Claim claims a job (state running, attempt
 	// incremented, fence token advanced, lease set from the database's clock,

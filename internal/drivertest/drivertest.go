@@ -89,6 +89,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		{"Periodic", periodic},
 		{"Pause", pause},
 		{"Limits", limits},
+		{"Keys", keys},
 		{"Processes", processes},
 		{"Admin", admin},
 		{"Stats", stats},
