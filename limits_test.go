@@ -33,6 +33,7 @@ type execution struct {
 	id         int64
 	start, end time.Time
 	by         string
+	failed     bool // the attempt failed (limitRig.failIf)
 }
 
 // executions is the test's log of executions, kept outside the queue.
@@ -97,6 +98,9 @@ type limitRig struct {
 	run     time.Duration // how long each execution takes
 	httpWG  sync.WaitGroup
 	stopped chan struct{}
+	// failIf, when set before start, fails every attempt of the jobs it
+	// picks (recorded as failed executions) instead of completing them.
+	failIf func(id int64) bool
 }
 
 const rigToken = "limits-test-token-0123456789"
@@ -126,6 +130,10 @@ func newLimitRig(t *testing.T, dsn string, l conveyor.QueueLimits, run time.Dura
 		if err := conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[limited]) error {
 			start := time.Now()
 			time.Sleep(r.run)
+			if r.failIf != nil && r.failIf(j.ID) {
+				r.log.add(execution{id: j.ID, start: start, end: time.Now(), by: name, failed: true})
+				return errors.New("poisoned")
+			}
 			r.log.add(execution{id: j.ID, start: start, end: time.Now(), by: name})
 			return nil
 		})); err != nil {
@@ -207,6 +215,15 @@ func (r *limitRig) httpWorker(name string) {
 		for _, j := range got.Jobs {
 			start := time.Now()
 			time.Sleep(r.run)
+			if r.failIf != nil && r.failIf(j.ID) {
+				r.log.add(execution{id: j.ID, start: start, end: time.Now(), by: name, failed: true})
+				status, err := r.post(fmt.Sprintf("/api/v1/jobs/%d/fail", j.ID), map[string]any{"fence": j.Fence, "error": "poisoned", "retry_in_ms": 10}, nil)
+				if err != nil || status != http.StatusOK {
+					r.t.Errorf("HTTP fail of job %d: %d %v", j.ID, status, err)
+					return
+				}
+				continue
+			}
 			r.log.add(execution{id: j.ID, start: start, end: time.Now(), by: name})
 			status, err := r.post(fmt.Sprintf("/api/v1/jobs/%d/complete", j.ID), map[string]any{"fence": j.Fence}, nil)
 			if err != nil || status != http.StatusOK {

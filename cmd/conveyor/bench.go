@@ -25,7 +25,7 @@ import (
 // queue commands' ./conveyor.db).
 func benchCmd(e *env, args []string) error {
 	f := e.flags("bench", "bench [--db DSN] [--workload W] [flags]", dbHelpScratch)
-	workload := f.String("workload", "drain", "drain, flow, latency, sweep, isolation, claims, steady, dashboard, http-enqueue, http-drain or limits")
+	workload := f.String("workload", "drain", "drain, flow, latency, sweep, isolation, claims, steady, dashboard, http-enqueue, http-drain, limits or keys")
 	workers := f.Int("workers", 0, "workers: the queue's MaxWorkers (default 100); claims: claiming goroutines (default 10)")
 	jobs := f.Int("jobs", 0, "jobs: drain 100000, latency 1000, claims 10000, isolation 300 cold jobs per phase; dashboard: jobs loaded; http-enqueue, http-drain: jobs per run (100000)")
 	duration := f.Duration("duration", 10*time.Second, "flow, steady: how long producers run (steady: then --recovery more)")
@@ -187,6 +187,8 @@ func printResults(w io.Writer, rs []*bench.Result) {
 		}
 	case "limits":
 		printLimits(tw, rs)
+	case "keys":
+		printKeys(tw, rs)
 	case "isolation":
 		fmt.Fprintln(tw, "cold queue\tworkers\tjobs\tp50 ms\tp95 ms\tp99 ms\tmax ms\tcall p50 ms\tcall p99 ms\tlost\tdup\thot jobs/s\thot backlog min\t")
 		for _, r := range rs {
@@ -334,6 +336,33 @@ func printSettings(w io.Writer, rs []*bench.Result) {
 // writeReport writes the HTML report (a variable so that tests can
 // replace it).
 var writeReport = report.WriteFile
+
+// printKeys prints a keys run: each phase's throughput against the phase
+// it is compared to, and the most executions of one key at once and the
+// out-of-order starts, counted outside the queue.
+func printKeys(tw *tabwriter.Writer, rs []*bench.Result) {
+	by := map[string]float64{}
+	for _, r := range rs {
+		by[r.Phase] = r.JobsPerS
+	}
+	fmt.Fprintln(tw, "phase	limits	keys	workers	jobs	seconds	jobs/s	ratio	peak per key	out of order	p99 ms	lost	dup	")
+	for _, r := range rs {
+		lim, ratio := "none", "-"
+		if l := r.Limits; l != nil {
+			switch {
+			case l.Ordered:
+				lim = "ordered"
+			case l.KeyMaxRunning > 0:
+				lim = fmt.Sprintf("%d per key", l.KeyMaxRunning)
+			}
+		}
+		if ref := by[r.Reference]; ref > 0 {
+			ratio = fmt.Sprintf("%.2f of %s", r.JobsPerS/ref, r.Reference)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.2f\t%.0f\t%s\t%d\t%d\t%s\t%d\t%d\t\n",
+			r.Phase, lim, r.Keys, r.Workers, r.Jobs, r.Seconds, r.JobsPerS, ratio, r.KeyPeakRunning, r.KeyReorders, ms(r.P99ms), r.Lost, r.Duplicates)
+	}
+}
 
 // printLimits prints a limits run: each phase's throughput, its ratio to
 // the unlimited drain (or to what its limit allows), and the most

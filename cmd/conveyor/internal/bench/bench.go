@@ -138,6 +138,8 @@ type Options struct {
 	Emit func(*Result)
 
 	label string // progress label
+	// keyOf, if set, gives drain's job seq its key (EnqueueOpts.Key).
+	keyOf func(seq int64) string
 	// held, if set, is called once a steady run's held transaction is
 	// open and its load is about to start (tests stop the run then).
 	held func()
@@ -236,6 +238,16 @@ type Result struct {
 	// Allowed, for a run held below its workers by a limit, is the
 	// jobs/s the limit allows (slots / work per job, or the rate).
 	Allowed float64 `json:"allowed_jobs_per_s,omitempty"`
+	// KeyPeakRunning is the most executions of one job key under way at
+	// once, counted by the handlers outside the queue (0: no keyed job).
+	KeyPeakRunning int64 `json:"key_peak_running,omitempty"`
+	// KeyReorders counts executions that started after a job of their
+	// key enqueued later had started (an ordered key must have none).
+	KeyReorders int64 `json:"key_reorders,omitempty"`
+	// Keys is the number of distinct job keys of a keys run's phase.
+	Keys int `json:"keys,omitempty"`
+	// Reference is the phase of the same run a keys phase is compared to.
+	Reference string `json:"reference,omitempty"`
 	// PickupP50ms and PickupP99ms, for a run whose limits bind, are the
 	// median and 99th percentile of how long a job freed by the limits
 	// waited to start: from the end that freed its concurrency slot, or
@@ -396,8 +408,10 @@ func RunAll(ctx context.Context, o Options) ([]*Result, error) {
 		rs, err = httpDrain(ctx, o)
 	case "limits":
 		rs, err = limits(ctx, o)
+	case "keys":
+		rs, err = keysWorkload(ctx, o)
 	default:
-		return nil, fmt.Errorf("bench: unknown workload %q (drain, flow, latency, sweep, isolation, claims, steady, dashboard, http-enqueue, http-drain, limits)", o.Workload)
+		return nil, fmt.Errorf("bench: unknown workload %q (drain, flow, latency, sweep, isolation, claims, steady, dashboard, http-enqueue, http-drain, limits, keys)", o.Workload)
 	}
 	return rs, err
 }
@@ -458,7 +472,13 @@ func openClient(ctx context.Context, o Options, queues map[string]int, recs map[
 		rec.Started(j.Args.Seq, time.Now())
 		rec.Claimed(j.Args.Seq, j.AttemptedAt)
 		rec.Begin()
+		if j.Key != "" {
+			rec.KeyBegin(j.Key, j.Args.Seq)
+		}
 		simulate(time.Duration(j.Args.WorkUS)*time.Microsecond, j.Args.Spin)
+		if j.Key != "" {
+			rec.KeyEnd(j.Key)
+		}
 		rec.End()
 		return nil
 	})); err != nil {
@@ -582,6 +602,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res.Waits = w.finish(ctx, res.Counters)
 	ferr := res.fill(rec.Summarize(), elapsed)
 	res.PeakRunning = rec.Peak()
+	res.KeyPeakRunning, res.KeyReorders = rec.KeyPeak(), rec.KeyReorders()
 	if o.Limits.Rate > 0 {
 		res.MaxStartsInWindow = rec.MaxInWindow(0, rec.Issued(), o.Limits.RatePeriod)
 	}
@@ -658,6 +679,13 @@ func drain(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Option
 		items := make([]conveyor.EnqueueItem, n)
 		for i := range items {
 			items[i] = conveyor.EnqueueItem{Args: mk(first + int64(i)), Opts: opts}
+			if o.keyOf != nil {
+				ko := conveyor.EnqueueOpts{Key: o.keyOf(first + int64(i))}
+				if opts != nil {
+					ko.RunAt = opts.RunAt
+				}
+				items[i].Opts = &ko
+			}
 		}
 		t0 := time.Now()
 		if _, err := c.EnqueueBulk(ctx, items); err != nil {

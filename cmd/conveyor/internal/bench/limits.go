@@ -97,6 +97,16 @@ func checkHeld(r *Result) error {
 	if rt := r.Limits.Rate; rt > 0 && r.MaxStartsInWindow > int64(rt) {
 		return fmt.Errorf("bench: %s: %d starts within %v under a Rate of %d", r.label(), r.MaxStartsInWindow, r.Limits.RatePeriod, rt)
 	}
+	perKey := int64(r.Limits.KeyMaxRunning)
+	if r.Limits.Ordered {
+		perKey = 1
+	}
+	if perKey > 0 && r.KeyPeakRunning > perKey {
+		return fmt.Errorf("bench: %s: %d executions of one key at once under a limit of %d per key", r.label(), r.KeyPeakRunning, perKey)
+	}
+	if r.Limits.Ordered && r.KeyReorders > 0 {
+		return fmt.Errorf("bench: %s: %d executions started after a later job of their ordered key", r.label(), r.KeyReorders)
+	}
 	return nil
 }
 

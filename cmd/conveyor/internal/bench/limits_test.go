@@ -43,3 +43,36 @@ func TestPickupWaitsRate(t *testing.T) {
 		t.Fatalf("median %v ms, want 2", q)
 	}
 }
+
+// The recorder's key counts catch what key limits must prevent: two jobs
+// of one key at once, and a key's later job started before an earlier
+// one; checkHeld turns them into errors for limited runs.
+func TestKeyRecorder(t *testing.T) {
+	r := NewRecorder()
+	r.KeyBegin("a", 0)
+	r.KeyEnd("a")
+	r.KeyBegin("a", 2)
+	r.KeyBegin("b", 1)
+	r.KeyEnd("b")
+	r.KeyEnd("a")
+	if r.KeyPeak() != 1 || r.KeyReorders() != 0 {
+		t.Fatalf("in order, one at a time: peak %d, reorders %d", r.KeyPeak(), r.KeyReorders())
+	}
+	r.KeyBegin("a", 1) // enqueued before 2, which started
+	r.KeyBegin("a", 3)
+	if r.KeyPeak() != 2 || r.KeyReorders() != 1 {
+		t.Fatalf("peak %d, reorders %d, want 2 and 1", r.KeyPeak(), r.KeyReorders())
+	}
+	res := &Result{Workload: "keys", Limits: &conveyor.QueueLimits{Ordered: true}, KeyPeakRunning: r.KeyPeak()}
+	if checkHeld(res) == nil {
+		t.Fatal("two executions of an ordered key at once passed the check")
+	}
+	res.KeyPeakRunning, res.KeyReorders = 1, 1
+	if checkHeld(res) == nil {
+		t.Fatal("an out-of-order start of an ordered key passed the check")
+	}
+	res = &Result{Workload: "keys", Limits: &conveyor.QueueLimits{KeyMaxRunning: 2}, KeyPeakRunning: 2, KeyReorders: 5}
+	if err := checkHeld(res); err != nil {
+		t.Fatalf("2 at once under 2 per key, unordered: %v", err)
+	}
+}

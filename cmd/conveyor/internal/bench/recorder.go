@@ -4,8 +4,10 @@
 package bench
 
 import (
+	"hash/maphash"
 	"math"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -35,7 +37,74 @@ type Recorder struct {
 	// running counts executions under way (Begin to End), peak the most
 	// at once: measured outside the queue, to check its limits.
 	running, peak atomic.Int64
+	// keys tracks executions per job key (KeyBegin, KeyEnd).
+	keys [keyShards]keyShard
+	// keyPeak is the most executions of one key at once; keyReorders
+	// counts starts of a key's job enqueued before one of the key that
+	// had already started.
+	keyPeak, keyReorders atomic.Int64
 }
+
+// keyShards spreads the keys' states over locks of their own, so that
+// workers of different keys rarely share one.
+const keyShards = 64
+
+var keySeed = maphash.MakeSeed()
+
+type keyShard struct {
+	mu sync.Mutex
+	m  map[string]*keyState
+}
+
+type keyState struct {
+	running int64
+	last    int64 // the highest sequence number started, -1 for none
+}
+
+func (r *Recorder) keyShard(key string) *keyShard {
+	return &r.keys[maphash.String(keySeed, key)%keyShards]
+}
+
+// KeyBegin records that an execution of job seq, of key key, began; KeyEnd
+// that it ended. KeyPeak is the most executions of one key at once, and
+// KeyReorders how many started after a later-enqueued job of their key
+// (sequence numbers are enqueue order).
+func (r *Recorder) KeyBegin(key string, seq int64) {
+	sh := r.keyShard(key)
+	sh.mu.Lock()
+	if sh.m == nil {
+		sh.m = map[string]*keyState{}
+	}
+	st := sh.m[key]
+	if st == nil {
+		st = &keyState{last: -1}
+		sh.m[key] = st
+	}
+	st.running++
+	n := st.running
+	if seq < st.last {
+		r.keyReorders.Add(1)
+	}
+	st.last = max(st.last, seq)
+	sh.mu.Unlock()
+	for p := r.keyPeak.Load(); n > p && !r.keyPeak.CompareAndSwap(p, n); p = r.keyPeak.Load() {
+	}
+}
+
+// KeyEnd records that an execution of key, begun with KeyBegin, ended.
+func (r *Recorder) KeyEnd(key string) {
+	sh := r.keyShard(key)
+	sh.mu.Lock()
+	sh.m[key].running--
+	sh.mu.Unlock()
+}
+
+// KeyPeak returns the most executions of one key under way at once.
+func (r *Recorder) KeyPeak() int64 { return r.keyPeak.Load() }
+
+// KeyReorders returns how many executions started after a job of their
+// key enqueued later had started.
+func (r *Recorder) KeyReorders() int64 { return r.keyReorders.Load() }
 
 // Begin records that an execution began; End that it ended. Peak is the
 // most executions under way at once.

@@ -136,6 +136,8 @@ type FinalJob struct {
 	// Batch is the batch whose callback the job is (conveyor.BatchOf), 0
 	// for other jobs.
 	Batch int64
+	// Key is the job's limit key, "" for none.
+	Key string
 	// CreatedAt and FinalizedAt are as stored (the database's clock).
 	CreatedAt, FinalizedAt time.Time
 }
@@ -306,6 +308,15 @@ type Findings struct {
 	// Rate within one RatePeriod.
 	OverLimit, OverRate []string
 	LimitPeak, RatePeak map[string]int
+	// Limits per key and ordered keys (see checkLimits, checkOrder).
+	// OverKey: instants at which more executions of one key were in
+	// progress than its queue allows per key (1 for an Ordered queue);
+	// OutOfOrder: a job of an ordered key that started before one
+	// enqueued before it. Both must be empty. KeyPeak is the most
+	// executions of one key at once; OrderedJobs counts the acknowledged
+	// jobs of ordered keys checked.
+	OverKey, OutOfOrder []string
+	KeyPeak, OrderedJobs int
 
 	// Batches (see checkBatches). Batches counts the recorded batches.
 	// BatchCallbackCount: a batch with two callback jobs, a finished one
@@ -353,6 +364,8 @@ func (f *Findings) Failures() []string {
 	add(len(f.PeriodicNotCompleted), "periodic jobs not completed", head(f.PeriodicNotCompleted))
 	add(len(f.OverLimit), "instants over a queue's MaxRunning", headS(f.OverLimit))
 	add(len(f.OverRate), "windows over a queue's Rate", headS(f.OverRate))
+	add(len(f.OverKey), "instants over a key's limit", headS(f.OverKey))
+	add(len(f.OutOfOrder), "jobs of an ordered key started out of order", headS(f.OutOfOrder))
 	add(len(f.BatchCallbackCount), "batches without exactly one callback job once finished", headS(f.BatchCallbackCount))
 	add(len(f.BatchCallbackEarly), "batch callbacks enqueued before their last job finished", headS(f.BatchCallbackEarly))
 	add(len(f.BatchCallbackNotDone), "batch callbacks not completed", headS(f.BatchCallbackNotDone))

@@ -74,11 +74,8 @@ func (in *Input) checkLimits(f *Findings, byJob map[int64][]Exec) {
 	if len(in.Limits) == 0 {
 		return
 	}
-	type span struct {
-		e          Exec
-		start, end time.Time
-	}
 	spans := map[string][]span{}
+	keySpans := map[[2]string][]span{} // by queue and key
 	claims := map[string][]Exec{}
 	for id, es := range byJob {
 		j := in.Jobs[id]
@@ -101,6 +98,10 @@ func (in *Input) checkLimits(f *Findings, byJob map[int64][]Exec) {
 			end := in.slotEnd(e, errAt[e.Attempt])
 			if end.After(e.Start) {
 				spans[j.Queue] = append(spans[j.Queue], span{e, e.Start, end})
+				if j.Key != "" {
+					k := [2]string{j.Queue, j.Key}
+					keySpans[k] = append(keySpans[k], span{e, e.Start, end})
+				}
 			}
 		}
 	}
@@ -110,46 +111,9 @@ func (in *Input) checkLimits(f *Findings, byJob map[int64][]Exec) {
 	for _, q := range slices.Sorted(maps.Keys(in.Limits)) {
 		l := in.Limits[q]
 		if l.MaxRunning > 0 {
-			ss := spans[q]
-			// Ends before starts at one instant: an interval is
-			// [start, end).
-			type edge struct {
-				at    time.Time
-				delta int
-				i     int
-			}
-			edges := make([]edge, 0, 2*len(ss))
-			for i, s := range ss {
-				edges = append(edges, edge{s.start, 1, i}, edge{s.end, -1, i})
-			}
-			sort.Slice(edges, func(a, b int) bool {
-				if !edges[a].at.Equal(edges[b].at) {
-					return edges[a].at.Before(edges[b].at)
-				}
-				return edges[a].delta < edges[b].delta
-			})
-			open := map[int]bool{}
-			peak := 0
-			for _, ed := range edges {
-				if ed.delta < 0 {
-					delete(open, ed.i)
-					continue
-				}
-				open[ed.i] = true
-				peak = max(peak, len(open))
-				if len(open) == l.MaxRunning+1 {
-					// Entering an excess: name what ran at that instant.
-					var who []string
-					for _, i := range slices.Sorted(maps.Keys(open)) {
-						s := ss[i]
-						who = append(who, fmt.Sprintf("job %d attempt %d on %s [%s, %s)", s.e.Job, s.e.Attempt, s.e.Proc, clock(s.start), clock(s.end)))
-					}
-					sort.Strings(who)
-					f.OverLimit = append(f.OverLimit, fmt.Sprintf("queue %s: %d running at %s, MaxRunning %d: %s",
-						q, len(open), clock(ed.at), l.MaxRunning, strings.Join(who, ", ")))
-				}
-			}
+			peak, over := overLimit(spans[q], l.MaxRunning, "queue "+q, "MaxRunning")
 			f.LimitPeak[q] = peak
+			f.OverLimit = append(f.OverLimit, over...)
 		}
 		if l.Rate > 0 {
 			var ts []time.Time
@@ -179,8 +143,138 @@ func (in *Input) checkLimits(f *Findings, byJob map[int64][]Exec) {
 			}
 		}
 	}
+	for _, k := range slices.SortedFunc(maps.Keys(keySpans), func(a, b [2]string) int { return strings.Compare(a[0]+"\x00"+a[1], b[0]+"\x00"+b[1]) }) {
+		l := in.Limits[k[0]]
+		per := l.KeyMaxRunning
+		if l.Ordered {
+			per = 1
+		}
+		if per <= 0 {
+			continue
+		}
+		peak, over := overLimit(keySpans[k], per, fmt.Sprintf("queue %s key %s", k[0], k[1]), "per key")
+		f.OverKey = append(f.OverKey, over...)
+		f.KeyPeak = maxInt(f.KeyPeak, peak)
+	}
+	in.checkOrder(f, byJob)
 	sort.Strings(f.OverLimit)
 	sort.Strings(f.OverRate)
+	sort.Strings(f.OverKey)
+	sort.Strings(f.OutOfOrder)
+}
+
+// Ordered keys as the records show them. The jobs of a key of an Ordered
+// queue start one at a time (checked with the limits per key above) in
+// the order they were enqueued. The torture enqueues each key's jobs one
+// after another from one goroutine, each once the last was acknowledged,
+// so that the order of ids is the order of enqueues; jobs whose enqueue
+// was not acknowledged are left out (one may have committed after a later
+// one). Of two acknowledged jobs A before B of one key: B may not have
+// started (its first recorded execution) before A's first start, and if
+// B ran at all, A must have run too, unless A ended cancelled or
+// discarded without running (by hand) or its claim was lost with a
+// database restart (then its first counted start is its next one).
+func (in *Input) checkOrder(f *Findings, byJob map[int64][]Exec) {
+	keyed := map[[2]string][]int64{}
+	for id, j := range in.Jobs {
+		if j.Key == "" || !in.Limits[j.Queue].Ordered {
+			continue
+		}
+		if _, ok := in.Acked[id]; !ok {
+			continue
+		}
+		k := [2]string{j.Queue, j.Key}
+		keyed[k] = append(keyed[k], id)
+	}
+	first := func(id int64) (time.Time, bool) {
+		es := byJob[id]
+		for i, e := range es {
+			if !in.lostClaim(e, es[i+1:]) {
+				return e.Start, true
+			}
+		}
+		return time.Time{}, false
+	}
+	for k, ids := range keyed {
+		slices.Sort(ids)
+		for i := 1; i < len(ids); i++ {
+			a, b := ids[i-1], ids[i]
+			tb, bRan := first(b)
+			if !bRan {
+				continue
+			}
+			ta, aRan := first(a)
+			switch {
+			case !aRan:
+				if st := in.Jobs[a].State; st == "cancelled" || st == "discarded" {
+					continue
+				}
+				f.OutOfOrder = append(f.OutOfOrder, fmt.Sprintf("queue %s key %s: job %d started at %s, job %d enqueued before it never ran (%s)",
+					k[0], k[1], b, clock(tb), a, in.Jobs[a].State))
+			case tb.Before(ta):
+				f.OutOfOrder = append(f.OutOfOrder, fmt.Sprintf("queue %s key %s: job %d started at %s, before job %d enqueued before it (at %s)",
+					k[0], k[1], b, clock(tb), a, clock(ta)))
+			}
+		}
+		f.OrderedJobs += len(ids)
+	}
+}
+
+// span is an execution's interval counted against a limit.
+type span struct {
+	e          Exec
+	start, end time.Time
+}
+
+// overLimit returns the most spans of ss in progress at one instant and
+// one finding (named by what and limit) per entry into an excess of max:
+// an interval is [start, end), so ends come before starts at one instant.
+func overLimit(ss []span, max int, what, limit string) (int, []string) {
+	type edge struct {
+		at    time.Time
+		delta int
+		i     int
+	}
+	edges := make([]edge, 0, 2*len(ss))
+	for i, s := range ss {
+		edges = append(edges, edge{s.start, 1, i}, edge{s.end, -1, i})
+	}
+	sort.Slice(edges, func(a, b int) bool {
+		if !edges[a].at.Equal(edges[b].at) {
+			return edges[a].at.Before(edges[b].at)
+		}
+		return edges[a].delta < edges[b].delta
+	})
+	open := map[int]bool{}
+	peak := 0
+	var out []string
+	for _, ed := range edges {
+		if ed.delta < 0 {
+			delete(open, ed.i)
+			continue
+		}
+		open[ed.i] = true
+		peak = maxInt(peak, len(open))
+		if len(open) == max+1 {
+			// Entering an excess: name what ran at that instant.
+			var who []string
+			for _, i := range slices.Sorted(maps.Keys(open)) {
+				s := ss[i]
+				who = append(who, fmt.Sprintf("job %d attempt %d on %s [%s, %s)", s.e.Job, s.e.Attempt, s.e.Proc, clock(s.start), clock(s.end)))
+			}
+			sort.Strings(who)
+			out = append(out, fmt.Sprintf("%s: %d running at %s, %s %d: %s",
+				what, len(open), clock(ed.at), limit, max, strings.Join(who, ", ")))
+		}
+	}
+	return peak, out
+}
+
+func maxInt(a, b int) int {
+	if a > b {
+		return a
+	}
+	return b
 }
 
 // lostClaim reports whether e's claim was lost in a database restart: a
@@ -249,10 +343,12 @@ func maxInWindow(ts []time.Time, d time.Duration) (int, time.Time) {
 // LimitsOf are the torture's limited queues and their limits for a run
 // whose producers enqueue rate jobs per second in all: QueueLimited runs
 // at most three jobs at once, QueueRated starts at most a fifth of the
-// enqueue rate per second (Rate 20 per second at the default 100).
+// enqueue rate per second (Rate 20 per second at the default 100),
+// QueueKeyed runs each key's jobs one at a time in enqueue order.
 func LimitsOf(rate float64) map[string]conveyor.QueueLimits {
 	return map[string]conveyor.QueueLimits{
 		QueueLimited: {MaxRunning: limitedMaxRunning},
 		QueueRated:   {Rate: max(2, int(rate/5+0.5)), RatePeriod: time.Second},
+		QueueKeyed:   {Ordered: true},
 	}
 }

@@ -220,3 +220,83 @@ func TestCheckerRateByClaims(t *testing.T) {
 		t.Fatalf("claims crowded, starts spread: over the rate %v", f.OverRate)
 	}
 }
+
+// keyedWorld is a world with QueueKeyed ordered and two keys whose jobs
+// ran one at a time in enqueue order: key a's jobs 30 (its process
+// killed mid-job, then run again), 31 and 33; key b's 32 and 34, beside
+// key a's.
+func keyedWorld() *world {
+	w := newWorld()
+	w.in.Limits = map[string]conveyor.QueueLimits{QueueKeyed: {Ordered: true}}
+	on := func(j *FinalJob, key string) { j.Queue, j.Key = QueueKeyed, key }
+	on(w.job(30, "completed", 2, expired(1)), "a")
+	w.exec(30, 1, 500, 1.0, 0, "")
+	w.event(EventKill, 500, 1.2, 1.2)
+	w.exec(30, 2, 200, 1.5, 1.7, OutcomeOK)
+	on(w.job(31, "completed", 1), "a")
+	w.exec(31, 1, 100, 1.7, 1.9, OutcomeOK)
+	on(w.job(32, "completed", 1), "b")
+	w.exec(32, 1, 300, 1.1, 1.8, OutcomeOK)
+	on(w.job(33, "completed", 1), "a")
+	w.exec(33, 1, 200, 2.0, 2.1, OutcomeOK)
+	on(w.job(34, "completed", 1), "b")
+	w.exec(34, 1, 300, 1.8, 2.5, OutcomeOK)
+	return w
+}
+
+func TestCheckerOrderedKeysRespected(t *testing.T) {
+	w := keyedWorld()
+	f := Check(w.in)
+	if fl := f.Failures(); len(fl) > 0 {
+		t.Fatalf("failures with ordered keys respected: %v", fl)
+	}
+	if f.KeyPeak != 1 || f.OrderedJobs != 5 {
+		t.Fatalf("key peak %d, ordered jobs %d; want 1 and 5", f.KeyPeak, f.OrderedJobs)
+	}
+}
+
+func TestCheckerReportsPlantedKeyFaults(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		plant func(w *world)
+		want  string
+	}{{
+		// Job 37 of key b runs beside job 34.
+		name: "two of a key at once",
+		plant: func(w *world) {
+			j := w.job(37, "completed", 1)
+			j.Queue, j.Key = QueueKeyed, "b"
+			w.exec(37, 1, 200, 2.4, 2.6, OutcomeOK)
+		},
+		want: "key b: 2 running",
+	}, {
+		// Job 31 of key a started before job 30 first did.
+		name: "overtaken",
+		plant: func(w *world) {
+			w.in.Execs = append(w.in.Execs, Exec{Job: 31, Attempt: 1, Kind: KindWork, PID: 400, Proc: "w4", Start: at(0.5), End: at(0.6), Outcome: OutcomeOK})
+		},
+		want: "job 31 started",
+	}, {
+		// Job 35 of key a still waits, though 36 after it ran; a job
+		// cancelled before it ran holds nothing.
+		name: "skipped",
+		plant: func(w *world) {
+			for id, st := range map[int64]string{35: "available", 36: "completed", 37: "cancelled", 38: "completed"} {
+				j := w.job(id, st, 0)
+				j.Queue, j.Key = QueueKeyed, "c"
+			}
+			w.exec(36, 1, 100, 2.2, 2.3, OutcomeOK)
+			w.exec(38, 1, 100, 2.4, 2.5, OutcomeOK)
+		},
+		want: "job 35 enqueued before it never ran",
+	}} {
+		t.Run(c.name, func(t *testing.T) {
+			w := keyedWorld()
+			c.plant(w)
+			fl := strings.Join(Check(w.in).Failures(), "\n")
+			if !strings.Contains(fl, c.want) {
+				t.Fatalf("failures %q, want one naming %q", fl, c.want)
+			}
+		})
+	}
+}

@@ -529,7 +529,7 @@ func (p *phase) setUp(ctx context.Context) error {
 	prod := slices.Concat(common, []string{"--unique-share", rate(max(p.o.UniqueShare, 0)),
 		"--limited-share", rate(limitedShare), "--rated-share", rate(ratedShare),
 		"--limited-min-ms", strconv.Itoa(lo), "--limited-max-ms", strconv.Itoa(hi),
-		"--batch-rate", rate(batchRate)}, p.producerArgs)
+		"--batch-rate", rate(batchRate), "--keyed-rate", rate(p.rate*keyedShare)}, p.producerArgs)
 	p.p2Args = slices.Concat(prod, []string{"--rate", rate(p.rate * (1 - share))})
 	p.producerArgs = slices.Concat(prod, []string{"--rate", rate(p.rate * share)}, p.p1Args)
 	for i := 1; i <= p.o.Workers; i++ {
@@ -894,6 +894,9 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 const (
 	limitedShare = 0.125
 	ratedShare   = 0.125
+	// keyedShare is the rate each producer process enqueues on
+	// QueueKeyed, as a share of the run's rate.
+	keyedShare = 0.05
 )
 
 // limitedJobMS bounds the durations of QueueLimited's jobs for an enqueue
@@ -921,6 +924,12 @@ func (p *phase) noteLimits(fd *Findings) {
 		}
 		if l.Rate > 0 {
 			p.note("%s: at most %d claims within %v (Rate %d)", q, fd.RatePeak[q], l.RatePeriod, l.Rate)
+		}
+		if l.Ordered {
+			p.note("%s: %d jobs of ordered keys checked, at most %d of one key at once", q, fd.OrderedJobs, fd.KeyPeak)
+			if fd.OrderedJobs == 0 {
+				p.fail("%s: no acknowledged job of an ordered key: the order was never checked", q)
+			}
 		}
 	}
 }
@@ -1016,6 +1025,7 @@ func (p *phase) finalJobs(ctx context.Context) (map[int64]*FinalJob, error) {
 			fj := &FinalJob{ID: j.ID, Queue: j.Queue, Kind: j.Kind, State: string(j.State), Attempt: j.Attempt,
 				MaxAttempts: j.MaxAttempts, ScheduledAt: j.ScheduledAt, CreatedAt: j.CreatedAt, FinalizedAt: j.FinalizedAt}
 			fj.Batch, _ = conveyor.BatchOf(j)
+			fj.Key = j.Key
 			var pl payload
 			if json.Unmarshal(j.EncodedArgs, &pl) == nil {
 				fj.Token, fj.U, fj.W = pl.Tok, pl.U, pl.W

@@ -44,6 +44,16 @@ const (
 	QueueRated   = "torture-rated"
 )
 
+// QueueKeyed is the torture's queue of ordered keys (Ordered, see
+// LimitsOf), worked by every ordinary worker process: each producer
+// process enqueues the jobs of keyedKeys keys of its own, each key's
+// jobs one after another (see runKeyed).
+const QueueKeyed = "torture-keyed"
+
+// keyedKeys is how many keys each producer process enqueues on
+// QueueKeyed.
+const keyedKeys = 4
+
 // limitedMaxRunning is QueueLimited's MaxRunning.
 const limitedMaxRunning = 3
 
@@ -119,6 +129,9 @@ type workerFlags struct {
 	// limitedMaxMS bound the duration of a QueueLimited job.
 	limitedShare, ratedShare   float64
 	limitedMinMS, limitedMaxMS int
+	// keyedRate is the rate of a producer's jobs on QueueKeyed, in jobs
+	// per second over its keyedKeys keys (0: none).
+	keyedRate float64
 	// tick is the interval of the workers' periodic job (0: none), and
 	// tickStop the file whose appearance stops it.
 	tick     time.Duration
@@ -161,6 +174,7 @@ func parseWorkerFlags(args []string, stderr io.Writer) (*workerFlags, error) {
 	fs.Float64Var(&w.uniqueShare, "unique-share", 0, "producers: share of the jobs that are unique, with keys from small pools")
 	fs.Float64Var(&w.limitedShare, "limited-share", 0, "producers: share of the jobs enqueued on "+QueueLimited)
 	fs.Float64Var(&w.ratedShare, "rated-share", 0, "producers: share of the jobs enqueued on "+QueueRated)
+	fs.Float64Var(&w.keyedRate, "keyed-rate", 0, "producers: jobs per second enqueued on "+QueueKeyed+", over keys of their own")
 	fs.IntVar(&w.limitedMinMS, "limited-min-ms", 100, "producers: shortest job on "+QueueLimited+" (ms)")
 	fs.IntVar(&w.limitedMaxMS, "limited-max-ms", 200, "producers: longest job on "+QueueLimited+" (ms)")
 	fs.Float64Var(&w.batchRate, "batch-rate", 0, "producer: batches per second (of "+strconv.Itoa(batchSize)+" jobs and a callback)")
@@ -243,6 +257,7 @@ func workerConfig(w *workerFlags, logger *slog.Logger) *conveyor.Config {
 		// each with room for more than the limits let run.
 		queues[QueueLimited] = conveyor.QueueConfig{MaxWorkers: w.workers}
 		queues[QueueRated] = conveyor.QueueConfig{MaxWorkers: w.workers}
+		queues[QueueKeyed] = conveyor.QueueConfig{MaxWorkers: w.workers}
 	}
 	return &conveyor.Config{
 		Queues:          queues,
@@ -497,6 +512,7 @@ type jobSpec struct {
 	u      string
 	w      int64
 	unique *conveyor.UniqueOpts
+	lkey   string // the job's limit key (EnqueueOpts.Key)
 }
 
 // The torture's unique options (see uniqueKeyOf).
@@ -510,7 +526,7 @@ func (s jobSpec) key() string { return uniqueKeyOf(s.kind, Queue, s.u, s.w) }
 
 // opts are the spec's enqueue options.
 func (s jobSpec) opts() *conveyor.EnqueueOpts {
-	return &conveyor.EnqueueOpts{Queue: s.queue, Unique: s.unique}
+	return &conveyor.EnqueueOpts{Queue: s.queue, Unique: s.unique, Key: s.lkey}
 }
 
 func (w *workerFlags) nextJob(n int64) jobSpec {
@@ -598,6 +614,15 @@ func runProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slo
 			pace(ctx, 1, w.batchRate, func(ctx context.Context) { enqueueBatch(ctx, c, w, rec, seq.Add(1)) })
 		}()
 	}
+	if w.keyedRate > 0 {
+		for i := range keyedKeys {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				runKeyed(ctx, c, w, rec, fmt.Sprintf("%s-k%d", w.proc, i), &seq)
+			}()
+		}
+	}
 	defer wg.Wait()
 	pace(ctx, w.goroutines, w.rate, func(ctx context.Context) {
 		n := seq.Add(1)
@@ -625,6 +650,33 @@ func runProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slo
 		rec.write(l)
 	})
 	return nil
+}
+
+// runKeyed enqueues jobs of key on QueueKeyed, one at a time, each once
+// the last was acknowledged (or refused), at keyedRate / keyedKeys jobs
+// per second, until ctx ends: the order of the key's acknowledged ids is
+// the order of its enqueues, which the checker holds its starts to.
+func runKeyed(ctx context.Context, c *conveyor.Client[any], w *workerFlags, rec *recorder, key string, seq *atomic.Int64) {
+	interval := time.Duration(float64(keyedKeys) * float64(time.Second) / w.keyedRate)
+	for {
+		// Jittered, so that the keys of one producer do not enqueue in
+		// lockstep.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval/2 + rand.N(interval)):
+		}
+		tok := fmt.Sprintf("%s:%d", w.proc, seq.Add(1))
+		spec := jobSpec{queue: QueueKeyed, kind: KindWork, ms: 5 + rand.IntN(30), lkey: key}
+		ectx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		res, err := c.EnqueueMany(ectx, []conveyor.EnqueueItem{{Args: conveyor.RawArgs{KindName: spec.kind, JSON: encodePayload(tok, spec)}, Opts: spec.opts()}})
+		cancel()
+		if err != nil {
+			rec.write(line{T: lineAmbig, Tok: tok, Err: err.Error()})
+			continue
+		}
+		rec.write(line{T: lineEnq, Job: res[0].ID, Tok: tok, Kind: spec.kind})
+	}
 }
 
 // batchSize is how many jobs a producer's batch holds.

@@ -1,0 +1,182 @@
+package conveyor_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/testdb"
+)
+
+// enqueueKeyed enqueues one job of the rig's queue per key of keys, in
+// order, and returns their ids.
+func (r *limitRig) enqueueKeyed(keys []string) []int64 {
+	r.t.Helper()
+	ids := make([]int64, len(keys))
+	for i, k := range keys {
+		id, err := r.a.Enqueue(context.Background(), limited{N: i}, &conveyor.EnqueueOpts{Queue: r.queue, Key: k})
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		ids[i] = id
+	}
+	return ids
+}
+
+// The limit per key holds across processes and protocols: two in-process
+// clients and an HTTP worker (11 workers in all) never run more than
+// KeyMaxRunning jobs of one key at once, by the executions recorded
+// outside the queue, reach it, run jobs without a key beside them, and
+// run every job exactly once.
+func TestKeyLimitAcrossClients(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		const perKey = 2
+		r := newLimitRig(t, dsn, conveyor.QueueLimits{KeyMaxRunning: perKey}, 40*time.Millisecond)
+		var keys []string
+		for i := 0; i < 12; i++ {
+			keys = append(keys, "acme", "globex", "initech", "")
+		}
+		ids := r.enqueueKeyed(keys)
+		keyOf := map[int64]string{}
+		for i, id := range ids {
+			keyOf[id] = keys[i]
+		}
+		r.start()
+		xs := r.waitAll(ids, 2*time.Minute)
+		byKey := map[string][]execution{}
+		for _, x := range xs {
+			byKey[keyOf[x.id]] = append(byKey[keyOf[x.id]], x)
+		}
+		reached := false
+		for _, k := range []string{"acme", "globex", "initech"} {
+			p := peak(byKey[k], time.Time{})
+			if p > perKey {
+				t.Fatalf("%d jobs of key %s ran at once, over KeyMaxRunning %d", p, k, perKey)
+			}
+			reached = reached || p == perKey
+		}
+		if !reached {
+			t.Fatalf("no key ever ran %d jobs at once with 11 workers and a backlog", perKey)
+		}
+		if p := peak(byKey[""], time.Time{}); p <= perKey {
+			t.Logf("jobs without a key peaked at %d at once", p)
+		}
+		if j := jobState(t, r.a, ids[0]); j.Key != "acme" {
+			t.Fatalf("job %d has key %q, want acme", ids[0], j.Key)
+		}
+	})
+}
+
+// Ordered keys hold across processes and protocols, and a failing job
+// holds only its own key: 20 keys of 5 jobs each run one at a time per
+// key in enqueue order, while the first job of a 21st key fails at every
+// attempt and none of that key's later jobs starts.
+func TestOrderedKeysWithPoisonedKey(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		r := newLimitRig(t, dsn, conveyor.QueueLimits{Ordered: true}, 5*time.Millisecond)
+		var keys []string
+		for j := 0; j < 5; j++ {
+			keys = append(keys, "poison")
+			for k := 0; k < 20; k++ {
+				keys = append(keys, fmt.Sprintf("tenant-%02d", k))
+			}
+		}
+		ids := r.enqueueKeyed(keys)
+		keyOf := map[int64]string{}
+		var healthy []int64
+		poison := []int64{}
+		for i, id := range ids {
+			keyOf[id] = keys[i]
+			if keys[i] == "poison" {
+				poison = append(poison, id)
+			} else {
+				healthy = append(healthy, id)
+			}
+		}
+		r.failIf = func(id int64) bool { return keyOf[id] == "poison" }
+		r.start()
+		waitFor(t, "every healthy job completed", 2*time.Minute, func() bool {
+			for _, id := range healthy {
+				if jobState(t, r.a, id).State != conveyor.JobStateCompleted {
+					return false
+				}
+			}
+			return true
+		})
+		// Let the poisoned head fail a few more times.
+		waitFor(t, "the poisoned head retried", time.Minute, func() bool {
+			return jobState(t, r.a, poison[0]).Attempt >= 3
+		})
+		xs := r.log.snapshot()
+		byKey := map[string][]execution{}
+		for _, x := range xs {
+			byKey[keyOf[x.id]] = append(byKey[keyOf[x.id]], x)
+		}
+		for k, runs := range byKey {
+			if p := peak(runs, time.Time{}); p > 1 {
+				t.Fatalf("%d jobs of ordered key %s ran at once", p, k)
+			}
+			slices.SortFunc(runs, func(a, b execution) int { return a.start.Compare(b.start) })
+			for i := 1; i < len(runs); i++ {
+				if runs[i].id < runs[i-1].id {
+					t.Fatalf("key %s ran job %d after job %d: out of enqueue order", k, runs[i].id, runs[i-1].id)
+				}
+			}
+			if k != "poison" && len(runs) != 5 {
+				t.Fatalf("key %s ran %d times, want its 5 jobs once each", k, len(runs))
+			}
+		}
+		for _, x := range byKey["poison"] {
+			if x.id != poison[0] {
+				t.Fatalf("job %d of the poisoned key ran while its first job waits for a retry", x.id)
+			}
+		}
+		for _, id := range poison[1:] {
+			if st := jobState(t, r.a, id).State; st != conveyor.JobStateAvailable {
+				t.Fatalf("job %d of the poisoned key is %s, want available (held by its key)", id, st)
+			}
+		}
+		st, err := r.a.Stats(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range st.Queues {
+			if q.Queue == r.queue && (q.LimitUse == nil || q.LimitUse.KeyHeld < 1) {
+				t.Fatalf("stats of %s: %+v, want the poisoned key's jobs counted as held by their key", r.queue, q.LimitUse)
+			}
+		}
+	})
+}
+
+// A bad key is refused at enqueue, naming what was wrong, and nothing is
+// enqueued; a bad combination of key limits is refused naming the field.
+func TestKeyInput(t *testing.T) {
+	c := openDropped(t, backends[0].dsn(t), fast(testdb.Prefix()))
+	ctx := context.Background()
+	for _, bad := range []string{strings.Repeat("k", conveyor.MaxKeyBytes+1), "a\x00b", "\xff"} {
+		_, err := c.Enqueue(ctx, limited{}, &conveyor.EnqueueOpts{Key: bad})
+		if !errors.Is(err, conveyor.ErrInvalidOpts) || !strings.Contains(err.Error(), "key") {
+			t.Fatalf("key %q: %v, want ErrInvalidOpts naming the key", bad, err)
+		}
+	}
+	if n := totalJobs(t, c); n != 0 {
+		t.Fatalf("%d jobs stored after refused enqueues", n)
+	}
+	for _, l := range []conveyor.QueueLimits{
+		{KeyMaxRunning: -1}, {KeyMaxRunning: 100001}, {Ordered: true, KeyMaxRunning: 2}, {OrderedMoveOn: true},
+	} {
+		err := c.SetQueueLimits(ctx, "q", l)
+		if !errors.Is(err, conveyor.ErrInvalidOpts) {
+			t.Fatalf("limits %+v: %v, want ErrInvalidOpts", l, err)
+		}
+	}
+	got, err := c.QueueLimits(ctx)
+	if err != nil || len(got) != 0 {
+		t.Fatalf("limits after refused changes: %v, %v", got, err)
+	}
+}
