@@ -315,7 +315,7 @@ type Findings struct {
 	// enqueued before it. Both must be empty. KeyPeak is the most
 	// executions of one key at once; OrderedJobs counts the acknowledged
 	// jobs of ordered keys checked.
-	OverKey, OutOfOrder []string
+	OverKey, OutOfOrder  []string
 	KeyPeak, OrderedJobs int
 
 	// Batches (see checkBatches). Batches counts the recorded batches.

@@ -529,7 +529,7 @@ func (p *phase) setUp(ctx context.Context) error {
 	prod := slices.Concat(common, []string{"--unique-share", rate(max(p.o.UniqueShare, 0)),
 		"--limited-share", rate(limitedShare), "--rated-share", rate(ratedShare),
 		"--limited-min-ms", strconv.Itoa(lo), "--limited-max-ms", strconv.Itoa(hi),
-		"--batch-rate", rate(batchRate), "--keyed-rate", rate(p.rate*keyedShare)}, p.producerArgs)
+		"--batch-rate", rate(batchRate), "--keyed-rate", rate(p.rate * keyedShare)}, p.producerArgs)
 	p.p2Args = slices.Concat(prod, []string{"--rate", rate(p.rate * (1 - share))})
 	p.producerArgs = slices.Concat(prod, []string{"--rate", rate(p.rate * share)}, p.p1Args)
 	for i := 1; i <= p.o.Workers; i++ {
