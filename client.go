@@ -286,7 +286,7 @@ func (c *Client[TTx]) param(args JobArgs, o *EnqueueOpts, checkKinds bool) (driv
 		p.TimeoutMS = max(1, o.Timeout.Milliseconds())
 	}
 	var err error
-	if p.Meta, err = encodeMetadata(o.Metadata); err != nil {
+	if p.Meta, err = encodeMetadata(o.Metadata, o.reserved); err != nil {
 		return p, err
 	}
 	if p.Args, err = encodeArgs(args, c.maxArgs); err != nil {

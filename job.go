@@ -136,7 +136,17 @@ type EnqueueOpts struct {
 	// queue's own limits. 1 to MaxKeyBytes bytes of UTF-8 without NUL;
 	// "" means no key. It is not part of a unique job's key.
 	Key string
+
+	// reserved is metadata conveyor itself gives the job (keys under
+	// ReservedMetadataPrefix), added after Metadata is checked.
+	reserved map[string]string
 }
+
+// ReservedMetadataPrefix starts the metadata keys conveyor gives jobs
+// itself (a batch callback's batch, a workflow job's failure policy). An
+// enqueue whose Metadata has a key with this prefix is refused with
+// ErrInvalidOpts.
+const ReservedMetadataPrefix = "conveyor."
 
 // MaxKeyBytes bounds EnqueueOpts.Key.
 const MaxKeyBytes = driver.MaxKeyBytes
@@ -200,6 +210,9 @@ func resolveOpts(args JobArgs, call *EnqueueOpts) EnqueueOpts {
 	}
 	if call.Key != "" {
 		o.Key = call.Key
+	}
+	if call.reserved != nil {
+		o.reserved = call.reserved
 	}
 	switch {
 	case len(call.Metadata) == 0:
@@ -534,7 +547,22 @@ func encodeArgs(args JobArgs, limit int) (json.RawMessage, error) {
 // encodeMetadata encodes metadata as the JSON object stored with the job,
 // nil for none, refusing what the databases could not store faithfully
 // and anything over MaxMetadataBytes.
-func encodeMetadata(m map[string]string) (json.RawMessage, error) {
+func encodeMetadata(m, reserved map[string]string) (json.RawMessage, error) {
+	for k := range m {
+		if strings.HasPrefix(k, ReservedMetadataPrefix) {
+			return nil, fmt.Errorf("%w: metadata key %q: keys starting with %q are reserved for conveyor", ErrInvalidOpts, k, ReservedMetadataPrefix)
+		}
+	}
+	if len(reserved) > 0 {
+		all := make(map[string]string, len(m)+len(reserved))
+		for k, v := range m {
+			all[k] = v
+		}
+		for k, v := range reserved {
+			all[k] = v
+		}
+		m = all
+	}
 	if len(m) == 0 {
 		return nil, nil
 	}

@@ -166,3 +166,24 @@ func TestMetadata(t *testing.T) {
 		}
 	})
 }
+
+// Keys under ReservedMetadataPrefix are conveyor's own: an enqueue that
+// sets one is refused, naming the key, and stores nothing, whether the
+// call or the arguments' declared options set it; a workflow still
+// marks its dependents with its own.
+func TestMetadataReservedPrefix(t *testing.T) {
+	c := openDropped(t, backends[0].dsn(t), fast(testdb.Prefix()))
+	ctx := context.Background()
+	for _, key := range []string{"conveyor.batch_id", "conveyor.anything"} {
+		_, err := c.Enqueue(ctx, traced{N: 1}, &conveyor.EnqueueOpts{Metadata: map[string]string{key: "7"}})
+		if !errors.Is(err, conveyor.ErrInvalidOpts) || !strings.Contains(err.Error(), key) {
+			t.Fatalf("metadata key %q: %v, want ErrInvalidOpts naming it", key, err)
+		}
+	}
+	if n := totalJobs(t, c); n != 0 {
+		t.Fatalf("%d jobs stored after refused enqueues", n)
+	}
+	if _, err := c.Enqueue(ctx, traced{N: 2}, &conveyor.EnqueueOpts{Metadata: map[string]string{"conveyorx": "ok", "tenant": "conveyor.x"}}); err != nil {
+		t.Fatalf("keys outside the prefix: %v", err)
+	}
+}

@@ -90,12 +90,7 @@ func (c *Client[TTx]) enqueueWorkflow(ctx context.Context, tx any, jobs []Workfl
 			o = *j.Opts
 		}
 		if len(j.DependsOn) > 0 && cancel {
-			m := make(map[string]string, len(o.Metadata)+1)
-			for key, v := range o.Metadata {
-				m[key] = v
-			}
-			m[workflowCancelKey] = "1"
-			o.Metadata = m
+			o.reserved = map[string]string{workflowCancelKey: "1"}
 		}
 		items[k] = EnqueueItem{Args: j.Args, Opts: &o}
 	}
