@@ -341,13 +341,13 @@ var writeReport = report.WriteFile
 // it is compared to, and the most executions of one key at once and the
 // out-of-order starts, counted outside the queue.
 func printKeys(tw *tabwriter.Writer, rs []*bench.Result) {
-	by := map[string]float64{}
+	by, small := map[string]float64{}, map[string]float64{}
 	for _, r := range rs {
-		by[r.Phase] = r.JobsPerS
+		by[r.Phase], small[r.Phase] = r.JobsPerS, r.SmallP99ms
 	}
-	fmt.Fprintln(tw, "phase	limits	keys	workers	jobs	seconds	jobs/s	ratio	peak per key	out of order	p99 ms	lost	dup	")
+	fmt.Fprintln(tw, "phase\tlimits\tkeys\tworkers\tjobs\tseconds\tjobs/s\tratio\tpeak per key\tout of order\tp99 ms\tsmall keys p50/p99 ms\tlost\tdup\t")
 	for _, r := range rs {
-		lim, ratio := "none", "-"
+		lim, ratio, sm := "none", "-", "-"
 		if l := r.Limits; l != nil {
 			switch {
 			case l.Ordered:
@@ -356,11 +356,17 @@ func printKeys(tw *tabwriter.Writer, rs []*bench.Result) {
 				lim = fmt.Sprintf("%d per key", l.KeyMaxRunning)
 			}
 		}
-		if ref := by[r.Reference]; ref > 0 {
-			ratio = fmt.Sprintf("%.2f of %s", r.JobsPerS/ref, r.Reference)
+		switch {
+		case r.SmallP99ms > 0:
+			sm = ms(r.SmallP50ms) + " / " + ms(r.SmallP99ms)
+			if ref := small[r.Reference]; ref > 0 {
+				ratio = fmt.Sprintf("small p99 %.2fx %s", r.SmallP99ms/ref, r.Reference)
+			}
+		case by[r.Reference] > 0:
+			ratio = fmt.Sprintf("%.2f of %s", r.JobsPerS/by[r.Reference], r.Reference)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.2f\t%.0f\t%s\t%d\t%d\t%s\t%d\t%d\t\n",
-			r.Phase, lim, r.Keys, r.Workers, r.Jobs, r.Seconds, r.JobsPerS, ratio, r.KeyPeakRunning, r.KeyReorders, ms(r.P99ms), r.Lost, r.Duplicates)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.2f\t%.0f\t%s\t%d\t%d\t%s\t%s\t%d\t%d\t\n",
+			r.Phase, lim, r.Keys, r.Workers, r.Jobs, r.Seconds, r.JobsPerS, ratio, r.KeyPeakRunning, r.KeyReorders, ms(r.P99ms), sm, r.Lost, r.Duplicates)
 	}
 }
 

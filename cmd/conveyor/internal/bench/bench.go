@@ -140,6 +140,9 @@ type Options struct {
 	label string // progress label
 	// keyOf, if set, gives drain's job seq its key (EnqueueOpts.Key).
 	keyOf func(seq int64) string
+	// flood is the keys-flood workload's count of jobs of one key
+	// enqueued before the small keys' (0: none).
+	flood int
 	// held, if set, is called once a steady run's held transaction is
 	// open and its load is about to start (tests stop the run then).
 	held func()
@@ -248,6 +251,11 @@ type Result struct {
 	Keys int `json:"keys,omitempty"`
 	// Reference is the phase of the same run a keys phase is compared to.
 	Reference string `json:"reference,omitempty"`
+	// SmallP50ms and SmallP99ms, in a keys run's flood phases, are the
+	// percentiles of the small keys' jobs' enqueue-commit-to-start
+	// latency.
+	SmallP50ms float64 `json:"small_p50_ms,omitempty"`
+	SmallP99ms float64 `json:"small_p99_ms,omitempty"` // see SmallP50ms
 	// PickupP50ms and PickupP99ms, for a run whose limits bind, are the
 	// median and 99th percentile of how long a job freed by the limits
 	// waited to start: from the end that freed its concurrency slot, or
@@ -589,6 +597,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		elapsed, err = drain(ctx, c, rec, o, mk)
 	case "latency":
 		elapsed, err = latency(ctx, c, rec, o, mk)
+	case "keys-flood":
+		elapsed, err = keysFlood(ctx, c, rec, o, mk, res)
 	case "flow":
 		res.Producers = o.Producers
 		res.Unique = o.Unique

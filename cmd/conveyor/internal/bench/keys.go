@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/conveyorq/conveyor"
 )
@@ -13,6 +14,12 @@ const (
 	keysLimitKeys   = 10000 // keys of the key-limit-1 phase
 	keysOrderedKeys = 1000  // keys of the ordered-1000 phase
 	keysDeepKeys    = 200   // keys of the ordered-deep phase
+	// The flood phases: small keys of a few jobs each, enqueued one at a
+	// time every keysSmallEvery, under a KeyMaxRunning of keysFloodLimit.
+	keysSmallKeys  = 100
+	keysSmallJobs  = 10
+	keysSmallEvery = 2 * time.Millisecond
+	keysFloodLimit = 5
 )
 
 // keysWorkload measures what key limits cost, in one run on fresh tables
@@ -25,7 +32,13 @@ const (
 //   - ordered-deep: 200 keys of o.Jobs/200 jobs each, enqueued key after
 //     key, Ordered;
 //   - ordered-wide: every job its own key, Ordered: against ordered-deep,
-//     whether a claim's cost grows with the depth of the keys.
+//     whether a claim's cost grows with the depth of the keys;
+//   - small-keys: 100 keys of 10 jobs each, enqueued one at a time every
+//     2ms while the workers run, under a KeyMaxRunning of 5: their
+//     enqueue-to-start latency (SmallP50ms, SmallP99ms) is the reference
+//     of
+//   - flood: the same, after o.Jobs jobs of one key were enqueued: a key
+//     with a deep backlog must not delay the small keys' jobs.
 //
 // Each run checks, from executions counted by the handlers outside the
 // queue, that no key ran more jobs at once than its limit and that no
@@ -51,8 +64,35 @@ func keysWorkload(ctx context.Context, o Options) ([]*Result, error) {
 		{"ordered-wide", conveyor.QueueLimits{Ordered: true}, o.Jobs,
 			func(i int64) string { return fmt.Sprintf("k%07d", i) }, "unlimited"},
 	}
+	floods := []struct {
+		name  string
+		flood int
+		ref   string
+	}{{"small-keys", 0, ""}, {"flood", o.Jobs, "small-keys"}}
 	var rs []*Result
 	var errs []error
+	for _, ph := range floods {
+		ro := o
+		ro.Workload, ro.Limits, ro.flood = "keys-flood", conveyor.QueueLimits{KeyMaxRunning: keysFloodLimit}, ph.flood
+		ro.label = "keys " + ph.name
+		ro.Emit = nil
+		r, err := Run(ctx, ro)
+		if r == nil {
+			return rs, errors.Join(append(errs, err)...)
+		}
+		r.Workload, r.Phase, r.Keys, r.Reference = "keys", ph.name, keysSmallKeys+min(ph.flood, 1), ph.ref
+		if err == nil {
+			err = checkHeld(r)
+		}
+		o.emit(r)
+		rs = append(rs, r)
+		if err != nil {
+			errs = append(errs, err)
+			if ctx.Err() != nil {
+				return rs, errors.Join(errs...)
+			}
+		}
+	}
 	for _, ph := range phases {
 		ro := o
 		ro.Workload, ro.Limits, ro.keyOf = "drain", ph.limits, ph.keyOf
@@ -76,4 +116,55 @@ func keysWorkload(ctx context.Context, o Options) ([]*Result, error) {
 		}
 	}
 	return rs, errors.Join(errs...)
+}
+
+// keysFlood runs a flood phase of the keys workload (see keysWorkload):
+// o.flood jobs of key "flood" enqueued in bulk before the workers start,
+// then the small keys' jobs one at a time while they run; it records the
+// small keys' latency in res and returns the time from the start of the
+// workers to the last job's completion.
+func keysFlood(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Options, mk func(int64) Job, res *Result) (time.Duration, error) {
+	flood := &conveyor.EnqueueOpts{Key: "flood"}
+	for off := 0; off < o.flood; off += 10000 {
+		n := min(10000, o.flood-off)
+		first := rec.Reserve(n)
+		items := make([]conveyor.EnqueueItem, n)
+		for i := range items {
+			items[i] = conveyor.EnqueueItem{Args: mk(first + int64(i)), Opts: flood}
+		}
+		t0 := time.Now()
+		if _, err := c.EnqueueBulk(ctx, items); err != nil {
+			return 0, err
+		}
+		t1 := time.Now()
+		for i := range items {
+			rec.Enqueued(first+int64(i), t0, t1)
+		}
+	}
+	small := keysSmallKeys * keysSmallJobs
+	total := int64(o.flood + small)
+	stop := make(chan struct{})
+	wg := progress(o.Progress, o.label, total, func() int64 { return c.Counters().Map()["completed"] }, stop)
+	defer func() { close(stop); wg.Wait() }()
+	t0 := time.Now()
+	if err := c.Start(ctx); err != nil {
+		return 0, err
+	}
+	from := rec.Issued()
+	tick := time.NewTicker(keysSmallEvery)
+	defer tick.Stop()
+	for i := 0; i < small; i++ {
+		<-tick.C
+		seq := rec.Next()
+		call := time.Now()
+		if _, err := c.Enqueue(ctx, mk(seq), &conveyor.EnqueueOpts{Key: fmt.Sprintf("s%03d", i%keysSmallKeys)}); err != nil {
+			return 0, err
+		}
+		rec.Enqueued(seq, call, time.Now())
+	}
+	err := waitCompleted(ctx, c, total, o.Timeout)
+	el := time.Since(t0)
+	s := rec.SummarizeRange(from, from+int64(small))
+	res.SmallP50ms, res.SmallP99ms = float64(s.P50.Microseconds())/1000, float64(s.P99.Microseconds())/1000
+	return el, err
 }
