@@ -347,11 +347,11 @@ func printKeys(tw *tabwriter.Writer, rs []*bench.Result) {
 	}
 	fmt.Fprintln(tw, "phase\tlimits\tkeys\tworkers\tjobs\tseconds\tjobs/s\tratio\tpeak per key\tout of order\tp99 ms\tsmall keys p50/p99 ms\tlost\tdup\t")
 	for _, r := range rs {
-		lim, ratio, sm := "none", "-", "-"
+		lim, ratio, sm, order := "none", "-", "-", "-"
 		if l := r.Limits; l != nil {
 			switch {
 			case l.Ordered:
-				lim = "ordered"
+				lim, order = "ordered", fmt.Sprint(r.KeyReorders)
 			case l.KeyMaxRunning > 0:
 				lim = fmt.Sprintf("%d per key", l.KeyMaxRunning)
 			}
@@ -365,8 +365,8 @@ func printKeys(tw *tabwriter.Writer, rs []*bench.Result) {
 		case by[r.Reference] > 0:
 			ratio = fmt.Sprintf("%.2f of %s", r.JobsPerS/by[r.Reference], r.Reference)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.2f\t%.0f\t%s\t%d\t%d\t%s\t%s\t%d\t%d\t\n",
-			r.Phase, lim, r.Keys, r.Workers, r.Jobs, r.Seconds, r.JobsPerS, ratio, r.KeyPeakRunning, r.KeyReorders, ms(r.P99ms), sm, r.Lost, r.Duplicates)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.2f\t%.0f\t%s\t%d\t%s\t%s\t%s\t%d\t%d\t\n",
+			r.Phase, lim, r.Keys, r.Workers, r.Jobs, r.Seconds, r.JobsPerS, ratio, r.KeyPeakRunning, order, ms(r.P99ms), sm, r.Lost, r.Duplicates)
 	}
 }
 
