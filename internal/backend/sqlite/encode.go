@@ -235,11 +235,10 @@ func scanJob(s scanner) (*driver.JobRow, error) {
 		attemptedAt, finalizedAt, leaseAt sql.NullInt64
 		attemptedBy                       sql.NullString
 		meta                              []byte // NULL scans as nil, without allocating
-		lkey                              sql.NullString
 	)
 	if err := s.Scan(&j.ID, &j.Queue, &j.Kind, &args, &j.State, &j.Priority, &j.Attempt,
 		&j.MaxAttempts, &j.TimeoutMS, &scheduled, &created, &attemptedAt, &finalizedAt,
-		&leaseAt, &attemptedBy, &errs, &j.Fence, &meta, &lkey); err != nil {
+		&leaseAt, &attemptedBy, &errs, &j.Fence, &meta, &j.Key); err != nil {
 		return nil, err
 	}
 	if len(meta) > 0 {
@@ -258,7 +257,6 @@ func scanJob(s scanner) (*driver.JobRow, error) {
 		j.LeaseExpiresAt = fromUS(leaseAt.Int64)
 	}
 	j.AttemptedBy = attemptedBy.String
-	j.Key = lkey.String
 	if errs != "" && errs != "[]" {
 		if err := json.Unmarshal([]byte(errs), &j.Errors); err != nil {
 			return nil, fmt.Errorf("job %d: decoding errors column: %w", j.ID, err)

@@ -537,9 +537,10 @@ func scanEnds(rows *sql.Rows, err error, ids *[]int64, keyed *[]keyEnd) error {
 		return err
 	}
 	defer rows.Close()
+	// Declared once: each variable Scan is given escapes to the heap.
+	var id int64
+	var key, queue sql.NullString
 	for rows.Next() {
-		var id int64
-		var key, queue sql.NullString
 		if err := rows.Scan(&id, &key, &queue); err != nil {
 			return err
 		}

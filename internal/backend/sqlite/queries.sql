@@ -18,7 +18,7 @@ CAST(ROUND(unixepoch('subsec') * 1000000) AS INTEGER)
 -- name: job_columns
 id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
 scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
-attempted_by, errors, fence, meta, lkey
+attempted_by, errors, fence, meta, coalesce(lkey, '')
 
 -- name: insert
 -- ?1: [[queue, kind, args as a JSON string, priority, max_attempts,
@@ -755,7 +755,9 @@ UPDATE {p}jobs
 RETURNING {cols}
 
 -- name: claim_unkeyed
--- claim, for the jobs without a key of a key-limited queue.
+-- claim, for the jobs without a key of a key-limited queue. It walks
+-- jobs_claim, which carries lkey, past the queue's keyed jobs ahead of
+-- them in claim order (index entries only, no row read).
 UPDATE {p}jobs
    SET state = 'running',
        attempt = attempt + 1,

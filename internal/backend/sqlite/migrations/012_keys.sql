@@ -12,6 +12,15 @@ ALTER TABLE {p}jobs ADD COLUMN lkey TEXT
 CREATE INDEX {p}jobs_key ON {p}jobs (queue, lkey, priority, id)
     WHERE state = 'available' AND lkey IS NOT NULL
 -- split
+-- The claim index carries the key, so that a claim of a key-limited
+-- queue finds its jobs without a key (lkey IS NULL) within the index,
+-- without reading the rows of the keyed jobs it passes. A job without a
+-- key adds one byte of record header to its entry.
+DROP INDEX {p}jobs_claim
+-- split
+CREATE INDEX {p}jobs_claim ON {p}jobs (queue, priority, scheduled_at, id, lkey)
+    WHERE state = 'available'
+-- split
 -- An ordered key's head: its oldest due job by id.
 CREATE INDEX {p}jobs_key_order ON {p}jobs (queue, lkey, id)
     WHERE state = 'available' AND lkey IS NOT NULL
