@@ -784,11 +784,11 @@ UPDATE {p}key_slots SET job_id = ?4, fence = ?5, used_at = ?6
 -- jobs finished by hand). Frees the slot each holds under that fence, or
 -- keeps it for the job (fence cleared) when the job waits for its retry
 -- (retryable, or scheduled by a snooze) in an ordered queue without
--- move-on; also frees a slot kept for the job. One primary key range per
--- job.
+-- move-on. A slot already kept for the job (fence NULL: the job ran by
+-- ClaimJob, which takes no slot, or was finished by hand) is matched too,
+-- and kept or freed alike. One primary key range per job.
 UPDATE {p}key_slots AS s
    SET job_id = CASE WHEN o.st IN ('retryable', 'scheduled')
-                      AND s.fence IS NOT NULL
                       AND (SELECT key_order FROM {p}queues WHERE name = o.q) = 1
                      THEN s.job_id END,
        fence = NULL
