@@ -251,6 +251,10 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: complete %d outcomes: %w", len(outcomes), err)
 	}
+	freeKeys, err := d.prepared(ctx, d.q.FreeKeySlots)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: complete %d outcomes: %w", len(outcomes), err)
+	}
 	// Completions run on the write connection, ahead of every write
 	// waiting for it, not on the lease path's: they are as frequent as
 	// claims and inserts, and each switch of connection makes the other
@@ -274,7 +278,7 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 			return err
 		}
 		if len(keyed) > 0 {
-			if err := d.freeKeySlots(ctx, tx, outcomeEnds(keyed, outcomes)); err != nil {
+			if _, err := tx.StmtContext(ctx, freeKeys).ExecContext(ctx, encodeKeyEnds(outcomeEnds(keyed, outcomes))); err != nil {
 				return err
 			}
 		}
@@ -568,6 +572,12 @@ func outcomeEnds(keyed []keyEnd, outcomes []driver.Outcome) []keyEnd {
 
 // freeKeySlots runs free_key_slots in tx for ends.
 func (d *Driver) freeKeySlots(ctx context.Context, tx *sql.Tx, ends []keyEnd) error {
+	_, err := tx.ExecContext(ctx, d.q.FreeKeySlots, encodeKeyEnds(ends))
+	return err
+}
+
+// encodeKeyEnds encodes [[id, fence, state, queue, key], ...].
+func encodeKeyEnds(ends []keyEnd) string {
 	b := []byte{'['}
 	for i, e := range ends {
 		if i > 0 {
@@ -586,6 +596,5 @@ func (d *Driver) freeKeySlots(ctx context.Context, tx *sql.Tx, ends []keyEnd) er
 		b = append(b, ']')
 	}
 	b = append(b, ']')
-	_, err := tx.ExecContext(ctx, d.q.FreeKeySlots, string(b))
-	return err
+	return string(b)
 }
