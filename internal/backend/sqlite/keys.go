@@ -47,10 +47,11 @@ type keyPick struct {
 // when ordered), and reports whether due jobs with a key were left for
 // want of a slot of their key. It walks the distinct keys of the queue's
 // due jobs from the key after the queue's cursor, wrapping around once,
-// and for each key makes its missing slot rows and admits jobs into its
-// open slots: a slot kept for a job admits only that job, when it is due;
-// free slots admit the key's next due jobs by priority then id (ordered:
-// its oldest due job, and none while a slot of the key is kept). It
+// and for each key makes the missing slot rows it can use and admits
+// jobs into its open slots: a slot kept for a job admits only that job,
+// when it is due; free slots admit the key's next due jobs by priority
+// then id (ordered: its oldest due job, and none while a slot of the key
+// is kept). It
 // examines at most 4k+64 keys, so that its cost depends neither on the
 // number of keys with no room nor on any key's depth. The jobs admitted
 // are claimed together and each takes its slot.
@@ -86,31 +87,21 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		}
 		examined++
 		cur, last = key, key
-		if _, err := addSlots.ExecContext(ctx, p.Queue, key, keyMax); err != nil {
-			return nil, false, err
-		}
-		var free []int64
-		var kept []keyPick
-		rows, err := openSlots.QueryContext(ctx, p.Queue, key, keyMax)
+		free, kept, seen, err := keySlots(ctx, openSlots, p.Queue, key, keyMax)
 		if err != nil {
 			return nil, false, err
 		}
-		for rows.Next() {
-			var n int64
-			var job sql.NullInt64
-			if err := rows.Scan(&n, &job); err != nil {
-				rows.Close()
+		if room := k - len(picks); seen < keyMax && len(free) < room {
+			// Some of the key's slots are missing: make those below
+			// seen+room that are, at least room-len(free) more free
+			// slots (all the key's slots when its limit is small),
+			// so that a large limit costs rows only as claims use them.
+			if _, err := addSlots.ExecContext(ctx, p.Queue, key, min(keyMax, seen+room)); err != nil {
 				return nil, false, err
 			}
-			if job.Valid {
-				kept = append(kept, keyPick{id: job.Int64, key: key, n: n})
-			} else {
-				free = append(free, n)
+			if free, kept, _, err = keySlots(ctx, openSlots, p.Queue, key, keyMax); err != nil {
+				return nil, false, err
 			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return nil, false, err
 		}
 		if len(free) == 0 && len(kept) == 0 {
 			held = true // the key's due jobs wait for its slots
@@ -134,7 +125,8 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		// The key's next jobs, one more than the free slots can take
 		// (and the jobs kept slots are kept for, read past) to tell
 		// whether some are left waiting.
-		take := min(len(free), k-len(picks))
+		room := k - len(picks)
+		take := min(len(free), room)
 		ids, err := queryInts(ctx, keyJobs, p.Queue, key, take+len(kept)+1)
 		if err != nil {
 			return nil, false, err
@@ -151,8 +143,8 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 			}
 			left = true
 		}
-		if left && taken == len(free) {
-			held = true
+		if left && len(free) < room {
+			held = true // the key's limit, not the claim's room, left them
 		}
 	}
 	if last != "" {
@@ -202,6 +194,34 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		}
 	}
 	return out, held, nil
+}
+
+// keySlots reads key's slots below keyMax with st (open_key_slots): the
+// numbers of the free ones, the kept ones with their job, and how many
+// rows there are.
+func keySlots(ctx context.Context, st *sql.Stmt, queue, key string, keyMax int) (free []int64, kept []keyPick, seen int, err error) {
+	rows, err := st.QueryContext(ctx, queue, key, keyMax)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var n int64
+		var job sql.NullInt64
+		var open bool
+		if err := rows.Scan(&n, &job, &open); err != nil {
+			return nil, nil, 0, err
+		}
+		seen++
+		switch {
+		case !open:
+		case job.Valid:
+			kept = append(kept, keyPick{id: job.Int64, key: key, n: n})
+		default:
+			free = append(free, n)
+		}
+	}
+	return free, kept, seen, rows.Err()
 }
 
 // queryInts runs st, a query returning integers.

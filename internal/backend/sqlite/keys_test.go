@@ -114,3 +114,30 @@ func TestKeySlotsSwept(t *testing.T) {
 		t.Fatalf("after the sweep: %d free, %d held key slots; want none", free, held)
 	}
 }
+
+// TestLargeKeyLimitMakesFewSlots checks that a key's slot rows are made
+// as claims use them, not all of a large KeyMaxRunning at once.
+func TestLargeKeyLimitMakesFewSlots(t *testing.T) {
+	d := migrated(t)
+	ctx := context.Background()
+	var jobs []driver.InsertParams
+	for i := 0; i < 5; i++ {
+		jobs = append(jobs, driver.InsertParams{Queue: "big", Kind: "k", Key: "a"})
+	}
+	if _, err := d.Insert(ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "big", driver.QueueLimits{KeyMaxRunning: maxKeyMaxRunning}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []int{2, 3} {
+		r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "big", Limit: want, Lease: time.Minute, Worker: "w"})
+		if err != nil || len(r.Rows) != want || r.Held {
+			t.Fatalf("claimed %d (held %v), %v; want %d", len(r.Rows), r.Held, err, want)
+		}
+	}
+	var n int
+	if err := d.DB().QueryRow(`SELECT count(*) FROM conveyor_key_slots`).Scan(&n); err != nil || n != 5 {
+		t.Fatalf("%d key slot rows (%v) for 5 jobs running, want 5", n, err)
+	}
+}

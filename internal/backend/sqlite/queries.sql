@@ -708,18 +708,19 @@ SELECT lkey FROM {p}jobs INDEXED BY {p}jobs_key
  LIMIT 1
 
 -- name: add_key_slots
--- ?1 queue, ?2 key, ?3 key_max_running: the key's slots 0 .. ?3-1 that
--- are missing, free, used now.
+-- ?1 queue, ?2 key, ?3 a count up to key_max_running: the key's slots
+-- 0 .. ?3-1 that are missing, free, used now.
 WITH RECURSIVE s(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM s WHERE n + 1 < ?3)
 INSERT INTO {p}key_slots (queue, lkey, n, used_at)
 SELECT ?1, ?2, n, {now} FROM s WHERE n < ?3
 ON CONFLICT DO NOTHING
 
 -- name: open_key_slots
--- ?1 queue, ?2 key, ?3 key_max_running: the key's slots below the limit
--- that are free (job_id NULL) or kept for a job (fence NULL), in order.
-SELECT n, job_id FROM {p}key_slots
- WHERE queue = ?1 AND lkey = ?2 AND n < ?3 AND (job_id IS NULL OR fence IS NULL)
+-- ?1 queue, ?2 key, ?3 key_max_running: the key's slots below the limit,
+-- in order, with whether each is open: free (job_id NULL) or kept for a
+-- job (fence NULL). Fewer rows than the limit: some are to be made.
+SELECT n, job_id, job_id IS NULL OR fence IS NULL FROM {p}key_slots
+ WHERE queue = ?1 AND lkey = ?2 AND n < ?3
  ORDER BY n
 
 -- name: kept_job_due
