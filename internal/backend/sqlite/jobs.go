@@ -306,12 +306,6 @@ func queryIDs(ctx context.Context, conn execer, query string, ids *[]int64, args
 	return appendIDs(rows, err, ids)
 }
 
-// stmtIDs is queryIDs with a prepared statement.
-func stmtIDs(ctx context.Context, st *sql.Stmt, ids *[]int64, args ...any) error {
-	rows, err := st.QueryContext(ctx, args...)
-	return appendIDs(rows, err, ids)
-}
-
 // appendIDs appends the ids rows returns.
 func appendIDs(rows *sql.Rows, err error, ids *[]int64) error {
 	if err != nil {
