@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -171,4 +172,54 @@ func BenchmarkInsert(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "jobs/s")
+}
+
+// BenchmarkClaimKeyed drains b.N jobs spread over 1000 keys (one deep key
+// holding a tenth of them) from a queue limited to 2 running jobs per
+// key: claims of 100 and a Complete of what each claimed, as
+// BenchmarkClaimComplete does for a queue without limits.
+func BenchmarkClaimKeyed(b *testing.B) {
+	d := benchDriver(b, 0)
+	ctx := context.Background()
+	jobs := make([]driver.InsertParams, b.N)
+	for i := range jobs {
+		key := "tenant-" + strconv.Itoa(i%1000)
+		if i%10 == 0 {
+			key = "deep"
+		}
+		jobs[i] = driver.InsertParams{Queue: "bench", Kind: "noop", Args: json.RawMessage(`{}`), MaxAttempts: 25, Key: key}
+	}
+	if got, err := d.BulkInsert(ctx, jobs); err != nil || got != int64(b.N) {
+		b.Fatalf("bulk insert: %d, %v", got, err)
+	}
+	if err := d.SetQueueLimits(ctx, "bench", driver.QueueLimits{KeyMaxRunning: 2}); err != nil {
+		b.Fatal(err)
+	}
+	cp := driver.ClaimParams{Queue: "bench", Limit: 100, Lease: time.Minute, Worker: "bench"}
+	done := 0
+	b.ReportAllocs()
+	b.ResetTimer()
+	for {
+		r, err := d.ClaimLimited(ctx, cp)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(r.Rows) == 0 {
+			break
+		}
+		out := make([]driver.Outcome, 0, len(r.Rows))
+		for _, row := range r.Rows {
+			out = append(out, driver.Outcome{ID: row.ID, Fence: row.Fence, Attempt: row.Attempt, State: driver.StateCompleted})
+		}
+		applied, err := d.Complete(ctx, out)
+		if err != nil || len(applied) != len(out) {
+			b.Fatalf("complete: %d of %d applied, %v", len(applied), len(out), err)
+		}
+		done += len(applied)
+	}
+	b.StopTimer()
+	if done != b.N {
+		b.Fatalf("drained %d jobs, want %d", done, b.N)
+	}
+	b.ReportMetric(float64(done)/b.Elapsed().Seconds(), "jobs/s")
 }

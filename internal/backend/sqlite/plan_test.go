@@ -37,6 +37,19 @@ func TestQueryPlans(t *testing.T) {
 		{"take concurrency slot", d.q.TakeConcurrencySlot, []any{"q", 1, 1, 1}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=? AND n=?)"}, nil},
 		{"take rate slot", d.q.TakeRateSlot, []any{"q", 1, 1}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=? AND n=?)"}, nil},
 		{"sweep slots", d.q.SweepSlots, nil, []string{"INDEX conveyor_limit_slots_job (job_id>?)", "INTEGER PRIMARY KEY (rowid=?)"}, []string{"SCAN conveyor_jobs"}},
+		// Key limits: a keyed claim probes the keys of due jobs and a
+		// key's next jobs in jobs_key (jobs_key_order by id), index
+		// entries only, in order; its jobs without a key within
+		// jobs_claim, which carries the key; the ends of attempts find
+		// a key's slots by primary key.
+		{"next key", d.q.NextKey, []any{"q", "a"}, []string{"COVERING INDEX conveyor_jobs_key (queue=? AND lkey>?)"}, []string{"TEMP B-TREE"}},
+		{"key jobs", d.q.KeyJobs, []any{"q", "a", 3}, []string{"COVERING INDEX conveyor_jobs_key (queue=? AND lkey=?)"}, []string{"TEMP B-TREE"}},
+		{"key jobs ordered", d.q.KeyJobsOrdered, []any{"q", "a", 3}, []string{"COVERING INDEX conveyor_jobs_key_order (queue=? AND lkey=?)"}, []string{"TEMP B-TREE"}},
+		{"claim unkeyed", d.q.ClaimUnkeyed, []any{"q", 10, 1, "w"}, []string{"COVERING INDEX conveyor_jobs_claim (queue=?)", "INTEGER PRIMARY KEY (rowid=?)"}, []string{"TEMP B-TREE", "SCAN conveyor_jobs"}},
+		{"claim ids", d.q.ClaimIDs, []any{"[1]", 1, "w"}, []string{"INTEGER PRIMARY KEY (rowid=?)"}, []string{"SCAN conveyor_jobs"}},
+		{"open key slots", d.q.OpenKeySlots, []any{"q", "a", 2}, []string{"PRIMARY KEY (queue=? AND lkey=? AND n<?)"}, []string{"SCAN conveyor_key_slots", "TEMP B-TREE"}},
+		{"take key slot", d.q.TakeKeySlot, []any{"q", "a", 1, 1, 1, 1}, []string{"PRIMARY KEY (queue=? AND lkey=? AND n=?)"}, nil},
+		{"free key slots", d.q.FreeKeySlots, []any{"[]"}, []string{"PRIMARY KEY (queue=? AND lkey=?)"}, []string{"SCAN s", "SCAN conveyor_key_slots"}},
 		// The dashboard's overview: every arm on its partial index, none
 		// on the table (SCAN conveyor_jobs USING ... INDEX is an index).
 		{"overview", d.q.Overview, []any{1}, []string{"USING COVERING INDEX conveyor_jobs_claim", "INDEX conveyor_jobs_due", "INDEX conveyor_jobs_lease", "INDEX conveyor_jobs_finalized (finalized_at>?)"}, []string{"SCAN conveyor_jobs\n", "jobs_queue_list", "USING INTEGER PRIMARY KEY"}},
