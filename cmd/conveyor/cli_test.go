@@ -392,7 +392,7 @@ func TestJSONShape(t *testing.T) {
 	mustCLI(t, "enqueue", "--db", dsn, "--kind", "other", "--args", `{"n":1}`, "--allow-unknown-kinds")
 
 	keys := []string{"id", "queue", "kind", "state", "args", "priority", "attempt", "max_attempts", "timeout_ms",
-		"created_at", "scheduled_at", "attempted_at", "attempted_by", "lease_expires_at", "finalized_at", "errors", "metadata", "result"}
+		"created_at", "scheduled_at", "attempted_at", "attempted_by", "lease_expires_at", "finalized_at", "errors", "metadata", "key", "result"}
 	check := func(what string, j map[string]any) {
 		t.Helper()
 		var got []string
