@@ -777,16 +777,24 @@ func limitLines(q queueJSON) []string {
 	}
 	switch {
 	case l.Ordered && l.OrderedMoveOn:
-		out = append(out, fmt.Sprintf("ordered by key, moving on: %d keys running", u.KeysRunning))
+		out = append(out, "ordered by key, moving on: "+keysRunning(u.KeysRunning))
 	case l.Ordered:
-		out = append(out, fmt.Sprintf("ordered by key: %d keys running", u.KeysRunning))
+		out = append(out, "ordered by key: "+keysRunning(u.KeysRunning))
 	case l.KeyMaxRunning > 0:
-		out = append(out, fmt.Sprintf("%d per key: %d keys running", l.KeyMaxRunning, u.KeysRunning))
+		out = append(out, fmt.Sprintf("%d per key: %s", l.KeyMaxRunning, keysRunning(u.KeysRunning)))
 	}
 	if (l.Ordered || l.KeyMaxRunning > 0) && u.KeyHeld > 0 {
 		out = append(out, fmt.Sprintf("%d waiting for their key", u.KeyHeld))
 	}
 	return out
+}
+
+// keysRunning says how many keys run: "1 key running", "3 keys running".
+func keysRunning(n int) string {
+	if n == 1 {
+		return "1 key running"
+	}
+	return fmt.Sprintf("%d keys running", n)
 }
 
 // queueRE is conveyor's rule for queue names.

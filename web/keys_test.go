@@ -129,7 +129,7 @@ func TestLimitLinesKeys(t *testing.T) {
 		want []string
 	}{
 		{limitsJSON{KeyMaxRunning: 2}, limitUseJSON{KeysRunning: 3, KeyHeld: 4}, []string{"2 per key: 3 keys running", "4 waiting for their key"}},
-		{limitsJSON{MaxRunning: 5, KeyMaxRunning: 1, Ordered: true}, limitUseJSON{Running: 1, KeysRunning: 1}, []string{"1/5 running", "ordered by key: 1 keys running"}},
+		{limitsJSON{MaxRunning: 5, KeyMaxRunning: 1, Ordered: true}, limitUseJSON{Running: 1, KeysRunning: 1}, []string{"1/5 running", "ordered by key: 1 key running"}},
 		{limitsJSON{KeyMaxRunning: 1, Ordered: true, OrderedMoveOn: true}, limitUseJSON{KeyHeld: 1}, []string{"ordered by key, moving on: 0 keys running", "1 waiting for their key"}},
 	} {
 		if got := limitLines(queueJSON{Limits: &c.l, LimitUse: &c.u}); !slices.Equal(got, c.want) {

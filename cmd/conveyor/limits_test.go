@@ -45,13 +45,13 @@ func TestLimits(t *testing.T) {
 				s.Queues[0].LimitUse == nil || *s.Queues[0].LimitUse != (limitUseJSON{}) || s.Queues[0].Held != nil {
 				t.Fatalf("limits --json: %+v", s.Queues)
 			}
-			if out := run("limits"); !regexp.MustCompile(`(?m)^mail +0/5 +0/100 per 1m +1 +-$`).MatchString(out) {
+			if out := run("limits"); !regexp.MustCompile(`(?m)^mail +0/5 +0/100 per 1m +- +1 +-$`).MatchString(out) {
 				t.Errorf("limits printed:\n%s", out)
 			}
 			// A paused limited queue with a job waiting is held by the
 			// pause; stats shows limits and held in both shapes.
 			run("pause", "mail")
-			if out := run("limits"); !regexp.MustCompile(`(?m)^mail +0/5 +0/100 per 1m +1 +paused$`).MatchString(out) {
+			if out := run("limits"); !regexp.MustCompile(`(?m)^mail +0/5 +0/100 per 1m +- +1 +paused$`).MatchString(out) {
 				t.Errorf("limits of a paused queue printed:\n%s", out)
 			}
 			if out := run("stats"); !strings.Contains(out, "LIMITS") || !regexp.MustCompile(`mail .* running 0/5, rate 0/100 per 1m +paused`).MatchString(out) {
@@ -117,6 +117,15 @@ func TestLimitsBadInput(t *testing.T) {
 		{[]string{"limits", "clear"}, "limits clear: queue name required"},
 		{[]string{"limits", "clear", "q", "--rate", "1"}, "--rate does not apply to limits clear"},
 		{[]string{"limits", "bogus"}, `limits: unknown subcommand "bogus": set or clear`},
+		{[]string{"limits", "set", "q", "--key-max-running", "-1"}, "limits set: --key-max-running -1: must be 0 (no limit) to 100000"},
+		{[]string{"limits", "set", "q", "--key-max-running", "100001"}, "--key-max-running 100001: must be 0 (no limit) to 100000"},
+		{[]string{"limits", "set", "q", "--key-max-running", "two"}, `invalid value "two" for flag --key-max-running`},
+		{[]string{"limits", "set", "q", "--key-max-running", "2", "--ordered"}, "--key-max-running 2 with --ordered: an ordered key runs one job at a time"},
+		{[]string{"limits", "set", "q", "--key-max-running", "3", "--ordered-move-on"}, "--key-max-running 3 with --ordered"},
+		{[]string{"limits", "set", "q", "--ordered=false", "--ordered-move-on"}, "--ordered-move-on needs --ordered"},
+		{[]string{"limits", "set", "q", "--ordered=maybe"}, `invalid boolean value "maybe" for --ordered`},
+		{[]string{"limits", "--ordered"}, "--ordered does not apply to limits"},
+		{[]string{"limits", "clear", "q", "--key-max-running", "1"}, "--key-max-running does not apply to limits clear"},
 	} {
 		_, _, err := cli(t, "", tc.args...)
 		oneLineErr(t, tc.args, err, tc.want)
@@ -137,11 +146,54 @@ func TestLimitsText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `"limits":{"max_running":5,"rate":10,"rate_period":"1m30s","rate_period_ms":90000},"limit_use":{"running":3,"started":10,"next_start_ms":1500},"held":"rate"`
+	want := `"limits":{"max_running":5,"rate":10,"rate_period":"1m30s","rate_period_ms":90000,"key_max_running":0,"ordered":false,"ordered_move_on":false},` +
+		`"limit_use":{"running":3,"started":10,"next_start_ms":1500,"keys_running":0,"key_held":0},"held":"rate"`
 	if !strings.Contains(string(b), want) {
 		t.Errorf("JSON %s lacks %s", b, want)
 	}
 	if run, rate := limitUseText(conveyor.QueueStats{}); run != "" || rate != "" {
 		t.Errorf("no limits: %q, %q", run, rate)
+	}
+}
+
+// TestKeyLimitsText: the key limits as limits set, limits and stats say
+// them, and their JSON.
+func TestKeyLimitsText(t *testing.T) {
+	for _, c := range []struct {
+		l    conveyor.QueueLimits
+		u    conveyor.LimitUse
+		text string
+		use  string
+	}{
+		{conveyor.QueueLimits{KeyMaxRunning: 2}, conveyor.LimitUse{KeysRunning: 3, KeyHeld: 4},
+			"at most 2 running per key", "2 per key: 3 keys running, 4 waiting for their key"},
+		{conveyor.QueueLimits{MaxRunning: 5, Ordered: true}, conveyor.LimitUse{KeysRunning: 1},
+			"at most 5 running, each key's jobs one at a time in enqueue order", "ordered by key: 1 key running"},
+		{conveyor.QueueLimits{KeyMaxRunning: 1, Ordered: true, OrderedMoveOn: true}, conveyor.LimitUse{},
+			"each key's jobs one at a time in enqueue order, moving on past a failed job waiting for its retry", "ordered by key, moving on: 0 keys running"},
+		{conveyor.QueueLimits{MaxRunning: 5}, conveyor.LimitUse{}, "at most 5 running", ""},
+	} {
+		if got := limitsText(c.l); got != c.text {
+			t.Errorf("limitsText(%+v) = %q, want %q", c.l, got, c.text)
+		}
+		q := conveyor.QueueStats{Limits: &c.l, LimitUse: &c.u}
+		if got := keyUseText(q); got != c.use {
+			t.Errorf("keyUseText(%+v, %+v) = %q, want %q", c.l, c.u, got, c.use)
+		}
+	}
+	if got := keyUseText(conveyor.QueueStats{}); got != "" {
+		t.Errorf("no limits: %q", got)
+	}
+	q := conveyor.QueueStats{Queue: "a", Counts: map[conveyor.JobState]int64{conveyor.JobStateAvailable: 4},
+		Limits:   &conveyor.QueueLimits{Ordered: true},
+		LimitUse: &conveyor.LimitUse{KeysRunning: 2, KeyHeld: 4}, Held: conveyor.HeldByKey}
+	b, err := json.Marshal(toQueueStatsJSON(q))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `"limits":{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":1,"ordered":true,"ordered_move_on":false},` +
+		`"limit_use":{"running":0,"started":0,"next_start_ms":0,"keys_running":2,"key_held":4},"held":"key"`
+	if !strings.Contains(string(b), want) {
+		t.Errorf("JSON %s lacks %s", b, want)
 	}
 }
