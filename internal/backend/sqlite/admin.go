@@ -166,7 +166,8 @@ func (d *Driver) Discard(ctx context.Context, id int64) (*driver.JobRow, error) 
 // nothing, it tells a missing job (ErrNotFound) from one in the wrong state
 // (ErrWrongState), in the same transaction. With ends, the change ends a
 // running attempt: the slot it holds under the job's fence (which the
-// change keeps) is freed in the same transaction.
+// change keeps) is freed in the same transaction, and so is the key slot
+// the job holds or that is kept for it.
 func (d *Driver) changeJob(ctx context.Context, op string, id int64, ends bool, query string, args ...any) (*driver.JobRow, error) {
 	var j *driver.JobRow
 	var state string
@@ -180,8 +181,10 @@ func (d *Driver) changeJob(ctx context.Context, op string, id int64, ends bool, 
 			return d.uniqueConflict(ctx, tx, op, id)
 		}
 		if err == nil && ends {
-			_, err = tx.ExecContext(ctx, d.q.FreeSlot, j.ID, j.Fence)
-			return err
+			if _, err = tx.ExecContext(ctx, d.q.FreeSlot, j.ID, j.Fence); err != nil || j.Key == "" {
+				return err
+			}
+			return d.freeKeySlots(ctx, tx, []keyEnd{{id: j.ID, fence: j.Fence, state: j.State, queue: j.Queue, key: j.Key}})
 		}
 		if err == nil || !errors.Is(err, sql.ErrNoRows) {
 			return err

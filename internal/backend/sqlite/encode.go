@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -75,15 +76,20 @@ func checkInsert(i int, j *driver.InsertParams) error {
 	if len(j.Args) > maxArgsBytes {
 		return fmt.Errorf("job %d: args of %d bytes exceed the SQLite backend's limit of %d", i, len(j.Args), maxArgsBytes)
 	}
+	if j.Key != "" {
+		if len(j.Key) > driver.MaxKeyBytes || !utf8.ValidString(j.Key) || strings.IndexByte(j.Key, 0) >= 0 {
+			return fmt.Errorf("job %d: limit key %q must be 1 to %d bytes of UTF-8 without NUL", i, j.Key, driver.MaxKeyBytes)
+		}
+	}
 	return nil
 }
 
 // appendInsertRow appends one job as the JSON array the insert queries
 // read: [queue, kind, args (as a string, so its bytes are kept exactly),
 // priority, max_attempts, timeout_ms, run_at_us or null, delay_us, meta
-// (as a string) or null]. A job without metadata ends at delay_us: the
-// query reads the missing element as NULL, so it costs the hot path
-// nothing.
+// (as a string) or null, limit key or null]. A job without metadata and
+// key ends at delay_us, one without a key at meta: the query reads a
+// missing element as NULL, so it costs the hot path nothing.
 func appendInsertRow(b []byte, j *driver.InsertParams) []byte {
 	b = append(b, '[')
 	b = appendJSONStr(b, j.Queue)
@@ -112,6 +118,12 @@ func appendInsertRow(b []byte, j *driver.InsertParams) []byte {
 	if len(j.Meta) > 0 {
 		b = append(b, ',')
 		b = appendJSONString(b, j.Meta)
+	} else if j.Key != "" {
+		b = append(b, ",null"...)
+	}
+	if j.Key != "" {
+		b = append(b, ',')
+		b = appendJSONStr(b, j.Key)
 	}
 	return append(b, ']')
 }
@@ -223,10 +235,11 @@ func scanJob(s scanner) (*driver.JobRow, error) {
 		attemptedAt, finalizedAt, leaseAt sql.NullInt64
 		attemptedBy                       sql.NullString
 		meta                              []byte // NULL scans as nil, without allocating
+		lkey                              sql.NullString
 	)
 	if err := s.Scan(&j.ID, &j.Queue, &j.Kind, &args, &j.State, &j.Priority, &j.Attempt,
 		&j.MaxAttempts, &j.TimeoutMS, &scheduled, &created, &attemptedAt, &finalizedAt,
-		&leaseAt, &attemptedBy, &errs, &j.Fence, &meta); err != nil {
+		&leaseAt, &attemptedBy, &errs, &j.Fence, &meta, &lkey); err != nil {
 		return nil, err
 	}
 	if len(meta) > 0 {
@@ -245,6 +258,7 @@ func scanJob(s scanner) (*driver.JobRow, error) {
 		j.LeaseExpiresAt = fromUS(leaseAt.Int64)
 	}
 	j.AttemptedBy = attemptedBy.String
+	j.Key = lkey.String
 	if errs != "" && errs != "[]" {
 		if err := json.Unmarshal([]byte(errs), &j.Errors); err != nil {
 			return nil, fmt.Errorf("job %d: decoding errors column: %w", j.ID, err)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"modernc.org/sqlite"
@@ -258,15 +259,24 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	// through the heartbeats, which have the lease path to themselves.
 	// The ended attempts' concurrency slots are freed in the same
 	// transaction: for jobs of unlimited queues, one empty probe of the
-	// slots' job index each.
+	// slots' job index each. So are the key slots of the jobs with a
+	// key, which the complete statement names: jobs without one cost
+	// nothing more.
 	withResults := hasResults(outcomes)
+	var keyed []keyEnd
 	err = d.writeTx(ctx, true, func(tx *sql.Tx) error {
-		applied = applied[:0]
-		if err := stmtIDs(ctx, tx.StmtContext(ctx, st), &applied, param); err != nil {
+		applied, keyed = applied[:0], keyed[:0]
+		rows, err := tx.StmtContext(ctx, st).QueryContext(ctx, param)
+		if err := scanEnds(rows, err, &applied, &keyed); err != nil {
 			return err
 		}
 		if _, err := tx.StmtContext(ctx, free).ExecContext(ctx, param); err != nil {
 			return err
+		}
+		if len(keyed) > 0 {
+			if err := d.freeKeySlots(ctx, tx, outcomeEnds(keyed, outcomes)); err != nil {
+				return err
+			}
 		}
 		if !withResults {
 			return nil
@@ -277,7 +287,7 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 		if res == "" {
 			return nil
 		}
-		_, err := tx.ExecContext(ctx, d.q.StoreResults, res)
+		_, err = tx.ExecContext(ctx, d.q.StoreResults, res)
 		return err
 	})
 	if err != nil {
@@ -354,15 +364,27 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 			return err
 		}
 		defer tx.Rollback()
-		res, err := tx.ExecContext(ctx, d.q.Release, param)
-		if err != nil {
+		var ids []int64
+		var keyed []keyEnd
+		rows, err := tx.QueryContext(ctx, d.q.Release, param)
+		if err := scanEnds(rows, err, &ids, &keyed); err != nil {
 			return err
 		}
-		if n, err = res.RowsAffected(); err != nil {
-			return err
-		}
+		n = int64(len(ids))
 		if _, err := tx.ExecContext(ctx, d.q.FreeSlots, param); err != nil {
 			return err
+		}
+		if len(keyed) > 0 {
+			fences := make(map[int64]int64, len(leases))
+			for _, l := range leases {
+				fences[l.ID] = l.Fence
+			}
+			for i := range keyed {
+				keyed[i].fence, keyed[i].state = fences[keyed[i].id], driver.StateAvailable
+			}
+			if err := d.freeKeySlots(ctx, tx, keyed); err != nil {
+				return err
+			}
 		}
 		return tx.Commit()
 	})
@@ -376,9 +398,13 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 // the same transaction, sweeps the queue limits' slots: it frees every
 // slot whose holder no longer runs under the slot's fence (the attempts
 // just rescued, and any an earlier statement left held) and deletes the
-// free concurrency slots above their queue's limit.
+// free concurrency slots above their queue's limit. It sweeps the key
+// slots alike: it frees those held by attempts no longer running under
+// their fence and those kept for jobs that no longer wait to run, and
+// deletes the free ones unused for a minute, above their key's limit or
+// of a queue without key limits.
 func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) {
-	m, err := d.queueCounts(ctx, d.q.Rescue, limit, d.q.SweepSlots, d.q.SweepExtraSlots)
+	m, err := d.queueCounts(ctx, d.q.Rescue, limit, d.q.SweepSlots, d.q.SweepExtraSlots, d.q.SweepKeySlots, d.q.SweepIdleKeySlots)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: rescue: %w", err)
 	}
@@ -493,4 +519,72 @@ func (d *Driver) TryLead(ctx context.Context, id string, ttl time.Duration) (boo
 		return false, fmt.Errorf("conveyor/sqlite: try lead: %w", err)
 	}
 	return won, nil
+}
+
+// keyEnd is an attempt ended, or a job finished by hand, whose job has a
+// limit key: the key slot it holds (or that is kept for it) is freed, or
+// kept for the job by a retryable or snoozed outcome in an ordered queue.
+type keyEnd struct {
+	id, fence         int64
+	state, queue, key string
+}
+
+// scanEnds reads the rows of a statement ending attempts (id, key or
+// NULL, queue or NULL): it appends every id to ids and the jobs with a key
+// to keyed (id, queue and key set).
+func scanEnds(rows *sql.Rows, err error, ids *[]int64, keyed *[]keyEnd) error {
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id int64
+		var key, queue sql.NullString
+		if err := rows.Scan(&id, &key, &queue); err != nil {
+			return err
+		}
+		*ids = append(*ids, id)
+		if key.Valid {
+			*keyed = append(*keyed, keyEnd{id: id, queue: queue.String, key: key.String})
+		}
+	}
+	return rows.Err()
+}
+
+// outcomeEnds completes keyed with the fence and new state of their
+// outcomes.
+func outcomeEnds(keyed []keyEnd, outcomes []driver.Outcome) []keyEnd {
+	at := make(map[int64]int, len(outcomes))
+	for i := range outcomes {
+		at[outcomes[i].ID] = i
+	}
+	for i := range keyed {
+		o := &outcomes[at[keyed[i].id]]
+		keyed[i].fence, keyed[i].state = o.Fence, o.State
+	}
+	return keyed
+}
+
+// freeKeySlots runs free_key_slots in tx for ends.
+func (d *Driver) freeKeySlots(ctx context.Context, tx *sql.Tx, ends []keyEnd) error {
+	b := []byte{'['}
+	for i, e := range ends {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '[')
+		b = strconv.AppendInt(b, e.id, 10)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, e.fence, 10)
+		b = append(b, ',')
+		b = appendJSONStr(b, e.state)
+		b = append(b, ',')
+		b = appendJSONStr(b, e.queue)
+		b = append(b, ',')
+		b = appendJSONStr(b, e.key)
+		b = append(b, ']')
+	}
+	b = append(b, ']')
+	_, err := tx.ExecContext(ctx, d.q.FreeKeySlots, string(b))
+	return err
 }

@@ -38,6 +38,9 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 		{&ls.claim, d.q.Claim}, {&ls.limitsOf, d.q.LimitsOf},
 		{&ls.freeC, d.q.FreeConcurrencySlots}, {&ls.freeR, d.q.FreeRateSlots},
 		{&ls.takeC, d.q.TakeConcurrencySlot}, {&ls.takeR, d.q.TakeRateSlot}, {&ls.due, d.q.DueJobWaits}, {&ls.retryIn, d.q.RateRetryIn},
+		{&ls.claimUnkeyed, d.q.ClaimUnkeyed}, {&ls.claimIDs, d.q.ClaimIDs}, {&ls.nextKey, d.q.NextKey},
+		{&ls.addKeySlots, d.q.AddKeySlots}, {&ls.openKeySlots, d.q.OpenKeySlots}, {&ls.keptDue, d.q.KeptJobDue},
+		{&ls.keyJobs, d.q.KeyJobs}, {&ls.keyJobsOrdered, d.q.KeyJobsOrdered}, {&ls.takeKeySlot, d.q.TakeKeySlot},
 	} {
 		var err error
 		if *x.st, err = d.prepared(ctx, x.query); err != nil {
@@ -59,15 +62,18 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 // handle.
 type limitStmts struct {
 	claim, limitsOf, freeC, freeR, takeC, takeR, due, retryIn *sql.Stmt
+	// The keyed claim's.
+	claimUnkeyed, claimIDs, nextKey, addKeySlots, openKeySlots, keptDue, keyJobs, keyJobsOrdered, takeKeySlot *sql.Stmt
 }
 
 // claimLimitedIn is ClaimLimited's transaction.
 func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts, p driver.ClaimParams) (driver.ClaimResult, error) {
 	var res driver.ClaimResult
-	var maxRunning, rate, held int
+	var maxRunning, rate, held, keyMax, keyOrder int
 	var period int64
-	err := tx.StmtContext(ctx, ls.limitsOf).QueryRowContext(ctx, p.Queue).Scan(&maxRunning, &rate, &period, &held)
-	if errors.Is(err, sql.ErrNoRows) || err == nil && maxRunning <= 0 && rate <= 0 {
+	var paused bool
+	err := tx.StmtContext(ctx, ls.limitsOf).QueryRowContext(ctx, p.Queue).Scan(&maxRunning, &rate, &period, &held, &keyMax, &keyOrder, &paused)
+	if errors.Is(err, sql.ErrNoRows) || err == nil && maxRunning <= 0 && rate <= 0 && keyMax <= 0 {
 		res.Rows, err = claimIn(ctx, tx, ls.claim, p, p.Limit)
 		return res, err
 	}
@@ -105,15 +111,32 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 		}
 		res.Held = waits
 	} else {
-		if res.Rows, err = claimIn(ctx, tx, ls.claim, p, k); err != nil {
-			return res, err
+		var keyHeld bool
+		switch {
+		case keyMax > 0 && !paused:
+			// Jobs with a key into free slots of their keys, then those
+			// without one.
+			if res.Rows, keyHeld, err = d.claimKeyed(ctx, tx, ls, p, k, keyMax, keyOrder > 0); err != nil {
+				return res, fmt.Errorf("claim jobs with a key: %w", err)
+			}
+			if rest := k - len(res.Rows); rest > 0 {
+				more, err := claimIn(ctx, tx, ls.claimUnkeyed, p, rest)
+				if err != nil {
+					return res, err
+				}
+				res.Rows = append(res.Rows, more...)
+			}
+		default:
+			if res.Rows, err = claimIn(ctx, tx, ls.claim, p, k); err != nil {
+				return res, err
+			}
 		}
 		if len(res.Rows) > 0 {
 			if err := takeSlots(ctx, tx, ls, p.Queue, res.Rows, cSlots, rSlots); err != nil {
 				return res, fmt.Errorf("take slots: %w", err)
 			}
 		}
-		res.Held = k < want && len(res.Rows) == k
+		res.Held = keyHeld || k < want && len(res.Rows) == k
 	}
 	if res.Held && rateCut {
 		var in int64
@@ -180,19 +203,35 @@ func takeSlots(ctx context.Context, tx *sql.Tx, ls *limitStmts, queue string, ro
 // sweep) and rate slots above Rate. A lowered rate forgets the starts
 // recorded in the rate slots it deletes, so within the window of the
 // change it may admit up to the old rate. The queue's pause is kept.
+//
+// Key limits are stored as key_max_running (1 when Ordered) and
+// key_order; their slot rows are made by the claims that need them. A
+// lowered or removed key limit frees no slot an attempt holds (each frees
+// when its attempt ends); Rescue's sweep deletes the free ones it no
+// longer needs, and a queue without key limits claims its jobs with a key
+// at once, as any other.
 func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.QueueLimits) error {
 	if err := checkLimits(l); err != nil {
 		return fmt.Errorf("conveyor/sqlite: set limits of queue %q: %w", queue, err)
 	}
-	var maxRunning, rate, period any
+	var maxRunning, rate, period, keyMax any
 	if l.MaxRunning > 0 {
 		maxRunning = l.MaxRunning
 	}
 	if l.Rate > 0 {
 		rate, period = l.Rate, us(l.RatePeriod)
 	}
+	keyOrder := 0
+	switch {
+	case l.Ordered && l.OrderedMoveOn:
+		keyMax, keyOrder = 1, 2
+	case l.Ordered:
+		keyMax, keyOrder = 1, 1
+	case l.KeyMaxRunning > 0:
+		keyMax = l.KeyMaxRunning
+	}
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, d.q.SetQueueLimits, queue, maxRunning, rate, period); err != nil {
+		if _, err := tx.ExecContext(ctx, d.q.SetQueueLimits, queue, maxRunning, rate, period, keyMax, keyOrder); err != nil {
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, d.q.AddLimitSlots, queue, "c", l.MaxRunning); err != nil {
@@ -210,6 +249,10 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 	return nil
 }
 
+// maxKeyMaxRunning bounds QueueLimits.KeyMaxRunning: a key's slots are
+// rows, made by the claims that need them.
+const maxKeyMaxRunning = 100000
+
 // checkLimits refuses limits the database cannot hold.
 func checkLimits(l driver.QueueLimits) error {
 	switch {
@@ -221,6 +264,12 @@ func checkLimits(l driver.QueueLimits) error {
 		return fmt.Errorf("Rate %d needs a RatePeriod of at least a microsecond, got %v", l.Rate, l.RatePeriod)
 	case l.Rate == 0 && l.RatePeriod != 0:
 		return fmt.Errorf("RatePeriod %v without a Rate", l.RatePeriod)
+	case l.KeyMaxRunning < 0 || l.KeyMaxRunning > maxKeyMaxRunning:
+		return fmt.Errorf("KeyMaxRunning %d is out of range 0..%d", l.KeyMaxRunning, maxKeyMaxRunning)
+	case l.Ordered && l.KeyMaxRunning > 1:
+		return fmt.Errorf("Ordered runs one job per key at a time: KeyMaxRunning must be 0 or 1, got %d", l.KeyMaxRunning)
+	case l.OrderedMoveOn && !l.Ordered:
+		return errors.New("OrderedMoveOn needs Ordered")
 	}
 	return nil
 }
@@ -237,10 +286,12 @@ func (d *Driver) QueueLimits(ctx context.Context) (map[string]driver.QueueLimits
 		var name string
 		var l driver.QueueLimits
 		var period int64
-		if err := rows.Scan(&name, &l.MaxRunning, &l.Rate, &period); err != nil {
+		var keyOrder int
+		if err := rows.Scan(&name, &l.MaxRunning, &l.Rate, &period, &l.KeyMaxRunning, &keyOrder); err != nil {
 			return nil, fmt.Errorf("conveyor/sqlite: queue limits: %w", err)
 		}
 		l.RatePeriod = time.Duration(period) * time.Microsecond
+		setKeyOrder(&l, keyOrder)
 		out[name] = l
 	}
 	if err := rows.Err(); err != nil {
@@ -249,10 +300,25 @@ func (d *Driver) QueueLimits(ctx context.Context) (map[string]driver.QueueLimits
 	return out, nil
 }
 
+// setKeyOrder sets l's Ordered and OrderedMoveOn from a stored
+// key_order, clearing KeyMaxRunning (stored as 1) for an ordered queue.
+func setKeyOrder(l *driver.QueueLimits, keyOrder int) {
+	if keyOrder > 0 {
+		l.Ordered, l.OrderedMoveOn, l.KeyMaxRunning = true, keyOrder == 2, 0
+	}
+}
+
 // LimitUsage returns every limited queue's limits and their use, read in
-// one statement by the database's clock.
+// one read transaction by the database's clock: one statement for every
+// queue, then, per queue with key limits, the count of its due jobs
+// their keys hold back (which reads the queue's due jobs with a key).
 func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, error) {
-	rows, err := d.r.QueryContext(ctx, d.q.LimitUsage)
+	tx, err := d.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: limit usage: %w", err)
+	}
+	defer tx.Rollback()
+	rows, err := tx.QueryContext(ctx, d.q.LimitUsage)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: limit usage: %w", err)
 	}
@@ -262,18 +328,32 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 		var name string
 		var u driver.LimitUsage
 		var period, now int64
+		var keyOrder int
 		var oldest sql.NullInt64
-		if err := rows.Scan(&name, &u.Limits.MaxRunning, &u.Limits.Rate, &period, &u.Running, &u.Started, &oldest, &now); err != nil {
+		if err := rows.Scan(&name, &u.Limits.MaxRunning, &u.Limits.Rate, &period, &u.Limits.KeyMaxRunning, &keyOrder,
+			&u.Running, &u.Started, &oldest, &u.KeysRunning, &now); err != nil {
 			return nil, fmt.Errorf("conveyor/sqlite: limit usage: %w", err)
 		}
 		u.Limits.RatePeriod = time.Duration(period) * time.Microsecond
 		if u.Limits.Rate > 0 && u.Started >= u.Limits.Rate && oldest.Valid {
 			u.NextStart = max(time.Duration(oldest.Int64+period-now)*time.Microsecond, 0)
 		}
+		setKeyOrder(&u.Limits, keyOrder)
 		out[name] = u
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: limit usage: %w", err)
+	}
+	rows.Close()
+	for name, u := range out {
+		if !u.Limits.HasKeyLimits() {
+			continue
+		}
+		n := max(u.Limits.KeyMaxRunning, 1)
+		if err := tx.QueryRowContext(ctx, d.q.KeyHeld, name, n, u.Limits.Ordered).Scan(&u.KeyHeld); err != nil {
+			return nil, fmt.Errorf("conveyor/sqlite: limit usage of queue %q: %w", name, err)
+		}
+		out[name] = u
 	}
 	return out, nil
 }

@@ -76,7 +76,7 @@ func (d *Driver) SchemaVersion(ctx context.Context) (current, latest int, err er
 // transaction.
 func (d *Driver) DropAll(ctx context.Context) error {
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		for _, q := range []string{d.q.DropJobs, d.q.DropLeader, d.q.DropQueues, d.q.DropSchedules, d.q.DropProcesses, d.q.DropLimitSlotsTable, d.q.DropResults, d.q.DropBatches, d.q.DropBatchJobs, d.q.DropBatchDeps, d.q.DropMigrations} {
+		for _, q := range []string{d.q.DropJobs, d.q.DropLeader, d.q.DropQueues, d.q.DropSchedules, d.q.DropProcesses, d.q.DropLimitSlotsTable, d.q.DropKeySlotsTable, d.q.DropResults, d.q.DropBatches, d.q.DropBatchJobs, d.q.DropBatchDeps, d.q.DropMigrations} {
 			if _, err := tx.ExecContext(ctx, q); err != nil {
 				return err
 			}

@@ -113,6 +113,24 @@ type queries struct {
 	SweepExtraSlots      string `sql:"sweep_extra_slots"`
 	LimitUsage           string `sql:"limit_usage"`
 
+	// Key limits (migration 12): the keyed claim, the freeing of key
+	// slots by the statements that end attempts, Rescue's sweep and the
+	// usage.
+	NextKey           string `sql:"next_key"`
+	AddKeySlots       string `sql:"add_key_slots"`
+	OpenKeySlots      string `sql:"open_key_slots"`
+	KeptJobDue        string `sql:"kept_job_due"`
+	KeyJobs           string `sql:"key_jobs"`
+	KeyJobsOrdered    string `sql:"key_jobs_ordered"`
+	ClaimIDs          string `sql:"claim_ids"`
+	ClaimUnkeyed      string `sql:"claim_unkeyed"`
+	TakeKeySlot       string `sql:"take_key_slot"`
+	FreeKeySlots      string `sql:"free_key_slots"`
+	SweepKeySlots     string `sql:"sweep_key_slots"`
+	SweepIdleKeySlots string `sql:"sweep_idle_key_slots"`
+	KeyHeld           string `sql:"key_held"`
+	DropKeySlotsTable string `sql:"drop_key_slots_table"`
+
 	// Paused queues, schedules and the process registry.
 	PauseQueue      string `sql:"pause_queue"`
 	PausedQueues    string `sql:"paused_queues"`

@@ -18,12 +18,12 @@ CAST(ROUND(unixepoch('subsec') * 1000000) AS INTEGER)
 -- name: job_columns
 id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
 scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at,
-attempted_by, errors, fence, meta
+attempted_by, errors, fence, meta, lkey
 
 -- name: insert
 -- ?1: [[queue, kind, args as a JSON string, priority, max_attempts,
 --       timeout_ms, run_at_us or null, delay_us, meta as a JSON string or
---       null], ...]
+--       null, limit key or null], ...]; the trailing nulls may be left out.
 -- Ids are assigned explicitly as base + key + 1, where base is the largest
 -- id ever used (AUTOINCREMENT's sqlite_sequence, or max(id)): within this
 -- statement, run under the write lock, the id is a strictly increasing
@@ -31,12 +31,12 @@ attempted_by, errors, fence, meta
 -- input order whatever order RETURNING or the insertion loop use (so no
 -- ORDER BY is needed).
 INSERT INTO {p}jobs (id, queue, kind, args, state, priority, max_attempts,
-                     timeout_ms, scheduled_at, created_at, meta)
+                     timeout_ms, scheduled_at, created_at, meta, lkey)
 SELECT b.base + r.k + 1, r.queue, r.kind, r.args,
        CASE WHEN coalesce(r.run_at, n.now + r.delay) > n.now
             THEN 'scheduled' ELSE 'available' END,
        r.priority, r.max_attempts, r.timeout_ms,
-       coalesce(r.run_at, n.now + r.delay), n.now, r.meta
+       coalesce(r.run_at, n.now + r.delay), n.now, r.meta, r.lkey
 FROM (SELECT {now} AS now) AS n,
      (SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = '{p}jobs'), 0),
                  coalesce((SELECT max(id) FROM {p}jobs), 0)) AS base) AS b,
@@ -44,25 +44,27 @@ FROM (SELECT {now} AS now) AS n,
              value ->> 0 AS queue, value ->> 1 AS kind, value ->> 2 AS args,
              value ->> 3 AS priority, value ->> 4 AS max_attempts,
              value ->> 5 AS timeout_ms, value ->> 6 AS run_at,
-             value ->> 7 AS delay, value ->> 8 AS meta
+             value ->> 7 AS delay, value ->> 8 AS meta,
+             value ->> 9 AS lkey
         FROM json_each(?1)) AS r
 RETURNING id
 
 -- name: bulk_insert
 -- ?1: as for insert; ids are not needed, so SQLite assigns them.
 INSERT INTO {p}jobs (queue, kind, args, state, priority, max_attempts,
-                     timeout_ms, scheduled_at, created_at, meta)
+                     timeout_ms, scheduled_at, created_at, meta, lkey)
 SELECT r.queue, r.kind, r.args,
        CASE WHEN coalesce(r.run_at, n.now + r.delay) > n.now
             THEN 'scheduled' ELSE 'available' END,
        r.priority, r.max_attempts, r.timeout_ms,
-       coalesce(r.run_at, n.now + r.delay), n.now, r.meta
+       coalesce(r.run_at, n.now + r.delay), n.now, r.meta, r.lkey
 FROM (SELECT {now} AS now) AS n,
      (SELECT key AS k,
              value ->> 0 AS queue, value ->> 1 AS kind, value ->> 2 AS args,
              value ->> 3 AS priority, value ->> 4 AS max_attempts,
              value ->> 5 AS timeout_ms, value ->> 6 AS run_at,
-             value ->> 7 AS delay, value ->> 8 AS meta
+             value ->> 7 AS delay, value ->> 8 AS meta,
+             value ->> 9 AS lkey
         FROM json_each(?1)) AS r
 ORDER BY r.k
 
@@ -72,17 +74,18 @@ ORDER BY r.k
 -- (the partial unique index jobs_unique). "WHERE true" tells SQLite's
 -- parser that ON CONFLICT belongs to the INSERT, not to a join.
 INSERT INTO {p}jobs (queue, kind, args, state, priority, max_attempts,
-                     timeout_ms, scheduled_at, created_at, unique_key, unique_keep, meta)
+                     timeout_ms, scheduled_at, created_at, unique_key, unique_keep, meta, lkey)
 SELECT r.queue, r.kind, r.args,
        CASE WHEN coalesce(r.run_at, n.now + r.delay) > n.now
             THEN 'scheduled' ELSE 'available' END,
        r.priority, r.max_attempts, r.timeout_ms,
-       coalesce(r.run_at, n.now + r.delay), n.now, ?2, ?3, r.meta
+       coalesce(r.run_at, n.now + r.delay), n.now, ?2, ?3, r.meta, r.lkey
 FROM (SELECT {now} AS now) AS n,
      (SELECT value ->> 0 AS queue, value ->> 1 AS kind, value ->> 2 AS args,
              value ->> 3 AS priority, value ->> 4 AS max_attempts,
              value ->> 5 AS timeout_ms, value ->> 6 AS run_at,
-             value ->> 7 AS delay, value ->> 8 AS meta
+             value ->> 7 AS delay, value ->> 8 AS meta,
+             value ->> 9 AS lkey
         FROM json_each(?1)) AS r
 WHERE true
 ON CONFLICT DO NOTHING
@@ -137,7 +140,9 @@ RETURNING {cols}
 
 -- name: complete
 -- ?1: [[id, fence, new_state, retry_in_us, error object or null], ...]
--- Fenced: applies only where the job still runs under that claim.
+-- Fenced: applies only where the job still runs under that claim. Returns
+-- each applied job's id, and for a job with a limit key its key and
+-- queue (NULL otherwise), whose key slot the caller then frees.
 UPDATE {p}jobs
    SET state = o.new_state,
        scheduled_at = CASE WHEN o.new_state IN ('retryable', 'scheduled')
@@ -155,7 +160,7 @@ UPDATE {p}jobs
                value ->> 4 AS err
           FROM json_each(?1)) AS o
  WHERE id = o.oid AND fence = o.ofence AND state = 'running'
-RETURNING id
+RETURNING id, lkey, CASE WHEN lkey IS NOT NULL THEN queue END
 
 -- name: store_results
 -- ?1: [[id, fence, result], ...] of outcomes the complete statement
@@ -254,6 +259,7 @@ RETURNING id
 
 -- name: release
 -- ?1: [[id, fence], ...]. The attempt is given back; the fence is not.
+-- Returns as complete does.
 UPDATE {p}jobs
    SET state = 'available',
        attempt = attempt - 1,
@@ -262,6 +268,7 @@ UPDATE {p}jobs
   FROM (SELECT value ->> 0 AS lid, value ->> 1 AS lfence
           FROM json_each(?1)) AS l
  WHERE id = l.lid AND fence = l.lfence AND state = 'running'
+RETURNING id, lkey, CASE WHEN lkey IS NOT NULL THEN queue END
 
 -- name: rescue
 -- ?1 limit. Running jobs whose lease expired become available again (or
@@ -537,14 +544,18 @@ PRAGMA wal_checkpoint(RESTART)
 -- write lock is the claimer's alone, so no slot is counted twice.
 
 -- name: set_queue_limits
--- ?1 queue, ?2 max_running, ?3 rate, ?4 rate period in microseconds, each
--- NULL for no limit. Touches only the limit columns: the pause stays.
-INSERT INTO {p}queues (name, max_running, rate, rate_period_us, updated_at)
-VALUES (?1, ?2, ?3, ?4, {now})
+-- ?1 queue, ?2 max_running, ?3 rate, ?4 rate period in microseconds, ?5
+-- key_max_running, each NULL for no limit, ?6 key_order (0 none, 1
+-- ordered, 2 ordered moving on). Touches only the limit columns: the
+-- pause stays.
+INSERT INTO {p}queues (name, max_running, rate, rate_period_us, key_max_running, key_order, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, {now})
 ON CONFLICT (name) DO UPDATE
    SET max_running = excluded.max_running,
        rate = excluded.rate,
        rate_period_us = excluded.rate_period_us,
+       key_max_running = excluded.key_max_running,
+       key_order = excluded.key_order,
        updated_at = excluded.updated_at
 
 -- name: add_limit_slots
@@ -567,19 +578,21 @@ DELETE FROM {p}limit_slots
    AND ((type = 'c' AND n >= ?2 AND job_id IS NULL) OR (type = 'r' AND n >= ?3))
 
 -- name: queue_limits
-SELECT name, coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0)
+SELECT name, coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0),
+       coalesce(key_max_running, 0), coalesce(key_order, 0)
   FROM {p}queues
- WHERE max_running IS NOT NULL OR rate IS NOT NULL
+ WHERE max_running IS NOT NULL OR rate IS NOT NULL OR key_max_running IS NOT NULL
 
 -- name: limits_of
--- ?1 queue: its limits (0 for none), and, for a concurrency limit, how
--- many of its concurrency slots are held (those above a lowered limit
--- included).
+-- ?1 queue: its limits (0 for none), for a concurrency limit how many of
+-- its concurrency slots are held (those above a lowered limit included),
+-- its key limits (key_max_running, key_order) and whether it is paused.
 SELECT coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0),
        CASE WHEN max_running > 0
             THEN (SELECT count(*) FROM {p}limit_slots
                    WHERE queue = ?1 AND type = 'c' AND lkey = '' AND job_id IS NOT NULL)
-            ELSE 0 END
+            ELSE 0 END,
+       coalesce(key_max_running, 0), coalesce(key_order, 0), paused_at IS NOT NULL
   FROM {p}queues
  WHERE name = ?1
 
@@ -660,19 +673,174 @@ DELETE FROM {p}limit_slots
                        WHERE name = {p}limit_slots.queue), 0)
 
 -- name: limit_usage
--- Every limited queue's limits, its held concurrency slots, and its
--- starts within the window with the oldest of them, by one clock.
+-- Every limited queue's limits, its held concurrency slots, its starts
+-- within the window with the oldest of them, and the keys with a held or
+-- kept key slot, by one clock.
 SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_period_us, 0),
+       coalesce(q.key_max_running, 0), coalesce(q.key_order, 0),
        (SELECT count(*) FROM {p}limit_slots AS s
          WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.job_id IS NOT NULL),
        (SELECT count(*) FROM {p}limit_slots AS s
          WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.used_at > n.now - q.rate_period_us),
        (SELECT min(s.used_at) FROM {p}limit_slots AS s
          WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.used_at > n.now - q.rate_period_us),
+       (SELECT count(DISTINCT s.lkey) FROM {p}key_slots AS s
+         WHERE s.queue = q.name AND s.job_id IS NOT NULL),
        n.now
   FROM {p}queues AS q, (SELECT {now} AS now) AS n
- WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL
+ WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL OR q.key_max_running IS NOT NULL
  ORDER BY q.name
 
 -- name: drop_limit_slots_table
 DROP TABLE IF EXISTS {p}limit_slots
+
+-- Key limits (migration 12). A key-limited queue's keys hold rows of
+-- key_slots, made by the claims that need them. A claim of such a queue
+-- runs these inside its BEGIN IMMEDIATE transaction, whose write lock is
+-- its own: no other claimer sees a slot between its read and its take.
+
+-- name: next_key
+-- ?1 queue, ?2 a key: the queue's first key after ?2 among its due jobs
+-- with a key. One probe of jobs_key, whatever the keys' depths.
+SELECT lkey FROM {p}jobs INDEXED BY {p}jobs_key
+ WHERE queue = ?1 AND state = 'available' AND lkey IS NOT NULL AND lkey > ?2
+ ORDER BY lkey
+ LIMIT 1
+
+-- name: add_key_slots
+-- ?1 queue, ?2 key, ?3 key_max_running: the key's slots 0 .. ?3-1 that
+-- are missing, free, used now.
+WITH RECURSIVE s(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM s WHERE n + 1 < ?3)
+INSERT INTO {p}key_slots (queue, lkey, n, used_at)
+SELECT ?1, ?2, n, {now} FROM s WHERE n < ?3
+ON CONFLICT DO NOTHING
+
+-- name: open_key_slots
+-- ?1 queue, ?2 key, ?3 key_max_running: the key's slots below the limit
+-- that are free (job_id NULL) or kept for a job (fence NULL), in order.
+SELECT n, job_id FROM {p}key_slots
+ WHERE queue = ?1 AND lkey = ?2 AND n < ?3 AND (job_id IS NULL OR fence IS NULL)
+ ORDER BY n
+
+-- name: kept_job_due
+-- ?1 job id a kept slot is kept for: whether it is due (available).
+SELECT EXISTS (SELECT 1 FROM {p}jobs WHERE id = ?1 AND state = 'available')
+
+-- name: key_jobs
+-- ?1 queue, ?2 key, ?3 how many: the key's next due jobs by priority,
+-- then id, read from jobs_key without touching its other jobs.
+SELECT id FROM {p}jobs INDEXED BY {p}jobs_key
+ WHERE queue = ?1 AND lkey = ?2 AND state = 'available' AND lkey IS NOT NULL
+ ORDER BY priority, id
+ LIMIT ?3 + 0
+
+-- name: key_jobs_ordered
+-- ?1 queue, ?2 key, ?3 how many: the key's oldest due jobs, by id.
+SELECT id FROM {p}jobs INDEXED BY {p}jobs_key_order
+ WHERE queue = ?1 AND lkey = ?2 AND state = 'available' AND lkey IS NOT NULL
+ ORDER BY id
+ LIMIT ?3 + 0
+
+-- name: claim_ids
+-- ?1 [id, ...], ?2 lease in microseconds, ?3 worker: the given due jobs,
+-- claimed as claim claims them.
+UPDATE {p}jobs
+   SET state = 'running',
+       attempt = attempt + 1,
+       fence = fence + 1,
+       attempted_at = {now},
+       lease_expires_at = {now} + ?2,
+       attempted_by = ?3
+ WHERE id IN (SELECT value FROM json_each(?1)) AND state = 'available'
+RETURNING {cols}
+
+-- name: claim_unkeyed
+-- claim, for the jobs without a key of a key-limited queue.
+UPDATE {p}jobs
+   SET state = 'running',
+       attempt = attempt + 1,
+       fence = fence + 1,
+       attempted_at = {now},
+       lease_expires_at = {now} + ?3,
+       attempted_by = ?4
+ WHERE id IN (SELECT id FROM {p}jobs
+               WHERE state = 'available' AND queue = ?1 AND lkey IS NULL
+                AND NOT EXISTS (SELECT 1 FROM {p}queues
+                                 WHERE name = ?1 AND paused_at IS NOT NULL)
+               ORDER BY priority, scheduled_at, id
+               LIMIT ?2 + 0)
+RETURNING {cols}
+
+-- name: take_key_slot
+-- ?1 queue, ?2 key, ?3 slot, ?4 job id, ?5 fence, ?6 the claim's
+-- attempted_at: the attempt holds the slot.
+UPDATE {p}key_slots SET job_id = ?4, fence = ?5, used_at = ?6
+ WHERE queue = ?1 AND lkey = ?2 AND n = ?3
+
+-- name: free_key_slots
+-- ?1: [[id, fence, new state, queue, key], ...], attempts just ended (or
+-- jobs finished by hand). Frees the slot each holds under that fence, or
+-- keeps it for the job (fence cleared) when the job waits for its retry
+-- (retryable, or scheduled by a snooze) in an ordered queue without
+-- move-on; also frees a slot kept for the job. One primary key range per
+-- job.
+UPDATE {p}key_slots AS s
+   SET job_id = CASE WHEN o.st IN ('retryable', 'scheduled')
+                      AND s.fence IS NOT NULL
+                      AND (SELECT key_order FROM {p}queues WHERE name = o.q) = 1
+                     THEN s.job_id END,
+       fence = NULL
+  FROM (SELECT value ->> 0 AS oid, value ->> 1 AS ofence, value ->> 2 AS st,
+               value ->> 3 AS q, value ->> 4 AS k
+          FROM json_each(?1)) AS o
+ WHERE s.queue = o.q AND s.lkey = o.k AND s.job_id = o.oid
+   AND (s.fence = o.ofence OR s.fence IS NULL)
+
+-- name: sweep_key_slots
+-- Frees the key slots held by an attempt that no longer runs under the
+-- slot's fence, and those kept for a job that no longer waits to run
+-- (cancelled, discarded, completed, deleted).
+UPDATE {p}key_slots
+   SET job_id = NULL, fence = NULL
+ WHERE job_id IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM {p}jobs AS j
+                    WHERE j.id = {p}key_slots.job_id
+                      AND CASE WHEN {p}key_slots.fence IS NULL
+                               THEN j.state IN ('available', 'scheduled', 'retryable', 'running')
+                               ELSE j.fence = {p}key_slots.fence AND j.state = 'running' END)
+
+-- name: sweep_idle_key_slots
+-- Deletes the free key slots unused for a minute, those at or above
+-- their key's current limit, and those of a queue without key limits:
+-- claims make them again when they need them.
+DELETE FROM {p}key_slots
+ WHERE job_id IS NULL
+   AND (used_at < {now} - 60000000
+        OR n >= coalesce((SELECT key_max_running FROM {p}queues
+                           WHERE name = {p}key_slots.queue), 0))
+
+-- name: key_held
+-- ?1 queue, ?2 key_max_running, ?3 1 when ordered: the queue's due jobs
+-- with a key that its key's slots leave no room for. Per key: all of its
+-- due jobs but those its slots below the limit admit (a kept slot its
+-- own job if due; a free one, unless the key is ordered and has a kept
+-- slot, one more job).
+WITH a AS (SELECT lkey, count(*) AS cnt FROM {p}jobs INDEXED BY {p}jobs_key
+            WHERE queue = ?1 AND state = 'available' AND lkey IS NOT NULL
+            GROUP BY lkey),
+     s AS (SELECT ks.lkey,
+                  sum(ks.job_id IS NOT NULL) AS occupied,
+                  sum(ks.job_id IS NOT NULL AND ks.fence IS NULL) AS kept,
+                  sum(ks.job_id IS NOT NULL AND ks.fence IS NULL
+                      AND EXISTS (SELECT 1 FROM {p}jobs AS j
+                                   WHERE j.id = ks.job_id AND j.state = 'available')) AS kept_due
+             FROM {p}key_slots AS ks
+            WHERE ks.queue = ?1 AND ks.n < ?2
+            GROUP BY ks.lkey)
+SELECT coalesce(sum(a.cnt - CASE WHEN ?3 AND coalesce(s.kept, 0) > 0
+                                 THEN coalesce(s.kept_due, 0)
+                                 ELSE min(a.cnt, coalesce(s.kept_due, 0) + max(?2 - coalesce(s.occupied, 0), 0)) END), 0)
+  FROM a LEFT JOIN s ON s.lkey = a.lkey
+
+-- name: drop_key_slots_table
+DROP TABLE IF EXISTS {p}key_slots

@@ -99,6 +99,8 @@ type Driver struct {
 	migrations []sqlq.Migration
 	// stmts: the hot path's statements, prepared on w.
 	stmts stmts
+	// cursors: where the next keyed claim of each queue starts.
+	cursors keyCursors
 
 	busyRetries  atomic.Int64
 	lockTimeouts atomic.Int64
