@@ -2,11 +2,13 @@ package web
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/conveyorq/conveyor"
 )
@@ -168,4 +170,144 @@ func TestLimitsFormKeyRefused(t *testing.T) {
 	if err != nil || l != (conveyor.QueueLimits{Ordered: true, OrderedMoveOn: true}) {
 		t.Fatalf("form key_order move_on: %+v, %v", l, err)
 	}
+}
+
+// TestJobKeysAndKeyLimits: a job's key enqueued through any endpoint
+// comes back from a job's GET, a page of jobs (full and summary) and a
+// claim; a queue's key limits are set, read and listed with their use;
+// a claim holds each key to its limit and the queues list says the rest
+// wait for their key.
+func TestJobKeysAndKeyLimits(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), func(o *Options) { o.StatsMaxAge = time.Nanosecond })
+	const q = "tenants"
+	var got queueLimitsJSON
+	e.must(200, req{method: "PUT", path: "/api/v1/queues/" + q + "/limits", auth: adminToken,
+		body: `{"key_max_running": 1}`}).json(t, &got)
+	want := limitsJSON{KeyMaxRunning: 1}
+	if got.Limits == nil || *got.Limits != want {
+		t.Fatalf("PUT answered %+v, want %+v", got.Limits, want)
+	}
+	got = queueLimitsJSON{}
+	e.must(200, req{method: "GET", path: "/api/v1/queues/" + q + "/limits", auth: roToken}).json(t, &got)
+	if got.Limits == nil || *got.Limits != want {
+		t.Fatalf("GET answered %+v, want %+v", got.Limits, want)
+	}
+	if l, err := e.client.QueueLimits(t.Context()); err != nil || l[q] != (conveyor.QueueLimits{KeyMaxRunning: 1}) {
+		t.Fatalf("the client reads %+v, %v", l, err)
+	}
+
+	// Keys through every way to enqueue.
+	keys := map[int64]string{}
+	keys[e.enqueue(map[string]any{"kind": "k", "queue": q, "key": "acme"})] = "acme"
+	var many struct{ IDs []int64 }
+	e.must(201, req{method: "POST", path: "/api/v1/jobs/batch", auth: adminToken, body: map[string]any{"jobs": []any{
+		map[string]any{"kind": "k", "queue": q, "key": "acme"},
+		map[string]any{"kind": "k", "queue": q, "key": "globex"},
+		map[string]any{"kind": "k", "queue": q},
+		map[string]any{"kind": "k", "queue": q, "key": "acme"},
+	}}}).json(t, &many)
+	for i, k := range []string{"acme", "globex", "", "acme"} {
+		keys[many.IDs[i]] = k
+	}
+	var b batchEnqueuedJSON
+	e.must(201, req{method: "POST", path: "/api/v1/batches", auth: adminToken, body: map[string]any{
+		"jobs":     []any{map[string]any{"kind": "k", "queue": "other", "key": "initech", "delay_ms": 3_600_000}},
+		"callback": map[string]any{"kind": "cb", "queue": "other", "key": "cb-key"},
+	}}).json(t, &b)
+	keys[b.IDs[0]] = "initech"
+	var wf workflowEnqueuedJSON
+	e.must(201, req{method: "POST", path: "/api/v1/workflows", auth: adminToken, body: map[string]any{"jobs": []any{
+		map[string]any{"name": "a", "kind": "k", "queue": "other", "key": "wf-a", "delay_ms": 3_600_000},
+		map[string]any{"name": "b", "kind": "k", "queue": "other", "key": "wf-b", "depends_on": []string{"a"}},
+	}}}).json(t, &wf)
+	keys[wf.JobIDs["a"]] = "wf-a"
+	for id, k := range keys {
+		j := e.job(id)
+		if k == "" && j.Key != nil || k != "" && (j.Key == nil || *j.Key != k) {
+			t.Errorf("job %d: key %v, want %q", id, j.Key, k)
+		}
+	}
+	var page jobPage
+	e.must(200, req{method: "GET", path: "/api/v1/jobs?queue=" + q, auth: roToken}).json(t, &page)
+	var summary struct{ Jobs []jobSummaryJSON }
+	e.must(200, req{method: "GET", path: "/api/v1/jobs?view=summary&queue=" + q, auth: roToken}).json(t, &summary)
+	if len(page.Jobs) != 5 || len(summary.Jobs) != 5 {
+		t.Fatalf("listed %d jobs and %d summaries, want 5", len(page.Jobs), len(summary.Jobs))
+	}
+	for i, j := range page.Jobs {
+		if k := keys[j.ID]; deref(j.Key) != k || deref(summary.Jobs[i].Key) != k {
+			t.Errorf("listed job %d: key %v, summary %v, want %q", j.ID, j.Key, summary.Jobs[i].Key, k)
+		}
+	}
+
+	// One job per key runs at once, and the job without a key is not
+	// held; each claimed job carries its key.
+	claimed := e.claim(map[string]any{"queue": q, "limit": 10})
+	byKey := map[string]int{}
+	for _, j := range claimed {
+		if k := keys[j.ID]; deref(j.Key) != k {
+			t.Errorf("claimed job %d: key %v, want %q", j.ID, j.Key, k)
+		}
+		byKey[deref(j.Key)]++
+	}
+	if len(claimed) != 3 || byKey["acme"] != 1 || byKey["globex"] != 1 || byKey[""] != 1 {
+		t.Fatalf("claimed %d jobs by key %v, want one of acme, of globex and without a key", len(claimed), byKey)
+	}
+	qj := e.queueOf(q)
+	if qj.LimitUse == nil || qj.LimitUse.KeysRunning != 2 || qj.LimitUse.KeyHeld != 2 || qj.Held == nil || *qj.Held != conveyor.HeldByKey {
+		t.Fatalf("queue %+v: use %+v, held %v; want 2 keys running, 2 jobs held by key", qj, qj.LimitUse, qj.Held)
+	}
+	page2 := e.must(200, req{method: "GET", path: "/", auth: roToken})
+	for _, want := range []string{"1 per key: 2 keys running", "2 waiting for their key", "held: key"} {
+		if !strings.Contains(string(page2.body), want) {
+			t.Errorf("queues page lacks %q", want)
+		}
+	}
+	for id, k := range map[int64]string{many.IDs[1]: "globex", many.IDs[2]: ""} {
+		jp := string(e.must(200, req{method: "GET", path: fmt.Sprintf("/jobs/%d", id), auth: roToken}).body)
+		if k != "" && !strings.Contains(jp, `<dd data-field="key" id="job-key"><code>`+k+`</code></dd>`) ||
+			k == "" && !strings.Contains(jp, `<dd data-field="key" id="job-key"><span class="muted"`) {
+			t.Errorf("job page of %d does not show its key %q", id, k)
+		}
+	}
+
+	// Ordered: set and read, with key_max_running 1 as it implies.
+	e.must(200, req{method: "PUT", path: "/api/v1/queues/" + q + "/limits", auth: adminToken,
+		body: `{"max_running": 4, "ordered": true, "ordered_move_on": true}`}).json(t, &got)
+	want = limitsJSON{MaxRunning: 4, KeyMaxRunning: 1, Ordered: true, OrderedMoveOn: true}
+	if got.Limits == nil || *got.Limits != want {
+		t.Fatalf("PUT ordered answered %+v, want %+v", got.Limits, want)
+	}
+	got = queueLimitsJSON{}
+	e.must(200, req{method: "GET", path: "/api/v1/queues/" + q + "/limits", auth: roToken}).json(t, &got)
+	if got.Limits == nil || *got.Limits != want {
+		t.Fatalf("GET ordered answered %+v, want %+v", got.Limits, want)
+	}
+	if qj := e.queueOf(q); qj.Limits == nil || *qj.Limits != want {
+		t.Fatalf("queues list ordered limits %+v, want %+v", qj.Limits, want)
+	}
+
+	// The dashboard's form sets key limits too.
+	res := e.do(req{method: "POST", path: "/queues/limits", auth: adminToken,
+		header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"},
+		body:   url.Values{"queue": {q}, "op": {"set"}, "key_max_running": {"3"}}.Encode()})
+	if res.status != 303 {
+		t.Fatalf("form set key_max_running: %d %s", res.status, res.body)
+	}
+	if l, err := e.client.QueueLimits(t.Context()); err != nil || l[q] != (conveyor.QueueLimits{KeyMaxRunning: 3}) {
+		t.Fatalf("after the form: %+v, %v", l[q], err)
+	}
+	res = e.do(req{method: "POST", path: "/queues/limits", auth: adminToken,
+		header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"},
+		body:   url.Values{"queue": {q}, "op": {"set"}, "key_order": {"ordered"}}.Encode()})
+	if l, err := e.client.QueueLimits(t.Context()); res.status != 303 || err != nil || !l[q].Ordered || l[q].OrderedMoveOn || l[q].KeyMaxRunning > 1 {
+		t.Fatalf("after the ordered form (%d): %+v, %v", res.status, l[q], err)
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

@@ -56,7 +56,7 @@ func limitsCmd(e *env, args []string) error {
 	f.IntVar(&o.rate, "rate", 0, "set: most jobs of the queue started per --per, 0 for no rate limit (0 to 100000)")
 	f.DurationVar(&o.per, "per", 0, "set: the rate's `window`, such as 1s, 1m or 1h (1ms to 720h); with --rate")
 	f.IntVar(&o.keyMaxRunning, "key-max-running", 0, "set: most jobs with the same key running at once across every process, 0 for no limit per key (0 to 100000; 0 or 1 with --ordered)")
-	f.BoolVar(&o.ordered, "ordered", false, "set: run each key's jobs one at a time in enqueue order; a failed job waiting for its retry holds its key (--ordered=false removes it)")
+	f.BoolVar(&o.ordered, "ordered", false, "set: run each key's jobs one at a time in enqueue order; a failed job waiting for its retry holds its key (--ordered=false removes it, and the one job per key it implies)")
 	f.BoolVar(&o.moveOn, "ordered-move-on", false, "set: with --ordered (implied), let a key's next job start while a failed job of the key waits for its retry")
 	f.BoolVar(&o.allow, "allow-unknown-queue", false, "set: limit a queue that has no job, no live process, no pause and no limits yet (before its first use)")
 	pos, err := e.parse(f, args)
@@ -195,6 +195,12 @@ func limitsSet(e *env, o limitsFlags, pos []string) error {
 	}
 	if set["rate"] {
 		l.Rate, l.RatePeriod = o.rate, o.per
+	}
+	if l.Ordered {
+		// An ordered queue's key limit is the 1 that Ordered implies (a
+		// backend may store it or not), not a limit of its own: it goes
+		// with --ordered=false.
+		l.KeyMaxRunning = 0
 	}
 	if set["key-max-running"] {
 		l.KeyMaxRunning = o.keyMaxRunning

@@ -2,12 +2,14 @@ package main
 
 import (
 	"encoding/json"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/connect"
 )
 
 // TestLimits: set, list and clear a queue's limits from the command on
@@ -195,5 +197,90 @@ func TestKeyLimitsText(t *testing.T) {
 		`"limit_use":{"running":0,"started":0,"next_start_ms":0,"keys_running":2,"key_held":4},"held":"key"`
 	if !strings.Contains(string(b), want) {
 		t.Errorf("JSON %s lacks %s", b, want)
+	}
+}
+
+// TestKeyLimitsCommand: enqueue --key stores the job's key, job prints
+// it, limits set takes the key limits (only those given change), and
+// limits and stats show the keys running and the jobs held by their key.
+// On SQLite, whose driver stores keys.
+func TestKeyLimitsCommand(t *testing.T) {
+	inEmptyDir(t)
+	dsn := filepath.Join(t.TempDir(), "q.db")
+	db := []string{"--db", dsn}
+	run := func(args ...string) string { t.Helper(); return mustCLI(t, append(args, db...)...) }
+	run("migrate")
+	var ids []string
+	for _, k := range []string{"acme", "acme", "globex", "acme"} {
+		ids = append(ids, strings.TrimSpace(run("enqueue", "--kind", "k", "--queue", "tenants", "--key", k, "--allow-unknown-kinds")))
+	}
+	plain := strings.TrimSpace(run("enqueue", "--kind", "k", "--queue", "tenants", "--allow-unknown-kinds"))
+	if out := run("job", ids[0]); !regexp.MustCompile(`(?m)^key: +acme$`).MatchString(out) {
+		t.Errorf("job printed:\n%s", out)
+	}
+	if out := run("job", plain); !regexp.MustCompile(`(?m)^key: +-$`).MatchString(out) {
+		t.Errorf("job without a key printed:\n%s", out)
+	}
+	var j struct{ Key *string }
+	if err := json.Unmarshal([]byte(run("job", "--json", ids[2])), &j); err != nil || j.Key == nil || *j.Key != "globex" {
+		t.Errorf("job --json key %v, %v", j.Key, err)
+	}
+
+	out := run("limits", "set", "tenants", "--key-max-running", "2")
+	if out != "queue tenants is limited in every process: at most 2 running per key (conveyor limits clear tenants removes the limits)\n" {
+		t.Errorf("limits set --key-max-running printed %q", out)
+	}
+	if out := run("limits", "set", "tenants", "--max-running", "10"); !strings.Contains(out, ": at most 10 running, at most 2 running per key (") {
+		t.Errorf("limits set --max-running kept the key limit? %q", out)
+	}
+	// --ordered with a key limit over 1 is refused naming it; with
+	// --key-max-running 1 it is taken.
+	_, _, err := cli(t, "", append([]string{"limits", "set", "tenants", "--ordered"}, db...)...)
+	oneLineErr(t, []string{"limits", "set", "tenants", "--ordered"}, err, "limits set: queue tenants has --key-max-running 2, and an ordered key runs one job at a time")
+	if out := run("limits", "set", "tenants", "--ordered-move-on", "--key-max-running", "1"); !strings.Contains(out, "each key's jobs one at a time in enqueue order, moving on past a failed job") {
+		t.Errorf("limits set --ordered-move-on printed %q", out)
+	}
+	c, err := connect.Open(t.Context(), dsn, &conveyor.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if l, err := c.QueueLimits(t.Context()); err != nil || l["tenants"].MaxRunning != 10 || l["tenants"].KeyMaxRunning > 1 || !l["tenants"].Ordered || !l["tenants"].OrderedMoveOn {
+		t.Fatalf("the client reads %+v, %v", l["tenants"], err)
+	}
+	// --ordered=false removes the ordering and the one job per key it
+	// implies; --key-max-running gives a limit per key of its own.
+	if out := run("limits", "set", "tenants", "--ordered=false"); !strings.HasSuffix(out, ": at most 10 running (conveyor limits clear tenants removes the limits)\n") {
+		t.Errorf("limits set --ordered=false printed %q", out)
+	}
+	if out := run("limits", "set", "tenants", "--key-max-running", "1"); !strings.HasSuffix(out, ": at most 10 running, at most 1 running per key (conveyor limits clear tenants removes the limits)\n") {
+		t.Errorf("limits set --key-max-running 1 printed %q", out)
+	}
+	if l, err := c.QueueLimits(t.Context()); err != nil || l["tenants"] != (conveyor.QueueLimits{MaxRunning: 10, KeyMaxRunning: 1}) {
+		t.Fatalf("after --key-max-running 1 the client reads %+v, %v", l["tenants"], err)
+	}
+
+	// One job per key runs: acme's other two wait for their key.
+	claimed, err := c.RemoteWorkers().Claim(t.Context(), conveyor.RemoteClaim{Queue: "tenants", Limit: 10, Lease: time.Minute})
+	if err != nil || len(claimed) != 3 {
+		t.Fatalf("claimed %d jobs, %v; want acme's first, globex's and the one without a key", len(claimed), err)
+	}
+	if out := run("limits"); !regexp.MustCompile(`(?m)^QUEUE +RUNNING +STARTED +KEYS +AVAILABLE +HELD$`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^tenants +3/10 +- +1 per key: 2 keys running, 2 waiting for their key +2 +key$`).MatchString(out) {
+		t.Errorf("limits printed:\n%s", out)
+	}
+	if out := run("stats"); !regexp.MustCompile(`(?m)^tenants .* running 3/10, 1 per key: 2 keys running, 2 waiting for their key +key$`).MatchString(out) {
+		t.Errorf("stats printed:\n%s", out)
+	}
+	var s struct {
+		Queues []queueStatsJSON `json:"queues"`
+	}
+	if err := json.Unmarshal([]byte(run("stats", "--json")), &s); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Queues) != 1 || s.Queues[0].Limits == nil || *s.Queues[0].Limits != (limitsJSON{MaxRunning: 10, KeyMaxRunning: 1}) ||
+		s.Queues[0].LimitUse == nil || s.Queues[0].LimitUse.KeysRunning != 2 || s.Queues[0].LimitUse.KeyHeld != 2 ||
+		s.Queues[0].Held == nil || *s.Queues[0].Held != conveyor.HeldByKey {
+		t.Fatalf("stats --json: %+v", s.Queues)
 	}
 }
