@@ -128,7 +128,7 @@ func limitsList(e *env, o limitsFlags) error {
 		return json.NewEncoder(e.stdout).Encode(out)
 	}
 	if len(limited) == 0 {
-		fmt.Fprintln(e.stdout, "no queue has limits (conveyor limits set QUEUE --max-running N | --rate N --per DURATION)")
+		fmt.Fprintln(e.stdout, "no queue has limits (conveyor limits set QUEUE --max-running N | --rate N --per DURATION | --key-max-running N | --ordered)")
 		return nil
 	}
 	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
