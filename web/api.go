@@ -160,6 +160,10 @@ type enqueueJSON struct {
 	// checked by the client: a key or value with a NUL character, or more
 	// than conveyor.MaxMetadataBytes encoded, is refused with 400.
 	Metadata map[string]string `json:"metadata"`
+	// Key is the job's limit key (conveyor.EnqueueOpts.Key): 1 to
+	// conveyor.MaxKeyBytes bytes without NUL characters; "" or absent for
+	// none. A longer key, or one with a NUL, is refused with 400.
+	Key string `json:"key"`
 }
 
 // uniqueJSON are a unique job's options (conveyor.UniqueOpts).
@@ -204,10 +208,26 @@ func (e enqueueJSON) check() error {
 	if _, err := msDuration("delay_ms", e.DelayMS, 0, maxJobDelay); err != nil {
 		return err
 	}
+	if err := checkKey(e.Key); err != nil {
+		return err
+	}
 	if e.Unique != nil {
 		if _, err := msDuration("unique.by_period_ms", e.Unique.ByPeriodMS, 0, maxUniquePeriod); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkKey refuses a job's limit key the client would refuse, naming the
+// field: more than conveyor.MaxKeyBytes bytes, or a NUL character (JSON
+// decoding has already made the text valid UTF-8).
+func checkKey(key string) error {
+	switch {
+	case len(key) > conveyor.MaxKeyBytes:
+		return fmt.Errorf("key is %d bytes: at most %d", len(key), conveyor.MaxKeyBytes)
+	case !utf8.ValidString(key) || strings.ContainsRune(key, 0):
+		return fmt.Errorf("key %q: must be UTF-8 without NUL characters", key)
 	}
 	return nil
 }
@@ -235,7 +255,7 @@ func (e enqueueJSON) item() conveyor.EnqueueItem {
 		args = json.RawMessage("{}")
 	}
 	o := &conveyor.EnqueueOpts{Queue: e.Queue, Priority: e.Priority, MaxAttempts: e.MaxAttempts,
-		Delay: time.Duration(e.DelayMS) * time.Millisecond, Metadata: e.Metadata}
+		Delay: time.Duration(e.DelayMS) * time.Millisecond, Metadata: e.Metadata, Key: e.Key}
 	switch {
 	case e.TimeoutMS < 0:
 		o.Timeout = -1
@@ -513,6 +533,8 @@ type jobSummaryJSON struct {
 	AttemptedAt *JSONTime `json:"attempted_at"`
 	AttemptedBy *string   `json:"attempted_by"`
 	FinalizedAt *JSONTime `json:"finalized_at"`
+	// Key is the job's limit key; null when it has none.
+	Key *string `json:"key"`
 	// ArgsPreview is the start of the arguments' JSON on one line, at
 	// most previewBytes of it, ending in "…" when cut.
 	ArgsPreview string `json:"args_preview"`
@@ -534,8 +556,8 @@ func toJobSummary(j *conveyor.JobInfo) jobSummaryJSON {
 		Priority: j.Priority, Attempt: j.Attempt, MaxAttempts: j.MaxAttempts,
 		CreatedAt: timeOrNull(j.CreatedAt), ScheduledAt: timeOrNull(j.ScheduledAt),
 		AttemptedAt: timeOrNull(j.AttemptedAt), AttemptedBy: stringOrNull(j.AttemptedBy),
-		FinalizedAt: timeOrNull(j.FinalizedAt),
-		ArgsBytes:   len(j.EncodedArgs), ErrorCount: len(j.Errors),
+		FinalizedAt: timeOrNull(j.FinalizedAt), Key: stringOrNull(j.Key),
+		ArgsBytes: len(j.EncodedArgs), ErrorCount: len(j.Errors),
 	}
 	args := j.EncodedArgs
 	if len(args) == 0 {
@@ -559,6 +581,9 @@ func toJobSummary(j *conveyor.JobInfo) jobSummaryJSON {
 // size is about how many bytes the summary takes in a page.
 func (s *jobSummaryJSON) size() int {
 	n := 400 + len(s.Queue) + len(s.Kind) + len(s.ArgsPreview)
+	if s.Key != nil {
+		n += len(*s.Key)
+	}
 	if s.AttemptedBy != nil {
 		n += len(*s.AttemptedBy)
 	}
@@ -570,7 +595,7 @@ func (s *jobSummaryJSON) size() int {
 
 // readBytes is about how many bytes a job read from the database holds.
 func readBytes(j *conveyor.JobInfo) int {
-	n := 256 + len(j.Queue) + len(j.Kind) + len(j.AttemptedBy) + len(j.EncodedArgs)
+	n := 256 + len(j.Queue) + len(j.Kind) + len(j.AttemptedBy) + len(j.Key) + len(j.EncodedArgs)
 	for _, e := range j.Errors {
 		n += 64 + len(e.Error) + len(e.Trace)
 	}
@@ -863,8 +888,10 @@ type queueJSON struct {
 	// LimitUse is how much of Limits is in use; null without Limits.
 	LimitUse *limitUseJSON `json:"limit_use"`
 	// Held says why available jobs are not started although workers may
-	// be free: "paused", "concurrency" (MaxRunning jobs run) or "rate"
-	// (the rate window is full); null when nothing holds them.
+	// be free: "paused", "concurrency" (MaxRunning jobs run), "rate" (the
+	// rate window is full) or "key" (every available job's key is at its
+	// key_max_running, or waits for an earlier job of its ordered key);
+	// null when nothing holds them.
 	Held *string `json:"held"`
 }
 

@@ -674,7 +674,8 @@ func (h *Handler) formQueueAction(w http.ResponseWriter, r *http.Request, p prin
 
 // formLimits sets (op=set) or clears (op=clear) a queue's limits from
 // the queues page's form: queue, max_running, rate and rate_period (a Go
-// duration); an empty number is no limit.
+// duration), key_max_running and key_order ("", "ordered" or "move_on");
+// an empty number is no limit.
 func (h *Handler) formLimits(w http.ResponseWriter, r *http.Request, p principal) {
 	if err := r.ParseForm(); err != nil {
 		h.renderError(w, r, p, bodyStatus(err), "could not read the form: "+err.Error())
@@ -695,7 +696,7 @@ func (h *Handler) formLimits(w http.ResponseWriter, r *http.Request, p principal
 			return
 		}
 		if l.IsZero() {
-			h.renderError(w, r, p, http.StatusBadRequest, "give max running, or a rate with its period (Clear limits removes them)")
+			h.renderError(w, r, p, http.StatusBadRequest, "give max running, or a rate with its period, or a limit per key (Clear limits removes them)")
 			return
 		}
 	default:
@@ -736,6 +737,18 @@ func formLimitValues(form url.Values) (conveyor.QueueLimits, error) {
 	if l.Rate, err = num("rate", "rate"); err != nil {
 		return l, err
 	}
+	if l.KeyMaxRunning, err = num("key_max_running", "per key"); err != nil {
+		return l, err
+	}
+	switch v := form.Get("key_order"); v {
+	case "":
+	case "ordered":
+		l.Ordered = true
+	case "move_on":
+		l.Ordered, l.OrderedMoveOn = true, true
+	default:
+		return l, fmt.Errorf("key order %q: empty, ordered or move_on", v)
+	}
 	per := strings.TrimSpace(form.Get("rate_period"))
 	if per != "" {
 		if l.RatePeriod, err = time.ParseDuration(per); err != nil {
@@ -762,7 +775,26 @@ func limitLines(q queueJSON) []string {
 	if l.Rate > 0 {
 		out = append(out, fmt.Sprintf("rate %d/%d per %s", u.Started, l.Rate, l.RatePeriod))
 	}
+	switch {
+	case l.Ordered && l.OrderedMoveOn:
+		out = append(out, "ordered by key, moving on: "+keysRunning(u.KeysRunning))
+	case l.Ordered:
+		out = append(out, "ordered by key: "+keysRunning(u.KeysRunning))
+	case l.KeyMaxRunning > 0:
+		out = append(out, fmt.Sprintf("%d per key: %s", l.KeyMaxRunning, keysRunning(u.KeysRunning)))
+	}
+	if (l.Ordered || l.KeyMaxRunning > 0) && u.KeyHeld > 0 {
+		out = append(out, fmt.Sprintf("%d waiting for their key", u.KeyHeld))
+	}
 	return out
+}
+
+// keysRunning says how many keys run: "1 key running", "3 keys running".
+func keysRunning(n int) string {
+	if n == 1 {
+		return "1 key running"
+	}
+	return fmt.Sprintf("%d keys running", n)
 }
 
 // queueRE is conveyor's rule for queue names.

@@ -16,8 +16,8 @@ import (
 // Keys are snake_case. Times are RFC 3339 strings in UTC with
 // microseconds (JSONTime). A time or value that is absent is null, never
 // a zero time or an empty string. Durations are whole milliseconds under
-// keys ending in _ms. errors is [] for a job that never failed; metadata
-// and result are null for a job without any; fence is present on claimed jobs only.
+// keys ending in _ms. errors is [] for a job that never failed; metadata,
+// key and result are null for a job without any; fence is present on claimed jobs only.
 //
 // It is not conveyor.JobInfo's own encoding (json.Marshal of a JobInfo
 // keeps Go's field names and time layout).
@@ -61,6 +61,9 @@ type JobJSON struct {
 	// Metadata is the job's metadata (conveyor.EnqueueOpts.Metadata);
 	// null when it has none.
 	Metadata map[string]string `json:"metadata"`
+	// Key is the job's limit key (conveyor.EnqueueOpts.Key); null when
+	// it has none.
+	Key *string `json:"key"`
 	// Result is the JSON value the attempt that completed the job set
 	// (conveyor.SetResult, or an HTTP worker's completion); null when
 	// there is none, and in job lists and claims, which do not read it.
@@ -114,7 +117,7 @@ func NewJobJSON(j *conveyor.JobInfo) JobJSON {
 		CreatedAt: timeOrNull(j.CreatedAt), ScheduledAt: timeOrNull(j.ScheduledAt),
 		AttemptedAt: timeOrNull(j.AttemptedAt), AttemptedBy: stringOrNull(j.AttemptedBy),
 		LeaseExpiresAt: timeOrNull(j.LeaseExpiresAt), FinalizedAt: timeOrNull(j.FinalizedAt),
-		Errors: []AttemptJSON{},
+		Errors: []AttemptJSON{}, Key: stringOrNull(j.Key),
 	}
 	if len(out.Args) == 0 {
 		out.Args = json.RawMessage("{}")

@@ -34,7 +34,7 @@ func TestNewJobJSON(t *testing.T) {
 				{Attempt: 1, At: at.Add(time.Millisecond), Error: "boom", Trace: "main.go:3"},
 				{Attempt: 2, At: at.Add(2 * time.Millisecond), Error: "again"},
 			},
-			Metadata: map[string]string{"tenant": "acme", "traceparent": "00-abc-01"},
+			Metadata: map[string]string{"tenant": "acme", "traceparent": "00-abc-01"}, Key: "acme",
 		}, `{"id":7,"queue":"mail","kind":"send_email","state":"running","args":{"to":"a@example.com"},` +
 			`"priority":-2,"attempt":2,"max_attempts":5,"timeout_ms":1500,` +
 			`"created_at":"2025-06-01T10:00:00.123456Z","scheduled_at":"2025-06-01T10:00:01.123456Z",` +
@@ -42,7 +42,7 @@ func TestNewJobJSON(t *testing.T) {
 			`"lease_expires_at":"2025-06-01T10:00:30.123456Z","finalized_at":null,` +
 			`"errors":[{"attempt":1,"at":"2025-06-01T10:00:00.124456Z","error":"boom","trace":"main.go:3"},` +
 			`{"attempt":2,"at":"2025-06-01T10:00:00.125456Z","error":"again","trace":null}],` +
-			`"metadata":{"tenant":"acme","traceparent":"00-abc-01"},"result":null}`},
+			`"metadata":{"tenant":"acme","traceparent":"00-abc-01"},"key":"acme","result":null}`},
 		{"empty", conveyor.JobInfo{
 			ID: 1, Queue: "default", Kind: "k", State: conveyor.JobStateCompleted, MaxAttempts: 25, Timeout: -1,
 			CreatedAt: at, ScheduledAt: at, FinalizedAt: at, Metadata: map[string]string{},
@@ -50,7 +50,7 @@ func TestNewJobJSON(t *testing.T) {
 			`"priority":0,"attempt":0,"max_attempts":25,"timeout_ms":-1,` +
 			`"created_at":"2025-06-01T10:00:00.123456Z","scheduled_at":"2025-06-01T10:00:00.123456Z",` +
 			`"attempted_at":null,"attempted_by":null,"lease_expires_at":null,` +
-			`"finalized_at":"2025-06-01T10:00:00.123456Z","errors":[],"metadata":null,"result":null}`},
+			`"finalized_at":"2025-06-01T10:00:00.123456Z","errors":[],"metadata":null,"key":null,"result":null}`},
 		{"result", conveyor.JobInfo{
 			ID: 2, Queue: "default", Kind: "k", State: conveyor.JobStateCompleted, MaxAttempts: 25,
 			CreatedAt: at, ScheduledAt: at, FinalizedAt: at, Result: json.RawMessage(`{"sum":3}`),
@@ -58,7 +58,7 @@ func TestNewJobJSON(t *testing.T) {
 			`"priority":0,"attempt":0,"max_attempts":25,"timeout_ms":null,` +
 			`"created_at":"2025-06-01T10:00:00.123456Z","scheduled_at":"2025-06-01T10:00:00.123456Z",` +
 			`"attempted_at":null,"attempted_by":null,"lease_expires_at":null,` +
-			`"finalized_at":"2025-06-01T10:00:00.123456Z","errors":[],"metadata":null,"result":{"sum":3}}`},
+			`"finalized_at":"2025-06-01T10:00:00.123456Z","errors":[],"metadata":null,"key":null,"result":{"sum":3}}`},
 	}
 	for _, c := range cases {
 		b, err := json.Marshal(NewJobJSON(&c.j))
@@ -81,7 +81,7 @@ func TestNewJobJSON(t *testing.T) {
 // jobKeys are the keys of every job the API answers, in order; a claimed
 // job adds fence.
 var jobKeys = []string{"id", "queue", "kind", "state", "args", "priority", "attempt", "max_attempts", "timeout_ms",
-	"created_at", "scheduled_at", "attempted_at", "attempted_by", "lease_expires_at", "finalized_at", "errors", "metadata", "result"}
+	"created_at", "scheduled_at", "attempted_at", "attempted_by", "lease_expires_at", "finalized_at", "errors", "metadata", "key", "result"}
 
 // objectKeys returns the keys of the JSON object b in their order.
 func objectKeys(t *testing.T, b []byte) []string {

@@ -22,6 +22,14 @@ type limitsJSON struct {
 	RatePeriod string `json:"rate_period"`
 	// RatePeriodMS is RatePeriod in milliseconds; 0 without a Rate.
 	RatePeriodMS int64 `json:"rate_period_ms"`
+	// KeyMaxRunning is the most jobs with the same key running at once
+	// across every process; 0 for no limit per key. 1 when Ordered.
+	KeyMaxRunning int `json:"key_max_running"`
+	// Ordered runs each key's jobs one at a time in enqueue order.
+	Ordered bool `json:"ordered"`
+	// OrderedMoveOn, with Ordered, lets a key's next job start while a
+	// failed job of the key waits for its retry.
+	OrderedMoveOn bool `json:"ordered_move_on"`
 }
 
 // limitUseJSON is how much of a queue's limits is in use
@@ -34,6 +42,12 @@ type limitUseJSON struct {
 	// NextStartMS, when Started has reached the rate, is how long until
 	// the window has room again; 0 otherwise.
 	NextStartMS int64 `json:"next_start_ms"`
+	// KeysRunning is how many keys hold at least one of their slots
+	// (key_max_running, ordered); 0 without key limits.
+	KeysRunning int `json:"keys_running"`
+	// KeyHeld is how many due available jobs wait because their key has
+	// no slot free for them; 0 without key limits.
+	KeyHeld int64 `json:"key_held"`
 }
 
 // limitsRequest is the body of PUT /api/v1/queues/{queue}/limits. Every
@@ -47,13 +61,20 @@ type limitsRequest struct {
 	// RatePeriodMS is the period in milliseconds, instead of RatePeriod
 	// (or with it, when both say the same).
 	RatePeriodMS *int64 `json:"rate_period_ms"`
+	// KeyMaxRunning is the most jobs with the same key running at once,
+	// 0 to 100000 (0 or 1 with Ordered).
+	KeyMaxRunning int  `json:"key_max_running"`
+	Ordered       bool `json:"ordered"`
+	// OrderedMoveOn needs Ordered.
+	OrderedMoveOn bool `json:"ordered_move_on"`
 }
 
 // limits converts the request, refusing a period that is not a
 // duration, naming the field; the range checks are the client's
 // (conveyor.ErrInvalidOpts).
 func (in limitsRequest) limits() (conveyor.QueueLimits, error) {
-	l := conveyor.QueueLimits{MaxRunning: in.MaxRunning, Rate: in.Rate}
+	l := conveyor.QueueLimits{MaxRunning: in.MaxRunning, Rate: in.Rate,
+		KeyMaxRunning: in.KeyMaxRunning, Ordered: in.Ordered, OrderedMoveOn: in.OrderedMoveOn}
 	if in.RatePeriod != nil && *in.RatePeriod != "" {
 		d, err := time.ParseDuration(*in.RatePeriod)
 		if err != nil {
@@ -84,7 +105,11 @@ func toLimitsJSON(l *conveyor.QueueLimits) *limitsJSON {
 	if l == nil || l.IsZero() {
 		return nil
 	}
-	out := &limitsJSON{MaxRunning: l.MaxRunning, Rate: l.Rate}
+	out := &limitsJSON{MaxRunning: l.MaxRunning, Rate: l.Rate,
+		KeyMaxRunning: l.KeyMaxRunning, Ordered: l.Ordered, OrderedMoveOn: l.OrderedMoveOn}
+	if l.Ordered {
+		out.KeyMaxRunning = 1 // what Ordered implies, whether stored or not
+	}
 	if l.Rate > 0 {
 		out.RatePeriod = shortDuration(l.RatePeriod)
 		out.RatePeriodMS = l.RatePeriod.Milliseconds()
@@ -96,7 +121,8 @@ func toLimitUseJSON(u *conveyor.LimitUse) *limitUseJSON {
 	if u == nil {
 		return nil
 	}
-	return &limitUseJSON{Running: u.Running, Started: u.Started, NextStartMS: u.NextStart.Milliseconds()}
+	return &limitUseJSON{Running: u.Running, Started: u.Started, NextStartMS: u.NextStart.Milliseconds(),
+		KeysRunning: u.KeysRunning, KeyHeld: u.KeyHeld}
 }
 
 // shortDuration is d as time.ParseDuration reads it, without the zero

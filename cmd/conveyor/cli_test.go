@@ -237,6 +237,10 @@ func TestBadArguments(t *testing.T) {
 		{[]string{"enqueue", "--kind", "k", "--max-attempts", "-3"}, "--max-attempts -3: must be 1 or more"},
 		{[]string{"enqueue", "--kind", "k", "--priority", "5000"}, "--priority 5000: must be -1000 to 1000"},
 		{[]string{"enqueue", "--kind", "k", "--delay", "-1s"}, "--delay -1s: must not be negative"},
+		{[]string{"enqueue", "--kind", "k", "--key", ""}, "enqueue: --key is empty"},
+		{[]string{"enqueue", "--kind", "k", "--key", strings.Repeat("k", 256)}, "enqueue: --key is 256 bytes: at most 255"},
+		{[]string{"enqueue", "--kind", "k", "--key", "a\x00b"}, `enqueue: --key "a\x00b": must be UTF-8 without NUL characters`},
+		{[]string{"enqueue", "--kind", "k", "--key", "a\xffb"}, "must be UTF-8 without NUL characters"},
 		{[]string{"jobs", "--limit", "0"}, "jobs: --limit 0: must be 1 or more"},
 		{[]string{"jobs", "--limit", "-1"}, "jobs: --limit -1: must be 1 or more"},
 		{[]string{"jobs", "--after", "-1"}, "jobs: --after -1: must be a job id"},
@@ -291,6 +295,10 @@ func TestHelp(t *testing.T) {
 		{[]string{"--db", "x.db", "torture", "--help"}, "-restart-server"},
 		{[]string{"serve", "--help"}, "-insecure-loopback-dev"},
 		{[]string{"--help"}, "serve [--listen ADDR]"},
+		{[]string{"enqueue", "--help"}, "--key key"},
+		{[]string{"limits", "--help"}, "--key-max-running"},
+		{[]string{"limits", "--help"}, "--ordered-move-on"},
+		{[]string{"--help"}, "[--key KEY]"},
 	} {
 		out, errOut, err := cli(t, "", c.args...)
 		if err != nil || errOut != "" || !strings.Contains(out, c.want) {
@@ -392,7 +400,7 @@ func TestJSONShape(t *testing.T) {
 	mustCLI(t, "enqueue", "--db", dsn, "--kind", "other", "--args", `{"n":1}`, "--allow-unknown-kinds")
 
 	keys := []string{"id", "queue", "kind", "state", "args", "priority", "attempt", "max_attempts", "timeout_ms",
-		"created_at", "scheduled_at", "attempted_at", "attempted_by", "lease_expires_at", "finalized_at", "errors", "metadata", "result"}
+		"created_at", "scheduled_at", "attempted_at", "attempted_by", "lease_expires_at", "finalized_at", "errors", "metadata", "key", "result"}
 	check := func(what string, j map[string]any) {
 		t.Helper()
 		var got []string

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/conveyorq/conveyor"
 )
@@ -16,13 +17,14 @@ import (
 // enqueueCmd enqueues one job and prints its id. It refuses a kind that no
 // worker is known to handle (see kinds.go) unless --allow-unknown-kinds.
 func enqueueCmd(e *env, args []string) error {
-	f := e.flags("enqueue", "enqueue --kind K [--args JSON|@FILE|-] [--queue Q] [--priority N] [--delay D] [--max-attempts N] [--allow-unknown-kinds]", dbHelp)
+	f := e.flags("enqueue", "enqueue --kind K [--args JSON|@FILE|-] [--queue Q] [--priority N] [--delay D] [--max-attempts N] [--key KEY] [--allow-unknown-kinds]", dbHelp)
 	kind := f.String("kind", "", "job `kind` (required)")
 	js := f.String("args", "{}", "job arguments, a JSON object: `JSON`, @FILE to read them from a file, or - (or @-) to read them from standard input")
 	queue := f.String("queue", "", "`queue` (default \"default\")")
 	prio := f.Int("priority", 0, fmt.Sprintf("priority: smaller runs first (%d to %d)", conveyor.MinPriority, conveyor.MaxPriority))
 	delay := f.Duration("delay", 0, "run after this delay (e.g. 30s)")
 	attempts := f.Int("max-attempts", 0, "maximum attempts, 1 or more (default 25)")
+	key := f.String("key", "", fmt.Sprintf("the job's limit `key` (a tenant, an account): the queue's per-key limits (limits set --key-max-running, --ordered) hold each key on its own; 1 to %d bytes without NUL", conveyor.MaxKeyBytes))
 	allowUnknown := f.Bool("allow-unknown-kinds", false, "enqueue a kind no job of which has completed on the database (a new kind, or one rarer than the completed jobs' retention)")
 	if err := e.parseNoArgs(f, args, false); err != nil {
 		return err
@@ -40,6 +42,12 @@ func enqueueCmd(e *env, args []string) error {
 		return usageError("enqueue", fmt.Sprintf("--priority %d: must be %d to %d", *prio, conveyor.MinPriority, conveyor.MaxPriority))
 	case *delay < 0:
 		return usageError("enqueue", fmt.Sprintf("--delay %v: must not be negative", *delay))
+	case given["key"] && *key == "":
+		return usageError("enqueue", "--key is empty: give the job's key, or leave --key out for none")
+	case len(*key) > conveyor.MaxKeyBytes:
+		return usageError("enqueue", fmt.Sprintf("--key is %d bytes: at most %d", len(*key), conveyor.MaxKeyBytes))
+	case !utf8.ValidString(*key) || strings.ContainsRune(*key, 0):
+		return usageError("enqueue", fmt.Sprintf("--key %q: must be UTF-8 without NUL characters", *key))
 	}
 	raw, err := readArgs(*js, e.stdin)
 	if err != nil {
@@ -60,7 +68,7 @@ func enqueueCmd(e *env, args []string) error {
 		}
 	}
 	id, err := c.Enqueue(e.ctx, conveyor.RawArgs{KindName: *kind, JSON: raw},
-		&conveyor.EnqueueOpts{Queue: *queue, Priority: *prio, Delay: *delay, MaxAttempts: *attempts})
+		&conveyor.EnqueueOpts{Queue: *queue, Priority: *prio, Delay: *delay, MaxAttempts: *attempts, Key: *key})
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,7 @@ const (
 	maxRatePeriod = 30 * 24 * time.Hour
 )
 
-const limitsSynopsis = "limits [--json] | limits set QUEUE [--max-running N] [--rate N --per DURATION] [--allow-unknown-queue] | limits clear QUEUE"
+const limitsSynopsis = "limits [--json] | limits set QUEUE [--max-running N] [--rate N --per DURATION] [--key-max-running N] [--ordered[=false]] [--ordered-move-on[=false]] [--allow-unknown-queue] | limits clear QUEUE"
 
 // limitsFlags are the flags of limits and its subcommands, parsed in one
 // set so that they may come before or after the subcommand.
@@ -29,6 +29,9 @@ type limitsFlags struct {
 	maxRunning    int
 	rate          int
 	per           time.Duration
+	keyMaxRunning int
+	ordered       bool
+	moveOn        bool
 	set           map[string]bool // the flags given
 }
 
@@ -38,8 +41,12 @@ func limitsCmd(e *env, args []string) error {
 	f := e.flags("limits", limitsSynopsis, dbHelp)
 	f.about = "limits: the limited queues, with their use and what holds their jobs.\n" +
 		"limits set: limits QUEUE in every process working it on the database: at most N jobs running\n" +
-		"at once (--max-running), at most N jobs started per DURATION (--rate with --per). Only the\n" +
-		"limits given change; 0 removes one. Jobs over a limit wait in the queue; running jobs go on.\n" +
+		"at once (--max-running), at most N jobs started per DURATION (--rate with --per), at most N\n" +
+		"jobs with the same key (enqueue --key) running at once (--key-max-running), each key's jobs\n" +
+		"one at a time in enqueue order, a failed job holding its key until its retry ends (--ordered),\n" +
+		"or letting the key's next job start meanwhile (--ordered-move-on, which implies --ordered).\n" +
+		"Only the limits given change; 0 (or =false) removes one. Jobs over a limit wait in the queue;\n" +
+		"running jobs go on.\n" +
 		"A queue exists when the database holds a job of it, a live process works it, or it is paused\n" +
 		"or limited; limiting one that does not exist is refused without --allow-unknown-queue.\n" +
 		"limits clear: removes QUEUE's limits."
@@ -48,6 +55,9 @@ func limitsCmd(e *env, args []string) error {
 	f.IntVar(&o.maxRunning, "max-running", 0, "set: most jobs of the queue running at once across every process, 0 for no limit (0 to 100000)")
 	f.IntVar(&o.rate, "rate", 0, "set: most jobs of the queue started per --per, 0 for no rate limit (0 to 100000)")
 	f.DurationVar(&o.per, "per", 0, "set: the rate's `window`, such as 1s, 1m or 1h (1ms to 720h); with --rate")
+	f.IntVar(&o.keyMaxRunning, "key-max-running", 0, "set: most jobs with the same key running at once across every process, 0 for no limit per key (0 to 100000; 0 or 1 with --ordered)")
+	f.BoolVar(&o.ordered, "ordered", false, "set: run each key's jobs one at a time in enqueue order; a failed job waiting for its retry holds its key (--ordered=false removes it, and the one job per key it implies)")
+	f.BoolVar(&o.moveOn, "ordered-move-on", false, "set: with --ordered (implied), let a key's next job start while a failed job of the key waits for its retry")
 	f.BoolVar(&o.allow, "allow-unknown-queue", false, "set: limit a queue that has no job, no live process, no pause and no limits yet (before its first use)")
 	pos, err := e.parse(f, args)
 	if err != nil {
@@ -74,7 +84,7 @@ func limitsCmd(e *env, args []string) error {
 		}
 		return limitsList(e, o)
 	case "set":
-		if err := only("limits set", "max-running", "rate", "per", "allow-unknown-queue"); err != nil {
+		if err := only("limits set", "max-running", "rate", "per", "key-max-running", "ordered", "ordered-move-on", "allow-unknown-queue"); err != nil {
 			return err
 		}
 		return limitsSet(e, o, pos)
@@ -118,14 +128,14 @@ func limitsList(e *env, o limitsFlags) error {
 		return json.NewEncoder(e.stdout).Encode(out)
 	}
 	if len(limited) == 0 {
-		fmt.Fprintln(e.stdout, "no queue has limits (conveyor limits set QUEUE --max-running N | --rate N --per DURATION)")
+		fmt.Fprintln(e.stdout, "no queue has limits (conveyor limits set QUEUE --max-running N | --rate N --per DURATION | --key-max-running N | --ordered)")
 		return nil
 	}
 	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "QUEUE\tRUNNING\tSTARTED\tAVAILABLE\tHELD")
+	fmt.Fprintln(w, "QUEUE\tRUNNING\tSTARTED\tKEYS\tAVAILABLE\tHELD")
 	for _, x := range limited {
 		run, rate := limitUseText(x)
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\n", x.Queue, dash(run), dash(rate), x.Counts[conveyor.JobStateAvailable], dash(x.Held))
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", x.Queue, dash(run), dash(rate), dash(keyUseText(x)), x.Counts[conveyor.JobStateAvailable], dash(x.Held))
 	}
 	return w.Flush()
 }
@@ -142,8 +152,14 @@ func limitsSet(e *env, o limitsFlags, pos []string) error {
 	switch {
 	case set["per"] && !set["rate"]:
 		return usageError(cmd, "--per is the window of --rate: give --rate N with it")
-	case !set["max-running"] && !set["rate"]:
-		return usageError(cmd, "give --max-running N, or --rate N with --per DURATION (limits clear removes every limit)")
+	case !set["max-running"] && !set["rate"] && !set["key-max-running"] && !set["ordered"] && !set["ordered-move-on"]:
+		return usageError(cmd, "give --max-running N, or --rate N with --per DURATION, or --key-max-running N, --ordered or --ordered-move-on (limits clear removes every limit)")
+	case set["key-max-running"] && (o.keyMaxRunning < 0 || o.keyMaxRunning > maxLimitSlots):
+		return usageError(cmd, fmt.Sprintf("--key-max-running %d: must be 0 (no limit) to %d", o.keyMaxRunning, maxLimitSlots))
+	case set["ordered"] && !o.ordered && set["ordered-move-on"] && o.moveOn:
+		return usageError(cmd, "--ordered-move-on needs --ordered: drop --ordered=false")
+	case (o.ordered || o.moveOn) && o.keyMaxRunning > 1:
+		return usageError(cmd, fmt.Sprintf("--key-max-running %d with --ordered: an ordered key runs one job at a time (0 or 1)", o.keyMaxRunning))
 	case set["max-running"] && (o.maxRunning < 0 || o.maxRunning > maxLimitSlots):
 		return usageError(cmd, fmt.Sprintf("--max-running %d: must be 0 (no limit) to %d", o.maxRunning, maxLimitSlots))
 	case set["rate"] && (o.rate < 0 || o.rate > maxLimitSlots):
@@ -179,6 +195,30 @@ func limitsSet(e *env, o limitsFlags, pos []string) error {
 	}
 	if set["rate"] {
 		l.Rate, l.RatePeriod = o.rate, o.per
+	}
+	if l.Ordered {
+		// An ordered queue's key limit is the 1 that Ordered implies (a
+		// backend may store it or not), not a limit of its own: it goes
+		// with --ordered=false.
+		l.KeyMaxRunning = 0
+	}
+	if set["key-max-running"] {
+		l.KeyMaxRunning = o.keyMaxRunning
+	}
+	if set["ordered"] {
+		l.Ordered = o.ordered
+		if !o.ordered {
+			l.OrderedMoveOn = false
+		}
+	}
+	if set["ordered-move-on"] {
+		l.OrderedMoveOn = o.moveOn
+		if o.moveOn {
+			l.Ordered = true
+		}
+	}
+	if l.Ordered && l.KeyMaxRunning > 1 {
+		return fmt.Errorf("%s: queue %s has --key-max-running %d, and an ordered key runs one job at a time: give --key-max-running 0 or 1 with --ordered", cmd, queue, l.KeyMaxRunning)
 	}
 	if err := c.SetQueueLimits(e.ctx, queue, l); err != nil {
 		return fmt.Errorf("%s: %w", cmd, err)
@@ -276,6 +316,14 @@ func limitsText(l conveyor.QueueLimits) string {
 	if l.Rate > 0 {
 		parts = append(parts, fmt.Sprintf("at most %d started per %s", l.Rate, shortDuration(l.RatePeriod)))
 	}
+	switch {
+	case l.Ordered && l.OrderedMoveOn:
+		parts = append(parts, "each key's jobs one at a time in enqueue order, moving on past a failed job waiting for its retry")
+	case l.Ordered:
+		parts = append(parts, "each key's jobs one at a time in enqueue order")
+	case l.KeyMaxRunning > 0:
+		parts = append(parts, fmt.Sprintf("at most %d running per key", l.KeyMaxRunning))
+	}
 	return strings.Join(parts, ", ")
 }
 
@@ -297,6 +345,38 @@ func limitUseText(q conveyor.QueueStats) (running, rate string) {
 		}
 	}
 	return running, rate
+}
+
+// keyUseText is a queue's use of its key limits: "2 per key: 3 keys
+// running", "ordered by key: 1 key running", with ", 4 waiting for their
+// key" when jobs wait for their key; "" without key limits.
+func keyUseText(q conveyor.QueueStats) string {
+	if q.Limits == nil {
+		return ""
+	}
+	l, u := q.Limits, q.LimitUse
+	if u == nil {
+		u = &conveyor.LimitUse{}
+	}
+	keys := fmt.Sprintf("%d keys running", u.KeysRunning)
+	if u.KeysRunning == 1 {
+		keys = "1 key running"
+	}
+	var s string
+	switch {
+	case l.Ordered && l.OrderedMoveOn:
+		s = "ordered by key, moving on: " + keys
+	case l.Ordered:
+		s = "ordered by key: " + keys
+	case l.KeyMaxRunning > 0:
+		s = fmt.Sprintf("%d per key: %s", l.KeyMaxRunning, keys)
+	default:
+		return ""
+	}
+	if u.KeyHeld > 0 {
+		s += fmt.Sprintf(", %d waiting for their key", u.KeyHeld)
+	}
+	return s
 }
 
 // dash is s, or "-" for "".
@@ -328,6 +408,11 @@ type limitsJSON struct {
 	// RatePeriod is a Go duration ("1m"); "" without a rate.
 	RatePeriod   string `json:"rate_period"`
 	RatePeriodMS int64  `json:"rate_period_ms"`
+	// KeyMaxRunning is the most jobs with the same key running at once;
+	// 1 with Ordered.
+	KeyMaxRunning int  `json:"key_max_running"`
+	Ordered       bool `json:"ordered"`
+	OrderedMoveOn bool `json:"ordered_move_on"`
 }
 
 // limitUseJSON is a queue's use of its limits.
@@ -335,6 +420,10 @@ type limitUseJSON struct {
 	Running     int   `json:"running"`
 	Started     int   `json:"started"`
 	NextStartMS int64 `json:"next_start_ms"`
+	// KeysRunning is how many keys hold a slot; KeyHeld how many due
+	// available jobs wait for their key.
+	KeysRunning int   `json:"keys_running"`
+	KeyHeld     int64 `json:"key_held"`
 }
 
 // queueStatsJSON is one queue of stats --json and limits --json.
@@ -349,7 +438,7 @@ type queueStatsJSON struct {
 	Limits   *limitsJSON   `json:"limits"`
 	LimitUse *limitUseJSON `json:"limit_use"`
 	// Held is why available jobs wait ("paused", "concurrency",
-	// "rate"); null when nothing holds them.
+	// "rate", "key"); null when nothing holds them.
 	Held *string `json:"held"`
 }
 
@@ -362,13 +451,18 @@ func toQueueStatsJSON(x conveyor.QueueStats) queueStatsJSON {
 		q.PausedAt = ptr(x.PausedAt.UTC())
 	}
 	if l := x.Limits; l != nil {
-		q.Limits = &limitsJSON{MaxRunning: l.MaxRunning, Rate: l.Rate}
+		q.Limits = &limitsJSON{MaxRunning: l.MaxRunning, Rate: l.Rate,
+			KeyMaxRunning: l.KeyMaxRunning, Ordered: l.Ordered, OrderedMoveOn: l.OrderedMoveOn}
+		if l.Ordered {
+			q.Limits.KeyMaxRunning = 1 // what Ordered implies, whether stored or not
+		}
 		if l.Rate > 0 {
 			q.Limits.RatePeriod, q.Limits.RatePeriodMS = shortDuration(l.RatePeriod), l.RatePeriod.Milliseconds()
 		}
 	}
 	if u := x.LimitUse; u != nil {
-		q.LimitUse = &limitUseJSON{Running: u.Running, Started: u.Started, NextStartMS: u.NextStart.Milliseconds()}
+		q.LimitUse = &limitUseJSON{Running: u.Running, Started: u.Started, NextStartMS: u.NextStart.Milliseconds(),
+			KeysRunning: u.KeysRunning, KeyHeld: u.KeyHeld}
 	}
 	if x.Held != "" {
 		q.Held = ptr(x.Held)

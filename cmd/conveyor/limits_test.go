@@ -2,12 +2,14 @@ package main
 
 import (
 	"encoding/json"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/connect"
 )
 
 // TestLimits: set, list and clear a queue's limits from the command on
@@ -45,13 +47,13 @@ func TestLimits(t *testing.T) {
 				s.Queues[0].LimitUse == nil || *s.Queues[0].LimitUse != (limitUseJSON{}) || s.Queues[0].Held != nil {
 				t.Fatalf("limits --json: %+v", s.Queues)
 			}
-			if out := run("limits"); !regexp.MustCompile(`(?m)^mail +0/5 +0/100 per 1m +1 +-$`).MatchString(out) {
+			if out := run("limits"); !regexp.MustCompile(`(?m)^mail +0/5 +0/100 per 1m +- +1 +-$`).MatchString(out) {
 				t.Errorf("limits printed:\n%s", out)
 			}
 			// A paused limited queue with a job waiting is held by the
 			// pause; stats shows limits and held in both shapes.
 			run("pause", "mail")
-			if out := run("limits"); !regexp.MustCompile(`(?m)^mail +0/5 +0/100 per 1m +1 +paused$`).MatchString(out) {
+			if out := run("limits"); !regexp.MustCompile(`(?m)^mail +0/5 +0/100 per 1m +- +1 +paused$`).MatchString(out) {
 				t.Errorf("limits of a paused queue printed:\n%s", out)
 			}
 			if out := run("stats"); !strings.Contains(out, "LIMITS") || !regexp.MustCompile(`mail .* running 0/5, rate 0/100 per 1m +paused`).MatchString(out) {
@@ -117,6 +119,15 @@ func TestLimitsBadInput(t *testing.T) {
 		{[]string{"limits", "clear"}, "limits clear: queue name required"},
 		{[]string{"limits", "clear", "q", "--rate", "1"}, "--rate does not apply to limits clear"},
 		{[]string{"limits", "bogus"}, `limits: unknown subcommand "bogus": set or clear`},
+		{[]string{"limits", "set", "q", "--key-max-running", "-1"}, "limits set: --key-max-running -1: must be 0 (no limit) to 100000"},
+		{[]string{"limits", "set", "q", "--key-max-running", "100001"}, "--key-max-running 100001: must be 0 (no limit) to 100000"},
+		{[]string{"limits", "set", "q", "--key-max-running", "two"}, `invalid value "two" for flag --key-max-running`},
+		{[]string{"limits", "set", "q", "--key-max-running", "2", "--ordered"}, "--key-max-running 2 with --ordered: an ordered key runs one job at a time"},
+		{[]string{"limits", "set", "q", "--key-max-running", "3", "--ordered-move-on"}, "--key-max-running 3 with --ordered"},
+		{[]string{"limits", "set", "q", "--ordered=false", "--ordered-move-on"}, "--ordered-move-on needs --ordered"},
+		{[]string{"limits", "set", "q", "--ordered=maybe"}, `invalid boolean value "maybe" for --ordered`},
+		{[]string{"limits", "--ordered"}, "--ordered does not apply to limits"},
+		{[]string{"limits", "clear", "q", "--key-max-running", "1"}, "--key-max-running does not apply to limits clear"},
 	} {
 		_, _, err := cli(t, "", tc.args...)
 		oneLineErr(t, tc.args, err, tc.want)
@@ -137,11 +148,139 @@ func TestLimitsText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `"limits":{"max_running":5,"rate":10,"rate_period":"1m30s","rate_period_ms":90000},"limit_use":{"running":3,"started":10,"next_start_ms":1500},"held":"rate"`
+	want := `"limits":{"max_running":5,"rate":10,"rate_period":"1m30s","rate_period_ms":90000,"key_max_running":0,"ordered":false,"ordered_move_on":false},` +
+		`"limit_use":{"running":3,"started":10,"next_start_ms":1500,"keys_running":0,"key_held":0},"held":"rate"`
 	if !strings.Contains(string(b), want) {
 		t.Errorf("JSON %s lacks %s", b, want)
 	}
 	if run, rate := limitUseText(conveyor.QueueStats{}); run != "" || rate != "" {
 		t.Errorf("no limits: %q, %q", run, rate)
+	}
+}
+
+// TestKeyLimitsText: the key limits as limits set, limits and stats say
+// them, and their JSON.
+func TestKeyLimitsText(t *testing.T) {
+	for _, c := range []struct {
+		l    conveyor.QueueLimits
+		u    conveyor.LimitUse
+		text string
+		use  string
+	}{
+		{conveyor.QueueLimits{KeyMaxRunning: 2}, conveyor.LimitUse{KeysRunning: 3, KeyHeld: 4},
+			"at most 2 running per key", "2 per key: 3 keys running, 4 waiting for their key"},
+		{conveyor.QueueLimits{MaxRunning: 5, Ordered: true}, conveyor.LimitUse{KeysRunning: 1},
+			"at most 5 running, each key's jobs one at a time in enqueue order", "ordered by key: 1 key running"},
+		{conveyor.QueueLimits{KeyMaxRunning: 1, Ordered: true, OrderedMoveOn: true}, conveyor.LimitUse{},
+			"each key's jobs one at a time in enqueue order, moving on past a failed job waiting for its retry", "ordered by key, moving on: 0 keys running"},
+		{conveyor.QueueLimits{MaxRunning: 5}, conveyor.LimitUse{}, "at most 5 running", ""},
+	} {
+		if got := limitsText(c.l); got != c.text {
+			t.Errorf("limitsText(%+v) = %q, want %q", c.l, got, c.text)
+		}
+		q := conveyor.QueueStats{Limits: &c.l, LimitUse: &c.u}
+		if got := keyUseText(q); got != c.use {
+			t.Errorf("keyUseText(%+v, %+v) = %q, want %q", c.l, c.u, got, c.use)
+		}
+	}
+	if got := keyUseText(conveyor.QueueStats{}); got != "" {
+		t.Errorf("no limits: %q", got)
+	}
+	q := conveyor.QueueStats{Queue: "a", Counts: map[conveyor.JobState]int64{conveyor.JobStateAvailable: 4},
+		Limits:   &conveyor.QueueLimits{Ordered: true},
+		LimitUse: &conveyor.LimitUse{KeysRunning: 2, KeyHeld: 4}, Held: conveyor.HeldByKey}
+	b, err := json.Marshal(toQueueStatsJSON(q))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `"limits":{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":1,"ordered":true,"ordered_move_on":false},` +
+		`"limit_use":{"running":0,"started":0,"next_start_ms":0,"keys_running":2,"key_held":4},"held":"key"`
+	if !strings.Contains(string(b), want) {
+		t.Errorf("JSON %s lacks %s", b, want)
+	}
+}
+
+// TestKeyLimitsCommand: enqueue --key stores the job's key, job prints
+// it, limits set takes the key limits (only those given change), and
+// limits and stats show the keys running and the jobs held by their key.
+// On SQLite, whose driver stores keys.
+func TestKeyLimitsCommand(t *testing.T) {
+	inEmptyDir(t)
+	dsn := filepath.Join(t.TempDir(), "q.db")
+	db := []string{"--db", dsn}
+	run := func(args ...string) string { t.Helper(); return mustCLI(t, append(args, db...)...) }
+	run("migrate")
+	var ids []string
+	for _, k := range []string{"acme", "acme", "globex", "acme"} {
+		ids = append(ids, strings.TrimSpace(run("enqueue", "--kind", "k", "--queue", "tenants", "--key", k, "--allow-unknown-kinds")))
+	}
+	plain := strings.TrimSpace(run("enqueue", "--kind", "k", "--queue", "tenants", "--allow-unknown-kinds"))
+	if out := run("job", ids[0]); !regexp.MustCompile(`(?m)^key: +acme$`).MatchString(out) {
+		t.Errorf("job printed:\n%s", out)
+	}
+	if out := run("job", plain); !regexp.MustCompile(`(?m)^key: +-$`).MatchString(out) {
+		t.Errorf("job without a key printed:\n%s", out)
+	}
+	var j struct{ Key *string }
+	if err := json.Unmarshal([]byte(run("job", "--json", ids[2])), &j); err != nil || j.Key == nil || *j.Key != "globex" {
+		t.Errorf("job --json key %v, %v", j.Key, err)
+	}
+
+	out := run("limits", "set", "tenants", "--key-max-running", "2")
+	if out != "queue tenants is limited in every process: at most 2 running per key (conveyor limits clear tenants removes the limits)\n" {
+		t.Errorf("limits set --key-max-running printed %q", out)
+	}
+	if out := run("limits", "set", "tenants", "--max-running", "10"); !strings.Contains(out, ": at most 10 running, at most 2 running per key (") {
+		t.Errorf("limits set --max-running kept the key limit? %q", out)
+	}
+	// --ordered with a key limit over 1 is refused naming it; with
+	// --key-max-running 1 it is taken.
+	_, _, err := cli(t, "", append([]string{"limits", "set", "tenants", "--ordered"}, db...)...)
+	oneLineErr(t, []string{"limits", "set", "tenants", "--ordered"}, err, "limits set: queue tenants has --key-max-running 2, and an ordered key runs one job at a time")
+	if out := run("limits", "set", "tenants", "--ordered-move-on", "--key-max-running", "1"); !strings.Contains(out, "each key's jobs one at a time in enqueue order, moving on past a failed job") {
+		t.Errorf("limits set --ordered-move-on printed %q", out)
+	}
+	c, err := connect.Open(t.Context(), dsn, &conveyor.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if l, err := c.QueueLimits(t.Context()); err != nil || l["tenants"].MaxRunning != 10 || l["tenants"].KeyMaxRunning > 1 || !l["tenants"].Ordered || !l["tenants"].OrderedMoveOn {
+		t.Fatalf("the client reads %+v, %v", l["tenants"], err)
+	}
+	// --ordered=false removes the ordering and the one job per key it
+	// implies; --key-max-running gives a limit per key of its own.
+	if out := run("limits", "set", "tenants", "--ordered=false"); !strings.HasSuffix(out, ": at most 10 running (conveyor limits clear tenants removes the limits)\n") {
+		t.Errorf("limits set --ordered=false printed %q", out)
+	}
+	if out := run("limits", "set", "tenants", "--key-max-running", "1"); !strings.HasSuffix(out, ": at most 10 running, at most 1 running per key (conveyor limits clear tenants removes the limits)\n") {
+		t.Errorf("limits set --key-max-running 1 printed %q", out)
+	}
+	if l, err := c.QueueLimits(t.Context()); err != nil || l["tenants"] != (conveyor.QueueLimits{MaxRunning: 10, KeyMaxRunning: 1}) {
+		t.Fatalf("after --key-max-running 1 the client reads %+v, %v", l["tenants"], err)
+	}
+
+	// One job per key runs: acme's other two wait for their key.
+	claimed, err := c.RemoteWorkers().Claim(t.Context(), conveyor.RemoteClaim{Queue: "tenants", Limit: 10, Lease: time.Minute})
+	if err != nil || len(claimed) != 3 {
+		t.Fatalf("claimed %d jobs, %v; want acme's first, globex's and the one without a key", len(claimed), err)
+	}
+	if out := run("limits"); !regexp.MustCompile(`(?m)^QUEUE +RUNNING +STARTED +KEYS +AVAILABLE +HELD$`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^tenants +3/10 +- +1 per key: 2 keys running, 2 waiting for their key +2 +key$`).MatchString(out) {
+		t.Errorf("limits printed:\n%s", out)
+	}
+	if out := run("stats"); !regexp.MustCompile(`(?m)^tenants .* running 3/10, 1 per key: 2 keys running, 2 waiting for their key +key$`).MatchString(out) {
+		t.Errorf("stats printed:\n%s", out)
+	}
+	var s struct {
+		Queues []queueStatsJSON `json:"queues"`
+	}
+	if err := json.Unmarshal([]byte(run("stats", "--json")), &s); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Queues) != 1 || s.Queues[0].Limits == nil || *s.Queues[0].Limits != (limitsJSON{MaxRunning: 10, KeyMaxRunning: 1}) ||
+		s.Queues[0].LimitUse == nil || s.Queues[0].LimitUse.KeysRunning != 2 || s.Queues[0].LimitUse.KeyHeld != 2 ||
+		s.Queues[0].Held == nil || *s.Queues[0].Held != conveyor.HeldByKey {
+		t.Fatalf("stats --json: %+v", s.Queues)
 	}
 }

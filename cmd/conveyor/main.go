@@ -40,20 +40,24 @@ database.
 
 commands:
   migrate                 create the database (SQLite) and apply the schema migrations
-  enqueue --kind K [--args JSON|@FILE|-] [--queue Q] [--priority N] [--delay D] [--max-attempts N] [--allow-unknown-kinds]
-                          refuses a kind no job of which has completed on the database, unless --allow-unknown-kinds
+  enqueue --kind K [--args JSON|@FILE|-] [--queue Q] [--priority N] [--delay D] [--max-attempts N] [--key KEY]
+        [--allow-unknown-kinds]
+                          refuses a kind no job of which has completed on the database, unless --allow-unknown-kinds;
+                          --key is the job's limit key (a tenant, an account) for the queue's per-key limits
   jobs [--state S] [--queue Q] [--kind K] [--limit N] [--after ID] [--json]
-  job ID [--json]         inspect one job, with every attempt's error
+  job ID [--json]         inspect one job, its key, with every attempt's error
   batch ID [--json]       inspect one batch: its jobs' states and results, its callback
   retry ID | cancel ID | discard ID
   stats [--json]          per queue: counts by state, age of the oldest available job, paused since,
-                          limits and their use, what holds its jobs
+                          limits and their use (keys running), what holds its jobs (held: key)
   schedules [--json]      the periodic schedules: latest slot and job, next slot
   pause QUEUE [--allow-unknown-queue] | resume QUEUE
                           stop and restart claims of a queue in every process (running jobs finish)
-  limits [--json] | limits set QUEUE [--max-running N] [--rate N --per DURATION] | limits clear QUEUE
+  limits [--json] | limits set QUEUE [--max-running N] [--rate N --per DURATION] [--key-max-running N]
+        [--ordered[=false]] [--ordered-move-on[=false]] | limits clear QUEUE
                           the limited queues, their use and what holds them; set or clear a queue's limits
-                          (jobs running at once, jobs started per window) for every process
+                          (jobs running at once, jobs started per window, jobs running at once per key,
+                          each key's jobs one at a time in order) for every process
   serve [--listen ADDR] [--token-file F] [--read-only-token-file F] [--basic-auth-file F] [--insecure-loopback-dev]
         [--unknown-kinds warn|refuse|allow] [--metrics=false]
                           the dashboard, the HTTP/JSON API (worker protocol included) and /metrics for

@@ -13,8 +13,9 @@ import (
 )
 
 // statsCmd prints per queue the counts by state, the age of the oldest
-// available job, the pause, the limits with their use, and what holds
-// the queue's jobs. The client's process counters are left out: a one-shot
+// available job, the pause, the limits with their use (key limits
+// included), and what holds the queue's jobs ("key" when every available
+// job waits for its key). The client's process counters are left out: a one-shot
 // command claims nothing, so they would always be 0.
 func statsCmd(e *env, args []string) error {
 	f := e.flags("stats", "stats [--json]", dbHelp)
@@ -62,8 +63,9 @@ func statsCmd(e *env, args []string) error {
 			paused = x.PausedAt.UTC().Format(time.RFC3339)
 		}
 		limits := "-"
-		if run, rate := limitUseText(x); run != "" || rate != "" {
-			limits = strings.Join(slices.DeleteFunc([]string{prefixed("running ", run), prefixed("rate ", rate)}, func(s string) bool { return s == "" }), ", ")
+		run, rate := limitUseText(x)
+		if parts := slices.DeleteFunc([]string{prefixed("running ", run), prefixed("rate ", rate), keyUseText(x)}, func(s string) bool { return s == "" }); len(parts) > 0 {
+			limits = strings.Join(parts, ", ")
 		}
 		fmt.Fprintf(w, "\t%s\t%s\t%s\t%s\n", oldest, paused, limits, dash(x.Held))
 	}

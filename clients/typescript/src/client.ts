@@ -44,6 +44,8 @@ export interface Job<Args = unknown> {
   errors: AttemptError[];
   /** The job's metadata (`EnqueueOptions.metadata`), null when it has none. */
   metadata: Record<string, string> | null;
+  /** The job's limit key (`EnqueueOptions.key`), null when it has none. */
+  key: string | null;
   /**
    * The result the attempt that completed the job stored (a Go worker's
    * `conveyor.SetResult`, the value a TypeScript handler resolved with), a
@@ -95,6 +97,15 @@ export interface EnqueueOptions {
    * than 64 KiB encoded as JSON. An empty object stores nothing.
    */
   metadata?: Record<string, string>;
+  /**
+   * The job's limit key: a tenant, an account, a partner. The queue's
+   * per-key limits (`QueueLimits.keyMaxRunning`, `ordered`) apply to each
+   * key on its own; a job without a key is held only by the queue's own
+   * limits. 1 to 255 bytes of UTF-8 without NUL characters (the server
+   * refuses others with 400); "" or absent for none. Not part of a
+   * unique job's key. It comes back in `Job.key`.
+   */
+  key?: string;
 }
 
 /** One job of `enqueueMany`. */
@@ -230,7 +241,7 @@ export interface FailOptions {
 }
 
 /** Why a queue's available jobs are not started although workers may be free. */
-export type Held = "paused" | "concurrency" | "rate";
+export type Held = "paused" | "concurrency" | "rate" | "key";
 
 /** A queue's flow limits, held across every process claiming from the queue; 0 is no limit. */
 export interface QueueLimits {
@@ -242,6 +253,12 @@ export interface QueueLimits {
   ratePeriod: string;
   /** ratePeriod in milliseconds; 0 without a rate. */
   ratePeriodMs: number;
+  /** The most jobs with the same key running at once across every process; 1 when ordered. */
+  keyMaxRunning: number;
+  /** Each key's jobs start one at a time, in the order they were enqueued. */
+  ordered: boolean;
+  /** With ordered: a key's next job may start while a failed job of the key waits for its retry. */
+  orderedMoveOn: boolean;
 }
 
 /** Limits to set: a field left out is no limit (setQueueLimits replaces them whole). */
@@ -252,6 +269,15 @@ export interface QueueLimitsInput {
   rate?: number;
   /** rate's window, 1ms to 30 days: a Go duration string ("1m", "30s", "1h30m") or milliseconds. */
   ratePeriod?: string | number;
+  /** The most jobs with the same key (`EnqueueOptions.key`) running at once, 0 to 100000 (0 or 1 with ordered). */
+  keyMaxRunning?: number;
+  /**
+   * Each key's jobs start one at a time in enqueue order; a failed job
+   * waiting for its retry (or a snoozed one) holds its key.
+   */
+  ordered?: boolean;
+  /** With ordered: a key's next job may start while a failed job of the key waits for its retry. */
+  orderedMoveOn?: boolean;
 }
 
 /** How much of a queue's limits is in use. */
@@ -262,6 +288,10 @@ export interface LimitUse {
   started: number;
   /** When started has reached the rate, how long until the window has room again; 0 otherwise. */
   nextStartMs: number;
+  /** Keys holding at least one of their slots (keyMaxRunning, ordered). */
+  keysRunning: number;
+  /** Due available jobs waiting because their key has no slot free for them. */
+  keyHeld: number;
 }
 
 /** One queue as GET /api/v1/queues lists it. */
@@ -317,6 +347,7 @@ interface WireJob {
   finalized_at: string | null;
   errors: AttemptError[] | null;
   metadata?: Record<string, string> | null;
+  key?: string | null;
   result?: unknown;
   fence?: number;
 }
@@ -340,6 +371,7 @@ function fromWire(w: WireJob): Job {
     finalizedAt: w.finalized_at,
     errors: w.errors ?? [],
     metadata: w.metadata ?? null,
+    key: w.key ?? null,
     result: w.result ?? null,
     batchId: batchIdOf(w.metadata),
   };
@@ -378,6 +410,7 @@ function toWire(kind: string, args: unknown, o: EnqueueOptions = {}): Record<str
   if (o.runAt !== undefined) body.run_at = o.runAt instanceof Date ? o.runAt.toISOString() : o.runAt;
   if (o.delayMs !== undefined) body.delay_ms = o.delayMs;
   if (o.metadata !== undefined) body.metadata = o.metadata;
+  if (o.key !== undefined) body.key = o.key;
   if (o.unique !== undefined) {
     const u = o.unique;
     body.unique = {
@@ -396,6 +429,9 @@ interface WireLimits {
   rate: number;
   rate_period: string;
   rate_period_ms: number;
+  key_max_running?: number;
+  ordered?: boolean;
+  ordered_move_on?: boolean;
 }
 
 interface WireQueue {
@@ -407,13 +443,21 @@ interface WireQueue {
   processes: number;
   unworked: boolean;
   limits?: WireLimits | null;
-  limit_use?: { running: number; started: number; next_start_ms: number } | null;
+  limit_use?: { running: number; started: number; next_start_ms: number; keys_running?: number; key_held?: number } | null;
   held?: Held | null;
 }
 
 function limitsFromWire(w: WireLimits | null | undefined): QueueLimits | null {
   if (!w) return null;
-  return { maxRunning: w.max_running, rate: w.rate, ratePeriod: w.rate_period, ratePeriodMs: w.rate_period_ms };
+  return {
+    maxRunning: w.max_running,
+    rate: w.rate,
+    ratePeriod: w.rate_period,
+    ratePeriodMs: w.rate_period_ms,
+    keyMaxRunning: w.key_max_running ?? 0,
+    ordered: w.ordered ?? false,
+    orderedMoveOn: w.ordered_move_on ?? false,
+  };
 }
 
 function limitsToWire(l: QueueLimitsInput): Record<string, unknown> {
@@ -425,6 +469,9 @@ function limitsToWire(l: QueueLimitsInput): Record<string, unknown> {
   if (l.rate !== undefined) body.rate = l.rate;
   if (typeof l.ratePeriod === "number") body.rate_period_ms = l.ratePeriod;
   else if (l.ratePeriod !== undefined) body.rate_period = l.ratePeriod;
+  if (l.keyMaxRunning !== undefined) body.key_max_running = l.keyMaxRunning;
+  if (l.ordered !== undefined) body.ordered = l.ordered;
+  if (l.orderedMoveOn !== undefined) body.ordered_move_on = l.orderedMoveOn;
   return body;
 }
 
@@ -596,7 +643,15 @@ export class Client {
       processes: q.processes,
       unworked: q.unworked,
       limits: limitsFromWire(q.limits),
-      limitUse: q.limit_use ? { running: q.limit_use.running, started: q.limit_use.started, nextStartMs: q.limit_use.next_start_ms } : null,
+      limitUse: q.limit_use
+        ? {
+            running: q.limit_use.running,
+            started: q.limit_use.started,
+            nextStartMs: q.limit_use.next_start_ms,
+            keysRunning: q.limit_use.keys_running ?? 0,
+            keyHeld: q.limit_use.key_held ?? 0,
+          }
+        : null,
       held: q.held ?? null,
     }));
   }

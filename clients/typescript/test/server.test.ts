@@ -29,6 +29,8 @@ import {
 const env = process.env;
 const url = env.CONVEYOR_URL ?? "";
 const skip = url === "" ? "CONVEYOR_URL not set: run through cmd/conveyor's TestTypeScriptClient" : false;
+// CONVEYOR_TS_KEYS=stored says the server's database stores job keys.
+const keysSkip = env.CONVEYOR_TS_KEYS === "stored" ? false : "the server's database does not store job keys";
 const client = new Client({ baseUrl: url || "http://127.0.0.1:1", token: env.CONVEYOR_TOKEN });
 const run = `${Date.now().toString(36)}`; // queue names unique to this run
 
@@ -545,11 +547,19 @@ test("queue limits: set, read, listed with their use and what holds the queue, c
   assert.equal(await client.queueLimits(q), null);
 
   const set = await client.setQueueLimits(q, { maxRunning: 5, rate: 100, ratePeriod: "1m" });
-  const want = { maxRunning: 5, rate: 100, ratePeriod: "1m", ratePeriodMs: 60_000 };
+  const want = { maxRunning: 5, rate: 100, ratePeriod: "1m", ratePeriodMs: 60_000, keyMaxRunning: 0, ordered: false, orderedMoveOn: false };
   assert.deepEqual(set, want);
   assert.deepEqual(await client.queueLimits(q), want);
   // Milliseconds are a period too.
-  assert.deepEqual(await client.setQueueLimits(q, { rate: 10, ratePeriod: 1500 }), { maxRunning: 0, rate: 10, ratePeriod: "1.5s", ratePeriodMs: 1500 });
+  assert.deepEqual(await client.setQueueLimits(q, { rate: 10, ratePeriod: 1500 }), {
+    maxRunning: 0,
+    rate: 10,
+    ratePeriod: "1.5s",
+    ratePeriodMs: 1500,
+    keyMaxRunning: 0,
+    ordered: false,
+    orderedMoveOn: false,
+  });
   await client.setQueueLimits(q, { maxRunning: 5, rate: 100, ratePeriod: "1m" });
 
   // Listed without jobs, with its use; a job waiting in the paused queue
@@ -557,7 +567,7 @@ test("queue limits: set, read, listed with their use and what holds the queue, c
   let info = (await client.queues()).find((x) => x.queue === q);
   assert.ok(info, `queue ${q} not listed`);
   assert.deepEqual(info.limits, want);
-  assert.deepEqual(info.limitUse, { running: 0, started: 0, nextStartMs: 0 });
+  assert.deepEqual(info.limitUse, { running: 0, started: 0, nextStartMs: 0, keysRunning: 0, keyHeld: 0 });
   assert.equal(info.held, null);
   const { id } = await client.enqueue("limited", {}, { queue: q });
   await client.pauseQueue(q);
@@ -590,4 +600,72 @@ test("queue limits: set, read, listed with their use and what holds the queue, c
   assert.equal(info?.limitUse, null);
   await client.resumeQueue(q);
   await client.cancel(id).catch(() => {});
+});
+
+test("job keys: a bad key or key limit is refused naming it, and nothing is written", { skip, timeout: 30_000 }, async () => {
+  const q = `ts-keys-bad-${run}`;
+  const refused = (p: Promise<unknown>, field: RegExp) =>
+    assert.rejects(p, (e: unknown) => {
+      assert.ok(e instanceof ConveyorError, `not a ConveyorError: ${e}`);
+      assert.equal(e.status, 400);
+      assert.match(e.serverMessage, field);
+      return true;
+    });
+  for (const bad of ["k".repeat(256), "a\u0000b"]) {
+    await refused(client.enqueue("k", {}, { queue: q, key: bad }), /key/);
+    await refused(client.enqueueMany([{ kind: "k", queue: q, key: "ok" }, { kind: "k", queue: q, key: bad }]), /job 1: key/);
+    await refused(client.enqueueBatch([{ kind: "k", queue: q, key: bad }], { kind: "cb", queue: q }), /job 0: key/);
+    await refused(client.enqueueWorkflow([{ name: "a", kind: "k", queue: q, key: bad }]), /key/);
+  }
+  assert.equal((await client.listJobs({ queue: q })).jobs.length, 0, "a refused enqueue wrote jobs");
+  for (const [bad, field] of [
+    [{ keyMaxRunning: -1 }, /KeyMaxRunning -1 is out of range/],
+    [{ keyMaxRunning: 100_001 }, /KeyMaxRunning 100001 is out of range/],
+    [{ keyMaxRunning: 2, ordered: true }, /KeyMaxRunning 2 with Ordered/],
+    [{ orderedMoveOn: true }, /OrderedMoveOn is set without Ordered/],
+  ] as const) {
+    await refused(client.setQueueLimits(q, bad), field);
+  }
+  assert.equal(await client.queueLimits(q), null);
+});
+
+test("job keys: stored, read back and claimed; a key limit holds each key", { skip: skip || keysSkip, timeout: 30_000 }, async () => {
+  const q = `ts-keys-${run}`;
+  const none = { maxRunning: 0, rate: 0, ratePeriod: "", ratePeriodMs: 0 };
+  assert.deepEqual(await client.setQueueLimits(q, { keyMaxRunning: 1 }), { ...none, keyMaxRunning: 1, ordered: false, orderedMoveOn: false });
+  assert.deepEqual(await client.queueLimits(q), { ...none, keyMaxRunning: 1, ordered: false, orderedMoveOn: false });
+
+  const keys = new Map<number, string | null>();
+  keys.set((await client.enqueue("k", {}, { queue: q, key: "acme" })).id, "acme");
+  const many = await client.enqueueMany([
+    { kind: "k", queue: q, key: "acme" },
+    { kind: "k", queue: q, key: "globex" },
+    { kind: "k", queue: q },
+  ]);
+  many.forEach((r, i) => keys.set(r.id, ["acme", "globex", null][i]));
+  const wf = await client.enqueueWorkflow([{ name: "a", kind: "k", queue: `${q}-later`, key: "wf", delayMs: 3_600_000 }]);
+  assert.equal((await client.getJob(wf.jobIds.a)).key, "wf");
+  for (const [id, key] of keys) assert.equal((await client.getJob(id)).key, key, `job ${id}`);
+  for (const j of (await client.listJobs({ queue: q })).jobs) assert.equal(j.key, keys.get(j.id), `listed job ${j.id}`);
+
+  // One job per key: acme's second waits for its key.
+  const claimed = await client.claim({ queue: q, limit: 10 });
+  assert.deepEqual(claimed.map((j) => j.key).sort(), ["acme", "globex", null].sort());
+  for (const j of claimed) assert.equal(j.key, keys.get(j.id), `claimed job ${j.id}`);
+  let info = (await client.queues()).find((x) => x.queue === q);
+  await until("the queue to be held by key", async () => {
+    info = (await client.queues()).find((x) => x.queue === q);
+    return info?.held === "key";
+  });
+  assert.equal(info?.limitUse?.keysRunning, 2);
+  assert.equal(info?.limitUse?.keyHeld, 1);
+
+  // Ordered reads back with the one job per key it implies.
+  const ordered = { ...none, keyMaxRunning: 1, ordered: true, orderedMoveOn: true };
+  assert.deepEqual(await client.setQueueLimits(q, { ordered: true, orderedMoveOn: true }), ordered);
+  assert.deepEqual(await client.queueLimits(q), ordered);
+
+  for (const j of claimed) await client.complete(j.id, j.fence);
+  await client.clearQueueLimits(q);
+  for (const id of [...keys.keys(), wf.jobIds.a]) await client.cancel(id).catch(() => {});
 });

@@ -121,6 +121,11 @@
     const out = [];
     if (l.max_running > 0) out.push(u.running + "/" + l.max_running + " running");
     if (l.rate > 0) out.push("rate " + u.started + "/" + l.rate + " per " + l.rate_period);
+    const n = u.keys_running || 0, keys = n === 1 ? "1 key running" : n + " keys running";
+    if (l.ordered && l.ordered_move_on) out.push("ordered by key, moving on: " + keys);
+    else if (l.ordered) out.push("ordered by key: " + keys);
+    else if (l.key_max_running > 0) out.push(l.key_max_running + " per key: " + keys);
+    if ((l.ordered || l.key_max_running > 0) && u.key_held > 0) out.push(u.key_held + " waiting for their key");
     return out;
   }
 
