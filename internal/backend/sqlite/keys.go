@@ -109,12 +109,14 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		}
 		// Kept slots first: each admits its own job once it is due.
 		var keptIDs []int64
+		keptWaits := false // a kept slot's job is not due yet
 		for _, kp := range kept {
 			keptIDs = append(keptIDs, kp.id)
 			var due bool
 			if err := keptDue.QueryRowContext(ctx, kp.id).Scan(&due); err != nil {
 				return nil, false, err
 			}
+			keptWaits = keptWaits || !due
 			if due && len(picks) < k {
 				picks = append(picks, kp)
 			}
@@ -143,8 +145,12 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 			}
 			left = true
 		}
-		if left && len(free) < room {
-			held = true // the key's limit, not the claim's room, left them
+		if left && len(free) < room && !(ordered && keptWaits) {
+			// The key's limit, not the claim's room, left them. Not
+			// when an ordered key waits for its kept job's retry: no
+			// attempt's end frees that slot, the retry's promotion
+			// does (and wakes claims), so claiming sooner is vain.
+			held = true
 		}
 	}
 	if last != "" {
