@@ -180,3 +180,73 @@ func TestKeyInput(t *testing.T) {
 		t.Fatalf("limits after refused changes: %v, %v", got, err)
 	}
 }
+
+type keyedBlock struct {
+	Name string `json:"name"`
+}
+
+func (keyedBlock) Kind() string { return "keyed_block" }
+
+// A job of another key starts at once while the queue's claims are held
+// back by a full key: the enqueue wakes them. With polls an hour apart,
+// only that wake-up can start it before the running job of the full key
+// is let go.
+func TestKeyEnqueueWakesHeldClaims(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		cfg := fast(testdb.Prefix())
+		cfg.PollMin, cfg.PollMax, cfg.ListenPoll = time.Hour, time.Hour, time.Hour
+		cfg.Queues = map[string]conveyor.QueueConfig{"kw": {MaxWorkers: 4}}
+		c := openDropped(t, dsn, cfg)
+		if err := c.SetQueueLimits(ctx, "kw", conveyor.QueueLimits{KeyMaxRunning: 1}); err != nil {
+			t.Fatal(err)
+		}
+		release := make(chan struct{})
+		started := make(chan string, 10)
+		if err := conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[keyedBlock]) error {
+			started <- j.Args.Name
+			if j.Args.Name == "a1" {
+				<-release
+			}
+			return nil
+		})); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []string{"a1", "a2"} {
+			if _, err := c.Enqueue(ctx, keyedBlock{Name: n}, &conveyor.EnqueueOpts{Queue: "kw", Key: "a"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := c.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer close(release)
+		if got := <-started; got != "a1" {
+			t.Fatalf("first start %s, want a1", got)
+		}
+		// Let the fetcher's claims come back held by key a's limit.
+		waitFor(t, "the queue held by its key", 30*time.Second, func() bool {
+			st, err := c.Stats(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, q := range st.Queues {
+				if q.Queue == "kw" {
+					return q.Held == conveyor.HeldByKey
+				}
+			}
+			return false
+		})
+		if _, err := c.Enqueue(ctx, keyedBlock{Name: "b1"}, &conveyor.EnqueueOpts{Queue: "kw", Key: "b"}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got := <-started:
+			if got != "b1" {
+				t.Fatalf("started %s while a1 runs, want b1", got)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("the job of key b did not start while key a's job ran: the enqueue did not wake the held claims")
+		}
+	})
+}

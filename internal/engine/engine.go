@@ -458,6 +458,11 @@ func (e *Engine) wake(queue string) {
 	if f := fs[queue]; f != nil {
 		f.nudge()
 	}
+	if e.keyLimited(queue) {
+		// Held claims of a queue limited per key wait for a slot, but
+		// the new job's key may have room.
+		e.slotFreed(queue)
+	}
 }
 
 // Wake nudges this process's fetcher of queue, if it has one, and the

@@ -33,6 +33,10 @@ const (
 // with the changes this process made since (LimitsChanged).
 type limitCache struct {
 	limited map[string]bool
+	// keyed holds the queues with limits per key (as of the read): a
+	// job enqueued there may start although the queue's claims are held
+	// back (its key may have room), so an enqueue wakes held claims.
+	keyed map[string]bool
 	// at is when the read began: the age of what the cache says of
 	// every queue but those this process changed since.
 	at time.Time
@@ -50,6 +54,14 @@ func (e *Engine) limited(queue string) bool {
 		return true
 	}
 	return c.limited[queue]
+}
+
+// keyLimited reports whether queue has limits per key, as far as the
+// cache tells (a queue whose key limits this process set since the last
+// read is not known yet: its held claims wait for a slot or PollMin).
+func (e *Engine) keyLimited(queue string) bool {
+	c := e.limits.Load()
+	return c != nil && c.keyed[queue]
 }
 
 // anyLimited reports whether some queue may be limited (the completer's
@@ -77,9 +89,13 @@ func (e *Engine) awaitLimits(stop <-chan struct{}) bool {
 // setLimited replaces the cache with a fresh read.
 func (e *Engine) setLimited(m map[string]driver.QueueLimits, at time.Time) {
 	limited := make(map[string]bool, len(m))
+	keyed := map[string]bool{}
 	for q, l := range m {
 		if !l.IsZero() {
 			limited[q] = true
+		}
+		if l.HasKeyLimits() {
+			keyed[q] = true
 		}
 	}
 	e.limitsMu.Lock()
@@ -87,7 +103,7 @@ func (e *Engine) setLimited(m map[string]driver.QueueLimits, at time.Time) {
 	if old := e.limits.Load(); old != nil && (old.at.After(at) || old.changed.After(at)) {
 		return // a later change (LimitsChanged) is already in
 	}
-	e.limits.Store(&limitCache{limited: limited, at: at})
+	e.limits.Store(&limitCache{limited: limited, keyed: keyed, at: at})
 }
 
 // LimitsChanged tells the engine that this process set queue's limits
@@ -109,7 +125,7 @@ func (e *Engine) LimitsChanged(queue string, limited bool) {
 		// The read's age is kept (the rest of the cache is no fresher
 		// for this change); the change is stamped now, so that a read
 		// that began before it does not undo it (setLimited).
-		e.limits.Store(&limitCache{limited: m, at: old.at, changed: time.Now()})
+		e.limits.Store(&limitCache{limited: m, keyed: old.keyed, at: old.at, changed: time.Now()})
 	}
 	e.limitsMu.Unlock()
 	e.mu.Lock()
