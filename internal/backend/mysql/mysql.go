@@ -91,7 +91,9 @@ const maxBucket = 4096
 type Driver struct {
 	// cursors maps a queue to its *claimCursor.
 	cursors sync.Map
-	db      *sql.DB
+	// keyCursors maps a queue to its *keyCursor (see walkKeys).
+	keyCursors sync.Map
+	db         *sql.DB
 	// main is db with its prepared statements; lease is the lease path's
 	// own pool (heartbeat, complete, release): leaseConns connections that
 	// claims, inserts, maintenance and the application's handlers never
