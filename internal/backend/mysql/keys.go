@@ -101,20 +101,20 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 	start := cur.key
 	cur.mu.Unlock()
 	maxExamine := 4*want + 64
-	chunk := min(2*want+8, maxExamine)
 	kw := &keyWalk{}
 	stats := map[string]keyStats{}
 	examined := 0
 	last := start
 	after, wrapped := start, start == ""
 	for examined < maxExamine && len(kw.keys) < want {
-		var keys []string
-		var err error
-		if !wrapped || start == "" {
-			keys, err = d.readKeys(ctx, d.q.KeyWalk, queue, after, int64(chunk))
-		} else {
-			keys, err = d.readKeys(ctx, d.q.KeyWalkUpto, queue, after, start, int64(chunk))
+		var upto *string
+		if wrapped && start != "" {
+			upto = &start
 		}
+		// As many keys as the claim still wants: the walk reads no
+		// further than the keys it takes, unless some have no room.
+		chunk := min(want-len(kw.keys), maxExamine-examined)
+		keys, err := d.readKeys(ctx, queue, after, upto, chunk)
 		if err != nil {
 			return nil, err
 		}
@@ -133,9 +133,6 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 					kw.keys = append(kw.keys, k)
 					stats[k] = s
 				}
-				if len(kw.keys) == want || examined >= maxExamine {
-					break
-				}
 			}
 			after = keys[len(keys)-1]
 		}
@@ -152,26 +149,41 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 	return kw, d.makeKeySlots(ctx, queue, limit, want, kw.keys, stats)
 }
 
-// readKeys runs a key_walk statement and returns the keys.
-func (d *Driver) readKeys(ctx context.Context, q string, args ...any) ([]string, error) {
+// readKeys returns up to n keys of queue's available keyed jobs after
+// after (and up to *upto when upto is not nil), in key order, one probe
+// of key_idx each (key_walk, key_walk_upto).
+func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string, n int) ([]string, error) {
 	var keys []string
-	err := d.retry(ctx, "claim limited: walk keys", func() error {
-		keys = keys[:0]
-		rows, err := d.query(ctx, nil, true, q, args...)
-		if err != nil {
-			return err
+	for len(keys) < n {
+		var k sql.NullString
+		q, args := d.q.KeyWalk, []any{queue, after}
+		if upto != nil {
+			q, args = d.q.KeyWalkUpto, append(args, *upto)
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var k string
-			if err := rows.Scan(&k); err != nil {
+		err := d.retry(ctx, "claim limited: walk keys", func() error {
+			k = sql.NullString{}
+			rows, err := d.query(ctx, nil, true, q, args...)
+			if err != nil {
 				return err
 			}
-			keys = append(keys, k)
+			defer rows.Close()
+			if rows.Next() {
+				if err := rows.Scan(&k); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		})
+		if err != nil {
+			return nil, err
 		}
-		return rows.Err()
-	})
-	return keys, err
+		if !k.Valid {
+			break
+		}
+		keys = append(keys, k.String)
+		after = k.String
+	}
+	return keys, nil
 }
 
 // keySlotStats reads the slots below limit of queue's keys.

@@ -14,6 +14,7 @@
 --            knows wsrep_on (MariaDB, Galera builds of MySQL), else
 --            @@server_id
 --   {fence_floor} the fence_floor expression below
+--   {keys}   a list of N "?" placeholders, one per key (key_slot_stats)
 --   {intx}   on Galera, " AND @@in_transaction = 1", else empty: the guard
 --            of every write of the claim, rescue and promote transactions
 --            (see "Transactions on Galera" below)
@@ -703,14 +704,16 @@ SELECT max_running FROM `{p}queues` WHERE name = ? FOR UPDATE
 -- Key limits (migrations/013_keys.sql, keys.go). A limited claim of a
 -- queue with key limits first walks the distinct keys of its available
 -- keyed jobs in key order from the key after its cursor (key_walk; past
--- the last key it wraps around, key_walk_upto, up to the cursor), a
--- loose scan of key_idx whose cost does not grow with a key's depth.
--- (queue, after, count) and (queue, after, upto, count.)
+-- the last key it wraps around, key_walk_upto, up to the cursor): one
+-- probe of key_idx per key (the MIN of a range of the index's second
+-- column is a single dive, where a DISTINCT or GROUP BY with a LIMIT
+-- reads every job of the keys it returns), so that the walk's cost does
+-- not grow with a key's depth. (queue, after) and (queue, after, upto.)
 -- name: key_walk
-SELECT DISTINCT lkey FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ? ORDER BY lkey LIMIT ?
+SELECT MIN(lkey) FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ?
 
 -- name: key_walk_upto
-SELECT DISTINCT lkey FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ? AND lkey <= ? ORDER BY lkey LIMIT ?
+SELECT MIN(lkey) FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ? AND lkey <= ?
 
 -- A plain read of the walked keys' slots below the limit: how many exist,
 -- how many a running attempt holds, how many are kept for a job. {keys}
