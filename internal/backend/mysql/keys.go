@@ -353,7 +353,11 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 	if len(rows) < len(ids) {
 		held = true
 	}
-	for _, j := range rows {
+	if len(rows) == 0 {
+		return nil, held, nil
+	}
+	slots := make([]keySlot, len(rows))
+	for i, j := range rows {
 		s, ok := slotOf[j.ID]
 		if !ok {
 			fs := free[j.Key]
@@ -363,17 +367,46 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 			s = keySlot{n: fs[0]}
 			free[j.Key] = fs[1:]
 		}
-		res, err := d.exec(ctx, tx, true, d.q.KeySlotTake, j.ID, j.Fence, dbTime(j.AttemptedAt), p.Queue, j.Key, s.n, j.ID)
-		if err != nil {
-			return nil, false, err
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return nil, false, err
-		} else if n != 1 {
-			return nil, false, fmt.Errorf("%w: key slot %d of key %q", errSlotsLost, s.n, j.Key)
-		}
+		slots[i] = s
+	}
+	if err := d.takeKeySlots(ctx, tx, p.Queue, rows, slots); err != nil {
+		return nil, false, err
 	}
 	return rows, held, nil
+}
+
+// takeKeySlots gives each claimed job rows[i] the key slot slots[i] of
+// its key, in one statement (key_slot_take); errSlotsLost unless it took
+// every one.
+func (d *Driver) takeKeySlots(ctx context.Context, tx *sql.Tx, queue string, rows []*driver.JobRow, slots []keySlot) error {
+	k := len(rows)
+	cases := make([]any, 0, 3*k)
+	for i, j := range rows {
+		cases = append(cases, j.Key, slots[i].n, j.ID)
+	}
+	args := make([]any, 0, 14*k+2)
+	args = append(args, cases...)
+	for i, j := range rows {
+		args = append(args, j.Key, slots[i].n, j.Fence)
+	}
+	// The claim's clock: every keyed job was marked by one statement.
+	args = append(args, dbTime(rows[0].AttemptedAt), queue)
+	for i, j := range rows {
+		args = append(args, j.Key, slots[i].n)
+	}
+	args = append(args, cases...)
+	q := strings.NewReplacer("{cases}", strings.TrimSuffix(strings.Repeat("WHEN lkey = ? AND n = ? THEN ? ", k), " "),
+		"{pairs}", strings.TrimSuffix(strings.Repeat("(?, ?), ", k), ", ")).Replace(d.q.KeySlotTake)
+	res, err := d.exec(ctx, tx, k <= maxCachedInsertRows, q, args...)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return err
+	} else if n != int64(k) {
+		return fmt.Errorf("%w: took %d of %d key slots", errSlotsLost, n, k)
+	}
+	return nil
 }
 
 // readIDs runs a query of job ids in tx.

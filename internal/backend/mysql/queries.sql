@@ -758,11 +758,14 @@ SELECT UTC_TIMESTAMP(6), {fence_floor}, {cols} FROM `{p}jobs` WHERE queue = ? AN
 -- name: claim_select_nokey
 SELECT UTC_TIMESTAMP(6), {fence_floor}, {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND state = 'available' AND lkey IS NULL ORDER BY priority, scheduled_at, id LIMIT ? FOR UPDATE {skip}
 
--- Takes one locked key slot for a claimed attempt: its job, fence and the
--- claim's clock; only while free or kept for that same job. (job, fence,
--- used_at, queue, key, n, job.)
+-- Takes the key slots the claim locked for its attempts, in one
+-- statement: each gets its attempt's job and fence and the claim's clock,
+-- only while still free or kept for that same job (the driver requires
+-- every one). {cases} is one "WHEN lkey = ? AND n = ? THEN ?" per slot
+-- (key, n, value) and {pairs} one "(?, ?)" per slot (key, n). (job
+-- cases, fence cases, used_at, queue, pairs, job cases again.)
 -- name: key_slot_take
-UPDATE `{p}limit_slots` SET job_id = ?, fence = ?, used_at = ? WHERE queue = ? AND type = 'k' AND lkey = ? AND n = ? AND (job_id IS NULL OR (job_id = ? AND fence IS NULL)){intx}
+UPDATE `{p}limit_slots` SET job_id = CASE {cases} END, fence = CASE {cases} END, used_at = ? WHERE queue = ? AND type = 'k' AND (lkey, n) IN ({pairs}) AND (job_id IS NULL OR (job_id = CASE {cases} END AND fence IS NULL)){intx}
 
 -- LimitUsage of a key-limited queue: the keys with a slot held or kept,
 -- and per key with available jobs, their count and the key's held, kept
