@@ -76,14 +76,19 @@ func (d *Driver) keyCursor(queue string) *keyCursor {
 }
 
 // keyWalk is what a claim's walk of keys found: the candidate keys (with
-// room below the limit, as a plain read saw them) in rotation order, and
-// whether a key with due jobs had no room.
+// room below the limit, as a plain read saw them) in rotation order, how
+// many free slots each may take (the limit less the attempts holding or
+// kept in any of its slots: a read before the claim's transaction, which
+// can only have seen more of them than there are), and whether a key with
+// due jobs had no room.
 type keyWalk struct {
 	keys []string
+	free map[string]int
 	held bool
 }
 
-// keyStats is a key's slots below the limit, as key_slot_stats read them.
+// keyStats is a key's slots as key_slot_stats read them: the rows below
+// the limit, and the held and kept slots at any n.
 type keyStats struct {
 	rows, held, kept int
 }
@@ -101,7 +106,7 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 	start := cur.key
 	cur.mu.Unlock()
 	maxExamine := 4*want + 64
-	kw := &keyWalk{}
+	kw := &keyWalk{free: map[string]int{}}
 	stats := map[string]keyStats{}
 	examined := 0
 	last := start
@@ -131,6 +136,7 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 					kw.held = true
 				} else {
 					kw.keys = append(kw.keys, k)
+					kw.free[k] = max(limit-s.held-s.kept, 0)
 					stats[k] = s
 				}
 			}
@@ -191,7 +197,7 @@ func (d *Driver) keySlotStats(ctx context.Context, queue string, limit int, keys
 	out := map[string]keyStats{}
 	q := strings.Replace(d.q.KeySlotStats, "{keys}", placeholders(len(keys)), 1)
 	args := make([]any, 0, len(keys)+2)
-	args = append(args, queue, int64(limit))
+	args = append(args, int64(limit), queue)
 	for _, k := range keys {
 		args = append(args, k)
 	}
@@ -216,9 +222,10 @@ func (d *Driver) keySlotStats(ctx context.Context, queue string, limit int, keys
 }
 
 // makeKeySlots inserts, in key order and in statements of their own, the
-// slots n < min(limit, used+want) of each key that has fewer than that
-// many free (as stats read them): among them at least want are free, or
-// every slot below the limit that no attempt uses.
+// slots n < min(limit, used+want) of each key that has fewer rows below
+// the limit than that (as stats read them; used is its held and kept
+// slots): among them at least want are free, or every slot below the
+// limit that no attempt uses.
 func (d *Driver) makeKeySlots(ctx context.Context, queue string, limit, want int, keys []string, stats map[string]keyStats) error {
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
@@ -239,7 +246,7 @@ func (d *Driver) makeKeySlots(ctx context.Context, queue string, limit, want int
 		s := stats[k]
 		used := s.held + s.kept
 		need := min(limit, used+want)
-		if s.rows-used >= need-used {
+		if s.rows >= need {
 			continue
 		}
 		for n := 0; n < need; n++ {
@@ -318,6 +325,7 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 			continue
 		}
 		fs := free[key]
+		fs = fs[:min(len(fs), kw.free[key])]
 		if len(fs) == 0 {
 			held = true
 			continue

@@ -715,11 +715,13 @@ SELECT MIN(lkey) FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND l
 -- name: key_walk_upto
 SELECT MIN(lkey) FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ? AND lkey <= ?
 
--- A plain read of the walked keys' slots below the limit: how many exist,
--- how many a running attempt holds, how many are kept for a job. {keys}
--- is one "?" per key. (queue, limit, keys.)
+-- A plain read of the walked keys' slots: how many exist below the
+-- limit, how many a running attempt holds and how many are kept for a
+-- job, at any n: after a lowered limit the attempts holding slots at or
+-- beyond it still count against it until they end. {keys} is one "?" per
+-- key. (limit, queue, keys.)
 -- name: key_slot_stats
-SELECT lkey, COUNT(*), COALESCE(SUM(job_id IS NOT NULL AND fence IS NOT NULL), 0), COALESCE(SUM(job_id IS NOT NULL AND fence IS NULL), 0) FROM `{p}limit_slots` WHERE queue = ? AND type = 'k' AND n < ? AND lkey IN ({keys}) GROUP BY lkey
+SELECT lkey, COALESCE(SUM(n < ?), 0), COALESCE(SUM(job_id IS NOT NULL AND fence IS NOT NULL), 0), COALESCE(SUM(job_id IS NOT NULL AND fence IS NULL), 0) FROM `{p}limit_slots` WHERE queue = ? AND type = 'k' AND lkey IN ({keys}) GROUP BY lkey
 
 -- The missing key slots of the candidate keys, one (queue, key, n) row
 -- each, in key order, in a statement of its own before the claim's
