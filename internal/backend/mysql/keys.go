@@ -273,7 +273,8 @@ type keySlot struct {
 // order for each key the job its kept slot is kept for, or else the key's
 // next jobs for its free slots (Ordered: its oldest job only), claims
 // those still available and gives each a slot. held is true when a key's
-// due jobs were left for want of a free slot.
+// due jobs were left for want of a free slot (not when only the claim's
+// allowance k ran out: the queue's limits, or the claim's own limit).
 func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimParams, l driver.QueueLimits, kw *keyWalk, k int) (rows []*driver.JobRow, held bool, err error) {
 	if len(kw.keys) == 0 {
 		return nil, false, nil
@@ -311,8 +312,7 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 	slotOf := map[int64]keySlot{} // kept slots by job
 	for _, key := range kw.keys {
 		if left == 0 {
-			held = true
-			break
+			break // the claim's allowance is taken
 		}
 		if ks := kept[key]; len(ks) > 0 {
 			// A kept slot holds the key for its own job.
@@ -342,7 +342,9 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 			return nil, false, err
 		}
 		if len(got) > take {
-			held = true
+			// More of the key's jobs are due: held by the key when
+			// its slots, not the claim's allowance, ran out.
+			held = held || l.Ordered || take == len(fs)
 			got = got[:take]
 		}
 		ids = append(ids, got...)
