@@ -24,7 +24,8 @@ import (
 // what remains (a lowered limit racing a claim, the optimistic claim's
 // waits on rows of other claims) is retried whole on error 1213 as any
 // deadlock, as are Galera's certification conflicts on a slot that two
-// nodes took at once.
+// nodes took at once. Key limits keep their slots in the same table
+// (type 'k', one per key and unit of the limit): see keys.go.
 
 // errLimitsChanged says that a claim's transaction locked slots under
 // limits that changed after the claim read them: it is rolled back and
