@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
@@ -73,6 +75,25 @@ type keyCursor struct {
 func (d *Driver) keyCursor(queue string) *keyCursor {
 	c, _ := d.keyCursors.LoadOrStore(queue, &keyCursor{})
 	return c.(*keyCursor)
+}
+
+// lookForKeyless reports whether a limited claim of key-limited queue
+// looks for jobs without a key: not for cursorFor after one of this
+// driver's claims of the queue found none. claim_select_nokey reads the
+// claim index in claim order and skips the keyed jobs it meets, so in a
+// queue whose available jobs all have a key (the usual key-limited queue)
+// it reads every one of them to find nothing; after such a claim a job
+// without a key waits at most cursorFor longer, as a job behind the claim
+// cursor does (see claimCursor).
+func (d *Driver) lookForKeyless(queue string) bool {
+	v, ok := d.noKeyless.Load(queue)
+	return !ok || time.Now().UnixNano() >= v.(*atomic.Int64).Load()
+}
+
+// noKeylessSeen records that a claim of queue found no job without a key.
+func (d *Driver) noKeylessSeen(queue string) {
+	v, _ := d.noKeyless.LoadOrStore(queue, new(atomic.Int64))
+	v.(*atomic.Int64).Store(time.Now().Add(cursorFor).UnixNano())
 }
 
 // keyWalk is what a claim's walk of keys found: the candidate keys (with

@@ -56,3 +56,35 @@ func TestKeyLimitLowered(t *testing.T) {
 		})
 	}
 }
+
+// TestKeylessAfterNoneFound: after a claim of a key-limited queue found
+// no job without a key, the driver's claims of the queue skip them for a
+// while (lookForKeyless), then take them again.
+func TestKeylessAfterNoneFound(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{}, nil)
+	keyed := limitJobs("kn", 3)
+	for i := range keyed {
+		keyed[i].Key = "a"
+	}
+	if _, err := d.Insert(ctx, keyed); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "kn", driver.QueueLimits{KeyMaxRunning: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := claimLimited(t, d, "kn", 5, time.Minute); len(got) != 1 || got[0].Key != "a" {
+		t.Fatalf("claimed %d, want the one job of key a", len(got))
+	}
+	ids, err := d.Insert(ctx, limitJobs("kn", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := claimLimited(t, d, "kn", 5, time.Minute); len(got) != 0 {
+		t.Fatalf("claimed %d while skipping jobs without a key", len(got))
+	}
+	d.noKeyless.Delete("kn") // as once cursorFor has passed
+	if got := claimLimited(t, d, "kn", 5, time.Minute); len(got) != 1 || got[0].ID != ids[0] {
+		t.Fatalf("claimed %v, want the job without a key", got)
+	}
+}

@@ -210,12 +210,15 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 			return driver.ClaimResult{}, err
 		}
 		heldK = heldK || held
-		if rest := k - len(rows); rest > 0 {
+		if rest := k - len(rows); rest > 0 && d.lookForKeyless(p.Queue) {
 			cp := p
 			cp.Limit = rest
 			more, err := d.claimLockedTx(ctx, tx, cp, d.q.ClaimSelectNoKey, []any{p.Queue, p.Queue, int64(rest)})
 			if err != nil {
 				return driver.ClaimResult{}, err
+			}
+			if len(more) == 0 {
+				d.noKeylessSeen(p.Queue)
 			}
 			rows = append(rows, more...)
 		}
