@@ -186,15 +186,16 @@ func scanAppJob(r rowScanner) (*driver.JobRow, error) {
 	j := &driver.JobRow{}
 	var (
 		args, errs, meta []byte
-		by               sql.NullString
+		by, lkey         sql.NullString
 	)
 	err := r.Scan(&j.ID, &j.Queue, &j.Kind, &args, &j.State, &j.Priority, &j.Attempt, &j.MaxAttempts, &j.TimeoutMS,
 		utcTime{&j.ScheduledAt}, utcTime{&j.CreatedAt}, utcTime{&j.AttemptedAt}, utcTime{&j.FinalizedAt},
-		utcTime{&j.LeaseExpiresAt}, &by, &errs, &j.Fence, &meta)
+		utcTime{&j.LeaseExpiresAt}, &by, &errs, &j.Fence, &meta, &lkey)
 	if err != nil {
 		return nil, err
 	}
 	j.Args = args
+	j.Key = lkey.String
 	if len(meta) > 0 {
 		j.Meta = meta
 	}

@@ -2,6 +2,7 @@ package mysql
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -160,6 +161,165 @@ func TestGaleraLimitedClaimsAcrossNodes(t *testing.T) {
 	}
 	if peak > maxRunning {
 		t.Errorf("%d attempts held at once, MaxRunning %d", peak, maxRunning)
+	}
+	if len(repeated) > 0 {
+		t.Errorf("claims handed out a fence already handed out for jobs %v: their marking never committed", repeated)
+	}
+}
+
+// TestGaleraKeyedClaimsAcrossNodes: workers on the three nodes claim
+// keyed jobs of a queue with KeyMaxRunning 1 and MaxRunning 4, hold each
+// briefly and complete it, while the rescue (and its sweep of key slots)
+// runs on node 1 and now and then an attempt is left to its lease. The
+// nodes' appliers keep aborting claims whose locks they need. No claim
+// may hand out a second job of a key while one runs (counted from the
+// claim's return to the outcome's call), or a fence already handed out.
+func TestGaleraKeyedClaimsAcrossNodes(t *testing.T) {
+	g := galera(t)
+	ctx := context.Background()
+	prefix := testdb.Prefix()
+	var ds []*Driver
+	for i := 1; i <= 3; i++ {
+		d, err := Open(ctx, g.DSN(i), driver.Options{Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		ds = append(ds, d)
+	}
+	if _, err := ds[0].Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := ds[0].DropAll(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	const maxRunning, nKeys, jobs = 4, 6, 300
+	const lease = time.Second
+	all := limitJobs("gk", jobs)
+	for i := range all {
+		all[i].Key = fmt.Sprintf("key-%d", i%nKeys)
+	}
+	if _, err := ds[0].Insert(ctx, all); err != nil {
+		t.Fatal(err)
+	}
+	if err := ds[0].SetQueueLimits(ctx, "gk", driver.QueueLimits{MaxRunning: maxRunning, KeyMaxRunning: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range ds {
+		if _, err := d.QueueLimits(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var (
+		mu       sync.Mutex
+		running  = map[string]int{}
+		total    int
+		errs     []string
+		fences   = map[int64]int64{}
+		repeated []int64
+		settled  atomic.Int64
+		// claimErrs counts the claims that failed (the first is reported).
+		claimErrs atomic.Int64
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, d := range ds {
+		for range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					claimed := time.Now()
+					r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "gk", Limit: 1 + rand.IntN(3), Lease: lease, Worker: "w"})
+					if err != nil {
+						if claimErrs.Add(1) == 1 {
+							t.Errorf("claim: %v", err)
+						}
+						time.Sleep(time.Millisecond)
+						continue
+					}
+					if len(r.Rows) == 0 {
+						time.Sleep(time.Millisecond)
+						continue
+					}
+					mu.Lock()
+					total += len(r.Rows)
+					if total > maxRunning {
+						errs = append(errs, fmt.Sprintf("%d attempts held at once, MaxRunning %d", total, maxRunning))
+					}
+					for _, j := range r.Rows {
+						if running[j.Key]++; running[j.Key] > 1 {
+							errs = append(errs, fmt.Sprintf("job %d of key %s claimed while another of the key runs", j.ID, j.Key))
+						}
+						if f, ok := fences[j.ID]; ok && j.Fence <= f {
+							repeated = append(repeated, j.ID)
+						}
+						fences[j.ID] = j.Fence
+					}
+					mu.Unlock()
+					time.Sleep(time.Duration(1+rand.IntN(5)) * time.Millisecond)
+					mu.Lock()
+					total -= len(r.Rows)
+					for _, j := range r.Rows {
+						running[j.Key]--
+					}
+					mu.Unlock()
+					var outs []driver.Outcome
+					for _, j := range r.Rows {
+						if rand.IntN(50) == 0 {
+							continue // left to the rescue
+						}
+						outs = append(outs, driver.Outcome{ID: j.ID, Fence: j.Fence, Attempt: j.Attempt, State: driver.StateCompleted})
+					}
+					done, err := d.Complete(ctx, outs)
+					if err != nil {
+						t.Errorf("complete: %v", err)
+						return
+					}
+					if len(done) != len(outs) && time.Since(claimed) < lease {
+						t.Errorf("complete of %d live attempts applied %d", len(outs), len(done))
+					}
+					settled.Add(int64(len(done)))
+				}
+			}()
+		}
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			if _, err := ds[0].Rescue(ctx, 100); err != nil {
+				t.Errorf("rescue: %v", err)
+				return
+			}
+		}
+	}()
+	deadline := time.Now().Add(2 * time.Minute)
+	for settled.Load() < jobs && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	if n := claimErrs.Load(); n > 0 {
+		t.Errorf("%d claims failed", n)
+	}
+	if settled.Load() < jobs {
+		t.Errorf("%d of %d jobs completed", settled.Load(), jobs)
+	}
+	if len(errs) > 0 {
+		t.Errorf("%d limit breaches, the first: %s", len(errs), errs[0])
 	}
 	if len(repeated) > 0 {
 		t.Errorf("claims handed out a fence already handed out for jobs %v: their marking never committed", repeated)

@@ -31,15 +31,17 @@ func scanJob(r rowScanner, extra ...any) (*driver.JobRow, error) {
 		attempted, fin, lease sql.NullTime
 		by                    sql.NullString
 		meta                  []byte // NULL scans as nil, without allocating
+		lkey                  sql.NullString
 	)
-	dest := make([]any, 0, len(extra)+18)
+	dest := make([]any, 0, len(extra)+19)
 	dest = append(dest, extra...)
 	dest = append(dest, &j.ID, &j.Queue, &j.Kind, &args, &j.State, &j.Priority, &j.Attempt, &j.MaxAttempts, &j.TimeoutMS,
-		&j.ScheduledAt, &j.CreatedAt, &attempted, &fin, &lease, &by, &errs, &j.Fence, &meta)
+		&j.ScheduledAt, &j.CreatedAt, &attempted, &fin, &lease, &by, &errs, &j.Fence, &meta, &lkey)
 	if err := r.Scan(dest...); err != nil {
 		return nil, err
 	}
 	j.Args = json.RawMessage(args)
+	j.Key = lkey.String
 	if len(meta) > 0 {
 		j.Meta = meta
 	}
@@ -74,7 +76,7 @@ type insertPlan struct {
 	chunks [][]driver.InsertParams
 }
 
-const insertParamsPerRow = 9
+const insertParamsPerRow = 10
 
 func (d *Driver) planInsert(op string, jobs []driver.InsertParams) (insertPlan, error) {
 	var p insertPlan
@@ -93,9 +95,12 @@ func (d *Driver) planInsert(op string, jobs []driver.InsertParams) (insertPlan, 
 		if n := utf8.RuneCountInString(j.Kind); n == 0 || n > 128 {
 			return p, fmt.Errorf("conveyor/mysql: %s: job %d: kind must be 1 to 128 characters, got %d", op, i, n)
 		}
+		if len(j.Key) > driver.MaxKeyBytes || strings.IndexByte(j.Key, 0) >= 0 || !utf8.ValidString(j.Key) {
+			return p, fmt.Errorf("conveyor/mysql: %s: job %d: key must be at most %d bytes of UTF-8 without NUL", op, i, driver.MaxKeyBytes)
+		}
 		// Each row costs its values, the parameter headers and its share of
 		// the statement text (the prepare packet must fit too).
-		row := len(j.Args) + len(j.Meta) + len(j.Queue) + len(j.Kind) + 104 + rowText
+		row := len(j.Args) + len(j.Meta) + len(j.Key) + len(j.Queue) + len(j.Kind) + 104 + rowText
 		if i > start && (size+row > budget || i-start >= maxInsertRows) {
 			p.chunks = append(p.chunks, jobs[start:i])
 			start, size = i, len(d.q.InsertHead)
@@ -139,7 +144,11 @@ func insertArgs(args []any, jobs []driver.InsertParams) []any {
 		if len(j.Meta) > 0 {
 			meta = []byte(j.Meta)
 		}
-		args = append(args, j.Queue, j.Kind, a, int64(j.Priority), int64(j.MaxAttempts), j.TimeoutMS, runAt, micros(j.Delay), meta)
+		var key any // NULL without a key
+		if j.Key != "" {
+			key = j.Key
+		}
+		args = append(args, j.Queue, j.Kind, a, int64(j.Priority), int64(j.MaxAttempts), j.TimeoutMS, runAt, micros(j.Delay), meta, key)
 	}
 	return args
 }

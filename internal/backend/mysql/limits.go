@@ -24,7 +24,8 @@ import (
 // what remains (a lowered limit racing a claim, the optimistic claim's
 // waits on rows of other claims) is retried whole on error 1213 as any
 // deadlock, as are Galera's certification conflicts on a slot that two
-// nodes took at once.
+// nodes took at once. Key limits keep their slots in the same table
+// (type 'k', one per key and unit of the limit): see keys.go.
 
 // errLimitsChanged says that a claim's transaction locked slots under
 // limits that changed after the claim read them: it is rolled back and
@@ -69,12 +70,12 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 // claimLimitedOnce is one round of ClaimLimited: it reads the queue's
 // limits and claims under them, or fails with errLimitsChanged.
 func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
-	var maxRunning, rate, periodUS sql.NullInt64
+	var maxRunning, rate, periodUS, keyMax, keyOrder sql.NullInt64
 	var above int
 	err := d.retry(ctx, "claim limited", func() error {
-		err := d.db.QueryRowContext(ctx, d.q.LimitsRead, p.Queue).Scan(&maxRunning, &rate, &periodUS, &above)
+		err := d.db.QueryRowContext(ctx, d.q.LimitsRead, p.Queue).Scan(&maxRunning, &rate, &periodUS, &keyMax, &keyOrder, &above)
 		if err == sql.ErrNoRows {
-			maxRunning, rate, above = sql.NullInt64{}, sql.NullInt64{}, 0
+			maxRunning, rate, keyMax, keyOrder, above = sql.NullInt64{}, sql.NullInt64{}, sql.NullInt64{}, sql.NullInt64{}, 0
 			return nil
 		}
 		return err
@@ -82,7 +83,7 @@ func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (dr
 	if err != nil {
 		return driver.ClaimResult{}, err
 	}
-	l := limitsOf(maxRunning, rate, periodUS)
+	l := limitsOf(maxRunning, rate, periodUS, keyMax, keyOrder)
 	if l.IsZero() {
 		rows, err := d.Claim(ctx, p)
 		return driver.ClaimResult{Rows: rows}, err
@@ -97,10 +98,16 @@ func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (dr
 		res.MaxRunning = l.MaxRunning
 		return res, err
 	}
+	var kw *keyWalk
+	if l.HasKeyLimits() {
+		if kw, err = d.walkKeys(ctx, p.Queue, l, p.Limit); err != nil {
+			return driver.ClaimResult{}, err
+		}
+	}
 	var res driver.ClaimResult
 	err = d.inTx(ctx, "claim limited", func(tx *sql.Tx) error {
 		var err error
-		res, err = d.claimLimitedTx(ctx, tx, p, l, above)
+		res, err = d.claimLimitedTx(ctx, tx, p, l, above, kw)
 		return err
 	})
 	if err != nil {
@@ -111,8 +118,20 @@ func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (dr
 }
 
 // limitsOf converts a queues row's limit columns.
-func limitsOf(maxRunning, rate, periodUS sql.NullInt64) driver.QueueLimits {
+func limitsOf(maxRunning, rate, periodUS, keyMax, keyOrder sql.NullInt64) driver.QueueLimits {
 	var l driver.QueueLimits
+	if keyMax.Valid && keyMax.Int64 > 0 {
+		l.KeyMaxRunning = int(keyMax.Int64)
+	}
+	switch keyOrder.Int64 {
+	case keyOrdered:
+		l.Ordered = true
+	case keyOrderedMoveOn:
+		l.Ordered, l.OrderedMoveOn = true, true
+	}
+	if l.Ordered {
+		l.KeyMaxRunning = 1
+	}
 	if maxRunning.Valid && maxRunning.Int64 > 0 {
 		l.MaxRunning = int(maxRunning.Int64)
 	}
@@ -128,8 +147,10 @@ func limitsOf(maxRunning, rate, periodUS sql.NullInt64) driver.QueueLimits {
 // MaxRunning (a lowered limit): they count against the limit, so the
 // claim takes that many fewer of the free slots below it. The count was
 // read before the transaction; it only falls as those attempts end, so
-// a stale one holds back more than needed, never less.
-func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimParams, l driver.QueueLimits, above int) (driver.ClaimResult, error) {
+// a stale one holds back more than needed, never less. kw, for a queue
+// with key limits, is the claim's walk of keys (walkKeys): the keyed jobs
+// are claimed first (claimKeyedTx), then the jobs without a key.
+func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimParams, l driver.QueueLimits, above int, kw *keyWalk) (driver.ClaimResult, error) {
 	want := p.Limit
 	wantC := min(want+above, l.MaxRunning)
 	period := micros(l.RatePeriod)
@@ -181,7 +202,30 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 		k = min(k, len(rslots))
 	}
 	var rows []*driver.JobRow
-	if k > 0 {
+	heldK := kw != nil && kw.held
+	if k > 0 && kw != nil {
+		var err error
+		var held bool
+		if rows, held, err = d.claimKeyedTx(ctx, tx, p, l, kw, k); err != nil {
+			return driver.ClaimResult{}, err
+		}
+		heldK = heldK || held
+		if rest := k - len(rows); rest > 0 && d.lookForKeyless(p.Queue) {
+			cp := p
+			cp.Limit = rest
+			more, err := d.claimLockedTx(ctx, tx, cp, d.q.ClaimSelectNoKey, []any{p.Queue, p.Queue, int64(rest)})
+			if err != nil {
+				return driver.ClaimResult{}, err
+			}
+			if len(more) == 0 {
+				d.noKeylessSeen(p.Queue)
+			}
+			rows = append(rows, more...)
+		}
+		if err := d.takeSlots(ctx, tx, p.Queue, l, rows, cslots, rslots, marker); err != nil {
+			return driver.ClaimResult{}, err
+		}
+	} else if k > 0 {
 		cp := p
 		cp.Limit = k
 		var err error
@@ -204,7 +248,9 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 	}
 	res := driver.ClaimResult{Rows: rows}
 	if k >= want || len(rows) < k {
-		// Not cut by the limits, or the queue ran out of due jobs.
+		// Not cut by the queue's limits, or the queue ran out of due
+		// jobs: held only when keys without a free slot left some.
+		res.Held = heldK
 		return res, nil
 	}
 	if k == 0 {
@@ -233,12 +279,12 @@ func (d *Driver) limitsStill(ctx context.Context, tx *sql.Tx, queue string, l dr
 	defer rows.Close()
 	var now driver.QueueLimits
 	if rows.Next() {
-		var maxRunning, rate, periodUS sql.NullInt64
+		var maxRunning, rate, periodUS, keyMax, keyOrder sql.NullInt64
 		var above int
-		if err := rows.Scan(&maxRunning, &rate, &periodUS, &above); err != nil {
+		if err := rows.Scan(&maxRunning, &rate, &periodUS, &keyMax, &keyOrder, &above); err != nil {
 			return false, err
 		}
-		now = limitsOf(maxRunning, rate, periodUS)
+		now = limitsOf(maxRunning, rate, periodUS, keyMax, keyOrder)
 	}
 	return now == l, rows.Err()
 }
@@ -456,6 +502,10 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 	if l.MaxRunning < 0 || l.Rate < 0 || (l.Rate > 0 && l.RatePeriod < time.Microsecond) {
 		return fmt.Errorf("conveyor/mysql: set limits of queue %q: invalid limits %+v", queue, l)
 	}
+	if err := checkKeyLimits(l); err != nil {
+		return fmt.Errorf("conveyor/mysql: set limits of queue %q: %w", queue, err)
+	}
+	keyMax, keyOrder := keyColumns(l)
 	var maxRunning, rate, period any
 	if l.MaxRunning > 0 {
 		maxRunning = int64(l.MaxRunning)
@@ -464,7 +514,7 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 		rate, period = int64(l.Rate), micros(l.RatePeriod)
 	}
 	return d.inTx(ctx, "set limits of queue "+queue, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, d.q.SetQueueLimits, queue, maxRunning, rate, period); err != nil {
+		if _, err := tx.ExecContext(ctx, d.q.SetQueueLimits, queue, maxRunning, rate, period, keyMax, keyOrder); err != nil {
 			return err
 		}
 		for _, s := range []struct {
@@ -531,11 +581,11 @@ func (d *Driver) QueueLimits(ctx context.Context) (map[string]driver.QueueLimits
 		defer rows.Close()
 		for rows.Next() {
 			var name string
-			var maxRunning, rate, period sql.NullInt64
-			if err := rows.Scan(&name, &maxRunning, &rate, &period); err != nil {
+			var maxRunning, rate, period, keyMax, keyOrder sql.NullInt64
+			if err := rows.Scan(&name, &maxRunning, &rate, &period, &keyMax, &keyOrder); err != nil {
 				return err
 			}
-			if l := limitsOf(maxRunning, rate, period); !l.IsZero() {
+			if l := limitsOf(maxRunning, rate, period, keyMax, keyOrder); !l.IsZero() {
 				out[name] = l
 			}
 		}
@@ -560,12 +610,12 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 		defer rows.Close()
 		for rows.Next() {
 			var name string
-			var maxRunning, rate, period, next sql.NullInt64
+			var maxRunning, rate, period, keyMax, keyOrder, next sql.NullInt64
 			var running, started int
-			if err := rows.Scan(&name, &maxRunning, &rate, &period, &running, &started, &next); err != nil {
+			if err := rows.Scan(&name, &maxRunning, &rate, &period, &keyMax, &keyOrder, &running, &started, &next); err != nil {
 				return err
 			}
-			l := limitsOf(maxRunning, rate, period)
+			l := limitsOf(maxRunning, rate, period, keyMax, keyOrder)
 			if l.IsZero() {
 				continue
 			}
@@ -580,6 +630,15 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 	if err != nil {
 		return nil, err
 	}
+	for name, u := range out {
+		if !u.Limits.HasKeyLimits() {
+			continue
+		}
+		if err := d.keyUsage(ctx, name, &u); err != nil {
+			return nil, err
+		}
+		out[name] = u
+	}
 	return out, nil
 }
 
@@ -591,6 +650,9 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 // row (slot_lock_queue) that SetQueueLimits takes first.
 func (d *Driver) sweepSlots(ctx context.Context, limit int) error {
 	limit = max(limit, 100)
+	if err := d.sweepKeySlots(ctx, limit); err != nil {
+		return err
+	}
 	type slot struct {
 		queue, typ, lkey string
 		n, job, fence    int64

@@ -229,7 +229,7 @@ func TestClaimUnderLimitsReadBeforeALoweredLimit(t *testing.T) {
 			var res driver.ClaimResult
 			err := d.inTx(ctx, "claim limited", func(tx *sql.Tx) error {
 				var err error
-				res, err = d.claimLimitedTx(ctx, tx, driver.ClaimParams{Queue: "lo", Limit: 1, Lease: time.Minute, Worker: "c"}, old, 0)
+				res, err = d.claimLimitedTx(ctx, tx, driver.ClaimParams{Queue: "lo", Limit: 1, Lease: time.Minute, Worker: "c"}, old, 0, nil)
 				return err
 			})
 			if err != nil && !errors.Is(err, errLimitsChanged) {

@@ -91,7 +91,13 @@ const maxBucket = 4096
 type Driver struct {
 	// cursors maps a queue to its *claimCursor.
 	cursors sync.Map
-	db      *sql.DB
+	// keyCursors maps a queue to its *keyCursor (see walkKeys).
+	keyCursors sync.Map
+	// noKeyless maps a key-limited queue to the time (Unix ns, an
+	// *atomic.Int64) until which its claims skip the jobs without a key
+	// (see lookForKeyless).
+	noKeyless sync.Map
+	db        *sql.DB
 	// main is db with its prepared statements; lease is the lease path's
 	// own pool (heartbeat, complete, release): leaseConns connections that
 	// claims, inserts, maintenance and the application's handlers never

@@ -157,6 +157,25 @@ type queries struct {
 	SlotFree       string `sql:"slot_free"`
 	SlotMaxC       string `sql:"slot_max_c"`
 	SlotLockQueue  string `sql:"slot_lock_queue"`
+
+	// Key limits: the claim's walk of keys, its key slots and jobs, the
+	// usage and the sweep (see keys.go).
+	KeyWalk          string `sql:"key_walk"`
+	KeyWalkUpto      string `sql:"key_walk_upto"`
+	KeySlotStats     string `sql:"key_slot_stats"`
+	KeySlotInsert    string `sql:"key_slot_insert"`
+	KeySlotInsertRow string `sql:"key_slot_insert_row"`
+	KeySlotLock      string `sql:"key_slot_lock"`
+	KeyHead          string `sql:"key_head"`
+	KeyNext          string `sql:"key_next"`
+	KeyClaimSelect   string `sql:"key_claim_select"`
+	ClaimSelectNoKey string `sql:"claim_select_nokey"`
+	KeySlotTake      string `sql:"key_slot_take"`
+	KeysRunning      string `sql:"keys_running"`
+	KeyUsage         string `sql:"key_usage"`
+	KeyKeptStale     string `sql:"key_kept_stale"`
+	KeyKeptFree      string `sql:"key_kept_free"`
+	KeySlotTrim      string `sql:"key_slot_trim"`
 }
 
 // loadQueries reads queries.sql for prefix, drops its comment lines and

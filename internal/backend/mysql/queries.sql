@@ -14,6 +14,7 @@
 --            knows wsrep_on (MariaDB, Galera builds of MySQL), else
 --            @@server_id
 --   {fence_floor} the fence_floor expression below
+--   {keys}   a list of N "?" placeholders, one per key (key_slot_stats)
 --   {intx}   on Galera, " AND @@in_transaction = 1", else empty: the guard
 --            of every write of the claim, rescue and promote transactions
 --            (see "Transactions on Galera" below)
@@ -23,7 +24,7 @@
 -- time_zone '+00:00', READ COMMITTED and an explicit sql_mode (see Open).
 
 -- name: job_columns
-id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors, fence, meta
+id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors, fence, meta, lkey
 
 -- Fences. A claim sets fence = GREATEST(fence + 1, floor), where floor is
 -- this expression: the current server's floor, from the fence_epochs row
@@ -81,10 +82,10 @@ INSERT INTO `{p}fence_epochs` (epoch, server, created_at) VALUES (?, ?, UTC_TIME
 -- from the scheduled_at just computed and created_at (both the statement's
 -- now when there is no delay).
 -- name: insert_head
-INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, scheduled_at, created_at, state, errors, meta) VALUES
+INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, scheduled_at, created_at, state, errors, meta, lkey) VALUES
 
 -- name: insert_row
-(?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]', ?)
+(?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]', ?, ?)
 
 -- Unique jobs are inserted one row each (insert_unique_head +
 -- insert_unique_row) after unique_holder, a plain consistent read that
@@ -92,10 +93,10 @@ INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, sc
 -- unique_idx) then means a concurrent transaction took the key in between
 -- (see InsertUnique in unique.go for why that case is handled apart).
 -- name: insert_unique_head
-INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, scheduled_at, created_at, state, errors, meta, unique_key, unique_keep) VALUES
+INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, scheduled_at, created_at, state, errors, meta, lkey, unique_key, unique_keep) VALUES
 
 -- name: insert_unique_row
-(?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]', ?, ?, ?)
+(?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]', ?, ?, ?, ?)
 
 -- name: unique_holder
 SELECT id FROM `{p}jobs` WHERE unique_live = ?
@@ -224,6 +225,13 @@ SELECT CAST(? AS SIGNED) AS id, CAST(? AS SIGNED) AS fence
 -- sets LAST_INSERT_ID(1), which the server reports with the statement's
 -- result (0 when no slot was freed): the driver then reads back the ids
 -- applied by op_token instead of trusting the count.
+--
+-- Key limits: an attempt of a job with a key in a key-limited queue also
+-- holds a key slot (type 'k', see migrations/013_keys.sql), found and
+-- freed by the same join on job and fence. In a queue whose key_order is
+-- 1 (ordered, holding), a retryable or snoozed outcome keeps the key slot
+-- for the job instead: its fence is cleared and its job_id stays, so that
+-- no later job of the key starts before this one (see claimKeyedTx).
 -- name: slot_holders
 SELECT s.job_id FROM {source} u STRAIGHT_JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = u.id AND s.fence = u.fence
 
@@ -234,10 +242,10 @@ UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence
 UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.errors = CONCAT(LEFT(j.errors, CHAR_LENGTH(j.errors) - 1), IF(j.errors = '[]', '', ','), u.err, ']'), j.op_token = ? WHERE j.state = 'running'
 
 -- name: complete_freeing
-UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND s.fence = j.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.op_token = ?, s.job_id = NULL, s.fence = IF(LAST_INSERT_ID(1), NULL, NULL) WHERE j.state = 'running'
+UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND s.fence = j.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.op_token = ?, s.job_id = IF(s.type = 'k' AND u.state IN ('retryable', 'scheduled') AND (SELECT q.key_order FROM `{p}queues` q WHERE q.name = j.queue) = 1, s.job_id, NULL), s.fence = IF(LAST_INSERT_ID(1), NULL, NULL) WHERE j.state = 'running'
 
 -- name: complete_with_errors_freeing
-UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND s.fence = j.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.errors = CONCAT(LEFT(j.errors, CHAR_LENGTH(j.errors) - 1), IF(j.errors = '[]', '', ','), u.err, ']'), j.op_token = ?, s.job_id = NULL, s.fence = IF(LAST_INSERT_ID(1), NULL, NULL) WHERE j.state = 'running'
+UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND s.fence = j.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.errors = CONCAT(LEFT(j.errors, CHAR_LENGTH(j.errors) - 1), IF(j.errors = '[]', '', ','), u.err, ']'), j.op_token = ?, s.job_id = IF(s.type = 'k' AND u.state IN ('retryable', 'scheduled') AND (SELECT q.key_order FROM `{p}queues` q WHERE q.name = j.queue) = 1, s.job_id, NULL), s.fence = IF(LAST_INSERT_ID(1), NULL, NULL) WHERE j.state = 'running'
 
 -- name: heartbeat
 UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, j.op_token = ? WHERE j.state = 'running'
@@ -379,10 +387,11 @@ UPDATE `{p}jobs` SET state = 'available', scheduled_at = UTC_TIMESTAMP(6), final
 
 -- Cancel and Discard (the new state is the first parameter). A running
 -- job's attempt ends here: its slot is freed in the same statement (see
--- complete). The matched count is only compared with 0, which a freed
--- slot (matched only beside its job) cannot make.
+-- complete), and so is a key slot kept for it (an ordered key's job
+-- waiting for its retry). The matched count is only compared with 0,
+-- which a freed slot (matched only beside its job) cannot make.
 -- name: finalize
-UPDATE `{p}jobs` j LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND s.fence = j.fence AND j.state = 'running' SET j.state = ?, j.finalized_at = UTC_TIMESTAMP(6), j.lease_expires_at = NULL, s.job_id = NULL, s.fence = NULL WHERE j.id = ? AND j.state IN ('available', 'scheduled', 'retryable', 'running')
+UPDATE `{p}jobs` j LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND ((s.fence = j.fence AND j.state = 'running') OR (s.type = 'k' AND s.fence IS NULL)) SET j.state = ?, j.finalized_at = UTC_TIMESTAMP(6), j.lease_expires_at = NULL, s.job_id = NULL, s.fence = NULL WHERE j.id = ? AND j.state IN ('available', 'scheduled', 'retryable', 'running')
 
 -- name: stats
 SELECT queue, state, COUNT(*), MIN(scheduled_at), UTC_TIMESTAMP(6) FROM `{p}jobs` GROUP BY queue, state
@@ -549,10 +558,11 @@ DELETE FROM `{p}processes` WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICR
 -- SetQueueLimits, in one transaction: set_queue_limits upserts only the
 -- limit columns (a pause is kept, as pause_queue keeps the limits), then
 -- the missing slots are created and the slots beyond the limits deleted.
--- (queue, max_running, rate, rate_period_us; NULL for none.)
+-- (queue, max_running, rate, rate_period_us, key_max_running, key_order;
+-- NULL for none.)
 -- name: set_queue_limits
-INSERT INTO `{p}queues` (name, paused_at, updated_at, max_running, rate, rate_period_us) VALUES (?, NULL, UTC_TIMESTAMP(6), ?, ?, ?)
-ON DUPLICATE KEY UPDATE max_running = VALUES(max_running), rate = VALUES(rate), rate_period_us = VALUES(rate_period_us), updated_at = VALUES(updated_at)
+INSERT INTO `{p}queues` (name, paused_at, updated_at, max_running, rate, rate_period_us, key_max_running, key_order) VALUES (?, NULL, UTC_TIMESTAMP(6), ?, ?, ?, ?, ?)
+ON DUPLICATE KEY UPDATE max_running = VALUES(max_running), rate = VALUES(rate), rate_period_us = VALUES(rate_period_us), key_max_running = VALUES(key_max_running), key_order = VALUES(key_order), updated_at = VALUES(updated_at)
 
 -- (queue, type, count): how many of the slots [0, count) exist.
 -- name: slot_count
@@ -589,24 +599,24 @@ DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n 
 DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n >= ?
 
 -- name: queue_limits
-SELECT name, max_running, rate, rate_period_us FROM `{p}queues` WHERE max_running IS NOT NULL OR rate IS NOT NULL
+SELECT name, max_running, rate, rate_period_us, key_max_running, key_order FROM `{p}queues` WHERE max_running IS NOT NULL OR rate IS NOT NULL OR key_max_running IS NOT NULL
 
 -- LimitUsage, one statement by the database's clock: per limited queue,
 -- the concurrency slots held, the starts within the window and how long
 -- until the oldest of them leaves it.
 -- name: limit_usage
-SELECT q.name, q.max_running, q.rate, q.rate_period_us,
+SELECT q.name, q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order,
   (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.job_id > 0),
   (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate AND s.used_at > UTC_TIMESTAMP(6) - INTERVAL q.rate_period_us MICROSECOND),
   (SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(s.used_at) + INTERVAL q.rate_period_us MICROSECOND) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate AND s.used_at > UTC_TIMESTAMP(6) - INTERVAL q.rate_period_us MICROSECOND)
-  FROM `{p}queues` q WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL
+  FROM `{p}queues` q WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL OR q.key_max_running IS NOT NULL
 
 -- ClaimLimited. limits_read is a plain read of the queue's limits and of
 -- how many concurrency slots at or beyond max_running are still held (a
 -- lowered limit: those attempts count against it until they end). A
 -- queue without limits is claimed by Claim. (queue.)
 -- name: limits_read
-SELECT q.max_running, q.rate, q.rate_period_us, (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.n >= q.max_running AND s.job_id IS NOT NULL) FROM `{p}queues` q WHERE q.name = ?
+SELECT q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order, (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.n >= q.max_running AND s.job_id IS NOT NULL) FROM `{p}queues` q WHERE q.name = ?
 
 -- With SKIP LOCKED (the skip-locked strategy), in the claim's
 -- transaction and before the jobs: lock up to want free concurrency slots
@@ -673,7 +683,7 @@ SELECT EXISTS (SELECT 1 FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue
 -- ended, so slot_free, fenced by the slot's job and fence, frees only
 -- that stale holder and never a slot taken meanwhile. (limit.)
 -- name: slot_stale
-SELECT s.queue, s.type, s.lkey, s.n, s.job_id, s.fence FROM `{p}limit_slots` s LEFT JOIN `{p}jobs` j ON j.id = s.job_id WHERE s.job_id > 0 AND (j.id IS NULL OR j.fence <> s.fence OR j.state <> 'running') LIMIT ?
+SELECT s.queue, s.type, s.lkey, s.n, s.job_id, s.fence FROM `{p}limit_slots` s LEFT JOIN `{p}jobs` j ON j.id = s.job_id WHERE s.job_id > 0 AND s.fence IS NOT NULL AND (j.id IS NULL OR j.fence <> s.fence OR j.state <> 'running') LIMIT ?
 
 -- (queue, type, lkey, n, job_id, fence.)
 -- name: slot_free
@@ -690,3 +700,96 @@ SELECT queue, MAX(n) FROM `{p}limit_slots` WHERE type = 'c' AND lkey = '' GROUP 
 -- raised. (queue.)
 -- name: slot_lock_queue
 SELECT max_running FROM `{p}queues` WHERE name = ? FOR UPDATE
+
+-- Key limits (migrations/013_keys.sql, keys.go). A limited claim of a
+-- queue with key limits first walks the distinct keys of its available
+-- keyed jobs in key order from the key after its cursor (key_walk; past
+-- the last key it wraps around, key_walk_upto, up to the cursor): one
+-- probe of key_idx per key (the MIN of a range of the index's second
+-- column is a single dive, where a DISTINCT or GROUP BY with a LIMIT
+-- reads every job of the keys it returns), so that the walk's cost does
+-- not grow with a key's depth. (queue, after) and (queue, after, upto.)
+-- name: key_walk
+SELECT MIN(lkey) FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ?
+
+-- name: key_walk_upto
+SELECT MIN(lkey) FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ? AND lkey <= ?
+
+-- A plain read of the walked keys' slots: how many exist below the
+-- limit, how many a running attempt holds and how many are kept for a
+-- job, at any n: after a lowered limit the attempts holding slots at or
+-- beyond it still count against it until they end. {keys} is one "?" per
+-- key. (limit, queue, keys.)
+-- name: key_slot_stats
+SELECT lkey, COALESCE(SUM(n < ?), 0), COALESCE(SUM(job_id IS NOT NULL AND fence IS NOT NULL), 0), COALESCE(SUM(job_id IS NOT NULL AND fence IS NULL), 0) FROM `{p}limit_slots` WHERE queue = ? AND type = 'k' AND lkey IN ({keys}) GROUP BY lkey
+
+-- The missing key slots of the candidate keys, one (queue, key, n) row
+-- each, in key order, in a statement of its own before the claim's
+-- transaction (autocommit): a slot another claim holds or just made is
+-- kept as it is, and the claim never waits for one.
+-- name: key_slot_insert
+INSERT IGNORE INTO `{p}limit_slots` (queue, type, lkey, n, used_at) VALUES
+
+-- name: key_slot_insert_row
+(?, 'k', ?, ?, UTC_TIMESTAMP(6))
+
+-- In the claim's transaction, key by key in key order: lock up to count
+-- open slots of a key, free ones and ones kept for a job, skipping those
+-- other claims hold. (queue, key, limit, count.)
+-- name: key_slot_lock
+SELECT n, job_id FROM `{p}limit_slots` WHERE queue = ? AND type = 'k' AND lkey = ? AND n < ? AND (job_id IS NULL OR (job_id > 0 AND fence IS NULL)) ORDER BY n LIMIT ? FOR UPDATE {skip}
+
+-- A key's oldest available jobs by id (Ordered: the first is the head,
+-- a second says more wait), and its next ones by priority then id, read
+-- by key_idx and key_prio_idx without reading the key's other jobs.
+-- (queue, key) and (queue, key, count.)
+-- name: key_head
+SELECT id FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey = ? ORDER BY id LIMIT 2
+
+-- name: key_next
+SELECT id FROM `{p}jobs` FORCE INDEX (key_prio_idx) WHERE akey_queue = ? AND lkey = ? ORDER BY priority, id LIMIT ?
+
+-- Locks the keyed jobs picked for the key slots the claim locked, those
+-- still available, skipping any another transaction holds (claim_mark_queued
+-- then marks them). (queue, ids.)
+-- name: key_claim_select
+SELECT UTC_TIMESTAMP(6), {fence_floor}, {cols} FROM `{p}jobs` WHERE queue = ? AND state = 'available' AND lkey IS NOT NULL AND id IN ({ids}) ORDER BY id FOR UPDATE {skip}
+
+-- The jobs without a key of a key-limited queue, after the keyed ones, in
+-- claim order. (queue, queue, count.)
+-- name: claim_select_nokey
+SELECT UTC_TIMESTAMP(6), {fence_floor}, {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND state = 'available' AND lkey IS NULL ORDER BY priority, scheduled_at, id LIMIT ? FOR UPDATE {skip}
+
+-- Takes the key slots the claim locked for its attempts, in one
+-- statement: each gets its attempt's job and fence and the claim's clock,
+-- only while still free or kept for that same job (the driver requires
+-- every one). {cases} is one "WHEN lkey = ? AND n = ? THEN ?" per slot
+-- (key, n, value) and {pairs} one "(?, ?)" per slot (key, n). (job
+-- cases, fence cases, used_at, queue, pairs, job cases again.)
+-- name: key_slot_take
+UPDATE `{p}limit_slots` SET job_id = CASE {cases} END, fence = CASE {cases} END, used_at = ? WHERE queue = ? AND type = 'k' AND (lkey, n) IN ({pairs}) AND (job_id IS NULL OR (job_id = CASE {cases} END AND fence IS NULL)){intx}
+
+-- LimitUsage of a key-limited queue: the keys with a slot held or kept,
+-- and per key with available jobs, their count and the key's held, kept
+-- and kept-for-an-available-job slots below the limit. (queue) and
+-- (queue, queue, limit.)
+-- name: keys_running
+SELECT COUNT(DISTINCT lkey) FROM `{p}limit_slots` WHERE queue = ? AND type = 'k' AND job_id > 0
+
+-- name: key_usage
+SELECT a.cnt, COALESCE(s.held, 0), COALESCE(s.kept, 0), COALESCE(s.kept_avail, 0) FROM (SELECT lkey, COUNT(*) AS cnt FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? GROUP BY lkey) a LEFT JOIN (SELECT s.lkey, SUM(s.fence IS NOT NULL) AS held, SUM(s.fence IS NULL) AS kept, SUM(s.fence IS NULL AND j.state = 'available') AS kept_avail FROM `{p}limit_slots` s LEFT JOIN `{p}jobs` j ON j.id = s.job_id WHERE s.queue = ? AND s.type = 'k' AND s.n < ? AND s.job_id > 0 GROUP BY s.lkey) s ON s.lkey = a.lkey
+
+-- The rescue's sweep of key slots: slots kept for a job that no longer
+-- waits to run (finished, deleted, or claimed by hand), freed one by one,
+-- fenced by the job and the row's state (limit; queue, key, n, job, job);
+-- then the free key slots unused for a minute, at or beyond their key's
+-- limit, or of a queue without key limits are deleted: claims make them
+-- again when needed (limit).
+-- name: key_kept_stale
+SELECT s.queue, s.lkey, s.n, s.job_id FROM `{p}limit_slots` s LEFT JOIN `{p}jobs` j ON j.id = s.job_id WHERE s.type = 'k' AND s.job_id > 0 AND s.fence IS NULL AND (j.id IS NULL OR j.state NOT IN ('available', 'scheduled', 'retryable')) LIMIT ?
+
+-- name: key_kept_free
+UPDATE `{p}limit_slots` SET job_id = NULL WHERE queue = ? AND type = 'k' AND lkey = ? AND n = ? AND job_id = ? AND fence IS NULL AND NOT EXISTS (SELECT 1 FROM `{p}jobs` WHERE id = ? AND state IN ('available', 'scheduled', 'retryable'))
+
+-- name: key_slot_trim
+DELETE FROM `{p}limit_slots` WHERE type = 'k' AND job_id IS NULL AND (used_at < UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE OR n >= COALESCE((SELECT q.key_max_running FROM `{p}queues` q WHERE q.name = `{p}limit_slots`.queue), 0)) LIMIT ?

@@ -1,0 +1,90 @@
+package mysql
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// TestKeyLimitLowered: attempts holding key slots at or beyond a lowered
+// KeyMaxRunning count against it until they end, so a key's freed slot
+// below the new limit does not let more of its jobs run than it allows.
+func TestKeyLimitLowered(t *testing.T) {
+	for _, v := range variants[:2] {
+		t.Run(v.name, func(t *testing.T) {
+			ctx := context.Background()
+			d := migrated(t, v.opts, v.tweak)
+			jobs := limitJobs("kl", 6)
+			for i := range jobs {
+				jobs[i].Key = "a"
+			}
+			if _, err := d.Insert(ctx, jobs); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.SetQueueLimits(ctx, "kl", driver.QueueLimits{KeyMaxRunning: 3}); err != nil {
+				t.Fatal(err)
+			}
+			rows := claimLimited(t, d, "kl", 10, time.Minute)
+			if len(rows) != 3 {
+				t.Fatalf("claimed %d of key a under 3 per key", len(rows))
+			}
+			if err := d.SetQueueLimits(ctx, "kl", driver.QueueLimits{KeyMaxRunning: 1}); err != nil {
+				t.Fatal(err)
+			}
+			// The claim gave the key's slots in id order: the last job
+			// holds slot 2, beyond the new limit, and keeps running.
+			var outs []driver.Outcome
+			for _, r := range rows[:2] {
+				outs = append(outs, driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted})
+			}
+			if applied, err := d.Complete(ctx, outs); err != nil || len(applied) != 2 {
+				t.Fatalf("complete: %v, %v", applied, err)
+			}
+			r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "kl", Limit: 10, Lease: time.Minute, Worker: "w"})
+			if err != nil || len(r.Rows) != 0 || !r.Held {
+				t.Fatalf("claimed %d (held %v, %v) while an attempt beyond the lowered limit runs", len(r.Rows), r.Held, err)
+			}
+			last := rows[2]
+			if applied, err := d.Complete(ctx, []driver.Outcome{{ID: last.ID, Fence: last.Fence, Attempt: last.Attempt, State: driver.StateCompleted}}); err != nil || len(applied) != 1 {
+				t.Fatalf("complete: %v, %v", applied, err)
+			}
+			if got := claimLimited(t, d, "kl", 10, time.Minute); len(got) != 1 {
+				t.Fatalf("claimed %d once the key's attempts ended, want 1", len(got))
+			}
+		})
+	}
+}
+
+// TestKeylessAfterNoneFound: after a claim of a key-limited queue found
+// no job without a key, the driver's claims of the queue skip them for a
+// while (lookForKeyless), then take them again.
+func TestKeylessAfterNoneFound(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{}, nil)
+	keyed := limitJobs("kn", 3)
+	for i := range keyed {
+		keyed[i].Key = "a"
+	}
+	if _, err := d.Insert(ctx, keyed); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "kn", driver.QueueLimits{KeyMaxRunning: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := claimLimited(t, d, "kn", 5, time.Minute); len(got) != 1 || got[0].Key != "a" {
+		t.Fatalf("claimed %d, want the one job of key a", len(got))
+	}
+	ids, err := d.Insert(ctx, limitJobs("kn", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := claimLimited(t, d, "kn", 5, time.Minute); len(got) != 0 {
+		t.Fatalf("claimed %d while skipping jobs without a key", len(got))
+	}
+	d.noKeyless.Delete("kn") // as once cursorFor has passed
+	if got := claimLimited(t, d, "kn", 5, time.Minute); len(got) != 1 || got[0].ID != ids[0] {
+		t.Fatalf("claimed %v, want the job without a key", got)
+	}
+}
