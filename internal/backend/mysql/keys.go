@@ -342,7 +342,9 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 				slotOf[s.job] = s
 				left--
 			}
-			held = true // the key's other jobs wait
+			// The key's other jobs wait for the kept job: held (below)
+			// once it runs, but not while its retry is not due, which
+			// no attempt's end changes (its promotion wakes claims).
 			continue
 		}
 		fs := free[key]
@@ -381,8 +383,17 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 	if err != nil {
 		return nil, false, err
 	}
-	if len(rows) < len(ids) {
-		held = true
+	claimed := make(map[int64]bool, len(rows))
+	for _, j := range rows {
+		claimed[j.ID] = true
+		if _, kept := slotOf[j.ID]; kept {
+			held = true // the key's other jobs wait for it
+		}
+	}
+	for _, id := range ids {
+		if _, kept := slotOf[id]; !kept && !claimed[id] {
+			held = true // taken by another claim meanwhile
+		}
 	}
 	if len(rows) == 0 {
 		return nil, held, nil
