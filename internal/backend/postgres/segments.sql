@@ -975,13 +975,13 @@ fr AS (
     RETURNING s.queue
 ),
 -- A running job's key slot, or the slot an ordered key keeps for a job
--- waiting for its retry.
+-- waiting for its retry (or made available again by hand).
 kf AS (
     UPDATE {p}key_slots s SET job_id = NULL, fence = NULL
       FROM d
      WHERE d.lkey IS NOT NULL AND s.queue = d.queue AND s.lkey = d.lkey AND s.job_id = d.id
        AND ((d.state = 'running' AND s.fence = d.fence)
-            OR (d.state IN ('retryable', 'scheduled') AND s.fence IS NULL))
+            OR (d.state <> 'running' AND s.fence IS NULL))
     RETURNING s.queue
 ),
 woke AS (
@@ -1228,40 +1228,41 @@ SET LOCAL lock_timeout TO DEFAULT
 
 -- name: seg_convert_move
 -- Every job into the current segment of its phase. Running jobs keep
--- their attempt, fence and lease; ready jobs keep their claim order.
+-- their attempt, fence and lease; ready jobs keep their claim order. The
+-- one table never held a limit key (lkey NULL).
 WITH r AS (
     INSERT INTO {ready} ({cols})
     SELECT nextval('{p}pos_seq'), id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
            scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
-           fence, unique_key, unique_keep, meta, lkey
+           fence, unique_key, unique_keep, meta, NULL
     FROM (SELECT * FROM {p}jobs WHERE state = 'available' ORDER BY priority, scheduled_at, id) j
 ),
 run AS (
     INSERT INTO {running} ({cols})
     SELECT 0, id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
            scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
-           fence, unique_key, unique_keep, meta, lkey
+           fence, unique_key, unique_keep, meta, NULL
     FROM {p}jobs WHERE state = 'running'
 ),
 wt AS (
     INSERT INTO {waiting} ({cols})
     SELECT 0, id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
            scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
-           fence, unique_key, unique_keep, meta, lkey
+           fence, unique_key, unique_keep, meta, NULL
     FROM {p}jobs WHERE state IN ('scheduled', 'retryable')
 ),
 dn AS (
     INSERT INTO {done} ({cols})
     SELECT 0, id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
            scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
-           fence, unique_key, unique_keep, meta, lkey
+           fence, unique_key, unique_keep, meta, NULL
     FROM {p}jobs WHERE state = 'completed'
 ),
 dd AS (
     INSERT INTO {dead} ({cols})
     SELECT 0, id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
            scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
-           fence, unique_key, unique_keep, meta, lkey
+           fence, unique_key, unique_keep, meta, NULL
     FROM {p}jobs WHERE state IN ('discarded', 'cancelled')
 ),
 uk AS (

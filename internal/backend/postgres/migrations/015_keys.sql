@@ -2,16 +2,16 @@
 -- job's limit key is the lkey column of its row (NULL: no key), bytewise
 -- ordered (COLLATE "C") so that the claim's walk of a queue's keys reads
 -- an index in its own order. The segment tables get it through the
--- registry (new ones through seg_table), and {p}jobs of a prefix not yet
--- converted gets it so that the conversion carries it; the ready
--- segments get the keyed claim's indexes (seg_index_ready).
+-- registry (new ones through seg_table), and the ready segments the
+-- keyed claim's indexes (seg_index_ready). {p}jobs of a prefix not yet
+-- converted is left alone: it never held a key (the conversion moves its
+-- jobs without one), and an ALTER TABLE there would queue its lock behind
+-- any transaction that holds the table (a pg_dump), stopping the
+-- migration and every writer queued behind it.
 DO $$
 DECLARE
     r record;
 BEGIN
-    IF to_regclass('{p}jobs') IS NOT NULL THEN
-        EXECUTE 'ALTER TABLE {p}jobs ADD COLUMN IF NOT EXISTS lkey text COLLATE "C"';
-    END IF;
     IF to_regclass('{p}segments') IS NOT NULL THEN
         FOR r IN SELECT tbl, phase FROM {p}segments ORDER BY ord LOOP
             IF to_regclass(r.tbl) IS NOT NULL THEN
