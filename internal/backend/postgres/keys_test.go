@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -90,3 +91,68 @@ func TestMigrateKeysOnSegments(t *testing.T) {
 		t.Fatalf("claimed %v (held %v), want the 2 jobs from before and the key's first job", got, r.Held)
 	}
 }
+
+// TestKeySlotSweep: Rescue frees a key slot whose attempt is no longer
+// running under its fence, keeps a held one, and deletes free slots
+// unused for a minute and those of a queue without key limits.
+func TestKeySlotSweep(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	var jobs []driver.InsertParams
+	for _, k := range []string{"a", "b", "c"} {
+		j := pj("sw")
+		j.Key = k
+		jobs = append(jobs, j, j)
+	}
+	if _, err := d.Insert(ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "sw", driver.QueueLimits{KeyMaxRunning: 1}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "sw", Limit: 2, Lease: time.Minute, Worker: "w"})
+	if err != nil || len(r.Rows) != 2 {
+		t.Fatalf("claimed %d, %v", len(r.Rows), err)
+	}
+	count := func(where string) int {
+		t.Helper()
+		var n int
+		if err := d.pool.QueryRow(ctx, "SELECT count(*) FROM "+d.prefix+"key_slots WHERE queue = 'sw' AND "+where).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if held := count("fence IS NOT NULL"); held != 2 {
+		t.Fatalf("%d key slots held, want 2", held)
+	}
+	// The first attempt's slot names a fence no attempt has (as left by
+	// an end that did not free it); the second is held as it should be.
+	if _, err := d.pool.Exec(ctx, "UPDATE "+d.prefix+"key_slots SET fence = fence + 1 WHERE job_id = $1", r.Rows[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	// A free slot unused for two minutes.
+	if _, err := d.pool.Exec(ctx, "INSERT INTO "+d.prefix+"key_slots (queue, lkey, n, used_at) VALUES ('sw', 'old', 0, now() - interval '2 minutes')"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Rescue(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	if held := count("fence IS NOT NULL"); held != 1 || count("job_id = "+itoa(r.Rows[1].ID)) != 1 {
+		t.Fatalf("after the sweep: %d key slots held, want the second attempt's only", held)
+	}
+	if old := count("lkey = 'old'"); old != 0 {
+		t.Fatalf("a free slot unused for two minutes was kept")
+	}
+	// Without key limits, every free slot goes; the held one stays.
+	if err := d.SetQueueLimits(ctx, "sw", driver.QueueLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Rescue(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	if free, all := count("job_id IS NULL"), count("true"); free != 0 || all != 1 {
+		t.Fatalf("after the limits' removal: %d slots, %d free; want the held one only", all, free)
+	}
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
