@@ -108,7 +108,7 @@ type keyHead struct {
 // walk order up to allowance, and claims exactly those jobs. It returns
 // them, the slots they take, whether a keyed job was left for want of a
 // slot or of allowance, and whether the guard refused the claim.
-func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p driver.ClaimParams, max, order int, w keyWalk, allowance int) (rows []*driver.JobRow, takes keyTakes, held, stale bool, err error) {
+func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p driver.ClaimParams, keyMax, order int, w keyWalk, allowance int) (rows []*driver.JobRow, takes keyTakes, held, stale bool, err error) {
 	q := &s.d.q
 	var cand []string
 	for i, k := range w.keys {
@@ -122,18 +122,21 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		return nil, takes, held, false, nil
 	}
 	slots := map[string][]keySlot{}
-	r, err := tx.Query(ctx, q.KeyLock, p.Queue, cand, max)
+	over := map[string]int{} // held slots at or above a lowered limit
+	r, err := tx.Query(ctx, q.KeyLock, p.Queue, cand, keyMax)
 	if err != nil {
 		return nil, takes, false, false, err
 	}
 	for r.Next() {
 		var k string
 		var sl keySlot
-		if err := r.Scan(&k, &sl.n, &sl.kept); err != nil {
+		var above int
+		if err := r.Scan(&k, &sl.n, &sl.kept, &above); err != nil {
 			r.Close()
 			return nil, takes, false, false, err
 		}
 		slots[k] = append(slots[k], sl)
+		over[k] = above
 	}
 	r.Close()
 	if err := r.Err(); err != nil {
@@ -150,7 +153,7 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 			held = true
 			continue
 		}
-		free := 0
+		free := -over[k]
 		for _, sl := range ss {
 			if sl.kept != 0 {
 				kept = append(kept, sl.kept)
@@ -158,6 +161,7 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 				free++
 			}
 		}
+		free = max(free, 0)
 		// One more than can be admitted: a head left over says that the
 		// key holds jobs back.
 		n := free + 1
@@ -220,8 +224,13 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		var free []int32
 		var admit []pick
 		var admitIDs []int64
+		skip := over[k] // free slots that a lowered limit's held ones use up
 		for _, sl := range slots[k] {
 			if sl.kept == 0 {
+				if skip > 0 {
+					skip--
+					continue
+				}
 				free = append(free, sl.n)
 				continue
 			}

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -156,3 +157,67 @@ func TestKeySlotSweep(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestKeyLimitLowered: attempts holding slots above a lowered
+// KeyMaxRunning count against it until they end.
+func TestKeyLimitLowered(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	var jobs []driver.InsertParams
+	for i := 0; i < 6; i++ {
+		j := pj("lo")
+		j.Key = "a"
+		jobs = append(jobs, j)
+	}
+	if _, err := d.Insert(ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	claim := func() []*driver.JobRow {
+		t.Helper()
+		r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "lo", Limit: 10, Lease: time.Minute, Worker: "w"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Rows
+	}
+	complete := func(r *driver.JobRow) {
+		t.Helper()
+		if applied, err := d.Complete(ctx, []driver.Outcome{{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted}}); err != nil || len(applied) != 1 {
+			t.Fatalf("complete: %v, %v", applied, err)
+		}
+	}
+	if err := d.SetQueueLimits(ctx, "lo", driver.QueueLimits{KeyMaxRunning: 3}); err != nil {
+		t.Fatal(err)
+	}
+	running := claim()
+	if len(running) != 3 {
+		t.Fatalf("claimed %d under 3 per key", len(running))
+	}
+	if err := d.SetQueueLimits(ctx, "lo", driver.QueueLimits{KeyMaxRunning: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// The attempt holding slot 0 ends: the slot below the new limit is
+	// free, and the two above it still held.
+	var first int64
+	if err := d.pool.QueryRow(ctx, "SELECT job_id FROM "+d.prefix+"key_slots WHERE queue = 'lo' AND n = 0").Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(running, func(a, b *driver.JobRow) int {
+		if a.ID == first {
+			return -1
+		}
+		if b.ID == first {
+			return 1
+		}
+		return 0
+	})
+	complete(running[0])
+	if got := claim(); len(got) != 0 {
+		t.Fatalf("claimed %d with 2 running under a limit lowered to 1", len(got))
+	}
+	complete(running[1])
+	complete(running[2])
+	if got := claim(); len(got) != 1 {
+		t.Fatalf("claimed %d once none ran, want 1", len(got))
+	}
+}

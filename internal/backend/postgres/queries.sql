@@ -389,11 +389,16 @@ SELECT coalesce((extract(epoch FROM min(used_at) + $3::bigint * interval '1 micr
 -- a job waiting for its retry) below $3 of queue $1's keys $2, locked FOR
 -- UPDATE SKIP LOCKED (claimers never wait for each other and never take
 -- the same slot). A slot is locked only if it is open in its latest
--- version.
-SELECT lkey, n, coalesce(job_id, 0) FROM {p}key_slots
- WHERE queue = $1 AND lkey = ANY ($2::text[]) AND n < $3::int AND (job_id IS NULL OR fence IS NULL)
- ORDER BY lkey, n
- FOR UPDATE SKIP LOCKED
+-- version. The last column: the key's slots at or above $3 still held
+-- (a lowered limit; no claim takes them again), each one slot fewer for
+-- the key until it is freed.
+SELECT s.lkey, s.n, coalesce(s.job_id, 0),
+       (SELECT count(*) FROM {p}key_slots h
+         WHERE h.queue = $1 AND h.lkey = s.lkey AND h.n >= $3::int AND h.job_id IS NOT NULL)
+  FROM {p}key_slots s
+ WHERE s.queue = $1 AND s.lkey = ANY ($2::text[]) AND s.n < $3::int AND (s.job_id IS NULL OR s.fence IS NULL)
+ ORDER BY s.lkey, s.n
+ FOR UPDATE OF s SKIP LOCKED
 
 -- name: key_take
 -- The key slots $2 (keys), $3 (numbers) taken by the attempts $4 (jobs),

@@ -308,7 +308,8 @@ ORDER BY priority, pos
 -- last key, from the start up to $2; a skip scan (one probe of each
 -- segment's key index per key, whatever the keys' depth). It examines at
 -- most $3 keys and stops once $4 of them have room: fewer than $5 (the
--- queue's KeyMaxRunning) slots held by running attempts. It makes the
+-- queue's KeyMaxRunning) slots held by running attempts (at any number:
+-- a lowered limit leaves slots above it held). It makes the
 -- missing slots (n < $5) of the keys with room, ON CONFLICT DO NOTHING,
 -- in key order (concurrent walks insert in the same order), and returns
 -- every key examined, in walk order, with whether it had room.
@@ -316,14 +317,14 @@ ORDER BY priority, pos
 WITH RECURSIVE
 async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
 w1(k, i, r, room) AS (
-    SELECT x.k, 1, CASE WHEN ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.n < $5::int AND s.fence IS NOT NULL) < $5::int) THEN 1 ELSE 0 END, ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.n < $5::int AND s.fence IS NOT NULL) < $5::int)
+    SELECT x.k, 1, CASE WHEN ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int) THEN 1 ELSE 0 END, ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int)
       FROM (SELECT (SELECT min(m) FROM (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > $2::text{sep}
 UNION ALL
 {end}) s) AS k) x
      WHERE x.k IS NOT NULL
     UNION ALL
-    SELECT x.k, w1.i + 1, w1.r + CASE WHEN ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.n < $5::int AND s.fence IS NOT NULL) < $5::int) THEN 1 ELSE 0 END, ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.n < $5::int AND s.fence IS NOT NULL) < $5::int)
+    SELECT x.k, w1.i + 1, w1.r + CASE WHEN ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int) THEN 1 ELSE 0 END, ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int)
       FROM w1, LATERAL (SELECT (SELECT min(m) FROM (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > w1.k{sep}
 UNION ALL
@@ -331,7 +332,7 @@ UNION ALL
      WHERE w1.i < $3::int AND w1.r < $4::int AND x.k IS NOT NULL
 ),
 w2(k, i, r, room) AS (
-    SELECT x.k, (SELECT count(*)::int FROM w1) + 1, (SELECT coalesce(max(r), 0) FROM w1) + CASE WHEN ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.n < $5::int AND s.fence IS NOT NULL) < $5::int) THEN 1 ELSE 0 END, ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.n < $5::int AND s.fence IS NOT NULL) < $5::int)
+    SELECT x.k, (SELECT count(*)::int FROM w1) + 1, (SELECT coalesce(max(r), 0) FROM w1) + CASE WHEN ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int) THEN 1 ELSE 0 END, ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int)
       FROM (SELECT (SELECT min(m) FROM (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > ''{sep}
 UNION ALL
@@ -339,7 +340,7 @@ UNION ALL
      WHERE x.k IS NOT NULL AND x.k <= $2::text AND $2::text <> ''
        AND (SELECT count(*) FROM w1) < $3::int AND (SELECT coalesce(max(r), 0) FROM w1) < $4::int
     UNION ALL
-    SELECT x.k, w2.i + 1, w2.r + CASE WHEN ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.n < $5::int AND s.fence IS NOT NULL) < $5::int) THEN 1 ELSE 0 END, ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.n < $5::int AND s.fence IS NOT NULL) < $5::int)
+    SELECT x.k, w2.i + 1, w2.r + CASE WHEN ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int) THEN 1 ELSE 0 END, ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int)
       FROM w2, LATERAL (SELECT (SELECT min(m) FROM (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > w2.k{sep}
 UNION ALL
