@@ -26,12 +26,15 @@ func insertArgs(jobs []driver.InsertParams) []any {
 	for i := range jobs {
 		textSize += len(jobs[i].Queue) + len(jobs[i].Kind) + len(jobs[i].Args)
 	}
-	var queues, kinds, args, priorities, maxAttempts, timeouts, runAt, delays, metas arrayLit
-	withMeta := false
+	var queues, kinds, args, priorities, maxAttempts, timeouts, runAt, delays, metas, keys arrayLit
+	withMeta, withKey := false, false
 	for i := range jobs {
 		if len(jobs[i].Meta) > 0 {
 			withMeta = true
 			textSize += len(jobs[i].Meta)
+		}
+		if jobs[i].Key != "" {
+			withKey = true
 		}
 	}
 	queues.init(textSize/2 + 3*n)
@@ -45,6 +48,7 @@ func insertArgs(jobs []driver.InsertParams) []any {
 	// A batch without metadata sends an empty array: unnest pads it with
 	// NULLs (see the insert query).
 	metas.init(0)
+	keys.init(0) // the same for the limit keys
 	for i := range jobs {
 		j := &jobs[i]
 		queues.str(j.Queue)
@@ -66,9 +70,16 @@ func insertArgs(jobs []driver.InsertParams) []any {
 				metas.bytes(j.Meta)
 			}
 		}
+		if withKey {
+			if j.Key == "" {
+				keys.null()
+			} else {
+				keys.str(j.Key)
+			}
+		}
 	}
 	return []any{queues.String(), kinds.String(), args.String(), priorities.String(),
-		maxAttempts.String(), timeouts.String(), runAt.String(), delays.String(), metas.String()}
+		maxAttempts.String(), timeouts.String(), runAt.String(), delays.String(), metas.String(), keys.String()}
 }
 
 // Insert inserts jobs with one statement in its own (implicit)
@@ -115,14 +126,14 @@ func txQuerier(op string, tx any) (querier, bool, error) {
 
 // copyColumns are the columns BulkInsert copies; the others take their
 // defaults.
-var copyColumns = []string{"queue", "kind", "args", "state", "priority", "max_attempts", "timeout_ms", "scheduled_at", "meta"}
+var copyColumns = []string{"queue", "kind", "args", "state", "priority", "max_attempts", "timeout_ms", "scheduled_at", "meta", "lkey"}
 
 // copySource streams jobs to CopyFrom, reusing one row of values.
 type copySource struct {
 	jobs   []driver.InsertParams
 	now    time.Time
 	i      int
-	row    [9]any
+	row    [10]any
 	queues map[string]struct{} // queues with a job available now
 }
 
@@ -155,7 +166,11 @@ func (s *copySource) Values() ([]any, error) {
 	if len(j.Meta) > 0 {
 		meta = string(j.Meta)
 	}
-	s.row = [9]any{j.Queue, j.Kind, args, state, int32(j.Priority), int32(j.MaxAttempts), j.TimeoutMS, sched, meta}
+	var key any // NULL: no key
+	if j.Key != "" {
+		key = j.Key
+	}
+	s.row = [10]any{j.Queue, j.Kind, args, state, int32(j.Priority), int32(j.MaxAttempts), j.TimeoutMS, sched, meta, key}
 	return s.row[:], nil
 }
 
@@ -293,7 +308,7 @@ func (d *Driver) scanClaimedEach(rows pgx.Rows, p driver.ClaimParams, keep func(
 	)
 	dest := []any{&j.ID, &internScanner{in: &d.kinds, dst: &j.Kind}, &args, &j.Priority, &j.Attempt,
 		&j.MaxAttempts, &j.TimeoutMS, &j.ScheduledAt, &j.CreatedAt, &j.AttemptedAt, &j.LeaseExpiresAt,
-		&errorsScanner{dst: &j.Errors}, &j.Fence, metaScanner{&j.Meta}}
+		&errorsScanner{dst: &j.Errors}, &j.Fence, metaScanner{&j.Meta}, keyScanner{&j.Key}}
 	dest = append(dest, extra...)
 	var jobs []driver.JobRow // allocated on the first row: empty polls cost nothing
 	for rows.Next() {
@@ -444,8 +459,9 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 
 // Rescue makes up to limit running jobs whose lease expired available
 // again (or discarded when out of attempts), recording the lost attempt,
-// frees their queue limit slots, and wakes the queues that got available
-// jobs or a free slot. It then sweeps the limit slots (see sweepSlots).
+// frees their queue limit and key slots, and wakes the queues that got
+// available jobs or a free slot. It then sweeps the limit and key slots
+// (see sweepSlots and sweepKept).
 func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) {
 	if limit <= 0 {
 		return map[string]int{}, nil
@@ -456,7 +472,9 @@ func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) 
 	if err != nil {
 		return m, d.wrap("rescue", err)
 	}
-	_, err = d.seg.sweepSlots(ctx)
+	if _, err = d.seg.sweepSlots(ctx); err == nil {
+		_, err = d.seg.sweepKept(ctx)
+	}
 	return m, d.wrap("rescue: sweep the limit slots", err)
 }
 

@@ -29,6 +29,7 @@ type limits struct {
 	maxRunning, rate int
 	periodUS         int64
 	paused           bool
+	keyMax, keyOrder int
 }
 
 // ClaimLimited claims up to p.Limit jobs of p.Queue within its limits. A
@@ -130,22 +131,45 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 	want := p.Limit
 	var high bool
 	var cs, rs []int32
+	// A queue with key limits, as the last claim of it read them: its
+	// keys are walked (and their missing slots made) before the
+	// transaction, so that the claim never waits for another claimer.
+	ks, known := d.keys.get(p.Queue)
+	var walk keyWalk
+	if known && ks.max > 0 {
+		if walk, err = s.walkKeys(ctx, conn, v, p.Queue, ks, want); err != nil {
+			return res, false, false, false, err
+		}
+	}
 	// BEGIN and the first statement in one round trip.
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(q.LimitBegin, p.Queue, want)
 	br := conn.SendBatch(ctx, b)
 	if _, err = br.Exec(); err == nil {
-		err = br.QueryRow().Scan(&async, &l.maxRunning, &l.rate, &l.periodUS, &l.paused, &high, &cs, &rs)
+		err = br.QueryRow().Scan(&async, &l.maxRunning, &l.rate, &l.periodUS, &l.paused, &high, &cs, &rs,
+			&l.keyMax, &l.keyOrder)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if errors.Is(err, pgx.ErrNoRows) || err == nil && l.maxRunning == 0 && l.rate == 0 {
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && l.maxRunning == 0 && l.rate == 0 && l.keyMax == 0 {
+		d.keys.set(p.Queue, keyState{cursor: ks.cursor})
 		return res, false, true, false, nil
 	}
-	if err != nil || l.paused {
+	if err != nil {
 		return res, false, false, false, err
+	}
+	if !known || ks.max != l.keyMax || ks.order != l.keyOrder {
+		d.keys.set(p.Queue, keyState{max: l.keyMax, order: l.keyOrder, cursor: ks.cursor})
+		if l.keyMax > 0 && ks.max != l.keyMax {
+			// The walk did not run, or made slots for another limit:
+			// again, under the limits now known.
+			return res, false, false, true, nil
+		}
+	}
+	if l.paused {
+		return res, false, false, false, nil
 	}
 	if high {
 		// A lowered limit, slots at or above it still held: count them.
@@ -178,7 +202,28 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 		k = min(k, len(rs))
 	}
 	var rows []*driver.JobRow
-	if k > 0 {
+	var takes keyTakes
+	keyHeld := false
+	switch {
+	case k > 0 && l.keyMax > 0:
+		// Jobs with a key into their keys' slots first, then jobs
+		// without one for the rest of the allowance.
+		s.hints.drop(p.Queue)
+		var stale bool
+		rows, takes, keyHeld, stale, err = s.claimKeyed(ctx, conn, v, p, l.keyMax, l.keyOrder, walk, k)
+		if err != nil || stale {
+			return res, stale, false, false, err
+		}
+		if rest := k - len(rows); rest > 0 {
+			cp := p
+			cp.Limit = rest
+			more, stale, err := s.claimNoKey(ctx, conn, v, cp)
+			if err != nil || stale {
+				return res, stale, false, false, err
+			}
+			rows = append(rows, more...)
+		}
+	case k > 0:
 		cp := p
 		cp.Limit = k
 		var stale bool
@@ -196,6 +241,9 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 	// concurrency limit. A claim the concurrency limit alone cut waits
 	// for a slot to free, not for the window.
 	b = &pgx.Batch{}
+	if len(takes.ids) > 0 {
+		b.Queue(q.KeyTake, p.Queue, takes.keys, takes.ns, takes.ids, takes.fences)
+	}
 	if len(rows) > 0 {
 		var ns, fences, ids arrayLit
 		ns.init(8 * len(rows))
@@ -225,6 +273,7 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 	} else if k < want {
 		res.Held = len(rows) == k
 	}
+	res.Held = res.Held || keyHeld
 	sought := want
 	if l.maxRunning > 0 {
 		sought = len(cs)
@@ -236,7 +285,10 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 	b.Queue("COMMIT")
 	br = conn.SendBatch(ctx, b)
 	var us int64
-	if len(rows) > 0 {
+	if len(takes.ids) > 0 {
+		_, err = br.Exec()
+	}
+	if err == nil && len(rows) > 0 {
 		var one int
 		err = br.QueryRow().Scan(&one)
 	}
@@ -356,11 +408,18 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 	if l.Rate > 0 {
 		period = micros(l.RatePeriod)
 	}
+	keyMax, keyOrder := l.KeyMaxRunning, 0
+	if l.Ordered {
+		keyMax, keyOrder = 1, 1
+		if l.OrderedMoveOn {
+			keyOrder = 2
+		}
+	}
 	// Retried after a deadlock: the statement locks the concurrency
 	// slots at or above the limit, held ones included, which an outcome
 	// freeing several of them may lock in another order.
 	err := d.retryable(ctx, func() error {
-		_, err := d.pool.Exec(ctx, d.q.SetQueueLimits, queue, l.MaxRunning, l.Rate, period)
+		_, err := d.pool.Exec(ctx, d.q.SetQueueLimits, queue, l.MaxRunning, l.Rate, period, keyMax, keyOrder)
 		return err
 	})
 	return d.wrap("set limits of queue "+queue, err)
@@ -378,10 +437,12 @@ func (d *Driver) QueueLimits(ctx context.Context) (map[string]driver.QueueLimits
 		var name string
 		var l driver.QueueLimits
 		var periodUS int64
-		if err := rows.Scan(&name, &l.MaxRunning, &l.Rate, &periodUS); err != nil {
+		var keyOrder int
+		if err := rows.Scan(&name, &l.MaxRunning, &l.Rate, &periodUS, &l.KeyMaxRunning, &keyOrder); err != nil {
 			return nil, d.wrap("queue limits", err)
 		}
 		l.RatePeriod = time.Duration(periodUS) * time.Microsecond
+		l.Ordered, l.OrderedMoveOn = keyOrder > 0, keyOrder == 2
 		out[name] = l
 	}
 	return out, d.wrap("queue limits", rows.Err())
@@ -400,14 +461,31 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 		var name string
 		var u driver.LimitUsage
 		var periodUS, nextUS int64
-		if err := rows.Scan(&name, &u.Limits.MaxRunning, &u.Limits.Rate, &periodUS, &u.Running, &u.Started, &nextUS); err != nil {
+		var keyOrder int
+		if err := rows.Scan(&name, &u.Limits.MaxRunning, &u.Limits.Rate, &periodUS, &u.Running, &u.Started, &nextUS,
+			&u.Limits.KeyMaxRunning, &keyOrder, &u.KeysRunning); err != nil {
 			return nil, d.wrap("limit usage", err)
 		}
 		u.Limits.RatePeriod = time.Duration(periodUS) * time.Microsecond
+		u.Limits.Ordered, u.Limits.OrderedMoveOn = keyOrder > 0, keyOrder == 2
 		u.NextStart = time.Duration(nextUS) * time.Microsecond
 		out[name] = u
 	}
-	return out, d.wrap("limit usage", rows.Err())
+	if err := rows.Err(); err != nil {
+		return nil, d.wrap("limit usage", err)
+	}
+	rows.Close()
+	held, err := d.seg.keyHeld(ctx)
+	if err != nil {
+		return nil, d.wrap("limit usage", err)
+	}
+	for name, n := range held {
+		if u, ok := out[name]; ok {
+			u.KeyHeld = n
+			out[name] = u
+		}
+	}
+	return out, nil
 }
 
 // sweepRounds bounds the sweeps whose registry changed under them.

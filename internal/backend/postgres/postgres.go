@@ -81,24 +81,35 @@ type queries struct {
 	LimitHeld        string `sql:"limit_held"`
 	LimitTake        string `sql:"limit_take"`
 	LimitRetryIn     string `sql:"limit_retry_in"`
+	KeyLock          string `sql:"key_lock"`
+	KeyTake          string `sql:"key_take"`
 
-	SegTable              string `sql:"seg_table"`
-	SegIndexReady         string `sql:"seg_index_ready"`
-	SegIndexWaiting       string `sql:"seg_index_waiting"`
-	SegIndexFinished      string `sql:"seg_index_finished"`
-	SegRegistry           string `sql:"seg_registry"`
-	SegRegistryTx         string `sql:"seg_registry_tx"`
-	SegCount              string `sql:"seg_count"`
-	SegInsert             string `sql:"seg_insert"`
-	SegInsertUnique       string `sql:"seg_insert_unique"`
-	SegJobUniqueKey       string `sql:"seg_job_unique_key"`
-	SegUniqueHolders      string `sql:"seg_unique_holders"`
-	SegBulkLock           string `sql:"seg_bulk_lock"`
-	SegBulkGuard          string `sql:"seg_bulk_guard"`
-	SegClaim              string `sql:"seg_claim"`
-	SegGuard              string `sql:"seg_guard"`
-	SegHasReady           string `sql:"seg_has_ready"`
-	SegSweepSlots         string `sql:"seg_sweep_slots"`
+	SegTable         string `sql:"seg_table"`
+	SegIndexReady    string `sql:"seg_index_ready"`
+	SegIndexWaiting  string `sql:"seg_index_waiting"`
+	SegIndexFinished string `sql:"seg_index_finished"`
+	SegRegistry      string `sql:"seg_registry"`
+	SegRegistryTx    string `sql:"seg_registry_tx"`
+	SegCount         string `sql:"seg_count"`
+	SegInsert        string `sql:"seg_insert"`
+	SegInsertUnique  string `sql:"seg_insert_unique"`
+	SegJobUniqueKey  string `sql:"seg_job_unique_key"`
+	SegUniqueHolders string `sql:"seg_unique_holders"`
+	SegBulkLock      string `sql:"seg_bulk_lock"`
+	SegBulkGuard     string `sql:"seg_bulk_guard"`
+	SegClaim         string `sql:"seg_claim"`
+	SegGuard         string `sql:"seg_guard"`
+	SegHasReady      string `sql:"seg_has_ready"`
+	SegSweepSlots    string `sql:"seg_sweep_slots"`
+	SegKeyWalk       string `sql:"seg_key_walk"`
+	SegKeyPick       string `sql:"seg_key_pick"`
+	SegClaimIDs      string `sql:"seg_claim_ids"`
+	SegKeyHeld       string `sql:"seg_key_held"`
+	SegSweepKept     string `sql:"seg_sweep_kept"`
+
+	// SegClaimNoKey is seg_claim for the jobs without a key of a queue
+	// with key limits (made by loadQueries).
+	SegClaimNoKey         string
 	SegComplete           string `sql:"seg_complete"`
 	SegCompleteDone       string `sql:"seg_complete_done"`
 	SegHeartbeat          string `sql:"seg_heartbeat"`
@@ -171,6 +182,7 @@ type Driver struct {
 	migrations []sqlq.Migration
 	kinds      interner
 	seg        *segStore // the segment tables and their registry
+	keys       keyStates // the key limits and walk cursors of the queues claimed
 
 	deadlockRetries      atomic.Int64
 	lockTimeouts         atomic.Int64
@@ -265,6 +277,11 @@ func loadQueries(prefix string) (*queries, error) {
 	if err := sqlq.Load(&q, sqlFS, prefix, "queries.sql", "segments.sql"); err != nil {
 		return nil, err
 	}
+	// seg_claim's {nokey}: nothing for the plain claim; the keyed claim's
+	// jobs without a key are claimed by the same statement restricted to
+	// them.
+	q.SegClaimNoKey = strings.Replace(q.SegClaim, "{nokey}", "lkey IS NULL AND ", 1)
+	q.SegClaim = strings.Replace(q.SegClaim, "{nokey}", "", 1)
 	return &q, nil
 }
 

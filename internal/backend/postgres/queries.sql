@@ -173,7 +173,10 @@ SET plan_cache_mode = force_generic_plan
 
 -- name: set_queue_limits
 -- $1 queue, $2 max running, $3 rate, $4 rate period in microseconds (0:
--- none). Upserts the queue's limit columns only (its pause stays), makes
+-- none), $5 the most running per key and $6 the key order (0: none, 1:
+-- ordered, 2: ordered, moving on; see migration 15). Key slots are made
+-- by the claims that need them; the free ones a change leaves unused are
+-- deleted by Rescue's sweep. Upserts the queue's limit columns only (its pause stays), makes
 -- the missing slots (concurrency 0..$2-1, rate 0..$3-1), deletes the free
 -- concurrency slots at or above $2 (held ones stay until their attempt
 -- ends: rescue deletes them once free) and every rate slot at or above
@@ -194,11 +197,13 @@ WITH lk AS MATERIALIZED (
      FOR UPDATE
 ),
 up AS (
-    INSERT INTO {p}queues (name, max_running, rate, rate_period_us, updated_at)
-    VALUES ($1, nullif($2::int, 0), nullif($3::int, 0), CASE WHEN $3::int > 0 THEN $4::bigint END, now())
+    INSERT INTO {p}queues (name, max_running, rate, rate_period_us, key_max_running, key_order, updated_at)
+    VALUES ($1, nullif($2::int, 0), nullif($3::int, 0), CASE WHEN $3::int > 0 THEN $4::bigint END,
+            nullif($5::int, 0), nullif($6::int, 0), now())
     ON CONFLICT (name) DO UPDATE
        SET max_running = excluded.max_running, rate = excluded.rate,
-           rate_period_us = excluded.rate_period_us, updated_at = excluded.updated_at
+           rate_period_us = excluded.rate_period_us, key_max_running = excluded.key_max_running,
+           key_order = excluded.key_order, updated_at = excluded.updated_at
     RETURNING name
 ),
 mk AS (
@@ -217,14 +222,17 @@ SELECT pg_notify('{p}wake', name) FROM up
 
 -- name: queue_limits
 -- Every queue with a limit.
-SELECT name, coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0)
+SELECT name, coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0),
+       coalesce(key_max_running, 0), coalesce(key_order, 0)
   FROM {p}queues
- WHERE max_running IS NOT NULL OR rate IS NOT NULL
+ WHERE max_running IS NOT NULL OR rate IS NOT NULL OR key_max_running IS NOT NULL
 
 -- name: limit_usage
 -- Every limited queue's limits, its held concurrency slots, its starts
 -- within the last period and, when they fill the rate, the microseconds
 -- until the oldest of them leaves the window; by the database's clock.
+-- Then the key limits and the keys with a slot held or kept (KeyHeld
+-- reads the ready segments: seg_key_held).
 SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_period_us, 0),
        (SELECT count(*) FROM {p}limit_slots c
          WHERE c.queue = q.name AND c.type = 'c' AND c.lkey = '' AND c.job_id IS NOT NULL),
@@ -232,14 +240,16 @@ SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_
        CASE WHEN r.started >= q.rate
             THEN greatest(0, (extract(epoch FROM r.oldest + q.rate_period_us * interval '1 microsecond' - now())
                               * 1000000)::bigint)
-            ELSE 0 END
+            ELSE 0 END,
+       coalesce(q.key_max_running, 0), coalesce(q.key_order, 0),
+       (SELECT count(DISTINCT k.lkey) FROM {p}key_slots k WHERE k.queue = q.name AND k.job_id IS NOT NULL)
   FROM {p}queues q
   LEFT JOIN LATERAL (
       SELECT count(*) AS started, min(s.used_at) AS oldest FROM {p}limit_slots s
        WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate
          AND s.used_at > now() - q.rate_period_us * interval '1 microsecond'
   ) r ON true
- WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL
+ WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL OR q.key_max_running IS NOT NULL
 
 -- name: limit_begin
 -- The first statement of a limited claim's transaction, which commits
@@ -252,11 +262,12 @@ SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_
 -- concurrency slot is locked: see ClaimLimited), and the concurrency
 -- and rate slots locked. The limits are read in the statement's
 -- snapshot, before the slots are locked: limit_take checks them again
--- in a later one.
+-- in a later one. The last columns: the key limits.
 WITH l AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS async,
            coalesce(max_running, 0) AS mr, coalesce(rate, 0) AS rt,
-           coalesce(rate_period_us, 0) AS per, paused_at IS NOT NULL AS paused
+           coalesce(rate_period_us, 0) AS per, paused_at IS NOT NULL AS paused,
+           coalesce(key_max_running, 0) AS kmr, coalesce(key_order, 0) AS kord
       FROM {p}queues WHERE name = $1
 ),
 hi AS MATERIALIZED (
@@ -283,7 +294,7 @@ r AS MATERIALIZED (
      FOR UPDATE SKIP LOCKED
 )
 SELECT l.async, l.mr, l.rt, l.per, l.paused, (SELECT held FROM hi),
-       ARRAY(SELECT n FROM c ORDER BY n), ARRAY(SELECT n FROM r ORDER BY n)
+       ARRAY(SELECT n FROM c ORDER BY n), ARRAY(SELECT n FROM r ORDER BY n), l.kmr, l.kord
   FROM l
 
 -- name: limit_lock
@@ -372,3 +383,26 @@ SELECT (CASE WHEN coalesce((SELECT coalesce(max_running, 0) = $6::int AND coales
 SELECT coalesce((extract(epoch FROM min(used_at) + $3::bigint * interval '1 microsecond' - now()) * 1000000)::bigint, 0)
   FROM {p}limit_slots
  WHERE queue = $1 AND type = 'r' AND lkey = '' AND n < $2::int AND used_at IS NOT NULL
+
+-- name: key_lock
+-- The keyed claim, in its transaction: the open slots (free, or kept for
+-- a job waiting for its retry) below $3 of queue $1's keys $2, locked FOR
+-- UPDATE SKIP LOCKED (claimers never wait for each other and never take
+-- the same slot). A slot is locked only if it is open in its latest
+-- version. The last column: the key's slots at or above $3 still held
+-- (a lowered limit; no claim takes them again), each one slot fewer for
+-- the key until it is freed.
+SELECT s.lkey, s.n, coalesce(s.job_id, 0),
+       (SELECT count(*) FROM {p}key_slots h
+         WHERE h.queue = $1 AND h.lkey = s.lkey AND h.n >= $3::int AND h.job_id IS NOT NULL)
+  FROM {p}key_slots s
+ WHERE s.queue = $1 AND s.lkey = ANY ($2::text[]) AND s.n < $3::int AND (s.job_id IS NULL OR s.fence IS NULL)
+ ORDER BY s.lkey, s.n
+ FOR UPDATE OF s SKIP LOCKED
+
+-- name: key_take
+-- The key slots $2 (keys), $3 (numbers) taken by the attempts $4 (jobs),
+-- $5 (fences) of queue $1, stamped with the claim's now().
+UPDATE {p}key_slots s SET job_id = t.id, fence = t.fence, used_at = now()
+  FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[]) AS t(lkey, n, id, fence)
+ WHERE s.queue = $1 AND s.lkey = t.lkey AND s.n = t.n

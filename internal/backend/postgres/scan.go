@@ -44,6 +44,22 @@ func (s metaScanner) ScanBytes(b []byte) error {
 	return nil
 }
 
+// keyScanner reads the lkey column: NULL, the common case, is "" without
+// allocating.
+type keyScanner struct {
+	dst *string
+}
+
+// ScanBytes implements pgtype.BytesScanner.
+func (s keyScanner) ScanBytes(b []byte) error {
+	if b == nil {
+		*s.dst = ""
+		return nil
+	}
+	*s.dst = string(b)
+	return nil
+}
+
 // interner returns a shared string for a byte slice it has seen before, so
 // that scanning a batch of jobs of a few kinds does not allocate one string
 // per row. It holds at most maxInterned strings.
@@ -122,7 +138,7 @@ func scanJob(row pgx.Row) (*driver.JobRow, error) {
 	)
 	err := row.Scan(&j.ID, &j.Queue, &j.Kind, &args, &j.State, &priority, &attempt, &maxAttempts,
 		&j.TimeoutMS, &j.ScheduledAt, &j.CreatedAt, &attemptedAt, &finalizedAt, &leaseExpiresAt,
-		&attemptedBy, errorsScanner{&j.Errors}, &j.Fence, metaScanner{&j.Meta})
+		&attemptedBy, errorsScanner{&j.Errors}, &j.Fence, metaScanner{&j.Meta}, keyScanner{&j.Key})
 	if err != nil {
 		return nil, err
 	}
@@ -151,11 +167,11 @@ func scanJobRow(scan func(dest ...any) error, sqlTx bool) (*driver.JobRow, error
 	var (
 		args, errs, meta                  []byte
 		attemptedAt, finalizedAt, leaseAt sql.NullTime
-		attemptedBy                       sql.NullString
+		attemptedBy, key                  sql.NullString
 	)
 	err := scan(&j.ID, &j.Queue, &j.Kind, &args, &j.State, &j.Priority, &j.Attempt, &j.MaxAttempts,
 		&j.TimeoutMS, &j.ScheduledAt, &j.CreatedAt, &attemptedAt, &finalizedAt, &leaseAt,
-		&attemptedBy, &errs, &j.Fence, &meta)
+		&attemptedBy, &errs, &j.Fence, &meta, &key)
 	if err != nil {
 		return nil, err
 	}
@@ -165,6 +181,7 @@ func scanJobRow(scan func(dest ...any) error, sqlTx bool) (*driver.JobRow, error
 	}
 	j.AttemptedAt, j.FinalizedAt, j.LeaseExpiresAt = attemptedAt.Time, finalizedAt.Time, leaseAt.Time
 	j.AttemptedBy = attemptedBy.String
+	j.Key = key.String
 	if len(errs) > 2 {
 		if err := json.Unmarshal(errs, &j.Errors); err != nil {
 			return nil, fmt.Errorf("job %d: decode errors: %w", j.ID, err)

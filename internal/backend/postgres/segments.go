@@ -37,12 +37,12 @@ var phases = []string{phReady, phRunning, phWaiting, phDone, phDead}
 // segCols is every column of a segment table, in table order.
 const segCols = "pos, id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms, " +
 	"scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors, " +
-	"fence, unique_key, unique_keep, meta"
+	"fence, unique_key, unique_keep, meta, lkey"
 
 // segJobCols are the columns of a job row, in scanJob's order.
 const segJobCols = "id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms, " +
 	"scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, " +
-	"attempted_by, errors, fence, meta"
+	"attempted_by, errors, fence, meta, lkey"
 
 // segRefreshEvery bounds the age of a process's view of the registry.
 const segRefreshEvery = time.Second

@@ -13,8 +13,10 @@
 --   {each}X{sep}Y{end}      X once per source segment ({src} its table,
 --                           {i} its index), joined by Y
 -- Every statement that ends an attempt (seg_complete, seg_complete_done,
--- seg_release, seg_rescue, seg_finish) frees the attempt's queue limit
--- slot in a CTE of its own (fr): the slot held under the moved row's id
+-- seg_release, seg_rescue, seg_finish) frees the attempt's key slot (kf:
+-- by the moved row's queue, key, id and fence, only for rows with a key,
+-- behind a one-time test on the moved rows, so that jobs without a key
+-- pay nothing more) and its queue limit slot in a CTE of its own (fr): the slot held under the moved row's id
 -- and fence, so that a stale outcome, which moves nothing, frees nothing.
 -- Its one-time test (an uncorrelated EXISTS, evaluated once before the
 -- join) skips the join while no slot of the prefix is held, so that
@@ -58,7 +60,8 @@ CREATE TABLE {t} (
     fence            bigint       NOT NULL DEFAULT 0,
     unique_key       bytea,
     unique_keep      smallint     NOT NULL DEFAULT 0,
-    meta             jsonb
+    meta             jsonb,
+    lkey             text COLLATE "C"
 ) WITH (fillfactor = 80);
 CREATE UNIQUE INDEX {t}_id_idx ON {t} (id);
 CREATE SEQUENCE {t}_inc OWNED BY {t}.pos;
@@ -67,7 +70,12 @@ SELECT setval('{t}_inc', 1)
 -- name: seg_index_ready
 -- Claims: a queue's jobs by priority, then in the order they became
 -- available.
-CREATE INDEX {t}_claim_idx ON {t} (queue, priority, pos)
+CREATE INDEX {t}_claim_idx ON {t} (queue, priority, pos);
+-- The keyed claim (key limits): a queue's distinct keys in key order (the
+-- walk's skip scan) and a key's head by (priority, id), or by id for an
+-- ordered queue. Partial: jobs without a key add no entry to them.
+CREATE INDEX IF NOT EXISTS {t}_key_idx ON {t} (queue, lkey, priority, id) WHERE lkey IS NOT NULL;
+CREATE INDEX IF NOT EXISTS {t}_key_id_idx ON {t} (queue, lkey, id) WHERE lkey IS NOT NULL
 
 -- name: seg_index_waiting
 -- Promote: scheduled and retryable jobs by due time.
@@ -106,26 +114,26 @@ SELECT count(*) FROM {p}segments
 -- later). Ids are drawn from the sequence in input order (WITH
 -- ORDINALITY) and returned in that order. One pg_notify per distinct
 -- queue that received a job that is available now, in the same statement
--- and transaction. $9 is the metadata; a batch without any passes an
--- empty array, which unnest pads with NULLs, so plain jobs cost nothing
--- more.
+-- and transaction. $9 is the metadata and $10 the limit keys (NULL: no
+-- key); a batch without any passes an empty array, which unnest pads
+-- with NULLs, so plain jobs cost nothing more.
 WITH input AS MATERIALIZED (
     SELECT nextval('{p}job_ids') AS id,
            i.ord, i.queue, i.kind, i.args, i.priority, i.max_attempts, i.timeout_ms,
-           coalesce(i.run_at, now() + i.delay_us * interval '1 microsecond') AS sched, i.meta
+           coalesce(i.run_at, now() + i.delay_us * interval '1 microsecond') AS sched, i.meta, i.lkey
     FROM unnest($1::text[], $2::text[], $3::json[], $4::int[], $5::int[], $6::bigint[], $7::timestamptz[], $8::bigint[],
-                $9::jsonb[])
-         WITH ORDINALITY AS i(queue, kind, args, priority, max_attempts, timeout_ms, run_at, delay_us, meta, ord)
+                $9::jsonb[], $10::text[])
+         WITH ORDINALITY AS i(queue, kind, args, priority, max_attempts, timeout_ms, run_at, delay_us, meta, lkey, ord)
     WHERE {guard}
 ),
 r AS (
-    INSERT INTO {ready} (pos, id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at, meta)
-    SELECT nextval('{p}pos_seq'), id, queue, kind, args, 'available', priority, max_attempts, timeout_ms, sched, meta
+    INSERT INTO {ready} (pos, id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at, meta, lkey)
+    SELECT nextval('{p}pos_seq'), id, queue, kind, args, 'available', priority, max_attempts, timeout_ms, sched, meta, lkey
     FROM input WHERE sched <= now() ORDER BY ord
 ),
 wt AS (
-    INSERT INTO {waiting} (pos, id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at, meta)
-    SELECT 0, id, queue, kind, args, 'scheduled', priority, max_attempts, timeout_ms, sched, meta
+    INSERT INTO {waiting} (pos, id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at, meta, lkey)
+    SELECT 0, id, queue, kind, args, 'scheduled', priority, max_attempts, timeout_ms, sched, meta, lkey
     FROM input WHERE sched > now()
 ),
 woke AS (
@@ -135,7 +143,7 @@ woke AS (
 SELECT i.id FROM input i CROSS JOIN (SELECT count(*) FROM woke) w ORDER BY i.ord
 
 -- name: seg_insert_unique
--- seg_insert for jobs with a unique key ($10, hex) and keep bits ($11),
+-- seg_insert for jobs with a unique key ($11, hex) and keep bits ($12),
 -- given in key order. The key goes into {p}unique_keys first, in that
 -- order (ORDER BY ord), so that concurrent inserters of overlapping keys
 -- wait for each other in the same order and cannot deadlock: ON CONFLICT
@@ -146,10 +154,10 @@ WITH input AS MATERIALIZED (
     SELECT nextval('{p}job_ids') AS id,
            i.ord, i.queue, i.kind, i.args, i.priority, i.max_attempts, i.timeout_ms,
            coalesce(i.run_at, now() + i.delay_us * interval '1 microsecond') AS sched,
-           i.meta, decode(i.ukey, 'hex') AS ukey, i.keep
+           i.meta, i.lkey, decode(i.ukey, 'hex') AS ukey, i.keep
     FROM unnest($1::text[], $2::text[], $3::json[], $4::int[], $5::int[], $6::bigint[], $7::timestamptz[], $8::bigint[],
-                $9::jsonb[], $10::text[], $11::int[])
-         WITH ORDINALITY AS i(queue, kind, args, priority, max_attempts, timeout_ms, run_at, delay_us, meta, ukey, keep, ord)
+                $9::jsonb[], $10::text[], $11::text[], $12::int[])
+         WITH ORDINALITY AS i(queue, kind, args, priority, max_attempts, timeout_ms, run_at, delay_us, meta, lkey, ukey, keep, ord)
     WHERE {guard}
 ),
 k AS (
@@ -161,15 +169,15 @@ k AS (
 ins AS (SELECT input.* FROM input JOIN k ON k.job_id = input.id),
 r AS (
     INSERT INTO {ready} (pos, id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at,
-                         unique_key, unique_keep, meta)
+                         unique_key, unique_keep, meta, lkey)
     SELECT nextval('{p}pos_seq'), id, queue, kind, args, 'available', priority, max_attempts, timeout_ms, sched,
-           ukey, keep, meta
+           ukey, keep, meta, lkey
     FROM ins WHERE sched <= now() ORDER BY ord
 ),
 wt AS (
     INSERT INTO {waiting} (pos, id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at,
-                           unique_key, unique_keep, meta)
-    SELECT 0, id, queue, kind, args, 'scheduled', priority, max_attempts, timeout_ms, sched, ukey, keep, meta
+                           unique_key, unique_keep, meta, lkey)
+    SELECT 0, id, queue, kind, args, 'scheduled', priority, max_attempts, timeout_ms, sched, ukey, keep, meta, lkey
     FROM ins WHERE sched > now()
 ),
 woke AS (
@@ -254,7 +262,7 @@ async AS MATERIALIZED (
 ),
 {each}c{i} AS (
     SELECT {i} AS s, ctid AS c, priority, pos FROM {src}
-     WHERE queue = $1 AND (priority, pos) > ($5::int, $6::bigint) AND {guard}
+     WHERE queue = $1 AND (priority, pos) > ($5::int, $6::bigint) AND {nokey}{guard}
        AND NOT EXISTS (SELECT 1 FROM {p}queues WHERE name = $1 AND paused_at IS NOT NULL)
      ORDER BY priority, pos
      LIMIT $2
@@ -273,13 +281,13 @@ ins AS (
     SELECT pos, id, queue, kind, args, 'running', priority, attempt + 1, max_attempts, timeout_ms,
            scheduled_at, created_at, now(), NULL, now() + $3::bigint * interval '1 microsecond', $4,
            errors, greatest(fence + 1, async.floor),
-           unique_key, unique_keep, meta
+           unique_key, unique_keep, meta, lkey
     FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d, async
     RETURNING id, kind, args, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at,
-              attempted_at, lease_expires_at, errors, fence, meta, pos
+              attempted_at, lease_expires_at, errors, fence, meta, lkey, pos
 )
 SELECT id, kind, args, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at,
-       attempted_at, lease_expires_at, errors, fence, meta, pos
+       attempted_at, lease_expires_at, errors, fence, meta, lkey, pos
 FROM ins
 UNION ALL
 -- The guard's refusal, in the claim's own result (one round trip, not a
@@ -288,9 +296,169 @@ UNION ALL
 -- was built for. It is evaluated apart from the guard of the reads above,
 -- so that a reclaim between the two can give jobs and this row: the jobs
 -- moved, and the caller keeps them and drops the row.
-SELECT -1, '', '{}'::json, 0, 0, 0, 0, now(), now(), now(), now(), '[]'::jsonb, 0, NULL::jsonb, 0
+SELECT -1, '', '{}'::json, 0, 0, 0, 0, now(), now(), now(), now(), '[]'::jsonb, 0, NULL::jsonb, NULL::text, 0
  WHERE NOT ({guard})
 ORDER BY priority, pos
+
+-- name: seg_key_walk
+-- The keyed claim's walk (key limits), run before the claim's transaction
+-- in a statement of its own: the distinct keys of queue $1's jobs in the
+-- live ready segments, in key order from after $2 (the key the previous
+-- claim of the queue stopped at, '' for the start) and, once past the
+-- last key, from the start up to $2; a skip scan (one probe of each
+-- segment's key index per key, whatever the keys' depth). It examines at
+-- most $3 keys and stops once $4 of them have room: fewer than $5 (the
+-- queue's KeyMaxRunning) slots held by running attempts (at any number:
+-- a lowered limit leaves slots above it held). It makes the
+-- missing slots (n < $5) of the keys with room, ON CONFLICT DO NOTHING,
+-- in key order (concurrent walks insert in the same order), and returns
+-- every key examined, in walk order, with whether it had room.
+-- Asynchronous commit as a claim's: slot rows are made again on demand.
+WITH RECURSIVE
+async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
+w1(k, i, r, room) AS (
+    SELECT x.k, 1, CASE WHEN ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int) THEN 1 ELSE 0 END, ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int)
+      FROM (SELECT (SELECT min(m) FROM (
+{each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > $2::text{sep}
+UNION ALL
+{end}) s) AS k) x
+     WHERE x.k IS NOT NULL
+    UNION ALL
+    SELECT x.k, w1.i + 1, w1.r + CASE WHEN ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int) THEN 1 ELSE 0 END, ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int)
+      FROM w1, LATERAL (SELECT (SELECT min(m) FROM (
+{each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > w1.k{sep}
+UNION ALL
+{end}) s) AS k) x
+     WHERE w1.i < $3::int AND w1.r < $4::int AND x.k IS NOT NULL
+),
+w2(k, i, r, room) AS (
+    SELECT x.k, (SELECT count(*)::int FROM w1) + 1, (SELECT coalesce(max(r), 0) FROM w1) + CASE WHEN ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int) THEN 1 ELSE 0 END, ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int)
+      FROM (SELECT (SELECT min(m) FROM (
+{each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > ''{sep}
+UNION ALL
+{end}) s) AS k) x
+     WHERE x.k IS NOT NULL AND x.k <= $2::text AND $2::text <> ''
+       AND (SELECT count(*) FROM w1) < $3::int AND (SELECT coalesce(max(r), 0) FROM w1) < $4::int
+    UNION ALL
+    SELECT x.k, w2.i + 1, w2.r + CASE WHEN ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int) THEN 1 ELSE 0 END, ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int)
+      FROM w2, LATERAL (SELECT (SELECT min(m) FROM (
+{each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > w2.k{sep}
+UNION ALL
+{end}) s) AS k) x
+     WHERE w2.i < $3::int AND w2.r < $4::int AND x.k IS NOT NULL AND x.k <= $2::text
+),
+ks AS MATERIALIZED (SELECT k, i, room FROM w1 UNION ALL SELECT k, i, room FROM w2),
+mk AS (
+    INSERT INTO {p}key_slots (queue, lkey, n)
+    SELECT $1, ks.k, g FROM ks CROSS JOIN generate_series(0, $5::int - 1) AS g
+     WHERE ks.room
+     ORDER BY ks.k, g
+    ON CONFLICT DO NOTHING
+)
+SELECT coalesce(array_agg(k ORDER BY i), '{}'), coalesce(array_agg(room ORDER BY i), '{}')
+  FROM ks CROSS JOIN async
+
+-- name: seg_key_pick
+-- The heads of the keys whose slots a keyed claim locked, from the live
+-- ready segments: $2 the keys, $3 how many of each (by priority then id,
+-- or by id alone when $4, ordered), and the jobs $5 that kept slots wait
+-- for (kept: true), if they are ready. Read through the key indexes:
+-- a key's other jobs are not read.
+SELECT k.lkey, h.id, h.priority, false FROM unnest($2::text[], $3::int[]) AS k(lkey, cnt)
+CROSS JOIN LATERAL (
+    SELECT id, priority FROM (
+{each}(SELECT id, priority FROM {src} WHERE queue = $1 AND lkey = k.lkey
+  ORDER BY priority, id LIMIT CASE WHEN $4::boolean THEN 0 ELSE k.cnt END){sep}
+UNION ALL
+{end}) a
+    UNION ALL
+    SELECT id, priority FROM (
+{each}(SELECT id, priority FROM {src} WHERE queue = $1 AND lkey = k.lkey
+  ORDER BY id LIMIT CASE WHEN $4::boolean THEN k.cnt ELSE 0 END){sep}
+UNION ALL
+{end}) b
+) h
+UNION ALL
+SELECT lkey, id, priority, true FROM (
+{each}SELECT lkey, id, priority FROM {src} WHERE id = ANY ($5::bigint[]) AND queue = $1{sep}
+UNION ALL
+{end}) kept
+
+-- name: seg_claim_ids
+-- The keyed claim's move of exactly the jobs $2 of queue $1 (chosen by
+-- seg_key_pick under the key slots the claim's transaction holds) from
+-- the live ready segments to the current running segment, as seg_claim
+-- moves its jobs: locked (SKIP LOCKED), deleted by ctid, inserted with
+-- the lease $3 and worker $4, the same fence, the same guard's refusal.
+WITH
+async AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true),
+           (('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint + 128) * 17592186044416
+             + (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS floor
+),
+{each}c{i} AS (
+    SELECT ctid AS c FROM {src}
+     WHERE id = ANY ($2::bigint[]) AND queue = $1 AND {guard}
+     FOR UPDATE SKIP LOCKED
+),
+{sep}{end}
+{each}d{i} AS (DELETE FROM {src} r WHERE r.ctid = ANY (ARRAY(SELECT c FROM c{i})) RETURNING r.*),
+{sep}{end}
+ins AS (
+    INSERT INTO {running} ({cols})
+    SELECT pos, id, queue, kind, args, 'running', priority, attempt + 1, max_attempts, timeout_ms,
+           scheduled_at, created_at, now(), NULL, now() + $3::bigint * interval '1 microsecond', $4,
+           errors, greatest(fence + 1, async.floor),
+           unique_key, unique_keep, meta, lkey
+    FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d, async
+    RETURNING id, kind, args, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at,
+              attempted_at, lease_expires_at, errors, fence, meta, lkey, pos
+)
+SELECT id, kind, args, priority, attempt, max_attempts, timeout_ms, scheduled_at, created_at,
+       attempted_at, lease_expires_at, errors, fence, meta, lkey, pos
+FROM ins
+UNION ALL
+SELECT -1, '', '{}'::json, 0, 0, 0, 0, now(), now(), now(), now(), '[]'::jsonb, 0, NULL::jsonb, NULL::text, 0
+ WHERE NOT ({guard})
+ORDER BY priority, pos
+
+-- name: seg_key_held
+-- LimitUsage's KeyHeld: per queue with key limits, its jobs with a key in
+-- the live ready segments whose key has no slot open for them (every
+-- slot below the limit held by another job: running, or kept for an
+-- ordered key's retry).
+SELECT j.queue, count(*) FROM (
+{each}SELECT queue, lkey, id FROM {src} WHERE lkey IS NOT NULL{sep}
+UNION ALL
+{end}) j
+JOIN {p}queues q ON q.name = j.queue AND q.key_max_running IS NOT NULL
+WHERE (SELECT count(*) FROM {p}key_slots s
+        WHERE s.queue = j.queue AND s.lkey = j.lkey AND s.n < q.key_max_running
+          AND s.job_id IS NOT NULL AND s.job_id <> j.id) >= q.key_max_running
+GROUP BY j.queue
+
+-- name: seg_sweep_kept
+-- Rescue's sweep of the key slots kept for ordered keys' retries (fence
+-- NULL): frees those whose job is in none of the live ready and waiting
+-- segments (the statement's sources) any more (cancelled, discarded,
+-- completed after a retry by hand, deleted), re-checked on the slot's
+-- latest version, and wakes their queues.
+WITH c AS MATERIALIZED (
+    SELECT s.queue, s.lkey, s.n, s.job_id FROM {p}key_slots s
+     WHERE s.job_id IS NOT NULL AND s.fence IS NULL
+       AND NOT EXISTS (
+{each}SELECT 1 FROM {src} r WHERE r.id = s.job_id{sep}
+UNION ALL
+{end})
+),
+fr AS (
+    UPDATE {p}key_slots s SET job_id = NULL
+      FROM c
+     WHERE s.queue = c.queue AND s.lkey = c.lkey AND s.n = c.n AND s.job_id = c.job_id AND s.fence IS NULL
+    RETURNING s.queue
+),
+woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT DISTINCT queue FROM fr) f)
+SELECT (SELECT count(*) FROM fr), (SELECT count(*) FROM woke)
 
 -- name: seg_has_ready
 -- Whether a job of queue $1 is available in a live ready segment: a
@@ -339,8 +507,33 @@ del AS (
      WHERE s.type = 'c' AND s.job_id IS NULL
        AND s.n >= coalesce((SELECT q.max_running FROM {p}queues q WHERE q.name = s.queue), 0)
 ),
-woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT DISTINCT queue FROM fr) f)
-SELECT (SELECT same FROM reg), (SELECT count(*) FROM fr), (SELECT count(*) FROM woke)
+-- Key slots the same way: held ones whose attempt is not running under
+-- their fence are freed; free ones unused for a minute, at or above
+-- their queue's KeyMaxRunning, or of a queue without key limits, are
+-- deleted (claims make them again when they need them).
+kc AS MATERIALIZED (
+    SELECT s.queue, s.lkey, s.n, s.job_id, s.fence FROM {p}key_slots s
+     WHERE s.fence IS NOT NULL AND (SELECT same FROM reg)
+       AND NOT EXISTS (
+{each}SELECT 1 FROM {src} r WHERE r.id = s.job_id AND r.fence = s.fence{sep}
+UNION ALL
+{end})
+),
+kfr AS (
+    UPDATE {p}key_slots s SET job_id = NULL, fence = NULL
+      FROM kc
+     WHERE s.queue = kc.queue AND s.lkey = kc.lkey AND s.n = kc.n
+       AND s.job_id = kc.job_id AND s.fence = kc.fence
+    RETURNING s.queue
+),
+kdel AS (
+    DELETE FROM {p}key_slots s
+     WHERE s.job_id IS NULL
+       AND (s.used_at < now() - interval '1 minute'
+            OR s.n >= coalesce((SELECT q.key_max_running FROM {p}queues q WHERE q.name = s.queue), 0))
+),
+woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT queue FROM fr UNION SELECT queue FROM kfr) f)
+SELECT (SELECT same FROM reg), (SELECT count(*) FROM fr) + (SELECT count(*) FROM kfr), (SELECT count(*) FROM woke)
 
 -- name: seg_guard
 -- Whether the current segments a statement inserts into are still the
@@ -375,7 +568,7 @@ x AS (
            CASE WHEN nstate IN ('retryable', 'scheduled') THEN NULL ELSE now() END AS finalized_at,
            NULL::timestamptz AS lease_expires_at, attempted_by,
            CASE WHEN err = '' THEN errors ELSE errors || jsonb_build_array(err::jsonb) END AS errors,
-           fence, unique_key, unique_keep, meta
+           fence, unique_key, unique_keep, meta, lkey
     FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
 ),
 iw AS (INSERT INTO {waiting} ({cols}) SELECT {cols} FROM x WHERE state IN ('retryable', 'scheduled')),
@@ -396,6 +589,20 @@ fr AS (
        AND EXISTS (SELECT 1 FROM {p}limit_slots WHERE job_id IS NOT NULL)
     RETURNING s.queue
 ),
+-- The key slot of each attempt with a key (see the top of this file); an
+-- ordered queue without move-on keeps it for a job that waits for its
+-- retry or was snoozed (fence NULL, job_id kept).
+kf AS (
+    UPDATE {p}key_slots s
+       SET fence = NULL,
+           job_id = CASE WHEN x.state IN ('retryable', 'scheduled')
+                          AND (SELECT q.key_order FROM {p}queues q WHERE q.name = x.queue) = 1
+                         THEN s.job_id END
+      FROM x
+     WHERE x.lkey IS NOT NULL AND s.queue = x.queue AND s.lkey = x.lkey AND s.job_id = x.id AND s.fence = x.fence
+       AND EXISTS (SELECT 1 FROM x WHERE lkey IS NOT NULL)
+    RETURNING s.queue
+),
 rs AS (
     INSERT INTO {p}job_results (job_id, fence, result)
     SELECT x.id, x.fence, r.result::json
@@ -404,7 +611,7 @@ rs AS (
     ON CONFLICT (job_id) DO UPDATE
        SET fence = excluded.fence, result = excluded.result, stored_at = excluded.stored_at
 ),
-woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT DISTINCT queue FROM fr) f)
+woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT queue FROM fr UNION SELECT queue FROM kf) f)
 SELECT id FROM x WHERE (SELECT count(*) FROM woke) >= 0
 UNION ALL SELECT -1 WHERE NOT ({guard})
 
@@ -426,9 +633,9 @@ idn AS (
     INSERT INTO {done} ({cols})
     SELECT pos, id, queue, kind, args, 'completed', priority, attempt, max_attempts, timeout_ms,
            scheduled_at, created_at, attempted_at, now(), NULL, attempted_by, errors,
-           fence, unique_key, unique_keep, meta
+           fence, unique_key, unique_keep, meta, lkey
     FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
-    RETURNING id, fence, unique_key, unique_keep
+    RETURNING id, fence, unique_key, unique_keep, queue, lkey
 ),
 uk AS (
     DELETE FROM {p}unique_keys k USING idn
@@ -442,6 +649,14 @@ fr AS (
        AND EXISTS (SELECT 1 FROM {p}limit_slots WHERE job_id IS NOT NULL)
     RETURNING s.queue
 ),
+kf AS (
+    UPDATE {p}key_slots s SET job_id = NULL, fence = NULL
+      FROM idn
+     WHERE idn.lkey IS NOT NULL AND s.queue = idn.queue AND s.lkey = idn.lkey
+       AND s.job_id = idn.id AND s.fence = idn.fence
+       AND EXISTS (SELECT 1 FROM idn WHERE lkey IS NOT NULL)
+    RETURNING s.queue
+),
 rs AS (
     INSERT INTO {p}job_results (job_id, fence, result)
     SELECT idn.id, idn.fence, r.result::json
@@ -449,7 +664,7 @@ rs AS (
     ON CONFLICT (job_id) DO UPDATE
        SET fence = excluded.fence, result = excluded.result, stored_at = excluded.stored_at
 ),
-woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT DISTINCT queue FROM fr) f)
+woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT queue FROM fr UNION SELECT queue FROM kf) f)
 SELECT id FROM idn WHERE (SELECT count(*) FROM woke) >= 0
 UNION ALL SELECT -1 WHERE NOT ({guard})
 
@@ -480,9 +695,9 @@ ins AS (
     INSERT INTO {ready} ({cols})
     SELECT nextval('{p}pos_seq'), id, queue, kind, args, 'available', priority, attempt - 1, max_attempts,
            timeout_ms, scheduled_at, created_at, attempted_at, NULL, NULL, NULL, errors, fence,
-           unique_key, unique_keep, meta
+           unique_key, unique_keep, meta, lkey
     FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
-    RETURNING id, fence, queue
+    RETURNING id, fence, queue, lkey
 ),
 -- The released jobs' queues are woken whether a slot was freed or not.
 fr AS (
@@ -490,6 +705,13 @@ fr AS (
       FROM ins
      WHERE s.job_id = ins.id AND s.fence = ins.fence
        AND EXISTS (SELECT 1 FROM {p}limit_slots WHERE job_id IS NOT NULL)
+),
+kf AS (
+    UPDATE {p}key_slots s SET job_id = NULL, fence = NULL
+      FROM ins
+     WHERE ins.lkey IS NOT NULL AND s.queue = ins.queue AND s.lkey = ins.lkey
+       AND s.job_id = ins.id AND s.fence = ins.fence
+       AND EXISTS (SELECT 1 FROM ins WHERE lkey IS NOT NULL)
 ),
 q AS (SELECT queue, count(*) AS n FROM ins GROUP BY queue),
 woke AS (SELECT pg_notify('{p}wake', queue) FROM q)
@@ -521,14 +743,14 @@ x AS (
                'attempt', attempt,
                'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
                'error', 'lease expired: ' || coalesce(attempted_by, '') || ' stopped heartbeating')) AS errors,
-           fence, unique_key, unique_keep, meta
+           fence, unique_key, unique_keep, meta, lkey
     FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
 ),
 ir AS (
     INSERT INTO {ready} ({cols})
     SELECT nextval('{p}pos_seq'), id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
            scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
-           fence, unique_key, unique_keep, meta
+           fence, unique_key, unique_keep, meta, lkey
     FROM x WHERE state = 'available'
 ),
 idd AS (INSERT INTO {dead} ({cols}) SELECT {cols} FROM x WHERE state = 'discarded'),
@@ -544,10 +766,17 @@ fr AS (
        AND EXISTS (SELECT 1 FROM {p}limit_slots WHERE job_id IS NOT NULL)
     RETURNING s.queue
 ),
+kf AS (
+    UPDATE {p}key_slots s SET job_id = NULL, fence = NULL
+      FROM x
+     WHERE x.lkey IS NOT NULL AND s.queue = x.queue AND s.lkey = x.lkey AND s.job_id = x.id AND s.fence = x.fence
+       AND EXISTS (SELECT 1 FROM x WHERE lkey IS NOT NULL)
+    RETURNING s.queue
+),
 q AS (SELECT queue, count(*) AS n, bool_or(state = 'available') AS wake FROM x GROUP BY queue),
 woke AS (
     SELECT pg_notify('{p}wake', w.queue)
-      FROM (SELECT queue FROM q WHERE wake UNION SELECT queue FROM fr) w
+      FROM (SELECT queue FROM q WHERE wake UNION SELECT queue FROM fr UNION SELECT queue FROM kf) w
 )
 SELECT q.queue, q.n FROM q CROSS JOIN (SELECT count(*) FROM woke) w
 UNION ALL SELECT '!stale', 0 WHERE NOT ({guard})
@@ -568,7 +797,7 @@ ins AS (
     INSERT INTO {ready} ({cols})
     SELECT nextval('{p}pos_seq'), id, queue, kind, args, 'available', priority, attempt, max_attempts, timeout_ms,
            scheduled_at, created_at, attempted_at, NULL, NULL, attempted_by, errors, fence,
-           unique_key, unique_keep, meta
+           unique_key, unique_keep, meta, lkey
     FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
     RETURNING queue
 ),
@@ -593,7 +822,7 @@ ins AS (
     SELECT pos, id, queue, kind, args, 'running', priority, attempt + 1, max_attempts, timeout_ms,
            scheduled_at, created_at, now(), NULL, now() + $2::bigint * interval '1 microsecond', $3,
            errors, greatest(fence + 1, f.floor),
-           unique_key, unique_keep, meta
+           unique_key, unique_keep, meta, lkey
     FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d, f
     RETURNING {jobcols}
 )
@@ -704,7 +933,7 @@ ins AS (
     INSERT INTO {ready} ({cols})
     SELECT nextval('{p}pos_seq'), id, queue, kind, args, 'available', priority, attempt,
            greatest(max_attempts, attempt + 1), timeout_ms, now(), created_at, attempted_at, NULL, NULL,
-           attempted_by, errors, fence, unique_key, unique_keep, meta
+           attempted_by, errors, fence, unique_key, unique_keep, meta, lkey
     FROM ({each}SELECT * FROM d{i}{sep} UNION ALL {end}) d
     RETURNING {jobcols}, unique_key
 ),
@@ -729,7 +958,7 @@ ins AS (
     INSERT INTO {dead} ({cols})
     SELECT pos, id, queue, kind, args, $2::text, priority, attempt, max_attempts, timeout_ms,
            scheduled_at, created_at, attempted_at, now(), NULL, attempted_by, errors, fence,
-           unique_key, unique_keep, meta
+           unique_key, unique_keep, meta, lkey
     FROM d
     RETURNING {jobcols}
 ),
@@ -746,10 +975,20 @@ fr AS (
        AND EXISTS (SELECT 1 FROM {p}limit_slots WHERE job_id IS NOT NULL)
     RETURNING s.queue
 ),
+-- A running job's key slot, or the slot an ordered key keeps for a job
+-- waiting for its retry (or made available again by hand).
+kf AS (
+    UPDATE {p}key_slots s SET job_id = NULL, fence = NULL
+      FROM d
+     WHERE d.lkey IS NOT NULL AND s.queue = d.queue AND s.lkey = d.lkey AND s.job_id = d.id
+       AND ((d.state = 'running' AND s.fence = d.fence)
+            OR (d.state <> 'running' AND s.fence IS NULL))
+    RETURNING s.queue
+),
 woke AS (
     SELECT pg_notify('{p}wake', '!cancel') FROM d WHERE d.state = 'running'
     UNION ALL
-    SELECT pg_notify('{p}wake', f.queue) FROM (SELECT DISTINCT queue FROM fr) f
+    SELECT pg_notify('{p}wake', f.queue) FROM (SELECT queue FROM fr UNION SELECT queue FROM kf) f
 )
 SELECT {jobcols} FROM ins CROSS JOIN (SELECT count(*) FROM woke) w
 
@@ -990,40 +1229,41 @@ SET LOCAL lock_timeout TO DEFAULT
 
 -- name: seg_convert_move
 -- Every job into the current segment of its phase. Running jobs keep
--- their attempt, fence and lease; ready jobs keep their claim order.
+-- their attempt, fence and lease; ready jobs keep their claim order. The
+-- one table never held a limit key (lkey NULL).
 WITH r AS (
     INSERT INTO {ready} ({cols})
     SELECT nextval('{p}pos_seq'), id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
            scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
-           fence, unique_key, unique_keep, meta
+           fence, unique_key, unique_keep, meta, NULL
     FROM (SELECT * FROM {p}jobs WHERE state = 'available' ORDER BY priority, scheduled_at, id) j
 ),
 run AS (
     INSERT INTO {running} ({cols})
     SELECT 0, id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
            scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
-           fence, unique_key, unique_keep, meta
+           fence, unique_key, unique_keep, meta, NULL
     FROM {p}jobs WHERE state = 'running'
 ),
 wt AS (
     INSERT INTO {waiting} ({cols})
     SELECT 0, id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
            scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
-           fence, unique_key, unique_keep, meta
+           fence, unique_key, unique_keep, meta, NULL
     FROM {p}jobs WHERE state IN ('scheduled', 'retryable')
 ),
 dn AS (
     INSERT INTO {done} ({cols})
     SELECT 0, id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
            scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
-           fence, unique_key, unique_keep, meta
+           fence, unique_key, unique_keep, meta, NULL
     FROM {p}jobs WHERE state = 'completed'
 ),
 dd AS (
     INSERT INTO {dead} ({cols})
     SELECT 0, id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
            scheduled_at, created_at, attempted_at, finalized_at, lease_expires_at, attempted_by, errors,
-           fence, unique_key, unique_keep, meta
+           fence, unique_key, unique_keep, meta, NULL
     FROM {p}jobs WHERE state IN ('discarded', 'cancelled')
 ),
 uk AS (

@@ -1,0 +1,223 @@
+package postgres
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// TestMigrateKeysOnSegments applies migration 15 to a prefix whose jobs
+// are already in segment tables (one converted by a release before key
+// limits): every registered segment gets the lkey column, the ready ones
+// the keyed claim's indexes, and the jobs already there keep working
+// beside new keyed ones.
+func TestMigrateKeysOnSegments(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	ids, err := d.Insert(ctx, []driver.InsertParams{pj("mk"), pj("mk")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Back to version 14: what migration 15 adds, removed.
+	var tbls []string
+	rows, err := d.pool.Query(ctx, "SELECT tbl FROM "+d.prefix+"segments")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var tbl string
+		if err := rows.Scan(&tbl); err != nil {
+			t.Fatal(err)
+		}
+		tbls = append(tbls, tbl)
+	}
+	rows.Close()
+	if len(tbls) == 0 {
+		t.Fatal("no segment tables")
+	}
+	undo := []string{
+		"DROP TABLE " + d.prefix + "key_slots",
+		"ALTER TABLE " + d.prefix + "queues DROP COLUMN key_max_running, DROP COLUMN key_order",
+		"DELETE FROM " + d.prefix + "schema_migrations WHERE version = 15",
+	}
+	for _, tbl := range tbls {
+		undo = append(undo, "ALTER TABLE "+tbl+" DROP COLUMN lkey")
+	}
+	for _, q := range undo {
+		if _, err := d.pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if v, _, err := d.SchemaVersion(ctx); err != nil || v != 14 {
+		t.Fatalf("version %d, %v; want 14", v, err)
+	}
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, tbl := range tbls {
+		var n int
+		if err := d.pool.QueryRow(ctx, "SELECT count(*) FROM information_schema.columns WHERE table_name = $1 AND column_name = 'lkey'", tbl).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("%s: lkey columns %d, %v", tbl, n, err)
+		}
+	}
+	var idx int
+	if err := d.pool.QueryRow(ctx, "SELECT count(*) FROM pg_indexes WHERE indexname LIKE $1", d.prefix+"ready_%_key%idx").Scan(&idx); err != nil || idx == 0 {
+		t.Fatalf("key indexes of the ready segments: %d, %v", idx, err)
+	}
+	// A process started after the migration (the statements this one
+	// prepared name the tables as they were).
+	o := openOther(t, d)
+	keyed := pj("mk")
+	keyed.Key = "tenant"
+	more, err := o.Insert(ctx, []driver.InsertParams{keyed, keyed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.SetQueueLimits(ctx, "mk", driver.QueueLimits{KeyMaxRunning: 1}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := o.ClaimLimited(ctx, driver.ClaimParams{Queue: "mk", Limit: 10, Lease: time.Minute, Worker: "w"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[int64]string{}
+	for _, row := range r.Rows {
+		got[row.ID] = row.Key
+	}
+	if len(r.Rows) != 3 || got[ids[0]] != "" || got[ids[1]] != "" || got[more[0]] != "tenant" || !r.Held {
+		t.Fatalf("claimed %v (held %v), want the 2 jobs from before and the key's first job", got, r.Held)
+	}
+}
+
+// TestKeySlotSweep: Rescue frees a key slot whose attempt is no longer
+// running under its fence, keeps a held one, and deletes free slots
+// unused for a minute and those of a queue without key limits.
+func TestKeySlotSweep(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	var jobs []driver.InsertParams
+	for _, k := range []string{"a", "b", "c"} {
+		j := pj("sw")
+		j.Key = k
+		jobs = append(jobs, j, j)
+	}
+	if _, err := d.Insert(ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "sw", driver.QueueLimits{KeyMaxRunning: 1}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "sw", Limit: 2, Lease: time.Minute, Worker: "w"})
+	if err != nil || len(r.Rows) != 2 {
+		t.Fatalf("claimed %d, %v", len(r.Rows), err)
+	}
+	count := func(where string) int {
+		t.Helper()
+		var n int
+		if err := d.pool.QueryRow(ctx, "SELECT count(*) FROM "+d.prefix+"key_slots WHERE queue = 'sw' AND "+where).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if held := count("fence IS NOT NULL"); held != 2 {
+		t.Fatalf("%d key slots held, want 2", held)
+	}
+	// The first attempt's slot names a fence no attempt has (as left by
+	// an end that did not free it); the second is held as it should be.
+	if _, err := d.pool.Exec(ctx, "UPDATE "+d.prefix+"key_slots SET fence = fence + 1 WHERE job_id = $1", r.Rows[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	// A free slot unused for two minutes.
+	if _, err := d.pool.Exec(ctx, "INSERT INTO "+d.prefix+"key_slots (queue, lkey, n, used_at) VALUES ('sw', 'old', 0, now() - interval '2 minutes')"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Rescue(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	if held := count("fence IS NOT NULL"); held != 1 || count("job_id = "+itoa(r.Rows[1].ID)) != 1 {
+		t.Fatalf("after the sweep: %d key slots held, want the second attempt's only", held)
+	}
+	if old := count("lkey = 'old'"); old != 0 {
+		t.Fatalf("a free slot unused for two minutes was kept")
+	}
+	// Without key limits, every free slot goes; the held one stays.
+	if err := d.SetQueueLimits(ctx, "sw", driver.QueueLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Rescue(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	if free, all := count("job_id IS NULL"), count("true"); free != 0 || all != 1 {
+		t.Fatalf("after the limits' removal: %d slots, %d free; want the held one only", all, free)
+	}
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestKeyLimitLowered: attempts holding slots above a lowered
+// KeyMaxRunning count against it until they end.
+func TestKeyLimitLowered(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	var jobs []driver.InsertParams
+	for i := 0; i < 6; i++ {
+		j := pj("lo")
+		j.Key = "a"
+		jobs = append(jobs, j)
+	}
+	if _, err := d.Insert(ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	claim := func() []*driver.JobRow {
+		t.Helper()
+		r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "lo", Limit: 10, Lease: time.Minute, Worker: "w"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Rows
+	}
+	complete := func(r *driver.JobRow) {
+		t.Helper()
+		if applied, err := d.Complete(ctx, []driver.Outcome{{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted}}); err != nil || len(applied) != 1 {
+			t.Fatalf("complete: %v, %v", applied, err)
+		}
+	}
+	if err := d.SetQueueLimits(ctx, "lo", driver.QueueLimits{KeyMaxRunning: 3}); err != nil {
+		t.Fatal(err)
+	}
+	running := claim()
+	if len(running) != 3 {
+		t.Fatalf("claimed %d under 3 per key", len(running))
+	}
+	if err := d.SetQueueLimits(ctx, "lo", driver.QueueLimits{KeyMaxRunning: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// The attempt holding slot 0 ends: the slot below the new limit is
+	// free, and the two above it still held.
+	var first int64
+	if err := d.pool.QueryRow(ctx, "SELECT job_id FROM "+d.prefix+"key_slots WHERE queue = 'lo' AND n = 0").Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(running, func(a, b *driver.JobRow) int {
+		if a.ID == first {
+			return -1
+		}
+		if b.ID == first {
+			return 1
+		}
+		return 0
+	})
+	complete(running[0])
+	if got := claim(); len(got) != 0 {
+		t.Fatalf("claimed %d with 2 running under a limit lowered to 1", len(got))
+	}
+	complete(running[1])
+	complete(running[2])
+	if got := claim(); len(got) != 1 {
+		t.Fatalf("claimed %d once none ran, want 1", len(got))
+	}
+}
