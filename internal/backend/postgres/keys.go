@@ -246,17 +246,22 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 				free = nil
 			}
 		}
+		// An ordered key kept for a job that is not due waits for that
+		// job's retry, which no attempt's end brings nearer (its
+		// promotion wakes claims): its jobs do not hold the claim.
+		keptWaits := ordered && anyKept && len(admit) == 0
 		for i, h := range others {
 			if i < len(free) {
 				admit = append(admit, pick{k, free[i]})
 				admitIDs = append(admitIDs, h.id)
-			} else {
+			} else if !keptWaits {
 				held = true
 			}
 		}
 		for i, id := range admitIDs {
 			if len(ids) == allowance {
-				held = true
+				// The claim's own room is full: not held, the next
+				// claim takes the rest at once.
 				break
 			}
 			picked[id] = admit[i]
