@@ -174,13 +174,6 @@ func runTS(t *testing.T, node, dir, dsn, prefix, base string) {
 		}
 	}()
 
-	// Without stored keys, the key round trip is the one test skipped.
-	keys, skipped := "none", 1
-	if storesKeys(t, c) {
-		keys, skipped = "stored", 0
-	} else if strings.HasSuffix(dsn, ".db") {
-		t.Error("the SQLite database does not store job keys")
-	}
 
 	items := make([]conveyor.EnqueueItem, n)
 	for i := range items {
@@ -209,8 +202,7 @@ func runTS(t *testing.T, node, dir, dsn, prefix, base string) {
 		"CONVEYOR_TS_GO_QUEUE=" + goQueue,
 		"CONVEYOR_TS_GO_KIND=" + goEcho{}.Kind(),
 		"CONVEYOR_TS_RESULTS=" + results,
-		"CONVEYOR_TS_KEYS=" + keys,
-	}, skipped)
+	}, 0)
 
 	// The TypeScript worker ran each of Go's jobs once, and the database
 	// says so: completed at the first attempt, by an HTTP worker.
@@ -273,26 +265,6 @@ func runTS(t *testing.T, node, dir, dsn, prefix, base string) {
 	if len(ran) != len(enqueued) {
 		t.Errorf("the Go worker ran %d jobs, want the %d the TypeScript client enqueued", len(ran), len(enqueued))
 	}
-}
-
-// storesKeys reports whether c's database stores job keys (the
-// TypeScript client's key round trip needs it): it enqueues a job with a
-// key, due in an hour in a queue of its own, reads it back and cancels it.
-func storesKeys(t *testing.T, c *conveyor.Client[any]) bool {
-	t.Helper()
-	id, err := c.Enqueue(t.Context(), conveyor.RawArgs{KindName: "ts_key_probe", JSON: json.RawMessage(`{}`)},
-		&conveyor.EnqueueOpts{Queue: "ts-key-probe", Delay: time.Hour, Key: "probe"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	j, err := c.Job(t.Context(), id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Cancel(t.Context(), id); err != nil {
-		t.Fatal(err)
-	}
-	return j.Key == "probe"
 }
 
 // runNodeTests runs one compiled test file of the package (dist/test/file)

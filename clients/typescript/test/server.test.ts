@@ -29,8 +29,6 @@ import {
 const env = process.env;
 const url = env.CONVEYOR_URL ?? "";
 const skip = url === "" ? "CONVEYOR_URL not set: run through cmd/conveyor's TestTypeScriptClient" : false;
-// CONVEYOR_TS_KEYS=stored says the server's database stores job keys.
-const keysSkip = env.CONVEYOR_TS_KEYS === "stored" ? false : "the server's database does not store job keys";
 const client = new Client({ baseUrl: url || "http://127.0.0.1:1", token: env.CONVEYOR_TOKEN });
 const run = `${Date.now().toString(36)}`; // queue names unique to this run
 
@@ -629,7 +627,7 @@ test("job keys: a bad key or key limit is refused naming it, and nothing is writ
   assert.equal(await client.queueLimits(q), null);
 });
 
-test("job keys: stored, read back and claimed; a key limit holds each key", { skip: skip || keysSkip, timeout: 30_000 }, async () => {
+test("job keys: stored, read back and claimed; a key limit holds each key", { skip, timeout: 30_000 }, async () => {
   const q = `ts-keys-${run}`;
   const none = { maxRunning: 0, rate: 0, ratePeriod: "", ratePeriodMs: 0 };
   assert.deepEqual(await client.setQueueLimits(q, { keyMaxRunning: 1 }), { ...none, keyMaxRunning: 1, ordered: false, orderedMoveOn: false });
