@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,39 +23,7 @@ func TestMigrateKeysOnSegments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Back to version 14: what migration 15 adds, removed.
-	var tbls []string
-	rows, err := d.pool.Query(ctx, "SELECT tbl FROM "+d.prefix+"segments")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var tbl string
-		if err := rows.Scan(&tbl); err != nil {
-			t.Fatal(err)
-		}
-		tbls = append(tbls, tbl)
-	}
-	rows.Close()
-	if len(tbls) == 0 {
-		t.Fatal("no segment tables")
-	}
-	undo := []string{
-		"DROP TABLE " + d.prefix + "key_slots",
-		"ALTER TABLE " + d.prefix + "queues DROP COLUMN key_max_running, DROP COLUMN key_order",
-		"DELETE FROM " + d.prefix + "schema_migrations WHERE version = 15",
-	}
-	for _, tbl := range tbls {
-		undo = append(undo, "ALTER TABLE "+tbl+" DROP COLUMN lkey")
-	}
-	for _, q := range undo {
-		if _, err := d.pool.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
-	if v, _, err := d.SchemaVersion(ctx); err != nil || v != 14 {
-		t.Fatalf("version %d, %v; want 14", v, err)
-	}
+	tbls := undoKeys(t, d)
 	if _, err := d.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -219,5 +188,107 @@ func TestKeyLimitLowered(t *testing.T) {
 	complete(running[2])
 	if got := claim(); len(got) != 1 {
 		t.Fatalf("claimed %d once none ran, want 1", len(got))
+	}
+}
+
+// undoKeys takes d's prefix back to version 14, removing what migration
+// 15 adds, and returns the segment tables.
+func undoKeys(t *testing.T, d *Driver) []string {
+	t.Helper()
+	ctx := context.Background()
+	var tbls []string
+	rows, err := d.pool.Query(ctx, "SELECT tbl FROM "+d.prefix+"segments")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var tbl string
+		if err := rows.Scan(&tbl); err != nil {
+			t.Fatal(err)
+		}
+		tbls = append(tbls, tbl)
+	}
+	rows.Close()
+	if len(tbls) == 0 {
+		t.Fatal("no segment tables")
+	}
+	undo := []string{
+		"DROP TABLE " + d.prefix + "key_slots",
+		"ALTER TABLE " + d.prefix + "queues DROP COLUMN key_max_running, DROP COLUMN key_order",
+		"DELETE FROM " + d.prefix + "schema_migrations WHERE version = 15",
+	}
+	for _, tbl := range tbls {
+		undo = append(undo, "ALTER TABLE "+tbl+" DROP COLUMN lkey")
+	}
+	for _, q := range undo {
+		if _, err := d.pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if v, _, err := d.SchemaVersion(ctx); err != nil || v != 14 {
+		t.Fatalf("version %d, %v; want 14", v, err)
+	}
+	return tbls
+}
+
+// TestMigrateKeysBesideHeldLock: a transaction holds a lock on the
+// segment tables (as pg_dump does) through migration 15's attempts to
+// alter them. Reads of the tables keep completing meanwhile (each
+// attempt waits in the lock queue, where they would queue behind it, for
+// a moment only), the migration fails naming the held
+// lock and leaves the prefix at version 14, and it succeeds once the lock
+// is gone.
+func TestMigrateKeysBesideHeldLock(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	tbls := undoKeys(t, d)
+	hold, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback(ctx)
+	for _, tbl := range tbls {
+		if _, err := hold.Exec(ctx, "SELECT count(*) FROM "+tbl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	saved := convertLockFor
+	convertLockFor = 2 * time.Second
+	defer func() { convertLockFor = saved }()
+	migrated := make(chan error, 1)
+	go func() {
+		_, err := d.MigrateTo(ctx, 15)
+		migrated <- err
+	}()
+	inserts := 0
+	for {
+		select {
+		case err = <-migrated:
+		default:
+			ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, ierr := d.pool.Exec(ictx, "SELECT count(*) FROM "+tbls[inserts%len(tbls)])
+			cancel()
+			if ierr != nil {
+				t.Fatalf("read %d while the migration tried its locks: %v", inserts, ierr)
+			}
+			inserts++
+			continue
+		}
+		break
+	}
+	if err == nil || !strings.Contains(err.Error(), "held a lock the migration needs") {
+		t.Fatalf("migration beside a held lock: %v", err)
+	}
+	if v, _, err := d.SchemaVersion(ctx); err != nil || v != 14 || inserts == 0 {
+		t.Fatalf("after the refused migration: version %d (%v), %d reads", v, err, inserts)
+	}
+	if err := hold.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatalf("migration after the lock was released: %v", err)
+	}
+	if v, _, err := d.SchemaVersion(ctx); err != nil || v != 15 {
+		t.Fatalf("version %d, %v; want 15", v, err)
 	}
 }

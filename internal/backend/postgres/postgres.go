@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -513,8 +514,22 @@ func (d *Driver) Migrate(ctx context.Context) ([]int, error) {
 // earlier release with it; applications call Migrate.
 func (d *Driver) MigrateTo(ctx context.Context, version int) ([]int, error) {
 	var applied []int
+	deadline := time.Now().Add(convertLockFor)
 	for {
 		done, v, err := d.migrateStep(ctx, version)
+		if pgCode(err) == "55P03" && time.Now().Before(deadline) {
+			// A lock a migration needs is held (see migrateStep): give
+			// the lock queue back to the writers, then try again.
+			select {
+			case <-ctx.Done():
+				return applied, ctx.Err()
+			case <-time.After(convertLockPause):
+			}
+			continue
+		}
+		if pgCode(err) == "55P03" {
+			return applied, fmt.Errorf("%w; another transaction held a lock the migration needs through every attempt for %v (a pg_dump or a long transaction?): run Migrate again when it ends", err, convertLockFor)
+		}
 		if err != nil {
 			return applied, err
 		}
@@ -585,6 +600,13 @@ func (d *Driver) migrateStep(ctx context.Context, target int) (done bool, versio
 		return true, 0, d.wrap("migrate", tx.Commit(ctx))
 	}
 	m := d.migrations[current]
+	// A migration that alters a table in use waits for the locks of the
+	// transactions on it, and every writer of the table queues behind it:
+	// behind a pg_dump, for the whole dump. Each attempt waits at most
+	// convertLockWait; MigrateTo tries again while writers go on.
+	if _, err := tx.Exec(ctx, d.q.SegConvertLockTimeout, strconv.FormatInt(convertLockWait.Milliseconds(), 10)+"ms"); err != nil {
+		return false, 0, d.wrap("migrate", err)
+	}
 	for _, stmt := range m.Statements {
 		if _, err := tx.Exec(ctx, stmt); err != nil {
 			return false, 0, fmt.Errorf("conveyor/postgres: migrate: version %d (%s): %w", m.Version, m.Name, err)
