@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -69,53 +68,28 @@ func keysWorkload(ctx context.Context, o Options) ([]*Result, error) {
 		flood int
 		ref   string
 	}{{"small-keys", 0, ""}, {"flood", o.Jobs, "small-keys"}}
-	var rs []*Result
-	var errs []error
+	var ps phaseRuns
 	for _, ph := range floods {
 		ro := o
 		ro.Workload, ro.Limits, ro.flood = "keys-flood", conveyor.QueueLimits{KeyMaxRunning: keysFloodLimit}, ph.flood
 		ro.label = "keys " + ph.name
-		ro.Emit = nil
-		r, err := Run(ctx, ro)
-		if r == nil {
-			return rs, errors.Join(append(errs, err)...)
-		}
-		r.Workload, r.Phase, r.Keys, r.Reference = "keys", ph.name, keysSmallKeys+min(ph.flood, 1), ph.ref
-		if err == nil {
-			err = checkHeld(r)
-		}
-		o.emit(r)
-		rs = append(rs, r)
-		if err != nil {
-			errs = append(errs, err)
-			if ctx.Err() != nil {
-				return rs, errors.Join(errs...)
-			}
+		if !ps.run(ctx, o, ro, func(r *Result) {
+			r.Workload, r.Phase, r.Keys, r.Reference = "keys", ph.name, keysSmallKeys+min(ph.flood, 1), ph.ref
+		}) {
+			return ps.rs, ps.err()
 		}
 	}
 	for _, ph := range phases {
 		ro := o
 		ro.Workload, ro.Limits, ro.keyOf = "drain", ph.limits, ph.keyOf
 		ro.label = "keys " + ph.name
-		ro.Emit = nil
-		r, err := Run(ctx, ro)
-		if r == nil {
-			return rs, errors.Join(append(errs, err)...)
-		}
-		r.Workload, r.Phase, r.Keys, r.Reference = "keys", ph.name, ph.keys, ph.ref
-		if err == nil {
-			err = checkHeld(r)
-		}
-		o.emit(r)
-		rs = append(rs, r)
-		if err != nil {
-			errs = append(errs, err)
-			if ctx.Err() != nil {
-				break
-			}
+		if !ps.run(ctx, o, ro, func(r *Result) {
+			r.Workload, r.Phase, r.Keys, r.Reference = "keys", ph.name, ph.keys, ph.ref
+		}) {
+			break
 		}
 	}
-	return rs, errors.Join(errs...)
+	return ps.rs, ps.err()
 }
 
 // keysFlood runs a flood phase of the keys workload (see keysWorkload):

@@ -58,32 +58,53 @@ func limits(ctx context.Context, o Options) ([]*Result, error) {
 		{"rate", conveyor.QueueLimits{Rate: limitsRate, RatePeriod: limitsPeriod}, limitsRateJobs, 0,
 			limitsRateJobs / (float64((limitsRateJobs+limitsRate-1)/limitsRate-1) * limitsPeriod.Seconds())},
 	}
-	var rs []*Result
-	var errs []error
+	var ps phaseRuns
 	for _, ph := range phases {
 		ro := o
 		ro.Workload, ro.Jobs, ro.Work, ro.Limits = "drain", ph.jobs, ph.work, ph.limits
 		ro.label = "limits " + ph.name
-		ro.Emit = nil
-		r, err := Run(ctx, ro)
-		if r == nil {
-			return rs, errors.Join(append(errs, err)...)
-		}
-		r.Workload, r.Phase, r.Allowed = "limits", ph.name, ph.allowed
-		if err == nil {
-			err = checkHeld(r)
-		}
-		o.emit(r)
-		rs = append(rs, r)
-		if err != nil {
-			errs = append(errs, err)
-			if ctx.Err() != nil {
-				break
-			}
+		if !ps.run(ctx, o, ro, func(r *Result) {
+			r.Workload, r.Phase, r.Allowed = "limits", ph.name, ph.allowed
+		}) {
+			break
 		}
 	}
-	return rs, errors.Join(errs...)
+	return ps.rs, ps.err()
 }
+
+// phaseRuns collects the runs of a workload made of phases (limits, keys)
+// and their errors.
+type phaseRuns struct {
+	rs   []*Result
+	errs []error
+}
+
+// run runs ro (a phase of o's workload), names its result with name,
+// checks it against its limits (checkHeld), emits it through o and keeps
+// it. It returns false when the workload must stop: the run gave no
+// result, or the context ended.
+func (ps *phaseRuns) run(ctx context.Context, o, ro Options, name func(*Result)) bool {
+	ro.Emit = nil
+	r, err := Run(ctx, ro)
+	if r == nil {
+		ps.errs = append(ps.errs, err)
+		return false
+	}
+	name(r)
+	if err == nil {
+		err = checkHeld(r)
+	}
+	o.emit(r)
+	ps.rs = append(ps.rs, r)
+	if err != nil {
+		ps.errs = append(ps.errs, err)
+		return ctx.Err() == nil
+	}
+	return true
+}
+
+// err joins the phases' errors.
+func (ps *phaseRuns) err() error { return errors.Join(ps.errs...) }
 
 // checkHeld reports a run whose executions, counted outside the queue,
 // went past its limits.
