@@ -207,6 +207,34 @@ func runWorkloads(t *testing.T, dsn, backend string) {
 		}
 		checkRuns(t, backend, rs)
 	})
+	t.Run("keys", func(t *testing.T) {
+		o := small(dsn, "keys")
+		rs, err := RunAll(ctx, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"small-keys", "flood", "unlimited", "key-limit-1", "ordered-1000", "ordered-deep", "ordered-wide"}
+		if len(rs) != len(want) {
+			t.Fatalf("keys: %d results, want %d", len(rs), len(want))
+		}
+		for i, r := range rs {
+			if r.Phase != want[i] || r.Duplicates != 0 || r.Lost != 0 {
+				t.Fatalf("keys %d: phase %q lost %d duplicates %d", i, r.Phase, r.Lost, r.Duplicates)
+			}
+		}
+		// Counted by the handlers: one job of a key at a time where the
+		// limit is 1, at most 5 of the flooded key, and the small keys'
+		// latency measured.
+		for _, r := range rs[3:] {
+			if r.KeyPeakRunning != 1 || r.KeyReorders != 0 && r.Limits.Ordered {
+				t.Errorf("%s: %d of one key at once, %d out of order", r.Phase, r.KeyPeakRunning, r.KeyReorders)
+			}
+		}
+		if p := rs[1].KeyPeakRunning; p < 1 || p > keysFloodLimit || rs[1].SmallP99ms <= 0 || rs[0].SmallP99ms <= 0 {
+			t.Errorf("flood: %d of the flooded key at once (want 1 to %d), small keys' p99 %.2f ms (alone %.2f ms)", p, keysFloodLimit, rs[1].SmallP99ms, rs[0].SmallP99ms)
+		}
+		checkRuns(t, backend, rs)
+	})
 }
 
 func TestWorkloadsSQLite(t *testing.T) {
