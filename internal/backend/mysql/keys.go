@@ -178,26 +178,38 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 }
 
 // readKeys returns up to n keys of queue's available keyed jobs after
-// after (and up to *upto when upto is not nil), in key order, one probe
-// of key_idx each (key_walk, key_walk_upto).
+// after (and up to *upto when upto is not nil), in key order: windows of
+// key_idx of at most 2n+16 entries each (key_walk, key_walk_upto), each
+// from a seek past the last key the previous one found, until it has n
+// keys or a window ends before its size. Keys the column's collation
+// holds equal (utf8mb4_bin pads with spaces: "a" and "a ") are one key,
+// found as the first of them in the index.
 func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string, n int) ([]string, error) {
 	var keys []string
 	for len(keys) < n {
-		var k sql.NullString
+		size := 2*(n-len(keys)) + 16
 		q, args := d.q.KeyWalk, []any{queue, after}
 		if upto != nil {
 			q, args = d.q.KeyWalkUpto, append(args, *upto)
 		}
+		args = append(args, int64(size))
+		var got []string
+		read := 0
 		err := d.retry(ctx, "claim limited: walk keys", func() error {
-			k = sql.NullString{}
+			got, read = got[:0], 0
 			rows, err := d.query(ctx, nil, true, q, args...)
 			if err != nil {
 				return err
 			}
 			defer rows.Close()
-			if rows.Next() {
+			for rows.Next() {
+				var k string
 				if err := rows.Scan(&k); err != nil {
 					return err
+				}
+				read++
+				if len(got) == 0 || strings.TrimRight(got[len(got)-1], " ") != strings.TrimRight(k, " ") {
+					got = append(got, k)
 				}
 			}
 			return rows.Err()
@@ -205,11 +217,11 @@ func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string
 		if err != nil {
 			return nil, err
 		}
-		if !k.Valid {
-			break
+		keys = append(keys, got[:min(len(got), n-len(keys))]...)
+		if read < size {
+			break // no more keys in the range
 		}
-		keys = append(keys, k.String)
-		after = k.String
+		after = got[len(got)-1]
 	}
 	return keys, nil
 }

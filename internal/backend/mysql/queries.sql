@@ -704,16 +704,20 @@ SELECT max_running FROM `{p}queues` WHERE name = ? FOR UPDATE
 -- Key limits (migrations/013_keys.sql, keys.go). A limited claim of a
 -- queue with key limits first walks the distinct keys of its available
 -- keyed jobs in key order from the key after its cursor (key_walk; past
--- the last key it wraps around, key_walk_upto, up to the cursor): one
--- probe of key_idx per key (the MIN of a range of the index's second
--- column is a single dive, where a DISTINCT or GROUP BY with a LIMIT
--- reads every job of the keys it returns), so that the walk's cost does
--- not grow with a key's depth. (queue, after) and (queue, after, upto.)
+-- the last key it wraps around, key_walk_upto, up to the cursor): a window
+-- of at most count entries of key_idx from a seek past the last key
+-- found, whose distinct keys the driver takes (the window's last key may
+-- have more jobs beyond it; the next window seeks past it), so that the
+-- walk's cost does not grow with a key's depth (a DISTINCT or GROUP BY
+-- with a LIMIT reads every job of the keys it returns unless the server
+-- picks a loose index scan, which it does not when most keys are
+-- shallow), and shallow keys take one round trip for many keys. (queue,
+-- after, count) and (queue, after, upto, count.)
 -- name: key_walk
-SELECT MIN(lkey) FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ?
+SELECT lkey FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ? ORDER BY lkey LIMIT ?
 
 -- name: key_walk_upto
-SELECT MIN(lkey) FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ? AND lkey <= ?
+SELECT lkey FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ? AND lkey <= ? ORDER BY lkey LIMIT ?
 
 -- A plain read of the walked keys' slots: how many exist below the
 -- limit, how many a running attempt holds and how many are kept for a
