@@ -1,6 +1,7 @@
 package mysql
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -177,26 +178,38 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 }
 
 // readKeys returns up to n keys of queue's available keyed jobs after
-// after (and up to *upto when upto is not nil), in key order, one probe
-// of key_idx each (key_walk, key_walk_upto).
+// after (and up to *upto when upto is not nil), in key order: windows of
+// key_idx of at most 2n+16 entries each (key_walk, key_walk_upto), each
+// from a seek past the last key the previous one found, until it has n
+// keys or a window ends before its size. Keys the column's collation
+// holds equal (utf8mb4_bin pads with spaces: "a" and "a ") are one key,
+// found as the first of them in the index.
 func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string, n int) ([]string, error) {
 	var keys []string
 	for len(keys) < n {
-		var k sql.NullString
+		size := 2*(n-len(keys)) + 16
 		q, args := d.q.KeyWalk, []any{queue, after}
 		if upto != nil {
 			q, args = d.q.KeyWalkUpto, append(args, *upto)
 		}
+		args = append(args, int64(size))
+		var got []string
+		read := 0
 		err := d.retry(ctx, "claim limited: walk keys", func() error {
-			k = sql.NullString{}
+			got, read = got[:0], 0
 			rows, err := d.query(ctx, nil, true, q, args...)
 			if err != nil {
 				return err
 			}
 			defer rows.Close()
-			if rows.Next() {
+			for rows.Next() {
+				var k string
 				if err := rows.Scan(&k); err != nil {
 					return err
+				}
+				read++
+				if len(got) == 0 || strings.TrimRight(got[len(got)-1], " ") != strings.TrimRight(k, " ") {
+					got = append(got, k)
 				}
 			}
 			return rows.Err()
@@ -204,11 +217,11 @@ func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string
 		if err != nil {
 			return nil, err
 		}
-		if !k.Valid {
-			break
+		keys = append(keys, got[:min(len(got), n-len(keys))]...)
+		if read < size {
+			break // no more keys in the range
 		}
-		keys = append(keys, k.String)
-		after = k.String
+		after = got[len(got)-1]
 	}
 	return keys, nil
 }
@@ -290,10 +303,11 @@ type keySlot struct {
 
 // claimKeyedTx claims, in the limited claim's transaction tx, up to k
 // keyed jobs of the walk's keys: it locks the keys' open slots (key by
-// key in key order, skipping those other claims hold), picks in rotation
-// order for each key the job its kept slot is kept for, or else the key's
-// next jobs for its free slots (Ordered: its oldest job only), claims
-// those still available and gives each a slot. held is true when a key's
+// key in key order, skipping those other claims hold, in one statement),
+// reads the next jobs of the keys with free slots (in one statement),
+// picks in rotation order for each key the job its kept slot is kept
+// for, or else the key's next jobs for its free slots (Ordered: its
+// oldest job only), claims those still available and gives each a slot. held is true when a key's
 // due jobs were left for want of a free slot (not when only the claim's
 // allowance k ran out: the queue's limits, or the claim's own limit).
 func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimParams, l driver.QueueLimits, kw *keyWalk, k int) (rows []*driver.JobRow, held bool, err error) {
@@ -303,30 +317,29 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 	limit := int64(l.KeyMaxRunning)
 	sorted := slices.Clone(kw.keys)
 	slices.Sort(sorted)
-	free := map[string][]int64{}
-	kept := map[string][]keySlot{}
-	for _, key := range sorted {
-		r, err := d.query(ctx, tx, true, d.q.KeySlotLock, p.Queue, key, limit, int64(k))
-		if err != nil {
-			return nil, false, err
+	free, kept, err := d.lockKeySlots(ctx, tx, p.Queue, sorted, limit, int64(k))
+	if err != nil {
+		return nil, false, err
+	}
+	// The next jobs of the keys with open slots, read at once: as many as
+	// the key's slots or the claim's allowance could take, and one more.
+	var reads []string
+	var counts []int64
+	for _, key := range kw.keys {
+		n := min(len(free[key]), kw.free[key])
+		if len(kept[key]) > 0 || n == 0 {
+			continue
 		}
-		for r.Next() {
-			var n int64
-			var job sql.NullInt64
-			if err := r.Scan(&n, &job); err != nil {
-				r.Close()
-				return nil, false, err
-			}
-			if job.Valid {
-				kept[key] = append(kept[key], keySlot{n: n, job: job.Int64})
-			} else {
-				free[key] = append(free[key], n)
-			}
+		reads = append(reads, key)
+		if l.Ordered {
+			counts = append(counts, 2)
+		} else {
+			counts = append(counts, int64(min(n, k)+1))
 		}
-		r.Close()
-		if err := r.Err(); err != nil {
-			return nil, false, err
-		}
+	}
+	next, err := d.readKeyJobs(ctx, tx, p.Queue, l.Ordered, reads, counts)
+	if err != nil {
+		return nil, false, err
 	}
 	left := k
 	var ids []int64
@@ -353,17 +366,12 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 			held = true
 			continue
 		}
-		var got []int64
+		got := next[key]
 		take := min(len(fs), left)
 		if l.Ordered {
 			take = 1
-			got, err = d.readIDs(ctx, tx, d.q.KeyHead, p.Queue, key)
-		} else {
-			got, err = d.readIDs(ctx, tx, d.q.KeyNext, p.Queue, key, int64(take+1))
 		}
-		if err != nil {
-			return nil, false, err
-		}
+		got = got[:min(len(got), take+1)]
 		if len(got) > take {
 			// More of the key's jobs are due: held by the key when
 			// its slots, not the claim's allowance, ran out.
@@ -451,22 +459,117 @@ func (d *Driver) takeKeySlots(ctx context.Context, tx *sql.Tx, queue string, row
 	return nil
 }
 
-// readIDs runs a query of job ids in tx.
-func (d *Driver) readIDs(ctx context.Context, tx *sql.Tx, q string, args ...any) ([]int64, error) {
-	rows, err := d.query(ctx, tx, true, q, args...)
+// keyParts joins query's parenthesized part n times with UNION ALL, n
+// rounded up to a power of two (see bucket), and returns it with whether
+// it is worth caching; the parts beyond n are the caller's padding.
+func keyParts(part string, n int) (string, int, bool) {
+	b := bucket(n)
+	return strings.TrimSuffix(strings.Repeat(part+" UNION ALL ", b), " UNION ALL "), b, b <= maxCachedKeyParts
+}
+
+// maxCachedKeyParts bounds the number of parts of a statement of
+// key_slot_lock_part or key_head_part/key_next_part prepared and cached.
+const maxCachedKeyParts = 256
+
+// lockKeySlots locks, in tx and in one statement (key_slot_lock_part), up
+// to count open slots below limit of each of queue's keys (sorted, in key
+// order), skipping those other claims hold, and returns each key's free
+// slots and its slots kept for a job, in slot order.
+func (d *Driver) lockKeySlots(ctx context.Context, tx *sql.Tx, queue string, sorted []string, limit, count int64) (map[string][]int64, map[string][]keySlot, error) {
+	q, b, cached := keyParts(d.q.KeySlotLockPart, len(sorted))
+	args := make([]any, 0, 4*b)
+	for _, key := range sorted {
+		args = append(args, queue, key, limit, count)
+	}
+	for i := len(sorted); i < b; i++ {
+		args = append(args, nil, nil, limit, count) // a NULL queue matches nothing
+	}
+	r, err := d.query(ctx, tx, cached, q, args...)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer r.Close()
+	free := map[string][]int64{}
+	kept := map[string][]keySlot{}
+	for r.Next() {
+		var key string
+		var n int64
+		var job sql.NullInt64
+		if err := r.Scan(&key, &n, &job); err != nil {
+			return nil, nil, err
+		}
+		if job.Valid {
+			kept[key] = append(kept[key], keySlot{n: n, job: job.Int64})
+		} else {
+			free[key] = append(free[key], n)
+		}
+	}
+	if err := r.Err(); err != nil {
+		return nil, nil, err
+	}
+	for _, fs := range free {
+		slices.Sort(fs)
+	}
+	for _, ks := range kept {
+		slices.SortFunc(ks, func(a, b keySlot) int { return cmp.Compare(a.n, b.n) })
+	}
+	return free, kept, nil
+}
+
+// readKeyJobs reads, in tx and in one statement, up to counts[i] of the
+// next available jobs of queue's key keys[i]: Ordered its oldest by id
+// (key_head_part), else its next by priority then id (key_next_part).
+func (d *Driver) readKeyJobs(ctx context.Context, tx *sql.Tx, queue string, ordered bool, keys []string, counts []int64) (map[string][]int64, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	part := d.q.KeyNextPart
+	if ordered {
+		part = d.q.KeyHeadPart
+	}
+	q, b, cached := keyParts(part, len(keys))
+	args := make([]any, 0, 3*b)
+	for i, key := range keys {
+		args = append(args, queue, key, counts[i])
+	}
+	for i := len(keys); i < b; i++ {
+		args = append(args, nil, nil, int64(1)) // a NULL queue matches nothing
+	}
+	r, err := d.query(ctx, tx, cached, q, args...)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []int64
-	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+	defer r.Close()
+	type job struct{ prio, id int64 }
+	jobs := map[string][]job{}
+	for r.Next() {
+		var key string
+		var j job
+		if err := r.Scan(&key, &j.prio, &j.id); err != nil {
 			return nil, err
 		}
-		out = append(out, id)
+		jobs[key] = append(jobs[key], j)
 	}
-	return out, rows.Err()
+	if err := r.Err(); err != nil {
+		return nil, err
+	}
+	out := make(map[string][]int64, len(jobs))
+	for key, js := range jobs {
+		slices.SortFunc(js, func(a, b job) int {
+			if !ordered {
+				if c := cmp.Compare(a.prio, b.prio); c != 0 {
+					return c
+				}
+			}
+			return cmp.Compare(a.id, b.id)
+		})
+		ids := make([]int64, len(js))
+		for i, j := range js {
+			ids[i] = j.id
+		}
+		out[key] = ids
+	}
+	return out, nil
 }
 
 // keyUsage adds the key limits' use of queue to u: the keys with a slot

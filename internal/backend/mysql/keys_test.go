@@ -2,6 +2,7 @@ package mysql
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -86,5 +87,49 @@ func TestKeylessAfterNoneFound(t *testing.T) {
 	d.noKeyless.Delete("kn") // as once cursorFor has passed
 	if got := claimLimited(t, d, "kn", 5, time.Minute); len(got) != 1 || got[0].ID != ids[0] {
 		t.Fatalf("claimed %v, want the job without a key", got)
+	}
+}
+
+// TestReadKeysWindows: the walk of keys reads windows of key_idx and
+// continues past a key deeper than a window, takes keys the collation
+// holds equal once, and keeps to its bounds.
+func TestReadKeysWindows(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{}, nil)
+	var jobs []driver.InsertParams
+	// "b " is inserted after "b": the index holds it after "b".
+	for _, k := range []struct {
+		key string
+		n   int
+	}{{"a", 1}, {"b", 1}, {"b ", 1}, {"c", 40}, {"d", 1}, {"e", 2}, {"f", 1}} {
+		js := limitJobs("kw", k.n)
+		for i := range js {
+			js[i].Key = k.key
+		}
+		jobs = append(jobs, js...)
+	}
+	if _, err := d.Insert(ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	upto := "e"
+	for _, c := range []struct {
+		after string
+		upto  *string
+		n     int
+		want  []string
+	}{
+		{"", nil, 10, []string{"a", "b", "c", "d", "e", "f"}},
+		{"", nil, 2, []string{"a", "b"}},
+		{"a", nil, 3, []string{"b", "c", "d"}},
+		{"b", &upto, 10, []string{"c", "d", "e"}},
+		{"f", nil, 10, nil},
+	} {
+		got, err := d.readKeys(ctx, "kw", c.after, c.upto, c.n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("keys after %q (upto %v, %d): %q, want %q", c.after, c.upto != nil, c.n, got, c.want)
+		}
 	}
 }

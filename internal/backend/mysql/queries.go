@@ -165,9 +165,9 @@ type queries struct {
 	KeySlotStats     string `sql:"key_slot_stats"`
 	KeySlotInsert    string `sql:"key_slot_insert"`
 	KeySlotInsertRow string `sql:"key_slot_insert_row"`
-	KeySlotLock      string `sql:"key_slot_lock"`
-	KeyHead          string `sql:"key_head"`
-	KeyNext          string `sql:"key_next"`
+	KeySlotLockPart  string `sql:"key_slot_lock_part"`
+	KeyHeadPart      string `sql:"key_head_part"`
+	KeyNextPart      string `sql:"key_next_part"`
 	KeyClaimSelect   string `sql:"key_claim_select"`
 	ClaimSelectNoKey string `sql:"claim_select_nokey"`
 	KeySlotTake      string `sql:"key_slot_take"`

@@ -704,16 +704,20 @@ SELECT max_running FROM `{p}queues` WHERE name = ? FOR UPDATE
 -- Key limits (migrations/013_keys.sql, keys.go). A limited claim of a
 -- queue with key limits first walks the distinct keys of its available
 -- keyed jobs in key order from the key after its cursor (key_walk; past
--- the last key it wraps around, key_walk_upto, up to the cursor): one
--- probe of key_idx per key (the MIN of a range of the index's second
--- column is a single dive, where a DISTINCT or GROUP BY with a LIMIT
--- reads every job of the keys it returns), so that the walk's cost does
--- not grow with a key's depth. (queue, after) and (queue, after, upto.)
+-- the last key it wraps around, key_walk_upto, up to the cursor): a window
+-- of at most count entries of key_idx from a seek past the last key
+-- found, whose distinct keys the driver takes (the window's last key may
+-- have more jobs beyond it; the next window seeks past it), so that the
+-- walk's cost does not grow with a key's depth (a DISTINCT or GROUP BY
+-- with a LIMIT reads every job of the keys it returns unless the server
+-- picks a loose index scan, which it does not when most keys are
+-- shallow), and shallow keys take one round trip for many keys. (queue,
+-- after, count) and (queue, after, upto, count.)
 -- name: key_walk
-SELECT MIN(lkey) FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ?
+SELECT lkey FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ? ORDER BY lkey LIMIT ?
 
 -- name: key_walk_upto
-SELECT MIN(lkey) FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ? AND lkey <= ?
+SELECT lkey FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ? AND lkey <= ? ORDER BY lkey LIMIT ?
 
 -- A plain read of the walked keys' slots: how many exist below the
 -- limit, how many a running attempt holds and how many are kept for a
@@ -733,21 +737,28 @@ INSERT IGNORE INTO `{p}limit_slots` (queue, type, lkey, n, used_at) VALUES
 -- name: key_slot_insert_row
 (?, 'k', ?, ?, UTC_TIMESTAMP(6))
 
--- In the claim's transaction, key by key in key order: lock up to count
--- open slots of a key, free ones and ones kept for a job, skipping those
--- other claims hold. (queue, key, limit, count.)
--- name: key_slot_lock
-SELECT n, job_id FROM `{p}limit_slots` WHERE queue = ? AND type = 'k' AND lkey = ? AND n < ? AND (job_id IS NULL OR (job_id > 0 AND fence IS NULL)) ORDER BY n LIMIT ? FOR UPDATE {skip}
+-- In the claim's transaction, in one statement, key by key in key order:
+-- lock up to count open slots of each key, free ones and ones kept for a
+-- job, skipping those other claims hold. The driver joins one
+-- parenthesized part per key with UNION ALL (each part keeps its own
+-- LIMIT, which an IN list could not), padding the number of parts to a
+-- power of two with parts of a NULL queue that match nothing, so that
+-- each size is prepared once. (queue, key, limit, count per part.)
+-- name: key_slot_lock_part
+(SELECT lkey, n, job_id FROM `{p}limit_slots` WHERE queue = ? AND type = 'k' AND lkey = ? AND n < ? AND (job_id IS NULL OR (job_id > 0 AND fence IS NULL)) ORDER BY n LIMIT ? FOR UPDATE {skip})
 
--- A key's oldest available jobs by id (Ordered: the first is the head,
--- a second says more wait), and its next ones by priority then id, read
--- by key_idx and key_prio_idx without reading the key's other jobs.
--- (queue, key) and (queue, key, count.)
--- name: key_head
-SELECT id FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey = ? ORDER BY id LIMIT 2
+-- The next available jobs of the keys with open slots, in one statement
+-- of one part per key joined and padded as key_slot_lock_part's: a key's
+-- oldest jobs by id (key_head_part; Ordered: the first is the head, a
+-- second says more wait), or its next ones by priority then id
+-- (key_next_part), read by key_idx and key_prio_idx without reading the
+-- key's other jobs; the driver orders each key's rows. (queue, key,
+-- count per part.)
+-- name: key_head_part
+(SELECT lkey, priority, id FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey = ? ORDER BY id LIMIT ?)
 
--- name: key_next
-SELECT id FROM `{p}jobs` FORCE INDEX (key_prio_idx) WHERE akey_queue = ? AND lkey = ? ORDER BY priority, id LIMIT ?
+-- name: key_next_part
+(SELECT lkey, priority, id FROM `{p}jobs` FORCE INDEX (key_prio_idx) WHERE akey_queue = ? AND lkey = ? ORDER BY priority, id LIMIT ?)
 
 -- Locks the keyed jobs picked for the key slots the claim locked, those
 -- still available, skipping any another transaction holds (claim_mark_queued
