@@ -292,3 +292,46 @@ func TestMigrateKeysBesideHeldLock(t *testing.T) {
 		t.Fatalf("version %d, %v; want 15", v, err)
 	}
 }
+
+// TestKeySlotsAnalyzed: a maintenance round analyzes the key slots once
+// they fill a page, and again once they doubled, so that the generic
+// plans of the keyed claim's statements are made with their statistics
+// (a plan made on a table of a few rows reads a queue's every slot for
+// each slot a claim takes).
+func TestKeySlotsAnalyzed(t *testing.T) {
+	ctx := context.Background()
+	d, s := openSeg(t)
+	tbl := d.prefix + "key_slots"
+	fill := func(from, to int) {
+		t.Helper()
+		if _, err := d.pool.Exec(ctx, "INSERT INTO "+tbl+" (queue, lkey, n) "+
+			"SELECT 'q', 'k' || i, 0 FROM generate_series($1::int, $2::int) AS i", from, to-1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tuples := func() float64 {
+		t.Helper()
+		var n float64
+		if err := d.pool.QueryRow(ctx, "SELECT reltuples FROM pg_class WHERE oid = $1::regclass", tbl).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	round := func() {
+		t.Helper()
+		s.lastMaint = time.Time{}
+		if _, err := s.maintain(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill(0, 300)
+	round()
+	if n := tuples(); n != 300 {
+		t.Fatalf("key slots: %v tuples in the statistics after a round, want 300", n)
+	}
+	fill(300, 2000)
+	round()
+	if n := tuples(); n != 2000 {
+		t.Fatalf("key slots: %v tuples in the statistics after they grew, want 2000", n)
+	}
+}

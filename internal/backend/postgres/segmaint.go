@@ -101,9 +101,21 @@ func (s *segStore) round(ctx context.Context) error {
 			changed = true
 			continue
 		}
-		if err := s.analyzeGrown(ctx, r, size); err != nil {
+		if err := s.analyzeGrown(ctx, r.tbl, size, 64<<10); err != nil {
 			return err
 		}
+	}
+	// The key slots (key limits): the keyed claim's statements on them
+	// keep generic plans too, and one made while the table was a few
+	// rows scans a queue's every slot for each slot it takes. From its
+	// first page on, then each time it doubles.
+	ks := s.d.prefix + "key_slots"
+	var size int64
+	if err := s.d.pool.QueryRow(ctx, s.d.q.SegSize, ks).Scan(&size); err != nil {
+		return err
+	}
+	if err := s.analyzeGrown(ctx, ks, size, 1); err != nil {
+		return err
 	}
 	free := map[string]int{}
 	for _, r := range regs {
@@ -218,24 +230,25 @@ func (s *segStore) syncCurrent(ctx context.Context, regs []regRow) (bool, error)
 	return changed, nil
 }
 
-// analyzeGrown analyzes a current segment that has doubled in size (and
-// passed 64 kB) since it was last analyzed. The statistics steer the
+// analyzeGrown analyzes table tbl (a current segment, or the key slots)
+// once it has doubled in size (and reached least bytes) since it was
+// last analyzed. The statistics steer the
 // claim (see seg_analyze), and the analyze invalidates the plans cached
 // on the segment: the segments' statements keep generic plans (see
 // planGeneric), which are thus never made with statistics of a table less
 // than half its size.
-func (s *segStore) analyzeGrown(ctx context.Context, r regRow, size int64) error {
+func (s *segStore) analyzeGrown(ctx context.Context, tbl string, size, least int64) error {
 	if s.analyzed == nil {
 		s.analyzed = map[string]int64{}
 	}
-	if last := s.analyzed[r.tbl]; size < 64<<10 || size < 2*last {
+	if last := s.analyzed[tbl]; size < least || size < 2*last {
 		if size < last/2 {
-			s.analyzed[r.tbl] = size // truncated and current again
+			s.analyzed[tbl] = size // truncated and current again
 		}
 		return nil
 	}
-	s.analyzed[r.tbl] = size
-	_, err := s.d.pool.Exec(ctx, s.table(s.d.q.SegAnalyze, r.tbl, ""))
+	s.analyzed[tbl] = size
+	_, err := s.d.pool.Exec(ctx, s.table(s.d.q.SegAnalyze, tbl, ""))
 	return err
 }
 

@@ -120,7 +120,7 @@ type segStore struct {
 
 	lastMaint time.Time // maintenance rate limit (leader only; under maintMu)
 	maintMu   sync.Mutex
-	analyzed  map[string]int64 // size of each current segment at its last ANALYZE (under maintMu)
+	analyzed  map[string]int64 // size of each current segment and the key slots at their last ANALYZE (under maintMu)
 	hints     claimHints       // where each queue's next claim starts
 
 	// placed remembers the running segment each job this process claimed
