@@ -635,7 +635,7 @@ func (c *Client[TTx]) withPaused(ctx context.Context, qs []driver.QueueStats, si
 		if limited {
 			l := QueueLimits(u.Limits)
 			q.Limits = &l
-			q.LimitUse = &LimitUse{Running: u.Running, Started: u.Started, NextStart: u.NextStart, KeysRunning: u.KeysRunning, KeyHeld: u.KeyHeld}
+			q.LimitUse = &LimitUse{Running: u.Running, Started: u.Started, NextStart: u.NextStart, KeysRunning: u.KeysRunning, KeyHeld: u.KeyHeld, KeysRated: u.KeysRated}
 		}
 		switch {
 		case q.Counts[JobStateAvailable] == 0:

@@ -52,6 +52,15 @@ type QueueLimits struct {
 	// failed job of the key waits for its retry; the failed job takes
 	// the key's next turn once it is due again (it is the key's oldest).
 	OrderedMoveOn bool `json:"ordered_move_on,omitempty"`
+	// KeyRate is the most jobs with the same key started in any window
+	// of KeyRatePeriod, by the database's clock, 0 to 100000; 0 means no
+	// rate per key. Every start counts, whatever the attempt's outcome;
+	// jobs without a key are not held by it. Jobs over their key's rate
+	// wait, as over Rate, while other keys go on.
+	KeyRate int `json:"key_rate,omitempty"`
+	// KeyRatePeriod is KeyRate's window, 1ms to 30 days; set when
+	// KeyRate is set, and only then.
+	KeyRatePeriod time.Duration `json:"key_rate_period_ns,omitempty"`
 }
 
 // Bounds of QueueLimits.
@@ -83,6 +92,12 @@ func (l QueueLimits) check(queue string) error {
 		return bad("KeyMaxRunning %d with Ordered (an ordered key runs one job at a time: 0 or 1)", l.KeyMaxRunning)
 	case l.OrderedMoveOn && !l.Ordered:
 		return bad("OrderedMoveOn is set without Ordered")
+	case l.KeyRate < 0 || l.KeyRate > maxLimitSlots:
+		return bad("KeyRate %d is out of range (0 for none, at most %d)", l.KeyRate, maxLimitSlots)
+	case l.KeyRate > 0 && (l.KeyRatePeriod < time.Millisecond || l.KeyRatePeriod > maxRatePeriod):
+		return bad("KeyRatePeriod %v is out of range (1ms to %v) for a KeyRate of %d", l.KeyRatePeriod, maxRatePeriod, l.KeyRate)
+	case l.KeyRate == 0 && l.KeyRatePeriod != 0:
+		return bad("KeyRatePeriod %v is set without a KeyRate", l.KeyRatePeriod)
 	}
 	return nil
 }
@@ -134,7 +149,8 @@ const (
 	// HeldByPause: the queue is paused.
 	HeldByPause = "paused"
 	// HeldByKey: every available job's key is at its KeyMaxRunning (or,
-	// Ordered, waits for an earlier job of the key).
+	// Ordered, waits for an earlier job of the key, or has used its
+	// KeyRate's window).
 	HeldByKey = "key"
 )
 
@@ -152,6 +168,9 @@ type LimitUse struct {
 	// slots (KeyMaxRunning, Ordered).
 	KeysRunning int `json:"keys_running,omitempty"`
 	// KeyHeld is the number of due available jobs that wait because
-	// their key has no slot free for them.
+	// their key has no slot free for them, or (KeyRate) no room left in
+	// its window.
 	KeyHeld int64 `json:"key_held,omitempty"`
+	// KeysRated is the number of keys whose KeyRate window is full.
+	KeysRated int `json:"keys_rated,omitempty"`
 }

@@ -340,15 +340,29 @@ type QueueLimits struct {
 	// its slot back and takes its turn again (it is the key's oldest
 	// job) when it is due.
 	OrderedMoveOn bool
+	// KeyRate is the most jobs with the same key started in any window
+	// of KeyRatePeriod, by the database's clock; 0 means no rate per
+	// key. Every claim of a keyed job counts as a start of its key,
+	// whatever the attempt's outcome. Jobs without a key are not held
+	// by it. Held by rate slot rows of each key (one per unit of the
+	// rate, made when a claim first needs them), each stamped with the
+	// database time of the start it last admitted: a slot admits a
+	// start when its stamp is at least KeyRatePeriod old. Composes with
+	// every other limit: a keyed job starts only when its key has both a
+	// free slot (KeyMaxRunning, Ordered) and room in its window.
+	KeyRate int
+	// KeyRatePeriod is the window of KeyRate; set exactly when KeyRate
+	// is.
+	KeyRatePeriod time.Duration
 }
 
 // IsZero reports whether l limits nothing.
 func (l QueueLimits) IsZero() bool {
-	return l.MaxRunning == 0 && l.Rate == 0 && l.KeyMaxRunning == 0 && !l.Ordered
+	return l.MaxRunning == 0 && l.Rate == 0 && l.KeyMaxRunning == 0 && !l.Ordered && l.KeyRate == 0
 }
 
 // HasKeyLimits reports whether l limits jobs per key.
-func (l QueueLimits) HasKeyLimits() bool { return l.KeyMaxRunning > 0 || l.Ordered }
+func (l QueueLimits) HasKeyLimits() bool { return l.KeyMaxRunning > 0 || l.Ordered || l.KeyRate > 0 }
 
 // LimitUsage is a limited queue's limits and how much of them is in use,
 // read in one statement by the database's clock.
@@ -366,8 +380,12 @@ type LimitUsage struct {
 	KeysRunning int
 	// KeyHeld is the number of due available jobs whose key has no slot
 	// free for them: every slot of the key held, or (Ordered) kept for
-	// another job of the key.
+	// another job of the key, or (KeyRate) every start of the key's
+	// window used.
 	KeyHeld int64
+	// KeysRated is the number of keys whose KeyRate window is full (each
+	// of their rate slots stamped within the last KeyRatePeriod).
+	KeysRated int
 }
 
 // ClaimResult is what ClaimLimited claimed, and whether the queue's limits
