@@ -17,14 +17,30 @@ import (
 // slots are (limits.go). The statements that end an attempt free its key
 // slot (segments.sql, kf), or keep it for an ordered key's job that waits
 // for its retry.
+//
+// A rate per key (KeyRate, KeyRatePeriod) is held by rate slot rows of
+// the same table, n -1 .. -KeyRate of each key, job_id and fence NULL,
+// made on demand by the walk (unstamped: open) and stamped by the claims
+// with the start each admitted. A slot is open once its stamp is at
+// least KeyRatePeriod old; a claim locks open ones SKIP LOCKED and admits
+// at most as many jobs of a key as it locked both free slots and open
+// rate slots of it. No outcome frees a rate slot (the statements that
+// free key slots match the held ones only); Rescue's sweep deletes them
+// once out of the window, or beyond a lowered rate.
 
 // keyState is what a process remembers of a queue's key limits: the
 // limits its last claim read (the walk before the claim's transaction
 // needs KeyMaxRunning) and where that claim's walk of the keys stopped.
 type keyState struct {
 	max, order int
-	cursor     string
+	// rate starts per key in periodUS microseconds (0: none).
+	rate     int
+	periodUS int64
+	cursor   string
 }
+
+// keyed reports whether the state limits jobs per key.
+func (st keyState) keyed() bool { return st.max > 0 || st.rate > 0 }
 
 // keyStates holds the keyState of every queue this process claimed.
 type keyStates struct {
@@ -60,26 +76,29 @@ func (k *keyStates) setCursor(queue, cursor string) {
 	}
 }
 
-// keyWalk is the result of seg_key_walk: the keys examined in walk order
-// and whether each had room.
+// keyWalk is the result of seg_key_walk: the keys examined in walk order,
+// whether each had room and whether its rate's window was full.
 type keyWalk struct {
-	keys []string
-	room []bool
+	keys  []string
+	room  []bool
+	rated []bool
 }
 
 // walkBudget bounds the keys one claim examines for want jobs.
 func walkBudget(want int) int { return 4*want + 64 }
 
 // walkKeys runs seg_key_walk on conn, outside any transaction, for a
-// claim of want jobs of queue, whose KeyMaxRunning is max.
+// claim of want jobs of queue, under the key limits of st.
 func (s *segStore) walkKeys(ctx context.Context, conn queryer, v *segView, queue string, st keyState, want int) (keyWalk, error) {
 	var w keyWalk
 	err := conn.QueryRow(ctx, s.stmt(&s.d.q.SegKeyWalk, v, v.live[phReady]),
-		queue, st.cursor, walkBudget(want), want, st.max).Scan(&w.keys, &w.room)
+		queue, st.cursor, walkBudget(want), want, st.max, st.rate, st.periodUS).Scan(&w.keys, &w.room, &w.rated)
 	return w, err
 }
 
-// keyTakes are the key slots a keyed claim takes, one per claimed job.
+// keyTakes are the key slots a keyed claim takes, one per claimed job
+// that took a slot, and the rate slots it stamps (a negative number, id
+// and fence 0), one per claimed job of a rated queue.
 type keyTakes struct {
 	keys        []string
 	ns          []int32
@@ -101,31 +120,40 @@ type keyHead struct {
 }
 
 // claimKeyed is the keyed part of a limited claim, in its transaction on
-// conn: it locks the open slots of the keys of w that had room, picks
-// each key's jobs for them (a kept slot admits only its own job; free
-// slots the key's next jobs by priority then id, or for an ordered queue
-// its oldest job only, and only while no slot of the key is kept), in
-// walk order up to allowance, and claims exactly those jobs. It returns
-// them, the slots they take, whether a keyed job was left for want of a
-// slot or of allowance, and whether the guard refused the claim.
-func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p driver.ClaimParams, keyMax, order int, w keyWalk, allowance int) (rows []*driver.JobRow, takes keyTakes, held, stale bool, err error) {
+// conn, under the key limits of l: it locks the open slots of the keys of
+// w that had room (and, with a rate per key, open rate slots of each, up
+// to allowance), picks each key's jobs for them (a kept slot admits only
+// its own job; free slots the key's next jobs by priority then id, or for
+// an ordered queue its oldest job only, and only while no slot of the key
+// is kept; without KeyMaxRunning, no concurrency slot is needed; with a
+// rate, each admitted job needs an open rate slot too), in walk order up
+// to allowance, and claims exactly those jobs. It returns them, the slots
+// they take and stamp, whether a keyed job was left for want of a slot,
+// of room in its key's window or of allowance, the keys whose window held
+// jobs back, and whether the guard refused the claim.
+func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p driver.ClaimParams, l limits, w keyWalk, allowance int) (rows []*driver.JobRow, takes keyTakes, held bool, rated []string, stale bool, err error) {
 	q := &s.d.q
+	keyMax, ordered, rate := l.keyMax, l.keyOrder > 0, l.keyRate > 0
 	var cand []string
 	for i, k := range w.keys {
 		if w.room[i] {
 			cand = append(cand, k)
-		} else {
-			held = true
+			continue
+		}
+		held = true
+		if w.rated[i] {
+			rated = append(rated, k)
 		}
 	}
 	if len(cand) == 0 {
-		return nil, takes, held, false, nil
+		return nil, takes, held, rated, false, nil
 	}
 	slots := map[string][]keySlot{}
-	over := map[string]int{} // held slots at or above a lowered limit
-	r, err := tx.Query(ctx, q.KeyLock, p.Queue, cand, keyMax)
+	rslots := map[string][]int32{} // open rate slots locked
+	over := map[string]int{}       // held slots at or above a lowered limit
+	r, err := tx.Query(ctx, q.KeyLock, p.Queue, cand, keyMax, l.keyRate, l.keyPeriodUS, allowance)
 	if err != nil {
-		return nil, takes, false, false, err
+		return nil, takes, false, nil, false, err
 	}
 	for r.Next() {
 		var k string
@@ -133,35 +161,51 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		var above int
 		if err := r.Scan(&k, &sl.n, &sl.kept, &above); err != nil {
 			r.Close()
-			return nil, takes, false, false, err
+			return nil, takes, false, nil, false, err
+		}
+		if sl.n < 0 {
+			rslots[k] = append(rslots[k], sl.n)
+			continue
 		}
 		slots[k] = append(slots[k], sl)
 		over[k] = above
 	}
 	r.Close()
 	if err := r.Err(); err != nil {
-		return nil, takes, false, false, err
+		return nil, takes, false, nil, false, err
 	}
-	ordered := order > 0
 	var pkeys []string
 	var cnts []int32
 	var kept []int64
 	for _, k := range cand {
 		ss := slots[k]
-		if len(ss) == 0 {
+		if keyMax > 0 && len(ss) == 0 {
 			// Every slot held, or locked by another claimer.
 			held = true
 			continue
 		}
-		free := -over[k]
-		for _, sl := range ss {
-			if sl.kept != 0 {
-				kept = append(kept, sl.kept)
-			} else {
-				free++
+		if rate && len(rslots[k]) == 0 {
+			// Its window filled since the walk, or its open rate slots
+			// are locked by another claimer.
+			held = true
+			rated = append(rated, k)
+			continue
+		}
+		free := len(rslots[k])
+		if keyMax > 0 {
+			free = -over[k]
+			for _, sl := range ss {
+				if sl.kept != 0 {
+					kept = append(kept, sl.kept)
+				} else {
+					free++
+				}
+			}
+			free = max(free, 0)
+			if rate {
+				free = min(free, len(rslots[k]))
 			}
 		}
-		free = max(free, 0)
 		// One more than can be admitted: a head left over says that the
 		// key holds jobs back.
 		n := free + 1
@@ -172,30 +216,31 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		cnts = append(cnts, int32(n))
 	}
 	if len(pkeys) == 0 {
-		return nil, takes, held, false, nil
+		return nil, takes, held, rated, false, nil
 	}
 	heads := map[string][]keyHead{}
 	r, err = tx.Query(ctx, s.stmt(&q.SegKeyPick, v, v.live[phReady]), p.Queue, pkeys, cnts, ordered, kept)
 	if err != nil {
-		return nil, takes, false, false, err
+		return nil, takes, false, nil, false, err
 	}
 	for r.Next() {
 		var k string
 		var h keyHead
 		if err := r.Scan(&k, &h.id, &h.prio, &h.kept); err != nil {
 			r.Close()
-			return nil, takes, false, false, err
+			return nil, takes, false, nil, false, err
 		}
 		heads[k] = append(heads[k], h)
 	}
 	r.Close()
 	if err := r.Err(); err != nil {
-		return nil, takes, false, false, err
+		return nil, takes, false, nil, false, err
 	}
-	// The jobs admitted, key by key in walk order, each with its slot.
+	// The jobs admitted, key by key in walk order, each with its slot
+	// (n, -1: none without KeyMaxRunning) and its rate slot (r, 0: none).
 	type pick struct {
-		key string
-		n   int32
+		key  string
+		n, r int32
 	}
 	picked := map[int64]pick{}
 	var ids []int64
@@ -224,6 +269,12 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		var free []int32
 		var admit []pick
 		var admitIDs []int64
+		if keyMax == 0 {
+			// A rate per key alone: no concurrency slot to take.
+			for range others {
+				free = append(free, -1)
+			}
+		}
 		skip := over[k] // free slots that a lowered limit's held ones use up
 		for _, sl := range slots[k] {
 			if sl.kept == 0 {
@@ -236,7 +287,7 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 			}
 			anyKept = true
 			if keptHere[sl.kept] {
-				admit = append(admit, pick{k, sl.n})
+				admit = append(admit, pick{key: k, n: sl.n})
 				admitIDs = append(admitIDs, sl.kept)
 			}
 		}
@@ -252,10 +303,26 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		keptWaits := ordered && anyKept && len(admit) == 0
 		for i, h := range others {
 			if i < len(free) {
-				admit = append(admit, pick{k, free[i]})
+				admit = append(admit, pick{key: k, n: free[i]})
 				admitIDs = append(admitIDs, h.id)
 			} else if !keptWaits {
 				held = true
+			}
+		}
+		if rate {
+			// Each start takes an open rate slot of the key (a kept
+			// slot's retry too). The claim locked at most allowance of
+			// them: beyond that its own room cuts it, not the window.
+			rs := rslots[k]
+			if len(admit) > len(rs) {
+				admit, admitIDs = admit[:len(rs)], admitIDs[:len(rs)]
+				if len(rs) < allowance {
+					held = true
+					rated = append(rated, k)
+				}
+			}
+			for i := range admit {
+				admit[i].r = rs[i]
 			}
 		}
 		for i, id := range admitIDs {
@@ -280,28 +347,36 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		s.d.keys.setCursor(p.Queue, last)
 	}
 	if len(ids) == 0 {
-		return nil, takes, held, false, nil
+		return nil, takes, held, rated, false, nil
 	}
 	r, err = tx.Query(ctx, s.stmt(&q.SegClaimIDs, v, v.live[phReady], phRunning), p.Queue, ids, micros(p.Lease), p.Worker)
 	if err != nil {
-		return nil, takes, false, false, err
+		return nil, takes, false, nil, false, err
 	}
 	var pos int64
 	out, err := s.d.scanClaimed(r, p, &pos)
 	if err != nil {
-		return nil, takes, false, false, err
+		return nil, takes, false, nil, false, err
 	}
 	for _, j := range out {
 		if j.ID == -1 {
-			return nil, takes, false, true, nil
+			return nil, takes, false, nil, true, nil
 		}
 		pk := picked[j.ID]
-		takes.keys = append(takes.keys, pk.key)
-		takes.ns = append(takes.ns, pk.n)
-		takes.ids = append(takes.ids, j.ID)
-		takes.fences = append(takes.fences, j.Fence)
+		if pk.n >= 0 {
+			takes.keys = append(takes.keys, pk.key)
+			takes.ns = append(takes.ns, pk.n)
+			takes.ids = append(takes.ids, j.ID)
+			takes.fences = append(takes.fences, j.Fence)
+		}
+		if pk.r < 0 {
+			takes.keys = append(takes.keys, pk.key)
+			takes.ns = append(takes.ns, pk.r)
+			takes.ids = append(takes.ids, 0)
+			takes.fences = append(takes.fences, 0)
+		}
 	}
-	return out, takes, held, false, nil
+	return out, takes, held, rated, false, nil
 }
 
 // claimNoKey claims up to p.Limit jobs without a key of p.Queue, a queue

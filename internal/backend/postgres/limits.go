@@ -30,7 +30,14 @@ type limits struct {
 	periodUS         int64
 	paused           bool
 	keyMax, keyOrder int
+	// keyRate starts per key in keyPeriodUS microseconds (0: none).
+	keyRate     int
+	keyPeriodUS int64
 }
+
+// keyed reports whether l limits jobs per key: the keyed claim serves
+// the queue.
+func (l limits) keyed() bool { return l.keyMax > 0 || l.keyRate > 0 }
 
 // ClaimLimited claims up to p.Limit jobs of p.Queue within its limits. A
 // queue without limits is claimed by Claim's statement alone (after the
@@ -136,7 +143,7 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 	// transaction, so that the claim never waits for another claimer.
 	ks, known := d.keys.get(p.Queue)
 	var walk keyWalk
-	if known && ks.max > 0 {
+	if known && ks.keyed() {
 		if walk, err = s.walkKeys(ctx, conn, v, p.Queue, ks, want); err != nil {
 			return res, false, false, false, err
 		}
@@ -148,21 +155,21 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 	br := conn.SendBatch(ctx, b)
 	if _, err = br.Exec(); err == nil {
 		err = br.QueryRow().Scan(&async, &l.maxRunning, &l.rate, &l.periodUS, &l.paused, &high, &cs, &rs,
-			&l.keyMax, &l.keyOrder)
+			&l.keyMax, &l.keyOrder, &l.keyRate, &l.keyPeriodUS)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if errors.Is(err, pgx.ErrNoRows) || err == nil && l.maxRunning == 0 && l.rate == 0 && l.keyMax == 0 {
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && l.maxRunning == 0 && l.rate == 0 && !l.keyed() {
 		d.keys.set(p.Queue, keyState{cursor: ks.cursor})
 		return res, false, true, false, nil
 	}
 	if err != nil {
 		return res, false, false, false, err
 	}
-	if !known || ks.max != l.keyMax || ks.order != l.keyOrder {
-		d.keys.set(p.Queue, keyState{max: l.keyMax, order: l.keyOrder, cursor: ks.cursor})
-		if l.keyMax > 0 && ks.max != l.keyMax {
+	if now := (keyState{max: l.keyMax, order: l.keyOrder, rate: l.keyRate, periodUS: l.keyPeriodUS, cursor: ks.cursor}); !known || now != ks {
+		d.keys.set(p.Queue, now)
+		if l.keyed() && (ks.max != l.keyMax || ks.rate != l.keyRate || ks.periodUS != l.keyPeriodUS) {
 			// The walk did not run, or made slots for another limit:
 			// again, under the limits now known.
 			return res, false, false, true, nil
@@ -204,13 +211,14 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 	var rows []*driver.JobRow
 	var takes keyTakes
 	keyHeld := false
+	var rated []string
 	switch {
-	case k > 0 && l.keyMax > 0:
+	case k > 0 && l.keyed():
 		// Jobs with a key into their keys' slots first, then jobs
 		// without one for the rest of the allowance.
 		s.hints.drop(p.Queue)
 		var stale bool
-		rows, takes, keyHeld, stale, err = s.claimKeyed(ctx, conn, v, p, l.keyMax, l.keyOrder, walk, k)
+		rows, takes, keyHeld, rated, stale, err = s.claimKeyed(ctx, conn, v, p, l, walk, k)
 		if err != nil || stale {
 			return res, stale, false, false, err
 		}
@@ -241,7 +249,7 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 	// concurrency limit. A claim the concurrency limit alone cut waits
 	// for a slot to free, not for the window.
 	b = &pgx.Batch{}
-	if len(takes.ids) > 0 {
+	if len(takes.keys) > 0 {
 		b.Queue(q.KeyTake, p.Queue, takes.keys, takes.ns, takes.ids, takes.fences)
 	}
 	if len(rows) > 0 {
@@ -282,10 +290,16 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 	if retry {
 		b.Queue(q.LimitRetryIn, p.Queue, l.rate, l.periodUS)
 	}
+	// Keys whose rate's window held jobs back: how long until the first
+	// of their windows has room.
+	keyRetry := len(rated) > 0 && res.Held
+	if keyRetry {
+		b.Queue(q.KeyRateRetryIn, p.Queue, rated, l.keyRate, l.keyPeriodUS)
+	}
 	b.Queue("COMMIT")
 	br = conn.SendBatch(ctx, b)
-	var us int64
-	if len(takes.ids) > 0 {
+	var us, keyUS int64
+	if len(takes.keys) > 0 {
 		_, err = br.Exec()
 	}
 	if err == nil && len(rows) > 0 {
@@ -297,6 +311,9 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 	}
 	if err == nil && retry {
 		err = br.QueryRow().Scan(&us)
+	}
+	if err == nil && keyRetry {
+		err = br.QueryRow().Scan(&keyUS)
 	}
 	if err == nil {
 		_, err = br.Exec()
@@ -316,6 +333,14 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 		// but that another claimer had locked is taken or free again
 		// by then.
 		res.RetryIn = max(time.Duration(us)*time.Microsecond, time.Millisecond)
+	}
+	if keyRetry {
+		// The same floor: a key's open slot another claimer had locked
+		// is taken or open again by then.
+		in := max(time.Duration(keyUS)*time.Microsecond, time.Millisecond)
+		if res.RetryIn == 0 || in < res.RetryIn {
+			res.RetryIn = in
+		}
 	}
 	if len(rows) > 0 {
 		s.place(v.cur[phRunning].tbl, rows)
@@ -402,11 +427,19 @@ func (s *segStore) claimIn(ctx context.Context, tx queryer, v *segView, p driver
 // them) and makes or deletes its slots, in one statement, leaving its
 // pause as it was; it wakes the queue's fetchers in every process. A
 // lowered Rate forgets the starts recorded in the slots it removes: up
-// to the old rate may start within the window of the change.
+// to the old rate may start within the window of the change; a lowered
+// KeyRate leaves the starts recorded in the rate slots within it.
 func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.QueueLimits) error {
+	if err := checkKeyRate(l); err != nil {
+		return d.wrap("set limits of queue "+queue, err)
+	}
 	period := int64(0)
 	if l.Rate > 0 {
 		period = micros(l.RatePeriod)
+	}
+	keyPeriod := int64(0)
+	if l.KeyRate > 0 {
+		keyPeriod = micros(l.KeyRatePeriod)
 	}
 	keyMax, keyOrder := l.KeyMaxRunning, 0
 	if l.Ordered {
@@ -419,10 +452,28 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 	// slots at or above the limit, held ones included, which an outcome
 	// freeing several of them may lock in another order.
 	err := d.retryable(ctx, func() error {
-		_, err := d.pool.Exec(ctx, d.q.SetQueueLimits, queue, l.MaxRunning, l.Rate, period, keyMax, keyOrder)
+		_, err := d.pool.Exec(ctx, d.q.SetQueueLimits, queue, l.MaxRunning, l.Rate, period, keyMax, keyOrder,
+			l.KeyRate, keyPeriod)
 		return err
 	})
 	return d.wrap("set limits of queue "+queue, err)
+}
+
+// maxKeyRate bounds QueueLimits.KeyRate: a key's rate slots are rows.
+const maxKeyRate = 100000
+
+// checkKeyRate refuses a rate per key the database cannot hold, naming
+// the field.
+func checkKeyRate(l driver.QueueLimits) error {
+	switch {
+	case l.KeyRate < 0 || l.KeyRate > maxKeyRate:
+		return fmt.Errorf("KeyRate %d is out of range 0..%d", l.KeyRate, maxKeyRate)
+	case l.KeyRate > 0 && l.KeyRatePeriod < time.Microsecond:
+		return fmt.Errorf("KeyRate %d needs a KeyRatePeriod of at least a microsecond, got %v", l.KeyRate, l.KeyRatePeriod)
+	case l.KeyRate == 0 && l.KeyRatePeriod != 0:
+		return fmt.Errorf("KeyRatePeriod %v without a KeyRate", l.KeyRatePeriod)
+	}
+	return nil
 }
 
 // QueueLimits returns the limits of every limited queue.
@@ -436,12 +487,14 @@ func (d *Driver) QueueLimits(ctx context.Context) (map[string]driver.QueueLimits
 	for rows.Next() {
 		var name string
 		var l driver.QueueLimits
-		var periodUS int64
+		var periodUS, keyPeriodUS int64
 		var keyOrder int
-		if err := rows.Scan(&name, &l.MaxRunning, &l.Rate, &periodUS, &l.KeyMaxRunning, &keyOrder); err != nil {
+		if err := rows.Scan(&name, &l.MaxRunning, &l.Rate, &periodUS, &l.KeyMaxRunning, &keyOrder,
+			&l.KeyRate, &keyPeriodUS); err != nil {
 			return nil, d.wrap("queue limits", err)
 		}
 		l.RatePeriod = time.Duration(periodUS) * time.Microsecond
+		l.KeyRatePeriod = time.Duration(keyPeriodUS) * time.Microsecond
 		l.Ordered, l.OrderedMoveOn = keyOrder > 0, keyOrder == 2
 		out[name] = l
 	}
@@ -460,13 +513,14 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 	for rows.Next() {
 		var name string
 		var u driver.LimitUsage
-		var periodUS, nextUS int64
+		var periodUS, nextUS, keyPeriodUS int64
 		var keyOrder int
 		if err := rows.Scan(&name, &u.Limits.MaxRunning, &u.Limits.Rate, &periodUS, &u.Running, &u.Started, &nextUS,
-			&u.Limits.KeyMaxRunning, &keyOrder, &u.KeysRunning); err != nil {
+			&u.Limits.KeyMaxRunning, &keyOrder, &u.KeysRunning, &u.Limits.KeyRate, &keyPeriodUS, &u.KeysRated); err != nil {
 			return nil, d.wrap("limit usage", err)
 		}
 		u.Limits.RatePeriod = time.Duration(periodUS) * time.Microsecond
+		u.Limits.KeyRatePeriod = time.Duration(keyPeriodUS) * time.Microsecond
 		u.Limits.Ordered, u.Limits.OrderedMoveOn = keyOrder > 0, keyOrder == 2
 		u.NextStart = time.Duration(nextUS) * time.Microsecond
 		out[name] = u

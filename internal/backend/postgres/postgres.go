@@ -84,6 +84,7 @@ type queries struct {
 	LimitRetryIn     string `sql:"limit_retry_in"`
 	KeyLock          string `sql:"key_lock"`
 	KeyTake          string `sql:"key_take"`
+	KeyRateRetryIn   string `sql:"key_rate_retry_in"`
 
 	SegTable         string `sql:"seg_table"`
 	SegIndexReady    string `sql:"seg_index_ready"`

@@ -174,9 +174,10 @@ SET plan_cache_mode = force_generic_plan
 -- name: set_queue_limits
 -- $1 queue, $2 max running, $3 rate, $4 rate period in microseconds (0:
 -- none), $5 the most running per key and $6 the key order (0: none, 1:
--- ordered, 2: ordered, moving on; see migration 15). Key slots are made
--- by the claims that need them; the free ones a change leaves unused are
--- deleted by Rescue's sweep. Upserts the queue's limit columns only (its pause stays), makes
+-- ordered, 2: ordered, moving on; see migration 15), $7 the most starts
+-- per key in a window of $8 microseconds (0: none; see migration 16).
+-- Key slots, and the rate slots of keys, are made by the claims that need
+-- them; the ones a change leaves unused are deleted by Rescue's sweep. Upserts the queue's limit columns only (its pause stays), makes
 -- the missing slots (concurrency 0..$2-1, rate 0..$3-1), deletes the free
 -- concurrency slots at or above $2 (held ones stay until their attempt
 -- ends: rescue deletes them once free) and every rate slot at or above
@@ -197,13 +198,16 @@ WITH lk AS MATERIALIZED (
      FOR UPDATE
 ),
 up AS (
-    INSERT INTO {p}queues (name, max_running, rate, rate_period_us, key_max_running, key_order, updated_at)
+    INSERT INTO {p}queues (name, max_running, rate, rate_period_us, key_max_running, key_order,
+                           key_rate, key_rate_period_us, updated_at)
     VALUES ($1, nullif($2::int, 0), nullif($3::int, 0), CASE WHEN $3::int > 0 THEN $4::bigint END,
-            nullif($5::int, 0), nullif($6::int, 0), now())
+            nullif($5::int, 0), nullif($6::int, 0),
+            nullif($7::int, 0), CASE WHEN $7::int > 0 THEN $8::bigint END, now())
     ON CONFLICT (name) DO UPDATE
        SET max_running = excluded.max_running, rate = excluded.rate,
            rate_period_us = excluded.rate_period_us, key_max_running = excluded.key_max_running,
-           key_order = excluded.key_order, updated_at = excluded.updated_at
+           key_order = excluded.key_order, key_rate = excluded.key_rate,
+           key_rate_period_us = excluded.key_rate_period_us, updated_at = excluded.updated_at
     RETURNING name
 ),
 mk AS (
@@ -223,16 +227,19 @@ SELECT pg_notify('{p}wake', name) FROM up
 -- name: queue_limits
 -- Every queue with a limit.
 SELECT name, coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0),
-       coalesce(key_max_running, 0), coalesce(key_order, 0)
+       coalesce(key_max_running, 0), coalesce(key_order, 0),
+       coalesce(key_rate, 0), coalesce(key_rate_period_us, 0)
   FROM {p}queues
- WHERE max_running IS NOT NULL OR rate IS NOT NULL OR key_max_running IS NOT NULL
+ WHERE max_running IS NOT NULL OR rate IS NOT NULL OR key_max_running IS NOT NULL OR key_rate IS NOT NULL
 
 -- name: limit_usage
 -- Every limited queue's limits, its held concurrency slots, its starts
 -- within the last period and, when they fill the rate, the microseconds
 -- until the oldest of them leaves the window; by the database's clock.
--- Then the key limits and the keys with a slot held or kept (KeyHeld
--- reads the ready segments: seg_key_held).
+-- Then the key limits, the keys with a slot held or kept, the rate per
+-- key and the keys whose window is full: as many rate slots stamped
+-- within the period as the rate (KeyHeld reads the ready segments:
+-- seg_key_held).
 SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_period_us, 0),
        (SELECT count(*) FROM {p}limit_slots c
          WHERE c.queue = q.name AND c.type = 'c' AND c.lkey = '' AND c.job_id IS NOT NULL),
@@ -242,7 +249,13 @@ SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_
                               * 1000000)::bigint)
             ELSE 0 END,
        coalesce(q.key_max_running, 0), coalesce(q.key_order, 0),
-       (SELECT count(DISTINCT k.lkey) FROM {p}key_slots k WHERE k.queue = q.name AND k.job_id IS NOT NULL)
+       (SELECT count(DISTINCT k.lkey) FROM {p}key_slots k WHERE k.queue = q.name AND k.job_id IS NOT NULL),
+       coalesce(q.key_rate, 0), coalesce(q.key_rate_period_us, 0),
+       (SELECT count(*) FROM (
+           SELECT 1 FROM {p}key_slots k
+            WHERE k.queue = q.name AND k.n < 0 AND k.n >= -q.key_rate
+              AND k.used_at > now() - q.key_rate_period_us * interval '1 microsecond'
+            GROUP BY k.lkey HAVING count(*) >= q.key_rate) f)
   FROM {p}queues q
   LEFT JOIN LATERAL (
       SELECT count(*) AS started, min(s.used_at) AS oldest FROM {p}limit_slots s
@@ -250,6 +263,7 @@ SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_
          AND s.used_at > now() - q.rate_period_us * interval '1 microsecond'
   ) r ON true
  WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL OR q.key_max_running IS NOT NULL
+    OR q.key_rate IS NOT NULL
 
 -- name: limit_begin
 -- The first statement of a limited claim's transaction, which commits
@@ -262,12 +276,13 @@ SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_
 -- concurrency slot is locked: see ClaimLimited), and the concurrency
 -- and rate slots locked. The limits are read in the statement's
 -- snapshot, before the slots are locked: limit_take checks them again
--- in a later one. The last columns: the key limits.
+-- in a later one. The last columns: the key limits and the rate per key.
 WITH l AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS async,
            coalesce(max_running, 0) AS mr, coalesce(rate, 0) AS rt,
            coalesce(rate_period_us, 0) AS per, paused_at IS NOT NULL AS paused,
-           coalesce(key_max_running, 0) AS kmr, coalesce(key_order, 0) AS kord
+           coalesce(key_max_running, 0) AS kmr, coalesce(key_order, 0) AS kord,
+           coalesce(key_rate, 0) AS krt, coalesce(key_rate_period_us, 0) AS kper
       FROM {p}queues WHERE name = $1
 ),
 hi AS MATERIALIZED (
@@ -294,7 +309,7 @@ r AS MATERIALIZED (
      FOR UPDATE SKIP LOCKED
 )
 SELECT l.async, l.mr, l.rt, l.per, l.paused, (SELECT held FROM hi),
-       ARRAY(SELECT n FROM c ORDER BY n), ARRAY(SELECT n FROM r ORDER BY n), l.kmr, l.kord
+       ARRAY(SELECT n FROM c ORDER BY n), ARRAY(SELECT n FROM r ORDER BY n), l.kmr, l.kord, l.krt, l.kper
   FROM l
 
 -- name: limit_lock
@@ -389,20 +404,55 @@ SELECT coalesce((extract(epoch FROM min(used_at) + $3::bigint * interval '1 micr
 -- a job waiting for its retry) below $3 of queue $1's keys $2, locked FOR
 -- UPDATE SKIP LOCKED (claimers never wait for each other and never take
 -- the same slot). A slot is locked only if it is open in its latest
--- version. The last column: the key's slots at or above $3 still held
+-- version. The fourth column: the key's slots at or above $3 still held
 -- (a lowered limit; no claim takes them again), each one slot fewer for
--- the key until it is freed.
-SELECT s.lkey, s.n, coalesce(s.job_id, 0),
-       (SELECT count(*) FROM {p}key_slots h
-         WHERE h.queue = $1 AND h.lkey = s.lkey AND h.n >= $3::int AND h.job_id IS NOT NULL)
-  FROM {p}key_slots s
- WHERE s.queue = $1 AND s.lkey = ANY ($2::text[]) AND s.n < $3::int AND (s.job_id IS NULL OR s.fence IS NULL)
- ORDER BY s.lkey, s.n
- FOR UPDATE OF s SKIP LOCKED
+-- the key until it is freed. Then, with a rate per key ($4 starts in $5
+-- microseconds), up to $6 open rate slots of each key (n -1 .. -$4,
+-- stamped at least $5 ago), locked the same way; their rows have a
+-- negative n, and 0 in the last two columns. Rate slots beyond a lowered
+-- rate are ignored.
+WITH c AS MATERIALIZED (
+    SELECT s.lkey, s.n, coalesce(s.job_id, 0) AS kept,
+           (SELECT count(*) FROM {p}key_slots h
+             WHERE h.queue = $1 AND h.lkey = s.lkey AND h.n >= $3::int AND h.job_id IS NOT NULL) AS above
+      FROM {p}key_slots s
+     WHERE s.queue = $1 AND s.lkey = ANY ($2::text[]) AND s.n >= 0 AND s.n < $3::int
+       AND (s.job_id IS NULL OR s.fence IS NULL)
+     ORDER BY s.lkey, s.n
+     FOR UPDATE OF s SKIP LOCKED
+),
+r AS MATERIALIZED (
+    SELECT k.lkey, x.n FROM unnest($2::text[]) AS k(lkey)
+    CROSS JOIN LATERAL (
+        SELECT s.n FROM {p}key_slots s
+         WHERE $4::int > 0 AND s.queue = $1 AND s.lkey = k.lkey AND s.n < 0 AND s.n >= -$4::int
+           AND s.used_at <= now() - $5::bigint * interval '1 microsecond'
+         ORDER BY s.n DESC
+         LIMIT $6
+         FOR UPDATE OF s SKIP LOCKED
+    ) x
+)
+SELECT lkey, n, kept, above FROM c
+UNION ALL
+SELECT lkey, n, 0, 0 FROM r
+ORDER BY 1, 2
 
 -- name: key_take
 -- The key slots $2 (keys), $3 (numbers) taken by the attempts $4 (jobs),
--- $5 (fences) of queue $1, stamped with the claim's now().
-UPDATE {p}key_slots s SET job_id = t.id, fence = t.fence, used_at = now()
+-- $5 (fences) of queue $1, stamped with the claim's now(); and the rate
+-- slots among them (a negative number; job and fence 0, left NULL),
+-- stamped with it alone: the start each admitted.
+UPDATE {p}key_slots s
+   SET job_id = CASE WHEN t.n >= 0 THEN t.id END, fence = CASE WHEN t.n >= 0 THEN t.fence END, used_at = now()
   FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[]) AS t(lkey, n, id, fence)
  WHERE s.queue = $1 AND s.lkey = t.lkey AND s.n = t.n
+
+-- name: key_rate_retry_in
+-- $1 queue, $2 keys whose window held jobs back, $3 the rate per key, $4
+-- its period in microseconds: the microseconds until the oldest start
+-- within the window of any of them leaves it (by the transaction's now():
+-- after key_take, it sees its stamps); 0 when none is within it.
+SELECT coalesce((extract(epoch FROM min(used_at) + $4::bigint * interval '1 microsecond' - now()) * 1000000)::bigint, 0)
+  FROM {p}key_slots
+ WHERE queue = $1 AND lkey = ANY ($2::text[]) AND n < 0 AND n >= -$3::int
+   AND used_at > now() - $4::bigint * interval '1 microsecond'

@@ -308,54 +308,117 @@ ORDER BY priority, pos
 -- last key, from the start up to $2; a skip scan (one probe of each
 -- segment's key index per key, whatever the keys' depth). It examines at
 -- most $3 keys and stops once $4 of them have room: fewer than $5 (the
--- queue's KeyMaxRunning) slots held by running attempts (at any number:
--- a lowered limit leaves slots above it held). It makes the
--- missing slots (n < $5) of the keys with room, ON CONFLICT DO NOTHING,
--- in key order (concurrent walks insert in the same order), and returns
--- every key examined, in walk order, with whether it had room.
+-- queue's KeyMaxRunning; 0: none) slots held by running attempts (at any
+-- number: a lowered limit leaves slots above it held) and, with a rate
+-- per key ($6 starts in $7 microseconds; 0: none), fewer than $6 of its
+-- rate slots (n -1 .. -$6) stamped within the window. It makes the
+-- missing slots of the keys with room, ON CONFLICT DO NOTHING, in key
+-- order then number (concurrent walks insert in the same order): the
+-- concurrency slots n < $5, and rate slots, unstamped ('epoch': open),
+-- so that the key has up to $4 open ones (within $6): the next numbers
+-- after its highest, or from -1 when the sweep left gaps below it. It
+-- returns every key examined, in walk order, with whether it had room
+-- and whether its rate's window was full.
 -- Asynchronous commit as a claim's: slot rows are made again on demand.
 WITH RECURSIVE
 async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
-w1(k, i, r, room) AS (
-    SELECT x.k, 1, CASE WHEN ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int) THEN 1 ELSE 0 END, ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int)
+w1(k, i, r, room, rfull, rtot, rmax, ropen) AS (
+    SELECT x.k, 1, rm.room::int, rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen
       FROM (SELECT (SELECT min(m) FROM (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > $2::text{sep}
 UNION ALL
-{end}) s) AS k) x
+{end}) s) AS k) x,
+    LATERAL (
+        SELECT ($5::int = 0 OR c.held < $5::int) AND NOT c.rfull AS room, c.rfull, c.rtot, c.rmax, c.rtot - c.rrec AS ropen
+          FROM (SELECT count(*) FILTER (WHERE s.n >= 0 AND s.fence IS NOT NULL) AS held,
+                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int) AS rtot,
+                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
+                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') AS rrec,
+                       coalesce(max(-s.n) FILTER (WHERE s.n < 0 AND s.n >= -$6::int), 0) AS rmax,
+                       $6::int > 0 AND count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
+                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') >= $6::int AS rfull
+                  FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k) c
+    ) rm
      WHERE x.k IS NOT NULL
     UNION ALL
-    SELECT x.k, w1.i + 1, w1.r + CASE WHEN ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int) THEN 1 ELSE 0 END, ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int)
+    SELECT x.k, w1.i + 1, w1.r + rm.room::int, rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen
       FROM w1, LATERAL (SELECT (SELECT min(m) FROM (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > w1.k{sep}
 UNION ALL
-{end}) s) AS k) x
+{end}) s) AS k) x,
+    LATERAL (
+        SELECT ($5::int = 0 OR c.held < $5::int) AND NOT c.rfull AS room, c.rfull, c.rtot, c.rmax, c.rtot - c.rrec AS ropen
+          FROM (SELECT count(*) FILTER (WHERE s.n >= 0 AND s.fence IS NOT NULL) AS held,
+                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int) AS rtot,
+                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
+                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') AS rrec,
+                       coalesce(max(-s.n) FILTER (WHERE s.n < 0 AND s.n >= -$6::int), 0) AS rmax,
+                       $6::int > 0 AND count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
+                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') >= $6::int AS rfull
+                  FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k) c
+    ) rm
      WHERE w1.i < $3::int AND w1.r < $4::int AND x.k IS NOT NULL
 ),
-w2(k, i, r, room) AS (
-    SELECT x.k, (SELECT count(*)::int FROM w1) + 1, (SELECT coalesce(max(r), 0) FROM w1) + CASE WHEN ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int) THEN 1 ELSE 0 END, ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int)
+w2(k, i, r, room, rfull, rtot, rmax, ropen) AS (
+    SELECT x.k, (SELECT count(*)::int FROM w1) + 1, (SELECT coalesce(max(r), 0) FROM w1) + rm.room::int,
+           rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen
       FROM (SELECT (SELECT min(m) FROM (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > ''{sep}
 UNION ALL
-{end}) s) AS k) x
+{end}) s) AS k) x,
+    LATERAL (
+        SELECT ($5::int = 0 OR c.held < $5::int) AND NOT c.rfull AS room, c.rfull, c.rtot, c.rmax, c.rtot - c.rrec AS ropen
+          FROM (SELECT count(*) FILTER (WHERE s.n >= 0 AND s.fence IS NOT NULL) AS held,
+                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int) AS rtot,
+                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
+                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') AS rrec,
+                       coalesce(max(-s.n) FILTER (WHERE s.n < 0 AND s.n >= -$6::int), 0) AS rmax,
+                       $6::int > 0 AND count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
+                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') >= $6::int AS rfull
+                  FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k) c
+    ) rm
      WHERE x.k IS NOT NULL AND x.k <= $2::text AND $2::text <> ''
        AND (SELECT count(*) FROM w1) < $3::int AND (SELECT coalesce(max(r), 0) FROM w1) < $4::int
     UNION ALL
-    SELECT x.k, w2.i + 1, w2.r + CASE WHEN ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int) THEN 1 ELSE 0 END, ((SELECT count(*) FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k AND s.fence IS NOT NULL) < $5::int)
+    SELECT x.k, w2.i + 1, w2.r + rm.room::int, rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen
       FROM w2, LATERAL (SELECT (SELECT min(m) FROM (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > w2.k{sep}
 UNION ALL
-{end}) s) AS k) x
+{end}) s) AS k) x,
+    LATERAL (
+        SELECT ($5::int = 0 OR c.held < $5::int) AND NOT c.rfull AS room, c.rfull, c.rtot, c.rmax, c.rtot - c.rrec AS ropen
+          FROM (SELECT count(*) FILTER (WHERE s.n >= 0 AND s.fence IS NOT NULL) AS held,
+                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int) AS rtot,
+                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
+                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') AS rrec,
+                       coalesce(max(-s.n) FILTER (WHERE s.n < 0 AND s.n >= -$6::int), 0) AS rmax,
+                       $6::int > 0 AND count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
+                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') >= $6::int AS rfull
+                  FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k) c
+    ) rm
      WHERE w2.i < $3::int AND w2.r < $4::int AND x.k IS NOT NULL AND x.k <= $2::text
 ),
-ks AS MATERIALIZED (SELECT k, i, room FROM w1 UNION ALL SELECT k, i, room FROM w2),
+ks AS MATERIALIZED (
+    SELECT k, i, room, rfull, rtot, rmax, greatest(0, least($6::int - rtot, $4::int - ropen)) AS need FROM w1
+    UNION ALL
+    SELECT k, i, room, rfull, rtot, rmax, greatest(0, least($6::int - rtot, $4::int - ropen)) FROM w2
+),
 mk AS (
-    INSERT INTO {p}key_slots (queue, lkey, n)
-    SELECT $1, ks.k, g FROM ks CROSS JOIN generate_series(0, $5::int - 1) AS g
-     WHERE ks.room
-     ORDER BY ks.k, g
+    INSERT INTO {p}key_slots (queue, lkey, n, used_at)
+    SELECT $1, k, n, u FROM (
+        SELECT ks.k, g AS n, now() AS u FROM ks CROSS JOIN generate_series(0, $5::int - 1) AS g
+         WHERE ks.room
+        UNION ALL
+        SELECT ks.k, -g, 'epoch'::timestamptz FROM ks
+         CROSS JOIN generate_series(CASE WHEN ks.rtot = ks.rmax THEN ks.rmax + 1 ELSE 1 END,
+                                    least($6::int, ks.rmax + ks.need)) AS g
+         WHERE ks.room AND ks.need > 0
+    ) m
+     ORDER BY k, n
     ON CONFLICT DO NOTHING
 )
-SELECT coalesce(array_agg(k ORDER BY i), '{}'), coalesce(array_agg(room ORDER BY i), '{}')
+SELECT coalesce(array_agg(k ORDER BY i), '{}'), coalesce(array_agg(room ORDER BY i), '{}'),
+       coalesce(array_agg(rfull ORDER BY i), '{}')
   FROM ks CROSS JOIN async
 
 -- name: seg_key_pick
@@ -426,15 +489,21 @@ ORDER BY priority, pos
 -- LimitUsage's KeyHeld: per queue with key limits, its jobs with a key in
 -- the live ready segments whose key has no slot open for them (every
 -- slot below the limit held by another job: running, or kept for an
--- ordered key's retry).
+-- ordered key's retry), or whose key's rate window is full (as many rate
+-- slots stamped within the period as the rate); each job once.
 SELECT j.queue, count(*) FROM (
 {each}SELECT queue, lkey, id FROM {src} WHERE lkey IS NOT NULL{sep}
 UNION ALL
 {end}) j
-JOIN {p}queues q ON q.name = j.queue AND q.key_max_running IS NOT NULL
-WHERE (SELECT count(*) FROM {p}key_slots s
-        WHERE s.queue = j.queue AND s.lkey = j.lkey AND s.n < q.key_max_running
-          AND s.job_id IS NOT NULL AND s.job_id <> j.id) >= q.key_max_running
+JOIN {p}queues q ON q.name = j.queue AND (q.key_max_running IS NOT NULL OR q.key_rate IS NOT NULL)
+WHERE (q.key_max_running IS NOT NULL
+       AND (SELECT count(*) FROM {p}key_slots s
+             WHERE s.queue = j.queue AND s.lkey = j.lkey AND s.n >= 0 AND s.n < q.key_max_running
+               AND s.job_id IS NOT NULL AND s.job_id <> j.id) >= q.key_max_running)
+   OR (q.key_rate IS NOT NULL
+       AND (SELECT count(*) FROM {p}key_slots s
+             WHERE s.queue = j.queue AND s.lkey = j.lkey AND s.n < 0 AND s.n >= -q.key_rate
+               AND s.used_at > now() - q.key_rate_period_us * interval '1 microsecond') >= q.key_rate)
 GROUP BY j.queue
 
 -- name: seg_sweep_kept
@@ -510,7 +579,10 @@ del AS (
 -- Key slots the same way: held ones whose attempt is not running under
 -- their fence are freed; free ones unused for a minute, at or above
 -- their queue's KeyMaxRunning, or of a queue without key limits, are
--- deleted (claims make them again when they need them).
+-- deleted (claims make them again when they need them). Rate slots
+-- (negative n, never held) are deleted unless their queue has a rate per
+-- key that they are within and they were stamped within the longer of
+-- its period and a minute: a slot stamped within the period stays.
 kc AS MATERIALIZED (
     SELECT s.queue, s.lkey, s.n, s.job_id, s.fence FROM {p}key_slots s
      WHERE s.fence IS NOT NULL AND (SELECT same FROM reg)
@@ -529,8 +601,15 @@ kfr AS (
 kdel AS (
     DELETE FROM {p}key_slots s
      WHERE s.job_id IS NULL
-       AND (s.used_at < now() - interval '1 minute'
-            OR s.n >= coalesce((SELECT q.key_max_running FROM {p}queues q WHERE q.name = s.queue), 0))
+       AND ((s.n >= 0
+             AND (s.used_at < now() - interval '1 minute'
+                  OR s.n >= coalesce((SELECT q.key_max_running FROM {p}queues q WHERE q.name = s.queue), 0)))
+            OR (s.n < 0
+                AND NOT EXISTS (
+                    SELECT 1 FROM {p}queues q
+                     WHERE q.name = s.queue AND s.n >= -q.key_rate
+                       AND s.used_at >= now() - greatest(q.key_rate_period_us * interval '1 microsecond',
+                                                         interval '1 minute'))))
 ),
 woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT queue FROM fr UNION SELECT queue FROM kfr) f)
 SELECT (SELECT same FROM reg), (SELECT count(*) FROM fr) + (SELECT count(*) FROM kfr), (SELECT count(*) FROM woke)

@@ -1,0 +1,434 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// keyedJobs returns n jobs of queue with key (none when key is "").
+func keyedJobs(queue, key string, n int) []driver.InsertParams {
+	out := make([]driver.InsertParams, n)
+	for i := range out {
+		out[i] = pj(queue)
+		out[i].Key = key
+	}
+	return out
+}
+
+// insertJobs inserts the jobs of every group.
+func insertJobs(t *testing.T, d *Driver, groups ...[]driver.InsertParams) {
+	t.Helper()
+	var all []driver.InsertParams
+	for _, g := range groups {
+		all = append(all, g...)
+	}
+	if _, err := d.Insert(context.Background(), all); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// claimAll claims queue's jobs with ClaimLimited, limit at a time, until
+// a claim takes none, and returns them with the last claim's result.
+func claimAll(t *testing.T, d *Driver, queue string, limit int) ([]*driver.JobRow, driver.ClaimResult) {
+	t.Helper()
+	var all []*driver.JobRow
+	for i := 0; ; i++ {
+		r, err := d.ClaimLimited(context.Background(), driver.ClaimParams{Queue: queue, Limit: limit, Lease: time.Hour, Worker: "w"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, r.Rows...)
+		if len(r.Rows) == 0 {
+			return all, r
+		}
+		if i > 1000 {
+			t.Fatal("claims never ran dry")
+		}
+	}
+}
+
+func perKey(rows []*driver.JobRow) map[string]int {
+	m := map[string]int{}
+	for _, r := range rows {
+		m[r.Key]++
+	}
+	return m
+}
+
+// countSlots counts queue's key slot rows matching where.
+func countSlots(t *testing.T, d *Driver, queue, where string) int {
+	t.Helper()
+	var n int
+	if err := d.pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM "+d.prefix+"key_slots WHERE queue = $1 AND "+where, queue).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestKeyRateStored: a rate per key is stored and returned beside the
+// other limits, removed with them, and bad values are refused naming the
+// field.
+func TestKeyRateStored(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	want := driver.QueueLimits{KeyMaxRunning: 2, KeyRate: 7, KeyRatePeriod: 90 * time.Second}
+	if err := d.SetQueueLimits(ctx, "st", want); err != nil {
+		t.Fatal(err)
+	}
+	alone := driver.QueueLimits{KeyRate: 1, KeyRatePeriod: time.Millisecond}
+	if err := d.SetQueueLimits(ctx, "alone", alone); err != nil {
+		t.Fatal(err)
+	}
+	got, err := d.QueueLimits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got["st"] != want || got["alone"] != alone {
+		t.Fatalf("stored %+v and %+v, want %+v and %+v", got["st"], got["alone"], want, alone)
+	}
+	u, err := d.LimitUsage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u["st"].Limits != want || u["alone"].Limits != alone {
+		t.Fatalf("usage limits %+v and %+v", u["st"].Limits, u["alone"].Limits)
+	}
+	for _, c := range []struct {
+		l     driver.QueueLimits
+		field string
+	}{
+		{driver.QueueLimits{KeyRate: -1, KeyRatePeriod: time.Second}, "KeyRate"},
+		{driver.QueueLimits{KeyRate: maxKeyRate + 1, KeyRatePeriod: time.Second}, "KeyRate"},
+		{driver.QueueLimits{KeyRate: 3}, "KeyRatePeriod"},
+		{driver.QueueLimits{KeyRatePeriod: time.Second}, "KeyRatePeriod"},
+	} {
+		err := d.SetQueueLimits(ctx, "st", c.l)
+		if err == nil || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("%+v: %v, want an error naming %s", c.l, err, c.field)
+		}
+	}
+	if got, err := d.QueueLimits(ctx); err != nil || got["st"] != want {
+		t.Fatalf("after refused changes: %+v, %v", got["st"], err)
+	}
+	if err := d.SetQueueLimits(ctx, "alone", driver.QueueLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := d.QueueLimits(ctx); err != nil || len(got) != 1 {
+		t.Fatalf("after the removal: %+v, %v", got, err)
+	}
+}
+
+// TestKeyRateTwoKeys: with 3 starts per hour per key, repeated claims take
+// exactly 3 jobs of each key and every job without one; the claim that
+// finds only held jobs is Held until the oldest start leaves the window;
+// completing the attempts frees nothing; LimitUsage counts both keys as
+// rated and their other jobs as held. Without KeyMaxRunning no
+// concurrency slot is made.
+func TestKeyRateTwoKeys(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	insertJobs(t, d, keyedJobs("kr", "a", 10), keyedJobs("kr", "b", 10), keyedJobs("kr", "", 5))
+	if err := d.SetQueueLimits(ctx, "kr", driver.QueueLimits{KeyRate: 3, KeyRatePeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	rows, last := claimAll(t, d, "kr", 4)
+	if m := perKey(rows); len(rows) != 11 || m["a"] != 3 || m["b"] != 3 || m[""] != 5 {
+		t.Fatalf("claimed %v, want 3 of a, 3 of b and the 5 without a key", m)
+	}
+	if !last.Held || last.RetryIn <= 0 || last.RetryIn > time.Hour {
+		t.Fatalf("the last claim: held %v, retry in %v; want held, within the hour", last.Held, last.RetryIn)
+	}
+	if n := countSlots(t, d, "kr", "n >= 0"); n != 0 {
+		t.Fatalf("%d concurrency slots made without KeyMaxRunning", n)
+	}
+	if n := countSlots(t, d, "kr", "n < 0 AND used_at > now() - interval '1 hour'"); n != 6 {
+		t.Fatalf("%d rate slots stamped, want 6", n)
+	}
+	for _, r := range rows {
+		if _, err := d.Complete(ctx, []driver.Outcome{{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if more, res := claimAll(t, d, "kr", 10); len(more) != 0 || !res.Held {
+		t.Fatalf("after the completions: claimed %v (held %v), want none, held", perKey(more), res.Held)
+	}
+	if n := countSlots(t, d, "kr", "n < 0 AND used_at > now() - interval '1 hour'"); n != 6 {
+		t.Fatalf("%d rate slots stamped after the completions, want 6", n)
+	}
+	u, err := d.LimitUsage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := u["kr"]; got.KeysRated != 2 || got.KeyHeld != 14 || got.KeysRunning != 0 {
+		t.Fatalf("usage: %d keys rated, %d held, %d running; want 2, 14, 0", got.KeysRated, got.KeyHeld, got.KeysRunning)
+	}
+}
+
+// TestKeyRateWithKeyMaxRunning: one running at a time per key, and at
+// most the rate's starts in the window however many attempts end.
+func TestKeyRateWithKeyMaxRunning(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	insertJobs(t, d, keyedJobs("km", "a", 6), keyedJobs("km", "b", 6))
+	if err := d.SetQueueLimits(ctx, "km", driver.QueueLimits{KeyMaxRunning: 1, KeyRate: 2, KeyRatePeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	total := map[string]int{}
+	for round := 0; round < 5; round++ {
+		rows, _ := claimAll(t, d, "km", 10)
+		m := perKey(rows)
+		if m["a"] > 1 || m["b"] > 1 {
+			t.Fatalf("round %d: %v running at once", round, m)
+		}
+		for _, r := range rows {
+			total[r.Key]++
+			if _, err := d.Complete(ctx, []driver.Outcome{{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if total["a"] != 2 || total["b"] != 2 {
+		t.Fatalf("started %v in the window, want 2 of each", total)
+	}
+}
+
+// TestKeyRateOrdered: an ordered key's jobs start in id order, a failed
+// one's retry counting as a start of the key.
+func TestKeyRateOrdered(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	ids, err := d.Insert(ctx, keyedJobs("ko", "a", 5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "ko", driver.QueueLimits{Ordered: true, KeyRate: 3, KeyRatePeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	var started []int64
+	for round := 0; round < 6; round++ {
+		rows, _ := claimAll(t, d, "ko", 10)
+		for _, r := range rows {
+			started = append(started, r.ID)
+			state, in := driver.StateCompleted, time.Duration(0)
+			if len(started) == 1 {
+				// Fails once, retried at once: its retry is the key's
+				// second start.
+				state, in = driver.StateRetryable, time.Microsecond
+			}
+			if _, err := d.Complete(ctx, []driver.Outcome{{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: state, RetryIn: in}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := d.Promote(ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := []int64{ids[0], ids[0], ids[1]}; fmt.Sprint(started) != fmt.Sprint(want) {
+		t.Fatalf("started %v, want %v", started, want)
+	}
+}
+
+// TestKeyRateLoweredRaisedRemoved: slots beyond a lowered rate are
+// ignored (the key's window counts only those within it), a raised rate
+// admits more at once, and a removed one admits every job.
+func TestKeyRateLoweredRaisedRemoved(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	insertJobs(t, d, keyedJobs("lr", "a", 20))
+	set := func(l driver.QueueLimits) {
+		t.Helper()
+		if err := d.SetQueueLimits(ctx, "lr", l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set(driver.QueueLimits{KeyRate: 4, KeyRatePeriod: time.Hour})
+	if rows, _ := claimAll(t, d, "lr", 10); len(rows) != 4 {
+		t.Fatalf("claimed %d under 4 per hour", len(rows))
+	}
+	set(driver.QueueLimits{KeyRate: 2, KeyRatePeriod: time.Hour})
+	if rows, _ := claimAll(t, d, "lr", 10); len(rows) != 0 {
+		t.Fatalf("claimed %d under a rate lowered to 2 after 4 starts", len(rows))
+	}
+	set(driver.QueueLimits{KeyRate: 7, KeyRatePeriod: time.Hour})
+	if rows, _ := claimAll(t, d, "lr", 10); len(rows) != 3 {
+		t.Fatalf("claimed %d under a rate raised to 7 after 4 starts, want 3", len(rows))
+	}
+	set(driver.QueueLimits{})
+	if rows, _ := claimAll(t, d, "lr", 10); len(rows) != 13 {
+		t.Fatalf("claimed %d once the rate was removed, want the 13 left", len(rows))
+	}
+}
+
+// TestKeyRateConcurrentClaimers: six claimers, two processes, over eight
+// keys of twenty jobs at five starts per hour per key: exactly five of
+// each key claimed, none twice.
+func TestKeyRateConcurrentClaimers(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	o := openOther(t, d)
+	const keys, per, rate = 8, 20, 5
+	var groups [][]driver.InsertParams
+	for k := 0; k < keys; k++ {
+		groups = append(groups, keyedJobs("cc", fmt.Sprintf("k%d", k), per))
+	}
+	insertJobs(t, d, groups...)
+	if err := d.SetQueueLimits(ctx, "cc", driver.QueueLimits{KeyRate: rate, KeyRatePeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	seen := map[int64]int{}
+	byKey := map[string]int{}
+	var wg sync.WaitGroup
+	errs := make(chan error, 6)
+	for c := 0; c < 6; c++ {
+		drv := d
+		if c%2 == 1 {
+			drv = o
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			empty := 0
+			for i := 0; i < 200 && empty < 3; i++ {
+				r, err := drv.ClaimLimited(ctx, driver.ClaimParams{Queue: "cc", Limit: 3, Lease: time.Hour, Worker: "w"})
+				if err != nil {
+					errs <- err
+					return
+				}
+				if len(r.Rows) == 0 {
+					empty++
+					continue
+				}
+				empty = 0
+				mu.Lock()
+				for _, row := range r.Rows {
+					seen[row.ID]++
+					byKey[row.Key]++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	// Claims that found every slot locked by another claimer may have
+	// stopped early: a last claim takes what they left.
+	rows, _ := claimAll(t, d, "cc", 100)
+	for _, row := range rows {
+		seen[row.ID]++
+		byKey[row.Key]++
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Fatalf("job %d claimed %d times", id, n)
+		}
+	}
+	for k := 0; k < keys; k++ {
+		if n := byKey[fmt.Sprintf("k%d", k)]; n != rate {
+			t.Fatalf("key k%d: %d claimed, want %d (all: %v)", k, n, rate, byKey)
+		}
+	}
+}
+
+// TestKeyRateShortPeriod: at 2 starts per 300ms, the first round claims at
+// most 2 of each key, and more once the window passed.
+func TestKeyRateShortPeriod(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	insertJobs(t, d, keyedJobs("sp", "a", 10), keyedJobs("sp", "b", 10))
+	if err := d.SetQueueLimits(ctx, "sp", driver.QueueLimits{KeyRate: 2, KeyRatePeriod: 300 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "sp", Limit: 20, Lease: time.Hour, Worker: "w"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := perKey(r.Rows); m["a"] > 2 || m["b"] > 2 || len(r.Rows) == 0 {
+		t.Fatalf("first round: %v, want 1 or 2 of each", m)
+	}
+	total := len(r.Rows)
+	deadline := time.Now().Add(30 * time.Second)
+	for total <= 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d claimed after 30s at 2 per 300ms per key", total)
+		}
+		wait := r.RetryIn
+		if wait <= 0 {
+			wait = 10 * time.Millisecond
+		}
+		time.Sleep(wait)
+		if r, err = d.ClaimLimited(ctx, driver.ClaimParams{Queue: "sp", Limit: 20, Lease: time.Hour, Worker: "w"}); err != nil {
+			t.Fatal(err)
+		}
+		if m := perKey(r.Rows); m["a"] > 2 || m["b"] > 2 {
+			t.Fatalf("one claim took %v", m)
+		}
+		total += len(r.Rows)
+	}
+}
+
+// TestKeyRateSweep: Rescue's sweep deletes rate slots stamped longer ago
+// than the period (and a minute), those beyond a lowered rate and those
+// of a queue without a rate per key, and keeps those stamped within the
+// period.
+func TestKeyRateSweep(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	if err := d.SetQueueLimits(ctx, "sw", driver.QueueLimits{KeyRate: 3, KeyRatePeriod: 10 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	add := func(queue, key string, n int, ago string) {
+		t.Helper()
+		if _, err := d.pool.Exec(ctx, "INSERT INTO "+d.prefix+"key_slots (queue, lkey, n, used_at) VALUES ($1, $2, $3, now() - $4::interval)",
+			queue, key, n, ago); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add("sw", "in", -1, "5 minutes") // within the period, older than a minute
+	add("sw", "in", -2, "1 second")
+	add("sw", "old", -1, "11 minutes")
+	add("sw", "beyond", -4, "1 second")
+	add("none", "x", -1, "1 second")
+	if _, err := d.Rescue(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	if n := countSlots(t, d, "sw", "lkey = 'in'"); n != 2 {
+		t.Fatalf("%d of the 2 slots stamped within the period kept", n)
+	}
+	if n := countSlots(t, d, "sw", "lkey IN ('old', 'beyond')"); n != 0 {
+		t.Fatalf("%d slots out of the window or beyond the rate kept", n)
+	}
+	if n := countSlots(t, d, "none", "true"); n != 0 {
+		t.Fatalf("a queue without a rate per key kept %d rate slots", n)
+	}
+	// A short period: a slot stays for a minute after its stamp.
+	if err := d.SetQueueLimits(ctx, "sw", driver.QueueLimits{KeyRate: 3, KeyRatePeriod: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	add("sw", "short", -1, "30 seconds")
+	if _, err := d.Rescue(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	if n := countSlots(t, d, "sw", "lkey = 'short'"); n != 1 {
+		t.Fatal("a slot stamped 30 seconds ago was swept under a period of a second")
+	}
+	if err := d.SetQueueLimits(ctx, "sw", driver.QueueLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Rescue(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	if n := countSlots(t, d, "sw", "true"); n != 0 {
+		t.Fatalf("%d rate slots kept once the rate was removed", n)
+	}
+}
