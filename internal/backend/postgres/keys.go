@@ -301,25 +301,30 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		// job's retry, which no attempt's end brings nearer (its
 		// promotion wakes claims): its jobs do not hold the claim.
 		keptWaits := ordered && anyKept && len(admit) == 0
+		left := 0 // jobs of the key left for want of a free slot
 		for i, h := range others {
 			if i < len(free) {
 				admit = append(admit, pick{key: k, n: free[i]})
 				admitIDs = append(admitIDs, h.id)
 			} else if !keptWaits {
 				held = true
+				left++
 			}
 		}
 		if rate {
 			// Each start takes an open rate slot of the key (a kept
-			// slot's retry too). The claim locked at most allowance of
-			// them: beyond that its own room cuts it, not the window.
+			// slot's retry too). A key left with jobs once its open
+			// slots are used waits for its window too (whether or not
+			// a slot of the key frees first). The claim locked at most
+			// allowance of them: beyond that its own room cuts it, not
+			// the window.
 			rs := rslots[k]
+			if len(admit)+left > len(rs) && len(rs) < allowance {
+				held = true
+				rated = append(rated, k)
+			}
 			if len(admit) > len(rs) {
 				admit, admitIDs = admit[:len(rs)], admitIDs[:len(rs)]
-				if len(rs) < allowance {
-					held = true
-					rated = append(rated, k)
-				}
 			}
 			for i := range admit {
 				admit[i].r = rs[i]

@@ -495,10 +495,19 @@ func (d *Driver) QueueLimits(ctx context.Context) (map[string]driver.QueueLimits
 		}
 		l.RatePeriod = time.Duration(periodUS) * time.Microsecond
 		l.KeyRatePeriod = time.Duration(keyPeriodUS) * time.Microsecond
-		l.Ordered, l.OrderedMoveOn = keyOrder > 0, keyOrder == 2
+		setKeyOrder(&l, keyOrder)
 		out[name] = l
 	}
 	return out, d.wrap("queue limits", rows.Err())
+}
+
+// setKeyOrder sets l's Ordered and OrderedMoveOn from a stored key_order,
+// clearing KeyMaxRunning (stored as 1) for an ordered queue: the limits
+// read back are those set.
+func setKeyOrder(l *driver.QueueLimits, keyOrder int) {
+	if keyOrder > 0 {
+		l.Ordered, l.OrderedMoveOn, l.KeyMaxRunning = true, keyOrder == 2, 0
+	}
 }
 
 // LimitUsage returns every limited queue's limits and their use, read in
@@ -521,7 +530,7 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 		}
 		u.Limits.RatePeriod = time.Duration(periodUS) * time.Microsecond
 		u.Limits.KeyRatePeriod = time.Duration(keyPeriodUS) * time.Microsecond
-		u.Limits.Ordered, u.Limits.OrderedMoveOn = keyOrder > 0, keyOrder == 2
+		setKeyOrder(&u.Limits, keyOrder)
 		u.NextStart = time.Duration(nextUS) * time.Microsecond
 		out[name] = u
 	}
