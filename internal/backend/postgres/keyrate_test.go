@@ -432,3 +432,51 @@ func TestKeyRateSweep(t *testing.T) {
 		t.Fatalf("%d rate slots kept once the rate was removed", n)
 	}
 }
+
+// TestKeyRateEveryEndKeepsTheStamps: however an attempt ends (by hand,
+// by a lost lease rescued), the rate slot stamped by its start stays
+// stamped, and the key's window stays full.
+func TestKeyRateEveryEndKeepsTheStamps(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	insertJobs(t, d, keyedJobs("ee", "a", 8))
+	if err := d.SetQueueLimits(ctx, "ee", driver.QueueLimits{KeyMaxRunning: 4, KeyRate: 4, KeyRatePeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "ee", Limit: 3, Lease: time.Hour, Worker: "w"})
+	if err != nil || len(r.Rows) != 3 {
+		t.Fatalf("claimed %d, %v", len(r.Rows), err)
+	}
+	// The fourth start with a lease that runs out at once.
+	short, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "ee", Limit: 1, Lease: time.Microsecond, Worker: "w"})
+	if err != nil || len(short.Rows) != 1 {
+		t.Fatalf("claimed %d with a short lease, %v", len(short.Rows), err)
+	}
+	if _, err := d.Cancel(ctx, r.Rows[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Discard(ctx, r.Rows[1].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Complete(ctx, []driver.Outcome{{ID: r.Rows[2].ID, Fence: r.Rows[2].Fence, Attempt: r.Rows[2].Attempt,
+		State: driver.StateRetryable, RetryIn: time.Microsecond}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; countSlots(t, d, "ee", "n >= 0 AND job_id IS NOT NULL") > 0; i++ {
+		if i == 1000 {
+			t.Fatal("the expired attempt was never rescued")
+		}
+		if _, err := d.Rescue(ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := d.Promote(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	if n := countSlots(t, d, "ee", "n < 0 AND job_id IS NULL AND fence IS NULL AND used_at > now() - interval '1 hour'"); n != 4 {
+		t.Fatalf("%d rate slots stamped after every attempt ended, want 4", n)
+	}
+	if rows, res := claimAll(t, d, "ee", 10); len(rows) != 0 || !res.Held || res.RetryIn <= 0 {
+		t.Fatalf("claimed %d (held %v, retry in %v) with the key's window full", len(rows), res.Held, res.RetryIn)
+	}
+}

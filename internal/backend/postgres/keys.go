@@ -30,7 +30,8 @@ import (
 
 // keyState is what a process remembers of a queue's key limits: the
 // limits its last claim read (the walk before the claim's transaction
-// needs KeyMaxRunning) and where that claim's walk of the keys stopped.
+// needs KeyMaxRunning and the rate per key) and where that claim's walk
+// of the keys stopped.
 type keyState struct {
 	max, order int
 	// rate starts per key in periodUS microseconds (0: none).
@@ -412,7 +413,8 @@ func (s *segStore) claimNoKey(ctx context.Context, tx queryer, v *segView, p dri
 }
 
 // keyHeld returns, per queue with key limits, its ready jobs with a key
-// that no slot of their key is open for (LimitUsage).
+// that no slot of their key is open for, or whose key's rate window is
+// full (LimitUsage).
 func (s *segStore) keyHeld(ctx context.Context) (map[string]int64, error) {
 	out := map[string]int64{}
 	err := s.withView(ctx, func(v *segView) error {
