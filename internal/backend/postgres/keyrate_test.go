@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -478,5 +479,58 @@ func TestKeyRateEveryEndKeepsTheStamps(t *testing.T) {
 	}
 	if rows, res := claimAll(t, d, "ee", 10); len(rows) != 0 || !res.Held || res.RetryIn <= 0 {
 		t.Fatalf("claimed %d (held %v, retry in %v) with the key's window full", len(rows), res.Held, res.RetryIn)
+	}
+}
+
+// TestKeyRatePlans: with many keys' concurrency and rate slots, analyzed
+// as a maintenance round does, the generic plans of the keyed claim's
+// statements read a key's slots through the primary key, (queue, lkey,
+// n), never the whole table: the rate slots' negative numbers are a range
+// of it. EXPLAIN without ANALYZE runs nothing.
+func TestKeyRatePlans(t *testing.T) {
+	ctx := context.Background()
+	d, s := openSeg(t)
+	tbl := d.prefix + "key_slots"
+	if _, err := d.pool.Exec(ctx, "INSERT INTO "+tbl+" (queue, lkey, n, used_at) "+
+		"SELECT 'q', 'k' || k, g, now() - (k % 90) * interval '1 minute' FROM generate_series(1, 2000) AS k, generate_series(-30, 3) AS g"); err != nil {
+		t.Fatal(err)
+	}
+	s.lastMaint = time.Time{}
+	if _, err := s.maintain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.viewNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
+		t.Fatal(err)
+	}
+	// The plan a prepared statement keeps, as the pool's connections do.
+	generic := func(name, q, args string) string {
+		t.Helper()
+		if _, err := tx.Exec(ctx, "PREPARE "+name+" AS "+q); err != nil {
+			t.Fatal(err)
+		}
+		return explain(t, tx.Query, "EXECUTE "+name+"("+args+")")
+	}
+	keys, hour := "'{k1,k2,k3}'", strconv.FormatInt(time.Hour.Microseconds(), 10)
+	for name, plan := range map[string]string{
+		"key_lock":          generic("kl", d.q.KeyLock, "'q', "+keys+", 4, 30, "+hour+", 10"),
+		"key_rate_retry_in": generic("kr", d.q.KeyRateRetryIn, "'q', "+keys+", 30, "+hour),
+		"key_take":          generic("kt", d.q.KeyTake, "'q', '{k1}', '{-1}', '{0}', '{0}'"),
+		"seg_key_walk":      generic("kw", s.stmt(&d.q.SegKeyWalk, v, v.live[phReady]), "'q', '', 104, 10, 4, 30, "+hour),
+	} {
+		if !strings.Contains(plan, "$1") {
+			t.Errorf("%s: not the generic plan:\n%s", name, plan)
+		}
+		if strings.Contains(plan, "Seq Scan on "+tbl) || !strings.Contains(plan, tbl+"_pkey") {
+			t.Errorf("%s reads the key slots without their primary key:\n%s", name, plan)
+		}
 	}
 }
