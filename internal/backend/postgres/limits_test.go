@@ -266,24 +266,28 @@ func TestLimitedClaimOnAPoolOfOne(t *testing.T) {
 func TestLimitTakeRefusesChangedLimits(t *testing.T) {
 	ctx := context.Background()
 	d := open(t, driver.Options{})
-	if err := d.SetQueueLimits(ctx, "chg", driver.QueueLimits{MaxRunning: 3}); err != nil {
+	if err := d.SetQueueLimits(ctx, "chg", driver.QueueLimits{MaxRunning: 3, KeyRate: 2, KeyRatePeriod: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	take := func(maxRunning int) error {
+	take := func(maxRunning, keyRate int) error {
 		tx, err := d.pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
 		var one int
-		return tx.QueryRow(ctx, d.q.LimitTake, "chg", "{}", "{}", "{}", "{}", maxRunning, 0, int64(0)).Scan(&one)
+		return tx.QueryRow(ctx, d.q.LimitTake, "chg", "{}", "{}", "{}", "{}", maxRunning, 0, int64(0),
+			keyRate, int64(time.Hour/time.Microsecond)).Scan(&one)
 	}
-	if err := take(3); err != nil {
+	if err := take(3, 2); err != nil {
 		t.Fatalf("under the same limits: %v", err)
 	}
-	err := take(4)
+	err := take(4, 2)
 	if err == nil || !limitsChanged(err) {
 		t.Fatalf("under changed limits: %v, want the limits-changed failure", err)
+	}
+	if err := take(3, 3); err == nil || !limitsChanged(err) {
+		t.Fatalf("under a changed rate per key: %v, want the limits-changed failure", err)
 	}
 	if limitsChanged(context.Canceled) {
 		t.Fatal("another error taken for the limits-changed failure")
