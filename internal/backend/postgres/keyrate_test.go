@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -531,6 +532,96 @@ func TestKeyRatePlans(t *testing.T) {
 		}
 		if strings.Contains(plan, "Seq Scan on "+tbl) || !strings.Contains(plan, tbl+"_pkey") {
 			t.Errorf("%s reads the key slots without their primary key:\n%s", name, plan)
+		}
+	}
+}
+
+// TestKeyRateWindowNeverExceeded: claimers in two processes claim and end
+// the jobs of three keys under 2 running and 3 starts per 250ms per key
+// until every job ran. By the database's clock (each attempt's
+// attempted_at, the time its rate slot was stamped with), any 4
+// consecutive starts of a key span at least the period, and at most 2 of
+// a key ran at once.
+func TestKeyRateWindowNeverExceeded(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	o := openOther(t, d)
+	const rate, period, per = 3, 250 * time.Millisecond, 12
+	insertJobs(t, d, keyedJobs("wn", "a", per), keyedJobs("wn", "b", per), keyedJobs("wn", "c", per))
+	if err := d.SetQueueLimits(ctx, "wn", driver.QueueLimits{KeyMaxRunning: 2, KeyRate: rate, KeyRatePeriod: period}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	starts := map[string][]time.Time{}
+	running := map[string]int{}
+	done := 0
+	errs := make(chan error, 4)
+	var wg sync.WaitGroup
+	for c := 0; c < 4; c++ {
+		drv := d
+		if c%2 == 1 {
+			drv = o
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			deadline := time.Now().Add(time.Minute)
+			for {
+				mu.Lock()
+				finished := done == 3*per
+				mu.Unlock()
+				if finished {
+					return
+				}
+				if time.Now().After(deadline) {
+					errs <- fmt.Errorf("not every job ran within a minute")
+					return
+				}
+				r, err := drv.ClaimLimited(ctx, driver.ClaimParams{Queue: "wn", Limit: 4, Lease: time.Hour, Worker: "w"})
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				for _, row := range r.Rows {
+					starts[row.Key] = append(starts[row.Key], row.AttemptedAt)
+					if running[row.Key]++; running[row.Key] > 2 {
+						errs <- fmt.Errorf("key %s: %d running at once", row.Key, running[row.Key])
+					}
+				}
+				mu.Unlock()
+				for _, row := range r.Rows {
+					mu.Lock()
+					running[row.Key]--
+					mu.Unlock()
+					if _, err := drv.Complete(ctx, []driver.Outcome{{ID: row.ID, Fence: row.Fence, Attempt: row.Attempt, State: driver.StateCompleted}}); err != nil {
+						errs <- err
+						return
+					}
+					mu.Lock()
+					done++
+					mu.Unlock()
+				}
+				if len(r.Rows) == 0 && r.RetryIn > 0 {
+					time.Sleep(min(r.RetryIn, 50*time.Millisecond))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for k, ts := range starts {
+		if len(ts) != per {
+			t.Fatalf("key %s: %d starts, want %d", k, len(ts), per)
+		}
+		slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+		for i := 0; i+rate < len(ts); i++ {
+			if span := ts[i+rate].Sub(ts[i]); span < period {
+				t.Fatalf("key %s: starts %d to %d within %v, under the period %v", k, i, i+rate, span, period)
+			}
 		}
 	}
 }
