@@ -625,3 +625,21 @@ func TestKeyRateWindowNeverExceeded(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyRateSlotsForTheJobs: a claim of many jobs makes a key's rate
+// slots for the jobs the key has ready, not for the claim's size nor
+// the rate.
+func TestKeyRateSlotsForTheJobs(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	insertJobs(t, d, keyedJobs("fj", "a", 2), keyedJobs("fj", "b", 1))
+	if err := d.SetQueueLimits(ctx, "fj", driver.QueueLimits{KeyRate: 1000, KeyRatePeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if rows, _ := claimAll(t, d, "fj", 100); len(rows) != 3 {
+		t.Fatalf("claimed %d, want the 3", len(rows))
+	}
+	if a, b := countSlots(t, d, "fj", "lkey = 'a'"), countSlots(t, d, "fj", "lkey = 'b'"); a != 2 || b != 1 {
+		t.Fatalf("rate slots made: %d of a, %d of b; want 2 and 1", a, b)
+	}
+}

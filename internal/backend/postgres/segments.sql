@@ -315,8 +315,9 @@ ORDER BY priority, pos
 -- missing slots of the keys with room, ON CONFLICT DO NOTHING, in key
 -- order then number (concurrent walks insert in the same order): the
 -- concurrency slots n < $5, and rate slots, unstamped ('epoch': open),
--- so that the key has up to $4 open ones (within $6): the next numbers
--- after its highest, or from -1 when the sweep left gaps below it. It
+-- so that the key has as many open ones as it has ready jobs, up to $4
+-- (within $6): the next numbers after its highest, or from -1 when the
+-- sweep left gaps below it. It
 -- returns every key examined, in walk order, with whether it had room
 -- and whether its rate's window was full.
 -- Asynchronous commit as a claim's: slot rows are made again on demand.
@@ -399,9 +400,20 @@ UNION ALL
      WHERE w2.i < $3::int AND w2.r < $4::int AND x.k IS NOT NULL AND x.k <= $2::text
 ),
 ks AS MATERIALIZED (
-    SELECT k, i, room, rfull, rtot, rmax, greatest(0, least($6::int - rtot, $4::int - ropen)) AS need FROM w1
+    SELECT k, i, room, rfull, rtot, rmax, ropen, greatest(0, least($6::int - rtot, $4::int - ropen)) AS need FROM w1
     UNION ALL
-    SELECT k, i, room, rfull, rtot, rmax, greatest(0, least($6::int - rtot, $4::int - ropen)) FROM w2
+    SELECT k, i, room, rfull, rtot, rmax, ropen, greatest(0, least($6::int - rtot, $4::int - ropen)) FROM w2
+),
+-- The rate slots to make: no more than the key has ready jobs (up to $4)
+-- beyond its open ones.
+rk AS MATERIALIZED (
+    SELECT ks.k, ks.rtot, ks.rmax,
+           least(ks.need, (SELECT count(*) FROM (
+{each}(SELECT 1 FROM {src} WHERE queue = $1 AND lkey = ks.k LIMIT $4){sep}
+UNION ALL
+{end}) j) - ks.ropen) AS need
+      FROM ks
+     WHERE ks.room AND ks.need > 0
 ),
 mk AS (
     INSERT INTO {p}key_slots (queue, lkey, n, used_at)
@@ -409,10 +421,10 @@ mk AS (
         SELECT ks.k, g AS n, now() AS u FROM ks CROSS JOIN generate_series(0, $5::int - 1) AS g
          WHERE ks.room
         UNION ALL
-        SELECT ks.k, -g, 'epoch'::timestamptz FROM ks
-         CROSS JOIN generate_series(CASE WHEN ks.rtot = ks.rmax THEN ks.rmax + 1 ELSE 1 END,
-                                    least($6::int, ks.rmax + ks.need)) AS g
-         WHERE ks.room AND ks.need > 0
+        SELECT rk.k, -g, 'epoch'::timestamptz FROM rk
+         CROSS JOIN generate_series(CASE WHEN rk.rtot = rk.rmax THEN rk.rmax + 1 ELSE 1 END,
+                                    least($6::int, rk.rmax + rk.need)) AS g
+         WHERE rk.need > 0
     ) m
      ORDER BY k, n
     ON CONFLICT DO NOTHING
