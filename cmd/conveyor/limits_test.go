@@ -128,6 +128,16 @@ func TestLimitsBadInput(t *testing.T) {
 		{[]string{"limits", "set", "q", "--ordered=maybe"}, `invalid boolean value "maybe" for --ordered`},
 		{[]string{"limits", "--ordered"}, "--ordered does not apply to limits"},
 		{[]string{"limits", "clear", "q", "--key-max-running", "1"}, "--key-max-running does not apply to limits clear"},
+		{[]string{"limits", "set", "q", "--key-rate", "-1", "--key-rate-period", "1h"}, "limits set: --key-rate -1: must be 0 (no rate per key) to 100000"},
+		{[]string{"limits", "set", "q", "--key-rate", "100001", "--key-rate-period", "1h"}, "--key-rate 100001: must be 0 (no rate per key) to 100000"},
+		{[]string{"limits", "set", "q", "--key-rate", "3"}, "--key-rate 3 needs --key-rate-period DURATION"},
+		{[]string{"limits", "set", "q", "--key-rate-period", "1h"}, "--key-rate-period is the window of --key-rate"},
+		{[]string{"limits", "set", "q", "--key-rate", "0", "--key-rate-period", "1h"}, "--key-rate-period is for --key-rate N above 0"},
+		{[]string{"limits", "set", "q", "--key-rate", "3", "--key-rate-period", "0s"}, "--key-rate-period 0s: must be 1ms to 720h"},
+		{[]string{"limits", "set", "q", "--key-rate", "3", "--key-rate-period", "721h"}, "--key-rate-period 721h0m0s: must be 1ms to 720h"},
+		{[]string{"limits", "set", "q", "--key-rate", "3", "--key-rate-period", "hourly"}, `invalid value "hourly" for flag --key-rate-period`},
+		{[]string{"limits", "--key-rate", "3"}, "--key-rate does not apply to limits"},
+		{[]string{"limits", "clear", "q", "--key-rate-period", "1h"}, "--key-rate-period does not apply to limits clear"},
 	} {
 		_, _, err := cli(t, "", tc.args...)
 		oneLineErr(t, tc.args, err, tc.want)
@@ -148,8 +158,8 @@ func TestLimitsText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `"limits":{"max_running":5,"rate":10,"rate_period":"1m30s","rate_period_ms":90000,"key_max_running":0,"ordered":false,"ordered_move_on":false},` +
-		`"limit_use":{"running":3,"started":10,"next_start_ms":1500,"keys_running":0,"key_held":0},"held":"rate"`
+	want := `"limits":{"max_running":5,"rate":10,"rate_period":"1m30s","rate_period_ms":90000,"key_max_running":0,"ordered":false,"ordered_move_on":false,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0},` +
+		`"limit_use":{"running":3,"started":10,"next_start_ms":1500,"keys_running":0,"key_held":0,"keys_rated":0},"held":"rate"`
 	if !strings.Contains(string(b), want) {
 		t.Errorf("JSON %s lacks %s", b, want)
 	}
@@ -174,6 +184,10 @@ func TestKeyLimitsText(t *testing.T) {
 		{conveyor.QueueLimits{KeyMaxRunning: 1, Ordered: true, OrderedMoveOn: true}, conveyor.LimitUse{},
 			"each key's jobs one at a time in enqueue order, moving on past a failed job waiting for its retry", "ordered by key, moving on: 0 keys running"},
 		{conveyor.QueueLimits{MaxRunning: 5}, conveyor.LimitUse{}, "at most 5 running", ""},
+		{conveyor.QueueLimits{KeyRate: 3, KeyRatePeriod: time.Hour}, conveyor.LimitUse{KeysRated: 2, KeyHeld: 14},
+			"at most 3 started per key per 1h", "3 per key per 1h: 2 keys at their rate, 14 waiting for their key"},
+		{conveyor.QueueLimits{KeyMaxRunning: 1, KeyRate: 5, KeyRatePeriod: 90 * time.Second}, conveyor.LimitUse{KeysRunning: 1, KeysRated: 1},
+			"at most 1 running per key, at most 5 started per key per 1m30s", "1 per key: 1 key running, 5 per key per 1m30s: 1 key at its rate"},
 	} {
 		if got := limitsText(c.l); got != c.text {
 			t.Errorf("limitsText(%+v) = %q, want %q", c.l, got, c.text)
@@ -193,8 +207,18 @@ func TestKeyLimitsText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `"limits":{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":1,"ordered":true,"ordered_move_on":false},` +
-		`"limit_use":{"running":0,"started":0,"next_start_ms":0,"keys_running":2,"key_held":4},"held":"key"`
+	want := `"limits":{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":1,"ordered":true,"ordered_move_on":false,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0},` +
+		`"limit_use":{"running":0,"started":0,"next_start_ms":0,"keys_running":2,"key_held":4,"keys_rated":0},"held":"key"`
+	if !strings.Contains(string(b), want) {
+		t.Errorf("JSON %s lacks %s", b, want)
+	}
+	q.Limits = &conveyor.QueueLimits{KeyRate: 3, KeyRatePeriod: time.Hour}
+	q.LimitUse = &conveyor.LimitUse{KeyHeld: 14, KeysRated: 2}
+	if b, err = json.Marshal(toQueueStatsJSON(q)); err != nil {
+		t.Fatal(err)
+	}
+	want = `"limits":{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":0,"ordered":false,"ordered_move_on":false,"key_rate":3,"key_rate_period":"1h","key_rate_period_ms":3600000},` +
+		`"limit_use":{"running":0,"started":0,"next_start_ms":0,"keys_running":0,"key_held":14,"keys_rated":2},"held":"key"`
 	if !strings.Contains(string(b), want) {
 		t.Errorf("JSON %s lacks %s", b, want)
 	}
