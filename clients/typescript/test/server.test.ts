@@ -545,7 +545,8 @@ test("queue limits: set, read, listed with their use and what holds the queue, c
   assert.equal(await client.queueLimits(q), null);
 
   const set = await client.setQueueLimits(q, { maxRunning: 5, rate: 100, ratePeriod: "1m" });
-  const want = { maxRunning: 5, rate: 100, ratePeriod: "1m", ratePeriodMs: 60_000, keyMaxRunning: 0, ordered: false, orderedMoveOn: false };
+  const noKeyRate = { keyRate: 0, keyRatePeriod: "", keyRatePeriodMs: 0 };
+  const want = { maxRunning: 5, rate: 100, ratePeriod: "1m", ratePeriodMs: 60_000, keyMaxRunning: 0, ordered: false, orderedMoveOn: false, ...noKeyRate };
   assert.deepEqual(set, want);
   assert.deepEqual(await client.queueLimits(q), want);
   // Milliseconds are a period too.
@@ -557,6 +558,7 @@ test("queue limits: set, read, listed with their use and what holds the queue, c
     keyMaxRunning: 0,
     ordered: false,
     orderedMoveOn: false,
+    ...noKeyRate,
   });
   await client.setQueueLimits(q, { maxRunning: 5, rate: 100, ratePeriod: "1m" });
 
@@ -565,7 +567,7 @@ test("queue limits: set, read, listed with their use and what holds the queue, c
   let info = (await client.queues()).find((x) => x.queue === q);
   assert.ok(info, `queue ${q} not listed`);
   assert.deepEqual(info.limits, want);
-  assert.deepEqual(info.limitUse, { running: 0, started: 0, nextStartMs: 0, keysRunning: 0, keyHeld: 0 });
+  assert.deepEqual(info.limitUse, { running: 0, started: 0, nextStartMs: 0, keysRunning: 0, keyHeld: 0, keysRated: 0 });
   assert.equal(info.held, null);
   const { id } = await client.enqueue("limited", {}, { queue: q });
   await client.pauseQueue(q);
@@ -621,6 +623,13 @@ test("job keys: a bad key or key limit is refused naming it, and nothing is writ
     [{ keyMaxRunning: 100_001 }, /KeyMaxRunning 100001 is out of range/],
     [{ keyMaxRunning: 2, ordered: true }, /KeyMaxRunning 2 with Ordered/],
     [{ orderedMoveOn: true }, /OrderedMoveOn is set without Ordered/],
+    [{ keyRate: -1, keyRatePeriod: "1h" }, /KeyRate -1 is out of range/],
+    [{ keyRate: 100_001, keyRatePeriod: "1h" }, /KeyRate 100001 is out of range/],
+    [{ keyRate: 3 }, /KeyRatePeriod 0s is out of range/],
+    [{ keyRate: 3, keyRatePeriod: "0.5ms" }, /KeyRatePeriod 500µs is out of range/],
+    [{ keyRate: 3, keyRatePeriod: 0.5 }, /key_rate_period_ms/],
+    [{ keyRate: 3, keyRatePeriod: "hourly" }, /key_rate_period "hourly" is not a duration/],
+    [{ keyRatePeriod: "1h" }, /KeyRatePeriod 1h0m0s is set without a KeyRate/],
   ] as const) {
     await refused(client.setQueueLimits(q, bad), field);
   }
@@ -629,7 +638,7 @@ test("job keys: a bad key or key limit is refused naming it, and nothing is writ
 
 test("job keys: stored, read back and claimed; a key limit holds each key", { skip, timeout: 30_000 }, async () => {
   const q = `ts-keys-${run}`;
-  const none = { maxRunning: 0, rate: 0, ratePeriod: "", ratePeriodMs: 0 };
+  const none = { maxRunning: 0, rate: 0, ratePeriod: "", ratePeriodMs: 0, keyRate: 0, keyRatePeriod: "", keyRatePeriodMs: 0 };
   assert.deepEqual(await client.setQueueLimits(q, { keyMaxRunning: 1 }), { ...none, keyMaxRunning: 1, ordered: false, orderedMoveOn: false });
   assert.deepEqual(await client.queueLimits(q), { ...none, keyMaxRunning: 1, ordered: false, orderedMoveOn: false });
 
