@@ -126,3 +126,64 @@ func TestLimitLinesKeyRate(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyRateEndToEnd: a queue's rate per key is set, read and listed
+// through the API; a claim starts at most key_rate jobs of a key in the
+// window (jobs without a key go on), and the queues list and page say
+// the key at its rate and the job waiting for it; the form sets it.
+func TestKeyRateEndToEnd(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), func(o *Options) { o.StatsMaxAge = time.Nanosecond })
+	const q = "partners"
+	var got queueLimitsJSON
+	e.must(200, req{method: "PUT", path: "/api/v1/queues/" + q + "/limits", auth: adminToken,
+		body: `{"key_rate": 2, "key_rate_period": "1h"}`}).json(t, &got)
+	want := limitsJSON{KeyRate: 2, KeyRatePeriod: "1h", KeyRatePeriodMS: 3_600_000}
+	if got.Limits == nil || *got.Limits != want {
+		t.Fatalf("PUT answered %+v, want %+v", got.Limits, want)
+	}
+	got = queueLimitsJSON{}
+	e.must(200, req{method: "GET", path: "/api/v1/queues/" + q + "/limits", auth: roToken}).json(t, &got)
+	if got.Limits == nil || *got.Limits != want {
+		t.Fatalf("GET answered %+v, want %+v", got.Limits, want)
+	}
+	if l, err := e.client.QueueLimits(t.Context()); err != nil || l[q] != (conveyor.QueueLimits{KeyRate: 2, KeyRatePeriod: time.Hour}) {
+		t.Fatalf("the client reads %+v, %v", l, err)
+	}
+
+	for _, k := range []string{"acme", "acme", "acme", ""} {
+		job := map[string]any{"kind": "k", "queue": q}
+		if k != "" {
+			job["key"] = k
+		}
+		e.enqueue(job)
+	}
+	byKey := map[string]int{}
+	for range 3 { // claims after the window is full take none of acme
+		for _, j := range e.claim(map[string]any{"queue": q, "limit": 10}) {
+			byKey[deref(j.Key)]++
+		}
+	}
+	if byKey["acme"] != 2 || byKey[""] != 1 || len(byKey) != 2 {
+		t.Fatalf("claimed by key %v, want 2 of acme and the one without a key", byKey)
+	}
+	qj := e.queueOf(q)
+	if qj.LimitUse == nil || qj.LimitUse.KeysRated != 1 || qj.LimitUse.KeyHeld != 1 || qj.Held == nil || *qj.Held != conveyor.HeldByKey {
+		t.Fatalf("queue %+v: use %+v, held %v; want 1 key at its rate, 1 job held by key", qj, qj.LimitUse, qj.Held)
+	}
+	page := e.must(200, req{method: "GET", path: "/", auth: roToken})
+	for _, want := range []string{"2 per key per 1h: 1 key at its rate", "1 waiting for their key", "held: key"} {
+		if !strings.Contains(string(page.body), want) {
+			t.Errorf("queues page lacks %q", want)
+		}
+	}
+
+	res := e.do(req{method: "POST", path: "/queues/limits", auth: adminToken,
+		header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"},
+		body:   url.Values{"queue": {q}, "op": {"set"}, "key_max_running": {"1"}, "key_rate": {"5"}, "key_rate_period": {"90s"}}.Encode()})
+	if res.status != 303 {
+		t.Fatalf("form set: %d %s", res.status, res.body)
+	}
+	if l, err := e.client.QueueLimits(t.Context()); err != nil || l[q] != (conveyor.QueueLimits{KeyMaxRunning: 1, KeyRate: 5, KeyRatePeriod: 90 * time.Second}) {
+		t.Fatalf("after the form the client reads %+v, %v", l, err)
+	}
+}

@@ -308,3 +308,71 @@ func TestKeyLimitsCommand(t *testing.T) {
 		t.Fatalf("stats --json: %+v", s.Queues)
 	}
 }
+
+// TestKeyRateCommand: limits set takes a rate per key (only the flags
+// given change; --key-rate 0 removes it), and limits and stats show the
+// keys at their rate and the jobs waiting for their key. On SQLite,
+// whose driver stores rates per key.
+func TestKeyRateCommand(t *testing.T) {
+	inEmptyDir(t)
+	dsn := filepath.Join(t.TempDir(), "q.db")
+	db := []string{"--db", dsn}
+	run := func(args ...string) string { t.Helper(); return mustCLI(t, append(args, db...)...) }
+	run("migrate")
+	for _, k := range []string{"acme", "acme", "acme", "globex"} {
+		run("enqueue", "--kind", "k", "--queue", "partners", "--key", k, "--allow-unknown-kinds")
+	}
+	out := run("limits", "set", "partners", "--key-rate", "2", "--key-rate-period", "1h")
+	if out != "queue partners is limited in every process: at most 2 started per key per 1h (conveyor limits clear partners removes the limits)\n" {
+		t.Errorf("limits set --key-rate printed %q", out)
+	}
+	if out := run("limits", "set", "partners", "--max-running", "10"); !strings.Contains(out, ": at most 10 running, at most 2 started per key per 1h (") {
+		t.Errorf("limits set --max-running kept the rate per key? %q", out)
+	}
+	c, err := connect.Open(t.Context(), dsn, &conveyor.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if l, err := c.QueueLimits(t.Context()); err != nil || l["partners"] != (conveyor.QueueLimits{MaxRunning: 10, KeyRate: 2, KeyRatePeriod: time.Hour}) {
+		t.Fatalf("the client reads %+v, %v", l["partners"], err)
+	}
+
+	// Two of acme's jobs start in the window, globex's one: acme's third
+	// waits for its key.
+	n := 0
+	for range 2 {
+		claimed, err := c.RemoteWorkers().Claim(t.Context(), conveyor.RemoteClaim{Queue: "partners", Limit: 10, Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += len(claimed)
+	}
+	if n != 3 {
+		t.Fatalf("claimed %d jobs, want acme's first two and globex's", n)
+	}
+	if out := run("limits"); !regexp.MustCompile(`(?m)^partners +3/10 +- +2 per key per 1h: 1 key at its rate, 1 waiting for their key +1 +key$`).MatchString(out) {
+		t.Errorf("limits printed:\n%s", out)
+	}
+	if out := run("stats"); !regexp.MustCompile(`(?m)^partners .* running 3/10, 2 per key per 1h: 1 key at its rate, 1 waiting for their key +key$`).MatchString(out) {
+		t.Errorf("stats printed:\n%s", out)
+	}
+	var s struct {
+		Queues []queueStatsJSON `json:"queues"`
+	}
+	if err := json.Unmarshal([]byte(run("stats", "--json")), &s); err != nil {
+		t.Fatal(err)
+	}
+	want := limitsJSON{MaxRunning: 10, KeyRate: 2, KeyRatePeriod: "1h", KeyRatePeriodMS: 3_600_000}
+	if len(s.Queues) != 1 || s.Queues[0].Limits == nil || *s.Queues[0].Limits != want || s.Queues[0].LimitUse == nil ||
+		s.Queues[0].LimitUse.KeysRated != 1 || s.Queues[0].LimitUse.KeyHeld != 1 {
+		t.Fatalf("stats --json: %+v", s.Queues)
+	}
+
+	if out := run("limits", "set", "partners", "--key-rate", "0"); !strings.HasSuffix(out, ": at most 10 running (conveyor limits clear partners removes the limits)\n") {
+		t.Errorf("limits set --key-rate 0 printed %q", out)
+	}
+	if l, err := c.QueueLimits(t.Context()); err != nil || l["partners"] != (conveyor.QueueLimits{MaxRunning: 10}) {
+		t.Fatalf("after --key-rate 0 the client reads %+v, %v", l["partners"], err)
+	}
+}
