@@ -7,6 +7,7 @@
 //                                  each with metadata {"from": "go", "n": its n}
 //   CONVEYOR_TS_GO_QUEUE/KIND      where a Go worker runs what TypeScript enqueues
 //   CONVEYOR_TS_RESULTS            a directory for the ids seen, checked by Go afterwards
+//   CONVEYOR_TS_KEY_RATES          "stored" when the database stores rates per key
 //
 // Without CONVEYOR_URL every test is skipped.
 
@@ -29,6 +30,8 @@ import {
 const env = process.env;
 const url = env.CONVEYOR_URL ?? "";
 const skip = url === "" ? "CONVEYOR_URL not set: run through cmd/conveyor's TestTypeScriptClient" : false;
+// CONVEYOR_TS_KEY_RATES=stored says the server's database stores rates per key.
+const keyRatesSkip = env.CONVEYOR_TS_KEY_RATES === "stored" ? false : "the server's database does not store rates per key";
 const client = new Client({ baseUrl: url || "http://127.0.0.1:1", token: env.CONVEYOR_TOKEN });
 const run = `${Date.now().toString(36)}`; // queue names unique to this run
 
@@ -675,4 +678,33 @@ test("job keys: stored, read back and claimed; a key limit holds each key", { sk
   for (const j of claimed) await client.complete(j.id, j.fence);
   await client.clearQueueLimits(q);
   for (const id of [...keys.keys(), wf.jobIds.a]) await client.cancel(id).catch(() => {});
+});
+
+test("rates per key: stored and read back; a claim starts at most keyRate jobs of a key in the window", { skip: skip || keyRatesSkip, timeout: 30_000 }, async () => {
+  const q = `ts-key-rate-${run}`;
+  const want = { maxRunning: 0, rate: 0, ratePeriod: "", ratePeriodMs: 0, keyMaxRunning: 0, ordered: false, orderedMoveOn: false, keyRate: 2, keyRatePeriod: "1h", keyRatePeriodMs: 3_600_000 };
+  assert.deepEqual(await client.setQueueLimits(q, { keyRate: 2, keyRatePeriod: "1h" }), want);
+  assert.deepEqual(await client.queueLimits(q), want);
+  assert.deepEqual(await client.setQueueLimits(q, { keyRate: 2, keyRatePeriod: 3_600_000 }), want, "milliseconds are a period too");
+
+  const ids: number[] = [];
+  for (const key of ["acme", "acme", "acme", undefined]) ids.push((await client.enqueue("k", {}, { queue: q, key })).id);
+  // Claims after the window is full take none of acme's.
+  const claimed: ClaimedJob[] = [];
+  for (let i = 0; i < 3; i++) claimed.push(...(await client.claim({ queue: q, limit: 10 })));
+  assert.deepEqual(claimed.map((j) => j.key ?? "-").sort(), ["-", "acme", "acme"]);
+  let info = (await client.queues()).find((x) => x.queue === q);
+  await until("the queue to be held by key", async () => {
+    info = (await client.queues()).find((x) => x.queue === q);
+    return info?.held === "key";
+  });
+  assert.equal(info?.limitUse?.keysRated, 1);
+  assert.equal(info?.limitUse?.keyHeld, 1);
+
+  // Completing them frees nothing: the window still holds acme's third.
+  for (const j of claimed) await client.complete(j.id, j.fence);
+  assert.deepEqual(await client.claim({ queue: q, limit: 10 }), []);
+
+  await client.clearQueueLimits(q);
+  for (const id of ids) await client.cancel(id).catch(() => {});
 });
