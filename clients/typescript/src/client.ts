@@ -163,9 +163,11 @@ export interface WorkflowOptions {
   /**
    * What becomes of a job one of whose dependencies was discarded or
    * cancelled: "cancel" (the default) marks it to be cancelled, "run" runs
-   * it once every dependency has finished. Go workers cancel such a job
-   * before its handler runs; a TypeScript handler is given it and checks
-   * its batch (`getBatch(job.batchId)`) itself.
+   * it once every dependency has finished. Workers (Go's and this
+   * package's `Worker`) cancel such a job before its handler runs, failing
+   * it with an error naming the dependency and its state; a program that
+   * drives the worker protocol itself must read the job's batch
+   * (`getBatch(job.batchId)`) and fail it with `cancel: true`.
    */
   onDependencyFailure?: "cancel" | "run";
 }
@@ -592,12 +594,15 @@ export class Client {
     return { jobIds: out.job_ids, batchIds: out.batch_ids };
   }
 
-  /** A batch, with every job's state and result (404 when there is none). */
-  async getBatch(id: number): Promise<Batch> {
+  /**
+   * A batch, with every job's state and result (404 when there is none).
+   * Aborting `signal` gives up the request.
+   */
+  async getBatch(id: number, signal?: AbortSignal): Promise<Batch> {
     if (!Number.isSafeInteger(id) || id <= 0) {
       throw new TypeError(`${id} is not a batch id`);
     }
-    const w = await this.request<WireBatch>("GET", `/api/v1/batches/${id}`);
+    const w = await this.request<WireBatch>("GET", `/api/v1/batches/${id}`, undefined, { signal });
     return {
       id: w.id,
       createdAt: w.created_at,

@@ -457,6 +457,71 @@ test("a diamond workflow A -> B, C -> D: each job runs once, D reads B's and C's
   }
 });
 
+test("a workflow job whose dependency did not complete is cancelled by the worker, its handler not run, and its dependents in turn", { skip, timeout: 60_000 }, async () => {
+  const queue = `ts-depfail-${run}`;
+  const ran: string[] = [];
+  const errors: unknown[] = [];
+  const w = quietWorker({
+    queue,
+    concurrency: 2,
+    waitMs: 500,
+    handlers: {
+      boom: () => {
+        ran.push("boom");
+        throw new Error("boom");
+      },
+      nope: () => {
+        ran.push("nope");
+        throw new CancelJob("not worth it");
+      },
+      step: (job: ClaimedJob<{ name: string }>) => {
+        ran.push(job.args.name);
+      },
+    },
+  }, errors);
+  const finished = async (batchId: number): Promise<Job> => {
+    let j: Job | undefined;
+    await until(`the callback of batch ${batchId} to finish`, async () => {
+      const b = await client.getBatch(batchId);
+      if (b.callbackId === null) return false;
+      j = await client.getJob(b.callbackId);
+      return ["completed", "discarded", "cancelled"].includes(j.state);
+    }, 40_000);
+    return j as Job;
+  };
+  // A is discarded (its one attempt fails): B is cancelled, then C
+  // (B's dependent). X is cancelled by its handler: Y is cancelled.
+  const step = (name: string, ...dependsOn: string[]) => ({ name, kind: "step", queue, args: { name }, dependsOn });
+  const wf = await client.enqueueWorkflow([
+    { name: "A", kind: "boom", queue, maxAttempts: 1 },
+    step("B", "A"),
+    step("C", "B"),
+    { name: "X", kind: "nope", queue },
+    step("Y", "X"),
+  ]);
+  // Under "run", a job runs whatever its dependencies became.
+  const runWf = await client.enqueueWorkflow([{ name: "P", kind: "boom", queue, maxAttempts: 1 }, step("Q", "P")], { onDependencyFailure: "run" });
+  w.start();
+  try {
+    const b = await finished(wf.batchIds.B);
+    assert.equal(b.state, "cancelled", `B: ${JSON.stringify(b.errors)}`);
+    assert.equal(b.errors.length, 1);
+    assert.equal(b.errors[0].error, `dependency job ${wf.jobIds.A} is discarded`);
+    const c = await finished(wf.batchIds.C);
+    assert.equal(c.state, "cancelled", `C: ${JSON.stringify(c.errors)}`);
+    assert.equal(c.errors[0].error, `dependency job ${b.id} is cancelled`);
+    const y = await finished(wf.batchIds.Y);
+    assert.equal(y.state, "cancelled", `Y: ${JSON.stringify(y.errors)}`);
+    assert.equal(y.errors[0].error, `dependency job ${wf.jobIds.X} is cancelled`);
+    const q = await finished(runWf.batchIds.Q);
+    assert.equal(q.state, "completed", `Q: ${JSON.stringify(q.errors)}`);
+    assert.deepEqual([...ran].sort(), ["Q", "boom", "boom", "nope"], "no handler ran for B, C or Y");
+    assert.deepEqual(errors, []);
+  } finally {
+    await w.stop({ timeoutMs: 2000 });
+  }
+});
+
 test("enqueueBatch: the callback runs once after the jobs, and getBatch reads their results", { skip, timeout: 60_000 }, async () => {
   const queue = `ts-batch-${run}`;
   const w = quietWorker({
