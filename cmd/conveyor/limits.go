@@ -480,10 +480,13 @@ type queueStatsJSON struct {
 	// Held is why available jobs wait ("paused", "concurrency",
 	// "rate", "key"); null when nothing holds them.
 	Held *string `json:"held"`
+	// AwaitingDependencies is how many jobs of the queue wait for their
+	// dependencies (batch callbacks and workflow jobs not enqueued yet).
+	AwaitingDependencies int64 `json:"awaiting_dependencies"`
 }
 
 func toQueueStatsJSON(x conveyor.QueueStats) queueStatsJSON {
-	q := queueStatsJSON{Queue: x.Queue, Counts: x.Counts}
+	q := queueStatsJSON{Queue: x.Queue, Counts: x.Counts, AwaitingDependencies: x.AwaitingDependencies}
 	if x.Counts[conveyor.JobStateAvailable] > 0 {
 		q.OldestAvailableMS = ptr(x.OldestAvailable.Milliseconds())
 	}

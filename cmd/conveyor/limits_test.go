@@ -376,3 +376,45 @@ func TestKeyRateCommand(t *testing.T) {
 		t.Fatalf("after --key-rate 0 the client reads %+v, %v", l["partners"], err)
 	}
 }
+
+// TestStatsAwaitingDependencies: stats counts, per queue, the jobs of a
+// workflow waiting for their dependencies, in both shapes; a queue with
+// only such jobs is listed. On SQLite.
+func TestStatsAwaitingDependencies(t *testing.T) {
+	inEmptyDir(t)
+	dsn := filepath.Join(t.TempDir(), "q.db")
+	db := []string{"--db", dsn}
+	mustCLI(t, append([]string{"migrate"}, db...)...)
+	c, err := connect.Open(t.Context(), dsn, &conveyor.Config{AllowUnregisteredKinds: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	step := func(q string) *conveyor.EnqueueOpts { return &conveyor.EnqueueOpts{Queue: q} }
+	args := conveyor.RawArgs{KindName: "step", JSON: json.RawMessage(`{}`)}
+	if _, err := c.EnqueueWorkflow(t.Context(), []conveyor.WorkflowJob{
+		{Name: "a", Args: args, Opts: step("first")},
+		{Name: "b", Args: args, Opts: step("second"), DependsOn: []string{"a"}},
+		{Name: "c", Args: args, Opts: step("second"), DependsOn: []string{"b"}},
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	out := mustCLI(t, append([]string{"stats"}, db...)...)
+	if !strings.Contains(out, "AWAITING DEPENDENCIES") ||
+		!regexp.MustCompile(`(?m)^first +1( +0){6} +0 `).MatchString(out) || !regexp.MustCompile(`(?m)^second( +0){7} +2 `).MatchString(out) {
+		t.Errorf("stats printed:\n%s", out)
+	}
+	var s struct {
+		Queues []queueStatsJSON `json:"queues"`
+	}
+	if err := json.Unmarshal([]byte(mustCLI(t, append([]string{"stats", "--json"}, db...)...)), &s); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, q := range s.Queues {
+		got[q.Queue] = q.AwaitingDependencies
+	}
+	if len(got) != 2 || got["first"] != 0 || got["second"] != 2 {
+		t.Errorf("stats --json: awaiting dependencies %v, want first 0, second 2", got)
+	}
+}

@@ -331,6 +331,11 @@ export interface QueueInfo {
   limitUse: LimitUse | null;
   /** Why its available jobs wait although workers may be free; null when nothing holds them. */
   held: Held | null;
+  /**
+   * Jobs of the queue waiting for their dependencies: batch callbacks and
+   * workflow jobs not enqueued yet, in no state of counts.
+   */
+  awaitingDependencies: number;
 }
 
 export interface ClientOptions {
@@ -466,6 +471,7 @@ interface WireQueue {
   limits?: WireLimits | null;
   limit_use?: { running: number; started: number; next_start_ms: number; keys_running?: number; key_held?: number; keys_rated?: number } | null;
   held?: Held | null;
+  awaiting_dependencies?: number;
 }
 
 function limitsFromWire(w: WireLimits | null | undefined): QueueLimits | null {
@@ -684,6 +690,7 @@ export class Client {
           }
         : null,
       held: q.held ?? null,
+      awaitingDependencies: q.awaiting_dependencies ?? 0,
     }));
   }
 

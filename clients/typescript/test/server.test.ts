@@ -431,6 +431,8 @@ test("a diamond workflow A -> B, C -> D: each job runs once, D reads B's and C's
   assert.deepEqual(Object.keys(wf.batchIds).sort(), ["B", "C", "D"]);
   const before = await client.getBatch(wf.batchIds.D);
   assert.equal(before.callbackId, null, "D must wait for B and C");
+  await until("B, C and D to be counted as awaiting their dependencies", async () =>
+    (await client.queues()).find((x) => x.queue === queue)?.awaitingDependencies === 3);
   assert.equal(before.callbackKind, "step");
   w.start();
   try {

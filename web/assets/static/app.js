@@ -149,6 +149,9 @@
     tr.append(el("td", { "data-label": "limits", class: "limits" }, ...(lines.length ? lines.map((l) => el("div", {}, l)) : ["–"])));
     const status = el("td", { "data-label": "status" }, q.paused ? el("span", { class: "badge paused" }, "paused") : el("span", { class: "badge active" }, "active"));
     if (q.held) status.append(" ", el("span", { class: "badge held held-" + q.held, title: "available jobs wait: " + q.held }, "held: " + q.held));
+    if (q.awaiting_dependencies > 0) {
+      status.append(" ", el("span", { class: "badge deps", title: "jobs not enqueued yet: they wait for the jobs they depend on to finish" }, q.awaiting_dependencies + " awaiting dependencies"));
+    }
     tr.append(status);
     if (admin) {
       tr.append(el("td", {}, q.paused
