@@ -530,6 +530,12 @@ type QueueStats struct {
 	Counts map[JobState]int64 `json:"counts"`
 	// OldestAvailable is the age of the oldest job waiting to run.
 	OldestAvailable time.Duration `json:"oldest_available_ns"`
+	// AwaitingDependencies is the number of jobs of the queue waiting for
+	// their dependencies: the callbacks of batches (EnqueueBatch) and the
+	// jobs of workflows (EnqueueWorkflow) not enqueued yet because a job
+	// they wait for has not finished. They are in no state of Counts
+	// until they are enqueued. A queue with only such jobs is listed.
+	AwaitingDependencies int64 `json:"awaiting_dependencies"`
 	// PausedAt is when the queue was paused (PauseQueue); zero when it is
 	// not paused.
 	PausedAt time.Time `json:"paused_at"`
@@ -612,7 +618,7 @@ func (c *Client[TTx]) withPaused(ctx context.Context, qs []driver.QueueStats, si
 		for st, n := range q.Counts {
 			counts[JobState(st)] = n
 		}
-		s.Queues = append(s.Queues, QueueStats{Queue: q.Queue, Counts: counts, OldestAvailable: q.OldestAvailable})
+		s.Queues = append(s.Queues, QueueStats{Queue: q.Queue, Counts: counts, OldestAvailable: q.OldestAvailable, AwaitingDependencies: q.AwaitingDependencies})
 		seen[q.Queue] = true
 	}
 	// Paused and limited queues are listed even without jobs.

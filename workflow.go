@@ -60,8 +60,9 @@ const workflowCancelKey = "conveyor.cancel_on_dependency_failure"
 // their states and results with Client.Batch(ctx, id) where id is
 // BatchOf(job.JobInfo). Under CancelDependents (the default), a job one of
 // whose dependencies did not complete is cancelled when a worker of this
-// package picks it up, before its handler runs (HTTP workers get it and
-// must check the batch themselves). Names must be unique and non-empty,
+// package (or the TypeScript client's Worker) picks it up, before its
+// handler runs (other HTTP workers get it and must check the batch
+// themselves). Names must be unique and non-empty,
 // dependencies must name jobs of the workflow, and there must be no
 // cycle; otherwise ErrInvalidOpts and nothing is enqueued. Unique jobs
 // are refused as in batches.

@@ -893,6 +893,10 @@ type queueJSON struct {
 	// key_max_running, or waits for an earlier job of its ordered key);
 	// null when nothing holds them.
 	Held *string `json:"held"`
+	// AwaitingDependencies is how many jobs of the queue wait for their
+	// dependencies (batch callbacks and workflow jobs not enqueued yet);
+	// they are in no state of Counts.
+	AwaitingDependencies int64 `json:"awaiting_dependencies"`
 }
 
 // queuesJSON is the answer of GET /api/v1/queues.
@@ -923,6 +927,7 @@ func toQueuesJSON(backend string, rd *reading) queuesJSON {
 	for _, x := range rd.Stats.Queues {
 		q := queueJSON{Queue: x.Queue, Counts: map[string]int64{}, Paused: !x.PausedAt.IsZero(), PausedAt: timeOrNull(x.PausedAt)}
 		q.Processes = working[x.Queue]
+		q.AwaitingDependencies = x.AwaitingDependencies
 		q.Limits, q.LimitUse = toLimitsJSON(x.Limits), toLimitUseJSON(x.LimitUse)
 		if x.Held != "" {
 			q.Held = ptr(x.Held)

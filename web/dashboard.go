@@ -674,8 +674,9 @@ func (h *Handler) formQueueAction(w http.ResponseWriter, r *http.Request, p prin
 
 // formLimits sets (op=set) or clears (op=clear) a queue's limits from
 // the queues page's form: queue, max_running, rate and rate_period (a Go
-// duration), key_max_running and key_order ("", "ordered" or "move_on");
-// an empty number is no limit.
+// duration), key_max_running and key_order ("", "ordered" or "move_on"),
+// key_rate and key_rate_period (a Go duration); an empty number is no
+// limit.
 func (h *Handler) formLimits(w http.ResponseWriter, r *http.Request, p principal) {
 	if err := r.ParseForm(); err != nil {
 		h.renderError(w, r, p, bodyStatus(err), "could not read the form: "+err.Error())
@@ -696,7 +697,7 @@ func (h *Handler) formLimits(w http.ResponseWriter, r *http.Request, p principal
 			return
 		}
 		if l.IsZero() {
-			h.renderError(w, r, p, http.StatusBadRequest, "give max running, or a rate with its period, or a limit per key (Clear limits removes them)")
+			h.renderError(w, r, p, http.StatusBadRequest, "give max running, or a rate with its period, or a limit or rate per key (Clear limits removes them)")
 			return
 		}
 	default:
@@ -749,11 +750,25 @@ func formLimitValues(form url.Values) (conveyor.QueueLimits, error) {
 	default:
 		return l, fmt.Errorf("key order %q: empty, ordered or move_on", v)
 	}
-	per := strings.TrimSpace(form.Get("rate_period"))
-	if per != "" {
-		if l.RatePeriod, err = time.ParseDuration(per); err != nil {
-			return l, fmt.Errorf("rate period %q is not a duration: write it as 1m, 30s or 250ms", per)
+	if l.KeyRate, err = num("key_rate", "key rate"); err != nil {
+		return l, err
+	}
+	dur := func(field, label string) (time.Duration, error) {
+		v := strings.TrimSpace(form.Get(field))
+		if v == "" {
+			return 0, nil
 		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return 0, fmt.Errorf("%s %q is not a duration: write it as 1m, 30s or 250ms", label, v)
+		}
+		return d, nil
+	}
+	if l.RatePeriod, err = dur("rate_period", "rate period"); err != nil {
+		return l, err
+	}
+	if l.KeyRatePeriod, err = dur("key_rate_period", "key rate period"); err != nil {
+		return l, err
 	}
 	return l, nil
 }
@@ -783,7 +798,10 @@ func limitLines(q queueJSON) []string {
 	case l.KeyMaxRunning > 0:
 		out = append(out, fmt.Sprintf("%d per key: %s", l.KeyMaxRunning, keysRunning(u.KeysRunning)))
 	}
-	if (l.Ordered || l.KeyMaxRunning > 0) && u.KeyHeld > 0 {
+	if l.KeyRate > 0 {
+		out = append(out, fmt.Sprintf("%d per key per %s: %s", l.KeyRate, l.KeyRatePeriod, keysRated(u.KeysRated)))
+	}
+	if (l.Ordered || l.KeyMaxRunning > 0 || l.KeyRate > 0) && u.KeyHeld > 0 {
 		out = append(out, fmt.Sprintf("%d waiting for their key", u.KeyHeld))
 	}
 	return out
@@ -795,6 +813,15 @@ func keysRunning(n int) string {
 		return "1 key running"
 	}
 	return fmt.Sprintf("%d keys running", n)
+}
+
+// keysRated says how many keys have used their rate's window: "1 key at
+// its rate", "3 keys at their rate".
+func keysRated(n int) string {
+	if n == 1 {
+		return "1 key at its rate"
+	}
+	return fmt.Sprintf("%d keys at their rate", n)
 }
 
 // queueRE is conveyor's rule for queue names.

@@ -169,3 +169,26 @@ func TestBatchAndResultPages(t *testing.T) {
 		t.Errorf("batch page without credentials: %d", res.status)
 	}
 }
+
+// TestQueuesAwaitingDependencies: the jobs of a workflow waiting for
+// their dependencies are counted by their queue in the queues list and
+// shown on the queues page; a queue with only such jobs is listed.
+func TestQueuesAwaitingDependencies(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
+	e.must(201, req{method: "POST", path: "/api/v1/workflows", auth: adminToken, body: map[string]any{"jobs": []any{
+		map[string]any{"name": "a", "kind": "step", "queue": "first"},
+		map[string]any{"name": "b", "kind": "step", "queue": "second", "depends_on": []string{"a"}},
+		map[string]any{"name": "c", "kind": "step", "queue": "second", "depends_on": []string{"b"}},
+	}}})
+	first, second := e.queueOf("first"), e.queueOf("second")
+	if first.AwaitingDependencies != 0 || first.Counts["available"] != 1 {
+		t.Errorf("queue first: %+v, want a available and nothing awaiting", first)
+	}
+	if second.AwaitingDependencies != 2 || second.Counts["available"] != 0 {
+		t.Errorf("queue second: %+v, want b and c awaiting their dependencies", second)
+	}
+	page := e.must(200, req{method: "GET", path: "/", auth: roToken})
+	if !strings.Contains(string(page.body), ">2 awaiting dependencies</span>") {
+		t.Errorf("queues page lacks the jobs awaiting dependencies")
+	}
+}

@@ -30,6 +30,15 @@ type limitsJSON struct {
 	// OrderedMoveOn, with Ordered, lets a key's next job start while a
 	// failed job of the key waits for its retry.
 	OrderedMoveOn bool `json:"ordered_move_on"`
+	// KeyRate is the most jobs with the same key started per
+	// KeyRatePeriod; 0 for no rate per key.
+	KeyRate int `json:"key_rate"`
+	// KeyRatePeriod is KeyRate's window as a Go duration ("1h"); ""
+	// without a KeyRate.
+	KeyRatePeriod string `json:"key_rate_period"`
+	// KeyRatePeriodMS is KeyRatePeriod in milliseconds; 0 without a
+	// KeyRate.
+	KeyRatePeriodMS int64 `json:"key_rate_period_ms"`
 }
 
 // limitUseJSON is how much of a queue's limits is in use
@@ -48,6 +57,9 @@ type limitUseJSON struct {
 	// KeyHeld is how many due available jobs wait because their key has
 	// no slot free for them; 0 without key limits.
 	KeyHeld int64 `json:"key_held"`
+	// KeysRated is how many keys have used their whole key_rate in its
+	// window; 0 without a rate per key.
+	KeysRated int `json:"keys_rated"`
 }
 
 // limitsRequest is the body of PUT /api/v1/queues/{queue}/limits. Every
@@ -67,6 +79,14 @@ type limitsRequest struct {
 	Ordered       bool `json:"ordered"`
 	// OrderedMoveOn needs Ordered.
 	OrderedMoveOn bool `json:"ordered_move_on"`
+	// KeyRate is the most jobs with the same key started per
+	// KeyRatePeriod, 0 to 100000.
+	KeyRate int `json:"key_rate"`
+	// KeyRatePeriod is a Go duration string, as RatePeriod.
+	KeyRatePeriod *string `json:"key_rate_period"`
+	// KeyRatePeriodMS is the period in milliseconds, instead of
+	// KeyRatePeriod (or with it, when both say the same).
+	KeyRatePeriodMS *int64 `json:"key_rate_period_ms"`
 }
 
 // limits converts the request, refusing a period that is not a
@@ -74,25 +94,39 @@ type limitsRequest struct {
 // (conveyor.ErrInvalidOpts).
 func (in limitsRequest) limits() (conveyor.QueueLimits, error) {
 	l := conveyor.QueueLimits{MaxRunning: in.MaxRunning, Rate: in.Rate,
-		KeyMaxRunning: in.KeyMaxRunning, Ordered: in.Ordered, OrderedMoveOn: in.OrderedMoveOn}
-	if in.RatePeriod != nil && *in.RatePeriod != "" {
-		d, err := time.ParseDuration(*in.RatePeriod)
-		if err != nil {
-			return l, fmt.Errorf("rate_period %q is not a duration: write it as Go does, such as 1m, 30s or 250ms", *in.RatePeriod)
-		}
-		l.RatePeriod = d
+		KeyMaxRunning: in.KeyMaxRunning, Ordered: in.Ordered, OrderedMoveOn: in.OrderedMoveOn, KeyRate: in.KeyRate}
+	var err error
+	if l.RatePeriod, err = period("rate_period", in.RatePeriod, in.RatePeriodMS); err != nil {
+		return l, err
 	}
-	if ms := in.RatePeriodMS; ms != nil {
-		if *ms < 0 || *ms > int64(maxRatePeriodMS) {
-			return l, fmt.Errorf("rate_period_ms %d: must be 1 to %d", *ms, maxRatePeriodMS)
-		}
-		d := time.Duration(*ms) * time.Millisecond
-		if in.RatePeriod != nil && *in.RatePeriod != "" && d != l.RatePeriod {
-			return l, fmt.Errorf("rate_period %q and rate_period_ms %d differ: send one", *in.RatePeriod, *ms)
-		}
-		l.RatePeriod = d
+	if l.KeyRatePeriod, err = period("key_rate_period", in.KeyRatePeriod, in.KeyRatePeriodMS); err != nil {
+		return l, err
 	}
 	return l, nil
+}
+
+// period reads a rate's window given as a duration string (field name),
+// in milliseconds (name_ms), or both when they say the same; 0 when
+// neither is given.
+func period(name string, s *string, ms *int64) (time.Duration, error) {
+	var d time.Duration
+	if s != nil && *s != "" {
+		var err error
+		if d, err = time.ParseDuration(*s); err != nil {
+			return 0, fmt.Errorf("%s %q is not a duration: write it as Go does, such as 1m, 30s or 250ms", name, *s)
+		}
+	}
+	if ms != nil {
+		if *ms < 0 || *ms > int64(maxRatePeriodMS) {
+			return 0, fmt.Errorf("%s_ms %d: must be 1 to %d", name, *ms, maxRatePeriodMS)
+		}
+		m := time.Duration(*ms) * time.Millisecond
+		if s != nil && *s != "" && m != d {
+			return 0, fmt.Errorf("%s %q and %s_ms %d differ: send one", name, *s, name, *ms)
+		}
+		d = m
+	}
+	return d, nil
 }
 
 // maxRatePeriodMS bounds rate_period_ms before it is converted (the
@@ -114,6 +148,11 @@ func toLimitsJSON(l *conveyor.QueueLimits) *limitsJSON {
 		out.RatePeriod = shortDuration(l.RatePeriod)
 		out.RatePeriodMS = l.RatePeriod.Milliseconds()
 	}
+	if l.KeyRate > 0 {
+		out.KeyRate = l.KeyRate
+		out.KeyRatePeriod = shortDuration(l.KeyRatePeriod)
+		out.KeyRatePeriodMS = l.KeyRatePeriod.Milliseconds()
+	}
 	return out
 }
 
@@ -122,7 +161,7 @@ func toLimitUseJSON(u *conveyor.LimitUse) *limitUseJSON {
 		return nil
 	}
 	return &limitUseJSON{Running: u.Running, Started: u.Started, NextStartMS: u.NextStart.Milliseconds(),
-		KeysRunning: u.KeysRunning, KeyHeld: u.KeyHeld}
+		KeysRunning: u.KeysRunning, KeyHeld: u.KeyHeld, KeysRated: u.KeysRated}
 }
 
 // shortDuration is d as time.ParseDuration reads it, without the zero

@@ -20,7 +20,7 @@ const (
 	maxRatePeriod = 30 * 24 * time.Hour
 )
 
-const limitsSynopsis = "limits [--json] | limits set QUEUE [--max-running N] [--rate N --per DURATION] [--key-max-running N] [--ordered[=false]] [--ordered-move-on[=false]] [--allow-unknown-queue] | limits clear QUEUE"
+const limitsSynopsis = "limits [--json] | limits set QUEUE [--max-running N] [--rate N --per DURATION] [--key-max-running N] [--ordered[=false]] [--ordered-move-on[=false]] [--key-rate N --key-rate-period DURATION] [--allow-unknown-queue] | limits clear QUEUE"
 
 // limitsFlags are the flags of limits and its subcommands, parsed in one
 // set so that they may come before or after the subcommand.
@@ -32,6 +32,8 @@ type limitsFlags struct {
 	keyMaxRunning int
 	ordered       bool
 	moveOn        bool
+	keyRate       int
+	keyPer        time.Duration
 	set           map[string]bool // the flags given
 }
 
@@ -44,7 +46,8 @@ func limitsCmd(e *env, args []string) error {
 		"at once (--max-running), at most N jobs started per DURATION (--rate with --per), at most N\n" +
 		"jobs with the same key (enqueue --key) running at once (--key-max-running), each key's jobs\n" +
 		"one at a time in enqueue order, a failed job holding its key until its retry ends (--ordered),\n" +
-		"or letting the key's next job start meanwhile (--ordered-move-on, which implies --ordered).\n" +
+		"or letting the key's next job start meanwhile (--ordered-move-on, which implies --ordered),\n" +
+		"at most N jobs with the same key started per DURATION (--key-rate with --key-rate-period).\n" +
 		"Only the limits given change; 0 (or =false) removes one. Jobs over a limit wait in the queue;\n" +
 		"running jobs go on.\n" +
 		"A queue exists when the database holds a job of it, a live process works it, or it is paused\n" +
@@ -58,6 +61,8 @@ func limitsCmd(e *env, args []string) error {
 	f.IntVar(&o.keyMaxRunning, "key-max-running", 0, "set: most jobs with the same key running at once across every process, 0 for no limit per key (0 to 100000; 0 or 1 with --ordered)")
 	f.BoolVar(&o.ordered, "ordered", false, "set: run each key's jobs one at a time in enqueue order; a failed job waiting for its retry holds its key (--ordered=false removes it, and the one job per key it implies)")
 	f.BoolVar(&o.moveOn, "ordered-move-on", false, "set: with --ordered (implied), let a key's next job start while a failed job of the key waits for its retry")
+	f.IntVar(&o.keyRate, "key-rate", 0, "set: most jobs with the same key started per --key-rate-period, 0 for no rate per key (0 to 100000)")
+	f.DurationVar(&o.keyPer, "key-rate-period", 0, "set: the rate per key's `window`, such as 1s, 1m or 1h (1ms to 720h); with --key-rate")
 	f.BoolVar(&o.allow, "allow-unknown-queue", false, "set: limit a queue that has no job, no live process, no pause and no limits yet (before its first use)")
 	pos, err := e.parse(f, args)
 	if err != nil {
@@ -84,7 +89,7 @@ func limitsCmd(e *env, args []string) error {
 		}
 		return limitsList(e, o)
 	case "set":
-		if err := only("limits set", "max-running", "rate", "per", "key-max-running", "ordered", "ordered-move-on", "allow-unknown-queue"); err != nil {
+		if err := only("limits set", "max-running", "rate", "per", "key-max-running", "ordered", "ordered-move-on", "key-rate", "key-rate-period", "allow-unknown-queue"); err != nil {
 			return err
 		}
 		return limitsSet(e, o, pos)
@@ -128,7 +133,7 @@ func limitsList(e *env, o limitsFlags) error {
 		return json.NewEncoder(e.stdout).Encode(out)
 	}
 	if len(limited) == 0 {
-		fmt.Fprintln(e.stdout, "no queue has limits (conveyor limits set QUEUE --max-running N | --rate N --per DURATION | --key-max-running N | --ordered)")
+		fmt.Fprintln(e.stdout, "no queue has limits (conveyor limits set QUEUE --max-running N | --rate N --per DURATION | --key-max-running N | --ordered | --key-rate N --key-rate-period DURATION)")
 		return nil
 	}
 	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
@@ -152,8 +157,10 @@ func limitsSet(e *env, o limitsFlags, pos []string) error {
 	switch {
 	case set["per"] && !set["rate"]:
 		return usageError(cmd, "--per is the window of --rate: give --rate N with it")
-	case !set["max-running"] && !set["rate"] && !set["key-max-running"] && !set["ordered"] && !set["ordered-move-on"]:
-		return usageError(cmd, "give --max-running N, or --rate N with --per DURATION, or --key-max-running N, --ordered or --ordered-move-on (limits clear removes every limit)")
+	case set["key-rate-period"] && !set["key-rate"]:
+		return usageError(cmd, "--key-rate-period is the window of --key-rate: give --key-rate N with it")
+	case !set["max-running"] && !set["rate"] && !set["key-max-running"] && !set["ordered"] && !set["ordered-move-on"] && !set["key-rate"]:
+		return usageError(cmd, "give --max-running N, or --rate N with --per DURATION, or --key-max-running N, --ordered, --ordered-move-on, or --key-rate N with --key-rate-period DURATION (limits clear removes every limit)")
 	case set["key-max-running"] && (o.keyMaxRunning < 0 || o.keyMaxRunning > maxLimitSlots):
 		return usageError(cmd, fmt.Sprintf("--key-max-running %d: must be 0 (no limit) to %d", o.keyMaxRunning, maxLimitSlots))
 	case set["ordered"] && !o.ordered && set["ordered-move-on"] && o.moveOn:
@@ -170,6 +177,14 @@ func limitsSet(e *env, o limitsFlags, pos []string) error {
 		return usageError(cmd, "--per is for --rate N above 0 (--rate 0 removes the rate limit)")
 	case set["per"] && (o.per < time.Millisecond || o.per > maxRatePeriod):
 		return usageError(cmd, fmt.Sprintf("--per %v: must be 1ms to %s", o.per, shortDuration(maxRatePeriod)))
+	case set["key-rate"] && (o.keyRate < 0 || o.keyRate > maxLimitSlots):
+		return usageError(cmd, fmt.Sprintf("--key-rate %d: must be 0 (no rate per key) to %d", o.keyRate, maxLimitSlots))
+	case o.keyRate > 0 && !set["key-rate-period"]:
+		return usageError(cmd, fmt.Sprintf("--key-rate %d needs --key-rate-period DURATION, its window (such as --key-rate-period 1h)", o.keyRate))
+	case set["key-rate"] && o.keyRate == 0 && set["key-rate-period"]:
+		return usageError(cmd, "--key-rate-period is for --key-rate N above 0 (--key-rate 0 removes the rate per key)")
+	case set["key-rate-period"] && (o.keyPer < time.Millisecond || o.keyPer > maxRatePeriod):
+		return usageError(cmd, fmt.Sprintf("--key-rate-period %v: must be 1ms to %s", o.keyPer, shortDuration(maxRatePeriod)))
 	}
 	c, err := e.open(false)
 	if err != nil {
@@ -195,6 +210,9 @@ func limitsSet(e *env, o limitsFlags, pos []string) error {
 	}
 	if set["rate"] {
 		l.Rate, l.RatePeriod = o.rate, o.per
+	}
+	if set["key-rate"] {
+		l.KeyRate, l.KeyRatePeriod = o.keyRate, o.keyPer
 	}
 	if l.Ordered {
 		// An ordered queue's key limit is the 1 that Ordered implies (a
@@ -324,6 +342,9 @@ func limitsText(l conveyor.QueueLimits) string {
 	case l.KeyMaxRunning > 0:
 		parts = append(parts, fmt.Sprintf("at most %d running per key", l.KeyMaxRunning))
 	}
+	if l.KeyRate > 0 {
+		parts = append(parts, fmt.Sprintf("at most %d started per key per %s", l.KeyRate, shortDuration(l.KeyRatePeriod)))
+	}
 	return strings.Join(parts, ", ")
 }
 
@@ -348,8 +369,10 @@ func limitUseText(q conveyor.QueueStats) (running, rate string) {
 }
 
 // keyUseText is a queue's use of its key limits: "2 per key: 3 keys
-// running", "ordered by key: 1 key running", with ", 4 waiting for their
-// key" when jobs wait for their key; "" without key limits.
+// running", "ordered by key: 1 key running", "5 per key per 1h: 2 keys
+// at their rate" (joined by ", " when the queue has both), with ", 4
+// waiting for their key" when jobs wait for their key; "" without key
+// limits.
 func keyUseText(q conveyor.QueueStats) string {
 	if q.Limits == nil {
 		return ""
@@ -362,17 +385,26 @@ func keyUseText(q conveyor.QueueStats) string {
 	if u.KeysRunning == 1 {
 		keys = "1 key running"
 	}
-	var s string
+	var parts []string
 	switch {
 	case l.Ordered && l.OrderedMoveOn:
-		s = "ordered by key, moving on: " + keys
+		parts = append(parts, "ordered by key, moving on: "+keys)
 	case l.Ordered:
-		s = "ordered by key: " + keys
+		parts = append(parts, "ordered by key: "+keys)
 	case l.KeyMaxRunning > 0:
-		s = fmt.Sprintf("%d per key: %s", l.KeyMaxRunning, keys)
-	default:
+		parts = append(parts, fmt.Sprintf("%d per key: %s", l.KeyMaxRunning, keys))
+	}
+	if l.KeyRate > 0 {
+		rated := fmt.Sprintf("%d keys at their rate", u.KeysRated)
+		if u.KeysRated == 1 {
+			rated = "1 key at its rate"
+		}
+		parts = append(parts, fmt.Sprintf("%d per key per %s: %s", l.KeyRate, shortDuration(l.KeyRatePeriod), rated))
+	}
+	if len(parts) == 0 {
 		return ""
 	}
+	s := strings.Join(parts, ", ")
 	if u.KeyHeld > 0 {
 		s += fmt.Sprintf(", %d waiting for their key", u.KeyHeld)
 	}
@@ -413,6 +445,11 @@ type limitsJSON struct {
 	KeyMaxRunning int  `json:"key_max_running"`
 	Ordered       bool `json:"ordered"`
 	OrderedMoveOn bool `json:"ordered_move_on"`
+	// KeyRate is the most jobs with the same key started per
+	// KeyRatePeriod (a Go duration, "" without a rate per key).
+	KeyRate         int    `json:"key_rate"`
+	KeyRatePeriod   string `json:"key_rate_period"`
+	KeyRatePeriodMS int64  `json:"key_rate_period_ms"`
 }
 
 // limitUseJSON is a queue's use of its limits.
@@ -424,6 +461,9 @@ type limitUseJSON struct {
 	// available jobs wait for their key.
 	KeysRunning int   `json:"keys_running"`
 	KeyHeld     int64 `json:"key_held"`
+	// KeysRated is how many keys have used their whole KeyRate in its
+	// window.
+	KeysRated int `json:"keys_rated"`
 }
 
 // queueStatsJSON is one queue of stats --json and limits --json.
@@ -440,10 +480,13 @@ type queueStatsJSON struct {
 	// Held is why available jobs wait ("paused", "concurrency",
 	// "rate", "key"); null when nothing holds them.
 	Held *string `json:"held"`
+	// AwaitingDependencies is how many jobs of the queue wait for their
+	// dependencies (batch callbacks and workflow jobs not enqueued yet).
+	AwaitingDependencies int64 `json:"awaiting_dependencies"`
 }
 
 func toQueueStatsJSON(x conveyor.QueueStats) queueStatsJSON {
-	q := queueStatsJSON{Queue: x.Queue, Counts: x.Counts}
+	q := queueStatsJSON{Queue: x.Queue, Counts: x.Counts, AwaitingDependencies: x.AwaitingDependencies}
 	if x.Counts[conveyor.JobStateAvailable] > 0 {
 		q.OldestAvailableMS = ptr(x.OldestAvailable.Milliseconds())
 	}
@@ -459,10 +502,14 @@ func toQueueStatsJSON(x conveyor.QueueStats) queueStatsJSON {
 		if l.Rate > 0 {
 			q.Limits.RatePeriod, q.Limits.RatePeriodMS = shortDuration(l.RatePeriod), l.RatePeriod.Milliseconds()
 		}
+		if l.KeyRate > 0 {
+			q.Limits.KeyRate = l.KeyRate
+			q.Limits.KeyRatePeriod, q.Limits.KeyRatePeriodMS = shortDuration(l.KeyRatePeriod), l.KeyRatePeriod.Milliseconds()
+		}
 	}
 	if u := x.LimitUse; u != nil {
 		q.LimitUse = &limitUseJSON{Running: u.Running, Started: u.Started, NextStartMS: u.NextStart.Milliseconds(),
-			KeysRunning: u.KeysRunning, KeyHeld: u.KeyHeld}
+			KeysRunning: u.KeysRunning, KeyHeld: u.KeyHeld, KeysRated: u.KeysRated}
 	}
 	if x.Held != "" {
 		q.Held = ptr(x.Held)

@@ -128,6 +128,16 @@ func TestLimitsBadInput(t *testing.T) {
 		{[]string{"limits", "set", "q", "--ordered=maybe"}, `invalid boolean value "maybe" for --ordered`},
 		{[]string{"limits", "--ordered"}, "--ordered does not apply to limits"},
 		{[]string{"limits", "clear", "q", "--key-max-running", "1"}, "--key-max-running does not apply to limits clear"},
+		{[]string{"limits", "set", "q", "--key-rate", "-1", "--key-rate-period", "1h"}, "limits set: --key-rate -1: must be 0 (no rate per key) to 100000"},
+		{[]string{"limits", "set", "q", "--key-rate", "100001", "--key-rate-period", "1h"}, "--key-rate 100001: must be 0 (no rate per key) to 100000"},
+		{[]string{"limits", "set", "q", "--key-rate", "3"}, "--key-rate 3 needs --key-rate-period DURATION"},
+		{[]string{"limits", "set", "q", "--key-rate-period", "1h"}, "--key-rate-period is the window of --key-rate"},
+		{[]string{"limits", "set", "q", "--key-rate", "0", "--key-rate-period", "1h"}, "--key-rate-period is for --key-rate N above 0"},
+		{[]string{"limits", "set", "q", "--key-rate", "3", "--key-rate-period", "0s"}, "--key-rate-period 0s: must be 1ms to 720h"},
+		{[]string{"limits", "set", "q", "--key-rate", "3", "--key-rate-period", "721h"}, "--key-rate-period 721h0m0s: must be 1ms to 720h"},
+		{[]string{"limits", "set", "q", "--key-rate", "3", "--key-rate-period", "hourly"}, `invalid value "hourly" for flag --key-rate-period`},
+		{[]string{"limits", "--key-rate", "3"}, "--key-rate does not apply to limits"},
+		{[]string{"limits", "clear", "q", "--key-rate-period", "1h"}, "--key-rate-period does not apply to limits clear"},
 	} {
 		_, _, err := cli(t, "", tc.args...)
 		oneLineErr(t, tc.args, err, tc.want)
@@ -148,8 +158,8 @@ func TestLimitsText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `"limits":{"max_running":5,"rate":10,"rate_period":"1m30s","rate_period_ms":90000,"key_max_running":0,"ordered":false,"ordered_move_on":false},` +
-		`"limit_use":{"running":3,"started":10,"next_start_ms":1500,"keys_running":0,"key_held":0},"held":"rate"`
+	want := `"limits":{"max_running":5,"rate":10,"rate_period":"1m30s","rate_period_ms":90000,"key_max_running":0,"ordered":false,"ordered_move_on":false,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0},` +
+		`"limit_use":{"running":3,"started":10,"next_start_ms":1500,"keys_running":0,"key_held":0,"keys_rated":0},"held":"rate"`
 	if !strings.Contains(string(b), want) {
 		t.Errorf("JSON %s lacks %s", b, want)
 	}
@@ -174,6 +184,10 @@ func TestKeyLimitsText(t *testing.T) {
 		{conveyor.QueueLimits{KeyMaxRunning: 1, Ordered: true, OrderedMoveOn: true}, conveyor.LimitUse{},
 			"each key's jobs one at a time in enqueue order, moving on past a failed job waiting for its retry", "ordered by key, moving on: 0 keys running"},
 		{conveyor.QueueLimits{MaxRunning: 5}, conveyor.LimitUse{}, "at most 5 running", ""},
+		{conveyor.QueueLimits{KeyRate: 3, KeyRatePeriod: time.Hour}, conveyor.LimitUse{KeysRated: 2, KeyHeld: 14},
+			"at most 3 started per key per 1h", "3 per key per 1h: 2 keys at their rate, 14 waiting for their key"},
+		{conveyor.QueueLimits{KeyMaxRunning: 1, KeyRate: 5, KeyRatePeriod: 90 * time.Second}, conveyor.LimitUse{KeysRunning: 1, KeysRated: 1},
+			"at most 1 running per key, at most 5 started per key per 1m30s", "1 per key: 1 key running, 5 per key per 1m30s: 1 key at its rate"},
 	} {
 		if got := limitsText(c.l); got != c.text {
 			t.Errorf("limitsText(%+v) = %q, want %q", c.l, got, c.text)
@@ -193,8 +207,18 @@ func TestKeyLimitsText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `"limits":{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":1,"ordered":true,"ordered_move_on":false},` +
-		`"limit_use":{"running":0,"started":0,"next_start_ms":0,"keys_running":2,"key_held":4},"held":"key"`
+	want := `"limits":{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":1,"ordered":true,"ordered_move_on":false,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0},` +
+		`"limit_use":{"running":0,"started":0,"next_start_ms":0,"keys_running":2,"key_held":4,"keys_rated":0},"held":"key"`
+	if !strings.Contains(string(b), want) {
+		t.Errorf("JSON %s lacks %s", b, want)
+	}
+	q.Limits = &conveyor.QueueLimits{KeyRate: 3, KeyRatePeriod: time.Hour}
+	q.LimitUse = &conveyor.LimitUse{KeyHeld: 14, KeysRated: 2}
+	if b, err = json.Marshal(toQueueStatsJSON(q)); err != nil {
+		t.Fatal(err)
+	}
+	want = `"limits":{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":0,"ordered":false,"ordered_move_on":false,"key_rate":3,"key_rate_period":"1h","key_rate_period_ms":3600000},` +
+		`"limit_use":{"running":0,"started":0,"next_start_ms":0,"keys_running":0,"key_held":14,"keys_rated":2},"held":"key"`
 	if !strings.Contains(string(b), want) {
 		t.Errorf("JSON %s lacks %s", b, want)
 	}
@@ -282,5 +306,115 @@ func TestKeyLimitsCommand(t *testing.T) {
 		s.Queues[0].LimitUse == nil || s.Queues[0].LimitUse.KeysRunning != 2 || s.Queues[0].LimitUse.KeyHeld != 2 ||
 		s.Queues[0].Held == nil || *s.Queues[0].Held != conveyor.HeldByKey {
 		t.Fatalf("stats --json: %+v", s.Queues)
+	}
+}
+
+// TestKeyRateCommand: limits set takes a rate per key (only the flags
+// given change; --key-rate 0 removes it), and limits and stats show the
+// keys at their rate and the jobs waiting for their key. On SQLite,
+// whose driver stores rates per key.
+func TestKeyRateCommand(t *testing.T) {
+	inEmptyDir(t)
+	dsn := filepath.Join(t.TempDir(), "q.db")
+	db := []string{"--db", dsn}
+	run := func(args ...string) string { t.Helper(); return mustCLI(t, append(args, db...)...) }
+	run("migrate")
+	for _, k := range []string{"acme", "acme", "acme", "globex"} {
+		run("enqueue", "--kind", "k", "--queue", "partners", "--key", k, "--allow-unknown-kinds")
+	}
+	out := run("limits", "set", "partners", "--key-rate", "2", "--key-rate-period", "1h")
+	if out != "queue partners is limited in every process: at most 2 started per key per 1h (conveyor limits clear partners removes the limits)\n" {
+		t.Errorf("limits set --key-rate printed %q", out)
+	}
+	if out := run("limits", "set", "partners", "--max-running", "10"); !strings.Contains(out, ": at most 10 running, at most 2 started per key per 1h (") {
+		t.Errorf("limits set --max-running kept the rate per key? %q", out)
+	}
+	c, err := connect.Open(t.Context(), dsn, &conveyor.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if l, err := c.QueueLimits(t.Context()); err != nil || l["partners"] != (conveyor.QueueLimits{MaxRunning: 10, KeyRate: 2, KeyRatePeriod: time.Hour}) {
+		t.Fatalf("the client reads %+v, %v", l["partners"], err)
+	}
+
+	// Two of acme's jobs start in the window, globex's one: acme's third
+	// waits for its key.
+	n := 0
+	for range 2 {
+		claimed, err := c.RemoteWorkers().Claim(t.Context(), conveyor.RemoteClaim{Queue: "partners", Limit: 10, Lease: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += len(claimed)
+	}
+	if n != 3 {
+		t.Fatalf("claimed %d jobs, want acme's first two and globex's", n)
+	}
+	if out := run("limits"); !regexp.MustCompile(`(?m)^partners +3/10 +- +2 per key per 1h: 1 key at its rate, 1 waiting for their key +1 +key$`).MatchString(out) {
+		t.Errorf("limits printed:\n%s", out)
+	}
+	if out := run("stats"); !regexp.MustCompile(`(?m)^partners .* running 3/10, 2 per key per 1h: 1 key at its rate, 1 waiting for their key +key$`).MatchString(out) {
+		t.Errorf("stats printed:\n%s", out)
+	}
+	var s struct {
+		Queues []queueStatsJSON `json:"queues"`
+	}
+	if err := json.Unmarshal([]byte(run("stats", "--json")), &s); err != nil {
+		t.Fatal(err)
+	}
+	want := limitsJSON{MaxRunning: 10, KeyRate: 2, KeyRatePeriod: "1h", KeyRatePeriodMS: 3_600_000}
+	if len(s.Queues) != 1 || s.Queues[0].Limits == nil || *s.Queues[0].Limits != want || s.Queues[0].LimitUse == nil ||
+		s.Queues[0].LimitUse.KeysRated != 1 || s.Queues[0].LimitUse.KeyHeld != 1 {
+		t.Fatalf("stats --json: %+v", s.Queues)
+	}
+
+	if out := run("limits", "set", "partners", "--key-rate", "0"); !strings.HasSuffix(out, ": at most 10 running (conveyor limits clear partners removes the limits)\n") {
+		t.Errorf("limits set --key-rate 0 printed %q", out)
+	}
+	if l, err := c.QueueLimits(t.Context()); err != nil || l["partners"] != (conveyor.QueueLimits{MaxRunning: 10}) {
+		t.Fatalf("after --key-rate 0 the client reads %+v, %v", l["partners"], err)
+	}
+}
+
+// TestStatsAwaitingDependencies: stats counts, per queue, the jobs of a
+// workflow waiting for their dependencies, in both shapes; a queue with
+// only such jobs is listed. On SQLite.
+func TestStatsAwaitingDependencies(t *testing.T) {
+	inEmptyDir(t)
+	dsn := filepath.Join(t.TempDir(), "q.db")
+	db := []string{"--db", dsn}
+	mustCLI(t, append([]string{"migrate"}, db...)...)
+	c, err := connect.Open(t.Context(), dsn, &conveyor.Config{AllowUnregisteredKinds: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	step := func(q string) *conveyor.EnqueueOpts { return &conveyor.EnqueueOpts{Queue: q} }
+	args := conveyor.RawArgs{KindName: "step", JSON: json.RawMessage(`{}`)}
+	if _, err := c.EnqueueWorkflow(t.Context(), []conveyor.WorkflowJob{
+		{Name: "a", Args: args, Opts: step("first")},
+		{Name: "b", Args: args, Opts: step("second"), DependsOn: []string{"a"}},
+		{Name: "c", Args: args, Opts: step("second"), DependsOn: []string{"b"}},
+	}, nil); err != nil {
+		t.Fatal(err)
+	}
+	out := mustCLI(t, append([]string{"stats"}, db...)...)
+	if !strings.Contains(out, "AWAITING DEPENDENCIES") ||
+		!regexp.MustCompile(`(?m)^first +1( +0){6} +0 `).MatchString(out) || !regexp.MustCompile(`(?m)^second( +0){7} +2 `).MatchString(out) {
+		t.Errorf("stats printed:\n%s", out)
+	}
+	var s struct {
+		Queues []queueStatsJSON `json:"queues"`
+	}
+	if err := json.Unmarshal([]byte(mustCLI(t, append([]string{"stats", "--json"}, db...)...)), &s); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	for _, q := range s.Queues {
+		got[q.Queue] = q.AwaitingDependencies
+	}
+	if len(got) != 2 || got["first"] != 0 || got["second"] != 2 {
+		t.Errorf("stats --json: awaiting dependencies %v, want first 0, second 2", got)
 	}
 }

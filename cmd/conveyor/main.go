@@ -49,15 +49,17 @@ commands:
   batch ID [--json]       inspect one batch: its jobs' states and results, its callback
   retry ID | cancel ID | discard ID
   stats [--json]          per queue: counts by state, age of the oldest available job, paused since,
-                          limits and their use (keys running), what holds its jobs (held: key)
+                          limits and their use (keys running, keys at their rate), what holds its jobs (held: key)
   schedules [--json]      the periodic schedules: latest slot and job, next slot
   pause QUEUE [--allow-unknown-queue] | resume QUEUE
                           stop and restart claims of a queue in every process (running jobs finish)
   limits [--json] | limits set QUEUE [--max-running N] [--rate N --per DURATION] [--key-max-running N]
-        [--ordered[=false]] [--ordered-move-on[=false]] | limits clear QUEUE
+        [--ordered[=false]] [--ordered-move-on[=false]] [--key-rate N --key-rate-period DURATION]
+        | limits clear QUEUE
                           the limited queues, their use and what holds them; set or clear a queue's limits
                           (jobs running at once, jobs started per window, jobs running at once per key,
-                          each key's jobs one at a time in order) for every process
+                          each key's jobs one at a time in order, jobs started per window per key) for
+                          every process
   serve [--listen ADDR] [--token-file F] [--read-only-token-file F] [--basic-auth-file F] [--insecure-loopback-dev]
         [--unknown-kinds warn|refuse|allow] [--metrics=false]
                           the dashboard, the HTTP/JSON API (worker protocol included) and /metrics for

@@ -48,12 +48,13 @@ func statsCmd(e *env, args []string) error {
 	for _, st := range conveyor.JobStates() {
 		fmt.Fprintf(w, "\t%s", strings.ToUpper(string(st)))
 	}
-	fmt.Fprintln(w, "\tOLDEST AVAILABLE\tPAUSED SINCE\tLIMITS\tHELD")
+	fmt.Fprintln(w, "\tAWAITING DEPENDENCIES\tOLDEST AVAILABLE\tPAUSED SINCE\tLIMITS\tHELD")
 	for _, x := range s.Queues {
 		fmt.Fprintf(w, "%s", x.Queue)
 		for _, st := range conveyor.JobStates() {
 			fmt.Fprintf(w, "\t%d", x.Counts[st])
 		}
+		fmt.Fprintf(w, "\t%d", x.AwaitingDependencies)
 		oldest := "-"
 		if x.Counts[conveyor.JobStateAvailable] > 0 {
 			oldest = x.OldestAvailable.Round(time.Millisecond).String()

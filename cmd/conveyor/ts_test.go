@@ -4,10 +4,10 @@ package main
 // serve`, on every reachable backend: a TypeScript worker drains jobs Go
 // enqueued (their metadata included), a Go worker runs jobs the TypeScript
 // client enqueued, metadata the TypeScript client enqueued is what
-// `conveyor job --json` prints, job keys and key limits go both ways (when
-// the database stores keys), and a stale worker's acknowledgements are
-// refused with 409 (the scenarios are
-// in clients/typescript/test/server.test.ts; this test sets them up and
+// `conveyor job --json` prints, job keys and key limits go both ways, a
+// rate per key holds each key (when the database stores it), and a stale
+// worker's acknowledgements are refused with 409 (the scenarios are in
+// clients/typescript/test/server.test.ts; this test sets them up and
 // checks the database afterwards); and, once, the worker's lease safety
 // against a fake server (clients/typescript/test/lease.test.ts, no
 // database). Locally it skips, saying why, when Node.js 20+ and npm are
@@ -174,6 +174,14 @@ func runTS(t *testing.T, node, dir, dsn, prefix, base string) {
 		}
 	}()
 
+	// Without stored rates per key, their round trip is the one test
+	// skipped; SQLite must store them.
+	keyRates, skipped := "none", 1
+	if storesKeyRates(t, c) {
+		keyRates, skipped = "stored", 0
+	} else if strings.HasSuffix(dsn, ".db") {
+		t.Error("the SQLite database does not store rates per key")
+	}
 
 	items := make([]conveyor.EnqueueItem, n)
 	for i := range items {
@@ -202,7 +210,8 @@ func runTS(t *testing.T, node, dir, dsn, prefix, base string) {
 		"CONVEYOR_TS_GO_QUEUE=" + goQueue,
 		"CONVEYOR_TS_GO_KIND=" + goEcho{}.Kind(),
 		"CONVEYOR_TS_RESULTS=" + results,
-	}, 0)
+		"CONVEYOR_TS_KEY_RATES=" + keyRates,
+	}, skipped)
 
 	// The TypeScript worker ran each of Go's jobs once, and the database
 	// says so: completed at the first attempt, by an HTTP worker.
@@ -265,6 +274,27 @@ func runTS(t *testing.T, node, dir, dsn, prefix, base string) {
 	if len(ran) != len(enqueued) {
 		t.Errorf("the Go worker ran %d jobs, want the %d the TypeScript client enqueued", len(ran), len(enqueued))
 	}
+}
+
+// storesKeyRates reports whether c's database stores a queue's rate per
+// key (the TypeScript client's round trip of it needs it): it sets one on
+// a queue of its own, reads it back and clears it.
+func storesKeyRates(t *testing.T, c *conveyor.Client[any]) bool {
+	t.Helper()
+	const q = "ts-key-rate-probe"
+	want := conveyor.QueueLimits{KeyRate: 1, KeyRatePeriod: time.Hour}
+	if err := c.SetQueueLimits(t.Context(), q, want); err != nil {
+		t.Logf("the database refuses a rate per key: %v", err)
+		return false
+	}
+	got, err := c.QueueLimits(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetQueueLimits(t.Context(), q, conveyor.QueueLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	return got[q] == want
 }
 
 // runNodeTests runs one compiled test file of the package (dist/test/file)

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 )
 
@@ -294,6 +295,36 @@ type QueueStats struct {
 	// OldestAvailable is the age of the oldest available job by the
 	// database's clock, 0 if none.
 	OldestAvailable time.Duration
+	// AwaitingDependencies is the number of jobs of the queue waiting for
+	// their dependencies: the callbacks of the batches still open (whose
+	// callback is not enqueued yet, a workflow's later steps included),
+	// by the callback's queue. They are not rows of the jobs table yet, so
+	// no state counts them.
+	AwaitingDependencies int64
+}
+
+// WithAwaiting adds to stats (sorted by queue) each queue's count of
+// callbacks of open batches, listing a queue that has only those, and
+// returns the stats sorted by queue.
+func WithAwaiting(stats []QueueStats, awaiting map[string]int64) []QueueStats {
+	if len(awaiting) == 0 {
+		return stats
+	}
+	listed := make(map[string]bool, len(stats))
+	for i := range stats {
+		stats[i].AwaitingDependencies = awaiting[stats[i].Queue]
+		listed[stats[i].Queue] = true
+	}
+	for q, n := range awaiting {
+		if listed[q] {
+			continue
+		}
+		s := NewQueueStats(q)
+		s.AwaitingDependencies = n
+		stats = append(stats, *s)
+	}
+	sort.Slice(stats, func(i, j int) bool { return stats[i].Queue < stats[j].Queue })
+	return stats
 }
 
 // NewQueueStats returns stats for queue with every state counted as 0.

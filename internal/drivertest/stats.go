@@ -115,4 +115,74 @@ func stats(t *testing.T, s suite) {
 			t.Errorf("queue p: %+v", after["p"])
 		}
 	})
+
+	// The jobs waiting for their dependencies are the callbacks of the
+	// open batches, counted by the callback's queue in Stats and Overview
+	// alike (a queue with only those is listed); a fired batch's callback
+	// is a job and counts no more.
+	t.Run("AwaitingDependencies", func(t *testing.T) {
+		d := s.setup(t)
+		_, bids, err := d.InsertBatches(ctx, nil, []driver.InsertParams{job("m", 0), job("m", 0), job("m", 0)}, []driver.BatchParams{
+			{Callback: job("cb", 0), Jobs: []int{0, 1}},
+			{Callback: job("cb", 0), Jobs: []int{2}},
+			{Callback: job("later", 0), Jobs: []int{2}, After: []int{0}},
+		})
+		if err != nil || len(bids) != 3 {
+			t.Fatalf("insert batches: %v %v", bids, err)
+		}
+		check := func(when string, want map[string]int64) {
+			t.Helper()
+			st, err := d.Stats(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ov, err := d.Overview(ctx, time.Now().Add(-time.Hour))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, got := range map[string][]driver.QueueStats{"stats": st, "overview": ov} {
+				by := map[string]int64{}
+				for _, q := range got {
+					if len(q.Counts) != len(driver.AllStates) {
+						t.Errorf("%s %s: %s counts %v lack states", when, name, q.Queue, q.Counts)
+					}
+					by[q.Queue] = q.AwaitingDependencies
+				}
+				for q, n := range want {
+					if n2, ok := by[q]; !ok || n2 != n {
+						t.Errorf("%s: %s of queue %s: %d awaiting dependencies (listed %v), want %d", when, name, q, n2, ok, n)
+					}
+				}
+			}
+		}
+		check("before any member finished", map[string]int64{"cb": 2, "later": 1, "m": 0})
+
+		// Batch 1's members finish and its callback is enqueued: cb has
+		// one job available and one awaiting.
+		claimed, err := d.Claim(ctx, driver.ClaimParams{Queue: "m", Limit: 2, Lease: time.Minute, Worker: "w"})
+		if err != nil || len(claimed) != 2 {
+			t.Fatalf("claim: %d %v", len(claimed), err)
+		}
+		var outs []driver.Outcome
+		for _, c := range claimed {
+			outs = append(outs, driver.Outcome{ID: c.ID, Fence: c.Fence, Attempt: 1, State: driver.StateCompleted})
+		}
+		if _, err := d.Complete(ctx, outs); err != nil {
+			t.Fatal(err)
+		}
+		fired, err := d.FireBatches(ctx, 10)
+		if err != nil || len(fired) != 1 || fired[bids[0]] == 0 {
+			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[0])
+		}
+		check("after the first batch fired", map[string]int64{"cb": 1, "later": 1, "m": 0})
+		st, err := d.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range st {
+			if q.Queue == "cb" && q.Counts[driver.StateAvailable] != 1 {
+				t.Errorf("cb: %v, want its fired callback available", q.Counts)
+			}
+		}
+	})
 }

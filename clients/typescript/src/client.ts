@@ -163,9 +163,11 @@ export interface WorkflowOptions {
   /**
    * What becomes of a job one of whose dependencies was discarded or
    * cancelled: "cancel" (the default) marks it to be cancelled, "run" runs
-   * it once every dependency has finished. Go workers cancel such a job
-   * before its handler runs; a TypeScript handler is given it and checks
-   * its batch (`getBatch(job.batchId)`) itself.
+   * it once every dependency has finished. Workers (Go's and this
+   * package's `Worker`) cancel such a job before its handler runs, failing
+   * it with an error naming the dependency and its state; a program that
+   * drives the worker protocol itself must read the job's batch
+   * (`getBatch(job.batchId)`) and fail it with `cancel: true`.
    */
   onDependencyFailure?: "cancel" | "run";
 }
@@ -259,6 +261,12 @@ export interface QueueLimits {
   ordered: boolean;
   /** With ordered: a key's next job may start while a failed job of the key waits for its retry. */
   orderedMoveOn: boolean;
+  /** The most jobs with the same key started per keyRatePeriod; 0 for no rate per key. */
+  keyRate: number;
+  /** keyRate's window as a Go duration ("1h"); "" without a keyRate. */
+  keyRatePeriod: string;
+  /** keyRatePeriod in milliseconds; 0 without a keyRate. */
+  keyRatePeriodMs: number;
 }
 
 /** Limits to set: a field left out is no limit (setQueueLimits replaces them whole). */
@@ -278,6 +286,14 @@ export interface QueueLimitsInput {
   ordered?: boolean;
   /** With ordered: a key's next job may start while a failed job of the key waits for its retry. */
   orderedMoveOn?: boolean;
+  /**
+   * The most jobs with the same key started in any window of
+   * keyRatePeriod, by the database's clock, 0 to 100000. Every start
+   * counts, whatever its outcome; jobs without a key are not held by it.
+   */
+  keyRate?: number;
+  /** keyRate's window, 1ms to 30 days: a Go duration string ("1h", "30s") or milliseconds; with keyRate only. */
+  keyRatePeriod?: string | number;
 }
 
 /** How much of a queue's limits is in use. */
@@ -290,8 +306,10 @@ export interface LimitUse {
   nextStartMs: number;
   /** Keys holding at least one of their slots (keyMaxRunning, ordered). */
   keysRunning: number;
-  /** Due available jobs waiting because their key has no slot free for them. */
+  /** Due available jobs waiting because their key has no slot free for them, or no room left in its keyRate window. */
   keyHeld: number;
+  /** Keys whose keyRate window is full. */
+  keysRated: number;
 }
 
 /** One queue as GET /api/v1/queues lists it. */
@@ -313,6 +331,11 @@ export interface QueueInfo {
   limitUse: LimitUse | null;
   /** Why its available jobs wait although workers may be free; null when nothing holds them. */
   held: Held | null;
+  /**
+   * Jobs of the queue waiting for their dependencies: batch callbacks and
+   * workflow jobs not enqueued yet, in no state of counts.
+   */
+  awaitingDependencies: number;
 }
 
 export interface ClientOptions {
@@ -432,6 +455,9 @@ interface WireLimits {
   key_max_running?: number;
   ordered?: boolean;
   ordered_move_on?: boolean;
+  key_rate?: number;
+  key_rate_period?: string;
+  key_rate_period_ms?: number;
 }
 
 interface WireQueue {
@@ -443,8 +469,9 @@ interface WireQueue {
   processes: number;
   unworked: boolean;
   limits?: WireLimits | null;
-  limit_use?: { running: number; started: number; next_start_ms: number; keys_running?: number; key_held?: number } | null;
+  limit_use?: { running: number; started: number; next_start_ms: number; keys_running?: number; key_held?: number; keys_rated?: number } | null;
   held?: Held | null;
+  awaiting_dependencies?: number;
 }
 
 function limitsFromWire(w: WireLimits | null | undefined): QueueLimits | null {
@@ -457,6 +484,9 @@ function limitsFromWire(w: WireLimits | null | undefined): QueueLimits | null {
     keyMaxRunning: w.key_max_running ?? 0,
     ordered: w.ordered ?? false,
     orderedMoveOn: w.ordered_move_on ?? false,
+    keyRate: w.key_rate ?? 0,
+    keyRatePeriod: w.key_rate_period ?? "",
+    keyRatePeriodMs: w.key_rate_period_ms ?? 0,
   };
 }
 
@@ -472,6 +502,9 @@ function limitsToWire(l: QueueLimitsInput): Record<string, unknown> {
   if (l.keyMaxRunning !== undefined) body.key_max_running = l.keyMaxRunning;
   if (l.ordered !== undefined) body.ordered = l.ordered;
   if (l.orderedMoveOn !== undefined) body.ordered_move_on = l.orderedMoveOn;
+  if (l.keyRate !== undefined) body.key_rate = l.keyRate;
+  if (typeof l.keyRatePeriod === "number") body.key_rate_period_ms = l.keyRatePeriod;
+  else if (l.keyRatePeriod !== undefined) body.key_rate_period = l.keyRatePeriod;
   return body;
 }
 
@@ -567,12 +600,15 @@ export class Client {
     return { jobIds: out.job_ids, batchIds: out.batch_ids };
   }
 
-  /** A batch, with every job's state and result (404 when there is none). */
-  async getBatch(id: number): Promise<Batch> {
+  /**
+   * A batch, with every job's state and result (404 when there is none).
+   * Aborting `signal` gives up the request.
+   */
+  async getBatch(id: number, signal?: AbortSignal): Promise<Batch> {
     if (!Number.isSafeInteger(id) || id <= 0) {
       throw new TypeError(`${id} is not a batch id`);
     }
-    const w = await this.request<WireBatch>("GET", `/api/v1/batches/${id}`);
+    const w = await this.request<WireBatch>("GET", `/api/v1/batches/${id}`, undefined, { signal });
     return {
       id: w.id,
       createdAt: w.created_at,
@@ -650,9 +686,11 @@ export class Client {
             nextStartMs: q.limit_use.next_start_ms,
             keysRunning: q.limit_use.keys_running ?? 0,
             keyHeld: q.limit_use.key_held ?? 0,
+            keysRated: q.limit_use.keys_rated ?? 0,
           }
         : null,
       held: q.held ?? null,
+      awaitingDependencies: q.awaiting_dependencies ?? 0,
     }));
   }
 

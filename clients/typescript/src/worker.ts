@@ -406,6 +406,7 @@ export class Worker {
             }, timeout);
           }
           Promise.resolve()
+            .then(() => this.checkDependencies(job, r.ctl.signal))
             .then(() => handler(job, r.ctl.signal))
             .then(resolve, reject)
             .finally(() => r.ctl.signal.removeEventListener("abort", onAbort));
@@ -413,6 +414,7 @@ export class Worker {
         outcome = result instanceof Snooze ? { kind: "snooze", delayMs: result.delayMs } : { kind: "complete", result };
       } catch (err) {
         if (err instanceof Snooze) outcome = { kind: "snooze", delayMs: err.delayMs };
+        else if (err instanceof DependencyFailed) outcome = { kind: "fail", error: err.message, cancel: true };
         else if (err !== undefined && err === r.cutOff) outcome = { kind: "fail", error: r.cutOff.message, cancel: false };
         else outcome = { kind: "fail", ...errorText(err), cancel: err instanceof CancelJob };
       } finally {
@@ -424,6 +426,29 @@ export class Worker {
     if (r.phase !== "running") return; // lost (409) or released by stop: the outcome is not ours to send
     r.phase = "acking";
     await this.ack(r, outcome);
+  }
+
+  /**
+   * Throws a DependencyFailed, before the handler runs, when the job is a
+   * workflow job under the "cancel" policy (the default) one of whose
+   * dependencies did not complete (it was discarded or cancelled, or
+   * retention deleted it), as conveyor's own workers do: the job is then
+   * cancelled, and its own dependents in turn. The dependencies are read
+   * from the job's batch; when that read fails the attempt fails and is
+   * retried.
+   */
+  private async checkDependencies(job: ClaimedJob, signal: AbortSignal): Promise<void> {
+    if (job.metadata?.[cancelOnDependencyFailureKey] !== "1" || job.batchId === null) return;
+    let jobs;
+    try {
+      jobs = (await this.client.getBatch(job.batchId, signal)).jobs;
+    } catch (err) {
+      if (signal.aborted) throw signal.reason;
+      throw new Error(`reading the dependencies of workflow job ${job.id}: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
+    }
+    for (const d of jobs) {
+      if (d.state !== "completed") throw new DependencyFailed(`dependency job ${d.id} is ${d.state || "deleted"}`);
+    }
   }
 
   /**
@@ -547,6 +572,20 @@ export class Worker {
     r.beatTimer = undefined;
     clearTimeout(r.cutTimer);
     r.cutTimer = undefined;
+  }
+}
+
+/**
+ * The metadata key that marks a workflow job to be cancelled instead of
+ * run when a dependency did not complete (the workflow's "cancel" policy).
+ */
+const cancelOnDependencyFailureKey = "conveyor.cancel_on_dependency_failure";
+
+/** Why a workflow job is cancelled before its handler runs: a dependency did not complete. */
+class DependencyFailed extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "DependencyFailed";
   }
 }
 

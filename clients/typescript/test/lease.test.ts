@@ -10,6 +10,9 @@
 // another worker claim the job. Times below are taken by a fetch wrapper
 // as each request leaves the client, so "the last successful renewal's
 // send" is the client's own.
+//
+// At the end, against the same fake server: the worker's check of a
+// workflow job's dependencies before its handler runs.
 
 import test from "node:test";
 import assert from "node:assert/strict";
@@ -375,4 +378,77 @@ test("an acknowledgement that hangs is given up within the lease and sent again"
     await srv.close();
     await worker.stop({ timeoutMs: 1000 });
   }
+});
+
+/** A claimed workflow job (the callback of batch 5); cancel marks it for the "cancel" policy. */
+function workflowJob(cancel: boolean) {
+  const metadata: Record<string, string> = { "conveyor.batch_id": "5" };
+  if (cancel) metadata["conveyor.cancel_on_dependency_failure"] = "1";
+  return { ...wireJob(1), metadata };
+}
+
+/** Runs a worker over one claimed job until it sends an outcome; returns the fake server and whether the handler ran. */
+async function workOne(job: unknown, batch: () => Reply): Promise<{ srv: Fake; ran: boolean }> {
+  let handed = false;
+  const srv = await fakeServer(async (kind, s) => {
+    if (kind === "claim") {
+      if (!handed) {
+        handed = true;
+        return ok({ jobs: [job] });
+      }
+      await sleep(Number(s.body.wait_ms ?? 0));
+      return ok({ jobs: [] });
+    }
+    if (kind === "/api/v1/batches/5") return batch();
+    return ok({});
+  });
+  let ran = false;
+  const worker = new Worker(new Client({ baseUrl: srv.url, token: "t" }), {
+    queue: "q",
+    waitMs: 100,
+    onError: () => {},
+    handlers: { work: () => void (ran = true) },
+  });
+  worker.start();
+  try {
+    assert.ok(await until(() => srv.of("fail").length + srv.of("complete").length > 0, 20_000), "no outcome was sent");
+  } finally {
+    await worker.stop({ timeoutMs: 1000 });
+    await srv.close();
+  }
+  return { srv, ran };
+}
+
+const batchOf = (...jobs: Array<{ id: number; state: string }>) =>
+  ok({ id: 5, created_at: null, finished: true, callback_kind: "work", callback_id: 1, fired_at: null, counts: {}, jobs });
+
+test("a workflow job whose dependency did not complete is failed with cancel, naming it, without running the handler", { timeout: 30_000 }, async () => {
+  for (const [state, said] of [["discarded", "discarded"], ["cancelled", "cancelled"], ["", "deleted"]]) {
+    const { srv, ran } = await workOne(workflowJob(true), () => batchOf({ id: 8, state: "completed" }, { id: 9, state }));
+    assert.equal(ran, false, `the handler ran although dependency 9 is ${said}`);
+    assert.equal(srv.of("complete").length, 0);
+    const f = srv.of("fail")[0];
+    assert.equal(f.body.fence, 7);
+    assert.equal(f.body.cancel, true);
+    assert.equal(f.body.error, `dependency job 9 is ${said}`);
+  }
+});
+
+test("a workflow job whose dependencies completed runs; under the run policy its batch is not read", { timeout: 30_000 }, async () => {
+  let r = await workOne(workflowJob(true), () => batchOf({ id: 8, state: "completed" }, { id: 9, state: "completed" }));
+  assert.equal(r.ran, true);
+  assert.equal(r.srv.of("complete").length, 1);
+  assert.equal(r.srv.of("/api/v1/batches/5").length, 1);
+  r = await workOne(workflowJob(false), () => batchOf({ id: 9, state: "discarded" }));
+  assert.equal(r.ran, true, "a job under the run policy runs whatever its dependencies became");
+  assert.equal(r.srv.of("complete").length, 1);
+  assert.equal(r.srv.of("/api/v1/batches/5").length, 0, "the batch of a job under the run policy was read");
+});
+
+test("a workflow job whose batch cannot be read fails its attempt (retried), without running the handler", { timeout: 30_000 }, async () => {
+  const { srv, ran } = await workOne(workflowJob(true), () => down);
+  assert.equal(ran, false);
+  const f = srv.of("fail")[0];
+  assert.notEqual(f.body.cancel, true, "a failed read cancelled the job");
+  assert.match(String(f.body.error), /^reading the dependencies of workflow job 1: .*503.*database unavailable/);
 });

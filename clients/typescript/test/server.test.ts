@@ -7,6 +7,7 @@
 //                                  each with metadata {"from": "go", "n": its n}
 //   CONVEYOR_TS_GO_QUEUE/KIND      where a Go worker runs what TypeScript enqueues
 //   CONVEYOR_TS_RESULTS            a directory for the ids seen, checked by Go afterwards
+//   CONVEYOR_TS_KEY_RATES          "stored" when the database stores rates per key
 //
 // Without CONVEYOR_URL every test is skipped.
 
@@ -29,6 +30,8 @@ import {
 const env = process.env;
 const url = env.CONVEYOR_URL ?? "";
 const skip = url === "" ? "CONVEYOR_URL not set: run through cmd/conveyor's TestTypeScriptClient" : false;
+// CONVEYOR_TS_KEY_RATES=stored says the server's database stores rates per key.
+const keyRatesSkip = env.CONVEYOR_TS_KEY_RATES === "stored" ? false : "the server's database does not store rates per key";
 const client = new Client({ baseUrl: url || "http://127.0.0.1:1", token: env.CONVEYOR_TOKEN });
 const run = `${Date.now().toString(36)}`; // queue names unique to this run
 
@@ -428,6 +431,8 @@ test("a diamond workflow A -> B, C -> D: each job runs once, D reads B's and C's
   assert.deepEqual(Object.keys(wf.batchIds).sort(), ["B", "C", "D"]);
   const before = await client.getBatch(wf.batchIds.D);
   assert.equal(before.callbackId, null, "D must wait for B and C");
+  await until("B, C and D to be counted as awaiting their dependencies", async () =>
+    (await client.queues()).find((x) => x.queue === queue)?.awaitingDependencies === 3);
   assert.equal(before.callbackKind, "step");
   w.start();
   try {
@@ -448,6 +453,71 @@ test("a diamond workflow A -> B, C -> D: each job runs once, D reads B's and C's
     assert.deepEqual([...ran].sort(), ["A", "B", "C", "D"], "each job runs exactly once");
     assert.equal(ran[0], "A");
     assert.equal(ran[3], "D");
+    assert.deepEqual(errors, []);
+  } finally {
+    await w.stop({ timeoutMs: 2000 });
+  }
+});
+
+test("a workflow job whose dependency did not complete is cancelled by the worker, its handler not run, and its dependents in turn", { skip, timeout: 60_000 }, async () => {
+  const queue = `ts-depfail-${run}`;
+  const ran: string[] = [];
+  const errors: unknown[] = [];
+  const w = quietWorker({
+    queue,
+    concurrency: 2,
+    waitMs: 500,
+    handlers: {
+      boom: () => {
+        ran.push("boom");
+        throw new Error("boom");
+      },
+      nope: () => {
+        ran.push("nope");
+        throw new CancelJob("not worth it");
+      },
+      step: (job: ClaimedJob<{ name: string }>) => {
+        ran.push(job.args.name);
+      },
+    },
+  }, errors);
+  const finished = async (batchId: number): Promise<Job> => {
+    let j: Job | undefined;
+    await until(`the callback of batch ${batchId} to finish`, async () => {
+      const b = await client.getBatch(batchId);
+      if (b.callbackId === null) return false;
+      j = await client.getJob(b.callbackId);
+      return ["completed", "discarded", "cancelled"].includes(j.state);
+    }, 40_000);
+    return j as Job;
+  };
+  // A is discarded (its one attempt fails): B is cancelled, then C
+  // (B's dependent). X is cancelled by its handler: Y is cancelled.
+  const step = (name: string, ...dependsOn: string[]) => ({ name, kind: "step", queue, args: { name }, dependsOn });
+  const wf = await client.enqueueWorkflow([
+    { name: "A", kind: "boom", queue, maxAttempts: 1 },
+    step("B", "A"),
+    step("C", "B"),
+    { name: "X", kind: "nope", queue },
+    step("Y", "X"),
+  ]);
+  // Under "run", a job runs whatever its dependencies became.
+  const runWf = await client.enqueueWorkflow([{ name: "P", kind: "boom", queue, maxAttempts: 1 }, step("Q", "P")], { onDependencyFailure: "run" });
+  w.start();
+  try {
+    const b = await finished(wf.batchIds.B);
+    assert.equal(b.state, "cancelled", `B: ${JSON.stringify(b.errors)}`);
+    assert.equal(b.errors.length, 1);
+    assert.equal(b.errors[0].error, `dependency job ${wf.jobIds.A} is discarded`);
+    const c = await finished(wf.batchIds.C);
+    assert.equal(c.state, "cancelled", `C: ${JSON.stringify(c.errors)}`);
+    assert.equal(c.errors[0].error, `dependency job ${b.id} is cancelled`);
+    const y = await finished(wf.batchIds.Y);
+    assert.equal(y.state, "cancelled", `Y: ${JSON.stringify(y.errors)}`);
+    assert.equal(y.errors[0].error, `dependency job ${wf.jobIds.X} is cancelled`);
+    const q = await finished(runWf.batchIds.Q);
+    assert.equal(q.state, "completed", `Q: ${JSON.stringify(q.errors)}`);
+    assert.deepEqual([...ran].sort(), ["Q", "boom", "boom", "nope"], "no handler ran for B, C or Y");
     assert.deepEqual(errors, []);
   } finally {
     await w.stop({ timeoutMs: 2000 });
@@ -545,7 +615,8 @@ test("queue limits: set, read, listed with their use and what holds the queue, c
   assert.equal(await client.queueLimits(q), null);
 
   const set = await client.setQueueLimits(q, { maxRunning: 5, rate: 100, ratePeriod: "1m" });
-  const want = { maxRunning: 5, rate: 100, ratePeriod: "1m", ratePeriodMs: 60_000, keyMaxRunning: 0, ordered: false, orderedMoveOn: false };
+  const noKeyRate = { keyRate: 0, keyRatePeriod: "", keyRatePeriodMs: 0 };
+  const want = { maxRunning: 5, rate: 100, ratePeriod: "1m", ratePeriodMs: 60_000, keyMaxRunning: 0, ordered: false, orderedMoveOn: false, ...noKeyRate };
   assert.deepEqual(set, want);
   assert.deepEqual(await client.queueLimits(q), want);
   // Milliseconds are a period too.
@@ -557,6 +628,7 @@ test("queue limits: set, read, listed with their use and what holds the queue, c
     keyMaxRunning: 0,
     ordered: false,
     orderedMoveOn: false,
+    ...noKeyRate,
   });
   await client.setQueueLimits(q, { maxRunning: 5, rate: 100, ratePeriod: "1m" });
 
@@ -565,7 +637,7 @@ test("queue limits: set, read, listed with their use and what holds the queue, c
   let info = (await client.queues()).find((x) => x.queue === q);
   assert.ok(info, `queue ${q} not listed`);
   assert.deepEqual(info.limits, want);
-  assert.deepEqual(info.limitUse, { running: 0, started: 0, nextStartMs: 0, keysRunning: 0, keyHeld: 0 });
+  assert.deepEqual(info.limitUse, { running: 0, started: 0, nextStartMs: 0, keysRunning: 0, keyHeld: 0, keysRated: 0 });
   assert.equal(info.held, null);
   const { id } = await client.enqueue("limited", {}, { queue: q });
   await client.pauseQueue(q);
@@ -621,6 +693,13 @@ test("job keys: a bad key or key limit is refused naming it, and nothing is writ
     [{ keyMaxRunning: 100_001 }, /KeyMaxRunning 100001 is out of range/],
     [{ keyMaxRunning: 2, ordered: true }, /KeyMaxRunning 2 with Ordered/],
     [{ orderedMoveOn: true }, /OrderedMoveOn is set without Ordered/],
+    [{ keyRate: -1, keyRatePeriod: "1h" }, /KeyRate -1 is out of range/],
+    [{ keyRate: 100_001, keyRatePeriod: "1h" }, /KeyRate 100001 is out of range/],
+    [{ keyRate: 3 }, /KeyRatePeriod 0s is out of range/],
+    [{ keyRate: 3, keyRatePeriod: "0.5ms" }, /KeyRatePeriod 500µs is out of range/],
+    [{ keyRate: 3, keyRatePeriod: 0.5 }, /key_rate_period_ms/],
+    [{ keyRate: 3, keyRatePeriod: "hourly" }, /key_rate_period "hourly" is not a duration/],
+    [{ keyRatePeriod: "1h" }, /KeyRatePeriod 1h0m0s is set without a KeyRate/],
   ] as const) {
     await refused(client.setQueueLimits(q, bad), field);
   }
@@ -629,7 +708,7 @@ test("job keys: a bad key or key limit is refused naming it, and nothing is writ
 
 test("job keys: stored, read back and claimed; a key limit holds each key", { skip, timeout: 30_000 }, async () => {
   const q = `ts-keys-${run}`;
-  const none = { maxRunning: 0, rate: 0, ratePeriod: "", ratePeriodMs: 0 };
+  const none = { maxRunning: 0, rate: 0, ratePeriod: "", ratePeriodMs: 0, keyRate: 0, keyRatePeriod: "", keyRatePeriodMs: 0 };
   assert.deepEqual(await client.setQueueLimits(q, { keyMaxRunning: 1 }), { ...none, keyMaxRunning: 1, ordered: false, orderedMoveOn: false });
   assert.deepEqual(await client.queueLimits(q), { ...none, keyMaxRunning: 1, ordered: false, orderedMoveOn: false });
 
@@ -666,4 +745,33 @@ test("job keys: stored, read back and claimed; a key limit holds each key", { sk
   for (const j of claimed) await client.complete(j.id, j.fence);
   await client.clearQueueLimits(q);
   for (const id of [...keys.keys(), wf.jobIds.a]) await client.cancel(id).catch(() => {});
+});
+
+test("rates per key: stored and read back; a claim starts at most keyRate jobs of a key in the window", { skip: skip || keyRatesSkip, timeout: 30_000 }, async () => {
+  const q = `ts-key-rate-${run}`;
+  const want = { maxRunning: 0, rate: 0, ratePeriod: "", ratePeriodMs: 0, keyMaxRunning: 0, ordered: false, orderedMoveOn: false, keyRate: 2, keyRatePeriod: "1h", keyRatePeriodMs: 3_600_000 };
+  assert.deepEqual(await client.setQueueLimits(q, { keyRate: 2, keyRatePeriod: "1h" }), want);
+  assert.deepEqual(await client.queueLimits(q), want);
+  assert.deepEqual(await client.setQueueLimits(q, { keyRate: 2, keyRatePeriod: 3_600_000 }), want, "milliseconds are a period too");
+
+  const ids: number[] = [];
+  for (const key of ["acme", "acme", "acme", undefined]) ids.push((await client.enqueue("k", {}, { queue: q, key })).id);
+  // Claims after the window is full take none of acme's.
+  const claimed: ClaimedJob[] = [];
+  for (let i = 0; i < 3; i++) claimed.push(...(await client.claim({ queue: q, limit: 10 })));
+  assert.deepEqual(claimed.map((j) => j.key ?? "-").sort(), ["-", "acme", "acme"]);
+  let info = (await client.queues()).find((x) => x.queue === q);
+  await until("the queue to be held by key", async () => {
+    info = (await client.queues()).find((x) => x.queue === q);
+    return info?.held === "key";
+  });
+  assert.equal(info?.limitUse?.keysRated, 1);
+  assert.equal(info?.limitUse?.keyHeld, 1);
+
+  // Completing them frees nothing: the window still holds acme's third.
+  for (const j of claimed) await client.complete(j.id, j.fence);
+  assert.deepEqual(await client.claim({ queue: q, limit: 10 }), []);
+
+  await client.clearQueueLimits(q);
+  for (const id of ids) await client.cancel(id).catch(() => {});
 });

@@ -348,7 +348,31 @@ func (d *Driver) queueStats(ctx context.Context, what, q string, args ...any) ([
 		out = append(out, *s)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Queue < out[j].Queue })
-	return out, nil
+	awaiting, err := d.awaiting(ctx)
+	if err != nil {
+		return nil, d.wrap(what, err)
+	}
+	return driver.WithAwaiting(out, awaiting), nil
+}
+
+// awaiting counts the callbacks of the open batches by queue: the jobs
+// waiting for their dependencies.
+func (d *Driver) awaiting(ctx context.Context) (map[string]int64, error) {
+	rows, err := d.db.QueryContext(ctx, d.q.AwaitingDeps)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var q string
+		var n int64
+		if err := rows.Scan(&q, &n); err != nil {
+			return nil, err
+		}
+		out[q] = n
+	}
+	return out, rows.Err()
 }
 
 // Migrate applies the missing migrations under a lock that serialises

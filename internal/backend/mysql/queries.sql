@@ -339,6 +339,12 @@ DELETE FROM `{p}batches` WHERE id IN ({ids})
 -- name: get_batch
 SELECT id, callback, callback_id, created_at, fired_at FROM `{p}batches` WHERE id = ?
 
+-- The callbacks of the open batches (not enqueued yet: jobs waiting for
+-- their dependencies), counted by the callback's queue; read through
+-- open_idx's range of callback_id NULL, the open batches only.
+-- name: awaiting_dependencies
+SELECT JSON_UNQUOTE(JSON_EXTRACT(callback, '$.Queue')) AS q, COUNT(*) FROM `{p}batches` FORCE INDEX (open_idx) WHERE callback_id IS NULL GROUP BY q
+
 -- A member's result is its result only under the job's current fence.
 -- name: batch_members
 SELECT m.job_id, COALESCE(j.state, ''), r.result FROM (SELECT job_id FROM `{p}batch_jobs` WHERE batch_id = ? UNION ALL SELECT p.callback_id FROM `{p}batch_deps` d JOIN `{p}batches` p ON p.id = d.dep_batch_id WHERE d.batch_id = ? AND p.callback_id IS NOT NULL) m LEFT JOIN `{p}jobs` j ON j.id = m.job_id LEFT JOIN `{p}job_results` r ON r.job_id = m.job_id AND r.fence = j.fence AND j.state = 'completed' ORDER BY m.job_id

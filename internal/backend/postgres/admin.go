@@ -192,6 +192,9 @@ func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
 		out, err = d.queueStats(ctx, tx.Query, d.seg.statsQuery(v))
 		return err
 	})
+	if err == nil {
+		out, err = d.withAwaiting(ctx, out)
+	}
 	return out, d.wrap("stats", err)
 }
 
@@ -205,7 +208,33 @@ func (d *Driver) Overview(ctx context.Context, finishedSince time.Time) ([]drive
 		out, err = d.queueStats(ctx, d.pool.Query, d.seg.overviewQuery(v, finishedSince), finishedSince)
 		return err
 	})
+	if err == nil {
+		out, err = d.withAwaiting(ctx, out)
+	}
 	return out, d.wrap("overview", err)
+}
+
+// withAwaiting adds to stats the callbacks of the open batches, by
+// queue: the jobs waiting for their dependencies.
+func (d *Driver) withAwaiting(ctx context.Context, stats []driver.QueueStats) ([]driver.QueueStats, error) {
+	rows, err := d.pool.Query(ctx, d.q.AwaitingDeps)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	awaiting := map[string]int64{}
+	for rows.Next() {
+		var q string
+		var n int64
+		if err := rows.Scan(&q, &n); err != nil {
+			return nil, err
+		}
+		awaiting[q] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return driver.WithAwaiting(stats, awaiting), nil
 }
 
 // queueStats runs stats or overview: rows of queue, state, count and the

@@ -70,6 +70,7 @@ type queries struct {
 	InsertBatchJobs  string `sql:"insert_batch_jobs"`
 	FireBatch        string `sql:"fire_batch"`
 	GetBatch         string `sql:"get_batch"`
+	AwaitingDeps     string `sql:"awaiting_dependencies"`
 	PruneBatches     string `sql:"prune_batches"`
 	InsertBatchDeps  string `sql:"insert_batch_deps"`
 	PruneResults     string `sql:"prune_results"`

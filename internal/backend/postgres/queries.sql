@@ -149,6 +149,15 @@ DELETE FROM {p}batch_deps d USING b WHERE d.batch_id = b.id
 -- name: get_batch
 SELECT id, callback, callback_id, created_at, fired_at FROM {p}batches WHERE id = $1
 
+-- name: awaiting_dependencies
+-- The callbacks of the open batches (not enqueued yet: jobs waiting for
+-- their dependencies), counted by the callback's queue; the predicate is
+-- batches_open_idx's, whose entries are the open batches only.
+SELECT callback::json->>'Queue', count(*)
+  FROM {p}batches
+ WHERE callback_id IS NULL
+ GROUP BY 1
+
 -- name: prune_processes
 -- $1 age in microseconds.
 DELETE FROM {p}processes WHERE expires_at < now() - $1::bigint * interval '1 microsecond'

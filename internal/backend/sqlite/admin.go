@@ -204,16 +204,37 @@ func (d *Driver) changeJob(ctx context.Context, op string, id int64, ends bool, 
 	return j, nil
 }
 
-// Stats counts jobs per queue and state, and the age of each queue's
-// oldest available job by the database's clock.
+// Stats counts jobs per queue and state, the age of each queue's oldest
+// available job by the database's clock, and the jobs waiting for their
+// dependencies.
 func (d *Driver) Stats(ctx context.Context) ([]driver.QueueStats, error) {
 	return d.queueStats(ctx, "stats", d.q.Stats)
 }
 
 // Overview counts the unfinished jobs and the jobs finished since
-// finishedSince through the partial indexes (see driver.Driver).
+// finishedSince through the partial indexes (see driver.Driver), and the
+// jobs waiting for their dependencies.
 func (d *Driver) Overview(ctx context.Context, finishedSince time.Time) ([]driver.QueueStats, error) {
 	return d.queueStats(ctx, "overview", d.q.Overview, finishedSince.UnixMicro())
+}
+
+// awaiting counts the callbacks of the open batches by queue.
+func (d *Driver) awaiting(ctx context.Context) (map[string]int64, error) {
+	rows, err := d.r.QueryContext(ctx, d.q.AwaitingDeps)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var q string
+		var n int64
+		if err := rows.Scan(&q, &n); err != nil {
+			return nil, err
+		}
+		out[q] = n
+	}
+	return out, rows.Err()
 }
 
 // queueStats runs query, stats or overview (named what in errors): rows
@@ -253,5 +274,9 @@ func (d *Driver) queueStats(ctx context.Context, what, query string, args ...any
 		out = append(out, *qs)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Queue < out[j].Queue })
-	return out, nil
+	awaiting, err := d.awaiting(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: %s: jobs awaiting dependencies: %w", what, err)
+	}
+	return driver.WithAwaiting(out, awaiting), nil
 }

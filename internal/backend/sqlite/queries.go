@@ -69,6 +69,8 @@ type queries struct {
 	FinishJob      string `sql:"finish_job"`
 	Stats          string `sql:"stats"`
 	Overview       string `sql:"overview"`
+	// AwaitingDeps counts the open batches' callbacks by queue.
+	AwaitingDeps string `sql:"awaiting_dependencies"`
 
 	// The schema: migrations and DropAll.
 	CreateMigrationsTable string `sql:"create_migrations_table"`

@@ -410,6 +410,15 @@ SELECT queue, state, count(*), NULL, {now}
   FROM {p}jobs INDEXED BY {p}jobs_finalized WHERE state IN ('completed', 'discarded', 'cancelled') AND finalized_at >= ?1
  GROUP BY queue, state
 
+-- name: awaiting_dependencies
+-- The callbacks of the open batches (not enqueued yet: jobs waiting for
+-- their dependencies), counted by the callback's queue; read through
+-- batches_open, whose entries are the open batches only.
+SELECT json_extract(callback, '$.Queue'), count(*)
+  FROM {p}batches INDEXED BY {p}batches_open
+ WHERE callback_id IS NULL
+ GROUP BY 1
+
 -- name: create_migrations_table
 CREATE TABLE IF NOT EXISTS {p}schema_migrations (
     version    INTEGER PRIMARY KEY,

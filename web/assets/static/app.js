@@ -125,7 +125,11 @@
     if (l.ordered && l.ordered_move_on) out.push("ordered by key, moving on: " + keys);
     else if (l.ordered) out.push("ordered by key: " + keys);
     else if (l.key_max_running > 0) out.push(l.key_max_running + " per key: " + keys);
-    if ((l.ordered || l.key_max_running > 0) && u.key_held > 0) out.push(u.key_held + " waiting for their key");
+    if (l.key_rate > 0) {
+      const r = u.keys_rated || 0;
+      out.push(l.key_rate + " per key per " + l.key_rate_period + ": " + (r === 1 ? "1 key at its rate" : r + " keys at their rate"));
+    }
+    if ((l.ordered || l.key_max_running > 0 || l.key_rate > 0) && u.key_held > 0) out.push(u.key_held + " waiting for their key");
     return out;
   }
 
@@ -145,6 +149,9 @@
     tr.append(el("td", { "data-label": "limits", class: "limits" }, ...(lines.length ? lines.map((l) => el("div", {}, l)) : ["–"])));
     const status = el("td", { "data-label": "status" }, q.paused ? el("span", { class: "badge paused" }, "paused") : el("span", { class: "badge active" }, "active"));
     if (q.held) status.append(" ", el("span", { class: "badge held held-" + q.held, title: "available jobs wait: " + q.held }, "held: " + q.held));
+    if (q.awaiting_dependencies > 0) {
+      status.append(" ", el("span", { class: "badge deps", title: "jobs not enqueued yet: they wait for the jobs they depend on to finish" }, q.awaiting_dependencies + " awaiting dependencies"));
+    }
     tr.append(status);
     if (admin) {
       tr.append(el("td", {}, q.paused
