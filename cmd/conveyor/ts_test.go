@@ -174,7 +174,6 @@ func runTS(t *testing.T, node, dir, dsn, prefix, base string) {
 		}
 	}()
 
-
 	items := make([]conveyor.EnqueueItem, n)
 	for i := range items {
 		items[i] = conveyor.EnqueueItem{
