@@ -180,12 +180,36 @@ type JobArgsWithEnqueueOpts interface {
 	EnqueueOpts() EnqueueOpts
 }
 
+// JobArgsWithKey is implemented by argument types whose jobs take their
+// limit key (EnqueueOpts.Key) from their own fields, so that every
+// producer of the kind keys its jobs the same way: a tenant's or an
+// account's id, a partner's name.
+//
+//	func (a SendEmail) LimitKey() string { return a.CustomerID }
+//
+// A key given by the call (EnqueueOpts.Key) wins over LimitKey, and
+// LimitKey over a key declared by EnqueueOpts (JobArgsWithEnqueueOpts).
+// "" means no key from the arguments. The key is checked as a given one
+// is (1 to MaxKeyBytes bytes of UTF-8 without NUL): a bad one refuses
+// the enqueue with ErrInvalidOpts.
+type JobArgsWithKey interface {
+	JobArgs
+	// LimitKey returns the job's limit key, from its arguments.
+	LimitKey() string
+}
+
 // resolveOpts returns the options a job is enqueued with: the call's
-// non-zero fields over those args declares (JobArgsWithEnqueueOpts).
+// non-zero fields over those args declares (JobArgsWithEnqueueOpts), and
+// the key the arguments give (JobArgsWithKey) unless the call gives one.
 func resolveOpts(args JobArgs, call *EnqueueOpts) EnqueueOpts {
 	var o EnqueueOpts
 	if d, ok := args.(JobArgsWithEnqueueOpts); ok {
 		o = d.EnqueueOpts()
+	}
+	if k, ok := args.(JobArgsWithKey); ok {
+		if key := k.LimitKey(); key != "" {
+			o.Key = key
+		}
 	}
 	if call == nil {
 		return o

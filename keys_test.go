@@ -367,4 +367,90 @@ func TestKeyRateStats(t *testing.T) {
 		}
 		t.Fatal("kr not in the stats")
 	})
+
+// tenantJob takes its limit key from its own field.
+type tenantJob struct {
+	Tenant string `json:"tenant"`
+}
+
+func (tenantJob) Kind() string { return "tenant_job" }
+
+// LimitKey is the job's tenant.
+func (j tenantJob) LimitKey() string { return j.Tenant }
+
+// declaredKey declares a key for its kind and takes one from its field.
+type declaredKey struct {
+	Tenant string `json:"tenant"`
+}
+
+func (declaredKey) Kind() string { return "declared_key" }
+
+func (declaredKey) EnqueueOpts() conveyor.EnqueueOpts { return conveyor.EnqueueOpts{Key: "kind-wide"} }
+
+// LimitKey is the job's tenant.
+func (j declaredKey) LimitKey() string { return j.Tenant }
+
+// Arguments that give their key (JobArgsWithKey) key their jobs on every
+// enqueue path; a key given by the call wins, the arguments' key wins
+// over one the kind declares, an empty one gives none, and a bad one is
+// refused naming the key, storing nothing.
+func TestKeyFromArguments(t *testing.T) {
+	c := openDropped(t, backends[0].dsn(t), fast(testdb.Prefix()))
+	ctx := context.Background()
+	keyOf := func(id int64) string { t.Helper(); return jobState(t, c, id).Key }
+
+	id, err := c.Enqueue(ctx, tenantJob{"acme"}, nil)
+	if err != nil || keyOf(id) != "acme" {
+		t.Fatalf("Enqueue: key %q, %v; want acme", keyOf(id), err)
+	}
+	if id, err = c.Enqueue(ctx, tenantJob{"acme"}, &conveyor.EnqueueOpts{Key: "given"}); err != nil || keyOf(id) != "given" {
+		t.Fatalf("Enqueue with the call's key: %q, %v; want given", keyOf(id), err)
+	}
+	if id, err = c.Enqueue(ctx, tenantJob{}, nil); err != nil || keyOf(id) != "" {
+		t.Fatalf("Enqueue with an empty tenant: %q, %v; want no key", keyOf(id), err)
+	}
+	if id, err = c.Enqueue(ctx, declaredKey{"globex"}, nil); err != nil || keyOf(id) != "globex" {
+		t.Fatalf("arguments' key over the declared one: %q, %v; want globex", keyOf(id), err)
+	}
+	if id, err = c.Enqueue(ctx, declaredKey{}, nil); err != nil || keyOf(id) != "kind-wide" {
+		t.Fatalf("declared key when the arguments give none: %q, %v; want kind-wide", keyOf(id), err)
+	}
+	res, err := c.EnqueueMany(ctx, []conveyor.EnqueueItem{{Args: tenantJob{"a1"}}, {Args: tenantJob{"a2"}}})
+	if err != nil || keyOf(res[0].ID) != "a1" || keyOf(res[1].ID) != "a2" {
+		t.Fatalf("EnqueueMany: %v", err)
+	}
+	if _, err := c.EnqueueBulk(ctx, []conveyor.EnqueueItem{{Args: tenantJob{"bulk"}}}); err != nil {
+		t.Fatal(err)
+	}
+	_, members, err := c.EnqueueBatch(ctx, []conveyor.EnqueueItem{{Args: tenantJob{"m"}}}, conveyor.EnqueueItem{Args: tenantJob{"cb"}})
+	if err != nil || keyOf(members[0]) != "m" {
+		t.Fatalf("EnqueueBatch member: %v", err)
+	}
+	keys := map[string]int{}
+	for after := int64(0); ; {
+		js, err := c.Jobs(ctx, conveyor.JobFilter{Limit: 100, AfterID: after})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, j := range js {
+			keys[j.Key]++
+		}
+		if len(js) < 100 {
+			break
+		}
+		after = js[len(js)-1].ID
+	}
+	if keys["bulk"] != 1 {
+		t.Fatalf("EnqueueBulk: keys %v, want one job of key bulk", keys)
+	}
+	before := totalJobs(t, c)
+	for _, bad := range []string{strings.Repeat("k", conveyor.MaxKeyBytes+1), "a\x00b"} {
+		_, err := c.Enqueue(ctx, tenantJob{bad}, nil)
+		if !errors.Is(err, conveyor.ErrInvalidOpts) || !strings.Contains(err.Error(), "key") {
+			t.Fatalf("key %q from the arguments: %v, want ErrInvalidOpts naming the key", bad, err)
+		}
+	}
+	if n := totalJobs(t, c); n != before {
+		t.Fatalf("%d jobs stored after refused enqueues, want %d", n, before)
+	}
 }

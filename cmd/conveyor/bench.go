@@ -395,6 +395,10 @@ func printLimits(tw *tabwriter.Writer, rs []*bench.Result) {
 				parts = append(parts, fmt.Sprintf("rate %d per %v", l.Rate, l.RatePeriod))
 				win = fmt.Sprint(r.MaxStartsInWindow)
 			}
+			if l.KeyRate > 0 {
+				parts = append(parts, fmt.Sprintf("rate %d per %v per key", l.KeyRate, l.KeyRatePeriod))
+				win = fmt.Sprintf("%d of one key", r.KeyMaxStartsInWindow)
+			}
 			lim = strings.Join(parts, ", ")
 		}
 		switch {

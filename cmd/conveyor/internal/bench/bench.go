@@ -238,6 +238,10 @@ type Result struct {
 	// within any window of the rate's period, by the database's clock
 	// (the jobs' attempted_at).
 	MaxStartsInWindow int64 `json:"max_starts_in_window,omitempty"`
+	// KeyMaxStartsInWindow, for a run with a rate per key, is the most
+	// first claims of one key within any window of the key rate's
+	// period, by the database's clock.
+	KeyMaxStartsInWindow int64 `json:"key_max_starts_in_window,omitempty"`
 	// Allowed, for a run held below its workers by a limit, is the
 	// jobs/s the limit allows (slots / work per job, or the rate).
 	Allowed float64 `json:"allowed_jobs_per_s,omitempty"`
@@ -615,6 +619,9 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	res.KeyPeakRunning, res.KeyReorders = rec.KeyPeak(), rec.KeyReorders()
 	if o.Limits.Rate > 0 {
 		res.MaxStartsInWindow = rec.MaxInWindow(0, rec.Issued(), o.Limits.RatePeriod)
+	}
+	if o.Limits.KeyRate > 0 && o.keyOf != nil {
+		res.KeyMaxStartsInWindow = rec.KeyMaxInWindow(0, rec.Issued(), o.Limits.KeyRatePeriod, o.keyOf)
 	}
 	o.emit(res)
 	if err != nil || cerr != nil {

@@ -19,6 +19,11 @@ const (
 	limitsPeriod    = time.Second
 	limitsRateJobs  = 3 * limitsRate
 	limitsAboveMult = 2 // the limit above the workers, in workers
+	// The key-rate phase: keys of limitsKeyRate starts per limitsPeriod
+	// each, limitsKeyRateJobs jobs spread over them.
+	limitsKeyRateKeys = 100
+	limitsKeyRate     = 10
+	limitsKeyRateJobs = 3 * limitsKeyRate * limitsKeyRateKeys
 )
 
 // limits measures what queue limits cost and whether they hold, in one
@@ -34,7 +39,11 @@ const (
 //     must not pass 10;
 //   - rate: a Rate of 500 per second over 1,500 jobs: the run takes about
 //     3s and MaxStartsInWindow, the most claims in any window of the
-//     period by the database's clock, must not pass the rate.
+//     period by the database's clock, must not pass the rate;
+//   - key-rate: a KeyRate of 10 per second on each of 100 keys over
+//     3,000 jobs (job i has key i mod 100): the run takes about 2s and
+//     KeyMaxStartsInWindow, the most claims of one key in any window of
+//     the period, must not pass the key's rate.
 //
 // The report's ratios are jobs/s against unlimited (limit-above) and
 // against the limit's allowance (limit-10, rate).
@@ -49,19 +58,25 @@ func limits(ctx context.Context, o Options) ([]*Result, error) {
 		jobs    int
 		work    time.Duration
 		allowed float64
+		keyOf   func(int64) string
 	}{
-		{"unlimited", conveyor.QueueLimits{}, o.Jobs, o.Work, 0},
-		{"limit-above", conveyor.QueueLimits{MaxRunning: limitsAboveMult * o.Workers}, o.Jobs, o.Work, 0},
-		{"limit-10", conveyor.QueueLimits{MaxRunning: limitsSlots}, limitsHeldJobs, work, limitsSlots / work.Seconds()},
+		{"unlimited", conveyor.QueueLimits{}, o.Jobs, o.Work, 0, nil},
+		{"limit-above", conveyor.QueueLimits{MaxRunning: limitsAboveMult * o.Workers}, o.Jobs, o.Work, 0, nil},
+		{"limit-10", conveyor.QueueLimits{MaxRunning: limitsSlots}, limitsHeldJobs, work, limitsSlots / work.Seconds(), nil},
 		// Rate N per period P lets J jobs start in (ceil(J/N) - 1) periods:
 		// N at once, then N more each period.
 		{"rate", conveyor.QueueLimits{Rate: limitsRate, RatePeriod: limitsPeriod}, limitsRateJobs, 0,
-			limitsRateJobs / (float64((limitsRateJobs+limitsRate-1)/limitsRate-1) * limitsPeriod.Seconds())},
+			limitsRateJobs / (float64((limitsRateJobs+limitsRate-1)/limitsRate-1) * limitsPeriod.Seconds()), nil},
+		// The same per key: each key's jobs start KeyRate at once, then
+		// KeyRate more each period.
+		{"key-rate", conveyor.QueueLimits{KeyRate: limitsKeyRate, KeyRatePeriod: limitsPeriod}, limitsKeyRateJobs, 0,
+			limitsKeyRateJobs / (float64(limitsKeyRateJobs/limitsKeyRateKeys/limitsKeyRate-1) * limitsPeriod.Seconds()),
+			func(i int64) string { return fmt.Sprintf("k%03d", i%limitsKeyRateKeys) }},
 	}
 	var ps phaseRuns
 	for _, ph := range phases {
 		ro := o
-		ro.Workload, ro.Jobs, ro.Work, ro.Limits = "drain", ph.jobs, ph.work, ph.limits
+		ro.Workload, ro.Jobs, ro.Work, ro.Limits, ro.keyOf = "drain", ph.jobs, ph.work, ph.limits, ph.keyOf
 		ro.label = "limits " + ph.name
 		if !ps.run(ctx, o, ro, func(r *Result) {
 			r.Workload, r.Phase, r.Allowed = "limits", ph.name, ph.allowed
@@ -118,6 +133,9 @@ func checkHeld(r *Result) error {
 	if rt := r.Limits.Rate; rt > 0 && r.MaxStartsInWindow > int64(rt) {
 		return fmt.Errorf("bench: %s: %d starts within %v under a Rate of %d", r.label(), r.MaxStartsInWindow, r.Limits.RatePeriod, rt)
 	}
+	if kr := r.Limits.KeyRate; kr > 0 && r.KeyMaxStartsInWindow > int64(kr) {
+		return fmt.Errorf("bench: %s: %d starts of one key within %v under a KeyRate of %d", r.label(), r.KeyMaxStartsInWindow, r.Limits.KeyRatePeriod, kr)
+	}
 	perKey := int64(r.Limits.KeyMaxRunning)
 	if r.Limits.Ordered {
 		perKey = 1
@@ -143,7 +161,8 @@ const pickupPage = 1000
 //     freed) to the start (the claim's attempted_at);
 //   - under a Rate of n per period, the i-th start needs the (i-n)-th
 //     to have left the window: its wait is from that moment (the
-//     earlier start's attempted_at plus the period) to the start.
+//     earlier start's attempted_at plus the period) to the start;
+//   - under a KeyRate alone, the same within each key's starts.
 //
 // Both clocks are the claim's and the outcome's transaction start
 // (now()), a little before their commits: a wait shorter than that gap
@@ -152,10 +171,12 @@ const pickupPage = 1000
 // run's limits do not bind.
 func pickup(ctx context.Context, c *conveyor.Client[any], l conveyor.QueueLimits, workers int) ([]time.Duration, error) {
 	conc := l.MaxRunning > 0 && l.MaxRunning < workers
-	if !conc && l.Rate == 0 {
+	keyRate := !conc && l.Rate == 0 && l.KeyRate > 0
+	if !conc && l.Rate == 0 && !keyRate {
 		return nil, nil
 	}
 	var starts, ends []int64
+	byKey := map[string][]int64{}
 	for after := int64(0); ; {
 		js, err := c.Jobs(ctx, conveyor.JobFilter{States: []conveyor.JobState{conveyor.JobStateCompleted},
 			Queue: conveyor.DefaultQueue, Limit: pickupPage, AfterID: after})
@@ -165,11 +186,24 @@ func pickup(ctx context.Context, c *conveyor.Client[any], l conveyor.QueueLimits
 		for _, j := range js {
 			starts = append(starts, j.AttemptedAt.UnixNano())
 			ends = append(ends, j.FinalizedAt.UnixNano())
+			if keyRate && j.Key != "" {
+				byKey[j.Key] = append(byKey[j.Key], j.AttemptedAt.UnixNano())
+			}
 		}
 		if len(js) < pickupPage {
 			break
 		}
 		after = js[len(js)-1].ID
+	}
+	if keyRate {
+		// Each key is a rate of its own: its i-th start waits for its
+		// (i-KeyRate)-th to leave the key's window.
+		var waits []time.Duration
+		kl := conveyor.QueueLimits{Rate: l.KeyRate, RatePeriod: l.KeyRatePeriod}
+		for _, ks := range byKey {
+			waits = append(waits, pickupWaits(ks, ks, kl, false)...)
+		}
+		return waits, nil
 	}
 	return pickupWaits(starts, ends, l, conc), nil
 }

@@ -76,3 +76,35 @@ func TestKeyRecorder(t *testing.T) {
 		t.Fatalf("2 at once under 2 per key, unordered: %v", err)
 	}
 }
+
+// The most claims of one key within a window counts each key apart (two
+// keys claimed together do not add up) and only within the period; the
+// check refuses a key over its rate.
+func TestKeyMaxInWindow(t *testing.T) {
+	r := NewRecorder()
+	keyOf := func(seq int64) string { return []string{"a", "b"}[seq%2] }
+	// a: seqs 0, 2, 4, 6 claimed at 0, 10, 20, 150 ms; b: 1, 3, 5 at 0, 5, 500 ms.
+	at := map[int64]int64{0: 0, 2: 10, 4: 20, 6: 150, 1: 0, 3: 5, 5: 500}
+	origin := time.Unix(1_700_000_000, 0)
+	for seq := int64(0); seq < 7; seq++ {
+		r.Next()
+		r.Started(seq, origin)
+		r.Claimed(seq, origin.Add(time.Duration(at[seq])*time.Millisecond))
+	}
+	if got := r.KeyMaxInWindow(0, r.Issued(), 100*time.Millisecond, keyOf); got != 3 {
+		t.Fatalf("most claims of one key in 100ms: %d, want 3 (a at 0, 10, 20)", got)
+	}
+	if got := r.MaxInWindow(0, r.Issued(), 100*time.Millisecond); got != 5 {
+		t.Fatalf("most claims of the queue in 100ms: %d, want 5", got)
+	}
+	if got := r.KeyMaxInWindow(0, r.Issued(), 5*time.Millisecond, keyOf); got != 1 {
+		t.Fatalf("most claims of one key in 5ms: %d, want 1", got)
+	}
+	l := &conveyor.QueueLimits{KeyRate: 2, KeyRatePeriod: 100 * time.Millisecond}
+	if checkHeld(&Result{Workload: "limits", Limits: l, KeyMaxStartsInWindow: 3}) == nil {
+		t.Fatal("3 starts of one key in a window passed a KeyRate of 2")
+	}
+	if err := checkHeld(&Result{Workload: "limits", Limits: l, KeyMaxStartsInWindow: 2}); err != nil {
+		t.Fatalf("2 starts of one key under a KeyRate of 2: %v", err)
+	}
+}

@@ -6,6 +6,7 @@ package bench
 import (
 	"hash/maphash"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -140,7 +141,31 @@ func (r *Recorder) MaxInWindow(from, to int64, d time.Duration) int64 {
 			starts = append(starts, sl.claimed.Load())
 		}
 	}
-	sort.Slice(starts, func(i, j int) bool { return starts[i] < starts[j] })
+	return maxInWindow(starts, d)
+}
+
+// KeyMaxInWindow is MaxInWindow per key: the most first claims of the
+// jobs [from, to) of any one key (keyOf gives a job seq's key) within any
+// window of length d, by the database's clock.
+func (r *Recorder) KeyMaxInWindow(from, to int64, d time.Duration, keyOf func(int64) string) int64 {
+	byKey := map[string][]int64{}
+	for i := from; i < to; i++ {
+		if sl := r.slot(i); sl.execs.Load() > 0 && sl.claimed.Load() != 0 {
+			k := keyOf(i)
+			byKey[k] = append(byKey[k], sl.claimed.Load())
+		}
+	}
+	var best int64
+	for _, starts := range byKey {
+		best = max(best, maxInWindow(starts, d))
+	}
+	return best
+}
+
+// maxInWindow returns the most of starts (unix ns, in any order; sorted
+// in place) within any window of length d.
+func maxInWindow(starts []int64, d time.Duration) int64 {
+	slices.Sort(starts)
 	var best int64
 	lo := 0
 	for hi := range starts {
