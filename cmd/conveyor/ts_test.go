@@ -174,15 +174,6 @@ func runTS(t *testing.T, node, dir, dsn, prefix, base string) {
 		}
 	}()
 
-	// Without stored rates per key, their round trip is the one test
-	// skipped; SQLite must store them.
-	keyRates, skipped := "none", 1
-	if storesKeyRates(t, c) {
-		keyRates, skipped = "stored", 0
-	} else if strings.HasSuffix(dsn, ".db") {
-		t.Error("the SQLite database does not store rates per key")
-	}
-
 	items := make([]conveyor.EnqueueItem, n)
 	for i := range items {
 		items[i] = conveyor.EnqueueItem{
@@ -210,8 +201,7 @@ func runTS(t *testing.T, node, dir, dsn, prefix, base string) {
 		"CONVEYOR_TS_GO_QUEUE=" + goQueue,
 		"CONVEYOR_TS_GO_KIND=" + goEcho{}.Kind(),
 		"CONVEYOR_TS_RESULTS=" + results,
-		"CONVEYOR_TS_KEY_RATES=" + keyRates,
-	}, skipped)
+	}, 0)
 
 	// The TypeScript worker ran each of Go's jobs once, and the database
 	// says so: completed at the first attempt, by an HTTP worker.
@@ -274,27 +264,6 @@ func runTS(t *testing.T, node, dir, dsn, prefix, base string) {
 	if len(ran) != len(enqueued) {
 		t.Errorf("the Go worker ran %d jobs, want the %d the TypeScript client enqueued", len(ran), len(enqueued))
 	}
-}
-
-// storesKeyRates reports whether c's database stores a queue's rate per
-// key (the TypeScript client's round trip of it needs it): it sets one on
-// a queue of its own, reads it back and clears it.
-func storesKeyRates(t *testing.T, c *conveyor.Client[any]) bool {
-	t.Helper()
-	const q = "ts-key-rate-probe"
-	want := conveyor.QueueLimits{KeyRate: 1, KeyRatePeriod: time.Hour}
-	if err := c.SetQueueLimits(t.Context(), q, want); err != nil {
-		t.Logf("the database refuses a rate per key: %v", err)
-		return false
-	}
-	got, err := c.QueueLimits(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.SetQueueLimits(t.Context(), q, conveyor.QueueLimits{}); err != nil {
-		t.Fatal(err)
-	}
-	return got[q] == want
 }
 
 // runNodeTests runs one compiled test file of the package (dist/test/file)

@@ -7,7 +7,6 @@
 //                                  each with metadata {"from": "go", "n": its n}
 //   CONVEYOR_TS_GO_QUEUE/KIND      where a Go worker runs what TypeScript enqueues
 //   CONVEYOR_TS_RESULTS            a directory for the ids seen, checked by Go afterwards
-//   CONVEYOR_TS_KEY_RATES          "stored" when the database stores rates per key
 //
 // Without CONVEYOR_URL every test is skipped.
 
@@ -30,8 +29,6 @@ import {
 const env = process.env;
 const url = env.CONVEYOR_URL ?? "";
 const skip = url === "" ? "CONVEYOR_URL not set: run through cmd/conveyor's TestTypeScriptClient" : false;
-// CONVEYOR_TS_KEY_RATES=stored says the server's database stores rates per key.
-const keyRatesSkip = env.CONVEYOR_TS_KEY_RATES === "stored" ? false : "the server's database does not store rates per key";
 const client = new Client({ baseUrl: url || "http://127.0.0.1:1", token: env.CONVEYOR_TOKEN });
 const run = `${Date.now().toString(36)}`; // queue names unique to this run
 
@@ -747,7 +744,7 @@ test("job keys: stored, read back and claimed; a key limit holds each key", { sk
   for (const id of [...keys.keys(), wf.jobIds.a]) await client.cancel(id).catch(() => {});
 });
 
-test("rates per key: stored and read back; a claim starts at most keyRate jobs of a key in the window", { skip: skip || keyRatesSkip, timeout: 30_000 }, async () => {
+test("rates per key: stored and read back; a claim starts at most keyRate jobs of a key in the window", { skip, timeout: 30_000 }, async () => {
   const q = `ts-key-rate-${run}`;
   const want = { maxRunning: 0, rate: 0, ratePeriod: "", ratePeriodMs: 0, keyMaxRunning: 0, ordered: false, orderedMoveOn: false, keyRate: 2, keyRatePeriod: "1h", keyRatePeriodMs: 3_600_000 };
   assert.deepEqual(await client.setQueueLimits(q, { keyRate: 2, keyRatePeriod: "1h" }), want);
