@@ -250,3 +250,58 @@ func TestKeyEnqueueWakesHeldClaims(t *testing.T) {
 		}
 	})
 }
+
+// The rate per key holds across processes and protocols: two in-process
+// clients and an HTTP worker never start more than KeyRate jobs of one
+// key within any window of KeyRatePeriod (plus one, for the clocks read
+// outside the database), while the keys go on beside each other, and
+// every job runs exactly once.
+func TestKeyRateAcrossClients(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		const rate, period, perKey = 2, 500 * time.Millisecond, 6
+		r := newLimitRig(t, dsn, conveyor.QueueLimits{KeyRate: rate, KeyRatePeriod: period}, time.Millisecond)
+		var keys []string
+		for i := 0; i < perKey; i++ {
+			keys = append(keys, "acme", "globex", "initech", "umbrella")
+		}
+		ids := r.enqueueKeyed(keys)
+		keyOf := map[int64]string{}
+		for i, id := range ids {
+			keyOf[id] = keys[i]
+		}
+		r.start()
+		xs := r.waitAll(ids, 2*time.Minute)
+		// By the database's clock, which holds the rate (attempted_at is
+		// the clock value the claim stamps on the key's rate slot), and
+		// by the handlers' own clock reads, in a window shortened by the
+		// spread of the delays from claim to start (see
+		// TestLimitRateAcrossClients): the bound, plus one.
+		dbStarts, starts := map[string][]time.Time{}, map[string][]time.Time{}
+		lo, hi := time.Duration(1<<62), time.Duration(-1<<62)
+		for _, x := range xs {
+			at := jobState(t, r.a, x.id).AttemptedAt
+			k := keyOf[x.id]
+			dbStarts[k] = append(dbStarts[k], at)
+			starts[k] = append(starts[k], x.start)
+			d := x.start.Sub(at)
+			lo, hi = min(lo, d), max(hi, d)
+		}
+		window := max(period-(hi-lo), period/2)
+		for _, k := range []string{"acme", "globex", "initech", "umbrella"} {
+			if len(dbStarts[k]) != perKey {
+				t.Fatalf("key %s started %d jobs, want %d", k, len(dbStarts[k]), perKey)
+			}
+			if n, at := maxInWindow(dbStarts[k], period); n > rate+1 {
+				t.Errorf("key %s: %d claims within %v by the database's clock from %v, want at most %d (KeyRate %d, plus one)", k, n, period, at.Format("15:04:05.000"), rate+1, rate)
+			}
+			if n, at := maxInWindow(starts[k], window); n > rate+1 {
+				t.Errorf("key %s: %d starts within %v from %v, want at most %d (KeyRate %d, plus one; a window of %v less the %v spread of the delays from claim to start)", k, n, window, at.Format("15:04:05.000"), rate+1, rate, period, hi-lo)
+			}
+		}
+		if t.Failed() {
+			for _, x := range xs {
+				t.Logf("job %d of key %s by %s: started %s", x.id, keyOf[x.id], x.by, x.start.Format("05.000"))
+			}
+		}
+	})
+}

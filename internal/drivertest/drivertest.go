@@ -90,6 +90,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		{"Pause", pause},
 		{"Limits", limits},
 		{"Keys", keys},
+		{"KeyRates", keyRates},
 		{"Processes", processes},
 		{"Admin", admin},
 		{"Stats", stats},

@@ -86,6 +86,41 @@ func TestLimitHeldClaimRetriedAfterRetryIn(t *testing.T) {
 	}
 }
 
+// In a queue limited per key, a claim held back by a key's rate (Held
+// with RetryIn, an hour here) is tried again after PollMin, not RetryIn:
+// one key's window says nothing of the other keys, whose jobs may come
+// from other processes; and not in a tight loop either.
+func TestLimitKeyRateHeldClaimRetriedAtPollMin(t *testing.T) {
+	const pollMin = 10 * time.Millisecond
+	d := &fakeDriver{limits: map[string]driver.QueueLimits{"q": {KeyRate: 1, KeyRatePeriod: time.Hour}}}
+	const held = 5
+	var n atomic.Int64
+	d.claimLimited = func(_ context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
+		if n.Add(1) <= held {
+			return driver.ClaimResult{Held: true, RetryIn: time.Hour}, nil
+		}
+		return driver.ClaimResult{Rows: d.takePending(p)}, nil
+	}
+	d.add(job(1))
+	ran := make(chan int64, 1)
+	startEngine(t, d, limitConfig(pollMin), map[string]Handler{"k": func(_ context.Context, row *driver.JobRow) error {
+		ran <- row.ID
+		return nil
+	}})
+	if id := recv(t, "the job of another key to run", ran); id != 1 {
+		t.Fatalf("ran job %d, want 1", id)
+	}
+	cs := d.claimsOf("q")
+	if len(cs) <= held {
+		t.Fatalf("%d claims, want more than the %d held", len(cs), held)
+	}
+	for i := 1; i <= held; i++ {
+		if gap := cs[i].at.Sub(cs[i-1].at); gap < pollMin {
+			t.Fatalf("claim %d came %v after a claim held by a key's rate, want at least PollMin (%v): a tight loop", i+1, gap, pollMin)
+		}
+	}
+}
+
 // When an attempt of a limited queue ends, the completer wakes the
 // queue's fetcher, held back by the concurrency limit: it claims at once,
 // not at its next poll (an hour here).

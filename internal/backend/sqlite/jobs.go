@@ -400,9 +400,11 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 // slots alike: it frees those held by attempts no longer running under
 // their fence and those kept for jobs that no longer wait to run, and
 // deletes the free ones unused for a minute, above their key's limit or
-// of a queue without key limits.
+// of a queue without key limits. It deletes the rate slots of keys
+// stamped more than max(KeyRatePeriod, a minute) ago, those beyond their
+// queue's KeyRate and those of a queue without one.
 func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) {
-	m, err := d.queueCounts(ctx, d.q.Rescue, limit, d.q.SweepSlots, d.q.SweepExtraSlots, d.q.SweepKeySlots, d.q.SweepIdleKeySlots)
+	m, err := d.queueCounts(ctx, d.q.Rescue, limit, d.q.SweepSlots, d.q.SweepExtraSlots, d.q.SweepKeySlots, d.q.SweepIdleKeySlots, d.q.SweepKeyRateSlots)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: rescue: %w", err)
 	}

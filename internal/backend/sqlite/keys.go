@@ -35,37 +35,70 @@ func (c *keyCursors) set(queue, key string) {
 	c.m[queue] = key
 }
 
-// keyPick is a job a keyed claim admits into slot n of its key.
+// keyPick is a job a keyed claim admits into slot n of its key (n < 0:
+// the queue has no concurrency limit per key, no slot) and, under a rate
+// per key, rate slot r (0 for none).
 type keyPick struct {
 	id  int64
 	key string
 	n   int64
+	r   int64
+}
+
+// keyLimits are a queue's limits per key as a claim read them: max jobs
+// of a key at once (0 for none), ordered keys, and rate starts of a key
+// per period microseconds (0 for none).
+type keyLimits struct {
+	max     int
+	ordered bool
+	rate    int
+	period  int64
 }
 
 // claimKeyed claims, in tx, up to k jobs with a key of p.Queue, a queue
-// whose keys may each run keyMax jobs at once (one at a time in id order
-// when ordered), and reports whether due jobs with a key were left for
-// want of a slot of their key. It walks the distinct keys of the queue's
-// due jobs from the key after the queue's cursor, wrapping around once,
-// and for each key makes the missing slot rows it can use and admits
-// jobs into its open slots: a slot kept for a job admits only that job,
-// when it is due; free slots admit the key's next due jobs by priority
-// then id (ordered: its oldest due job, and none while a slot of the key
-// is kept). It
-// examines at most 4k+64 keys, so that its cost depends neither on the
-// number of keys with no room nor on any key's depth. The jobs admitted
-// are claimed together and each takes its slot.
-func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p driver.ClaimParams, k, keyMax int, ordered bool) ([]*driver.JobRow, bool, error) {
+// with limits per key kl, and reports whether due jobs with a key were
+// left for want of a slot of their key or of room in its rate window
+// and, when a window left some, how long until the earliest of those
+// windows has room again. It walks the distinct keys of the queue's due
+// jobs from the key after the queue's cursor, wrapping around once.
+//
+// Under a concurrency limit per key (kl.max, Ordered) it makes, for each
+// key, the missing slot rows it can use and admits jobs into its open
+// slots: a slot kept for a job admits only that job, when it is due;
+// free slots admit the key's next due jobs by priority then id
+// (ordered: its oldest due job, and none while a slot of the key is
+// kept). Under a rate per key (kl.rate) it makes the key's missing rate
+// slots it can use, and admits at most as many of the key's jobs as it
+// has open rate slots (stamped at least a period ago, or never), a job
+// kept for included; each admitted job stamps one. Without a concurrency
+// limit per key, the rate alone bounds a key.
+//
+// It examines at most 4k+64 keys, so that its cost depends neither on
+// the number of keys with no room nor on any key's depth. The jobs
+// admitted are claimed together and each takes its slots.
+func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p driver.ClaimParams, k int, kl keyLimits) ([]*driver.JobRow, bool, time.Duration, error) {
 	nextKey := tx.StmtContext(ctx, ls.nextKey)
 	addSlots := tx.StmtContext(ctx, ls.addKeySlots)
 	openSlots := tx.StmtContext(ctx, ls.openKeySlots)
 	keptDue := tx.StmtContext(ctx, ls.keptDue)
 	keyJobs := tx.StmtContext(ctx, ls.keyJobs)
-	if ordered {
+	if kl.ordered {
 		keyJobs = tx.StmtContext(ctx, ls.keyJobsOrdered)
+	}
+	var addRate, rateSlots *sql.Stmt
+	if kl.rate > 0 {
+		addRate = tx.StmtContext(ctx, ls.addKeyRateSlots)
+		rateSlots = tx.StmtContext(ctx, ls.keyRateSlots)
 	}
 	var picks []keyPick
 	held := false
+	var retryIn int64 // µs until the earliest full window a claim was cut by has room; 0: none
+	rateHeld := func(in int64) {
+		held = true
+		if retryIn == 0 || in < retryIn {
+			retryIn = in
+		}
+	}
 	start := d.cursors.get(p.Queue)
 	cur, last := start, ""
 	wrapped := start == ""
@@ -80,58 +113,116 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 			continue
 		}
 		if err != nil {
-			return nil, false, err
+			return nil, false, 0, err
 		}
 		if wrapped && start != "" && key > start {
 			break // every key examined
 		}
 		examined++
 		cur, last = key, key
-		free, kept, seen, err := keySlots(ctx, openSlots, p.Queue, key, keyMax)
-		if err != nil {
-			return nil, false, err
-		}
-		if room := k - len(picks); seen < keyMax && len(free) < room {
-			// Some of the key's slots are missing: make those below
-			// seen+room that are, at least room-len(free) more free
-			// slots (all the key's slots when its limit is small),
-			// so that a large limit costs rows only as claims use them.
-			if _, err := addSlots.ExecContext(ctx, p.Queue, key, min(keyMax, seen+room)); err != nil {
-				return nil, false, err
+		room := k - len(picks)
+		// capC: how many jobs the key's free concurrency slots admit.
+		capC := room
+		var free []int64
+		var kept []keyPick
+		if kl.max > 0 {
+			var seen int
+			free, kept, seen, err = keySlots(ctx, openSlots, p.Queue, key, kl.max)
+			if err != nil {
+				return nil, false, 0, err
 			}
-			if free, kept, _, err = keySlots(ctx, openSlots, p.Queue, key, keyMax); err != nil {
-				return nil, false, err
+			if seen < kl.max && len(free) < room {
+				// Some of the key's slots are missing: make those below
+				// seen+room that are, at least room-len(free) more free
+				// slots (all the key's slots when its limit is small),
+				// so that a large limit costs rows only as claims use them.
+				if _, err := addSlots.ExecContext(ctx, p.Queue, key, min(kl.max, seen+room)); err != nil {
+					return nil, false, 0, err
+				}
+				if free, kept, _, err = keySlots(ctx, openSlots, p.Queue, key, kl.max); err != nil {
+					return nil, false, 0, err
+				}
 			}
-		}
-		if len(free) == 0 && len(kept) == 0 {
-			held = true // the key's due jobs wait for its slots
-			continue
+			if len(free) == 0 && len(kept) == 0 {
+				held = true // the key's due jobs wait for its slots
+				continue
+			}
+			capC = len(free)
 		}
 		// Kept slots first: each admits its own job once it is due.
 		var keptIDs []int64
+		var dueKept []keyPick
 		keptWaits := false // a kept slot's job is not due yet
 		for _, kp := range kept {
 			keptIDs = append(keptIDs, kp.id)
 			var due bool
 			if err := keptDue.QueryRowContext(ctx, kp.id).Scan(&due); err != nil {
-				return nil, false, err
+				return nil, false, 0, err
 			}
 			keptWaits = keptWaits || !due
-			if due && len(picks) < k {
-				picks = append(picks, kp)
+			if due {
+				dueKept = append(dueKept, kp)
 			}
 		}
-		if ordered && len(kept) > 0 {
-			free = nil // the kept slot holds the key for its job
+		if kl.ordered && len(kept) > 0 {
+			free, capC = nil, 0 // the kept slot holds the key for its job
 		}
-		// The key's next jobs, one more than the free slots can take
-		// (and the jobs kept slots are kept for, read past) to tell
-		// whether some are left waiting.
-		room := k - len(picks)
-		take := min(len(free), room)
+		if len(dueKept) == 0 && capC == 0 {
+			continue // an ordered key waiting for its kept job's retry
+		}
+		// capR: how many starts the key's window admits; rOpen: its open
+		// rate slots; rIn: until its window has room once full.
+		capR := room
+		var rOpen []int64
+		var rIn int64
+		var seenR int
+		if kl.rate > 0 {
+			need := min(room, len(dueKept)+capC)
+			if rOpen, seenR, rIn, err = keyRateSlots(ctx, rateSlots, p.Queue, key, kl); err != nil {
+				return nil, false, 0, err
+			}
+			if seenR < kl.rate && len(rOpen) < need {
+				if _, err := addRate.ExecContext(ctx, p.Queue, key, min(kl.rate, seenR+need)); err != nil {
+					return nil, false, 0, err
+				}
+				if rOpen, seenR, rIn, err = keyRateSlots(ctx, rateSlots, p.Queue, key, kl); err != nil {
+					return nil, false, 0, err
+				}
+			}
+			capR = len(rOpen)
+			if capR == 0 {
+				rateHeld(rIn) // the key's window is full
+				continue
+			}
+		}
+		usedR := 0
+		// full: the claim used every start of the key's window.
+		full := func() bool { return kl.rate > 0 && usedR >= capR && seenR >= kl.rate }
+		rate := func(pk keyPick) keyPick {
+			if kl.rate > 0 {
+				pk.r = rOpen[usedR]
+				usedR++
+			}
+			return pk
+		}
+		for _, kp := range dueKept {
+			switch {
+			case len(picks) >= k:
+			case full():
+				rateHeld(windowIn(rIn, usedR, kl.period))
+			case usedR >= capR:
+			default:
+				picks = append(picks, rate(kp))
+			}
+		}
+		// The key's next jobs, one more than the free slots and the
+		// window can take (and the jobs kept slots are kept for, read
+		// past) to tell whether some are left waiting.
+		room = k - len(picks)
+		take := min(capC, room, capR-usedR)
 		ids, err := queryInts(ctx, keyJobs, p.Queue, key, take+len(kept)+1)
 		if err != nil {
-			return nil, false, err
+			return nil, false, 0, err
 		}
 		taken, left := 0, false
 		for _, id := range ids {
@@ -139,13 +230,24 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 				continue
 			}
 			if taken < take {
-				picks = append(picks, keyPick{id: id, key: key, n: free[taken]})
+				pk := keyPick{id: id, key: key, n: -1}
+				if kl.max > 0 {
+					pk.n = free[taken]
+				}
+				picks = append(picks, rate(pk))
 				taken++
 				continue
 			}
 			left = true
 		}
-		if left && len(free) < room && !(ordered && keptWaits) {
+		if !left {
+			continue
+		}
+		if full() {
+			// The key's window, not the claim's room, left them.
+			rateHeld(windowIn(rIn, usedR, kl.period))
+		}
+		if capC < room && !(kl.ordered && keptWaits) {
 			// The key's limit, not the claim's room, left them. Not
 			// when an ordered key waits for its kept job's retry: no
 			// attempt's end frees that slot, the retry's promotion
@@ -156,8 +258,14 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 	if last != "" {
 		d.cursors.set(p.Queue, last)
 	}
+	var in time.Duration
+	if retryIn > 0 {
+		// At least a millisecond, the clock's resolution, for a start
+		// leaving the window now.
+		in = max(time.Duration(retryIn)*time.Microsecond, time.Millisecond)
+	}
 	if len(picks) == 0 {
-		return nil, held, nil
+		return nil, held, in, nil
 	}
 	idList := make([]int64, len(picks))
 	for i, pk := range picks {
@@ -165,41 +273,92 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 	}
 	b, err := json.Marshal(idList)
 	if err != nil {
-		return nil, false, err
+		return nil, false, 0, err
 	}
 	began := time.Now().Add(-time.Millisecond)
 	rows, err := tx.StmtContext(ctx, ls.claimIDs).QueryContext(ctx, string(b), us(p.Lease), p.Worker)
 	if err != nil {
-		return nil, false, err
+		return nil, false, 0, err
 	}
 	out := make([]*driver.JobRow, 0, len(picks))
 	for rows.Next() {
 		j, err := scanJob(rows)
 		if err != nil {
 			rows.Close()
-			return nil, false, err
+			return nil, false, 0, err
 		}
 		j.LeaseFrom = began
 		out = append(out, j)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, false, err
+		return nil, false, 0, err
 	}
 	take := tx.StmtContext(ctx, ls.takeKeySlot)
+	var takeRate *sql.Stmt
+	if kl.rate > 0 {
+		takeRate = tx.StmtContext(ctx, ls.takeKeyRateSlot)
+	}
 	for _, j := range out {
-		var slot int64 = -1
-		for _, pk := range picks {
-			if pk.id == j.ID {
-				slot = pk.n
-				break
+		i := slices.IndexFunc(picks, func(pk keyPick) bool { return pk.id == j.ID })
+		if i < 0 {
+			return nil, false, 0, errors.New("claimed a job no slot admitted")
+		}
+		pk := picks[i]
+		if pk.n >= 0 {
+			if _, err := take.ExecContext(ctx, p.Queue, j.Key, pk.n, j.ID, j.Fence, j.AttemptedAt.UnixMicro()); err != nil {
+				return nil, false, 0, err
 			}
 		}
-		if _, err := take.ExecContext(ctx, p.Queue, j.Key, slot, j.ID, j.Fence, j.AttemptedAt.UnixMicro()); err != nil {
-			return nil, false, err
+		if pk.r < 0 {
+			if _, err := takeRate.ExecContext(ctx, p.Queue, j.Key, pk.r, j.AttemptedAt.UnixMicro()); err != nil {
+				return nil, false, 0, err
+			}
 		}
 	}
-	return out, held, nil
+	return out, held, in, nil
+}
+
+// windowIn is how long (µs) until a key's window has room again once a
+// claim used used of its open rate slots: rIn, until the oldest stamp
+// within the window leaves it (0 when none is within it), or at most a
+// period for the stamps the claim makes.
+func windowIn(rIn int64, used int, period int64) int64 {
+	if rIn > 0 {
+		return rIn
+	}
+	if used > 0 {
+		return period
+	}
+	return rIn
+}
+
+// keyRateSlots reads key's rate slots within kl.rate with st
+// (key_rate_slots): the numbers of the open ones (stamped at least a
+// period ago, or never), how many rows there are, and how long (µs)
+// until the oldest stamp within the period leaves it (0 when none is
+// within it).
+func keyRateSlots(ctx context.Context, st *sql.Stmt, queue, key string, kl keyLimits) (open []int64, seen int, in int64, err error) {
+	rows, err := st.QueryContext(ctx, queue, key, kl.rate)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var n, usedAt, now int64
+		if err := rows.Scan(&n, &usedAt, &now); err != nil {
+			return nil, 0, 0, err
+		}
+		seen++
+		if usedAt <= now-kl.period {
+			open = append(open, n)
+			continue
+		}
+		if left := usedAt + kl.period - now; in == 0 || left < in {
+			in = left
+		}
+	}
+	return open, seen, in, rows.Err()
 }
 
 // keySlots reads key's slots below keyMax with st (open_key_slots): the

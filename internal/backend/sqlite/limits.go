@@ -41,6 +41,7 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 		{&ls.claimUnkeyed, d.q.ClaimUnkeyed}, {&ls.claimIDs, d.q.ClaimIDs}, {&ls.nextKey, d.q.NextKey},
 		{&ls.addKeySlots, d.q.AddKeySlots}, {&ls.openKeySlots, d.q.OpenKeySlots}, {&ls.keptDue, d.q.KeptJobDue},
 		{&ls.keyJobs, d.q.KeyJobs}, {&ls.keyJobsOrdered, d.q.KeyJobsOrdered}, {&ls.takeKeySlot, d.q.TakeKeySlot},
+		{&ls.addKeyRateSlots, d.q.AddKeyRateSlots}, {&ls.keyRateSlots, d.q.KeyRateSlots}, {&ls.takeKeyRateSlot, d.q.TakeKeyRateSlot},
 	} {
 		var err error
 		if *x.st, err = d.prepared(ctx, x.query); err != nil {
@@ -64,16 +65,18 @@ type limitStmts struct {
 	claim, limitsOf, freeC, freeR, takeC, takeR, due, retryIn *sql.Stmt
 	// The keyed claim's.
 	claimUnkeyed, claimIDs, nextKey, addKeySlots, openKeySlots, keptDue, keyJobs, keyJobsOrdered, takeKeySlot *sql.Stmt
+	// The rate per key's.
+	addKeyRateSlots, keyRateSlots, takeKeyRateSlot *sql.Stmt
 }
 
 // claimLimitedIn is ClaimLimited's transaction.
 func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts, p driver.ClaimParams) (driver.ClaimResult, error) {
 	var res driver.ClaimResult
-	var maxRunning, rate, held, keyMax, keyOrder int
-	var period int64
+	var maxRunning, rate, held, keyMax, keyOrder, keyRate int
+	var period, keyRatePeriod int64
 	var paused bool
-	err := tx.StmtContext(ctx, ls.limitsOf).QueryRowContext(ctx, p.Queue).Scan(&maxRunning, &rate, &period, &held, &keyMax, &keyOrder, &paused)
-	if errors.Is(err, sql.ErrNoRows) || err == nil && maxRunning <= 0 && rate <= 0 && keyMax <= 0 {
+	err := tx.StmtContext(ctx, ls.limitsOf).QueryRowContext(ctx, p.Queue).Scan(&maxRunning, &rate, &period, &held, &keyMax, &keyOrder, &paused, &keyRate, &keyRatePeriod)
+	if errors.Is(err, sql.ErrNoRows) || err == nil && maxRunning <= 0 && rate <= 0 && keyMax <= 0 && keyRate <= 0 {
 		res.Rows, err = claimIn(ctx, tx, ls.claim, p, p.Limit)
 		return res, err
 	}
@@ -96,6 +99,7 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 	}
 	k := allowed
 	rateCut := false
+	var keyRetryIn time.Duration // until a window of a key the claim left jobs of has room
 	var rSlots []int64
 	if rate > 0 && allowed > 0 {
 		if rSlots, err = slotNumbers(ctx, tx.StmtContext(ctx, ls.freeR), p.Queue, rate, period, allowed); err != nil {
@@ -113,10 +117,11 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 	} else {
 		var keyHeld bool
 		switch {
-		case keyMax > 0 && !paused:
+		case (keyMax > 0 || keyRate > 0) && !paused:
 			// Jobs with a key into free slots of their keys, then those
 			// without one.
-			if res.Rows, keyHeld, err = d.claimKeyed(ctx, tx, ls, p, k, keyMax, keyOrder > 0); err != nil {
+			kl := keyLimits{max: keyMax, ordered: keyOrder > 0, rate: keyRate, period: keyRatePeriod}
+			if res.Rows, keyHeld, keyRetryIn, err = d.claimKeyed(ctx, tx, ls, p, k, kl); err != nil {
 				return res, fmt.Errorf("claim jobs with a key: %w", err)
 			}
 			if rest := k - len(res.Rows); rest > 0 {
@@ -147,6 +152,9 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 		// start leaves it in at most one period: at least a millisecond,
 		// the clock's resolution, for a start leaving it now.
 		res.RetryIn = max(time.Duration(in)*time.Microsecond, time.Millisecond)
+	}
+	if keyRetryIn > 0 && (res.RetryIn == 0 || keyRetryIn < res.RetryIn) {
+		res.RetryIn = keyRetryIn
 	}
 	return res, nil
 }
@@ -210,16 +218,25 @@ func takeSlots(ctx context.Context, tx *sql.Tx, ls *limitStmts, queue string, ro
 // when its attempt ends); Rescue's sweep deletes the free ones it no
 // longer needs, and a queue without key limits claims its jobs with a key
 // at once, as any other.
+//
+// A rate per key is stored as key_rate and key_rate_period_us; its rate
+// slots are made by the claims that need them and are not touched here:
+// those beyond a lowered KeyRate are ignored by claims, and Rescue's
+// sweep deletes them (forgetting the starts they recorded) with those of
+// a removed one.
 func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.QueueLimits) error {
 	if err := checkLimits(l); err != nil {
 		return fmt.Errorf("conveyor/sqlite: set limits of queue %q: %w", queue, err)
 	}
-	var maxRunning, rate, period, keyMax any
+	var maxRunning, rate, period, keyMax, keyRate, keyRatePeriod any
 	if l.MaxRunning > 0 {
 		maxRunning = l.MaxRunning
 	}
 	if l.Rate > 0 {
 		rate, period = l.Rate, us(l.RatePeriod)
+	}
+	if l.KeyRate > 0 {
+		keyRate, keyRatePeriod = l.KeyRate, us(l.KeyRatePeriod)
 	}
 	keyOrder := 0
 	switch {
@@ -231,7 +248,7 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 		keyMax = l.KeyMaxRunning
 	}
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, d.q.SetQueueLimits, queue, maxRunning, rate, period, keyMax, keyOrder); err != nil {
+		if _, err := tx.ExecContext(ctx, d.q.SetQueueLimits, queue, maxRunning, rate, period, keyMax, keyOrder, keyRate, keyRatePeriod); err != nil {
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, d.q.AddLimitSlots, queue, "c", l.MaxRunning); err != nil {
@@ -249,8 +266,8 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 	return nil
 }
 
-// maxKeyMaxRunning bounds QueueLimits.KeyMaxRunning: a key's slots are
-// rows, made by the claims that need them.
+// maxKeyMaxRunning bounds QueueLimits.KeyMaxRunning and KeyRate: a key's
+// slots are rows, made by the claims that need them.
 const maxKeyMaxRunning = 100000
 
 // checkLimits refuses limits the database cannot hold.
@@ -270,6 +287,12 @@ func checkLimits(l driver.QueueLimits) error {
 		return fmt.Errorf("Ordered runs one job per key at a time: KeyMaxRunning must be 0 or 1, got %d", l.KeyMaxRunning)
 	case l.OrderedMoveOn && !l.Ordered:
 		return errors.New("OrderedMoveOn needs Ordered")
+	case l.KeyRate < 0 || l.KeyRate > maxKeyMaxRunning:
+		return fmt.Errorf("KeyRate %d is out of range 0..%d", l.KeyRate, maxKeyMaxRunning)
+	case l.KeyRate > 0 && l.KeyRatePeriod < time.Microsecond:
+		return fmt.Errorf("KeyRate %d needs a KeyRatePeriod of at least a microsecond, got %v", l.KeyRate, l.KeyRatePeriod)
+	case l.KeyRate == 0 && l.KeyRatePeriod != 0:
+		return fmt.Errorf("KeyRatePeriod %v without a KeyRate", l.KeyRatePeriod)
 	}
 	return nil
 }
@@ -285,12 +308,13 @@ func (d *Driver) QueueLimits(ctx context.Context) (map[string]driver.QueueLimits
 	for rows.Next() {
 		var name string
 		var l driver.QueueLimits
-		var period int64
+		var period, keyRatePeriod int64
 		var keyOrder int
-		if err := rows.Scan(&name, &l.MaxRunning, &l.Rate, &period, &l.KeyMaxRunning, &keyOrder); err != nil {
+		if err := rows.Scan(&name, &l.MaxRunning, &l.Rate, &period, &l.KeyMaxRunning, &keyOrder, &l.KeyRate, &keyRatePeriod); err != nil {
 			return nil, fmt.Errorf("conveyor/sqlite: queue limits: %w", err)
 		}
 		l.RatePeriod = time.Duration(period) * time.Microsecond
+		l.KeyRatePeriod = time.Duration(keyRatePeriod) * time.Microsecond
 		setKeyOrder(&l, keyOrder)
 		out[name] = l
 	}
@@ -310,8 +334,9 @@ func setKeyOrder(l *driver.QueueLimits, keyOrder int) {
 
 // LimitUsage returns every limited queue's limits and their use, read in
 // one read transaction by the database's clock: one statement for every
-// queue, then, per queue with key limits, the count of its due jobs
-// their keys hold back (which reads the queue's due jobs with a key).
+// queue (with, for a rate per key, the keys whose window is full), then,
+// per queue with key limits, the count of its due jobs their keys hold
+// back (which reads the queue's due jobs with a key).
 func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, error) {
 	tx, err := d.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
@@ -327,14 +352,15 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 	for rows.Next() {
 		var name string
 		var u driver.LimitUsage
-		var period, now int64
+		var period, now, keyRatePeriod int64
 		var keyOrder int
 		var oldest sql.NullInt64
 		if err := rows.Scan(&name, &u.Limits.MaxRunning, &u.Limits.Rate, &period, &u.Limits.KeyMaxRunning, &keyOrder,
-			&u.Running, &u.Started, &oldest, &u.KeysRunning, &now); err != nil {
+			&u.Running, &u.Started, &oldest, &u.KeysRunning, &now, &u.Limits.KeyRate, &keyRatePeriod, &u.KeysRated); err != nil {
 			return nil, fmt.Errorf("conveyor/sqlite: limit usage: %w", err)
 		}
 		u.Limits.RatePeriod = time.Duration(period) * time.Microsecond
+		u.Limits.KeyRatePeriod = time.Duration(keyRatePeriod) * time.Microsecond
 		if u.Limits.Rate > 0 && u.Started >= u.Limits.Rate && oldest.Valid {
 			u.NextStart = max(time.Duration(oldest.Int64+period-now)*time.Microsecond, 0)
 		}
@@ -349,8 +375,11 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 		if !u.Limits.HasKeyLimits() {
 			continue
 		}
-		n := max(u.Limits.KeyMaxRunning, 1)
-		if err := tx.QueryRowContext(ctx, d.q.KeyHeld, name, n, u.Limits.Ordered).Scan(&u.KeyHeld); err != nil {
+		n := u.Limits.KeyMaxRunning
+		if u.Limits.Ordered {
+			n = 1
+		}
+		if err := tx.QueryRowContext(ctx, d.q.KeyHeld, name, n, u.Limits.Ordered, u.Limits.KeyRate, us(u.Limits.KeyRatePeriod)).Scan(&u.KeyHeld); err != nil {
 			return nil, fmt.Errorf("conveyor/sqlite: limit usage of queue %q: %w", name, err)
 		}
 		out[name] = u

@@ -131,6 +131,13 @@ type queries struct {
 	KeyHeld           string `sql:"key_held"`
 	DropKeySlotsTable string `sql:"drop_key_slots_table"`
 
+	// Rates per key (migration 13): the rate slots of the keyed claim and
+	// Rescue's sweep of them.
+	AddKeyRateSlots   string `sql:"add_key_rate_slots"`
+	KeyRateSlots      string `sql:"key_rate_slots"`
+	TakeKeyRateSlot   string `sql:"take_key_rate_slot"`
+	SweepKeyRateSlots string `sql:"sweep_key_rate_slots"`
+
 	// Paused queues, schedules and the process registry.
 	PauseQueue      string `sql:"pause_queue"`
 	PausedQueues    string `sql:"paused_queues"`

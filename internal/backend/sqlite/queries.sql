@@ -546,16 +546,20 @@ PRAGMA wal_checkpoint(RESTART)
 -- name: set_queue_limits
 -- ?1 queue, ?2 max_running, ?3 rate, ?4 rate period in microseconds, ?5
 -- key_max_running, each NULL for no limit, ?6 key_order (0 none, 1
--- ordered, 2 ordered moving on). Touches only the limit columns: the
--- pause stays.
-INSERT INTO {p}queues (name, max_running, rate, rate_period_us, key_max_running, key_order, updated_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, {now})
+-- ordered, 2 ordered moving on), ?7 key_rate and ?8 its period in
+-- microseconds (NULL for none). Touches only the limit columns: the pause
+-- stays.
+INSERT INTO {p}queues (name, max_running, rate, rate_period_us, key_max_running, key_order,
+                       key_rate, key_rate_period_us, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {now})
 ON CONFLICT (name) DO UPDATE
    SET max_running = excluded.max_running,
        rate = excluded.rate,
        rate_period_us = excluded.rate_period_us,
        key_max_running = excluded.key_max_running,
        key_order = excluded.key_order,
+       key_rate = excluded.key_rate,
+       key_rate_period_us = excluded.key_rate_period_us,
        updated_at = excluded.updated_at
 
 -- name: add_limit_slots
@@ -579,20 +583,24 @@ DELETE FROM {p}limit_slots
 
 -- name: queue_limits
 SELECT name, coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0),
-       coalesce(key_max_running, 0), coalesce(key_order, 0)
+       coalesce(key_max_running, 0), coalesce(key_order, 0),
+       coalesce(key_rate, 0), coalesce(key_rate_period_us, 0)
   FROM {p}queues
  WHERE max_running IS NOT NULL OR rate IS NOT NULL OR key_max_running IS NOT NULL
+    OR key_rate IS NOT NULL
 
 -- name: limits_of
 -- ?1 queue: its limits (0 for none), for a concurrency limit how many of
 -- its concurrency slots are held (those above a lowered limit included),
--- its key limits (key_max_running, key_order) and whether it is paused.
+-- its key limits (key_max_running, key_order), whether it is paused, and
+-- its rate per key (key_rate, key_rate_period_us).
 SELECT coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0),
        CASE WHEN max_running > 0
             THEN (SELECT count(*) FROM {p}limit_slots
                    WHERE queue = ?1 AND type = 'c' AND lkey = '' AND job_id IS NOT NULL)
             ELSE 0 END,
-       coalesce(key_max_running, 0), coalesce(key_order, 0), paused_at IS NOT NULL
+       coalesce(key_max_running, 0), coalesce(key_order, 0), paused_at IS NOT NULL,
+       coalesce(key_rate, 0), coalesce(key_rate_period_us, 0)
   FROM {p}queues
  WHERE name = ?1
 
@@ -674,8 +682,9 @@ DELETE FROM {p}limit_slots
 
 -- name: limit_usage
 -- Every limited queue's limits, its held concurrency slots, its starts
--- within the window with the oldest of them, and the keys with a held or
--- kept key slot, by one clock.
+-- within the window with the oldest of them, the keys with a held or
+-- kept key slot, and the keys whose rate window is full (key_rate rate
+-- slots within the rate, each stamped within the period), by one clock.
 SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_period_us, 0),
        coalesce(q.key_max_running, 0), coalesce(q.key_order, 0),
        (SELECT count(*) FROM {p}limit_slots AS s
@@ -686,16 +695,26 @@ SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_
          WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.used_at > n.now - q.rate_period_us),
        (SELECT count(DISTINCT s.lkey) FROM {p}key_slots AS s
          WHERE s.queue = q.name AND s.job_id IS NOT NULL),
-       n.now
+       n.now,
+       coalesce(q.key_rate, 0), coalesce(q.key_rate_period_us, 0),
+       CASE WHEN q.key_rate > 0
+            THEN (SELECT count(*) FROM (SELECT 1 FROM {p}key_slots AS s
+                                         WHERE s.queue = q.name AND s.n < 0 AND s.n >= -q.key_rate
+                                           AND s.used_at > n.now - q.key_rate_period_us
+                                         GROUP BY s.lkey
+                                        HAVING count(*) >= q.key_rate))
+            ELSE 0 END
   FROM {p}queues AS q, (SELECT {now} AS now) AS n
  WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL OR q.key_max_running IS NOT NULL
+    OR q.key_rate IS NOT NULL
  ORDER BY q.name
 
 -- name: drop_limit_slots_table
 DROP TABLE IF EXISTS {p}limit_slots
 
 -- Key limits (migration 12). A key-limited queue's keys hold rows of
--- key_slots, made by the claims that need them. A claim of such a queue
+-- key_slots, made by the claims that need them: concurrency slots
+-- (n >= 0) and, for a rate per key (migration 13), rate slots (n < 0). A claim of such a queue
 -- runs these inside its BEGIN IMMEDIATE transaction, whose write lock is
 -- its own: no other claimer sees a slot between its read and its take.
 
@@ -716,12 +735,35 @@ SELECT ?1, ?2, n, {now} FROM s WHERE n < ?3
 ON CONFLICT DO NOTHING
 
 -- name: open_key_slots
--- ?1 queue, ?2 key, ?3 key_max_running: the key's slots below the limit,
--- in order, with whether each is open: free (job_id NULL) or kept for a
--- job (fence NULL). Fewer rows than the limit: some are to be made.
+-- ?1 queue, ?2 key, ?3 key_max_running: the key's concurrency slots
+-- below the limit, in order, with whether each is open: free (job_id
+-- NULL) or kept for a job (fence NULL). Fewer rows than the limit: some
+-- are to be made.
 SELECT n, job_id, job_id IS NULL OR fence IS NULL FROM {p}key_slots
- WHERE queue = ?1 AND lkey = ?2 AND n < ?3
+ WHERE queue = ?1 AND lkey = ?2 AND n >= 0 AND n < ?3
  ORDER BY n
+
+-- name: add_key_rate_slots
+-- ?1 queue, ?2 key, ?3 a count up to key_rate: the key's rate slots -1 ..
+-- -?3 that are missing, open (stamped 0).
+WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n + 1 <= ?3)
+INSERT INTO {p}key_slots (queue, lkey, n, used_at)
+SELECT ?1, ?2, -n, 0 FROM s WHERE n <= ?3
+ON CONFLICT DO NOTHING
+
+-- name: key_rate_slots
+-- ?1 queue, ?2 key, ?3 key_rate: the key's rate slots within the rate,
+-- -1 first, with their stamps and the database's time. Fewer rows than
+-- the rate: some are to be made.
+SELECT n, used_at, {now} FROM {p}key_slots
+ WHERE queue = ?1 AND lkey = ?2 AND n < 0 AND n >= -?3
+ ORDER BY n DESC
+
+-- name: take_key_rate_slot
+-- ?1 queue, ?2 key, ?3 rate slot, ?4 the claim's attempted_at: the slot
+-- admitted that start.
+UPDATE {p}key_slots SET used_at = ?4
+ WHERE queue = ?1 AND lkey = ?2 AND n = ?3 AND job_id IS NULL
 
 -- name: kept_job_due
 -- ?1 job id a kept slot is kept for: whether it is due (available).
@@ -813,21 +855,36 @@ UPDATE {p}key_slots
                                ELSE j.fence = {p}key_slots.fence AND j.state = 'running' END)
 
 -- name: sweep_idle_key_slots
--- Deletes the free key slots unused for a minute, those at or above
--- their key's current limit, and those of a queue without key limits:
--- claims make them again when they need them.
+-- Deletes the free concurrency key slots unused for a minute, those at
+-- or above their key's current limit, and those of a queue without key
+-- limits: claims make them again when they need them.
 DELETE FROM {p}key_slots
- WHERE job_id IS NULL
+ WHERE job_id IS NULL AND n >= 0
    AND (used_at < {now} - 60000000
         OR n >= coalesce((SELECT key_max_running FROM {p}queues
                            WHERE name = {p}key_slots.queue), 0))
 
+-- name: sweep_key_rate_slots
+-- Deletes the rate slots stamped more than max(period, a minute) ago (or
+-- never), those beyond their queue's key_rate, and those of a queue
+-- without one: claims make them again, open, when they need them. A slot
+-- stamped within the period stays.
+DELETE FROM {p}key_slots
+ WHERE n < 0
+   AND NOT EXISTS (SELECT 1 FROM {p}queues AS q
+                    WHERE q.name = {p}key_slots.queue AND q.key_rate > 0
+                      AND {p}key_slots.n >= -q.key_rate
+                      AND {p}key_slots.used_at >= {now} - max(q.key_rate_period_us, 60000000))
+
 -- name: key_held
--- ?1 queue, ?2 key_max_running, ?3 1 when ordered: the queue's due jobs
--- with a key that its key's slots leave no room for. Per key: all of its
--- due jobs but those its slots below the limit admit (a kept slot its
--- own job if due; a free one, unless the key is ordered and has a kept
--- slot, one more job).
+-- ?1 queue, ?2 key_max_running (0 for none), ?3 1 when ordered, ?4
+-- key_rate (0 for none), ?5 its period in microseconds: the queue's due
+-- jobs with a key that its key's slots leave no room for. Per key whose
+-- rate window is full (key_rate rate slots stamped within the period):
+-- all of its due jobs. Per other key, with a concurrency limit: all of
+-- its due jobs but those its concurrency slots below the limit admit (a
+-- kept slot its own job if due; a free one, unless the key is ordered and
+-- has a kept slot, one more job).
 WITH a AS (SELECT lkey, count(*) AS cnt FROM {p}jobs INDEXED BY {p}jobs_key
             WHERE queue = ?1 AND state = 'available' AND lkey IS NOT NULL
             GROUP BY lkey),
@@ -838,12 +895,19 @@ WITH a AS (SELECT lkey, count(*) AS cnt FROM {p}jobs INDEXED BY {p}jobs_key
                       AND EXISTS (SELECT 1 FROM {p}jobs AS j
                                    WHERE j.id = ks.job_id AND j.state = 'available')) AS kept_due
              FROM {p}key_slots AS ks
-            WHERE ks.queue = ?1 AND ks.n < ?2
-            GROUP BY ks.lkey)
-SELECT coalesce(sum(a.cnt - CASE WHEN ?3 AND coalesce(s.kept, 0) > 0
-                                 THEN coalesce(s.kept_due, 0)
-                                 ELSE min(a.cnt, coalesce(s.kept_due, 0) + max(?2 - coalesce(s.occupied, 0), 0)) END), 0)
-  FROM a LEFT JOIN s ON s.lkey = a.lkey
+            WHERE ks.queue = ?1 AND ks.n >= 0 AND ks.n < ?2
+            GROUP BY ks.lkey),
+     r AS (SELECT rs.lkey FROM {p}key_slots AS rs
+            WHERE ?4 > 0 AND rs.queue = ?1 AND rs.n < 0 AND rs.n >= -?4
+              AND rs.used_at > {now} - ?5
+            GROUP BY rs.lkey
+           HAVING count(*) >= ?4)
+SELECT coalesce(sum(CASE WHEN r.lkey IS NOT NULL THEN a.cnt
+                         WHEN ?2 = 0 THEN 0
+                         WHEN ?3 AND coalesce(s.kept, 0) > 0
+                         THEN a.cnt - coalesce(s.kept_due, 0)
+                         ELSE a.cnt - min(a.cnt, coalesce(s.kept_due, 0) + max(?2 - coalesce(s.occupied, 0), 0)) END), 0)
+  FROM a LEFT JOIN s ON s.lkey = a.lkey LEFT JOIN r ON r.lkey = a.lkey
 
 -- name: drop_key_slots_table
 DROP TABLE IF EXISTS {p}key_slots
