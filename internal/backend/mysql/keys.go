@@ -488,6 +488,7 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 		return len(free[key])
 	}
 	var rfree map[string][]int64
+	asked := map[string]int{} // the rate slots locked for, per key
 	if rate {
 		var keys []string
 		var counts []int64
@@ -499,17 +500,25 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 			if n > 0 {
 				keys = append(keys, key)
 				counts = append(counts, int64(n))
+				asked[key] = n
 			}
 		}
 		if rfree, err = d.lockRateSlots(ctx, tx, p.Queue, l, keys, counts); err != nil {
 			return nil, false, nil, err
 		}
 	}
+	// capR is the key's room in its window: the rate slots the claim
+	// locked when it found fewer open than it asked for, else the starts
+	// the walk saw left (the claim locked no more than it can take);
+	// unbounded without a rate per key.
 	capR := func(key string) int {
-		if !rate {
+		switch {
+		case !rate:
 			return math.MaxInt
+		case len(rfree[key]) < asked[key] || asked[key] == 0:
+			return len(rfree[key])
 		}
-		return len(rfree[key])
+		return kw.rfree[key]
 	}
 	// The next jobs of the keys with room, read at once: as many as the
 	// key's room or the claim's allowance could take, and one more.

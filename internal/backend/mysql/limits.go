@@ -637,7 +637,7 @@ func (d *Driver) QueueLimits(ctx context.Context) (map[string]driver.QueueLimits
 				return err
 			}
 			if l := c.limits(); !l.IsZero() {
-				out[name] = l
+				out[name] = publicLimits(l)
 			}
 		}
 		return rows.Err()
@@ -683,15 +683,25 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 		return nil, err
 	}
 	for name, u := range out {
-		if !u.Limits.HasKeyLimits() {
-			continue
+		if u.Limits.HasKeyLimits() {
+			if err := d.keyUsage(ctx, name, &u); err != nil {
+				return nil, err
+			}
 		}
-		if err := d.keyUsage(ctx, name, &u); err != nil {
-			return nil, err
-		}
+		u.Limits = publicLimits(u.Limits)
 		out[name] = u
 	}
 	return out, nil
+}
+
+// publicLimits is l as SetQueueLimits was given it: an Ordered queue
+// stores (and its claims use) a KeyMaxRunning of 1, which it was set
+// with implicitly.
+func publicLimits(l driver.QueueLimits) driver.QueueLimits {
+	if l.Ordered {
+		l.KeyMaxRunning = 0
+	}
+	return l
 }
 
 // sweepSlots is the rescue's sweep of the limits' slots: it frees up to
