@@ -431,3 +431,51 @@ func TestKeyRateSweep(t *testing.T) {
 		t.Fatalf("claimed %d after the sweep, want the two starts that left the window", len(rows))
 	}
 }
+
+// TestKeyRateEndsFreeNothing: the paths that end an attempt by its job
+// (release, cancel, an expired lease's rescue) free its key slot but
+// never a rate slot: the start stays in its key's window.
+func TestKeyRateEndsFreeNothing(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{}, nil)
+	if _, err := d.Insert(ctx, keyedJobs("ke", "a", 8)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "ke", driver.QueueLimits{KeyMaxRunning: 3, KeyRate: 3, KeyRatePeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	rows, _ := claimAll(t, d, "ke", 10)
+	if len(rows) != 3 {
+		t.Fatalf("claimed %d, want 3", len(rows))
+	}
+	stamps := func() string {
+		t.Helper()
+		var s string
+		if err := d.db.QueryRowContext(ctx, "SELECT COALESCE(GROUP_CONCAT(n, '@', used_at ORDER BY n), '') FROM `"+d.prefix+"limit_slots` WHERE queue = 'ke' AND type = 'w' AND job_id IS NULL AND fence IS NULL").Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := stamps()
+	if n, err := d.Release(ctx, []driver.Lease{{ID: rows[0].ID, Fence: rows[0].Fence}}); err != nil || n != 1 {
+		t.Fatalf("release: %d, %v", n, err)
+	}
+	if _, err := d.Cancel(ctx, rows[1].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.db.ExecContext(ctx, "UPDATE `"+d.prefix+"jobs` SET lease_expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE id = ?", rows[2].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Rescue(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	if after := stamps(); after != before || strings.Count(after, "@") != 3 {
+		t.Fatalf("rate slots %q after the attempts ended, want them as the claim stamped them: %q", after, before)
+	}
+	if u, _ := d.LimitUsage(ctx); u["ke"].KeysRunning != 0 || u["ke"].KeysRated != 1 || u["ke"].KeyHeld != 7 {
+		t.Fatalf("usage %+v, want no key slot held, the key rated holding its 7 available jobs", u["ke"])
+	}
+	if more, r := claimAll(t, d, "ke", 10); len(more) != 0 || !r.Held || r.RetryIn <= 0 || r.RetryIn > time.Hour {
+		t.Fatalf("claimed %d (held %v, retry in %v) with the key's window full", len(more), r.Held, r.RetryIn)
+	}
+}
