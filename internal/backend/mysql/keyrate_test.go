@@ -175,6 +175,13 @@ func TestKeyRateWithKeyMaxRunning(t *testing.T) {
 			t.Fatalf("claimed %d of key a at once under KeyMaxRunning 1", len(rows))
 		}
 		total += len(rows)
+		if len(rows) == 1 && total < 3 {
+			// The key's slot, not its window, holds its other jobs.
+			r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "km", Limit: 10, Lease: time.Hour, Worker: "w"})
+			if err != nil || len(r.Rows) != 0 || !r.Held || r.RetryIn != 0 {
+				t.Fatalf("claim with the key's slot held and room in its window: %d rows, held %v, retry in %v, %v; want held, retry in 0", len(r.Rows), r.Held, r.RetryIn, err)
+			}
+		}
 		completeAll(t, d, rows, driver.StateCompleted)
 	}
 	if total != 3 {

@@ -509,13 +509,14 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 	}
 	// capR is the key's room in its window: the rate slots the claim
 	// locked when it found fewer open than it asked for, else the starts
-	// the walk saw left (the claim locked no more than it can take);
-	// unbounded without a rate per key.
+	// the walk saw left (the claim locked no more than it can take, and
+	// none for a key without room by its slots); unbounded without a
+	// rate per key.
 	capR := func(key string) int {
 		switch {
 		case !rate:
 			return math.MaxInt
-		case len(rfree[key]) < asked[key] || asked[key] == 0:
+		case len(rfree[key]) < asked[key]:
 			return len(rfree[key])
 		}
 		return kw.rfree[key]
