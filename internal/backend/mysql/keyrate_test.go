@@ -486,3 +486,46 @@ func TestKeyRateEndsFreeNothing(t *testing.T) {
 		t.Fatalf("claimed %d (held %v, retry in %v) with the key's window full", len(more), r.Held, r.RetryIn)
 	}
 }
+
+// TestKeyRateWithQueueLimits: the queue's MaxRunning and Rate bound the
+// claims as well as each key's window.
+func TestKeyRateWithQueueLimits(t *testing.T) {
+	for _, v := range variants[:2] {
+		t.Run(v.name, func(t *testing.T) {
+			ctx := context.Background()
+			d := migrated(t, v.opts, v.tweak)
+			if _, err := d.Insert(ctx, append(keyedJobs("kq", "a", 6), keyedJobs("kq", "b", 6)...)); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.SetQueueLimits(ctx, "kq", driver.QueueLimits{MaxRunning: 2, KeyRate: 3, KeyRatePeriod: time.Hour}); err != nil {
+				t.Fatal(err)
+			}
+			var all []*driver.JobRow
+			for i := 0; i < 6; i++ {
+				rows, _ := claimAll(t, d, "kq", 10)
+				if len(rows) > 2 {
+					t.Fatalf("claimed %d at once under MaxRunning 2", len(rows))
+				}
+				all = append(all, rows...)
+				completeAll(t, d, rows, driver.StateCompleted)
+			}
+			if got := countKeys(all); got["a"] != 3 || got["b"] != 3 {
+				t.Fatalf("claimed %v under MaxRunning 2 and 3 per key per hour, want 3 of each", got)
+			}
+			// A queue's rate of 4 per hour stops the claims first.
+			if err := d.SetQueueLimits(ctx, "kr", driver.QueueLimits{Rate: 4, RatePeriod: time.Hour, KeyRate: 3, KeyRatePeriod: time.Hour}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.Insert(ctx, append(keyedJobs("kr", "a", 6), keyedJobs("kr", "b", 6)...)); err != nil {
+				t.Fatal(err)
+			}
+			rows, r := claimAll(t, d, "kr", 10)
+			if got := countKeys(rows); len(rows) != 4 || got["a"] > 3 || got["b"] > 3 {
+				t.Fatalf("claimed %v under 4 per hour and 3 per key per hour, want 4, at most 3 of a key", got)
+			}
+			if !r.Held || r.RetryIn <= 0 || r.RetryIn > time.Hour {
+				t.Fatalf("claim with the queue's window full: held %v, retry in %v", r.Held, r.RetryIn)
+			}
+		})
+	}
+}
