@@ -175,6 +175,22 @@ func TestKeyInput(t *testing.T) {
 			t.Fatalf("limits %+v: %v, want ErrInvalidOpts", l, err)
 		}
 	}
+	for _, bad := range []struct {
+		l     conveyor.QueueLimits
+		field string
+	}{
+		{conveyor.QueueLimits{KeyRate: -1, KeyRatePeriod: time.Hour}, "KeyRate "},
+		{conveyor.QueueLimits{KeyRate: 100001, KeyRatePeriod: time.Hour}, "KeyRate "},
+		{conveyor.QueueLimits{KeyRate: 1}, "KeyRatePeriod"},
+		{conveyor.QueueLimits{KeyRate: 1, KeyRatePeriod: time.Microsecond}, "KeyRatePeriod"},
+		{conveyor.QueueLimits{KeyRate: 1, KeyRatePeriod: 31 * 24 * time.Hour}, "KeyRatePeriod"},
+		{conveyor.QueueLimits{KeyRatePeriod: time.Second}, "KeyRatePeriod"},
+	} {
+		err := c.SetQueueLimits(ctx, "q", bad.l)
+		if !errors.Is(err, conveyor.ErrInvalidOpts) || !strings.Contains(err.Error(), bad.field) {
+			t.Fatalf("limits %+v: %v, want ErrInvalidOpts naming %s", bad.l, err, bad.field)
+		}
+	}
 	got, err := c.QueueLimits(ctx)
 	if err != nil || len(got) != 0 {
 		t.Fatalf("limits after refused changes: %v, %v", got, err)
@@ -303,5 +319,52 @@ func TestKeyRateAcrossClients(t *testing.T) {
 				t.Logf("job %d of key %s by %s: started %s", x.id, keyOf[x.id], x.by, x.start.Format("05.000"))
 			}
 		}
+	})
+}
+
+// Stats and QueueLimits report a queue's rate per key: the limits as set,
+// the keys whose window is full and their jobs held, and the queue held
+// by its keys once only jobs of those keys are available; a remote claim
+// takes one job per key and the job without a key, then nothing.
+func TestKeyRateStats(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		cfg := fast(testdb.Prefix())
+		cfg.Queues, cfg.NoQueues = nil, true
+		c := openDropped(t, dsn, cfg)
+		want := conveyor.QueueLimits{KeyRate: 1, KeyRatePeriod: time.Hour}
+		if err := c.SetQueueLimits(ctx, "kr", want); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := c.QueueLimits(ctx); err != nil || got["kr"] != want {
+			t.Fatalf("QueueLimits: %v, %v; want kr: %+v", got, err, want)
+		}
+		for _, k := range []string{"a", "a", "a", "b", ""} {
+			if _, err := c.Enqueue(ctx, limited{}, &conveyor.EnqueueOpts{Queue: "kr", Key: k}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rw := c.RemoteWorkers()
+		jobs, err := rw.Claim(ctx, conveyor.RemoteClaim{Queue: "kr", Limit: 10, Worker: "w"})
+		if err != nil || len(jobs) != 3 {
+			t.Fatalf("claimed %d (%v), want one of each key and the job without one", len(jobs), err)
+		}
+		if again, err := rw.Claim(ctx, conveyor.RemoteClaim{Queue: "kr", Limit: 10, Worker: "w"}); err != nil || len(again) != 0 {
+			t.Fatalf("claimed %d more (%v) with every key's window full", len(again), err)
+		}
+		st, err := c.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range st.Queues {
+			if q.Queue != "kr" {
+				continue
+			}
+			if q.Limits == nil || *q.Limits != want || q.LimitUse == nil || q.LimitUse.KeysRated != 2 || q.LimitUse.KeyHeld != 2 || q.Held != conveyor.HeldByKey {
+				t.Fatalf("stats of kr: limits %v use %+v held %q; want 2 keys rated, 2 jobs held, held by key", q.Limits, q.LimitUse, q.Held)
+			}
+			return
+		}
+		t.Fatal("kr not in the stats")
 	})
 }

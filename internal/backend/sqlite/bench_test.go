@@ -175,10 +175,26 @@ func BenchmarkInsert(b *testing.B) {
 }
 
 // BenchmarkClaimKeyed drains b.N jobs spread over 1000 keys (one deep key
-// holding a tenth of them) from a queue limited to 2 running jobs per
-// key: claims of 100 and a Complete of what each claimed, as
-// BenchmarkClaimComplete does for a queue without limits.
+// holding a tenth of them) from a queue limited per key: claims of 100
+// and a Complete of what each claimed, as BenchmarkClaimComplete does
+// for a queue without limits. The limits: 2 running jobs per key; the
+// same with a rate per key that never binds (100 starts per key per
+// millisecond: the cost of reading and stamping rate slots); and that
+// rate alone.
 func BenchmarkClaimKeyed(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		l    driver.QueueLimits
+	}{
+		{"keymax2", driver.QueueLimits{KeyMaxRunning: 2}},
+		{"keymax2-keyrate", driver.QueueLimits{KeyMaxRunning: 2, KeyRate: 100, KeyRatePeriod: time.Millisecond}},
+		{"keyrate", driver.QueueLimits{KeyRate: 100, KeyRatePeriod: time.Millisecond}},
+	} {
+		b.Run(tc.name, func(b *testing.B) { benchClaimKeyed(b, tc.l) })
+	}
+}
+
+func benchClaimKeyed(b *testing.B, l driver.QueueLimits) {
 	d := benchDriver(b, 0)
 	ctx := context.Background()
 	jobs := make([]driver.InsertParams, b.N)
@@ -192,7 +208,7 @@ func BenchmarkClaimKeyed(b *testing.B) {
 	if got, err := d.BulkInsert(ctx, jobs); err != nil || got != int64(b.N) {
 		b.Fatalf("bulk insert: %d, %v", got, err)
 	}
-	if err := d.SetQueueLimits(ctx, "bench", driver.QueueLimits{KeyMaxRunning: 2}); err != nil {
+	if err := d.SetQueueLimits(ctx, "bench", l); err != nil {
 		b.Fatal(err)
 	}
 	cp := driver.ClaimParams{Queue: "bench", Limit: 100, Lease: time.Minute, Worker: "bench"}

@@ -170,14 +170,26 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		if len(dueKept) == 0 && capC == 0 {
 			continue // an ordered key waiting for its kept job's retry
 		}
+		// The key's next jobs, one more than the free slots can take
+		// (and the jobs kept slots are kept for, read past) to tell
+		// whether some are left waiting.
+		ids, err := queryInts(ctx, keyJobs, p.Queue, key, min(capC, room)+len(kept)+1)
+		if err != nil {
+			return nil, false, 0, err
+		}
+		var cands []int64
+		for _, id := range ids {
+			if !slices.Contains(keptIDs, id) {
+				cands = append(cands, id)
+			}
+		}
 		// capR: how many starts the key's window admits; rOpen: its open
 		// rate slots; rIn: until its window has room once full.
 		capR := room
 		var rOpen []int64
 		var rIn int64
 		var seenR int
-		if kl.rate > 0 {
-			need := min(room, len(dueKept)+capC)
+		if need := min(room, len(dueKept)+min(capC, len(cands))); kl.rate > 0 && need > 0 {
 			if rOpen, seenR, rIn, err = keyRateSlots(ctx, rateSlots, p.Queue, key, kl); err != nil {
 				return nil, false, 0, err
 			}
@@ -215,33 +227,17 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 				picks = append(picks, rate(kp))
 			}
 		}
-		// The key's next jobs, one more than the free slots and the
-		// window can take (and the jobs kept slots are kept for, read
-		// past) to tell whether some are left waiting.
 		room = k - len(picks)
-		take := min(capC, room, capR-usedR)
-		ids, err := queryInts(ctx, keyJobs, p.Queue, key, take+len(kept)+1)
-		if err != nil {
-			return nil, false, 0, err
-		}
-		taken, left := 0, false
-		for _, id := range ids {
-			if slices.Contains(keptIDs, id) {
-				continue
+		take := min(capC, room, capR-usedR, len(cands))
+		for i, id := range cands[:take] {
+			pk := keyPick{id: id, key: key, n: -1}
+			if kl.max > 0 {
+				pk.n = free[i]
 			}
-			if taken < take {
-				pk := keyPick{id: id, key: key, n: -1}
-				if kl.max > 0 {
-					pk.n = free[taken]
-				}
-				picks = append(picks, rate(pk))
-				taken++
-				continue
-			}
-			left = true
+			picks = append(picks, rate(pk))
 		}
-		if !left {
-			continue
+		if len(cands) <= take {
+			continue // none left
 		}
 		if full() {
 			// The key's window, not the claim's room, left them.

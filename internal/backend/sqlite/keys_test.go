@@ -22,6 +22,10 @@ func TestKeyLimitsValidation(t *testing.T) {
 		{driver.QueueLimits{KeyMaxRunning: maxKeyMaxRunning + 1}, "KeyMaxRunning"},
 		{driver.QueueLimits{Ordered: true, KeyMaxRunning: 2}, "Ordered"},
 		{driver.QueueLimits{OrderedMoveOn: true}, "OrderedMoveOn"},
+		{driver.QueueLimits{KeyRate: -1, KeyRatePeriod: time.Hour}, "KeyRate"},
+		{driver.QueueLimits{KeyRate: maxKeyMaxRunning + 1, KeyRatePeriod: time.Hour}, "KeyRate"},
+		{driver.QueueLimits{KeyRate: 1, KeyRatePeriod: time.Nanosecond}, "KeyRatePeriod"},
+		{driver.QueueLimits{KeyRatePeriod: time.Second}, "KeyRatePeriod"},
 	} {
 		if err := d.SetQueueLimits(ctx, "q", tc.l); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("limits %+v: %v, want an error naming %s", tc.l, err, tc.want)
@@ -139,5 +143,105 @@ func TestLargeKeyLimitMakesFewSlots(t *testing.T) {
 	var n int
 	if err := d.DB().QueryRow(`SELECT count(*) FROM conveyor_key_slots`).Scan(&n); err != nil || n != 5 {
 		t.Fatalf("%d key slot rows (%v) for 5 jobs running, want 5", n, err)
+	}
+}
+
+// TestKeyRateSlotsSwept checks the rate slots of keys: made by the claims
+// that use them, stamped, untouched by the ends of attempts and by the
+// sweep of idle concurrency slots, and deleted by Rescue's sweep once
+// stamped more than max(KeyRatePeriod, a minute) ago (or never), beyond
+// a lowered KeyRate, or of a queue without one.
+func TestKeyRateSlotsSwept(t *testing.T) {
+	d := migrated(t)
+	ctx := context.Background()
+	rateSlots := func(queue string) (n int) {
+		t.Helper()
+		if err := d.DB().QueryRow(`SELECT count(*) FROM conveyor_key_slots WHERE queue = ? AND n < 0 AND job_id IS NULL AND fence IS NULL`, queue).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	age := func(queue string, by time.Duration) {
+		t.Helper()
+		if _, err := d.DB().Exec(`UPDATE conveyor_key_slots SET used_at = used_at - ? WHERE queue = ? AND n < 0`, by.Microseconds(), queue); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sweep := func() {
+		t.Helper()
+		if _, err := d.Rescue(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var jobs []driver.InsertParams
+	for i := 0; i < 3; i++ {
+		jobs = append(jobs, driver.InsertParams{Queue: "r", Kind: "k", Key: "a"}, driver.InsertParams{Queue: "r", Kind: "k", Key: "b"})
+	}
+	jobs = append(jobs, driver.InsertParams{Queue: "g", Kind: "k", Key: "c"}, driver.InsertParams{Queue: "g", Kind: "k", Key: "c"})
+	if _, err := d.Insert(ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "r", driver.QueueLimits{KeyMaxRunning: 5, KeyRate: 3, KeyRatePeriod: 2 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "g", driver.QueueLimits{KeyRate: 2, KeyRatePeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	var claimed []*driver.JobRow
+	for _, q := range []string{"r", "g"} {
+		r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: q, Limit: 10, Lease: time.Minute, Worker: "w"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		claimed = append(claimed, r.Rows...)
+	}
+	if len(claimed) != 8 || rateSlots("r") != 6 || rateSlots("g") != 2 {
+		t.Fatalf("claimed %d; rate slots r %d, g %d; want 8 claimed, 6 and 2 slots", len(claimed), rateSlots("r"), rateSlots("g"))
+	}
+	// Each stamped with the database time of the start it admitted.
+	var stamped int
+	if err := d.DB().QueryRow(`SELECT count(*) FROM conveyor_key_slots AS s
+	                            WHERE s.n < 0 AND EXISTS (SELECT 1 FROM conveyor_jobs AS j
+	                                                       WHERE j.queue = s.queue AND j.lkey = s.lkey AND j.attempted_at = s.used_at)`).Scan(&stamped); err != nil || stamped != 8 {
+		t.Fatalf("%d rate slots stamped with their start's attempted_at (%v), want 8", stamped, err)
+	}
+	// The ends of the attempts free the concurrency slots only.
+	for _, row := range claimed {
+		if _, err := d.Complete(ctx, []driver.Outcome{{ID: row.ID, Fence: row.Fence, Attempt: row.Attempt, State: driver.StateCompleted}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Stamped 90s ago: older than the minute after which idle
+	// concurrency slots go, within r's period of 2 minutes.
+	age("r", 90*time.Second)
+	if _, err := d.DB().Exec(`INSERT INTO conveyor_key_slots (queue, lkey, n, used_at) VALUES ('r', 'z', -1, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	sweep()
+	if got := rateSlots("r"); got != 6 {
+		t.Fatalf("after the attempts ended and a sweep: %d rate slots of r, want its 6 stamped within its period (the never-stamped one gone)", got)
+	}
+	if got := rateSlots("g"); got != 2 {
+		t.Fatalf("%d rate slots of g, want 2", got)
+	}
+	// Lowered: the slots beyond the rate go; removed: all of them.
+	if err := d.SetQueueLimits(ctx, "r", driver.QueueLimits{KeyMaxRunning: 5, KeyRate: 2, KeyRatePeriod: 2 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "g", driver.QueueLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	sweep()
+	if got := rateSlots("r"); got != 4 {
+		t.Fatalf("after lowering r's rate to 2: %d rate slots, want 4 (2 per key)", got)
+	}
+	if got := rateSlots("g"); got != 0 {
+		t.Fatalf("after removing g's rate: %d rate slots, want none", got)
+	}
+	// Out of the period: gone.
+	age("r", 31*time.Second)
+	sweep()
+	if got := rateSlots("r"); got != 0 {
+		t.Fatalf("rate slots stamped more than a period ago: %d left, want none", got)
 	}
 }

@@ -23,6 +23,12 @@ import (
 // A concurrency limit admits a claim while fewer attempts than the limit
 // hold slots, counting the slots above a lowered limit that attempts
 // still hold, and only into free slots below the limit.
+//
+// A queue with limits per key (KeyMaxRunning, Ordered, KeyRate) claims
+// its jobs with a key through claimKeyed, within the room the queue's
+// own limits leave, then its jobs without one. RetryIn is the earliest
+// of the queue's rate window and the full windows of the keys the claim
+// left jobs of.
 func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
 	var res driver.ClaimResult
 	if p.Limit <= 0 {
