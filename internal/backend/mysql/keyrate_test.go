@@ -367,13 +367,16 @@ func TestKeyRateShortPeriod(t *testing.T) {
 	}
 }
 
-// TestKeyRateSweep: the rescue's sweep deletes the rate slots whose start
-// left the window long ago, those beyond a lowered rate and those of a
-// queue without one, and never a slot stamped within the window.
+// TestKeyRateSweep: the rescue's sweep deletes the rate slots stamped
+// longer ago than their period or a minute, or never, those beyond a
+// lowered rate and those of a queue without one, and never a slot stamped
+// within the window.
 func TestKeyRateSweep(t *testing.T) {
 	ctx := context.Background()
 	d := migrated(t, driver.Options{}, nil)
-	if _, err := d.Insert(ctx, append(keyedJobs("kw", "a", 6), keyedJobs("kn", "a", 2)...)); err != nil {
+	jobs := append(keyedJobs("kw", "a", 6), keyedJobs("kn", "a", 2)...)
+	jobs = append(jobs, keyedJobs("ks", "a", 3)...)
+	if _, err := d.Insert(ctx, jobs); err != nil {
 		t.Fatal(err)
 	}
 	for _, q := range []string{"kw", "kn"} {
@@ -381,11 +384,13 @@ func TestKeyRateSweep(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if rows, _ := claimAll(t, d, "kw", 10); len(rows) != 3 {
-		t.Fatalf("claimed %d, want 3", len(rows))
+	if err := d.SetQueueLimits(ctx, "ks", driver.QueueLimits{KeyRate: 3, KeyRatePeriod: time.Second}); err != nil {
+		t.Fatal(err)
 	}
-	if rows, _ := claimAll(t, d, "kn", 10); len(rows) != 2 {
-		t.Fatalf("claimed %d, want 2", len(rows))
+	for q, want := range map[string]int{"kw": 3, "kn": 2, "ks": 3} {
+		if rows, _ := claimAll(t, d, q, 10); len(rows) != want {
+			t.Fatalf("claimed %d of %s, want %d", len(rows), q, want)
+		}
 	}
 	slots := func(q, where string) int {
 		t.Helper()
@@ -395,18 +400,22 @@ func TestKeyRateSweep(t *testing.T) {
 		}
 		return n
 	}
-	// kw: slot 0's start left the window long ago, slot 1's just now
-	// (kept: a minute's grace), slot 2 is within it; a slot beyond the
-	// rate, as after a lowered rate.
 	exec := func(q string, args ...any) {
 		t.Helper()
 		if _, err := d.db.ExecContext(ctx, strings.ReplaceAll(q, "{p}", d.prefix), args...); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// kw, an hour's window: slot 0's start left it an hour ago, slot 1
+	// and 2 are within it; a slot beyond the rate (as after a lowered
+	// rate), and one never stamped.
 	exec("UPDATE `{p}limit_slots` SET used_at = UTC_TIMESTAMP(6) - INTERVAL 2 HOUR WHERE queue = 'kw' AND type = 'w' AND n = 0")
-	exec("UPDATE `{p}limit_slots` SET used_at = UTC_TIMESTAMP(6) - INTERVAL 61 MINUTE + INTERVAL 30 SECOND WHERE queue = 'kw' AND type = 'w' AND n = 1")
-	exec("INSERT INTO `{p}limit_slots` (queue, type, lkey, n, used_at) VALUES ('kw', 'w', 'a', 3, UTC_TIMESTAMP(6))")
+	exec("UPDATE `{p}limit_slots` SET used_at = UTC_TIMESTAMP(6) - INTERVAL 59 MINUTE WHERE queue = 'kw' AND type = 'w' AND n = 1")
+	exec("INSERT INTO `{p}limit_slots` (queue, type, lkey, n, used_at) VALUES ('kw', 'w', 'a', 3, UTC_TIMESTAMP(6)), ('kw', 'w', 'b', 0, NULL)")
+	// ks, a second's window: a start 30s ago is kept a minute, one 2
+	// minutes ago is not.
+	exec("UPDATE `{p}limit_slots` SET used_at = UTC_TIMESTAMP(6) - INTERVAL 30 SECOND WHERE queue = 'ks' AND type = 'w' AND n = 0")
+	exec("UPDATE `{p}limit_slots` SET used_at = UTC_TIMESTAMP(6) - INTERVAL 2 MINUTE WHERE queue = 'ks' AND type = 'w' AND n = 1")
 	// kn loses its rate per key: its slots go, stamped or not.
 	if err := d.SetQueueLimits(ctx, "kn", driver.QueueLimits{MaxRunning: 5}); err != nil {
 		t.Fatal(err)
@@ -417,25 +426,28 @@ func TestKeyRateSweep(t *testing.T) {
 	if _, err := d.Rescue(ctx, 100); err != nil {
 		t.Fatal(err)
 	}
-	if n := slots("kw", "n = 0"); n != 0 {
-		t.Error("the slot whose start left the window two hours ago was kept")
+	for _, c := range []struct {
+		q, where string
+		want     int
+		what     string
+	}{
+		{"kw", "lkey = 'a' AND n = 0", 0, "stamped two hours ago, its period an hour"},
+		{"kw", "lkey = 'a' AND n = 1", 1, "stamped 59 minutes ago, its period an hour"},
+		{"kw", "lkey = 'a' AND n = 2", 1, "stamped by the claim"},
+		{"kw", "lkey = 'a' AND n = 3", 0, "beyond the rate"},
+		{"kw", "lkey = 'b'", 0, "never stamped"},
+		{"ks", "n = 0", 1, "stamped 30s ago, its period a second"},
+		{"ks", "n = 1", 0, "stamped 2 minutes ago, its period a second"},
+		{"kn", "TRUE", 0, "of a queue without a rate per key"},
+	} {
+		if n := slots(c.q, c.where); n != c.want {
+			t.Errorf("%s: %d rate slots %s, want %d", c.q, n, c.what, c.want)
+		}
 	}
-	if n := slots("kw", "n = 1"); n != 1 {
-		t.Error("the slot whose start left the window 30s ago was deleted")
-	}
-	if n := slots("kw", "n = 2"); n != 1 {
-		t.Error("the slot stamped within the window was deleted")
-	}
-	if n := slots("kw", "n = 3"); n != 0 {
-		t.Error("the slot beyond the rate was kept")
-	}
-	if n := slots("kn", "TRUE"); n != 0 {
-		t.Errorf("%d rate slots of a queue without a rate per key were kept", n)
-	}
-	// Two starts left the window (slot 0's, deleted and made again, and
-	// slot 1's); one is still within it.
-	if rows, _ := claimAll(t, d, "kw", 10); len(rows) != 2 {
-		t.Fatalf("claimed %d after the sweep, want the two starts that left the window", len(rows))
+	// One start left kw's window (slot 0's, deleted and made again); two
+	// are still within it.
+	if rows, _ := claimAll(t, d, "kw", 10); len(rows) != 1 {
+		t.Fatalf("claimed %d after the sweep, want the one start that left the window", len(rows))
 	}
 }
 

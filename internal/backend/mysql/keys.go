@@ -359,17 +359,16 @@ func (d *Driver) keyRateStats(ctx context.Context, queue string, l driver.QueueL
 // closed is its slots stamped within the window, need the attempts the
 // claim may start of it: want, its free key slots, one when Ordered):
 // among them at least need are open, or every slot below the rate that
-// no start within the window stamped. Each is made open.
+// no start within the window stamped. Each is made open (unstamped).
 func (d *Driver) makeRateSlots(ctx context.Context, queue string, l driver.QueueLimits, want int, kw *keyWalk, stats map[string]rateStats) error {
 	sorted := slices.Clone(kw.keys)
 	slices.Sort(sorted)
-	period := micros(l.KeyRatePeriod)
 	var args []any
 	flush := func() error {
 		if len(args) == 0 {
 			return nil
 		}
-		q := d.rowsSQL(d.q.KeyRateInsert, d.q.KeyRateInsertRow, "", len(args)/4)
+		q := d.rowsSQL(d.q.KeyRateInsert, d.q.KeyRateInsertRow, "", len(args)/3)
 		err := d.retry(ctx, "claim limited: make key rate slots", func() error {
 			_, err := d.exec(ctx, nil, false, q, args...)
 			return err
@@ -388,8 +387,8 @@ func (d *Driver) makeRateSlots(ctx context.Context, queue string, l driver.Queue
 			continue
 		}
 		for n := 0; n < need; n++ {
-			args = append(args, queue, k, int64(n), period)
-			if len(args) >= 4*slotInsertChunk {
+			args = append(args, queue, k, int64(n))
+			if len(args) >= 3*slotInsertChunk {
 				if err := flush(); err != nil {
 					return err
 				}
@@ -946,9 +945,9 @@ func (d *Driver) keyUsage(ctx context.Context, queue string, u *driver.LimitUsag
 // freed by key_kept_free, fenced by the job and its state), deletes up to
 // limit free key slots unused for a minute, at or beyond their key's
 // limit, or of a queue without key limits (key_slot_trim), and up to
-// limit rate slots whose stamp left the window a minute ago or more, at
-// or beyond their queue's KeyRate, or of a queue without one
-// (key_rate_trim).
+// limit rate slots stamped longer ago than their KeyRatePeriod or a
+// minute, whichever is longer, or never, at or beyond their queue's
+// KeyRate, or of a queue without one (key_rate_trim).
 func (d *Driver) sweepKeySlots(ctx context.Context, limit int) error {
 	type slot struct {
 		queue, lkey string

@@ -816,15 +816,15 @@ DELETE FROM `{p}limit_slots` WHERE type = 'k' AND job_id IS NULL AND (used_at < 
 -- name: key_rate_stats
 SELECT lkey, COALESCE(SUM(n < ?), 0), COALESCE(SUM(n < ? AND used_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND), 0) FROM `{p}limit_slots` WHERE queue = ? AND type = 'w' AND lkey IN ({keys}) GROUP BY lkey
 
--- The missing rate slots of the candidate keys, one (queue, key, n, period
--- µs) row each, in key order, in a statement of its own before the
--- claim's transaction (autocommit), as key_slot_insert: each is made open,
--- stamped one window ago; a slot that exists is kept as it is.
+-- The missing rate slots of the candidate keys, one (queue, key, n) row
+-- each, in key order, in a statement of its own before the claim's
+-- transaction (autocommit), as key_slot_insert: each is made open
+-- (unstamped); a slot that exists is kept as it is.
 -- name: key_rate_insert
-INSERT IGNORE INTO `{p}limit_slots` (queue, type, lkey, n, used_at) VALUES
+INSERT IGNORE INTO `{p}limit_slots` (queue, type, lkey, n) VALUES
 
 -- name: key_rate_insert_row
-(?, 'w', ?, ?, UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)
+(?, 'w', ?, ?)
 
 -- In the claim's transaction, in one statement joined and padded as
 -- key_slot_lock_part's, key by key in key order after the key slots:
@@ -851,10 +851,10 @@ SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(used_at) + INTERVAL ? MI
 -- name: keys_rated
 SELECT COUNT(*) FROM (SELECT lkey FROM `{p}limit_slots` WHERE queue = ? AND type = 'w' AND n < ? AND used_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND GROUP BY lkey HAVING COUNT(*) >= ?) f
 
--- The rescue's sweep of rate slots: those whose stamp is older than the
--- period and a minute more (a start left the window a minute ago, and a
--- slot made open a minute ago was not used since), at or beyond their
--- queue's rate, or of a queue without a rate per key. A slot stamped
--- within the window is never deleted. (limit.)
+-- The rescue's sweep of rate slots: those stamped longer ago than the
+-- period or a minute, whichever is longer, or never, those at or beyond
+-- their queue's rate, and those of a queue without a rate per key. A slot
+-- stamped within the window is never deleted; one a claim has locked is
+-- deleted, if still unstamped, only once that claim ends. (limit.)
 -- name: key_rate_trim
-DELETE FROM `{p}limit_slots` WHERE type = 'w' AND NOT EXISTS (SELECT 1 FROM `{p}queues` q WHERE q.name = `{p}limit_slots`.queue AND q.key_rate > 0 AND `{p}limit_slots`.n < q.key_rate AND `{p}limit_slots`.used_at >= UTC_TIMESTAMP(6) - INTERVAL q.key_rate_period_us MICROSECOND - INTERVAL 1 MINUTE) LIMIT ?
+DELETE FROM `{p}limit_slots` WHERE type = 'w' AND NOT EXISTS (SELECT 1 FROM `{p}queues` q WHERE q.name = `{p}limit_slots`.queue AND q.key_rate > 0 AND `{p}limit_slots`.n < q.key_rate AND `{p}limit_slots`.used_at >= UTC_TIMESTAMP(6) - INTERVAL GREATEST(q.key_rate_period_us, 60000000) MICROSECOND) LIMIT ?

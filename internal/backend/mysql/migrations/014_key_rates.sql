@@ -5,8 +5,8 @@
 -- (version 10) of type 'w', one per key and unit of the rate (lkey, n from
 -- 0 to key_rate - 1), made by claims when first needed; job_id and fence
 -- stay NULL and used_at is the database's time of the last start the slot
--- admitted: a slot is open when that is at least key_rate_period_us old (a
--- slot is made with a stamp one window old, open at once). The statements
+-- admitted (NULL until its first): a slot is open when that is at least
+-- key_rate_period_us old, or NULL. The statements
 -- that end an attempt match slots by job and fence, so they never touch
 -- these. Idempotent on re-run: the driver treats "duplicate column" as
 -- done.
