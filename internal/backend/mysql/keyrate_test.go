@@ -541,3 +541,28 @@ func TestKeyRateWithQueueLimits(t *testing.T) {
 		})
 	}
 }
+
+// TestKeyRateSlotsForTheJobs: a claim makes a key's rate slots for the
+// jobs the key has, not for the claim's whole room.
+func TestKeyRateSlotsForTheJobs(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{}, nil)
+	if _, err := d.Insert(ctx, append(keyedJobs("kj", "x", 1), keyedJobs("kj", "y", 3)...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "kj", driver.QueueLimits{KeyRate: 100, KeyRatePeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if rows := claimLimited(t, d, "kj", 50, time.Hour); len(rows) != 4 {
+		t.Fatalf("claimed %d, want the 4 jobs", len(rows))
+	}
+	for key, want := range map[string]int{"x": 1, "y": 3} {
+		var n, stamped int
+		if err := d.db.QueryRowContext(ctx, "SELECT COUNT(*), COUNT(used_at) FROM `"+d.prefix+"limit_slots` WHERE queue = 'kj' AND type = 'w' AND lkey = ?", key).Scan(&n, &stamped); err != nil {
+			t.Fatal(err)
+		}
+		if n != want || stamped != want {
+			t.Errorf("key %s: %d rate slots, %d stamped; want %d, each stamped", key, n, stamped, want)
+		}
+	}
+}

@@ -168,6 +168,10 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 	kw := &keyWalk{free: map[string]int{}, rfree: map[string]int{}}
 	stats := map[string]keyStats{}
 	rstats := map[string]rateStats{}
+	var jobs map[string]int // the keys' available jobs, for their rate slots
+	if l.KeyRate > 0 {
+		jobs = map[string]int{}
+	}
 	examined := 0
 	last := start
 	after, wrapped := start, start == ""
@@ -179,7 +183,7 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 		// As many keys as the claim still wants: the walk reads no
 		// further than the keys it takes, unless some have no room.
 		chunk := min(want-len(kw.keys), maxExamine-examined)
-		keys, err := d.readKeys(ctx, queue, after, upto, chunk)
+		keys, err := d.readKeys(ctx, queue, after, upto, chunk, jobs)
 		if err != nil {
 			return nil, err
 		}
@@ -239,7 +243,7 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 		}
 	}
 	if l.KeyRate > 0 {
-		if err := d.makeRateSlots(ctx, queue, l, want, kw, rstats); err != nil {
+		if err := d.makeRateSlots(ctx, queue, l, want, kw, rstats, jobs); err != nil {
 			return nil, err
 		}
 	}
@@ -252,8 +256,10 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 // from a seek past the last key the previous one found, until it has n
 // keys or a window ends before its size. Keys the column's collation
 // holds equal (utf8mb4_bin pads with spaces: "a" and "a ") are one key,
-// found as the first of them in the index.
-func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string, n int) ([]string, error) {
+// found as the first of them in the index. When jobs is not nil it gets,
+// per key returned, how many available jobs it has, or 0 when the window
+// ended within the key's entries (it may have more).
+func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string, n int, jobs map[string]int) ([]string, error) {
 	var keys []string
 	for len(keys) < n {
 		size := 2*(n-len(keys)) + 16
@@ -263,9 +269,10 @@ func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string
 		}
 		args = append(args, int64(size))
 		var got []string
+		var counts []int
 		read := 0
 		err := d.retry(ctx, "claim limited: walk keys", func() error {
-			got, read = got[:0], 0
+			got, counts, read = got[:0], counts[:0], 0
 			rows, err := d.query(ctx, nil, true, q, args...)
 			if err != nil {
 				return err
@@ -279,12 +286,22 @@ func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string
 				read++
 				if len(got) == 0 || strings.TrimRight(got[len(got)-1], " ") != strings.TrimRight(k, " ") {
 					got = append(got, k)
+					counts = append(counts, 0)
 				}
+				counts[len(counts)-1]++
 			}
 			return rows.Err()
 		})
 		if err != nil {
 			return nil, err
+		}
+		if jobs != nil {
+			if read == size {
+				counts[len(counts)-1] = 0 // the window ended within it
+			}
+			for i, k := range got[:min(len(got), n-len(keys))] {
+				jobs[k] = counts[i]
+			}
 		}
 		keys = append(keys, got[:min(len(got), n-len(keys))]...)
 		if read < size {
@@ -357,10 +374,11 @@ func (d *Driver) keyRateStats(ctx context.Context, queue string, l driver.QueueL
 // rate slots n < min(KeyRate, closed+need) of each candidate key of kw
 // that has fewer rows below the rate than that (as stats read them;
 // closed is its slots stamped within the window, need the attempts the
-// claim may start of it: want, its free key slots, one when Ordered):
+// claim may start of it: want, its available jobs as the walk counted
+// them (jobs; 0 for not counted), its free key slots, one when Ordered):
 // among them at least need are open, or every slot below the rate that
 // no start within the window stamped. Each is made open (unstamped).
-func (d *Driver) makeRateSlots(ctx context.Context, queue string, l driver.QueueLimits, want int, kw *keyWalk, stats map[string]rateStats) error {
+func (d *Driver) makeRateSlots(ctx context.Context, queue string, l driver.QueueLimits, want int, kw *keyWalk, stats map[string]rateStats, jobs map[string]int) error {
 	sorted := slices.Clone(kw.keys)
 	slices.Sort(sorted)
 	var args []any
@@ -379,6 +397,9 @@ func (d *Driver) makeRateSlots(ctx context.Context, queue string, l driver.Queue
 	for _, k := range sorted {
 		s := stats[k]
 		need := want
+		if jobs[k] > 0 {
+			need = min(need, jobs[k])
+		}
 		if l.KeyMaxRunning > 0 {
 			need = min(need, max(kw.free[k], 1))
 		}
