@@ -325,3 +325,122 @@ func TestGaleraKeyedClaimsAcrossNodes(t *testing.T) {
 		t.Errorf("claims handed out a fence already handed out for jobs %v: their marking never committed", repeated)
 	}
 }
+
+// TestGaleraKeyRatesAcrossNodes: claimers on the three nodes race over
+// keys with a rate per key (and a slot per key): the rate slots two
+// nodes stamp at once conflict at certification and one claim runs
+// again, so each key starts exactly its rate's jobs, none twice, while
+// the rescue's sweep runs on node 1.
+func TestGaleraKeyRatesAcrossNodes(t *testing.T) {
+	g := galera(t)
+	ctx := context.Background()
+	prefix := testdb.Prefix()
+	var ds []*Driver
+	for i := 1; i <= 3; i++ {
+		d, err := Open(ctx, g.DSN(i), driver.Options{Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		ds = append(ds, d)
+	}
+	if _, err := ds[0].Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := ds[0].DropAll(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	const nKeys, perKey, rate = 6, 20, 4
+	var all []driver.InsertParams
+	for k := 0; k < nKeys; k++ {
+		all = append(all, keyedJobs("gr", fmt.Sprintf("key-%d", k), perKey)...)
+	}
+	if _, err := ds[0].Insert(ctx, all); err != nil {
+		t.Fatal(err)
+	}
+	if err := ds[0].SetQueueLimits(ctx, "gr", driver.QueueLimits{KeyMaxRunning: 2, KeyRate: rate, KeyRatePeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range ds {
+		if _, err := d.QueueLimits(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var (
+		mu    sync.Mutex
+		seen  = map[int64]bool{}
+		byKey = map[string]int{}
+		errs  []string
+	)
+	var wg sync.WaitGroup
+	for _, d := range ds {
+		for range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for round := 0; round < 15; round++ {
+					r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "gr", Limit: 1 + rand.IntN(4), Lease: time.Hour, Worker: "w"})
+					if err != nil {
+						mu.Lock()
+						errs = append(errs, "claim: "+err.Error())
+						mu.Unlock()
+						return
+					}
+					mu.Lock()
+					for _, j := range r.Rows {
+						if seen[j.ID] {
+							errs = append(errs, fmt.Sprintf("job %d claimed twice", j.ID))
+						}
+						seen[j.ID] = true
+						byKey[j.Key]++
+					}
+					mu.Unlock()
+					var outs []driver.Outcome
+					for _, j := range r.Rows {
+						outs = append(outs, driver.Outcome{ID: j.ID, Fence: j.Fence, Attempt: j.Attempt, State: driver.StateCompleted})
+					}
+					if len(outs) > 0 {
+						if _, err := d.Complete(ctx, outs); err != nil {
+							mu.Lock()
+							errs = append(errs, "complete: "+err.Error())
+							mu.Unlock()
+							return
+						}
+					}
+				}
+			}()
+		}
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range 5 {
+			if _, err := ds[0].Rescue(ctx, 100); err != nil {
+				mu.Lock()
+				errs = append(errs, "rescue: "+err.Error())
+				mu.Unlock()
+				return
+			}
+		}
+	}()
+	wg.Wait()
+	for _, e := range errs {
+		t.Error(e)
+	}
+	// What the racing claims left (lost races, their rounds spent) is
+	// taken now, and no more.
+	rows, _ := claimAll(t, ds[1], "gr", 50)
+	for _, j := range rows {
+		if seen[j.ID] {
+			t.Errorf("job %d claimed twice", j.ID)
+		}
+		byKey[j.Key]++
+	}
+	for k := 0; k < nKeys; k++ {
+		if n := byKey[fmt.Sprintf("key-%d", k)]; n != rate {
+			t.Errorf("key-%d: %d started, want %d", k, n, rate)
+		}
+	}
+}

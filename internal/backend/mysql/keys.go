@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -28,6 +29,21 @@ import (
 // statements that end an attempt free its key slot as they free its
 // concurrency slot (by job and fence), or keep it for the job (see
 // complete_freeing in queries.sql).
+//
+// Rates per key (QueueLimits.KeyRate, KeyRatePeriod) are the key_rate and
+// key_rate_period_us columns of the queues row, held by rows of
+// limit_slots of type 'w', one per key and unit of the rate (lkey, n),
+// made open by the walk when first needed (migrations/014_key_rates.sql).
+// A key has room in its window while fewer than KeyRate of its slots are
+// stamped within the last KeyRatePeriod. The claim locks the open rate
+// slots of its keys after their key slots (skipping those other claims
+// hold) and stamps one with the start of each keyed job it claims, in its
+// transaction; a key takes the fewer of its free key slots and its open
+// rate slots. Nothing frees a rate slot: the statements that end an
+// attempt match slots by job and fence, which a rate slot never has, and
+// only the passing of time opens it. A queue with a rate per key and no
+// key slots (no KeyMaxRunning, not Ordered) claims by keys all the same,
+// with no slot per key to hold or free.
 
 // Values of the queues.key_order column.
 const (
@@ -39,6 +55,9 @@ const (
 // maxKeyMaxRunning bounds QueueLimits.KeyMaxRunning.
 const maxKeyMaxRunning = 100000
 
+// maxKeyRate bounds QueueLimits.KeyRate.
+const maxKeyRate = 100000
+
 // checkKeyLimits refuses key limits the database cannot hold.
 func checkKeyLimits(l driver.QueueLimits) error {
 	switch {
@@ -48,6 +67,12 @@ func checkKeyLimits(l driver.QueueLimits) error {
 		return fmt.Errorf("an Ordered queue runs one job per key: KeyMaxRunning must be 0 or 1, not %d", l.KeyMaxRunning)
 	case l.OrderedMoveOn && !l.Ordered:
 		return errors.New("OrderedMoveOn needs Ordered")
+	case l.KeyRate < 0 || l.KeyRate > maxKeyRate:
+		return fmt.Errorf("KeyRate %d is not within 0 to %d", l.KeyRate, maxKeyRate)
+	case l.KeyRate > 0 && l.KeyRatePeriod < time.Microsecond:
+		return fmt.Errorf("KeyRatePeriod %v is below a microsecond for a KeyRate of %d", l.KeyRatePeriod, l.KeyRate)
+	case l.KeyRate == 0 && l.KeyRatePeriod != 0:
+		return fmt.Errorf("KeyRatePeriod %v is set without a KeyRate", l.KeyRatePeriod)
 	}
 	return nil
 }
@@ -98,15 +123,25 @@ func (d *Driver) noKeylessSeen(queue string) {
 }
 
 // keyWalk is what a claim's walk of keys found: the candidate keys (with
-// room below the limit, as a plain read saw them) in rotation order, how
-// many free slots each may take (the limit less the attempts holding or
-// kept in any of its slots: a read before the claim's transaction, which
-// can only have seen more of them than there are), and whether a key with
-// due jobs had no room.
+// room below the limit and in their rate's window, as a plain read saw
+// them) in rotation order, how many free slots each may take (the limit
+// less the attempts holding or kept in any of its slots: a read before the
+// claim's transaction, which can only have seen more of them than there
+// are), how many starts its window has left (KeyRate, read likewise),
+// whether a key with due jobs had no room, and the keys whose window was
+// full (rated).
 type keyWalk struct {
-	keys []string
-	free map[string]int
-	held bool
+	keys  []string
+	free  map[string]int
+	rfree map[string]int
+	held  bool
+	rated []string
+}
+
+// rateStats is a key's rate slots as key_rate_stats read them: the rows
+// below the rate and those of them stamped within the window.
+type rateStats struct {
+	rows, closed int
 }
 
 // keyStats is a key's slots as key_slot_stats read them: the rows below
@@ -119,8 +154,10 @@ type keyStats struct {
 // order from the key after the queue's cursor, wrapping around to the
 // start once, until it has want keys with room or has examined
 // 4*want+64 keys; it makes the candidate keys' missing slots (enough for
-// want attempts each, within the limit) and moves the cursor to the last
-// key examined.
+// want attempts each, within the limit and the rate) and moves the cursor
+// to the last key examined. A key has room when it has a slot free
+// (KeyMaxRunning, Ordered; always without them) and a start left in its
+// window (KeyRate; always without one).
 func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimits, want int) (*keyWalk, error) {
 	limit := l.KeyMaxRunning
 	cur := d.keyCursor(queue)
@@ -128,8 +165,13 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 	start := cur.key
 	cur.mu.Unlock()
 	maxExamine := 4*want + 64
-	kw := &keyWalk{free: map[string]int{}}
+	kw := &keyWalk{free: map[string]int{}, rfree: map[string]int{}}
 	stats := map[string]keyStats{}
+	rstats := map[string]rateStats{}
+	var jobs map[string]int // the keys' available jobs, for their rate slots
+	if l.KeyRate > 0 {
+		jobs = map[string]int{}
+	}
 	examined := 0
 	last := start
 	after, wrapped := start, start == ""
@@ -141,25 +183,46 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 		// As many keys as the claim still wants: the walk reads no
 		// further than the keys it takes, unless some have no room.
 		chunk := min(want-len(kw.keys), maxExamine-examined)
-		keys, err := d.readKeys(ctx, queue, after, upto, chunk)
+		keys, err := d.readKeys(ctx, queue, after, upto, chunk, jobs)
 		if err != nil {
 			return nil, err
 		}
 		if len(keys) > 0 {
-			st, err := d.keySlotStats(ctx, queue, limit, keys)
-			if err != nil {
-				return nil, err
+			var st map[string]keyStats
+			var rs map[string]rateStats
+			if limit > 0 {
+				if st, err = d.keySlotStats(ctx, queue, limit, keys); err != nil {
+					return nil, err
+				}
+			}
+			if l.KeyRate > 0 {
+				if rs, err = d.keyRateStats(ctx, queue, l, keys); err != nil {
+					return nil, err
+				}
 			}
 			for _, k := range keys {
 				examined++
 				last = k
-				s := st[k]
-				if s.held >= limit {
-					kw.held = true
-				} else {
-					kw.keys = append(kw.keys, k)
+				room := true
+				if limit > 0 && st[k].held >= limit {
+					kw.held, room = true, false
+				}
+				if l.KeyRate > 0 && rs[k].closed >= l.KeyRate {
+					kw.held, room = true, false
+					kw.rated = append(kw.rated, k)
+				}
+				if !room {
+					continue
+				}
+				kw.keys = append(kw.keys, k)
+				if limit > 0 {
+					s := st[k]
 					kw.free[k] = max(limit-s.held-s.kept, 0)
 					stats[k] = s
+				}
+				if l.KeyRate > 0 {
+					kw.rfree[k] = l.KeyRate - rs[k].closed
+					rstats[k] = rs[k]
 				}
 			}
 			after = keys[len(keys)-1]
@@ -174,7 +237,17 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 	cur.mu.Lock()
 	cur.key = last
 	cur.mu.Unlock()
-	return kw, d.makeKeySlots(ctx, queue, limit, want, kw.keys, stats)
+	if limit > 0 {
+		if err := d.makeKeySlots(ctx, queue, limit, want, kw.keys, stats); err != nil {
+			return nil, err
+		}
+	}
+	if l.KeyRate > 0 {
+		if err := d.makeRateSlots(ctx, queue, l, want, kw, rstats, jobs); err != nil {
+			return nil, err
+		}
+	}
+	return kw, nil
 }
 
 // readKeys returns up to n keys of queue's available keyed jobs after
@@ -183,8 +256,10 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 // from a seek past the last key the previous one found, until it has n
 // keys or a window ends before its size. Keys the column's collation
 // holds equal (utf8mb4_bin pads with spaces: "a" and "a ") are one key,
-// found as the first of them in the index.
-func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string, n int) ([]string, error) {
+// found as the first of them in the index. When jobs is not nil it gets,
+// per key returned, how many available jobs it has, or 0 when the window
+// ended within the key's entries (it may have more).
+func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string, n int, jobs map[string]int) ([]string, error) {
 	var keys []string
 	for len(keys) < n {
 		size := 2*(n-len(keys)) + 16
@@ -194,9 +269,10 @@ func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string
 		}
 		args = append(args, int64(size))
 		var got []string
+		var counts []int
 		read := 0
 		err := d.retry(ctx, "claim limited: walk keys", func() error {
-			got, read = got[:0], 0
+			got, counts, read = got[:0], counts[:0], 0
 			rows, err := d.query(ctx, nil, true, q, args...)
 			if err != nil {
 				return err
@@ -210,12 +286,22 @@ func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string
 				read++
 				if len(got) == 0 || strings.TrimRight(got[len(got)-1], " ") != strings.TrimRight(k, " ") {
 					got = append(got, k)
+					counts = append(counts, 0)
 				}
+				counts[len(counts)-1]++
 			}
 			return rows.Err()
 		})
 		if err != nil {
 			return nil, err
+		}
+		if jobs != nil {
+			if read == size {
+				counts[len(counts)-1] = 0 // the window ended within it
+			}
+			for i, k := range got[:min(len(got), n-len(keys))] {
+				jobs[k] = counts[i]
+			}
 		}
 		keys = append(keys, got[:min(len(got), n-len(keys))]...)
 		if read < size {
@@ -253,6 +339,84 @@ func (d *Driver) keySlotStats(ctx context.Context, queue string, limit int, keys
 		return rows.Err()
 	})
 	return out, err
+}
+
+// keyRateStats reads the rate slots of queue's keys.
+func (d *Driver) keyRateStats(ctx context.Context, queue string, l driver.QueueLimits, keys []string) (map[string]rateStats, error) {
+	out := map[string]rateStats{}
+	q := strings.Replace(d.q.KeyRateStats, "{keys}", placeholders(len(keys)), 1)
+	args := make([]any, 0, len(keys)+4)
+	args = append(args, int64(l.KeyRate), int64(l.KeyRate), micros(l.KeyRatePeriod), queue)
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	err := d.retry(ctx, "claim limited: key rate slots", func() error {
+		clear(out)
+		rows, err := d.query(ctx, nil, false, q, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k string
+			var s rateStats
+			if err := rows.Scan(&k, &s.rows, &s.closed); err != nil {
+				return err
+			}
+			out[k] = s
+		}
+		return rows.Err()
+	})
+	return out, err
+}
+
+// makeRateSlots inserts, in key order and in statements of their own, the
+// rate slots n < min(KeyRate, closed+need) of each candidate key of kw
+// that has fewer rows below the rate than that (as stats read them;
+// closed is its slots stamped within the window, need the attempts the
+// claim may start of it: want, its available jobs as the walk counted
+// them (jobs; 0 for not counted), its free key slots, one when Ordered):
+// among them at least need are open, or every slot below the rate that
+// no start within the window stamped. Each is made open (unstamped).
+func (d *Driver) makeRateSlots(ctx context.Context, queue string, l driver.QueueLimits, want int, kw *keyWalk, stats map[string]rateStats, jobs map[string]int) error {
+	sorted := slices.Clone(kw.keys)
+	slices.Sort(sorted)
+	var args []any
+	flush := func() error {
+		if len(args) == 0 {
+			return nil
+		}
+		q := d.rowsSQL(d.q.KeyRateInsert, d.q.KeyRateInsertRow, "", len(args)/3)
+		err := d.retry(ctx, "claim limited: make key rate slots", func() error {
+			_, err := d.exec(ctx, nil, false, q, args...)
+			return err
+		})
+		args = args[:0]
+		return err
+	}
+	for _, k := range sorted {
+		s := stats[k]
+		need := want
+		if jobs[k] > 0 {
+			need = min(need, jobs[k])
+		}
+		if l.KeyMaxRunning > 0 {
+			need = min(need, max(kw.free[k], 1))
+		}
+		need = min(l.KeyRate, s.closed+need)
+		if s.rows >= need {
+			continue
+		}
+		for n := 0; n < need; n++ {
+			args = append(args, queue, k, int64(n))
+			if len(args) >= 3*slotInsertChunk {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return flush()
 }
 
 // makeKeySlots inserts, in key order and in statements of their own, the
@@ -303,30 +467,86 @@ type keySlot struct {
 
 // claimKeyedTx claims, in the limited claim's transaction tx, up to k
 // keyed jobs of the walk's keys: it locks the keys' open slots (key by
-// key in key order, skipping those other claims hold, in one statement),
-// reads the next jobs of the keys with free slots (in one statement),
-// picks in rotation order for each key the job its kept slot is kept
-// for, or else the key's next jobs for its free slots (Ordered: its
-// oldest job only), claims those still available and gives each a slot. held is true when a key's
-// due jobs were left for want of a free slot (not when only the claim's
-// allowance k ran out: the queue's limits, or the claim's own limit).
-func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimParams, l driver.QueueLimits, kw *keyWalk, k int) (rows []*driver.JobRow, held bool, err error) {
+// key in key order, skipping those other claims hold, in one statement)
+// and then their open rate slots (KeyRate, likewise), reads the next jobs
+// of the keys with room (in one statement), picks in rotation order for
+// each key the job its kept slot is kept for, or else the key's next jobs
+// for its room (Ordered: its oldest job only), claims those still
+// available, gives each a slot and stamps a rate slot of its key with its
+// start. A key's room is the fewer of its free slots (KeyMaxRunning,
+// Ordered) and its open rate slots (KeyRate); a limit the queue does not
+// have bounds nothing. held is true when a key's due jobs were left for
+// want of room (not when only the claim's allowance k ran out: the
+// queue's limits, or the claim's own limit); rated are the keys whose
+// jobs were left because their window was full.
+func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimParams, l driver.QueueLimits, kw *keyWalk, k int) (rows []*driver.JobRow, held bool, rated []string, err error) {
 	if len(kw.keys) == 0 {
-		return nil, false, nil
+		return nil, false, nil, nil
 	}
-	limit := int64(l.KeyMaxRunning)
+	concur, rate := l.KeyMaxRunning > 0, l.KeyRate > 0
 	sorted := slices.Clone(kw.keys)
 	slices.Sort(sorted)
-	free, kept, err := d.lockKeySlots(ctx, tx, p.Queue, sorted, limit, int64(k))
-	if err != nil {
-		return nil, false, err
+	var free map[string][]int64
+	var kept map[string][]keySlot
+	if concur {
+		if free, kept, err = d.lockKeySlots(ctx, tx, p.Queue, sorted, int64(l.KeyMaxRunning), int64(k)); err != nil {
+			return nil, false, nil, err
+		}
+		for key, fs := range free {
+			free[key] = fs[:min(len(fs), kw.free[key])]
+		}
 	}
-	// The next jobs of the keys with open slots, read at once: as many as
-	// the key's slots or the claim's allowance could take, and one more.
+	// capC is the key's room by its slots: its kept slots, else its free
+	// ones; unbounded without key slots.
+	capC := func(key string) int {
+		switch {
+		case !concur:
+			return math.MaxInt
+		case len(kept[key]) > 0:
+			return len(kept[key])
+		}
+		return len(free[key])
+	}
+	var rfree map[string][]int64
+	asked := map[string]int{} // the rate slots locked for, per key
+	if rate {
+		var keys []string
+		var counts []int64
+		for _, key := range sorted {
+			n := min(k, capC(key), kw.rfree[key])
+			if l.Ordered {
+				n = min(n, 1)
+			}
+			if n > 0 {
+				keys = append(keys, key)
+				counts = append(counts, int64(n))
+				asked[key] = n
+			}
+		}
+		if rfree, err = d.lockRateSlots(ctx, tx, p.Queue, l, keys, counts); err != nil {
+			return nil, false, nil, err
+		}
+	}
+	// capR is the key's room in its window: the rate slots the claim
+	// locked when it found fewer open than it asked for, else the starts
+	// the walk saw left (the claim locked no more than it can take, and
+	// none for a key without room by its slots); unbounded without a
+	// rate per key.
+	capR := func(key string) int {
+		switch {
+		case !rate:
+			return math.MaxInt
+		case len(rfree[key]) < asked[key]:
+			return len(rfree[key])
+		}
+		return kw.rfree[key]
+	}
+	// The next jobs of the keys with room, read at once: as many as the
+	// key's room or the claim's allowance could take, and one more.
 	var reads []string
 	var counts []int64
 	for _, key := range kw.keys {
-		n := min(len(free[key]), kw.free[key])
+		n := min(capC(key), capR(key))
 		if len(kept[key]) > 0 || n == 0 {
 			continue
 		}
@@ -339,7 +559,7 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 	}
 	next, err := d.readKeyJobs(ctx, tx, p.Queue, l.Ordered, reads, counts)
 	if err != nil {
-		return nil, false, err
+		return nil, false, nil, err
 	}
 	left := k
 	var ids []int64
@@ -348,9 +568,16 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 		if left == 0 {
 			break // the claim's allowance is taken
 		}
+		room := min(capC(key), capR(key))
+		byRate := capR(key) <= capC(key) // the window bounds the key's room
 		if ks := kept[key]; len(ks) > 0 {
-			// A kept slot holds the key for its own job.
-			for _, s := range ks[:min(len(ks), left)] {
+			// A kept slot holds the key for its own job, whose retry
+			// is a start of the key too.
+			if room == 0 {
+				held, rated = true, append(rated, key)
+				continue
+			}
+			for _, s := range ks[:min(room, left)] {
 				ids = append(ids, s.job)
 				slotOf[s.job] = s
 				left--
@@ -360,36 +587,42 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 			// no attempt's end changes (its promotion wakes claims).
 			continue
 		}
-		fs := free[key]
-		fs = fs[:min(len(fs), kw.free[key])]
-		if len(fs) == 0 {
+		if room == 0 {
 			held = true
+			if byRate {
+				rated = append(rated, key)
+			}
 			continue
 		}
 		got := next[key]
-		take := min(len(fs), left)
+		take := min(room, left)
 		if l.Ordered {
 			take = 1
 		}
 		got = got[:min(len(got), take+1)]
 		if len(got) > take {
 			// More of the key's jobs are due: held by the key when
-			// its slots, not the claim's allowance, ran out.
-			held = held || l.Ordered || take == len(fs)
+			// its room, not the claim's allowance, ran out.
+			if l.Ordered || take == room {
+				held = true
+			}
+			if take == room && byRate {
+				rated = append(rated, key)
+			}
 			got = got[:take]
 		}
 		ids = append(ids, got...)
 		left -= len(got)
 	}
 	if len(ids) == 0 {
-		return nil, held, nil
+		return nil, held, rated, nil
 	}
 	cp := p
 	cp.Limit = len(ids)
 	q, args, _ := d.inList(d.q.KeyClaimSelect, ids, p.Queue)
 	rows, err = d.claimLockedTx(ctx, tx, cp, q, args)
 	if err != nil {
-		return nil, false, err
+		return nil, false, nil, err
 	}
 	claimed := make(map[int64]bool, len(rows))
 	for _, j := range rows {
@@ -404,25 +637,136 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 		}
 	}
 	if len(rows) == 0 {
-		return nil, held, nil
+		return nil, held, rated, nil
 	}
-	slots := make([]keySlot, len(rows))
-	for i, j := range rows {
-		s, ok := slotOf[j.ID]
-		if !ok {
-			fs := free[j.Key]
-			if len(fs) == 0 {
-				return nil, false, fmt.Errorf("%w: no key slot locked for job %d of key %q", errSlotsLost, j.ID, j.Key)
+	if concur {
+		slots := make([]keySlot, len(rows))
+		for i, j := range rows {
+			s, ok := slotOf[j.ID]
+			if !ok {
+				fs := free[j.Key]
+				if len(fs) == 0 {
+					return nil, false, nil, fmt.Errorf("%w: no key slot locked for job %d of key %q", errSlotsLost, j.ID, j.Key)
+				}
+				s = keySlot{n: fs[0]}
+				free[j.Key] = fs[1:]
 			}
-			s = keySlot{n: fs[0]}
-			free[j.Key] = fs[1:]
+			slots[i] = s
 		}
-		slots[i] = s
+		if err := d.takeKeySlots(ctx, tx, p.Queue, rows, slots); err != nil {
+			return nil, false, nil, err
+		}
 	}
-	if err := d.takeKeySlots(ctx, tx, p.Queue, rows, slots); err != nil {
-		return nil, false, err
+	if rate {
+		slots := make([]int64, len(rows))
+		for i, j := range rows {
+			rs := rfree[j.Key]
+			if len(rs) == 0 {
+				return nil, false, nil, fmt.Errorf("%w: no rate slot locked for job %d of key %q", errSlotsLost, j.ID, j.Key)
+			}
+			slots[i] = rs[0]
+			rfree[j.Key] = rs[1:]
+		}
+		if err := d.takeRateSlots(ctx, tx, p.Queue, l, rows, slots); err != nil {
+			return nil, false, nil, err
+		}
 	}
-	return rows, held, nil
+	return rows, held, rated, nil
+}
+
+// lockRateSlots locks, in tx and in one statement (key_rate_lock_part),
+// up to counts[i] open rate slots below the rate of queue's key keys[i]
+// (sorted, in key order), skipping those other claims hold, and returns
+// each key's locked slots in slot order.
+func (d *Driver) lockRateSlots(ctx context.Context, tx *sql.Tx, queue string, l driver.QueueLimits, keys []string, counts []int64) (map[string][]int64, error) {
+	out := map[string][]int64{}
+	if len(keys) == 0 {
+		return out, nil
+	}
+	rate, period := int64(l.KeyRate), micros(l.KeyRatePeriod)
+	q, b, cached := keyParts(d.q.KeyRateLockPart, len(keys))
+	args := make([]any, 0, 5*b)
+	for i, key := range keys {
+		args = append(args, queue, key, rate, period, counts[i])
+	}
+	for i := len(keys); i < b; i++ {
+		args = append(args, nil, nil, rate, period, int64(1)) // a NULL queue matches nothing
+	}
+	r, err := d.query(ctx, tx, cached, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	for r.Next() {
+		var key string
+		var n int64
+		if err := r.Scan(&key, &n); err != nil {
+			return nil, err
+		}
+		out[key] = append(out[key], n)
+	}
+	if err := r.Err(); err != nil {
+		return nil, err
+	}
+	for _, ns := range out {
+		slices.Sort(ns)
+	}
+	return out, nil
+}
+
+// takeRateSlots stamps, in one statement (key_rate_take), the rate slot
+// slots[i] of each claimed job rows[i]'s key with the claim's clock;
+// errSlotsLost unless every one was still open.
+func (d *Driver) takeRateSlots(ctx context.Context, tx *sql.Tx, queue string, l driver.QueueLimits, rows []*driver.JobRow, slots []int64) error {
+	k := len(rows)
+	args := make([]any, 0, 2*k+3)
+	// The claim's clock: every keyed job was marked by one statement.
+	args = append(args, dbTime(rows[0].AttemptedAt), queue)
+	for i, j := range rows {
+		args = append(args, j.Key, slots[i])
+	}
+	args = append(args, micros(l.KeyRatePeriod))
+	q := strings.Replace(d.q.KeyRateTake, "{pairs}", strings.TrimSuffix(strings.Repeat("(?, ?), ", k), ", "), 1)
+	res, err := d.exec(ctx, tx, k <= maxCachedInsertRows, q, args...)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return err
+	} else if n != int64(k) {
+		return fmt.Errorf("%w: stamped %d of %d key rate slots", errSlotsLost, n, k)
+	}
+	return nil
+}
+
+// keyRateRetryIn returns how long until the oldest start within the
+// window of queue's keys rated leaves it (at least a millisecond: a slot
+// another claim holds without a stamp yet is open again as soon as that
+// claim ends).
+func (d *Driver) keyRateRetryIn(ctx context.Context, tx *sql.Tx, queue string, l driver.QueueLimits, rated []string) (time.Duration, error) {
+	period := micros(l.KeyRatePeriod)
+	q := strings.Replace(d.q.KeyRateRetryIn, "{keys}", placeholders(len(rated)), 1)
+	args := make([]any, 0, len(rated)+4)
+	args = append(args, period, queue)
+	for _, k := range rated {
+		args = append(args, k)
+	}
+	args = append(args, int64(l.KeyRate), period)
+	rows, err := d.query(ctx, tx, false, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var us sql.NullInt64
+	if rows.Next() {
+		if err := rows.Scan(&us); err != nil {
+			return 0, err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	return max(time.Duration(us.Int64)*time.Microsecond, time.Millisecond), nil
 }
 
 // takeKeySlots gives each claimed job rows[i] the key slot slots[i] of
@@ -573,24 +917,39 @@ func (d *Driver) readKeyJobs(ctx context.Context, tx *sql.Tx, queue string, orde
 }
 
 // keyUsage adds the key limits' use of queue to u: the keys with a slot
-// held or kept, and the available keyed jobs whose key has no open slot
-// for them (an admin read: it counts the queue's available keyed jobs).
+// held or kept, the keys whose rate window is full, and the available
+// keyed jobs whose key has no open slot for them or no start left in its
+// window (an admin read: it counts the queue's available keyed jobs).
 func (d *Driver) keyUsage(ctx context.Context, queue string, u *driver.LimitUsage) error {
 	limit := int64(u.Limits.KeyMaxRunning)
+	rate, period := int64(u.Limits.KeyRate), micros(u.Limits.KeyRatePeriod)
 	return d.retry(ctx, "limit usage", func() error {
 		if err := d.db.QueryRowContext(ctx, d.q.KeysRunning, queue).Scan(&u.KeysRunning); err != nil {
 			return err
 		}
+		u.KeysRated = 0
+		if rate > 0 {
+			if err := d.db.QueryRowContext(ctx, d.q.KeysRated, queue, rate, period, rate).Scan(&u.KeysRated); err != nil {
+				return err
+			}
+		}
 		u.KeyHeld = 0
-		rows, err := d.db.QueryContext(ctx, d.q.KeyUsage, queue, queue, limit)
+		rows, err := d.db.QueryContext(ctx, d.q.KeyUsage, queue, queue, limit, queue, rate, period)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
 		for rows.Next() {
-			var avail, heldSlots, keptSlots, keptAvail int64
-			if err := rows.Scan(&avail, &heldSlots, &keptSlots, &keptAvail); err != nil {
+			var avail, heldSlots, keptSlots, keptAvail, closed int64
+			if err := rows.Scan(&avail, &heldSlots, &keptSlots, &keptAvail, &closed); err != nil {
 				return err
+			}
+			if rate > 0 && closed >= rate {
+				u.KeyHeld += avail // the key's window is full
+				continue
+			}
+			if limit == 0 {
+				continue // no slots per key
 			}
 			open := max(limit-heldSlots-keptSlots, 0)
 			if keptSlots > 0 {
@@ -604,9 +963,12 @@ func (d *Driver) keyUsage(ctx context.Context, queue string, u *driver.LimitUsag
 
 // sweepKeySlots is the rescue's sweep of key slots: it frees up to limit
 // slots kept for a job that no longer waits to run (key_kept_stale, each
-// freed by key_kept_free, fenced by the job and its state), and deletes
-// up to limit free key slots unused for a minute, at or beyond their
-// key's limit, or of a queue without key limits (key_slot_trim).
+// freed by key_kept_free, fenced by the job and its state), deletes up to
+// limit free key slots unused for a minute, at or beyond their key's
+// limit, or of a queue without key limits (key_slot_trim), and up to
+// limit rate slots stamped longer ago than their KeyRatePeriod or a
+// minute, whichever is longer, or never, at or beyond their queue's
+// KeyRate, or of a queue without one (key_rate_trim).
 func (d *Driver) sweepKeySlots(ctx context.Context, limit int) error {
 	type slot struct {
 		queue, lkey string
@@ -637,6 +999,9 @@ func (d *Driver) sweepKeySlots(ctx context.Context, limit int) error {
 			return err
 		}
 	}
-	_, err = d.execCount(ctx, d.main, "rescue: trim key slots", true, d.q.KeySlotTrim, []any{int64(limit)})
+	if _, err := d.execCount(ctx, d.main, "rescue: trim key slots", true, d.q.KeySlotTrim, []any{int64(limit)}); err != nil {
+		return err
+	}
+	_, err = d.execCount(ctx, d.main, "rescue: trim key rate slots", true, d.q.KeyRateTrim, []any{int64(limit)})
 	return err
 }

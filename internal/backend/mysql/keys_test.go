@@ -2,6 +2,7 @@ package mysql
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -124,12 +125,21 @@ func TestReadKeysWindows(t *testing.T) {
 		{"b", &upto, 10, []string{"c", "d", "e"}},
 		{"f", nil, 10, nil},
 	} {
-		got, err := d.readKeys(ctx, "kw", c.after, c.upto, c.n)
+		got, err := d.readKeys(ctx, "kw", c.after, c.upto, c.n, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !slices.Equal(got, c.want) {
 			t.Errorf("keys after %q (upto %v, %d): %q, want %q", c.after, c.upto != nil, c.n, got, c.want)
 		}
+	}
+	// The jobs of each key, as the windows counted them: c's 40 run
+	// past its window (0: not counted), "b " is b's.
+	perKey := map[string]int{}
+	if _, err := d.readKeys(ctx, "kw", "", nil, 10, perKey); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{"a": 1, "b": 2, "c": 0, "d": 1, "e": 2, "f": 1}; !maps.Equal(perKey, want) {
+		t.Errorf("jobs per key %v, want %v", perKey, want)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,7 +26,8 @@ import (
 // waits on rows of other claims) is retried whole on error 1213 as any
 // deadlock, as are Galera's certification conflicts on a slot that two
 // nodes took at once. Key limits keep their slots in the same table
-// (type 'k', one per key and unit of the limit): see keys.go.
+// (type 'k', one per key and unit of the limit; type 'w', one per key and
+// unit of its rate): see keys.go.
 
 // errLimitsChanged says that a claim's transaction locked slots under
 // limits that changed after the claim read them: it is rolled back and
@@ -70,12 +72,12 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 // claimLimitedOnce is one round of ClaimLimited: it reads the queue's
 // limits and claims under them, or fails with errLimitsChanged.
 func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
-	var maxRunning, rate, periodUS, keyMax, keyOrder sql.NullInt64
+	var c limitCols
 	var above int
 	err := d.retry(ctx, "claim limited", func() error {
-		err := d.db.QueryRowContext(ctx, d.q.LimitsRead, p.Queue).Scan(&maxRunning, &rate, &periodUS, &keyMax, &keyOrder, &above)
+		err := d.db.QueryRowContext(ctx, d.q.LimitsRead, p.Queue).Scan(append(c.dest(), &above)...)
 		if err == sql.ErrNoRows {
-			maxRunning, rate, keyMax, keyOrder, above = sql.NullInt64{}, sql.NullInt64{}, sql.NullInt64{}, sql.NullInt64{}, 0
+			c, above = limitCols{}, 0
 			return nil
 		}
 		return err
@@ -83,7 +85,7 @@ func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (dr
 	if err != nil {
 		return driver.ClaimResult{}, err
 	}
-	l := limitsOf(maxRunning, rate, periodUS, keyMax, keyOrder)
+	l := c.limits()
 	if l.IsZero() {
 		rows, err := d.Claim(ctx, p)
 		return driver.ClaimResult{Rows: rows}, err
@@ -117,7 +119,29 @@ func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (dr
 	return res, nil
 }
 
-// limitsOf converts a queues row's limit columns.
+// limitCols is a queues row's limit columns, in the order the
+// statements that read them return them.
+type limitCols struct {
+	maxRunning, rate, periodUS, keyMax, keyOrder, keyRate, keyRatePeriodUS sql.NullInt64
+}
+
+// dest returns the columns' scan destinations, in order.
+func (c *limitCols) dest() []any {
+	return []any{&c.maxRunning, &c.rate, &c.periodUS, &c.keyMax, &c.keyOrder, &c.keyRate, &c.keyRatePeriodUS}
+}
+
+// limits converts the columns.
+func (c *limitCols) limits() driver.QueueLimits {
+	l := limitsOf(c.maxRunning, c.rate, c.periodUS, c.keyMax, c.keyOrder)
+	if c.keyRate.Valid && c.keyRate.Int64 > 0 && c.keyRatePeriodUS.Valid && c.keyRatePeriodUS.Int64 > 0 {
+		l.KeyRate = int(c.keyRate.Int64)
+		l.KeyRatePeriod = time.Duration(c.keyRatePeriodUS.Int64) * time.Microsecond
+	}
+	return l
+}
+
+// limitsOf converts a queues row's limit columns but those of the rate per
+// key (see limitCols).
 func limitsOf(maxRunning, rate, periodUS, keyMax, keyOrder sql.NullInt64) driver.QueueLimits {
 	var l driver.QueueLimits
 	if keyMax.Valid && keyMax.Int64 > 0 {
@@ -203,13 +227,19 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 	}
 	var rows []*driver.JobRow
 	heldK := kw != nil && kw.held
+	var rated []string // keys whose window held jobs back
+	if kw != nil {
+		rated = slices.Clone(kw.rated)
+	}
 	if k > 0 && kw != nil {
 		var err error
 		var held bool
-		if rows, held, err = d.claimKeyedTx(ctx, tx, p, l, kw, k); err != nil {
+		var inTx []string
+		if rows, held, inTx, err = d.claimKeyedTx(ctx, tx, p, l, kw, k); err != nil {
 			return driver.ClaimResult{}, err
 		}
 		heldK = heldK || held
+		rated = append(rated, inTx...)
 		if rest := k - len(rows); rest > 0 && d.lookForKeyless(p.Queue) {
 			cp := p
 			cp.Limit = rest
@@ -249,9 +279,9 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 	res := driver.ClaimResult{Rows: rows}
 	if k >= want || len(rows) < k {
 		// Not cut by the queue's limits, or the queue ran out of due
-		// jobs: held only when keys without a free slot left some.
+		// jobs: held only when keys without room left some.
 		res.Held = heldK
-		return res, nil
+		return d.keyRateWait(ctx, tx, p.Queue, l, rated, res)
 	}
 	if k == 0 {
 		due, err := d.dueExists(ctx, tx, p.Queue)
@@ -267,6 +297,23 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 		}
 		res.RetryIn = in
 	}
+	return d.keyRateWait(ctx, tx, p.Queue, l, rated, res)
+}
+
+// keyRateWait sets the RetryIn of a held claim res whose keys rated were
+// held back by their window: until the oldest start within the windows of
+// those keys leaves it, or the queue's rate's RetryIn when that is sooner.
+func (d *Driver) keyRateWait(ctx context.Context, tx *sql.Tx, queue string, l driver.QueueLimits, rated []string, res driver.ClaimResult) (driver.ClaimResult, error) {
+	if !res.Held || len(rated) == 0 || l.KeyRate == 0 {
+		return res, nil
+	}
+	in, err := d.keyRateRetryIn(ctx, tx, queue, l, rated)
+	if err != nil {
+		return driver.ClaimResult{}, err
+	}
+	if res.RetryIn == 0 || in < res.RetryIn {
+		res.RetryIn = in
+	}
 	return res, nil
 }
 
@@ -279,12 +326,12 @@ func (d *Driver) limitsStill(ctx context.Context, tx *sql.Tx, queue string, l dr
 	defer rows.Close()
 	var now driver.QueueLimits
 	if rows.Next() {
-		var maxRunning, rate, periodUS, keyMax, keyOrder sql.NullInt64
+		var c limitCols
 		var above int
-		if err := rows.Scan(&maxRunning, &rate, &periodUS, &keyMax, &keyOrder, &above); err != nil {
+		if err := rows.Scan(append(c.dest(), &above)...); err != nil {
 			return false, err
 		}
-		now = limitsOf(maxRunning, rate, periodUS, keyMax, keyOrder)
+		now = c.limits()
 	}
 	return now == l, rows.Err()
 }
@@ -506,6 +553,10 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 		return fmt.Errorf("conveyor/mysql: set limits of queue %q: %w", queue, err)
 	}
 	keyMax, keyOrder := keyColumns(l)
+	var keyRate, keyRatePeriod any
+	if l.KeyRate > 0 {
+		keyRate, keyRatePeriod = int64(l.KeyRate), micros(l.KeyRatePeriod)
+	}
 	var maxRunning, rate, period any
 	if l.MaxRunning > 0 {
 		maxRunning = int64(l.MaxRunning)
@@ -514,7 +565,7 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 		rate, period = int64(l.Rate), micros(l.RatePeriod)
 	}
 	return d.inTx(ctx, "set limits of queue "+queue, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, d.q.SetQueueLimits, queue, maxRunning, rate, period, keyMax, keyOrder); err != nil {
+		if _, err := tx.ExecContext(ctx, d.q.SetQueueLimits, queue, maxRunning, rate, period, keyMax, keyOrder, keyRate, keyRatePeriod); err != nil {
 			return err
 		}
 		for _, s := range []struct {
@@ -581,12 +632,12 @@ func (d *Driver) QueueLimits(ctx context.Context) (map[string]driver.QueueLimits
 		defer rows.Close()
 		for rows.Next() {
 			var name string
-			var maxRunning, rate, period, keyMax, keyOrder sql.NullInt64
-			if err := rows.Scan(&name, &maxRunning, &rate, &period, &keyMax, &keyOrder); err != nil {
+			var c limitCols
+			if err := rows.Scan(append([]any{&name}, c.dest()...)...); err != nil {
 				return err
 			}
-			if l := limitsOf(maxRunning, rate, period, keyMax, keyOrder); !l.IsZero() {
-				out[name] = l
+			if l := c.limits(); !l.IsZero() {
+				out[name] = publicLimits(l)
 			}
 		}
 		return rows.Err()
@@ -610,12 +661,13 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 		defer rows.Close()
 		for rows.Next() {
 			var name string
-			var maxRunning, rate, period, keyMax, keyOrder, next sql.NullInt64
+			var c limitCols
+			var next sql.NullInt64
 			var running, started int
-			if err := rows.Scan(&name, &maxRunning, &rate, &period, &keyMax, &keyOrder, &running, &started, &next); err != nil {
+			if err := rows.Scan(append(append([]any{&name}, c.dest()...), &running, &started, &next)...); err != nil {
 				return err
 			}
-			l := limitsOf(maxRunning, rate, period, keyMax, keyOrder)
+			l := c.limits()
 			if l.IsZero() {
 				continue
 			}
@@ -631,15 +683,25 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 		return nil, err
 	}
 	for name, u := range out {
-		if !u.Limits.HasKeyLimits() {
-			continue
+		if u.Limits.HasKeyLimits() {
+			if err := d.keyUsage(ctx, name, &u); err != nil {
+				return nil, err
+			}
 		}
-		if err := d.keyUsage(ctx, name, &u); err != nil {
-			return nil, err
-		}
+		u.Limits = publicLimits(u.Limits)
 		out[name] = u
 	}
 	return out, nil
+}
+
+// publicLimits is l as SetQueueLimits was given it: an Ordered queue
+// stores (and its claims use) a KeyMaxRunning of 1, which it was set
+// with implicitly.
+func publicLimits(l driver.QueueLimits) driver.QueueLimits {
+	if l.Ordered {
+		l.KeyMaxRunning = 0
+	}
+	return l
 }
 
 // sweepSlots is the rescue's sweep of the limits' slots: it frees up to

@@ -177,6 +177,18 @@ type queries struct {
 	KeyKeptStale     string `sql:"key_kept_stale"`
 	KeyKeptFree      string `sql:"key_kept_free"`
 	KeySlotTrim      string `sql:"key_slot_trim"`
+
+	// Rates per key: the walk's read of rate slots, their making, locking
+	// and stamping by the claim, the claim's wait, the usage and the sweep
+	// (see keys.go).
+	KeyRateStats     string `sql:"key_rate_stats"`
+	KeyRateInsert    string `sql:"key_rate_insert"`
+	KeyRateInsertRow string `sql:"key_rate_insert_row"`
+	KeyRateLockPart  string `sql:"key_rate_lock_part"`
+	KeyRateTake      string `sql:"key_rate_take"`
+	KeyRateRetryIn   string `sql:"key_rate_retry_in"`
+	KeysRated        string `sql:"keys_rated"`
+	KeyRateTrim      string `sql:"key_rate_trim"`
 }
 
 // loadQueries reads queries.sql for prefix, drops its comment lines and

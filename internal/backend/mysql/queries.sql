@@ -564,11 +564,11 @@ DELETE FROM `{p}processes` WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICR
 -- SetQueueLimits, in one transaction: set_queue_limits upserts only the
 -- limit columns (a pause is kept, as pause_queue keeps the limits), then
 -- the missing slots are created and the slots beyond the limits deleted.
--- (queue, max_running, rate, rate_period_us, key_max_running, key_order;
--- NULL for none.)
+-- (queue, max_running, rate, rate_period_us, key_max_running, key_order,
+-- key_rate, key_rate_period_us; NULL for none.)
 -- name: set_queue_limits
-INSERT INTO `{p}queues` (name, paused_at, updated_at, max_running, rate, rate_period_us, key_max_running, key_order) VALUES (?, NULL, UTC_TIMESTAMP(6), ?, ?, ?, ?, ?)
-ON DUPLICATE KEY UPDATE max_running = VALUES(max_running), rate = VALUES(rate), rate_period_us = VALUES(rate_period_us), key_max_running = VALUES(key_max_running), key_order = VALUES(key_order), updated_at = VALUES(updated_at)
+INSERT INTO `{p}queues` (name, paused_at, updated_at, max_running, rate, rate_period_us, key_max_running, key_order, key_rate, key_rate_period_us) VALUES (?, NULL, UTC_TIMESTAMP(6), ?, ?, ?, ?, ?, ?, ?)
+ON DUPLICATE KEY UPDATE max_running = VALUES(max_running), rate = VALUES(rate), rate_period_us = VALUES(rate_period_us), key_max_running = VALUES(key_max_running), key_order = VALUES(key_order), key_rate = VALUES(key_rate), key_rate_period_us = VALUES(key_rate_period_us), updated_at = VALUES(updated_at)
 
 -- (queue, type, count): how many of the slots [0, count) exist.
 -- name: slot_count
@@ -605,24 +605,24 @@ DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n 
 DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n >= ?
 
 -- name: queue_limits
-SELECT name, max_running, rate, rate_period_us, key_max_running, key_order FROM `{p}queues` WHERE max_running IS NOT NULL OR rate IS NOT NULL OR key_max_running IS NOT NULL
+SELECT name, max_running, rate, rate_period_us, key_max_running, key_order, key_rate, key_rate_period_us FROM `{p}queues` WHERE max_running IS NOT NULL OR rate IS NOT NULL OR key_max_running IS NOT NULL OR key_rate IS NOT NULL
 
 -- LimitUsage, one statement by the database's clock: per limited queue,
 -- the concurrency slots held, the starts within the window and how long
 -- until the oldest of them leaves it.
 -- name: limit_usage
-SELECT q.name, q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order,
+SELECT q.name, q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order, q.key_rate, q.key_rate_period_us,
   (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.job_id > 0),
   (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate AND s.used_at > UTC_TIMESTAMP(6) - INTERVAL q.rate_period_us MICROSECOND),
   (SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(s.used_at) + INTERVAL q.rate_period_us MICROSECOND) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate AND s.used_at > UTC_TIMESTAMP(6) - INTERVAL q.rate_period_us MICROSECOND)
-  FROM `{p}queues` q WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL OR q.key_max_running IS NOT NULL
+  FROM `{p}queues` q WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL OR q.key_max_running IS NOT NULL OR q.key_rate IS NOT NULL
 
 -- ClaimLimited. limits_read is a plain read of the queue's limits and of
 -- how many concurrency slots at or beyond max_running are still held (a
 -- lowered limit: those attempts count against it until they end). A
 -- queue without limits is claimed by Claim. (queue.)
 -- name: limits_read
-SELECT q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order, (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.n >= q.max_running AND s.job_id IS NOT NULL) FROM `{p}queues` q WHERE q.name = ?
+SELECT q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order, q.key_rate, q.key_rate_period_us, (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.n >= q.max_running AND s.job_id IS NOT NULL) FROM `{p}queues` q WHERE q.name = ?
 
 -- With SKIP LOCKED (the skip-locked strategy), in the claim's
 -- transaction and before the jobs: lock up to want free concurrency slots
@@ -787,14 +787,15 @@ SELECT UTC_TIMESTAMP(6), {fence_floor}, {cols} FROM `{p}jobs` FORCE INDEX (claim
 UPDATE `{p}limit_slots` SET job_id = CASE {cases} END, fence = CASE {cases} END, used_at = ? WHERE queue = ? AND type = 'k' AND (lkey, n) IN ({pairs}) AND (job_id IS NULL OR (job_id = CASE {cases} END AND fence IS NULL)){intx}
 
 -- LimitUsage of a key-limited queue: the keys with a slot held or kept,
--- and per key with available jobs, their count and the key's held, kept
--- and kept-for-an-available-job slots below the limit. (queue) and
--- (queue, queue, limit.)
+-- and per key with available jobs, their count, the key's held, kept and
+-- kept-for-an-available-job slots below the limit and its rate slots
+-- below the rate stamped within the window. (queue) and (queue, queue,
+-- limit, queue, key rate, key rate period µs.)
 -- name: keys_running
 SELECT COUNT(DISTINCT lkey) FROM `{p}limit_slots` WHERE queue = ? AND type = 'k' AND job_id > 0
 
 -- name: key_usage
-SELECT a.cnt, COALESCE(s.held, 0), COALESCE(s.kept, 0), COALESCE(s.kept_avail, 0) FROM (SELECT lkey, COUNT(*) AS cnt FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? GROUP BY lkey) a LEFT JOIN (SELECT s.lkey, SUM(s.fence IS NOT NULL) AS held, SUM(s.fence IS NULL) AS kept, SUM(s.fence IS NULL AND j.state = 'available') AS kept_avail FROM `{p}limit_slots` s LEFT JOIN `{p}jobs` j ON j.id = s.job_id WHERE s.queue = ? AND s.type = 'k' AND s.n < ? AND s.job_id > 0 GROUP BY s.lkey) s ON s.lkey = a.lkey
+SELECT a.cnt, COALESCE(s.held, 0), COALESCE(s.kept, 0), COALESCE(s.kept_avail, 0), COALESCE(r.closed, 0) FROM (SELECT lkey, COUNT(*) AS cnt FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? GROUP BY lkey) a LEFT JOIN (SELECT s.lkey, SUM(s.fence IS NOT NULL) AS held, SUM(s.fence IS NULL) AS kept, SUM(s.fence IS NULL AND j.state = 'available') AS kept_avail FROM `{p}limit_slots` s LEFT JOIN `{p}jobs` j ON j.id = s.job_id WHERE s.queue = ? AND s.type = 'k' AND s.n < ? AND s.job_id > 0 GROUP BY s.lkey) s ON s.lkey = a.lkey LEFT JOIN (SELECT lkey, COUNT(*) AS closed FROM `{p}limit_slots` WHERE queue = ? AND type = 'w' AND n < ? AND used_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND GROUP BY lkey) r ON r.lkey = a.lkey
 
 -- The rescue's sweep of key slots: slots kept for a job that no longer
 -- waits to run (finished, deleted, or claimed by hand), freed one by one,
@@ -810,3 +811,56 @@ UPDATE `{p}limit_slots` SET job_id = NULL WHERE queue = ? AND type = 'k' AND lke
 
 -- name: key_slot_trim
 DELETE FROM `{p}limit_slots` WHERE type = 'k' AND job_id IS NULL AND (used_at < UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE OR n >= COALESCE((SELECT q.key_max_running FROM `{p}queues` q WHERE q.name = `{p}limit_slots`.queue), 0)) LIMIT ?
+
+-- Rates per key (migrations/014_key_rates.sql, keys.go): rate slots are
+-- rows of type 'w', one per key and unit of the rate, stamped (used_at)
+-- with the start each last admitted; a slot is open when its stamp is at
+-- least the period old. key_rate_stats is a plain read, in the claim's
+-- walk, of the walked keys' rate slots: how many exist below the rate and
+-- how many of them are stamped within the window. {keys} is one "?" per
+-- key. (rate, rate, period µs, queue, keys.)
+-- name: key_rate_stats
+SELECT lkey, COALESCE(SUM(n < ?), 0), COALESCE(SUM(n < ? AND used_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND), 0) FROM `{p}limit_slots` WHERE queue = ? AND type = 'w' AND lkey IN ({keys}) GROUP BY lkey
+
+-- The missing rate slots of the candidate keys, one (queue, key, n) row
+-- each, in key order, in a statement of its own before the claim's
+-- transaction (autocommit), as key_slot_insert: each is made open
+-- (unstamped); a slot that exists is kept as it is.
+-- name: key_rate_insert
+INSERT IGNORE INTO `{p}limit_slots` (queue, type, lkey, n) VALUES
+
+-- name: key_rate_insert_row
+(?, 'w', ?, ?)
+
+-- In the claim's transaction, in one statement joined and padded as
+-- key_slot_lock_part's, key by key in key order after the key slots:
+-- lock up to count open rate slots below the rate of each key, skipping
+-- those other claims hold. (queue, key, rate, period µs, count per part.)
+-- name: key_rate_lock_part
+(SELECT lkey, n FROM `{p}limit_slots` WHERE queue = ? AND type = 'w' AND lkey = ? AND n < ? AND (used_at IS NULL OR used_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) ORDER BY n LIMIT ? FOR UPDATE {skip})
+
+-- Stamps the rate slots the claim locked for its attempts with the
+-- claim's clock, in one statement, only while each is still open (the
+-- driver requires every one). {pairs} is one "(?, ?)" per slot (key, n).
+-- (used_at, queue, pairs, period µs.)
+-- name: key_rate_take
+UPDATE `{p}limit_slots` SET used_at = ? WHERE queue = ? AND type = 'w' AND (lkey, n) IN ({pairs}) AND (used_at IS NULL OR used_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND){intx}
+
+-- How long until the oldest start within the window of the keys a claim
+-- found without room leaves it. {keys} is one "?" per key. (period µs,
+-- queue, keys, rate, period µs.)
+-- name: key_rate_retry_in
+SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(used_at) + INTERVAL ? MICROSECOND) FROM `{p}limit_slots` WHERE queue = ? AND type = 'w' AND lkey IN ({keys}) AND n < ? AND used_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+
+-- LimitUsage: the keys whose window is full, every rate slot below the
+-- rate stamped within it. (queue, rate, period µs, rate.)
+-- name: keys_rated
+SELECT COUNT(*) FROM (SELECT lkey FROM `{p}limit_slots` WHERE queue = ? AND type = 'w' AND n < ? AND used_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND GROUP BY lkey HAVING COUNT(*) >= ?) f
+
+-- The rescue's sweep of rate slots: those stamped longer ago than the
+-- period or a minute, whichever is longer, or never, those at or beyond
+-- their queue's rate, and those of a queue without a rate per key. A slot
+-- stamped within the window is never deleted; one a claim has locked is
+-- deleted, if still unstamped, only once that claim ends. (limit.)
+-- name: key_rate_trim
+DELETE FROM `{p}limit_slots` WHERE type = 'w' AND NOT EXISTS (SELECT 1 FROM `{p}queues` q WHERE q.name = `{p}limit_slots`.queue AND q.key_rate > 0 AND `{p}limit_slots`.n < q.key_rate AND `{p}limit_slots`.used_at >= UTC_TIMESTAMP(6) - INTERVAL GREATEST(q.key_rate_period_us, 60000000) MICROSECOND) LIMIT ?

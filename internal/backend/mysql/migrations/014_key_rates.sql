@@ -1,0 +1,13 @@
+-- conveyor schema for MySQL / MariaDB, version 14: rates per key. A
+-- queue's rate per key lives beside its other limits: key_rate (starts of
+-- one key per window, NULL for none) and key_rate_period_us (the window in
+-- microseconds). The slots that enforce it are rows of limit_slots
+-- (version 10) of type 'w', one per key and unit of the rate (lkey, n from
+-- 0 to key_rate - 1), made by claims when first needed; job_id and fence
+-- stay NULL and used_at is the database's time of the last start the slot
+-- admitted (NULL until its first): a slot is open when that is at least
+-- key_rate_period_us old, or NULL. The statements
+-- that end an attempt match slots by job and fence, so they never touch
+-- these. Idempotent on re-run: the driver treats "duplicate column" as
+-- done.
+ALTER TABLE `{p}queues` ADD COLUMN `key_rate` INT NULL, ADD COLUMN `key_rate_period_us` BIGINT NULL
