@@ -367,6 +367,7 @@ func TestKeyRateStats(t *testing.T) {
 		}
 		t.Fatal("kr not in the stats")
 	})
+}
 
 // tenantJob takes its limit key from its own field.
 type tenantJob struct {
