@@ -104,6 +104,7 @@ type queries struct {
 	SegGuard         string `sql:"seg_guard"`
 	SegHasReady      string `sql:"seg_has_ready"`
 	SegSweepSlots    string `sql:"seg_sweep_slots"`
+	SegKeyRoom       string `sql:"seg_key_room"`
 	SegKeyWalk       string `sql:"seg_key_walk"`
 	SegKeyPick       string `sql:"seg_key_pick"`
 	SegClaimIDs      string `sql:"seg_claim_ids"`
@@ -285,7 +286,18 @@ func loadQueries(prefix string) (*queries, error) {
 	// them.
 	q.SegClaimNoKey = strings.Replace(q.SegClaim, "{nokey}", "lkey IS NULL AND ", 1)
 	q.SegClaim = strings.Replace(q.SegClaim, "{nokey}", "", 1)
+	// seg_key_walk's {key_room}: seg_key_room, the test of a key each
+	// step of the walk makes, without its leading comment.
+	q.SegKeyWalk = strings.ReplaceAll(q.SegKeyWalk, "{key_room}", sqlBody(q.SegKeyRoom))
 	return &q, nil
+}
+
+// sqlBody is q without the comment lines that head it.
+func sqlBody(q string) string {
+	for strings.HasPrefix(q, "--") {
+		_, q, _ = strings.Cut(q, "\n")
+	}
+	return q
 }
 
 // planGeneric is the plan cache mode of the connections conveyor makes.

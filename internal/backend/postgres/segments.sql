@@ -300,6 +300,26 @@ SELECT -1, '', '{}'::json, 0, 0, 0, 0, now(), now(), now(), now(), '[]'::jsonb, 
  WHERE NOT ({guard})
 ORDER BY priority, pos
 
+-- name: seg_key_room
+-- seg_key_walk's test of the key x.k, the same at each step of its walk
+-- (put in place of its {key_room}, without this comment, when the
+-- queries load): whether the key has room (fewer than $5 concurrency
+-- slots held, and its rate window not full), whether its rate window is
+-- full (rfull: $6 or more of its rate slots stamped within the last $7
+-- microseconds), and its rate slots (rtot), their highest number (rmax)
+-- and those open (ropen).
+LATERAL (
+        SELECT ($5::int = 0 OR c.held < $5::int) AND NOT c.rfull AS room, c.rfull, c.rtot, c.rmax, c.rtot - c.rrec AS ropen
+          FROM (SELECT count(*) FILTER (WHERE s.n >= 0 AND s.fence IS NOT NULL) AS held,
+                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int) AS rtot,
+                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
+                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') AS rrec,
+                       coalesce(max(-s.n) FILTER (WHERE s.n < 0 AND s.n >= -$6::int), 0) AS rmax,
+                       $6::int > 0 AND count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
+                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') >= $6::int AS rfull
+                  FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k) c
+    ) rm
+
 -- name: seg_key_walk
 -- The keyed claim's walk (key limits), run before the claim's transaction
 -- in a statement of its own: the distinct keys of queue $1's jobs in the
@@ -329,17 +349,7 @@ w1(k, i, r, room, rfull, rtot, rmax, ropen) AS (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > $2::text{sep}
 UNION ALL
 {end}) s) AS k) x,
-    LATERAL (
-        SELECT ($5::int = 0 OR c.held < $5::int) AND NOT c.rfull AS room, c.rfull, c.rtot, c.rmax, c.rtot - c.rrec AS ropen
-          FROM (SELECT count(*) FILTER (WHERE s.n >= 0 AND s.fence IS NOT NULL) AS held,
-                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int) AS rtot,
-                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
-                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') AS rrec,
-                       coalesce(max(-s.n) FILTER (WHERE s.n < 0 AND s.n >= -$6::int), 0) AS rmax,
-                       $6::int > 0 AND count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
-                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') >= $6::int AS rfull
-                  FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k) c
-    ) rm
+    {key_room}
      WHERE x.k IS NOT NULL
     UNION ALL
     SELECT x.k, w1.i + 1, w1.r + rm.room::int, rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen
@@ -347,17 +357,7 @@ UNION ALL
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > w1.k{sep}
 UNION ALL
 {end}) s) AS k) x,
-    LATERAL (
-        SELECT ($5::int = 0 OR c.held < $5::int) AND NOT c.rfull AS room, c.rfull, c.rtot, c.rmax, c.rtot - c.rrec AS ropen
-          FROM (SELECT count(*) FILTER (WHERE s.n >= 0 AND s.fence IS NOT NULL) AS held,
-                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int) AS rtot,
-                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
-                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') AS rrec,
-                       coalesce(max(-s.n) FILTER (WHERE s.n < 0 AND s.n >= -$6::int), 0) AS rmax,
-                       $6::int > 0 AND count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
-                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') >= $6::int AS rfull
-                  FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k) c
-    ) rm
+    {key_room}
      WHERE w1.i < $3::int AND w1.r < $4::int AND x.k IS NOT NULL
 ),
 w2(k, i, r, room, rfull, rtot, rmax, ropen) AS (
@@ -367,17 +367,7 @@ w2(k, i, r, room, rfull, rtot, rmax, ropen) AS (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > ''{sep}
 UNION ALL
 {end}) s) AS k) x,
-    LATERAL (
-        SELECT ($5::int = 0 OR c.held < $5::int) AND NOT c.rfull AS room, c.rfull, c.rtot, c.rmax, c.rtot - c.rrec AS ropen
-          FROM (SELECT count(*) FILTER (WHERE s.n >= 0 AND s.fence IS NOT NULL) AS held,
-                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int) AS rtot,
-                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
-                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') AS rrec,
-                       coalesce(max(-s.n) FILTER (WHERE s.n < 0 AND s.n >= -$6::int), 0) AS rmax,
-                       $6::int > 0 AND count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
-                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') >= $6::int AS rfull
-                  FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k) c
-    ) rm
+    {key_room}
      WHERE x.k IS NOT NULL AND x.k <= $2::text AND $2::text <> ''
        AND (SELECT count(*) FROM w1) < $3::int AND (SELECT coalesce(max(r), 0) FROM w1) < $4::int
     UNION ALL
@@ -386,17 +376,7 @@ UNION ALL
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > w2.k{sep}
 UNION ALL
 {end}) s) AS k) x,
-    LATERAL (
-        SELECT ($5::int = 0 OR c.held < $5::int) AND NOT c.rfull AS room, c.rfull, c.rtot, c.rmax, c.rtot - c.rrec AS ropen
-          FROM (SELECT count(*) FILTER (WHERE s.n >= 0 AND s.fence IS NOT NULL) AS held,
-                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int) AS rtot,
-                       count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
-                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') AS rrec,
-                       coalesce(max(-s.n) FILTER (WHERE s.n < 0 AND s.n >= -$6::int), 0) AS rmax,
-                       $6::int > 0 AND count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
-                                          AND s.used_at > now() - $7::bigint * interval '1 microsecond') >= $6::int AS rfull
-                  FROM {p}key_slots s WHERE s.queue = $1 AND s.lkey = x.k) c
-    ) rm
+    {key_room}
      WHERE w2.i < $3::int AND w2.r < $4::int AND x.k IS NOT NULL AND x.k <= $2::text
 ),
 ks AS MATERIALIZED (
