@@ -379,22 +379,7 @@ func (d *Driver) keyRateStats(ctx context.Context, queue string, l driver.QueueL
 // among them at least need are open, or every slot below the rate that
 // no start within the window stamped. Each is made open (unstamped).
 func (d *Driver) makeRateSlots(ctx context.Context, queue string, l driver.QueueLimits, want int, kw *keyWalk, stats map[string]rateStats, jobs map[string]int) error {
-	sorted := slices.Clone(kw.keys)
-	slices.Sort(sorted)
-	var args []any
-	flush := func() error {
-		if len(args) == 0 {
-			return nil
-		}
-		q := d.rowsSQL(d.q.KeyRateInsert, d.q.KeyRateInsertRow, "", len(args)/3)
-		err := d.retry(ctx, "claim limited: make key rate slots", func() error {
-			_, err := d.exec(ctx, nil, false, q, args...)
-			return err
-		})
-		args = args[:0]
-		return err
-	}
-	for _, k := range sorted {
+	return d.insertKeySlots(ctx, "claim limited: make key rate slots", d.q.KeyRateInsert, d.q.KeyRateInsertRow, queue, kw.keys, func(k string) int {
 		s := stats[k]
 		need := want
 		if jobs[k] > 0 {
@@ -405,18 +390,10 @@ func (d *Driver) makeRateSlots(ctx context.Context, queue string, l driver.Queue
 		}
 		need = min(l.KeyRate, s.closed+need)
 		if s.rows >= need {
-			continue
+			return 0
 		}
-		for n := 0; n < need; n++ {
-			args = append(args, queue, k, int64(n))
-			if len(args) >= 3*slotInsertChunk {
-				if err := flush(); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return flush()
+		return need
+	})
 }
 
 // makeKeySlots inserts, in key order and in statements of their own, the
@@ -425,6 +402,23 @@ func (d *Driver) makeRateSlots(ctx context.Context, queue string, l driver.Queue
 // slots): among them at least want are free, or every slot below the
 // limit that no attempt uses.
 func (d *Driver) makeKeySlots(ctx context.Context, queue string, limit, want int, keys []string, stats map[string]keyStats) error {
+	return d.insertKeySlots(ctx, "claim limited: make key slots", d.q.KeySlotInsert, d.q.KeySlotInsertRow, queue, keys, func(k string) int {
+		s := stats[k]
+		used := s.held + s.kept
+		need := min(limit, used+want)
+		if s.rows >= need {
+			return 0
+		}
+		return need
+	})
+}
+
+// insertKeySlots inserts, in key order and in statements of their own
+// (insert with insertRow repeated, at most slotInsertChunk rows each, run
+// under retry as op), the slots n < need(k) of each of queue's keys: the
+// same chunked insert for the key slots and the key rate slots, which
+// differ only in their statement and in how many slots a key needs.
+func (d *Driver) insertKeySlots(ctx context.Context, op, insert, insertRow, queue string, keys []string, need func(key string) int) error {
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
 	var args []any
@@ -432,8 +426,8 @@ func (d *Driver) makeKeySlots(ctx context.Context, queue string, limit, want int
 		if len(args) == 0 {
 			return nil
 		}
-		q := d.rowsSQL(d.q.KeySlotInsert, d.q.KeySlotInsertRow, "", len(args)/3)
-		err := d.retry(ctx, "claim limited: make key slots", func() error {
+		q := d.rowsSQL(insert, insertRow, "", len(args)/3)
+		err := d.retry(ctx, op, func() error {
 			_, err := d.exec(ctx, nil, false, q, args...)
 			return err
 		})
@@ -441,13 +435,7 @@ func (d *Driver) makeKeySlots(ctx context.Context, queue string, limit, want int
 		return err
 	}
 	for _, k := range sorted {
-		s := stats[k]
-		used := s.held + s.kept
-		need := min(limit, used+want)
-		if s.rows >= need {
-			continue
-		}
-		for n := 0; n < need; n++ {
+		for n := range need(k) {
 			args = append(args, queue, k, int64(n))
 			if len(args) >= 3*slotInsertChunk {
 				if err := flush(); err != nil {
@@ -756,17 +744,7 @@ func (d *Driver) keyRateRetryIn(ctx context.Context, tx *sql.Tx, queue string, l
 	if err != nil {
 		return 0, err
 	}
-	defer rows.Close()
-	var us sql.NullInt64
-	if rows.Next() {
-		if err := rows.Scan(&us); err != nil {
-			return 0, err
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return 0, err
-	}
-	return max(time.Duration(us.Int64)*time.Microsecond, time.Millisecond), nil
+	return retryIn(rows)
 }
 
 // takeKeySlots gives each claimed job rows[i] the key slot slots[i] of

@@ -512,6 +512,14 @@ func (d *Driver) rateRetryIn(ctx context.Context, tx *sql.Tx, queue string, l dr
 	if err != nil {
 		return 0, err
 	}
+	return retryIn(rows)
+}
+
+// retryIn reads and closes rows, the result of a statement that returns
+// in microseconds when a rate window has room again (no row, or NULL:
+// now), and returns that wait, at least a millisecond: a queue's rate and
+// a key's rate read it the same way.
+func retryIn(rows *sql.Rows) (time.Duration, error) {
 	defer rows.Close()
 	var us sql.NullInt64
 	if rows.Next() {
