@@ -303,6 +303,30 @@ type QueueStats struct {
 	AwaitingDependencies int64
 }
 
+// Rows is a statement's result as ScanAwaiting reads it: database/sql's
+// *sql.Rows and pgx's Rows are both.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// ScanAwaiting reads rows of (queue, count), each backend's count of the
+// callbacks of open batches by queue, into a map for WithAwaiting. The
+// caller closes rows.
+func ScanAwaiting(rows Rows) (map[string]int64, error) {
+	out := map[string]int64{}
+	for rows.Next() {
+		var q string
+		var n int64
+		if err := rows.Scan(&q, &n); err != nil {
+			return nil, err
+		}
+		out[q] = n
+	}
+	return out, rows.Err()
+}
+
 // WithAwaiting adds to stats (sorted by queue) each queue's count of
 // callbacks of open batches, listing a queue that has only those, and
 // returns the stats sorted by queue.

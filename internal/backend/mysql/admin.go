@@ -363,16 +363,7 @@ func (d *Driver) awaiting(ctx context.Context) (map[string]int64, error) {
 		return nil, err
 	}
 	defer rows.Close()
-	out := map[string]int64{}
-	for rows.Next() {
-		var q string
-		var n int64
-		if err := rows.Scan(&q, &n); err != nil {
-			return nil, err
-		}
-		out[q] = n
-	}
-	return out, rows.Err()
+	return driver.ScanAwaiting(rows)
 }
 
 // Migrate applies the missing migrations under a lock that serialises

@@ -222,16 +222,8 @@ func (d *Driver) withAwaiting(ctx context.Context, stats []driver.QueueStats) ([
 		return nil, err
 	}
 	defer rows.Close()
-	awaiting := map[string]int64{}
-	for rows.Next() {
-		var q string
-		var n int64
-		if err := rows.Scan(&q, &n); err != nil {
-			return nil, err
-		}
-		awaiting[q] = n
-	}
-	if err := rows.Err(); err != nil {
+	awaiting, err := driver.ScanAwaiting(rows)
+	if err != nil {
 		return nil, err
 	}
 	return driver.WithAwaiting(stats, awaiting), nil
