@@ -2,9 +2,7 @@ package mysql
 
 import (
 	"context"
-	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -65,27 +63,15 @@ func completeAll(t *testing.T, d *Driver, rows []*driver.JobRow, state string) {
 	}
 }
 
-// TestKeyRateStored: a rate per key is stored and returned with the
-// queue's other limits, and values the database cannot hold are refused
-// naming the field.
-func TestKeyRateStored(t *testing.T) {
+// TestKeyRateRefused: values the database cannot hold are refused naming
+// the field (KeyRate apart from KeyRatePeriod), and the limits stay as
+// they were. The driver suite checks the storing itself.
+func TestKeyRateRefused(t *testing.T) {
 	ctx := context.Background()
 	d := migrated(t, driver.Options{}, nil)
 	want := driver.QueueLimits{MaxRunning: 4, KeyMaxRunning: 2, KeyRate: 3, KeyRatePeriod: 90 * time.Minute}
 	if err := d.SetQueueLimits(ctx, "ks", want); err != nil {
 		t.Fatal(err)
-	}
-	only := driver.QueueLimits{KeyRate: 7, KeyRatePeriod: 1500 * time.Microsecond}
-	if err := d.SetQueueLimits(ctx, "ko", only); err != nil {
-		t.Fatal(err)
-	}
-	got, err := d.QueueLimits(ctx)
-	if err != nil || got["ks"] != want || got["ko"] != only {
-		t.Fatalf("limits %+v, %v; want ks %+v and ko %+v", got, err, want, only)
-	}
-	u, err := d.LimitUsage(ctx)
-	if err != nil || u["ko"].Limits != only {
-		t.Fatalf("usage %+v, %v; want the limits of ko", u, err)
 	}
 	for _, c := range []struct {
 		l     driver.QueueLimits
@@ -104,266 +90,6 @@ func TestKeyRateStored(t *testing.T) {
 	}
 	if got, _ := d.QueueLimits(ctx); got["ks"] != want {
 		t.Fatalf("limits %+v after refused changes, want %+v", got["ks"], want)
-	}
-	if err := d.SetQueueLimits(ctx, "ks", driver.QueueLimits{}); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := d.QueueLimits(ctx); !got["ks"].IsZero() {
-		t.Fatalf("limits %+v after their removal", got["ks"])
-	}
-}
-
-// TestKeyRateTakesEachKeysWindow: 3 starts per hour per key take exactly
-// 3 jobs of each key however many claims run, every job without a key,
-// and say when the oldest start leaves its window; outcomes give nothing
-// back, and the usage counts the full windows and the jobs they hold.
-func TestKeyRateTakesEachKeysWindow(t *testing.T) {
-	for _, v := range variants[:2] {
-		t.Run(v.name, func(t *testing.T) {
-			ctx := context.Background()
-			d := migrated(t, v.opts, v.tweak)
-			jobs := append(keyedJobs("kr", "a", 10), keyedJobs("kr", "b", 10)...)
-			jobs = append(jobs, keyedJobs("kr", "", 5)...)
-			if _, err := d.Insert(ctx, jobs); err != nil {
-				t.Fatal(err)
-			}
-			if err := d.SetQueueLimits(ctx, "kr", driver.QueueLimits{KeyRate: 3, KeyRatePeriod: time.Hour}); err != nil {
-				t.Fatal(err)
-			}
-			rows, last := claimAll(t, d, "kr", 50)
-			if got := countKeys(rows); got["a"] != 3 || got["b"] != 3 || got[""] != 5 || len(rows) != 11 {
-				t.Fatalf("claimed %v, want 3 of a, 3 of b and the 5 without a key", got)
-			}
-			if !last.Held || last.RetryIn <= 0 || last.RetryIn > time.Hour {
-				t.Fatalf("claim after the windows filled: held %v, retry in %v; want held, within the hour", last.Held, last.RetryIn)
-			}
-			u, err := d.LimitUsage(ctx)
-			if err != nil || u["kr"].KeysRated != 2 || u["kr"].KeyHeld != 14 {
-				t.Fatalf("usage %+v, %v; want 2 keys rated, 14 jobs held", u["kr"], err)
-			}
-			completeAll(t, d, rows[:4], driver.StateCompleted)
-			completeAll(t, d, rows[4:], driver.StateRetryable)
-			if _, err := d.db.ExecContext(ctx, "UPDATE `"+d.prefix+"jobs` SET state = 'available' WHERE state = 'retryable'"); err != nil {
-				t.Fatal(err)
-			}
-			more, last := claimAll(t, d, "kr", 50)
-			if got := countKeys(more); got["a"] != 0 || got["b"] != 0 {
-				t.Fatalf("claimed %v after outcomes and retries, want none of a or b", got)
-			}
-			if !last.Held {
-				t.Fatal("claim not held while keys' windows are full")
-			}
-		})
-	}
-}
-
-// TestKeyRateWithKeyMaxRunning: a key's job needs both a free slot and a
-// start left in its window.
-func TestKeyRateWithKeyMaxRunning(t *testing.T) {
-	ctx := context.Background()
-	d := migrated(t, driver.Options{}, nil)
-	if _, err := d.Insert(ctx, keyedJobs("km", "a", 6)); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.SetQueueLimits(ctx, "km", driver.QueueLimits{KeyMaxRunning: 1, KeyRate: 3, KeyRatePeriod: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	total := 0
-	for i := 0; i < 5; i++ {
-		rows, _ := claimAll(t, d, "km", 10)
-		if len(rows) > 1 {
-			t.Fatalf("claimed %d of key a at once under KeyMaxRunning 1", len(rows))
-		}
-		total += len(rows)
-		if len(rows) == 1 && total < 3 {
-			// The key's slot, not its window, holds its other jobs.
-			r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "km", Limit: 10, Lease: time.Hour, Worker: "w"})
-			if err != nil || len(r.Rows) != 0 || !r.Held || r.RetryIn != 0 {
-				t.Fatalf("claim with the key's slot held and room in its window: %d rows, held %v, retry in %v, %v; want held, retry in 0", len(r.Rows), r.Held, r.RetryIn, err)
-			}
-		}
-		completeAll(t, d, rows, driver.StateCompleted)
-	}
-	if total != 3 {
-		t.Fatalf("claimed %d of key a in all, want the rate's 3", total)
-	}
-	if u, _ := d.LimitUsage(ctx); u["km"].KeysRated != 1 || u["km"].KeyHeld != 3 || u["km"].KeysRunning != 0 {
-		t.Fatalf("usage %+v, want 1 key rated holding 3 jobs", u["km"])
-	}
-}
-
-// TestKeyRateOrdered: an ordered key's jobs start in id order, and the
-// retry of a job holding its key's slot is a start of the key too.
-func TestKeyRateOrdered(t *testing.T) {
-	ctx := context.Background()
-	d := migrated(t, driver.Options{}, nil)
-	ids, err := d.Insert(ctx, keyedJobs("ko", "a", 5))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.SetQueueLimits(ctx, "ko", driver.QueueLimits{Ordered: true, KeyRate: 3, KeyRatePeriod: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	var got []int64
-	rows, _ := claimAll(t, d, "ko", 10)
-	if len(rows) != 1 || rows[0].ID != ids[0] {
-		t.Fatalf("claimed %v, want the key's head %d", rows, ids[0])
-	}
-	got = append(got, rows[0].ID)
-	// The head fails: it keeps the key's slot, and its retry is the
-	// key's second start.
-	completeAll(t, d, rows, driver.StateRetryable)
-	if _, err := d.db.ExecContext(ctx, "UPDATE `"+d.prefix+"jobs` SET state = 'available' WHERE state = 'retryable'"); err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 4; i++ {
-		rows, _ := claimAll(t, d, "ko", 10)
-		if len(rows) > 1 {
-			t.Fatalf("claimed %d of an ordered key at once", len(rows))
-		}
-		for _, r := range rows {
-			got = append(got, r.ID)
-		}
-		completeAll(t, d, rows, driver.StateCompleted)
-	}
-	if want := []int64{ids[0], ids[0], ids[1]}; fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Fatalf("started %v, want %v: the head, its retry, the next job, then the window is full", got, want)
-	}
-}
-
-// TestKeyRateChanged: a lowered rate ignores the slots beyond it, a
-// raised one makes more, and a removed one holds nothing.
-func TestKeyRateChanged(t *testing.T) {
-	ctx := context.Background()
-	d := migrated(t, driver.Options{}, nil)
-	if _, err := d.Insert(ctx, keyedJobs("kc", "a", 20)); err != nil {
-		t.Fatal(err)
-	}
-	set := func(l driver.QueueLimits) {
-		if err := d.SetQueueLimits(ctx, "kc", l); err != nil {
-			t.Fatal(err)
-		}
-	}
-	set(driver.QueueLimits{KeyRate: 2, KeyRatePeriod: time.Hour})
-	if rows, _ := claimAll(t, d, "kc", 10); len(rows) != 2 {
-		t.Fatalf("claimed %d under 2 per hour, want 2", len(rows))
-	}
-	set(driver.QueueLimits{KeyRate: 1, KeyRatePeriod: time.Hour})
-	if rows, r := claimAll(t, d, "kc", 10); len(rows) != 0 || !r.Held {
-		t.Fatalf("claimed %d (held %v) under a rate lowered below the window's starts", len(rows), r.Held)
-	}
-	set(driver.QueueLimits{KeyRate: 5, KeyRatePeriod: time.Hour})
-	if rows, _ := claimAll(t, d, "kc", 10); len(rows) != 3 {
-		t.Fatalf("claimed %d under a rate raised to 5, want the 3 more", len(rows))
-	}
-	set(driver.QueueLimits{})
-	if rows, _ := claimAll(t, d, "kc", 20); len(rows) != 15 {
-		t.Fatalf("claimed %d once the rate was removed, want the 15 left", len(rows))
-	}
-}
-
-// TestKeyRateConcurrentClaimers: claimers racing over many keys start
-// exactly the rate of each key, and no job twice.
-func TestKeyRateConcurrentClaimers(t *testing.T) {
-	for _, v := range variants[:2] {
-		t.Run(v.name, func(t *testing.T) {
-			ctx := context.Background()
-			d := migrated(t, v.opts, v.tweak)
-			const keys, perKey, rate = 8, 20, 5
-			var jobs []driver.InsertParams
-			for k := 0; k < keys; k++ {
-				jobs = append(jobs, keyedJobs("kx", fmt.Sprintf("key-%d", k), perKey)...)
-			}
-			if _, err := d.Insert(ctx, jobs); err != nil {
-				t.Fatal(err)
-			}
-			if err := d.SetQueueLimits(ctx, "kx", driver.QueueLimits{KeyRate: rate, KeyRatePeriod: time.Hour}); err != nil {
-				t.Fatal(err)
-			}
-			var mu sync.Mutex
-			seen := map[int64]bool{}
-			byKey := map[string]int{}
-			var wg sync.WaitGroup
-			errs := make(chan error, 6)
-			for c := 0; c < 6; c++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for round := 0; round < 10; round++ {
-						r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "kx", Limit: 7, Lease: time.Hour, Worker: "w"})
-						if err != nil {
-							errs <- err
-							return
-						}
-						mu.Lock()
-						for _, j := range r.Rows {
-							if seen[j.ID] {
-								errs <- fmt.Errorf("job %d claimed twice", j.ID)
-							}
-							seen[j.ID] = true
-							byKey[j.Key]++
-						}
-						mu.Unlock()
-					}
-				}()
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Fatal(err)
-			}
-			// Claims may have lost races to each other: what is left
-			// to take is taken now, and no more.
-			rows, _ := claimAll(t, d, "kx", 50)
-			for _, j := range rows {
-				if seen[j.ID] {
-					t.Fatalf("job %d claimed twice", j.ID)
-				}
-				byKey[j.Key]++
-			}
-			for k := 0; k < keys; k++ {
-				if n := byKey[fmt.Sprintf("key-%d", k)]; n != rate {
-					t.Errorf("key-%d: %d claimed, want %d", k, n, rate)
-				}
-			}
-		})
-	}
-}
-
-// TestKeyRateShortPeriod: once the period has passed, a key's window has
-// room again.
-func TestKeyRateShortPeriod(t *testing.T) {
-	ctx := context.Background()
-	d := migrated(t, driver.Options{}, nil)
-	if _, err := d.Insert(ctx, append(keyedJobs("kp", "a", 6), keyedJobs("kp", "b", 6)...)); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.SetQueueLimits(ctx, "kp", driver.QueueLimits{KeyRate: 2, KeyRatePeriod: 300 * time.Millisecond}); err != nil {
-		t.Fatal(err)
-	}
-	r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "kp", Limit: 10, Lease: time.Hour, Worker: "w"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := countKeys(r.Rows); got["a"] > 2 || got["b"] > 2 {
-		t.Fatalf("first claim took %v, want at most 2 per key", got)
-	}
-	total := len(r.Rows)
-	deadline := time.Now().Add(time.Minute)
-	for total <= 4 && time.Now().Before(deadline) {
-		r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "kp", Limit: 10, Lease: time.Hour, Worker: "w"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		total += len(r.Rows)
-		if len(r.Rows) == 0 {
-			// The window's wait, as a worker's: the passing of time is
-			// the event awaited.
-			time.Sleep(max(r.RetryIn, 10*time.Millisecond))
-		}
-	}
-	if total <= 4 {
-		t.Fatalf("claimed %d in a minute under 2 per 300ms per key, want more than one window's 4", total)
 	}
 }
 
