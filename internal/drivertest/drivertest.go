@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -70,6 +71,62 @@ func beginTx(t *testing.T, d driver.Driver) (tx any, rollback func()) {
 
 func job(queue string, prio int) driver.InsertParams {
 	return driver.InsertParams{Queue: queue, Kind: "k", Args: json.RawMessage(`{"a":1}`), Priority: prio, MaxAttempts: 3}
+}
+
+// keyedJob is job with key key.
+func keyedJob(queue, key string, prio int) driver.InsertParams {
+	p := job(queue, prio)
+	p.Key = key
+	return p
+}
+
+// insertJobs inserts jobs and returns their ids; an error fails t.
+func insertJobs(t *testing.T, d driver.Driver, jobs ...driver.InsertParams) []int64 {
+	t.Helper()
+	ids, err := d.Insert(context.Background(), jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// claimLimited claims up to limit of queue's jobs through ClaimLimited
+// with lease; an error fails t.
+func claimLimited(t *testing.T, d driver.Driver, queue string, limit int, lease time.Duration) driver.ClaimResult {
+	t.Helper()
+	r, err := d.ClaimLimited(context.Background(), driver.ClaimParams{Queue: queue, Limit: limit, Lease: lease, Worker: "w"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// completeJob ends r's attempt as state, due again in in where state
+// retries or snoozes it; t fails unless the outcome applied.
+func completeJob(t *testing.T, d driver.Driver, r *driver.JobRow, state string, in time.Duration) {
+	t.Helper()
+	o := driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: state, RetryIn: in}
+	applied, err := d.Complete(context.Background(), []driver.Outcome{o})
+	if err != nil || len(applied) != 1 {
+		t.Fatalf("complete %d as %s: applied %v, %v", r.ID, state, applied, err)
+	}
+}
+
+// setLimits sets queue's limits to l; an error fails t.
+func setLimits(t *testing.T, d driver.Driver, queue string, l driver.QueueLimits) {
+	t.Helper()
+	if err := d.SetQueueLimits(context.Background(), queue, l); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// countByKey counts rows by key ("" for the jobs without one).
+func countByKey(rows []*driver.JobRow) map[string]int {
+	m := map[string]int{}
+	for _, r := range rows {
+		m[r.Key]++
+	}
+	return m
 }
 
 // Run runs the suite, one sub-test per area of the driver contract (one

@@ -20,48 +20,6 @@ import (
 // wherever a test must not see one pass.
 func keyRates(t *testing.T, s suite) {
 	ctx := context.Background()
-	keyed := func(queue, key string) driver.InsertParams {
-		p := job(queue, 0)
-		p.Key = key
-		return p
-	}
-	insert := func(t *testing.T, d driver.Driver, jobs ...driver.InsertParams) []int64 {
-		t.Helper()
-		ids, err := d.Insert(ctx, jobs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ids
-	}
-	claim := func(t *testing.T, d driver.Driver, queue string, limit int) driver.ClaimResult {
-		t.Helper()
-		r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: queue, Limit: limit, Lease: time.Minute, Worker: "w"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-	complete := func(t *testing.T, d driver.Driver, r *driver.JobRow, state string, in time.Duration) {
-		t.Helper()
-		o := driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: state, RetryIn: in}
-		applied, err := d.Complete(ctx, []driver.Outcome{o})
-		if err != nil || len(applied) != 1 {
-			t.Fatalf("complete %d as %s: applied %v, %v", r.ID, state, applied, err)
-		}
-	}
-	set := func(t *testing.T, d driver.Driver, queue string, l driver.QueueLimits) {
-		t.Helper()
-		if err := d.SetQueueLimits(ctx, queue, l); err != nil {
-			t.Fatal(err)
-		}
-	}
-	byKey := func(rows []*driver.JobRow) map[string]int {
-		m := map[string]int{}
-		for _, r := range rows {
-			m[r.Key]++
-		}
-		return m
-	}
 	// heldByRate checks that r was held by a key's window: Held, and
 	// RetryIn within (0, period].
 	heldByRate := func(t *testing.T, what string, r driver.ClaimResult, period time.Duration) {
@@ -76,9 +34,9 @@ func keyRates(t *testing.T, s suite) {
 		want := driver.QueueLimits{KeyRate: 5, KeyRatePeriod: time.Hour}
 		both := driver.QueueLimits{MaxRunning: 4, Rate: 10, RatePeriod: time.Second, KeyMaxRunning: 2, KeyRate: 7, KeyRatePeriod: 1500 * time.Millisecond}
 		ordered := driver.QueueLimits{Ordered: true, KeyRate: 1, KeyRatePeriod: time.Millisecond}
-		set(t, d, "kr", want)
-		set(t, d, "both", both)
-		set(t, d, "ord", ordered)
+		setLimits(t, d, "kr", want)
+		setLimits(t, d, "both", both)
+		setLimits(t, d, "ord", ordered)
 		got, err := d.QueueLimits(ctx)
 		if err != nil || got["kr"] != want || got["both"] != both || got["ord"] != ordered || len(got) != 3 {
 			t.Fatalf("limits %+v, %v; want kr %+v, both %+v, ord %+v", got, err, want, both, ordered)
@@ -104,7 +62,7 @@ func keyRates(t *testing.T, s suite) {
 			t.Fatalf("limits after refused changes: %+v, want %+v", got["kr"], want)
 		}
 		for _, q := range []string{"kr", "both", "ord"} {
-			set(t, d, q, driver.QueueLimits{})
+			setLimits(t, d, q, driver.QueueLimits{})
 		}
 		if got, err := d.QueueLimits(ctx); err != nil || len(got) != 0 {
 			t.Fatalf("limits after removal: %+v, %v", got, err)
@@ -115,40 +73,40 @@ func keyRates(t *testing.T, s suite) {
 		d := s.setup(t)
 		var jobs []driver.InsertParams
 		for i := 0; i < 10; i++ {
-			jobs = append(jobs, keyed("w", "a"), keyed("w", "b"))
+			jobs = append(jobs, keyedJob("w", "a", 0), keyedJob("w", "b", 0))
 		}
 		for i := 0; i < 5; i++ {
 			jobs = append(jobs, job("w", 0))
 		}
-		insert(t, d, jobs...)
-		set(t, d, "w", driver.QueueLimits{KeyRate: 3, KeyRatePeriod: time.Hour})
-		r := claim(t, d, "w", 50)
+		insertJobs(t, d, jobs...)
+		setLimits(t, d, "w", driver.QueueLimits{KeyRate: 3, KeyRatePeriod: time.Hour})
+		r := claimLimited(t, d, "w", 50, time.Minute)
 		heldByRate(t, "first claim", r, time.Hour)
 		var all []*driver.JobRow
 		all = append(all, r.Rows...)
 		for i := 0; i < 3; i++ {
-			again := claim(t, d, "w", 50)
+			again := claimLimited(t, d, "w", 50, time.Minute)
 			all = append(all, again.Rows...)
 			heldByRate(t, fmt.Sprintf("claim %d with both windows full", i+2), again, time.Hour)
 		}
-		if got := byKey(all); got["a"] != 3 || got["b"] != 3 || got[""] != 5 || len(all) != 11 {
+		if got := countByKey(all); got["a"] != 3 || got["b"] != 3 || got[""] != 5 || len(all) != 11 {
 			t.Fatalf("claims took %v at 3 per key per hour, want a:3 b:3 and the 5 without a key", got)
 		}
 		// Ending the attempts frees nothing, whatever their outcome; nor
 		// does a sweep.
 		for i, row := range all {
 			if i%2 == 0 {
-				complete(t, d, row, driver.StateCompleted, 0)
+				completeJob(t, d, row, driver.StateCompleted, 0)
 			} else {
-				complete(t, d, row, driver.StateRetryable, time.Hour)
+				completeJob(t, d, row, driver.StateRetryable, time.Hour)
 			}
 		}
 		if _, err := d.Rescue(ctx, 100); err != nil {
 			t.Fatal(err)
 		}
-		again := claim(t, d, "w", 50)
+		again := claimLimited(t, d, "w", 50, time.Minute)
 		if len(again.Rows) != 0 {
-			t.Fatalf("after the attempts ended and a sweep: claimed %v, want none (each key's window is full)", byKey(again.Rows))
+			t.Fatalf("after the attempts ended and a sweep: claimed %v, want none (each key's window is full)", countByKey(again.Rows))
 		}
 		heldByRate(t, "claim after the attempts ended", again, time.Hour)
 		u, err := d.LimitUsage(ctx)
@@ -161,13 +119,13 @@ func keyRates(t *testing.T, s suite) {
 		d := s.setup(t)
 		var jobs []driver.InsertParams
 		for i := 0; i < 6; i++ {
-			jobs = append(jobs, keyed("km", "a"))
+			jobs = append(jobs, keyedJob("km", "a", 0))
 		}
-		insert(t, d, jobs...)
-		set(t, d, "km", driver.QueueLimits{KeyMaxRunning: 1, KeyRate: 3, KeyRatePeriod: time.Hour})
+		insertJobs(t, d, jobs...)
+		setLimits(t, d, "km", driver.QueueLimits{KeyMaxRunning: 1, KeyRate: 3, KeyRatePeriod: time.Hour})
 		ran := 0
 		for i := 0; i < 3; i++ {
-			r := claim(t, d, "km", 10)
+			r := claimLimited(t, d, "km", 10, time.Minute)
 			if len(r.Rows) != 1 {
 				t.Fatalf("claim %d: took %d, want 1", i+1, len(r.Rows))
 			}
@@ -179,12 +137,12 @@ func keyRates(t *testing.T, s suite) {
 				heldByRate(t, "claim of the window's last start", r, time.Hour)
 			}
 			ran++
-			if again := claim(t, d, "km", 10); len(again.Rows) != 0 || !again.Held {
+			if again := claimLimited(t, d, "km", 10, time.Minute); len(again.Rows) != 0 || !again.Held {
 				t.Fatalf("claim with the key's slot held: took %d (held %v)", len(again.Rows), again.Held)
 			}
-			complete(t, d, r.Rows[0], driver.StateCompleted, 0)
+			completeJob(t, d, r.Rows[0], driver.StateCompleted, 0)
 		}
-		r := claim(t, d, "km", 10)
+		r := claimLimited(t, d, "km", 10, time.Minute)
 		if len(r.Rows) != 0 {
 			t.Fatalf("claimed %d more after %d starts at 3 per hour", len(r.Rows), ran)
 		}
@@ -197,9 +155,9 @@ func keyRates(t *testing.T, s suite) {
 
 	t.Run("Ordered", func(t *testing.T) {
 		d := s.setup(t)
-		ids := insert(t, d, keyed("o", "a"), keyed("o", "a"), keyed("o", "a"), keyed("o", "b"), keyed("o", "b"), keyed("o", "b"))
-		set(t, d, "o", driver.QueueLimits{Ordered: true, KeyRate: 2, KeyRatePeriod: time.Hour})
-		r := claim(t, d, "o", 10)
+		ids := insertJobs(t, d, keyedJob("o", "a", 0), keyedJob("o", "a", 0), keyedJob("o", "a", 0), keyedJob("o", "b", 0), keyedJob("o", "b", 0), keyedJob("o", "b", 0))
+		setLimits(t, d, "o", driver.QueueLimits{Ordered: true, KeyRate: 2, KeyRatePeriod: time.Hour})
+		r := claimLimited(t, d, "o", 10, time.Minute)
 		heads := map[string]int64{}
 		for _, row := range r.Rows {
 			heads[row.Key] = row.ID
@@ -211,28 +169,28 @@ func keyRates(t *testing.T, s suite) {
 		for _, row := range r.Rows {
 			if row.Key == "a" {
 				a1 = row
-				complete(t, d, row, driver.StateRetryable, time.Hour)
+				completeJob(t, d, row, driver.StateRetryable, time.Hour)
 			} else {
-				complete(t, d, row, driver.StateCompleted, 0)
+				completeJob(t, d, row, driver.StateCompleted, 0)
 			}
 		}
 		// a's head waits for its retry and keeps its key; b goes on.
-		got := claim(t, d, "o", 10)
+		got := claimLimited(t, d, "o", 10, time.Minute)
 		if len(got.Rows) != 1 || got.Rows[0].ID != ids[4] {
 			t.Fatalf("with a's head waiting for its retry: claimed %v, want b's second job", got.Rows)
 		}
-		complete(t, d, got.Rows[0], driver.StateCompleted, 0)
+		completeJob(t, d, got.Rows[0], driver.StateCompleted, 0)
 		// The retry, made due by hand, is a's second start: then a's
 		// window is full and its second job waits, as does b's third.
 		if _, err := d.Retry(ctx, a1.ID); err != nil {
 			t.Fatal(err)
 		}
-		got = claim(t, d, "o", 10)
+		got = claimLimited(t, d, "o", 10, time.Minute)
 		if len(got.Rows) != 1 || got.Rows[0].ID != ids[0] {
 			t.Fatalf("with a's head due again: claimed %v, want it alone", got.Rows)
 		}
-		complete(t, d, got.Rows[0], driver.StateCompleted, 0)
-		got = claim(t, d, "o", 10)
+		completeJob(t, d, got.Rows[0], driver.StateCompleted, 0)
+		got = claimLimited(t, d, "o", 10, time.Minute)
 		if len(got.Rows) != 0 {
 			t.Fatalf("with both keys' windows full: claimed %v", got.Rows)
 		}
@@ -242,16 +200,16 @@ func keyRates(t *testing.T, s suite) {
 			t.Fatalf("usage %+v, %v; want 2 keys rated, 3 jobs held", u["o"], err)
 		}
 		// Without the rate the keys go on, each in its order.
-		set(t, d, "o", driver.QueueLimits{Ordered: true})
+		setLimits(t, d, "o", driver.QueueLimits{Ordered: true})
 		ran := map[string][]int64{}
 		for i := 0; i < 10; i++ {
-			got := claim(t, d, "o", 10)
+			got := claimLimited(t, d, "o", 10, time.Minute)
 			if len(got.Rows) == 0 {
 				break
 			}
 			for _, row := range got.Rows {
 				ran[row.Key] = append(ran[row.Key], row.ID)
-				complete(t, d, row, driver.StateCompleted, 0)
+				completeJob(t, d, row, driver.StateCompleted, 0)
 			}
 		}
 		if !slices.Equal(ran["a"], ids[1:3]) || !slices.Equal(ran["b"], ids[5:6]) {
@@ -263,41 +221,41 @@ func keyRates(t *testing.T, s suite) {
 		d := s.setup(t)
 		var jobs []driver.InsertParams
 		for i := 0; i < 12; i++ {
-			jobs = append(jobs, keyed("ch", "a"))
+			jobs = append(jobs, keyedJob("ch", "a", 0))
 		}
-		insert(t, d, jobs...)
-		set(t, d, "ch", driver.QueueLimits{KeyRate: 4, KeyRatePeriod: time.Hour})
-		if got := claim(t, d, "ch", 20); len(got.Rows) != 4 {
+		insertJobs(t, d, jobs...)
+		setLimits(t, d, "ch", driver.QueueLimits{KeyRate: 4, KeyRatePeriod: time.Hour})
+		if got := claimLimited(t, d, "ch", 20, time.Minute); len(got.Rows) != 4 {
 			t.Fatalf("claimed %d at 4 per hour, want 4", len(got.Rows))
 		}
 		// Lowered below the starts within the window: none.
-		set(t, d, "ch", driver.QueueLimits{KeyRate: 2, KeyRatePeriod: time.Hour})
-		got := claim(t, d, "ch", 20)
+		setLimits(t, d, "ch", driver.QueueLimits{KeyRate: 2, KeyRatePeriod: time.Hour})
+		got := claimLimited(t, d, "ch", 20, time.Minute)
 		if len(got.Rows) != 0 {
 			t.Fatalf("claimed %d after lowering the rate to 2 with 4 starts in the window", len(got.Rows))
 		}
 		heldByRate(t, "claim after lowering the rate", got, time.Hour)
 		// Raised: the starts within the window count.
-		set(t, d, "ch", driver.QueueLimits{KeyRate: 6, KeyRatePeriod: time.Hour})
-		if got := claim(t, d, "ch", 20); len(got.Rows) != 2 {
+		setLimits(t, d, "ch", driver.QueueLimits{KeyRate: 6, KeyRatePeriod: time.Hour})
+		if got := claimLimited(t, d, "ch", 20, time.Minute); len(got.Rows) != 2 {
 			t.Fatalf("claimed %d after raising the rate to 6 with 4 starts in the window, want 2", len(got.Rows))
 		}
 		// Lowered again and swept: the slots beyond the rate go, with
 		// their starts; those within it stay, stamped.
-		set(t, d, "ch", driver.QueueLimits{KeyRate: 2, KeyRatePeriod: time.Hour})
+		setLimits(t, d, "ch", driver.QueueLimits{KeyRate: 2, KeyRatePeriod: time.Hour})
 		if _, err := d.Rescue(ctx, 100); err != nil {
 			t.Fatal(err)
 		}
-		if got := claim(t, d, "ch", 20); len(got.Rows) != 0 {
+		if got := claimLimited(t, d, "ch", 20, time.Minute); len(got.Rows) != 0 {
 			t.Fatalf("claimed %d after lowering the rate to 2 and a sweep", len(got.Rows))
 		}
-		set(t, d, "ch", driver.QueueLimits{KeyRate: 6, KeyRatePeriod: time.Hour})
-		if got := claim(t, d, "ch", 20); len(got.Rows) != 4 {
+		setLimits(t, d, "ch", driver.QueueLimits{KeyRate: 6, KeyRatePeriod: time.Hour})
+		if got := claimLimited(t, d, "ch", 20, time.Minute); len(got.Rows) != 4 {
 			t.Fatalf("claimed %d at 6 per hour after a sweep of the slots beyond 2, want 4", len(got.Rows))
 		}
 		// Removed: the key's other jobs run at once.
-		set(t, d, "ch", driver.QueueLimits{})
-		if got := claim(t, d, "ch", 20); len(got.Rows) != 2 || got.Held {
+		setLimits(t, d, "ch", driver.QueueLimits{})
+		if got := claimLimited(t, d, "ch", 20, time.Minute); len(got.Rows) != 2 || got.Held {
 			t.Fatalf("claimed %d (held %v) after removing the rate, want the last 2", len(got.Rows), got.Held)
 		}
 	})
@@ -308,11 +266,11 @@ func keyRates(t *testing.T, s suite) {
 		var jobs []driver.InsertParams
 		for i := 0; i < perKey; i++ {
 			for k := 0; k < nKeys; k++ {
-				jobs = append(jobs, keyed("cc", fmt.Sprintf("key-%d", k)))
+				jobs = append(jobs, keyedJob("cc", fmt.Sprintf("key-%d", k), 0))
 			}
 		}
-		insert(t, d, jobs...)
-		set(t, d, "cc", driver.QueueLimits{KeyRate: rate, KeyRatePeriod: time.Hour})
+		insertJobs(t, d, jobs...)
+		setLimits(t, d, "cc", driver.QueueLimits{KeyRate: rate, KeyRatePeriod: time.Hour})
 		var mu sync.Mutex
 		claimed := map[int64]int{}
 		perKeyRan := map[string]int{}
@@ -362,7 +320,7 @@ func keyRates(t *testing.T, s suite) {
 			t.Fatal(firstErr)
 		}
 		// Every window full: a last claim takes nothing.
-		last := claim(t, d, "cc", 50)
+		last := claimLimited(t, d, "cc", 50, time.Minute)
 		for _, row := range last.Rows {
 			claimed[row.ID]++
 			perKeyRan[row.Key]++
@@ -384,17 +342,17 @@ func keyRates(t *testing.T, s suite) {
 		d := s.setup(t)
 		var jobs []driver.InsertParams
 		for i := 0; i < 6; i++ {
-			jobs = append(jobs, keyed("sp", "a"), keyed("sp", "b"))
+			jobs = append(jobs, keyedJob("sp", "a", 0), keyedJob("sp", "b", 0))
 		}
-		insert(t, d, jobs...)
+		insertJobs(t, d, jobs...)
 		const period = 300 * time.Millisecond
-		set(t, d, "sp", driver.QueueLimits{KeyRate: 2, KeyRatePeriod: period})
-		r := claim(t, d, "sp", 20)
-		if got := byKey(r.Rows); got["a"] != 2 || got["b"] != 2 {
+		setLimits(t, d, "sp", driver.QueueLimits{KeyRate: 2, KeyRatePeriod: period})
+		r := claimLimited(t, d, "sp", 20, time.Minute)
+		if got := countByKey(r.Rows); got["a"] != 2 || got["b"] != 2 {
 			t.Fatalf("first claim took %v at 2 per key per %v, want 2 of each key", got, period)
 		}
 		heldByRate(t, "first claim", r, period)
-		total := byKey(r.Rows)
+		total := countByKey(r.Rows)
 		// Wait for the window to pass, claiming as each claim's RetryIn
 		// says; every claim takes at most 2 of a key.
 		deadline := time.Now().Add(30 * time.Second)
@@ -403,8 +361,8 @@ func keyRates(t *testing.T, s suite) {
 				t.Fatalf("started %v in 30s at 2 per key per %v", total, period)
 			}
 			time.Sleep(wait)
-			got := claim(t, d, "sp", 20)
-			for k, n := range byKey(got.Rows) {
+			got := claimLimited(t, d, "sp", 20, time.Minute)
+			for k, n := range countByKey(got.Rows) {
 				if n > 2 {
 					t.Fatalf("one claim took %d of key %s at 2 per key per %v", n, k, period)
 				}

@@ -17,66 +17,23 @@ import (
 // only its own key, keys served in rotation whatever their depth.
 func keys(t *testing.T, s suite) {
 	ctx := context.Background()
-	keyed := func(queue, key string, prio int) driver.InsertParams {
-		p := job(queue, prio)
-		p.Key = key
-		return p
-	}
-	insert := func(t *testing.T, d driver.Driver, jobs ...driver.InsertParams) []int64 {
-		t.Helper()
-		ids, err := d.Insert(ctx, jobs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ids
-	}
-	claim := func(t *testing.T, d driver.Driver, queue string, limit int, lease time.Duration) driver.ClaimResult {
-		t.Helper()
-		r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: queue, Limit: limit, Lease: lease, Worker: "w"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-	complete := func(t *testing.T, d driver.Driver, r *driver.JobRow, state string, in time.Duration) {
-		t.Helper()
-		o := driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: state, RetryIn: in}
-		applied, err := d.Complete(ctx, []driver.Outcome{o})
-		if err != nil || len(applied) != 1 {
-			t.Fatalf("complete %d as %s: applied %v, %v", r.ID, state, applied, err)
-		}
-	}
-	set := func(t *testing.T, d driver.Driver, queue string, l driver.QueueLimits) {
-		t.Helper()
-		if err := d.SetQueueLimits(ctx, queue, l); err != nil {
-			t.Fatal(err)
-		}
-	}
-	byKey := func(rows []*driver.JobRow) map[string]int {
-		m := map[string]int{}
-		for _, r := range rows {
-			m[r.Key]++
-		}
-		return m
-	}
-
 	t.Run("KeyStored", func(t *testing.T) {
 		d := s.setup(t)
-		ids := insert(t, d, keyed("ks", "tenant-1", 0), job("ks", 0))
+		ids := insertJobs(t, d, keyedJob("ks", "tenant-1", 0), job("ks", 0))
 		tx, rollback := beginTx(t, d)
-		txIDs, err := d.InsertTx(ctx, tx, []driver.InsertParams{keyed("ks", "tenant-2", 0)})
+		txIDs, err := d.InsertTx(ctx, tx, []driver.InsertParams{keyedJob("ks", "tenant-2", 0)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		commit(t, tx)
 		rollback()
-		u := keyed("ks", "tenant-3", 0)
+		u := keyedJob("ks", "tenant-3", 0)
 		u.UniqueKey = []byte("0123456789abcdef0123456789abcdef")
 		uIDs, _, err := d.InsertUnique(ctx, nil, []driver.InsertParams{u})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n, err := d.BulkInsert(ctx, []driver.InsertParams{keyed("ks-bulk", "tenant-4", 0)}); err != nil || n != 1 {
+		if n, err := d.BulkInsert(ctx, []driver.InsertParams{keyedJob("ks-bulk", "tenant-4", 0)}); err != nil || n != 1 {
 			t.Fatalf("bulk insert: %d, %v", n, err)
 		}
 		for id, want := range map[int64]string{ids[0]: "tenant-1", ids[1]: "", txIDs[0]: "tenant-2", uIDs[0]: "tenant-3"} {
@@ -91,23 +48,23 @@ func keys(t *testing.T, s suite) {
 		}
 		// An unlimited queue claims keyed jobs as any other, and returns
 		// their key.
-		r := claim(t, d, "ks", 10, time.Minute)
-		if len(r.Rows) != 4 || r.Held || byKey(r.Rows)["tenant-1"] != 1 || byKey(r.Rows)[""] != 1 {
-			t.Fatalf("claimed %d (held %v) keys %v from an unlimited queue, want 4 with their keys", len(r.Rows), r.Held, byKey(r.Rows))
+		r := claimLimited(t, d, "ks", 10, time.Minute)
+		if len(r.Rows) != 4 || r.Held || countByKey(r.Rows)["tenant-1"] != 1 || countByKey(r.Rows)[""] != 1 {
+			t.Fatalf("claimed %d (held %v) keys %v from an unlimited queue, want 4 with their keys", len(r.Rows), r.Held, countByKey(r.Rows))
 		}
 	})
 
 	t.Run("LimitsStored", func(t *testing.T) {
 		d := s.setup(t)
 		want := driver.QueueLimits{MaxRunning: 7, KeyMaxRunning: 2}
-		set(t, d, "q", want)
-		set(t, d, "o", driver.QueueLimits{Ordered: true, OrderedMoveOn: true})
+		setLimits(t, d, "q", want)
+		setLimits(t, d, "o", driver.QueueLimits{Ordered: true, OrderedMoveOn: true})
 		got, err := d.QueueLimits(ctx)
 		if err != nil || got["q"] != want || !got["o"].Ordered || !got["o"].OrderedMoveOn || got["o"].KeyMaxRunning > 1 || got["o"].MaxRunning != 0 {
 			t.Fatalf("limits %+v, %v", got, err)
 		}
-		set(t, d, "q", driver.QueueLimits{})
-		set(t, d, "o", driver.QueueLimits{})
+		setLimits(t, d, "q", driver.QueueLimits{})
+		setLimits(t, d, "o", driver.QueueLimits{})
 		if got, err := d.QueueLimits(ctx); err != nil || len(got) != 0 {
 			t.Fatalf("limits after removal: %+v, %v", got, err)
 		}
@@ -117,16 +74,16 @@ func keys(t *testing.T, s suite) {
 		d := s.setup(t)
 		var jobs []driver.InsertParams
 		for i := 0; i < 5; i++ {
-			jobs = append(jobs, keyed("pk", "a", 0), keyed("pk", "b", 0))
+			jobs = append(jobs, keyedJob("pk", "a", 0), keyedJob("pk", "b", 0))
 		}
 		jobs = append(jobs, job("pk", 0), job("pk", 0), job("pk", 0))
-		insert(t, d, jobs...)
-		set(t, d, "pk", driver.QueueLimits{KeyMaxRunning: 2})
-		r := claim(t, d, "pk", 20, time.Minute)
-		if got := byKey(r.Rows); got["a"] != 2 || got["b"] != 2 || got[""] != 3 || !r.Held {
+		insertJobs(t, d, jobs...)
+		setLimits(t, d, "pk", driver.QueueLimits{KeyMaxRunning: 2})
+		r := claimLimited(t, d, "pk", 20, time.Minute)
+		if got := countByKey(r.Rows); got["a"] != 2 || got["b"] != 2 || got[""] != 3 || !r.Held {
 			t.Fatalf("claimed %v (held %v) with 2 per key, want a:2 b:2 and the 3 without a key, held", got, r.Held)
 		}
-		if again := claim(t, d, "pk", 20, time.Minute); len(again.Rows) != 0 || !again.Held {
+		if again := claimLimited(t, d, "pk", 20, time.Minute); len(again.Rows) != 0 || !again.Held {
 			t.Fatalf("claimed %d (held %v) with every key's slots taken", len(again.Rows), again.Held)
 		}
 		u, err := d.LimitUsage(ctx)
@@ -139,18 +96,18 @@ func keys(t *testing.T, s suite) {
 				a = row
 			}
 		}
-		complete(t, d, a, driver.StateCompleted, 0)
-		got := claim(t, d, "pk", 20, time.Minute)
+		completeJob(t, d, a, driver.StateCompleted, 0)
+		got := claimLimited(t, d, "pk", 20, time.Minute)
 		if len(got.Rows) != 1 || got.Rows[0].Key != "a" {
-			t.Fatalf("after one of key a completed: claimed %v, want one job of key a", byKey(got.Rows))
+			t.Fatalf("after one of key a completed: claimed %v, want one job of key a", countByKey(got.Rows))
 		}
 		// Raised: at once; removed: every keyed job may run.
-		set(t, d, "pk", driver.QueueLimits{KeyMaxRunning: 3})
-		if got := byKey(claim(t, d, "pk", 20, time.Minute).Rows); got["a"] != 1 || got["b"] != 1 {
+		setLimits(t, d, "pk", driver.QueueLimits{KeyMaxRunning: 3})
+		if got := countByKey(claimLimited(t, d, "pk", 20, time.Minute).Rows); got["a"] != 1 || got["b"] != 1 {
 			t.Fatalf("after raising to 3: claimed %v, want one more of each key", got)
 		}
-		set(t, d, "pk", driver.QueueLimits{})
-		if got := byKey(claim(t, d, "pk", 20, time.Minute).Rows); got["a"] != 1 || got["b"] != 2 {
+		setLimits(t, d, "pk", driver.QueueLimits{})
+		if got := countByKey(claimLimited(t, d, "pk", 20, time.Minute).Rows); got["a"] != 1 || got["b"] != 2 {
 			t.Fatalf("after removing the limit: claimed %v, want the rest (a:1 b:2)", got)
 		}
 	})
@@ -159,18 +116,18 @@ func keys(t *testing.T, s suite) {
 		d := s.setup(t)
 		var jobs []driver.InsertParams
 		for i := 0; i < 12; i++ {
-			jobs = append(jobs, keyed("e", "k", 0))
+			jobs = append(jobs, keyedJob("e", "k", 0))
 		}
-		insert(t, d, jobs...)
-		set(t, d, "e", driver.QueueLimits{KeyMaxRunning: 1})
-		r := claim(t, d, "e", 10, time.Minute)
+		insertJobs(t, d, jobs...)
+		setLimits(t, d, "e", driver.QueueLimits{KeyMaxRunning: 1})
+		r := claimLimited(t, d, "e", 10, time.Minute)
 		if len(r.Rows) != 1 || !r.Held {
 			t.Fatalf("claimed %d (held %v) of one key limited to 1", len(r.Rows), r.Held)
 		}
 		if owned, err := d.Heartbeat(ctx, []driver.Lease{{ID: r.Rows[0].ID, Fence: r.Rows[0].Fence}}, time.Minute); err != nil || len(owned) != 1 {
 			t.Fatalf("heartbeat: %v, %v", owned, err)
 		}
-		if again := claim(t, d, "e", 10, time.Minute); len(again.Rows) != 0 {
+		if again := claimLimited(t, d, "e", 10, time.Minute); len(again.Rows) != 0 {
 			t.Fatalf("a heartbeat freed the key's slot: claimed %d", len(again.Rows))
 		}
 		cur := r.Rows[0]
@@ -178,11 +135,11 @@ func keys(t *testing.T, s suite) {
 			name string
 			end  func(r *driver.JobRow)
 		}{
-			{"completed", func(r *driver.JobRow) { complete(t, d, r, driver.StateCompleted, 0) }},
-			{"retryable", func(r *driver.JobRow) { complete(t, d, r, driver.StateRetryable, time.Hour) }},
-			{"discarded", func(r *driver.JobRow) { complete(t, d, r, driver.StateDiscarded, 0) }},
-			{"cancelled outcome", func(r *driver.JobRow) { complete(t, d, r, driver.StateCancelled, 0) }},
-			{"snoozed", func(r *driver.JobRow) { complete(t, d, r, driver.StateScheduled, time.Hour) }},
+			{"completed", func(r *driver.JobRow) { completeJob(t, d, r, driver.StateCompleted, 0) }},
+			{"retryable", func(r *driver.JobRow) { completeJob(t, d, r, driver.StateRetryable, time.Hour) }},
+			{"discarded", func(r *driver.JobRow) { completeJob(t, d, r, driver.StateDiscarded, 0) }},
+			{"cancelled outcome", func(r *driver.JobRow) { completeJob(t, d, r, driver.StateCancelled, 0) }},
+			{"snoozed", func(r *driver.JobRow) { completeJob(t, d, r, driver.StateScheduled, time.Hour) }},
 			{"released", func(r *driver.JobRow) {
 				if n, err := d.Release(ctx, []driver.Lease{{ID: r.ID, Fence: r.Fence}}); err != nil || n != 1 {
 					t.Fatalf("release: %d, %v", n, err)
@@ -201,7 +158,7 @@ func keys(t *testing.T, s suite) {
 		}
 		for _, e := range ends {
 			e.end(cur)
-			got := claim(t, d, "e", 10, time.Minute)
+			got := claimLimited(t, d, "e", 10, time.Minute)
 			if len(got.Rows) != 1 {
 				t.Fatalf("after an attempt %s: claimed %d, want the 1 key slot it freed", e.name, len(got.Rows))
 			}
@@ -209,8 +166,8 @@ func keys(t *testing.T, s suite) {
 		}
 		// A stale outcome frees nothing: rescue the attempt after its
 		// lease, claim the job again, then complete the rescued attempt.
-		complete(t, d, cur, driver.StateCompleted, 0)
-		got := claim(t, d, "e", 1, 150*time.Millisecond)
+		completeJob(t, d, cur, driver.StateCompleted, 0)
+		got := claimLimited(t, d, "e", 1, 150*time.Millisecond)
 		if len(got.Rows) != 1 {
 			t.Fatalf("claimed %d", len(got.Rows))
 		}
@@ -221,19 +178,19 @@ func keys(t *testing.T, s suite) {
 		}
 		var again *driver.JobRow
 		for again == nil || again.ID != first.ID {
-			got := claim(t, d, "e", 1, time.Minute)
+			got := claimLimited(t, d, "e", 1, time.Minute)
 			if len(got.Rows) != 1 {
 				t.Fatalf("claimed %d looking for the rescued job", len(got.Rows))
 			}
 			again = got.Rows[0]
 			if again.ID != first.ID {
-				complete(t, d, again, driver.StateCompleted, 0)
+				completeJob(t, d, again, driver.StateCompleted, 0)
 			}
 		}
 		if applied, err := d.Complete(ctx, []driver.Outcome{{ID: first.ID, Fence: first.Fence, Attempt: first.Attempt, State: driver.StateCompleted}}); err != nil || len(applied) != 0 {
 			t.Fatalf("stale outcome: applied %v, %v", applied, err)
 		}
-		if got := claim(t, d, "e", 10, time.Minute); len(got.Rows) != 0 {
+		if got := claimLimited(t, d, "e", 10, time.Minute); len(got.Rows) != 0 {
 			t.Fatalf("a stale outcome freed the key's slot: claimed %d", len(got.Rows))
 		}
 	})
@@ -242,12 +199,12 @@ func keys(t *testing.T, s suite) {
 		d := s.setup(t)
 		var jobs []driver.InsertParams
 		for i := 0; i < 5; i++ {
-			jobs = append(jobs, keyed("bq", "a", 0), keyed("bq", "b", 0))
+			jobs = append(jobs, keyedJob("bq", "a", 0), keyedJob("bq", "b", 0))
 		}
-		insert(t, d, jobs...)
-		set(t, d, "bq", driver.QueueLimits{MaxRunning: 3, KeyMaxRunning: 2})
-		r := claim(t, d, "bq", 10, time.Minute)
-		if got := byKey(r.Rows); len(r.Rows) != 3 || got["a"] > 2 || got["b"] > 2 || !r.Held {
+		insertJobs(t, d, jobs...)
+		setLimits(t, d, "bq", driver.QueueLimits{MaxRunning: 3, KeyMaxRunning: 2})
+		r := claimLimited(t, d, "bq", 10, time.Minute)
+		if got := countByKey(r.Rows); len(r.Rows) != 3 || got["a"] > 2 || got["b"] > 2 || !r.Held {
 			t.Fatalf("claimed %v (held %v) under MaxRunning 3 and 2 per key", got, r.Held)
 		}
 		if u, err := d.LimitUsage(ctx); err != nil || u["bq"].Running != 3 {
@@ -261,18 +218,18 @@ func keys(t *testing.T, s suite) {
 		// does not reorder a key). Key b: 3 jobs. Two jobs without a key.
 		var jobs []driver.InsertParams
 		for i := 0; i < 5; i++ {
-			jobs = append(jobs, keyed("o", "a", 5-i))
+			jobs = append(jobs, keyedJob("o", "a", 5-i))
 		}
-		jobs = append(jobs, keyed("o", "b", 0), keyed("o", "b", 0), keyed("o", "b", 0), job("o", 0), job("o", 0))
-		ids := insert(t, d, jobs...)
-		set(t, d, "o", driver.QueueLimits{Ordered: true})
-		r := claim(t, d, "o", 10, time.Minute)
+		jobs = append(jobs, keyedJob("o", "b", 0), keyedJob("o", "b", 0), keyedJob("o", "b", 0), job("o", 0), job("o", 0))
+		ids := insertJobs(t, d, jobs...)
+		setLimits(t, d, "o", driver.QueueLimits{Ordered: true})
+		r := claimLimited(t, d, "o", 10, time.Minute)
 		heads := map[string]int64{}
 		for _, row := range r.Rows {
 			heads[row.Key] = row.ID
 		}
 		if len(r.Rows) != 4 || heads["a"] != ids[0] || heads["b"] != ids[5] || !r.Held {
-			t.Fatalf("claimed %v (held %v), want a's and b's first jobs and the 2 without a key", byKey(r.Rows), r.Held)
+			t.Fatalf("claimed %v (held %v), want a's and b's first jobs and the 2 without a key", countByKey(r.Rows), r.Held)
 		}
 		var a1, b1 *driver.JobRow
 		for _, row := range r.Rows {
@@ -284,23 +241,23 @@ func keys(t *testing.T, s suite) {
 			}
 		}
 		// a's first job fails: key a is held until it succeeds, key b goes on.
-		complete(t, d, a1, driver.StateRetryable, time.Hour)
-		complete(t, d, b1, driver.StateCompleted, 0)
-		got := claim(t, d, "o", 10, time.Minute)
+		completeJob(t, d, a1, driver.StateRetryable, time.Hour)
+		completeJob(t, d, b1, driver.StateCompleted, 0)
+		got := claimLimited(t, d, "o", 10, time.Minute)
 		if len(got.Rows) != 1 || got.Rows[0].ID != ids[6] || !got.Held {
-			t.Fatalf("with a's first job waiting for its retry: claimed %v (held %v), want b's second job only", byKey(got.Rows), got.Held)
+			t.Fatalf("with a's first job waiting for its retry: claimed %v (held %v), want b's second job only", countByKey(got.Rows), got.Held)
 		}
 		if u, err := d.LimitUsage(ctx); err != nil || u["o"].KeyHeld != 5 {
 			t.Fatalf("usage %+v, %v; want 4 of a's and 1 of b's jobs held by their key", u["o"], err)
 		}
-		complete(t, d, got.Rows[0], driver.StateCompleted, 0)
+		completeJob(t, d, got.Rows[0], driver.StateCompleted, 0)
 		// The retry made due by hand runs first, then a's second job.
 		if _, err := d.Retry(ctx, a1.ID); err != nil {
 			t.Fatal(err)
 		}
 		order := []int64{}
 		for i := 0; i < 20; i++ {
-			got := claim(t, d, "o", 10, time.Minute)
+			got := claimLimited(t, d, "o", 10, time.Minute)
 			for _, row := range got.Rows {
 				if row.Key == "a" {
 					order = append(order, row.ID)
@@ -310,7 +267,7 @@ func keys(t *testing.T, s suite) {
 				}
 			}
 			for _, row := range got.Rows {
-				complete(t, d, row, driver.StateCompleted, 0)
+				completeJob(t, d, row, driver.StateCompleted, 0)
 			}
 			if len(got.Rows) == 0 {
 				break
@@ -323,13 +280,13 @@ func keys(t *testing.T, s suite) {
 
 	t.Run("OrderedCancelledWhileWaiting", func(t *testing.T) {
 		d := s.setup(t)
-		ids := insert(t, d, keyed("oc", "a", 0), keyed("oc", "a", 0))
-		set(t, d, "oc", driver.QueueLimits{Ordered: true})
-		r := claim(t, d, "oc", 10, time.Minute)
+		ids := insertJobs(t, d, keyedJob("oc", "a", 0), keyedJob("oc", "a", 0))
+		setLimits(t, d, "oc", driver.QueueLimits{Ordered: true})
+		r := claimLimited(t, d, "oc", 10, time.Minute)
 		if len(r.Rows) != 1 || r.Rows[0].ID != ids[0] {
 			t.Fatalf("claimed %d", len(r.Rows))
 		}
-		complete(t, d, r.Rows[0], driver.StateRetryable, time.Hour)
+		completeJob(t, d, r.Rows[0], driver.StateRetryable, time.Hour)
 		if _, err := d.Cancel(ctx, ids[0]); err != nil {
 			t.Fatal(err)
 		}
@@ -337,29 +294,29 @@ func keys(t *testing.T, s suite) {
 		if _, err := d.Rescue(ctx, 100); err != nil {
 			t.Fatal(err)
 		}
-		if got := claim(t, d, "oc", 10, time.Minute); len(got.Rows) != 1 || got.Rows[0].ID != ids[1] {
+		if got := claimLimited(t, d, "oc", 10, time.Minute); len(got.Rows) != 1 || got.Rows[0].ID != ids[1] {
 			t.Fatalf("after the waiting head was cancelled: claimed %d, want the key's next job", len(got.Rows))
 		}
 	})
 
 	t.Run("OrderedMoveOn", func(t *testing.T) {
 		d := s.setup(t)
-		ids := insert(t, d, keyed("om", "a", 0), keyed("om", "a", 0), keyed("om", "a", 0))
-		set(t, d, "om", driver.QueueLimits{Ordered: true, OrderedMoveOn: true})
-		r := claim(t, d, "om", 10, time.Minute)
+		ids := insertJobs(t, d, keyedJob("om", "a", 0), keyedJob("om", "a", 0), keyedJob("om", "a", 0))
+		setLimits(t, d, "om", driver.QueueLimits{Ordered: true, OrderedMoveOn: true})
+		r := claimLimited(t, d, "om", 10, time.Minute)
 		if len(r.Rows) != 1 || r.Rows[0].ID != ids[0] {
 			t.Fatalf("claimed %d", len(r.Rows))
 		}
-		complete(t, d, r.Rows[0], driver.StateRetryable, time.Hour)
-		got := claim(t, d, "om", 10, time.Minute)
+		completeJob(t, d, r.Rows[0], driver.StateRetryable, time.Hour)
+		got := claimLimited(t, d, "om", 10, time.Minute)
 		if len(got.Rows) != 1 || got.Rows[0].ID != ids[1] {
 			t.Fatalf("with move-on, after the head failed: claimed %d, want the key's second job", len(got.Rows))
 		}
-		complete(t, d, got.Rows[0], driver.StateCompleted, 0)
+		completeJob(t, d, got.Rows[0], driver.StateCompleted, 0)
 		if _, err := d.Retry(ctx, ids[0]); err != nil {
 			t.Fatal(err)
 		}
-		if got := claim(t, d, "om", 10, time.Minute); len(got.Rows) != 1 || got.Rows[0].ID != ids[0] {
+		if got := claimLimited(t, d, "om", 10, time.Minute); len(got.Rows) != 1 || got.Rows[0].ID != ids[0] {
 			t.Fatalf("the failed job due again: claimed %v, want it before the key's third job", got.Rows)
 		}
 	})
@@ -371,28 +328,28 @@ func keys(t *testing.T, s suite) {
 		// and one claim of 8 takes 8 keys, whatever a's depth.
 		var jobs []driver.InsertParams
 		for i := 0; i < 300; i++ {
-			jobs = append(jobs, keyed("rot", "a", 0))
+			jobs = append(jobs, keyedJob("rot", "a", 0))
 		}
 		for k := 'b'; k <= 'k'; k++ {
-			jobs = append(jobs, keyed("rot", string(k), 0))
+			jobs = append(jobs, keyedJob("rot", string(k), 0))
 		}
-		insert(t, d, jobs...)
-		set(t, d, "rot", driver.QueueLimits{KeyMaxRunning: 1})
-		r := claim(t, d, "rot", 8, time.Minute)
-		if len(byKey(r.Rows)) != 8 || len(r.Rows) != 8 {
-			t.Fatalf("one claim of 8 took %v, want 8 keys", byKey(r.Rows))
+		insertJobs(t, d, jobs...)
+		setLimits(t, d, "rot", driver.QueueLimits{KeyMaxRunning: 1})
+		r := claimLimited(t, d, "rot", 8, time.Minute)
+		if len(countByKey(r.Rows)) != 8 || len(r.Rows) != 8 {
+			t.Fatalf("one claim of 8 took %v, want 8 keys", countByKey(r.Rows))
 		}
 		for _, row := range r.Rows {
-			complete(t, d, row, driver.StateCompleted, 0)
+			completeJob(t, d, row, driver.StateCompleted, 0)
 		}
 		seen := map[string]int{}
 		for i := 0; i < 11; i++ {
-			got := claim(t, d, "rot", 1, time.Minute)
+			got := claimLimited(t, d, "rot", 1, time.Minute)
 			if len(got.Rows) != 1 {
 				t.Fatalf("claim %d took %d", i, len(got.Rows))
 			}
 			seen[got.Rows[0].Key]++
-			complete(t, d, got.Rows[0], driver.StateCompleted, 0)
+			completeJob(t, d, got.Rows[0], driver.StateCompleted, 0)
 		}
 		// 3 keys of b..k are left, and a: 11 claims of one serve each
 		// of them before any takes a twice in a row more than 11/4 times.
@@ -407,15 +364,15 @@ func keys(t *testing.T, s suite) {
 		var jobs []driver.InsertParams
 		for i := 0; i < perKey; i++ {
 			for k := 0; k < nKeys; k++ {
-				jobs = append(jobs, keyed("cc", fmt.Sprintf("key-%d", k), i%3))
+				jobs = append(jobs, keyedJob("cc", fmt.Sprintf("key-%d", k), i%3))
 			}
 		}
-		ids := insert(t, d, jobs...)
+		ids := insertJobs(t, d, jobs...)
 		want := map[int64]string{}
 		for i, id := range ids {
 			want[id] = jobs[i].Key
 		}
-		set(t, d, "cc", driver.QueueLimits{Ordered: true})
+		setLimits(t, d, "cc", driver.QueueLimits{Ordered: true})
 		var mu sync.Mutex
 		running := map[string]int64{} // key -> job running, by the records
 		ran := map[string][]int64{}

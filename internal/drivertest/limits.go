@@ -29,14 +29,6 @@ func limits(t *testing.T, s suite) {
 		}
 		return ids
 	}
-	claim := func(t *testing.T, d driver.Driver, queue string, limit int, lease time.Duration) driver.ClaimResult {
-		t.Helper()
-		r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: queue, Limit: limit, Lease: lease, Worker: "w"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
 	complete := func(t *testing.T, d driver.Driver, r *driver.JobRow, state string) {
 		t.Helper()
 		o := driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: state}
@@ -48,12 +40,6 @@ func limits(t *testing.T, s suite) {
 			t.Fatalf("complete %d as %s: applied %v, %v", r.ID, state, applied, err)
 		}
 	}
-	set := func(t *testing.T, d driver.Driver, queue string, l driver.QueueLimits) {
-		t.Helper()
-		if err := d.SetQueueLimits(ctx, queue, l); err != nil {
-			t.Fatal(err)
-		}
-	}
 
 	t.Run("StoredBesidePause", func(t *testing.T) {
 		d := s.setup(t)
@@ -61,14 +47,14 @@ func limits(t *testing.T, s suite) {
 			t.Fatalf("limits of a fresh database: %v, %v", got, err)
 		}
 		want := driver.QueueLimits{MaxRunning: 5, Rate: 100, RatePeriod: time.Minute}
-		set(t, d, "q", want)
+		setLimits(t, d, "q", want)
 		if err := d.PauseQueue(ctx, "q", true); err != nil {
 			t.Fatal(err)
 		}
 		if got, err := d.QueueLimits(ctx); err != nil || got["q"] != want || len(got) != 1 {
 			t.Fatalf("limits after a pause: %v, %v; want q: %+v", got, err, want)
 		}
-		set(t, d, "q", driver.QueueLimits{MaxRunning: 2})
+		setLimits(t, d, "q", driver.QueueLimits{MaxRunning: 2})
 		if paused, err := d.PausedQueues(ctx); err != nil || paused["q"].IsZero() {
 			t.Fatalf("setting limits resumed the queue: %v, %v", paused, err)
 		}
@@ -78,8 +64,8 @@ func limits(t *testing.T, s suite) {
 		if got, _ := d.QueueLimits(ctx); got["q"] != (driver.QueueLimits{MaxRunning: 2}) {
 			t.Fatalf("limits after a resume: %v", got)
 		}
-		set(t, d, "q", driver.QueueLimits{})
-		set(t, d, "never-limited", driver.QueueLimits{})
+		setLimits(t, d, "q", driver.QueueLimits{})
+		setLimits(t, d, "never-limited", driver.QueueLimits{})
 		if got, err := d.QueueLimits(ctx); err != nil || len(got) != 0 {
 			t.Fatalf("limits after removing them: %v, %v", got, err)
 		}
@@ -88,11 +74,11 @@ func limits(t *testing.T, s suite) {
 	t.Run("UnlimitedQueueClaimsAsClaim", func(t *testing.T) {
 		d := s.setup(t)
 		insert(t, d, "u", 5)
-		r := claim(t, d, "u", 3, time.Minute)
+		r := claimLimited(t, d, "u", 3, time.Minute)
 		if len(r.Rows) != 3 || r.Held {
 			t.Fatalf("claimed %d (held %v) of an unlimited queue, want 3 not held", len(r.Rows), r.Held)
 		}
-		r = claim(t, d, "u", 3, time.Minute)
+		r = claimLimited(t, d, "u", 3, time.Minute)
 		if len(r.Rows) != 2 || r.Held {
 			t.Fatalf("claimed %d (held %v), want the last 2 not held", len(r.Rows), r.Held)
 		}
@@ -101,12 +87,12 @@ func limits(t *testing.T, s suite) {
 	t.Run("EveryEndFreesTheSlot", func(t *testing.T) {
 		d := s.setup(t)
 		insert(t, d, "c", 20)
-		set(t, d, "c", driver.QueueLimits{MaxRunning: 3})
-		r := claim(t, d, "c", 10, time.Minute)
+		setLimits(t, d, "c", driver.QueueLimits{MaxRunning: 3})
+		r := claimLimited(t, d, "c", 10, time.Minute)
 		if len(r.Rows) != 3 || !r.Held || r.RetryIn != 0 {
 			t.Fatalf("claimed %d (held %v, retry in %v) with a limit of 3, want 3 held by the concurrency limit", len(r.Rows), r.Held, r.RetryIn)
 		}
-		if again := claim(t, d, "c", 10, time.Minute); len(again.Rows) != 0 || !again.Held {
+		if again := claimLimited(t, d, "c", 10, time.Minute); len(again.Rows) != 0 || !again.Held {
 			t.Fatalf("claimed %d (held %v) with every slot taken", len(again.Rows), again.Held)
 		}
 		if u, err := d.LimitUsage(ctx); err != nil || u["c"].Running != 3 || u["c"].Limits.MaxRunning != 3 {
@@ -116,7 +102,7 @@ func limits(t *testing.T, s suite) {
 		if _, err := d.Heartbeat(ctx, []driver.Lease{{ID: r.Rows[0].ID, Fence: r.Rows[0].Fence}}, time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		if again := claim(t, d, "c", 10, time.Minute); len(again.Rows) != 0 {
+		if again := claimLimited(t, d, "c", 10, time.Minute); len(again.Rows) != 0 {
 			t.Fatalf("a heartbeat freed a slot: claimed %d", len(again.Rows))
 		}
 		held := r.Rows
@@ -148,7 +134,7 @@ func limits(t *testing.T, s suite) {
 		}
 		for _, e := range ends {
 			e.end(held[0])
-			got := claim(t, d, "c", 10, time.Minute)
+			got := claimLimited(t, d, "c", 10, time.Minute)
 			if len(got.Rows) != 1 {
 				t.Fatalf("after an attempt %s: claimed %d, want the 1 slot it freed", e.name, len(got.Rows))
 			}
@@ -164,7 +150,7 @@ func limits(t *testing.T, s suite) {
 		for again == nil || again.ID != first.ID {
 			// The released job is due again; other jobs of the queue may
 			// come first, each taking the one free slot: give them back.
-			got := claim(t, d, "c", 1, time.Minute)
+			got := claimLimited(t, d, "c", 1, time.Minute)
 			if len(got.Rows) != 1 {
 				t.Fatalf("claimed %d looking for the released job", len(got.Rows))
 			}
@@ -176,7 +162,7 @@ func limits(t *testing.T, s suite) {
 		if applied, err := d.Complete(ctx, []driver.Outcome{{ID: first.ID, Fence: first.Fence, Attempt: first.Attempt, State: driver.StateCompleted}}); err != nil || len(applied) != 0 {
 			t.Fatalf("stale outcome: applied %v, %v", applied, err)
 		}
-		if got := claim(t, d, "c", 10, time.Minute); len(got.Rows) != 0 {
+		if got := claimLimited(t, d, "c", 10, time.Minute); len(got.Rows) != 0 {
 			t.Fatalf("a stale outcome freed a slot: claimed %d", len(got.Rows))
 		}
 	})
@@ -184,8 +170,8 @@ func limits(t *testing.T, s suite) {
 	t.Run("RescueFreesTheSlot", func(t *testing.T) {
 		d := s.setup(t)
 		insert(t, d, "r", 4)
-		set(t, d, "r", driver.QueueLimits{MaxRunning: 1})
-		r := claim(t, d, "r", 4, 200*time.Millisecond)
+		setLimits(t, d, "r", driver.QueueLimits{MaxRunning: 1})
+		r := claimLimited(t, d, "r", 4, 200*time.Millisecond)
 		if len(r.Rows) != 1 {
 			t.Fatalf("claimed %d with a limit of 1", len(r.Rows))
 		}
@@ -193,7 +179,7 @@ func limits(t *testing.T, s suite) {
 		if n, err := d.Rescue(ctx, 100); err != nil || n["r"] != 1 {
 			t.Fatalf("rescue: %v, %v", n, err)
 		}
-		if got := claim(t, d, "r", 4, time.Minute); len(got.Rows) != 1 {
+		if got := claimLimited(t, d, "r", 4, time.Minute); len(got.Rows) != 1 {
 			t.Fatalf("after a rescue: claimed %d, want the freed slot's 1", len(got.Rows))
 		}
 	})
@@ -201,11 +187,11 @@ func limits(t *testing.T, s suite) {
 	t.Run("ClaimJobTakesNoSlot", func(t *testing.T) {
 		d := s.setup(t)
 		ids := insert(t, d, "j", 3)
-		set(t, d, "j", driver.QueueLimits{MaxRunning: 1})
+		setLimits(t, d, "j", driver.QueueLimits{MaxRunning: 1})
 		if _, err := d.ClaimJob(ctx, ids[2], time.Minute, "w"); err != nil {
 			t.Fatal(err)
 		}
-		if got := claim(t, d, "j", 3, time.Minute); len(got.Rows) != 1 {
+		if got := claimLimited(t, d, "j", 3, time.Minute); len(got.Rows) != 1 {
 			t.Fatalf("claimed %d beside a job run on demand, want the limit's 1", len(got.Rows))
 		}
 	})
@@ -213,32 +199,32 @@ func limits(t *testing.T, s suite) {
 	t.Run("LoweredAndRaised", func(t *testing.T) {
 		d := s.setup(t)
 		insert(t, d, "l", 20)
-		set(t, d, "l", driver.QueueLimits{MaxRunning: 4})
-		held := claim(t, d, "l", 10, time.Minute).Rows
+		setLimits(t, d, "l", driver.QueueLimits{MaxRunning: 4})
+		held := claimLimited(t, d, "l", 10, time.Minute).Rows
 		if len(held) != 4 {
 			t.Fatalf("claimed %d with a limit of 4", len(held))
 		}
-		set(t, d, "l", driver.QueueLimits{MaxRunning: 2})
+		setLimits(t, d, "l", driver.QueueLimits{MaxRunning: 2})
 		for i := range 2 {
-			if got := claim(t, d, "l", 10, time.Minute); len(got.Rows) != 0 || !got.Held {
+			if got := claimLimited(t, d, "l", 10, time.Minute); len(got.Rows) != 0 || !got.Held {
 				t.Fatalf("%d running above a lowered limit of 2: claimed %d (held %v)", 4-i, len(got.Rows), got.Held)
 			}
 			complete(t, d, held[i], driver.StateCompleted)
 		}
 		// Two run, the new limit: still nothing.
-		if got := claim(t, d, "l", 10, time.Minute); len(got.Rows) != 0 {
+		if got := claimLimited(t, d, "l", 10, time.Minute); len(got.Rows) != 0 {
 			t.Fatalf("claimed %d with 2 running at a limit of 2", len(got.Rows))
 		}
 		complete(t, d, held[2], driver.StateCompleted)
-		if got := claim(t, d, "l", 10, time.Minute); len(got.Rows) != 1 {
+		if got := claimLimited(t, d, "l", 10, time.Minute); len(got.Rows) != 1 {
 			t.Fatalf("claimed %d with 1 running at a limit of 2, want 1", len(got.Rows))
 		}
-		set(t, d, "l", driver.QueueLimits{MaxRunning: 5})
-		if got := claim(t, d, "l", 10, time.Minute); len(got.Rows) != 3 {
+		setLimits(t, d, "l", driver.QueueLimits{MaxRunning: 5})
+		if got := claimLimited(t, d, "l", 10, time.Minute); len(got.Rows) != 3 {
 			t.Fatalf("claimed %d after raising the limit to 5 with 2 running, want 3", len(got.Rows))
 		}
-		set(t, d, "l", driver.QueueLimits{})
-		if got := claim(t, d, "l", 10, time.Minute); len(got.Rows) != 10 || got.Held {
+		setLimits(t, d, "l", driver.QueueLimits{})
+		if got := claimLimited(t, d, "l", 10, time.Minute); len(got.Rows) != 10 || got.Held {
 			t.Fatalf("claimed %d (held %v) after removing the limit, want 10", len(got.Rows), got.Held)
 		}
 	})
@@ -247,15 +233,15 @@ func limits(t *testing.T, s suite) {
 		d := s.setup(t)
 		insert(t, d, "rate", 10)
 		const period = 700 * time.Millisecond
-		set(t, d, "rate", driver.QueueLimits{Rate: 3, RatePeriod: period})
-		r := claim(t, d, "rate", 10, time.Minute)
+		setLimits(t, d, "rate", driver.QueueLimits{Rate: 3, RatePeriod: period})
+		r := claimLimited(t, d, "rate", 10, time.Minute)
 		if len(r.Rows) != 3 || !r.Held || r.RetryIn <= 0 || r.RetryIn > period {
 			t.Fatalf("claimed %d (held %v, retry in %v) at a rate of 3 per %v", len(r.Rows), r.Held, r.RetryIn, period)
 		}
 		for _, row := range r.Rows {
 			complete(t, d, row, driver.StateCompleted) // ending attempts does not refill the window
 		}
-		again := claim(t, d, "rate", 10, time.Minute)
+		again := claimLimited(t, d, "rate", 10, time.Minute)
 		if len(again.Rows) != 0 || !again.Held || again.RetryIn <= 0 {
 			t.Fatalf("claimed %d (held %v, retry in %v) with the window full", len(again.Rows), again.Held, again.RetryIn)
 		}
@@ -264,7 +250,7 @@ func limits(t *testing.T, s suite) {
 			t.Fatalf("usage %+v, %v; want 3 started and a next start", u, err)
 		}
 		time.Sleep(again.RetryIn + 50*time.Millisecond)
-		if got := claim(t, d, "rate", 10, time.Minute); len(got.Rows) != 3 {
+		if got := claimLimited(t, d, "rate", 10, time.Minute); len(got.Rows) != 3 {
 			t.Fatalf("claimed %d once the window had room, want 3", len(got.Rows))
 		}
 	})
@@ -278,20 +264,20 @@ func limits(t *testing.T, s suite) {
 		d := s.setup(t)
 		insert(t, d, "cr2", 10)
 		const period = 300 * time.Millisecond
-		set(t, d, "cr2", driver.QueueLimits{MaxRunning: 2, Rate: 100, RatePeriod: period})
-		r := claim(t, d, "cr2", 5, time.Minute)
+		setLimits(t, d, "cr2", driver.QueueLimits{MaxRunning: 2, Rate: 100, RatePeriod: period})
+		r := claimLimited(t, d, "cr2", 5, time.Minute)
 		if len(r.Rows) != 2 || !r.Held || r.RetryIn != 0 {
 			t.Fatalf("claimed %d (held %v, retry in %v) at 2 running and a rate of 100, want 2 held by the concurrency limit, retry in 0", len(r.Rows), r.Held, r.RetryIn)
 		}
-		if again := claim(t, d, "cr2", 5, time.Minute); len(again.Rows) != 0 || !again.Held || again.RetryIn != 0 {
+		if again := claimLimited(t, d, "cr2", 5, time.Minute); len(again.Rows) != 0 || !again.Held || again.RetryIn != 0 {
 			t.Fatalf("claimed %d (held %v, retry in %v) with every concurrency slot taken, want none held, retry in 0", len(again.Rows), again.Held, again.RetryIn)
 		}
 		time.Sleep(period + 50*time.Millisecond)
-		if again := claim(t, d, "cr2", 5, time.Minute); len(again.Rows) != 0 || !again.Held || again.RetryIn != 0 {
+		if again := claimLimited(t, d, "cr2", 5, time.Minute); len(again.Rows) != 0 || !again.Held || again.RetryIn != 0 {
 			t.Fatalf("claimed %d (held %v, retry in %v) with every concurrency slot taken and the starts out of the window, want none held, retry in 0", len(again.Rows), again.Held, again.RetryIn)
 		}
 		complete(t, d, r.Rows[0], driver.StateCompleted)
-		if got := claim(t, d, "cr2", 5, time.Minute); len(got.Rows) != 1 || !got.Held || got.RetryIn != 0 {
+		if got := claimLimited(t, d, "cr2", 5, time.Minute); len(got.Rows) != 1 || !got.Held || got.RetryIn != 0 {
 			t.Fatalf("claimed %d (held %v, retry in %v) with one slot free, want 1 held by the concurrency limit, retry in 0", len(got.Rows), got.Held, got.RetryIn)
 		}
 	})
@@ -306,7 +292,7 @@ func limits(t *testing.T, s suite) {
 		d := s.setup(t)
 		const jobs, limit, claimers = 150, 5, 6
 		insert(t, d, "cc", jobs)
-		set(t, d, "cc", driver.QueueLimits{MaxRunning: limit})
+		setLimits(t, d, "cc", driver.QueueLimits{MaxRunning: limit})
 		var held, peak, done atomic.Int64
 		var wg sync.WaitGroup
 		errs := make(chan error, claimers)
@@ -357,7 +343,7 @@ func limits(t *testing.T, s suite) {
 
 		const rate, period = 4, 300 * time.Millisecond
 		insert(t, d, "cr", 16)
-		set(t, d, "cr", driver.QueueLimits{Rate: rate, RatePeriod: period})
+		setLimits(t, d, "cr", driver.QueueLimits{Rate: rate, RatePeriod: period})
 		var mu sync.Mutex
 		var starts []time.Time
 		var wg2 sync.WaitGroup
