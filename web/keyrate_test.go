@@ -52,7 +52,7 @@ func TestLimitsJSONKeyRate(t *testing.T) {
 // naming the field, and nothing is set.
 func TestLimitsAPIKeyRateRefused(t *testing.T) {
 	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
-	for _, c := range []struct{ body, want string }{
+	refusedPUTs(t, e, []refusedPUT{
 		{`{"key_rate": -1, "key_rate_period": "1s"}`, "KeyRate -1 is out of range"},
 		{`{"key_rate": 100001, "key_rate_period": "1s"}`, "KeyRate 100001 is out of range"},
 		{`{"key_rate": 10}`, "KeyRatePeriod 0s is out of range"},
@@ -66,40 +66,19 @@ func TestLimitsAPIKeyRateRefused(t *testing.T) {
 		{`{"key_rate": 10, "key_rate_period": "1s", "key_rate_period_ms": 2000}`, `key_rate_period "1s" and key_rate_period_ms 2000 differ`},
 		{`{"key_rate": "3", "key_rate_period": "1s"}`, "key_rate"},
 		{`{"keyRate": 3}`, `unknown field "keyRate"`},
-	} {
-		res := e.do(req{method: "PUT", path: "/api/v1/queues/q/limits", auth: adminToken, body: c.body})
-		var msg struct{ Error string }
-		if err := json.Unmarshal(res.body, &msg); err != nil || res.status != 400 || !strings.Contains(msg.Error, c.want) {
-			t.Errorf("PUT %s: %d %s, want 400 saying %q", c.body, res.status, res.body, c.want)
-		}
-	}
-	if l, err := e.client.QueueLimits(t.Context()); err != nil || len(l) != 0 {
-		t.Fatalf("refused requests set limits: %v, %v", l, err)
-	}
+	})
 }
 
 // TestLimitsFormKeyRate: the form's key rate fields are read naming
 // them, and bad values are refused.
 func TestLimitsFormKeyRate(t *testing.T) {
 	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
-	for _, c := range []struct {
-		v    url.Values
-		want string
-	}{
+	refusedForms(t, e, []refusedForm{
 		{url.Values{"queue": {"q"}, "op": {"set"}, "key_rate": {"ten"}, "key_rate_period": {"1h"}}, `key rate &#34;ten&#34; is not a whole number`},
 		{url.Values{"queue": {"q"}, "op": {"set"}, "key_rate": {"10"}, "key_rate_period": {"later"}}, `key rate period &#34;later&#34; is not a duration`},
 		{url.Values{"queue": {"q"}, "op": {"set"}, "key_rate": {"10"}}, "KeyRatePeriod 0s is out of range"},
 		{url.Values{"queue": {"q"}, "op": {"set"}, "key_rate_period": {"1h"}}, "or a limit or rate per key"},
-	} {
-		res := e.do(req{method: "POST", path: "/queues/limits", auth: adminToken,
-			header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, body: c.v.Encode()})
-		if res.status != 400 || !strings.Contains(string(res.body), c.want) {
-			t.Errorf("form %v: %d, want 400 saying %s:\n%.300s", c.v, res.status, c.want, res.body)
-		}
-	}
-	if l, err := e.client.QueueLimits(t.Context()); err != nil || len(l) != 0 {
-		t.Fatalf("refused forms set limits: %v, %v", l, err)
-	}
+	})
 	l, err := formLimitValues(url.Values{"key_rate": {"4"}, "key_rate_period": {"1h"}, "key_max_running": {"1"}})
 	if err != nil || l != (conveyor.QueueLimits{KeyMaxRunning: 1, KeyRate: 4, KeyRatePeriod: time.Hour}) {
 		t.Fatalf("form key_rate 4 per 1h: %+v, %v", l, err)

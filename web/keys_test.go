@@ -67,19 +67,15 @@ func TestEnqueueJSONKey(t *testing.T) {
 	}
 }
 
-// TestLimitsAPIKeyRefused: bad key limits are refused with 400 naming
-// the field, and nothing is set.
-func TestLimitsAPIKeyRefused(t *testing.T) {
-	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
-	for _, c := range []struct{ body, want string }{
-		{`{"key_max_running": -1}`, "KeyMaxRunning -1 is out of range"},
-		{`{"key_max_running": 100001}`, "KeyMaxRunning 100001 is out of range"},
-		{`{"key_max_running": 2, "ordered": true}`, "KeyMaxRunning 2 with Ordered"},
-		{`{"ordered_move_on": true}`, "OrderedMoveOn is set without Ordered"},
-		{`{"ordered": "yes"}`, "ordered"},
-		{`{"key_max_running": 1.5}`, "key_max_running"},
-		{`{"keyMaxRunning": 1}`, `unknown field "keyMaxRunning"`},
-	} {
+// refusedPUT is a body of PUT /api/v1/queues/q/limits and what its 400
+// says.
+type refusedPUT struct{ body, want string }
+
+// refusedPUTs checks that each PUT is refused with 400 saying its want,
+// and that none set limits.
+func refusedPUTs(t *testing.T, e *env, cases []refusedPUT) {
+	t.Helper()
+	for _, c := range cases {
 		res := e.do(req{method: "PUT", path: "/api/v1/queues/q/limits", auth: adminToken, body: c.body})
 		var msg struct{ Error string }
 		if err := json.Unmarshal(res.body, &msg); err != nil || res.status != 400 || !strings.Contains(msg.Error, c.want) {
@@ -89,6 +85,43 @@ func TestLimitsAPIKeyRefused(t *testing.T) {
 	if l, err := e.client.QueueLimits(t.Context()); err != nil || len(l) != 0 {
 		t.Fatalf("refused requests set limits: %v, %v", l, err)
 	}
+}
+
+// refusedForm is a form posted to /queues/limits and what its 400 says.
+type refusedForm struct {
+	v    url.Values
+	want string
+}
+
+// refusedForms checks that each form is refused with 400 saying its
+// want, and that none set limits.
+func refusedForms(t *testing.T, e *env, cases []refusedForm) {
+	t.Helper()
+	for _, c := range cases {
+		res := e.do(req{method: "POST", path: "/queues/limits", auth: adminToken,
+			header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, body: c.v.Encode()})
+		if res.status != 400 || !strings.Contains(string(res.body), c.want) {
+			t.Errorf("form %v: %d, want 400 saying %s:\n%.300s", c.v, res.status, c.want, res.body)
+		}
+	}
+	if l, err := e.client.QueueLimits(t.Context()); err != nil || len(l) != 0 {
+		t.Fatalf("refused forms set limits: %v, %v", l, err)
+	}
+}
+
+// TestLimitsAPIKeyRefused: bad key limits are refused with 400 naming
+// the field, and nothing is set.
+func TestLimitsAPIKeyRefused(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
+	refusedPUTs(t, e, []refusedPUT{
+		{`{"key_max_running": -1}`, "KeyMaxRunning -1 is out of range"},
+		{`{"key_max_running": 100001}`, "KeyMaxRunning 100001 is out of range"},
+		{`{"key_max_running": 2, "ordered": true}`, "KeyMaxRunning 2 with Ordered"},
+		{`{"ordered_move_on": true}`, "OrderedMoveOn is set without Ordered"},
+		{`{"ordered": "yes"}`, "ordered"},
+		{`{"key_max_running": 1.5}`, "key_max_running"},
+		{`{"keyMaxRunning": 1}`, `unknown field "keyMaxRunning"`},
+	})
 }
 
 // TestLimitsJSONKeys: the key limits convert both ways; Ordered shows a
@@ -144,24 +177,12 @@ func TestLimitLinesKeys(t *testing.T) {
 // and bad values are refused.
 func TestLimitsFormKeyRefused(t *testing.T) {
 	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
-	for _, c := range []struct {
-		v    url.Values
-		want string
-	}{
+	refusedForms(t, e, []refusedForm{
 		{url.Values{"queue": {"q"}, "op": {"set"}, "key_max_running": {"two"}}, `per key &#34;two&#34; is not a whole number`},
 		{url.Values{"queue": {"q"}, "op": {"set"}, "key_order": {"sorted"}}, `key order &#34;sorted&#34;`},
 		{url.Values{"queue": {"q"}, "op": {"set"}, "key_max_running": {"-3"}}, "KeyMaxRunning -3 is out of range"},
 		{url.Values{"queue": {"q"}, "op": {"set"}, "key_max_running": {"3"}, "key_order": {"ordered"}}, "KeyMaxRunning 3 with Ordered"},
-	} {
-		res := e.do(req{method: "POST", path: "/queues/limits", auth: adminToken,
-			header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, body: c.v.Encode()})
-		if res.status != 400 || !strings.Contains(string(res.body), c.want) {
-			t.Errorf("form %v: %d, want 400 saying %s:\n%.300s", c.v, res.status, c.want, res.body)
-		}
-	}
-	if l, err := e.client.QueueLimits(t.Context()); err != nil || len(l) != 0 {
-		t.Fatalf("refused forms set limits: %v, %v", l, err)
-	}
+	})
 	l, err := formLimitValues(url.Values{"key_max_running": {"4"}})
 	if err != nil || l != (conveyor.QueueLimits{KeyMaxRunning: 4}) {
 		t.Fatalf("form key_max_running 4: %+v, %v", l, err)
