@@ -77,29 +77,39 @@ func (l QueueLimits) check(queue string) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: limits of queue %q: %s", ErrInvalidOpts, queue, fmt.Sprintf(format, args...))
 	}
-	switch {
-	case l.MaxRunning < 0 || l.MaxRunning > maxLimitSlots:
+	if l.MaxRunning < 0 || l.MaxRunning > maxLimitSlots {
 		return bad("MaxRunning %d is out of range (0 for none, at most %d)", l.MaxRunning, maxLimitSlots)
-	case l.Rate < 0 || l.Rate > maxLimitSlots:
-		return bad("Rate %d is out of range (0 for none, at most %d)", l.Rate, maxLimitSlots)
-	case l.Rate > 0 && (l.RatePeriod < time.Millisecond || l.RatePeriod > maxRatePeriod):
-		return bad("RatePeriod %v is out of range (1ms to %v) for a Rate of %d", l.RatePeriod, maxRatePeriod, l.Rate)
-	case l.Rate == 0 && l.RatePeriod != 0:
-		return bad("RatePeriod %v is set without a Rate", l.RatePeriod)
+	}
+	if msg := rateProblem("", l.Rate, l.RatePeriod); msg != "" {
+		return bad("%s", msg)
+	}
+	switch {
 	case l.KeyMaxRunning < 0 || l.KeyMaxRunning > maxLimitSlots:
 		return bad("KeyMaxRunning %d is out of range (0 for none, at most %d)", l.KeyMaxRunning, maxLimitSlots)
 	case l.Ordered && l.KeyMaxRunning > 1:
 		return bad("KeyMaxRunning %d with Ordered (an ordered key runs one job at a time: 0 or 1)", l.KeyMaxRunning)
 	case l.OrderedMoveOn && !l.Ordered:
 		return bad("OrderedMoveOn is set without Ordered")
-	case l.KeyRate < 0 || l.KeyRate > maxLimitSlots:
-		return bad("KeyRate %d is out of range (0 for none, at most %d)", l.KeyRate, maxLimitSlots)
-	case l.KeyRate > 0 && (l.KeyRatePeriod < time.Millisecond || l.KeyRatePeriod > maxRatePeriod):
-		return bad("KeyRatePeriod %v is out of range (1ms to %v) for a KeyRate of %d", l.KeyRatePeriod, maxRatePeriod, l.KeyRate)
-	case l.KeyRate == 0 && l.KeyRatePeriod != 0:
-		return bad("KeyRatePeriod %v is set without a KeyRate", l.KeyRatePeriod)
+	}
+	if msg := rateProblem("Key", l.KeyRate, l.KeyRatePeriod); msg != "" {
+		return bad("%s", msg)
 	}
 	return nil
+}
+
+// rateProblem says what is wrong with a rate and its period, the fields
+// named kind+"Rate" and kind+"RatePeriod" (the queue's rate and the rate
+// per key are bounded alike), or "" when nothing is.
+func rateProblem(kind string, rate int, period time.Duration) string {
+	switch {
+	case rate < 0 || rate > maxLimitSlots:
+		return fmt.Sprintf("%sRate %d is out of range (0 for none, at most %d)", kind, rate, maxLimitSlots)
+	case rate > 0 && (period < time.Millisecond || period > maxRatePeriod):
+		return fmt.Sprintf("%sRatePeriod %v is out of range (1ms to %v) for a %sRate of %d", kind, period, maxRatePeriod, kind, rate)
+	case rate == 0 && period != 0:
+		return fmt.Sprintf("%sRatePeriod %v is set without a %sRate", kind, period, kind)
+	}
+	return ""
 }
 
 // SetQueueLimits sets queue's limits for every process on the database;
