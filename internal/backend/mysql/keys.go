@@ -314,43 +314,31 @@ func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string
 
 // keySlotStats reads the slots below limit of queue's keys.
 func (d *Driver) keySlotStats(ctx context.Context, queue string, limit int, keys []string) (map[string]keyStats, error) {
-	out := map[string]keyStats{}
-	q := strings.Replace(d.q.KeySlotStats, "{keys}", placeholders(len(keys)), 1)
-	args := make([]any, 0, len(keys)+2)
-	args = append(args, int64(limit), queue)
-	for _, k := range keys {
-		args = append(args, k)
-	}
-	err := d.retry(ctx, "claim limited: key slots", func() error {
-		clear(out)
-		rows, err := d.query(ctx, nil, false, q, args...)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var k string
-			var s keyStats
-			if err := rows.Scan(&k, &s.rows, &s.held, &s.kept); err != nil {
-				return err
-			}
-			out[k] = s
-		}
-		return rows.Err()
-	})
-	return out, err
+	return readKeyStats(ctx, d, "claim limited: key slots", d.q.KeySlotStats, []any{int64(limit), queue}, keys,
+		func(s *keyStats) []any { return []any{&s.rows, &s.held, &s.kept} })
 }
 
 // keyRateStats reads the rate slots of queue's keys.
 func (d *Driver) keyRateStats(ctx context.Context, queue string, l driver.QueueLimits, keys []string) (map[string]rateStats, error) {
-	out := map[string]rateStats{}
-	q := strings.Replace(d.q.KeyRateStats, "{keys}", placeholders(len(keys)), 1)
-	args := make([]any, 0, len(keys)+4)
-	args = append(args, int64(l.KeyRate), int64(l.KeyRate), micros(l.KeyRatePeriod), queue)
+	return readKeyStats(ctx, d, "claim limited: key rate slots", d.q.KeyRateStats,
+		[]any{int64(l.KeyRate), int64(l.KeyRate), micros(l.KeyRatePeriod), queue}, keys,
+		func(s *rateStats) []any { return []any{&s.rows, &s.closed} })
+}
+
+// readKeyStats runs stmt, its {keys} filled with a placeholder per key
+// of keys and its arguments lead then keys, under retry as op, and reads
+// its rows, a key then the columns into which cols points, by key: the
+// same read for the key slots and the key rate slots, which differ only
+// in their statement and their columns.
+func readKeyStats[S any](ctx context.Context, d *Driver, op, stmt string, lead []any, keys []string, cols func(*S) []any) (map[string]S, error) {
+	out := map[string]S{}
+	q := strings.Replace(stmt, "{keys}", placeholders(len(keys)), 1)
+	args := make([]any, 0, len(lead)+len(keys))
+	args = append(args, lead...)
 	for _, k := range keys {
 		args = append(args, k)
 	}
-	err := d.retry(ctx, "claim limited: key rate slots", func() error {
+	err := d.retry(ctx, op, func() error {
 		clear(out)
 		rows, err := d.query(ctx, nil, false, q, args...)
 		if err != nil {
@@ -359,8 +347,8 @@ func (d *Driver) keyRateStats(ctx context.Context, queue string, l driver.QueueL
 		defer rows.Close()
 		for rows.Next() {
 			var k string
-			var s rateStats
-			if err := rows.Scan(&k, &s.rows, &s.closed); err != nil {
+			var s S
+			if err := rows.Scan(append([]any{&k}, cols(&s)...)...); err != nil {
 				return err
 			}
 			out[k] = s
