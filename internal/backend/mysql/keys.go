@@ -703,16 +703,7 @@ func (d *Driver) takeRateSlots(ctx context.Context, tx *sql.Tx, queue string, l 
 	}
 	args = append(args, micros(l.KeyRatePeriod))
 	q := strings.Replace(d.q.KeyRateTake, "{pairs}", strings.TrimSuffix(strings.Repeat("(?, ?), ", k), ", "), 1)
-	res, err := d.exec(ctx, tx, k <= maxCachedInsertRows, q, args...)
-	if err != nil {
-		return err
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return err
-	} else if n != int64(k) {
-		return fmt.Errorf("%w: stamped %d of %d key rate slots", errSlotsLost, n, k)
-	}
-	return nil
+	return d.execTake(ctx, tx, q, args, k, "stamped", "key rate slots")
 }
 
 // keyRateRetryIn returns how long until the oldest start within the
@@ -757,16 +748,7 @@ func (d *Driver) takeKeySlots(ctx context.Context, tx *sql.Tx, queue string, row
 	args = append(args, cases...)
 	q := strings.NewReplacer("{cases}", strings.TrimSuffix(strings.Repeat("WHEN lkey = ? AND n = ? THEN ? ", k), " "),
 		"{pairs}", strings.TrimSuffix(strings.Repeat("(?, ?), ", k), ", ")).Replace(d.q.KeySlotTake)
-	res, err := d.exec(ctx, tx, k <= maxCachedInsertRows, q, args...)
-	if err != nil {
-		return err
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return err
-	} else if n != int64(k) {
-		return fmt.Errorf("%w: took %d of %d key slots", errSlotsLost, n, k)
-	}
-	return nil
+	return d.execTake(ctx, tx, q, args, k, "took", "key slots")
 }
 
 // keyParts joins query's parenthesized part n times with UNION ALL, n

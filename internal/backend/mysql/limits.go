@@ -457,15 +457,26 @@ func (d *Driver) takeSlots(ctx context.Context, tx *sql.Tx, queue string, l driv
 		args = append(args, marker)
 		q := strings.NewReplacer("{cases}", strings.TrimSuffix(strings.Repeat("WHEN ? THEN ? ", k), " "),
 			"{ids}", strings.TrimSuffix(strings.Repeat("?, ", k), ", ")).Replace(d.q.SlotTake)
-		res, err := d.exec(ctx, tx, k <= maxCachedInsertRows, q, args...)
-		if err != nil {
+		if err := d.execTake(ctx, tx, q, args, k, "took", t.typ+" slots"); err != nil {
 			return err
 		}
-		if n, err := res.RowsAffected(); err != nil {
-			return err
-		} else if n != int64(k) {
-			return fmt.Errorf("%w: took %d of %d %s slots", errSlotsLost, n, k, t.typ)
-		}
+	}
+	return nil
+}
+
+// execTake runs q, a statement that takes (or stamps) k slots, in tx
+// with args, and returns errSlotsLost, saying what it did to how many of
+// the k, unless it changed exactly k rows: the check every take of queue
+// slots, key slots and key rate slots makes.
+func (d *Driver) execTake(ctx context.Context, tx *sql.Tx, q string, args []any, k int, did, what string) error {
+	res, err := d.exec(ctx, tx, k <= maxCachedInsertRows, q, args...)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return err
+	} else if n != int64(k) {
+		return fmt.Errorf("%w: %s %d of %d %s", errSlotsLost, did, n, k, what)
 	}
 	return nil
 }
