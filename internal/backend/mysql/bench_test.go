@@ -3,12 +3,12 @@ package mysql
 import (
 	"context"
 	"encoding/json"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/conveyorq/conveyor/internal/driver"
+	"github.com/conveyorq/conveyor/internal/drivertest"
 	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
@@ -130,65 +130,10 @@ func BenchmarkComplete2000(b *testing.B) {
 	}
 }
 
-// BenchmarkClaimKeyed drains b.N jobs spread over 1000 keys (one deep key
-// holding a tenth of them) from a queue limited per key: claims of 100
-// and a Complete of what each claimed. The limits: 2 running jobs per
-// key; the same with a rate per key that never binds (100 starts per key
-// per millisecond: the cost of reading, locking and stamping rate slots);
-// and that rate alone.
+// BenchmarkClaimKeyed drains b.N jobs from a queue limited per key (see
+// drivertest.BenchClaimKeyed).
 func BenchmarkClaimKeyed(b *testing.B) {
-	for _, tc := range []struct {
-		name string
-		l    driver.QueueLimits
-	}{
-		{"keymax2", driver.QueueLimits{KeyMaxRunning: 2}},
-		{"keymax2-keyrate", driver.QueueLimits{KeyMaxRunning: 2, KeyRate: 100, KeyRatePeriod: time.Millisecond}},
-		{"keyrate", driver.QueueLimits{KeyRate: 100, KeyRatePeriod: time.Millisecond}},
-	} {
-		b.Run(tc.name, func(b *testing.B) { benchClaimKeyed(b, tc.l) })
-	}
-}
-
-func benchClaimKeyed(b *testing.B, l driver.QueueLimits) {
-	ctx := context.Background()
-	d := benchDriver(b, driver.Options{}, nil)
-	jobs := benchJobs(b.N)
-	for i := range jobs {
-		jobs[i].Key = "tenant-" + strconv.Itoa(i%1000)
-		if i%10 == 0 {
-			jobs[i].Key = "deep"
-		}
-	}
-	if got, err := d.BulkInsert(ctx, jobs); err != nil || got != int64(b.N) {
-		b.Fatalf("bulk insert: %d, %v", got, err)
-	}
-	if err := d.SetQueueLimits(ctx, "b", l); err != nil {
-		b.Fatal(err)
-	}
-	cp := driver.ClaimParams{Queue: "b", Limit: 100, Lease: time.Minute, Worker: "bench"}
-	done := 0
-	b.ResetTimer()
-	for {
-		r, err := d.ClaimLimited(ctx, cp)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if len(r.Rows) == 0 {
-			break
-		}
-		out := make([]driver.Outcome, len(r.Rows))
-		for i, row := range r.Rows {
-			out[i] = driver.Outcome{ID: row.ID, Fence: row.Fence, Attempt: row.Attempt, State: driver.StateCompleted}
-		}
-		applied, err := d.Complete(ctx, out)
-		if err != nil || len(applied) != len(out) {
-			b.Fatalf("complete: %d of %d applied, %v", len(applied), len(out), err)
-		}
-		done += len(applied)
-	}
-	b.StopTimer()
-	if done != b.N {
-		b.Fatalf("drained %d jobs, want %d", done, b.N)
-	}
-	b.ReportMetric(float64(done)/b.Elapsed().Seconds(), "jobs/s")
+	drivertest.BenchClaimKeyed(b, func(b *testing.B) (driver.Driver, []driver.InsertParams) {
+		return benchDriver(b, driver.Options{}, nil), benchJobs(b.N)
+	})
 }

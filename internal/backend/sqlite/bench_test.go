@@ -5,11 +5,11 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/conveyorq/conveyor/internal/driver"
+	"github.com/conveyorq/conveyor/internal/drivertest"
 )
 
 // benchDriver opens a migrated driver on a fresh file holding n available
@@ -174,68 +174,17 @@ func BenchmarkInsert(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "jobs/s")
 }
 
-// BenchmarkClaimKeyed drains b.N jobs spread over 1000 keys (one deep key
-// holding a tenth of them) from a queue limited per key: claims of 100
-// and a Complete of what each claimed, as BenchmarkClaimComplete does
-// for a queue without limits. The limits: 2 running jobs per key; the
-// same with a rate per key that never binds (100 starts per key per
-// millisecond: the cost of reading and stamping rate slots); and that
-// rate alone.
+// BenchmarkClaimKeyed drains b.N jobs from a queue limited per key (see
+// drivertest.BenchClaimKeyed), as BenchmarkClaimComplete does from a
+// queue without limits.
 func BenchmarkClaimKeyed(b *testing.B) {
-	for _, tc := range []struct {
-		name string
-		l    driver.QueueLimits
-	}{
-		{"keymax2", driver.QueueLimits{KeyMaxRunning: 2}},
-		{"keymax2-keyrate", driver.QueueLimits{KeyMaxRunning: 2, KeyRate: 100, KeyRatePeriod: time.Millisecond}},
-		{"keyrate", driver.QueueLimits{KeyRate: 100, KeyRatePeriod: time.Millisecond}},
-	} {
-		b.Run(tc.name, func(b *testing.B) { benchClaimKeyed(b, tc.l) })
-	}
-}
-
-func benchClaimKeyed(b *testing.B, l driver.QueueLimits) {
-	d := benchDriver(b, 0)
-	ctx := context.Background()
-	jobs := make([]driver.InsertParams, b.N)
-	for i := range jobs {
-		key := "tenant-" + strconv.Itoa(i%1000)
-		if i%10 == 0 {
-			key = "deep"
+	drivertest.BenchClaimKeyed(b, func(b *testing.B) (driver.Driver, []driver.InsertParams) {
+		d := benchDriver(b, 0)
+		jobs := make([]driver.InsertParams, b.N)
+		for i := range jobs {
+			jobs[i] = driver.InsertParams{Queue: "bench", Kind: "noop", Args: json.RawMessage(`{}`), MaxAttempts: 25}
 		}
-		jobs[i] = driver.InsertParams{Queue: "bench", Kind: "noop", Args: json.RawMessage(`{}`), MaxAttempts: 25, Key: key}
-	}
-	if got, err := d.BulkInsert(ctx, jobs); err != nil || got != int64(b.N) {
-		b.Fatalf("bulk insert: %d, %v", got, err)
-	}
-	if err := d.SetQueueLimits(ctx, "bench", l); err != nil {
-		b.Fatal(err)
-	}
-	cp := driver.ClaimParams{Queue: "bench", Limit: 100, Lease: time.Minute, Worker: "bench"}
-	done := 0
-	b.ReportAllocs()
-	b.ResetTimer()
-	for {
-		r, err := d.ClaimLimited(ctx, cp)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if len(r.Rows) == 0 {
-			break
-		}
-		out := make([]driver.Outcome, 0, len(r.Rows))
-		for _, row := range r.Rows {
-			out = append(out, driver.Outcome{ID: row.ID, Fence: row.Fence, Attempt: row.Attempt, State: driver.StateCompleted})
-		}
-		applied, err := d.Complete(ctx, out)
-		if err != nil || len(applied) != len(out) {
-			b.Fatalf("complete: %d of %d applied, %v", len(applied), len(out), err)
-		}
-		done += len(applied)
-	}
-	b.StopTimer()
-	if done != b.N {
-		b.Fatalf("drained %d jobs, want %d", done, b.N)
-	}
-	b.ReportMetric(float64(done)/b.Elapsed().Seconds(), "jobs/s")
+		b.ReportAllocs()
+		return d, jobs
+	})
 }
