@@ -14,18 +14,20 @@ import (
 )
 
 // enqueueKeyed enqueues one job of the rig's queue per key of keys, in
-// order, and returns their ids.
-func (r *limitRig) enqueueKeyed(keys []string) []int64 {
+// order, and returns their ids and the key of each id.
+func (r *limitRig) enqueueKeyed(keys []string) ([]int64, map[int64]string) {
 	r.t.Helper()
 	ids := make([]int64, len(keys))
+	keyOf := make(map[int64]string, len(keys))
 	for i, k := range keys {
 		id, err := r.a.Enqueue(context.Background(), limited{N: i}, &conveyor.EnqueueOpts{Queue: r.queue, Key: k})
 		if err != nil {
 			r.t.Fatal(err)
 		}
 		ids[i] = id
+		keyOf[id] = k
 	}
-	return ids
+	return ids, keyOf
 }
 
 // The limit per key holds across processes and protocols: two in-process
@@ -41,11 +43,7 @@ func TestKeyLimitAcrossClients(t *testing.T) {
 		for i := 0; i < 12; i++ {
 			keys = append(keys, "acme", "globex", "initech", "")
 		}
-		ids := r.enqueueKeyed(keys)
-		keyOf := map[int64]string{}
-		for i, id := range ids {
-			keyOf[id] = keys[i]
-		}
+		ids, keyOf := r.enqueueKeyed(keys)
 		r.start()
 		xs := r.waitAll(ids, 2*time.Minute)
 		byKey := map[string][]execution{}
@@ -86,12 +84,10 @@ func TestOrderedKeysWithPoisonedKey(t *testing.T) {
 				keys = append(keys, fmt.Sprintf("tenant-%02d", k))
 			}
 		}
-		ids := r.enqueueKeyed(keys)
-		keyOf := map[int64]string{}
+		ids, keyOf := r.enqueueKeyed(keys)
 		var healthy []int64
 		poison := []int64{}
 		for i, id := range ids {
-			keyOf[id] = keys[i]
 			if keys[i] == "poison" {
 				poison = append(poison, id)
 			} else {
@@ -280,11 +276,7 @@ func TestKeyRateAcrossClients(t *testing.T) {
 		for i := 0; i < perKey; i++ {
 			keys = append(keys, "acme", "globex", "initech", "umbrella")
 		}
-		ids := r.enqueueKeyed(keys)
-		keyOf := map[int64]string{}
-		for i, id := range ids {
-			keyOf[id] = keys[i]
-		}
+		ids, keyOf := r.enqueueKeyed(keys)
 		r.start()
 		xs := r.waitAll(ids, 2*time.Minute)
 		// By the database's clock, which holds the rate (attempted_at is
