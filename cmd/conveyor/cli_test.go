@@ -461,7 +461,7 @@ func TestJSONShape(t *testing.T) {
 	}
 	for _, q := range st["queues"].([]any) {
 		q := q.(map[string]any)
-		if _, ok := q["oldest_available_ms"]; !ok || len(q) != 7 { // queue, counts, oldest_available_ms, paused_at, limits, limit_use, held
+		if _, ok := q["oldest_available_ms"]; !ok || len(q) != 8 { // queue, counts, oldest_available_ms, paused_at, limits, limit_use, held, awaiting_dependencies
 			t.Errorf("stats queue: %v", q)
 		}
 	}
