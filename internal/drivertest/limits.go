@@ -232,7 +232,10 @@ func limits(t *testing.T, s suite) {
 	t.Run("RateWindow", func(t *testing.T) {
 		d := s.setup(t)
 		insert(t, d, "rate", 10)
-		const period = 700 * time.Millisecond
+		// An hour while the window must stay full (a loaded machine can
+		// take a short period between two claims), then a short period
+		// over the same starts, which lets them leave it.
+		const period = time.Hour
 		setLimits(t, d, "rate", driver.QueueLimits{Rate: 3, RatePeriod: period})
 		r := claimLimited(t, d, "rate", 10, time.Minute)
 		if len(r.Rows) != 3 || !r.Held || r.RetryIn <= 0 || r.RetryIn > period {
@@ -249,7 +252,9 @@ func limits(t *testing.T, s suite) {
 		if err != nil || u["rate"].Started != 3 || u["rate"].NextStart <= 0 {
 			t.Fatalf("usage %+v, %v; want 3 started and a next start", u, err)
 		}
-		time.Sleep(again.RetryIn + 50*time.Millisecond)
+		const short = 200 * time.Millisecond
+		setLimits(t, d, "rate", driver.QueueLimits{Rate: 3, RatePeriod: short})
+		time.Sleep(short + 50*time.Millisecond)
 		if got := claimLimited(t, d, "rate", 10, time.Minute); len(got.Rows) != 3 {
 			t.Fatalf("claimed %d once the window had room, want 3", len(got.Rows))
 		}
