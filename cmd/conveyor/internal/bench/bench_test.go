@@ -189,7 +189,7 @@ func runWorkloads(t *testing.T, dsn, backend string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := []string{"unlimited", "limit-above", "limit-10", "rate"}
+		want := []string{"unlimited", "limit-above", "limit-10", "rate", "key-rate"}
 		if len(rs) != len(want) {
 			t.Fatalf("limits: %d results, want %d", len(rs), len(want))
 		}
@@ -204,6 +204,12 @@ func runWorkloads(t *testing.T, dsn, backend string) {
 		}
 		if w := rs[3].MaxStartsInWindow; w > limitsRate || w < limitsRate/2 || rs[3].Seconds < 1.5 {
 			t.Errorf("rate: %d claims in a period over %.1fs, want at most %d and a run of about 3s", w, rs[3].Seconds, limitsRate)
+		}
+		// Each key held to its rate, by the database's clock, and the
+		// waits after a key's window opened measured.
+		if r := rs[4]; r.KeyMaxStartsInWindow > limitsKeyRate || r.KeyMaxStartsInWindow < limitsKeyRate/2 || r.Seconds < 1.5 || r.PickupN == 0 || r.Lost != 0 {
+			t.Errorf("key-rate: %d claims of one key in a period over %.1fs, %d pick-up waits, %d lost; want at most %d, a run of about 2s, waits measured",
+				r.KeyMaxStartsInWindow, r.Seconds, r.PickupN, r.Lost, limitsKeyRate)
 		}
 		checkRuns(t, backend, rs)
 	})
