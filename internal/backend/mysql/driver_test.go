@@ -642,12 +642,15 @@ func TestVersionParse(t *testing.T) {
 }
 
 // TestClaimCursorFindsJobsBehindIt: claims resume after the last claimed
-// key while the queue has a backlog; a job that becomes available before
-// that key (here a higher priority one) is still claimed as soon as a
-// resumed claim comes back short, and nothing is handed out twice.
+// key, also once the queue is drained; a job that becomes available
+// before that key behind this process's back (here a higher priority one
+// inserted by another process) is claimed once the cursor's time is up,
+// and nothing is handed out twice.
 func TestClaimCursorFindsJobsBehindIt(t *testing.T) {
 	ctx := context.Background()
 	d := migrated(t, driver.Options{ClaimStrategy: "skip-locked"}, nil)
+	other := open(t, d.prefix, driver.Options{ClaimStrategy: "skip-locked"}, nil)
+	defer other.Close()
 	job := func(prio int) driver.InsertParams {
 		return driver.InsertParams{Queue: "c", Kind: "k", Args: json.RawMessage(`{}`), Priority: prio, MaxAttempts: 1}
 	}
@@ -675,7 +678,7 @@ func TestClaimCursorFindsJobsBehindIt(t *testing.T) {
 	if got := claim(100); len(got) != 100 {
 		t.Fatalf("first claim: %d rows", len(got))
 	}
-	urgent, err := d.Insert(ctx, []driver.InsertParams{job(0)})
+	urgent, err := other.Insert(ctx, []driver.InsertParams{job(0)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -683,15 +686,105 @@ func TestClaimCursorFindsJobsBehindIt(t *testing.T) {
 	if got := claim(100); len(got) != 100 || seen[urgent[0]] {
 		t.Fatalf("resumed claim: %d rows, urgent claimed %v", len(got), seen[urgent[0]])
 	}
-	// 50 left after the cursor: the claim comes back short from the cursor
-	// and takes the rest from the front, urgent job included.
-	got := claim(100)
-	if len(got) != 51 || !seen[urgent[0]] {
-		t.Fatalf("final claim: %d rows (want 51), urgent claimed %v", len(got), seen[urgent[0]])
+	// 50 left after the cursor: the claims come back short from the cursor
+	// and do not read the queue from the front again yet.
+	if got := claim(100); len(got) != 50 || seen[urgent[0]] {
+		t.Fatalf("short resumed claim: %d rows (want 50), urgent claimed %v", len(got), seen[urgent[0]])
+	}
+	if got := claim(100); len(got) != 0 {
+		t.Fatalf("drained queue: claimed %d rows", len(got))
+	}
+	// Once cursorFor has passed, a claim reads from the front.
+	cur := d.claimCursor("c")
+	cur.mu.Lock()
+	cur.scanned = cur.scanned.Add(-cursorFor)
+	cur.mu.Unlock()
+	if got := claim(100); len(got) != 1 || got[0].ID != urgent[0] {
+		t.Fatalf("claim from the front: %d rows, urgent claimed %v", len(got), seen[urgent[0]])
 	}
 	if len(seen) != 251 {
 		t.Fatalf("claimed %d distinct jobs, want 251", len(seen))
 	}
+}
+
+// TestClaimCursorBehindThisProcess: a job this process makes available
+// before its claim cursor (a higher priority or past run_at inserted, a
+// released attempt, a promoted job) is claimed by the next claim, without
+// waiting for the cursor's time to be up.
+func TestClaimCursorBehindThisProcess(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{ClaimStrategy: "skip-locked"}, nil)
+	job := func(prio int) driver.InsertParams {
+		return driver.InsertParams{Queue: "c", Kind: "k", Args: json.RawMessage(`{}`), Priority: prio, MaxAttempts: 1}
+	}
+	claim := func(limit int) []*driver.JobRow {
+		rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "c", Limit: limit, Lease: time.Minute, Worker: "w"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows
+	}
+	only := func(what string, id int64) *driver.JobRow {
+		t.Helper()
+		got := claim(10)
+		if len(got) != 1 || got[0].ID != id {
+			t.Fatalf("%s: claimed %d rows, want job %d alone", what, len(got), id)
+		}
+		return got[0]
+	}
+	backlog := make([]driver.InsertParams, 10)
+	for i := range backlog {
+		backlog[i] = job(5)
+	}
+	if _, err := d.Insert(ctx, backlog); err != nil {
+		t.Fatal(err)
+	}
+	if got := claim(5); len(got) != 5 {
+		t.Fatalf("first claim: %d rows", len(got))
+	}
+	if got := claim(10); len(got) != 5 {
+		t.Fatalf("resumed claim: %d rows", len(got))
+	}
+	if got := claim(10); len(got) != 0 {
+		t.Fatalf("drained queue: claimed %d rows", len(got))
+	}
+	// The cursor now sits on the last job of the backlog.
+	urgent, err := d.Insert(ctx, []driver.InsertParams{job(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := only("higher priority", urgent[0])
+	past := job(5)
+	past.RunAt = time.Now().Add(-time.Hour)
+	early, err := d.Insert(ctx, []driver.InsertParams{past})
+	if err != nil {
+		t.Fatal(err)
+	}
+	only("past run_at", early[0])
+	if n, err := d.Release(ctx, []driver.Lease{{ID: u.ID, Fence: u.Fence}}); err != nil || n != 1 {
+		t.Fatalf("release: %d %v", n, err)
+	}
+	only("released", u.ID)
+	soon := job(5)
+	soon.Delay = 20 * time.Millisecond
+	later, err := d.Insert(ctx, []driver.InsertParams{soon})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := claim(10); len(got) != 0 {
+		t.Fatalf("claimed %d rows before the scheduled job is due", len(got))
+	}
+	for {
+		n, err := d.Promote(ctx, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n["c"] == 1 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // until the database's clock passes run_at
+	}
+	only("promoted", later[0])
 }
 
 // ListJobsTx reads in the application's transaction whatever its

@@ -247,6 +247,7 @@ func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int6
 	if len(jobs) == 0 {
 		return nil, nil
 	}
+	defer d.behindInserted(jobs)
 	p, err := d.planInsert("insert", jobs)
 	if err != nil {
 		return nil, driver.NotCommitted(err)
@@ -294,6 +295,7 @@ func (d *Driver) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParam
 	if len(jobs) == 0 {
 		return nil, nil
 	}
+	defer d.behindInserted(jobs)
 	p, err := d.planInsert("insert tx", jobs)
 	if err != nil {
 		return nil, err
@@ -316,6 +318,7 @@ func (d *Driver) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (in
 	if len(jobs) == 0 {
 		return 0, nil
 	}
+	defer d.behindInserted(jobs)
 	p, err := d.planInsert("bulk insert", jobs)
 	if err != nil {
 		return 0, err
@@ -364,36 +367,39 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 	if d.claimMethod == ClaimOptimistic {
 		return d.claimOptimistic(ctx, p)
 	}
-	cur := d.claimCursor(p.Queue)
-	out, resumed, err := d.claimSkipLocked(ctx, p, cur)
-	if err != nil || len(out) == p.Limit || !resumed {
-		return out, err
-	}
-	// A resumed claim came back short: the cursor may have passed jobs
-	// that became available behind it. Claim the rest from the front.
-	cur.reset()
-	p.Limit -= len(out)
-	more, _, err := d.claimSkipLocked(ctx, p, cur)
-	return append(out, more...), err
+	return d.claimSkipLocked(ctx, p, d.claimCursor(p.Queue))
 }
 
-// claimCursor remembers, per queue, the key of the last job this process
-// claimed while the queue had a backlog, so that the next claim resumes
-// after it instead of rescanning delete-marked index entries. It is
-// dropped when a claim comes back short and after cursorFor, so a job that
-// becomes available behind it (higher priority, released, rescued) waits
-// at most that long.
+// claimCursor remembers, per queue, where this process's claims resume:
+// the key of the last job it claimed, before which a claim from the front
+// of the queue (claim_select) found nothing more to take. Resuming after
+// it (claim_select_after) skips the claim-index entries of the jobs
+// claimed before it: InnoDB keeps them, delete-marked, until purge removes
+// them, which it cannot do while any transaction older than them is open
+// (a long consistent snapshot, such as a backup's), and a claim from the
+// front reads every one of them. A claim that comes back short, the queue
+// drained, keeps the cursor: the front of the queue is read again only
+// cursorFor after the last such read, or at once when this process did
+// something that may have made a job available before the cursor (see
+// behind). A job that becomes available before the cursor otherwise (a
+// higher priority or past run_at inserted by another process, a job
+// promoted, rescued or released by another process, a lock skipped and
+// then rolled back) waits at most cursorFor longer.
 type claimCursor struct {
 	mu    sync.Mutex
-	valid bool
+	valid bool // prio, sched, id hold a position
 	prio  int
 	sched time.Time
 	id    int64
-	since time.Time
+	// scanned is when the last claim from the front began.
+	scanned time.Time
+	// marked counts the calls of behind; clean is the count the last claim
+	// from the front began after.
+	marked, clean uint64
 }
 
-// cursorFor bounds how long claims resume from a cursor before starting
-// from the front of the queue again.
+// cursorFor bounds how long claims resume from a cursor before reading the
+// queue from the front again.
 const cursorFor = time.Second
 
 func (d *Driver) claimCursor(queue string) *claimCursor {
@@ -401,57 +407,110 @@ func (d *Driver) claimCursor(queue string) *claimCursor {
 	return c.(*claimCursor)
 }
 
-func (c *claimCursor) reset() {
-	c.mu.Lock()
-	c.valid = false
-	c.mu.Unlock()
+// behind records that a job of the queue may have become available before
+// its cursor: the next claim reads the queue from the front.
+func (d *Driver) behind(queue string) {
+	if c, ok := d.cursors.Load(queue); ok {
+		c := c.(*claimCursor)
+		c.mu.Lock()
+		c.marked++
+		c.mu.Unlock()
+	}
 }
 
-// query returns the claim statement, its arguments, and whether it
-// resumes from the cursor.
-func (c *claimCursor) query(d *Driver, p driver.ClaimParams) (string, []any, bool) {
+// behindAll is behind for every queue this process claims from.
+func (d *Driver) behindAll() {
+	d.cursors.Range(func(q, _ any) bool {
+		d.behind(q.(string))
+		return true
+	})
+}
+
+// behindInserted calls behind for the queues of jobs that may sort before
+// their queue's cursor: a job with a run_at (which may be past) or a
+// priority ahead of the cursor's. Other new jobs sort after it: their
+// scheduled_at is the database's clock at the insert, later than that of
+// every job claimed before.
+func (d *Driver) behindInserted(jobs []driver.InsertParams) {
+	for i := range jobs {
+		j := &jobs[i]
+		c, ok := d.cursors.Load(j.Queue)
+		if !ok {
+			continue
+		}
+		cur := c.(*claimCursor)
+		cur.mu.Lock()
+		if cur.valid && (!j.RunAt.IsZero() || j.Priority < cur.prio) {
+			cur.marked++
+		}
+		cur.mu.Unlock()
+	}
+}
+
+// query returns the claim statement and its arguments, whether it reads
+// the queue from the front, and the marked count it began after.
+func (c *claimCursor) query(d *Driver, p driver.ClaimParams) (string, []any, bool, uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.valid || time.Since(c.since) >= cursorFor {
-		c.valid = false
-		return d.q.ClaimSelect, []any{p.Queue, p.Queue, int64(p.Limit)}, false
+	if !c.valid || c.marked != c.clean || time.Since(c.scanned) >= cursorFor {
+		c.scanned = time.Now()
+		return d.q.ClaimSelect, []any{p.Queue, p.Queue, int64(p.Limit)}, true, c.marked
 	}
 	s := dbTime(c.sched)
-	return d.q.ClaimSelectAfter, []any{p.Queue, p.Queue, c.prio, c.prio, s, s, c.id, int64(p.Limit)}, true
+	return d.q.ClaimSelectAfter, []any{p.Queue, p.Queue, c.prio, c.prio, s, s, c.id, int64(p.Limit)}, false, c.marked
 }
 
-// advance moves the cursor past the last of a full claim's rows (rows are
-// in claim order), or drops it after a short one.
-func (c *claimCursor) advance(rows []*driver.JobRow, limit int) {
+// advance moves the cursor after a claim of limit rows that returned rows
+// (in claim order). A claim that read from the front and came back short
+// saw every available job of the queue that no other claim held: the
+// cursor keeps the later of its position and the last row. Otherwise the
+// cursor moves to the last row, if any.
+func (c *claimCursor) advance(rows []*driver.JobRow, limit int, front bool, marked uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(rows) < limit || len(rows) == 0 {
-		c.valid = false
+	if front {
+		c.clean = marked
+	}
+	if len(rows) == 0 {
 		return
 	}
 	last := rows[len(rows)-1]
-	if !c.valid {
-		c.since = time.Now()
+	if front && len(rows) < limit && c.valid && !claimsBefore(c.prio, c.sched, c.id, last) {
+		return
 	}
 	c.valid, c.prio, c.sched, c.id = true, last.Priority, last.ScheduledAt, last.ID
 }
 
+// claimsBefore reports whether the key (prio, sched, id) comes before
+// job j's in claim order.
+func claimsBefore(prio int, sched time.Time, id int64, j *driver.JobRow) bool {
+	if prio != j.Priority {
+		return prio < j.Priority
+	}
+	if !sched.Equal(j.ScheduledAt) {
+		return sched.Before(j.ScheduledAt)
+	}
+	return id < j.ID
+}
+
 // claimSkipLocked runs claim_select (or claim_select_after) and
 // claim_mark_queued in one transaction.
-func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur *claimCursor) ([]*driver.JobRow, bool, error) {
+func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur *claimCursor) ([]*driver.JobRow, error) {
 	var out []*driver.JobRow
-	q, qargs, resumed := cur.query(d, p)
+	q, qargs, front, marked := cur.query(d, p)
 	err := d.inTx(ctx, "claim", func(tx *sql.Tx) error {
 		var err error
 		out, err = d.claimLockedTx(ctx, tx, p, q, qargs)
 		return err
 	})
 	if err != nil {
-		cur.reset()
-		return nil, resumed, err
+		cur.mu.Lock()
+		cur.valid = false
+		cur.mu.Unlock()
+		return nil, err
 	}
-	cur.advance(out, p.Limit)
-	return out, resumed, nil
+	cur.advance(out, p.Limit, front, marked)
+	return out, nil
 }
 
 // claimLockedTx runs the locking claim statement q (claim_select or
@@ -1103,6 +1162,7 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 	if len(leases) == 0 {
 		return 0, nil
 	}
+	defer d.behindAll()
 	token, err := newToken()
 	if err != nil {
 		return 0, d.wrap("release", err)
@@ -1190,6 +1250,9 @@ func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) 
 	if err != nil {
 		return nil, err
 	}
+	for q := range out {
+		d.behind(q)
+	}
 	if err := d.sweepSlots(ctx, limit); err != nil {
 		return out, err
 	}
@@ -1198,7 +1261,11 @@ func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) 
 
 // Promote makes up to limit due scheduled and retryable jobs available.
 func (d *Driver) Promote(ctx context.Context, limit int) (map[string]int, error) {
-	return d.lockAndUpdate(ctx, "promote", d.q.PromoteSelect, d.q.PromoteUpdate, limit)
+	out, err := d.lockAndUpdate(ctx, "promote", d.q.PromoteSelect, d.q.PromoteUpdate, limit)
+	for q := range out {
+		d.behind(q)
+	}
+	return out, err
 }
 
 // Prune deletes up to limit completed jobs finalized more than

@@ -119,9 +119,12 @@ SELECT UTC_TIMESTAMP(6), {fence_floor}, {cols} FROM `{p}jobs` FORCE INDEX (claim
 
 -- claim_select_after is claim_select resumed after the last key this process
 -- claimed from the queue (see claimCursor in jobs.go). InnoDB keeps the
--- delete-marked claim-index entries of claimed jobs until purge catches up,
--- and a claim that starts at the front of the queue scans all of them; under
--- a backlog that made each claim slower than the last.
+-- delete-marked claim-index entries of claimed jobs until purge removes
+-- them, and a claim that starts at the front of the queue reads all of them
+-- (and each one's row): under a backlog that made each claim slower than
+-- the last, and while a long consistent snapshot (a backup's) holds purge
+-- back, every claim of a drained queue read every job claimed since the
+-- snapshot began.
 -- name: claim_select_after
 SELECT UTC_TIMESTAMP(6), {fence_floor}, {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND state = 'available' AND (priority > ? OR (priority = ? AND (scheduled_at > ? OR (scheduled_at = ? AND id > ?)))) ORDER BY priority, scheduled_at, id LIMIT ? FOR UPDATE SKIP LOCKED
 
