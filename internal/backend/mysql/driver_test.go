@@ -644,8 +644,8 @@ func TestVersionParse(t *testing.T) {
 // TestClaimCursorFindsJobsBehindIt: claims resume after the last claimed
 // key, also once the queue is drained; a job that becomes available
 // before that key behind this process's back (here a higher priority one
-// inserted by another process) is claimed once the cursor's time is up,
-// and nothing is handed out twice.
+// inserted by another process) is claimed once the front of the queue is
+// due to be read again, and nothing is handed out twice.
 func TestClaimCursorFindsJobsBehindIt(t *testing.T) {
 	ctx := context.Background()
 	d := migrated(t, driver.Options{ClaimStrategy: "skip-locked"}, nil)
@@ -694,10 +694,18 @@ func TestClaimCursorFindsJobsBehindIt(t *testing.T) {
 	if got := claim(100); len(got) != 0 {
 		t.Fatalf("drained queue: claimed %d rows", len(got))
 	}
-	// Once cursorFor has passed, a claim reads from the front.
+	// A second later the front is not due yet if reading it took a
+	// second: reading it again waits frontShare times as long.
 	cur := d.claimCursor("c")
 	cur.mu.Lock()
-	cur.scanned = cur.scanned.Add(-cursorFor)
+	cur.took, cur.scanned = time.Second, time.Now().Add(-cursorFor)
+	cur.mu.Unlock()
+	if got := claim(100); len(got) != 0 {
+		t.Fatalf("claim before the front is due: %d rows", len(got))
+	}
+	// Once it is due, a claim reads from the front.
+	cur.mu.Lock()
+	cur.scanned = time.Now().Add(-cur.frontAfter())
 	cur.mu.Unlock()
 	if got := claim(100); len(got) != 1 || got[0].ID != urgent[0] {
 		t.Fatalf("claim from the front: %d rows, urgent claimed %v", len(got), seen[urgent[0]])
@@ -765,7 +773,10 @@ func TestClaimCursorBehindThisProcess(t *testing.T) {
 		t.Fatalf("release: %d %v", n, err)
 	}
 	only("released", u.ID)
-	soon := job(5)
+	// Inserted ahead of the cursor, scheduled: the claim that reads the
+	// front finds it not yet available, then promoting it moves the
+	// cursor back to it.
+	soon := job(1)
 	soon.Delay = 20 * time.Millisecond
 	later, err := d.Insert(ctx, []driver.InsertParams{soon})
 	if err != nil {

@@ -378,33 +378,60 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 // them, which it cannot do while any transaction older than them is open
 // (a long consistent snapshot, such as a backup's), and a claim from the
 // front reads every one of them. A claim that comes back short, the queue
-// drained, keeps the cursor: the front of the queue is read again only
-// cursorFor after the last such read, or at once when this process did
-// something that may have made a job available before the cursor (see
-// behind). A job that becomes available before the cursor otherwise (a
-// higher priority or past run_at inserted by another process, a job
+// drained, keeps the cursor. The front of the queue is read again
+// frontAfter the last such read began: cursorFor, or frontShare times as
+// long as that read took when longer, so that reading the front costs
+// the claims at most about a frontShare-th of their time however many
+// entries purge left. It is read at once when this process inserted,
+// released or retried a job that may sort before the cursor (see behind),
+// and a job this process promoted or rescued moves the cursor back to it
+// (see before). A job that becomes available before the cursor otherwise
+// (a higher priority or past run_at inserted by another process, a job
 // promoted, rescued or released by another process, a lock skipped and
-// then rolled back) waits at most cursorFor longer.
+// then rolled back) waits at most frontAfter longer.
 type claimCursor struct {
 	mu    sync.Mutex
 	valid bool // prio, sched, id hold a position
 	prio  int
 	sched time.Time
 	id    int64
-	// scanned is when the last claim from the front began.
+	// scanned is when the last claim from the front began, took how long
+	// it took.
 	scanned time.Time
+	took    time.Duration
 	// marked counts the calls of behind; clean is the count the last claim
 	// from the front began after.
 	marked, clean uint64
 }
 
 // cursorFor bounds how long claims resume from a cursor before reading the
-// queue from the front again.
+// queue from the front again, unless that read takes longer than a
+// frontShare-th of it.
 const cursorFor = time.Second
+
+// frontShare bounds the share of a queue's claim time spent reading the
+// front of the queue again (see claimCursor).
+const frontShare = 10
+
+// frontAfter is how long after the last claim from the front began the
+// next one is due.
+func (c *claimCursor) frontAfter() time.Duration {
+	return max(cursorFor, frontShare*c.took)
+}
 
 func (d *Driver) claimCursor(queue string) *claimCursor {
 	c, _ := d.cursors.LoadOrStore(queue, &claimCursor{})
 	return c.(*claimCursor)
+}
+
+// before moves the cursor back so that the next claim resumes at job j
+// (a job just made available), if j comes before it in claim order.
+func (c *claimCursor) before(j *driver.JobRow) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.valid && claimsBefore(j.Priority, j.ScheduledAt, j.ID, &driver.JobRow{Priority: c.prio, ScheduledAt: c.sched, ID: c.id}) {
+		c.prio, c.sched, c.id = j.Priority, j.ScheduledAt, j.ID-1
+	}
 }
 
 // behind records that a job of the queue may have become available before
@@ -452,7 +479,7 @@ func (d *Driver) behindInserted(jobs []driver.InsertParams) {
 func (c *claimCursor) query(d *Driver, p driver.ClaimParams) (string, []any, bool, uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.valid || c.marked != c.clean || time.Since(c.scanned) >= cursorFor {
+	if !c.valid || c.marked != c.clean || time.Since(c.scanned) >= c.frontAfter() {
 		c.scanned = time.Now()
 		return d.q.ClaimSelect, []any{p.Queue, p.Queue, int64(p.Limit)}, true, c.marked
 	}
@@ -461,15 +488,16 @@ func (c *claimCursor) query(d *Driver, p driver.ClaimParams) (string, []any, boo
 }
 
 // advance moves the cursor after a claim of limit rows that returned rows
-// (in claim order). A claim that read from the front and came back short
+// (in claim order); a claim from the front took took. A claim that read
+// from the front and came back short
 // saw every available job of the queue that no other claim held: the
 // cursor keeps the later of its position and the last row. Otherwise the
 // cursor moves to the last row, if any.
-func (c *claimCursor) advance(rows []*driver.JobRow, limit int, front bool, marked uint64) {
+func (c *claimCursor) advance(rows []*driver.JobRow, limit int, front bool, marked uint64, took time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if front {
-		c.clean = marked
+		c.clean, c.took = marked, took
 	}
 	if len(rows) == 0 {
 		return
@@ -498,6 +526,7 @@ func claimsBefore(prio int, sched time.Time, id int64, j *driver.JobRow) bool {
 func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur *claimCursor) ([]*driver.JobRow, error) {
 	var out []*driver.JobRow
 	q, qargs, front, marked := cur.query(d, p)
+	began := time.Now()
 	err := d.inTx(ctx, "claim", func(tx *sql.Tx) error {
 		var err error
 		out, err = d.claimLockedTx(ctx, tx, p, q, qargs)
@@ -509,7 +538,7 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 		cur.mu.Unlock()
 		return nil, err
 	}
-	cur.advance(out, p.Limit, front, marked)
+	cur.advance(out, p.Limit, front, marked, time.Since(began))
 	return out, nil
 }
 
@@ -1191,31 +1220,34 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 	return n, nil
 }
 
-// lockAndUpdate runs selectQ (id, queue rows, locked FOR UPDATE) and then
-// updateQ and each of then over the ids found, in one transaction, and
-// counts per queue.
+// lockAndUpdate runs selectQ (id, queue, priority, scheduled_at rows,
+// locked FOR UPDATE) and then updateQ and each of then over the ids found,
+// in one transaction, counts per queue, and moves each queue's claim
+// cursor back before the first of its jobs in claim order (see
+// claimCursor.before).
 func (d *Driver) lockAndUpdate(ctx context.Context, op, selectQ, updateQ string, limit int, then ...string) (map[string]int, error) {
 	out := map[string]int{}
 	if limit <= 0 {
 		return out, nil
 	}
+	first := map[string]*driver.JobRow{}
 	err := d.inTx(ctx, op, func(tx *sql.Tx) error {
 		clear(out)
+		clear(first)
 		rows, err := d.query(ctx, tx, true, selectQ, int64(limit))
 		if err != nil {
 			return err
 		}
 		var ids []int64
-		var queues []string
+		var keys []*driver.JobRow
 		for rows.Next() {
-			var id int64
-			var q string
-			if err := rows.Scan(&id, &q); err != nil {
+			k := &driver.JobRow{}
+			if err := rows.Scan(&k.ID, &k.Queue, &k.Priority, &k.ScheduledAt); err != nil {
 				rows.Close()
 				return err
 			}
-			ids = append(ids, id)
-			queues = append(queues, q)
+			ids = append(ids, k.ID)
+			keys = append(keys, k)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -1230,13 +1262,21 @@ func (d *Driver) lockAndUpdate(ctx context.Context, op, selectQ, updateQ string,
 				}
 			}
 		}
-		for _, q := range queues {
-			out[q]++
+		for _, k := range keys {
+			out[k.Queue]++
+			if f := first[k.Queue]; f == nil || claimsBefore(k.Priority, k.ScheduledAt, k.ID, f) {
+				first[k.Queue] = k
+			}
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
+	}
+	for q, k := range first {
+		if c, ok := d.cursors.Load(q); ok {
+			c.(*claimCursor).before(k)
+		}
 	}
 	return out, nil
 }
@@ -1250,9 +1290,6 @@ func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) 
 	if err != nil {
 		return nil, err
 	}
-	for q := range out {
-		d.behind(q)
-	}
 	if err := d.sweepSlots(ctx, limit); err != nil {
 		return out, err
 	}
@@ -1261,11 +1298,7 @@ func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) 
 
 // Promote makes up to limit due scheduled and retryable jobs available.
 func (d *Driver) Promote(ctx context.Context, limit int) (map[string]int, error) {
-	out, err := d.lockAndUpdate(ctx, "promote", d.q.PromoteSelect, d.q.PromoteUpdate, limit)
-	for q := range out {
-		d.behind(q)
-	}
-	return out, err
+	return d.lockAndUpdate(ctx, "promote", d.q.PromoteSelect, d.q.PromoteUpdate, limit)
 }
 
 // Prune deletes up to limit completed jobs finalized more than
