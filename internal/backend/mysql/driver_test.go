@@ -847,3 +847,37 @@ func TestListJobsTxOnTheApplicationsConnection(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimCursorMovedBackDuringClaim: a job promoted while a resumed
+// claim runs moves the cursor back to it, and the claim's end does not
+// move the cursor past it again; a claim that began after keeps moving
+// it forward.
+func TestClaimCursorMovedBackDuringClaim(t *testing.T) {
+	d := &Driver{q: queries{ClaimSelect: "front", ClaimSelectAfter: "after"}}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	key := func(id int64, at time.Duration) *driver.JobRow {
+		return &driver.JobRow{ID: id, Priority: 1, ScheduledAt: t0.Add(at)}
+	}
+	c := &claimCursor{}
+	p := driver.ClaimParams{Queue: "q", Limit: 2}
+	q, _, st := c.query(d, p)
+	if q != "front" {
+		t.Fatalf("first claim: %s, want front", q)
+	}
+	c.advance([]*driver.JobRow{key(1, 0), key(2, time.Second)}, 2, st, 0)
+	q, _, st = c.query(d, p)
+	if q != "after" || c.id != 2 {
+		t.Fatalf("second claim: %s after job %d, want after job 2", q, c.id)
+	}
+	// While it runs, job 3, scheduled before job 2, is promoted.
+	c.before(key(3, time.Second/2))
+	c.advance([]*driver.JobRow{key(4, 2*time.Second), key(5, 3*time.Second)}, 2, st, 0)
+	if !c.sched.Equal(t0.Add(time.Second/2)) || c.id != 2 {
+		t.Fatalf("cursor at %v id %d, want before job 3 (%v id 2)", c.sched, c.id, t0.Add(time.Second/2))
+	}
+	q, _, st = c.query(d, p)
+	c.advance([]*driver.JobRow{key(3, time.Second/2), key(6, 4*time.Second)}, 2, st, 0)
+	if q != "after" || c.id != 6 {
+		t.Fatalf("claim after the move back: %s, cursor at job %d, want after and job 6", q, c.id)
+	}
+}

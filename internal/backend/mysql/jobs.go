@@ -402,6 +402,8 @@ type claimCursor struct {
 	// marked counts the calls of behind; clean is the count the last claim
 	// from the front began after.
 	marked, clean uint64
+	// moved counts the times before moved the cursor back.
+	moved uint64
 }
 
 // cursorFor bounds how long claims resume from a cursor before reading the
@@ -431,6 +433,7 @@ func (c *claimCursor) before(j *driver.JobRow) {
 	defer c.mu.Unlock()
 	if c.valid && claimsBefore(j.Priority, j.ScheduledAt, j.ID, &driver.JobRow{Priority: c.prio, ScheduledAt: c.sched, ID: c.id}) {
 		c.prio, c.sched, c.id = j.Priority, j.ScheduledAt, j.ID-1
+		c.moved++
 	}
 }
 
@@ -474,37 +477,57 @@ func (d *Driver) behindInserted(jobs []driver.InsertParams) {
 	}
 }
 
-// query returns the claim statement and its arguments, whether it reads
-// the queue from the front, and the marked count it began after.
-func (c *claimCursor) query(d *Driver, p driver.ClaimParams) (string, []any, bool, uint64) {
+// claimStart is what a claim began after: whether it reads the queue from
+// the front, and the cursor's marked and moved counts.
+type claimStart struct {
+	front         bool
+	marked, moved uint64
+}
+
+// query returns the claim statement and its arguments, and what the claim
+// begins after.
+func (c *claimCursor) query(d *Driver, p driver.ClaimParams) (string, []any, claimStart) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	st := claimStart{marked: c.marked, moved: c.moved}
 	if !c.valid || c.marked != c.clean || time.Since(c.scanned) >= c.frontAfter() {
 		c.scanned = time.Now()
-		return d.q.ClaimSelect, []any{p.Queue, p.Queue, int64(p.Limit)}, true, c.marked
+		st.front = true
+		return d.q.ClaimSelect, []any{p.Queue, p.Queue, int64(p.Limit)}, st
 	}
 	s := dbTime(c.sched)
-	return d.q.ClaimSelectAfter, []any{p.Queue, p.Queue, c.prio, c.prio, s, s, c.id, int64(p.Limit)}, false, c.marked
+	return d.q.ClaimSelectAfter, []any{p.Queue, p.Queue, c.prio, c.prio, s, s, c.id, int64(p.Limit)}, st
 }
 
 // advance moves the cursor after a claim of limit rows that returned rows
-// (in claim order); a claim from the front took took. A claim that read
-// from the front and came back short
-// saw every available job of the queue that no other claim held: the
-// cursor keeps the later of its position and the last row. Otherwise the
-// cursor moves to the last row, if any.
-func (c *claimCursor) advance(rows []*driver.JobRow, limit int, front bool, marked uint64, took time.Duration) {
+// (in claim order) and took took. A claim that read from the front and
+// came back short saw every available job of the queue that no other
+// claim held: the cursor keeps the later of its position and the last
+// row. If before moved the cursor back while the claim ran, the claim may
+// have passed the job it moved back to: the cursor keeps the earlier of
+// the two. Otherwise the cursor moves to the last row, if any.
+func (c *claimCursor) advance(rows []*driver.JobRow, limit int, st claimStart, took time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if front {
-		c.clean, c.took = marked, took
+	if st.front {
+		c.clean, c.took = st.marked, took
 	}
 	if len(rows) == 0 {
 		return
 	}
 	last := rows[len(rows)-1]
-	if front && len(rows) < limit && c.valid && !claimsBefore(c.prio, c.sched, c.id, last) {
-		return
+	if c.valid {
+		earlier := claimsBefore(c.prio, c.sched, c.id, last)
+		switch {
+		case c.moved != st.moved:
+			if earlier {
+				return
+			}
+		case st.front && len(rows) < limit:
+			if !earlier {
+				return
+			}
+		}
 	}
 	c.valid, c.prio, c.sched, c.id = true, last.Priority, last.ScheduledAt, last.ID
 }
@@ -525,7 +548,7 @@ func claimsBefore(prio int, sched time.Time, id int64, j *driver.JobRow) bool {
 // claim_mark_queued in one transaction.
 func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur *claimCursor) ([]*driver.JobRow, error) {
 	var out []*driver.JobRow
-	q, qargs, front, marked := cur.query(d, p)
+	q, qargs, st := cur.query(d, p)
 	began := time.Now()
 	err := d.inTx(ctx, "claim", func(tx *sql.Tx) error {
 		var err error
@@ -538,7 +561,7 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 		cur.mu.Unlock()
 		return nil, err
 	}
-	cur.advance(out, p.Limit, front, marked, time.Since(began))
+	cur.advance(out, p.Limit, st, time.Since(began))
 	return out, nil
 }
 
