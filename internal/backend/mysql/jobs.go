@@ -380,15 +380,17 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 // front reads every one of them. A claim that comes back short, the queue
 // drained, keeps the cursor. The front of the queue is read again
 // frontAfter the last such read began: cursorFor, or frontShare times as
-// long as that read took when longer, so that reading the front costs
-// the claims at most about a frontShare-th of their time however many
-// entries purge left. It is read at once when this process inserted,
+// long as that read took when longer, so that reading the front takes at
+// most about a frontShare-th of the claims' time however many entries
+// purge left, while a job behind the cursor still waits no more than
+// about two such reads. It is read at once when this process inserted,
 // released or retried a job that may sort before the cursor (see behind),
 // and a job this process promoted or rescued moves the cursor back to it
 // (see before). A job that becomes available before the cursor otherwise
 // (a higher priority or past run_at inserted by another process, a job
 // promoted, rescued or released by another process, a lock skipped and
-// then rolled back) waits at most frontAfter longer.
+// then rolled back, a job whose insert read the clock before a job the
+// cursor passed and committed after it) waits at most frontAfter longer.
 type claimCursor struct {
 	mu    sync.Mutex
 	valid bool // prio, sched, id hold a position
@@ -413,7 +415,7 @@ const cursorFor = time.Second
 
 // frontShare bounds the share of a queue's claim time spent reading the
 // front of the queue again (see claimCursor).
-const frontShare = 10
+const frontShare = 2
 
 // frontAfter is how long after the last claim from the front began the
 // next one is due.
@@ -456,11 +458,11 @@ func (d *Driver) behindAll() {
 	})
 }
 
-// behindInserted calls behind for the queues of jobs that may sort before
-// their queue's cursor: a job with a run_at (which may be past) or a
-// priority ahead of the cursor's. Other new jobs sort after it: their
-// scheduled_at is the database's clock at the insert, later than that of
-// every job claimed before.
+// behindInserted calls behind for the queues of jobs that may sort well
+// before their queue's cursor: a job with a run_at (which may be past) or
+// a priority ahead of the cursor's. The scheduled_at of other new jobs is
+// the database's clock at the insert, so they sort after the cursor unless
+// their insert committed after a claim took a job inserted later.
 func (d *Driver) behindInserted(jobs []driver.InsertParams) {
 	for i := range jobs {
 		j := &jobs[i]
