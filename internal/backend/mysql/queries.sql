@@ -266,9 +266,9 @@ SELECT id FROM `{p}jobs` WHERE op_token = ? AND id IN ({ids})
 -- Rescue, in one transaction: lock expired leases (oldest first, by the
 -- lease index), then requeue or discard them. Rescue and promote read each
 -- job's claim key (priority, scheduled_at, id), which neither changes, to
--- move the driver's claim cursor of the queue back before it. Single-table UPDATE
--- assignments run left to right, so errors and finalized_at are computed
--- before state changes.
+-- move the driver's claim cursor of the queue back before it. Single-table
+-- UPDATE assignments run left to right, so errors and finalized_at are
+-- computed before state changes.
 -- name: rescue_select
 SELECT id, queue, priority, scheduled_at FROM `{p}jobs` FORCE INDEX (lease_idx) WHERE lease_expires_at < UTC_TIMESTAMP(6) AND state = 'running' ORDER BY lease_expires_at LIMIT ? FOR UPDATE {skip}
 
