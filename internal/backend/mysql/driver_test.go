@@ -641,6 +641,16 @@ func TestVersionParse(t *testing.T) {
 	}
 }
 
+// frontRead pretends that d's last claim of queue from the front of the
+// queue began now and took took: claims resume from the cursor until
+// frontAfter has passed, however long the test's steps take.
+func frontRead(d *Driver, queue string, took time.Duration) {
+	cur := d.claimCursor(queue)
+	cur.mu.Lock()
+	cur.scanned, cur.took = time.Now(), took
+	cur.mu.Unlock()
+}
+
 // TestClaimCursorFindsJobsBehindIt: claims resume after the last claimed
 // key, also once the queue is drained; a job that becomes available
 // before that key behind this process's back (here a higher priority one
@@ -683,6 +693,7 @@ func TestClaimCursorFindsJobsBehindIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Resumed: the next 100 of the backlog, past the urgent job.
+	frontRead(d, "c", time.Hour)
 	if got := claim(100); len(got) != 100 || seen[urgent[0]] {
 		t.Fatalf("resumed claim: %d rows, urgent claimed %v", len(got), seen[urgent[0]])
 	}
@@ -698,7 +709,7 @@ func TestClaimCursorFindsJobsBehindIt(t *testing.T) {
 	// second: reading it again waits frontShare times as long.
 	cur := d.claimCursor("c")
 	cur.mu.Lock()
-	cur.took, cur.scanned = time.Second, time.Now().Add(-cursorFor)
+	cur.took, cur.scanned = time.Second, time.Now().Add(-time.Second)
 	cur.mu.Unlock()
 	if got := claim(100); len(got) != 0 {
 		t.Fatalf("claim before the front is due: %d rows", len(got))
@@ -734,6 +745,7 @@ func TestClaimCursorBehindThisProcess(t *testing.T) {
 	}
 	only := func(what string, id int64) *driver.JobRow {
 		t.Helper()
+		frontRead(d, "c", time.Hour) // only this process's own marks make it read the front
 		got := claim(10)
 		if len(got) != 1 || got[0].ID != id {
 			t.Fatalf("%s: claimed %d rows, want job %d alone", what, len(got), id)

@@ -379,7 +379,7 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 // (a long consistent snapshot, such as a backup's), and a claim from the
 // front reads every one of them. A claim that comes back short, the queue
 // drained, keeps the cursor. The front of the queue is read again
-// frontAfter the last such read began: cursorFor, or frontShare times as
+// frontAfter the last such read began: frontEvery, or frontShare times as
 // long as that read took when longer, so that reading the front takes at
 // most about a frontShare-th of the claims' time however many entries
 // purge left, while a job behind the cursor still waits no more than
@@ -408,10 +408,16 @@ type claimCursor struct {
 	moved uint64
 }
 
-// cursorFor bounds how long claims resume from a cursor before reading the
-// queue from the front again, unless that read takes longer than a
-// frontShare-th of it.
+// cursorFor bounds how long a claim of jobs without a key in a queue
+// limited per key waits after finding none (see keys.go).
 const cursorFor = time.Second
+
+// frontEvery bounds how long claims resume from a cursor before reading
+// the queue from the front again, unless that read takes longer than a
+// frontShare-th of it: a job that became available behind the cursor
+// without this process knowing waits at most about that much longer
+// while reads of the front are cheap (no long snapshot holds purge back).
+const frontEvery = 100 * time.Millisecond
 
 // frontShare bounds the share of a queue's claim time spent reading the
 // front of the queue again (see claimCursor).
@@ -420,7 +426,7 @@ const frontShare = 2
 // frontAfter is how long after the last claim from the front began the
 // next one is due.
 func (c *claimCursor) frontAfter() time.Duration {
-	return max(cursorFor, frontShare*c.took)
+	return max(frontEvery, frontShare*c.took)
 }
 
 func (d *Driver) claimCursor(queue string) *claimCursor {
