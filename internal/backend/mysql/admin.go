@@ -273,6 +273,9 @@ func unwrapNotFound(err error) error {
 func (d *Driver) Retry(ctx context.Context, id int64) (*driver.JobRow, error) {
 	for round := 0; ; round++ {
 		j, err := d.adminUpdate(ctx, "retry", id, d.q.Retry, id)
+		if err == nil && j != nil {
+			d.behind(j.Queue)
+		}
 		if myErrno(err) != errDupEntry {
 			return j, err
 		}

@@ -16,6 +16,7 @@ import (
 // its member rows and the rows of the batches it waits for, in tx (a
 // *sql.Tx) or in a transaction of its own when tx is nil.
 func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.InsertParams, batches []driver.BatchParams) ([]int64, []int64, error) {
+	defer d.behindInserted(jobs)
 	var ids, batchIDs []int64
 	pairs := func(t *sql.Tx, head string, a int64, bs []int64) error {
 		for off := 0; off < len(bs); off += 1000 {

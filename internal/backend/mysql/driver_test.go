@@ -641,13 +641,26 @@ func TestVersionParse(t *testing.T) {
 	}
 }
 
+// frontRead pretends that d's last claim of queue from the front of the
+// queue began now and took took: claims resume from the cursor until
+// frontAfter has passed, however long the test's steps take.
+func frontRead(d *Driver, queue string, took time.Duration) {
+	cur := d.claimCursor(queue)
+	cur.mu.Lock()
+	cur.scanned, cur.took = time.Now(), took
+	cur.mu.Unlock()
+}
+
 // TestClaimCursorFindsJobsBehindIt: claims resume after the last claimed
-// key while the queue has a backlog; a job that becomes available before
-// that key (here a higher priority one) is still claimed as soon as a
-// resumed claim comes back short, and nothing is handed out twice.
+// key, also once the queue is drained; a job that becomes available
+// before that key behind this process's back (here a higher priority one
+// inserted by another process) is claimed once the front of the queue is
+// due to be read again, and nothing is handed out twice.
 func TestClaimCursorFindsJobsBehindIt(t *testing.T) {
 	ctx := context.Background()
 	d := migrated(t, driver.Options{ClaimStrategy: "skip-locked"}, nil)
+	other := open(t, d.prefix, driver.Options{ClaimStrategy: "skip-locked"}, nil)
+	defer other.Close()
 	job := func(prio int) driver.InsertParams {
 		return driver.InsertParams{Queue: "c", Kind: "k", Args: json.RawMessage(`{}`), Priority: prio, MaxAttempts: 1}
 	}
@@ -675,23 +688,126 @@ func TestClaimCursorFindsJobsBehindIt(t *testing.T) {
 	if got := claim(100); len(got) != 100 {
 		t.Fatalf("first claim: %d rows", len(got))
 	}
-	urgent, err := d.Insert(ctx, []driver.InsertParams{job(0)})
+	urgent, err := other.Insert(ctx, []driver.InsertParams{job(0)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Resumed: the next 100 of the backlog, past the urgent job.
+	frontRead(d, "c", time.Hour)
 	if got := claim(100); len(got) != 100 || seen[urgent[0]] {
 		t.Fatalf("resumed claim: %d rows, urgent claimed %v", len(got), seen[urgent[0]])
 	}
-	// 50 left after the cursor: the claim comes back short from the cursor
-	// and takes the rest from the front, urgent job included.
-	got := claim(100)
-	if len(got) != 51 || !seen[urgent[0]] {
-		t.Fatalf("final claim: %d rows (want 51), urgent claimed %v", len(got), seen[urgent[0]])
+	// 50 left after the cursor: the claims come back short from the cursor
+	// and do not read the queue from the front again yet.
+	if got := claim(100); len(got) != 50 || seen[urgent[0]] {
+		t.Fatalf("short resumed claim: %d rows (want 50), urgent claimed %v", len(got), seen[urgent[0]])
+	}
+	if got := claim(100); len(got) != 0 {
+		t.Fatalf("drained queue: claimed %d rows", len(got))
+	}
+	// A second later the front is not due yet if reading it took a
+	// second: reading it again waits frontShare times as long.
+	cur := d.claimCursor("c")
+	cur.mu.Lock()
+	cur.took, cur.scanned = time.Second, time.Now().Add(-time.Second)
+	cur.mu.Unlock()
+	if got := claim(100); len(got) != 0 {
+		t.Fatalf("claim before the front is due: %d rows", len(got))
+	}
+	// Once it is due, a claim reads from the front.
+	cur.mu.Lock()
+	cur.scanned = time.Now().Add(-cur.frontAfter())
+	cur.mu.Unlock()
+	if got := claim(100); len(got) != 1 || got[0].ID != urgent[0] {
+		t.Fatalf("claim from the front: %d rows, urgent claimed %v", len(got), seen[urgent[0]])
 	}
 	if len(seen) != 251 {
 		t.Fatalf("claimed %d distinct jobs, want 251", len(seen))
 	}
+}
+
+// TestClaimCursorBehindThisProcess: a job this process makes available
+// before its claim cursor (a higher priority or past run_at inserted, a
+// released attempt, a promoted job) is claimed by the next claim, without
+// waiting for the cursor's time to be up.
+func TestClaimCursorBehindThisProcess(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{ClaimStrategy: "skip-locked"}, nil)
+	job := func(prio int) driver.InsertParams {
+		return driver.InsertParams{Queue: "c", Kind: "k", Args: json.RawMessage(`{}`), Priority: prio, MaxAttempts: 1}
+	}
+	claim := func(limit int) []*driver.JobRow {
+		rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "c", Limit: limit, Lease: time.Minute, Worker: "w"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows
+	}
+	only := func(what string, id int64) *driver.JobRow {
+		t.Helper()
+		frontRead(d, "c", time.Hour) // only this process's own marks make it read the front
+		got := claim(10)
+		if len(got) != 1 || got[0].ID != id {
+			t.Fatalf("%s: claimed %d rows, want job %d alone", what, len(got), id)
+		}
+		return got[0]
+	}
+	backlog := make([]driver.InsertParams, 10)
+	for i := range backlog {
+		backlog[i] = job(5)
+	}
+	if _, err := d.Insert(ctx, backlog); err != nil {
+		t.Fatal(err)
+	}
+	if got := claim(5); len(got) != 5 {
+		t.Fatalf("first claim: %d rows", len(got))
+	}
+	if got := claim(10); len(got) != 5 {
+		t.Fatalf("resumed claim: %d rows", len(got))
+	}
+	if got := claim(10); len(got) != 0 {
+		t.Fatalf("drained queue: claimed %d rows", len(got))
+	}
+	// The cursor now sits on the last job of the backlog.
+	urgent, err := d.Insert(ctx, []driver.InsertParams{job(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := only("higher priority", urgent[0])
+	past := job(5)
+	past.RunAt = time.Now().Add(-time.Hour)
+	early, err := d.Insert(ctx, []driver.InsertParams{past})
+	if err != nil {
+		t.Fatal(err)
+	}
+	only("past run_at", early[0])
+	if n, err := d.Release(ctx, []driver.Lease{{ID: u.ID, Fence: u.Fence}}); err != nil || n != 1 {
+		t.Fatalf("release: %d %v", n, err)
+	}
+	only("released", u.ID)
+	// Inserted ahead of the cursor, scheduled: the claim that reads the
+	// front finds it not yet available, then promoting it moves the
+	// cursor back to it.
+	soon := job(1)
+	soon.Delay = 20 * time.Millisecond
+	later, err := d.Insert(ctx, []driver.InsertParams{soon})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := claim(10); len(got) != 0 {
+		t.Fatalf("claimed %d rows before the scheduled job is due", len(got))
+	}
+	for {
+		n, err := d.Promote(ctx, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n["c"] == 1 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // until the database's clock passes run_at
+	}
+	only("promoted", later[0])
 }
 
 // ListJobsTx reads in the application's transaction whatever its
@@ -741,5 +857,39 @@ func TestListJobsTxOnTheApplicationsConnection(t *testing.T) {
 			!j.LeaseExpiresAt.Equal(want.LeaseExpiresAt) || !j.FinalizedAt.IsZero() || j.State != driver.StateRunning || j.AttemptedBy != "w" {
 			t.Fatalf("%s: read %+v, want %+v", c.name, j, want)
 		}
+	}
+}
+
+// TestClaimCursorMovedBackDuringClaim: a job promoted while a resumed
+// claim runs moves the cursor back to it, and the claim's end does not
+// move the cursor past it again; a claim that began after keeps moving
+// it forward.
+func TestClaimCursorMovedBackDuringClaim(t *testing.T) {
+	d := &Driver{q: queries{ClaimSelect: "front", ClaimSelectAfter: "after"}}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	key := func(id int64, at time.Duration) *driver.JobRow {
+		return &driver.JobRow{ID: id, Priority: 1, ScheduledAt: t0.Add(at)}
+	}
+	c := &claimCursor{}
+	p := driver.ClaimParams{Queue: "q", Limit: 2}
+	q, _, st := c.query(d, p)
+	if q != "front" {
+		t.Fatalf("first claim: %s, want front", q)
+	}
+	c.advance([]*driver.JobRow{key(1, 0), key(2, time.Second)}, 2, st, 0)
+	q, _, st = c.query(d, p)
+	if q != "after" || c.id != 2 {
+		t.Fatalf("second claim: %s after job %d, want after job 2", q, c.id)
+	}
+	// While it runs, job 3, scheduled before job 2, is promoted.
+	c.before(key(3, time.Second/2))
+	c.advance([]*driver.JobRow{key(4, 2*time.Second), key(5, 3*time.Second)}, 2, st, 0)
+	if !c.sched.Equal(t0.Add(time.Second/2)) || c.id != 2 {
+		t.Fatalf("cursor at %v id %d, want before job 3 (%v id 2)", c.sched, c.id, t0.Add(time.Second/2))
+	}
+	q, _, st = c.query(d, p)
+	c.advance([]*driver.JobRow{key(3, time.Second/2), key(6, 4*time.Second)}, 2, st, 0)
+	if q != "after" || c.id != 6 {
+		t.Fatalf("claim after the move back: %s, cursor at job %d, want after and job 6", q, c.id)
 	}
 }

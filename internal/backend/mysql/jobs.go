@@ -247,6 +247,7 @@ func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int6
 	if len(jobs) == 0 {
 		return nil, nil
 	}
+	defer d.behindInserted(jobs)
 	p, err := d.planInsert("insert", jobs)
 	if err != nil {
 		return nil, driver.NotCommitted(err)
@@ -294,6 +295,7 @@ func (d *Driver) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParam
 	if len(jobs) == 0 {
 		return nil, nil
 	}
+	defer d.behindInserted(jobs)
 	p, err := d.planInsert("insert tx", jobs)
 	if err != nil {
 		return nil, err
@@ -316,6 +318,7 @@ func (d *Driver) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (in
 	if len(jobs) == 0 {
 		return 0, nil
 	}
+	defer d.behindInserted(jobs)
 	p, err := d.planInsert("bulk insert", jobs)
 	if err != nil {
 		return 0, err
@@ -364,94 +367,210 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 	if d.claimMethod == ClaimOptimistic {
 		return d.claimOptimistic(ctx, p)
 	}
-	cur := d.claimCursor(p.Queue)
-	out, resumed, err := d.claimSkipLocked(ctx, p, cur)
-	if err != nil || len(out) == p.Limit || !resumed {
-		return out, err
-	}
-	// A resumed claim came back short: the cursor may have passed jobs
-	// that became available behind it. Claim the rest from the front.
-	cur.reset()
-	p.Limit -= len(out)
-	more, _, err := d.claimSkipLocked(ctx, p, cur)
-	return append(out, more...), err
+	return d.claimSkipLocked(ctx, p, d.claimCursor(p.Queue))
 }
 
-// claimCursor remembers, per queue, the key of the last job this process
-// claimed while the queue had a backlog, so that the next claim resumes
-// after it instead of rescanning delete-marked index entries. It is
-// dropped when a claim comes back short and after cursorFor, so a job that
-// becomes available behind it (higher priority, released, rescued) waits
-// at most that long.
+// claimCursor remembers, per queue, where this process's claims resume:
+// the key of the last job it claimed, before which a claim from the front
+// of the queue (claim_select) found nothing more to take. Resuming after
+// it (claim_select_after) skips the claim-index entries of the jobs
+// claimed before it: InnoDB keeps them, delete-marked, until purge removes
+// them, which it cannot do while any transaction older than them is open
+// (a long consistent snapshot, such as a backup's), and a claim from the
+// front reads every one of them. A claim that comes back short, the queue
+// drained, keeps the cursor. The front of the queue is read again
+// frontAfter the last such read began: frontEvery, or frontShare times as
+// long as that read took when longer, so that reading the front takes at
+// most about a frontShare-th of the claims' time however many entries
+// purge left, while a job behind the cursor still waits no more than
+// about two such reads. It is read at once when this process inserted,
+// released or retried a job that may sort before the cursor (see behind),
+// and a job this process promoted or rescued moves the cursor back to it
+// (see before). A job that becomes available before the cursor otherwise
+// (a higher priority or past run_at inserted by another process, a job
+// promoted, rescued or released by another process, a lock skipped and
+// then rolled back, a job whose insert read the clock before a job the
+// cursor passed and committed after it) waits at most frontAfter longer.
 type claimCursor struct {
 	mu    sync.Mutex
-	valid bool
+	valid bool // prio, sched, id hold a position
 	prio  int
 	sched time.Time
 	id    int64
-	since time.Time
+	// scanned is when the last claim from the front began, took how long
+	// it took.
+	scanned time.Time
+	took    time.Duration
+	// marked counts the calls of behind; clean is the count the last claim
+	// from the front began after.
+	marked, clean uint64
+	// moved counts the times before moved the cursor back.
+	moved uint64
 }
 
-// cursorFor bounds how long claims resume from a cursor before starting
-// from the front of the queue again.
+// cursorFor bounds how long a claim of jobs without a key in a queue
+// limited per key waits after finding none (see keys.go).
 const cursorFor = time.Second
+
+// frontEvery bounds how long claims resume from a cursor before reading
+// the queue from the front again, unless that read takes longer than a
+// frontShare-th of it: a job that became available behind the cursor
+// without this process knowing waits at most about that much longer
+// while reads of the front are cheap (no long snapshot holds purge back).
+const frontEvery = 100 * time.Millisecond
+
+// frontShare bounds the share of a queue's claim time spent reading the
+// front of the queue again (see claimCursor).
+const frontShare = 2
+
+// frontAfter is how long after the last claim from the front began the
+// next one is due.
+func (c *claimCursor) frontAfter() time.Duration {
+	return max(frontEvery, frontShare*c.took)
+}
 
 func (d *Driver) claimCursor(queue string) *claimCursor {
 	c, _ := d.cursors.LoadOrStore(queue, &claimCursor{})
 	return c.(*claimCursor)
 }
 
-func (c *claimCursor) reset() {
-	c.mu.Lock()
-	c.valid = false
-	c.mu.Unlock()
-}
-
-// query returns the claim statement, its arguments, and whether it
-// resumes from the cursor.
-func (c *claimCursor) query(d *Driver, p driver.ClaimParams) (string, []any, bool) {
+// before moves the cursor back so that the next claim resumes at job j
+// (a job just made available), if j comes before it in claim order.
+func (c *claimCursor) before(j *driver.JobRow) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.valid || time.Since(c.since) >= cursorFor {
-		c.valid = false
-		return d.q.ClaimSelect, []any{p.Queue, p.Queue, int64(p.Limit)}, false
+	if c.valid && claimsBefore(j.Priority, j.ScheduledAt, j.ID, &driver.JobRow{Priority: c.prio, ScheduledAt: c.sched, ID: c.id}) {
+		c.prio, c.sched, c.id = j.Priority, j.ScheduledAt, j.ID-1
+		c.moved++
+	}
+}
+
+// behind records that a job of the queue may have become available before
+// its cursor: the next claim reads the queue from the front.
+func (d *Driver) behind(queue string) {
+	if c, ok := d.cursors.Load(queue); ok {
+		c := c.(*claimCursor)
+		c.mu.Lock()
+		c.marked++
+		c.mu.Unlock()
+	}
+}
+
+// behindAll is behind for every queue this process claims from.
+func (d *Driver) behindAll() {
+	d.cursors.Range(func(q, _ any) bool {
+		d.behind(q.(string))
+		return true
+	})
+}
+
+// behindInserted calls behind for the queues of jobs that may sort well
+// before their queue's cursor: a job with a run_at (which may be past) or
+// a priority ahead of the cursor's. The scheduled_at of other new jobs is
+// the database's clock at the insert, so they sort after the cursor unless
+// their insert committed after a claim took a job inserted later.
+func (d *Driver) behindInserted(jobs []driver.InsertParams) {
+	for i := range jobs {
+		j := &jobs[i]
+		c, ok := d.cursors.Load(j.Queue)
+		if !ok {
+			continue
+		}
+		cur := c.(*claimCursor)
+		cur.mu.Lock()
+		if cur.valid && (!j.RunAt.IsZero() || j.Priority < cur.prio) {
+			cur.marked++
+		}
+		cur.mu.Unlock()
+	}
+}
+
+// claimStart is what a claim began after: whether it reads the queue from
+// the front, and the cursor's marked and moved counts.
+type claimStart struct {
+	front         bool
+	marked, moved uint64
+}
+
+// query returns the claim statement and its arguments, and what the claim
+// begins after.
+func (c *claimCursor) query(d *Driver, p driver.ClaimParams) (string, []any, claimStart) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := claimStart{marked: c.marked, moved: c.moved}
+	if !c.valid || c.marked != c.clean || time.Since(c.scanned) >= c.frontAfter() {
+		c.scanned = time.Now()
+		st.front = true
+		return d.q.ClaimSelect, []any{p.Queue, p.Queue, int64(p.Limit)}, st
 	}
 	s := dbTime(c.sched)
-	return d.q.ClaimSelectAfter, []any{p.Queue, p.Queue, c.prio, c.prio, s, s, c.id, int64(p.Limit)}, true
+	return d.q.ClaimSelectAfter, []any{p.Queue, p.Queue, c.prio, c.prio, s, s, c.id, int64(p.Limit)}, st
 }
 
-// advance moves the cursor past the last of a full claim's rows (rows are
-// in claim order), or drops it after a short one.
-func (c *claimCursor) advance(rows []*driver.JobRow, limit int) {
+// advance moves the cursor after a claim of limit rows that returned rows
+// (in claim order) and took took. A claim that read from the front and
+// came back short saw every available job of the queue that no other
+// claim held: the cursor keeps the later of its position and the last
+// row. If before moved the cursor back while the claim ran, the claim may
+// have passed the job it moved back to: the cursor keeps the earlier of
+// the two. Otherwise the cursor moves to the last row, if any.
+func (c *claimCursor) advance(rows []*driver.JobRow, limit int, st claimStart, took time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(rows) < limit || len(rows) == 0 {
-		c.valid = false
+	if st.front {
+		c.clean, c.took = st.marked, took
+	}
+	if len(rows) == 0 {
 		return
 	}
 	last := rows[len(rows)-1]
-	if !c.valid {
-		c.since = time.Now()
+	if c.valid {
+		earlier := claimsBefore(c.prio, c.sched, c.id, last)
+		switch {
+		case c.moved != st.moved:
+			if earlier {
+				return
+			}
+		case st.front && len(rows) < limit:
+			if !earlier {
+				return
+			}
+		}
 	}
 	c.valid, c.prio, c.sched, c.id = true, last.Priority, last.ScheduledAt, last.ID
 }
 
+// claimsBefore reports whether the key (prio, sched, id) comes before
+// job j's in claim order.
+func claimsBefore(prio int, sched time.Time, id int64, j *driver.JobRow) bool {
+	if prio != j.Priority {
+		return prio < j.Priority
+	}
+	if !sched.Equal(j.ScheduledAt) {
+		return sched.Before(j.ScheduledAt)
+	}
+	return id < j.ID
+}
+
 // claimSkipLocked runs claim_select (or claim_select_after) and
 // claim_mark_queued in one transaction.
-func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur *claimCursor) ([]*driver.JobRow, bool, error) {
+func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur *claimCursor) ([]*driver.JobRow, error) {
 	var out []*driver.JobRow
-	q, qargs, resumed := cur.query(d, p)
+	q, qargs, st := cur.query(d, p)
+	began := time.Now()
 	err := d.inTx(ctx, "claim", func(tx *sql.Tx) error {
 		var err error
 		out, err = d.claimLockedTx(ctx, tx, p, q, qargs)
 		return err
 	})
 	if err != nil {
-		cur.reset()
-		return nil, resumed, err
+		cur.mu.Lock()
+		cur.valid = false
+		cur.mu.Unlock()
+		return nil, err
 	}
-	cur.advance(out, p.Limit)
-	return out, resumed, nil
+	cur.advance(out, p.Limit, st, time.Since(began))
+	return out, nil
 }
 
 // claimLockedTx runs the locking claim statement q (claim_select or
@@ -1103,6 +1222,7 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 	if len(leases) == 0 {
 		return 0, nil
 	}
+	defer d.behindAll()
 	token, err := newToken()
 	if err != nil {
 		return 0, d.wrap("release", err)
@@ -1131,31 +1251,34 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 	return n, nil
 }
 
-// lockAndUpdate runs selectQ (id, queue rows, locked FOR UPDATE) and then
-// updateQ and each of then over the ids found, in one transaction, and
-// counts per queue.
+// lockAndUpdate runs selectQ (id, queue, priority, scheduled_at rows,
+// locked FOR UPDATE) and then updateQ and each of then over the ids found,
+// in one transaction, counts per queue, and moves each queue's claim
+// cursor back before the first of its jobs in claim order (see
+// claimCursor.before).
 func (d *Driver) lockAndUpdate(ctx context.Context, op, selectQ, updateQ string, limit int, then ...string) (map[string]int, error) {
 	out := map[string]int{}
 	if limit <= 0 {
 		return out, nil
 	}
+	first := map[string]*driver.JobRow{}
 	err := d.inTx(ctx, op, func(tx *sql.Tx) error {
 		clear(out)
+		clear(first)
 		rows, err := d.query(ctx, tx, true, selectQ, int64(limit))
 		if err != nil {
 			return err
 		}
 		var ids []int64
-		var queues []string
+		var keys []*driver.JobRow
 		for rows.Next() {
-			var id int64
-			var q string
-			if err := rows.Scan(&id, &q); err != nil {
+			k := &driver.JobRow{}
+			if err := rows.Scan(&k.ID, &k.Queue, &k.Priority, &k.ScheduledAt); err != nil {
 				rows.Close()
 				return err
 			}
-			ids = append(ids, id)
-			queues = append(queues, q)
+			ids = append(ids, k.ID)
+			keys = append(keys, k)
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -1170,13 +1293,21 @@ func (d *Driver) lockAndUpdate(ctx context.Context, op, selectQ, updateQ string,
 				}
 			}
 		}
-		for _, q := range queues {
-			out[q]++
+		for _, k := range keys {
+			out[k.Queue]++
+			if f := first[k.Queue]; f == nil || claimsBefore(k.Priority, k.ScheduledAt, k.ID, f) {
+				first[k.Queue] = k
+			}
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
+	}
+	for q, k := range first {
+		if c, ok := d.cursors.Load(q); ok {
+			c.(*claimCursor).before(k)
+		}
 	}
 	return out, nil
 }

@@ -119,9 +119,12 @@ SELECT UTC_TIMESTAMP(6), {fence_floor}, {cols} FROM `{p}jobs` FORCE INDEX (claim
 
 -- claim_select_after is claim_select resumed after the last key this process
 -- claimed from the queue (see claimCursor in jobs.go). InnoDB keeps the
--- delete-marked claim-index entries of claimed jobs until purge catches up,
--- and a claim that starts at the front of the queue scans all of them; under
--- a backlog that made each claim slower than the last.
+-- delete-marked claim-index entries of claimed jobs until purge removes
+-- them, and a claim that starts at the front of the queue reads all of them
+-- (and each one's row): under a backlog that made each claim slower than
+-- the last, and while a long consistent snapshot (a backup's) holds purge
+-- back, every claim of a drained queue read every job claimed since the
+-- snapshot began.
 -- name: claim_select_after
 SELECT UTC_TIMESTAMP(6), {fence_floor}, {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND state = 'available' AND (priority > ? OR (priority = ? AND (scheduled_at > ? OR (scheduled_at = ? AND id > ?)))) ORDER BY priority, scheduled_at, id LIMIT ? FOR UPDATE SKIP LOCKED
 
@@ -261,11 +264,13 @@ UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence
 SELECT id FROM `{p}jobs` WHERE op_token = ? AND id IN ({ids})
 
 -- Rescue, in one transaction: lock expired leases (oldest first, by the
--- lease index), then requeue or discard them. Single-table UPDATE
--- assignments run left to right, so errors and finalized_at are computed
--- before state changes.
+-- lease index), then requeue or discard them. Rescue and promote read each
+-- job's claim key (priority, scheduled_at, id), which neither changes, to
+-- move the driver's claim cursor of the queue back before it. Single-table
+-- UPDATE assignments run left to right, so errors and finalized_at are
+-- computed before state changes.
 -- name: rescue_select
-SELECT id, queue FROM `{p}jobs` FORCE INDEX (lease_idx) WHERE lease_expires_at < UTC_TIMESTAMP(6) AND state = 'running' ORDER BY lease_expires_at LIMIT ? FOR UPDATE {skip}
+SELECT id, queue, priority, scheduled_at FROM `{p}jobs` FORCE INDEX (lease_idx) WHERE lease_expires_at < UTC_TIMESTAMP(6) AND state = 'running' ORDER BY lease_expires_at LIMIT ? FOR UPDATE {skip}
 
 -- name: rescue_update
 UPDATE `{p}jobs` SET errors = CONCAT(LEFT(errors, CHAR_LENGTH(errors) - 1), IF(errors = '[]', '', ','), '{"attempt":', attempt, ',"at":"', DATE_FORMAT(UTC_TIMESTAMP(6), '%Y-%m-%dT%H:%i:%s.%fZ'), '","error":', JSON_QUOTE(CONCAT('lease expired: ', COALESCE(attempted_by, ''), ' stopped heartbeating')), '}]'), finalized_at = IF(attempt >= max_attempts, UTC_TIMESTAMP(6), NULL), state = IF(attempt >= max_attempts, 'discarded', 'available'), lease_expires_at = NULL WHERE id IN ({ids}) AND state = 'running'{intx}
@@ -282,7 +287,7 @@ UPDATE `{p}jobs` SET errors = CONCAT(LEFT(errors, CHAR_LENGTH(errors) - 1), IF(e
 UPDATE `{p}limit_slots` SET job_id = NULL, fence = NULL WHERE job_id IN ({ids}){intx}
 
 -- name: promote_select
-SELECT id, queue FROM `{p}jobs` FORCE INDEX (due_idx) WHERE due_at <= UTC_TIMESTAMP(6) ORDER BY due_at LIMIT ? FOR UPDATE {skip}
+SELECT id, queue, priority, scheduled_at FROM `{p}jobs` FORCE INDEX (due_idx) WHERE due_at <= UTC_TIMESTAMP(6) ORDER BY due_at LIMIT ? FOR UPDATE {skip}
 
 -- name: promote_update
 UPDATE `{p}jobs` SET state = 'available' WHERE id IN ({ids}) AND state IN ('retryable', 'scheduled'){intx}

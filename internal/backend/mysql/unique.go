@@ -41,6 +41,7 @@ func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertP
 	if len(jobs) == 0 {
 		return nil, nil, nil
 	}
+	defer d.behindInserted(jobs)
 	if _, err := d.planInsert("insert unique", jobs); err != nil {
 		return nil, nil, driver.NotCommitted(err)
 	}
