@@ -61,7 +61,25 @@ type QueueLimits struct {
 	// KeyRatePeriod is KeyRate's window, 1ms to 30 days; set when
 	// KeyRate is set, and only then.
 	KeyRatePeriod time.Duration `json:"key_rate_period_ns,omitempty"`
+	// Fair serves the queue's keys in turns, so that a key with 100,000
+	// waiting jobs does not delay a key with 10: each claim walks the
+	// keys of the due jobs in rotation and takes at most a key's weight
+	// (SetKeyWeights; 1 for a key not weighed) of its jobs per turn,
+	// within the key's other limits. A claim with room left once every
+	// key had its turn gives the keys that have more further turns, in
+	// proportion to their weights, so a lone key still fills a claim.
+	// Jobs without a key are claimed after the keyed ones. Fair holds no
+	// job back: it orders what each claim takes, it does not limit it.
+	Fair bool `json:"fair,omitempty"`
 }
+
+// Bounds of key weights (SetKeyWeights).
+const (
+	// MaxKeyWeights is the most keys of one queue that may be weighed.
+	MaxKeyWeights = driver.MaxKeyWeights
+	// MaxKeyWeight is the largest weight of a key.
+	MaxKeyWeight = driver.MaxKeyWeight
+)
 
 // Bounds of QueueLimits.
 const (
@@ -132,6 +150,37 @@ func (c *Client[TTx]) SetQueueLimits(ctx context.Context, queue string, l QueueL
 	}
 	c.eng.LimitsChanged(queue, !l.IsZero())
 	return nil
+}
+
+// SetKeyWeights replaces the key weights of queue for every process on
+// the database; nil or empty removes them. Under the queue's Fair limit a
+// key of weight 3 takes up to 3 jobs per turn where a key of weight 1 (a
+// key not weighed) takes 1, so that over a busy period it starts about 3
+// times as many. At most MaxKeyWeights keys, weights 1 to MaxKeyWeight;
+// a bad key or weight is refused with ErrInvalidOpts, naming it, and
+// nothing is changed. Weights may be set before the queue is Fair (they
+// wait for it) and SetQueueLimits leaves them as they are. The first
+// claim that begins after SetKeyWeights returns uses them.
+func (c *Client[TTx]) SetKeyWeights(ctx context.Context, queue string, weights map[string]int) error {
+	if !nameRE.MatchString(queue) {
+		return queueNameError{op: "set key weights of", queue: queue}
+	}
+	if err := driver.CheckKeyWeights(weights); err != nil {
+		return fmt.Errorf("%w: key weights of queue %q: %v", ErrInvalidOpts, queue, err)
+	}
+	if err := c.ready(ctx); err != nil {
+		return err
+	}
+	return c.drv.SetKeyWeights(ctx, queue, weights)
+}
+
+// KeyWeights returns the key weights of every queue of the database that
+// has some (SetKeyWeights).
+func (c *Client[TTx]) KeyWeights(ctx context.Context) (map[string]map[string]int, error) {
+	if err := c.ready(ctx); err != nil {
+		return nil, err
+	}
+	return c.drv.KeyWeights(ctx)
 }
 
 // QueueLimits returns the limits of every limited queue of the database.

@@ -14,7 +14,9 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Job states as stored in the database.
@@ -409,15 +411,102 @@ type QueueLimits struct {
 	// KeyRatePeriod is the window of KeyRate; set exactly when KeyRate
 	// is.
 	KeyRatePeriod time.Duration
+	// Fair serves the keys of the queue's due jobs in turns: a claim
+	// walks them in rotation (from where this driver's last claim of the
+	// queue stopped) and admits at most a key's weight (SetKeyWeights;
+	// 1 for a key not weighed) of the key's jobs per turn, within the
+	// key's other limits (KeyMaxRunning, Ordered, KeyRate). A claim with
+	// room left once every key with due jobs had its turn gives the keys
+	// that have more further turns, in proportion to their weights, so
+	// that two deep keys share a claim by weight and a lone key still
+	// fills it. Jobs without a key are claimed after the keyed ones. Fair
+	// holds no job back: it orders a claim, it does not limit it.
+	Fair bool
+}
+
+// Bounds of a queue's key weights (Driver.SetKeyWeights).
+const (
+	// MaxKeyWeights is the most keys a queue may weigh.
+	MaxKeyWeights = 1000
+	// MaxKeyWeight is the largest weight of a key.
+	MaxKeyWeight = 1000
+)
+
+// CheckKeyWeights refuses key weights the database should not hold,
+// naming what is wrong: too many keys, a bad key or a weight out of
+// range.
+func CheckKeyWeights(weights map[string]int) error {
+	if len(weights) > MaxKeyWeights {
+		return fmt.Errorf("%d keys weighed: at most %d", len(weights), MaxKeyWeights)
+	}
+	keys := make([]string, 0, len(weights))
+	for k := range weights {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys) // name the same bad key every time
+	for _, k := range keys {
+		w := weights[k]
+		switch {
+		case k == "":
+			return errors.New("an empty key is weighed")
+		case len(k) > MaxKeyBytes:
+			return fmt.Errorf("weighed key %.40q... is %d bytes: at most %d", k, len(k), MaxKeyBytes)
+		case !utf8.ValidString(k) || strings.ContainsRune(k, 0):
+			return fmt.Errorf("weighed key %q is not UTF-8 without NUL", k)
+		case w < 1 || w > MaxKeyWeight:
+			return fmt.Errorf("weight %d of key %q is out of range 1..%d", w, k, MaxKeyWeight)
+		}
+	}
+	return nil
+}
+
+// KeyWeight is key's weight under weights: its entry, or 1.
+func KeyWeight(weights map[string]int, key string) int {
+	if w, ok := weights[key]; ok && w > 0 {
+		return w
+	}
+	return 1
+}
+
+// EncodeKeyWeights is the stored form of a queue's key weights: a JSON
+// object of key to weight, keys sorted, or nil (SQL NULL) for none.
+func EncodeKeyWeights(w map[string]int) []byte {
+	if len(w) == 0 {
+		return nil
+	}
+	b, err := json.Marshal(w) // maps marshal with their keys sorted
+	if err != nil {
+		panic(err) // a map of strings to ints always marshals
+	}
+	return b
+}
+
+// DecodeKeyWeights reads stored key weights (EncodeKeyWeights); empty
+// or NULL is none.
+func DecodeKeyWeights(b []byte) (map[string]int, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	var w map[string]int
+	if err := json.Unmarshal(b, &w); err != nil {
+		return nil, fmt.Errorf("stored key weights: %w", err)
+	}
+	if len(w) == 0 {
+		return nil, nil
+	}
+	return w, nil
 }
 
 // IsZero reports whether l limits nothing.
 func (l QueueLimits) IsZero() bool {
-	return l.MaxRunning == 0 && l.Rate == 0 && l.KeyMaxRunning == 0 && !l.Ordered && l.KeyRate == 0
+	return l.MaxRunning == 0 && l.Rate == 0 && l.KeyMaxRunning == 0 && !l.Ordered && l.KeyRate == 0 && !l.Fair
 }
 
-// HasKeyLimits reports whether l limits jobs per key.
-func (l QueueLimits) HasKeyLimits() bool { return l.KeyMaxRunning > 0 || l.Ordered || l.KeyRate > 0 }
+// HasKeyLimits reports whether l treats jobs by key: limits them per
+// key (KeyMaxRunning, Ordered, KeyRate) or serves keys in turns (Fair).
+func (l QueueLimits) HasKeyLimits() bool {
+	return l.KeyMaxRunning > 0 || l.Ordered || l.KeyRate > 0 || l.Fair
+}
 
 // LimitUsage is a limited queue's limits and how much of them is in use,
 // read in one statement by the database's clock.
@@ -631,6 +720,15 @@ type Driver interface {
 	QueueLimits(ctx context.Context) (map[string]QueueLimits, error)
 	// LimitUsage returns every limited queue's limits and their use.
 	LimitUsage(ctx context.Context) (map[string]LimitUsage, error)
+	// SetKeyWeights replaces queue's key weights (nil or empty removes
+	// them), already checked by CheckKeyWeights; the queue need not exist
+	// or have limits yet. They are kept beside the queue's limits
+	// (SetQueueLimits leaves them as they are) and weigh its keys while the
+	// queue is Fair (QueueLimits.Fair): the first claim that begins
+	// after SetKeyWeights returned uses them.
+	SetKeyWeights(ctx context.Context, queue string, weights map[string]int) error
+	// KeyWeights returns the key weights of every queue that has some.
+	KeyWeights(ctx context.Context) (map[string]map[string]int, error)
 
 	// RegisterProcess inserts or refreshes p's row in the processes
 	// table (one upsert): heartbeat_at becomes the database's now and

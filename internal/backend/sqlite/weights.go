@@ -1,0 +1,16 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+)
+
+// SetKeyWeights is not stored by this backend yet.
+func (d *Driver) SetKeyWeights(ctx context.Context, queue string, weights map[string]int) error {
+	return errors.New("conveyor/sqlite: key weights are not stored yet")
+}
+
+// KeyWeights is not stored by this backend yet.
+func (d *Driver) KeyWeights(ctx context.Context) (map[string]map[string]int, error) {
+	return nil, nil
+}
