@@ -162,6 +162,35 @@ func fair(t *testing.T, s suite) {
 		}
 	})
 
+	t.Run("TurnSpansClaims", func(t *testing.T) {
+		// A process's claims are often of one job (one worker freed): a
+		// key's turn goes on over the next claims until it took its
+		// weight, so that weights hold for claims of any size.
+		d := s.setup(t)
+		var jobs []driver.InsertParams
+		for i := 0; i < 20; i++ {
+			jobs = append(jobs, keyedJob("t", "a", 0), keyedJob("t", "b", 0))
+		}
+		insertJobs(t, d, jobs...)
+		setWeights(t, d, "t", map[string]int{"a": 3})
+		setLimits(t, d, "t", driver.QueueLimits{Fair: true})
+		for _, size := range []int{1, 1, 1, 2, 2, 3} {
+			for round := 1; round <= 1; round++ {
+				var got []*driver.JobRow
+				for len(got) < 4 {
+					r := claimLimited(t, d, "t", min(size, 4-len(got)), time.Minute)
+					if len(r.Rows) == 0 {
+						t.Fatalf("claims of %d, round %d: a claim took nothing with both keys deep", size, round)
+					}
+					got = append(got, r.Rows...)
+				}
+				if by := countByKey(got); by["a"] != 3 || by["b"] != 1 {
+					t.Fatalf("claims of %d, round %d: 4 jobs took %v, want a 3 and b 1 (weights 3 and 1)", size, round, by)
+				}
+			}
+		}
+	})
+
 	t.Run("LoneKeyFillsClaim", func(t *testing.T) {
 		d := s.setup(t)
 		var jobs []driver.InsertParams
