@@ -15,25 +15,35 @@ import (
 
 // keyCursors remembers, per queue, the last key this driver's previous
 // keyed claim of the queue examined: the next claim walks the keys after
-// it, so that keys are served in rotation.
+// it, so that keys are served in rotation. For a fair queue whose claim
+// filled up during a key's turn before the key took its weight, it also
+// remembers how many jobs the key took in that turn: the next claim goes
+// on with that turn first.
 type keyCursors struct {
 	mu sync.Mutex
-	m  map[string]string
+	m  map[string]keyCursor
 }
 
-func (c *keyCursors) get(queue string) string {
+// keyCursor is where a queue's next keyed claim starts: after key, or,
+// when taken > 0, at key for the rest of its turn.
+type keyCursor struct {
+	key   string
+	taken int
+}
+
+func (c *keyCursors) get(queue string) keyCursor {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.m[queue]
 }
 
-func (c *keyCursors) set(queue, key string) {
+func (c *keyCursors) set(queue string, at keyCursor) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
-		c.m = map[string]string{}
+		c.m = map[string]keyCursor{}
 	}
-	c.m[queue] = key
+	c.m[queue] = at
 }
 
 // keyPick is a job a keyed claim admits into slot n of its key (n < 0:
@@ -180,27 +190,48 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		return false
 	}
 	var more []*keyTurn // keys the weight alone cut, in walk order
-	start := d.cursors.get(p.Queue)
+	at := d.cursors.get(p.Queue)
+	start := at.key
 	cur, last := start, ""
 	wrapped := start == ""
-	for examined := 0; examined < 4*k+64 && len(picks) < k; {
-		var key string
-		err := nextKey.QueryRowContext(ctx, p.Queue, cur).Scan(&key)
-		if errors.Is(err, sql.ErrNoRows) {
-			if wrapped {
-				break
-			}
-			wrapped, cur = true, ""
-			continue
-		}
+	// resume: the cursor's key, whose turn the previous claim left
+	// unfinished (it took carried jobs of it), is examined first, when it
+	// still has due jobs.
+	resume, carried, lastTaken := false, 0, 0
+	if kl.fair && at.taken > 0 && start != "" {
+		ids, err := queryInts(ctx, keyJobs, p.Queue, start, 1)
 		if err != nil {
 			return nil, false, 0, err
 		}
-		if wrapped && start != "" && key > start {
-			break // every key examined
+		resume = len(ids) > 0
+	}
+	for examined := 0; examined < 4*k+64 && len(picks) < k; {
+		var key string
+		var err error
+		resumed := false
+		if resume {
+			key, resume, resumed = start, false, true
+		} else {
+			err = nextKey.QueryRowContext(ctx, p.Queue, cur).Scan(&key)
+			if errors.Is(err, sql.ErrNoRows) {
+				if wrapped {
+					break
+				}
+				wrapped, cur = true, ""
+				continue
+			}
+			if err != nil {
+				return nil, false, 0, err
+			}
+			if wrapped && start != "" && (key > start || key == start && at.taken > 0 && kl.fair) {
+				break // every key examined
+			}
 		}
 		examined++
-		cur, last = key, key
+		cur, last, lastTaken, carried = key, key, 0, 0
+		if resumed {
+			carried = at.taken
+		}
 		room := k - len(picks)
 		// capC: how many jobs the key's free concurrency slots admit.
 		capC := room
@@ -320,10 +351,17 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		turn := -1
 		if kl.fair {
 			t.w = driver.KeyWeight(kl.weights, key)
-			turn = max(t.w-(len(picks)-before), 0) // the jobs kept for count
+			// The jobs kept for count, and those the key took in the
+			// previous claim's part of its turn.
+			turn = max(t.w-carried-(len(picks)-before), 0)
 		}
 		if admit(t, turn) {
 			more = append(more, t)
+		}
+		if took := len(picks) - before; kl.fair && len(picks) >= k && len(t.cands) > 0 && carried+took < t.w {
+			// The claim filled up during the key's turn: the next
+			// claim goes on with it.
+			lastTaken = carried + took
 		}
 	}
 	// Further rounds for the keys the weight cut, while the claim has
@@ -338,7 +376,7 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		more = next
 	}
 	if last != "" {
-		d.cursors.set(p.Queue, last)
+		d.cursors.set(p.Queue, keyCursor{key: last, taken: lastTaken})
 	}
 	var in time.Duration
 	if retryIn > 0 {
