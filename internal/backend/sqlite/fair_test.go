@@ -153,6 +153,27 @@ func TestFairClaim(t *testing.T) {
 			t.Fatalf("%d key slots (%v), want none", slots, err)
 		}
 	})
+	t.Run("TurnSpansClaims", func(t *testing.T) {
+		d := migrated(t)
+		fair(t, d, "q", driver.QueueLimits{})
+		if err := d.SetKeyWeights(ctx, "q", map[string]int{"a": 3}); err != nil {
+			t.Fatal(err)
+		}
+		insert(t, d, "q", "a", 10)
+		insert(t, d, "q", "b", 10)
+		var seq string
+		for range 8 {
+			for k, n := range claim(t, d, "q", 1) {
+				if n != 1 {
+					t.Fatalf("claim of 1 took %d of %s", n, k)
+				}
+				seq += k
+			}
+		}
+		if seq != "aaabaaab" {
+			t.Fatalf("claims of 1 took %s, want aaabaaab", seq)
+		}
+	})
 	t.Run("Lone", func(t *testing.T) {
 		d := migrated(t)
 		fair(t, d, "q", driver.QueueLimits{})
