@@ -50,6 +50,10 @@ type keyState struct {
 	// fair: the keys are served in turns (QueueLimits.Fair).
 	fair   bool
 	cursor string
+	// taken: the jobs the key cursor took in a turn that the last claim
+	// left unfinished (a fair queue's claim that filled up first): the
+	// next walk starts at cursor, not after it. 0: its turn is over.
+	taken int
 }
 
 // keyed reports whether the state limits jobs per key, or serves keys
@@ -80,12 +84,13 @@ func (k *keyStates) set(queue string, st keyState) {
 	k.m[queue] = st
 }
 
-// setCursor records where queue's last walk stopped.
-func (k *keyStates) setCursor(queue, cursor string) {
+// setCursor records where queue's last walk stopped: at key cursor,
+// which took taken jobs of a turn left unfinished (0: its turn is over).
+func (k *keyStates) setCursor(queue, cursor string, taken int) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if st, ok := k.m[queue]; ok {
-		st.cursor = cursor
+		st.cursor, st.taken = cursor, taken
 		k.m[queue] = st
 	}
 }
@@ -96,6 +101,10 @@ type keyWalk struct {
 	keys  []string
 	room  []bool
 	rated []bool
+	// from and taken: the cursor the walk started from (at from when
+	// taken > 0, a turn left unfinished with taken jobs; after it else).
+	from  string
+	taken int
 }
 
 // walkBudget bounds the keys one claim examines for want jobs.
@@ -104,9 +113,9 @@ func walkBudget(want int) int { return 4*want + 64 }
 // walkKeys runs seg_key_walk on conn, outside any transaction, for a
 // claim of want jobs of queue, under the key limits of st.
 func (s *segStore) walkKeys(ctx context.Context, conn queryer, v *segView, queue string, st keyState, want int) (keyWalk, error) {
-	var w keyWalk
+	w := keyWalk{from: st.cursor, taken: st.taken}
 	err := conn.QueryRow(ctx, s.stmt(&s.d.q.SegKeyWalk, v, v.live[phReady]),
-		queue, st.cursor, walkBudget(want), want, st.max, st.rate, st.periodUS).Scan(&w.keys, &w.room, &w.rated)
+		queue, st.cursor, walkBudget(want), want, st.max, st.rate, st.periodUS, st.taken > 0).Scan(&w.keys, &w.room, &w.rated)
 	return w, err
 }
 
@@ -279,6 +288,7 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 	picked := map[int64]pick{}
 	var ids []int64
 	last := ""
+	lastTaken := 0 // jobs last took of a turn left unfinished
 	// The keys of a fair queue cut by their turn alone, in walk order:
 	// they get further turns if the claim has room once every key had
 	// one.
@@ -368,9 +378,17 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 				admit[i].r = rs[i]
 			}
 		}
-		if t := turn(k); len(admit) > t {
+		// A turn the last claim left unfinished goes on for the rest of
+		// the key's weight (at least one job, should the weight have
+		// been lowered since).
+		t, before := turn(k), 0
+		if l.fair && k == w.from && w.taken > 0 {
+			before = w.taken
+			t = max(t-before, 1)
+		}
+		if len(admit) > t {
 			// Cut by its turn alone: its slots and window admit more.
-			fk := fairKey{key: k, turn: t, taken: t, room: allowance}
+			fk := fairKey{key: k, turn: turn(k), taken: t, room: allowance}
 			if keyMax > 0 {
 				fk.ns = free[t:]
 				fk.room = len(fk.ns)
@@ -385,7 +403,11 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		for i, id := range admitIDs {
 			if len(ids) == allowance {
 				// The claim's own room is full: not held, the next
-				// claim takes the rest at once.
+				// claim takes the rest at once (in a fair queue, the
+				// rest of this key's turn first).
+				if l.fair {
+					lastTaken = before + i
+				}
 				break
 			}
 			picked[id] = admit[i]
@@ -402,10 +424,11 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		// further turns for the keys that have more, in walk order, up
 		// to its turn each per round.
 		taken := func(id int64) bool { _, ok := picked[id]; return ok }
-		extra, held2, rated2, err := s.fairRounds(ctx, tx, v, p, l, more, taken, allowance-len(ids), allowance)
+		extra, partial, held2, rated2, err := s.fairRounds(ctx, tx, v, p, l, more, taken, allowance-len(ids), allowance)
 		if err != nil {
 			return nil, takes, false, nil, false, err
 		}
+		lastTaken = partial
 		held = held || held2
 		rated = append(rated, rated2...)
 		for _, e := range extra {
@@ -417,10 +440,10 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		}
 	}
 	if len(ids) < allowance && len(w.keys) > 0 {
-		last = w.keys[len(w.keys)-1]
+		last, lastTaken = w.keys[len(w.keys)-1], 0
 	}
 	if last != "" {
-		s.d.keys.setCursor(p.Queue, last)
+		s.d.keys.setCursor(p.Queue, last, lastTaken)
 	}
 	if len(ids) == 0 {
 		return nil, takes, held, rated, false, nil
@@ -569,10 +592,11 @@ func fairRoundsBound(room int) int { return 2*room + 64 }
 // those the claim took already (taken): up to the room (or what its slots
 // and window admit), or, when that would read more than fairRoundsBound,
 // up to its share of the room by weight.
-// It returns the jobs admitted in round order, whether a key was left
+// It returns the jobs admitted in round order, the jobs the last key
+// took of a turn the room cut (0: none was cut), whether a key was left
 // with jobs for want of a slot or of room in its window, and the keys
 // whose window did.
-func (s *segStore) fairRounds(ctx context.Context, tx queryer, v *segView, p driver.ClaimParams, l limits, ks []fairKey, taken func(id int64) bool, room, allowance int) (out []fairPick, held bool, rated []string, err error) {
+func (s *segStore) fairRounds(ctx context.Context, tx queryer, v *segView, p driver.ClaimParams, l limits, ks []fairKey, taken func(id int64) bool, room, allowance int) (out []fairPick, partial int, held bool, rated []string, err error) {
 	ext := make([]int, len(ks))
 	total, weight := 0, 0
 	for i, k := range ks {
@@ -594,7 +618,7 @@ func (s *segStore) fairRounds(ctx context.Context, tx queryer, v *segView, p dri
 	}
 	r, err := tx.Query(ctx, s.stmt(&s.d.q.SegKeyPick, v, v.live[phReady]), p.Queue, keys, cnts, false, []int64(nil))
 	if err != nil {
-		return nil, false, nil, err
+		return nil, 0, false, nil, err
 	}
 	heads := map[string][]keyHead{}
 	for r.Next() {
@@ -602,7 +626,7 @@ func (s *segStore) fairRounds(ctx context.Context, tx queryer, v *segView, p dri
 		var h keyHead
 		if err := r.Scan(&k, &h.id, &h.prio, &h.kept); err != nil {
 			r.Close()
-			return nil, false, nil, err
+			return nil, 0, false, nil, err
 		}
 		if !h.kept && !taken(h.id) {
 			heads[k] = append(heads[k], h)
@@ -610,7 +634,7 @@ func (s *segStore) fairRounds(ctx context.Context, tx queryer, v *segView, p dri
 	}
 	r.Close()
 	if err := r.Err(); err != nil {
-		return nil, false, nil, err
+		return nil, 0, false, nil, err
 	}
 	used := make([]int, len(ks))
 	for i, k := range ks {
@@ -628,6 +652,12 @@ func (s *segStore) fairRounds(ctx context.Context, tx queryer, v *segView, p dri
 		took := false
 		for i, k := range ks {
 			t := min(k.turn, ext[i]-used[i], room-len(out))
+			// The room cut the key's turn: the next claim goes on with
+			// it.
+			partial = 0
+			if t < min(k.turn, ext[i]-used[i]) {
+				partial = t
+			}
 			for range t {
 				u := used[i]
 				fp := fairPick{key: k.key, id: heads[k.key][u].id, n: -1}
@@ -662,7 +692,7 @@ func (s *segStore) fairRounds(ctx context.Context, tx queryer, v *segView, p dri
 			}
 		}
 	}
-	return out, held, rated, nil
+	return out, partial, held, rated, nil
 }
 
 // keyLock runs key_lock for the keys cand of queue under l, or nothing

@@ -168,13 +168,13 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 		err = cerr
 	}
 	if errors.Is(err, pgx.ErrNoRows) || err == nil && l.maxRunning == 0 && l.rate == 0 && !l.keyed() {
-		d.keys.set(p.Queue, keyState{cursor: ks.cursor})
+		d.keys.set(p.Queue, keyState{cursor: ks.cursor, taken: ks.taken})
 		return res, false, true, false, nil
 	}
 	if err != nil {
 		return res, false, false, false, err
 	}
-	if now := (keyState{max: l.keyMax, order: l.keyOrder, rate: l.keyRate, periodUS: l.keyPeriodUS, fair: l.fair, cursor: ks.cursor}); !known || now != ks {
+	if now := (keyState{max: l.keyMax, order: l.keyOrder, rate: l.keyRate, periodUS: l.keyPeriodUS, fair: l.fair, cursor: ks.cursor, taken: ks.taken}); !known || now != ks {
 		d.keys.set(p.Queue, now)
 		if l.keyed() && (!ks.keyed() || ks.max != l.keyMax || ks.rate != l.keyRate || ks.periodUS != l.keyPeriodUS) {
 			// The walk did not run, or made slots for another limit:
