@@ -3,9 +3,12 @@ package postgres
 import (
 	"cmp"
 	"context"
+	"math"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
@@ -27,6 +30,13 @@ import (
 // rate slots of it. No outcome frees a rate slot (the statements that
 // free key slots match the held ones only); Rescue's sweep deletes them
 // once out of the window, or beyond a lowered rate.
+//
+// A fair queue (Fair) is claimed by the same walk and pick: each key
+// walked takes at most its weight (weights.go) per turn, within what its
+// slots and window admit, and once every key with due jobs had a turn,
+// the keys cut by their weight alone get further rounds (fairRounds).
+// Without KeyMaxRunning, Ordered or KeyRate it makes, locks and takes no
+// slot: it orders the claim and holds no job back.
 
 // keyState is what a process remembers of a queue's key limits: the
 // limits its last claim read (the walk before the claim's transaction
@@ -37,11 +47,18 @@ type keyState struct {
 	// rate starts per key in periodUS microseconds (0: none).
 	rate     int
 	periodUS int64
-	cursor   string
+	// fair: the keys are served in turns (QueueLimits.Fair).
+	fair   bool
+	cursor string
+	// taken: the jobs the key cursor took in a turn that the last claim
+	// left unfinished (a fair queue's claim that filled up first): the
+	// next walk starts at cursor, not after it. 0: its turn is over.
+	taken int
 }
 
-// keyed reports whether the state limits jobs per key.
-func (st keyState) keyed() bool { return st.max > 0 || st.rate > 0 }
+// keyed reports whether the state limits jobs per key, or serves keys
+// in turns: the keyed claim's walk runs.
+func (st keyState) keyed() bool { return st.max > 0 || st.rate > 0 || st.fair }
 
 // keyStates holds the keyState of every queue this process claimed.
 type keyStates struct {
@@ -67,12 +84,13 @@ func (k *keyStates) set(queue string, st keyState) {
 	k.m[queue] = st
 }
 
-// setCursor records where queue's last walk stopped.
-func (k *keyStates) setCursor(queue, cursor string) {
+// setCursor records where queue's last walk stopped: at key cursor,
+// which took taken jobs of a turn left unfinished (0: its turn is over).
+func (k *keyStates) setCursor(queue, cursor string, taken int) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if st, ok := k.m[queue]; ok {
-		st.cursor = cursor
+		st.cursor, st.taken = cursor, taken
 		k.m[queue] = st
 	}
 }
@@ -83,6 +101,10 @@ type keyWalk struct {
 	keys  []string
 	room  []bool
 	rated []bool
+	// from and taken: the cursor the walk started from (at from when
+	// taken > 0, a turn left unfinished with taken jobs; after it else).
+	from  string
+	taken int
 }
 
 // walkBudget bounds the keys one claim examines for want jobs.
@@ -91,9 +113,9 @@ func walkBudget(want int) int { return 4*want + 64 }
 // walkKeys runs seg_key_walk on conn, outside any transaction, for a
 // claim of want jobs of queue, under the key limits of st.
 func (s *segStore) walkKeys(ctx context.Context, conn queryer, v *segView, queue string, st keyState, want int) (keyWalk, error) {
-	var w keyWalk
+	w := keyWalk{from: st.cursor, taken: st.taken}
 	err := conn.QueryRow(ctx, s.stmt(&s.d.q.SegKeyWalk, v, v.live[phReady]),
-		queue, st.cursor, walkBudget(want), want, st.max, st.rate, st.periodUS).Scan(&w.keys, &w.room, &w.rated)
+		queue, st.cursor, walkBudget(want), want, st.max, st.rate, st.periodUS, st.taken > 0).Scan(&w.keys, &w.room, &w.rated)
 	return w, err
 }
 
@@ -128,13 +150,26 @@ type keyHead struct {
 // an ordered queue its oldest job only, and only while no slot of the key
 // is kept; without KeyMaxRunning, no concurrency slot is needed; with a
 // rate, each admitted job needs an open rate slot too), in walk order up
-// to allowance, and claims exactly those jobs. It returns them, the slots
+// to allowance (in a fair queue, at most each key's weight per turn, and
+// further rounds once every key had one: fairRounds), and claims exactly
+// those jobs. It returns them, the slots
 // they take and stamp, whether a keyed job was left for want of a slot,
 // of room in its key's window or of allowance, the keys whose window held
 // jobs back, and whether the guard refused the claim.
 func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p driver.ClaimParams, l limits, w keyWalk, allowance int) (rows []*driver.JobRow, takes keyTakes, held bool, rated []string, stale bool, err error) {
 	q := &s.d.q
 	keyMax, ordered, rate := l.keyMax, l.keyOrder > 0, l.keyRate > 0
+	// A key's turn: at most its weight in a fair queue, else unbounded.
+	var weights map[string]int
+	if l.fair {
+		weights = s.d.weights.get(p.Queue, l.weights)
+	}
+	turn := func(k string) int {
+		if !l.fair {
+			return math.MaxInt32
+		}
+		return driver.KeyWeight(weights, k)
+	}
 	var cand []string
 	for i, k := range w.keys {
 		if w.room[i] {
@@ -152,11 +187,12 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 	slots := map[string][]keySlot{}
 	rslots := map[string][]int32{} // open rate slots locked
 	over := map[string]int{}       // held slots at or above a lowered limit
-	r, err := tx.Query(ctx, q.KeyLock, p.Queue, cand, keyMax, l.keyRate, l.keyPeriodUS, allowance)
+	// Fair alone takes no slot: nothing to lock.
+	r, err := s.keyLock(ctx, tx, p.Queue, cand, l, allowance)
 	if err != nil {
 		return nil, takes, false, nil, false, err
 	}
-	for r.Next() {
+	for r != nil && r.Next() {
 		var k string
 		var sl keySlot
 		var above int
@@ -171,9 +207,11 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		slots[k] = append(slots[k], sl)
 		over[k] = above
 	}
-	r.Close()
-	if err := r.Err(); err != nil {
-		return nil, takes, false, nil, false, err
+	if r != nil {
+		r.Close()
+		if err := r.Err(); err != nil {
+			return nil, takes, false, nil, false, err
+		}
 	}
 	var pkeys []string
 	var cnts []int32
@@ -193,6 +231,10 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 			continue
 		}
 		free := len(rslots[k])
+		if !l.keyLimited() {
+			// Fair alone: no slot bounds the key, the claim does.
+			free = allowance
+		}
 		if keyMax > 0 {
 			free = -over[k]
 			for _, sl := range ss {
@@ -208,8 +250,8 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 			}
 		}
 		// One more than can be admitted: a head left over says that the
-		// key holds jobs back.
-		n := free + 1
+		// key holds jobs back, or, past its turn, that it has more.
+		n := min(free, turn(k)) + 1
 		if ordered {
 			n = 2
 		}
@@ -246,6 +288,11 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 	picked := map[int64]pick{}
 	var ids []int64
 	last := ""
+	lastTaken := 0 // jobs last took of a turn left unfinished
+	// The keys of a fair queue cut by their turn alone, in walk order:
+	// they get further turns if the claim has room once every key had
+	// one.
+	var more []fairKey
 	for _, k := range pkeys {
 		hs := heads[k]
 		keptHere := map[int64]bool{}
@@ -331,10 +378,36 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 				admit[i].r = rs[i]
 			}
 		}
+		// A turn the last claim left unfinished goes on for the rest of
+		// the key's weight (at least one job, should the weight have
+		// been lowered since).
+		t, before := turn(k), 0
+		if l.fair && k == w.from && w.taken > 0 {
+			before = w.taken
+			t = max(t-before, 1)
+		}
+		if len(admit) > t {
+			// Cut by its turn alone: its slots and window admit more.
+			fk := fairKey{key: k, turn: turn(k), taken: t, room: allowance}
+			if keyMax > 0 {
+				fk.ns = free[t:]
+				fk.room = len(fk.ns)
+			}
+			if rate {
+				fk.rs = rslots[k][t:]
+				fk.room = min(fk.room, len(fk.rs))
+			}
+			more = append(more, fk)
+			admit, admitIDs = admit[:t], admitIDs[:t]
+		}
 		for i, id := range admitIDs {
 			if len(ids) == allowance {
 				// The claim's own room is full: not held, the next
-				// claim takes the rest at once.
+				// claim takes the rest at once (in a fair queue, the
+				// rest of this key's turn first).
+				if l.fair {
+					lastTaken = before + i
+				}
 				break
 			}
 			picked[id] = admit[i]
@@ -346,11 +419,31 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		}
 		last = k
 	}
+	if len(ids) < allowance && len(more) > 0 && w.ranOut(p.Limit) {
+		// Every key with due jobs had its turn, and the claim has room:
+		// further turns for the keys that have more, in walk order, up
+		// to its turn each per round.
+		taken := func(id int64) bool { _, ok := picked[id]; return ok }
+		extra, partial, held2, rated2, err := s.fairRounds(ctx, tx, v, p, l, more, taken, allowance-len(ids), allowance)
+		if err != nil {
+			return nil, takes, false, nil, false, err
+		}
+		lastTaken = partial
+		held = held || held2
+		rated = append(rated, rated2...)
+		for _, e := range extra {
+			picked[e.id] = pick{key: e.key, n: e.n, r: e.r}
+			ids = append(ids, e.id)
+		}
+		if len(ids) == allowance && len(extra) > 0 {
+			last = extra[len(extra)-1].key
+		}
+	}
 	if len(ids) < allowance && len(w.keys) > 0 {
-		last = w.keys[len(w.keys)-1]
+		last, lastTaken = w.keys[len(w.keys)-1], 0
 	}
 	if last != "" {
-		s.d.keys.setCursor(p.Queue, last)
+		s.d.keys.setCursor(p.Queue, last, lastTaken)
 	}
 	if len(ids) == 0 {
 		return nil, takes, held, rated, false, nil
@@ -450,4 +543,163 @@ func (s *segStore) sweepKept(ctx context.Context) (int64, error) {
 		return 0, nil
 	}
 	return freed, err
+}
+
+// ranOut reports whether the walk examined every key with due jobs: it
+// stopped for want of keys, neither at its budget nor at want keys with
+// room.
+func (w keyWalk) ranOut(want int) bool {
+	if len(w.keys) >= walkBudget(want) {
+		return false
+	}
+	n := 0
+	for _, r := range w.room {
+		if r {
+			n++
+		}
+	}
+	return n < want
+}
+
+// fairKey is a key of a fair queue whose turn cut what its slots and
+// window admit: the jobs it took (taken, turn), how many more they admit
+// (room), and its free concurrency slots (ns; none without
+// KeyMaxRunning) and open rate slots (rs; none without a rate per key)
+// left after its turn, in the order they are taken.
+type fairKey struct {
+	key         string
+	turn, taken int
+	room        int
+	ns, rs      []int32
+}
+
+// fairPick is a job a further turn admits, with its key's slot (n, -1:
+// none) and rate slot (r, 0: none).
+type fairPick struct {
+	key  string
+	id   int64
+	n, r int32
+}
+
+// fairRoundsBound bounds the extra jobs fairRounds reads for a claim of
+// room more jobs, beyond which each key reads its share of room only.
+func fairRoundsBound(room int) int { return 2*room + 64 }
+
+// fairRounds gives the keys ks (walk order) of a fair queue further
+// turns for the room left in the claim: each round, each key that has
+// more takes up to its turn, until the room is used or no key has more.
+// Each key's extra jobs are read once, in one statement for all, skipping
+// those the claim took already (taken): up to the room (or what its slots
+// and window admit), or, when that would read more than fairRoundsBound,
+// up to its share of the room by weight.
+// It returns the jobs admitted in round order, the jobs the last key
+// took of a turn the room cut (0: none was cut), whether a key was left
+// with jobs for want of a slot or of room in its window, and the keys
+// whose window did.
+func (s *segStore) fairRounds(ctx context.Context, tx queryer, v *segView, p driver.ClaimParams, l limits, ks []fairKey, taken func(id int64) bool, room, allowance int) (out []fairPick, partial int, held bool, rated []string, err error) {
+	ext := make([]int, len(ks))
+	total, weight := 0, 0
+	for i, k := range ks {
+		ext[i] = min(k.room, room)
+		total += ext[i]
+		weight += k.turn
+	}
+	if total > fairRoundsBound(room) {
+		for i, k := range ks {
+			ext[i] = min(k.room, (room*k.turn+weight-1)/weight)
+		}
+	}
+	keys := make([]string, len(ks))
+	cnts := make([]int32, len(ks))
+	for i, k := range ks {
+		// The jobs it took come first again: one more than it may take
+		// tells whether it is left with jobs.
+		keys[i], cnts[i] = k.key, int32(k.taken+ext[i]+1)
+	}
+	r, err := tx.Query(ctx, s.stmt(&s.d.q.SegKeyPick, v, v.live[phReady]), p.Queue, keys, cnts, false, []int64(nil))
+	if err != nil {
+		return nil, 0, false, nil, err
+	}
+	heads := map[string][]keyHead{}
+	for r.Next() {
+		var k string
+		var h keyHead
+		if err := r.Scan(&k, &h.id, &h.prio, &h.kept); err != nil {
+			r.Close()
+			return nil, 0, false, nil, err
+		}
+		if !h.kept && !taken(h.id) {
+			heads[k] = append(heads[k], h)
+		}
+	}
+	r.Close()
+	if err := r.Err(); err != nil {
+		return nil, 0, false, nil, err
+	}
+	used := make([]int, len(ks))
+	for i, k := range ks {
+		hs := heads[k.key]
+		slices.SortFunc(hs, func(a, b keyHead) int {
+			if a.prio != b.prio {
+				return cmp.Compare(a.prio, b.prio)
+			}
+			return cmp.Compare(a.id, b.id)
+		})
+		heads[k.key] = hs
+		ext[i] = min(ext[i], len(hs))
+	}
+	for len(out) < room {
+		took := false
+		for i, k := range ks {
+			t := min(k.turn, ext[i]-used[i], room-len(out))
+			// The room cut the key's turn: the next claim goes on with
+			// it.
+			partial = 0
+			if t < min(k.turn, ext[i]-used[i]) {
+				partial = t
+			}
+			for range t {
+				u := used[i]
+				fp := fairPick{key: k.key, id: heads[k.key][u].id, n: -1}
+				if l.keyMax > 0 {
+					fp.n = k.ns[u]
+				}
+				if l.keyRate > 0 {
+					fp.r = k.rs[u]
+				}
+				out = append(out, fp)
+				used[i]++
+				took = true
+			}
+			if len(out) == room {
+				break
+			}
+		}
+		if !took {
+			break
+		}
+	}
+	for i, k := range ks {
+		if used[i] == k.room && len(heads[k.key]) > used[i] {
+			// Its slots or window admit no more of its jobs (a fair
+			// queue without key limits has room for the whole claim:
+			// never here).
+			held = true
+			// The window cut it, unless the claim's own room did (it
+			// locked at most allowance rate slots of the key).
+			if l.keyRate > 0 && (l.keyMax == 0 || len(k.rs) <= len(k.ns)) && k.taken+len(k.rs) < allowance {
+				rated = append(rated, k.key)
+			}
+		}
+	}
+	return out, partial, held, rated, nil
+}
+
+// keyLock runs key_lock for the keys cand of queue under l, or nothing
+// (nil rows) when l takes no slot: a fair queue without key limits.
+func (s *segStore) keyLock(ctx context.Context, tx queryer, queue string, cand []string, l limits, allowance int) (pgx.Rows, error) {
+	if !l.keyLimited() {
+		return nil, nil
+	}
+	return tx.Query(ctx, s.d.q.KeyLock, queue, cand, l.keyMax, l.keyRate, l.keyPeriodUS, allowance)
 }

@@ -33,11 +33,18 @@ type limits struct {
 	// keyRate starts per key in keyPeriodUS microseconds (0: none).
 	keyRate     int
 	keyPeriodUS int64
+	// fair: the keys are served in turns, up to their weight each
+	// (weights, as stored: '' for none).
+	fair    bool
+	weights string
 }
 
-// keyed reports whether l limits jobs per key: the keyed claim serves
-// the queue.
-func (l limits) keyed() bool { return l.keyMax > 0 || l.keyRate > 0 }
+// keyed reports whether l limits jobs per key, or serves keys in turns:
+// the keyed claim serves the queue.
+func (l limits) keyed() bool { return l.keyMax > 0 || l.keyRate > 0 || l.fair }
+
+// keyLimited reports whether l limits jobs per key (slot rows).
+func (l limits) keyLimited() bool { return l.keyMax > 0 || l.keyRate > 0 }
 
 // ClaimLimited claims up to p.Limit jobs of p.Queue within its limits. A
 // queue without limits is claimed by Claim's statement alone (after the
@@ -155,21 +162,21 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 	br := conn.SendBatch(ctx, b)
 	if _, err = br.Exec(); err == nil {
 		err = br.QueryRow().Scan(&async, &l.maxRunning, &l.rate, &l.periodUS, &l.paused, &high, &cs, &rs,
-			&l.keyMax, &l.keyOrder, &l.keyRate, &l.keyPeriodUS)
+			&l.keyMax, &l.keyOrder, &l.keyRate, &l.keyPeriodUS, &l.fair, &l.weights)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if errors.Is(err, pgx.ErrNoRows) || err == nil && l.maxRunning == 0 && l.rate == 0 && !l.keyed() {
-		d.keys.set(p.Queue, keyState{cursor: ks.cursor})
+		d.keys.set(p.Queue, keyState{cursor: ks.cursor, taken: ks.taken})
 		return res, false, true, false, nil
 	}
 	if err != nil {
 		return res, false, false, false, err
 	}
-	if now := (keyState{max: l.keyMax, order: l.keyOrder, rate: l.keyRate, periodUS: l.keyPeriodUS, cursor: ks.cursor}); !known || now != ks {
+	if now := (keyState{max: l.keyMax, order: l.keyOrder, rate: l.keyRate, periodUS: l.keyPeriodUS, fair: l.fair, cursor: ks.cursor, taken: ks.taken}); !known || now != ks {
 		d.keys.set(p.Queue, now)
-		if l.keyed() && (ks.max != l.keyMax || ks.rate != l.keyRate || ks.periodUS != l.keyPeriodUS) {
+		if l.keyed() && (!ks.keyed() || ks.max != l.keyMax || ks.rate != l.keyRate || ks.periodUS != l.keyPeriodUS) {
 			// The walk did not run, or made slots for another limit:
 			// again, under the limits now known.
 			return res, false, false, true, nil
@@ -453,7 +460,7 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 	// freeing several of them may lock in another order.
 	err := d.retryable(ctx, func() error {
 		_, err := d.pool.Exec(ctx, d.q.SetQueueLimits, queue, l.MaxRunning, l.Rate, period, keyMax, keyOrder,
-			l.KeyRate, keyPeriod)
+			l.KeyRate, keyPeriod, l.Fair)
 		return err
 	})
 	return d.wrap("set limits of queue "+queue, err)
@@ -490,7 +497,7 @@ func (d *Driver) QueueLimits(ctx context.Context) (map[string]driver.QueueLimits
 		var periodUS, keyPeriodUS int64
 		var keyOrder int
 		if err := rows.Scan(&name, &l.MaxRunning, &l.Rate, &periodUS, &l.KeyMaxRunning, &keyOrder,
-			&l.KeyRate, &keyPeriodUS); err != nil {
+			&l.KeyRate, &keyPeriodUS, &l.Fair); err != nil {
 			return nil, d.wrap("queue limits", err)
 		}
 		l.RatePeriod = time.Duration(periodUS) * time.Microsecond
@@ -525,7 +532,8 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 		var periodUS, nextUS, keyPeriodUS int64
 		var keyOrder int
 		if err := rows.Scan(&name, &u.Limits.MaxRunning, &u.Limits.Rate, &periodUS, &u.Running, &u.Started, &nextUS,
-			&u.Limits.KeyMaxRunning, &keyOrder, &u.KeysRunning, &u.Limits.KeyRate, &keyPeriodUS, &u.KeysRated); err != nil {
+			&u.Limits.KeyMaxRunning, &keyOrder, &u.KeysRunning, &u.Limits.KeyRate, &keyPeriodUS, &u.KeysRated,
+			&u.Limits.Fair); err != nil {
 			return nil, d.wrap("limit usage", err)
 		}
 		u.Limits.RatePeriod = time.Duration(periodUS) * time.Microsecond

@@ -86,6 +86,8 @@ type queries struct {
 	KeyLock          string `sql:"key_lock"`
 	KeyTake          string `sql:"key_take"`
 	KeyRateRetryIn   string `sql:"key_rate_retry_in"`
+	SetKeyWeights    string `sql:"set_key_weights"`
+	KeyWeights       string `sql:"key_weights"`
 
 	SegTable         string `sql:"seg_table"`
 	SegIndexReady    string `sql:"seg_index_ready"`
@@ -185,8 +187,9 @@ type Driver struct {
 	q          queries
 	migrations []sqlq.Migration
 	kinds      interner
-	seg        *segStore // the segment tables and their registry
-	keys       keyStates // the key limits and walk cursors of the queues claimed
+	seg        *segStore   // the segment tables and their registry
+	keys       keyStates   // the key limits and walk cursors of the queues claimed
+	weights    weightCache // the decoded key weights of the fair queues claimed
 
 	deadlockRetries      atomic.Int64
 	lockTimeouts         atomic.Int64

@@ -184,7 +184,8 @@ SET plan_cache_mode = force_generic_plan
 -- $1 queue, $2 max running, $3 rate, $4 rate period in microseconds (0:
 -- none), $5 the most running per key and $6 the key order (0: none, 1:
 -- ordered, 2: ordered, moving on; see migration 15), $7 the most starts
--- per key in a window of $8 microseconds (0: none; see migration 16).
+-- per key in a window of $8 microseconds (0: none; see migration 16), $9
+-- whether the queue is fair (see migration 17; its key weights stay).
 -- Key slots, and the rate slots of keys, are made by the claims that need
 -- them; the ones a change leaves unused are deleted by Rescue's sweep. Upserts the queue's limit columns only (its pause stays), makes
 -- the missing slots (concurrency 0..$2-1, rate 0..$3-1), deletes the free
@@ -208,15 +209,16 @@ WITH lk AS MATERIALIZED (
 ),
 up AS (
     INSERT INTO {p}queues (name, max_running, rate, rate_period_us, key_max_running, key_order,
-                           key_rate, key_rate_period_us, updated_at)
+                           key_rate, key_rate_period_us, key_fair, updated_at)
     VALUES ($1, nullif($2::int, 0), nullif($3::int, 0), CASE WHEN $3::int > 0 THEN $4::bigint END,
             nullif($5::int, 0), nullif($6::int, 0),
-            nullif($7::int, 0), CASE WHEN $7::int > 0 THEN $8::bigint END, now())
+            nullif($7::int, 0), CASE WHEN $7::int > 0 THEN $8::bigint END, nullif($9::boolean, false), now())
     ON CONFLICT (name) DO UPDATE
        SET max_running = excluded.max_running, rate = excluded.rate,
            rate_period_us = excluded.rate_period_us, key_max_running = excluded.key_max_running,
            key_order = excluded.key_order, key_rate = excluded.key_rate,
-           key_rate_period_us = excluded.key_rate_period_us, updated_at = excluded.updated_at
+           key_rate_period_us = excluded.key_rate_period_us, key_fair = excluded.key_fair,
+           updated_at = excluded.updated_at
     RETURNING name
 ),
 mk AS (
@@ -237,9 +239,10 @@ SELECT pg_notify('{p}wake', name) FROM up
 -- Every queue with a limit.
 SELECT name, coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0),
        coalesce(key_max_running, 0), coalesce(key_order, 0),
-       coalesce(key_rate, 0), coalesce(key_rate_period_us, 0)
+       coalesce(key_rate, 0), coalesce(key_rate_period_us, 0), coalesce(key_fair, false)
   FROM {p}queues
  WHERE max_running IS NOT NULL OR rate IS NOT NULL OR key_max_running IS NOT NULL OR key_rate IS NOT NULL
+    OR key_fair IS NOT NULL
 
 -- name: limit_usage
 -- Every limited queue's limits, its held concurrency slots, its starts
@@ -248,7 +251,7 @@ SELECT name, coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_u
 -- Then the key limits, the keys with a slot held or kept, the rate per
 -- key and the keys whose window is full: as many rate slots stamped
 -- within the period as the rate (KeyHeld reads the ready segments:
--- seg_key_held).
+-- seg_key_held), and whether the queue is fair.
 SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_period_us, 0),
        (SELECT count(*) FROM {p}limit_slots c
          WHERE c.queue = q.name AND c.type = 'c' AND c.lkey = '' AND c.job_id IS NOT NULL),
@@ -264,7 +267,8 @@ SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_
            SELECT 1 FROM {p}key_slots k
             WHERE k.queue = q.name AND k.n < 0 AND k.n >= -q.key_rate
               AND k.used_at > now() - q.key_rate_period_us * interval '1 microsecond'
-            GROUP BY k.lkey HAVING count(*) >= q.key_rate) f)
+            GROUP BY k.lkey HAVING count(*) >= q.key_rate) f),
+       coalesce(q.key_fair, false)
   FROM {p}queues q
   LEFT JOIN LATERAL (
       SELECT count(*) AS started, min(s.used_at) AS oldest FROM {p}limit_slots s
@@ -272,7 +276,7 @@ SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_
          AND s.used_at > now() - q.rate_period_us * interval '1 microsecond'
   ) r ON true
  WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL OR q.key_max_running IS NOT NULL
-    OR q.key_rate IS NOT NULL
+    OR q.key_rate IS NOT NULL OR q.key_fair IS NOT NULL
 
 -- name: limit_begin
 -- The first statement of a limited claim's transaction, which commits
@@ -285,13 +289,15 @@ SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_
 -- concurrency slot is locked: see ClaimLimited), and the concurrency
 -- and rate slots locked. The limits are read in the statement's
 -- snapshot, before the slots are locked: limit_take checks them again
--- in a later one. The last columns: the key limits and the rate per key.
+-- in a later one. The last columns: the key limits, the rate per key,
+-- whether the queue is fair and its key weights ('' for none).
 WITH l AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS async,
            coalesce(max_running, 0) AS mr, coalesce(rate, 0) AS rt,
            coalesce(rate_period_us, 0) AS per, paused_at IS NOT NULL AS paused,
            coalesce(key_max_running, 0) AS kmr, coalesce(key_order, 0) AS kord,
-           coalesce(key_rate, 0) AS krt, coalesce(key_rate_period_us, 0) AS kper
+           coalesce(key_rate, 0) AS krt, coalesce(key_rate_period_us, 0) AS kper,
+           coalesce(key_fair, false) AS fair, coalesce(key_weights, '') AS weights
       FROM {p}queues WHERE name = $1
 ),
 hi AS MATERIALIZED (
@@ -318,7 +324,8 @@ r AS MATERIALIZED (
      FOR UPDATE SKIP LOCKED
 )
 SELECT l.async, l.mr, l.rt, l.per, l.paused, (SELECT held FROM hi),
-       ARRAY(SELECT n FROM c ORDER BY n), ARRAY(SELECT n FROM r ORDER BY n), l.kmr, l.kord, l.krt, l.kper
+       ARRAY(SELECT n FROM c ORDER BY n), ARRAY(SELECT n FROM r ORDER BY n), l.kmr, l.kord, l.krt, l.kper,
+       l.fair, l.weights
   FROM l
 
 -- name: limit_lock
@@ -469,3 +476,16 @@ SELECT coalesce((extract(epoch FROM min(used_at) + $4::bigint * interval '1 micr
   FROM {p}key_slots
  WHERE queue = $1 AND lkey = ANY ($2::text[]) AND n < 0 AND n >= -$3::int
    AND used_at > now() - $4::bigint * interval '1 microsecond'
+
+-- name: set_key_weights
+-- $1 queue, $2 its key weights (driver.EncodeKeyWeights; NULL: none).
+-- Upserts the queue's row touching key_weights alone: a row it makes has
+-- no limits and no pause. Weights order claims, they admit no job: no
+-- fetcher is woken.
+INSERT INTO {p}queues (name, key_weights)
+VALUES ($1, $2::text)
+ON CONFLICT (name) DO UPDATE SET key_weights = excluded.key_weights
+
+-- name: key_weights
+-- Every queue with key weights.
+SELECT name, key_weights FROM {p}queues WHERE key_weights IS NOT NULL

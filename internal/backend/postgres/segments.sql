@@ -324,8 +324,10 @@ LATERAL (
 -- The keyed claim's walk (key limits), run before the claim's transaction
 -- in a statement of its own: the distinct keys of queue $1's jobs in the
 -- live ready segments, in key order from after $2 (the key the previous
--- claim of the queue stopped at, '' for the start) and, once past the
--- last key, from the start up to $2; a skip scan (one probe of each
+-- claim of the queue stopped at, '' for the start; from $2 itself when
+-- $8, a fair queue's key whose turn the previous claim left unfinished,
+-- if it still has jobs) and, once past the last key, from the start up to
+-- $2 (before it when $8); a skip scan (one probe of each
 -- segment's key index per key, whatever the keys' depth). It examines at
 -- most $3 keys and stops once $4 of them have room: fewer than $5 (the
 -- queue's KeyMaxRunning; 0: none) slots held by running attempts (at any
@@ -345,10 +347,13 @@ WITH RECURSIVE
 async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
 w1(k, i, r, room, rfull, rtot, rmax, ropen) AS (
     SELECT x.k, 1, rm.room::int, rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen
-      FROM (SELECT (SELECT min(m) FROM (
+      FROM (SELECT coalesce((SELECT $2::text WHERE $8::boolean AND EXISTS (
+{each}SELECT 1 FROM {src} WHERE queue = $1 AND lkey = $2::text{sep}
+UNION ALL
+{end})), (SELECT min(m) FROM (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > $2::text{sep}
 UNION ALL
-{end}) s) AS k) x,
+{end}) s)) AS k) x,
     {key_room}
      WHERE x.k IS NOT NULL
     UNION ALL
@@ -368,7 +373,7 @@ w2(k, i, r, room, rfull, rtot, rmax, ropen) AS (
 UNION ALL
 {end}) s) AS k) x,
     {key_room}
-     WHERE x.k IS NOT NULL AND x.k <= $2::text AND $2::text <> ''
+     WHERE x.k IS NOT NULL AND (x.k < $2::text OR x.k = $2::text AND NOT $8::boolean) AND $2::text <> ''
        AND (SELECT count(*) FROM w1) < $3::int AND (SELECT coalesce(max(r), 0) FROM w1) < $4::int
     UNION ALL
     SELECT x.k, w2.i + 1, w2.r + rm.room::int, rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen
@@ -377,7 +382,8 @@ UNION ALL
 UNION ALL
 {end}) s) AS k) x,
     {key_room}
-     WHERE w2.i < $3::int AND w2.r < $4::int AND x.k IS NOT NULL AND x.k <= $2::text
+     WHERE w2.i < $3::int AND w2.r < $4::int AND x.k IS NOT NULL
+       AND (x.k < $2::text OR x.k = $2::text AND NOT $8::boolean)
 ),
 ks AS MATERIALIZED (
     SELECT k, i, room, rfull, rtot, rmax, ropen, greatest(0, least($6::int - rtot, $4::int - ropen)) AS need FROM w1

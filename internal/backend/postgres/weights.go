@@ -2,15 +2,88 @@ package postgres
 
 import (
 	"context"
-	"errors"
+	"sync"
+
+	"github.com/conveyorq/conveyor/internal/driver"
 )
 
-// SetKeyWeights is not stored by this backend yet.
+// Key weights (Driver.SetKeyWeights) are the key_weights column of the
+// queue's row in {p}queues, beside its limits: the text
+// driver.EncodeKeyWeights makes, NULL for none. A claim of a fair queue
+// reads it with the limits (limit_begin) and decodes it once per value
+// (weightCache).
+
+// SetKeyWeights stores queue's key weights (nil or empty removes them),
+// making the queue's row if it has none (no limits, not paused) and
+// leaving its other columns as they are.
 func (d *Driver) SetKeyWeights(ctx context.Context, queue string, weights map[string]int) error {
-	return errors.New("conveyor/postgres: key weights are not stored yet")
+	if err := driver.CheckKeyWeights(weights); err != nil {
+		return d.wrap("set key weights of queue "+queue, err)
+	}
+	var raw any
+	if b := driver.EncodeKeyWeights(weights); b != nil {
+		raw = string(b)
+	}
+	_, err := d.pool.Exec(ctx, d.q.SetKeyWeights, queue, raw)
+	return d.wrap("set key weights of queue "+queue, err)
 }
 
-// KeyWeights is not stored by this backend yet.
+// KeyWeights returns the key weights of every queue that has some.
 func (d *Driver) KeyWeights(ctx context.Context) (map[string]map[string]int, error) {
-	return nil, nil
+	rows, err := d.pool.Query(ctx, d.q.KeyWeights)
+	if err != nil {
+		return nil, d.wrap("key weights", err)
+	}
+	defer rows.Close()
+	out := map[string]map[string]int{}
+	for rows.Next() {
+		var name, raw string
+		if err := rows.Scan(&name, &raw); err != nil {
+			return nil, d.wrap("key weights", err)
+		}
+		w, err := driver.DecodeKeyWeights([]byte(raw))
+		if err != nil {
+			return nil, d.wrap("key weights of queue "+name, err)
+		}
+		if len(w) > 0 {
+			out[name] = w
+		}
+	}
+	return out, d.wrap("key weights", rows.Err())
+}
+
+// weightCache holds, per queue, the key weights its last claim read, by
+// their stored text, so that a claim decodes them only when they changed.
+type weightCache struct {
+	mu sync.Mutex
+	m  map[string]cachedWeights
+}
+
+// cachedWeights is a queue's stored key weights and their decoded map.
+type cachedWeights struct {
+	raw string
+	w   map[string]int
+}
+
+// get returns the weights stored as raw for queue, decoding raw only if
+// it is not what the queue's last claim read. Weights that fail to
+// decode weigh every key 1.
+func (c *weightCache) get(queue, raw string) map[string]int {
+	if raw == "" {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cw, ok := c.m[queue]; ok && cw.raw == raw {
+		return cw.w
+	}
+	w, err := driver.DecodeKeyWeights([]byte(raw))
+	if err != nil {
+		w = nil
+	}
+	if c.m == nil {
+		c.m = map[string]cachedWeights{}
+	}
+	c.m[queue] = cachedWeights{raw: raw, w: w}
+	return w
 }

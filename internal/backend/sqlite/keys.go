@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -14,25 +15,35 @@ import (
 
 // keyCursors remembers, per queue, the last key this driver's previous
 // keyed claim of the queue examined: the next claim walks the keys after
-// it, so that keys are served in rotation.
+// it, so that keys are served in rotation. For a fair queue whose claim
+// filled up during a key's turn before the key took its weight, it also
+// remembers how many jobs the key took in that turn: the next claim goes
+// on with that turn first.
 type keyCursors struct {
 	mu sync.Mutex
-	m  map[string]string
+	m  map[string]keyCursor
 }
 
-func (c *keyCursors) get(queue string) string {
+// keyCursor is where a queue's next keyed claim starts: after key, or,
+// when taken > 0, at key for the rest of its turn.
+type keyCursor struct {
+	key   string
+	taken int
+}
+
+func (c *keyCursors) get(queue string) keyCursor {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.m[queue]
 }
 
-func (c *keyCursors) set(queue, key string) {
+func (c *keyCursors) set(queue string, at keyCursor) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
-		c.m = map[string]string{}
+		c.m = map[string]keyCursor{}
 	}
-	c.m[queue] = key
+	c.m[queue] = at
 }
 
 // keyPick is a job a keyed claim admits into slot n of its key (n < 0:
@@ -46,13 +57,36 @@ type keyPick struct {
 }
 
 // keyLimits are a queue's limits per key as a claim read them: max jobs
-// of a key at once (0 for none), ordered keys, and rate starts of a key
-// per period microseconds (0 for none).
+// of a key at once (0 for none), ordered keys, rate starts of a key per
+// period microseconds (0 for none), and whether keys are served in turns
+// of their weights (fair; weights nil: every key weighs 1).
 type keyLimits struct {
 	max     int
 	ordered bool
 	rate    int
 	period  int64
+	fair    bool
+	weights map[string]int
+}
+
+// keyTurn is what a keyed claim read of one key, for the turns it gives
+// the key: the key's candidates not picked yet, its free concurrency
+// slots not used yet and how many more jobs they admit (capC), its rate
+// slots (rOpen, of which usedR are used; capR of them open, seenR rows,
+// rIn until its window has room once full), whether an ordered key's
+// kept job is not due yet, and its weight.
+type keyTurn struct {
+	key       string
+	cands     []int64
+	free      []int64
+	capC      int
+	rOpen     []int64
+	usedR     int
+	capR      int
+	seenR     int
+	rIn       int64
+	keptWaits bool
+	w         int
 }
 
 // claimKeyed claims, in tx, up to k jobs with a key of p.Queue, a queue
@@ -72,6 +106,15 @@ type keyLimits struct {
 // has open rate slots (stamped at least a period ago, or never), a job
 // kept for included; each admitted job stamps one. Without a concurrency
 // limit per key, the rate alone bounds a key.
+//
+// A fair queue (kl.fair) admits at most a key's weight of its jobs per
+// turn, within what the key's slots and window admit. Once the walk has
+// given every key it examined its turn, the keys its weight alone cut
+// get further turns, in walk order, each up to its weight per round,
+// until the claim is full or none has more: they take from the jobs
+// their first turn read (as many as the claim had room for), so the
+// rounds read nothing. Fairness holds no job back: a key the weight cut
+// is not held.
 //
 // It examines at most 4k+64 keys, so that its cost depends neither on
 // the number of keys with no room nor on any key's depth. The jobs
@@ -99,27 +142,96 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 			retryIn = in
 		}
 	}
-	start := d.cursors.get(p.Queue)
+	// admit gives t a turn of at most w of its candidates (w < 0: no
+	// bound but its slots, its window and the claim's room) and reports
+	// whether the bound w alone left some of them. Otherwise, when jobs
+	// are left, it records what held them.
+	admit := func(t *keyTurn, w int) bool {
+		room := k - len(picks)
+		limit := min(t.capC, room, t.capR-t.usedR, len(t.cands))
+		n := limit
+		if w >= 0 {
+			n = min(n, w)
+		}
+		for i, id := range t.cands[:n] {
+			pk := keyPick{id: id, key: t.key, n: -1}
+			if kl.max > 0 {
+				pk.n = t.free[i]
+			}
+			if kl.rate > 0 {
+				pk.r = t.rOpen[t.usedR]
+				t.usedR++
+			}
+			picks = append(picks, pk)
+		}
+		capC := t.capC
+		t.cands = t.cands[n:]
+		if kl.max > 0 {
+			t.free = t.free[n:]
+		}
+		t.capC -= n
+		switch {
+		case len(t.cands) == 0:
+			return false // none left
+		case n < limit:
+			return true // the weight left them: the key may have another turn
+		}
+		if kl.rate > 0 && t.usedR >= t.capR && t.seenR >= kl.rate {
+			// The key's window, not the claim's room, left them.
+			rateHeld(windowIn(t.rIn, t.usedR, kl.period))
+		}
+		if capC < room && !(kl.ordered && t.keptWaits) {
+			// The key's limit, not the claim's room, left them. Not
+			// when an ordered key waits for its kept job's retry: no
+			// attempt's end frees that slot, the retry's promotion
+			// does (and wakes claims), so claiming sooner is vain.
+			held = true
+		}
+		return false
+	}
+	var more []*keyTurn // keys the weight alone cut, in walk order
+	at := d.cursors.get(p.Queue)
+	start := at.key
 	cur, last := start, ""
 	wrapped := start == ""
-	for examined := 0; examined < 4*k+64 && len(picks) < k; {
-		var key string
-		err := nextKey.QueryRowContext(ctx, p.Queue, cur).Scan(&key)
-		if errors.Is(err, sql.ErrNoRows) {
-			if wrapped {
-				break
-			}
-			wrapped, cur = true, ""
-			continue
-		}
+	// resume: the cursor's key, whose turn the previous claim left
+	// unfinished (it took carried jobs of it), is examined first, when it
+	// still has due jobs.
+	resume, carried, lastTaken := false, 0, 0
+	if kl.fair && at.taken > 0 && start != "" {
+		ids, err := queryInts(ctx, keyJobs, p.Queue, start, 1)
 		if err != nil {
 			return nil, false, 0, err
 		}
-		if wrapped && start != "" && key > start {
-			break // every key examined
+		resume = len(ids) > 0
+	}
+	for examined := 0; examined < 4*k+64 && len(picks) < k; {
+		var key string
+		var err error
+		resumed := false
+		if resume {
+			key, resume, resumed = start, false, true
+		} else {
+			err = nextKey.QueryRowContext(ctx, p.Queue, cur).Scan(&key)
+			if errors.Is(err, sql.ErrNoRows) {
+				if wrapped {
+					break
+				}
+				wrapped, cur = true, ""
+				continue
+			}
+			if err != nil {
+				return nil, false, 0, err
+			}
+			if wrapped && start != "" && (key > start || key == start && at.taken > 0 && kl.fair) {
+				break // every key examined
+			}
 		}
 		examined++
-		cur, last = key, key
+		cur, last, lastTaken, carried = key, key, 0, 0
+		if resumed {
+			carried = at.taken
+		}
 		room := k - len(picks)
 		// capC: how many jobs the key's free concurrency slots admit.
 		capC := room
@@ -208,6 +320,7 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 			}
 		}
 		usedR := 0
+		before := len(picks)
 		// full: the claim used every start of the key's window.
 		full := func() bool { return kl.rate > 0 && usedR >= capR && seenR >= kl.rate }
 		rate := func(pk keyPick) keyPick {
@@ -227,32 +340,43 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 				picks = append(picks, rate(kp))
 			}
 		}
-		room = k - len(picks)
-		take := min(capC, room, capR-usedR, len(cands))
-		for i, id := range cands[:take] {
-			pk := keyPick{id: id, key: key, n: -1}
-			if kl.max > 0 {
-				pk.n = free[i]
-			}
-			picks = append(picks, rate(pk))
+		t := &keyTurn{key: key, cands: cands, free: free, capC: capC, rOpen: rOpen, usedR: usedR, capR: capR,
+			seenR: seenR, rIn: rIn, keptWaits: keptWaits, w: -1}
+		if kl.max == 0 {
+			t.capC = math.MaxInt // only the claim's room bounds the key
 		}
-		if len(cands) <= take {
-			continue // none left
+		if kl.rate == 0 {
+			t.capR = math.MaxInt
 		}
-		if full() {
-			// The key's window, not the claim's room, left them.
-			rateHeld(windowIn(rIn, usedR, kl.period))
+		turn := -1
+		if kl.fair {
+			t.w = driver.KeyWeight(kl.weights, key)
+			// The jobs kept for count, and those the key took in the
+			// previous claim's part of its turn.
+			turn = max(t.w-carried-(len(picks)-before), 0)
 		}
-		if capC < room && !(kl.ordered && keptWaits) {
-			// The key's limit, not the claim's room, left them. Not
-			// when an ordered key waits for its kept job's retry: no
-			// attempt's end frees that slot, the retry's promotion
-			// does (and wakes claims), so claiming sooner is vain.
-			held = true
+		if admit(t, turn) {
+			more = append(more, t)
+		}
+		if took := len(picks) - before; kl.fair && len(picks) >= k && len(t.cands) > 0 && carried+took < t.w {
+			// The claim filled up during the key's turn: the next
+			// claim goes on with it.
+			lastTaken = carried + took
 		}
 	}
+	// Further rounds for the keys the weight cut, while the claim has
+	// room: each round takes at least one job, so there are at most k.
+	for len(more) > 0 && len(picks) < k {
+		next := more[:0]
+		for _, t := range more {
+			if len(picks) < k && admit(t, t.w) {
+				next = append(next, t)
+			}
+		}
+		more = next
+	}
 	if last != "" {
-		d.cursors.set(p.Queue, last)
+		d.cursors.set(p.Queue, keyCursor{key: last, taken: lastTaken})
 	}
 	var in time.Duration
 	if retryIn > 0 {

@@ -24,9 +24,10 @@ import (
 // hold slots, counting the slots above a lowered limit that attempts
 // still hold, and only into free slots below the limit.
 //
-// A queue with limits per key (KeyMaxRunning, Ordered, KeyRate) claims
-// its jobs with a key through claimKeyed, within the room the queue's
-// own limits leave, then its jobs without one. RetryIn is the earliest
+// A queue with limits per key (KeyMaxRunning, Ordered, KeyRate) or a
+// fair one (whose key weights the limits' statement reads) claims its
+// jobs with a key through claimKeyed, within the room the queue's own
+// limits leave, then its jobs without one. RetryIn is the earliest
 // of the queue's rate window and the full windows of the keys the claim
 // left jobs of.
 func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
@@ -78,11 +79,12 @@ type limitStmts struct {
 // claimLimitedIn is ClaimLimited's transaction.
 func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts, p driver.ClaimParams) (driver.ClaimResult, error) {
 	var res driver.ClaimResult
-	var maxRunning, rate, held, keyMax, keyOrder, keyRate int
+	var maxRunning, rate, held, keyMax, keyOrder, keyRate, fair int
 	var period, keyRatePeriod int64
 	var paused bool
-	err := tx.StmtContext(ctx, ls.limitsOf).QueryRowContext(ctx, p.Queue).Scan(&maxRunning, &rate, &period, &held, &keyMax, &keyOrder, &paused, &keyRate, &keyRatePeriod)
-	if errors.Is(err, sql.ErrNoRows) || err == nil && maxRunning <= 0 && rate <= 0 && keyMax <= 0 && keyRate <= 0 {
+	var rawWeights sql.NullString
+	err := tx.StmtContext(ctx, ls.limitsOf).QueryRowContext(ctx, p.Queue).Scan(&maxRunning, &rate, &period, &held, &keyMax, &keyOrder, &paused, &keyRate, &keyRatePeriod, &fair, &rawWeights)
+	if errors.Is(err, sql.ErrNoRows) || err == nil && maxRunning <= 0 && rate <= 0 && keyMax <= 0 && keyRate <= 0 && fair <= 0 {
 		res.Rows, err = claimIn(ctx, tx, ls.claim, p, p.Limit)
 		return res, err
 	}
@@ -123,10 +125,15 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 	} else {
 		var keyHeld bool
 		switch {
-		case (keyMax > 0 || keyRate > 0) && !paused:
-			// Jobs with a key into free slots of their keys, then those
-			// without one.
-			kl := keyLimits{max: keyMax, ordered: keyOrder > 0, rate: keyRate, period: keyRatePeriod}
+		case (keyMax > 0 || keyRate > 0 || fair > 0) && !paused:
+			// Jobs with a key into free slots of their keys (in turns
+			// when fair), then those without one.
+			kl := keyLimits{max: keyMax, ordered: keyOrder > 0, rate: keyRate, period: keyRatePeriod, fair: fair > 0}
+			if kl.fair {
+				if kl.weights, err = d.weights.get(p.Queue, rawWeights); err != nil {
+					return res, fmt.Errorf("read key weights: %w", err)
+				}
+			}
 			if res.Rows, keyHeld, keyRetryIn, err = d.claimKeyed(ctx, tx, ls, p, k, kl); err != nil {
 				return res, fmt.Errorf("claim jobs with a key: %w", err)
 			}
@@ -230,11 +237,14 @@ func takeSlots(ctx context.Context, tx *sql.Tx, ls *limitStmts, queue string, ro
 // those beyond a lowered KeyRate are ignored by claims, and Rescue's
 // sweep deletes them (forgetting the starts they recorded) with those of
 // a removed one.
+//
+// Fair is stored as key_fair (1, or NULL); it needs no slot. The queue's
+// key weights (SetKeyWeights) are kept.
 func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.QueueLimits) error {
 	if err := checkLimits(l); err != nil {
 		return fmt.Errorf("conveyor/sqlite: set limits of queue %q: %w", queue, err)
 	}
-	var maxRunning, rate, period, keyMax, keyRate, keyRatePeriod any
+	var maxRunning, rate, period, keyMax, keyRate, keyRatePeriod, fair any
 	if l.MaxRunning > 0 {
 		maxRunning = l.MaxRunning
 	}
@@ -243,6 +253,9 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 	}
 	if l.KeyRate > 0 {
 		keyRate, keyRatePeriod = l.KeyRate, us(l.KeyRatePeriod)
+	}
+	if l.Fair {
+		fair = 1
 	}
 	keyOrder := 0
 	switch {
@@ -254,7 +267,7 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 		keyMax = l.KeyMaxRunning
 	}
 	err := d.inTx(ctx, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, d.q.SetQueueLimits, queue, maxRunning, rate, period, keyMax, keyOrder, keyRate, keyRatePeriod); err != nil {
+		if _, err := tx.ExecContext(ctx, d.q.SetQueueLimits, queue, maxRunning, rate, period, keyMax, keyOrder, keyRate, keyRatePeriod, fair); err != nil {
 			return err
 		}
 		if _, err := tx.ExecContext(ctx, d.q.AddLimitSlots, queue, "c", l.MaxRunning); err != nil {
@@ -315,13 +328,14 @@ func (d *Driver) QueueLimits(ctx context.Context) (map[string]driver.QueueLimits
 		var name string
 		var l driver.QueueLimits
 		var period, keyRatePeriod int64
-		var keyOrder int
-		if err := rows.Scan(&name, &l.MaxRunning, &l.Rate, &period, &l.KeyMaxRunning, &keyOrder, &l.KeyRate, &keyRatePeriod); err != nil {
+		var keyOrder, fair int
+		if err := rows.Scan(&name, &l.MaxRunning, &l.Rate, &period, &l.KeyMaxRunning, &keyOrder, &l.KeyRate, &keyRatePeriod, &fair); err != nil {
 			return nil, fmt.Errorf("conveyor/sqlite: queue limits: %w", err)
 		}
 		l.RatePeriod = time.Duration(period) * time.Microsecond
 		l.KeyRatePeriod = time.Duration(keyRatePeriod) * time.Microsecond
 		setKeyOrder(&l, keyOrder)
+		l.Fair = fair > 0
 		out[name] = l
 	}
 	if err := rows.Err(); err != nil {
@@ -359,10 +373,10 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 		var name string
 		var u driver.LimitUsage
 		var period, now, keyRatePeriod int64
-		var keyOrder int
+		var keyOrder, fair int
 		var oldest sql.NullInt64
 		if err := rows.Scan(&name, &u.Limits.MaxRunning, &u.Limits.Rate, &period, &u.Limits.KeyMaxRunning, &keyOrder,
-			&u.Running, &u.Started, &oldest, &u.KeysRunning, &now, &u.Limits.KeyRate, &keyRatePeriod, &u.KeysRated); err != nil {
+			&u.Running, &u.Started, &oldest, &u.KeysRunning, &now, &u.Limits.KeyRate, &keyRatePeriod, &u.KeysRated, &fair); err != nil {
 			return nil, fmt.Errorf("conveyor/sqlite: limit usage: %w", err)
 		}
 		u.Limits.RatePeriod = time.Duration(period) * time.Microsecond
@@ -371,6 +385,7 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 			u.NextStart = max(time.Duration(oldest.Int64+period-now)*time.Microsecond, 0)
 		}
 		setKeyOrder(&u.Limits, keyOrder)
+		u.Limits.Fair = fair > 0
 		out[name] = u
 	}
 	if err := rows.Err(); err != nil {
@@ -378,8 +393,8 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 	}
 	rows.Close()
 	for name, u := range out {
-		if !u.Limits.HasKeyLimits() {
-			continue
+		if u.Limits.KeyMaxRunning == 0 && !u.Limits.Ordered && u.Limits.KeyRate == 0 {
+			continue // no limit per key (fairness alone holds no job)
 		}
 		n := u.Limits.KeyMaxRunning
 		if u.Limits.Ordered {

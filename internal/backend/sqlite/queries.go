@@ -114,6 +114,9 @@ type queries struct {
 	SweepSlots           string `sql:"sweep_slots"`
 	SweepExtraSlots      string `sql:"sweep_extra_slots"`
 	LimitUsage           string `sql:"limit_usage"`
+	// Key weights of fair queues (migration 14).
+	SetKeyWeights string `sql:"set_key_weights"`
+	KeyWeights    string `sql:"key_weights"`
 
 	// Key limits (migration 12): the keyed claim, the freeing of key
 	// slots by the statements that end attempts, Rescue's sweep and the

@@ -556,11 +556,11 @@ PRAGMA wal_checkpoint(RESTART)
 -- ?1 queue, ?2 max_running, ?3 rate, ?4 rate period in microseconds, ?5
 -- key_max_running, each NULL for no limit, ?6 key_order (0 none, 1
 -- ordered, 2 ordered moving on), ?7 key_rate and ?8 its period in
--- microseconds (NULL for none). Touches only the limit columns: the pause
--- stays.
+-- microseconds (NULL for none), ?9 key_fair (1, or NULL for none).
+-- Touches only the limit columns: the pause and the key weights stay.
 INSERT INTO {p}queues (name, max_running, rate, rate_period_us, key_max_running, key_order,
-                       key_rate, key_rate_period_us, updated_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, {now})
+                       key_rate, key_rate_period_us, key_fair, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, {now})
 ON CONFLICT (name) DO UPDATE
    SET max_running = excluded.max_running,
        rate = excluded.rate,
@@ -569,6 +569,7 @@ ON CONFLICT (name) DO UPDATE
        key_order = excluded.key_order,
        key_rate = excluded.key_rate,
        key_rate_period_us = excluded.key_rate_period_us,
+       key_fair = excluded.key_fair,
        updated_at = excluded.updated_at
 
 -- name: add_limit_slots
@@ -593,23 +594,25 @@ DELETE FROM {p}limit_slots
 -- name: queue_limits
 SELECT name, coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0),
        coalesce(key_max_running, 0), coalesce(key_order, 0),
-       coalesce(key_rate, 0), coalesce(key_rate_period_us, 0)
+       coalesce(key_rate, 0), coalesce(key_rate_period_us, 0), coalesce(key_fair, 0)
   FROM {p}queues
  WHERE max_running IS NOT NULL OR rate IS NOT NULL OR key_max_running IS NOT NULL
-    OR key_rate IS NOT NULL
+    OR key_rate IS NOT NULL OR key_fair > 0
 
 -- name: limits_of
 -- ?1 queue: its limits (0 for none), for a concurrency limit how many of
 -- its concurrency slots are held (those above a lowered limit included),
--- its key limits (key_max_running, key_order), whether it is paused, and
--- its rate per key (key_rate, key_rate_period_us).
+-- its key limits (key_max_running, key_order), whether it is paused, its
+-- rate per key (key_rate, key_rate_period_us), whether it is fair and its
+-- key weights (as stored, NULL for none).
 SELECT coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0),
        CASE WHEN max_running > 0
             THEN (SELECT count(*) FROM {p}limit_slots
                    WHERE queue = ?1 AND type = 'c' AND lkey = '' AND job_id IS NOT NULL)
             ELSE 0 END,
        coalesce(key_max_running, 0), coalesce(key_order, 0), paused_at IS NOT NULL,
-       coalesce(key_rate, 0), coalesce(key_rate_period_us, 0)
+       coalesce(key_rate, 0), coalesce(key_rate_period_us, 0),
+       coalesce(key_fair, 0), key_weights
   FROM {p}queues
  WHERE name = ?1
 
@@ -712,11 +715,25 @@ SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_
                                            AND s.used_at > n.now - q.key_rate_period_us
                                          GROUP BY s.lkey
                                         HAVING count(*) >= q.key_rate))
-            ELSE 0 END
+            ELSE 0 END,
+       coalesce(q.key_fair, 0)
   FROM {p}queues AS q, (SELECT {now} AS now) AS n
  WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL OR q.key_max_running IS NOT NULL
-    OR q.key_rate IS NOT NULL
+    OR q.key_rate IS NOT NULL OR q.key_fair > 0
  ORDER BY q.name
+
+-- name: set_key_weights
+-- ?1 queue, ?2 its key weights (EncodeKeyWeights; NULL for none).
+-- Touches only key_weights: a queue row it makes has no limits and no
+-- pause.
+INSERT INTO {p}queues (name, key_weights, updated_at)
+VALUES (?1, ?2, {now})
+ON CONFLICT (name) DO UPDATE
+   SET key_weights = excluded.key_weights,
+       updated_at = excluded.updated_at
+
+-- name: key_weights
+SELECT name, key_weights FROM {p}queues WHERE key_weights IS NOT NULL
 
 -- name: drop_limit_slots_table
 DROP TABLE IF EXISTS {p}limit_slots

@@ -101,6 +101,8 @@ type Driver struct {
 	stmts stmts
 	// cursors: where the next keyed claim of each queue starts.
 	cursors keyCursors
+	// weights: the key weights claims last decoded, per queue.
+	weights weightCache
 
 	busyRetries  atomic.Int64
 	lockTimeouts atomic.Int64

@@ -2,15 +2,93 @@ package sqlite
 
 import (
 	"context"
-	"errors"
+	"database/sql"
+	"fmt"
+	"sync"
+
+	"github.com/conveyorq/conveyor/internal/driver"
 )
 
-// SetKeyWeights is not stored by this backend yet.
+// SetKeyWeights stores queue's key weights in its queues row as
+// driver.EncodeKeyWeights encodes them (NULL for none), making the row
+// when the queue has none: a row with no limits and no pause, which
+// leaves the queue unlimited and unpaused. It touches no other column.
 func (d *Driver) SetKeyWeights(ctx context.Context, queue string, weights map[string]int) error {
-	return errors.New("conveyor/sqlite: key weights are not stored yet")
+	if err := driver.CheckKeyWeights(weights); err != nil {
+		return fmt.Errorf("conveyor/sqlite: set key weights of queue %q: %w", queue, err)
+	}
+	var enc any
+	if b := driver.EncodeKeyWeights(weights); b != nil {
+		enc = string(b)
+	}
+	err := d.retry(ctx, func() error {
+		_, err := d.w.ExecContext(ctx, d.q.SetKeyWeights, queue, enc)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("conveyor/sqlite: set key weights of queue %q: %w", queue, err)
+	}
+	return nil
 }
 
-// KeyWeights is not stored by this backend yet.
+// KeyWeights returns the key weights of every queue that has some.
 func (d *Driver) KeyWeights(ctx context.Context) (map[string]map[string]int, error) {
-	return nil, nil
+	rows, err := d.r.QueryContext(ctx, d.q.KeyWeights)
+	if err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: key weights: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]map[string]int{}
+	for rows.Next() {
+		var name, raw string
+		if err := rows.Scan(&name, &raw); err != nil {
+			return nil, fmt.Errorf("conveyor/sqlite: key weights: %w", err)
+		}
+		w, err := driver.DecodeKeyWeights([]byte(raw))
+		if err != nil {
+			return nil, fmt.Errorf("conveyor/sqlite: key weights of queue %q: %w", name, err)
+		}
+		if len(w) > 0 {
+			out[name] = w
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: key weights: %w", err)
+	}
+	return out, nil
+}
+
+// weightCache keeps, per queue, the key weights a claim last decoded
+// with the stored text they came from, so that a claim decodes a queue's
+// weights only when they changed.
+type weightCache struct {
+	mu sync.Mutex
+	m  map[string]cachedWeights
+}
+
+type cachedWeights struct {
+	raw string
+	w   map[string]int
+}
+
+// get returns the weights stored as raw for queue (nil for none). The
+// map returned is shared: callers only read it.
+func (c *weightCache) get(queue string, raw sql.NullString) (map[string]int, error) {
+	if !raw.Valid || raw.String == "" {
+		return nil, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.m[queue]; ok && e.raw == raw.String {
+		return e.w, nil
+	}
+	w, err := driver.DecodeKeyWeights([]byte(raw.String))
+	if err != nil {
+		return nil, err
+	}
+	if c.m == nil {
+		c.m = map[string]cachedWeights{}
+	}
+	c.m[queue] = cachedWeights{raw: raw.String, w: w}
+	return w, nil
 }
