@@ -54,6 +54,9 @@ func (h *Handler) routeTable() []route {
 		{method: "GET", path: "/api/v1/queues/{queue}/limits", role: ro, api: true, fn: h.apiGetLimits},
 		{method: "PUT", path: "/api/v1/queues/{queue}/limits", role: ad, api: true, fn: h.apiPutLimits},
 		{method: "DELETE", path: "/api/v1/queues/{queue}/limits", role: ad, api: true, fn: h.apiDeleteLimits},
+		{method: "GET", path: "/api/v1/queues/{queue}/weights", role: ro, api: true, fn: h.apiGetWeights},
+		{method: "PUT", path: "/api/v1/queues/{queue}/weights", role: ad, api: true, fn: h.apiPutWeights},
+		{method: "DELETE", path: "/api/v1/queues/{queue}/weights", role: ad, api: true, fn: h.apiDeleteWeights},
 		{method: "GET", path: "/api/v1/series", role: ro, api: true, fn: h.apiSeries},
 		{method: "GET", path: "/api/v1/schedules", role: ro, api: true, fn: h.apiSchedules},
 		{method: "GET", path: "/api/v1/processes", role: ro, api: true, fn: h.apiProcesses},
@@ -897,6 +900,10 @@ type queueJSON struct {
 	// dependencies (batch callbacks and workflow jobs not enqueued yet);
 	// they are in no state of Counts.
 	AwaitingDependencies int64 `json:"awaiting_dependencies"`
+	// WeightedKeys is how many keys of a fair queue have a weight (GET
+	// /api/v1/queues/{queue}/weights lists them); 0 for a queue that is
+	// not fair.
+	WeightedKeys int `json:"weighted_keys"`
 }
 
 // queuesJSON is the answer of GET /api/v1/queues.
@@ -929,6 +936,9 @@ func toQueuesJSON(backend string, rd *reading) queuesJSON {
 		q.Processes = working[x.Queue]
 		q.AwaitingDependencies = x.AwaitingDependencies
 		q.Limits, q.LimitUse = toLimitsJSON(x.Limits), toLimitUseJSON(x.LimitUse)
+		if x.Limits != nil && x.Limits.Fair {
+			q.WeightedKeys = len(rd.Weights[x.Queue])
+		}
 		if x.Held != "" {
 			q.Held = ptr(x.Held)
 		}

@@ -697,7 +697,7 @@ func (h *Handler) formLimits(w http.ResponseWriter, r *http.Request, p principal
 			return
 		}
 		if l.IsZero() {
-			h.renderError(w, r, p, http.StatusBadRequest, "give max running, or a rate with its period, or a limit or rate per key (Clear limits removes them)")
+			h.renderError(w, r, p, http.StatusBadRequest, "give max running, or a rate with its period, or a limit or rate per key, or fair (Clear limits removes them)")
 			return
 		}
 	default:
@@ -753,6 +753,13 @@ func formLimitValues(form url.Values) (conveyor.QueueLimits, error) {
 	if l.KeyRate, err = num("key_rate", "key rate"); err != nil {
 		return l, err
 	}
+	switch v := form.Get("fair"); v {
+	case "", "off", "false":
+	case "on", "true", "1":
+		l.Fair = true
+	default:
+		return l, fmt.Errorf("fair %q: on or empty", v)
+	}
 	dur := func(field, label string) (time.Duration, error) {
 		v := strings.TrimSpace(form.Get(field))
 		if v == "" {
@@ -800,6 +807,14 @@ func limitLines(q queueJSON) []string {
 	}
 	if l.KeyRate > 0 {
 		out = append(out, fmt.Sprintf("%d per key per %s: %s", l.KeyRate, l.KeyRatePeriod, keysRated(u.KeysRated)))
+	}
+	switch {
+	case l.Fair && q.WeightedKeys == 1:
+		out = append(out, "fair: 1 weighted key")
+	case l.Fair && q.WeightedKeys > 1:
+		out = append(out, fmt.Sprintf("fair: %d weighted keys", q.WeightedKeys))
+	case l.Fair:
+		out = append(out, "fair")
 	}
 	if (l.Ordered || l.KeyMaxRunning > 0 || l.KeyRate > 0) && u.KeyHeld > 0 {
 		out = append(out, fmt.Sprintf("%d waiting for their key", u.KeyHeld))

@@ -35,7 +35,7 @@ func TestLimitsJSONKeyRate(t *testing.T) {
 		t.Fatal(err)
 	}
 	const want = `{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":2,"ordered":false,"ordered_move_on":false,` +
-		`"key_rate":5,"key_rate_period":"1m30s","key_rate_period_ms":90000}`
+		`"key_rate":5,"key_rate_period":"1m30s","key_rate_period_ms":90000,"fair":false}`
 	if string(b) != want {
 		t.Fatalf("limits JSON %s, want %s", b, want)
 	}

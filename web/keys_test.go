@@ -146,7 +146,7 @@ func TestLimitsJSONKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const want = `{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":1,"ordered":true,"ordered_move_on":true,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0}`
+	const want = `{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":1,"ordered":true,"ordered_move_on":true,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0,"fair":false}`
 	if string(b) != want {
 		t.Fatalf("limits JSON %s, want %s", b, want)
 	}

@@ -39,6 +39,9 @@ type limitsJSON struct {
 	// KeyRatePeriodMS is KeyRatePeriod in milliseconds; 0 without a
 	// KeyRate.
 	KeyRatePeriodMS int64 `json:"key_rate_period_ms"`
+	// Fair serves the queue's keys in turns, each taking up to its
+	// weight (PUT /api/v1/queues/{queue}/weights) of a claim per turn.
+	Fair bool `json:"fair"`
 }
 
 // limitUseJSON is how much of a queue's limits is in use
@@ -87,6 +90,8 @@ type limitsRequest struct {
 	// KeyRatePeriodMS is the period in milliseconds, instead of
 	// KeyRatePeriod (or with it, when both say the same).
 	KeyRatePeriodMS *int64 `json:"key_rate_period_ms"`
+	// Fair serves the queue's keys in turns, by their weights.
+	Fair bool `json:"fair"`
 }
 
 // limits converts the request, refusing a period that is not a
@@ -94,7 +99,7 @@ type limitsRequest struct {
 // (conveyor.ErrInvalidOpts).
 func (in limitsRequest) limits() (conveyor.QueueLimits, error) {
 	l := conveyor.QueueLimits{MaxRunning: in.MaxRunning, Rate: in.Rate,
-		KeyMaxRunning: in.KeyMaxRunning, Ordered: in.Ordered, OrderedMoveOn: in.OrderedMoveOn, KeyRate: in.KeyRate}
+		KeyMaxRunning: in.KeyMaxRunning, Ordered: in.Ordered, OrderedMoveOn: in.OrderedMoveOn, KeyRate: in.KeyRate, Fair: in.Fair}
 	var err error
 	if l.RatePeriod, err = period("rate_period", in.RatePeriod, in.RatePeriodMS); err != nil {
 		return l, err
@@ -140,7 +145,7 @@ func toLimitsJSON(l *conveyor.QueueLimits) *limitsJSON {
 		return nil
 	}
 	out := &limitsJSON{MaxRunning: l.MaxRunning, Rate: l.Rate,
-		KeyMaxRunning: l.KeyMaxRunning, Ordered: l.Ordered, OrderedMoveOn: l.OrderedMoveOn}
+		KeyMaxRunning: l.KeyMaxRunning, Ordered: l.Ordered, OrderedMoveOn: l.OrderedMoveOn, Fair: l.Fair}
 	if l.Ordered {
 		out.KeyMaxRunning = 1 // what Ordered implies, whether stored or not
 	}
@@ -242,4 +247,66 @@ func (h *Handler) apiDeleteLimits(w http.ResponseWriter, r *http.Request, _ prin
 		return
 	}
 	writeJSON(w, http.StatusOK, queueLimitsJSON{Queue: q})
+}
+
+// keyWeightsJSON is the answer of the key weights endpoints, and the
+// body of PUT /api/v1/queues/{queue}/weights (Queue is then left out).
+type keyWeightsJSON struct {
+	Queue string `json:"queue,omitempty"`
+	// KeyWeights maps a key to its weight, 1 to conveyor.MaxKeyWeight;
+	// a key left out weighs 1. {} when the queue has none.
+	KeyWeights map[string]int `json:"key_weights"`
+}
+
+func (h *Handler) apiGetWeights(w http.ResponseWriter, r *http.Request, _ principal) {
+	q := r.PathValue("queue")
+	if err := checkQueueName(q); err != nil {
+		h.fail(w, r, fmt.Errorf("%w: %v", conveyor.ErrInvalidOpts, err))
+		return
+	}
+	all, err := h.c.KeyWeights(r.Context())
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toKeyWeightsJSON(q, all[q]))
+}
+
+func (h *Handler) apiPutWeights(w http.ResponseWriter, r *http.Request, _ principal) {
+	q := r.PathValue("queue")
+	var in keyWeightsJSON
+	if !h.decode(w, r, &in) {
+		return
+	}
+	if in.Queue != "" && in.Queue != q {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("queue %q in the body is not the queue of the path, %q: leave it out", in.Queue, q))
+		return
+	}
+	if in.KeyWeights == nil {
+		writeError(w, http.StatusBadRequest, `key_weights: give the keys' weights, such as {"key_weights": {"acme": 3}} ({} or DELETE removes them)`)
+		return
+	}
+	h.setWeights(w, r, q, in.KeyWeights)
+}
+
+func (h *Handler) apiDeleteWeights(w http.ResponseWriter, r *http.Request, _ principal) {
+	h.setWeights(w, r, r.PathValue("queue"), nil)
+}
+
+// setWeights replaces queue's key weights (nil removes them) and answers
+// them.
+func (h *Handler) setWeights(w http.ResponseWriter, r *http.Request, queue string, weights map[string]int) {
+	if err := h.c.SetKeyWeights(r.Context(), queue, weights); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.stats.invalidate()
+	writeJSON(w, http.StatusOK, toKeyWeightsJSON(queue, weights))
+}
+
+func toKeyWeightsJSON(queue string, w map[string]int) keyWeightsJSON {
+	if w == nil {
+		w = map[string]int{}
+	}
+	return keyWeightsJSON{Queue: queue, KeyWeights: w}
 }

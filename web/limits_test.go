@@ -144,13 +144,13 @@ func TestQueuesJSONLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
-		`"limits":{"max_running":5,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":0,"ordered":false,"ordered_move_on":false,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0},` +
+		`"limits":{"max_running":5,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":0,"ordered":false,"ordered_move_on":false,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0,"fair":false},` +
 			`"limit_use":{"running":5,"started":0,"next_start_ms":0,"keys_running":0,"key_held":0,"keys_rated":0},"held":"concurrency"`,
-		`"limits":{"max_running":0,"rate":10,"rate_period":"1m30s","rate_period_ms":90000,"key_max_running":0,"ordered":false,"ordered_move_on":false,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0},` +
+		`"limits":{"max_running":0,"rate":10,"rate_period":"1m30s","rate_period_ms":90000,"key_max_running":0,"ordered":false,"ordered_move_on":false,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0,"fair":false},` +
 			`"limit_use":{"running":0,"started":10,"next_start_ms":1500,"keys_running":0,"key_held":0,"keys_rated":0},"held":"rate"`,
-		`"limits":{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":2,"ordered":false,"ordered_move_on":false,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0},` +
+		`"limits":{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":2,"ordered":false,"ordered_move_on":false,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0,"fair":false},` +
 			`"limit_use":{"running":4,"started":0,"next_start_ms":0,"keys_running":2,"key_held":3,"keys_rated":0},"held":"key"`,
-		`"limits":{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":1,"ordered":true,"ordered_move_on":true,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0},` +
+		`"limits":{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":1,"ordered":true,"ordered_move_on":true,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0,"fair":false},` +
 			`"limit_use":{"running":1,"started":0,"next_start_ms":0,"keys_running":1,"key_held":0,"keys_rated":0},"held":null`,
 		`"limits":null,"limit_use":null,"held":null`,
 	} {

@@ -45,7 +45,10 @@ type reading struct {
 	// Stats are from Overview: finished counts cover FinishedSince on.
 	Stats     *conveyor.Stats
 	Processes []conveyor.ProcessInfo
-	At        time.Time
+	// Weights are the key weights of every queue, read only when a
+	// queue is fair (nil otherwise).
+	Weights map[string]map[string]int
+	At      time.Time
 	// Took is how long the reading took; it is reused for at least
 	// readCostFactor times that (see fresh).
 	Took time.Duration
@@ -113,7 +116,16 @@ func (s *statsCache) get(ctx context.Context) (*reading, error) {
 	if err != nil {
 		return nil, err
 	}
-	rd := &reading{Stats: st, Processes: ps, At: now, Took: time.Since(now)}
+	var weights map[string]map[string]int
+	for _, q := range st.Queues {
+		if q.Limits != nil && q.Limits.Fair {
+			if weights, err = s.c.KeyWeights(ctx); err != nil {
+				return nil, err
+			}
+			break
+		}
+	}
+	rd := &reading{Stats: st, Processes: ps, Weights: weights, At: now, Took: time.Since(now)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.last = rd

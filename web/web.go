@@ -163,6 +163,8 @@ type client interface {
 	ResumeQueue(ctx context.Context, queue string) error
 	SetQueueLimits(ctx context.Context, queue string, l conveyor.QueueLimits) error
 	QueueLimits(ctx context.Context) (map[string]conveyor.QueueLimits, error)
+	SetKeyWeights(ctx context.Context, queue string, weights map[string]int) error
+	KeyWeights(ctx context.Context) (map[string]map[string]int, error)
 	Schedules(ctx context.Context) ([]conveyor.ScheduleInfo, error)
 	Processes(ctx context.Context) ([]conveyor.ProcessInfo, error)
 	Config() conveyor.Config

@@ -338,7 +338,9 @@ func printSettings(w io.Writer, rs []*bench.Result) {
 var writeReport = report.WriteFile
 
 // printKeys prints a keys run: each phase's throughput against the phase
-// it is compared to, and the most executions of one key at once and the
+// it is compared to (a flood phase's small keys' p99 latency against the
+// small keys alone; the fair-weights phase's starts of each key while
+// both had jobs), and the most executions of one key at once and the
 // out-of-order starts, counted outside the queue.
 func printKeys(tw *tabwriter.Writer, rs []*bench.Result) {
 	by, small := map[string]float64{}, map[string]float64{}
@@ -354,9 +356,13 @@ func printKeys(tw *tabwriter.Writer, rs []*bench.Result) {
 				lim, order = "ordered", fmt.Sprint(r.KeyReorders)
 			case l.KeyMaxRunning > 0:
 				lim = fmt.Sprintf("%d per key", l.KeyMaxRunning)
+			case l.Fair:
+				lim = "fair"
 			}
 		}
 		switch {
+		case r.KeyShares != nil:
+			ratio = fmt.Sprintf("starts %s: %.2f", sharesText(r.KeyShares, r.KeyWeights), r.ShareRatio)
 		case r.SmallP99ms > 0:
 			sm = ms(r.SmallP50ms) + " / " + ms(r.SmallP99ms)
 			if ref := small[r.Reference]; ref > 0 {
@@ -368,6 +374,26 @@ func printKeys(tw *tabwriter.Writer, rs []*bench.Result) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.2f\t%.0f\t%s\t%d\t%s\t%s\t%s\t%d\t%d\t\n",
 			r.Phase, lim, r.Keys, r.Workers, r.Jobs, r.Seconds, r.JobsPerS, ratio, r.KeyPeakRunning, order, ms(r.P99ms), sm, r.Lost, r.Duplicates)
 	}
+}
+
+// sharesText is each key's starts with its weight, heaviest first:
+// "heavy 3000 (weight 3) : light 1000 (weight 1)".
+func sharesText(shares map[string]int64, weights map[string]int) string {
+	keys := make([]string, 0, len(shares))
+	for k := range shares {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if weights[keys[i]] != weights[keys[j]] {
+			return weights[keys[i]] > weights[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d (weight %d)", k, shares[k], max(weights[k], 1))
+	}
+	return strings.Join(parts, " : ")
 }
 
 // printLimits prints a limits run: each phase's throughput, its ratio to

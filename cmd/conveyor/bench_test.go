@@ -236,3 +236,12 @@ func TestBenchHTTPWorkloads(t *testing.T) {
 		t.Errorf("phases %v, want in-process then http", phases)
 	}
 }
+
+// TestSharesText: the fair-weights phase's starts by key, heaviest
+// first.
+func TestSharesText(t *testing.T) {
+	got := sharesText(map[string]int64{"light": 294, "heavy": 1000}, map[string]int{"heavy": 3, "light": 1})
+	if want := "heavy 1000 (weight 3) : light 294 (weight 1)"; got != want {
+		t.Errorf("sharesText = %q, want %q", got, want)
+	}
+}

@@ -298,6 +298,9 @@ func TestHelp(t *testing.T) {
 		{[]string{"enqueue", "--help"}, "--key key"},
 		{[]string{"limits", "--help"}, "--key-max-running"},
 		{[]string{"limits", "--help"}, "--ordered-move-on"},
+		{[]string{"limits", "--help"}, "--fair"},
+		{[]string{"limits", "--help"}, "limits weights QUEUE [KEY=WEIGHT ...]"},
+		{[]string{"--help"}, "limits weights QUEUE"},
 		{[]string{"--help"}, "[--key KEY]"},
 	} {
 		out, errOut, err := cli(t, "", c.args...)

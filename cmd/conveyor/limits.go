@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -20,7 +21,7 @@ const (
 	maxRatePeriod = 30 * 24 * time.Hour
 )
 
-const limitsSynopsis = "limits [--json] | limits set QUEUE [--max-running N] [--rate N --per DURATION] [--key-max-running N] [--ordered[=false]] [--ordered-move-on[=false]] [--key-rate N --key-rate-period DURATION] [--allow-unknown-queue] | limits clear QUEUE"
+const limitsSynopsis = "limits [--json] | limits set QUEUE [--max-running N] [--rate N --per DURATION] [--key-max-running N] [--ordered[=false]] [--ordered-move-on[=false]] [--key-rate N --key-rate-period DURATION] [--fair[=false]] [--allow-unknown-queue] | limits weights QUEUE [KEY=WEIGHT ...] [--clear] [--allow-unknown-queue] | limits clear QUEUE"
 
 // limitsFlags are the flags of limits and its subcommands, parsed in one
 // set so that they may come before or after the subcommand.
@@ -34,11 +35,13 @@ type limitsFlags struct {
 	moveOn        bool
 	keyRate       int
 	keyPer        time.Duration
+	fair          bool
+	clear         bool
 	set           map[string]bool // the flags given
 }
 
 // limitsCmd lists the limited queues (no subcommand), sets a queue's
-// limits (set) or clears them (clear).
+// limits (set), its key weights (weights) or clears its limits (clear).
 func limitsCmd(e *env, args []string) error {
 	f := e.flags("limits", limitsSynopsis, dbHelp)
 	f.about = "limits: the limited queues, with their use and what holds their jobs.\n" +
@@ -47,12 +50,17 @@ func limitsCmd(e *env, args []string) error {
 		"jobs with the same key (enqueue --key) running at once (--key-max-running), each key's jobs\n" +
 		"one at a time in enqueue order, a failed job holding its key until its retry ends (--ordered),\n" +
 		"or letting the key's next job start meanwhile (--ordered-move-on, which implies --ordered),\n" +
-		"at most N jobs with the same key started per DURATION (--key-rate with --key-rate-period).\n" +
+		"at most N jobs with the same key started per DURATION (--key-rate with --key-rate-period),\n" +
+		"keys served in turns so that a key with many waiting jobs does not delay the others (--fair).\n" +
 		"Only the limits given change; 0 (or =false) removes one. Jobs over a limit wait in the queue;\n" +
 		"running jobs go on.\n" +
 		"A queue exists when the database holds a job of it, a live process works it, or it is paused\n" +
 		"or limited; limiting one that does not exist is refused without --allow-unknown-queue.\n" +
-		"limits clear: removes QUEUE's limits."
+		"limits weights: replaces QUEUE's key weights: under --fair a key of weight 3 takes up to 3 jobs\n" +
+		"per turn where a key not weighed takes 1 (KEY=WEIGHT, weights 1 to 1000, at most 1000 keys);\n" +
+		"--clear removes them; without KEY=WEIGHT it prints them. Weights wait for --fair and stay when\n" +
+		"the limits change.\n" +
+		"limits clear: removes QUEUE's limits (its key weights stay: limits weights QUEUE --clear)."
 	var o limitsFlags
 	f.BoolVar(&o.asJSON, "json", false, "limits: print JSON, the queues as in stats --json")
 	f.IntVar(&o.maxRunning, "max-running", 0, "set: most jobs of the queue running at once across every process, 0 for no limit (0 to 100000)")
@@ -63,7 +71,9 @@ func limitsCmd(e *env, args []string) error {
 	f.BoolVar(&o.moveOn, "ordered-move-on", false, "set: with --ordered (implied), let a key's next job start while a failed job of the key waits for its retry")
 	f.IntVar(&o.keyRate, "key-rate", 0, "set: most jobs with the same key started per --key-rate-period, 0 for no rate per key (0 to 100000)")
 	f.DurationVar(&o.keyPer, "key-rate-period", 0, "set: the rate per key's `window`, such as 1s, 1m or 1h (1ms to 720h); with --key-rate")
-	f.BoolVar(&o.allow, "allow-unknown-queue", false, "set: limit a queue that has no job, no live process, no pause and no limits yet (before its first use)")
+	f.BoolVar(&o.fair, "fair", false, "set: serve the queue's keys in turns, each taking up to its weight (limits weights) of a claim per turn, so that a key with many waiting jobs does not delay the others (--fair=false removes it)")
+	f.BoolVar(&o.clear, "clear", false, "weights: remove the queue's key weights")
+	f.BoolVar(&o.allow, "allow-unknown-queue", false, "set, weights: limit a queue that has no job, no live process, no pause and no limits yet (before its first use)")
 	pos, err := e.parse(f, args)
 	if err != nil {
 		return err
@@ -89,17 +99,22 @@ func limitsCmd(e *env, args []string) error {
 		}
 		return limitsList(e, o)
 	case "set":
-		if err := only("limits set", "max-running", "rate", "per", "key-max-running", "ordered", "ordered-move-on", "key-rate", "key-rate-period", "allow-unknown-queue"); err != nil {
+		if err := only("limits set", "max-running", "rate", "per", "key-max-running", "ordered", "ordered-move-on", "key-rate", "key-rate-period", "fair", "allow-unknown-queue"); err != nil {
 			return err
 		}
 		return limitsSet(e, o, pos)
+	case "weights":
+		if err := only("limits weights", "clear", "allow-unknown-queue"); err != nil {
+			return err
+		}
+		return limitsWeights(e, o, pos)
 	case "clear":
 		if err := only("limits clear"); err != nil {
 			return err
 		}
 		return limitsClear(e, pos)
 	}
-	return usageError("limits", fmt.Sprintf("unknown subcommand %q: set or clear", sub))
+	return usageError("limits", fmt.Sprintf("unknown subcommand %q: set, weights or clear", sub))
 }
 
 // limitsList prints the limited queues.
@@ -122,27 +137,172 @@ func limitsList(e *env, o limitsFlags) error {
 		}
 	}
 	sort.Slice(limited, func(i, j int) bool { return limited[i].Queue < limited[j].Queue })
+	weights, err := c.KeyWeights(e.ctx)
+	if err != nil {
+		return err
+	}
 	if o.asJSON {
 		out := struct {
 			Backend string           `json:"backend"`
 			Queues  []queueStatsJSON `json:"queues"`
 		}{Backend: c.Backend(), Queues: []queueStatsJSON{}}
 		for _, x := range limited {
-			out.Queues = append(out.Queues, toQueueStatsJSON(x))
+			q := toQueueStatsJSON(x)
+			q.KeyWeights = weights[x.Queue]
+			out.Queues = append(out.Queues, q)
+		}
+		// Weighed queues without limits: their weights wait for Fair.
+		for _, q := range sortedKeys(weights) {
+			if !slices.ContainsFunc(limited, func(x conveyor.QueueStats) bool { return x.Queue == q }) {
+				out.Queues = append(out.Queues, queueStatsJSON{Queue: q, Counts: map[conveyor.JobState]int64{}, KeyWeights: weights[q]})
+			}
 		}
 		return json.NewEncoder(e.stdout).Encode(out)
 	}
 	if len(limited) == 0 {
-		fmt.Fprintln(e.stdout, "no queue has limits (conveyor limits set QUEUE --max-running N | --rate N --per DURATION | --key-max-running N | --ordered | --key-rate N --key-rate-period DURATION)")
+		fmt.Fprintln(e.stdout, "no queue has limits (conveyor limits set QUEUE --max-running N | --rate N --per DURATION | --key-max-running N | --ordered | --key-rate N --key-rate-period DURATION | --fair)")
+	} else {
+		w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(w, "QUEUE\tRUNNING\tSTARTED\tKEYS\tAVAILABLE\tHELD")
+		for _, x := range limited {
+			run, rate := limitUseText(x)
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", x.Queue, dash(run), dash(rate), dash(keyUseWeightedText(x, len(weights[x.Queue]))), x.Counts[conveyor.JobStateAvailable], dash(x.Held))
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+	}
+	for _, q := range sortedKeys(weights) {
+		fmt.Fprintf(e.stdout, "key weights of %s: %s\n", q, weightsText(weights[q], maxWeightsShown))
+	}
+	return nil
+}
+
+// maxWeightsShown is how many key weights of a queue the limits listing
+// prints; limits weights QUEUE prints them all.
+const maxWeightsShown = 10
+
+// weightsText is a queue's key weights, heaviest first then by key:
+// "acme=3 globex=2"; past max of them, how many more there are.
+func weightsText(w map[string]int, max int) string {
+	keys := sortedKeys(w)
+	sort.SliceStable(keys, func(i, j int) bool { return w[keys[i]] > w[keys[j]] })
+	var parts []string
+	for i, k := range keys {
+		if max > 0 && i == max {
+			parts = append(parts, fmt.Sprintf("and %d more", len(keys)-max))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s=%d", k, w[k]))
+	}
+	return strings.Join(parts, " ")
+}
+
+// sortedKeys is m's keys in order.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// parseKeyWeights reads KEY=WEIGHT arguments, naming the one at fault.
+func parseKeyWeights(cmd string, args []string) (map[string]int, error) {
+	w := make(map[string]int, len(args))
+	for _, a := range args {
+		k, v, ok := strings.Cut(a, "=")
+		switch {
+		case !ok:
+			return nil, usageError(cmd, fmt.Sprintf("%q: give KEY=WEIGHT, such as acme=3", a))
+		case k == "":
+			return nil, usageError(cmd, fmt.Sprintf("%q: the key is empty (KEY=WEIGHT)", a))
+		}
+		n, err := strconv.Atoi(v)
+		switch {
+		case err != nil:
+			return nil, usageError(cmd, fmt.Sprintf("%q: weight %q is not a whole number (1 to %d)", a, v, conveyor.MaxKeyWeight))
+		case n < 1 || n > conveyor.MaxKeyWeight:
+			return nil, usageError(cmd, fmt.Sprintf("%q: weight %d is out of range (1 to %d; --clear removes every weight)", a, n, conveyor.MaxKeyWeight))
+		}
+		if _, dup := w[k]; dup {
+			return nil, usageError(cmd, fmt.Sprintf("%q: key %q is given twice", a, k))
+		}
+		w[k] = n
+	}
+	if len(w) > conveyor.MaxKeyWeights {
+		return nil, usageError(cmd, fmt.Sprintf("%d keys weighed: at most %d", len(w), conveyor.MaxKeyWeights))
+	}
+	return w, nil
+}
+
+// limitsWeights replaces (KEY=WEIGHT ...), removes (--clear) or prints
+// (neither) a queue's key weights.
+func limitsWeights(e *env, o limitsFlags, pos []string) error {
+	const cmd = "limits weights"
+	if len(pos) == 0 {
+		return usageError(cmd, "queue name required")
+	}
+	queue, args := pos[0], pos[1:]
+	if !queueNameRE.MatchString(queue) {
+		return fmt.Errorf("%s: queue %q: invalid queue name: must match %s", cmd, queue, queueNameRE)
+	}
+	if o.clear && len(args) > 0 {
+		return usageError(cmd, fmt.Sprintf("--clear removes every weight: drop %q, or --clear", args[0]))
+	}
+	w, err := parseKeyWeights(cmd, args)
+	if err != nil {
+		return err
+	}
+	c, err := e.open(false)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	all, err := c.KeyWeights(e.ctx)
+	if err != nil {
+		return err
+	}
+	if !o.clear && len(w) == 0 {
+		if len(all[queue]) == 0 {
+			fmt.Fprintf(e.stdout, "queue %s has no key weights (each key weighs 1)\n", queue)
+			return nil
+		}
+		fmt.Fprintf(e.stdout, "key weights of %s: %s\n", queue, weightsText(all[queue], 0))
 		return nil
 	}
-	w := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "QUEUE\tRUNNING\tSTARTED\tKEYS\tAVAILABLE\tHELD")
-	for _, x := range limited {
-		run, rate := limitUseText(x)
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", x.Queue, dash(run), dash(rate), dash(keyUseText(x)), x.Counts[conveyor.JobStateAvailable], dash(x.Held))
+	if o.clear && len(all[queue]) == 0 {
+		fmt.Fprintf(e.stdout, "queue %s has no key weights: nothing changed\n", queue)
+		return nil
 	}
-	return w.Flush()
+	limits, err := c.QueueLimits(e.ctx)
+	if err != nil {
+		return err
+	}
+	l, limited := limits[queue]
+	if !limited && len(all[queue]) == 0 && !o.allow {
+		exists, err := queueKnown(e, c, queue)
+		if err != nil {
+			return err
+		}
+		if !exists {
+			return fmt.Errorf("%s: queue %q is unknown: it has no job, no live process works it and it is neither paused nor limited (a typo? --allow-unknown-queue weighs its keys before its first use)", cmd, queue)
+		}
+	}
+	if err := c.SetKeyWeights(e.ctx, queue, w); err != nil {
+		return fmt.Errorf("%s: %w", cmd, err)
+	}
+	if len(w) == 0 {
+		fmt.Fprintf(e.stdout, "queue %s has no key weights now (each key weighs 1)\n", queue)
+		return nil
+	}
+	msg := fmt.Sprintf("key weights of %s: %s", queue, weightsText(w, 0))
+	if !l.Fair {
+		msg += fmt.Sprintf(" (they apply once the queue is fair: conveyor limits set %s --fair)", queue)
+	}
+	fmt.Fprintln(e.stdout, msg)
+	return nil
 }
 
 // limitsSet sets a queue's limits. Only the limits given change:
@@ -159,8 +319,8 @@ func limitsSet(e *env, o limitsFlags, pos []string) error {
 		return usageError(cmd, "--per is the window of --rate: give --rate N with it")
 	case set["key-rate-period"] && !set["key-rate"]:
 		return usageError(cmd, "--key-rate-period is the window of --key-rate: give --key-rate N with it")
-	case !set["max-running"] && !set["rate"] && !set["key-max-running"] && !set["ordered"] && !set["ordered-move-on"] && !set["key-rate"]:
-		return usageError(cmd, "give --max-running N, or --rate N with --per DURATION, or --key-max-running N, --ordered, --ordered-move-on, or --key-rate N with --key-rate-period DURATION (limits clear removes every limit)")
+	case !set["max-running"] && !set["rate"] && !set["key-max-running"] && !set["ordered"] && !set["ordered-move-on"] && !set["key-rate"] && !set["fair"]:
+		return usageError(cmd, "give --max-running N, or --rate N with --per DURATION, or --key-max-running N, --ordered, --ordered-move-on, --key-rate N with --key-rate-period DURATION, or --fair (limits clear removes every limit)")
 	case set["key-max-running"] && (o.keyMaxRunning < 0 || o.keyMaxRunning > maxLimitSlots):
 		return usageError(cmd, fmt.Sprintf("--key-max-running %d: must be 0 (no limit) to %d", o.keyMaxRunning, maxLimitSlots))
 	case set["ordered"] && !o.ordered && set["ordered-move-on"] && o.moveOn:
@@ -234,6 +394,9 @@ func limitsSet(e *env, o limitsFlags, pos []string) error {
 		if o.moveOn {
 			l.Ordered = true
 		}
+	}
+	if set["fair"] {
+		l.Fair = o.fair
 	}
 	if l.Ordered && l.KeyMaxRunning > 1 {
 		return fmt.Errorf("%s: queue %s has --key-max-running %d, and an ordered key runs one job at a time: give --key-max-running 0 or 1 with --ordered", cmd, queue, l.KeyMaxRunning)
@@ -345,6 +508,9 @@ func limitsText(l conveyor.QueueLimits) string {
 	if l.KeyRate > 0 {
 		parts = append(parts, fmt.Sprintf("at most %d started per key per %s", l.KeyRate, shortDuration(l.KeyRatePeriod)))
 	}
+	if l.Fair {
+		parts = append(parts, "keys served in turns by weight (fair)")
+	}
 	return strings.Join(parts, ", ")
 }
 
@@ -370,10 +536,14 @@ func limitUseText(q conveyor.QueueStats) (running, rate string) {
 
 // keyUseText is a queue's use of its key limits: "2 per key: 3 keys
 // running", "ordered by key: 1 key running", "5 per key per 1h: 2 keys
-// at their rate" (joined by ", " when the queue has both), with ", 4
-// waiting for their key" when jobs wait for their key; "" without key
+// at their rate", "fair" (joined by ", " when the queue has several),
+// with ", 4 waiting for their key" when jobs wait for their key; "" without key
 // limits.
-func keyUseText(q conveyor.QueueStats) string {
+func keyUseText(q conveyor.QueueStats) string { return keyUseWeightedText(q, 0) }
+
+// keyUseWeightedText is keyUseText, saying the number of weighted keys
+// of a fair queue: "fair (3 weighted keys)".
+func keyUseWeightedText(q conveyor.QueueStats, weighted int) string {
 	if q.Limits == nil {
 		return ""
 	}
@@ -400,6 +570,14 @@ func keyUseText(q conveyor.QueueStats) string {
 			rated = "1 key at its rate"
 		}
 		parts = append(parts, fmt.Sprintf("%d per key per %s: %s", l.KeyRate, shortDuration(l.KeyRatePeriod), rated))
+	}
+	switch {
+	case l.Fair && weighted == 1:
+		parts = append(parts, "fair (1 weighted key)")
+	case l.Fair && weighted > 1:
+		parts = append(parts, fmt.Sprintf("fair (%d weighted keys)", weighted))
+	case l.Fair:
+		parts = append(parts, "fair")
 	}
 	if len(parts) == 0 {
 		return ""
@@ -450,6 +628,8 @@ type limitsJSON struct {
 	KeyRate         int    `json:"key_rate"`
 	KeyRatePeriod   string `json:"key_rate_period"`
 	KeyRatePeriodMS int64  `json:"key_rate_period_ms"`
+	// Fair serves the queue's keys in turns, each up to its weight.
+	Fair bool `json:"fair"`
 }
 
 // limitUseJSON is a queue's use of its limits.
@@ -483,6 +663,9 @@ type queueStatsJSON struct {
 	// AwaitingDependencies is how many jobs of the queue wait for their
 	// dependencies (batch callbacks and workflow jobs not enqueued yet).
 	AwaitingDependencies int64 `json:"awaiting_dependencies"`
+	// KeyWeights are the queue's key weights (limits weights), in
+	// limits --json only; left out when it has none.
+	KeyWeights map[string]int `json:"key_weights,omitempty"`
 }
 
 func toQueueStatsJSON(x conveyor.QueueStats) queueStatsJSON {
@@ -495,7 +678,7 @@ func toQueueStatsJSON(x conveyor.QueueStats) queueStatsJSON {
 	}
 	if l := x.Limits; l != nil {
 		q.Limits = &limitsJSON{MaxRunning: l.MaxRunning, Rate: l.Rate,
-			KeyMaxRunning: l.KeyMaxRunning, Ordered: l.Ordered, OrderedMoveOn: l.OrderedMoveOn}
+			KeyMaxRunning: l.KeyMaxRunning, Ordered: l.Ordered, OrderedMoveOn: l.OrderedMoveOn, Fair: l.Fair}
 		if l.Ordered {
 			q.Limits.KeyMaxRunning = 1 // what Ordered implies, whether stored or not
 		}

@@ -118,7 +118,7 @@ func TestLimitsBadInput(t *testing.T) {
 		{[]string{"limits", "--max-running", "1"}, "--max-running does not apply to limits"},
 		{[]string{"limits", "clear"}, "limits clear: queue name required"},
 		{[]string{"limits", "clear", "q", "--rate", "1"}, "--rate does not apply to limits clear"},
-		{[]string{"limits", "bogus"}, `limits: unknown subcommand "bogus": set or clear`},
+		{[]string{"limits", "bogus"}, `limits: unknown subcommand "bogus": set, weights or clear`},
 		{[]string{"limits", "set", "q", "--key-max-running", "-1"}, "limits set: --key-max-running -1: must be 0 (no limit) to 100000"},
 		{[]string{"limits", "set", "q", "--key-max-running", "100001"}, "--key-max-running 100001: must be 0 (no limit) to 100000"},
 		{[]string{"limits", "set", "q", "--key-max-running", "two"}, `invalid value "two" for flag --key-max-running`},
@@ -138,6 +138,22 @@ func TestLimitsBadInput(t *testing.T) {
 		{[]string{"limits", "set", "q", "--key-rate", "3", "--key-rate-period", "hourly"}, `invalid value "hourly" for flag --key-rate-period`},
 		{[]string{"limits", "--key-rate", "3"}, "--key-rate does not apply to limits"},
 		{[]string{"limits", "clear", "q", "--key-rate-period", "1h"}, "--key-rate-period does not apply to limits clear"},
+		{[]string{"limits", "set", "q", "--fair=often"}, `invalid boolean value "often" for --fair`},
+		{[]string{"limits", "--fair"}, "--fair does not apply to limits"},
+		{[]string{"limits", "clear", "q", "--fair"}, "--fair does not apply to limits clear"},
+		{[]string{"limits", "set", "q", "--clear"}, "--clear does not apply to limits set"},
+		{[]string{"limits", "weights"}, "limits weights: queue name required"},
+		{[]string{"limits", "weights", "bad q", "a=1"}, `limits weights: queue "bad q": invalid queue name`},
+		{[]string{"limits", "weights", "q", "acme=0"}, `limits weights: "acme=0": weight 0 is out of range (1 to 1000`},
+		{[]string{"limits", "weights", "q", "acme=1001"}, `limits weights: "acme=1001": weight 1001 is out of range (1 to 1000`},
+		{[]string{"limits", "weights", "q", "acme=-2"}, `"acme=-2": weight -2 is out of range`},
+		{[]string{"limits", "weights", "q", "a=2", "acme=x"}, `limits weights: "acme=x": weight "x" is not a whole number`},
+		{[]string{"limits", "weights", "q", "acme"}, `limits weights: "acme": give KEY=WEIGHT`},
+		{[]string{"limits", "weights", "q", "=3"}, `limits weights: "=3": the key is empty`},
+		{[]string{"limits", "weights", "q", "a=1", "a=2"}, `limits weights: "a=2": key "a" is given twice`},
+		{[]string{"limits", "weights", "q", "a=1", "--clear"}, `limits weights: --clear removes every weight: drop "a=1"`},
+		{[]string{"limits", "weights", "q", "a=1", "--max-running", "2"}, "--max-running does not apply to limits weights"},
+		{[]string{"limits", "weights", "q", "--json"}, "--json does not apply to limits weights"},
 	} {
 		_, _, err := cli(t, "", tc.args...)
 		oneLineErr(t, tc.args, err, tc.want)
@@ -158,7 +174,7 @@ func TestLimitsText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `"limits":{"max_running":5,"rate":10,"rate_period":"1m30s","rate_period_ms":90000,"key_max_running":0,"ordered":false,"ordered_move_on":false,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0},` +
+	want := `"limits":{"max_running":5,"rate":10,"rate_period":"1m30s","rate_period_ms":90000,"key_max_running":0,"ordered":false,"ordered_move_on":false,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0,"fair":false},` +
 		`"limit_use":{"running":3,"started":10,"next_start_ms":1500,"keys_running":0,"key_held":0,"keys_rated":0},"held":"rate"`
 	if !strings.Contains(string(b), want) {
 		t.Errorf("JSON %s lacks %s", b, want)
@@ -188,6 +204,10 @@ func TestKeyLimitsText(t *testing.T) {
 			"at most 3 started per key per 1h", "3 per key per 1h: 2 keys at their rate, 14 waiting for their key"},
 		{conveyor.QueueLimits{KeyMaxRunning: 1, KeyRate: 5, KeyRatePeriod: 90 * time.Second}, conveyor.LimitUse{KeysRunning: 1, KeysRated: 1},
 			"at most 1 running per key, at most 5 started per key per 1m30s", "1 per key: 1 key running, 5 per key per 1m30s: 1 key at its rate"},
+		{conveyor.QueueLimits{Fair: true}, conveyor.LimitUse{},
+			"keys served in turns by weight (fair)", "fair"},
+		{conveyor.QueueLimits{MaxRunning: 4, KeyMaxRunning: 2, Fair: true}, conveyor.LimitUse{KeysRunning: 2, KeyHeld: 3},
+			"at most 4 running, at most 2 running per key, keys served in turns by weight (fair)", "2 per key: 2 keys running, fair, 3 waiting for their key"},
 	} {
 		if got := limitsText(c.l); got != c.text {
 			t.Errorf("limitsText(%+v) = %q, want %q", c.l, got, c.text)
@@ -207,7 +227,7 @@ func TestKeyLimitsText(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `"limits":{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":1,"ordered":true,"ordered_move_on":false,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0},` +
+	want := `"limits":{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":1,"ordered":true,"ordered_move_on":false,"key_rate":0,"key_rate_period":"","key_rate_period_ms":0,"fair":false},` +
 		`"limit_use":{"running":0,"started":0,"next_start_ms":0,"keys_running":2,"key_held":4,"keys_rated":0},"held":"key"`
 	if !strings.Contains(string(b), want) {
 		t.Errorf("JSON %s lacks %s", b, want)
@@ -217,7 +237,7 @@ func TestKeyLimitsText(t *testing.T) {
 	if b, err = json.Marshal(toQueueStatsJSON(q)); err != nil {
 		t.Fatal(err)
 	}
-	want = `"limits":{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":0,"ordered":false,"ordered_move_on":false,"key_rate":3,"key_rate_period":"1h","key_rate_period_ms":3600000},` +
+	want = `"limits":{"max_running":0,"rate":0,"rate_period":"","rate_period_ms":0,"key_max_running":0,"ordered":false,"ordered_move_on":false,"key_rate":3,"key_rate_period":"1h","key_rate_period_ms":3600000,"fair":false},` +
 		`"limit_use":{"running":0,"started":0,"next_start_ms":0,"keys_running":0,"key_held":14,"keys_rated":2},"held":"key"`
 	if !strings.Contains(string(b), want) {
 		t.Errorf("JSON %s lacks %s", b, want)
@@ -416,5 +436,129 @@ func TestStatsAwaitingDependencies(t *testing.T) {
 	}
 	if len(got) != 2 || got["first"] != 0 || got["second"] != 2 {
 		t.Errorf("stats --json: awaiting dependencies %v, want first 0, second 2", got)
+	}
+}
+
+// TestFairText: a fair queue as limits and stats say it, with its
+// weighted keys, and the key weights as the listing prints them.
+func TestFairText(t *testing.T) {
+	q := conveyor.QueueStats{Queue: "a", Limits: &conveyor.QueueLimits{Fair: true}, LimitUse: &conveyor.LimitUse{}}
+	for n, want := range map[int]string{0: "fair", 1: "fair (1 weighted key)", 3: "fair (3 weighted keys)"} {
+		if got := keyUseWeightedText(q, n); got != want {
+			t.Errorf("keyUseWeightedText(fair, %d) = %q, want %q", n, got, want)
+		}
+	}
+	if got := keyUseWeightedText(conveyor.QueueStats{Limits: &conveyor.QueueLimits{MaxRunning: 1}}, 2); got != "" {
+		t.Errorf("weights of a queue that is not fair: %q", got)
+	}
+	w := map[string]int{"b": 2, "a": 2, "c": 5, "d": 1}
+	if got := weightsText(w, 0); got != "c=5 a=2 b=2 d=1" {
+		t.Errorf("weightsText = %q", got)
+	}
+	if got := weightsText(w, 2); got != "c=5 a=2 and 2 more" {
+		t.Errorf("weightsText at most 2 = %q", got)
+	}
+	got, err := parseKeyWeights("limits weights", []string{"acme=3", "globex=1", "a=b=2"})
+	if err == nil || !strings.Contains(err.Error(), `"a=b=2": weight "b=2" is not a whole number`) {
+		t.Errorf("a=b=2: %v, %v", got, err)
+	}
+	if got, err = parseKeyWeights("limits weights", []string{"acme=3", "globex=1"}); err != nil || len(got) != 2 || got["acme"] != 3 || got["globex"] != 1 {
+		t.Errorf("acme=3 globex=1: %v, %v", got, err)
+	}
+	b, err := json.Marshal(toQueueStatsJSON(q))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `"key_rate_period_ms":0,"fair":true}`; !strings.Contains(string(b), want) || strings.Contains(string(b), "key_weights") {
+		t.Errorf("JSON %s lacks %s, or has key_weights", b, want)
+	}
+}
+
+// TestFairCommand: limits set --fair makes a queue fair (only the flags
+// given change; --fair=false removes it), limits weights replaces,
+// prints and clears its key weights, and limits shows both. On SQLite.
+func TestFairCommand(t *testing.T) {
+	inEmptyDir(t)
+	dsn := filepath.Join(t.TempDir(), "q.db")
+	db := []string{"--db", dsn}
+	run := func(args ...string) string { t.Helper(); return mustCLI(t, append(args, db...)...) }
+	run("migrate")
+	run("enqueue", "--kind", "k", "--queue", "tenants", "--key", "acme", "--allow-unknown-kinds")
+	out := run("limits", "set", "tenants", "--fair")
+	if out != "queue tenants is limited in every process: keys served in turns by weight (fair) (conveyor limits clear tenants removes the limits)\n" {
+		t.Errorf("limits set --fair printed %q", out)
+	}
+	if out := run("limits", "set", "tenants", "--max-running", "10"); !strings.Contains(out, ": at most 10 running, keys served in turns by weight (fair) (") {
+		t.Errorf("limits set --max-running kept fair? %q", out)
+	}
+	if out := run("limits", "weights", "tenants"); out != "queue tenants has no key weights (each key weighs 1)\n" {
+		t.Errorf("limits weights with none printed %q", out)
+	}
+	if out := run("limits", "weights", "tenants", "acme=3", "globex=2"); out != "key weights of tenants: acme=3 globex=2\n" {
+		t.Errorf("limits weights set printed %q", out)
+	}
+	c, err := connect.Open(t.Context(), dsn, &conveyor.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if w, err := c.KeyWeights(t.Context()); err != nil || len(w) != 1 || len(w["tenants"]) != 2 || w["tenants"]["acme"] != 3 || w["tenants"]["globex"] != 2 {
+		t.Fatalf("the client reads weights %v, %v", w, err)
+	}
+	if l, err := c.QueueLimits(t.Context()); err != nil || l["tenants"] != (conveyor.QueueLimits{MaxRunning: 10, Fair: true}) {
+		t.Fatalf("the client reads %+v, %v", l["tenants"], err)
+	}
+	out = run("limits")
+	if !regexp.MustCompile(`(?m)^tenants +0/10 +- +fair \(2 weighted keys\) +1 +-$`).MatchString(out) ||
+		!strings.Contains(out, "\nkey weights of tenants: acme=3 globex=2\n") {
+		t.Errorf("limits printed:\n%s", out)
+	}
+	if out := run("stats"); !regexp.MustCompile(`(?m)^tenants .* running 0/10, fair +-$`).MatchString(out) {
+		t.Errorf("stats printed:\n%s", out)
+	}
+	var s struct {
+		Queues []queueStatsJSON `json:"queues"`
+	}
+	if err := json.Unmarshal([]byte(run("limits", "--json")), &s); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Queues) != 1 || s.Queues[0].Limits == nil || *s.Queues[0].Limits != (limitsJSON{MaxRunning: 10, Fair: true}) ||
+		len(s.Queues[0].KeyWeights) != 2 || s.Queues[0].KeyWeights["acme"] != 3 {
+		t.Fatalf("limits --json: %+v", s.Queues)
+	}
+	// Replacing drops the keys left out; the weights survive a change of
+	// the limits.
+	if out := run("limits", "weights", "tenants", "initech=4"); out != "key weights of tenants: initech=4\n" {
+		t.Errorf("limits weights replace printed %q", out)
+	}
+	if out := run("limits", "set", "tenants", "--fair=false"); !strings.HasSuffix(out, ": at most 10 running (conveyor limits clear tenants removes the limits)\n") {
+		t.Errorf("limits set --fair=false printed %q", out)
+	}
+	if out := run("limits", "weights", "tenants"); out != "key weights of tenants: initech=4\n" {
+		t.Errorf("limits weights after --fair=false printed %q", out)
+	}
+	if out := run("limits", "weights", "tenants", "acme=2"); out != "key weights of tenants: acme=2 (they apply once the queue is fair: conveyor limits set tenants --fair)\n" {
+		t.Errorf("limits weights on a queue not fair printed %q", out)
+	}
+	if out := run("limits", "weights", "tenants", "--clear"); out != "queue tenants has no key weights now (each key weighs 1)\n" {
+		t.Errorf("limits weights --clear printed %q", out)
+	}
+	if out := run("limits", "weights", "tenants", "--clear"); out != "queue tenants has no key weights: nothing changed\n" {
+		t.Errorf("limits weights --clear again printed %q", out)
+	}
+	if w, err := c.KeyWeights(t.Context()); err != nil || len(w) != 0 {
+		t.Fatalf("after --clear the client reads weights %v, %v", w, err)
+	}
+	// An unknown queue is refused, unless asked for; a bad key is
+	// refused by the client, naming it.
+	_, _, err = cli(t, "", append([]string{"limits", "weights", "mial", "a=1"}, db...)...)
+	oneLineErr(t, []string{"limits", "weights", "mial"}, err, `limits weights: queue "mial" is unknown`)
+	if out := run("limits", "weights", "later", "a=1", "--allow-unknown-queue"); !strings.HasPrefix(out, "key weights of later: a=1 (") {
+		t.Errorf("limits weights --allow-unknown-queue printed %q", out)
+	}
+	long := strings.Repeat("k", 300)
+	_, _, err = cli(t, "", append([]string{"limits", "weights", "tenants", long + "=2"}, db...)...)
+	if err == nil || !strings.Contains(err.Error(), "limits weights: ") || !strings.Contains(err.Error(), "key weights of queue \"tenants\"") {
+		t.Errorf("a key too long: %v", err)
 	}
 }

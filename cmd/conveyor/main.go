@@ -54,12 +54,12 @@ commands:
   pause QUEUE [--allow-unknown-queue] | resume QUEUE
                           stop and restart claims of a queue in every process (running jobs finish)
   limits [--json] | limits set QUEUE [--max-running N] [--rate N --per DURATION] [--key-max-running N]
-        [--ordered[=false]] [--ordered-move-on[=false]] [--key-rate N --key-rate-period DURATION]
-        | limits clear QUEUE
+        [--ordered[=false]] [--ordered-move-on[=false]] [--key-rate N --key-rate-period DURATION] [--fair[=false]]
+        | limits weights QUEUE [KEY=WEIGHT ...] [--clear] | limits clear QUEUE
                           the limited queues, their use and what holds them; set or clear a queue's limits
                           (jobs running at once, jobs started per window, jobs running at once per key,
-                          each key's jobs one at a time in order, jobs started per window per key) for
-                          every process
+                          each key's jobs one at a time in order, jobs started per window per key, keys
+                          served in turns) for every process; weights: a key's share of a fair queue's turns
   serve [--listen ADDR] [--token-file F] [--read-only-token-file F] [--basic-auth-file F] [--insecure-loopback-dev]
         [--unknown-kinds warn|refuse|allow] [--metrics=false]
                           the dashboard, the HTTP/JSON API (worker protocol included) and /metrics for

@@ -267,6 +267,8 @@ export interface QueueLimits {
   keyRatePeriod: string;
   /** keyRatePeriod in milliseconds; 0 without a keyRate. */
   keyRatePeriodMs: number;
+  /** The queue's keys are served in turns, each taking up to its weight (setKeyWeights) of a claim per turn. */
+  fair: boolean;
 }
 
 /** Limits to set: a field left out is no limit (setQueueLimits replaces them whole). */
@@ -294,6 +296,15 @@ export interface QueueLimitsInput {
   keyRate?: number;
   /** keyRate's window, 1ms to 30 days: a Go duration string ("1h", "30s") or milliseconds; with keyRate only. */
   keyRatePeriod?: string | number;
+  /**
+   * Serve the queue's keys in turns, so that a key with many waiting jobs
+   * does not delay a key with few: each claim takes at most a key's
+   * weight (setKeyWeights; 1 for a key not weighed) of its jobs per turn,
+   * within its other limits, and gives the keys that have more further
+   * turns when it has room left. Jobs without a key come after the keyed
+   * ones. It holds no job back.
+   */
+  fair?: boolean;
 }
 
 /** How much of a queue's limits is in use. */
@@ -336,6 +347,8 @@ export interface QueueInfo {
    * workflow jobs not enqueued yet, in no state of counts.
    */
   awaitingDependencies: number;
+  /** How many keys of a fair queue have a weight (keyWeights lists them); 0 for a queue that is not fair. */
+  weightedKeys: number;
 }
 
 export interface ClientOptions {
@@ -458,6 +471,7 @@ interface WireLimits {
   key_rate?: number;
   key_rate_period?: string;
   key_rate_period_ms?: number;
+  fair?: boolean;
 }
 
 interface WireQueue {
@@ -472,6 +486,7 @@ interface WireQueue {
   limit_use?: { running: number; started: number; next_start_ms: number; keys_running?: number; key_held?: number; keys_rated?: number } | null;
   held?: Held | null;
   awaiting_dependencies?: number;
+  weighted_keys?: number;
 }
 
 function limitsFromWire(w: WireLimits | null | undefined): QueueLimits | null {
@@ -487,6 +502,7 @@ function limitsFromWire(w: WireLimits | null | undefined): QueueLimits | null {
     keyRate: w.key_rate ?? 0,
     keyRatePeriod: w.key_rate_period ?? "",
     keyRatePeriodMs: w.key_rate_period_ms ?? 0,
+    fair: w.fair ?? false,
   };
 }
 
@@ -505,6 +521,7 @@ function limitsToWire(l: QueueLimitsInput): Record<string, unknown> {
   if (l.keyRate !== undefined) body.key_rate = l.keyRate;
   if (typeof l.keyRatePeriod === "number") body.key_rate_period_ms = l.keyRatePeriod;
   else if (l.keyRatePeriod !== undefined) body.key_rate_period = l.keyRatePeriod;
+  if (l.fair !== undefined) body.fair = l.fair;
   return body;
 }
 
@@ -691,6 +708,7 @@ export class Client {
         : null,
       held: q.held ?? null,
       awaitingDependencies: q.awaiting_dependencies ?? 0,
+      weightedKeys: q.weighted_keys ?? 0,
     }));
   }
 
@@ -719,6 +737,40 @@ export class Client {
   /** Removes a queue's flow limits. */
   async clearQueueLimits(queue: string): Promise<void> {
     await this.request("DELETE", `/api/v1/queues/${encodeURIComponent(queue)}/limits`);
+  }
+
+  /** A queue's key weights (setKeyWeights); {} when it has none. */
+  async keyWeights(queue: string): Promise<Record<string, number>> {
+    const out = await this.request<{ key_weights: Record<string, number> | null }>(
+      "GET",
+      `/api/v1/queues/${encodeURIComponent(queue)}/weights`,
+    );
+    return out.key_weights ?? {};
+  }
+
+  /**
+   * Replaces a queue's key weights for every process ({} removes them):
+   * under the queue's fair limit a key of weight 3 takes up to 3 jobs per
+   * turn where a key not weighed takes 1. At most 1000 keys, weights 1 to
+   * 1000; a bad key or weight is refused with a 400 naming it, and nothing
+   * changes. The queue need not be fair yet, and setQueueLimits leaves the
+   * weights as they are. Returns the weights set.
+   */
+  async setKeyWeights(queue: string, weights: Record<string, number>): Promise<Record<string, number>> {
+    if (!weights || typeof weights !== "object" || Array.isArray(weights)) {
+      throw new TypeError("setKeyWeights: give the weights by key, e.g. { acme: 3 } ({} removes them)");
+    }
+    const out = await this.request<{ key_weights: Record<string, number> | null }>(
+      "PUT",
+      `/api/v1/queues/${encodeURIComponent(queue)}/weights`,
+      { key_weights: weights },
+    );
+    return out.key_weights ?? {};
+  }
+
+  /** Removes a queue's key weights: every key weighs 1. */
+  async clearKeyWeights(queue: string): Promise<void> {
+    await this.request("DELETE", `/api/v1/queues/${encodeURIComponent(queue)}/weights`);
   }
 
   // The worker protocol. Worker uses these; call them directly to drive

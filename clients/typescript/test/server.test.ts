@@ -612,7 +612,7 @@ test("queue limits: set, read, listed with their use and what holds the queue, c
   assert.equal(await client.queueLimits(q), null);
 
   const set = await client.setQueueLimits(q, { maxRunning: 5, rate: 100, ratePeriod: "1m" });
-  const noKeyRate = { keyRate: 0, keyRatePeriod: "", keyRatePeriodMs: 0 };
+  const noKeyRate = { keyRate: 0, keyRatePeriod: "", keyRatePeriodMs: 0, fair: false };
   const want = { maxRunning: 5, rate: 100, ratePeriod: "1m", ratePeriodMs: 60_000, keyMaxRunning: 0, ordered: false, orderedMoveOn: false, ...noKeyRate };
   assert.deepEqual(set, want);
   assert.deepEqual(await client.queueLimits(q), want);
@@ -705,7 +705,7 @@ test("job keys: a bad key or key limit is refused naming it, and nothing is writ
 
 test("job keys: stored, read back and claimed; a key limit holds each key", { skip, timeout: 30_000 }, async () => {
   const q = `ts-keys-${run}`;
-  const none = { maxRunning: 0, rate: 0, ratePeriod: "", ratePeriodMs: 0, keyRate: 0, keyRatePeriod: "", keyRatePeriodMs: 0 };
+  const none = { maxRunning: 0, rate: 0, ratePeriod: "", ratePeriodMs: 0, keyRate: 0, keyRatePeriod: "", keyRatePeriodMs: 0, fair: false };
   assert.deepEqual(await client.setQueueLimits(q, { keyMaxRunning: 1 }), { ...none, keyMaxRunning: 1, ordered: false, orderedMoveOn: false });
   assert.deepEqual(await client.queueLimits(q), { ...none, keyMaxRunning: 1, ordered: false, orderedMoveOn: false });
 
@@ -746,7 +746,7 @@ test("job keys: stored, read back and claimed; a key limit holds each key", { sk
 
 test("rates per key: stored and read back; a claim starts at most keyRate jobs of a key in the window", { skip, timeout: 30_000 }, async () => {
   const q = `ts-key-rate-${run}`;
-  const want = { maxRunning: 0, rate: 0, ratePeriod: "", ratePeriodMs: 0, keyMaxRunning: 0, ordered: false, orderedMoveOn: false, keyRate: 2, keyRatePeriod: "1h", keyRatePeriodMs: 3_600_000 };
+  const want = { maxRunning: 0, rate: 0, ratePeriod: "", ratePeriodMs: 0, keyMaxRunning: 0, ordered: false, orderedMoveOn: false, keyRate: 2, keyRatePeriod: "1h", keyRatePeriodMs: 3_600_000, fair: false };
   assert.deepEqual(await client.setQueueLimits(q, { keyRate: 2, keyRatePeriod: "1h" }), want);
   assert.deepEqual(await client.queueLimits(q), want);
   assert.deepEqual(await client.setQueueLimits(q, { keyRate: 2, keyRatePeriod: 3_600_000 }), want, "milliseconds are a period too");
@@ -769,6 +769,60 @@ test("rates per key: stored and read back; a claim starts at most keyRate jobs o
   for (const j of claimed) await client.complete(j.id, j.fence);
   assert.deepEqual(await client.claim({ queue: q, limit: 10 }), []);
 
+  await client.clearQueueLimits(q);
+  for (const id of ids) await client.cancel(id).catch(() => {});
+});
+
+test("fair queues: stored and read back; key weights set, read and cleared; a claim serves every key before a flood's second", { skip, timeout: 30_000 }, async () => {
+  const q = `ts-fair-${run}`;
+  const want = { maxRunning: 0, rate: 0, ratePeriod: "", ratePeriodMs: 0, keyMaxRunning: 0, ordered: false, orderedMoveOn: false, keyRate: 0, keyRatePeriod: "", keyRatePeriodMs: 0, fair: true };
+  assert.deepEqual(await client.setQueueLimits(q, { fair: true }), want);
+  assert.deepEqual(await client.queueLimits(q), want);
+
+  assert.deepEqual(await client.keyWeights(q), {});
+  assert.deepEqual(await client.setKeyWeights(q, { acme: 3, globex: 2 }), { acme: 3, globex: 2 });
+  assert.deepEqual(await client.keyWeights(q), { acme: 3, globex: 2 });
+  // Setting the limits leaves the weights.
+  await client.setQueueLimits(q, { fair: true, maxRunning: 10 });
+  assert.deepEqual(await client.keyWeights(q), { acme: 3, globex: 2 });
+
+  // Bad weights are refused naming the key or weight, and nothing changes.
+  const refused = (p: Promise<unknown>, field: RegExp) =>
+    assert.rejects(p, (e: unknown) => {
+      assert.ok(e instanceof ConveyorError, `not a ConveyorError: ${e}`);
+      assert.equal(e.status, 400);
+      assert.match(e.serverMessage, field);
+      return true;
+    });
+  await refused(client.setKeyWeights(q, { acme: 0 }), /weight 0 of key "acme" is out of range/);
+  await refused(client.setKeyWeights(q, { acme: 2, globex: 1001 }), /weight 1001 of key "globex" is out of range/);
+  await refused(client.setKeyWeights(q, { "": 2 }), /an empty key is weighed/);
+  await refused(client.setKeyWeights(q, { acme: 1.5 }), /key_weights/);
+  await assert.rejects(client.setKeyWeights(q, null as unknown as Record<string, number>), TypeError);
+  assert.deepEqual(await client.keyWeights(q), { acme: 3, globex: 2 });
+
+  // A flood of one key, enqueued first, then one job each of two others:
+  // a claim of 3 takes one of each key.
+  const ids: number[] = [];
+  for (let i = 0; i < 10; i++) ids.push((await client.enqueue("k", {}, { queue: q, key: "flood" })).id);
+  for (const key of ["acme", "initech"]) ids.push((await client.enqueue("k", {}, { queue: q, key })).id);
+  const claimed = await client.claim({ queue: q, limit: 3 });
+  assert.deepEqual(claimed.map((j) => j.key).sort(), ["acme", "flood", "initech"]);
+  let info = (await client.queues()).find((x) => x.queue === q);
+  await until("the queue to list its weighted keys", async () => {
+    info = (await client.queues()).find((x) => x.queue === q);
+    return info?.weightedKeys === 2;
+  });
+  assert.equal(info?.limits?.fair, true);
+  assert.equal(info?.held, null);
+
+  await client.clearKeyWeights(q);
+  assert.deepEqual(await client.keyWeights(q), {});
+  assert.deepEqual(await client.setKeyWeights(q, { acme: 2 }), { acme: 2 });
+  assert.deepEqual(await client.setKeyWeights(q, {}), {});
+  assert.deepEqual(await client.keyWeights(q), {});
+
+  for (const j of claimed) await client.complete(j.id, j.fence);
   await client.clearQueueLimits(q);
   for (const id of ids) await client.cancel(id).catch(() => {});
 });

@@ -129,6 +129,10 @@
       const r = u.keys_rated || 0;
       out.push(l.key_rate + " per key per " + l.key_rate_period + ": " + (r === 1 ? "1 key at its rate" : r + " keys at their rate"));
     }
+    if (l.fair) {
+      const w = q.weighted_keys || 0;
+      out.push(w === 0 ? "fair" : w === 1 ? "fair: 1 weighted key" : "fair: " + w + " weighted keys");
+    }
     if ((l.ordered || l.key_max_running > 0 || l.key_rate > 0) && u.key_held > 0) out.push(u.key_held + " waiting for their key");
     return out;
   }

@@ -143,6 +143,10 @@ type Options struct {
 	// flood is the keys-flood workload's count of jobs of one key
 	// enqueued before the small keys' (0: none).
 	flood int
+	// weights, if set, are the run's queue's key weights (SetKeyWeights),
+	// set with Limits; with keyOf, the run reports each key's share of
+	// the starts while every key had jobs (Result.KeyShares).
+	weights map[string]int
 	// held, if set, is called once a steady run's held transaction is
 	// open and its load is about to start (tests stop the run then).
 	held func()
@@ -260,6 +264,16 @@ type Result struct {
 	// latency.
 	SmallP50ms float64 `json:"small_p50_ms,omitempty"`
 	SmallP99ms float64 `json:"small_p99_ms,omitempty"` // see SmallP50ms
+	// KeyWeights are the key weights of a keys run's fair-weights phase.
+	KeyWeights map[string]int `json:"key_weights,omitempty"`
+	// KeyShares, in a keys run's fair-weights phase, are the starts of
+	// each key while every key still had jobs to start: up to the first
+	// claim of the last job of the key that ran out first, by the
+	// database's clock.
+	KeyShares map[string]int64 `json:"key_shares,omitempty"`
+	// ShareRatio is the heaviest key's share of KeyShares over the
+	// lightest's, which the weights put at their ratio.
+	ShareRatio float64 `json:"share_ratio,omitempty"`
 	// PickupP50ms and PickupP99ms, for a run whose limits bind, are the
 	// median and 99th percentile of how long a job freed by the limits
 	// waited to start: from the end that freed its concurrency slot, or
@@ -588,6 +602,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, errors.Join(err, c.Close())
 		}
 	}
+	if len(o.weights) > 0 {
+		if err := c.SetKeyWeights(ctx, conveyor.DefaultQueue, o.weights); err != nil {
+			return nil, errors.Join(err, c.Close())
+		}
+	}
 	mk := jobMaker(o)
 	res := &Result{Workload: o.Workload, Backend: c.Backend(), Workers: o.Workers, Middleware: o.Middleware}
 	if !o.Limits.IsZero() {
@@ -622,6 +641,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	if o.Limits.KeyRate > 0 && o.keyOf != nil {
 		res.KeyMaxStartsInWindow = rec.KeyMaxInWindow(0, rec.Issued(), o.Limits.KeyRatePeriod, o.keyOf)
+	}
+	if len(o.weights) > 0 && o.keyOf != nil {
+		res.KeyWeights = o.weights
+		res.KeyShares = rec.KeyShares(0, rec.Issued(), o.keyOf)
+		res.ShareRatio = shareRatio(res.KeyShares, o.weights)
 	}
 	o.emit(res)
 	if err != nil || cerr != nil {

@@ -219,7 +219,7 @@ func runWorkloads(t *testing.T, dsn, backend string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := []string{"small-keys", "flood", "unlimited", "key-limit-1", "ordered-1000", "ordered-deep", "ordered-wide"}
+		want := []string{"small-keys", "flood", "fair-small-keys", "fair-flood", "unlimited", "key-limit-1", "ordered-1000", "ordered-deep", "ordered-wide", "fair-weights"}
 		if len(rs) != len(want) {
 			t.Fatalf("keys: %d results, want %d", len(rs), len(want))
 		}
@@ -231,13 +231,21 @@ func runWorkloads(t *testing.T, dsn, backend string) {
 		// Counted by the handlers: one job of a key at a time where the
 		// limit is 1, at most 5 of the flooded key, and the small keys'
 		// latency measured.
-		for _, r := range rs[3:] {
+		for _, r := range rs[5:9] {
 			if r.KeyPeakRunning != 1 || r.KeyReorders != 0 && r.Limits.Ordered {
 				t.Errorf("%s: %d of one key at once, %d out of order", r.Phase, r.KeyPeakRunning, r.KeyReorders)
 			}
 		}
 		if p := rs[1].KeyPeakRunning; p < 1 || p > keysFloodLimit || rs[1].SmallP99ms <= 0 || rs[0].SmallP99ms <= 0 {
 			t.Errorf("flood: %d of the flooded key at once (want 1 to %d), small keys' p99 %.2f ms (alone %.2f ms)", p, keysFloodLimit, rs[1].SmallP99ms, rs[0].SmallP99ms)
+		}
+		// Fair: the small keys' latency measured beside the flood, and the
+		// weighed keys' starts in the ratio of their weights.
+		if rs[3].SmallP99ms <= 0 || rs[2].SmallP99ms <= 0 || rs[3].Limits == nil || !rs[3].Limits.Fair {
+			t.Errorf("fair-flood: small keys' p99 %.2f ms (alone %.2f ms), limits %+v", rs[3].SmallP99ms, rs[2].SmallP99ms, rs[3].Limits)
+		}
+		if r := rs[9]; r.Limits == nil || !r.Limits.Fair || r.ShareRatio < 2 || r.ShareRatio > 4 || r.KeyShares["heavy"] == 0 || r.KeyShares["light"] == 0 {
+			t.Errorf("fair-weights: limits %+v, starts %v, ratio %.2f; want fair, about 3:1", r.Limits, r.KeyShares, r.ShareRatio)
 		}
 		checkRuns(t, backend, rs)
 	})

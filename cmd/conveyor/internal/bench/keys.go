@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/conveyorq/conveyor"
@@ -19,6 +20,9 @@ const (
 	keysSmallJobs  = 10
 	keysSmallEvery = 2 * time.Millisecond
 	keysFloodLimit = 5
+	// The fair-weights phase: two deep keys of these weights.
+	keysHeavyWeight = 3
+	keysLightWeight = 1
 )
 
 // keysWorkload measures what key limits cost, in one run on fresh tables
@@ -37,7 +41,14 @@ const (
 //     enqueue-to-start latency (SmallP50ms, SmallP99ms) is the reference
 //     of
 //   - flood: the same, after o.Jobs jobs of one key were enqueued: a key
-//     with a deep backlog must not delay the small keys' jobs.
+//     with a deep backlog must not delay the small keys' jobs;
+//   - fair-small-keys and fair-flood: small-keys and flood in a Fair
+//     queue without a limit per key: the flooded key is served in turns
+//     with the small keys, not held;
+//   - fair-weights: two deep keys of o.Jobs/2 jobs each in a Fair queue,
+//     "light" (weight 1) enqueued before "heavy" (weight 3): while both
+//     have jobs, heavy must start about 3 times as many (KeyShares,
+//     ShareRatio); a ratio outside 2..4 fails the run.
 //
 // Each run checks, from executions counted by the handlers outside the
 // queue, that no key ran more jobs at once than its limit and that no
@@ -67,11 +78,16 @@ func keysWorkload(ctx context.Context, o Options) ([]*Result, error) {
 		name  string
 		flood int
 		ref   string
-	}{{"small-keys", 0, ""}, {"flood", o.Jobs, "small-keys"}}
+		fair  bool
+	}{{"small-keys", 0, "", false}, {"flood", o.Jobs, "small-keys", false},
+		{"fair-small-keys", 0, "", true}, {"fair-flood", o.Jobs, "fair-small-keys", true}}
 	var ps phaseRuns
 	for _, ph := range floods {
 		ro := o
 		ro.Workload, ro.Limits, ro.flood = "keys-flood", conveyor.QueueLimits{KeyMaxRunning: keysFloodLimit}, ph.flood
+		if ph.fair {
+			ro.Limits = conveyor.QueueLimits{Fair: true}
+		}
 		ro.label = "keys " + ph.name
 		if !ps.run(ctx, o, ro, func(r *Result) {
 			r.Workload, r.Phase, r.Keys, r.Reference = "keys", ph.name, keysSmallKeys+min(ph.flood, 1), ph.ref
@@ -86,10 +102,74 @@ func keysWorkload(ctx context.Context, o Options) ([]*Result, error) {
 		if !ps.run(ctx, o, ro, func(r *Result) {
 			r.Workload, r.Phase, r.Keys, r.Reference = "keys", ph.name, ph.keys, ph.ref
 		}) {
-			break
+			return ps.rs, ps.err()
 		}
 	}
+	half := max(jobs/2, 1)
+	ro := o
+	ro.Workload, ro.Limits, ro.label = "drain", conveyor.QueueLimits{Fair: true}, "keys fair-weights"
+	ro.keyOf = func(i int64) string {
+		if i < half {
+			return "light"
+		}
+		return "heavy"
+	}
+	ro.weights = map[string]int{"heavy": keysHeavyWeight, "light": keysLightWeight}
+	ps.run(ctx, o, ro, func(r *Result) {
+		r.Workload, r.Phase, r.Keys, r.Reference = "keys", "fair-weights", min(2, o.Jobs), ""
+	})
 	return ps.rs, ps.err()
+}
+
+// shareRatio is the heaviest key's share of the starts over the
+// lightest's (by weights, the first in key order among equals); 0 when
+// the lightest started none.
+func shareRatio(shares map[string]int64, weights map[string]int) float64 {
+	var heavy, light string
+	for _, k := range sortedKeys(weights) {
+		if heavy == "" || weights[k] > weights[heavy] {
+			heavy = k
+		}
+		if light == "" || weights[k] < weights[light] {
+			light = k
+		}
+	}
+	if shares[light] == 0 {
+		return 0
+	}
+	return float64(shares[heavy]) / float64(shares[light])
+}
+
+// checkShares reports a run whose keys' shares of the starts are off
+// their weights' ratio by more than a third of it (2 to 4 for weights 3
+// and 1).
+func checkShares(r *Result) error {
+	if r.KeyShares == nil || len(r.KeyWeights) < 2 {
+		return nil
+	}
+	lo, hi := 0, 0
+	for _, w := range r.KeyWeights {
+		if lo == 0 || w < lo {
+			lo = w
+		}
+		hi = max(hi, w)
+	}
+	want := float64(hi) / float64(lo)
+	if r.ShareRatio < want*2/3 || r.ShareRatio > want*4/3 {
+		return fmt.Errorf("bench: %s: the keys started %v while all had jobs, a ratio of %.2f under weights %v (want %.2f to %.2f)",
+			r.label(), r.KeyShares, r.ShareRatio, r.KeyWeights, want*2/3, want*4/3)
+	}
+	return nil
+}
+
+// sortedKeys is m's keys in order.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 // keysFlood runs a flood phase of the keys workload (see keysWorkload):

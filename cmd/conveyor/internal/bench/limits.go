@@ -146,7 +146,7 @@ func checkHeld(r *Result) error {
 	if r.Limits.Ordered && r.KeyReorders > 0 {
 		return fmt.Errorf("bench: %s: %d executions started after a later job of their ordered key", r.label(), r.KeyReorders)
 	}
-	return nil
+	return checkShares(r)
 }
 
 // pickupPage is how many jobs one read of pickup lists.

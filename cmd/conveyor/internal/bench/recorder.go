@@ -162,6 +162,40 @@ func (r *Recorder) KeyMaxInWindow(from, to int64, d time.Duration, keyOf func(in
 	return best
 }
 
+// KeyShares counts the first claims of each key of the jobs [from, to)
+// (keyOf gives a job seq's key) made while every key still had jobs to
+// start: up to the first claim of the last job of the key that ran out
+// first, by the database's clock (claims of one statement share it).
+func (r *Recorder) KeyShares(from, to int64, keyOf func(int64) string) map[string]int64 {
+	byKey := map[string][]int64{}
+	for i := from; i < to; i++ {
+		if sl := r.slot(i); sl.execs.Load() > 0 && sl.claimed.Load() != 0 {
+			k := keyOf(i)
+			byKey[k] = append(byKey[k], sl.claimed.Load())
+		}
+	}
+	return sharesWhileAll(byKey)
+}
+
+// sharesWhileAll counts, of each key's claims (unix ns, in any order),
+// those no later than the last claim of the key whose last claim came
+// first.
+func sharesWhileAll(byKey map[string][]int64) map[string]int64 {
+	end := int64(math.MaxInt64)
+	for _, cs := range byKey {
+		end = min(end, slices.Max(cs))
+	}
+	out := make(map[string]int64, len(byKey))
+	for k, cs := range byKey {
+		for _, c := range cs {
+			if c <= end {
+				out[k]++
+			}
+		}
+	}
+	return out
+}
+
 // maxInWindow returns the most of starts (unix ns, in any order; sorted
 // in place) within any window of length d.
 func maxInWindow(starts []int64, d time.Duration) int64 {
