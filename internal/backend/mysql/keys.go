@@ -128,14 +128,18 @@ func (d *Driver) noKeylessSeen(queue string) {
 // less the attempts holding or kept in any of its slots: a read before the
 // claim's transaction, which can only have seen more of them than there
 // are), how many starts its window has left (KeyRate, read likewise),
-// whether a key with due jobs had no room, and the keys whose window was
-// full (rated).
+// whether a key with due jobs had no room, the keys whose window was
+// full (rated), whether the walk examined every key of the queue's due
+// jobs (complete: it wrapped around or ran out of keys) and, for a Fair
+// queue, its key weights (read with its limits; nil for none).
 type keyWalk struct {
-	keys  []string
-	free  map[string]int
-	rfree map[string]int
-	held  bool
-	rated []string
+	keys     []string
+	free     map[string]int
+	rfree    map[string]int
+	held     bool
+	rated    []string
+	complete bool
+	weights  map[string]int
 }
 
 // rateStats is a key's rate slots as key_rate_stats read them: the rows
@@ -229,6 +233,7 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 		}
 		if len(keys) < chunk {
 			if wrapped {
+				kw.complete = true
 				break
 			}
 			wrapped, after = true, ""
@@ -527,9 +532,14 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 			continue
 		}
 		reads = append(reads, key)
-		if l.Ordered {
+		switch {
+		case l.Ordered:
 			counts = append(counts, 2)
-		} else {
+		case l.Fair:
+			// One turn's worth: the rounds after the turns read more
+			// of the keys that have more (fairRounds).
+			counts = append(counts, int64(min(n, k, driver.KeyWeight(kw.weights, key))+1))
+		default:
 			counts = append(counts, int64(min(n, k)+1))
 		}
 	}
@@ -540,10 +550,14 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 	left := k
 	var ids []int64
 	slotOf := map[int64]keySlot{} // kept slots by job
+	var more []fairKey            // Fair: the keys cut by their weight only
+	turned, cut := "", false      // the last key that had its turn; before the end
 	for _, key := range kw.keys {
 		if left == 0 {
+			cut = true
 			break // the claim's allowance is taken
 		}
+		turned = key
 		room := min(capC(key), capR(key))
 		byRate := capR(key) <= capC(key) // the window bounds the key's room
 		if ks := kept[key]; len(ks) > 0 {
@@ -574,6 +588,11 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 		take := min(room, left)
 		if l.Ordered {
 			take = 1
+		} else if l.Fair {
+			w := driver.KeyWeight(kw.weights, key)
+			if take = min(take, w); take == w && w < room && len(got) > take {
+				more = append(more, fairKey{key: key, room: room, taken: take, byRate: byRate})
+			}
 		}
 		got = got[:min(len(got), take+1)]
 		if len(got) > take {
@@ -589,6 +608,25 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 		}
 		ids = append(ids, got...)
 		left -= len(got)
+	}
+	if l.Fair {
+		if left > 0 && len(more) > 0 && kw.complete {
+			extra, moreHeld, moreRated, err := d.fairRounds(ctx, tx, p.Queue, kw.weights, more, ids, left)
+			if err != nil {
+				return nil, false, nil, err
+			}
+			ids = append(ids, extra...)
+			held = held || moreHeld
+			rated = append(rated, moreRated...)
+		} else if cut {
+			// The claim was full before every key the walk found had
+			// its turn: the next claim begins with the first that had
+			// none.
+			cur := d.keyCursor(p.Queue)
+			cur.mu.Lock()
+			cur.key = turned
+			cur.mu.Unlock()
+		}
 	}
 	if len(ids) == 0 {
 		return nil, held, rated, nil
@@ -607,9 +645,11 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 			held = true // the key's other jobs wait for it
 		}
 	}
-	for _, id := range ids {
-		if _, kept := slotOf[id]; !kept && !claimed[id] {
-			held = true // taken by another claim meanwhile
+	if concur || rate {
+		for _, id := range ids {
+			if _, kept := slotOf[id]; !kept && !claimed[id] {
+				held = true // taken by another claim meanwhile
+			}
 		}
 	}
 	if len(rows) == 0 {
@@ -648,6 +688,81 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 		}
 	}
 	return rows, held, rated, nil
+}
+
+// fairKey is a key of a Fair claim whose turn its weight cut: its room
+// (by its slots and window), the jobs it took and whether its window
+// bounds its room.
+type fairKey struct {
+	key    string
+	room   int
+	taken  int
+	byRate bool
+}
+
+// fairRounds gives the keys more (in walk order), each cut by its weight
+// alone in its turn of a Fair claim that has left jobs to go once every
+// key had its turn, further rounds of up to their weight each, until the
+// claim is full or no key has more within its room. It reads the keys'
+// next jobs once, in one statement, as many as each could take (its room
+// less what it took, at most left) past those of its jobs the claim
+// already picked (picked), and one more; it returns the jobs picked, in
+// round order, whether a key's room left some of its due jobs (held) and
+// the keys whose window did (rated).
+func (d *Driver) fairRounds(ctx context.Context, tx *sql.Tx, queue string, weights map[string]int, more []fairKey, picked []int64, left int) (ids []int64, held bool, rated []string, err error) {
+	keys := make([]string, len(more))
+	counts := make([]int64, len(more))
+	for i, f := range more {
+		keys[i] = f.key
+		counts[i] = int64(f.taken + min(f.room-f.taken, left) + 1)
+	}
+	next, err := d.readKeyJobs(ctx, tx, queue, false, keys, counts)
+	if err != nil {
+		return nil, false, nil, err
+	}
+	seen := make(map[int64]bool, len(picked))
+	for _, id := range picked {
+		seen[id] = true
+	}
+	cand := make([][]int64, len(more))
+	for i, f := range more {
+		for _, id := range next[f.key] {
+			if !seen[id] {
+				cand[i] = append(cand[i], id)
+			}
+		}
+	}
+	for left > 0 {
+		took := false
+		for i := range more {
+			f := &more[i]
+			n := min(driver.KeyWeight(weights, f.key), f.room-f.taken, left, len(cand[i]))
+			if n <= 0 {
+				continue
+			}
+			ids = append(ids, cand[i][:n]...)
+			cand[i] = cand[i][n:]
+			f.taken += n
+			left -= n
+			took = true
+			if left == 0 {
+				break
+			}
+		}
+		if !took {
+			break
+		}
+	}
+	for i, f := range more {
+		if f.taken == f.room && len(cand[i]) > 0 {
+			// Its room, not its weight, left its due jobs.
+			held = true
+			if f.byRate {
+				rated = append(rated, f.key)
+			}
+		}
+	}
+	return ids, held, rated, nil
 }
 
 // lockRateSlots locks, in tx and in one statement (key_rate_lock_part),

@@ -189,6 +189,11 @@ type queries struct {
 	KeyRateRetryIn   string `sql:"key_rate_retry_in"`
 	KeysRated        string `sql:"keys_rated"`
 	KeyRateTrim      string `sql:"key_rate_trim"`
+
+	// Fair queues: the key weights kept beside the limits (see
+	// weights.go).
+	SetKeyWeights string `sql:"set_key_weights"`
+	KeyWeights    string `sql:"key_weights"`
 }
 
 // loadQueries reads queries.sql for prefix, drops its comment lines and
