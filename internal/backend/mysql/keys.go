@@ -44,6 +44,13 @@ import (
 // only the passing of time opens it. A queue with a rate per key and no
 // key slots (no KeyMaxRunning, not Ordered) claims by keys all the same,
 // with no slot per key to hold or free.
+//
+// A Fair queue (QueueLimits.Fair, the key_fair column) claims by keys
+// too: each key of the walk takes at most its weight (the key_weights
+// column, read with the limits; see weights.go) in its turn, within its
+// room, and once every key had its turn the keys that weight alone cut
+// take further rounds (fairRounds). Alone it makes no slot and holds no
+// job: it orders the claim.
 
 // Values of the queues.key_order column.
 const (
@@ -456,7 +463,10 @@ type keySlot struct {
 // available, gives each a slot and stamps a rate slot of its key with its
 // start. A key's room is the fewer of its free slots (KeyMaxRunning,
 // Ordered) and its open rate slots (KeyRate); a limit the queue does not
-// have bounds nothing. held is true when a key's due jobs were left for
+// have bounds nothing. A Fair queue's key takes at most its weight in its
+// turn, and more in the rounds after every key's turn (fairRounds); a
+// Fair claim full before every key had its turn moves the cursor back to
+// the last key that had one. held is true when a key's due jobs were left for
 // want of room (not when only the claim's allowance k ran out: the
 // queue's limits, or the claim's own limit); rated are the keys whose
 // jobs were left because their window was full.
