@@ -3,7 +3,9 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"maps"
+	"sync"
 	"testing"
 	"time"
 
@@ -174,5 +176,115 @@ func TestFairKeyLimit(t *testing.T) {
 	r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "fk", Limit: 10, Lease: time.Minute, Worker: "w"})
 	if err != nil || len(r.Rows) != 2 || !r.Held {
 		t.Fatalf("claimed %d (held %v, %v), want 2 held by the key's slots", len(r.Rows), r.Held, err)
+	}
+}
+
+// TestFairFlood: a key flooded with jobs takes one job per claim's turn
+// beside ten shallow keys, so each claim serves ten keys and four claims
+// take every job of the shallow keys.
+func TestFairFlood(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{}, nil)
+	flood := limitJobs("ff", 200)
+	for i := range flood {
+		flood[i].Key = "m"
+	}
+	small := limitJobs("ff", 30)
+	for i := range small {
+		small[i].Key = fmt.Sprintf("k%d", i%10)
+	}
+	for _, js := range [][]driver.InsertParams{flood, small} {
+		if _, err := d.Insert(ctx, js); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.SetQueueLimits(ctx, "ff", driver.QueueLimits{Fair: true}); err != nil {
+		t.Fatal(err)
+	}
+	smallDone := 0
+	for c := range 4 {
+		r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "ff", Limit: 10, Lease: time.Minute, Worker: "w"})
+		if err != nil || r.Held || len(r.Rows) != 10 {
+			t.Fatalf("claim %d: %d rows (held %v), %v", c, len(r.Rows), r.Held, err)
+		}
+		keys := map[string]int{}
+		for _, j := range r.Rows {
+			keys[j.Key]++
+			if j.Key != "m" {
+				smallDone++
+			}
+		}
+		if c < 3 && len(keys) != 10 {
+			t.Fatalf("claim %d served %d keys: %v", c, len(keys), keys)
+		}
+	}
+	if smallDone != 30 {
+		t.Fatalf("4 claims took %d of the shallow keys' 30 jobs", smallDone)
+	}
+}
+
+// TestFairConcurrentClaimers: claimers of a Fair queue never claim a job
+// twice and claim every job.
+func TestFairConcurrentClaimers(t *testing.T) {
+	for _, v := range variants[:2] {
+		t.Run(v.name, func(t *testing.T) {
+			ctx := context.Background()
+			d := migrated(t, v.opts, v.tweak)
+			jobs := limitJobs("fcc", 300)
+			for i := range jobs {
+				if i%10 != 0 {
+					jobs[i].Key = fmt.Sprintf("k%d", i%7)
+				}
+			}
+			if _, err := d.Insert(ctx, jobs); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.SetQueueLimits(ctx, "fcc", driver.QueueLimits{Fair: true}); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.SetKeyWeights(ctx, "fcc", map[string]int{"k1": 4, "k2": 2}); err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			seen := map[int64]int{}
+			var wg sync.WaitGroup
+			errs := make(chan error, 4)
+			for range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for empty := 0; empty < 3; {
+						r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "fcc", Limit: 7, Lease: time.Minute, Worker: "w"})
+						if err != nil {
+							errs <- err
+							return
+						}
+						if len(r.Rows) == 0 {
+							empty++
+							continue
+						}
+						empty = 0
+						mu.Lock()
+						for _, j := range r.Rows {
+							seen[j.ID]++
+						}
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			if len(seen) != len(jobs) {
+				t.Fatalf("claimed %d distinct jobs of %d", len(seen), len(jobs))
+			}
+			for id, n := range seen {
+				if n != 1 {
+					t.Fatalf("job %d claimed %d times", id, n)
+				}
+			}
+		})
 	}
 }
