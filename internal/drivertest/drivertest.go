@@ -148,6 +148,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		{"Limits", limits},
 		{"Keys", keys},
 		{"KeyRates", keyRates},
+		{"Fair", fair},
 		{"Processes", processes},
 		{"Admin", admin},
 		{"Stats", stats},
