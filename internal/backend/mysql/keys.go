@@ -99,10 +99,14 @@ func keyColumns(l driver.QueueLimits) (keyMax, keyOrder any) {
 }
 
 // keyCursor is, per queue, the last key this driver's previous claim of
-// the queue examined: the next claim's walk starts after it.
+// the queue examined: the next claim's walk starts after it; or, for a
+// Fair queue whose previous claim filled up during a key's turn, that key
+// and the jobs it took in the turn (taken > 0): the next claim's walk
+// starts at it, for the rest of its turn.
 type keyCursor struct {
-	mu  sync.Mutex
-	key string
+	mu    sync.Mutex
+	key   string
+	taken int
 }
 
 func (d *Driver) keyCursor(queue string) *keyCursor {
@@ -138,15 +142,19 @@ func (d *Driver) noKeylessSeen(queue string) {
 // whether a key with due jobs had no room, the keys whose window was
 // full (rated), whether the walk examined every key of the queue's due
 // jobs (complete: it wrapped around or ran out of keys) and, for a Fair
-// queue, its key weights (read with its limits; nil for none).
+// queue, its key weights (read with its limits; nil for none) and the key
+// whose turn the walk goes on with (cont, its first, which took contTaken
+// of its weight in the previous claims; "" for none).
 type keyWalk struct {
-	keys     []string
-	free     map[string]int
-	rfree    map[string]int
-	held     bool
-	rated    []string
-	complete bool
-	weights  map[string]int
+	keys      []string
+	free      map[string]int
+	rfree     map[string]int
+	held      bool
+	rated     []string
+	complete  bool
+	weights   map[string]int
+	cont      string
+	contTaken int
 }
 
 // rateStats is a key's rate slots as key_rate_stats read them: the rows
@@ -168,15 +176,18 @@ type keyStats struct {
 // want attempts each, within the limit and the rate) and moves the cursor
 // to the last key examined. A key has room when it has a slot free
 // (KeyMaxRunning, Ordered; always without them) and a start left in its
-// window (KeyRate; always without one).
-func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimits, want int) (*keyWalk, error) {
+// window (KeyRate; always without one). A Fair walk whose cursor is
+// within a key's turn (the previous claim filled up before the key took
+// its weight) begins at the cursor's key, to go on with its turn.
+func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimits, want int, weights map[string]int) (*keyWalk, error) {
 	limit := l.KeyMaxRunning
 	cur := d.keyCursor(queue)
 	cur.mu.Lock()
-	start := cur.key
+	start, taken := cur.key, cur.taken
 	cur.mu.Unlock()
 	maxExamine := 4*want + 64
-	kw := &keyWalk{free: map[string]int{}, rfree: map[string]int{}}
+	kw := &keyWalk{free: map[string]int{}, rfree: map[string]int{}, weights: weights}
+	cont := l.Fair && !l.Ordered && start != "" && taken > 0 && taken < driver.KeyWeight(weights, start)
 	stats := map[string]keyStats{}
 	rstats := map[string]rateStats{}
 	var jobs map[string]int // the keys' available jobs, for their rate slots
@@ -185,6 +196,68 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 	}
 	examined := 0
 	last := start
+	// consider examines keys, in walk order, and takes those with room.
+	consider := func(keys []string) error {
+		if len(keys) == 0 {
+			return nil
+		}
+		var st map[string]keyStats
+		var rs map[string]rateStats
+		var err error
+		if limit > 0 {
+			if st, err = d.keySlotStats(ctx, queue, limit, keys); err != nil {
+				return err
+			}
+		}
+		if l.KeyRate > 0 {
+			if rs, err = d.keyRateStats(ctx, queue, l, keys); err != nil {
+				return err
+			}
+		}
+		for _, k := range keys {
+			examined++
+			last = k
+			room := true
+			if limit > 0 && st[k].held >= limit {
+				kw.held, room = true, false
+			}
+			if l.KeyRate > 0 && rs[k].closed >= l.KeyRate {
+				kw.held, room = true, false
+				kw.rated = append(kw.rated, k)
+			}
+			if !room {
+				continue
+			}
+			kw.keys = append(kw.keys, k)
+			if limit > 0 {
+				s := st[k]
+				kw.free[k] = max(limit-s.held-s.kept, 0)
+				stats[k] = s
+			}
+			if l.KeyRate > 0 {
+				kw.rfree[k] = l.KeyRate - rs[k].closed
+				rstats[k] = rs[k]
+			}
+		}
+		return nil
+	}
+	if cont {
+		at, err := d.keyAt(ctx, queue, start)
+		if err != nil {
+			return nil, err
+		}
+		if at != "" {
+			if jobs != nil {
+				jobs[at] = 0 // not counted
+			}
+			if err := consider([]string{at}); err != nil {
+				return nil, err
+			}
+			if len(kw.keys) > 0 {
+				kw.cont, kw.contTaken = at, taken
+			}
+		}
+	}
 	after, wrapped := start, start == ""
 	for examined < maxExamine && len(kw.keys) < want {
 		var upto *string
@@ -199,44 +272,14 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 			return nil, err
 		}
 		if len(keys) > 0 {
-			var st map[string]keyStats
-			var rs map[string]rateStats
-			if limit > 0 {
-				if st, err = d.keySlotStats(ctx, queue, limit, keys); err != nil {
-					return nil, err
-				}
-			}
-			if l.KeyRate > 0 {
-				if rs, err = d.keyRateStats(ctx, queue, l, keys); err != nil {
-					return nil, err
-				}
-			}
-			for _, k := range keys {
-				examined++
-				last = k
-				room := true
-				if limit > 0 && st[k].held >= limit {
-					kw.held, room = true, false
-				}
-				if l.KeyRate > 0 && rs[k].closed >= l.KeyRate {
-					kw.held, room = true, false
-					kw.rated = append(kw.rated, k)
-				}
-				if !room {
-					continue
-				}
-				kw.keys = append(kw.keys, k)
-				if limit > 0 {
-					s := st[k]
-					kw.free[k] = max(limit-s.held-s.kept, 0)
-					stats[k] = s
-				}
-				if l.KeyRate > 0 {
-					kw.rfree[k] = l.KeyRate - rs[k].closed
-					rstats[k] = rs[k]
-				}
-			}
 			after = keys[len(keys)-1]
+			fresh := keys
+			if cont && wrapped && strings.TrimRight(after, " ") == strings.TrimRight(start, " ") {
+				fresh = keys[:len(keys)-1] // examined first
+			}
+			if err := consider(fresh); err != nil {
+				return nil, err
+			}
 		}
 		if len(keys) < chunk {
 			if wrapped {
@@ -247,7 +290,7 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 		}
 	}
 	cur.mu.Lock()
-	cur.key = last
+	cur.key, cur.taken = last, 0
 	cur.mu.Unlock()
 	if limit > 0 {
 		if err := d.makeKeySlots(ctx, queue, limit, want, kw.keys, stats); err != nil {
@@ -260,6 +303,28 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 		}
 	}
 	return kw, nil
+}
+
+// keyAt returns key as queue's available keyed jobs spell it (the first
+// of the keys the column's collation holds equal to it), or "" when none
+// has it.
+func (d *Driver) keyAt(ctx context.Context, queue, key string) (string, error) {
+	var at string
+	err := d.retry(ctx, "claim limited: walk keys", func() error {
+		at = ""
+		rows, err := d.query(ctx, nil, true, d.q.KeyWalkAt, queue, key)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		if rows.Next() {
+			if err := rows.Scan(&at); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+	return at, err
 }
 
 // readKeys returns up to n keys of queue's available keyed jobs after
@@ -548,7 +613,7 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 		case l.Fair:
 			// One turn's worth: the rounds after the turns read more
 			// of the keys that have more (fairRounds).
-			counts = append(counts, int64(min(n, k, driver.KeyWeight(kw.weights, key))+1))
+			counts = append(counts, int64(min(n, k, kw.turn(key))+1))
 		default:
 			counts = append(counts, int64(min(n, k)+1))
 		}
@@ -561,13 +626,12 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 	var ids []int64
 	slotOf := map[int64]keySlot{} // kept slots by job
 	var more []fairKey            // Fair: the keys cut by their weight only
-	turned, cut := "", false      // the last key that had its turn; before the end
+	var last fairTurn             // Fair: the last key's turn
 	for _, key := range kw.keys {
 		if left == 0 {
-			cut = true
 			break // the claim's allowance is taken
 		}
-		turned = key
+		last = fairTurn{key: key}
 		room := min(capC(key), capR(key))
 		byRate := capR(key) <= capC(key) // the window bounds the key's room
 		if ks := kept[key]; len(ks) > 0 {
@@ -599,9 +663,13 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 		if l.Ordered {
 			take = 1
 		} else if l.Fair {
-			w := driver.KeyWeight(kw.weights, key)
+			w := kw.turn(key)
 			if take = min(take, w); take == w && w < room && len(got) > take {
 				more = append(more, fairKey{key: key, room: room, taken: take, byRate: byRate})
+			}
+			if take < w && take < room && len(got) > take {
+				// The claim filled up within the key's turn.
+				last.taken = take + driver.KeyWeight(kw.weights, key) - w
 			}
 		}
 		got = got[:min(len(got), take+1)]
@@ -621,20 +689,22 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 	}
 	if l.Fair {
 		if left > 0 && len(more) > 0 && kw.complete {
-			extra, moreHeld, moreRated, err := d.fairRounds(ctx, tx, p.Queue, kw.weights, more, ids, left)
+			extra, moreHeld, moreRated, end, err := d.fairRounds(ctx, tx, p.Queue, kw.weights, more, ids, left)
 			if err != nil {
 				return nil, false, nil, err
 			}
 			ids = append(ids, extra...)
 			held = held || moreHeld
 			rated = append(rated, moreRated...)
-		} else if cut {
-			// The claim was full before every key the walk found had
-			// its turn: the next claim begins with the first that had
-			// none.
+			left -= len(extra)
+			last = end
+		}
+		if left == 0 && last.key != "" {
+			// The claim filled up at the turn of last.key: the next
+			// claim goes on after it, or with the rest of its turn.
 			cur := d.keyCursor(p.Queue)
 			cur.mu.Lock()
-			cur.key = turned
+			cur.key, cur.taken = last.key, last.taken
 			cur.mu.Unlock()
 		}
 	}
@@ -700,6 +770,24 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 	return rows, held, rated, nil
 }
 
+// fairTurn is the key of a Fair claim's last turn and, when the claim
+// filled up before it took its weight (and it had more), the jobs it took
+// in the turn; 0 otherwise.
+type fairTurn struct {
+	key   string
+	taken int
+}
+
+// turn is key's share of its turn in the walk: its weight, less what it
+// took in the previous claims when the walk goes on with its turn.
+func (kw *keyWalk) turn(key string) int {
+	w := driver.KeyWeight(kw.weights, key)
+	if key == kw.cont {
+		w = max(w-kw.contTaken, 1)
+	}
+	return w
+}
+
 // fairKey is a key of a Fair claim whose turn its weight cut: its room
 // (by its slots and window), the jobs it took and whether its window
 // bounds its room.
@@ -718,8 +806,8 @@ type fairKey struct {
 // less what it took, at most left) past those of its jobs the claim
 // already picked (picked), and one more; it returns the jobs picked, in
 // round order, whether a key's room left some of its due jobs (held) and
-// the keys whose window did (rated).
-func (d *Driver) fairRounds(ctx context.Context, tx *sql.Tx, queue string, weights map[string]int, more []fairKey, picked []int64, left int) (ids []int64, held bool, rated []string, err error) {
+// the keys whose window did (rated), and the last key's turn (end).
+func (d *Driver) fairRounds(ctx context.Context, tx *sql.Tx, queue string, weights map[string]int, more []fairKey, picked []int64, left int) (ids []int64, held bool, rated []string, end fairTurn, err error) {
 	keys := make([]string, len(more))
 	counts := make([]int64, len(more))
 	for i, f := range more {
@@ -728,7 +816,7 @@ func (d *Driver) fairRounds(ctx context.Context, tx *sql.Tx, queue string, weigh
 	}
 	next, err := d.readKeyJobs(ctx, tx, queue, false, keys, counts)
 	if err != nil {
-		return nil, false, nil, err
+		return nil, false, nil, fairTurn{}, err
 	}
 	seen := make(map[int64]bool, len(picked))
 	for _, id := range picked {
@@ -746,7 +834,8 @@ func (d *Driver) fairRounds(ctx context.Context, tx *sql.Tx, queue string, weigh
 		took := false
 		for i := range more {
 			f := &more[i]
-			n := min(driver.KeyWeight(weights, f.key), f.room-f.taken, left, len(cand[i]))
+			w := driver.KeyWeight(weights, f.key)
+			n := min(w, f.room-f.taken, left, len(cand[i]))
 			if n <= 0 {
 				continue
 			}
@@ -755,6 +844,10 @@ func (d *Driver) fairRounds(ctx context.Context, tx *sql.Tx, queue string, weigh
 			f.taken += n
 			left -= n
 			took = true
+			end = fairTurn{key: f.key}
+			if n < w && f.taken < f.room && len(cand[i]) > 0 {
+				end.taken = n // the claim filled up within the turn
+			}
 			if left == 0 {
 				break
 			}
@@ -772,7 +865,7 @@ func (d *Driver) fairRounds(ctx context.Context, tx *sql.Tx, queue string, weigh
 			}
 		}
 	}
-	return ids, held, rated, nil
+	return ids, held, rated, end, nil
 }
 
 // lockRateSlots locks, in tx and in one statement (key_rate_lock_part),

@@ -109,10 +109,9 @@ func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (dr
 				return driver.ClaimResult{}, fmt.Errorf("conveyor/mysql: claim limited of queue %q: %w", p.Queue, err)
 			}
 		}
-		if kw, err = d.walkKeys(ctx, p.Queue, l, p.Limit); err != nil {
+		if kw, err = d.walkKeys(ctx, p.Queue, l, p.Limit, w); err != nil {
 			return driver.ClaimResult{}, err
 		}
-		kw.weights = w
 	}
 	var res driver.ClaimResult
 	err = d.inTx(ctx, "claim limited", func(tx *sql.Tx) error {

@@ -163,6 +163,7 @@ type queries struct {
 	// usage and the sweep (see keys.go).
 	KeyWalk          string `sql:"key_walk"`
 	KeyWalkUpto      string `sql:"key_walk_upto"`
+	KeyWalkAt        string `sql:"key_walk_at"`
 	KeySlotStats     string `sql:"key_slot_stats"`
 	KeySlotInsert    string `sql:"key_slot_insert"`
 	KeySlotInsertRow string `sql:"key_slot_insert_row"`

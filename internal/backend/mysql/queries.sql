@@ -742,6 +742,11 @@ SELECT lkey FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey >
 -- name: key_walk_upto
 SELECT lkey FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ? AND lkey <= ? ORDER BY lkey LIMIT ?
 
+-- A Fair claim that goes on with the turn of the key at its cursor reads
+-- that key first: whether it still has an available job. (queue, key.)
+-- name: key_walk_at
+SELECT lkey FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey = ? ORDER BY lkey LIMIT 1
+
 -- A plain read of the walked keys' slots: how many exist below the
 -- limit, how many a running attempt holds and how many are kept for a
 -- job, at any n: after a lowered limit the attempts holding slots at or
