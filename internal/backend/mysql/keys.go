@@ -48,9 +48,10 @@ import (
 // A Fair queue (QueueLimits.Fair, the key_fair column) claims by keys
 // too: each key of the walk takes at most its weight (the key_weights
 // column, read with the limits; see weights.go) in its turn, within its
-// room, and once every key had its turn the keys that weight alone cut
-// take further rounds (fairRounds). Alone it makes no slot and holds no
-// job: it orders the claim.
+// room (a turn a claim filled up in goes on in the driver's next claim of
+// the queue: see keyCursor), and once every key had its turn the keys
+// that weight alone cut take further rounds (fairRounds). Alone it makes
+// no slot and holds no job: it orders the claim.
 
 // Values of the queues.key_order column.
 const (
@@ -529,12 +530,14 @@ type keySlot struct {
 // start. A key's room is the fewer of its free slots (KeyMaxRunning,
 // Ordered) and its open rate slots (KeyRate); a limit the queue does not
 // have bounds nothing. A Fair queue's key takes at most its weight in its
-// turn, and more in the rounds after every key's turn (fairRounds); a
-// Fair claim full before every key had its turn moves the cursor back to
-// the last key that had one. held is true when a key's due jobs were left for
-// want of room (not when only the claim's allowance k ran out: the
-// queue's limits, or the claim's own limit); rated are the keys whose
-// jobs were left because their window was full.
+// turn (less what it took in the turn in the previous claims: see
+// walkKeys), and more in the rounds after every key's turn (fairRounds);
+// a Fair claim that fills up leaves the cursor at the key whose turn it
+// ended in, with what the key took when the claim filled up within its
+// turn. held is true when a key's due jobs were left for want of room
+// (not when only the claim's allowance k ran out: the queue's limits, or
+// the claim's own limit); rated are the keys whose jobs were left because
+// their window was full.
 func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimParams, l driver.QueueLimits, kw *keyWalk, k int) (rows []*driver.JobRow, held bool, rated []string, err error) {
 	if len(kw.keys) == 0 {
 		return nil, false, nil, nil

@@ -567,9 +567,9 @@ func (d *Driver) heldEmpty(ctx context.Context, queue string) (driver.ClaimResul
 
 // SetQueueLimits stores queue's limits (the zero QueueLimits removes
 // them) in one transaction: the limit columns of its queues row (its
-// pause and key weights are kept), the missing slots, and the deletion of free
-// concurrency slots at or beyond MaxRunning and of every rate slot at or
-// beyond Rate. A lowered rate forgets the starts those rate slots
+// pause and key weights are kept), the missing slots, and the deletion of
+// free concurrency slots at or beyond MaxRunning and of every rate slot at
+// or beyond Rate. A lowered rate forgets the starts those rate slots
 // recorded, so in the window of the change up to the old rate may start.
 // The concurrency slots at or beyond MaxRunning stay locked until it
 // commits (slot_lock_above).
