@@ -44,6 +44,14 @@ import (
 // only the passing of time opens it. A queue with a rate per key and no
 // key slots (no KeyMaxRunning, not Ordered) claims by keys all the same,
 // with no slot per key to hold or free.
+//
+// A Fair queue (QueueLimits.Fair, the key_fair column) claims by keys
+// too: each key of the walk takes at most its weight (the key_weights
+// column, read with the limits; see weights.go) in its turn, within its
+// room (a turn a claim filled up in goes on in the driver's next claim of
+// the queue: see keyCursor), and once every key had its turn the keys
+// that weight alone cut take further rounds (fairRounds). Alone it makes
+// no slot and holds no job: it orders the claim.
 
 // Values of the queues.key_order column.
 const (
@@ -92,10 +100,14 @@ func keyColumns(l driver.QueueLimits) (keyMax, keyOrder any) {
 }
 
 // keyCursor is, per queue, the last key this driver's previous claim of
-// the queue examined: the next claim's walk starts after it.
+// the queue examined: the next claim's walk starts after it; or, for a
+// Fair queue whose previous claim filled up during a key's turn, that key
+// and the jobs it took in the turn (taken > 0): the next claim's walk
+// starts at it, for the rest of its turn.
 type keyCursor struct {
-	mu  sync.Mutex
-	key string
+	mu    sync.Mutex
+	key   string
+	taken int
 }
 
 func (d *Driver) keyCursor(queue string) *keyCursor {
@@ -128,14 +140,22 @@ func (d *Driver) noKeylessSeen(queue string) {
 // less the attempts holding or kept in any of its slots: a read before the
 // claim's transaction, which can only have seen more of them than there
 // are), how many starts its window has left (KeyRate, read likewise),
-// whether a key with due jobs had no room, and the keys whose window was
-// full (rated).
+// whether a key with due jobs had no room, the keys whose window was
+// full (rated), whether the walk examined every key of the queue's due
+// jobs (complete: it wrapped around or ran out of keys) and, for a Fair
+// queue, its key weights (read with its limits; nil for none) and the key
+// whose turn the walk goes on with (cont, its first, which took contTaken
+// of its weight in the previous claims; "" for none).
 type keyWalk struct {
-	keys  []string
-	free  map[string]int
-	rfree map[string]int
-	held  bool
-	rated []string
+	keys      []string
+	free      map[string]int
+	rfree     map[string]int
+	held      bool
+	rated     []string
+	complete  bool
+	weights   map[string]int
+	cont      string
+	contTaken int
 }
 
 // rateStats is a key's rate slots as key_rate_stats read them: the rows
@@ -157,15 +177,18 @@ type keyStats struct {
 // want attempts each, within the limit and the rate) and moves the cursor
 // to the last key examined. A key has room when it has a slot free
 // (KeyMaxRunning, Ordered; always without them) and a start left in its
-// window (KeyRate; always without one).
-func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimits, want int) (*keyWalk, error) {
+// window (KeyRate; always without one). A Fair walk whose cursor is
+// within a key's turn (the previous claim filled up before the key took
+// its weight) begins at the cursor's key, to go on with its turn.
+func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimits, want int, weights map[string]int) (*keyWalk, error) {
 	limit := l.KeyMaxRunning
 	cur := d.keyCursor(queue)
 	cur.mu.Lock()
-	start := cur.key
+	start, taken := cur.key, cur.taken
 	cur.mu.Unlock()
 	maxExamine := 4*want + 64
-	kw := &keyWalk{free: map[string]int{}, rfree: map[string]int{}}
+	kw := &keyWalk{free: map[string]int{}, rfree: map[string]int{}, weights: weights}
+	cont := l.Fair && !l.Ordered && start != "" && taken > 0 && taken < driver.KeyWeight(weights, start)
 	stats := map[string]keyStats{}
 	rstats := map[string]rateStats{}
 	var jobs map[string]int // the keys' available jobs, for their rate slots
@@ -174,6 +197,68 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 	}
 	examined := 0
 	last := start
+	// consider examines keys, in walk order, and takes those with room.
+	consider := func(keys []string) error {
+		if len(keys) == 0 {
+			return nil
+		}
+		var st map[string]keyStats
+		var rs map[string]rateStats
+		var err error
+		if limit > 0 {
+			if st, err = d.keySlotStats(ctx, queue, limit, keys); err != nil {
+				return err
+			}
+		}
+		if l.KeyRate > 0 {
+			if rs, err = d.keyRateStats(ctx, queue, l, keys); err != nil {
+				return err
+			}
+		}
+		for _, k := range keys {
+			examined++
+			last = k
+			room := true
+			if limit > 0 && st[k].held >= limit {
+				kw.held, room = true, false
+			}
+			if l.KeyRate > 0 && rs[k].closed >= l.KeyRate {
+				kw.held, room = true, false
+				kw.rated = append(kw.rated, k)
+			}
+			if !room {
+				continue
+			}
+			kw.keys = append(kw.keys, k)
+			if limit > 0 {
+				s := st[k]
+				kw.free[k] = max(limit-s.held-s.kept, 0)
+				stats[k] = s
+			}
+			if l.KeyRate > 0 {
+				kw.rfree[k] = l.KeyRate - rs[k].closed
+				rstats[k] = rs[k]
+			}
+		}
+		return nil
+	}
+	if cont {
+		at, err := d.keyAt(ctx, queue, start)
+		if err != nil {
+			return nil, err
+		}
+		if at != "" {
+			if jobs != nil {
+				jobs[at] = 0 // not counted
+			}
+			if err := consider([]string{at}); err != nil {
+				return nil, err
+			}
+			if len(kw.keys) > 0 {
+				kw.cont, kw.contTaken = at, taken
+			}
+		}
+	}
 	after, wrapped := start, start == ""
 	for examined < maxExamine && len(kw.keys) < want {
 		var upto *string
@@ -188,54 +273,25 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 			return nil, err
 		}
 		if len(keys) > 0 {
-			var st map[string]keyStats
-			var rs map[string]rateStats
-			if limit > 0 {
-				if st, err = d.keySlotStats(ctx, queue, limit, keys); err != nil {
-					return nil, err
-				}
-			}
-			if l.KeyRate > 0 {
-				if rs, err = d.keyRateStats(ctx, queue, l, keys); err != nil {
-					return nil, err
-				}
-			}
-			for _, k := range keys {
-				examined++
-				last = k
-				room := true
-				if limit > 0 && st[k].held >= limit {
-					kw.held, room = true, false
-				}
-				if l.KeyRate > 0 && rs[k].closed >= l.KeyRate {
-					kw.held, room = true, false
-					kw.rated = append(kw.rated, k)
-				}
-				if !room {
-					continue
-				}
-				kw.keys = append(kw.keys, k)
-				if limit > 0 {
-					s := st[k]
-					kw.free[k] = max(limit-s.held-s.kept, 0)
-					stats[k] = s
-				}
-				if l.KeyRate > 0 {
-					kw.rfree[k] = l.KeyRate - rs[k].closed
-					rstats[k] = rs[k]
-				}
-			}
 			after = keys[len(keys)-1]
+			fresh := keys
+			if cont && wrapped && strings.TrimRight(after, " ") == strings.TrimRight(start, " ") {
+				fresh = keys[:len(keys)-1] // examined first
+			}
+			if err := consider(fresh); err != nil {
+				return nil, err
+			}
 		}
 		if len(keys) < chunk {
 			if wrapped {
+				kw.complete = true
 				break
 			}
 			wrapped, after = true, ""
 		}
 	}
 	cur.mu.Lock()
-	cur.key = last
+	cur.key, cur.taken = last, 0
 	cur.mu.Unlock()
 	if limit > 0 {
 		if err := d.makeKeySlots(ctx, queue, limit, want, kw.keys, stats); err != nil {
@@ -248,6 +304,28 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 		}
 	}
 	return kw, nil
+}
+
+// keyAt returns key as queue's available keyed jobs spell it (the first
+// of the keys the column's collation holds equal to it), or "" when none
+// has it.
+func (d *Driver) keyAt(ctx context.Context, queue, key string) (string, error) {
+	var at string
+	err := d.retry(ctx, "claim limited: walk keys", func() error {
+		at = ""
+		rows, err := d.query(ctx, nil, true, d.q.KeyWalkAt, queue, key)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		if rows.Next() {
+			if err := rows.Scan(&at); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+	return at, err
 }
 
 // readKeys returns up to n keys of queue's available keyed jobs after
@@ -451,10 +529,15 @@ type keySlot struct {
 // available, gives each a slot and stamps a rate slot of its key with its
 // start. A key's room is the fewer of its free slots (KeyMaxRunning,
 // Ordered) and its open rate slots (KeyRate); a limit the queue does not
-// have bounds nothing. held is true when a key's due jobs were left for
-// want of room (not when only the claim's allowance k ran out: the
-// queue's limits, or the claim's own limit); rated are the keys whose
-// jobs were left because their window was full.
+// have bounds nothing. A Fair queue's key takes at most its weight in its
+// turn (less what it took in the turn in the previous claims: see
+// walkKeys), and more in the rounds after every key's turn (fairRounds);
+// a Fair claim that fills up leaves the cursor at the key whose turn it
+// ended in, with what the key took when the claim filled up within its
+// turn. held is true when a key's due jobs were left for want of room
+// (not when only the claim's allowance k ran out: the queue's limits, or
+// the claim's own limit); rated are the keys whose jobs were left because
+// their window was full.
 func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimParams, l driver.QueueLimits, kw *keyWalk, k int) (rows []*driver.JobRow, held bool, rated []string, err error) {
 	if len(kw.keys) == 0 {
 		return nil, false, nil, nil
@@ -527,9 +610,14 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 			continue
 		}
 		reads = append(reads, key)
-		if l.Ordered {
+		switch {
+		case l.Ordered:
 			counts = append(counts, 2)
-		} else {
+		case l.Fair:
+			// One turn's worth: the rounds after the turns read more
+			// of the keys that have more (fairRounds).
+			counts = append(counts, int64(min(n, k, kw.turn(key))+1))
+		default:
 			counts = append(counts, int64(min(n, k)+1))
 		}
 	}
@@ -540,10 +628,13 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 	left := k
 	var ids []int64
 	slotOf := map[int64]keySlot{} // kept slots by job
+	var more []fairKey            // Fair: the keys cut by their weight only
+	var last fairTurn             // Fair: the last key's turn
 	for _, key := range kw.keys {
 		if left == 0 {
 			break // the claim's allowance is taken
 		}
+		last = fairTurn{key: key}
 		room := min(capC(key), capR(key))
 		byRate := capR(key) <= capC(key) // the window bounds the key's room
 		if ks := kept[key]; len(ks) > 0 {
@@ -574,6 +665,15 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 		take := min(room, left)
 		if l.Ordered {
 			take = 1
+		} else if l.Fair {
+			w := kw.turn(key)
+			if take = min(take, w); take == w && w < room && len(got) > take {
+				more = append(more, fairKey{key: key, room: room, taken: take, byRate: byRate})
+			}
+			if take < w && take < room && len(got) > take {
+				// The claim filled up within the key's turn.
+				last.taken = take + driver.KeyWeight(kw.weights, key) - w
+			}
 		}
 		got = got[:min(len(got), take+1)]
 		if len(got) > take {
@@ -589,6 +689,27 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 		}
 		ids = append(ids, got...)
 		left -= len(got)
+	}
+	if l.Fair {
+		if left > 0 && len(more) > 0 && kw.complete {
+			extra, moreHeld, moreRated, end, err := d.fairRounds(ctx, tx, p.Queue, kw.weights, more, ids, left)
+			if err != nil {
+				return nil, false, nil, err
+			}
+			ids = append(ids, extra...)
+			held = held || moreHeld
+			rated = append(rated, moreRated...)
+			left -= len(extra)
+			last = end
+		}
+		if left == 0 && last.key != "" {
+			// The claim filled up at the turn of last.key: the next
+			// claim goes on after it, or with the rest of its turn.
+			cur := d.keyCursor(p.Queue)
+			cur.mu.Lock()
+			cur.key, cur.taken = last.key, last.taken
+			cur.mu.Unlock()
+		}
 	}
 	if len(ids) == 0 {
 		return nil, held, rated, nil
@@ -607,9 +728,11 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 			held = true // the key's other jobs wait for it
 		}
 	}
-	for _, id := range ids {
-		if _, kept := slotOf[id]; !kept && !claimed[id] {
-			held = true // taken by another claim meanwhile
+	if concur || rate {
+		for _, id := range ids {
+			if _, kept := slotOf[id]; !kept && !claimed[id] {
+				held = true // taken by another claim meanwhile
+			}
 		}
 	}
 	if len(rows) == 0 {
@@ -648,6 +771,104 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 		}
 	}
 	return rows, held, rated, nil
+}
+
+// fairTurn is the key of a Fair claim's last turn and, when the claim
+// filled up before it took its weight (and it had more), the jobs it took
+// in the turn; 0 otherwise.
+type fairTurn struct {
+	key   string
+	taken int
+}
+
+// turn is key's share of its turn in the walk: its weight, less what it
+// took in the previous claims when the walk goes on with its turn.
+func (kw *keyWalk) turn(key string) int {
+	w := driver.KeyWeight(kw.weights, key)
+	if key == kw.cont {
+		w = max(w-kw.contTaken, 1)
+	}
+	return w
+}
+
+// fairKey is a key of a Fair claim whose turn its weight cut: its room
+// (by its slots and window), the jobs it took and whether its window
+// bounds its room.
+type fairKey struct {
+	key    string
+	room   int
+	taken  int
+	byRate bool
+}
+
+// fairRounds gives the keys more (in walk order), each cut by its weight
+// alone in its turn of a Fair claim that has left jobs to go once every
+// key had its turn, further rounds of up to their weight each, until the
+// claim is full or no key has more within its room. It reads the keys'
+// next jobs once, in one statement, as many as each could take (its room
+// less what it took, at most left) past those of its jobs the claim
+// already picked (picked), and one more; it returns the jobs picked, in
+// round order, whether a key's room left some of its due jobs (held) and
+// the keys whose window did (rated), and the last key's turn (end).
+func (d *Driver) fairRounds(ctx context.Context, tx *sql.Tx, queue string, weights map[string]int, more []fairKey, picked []int64, left int) (ids []int64, held bool, rated []string, end fairTurn, err error) {
+	keys := make([]string, len(more))
+	counts := make([]int64, len(more))
+	for i, f := range more {
+		keys[i] = f.key
+		counts[i] = int64(f.taken + min(f.room-f.taken, left) + 1)
+	}
+	next, err := d.readKeyJobs(ctx, tx, queue, false, keys, counts)
+	if err != nil {
+		return nil, false, nil, fairTurn{}, err
+	}
+	seen := make(map[int64]bool, len(picked))
+	for _, id := range picked {
+		seen[id] = true
+	}
+	cand := make([][]int64, len(more))
+	for i, f := range more {
+		for _, id := range next[f.key] {
+			if !seen[id] {
+				cand[i] = append(cand[i], id)
+			}
+		}
+	}
+	for left > 0 {
+		took := false
+		for i := range more {
+			f := &more[i]
+			w := driver.KeyWeight(weights, f.key)
+			n := min(w, f.room-f.taken, left, len(cand[i]))
+			if n <= 0 {
+				continue
+			}
+			ids = append(ids, cand[i][:n]...)
+			cand[i] = cand[i][n:]
+			f.taken += n
+			left -= n
+			took = true
+			end = fairTurn{key: f.key}
+			if n < w && f.taken < f.room && len(cand[i]) > 0 {
+				end.taken = n // the claim filled up within the turn
+			}
+			if left == 0 {
+				break
+			}
+		}
+		if !took {
+			break
+		}
+	}
+	for i, f := range more {
+		if f.taken == f.room && len(cand[i]) > 0 {
+			// Its room, not its weight, left its due jobs.
+			held = true
+			if f.byRate {
+				rated = append(rated, f.key)
+			}
+		}
+	}
+	return ids, held, rated, end, nil
 }
 
 // lockRateSlots locks, in tx and in one statement (key_rate_lock_part),

@@ -74,10 +74,11 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
 	var c limitCols
 	var above int
+	var weights sql.NullString
 	err := d.retry(ctx, "claim limited", func() error {
-		err := d.db.QueryRowContext(ctx, d.q.LimitsRead, p.Queue).Scan(append(c.dest(), &above)...)
+		err := d.db.QueryRowContext(ctx, d.q.LimitsRead, p.Queue).Scan(append(c.dest(), &above, &weights)...)
 		if err == sql.ErrNoRows {
-			c, above = limitCols{}, 0
+			c, above, weights = limitCols{}, 0, sql.NullString{}
 			return nil
 		}
 		return err
@@ -102,7 +103,13 @@ func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (dr
 	}
 	var kw *keyWalk
 	if l.HasKeyLimits() {
-		if kw, err = d.walkKeys(ctx, p.Queue, l, p.Limit); err != nil {
+		var w map[string]int
+		if l.Fair {
+			if w, err = d.decodedWeights(p.Queue, weights.String); err != nil {
+				return driver.ClaimResult{}, fmt.Errorf("conveyor/mysql: claim limited of queue %q: %w", p.Queue, err)
+			}
+		}
+		if kw, err = d.walkKeys(ctx, p.Queue, l, p.Limit, w); err != nil {
 			return driver.ClaimResult{}, err
 		}
 	}
@@ -122,12 +129,12 @@ func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (dr
 // limitCols is a queues row's limit columns, in the order the
 // statements that read them return them.
 type limitCols struct {
-	maxRunning, rate, periodUS, keyMax, keyOrder, keyRate, keyRatePeriodUS sql.NullInt64
+	maxRunning, rate, periodUS, keyMax, keyOrder, keyRate, keyRatePeriodUS, fair sql.NullInt64
 }
 
 // dest returns the columns' scan destinations, in order.
 func (c *limitCols) dest() []any {
-	return []any{&c.maxRunning, &c.rate, &c.periodUS, &c.keyMax, &c.keyOrder, &c.keyRate, &c.keyRatePeriodUS}
+	return []any{&c.maxRunning, &c.rate, &c.periodUS, &c.keyMax, &c.keyOrder, &c.keyRate, &c.keyRatePeriodUS, &c.fair}
 }
 
 // limits converts the columns.
@@ -137,11 +144,12 @@ func (c *limitCols) limits() driver.QueueLimits {
 		l.KeyRate = int(c.keyRate.Int64)
 		l.KeyRatePeriod = time.Duration(c.keyRatePeriodUS.Int64) * time.Microsecond
 	}
+	l.Fair = c.fair.Valid && c.fair.Int64 != 0
 	return l
 }
 
 // limitsOf converts a queues row's limit columns but those of the rate per
-// key (see limitCols).
+// key and Fair (see limitCols).
 func limitsOf(maxRunning, rate, periodUS, keyMax, keyOrder sql.NullInt64) driver.QueueLimits {
 	var l driver.QueueLimits
 	if keyMax.Valid && keyMax.Int64 > 0 {
@@ -328,7 +336,8 @@ func (d *Driver) limitsStill(ctx context.Context, tx *sql.Tx, queue string, l dr
 	if rows.Next() {
 		var c limitCols
 		var above int
-		if err := rows.Scan(append(c.dest(), &above)...); err != nil {
+		var weights sql.NullString
+		if err := rows.Scan(append(c.dest(), &above, &weights)...); err != nil {
 			return false, err
 		}
 		now = c.limits()
@@ -558,9 +567,9 @@ func (d *Driver) heldEmpty(ctx context.Context, queue string) (driver.ClaimResul
 
 // SetQueueLimits stores queue's limits (the zero QueueLimits removes
 // them) in one transaction: the limit columns of its queues row (its
-// pause is kept), the missing slots, and the deletion of free
-// concurrency slots at or beyond MaxRunning and of every rate slot at or
-// beyond Rate. A lowered rate forgets the starts those rate slots
+// pause and key weights are kept), the missing slots, and the deletion of
+// free concurrency slots at or beyond MaxRunning and of every rate slot at
+// or beyond Rate. A lowered rate forgets the starts those rate slots
 // recorded, so in the window of the change up to the old rate may start.
 // The concurrency slots at or beyond MaxRunning stay locked until it
 // commits (slot_lock_above).
@@ -576,6 +585,10 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 	if l.KeyRate > 0 {
 		keyRate, keyRatePeriod = int64(l.KeyRate), micros(l.KeyRatePeriod)
 	}
+	var fair any
+	if l.Fair {
+		fair = int64(1)
+	}
 	var maxRunning, rate, period any
 	if l.MaxRunning > 0 {
 		maxRunning = int64(l.MaxRunning)
@@ -584,7 +597,7 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 		rate, period = int64(l.Rate), micros(l.RatePeriod)
 	}
 	return d.inTx(ctx, "set limits of queue "+queue, func(tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, d.q.SetQueueLimits, queue, maxRunning, rate, period, keyMax, keyOrder, keyRate, keyRatePeriod); err != nil {
+		if _, err := tx.ExecContext(ctx, d.q.SetQueueLimits, queue, maxRunning, rate, period, keyMax, keyOrder, keyRate, keyRatePeriod, fair); err != nil {
 			return err
 		}
 		for _, s := range []struct {

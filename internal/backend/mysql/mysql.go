@@ -97,7 +97,10 @@ type Driver struct {
 	// *atomic.Int64) until which its claims skip the jobs without a key
 	// (see lookForKeyless).
 	noKeyless sync.Map
-	db        *sql.DB
+	// weights maps a Fair queue to its *cachedWeights (see
+	// decodedWeights).
+	weights sync.Map
+	db      *sql.DB
 	// main is db with its prepared statements; lease is the lease path's
 	// own pool (heartbeat, complete, release): leaseConns connections that
 	// claims, inserts, maintenance and the application's handlers never

@@ -163,6 +163,7 @@ type queries struct {
 	// usage and the sweep (see keys.go).
 	KeyWalk          string `sql:"key_walk"`
 	KeyWalkUpto      string `sql:"key_walk_upto"`
+	KeyWalkAt        string `sql:"key_walk_at"`
 	KeySlotStats     string `sql:"key_slot_stats"`
 	KeySlotInsert    string `sql:"key_slot_insert"`
 	KeySlotInsertRow string `sql:"key_slot_insert_row"`
@@ -189,6 +190,11 @@ type queries struct {
 	KeyRateRetryIn   string `sql:"key_rate_retry_in"`
 	KeysRated        string `sql:"keys_rated"`
 	KeyRateTrim      string `sql:"key_rate_trim"`
+
+	// Fair queues: the key weights kept beside the limits (see
+	// weights.go).
+	SetKeyWeights string `sql:"set_key_weights"`
+	KeyWeights    string `sql:"key_weights"`
 }
 
 // loadQueries reads queries.sql for prefix, drops its comment lines and

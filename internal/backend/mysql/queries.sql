@@ -569,11 +569,22 @@ DELETE FROM `{p}processes` WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL ? MICR
 -- SetQueueLimits, in one transaction: set_queue_limits upserts only the
 -- limit columns (a pause is kept, as pause_queue keeps the limits), then
 -- the missing slots are created and the slots beyond the limits deleted.
+-- The key weights (key_weights) are not limits: they are kept.
 -- (queue, max_running, rate, rate_period_us, key_max_running, key_order,
--- key_rate, key_rate_period_us; NULL for none.)
+-- key_rate, key_rate_period_us, key_fair; NULL for none.)
 -- name: set_queue_limits
-INSERT INTO `{p}queues` (name, paused_at, updated_at, max_running, rate, rate_period_us, key_max_running, key_order, key_rate, key_rate_period_us) VALUES (?, NULL, UTC_TIMESTAMP(6), ?, ?, ?, ?, ?, ?, ?)
-ON DUPLICATE KEY UPDATE max_running = VALUES(max_running), rate = VALUES(rate), rate_period_us = VALUES(rate_period_us), key_max_running = VALUES(key_max_running), key_order = VALUES(key_order), key_rate = VALUES(key_rate), key_rate_period_us = VALUES(key_rate_period_us), updated_at = VALUES(updated_at)
+INSERT INTO `{p}queues` (name, paused_at, updated_at, max_running, rate, rate_period_us, key_max_running, key_order, key_rate, key_rate_period_us, key_fair) VALUES (?, NULL, UTC_TIMESTAMP(6), ?, ?, ?, ?, ?, ?, ?, ?)
+ON DUPLICATE KEY UPDATE max_running = VALUES(max_running), rate = VALUES(rate), rate_period_us = VALUES(rate_period_us), key_max_running = VALUES(key_max_running), key_order = VALUES(key_order), key_rate = VALUES(key_rate), key_rate_period_us = VALUES(key_rate_period_us), key_fair = VALUES(key_fair), updated_at = VALUES(updated_at)
+
+-- SetKeyWeights upserts only key_weights (migrations/015_fair.sql): a
+-- new row has no pause and no limits, as a queue without a row. (queue,
+-- weights or NULL.)
+-- name: set_key_weights
+INSERT INTO `{p}queues` (name, paused_at, updated_at, key_weights) VALUES (?, NULL, UTC_TIMESTAMP(6), ?)
+ON DUPLICATE KEY UPDATE key_weights = VALUES(key_weights), updated_at = VALUES(updated_at)
+
+-- name: key_weights
+SELECT name, key_weights FROM `{p}queues` WHERE key_weights IS NOT NULL
 
 -- (queue, type, count): how many of the slots [0, count) exist.
 -- name: slot_count
@@ -610,24 +621,25 @@ DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n 
 DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n >= ?
 
 -- name: queue_limits
-SELECT name, max_running, rate, rate_period_us, key_max_running, key_order, key_rate, key_rate_period_us FROM `{p}queues` WHERE max_running IS NOT NULL OR rate IS NOT NULL OR key_max_running IS NOT NULL OR key_rate IS NOT NULL
+SELECT name, max_running, rate, rate_period_us, key_max_running, key_order, key_rate, key_rate_period_us, key_fair FROM `{p}queues` WHERE max_running IS NOT NULL OR rate IS NOT NULL OR key_max_running IS NOT NULL OR key_rate IS NOT NULL OR key_fair IS NOT NULL
 
 -- LimitUsage, one statement by the database's clock: per limited queue,
 -- the concurrency slots held, the starts within the window and how long
 -- until the oldest of them leaves it.
 -- name: limit_usage
-SELECT q.name, q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order, q.key_rate, q.key_rate_period_us,
+SELECT q.name, q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order, q.key_rate, q.key_rate_period_us, q.key_fair,
   (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.job_id > 0),
   (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate AND s.used_at > UTC_TIMESTAMP(6) - INTERVAL q.rate_period_us MICROSECOND),
   (SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(s.used_at) + INTERVAL q.rate_period_us MICROSECOND) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate AND s.used_at > UTC_TIMESTAMP(6) - INTERVAL q.rate_period_us MICROSECOND)
-  FROM `{p}queues` q WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL OR q.key_max_running IS NOT NULL OR q.key_rate IS NOT NULL
+  FROM `{p}queues` q WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL OR q.key_max_running IS NOT NULL OR q.key_rate IS NOT NULL OR q.key_fair IS NOT NULL
 
 -- ClaimLimited. limits_read is a plain read of the queue's limits and of
 -- how many concurrency slots at or beyond max_running are still held (a
--- lowered limit: those attempts count against it until they end). A
--- queue without limits is claimed by Claim. (queue.)
+-- lowered limit: those attempts count against it until they end), then
+-- the queue's key weights (a Fair queue's). A queue without limits is
+-- claimed by Claim. (queue.)
 -- name: limits_read
-SELECT q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order, q.key_rate, q.key_rate_period_us, (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.n >= q.max_running AND s.job_id IS NOT NULL) FROM `{p}queues` q WHERE q.name = ?
+SELECT q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order, q.key_rate, q.key_rate_period_us, q.key_fair, (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.n >= q.max_running AND s.job_id IS NOT NULL), q.key_weights FROM `{p}queues` q WHERE q.name = ?
 
 -- With SKIP LOCKED (the skip-locked strategy), in the claim's
 -- transaction and before the jobs: lock up to want free concurrency slots
@@ -729,6 +741,11 @@ SELECT lkey FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey >
 
 -- name: key_walk_upto
 SELECT lkey FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ? AND lkey <= ? ORDER BY lkey LIMIT ?
+
+-- A Fair claim that goes on with the turn of the key at its cursor reads
+-- that key first: whether it still has an available job. (queue, key.)
+-- name: key_walk_at
+SELECT lkey FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey = ? ORDER BY lkey LIMIT 1
 
 -- A plain read of the walked keys' slots: how many exist below the
 -- limit, how many a running attempt holds and how many are kept for a
