@@ -218,8 +218,9 @@ type JobRow struct {
 	// nil.
 	Result json.RawMessage
 	// BatchID is the batch the job is a member of (a row of the batch's
-	// jobs), 0 when it is in none or its batch was pruned. Only GetJob
-	// reads it; other reads leave it 0.
+	// jobs; the lowest id of those of a workflow's job several steps
+	// wait for), 0 when it is in none or its batches were pruned. Only
+	// GetJob reads it; other reads leave it 0.
 	BatchID int64
 	// CallbackOf is the batch whose callback the job is (the batch row
 	// that recorded its id when it fired), 0 when it is no batch's
