@@ -242,7 +242,7 @@ func TestBatchInTransaction(t *testing.T) {
 
 // TestBatchPruned: once a batch's callback was enqueued longer ago than
 // the completed jobs' retention, Prune deletes the batch with its jobs
-// and their results.
+// and their results; the callback, still a job, then names no batch.
 func TestBatchPruned(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
@@ -253,6 +253,14 @@ func TestBatchPruned(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		batchOf := func(id, member, callbackOf int64) {
+			t.Helper()
+			j, err := c.Job(ctx, id)
+			if err != nil || j.BatchID != member || j.CallbackOf != callbackOf {
+				t.Fatalf("job %d: %+v %v; want batch %d, callback of %d", id, j, err, member, callbackOf)
+			}
+		}
+		batchOf(ids[0], bid, 0)
 		rw := c.RemoteWorkers()
 		got, err := rw.Claim(ctx, conveyor.RemoteClaim{Worker: "w", Lease: time.Minute})
 		if err != nil || len(got) != 1 || got[0].ID != ids[0] {
@@ -273,6 +281,7 @@ func TestBatchPruned(t *testing.T) {
 		if err != nil || fired[bid] == 0 {
 			t.Fatalf("fire (its one job pruned counts as finished): %v %v", fired, err)
 		}
+		batchOf(fired[bid], 0, bid)
 		time.Sleep(10 * time.Millisecond)
 		if _, err := drv.Prune(ctx, time.Millisecond, time.Millisecond, 100); err != nil {
 			t.Fatal(err)
@@ -280,5 +289,6 @@ func TestBatchPruned(t *testing.T) {
 		if _, err := c.Batch(ctx, bid); !errors.Is(err, conveyor.ErrBatchNotFound) {
 			t.Fatalf("pruned batch: %v", err)
 		}
+		batchOf(fired[bid], 0, 0)
 	})
 }

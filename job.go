@@ -324,6 +324,20 @@ type JobInfo struct {
 	// Client.Job reads it: job lists and the Job handed to a worker leave
 	// it nil.
 	Result json.RawMessage `json:",omitempty"`
+	// BatchID is the batch the job is a member of (EnqueueBatch, or a
+	// workflow's job another waits for; Client.Batch reads it), 0 when
+	// it is in none or its batch was pruned. A workflow's job that
+	// several steps wait for is a member of each of their batches: the
+	// first (lowest id) is reported. A batch's callback is no member of
+	// it: see CallbackOf. Only Client.Job reads it: job lists and the Job
+	// handed to a worker leave it 0.
+	BatchID int64 `json:",omitempty"`
+	// CallbackOf is the batch whose callback the job is, the batch it
+	// was enqueued to close once its members finished (as recorded on
+	// the batch when it fired; BatchOf reads the job's metadata
+	// instead), 0 when it is no batch's callback or its batch was
+	// pruned. Only Client.Job reads it, as BatchID.
+	CallbackOf int64 `json:",omitempty"`
 }
 
 // MaxResultBytes bounds a job's result encoded as JSON (SetResult, an
@@ -615,7 +629,7 @@ func jobInfo(r *driver.JobRow) *JobInfo {
 		Timeout:     time.Duration(r.TimeoutMS) * time.Millisecond,
 		ScheduledAt: r.ScheduledAt, CreatedAt: r.CreatedAt, AttemptedAt: r.AttemptedAt,
 		FinalizedAt: r.FinalizedAt, LeaseExpiresAt: r.LeaseExpiresAt, AttemptedBy: r.AttemptedBy,
-		Result: r.Result, Key: r.Key,
+		Result: r.Result, Key: r.Key, BatchID: r.BatchID, CallbackOf: r.CallbackOf,
 	}
 	for _, e := range r.Errors {
 		j.Errors = append(j.Errors, AttemptError(e))

@@ -327,15 +327,21 @@ func (h *Handler) pageJob(w http.ResponseWriter, r *http.Request, p principal) {
 		v := prettyArgs(j.Result)
 		result = &v
 	}
-	batchID, _ := conveyor.BatchOf(j)
+	// The batch a callback closes, as the batch recorded it; a job
+	// whose batch is gone still names it in its metadata.
+	callbackOf := j.CallbackOf
+	if callbackOf == 0 {
+		callbackOf, _ = conveyor.BatchOf(j)
+	}
 	pg := h.pageFor(p, fmt.Sprintf("Job %d", id), struct {
-		Job      JobJSON
-		Args     argsView
-		Result   *argsView
-		BatchID  int64
-		CanRetry bool
-		CanStop  bool
-	}{jj, prettyArgs(j.EncodedArgs), result, batchID, canRetry(jj.State), canStop(jj.State)})
+		Job        JobJSON
+		Args       argsView
+		Result     *argsView
+		CallbackOf int64
+		MemberOf   int64
+		CanRetry   bool
+		CanStop    bool
+	}{jj, prettyArgs(j.EncodedArgs), result, callbackOf, j.BatchID, canRetry(jj.State), canStop(jj.State)})
 	pg.Flash = flashes[r.URL.Query().Get("ok")]
 	h.render(w, http.StatusOK, "job", pg)
 }

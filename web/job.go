@@ -71,6 +71,14 @@ type JobJSON struct {
 	// Fence is set on claimed jobs only: the token that heartbeat,
 	// complete, fail, snooze and release must send back.
 	Fence *int64 `json:"fence,omitempty"`
+	// BatchID is the batch the job is a member of (GET
+	// /api/v1/batches/{id}), the first of a workflow's job several steps
+	// wait for (conveyor.JobInfo.BatchID); absent when it is in none,
+	// and in job lists and claims, which do not read it.
+	BatchID int64 `json:"batch_id,omitempty"`
+	// CallbackOf is the batch whose callback the job is; absent when it
+	// is no batch's callback, and in job lists and claims.
+	CallbackOf int64 `json:"callback_of,omitempty"`
 }
 
 // AttemptJSON is one failed attempt in JobJSON.Errors.
@@ -118,6 +126,7 @@ func NewJobJSON(j *conveyor.JobInfo) JobJSON {
 		AttemptedAt: timeOrNull(j.AttemptedAt), AttemptedBy: stringOrNull(j.AttemptedBy),
 		LeaseExpiresAt: timeOrNull(j.LeaseExpiresAt), FinalizedAt: timeOrNull(j.FinalizedAt),
 		Errors: []AttemptJSON{}, Key: stringOrNull(j.Key),
+		BatchID: j.BatchID, CallbackOf: j.CallbackOf,
 	}
 	if len(out.Args) == 0 {
 		out.Args = json.RawMessage("{}")

@@ -1050,7 +1050,10 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // TestGetBatch: GET /api/v1/batches/{id} answers the batch's jobs, their
-// states and results, and its callback once enqueued; 404 for none.
+// states and results, and its callback once enqueued; 404 for none. A
+// job's GET names the batch it is a member of (batch_id) or whose
+// callback it is (callback_of), and its page links that batch's; a job
+// of no batch has neither key.
 func TestGetBatch(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, e *env) {
 		ctx := context.Background()
@@ -1060,6 +1063,31 @@ func TestGetBatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		plain := e.enqueue(map[string]any{"kind": "other", "queue": "elsewhere"})
+		links := func(id, batchID, callbackOf int64) {
+			t.Helper()
+			b := e.must(200, req{method: "GET", path: fmt.Sprintf("/api/v1/jobs/%d", id), auth: roToken}).body
+			var j map[string]any
+			if err := json.Unmarshal(b, &j); err != nil {
+				t.Fatal(err)
+			}
+			for k, want := range map[string]int64{"batch_id": batchID, "callback_of": callbackOf} {
+				got, ok := j[k]
+				if want == 0 && ok || want != 0 && got != float64(want) {
+					t.Errorf("job %d: %s %v (present %v), want %d: %s", id, k, got, ok, want, b)
+				}
+			}
+			page := string(e.must(200, req{method: "GET", path: fmt.Sprintf("/jobs/%d", id), auth: roToken}).body)
+			for elem, want := range map[string]int64{"job-member-of": batchID, "job-batch": callbackOf} {
+				link := fmt.Sprintf(`/batches/%d" id="%s"`, want, elem)
+				if has := strings.Contains(page, `id="`+elem+`"`); has != (want != 0) || want != 0 && !strings.Contains(page, link) {
+					t.Errorf("job %d's page: %s link present %v, want %d (%s)", id, elem, has, want, link)
+				}
+			}
+		}
+		links(ids[0], bid, 0)
+		links(ids[1], bid, 0)
+		links(plain, 0, 0)
 		c := e.claim(map[string]any{"limit": 2})
 		if len(c) != 2 {
 			t.Fatalf("claimed %d", len(c))
@@ -1082,6 +1110,8 @@ func TestGetBatch(t *testing.T) {
 				t.Fatalf("batch job %+v (result %s)", j, j.Result)
 			}
 		}
+		links(fired[bid], 0, bid)
+		links(ids[0], bid, 0)
 		e.must(404, req{method: "GET", path: fmt.Sprintf("/api/v1/batches/%d", bid+100), auth: roToken})
 	})
 }

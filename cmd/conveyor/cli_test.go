@@ -969,4 +969,12 @@ func TestBatchCommand(t *testing.T) {
 	if _, _, err := cli(t, "", "batch", strconv.FormatInt(bid+1, 10), "--db", dsn); err == nil || !strings.Contains(err.Error(), "batch not found") {
 		t.Fatalf("unknown batch: %v", err)
 	}
+	// A batch's job names its batch, in text and JSON.
+	if out := mustCLI(t, "job", strconv.FormatInt(ids[0], 10), "--db", dsn); !strings.Contains(out, "\nbatch:        "+strconv.FormatInt(bid, 10)+"\n") {
+		t.Fatalf("job of batch %d:\n%s", bid, out)
+	}
+	var j map[string]any
+	if err := json.Unmarshal([]byte(mustCLI(t, "job", strconv.FormatInt(ids[0], 10), "--json", "--db", dsn)), &j); err != nil || j["batch_id"] != float64(bid) {
+		t.Fatalf("job --json: batch_id %v, want %d (%v)", j["batch_id"], bid, err)
+	}
 }

@@ -49,6 +49,12 @@ func jobCmd(e *env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "id:           %d\nqueue:        %s\nkind:         %s\nkey:          %s\nstate:        %s\nattempt:      %d of %d\npriority:     %d\nargs:         %s\ncreated:      %s\nscheduled:    %s\nattempted:    %s\nlease until:  %s\nfinalized:    %s\n",
 		j.ID, j.Queue, j.Kind, key, j.State, j.Attempt, j.MaxAttempts, j.Priority, j.EncodedArgs, t(j.CreatedAt), t(j.ScheduledAt), attempted, t(j.LeaseExpiresAt), t(j.FinalizedAt))
+	if j.BatchID != 0 {
+		fmt.Fprintf(e.stdout, "batch:        %d\n", j.BatchID)
+	}
+	if j.CallbackOf != 0 {
+		fmt.Fprintf(e.stdout, "callback of:  batch %d\n", j.CallbackOf)
+	}
 	if len(j.Result) > 0 {
 		fmt.Fprintf(e.stdout, "result:       %s\n", j.Result)
 	}

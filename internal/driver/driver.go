@@ -217,6 +217,16 @@ type JobRow struct {
 	// completed without one. Only GetJob reads it; other reads leave it
 	// nil.
 	Result json.RawMessage
+	// BatchID is the batch the job is a member of (a row of the batch's
+	// jobs; the lowest id of those of a workflow's job several steps
+	// wait for), 0 when it is in none or its batches were pruned. Only
+	// GetJob reads it; other reads leave it 0.
+	BatchID int64
+	// CallbackOf is the batch whose callback the job is (the batch row
+	// that recorded its id when it fired), 0 when it is no batch's
+	// callback or its batch was pruned. Only GetJob reads it; other reads
+	// leave it 0.
+	CallbackOf int64
 	// LeaseFrom, on a row Claim returned, is a time by this process's
 	// clock no later than the moment the database started the claim's
 	// lease: on SQLite, when the claim's transaction took the write lock,
@@ -754,7 +764,8 @@ type Driver interface {
 
 	// Admin.
 	// GetJob returns job id, with its Result when it is completed and
-	// its completion stored one.
+	// its completion stored one, and its BatchID and CallbackOf (one
+	// indexed probe each, in one statement).
 	GetJob(ctx context.Context, id int64) (*JobRow, error)
 	ListJobs(ctx context.Context, f JobFilter) ([]*JobRow, error)
 	// ListJobsTx is ListJobs inside the caller's transaction (of a type

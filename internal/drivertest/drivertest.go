@@ -152,6 +152,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		{"Processes", processes},
 		{"Admin", admin},
 		{"Stats", stats},
+		{"Batches", batches},
 		{"Maintenance", maintenance},
 		{"ListNewestFirst", func(t *testing.T, s suite) { listNewestFirst(t, s.setup(t)) }},
 	} {

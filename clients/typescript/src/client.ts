@@ -60,6 +60,20 @@ export interface Job<Args = unknown> {
    * for. Null for any other job.
    */
   batchId: number | null;
+  /**
+   * The batch the job is a member of (the server's `batch_id`; the
+   * first of a workflow job's that several steps wait for): pass it to
+   * `getBatch` to read its jobs and its callback. Null when it is in
+   * none or its batch was pruned, and in job lists and claims, which do
+   * not read it (`getJob` does).
+   */
+  memberOf: number | null;
+  /**
+   * For a batch's callback, the batch it closes as the server recorded
+   * it when the batch fired (`callback_of`); null for any other job, and
+   * in job lists and claims, which do not read it (`getJob` does).
+   */
+  callbackOf: number | null;
 }
 
 /** A job handed out by a claim, with the fence its acknowledgements must carry. */
@@ -386,6 +400,8 @@ interface WireJob {
   key?: string | null;
   result?: unknown;
   fence?: number;
+  batch_id?: number;
+  callback_of?: number;
 }
 
 function fromWire(w: WireJob): Job {
@@ -410,6 +426,8 @@ function fromWire(w: WireJob): Job {
     key: w.key ?? null,
     result: w.result ?? null,
     batchId: batchIdOf(w.metadata),
+    memberOf: w.batch_id ?? null,
+    callbackOf: w.callback_of ?? null,
   };
 }
 

@@ -443,6 +443,11 @@ test("a diamond workflow A -> B, C -> D: each job runs once, D reads B's and C's
     assert.equal(d?.state, "completed", `D: ${JSON.stringify(d?.errors)}`);
     assert.equal(d?.result, "D(B(A),C(A))");
     assert.equal(d?.batchId, wf.batchIds.D);
+    assert.equal(d?.callbackOf, wf.batchIds.D, "the server names the batch D closes");
+    assert.equal(d?.memberOf, null, "D is no member of a batch");
+    const a = await client.getJob(wf.jobIds.A);
+    assert.equal(a.memberOf, Math.min(wf.batchIds.B, wf.batchIds.C), "A is a member of B's and C's batches, the first reported");
+    assert.equal(a.callbackOf, null);
     const b = await client.getBatch(wf.batchIds.D);
     assert.equal(b.finished, true);
     assert.equal(b.jobs.length, 2);

@@ -73,6 +73,7 @@ type queries struct {
 	ReadyBatches    string `sql:"ready_batches"`
 	FireBatch       string `sql:"fire_batch"`
 	GetBatch        string `sql:"get_batch"`
+	JobBatch        string `sql:"job_batch"`
 	AwaitingDeps    string `sql:"awaiting_dependencies"`
 	BatchMembers    string `sql:"batch_members"`
 	PrunableBatches string `sql:"prunable_batches"`

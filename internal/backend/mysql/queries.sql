@@ -344,6 +344,13 @@ DELETE FROM `{p}batches` WHERE id IN ({ids})
 -- name: get_batch
 SELECT id, callback, callback_id, created_at, fired_at FROM `{p}batches` WHERE id = ?
 
+-- name: job_batch
+-- The job id twice: the batch it is a member of and the batch whose
+-- callback it is, 0 for none; one probe each of job_idx (migration 16)
+-- and open_idx (migration 12).
+SELECT COALESCE((SELECT MIN(`batch_id`) FROM `{p}batch_jobs` WHERE `job_id` = ?), 0),
+       COALESCE((SELECT MIN(`id`) FROM `{p}batches` WHERE `callback_id` = ?), 0)
+
 -- The callbacks of the open batches (not enqueued yet: jobs waiting for
 -- their dependencies), counted by the callback's queue; read through
 -- open_idx's range of callback_id NULL, the open batches only.

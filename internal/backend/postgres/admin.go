@@ -34,6 +34,9 @@ func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
 			j.Result = json.RawMessage(res)
 		}
 	}
+	if err := d.pool.QueryRow(ctx, d.q.JobBatch, id).Scan(&j.BatchID, &j.CallbackOf); err != nil {
+		return nil, d.wrap("get job batch", err)
+	}
 	return j, nil
 }
 

@@ -143,8 +143,12 @@ func TestConvertFromOneTable(t *testing.T) {
 	if _, err := d.Insert(ctx, []driver.InsertParams{pj("early")}); !errors.Is(err, driver.ErrSchemaOutdated) {
 		t.Fatalf("insert before the conversion: %v, want ErrSchemaOutdated", err)
 	}
+	var want []int
+	for v := 10; v <= len(d.migrations); v++ {
+		want = append(want, v)
+	}
 	applied, err := d.Migrate(ctx)
-	if err != nil || !slices.Equal(applied, []int{10, 11, 12, 13, 14, 15, 16}) {
+	if err != nil || !slices.Equal(applied, want) {
 		t.Fatalf("upgrade from version 9: applied %v, %v", applied, err)
 	}
 	if cur, latest, err := d.SchemaVersion(ctx); err != nil || cur != latest {

@@ -70,6 +70,7 @@ type queries struct {
 	InsertBatchJobs  string `sql:"insert_batch_jobs"`
 	FireBatch        string `sql:"fire_batch"`
 	GetBatch         string `sql:"get_batch"`
+	JobBatch         string `sql:"job_batch"`
 	AwaitingDeps     string `sql:"awaiting_dependencies"`
 	PruneBatches     string `sql:"prune_batches"`
 	InsertBatchDeps  string `sql:"insert_batch_deps"`

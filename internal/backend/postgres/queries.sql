@@ -149,6 +149,12 @@ DELETE FROM {p}batch_deps d USING b WHERE d.batch_id = b.id
 -- name: get_batch
 SELECT id, callback, callback_id, created_at, fired_at FROM {p}batches WHERE id = $1
 
+-- name: job_batch
+-- $1 job id: the batch it is a member of and the batch whose callback it
+-- is, 0 for none; one probe each of the indexes of migration 18.
+SELECT coalesce((SELECT min(batch_id) FROM {p}batch_jobs WHERE job_id = $1), 0),
+       coalesce((SELECT min(id) FROM {p}batches WHERE callback_id = $1), 0)
+
 -- name: awaiting_dependencies
 -- The callbacks of the open batches (not enqueued yet: jobs waiting for
 -- their dependencies), counted by the callback's queue; the predicate is

@@ -33,6 +33,9 @@ func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
 			j.Result = json.RawMessage(res)
 		}
 	}
+	if err := d.r.QueryRowContext(ctx, d.q.JobBatch, id).Scan(&j.BatchID, &j.CallbackOf); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: get job %d: batch: %w", id, err)
+	}
 	return j, nil
 }
 

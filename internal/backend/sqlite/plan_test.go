@@ -54,6 +54,8 @@ func TestQueryPlans(t *testing.T) {
 		{"free key slots", d.q.FreeKeySlots, []any{"[]"}, []string{"PRIMARY KEY (queue=? AND lkey=?)"}, []string{"SCAN s", "SCAN conveyor_key_slots"}},
 		// The jobs awaiting dependencies: the open batches' index alone.
 		{"awaiting dependencies", d.q.AwaitingDeps, nil, []string{"INDEX conveyor_batches_open"}, []string{"SCAN conveyor_batches\n"}},
+		// A job's batch: one probe of each index of migration 15.
+		{"job batch", d.q.JobBatch, []any{1}, []string{"COVERING INDEX conveyor_batch_jobs_job (job_id=?)", "INDEX conveyor_batches_callback (callback_id=?)"}, []string{"SCAN conveyor_batch_jobs", "SCAN conveyor_batches"}},
 		// The dashboard's overview: every arm on its partial index, none
 		// on the table (SCAN conveyor_jobs USING ... INDEX is an index).
 		{"overview", d.q.Overview, []any{1}, []string{"USING COVERING INDEX conveyor_jobs_claim", "INDEX conveyor_jobs_due", "INDEX conveyor_jobs_lease", "INDEX conveyor_jobs_finalized (finalized_at>?)"}, []string{"SCAN conveyor_jobs\n", "jobs_queue_list", "USING INTEGER PRIMARY KEY"}},

@@ -42,6 +42,7 @@ type queries struct {
 	ReadyBatches    string `sql:"ready_batches"`
 	FireBatch       string `sql:"fire_batch"`
 	GetBatch        string `sql:"get_batch"`
+	JobBatch        string `sql:"job_batch"`
 	BatchMembers    string `sql:"batch_members"`
 	PruneBatchJobs  string `sql:"prune_batch_jobs"`
 	PruneBatches    string `sql:"prune_batches"`

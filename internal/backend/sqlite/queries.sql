@@ -214,6 +214,12 @@ UPDATE {p}batches SET callback_id = ?2, fired_at = {now} WHERE id = ?1 AND callb
 -- name: get_batch
 SELECT id, callback, callback_id, created_at, fired_at FROM {p}batches WHERE id = ?1
 
+-- name: job_batch
+-- ?1 job id: the batch it is a member of and the batch whose callback it
+-- is, 0 for none; one probe each of the indexes of migration 15.
+SELECT coalesce((SELECT min(batch_id) FROM {p}batch_jobs WHERE job_id = ?1), 0),
+       coalesce((SELECT min(id) FROM {p}batches WHERE callback_id = ?1), 0)
+
 -- name: batch_members
 -- A member's result is its result only under the job's current fence.
 SELECT m.job_id, coalesce(j.state, ''), r.result

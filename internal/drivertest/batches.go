@@ -1,0 +1,69 @@
+package drivertest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// batches runs the suite's tests of what a job's read tells of its batch.
+func batches(t *testing.T, s suite) {
+	ctx := context.Background()
+
+	// GetJob reports the batch a job is a member of (BatchID) and, once
+	// the batch fired, the batch its callback closes (CallbackOf); a job
+	// of no batch reports 0 for both, as does a callback for BatchID
+	// (it is no member, even of the batch that waits for its batch).
+	t.Run("JobBatch", func(t *testing.T) {
+		d := s.setup(t)
+		plain := insertJobs(t, d, job("m", 0))[0]
+		ids, bids, err := d.InsertBatches(ctx, nil, []driver.InsertParams{job("m", 0), job("m", 0), job("other", 0)}, []driver.BatchParams{
+			{Callback: job("cb", 0), Jobs: []int{0, 1}},
+			{Callback: job("later", 0), Jobs: []int{2}, After: []int{0}},
+		})
+		if err != nil || len(ids) != 3 || len(bids) != 2 {
+			t.Fatalf("insert batches: %v %v %v", ids, bids, err)
+		}
+		check := func(id, batch, callbackOf int64) {
+			t.Helper()
+			j, err := d.GetJob(ctx, id)
+			if err != nil {
+				t.Fatalf("get job %d: %v", id, err)
+			}
+			if j.BatchID != batch || j.CallbackOf != callbackOf {
+				t.Errorf("job %d: batch %d, callback of %d; want %d, %d", id, j.BatchID, j.CallbackOf, batch, callbackOf)
+			}
+		}
+		check(plain, 0, 0)
+		check(ids[0], bids[0], 0)
+		check(ids[1], bids[0], 0)
+		check(ids[2], bids[1], 0)
+
+		// The first batch's members finish and its callback is enqueued.
+		claimed, err := d.Claim(ctx, driver.ClaimParams{Queue: "m", Limit: 3, Lease: time.Minute, Worker: "w"})
+		if err != nil || len(claimed) != 3 {
+			t.Fatalf("claim: %d %v", len(claimed), err)
+		}
+		var outs []driver.Outcome
+		for _, c := range claimed {
+			outs = append(outs, driver.Outcome{ID: c.ID, Fence: c.Fence, Attempt: 1, State: driver.StateCompleted})
+		}
+		if _, err := d.Complete(ctx, outs); err != nil {
+			t.Fatal(err)
+		}
+		fired, err := d.FireBatches(ctx, 10)
+		if err != nil || len(fired) != 1 || fired[bids[0]] == 0 {
+			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[0])
+		}
+		cb := fired[bids[0]]
+		check(cb, 0, bids[0])
+		// Finished members keep their batch, the waiting batch's member
+		// its own.
+		check(ids[0], bids[0], 0)
+		check(ids[1], bids[0], 0)
+		check(ids[2], bids[1], 0)
+		check(plain, 0, 0)
+	})
+}
