@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 )
@@ -489,6 +490,44 @@ func EncodeKeyWeights(w map[string]int) []byte {
 		panic(err) // a map of strings to ints always marshals
 	}
 	return b
+}
+
+// KeyWeightCache keeps, per queue, the key weights a claim last decoded
+// with the stored text they came from, so that a claim decodes a queue's
+// weights only when they changed. The zero value is ready; it is safe
+// for concurrent use.
+type KeyWeightCache struct {
+	mu sync.Mutex
+	m  map[string]cachedKeyWeights
+}
+
+// cachedKeyWeights is a queue's stored key weights and their decoding.
+type cachedKeyWeights struct {
+	raw string
+	w   map[string]int
+}
+
+// Get returns the weights stored as raw for queue (nil for none),
+// decoding raw only when it is not what the queue's last claim read. The
+// map returned is shared: callers only read it.
+func (c *KeyWeightCache) Get(queue, raw string) (map[string]int, error) {
+	if raw == "" {
+		return nil, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.m[queue]; ok && e.raw == raw {
+		return e.w, nil
+	}
+	w, err := DecodeKeyWeights([]byte(raw))
+	if err != nil {
+		return nil, err
+	}
+	if c.m == nil {
+		c.m = map[string]cachedKeyWeights{}
+	}
+	c.m[queue] = cachedKeyWeights{raw: raw, w: w}
+	return w, nil
 }
 
 // DecodeKeyWeights reads stored key weights (EncodeKeyWeights); empty

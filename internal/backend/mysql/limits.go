@@ -105,7 +105,7 @@ func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (dr
 	if l.HasKeyLimits() {
 		var w map[string]int
 		if l.Fair {
-			if w, err = d.decodedWeights(p.Queue, weights.String); err != nil {
+			if w, err = d.weights.Get(p.Queue, weights.String); err != nil {
 				return driver.ClaimResult{}, fmt.Errorf("conveyor/mysql: claim limited of queue %q: %w", p.Queue, err)
 			}
 		}

@@ -97,9 +97,8 @@ type Driver struct {
 	// *atomic.Int64) until which its claims skip the jobs without a key
 	// (see lookForKeyless).
 	noKeyless sync.Map
-	// weights maps a Fair queue to its *cachedWeights (see
-	// decodedWeights).
-	weights sync.Map
+	// weights: the key weights claims last decoded, per queue.
+	weights driver.KeyWeightCache
 	db      *sql.DB
 	// main is db with its prepared statements; lease is the lease path's
 	// own pool (heartbeat, complete, release): leaseConns connections that

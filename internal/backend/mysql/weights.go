@@ -14,32 +14,6 @@ import (
 // queue's limits (limits_read) and gives each key at most its weight of
 // jobs per turn (claimKeyedTx).
 
-// cachedWeights is a queue's stored key weights and their decoding.
-type cachedWeights struct {
-	raw string
-	w   map[string]int
-}
-
-// decodedWeights returns the decoding of raw, queue's stored key weights,
-// decoding it only when it differs from the value the queue's previous
-// claim read. The map is shared: callers only read it.
-func (d *Driver) decodedWeights(queue, raw string) (map[string]int, error) {
-	if raw == "" {
-		return nil, nil
-	}
-	if v, ok := d.weights.Load(queue); ok {
-		if c := v.(*cachedWeights); c.raw == raw {
-			return c.w, nil
-		}
-	}
-	w, err := driver.DecodeKeyWeights([]byte(raw))
-	if err != nil {
-		return nil, err
-	}
-	d.weights.Store(queue, &cachedWeights{raw: raw, w: w})
-	return w, nil
-}
-
 // SetKeyWeights replaces queue's key weights (nil or empty removes them)
 // with one upsert of its queues row that writes its key_weights column
 // only: its pause and limits are kept, and a new row has neither.

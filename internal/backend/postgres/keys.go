@@ -3,6 +3,7 @@ package postgres
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -162,7 +163,9 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 	// A key's turn: at most its weight in a fair queue, else unbounded.
 	var weights map[string]int
 	if l.fair {
-		weights = s.d.weights.get(p.Queue, l.weights)
+		if weights, err = s.d.weights.Get(p.Queue, l.weights); err != nil {
+			return nil, keyTakes{}, false, nil, false, fmt.Errorf("read key weights: %w", err)
+		}
 	}
 	turn := func(k string) int {
 		if !l.fair {

@@ -188,9 +188,9 @@ type Driver struct {
 	q          queries
 	migrations []sqlq.Migration
 	kinds      interner
-	seg        *segStore   // the segment tables and their registry
-	keys       keyStates   // the key limits and walk cursors of the queues claimed
-	weights    weightCache // the decoded key weights of the fair queues claimed
+	seg        *segStore             // the segment tables and their registry
+	keys       keyStates             // the key limits and walk cursors of the queues claimed
+	weights    driver.KeyWeightCache // the decoded key weights of the fair queues claimed
 
 	deadlockRetries      atomic.Int64
 	lockTimeouts         atomic.Int64

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"sync"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
@@ -11,7 +10,7 @@ import (
 // queue's row in {p}queues, beside its limits: the text
 // driver.EncodeKeyWeights makes, NULL for none. A claim of a fair queue
 // reads it with the limits (limit_begin) and decodes it once per value
-// (weightCache).
+// (driver.KeyWeightCache).
 
 // SetKeyWeights stores queue's key weights (nil or empty removes them),
 // making the queue's row if it has none (no limits, not paused) and
@@ -50,40 +49,4 @@ func (d *Driver) KeyWeights(ctx context.Context) (map[string]map[string]int, err
 		}
 	}
 	return out, d.wrap("key weights", rows.Err())
-}
-
-// weightCache holds, per queue, the key weights its last claim read, by
-// their stored text, so that a claim decodes them only when they changed.
-type weightCache struct {
-	mu sync.Mutex
-	m  map[string]cachedWeights
-}
-
-// cachedWeights is a queue's stored key weights and their decoded map.
-type cachedWeights struct {
-	raw string
-	w   map[string]int
-}
-
-// get returns the weights stored as raw for queue, decoding raw only if
-// it is not what the queue's last claim read. Weights that fail to
-// decode weigh every key 1.
-func (c *weightCache) get(queue, raw string) map[string]int {
-	if raw == "" {
-		return nil
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if cw, ok := c.m[queue]; ok && cw.raw == raw {
-		return cw.w
-	}
-	w, err := driver.DecodeKeyWeights([]byte(raw))
-	if err != nil {
-		w = nil
-	}
-	if c.m == nil {
-		c.m = map[string]cachedWeights{}
-	}
-	c.m[queue] = cachedWeights{raw: raw, w: w}
-	return w
 }

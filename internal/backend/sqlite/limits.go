@@ -130,7 +130,7 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 			// when fair), then those without one.
 			kl := keyLimits{max: keyMax, ordered: keyOrder > 0, rate: keyRate, period: keyRatePeriod, fair: fair > 0}
 			if kl.fair {
-				if kl.weights, err = d.weights.get(p.Queue, rawWeights); err != nil {
+				if kl.weights, err = d.weights.Get(p.Queue, rawWeights.String); err != nil {
 					return res, fmt.Errorf("read key weights: %w", err)
 				}
 			}

@@ -102,7 +102,7 @@ type Driver struct {
 	// cursors: where the next keyed claim of each queue starts.
 	cursors keyCursors
 	// weights: the key weights claims last decoded, per queue.
-	weights weightCache
+	weights driver.KeyWeightCache
 
 	busyRetries  atomic.Int64
 	lockTimeouts atomic.Int64

@@ -2,9 +2,7 @@ package sqlite
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
-	"sync"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
@@ -56,39 +54,4 @@ func (d *Driver) KeyWeights(ctx context.Context) (map[string]map[string]int, err
 		return nil, fmt.Errorf("conveyor/sqlite: key weights: %w", err)
 	}
 	return out, nil
-}
-
-// weightCache keeps, per queue, the key weights a claim last decoded
-// with the stored text they came from, so that a claim decodes a queue's
-// weights only when they changed.
-type weightCache struct {
-	mu sync.Mutex
-	m  map[string]cachedWeights
-}
-
-type cachedWeights struct {
-	raw string
-	w   map[string]int
-}
-
-// get returns the weights stored as raw for queue (nil for none). The
-// map returned is shared: callers only read it.
-func (c *weightCache) get(queue string, raw sql.NullString) (map[string]int, error) {
-	if !raw.Valid || raw.String == "" {
-		return nil, nil
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if e, ok := c.m[queue]; ok && e.raw == raw.String {
-		return e.w, nil
-	}
-	w, err := driver.DecodeKeyWeights([]byte(raw.String))
-	if err != nil {
-		return nil, err
-	}
-	if c.m == nil {
-		c.m = map[string]cachedWeights{}
-	}
-	c.m[queue] = cachedWeights{raw: raw.String, w: w}
-	return w, nil
 }
