@@ -231,7 +231,9 @@ type JobRow struct {
 	// LeaseFrom, on a row Claim returned, is a time by this process's
 	// clock no later than the moment the database started the claim's
 	// lease: on SQLite, when the claim's transaction took the write lock,
-	// after any wait for it. Zero when the driver cannot tell; the
+	// after any wait for it; on MySQL/MariaDB, when the claim's
+	// transaction had begun on its connection, after any wait for one
+	// (the locking and limited claims). Zero when the driver cannot tell; the
 	// engine then counts the lease from when it called Claim, which is
 	// safe and, after a long wait for a lock or a connection, short.
 	LeaseFrom time.Time

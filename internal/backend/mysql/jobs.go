@@ -559,8 +559,12 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 	q, qargs, st := cur.query(d, p)
 	began := time.Now()
 	err := d.inTx(ctx, "claim", func(tx *sql.Tx) error {
+		from := leaseFrom()
 		var err error
 		out, err = d.claimLockedTx(ctx, tx, p, q, qargs)
+		for _, j := range out {
+			j.LeaseFrom = from
+		}
 		return err
 	})
 	if err != nil {
@@ -572,6 +576,15 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 	cur.advance(out, p.Limit, st, time.Since(began))
 	return out, nil
 }
+
+// leaseFrom is the LeaseFrom of the jobs a claim's transaction, begun
+// just now, will take: a millisecond before now, so that the lease its
+// statements start by the server's clock (NOW(6) at each statement, after
+// this) is never earlier. It leaves out the wait for a connection before
+// the transaction began, which on a small pool shared with handlers can
+// take most of a lease: counted from before it, the engine would cut the
+// attempts off as they start.
+func leaseFrom() time.Time { return time.Now().Add(-time.Millisecond) }
 
 // claimLockedTx runs the locking claim statement q (claim_select or
 // claim_select_after, with its arguments) and claim_mark_queued in tx,

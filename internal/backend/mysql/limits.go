@@ -115,8 +115,12 @@ func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (dr
 	}
 	var res driver.ClaimResult
 	err = d.inTx(ctx, "claim limited", func(tx *sql.Tx) error {
+		from := leaseFrom()
 		var err error
 		res, err = d.claimLimitedTx(ctx, tx, p, l, above, kw)
+		for _, j := range res.Rows {
+			j.LeaseFrom = from
+		}
 		return err
 	})
 	if err != nil {
