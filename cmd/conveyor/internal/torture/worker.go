@@ -624,6 +624,9 @@ func runProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slo
 		}
 	}
 	defer wg.Wait()
+	if w.limitedShare > 0 {
+		limitedBurst(c, w, rec, &seq)
+	}
 	pace(ctx, w.goroutines, w.rate, func(ctx context.Context) {
 		n := seq.Add(1)
 		tok := fmt.Sprintf("%s:%d", w.proc, n)
@@ -650,6 +653,39 @@ func runProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slo
 		rec.write(l)
 	})
 	return nil
+}
+
+// limitedBurstJobs is how many jobs a producer enqueues on QueueLimited
+// at once when it starts, and limitedBurstMS how long each runs.
+const (
+	limitedBurstJobs = limitedMaxRunning + 2
+	limitedBurstMS   = 1500
+)
+
+// limitedBurst enqueues limitedBurstJobs long jobs on QueueLimited in one
+// call, so that the concurrency limit binds in every phase whatever rate
+// the machine achieves: the checker fails a phase where it never bound,
+// since its check would have proved nothing, and on a saturated machine
+// the paced share of limited jobs alone may never overlap enough.
+func limitedBurst(c *conveyor.Client[any], w *workerFlags, rec *recorder, seq *atomic.Int64) {
+	items := make([]conveyor.EnqueueItem, limitedBurstJobs)
+	toks := make([]string, len(items))
+	for i := range items {
+		toks[i] = fmt.Sprintf("%s:%d", w.proc, seq.Add(1))
+		spec := jobSpec{queue: QueueLimited, kind: KindWork, ms: max(w.limitedMaxMS, limitedBurstMS)}
+		items[i] = conveyor.EnqueueItem{Args: conveyor.RawArgs{KindName: spec.kind, JSON: encodePayload(toks[i], spec)}, Opts: spec.opts()}
+	}
+	// Not tied to ctx, like every enqueue of a producer.
+	ectx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	res, err := c.EnqueueMany(ectx, items)
+	cancel()
+	for i, tok := range toks {
+		if err != nil {
+			rec.write(line{T: lineAmbig, Tok: tok, Err: err.Error()})
+			continue
+		}
+		rec.write(line{T: lineEnq, Job: res[i].ID, Tok: tok, Kind: KindWork})
+	}
 }
 
 // runKeyed enqueues jobs of key on QueueKeyed, one at a time, each once
