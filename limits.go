@@ -216,7 +216,8 @@ const (
 // LimitUse is how much of a limited queue's limits is in use.
 type LimitUse struct {
 	// Running is the number of jobs holding the queue's concurrency
-	// slots.
+	// slots (on SQLite, which counts them instead of holding slots, the
+	// queue's running jobs).
 	Running int `json:"running"`
 	// Started is the number of jobs started within the last RatePeriod.
 	Started int `json:"started"`

@@ -563,7 +563,8 @@ func (l QueueLimits) HasKeyLimits() bool {
 // read in one statement by the database's clock.
 type LimitUsage struct {
 	Limits QueueLimits
-	// Running is the number of concurrency slots held by attempts.
+	// Running is the number of concurrency slots held by attempts (the
+	// queue's running jobs where the backend counts them: SQLite).
 	Running int
 	// Started is the number of starts within the last RatePeriod.
 	Started int
@@ -663,6 +664,12 @@ type Driver interface {
 	// attempt's slot in its own transaction; Rescue also frees slots
 	// whose holder is no longer running under the slot's fence. ClaimJob
 	// takes no slot.
+	//
+	// A backend whose write transactions are exclusive (SQLite) may hold
+	// the concurrency limit without slot rows, by counting the queue's
+	// running jobs inside the claim's transaction: nothing is then freed
+	// when an attempt ends, and every running job of the queue counts,
+	// ClaimJob's and those claimed before the limit was set included.
 	//
 	// Key limits (KeyMaxRunning, Ordered): a job with a key is claimed
 	// only into a free slot of its key (a key slot row (queue, key, n),

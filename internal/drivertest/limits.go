@@ -184,15 +184,30 @@ func limits(t *testing.T, s suite) {
 		}
 	})
 
+	// A job run on demand takes no slot, so it leaves none held when it
+	// ends. Where the limit is held by counting the queue's running jobs
+	// (SQLite) it counts while it runs: the claim beside it may then take
+	// nothing, and takes the limit's 1 once it ended.
 	t.Run("ClaimJobTakesNoSlot", func(t *testing.T) {
 		d := s.setup(t)
 		ids := insert(t, d, "j", 3)
 		setLimits(t, d, "j", driver.QueueLimits{MaxRunning: 1})
-		if _, err := d.ClaimJob(ctx, ids[2], time.Minute, "w"); err != nil {
+		onDemand, err := d.ClaimJob(ctx, ids[2], time.Minute, "w")
+		if err != nil {
 			t.Fatal(err)
 		}
-		if got := claimLimited(t, d, "j", 3, time.Minute); len(got.Rows) != 1 {
-			t.Fatalf("claimed %d beside a job run on demand, want the limit's 1", len(got.Rows))
+		got := claimLimited(t, d, "j", 3, time.Minute)
+		if len(got.Rows) > 1 {
+			t.Fatalf("claimed %d beside a job run on demand, want at most the limit's 1", len(got.Rows))
+		}
+		complete(t, d, onDemand, driver.StateCompleted)
+		if len(got.Rows) == 0 {
+			if got = claimLimited(t, d, "j", 3, time.Minute); len(got.Rows) != 1 {
+				t.Fatalf("claimed %d once the job run on demand ended, want the limit's 1", len(got.Rows))
+			}
+		}
+		if again := claimLimited(t, d, "j", 3, time.Minute); len(again.Rows) != 0 || !again.Held {
+			t.Fatalf("claimed %d (held %v) with the limit's 1 running", len(again.Rows), again.Held)
 		}
 	})
 

@@ -154,13 +154,13 @@ func (d *Driver) uniqueConflict(ctx context.Context, tx *sql.Tx, op string, id i
 
 // Cancel cancels a job that has not finished (available, scheduled,
 // retryable or running; a running attempt's outcome is then refused, and
-// its concurrency slot is freed).
+// it no longer counts against its queue's concurrency limit).
 func (d *Driver) Cancel(ctx context.Context, id int64) (*driver.JobRow, error) {
 	return d.changeJob(ctx, "cancel", id, true, d.q.FinishJob, id, driver.StateCancelled)
 }
 
-// Discard discards a job that has not finished, freeing the concurrency
-// slot of a running attempt.
+// Discard discards a job that has not finished; a running attempt no
+// longer counts against its queue's concurrency limit.
 func (d *Driver) Discard(ctx context.Context, id int64) (*driver.JobRow, error) {
 	return d.changeJob(ctx, "discard", id, true, d.q.FinishJob, id, driver.StateDiscarded)
 }
@@ -168,9 +168,8 @@ func (d *Driver) Discard(ctx context.Context, id int64) (*driver.JobRow, error) 
 // changeJob runs a guarded single-job UPDATE ... RETURNING; when it changes
 // nothing, it tells a missing job (ErrNotFound) from one in the wrong state
 // (ErrWrongState), in the same transaction. With ends, the change ends a
-// running attempt: the slot it holds under the job's fence (which the
-// change keeps) is freed in the same transaction, and so is the key slot
-// the job holds or that is kept for it.
+// running attempt: the key slot the job holds under its fence (which the
+// change keeps) or that is kept for it is freed in the same transaction.
 func (d *Driver) changeJob(ctx context.Context, op string, id int64, ends bool, query string, args ...any) (*driver.JobRow, error) {
 	var j *driver.JobRow
 	var state string
@@ -184,8 +183,8 @@ func (d *Driver) changeJob(ctx context.Context, op string, id int64, ends bool, 
 			return d.uniqueConflict(ctx, tx, op, id)
 		}
 		if err == nil && ends {
-			if _, err = tx.ExecContext(ctx, d.q.FreeSlot, j.ID, j.Fence); err != nil || j.Key == "" {
-				return err
+			if j.Key == "" {
+				return nil
 			}
 			return d.freeKeySlots(ctx, tx, []keyEnd{{id: j.ID, fence: j.Fence, state: j.State, queue: j.Queue, key: j.Key}})
 		}

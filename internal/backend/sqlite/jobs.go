@@ -247,10 +247,6 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: complete %d outcomes: %w", len(outcomes), err)
 	}
-	free, err := d.prepared(ctx, d.q.FreeSlots)
-	if err != nil {
-		return nil, fmt.Errorf("conveyor/sqlite: complete %d outcomes: %w", len(outcomes), err)
-	}
 	freeKeys, err := d.prepared(ctx, d.q.FreeKeySlots)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: complete %d outcomes: %w", len(outcomes), err)
@@ -261,20 +257,16 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	// drop its page cache (SQLite flushes a connection's cache when
 	// another one has written). A completion that waits keeps its lease
 	// through the heartbeats, which have the lease path to themselves.
-	// The ended attempts' concurrency slots are freed in the same
-	// transaction: for jobs of unlimited queues, one empty probe of the
-	// slots' job index each. So are the key slots of the jobs with a
-	// key, which the complete statement names: jobs without one cost
-	// nothing more.
+	// The key slots of the ended attempts with a key, which the complete
+	// statement names, are freed in the same transaction: jobs without
+	// one cost nothing more. A queue's concurrency limit needs nothing
+	// freed: claims count its running jobs.
 	withResults := hasResults(outcomes)
 	var keyed []keyEnd
 	err = d.writeTx(ctx, true, func(tx *sql.Tx) error {
 		applied, keyed = applied[:0], keyed[:0]
 		rows, err := tx.StmtContext(ctx, st).QueryContext(ctx, param)
 		if err := scanEnds(rows, err, &applied, &keyed); err != nil {
-			return err
-		}
-		if _, err := tx.StmtContext(ctx, free).ExecContext(ctx, param); err != nil {
 			return err
 		}
 		if len(keyed) > 0 {
@@ -354,7 +346,7 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 	param := string(*bp)
 	var n int64
 	err := d.leaseRetry(ctx, false, func(conn *sql.Conn) error {
-		// The released attempts' slots are freed in the same
+		// The released attempts' key slots are freed in the same
 		// transaction (BEGIN IMMEDIATE: the lease connection's
 		// transactions take the write lock up front).
 		tx, err := conn.BeginTx(ctx, nil)
@@ -369,9 +361,6 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 			return err
 		}
 		n = int64(len(ids))
-		if _, err := tx.ExecContext(ctx, d.q.FreeSlots, param); err != nil {
-			return err
-		}
 		if len(keyed) > 0 {
 			fences := make(map[int64]int64, len(leases))
 			for _, l := range leases {
@@ -392,19 +381,17 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 	return n, nil
 }
 
-// Rescue handles up to limit running jobs whose lease expired and, in
-// the same transaction, sweeps the queue limits' slots: it frees every
-// slot whose holder no longer runs under the slot's fence (the attempts
-// just rescued, and any an earlier statement left held) and deletes the
-// free concurrency slots above their queue's limit. It sweeps the key
-// slots alike: it frees those held by attempts no longer running under
+// Rescue handles up to limit running jobs whose lease expired (which
+// leaves them out of their queue's count of running jobs, its
+// concurrency limit's) and, in the same transaction, sweeps the key
+// slots: it frees those held by attempts no longer running under
 // their fence and those kept for jobs that no longer wait to run, and
 // deletes the free ones unused for a minute, above their key's limit or
 // of a queue without key limits. It deletes the rate slots of keys
 // stamped more than max(KeyRatePeriod, a minute) ago, those beyond their
 // queue's KeyRate and those of a queue without one.
 func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) {
-	m, err := d.queueCounts(ctx, d.q.Rescue, limit, d.q.SweepSlots, d.q.SweepExtraSlots, d.q.SweepKeySlots, d.q.SweepIdleKeySlots, d.q.SweepKeyRateSlots)
+	m, err := d.queueCounts(ctx, d.q.Rescue, limit, d.q.SweepKeySlots, d.q.SweepIdleKeySlots, d.q.SweepKeyRateSlots)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: rescue: %w", err)
 	}

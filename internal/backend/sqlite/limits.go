@@ -11,18 +11,21 @@ import (
 )
 
 // ClaimLimited claims up to p.Limit jobs of p.Queue within the queue's
-// limits, in one BEGIN IMMEDIATE transaction: it reads the limits, takes
-// as many free concurrency slots and rate slots as it may, claims at most
-// that many jobs with the claim statement Claim runs, and gives each
-// claimed attempt a concurrency slot (job id, fence) and a rate slot
-// (stamped with the attempt's attempted_at). The transaction holds the
-// write lock, so no other claimer, in this process or another, sees a
-// slot between its read and its update. A queue without limits is
-// claimed as Claim claims it.
+// limits, in one BEGIN IMMEDIATE transaction: it reads the limits with
+// the count of the queue's running jobs, takes as many free rate slots
+// as it may, claims at most MaxRunning less the running jobs (and no more
+// than the rate slots) with the claim statement Claim runs, and stamps a
+// rate slot with each claimed attempt's attempted_at. The transaction
+// holds the write lock, so no other claimer, in this process or another,
+// starts a job or takes a slot between its count or read and its update.
+// A queue without limits is claimed as Claim claims it.
 //
-// A concurrency limit admits a claim while fewer attempts than the limit
-// hold slots, counting the slots above a lowered limit that attempts
-// still hold, and only into free slots below the limit.
+// A concurrency limit admits a claim while fewer of the queue's jobs than
+// the limit run (state running: claimed by any process or HTTP worker,
+// ClaimJob's included, and not yet ended, an expired lease until Rescue
+// ends it). Nothing is held beside the job's own state, so nothing is
+// freed when an attempt ends, and a lowered limit holds as soon as fewer
+// jobs than it run.
 //
 // A queue with limits per key (KeyMaxRunning, Ordered, KeyRate) or a
 // fair one (whose key weights the limits' statement reads) claims its
@@ -43,8 +46,8 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 		query string
 	}{
 		{&ls.claim, d.q.Claim}, {&ls.limitsOf, d.q.LimitsOf},
-		{&ls.freeC, d.q.FreeConcurrencySlots}, {&ls.freeR, d.q.FreeRateSlots},
-		{&ls.takeC, d.q.TakeConcurrencySlot}, {&ls.takeR, d.q.TakeRateSlot}, {&ls.due, d.q.DueJobWaits}, {&ls.retryIn, d.q.RateRetryIn},
+		{&ls.freeR, d.q.FreeRateSlots},
+		{&ls.takeR, d.q.TakeRateSlot}, {&ls.due, d.q.DueJobWaits}, {&ls.retryIn, d.q.RateRetryIn},
 		{&ls.claimUnkeyed, d.q.ClaimUnkeyed}, {&ls.claimIDs, d.q.ClaimIDs}, {&ls.nextKey, d.q.NextKey},
 		{&ls.addKeySlots, d.q.AddKeySlots}, {&ls.openKeySlots, d.q.OpenKeySlots}, {&ls.keptDue, d.q.KeptJobDue},
 		{&ls.keyJobs, d.q.KeyJobs}, {&ls.keyJobsOrdered, d.q.KeyJobsOrdered}, {&ls.takeKeySlot, d.q.TakeKeySlot},
@@ -69,7 +72,7 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 // limitStmts are the statements of a limited claim, prepared on the write
 // handle.
 type limitStmts struct {
-	claim, limitsOf, freeC, freeR, takeC, takeR, due, retryIn *sql.Stmt
+	claim, limitsOf, freeR, takeR, due, retryIn *sql.Stmt
 	// The keyed claim's.
 	claimUnkeyed, claimIDs, nextKey, addKeySlots, openKeySlots, keptDue, keyJobs, keyJobsOrdered, takeKeySlot *sql.Stmt
 	// The rate per key's.
@@ -79,11 +82,11 @@ type limitStmts struct {
 // claimLimitedIn is ClaimLimited's transaction.
 func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts, p driver.ClaimParams) (driver.ClaimResult, error) {
 	var res driver.ClaimResult
-	var maxRunning, rate, held, keyMax, keyOrder, keyRate, fair int
+	var maxRunning, rate, running, keyMax, keyOrder, keyRate, fair int
 	var period, keyRatePeriod int64
 	var paused bool
 	var rawWeights sql.NullString
-	err := tx.StmtContext(ctx, ls.limitsOf).QueryRowContext(ctx, p.Queue).Scan(&maxRunning, &rate, &period, &held, &keyMax, &keyOrder, &paused, &keyRate, &keyRatePeriod, &fair, &rawWeights)
+	err := tx.StmtContext(ctx, ls.limitsOf).QueryRowContext(ctx, p.Queue).Scan(&maxRunning, &rate, &period, &running, &keyMax, &keyOrder, &paused, &keyRate, &keyRatePeriod, &fair, &rawWeights)
 	if errors.Is(err, sql.ErrNoRows) || err == nil && maxRunning <= 0 && rate <= 0 && keyMax <= 0 && keyRate <= 0 && fair <= 0 {
 		res.Rows, err = claimIn(ctx, tx, ls.claim, p, p.Limit)
 		return res, err
@@ -93,17 +96,12 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 	}
 	res.MaxRunning = max(maxRunning, 0)
 	want := p.Limit
-	// allowed: what the concurrency limit lets this claim take.
+	// allowed: what the concurrency limit lets this claim take, counted
+	// under the write lock: no job of the queue starts before this
+	// claim's commit but this claim's.
 	allowed := want
-	var cSlots []int64
 	if maxRunning > 0 {
-		allowed = min(allowed, maxRunning-held)
-		if allowed > 0 {
-			if cSlots, err = slotNumbers(ctx, tx.StmtContext(ctx, ls.freeC), p.Queue, maxRunning, allowed); err != nil {
-				return res, fmt.Errorf("read free concurrency slots: %w", err)
-			}
-		}
-		allowed = len(cSlots)
+		allowed = max(min(allowed, maxRunning-running), 0)
 	}
 	k := allowed
 	rateCut := false
@@ -149,9 +147,9 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 				return res, err
 			}
 		}
-		if len(res.Rows) > 0 {
-			if err := takeSlots(ctx, tx, ls, p.Queue, res.Rows, cSlots, rSlots); err != nil {
-				return res, fmt.Errorf("take slots: %w", err)
+		if len(res.Rows) > 0 && len(rSlots) > 0 {
+			if err := takeRateSlots(ctx, tx, ls, p.Queue, res.Rows, rSlots); err != nil {
+				return res, fmt.Errorf("take rate slots: %w", err)
 			}
 		}
 		res.Held = keyHeld || k < want && len(res.Rows) == k
@@ -190,40 +188,25 @@ func slotNumbers(ctx context.Context, st *sql.Stmt, args ...any) ([]int64, error
 	return out, rows.Err()
 }
 
-// takeSlots gives each claimed job one of the concurrency slots cSlots
-// (when the queue has a concurrency limit) and stamps one of the rate
-// slots rSlots (when it has a rate) with the job's attempted_at. Each
-// holds at least len(rows) slots when not empty.
-func takeSlots(ctx context.Context, tx *sql.Tx, ls *limitStmts, queue string, rows []*driver.JobRow, cSlots, rSlots []int64) error {
-	var takeC, takeR *sql.Stmt
-	if len(cSlots) > 0 {
-		takeC = tx.StmtContext(ctx, ls.takeC)
-	}
-	if len(rSlots) > 0 {
-		takeR = tx.StmtContext(ctx, ls.takeR)
-	}
+// takeRateSlots stamps one of the rate slots rSlots, which holds at
+// least len(rows), with each claimed job's attempted_at.
+func takeRateSlots(ctx context.Context, tx *sql.Tx, ls *limitStmts, queue string, rows []*driver.JobRow, rSlots []int64) error {
+	takeR := tx.StmtContext(ctx, ls.takeR)
 	for i, r := range rows {
-		if takeC != nil {
-			if _, err := takeC.ExecContext(ctx, queue, cSlots[i], r.ID, r.Fence); err != nil {
-				return err
-			}
-		}
-		if takeR != nil {
-			if _, err := takeR.ExecContext(ctx, queue, rSlots[i], r.AttemptedAt.UnixMicro()); err != nil {
-				return err
-			}
+		if _, err := takeR.ExecContext(ctx, queue, rSlots[i], r.AttemptedAt.UnixMicro()); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
 // SetQueueLimits stores queue's limits (the zero QueueLimits removes
-// them) and, in the same transaction, creates the slots they need and
-// deletes those they no longer do: free concurrency slots above
-// MaxRunning (slots still held go once their attempts end, at Rescue's
-// sweep) and rate slots above Rate. A lowered rate forgets the starts
-// recorded in the rate slots it deletes, so within the window of the
-// change it may admit up to the old rate. The queue's pause is kept.
+// them) and, in the same transaction, creates the rate slots they need
+// and deletes those they no longer do, above Rate. A lowered rate
+// forgets the starts recorded in the rate slots it deletes, so within the
+// window of the change it may admit up to the old rate. MaxRunning needs
+// no row: claims count the queue's running jobs. The queue's pause is
+// kept.
 //
 // Key limits are stored as key_max_running (1 when Ordered) and
 // key_order; their slot rows are made by the claims that need them. A
@@ -270,13 +253,10 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 		if _, err := tx.ExecContext(ctx, d.q.SetQueueLimits, queue, maxRunning, rate, period, keyMax, keyOrder, keyRate, keyRatePeriod, fair); err != nil {
 			return err
 		}
-		if _, err := tx.ExecContext(ctx, d.q.AddLimitSlots, queue, "c", l.MaxRunning); err != nil {
-			return err
-		}
 		if _, err := tx.ExecContext(ctx, d.q.AddLimitSlots, queue, "r", l.Rate); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, d.q.DropLimitSlots, queue, l.MaxRunning, l.Rate)
+		_, err := tx.ExecContext(ctx, d.q.DropLimitSlots, queue, l.Rate)
 		return err
 	})
 	if err != nil {

@@ -27,16 +27,13 @@ func TestQueryPlans(t *testing.T) {
 		{"promote", d.q.Promote, []any{1}, []string{"INDEX conveyor_jobs_due (scheduled_at<?)"}, []string{"SCAN conveyor_jobs"}},
 		{"prune", d.q.Prune, []any{1, 1, 1}, []string{"INDEX conveyor_jobs_finalized (finalized_at<?)"}, []string{"SCAN conveyor_jobs"}},
 		{"insert", d.q.Insert, []any{"[]"}, nil, []string{"SCAN conveyor_jobs", "TEMP B-TREE"}},
-		// Queue limits: the statements that end attempts probe the
-		// slots' job index; a limited claim reads its queue's slots by
-		// key, in slot order.
-		{"free slots", d.q.FreeSlots, []any{"[]"}, []string{"INDEX conveyor_limit_slots_job (job_id=?)"}, []string{"SCAN conveyor_limit_slots"}},
-		{"free slot", d.q.FreeSlot, []any{1, 1}, []string{"INDEX conveyor_limit_slots_job (job_id=?)"}, []string{"SCAN conveyor_limit_slots"}},
-		{"free concurrency slots", d.q.FreeConcurrencySlots, []any{"q", 5, 5}, []string{"queue=? AND type=? AND lkey=? AND n<?)"}, []string{"SCAN conveyor_limit_slots", "TEMP B-TREE"}},
+		// Queue limits: a limited claim counts its queue's running jobs
+		// in jobs_running (migration 16), index entries only, and reads
+		// its rate slots by key, in slot order; so does the usage.
+		{"limits of", d.q.LimitsOf, []any{"q"}, []string{"COVERING INDEX conveyor_jobs_running (queue=?)"}, []string{"SCAN conveyor_jobs", "jobs_lease", "jobs_queue_list"}},
+		{"limit usage", d.q.LimitUsage, nil, []string{"COVERING INDEX conveyor_jobs_running (queue=?)"}, []string{"SCAN conveyor_jobs", "jobs_lease", "jobs_queue_list"}},
 		{"free rate slots", d.q.FreeRateSlots, []any{"q", 5, 1, 5}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=? AND n<?)"}, []string{"SCAN conveyor_limit_slots", "TEMP B-TREE"}},
-		{"take concurrency slot", d.q.TakeConcurrencySlot, []any{"q", 1, 1, 1}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=? AND n=?)"}, nil},
 		{"take rate slot", d.q.TakeRateSlot, []any{"q", 1, 1}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=? AND n=?)"}, nil},
-		{"sweep slots", d.q.SweepSlots, nil, []string{"INDEX conveyor_limit_slots_job (job_id>?)", "INTEGER PRIMARY KEY (rowid=?)"}, []string{"SCAN conveyor_jobs"}},
 		// Key limits: a keyed claim probes the keys of due jobs and a
 		// key's next jobs in jobs_key (jobs_key_order by id), index
 		// entries only, in order; its jobs without a key within

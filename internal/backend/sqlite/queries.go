@@ -97,24 +97,19 @@ type queries struct {
 	CheckpointRestart       string `sql:"checkpoint_restart"`
 	MainFile                string `sql:"main_file"`
 
-	// Queue limits: their rows, the claim of a limited queue, the freeing
-	// of slots by the statements that end attempts, and Rescue's sweep.
-	SetQueueLimits       string `sql:"set_queue_limits"`
-	AddLimitSlots        string `sql:"add_limit_slots"`
-	DropLimitSlots       string `sql:"drop_limit_slots"`
-	QueueLimits          string `sql:"queue_limits"`
-	LimitsOf             string `sql:"limits_of"`
-	FreeConcurrencySlots string `sql:"free_concurrency_slots"`
-	FreeRateSlots        string `sql:"free_rate_slots"`
-	TakeConcurrencySlot  string `sql:"take_concurrency_slot"`
-	TakeRateSlot         string `sql:"take_rate_slot"`
-	DueJobWaits          string `sql:"due_job_waits"`
-	RateRetryIn          string `sql:"rate_retry_in"`
-	FreeSlots            string `sql:"free_slots"`
-	FreeSlot             string `sql:"free_slot"`
-	SweepSlots           string `sql:"sweep_slots"`
-	SweepExtraSlots      string `sql:"sweep_extra_slots"`
-	LimitUsage           string `sql:"limit_usage"`
+	// Queue limits: their rows, the claim of a limited queue (which
+	// counts the queue's running jobs for its concurrency limit, and
+	// takes rate slots for its rate) and the usage.
+	SetQueueLimits string `sql:"set_queue_limits"`
+	AddLimitSlots  string `sql:"add_limit_slots"`
+	DropLimitSlots string `sql:"drop_limit_slots"`
+	QueueLimits    string `sql:"queue_limits"`
+	LimitsOf       string `sql:"limits_of"`
+	FreeRateSlots  string `sql:"free_rate_slots"`
+	TakeRateSlot   string `sql:"take_rate_slot"`
+	DueJobWaits    string `sql:"due_job_waits"`
+	RateRetryIn    string `sql:"rate_retry_in"`
+	LimitUsage     string `sql:"limit_usage"`
 	// Key weights of fair queues (migration 14).
 	SetKeyWeights string `sql:"set_key_weights"`
 	KeyWeights    string `sql:"key_weights"`

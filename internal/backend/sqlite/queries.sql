@@ -552,11 +552,13 @@ PRAGMA wal_checkpoint(PASSIVE)
 -- it never waits.
 PRAGMA wal_checkpoint(RESTART)
 
--- Queue limits (migration 9). A limited queue's limits are rows of
--- limit_slots: 'c' slots held by the attempts running (job_id, fence),
--- 'r' slots stamped with the starts they admitted (used_at). Claims of a
--- limited queue run these inside their BEGIN IMMEDIATE transaction: the
--- write lock is the claimer's alone, so no slot is counted twice.
+-- Queue limits (migration 9). A queue's rate is held by rows of
+-- limit_slots, 'r' slots stamped with the starts they admitted (used_at);
+-- its concurrency limit by counting its running jobs (migration 16: the
+-- 'c' slots are gone). Claims of a limited queue run these inside their
+-- BEGIN IMMEDIATE transaction: the write lock is the claimer's alone, so
+-- no slot is counted twice and no job starts between the count and the
+-- claim.
 
 -- name: set_queue_limits
 -- ?1 queue, ?2 max_running, ?3 rate, ?4 rate period in microseconds, ?5
@@ -579,7 +581,7 @@ ON CONFLICT (name) DO UPDATE
        updated_at = excluded.updated_at
 
 -- name: add_limit_slots
--- ?1 queue, ?2 type ('c' or 'r'), ?3 count: slots 0 .. ?3-1, those
+-- ?1 queue, ?2 type ('r'), ?3 count: slots 0 .. ?3-1, those
 -- missing (the WHERE also tells SQLite's parser that the conflict clause
 -- belongs to the INSERT).
 WITH RECURSIVE s(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM s WHERE n + 1 < ?3)
@@ -588,14 +590,14 @@ SELECT ?1, ?2, '', n FROM s WHERE n < ?3
 ON CONFLICT DO NOTHING
 
 -- name: drop_limit_slots
--- ?1 queue, ?2 max_running, ?3 rate (0 for none). Free concurrency slots
--- above the limit go (held ones stay until their attempts end, and
--- Rescue's sweep deletes them once free); rate slots above the rate go
--- with the starts they recorded, so a lowered rate may admit up to the
--- old rate within the window of the change.
+-- ?1 queue, ?2 rate (0 for none). Rate slots above the rate go with the
+-- starts they recorded, so a lowered rate may admit up to the old rate
+-- within the window of the change; so do concurrency slots an earlier
+-- version made (migration 16 deleted those there were), which nothing
+-- reads.
 DELETE FROM {p}limit_slots
  WHERE queue = ?1 AND lkey = ''
-   AND ((type = 'c' AND n >= ?2 AND job_id IS NULL) OR (type = 'r' AND n >= ?3))
+   AND (type = 'c' OR (type = 'r' AND n >= ?2))
 
 -- name: queue_limits
 SELECT name, coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0),
@@ -607,28 +609,21 @@ SELECT name, coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_u
 
 -- name: limits_of
 -- ?1 queue: its limits (0 for none), for a concurrency limit how many of
--- its concurrency slots are held (those above a lowered limit included),
--- its key limits (key_max_running, key_order), whether it is paused, its
+-- its jobs run (claimed and not ended: in a worker, an HTTP worker's, or
+-- with an expired lease awaiting rescue; one entry each of jobs_running,
+-- migration 16, and nothing else is read), its key limits (key_max_running, key_order), whether it is paused, its
 -- rate per key (key_rate, key_rate_period_us), whether it is fair and its
 -- key weights (as stored, NULL for none).
 SELECT coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0),
        CASE WHEN max_running > 0
-            THEN (SELECT count(*) FROM {p}limit_slots
-                   WHERE queue = ?1 AND type = 'c' AND lkey = '' AND job_id IS NOT NULL)
+            THEN (SELECT count(*) FROM {p}jobs INDEXED BY {p}jobs_running
+                   WHERE queue = ?1 AND state = 'running')
             ELSE 0 END,
        coalesce(key_max_running, 0), coalesce(key_order, 0), paused_at IS NOT NULL,
        coalesce(key_rate, 0), coalesce(key_rate_period_us, 0),
        coalesce(key_fair, 0), key_weights
   FROM {p}queues
  WHERE name = ?1
-
--- name: free_concurrency_slots
--- ?1 queue, ?2 max_running, ?3 how many: free concurrency slots below the
--- limit, lowest first.
-SELECT n FROM {p}limit_slots
- WHERE queue = ?1 AND type = 'c' AND lkey = '' AND n < ?2 AND job_id IS NULL
- ORDER BY n
- LIMIT ?3 + 0
 
 -- name: free_rate_slots
 -- ?1 queue, ?2 rate, ?3 period in microseconds, ?4 how many: rate slots
@@ -638,13 +633,6 @@ SELECT n FROM {p}limit_slots
    AND (used_at IS NULL OR used_at <= {now} - ?3)
  ORDER BY n
  LIMIT ?4 + 0
-
--- name: take_concurrency_slot
--- ?1 queue, ?2 slot, ?3 job id, ?4 fence: the attempt holds the slot.
--- (One statement per slot: a batch joined with json_each would have the
--- planner walk every slot of the queue once per claimed job.)
-UPDATE {p}limit_slots SET job_id = ?3, fence = ?4
- WHERE queue = ?1 AND type = 'c' AND lkey = '' AND n = ?2
 
 -- name: take_rate_slot
 -- ?1 queue, ?2 slot, ?3 the start's attempted_at.
@@ -662,51 +650,18 @@ SELECT EXISTS (SELECT 1 FROM {p}jobs WHERE state = 'available' AND queue = ?1)
 SELECT coalesce(min(used_at) + ?2 - {now}, 0) FROM {p}limit_slots
  WHERE queue = ?1 AND type = 'r' AND lkey = '' AND used_at IS NOT NULL
 
--- name: free_slots
--- ?1: [[id, fence, ...], ...], the attempts ended (outcomes or leases).
--- Frees each one's concurrency slot, if it holds one under that fence: a
--- stale outcome frees nothing. One probe of limit_slots_job per attempt,
--- an empty one for jobs of unlimited queues.
-UPDATE {p}limit_slots
-   SET job_id = NULL, fence = NULL
-  FROM (SELECT value ->> 0 AS oid, value ->> 1 AS ofence FROM json_each(?1)) AS o
- WHERE job_id = o.oid AND fence = o.ofence
-
--- name: free_slot
--- ?1 job id, ?2 fence: frees the slot of one attempt ended by hand.
-UPDATE {p}limit_slots SET job_id = NULL, fence = NULL
- WHERE job_id = ?1 AND fence = ?2
-
--- name: sweep_slots
--- Frees the slots whose holder no longer runs under the slot's fence (the
--- attempts Rescue just ended among them).
--- (The range on job_id, which no NULL is in, walks limit_slots_job over
--- the held slots only; "IS NOT NULL" would have the table scanned.)
-UPDATE {p}limit_slots
-   SET job_id = NULL, fence = NULL
- WHERE job_id > -9223372036854775808
-   AND NOT EXISTS (SELECT 1 FROM {p}jobs AS j
-                    WHERE j.id = {p}limit_slots.job_id
-                      AND j.fence = {p}limit_slots.fence
-                      AND j.state = 'running')
-
--- name: sweep_extra_slots
--- Deletes the free concurrency slots above their queue's limit (or of a
--- queue with none), left held by a lowered or removed limit.
-DELETE FROM {p}limit_slots
- WHERE type = 'c' AND job_id IS NULL
-   AND n >= coalesce((SELECT max_running FROM {p}queues
-                       WHERE name = {p}limit_slots.queue), 0)
-
 -- name: limit_usage
--- Every limited queue's limits, its held concurrency slots, its starts
+-- Every limited queue's limits, for a concurrency limit its running jobs
+-- (through jobs_running, as limits_of counts them), its starts
 -- within the window with the oldest of them, the keys with a held or
 -- kept key slot, and the keys whose rate window is full (key_rate rate
 -- slots within the rate, each stamped within the period), by one clock.
 SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_period_us, 0),
        coalesce(q.key_max_running, 0), coalesce(q.key_order, 0),
-       (SELECT count(*) FROM {p}limit_slots AS s
-         WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.job_id IS NOT NULL),
+       CASE WHEN q.max_running > 0
+            THEN (SELECT count(*) FROM {p}jobs AS j INDEXED BY {p}jobs_running
+                   WHERE j.queue = q.name AND j.state = 'running')
+            ELSE 0 END,
        (SELECT count(*) FROM {p}limit_slots AS s
          WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.used_at > n.now - q.rate_period_us),
        (SELECT min(s.used_at) FROM {p}limit_slots AS s
