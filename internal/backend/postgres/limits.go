@@ -370,6 +370,7 @@ const limitsChangedText = "conveyor: the queue's limits changed"
 type queryer interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // lockSlots runs limit_lock: whether a concurrency slot at or above the

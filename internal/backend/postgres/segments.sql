@@ -423,11 +423,15 @@ SELECT coalesce(array_agg(k ORDER BY i), '{}'), coalesce(array_agg(room ORDER BY
   FROM ks CROSS JOIN async
 
 -- name: seg_key_pick
--- The heads of the keys whose slots a keyed claim locked, from the live
--- ready segments: $2 the keys, $3 how many of each (by priority then id,
--- or by id alone when $4, ordered), and the jobs $5 that kept slots wait
--- for (kept: true), if they are ready. Read through the key indexes:
--- a key's other jobs are not read.
+-- The heads of the keys a keyed claim looks at, from the live ready
+-- segments: $2 the keys, $3 how many of each (by priority then id, or by
+-- id alone when $4, ordered), and, when $5, the jobs that the keys' kept
+-- slots wait for (kept: true; slots kept for a job waiting for its retry,
+-- as this statement's snapshot, taken after key_lock locked the slots,
+-- has them), if they are ready. Read through the key indexes: a key's
+-- other jobs are not read. Sent with key_lock in one round trip: the
+-- counts bound what the slots key_lock locks can admit, and the caller
+-- keeps of each key what they do admit.
 SELECT k.lkey, h.id, h.priority, false FROM unnest($2::text[], $3::int[]) AS k(lkey, cnt)
 CROSS JOIN LATERAL (
     SELECT id, priority FROM (
@@ -443,10 +447,17 @@ UNION ALL
 {end}) b
 ) h
 UNION ALL
-SELECT lkey, id, priority, true FROM (
-{each}SELECT lkey, id, priority FROM {src} WHERE id = ANY ($5::bigint[]) AND queue = $1{sep}
+SELECT j.lkey, j.id, j.priority, true
+-- OFFSET 0: a probe of each key's slots, never a scan of the queue's.
+  FROM (SELECT ARRAY(SELECT x.job_id FROM unnest($2::text[]) AS k(lkey)
+                      CROSS JOIN LATERAL (SELECT s.job_id FROM {p}key_slots s
+                                           WHERE s.queue = $1 AND s.lkey = k.lkey AND s.n >= 0
+                                             AND s.job_id IS NOT NULL AND s.fence IS NULL OFFSET 0) x
+                     WHERE $5::boolean) AS ids) kept
+ CROSS JOIN LATERAL (
+{each}SELECT lkey, id, priority FROM {src} WHERE id = ANY (kept.ids) AND queue = $1{sep}
 UNION ALL
-{end}) kept
+{end}) j
 
 -- name: seg_claim_ids
 -- The keyed claim's move of exactly the jobs $2 of queue $1 (chosen by
