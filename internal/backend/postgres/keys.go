@@ -111,12 +111,17 @@ type keyWalk struct {
 // walkBudget bounds the keys one claim examines for want jobs.
 func walkBudget(want int) int { return 4*want + 64 }
 
-// walkKeys runs seg_key_walk on conn, outside any transaction, for a
-// claim of want jobs of queue, under the key limits of st.
-func (s *segStore) walkKeys(ctx context.Context, conn queryer, v *segView, queue string, st keyState, want int) (keyWalk, error) {
+// queueWalk queues seg_key_walk in b for a claim of want jobs of queue,
+// under the key limits of st.
+func (s *segStore) queueWalk(b *pgx.Batch, v *segView, queue string, st keyState, want int) {
+	b.Queue(s.stmt(&s.d.q.SegKeyWalk, v, v.live[phReady]),
+		queue, st.cursor, walkBudget(want), want, st.max, st.rate, st.periodUS, st.taken > 0)
+}
+
+// readWalk reads the result of the walk queueWalk queued for st from br.
+func readWalk(br pgx.BatchResults, st keyState) (keyWalk, error) {
 	w := keyWalk{from: st.cursor, taken: st.taken}
-	err := conn.QueryRow(ctx, s.stmt(&s.d.q.SegKeyWalk, v, v.live[phReady]),
-		queue, st.cursor, walkBudget(want), want, st.max, st.rate, st.periodUS, st.taken > 0).Scan(&w.keys, &w.room, &w.rated)
+	err := br.QueryRow().Scan(&w.keys, &w.room, &w.rated)
 	return w, err
 }
 

@@ -324,8 +324,9 @@ LATERAL (
     ) rm
 
 -- name: seg_key_walk
--- The keyed claim's walk (key limits), run before the claim's transaction
--- in a statement of its own: the distinct keys of queue $1's jobs in the
+-- The keyed claim's walk (key limits), the first statement of the
+-- claim's transaction (sent before its BEGIN, in the same round trip as
+-- limit_begin; see ClaimLimited): the distinct keys of queue $1's jobs in the
 -- live ready segments, in key order from after $2 (the key the previous
 -- claim of the queue stopped at, '' for the start; from $2 itself when
 -- $8, a fair queue's key whose turn the previous claim left unfinished,
