@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -538,6 +539,29 @@ func (s *segStore) claimNoKey(ctx context.Context, tx queryer, v *segView, p dri
 		}
 	}
 	return out, false, nil
+}
+
+// noKeylessFor is how long a key-limited queue's claims skip the jobs
+// without a key after one of this driver's claims of it found none.
+const noKeylessFor = time.Second
+
+// lookForKeyless reports whether a limited claim of key-limited queue
+// looks for jobs without a key: not for noKeylessFor after one of this
+// driver's claims of the queue found none. seg_claim restricted to them
+// reads the claim index in claim order and skips the keyed jobs it
+// meets, a heap fetch each, so in a queue whose ready jobs all have a
+// key (the usual key-limited queue) it reads every one of them to find
+// nothing: 5 ms a claim behind 20,000 jobs of one key. After such a
+// claim a job without a key waits at most noKeylessFor longer.
+func (d *Driver) lookForKeyless(queue string) bool {
+	v, ok := d.noKeyless.Load(queue)
+	return !ok || time.Now().UnixNano() >= v.(*atomic.Int64).Load()
+}
+
+// noKeylessSeen records that a claim of queue found no job without a key.
+func (d *Driver) noKeylessSeen(queue string) {
+	v, _ := d.noKeyless.LoadOrStore(queue, new(atomic.Int64))
+	v.(*atomic.Int64).Store(time.Now().Add(noKeylessFor).UnixNano())
 }
 
 // keyHeld returns, per queue with key limits, its ready jobs with a key
