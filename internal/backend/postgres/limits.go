@@ -146,21 +146,31 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 	var high bool
 	var cs, rs []int32
 	// A queue with key limits, as the last claim of it read them: its
-	// keys are walked (and their missing slots made) before the
-	// transaction, so that the claim never waits for another claimer.
+	// keys are walked (and their missing slots made) by the first
+	// statement of the transaction, sent with BEGIN and the second in one
+	// round trip (BEGIN makes the implicit transaction the walk ran in
+	// this one). The walk is the only statement of the claim that may
+	// wait, for a slot row another claimer's walk is making (ON CONFLICT),
+	// until that claim commits: every later one locks SKIP LOCKED or
+	// writes only rows this transaction locked, so no claim waits for
+	// one that waits.
 	ks, known := d.keys.get(p.Queue)
 	var walk keyWalk
-	if known && ks.keyed() {
-		if walk, err = s.walkKeys(ctx, conn, v, p.Queue, ks, want); err != nil {
-			return res, false, false, false, err
-		}
-	}
-	// BEGIN and the first statement in one round trip.
+	walked := known && ks.keyed()
 	b := &pgx.Batch{}
+	if walked {
+		s.queueWalk(b, v, p.Queue, ks, want)
+	}
 	b.Queue("BEGIN")
 	b.Queue(q.LimitBegin, p.Queue, want)
 	br := conn.SendBatch(ctx, b)
-	if _, err = br.Exec(); err == nil {
+	if walked {
+		walk, err = readWalk(br, ks)
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if err == nil {
 		err = br.QueryRow().Scan(&async, &l.maxRunning, &l.rate, &l.periodUS, &l.paused, &high, &cs, &rs,
 			&l.keyMax, &l.keyOrder, &l.keyRate, &l.keyPeriodUS, &l.fair, &l.weights)
 	}
@@ -229,12 +239,15 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 		if err != nil || stale {
 			return res, stale, false, false, err
 		}
-		if rest := k - len(rows); rest > 0 {
+		if rest := k - len(rows); rest > 0 && d.lookForKeyless(p.Queue) {
 			cp := p
 			cp.Limit = rest
 			more, stale, err := s.claimNoKey(ctx, conn, v, cp)
 			if err != nil || stale {
 				return res, stale, false, false, err
+			}
+			if len(more) == 0 {
+				d.noKeylessSeen(p.Queue)
 			}
 			rows = append(rows, more...)
 		}
@@ -370,6 +383,7 @@ const limitsChangedText = "conveyor: the queue's limits changed"
 type queryer interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // lockSlots runs limit_lock: whether a concurrency slot at or above the

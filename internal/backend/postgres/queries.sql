@@ -437,15 +437,23 @@ SELECT coalesce((extract(epoch FROM min(used_at) + $3::bigint * interval '1 micr
 -- stamped at least $5 ago), locked the same way; their rows have a
 -- negative n, and 0 in the last two columns. Rate slots beyond a lowered
 -- rate are ignored.
+--
+-- Each key's slots are read by a scan of their own (LATERAL): the slots
+-- of the keys asked for only, whatever the queue's other keys hold and
+-- whatever the statistics of a table whose slots are made as keys come
+-- (a plan made while it was small would read every slot of the queue).
 WITH c AS MATERIALIZED (
-    SELECT s.lkey, s.n, coalesce(s.job_id, 0) AS kept,
+    SELECT k.lkey, x.n, x.kept,
            (SELECT count(*) FROM {p}key_slots h
-             WHERE h.queue = $1 AND h.lkey = s.lkey AND h.n >= $3::int AND h.job_id IS NOT NULL) AS above
-      FROM {p}key_slots s
-     WHERE s.queue = $1 AND s.lkey = ANY ($2::text[]) AND s.n >= 0 AND s.n < $3::int
-       AND (s.job_id IS NULL OR s.fence IS NULL)
-     ORDER BY s.lkey, s.n
-     FOR UPDATE OF s SKIP LOCKED
+             WHERE h.queue = $1 AND h.lkey = k.lkey AND h.n >= $3::int AND h.job_id IS NOT NULL) AS above
+      FROM unnest($2::text[]) AS k(lkey)
+     CROSS JOIN LATERAL (
+        SELECT s.n, coalesce(s.job_id, 0) AS kept FROM {p}key_slots s
+         WHERE s.queue = $1 AND s.lkey = k.lkey AND s.n >= 0 AND s.n < $3::int
+           AND (s.job_id IS NULL OR s.fence IS NULL)
+         ORDER BY s.n
+         FOR UPDATE OF s SKIP LOCKED
+    ) x
 ),
 r AS MATERIALIZED (
     SELECT k.lkey, x.n FROM unnest($2::text[]) AS k(lkey)
@@ -467,11 +475,17 @@ ORDER BY 1, 2
 -- The key slots $2 (keys), $3 (numbers) taken by the attempts $4 (jobs),
 -- $5 (fences) of queue $1, stamped with the claim's now(); and the rate
 -- slots among them (a negative number; job and fence 0, left NULL),
--- stamped with it alone: the start each admitted.
+-- stamped with it alone: the start each admitted. Each slot is found by
+-- its primary key (LATERAL, LIMIT: a probe per slot, never a join that
+-- reads every slot of the queue, as a plan made while the table was
+-- small would) and updated by its ctid; key_lock locked it, so no other
+-- transaction moves it meanwhile.
 UPDATE {p}key_slots s
    SET job_id = CASE WHEN t.n >= 0 THEN t.id END, fence = CASE WHEN t.n >= 0 THEN t.fence END, used_at = now()
-  FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[]) AS t(lkey, n, id, fence)
- WHERE s.queue = $1 AND s.lkey = t.lkey AND s.n = t.n
+  FROM (SELECT t.*, x.c FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[]) AS t(lkey, n, id, fence)
+         CROSS JOIN LATERAL (SELECT k.ctid AS c FROM {p}key_slots k
+                              WHERE k.queue = $1 AND k.lkey = t.lkey AND k.n = t.n LIMIT 1) x) t
+ WHERE s.ctid = t.c
 
 -- name: key_rate_retry_in
 -- $1 queue, $2 keys whose window held jobs back, $3 the rate per key, $4

@@ -307,10 +307,13 @@ ORDER BY priority, pos
 -- slots held, and its rate window not full), whether its rate window is
 -- full (rfull: $6 or more of its rate slots stamped within the last $7
 -- microseconds), and its rate slots (rtot), their highest number (rmax)
--- and those open (ropen).
+-- and those open (ropen), and its concurrency slots below $5 (cs: the
+-- walk makes none for a key that has them all).
 LATERAL (
-        SELECT ($5::int = 0 OR c.held < $5::int) AND NOT c.rfull AS room, c.rfull, c.rtot, c.rmax, c.rtot - c.rrec AS ropen
+        SELECT ($5::int = 0 OR c.held < $5::int) AND NOT c.rfull AS room, c.rfull, c.rtot, c.rmax, c.rtot - c.rrec AS ropen,
+               c.cs
           FROM (SELECT count(*) FILTER (WHERE s.n >= 0 AND s.fence IS NOT NULL) AS held,
+                       count(*) FILTER (WHERE s.n >= 0 AND s.n < $5::int) AS cs,
                        count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int) AS rtot,
                        count(*) FILTER (WHERE s.n < 0 AND s.n >= -$6::int
                                           AND s.used_at > now() - $7::bigint * interval '1 microsecond') AS rrec,
@@ -321,8 +324,9 @@ LATERAL (
     ) rm
 
 -- name: seg_key_walk
--- The keyed claim's walk (key limits), run before the claim's transaction
--- in a statement of its own: the distinct keys of queue $1's jobs in the
+-- The keyed claim's walk (key limits), the first statement of the
+-- claim's transaction (sent before its BEGIN, in the same round trip as
+-- limit_begin; see ClaimLimited): the distinct keys of queue $1's jobs in the
 -- live ready segments, in key order from after $2 (the key the previous
 -- claim of the queue stopped at, '' for the start; from $2 itself when
 -- $8, a fair queue's key whose turn the previous claim left unfinished,
@@ -345,50 +349,50 @@ LATERAL (
 -- Asynchronous commit as a claim's: slot rows are made again on demand.
 WITH RECURSIVE
 async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
-w1(k, i, r, room, rfull, rtot, rmax, ropen) AS (
-    SELECT x.k, 1, rm.room::int, rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen
+w1(k, i, r, room, rfull, rtot, rmax, ropen, cs) AS (
+    SELECT x.k, 1, rm.room::int, rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen, rm.cs
       FROM (SELECT coalesce((SELECT $2::text WHERE $8::boolean AND EXISTS (
 {each}SELECT 1 FROM {src} WHERE queue = $1 AND lkey = $2::text{sep}
 UNION ALL
 {end})), (SELECT min(m) FROM (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > $2::text{sep}
 UNION ALL
-{end}) s)) AS k) x,
+{end}) s)) AS k OFFSET 0) x,
     {key_room}
      WHERE x.k IS NOT NULL
     UNION ALL
-    SELECT x.k, w1.i + 1, w1.r + rm.room::int, rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen
+    SELECT x.k, w1.i + 1, w1.r + rm.room::int, rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen, rm.cs
       FROM w1, LATERAL (SELECT (SELECT min(m) FROM (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > w1.k{sep}
 UNION ALL
-{end}) s) AS k) x,
+{end}) s) AS k OFFSET 0) x,
     {key_room}
      WHERE w1.i < $3::int AND w1.r < $4::int AND x.k IS NOT NULL
 ),
-w2(k, i, r, room, rfull, rtot, rmax, ropen) AS (
+w2(k, i, r, room, rfull, rtot, rmax, ropen, cs) AS (
     SELECT x.k, (SELECT count(*)::int FROM w1) + 1, (SELECT coalesce(max(r), 0) FROM w1) + rm.room::int,
-           rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen
+           rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen, rm.cs
       FROM (SELECT (SELECT min(m) FROM (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > ''{sep}
 UNION ALL
-{end}) s) AS k) x,
+{end}) s) AS k OFFSET 0) x,
     {key_room}
      WHERE x.k IS NOT NULL AND (x.k < $2::text OR x.k = $2::text AND NOT $8::boolean) AND $2::text <> ''
        AND (SELECT count(*) FROM w1) < $3::int AND (SELECT coalesce(max(r), 0) FROM w1) < $4::int
     UNION ALL
-    SELECT x.k, w2.i + 1, w2.r + rm.room::int, rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen
+    SELECT x.k, w2.i + 1, w2.r + rm.room::int, rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen, rm.cs
       FROM w2, LATERAL (SELECT (SELECT min(m) FROM (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > w2.k{sep}
 UNION ALL
-{end}) s) AS k) x,
+{end}) s) AS k OFFSET 0) x,
     {key_room}
      WHERE w2.i < $3::int AND w2.r < $4::int AND x.k IS NOT NULL
        AND (x.k < $2::text OR x.k = $2::text AND NOT $8::boolean)
 ),
 ks AS MATERIALIZED (
-    SELECT k, i, room, rfull, rtot, rmax, ropen, greatest(0, least($6::int - rtot, $4::int - ropen)) AS need FROM w1
+    SELECT k, i, room, rfull, rtot, rmax, ropen, cs, greatest(0, least($6::int - rtot, $4::int - ropen)) AS need FROM w1
     UNION ALL
-    SELECT k, i, room, rfull, rtot, rmax, ropen, greatest(0, least($6::int - rtot, $4::int - ropen)) FROM w2
+    SELECT k, i, room, rfull, rtot, rmax, ropen, cs, greatest(0, least($6::int - rtot, $4::int - ropen)) FROM w2
 ),
 -- The rate slots to make: no more than the key has ready jobs (up to $4)
 -- beyond its open ones.
@@ -405,7 +409,7 @@ mk AS (
     INSERT INTO {p}key_slots (queue, lkey, n, used_at)
     SELECT $1, k, n, u FROM (
         SELECT ks.k, g AS n, now() AS u FROM ks CROSS JOIN generate_series(0, $5::int - 1) AS g
-         WHERE ks.room
+         WHERE ks.room AND ks.cs < $5::int
         UNION ALL
         SELECT rk.k, -g, 'epoch'::timestamptz FROM rk
          CROSS JOIN generate_series(CASE WHEN rk.rtot = rk.rmax THEN rk.rmax + 1 ELSE 1 END,
@@ -420,11 +424,15 @@ SELECT coalesce(array_agg(k ORDER BY i), '{}'), coalesce(array_agg(room ORDER BY
   FROM ks CROSS JOIN async
 
 -- name: seg_key_pick
--- The heads of the keys whose slots a keyed claim locked, from the live
--- ready segments: $2 the keys, $3 how many of each (by priority then id,
--- or by id alone when $4, ordered), and the jobs $5 that kept slots wait
--- for (kept: true), if they are ready. Read through the key indexes:
--- a key's other jobs are not read.
+-- The heads of the keys a keyed claim looks at, from the live ready
+-- segments: $2 the keys, $3 how many of each (by priority then id, or by
+-- id alone when $4, ordered), and, when $5, the jobs that the keys' kept
+-- slots wait for (kept: true; slots kept for a job waiting for its retry,
+-- as this statement's snapshot, taken after key_lock locked the slots,
+-- has them), if they are ready. Read through the key indexes: a key's
+-- other jobs are not read. Sent with key_lock in one round trip: the
+-- counts bound what the slots key_lock locks can admit, and the caller
+-- keeps of each key what they do admit.
 SELECT k.lkey, h.id, h.priority, false FROM unnest($2::text[], $3::int[]) AS k(lkey, cnt)
 CROSS JOIN LATERAL (
     SELECT id, priority FROM (
@@ -440,10 +448,17 @@ UNION ALL
 {end}) b
 ) h
 UNION ALL
-SELECT lkey, id, priority, true FROM (
-{each}SELECT lkey, id, priority FROM {src} WHERE id = ANY ($5::bigint[]) AND queue = $1{sep}
+SELECT j.lkey, j.id, j.priority, true
+-- OFFSET 0: a probe of each key's slots, never a scan of the queue's.
+  FROM (SELECT ARRAY(SELECT x.job_id FROM unnest($2::text[]) AS k(lkey)
+                      CROSS JOIN LATERAL (SELECT s.job_id FROM {p}key_slots s
+                                           WHERE s.queue = $1 AND s.lkey = k.lkey AND s.n >= 0
+                                             AND s.job_id IS NOT NULL AND s.fence IS NULL OFFSET 0) x
+                     WHERE $5::boolean) AS ids) kept
+ CROSS JOIN LATERAL (
+{each}SELECT lkey, id, priority FROM {src} WHERE id = ANY (kept.ids) AND queue = $1{sep}
 UNION ALL
-{end}) kept
+{end}) j
 
 -- name: seg_claim_ids
 -- The keyed claim's move of exactly the jobs $2 of queue $1 (chosen by
