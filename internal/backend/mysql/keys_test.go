@@ -91,9 +91,9 @@ func TestKeylessAfterNoneFound(t *testing.T) {
 	}
 }
 
-// TestReadKeysWindows: the walk of keys reads windows of key_idx and
-// continues past a key deeper than a window, takes keys the collation
-// holds equal once, and keeps to its bounds.
+// TestReadKeysWindows: the walk of keys reads a window of key_idx and,
+// past a key deeper than the window, the rest of its keys grouped by key;
+// it takes keys the collation holds equal once, and keeps to its bounds.
 func TestReadKeysWindows(t *testing.T) {
 	ctx := context.Background()
 	d := migrated(t, driver.Options{}, nil)
@@ -133,13 +133,85 @@ func TestReadKeysWindows(t *testing.T) {
 			t.Errorf("keys after %q (upto %v, %d): %q, want %q", c.after, c.upto != nil, c.n, got, c.want)
 		}
 	}
-	// The jobs of each key, as the windows counted them: c's 40 run
-	// past its window (0: not counted), "b " is b's.
+	// The jobs of each key, as the window counted them: c's 40 run past
+	// it (0: not counted), "b " is b's; the keys after c were read
+	// grouped, not counted.
 	perKey := map[string]int{}
 	if _, err := d.readKeys(ctx, "kw", "", nil, 10, perKey); err != nil {
 		t.Fatal(err)
 	}
-	if want := map[string]int{"a": 1, "b": 2, "c": 0, "d": 1, "e": 2, "f": 1}; !maps.Equal(perKey, want) {
+	if want := map[string]int{"a": 1, "b": 2, "c": 0, "d": 0, "e": 0, "f": 0}; !maps.Equal(perKey, want) {
 		t.Errorf("jobs per key %v, want %v", perKey, want)
+	}
+	// Within one window every key is counted.
+	perKey = map[string]int{}
+	if _, err := d.readKeys(ctx, "kw", "c", nil, 10, perKey); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{"d": 1, "e": 2, "f": 1}; !maps.Equal(perKey, want) {
+		t.Errorf("jobs per key after c %v, want %v", perKey, want)
+	}
+}
+
+// TestReadKeyJobsShallow: the next jobs of the keys the walk found
+// shallow, read in one statement of all their jobs, are those the
+// statement of a part per key reads, with deep keys among them or not,
+// in id order (Ordered) or priority then id order.
+func TestReadKeyJobsShallow(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{}, nil)
+	var jobs []driver.InsertParams
+	keys := []string{"s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9", "z"}
+	for i, k := range keys {
+		n := 3
+		if k == "z" {
+			n = 3 * shallowKey
+		}
+		js := limitJobs("kj", n)
+		for j := range js {
+			js[j].Key = k
+			js[j].Priority = (i + 2*j) % 3
+		}
+		jobs = append(jobs, js...)
+	}
+	if _, err := d.Insert(ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	depth := map[string]int{}
+	got, err := d.readKeys(ctx, "kj", "", nil, len(keys), depth)
+	if err != nil || !slices.Equal(got, keys) {
+		t.Fatalf("walk: %q, %v", got, err)
+	}
+	if depth["s0"] != 3 || depth["z"] != 0 {
+		t.Fatalf("depths %v", depth)
+	}
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	for _, ordered := range []bool{false, true} {
+		for _, ks := range [][]string{keys[:10], keys, keys[8:]} {
+			counts := make([]int64, len(ks))
+			for i := range counts {
+				counts[i] = int64(1 + i%3)
+			}
+			want, err := d.readKeyJobs(ctx, tx, "kj", ordered, ks, counts, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := d.readKeyJobs(ctx, tx, "kj", ordered, ks, counts, depth)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !maps.EqualFunc(got, want, slices.Equal) {
+				t.Errorf("ordered %v, keys %q: %v, want %v", ordered, ks, got, want)
+			}
+			for i, k := range ks {
+				if len(want[k]) != int(counts[i]) {
+					t.Errorf("ordered %v: key %s: %d jobs, want %d", ordered, k, len(want[k]), counts[i])
+				}
+			}
+		}
 	}
 }
