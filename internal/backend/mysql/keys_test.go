@@ -215,3 +215,62 @@ func TestReadKeyJobsShallow(t *testing.T) {
 		}
 	}
 }
+
+// TestCompleteFreeingCount: a batch of outcomes whose attempts hold key
+// slots reports the jobs it applied from the statement's count when every
+// job and slot matched, and reads them back when one did not: a stale
+// outcome, or the same outcome twice.
+func TestCompleteFreeingCount(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{}, nil)
+	jobs := limitJobs("kc", 6)
+	for i := range jobs {
+		jobs[i].Key = string(rune('a' + i))
+	}
+	if _, err := d.Insert(ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "kc", driver.QueueLimits{KeyMaxRunning: 1, MaxRunning: 10}); err != nil {
+		t.Fatal(err)
+	}
+	rows := claimLimited(t, d, "kc", 6, time.Minute)
+	if len(rows) != 6 {
+		t.Fatalf("claimed %d, want 6", len(rows))
+	}
+	out := func(r *driver.JobRow) driver.Outcome {
+		return driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted}
+	}
+	stale := out(rows[1])
+	stale.Fence--
+	for _, c := range []struct {
+		outs []driver.Outcome
+		want []int64
+	}{
+		{[]driver.Outcome{out(rows[0]), stale}, []int64{rows[0].ID}},
+		{[]driver.Outcome{out(rows[2]), out(rows[2]), out(rows[3])}, []int64{rows[2].ID, rows[3].ID}},
+		{[]driver.Outcome{out(rows[4]), out(rows[5])}, []int64{rows[4].ID, rows[5].ID}},
+	} {
+		got, err := d.Complete(ctx, c.outs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("applied %v, want %v", got, c.want)
+		}
+	}
+	// Every slot but the stale outcome's job's was freed: its key alone
+	// has no room.
+	if err := d.SetQueueLimits(ctx, "kc", driver.QueueLimits{KeyMaxRunning: 1, MaxRunning: 10}); err != nil {
+		t.Fatal(err)
+	}
+	more := limitJobs("kc", 6)
+	for i := range more {
+		more[i].Key = string(rune('a' + i))
+	}
+	if _, err := d.Insert(ctx, more); err != nil {
+		t.Fatal(err)
+	}
+	if got := claimLimited(t, d, "kc", 10, time.Minute); len(got) != 5 {
+		t.Errorf("claimed %d after the outcomes, want 5 (key b still runs)", len(got))
+	}
+}
