@@ -336,21 +336,29 @@ func (d *Driver) keyAt(ctx context.Context, queue, key string) (string, error) {
 
 // readKeys returns up to n keys of queue's available keyed jobs after
 // after (and up to *upto when upto is not nil), in key order: windows of
-// key_idx of at most 2n+16 entries each (key_walk, key_walk_upto), each
+// key_idx (key_walk, key_walk_upto), the first of 2n+16 entries, each
 // from a seek past the last key the previous one found, until it has n
-// keys or a window ends before its size. Keys the column's collation
-// holds equal (utf8mb4_bin pads with spaces: "a" and "a ") are one key,
-// found as the first of them in the index. When jobs is not nil it gets,
-// per key returned, how many available jobs it has, or 0 when the window
-// ended within the key's entries (it may have more). When a window ends before it found
-// the keys wanted, the keys are deep: the rest are read by
-// readKeysGrouped, each counted 0.
+// keys or a window ends before its size. A window after one that ended
+// within the keys is sized for the keys still wanted at the depth that
+// one saw, within walkWindowMax entries; when they would need more, the
+// keys are deep and the rest are read at once by readKeysGrouped. Keys
+// the column's collation holds equal (utf8mb4_bin pads with spaces: "a"
+// and "a ") are one key, found as the first of them in the index. When
+// jobs is not nil it gets, per key returned, how many available jobs it
+// has, or 0 when the window ended within the key's entries (it may have
+// more) or the key was read grouped.
 func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string, n int, jobs map[string]int) ([]string, error) {
 	var keys []string
+	per := 0 // the entries per key of the last window
 	for len(keys) < n {
-		if len(keys) > 0 {
-			// The window before this one found deep keys: the rest at once
-			// by a loose index scan.
+		size := 2*(n-len(keys)) + 16
+		if per > 0 {
+			// As many entries as the keys still wanted hold if they are
+			// as deep as the last window's, and some.
+			size = max(size, (n-len(keys))*per*3/2+16)
+		}
+		if per > 0 && size > walkWindowMax {
+			// The keys are deep: the rest at once by a loose index scan.
 			got, err := d.readKeysGrouped(ctx, queue, after, upto, n-len(keys))
 			if err != nil {
 				return nil, err
@@ -362,7 +370,6 @@ func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string
 			}
 			return append(keys, got...), nil
 		}
-		size := 2*(n-len(keys)) + 16
 		q, args := d.q.KeyWalk, []any{queue, after}
 		if upto != nil {
 			q, args = d.q.KeyWalkUpto, append(args, *upto)
@@ -408,9 +415,14 @@ func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string
 			break // no more keys in the range
 		}
 		after = got[len(got)-1]
+		per = (read + len(got) - 1) / len(got)
 	}
 	return keys, nil
 }
+
+// walkWindowMax bounds the entries of key_idx one window of the walk
+// reads (readKeys); a variable for the tests.
+var walkWindowMax = 2048
 
 // readKeysGrouped returns up to n keys of queue's available keyed jobs
 // after after (and up to *upto when upto is not nil), in key order, in
@@ -1107,14 +1119,19 @@ func (d *Driver) lockKeySlots(ctx context.Context, tx *sql.Tx, queue string, sor
 }
 
 // shallowKey bounds the available jobs (as the walk counted them) of a key
-// whose next jobs readKeyJobs reads by key_head_in or key_next_in.
-const shallowKey = 16
+// whose next jobs readKeyJobs reads by key_jobs_in, and shallowRead the
+// jobs that statement reads in all.
+const (
+	shallowKey  = 32
+	shallowRead = 2048
+)
 
 // readKeyJobs reads, in tx, up to counts[i] of the next available jobs of
 // queue's key keys[i]: Ordered its oldest by id, else its next by
 // priority then id. The keys that depth (the walk's counts; nil for none)
-// says are shallow, at most shallowKey available jobs each, are read in
-// one statement of every job of theirs (key_jobs_in): when
+// says are shallow, at most shallowKey available jobs each and
+// shallowRead in all, are read in one statement of every job of theirs
+// (key_jobs_in): when
 // they are all of keys, or at least minShallowRead of them, the others in
 // one statement of a part per key (key_head_part, key_next_part), each
 // with its own LIMIT, which reads no further into a deep key.
@@ -1124,9 +1141,11 @@ func (d *Driver) readKeyJobs(ctx context.Context, tx *sql.Tx, queue string, orde
 	}
 	var shallow, deep []string
 	var deepCounts []int64
+	read := 0
 	for i, key := range keys {
-		if n := depth[key]; n > 0 && n <= shallowKey {
+		if n := depth[key]; n > 0 && n <= shallowKey && read+n <= shallowRead {
 			shallow = append(shallow, key)
+			read += n
 		} else {
 			deep = append(deep, key)
 			deepCounts = append(deepCounts, counts[i])

@@ -133,15 +133,33 @@ func TestReadKeysWindows(t *testing.T) {
 			t.Errorf("keys after %q (upto %v, %d): %q, want %q", c.after, c.upto != nil, c.n, got, c.want)
 		}
 	}
-	// The jobs of each key, as the window counted them: c's 40 run past
-	// it (0: not counted), "b " is b's; the keys after c were read
-	// grouped, not counted.
+	// The jobs of each key, as the windows counted them: c's 40 run
+	// past the first (0: not counted), "b " is b's; the second window,
+	// sized for keys as deep as the first saw, holds the rest.
 	perKey := map[string]int{}
 	if _, err := d.readKeys(ctx, "kw", "", nil, 10, perKey); err != nil {
 		t.Fatal(err)
 	}
-	if want := map[string]int{"a": 1, "b": 2, "c": 0, "d": 0, "e": 0, "f": 0}; !maps.Equal(perKey, want) {
+	if want := map[string]int{"a": 1, "b": 2, "c": 0, "d": 1, "e": 2, "f": 1}; !maps.Equal(perKey, want) {
 		t.Errorf("jobs per key %v, want %v", perKey, want)
+	}
+	// Keys too deep for a window of walkWindowMax: the rest are read
+	// grouped by key, not counted.
+	defer func(m int) { walkWindowMax = m }(walkWindowMax)
+	walkWindowMax = 64
+	perKey = map[string]int{}
+	got, err := d.readKeys(ctx, "kw", "", nil, 10, perKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"a", "b", "c", "d", "e", "f"}; !slices.Equal(got, want) {
+		t.Errorf("keys read grouped: %q, want %q", got, want)
+	}
+	if want := map[string]int{"a": 1, "b": 2, "c": 0, "d": 0, "e": 0, "f": 0}; !maps.Equal(perKey, want) {
+		t.Errorf("jobs per key read grouped %v, want %v", perKey, want)
+	}
+	if got, err := d.readKeys(ctx, "kw", "a", &upto, 10, nil); err != nil || !slices.Equal(got, []string{"b", "c", "d", "e"}) {
+		t.Errorf("keys read grouped up to e: %q, %v", got, err)
 	}
 	// Within one window every key is counted.
 	perKey = map[string]int{}
