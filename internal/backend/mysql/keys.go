@@ -27,8 +27,9 @@ import (
 // of the keys it found, claims the keys' next jobs into them and takes
 // them (claimKeyedTx), and claims the jobs without a key after them. Each
 // step is one statement for all the claim's keys, whatever their number
-// and depth: the walk reads a window of key_idx, and the rest of its
-// keys grouped by key when the window found them deep (readKeys); the
+// and depth: the walk reads a window of key_idx, a second one sized for
+// the depth the first saw, or the rest of its keys grouped by key when
+// they are deeper than a window holds (readKeys); the
 // slots are locked by one range read when the claim may take every open
 // slot of a key (lockKeySlots), and the next jobs of the keys the walk
 // found shallow are read all at once (readKeyJobs), while a part per key
