@@ -929,7 +929,7 @@ func (d *Driver) complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 			return nil, fmt.Errorf("conveyor/mysql: complete: job %d: outcome state %q is not completed, retryable, discarded or cancelled", o.ID, o.State)
 		}
 	}
-	holders, err := d.slotHolders(ctx, outcomes)
+	holders, slots, err := d.slotHolders(ctx, outcomes)
 	if err != nil {
 		return nil, err
 	}
@@ -1018,14 +1018,22 @@ func (d *Driver) complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	if matched == int64(len(outcomes)) && !freed {
 		return ids, nil
 	}
+	if freed && matched == int64(len(outcomes)+slots) {
+		// Every job and every slot its attempt held: a job's slots match
+		// only with it, and a job matches at most once, so no fewer jobs
+		// can make up the count.
+		return ids, nil
+	}
 	return d.fenceCheck(ctx, d.lease, "complete", token[:], ids)
 }
 
-// slotHolders returns the ids of the outcomes whose attempt holds a
-// concurrency slot of a limited queue (slot_holders), or nil when none
-// does, the case of every job of an unlimited queue.
-func (d *Driver) slotHolders(ctx context.Context, outcomes []driver.Outcome) (map[int64]bool, error) {
+// slotHolders returns the ids of the outcomes whose attempt holds a slot
+// of a limited queue (slot_holders), or nil when none does, the case of
+// every job of an unlimited queue, and how many slots they hold (a
+// concurrency slot and a key slot each, at most).
+func (d *Driver) slotHolders(ctx context.Context, outcomes []driver.Outcome) (map[int64]bool, int, error) {
 	var out map[int64]bool
+	slots := 0
 	for off := 0; off < len(outcomes); off += maxBucket {
 		part := outcomes[off:min(off+maxBucket, len(outcomes))]
 		leases := make([]driver.Lease, len(part))
@@ -1033,7 +1041,9 @@ func (d *Driver) slotHolders(ctx context.Context, outcomes []driver.Outcome) (ma
 			leases[i] = driver.Lease{ID: o.ID, Fence: o.Fence}
 		}
 		q, args, cache := d.leaseSource(d.q.SlotHolders, leases)
+		var n int
 		err := d.retry(ctx, "complete", func() error {
+			n = 0
 			rows, err := d.lease.query(ctx, nil, cache, q, args...)
 			if err != nil {
 				return err
@@ -1048,14 +1058,16 @@ func (d *Driver) slotHolders(ctx context.Context, outcomes []driver.Outcome) (ma
 					out = map[int64]bool{}
 				}
 				out[id] = true
+				n++
 			}
 			return rows.Err()
 		})
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
+		slots += n
 	}
-	return out, nil
+	return out, slots, nil
 }
 
 // execFreeing is execCount for a statement that may free the slots of

@@ -25,7 +25,15 @@ import (
 // (walkKeys, before its transaction, with the missing slots made in a
 // statement of their own), then in its transaction locks the open slots
 // of the keys it found, claims the keys' next jobs into them and takes
-// them (claimKeyedTx), and claims the jobs without a key after them. The
+// them (claimKeyedTx), and claims the jobs without a key after them. Each
+// step is one statement for all the claim's keys, whatever their number
+// and depth: the walk reads a window of key_idx, a second one sized for
+// the depth the first saw, or the rest of its keys grouped by key when
+// they are deeper than a window holds (readKeys); the
+// slots are locked by one range read when the claim may take every open
+// slot of a key (lockKeySlots), and the next jobs of the keys the walk
+// found shallow are read all at once (readKeyJobs), while a part per key
+// with its own LIMIT serves the others. The
 // statements that end an attempt free its key slot as they free its
 // concurrency slot (by job and fence), or keep it for the job (see
 // complete_freeing in queries.sql).
@@ -145,7 +153,9 @@ func (d *Driver) noKeylessSeen(queue string) {
 // jobs (complete: it wrapped around or ran out of keys) and, for a Fair
 // queue, its key weights (read with its limits; nil for none) and the key
 // whose turn the walk goes on with (cont, its first, which took contTaken
-// of its weight in the previous claims; "" for none).
+// of its weight in the previous claims; "" for none) and, per key, how
+// many available jobs the walk's windows of key_idx held (depth; 0 when
+// a window ended within the key's entries or the walk did not count it).
 type keyWalk struct {
 	keys      []string
 	free      map[string]int
@@ -156,6 +166,7 @@ type keyWalk struct {
 	weights   map[string]int
 	cont      string
 	contTaken int
+	depth     map[string]int
 }
 
 // rateStats is a key's rate slots as key_rate_stats read them: the rows
@@ -191,10 +202,8 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 	cont := l.Fair && !l.Ordered && start != "" && taken > 0 && taken < driver.KeyWeight(weights, start)
 	stats := map[string]keyStats{}
 	rstats := map[string]rateStats{}
-	var jobs map[string]int // the keys' available jobs, for their rate slots
-	if l.KeyRate > 0 {
-		jobs = map[string]int{}
-	}
+	jobs := map[string]int{} // the keys' available jobs, for their rate slots and their reads
+	kw.depth = jobs
 	examined := 0
 	last := start
 	// consider examines keys, in walk order, and takes those with room.
@@ -248,9 +257,7 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 			return nil, err
 		}
 		if at != "" {
-			if jobs != nil {
-				jobs[at] = 0 // not counted
-			}
+			jobs[at] = 0 // not counted
 			if err := consider([]string{at}); err != nil {
 				return nil, err
 			}
@@ -330,17 +337,40 @@ func (d *Driver) keyAt(ctx context.Context, queue, key string) (string, error) {
 
 // readKeys returns up to n keys of queue's available keyed jobs after
 // after (and up to *upto when upto is not nil), in key order: windows of
-// key_idx of at most 2n+16 entries each (key_walk, key_walk_upto), each
+// key_idx (key_walk, key_walk_upto), the first of 2n+16 entries, each
 // from a seek past the last key the previous one found, until it has n
-// keys or a window ends before its size. Keys the column's collation
-// holds equal (utf8mb4_bin pads with spaces: "a" and "a ") are one key,
-// found as the first of them in the index. When jobs is not nil it gets,
-// per key returned, how many available jobs it has, or 0 when the window
-// ended within the key's entries (it may have more).
+// keys or a window ends before its size. A window after one that ended
+// within the keys is sized for the keys still wanted at the depth that
+// one saw, within walkWindowMax entries; when they would need more, the
+// keys are deep and the rest are read at once by readKeysGrouped. Keys
+// the column's collation holds equal (utf8mb4_bin pads with spaces: "a"
+// and "a ") are one key, found as the first of them in the index. When
+// jobs is not nil it gets, per key returned, how many available jobs it
+// has, or 0 when the window ended within the key's entries (it may have
+// more) or the key was read grouped.
 func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string, n int, jobs map[string]int) ([]string, error) {
 	var keys []string
+	per := 0 // the entries per key of the last window
 	for len(keys) < n {
 		size := 2*(n-len(keys)) + 16
+		if per > 0 {
+			// As many entries as the keys still wanted hold if they are
+			// as deep as the last window's, and some.
+			size = max(size, (n-len(keys))*per*3/2+16)
+		}
+		if per > 0 && size > walkWindowMax {
+			// The keys are deep: the rest at once by a loose index scan.
+			got, err := d.readKeysGrouped(ctx, queue, after, upto, n-len(keys))
+			if err != nil {
+				return nil, err
+			}
+			if jobs != nil {
+				for _, k := range got {
+					jobs[k] = 0 // not counted
+				}
+			}
+			return append(keys, got...), nil
+		}
 		q, args := d.q.KeyWalk, []any{queue, after}
 		if upto != nil {
 			q, args = d.q.KeyWalkUpto, append(args, *upto)
@@ -386,8 +416,48 @@ func (d *Driver) readKeys(ctx context.Context, queue, after string, upto *string
 			break // no more keys in the range
 		}
 		after = got[len(got)-1]
+		per = (read + len(got) - 1) / len(got)
 	}
 	return keys, nil
+}
+
+// walkWindowMax bounds the entries of key_idx one window of the walk
+// reads (readKeys); a variable for the tests.
+var walkWindowMax = 2048
+
+// readKeysGrouped returns up to n keys of queue's available keyed jobs
+// after after (and up to *upto when upto is not nil), in key order, in
+// one statement that groups key_idx by key (key_walk_grouped,
+// key_walk_grouped_upto): the server reads it by a loose index scan, a
+// seek per key, when its statistics say the keys are deep, and else
+// reads the returned keys' entries in order, few when they are shallow.
+// readKeys reads its first window of entries by key_walk, whose cost is
+// bounded whatever the keys' depths, and the rest of its keys by this
+// only when that window found the keys deep.
+func (d *Driver) readKeysGrouped(ctx context.Context, queue, after string, upto *string, n int) ([]string, error) {
+	q, args := d.q.KeyWalkGrouped, []any{queue, after}
+	if upto != nil {
+		q, args = d.q.KeyWalkGroupedUpto, append(args, *upto)
+	}
+	args = append(args, int64(n))
+	var got []string
+	err := d.retry(ctx, "claim limited: walk keys", func() error {
+		got = got[:0]
+		rows, err := d.query(ctx, nil, true, q, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				return err
+			}
+			got = append(got, k)
+		}
+		return rows.Err()
+	})
+	return got, err
 }
 
 // keySlotStats reads the slots below limit of queue's keys.
@@ -621,7 +691,7 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 			counts = append(counts, int64(min(n, k)+1))
 		}
 	}
-	next, err := d.readKeyJobs(ctx, tx, p.Queue, l.Ordered, reads, counts)
+	next, err := d.readKeyJobs(ctx, tx, p.Queue, l.Ordered, reads, counts, kw.depth)
 	if err != nil {
 		return nil, false, nil, err
 	}
@@ -817,7 +887,7 @@ func (d *Driver) fairRounds(ctx context.Context, tx *sql.Tx, queue string, weigh
 		keys[i] = f.key
 		counts[i] = int64(f.taken + min(f.room-f.taken, left) + 1)
 	}
-	next, err := d.readKeyJobs(ctx, tx, queue, false, keys, counts)
+	next, err := d.readKeyJobs(ctx, tx, queue, false, keys, counts, nil)
 	if err != nil {
 		return nil, false, nil, fairTurn{}, err
 	}
@@ -984,18 +1054,38 @@ func keyParts(part string, n int) (string, int, bool) {
 // key_slot_lock_part or key_head_part/key_next_part prepared and cached.
 const maxCachedKeyParts = 256
 
-// lockKeySlots locks, in tx and in one statement (key_slot_lock_part), up
-// to count open slots below limit of each of queue's keys (sorted, in key
-// order), skipping those other claims hold, and returns each key's free
-// slots and its slots kept for a job, in slot order.
+// lockKeySlots locks, in tx and in one statement (key_slot_lock_part, or
+// key_slot_lock_in when limit is at most count), up to count open slots
+// below limit of each of queue's keys (sorted, in key order), skipping
+// those other claims hold, and returns each key's free slots and its
+// slots kept for a job, in slot order.
 func (d *Driver) lockKeySlots(ctx context.Context, tx *sql.Tx, queue string, sorted []string, limit, count int64) (map[string][]int64, map[string][]keySlot, error) {
-	q, b, cached := keyParts(d.q.KeySlotLockPart, len(sorted))
-	args := make([]any, 0, 4*b)
-	for _, key := range sorted {
-		args = append(args, queue, key, limit, count)
-	}
-	for i := len(sorted); i < b; i++ {
-		args = append(args, nil, nil, limit, count) // a NULL queue matches nothing
+	var q string
+	var args []any
+	var cached bool
+	if limit <= count {
+		// Every open slot below the limit: one range read (key_slot_lock_in).
+		b := bucket(len(sorted))
+		q, cached = strings.Replace(d.q.KeySlotLockIn, "{keys}", placeholders(b), 1), b <= maxCachedKeyParts
+		args = make([]any, 0, b+2)
+		args = append(args, queue)
+		for _, key := range sorted {
+			args = append(args, key)
+		}
+		for i := len(sorted); i < b; i++ {
+			args = append(args, sorted[0])
+		}
+		args = append(args, limit)
+	} else {
+		var b int
+		q, b, cached = keyParts(d.q.KeySlotLockPart, len(sorted))
+		args = make([]any, 0, 4*b)
+		for _, key := range sorted {
+			args = append(args, queue, key, limit, count)
+		}
+		for i := len(sorted); i < b; i++ {
+			args = append(args, nil, nil, limit, count) // a NULL queue matches nothing
+		}
 	}
 	r, err := d.query(ctx, tx, cached, q, args...)
 	if err != nil {
@@ -1029,28 +1119,97 @@ func (d *Driver) lockKeySlots(ctx context.Context, tx *sql.Tx, queue string, sor
 	return free, kept, nil
 }
 
-// readKeyJobs reads, in tx and in one statement, up to counts[i] of the
-// next available jobs of queue's key keys[i]: Ordered its oldest by id
-// (key_head_part), else its next by priority then id (key_next_part).
-func (d *Driver) readKeyJobs(ctx context.Context, tx *sql.Tx, queue string, ordered bool, keys []string, counts []int64) (map[string][]int64, error) {
+// shallowKey bounds the available jobs (as the walk counted them) of a key
+// whose next jobs readKeyJobs reads by key_jobs_in, and shallowRead the
+// jobs that statement reads in all.
+const (
+	shallowKey  = 32
+	shallowRead = 2048
+)
+
+// readKeyJobs reads, in tx, up to counts[i] of the next available jobs of
+// queue's key keys[i]: Ordered its oldest by id, else its next by
+// priority then id. The keys that depth (the walk's counts; nil for none)
+// says are shallow, at most shallowKey available jobs each and
+// shallowRead in all, are read in one statement of every job of theirs
+// (key_jobs_in): when
+// they are all of keys, or at least minShallowRead of them, the others in
+// one statement of a part per key (key_head_part, key_next_part), each
+// with its own LIMIT, which reads no further into a deep key.
+func (d *Driver) readKeyJobs(ctx context.Context, tx *sql.Tx, queue string, ordered bool, keys []string, counts []int64, depth map[string]int) (map[string][]int64, error) {
 	if len(keys) == 0 {
 		return nil, nil
+	}
+	var shallow, deep []string
+	var deepCounts []int64
+	read := 0
+	for i, key := range keys {
+		if n := depth[key]; n > 0 && n <= shallowKey && read+n <= shallowRead {
+			shallow = append(shallow, key)
+			read += n
+		} else {
+			deep = append(deep, key)
+			deepCounts = append(deepCounts, counts[i])
+		}
+	}
+	if len(deep) > 0 && len(shallow) < minShallowRead {
+		shallow, deep, deepCounts = nil, keys, counts
+	}
+	out := make(map[string][]int64, len(keys))
+	if len(shallow) > 0 {
+		b := bucket(len(shallow))
+		q := strings.Replace(d.q.KeyJobsIn, "{keys}", placeholders(b), 1)
+		args := make([]any, 0, b+1)
+		args = append(args, queue)
+		for _, key := range shallow {
+			args = append(args, key)
+		}
+		for i := len(shallow); i < b; i++ {
+			args = append(args, shallow[0])
+		}
+		if err := d.readKeyJobRows(ctx, tx, b <= maxCachedKeyParts, q, args, ordered, out); err != nil {
+			return nil, err
+		}
+		want := make(map[string]int, len(keys))
+		for i, key := range keys {
+			want[key] = int(counts[i])
+		}
+		for key, ids := range out {
+			out[key] = ids[:min(len(ids), want[key])]
+		}
+	}
+	if len(deep) == 0 {
+		return out, nil
 	}
 	part := d.q.KeyNextPart
 	if ordered {
 		part = d.q.KeyHeadPart
 	}
-	q, b, cached := keyParts(part, len(keys))
+	q, b, cached := keyParts(part, len(deep))
 	args := make([]any, 0, 3*b)
-	for i, key := range keys {
-		args = append(args, queue, key, counts[i])
+	for i, key := range deep {
+		args = append(args, queue, key, deepCounts[i])
 	}
-	for i := len(keys); i < b; i++ {
+	for i := len(deep); i < b; i++ {
 		args = append(args, nil, nil, int64(1)) // a NULL queue matches nothing
 	}
+	if err := d.readKeyJobRows(ctx, tx, cached, q, args, ordered, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// minShallowRead is the fewest shallow keys read in a statement of their
+// own when some of the keys are deep (see readKeyJobs).
+const minShallowRead = 8
+
+// readKeyJobRows runs q, a read of keys' jobs (lkey, priority, id rows),
+// in tx and adds each key's ids to out in the key's order: by id when
+// ordered, else by priority then id.
+func (d *Driver) readKeyJobRows(ctx context.Context, tx *sql.Tx, cached bool, q string, args []any, ordered bool, out map[string][]int64) error {
 	r, err := d.query(ctx, tx, cached, q, args...)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer r.Close()
 	type job struct{ prio, id int64 }
@@ -1059,14 +1218,13 @@ func (d *Driver) readKeyJobs(ctx context.Context, tx *sql.Tx, queue string, orde
 		var key string
 		var j job
 		if err := r.Scan(&key, &j.prio, &j.id); err != nil {
-			return nil, err
+			return err
 		}
 		jobs[key] = append(jobs[key], j)
 	}
 	if err := r.Err(); err != nil {
-		return nil, err
+		return err
 	}
-	out := make(map[string][]int64, len(jobs))
 	for key, js := range jobs {
 		slices.SortFunc(js, func(a, b job) int {
 			if !ordered {
@@ -1082,7 +1240,7 @@ func (d *Driver) readKeyJobs(ctx context.Context, tx *sql.Tx, queue string, orde
 		}
 		out[key] = ids
 	}
-	return out, nil
+	return nil
 }
 
 // keyUsage adds the key limits' use of queue to u: the keys with a slot

@@ -91,9 +91,9 @@ func TestKeylessAfterNoneFound(t *testing.T) {
 	}
 }
 
-// TestReadKeysWindows: the walk of keys reads windows of key_idx and
-// continues past a key deeper than a window, takes keys the collation
-// holds equal once, and keeps to its bounds.
+// TestReadKeysWindows: the walk of keys reads a window of key_idx and,
+// past a key deeper than the window, the rest of its keys grouped by key;
+// it takes keys the collation holds equal once, and keeps to its bounds.
 func TestReadKeysWindows(t *testing.T) {
 	ctx := context.Background()
 	d := migrated(t, driver.Options{}, nil)
@@ -134,12 +134,161 @@ func TestReadKeysWindows(t *testing.T) {
 		}
 	}
 	// The jobs of each key, as the windows counted them: c's 40 run
-	// past its window (0: not counted), "b " is b's.
+	// past the first (0: not counted), "b " is b's; the second window,
+	// sized for keys as deep as the first saw, holds the rest.
 	perKey := map[string]int{}
 	if _, err := d.readKeys(ctx, "kw", "", nil, 10, perKey); err != nil {
 		t.Fatal(err)
 	}
 	if want := map[string]int{"a": 1, "b": 2, "c": 0, "d": 1, "e": 2, "f": 1}; !maps.Equal(perKey, want) {
 		t.Errorf("jobs per key %v, want %v", perKey, want)
+	}
+	// Keys too deep for a window of walkWindowMax: the rest are read
+	// grouped by key, not counted.
+	defer func(m int) { walkWindowMax = m }(walkWindowMax)
+	walkWindowMax = 64
+	perKey = map[string]int{}
+	got, err := d.readKeys(ctx, "kw", "", nil, 10, perKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"a", "b", "c", "d", "e", "f"}; !slices.Equal(got, want) {
+		t.Errorf("keys read grouped: %q, want %q", got, want)
+	}
+	if want := map[string]int{"a": 1, "b": 2, "c": 0, "d": 0, "e": 0, "f": 0}; !maps.Equal(perKey, want) {
+		t.Errorf("jobs per key read grouped %v, want %v", perKey, want)
+	}
+	if got, err := d.readKeys(ctx, "kw", "a", &upto, 10, nil); err != nil || !slices.Equal(got, []string{"b", "c", "d", "e"}) {
+		t.Errorf("keys read grouped up to e: %q, %v", got, err)
+	}
+	// Within one window every key is counted.
+	perKey = map[string]int{}
+	if _, err := d.readKeys(ctx, "kw", "c", nil, 10, perKey); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{"d": 1, "e": 2, "f": 1}; !maps.Equal(perKey, want) {
+		t.Errorf("jobs per key after c %v, want %v", perKey, want)
+	}
+}
+
+// TestReadKeyJobsShallow: the next jobs of the keys the walk found
+// shallow, read in one statement of all their jobs, are those the
+// statement of a part per key reads, with deep keys among them or not,
+// in id order (Ordered) or priority then id order.
+func TestReadKeyJobsShallow(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{}, nil)
+	var jobs []driver.InsertParams
+	keys := []string{"s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9", "z"}
+	for i, k := range keys {
+		n := 3
+		if k == "z" {
+			n = 3 * shallowKey
+		}
+		js := limitJobs("kj", n)
+		for j := range js {
+			js[j].Key = k
+			js[j].Priority = (i + 2*j) % 3
+		}
+		jobs = append(jobs, js...)
+	}
+	if _, err := d.Insert(ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	depth := map[string]int{}
+	got, err := d.readKeys(ctx, "kj", "", nil, len(keys), depth)
+	if err != nil || !slices.Equal(got, keys) {
+		t.Fatalf("walk: %q, %v", got, err)
+	}
+	if depth["s0"] != 3 || depth["z"] != 0 {
+		t.Fatalf("depths %v", depth)
+	}
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	for _, ordered := range []bool{false, true} {
+		for _, ks := range [][]string{keys[:10], keys, keys[8:]} {
+			counts := make([]int64, len(ks))
+			for i := range counts {
+				counts[i] = int64(1 + i%3)
+			}
+			want, err := d.readKeyJobs(ctx, tx, "kj", ordered, ks, counts, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := d.readKeyJobs(ctx, tx, "kj", ordered, ks, counts, depth)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !maps.EqualFunc(got, want, slices.Equal) {
+				t.Errorf("ordered %v, keys %q: %v, want %v", ordered, ks, got, want)
+			}
+			for i, k := range ks {
+				if len(want[k]) != int(counts[i]) {
+					t.Errorf("ordered %v: key %s: %d jobs, want %d", ordered, k, len(want[k]), counts[i])
+				}
+			}
+		}
+	}
+}
+
+// TestCompleteFreeingCount: a batch of outcomes whose attempts hold key
+// slots reports the jobs it applied from the statement's count when every
+// job and slot matched, and reads them back when one did not: a stale
+// outcome, or the same outcome twice.
+func TestCompleteFreeingCount(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{}, nil)
+	jobs := limitJobs("kc", 6)
+	for i := range jobs {
+		jobs[i].Key = string(rune('a' + i))
+	}
+	if _, err := d.Insert(ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "kc", driver.QueueLimits{KeyMaxRunning: 1, MaxRunning: 10}); err != nil {
+		t.Fatal(err)
+	}
+	rows := claimLimited(t, d, "kc", 6, time.Minute)
+	if len(rows) != 6 {
+		t.Fatalf("claimed %d, want 6", len(rows))
+	}
+	out := func(r *driver.JobRow) driver.Outcome {
+		return driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted}
+	}
+	stale := out(rows[1])
+	stale.Fence--
+	for _, c := range []struct {
+		outs []driver.Outcome
+		want []int64
+	}{
+		{[]driver.Outcome{out(rows[0]), stale}, []int64{rows[0].ID}},
+		{[]driver.Outcome{out(rows[2]), out(rows[2]), out(rows[3])}, []int64{rows[2].ID, rows[3].ID}},
+		{[]driver.Outcome{out(rows[4]), out(rows[5])}, []int64{rows[4].ID, rows[5].ID}},
+	} {
+		got, err := d.Complete(ctx, c.outs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("applied %v, want %v", got, c.want)
+		}
+	}
+	// Every slot but the stale outcome's job's was freed: its key alone
+	// has no room.
+	if err := d.SetQueueLimits(ctx, "kc", driver.QueueLimits{KeyMaxRunning: 1, MaxRunning: 10}); err != nil {
+		t.Fatal(err)
+	}
+	more := limitJobs("kc", 6)
+	for i := range more {
+		more[i].Key = string(rune('a' + i))
+	}
+	if _, err := d.Insert(ctx, more); err != nil {
+		t.Fatal(err)
+	}
+	if got := claimLimited(t, d, "kc", 10, time.Minute); len(got) != 5 {
+		t.Errorf("claimed %d after the outcomes, want 5 (key b still runs)", len(got))
 	}
 }

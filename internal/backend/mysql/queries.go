@@ -162,23 +162,27 @@ type queries struct {
 
 	// Key limits: the claim's walk of keys, its key slots and jobs, the
 	// usage and the sweep (see keys.go).
-	KeyWalk          string `sql:"key_walk"`
-	KeyWalkUpto      string `sql:"key_walk_upto"`
-	KeyWalkAt        string `sql:"key_walk_at"`
-	KeySlotStats     string `sql:"key_slot_stats"`
-	KeySlotInsert    string `sql:"key_slot_insert"`
-	KeySlotInsertRow string `sql:"key_slot_insert_row"`
-	KeySlotLockPart  string `sql:"key_slot_lock_part"`
-	KeyHeadPart      string `sql:"key_head_part"`
-	KeyNextPart      string `sql:"key_next_part"`
-	KeyClaimSelect   string `sql:"key_claim_select"`
-	ClaimSelectNoKey string `sql:"claim_select_nokey"`
-	KeySlotTake      string `sql:"key_slot_take"`
-	KeysRunning      string `sql:"keys_running"`
-	KeyUsage         string `sql:"key_usage"`
-	KeyKeptStale     string `sql:"key_kept_stale"`
-	KeyKeptFree      string `sql:"key_kept_free"`
-	KeySlotTrim      string `sql:"key_slot_trim"`
+	KeyWalk            string `sql:"key_walk"`
+	KeyWalkUpto        string `sql:"key_walk_upto"`
+	KeyWalkGrouped     string `sql:"key_walk_grouped"`
+	KeyWalkGroupedUpto string `sql:"key_walk_grouped_upto"`
+	KeyWalkAt          string `sql:"key_walk_at"`
+	KeySlotStats       string `sql:"key_slot_stats"`
+	KeySlotInsert      string `sql:"key_slot_insert"`
+	KeySlotInsertRow   string `sql:"key_slot_insert_row"`
+	KeySlotLockPart    string `sql:"key_slot_lock_part"`
+	KeySlotLockIn      string `sql:"key_slot_lock_in"`
+	KeyHeadPart        string `sql:"key_head_part"`
+	KeyJobsIn          string `sql:"key_jobs_in"`
+	KeyNextPart        string `sql:"key_next_part"`
+	KeyClaimSelect     string `sql:"key_claim_select"`
+	ClaimSelectNoKey   string `sql:"claim_select_nokey"`
+	KeySlotTake        string `sql:"key_slot_take"`
+	KeysRunning        string `sql:"keys_running"`
+	KeyUsage           string `sql:"key_usage"`
+	KeyKeptStale       string `sql:"key_kept_stale"`
+	KeyKeptFree        string `sql:"key_kept_free"`
+	KeySlotTrim        string `sql:"key_slot_trim"`
 
 	// Rates per key: the walk's read of rate slots, their making, locking
 	// and stamping by the claim, the claim's wait, the usage and the sweep

@@ -749,6 +749,19 @@ SELECT lkey FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey >
 -- name: key_walk_upto
 SELECT lkey FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ? AND lkey <= ? ORDER BY lkey LIMIT ?
 
+-- When key_walk's window found deep keys (it ended before it held the keys
+-- wanted), the walk reads the rest of its keys in one statement that
+-- groups key_idx by (akey_queue, lkey): grouped by both, the server reads
+-- it by a loose index scan, a seek per key, when its statistics say keys
+-- are deep (it does not when grouped by lkey alone), and else reads the
+-- entries of the keys it returns, few when they are shallow. (queue,
+-- after, count) and (queue, after, upto, count.)
+-- name: key_walk_grouped
+SELECT lkey FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ? GROUP BY akey_queue, lkey ORDER BY akey_queue, lkey LIMIT ?
+
+-- name: key_walk_grouped_upto
+SELECT lkey FROM `{p}jobs` FORCE INDEX (key_idx) WHERE akey_queue = ? AND lkey > ? AND lkey <= ? GROUP BY akey_queue, lkey ORDER BY akey_queue, lkey LIMIT ?
+
 -- A Fair claim that goes on with the turn of the key at its cursor reads
 -- that key first: whether it still has an available job. (queue, key.)
 -- name: key_walk_at
@@ -782,6 +795,15 @@ INSERT IGNORE INTO `{p}limit_slots` (queue, type, lkey, n, used_at) VALUES
 -- name: key_slot_lock_part
 (SELECT lkey, n, job_id FROM `{p}limit_slots` WHERE queue = ? AND type = 'k' AND lkey = ? AND n < ? AND (job_id IS NULL OR (job_id > 0 AND fence IS NULL)) ORDER BY n LIMIT ? FOR UPDATE {skip})
 
+-- When the claim may take as many slots of a key as the limit (limit at
+-- most count), the parts' LIMITs bound nothing: the same slots are locked
+-- by one range read of the primary key over the keys, in key then slot
+-- order, which costs the server one statement instead of one per key.
+-- {keys} is one "?" per key, padded to a power of two by repeating the
+-- first. (queue, keys, limit.)
+-- name: key_slot_lock_in
+SELECT lkey, n, job_id FROM `{p}limit_slots` WHERE queue = ? AND type = 'k' AND lkey IN ({keys}) AND n < ? AND (job_id IS NULL OR (job_id > 0 AND fence IS NULL)) ORDER BY lkey, n FOR UPDATE {skip}
+
 -- The next available jobs of the keys with open slots, in one statement
 -- of one part per key joined and padded as key_slot_lock_part's: a key's
 -- oldest jobs by id (key_head_part; Ordered: the first is the head, a
@@ -794,6 +816,15 @@ INSERT IGNORE INTO `{p}limit_slots` (queue, type, lkey, n, used_at) VALUES
 
 -- name: key_next_part
 (SELECT lkey, priority, id FROM `{p}jobs` FORCE INDEX (key_prio_idx) WHERE akey_queue = ? AND lkey = ? ORDER BY priority, id LIMIT ?)
+
+-- The same for keys the walk found shallow (readKeyJobs): every
+-- available job of theirs, in one range read of key_prio_idx (which
+-- covers the columns) over the keys, which costs the server one
+-- statement instead of one per key; the driver orders each key's rows
+-- (Ordered: by id) and keeps as many as it wanted. {keys} is one "?" per
+-- key, padded to a power of two by repeating the first. (queue, keys.)
+-- name: key_jobs_in
+SELECT lkey, priority, id FROM `{p}jobs` FORCE INDEX (key_prio_idx) WHERE akey_queue = ? AND lkey IN ({keys})
 
 -- Locks the keyed jobs picked for the key slots the claim locked, those
 -- still available, skipping any another transaction holds (claim_mark_queued
