@@ -170,7 +170,7 @@ func (in *Input) checkLimits(f *Findings, byJob map[int64][]Exec) {
 // so that the order of ids is the order of enqueues; jobs whose enqueue
 // was not acknowledged are left out (one may have committed after a later
 // one). Of two acknowledged jobs A before B of one key: B may not have
-// started (its first recorded execution) before A's first start, and if
+// started (its earliest recorded execution) before A's earliest start, and if
 // B ran at all, A must have run too, unless A ended cancelled or
 // discarded without running (by hand) or its claim was lost with a
 // database restart (then its first counted start is its next one).
@@ -186,14 +186,25 @@ func (in *Input) checkOrder(f *Findings, byJob map[int64][]Exec) {
 		k := [2]string{j.Queue, j.Key}
 		keyed[k] = append(keyed[k], id)
 	}
+	// A job's first start is the earliest start of its counted
+	// executions, not that of its first attempt: a process stopped
+	// between the claim and the handler's start (SIGSTOP) records its
+	// attempt's start only on waking, after a later attempt of the
+	// same job, rescued meanwhile, ran elsewhere (the engine then cuts
+	// the stale handler off at once).
 	first := func(id int64) (time.Time, bool) {
 		es := byJob[id]
+		var t time.Time
+		ran := false
 		for i, e := range es {
-			if !in.lostClaim(e, es[i+1:]) {
-				return e.Start, true
+			if in.lostClaim(e, es[i+1:]) {
+				continue
+			}
+			if !ran || e.Start.Before(t) {
+				t, ran = e.Start, true
 			}
 		}
-		return time.Time{}, false
+		return t, ran
 	}
 	for k, ids := range keyed {
 		slices.Sort(ids)

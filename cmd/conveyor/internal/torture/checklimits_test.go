@@ -255,6 +255,30 @@ func TestCheckerOrderedKeysRespected(t *testing.T) {
 	}
 }
 
+// A process stopped between claiming job 40 of key d and starting its
+// handler records that start only on waking, after the job's second
+// attempt (rescued meanwhile) and job 41 after it ran elsewhere: the
+// order held, since job 40 first ran before 41 started.
+func TestCheckerOrderedKeyStaleStartAfterPause(t *testing.T) {
+	w := keyedWorld()
+	on := func(j *FinalJob) { j.Queue, j.Key = QueueKeyed, "d" }
+	on(w.job(40, "completed", 2, expired(1)))
+	w.event(EventPause, 500, 3.0, 8.0)
+	w.exec(40, 1, 500, 8.0, 8.01, "error")
+	w.exec(40, 2, 200, 5.6, 5.7, OutcomeOK)
+	on(w.job(41, "completed", 1))
+	w.exec(41, 1, 300, 5.8, 5.9, OutcomeOK)
+	f := Check(w.in)
+	if len(f.OutOfOrder) > 0 {
+		t.Fatalf("out of order: %v", f.OutOfOrder)
+	}
+	// The same with job 41 started before job 40 ever ran: reported.
+	w.in.Execs[len(w.in.Execs)-1].Start, w.in.Execs[len(w.in.Execs)-1].End = at(5.5), at(5.55)
+	if f := Check(w.in); len(f.OutOfOrder) != 1 || !strings.Contains(f.OutOfOrder[0], "job 41 started") {
+		t.Fatalf("out of order %v, want job 41 named", f.OutOfOrder)
+	}
+}
+
 func TestCheckerReportsPlantedKeyFaults(t *testing.T) {
 	for _, c := range []struct {
 		name  string
