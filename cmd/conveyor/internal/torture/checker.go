@@ -773,6 +773,14 @@ func (in *Input) faultFor(e Exec, until time.Time) (Event, bool) {
 		if ev.PID == 0 {
 			evEnd = evEnd.Add(in.Lease)
 		}
+		if ev.Kind == EventKill {
+			// The kill's time is read just before the signal is sent:
+			// the process may record a start before it dies, which is
+			// when it was reaped.
+			if d, ok := in.Deaths[ev.PID]; ok && d.After(evEnd) {
+				evEnd = d
+			}
+		}
 		// Instantaneous process faults (kill, exit) count when they fall
 		// in [opened, end]; windows when they intersect it.
 		if ev.Start.After(end) || evEnd.Before(e.openedAt()) {

@@ -33,3 +33,24 @@ func TestRescueLatencyLeavesOutLimitedQueuesWorst(t *testing.T) {
 		t.Fatalf("n %d, best %v, worst %v, unrescued %d; want 3, 1.5s (the rated job), 2s (the unlimited job, not the limited one's 9s), 0", n, best, worst, unrescued)
 	}
 }
+
+// TestKillRaceWithLastStart: the kill's time is read just before the
+// signal is sent, and the victim records one more start before it dies.
+// That start is neither the job's restart (rescueLatency would report a
+// rescue microseconds after the kill) nor an execution the kill missed
+// (the checker would call its rescue premature).
+func TestKillRaceWithLastStart(t *testing.T) {
+	w := newWorld()
+	w.job(20, "completed", 2, expired(1))
+	w.event(EventKill, 500, 1.0, 1.0)
+	w.in.Deaths[500] = at(1.003)
+	w.exec(20, 1, 500, 1.0005, 0, "")
+	w.exec(20, 2, 200, 3.0, 3.1, OutcomeOK)
+	if fl := Check(w.in).Failures(); len(fl) > 0 {
+		t.Fatalf("failures: %v", fl)
+	}
+	n, best, _, unrescued := rescueLatency(w.in, EventKill)
+	if n != 1 || unrescued != 0 || best != 2*time.Second {
+		t.Fatalf("n %d, best %v, unrescued %d; want 1, 2s (the other process's start), 0", n, best, unrescued)
+	}
+}

@@ -1176,7 +1176,9 @@ func rescueLatency(in *Input, kind string) (n int, best, worst time.Duration, un
 			n++
 			var first time.Time
 			for _, l := range next[e.Job] {
-				if l.Start.After(ev.Start) && (first.IsZero() || l.Start.Before(first)) {
+				// Not an execution of the killed process: one it recorded
+				// between the kill's time and its death is no restart.
+				if l.PID != ev.PID && l.Start.After(ev.Start) && (first.IsZero() || l.Start.Before(first)) {
 					first = l.Start
 				}
 			}
