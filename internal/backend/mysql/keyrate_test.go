@@ -24,7 +24,7 @@ func claimAll(t *testing.T, d *Driver, queue string, limit int) ([]*driver.JobRo
 	t.Helper()
 	var all []*driver.JobRow
 	for range 50 {
-		d.noKeyless.Delete(queue) // look for jobs without a key every round
+		d.noKeyless.Forget(queue) // look for jobs without a key every round
 		r, err := d.ClaimLimited(context.Background(), driver.ClaimParams{Queue: queue, Limit: limit, Lease: time.Hour, Worker: "w"})
 		if err != nil {
 			t.Fatal(err)

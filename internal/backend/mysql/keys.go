@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/conveyorq/conveyor/internal/driver"
@@ -132,14 +131,12 @@ func (d *Driver) keyCursor(queue string) *keyCursor {
 // without a key waits at most cursorFor longer, as a job behind the claim
 // cursor does (see claimCursor).
 func (d *Driver) lookForKeyless(queue string) bool {
-	v, ok := d.noKeyless.Load(queue)
-	return !ok || time.Now().UnixNano() >= v.(*atomic.Int64).Load()
+	return !d.noKeyless.Skipping(queue)
 }
 
 // noKeylessSeen records that a claim of queue found no job without a key.
 func (d *Driver) noKeylessSeen(queue string) {
-	v, _ := d.noKeyless.LoadOrStore(queue, new(atomic.Int64))
-	v.(*atomic.Int64).Store(time.Now().Add(cursorFor).UnixNano())
+	d.noKeyless.SkipFor(queue, cursorFor)
 }
 
 // keyWalk is what a claim's walk of keys found: the candidate keys (with

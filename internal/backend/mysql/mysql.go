@@ -93,10 +93,9 @@ type Driver struct {
 	cursors sync.Map
 	// keyCursors maps a queue to its *keyCursor (see walkKeys).
 	keyCursors sync.Map
-	// noKeyless maps a key-limited queue to the time (Unix ns, an
-	// *atomic.Int64) until which its claims skip the jobs without a key
-	// (see lookForKeyless).
-	noKeyless sync.Map
+	// noKeyless: the key-limited queues whose claims skip the jobs
+	// without a key for now (see lookForKeyless).
+	noKeyless driver.QueueSkip
 	// weights: the key weights claims last decoded, per queue.
 	weights driver.KeyWeightCache
 	db      *sql.DB

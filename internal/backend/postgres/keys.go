@@ -7,7 +7,6 @@ import (
 	"math"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -554,14 +553,12 @@ const noKeylessFor = time.Second
 // nothing: 5 ms a claim behind 20,000 jobs of one key. After such a
 // claim a job without a key waits at most noKeylessFor longer.
 func (d *Driver) lookForKeyless(queue string) bool {
-	v, ok := d.noKeyless.Load(queue)
-	return !ok || time.Now().UnixNano() >= v.(*atomic.Int64).Load()
+	return !d.noKeyless.Skipping(queue)
 }
 
 // noKeylessSeen records that a claim of queue found no job without a key.
 func (d *Driver) noKeylessSeen(queue string) {
-	v, _ := d.noKeyless.LoadOrStore(queue, new(atomic.Int64))
-	v.(*atomic.Int64).Store(time.Now().Add(noKeylessFor).UnixNano())
+	d.noKeyless.SkipFor(queue, noKeylessFor)
 }
 
 // keyHeld returns, per queue with key limits, its ready jobs with a key

@@ -23,7 +23,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -192,10 +191,9 @@ type Driver struct {
 	seg        *segStore             // the segment tables and their registry
 	keys       keyStates             // the key limits and walk cursors of the queues claimed
 	weights    driver.KeyWeightCache // the decoded key weights of the fair queues claimed
-	// noKeyless maps a key-limited queue to the time (Unix ns, an
-	// *atomic.Int64) until which its claims skip the jobs without a key
-	// (see lookForKeyless).
-	noKeyless sync.Map
+	// noKeyless: the key-limited queues whose claims skip the jobs
+	// without a key for now (see lookForKeyless).
+	noKeyless driver.QueueSkip
 
 	deadlockRetries      atomic.Int64
 	lockTimeouts         atomic.Int64
