@@ -186,8 +186,9 @@ func limits(t *testing.T, s suite) {
 
 	// A job run on demand takes no slot, so it leaves none held when it
 	// ends. Where the limit is held by counting the queue's running jobs
-	// (SQLite) it counts while it runs: the claim beside it may then take
-	// nothing, and takes the limit's 1 once it ended.
+	// (SQLite) it counts while it runs, and LimitUsage says so: the claim
+	// beside it takes the limit less what LimitUsage counts running, and
+	// the limit's 1 once it ended.
 	t.Run("ClaimJobTakesNoSlot", func(t *testing.T) {
 		d := s.setup(t)
 		ids := insert(t, d, "j", 3)
@@ -196,9 +197,17 @@ func limits(t *testing.T, s suite) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		u, err := d.LimitUsage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		running := u["j"].Running
+		if running != 0 && running != 1 {
+			t.Fatalf("LimitUsage counts %d running beside one job run on demand, want 0 (slots) or 1 (a count)", running)
+		}
 		got := claimLimited(t, d, "j", 3, time.Minute)
-		if len(got.Rows) > 1 {
-			t.Fatalf("claimed %d beside a job run on demand, want at most the limit's 1", len(got.Rows))
+		if len(got.Rows) != 1-running {
+			t.Fatalf("claimed %d beside a job run on demand counted %d running, want %d", len(got.Rows), running, 1-running)
 		}
 		complete(t, d, onDemand, driver.StateCompleted)
 		if len(got.Rows) == 0 {
