@@ -135,10 +135,13 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 			if res.Rows, keyHeld, keyRetryIn, err = d.claimKeyed(ctx, tx, ls, p, k, kl); err != nil {
 				return res, fmt.Errorf("claim jobs with a key: %w", err)
 			}
-			if rest := k - len(res.Rows); rest > 0 {
+			if rest := k - len(res.Rows); rest > 0 && d.lookForKeyless(p.Queue) {
 				more, err := claimIn(ctx, tx, ls.claimUnkeyed, p, rest)
 				if err != nil {
 					return res, err
+				}
+				if len(more) == 0 {
+					d.noKeylessSeen(p.Queue)
 				}
 				res.Rows = append(res.Rows, more...)
 			}
@@ -168,6 +171,27 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 		res.RetryIn = keyRetryIn
 	}
 	return res, nil
+}
+
+// noKeylessFor is how long a key-limited queue's claims skip the jobs
+// without a key after one of this driver's claims of it found none.
+const noKeylessFor = time.Second
+
+// lookForKeyless reports whether a limited claim of key-limited queue
+// looks for jobs without a key: not for noKeylessFor after one of this
+// driver's claims of the queue found none. claim_unkeyed walks jobs_claim
+// in claim order past the keyed jobs ahead of the first job without a
+// key, so in a queue whose available jobs all have a key (the usual
+// key-limited queue) it reads every index entry of the queue to find
+// nothing: 20,000 entries a claim behind one key of 20,000 jobs. After
+// such a claim a job without a key waits at most noKeylessFor longer.
+func (d *Driver) lookForKeyless(queue string) bool {
+	return !d.noKeyless.Skipping(queue)
+}
+
+// noKeylessSeen records that a claim of queue found no job without a key.
+func (d *Driver) noKeylessSeen(queue string) {
+	d.noKeyless.SkipFor(queue, noKeylessFor)
 }
 
 // slotNumbers runs st, a query returning slot numbers.
