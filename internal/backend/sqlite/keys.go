@@ -120,8 +120,7 @@ type keyTurn struct {
 // the number of keys with no room nor on any key's depth. The jobs
 // admitted are claimed together and each takes its slots.
 func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p driver.ClaimParams, k int, kl keyLimits) ([]*driver.JobRow, bool, time.Duration, error) {
-	nextKey := tx.StmtContext(ctx, ls.nextKey)
-	addSlots := tx.StmtContext(ctx, ls.addKeySlots)
+	nextKeys := tx.StmtContext(ctx, ls.nextKeys)
 	openSlots := tx.StmtContext(ctx, ls.openKeySlots)
 	keptDue := tx.StmtContext(ctx, ls.keptDue)
 	keyJobs := tx.StmtContext(ctx, ls.keyJobs)
@@ -205,6 +204,10 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		}
 		resume = len(ids) > 0
 	}
+	// ahead: the keys after cur that the walk read and has not examined
+	// yet, read a batch at a time (next_keys) since no job of the queue
+	// changes until the claim's jobs are claimed.
+	var ahead []string
 	for examined := 0; examined < 4*k+64 && len(picks) < k; {
 		var key string
 		var err error
@@ -212,17 +215,22 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		if resume {
 			key, resume, resumed = start, false, true
 		} else {
-			err = nextKey.QueryRowContext(ctx, p.Queue, cur).Scan(&key)
-			if errors.Is(err, sql.ErrNoRows) {
+			if len(ahead) == 0 {
+				// As many keys as the claim has room for, and a few
+				// more for keys with no room.
+				n := min(k-len(picks)+8, 4*k+64-examined)
+				if ahead, err = queryStrings(ctx, nextKeys, p.Queue, cur, n); err != nil {
+					return nil, false, 0, err
+				}
+			}
+			if len(ahead) == 0 {
 				if wrapped {
 					break
 				}
 				wrapped, cur = true, ""
 				continue
 			}
-			if err != nil {
-				return nil, false, 0, err
-			}
+			key, ahead = ahead[0], ahead[1:]
 			if wrapped && start != "" && (key > start || key == start && at.taken > 0 && kl.fair) {
 				break // every key examined
 			}
@@ -238,22 +246,17 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		var free []int64
 		var kept []keyPick
 		if kl.max > 0 {
-			var seen int
-			free, kept, seen, err = keySlots(ctx, openSlots, p.Queue, key, kl.max)
+			var have []int64
+			free, kept, have, err = keySlots(ctx, openSlots, p.Queue, key, kl.max)
 			if err != nil {
 				return nil, false, 0, err
 			}
-			if seen < kl.max && len(free) < room {
-				// Some of the key's slots are missing: make those below
-				// seen+room that are, at least room-len(free) more free
-				// slots (all the key's slots when its limit is small),
-				// so that a large limit costs rows only as claims use them.
-				if _, err := addSlots.ExecContext(ctx, p.Queue, key, min(kl.max, seen+room)); err != nil {
-					return nil, false, 0, err
-				}
-				if free, kept, _, err = keySlots(ctx, openSlots, p.Queue, key, kl.max); err != nil {
-					return nil, false, 0, err
-				}
+			if len(have) < kl.max && len(free) < room {
+				// Some of the key's slots are missing, free: the lowest
+				// of them, up to room in all, are open to the claim, and
+				// take_key_slots makes those it takes, so that a limit
+				// costs rows only as claims use them.
+				free = missingSlots(free, have, kl.max, room)
 			}
 			if len(free) == 0 && len(kept) == 0 {
 				held = true // the key's due jobs wait for its slots
@@ -414,11 +417,11 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 	if err := rows.Err(); err != nil {
 		return nil, false, 0, err
 	}
-	take := tx.StmtContext(ctx, ls.takeKeySlot)
 	var takeRate *sql.Stmt
 	if kl.rate > 0 {
 		takeRate = tx.StmtContext(ctx, ls.takeKeyRateSlot)
 	}
+	var takes [][]any // [key, slot, job id, fence, attempted_at] per slot taken
 	for _, j := range out {
 		i := slices.IndexFunc(picks, func(pk keyPick) bool { return pk.id == j.ID })
 		if i < 0 {
@@ -426,9 +429,7 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		}
 		pk := picks[i]
 		if pk.n >= 0 {
-			if _, err := take.ExecContext(ctx, p.Queue, j.Key, pk.n, j.ID, j.Fence, j.AttemptedAt.UnixMicro()); err != nil {
-				return nil, false, 0, err
-			}
+			takes = append(takes, []any{j.Key, pk.n, j.ID, j.Fence, j.AttemptedAt.UnixMicro()})
 		}
 		if pk.r < 0 {
 			if _, err := takeRate.ExecContext(ctx, p.Queue, j.Key, pk.r, j.AttemptedAt.UnixMicro()); err != nil {
@@ -436,7 +437,32 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 			}
 		}
 	}
+	if len(takes) > 0 {
+		b, err := json.Marshal(takes)
+		if err != nil {
+			return nil, false, 0, err
+		}
+		if _, err := tx.StmtContext(ctx, ls.takeKeySlots).ExecContext(ctx, p.Queue, string(b)); err != nil {
+			return nil, false, 0, err
+		}
+	}
 	return out, held, in, nil
+}
+
+// missingSlots adds to free, the numbers of a key's free slots, the
+// lowest numbers below keyMax that have no row (have: the numbers of its
+// rows below keyMax, in order) until free holds room, and returns them in
+// order.
+func missingSlots(free, have []int64, keyMax, room int) []int64 {
+	for n, i := int64(0), 0; n < int64(keyMax) && len(free) < room; n++ {
+		if i < len(have) && have[i] == n {
+			i++
+			continue
+		}
+		free = append(free, n)
+	}
+	slices.Sort(free)
+	return free
 }
 
 // windowIn is how long (µs) until a key's window has room again once a
@@ -482,12 +508,12 @@ func keyRateSlots(ctx context.Context, st *sql.Stmt, queue, key string, kl keyLi
 }
 
 // keySlots reads key's slots below keyMax with st (open_key_slots): the
-// numbers of the free ones, the kept ones with their job, and how many
-// rows there are.
-func keySlots(ctx context.Context, st *sql.Stmt, queue, key string, keyMax int) (free []int64, kept []keyPick, seen int, err error) {
+// numbers of the free ones, the kept ones with their job, and the numbers
+// of every row, in order.
+func keySlots(ctx context.Context, st *sql.Stmt, queue, key string, keyMax int) (free []int64, kept []keyPick, have []int64, err error) {
 	rows, err := st.QueryContext(ctx, queue, key, keyMax)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, nil, err
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -495,9 +521,9 @@ func keySlots(ctx context.Context, st *sql.Stmt, queue, key string, keyMax int) 
 		var job sql.NullInt64
 		var open bool
 		if err := rows.Scan(&n, &job, &open); err != nil {
-			return nil, nil, 0, err
+			return nil, nil, nil, err
 		}
-		seen++
+		have = append(have, n)
 		switch {
 		case !open:
 		case job.Valid:
@@ -506,7 +532,25 @@ func keySlots(ctx context.Context, st *sql.Stmt, queue, key string, keyMax int) 
 			free = append(free, n)
 		}
 	}
-	return free, kept, seen, rows.Err()
+	return free, kept, have, rows.Err()
+}
+
+// queryStrings runs st, a query returning strings.
+func queryStrings(ctx context.Context, st *sql.Stmt, args ...any) ([]string, error) {
+	rows, err := st.QueryContext(ctx, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
 }
 
 // queryInts runs st, a query returning integers.

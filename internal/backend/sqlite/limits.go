@@ -48,9 +48,9 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 		{&ls.claim, d.q.Claim}, {&ls.limitsOf, d.q.LimitsOf},
 		{&ls.freeR, d.q.FreeRateSlots},
 		{&ls.takeR, d.q.TakeRateSlot}, {&ls.due, d.q.DueJobWaits}, {&ls.retryIn, d.q.RateRetryIn},
-		{&ls.claimUnkeyed, d.q.ClaimUnkeyed}, {&ls.claimIDs, d.q.ClaimIDs}, {&ls.nextKey, d.q.NextKey},
-		{&ls.addKeySlots, d.q.AddKeySlots}, {&ls.openKeySlots, d.q.OpenKeySlots}, {&ls.keptDue, d.q.KeptJobDue},
-		{&ls.keyJobs, d.q.KeyJobs}, {&ls.keyJobsOrdered, d.q.KeyJobsOrdered}, {&ls.takeKeySlot, d.q.TakeKeySlot},
+		{&ls.claimUnkeyed, d.q.ClaimUnkeyed}, {&ls.claimIDs, d.q.ClaimIDs}, {&ls.nextKeys, d.q.NextKeys},
+		{&ls.openKeySlots, d.q.OpenKeySlots}, {&ls.keptDue, d.q.KeptJobDue},
+		{&ls.keyJobs, d.q.KeyJobs}, {&ls.keyJobsOrdered, d.q.KeyJobsOrdered}, {&ls.takeKeySlots, d.q.TakeKeySlots},
 		{&ls.addKeyRateSlots, d.q.AddKeyRateSlots}, {&ls.keyRateSlots, d.q.KeyRateSlots}, {&ls.takeKeyRateSlot, d.q.TakeKeyRateSlot},
 	} {
 		var err error
@@ -74,7 +74,7 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 type limitStmts struct {
 	claim, limitsOf, freeR, takeR, due, retryIn *sql.Stmt
 	// The keyed claim's.
-	claimUnkeyed, claimIDs, nextKey, addKeySlots, openKeySlots, keptDue, keyJobs, keyJobsOrdered, takeKeySlot *sql.Stmt
+	claimUnkeyed, claimIDs, nextKeys, openKeySlots, keptDue, keyJobs, keyJobsOrdered, takeKeySlots *sql.Stmt
 	// The rate per key's.
 	addKeyRateSlots, keyRateSlots, takeKeyRateSlot *sql.Stmt
 }
