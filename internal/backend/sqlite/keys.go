@@ -206,12 +206,23 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 	}
 	// ahead: the keys after cur that the walk read and has not examined
 	// yet, read a batch at a time (next_keys) since no job of the queue
-	// changes until the claim's jobs are claimed.
-	var ahead []string
+	// changes until the claim's jobs are claimed. Under a limit of one
+	// job per key without a rate, the batch carries each key's slot and
+	// first two due jobs too (next_keys_heads), all the walk reads of it.
+	var ahead []keyHead
+	heads := kl.max == 1 && kl.rate == 0
+	var nextHeads *sql.Stmt
+	if heads {
+		nextHeads = tx.StmtContext(ctx, ls.nextKeysHeads)
+		if kl.ordered {
+			nextHeads = tx.StmtContext(ctx, ls.nextKeysHeadsOrd)
+		}
+	}
 	for examined := 0; examined < 4*k+64 && len(picks) < k; {
 		var key string
 		var err error
 		resumed := false
+		var pre *keyHead // the key's slot and first jobs, when the walk read them
 		if resume {
 			key, resume, resumed = start, false, true
 		} else {
@@ -219,7 +230,12 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 				// As many keys as the claim has room for, and a few
 				// more for keys with no room.
 				n := min(k-len(picks)+8, 4*k+64-examined)
-				if ahead, err = queryStrings(ctx, nextKeys, p.Queue, cur, n); err != nil {
+				if heads {
+					ahead, err = keyHeads(ctx, nextHeads, p.Queue, cur, n)
+				} else {
+					ahead, err = queryKeys(ctx, nextKeys, p.Queue, cur, n)
+				}
+				if err != nil {
 					return nil, false, 0, err
 				}
 			}
@@ -230,7 +246,11 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 				wrapped, cur = true, ""
 				continue
 			}
-			key, ahead = ahead[0], ahead[1:]
+			key = ahead[0].key
+			if heads {
+				pre = &ahead[0]
+			}
+			ahead = ahead[1:]
 			if wrapped && start != "" && (key > start || key == start && at.taken > 0 && kl.fair) {
 				break // every key examined
 			}
@@ -247,8 +267,9 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		var kept []keyPick
 		if kl.max > 0 {
 			var have []int64
-			free, kept, have, err = keySlots(ctx, openSlots, p.Queue, key, kl.max)
-			if err != nil {
+			if pre != nil {
+				free, kept, have = pre.slots()
+			} else if free, kept, have, err = keySlots(ctx, openSlots, p.Queue, key, kl.max); err != nil {
 				return nil, false, 0, err
 			}
 			if len(have) < kl.max && len(free) < room {
@@ -288,8 +309,11 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		// The key's next jobs, one more than the free slots can take
 		// (and the jobs kept slots are kept for, read past) to tell
 		// whether some are left waiting.
-		ids, err := queryInts(ctx, keyJobs, p.Queue, key, min(capC, room)+len(kept)+1)
-		if err != nil {
+		var ids []int64
+		if pre != nil {
+			// min(capC, room)+len(kept)+1 is 2 under a limit of one.
+			ids = pre.ids
+		} else if ids, err = queryInts(ctx, keyJobs, p.Queue, key, min(capC, room)+len(kept)+1); err != nil {
 			return nil, false, 0, err
 		}
 		var cands []int64
@@ -535,20 +559,73 @@ func keySlots(ctx context.Context, st *sql.Stmt, queue, key string, keyMax int) 
 	return free, kept, have, rows.Err()
 }
 
-// queryStrings runs st, a query returning strings.
-func queryStrings(ctx context.Context, st *sql.Stmt, args ...any) ([]string, error) {
+// keyHead is a key the walk read, with, under a limit of one job per
+// key (next_keys_heads), its slot 0 (n invalid: no row; job and open as
+// open_key_slots reads them) and its first two due jobs.
+type keyHead struct {
+	key  string
+	n    sql.NullInt64
+	job  sql.NullInt64
+	open bool
+	ids  []int64
+}
+
+// slots is keySlots of h's slot.
+func (h *keyHead) slots() (free []int64, kept []keyPick, have []int64) {
+	if !h.n.Valid {
+		return nil, nil, nil
+	}
+	have = []int64{h.n.Int64}
+	switch {
+	case !h.open:
+	case h.job.Valid:
+		kept = []keyPick{{id: h.job.Int64, key: h.key, n: h.n.Int64}}
+	default:
+		free = []int64{h.n.Int64}
+	}
+	return free, kept, have
+}
+
+// queryKeys runs st (next_keys), a query returning keys.
+func queryKeys(ctx context.Context, st *sql.Stmt, args ...any) ([]keyHead, error) {
 	rows, err := st.QueryContext(ctx, args...)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []string
+	var out []keyHead
 	for rows.Next() {
-		var v string
-		if err := rows.Scan(&v); err != nil {
+		var h keyHead
+		if err := rows.Scan(&h.key); err != nil {
 			return nil, err
 		}
-		out = append(out, v)
+		out = append(out, h)
+	}
+	return out, rows.Err()
+}
+
+// keyHeads runs st (next_keys_heads or next_keys_heads_ordered).
+func keyHeads(ctx context.Context, st *sql.Stmt, args ...any) ([]keyHead, error) {
+	rows, err := st.QueryContext(ctx, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []keyHead
+	for rows.Next() {
+		var h keyHead
+		var open sql.NullBool
+		var id1, id2 sql.NullInt64
+		if err := rows.Scan(&h.key, &h.n, &h.job, &open, &id1, &id2); err != nil {
+			return nil, err
+		}
+		h.open = open.Bool
+		for _, id := range []sql.NullInt64{id1, id2} {
+			if id.Valid {
+				h.ids = append(h.ids, id.Int64)
+			}
+		}
+		out = append(out, h)
 	}
 	return out, rows.Err()
 }

@@ -49,6 +49,7 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 		{&ls.freeR, d.q.FreeRateSlots},
 		{&ls.takeR, d.q.TakeRateSlot}, {&ls.due, d.q.DueJobWaits}, {&ls.retryIn, d.q.RateRetryIn},
 		{&ls.claimUnkeyed, d.q.ClaimUnkeyed}, {&ls.claimIDs, d.q.ClaimIDs}, {&ls.nextKeys, d.q.NextKeys},
+		{&ls.nextKeysHeads, d.q.NextKeysHeads}, {&ls.nextKeysHeadsOrd, d.q.NextKeysHeadsOrd},
 		{&ls.openKeySlots, d.q.OpenKeySlots}, {&ls.keptDue, d.q.KeptJobDue},
 		{&ls.keyJobs, d.q.KeyJobs}, {&ls.keyJobsOrdered, d.q.KeyJobsOrdered}, {&ls.takeKeySlots, d.q.TakeKeySlots},
 		{&ls.addKeyRateSlots, d.q.AddKeyRateSlots}, {&ls.keyRateSlots, d.q.KeyRateSlots}, {&ls.takeKeyRateSlot, d.q.TakeKeyRateSlot},
@@ -74,7 +75,7 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 type limitStmts struct {
 	claim, limitsOf, freeR, takeR, due, retryIn *sql.Stmt
 	// The keyed claim's.
-	claimUnkeyed, claimIDs, nextKeys, openKeySlots, keptDue, keyJobs, keyJobsOrdered, takeKeySlots *sql.Stmt
+	claimUnkeyed, claimIDs, nextKeys, nextKeysHeads, nextKeysHeadsOrd, openKeySlots, keptDue, keyJobs, keyJobsOrdered, takeKeySlots *sql.Stmt
 	// The rate per key's.
 	addKeyRateSlots, keyRateSlots, takeKeyRateSlot *sql.Stmt
 }

@@ -40,6 +40,8 @@ func TestQueryPlans(t *testing.T) {
 		// jobs_claim, which carries the key; the ends of attempts find
 		// a key's slots by primary key.
 		{"next keys", d.q.NextKeys, []any{"q", "a", 5}, []string{"COVERING INDEX conveyor_jobs_key (queue=? AND lkey>?)"}, []string{"TEMP B-TREE"}},
+		{"next keys heads", d.q.NextKeysHeads, []any{"q", "a", 5}, []string{"COVERING INDEX conveyor_jobs_key (queue=? AND lkey>?)", "COVERING INDEX conveyor_jobs_key (queue=? AND lkey=?)", "PRIMARY KEY (queue=? AND lkey=? AND n=?)"}, []string{"SCAN conveyor_key_slots", "SCAN conveyor_jobs\n"}},
+		{"next keys heads ordered", d.q.NextKeysHeadsOrd, []any{"q", "a", 5}, []string{"COVERING INDEX conveyor_jobs_key (queue=? AND lkey>?)", "COVERING INDEX conveyor_jobs_key_order (queue=? AND lkey=?)", "PRIMARY KEY (queue=? AND lkey=? AND n=?)"}, []string{"SCAN conveyor_key_slots", "SCAN conveyor_jobs\n"}},
 		{"key jobs", d.q.KeyJobs, []any{"q", "a", 3}, []string{"COVERING INDEX conveyor_jobs_key (queue=? AND lkey=?)"}, []string{"TEMP B-TREE"}},
 		{"key jobs ordered", d.q.KeyJobsOrdered, []any{"q", "a", 3}, []string{"COVERING INDEX conveyor_jobs_key_order (queue=? AND lkey=?)"}, []string{"TEMP B-TREE"}},
 		{"claim unkeyed", d.q.ClaimUnkeyed, []any{"q", 10, 1, "w"}, []string{"COVERING INDEX conveyor_jobs_claim (queue=?)", "INTEGER PRIMARY KEY (rowid=?)"}, []string{"TEMP B-TREE", "SCAN conveyor_jobs"}},

@@ -118,6 +118,8 @@ type queries struct {
 	// slots by the statements that end attempts, Rescue's sweep and the
 	// usage.
 	NextKeys          string `sql:"next_keys"`
+	NextKeysHeads     string `sql:"next_keys_heads"`
+	NextKeysHeadsOrd  string `sql:"next_keys_heads_ordered"`
 	OpenKeySlots      string `sql:"open_key_slots"`
 	KeptJobDue        string `sql:"kept_job_due"`
 	KeyJobs           string `sql:"key_jobs"`

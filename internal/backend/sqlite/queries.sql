@@ -723,6 +723,64 @@ WITH RECURSIVE w(k, i) AS (
      WHERE w.k IS NOT NULL AND w.i < ?3)
 SELECT k FROM w WHERE k IS NOT NULL
 
+-- name: next_keys_heads
+-- next_keys for a limit of one job per key (KeyMaxRunning 1, not
+-- ordered), with each key's slot 0 (NULL when it has no row: free), its
+-- job and whether it is open (as open_key_slots), and the key's first
+-- two due jobs (as key_jobs), one statement for the batch.
+WITH RECURSIVE w(k, i) AS (
+    SELECT (SELECT lkey FROM {p}jobs INDEXED BY {p}jobs_key
+             WHERE queue = ?1 AND state = 'available' AND lkey IS NOT NULL AND lkey > ?2
+             ORDER BY lkey
+             LIMIT 1), 1
+    UNION ALL
+    SELECT (SELECT lkey FROM {p}jobs INDEXED BY {p}jobs_key
+             WHERE queue = ?1 AND state = 'available' AND lkey IS NOT NULL AND lkey > w.k
+             ORDER BY lkey
+             LIMIT 1), w.i + 1
+      FROM w
+     WHERE w.k IS NOT NULL AND w.i < ?3)
+SELECT w.k, s.n, s.job_id, s.job_id IS NULL OR s.fence IS NULL,
+       (SELECT id FROM {p}jobs INDEXED BY {p}jobs_key
+         WHERE queue = ?1 AND lkey = w.k AND state = 'available' AND lkey IS NOT NULL
+         ORDER BY priority, id
+         LIMIT 1),
+       (SELECT id FROM {p}jobs INDEXED BY {p}jobs_key
+         WHERE queue = ?1 AND lkey = w.k AND state = 'available' AND lkey IS NOT NULL
+         ORDER BY priority, id
+         LIMIT 1 OFFSET 1)
+  FROM w LEFT JOIN {p}key_slots AS s ON s.queue = ?1 AND s.lkey = w.k AND s.n = 0
+ WHERE w.k IS NOT NULL
+ ORDER BY w.i
+
+-- name: next_keys_heads_ordered
+-- next_keys_heads for ordered keys: each key's oldest two due jobs (as
+-- key_jobs_ordered).
+WITH RECURSIVE w(k, i) AS (
+    SELECT (SELECT lkey FROM {p}jobs INDEXED BY {p}jobs_key
+             WHERE queue = ?1 AND state = 'available' AND lkey IS NOT NULL AND lkey > ?2
+             ORDER BY lkey
+             LIMIT 1), 1
+    UNION ALL
+    SELECT (SELECT lkey FROM {p}jobs INDEXED BY {p}jobs_key
+             WHERE queue = ?1 AND state = 'available' AND lkey IS NOT NULL AND lkey > w.k
+             ORDER BY lkey
+             LIMIT 1), w.i + 1
+      FROM w
+     WHERE w.k IS NOT NULL AND w.i < ?3)
+SELECT w.k, s.n, s.job_id, s.job_id IS NULL OR s.fence IS NULL,
+       (SELECT id FROM {p}jobs INDEXED BY {p}jobs_key_order
+         WHERE queue = ?1 AND lkey = w.k AND state = 'available' AND lkey IS NOT NULL
+         ORDER BY id
+         LIMIT 1),
+       (SELECT id FROM {p}jobs INDEXED BY {p}jobs_key_order
+         WHERE queue = ?1 AND lkey = w.k AND state = 'available' AND lkey IS NOT NULL
+         ORDER BY id
+         LIMIT 1 OFFSET 1)
+  FROM w LEFT JOIN {p}key_slots AS s ON s.queue = ?1 AND s.lkey = w.k AND s.n = 0
+ WHERE w.k IS NOT NULL
+ ORDER BY w.i
+
 -- name: open_key_slots
 -- ?1 queue, ?2 key, ?3 key_max_running: the key's concurrency slots
 -- below the limit, in order, with whether each is open: free (job_id
