@@ -96,12 +96,12 @@ type keyTurn struct {
 // windows has room again. It walks the distinct keys of the queue's due
 // jobs from the key after the queue's cursor, wrapping around once.
 //
-// Under a concurrency limit per key (kl.max, Ordered) it makes, for each
-// key, the missing slot rows it can use and admits jobs into its open
-// slots: a slot kept for a job admits only that job, when it is due;
-// free slots admit the key's next due jobs by priority then id
-// (ordered: its oldest due job, and none while a slot of the key is
-// kept). Under a rate per key (kl.rate) it makes the key's missing rate
+// Under a concurrency limit per key (kl.max, Ordered) it admits each
+// key's jobs into its open slots, a missing slot row counting as a free
+// slot (take_key_slots makes the rows the claim takes): a slot kept for
+// a job admits only that job, when it is due; free slots admit the key's
+// next due jobs by priority then id (ordered: its oldest due job, and
+// none while a slot of the key is kept). Under a rate per key (kl.rate) it makes the key's missing rate
 // slots it can use, and admits at most as many of the key's jobs as it
 // has open rate slots (stamped at least a period ago, or never), a job
 // kept for included; each admitted job stamps one. Without a concurrency
