@@ -96,12 +96,12 @@ type keyTurn struct {
 // windows has room again. It walks the distinct keys of the queue's due
 // jobs from the key after the queue's cursor, wrapping around once.
 //
-// Under a concurrency limit per key (kl.max, Ordered) it makes, for each
-// key, the missing slot rows it can use and admits jobs into its open
-// slots: a slot kept for a job admits only that job, when it is due;
-// free slots admit the key's next due jobs by priority then id
-// (ordered: its oldest due job, and none while a slot of the key is
-// kept). Under a rate per key (kl.rate) it makes the key's missing rate
+// Under a concurrency limit per key (kl.max, Ordered) it admits each
+// key's jobs into its open slots, a missing slot row counting as a free
+// slot (take_key_slots makes the rows the claim takes): a slot kept for
+// a job admits only that job, when it is due; free slots admit the key's
+// next due jobs by priority then id (ordered: its oldest due job, and
+// none while a slot of the key is kept). Under a rate per key (kl.rate) it makes the key's missing rate
 // slots it can use, and admits at most as many of the key's jobs as it
 // has open rate slots (stamped at least a period ago, or never), a job
 // kept for included; each admitted job stamps one. Without a concurrency
@@ -120,8 +120,7 @@ type keyTurn struct {
 // the number of keys with no room nor on any key's depth. The jobs
 // admitted are claimed together and each takes its slots.
 func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p driver.ClaimParams, k int, kl keyLimits) ([]*driver.JobRow, bool, time.Duration, error) {
-	nextKey := tx.StmtContext(ctx, ls.nextKey)
-	addSlots := tx.StmtContext(ctx, ls.addKeySlots)
+	nextKeys := tx.StmtContext(ctx, ls.nextKeys)
 	openSlots := tx.StmtContext(ctx, ls.openKeySlots)
 	keptDue := tx.StmtContext(ctx, ls.keptDue)
 	keyJobs := tx.StmtContext(ctx, ls.keyJobs)
@@ -205,24 +204,53 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		}
 		resume = len(ids) > 0
 	}
+	// ahead: the keys after cur that the walk read and has not examined
+	// yet, read a batch at a time (next_keys) since no job of the queue
+	// changes until the claim's jobs are claimed. Under a limit of one
+	// job per key without a rate, the batch carries each key's slot and
+	// first two due jobs too (next_keys_heads), all the walk reads of it.
+	var ahead []keyHead
+	heads := kl.max == 1 && kl.rate == 0
+	var nextHeads *sql.Stmt
+	if heads {
+		nextHeads = tx.StmtContext(ctx, ls.nextKeysHeads)
+		if kl.ordered {
+			nextHeads = tx.StmtContext(ctx, ls.nextKeysHeadsOrd)
+		}
+	}
 	for examined := 0; examined < 4*k+64 && len(picks) < k; {
 		var key string
 		var err error
 		resumed := false
+		var pre *keyHead // the key's slot and first jobs, when the walk read them
 		if resume {
 			key, resume, resumed = start, false, true
 		} else {
-			err = nextKey.QueryRowContext(ctx, p.Queue, cur).Scan(&key)
-			if errors.Is(err, sql.ErrNoRows) {
+			if len(ahead) == 0 {
+				// As many keys as the claim has room for, and a few
+				// more for keys with no room.
+				n := min(k-len(picks)+8, 4*k+64-examined)
+				if heads {
+					ahead, err = keyHeads(ctx, nextHeads, p.Queue, cur, n)
+				} else {
+					ahead, err = queryKeys(ctx, nextKeys, p.Queue, cur, n)
+				}
+				if err != nil {
+					return nil, false, 0, err
+				}
+			}
+			if len(ahead) == 0 {
 				if wrapped {
 					break
 				}
 				wrapped, cur = true, ""
 				continue
 			}
-			if err != nil {
-				return nil, false, 0, err
+			key = ahead[0].key
+			if heads {
+				pre = &ahead[0]
 			}
+			ahead = ahead[1:]
 			if wrapped && start != "" && (key > start || key == start && at.taken > 0 && kl.fair) {
 				break // every key examined
 			}
@@ -238,22 +266,18 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		var free []int64
 		var kept []keyPick
 		if kl.max > 0 {
-			var seen int
-			free, kept, seen, err = keySlots(ctx, openSlots, p.Queue, key, kl.max)
-			if err != nil {
+			var have []int64
+			if pre != nil {
+				free, kept, have = pre.slots()
+			} else if free, kept, have, err = keySlots(ctx, openSlots, p.Queue, key, kl.max); err != nil {
 				return nil, false, 0, err
 			}
-			if seen < kl.max && len(free) < room {
-				// Some of the key's slots are missing: make those below
-				// seen+room that are, at least room-len(free) more free
-				// slots (all the key's slots when its limit is small),
-				// so that a large limit costs rows only as claims use them.
-				if _, err := addSlots.ExecContext(ctx, p.Queue, key, min(kl.max, seen+room)); err != nil {
-					return nil, false, 0, err
-				}
-				if free, kept, _, err = keySlots(ctx, openSlots, p.Queue, key, kl.max); err != nil {
-					return nil, false, 0, err
-				}
+			if len(have) < kl.max && len(free) < room {
+				// Some of the key's slots are missing, free: the lowest
+				// of them, up to room in all, are open to the claim, and
+				// take_key_slots makes those it takes, so that a limit
+				// costs rows only as claims use them.
+				free = missingSlots(free, have, kl.max, room)
 			}
 			if len(free) == 0 && len(kept) == 0 {
 				held = true // the key's due jobs wait for its slots
@@ -285,8 +309,11 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		// The key's next jobs, one more than the free slots can take
 		// (and the jobs kept slots are kept for, read past) to tell
 		// whether some are left waiting.
-		ids, err := queryInts(ctx, keyJobs, p.Queue, key, min(capC, room)+len(kept)+1)
-		if err != nil {
+		var ids []int64
+		if pre != nil {
+			// min(capC, room)+len(kept)+1 is 2 under a limit of one.
+			ids = pre.ids
+		} else if ids, err = queryInts(ctx, keyJobs, p.Queue, key, min(capC, room)+len(kept)+1); err != nil {
 			return nil, false, 0, err
 		}
 		var cands []int64
@@ -414,11 +441,11 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 	if err := rows.Err(); err != nil {
 		return nil, false, 0, err
 	}
-	take := tx.StmtContext(ctx, ls.takeKeySlot)
 	var takeRate *sql.Stmt
 	if kl.rate > 0 {
 		takeRate = tx.StmtContext(ctx, ls.takeKeyRateSlot)
 	}
+	var takes [][]any // [key, slot, job id, fence, attempted_at] per slot taken
 	for _, j := range out {
 		i := slices.IndexFunc(picks, func(pk keyPick) bool { return pk.id == j.ID })
 		if i < 0 {
@@ -426,9 +453,7 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		}
 		pk := picks[i]
 		if pk.n >= 0 {
-			if _, err := take.ExecContext(ctx, p.Queue, j.Key, pk.n, j.ID, j.Fence, j.AttemptedAt.UnixMicro()); err != nil {
-				return nil, false, 0, err
-			}
+			takes = append(takes, []any{j.Key, pk.n, j.ID, j.Fence, j.AttemptedAt.UnixMicro()})
 		}
 		if pk.r < 0 {
 			if _, err := takeRate.ExecContext(ctx, p.Queue, j.Key, pk.r, j.AttemptedAt.UnixMicro()); err != nil {
@@ -436,7 +461,32 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 			}
 		}
 	}
+	if len(takes) > 0 {
+		b, err := json.Marshal(takes)
+		if err != nil {
+			return nil, false, 0, err
+		}
+		if _, err := tx.StmtContext(ctx, ls.takeKeySlots).ExecContext(ctx, p.Queue, string(b)); err != nil {
+			return nil, false, 0, err
+		}
+	}
 	return out, held, in, nil
+}
+
+// missingSlots adds to free, the numbers of a key's free slots, the
+// lowest numbers below keyMax that have no row (have: the numbers of its
+// rows below keyMax, in order) until free holds room, and returns them in
+// order.
+func missingSlots(free, have []int64, keyMax, room int) []int64 {
+	for n, i := int64(0), 0; n < int64(keyMax) && len(free) < room; n++ {
+		if i < len(have) && have[i] == n {
+			i++
+			continue
+		}
+		free = append(free, n)
+	}
+	slices.Sort(free)
+	return free
 }
 
 // windowIn is how long (µs) until a key's window has room again once a
@@ -482,12 +532,12 @@ func keyRateSlots(ctx context.Context, st *sql.Stmt, queue, key string, kl keyLi
 }
 
 // keySlots reads key's slots below keyMax with st (open_key_slots): the
-// numbers of the free ones, the kept ones with their job, and how many
-// rows there are.
-func keySlots(ctx context.Context, st *sql.Stmt, queue, key string, keyMax int) (free []int64, kept []keyPick, seen int, err error) {
+// numbers of the free ones, the kept ones with their job, and the numbers
+// of every row, in order.
+func keySlots(ctx context.Context, st *sql.Stmt, queue, key string, keyMax int) (free []int64, kept []keyPick, have []int64, err error) {
 	rows, err := st.QueryContext(ctx, queue, key, keyMax)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, nil, err
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -495,9 +545,9 @@ func keySlots(ctx context.Context, st *sql.Stmt, queue, key string, keyMax int) 
 		var job sql.NullInt64
 		var open bool
 		if err := rows.Scan(&n, &job, &open); err != nil {
-			return nil, nil, 0, err
+			return nil, nil, nil, err
 		}
-		seen++
+		have = append(have, n)
 		switch {
 		case !open:
 		case job.Valid:
@@ -506,7 +556,78 @@ func keySlots(ctx context.Context, st *sql.Stmt, queue, key string, keyMax int) 
 			free = append(free, n)
 		}
 	}
-	return free, kept, seen, rows.Err()
+	return free, kept, have, rows.Err()
+}
+
+// keyHead is a key the walk read, with, under a limit of one job per
+// key (next_keys_heads), its slot 0 (n invalid: no row; job and open as
+// open_key_slots reads them) and its first two due jobs.
+type keyHead struct {
+	key  string
+	n    sql.NullInt64
+	job  sql.NullInt64
+	open bool
+	ids  []int64
+}
+
+// slots is keySlots of h's slot.
+func (h *keyHead) slots() (free []int64, kept []keyPick, have []int64) {
+	if !h.n.Valid {
+		return nil, nil, nil
+	}
+	have = []int64{h.n.Int64}
+	switch {
+	case !h.open:
+	case h.job.Valid:
+		kept = []keyPick{{id: h.job.Int64, key: h.key, n: h.n.Int64}}
+	default:
+		free = []int64{h.n.Int64}
+	}
+	return free, kept, have
+}
+
+// queryKeys runs st (next_keys), a query returning keys.
+func queryKeys(ctx context.Context, st *sql.Stmt, args ...any) ([]keyHead, error) {
+	rows, err := st.QueryContext(ctx, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []keyHead
+	for rows.Next() {
+		var h keyHead
+		if err := rows.Scan(&h.key); err != nil {
+			return nil, err
+		}
+		out = append(out, h)
+	}
+	return out, rows.Err()
+}
+
+// keyHeads runs st (next_keys_heads or next_keys_heads_ordered).
+func keyHeads(ctx context.Context, st *sql.Stmt, args ...any) ([]keyHead, error) {
+	rows, err := st.QueryContext(ctx, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []keyHead
+	for rows.Next() {
+		var h keyHead
+		var open sql.NullBool
+		var id1, id2 sql.NullInt64
+		if err := rows.Scan(&h.key, &h.n, &h.job, &open, &id1, &id2); err != nil {
+			return nil, err
+		}
+		h.open = open.Bool
+		for _, id := range []sql.NullInt64{id1, id2} {
+			if id.Valid {
+				h.ids = append(h.ids, id.Int64)
+			}
+		}
+		out = append(out, h)
+	}
+	return out, rows.Err()
 }
 
 // queryInts runs st, a query returning integers.

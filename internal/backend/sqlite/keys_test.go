@@ -79,8 +79,18 @@ func TestKeySlotsSwept(t *testing.T) {
 	if err != nil || len(r.Rows) != 2 {
 		t.Fatalf("claimed %d, %v", len(r.Rows), err)
 	}
+	// A claim makes only the slots it takes.
+	if free, held := slots(); free != 0 || held != 2 {
+		t.Fatalf("after the claim: %d free, %d held key slots; want 0 and 2", free, held)
+	}
+	// Free slots a later attempt's end would leave, recently used.
+	if _, err := d.DB().Exec(`INSERT INTO conveyor_key_slots (queue, lkey, n, used_at)
+		SELECT 's', k.value, n.value, CAST(unixepoch('subsec') * 1000000 AS INTEGER)
+		  FROM json_each('["a","b"]') AS k, json_each('[1,2]') AS n`); err != nil {
+		t.Fatal(err)
+	}
 	if free, held := slots(); free != 4 || held != 2 {
-		t.Fatalf("after the claim: %d free, %d held key slots; want 4 and 2", free, held)
+		t.Fatalf("with free slots: %d free, %d held key slots; want 4 and 2", free, held)
 	}
 	// Lowered to 1: the free slots above it go at the sweep.
 	if err := d.SetQueueLimits(ctx, "s", driver.QueueLimits{KeyMaxRunning: 1}); err != nil {

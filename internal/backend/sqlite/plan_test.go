@@ -39,7 +39,9 @@ func TestQueryPlans(t *testing.T) {
 		// entries only, in order; its jobs without a key within
 		// jobs_claim, which carries the key; the ends of attempts find
 		// a key's slots by primary key.
-		{"next key", d.q.NextKey, []any{"q", "a"}, []string{"COVERING INDEX conveyor_jobs_key (queue=? AND lkey>?)"}, []string{"TEMP B-TREE"}},
+		{"next keys", d.q.NextKeys, []any{"q", "a", 5}, []string{"COVERING INDEX conveyor_jobs_key (queue=? AND lkey>?)"}, []string{"TEMP B-TREE"}},
+		{"next keys heads", d.q.NextKeysHeads, []any{"q", "a", 5}, []string{"COVERING INDEX conveyor_jobs_key (queue=? AND lkey>?)", "COVERING INDEX conveyor_jobs_key (queue=? AND lkey=?)", "PRIMARY KEY (queue=? AND lkey=? AND n=?)"}, []string{"SCAN conveyor_key_slots", "SCAN conveyor_jobs\n"}},
+		{"next keys heads ordered", d.q.NextKeysHeadsOrd, []any{"q", "a", 5}, []string{"COVERING INDEX conveyor_jobs_key (queue=? AND lkey>?)", "COVERING INDEX conveyor_jobs_key_order (queue=? AND lkey=?)", "PRIMARY KEY (queue=? AND lkey=? AND n=?)"}, []string{"SCAN conveyor_key_slots", "SCAN conveyor_jobs\n"}},
 		{"key jobs", d.q.KeyJobs, []any{"q", "a", 3}, []string{"COVERING INDEX conveyor_jobs_key (queue=? AND lkey=?)"}, []string{"TEMP B-TREE"}},
 		{"key jobs ordered", d.q.KeyJobsOrdered, []any{"q", "a", 3}, []string{"COVERING INDEX conveyor_jobs_key_order (queue=? AND lkey=?)"}, []string{"TEMP B-TREE"}},
 		{"claim unkeyed", d.q.ClaimUnkeyed, []any{"q", 10, 1, "w"}, []string{"COVERING INDEX conveyor_jobs_claim (queue=?)", "INTEGER PRIMARY KEY (rowid=?)"}, []string{"TEMP B-TREE", "SCAN conveyor_jobs"}},
@@ -47,7 +49,7 @@ func TestQueryPlans(t *testing.T) {
 		{"open key slots", d.q.OpenKeySlots, []any{"q", "a", 2}, []string{"PRIMARY KEY (queue=? AND lkey=? AND n>? AND n<?)"}, []string{"SCAN conveyor_key_slots", "TEMP B-TREE"}},
 		{"key rate slots", d.q.KeyRateSlots, []any{"q", "a", 2}, []string{"PRIMARY KEY (queue=? AND lkey=? AND n>? AND n<?)"}, []string{"SCAN conveyor_key_slots", "TEMP B-TREE"}},
 		{"take key rate slot", d.q.TakeKeyRateSlot, []any{"q", "a", -1, 1}, []string{"PRIMARY KEY (queue=? AND lkey=? AND n=?)"}, nil},
-		{"take key slot", d.q.TakeKeySlot, []any{"q", "a", 1, 1, 1, 1}, []string{"PRIMARY KEY (queue=? AND lkey=? AND n=?)"}, nil},
+		{"take key slots", d.q.TakeKeySlots, []any{"q", `[["a",0,1,1,1]]`}, nil, []string{"SCAN conveyor_key_slots"}},
 		{"free key slots", d.q.FreeKeySlots, []any{"[]"}, []string{"PRIMARY KEY (queue=? AND lkey=?)"}, []string{"SCAN s", "SCAN conveyor_key_slots"}},
 		// The jobs awaiting dependencies: the open batches' index alone.
 		{"awaiting dependencies", d.q.AwaitingDeps, nil, []string{"INDEX conveyor_batches_open"}, []string{"SCAN conveyor_batches\n"}},

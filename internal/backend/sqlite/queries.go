@@ -117,15 +117,16 @@ type queries struct {
 	// Key limits (migration 12): the keyed claim, the freeing of key
 	// slots by the statements that end attempts, Rescue's sweep and the
 	// usage.
-	NextKey           string `sql:"next_key"`
-	AddKeySlots       string `sql:"add_key_slots"`
+	NextKeys          string `sql:"next_keys"`
+	NextKeysHeads     string `sql:"next_keys_heads"`
+	NextKeysHeadsOrd  string `sql:"next_keys_heads_ordered"`
 	OpenKeySlots      string `sql:"open_key_slots"`
 	KeptJobDue        string `sql:"kept_job_due"`
 	KeyJobs           string `sql:"key_jobs"`
 	KeyJobsOrdered    string `sql:"key_jobs_ordered"`
 	ClaimIDs          string `sql:"claim_ids"`
 	ClaimUnkeyed      string `sql:"claim_unkeyed"`
-	TakeKeySlot       string `sql:"take_key_slot"`
+	TakeKeySlots      string `sql:"take_key_slots"`
 	FreeKeySlots      string `sql:"free_key_slots"`
 	SweepKeySlots     string `sql:"sweep_key_slots"`
 	SweepIdleKeySlots string `sql:"sweep_idle_key_slots"`

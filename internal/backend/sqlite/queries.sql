@@ -705,27 +705,87 @@ DROP TABLE IF EXISTS {p}limit_slots
 -- runs these inside its BEGIN IMMEDIATE transaction, whose write lock is
 -- its own: no other claimer sees a slot between its read and its take.
 
--- name: next_key
--- ?1 queue, ?2 a key: the queue's first key after ?2 among its due jobs
--- with a key. One probe of jobs_key, whatever the keys' depths.
-SELECT lkey FROM {p}jobs INDEXED BY {p}jobs_key
- WHERE queue = ?1 AND state = 'available' AND lkey IS NOT NULL AND lkey > ?2
- ORDER BY lkey
- LIMIT 1
+-- name: next_keys
+-- ?1 queue, ?2 a key, ?3 how many: the queue's first ?3 keys after ?2
+-- among its due jobs with a key, in key order. One probe of jobs_key per
+-- key, whatever the keys' depths, in one statement.
+WITH RECURSIVE w(k, i) AS (
+    SELECT (SELECT lkey FROM {p}jobs INDEXED BY {p}jobs_key
+             WHERE queue = ?1 AND state = 'available' AND lkey IS NOT NULL AND lkey > ?2
+             ORDER BY lkey
+             LIMIT 1), 1
+    UNION ALL
+    SELECT (SELECT lkey FROM {p}jobs INDEXED BY {p}jobs_key
+             WHERE queue = ?1 AND state = 'available' AND lkey IS NOT NULL AND lkey > w.k
+             ORDER BY lkey
+             LIMIT 1), w.i + 1
+      FROM w
+     WHERE w.k IS NOT NULL AND w.i < ?3)
+SELECT k FROM w WHERE k IS NOT NULL
 
--- name: add_key_slots
--- ?1 queue, ?2 key, ?3 a count up to key_max_running: the key's slots
--- 0 .. ?3-1 that are missing, free, used now.
-WITH RECURSIVE s(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM s WHERE n + 1 < ?3)
-INSERT INTO {p}key_slots (queue, lkey, n, used_at)
-SELECT ?1, ?2, n, {now} FROM s WHERE n < ?3
-ON CONFLICT DO NOTHING
+-- name: next_keys_heads
+-- next_keys for a limit of one job per key (KeyMaxRunning 1, not
+-- ordered), with each key's slot 0 (NULL when it has no row: free), its
+-- job and whether it is open (as open_key_slots), and the key's first
+-- two due jobs (as key_jobs), one statement for the batch.
+WITH RECURSIVE w(k, i) AS (
+    SELECT (SELECT lkey FROM {p}jobs INDEXED BY {p}jobs_key
+             WHERE queue = ?1 AND state = 'available' AND lkey IS NOT NULL AND lkey > ?2
+             ORDER BY lkey
+             LIMIT 1), 1
+    UNION ALL
+    SELECT (SELECT lkey FROM {p}jobs INDEXED BY {p}jobs_key
+             WHERE queue = ?1 AND state = 'available' AND lkey IS NOT NULL AND lkey > w.k
+             ORDER BY lkey
+             LIMIT 1), w.i + 1
+      FROM w
+     WHERE w.k IS NOT NULL AND w.i < ?3)
+SELECT w.k, s.n, s.job_id, s.job_id IS NULL OR s.fence IS NULL,
+       (SELECT id FROM {p}jobs INDEXED BY {p}jobs_key
+         WHERE queue = ?1 AND lkey = w.k AND state = 'available' AND lkey IS NOT NULL
+         ORDER BY priority, id
+         LIMIT 1),
+       (SELECT id FROM {p}jobs INDEXED BY {p}jobs_key
+         WHERE queue = ?1 AND lkey = w.k AND state = 'available' AND lkey IS NOT NULL
+         ORDER BY priority, id
+         LIMIT 1 OFFSET 1)
+  FROM w LEFT JOIN {p}key_slots AS s ON s.queue = ?1 AND s.lkey = w.k AND s.n = 0
+ WHERE w.k IS NOT NULL
+ ORDER BY w.i
+
+-- name: next_keys_heads_ordered
+-- next_keys_heads for ordered keys: each key's oldest two due jobs (as
+-- key_jobs_ordered).
+WITH RECURSIVE w(k, i) AS (
+    SELECT (SELECT lkey FROM {p}jobs INDEXED BY {p}jobs_key
+             WHERE queue = ?1 AND state = 'available' AND lkey IS NOT NULL AND lkey > ?2
+             ORDER BY lkey
+             LIMIT 1), 1
+    UNION ALL
+    SELECT (SELECT lkey FROM {p}jobs INDEXED BY {p}jobs_key
+             WHERE queue = ?1 AND state = 'available' AND lkey IS NOT NULL AND lkey > w.k
+             ORDER BY lkey
+             LIMIT 1), w.i + 1
+      FROM w
+     WHERE w.k IS NOT NULL AND w.i < ?3)
+SELECT w.k, s.n, s.job_id, s.job_id IS NULL OR s.fence IS NULL,
+       (SELECT id FROM {p}jobs INDEXED BY {p}jobs_key_order
+         WHERE queue = ?1 AND lkey = w.k AND state = 'available' AND lkey IS NOT NULL
+         ORDER BY id
+         LIMIT 1),
+       (SELECT id FROM {p}jobs INDEXED BY {p}jobs_key_order
+         WHERE queue = ?1 AND lkey = w.k AND state = 'available' AND lkey IS NOT NULL
+         ORDER BY id
+         LIMIT 1 OFFSET 1)
+  FROM w LEFT JOIN {p}key_slots AS s ON s.queue = ?1 AND s.lkey = w.k AND s.n = 0
+ WHERE w.k IS NOT NULL
+ ORDER BY w.i
 
 -- name: open_key_slots
 -- ?1 queue, ?2 key, ?3 key_max_running: the key's concurrency slots
 -- below the limit, in order, with whether each is open: free (job_id
--- NULL) or kept for a job (fence NULL). Fewer rows than the limit: some
--- are to be made.
+-- NULL) or kept for a job (fence NULL). Fewer rows than the limit: the
+-- missing ones are free, and take_key_slots makes those a claim takes.
 SELECT n, job_id, job_id IS NULL OR fence IS NULL FROM {p}key_slots
  WHERE queue = ?1 AND lkey = ?2 AND n >= 0 AND n < ?3
  ORDER BY n
@@ -803,11 +863,15 @@ UPDATE {p}jobs
                LIMIT ?2 + 0)
 RETURNING {cols}
 
--- name: take_key_slot
--- ?1 queue, ?2 key, ?3 slot, ?4 job id, ?5 fence, ?6 the claim's
--- attempted_at: the attempt holds the slot.
-UPDATE {p}key_slots SET job_id = ?4, fence = ?5, used_at = ?6
- WHERE queue = ?1 AND lkey = ?2 AND n = ?3
+-- name: take_key_slots
+-- ?1 queue, ?2 [[key, slot, job id, fence, the claim's attempted_at],
+-- ...]: each attempt holds its slot, made when missing. One primary key
+-- probe per slot.
+INSERT INTO {p}key_slots (queue, lkey, n, job_id, fence, used_at)
+SELECT ?1, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4
+  FROM json_each(?2) WHERE true
+ON CONFLICT (queue, lkey, n) DO UPDATE
+   SET job_id = excluded.job_id, fence = excluded.fence, used_at = excluded.used_at
 
 -- name: free_key_slots
 -- ?1: [[id, fence, new state, queue, key], ...], attempts just ended (or

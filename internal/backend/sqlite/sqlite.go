@@ -103,6 +103,9 @@ type Driver struct {
 	cursors keyCursors
 	// weights: the key weights claims last decoded, per queue.
 	weights driver.KeyWeightCache
+	// noKeyless: the key-limited queues whose claims skip the jobs
+	// without a key for now (see lookForKeyless).
+	noKeyless driver.QueueSkip
 
 	busyRetries  atomic.Int64
 	lockTimeouts atomic.Int64
