@@ -112,6 +112,46 @@ func keys(t *testing.T, s suite) {
 		}
 	})
 
+	// A KeyMaxRunning lowered while jobs of a key run in slots at or
+	// above the new limit: they still count against it, and no job of
+	// the key starts until fewer than the new limit of its jobs run.
+	t.Run("LoweredKeyLimitCountsSlotsAbove", func(t *testing.T) {
+		for i, l := range []driver.QueueLimits{
+			{KeyMaxRunning: 1},
+			{Ordered: true, KeyMaxRunning: 1},
+			{KeyMaxRunning: 1, KeyRate: 100, KeyRatePeriod: time.Second},
+			{KeyMaxRunning: 2},
+		} {
+			d := s.setup(t)
+			q := fmt.Sprintf("low%d", i)
+			setLimits(t, d, q, driver.QueueLimits{KeyMaxRunning: 3})
+			for range 6 {
+				insertJobs(t, d, keyedJob(q, "a", 0))
+			}
+			rows := claimLimited(t, d, q, 3, time.Minute).Rows
+			if len(rows) != 3 {
+				t.Fatalf("%+v: claimed %d under a limit of 3, want 3", l, len(rows))
+			}
+			completeJob(t, d, rows[0], driver.StateCompleted, 0)
+			setLimits(t, d, q, l)
+			if got := claimLimited(t, d, q, 3, time.Minute).Rows; len(got) != 0 {
+				t.Fatalf("%+v: claimed %d jobs of key a while 2 run under a limit of %d", l, len(got), l.KeyMaxRunning)
+			}
+			completeJob(t, d, rows[1], driver.StateCompleted, 0)
+			want := 0
+			if l.KeyMaxRunning == 2 {
+				want = 1
+			}
+			if got := claimLimited(t, d, q, 3, time.Minute).Rows; len(got) != want {
+				t.Fatalf("%+v: 1 running: claimed %d, want %d", l, len(got), want)
+			}
+			completeJob(t, d, rows[2], driver.StateCompleted, 0)
+			if got := claimLimited(t, d, q, 3, time.Minute).Rows; len(got) != 1 {
+				t.Fatalf("%+v: none left running but what this claim's predecessor took: claimed %d, want 1", l, len(got))
+			}
+		}
+	})
+
 	t.Run("EveryEndFreesTheKeySlot", func(t *testing.T) {
 		d := s.setup(t)
 		var jobs []driver.InsertParams

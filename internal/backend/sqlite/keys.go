@@ -267,9 +267,14 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 		var kept []keyPick
 		if kl.max > 0 {
 			var have []int64
+			var heldAbove int
+			var keptAbove []keyPick
+			if pre != nil && pre.above {
+				pre = nil // read the key's slots and jobs again, below
+			}
 			if pre != nil {
 				free, kept, have = pre.slots()
-			} else if free, kept, have, err = keySlots(ctx, openSlots, p.Queue, key, kl.max); err != nil {
+			} else if free, kept, have, heldAbove, keptAbove, err = keySlots(ctx, openSlots, p.Queue, key, kl.max); err != nil {
 				return nil, false, 0, err
 			}
 			if len(have) < kl.max && len(free) < room {
@@ -278,6 +283,28 @@ func (d *Driver) claimKeyed(ctx context.Context, tx *sql.Tx, ls *limitStmts, p d
 				// take_key_slots makes those it takes, so that a limit
 				// costs rows only as claims use them.
 				free = missingSlots(free, have, kl.max, room)
+			}
+			// Slots at or above a lowered limit, held by attempts that
+			// began under the higher one or kept for a job's retry,
+			// still count against the key: each takes one of the free
+			// slots out of the claim's reach (the highest first; fewer
+			// than room were listed only when room was short, so this
+			// never admits more than the limit). A kept one admits its
+			// job on its own row once it has a free slot to count
+			// against; until then it holds that job back, and in an
+			// ordered queue the key with it.
+			for range heldAbove {
+				if len(free) > 0 {
+					free = free[:len(free)-1]
+				}
+			}
+			for _, kp := range keptAbove {
+				if len(free) > 0 {
+					free = free[:len(free)-1]
+					kept = append(kept, kp)
+				} else if kl.ordered {
+					free = nil
+				}
 			}
 			if len(free) == 0 && len(kept) == 0 {
 				held = true // the key's due jobs wait for its slots
@@ -531,21 +558,32 @@ func keyRateSlots(ctx context.Context, st *sql.Stmt, queue, key string, kl keyLi
 	return open, seen, in, rows.Err()
 }
 
-// keySlots reads key's slots below keyMax with st (open_key_slots): the
+// keySlots reads key's slots with st (open_key_slots): below keyMax, the
 // numbers of the free ones, the kept ones with their job, and the numbers
-// of every row, in order.
-func keySlots(ctx context.Context, st *sql.Stmt, queue, key string, keyMax int) (free []int64, kept []keyPick, have []int64, err error) {
+// of every row, in order; at or above keyMax (rows left from a higher
+// limit), how many are held by a running attempt (held) and the kept ones
+// (keptAbove).
+func keySlots(ctx context.Context, st *sql.Stmt, queue, key string, keyMax int) (free []int64, kept []keyPick, have []int64, held int, keptAbove []keyPick, err error) {
 	rows, err := st.QueryContext(ctx, queue, key, keyMax)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, 0, nil, err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var n int64
 		var job sql.NullInt64
-		var open bool
-		if err := rows.Scan(&n, &job, &open); err != nil {
-			return nil, nil, nil, err
+		var open, below bool
+		if err := rows.Scan(&n, &job, &open, &below); err != nil {
+			return nil, nil, nil, 0, nil, err
+		}
+		if !below {
+			switch {
+			case !open:
+				held++
+			case job.Valid:
+				keptAbove = append(keptAbove, keyPick{id: job.Int64, key: key, n: n})
+			}
+			continue
 		}
 		have = append(have, n)
 		switch {
@@ -556,18 +594,21 @@ func keySlots(ctx context.Context, st *sql.Stmt, queue, key string, keyMax int) 
 			free = append(free, n)
 		}
 	}
-	return free, kept, have, rows.Err()
+	return free, kept, have, held, keptAbove, rows.Err()
 }
 
 // keyHead is a key the walk read, with, under a limit of one job per
 // key (next_keys_heads), its slot 0 (n invalid: no row; job and open as
-// open_key_slots reads them) and its first two due jobs.
+// open_key_slots reads them), its first two due jobs, and whether a slot
+// above 0 is held or kept (above: the claim reads the key's slots again
+// with open_key_slots).
 type keyHead struct {
-	key  string
-	n    sql.NullInt64
-	job  sql.NullInt64
-	open bool
-	ids  []int64
+	key   string
+	n     sql.NullInt64
+	job   sql.NullInt64
+	open  bool
+	ids   []int64
+	above bool
 }
 
 // slots is keySlots of h's slot.
@@ -616,7 +657,7 @@ func keyHeads(ctx context.Context, st *sql.Stmt, args ...any) ([]keyHead, error)
 		var h keyHead
 		var open sql.NullBool
 		var id1, id2 sql.NullInt64
-		if err := rows.Scan(&h.key, &h.n, &h.job, &open, &id1, &id2); err != nil {
+		if err := rows.Scan(&h.key, &h.n, &h.job, &open, &id1, &id2, &h.above); err != nil {
 			return nil, err
 		}
 		h.open = open.Bool

@@ -726,8 +726,10 @@ SELECT k FROM w WHERE k IS NOT NULL
 -- name: next_keys_heads
 -- next_keys for a limit of one job per key (KeyMaxRunning 1, not
 -- ordered), with each key's slot 0 (NULL when it has no row: free), its
--- job and whether it is open (as open_key_slots), and the key's first
--- two due jobs (as key_jobs), one statement for the batch.
+-- job and whether it is open (as open_key_slots), the key's first two
+-- due jobs (as key_jobs), and whether a slot above 0 is held or kept (a
+-- limit lowered while they ran: the claim then reads the key's slots
+-- with open_key_slots), one statement for the batch.
 WITH RECURSIVE w(k, i) AS (
     SELECT (SELECT lkey FROM {p}jobs INDEXED BY {p}jobs_key
              WHERE queue = ?1 AND state = 'available' AND lkey IS NOT NULL AND lkey > ?2
@@ -748,7 +750,9 @@ SELECT w.k, s.n, s.job_id, s.job_id IS NULL OR s.fence IS NULL,
        (SELECT id FROM {p}jobs INDEXED BY {p}jobs_key
          WHERE queue = ?1 AND lkey = w.k AND state = 'available' AND lkey IS NOT NULL
          ORDER BY priority, id
-         LIMIT 1 OFFSET 1)
+         LIMIT 1 OFFSET 1),
+       EXISTS (SELECT 1 FROM {p}key_slots AS a
+                WHERE a.queue = ?1 AND a.lkey = w.k AND a.n >= 1 AND a.job_id IS NOT NULL)
   FROM w LEFT JOIN {p}key_slots AS s ON s.queue = ?1 AND s.lkey = w.k AND s.n = 0
  WHERE w.k IS NOT NULL
  ORDER BY w.i
@@ -776,18 +780,22 @@ SELECT w.k, s.n, s.job_id, s.job_id IS NULL OR s.fence IS NULL,
        (SELECT id FROM {p}jobs INDEXED BY {p}jobs_key_order
          WHERE queue = ?1 AND lkey = w.k AND state = 'available' AND lkey IS NOT NULL
          ORDER BY id
-         LIMIT 1 OFFSET 1)
+         LIMIT 1 OFFSET 1),
+       EXISTS (SELECT 1 FROM {p}key_slots AS a
+                WHERE a.queue = ?1 AND a.lkey = w.k AND a.n >= 1 AND a.job_id IS NOT NULL)
   FROM w LEFT JOIN {p}key_slots AS s ON s.queue = ?1 AND s.lkey = w.k AND s.n = 0
  WHERE w.k IS NOT NULL
  ORDER BY w.i
 
 -- name: open_key_slots
--- ?1 queue, ?2 key, ?3 key_max_running: the key's concurrency slots
--- below the limit, in order, with whether each is open: free (job_id
--- NULL) or kept for a job (fence NULL). Fewer rows than the limit: the
--- missing ones are free, and take_key_slots makes those a claim takes.
-SELECT n, job_id, job_id IS NULL OR fence IS NULL FROM {p}key_slots
- WHERE queue = ?1 AND lkey = ?2 AND n >= 0 AND n < ?3
+-- ?1 queue, ?2 key, ?3 key_max_running: the key's concurrency slots, in
+-- order, with whether each is open: free (job_id NULL) or kept for a job
+-- (fence NULL), and whether it is below the limit. Fewer rows below the
+-- limit than the limit: the missing ones are free, and take_key_slots
+-- makes those a claim takes. Rows at or above it are left from a higher
+-- limit: held or kept, each still counts against the key's limit.
+SELECT n, job_id, job_id IS NULL OR fence IS NULL, n < ?3 FROM {p}key_slots
+ WHERE queue = ?1 AND lkey = ?2 AND n >= 0
  ORDER BY n
 
 -- name: add_key_rate_slots
