@@ -46,7 +46,7 @@ func TestQueryPlans(t *testing.T) {
 		{"key jobs ordered", d.q.KeyJobsOrdered, []any{"q", "a", 3}, []string{"COVERING INDEX conveyor_jobs_key_order (queue=? AND lkey=?)"}, []string{"TEMP B-TREE"}},
 		{"claim unkeyed", d.q.ClaimUnkeyed, []any{"q", 10, 1, "w"}, []string{"COVERING INDEX conveyor_jobs_claim (queue=?)", "INTEGER PRIMARY KEY (rowid=?)"}, []string{"TEMP B-TREE", "SCAN conveyor_jobs"}},
 		{"claim ids", d.q.ClaimIDs, []any{"[1]", 1, "w"}, []string{"INTEGER PRIMARY KEY (rowid=?)"}, []string{"SCAN conveyor_jobs"}},
-		{"open key slots", d.q.OpenKeySlots, []any{"q", "a", 2}, []string{"PRIMARY KEY (queue=? AND lkey=? AND n>? AND n<?)"}, []string{"SCAN conveyor_key_slots", "TEMP B-TREE"}},
+		{"open key slots", d.q.OpenKeySlots, []any{"q", "a", 2}, []string{"PRIMARY KEY (queue=? AND lkey=? AND n>?)"}, []string{"SCAN conveyor_key_slots", "TEMP B-TREE"}},
 		{"key rate slots", d.q.KeyRateSlots, []any{"q", "a", 2}, []string{"PRIMARY KEY (queue=? AND lkey=? AND n>? AND n<?)"}, []string{"SCAN conveyor_key_slots", "TEMP B-TREE"}},
 		{"take key rate slot", d.q.TakeKeyRateSlot, []any{"q", "a", -1, 1}, []string{"PRIMARY KEY (queue=? AND lkey=? AND n=?)"}, nil},
 		{"take key slots", d.q.TakeKeySlots, []any{"q", `[["a",0,1,1,1]]`}, nil, []string{"SCAN conveyor_key_slots"}},
