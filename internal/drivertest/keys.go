@@ -152,6 +152,41 @@ func keys(t *testing.T, s suite) {
 		}
 	})
 
+	// Switched to Ordered while 2 jobs of a key run: the one that fails
+	// keeps its slot (1, above the new limit) for its retry, no later
+	// job of the key starts before it runs, and then it runs alone.
+	t.Run("OrderedKeptAboveLoweredLimit", func(t *testing.T) {
+		d := s.setup(t)
+		setLimits(t, d, "oka", driver.QueueLimits{KeyMaxRunning: 2})
+		for range 3 {
+			insertJobs(t, d, keyedJob("oka", "a", 0))
+		}
+		rows := claimLimited(t, d, "oka", 2, time.Minute).Rows
+		if len(rows) != 2 {
+			t.Fatalf("claimed %d, want 2", len(rows))
+		}
+		setLimits(t, d, "oka", driver.QueueLimits{Ordered: true, KeyMaxRunning: 1})
+		completeJob(t, d, rows[0], driver.StateCompleted, 0)
+		completeJob(t, d, rows[1], driver.StateRetryable, time.Hour)
+		if got := claimLimited(t, d, "oka", 3, time.Minute).Rows; len(got) != 0 {
+			t.Fatalf("claimed job %d while job %d waits for its retry holding the key", got[0].ID, rows[1].ID)
+		}
+		if _, err := d.Retry(ctx, rows[1].ID); err != nil {
+			t.Fatal(err)
+		}
+		got := claimLimited(t, d, "oka", 3, time.Minute).Rows
+		if len(got) != 1 || got[0].ID != rows[1].ID {
+			t.Fatalf("retry made due: claimed %d jobs (%v), want only job %d", len(got), countByKey(got), rows[1].ID)
+		}
+		if next := claimLimited(t, d, "oka", 3, time.Minute).Rows; len(next) != 0 {
+			t.Fatalf("claimed job %d while job %d of the ordered key runs", next[0].ID, got[0].ID)
+		}
+		completeJob(t, d, got[0], driver.StateCompleted, 0)
+		if next := claimLimited(t, d, "oka", 3, time.Minute).Rows; len(next) != 1 {
+			t.Fatalf("after the retried job completed: claimed %d, want the key's last job", len(next))
+		}
+	})
+
 	t.Run("EveryEndFreesTheKeySlot", func(t *testing.T) {
 		d := s.setup(t)
 		var jobs []driver.InsertParams

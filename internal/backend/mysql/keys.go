@@ -152,10 +152,13 @@ func (d *Driver) noKeylessSeen(queue string) {
 // whose turn the walk goes on with (cont, its first, which took contTaken
 // of its weight in the previous claims; "" for none) and, per key, how
 // many available jobs the walk's windows of key_idx held (depth; 0 when
-// a window ended within the key's entries or the walk did not count it).
+// a window ended within the key's entries or the walk did not count it),
+// and per key the slots running attempts held at any n (busy, read with
+// free).
 type keyWalk struct {
 	keys      []string
 	free      map[string]int
+	busy      map[string]int
 	rfree     map[string]int
 	held      bool
 	rated     []string
@@ -195,7 +198,7 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 	start, taken := cur.key, cur.taken
 	cur.mu.Unlock()
 	maxExamine := 4*want + 64
-	kw := &keyWalk{free: map[string]int{}, rfree: map[string]int{}, weights: weights}
+	kw := &keyWalk{free: map[string]int{}, busy: map[string]int{}, rfree: map[string]int{}, weights: weights}
 	cont := l.Fair && !l.Ordered && start != "" && taken > 0 && taken < driver.KeyWeight(weights, start)
 	stats := map[string]keyStats{}
 	rstats := map[string]rateStats{}
@@ -239,6 +242,7 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 			if limit > 0 {
 				s := st[k]
 				kw.free[k] = max(limit-s.held-s.kept, 0)
+				kw.busy[k] = s.held
 				stats[k] = s
 			}
 			if l.KeyRate > 0 {
@@ -620,6 +624,30 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 		}
 		for key, fs := range free {
 			free[key] = fs[:min(len(fs), kw.free[key])]
+		}
+		// A slot kept at or beyond a lowered limit (its job failed while
+		// running there, and the queue keeps its key's order) admits its
+		// job on its own row while the key has room for it: the slots
+		// running attempts hold (at any n; the walk gave the key room,
+		// fewer than the limit) and the kept jobs admitted before it
+		// stay below the limit. Kept slots read below the limit first.
+		limit := l.KeyMaxRunning
+		for key, ks := range kept {
+			var admit []keySlot
+			for _, s := range ks {
+				if s.n >= int64(limit) && kw.busy[key]+len(admit) >= limit {
+					continue
+				}
+				admit = append(admit, s)
+			}
+			if len(admit) == 0 {
+				// Every kept slot waits for room: so does the key.
+				held = true
+				delete(kept, key)
+				free[key] = nil
+				continue
+			}
+			kept[key] = admit
 		}
 	}
 	// capC is the key's room by its slots: its kept slots, else its free
@@ -1053,9 +1081,10 @@ const maxCachedKeyParts = 256
 
 // lockKeySlots locks, in tx and in one statement (key_slot_lock_part, or
 // key_slot_lock_in when limit is at most count), up to count open slots
-// below limit of each of queue's keys (sorted, in key order), skipping
-// those other claims hold, and returns each key's free slots and its
-// slots kept for a job, in slot order.
+// of each of queue's keys (sorted, in key order), free ones below limit
+// and ones kept for a job at any n, skipping those other claims hold, and
+// returns each key's free slots and its slots kept for a job, in slot
+// order.
 func (d *Driver) lockKeySlots(ctx context.Context, tx *sql.Tx, queue string, sorted []string, limit, count int64) (map[string][]int64, map[string][]keySlot, error) {
 	var q string
 	var args []any

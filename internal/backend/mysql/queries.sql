@@ -786,14 +786,15 @@ INSERT IGNORE INTO `{p}limit_slots` (queue, type, lkey, n, used_at) VALUES
 (?, 'k', ?, ?, UTC_TIMESTAMP(6))
 
 -- In the claim's transaction, in one statement, key by key in key order:
--- lock up to count open slots of each key, free ones and ones kept for a
--- job, skipping those other claims hold. The driver joins one
+-- lock up to count open slots of each key, free ones below the limit and
+-- ones kept for a job at any n (a lowered limit can leave one at or
+-- beyond it, for its job alone), skipping those other claims hold. The driver joins one
 -- parenthesized part per key with UNION ALL (each part keeps its own
 -- LIMIT, which an IN list could not), padding the number of parts to a
 -- power of two with parts of a NULL queue that match nothing, so that
 -- each size is prepared once. (queue, key, limit, count per part.)
 -- name: key_slot_lock_part
-(SELECT lkey, n, job_id FROM `{p}limit_slots` WHERE queue = ? AND type = 'k' AND lkey = ? AND n < ? AND (job_id IS NULL OR (job_id > 0 AND fence IS NULL)) ORDER BY n LIMIT ? FOR UPDATE {skip})
+(SELECT lkey, n, job_id FROM `{p}limit_slots` WHERE queue = ? AND type = 'k' AND lkey = ? AND n >= 0 AND ((job_id IS NULL AND n < ?) OR (job_id > 0 AND fence IS NULL)) ORDER BY n LIMIT ? FOR UPDATE {skip})
 
 -- When the claim may take as many slots of a key as the limit (limit at
 -- most count), the parts' LIMITs bound nothing: the same slots are locked
@@ -802,7 +803,7 @@ INSERT IGNORE INTO `{p}limit_slots` (queue, type, lkey, n, used_at) VALUES
 -- {keys} is one "?" per key, padded to a power of two by repeating the
 -- first. (queue, keys, limit.)
 -- name: key_slot_lock_in
-SELECT lkey, n, job_id FROM `{p}limit_slots` WHERE queue = ? AND type = 'k' AND lkey IN ({keys}) AND n < ? AND (job_id IS NULL OR (job_id > 0 AND fence IS NULL)) ORDER BY lkey, n FOR UPDATE {skip}
+SELECT lkey, n, job_id FROM `{p}limit_slots` WHERE queue = ? AND type = 'k' AND lkey IN ({keys}) AND n >= 0 AND ((job_id IS NULL AND n < ?) OR (job_id > 0 AND fence IS NULL)) ORDER BY lkey, n FOR UPDATE {skip}
 
 -- The next available jobs of the keys with open slots, in one statement
 -- of one part per key joined and padded as key_slot_lock_part's: a key's

@@ -224,7 +224,7 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 	br := tx.SendBatch(ctx, b)
 	slots := map[string][]keySlot{}
 	rslots := map[string][]int32{} // open rate slots locked
-	over := map[string]int{}       // held slots at or above a lowered limit
+	over := map[string]int{}       // held or kept slots at or above a lowered limit
 	// Fair alone takes no slot: nothing to lock.
 	if l.keyLimited() {
 		if err := scanKeyLock(br, slots, rslots, over); err != nil {
@@ -262,7 +262,7 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 			free = allowance
 		}
 		if keyMax > 0 {
-			free = -over[k]
+			free = -over[k] // a kept one above this claim locked too
 			for _, sl := range ss {
 				if sl.kept == 0 {
 					free++
@@ -358,7 +358,23 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 				free = append(free, -1)
 			}
 		}
-		skip := over[k] // free slots that a lowered limit's held ones use up
+		// Slots at or above a lowered limit, held by attempts that began
+		// under the higher one or kept for a job's retry, still count
+		// against the key: each takes one free slot out of the claim's
+		// reach (the walk gave the key room: fewer held than the limit).
+		// A kept one this claim locked admits its job on its own row
+		// once it has a free slot to count against, so that the key
+		// runs no more than the limit; until then it holds that job
+		// back, and in an ordered queue the key with it. over counts the
+		// kept ones this claim locked too: they are counted here.
+		var keptAbove []keySlot
+		for _, sl := range slots[k] {
+			if sl.kept != 0 && sl.n >= int32(keyMax) {
+				keptAbove = append(keptAbove, sl)
+			}
+		}
+		skip := max(over[k]-len(keptAbove), 0) // free slots that the held ones above use up
+		keptBlocked := false                   // a due kept job above waits for a free slot
 		for _, sl := range slots[k] {
 			if sl.kept == 0 {
 				if skip > 0 {
@@ -368,11 +384,29 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 				free = append(free, sl.n)
 				continue
 			}
+			if sl.n >= int32(keyMax) {
+				continue
+			}
 			anyKept = true
 			if keptHere[sl.kept] {
 				admit = append(admit, pick{key: k, n: sl.n})
 				admitIDs = append(admitIDs, sl.kept)
 			}
+		}
+		for _, sl := range keptAbove {
+			anyKept = true
+			if len(free) == 0 {
+				keptBlocked = keptBlocked || keptHere[sl.kept]
+				continue
+			}
+			free = free[:len(free)-1]
+			if keptHere[sl.kept] {
+				admit = append(admit, pick{key: k, n: sl.n})
+				admitIDs = append(admitIDs, sl.kept)
+			}
+		}
+		if keptBlocked {
+			held = true // a slot's end admits it
 		}
 		if ordered && (anyKept || len(free) > 1) {
 			free = free[:min(len(free), 1)]
@@ -383,7 +417,7 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		// An ordered key kept for a job that is not due waits for that
 		// job's retry, which no attempt's end brings nearer (its
 		// promotion wakes claims): its jobs do not hold the claim.
-		keptWaits := ordered && anyKept && len(admit) == 0
+		keptWaits := ordered && anyKept && len(admit) == 0 && !keptBlocked
 		left := 0 // jobs of the key left for want of a free slot
 		for i, h := range others {
 			if i < len(free) {

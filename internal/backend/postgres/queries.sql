@@ -426,17 +426,20 @@ SELECT coalesce((extract(epoch FROM min(used_at) + $3::bigint * interval '1 micr
  WHERE queue = $1 AND type = 'r' AND lkey = '' AND n < $2::int AND used_at IS NOT NULL
 
 -- name: key_lock
--- The keyed claim, in its transaction: the open slots (free, or kept for
--- a job waiting for its retry) below $3 of queue $1's keys $2, locked FOR
+-- The keyed claim, in its transaction: the open slots of queue $1's keys
+-- $2 (free ones below $3, and those kept for a job waiting for its retry
+-- at any number: a lowered limit can leave one above $3, which admits
+-- its job on its own row, counted against a free slot below), locked FOR
 -- UPDATE SKIP LOCKED (claimers never wait for each other and never take
 -- the same slot). A slot is locked only if it is open in its latest
--- version. The fourth column: the key's slots at or above $3 still held
--- (a lowered limit; no claim takes them again), each one slot fewer for
--- the key until it is freed. Then, with a rate per key ($4 starts in $5
--- microseconds), up to $6 open rate slots of each key (n -1 .. -$4,
--- stamped at least $5 ago), locked the same way; their rows have a
--- negative n, and 0 in the last two columns. Rate slots beyond a lowered
--- rate are ignored.
+-- version. The fourth column: the key's slots at or above $3 held or
+-- kept (a lowered limit; no claim takes them again), each one slot fewer
+-- for the key until it is freed (the kept ones among them that this
+-- claim locked, the caller counts as it admits their jobs). Then, with a
+-- rate per key ($4 starts in $5 microseconds), up to $6 open rate slots
+-- of each key (n -1 .. -$4, stamped at least $5 ago), locked the same
+-- way; their rows have a negative n, and 0 in the last two columns. Rate
+-- slots beyond a lowered rate are ignored.
 --
 -- Each key's slots are read by a scan of their own (LATERAL): the slots
 -- of the keys asked for only, whatever the queue's other keys hold and
@@ -449,8 +452,8 @@ WITH c AS MATERIALIZED (
       FROM unnest($2::text[]) AS k(lkey)
      CROSS JOIN LATERAL (
         SELECT s.n, coalesce(s.job_id, 0) AS kept FROM {p}key_slots s
-         WHERE s.queue = $1 AND s.lkey = k.lkey AND s.n >= 0 AND s.n < $3::int
-           AND (s.job_id IS NULL OR s.fence IS NULL)
+         WHERE s.queue = $1 AND s.lkey = k.lkey AND s.n >= 0
+           AND (s.job_id IS NULL AND s.n < $3::int OR s.job_id IS NOT NULL AND s.fence IS NULL AND $3::int > 0)
          ORDER BY s.n
          FOR UPDATE OF s SKIP LOCKED
     ) x
