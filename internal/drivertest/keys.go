@@ -517,6 +517,82 @@ func keys(t *testing.T, s suite) {
 			}
 		}
 	})
+
+	// A claim of a key-limited queue that finds no job without a key may
+	// skip them for a while (up to a second); a job without a key the
+	// driver then inserts, by any of its insert calls, is claimed by the
+	// next claim.
+	t.Run("KeylessInsertEndsSkip", func(t *testing.T) {
+		d := s.setup(t)
+		uk := func(p driver.InsertParams, k string) driver.InsertParams {
+			p.UniqueKey = []byte(fmt.Sprintf("%-32s", k))
+			return p
+		}
+		inTx := func(t *testing.T, f func(tx any) error) {
+			tx, rollback := beginTx(t, d)
+			defer rollback()
+			if err := f(tx); err != nil {
+				t.Fatal(err)
+			}
+			commit(t, tx)
+		}
+		for _, c := range []struct {
+			name   string
+			insert func(t *testing.T, j driver.InsertParams)
+		}{
+			{"Insert", func(t *testing.T, j driver.InsertParams) { insertJobs(t, d, j) }},
+			{"InsertTx", func(t *testing.T, j driver.InsertParams) {
+				inTx(t, func(tx any) error { _, err := d.InsertTx(ctx, tx, []driver.InsertParams{j}); return err })
+			}},
+			{"InsertUnique", func(t *testing.T, j driver.InsertParams) {
+				if _, _, err := d.InsertUnique(ctx, nil, []driver.InsertParams{uk(j, "u1")}); err != nil {
+					t.Fatal(err)
+				}
+			}},
+			{"InsertUniquePlain", func(t *testing.T, j driver.InsertParams) {
+				if _, _, err := d.InsertUnique(ctx, nil, []driver.InsertParams{j, uk(keyedJob(j.Queue, "b", 0), "u2")}); err != nil {
+					t.Fatal(err)
+				}
+			}},
+			{"InsertUniqueTx", func(t *testing.T, j driver.InsertParams) {
+				inTx(t, func(tx any) error {
+					_, _, err := d.InsertUnique(ctx, tx, []driver.InsertParams{uk(j, "u3")})
+					return err
+				})
+			}},
+			{"BulkInsert", func(t *testing.T, j driver.InsertParams) {
+				if _, err := d.BulkInsert(ctx, []driver.InsertParams{j}); err != nil {
+					t.Fatal(err)
+				}
+			}},
+			{"InsertBatches", func(t *testing.T, j driver.InsertParams) {
+				if _, _, err := d.InsertBatches(ctx, nil, []driver.InsertParams{j}, []driver.BatchParams{{Callback: job("cb", 0), Jobs: []int{0}}}); err != nil {
+					t.Fatal(err)
+				}
+			}},
+			{"InsertBatchesTx", func(t *testing.T, j driver.InsertParams) {
+				inTx(t, func(tx any) error {
+					_, _, err := d.InsertBatches(ctx, tx, []driver.InsertParams{j}, []driver.BatchParams{{Callback: job("cb", 0), Jobs: []int{0}}})
+					return err
+				})
+			}},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				q := "kl-" + c.name
+				setLimits(t, d, q, driver.QueueLimits{KeyMaxRunning: 1})
+				insertJobs(t, d, keyedJob(q, "a", 0))
+				// Takes the job of key a and finds none without a key.
+				if r := claimLimited(t, d, q, 5, time.Minute); len(r.Rows) != 1 || r.Rows[0].Key != "a" {
+					t.Fatalf("claimed %v, want the job of key a", countByKey(r.Rows))
+				}
+				c.insert(t, job(q, 0))
+				r := claimLimited(t, d, q, 5, time.Minute)
+				if got := countByKey(r.Rows); got[""] != 1 {
+					t.Fatalf("claimed %v at once after the insert of a job without a key, want it", got)
+				}
+			})
+		}
+	})
 }
 
 // commit commits a transaction begun by beginTx.

@@ -154,6 +154,10 @@ func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, e
 			return fired, fmt.Errorf("conveyor/mysql: fire batch %d: %w", r.id, err)
 		default:
 			fired[r.id] = cbID
+			if p.Key == "" {
+				// Again after the commit (see lookForKeyless).
+				d.noKeyless.Forget(p.Queue)
+			}
 		}
 	}
 	return fired, nil

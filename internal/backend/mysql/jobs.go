@@ -468,8 +468,11 @@ func (d *Driver) behindAll() {
 // before their queue's cursor: a job with a run_at (which may be past) or
 // a priority ahead of the cursor's. The scheduled_at of other new jobs is
 // the database's clock at the insert, so they sort after the cursor unless
-// their insert committed after a claim took a job inserted later.
+// their insert committed after a claim took a job inserted later. It
+// also ends the skip of the jobs without a key in their queues (see
+// lookForKeyless).
 func (d *Driver) behindInserted(jobs []driver.InsertParams) {
+	d.noKeyless.ForgetKeyless(jobs)
 	for i := range jobs {
 		j := &jobs[i]
 		c, ok := d.cursors.Load(j.Queue)

@@ -130,13 +130,25 @@ func (d *Driver) keyCursor(queue string) *keyCursor {
 // it reads every one of them to find nothing; after such a claim a job
 // without a key waits at most cursorFor longer, as a job behind the claim
 // cursor does (see claimCursor).
-func (d *Driver) lookForKeyless(queue string) bool {
-	return !d.noKeyless.Skipping(queue)
+//
+// That is for jobs other processes insert: this driver's inserts of a job
+// without a key end the skip of its queue after their commit
+// (driver.QueueSkip.ForgetKeyless), and cancel the skip of a claim whose
+// look began before (mark, taken before the look's statement, is
+// noKeylessSeen's), so that the next claim looks. An insert in the
+// caller's transaction (InsertTx; InsertUnique or InsertBatches given
+// one) ends it before that commit: a claim looking between the two finds
+// nothing and skips again, and the job may wait cursorFor longer, as one
+// another process inserted.
+func (d *Driver) lookForKeyless(queue string) (look bool, mark uint64) {
+	skip, mark := d.noKeyless.Look(queue)
+	return !skip, mark
 }
 
-// noKeylessSeen records that a claim of queue found no job without a key.
-func (d *Driver) noKeylessSeen(queue string) {
-	d.noKeyless.SkipFor(queue, cursorFor)
+// noKeylessSeen records that a claim of queue, whose lookForKeyless gave
+// mark, found no job without a key.
+func (d *Driver) noKeylessSeen(queue string, mark uint64) {
+	d.noKeyless.SkipFor(queue, cursorFor, mark)
 }
 
 // keyWalk is what a claim's walk of keys found: the candidate keys (with

@@ -60,11 +60,14 @@ func TestKeyLimitLowered(t *testing.T) {
 }
 
 // TestKeylessAfterNoneFound: after a claim of a key-limited queue found
-// no job without a key, the driver's claims of the queue skip them for a
-// while (lookForKeyless), then take them again.
+// no job without a key, the driver's claims of the queue skip the ones
+// another process inserts for a while (lookForKeyless), then take them
+// again.
 func TestKeylessAfterNoneFound(t *testing.T) {
 	ctx := context.Background()
 	d := migrated(t, driver.Options{}, nil)
+	other := open(t, d.prefix, driver.Options{}, nil)
+	defer other.Close()
 	keyed := limitJobs("kn", 3)
 	for i := range keyed {
 		keyed[i].Key = "a"
@@ -78,7 +81,7 @@ func TestKeylessAfterNoneFound(t *testing.T) {
 	if got := claimLimited(t, d, "kn", 5, time.Minute); len(got) != 1 || got[0].Key != "a" {
 		t.Fatalf("claimed %d, want the one job of key a", len(got))
 	}
-	ids, err := d.Insert(ctx, limitJobs("kn", 1))
+	ids, err := other.Insert(ctx, limitJobs("kn", 1))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -252,17 +252,19 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 		}
 		heldK = heldK || held
 		rated = append(rated, inTx...)
-		if rest := k - len(rows); rest > 0 && d.lookForKeyless(p.Queue) {
-			cp := p
-			cp.Limit = rest
-			more, err := d.claimLockedTx(ctx, tx, cp, d.q.ClaimSelectNoKey, []any{p.Queue, p.Queue, int64(rest)})
-			if err != nil {
-				return driver.ClaimResult{}, err
+		if rest := k - len(rows); rest > 0 {
+			if look, mark := d.lookForKeyless(p.Queue); look {
+				cp := p
+				cp.Limit = rest
+				more, err := d.claimLockedTx(ctx, tx, cp, d.q.ClaimSelectNoKey, []any{p.Queue, p.Queue, int64(rest)})
+				if err != nil {
+					return driver.ClaimResult{}, err
+				}
+				if len(more) == 0 {
+					d.noKeylessSeen(p.Queue, mark)
+				}
+				rows = append(rows, more...)
 			}
-			if len(more) == 0 {
-				d.noKeylessSeen(p.Queue)
-			}
-			rows = append(rows, more...)
 		}
 		if err := d.takeSlots(ctx, tx, p.Queue, l, rows, cslots, rslots, marker); err != nil {
 			return driver.ClaimResult{}, err

@@ -81,6 +81,8 @@ func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.Insert
 	if err != nil {
 		return nil, nil, d.wrap("insert batch", err)
 	}
+	// Again after the commit (see lookForKeyless).
+	d.noKeyless.ForgetKeyless(jobs)
 	return ids, batchIDs, nil
 }
 
@@ -156,6 +158,10 @@ func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, e
 			return fired, d.wrap(fmt.Sprintf("fire batch %d", r.id), err)
 		default:
 			fired[r.id] = cbID
+			if p.Key == "" {
+				// Again after the commit (see lookForKeyless).
+				d.noKeyless.Forget(p.Queue)
+			}
 		}
 	}
 	return fired, nil

@@ -239,17 +239,19 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 		if err != nil || stale {
 			return res, stale, false, false, err
 		}
-		if rest := k - len(rows); rest > 0 && d.lookForKeyless(p.Queue) {
-			cp := p
-			cp.Limit = rest
-			more, stale, err := s.claimNoKey(ctx, conn, v, cp)
-			if err != nil || stale {
-				return res, stale, false, false, err
+		if rest := k - len(rows); rest > 0 {
+			if look, mark := d.lookForKeyless(p.Queue); look {
+				cp := p
+				cp.Limit = rest
+				more, stale, err := s.claimNoKey(ctx, conn, v, cp)
+				if err != nil || stale {
+					return res, stale, false, false, err
+				}
+				if len(more) == 0 {
+					d.noKeylessSeen(p.Queue, mark)
+				}
+				rows = append(rows, more...)
 			}
-			if len(more) == 0 {
-				d.noKeylessSeen(p.Queue)
-			}
-			rows = append(rows, more...)
 		}
 	case k > 0:
 		cp := p

@@ -54,8 +54,10 @@ func (s *segStore) insert(ctx context.Context, q querier, jobs []driver.InsertPa
 
 // wakeJobs starts over the claim hints of the queues of jobs just
 // inserted (see claimHints); the notification of their commit does it
-// again, for an insert in the caller's transaction.
+// again, for an insert in the caller's transaction. It also ends the
+// skip of the jobs without a key in their queues (see lookForKeyless).
 func (s *segStore) wakeJobs(jobs []driver.InsertParams) {
+	s.d.noKeyless.ForgetKeyless(jobs)
 	for i := range jobs {
 		if i == 0 || jobs[i].Queue != jobs[i-1].Queue {
 			s.hints.wake(jobs[i].Queue)

@@ -59,6 +59,8 @@ func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.Insert
 		err = in(t)
 	} else {
 		err = d.inTx(ctx, in)
+		// Again after the commit (see lookForKeyless).
+		d.noKeyless.ForgetKeyless(jobs)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("conveyor/sqlite: insert %d batches of %d jobs: %w", len(batches), len(jobs), err)
@@ -129,6 +131,10 @@ func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, e
 			return fired, fmt.Errorf("conveyor/sqlite: fire batch %d: %w", r.id, err)
 		default:
 			fired[r.id] = cbID
+			if p.Key == "" {
+				// Again after the commit (see lookForKeyless).
+				d.noKeyless.Forget(p.Queue)
+			}
 		}
 	}
 	return fired, nil

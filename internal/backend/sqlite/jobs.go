@@ -61,6 +61,8 @@ func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int6
 			return nil
 		})
 	}
+	// After the commit, or the failure, which may follow one.
+	d.noKeyless.ForgetKeyless(jobs)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: insert %d jobs: %w", len(jobs), err)
 	}
@@ -95,6 +97,8 @@ func (d *Driver) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParam
 	err := insertChunks(jobs, 0, func(chunk string, _ int) error {
 		return d.insertChunk(ctx, t, chunk, &ids)
 	})
+	// Before the caller's commit (see lookForKeyless).
+	d.noKeyless.ForgetKeyless(jobs)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: insert %d jobs in transaction: %w", len(jobs), err)
 	}
@@ -170,6 +174,7 @@ func (d *Driver) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (in
 			return nil
 		})
 	})
+	d.noKeyless.ForgetKeyless(jobs)
 	if err != nil {
 		return 0, fmt.Errorf("conveyor/sqlite: bulk insert %d jobs: %w", len(jobs), err)
 	}

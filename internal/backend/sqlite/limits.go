@@ -136,15 +136,17 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 			if res.Rows, keyHeld, keyRetryIn, err = d.claimKeyed(ctx, tx, ls, p, k, kl); err != nil {
 				return res, fmt.Errorf("claim jobs with a key: %w", err)
 			}
-			if rest := k - len(res.Rows); rest > 0 && d.lookForKeyless(p.Queue) {
-				more, err := claimIn(ctx, tx, ls.claimUnkeyed, p, rest)
-				if err != nil {
-					return res, err
+			if rest := k - len(res.Rows); rest > 0 {
+				if look, mark := d.lookForKeyless(p.Queue); look {
+					more, err := claimIn(ctx, tx, ls.claimUnkeyed, p, rest)
+					if err != nil {
+						return res, err
+					}
+					if len(more) == 0 {
+						d.noKeylessSeen(p.Queue, mark)
+					}
+					res.Rows = append(res.Rows, more...)
 				}
-				if len(more) == 0 {
-					d.noKeylessSeen(p.Queue)
-				}
-				res.Rows = append(res.Rows, more...)
 			}
 		default:
 			if res.Rows, err = claimIn(ctx, tx, ls.claim, p, k); err != nil {
@@ -186,13 +188,25 @@ const noKeylessFor = time.Second
 // key-limited queue) it reads every index entry of the queue to find
 // nothing: 20,000 entries a claim behind one key of 20,000 jobs. After
 // such a claim a job without a key waits at most noKeylessFor longer.
-func (d *Driver) lookForKeyless(queue string) bool {
-	return !d.noKeyless.Skipping(queue)
+//
+// That is for jobs other processes insert: this driver's inserts of a job
+// without a key end the skip of its queue after their commit
+// (driver.QueueSkip.ForgetKeyless), and cancel the skip of a claim whose
+// look began before (mark, taken before the look's statement, is
+// noKeylessSeen's), so that the next claim looks. An insert in the
+// caller's transaction (InsertTx; InsertUnique or InsertBatches given
+// one) ends it before that commit: a claim looking between the two finds
+// nothing and skips again, and the job may wait noKeylessFor longer, as one
+// another process inserted.
+func (d *Driver) lookForKeyless(queue string) (look bool, mark uint64) {
+	skip, mark := d.noKeyless.Look(queue)
+	return !skip, mark
 }
 
-// noKeylessSeen records that a claim of queue found no job without a key.
-func (d *Driver) noKeylessSeen(queue string) {
-	d.noKeyless.SkipFor(queue, noKeylessFor)
+// noKeylessSeen records that a claim of queue, whose lookForKeyless gave
+// mark, found no job without a key.
+func (d *Driver) noKeylessSeen(queue string, mark uint64) {
+	d.noKeyless.SkipFor(queue, noKeylessFor, mark)
 }
 
 // slotNumbers runs st, a query returning slot numbers.
