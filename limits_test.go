@@ -89,13 +89,16 @@ func peak(xs []execution, from time.Time) int {
 // two started in-process clients, and an HTTP worker claiming through
 // package web's handler, served by a third client that works no queue.
 type limitRig struct {
-	t       *testing.T
-	a, b    *conveyor.Client[any]
-	served  *conveyor.Client[any]
-	srv     *httptest.Server
-	queue   string
-	log     executions
-	run     time.Duration // how long each execution takes
+	t      *testing.T
+	a, b   *conveyor.Client[any]
+	served *conveyor.Client[any]
+	srv    *httptest.Server
+	queue  string
+	log    executions
+	run    time.Duration // how long each execution takes
+	// runFor, when set before start, is how long the executions of the
+	// job it is given take instead of run.
+	runFor  func(id int64) time.Duration
 	httpWG  sync.WaitGroup
 	stopped chan struct{}
 	// failIf, when set before start, fails every attempt of the jobs it
@@ -107,7 +110,8 @@ const rigToken = "limits-test-token-0123456789"
 
 // newLimitRig opens the three clients with queue limited by l (set
 // before they start), runs each in-process client with 4 workers and the
-// HTTP worker with 3 claimers, every execution taking run.
+// HTTP worker with 3 claimers (leases of 10 s: they do not renew them),
+// every execution taking run.
 func newLimitRig(t *testing.T, dsn string, l conveyor.QueueLimits, run time.Duration) *limitRig {
 	t.Helper()
 	ctx := context.Background()
@@ -129,7 +133,7 @@ func newLimitRig(t *testing.T, dsn string, l conveyor.QueueLimits, run time.Dura
 	for name, c := range map[string]*conveyor.Client[any]{"a": r.a, "b": r.b} {
 		if err := conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[limited]) error {
 			start := time.Now()
-			time.Sleep(r.run)
+			time.Sleep(r.runOf(j.ID))
 			if r.failIf != nil && r.failIf(j.ID) {
 				r.log.add(execution{id: j.ID, start: start, end: time.Now(), by: name, failed: true})
 				return errors.New("poisoned")
@@ -207,14 +211,14 @@ func (r *limitRig) httpWorker(name string) {
 				Fence int64 `json:"fence"`
 			} `json:"jobs"`
 		}
-		status, err := r.post("/api/v1/claim", map[string]any{"queue": r.queue, "limit": 1, "wait_ms": 500, "worker": name}, &got)
+		status, err := r.post("/api/v1/claim", map[string]any{"queue": r.queue, "limit": 1, "wait_ms": 500, "worker": name, "lease_ms": 10000}, &got)
 		if err != nil || status != http.StatusOK {
 			r.t.Errorf("HTTP claim: %d %v", status, err)
 			return
 		}
 		for _, j := range got.Jobs {
 			start := time.Now()
-			time.Sleep(r.run)
+			time.Sleep(r.runOf(j.ID))
 			if r.failIf != nil && r.failIf(j.ID) {
 				r.log.add(execution{id: j.ID, start: start, end: time.Now(), by: name, failed: true})
 				status, err := r.post(fmt.Sprintf("/api/v1/jobs/%d/fail", j.ID), map[string]any{"fence": j.Fence, "error": "poisoned", "retry_in_ms": 10}, nil)
@@ -232,6 +236,14 @@ func (r *limitRig) httpWorker(name string) {
 			}
 		}
 	}
+}
+
+// runOf is how long an execution of job id takes.
+func (r *limitRig) runOf(id int64) time.Duration {
+	if r.runFor != nil {
+		return r.runFor(id)
+	}
+	return r.run
 }
 
 // enqueue enqueues n jobs of the limited queue and returns their ids.
@@ -285,6 +297,16 @@ func TestLimitMaxRunningAcrossClients(t *testing.T) {
 		const max, n = 5, 40
 		r := newLimitRig(t, dsn, conveyor.QueueLimits{MaxRunning: max}, 50*time.Millisecond)
 		ids := r.enqueue(n)
+		// The first max+2 jobs run for 2 s, so that the limit binds
+		// however slowly a loaded machine claims: with 50 ms jobs alone,
+		// a 3-node Galera cluster on two busy cores claimed too slowly
+		// for 5 to overlap.
+		r.runFor = func(id int64) time.Duration {
+			if id <= ids[max+1] {
+				return 2 * time.Second
+			}
+			return r.run
+		}
 		r.start()
 		xs := r.waitAll(ids, time.Minute)
 		if p := peak(xs, time.Time{}); p > max {
