@@ -155,7 +155,7 @@ func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, e
 		default:
 			fired[r.id] = cbID
 			if p.Key == "" {
-				// Again after the commit (see lookForKeyless).
+				// Again after the commit (see driver.QueueSkip).
 				d.noKeyless.Forget(p.Queue)
 			}
 		}

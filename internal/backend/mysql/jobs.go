@@ -470,7 +470,7 @@ func (d *Driver) behindAll() {
 // the database's clock at the insert, so they sort after the cursor unless
 // their insert committed after a claim took a job inserted later. It
 // also ends the skip of the jobs without a key in their queues (see
-// lookForKeyless).
+// driver.QueueSkip).
 func (d *Driver) behindInserted(jobs []driver.InsertParams) {
 	d.noKeyless.ForgetKeyless(jobs)
 	for i := range jobs {

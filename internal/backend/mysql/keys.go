@@ -122,35 +122,6 @@ func (d *Driver) keyCursor(queue string) *keyCursor {
 	return c.(*keyCursor)
 }
 
-// lookForKeyless reports whether a limited claim of key-limited queue
-// looks for jobs without a key: not for cursorFor after one of this
-// driver's claims of the queue found none. claim_select_nokey reads the
-// claim index in claim order and skips the keyed jobs it meets, so in a
-// queue whose available jobs all have a key (the usual key-limited queue)
-// it reads every one of them to find nothing; after such a claim a job
-// without a key waits at most cursorFor longer, as a job behind the claim
-// cursor does (see claimCursor).
-//
-// That is for jobs other processes insert: this driver's inserts of a job
-// without a key end the skip of its queue after their commit
-// (driver.QueueSkip.ForgetKeyless), and cancel the skip of a claim whose
-// look began before (mark, taken before the look's statement, is
-// noKeylessSeen's), so that the next claim looks. An insert in the
-// caller's transaction (InsertTx; InsertUnique or InsertBatches given
-// one) ends it before that commit: a claim looking between the two finds
-// nothing and skips again, and the job may wait cursorFor longer, as one
-// another process inserted.
-func (d *Driver) lookForKeyless(queue string) (look bool, mark uint64) {
-	skip, mark := d.noKeyless.Look(queue)
-	return !skip, mark
-}
-
-// noKeylessSeen records that a claim of queue, whose lookForKeyless gave
-// mark, found no job without a key.
-func (d *Driver) noKeylessSeen(queue string, mark uint64) {
-	d.noKeyless.SkipFor(queue, cursorFor, mark)
-}
-
 // keyWalk is what a claim's walk of keys found: the candidate keys (with
 // room below the limit and in their rate's window, as a plain read saw
 // them) in rotation order, how many free slots each may take (the limit

@@ -61,7 +61,7 @@ func TestKeyLimitLowered(t *testing.T) {
 
 // TestKeylessAfterNoneFound: after a claim of a key-limited queue found
 // no job without a key, the driver's claims of the queue skip the ones
-// another process inserts for a while (lookForKeyless), then take them
+// another process inserts for a while (driver.QueueSkip), then take them
 // again.
 func TestKeylessAfterNoneFound(t *testing.T) {
 	ctx := context.Background()

@@ -253,7 +253,7 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 		heldK = heldK || held
 		rated = append(rated, inTx...)
 		if rest := k - len(rows); rest > 0 {
-			if look, mark := d.lookForKeyless(p.Queue); look {
+			if look, mark := d.noKeyless.Look(p.Queue); look {
 				cp := p
 				cp.Limit = rest
 				more, err := d.claimLockedTx(ctx, tx, cp, d.q.ClaimSelectNoKey, []any{p.Queue, p.Queue, int64(rest)})
@@ -261,7 +261,7 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 					return driver.ClaimResult{}, err
 				}
 				if len(more) == 0 {
-					d.noKeylessSeen(p.Queue, mark)
+					d.noKeyless.Skip(p.Queue, mark)
 				}
 				rows = append(rows, more...)
 			}

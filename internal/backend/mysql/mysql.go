@@ -94,7 +94,11 @@ type Driver struct {
 	// keyCursors maps a queue to its *keyCursor (see walkKeys).
 	keyCursors sync.Map
 	// noKeyless: the key-limited queues whose claims skip the jobs
-	// without a key for now (see lookForKeyless).
+	// without a key for now (see driver.QueueSkip), as long as a job
+	// behind the claim cursor waits (cursorFor, see claimCursor).
+	// claim_select_nokey reads the claim index in claim order and skips
+	// the keyed jobs it meets, all of them in a queue whose available
+	// jobs all have a key.
 	noKeyless driver.QueueSkip
 	// weights: the key weights claims last decoded, per queue.
 	weights driver.KeyWeightCache
@@ -189,6 +193,7 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 	defer pdb.Close()
 	pdb.SetMaxOpenConns(1)
 	d := &Driver{prefix: opts.Prefix}
+	d.noKeyless.For = cursorFor
 	var packet int64
 	if err := pdb.QueryRowContext(ctx, q.Probe).Scan(&d.serverVersion, &packet, &d.autoincStep); err != nil {
 		return nil, fmt.Errorf("conveyor/mysql: open: probe server: %w", err)

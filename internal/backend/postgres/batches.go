@@ -81,7 +81,7 @@ func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.Insert
 	if err != nil {
 		return nil, nil, d.wrap("insert batch", err)
 	}
-	// Again after the commit (see lookForKeyless).
+	// Again after the commit (see driver.QueueSkip).
 	d.noKeyless.ForgetKeyless(jobs)
 	return ids, batchIDs, nil
 }
@@ -159,7 +159,7 @@ func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, e
 		default:
 			fired[r.id] = cbID
 			if p.Key == "" {
-				// Again after the commit (see lookForKeyless).
+				// Again after the commit (see driver.QueueSkip).
 				d.noKeyless.Forget(p.Queue)
 			}
 		}

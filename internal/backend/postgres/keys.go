@@ -574,39 +574,6 @@ func (s *segStore) claimNoKey(ctx context.Context, tx queryer, v *segView, p dri
 	return out, false, nil
 }
 
-// noKeylessFor is how long a key-limited queue's claims skip the jobs
-// without a key after one of this driver's claims of it found none.
-const noKeylessFor = time.Second
-
-// lookForKeyless reports whether a limited claim of key-limited queue
-// looks for jobs without a key: not for noKeylessFor after one of this
-// driver's claims of the queue found none. seg_claim restricted to them
-// reads the claim index in claim order and skips the keyed jobs it
-// meets, a heap fetch each, so in a queue whose ready jobs all have a
-// key (the usual key-limited queue) it reads every one of them to find
-// nothing: 5 ms a claim behind 20,000 jobs of one key. After such a
-// claim a job without a key waits at most noKeylessFor longer.
-//
-// That is for jobs other processes insert: this driver's inserts of a job
-// without a key end the skip of its queue after their commit
-// (driver.QueueSkip.ForgetKeyless), and cancel the skip of a claim whose
-// look began before (mark, taken before the look's statement, is
-// noKeylessSeen's), so that the next claim looks. An insert in the
-// caller's transaction (InsertTx; InsertUnique or InsertBatches given
-// one) ends it before that commit: a claim looking between the two finds
-// nothing and skips again, and the job may wait noKeylessFor longer, as one
-// another process inserted.
-func (d *Driver) lookForKeyless(queue string) (look bool, mark uint64) {
-	skip, mark := d.noKeyless.Look(queue)
-	return !skip, mark
-}
-
-// noKeylessSeen records that a claim of queue, whose lookForKeyless gave
-// mark, found no job without a key.
-func (d *Driver) noKeylessSeen(queue string, mark uint64) {
-	d.noKeyless.SkipFor(queue, noKeylessFor, mark)
-}
-
 // keyHeld returns, per queue with key limits, its ready jobs with a key
 // that no slot of their key is open for, or whose key's rate window is
 // full (LimitUsage).

@@ -240,7 +240,7 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 			return res, stale, false, false, err
 		}
 		if rest := k - len(rows); rest > 0 {
-			if look, mark := d.lookForKeyless(p.Queue); look {
+			if look, mark := d.noKeyless.Look(p.Queue); look {
 				cp := p
 				cp.Limit = rest
 				more, stale, err := s.claimNoKey(ctx, conn, v, cp)
@@ -248,7 +248,7 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 					return res, stale, false, false, err
 				}
 				if len(more) == 0 {
-					d.noKeylessSeen(p.Queue, mark)
+					d.noKeyless.Skip(p.Queue, mark)
 				}
 				rows = append(rows, more...)
 			}

@@ -192,7 +192,10 @@ type Driver struct {
 	keys       keyStates             // the key limits and walk cursors of the queues claimed
 	weights    driver.KeyWeightCache // the decoded key weights of the fair queues claimed
 	// noKeyless: the key-limited queues whose claims skip the jobs
-	// without a key for now (see lookForKeyless).
+	// without a key for now (see driver.QueueSkip). seg_claim restricted
+	// to them reads the claim index in claim order and skips the keyed
+	// jobs it meets, a heap fetch each: 5 ms a claim behind 20,000 jobs
+	// of one key, to find nothing.
 	noKeyless driver.QueueSkip
 
 	deadlockRetries      atomic.Int64

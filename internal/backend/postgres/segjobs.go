@@ -55,7 +55,7 @@ func (s *segStore) insert(ctx context.Context, q querier, jobs []driver.InsertPa
 // wakeJobs starts over the claim hints of the queues of jobs just
 // inserted (see claimHints); the notification of their commit does it
 // again, for an insert in the caller's transaction. It also ends the
-// skip of the jobs without a key in their queues (see lookForKeyless).
+// skip of the jobs without a key in their queues (see driver.QueueSkip).
 func (s *segStore) wakeJobs(jobs []driver.InsertParams) {
 	s.d.noKeyless.ForgetKeyless(jobs)
 	for i := range jobs {

@@ -59,7 +59,7 @@ func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.Insert
 		err = in(t)
 	} else {
 		err = d.inTx(ctx, in)
-		// Again after the commit (see lookForKeyless).
+		// Again after the commit (see driver.QueueSkip).
 		d.noKeyless.ForgetKeyless(jobs)
 	}
 	if err != nil {
@@ -132,7 +132,7 @@ func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, e
 		default:
 			fired[r.id] = cbID
 			if p.Key == "" {
-				// Again after the commit (see lookForKeyless).
+				// Again after the commit (see driver.QueueSkip).
 				d.noKeyless.Forget(p.Queue)
 			}
 		}

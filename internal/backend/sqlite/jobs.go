@@ -97,7 +97,7 @@ func (d *Driver) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParam
 	err := insertChunks(jobs, 0, func(chunk string, _ int) error {
 		return d.insertChunk(ctx, t, chunk, &ids)
 	})
-	// Before the caller's commit (see lookForKeyless).
+	// Before the caller's commit (see driver.QueueSkip).
 	d.noKeyless.ForgetKeyless(jobs)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: insert %d jobs in transaction: %w", len(jobs), err)

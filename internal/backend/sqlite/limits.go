@@ -137,13 +137,13 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 				return res, fmt.Errorf("claim jobs with a key: %w", err)
 			}
 			if rest := k - len(res.Rows); rest > 0 {
-				if look, mark := d.lookForKeyless(p.Queue); look {
+				if look, mark := d.noKeyless.Look(p.Queue); look {
 					more, err := claimIn(ctx, tx, ls.claimUnkeyed, p, rest)
 					if err != nil {
 						return res, err
 					}
 					if len(more) == 0 {
-						d.noKeylessSeen(p.Queue, mark)
+						d.noKeyless.Skip(p.Queue, mark)
 					}
 					res.Rows = append(res.Rows, more...)
 				}
@@ -174,39 +174,6 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 		res.RetryIn = keyRetryIn
 	}
 	return res, nil
-}
-
-// noKeylessFor is how long a key-limited queue's claims skip the jobs
-// without a key after one of this driver's claims of it found none.
-const noKeylessFor = time.Second
-
-// lookForKeyless reports whether a limited claim of key-limited queue
-// looks for jobs without a key: not for noKeylessFor after one of this
-// driver's claims of the queue found none. claim_unkeyed walks jobs_claim
-// in claim order past the keyed jobs ahead of the first job without a
-// key, so in a queue whose available jobs all have a key (the usual
-// key-limited queue) it reads every index entry of the queue to find
-// nothing: 20,000 entries a claim behind one key of 20,000 jobs. After
-// such a claim a job without a key waits at most noKeylessFor longer.
-//
-// That is for jobs other processes insert: this driver's inserts of a job
-// without a key end the skip of its queue after their commit
-// (driver.QueueSkip.ForgetKeyless), and cancel the skip of a claim whose
-// look began before (mark, taken before the look's statement, is
-// noKeylessSeen's), so that the next claim looks. An insert in the
-// caller's transaction (InsertTx; InsertUnique or InsertBatches given
-// one) ends it before that commit: a claim looking between the two finds
-// nothing and skips again, and the job may wait noKeylessFor longer, as one
-// another process inserted.
-func (d *Driver) lookForKeyless(queue string) (look bool, mark uint64) {
-	skip, mark := d.noKeyless.Look(queue)
-	return !skip, mark
-}
-
-// noKeylessSeen records that a claim of queue, whose lookForKeyless gave
-// mark, found no job without a key.
-func (d *Driver) noKeylessSeen(queue string, mark uint64) {
-	d.noKeyless.SkipFor(queue, noKeylessFor, mark)
 }
 
 // slotNumbers runs st, a query returning slot numbers.

@@ -104,7 +104,10 @@ type Driver struct {
 	// weights: the key weights claims last decoded, per queue.
 	weights driver.KeyWeightCache
 	// noKeyless: the key-limited queues whose claims skip the jobs
-	// without a key for now (see lookForKeyless).
+	// without a key for now (see driver.QueueSkip). claim_unkeyed walks
+	// jobs_claim in claim order past the keyed jobs ahead of the first
+	// job without a key: 20,000 index entries a claim behind one key of
+	// 20,000 jobs, to find nothing.
 	noKeyless driver.QueueSkip
 
 	busyRetries  atomic.Int64

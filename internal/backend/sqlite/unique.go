@@ -44,7 +44,7 @@ func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertP
 		err = run(t)
 	}
 	// After the commit of a transaction of the driver's own, before the
-	// caller's (see lookForKeyless).
+	// caller's (see driver.QueueSkip).
 	d.noKeyless.ForgetKeyless(jobs)
 	if err != nil {
 		return nil, nil, fmt.Errorf("conveyor/sqlite: insert %d unique jobs: %w", len(jobs), err)
