@@ -816,6 +816,21 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 	if len(rows) == 0 {
 		return nil, held, rated, nil
 	}
+	if concur || rate {
+		// The limits were read before the transaction, and the queue's
+		// own check (claimLimitedTx) ran before the key slots were
+		// locked, if at all: a KeyMaxRunning lowered (or Ordered set)
+		// since would have the claim admit a key's jobs into slots
+		// under the old limit. Read after the key slots were locked,
+		// the limits must be the same.
+		same, err := d.limitsStill(ctx, tx, p.Queue, l)
+		if err != nil {
+			return nil, false, nil, err
+		}
+		if !same {
+			return nil, false, nil, errLimitsChanged
+		}
+	}
 	if concur {
 		slots := make([]keySlot, len(rows))
 		for i, j := range rows {

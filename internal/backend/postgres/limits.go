@@ -294,7 +294,7 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 			}
 		}
 		b.Queue(q.LimitTake, p.Queue, ns.String(), ids.String(), fences.String(), stamps.String(),
-			l.maxRunning, l.rate, l.periodUS, l.keyRate, l.keyPeriodUS)
+			l.maxRunning, l.rate, l.periodUS, l.keyRate, l.keyPeriodUS, l.keyMax, l.keyOrder)
 	}
 	res.Rows, res.MaxRunning = rows, l.maxRunning
 	ready := k == 0

@@ -277,7 +277,7 @@ func TestLimitTakeRefusesChangedLimits(t *testing.T) {
 		defer func() { _ = tx.Rollback(ctx) }()
 		var one int
 		return tx.QueryRow(ctx, d.q.LimitTake, "chg", "{}", "{}", "{}", "{}", maxRunning, 0, int64(0),
-			keyRate, int64(time.Hour/time.Microsecond)).Scan(&one)
+			keyRate, int64(time.Hour/time.Microsecond), 0, 0).Scan(&one)
 	}
 	if err := take(3, 2); err != nil {
 		t.Fatalf("under the same limits: %v", err)

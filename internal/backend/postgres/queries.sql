@@ -390,11 +390,13 @@ SELECT count(*) FROM {p}limit_slots WHERE queue = $1 AND type = 'c' AND lkey = '
 -- $1 queue; $2, $3, $4 the concurrency slots taken and the attempts
 -- (job, fence) that hold them; $5 the rate slots that record a start,
 -- stamped with the transaction's now(), the attempted_at of the claim;
--- $6, $7, $8 the limits the slots were locked under, and $9, $10 the rate
--- per key the key's rate slots were locked under (the key slots
--- themselves are stamped by key_take, in the same transaction before
--- this). It checks that the queue's limits are still those, read in this
--- statement's snapshot,
+-- $6, $7, $8 the limits the slots were locked under, $9, $10 the rate
+-- per key the key's rate slots were locked under and $11, $12 the limit
+-- per key and key order its key slots were (the key slots themselves are
+-- stamped by key_take, in the same transaction before this: a
+-- KeyMaxRunning lowered, or Ordered set, after the claim read them would
+-- otherwise admit a key's jobs under the old limit). It checks that the
+-- queue's limits are still those, read in this statement's snapshot,
 -- taken after the slots were locked, and returns 1; if not (a lowered
 -- MaxRunning committed meanwhile, and a slot at or above it freed since
 -- may be among them), it fails (an integer cast of a text naming the
@@ -413,6 +415,7 @@ r AS (
 SELECT (CASE WHEN coalesce((SELECT coalesce(max_running, 0) = $6::int AND coalesce(rate, 0) = $7::int
                                   AND coalesce(rate_period_us, 0) = $8::bigint
                                   AND coalesce(key_rate, 0) = $9::int AND coalesce(key_rate_period_us, 0) = $10::bigint
+                                  AND coalesce(key_max_running, 0) = $11::int AND coalesce(key_order, 0) = $12::int
                              FROM {p}queues WHERE name = $1), false)
              THEN '1' ELSE 'conveyor: the queue''s limits changed' END)::int
 
