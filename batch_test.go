@@ -241,8 +241,9 @@ func TestBatchInTransaction(t *testing.T) {
 }
 
 // TestBatchPruned: once a batch's callback was enqueued longer ago than
-// the completed jobs' retention, Prune deletes the batch with its jobs
-// and their results; the callback, still a job, then names no batch.
+// the completed jobs' retention and has finished, Prune deletes the batch
+// with its jobs and their results; the callback, still a job, then names
+// no batch.
 func TestBatchPruned(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
@@ -282,8 +283,19 @@ func TestBatchPruned(t *testing.T) {
 			t.Fatalf("fire (its one job pruned counts as finished): %v %v", fired, err)
 		}
 		batchOf(fired[bid], 0, bid)
+		// Kept while its callback has not finished: the callback reads it.
 		time.Sleep(10 * time.Millisecond)
 		if _, err := drv.Prune(ctx, time.Millisecond, time.Millisecond, 100); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := c.Batch(ctx, bid); err != nil || b.CallbackID != fired[bid] {
+			t.Fatalf("batch of an available callback after prune: %+v %v", b, err)
+		}
+		// Cancelled (finished, and kept by the discarded jobs' retention).
+		if _, err := c.Cancel(ctx, fired[bid]); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := drv.Prune(ctx, time.Millisecond, time.Hour, 100); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := c.Batch(ctx, bid); !errors.Is(err, conveyor.ErrBatchNotFound) {

@@ -2,6 +2,7 @@ package drivertest
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -65,5 +66,123 @@ func batches(t *testing.T, s suite) {
 		check(ids[1], bids[0], 0)
 		check(ids[2], bids[1], 0)
 		check(plain, 0, 0)
+	})
+	// A fired batch that a still open batch waits for (a workflow's step
+	// whose own step has not finished) is kept by Prune however long ago
+	// it fired: without it the open batch would no longer see the step it
+	// waits for, and would fire before that step finished. Once the
+	// batches waiting for it are pruned, it is pruned in turn.
+	t.Run("PruneKeepsAwaitedBatch", func(t *testing.T) {
+		d := s.setup(t)
+		ids, bids, err := d.InsertBatches(ctx, nil, []driver.InsertParams{job("wa", 0)}, []driver.BatchParams{
+			{Callback: job("wb", 0), Jobs: []int{0}},
+			{Callback: job("wc", 0), After: []int{0}},
+		})
+		if err != nil || len(ids) != 1 || len(bids) != 2 {
+			t.Fatalf("insert batches: %v %v %v", ids, bids, err)
+		}
+		complete := func(queue string) int64 {
+			t.Helper()
+			rows, err := d.Claim(ctx, driver.ClaimParams{Queue: queue, Limit: 1, Lease: time.Minute, Worker: "w"})
+			if err != nil || len(rows) != 1 {
+				t.Fatalf("claim %s: %d %v", queue, len(rows), err)
+			}
+			if _, err := d.Complete(ctx, []driver.Outcome{{ID: rows[0].ID, Fence: rows[0].Fence, Attempt: 1, State: driver.StateCompleted}}); err != nil {
+				t.Fatal(err)
+			}
+			return rows[0].ID
+		}
+		complete("wa")
+		fired, err := d.FireBatches(ctx, 10)
+		if err != nil || len(fired) != 1 || fired[bids[0]] == 0 {
+			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[0])
+		}
+		step := fired[bids[0]]
+		// The step (the first batch's callback) waits, available, longer
+		// than the retention of completed jobs and fired batches.
+		time.Sleep(20 * time.Millisecond)
+		if _, err := d.Prune(ctx, time.Millisecond, time.Hour, 100); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := d.GetBatch(ctx, bids[0]); err != nil || b.CallbackID != step {
+			t.Fatalf("batch %d, awaited by open batch %d, after prune: %+v %v", bids[0], bids[1], b, err)
+		}
+		fired, err = d.FireBatches(ctx, 10)
+		if err != nil || len(fired) != 0 {
+			t.Fatalf("fired %v, %v while job %d, which batch %d waits for, is available", fired, err, step, bids[1])
+		}
+		if got := complete("wb"); got != step {
+			t.Fatalf("completed job %d, want the step %d", got, step)
+		}
+		fired, err = d.FireBatches(ctx, 10)
+		if err != nil || len(fired) != 1 || fired[bids[1]] == 0 {
+			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[1])
+		}
+		b, err := d.GetBatch(ctx, bids[1])
+		if err != nil || len(b.Members) != 1 || b.Members[0].ID != step || b.Members[0].State != driver.StateCompleted {
+			t.Fatalf("batch %d: %+v %v; want its one dependency %d, completed", bids[1], b, err, step)
+		}
+		// Once its callback finished, the waiting batch is pruned, then
+		// the batch it waited for.
+		if got := complete("wc"); got != fired[bids[1]] {
+			t.Fatalf("completed job %d, want the callback %d", got, fired[bids[1]])
+		}
+		time.Sleep(20 * time.Millisecond)
+		for range 2 {
+			if _, err := d.Prune(ctx, time.Millisecond, time.Hour, 100); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, id := range bids {
+			if _, err := d.GetBatch(ctx, id); !errors.Is(err, driver.ErrBatchNotFound) {
+				t.Errorf("batch %d after the prunes: %v, want ErrBatchNotFound", id, err)
+			}
+		}
+	})
+	// A fired batch whose callback has not finished (it runs later,
+	// retries, or waits in a paused queue) is kept by Prune however long
+	// ago it fired: the callback reads it (a workflow's step, to know
+	// whether a dependency failed). Once the callback finished, the batch
+	// is pruned.
+	t.Run("PruneKeepsBatchOfUnfinishedCallback", func(t *testing.T) {
+		d := s.setup(t)
+		ids, bids, err := d.InsertBatches(ctx, nil, []driver.InsertParams{job("pa", 0)}, []driver.BatchParams{
+			{Callback: job("pb", 0), Jobs: []int{0}},
+		})
+		if err != nil || len(ids) != 1 || len(bids) != 1 {
+			t.Fatalf("insert batches: %v %v %v", ids, bids, err)
+		}
+		complete := func(queue string) int64 {
+			t.Helper()
+			rows, err := d.Claim(ctx, driver.ClaimParams{Queue: queue, Limit: 1, Lease: time.Minute, Worker: "w"})
+			if err != nil || len(rows) != 1 {
+				t.Fatalf("claim %s: %d %v", queue, len(rows), err)
+			}
+			if _, err := d.Complete(ctx, []driver.Outcome{{ID: rows[0].ID, Fence: rows[0].Fence, Attempt: 1, State: driver.StateCompleted}}); err != nil {
+				t.Fatal(err)
+			}
+			return rows[0].ID
+		}
+		complete("pa")
+		fired, err := d.FireBatches(ctx, 10)
+		if err != nil || len(fired) != 1 || fired[bids[0]] == 0 {
+			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[0])
+		}
+		time.Sleep(20 * time.Millisecond)
+		if _, err := d.Prune(ctx, time.Millisecond, time.Hour, 100); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := d.GetBatch(ctx, bids[0]); err != nil || b.CallbackID != fired[bids[0]] {
+			t.Fatalf("batch %d, whose callback %d is available, after prune: %+v %v", bids[0], fired[bids[0]], b, err)
+		}
+		if got := complete("pb"); got != fired[bids[0]] {
+			t.Fatalf("completed job %d, want the callback %d", got, fired[bids[0]])
+		}
+		if _, err := d.Prune(ctx, time.Millisecond, time.Hour, 100); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.GetBatch(ctx, bids[0]); !errors.Is(err, driver.ErrBatchNotFound) {
+			t.Errorf("batch %d after its callback completed and the prune: %v, want ErrBatchNotFound", bids[0], err)
+		}
 	})
 }

@@ -202,8 +202,9 @@ func (d *Driver) GetBatch(ctx context.Context, id int64) (*driver.BatchRow, erro
 	return b, nil
 }
 
-// pruneBatches deletes up to limit batches fired longer ago than age,
-// with their member rows, in one transaction. A fired batch never
+// pruneBatches deletes up to limit batches fired longer ago than age
+// whose callback finished and that no kept batch waits for, with their
+// member rows, in one transaction. A fired batch never
 // changes, so the ids read first are deleted as read.
 func (d *Driver) pruneBatches(ctx context.Context, age time.Duration, limit int) error {
 	var ids []int64

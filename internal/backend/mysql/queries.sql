@@ -327,10 +327,14 @@ INSERT INTO `{p}batch_deps` (batch_id, dep_batch_id) VALUES
 -- name: fire_batch
 UPDATE `{p}batches` SET callback_id = ?, fired_at = UTC_TIMESTAMP(6) WHERE id = ? AND callback_id IS NULL
 
--- Batches fired longer ago than the completed jobs' retention (the
--- driver then deletes them and their members in one transaction).
+-- Batches fired longer ago than the completed jobs' retention whose
+-- callback has finished (it reads its batch when it runs; deleted by
+-- retention counts as finished) and that no kept batch waits for (a workflow's step is kept while the batch of a
+-- later step is: that batch reads it to know whether it may fire, and
+-- lists its callback among its jobs); the driver then deletes them and
+-- their members in one transaction.
 -- name: prunable_batches
-SELECT id FROM `{p}batches` WHERE fired_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND ORDER BY fired_at LIMIT ?
+SELECT b.id FROM `{p}batches` b WHERE b.fired_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AND NOT EXISTS (SELECT 1 FROM `{p}jobs` j WHERE j.id = b.callback_id AND j.state NOT IN ('completed', 'discarded', 'cancelled')) AND NOT EXISTS (SELECT 1 FROM `{p}batch_deps` d WHERE d.dep_batch_id = b.id) ORDER BY b.fired_at LIMIT ?
 
 -- name: prune_batch_jobs
 DELETE FROM `{p}batch_jobs` WHERE batch_id IN ({ids})

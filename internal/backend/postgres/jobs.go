@@ -518,7 +518,7 @@ func (d *Driver) Prune(ctx context.Context, completedAge, discardedAge time.Dura
 		if _, err := d.pool.Exec(ctx, d.q.PruneResults, micros(completedAge), int64(limit)); err != nil {
 			return total, d.wrap("prune results", err)
 		}
-		if _, err := d.pool.Exec(ctx, d.q.PruneBatches, micros(completedAge), int64(limit)); err != nil {
+		if err := d.pruneBatches(ctx, completedAge, limit); err != nil {
 			return total, d.wrap("prune batches", err)
 		}
 	}

@@ -213,6 +213,8 @@ func undoKeys(t *testing.T, d *Driver) []string {
 		t.Fatal("no segment tables")
 	}
 	undo := []string{
+		"DROP INDEX " + d.prefix + "batch_deps_dep_idx",
+		"DELETE FROM " + d.prefix + "schema_migrations WHERE version = 19",
 		"DROP INDEX " + d.prefix + "batch_jobs_job_idx, " + d.prefix + "batches_callback_idx",
 		"DELETE FROM " + d.prefix + "schema_migrations WHERE version = 18",
 		"ALTER TABLE " + d.prefix + "queues DROP COLUMN key_fair, DROP COLUMN key_weights",

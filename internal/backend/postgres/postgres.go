@@ -127,6 +127,7 @@ type queries struct {
 	SegGetJob             string `sql:"seg_get_job"`
 	SegReadyBatches       string `sql:"seg_ready_batches"`
 	SegBatchMembers       string `sql:"seg_batch_members"`
+	SegPrunableBatches    string `sql:"seg_prunable_batches"`
 	SegListJobs           string `sql:"seg_list_jobs"`
 	SegListJobsDesc       string `sql:"seg_list_jobs_desc"`
 	SegRetry              string `sql:"seg_retry"`

@@ -134,13 +134,12 @@ INSERT INTO {p}batch_deps (batch_id, dep_batch_id) SELECT $1, unnest($2::bigint[
 UPDATE {p}batches SET callback_id = $2, fired_at = now() WHERE id = $1 AND callback_id IS NULL
 
 -- name: prune_batches
--- $1 age in microseconds, $2 limit: batches fired that long ago, and
--- their member and dependency rows, in one statement.
+-- $1 the batches seg_prunable_batches found, and their member and
+-- dependency rows, in one statement. A fired batch whose callback has
+-- finished stays so (only a retry by hand brings a job back), so the ids
+-- read are deleted as read.
 WITH b AS (
-    DELETE FROM {p}batches
-     WHERE id IN (SELECT id FROM {p}batches
-                   WHERE fired_at IS NOT NULL AND fired_at < now() - $1::bigint * interval '1 microsecond'
-                   ORDER BY fired_at LIMIT $2)
+    DELETE FROM {p}batches WHERE id = ANY($1::bigint[])
     RETURNING id
 ),
 bj AS (DELETE FROM {p}batch_jobs m USING b WHERE m.batch_id = b.id)

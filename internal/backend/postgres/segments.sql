@@ -942,6 +942,22 @@ UNION ALL
 {end})))
  ORDER BY b.id LIMIT $1
 
+-- name: seg_prunable_batches
+-- $1 age in microseconds, $2 limit: batches fired that long ago whose
+-- callback is in no live ready, running or waiting segment (the
+-- statement's sources: it has finished, or Prune deleted it; it reads
+-- its batch when it runs) and that no kept batch waits for (a workflow's
+-- step is kept while the batch of a later step is: that batch reads it
+-- to know whether it may fire, and lists its callback among its jobs).
+SELECT f.id FROM {p}batches f
+ WHERE f.fired_at IS NOT NULL AND f.fired_at < now() - $1::bigint * interval '1 microsecond'
+   AND NOT EXISTS (SELECT 1 FROM {p}batch_deps w WHERE w.dep_batch_id = f.id)
+   AND NOT EXISTS (
+{each}SELECT 1 FROM {src} r WHERE r.id = f.callback_id{sep}
+UNION ALL
+{end})
+ ORDER BY f.fired_at LIMIT $2
+
 -- name: seg_batch_members
 -- Every member's state (from every live segment, by id) and, when
 -- completed under the fence its result was stored with, its result.

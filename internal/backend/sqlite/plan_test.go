@@ -55,6 +55,10 @@ func TestQueryPlans(t *testing.T) {
 		{"awaiting dependencies", d.q.AwaitingDeps, nil, []string{"INDEX conveyor_batches_open"}, []string{"SCAN conveyor_batches\n"}},
 		// A job's batch: one probe of each index of migration 15.
 		{"job batch", d.q.JobBatch, []any{1}, []string{"COVERING INDEX conveyor_batch_jobs_job (job_id=?)", "INDEX conveyor_batches_callback (callback_id=?)"}, []string{"SCAN conveyor_batch_jobs", "SCAN conveyor_batches"}},
+		// Fired batches to prune: by fired_at, each probing its callback
+		// by id and the batches waiting for it in batch_deps_dep
+		// (migration 17).
+		{"prune batches", d.q.PruneBatches, []any{1, 1}, []string{"INDEX conveyor_batches_fired (fired_at", "INTEGER PRIMARY KEY (rowid=?)", "COVERING INDEX conveyor_batch_deps_dep (dep_batch_id=?)"}, []string{"SCAN conveyor_batch_deps", "SCAN d", "SCAN j"}},
 		// The dashboard's overview: every arm on its partial index, none
 		// on the table (SCAN conveyor_jobs USING ... INDEX is an index).
 		{"overview", d.q.Overview, []any{1}, []string{"USING COVERING INDEX conveyor_jobs_claim", "INDEX conveyor_jobs_due", "INDEX conveyor_jobs_lease", "INDEX conveyor_jobs_finalized (finalized_at>?)"}, []string{"SCAN conveyor_jobs\n", "jobs_queue_list", "USING INTEGER PRIMARY KEY"}},

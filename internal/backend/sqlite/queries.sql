@@ -232,10 +232,19 @@ SELECT m.job_id, coalesce(j.state, ''), r.result
  ORDER BY m.job_id
 
 -- name: prune_batches
--- ?1 age (microseconds), ?2 limit: batches fired that long ago.
+-- ?1 age (microseconds), ?2 limit: batches fired that long ago whose
+-- callback has finished (it reads its batch when it runs; deleted by
+-- retention counts as finished) and that no kept batch waits for (a
+-- workflow's step is kept while the batch of a later step is: that batch
+-- reads it to know whether it may fire, and lists its callback among its
+-- jobs).
 DELETE FROM {p}batches
- WHERE id IN (SELECT id FROM {p}batches INDEXED BY {p}batches_fired
-               WHERE fired_at IS NOT NULL AND fired_at < {now} - ?1 ORDER BY fired_at LIMIT ?2)
+ WHERE id IN (SELECT b.id FROM {p}batches AS b INDEXED BY {p}batches_fired
+               WHERE b.fired_at IS NOT NULL AND b.fired_at < {now} - ?1
+                 AND NOT EXISTS (SELECT 1 FROM {p}jobs j WHERE j.id = b.callback_id
+                                    AND j.state NOT IN ('completed', 'discarded', 'cancelled'))
+                 AND NOT EXISTS (SELECT 1 FROM {p}batch_deps d WHERE d.dep_batch_id = b.id)
+               ORDER BY b.fired_at LIMIT ?2)
 RETURNING id
 
 -- name: prune_batch_jobs

@@ -1,0 +1,9 @@
+-- Version 17: Prune keeps a fired batch while a batch that waits for it
+-- (a workflow's later step, a batch_deps row naming it) is kept: without
+-- its row the waiting batch would no longer see the step it waits for,
+-- and fire before that step finished. batch_deps' primary key starts
+-- with batch_id; batch_deps_dep finds the batches waiting for a batch in
+-- one probe. It costs inserting and pruning a workflow's batch one more
+-- index entry per dependency; no claim or acknowledgement writes to
+-- batch_deps.
+CREATE INDEX {p}batch_deps_dep ON {p}batch_deps (dep_batch_id)
