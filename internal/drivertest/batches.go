@@ -81,18 +81,7 @@ func batches(t *testing.T, s suite) {
 		if err != nil || len(ids) != 1 || len(bids) != 2 {
 			t.Fatalf("insert batches: %v %v %v", ids, bids, err)
 		}
-		complete := func(queue string) int64 {
-			t.Helper()
-			rows, err := d.Claim(ctx, driver.ClaimParams{Queue: queue, Limit: 1, Lease: time.Minute, Worker: "w"})
-			if err != nil || len(rows) != 1 {
-				t.Fatalf("claim %s: %d %v", queue, len(rows), err)
-			}
-			if _, err := d.Complete(ctx, []driver.Outcome{{ID: rows[0].ID, Fence: rows[0].Fence, Attempt: 1, State: driver.StateCompleted}}); err != nil {
-				t.Fatal(err)
-			}
-			return rows[0].ID
-		}
-		complete("wa")
+		runOne(t, d, "wa")
 		fired, err := d.FireBatches(ctx, 10)
 		if err != nil || len(fired) != 1 || fired[bids[0]] == 0 {
 			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[0])
@@ -111,7 +100,7 @@ func batches(t *testing.T, s suite) {
 		if err != nil || len(fired) != 0 {
 			t.Fatalf("fired %v, %v while job %d, which batch %d waits for, is available", fired, err, step, bids[1])
 		}
-		if got := complete("wb"); got != step {
+		if got := runOne(t, d, "wb"); got != step {
 			t.Fatalf("completed job %d, want the step %d", got, step)
 		}
 		fired, err = d.FireBatches(ctx, 10)
@@ -124,7 +113,7 @@ func batches(t *testing.T, s suite) {
 		}
 		// Once its callback finished, the waiting batch is pruned, then
 		// the batch it waited for.
-		if got := complete("wc"); got != fired[bids[1]] {
+		if got := runOne(t, d, "wc"); got != fired[bids[1]] {
 			t.Fatalf("completed job %d, want the callback %d", got, fired[bids[1]])
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -152,18 +141,7 @@ func batches(t *testing.T, s suite) {
 		if err != nil || len(ids) != 1 || len(bids) != 1 {
 			t.Fatalf("insert batches: %v %v %v", ids, bids, err)
 		}
-		complete := func(queue string) int64 {
-			t.Helper()
-			rows, err := d.Claim(ctx, driver.ClaimParams{Queue: queue, Limit: 1, Lease: time.Minute, Worker: "w"})
-			if err != nil || len(rows) != 1 {
-				t.Fatalf("claim %s: %d %v", queue, len(rows), err)
-			}
-			if _, err := d.Complete(ctx, []driver.Outcome{{ID: rows[0].ID, Fence: rows[0].Fence, Attempt: 1, State: driver.StateCompleted}}); err != nil {
-				t.Fatal(err)
-			}
-			return rows[0].ID
-		}
-		complete("pa")
+		runOne(t, d, "pa")
 		fired, err := d.FireBatches(ctx, 10)
 		if err != nil || len(fired) != 1 || fired[bids[0]] == 0 {
 			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[0])
@@ -175,7 +153,7 @@ func batches(t *testing.T, s suite) {
 		if b, err := d.GetBatch(ctx, bids[0]); err != nil || b.CallbackID != fired[bids[0]] {
 			t.Fatalf("batch %d, whose callback %d is available, after prune: %+v %v", bids[0], fired[bids[0]], b, err)
 		}
-		if got := complete("pb"); got != fired[bids[0]] {
+		if got := runOne(t, d, "pb"); got != fired[bids[0]] {
 			t.Fatalf("completed job %d, want the callback %d", got, fired[bids[0]])
 		}
 		if _, err := d.Prune(ctx, time.Millisecond, time.Hour, 100); err != nil {
@@ -185,4 +163,16 @@ func batches(t *testing.T, s suite) {
 			t.Errorf("batch %d after its callback completed and the prune: %v, want ErrBatchNotFound", bids[0], err)
 		}
 	})
+}
+
+// runOne claims the one job of queue and completes it, and returns its
+// id; t fails unless exactly one job was claimed and its outcome applied.
+func runOne(t *testing.T, d driver.Driver, queue string) int64 {
+	t.Helper()
+	rows, err := d.Claim(context.Background(), driver.ClaimParams{Queue: queue, Limit: 1, Lease: time.Minute, Worker: "w"})
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("claim %s: %d %v", queue, len(rows), err)
+	}
+	completeJob(t, d, rows[0], driver.StateCompleted, 0)
+	return rows[0].ID
 }

@@ -225,29 +225,16 @@ func (d *Driver) GetBatch(ctx context.Context, id int64) (*driver.BatchRow, erro
 func (d *Driver) pruneBatches(ctx context.Context, age time.Duration, limit int) error {
 	var ids []int64
 	err := d.seg.read(ctx, func(v *segView) error {
-		ids = ids[:0]
 		rows, err := d.pool.Query(ctx, d.seg.stmt(&d.q.SegPrunableBatches, v, v.srcs(phReady, phRunning, phWaiting)), micros(age), int64(limit))
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var id int64
-			if err := rows.Scan(&id); err != nil {
-				return err
-			}
-			ids = append(ids, id)
-		}
-		return rows.Err()
+		ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		return err
 	})
 	if err != nil || len(ids) == 0 {
 		return err
 	}
-	var lit arrayLit
-	lit.init(12 * len(ids))
-	for _, id := range ids {
-		lit.int(id)
-	}
-	_, err = d.pool.Exec(ctx, d.q.PruneBatches, lit.String())
+	_, err = d.pool.Exec(ctx, d.q.PruneBatches, ids)
 	return err
 }
