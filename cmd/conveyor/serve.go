@@ -171,6 +171,9 @@ func serveCmd(e *env, args []string) error {
 		return fmt.Errorf("serve: %w", err)
 	case <-e.ctx.Done():
 	}
+	// The long-polling claims answer at once with no jobs, rather than
+	// holding Shutdown until its bound and then losing their connections.
+	h.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := srv.Shutdown(ctx); err != nil {

@@ -475,11 +475,20 @@ export class Worker {
         return;
       } catch (err) {
         this.report(err, r.job);
-        if (o.kind === "complete" && o.result !== undefined && err instanceof ConveyorError && err.status === 400) {
+        // 413: the request went over the server's body cap (MaxBodyBytes,
+        // 1 MiB by default), checked before the result's own limit.
+        const tooLarge = err instanceof ConveyorError && err.status === 413;
+        if (o.kind === "complete" && o.result !== undefined && err instanceof ConveyorError && (err.status === 400 || tooLarge)) {
           // The server refused the result (not JSON-encodable, or too
           // large): the attempt fails naming why, rather than its lease
           // lapsing and the handler running again for the same refusal.
           o = { kind: "fail", error: `result refused: ${err.serverMessage}`, cancel: false };
+          continue;
+        }
+        if (o.kind === "fail" && tooLarge && (o.trace !== undefined || o.error.length > cutErrorChars)) {
+          // An error (and trace) too large to send: the server would keep
+          // only their first 64 KiB and 256 KiB; send the error's start.
+          o = { ...o, error: `${o.error.slice(0, cutErrorChars)} [truncated: the failure was over the server's request body limit]`, trace: undefined };
           continue;
         }
         if (!(err instanceof ConveyorError) || !err.transient || attempt >= 5 || dropped(r)) {
@@ -588,6 +597,9 @@ class DependencyFailed extends Error {
     this.name = "DependencyFailed";
   }
 }
+
+/** How much of an error is sent again after the server refused the failure as too large (413). */
+const cutErrorChars = 8192;
 
 /** Whether the job was lost or released (a function, so that TypeScript does not narrow phase across awaits). */
 function dropped(r: Running): boolean {

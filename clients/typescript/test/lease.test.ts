@@ -380,6 +380,49 @@ test("an acknowledgement that hangs is given up within the lease and sent again"
   }
 });
 
+test("an outcome over the server's body cap (413) is not given up: a result fails the attempt, an error is sent cut", { timeout: 60_000 }, async () => {
+  // As conveyor serve answers a body over MaxBodyBytes (1 MiB by default).
+  const cap = 1 << 20;
+  const tooLarge: Reply = { status: 413, body: { error: `request body over the ${cap}-byte limit` } };
+  let handed = 0;
+  const srv = await fakeServer(async (kind, s) => {
+    if (kind === "claim") {
+      if (handed < 2) return ok({ jobs: [wireJob(++handed, handed === 1 ? "bigResult" : "bigError")] });
+      await sleep(Number(s.body.wait_ms ?? 0));
+      return ok({ jobs: [] });
+    }
+    if (kind === "complete" || kind === "fail") {
+      return JSON.stringify(s.body).length > cap ? tooLarge : ok({ state: "retryable" });
+    }
+    return ok({});
+  });
+  const worker = new Worker(new Client({ baseUrl: srv.url, token: "t" }), {
+    queue: "q",
+    concurrency: 2,
+    waitMs: 100,
+    onError: () => {},
+    handlers: {
+      bigResult: async () => "x".repeat(2 * cap),
+      bigError: async () => {
+        throw new Error("y".repeat(2 * cap));
+      },
+    },
+  });
+  worker.start();
+  try {
+    assert.ok(
+      await until(() => srv.of("fail").filter((s) => JSON.stringify(s.body).length <= cap).length >= 2, 20_000),
+      "an outcome refused with 413 was given up: the job's lease would lapse and its handler run again",
+    );
+    const fails = srv.of("fail").filter((s) => JSON.stringify(s.body).length <= cap);
+    assert.ok(fails.some((s) => /^result refused: .*limit/.test(String(s.body.error))), "the result refused with 413 did not fail the attempt naming why");
+    assert.ok(fails.some((s) => String(s.body.error).startsWith("yyy")), "the error refused with 413 was not sent again, cut");
+  } finally {
+    await worker.stop({ timeoutMs: 1000 });
+    await srv.close();
+  }
+});
+
 /** A claimed workflow job (the callback of batch 5); cancel marks it for the "cancel" policy. */
 function workflowJob(cancel: boolean) {
   const metadata: Record<string, string> = { "conveyor.batch_id": "5" };

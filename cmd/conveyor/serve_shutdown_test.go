@@ -1,0 +1,73 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Stopping serve ends the long-polling claims first: they answer at once
+// with no jobs (web.Handler.Close before http.Server.Shutdown), so the
+// server stops promptly instead of waiting out its shutdown bound while
+// HTTP workers long-poll, and then cutting their connections.
+func TestServeStopEndsLongPolls(t *testing.T) {
+	dsn := filepath.Join(t.TempDir(), "q.db")
+	mustCLI(t, "migrate", "--db", dsn)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--db", dsn, "--insecure-loopback-dev", "--maintenance=false"}, nil, pw, io.Discard)
+		pw.Close()
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		cancel()
+		t.Fatalf("serve: %v (%v)", err, <-done)
+	}
+	go io.Copy(io.Discard, pr)
+	base := strings.TrimSuffix(regexp.MustCompile(`http://\S+/`).FindString(line), "/")
+
+	type answer struct {
+		status int
+		body   []byte
+		err    error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		res, err := http.Post(base+"/api/v1/claim", "application/json", strings.NewReader(`{"queue":"q","wait_ms":30000}`))
+		if err != nil {
+			got <- answer{err: err}
+			return
+		}
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		got <- answer{res.StatusCode, b, err}
+	}()
+	time.Sleep(500 * time.Millisecond) // the claim waits
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("serve took %v to stop while a claim long-polled", d)
+	}
+	a := <-got
+	if a.err != nil || a.status != 200 || !bytes.Contains(a.body, []byte(`"jobs":[]`)) {
+		t.Errorf("the long-polling claim answered %d %s (%v), want 200 with no jobs", a.status, a.body, a.err)
+	}
+}
