@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
-	"context"
 	"io"
 	"net/http"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -20,21 +17,13 @@ import (
 func TestServeStopEndsLongPolls(t *testing.T) {
 	dsn := filepath.Join(t.TempDir(), "q.db")
 	mustCLI(t, "migrate", "--db", dsn)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	pr, pw := io.Pipe()
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--db", dsn, "--insecure-loopback-dev", "--maintenance=false"}, nil, pw, io.Discard)
-		pw.Close()
+	base, stop := startServe(t, io.Discard, "--db", dsn, "--insecure-loopback-dev", "--maintenance=false")
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = stop()
+		}
 	}()
-	line, err := bufio.NewReader(pr).ReadString('\n')
-	if err != nil {
-		cancel()
-		t.Fatalf("serve: %v (%v)", err, <-done)
-	}
-	go io.Copy(io.Discard, pr)
-	base := strings.TrimSuffix(regexp.MustCompile(`http://\S+/`).FindString(line), "/")
 
 	type answer struct {
 		status int
@@ -65,21 +54,15 @@ func TestServeStopEndsLongPolls(t *testing.T) {
 			}
 		}
 		if time.Now().After(deadline) {
-			cancel()
 			t.Fatalf("the claim's worker was not registered within 30s (%v)", err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	cancel()
 	// Before, Shutdown waited out its 10s bound for the claim and then cut
 	// its connection: the claim got EOF.
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve: %v", err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("serve did not stop within 60s")
+	stopped = true
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 	a := <-got
 	if a.err != nil || a.status != 200 || !bytes.Contains(a.body, []byte(`"jobs":[]`)) {

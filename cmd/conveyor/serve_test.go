@@ -50,6 +50,20 @@ func serve(t *testing.T, args ...string) string {
 // to stderr.
 func serveLogging(t *testing.T, stderr io.Writer, args ...string) string {
 	t.Helper()
+	base, stop := startServe(t, stderr, args...)
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return base
+}
+
+// startServe starts `conveyor serve` with args, its log going to stderr,
+// and returns its base URL and stop, which stops it and returns its
+// error (or that it did not stop within 30s).
+func startServe(t *testing.T, stderr io.Writer, args ...string) (base string, stop func() error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
@@ -63,22 +77,24 @@ func serveLogging(t *testing.T, stderr io.Writer, args ...string) string {
 		t.Fatalf("serve: %v (%v)", err, <-done)
 	}
 	go io.Copy(io.Discard, pr)
-	t.Cleanup(func() {
+	stop = func() error {
 		cancel()
 		select {
 		case err := <-done:
 			if err != nil {
-				t.Errorf("serve: %v", err)
+				return fmt.Errorf("serve: %w", err)
 			}
+			return nil
 		case <-time.After(30 * time.Second):
-			t.Error("serve did not stop")
+			return fmt.Errorf("serve did not stop within 30s")
 		}
-	})
+	}
 	u := regexp.MustCompile(`http://\S+/`).FindString(line)
 	if u == "" {
+		_ = stop()
 		t.Fatalf("no URL in %q", line)
 	}
-	return strings.TrimSuffix(u, "/")
+	return strings.TrimSuffix(u, "/"), stop
 }
 
 func TestServe(t *testing.T) {
