@@ -253,18 +253,6 @@ type ClaimParams struct {
 	Limit  int
 	Lease  time.Duration
 	Worker string // identifies the claiming process, stored in attempted_by
-	// Handover, for ClaimLimited, are attempts of the claiming process
-	// whose handlers have returned and whose outcomes are not yet
-	// written. Each one's place under the queue's MaxRunning (its
-	// concurrency slot, or its count as a running job) may pass to a job
-	// this claim takes: the attempt no longer executes, so the limit on
-	// executions at once still holds, and a claim need not wait for the
-	// outcome's commit to start the next job. An attempt whose place
-	// passed frees nothing when its outcome is written. Only the queue's
-	// own limit passes: a key's slot (KeyMaxRunning, Ordered) stays with
-	// its attempt until the outcome is written, so that a retry of an
-	// ordered key still runs before the key's next job. Claim ignores it.
-	Handover []Lease
 }
 
 // Outcome is the result of one attempt, as the completer writes it.
@@ -682,13 +670,6 @@ type Driver interface {
 	// running jobs inside the claim's transaction: nothing is then freed
 	// when an attempt ends, and every running job of the queue counts,
 	// ClaimJob's and those claimed before the limit was set included.
-	//
-	// A concurrency slot (or, counting, a running job) held by an attempt
-	// of p.Handover that still holds it under its fence counts as free:
-	// a job claimed into it takes it over (the slot's job and fence
-	// become the new attempt's), so the handed-over attempt's outcome
-	// frees nothing. No slot passes twice: a slot passes only from the
-	// attempt that holds it.
 	//
 	// Key limits (KeyMaxRunning, Ordered): a job with a key is claimed
 	// only into a free slot of its key (a key slot row (queue, key, n),

@@ -325,13 +325,11 @@ func (f *fetcher) run(ctx context.Context) {
 // room returns how many more slots of the queue's concurrency limit
 // this process could take at most, as far as it knows: the queue's
 // MaxRunning as its last claim read it, less the attempts this process
-// holds that have not finished (running, or waiting for a worker). A
-// finishing attempt keeps its slot until its outcome is written, but
-// the next claim may take it over (handover): its handler has returned.
-// Claiming more than that would come back short, and count as held. ok
-// is false when no concurrency limit is known. Attempts that took no
-// slot (claimed before the queue was limited) make it smaller than it
-// is, for as long as they run.
+// holds (running, waiting for a worker, or finishing: an attempt keeps
+// its slot until its outcome is written). Claiming more than that would
+// come back short, and count as held. ok is false when no concurrency
+// limit is known. Attempts that took no slot (claimed before the queue
+// was limited) make it smaller than it is, for as long as they run.
 func (f *fetcher) room() (n int, ok bool) {
 	m := int(f.maxRun.Load())
 	if m <= 0 || !f.e.limited(f.queue) {
@@ -339,31 +337,8 @@ func (f *fetcher) room() (n int, ok bool) {
 	}
 	f.mu.Lock()
 	held := len(f.leases)
-	for _, it := range f.leases {
-		if it.finishing {
-			held--
-		}
-	}
 	f.mu.Unlock()
 	return m - held, true
-}
-
-// handover lists this fetcher's finishing attempts (handler returned,
-// outcome not yet written), at most max of them: a limited claim may pass
-// their concurrency slots to the jobs it takes (driver.ClaimParams).
-func (f *fetcher) handover(max int) []driver.Lease {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var out []driver.Lease
-	for _, it := range f.leases {
-		if len(out) == max {
-			break
-		}
-		if it.finishing {
-			out = append(out, driver.Lease{ID: it.row.ID, Fence: it.row.Fence})
-		}
-	}
-	return out
 }
 
 // claim claims up to limit jobs of the queue: through ClaimLimited when
@@ -378,9 +353,6 @@ func (f *fetcher) claim(ctx context.Context, limit int) (rows []*driver.JobRow, 
 		f.maxRun.Store(0)
 		rows, err = e.drv.Claim(ctx, p)
 		return rows, 0, err
-	}
-	if f.maxRun.Load() > 0 {
-		p.Handover = f.handover(limit)
 	}
 	res, err := e.drv.ClaimLimited(ctx, p)
 	if err == nil {

@@ -161,15 +161,8 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 	if walked {
 		s.queueWalk(b, v, p.Queue, ks, want)
 	}
-	var hIDs, hFences arrayLit
-	hIDs.init(12 * len(p.Handover))
-	hFences.init(17 * len(p.Handover))
-	for _, h := range p.Handover {
-		hIDs.int(h.ID)
-		hFences.int(h.Fence)
-	}
 	b.Queue("BEGIN")
-	b.Queue(q.LimitBegin, p.Queue, want, hIDs.String(), hFences.String())
+	b.Queue(q.LimitBegin, p.Queue, want)
 	br := conn.SendBatch(ctx, b)
 	if walked {
 		walk, err = readWalk(br, ks)

@@ -295,10 +295,7 @@ SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_
 -- and rate slots locked. The limits are read in the statement's
 -- snapshot, before the slots are locked: limit_take checks them again
 -- in a later one. The last columns: the key limits, the rate per key,
--- whether the queue is fair and its key weights ('' for none). $3, $4:
--- the jobs and fences of the claiming process's finishing attempts
--- (driver.ClaimParams.Handover): a concurrency slot one of them holds
--- counts as free, and limit_take gives it to a job of this claim.
+-- whether the queue is fair and its key weights ('' for none).
 WITH l AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS async,
            coalesce(max_running, 0) AS mr, coalesce(rate, 0) AS rt,
@@ -316,9 +313,7 @@ hi AS MATERIALIZED (
 ),
 c AS MATERIALIZED (
     SELECT n FROM {p}limit_slots
-     WHERE queue = $1 AND type = 'c' AND lkey = '' AND n < (SELECT mr FROM l)
-       AND (job_id IS NULL
-            OR (job_id, fence) IN (SELECT h.id, h.fence FROM unnest($3::bigint[], $4::bigint[]) AS h(id, fence)))
+     WHERE queue = $1 AND type = 'c' AND lkey = '' AND n < (SELECT mr FROM l) AND job_id IS NULL
        AND NOT (SELECT paused FROM l) AND NOT (SELECT held FROM hi)
      ORDER BY n
      LIMIT $2
