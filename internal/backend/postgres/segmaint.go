@@ -371,6 +371,9 @@ func (s *segStore) reclaim(ctx context.Context, r regRow, drain, finished bool) 
 		}
 	}
 	ok, err := s.maintTx(ctx, func(tx pgx.Tx) error {
+		if err := s.still(ctx, tx, r); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, s.table(s.d.q.SegLockExclusive, r.tbl, "")); err != nil {
 			return err
 		}
@@ -394,6 +397,9 @@ func (s *segStore) reclaim(ctx context.Context, r regRow, drain, finished bool) 
 		return false, 0, nil
 	}
 	ok, err = s.maintTx(ctx, func(tx pgx.Tx) error {
+		if err := s.still(ctx, tx, r); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, s.table(s.d.q.SegLockShare, r.tbl, "")); err != nil {
 			return err
 		}
@@ -437,6 +443,22 @@ func (s *segStore) leftovers(ctx context.Context, tx pgx.Tx, r regRow, finished 
 	return err
 }
 
+// still checks in tx, under the maintenance lock, that r's registry row
+// is as the round read it, and locks it for the step; errSkip if not.
+// The round reads the registry before its steps, each a transaction of
+// its own: another process maintaining the prefix meanwhile (a leader
+// whose lease ran out mid-round, and the next one) may have reclaimed
+// the table and made it current again, and a reclaim or drop on the old
+// row would truncate or drop the current segment with its jobs.
+func (s *segStore) still(ctx context.Context, tx pgx.Tx, r regRow) error {
+	var ok bool
+	err := tx.QueryRow(ctx, s.d.q.SegStill, r.tbl, r.status, r.inc).Scan(&ok)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return errSkip
+	}
+	return err
+}
+
 // advance draws the next incarnation of tbl and records it with status.
 func (s *segStore) advance(ctx context.Context, tx pgx.Tx, tbl, status string) error {
 	var inc int64
@@ -450,6 +472,9 @@ func (s *segStore) advance(ctx context.Context, tx pgx.Tx, tbl, status string) e
 // dropSegment drops a free table beyond the ring, when its lock is free.
 func (s *segStore) dropSegment(ctx context.Context, r regRow) (bool, error) {
 	ok, err := s.maintTx(ctx, func(tx pgx.Tx) error {
+		if err := s.still(ctx, tx, r); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, s.table(s.d.q.SegLockExclusive, r.tbl, "")); err != nil {
 			return err
 		}

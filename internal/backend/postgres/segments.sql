@@ -1176,6 +1176,14 @@ SELECT tbl, inc FROM {p}segments WHERE phase = $1 AND status = 'free' ORDER BY o
 -- name: seg_inc
 SELECT inc FROM {p}segments WHERE tbl = $1
 
+-- name: seg_still
+-- $1 table, $2 status, $3 incarnation: whether the registry row a
+-- maintenance step acts on is still as its round read it (before the
+-- step took the maintenance lock: another process maintaining the prefix
+-- meanwhile may have reclaimed the table and made it current again),
+-- locked for the step. NOWAIT: a by-hand retry holding it, next round.
+SELECT true FROM {p}segments WHERE tbl = $1 AND status = $2 AND inc = $3 FOR UPDATE NOWAIT
+
 -- name: seg_new_name
 SELECT nextval('{p}segments_n')
 
