@@ -28,6 +28,10 @@ type regRow struct {
 	// toCount: a sealed done or dead segment past tuning.lateWrites
 	// whose counts are not recorded (see recordCounts).
 	toCount bool
+	// age is retention's age, for a finished segment it reclaims: its
+	// newest row must still be older under the reclaim's lock (see
+	// leftovers).
+	age time.Duration
 }
 
 // maintain runs one round of rotation and reclaim, unless one ran less
@@ -416,11 +420,24 @@ func (s *segStore) reclaim(ctx context.Context, r regRow, drain, finished bool) 
 
 // leftovers counts a segment's rows into n and moves them (unfinished
 // phases, at most tune.leftovers of them, else errSkip) into the current
-// segment of the phase, or frees their unique keys (finished).
+// segment of the phase, or frees their unique keys (finished, once its
+// newest row is seen older than r.age under tx's lock, else errSkip).
 func (s *segStore) leftovers(ctx context.Context, tx pgx.Tx, r regRow, finished bool, move string, n *int64) error {
 	limit := s.tune.leftovers + 1
 	if finished {
 		limit = 1 << 62
+	}
+	if finished {
+		// Retention found the segment expired before this lock: a late
+		// write (a completion through a view that still took it for
+		// current) may have landed since, and would go with it.
+		var due bool
+		if err := tx.QueryRow(ctx, s.table(s.d.q.SegExpired, r.tbl, ""), micros(r.age)).Scan(&due); err != nil {
+			return err
+		}
+		if !due {
+			return errSkip
+		}
 	}
 	if err := tx.QueryRow(ctx, s.table(s.d.q.SegRows, r.tbl, ""), limit).Scan(n); err != nil {
 		return err
@@ -528,6 +545,7 @@ func (s *segStore) prune(ctx context.Context, phase string, age time.Duration) (
 			}
 			r.status = "sealed"
 		}
+		r.age = age
 		ok, rows, err := s.reclaim(ctx, r, true, true)
 		if err != nil {
 			return n, err

@@ -2,10 +2,15 @@ package postgres
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/conveyorq/conveyor/internal/driver"
+	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
 // regRowOf returns tbl's row in regs, as a round read it.
@@ -118,5 +123,103 @@ func TestSegmentsMaintainerActsOnStaleRegistry(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// afterQuery is a pgx tracer that runs a function when a query whose
+// text contains a string ends, on the goroutine that ran it.
+type afterQuery struct {
+	match string
+	do    func(sql string)
+}
+
+type sqlKey struct{}
+
+func (a *afterQuery) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, sqlKey{}, data.SQL)
+}
+
+func (a *afterQuery) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if sql, _ := ctx.Value(sqlKey{}).(string); strings.Contains(sql, a.match) {
+		a.do(sql)
+	}
+}
+
+// TestSegmentsPruneLateWrite: retention decides that a finished segment
+// is expired (its newest row older than the age), then truncates it. A
+// completion through a view that still takes the segment for current
+// (retention's own seal notifies nobody; views are up to a second old)
+// lands in it between the two: the truncation must not take that job,
+// completed a moment ago, with it.
+func TestSegmentsPruneLateWrite(t *testing.T) {
+	d0, _ := openSeg(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testdb.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tracer := &afterQuery{match: "max(finalized_at)"}
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	d, err := New(ctx, pool, nil, driver.Options{Prefix: d0.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	other := openOther(t, d0)
+
+	v, err := d.seg.viewNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := v.cur[phDone].tbl
+	finishJobs(t, d0, "late", 1, driver.StateCompleted)
+	if _, err := d0.pool.Exec(ctx, "UPDATE "+x+" SET finalized_at = now() - interval '2 hours'"); err != nil {
+		t.Fatal(err)
+	}
+	// other's worker holds a job; its view takes x for the current done
+	// segment.
+	ids, err := other.Insert(ctx, []driver.InsertParams{pj("late")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs, err := other.Claim(ctx, driver.ClaimParams{Queue: "late", Limit: 1, Lease: time.Minute, Worker: "w"})
+	if err != nil || len(jobs) != 1 {
+		t.Fatalf("claimed %d, %v", len(jobs), err)
+	}
+	stale, err := other.seg.viewNow(ctx)
+	if err != nil || stale.cur[phDone].tbl != x {
+		t.Fatalf("other's view: %v", err)
+	}
+	fired := false
+	tracer.do = func(sql string) {
+		if fired || !strings.Contains(sql, x) {
+			return
+		}
+		fired = true
+		cp := *stale
+		cp.at = time.Now()
+		other.seg.view.Store(&cp)
+		applied, err := other.Complete(ctx, []driver.Outcome{{ID: jobs[0].ID, Fence: jobs[0].Fence, Attempt: jobs[0].Attempt, State: driver.StateCompleted}})
+		if err != nil || len(applied) != 1 {
+			t.Errorf("late completion: %v %v", applied, err)
+		}
+		if n := rowsIn(t, d0, x); n != 2 {
+			t.Errorf("%s holds %d rows after the late completion, want 2", x, n)
+		}
+	}
+	if _, err := d.Prune(ctx, time.Hour, -1, 100); err != nil {
+		t.Fatal(err)
+	}
+	if !fired {
+		t.Fatal("retention never checked the expiry of " + x)
+	}
+	j, err := d0.GetJob(ctx, ids[0])
+	if err != nil || j.State != driver.StateCompleted {
+		t.Fatalf("job %d, completed a moment ago: %+v, %v", ids[0], j, err)
 	}
 }
