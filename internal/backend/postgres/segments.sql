@@ -524,10 +524,20 @@ GROUP BY j.queue
 -- NULL): frees those whose job is in none of the live ready and waiting
 -- segments (the statement's sources) any more (cancelled, discarded,
 -- completed after a retry by hand, deleted), re-checked on the slot's
--- latest version, and wakes their queues.
-WITH c AS MATERIALIZED (
+-- latest version, and wakes their queues. $1 the live ready and waiting
+-- segments the statement was built for, as "tbl:inc" joined by "," in
+-- byte order: the statement's snapshot of the registry must name exactly
+-- them (the first column says whether it did), else it frees nothing,
+-- since a segment it does not read (a rotation and reclaim since the
+-- view was read) may hold the job (as seg_sweep_slots).
+WITH
+reg AS MATERIALIZED (
+    SELECT coalesce(string_agg(tbl || ':' || inc, ',' ORDER BY tbl COLLATE "C"), '') = $1 AS same
+      FROM {p}segments WHERE phase IN ('ready', 'waiting') AND status IN ('current', 'sealed')
+),
+c AS MATERIALIZED (
     SELECT s.queue, s.lkey, s.n, s.job_id FROM {p}key_slots s
-     WHERE s.job_id IS NOT NULL AND s.fence IS NULL
+     WHERE s.job_id IS NOT NULL AND s.fence IS NULL AND (SELECT same FROM reg)
        AND NOT EXISTS (
 {each}SELECT 1 FROM {src} r WHERE r.id = s.job_id{sep}
 UNION ALL
@@ -540,7 +550,7 @@ fr AS (
     RETURNING s.queue
 ),
 woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT DISTINCT queue FROM fr) f)
-SELECT (SELECT count(*) FROM fr), (SELECT count(*) FROM woke)
+SELECT (SELECT same FROM reg), (SELECT count(*) FROM fr), (SELECT count(*) FROM woke)
 
 -- name: seg_has_ready
 -- Whether a job of queue $1 is available in a live ready segment: a

@@ -223,3 +223,99 @@ func TestSegmentsPruneLateWrite(t *testing.T) {
 		t.Fatalf("job %d, completed a moment ago: %+v, %v", ids[0], j, err)
 	}
 }
+
+// tracedDriver opens a driver on d's prefix whose pool (and the
+// registry's, made from it) runs tracer.
+func tracedDriver(t *testing.T, d *Driver, tracer *afterQuery) *Driver {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(testdb.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	td, err := New(ctx, pool, nil, driver.Options{Prefix: d.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = td.Close() })
+	return td
+}
+
+// TestSweepKeptSeesSegmentsCreatedSince: Rescue's sweep of the key slots
+// kept for ordered keys' retries frees a slot whose job it finds in no
+// live ready or waiting segment. Its view is read just before its
+// statement, but another process (a second maintainer) may rotate and
+// reclaim in between: the job then waits in a segment the view does not
+// name, and its kept slot must stay kept.
+func TestSweepKeptSeesSegmentsCreatedSince(t *testing.T) {
+	d0, _ := openSeg(t)
+	ctx := context.Background()
+	tracer := &afterQuery{match: "inc, sealed_at FROM", do: func(string) {}}
+	d := tracedDriver(t, d0, tracer)
+	other := openOther(t, d0)
+	other.seg.tune.grace = 0
+	if err := d0.SetQueueLimits(ctx, "o", driver.QueueLimits{Ordered: true}); err != nil {
+		t.Fatal(err)
+	}
+	job := pj("o")
+	job.Key = "k"
+	ids, err := d0.Insert(ctx, []driver.InsertParams{job})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := d0.ClaimLimited(ctx, driver.ClaimParams{Queue: "o", Limit: 1, Lease: time.Minute, Worker: "w"})
+	if err != nil || len(res.Rows) != 1 {
+		t.Fatalf("claimed %v, %v", res.Rows, err)
+	}
+	j := res.Rows[0]
+	if applied, err := d0.Complete(ctx, []driver.Outcome{{ID: j.ID, Fence: j.Fence, Attempt: j.Attempt, State: driver.StateRetryable, RetryIn: time.Hour}}); err != nil || len(applied) != 1 {
+		t.Fatalf("fail: %v %v", applied, err)
+	}
+	kept := func() int {
+		var n int
+		if err := d0.pool.QueryRow(ctx, "SELECT count(*) FROM "+d0.prefix+"key_slots WHERE job_id = $1 AND fence IS NULL", ids[0]).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if kept() != 1 {
+		t.Fatal("no slot kept for the retry of the ordered key's job")
+	}
+	v, err := other.seg.viewNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := v.cur[phWaiting].tbl
+	fired := false
+	tracer.do = func(string) {
+		if fired {
+			return
+		}
+		fired = true
+		// Right after the sweep's registry read: another process seals
+		// the waiting segment and reclaims it, moving the job into a
+		// segment created now.
+		if err := other.seg.rotate(ctx, phWaiting); err != nil {
+			t.Error(err)
+		}
+		reclaimSealed(t, other.seg, w)
+	}
+	if _, err := d.seg.sweepKept(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !fired {
+		t.Fatal("the sweep read no registry")
+	}
+	if got, err := d0.GetJob(ctx, ids[0]); err != nil || got.State != driver.StateRetryable {
+		t.Fatalf("the job: %+v, %v", got, err)
+	}
+	if kept() != 1 {
+		t.Fatal("the sweep freed the slot kept for a job waiting for its retry in a segment created after its view")
+	}
+}
