@@ -575,6 +575,19 @@ func (d *Driver) LimitUsage(ctx context.Context) (map[string]driver.LimitUsage, 
 	return out, nil
 }
 
+// liveSig lists the live segments of phases in v as "tbl:inc" joined
+// by ",", in byte order: the form seg_sweep_slots and seg_sweep_kept
+// compare with the registry in their own snapshot.
+func (v *segView) liveSig(phases ...string) string {
+	tbls := slices.Clone(v.srcs(phases...))
+	slices.Sort(tbls)
+	parts := make([]string, len(tbls))
+	for i, t := range tbls {
+		parts[i] = t + ":" + strconv.FormatInt(v.inc[t], 10)
+	}
+	return strings.Join(parts, ",")
+}
+
 // sweepRounds bounds the sweeps whose registry changed under them.
 const sweepRounds = 3
 
@@ -592,15 +605,9 @@ func (s *segStore) sweepSlots(ctx context.Context) (int64, error) {
 		if err != nil {
 			return 0, err
 		}
-		running := slices.Clone(v.live[phRunning])
-		slices.Sort(running)
-		parts := make([]string, len(running))
-		for i, t := range running {
-			parts[i] = t + ":" + strconv.FormatInt(v.inc[t], 10)
-		}
 		var same bool
 		var freed, woke int64
-		err = s.d.pool.QueryRow(ctx, s.stmt(&s.d.q.SegSweepSlots, v, v.live[phRunning]), strings.Join(parts, ",")).
+		err = s.d.pool.QueryRow(ctx, s.stmt(&s.d.q.SegSweepSlots, v, v.live[phRunning]), v.liveSig(phRunning)).
 			Scan(&same, &freed, &woke)
 		if s.goneSegment(err) {
 			err, same = nil, false

@@ -140,6 +140,7 @@ type queries struct {
 	SegCurrent            string `sql:"seg_current"`
 	SegFree               string `sql:"seg_free"`
 	SegInc                string `sql:"seg_inc"`
+	SegStill              string `sql:"seg_still"`
 	SegNewName            string `sql:"seg_new_name"`
 	SegRegister           string `sql:"seg_register"`
 	SegSetStatus          string `sql:"seg_set_status"`

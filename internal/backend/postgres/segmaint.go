@@ -28,6 +28,10 @@ type regRow struct {
 	// toCount: a sealed done or dead segment past tuning.lateWrites
 	// whose counts are not recorded (see recordCounts).
 	toCount bool
+	// age is retention's age, for a finished segment it reclaims: its
+	// newest row must still be older under the reclaim's lock (see
+	// leftovers).
+	age time.Duration
 }
 
 // maintain runs one round of rotation and reclaim, unless one ran less
@@ -371,6 +375,9 @@ func (s *segStore) reclaim(ctx context.Context, r regRow, drain, finished bool) 
 		}
 	}
 	ok, err := s.maintTx(ctx, func(tx pgx.Tx) error {
+		if err := s.still(ctx, tx, r); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, s.table(s.d.q.SegLockExclusive, r.tbl, "")); err != nil {
 			return err
 		}
@@ -394,6 +401,9 @@ func (s *segStore) reclaim(ctx context.Context, r regRow, drain, finished bool) 
 		return false, 0, nil
 	}
 	ok, err = s.maintTx(ctx, func(tx pgx.Tx) error {
+		if err := s.still(ctx, tx, r); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, s.table(s.d.q.SegLockShare, r.tbl, "")); err != nil {
 			return err
 		}
@@ -410,11 +420,24 @@ func (s *segStore) reclaim(ctx context.Context, r regRow, drain, finished bool) 
 
 // leftovers counts a segment's rows into n and moves them (unfinished
 // phases, at most tune.leftovers of them, else errSkip) into the current
-// segment of the phase, or frees their unique keys (finished).
+// segment of the phase, or frees their unique keys (finished, once its
+// newest row is seen older than r.age under tx's lock, else errSkip).
 func (s *segStore) leftovers(ctx context.Context, tx pgx.Tx, r regRow, finished bool, move string, n *int64) error {
 	limit := s.tune.leftovers + 1
 	if finished {
 		limit = 1 << 62
+	}
+	if finished {
+		// Retention found the segment expired before this lock: a late
+		// write (a completion through a view that still took it for
+		// current) may have landed since, and would go with it.
+		var due bool
+		if err := tx.QueryRow(ctx, s.table(s.d.q.SegExpired, r.tbl, ""), micros(r.age)).Scan(&due); err != nil {
+			return err
+		}
+		if !due {
+			return errSkip
+		}
 	}
 	if err := tx.QueryRow(ctx, s.table(s.d.q.SegRows, r.tbl, ""), limit).Scan(n); err != nil {
 		return err
@@ -437,6 +460,22 @@ func (s *segStore) leftovers(ctx context.Context, tx pgx.Tx, r regRow, finished 
 	return err
 }
 
+// still checks in tx, under the maintenance lock, that r's registry row
+// is as the round read it, and locks it for the step; errSkip if not.
+// The round reads the registry before its steps, each a transaction of
+// its own: another process maintaining the prefix meanwhile (a leader
+// whose lease ran out mid-round, and the next one) may have reclaimed
+// the table and made it current again, and a reclaim or drop on the old
+// row would truncate or drop the current segment with its jobs.
+func (s *segStore) still(ctx context.Context, tx pgx.Tx, r regRow) error {
+	var ok bool
+	err := tx.QueryRow(ctx, s.d.q.SegStill, r.tbl, r.status, r.inc).Scan(&ok)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return errSkip
+	}
+	return err
+}
+
 // advance draws the next incarnation of tbl and records it with status.
 func (s *segStore) advance(ctx context.Context, tx pgx.Tx, tbl, status string) error {
 	var inc int64
@@ -450,6 +489,9 @@ func (s *segStore) advance(ctx context.Context, tx pgx.Tx, tbl, status string) e
 // dropSegment drops a free table beyond the ring, when its lock is free.
 func (s *segStore) dropSegment(ctx context.Context, r regRow) (bool, error) {
 	ok, err := s.maintTx(ctx, func(tx pgx.Tx) error {
+		if err := s.still(ctx, tx, r); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, s.table(s.d.q.SegLockExclusive, r.tbl, "")); err != nil {
 			return err
 		}
@@ -503,6 +545,7 @@ func (s *segStore) prune(ctx context.Context, phase string, age time.Duration) (
 			}
 			r.status = "sealed"
 		}
+		r.age = age
 		ok, rows, err := s.reclaim(ctx, r, true, true)
 		if err != nil {
 			return n, err

@@ -524,10 +524,20 @@ GROUP BY j.queue
 -- NULL): frees those whose job is in none of the live ready and waiting
 -- segments (the statement's sources) any more (cancelled, discarded,
 -- completed after a retry by hand, deleted), re-checked on the slot's
--- latest version, and wakes their queues.
-WITH c AS MATERIALIZED (
+-- latest version, and wakes their queues. $1 the live ready and waiting
+-- segments the statement was built for, as "tbl:inc" joined by "," in
+-- byte order: the statement's snapshot of the registry must name exactly
+-- them (the first column says whether it did), else it frees nothing,
+-- since a segment it does not read (a rotation and reclaim since the
+-- view was read) may hold the job (as seg_sweep_slots).
+WITH
+reg AS MATERIALIZED (
+    SELECT coalesce(string_agg(tbl || ':' || inc, ',' ORDER BY tbl COLLATE "C"), '') = $1 AS same
+      FROM {p}segments WHERE phase IN ('ready', 'waiting') AND status IN ('current', 'sealed')
+),
+c AS MATERIALIZED (
     SELECT s.queue, s.lkey, s.n, s.job_id FROM {p}key_slots s
-     WHERE s.job_id IS NOT NULL AND s.fence IS NULL
+     WHERE s.job_id IS NOT NULL AND s.fence IS NULL AND (SELECT same FROM reg)
        AND NOT EXISTS (
 {each}SELECT 1 FROM {src} r WHERE r.id = s.job_id{sep}
 UNION ALL
@@ -540,7 +550,7 @@ fr AS (
     RETURNING s.queue
 ),
 woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT DISTINCT queue FROM fr) f)
-SELECT (SELECT count(*) FROM fr), (SELECT count(*) FROM woke)
+SELECT (SELECT same FROM reg), (SELECT count(*) FROM fr), (SELECT count(*) FROM woke)
 
 -- name: seg_has_ready
 -- Whether a job of queue $1 is available in a live ready segment: a
@@ -1175,6 +1185,14 @@ SELECT tbl, inc FROM {p}segments WHERE phase = $1 AND status = 'free' ORDER BY o
 
 -- name: seg_inc
 SELECT inc FROM {p}segments WHERE tbl = $1
+
+-- name: seg_still
+-- $1 table, $2 status, $3 incarnation: whether the registry row a
+-- maintenance step acts on is still as its round read it (before the
+-- step took the maintenance lock: another process maintaining the prefix
+-- meanwhile may have reclaimed the table and made it current again),
+-- locked for the step. NOWAIT: a by-hand retry holding it, next round.
+SELECT true FROM {p}segments WHERE tbl = $1 AND status = $2 AND inc = $3 FOR UPDATE NOWAIT
 
 -- name: seg_new_name
 SELECT nextval('{p}segments_n')

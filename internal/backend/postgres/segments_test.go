@@ -533,9 +533,7 @@ func TestSegmentsSequenceResumedPastIncarnation(t *testing.T) {
 	if err := s.rotate(ctx, phReady); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.reclaim(ctx, regRow{tbl: a, phase: phReady, status: "sealed", graceOver: true}, false, false); err != nil {
-		t.Fatal(err)
-	}
+	reclaimSealed(t, s, a)
 	var inc int64
 	if err := d.pool.QueryRow(ctx, "SELECT inc FROM "+d.prefix+"segments WHERE tbl = $1", a).Scan(&inc); err != nil {
 		t.Fatal(err)
@@ -571,9 +569,7 @@ func TestSegmentsHeartbeatAfterMoveAndNotification(t *testing.T) {
 	if err := s.rotate(ctx, phRunning); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.reclaim(ctx, regRow{tbl: r, phase: phRunning, status: "sealed", graceOver: true}, false, false); err != nil {
-		t.Fatal(err)
-	}
+	reclaimSealed(t, s, r)
 	if st := status(t, d, r); st != "free" {
 		t.Fatalf("running segment %s is %s after its reclaim, want free (the job moved out)", r, st)
 	}
