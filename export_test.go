@@ -97,3 +97,11 @@ func PeriodicCatchUpForTest[TTx any](c *Client[TTx], name string, from, now time
 	}
 	return fmt.Errorf("no periodic job %q", name)
 }
+
+// UniqueKeyForTest returns the unique key of a job of kind on queue with
+// args (JSON) and options u, due now: tests use it to know in which order
+// conveyor inserts keys.
+func UniqueKeyForTest(kind, queue string, args []byte, u *UniqueOpts) ([]byte, error) {
+	k, _, err := uniqueKey(kind, queue, args, time.Now(), u)
+	return k, err
+}
