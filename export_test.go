@@ -82,3 +82,26 @@ func BumpSchemaForTest[TTx any](c *Client[TTx], v int) error {
 func FireBatchesForTest[TTx any](c *Client[TTx], limit int) (map[int64]int64, error) {
 	return c.drv.FireBatches(context.Background(), limit)
 }
+
+// PeriodicCatchUpForTest plays a process whose periodic loop stalled: the
+// next slot of c's schedule name is set to from, and the loop's work at a
+// wake at now is done (every slot from from up to now enqueued, in
+// order). c must not be started.
+func PeriodicCatchUpForTest[TTx any](c *Client[TTx], name string, from, now time.Time) error {
+	for _, j := range c.periodic.jobs {
+		if j.Name == name {
+			j.next = from
+			c.enqueueDue(context.Background(), j, now)
+			return nil
+		}
+	}
+	return fmt.Errorf("no periodic job %q", name)
+}
+
+// UniqueKeyForTest returns the unique key of a job of kind on queue with
+// args (JSON) and options u, due now: tests use it to know in which order
+// conveyor inserts keys.
+func UniqueKeyForTest(kind, queue string, args []byte, u *UniqueOpts) ([]byte, error) {
+	k, _, err := uniqueKey(kind, queue, args, time.Now(), u)
+	return k, err
+}

@@ -22,7 +22,10 @@ import (
 // while no process of the schedule was running is missed: on start it is
 // skipped, or run once (the latest missed slot only) when RunMissed is
 // set. Slots that a running process reached late (a stalled machine) are
-// all enqueued, in order, when it catches up.
+// all enqueued, in order, when it catches up, except those older than half
+// the shorter retention (Config.CompletedRetention, DiscardedRetention)
+// that the database records as passed: their jobs, which hold the slots'
+// keys, may have been pruned.
 type PeriodicJob struct {
 	// Name identifies the schedule in the database, across processes and
 	// restarts: the same rules as queue names. Two schedules of one
@@ -198,21 +201,68 @@ func (c *Client[TTx]) periodicLoop(ctx context.Context) {
 		}
 		now := time.Now()
 		for _, j := range jobs {
-			var due []time.Time
-			for s := j.next; !s.IsZero() && !s.After(now); s = j.Schedule.Next(s) {
-				due = append(due, s)
-				if len(due) > maxCatchUp {
-					due = due[1:]
-				}
-			}
-			for _, s := range due {
-				if !c.enqueueSlot(ctx, j, s) {
-					break // retried from this slot at the next wake
-				}
-				j.next = j.Schedule.Next(s)
-			}
+			c.enqueueDue(ctx, j, now)
 		}
 	}
+}
+
+// enqueueDue enqueues j's slots from j.next up to now (the latest
+// maxCatchUp of them), in order, and moves j.next past those done. A slot
+// old enough that retention may have pruned its job (see pastRecord) is
+// left out when the database's record of the schedule is past it.
+func (c *Client[TTx]) enqueueDue(ctx context.Context, j *periodicState, now time.Time) {
+	var due []time.Time
+	for s := j.next; !s.IsZero() && !s.After(now); s = j.Schedule.Next(s) {
+		due = append(due, s)
+		if len(due) > maxCatchUp {
+			due = due[1:]
+		}
+	}
+	if len(due) == 0 {
+		return
+	}
+	past, ok := c.pastRecord(ctx, j, due[0])
+	if !ok {
+		return // retried from j.next at the next wake
+	}
+	for _, s := range due {
+		if !past(s) && !c.enqueueSlot(ctx, j, s) {
+			break // retried from this slot at the next wake
+		}
+		j.next = j.Schedule.Next(s)
+	}
+}
+
+// pastRecord returns whether a slot of j is one to leave out: older than
+// half the shorter of the retentions (so that its job, which a slot's
+// unique key is kept in, may have been pruned and its key freed) and not
+// after the latest slot recorded for the schedule in the database (some
+// process enqueued that slot, or a later one). Such a slot's job is not
+// enqueued again: a process that stalled longer than that would otherwise
+// run again slots that others ran and retention removed. oldest is the
+// oldest slot in question; when it is younger than that, nothing is read.
+// ok is false when the record could not be read.
+func (c *Client[TTx]) pastRecord(ctx context.Context, j *periodicState, oldest time.Time) (past func(time.Time) bool, ok bool) {
+	horizon := min(c.cfg.CompletedRetention, c.cfg.DiscardedRetention) / 2
+	stale := func(s time.Time) bool { return time.Since(s) > horizon }
+	if !stale(oldest) {
+		return func(time.Time) bool { return false }, true
+	}
+	rows, err := c.drv.Schedules(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.cfg.Logger.Warn("conveyor: reading the periodic schedules failed (retrying)", "schedule", j.Name, "error", err)
+			sleepCtx(ctx, time.Second)
+		}
+		return nil, false
+	}
+	var last time.Time
+	for _, r := range rows {
+		if r.Name == j.Name {
+			last = r.LastSlot
+		}
+	}
+	return func(s time.Time) bool { return stale(s) && !last.IsZero() && !s.After(last) }, true
 }
 
 // enqueueSlot enqueues (or finds enqueued) the job of slot s and records

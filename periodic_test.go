@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
@@ -201,4 +202,60 @@ func TestAddPeriodicRefusesBadJobs(t *testing.T) {
 	if err := c.AddPeriodic(ok); err == nil {
 		t.Error("a second periodic job with the same name was added")
 	}
+}
+
+// TestPeriodicStallPastRetention: a process whose periodic loop stalled
+// catches up slots that another process enqueued and retention has since
+// pruned (their unique keys freed). It must not enqueue them again: each
+// slot has at most one job, ever.
+func TestPeriodicStallPastRetention(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		prefix := testdb.Prefix()
+		newClient := func(first bool) *conveyor.Client[any] {
+			cfg := fast(prefix)
+			cfg.AllowUnregisteredKinds = true
+			cfg.CompletedRetention, cfg.DiscardedRetention = time.Millisecond, time.Millisecond
+			var c *conveyor.Client[any]
+			if first {
+				c = openDropped(t, dsn, cfg)
+			} else {
+				c = open(t, dsn, cfg)
+			}
+			if err := c.AddPeriodic(conveyor.PeriodicJob{Name: "stalled", Schedule: conveyor.Every(time.Second), Args: tick{}}); err != nil {
+				t.Fatal(err)
+			}
+			return c
+		}
+		a, b := newClient(true), newClient(false)
+		now := time.Now().Truncate(time.Second)
+		from := now.Add(-2 * time.Second)
+		// a runs the three slots; their jobs finish and are pruned.
+		if err := conveyor.PeriodicCatchUpForTest(a, "stalled", from, now); err != nil {
+			t.Fatal(err)
+		}
+		jobs, err := a.Jobs(ctx, conveyor.JobFilter{Kind: "tick"})
+		if err != nil || len(jobs) != 3 {
+			t.Fatalf("a enqueued %d jobs, %v; want one per slot (3)", len(jobs), err)
+		}
+		for _, j := range jobs {
+			if _, err := a.Cancel(ctx, j.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+		if _, err := seam.DriverOf(a).Prune(ctx, time.Millisecond, time.Millisecond, 100); err != nil {
+			t.Fatal(err)
+		}
+		if got := slotsOf(t, a); len(got) != 0 {
+			t.Fatalf("after the prune: jobs of slots %v", got)
+		}
+		// b stalled since the first of those slots and now catches up.
+		if err := conveyor.PeriodicCatchUpForTest(b, "stalled", from, now); err != nil {
+			t.Fatal(err)
+		}
+		if got := slotsOf(t, a); len(got) != 0 {
+			t.Fatalf("the stalled process enqueued again slots %v, which another process ran", got)
+		}
+	})
 }

@@ -1,8 +1,10 @@
 package conveyor_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -420,6 +422,76 @@ func TestUniqueRaceForced(t *testing.T) {
 		}
 		if ids := jobsOf("gone"); len(ids) != 1 || ids[0] != r.id {
 			t.Fatalf("jobs of the key: %v, want [%d]", ids, r.id)
+		}
+	})
+}
+
+// TestUniqueDeadlockWithAppTx: an application's transaction enqueues two
+// unique jobs, one after the other, while conveyor's own transaction
+// (Enqueue outside transactions) inserts the same two keys, in key order:
+// when the application's order is the other one, each waits for the other
+// (a deadlock the database breaks by rolling one back). Either outcome is
+// documented for the application's transaction (roll back, run again);
+// conveyor's own enqueue must not fail for it: it is run again and tells
+// its caller the holders, or inserts the jobs once the application's
+// transaction rolled back. Run with both orders of the application's
+// enqueues, since which one is the other order depends on the keys.
+func TestUniqueDeadlockWithAppTx(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		prefix := testdb.Prefix()
+		c := openDropped(t, dsn, fast(prefix))
+		byArgs := &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ByArgs: true}}
+		keyOf := func(o order) []byte {
+			args, _ := json.Marshal(o)
+			k, err := conveyor.UniqueKeyForTest("order", conveyor.DefaultQueue, args, byArgs.Unique)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return k
+		}
+		for round := range 2 {
+			first, second := order{fmt.Sprint("x", round), "", ""}, order{fmt.Sprint("y", round), "", ""}
+			if bytes.Compare(keyOf(first), keyOf(second)) < 0 {
+				// The application's transaction goes against the key order:
+				// conveyor's first key is its second.
+				first, second = second, first
+			}
+			tx, commit, rollback := beginTx(t, dsn)
+			held, err := c.EnqueueTx(ctx, tx, first, byArgs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				rs  []conveyor.EnqueueResult
+				err error
+			}
+			own := make(chan result, 1)
+			go func() {
+				rs, err := c.EnqueueMany(ctx, []conveyor.EnqueueItem{{Args: first, Opts: byArgs}, {Args: second, Opts: byArgs}})
+				own <- result{rs, err}
+			}()
+			waitBlocked(t, dsn, prefix)
+			held2, err := c.EnqueueTx(ctx, tx, second, byArgs)
+			committed := err == nil
+			if committed {
+				err = commit()
+				committed = err == nil
+			} else {
+				t.Logf("round %d: the application's transaction: %v (rolled back)", round, err)
+				_ = rollback()
+			}
+			r := <-own
+			if r.err != nil {
+				t.Fatalf("round %d: conveyor's own enqueue: %v; want it run again, not failed", round, r.err)
+			}
+			if committed && (!r.rs[0].Duplicate || r.rs[0].ID != held || !r.rs[1].Duplicate || r.rs[1].ID != held2) {
+				t.Fatalf("round %d: own enqueue told %+v; want the application's jobs %d and %d as holders", round, r.rs, held, held2)
+			}
+			if !committed && (r.rs[0].Duplicate || r.rs[1].Duplicate) {
+				t.Fatalf("round %d: own enqueue told %+v; the application's transaction rolled back, want new jobs", round, r.rs)
+			}
 		}
 	})
 }

@@ -2,6 +2,8 @@ package drivertest
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -52,6 +54,134 @@ func unique(t *testing.T, s suite) {
 		if _, dup, err := d.InsertUnique(ctx, nil, []driver.InsertParams{uj("k1", 0)}); err != nil || dup[0] {
 			t.Fatalf("after cancel: dup %v err %v, want a new job", dup, err)
 		}
+	})
+
+	t.Run("UniqueStates", func(t *testing.T) {
+		// Every way a job changes state keeps or frees its key as
+		// documented: unfinished states hold it, a finished state holds
+		// it only when kept, and retention frees it.
+		d := s.setup(t)
+		n := 0
+		type keyed struct {
+			key  []byte
+			keep int
+			q    string
+		}
+		newKey := func(keep int) keyed {
+			n++
+			return keyed{[]byte(fmt.Sprintf("key-%d", n)), keep, fmt.Sprintf("us%d", n)}
+		}
+		insert := func(k keyed, attempts int) (int64, bool) {
+			t.Helper()
+			j := job(k.q, 0)
+			j.MaxAttempts = attempts
+			j.UniqueKey, j.UniqueKeep = k.key, k.keep
+			ids, dup, err := d.InsertUnique(ctx, nil, []driver.InsertParams{j})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ids[0], dup[0]
+		}
+		held := func(what string, k keyed, holder int64, want bool) {
+			t.Helper()
+			id, dup := insert(k, 3)
+			switch {
+			case want && (!dup || id != holder):
+				t.Errorf("%s: enqueue of the key: id %d dup %v; want a duplicate of %d", what, id, dup, holder)
+			case !want && dup:
+				t.Errorf("%s: enqueue of the key: a duplicate of %d; want the key free", what, id)
+			}
+		}
+		claim := func(k keyed, lease time.Duration) *driver.JobRow {
+			t.Helper()
+			rows, err := d.Claim(ctx, driver.ClaimParams{Queue: k.q, Limit: 1, Lease: lease, Worker: "w"})
+			if err != nil || len(rows) != 1 {
+				t.Fatalf("claim %s: %d rows, %v", k.q, len(rows), err)
+			}
+			return rows[0]
+		}
+		for _, c := range []struct {
+			state string
+			keep  int
+			held  bool
+		}{
+			{driver.StateRetryable, 0, true},
+			{driver.StateScheduled, 0, true},
+			{driver.StateCompleted, 0, false},
+			{driver.StateCompleted, driver.KeepCompleted, true},
+			{driver.StateDiscarded, driver.KeepCompleted, false},
+			{driver.StateDiscarded, driver.KeepDiscarded, true},
+			{driver.StateCancelled, driver.KeepDiscarded, false},
+			{driver.StateCancelled, driver.KeepCancelled, true},
+		} {
+			k := newKey(c.keep)
+			id, _ := insert(k, 3)
+			completeJob(t, d, claim(k, time.Minute), c.state, time.Hour)
+			held(fmt.Sprintf("outcome %s, keep %d", c.state, c.keep), k, id, c.held)
+		}
+		for _, c := range []struct {
+			op   string
+			keep int
+			held bool
+		}{
+			{"cancel", 0, false}, {"cancel", driver.KeepCancelled, true}, {"cancel", driver.KeepDiscarded, false},
+			{"discard", 0, false}, {"discard", driver.KeepDiscarded, true}, {"discard", driver.KeepCancelled, false},
+		} {
+			k := newKey(c.keep)
+			id, _ := insert(k, 3)
+			f := d.Cancel
+			if c.op == "discard" {
+				f = d.Discard
+			}
+			if _, err := f(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+			held(fmt.Sprintf("%s, keep %d", c.op, c.keep), k, id, c.held)
+		}
+		// Released: held. Rescued with attempts left: held; out of
+		// attempts (discarded): held only when kept.
+		k := newKey(0)
+		id, _ := insert(k, 3)
+		r := claim(k, time.Minute)
+		if _, err := d.Release(ctx, []driver.Lease{{ID: r.ID, Fence: r.Fence}}); err != nil {
+			t.Fatal(err)
+		}
+		held("released", k, id, true)
+		var rescued []keyed
+		var rescuedIDs []int64
+		for _, keep := range []int{0, driver.KeepDiscarded} {
+			k := newKey(keep)
+			id, _ := insert(k, 1)
+			claim(k, 10*time.Millisecond)
+			rescued, rescuedIDs = append(rescued, k), append(rescuedIDs, id)
+		}
+		time.Sleep(50 * time.Millisecond)
+		if _, err := d.Rescue(ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+		held("rescued out of attempts", rescued[0], rescuedIDs[0], false)
+		held("rescued out of attempts, keep discarded", rescued[1], rescuedIDs[1], true)
+		// Retention frees the keys of the finished jobs it removes.
+		kc, kd := newKey(driver.KeepCompleted), newKey(driver.KeepDiscarded|driver.KeepCancelled)
+		idc, _ := insert(kc, 3)
+		completeJob(t, d, claim(kc, time.Minute), driver.StateCompleted, 0)
+		idd, _ := insert(kd, 3)
+		if _, err := d.Cancel(ctx, idd); err != nil {
+			t.Fatal(err)
+		}
+		held("completed, kept", kc, idc, true)
+		held("cancelled, kept", kd, idd, true)
+		time.Sleep(50 * time.Millisecond)
+		if _, err := d.Prune(ctx, time.Millisecond, time.Millisecond, 1000); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range []int64{idc, idd} {
+			if _, err := d.GetJob(ctx, id); !errors.Is(err, driver.ErrNotFound) {
+				t.Fatalf("job %d not pruned: %v", id, err)
+			}
+		}
+		held("completed, kept, pruned", kc, 0, false)
+		held("cancelled, kept, pruned", kd, 0, false)
 	})
 
 	t.Run("UniqueWithPlainJobs", func(t *testing.T) {

@@ -29,24 +29,35 @@ type querier func(ctx context.Context, query string, args []any, row func(scan f
 // inserts every unique job whose key is free, in key order, and one more
 // reads the holders of the others. A holder that finished in between
 // freed its key: those jobs are tried again. In a transaction of its own,
-// an error before the commit, or the server's refusal of the commit, is
-// marked driver.NotCommitted.
+// run again on a deadlock, an error before the commit, or the server's
+// refusal of the commit, is marked driver.NotCommitted.
 func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertParams) ([]int64, []bool, error) {
 	if len(jobs) == 0 {
 		return nil, nil, nil
 	}
 	ids, dup := make([]int64, len(jobs)), make([]bool, len(jobs))
 	if tx == nil {
-		ptx, err := d.pool.Begin(ctx)
+		// Run again whole when the server breaks a deadlock by rolling it
+		// back: an application's transaction that inserts keys against
+		// the key order waits for this one while this one waits for it.
+		err := d.retryable(ctx, func() error {
+			clear(ids)
+			clear(dup)
+			ptx, err := d.pool.Begin(ctx)
+			if err != nil {
+				return d.wrap("insert unique", driver.NotCommitted(err))
+			}
+			defer ptx.Rollback(ctx)
+			if err := d.insertUnique(ctx, pgxQuerier(ptx), jobs, ids, dup); err != nil {
+				return d.wrap("insert unique", driver.NotCommitted(err))
+			}
+			if err := ptx.Commit(ctx); err != nil {
+				return d.wrap("insert unique: commit", refused(err))
+			}
+			return nil
+		})
 		if err != nil {
-			return nil, nil, d.wrap("insert unique", driver.NotCommitted(err))
-		}
-		defer ptx.Rollback(ctx)
-		if err := d.insertUnique(ctx, pgxQuerier(ptx), jobs, ids, dup); err != nil {
-			return nil, nil, d.wrap("insert unique", driver.NotCommitted(err))
-		}
-		if err := ptx.Commit(ctx); err != nil {
-			return nil, nil, d.wrap("insert unique: commit", refused(err))
+			return nil, nil, err
 		}
 	} else {
 		q, _, err := txQuerier("insert unique tx", tx)
