@@ -51,3 +51,59 @@ func TestHandlerErrorWithNULIsStored(t *testing.T) {
 		})
 	})
 }
+
+// A running job cancelled by hand and retried at once is claimed again,
+// here in the process whose handler of the cancelled attempt still runs
+// (its next heartbeat has not found the cancel yet). The new claim
+// replaced the old attempt in the process's bookkeeping without
+// cancelling it, so no heartbeat ever found it gone: the cancelled
+// attempt's handler ran on beside the new one until it returned by
+// itself.
+func TestCancelThenRetryCancelsTheOldHandler(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		cfg := fast(testdb.Prefix())
+		// No renewal during the test: only the new claim can tell the
+		// process the first attempt is over.
+		cfg.Lease, cfg.HeartbeatInterval = 2*time.Minute, time.Minute
+		c := openDropped(t, dsn, cfg)
+		type run struct {
+			attempt int
+			ctx     context.Context
+		}
+		runs := make(chan run, 4)
+		conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[noop]) error {
+			runs <- run{j.Attempt, ctx}
+			<-ctx.Done()
+			return ctx.Err()
+		}))
+		id, err := c.Enqueue(ctx, noop{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		first := <-runs
+		if _, err := c.Cancel(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Retry(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		var second run
+		select {
+		case second = <-runs:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the retried job did not start again within 30s")
+		}
+		select {
+		case <-first.ctx.Done():
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the cancelled attempt's handler (attempt %d) still runs beside the new one (attempt %d): its context was not cancelled", first.attempt, second.attempt)
+		}
+		if second.ctx.Err() != nil {
+			t.Fatalf("the new attempt's context ended: %v", context.Cause(second.ctx))
+		}
+	})
+}

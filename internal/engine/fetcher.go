@@ -426,8 +426,17 @@ func (f *fetcher) hold(r *driver.JobRow, valid time.Time) *running {
 	if t := f.e.timeout(r); t > 0 {
 		it.abandonAt = time.Now().Add(t + f.e.cfg.Lease)
 	}
-	// An entry of an earlier attempt of the same job (rescued and claimed
-	// here again) is stale: the new claim replaces it.
+	// An entry of an earlier attempt of the same job (rescued, or
+	// cancelled and retried by hand, and claimed here again before a
+	// renewal found it gone) is stale: the new claim replaces it, and its
+	// handler, if it still runs, is stopped as a lost lease's is. Left
+	// out of leases uncancelled, no renewal would ever stop it.
+	if old := f.leases[r.ID]; old != nil && old != it {
+		if !old.finishing {
+			f.e.metrics.LeasesLost.Add(1)
+		}
+		old.cancel(errLeaseLost)
+	}
 	f.leases[r.ID] = it
 	return it
 }
