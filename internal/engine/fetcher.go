@@ -432,7 +432,8 @@ func (f *fetcher) hold(r *driver.JobRow, valid time.Time) *running {
 	// handler, if it still runs, is stopped as a lost lease's is. Left
 	// out of leases uncancelled, no renewal would ever stop it.
 	if old := f.leases[r.ID]; old != nil && old != it {
-		if !old.finishing {
+		if !old.finishing && !old.abandoned(time.Now()) {
+			// (An abandoned attempt was let go on purpose.)
 			f.e.metrics.LeasesLost.Add(1)
 		}
 		old.cancel(errLeaseLost)
