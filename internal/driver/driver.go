@@ -709,7 +709,11 @@ type Driver interface {
 	// backend runs them on connections of their own, which the
 	// application's handlers and conveyor's claims and inserts never hold,
 	// so that renewing or ending a lease never waits for a pooled
-	// connection or behind another writer of this process.
+	// connection or behind another writer of this process. A backend
+	// whose Complete is more than one transaction returns, with an error,
+	// the ids of the outcomes its committed transactions applied before
+	// it: the caller writes only the others again (written again, an
+	// applied outcome would be refused as stale).
 	Complete(ctx context.Context, outcomes []Outcome) (applied []int64, err error)
 	// Heartbeat extends the leases of running attempts and returns the ids
 	// still owned; an id missing from the result has lost its lease.

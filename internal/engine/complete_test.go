@@ -181,3 +181,44 @@ func TestCompleterDropsRefusedOutcomes(t *testing.T) {
 		t.Fatalf("%d leases released at shutdown, want 0: every attempt was settled", r)
 	}
 }
+
+// A write that fails after the driver committed part of the batch (a
+// backend whose outcomes take more than one statement: MySQL's parts,
+// PostgreSQL's second pass over every running segment) reports the
+// outcomes it applied with its error. The completer keeps them as
+// applied and writes only the rest again: written again, an applied
+// outcome is refused by its fence (the job no longer runs), and a remote
+// worker whose completion was applied was answered that its lease was
+// lost, a stale acknowledgement was counted, and the completion was not.
+func TestCompleterKeepsOutcomesAppliedBeforeAnError(t *testing.T) {
+	d := &fakeDriver{}
+	done := map[int64]bool{} // what the database applied
+	var writes atomic.Int64
+	d.complete = func(_ context.Context, outs []driver.Outcome) ([]int64, error) {
+		var ids []int64
+		for _, o := range outs {
+			if !done[o.ID] {
+				done[o.ID] = true
+				ids = append(ids, o.ID)
+			}
+		}
+		if writes.Add(1) == 1 {
+			return ids, errBoom // committed, then the connection broke
+		}
+		return ids, nil
+	}
+	cfg := testConfig(10 * time.Second)
+	e := startEngine(t, d, cfg, nil)
+	if err := e.CompleteRemote(context.Background(), 7, 1, nil); err != nil {
+		t.Fatalf("a completion applied before the write failed: %v", err)
+	}
+	m := e.Metrics()
+	if m.Completed.Load() != 1 || m.StaleAcksRefused.Load() != 0 {
+		t.Fatalf("completed %d, stale acknowledgements %d; want 1 and 0", m.Completed.Load(), m.StaleAcksRefused.Load())
+	}
+	for _, c := range d.callsOf("complete")[1:] {
+		if slices.Contains(c.ids, 7) {
+			t.Fatalf("the applied outcome was written again: %v", c.ids)
+		}
+	}
+}

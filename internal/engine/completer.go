@@ -183,7 +183,7 @@ func (c *completer) run() {
 		sort.Sort(byID{batch, owners})
 		applied, err := c.write(batch)
 		settleAll(batch, owners, applied, err)
-		if err == nil && len(applied) > 0 && c.e.anyLimited() {
+		if len(applied) > 0 && c.e.anyLimited() {
 			c.freed(owners)
 		}
 	}
@@ -211,7 +211,7 @@ func (c *completer) freed(owners []pending) {
 // fetcher's lock once for its run of outcomes (a queue's fetcher owns most
 // of a batch; its workers take that lock before and after every job), and
 // sends remote outcomes their result: applied (ids from the driver), or
-// err when the batch was not written.
+// err when the batch, or the rest of it, was not written.
 func settleAll(batch []driver.Outcome, owners []pending, applied []int64, err error) {
 	var ok map[int64]bool
 	for i := 0; i < len(batch); {
@@ -223,7 +223,12 @@ func settleAll(batch []driver.Outcome, owners []pending, applied []int64, err er
 					ok[id] = true
 				}
 			}
-			owners[i].res <- written{applied: ok[batch[i].ID], err: err}
+			if ok[batch[i].ID] {
+				// Applied before the write of the rest was given up.
+				owners[i].res <- written{applied: true}
+			} else {
+				owners[i].res <- written{err: err}
+			}
 			i++
 			continue
 		}
@@ -236,24 +241,40 @@ func settleAll(batch []driver.Outcome, owners []pending, applied []int64, err er
 }
 
 // write writes one batch, retrying until the database answers; it
-// returns the ids applied, or errDropped when it gave up at shutdown.
+// returns the ids applied, or errDropped when it gave up at shutdown
+// (with the ids applied before it gave up). A failed write may have
+// applied part of the batch (a backend whose Complete takes more than
+// one statement): those the driver reports applied are kept and only
+// the rest is written again, since written again an applied outcome
+// would be refused by its fence as stale.
 func (c *completer) write(batch []driver.Outcome) ([]int64, error) {
 	e := c.e
 	var giveUp <-chan time.Time
+	var done []int64 // applied by writes that failed
+	todo := batch
 	for try := 1; ; try++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		applied, err := e.drv.Complete(ctx, batch)
+		applied, err := e.drv.Complete(ctx, todo)
 		cancel()
 		e.metrics.OutcomeRounds.Add(1)
 		if err == nil {
+			applied = append(done, applied...)
 			e.written(batch, applied)
 			return applied, nil
 		}
+		if len(applied) > 0 {
+			done = append(done, applied...)
+			todo = unapplied(todo, applied)
+			if len(todo) == 0 {
+				e.written(batch, done)
+				return done, nil
+			}
+		}
 		e.metrics.DBErrors.Add(1)
-		e.warn("conveyor: writing job outcomes failed (retrying)", "jobs", len(batch), "error", err)
+		e.warn("conveyor: writing job outcomes failed (retrying)", "jobs", len(todo), "error", err)
 		if c.gaveUp {
-			e.warn("conveyor: dropped job outcomes at shutdown; their leases will expire and the jobs will be rescued", "jobs", len(batch))
-			return nil, errDropped
+			e.warn("conveyor: dropped job outcomes at shutdown; their leases will expire and the jobs will be rescued", "jobs", len(todo))
+			return done, errDropped
 		}
 		if giveUp == nil {
 			select {
@@ -266,10 +287,26 @@ func (c *completer) write(batch []driver.Outcome) ([]int64, error) {
 		case <-time.After(errBackoff(try)):
 		case <-giveUp:
 			c.gaveUp = true // only the writer goroutine reads or writes it
-			e.warn("conveyor: gave up writing job outcomes at shutdown; their leases will expire and the jobs will be rescued", "jobs", len(batch))
-			return nil, errDropped
+			e.warn("conveyor: gave up writing job outcomes at shutdown; their leases will expire and the jobs will be rescued", "jobs", len(todo))
+			return done, errDropped
 		}
 	}
+}
+
+// unapplied returns the outcomes of batch whose id is not in applied, in
+// a new slice.
+func unapplied(batch []driver.Outcome, applied []int64) []driver.Outcome {
+	in := make(map[int64]bool, len(applied))
+	for _, id := range applied {
+		in[id] = true
+	}
+	out := make([]driver.Outcome, 0, len(batch))
+	for _, o := range batch {
+		if !in[o.ID] {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // written counts a batch of outcomes the database answered: the

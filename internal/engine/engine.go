@@ -18,9 +18,11 @@ import (
 	mrand "math/rand/v2"
 	"os"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
@@ -596,6 +598,17 @@ func (e *Engine) backoff(row *driver.JobRow) time.Duration {
 	return e.cfg.Backoff(row.Attempt)
 }
 
+// storable makes an attempt's error text storable in the job's JSON list
+// of errors on every backend: valid UTF-8 and no NUL character, which
+// PostgreSQL's jsonb refuses (the whole outcome statement of the batch
+// would fail, and be retried for ever).
+func storable(s string) string {
+	if strings.IndexByte(s, 0) < 0 && utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
+}
+
 // outcome turns a handler's error and result into the outcome the
 // completer writes; the result is kept only by a completion.
 func (e *Engine) outcome(row *driver.JobRow, err error, trace string, result json.RawMessage) driver.Outcome {
@@ -609,7 +622,7 @@ func (e *Engine) outcome(row *driver.JobRow, err error, trace string, result jso
 		o.State, o.RetryIn = driver.StateScheduled, max(sn.For, 0)
 		return o
 	}
-	o.Err = &driver.AttemptError{Attempt: row.Attempt, At: time.Now().UTC(), Error: err.Error(), Trace: trace}
+	o.Err = &driver.AttemptError{Attempt: row.Attempt, At: time.Now().UTC(), Error: storable(err.Error()), Trace: storable(trace)}
 	switch {
 	case errors.Is(err, ErrCancelJob):
 		o.State = driver.StateCancelled

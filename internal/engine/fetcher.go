@@ -426,8 +426,18 @@ func (f *fetcher) hold(r *driver.JobRow, valid time.Time) *running {
 	if t := f.e.timeout(r); t > 0 {
 		it.abandonAt = time.Now().Add(t + f.e.cfg.Lease)
 	}
-	// An entry of an earlier attempt of the same job (rescued and claimed
-	// here again) is stale: the new claim replaces it.
+	// An entry of an earlier attempt of the same job (rescued, or
+	// cancelled and retried by hand, and claimed here again before a
+	// renewal found it gone) is stale: the new claim replaces it, and its
+	// handler, if it still runs, is stopped as a lost lease's is. Left
+	// out of leases uncancelled, no renewal would ever stop it.
+	if old := f.leases[r.ID]; old != nil && old != it {
+		if !old.finishing && !old.abandoned(time.Now()) {
+			// (An abandoned attempt was let go on purpose.)
+			f.e.metrics.LeasesLost.Add(1)
+		}
+		old.cancel(errLeaseLost)
+	}
 	f.leases[r.ID] = it
 	return it
 }
@@ -623,14 +633,18 @@ func (f *fetcher) settleLocked(id, fence int64) {
 // completer for more than half a heartbeat interval (an outcome is
 // usually written within milliseconds; renewing it too would make most
 // renewals touch rows being completed at the same moment), but not those
-// abandoned. A finished attempt was renewed while it ran, so it still
-// holds its lease for well over the interval and a half it may wait.
+// abandoned. A finished attempt is left out only while its lease outlasts
+// the next renewal by the lease margin: it was renewed while it ran, which
+// with the default interval (a fifth of the lease) leaves it well over
+// the interval and a half it may wait, but not with an interval near its
+// largest, half the lease (nor after renewals that failed).
 func (f *fetcher) snapshot(dst []driver.Lease) []driver.Lease {
 	now := time.Now()
 	slow := now.Add(-f.e.cfg.HeartbeatInterval / 2)
+	safe := now.Add(f.e.cfg.HeartbeatInterval + f.e.leaseMargin())
 	f.mu.Lock()
 	for id, it := range f.leases {
-		if it.abandoned(now) || it.finishing && it.finishedAt.After(slow) {
+		if it.abandoned(now) || it.finishing && it.finishedAt.After(slow) && it.validUntil.After(safe) {
 			continue
 		}
 		dst = append(dst, driver.Lease{ID: id, Fence: it.row.Fence})

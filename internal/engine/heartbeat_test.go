@@ -177,3 +177,29 @@ func TestListenerReconnectRenewsLeases(t *testing.T) {
 		t.Fatalf("handler stopped by %v, want the lost lease", c)
 	}
 }
+
+// An attempt whose outcome waits in the completer is left out of a
+// renewal only while its lease outlasts the next renewal with room to
+// spare. With HeartbeatInterval at its largest (half the Lease), an
+// attempt that finished just before a renewal, renewed last an interval
+// ago, has one interval of lease left: left out, its next renewal came
+// as the lease ran out, so a slow write of its outcome let the job be
+// rescued and run again while its worker was alive.
+func TestFinishingAttemptRenewedWhenItsLeaseIsShort(t *testing.T) {
+	cfg := testConfig(10 * time.Second)
+	cfg.HeartbeatInterval = cfg.Lease / 2
+	e := New(&fakeDriver{}, cfg, nil)
+	f := newFetcher(e, "q", 2, context.Background())
+	now := time.Now()
+	f.mu.Lock()
+	short := f.hold(jobIn("q", 1, 11), now.Add(cfg.HeartbeatInterval)) // renewed an interval ago
+	long := f.hold(jobIn("q", 2, 22), now.Add(cfg.Lease))              // renewed just now
+	for _, it := range []*running{short, long} {
+		it.finishing, it.finishedAt = true, now // outcome queued just now
+	}
+	f.mu.Unlock()
+	got := f.snapshot(nil)
+	if want := []driver.Lease{{ID: 1, Fence: 11}}; !slices.Equal(got, want) {
+		t.Fatalf("renewal of finishing attempts %v, want %v: the one whose lease would end by the next renewal", got, want)
+	}
+}

@@ -112,7 +112,8 @@ func (e *Engine) writeOne(f *fetcher, it *running, o driver.Outcome) (bool, erro
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		applied, err := e.drv.Complete(ctx, batch)
 		cancel()
-		if err == nil {
+		if err == nil || len(applied) == 1 {
+			// Applied, even if the call failed after (see completer.write).
 			e.written(batch, applied)
 			return len(applied) == 1, nil
 		}

@@ -867,11 +867,10 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	if err != nil {
 		return nil, err
 	}
+	// The completions with results are committed: reported applied even
+	// when the rest fails (see driver.Driver.Complete).
 	more, err := d.complete(ctx, rest)
-	if err != nil {
-		return nil, err
-	}
-	return append(more, applied...), nil
+	return append(more, applied...), err
 }
 
 // completeResults completes the jobs of outcomes, each fenced by its own
@@ -963,6 +962,11 @@ func (d *Driver) complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	var matched int64
 	freed := false
 	budget := d.maxPacket / 2
+	// sent holds the ids of the statements that succeeded: each
+	// autocommits, so when a later one fails they are applied already,
+	// and the caller must not be told otherwise (it would write them again
+	// and take the refusal for a stale attempt's).
+	var sent []int64
 	for _, part := range []struct {
 		query string
 		idx   []int
@@ -1008,7 +1012,10 @@ func (d *Driver) complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 				}, token[:])
 			n64, f, err := d.execFreeing(ctx, d.lease, "complete", cache, q, args)
 			if err != nil {
-				return nil, err
+				return d.appliedBefore(ctx, token[:], sent), err
+			}
+			for _, i := range chunk {
+				sent = append(sent, outcomes[i].ID)
 			}
 			matched += n64
 			freed = freed || f
@@ -1028,6 +1035,24 @@ func (d *Driver) complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 		return ids, nil
 	}
 	return d.fenceCheck(ctx, d.lease, "complete", token[:], ids)
+}
+
+// appliedBefore returns the ids among sent that complete's statements
+// which succeeded applied (marked with token), read when a later
+// statement of the call failed; nil when none was sent or they cannot
+// be read. It reads even if ctx has ended (a statement cut off by its
+// deadline is the usual failure), for a few seconds at most.
+func (d *Driver) appliedBefore(ctx context.Context, token []byte, sent []int64) []int64 {
+	if len(sent) == 0 {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	ids, err := d.fenceCheck(rctx, d.lease, "complete", token, sent)
+	if err != nil {
+		return nil
+	}
+	return ids
 }
 
 // slotHolders returns the ids of the outcomes whose attempt holds a slot

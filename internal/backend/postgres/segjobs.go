@@ -235,44 +235,57 @@ func (s *segStore) queueMove(ctx context.Context, pool func() querier, build fun
 // leaseQuerier runs queries on the lease pool.
 func (d *Driver) leaseQuerier() querier { return rowsQuerier(d.lease.Query) }
 
+// adminRounds bounds how many times admin runs its statement again for
+// a job that another statement moved between segments under it.
+const adminRounds = 10
+
 // admin runs a single-job move statement over the live segments of
 // srcPhases, guarded by the current segments of guarded; when it moves
 // nothing it tells a stale view (run again), a missing job (ErrNotFound)
-// and one in the wrong state (ErrWrongState) apart.
+// and one in the wrong state (ErrWrongState) apart. A job found in one
+// of srcPhases after all was moved there by a statement that committed
+// while this one waited for its row (a claim, a promotion, an outcome):
+// the row it waited for was gone and the moved one is newer than its
+// snapshot. The statement runs again for it.
 func (s *segStore) admin(ctx context.Context, op string, tpl *string, id int64, srcPhases, guarded []string, args ...any) (*driver.JobRow, error) {
-	var j *driver.JobRow
-	err := s.withView(ctx, func(v *segView) error {
-		var err error
-		j, err = scanJob(s.d.pool.QueryRow(ctx, s.stmt(tpl, v, v.srcs(srcPhases...), guarded...), args...))
-		if !errors.Is(err, pgx.ErrNoRows) {
+	for round := 0; ; round++ {
+		var j *driver.JobRow
+		err := s.withView(ctx, func(v *segView) error {
+			var err error
+			j, err = scanJob(s.d.pool.QueryRow(ctx, s.stmt(tpl, v, v.srcs(srcPhases...), guarded...), args...))
+			if !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			// Nothing moved: the job is missing, in another state, or in
+			// a segment created since v (another process rotated or
+			// reclaimed), which a registry read after the statement tells.
+			now, err := s.refresh(ctx, time.Now())
+			if err == nil && now.sig != v.sig {
+				return errStale
+			}
+			if err == nil {
+				err = pgx.ErrNoRows
+			}
 			return err
-		}
-		// Nothing moved: the job is missing, in another state, or in
-		// a segment created since v (another process rotated or
-		// reclaimed), which a registry read after the statement tells.
-		now, err := s.refresh(ctx, time.Now())
-		if err == nil && now.sig != v.sig {
-			return errStale
-		}
+		})
 		if err == nil {
-			err = pgx.ErrNoRows
+			return j, nil
 		}
-		return err
-	})
-	if err == nil {
-		return j, nil
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return nil, wrap(op, err)
+		}
+		cur, err := s.getJob(ctx, id)
+		if err != nil {
+			return nil, wrap(op, err)
+		}
+		if cur == nil {
+			return nil, fmt.Errorf("conveyor/postgres: %s job %d: %w", op, id, driver.ErrNotFound)
+		}
+		if round < adminRounds && slices.ContainsFunc(phasesOf([]string{cur.State}), func(ph string) bool { return slices.Contains(srcPhases, ph) }) {
+			continue
+		}
+		return nil, fmt.Errorf("conveyor/postgres: %s job %d: job is %s: %w", op, id, cur.State, driver.ErrWrongState)
 	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return nil, wrap(op, err)
-	}
-	cur, err := s.getJob(ctx, id)
-	if err != nil {
-		return nil, wrap(op, err)
-	}
-	if cur == nil {
-		return nil, fmt.Errorf("conveyor/postgres: %s job %d: %w", op, id, driver.ErrNotFound)
-	}
-	return nil, fmt.Errorf("conveyor/postgres: %s job %d: job is %s: %w", op, id, cur.State, driver.ErrWrongState)
 }
 
 // getJob looks the job up in every live segment (nil when none holds
