@@ -17,7 +17,10 @@ import (
 // whose job is no longer held under the fence it names: its lease
 // expired and it was rescued, or it was released, cancelled, discarded or
 // finished. The remote worker must stop working the job and not retry
-// the call; nothing was written.
+// the call; nothing was written. An outcome refused because the same
+// outcome of the same attempt was written by an earlier call (sent again
+// after its answer was lost) returns it too: CompleteRecorded,
+// FailRecorded and SnoozeRecorded tell that case apart.
 var ErrLeaseLost = engine.ErrLeaseLost
 
 // ErrInvalidClaim wraps the errors of a RemoteClaim, a lease or a remote
@@ -181,7 +184,8 @@ func (r *RemoteWorkers) Renew(ctx context.Context, id, fence int64, lease time.D
 // written, otherwise), stored only if the completion is applied. It waits
 // until the outcome is written, batched with the client's other outcomes;
 // if ctx ends first it returns ctx's error, and the outcome may still be
-// written.
+// written: a Complete sent again then returns ErrLeaseLost, and
+// CompleteRecorded tells whether the first one was applied.
 func (r *RemoteWorkers) Complete(ctx context.Context, id, fence int64, result json.RawMessage) error {
 	var res json.RawMessage
 	if len(result) > 0 {
@@ -215,14 +219,51 @@ func (r *RemoteWorkers) Fail(ctx context.Context, id, fence int64, f RemoteFailu
 	if f.RetryIn < 0 || f.RetryIn > MaxSnooze {
 		return "", fmt.Errorf("%w: retry in %v: must be 0 to %v", ErrInvalidClaim, f.RetryIn, MaxSnooze)
 	}
+	st, err := r.eng.FailRemote(ctx, id, fence, f.stored())
+	return JobState(st), err
+}
+
+// stored is the failure as Fail stores it: its error (or a note that
+// none was given) and trace cleaned and cut.
+func (f RemoteFailure) stored() engine.RemoteFailure {
 	msg := cleanText(f.Error, MaxRemoteError)
 	if strings.TrimSpace(msg) == "" {
 		msg = "failed (no error message given by the remote worker)"
 	}
-	st, err := r.eng.FailRemote(ctx, id, fence, engine.RemoteFailure{
-		Error: msg, Trace: cleanText(f.Trace, MaxRemoteTrace), Cancel: f.Cancel, RetryIn: f.RetryIn,
-	})
-	return JobState(st), err
+	return engine.RemoteFailure{Error: msg, Trace: cleanText(f.Trace, MaxRemoteTrace), Cancel: f.Cancel, RetryIn: f.RetryIn}
+}
+
+// CompleteRecorded reports whether job id's attempt claimed under fence
+// already completed it: for a Complete that returned ErrLeaseLost when
+// an earlier Complete of the same attempt (a request sent again after
+// its answer was lost) may have been applied. True means that earlier
+// completion is the job's outcome; false that the attempt lost the job
+// some other way (ErrLeaseLost stands). It reads the job and writes
+// nothing. A job pruned since reads as false.
+func (r *RemoteWorkers) CompleteRecorded(ctx context.Context, id, fence int64) (bool, error) {
+	_, ok, err := r.eng.RecordedRemote(ctx, id, fence, engine.RemoteCompleted, engine.RemoteFailure{})
+	return ok, err
+}
+
+// FailRecorded is CompleteRecorded for Fail: whether job id's attempt
+// claimed under fence already failed with f (the same error and trace,
+// and the same cancel), and the state that failure left (retryable,
+// discarded or cancelled, as Fail returned it). The job must be in that
+// state still (a retryable job may since have become available), and
+// its last recorded error must be f's for this attempt, which neither a
+// rescue of the attempt nor a cancel or discard by hand records.
+func (r *RemoteWorkers) FailRecorded(ctx context.Context, id, fence int64, f RemoteFailure) (JobState, bool, error) {
+	st, ok, err := r.eng.RecordedRemote(ctx, id, fence, engine.RemoteFailed, f.stored())
+	return JobState(st), ok, err
+}
+
+// SnoozeRecorded is CompleteRecorded for Snooze: whether job id's
+// attempt claimed under fence was snoozed and the job is still
+// scheduled (once it is due and available again, it cannot be told
+// from a released one, and reads as false).
+func (r *RemoteWorkers) SnoozeRecorded(ctx context.Context, id, fence int64) (bool, error) {
+	_, ok, err := r.eng.RecordedRemote(ctx, id, fence, engine.RemoteSnoozed, engine.RemoteFailure{})
+	return ok, err
 }
 
 // Snooze puts job id back to run again after d (0 to MaxSnooze) without

@@ -17,7 +17,9 @@ import (
 // backoff, discarded after the last attempt, cancelled on request); a
 // snooze gives the attempt back; a release makes the job available at
 // once; a stale fence is refused with ErrLeaseLost and writes nothing;
-// bad requests are refused with ErrInvalidClaim naming the field.
+// bad requests are refused with ErrInvalidClaim naming the field;
+// CompleteRecorded, FailRecorded and SnoozeRecorded tell the outcome
+// that ended an attempt from any other.
 func TestRemoteWorkers(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, dsn string) {
 		ctx := context.Background()
@@ -66,6 +68,21 @@ func TestRemoteWorkers(t *testing.T) {
 		if _, err := rw.Fail(ctx, j.ID, j.Fence, conveyor.RemoteFailure{Error: "again"}); !errors.Is(err, conveyor.ErrLeaseLost) {
 			t.Fatalf("a second failure under the same fence: %v, want ErrLeaseLost", err)
 		}
+		// Whether an outcome was recorded: this very failure (its error
+		// stored cleaned, compared cleaned) was; another one was not, nor
+		// a completion or a snooze.
+		if st, ok, err := rw.FailRecorded(ctx, j.ID, j.Fence, conveyor.RemoteFailure{Error: "boom\x00"}); err != nil || !ok || st != conveyor.JobStateRetryable {
+			t.Fatalf("FailRecorded of the failure written: %s %v %v", st, ok, err)
+		}
+		if _, ok, err := rw.FailRecorded(ctx, j.ID, j.Fence, conveyor.RemoteFailure{Error: "again"}); err != nil || ok {
+			t.Fatalf("FailRecorded of another failure: %v %v", ok, err)
+		}
+		if ok, err := rw.CompleteRecorded(ctx, j.ID, j.Fence); err != nil || ok {
+			t.Fatalf("CompleteRecorded after a failure: %v %v", ok, err)
+		}
+		if ok, err := rw.SnoozeRecorded(ctx, j.ID, j.Fence); err != nil || ok {
+			t.Fatalf("SnoozeRecorded after a failure: %v %v", ok, err)
+		}
 		if _, err := c.Retry(ctx, id); err != nil {
 			t.Fatal(err)
 		}
@@ -86,6 +103,12 @@ func TestRemoteWorkers(t *testing.T) {
 		if err := rw.Complete(ctx, j.ID, j.Fence, nil); !errors.Is(err, conveyor.ErrLeaseLost) {
 			t.Fatalf("completing a snoozed attempt: %v, want ErrLeaseLost", err)
 		}
+		if ok, err := rw.SnoozeRecorded(ctx, j.ID, j.Fence); err != nil || !ok {
+			t.Fatalf("SnoozeRecorded of the snooze written: %v %v", ok, err)
+		}
+		if ok, err := rw.CompleteRecorded(ctx, j.ID, j.Fence); err != nil || ok {
+			t.Fatalf("CompleteRecorded after a snooze: %v %v", ok, err)
+		}
 
 		id3, _ := c.Enqueue(ctx, tagged{Tag: "c"}, &conveyor.EnqueueOpts{Queue: "r3"})
 		j = claimOne("r3")
@@ -102,6 +125,33 @@ func TestRemoteWorkers(t *testing.T) {
 		st, err = rw.Fail(ctx, j.ID, j.Fence, conveyor.RemoteFailure{Error: "stop", Cancel: true})
 		if err != nil || st != conveyor.JobStateCancelled {
 			t.Fatalf("cancelling failure: %s %v", st, err)
+		}
+		if st, ok, err := rw.FailRecorded(ctx, j.ID, j.Fence, conveyor.RemoteFailure{Error: "stop", Cancel: true}); err != nil || !ok || st != conveyor.JobStateCancelled {
+			t.Fatalf("FailRecorded of the cancelling failure: %s %v %v", st, ok, err)
+		}
+		if _, ok, err := rw.FailRecorded(ctx, j.ID, j.Fence, conveyor.RemoteFailure{Error: "stop"}); err != nil || ok {
+			t.Fatalf("FailRecorded of the same failure without cancel: %v %v", ok, err)
+		}
+
+		_, _ = c.Enqueue(ctx, tagged{Tag: "d"}, &conveyor.EnqueueOpts{Queue: "r4"})
+		j = claimOne("r4")
+		if ok, err := rw.CompleteRecorded(ctx, j.ID, j.Fence); err != nil || ok {
+			t.Fatalf("CompleteRecorded of a running attempt: %v %v", ok, err)
+		}
+		if err := rw.Complete(ctx, j.ID, j.Fence, nil); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := rw.CompleteRecorded(ctx, j.ID, j.Fence); err != nil || !ok {
+			t.Fatalf("CompleteRecorded of the completion written: %v %v", ok, err)
+		}
+		if ok, err := rw.CompleteRecorded(ctx, j.ID, j.Fence+1); err != nil || ok {
+			t.Fatalf("CompleteRecorded under another fence: %v %v", ok, err)
+		}
+		if _, ok, err := rw.FailRecorded(ctx, j.ID, j.Fence, conveyor.RemoteFailure{}); err != nil || ok {
+			t.Fatalf("FailRecorded after a completion: %v %v", ok, err)
+		}
+		if ok, err := rw.CompleteRecorded(ctx, 1<<40, 1); err != nil || ok {
+			t.Fatalf("CompleteRecorded of a job that does not exist: %v %v", ok, err)
 		}
 
 		for _, bad := range []struct {

@@ -859,7 +859,11 @@ func TestSnooze(t *testing.T) {
 		if j.State != "scheduled" || j.Attempt != 0 || len(j.Errors) != 0 {
 			t.Errorf("after snooze: %+v", j)
 		}
-		e.must(409, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/snooze", id), auth: adminToken, body: map[string]any{"fence": *c.Fence, "delay_ms": 1}})
+		// The same snooze sent again: already recorded (TestRepeatedOutcome).
+		if out := e.ack(200, id, "snooze", map[string]any{"fence": *c.Fence, "delay_ms": 60000}); !out.AlreadyRecorded {
+			t.Errorf("snooze sent again: %+v", out)
+		}
+		e.ack(409, id, "complete", map[string]any{"fence": *c.Fence})
 	})
 }
 

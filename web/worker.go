@@ -165,12 +165,38 @@ func (h *Handler) apiComplete(w http.ResponseWriter, r *http.Request, _ principa
 			writeError(w, http.StatusBadRequest, err.Error())
 			return
 		}
+		if errors.Is(err, conveyor.ErrLeaseLost) {
+			h.repeated(w, r, id, in.Fence, err, func() (conveyor.JobState, bool, error) {
+				ok, err := h.rw.CompleteRecorded(r.Context(), id, in.Fence)
+				return conveyor.JobStateCompleted, ok, err
+			})
+			return
+		}
 		h.workerFail(w, r, id, in.Fence, err)
 		return
 	}
 	// No h.stats.invalidate(): workers' outcomes come by the thousand, and
 	// each would make the next dashboard refresh read the counts again.
 	writeJSON(w, http.StatusOK, map[string]any{"id": id, "state": conveyor.JobStateCompleted})
+}
+
+// repeated answers an outcome refused as stale (err is ErrLeaseLost):
+// when recorded says that the same outcome of the same attempt was
+// already written (a request sent again after its answer was lost), 200
+// with the state it left and "already_recorded": true, as the first
+// request's answer would have been; otherwise the 409 of a stale fence.
+func (h *Handler) repeated(w http.ResponseWriter, r *http.Request, id, fence int64, err error, recorded func() (conveyor.JobState, bool, error)) {
+	st, ok, rerr := recorded()
+	switch {
+	case rerr != nil:
+		// Unknown: not a 409, which would tell the worker its outcome
+		// was not written; the worker may send it again.
+		h.fail(w, r, rerr)
+	case ok:
+		writeJSON(w, http.StatusOK, map[string]any{"id": id, "state": st, "already_recorded": true})
+	default:
+		h.workerFail(w, r, id, fence, err)
+	}
 }
 
 // failJSON is the body of POST /api/v1/jobs/{id}/fail.
@@ -199,10 +225,17 @@ func (h *Handler) apiFail(w http.ResponseWriter, r *http.Request, _ principal) {
 		writeError(w, http.StatusBadRequest, "retry_in_ms: must be 0 to 30 days")
 		return
 	}
-	st, err := h.rw.Fail(r.Context(), id, in.Fence, conveyor.RemoteFailure{
+	f := conveyor.RemoteFailure{
 		Error: in.Error, Trace: in.Trace, Cancel: in.Cancel,
 		RetryIn: time.Duration(in.RetryInMS) * time.Millisecond,
-	})
+	}
+	st, err := h.rw.Fail(r.Context(), id, in.Fence, f)
+	if errors.Is(err, conveyor.ErrLeaseLost) {
+		h.repeated(w, r, id, in.Fence, err, func() (conveyor.JobState, bool, error) {
+			return h.rw.FailRecorded(r.Context(), id, in.Fence, f)
+		})
+		return
+	}
 	if err != nil {
 		h.workerFail(w, r, id, in.Fence, err)
 		return
@@ -241,6 +274,13 @@ func (h *Handler) apiSnooze(w http.ResponseWriter, r *http.Request, _ principal)
 		return
 	}
 	if err := h.rw.Snooze(r.Context(), id, in.Fence, d); err != nil {
+		if errors.Is(err, conveyor.ErrLeaseLost) {
+			h.repeated(w, r, id, in.Fence, err, func() (conveyor.JobState, bool, error) {
+				ok, err := h.rw.SnoozeRecorded(r.Context(), id, in.Fence)
+				return conveyor.JobStateScheduled, ok, err
+			})
+			return
+		}
 		h.workerFail(w, r, id, in.Fence, err)
 		return
 	}

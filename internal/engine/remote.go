@@ -302,6 +302,72 @@ func (e *Engine) settleRemote(ctx context.Context, o driver.Outcome) error {
 	}
 }
 
+// Kinds of remote outcome RecordedRemote checks for.
+const (
+	// RemoteCompleted is a completion.
+	RemoteCompleted = iota + 1
+	// RemoteFailed is a failure (RemoteFailure).
+	RemoteFailed
+	// RemoteSnoozed is a snooze.
+	RemoteSnoozed
+)
+
+// RecordedRemote reports whether the attempt of job id claimed under
+// fence already ended with an outcome of kind (RemoteCompleted,
+// RemoteFailed with f, RemoteSnoozed), as an earlier call whose answer
+// was lost would have left it; with the state that outcome produced. It
+// is asked after that outcome was refused (ErrLeaseLost), and reads the
+// job once; it writes nothing. The job must still carry fence (no claim
+// since: every claim advances it, and every backend keeps it on a
+// finished row) and be in the state the outcome left:
+//   - a completion: completed;
+//   - a snooze: scheduled (a snoozed job promoted since is available
+//     again, like a released one, and is not told apart);
+//   - a failure: the state it decided (cancelled on request, discarded
+//     after the last attempt, else retryable, or available once
+//     promoted), with the job's last error recorded for this attempt
+//     number with f's error and trace. A rescue records "lease expired"
+//     instead, and a cancel or discard by hand records none, so neither
+//     passes for the failure.
+func (e *Engine) RecordedRemote(ctx context.Context, id, fence int64, kind int, f RemoteFailure) (string, bool, error) {
+	row, err := e.drv.GetJob(ctx, id)
+	if errors.Is(err, driver.ErrNotFound) {
+		return "", false, nil // pruned or deleted: nothing to tell
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("job %d: %w", id, err)
+	}
+	if row.Fence != fence {
+		return "", false, nil
+	}
+	switch kind {
+	case RemoteCompleted:
+		return driver.StateCompleted, row.State == driver.StateCompleted, nil
+	case RemoteSnoozed:
+		return driver.StateScheduled, row.State == driver.StateScheduled, nil
+	case RemoteFailed:
+		if len(row.Errors) == 0 {
+			return "", false, nil
+		}
+		last := row.Errors[len(row.Errors)-1]
+		if last.Attempt != row.Attempt || last.Error != f.Error || last.Trace != f.Trace {
+			return "", false, nil
+		}
+		// The state outcome decides for this failure (a failure leaves
+		// the attempt number as it was).
+		want := driver.StateRetryable
+		switch {
+		case f.Cancel:
+			want = driver.StateCancelled
+		case row.Attempt >= row.MaxAttempts:
+			want = driver.StateDiscarded
+		}
+		ok := row.State == want || (want == driver.StateRetryable && row.State == driver.StateAvailable)
+		return want, ok, nil
+	}
+	return "", false, fmt.Errorf("conveyor: unknown remote outcome kind %d", kind)
+}
+
 // ReleaseRemote gives a remote worker's job back without counting the
 // attempt (a worker shutting down), fenced, and wakes the queue's
 // waiting claims.

@@ -543,6 +543,30 @@ function limitsToWire(l: QueueLimitsInput): Record<string, unknown> {
   return body;
 }
 
+/**
+ * The answer to complete and snooze: the job's state after the outcome.
+ * `alreadyRecorded` is true when the request was sent again after its
+ * first answer was lost and that first request had written this very
+ * outcome of the attempt (same fence): the server wrote nothing now and
+ * answered as it had then. Either way the outcome is the job's.
+ */
+export interface Acknowledged {
+  id: number;
+  state: JobState;
+  alreadyRecorded: boolean;
+}
+
+/** The wire form of complete's, fail's and snooze's answer. */
+interface WireOutcome {
+  id: number;
+  state: JobState;
+  already_recorded?: boolean;
+}
+
+function acknowledged(o: WireOutcome): Acknowledged {
+  return { id: o.id, state: o.state, alreadyRecorded: o.already_recorded === true };
+}
+
 /** Acknowledgement endpoints: a 409 there is a stale fence. */
 const fenced = new Set(["heartbeat", "complete", "fail", "snooze", "release"]);
 
@@ -828,15 +852,22 @@ export class Client {
    * Records success, with the attempt's result when `result` is neither
    * undefined nor null: any JSON value, at most 256 KiB encoded (the server
    * answers 400 otherwise). Throws StaleFenceError if the claim no longer
-   * holds the job; its result is then not stored either.
+   * holds the job; its result is then not stored either. Safe to send
+   * again when an earlier call got no answer: if that one was written, the
+   * server answers success with `alreadyRecorded` (its result kept).
    */
-  async complete(id: number, fence: number, signal?: AbortSignal, result?: unknown): Promise<void> {
+  async complete(id: number, fence: number, signal?: AbortSignal, result?: unknown): Promise<Acknowledged> {
     const body: Record<string, unknown> = { fence };
     if (result !== undefined && result !== null) body.result = result;
-    await this.request("POST", `/api/v1/jobs/${jobId(id)}/complete`, body, { signal });
+    return acknowledged(await this.request<WireOutcome>("POST", `/api/v1/jobs/${jobId(id)}/complete`, body, { signal }));
   }
 
-  /** Records a failed attempt; returns the job's new state (retryable, discarded or cancelled). */
+  /**
+   * Records a failed attempt; returns the job's new state (retryable,
+   * discarded or cancelled). Safe to send again, with the same options,
+   * when an earlier call got no answer: if that one was written, the
+   * server answers with the state it left.
+   */
   async fail(id: number, fence: number, f: FailOptions, signal?: AbortSignal): Promise<JobState> {
     const body: Record<string, unknown> = { fence, error: f.error };
     if (f.trace !== undefined) body.trace = f.trace;
@@ -845,9 +876,14 @@ export class Client {
     return (await this.request<{ state: JobState }>("POST", `/api/v1/jobs/${jobId(id)}/fail`, body, { signal })).state;
   }
 
-  /** Puts a claimed job back for `delayMs` without using an attempt. */
-  async snooze(id: number, fence: number, delayMs: number, signal?: AbortSignal): Promise<void> {
-    await this.request("POST", `/api/v1/jobs/${jobId(id)}/snooze`, { fence, delay_ms: Math.round(delayMs) }, { signal });
+  /**
+   * Puts a claimed job back for `delayMs` without using an attempt. Safe
+   * to send again as complete is, while the job is still scheduled.
+   */
+  async snooze(id: number, fence: number, delayMs: number, signal?: AbortSignal): Promise<Acknowledged> {
+    return acknowledged(
+      await this.request<WireOutcome>("POST", `/api/v1/jobs/${jobId(id)}/snooze`, { fence, delay_ms: Math.round(delayMs) }, { signal }),
+    );
   }
 
   /** Gives a claimed job back at once without counting the attempt. */

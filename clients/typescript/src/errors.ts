@@ -30,7 +30,9 @@ export class ConveyorError extends Error {
  * A 409 to heartbeat, complete, fail, snooze or release: the claim no
  * longer holds the job (its lease expired and it was claimed again, or it
  * was released, cancelled, discarded or finished). Nothing was written;
- * stop working the job and do not retry the request.
+ * stop working the job and do not retry the request. (An outcome sent
+ * again after its first answer was lost, whose first request was written,
+ * is not refused: it resolves, marked `alreadyRecorded`.)
  */
 export class StaleFenceError extends ConveyorError {
   readonly jobId: number;

@@ -1,5 +1,6 @@
 export { Client } from "./client.js";
 export type {
+  Acknowledged,
   AttemptError,
   Batch,
   BatchEnqueued,

@@ -17,7 +17,7 @@
 import test from "node:test";
 import assert from "node:assert/strict";
 import { createServer, IncomingMessage, ServerResponse } from "node:http";
-import { Client, LeaseDeadlineError, Worker } from "../src/index.js";
+import { Client, ConveyorError, LeaseDeadlineError, Worker } from "../src/index.js";
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
@@ -377,6 +377,49 @@ test("an acknowledgement that hangs is given up within the lease and sent again"
   } finally {
     await srv.close();
     await worker.stop({ timeoutMs: 1000 });
+  }
+});
+
+test("an outcome whose answer was lost, sent again and answered already_recorded, ends as a success", { timeout: 60_000 }, async () => {
+  const leaseMs = 3000;
+  const claim = claims();
+  const srv = await fakeServer((kind, s) => {
+    if (kind === "claim") return claim(s);
+    if (kind === "heartbeat") return ok({ id: 1, lease_ms: leaseMs });
+    // The first completion is written but its answer never comes; the
+    // repeat is answered as conveyor serve answers it then.
+    if (kind === "complete") return srv.of("complete").length === 1 ? "hang" : ok({ id: 1, state: "completed", already_recorded: true });
+    return ok({});
+  });
+  const { client } = recordingClient(srv.url);
+  const errors: unknown[] = [];
+  const worker = new Worker(client, { queue: "q", leaseMs, waitMs: 100, onError: (e) => errors.push(e), handlers: { work: () => "done" } });
+  worker.start();
+  try {
+    assert.ok(await until(() => srv.of("complete").length > 1, 4 * leaseMs), "the completion whose answer was lost was not sent again");
+    const stopped = await worker.stop({ timeoutMs: 5000 });
+    assert.equal(stopped.released, 0);
+    assert.equal(srv.of("complete").length, 2, "the completion was sent again after its success");
+    assert.deepEqual(srv.of("complete")[1].body, { fence: 7, result: "done" });
+    assert.equal(srv.of("fail").length + srv.of("release").length, 0, "the attempt was failed or released after its success");
+    assert.ok(errors.every((e) => e instanceof ConveyorError && e.status === null), `errors other than the lost answer: ${errors}`);
+  } finally {
+    await worker.stop({ timeoutMs: 1000 });
+    await srv.close();
+  }
+});
+
+test("complete and snooze resolve with alreadyRecorded from the answer", { timeout: 30_000 }, async () => {
+  const srv = await fakeServer((kind, s) =>
+    ok({ id: 1, state: kind === "snooze" ? "scheduled" : "completed", ...(s.body.fence === 8 ? { already_recorded: true } : {}) }),
+  );
+  try {
+    const client = new Client({ baseUrl: srv.url, token: "t" });
+    assert.deepEqual(await client.complete(1, 7), { id: 1, state: "completed", alreadyRecorded: false });
+    assert.deepEqual(await client.complete(1, 8), { id: 1, state: "completed", alreadyRecorded: true });
+    assert.deepEqual(await client.snooze(1, 8, 1000), { id: 1, state: "scheduled", alreadyRecorded: true });
+  } finally {
+    await srv.close();
   }
 });
 

@@ -221,6 +221,37 @@ test("a stale worker's acknowledgements are refused with 409", { skip, timeout: 
   assert.equal(j.attempt, 1, "the released attempt was counted");
 });
 
+test("an outcome sent again after its answer was lost resolves as already recorded; another outcome is refused", { skip, timeout: 60_000 }, async () => {
+  const queue = `ts-again-${run}`;
+  const claimOne = async () => {
+    const [j] = await client.claim({ queue, waitMs: 5000, worker: "again" });
+    assert.ok(j, "nothing claimed");
+    return j;
+  };
+  await client.enqueue("again", {}, { queue });
+  const c = await claimOne();
+  assert.deepEqual(await client.complete(c.id, c.fence, undefined, { n: 1 }), { id: c.id, state: "completed", alreadyRecorded: false });
+  assert.deepEqual(await client.complete(c.id, c.fence, undefined, { n: 1 }), { id: c.id, state: "completed", alreadyRecorded: true });
+  assert.deepEqual((await client.getJob(c.id)).result, { n: 1 });
+  await assert.rejects(client.fail(c.id, c.fence, { error: "late" }), StaleFenceError);
+
+  await client.enqueue("again", {}, { queue });
+  const f = await claimOne();
+  const failure = { error: "smtp: timeout", trace: "at send", retryInMs: 3_600_000 };
+  assert.equal(await client.fail(f.id, f.fence, failure), "retryable");
+  assert.equal(await client.fail(f.id, f.fence, failure), "retryable");
+  await assert.rejects(client.complete(f.id, f.fence), StaleFenceError);
+  const j = await client.getJob(f.id);
+  assert.equal(j.state, "retryable");
+  assert.equal(j.errors.length, 1, "the failure sent again was recorded twice");
+
+  await client.enqueue("again", {}, { queue });
+  const s = await claimOne();
+  assert.equal((await client.snooze(s.id, s.fence, 3_600_000)).alreadyRecorded, false);
+  assert.equal((await client.snooze(s.id, s.fence, 3_600_000)).alreadyRecorded, true);
+  await assert.rejects(client.complete(s.id, s.fence), StaleFenceError);
+});
+
 test("a lease that expired is rescued, and the old holder's completion refused", { skip, timeout: 60_000 }, async () => {
   // serve's maintenance rescues expired leases every 5s.
   const queue = `ts-lease-${run}`;
