@@ -52,9 +52,16 @@ func FenceForTest[TTx any](c *Client[TTx], id int64) (int64, error) {
 }
 
 // InserterForTest returns how many enqueue calls wait for c's group-commit
-// writer, and how many it has taken so far.
+// writers, and how many they have taken so far.
 func InserterForTest[TTx any](c *Client[TTx]) (queued int, taken int64) {
 	return c.eng.QueuedInserts(), c.eng.TakenInserts()
+}
+
+// HoldPlainWriterForTest keeps c's group-commit writer of plain jobs from
+// writing its next batch until release is called, as a write in progress
+// would.
+func HoldPlainWriterForTest[TTx any](c *Client[TTx]) (release func()) {
+	return c.eng.HoldPlainInserts()
 }
 
 // BumpSchemaForTest records schema version v as applied, as a newer

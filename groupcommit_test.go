@@ -99,13 +99,17 @@ type told struct {
 	err error
 }
 
-// lineUp makes the calls reach the group-commit writer together: it
-// holds the writer with an enqueue of a unique key that an open
+// lineUp makes the calls reach the group-commit writers together, the
+// plain calls one batch, the calls with unique jobs another: it holds the
+// writer of unique jobs with an enqueue of a unique key that an open
 // transaction of the application holds (on SQLite, that transaction holds
-// the database's write lock), starts every call and waits until each waits
-// for the writer, then commits that transaction, so that the writer takes
-// them all as one batch, and calls released (if not nil) once the
-// blocked enqueue returned. It returns what each call was told, in order.
+// the database's write lock), and the writer of plain jobs with a plain
+// enqueue (a job of kind noop) that it keeps from being written; it starts
+// every call and waits until each waits for its writer, then lets the
+// held plain enqueue go and commits that transaction, so that each writer
+// takes its calls all as one batch, and calls released (if not nil) once
+// the blocked unique enqueue returned. It returns what each call was told,
+// in order.
 func lineUp(t *testing.T, ctx context.Context, c *conveyor.Client[any], dsn, key string, released func(), calls ...func() ([]int64, error)) []told {
 	t.Helper()
 	byArgs := &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ByArgs: true}}
@@ -117,16 +121,27 @@ func lineUp(t *testing.T, ctx context.Context, c *conveyor.Client[any], dsn, key
 	}
 	queued, taken := conveyor.InserterForTest(c)
 	if queued != 0 {
-		t.Fatalf("%d enqueues already wait for the writer", queued)
+		t.Fatalf("%d enqueues already wait for the writers", queued)
 	}
+	release := conveyor.HoldPlainWriterForTest(c)
+	t.Cleanup(release)
+	plainBlocker := make(chan error, 1)
+	go func() {
+		_, err := c.Enqueue(ctx, noop{}, nil)
+		plainBlocker <- err
+	}()
+	waitFor(t, "the plain writer taking the held enqueue", 30*time.Second, func() bool {
+		_, n := conveyor.InserterForTest(c)
+		return n == taken+1
+	})
 	blocker := make(chan told, 1)
 	go func() {
 		id, err := c.Enqueue(ctx, order{key, "", ""}, byArgs)
 		blocker <- told{[]int64{id}, err}
 	}()
-	waitFor(t, "the writer taking the blocked enqueue", 30*time.Second, func() bool {
+	waitFor(t, "the unique writer taking the blocked enqueue", 30*time.Second, func() bool {
 		_, n := conveyor.InserterForTest(c)
-		return n == taken+1
+		return n == taken+2
 	})
 	out := make([]told, len(calls))
 	dones := make([]chan struct{}, len(calls))
@@ -136,13 +151,17 @@ func lineUp(t *testing.T, ctx context.Context, c *conveyor.Client[any], dsn, key
 			defer close(dones[i])
 			out[i].ids, out[i].err = call()
 		}()
-		waitFor(t, fmt.Sprintf("call %d waiting for the writer", i), 30*time.Second, func() bool {
+		waitFor(t, fmt.Sprintf("call %d waiting for its writer", i), 30*time.Second, func() bool {
 			q, _ := conveyor.InserterForTest(c)
 			return q == i+1
 		})
 	}
+	release()
 	if err := commit(); err != nil {
 		t.Fatal(err)
+	}
+	if err := <-plainBlocker; err != nil {
+		t.Fatalf("the held plain enqueue: %v", err)
 	}
 	if b := <-blocker; b.err != nil || b.ids[0] != held {
 		t.Fatalf("the blocked enqueue: %v, %v; want the holder %d", b.ids, b.err, held)

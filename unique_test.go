@@ -495,3 +495,84 @@ func TestUniqueDeadlockWithAppTx(t *testing.T) {
 		}
 	})
 }
+
+// TestUniqueWaitLetsPlainEnqueuesThrough: an enqueue of a unique key that
+// an application's open transaction holds waits for that transaction;
+// meanwhile plain enqueues of the process are written all the same (the
+// goroutine holding the transaction may itself enqueue before committing).
+// Once the transaction commits, the waiting enqueue is told the holder.
+// SQLite is left out: there the application's transaction holds the
+// database's write lock, which every write waits for, plain ones included.
+func TestUniqueWaitLetsPlainEnqueuesThrough(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "mysql://") {
+			t.Skip("SQLite: the application's transaction holds the write lock that every enqueue waits for")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		prefix := testdb.Prefix()
+		c := openDropped(t, dsn, fast(prefix))
+		byArgs := &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ByArgs: true}}
+		keyOf := func(o order) []byte {
+			args, _ := json.Marshal(o)
+			k, err := conveyor.UniqueKeyForTest("order", conveyor.DefaultQueue, args, byArgs.Unique)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return k
+		}
+		// On MySQL/MariaDB a plain job's row goes in the unique index (as
+		// NULL, before every key), in the gap before the lowest key, which
+		// the waiting insert of that key locks: a lower key, committed,
+		// keeps that gap away from the key waited for, so that what is
+		// tested is the process's writers, not the database's locks.
+		low, key := order{"a", "", ""}, order{"b", "", ""}
+		if bytes.Compare(keyOf(low), keyOf(key)) > 0 {
+			low, key = key, low
+		}
+		if _, err := c.Enqueue(ctx, low, byArgs); err != nil {
+			t.Fatal(err)
+		}
+		tx, commit, rollback := beginTx(t, dsn)
+		t.Cleanup(func() { _ = rollback() })
+		held, err := c.EnqueueTx(ctx, tx, key, byArgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			id  int64
+			err error
+		}
+		waiting := make(chan result, 1)
+		go func() {
+			id, err := c.Enqueue(ctx, key, byArgs)
+			waiting <- result{id, err}
+		}()
+		waitBlocked(t, dsn, prefix)
+		// The plain enqueue must return while the transaction is still
+		// open: it is awaited before the commit below. Its deadline only
+		// bounds the failure, shorter than the writer's own bound on a
+		// write (30s) after which the stalled unique write gives up.
+		plainCtx, plainCancel := context.WithTimeout(ctx, 20*time.Second)
+		defer plainCancel()
+		plain := make(chan result, 1)
+		go func() {
+			id, err := c.Enqueue(plainCtx, tagged{"plain"}, nil)
+			plain <- result{id, err}
+		}()
+		if p := <-plain; p.err != nil {
+			t.Fatalf("a plain enqueue while a unique one waits for the application's transaction: %v; want it written", p.err)
+		}
+		select {
+		case w := <-waiting:
+			t.Fatalf("the unique enqueue returned %d, %v before the holder's transaction ended", w.id, w.err)
+		default:
+		}
+		if err := commit(); err != nil {
+			t.Fatal(err)
+		}
+		if w := <-waiting; w.err != nil || w.id != held {
+			t.Fatalf("the unique enqueue: %d, %v; want the holder %d", w.id, w.err, held)
+		}
+	})
+}

@@ -80,11 +80,11 @@ func TestInserterBatchesEnqueues(t *testing.T) {
 	recv(t, "the first insert", first)
 	// Queue the next callers in a known order behind the first insert.
 	b := enqueue(e, 2, 3)
-	waitFor(t, "caller b queued", func() bool { return len(e.ins.in) == 1 })
+	waitFor(t, "caller b queued", func() bool { return len(e.ins.plain.in) == 1 })
 	c := enqueue(e, 4, 5)
-	waitFor(t, "caller c queued", func() bool { return len(e.ins.in) == 2 })
+	waitFor(t, "caller c queued", func() bool { return len(e.ins.plain.in) == 2 })
 	dd := enqueue(e, 6, 7)
-	waitFor(t, "caller d queued", func() bool { return len(e.ins.in) == 3 })
+	waitFor(t, "caller d queued", func() bool { return len(e.ins.plain.in) == 3 })
 	close(gate)
 	for _, w := range []struct {
 		name string
@@ -185,9 +185,9 @@ func TestInserterErrorReachesEveryCallerOfBatch(t *testing.T) {
 	a := enqueue(e, 1)
 	recv(t, "the first insert", first)
 	b := enqueue(e, 2)
-	waitFor(t, "caller b queued", func() bool { return len(e.ins.in) == 1 })
+	waitFor(t, "caller b queued", func() bool { return len(e.ins.plain.in) == 1 })
 	c := enqueue(e, 3, 4)
-	waitFor(t, "caller c queued", func() bool { return len(e.ins.in) == 2 })
+	waitFor(t, "caller c queued", func() bool { return len(e.ins.plain.in) == 2 })
 	close(gate)
 	if r := recv(t, "caller a", a); r.err != nil || !slices.Equal(r.ids, []int64{1001}) {
 		t.Fatalf("caller a of the first batch got %v, %v; want [1001]", r.ids, r.err)
@@ -302,10 +302,12 @@ func TestInserterIsolatesCallerAfterNothingCommitted(t *testing.T) {
 	}
 }
 
-// A batch of plain and unique callers is two transactions, each caller's
-// jobs in one of them: when the one with unique jobs fails, the callers of
-// plain jobs still get their ids (their jobs were committed), and each
-// call with unique jobs commits whole or not at all.
+// Plain and unique callers are written by two writers, each caller's jobs
+// in one transaction: while a unique insert waits (for a key an
+// application's open transaction holds), plain callers are written and
+// get their ids, and the unique callers queued meanwhile are written
+// together after it; when their transaction fails, each call with unique
+// jobs commits whole or not at all.
 func TestInserterMixedBatchTellsEachCaller(t *testing.T) {
 	u := func(key string, prio int) driver.InsertParams {
 		return driver.InsertParams{Queue: "q", Kind: "k", Priority: prio, UniqueKey: []byte(key)}
@@ -322,25 +324,46 @@ func TestInserterMixedBatchTellsEachCaller(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			d := &fakeDriver{}
 			first, gate := make(chan struct{}), make(chan struct{})
-			rejectPoison(d, first, gate)
-			if !tc.isolate {
-				d.insertUnique = func(context.Context, []driver.InsertParams) ([]int64, []bool, error) { return nil, nil, tc.fail }
+			rejectPoison(d, nil, nil) // for its insertUnique; insert is below
+			d.insert = func(_ context.Context, ps []driver.InsertParams) ([]int64, error) {
+				if poisoned(ps) {
+					return nil, driver.NotCommitted(errBadRow)
+				}
+				ids := make([]int64, len(ps))
+				for i, p := range ps {
+					ids[i] = int64(1000 + p.Priority)
+				}
+				return ids, nil
+			}
+			unique := d.insertUnique
+			var n atomic.Int64
+			d.insertUnique = func(ctx context.Context, ps []driver.InsertParams) ([]int64, []bool, error) {
+				switch {
+				case n.Add(1) == 1: // the unique insert that waits for a lock
+					close(first)
+					<-gate
+				case !tc.isolate:
+					return nil, nil, tc.fail
+				}
+				return unique(ctx, ps)
 			}
 			e := New(d, testConfig(time.Second), nil)
 			t.Cleanup(func() { e.Close(context.Background()) })
 			ctx := context.Background()
-			a := enqueue(e, 1)
-			recv(t, "the first insert", first)
-			plain := enqueueJobs(ctx, e, p(2))
-			waitFor(t, "the plain caller queued", func() bool { return e.QueuedInserts() == 1 })
-			good := enqueueJobs(ctx, e, u("k1", 3), p(4))
-			waitFor(t, "the unique caller queued", func() bool { return e.QueuedInserts() == 2 })
-			bad := enqueueJobs(ctx, e, p(5), u("poison", 6))
-			waitFor(t, "the poisoned caller queued", func() bool { return e.QueuedInserts() == 3 })
-			close(gate)
-			recv(t, "caller a", a)
-			if r := recv(t, "the plain caller", plain); r.err != nil || !slices.Equal(r.ids, []int64{1002}) {
+			a := enqueueJobs(ctx, e, u("held", 1))
+			recv(t, "the first unique insert", first)
+			// Awaited before the gate opens: a plain caller does not wait
+			// behind the unique insert.
+			if r := recv(t, "the plain caller", enqueueJobs(ctx, e, p(2))); r.err != nil || !slices.Equal(r.ids, []int64{1002}) {
 				t.Fatalf("the plain caller got %v, %v; want its committed job [1002]", r.ids, r.err)
+			}
+			good := enqueueJobs(ctx, e, u("k1", 3), p(4))
+			waitFor(t, "the unique caller queued", func() bool { return e.QueuedInserts() == 1 })
+			bad := enqueueJobs(ctx, e, p(5), u("poison", 6))
+			waitFor(t, "the poisoned caller queued", func() bool { return e.QueuedInserts() == 2 })
+			close(gate)
+			if r := recv(t, "caller a", a); r.err != nil || !slices.Equal(r.ids, []int64{1001}) {
+				t.Fatalf("caller a got %v, %v; want [1001]", r.ids, r.err)
 			}
 			rg, rb := recv(t, "the unique caller", good), recv(t, "the poisoned caller", bad)
 			if tc.isolate {
@@ -363,17 +386,93 @@ func TestInserterMixedBatchTellsEachCaller(t *testing.T) {
 			for _, c := range d.callsOf("insertunique") {
 				got = append(got, priorities(c))
 			}
-			want := [][]int{{3, 4, 5, 6}}
+			want := [][]int{{1}, {3, 4, 5, 6}}
 			if tc.isolate {
 				want = append(want, []int{3, 4}, []int{5, 6})
 			}
 			if !slices.EqualFunc(got, want, slices.Equal) {
 				t.Fatalf("InsertUnique calls %v, want %v", got, want)
 			}
-			if n := d.count("insert"); n != 2 {
-				t.Fatalf("%d plain inserts, want 2 (the first caller's, the plain caller's)", n)
+			if n := d.count("insert"); n != 1 {
+				t.Fatalf("%d plain inserts, want 1 (the plain caller's)", n)
 			}
 		})
+	}
+}
+
+// Close returns once both writers have written every call queued: the
+// unique callers queued behind a unique insert that waits, and a plain
+// caller queued behind a plain write in progress; an enqueue after it
+// starts is refused.
+func TestInserterCloseFlushesBothWriters(t *testing.T) {
+	d := &fakeDriver{}
+	first, gate := make(chan struct{}), make(chan struct{})
+	plainFirst, plainGate := make(chan struct{}), make(chan struct{})
+	var n, m atomic.Int64
+	d.insertUnique = func(_ context.Context, ps []driver.InsertParams) ([]int64, []bool, error) {
+		if n.Add(1) == 1 {
+			close(first)
+			<-gate
+		}
+		ids := make([]int64, len(ps))
+		for i, p := range ps {
+			ids[i] = int64(1000 + p.Priority)
+		}
+		return ids, make([]bool, len(ps)), nil
+	}
+	d.insert = func(_ context.Context, ps []driver.InsertParams) ([]int64, error) {
+		if m.Add(1) == 1 {
+			close(plainFirst)
+			<-plainGate
+		}
+		ids := make([]int64, len(ps))
+		for i, p := range ps {
+			ids[i] = int64(1000 + p.Priority)
+		}
+		return ids, nil
+	}
+	e := New(d, testConfig(time.Second), nil)
+	ctx := context.Background()
+	u := func(key string, prio int) driver.InsertParams {
+		return driver.InsertParams{Queue: "q", Kind: "k", Priority: prio, UniqueKey: []byte(key)}
+	}
+	a := enqueueJobs(ctx, e, u("a", 1))
+	recv(t, "the first unique insert", first)
+	b := enqueueJobs(ctx, e, u("b", 2))
+	waitFor(t, "the second unique caller queued", func() bool { return e.QueuedInserts() == 1 })
+	p1 := enqueue(e, 3)
+	recv(t, "the first plain insert", plainFirst)
+	p2 := enqueue(e, 4)
+	waitFor(t, "the second plain caller queued", func() bool { return e.QueuedInserts() == 2 })
+	closed := make(chan error, 1)
+	go func() { closed <- e.Close(ctx) }()
+	waitFor(t, "Close taking no more enqueues", func() bool {
+		e.ins.mu.RLock()
+		defer e.ins.mu.RUnlock()
+		return e.ins.shut
+	})
+	if _, _, err := e.Insert(ctx, []driver.InsertParams{{Queue: "q", Kind: "k"}}); !errors.Is(err, ErrStopped) {
+		t.Fatalf("an enqueue while closing: %v, want ErrStopped", err)
+	}
+	close(plainGate)
+	for name, ch := range map[string]<-chan insertResult{"p1": p1, "p2": p2} {
+		if r := recv(t, "plain caller "+name, ch); r.err != nil || len(r.ids) != 1 {
+			t.Fatalf("plain caller %s got %v, %v", name, r.ids, r.err)
+		}
+	}
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while unique callers were still to be written", err)
+	default:
+	}
+	close(gate)
+	for name, ch := range map[string]<-chan insertResult{"a": a, "b": b} {
+		if r := recv(t, "unique caller "+name, ch); r.err != nil || len(r.ids) != 1 {
+			t.Fatalf("unique caller %s got %v, %v", name, r.ids, r.err)
+		}
+	}
+	if err := recv(t, "Close", closed); err != nil {
+		t.Fatal(err)
 	}
 }
 

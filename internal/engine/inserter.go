@@ -15,27 +15,45 @@ import (
 // statement and one commit per batch (group commit); each caller returns
 // once its own jobs are committed.
 //
-// Each caller is told what happened to its own jobs. A batch is written as
-// at most two transactions: one for the callers whose jobs are all plain
-// (one multi-row insert) and one for the callers with unique jobs (whose
-// plain jobs go in the same transaction, so that every call commits whole
-// or not at all). A caller's jobs are all in one of them, and the caller
-// gets that transaction's outcome: its ids, or the error. When the
-// transaction of several callers failed and the driver knows nothing of it
-// was committed (driver.IsNotCommitted: a refused row, a connection lost
-// before the commit, a lock wait that timed out), each of those callers'
-// jobs is written again on its own, so that one caller's bad job does not
-// fail the others; when the outcome is unknown (a connection lost while
+// It has two writers, each writing its batches one at a time: one for the
+// callers whose jobs are all plain (one multi-row insert per batch) and
+// one for the callers with unique jobs (whose plain jobs go in the same
+// transaction, so that every call commits whole or not at all). A unique
+// insert can wait for a lock held by an application's open transaction
+// that inserted the same key, for as long as that transaction stays open
+// (up to flushTimeout): only the unique callers wait behind it, and plain
+// enqueues keep being written, also those of the goroutine that holds the
+// transaction and enqueues before committing it.
+//
+// Each caller is told what happened to its own jobs. A caller's jobs are
+// all in one transaction of one writer, and the caller gets that
+// transaction's outcome: its ids, or the error. When the transaction of
+// several callers failed and the driver knows nothing of it was committed
+// (driver.IsNotCommitted: a refused row, a connection lost before the
+// commit, a lock wait that timed out), each of those callers' jobs is
+// written again on its own, so that one caller's bad job does not fail the
+// others; when the outcome is unknown (a connection lost while
 // committing), no job is written twice: each caller of that transaction
-// is told its jobs may or may not exist.
+// is told its jobs may or may not exist. Close stops taking calls and
+// returns once both writers have written every call already queued.
 type inserter struct {
 	e      *Engine
-	in     chan *insertReq
+	plain  *writer
+	uniq   *writer
 	gather atomic.Int64 // bound on the wait to gather a batch, ns (maxGather; tests)
 	mu     sync.RWMutex
 	shut   bool
-	done   chan struct{}
-	taken  atomic.Int64 // calls the writer took from in (tests)
+	taken  atomic.Int64 // calls the writers took from their queues (tests)
+}
+
+// writer is one of the inserter's two writers: the calls it is to write,
+// and done, closed once it has written them all after in was closed.
+type writer struct {
+	in   chan *insertReq
+	done chan struct{}
+	// hold is held by the writer around each write; a test holding it
+	// keeps the writer's next batch from being written.
+	hold sync.Mutex
 }
 
 type insertReq struct {
@@ -51,27 +69,37 @@ type insertReq struct {
 // again of its callers one by one after it failed.
 const flushTimeout = 30 * time.Second
 
-// maxGather bounds how long the writer waits to gather a batch (see run).
+// maxGather bounds how long a writer waits to gather a batch (see run).
 const maxGather = 2 * time.Millisecond
 
 func newInserter(e *Engine) *inserter {
-	i := &inserter{e: e, in: make(chan *insertReq, 1024), done: make(chan struct{})}
+	i := &inserter{e: e, plain: newWriter(), uniq: newWriter()}
 	i.gather.Store(int64(maxGather))
-	go i.run()
+	go i.run(i.plain)
+	go i.run(i.uniq)
 	return i
 }
 
-// insert queues jobs and waits for their commit. If ctx ends first the
-// error says the jobs may or may not have been committed.
+func newWriter() *writer {
+	return &writer{in: make(chan *insertReq, 1024), done: make(chan struct{})}
+}
+
+// insert queues jobs for the writer of their kind (see inserter) and waits
+// for their commit. If ctx ends first the error says the jobs may or may
+// not have been committed.
 func (i *inserter) insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, []bool, error) {
 	req := &insertReq{ctx: ctx, jobs: jobs, done: make(chan struct{})}
+	w := i.plain
+	if hasUnique(jobs) {
+		w = i.uniq
+	}
 	i.mu.RLock()
 	if i.shut {
 		i.mu.RUnlock()
 		return nil, nil, ErrStopped
 	}
 	select {
-	case i.in <- req:
+	case w.in <- req:
 	case <-ctx.Done():
 		i.mu.RUnlock()
 		return nil, nil, ctx.Err()
@@ -85,41 +113,43 @@ func (i *inserter) insert(ctx context.Context, jobs []driver.InsertParams) ([]in
 	}
 }
 
-// queued is how many enqueue calls wait for the writer (tests).
-func (i *inserter) queued() int { return len(i.in) }
+// queued is how many enqueue calls wait for a writer (tests).
+func (i *inserter) queued() int { return len(i.plain.in) + len(i.uniq.in) }
 
 func (i *inserter) close() {
 	i.mu.Lock()
 	if !i.shut {
 		i.shut = true
-		close(i.in)
+		close(i.plain.in)
+		close(i.uniq.in)
 	}
 	i.mu.Unlock()
-	<-i.done
+	<-i.plain.done
+	<-i.uniq.done
 }
 
-// run writes batches, one at a time. A batch takes every caller already
-// waiting, up to InsertBatch jobs. When it holds fewer callers than the
-// batch before it, the writer waits a little for more (at most half the
-// last write's duration, at most gather): the callers of a write return
-// together and most call again at once, and without the wait the first
-// of them would be written on its own, the others behind it, so that
-// every other commit carried a handful of jobs. A lone caller after a
-// lone caller is written at once.
-func (i *inserter) run() {
-	defer close(i.done)
+// run writes w's batches, one at a time. A batch takes every caller
+// already waiting, up to InsertBatch jobs. When it holds fewer callers
+// than the batch before it, the writer waits a little for more (at most
+// half the last write's duration, at most gather): the callers of a write
+// return together and most call again at once, and without the wait the
+// first of them would be written on its own, the others behind it, so
+// that every other commit carried a handful of jobs. A lone caller after
+// a lone caller is written at once.
+func (i *inserter) run(w *writer) {
+	defer close(w.done)
 	max := i.e.cfg.InsertBatch
 	var batch []*insertReq
 	var timer *time.Timer
 	prevCallers, prevDur := 0, time.Duration(0)
-	for req := range i.in {
+	for req := range w.in {
 		batch = append(batch[:0], req)
 		n := len(req.jobs)
 		var expire <-chan time.Time
 	fill:
 		for n < max {
 			select {
-			case r, ok := <-i.in:
+			case r, ok := <-w.in:
 				if !ok {
 					break fill
 				}
@@ -141,7 +171,7 @@ func (i *inserter) run() {
 				expire = timer.C
 			}
 			select {
-			case r, ok := <-i.in:
+			case r, ok := <-w.in:
 				if !ok {
 					break fill
 				}
@@ -158,25 +188,12 @@ func (i *inserter) run() {
 			}
 		}
 		i.taken.Add(int64(len(batch)))
+		w.hold.Lock()
 		t0 := time.Now()
-		i.flush(batch)
+		i.write(batch)
 		prevCallers, prevDur = len(batch), time.Since(t0)
+		w.hold.Unlock()
 	}
-}
-
-// flush writes a batch: the callers of plain jobs only in one
-// transaction, the callers with unique jobs in another.
-func (i *inserter) flush(batch []*insertReq) {
-	var plain, uniq []*insertReq
-	for _, r := range batch {
-		if hasUnique(r.jobs) {
-			uniq = append(uniq, r)
-		} else {
-			plain = append(plain, r)
-		}
-	}
-	i.write(plain)
-	i.write(uniq)
 }
 
 // write writes the jobs of reqs in one transaction and tells each caller
@@ -376,10 +393,20 @@ func (e *Engine) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (in
 	return n, err
 }
 
-// QueuedInserts is how many Insert calls wait for the group-commit writer,
-// and TakenInserts how many it has taken so far: for tests that line
-// callers up behind a write in progress.
+// QueuedInserts is how many Insert calls wait for the group-commit
+// writers, and TakenInserts how many they have taken so far: for tests
+// that line callers up behind a write in progress.
 func (e *Engine) QueuedInserts() int { return e.ins.queued() }
 
 // TakenInserts: see QueuedInserts.
 func (e *Engine) TakenInserts() int64 { return e.ins.taken.Load() }
+
+// HoldPlainInserts keeps the writer of plain jobs from writing its next
+// batch until release is called, as a write in progress would: for tests
+// that line callers of plain jobs up behind it. Unique callers are held
+// by an application's transaction holding a key.
+func (e *Engine) HoldPlainInserts() (release func()) {
+	e.ins.plain.hold.Lock()
+	var once sync.Once
+	return func() { once.Do(e.ins.plain.hold.Unlock) }
+}
