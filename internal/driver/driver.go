@@ -874,10 +874,13 @@ type Driver interface {
 	// its callback enqueued and finished, and whose callback was not
 	// enqueued yet,
 	// and returns the callback's id by batch id. Each batch is fired in a
-	// transaction of its own that inserts the callback (its metadata
-	// given BatchMetaKey) and records its id on the batch row only if no
-	// callback is recorded there yet, so that concurrent callers enqueue
-	// each callback exactly once.
+	// transaction of its own that inserts the callback (its metadata given BatchMetaKey) and
+	// records its id on the batch row only if no callback is recorded
+	// there yet, so that concurrent callers enqueue each callback exactly
+	// once. A batch whose callback cannot be enqueued does not keep the
+	// others from firing: they are fired, past limit's first batches if
+	// need be, and the error is a *BatchFireError naming each batch that
+	// failed (see FireReady).
 	FireBatches(ctx context.Context, limit int) (map[int64]int64, error)
 	// GetBatch returns batch id and every member's state and result,
 	// the callbacks already enqueued of the batches it waits for counting

@@ -67,6 +67,52 @@ func batches(t *testing.T, s suite) {
 		check(ids[2], bids[1], 0)
 		check(plain, 0, 0)
 	})
+	// A batch whose callback cannot be enqueued (here its stored
+	// metadata is no JSON object, so every try fails the same way) keeps
+	// neither the batches after it in the same call nor, however many
+	// such batches there are, the batches past limit from firing: the
+	// call fires the others and returns a *BatchFireError naming each
+	// failed batch.
+	t.Run("FireContinuesPastFailure", func(t *testing.T) {
+		d := s.setup(t)
+		bad := job("fcb", 0)
+		bad.Meta = []byte(`"not an object"`)
+		ids, bids, err := d.InsertBatches(ctx, nil, []driver.InsertParams{job("fa", 0)}, []driver.BatchParams{
+			{Callback: bad, Jobs: []int{0}},
+			{Callback: bad, Jobs: []int{0}},
+			{Callback: job("fcg", 0), Jobs: []int{0}},
+			{Callback: bad, Jobs: []int{0}},
+		})
+		if err != nil || len(ids) != 1 || len(bids) != 4 {
+			t.Fatalf("insert batches: %v %v %v", ids, bids, err)
+		}
+		runOne(t, d, "fa")
+		// Two of the four per call: the first two fail.
+		for round := range 2 {
+			fired, err := d.FireBatches(ctx, 2)
+			want := 1
+			if round > 0 {
+				want = 0
+			}
+			if len(fired) != want || (want == 1 && fired[bids[2]] == 0) {
+				t.Fatalf("round %d: fired %v (%v); want batch %d alone the first time, none after", round, fired, err, bids[2])
+			}
+			var fe *driver.BatchFireError
+			if !errors.As(err, &fe) {
+				t.Fatalf("round %d: fired %v, error %v; want a *BatchFireError", round, fired, err)
+			}
+			var failed []int64
+			for _, f := range fe.Failed {
+				failed = append(failed, f.BatchID)
+			}
+			if len(failed) != 3 || failed[0] != bids[0] || failed[1] != bids[1] || failed[2] != bids[3] {
+				t.Errorf("round %d: failed batches %v (%v); want %d, %d, %d", round, failed, err, bids[0], bids[1], bids[3])
+			}
+		}
+		if got := runOne(t, d, "fcg"); got == 0 {
+			t.Fatal("no callback of the good batch")
+		}
+	})
 	// A fired batch that a still open batch waits for (a workflow's step
 	// whose own step has not finished) is kept by Prune however long ago
 	// it fired: without it the open batch would no longer see the step it

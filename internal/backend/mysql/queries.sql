@@ -315,10 +315,11 @@ INSERT INTO `{p}batches` (callback, created_at) VALUES (?, UTC_TIMESTAMP(6))
 INSERT INTO `{p}batch_jobs` (batch_id, job_id) VALUES
 
 -- Batches without a callback yet whose every member has finished (a
--- member Prune deleted has finished), oldest first. Reads each open
--- batch's members up to its first unfinished one.
+-- member Prune deleted has finished), oldest first, with ids past the
+-- first parameter. Reads each open batch's members up to its first
+-- unfinished one.
 -- name: ready_batches
-SELECT b.id, b.callback FROM `{p}batches` b FORCE INDEX (open_idx) WHERE b.callback_id IS NULL AND NOT EXISTS (SELECT 1 FROM `{p}batch_jobs` m JOIN `{p}jobs` j ON j.id = m.job_id WHERE m.batch_id = b.id AND j.state NOT IN ('completed', 'discarded', 'cancelled')) AND NOT EXISTS (SELECT 1 FROM `{p}batch_deps` d JOIN `{p}batches` p ON p.id = d.dep_batch_id LEFT JOIN `{p}jobs` j ON j.id = p.callback_id WHERE d.batch_id = b.id AND (p.callback_id IS NULL OR j.state NOT IN ('completed', 'discarded', 'cancelled'))) ORDER BY b.id LIMIT ?
+SELECT b.id, b.callback FROM `{p}batches` b FORCE INDEX (open_idx) WHERE b.callback_id IS NULL AND b.id > ? AND NOT EXISTS (SELECT 1 FROM `{p}batch_jobs` m JOIN `{p}jobs` j ON j.id = m.job_id WHERE m.batch_id = b.id AND j.state NOT IN ('completed', 'discarded', 'cancelled')) AND NOT EXISTS (SELECT 1 FROM `{p}batch_deps` d JOIN `{p}batches` p ON p.id = d.dep_batch_id LEFT JOIN `{p}jobs` j ON j.id = p.callback_id WHERE d.batch_id = b.id AND (p.callback_id IS NULL OR j.state NOT IN ('completed', 'discarded', 'cancelled'))) ORDER BY b.id LIMIT ?
 
 -- Earlier batches a batch waits for: the driver appends one (?, ?) each.
 -- name: insert_batch_deps

@@ -923,11 +923,11 @@ SELECT {jobcols} FROM ins
 -- name: seg_ready_batches
 -- Batches without a callback yet none of whose members is in a live
 -- ready, running or waiting segment (the statement's sources): every
--- member has finished, or Prune deleted it. Oldest first, $1 at most.
--- Each open batch's members are probed by id, up to the first unfinished
--- one.
+-- member has finished, or Prune deleted it. Oldest first, $1 at most,
+-- with ids past $2. Each open batch's members are probed by id, up to
+-- the first unfinished one.
 SELECT b.id, b.callback FROM {p}batches b
- WHERE b.callback_id IS NULL
+ WHERE b.callback_id IS NULL AND b.id > $2
    AND NOT EXISTS (
        SELECT 1 FROM {p}batch_jobs m
         WHERE m.batch_id = b.id AND EXISTS (

@@ -191,10 +191,11 @@ INSERT INTO {p}batch_jobs (batch_id, job_id) SELECT ?1, value FROM json_each(?2)
 
 -- name: ready_batches
 -- Batches without a callback yet whose every member has finished (a
--- member Prune deleted has finished), oldest first, ?1 at most. Reads
--- each open batch's members up to its first unfinished one.
+-- member Prune deleted has finished), oldest first, ?1 at most, with ids
+-- past ?2. Reads each open batch's members up to its first unfinished
+-- one.
 SELECT b.id, b.callback FROM {p}batches b INDEXED BY {p}batches_open
- WHERE b.callback_id IS NULL
+ WHERE b.callback_id IS NULL AND b.id > ?2
    AND NOT EXISTS (SELECT 1 FROM {p}batch_jobs m JOIN {p}jobs j ON j.id = m.job_id
                     WHERE m.batch_id = b.id AND j.state NOT IN ('completed', 'discarded', 'cancelled'))
    AND NOT EXISTS (SELECT 1 FROM {p}batch_deps d JOIN {p}batches p ON p.id = d.dep_batch_id
