@@ -26,6 +26,26 @@ func beforeFire(ctx context.Context, batchID int64) {
 	}
 }
 
+// inFireKey keys the function WithInFire puts in a context.
+type inFireKey struct{}
+
+// WithInFire returns ctx carrying f, which a driver's FireBatches called
+// with that context runs with each batch's id inside the transaction
+// that fires the batch, once it read the batch again and found it ready,
+// before it inserts the callback: the drivers' tests use it to retry a
+// member by hand while the firing holds its locks.
+func WithInFire(ctx context.Context, f func(batchID int64)) context.Context {
+	return context.WithValue(ctx, inFireKey{}, f)
+}
+
+// InFire runs the function WithInFire put in ctx, if any; a driver's
+// fire of one batch calls it (see WithInFire).
+func InFire(ctx context.Context, batchID int64) {
+	if f, ok := ctx.Value(inFireKey{}).(func(int64)); ok && f != nil {
+		f(batchID)
+	}
+}
+
 // ReadyBatch is a batch that FireBatches' read found finished: its id
 // and its callback as stored (InsertParams encoded as JSON).
 type ReadyBatch struct {

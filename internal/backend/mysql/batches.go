@@ -90,9 +90,11 @@ func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.Insert
 }
 
 // FireBatches enqueues the callbacks of up to limit batches whose members
-// have all finished (see driver.FireReady), each in a transaction whose
-// UPDATE of the batch row records the callback's id only while none is
-// recorded.
+// have all finished (see driver.FireReady), each in a transaction that
+// first reads the batch's members and the batches it waits for again,
+// by a locking read (lock_batch_members: a retry by hand either came
+// before and is seen, or waits for the commit), and whose UPDATE of the
+// batch row records the callback's id only while none is recorded.
 func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, error) {
 	read := func(ctx context.Context, after int64, n int) ([]driver.ReadyBatch, error) {
 		var rs []driver.ReadyBatch
@@ -117,6 +119,16 @@ func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, e
 	fire := func(ctx context.Context, id int64, p driver.InsertParams) (int64, error) {
 		var cbID int64
 		err := d.inTx(ctx, "fire batch", func(tx *sql.Tx) error {
+			for _, q := range []string{d.q.LockBatchMembers, d.q.LockBatchDeps} {
+				var n, unfinished int64
+				if err := tx.QueryRowContext(ctx, q, id).Scan(&n, &unfinished); err != nil {
+					return err
+				}
+				if unfinished > 0 {
+					return driver.ErrBatchNotReady
+				}
+			}
+			driver.InFire(ctx, id)
 			ids, err := d.InsertTx(ctx, tx, []driver.InsertParams{p})
 			if err != nil {
 				return err

@@ -89,8 +89,12 @@ func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.Insert
 // FireBatches enqueues the callbacks of up to limit batches none of whose
 // members is in a live ready, running or waiting segment, read with a
 // verified view of the registry (see segStore.read and
-// driver.FireReady), each in a transaction whose UPDATE of the batch
-// row records the callback's id only while none is recorded.
+// driver.FireReady), each in a transaction that first locks the batch's
+// finished members FOR SHARE (seg_lock_batch: a retry by hand, which
+// deletes a job's row from its finished segment, then either came
+// before and is seen, or waits for the commit), reads the batch again,
+// and whose UPDATE of the batch row records the callback's id only
+// while none is recorded.
 func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, error) {
 	read := func(ctx context.Context, after int64, n int) ([]driver.ReadyBatch, error) {
 		var rs []driver.ReadyBatch
@@ -115,6 +119,7 @@ func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, e
 		}
 		return rs, nil
 	}
+	none := func(func(...any) error) error { return nil }
 	fire := func(ctx context.Context, id int64, p driver.InsertParams) (int64, error) {
 		var cbID int64
 		err := d.retryable(ctx, func() error {
@@ -123,7 +128,26 @@ func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, e
 				return err
 			}
 			defer func() { _ = t.Rollback(context.WithoutCancel(ctx)) }()
-			ids, err := d.seg.insert(ctx, pgxQuerier(t), []driver.InsertParams{p})
+			q := pgxQuerier(t)
+			var ready bool
+			err = d.seg.readIn(ctx, q, func(v *segView) error {
+				if err := q(ctx, d.seg.stmt(&d.q.SegLockBatch, v, v.srcs(phDone, phDead)), []any{id}, none); err != nil {
+					return err
+				}
+				ready = false
+				return q(ctx, d.seg.stmt(&d.q.SegBatchReady, v, v.srcs(phReady, phRunning, phWaiting)), []any{id}, func(func(...any) error) error {
+					ready = true
+					return nil
+				})
+			})
+			if err != nil {
+				return err
+			}
+			if !ready {
+				return driver.ErrBatchNotReady
+			}
+			driver.InFire(ctx, id)
+			ids, err := d.seg.insert(ctx, q, []driver.InsertParams{p})
 			if err != nil {
 				return err
 			}

@@ -70,7 +70,10 @@ func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.Insert
 
 // FireBatches enqueues the callbacks of up to limit batches whose members
 // have all finished (see driver.FireReady), each in a write transaction
-// that records the callback's id only while none is recorded.
+// that reads the batch again (a member retried by hand since the first
+// read keeps it open: the write transaction is exclusive, so no retry
+// comes between that read and the commit) and records the callback's id
+// only while none is recorded.
 func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, error) {
 	read := func(ctx context.Context, after int64, n int) ([]driver.ReadyBatch, error) {
 		var rs []driver.ReadyBatch
@@ -98,6 +101,13 @@ func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, e
 	fire := func(ctx context.Context, id int64, p driver.InsertParams) (int64, error) {
 		var cbID int64
 		err := d.inTx(ctx, func(tx *sql.Tx) error {
+			var one int
+			if err := tx.QueryRowContext(ctx, d.q.BatchReady, id).Scan(&one); errors.Is(err, sql.ErrNoRows) {
+				return driver.ErrBatchNotReady
+			} else if err != nil {
+				return err
+			}
+			driver.InFire(ctx, id)
 			ids, err := d.InsertTx(ctx, tx, []driver.InsertParams{p})
 			if err != nil {
 				return err
