@@ -859,10 +859,16 @@ type Driver interface {
 	// its callback enqueued and finished, and whose callback was not
 	// enqueued yet,
 	// and returns the callback's id by batch id. Each batch is fired in a
-	// transaction of its own that inserts the callback (its metadata
-	// given BatchMetaKey) and records its id on the batch row only if no
-	// callback is recorded there yet, so that concurrent callers enqueue
-	// each callback exactly once.
+	// transaction of its own that reads the batch again under locks that
+	// a retry by hand of a member conflicts with (a member retried since
+	// the batch was read keeps it open; one retried later waits for the
+	// commit), inserts the callback (its metadata given BatchMetaKey) and
+	// records its id on the batch row only if no callback is recorded
+	// there yet, so that concurrent callers enqueue each callback exactly
+	// once. A batch whose callback cannot be enqueued does not keep the
+	// others from firing: they are fired, past limit's first batches if
+	// need be, and the error is a *BatchFireError naming each batch that
+	// failed (see FireReady).
 	FireBatches(ctx context.Context, limit int) (map[int64]int64, error)
 	// GetBatch returns batch id and every member's state and result,
 	// the callbacks already enqueued of the batches it waits for counting

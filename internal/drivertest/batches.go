@@ -2,9 +2,14 @@ package drivertest
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
@@ -66,6 +71,166 @@ func batches(t *testing.T, s suite) {
 		check(ids[1], bids[0], 0)
 		check(ids[2], bids[1], 0)
 		check(plain, 0, 0)
+	})
+	// A member retried by hand after FireBatches read its batch as
+	// finished, and before the batch's firing began, keeps the batch from
+	// firing: the firing reads the batch again in its own transaction.
+	// The batch fires once the member finished again. The batch whose
+	// callback another batch waits for counts as its member: a retry of
+	// that callback keeps the later batch from firing too.
+	t.Run("FireRechecksMembers", func(t *testing.T) {
+		d := s.setup(t)
+		ids, bids, err := d.InsertBatches(ctx, nil, []driver.InsertParams{job("ra", 0), job("ra", 0)}, []driver.BatchParams{
+			{Callback: job("rb", 0), Jobs: []int{0, 1}},
+			{Callback: job("rc", 0), After: []int{0}},
+		})
+		if err != nil || len(ids) != 2 || len(bids) != 2 {
+			t.Fatalf("insert batches: %v %v %v", ids, bids, err)
+		}
+		runOne(t, d, "ra")
+		runOne(t, d, "ra")
+		retryBefore := func(batch, job int64) context.Context {
+			return driver.WithBeforeFire(ctx, func(id int64) {
+				if id != batch {
+					return
+				}
+				if _, err := d.Retry(ctx, job); err != nil {
+					t.Errorf("retry %d before the firing of batch %d: %v", job, batch, err)
+				}
+			})
+		}
+		fired, err := d.FireBatches(retryBefore(bids[0], ids[1]), 10)
+		if err != nil || len(fired) != 0 {
+			t.Fatalf("fired %v, %v; want none: job %d was retried before the firing", fired, err, ids[1])
+		}
+		if b, err := d.GetBatch(ctx, bids[0]); err != nil || b.CallbackID != 0 {
+			t.Fatalf("batch %d with job %d available: %+v %v; want no callback", bids[0], ids[1], b, err)
+		}
+		if got := runOne(t, d, "ra"); got != ids[1] {
+			t.Fatalf("completed job %d, want the retried %d", got, ids[1])
+		}
+		fired, err = d.FireBatches(ctx, 10)
+		if err != nil || len(fired) != 1 || fired[bids[0]] == 0 {
+			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[0])
+		}
+		step := fired[bids[0]]
+		if got := runOne(t, d, "rb"); got != step {
+			t.Fatalf("completed job %d, want the callback %d", got, step)
+		}
+		// The later batch's own member is the earlier batch's callback.
+		fired, err = d.FireBatches(retryBefore(bids[1], step), 10)
+		if err != nil || len(fired) != 0 {
+			t.Fatalf("fired %v, %v; want none: callback %d, which batch %d waits for, was retried before the firing", fired, err, step, bids[1])
+		}
+		if got := runOne(t, d, "rb"); got != step {
+			t.Fatalf("completed job %d, want the retried callback %d", got, step)
+		}
+		fired, err = d.FireBatches(ctx, 10)
+		if err != nil || len(fired) != 1 || fired[bids[1]] == 0 {
+			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[1])
+		}
+	})
+	// A member retried by hand while the batch's firing, which read it
+	// finished, is open waits for the firing's commit (the firing's lock
+	// on the member's row): it is then a retry after the batch fired,
+	// which leaves the batch fired. The retry runs beside the firing
+	// until the database shows it waiting for a lock; a retry that
+	// returns first came between the firing's read and its commit. Not
+	// on SQLite, whose write transaction (the firing's) is exclusive.
+	t.Run("FireHoldsRetryBack", func(t *testing.T) {
+		d, prefix := s.setupPrefix(t)
+		waiting := lockWaiter(t, d, prefix)
+		if waiting == nil {
+			t.Skipf("%T: no lock waits to look at", d)
+		}
+		ids, bids, err := d.InsertBatches(ctx, nil, []driver.InsertParams{job("ha", 0)}, []driver.BatchParams{
+			{Callback: job("hb", 0), Jobs: []int{0}},
+		})
+		if err != nil || len(ids) != 1 || len(bids) != 1 {
+			t.Fatalf("insert batches: %v %v %v", ids, bids, err)
+		}
+		runOne(t, d, "ha")
+		done := make(chan error, 1)
+		started := false
+		hold := driver.WithInFire(ctx, func(id int64) {
+			if id != bids[0] || started {
+				return
+			}
+			started = true
+			go func() {
+				_, err := d.Retry(ctx, ids[0])
+				done <- err
+			}()
+			for !waiting() {
+				select {
+				case err := <-done:
+					done <- err
+					t.Errorf("retry of job %d returned (%v) while the firing of batch %d, which read it finished, was open", ids[0], err, bids[0])
+					return
+				default:
+					time.Sleep(2 * time.Millisecond)
+				}
+			}
+		})
+		fired, err := d.FireBatches(hold, 10)
+		if err != nil || len(fired) != 1 || fired[bids[0]] == 0 {
+			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[0])
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("retry of job %d: %v", ids[0], err)
+		}
+		if j, err := d.GetJob(ctx, ids[0]); err != nil || j.State != driver.StateAvailable {
+			t.Fatalf("job %d after its retry: %+v %v; want available", ids[0], j, err)
+		}
+		if b, err := d.GetBatch(ctx, bids[0]); err != nil || b.CallbackID != fired[bids[0]] {
+			t.Fatalf("batch %d: %+v %v; want fired with callback %d", bids[0], b, err, fired[bids[0]])
+		}
+	})
+	// A batch whose callback cannot be enqueued (here its stored
+	// metadata is no JSON object, so every try fails the same way) keeps
+	// neither the batches after it in the same call nor, however many
+	// such batches there are, the batches past limit from firing: the
+	// call fires the others and returns a *BatchFireError naming each
+	// failed batch.
+	t.Run("FireContinuesPastFailure", func(t *testing.T) {
+		d := s.setup(t)
+		bad := job("fcb", 0)
+		bad.Meta = []byte(`"not an object"`)
+		ids, bids, err := d.InsertBatches(ctx, nil, []driver.InsertParams{job("fa", 0)}, []driver.BatchParams{
+			{Callback: bad, Jobs: []int{0}},
+			{Callback: bad, Jobs: []int{0}},
+			{Callback: job("fcg", 0), Jobs: []int{0}},
+			{Callback: bad, Jobs: []int{0}},
+		})
+		if err != nil || len(ids) != 1 || len(bids) != 4 {
+			t.Fatalf("insert batches: %v %v %v", ids, bids, err)
+		}
+		runOne(t, d, "fa")
+		// Two of the four per call: the first two fail.
+		for round := range 2 {
+			fired, err := d.FireBatches(ctx, 2)
+			want := 1
+			if round > 0 {
+				want = 0
+			}
+			if len(fired) != want || (want == 1 && fired[bids[2]] == 0) {
+				t.Fatalf("round %d: fired %v (%v); want batch %d alone the first time, none after", round, fired, err, bids[2])
+			}
+			var fe *driver.BatchFireError
+			if !errors.As(err, &fe) {
+				t.Fatalf("round %d: fired %v, error %v; want a *BatchFireError", round, fired, err)
+			}
+			var failed []int64
+			for _, f := range fe.Failed {
+				failed = append(failed, f.BatchID)
+			}
+			if len(failed) != 3 || failed[0] != bids[0] || failed[1] != bids[1] || failed[2] != bids[3] {
+				t.Errorf("round %d: failed batches %v (%v); want %d, %d, %d", round, failed, err, bids[0], bids[1], bids[3])
+			}
+		}
+		if got := runOne(t, d, "fcg"); got == 0 {
+			t.Fatal("no callback of the good batch")
+		}
 	})
 	// A fired batch that a still open batch waits for (a workflow's step
 	// whose own step has not finished) is kept by Prune however long ago
@@ -175,4 +340,36 @@ func runOne(t *testing.T, d driver.Driver, queue string) int64 {
 	}
 	completeJob(t, d, rows[0], driver.StateCompleted, 0)
 	return rows[0].ID
+}
+
+// lockWaiter returns a function that reports whether a statement naming
+// prefix's tables waits for a row lock on d's database, or nil on a
+// backend whose lock waits it cannot see (SQLite's writers wait in the
+// process, for its one write transaction).
+func lockWaiter(t *testing.T, d driver.Driver, prefix string) func() bool {
+	ctx := context.Background()
+	switch h := d.(type) {
+	case interface{ Pool() *pgxpool.Pool }:
+		return func() bool {
+			var n int
+			if err := h.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				 WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND position($1 in query) > 0`, prefix).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n > 0
+		}
+	case interface{ DB() *sql.DB }:
+		if !strings.HasPrefix(fmt.Sprintf("%T", d), "*mysql.") {
+			return nil
+		}
+		return func() bool {
+			var n int
+			if err := h.DB().QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.innodb_trx
+				 WHERE trx_state = 'LOCK WAIT' AND LOCATE(?, trx_query) > 0`, prefix).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n > 0
+		}
+	}
+	return nil
 }

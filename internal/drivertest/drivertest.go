@@ -31,7 +31,15 @@ type suite struct {
 // tables are dropped and the driver closed when t ends.
 func (s suite) setup(t *testing.T) driver.Driver {
 	t.Helper()
-	d := s.open(t, s.prefixFor())
+	d, _ := s.setupPrefix(t)
+	return d
+}
+
+// setupPrefix is setup, which also returns the driver's prefix.
+func (s suite) setupPrefix(t *testing.T) (driver.Driver, string) {
+	t.Helper()
+	prefix := s.prefixFor()
+	d := s.open(t, prefix)
 	ctx := context.Background()
 	if _, err := d.Migrate(ctx); err != nil {
 		t.Fatalf("migrate: %v", err)
@@ -42,7 +50,7 @@ func (s suite) setup(t *testing.T) driver.Driver {
 		}
 		d.Close()
 	})
-	return d
+	return d, prefix
 }
 
 // beginTx begins a transaction of the type the driver's InsertTx takes on

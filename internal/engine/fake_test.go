@@ -53,6 +53,8 @@ type fakeDriver struct {
 	promote     func() (map[string]int, error)
 	rescue      func() (map[string]int, error)
 	prune       func() (int64, error)
+	// fireBatches answers FireBatches; nil fires none.
+	fireBatches func() (map[int64]int64, error)
 
 	// maintain answers Maintain; nil does nothing.
 	maintain func() (map[string]int, error)
@@ -483,8 +485,13 @@ func (d *fakeDriver) Maintain(context.Context) (map[string]int, error) {
 }
 
 // Promote records the call and answers through the promote hook.
-// FireBatches has no batches to fire.
-func (d *fakeDriver) FireBatches(context.Context, int) (map[int64]int64, error) { return nil, nil }
+// FireBatches answers through the fireBatches hook, else fires none.
+func (d *fakeDriver) FireBatches(context.Context, int) (map[int64]int64, error) {
+	if d.fireBatches == nil {
+		return nil, nil
+	}
+	return d.fireBatches()
+}
 
 func (d *fakeDriver) Promote(context.Context, int) (map[string]int, error) {
 	d.record(call{op: "promote"})

@@ -3,6 +3,7 @@ package engine
 import (
 	"cmp"
 	"context"
+	"errors"
 	"os"
 	"slices"
 	"sync"
@@ -209,11 +210,22 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 		if !e.drainLoop(ctx, "promote", batch, &e.metrics.Promoted, e.drv.Promote) {
 			failed = true
 		}
-		// Batches whose every job has finished get their callback.
+		// Batches whose every job has finished get their callback. A
+		// batch whose callback could not be enqueued is logged by id and
+		// tried again next round; the others were fired all the same,
+		// and the round is not taken for a failed one (a batch that
+		// fails every time would otherwise slow every round down).
 		if _, err := e.drv.FireBatches(ctx, batch); err != nil && ctx.Err() == nil {
-			failed = true
 			e.metrics.DBErrors.Add(1)
-			e.warn("conveyor: enqueueing the callbacks of finished batches failed", "error", err)
+			var fe *driver.BatchFireError
+			if errors.As(err, &fe) {
+				for _, f := range fe.Failed {
+					e.warn("conveyor: enqueueing the callback of a finished batch failed", "batch", f.BatchID, "error", f.Err)
+				}
+			} else {
+				failed = true
+				e.warn("conveyor: enqueueing the callbacks of finished batches failed", "error", err)
+			}
 		}
 		if now.Sub(lastRescue) >= e.cfg.RescueInterval {
 			lastRescue = now

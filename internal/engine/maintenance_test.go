@@ -1,8 +1,12 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -224,4 +228,44 @@ func TestMaintenanceFailingMaintainStillPromotesRescuesPrunes(t *testing.T) {
 	if got := e.Metrics().DBErrors.Load(); got < 2 {
 		t.Fatalf("%d database errors counted, want one per failed Maintain", got)
 	}
+}
+
+// The leader logs each batch whose callback FireBatches could not
+// enqueue on a line of its own, with the batch's id and the reason.
+func TestMaintenanceLogsEachFailedBatch(t *testing.T) {
+	d := &fakeDriver{}
+	d.tryLead = func() (bool, error) { return true, nil }
+	d.fireBatches = func() (map[int64]int64, error) {
+		return map[int64]int64{3: 30}, &driver.BatchFireError{Failed: []driver.BatchFailure{
+			{BatchID: 1, Err: errors.New("bad one")}, {BatchID: 2, Err: errors.New("bad two")}}}
+	}
+	var log lockedBuffer
+	cfg := maintenanceConfig(time.Hour, time.Hour)
+	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	e := startEngine(t, d, cfg, nil)
+	waitFor(t, "a line for each failed batch", func() bool {
+		s := log.String()
+		return strings.Contains(s, `batch=1 error="bad one"`) && strings.Contains(s, `batch=2 error="bad two"`)
+	})
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent use.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -89,78 +89,73 @@ func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.Insert
 	return ids, batchIDs, nil
 }
 
-// errFiredElsewhere is a batch another caller fired first.
-var errFiredElsewhere = errors.New("batch fired by another caller")
-
 // FireBatches enqueues the callbacks of up to limit batches whose members
-// have all finished, each in a transaction whose UPDATE of the batch row
-// records the callback's id only while none is recorded.
+// have all finished (see driver.FireReady), each in a transaction that
+// first reads the batch's members and the batches it waits for again,
+// by a locking read (lock_batch_members: a retry by hand either came
+// before and is seen, or waits for the commit), and whose UPDATE of the
+// batch row records the callback's id only while none is recorded.
 func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, error) {
-	type ready struct {
-		id int64
-		cb string
-	}
-	var rs []ready
-	err := d.retry(ctx, "fire batches", func() error {
-		rs = rs[:0]
-		rows, err := d.db.QueryContext(ctx, d.q.ReadyBatches, limit)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var r ready
-			if err := rows.Scan(&r.id, &r.cb); err != nil {
+	read := func(ctx context.Context, after int64, n int) ([]driver.ReadyBatch, error) {
+		var rs []driver.ReadyBatch
+		err := d.retry(ctx, "fire batches", func() error {
+			rs = rs[:0]
+			rows, err := d.db.QueryContext(ctx, d.q.ReadyBatches, after, n)
+			if err != nil {
 				return err
 			}
-			rs = append(rs, r)
-		}
-		return rows.Err()
-	})
-	if err != nil {
-		return nil, err
+			defer rows.Close()
+			for rows.Next() {
+				var r driver.ReadyBatch
+				if err := rows.Scan(&r.ID, &r.Callback); err != nil {
+					return err
+				}
+				rs = append(rs, r)
+			}
+			return rows.Err()
+		})
+		return rs, err
 	}
-	fired := map[int64]int64{}
-	for _, r := range rs {
-		var p driver.InsertParams
-		if err := json.Unmarshal([]byte(r.cb), &p); err != nil {
-			return fired, fmt.Errorf("conveyor/mysql: fire batch %d: callback: %w", r.id, err)
-		}
-		if p, err = driver.CallbackForBatch(p, r.id); err != nil {
-			return fired, fmt.Errorf("conveyor/mysql: fire batch %d: %w", r.id, err)
-		}
+	fire := func(ctx context.Context, id int64, p driver.InsertParams) (int64, error) {
 		var cbID int64
 		err := d.inTx(ctx, "fire batch", func(tx *sql.Tx) error {
+			for _, q := range []string{d.q.LockBatchMembers, d.q.LockBatchDeps} {
+				var n, unfinished int64
+				if err := tx.QueryRowContext(ctx, q, id).Scan(&n, &unfinished); err != nil {
+					return err
+				}
+				if unfinished > 0 {
+					return driver.ErrBatchNotReady
+				}
+			}
+			driver.InFire(ctx, id)
 			ids, err := d.InsertTx(ctx, tx, []driver.InsertParams{p})
 			if err != nil {
 				return err
 			}
-			res, err := tx.ExecContext(ctx, d.q.FireBatch, ids[0], r.id)
+			res, err := tx.ExecContext(ctx, d.q.FireBatch, ids[0], id)
 			if err != nil {
 				return err
 			}
 			if n, err := res.RowsAffected(); err != nil || n != 1 {
 				if err == nil {
-					err = errFiredElsewhere
+					err = driver.ErrBatchNotReady
 				}
 				return err
 			}
 			cbID = ids[0]
 			return nil
 		})
-		switch {
-		case errors.Is(err, errFiredElsewhere):
-		case err != nil:
-			return fired, fmt.Errorf("conveyor/mysql: fire batch %d: %w", r.id, err)
-		default:
-			fired[r.id] = cbID
-			if p.Key == "" {
-				// Again after the commit (see driver.QueueSkip).
-				d.noKeyless.Forget(p.Queue)
-			}
+		if err != nil {
+			return 0, fmt.Errorf("conveyor/mysql: fire batch %d: %w", id, err)
 		}
+		if p.Key == "" {
+			// Again after the commit (see driver.QueueSkip).
+			d.noKeyless.Forget(p.Queue)
+		}
+		return cbID, nil
 	}
-	return fired, nil
+	return driver.FireReady(ctx, limit, read, fire)
 }
 
 // GetBatch returns batch id with its members' states and results.

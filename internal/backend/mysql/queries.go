@@ -68,22 +68,24 @@ type queries struct {
 	GetResult    string `sql:"get_result"`
 	PruneResults string `sql:"prune_results"`
 	// Batches (migration 12).
-	InsertBatch     string `sql:"insert_batch"`
-	InsertBatchJobs string `sql:"insert_batch_jobs"`
-	ReadyBatches    string `sql:"ready_batches"`
-	FireBatch       string `sql:"fire_batch"`
-	GetBatch        string `sql:"get_batch"`
-	JobBatch        string `sql:"job_batch"`
-	AwaitingDeps    string `sql:"awaiting_dependencies"`
-	BatchMembers    string `sql:"batch_members"`
-	PrunableBatches string `sql:"prunable_batches"`
-	PruneBatchJobs  string `sql:"prune_batch_jobs"`
-	PruneBatches    string `sql:"prune_batches"`
-	InsertBatchDeps string `sql:"insert_batch_deps"`
-	PruneBatchDeps  string `sql:"prune_batch_deps"`
-	PruneDiscarded  string `sql:"prune_discarded"`
-	TryLead         string `sql:"try_lead"`
-	Leader          string `sql:"leader"`
+	InsertBatch      string `sql:"insert_batch"`
+	InsertBatchJobs  string `sql:"insert_batch_jobs"`
+	ReadyBatches     string `sql:"ready_batches"`
+	FireBatch        string `sql:"fire_batch"`
+	LockBatchMembers string `sql:"lock_batch_members"`
+	LockBatchDeps    string `sql:"lock_batch_deps"`
+	GetBatch         string `sql:"get_batch"`
+	JobBatch         string `sql:"job_batch"`
+	AwaitingDeps     string `sql:"awaiting_dependencies"`
+	BatchMembers     string `sql:"batch_members"`
+	PrunableBatches  string `sql:"prunable_batches"`
+	PruneBatchJobs   string `sql:"prune_batch_jobs"`
+	PruneBatches     string `sql:"prune_batches"`
+	InsertBatchDeps  string `sql:"insert_batch_deps"`
+	PruneBatchDeps   string `sql:"prune_batch_deps"`
+	PruneDiscarded   string `sql:"prune_discarded"`
+	TryLead          string `sql:"try_lead"`
+	Leader           string `sql:"leader"`
 
 	// Reads and changes of one job, the job lists (list_jobs is a
 	// template: {where} takes the list_jobs_* conditions) and the

@@ -315,14 +315,33 @@ INSERT INTO `{p}batches` (callback, created_at) VALUES (?, UTC_TIMESTAMP(6))
 INSERT INTO `{p}batch_jobs` (batch_id, job_id) VALUES
 
 -- Batches without a callback yet whose every member has finished (a
--- member Prune deleted has finished), oldest first. Reads each open
--- batch's members up to its first unfinished one.
+-- member Prune deleted has finished), oldest first, with ids past the
+-- first parameter. Reads each open batch's members up to its first
+-- unfinished one.
 -- name: ready_batches
-SELECT b.id, b.callback FROM `{p}batches` b FORCE INDEX (open_idx) WHERE b.callback_id IS NULL AND NOT EXISTS (SELECT 1 FROM `{p}batch_jobs` m JOIN `{p}jobs` j ON j.id = m.job_id WHERE m.batch_id = b.id AND j.state NOT IN ('completed', 'discarded', 'cancelled')) AND NOT EXISTS (SELECT 1 FROM `{p}batch_deps` d JOIN `{p}batches` p ON p.id = d.dep_batch_id LEFT JOIN `{p}jobs` j ON j.id = p.callback_id WHERE d.batch_id = b.id AND (p.callback_id IS NULL OR j.state NOT IN ('completed', 'discarded', 'cancelled'))) ORDER BY b.id LIMIT ?
+SELECT b.id, b.callback FROM `{p}batches` b FORCE INDEX (open_idx) WHERE b.callback_id IS NULL AND b.id > ? AND NOT EXISTS (SELECT 1 FROM `{p}batch_jobs` m JOIN `{p}jobs` j ON j.id = m.job_id WHERE m.batch_id = b.id AND j.state NOT IN ('completed', 'discarded', 'cancelled')) AND NOT EXISTS (SELECT 1 FROM `{p}batch_deps` d JOIN `{p}batches` p ON p.id = d.dep_batch_id LEFT JOIN `{p}jobs` j ON j.id = p.callback_id WHERE d.batch_id = b.id AND (p.callback_id IS NULL OR j.state NOT IN ('completed', 'discarded', 'cancelled'))) ORDER BY b.id LIMIT ?
 
 -- Earlier batches a batch waits for: the driver appends one (?, ?) each.
 -- name: insert_batch_deps
 INSERT INTO `{p}batch_deps` (batch_id, dep_batch_id) VALUES
+
+-- The firing's reads of a batch again, in its transaction, before the
+-- callback is inserted: every member's row, and the row of every batch it
+-- waits for with its callback's, by a locking read (the latest committed
+-- versions, kept by a shared lock until the commit). A retry by hand
+-- updates the job's row: one that did so first, uncommitted, is waited
+-- for and its result read; one that comes later waits for the firing's
+-- commit. Every row read is locked: no condition on the state (READ
+-- COMMITTED releases the locks of rows a locking read's WHERE rejects),
+-- the unfinished are counted instead. A member Prune deleted has
+-- finished.
+-- name: lock_batch_members
+SELECT COUNT(*), COALESCE(SUM(j.state NOT IN ('completed', 'discarded', 'cancelled')), 0) FROM `{p}batch_jobs` m JOIN `{p}jobs` j ON j.id = m.job_id WHERE m.batch_id = ? LOCK IN SHARE MODE
+
+-- Of the batches the batch waits for, those not ready: not fired yet, or
+-- whose callback has not finished.
+-- name: lock_batch_deps
+SELECT COUNT(*), COALESCE(SUM(p.callback_id IS NULL OR j.state NOT IN ('completed', 'discarded', 'cancelled')), 0) FROM `{p}batch_deps` d JOIN `{p}batches` p ON p.id = d.dep_batch_id LEFT JOIN `{p}jobs` j ON j.id = p.callback_id WHERE d.batch_id = ? LOCK IN SHARE MODE
 
 -- name: fire_batch
 UPDATE `{p}batches` SET callback_id = ?, fired_at = UTC_TIMESTAMP(6) WHERE id = ? AND callback_id IS NULL

@@ -86,48 +86,41 @@ func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.Insert
 	return ids, batchIDs, nil
 }
 
-// errFiredElsewhere is a batch another caller fired first.
-var errFiredElsewhere = errors.New("batch fired by another caller")
-
 // FireBatches enqueues the callbacks of up to limit batches none of whose
 // members is in a live ready, running or waiting segment, read with a
-// verified view of the registry (see segStore.read), each in a
-// transaction whose UPDATE of the batch row records the callback's id
-// only while none is recorded.
+// verified view of the registry (see segStore.read and
+// driver.FireReady), each in a transaction that first locks the batch's
+// finished members FOR SHARE (seg_lock_batch: a retry by hand, which
+// deletes a job's row from its finished segment, then either came
+// before and is seen, or waits for the commit), reads the batch again,
+// and whose UPDATE of the batch row records the callback's id only
+// while none is recorded.
 func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, error) {
-	type ready struct {
-		id int64
-		cb string
-	}
-	var rs []ready
-	err := d.seg.read(ctx, func(v *segView) error {
-		rs = rs[:0]
-		rows, err := d.pool.Query(ctx, d.seg.stmt(&d.q.SegReadyBatches, v, v.srcs(phReady, phRunning, phWaiting)), limit)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var r ready
-			if err := rows.Scan(&r.id, &r.cb); err != nil {
+	read := func(ctx context.Context, after int64, n int) ([]driver.ReadyBatch, error) {
+		var rs []driver.ReadyBatch
+		err := d.seg.read(ctx, func(v *segView) error {
+			rs = rs[:0]
+			rows, err := d.pool.Query(ctx, d.seg.stmt(&d.q.SegReadyBatches, v, v.srcs(phReady, phRunning, phWaiting)), n, after)
+			if err != nil {
 				return err
 			}
-			rs = append(rs, r)
+			defer rows.Close()
+			for rows.Next() {
+				var r driver.ReadyBatch
+				if err := rows.Scan(&r.ID, &r.Callback); err != nil {
+					return err
+				}
+				rs = append(rs, r)
+			}
+			return rows.Err()
+		})
+		if err != nil {
+			return nil, d.wrap("fire batches", err)
 		}
-		return rows.Err()
-	})
-	if err != nil {
-		return nil, d.wrap("fire batches", err)
+		return rs, nil
 	}
-	fired := map[int64]int64{}
-	for _, r := range rs {
-		var p driver.InsertParams
-		if err := json.Unmarshal([]byte(r.cb), &p); err != nil {
-			return fired, fmt.Errorf("conveyor/postgres: fire batch %d: callback: %w", r.id, err)
-		}
-		if p, err = driver.CallbackForBatch(p, r.id); err != nil {
-			return fired, fmt.Errorf("conveyor/postgres: fire batch %d: %w", r.id, err)
-		}
+	none := func(func(...any) error) error { return nil }
+	fire := func(ctx context.Context, id int64, p driver.InsertParams) (int64, error) {
 		var cbID int64
 		err := d.retryable(ctx, func() error {
 			t, err := d.pool.Begin(ctx)
@@ -135,16 +128,35 @@ func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, e
 				return err
 			}
 			defer func() { _ = t.Rollback(context.WithoutCancel(ctx)) }()
-			ids, err := d.seg.insert(ctx, pgxQuerier(t), []driver.InsertParams{p})
+			q := pgxQuerier(t)
+			var ready bool
+			err = d.seg.readIn(ctx, q, func(v *segView) error {
+				if err := q(ctx, d.seg.stmt(&d.q.SegLockBatch, v, v.srcs(phDone, phDead)), []any{id}, none); err != nil {
+					return err
+				}
+				ready = false
+				return q(ctx, d.seg.stmt(&d.q.SegBatchReady, v, v.srcs(phReady, phRunning, phWaiting)), []any{id}, func(func(...any) error) error {
+					ready = true
+					return nil
+				})
+			})
 			if err != nil {
 				return err
 			}
-			tag, err := t.Exec(ctx, d.q.FireBatch, r.id, ids[0])
+			if !ready {
+				return driver.ErrBatchNotReady
+			}
+			driver.InFire(ctx, id)
+			ids, err := d.seg.insert(ctx, q, []driver.InsertParams{p})
+			if err != nil {
+				return err
+			}
+			tag, err := t.Exec(ctx, d.q.FireBatch, id, ids[0])
 			if err != nil {
 				return err
 			}
 			if tag.RowsAffected() != 1 {
-				return errFiredElsewhere
+				return driver.ErrBatchNotReady
 			}
 			if err := t.Commit(ctx); err != nil {
 				return err
@@ -152,19 +164,16 @@ func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, e
 			cbID = ids[0]
 			return nil
 		})
-		switch {
-		case errors.Is(err, errFiredElsewhere):
-		case err != nil:
-			return fired, d.wrap(fmt.Sprintf("fire batch %d", r.id), err)
-		default:
-			fired[r.id] = cbID
-			if p.Key == "" {
-				// Again after the commit (see driver.QueueSkip).
-				d.noKeyless.Forget(p.Queue)
-			}
+		if err != nil {
+			return 0, d.wrap(fmt.Sprintf("fire batch %d", id), err)
 		}
+		if p.Key == "" {
+			// Again after the commit (see driver.QueueSkip).
+			d.noKeyless.Forget(p.Queue)
+		}
+		return cbID, nil
 	}
-	return fired, nil
+	return driver.FireReady(ctx, limit, read, fire)
 }
 
 // GetBatch returns batch id with its members' states and results, read

@@ -126,6 +126,8 @@ type queries struct {
 	SegClaimJob           string `sql:"seg_claim_job"`
 	SegGetJob             string `sql:"seg_get_job"`
 	SegReadyBatches       string `sql:"seg_ready_batches"`
+	SegLockBatch          string `sql:"seg_lock_batch"`
+	SegBatchReady         string `sql:"seg_batch_ready"`
 	SegBatchMembers       string `sql:"seg_batch_members"`
 	SegPrunableBatches    string `sql:"seg_prunable_batches"`
 	SegListJobs           string `sql:"seg_list_jobs"`

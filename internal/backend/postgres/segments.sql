@@ -933,11 +933,11 @@ SELECT {jobcols} FROM ins
 -- name: seg_ready_batches
 -- Batches without a callback yet none of whose members is in a live
 -- ready, running or waiting segment (the statement's sources): every
--- member has finished, or Prune deleted it. Oldest first, $1 at most.
--- Each open batch's members are probed by id, up to the first unfinished
--- one.
+-- member has finished, or Prune deleted it. Oldest first, $1 at most,
+-- with ids past $2. Each open batch's members are probed by id, up to
+-- the first unfinished one.
 SELECT b.id, b.callback FROM {p}batches b
- WHERE b.callback_id IS NULL
+ WHERE b.callback_id IS NULL AND b.id > $2
    AND NOT EXISTS (
        SELECT 1 FROM {p}batch_jobs m
         WHERE m.batch_id = b.id AND EXISTS (
@@ -951,6 +951,46 @@ UNION ALL
 UNION ALL
 {end})))
  ORDER BY b.id LIMIT $1
+
+-- name: seg_lock_batch
+-- The first statement of a batch's firing: locks FOR SHARE the rows of
+-- batch $1's members, and of the callbacks of the batches it waits for,
+-- that are in a live done or dead segment (the statement's sources). A
+-- retry by hand deletes the job's row from its finished segment: one
+-- that did so first, uncommitted, is waited for (its row is then gone,
+-- and seg_batch_ready, a statement begun after this one, sees the job in
+-- ready); one that comes later waits for the firing's commit. Returns
+-- the number of rows locked.
+WITH ids AS (
+    SELECT m.job_id AS id FROM {p}batch_jobs m WHERE m.batch_id = $1
+    UNION ALL
+    SELECT p.callback_id FROM {p}batch_deps d JOIN {p}batches p ON p.id = d.dep_batch_id
+     WHERE d.batch_id = $1 AND p.callback_id IS NOT NULL
+),
+{each}l{i} AS (SELECT r.id FROM {src} r WHERE r.id IN (SELECT id FROM ids) FOR SHARE OF r){sep},
+{end}
+SELECT {each}(SELECT count(*) FROM l{i}){sep} + {end}
+
+-- name: seg_batch_ready
+-- Batch $1 as seg_ready_batches reads it (the statement's sources are
+-- the live ready, running and waiting segments): a row while it has no
+-- callback yet and none of its members, nor of the callbacks of the
+-- batches it waits for, is unfinished. Read in the firing's transaction
+-- after seg_lock_batch.
+SELECT 1 FROM {p}batches b
+ WHERE b.id = $1 AND b.callback_id IS NULL
+   AND NOT EXISTS (
+       SELECT 1 FROM {p}batch_jobs m
+        WHERE m.batch_id = b.id AND EXISTS (
+{each}SELECT 1 FROM {src} r WHERE r.id = m.job_id{sep}
+UNION ALL
+{end}))
+   AND NOT EXISTS (
+       SELECT 1 FROM {p}batch_deps d JOIN {p}batches p ON p.id = d.dep_batch_id
+        WHERE d.batch_id = b.id AND (p.callback_id IS NULL OR EXISTS (
+{each}SELECT 1 FROM {src} r WHERE r.id = p.callback_id{sep}
+UNION ALL
+{end})))
 
 -- name: seg_prunable_batches
 -- $1 age in microseconds, $2 limit: batches fired that long ago whose

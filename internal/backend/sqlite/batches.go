@@ -69,75 +69,72 @@ func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.Insert
 }
 
 // FireBatches enqueues the callbacks of up to limit batches whose members
-// have all finished, each in a write transaction that records the
-// callback's id only while none is recorded.
+// have all finished (see driver.FireReady), each in a write transaction
+// that reads the batch again (a member retried by hand since the first
+// read keeps it open: the write transaction is exclusive, so no retry
+// comes between that read and the commit) and records the callback's id
+// only while none is recorded.
 func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, error) {
-	type ready struct {
-		id int64
-		cb string
-	}
-	var rs []ready
-	err := d.busyRetry(ctx, func() error {
-		rs = rs[:0]
-		rows, err := d.r.QueryContext(ctx, d.q.ReadyBatches, limit)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var r ready
-			if err := rows.Scan(&r.id, &r.cb); err != nil {
+	read := func(ctx context.Context, after int64, n int) ([]driver.ReadyBatch, error) {
+		var rs []driver.ReadyBatch
+		err := d.busyRetry(ctx, func() error {
+			rs = rs[:0]
+			rows, err := d.r.QueryContext(ctx, d.q.ReadyBatches, n, after)
+			if err != nil {
 				return err
 			}
-			rs = append(rs, r)
+			defer rows.Close()
+			for rows.Next() {
+				var r driver.ReadyBatch
+				if err := rows.Scan(&r.ID, &r.Callback); err != nil {
+					return err
+				}
+				rs = append(rs, r)
+			}
+			return rows.Err()
+		})
+		if err != nil {
+			return nil, fmt.Errorf("conveyor/sqlite: fire batches: %w", err)
 		}
-		return rows.Err()
-	})
-	if err != nil {
-		return nil, fmt.Errorf("conveyor/sqlite: fire batches: %w", err)
+		return rs, nil
 	}
-	fired := map[int64]int64{}
-	for _, r := range rs {
-		var p driver.InsertParams
-		if err := json.Unmarshal([]byte(r.cb), &p); err != nil {
-			return fired, fmt.Errorf("conveyor/sqlite: fire batch %d: callback: %w", r.id, err)
-		}
-		if p, err = driver.CallbackForBatch(p, r.id); err != nil {
-			return fired, fmt.Errorf("conveyor/sqlite: fire batch %d: %w", r.id, err)
-		}
+	fire := func(ctx context.Context, id int64, p driver.InsertParams) (int64, error) {
 		var cbID int64
-		errLost := errors.New("fired by another caller")
 		err := d.inTx(ctx, func(tx *sql.Tx) error {
+			var one int
+			if err := tx.QueryRowContext(ctx, d.q.BatchReady, id).Scan(&one); errors.Is(err, sql.ErrNoRows) {
+				return driver.ErrBatchNotReady
+			} else if err != nil {
+				return err
+			}
+			driver.InFire(ctx, id)
 			ids, err := d.InsertTx(ctx, tx, []driver.InsertParams{p})
 			if err != nil {
 				return err
 			}
-			res, err := tx.ExecContext(ctx, d.q.FireBatch, r.id, ids[0])
+			res, err := tx.ExecContext(ctx, d.q.FireBatch, id, ids[0])
 			if err != nil {
 				return err
 			}
 			if n, err := res.RowsAffected(); err != nil || n != 1 {
 				if err == nil {
-					err = errLost
+					err = driver.ErrBatchNotReady
 				}
 				return err
 			}
 			cbID = ids[0]
 			return nil
 		})
-		switch {
-		case errors.Is(err, errLost):
-		case err != nil:
-			return fired, fmt.Errorf("conveyor/sqlite: fire batch %d: %w", r.id, err)
-		default:
-			fired[r.id] = cbID
-			if p.Key == "" {
-				// Again after the commit (see driver.QueueSkip).
-				d.noKeyless.Forget(p.Queue)
-			}
+		if err != nil {
+			return 0, fmt.Errorf("conveyor/sqlite: fire batch %d: %w", id, err)
 		}
+		if p.Key == "" {
+			// Again after the commit (see driver.QueueSkip).
+			d.noKeyless.Forget(p.Queue)
+		}
+		return cbID, nil
 	}
-	return fired, nil
+	return driver.FireReady(ctx, limit, read, fire)
 }
 
 // GetBatch returns batch id with its members' states and results.

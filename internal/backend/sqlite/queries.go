@@ -40,6 +40,7 @@ type queries struct {
 	InsertBatch     string `sql:"insert_batch"`
 	InsertBatchJobs string `sql:"insert_batch_jobs"`
 	ReadyBatches    string `sql:"ready_batches"`
+	BatchReady      string `sql:"batch_ready"`
 	FireBatch       string `sql:"fire_batch"`
 	GetBatch        string `sql:"get_batch"`
 	JobBatch        string `sql:"job_batch"`

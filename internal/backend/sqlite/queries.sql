@@ -191,10 +191,11 @@ INSERT INTO {p}batch_jobs (batch_id, job_id) SELECT ?1, value FROM json_each(?2)
 
 -- name: ready_batches
 -- Batches without a callback yet whose every member has finished (a
--- member Prune deleted has finished), oldest first, ?1 at most. Reads
--- each open batch's members up to its first unfinished one.
+-- member Prune deleted has finished), oldest first, ?1 at most, with ids
+-- past ?2. Reads each open batch's members up to its first unfinished
+-- one.
 SELECT b.id, b.callback FROM {p}batches b INDEXED BY {p}batches_open
- WHERE b.callback_id IS NULL
+ WHERE b.callback_id IS NULL AND b.id > ?2
    AND NOT EXISTS (SELECT 1 FROM {p}batch_jobs m JOIN {p}jobs j ON j.id = m.job_id
                     WHERE m.batch_id = b.id AND j.state NOT IN ('completed', 'discarded', 'cancelled'))
    AND NOT EXISTS (SELECT 1 FROM {p}batch_deps d JOIN {p}batches p ON p.id = d.dep_batch_id
@@ -206,6 +207,20 @@ SELECT b.id, b.callback FROM {p}batches b INDEXED BY {p}batches_open
 -- name: insert_batch_deps
 -- ?1 batch id, ?2 [batch id, ...] it waits for.
 INSERT INTO {p}batch_deps (batch_id, dep_batch_id) SELECT ?1, value FROM json_each(?2)
+
+-- name: batch_ready
+-- Batch ?1 as ready_batches reads it: a row while it has no callback yet
+-- and every member, and the callback of every batch it waits for, has
+-- finished. Read again in the write transaction that fires the batch:
+-- a member retried by hand since ready_batches read it is seen there.
+SELECT 1 FROM {p}batches b
+ WHERE b.id = ?1 AND b.callback_id IS NULL
+   AND NOT EXISTS (SELECT 1 FROM {p}batch_jobs m JOIN {p}jobs j ON j.id = m.job_id
+                    WHERE m.batch_id = b.id AND j.state NOT IN ('completed', 'discarded', 'cancelled'))
+   AND NOT EXISTS (SELECT 1 FROM {p}batch_deps d JOIN {p}batches p ON p.id = d.dep_batch_id
+                     LEFT JOIN {p}jobs j ON j.id = p.callback_id
+                    WHERE d.batch_id = b.id
+                      AND (p.callback_id IS NULL OR j.state NOT IN ('completed', 'discarded', 'cancelled')))
 
 -- name: fire_batch
 -- ?1 batch id, ?2 callback job id: only while no callback is recorded.
