@@ -92,6 +92,9 @@ func (c *Client[TTx]) AddPeriodic(p PeriodicJob) error {
 	if p.Args == nil {
 		return fmt.Errorf("%w: periodic job %q has nil args", ErrInvalidArgs, p.Name)
 	}
+	if p.Schedule.Next(time.Now()).IsZero() {
+		return fmt.Errorf("%w: periodic job %q: schedule %s has no slot to come", ErrInvalidOpts, p.Name, p.Schedule)
+	}
 	if o := p.Opts; o != nil && (!o.RunAt.IsZero() || o.Delay != 0 || o.Unique != nil) {
 		return fmt.Errorf("%w: periodic job %q: RunAt, Delay and Unique are set by the schedule", ErrInvalidOpts, p.Name)
 	}

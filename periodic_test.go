@@ -180,6 +180,12 @@ func TestPeriodicMissedSlots(t *testing.T) {
 	}
 }
 
+// noSlot is a schedule whose slots are all past.
+type noSlot struct{}
+
+func (noSlot) Next(time.Time) time.Time { return time.Time{} }
+func (noSlot) String() string           { return "never" }
+
 // TestAddPeriodicRefusesBadJobs: bad names, schedules and options.
 func TestAddPeriodicRefusesBadJobs(t *testing.T) {
 	c := open(t, backends[0].dsn(t), fast(testdb.Prefix()))
@@ -189,6 +195,9 @@ func TestAddPeriodicRefusesBadJobs(t *testing.T) {
 		{Name: "tiny", Schedule: conveyor.Every(time.Microsecond), Args: tick{}},
 		{Name: "noargs", Schedule: conveyor.Every(time.Second)},
 		{Name: "runat", Schedule: conveyor.Every(time.Second), Args: tick{}, Opts: &conveyor.EnqueueOpts{Delay: time.Second}},
+		// A schedule with no slot to come would be dropped by the
+		// periodic loop without a word.
+		{Name: "noslot", Schedule: noSlot{}, Args: tick{}},
 	} {
 		if err := c.AddPeriodic(p); err == nil {
 			t.Errorf("AddPeriodic(%+v) succeeded", p)

@@ -49,7 +49,8 @@ func (e every) String() string { return "every " + time.Duration(e).String() }
 // English three-letter names (JAN, MON), and 7 is Sunday as 0 is. As in
 // cron, when both day fields are restricted a day matching either runs.
 // Local times that do not exist (a daylight-saving gap) are skipped and
-// those that happen twice run once, at their first occurrence.
+// those that happen twice run once, at their first occurrence. A spec
+// that matches no time (the 30th of February) is an error.
 func Cron(spec string, loc *time.Location) (Schedule, error) {
 	if loc == nil {
 		loc = time.UTC
@@ -86,7 +87,23 @@ func Cron(spec string, loc *time.Location) (Schedule, error) {
 		c.dow |= 1
 	}
 	c.domAny, c.dowAny = f[3] == "*" || f[3] == "?", f[5] == "*" || f[5] == "?"
+	if !c.domAny && c.dowAny && !c.someDay() {
+		// Otherwise AddPeriodic would take a schedule that never runs.
+		return nil, fmt.Errorf("cron %q: matches no time: no month allowed has a day of month allowed", spec)
+	}
 	return c, nil
+}
+
+// someDay reports whether a month of the schedule has one of its days of
+// the month (February counted with 29 days).
+func (c *cron) someDay() bool {
+	days := [13]int{0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31}
+	for m := 1; m <= 12; m++ {
+		if c.month&(1<<m) != 0 && c.dom&(1<<(days[m]+1)-1) != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 var (

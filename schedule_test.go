@@ -79,6 +79,9 @@ func TestCron(t *testing.T) {
 		"5-1 * * * *":   "backwards",
 		"* * 0 * *":     "out of range",
 		"* * * * * * *": "7 fields",
+		// Valid fields, but no such day: the schedule would never run.
+		"0 0 30 2 *":        "matches no time",
+		"0 0 31 4,6,9,11 *": "matches no time",
 	} {
 		if _, err := conveyor.Cron(spec, nil); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Cron(%q) = %v, want an error about %q", spec, err, want)
