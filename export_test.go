@@ -82,3 +82,23 @@ func BumpSchemaForTest[TTx any](c *Client[TTx], v int) error {
 func FireBatchesForTest[TTx any](c *Client[TTx], limit int) (map[int64]int64, error) {
 	return c.drv.FireBatches(context.Background(), limit)
 }
+
+// CatchUpForTest plays c's periodic loop waking at now (its clock) with
+// the periodic job name's next slot at from, as a process that stalled
+// since from does, and returns the next slot it is left at.
+func CatchUpForTest[TTx any](c *Client[TTx], name string, from, now time.Time) time.Time {
+	for _, j := range c.periodic.jobs {
+		if j.Name == name {
+			j.next = from
+			c.periodicWake(context.Background(), []*periodicState{j}, now)
+			return j.next
+		}
+	}
+	panic("no periodic job " + name)
+}
+
+// PruneForTest runs the leader's prune once with the given age for both
+// retentions and returns how many jobs it deleted.
+func PruneForTest[TTx any](c *Client[TTx], age time.Duration) (int64, error) {
+	return c.drv.Prune(context.Background(), age, age, 1000)
+}

@@ -22,7 +22,10 @@ import (
 // while no process of the schedule was running is missed: on start it is
 // skipped, or run once (the latest missed slot only) when RunMissed is
 // set. Slots that a running process reached late (a stalled machine) are
-// all enqueued, in order, when it catches up.
+// all enqueued, in order, when it catches up, except those another
+// process went past more than half the shorter retention
+// (Config.CompletedRetention, DiscardedRetention) ago: their jobs may
+// have been pruned, and they are skipped rather than run twice.
 type PeriodicJob struct {
 	// Name identifies the schedule in the database, across processes and
 	// restarts: the same rules as queue names. Two schedules of one
@@ -199,23 +202,76 @@ func (c *Client[TTx]) periodicLoop(ctx context.Context) {
 			return
 		case <-timer.C:
 		}
-		now := time.Now()
-		for _, j := range jobs {
-			var due []time.Time
-			for s := j.next; !s.IsZero() && !s.After(now); s = j.Schedule.Next(s) {
-				due = append(due, s)
-				if len(due) > maxCatchUp {
-					due = due[1:]
-				}
-			}
-			for _, s := range due {
-				if !c.enqueueSlot(ctx, j, s) {
-					break // retried from this slot at the next wake
-				}
-				j.next = j.Schedule.Next(s)
+		c.periodicWake(ctx, jobs, time.Now())
+	}
+}
+
+// periodicWake enqueues the slots of jobs due at now (this process's
+// clock), in order; a slot that failed is tried again at the next wake,
+// as are all of them if the schedules could not be read.
+func (c *Client[TTx]) periodicWake(ctx context.Context, jobs []*periodicState, now time.Time) {
+	var recorded map[string]driver.ScheduleRow
+	for _, j := range jobs {
+		var due []time.Time
+		for s := j.next; !s.IsZero() && !s.After(now); s = j.Schedule.Next(s) {
+			due = append(due, s)
+			if len(due) > maxCatchUp {
+				due = due[1:]
 			}
 		}
+		if len(due) == 0 {
+			continue
+		}
+		if recorded == nil {
+			rows, err := c.drv.Schedules(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					c.cfg.Logger.Warn("conveyor: reading the periodic schedules failed (retrying)", "error", err)
+					sleepCtx(ctx, time.Second)
+				}
+				return
+			}
+			recorded = make(map[string]driver.ScheduleRow, len(rows))
+			for _, r := range rows {
+				recorded[r.Name] = r
+			}
+		}
+		var skipped []time.Time
+		for _, s := range due {
+			if c.slotPassed(recorded[j.Name], s, now) {
+				skipped = append(skipped, s)
+				j.next = j.Schedule.Next(s)
+				continue
+			}
+			if !c.enqueueSlot(ctx, j, s) {
+				break // retried from this slot at the next wake
+			}
+			j.next = j.Schedule.Next(s)
+		}
+		if len(skipped) > 0 {
+			c.cfg.Logger.Warn("conveyor: periodic slots reached late, after other processes had gone past them, skipped (their jobs may have been pruned: enqueued again they would run twice)",
+				"schedule", j.Name, "slots", len(skipped), "first", skipped[0], "last", skipped[len(skipped)-1])
+		}
 	}
+}
+
+// slotPassed reports whether slot s, which this process reaches only now,
+// must not be enqueued: another process recorded a slot at or after it
+// (so it made s's job, or started after s), and s is older than half the
+// shorter retention, by this process's clock or by the database's (the
+// record's update time), so that its job may have finished and been
+// pruned, which would free its unique key. A stalled process (a machine
+// suspended, a virtual machine restored) or one whose clock is behind
+// the database's would otherwise run such slots a second time.
+func (c *Client[TTx]) slotPassed(r driver.ScheduleRow, s, now time.Time) bool {
+	if r.LastSlot.IsZero() || r.LastSlot.Before(s) {
+		return false // no process has gone past s: its job, if any, is unfinished or kept
+	}
+	late := now.Sub(s)
+	if db := r.UpdatedAt.Sub(s); db > late {
+		late = db
+	}
+	return late >= min(c.cfg.CompletedRetention, c.cfg.DiscardedRetention)/2
 }
 
 // enqueueSlot enqueues (or finds enqueued) the job of slot s and records
