@@ -102,3 +102,9 @@ func CatchUpForTest[TTx any](c *Client[TTx], name string, from, now time.Time) t
 func PruneForTest[TTx any](c *Client[TTx], age time.Duration) (int64, error) {
 	return c.drv.Prune(context.Background(), age, age, 1000)
 }
+
+// LatestSlotForTest is the latest slot of sched in (after, now], which
+// RunMissed enqueues at start.
+func LatestSlotForTest(sched Schedule, after, now time.Time) time.Time {
+	return latestSlot(sched, after, now)
+}

@@ -176,11 +176,7 @@ func (c *Client[TTx]) periodicLoop(ctx context.Context) {
 			continue // missed slots are skipped; a new schedule missed none
 		}
 		// The latest slot in (last recorded, now], if any, was missed.
-		var missed time.Time
-		for s, n := j.Schedule.Next(r.LastSlot), 0; !s.IsZero() && !s.After(now) && n < 1_000_000; s, n = j.Schedule.Next(s), n+1 {
-			missed = s
-		}
-		if !missed.IsZero() {
+		if missed := latestSlot(j.Schedule, r.LastSlot, now); !missed.IsZero() {
 			c.enqueueSlot(ctx, j, missed)
 		}
 	}
@@ -272,6 +268,26 @@ func (c *Client[TTx]) slotPassed(r driver.ScheduleRow, s, now time.Time) bool {
 		late = db
 	}
 	return late >= min(c.cfg.CompletedRetention, c.cfg.DiscardedRetention)/2
+}
+
+// latestSlot returns the latest slot of sched in (after, now], zero if
+// there is none. It looks back from now over a window that doubles, so
+// that a long gap of short slots (a month of Every(time.Second)) is not
+// walked from its start.
+func latestSlot(sched Schedule, after, now time.Time) time.Time {
+	for w := time.Second; ; w *= 2 {
+		from := now.Add(-w)
+		if !from.After(after) || w > 100*365*24*time.Hour {
+			from = after
+		}
+		var latest time.Time
+		for s := sched.Next(from); !s.IsZero() && !s.After(now); s = sched.Next(s) {
+			latest = s
+		}
+		if !latest.IsZero() || from.Equal(after) {
+			return latest
+		}
+	}
 }
 
 // enqueueSlot enqueues (or finds enqueued) the job of slot s and records

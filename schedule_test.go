@@ -108,3 +108,30 @@ func TestCronTimeZone(t *testing.T) {
 			[]string{"2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"}},
 	})
 }
+
+// TestLatestMissedSlot: RunMissed runs the latest slot missed since the
+// recorded one, however many slots passed meanwhile (a month of
+// one-second slots is 2.6 million), and none when none passed.
+func TestLatestMissedSlot(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 500_000_000, time.UTC)
+	daily, err := conveyor.Cron("30 2 * * *", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		sched       conveyor.Schedule
+		after, want time.Time
+	}{
+		{conveyor.Every(time.Second), now.AddDate(0, -1, 0), now.Truncate(time.Second)},
+		{conveyor.Every(time.Second), now.Add(-2 * time.Second), now.Truncate(time.Second)},
+		{conveyor.Every(time.Second), now.Truncate(time.Second), time.Time{}},
+		{conveyor.Every(time.Hour), now.Truncate(time.Hour), time.Time{}},
+		{conveyor.Every(time.Hour), now.Add(-30 * time.Minute), now.Truncate(time.Hour)},
+		{daily, now.AddDate(-1, 0, 0), time.Date(2026, 3, 1, 2, 30, 0, 0, time.UTC)},
+		{daily, time.Date(2026, 3, 1, 2, 30, 0, 0, time.UTC), time.Time{}},
+	} {
+		if got := conveyor.LatestSlotForTest(c.sched, c.after, now); !got.Equal(c.want) {
+			t.Errorf("%s after %v: latest slot %v, want %v", c.sched, c.after, got, c.want)
+		}
+	}
+}
