@@ -87,8 +87,11 @@ type Config struct {
 	// wakes fetchers. At least 1ms. Default 2s.
 	ListenPoll time.Duration
 	// PromoteInterval is how often the leader makes due scheduled and
-	// retryable jobs available: the most a scheduled job runs late.
-	// At least 1ms. Default 250ms.
+	// retryable jobs available: the most a scheduled job runs late when
+	// the leader's process works its queue, or on PostgreSQL with
+	// notifications. Elsewhere (SQLite, MySQL, PostgreSQL through a
+	// transaction pooler) a process that is not the leader sees the job
+	// at its next poll, up to PollMax later. At least 1ms. Default 250ms.
 	PromoteInterval time.Duration
 	// RescueInterval is how often the leader rescues expired leases.
 	// At least 1ms. Default 5s.

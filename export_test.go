@@ -98,7 +98,7 @@ func PeriodicCatchUpForTest[TTx any](c *Client[TTx], name string, from, now time
 	for _, j := range c.periodic.jobs {
 		if j.Name == name {
 			j.next = from
-			c.enqueueDue(context.Background(), j, now)
+			c.periodicWake(context.Background(), []*periodicState{j}, now)
 			return nil
 		}
 	}
@@ -111,4 +111,30 @@ func PeriodicCatchUpForTest[TTx any](c *Client[TTx], name string, from, now time
 func UniqueKeyForTest(kind, queue string, args []byte, u *UniqueOpts) ([]byte, error) {
 	k, _, err := uniqueKey(kind, queue, args, time.Now(), u)
 	return k, err
+}
+
+// CatchUpForTest plays c's periodic loop waking at now (its clock) with
+// the periodic job name's next slot at from, as a process that stalled
+// since from does, and returns the next slot it is left at.
+func CatchUpForTest[TTx any](c *Client[TTx], name string, from, now time.Time) time.Time {
+	for _, j := range c.periodic.jobs {
+		if j.Name == name {
+			j.next = from
+			c.periodicWake(context.Background(), []*periodicState{j}, now)
+			return j.next
+		}
+	}
+	panic("no periodic job " + name)
+}
+
+// PruneForTest runs the leader's prune once with the given age for both
+// retentions and returns how many jobs it deleted.
+func PruneForTest[TTx any](c *Client[TTx], age time.Duration) (int64, error) {
+	return c.drv.Prune(context.Background(), age, age, 1000)
+}
+
+// LatestSlotForTest is the latest slot of sched in (after, now], which
+// RunMissed enqueues at start.
+func LatestSlotForTest(sched Schedule, after, now time.Time) time.Time {
+	return latestSlot(sched, after, now)
 }

@@ -22,10 +22,10 @@ import (
 // while no process of the schedule was running is missed: on start it is
 // skipped, or run once (the latest missed slot only) when RunMissed is
 // set. Slots that a running process reached late (a stalled machine) are
-// all enqueued, in order, when it catches up, except those older than half
-// the shorter retention (Config.CompletedRetention, DiscardedRetention)
-// that the database records as passed: their jobs, which hold the slots'
-// keys, may have been pruned.
+// all enqueued, in order, when it catches up, except those another
+// process went past more than half the shorter retention
+// (Config.CompletedRetention, DiscardedRetention) ago: their jobs may
+// have been pruned, and they are skipped rather than run twice.
 type PeriodicJob struct {
 	// Name identifies the schedule in the database, across processes and
 	// restarts: the same rules as queue names. Two schedules of one
@@ -94,6 +94,9 @@ func (c *Client[TTx]) AddPeriodic(p PeriodicJob) error {
 	}
 	if p.Args == nil {
 		return fmt.Errorf("%w: periodic job %q has nil args", ErrInvalidArgs, p.Name)
+	}
+	if p.Schedule.Next(time.Now()).IsZero() {
+		return fmt.Errorf("%w: periodic job %q: schedule %s has no slot to come", ErrInvalidOpts, p.Name, p.Schedule)
 	}
 	if o := p.Opts; o != nil && (!o.RunAt.IsZero() || o.Delay != 0 || o.Unique != nil) {
 		return fmt.Errorf("%w: periodic job %q: RunAt, Delay and Unique are set by the schedule", ErrInvalidOpts, p.Name)
@@ -173,11 +176,7 @@ func (c *Client[TTx]) periodicLoop(ctx context.Context) {
 			continue // missed slots are skipped; a new schedule missed none
 		}
 		// The latest slot in (last recorded, now], if any, was missed.
-		var missed time.Time
-		for s, n := j.Schedule.Next(r.LastSlot), 0; !s.IsZero() && !s.After(now) && n < 1_000_000; s, n = j.Schedule.Next(s), n+1 {
-			missed = s
-		}
-		if !missed.IsZero() {
+		if missed := latestSlot(j.Schedule, r.LastSlot, now); !missed.IsZero() {
 			c.enqueueSlot(ctx, j, missed)
 		}
 	}
@@ -199,70 +198,96 @@ func (c *Client[TTx]) periodicLoop(ctx context.Context) {
 			return
 		case <-timer.C:
 		}
-		now := time.Now()
-		for _, j := range jobs {
-			c.enqueueDue(ctx, j, now)
+		c.periodicWake(ctx, jobs, time.Now())
+	}
+}
+
+// periodicWake enqueues the slots of jobs due at now (this process's
+// clock), in order; a slot that failed is tried again at the next wake,
+// as are all of them if the schedules could not be read.
+func (c *Client[TTx]) periodicWake(ctx context.Context, jobs []*periodicState, now time.Time) {
+	var recorded map[string]driver.ScheduleRow
+	for _, j := range jobs {
+		var due []time.Time
+		for s := j.next; !s.IsZero() && !s.After(now); s = j.Schedule.Next(s) {
+			due = append(due, s)
+			if len(due) > maxCatchUp {
+				due = due[1:]
+			}
+		}
+		if len(due) == 0 {
+			continue
+		}
+		if recorded == nil {
+			rows, err := c.drv.Schedules(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					c.cfg.Logger.Warn("conveyor: reading the periodic schedules failed (retrying)", "error", err)
+					sleepCtx(ctx, time.Second)
+				}
+				return
+			}
+			recorded = make(map[string]driver.ScheduleRow, len(rows))
+			for _, r := range rows {
+				recorded[r.Name] = r
+			}
+		}
+		var skipped []time.Time
+		for _, s := range due {
+			if c.slotPassed(recorded[j.Name], s, now) {
+				skipped = append(skipped, s)
+				j.next = j.Schedule.Next(s)
+				continue
+			}
+			if !c.enqueueSlot(ctx, j, s) {
+				break // retried from this slot at the next wake
+			}
+			j.next = j.Schedule.Next(s)
+		}
+		if len(skipped) > 0 {
+			c.cfg.Logger.Warn("conveyor: periodic slots reached late, after other processes had gone past them, skipped (their jobs may have been pruned: enqueued again they would run twice)",
+				"schedule", j.Name, "slots", len(skipped), "first", skipped[0], "last", skipped[len(skipped)-1])
 		}
 	}
 }
 
-// enqueueDue enqueues j's slots from j.next up to now (the latest
-// maxCatchUp of them), in order, and moves j.next past those done. A slot
-// old enough that retention may have pruned its job (see pastRecord) is
-// left out when the database's record of the schedule is past it.
-func (c *Client[TTx]) enqueueDue(ctx context.Context, j *periodicState, now time.Time) {
-	var due []time.Time
-	for s := j.next; !s.IsZero() && !s.After(now); s = j.Schedule.Next(s) {
-		due = append(due, s)
-		if len(due) > maxCatchUp {
-			due = due[1:]
-		}
+// slotPassed reports whether slot s, which this process reaches only now,
+// must not be enqueued: another process recorded a slot at or after it
+// (so it made s's job, or started after s), and s is older than half the
+// shorter retention, by this process's clock or by the database's (the
+// record's update time), so that its job may have finished and been
+// pruned, which would free its unique key. A stalled process (a machine
+// suspended, a virtual machine restored) or one whose clock is behind
+// the database's would otherwise run such slots a second time.
+func (c *Client[TTx]) slotPassed(r driver.ScheduleRow, s, now time.Time) bool {
+	if r.LastSlot.IsZero() || r.LastSlot.Before(s) {
+		return false // no process has gone past s: its job, if any, is unfinished or kept
 	}
-	if len(due) == 0 {
-		return
+	late := now.Sub(s)
+	if db := r.UpdatedAt.Sub(s); db > late {
+		late = db
 	}
-	past, ok := c.pastRecord(ctx, j, due[0])
-	if !ok {
-		return // retried from j.next at the next wake
-	}
-	for _, s := range due {
-		if !past(s) && !c.enqueueSlot(ctx, j, s) {
-			break // retried from this slot at the next wake
-		}
-		j.next = j.Schedule.Next(s)
-	}
+	return late >= min(c.cfg.CompletedRetention, c.cfg.DiscardedRetention)/2
 }
 
-// pastRecord returns whether a slot of j is one to leave out: older than
-// half the shorter of the retentions (so that its job, which a slot's
-// unique key is kept in, may have been pruned and its key freed) and not
-// after the latest slot recorded for the schedule in the database (some
-// process enqueued that slot, or a later one). Such a slot's job is not
-// enqueued again: a process that stalled longer than that would otherwise
-// run again slots that others ran and retention removed. oldest is the
-// oldest slot in question; when it is younger than that, nothing is read.
-// ok is false when the record could not be read.
-func (c *Client[TTx]) pastRecord(ctx context.Context, j *periodicState, oldest time.Time) (past func(time.Time) bool, ok bool) {
-	horizon := min(c.cfg.CompletedRetention, c.cfg.DiscardedRetention) / 2
-	stale := func(s time.Time) bool { return time.Since(s) > horizon }
-	if !stale(oldest) {
-		return func(time.Time) bool { return false }, true
-	}
-	rows, err := c.drv.Schedules(ctx)
-	if err != nil {
-		if ctx.Err() == nil {
-			c.cfg.Logger.Warn("conveyor: reading the periodic schedules failed (retrying)", "schedule", j.Name, "error", err)
-			sleepCtx(ctx, time.Second)
+// latestSlot returns the latest slot of sched in (after, now], zero if
+// there is none. It looks back from now over a window that doubles, so
+// that a long gap of short slots (a month of Every(time.Second)) is not
+// walked from its start.
+func latestSlot(sched Schedule, after, now time.Time) time.Time {
+	for w := time.Second; ; w *= 2 {
+		from := now.Add(-w)
+		if !from.After(after) || w > 100*365*24*time.Hour {
+			from = after
 		}
-		return nil, false
-	}
-	var last time.Time
-	for _, r := range rows {
-		if r.Name == j.Name {
-			last = r.LastSlot
+		var latest time.Time
+		for s := sched.Next(from); !s.IsZero() && !s.After(now); s = sched.Next(s) {
+			latest = s
+		}
+		if !latest.IsZero() || from.Equal(after) {
+			return latest
 		}
 	}
-	return func(s time.Time) bool { return stale(s) && !last.IsZero() && !s.After(last) }, true
 }
 
 // enqueueSlot enqueues (or finds enqueued) the job of slot s and records

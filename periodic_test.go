@@ -2,6 +2,7 @@ package conveyor_test
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"testing"
 	"time"
@@ -181,6 +182,12 @@ func TestPeriodicMissedSlots(t *testing.T) {
 	}
 }
 
+// noSlot is a schedule whose slots are all past.
+type noSlot struct{}
+
+func (noSlot) Next(time.Time) time.Time { return time.Time{} }
+func (noSlot) String() string           { return "never" }
+
 // TestAddPeriodicRefusesBadJobs: bad names, schedules and options.
 func TestAddPeriodicRefusesBadJobs(t *testing.T) {
 	c := open(t, backends[0].dsn(t), fast(testdb.Prefix()))
@@ -190,6 +197,9 @@ func TestAddPeriodicRefusesBadJobs(t *testing.T) {
 		{Name: "tiny", Schedule: conveyor.Every(time.Microsecond), Args: tick{}},
 		{Name: "noargs", Schedule: conveyor.Every(time.Second)},
 		{Name: "runat", Schedule: conveyor.Every(time.Second), Args: tick{}, Opts: &conveyor.EnqueueOpts{Delay: time.Second}},
+		// A schedule with no slot to come would be dropped by the
+		// periodic loop without a word.
+		{Name: "noslot", Schedule: noSlot{}, Args: tick{}},
 	} {
 		if err := c.AddPeriodic(p); err == nil {
 			t.Errorf("AddPeriodic(%+v) succeeded", p)
@@ -256,6 +266,91 @@ func TestPeriodicStallPastRetention(t *testing.T) {
 		}
 		if got := slotsOf(t, a); len(got) != 0 {
 			t.Fatalf("the stalled process enqueued again slots %v, which another process ran", got)
+		}
+	})
+}
+
+// TestPeriodicLateSlotNotRunTwice: a process that reaches slots late (it
+// was suspended, or its clock is behind the database's) after another
+// process made their jobs, which have finished and been pruned since,
+// does not enqueue them again: the pruned job no longer holds the slot's
+// unique key, so the slot would run twice. Slots no process went past are
+// still caught up.
+func TestPeriodicLateSlotNotRunTwice(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		cfg := fast(testdb.Prefix())
+		cfg.AllowUnregisteredKinds = true
+		cfg.CompletedRetention = time.Hour
+		c := openDropped(t, dsn, cfg)
+		for _, name := range []string{"covered", "alone"} {
+			if err := c.AddPeriodic(conveyor.PeriodicJob{Name: name, Schedule: conveyor.Every(time.Hour), Args: tick{},
+				Opts: &conveyor.EnqueueOpts{Queue: "ticks-" + name}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		now := time.Now()
+		first := now.Truncate(time.Hour).Add(-3 * time.Hour).UTC()
+		slotJobs := func(queue string) map[time.Time][]int64 {
+			out := map[time.Time][]int64{}
+			js, err := c.Jobs(ctx, conveyor.JobFilter{Kind: "tick", Queue: queue, Limit: 100})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, j := range js {
+				out[j.ScheduledAt.UTC()] = append(out[j.ScheduledAt.UTC()], j.ID)
+			}
+			return out
+		}
+		// Another process ran "covered" on time: one job per slot, the
+		// latest slot recorded. The first slot's job finished and the
+		// prune deleted it.
+		conveyor.CatchUpForTest(c, "covered", first, now)
+		made := slotJobs("ticks-covered")
+		if len(made) != 4 || len(made[first]) != 1 {
+			t.Fatalf("slots made %v, want 4 from %v", made, first)
+		}
+		id := made[first][0]
+		_, fence, err := conveyor.ClaimForTest(c, id, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := conveyor.AckForTest(c, id, fence); err != nil || n != 1 {
+			t.Fatalf("complete: %d %v", n, err)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if _, err := c.Job(ctx, id); errors.Is(err, conveyor.ErrNotFound) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the completed job was not pruned within 30s")
+			}
+			if _, err := conveyor.PruneForTest(c, time.Microsecond); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		// A process stalled since before the first slot catches up, by its
+		// own clock (hours late) and with its clock an hour behind (on
+		// time by its clock, hours late by the database's).
+		for _, late := range []time.Time{now, first.Add(time.Second)} {
+			conveyor.CatchUpForTest(c, "covered", first, late)
+			got := slotJobs("ticks-covered")
+			if ids := got[first]; len(ids) != 0 {
+				t.Fatalf("slot %v, whose job ran and was pruned, enqueued again (job %v) by a process reaching it late", first, ids)
+			}
+			for s, ids := range got {
+				if len(ids) != 1 || ids[0] != made[s][0] {
+					t.Fatalf("slot %v: jobs %v, want only %v", s, ids, made[s])
+				}
+			}
+		}
+		// No process went past the slots of "alone": a stalled process
+		// enqueues them all.
+		conveyor.CatchUpForTest(c, "alone", first, now)
+		if got := slotJobs("ticks-alone"); len(got) != 4 {
+			t.Fatalf("stalled process alone made slots %v, want 4", got)
 		}
 	})
 }

@@ -49,7 +49,8 @@ func (e every) String() string { return "every " + time.Duration(e).String() }
 // English three-letter names (JAN, MON), and 7 is Sunday as 0 is. As in
 // cron, when both day fields are restricted a day matching either runs.
 // Local times that do not exist (a daylight-saving gap) are skipped and
-// those that happen twice run once, at their first occurrence.
+// those that happen twice run once, at their first occurrence. A spec
+// that matches no time (the 30th of February) is an error.
 func Cron(spec string, loc *time.Location) (Schedule, error) {
 	if loc == nil {
 		loc = time.UTC
@@ -86,7 +87,23 @@ func Cron(spec string, loc *time.Location) (Schedule, error) {
 		c.dow |= 1
 	}
 	c.domAny, c.dowAny = f[3] == "*" || f[3] == "?", f[5] == "*" || f[5] == "?"
+	if !c.domAny && c.dowAny && !c.someDay() {
+		// Otherwise AddPeriodic would take a schedule that never runs.
+		return nil, fmt.Errorf("cron %q: matches no time: no month allowed has a day of month allowed", spec)
+	}
 	return c, nil
+}
+
+// someDay reports whether a month of the schedule has one of its days of
+// the month (February counted with 29 days).
+func (c *cron) someDay() bool {
+	days := [13]int{0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31}
+	for m := 1; m <= 12; m++ {
+		if c.month&(1<<m) != 0 && c.dom&(1<<(days[m]+1)-1) != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 var (
@@ -185,15 +202,15 @@ func (c *cron) Next(t time.Time) time.Time {
 	limit := t.AddDate(5, 0, 0)
 	for t.Before(limit) {
 		if c.month&(1<<t.Month()) == 0 {
-			t = time.Date(t.Year(), t.Month()+1, 1, 0, 0, 0, 0, c.loc)
+			t = c.date(t.Year(), t.Month()+1, 1, 0)
 			continue
 		}
 		if !c.dayOK(t) {
-			t = time.Date(t.Year(), t.Month(), t.Day()+1, 0, 0, 0, 0, c.loc)
+			t = c.date(t.Year(), t.Month(), t.Day()+1, 0)
 			continue
 		}
 		if c.hour&(1<<t.Hour()) == 0 {
-			next := time.Date(t.Year(), t.Month(), t.Day(), t.Hour()+1, 0, 0, 0, c.loc)
+			next := c.date(t.Year(), t.Month(), t.Day(), t.Hour()+1)
 			if !next.After(t) { // in the hour repeated when daylight saving ends
 				next = t.Add(time.Duration(60-t.Minute())*time.Minute - time.Duration(t.Second())*time.Second)
 			}
@@ -208,13 +225,48 @@ func (c *cron) Next(t time.Time) time.Time {
 			t = t.Add(time.Second)
 			continue
 		}
-		if prev := t.Add(-time.Hour); prev.Day() == t.Day() && prev.Hour() == t.Hour() {
+		if !firstOccurrence(t).Equal(t) {
 			// The second occurrence of a local time repeated when daylight
-			// saving ends: it ran an hour ago.
+			// saving ends: it ran at the first.
 			t = t.Add(time.Second)
 			continue
 		}
 		return t
 	}
 	return time.Time{}
+}
+
+// date is the first instant of hour h of the day in c's location (its
+// first occurrence when the clocks go back over it; time.Date picks the
+// second one east of UTC).
+func (c *cron) date(y int, m time.Month, d, h int) time.Time {
+	t := time.Date(y, m, d, h, 0, 0, 0, c.loc)
+	// A local time the clocks skip (summer time beginning at midnight in
+	// Santiago) comes back, west of UTC, as the instant the same length
+	// before it, on the previous day: from there Next would jump to this
+	// same day again and again. Take the instant the clocks jump instead.
+	want := time.Date(y, m, d, h, 0, 0, 0, time.UTC)
+	if wall := time.Date(t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), 0, time.UTC); wall.Before(want) {
+		_, off := t.Zone()
+		if _, after := t.Add(3 * time.Hour).Zone(); after > off {
+			t = t.Add(time.Duration(after-off) * time.Second)
+		}
+	}
+	return firstOccurrence(t)
+}
+
+// firstOccurrence returns the earliest instant whose local time (in t's
+// location) is t's: t itself unless the clocks went back over it, in the
+// three hours before it, by any amount.
+func firstOccurrence(t time.Time) time.Time {
+	_, off := t.Zone()
+	_, before := t.Add(-3 * time.Hour).Zone()
+	if before <= off {
+		return t
+	}
+	e := t.Add(-time.Duration(before-off) * time.Second)
+	if e.YearDay() == t.YearDay() && e.Year() == t.Year() && e.Hour() == t.Hour() && e.Minute() == t.Minute() && e.Second() == t.Second() {
+		return e
+	}
+	return t
 }

@@ -79,6 +79,9 @@ func TestCron(t *testing.T) {
 		"5-1 * * * *":   "backwards",
 		"* * 0 * *":     "out of range",
 		"* * * * * * *": "7 fields",
+		// Valid fields, but no such day: the schedule would never run.
+		"0 0 30 2 *":        "matches no time",
+		"0 0 31 4,6,9,11 *": "matches no time",
 	} {
 		if _, err := conveyor.Cron(spec, nil); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Cron(%q) = %v, want an error about %q", spec, err, want)
@@ -104,4 +107,70 @@ func TestCronTimeZone(t *testing.T) {
 		{"30 1 * * *", ny, time.Date(2026, 10, 31, 12, 0, 0, 0, time.UTC),
 			[]string{"2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"}},
 	})
+	// East of UTC, time.Date gives the second occurrence of a repeated
+	// local time: the first must still run (README's nightly report at
+	// 02:30 in Paris, on the night summer time ends), the second not.
+	zones := map[string]*time.Location{}
+	for _, z := range []string{"Europe/Paris", "Australia/Lord_Howe", "Antarctica/Troll", "America/Santiago"} {
+		if zones[z], err = time.LoadLocation(z); err != nil {
+			testdb.Missing(t, "time zone data (apt-get install tzdata): %v", err)
+		}
+	}
+	checkCron(t, []cronCase{
+		{"30 2 * * *", zones["Europe/Paris"], time.Date(2026, 10, 24, 12, 0, 0, 0, time.UTC),
+			[]string{"2026-10-25T00:30:00Z", "2026-10-26T01:30:00Z"}},
+		{"*/30 2 * * *", zones["Europe/Paris"], time.Date(2026, 10, 24, 12, 0, 0, 0, time.UTC),
+			[]string{"2026-10-25T00:00:00Z", "2026-10-25T00:30:00Z", "2026-10-26T01:00:00Z"}},
+		// Lord Howe moves its clocks by half an hour: 01:30-01:59 repeats.
+		{"*/20 1 * * *", zones["Australia/Lord_Howe"], time.Date(2026, 4, 4, 0, 0, 0, 0, time.UTC),
+			[]string{"2026-04-04T14:00:00Z", "2026-04-04T14:20:00Z", "2026-04-04T14:40:00Z", "2026-04-05T14:30:00Z"}},
+		// Troll moves them by two hours: 01:00-02:59 repeats.
+		{"30 1 * * *", zones["Antarctica/Troll"], time.Date(2026, 10, 24, 12, 0, 0, 0, time.UTC),
+			[]string{"2026-10-24T23:30:00Z", "2026-10-26T01:30:00Z"}},
+	})
+	// Santiago's summer time begins at midnight (00:00 is 01:00 on
+	// 2026-09-06): time.Date answers 23:00 the day before, and Next
+	// jumped to that same instant forever, without a slot or an error.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		checkCron(t, []cronCase{
+			{"0 9 * * 1-5", zones["America/Santiago"], time.Date(2026, 9, 4, 14, 0, 0, 0, time.UTC), // Friday, after 09:00
+				[]string{"2026-09-07T12:00:00Z", "2026-09-08T12:00:00Z"}},
+			{"0 * * * 0", zones["America/Santiago"], time.Date(2026, 9, 5, 12, 0, 0, 0, time.UTC), // Saturday
+				[]string{"2026-09-06T04:00:00Z", "2026-09-06T05:00:00Z"}},
+		})
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Minute): // a guard against the hang, not a timing check
+		t.Fatal("Cron.Next loops without end across Santiago's change to summer time")
+	}
+}
+
+// TestLatestMissedSlot: RunMissed runs the latest slot missed since the
+// recorded one, however many slots passed meanwhile (a month of
+// one-second slots is 2.6 million), and none when none passed.
+func TestLatestMissedSlot(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 500_000_000, time.UTC)
+	daily, err := conveyor.Cron("30 2 * * *", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		sched       conveyor.Schedule
+		after, want time.Time
+	}{
+		{conveyor.Every(time.Second), now.AddDate(0, -1, 0), now.Truncate(time.Second)},
+		{conveyor.Every(time.Second), now.Add(-2 * time.Second), now.Truncate(time.Second)},
+		{conveyor.Every(time.Second), now.Truncate(time.Second), time.Time{}},
+		{conveyor.Every(time.Hour), now.Truncate(time.Hour), time.Time{}},
+		{conveyor.Every(time.Hour), now.Add(-30 * time.Minute), now.Truncate(time.Hour)},
+		{daily, now.AddDate(-1, 0, 0), time.Date(2026, 3, 1, 2, 30, 0, 0, time.UTC)},
+		{daily, time.Date(2026, 3, 1, 2, 30, 0, 0, time.UTC), time.Time{}},
+	} {
+		if got := conveyor.LatestSlotForTest(c.sched, c.after, now); !got.Equal(c.want) {
+			t.Errorf("%s after %v: latest slot %v, want %v", c.sched, c.after, got, c.want)
+		}
+	}
 }

@@ -752,6 +752,8 @@ type Driver interface {
 	// call.
 	Maintain(ctx context.Context) (map[string]int, error)
 	// TryLead takes or keeps leadership of the maintenance loops for ttl.
+	// A negative ttl gives up leadership that id holds: the row expires at
+	// once and the next TryLead of another id takes it.
 	TryLead(ctx context.Context, id string, ttl time.Duration) (bool, error)
 
 	// RecordSchedule records that schedule s.Name made (or found made)

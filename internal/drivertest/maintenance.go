@@ -91,4 +91,29 @@ func maintenance(t *testing.T, s suite) {
 			t.Fatal("leadership not taken over after expiry")
 		}
 	})
+
+	// A negative ttl gives up the leadership its id holds (a leader that
+	// stops), which another id then takes at once; it does not take or
+	// shorten another id's live leadership.
+	t.Run("LeaderResigns", func(t *testing.T) {
+		d := s.setup(t)
+		if ok, err := d.TryLead(ctx, "a", time.Hour); err != nil || !ok {
+			t.Fatalf("first leader: %v %v", ok, err)
+		}
+		if ok, err := d.TryLead(ctx, "b", -time.Hour); err != nil || ok {
+			t.Fatalf("another id's resignation: %v %v, want false", ok, err)
+		}
+		if ok, _ := d.TryLead(ctx, "b", time.Hour); ok {
+			t.Fatal("another id's resignation ended a live leadership")
+		}
+		if _, err := d.TryLead(ctx, "a", -time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := d.TryLead(ctx, "b", time.Hour); err != nil || !ok {
+			t.Fatalf("leadership not taken at once after the leader gave it up: %v %v", ok, err)
+		}
+		if ok, _ := d.TryLead(ctx, "a", time.Hour); ok {
+			t.Fatal("the former leader took back a live leadership")
+		}
+	})
 }

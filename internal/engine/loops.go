@@ -172,6 +172,20 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 	var leader bool
 	var lastLead, lastRescue, lastPrune time.Time
 	errs, roundErrs := 0, 0
+	// A leader that stops gives the leadership up, so that another
+	// process promotes at its next tick instead of after the rest of the
+	// TTL (scheduled jobs would otherwise run up to 15s late at every
+	// restart of the leader). A leader that died is waited out.
+	defer func() {
+		if !leader {
+			return
+		}
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := e.drv.TryLead(rctx, e.id, -leadTTL); err != nil {
+			e.warn("conveyor: giving up the maintenance leadership failed (another process takes it when it expires)", "error", err)
+		}
+	}()
 	for sleep(ctx, e.cfg.PromoteInterval) {
 		now := time.Now()
 		if now.Sub(lastLead) >= leadTTL/3 || !leader {

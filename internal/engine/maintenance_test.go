@@ -116,8 +116,14 @@ func TestMaintenanceLeaderRunsTasksAtTheirIntervals(t *testing.T) {
 	if p := prunes[0]; p.dur != cfg.CompletedRetention || p.dur2 != cfg.DiscardedRetention {
 		t.Fatalf("pruned with retentions %v, %v; want %v, %v", p.dur, p.dur2, cfg.CompletedRetention, cfg.DiscardedRetention)
 	}
-	if max := 1 + int(took/(leadTTL/3)); d.count("trylead") > max {
-		t.Fatalf("%d leadership renewals in %v, want at most %d (one per %v)", d.count("trylead"), took, max, leadTTL/3)
+	renewals := 0 // the resignation at Stop (a negative ttl) is not one
+	for _, c := range d.callsOf("trylead") {
+		if c.dur > 0 {
+			renewals++
+		}
+	}
+	if max := 1 + int(took/(leadTTL/3)); renewals > max {
+		t.Fatalf("%d leadership renewals in %v, want at most %d (one per %v)", renewals, took, max, leadTTL/3)
 	}
 }
 
@@ -268,4 +274,32 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// A leader that stops gives its leadership up (TryLead with a negative
+// ttl, which expires its row at once), so that another process takes over
+// promotion at its next tick rather than after the rest of the 15s TTL,
+// during which no scheduled or retryable job would become due. A process
+// that did not lead does not touch the row.
+func TestMaintenanceLeaderResignsAtStop(t *testing.T) {
+	for _, lead := range []bool{true, false} {
+		d := &fakeDriver{}
+		d.tryLead = func() (bool, error) { return lead, nil }
+		e := startEngine(t, d, maintenanceConfig(time.Hour, time.Hour), nil)
+		waitFor(t, "a leadership attempt", func() bool { return d.count("trylead") >= 1 })
+		if lead {
+			waitFor(t, "a promotion", func() bool { return d.count("promote") >= 1 })
+		}
+		if err := e.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		calls := d.callsOf("trylead")
+		last := calls[len(calls)-1]
+		switch {
+		case lead && (last.who != e.ID() || last.dur >= 0):
+			t.Fatalf("leader stopped; last TryLead(%q, %v), want (%q, a negative ttl)", last.who, last.dur, e.ID())
+		case !lead && last.dur != leadTTL:
+			t.Fatalf("a process that did not lead called TryLead(%q, %v) at Stop", last.who, last.dur)
+		}
+	}
 }
