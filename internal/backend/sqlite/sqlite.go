@@ -231,7 +231,7 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: open %s: journal_mode is %q, not WAL (is the file on a filesystem without shared memory support?)", target.path, mode)
 	}
-	d.cp, err = startCheckpointer(cdsn, target.path, cpLimit, d.turn, &d.q, checkpointInterval)
+	d.cp, err = startCheckpointer(cdsn, d.gate.file, cpLimit, d.turn, &d.q, checkpointInterval)
 	if err != nil {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: open %s (checkpointer): %w", target.path, err)
@@ -555,7 +555,7 @@ func (d *Driver) leasePriority() string {
 	if d.gate.side == nil {
 		return "this process only (" + d.gate.sideErr.Error() + ")"
 	}
-	return "every process (side file " + d.path + intentSuffix + ")"
+	return "every process (side file " + d.gate.file + intentSuffix + ")"
 }
 
 // Counters returns busy_retries (statements retried after SQLITE_BUSY or
