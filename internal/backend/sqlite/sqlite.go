@@ -123,8 +123,8 @@ var _ driver.Driver = (*Driver)(nil)
 // overridden there); the journal mode (WAL), the synchronous mode
 // (opts.Synchronous: NORMAL by default, FULL or EXTRA), the transaction
 // locking and the locking mode are the driver's own and may not be given
-// there. In-memory
-// databases are refused: the driver's connections must share one file.
+// there. In-memory databases are refused: the driver's connections must
+// share one file.
 // opts.PoolSize sizes the read pool (default 4); writes always use one
 // connection. Open does not migrate.
 func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error) {
