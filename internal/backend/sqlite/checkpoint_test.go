@@ -251,3 +251,53 @@ func TestNewCheckpointer(t *testing.T) {
 		t.Fatalf("database file is %d bytes after the checkpointer's round, was %d: nothing copied", after, before)
 	}
 }
+
+// TestSymlinkedFile: SQLite follows a symbolic link named as the
+// database to the file it points to, and keeps its WAL and shared memory
+// next to that file. The driver's checkpointer cuts that WAL back (not
+// the link's name with -wal appended, which does not exist), and drivers
+// of one process on the file share one gate whichever name they opened.
+func TestSymlinkedFile(t *testing.T) {
+	oldLimit, oldInterval := walSizeLimit, checkpointInterval
+	walSizeLimit = 256 << 10
+	checkpointInterval = 0 // no loop: only the test runs rounds
+	defer func() { walSizeLimit, checkpointInterval = oldLimit, oldInterval }()
+	ctx := context.Background()
+	dir := t.TempDir()
+	real, link := filepath.Join(dir, "real.db"), filepath.Join(dir, "link.db")
+	if err := os.Symlink("real.db", link); err != nil {
+		t.Skip("no symbolic links here:", err)
+	}
+	d := openT(t, link, "c_")
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(real); err != nil {
+		t.Fatalf("SQLite did not create the file the link points to: %v", err)
+	}
+	other := openT(t, real, "c_")
+	if other.gate != d.gate {
+		t.Error("a driver on the link and one on the file it points to have a gate each")
+	}
+	flowJobs(t, d, 600) // no checkpoint runs: the WAL grows to megabytes
+	grown := fileSize(t, real+"-wal")
+	if grown <= 4*walSizeLimit {
+		t.Fatalf("WAL is %d bytes, want it grown well past %d", grown, walSizeLimit)
+	}
+	// A round copies every frame and starts the WAL over (RESTART); the
+	// next commit writes from its beginning; the cuts then take the file
+	// back to the limit, a few MiB per call.
+	d.cp.round(ctx)
+	if d.cp.restarts.Load() == 0 {
+		t.Fatal("the round did not start the WAL over")
+	}
+	if _, err := d.Insert(ctx, []driver.InsertParams{{Queue: "q", Kind: "k", Args: json.RawMessage(`{}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 4; i++ {
+		d.cp.shrink(ctx)
+	}
+	if size := fileSize(t, real+"-wal"); size > walSizeLimit {
+		t.Fatalf("WAL of the file the link points to is still %d bytes (was %d), want it cut back to %d", size, grown, walSizeLimit)
+	}
+}

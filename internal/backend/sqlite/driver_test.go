@@ -102,7 +102,11 @@ func TestOpenRejects(t *testing.T) {
 		filepath.Join(dir, "x.db?_txlock=deferred"):             "_txlock",
 		filepath.Join(dir, "x.db?_pragma=synchronous(OFF)"):     "synchronous",
 		filepath.Join(dir, "x.db?_pragma=journal_mode(DELETE)"): "journal_mode",
-		filepath.Join(dir, "no/such/dir/x.db"):                  "directory",
+		// An exclusive lock held by one connection (the writer) locks
+		// the driver's other connections out: every write waited forever.
+		filepath.Join(dir, "x.db?_pragma=locking_mode(EXCLUSIVE)"):                      "locking_mode",
+		"file:" + filepath.Join(dir, "x.db") + "?_pragma=main.Locking_Mode%3Dexclusive": "locking_mode",
+		filepath.Join(dir, "no/such/dir/x.db"):                                          "directory",
 	} {
 		_, err := Open(ctx, dsn, driver.Options{Prefix: "c_"})
 		if err == nil || !strings.Contains(err.Error(), want) {

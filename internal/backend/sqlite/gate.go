@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -65,6 +66,9 @@ type gate struct {
 	leaseDone chan struct{}
 	low       []chan struct{}
 	refs      int // drivers using it; guarded by gatesMu
+	// file is the database file (gateKey): its side file, WAL and shared
+	// memory are named after it.
+	file string
 
 	side    *intentFile // nil: this process's writes only (sideErr says why)
 	sideErr error
@@ -87,7 +91,7 @@ func gateFor(path string) (*gate, func()) {
 	defer gatesMu.Unlock()
 	g := gates[key]
 	if g == nil {
-		g = &gate{}
+		g = &gate{file: key}
 		g.side, g.sideErr = openIntentFile(key)
 		gates[key] = g
 	}
@@ -107,18 +111,33 @@ func gateFor(path string) (*gate, func()) {
 	}
 }
 
-// gateKey is the absolute path of the database file, symbolic links of
-// its directory resolved, so that every spelling of one file shares a
-// gate.
+// gateKey is the absolute path of the database file with every symbolic
+// link resolved, its name's included, as SQLite resolves it (its WAL and
+// shared memory are next to the file a link points to), so that every
+// spelling of one file shares a gate and the side file, and the
+// checkpointer finds the WAL SQLite writes. A link that points nowhere
+// yet is followed too: SQLite creates the file it names.
 func gateKey(path string) string {
-	key := path
-	if abs, err := filepath.Abs(path); err == nil {
-		key = abs
-		if dir, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
-			key = filepath.Join(dir, filepath.Base(abs))
-		}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return path
 	}
-	return key
+	for range 40 { // a bound against a loop of links
+		dir, err := filepath.EvalSymlinks(filepath.Dir(abs))
+		if err != nil {
+			break
+		}
+		abs = filepath.Join(dir, filepath.Base(abs))
+		target, err := os.Readlink(abs)
+		if err != nil {
+			break // not a link
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(dir, target)
+		}
+		abs = filepath.Clean(target)
+	}
+	return abs
 }
 
 // acquire waits for the write connection for an ordinary write; first

@@ -21,7 +21,11 @@ type intentFile struct {
 // database at path. It returns nil and the reason when that cannot be done
 // (a read-only directory, say); the gate then orders this process only.
 func openIntentFile(path string) (*intentFile, error) {
-	f, err := os.OpenFile(path+intentSuffix, os.O_RDWR|os.O_CREATE, 0o644)
+	// Read locks, the only ones taken, need a descriptor open for
+	// reading only: a process of another user than the one that created
+	// the file (sharing the database through its group, say) opens it
+	// too.
+	f, err := os.OpenFile(path+intentSuffix, os.O_RDONLY|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, err
 	}

@@ -121,9 +121,10 @@ var _ driver.Driver = (*Driver)(nil)
 // "sqlite://path", or a URI "file:path?...". Query parameters of
 // modernc.org/sqlite may follow a "?" (busy_timeout, for one, may be
 // overridden there); the journal mode (WAL), the synchronous mode
-// (opts.Synchronous: NORMAL by default, FULL or EXTRA) and the transaction
-// locking are the driver's own and may not be given there. In-memory
-// databases are refused: the driver's connections must share one file.
+// (opts.Synchronous: NORMAL by default, FULL or EXTRA), the transaction
+// locking and the locking mode are the driver's own and may not be given
+// there. In-memory databases are refused: the driver's connections must
+// share one file.
 // opts.PoolSize sizes the read pool (default 4); writes always use one
 // connection. Open does not migrate.
 func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error) {
@@ -231,7 +232,7 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: open %s: journal_mode is %q, not WAL (is the file on a filesystem without shared memory support?)", target.path, mode)
 	}
-	d.cp, err = startCheckpointer(cdsn, target.path, cpLimit, d.turn, &d.q, checkpointInterval)
+	d.cp, err = startCheckpointer(cdsn, d.gate.file, cpLimit, d.turn, &d.q, checkpointInterval)
 	if err != nil {
 		d.Close()
 		return nil, fmt.Errorf("conveyor/sqlite: open %s (checkpointer): %w", target.path, err)
@@ -381,11 +382,18 @@ func parseDSN(dsn string) (*dsnTarget, error) {
 		}
 	}
 	for _, p := range q["_pragma"] {
-		lp := strings.ToLower(strings.TrimSpace(p))
+		// (A pragma may name the schema: main.journal_mode.)
+		lp := strings.TrimPrefix(strings.ToLower(strings.TrimSpace(p)), "main.")
 		for _, own := range []string{"journal_mode", "synchronous", "query_only"} {
 			if strings.HasPrefix(lp, own) {
 				return nil, fmt.Errorf("conveyor/sqlite: DSN %q: _pragma=%s is set by the driver (use Options.Synchronous for the synchronous mode)", orig, p)
 			}
+		}
+		if strings.HasPrefix(lp, "locking_mode") {
+			// The driver's connections (writer, lease path, readers,
+			// checkpointer) share the file: one holding it exclusively
+			// would lock the others out, and every write would wait.
+			return nil, fmt.Errorf("conveyor/sqlite: DSN %q: _pragma=%s is not supported: locking_mode is the driver's, whose connections share the file", orig, p)
 		}
 		if strings.HasPrefix(lp, "busy_timeout") {
 			t.hasBusyTimeout = true
@@ -555,7 +563,7 @@ func (d *Driver) leasePriority() string {
 	if d.gate.side == nil {
 		return "this process only (" + d.gate.sideErr.Error() + ")"
 	}
-	return "every process (side file " + d.path + intentSuffix + ")"
+	return "every process (side file " + d.gate.file + intentSuffix + ")"
 }
 
 // Counters returns busy_retries (statements retried after SQLITE_BUSY or
