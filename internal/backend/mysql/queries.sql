@@ -700,9 +700,11 @@ UPDATE `{p}limit_slots` SET job_id = NULL WHERE job_id = ?{intx}
 UPDATE `{p}limit_slots` SET job_id = CASE n {cases} END, fence = CASE n {cases} END, used_at = CASE n {cases} END WHERE queue = ? AND type = ? AND lkey = '' AND n IN ({ids}) AND (job_id IS NULL OR job_id = ?){intx}
 
 -- How long until the oldest start of the rate's window leaves it, when
--- the rate held jobs back. (period µs, queue, rate.)
+-- the rate held jobs back; 0 when a slot never admitted a start: open,
+-- it was skipped because another claim had it locked, and is open again
+-- once that claim ends unless it took it. (period µs, queue, rate.)
 -- name: slot_retry_in
-SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(used_at) + INTERVAL ? MICROSECOND) FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n < ?
+SELECT IF(COUNT(*) > COUNT(used_at), 0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(used_at) + INTERVAL ? MICROSECOND)) FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n < ?
 
 -- Whether the queue has a due job (a claim the limits cut to nothing is
 -- Held only then). (queue.)

@@ -422,10 +422,14 @@ SELECT (CASE WHEN coalesce((SELECT coalesce(max_running, 0) = $6::int AND coales
 -- $1 queue, $2 rate, $3 rate period in microseconds: the microseconds
 -- until the oldest start recorded in the queue's rate slots leaves the
 -- window (by the transaction's now(): after limit_take, it sees its
--- stamps).
-SELECT coalesce((extract(epoch FROM min(used_at) + $3::bigint * interval '1 microsecond' - now()) * 1000000)::bigint, 0)
+-- stamps); 0 when a slot never admitted a start: open, it was skipped
+-- because another claim had it locked, and is open again once that
+-- claim ends unless it took it.
+SELECT CASE WHEN bool_or(used_at IS NULL) THEN 0
+            ELSE coalesce((extract(epoch FROM min(used_at) + $3::bigint * interval '1 microsecond' - now()) * 1000000)::bigint, 0)
+       END
   FROM {p}limit_slots
- WHERE queue = $1 AND type = 'r' AND lkey = '' AND n < $2::int AND used_at IS NOT NULL
+ WHERE queue = $1 AND type = 'r' AND lkey = '' AND n < $2::int
 
 -- name: key_lock
 -- The keyed claim, in its transaction: the open slots of queue $1's keys
