@@ -284,6 +284,37 @@ func limits(t *testing.T, s suite) {
 		}
 	})
 
+	// A rate lowered and raised again within one window: the starts the
+	// higher rate admitted before the change still count when it comes
+	// back, so that no window holds more starts than the highest rate in
+	// force during it. The lowering deleted the slots beyond the lower
+	// rate with their starts, and the raise made them anew, open: a rate
+	// of 4 admitted 6 starts within the hour.
+	t.Run("RateLoweredAndRaisedInOneWindow", func(t *testing.T) {
+		d := s.setup(t)
+		insert(t, d, "lr", 10)
+		setLimits(t, d, "lr", driver.QueueLimits{Rate: 4, RatePeriod: time.Hour})
+		if r := claimLimited(t, d, "lr", 10, time.Minute); len(r.Rows) != 4 {
+			t.Fatalf("claimed %d at a rate of 4 per hour, want 4", len(r.Rows))
+		}
+		setLimits(t, d, "lr", driver.QueueLimits{Rate: 2, RatePeriod: time.Hour})
+		if r := claimLimited(t, d, "lr", 10, time.Minute); len(r.Rows) != 0 || !r.Held {
+			t.Fatalf("claimed %d (held %v) with 4 starts in the window of a rate lowered to 2, want none, held", len(r.Rows), r.Held)
+		}
+		setLimits(t, d, "lr", driver.QueueLimits{Rate: 4, RatePeriod: time.Hour})
+		if r := claimLimited(t, d, "lr", 10, time.Minute); len(r.Rows) != 0 || !r.Held || r.RetryIn <= time.Minute {
+			t.Fatalf("claimed %d (held %v, retry in %v) with 4 starts in the window of a rate raised back to 4, want none, held for most of the hour", len(r.Rows), r.Held, r.RetryIn)
+		}
+		if u, err := d.LimitUsage(ctx); err != nil || u["lr"].Started != 4 {
+			t.Fatalf("usage %+v, %v; want 4 started", u["lr"], err)
+		}
+		// Raised above what ran: the rest of the window's room.
+		setLimits(t, d, "lr", driver.QueueLimits{Rate: 5, RatePeriod: time.Hour})
+		if r := claimLimited(t, d, "lr", 10, time.Minute); len(r.Rows) != 1 {
+			t.Fatalf("claimed %d at a rate raised to 5 with 4 starts in the window, want 1", len(r.Rows))
+		}
+	})
+
 	// A queue with both limits whose claims the concurrency limit cuts
 	// while its rate window has room: RetryIn stays 0 (a slot frees when
 	// an attempt ends), never the age of the window's oldest start, which

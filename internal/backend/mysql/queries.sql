@@ -626,10 +626,15 @@ SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND 
 -- name: slot_trim_c
 DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n >= ? AND job_id IS NULL
 
--- Rate slots at or beyond the rate: a lowered rate forgets their starts.
--- (queue, rate.)
+-- Rate slots at or beyond the rate whose start has left the window, or
+-- that never admitted one; all of them when the queue has no rate.
+-- Claims ignore those beyond the rate: a lowered rate counts the starts
+-- of its first slots, and those beyond it within the window stay, so
+-- that a rate raised again within it counts them (no window holds more
+-- starts than the highest rate in force during it). (queue, rate, rate,
+-- period µs.)
 -- name: slot_trim_r
-DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n >= ?
+DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n >= ? AND (? = 0 OR used_at IS NULL OR used_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)
 
 -- name: queue_limits
 SELECT name, max_running, rate, rate_period_us, key_max_running, key_order, key_rate, key_rate_period_us, key_fair FROM `{p}queues` WHERE max_running IS NOT NULL OR rate IS NOT NULL OR key_max_running IS NOT NULL OR key_rate IS NOT NULL OR key_fair IS NOT NULL

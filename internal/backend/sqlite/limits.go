@@ -162,7 +162,7 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 	}
 	if res.Held && rateCut {
 		var in int64
-		if err := tx.StmtContext(ctx, ls.retryIn).QueryRowContext(ctx, p.Queue, period).Scan(&in); err != nil {
+		if err := tx.StmtContext(ctx, ls.retryIn).QueryRowContext(ctx, p.Queue, period, rate).Scan(&in); err != nil {
 			return res, fmt.Errorf("read the rate's window: %w", err)
 		}
 		// The window is full (the rate cut the claim), so its oldest
@@ -208,11 +208,13 @@ func takeRateSlots(ctx context.Context, tx *sql.Tx, ls *limitStmts, queue string
 
 // SetQueueLimits stores queue's limits (the zero QueueLimits removes
 // them) and, in the same transaction, creates the rate slots they need
-// and deletes those they no longer do, above Rate. A lowered rate
-// forgets the starts recorded in the rate slots it deletes, so within the
-// window of the change it may admit up to the old rate. MaxRunning needs
-// no row: claims count the queue's running jobs. The queue's pause is
-// kept.
+// and deletes those they no longer do, at or above Rate: those whose
+// start has left the window, and all of them when the rate is removed.
+// A lowered rate counts the starts recorded in its first Rate slots, so
+// within the window of the change it may admit up to the old rate; the
+// slots beyond it within the window stay, so that the rate raised again
+// counts their starts. MaxRunning needs no row: claims count the queue's
+// running jobs. The queue's pause is kept.
 //
 // Key limits are stored as key_max_running (1 when Ordered) and
 // key_order; their slot rows are made by the claims that need them. A
@@ -262,7 +264,7 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 		if _, err := tx.ExecContext(ctx, d.q.AddLimitSlots, queue, "r", l.Rate); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, d.q.DropLimitSlots, queue, l.Rate)
+		_, err := tx.ExecContext(ctx, d.q.DropLimitSlots, queue, l.Rate, period)
 		return err
 	})
 	if err != nil {
