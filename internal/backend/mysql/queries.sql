@@ -930,9 +930,11 @@ SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(used_at) + INTERVAL ? MI
 SELECT COUNT(*) FROM (SELECT lkey FROM `{p}limit_slots` WHERE queue = ? AND type = 'w' AND n < ? AND used_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND GROUP BY lkey HAVING COUNT(*) >= ?) f
 
 -- The rescue's sweep of rate slots: those stamped longer ago than the
--- period or a minute, whichever is longer, or never, those at or beyond
--- their queue's rate, and those of a queue without a rate per key. A slot
--- stamped within the window is never deleted; one a claim has locked is
--- deleted, if still unstamped, only once that claim ends. (limit.)
+-- period or a minute, whichever is longer, or never, and those of a
+-- queue without a rate per key. A slot stamped within the window is
+-- never deleted, beyond a lowered rate too (claims ignore it), so that
+-- the rate raised again within the window counts its start; one a claim
+-- has locked is deleted, if still unstamped, only once that claim ends.
+-- (limit.)
 -- name: key_rate_trim
-DELETE FROM `{p}limit_slots` WHERE type = 'w' AND NOT EXISTS (SELECT 1 FROM `{p}queues` q WHERE q.name = `{p}limit_slots`.queue AND q.key_rate > 0 AND `{p}limit_slots`.n < q.key_rate AND `{p}limit_slots`.used_at >= UTC_TIMESTAMP(6) - INTERVAL GREATEST(q.key_rate_period_us, 60000000) MICROSECOND) LIMIT ?
+DELETE FROM `{p}limit_slots` WHERE type = 'w' AND NOT EXISTS (SELECT 1 FROM `{p}queues` q WHERE q.name = `{p}limit_slots`.queue AND q.key_rate > 0 AND `{p}limit_slots`.used_at >= UTC_TIMESTAMP(6) - INTERVAL GREATEST(q.key_rate_period_us, 60000000) MICROSECOND) LIMIT ?

@@ -30,7 +30,8 @@ import (
 // at most as many jobs of a key as it locked both free slots and open
 // rate slots of it. No outcome frees a rate slot (the statements that
 // free key slots match the held ones only); Rescue's sweep deletes them
-// once out of the window, or beyond a lowered rate.
+// once out of the window (beyond a lowered rate too: until then a raised
+// rate counts them).
 //
 // A fair queue (Fair) is claimed by the same walk and pick: each key
 // walked takes at most its weight (weights.go) per turn, within what its

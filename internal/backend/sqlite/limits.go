@@ -225,9 +225,9 @@ func takeRateSlots(ctx context.Context, tx *sql.Tx, ls *limitStmts, queue string
 //
 // A rate per key is stored as key_rate and key_rate_period_us; its rate
 // slots are made by the claims that need them and are not touched here:
-// those beyond a lowered KeyRate are ignored by claims, and Rescue's
-// sweep deletes them (forgetting the starts they recorded) with those of
-// a removed one.
+// those beyond a lowered KeyRate are ignored by claims (and counted
+// again if it is raised), and Rescue's sweep deletes them once their
+// start has left the window, and those of a removed one.
 //
 // Fair is stored as key_fair (1, or NULL); it needs no slot. The queue's
 // key weights (SetKeyWeights) are kept.

@@ -941,14 +941,14 @@ DELETE FROM {p}key_slots
 
 -- name: sweep_key_rate_slots
 -- Deletes the rate slots stamped more than max(period, a minute) ago (or
--- never), those beyond their queue's key_rate, and those of a queue
--- without one: claims make them again, open, when they need them. A slot
--- stamped within the period stays.
+-- never), and those of a queue without a rate per key: claims make them
+-- again, open, when they need them. A slot stamped within the period
+-- stays, beyond a lowered key_rate too (claims ignore it), so that the
+-- rate raised again within the window counts its start.
 DELETE FROM {p}key_slots
  WHERE n < 0
    AND NOT EXISTS (SELECT 1 FROM {p}queues AS q
                     WHERE q.name = {p}key_slots.queue AND q.key_rate > 0
-                      AND {p}key_slots.n >= -q.key_rate
                       AND {p}key_slots.used_at >= {now} - max(q.key_rate_period_us, 60000000))
 
 -- name: key_held
