@@ -315,6 +315,37 @@ func limits(t *testing.T, s suite) {
 		}
 	})
 
+	// A queue served by key (Fair, or a limit per key) whose own Rate
+	// cut the claim says so (RateFull), with RetryIn until that window
+	// has room: no job of any key starts before, so a claimer need not
+	// claim again sooner (a process waited at most PollMin in a queue
+	// served by key, whatever held it: a claim every 10ms for as long as
+	// the queue's window stayed full). A claim cut by a key's limit while
+	// the queue's window has room is not RateFull.
+	t.Run("RateFullInAQueueServedByKey", func(t *testing.T) {
+		d := s.setup(t)
+		var jobs []driver.InsertParams
+		for i := 0; i < 4; i++ {
+			jobs = append(jobs, keyedJob("rf", "a", 0), keyedJob("rf", "b", 0), keyedJob("rk", "a", 0))
+		}
+		insertJobs(t, d, jobs...)
+		setLimits(t, d, "rf", driver.QueueLimits{Rate: 3, RatePeriod: time.Hour, Fair: true, KeyMaxRunning: 4})
+		r := claimLimited(t, d, "rf", 10, time.Minute)
+		if len(r.Rows) != 3 || !r.Held || !r.RateFull || r.RetryIn < 50*time.Minute {
+			t.Fatalf("claimed %d (held %v, rate full %v, retry in %v) at a rate of 3 per hour, want 3, held by the full window for about the hour", len(r.Rows), r.Held, r.RateFull, r.RetryIn)
+		}
+		r = claimLimited(t, d, "rf", 10, time.Minute)
+		if len(r.Rows) != 0 || !r.Held || !r.RateFull || r.RetryIn < 50*time.Minute {
+			t.Fatalf("claimed %d (held %v, rate full %v, retry in %v) with the window full, want none, held by it for about the hour", len(r.Rows), r.Held, r.RateFull, r.RetryIn)
+		}
+		// Cut by the key's limit, the window with room.
+		setLimits(t, d, "rk", driver.QueueLimits{Rate: 10, RatePeriod: time.Hour, KeyMaxRunning: 2})
+		r = claimLimited(t, d, "rk", 10, time.Minute)
+		if len(r.Rows) != 2 || !r.Held || r.RateFull {
+			t.Fatalf("claimed %d (held %v, rate full %v) of a key limited to 2 with room in the window, want 2, held, the rate not full", len(r.Rows), r.Held, r.RateFull)
+		}
+	})
+
 	// A queue with both limits whose claims the concurrency limit cuts
 	// while its rate window has room: RetryIn stays 0 (a slot frees when
 	// an attempt ends), never the age of the window's oldest start, which

@@ -310,6 +310,13 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 			return driver.ClaimResult{}, err
 		}
 		res.RetryIn = in
+		// Every rate slot it locked taken (or none locked): the window
+		// is full, and no job of the queue starts before it has room,
+		// whatever its key.
+		res.RateFull = len(rows) == len(rslots)
+		if res.RateFull {
+			return res, nil
+		}
 	}
 	return d.keyRateWait(ctx, tx, p.Queue, l, rated, res)
 }

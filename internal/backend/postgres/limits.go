@@ -355,8 +355,12 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 		// but that another claimer had locked is taken or free again
 		// by then.
 		res.RetryIn = max(time.Duration(us)*time.Microsecond, time.Millisecond)
+		// Every rate slot it locked taken (or none locked): the window
+		// is full, and no job of the queue starts before it has room,
+		// whatever its key.
+		res.RateFull = len(rows) == len(rs)
 	}
-	if keyRetry {
+	if keyRetry && !res.RateFull {
 		// The same floor: a key's open slot another claimer had locked
 		// is taken or open again by then.
 		in := max(time.Duration(keyUS)*time.Microsecond, time.Millisecond)

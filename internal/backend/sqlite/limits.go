@@ -169,8 +169,12 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 		// start leaves it in at most one period: at least a millisecond,
 		// the clock's resolution, for a start leaving it now.
 		res.RetryIn = max(time.Duration(in)*time.Microsecond, time.Millisecond)
+		// Every free rate slot taken (or none was): the window is full,
+		// and no job of the queue starts before it has room, whatever
+		// its key.
+		res.RateFull = len(res.Rows) == k
 	}
-	if keyRetryIn > 0 && (res.RetryIn == 0 || keyRetryIn < res.RetryIn) {
+	if keyRetryIn > 0 && !res.RateFull && (res.RetryIn == 0 || keyRetryIn < res.RetryIn) {
 		res.RetryIn = keyRetryIn
 	}
 	return res, nil
