@@ -346,6 +346,52 @@ func limits(t *testing.T, s suite) {
 		}
 	})
 
+	// Every claim is a start of the queue's rate, whatever becomes of its
+	// attempt: released (given back unstarted), snoozed, or rescued and
+	// claimed again, the job's next claim is another start, and none
+	// gives its start back to the window.
+	t.Run("RateCountsEveryClaim", func(t *testing.T) {
+		d := s.setup(t)
+		insert(t, d, "ec", 2)
+		setLimits(t, d, "ec", driver.QueueLimits{Rate: 4, RatePeriod: time.Hour})
+		var starts []time.Time
+		claim := func(want int) []*driver.JobRow {
+			t.Helper()
+			r := claimLimited(t, d, "ec", 1, 10*time.Millisecond)
+			if len(r.Rows) != want {
+				t.Fatalf("claim %d: %d rows (held %v), want %d", len(starts)+1, len(r.Rows), r.Held, want)
+			}
+			for _, row := range r.Rows {
+				starts = append(starts, row.AttemptedAt)
+			}
+			return r.Rows
+		}
+		r := claim(1)[0]
+		if n, err := d.Release(ctx, []driver.Lease{{ID: r.ID, Fence: r.Fence}}); err != nil || n != 1 {
+			t.Fatalf("release: %d, %v", n, err)
+		}
+		r = claim(1)[0]
+		o := driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateScheduled}
+		if applied, err := d.Complete(ctx, []driver.Outcome{o}); err != nil || len(applied) != 1 {
+			t.Fatalf("snooze: %v, %v", applied, err)
+		}
+		if _, err := d.Promote(ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+		claim(1) // the snoozed job, or the other
+		time.Sleep(50 * time.Millisecond) // its lease expires
+		if _, err := d.Rescue(ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+		claim(1)
+		if got := claimLimited(t, d, "ec", 10, time.Minute); len(got.Rows) != 0 || !got.Held {
+			t.Fatalf("claimed %d (held %v) after 4 starts at a rate of 4 per hour, want none, held", len(got.Rows), got.Held)
+		}
+		if u, err := d.LimitUsage(ctx); err != nil || u["ec"].Started != 4 {
+			t.Fatalf("usage %+v, %v; want 4 started", u["ec"], err)
+		}
+	})
+
 	// A queue with both limits whose claims the concurrency limit cuts
 	// while its rate window has room: RetryIn stays 0 (a slot frees when
 	// an attempt ends), never the age of the window's oldest start, which
