@@ -484,6 +484,42 @@ func keys(t *testing.T, s suite) {
 		}
 	})
 
+	// A claim whose walk found no key with room within its budget of
+	// keys still moves the rotation past them: the next claim looks at
+	// the keys beyond. Left where it was, every claim looked at the same
+	// busy keys, and a key with room beyond them was never served for as
+	// long as those kept their slots.
+	t.Run("RotationPastBusyKeys", func(t *testing.T) {
+		d := s.setup(t)
+		var jobs []driver.InsertParams
+		for k := 0; k < 150; k++ {
+			key := fmt.Sprintf("k%03d", k)
+			jobs = append(jobs, keyedJob("rb", key, 0), keyedJob("rb", key, 0))
+		}
+		insertJobs(t, d, jobs...)
+		setLimits(t, d, "rb", driver.QueueLimits{KeyMaxRunning: 1})
+		// Every key's slot held, each key with a job left waiting.
+		var held int
+		for i := 0; i < 10 && held < 150; i++ {
+			held += len(claimLimited(t, d, "rb", 150-held, time.Minute).Rows)
+		}
+		if held != 150 {
+			t.Fatalf("claimed %d, want one job of each of the 150 keys", held)
+		}
+		// A key with room, far from the cursor in key order.
+		insertJobs(t, d, keyedJob("rb", "k1000", 0))
+		for i := 0; i < 10; i++ {
+			r := claimLimited(t, d, "rb", 1, time.Minute)
+			if len(r.Rows) == 1 {
+				if r.Rows[0].Key != "k1000" {
+					t.Fatalf("claimed a job of key %s, whose slot is held", r.Rows[0].Key)
+				}
+				return
+			}
+		}
+		t.Fatal("10 claims of one never reached the one key with room beyond 150 busy keys")
+	})
+
 	t.Run("ConcurrentClaimers", func(t *testing.T) {
 		d := s.setup(t)
 		const nKeys, perKey = 8, 15

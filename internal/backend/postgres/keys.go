@@ -191,6 +191,10 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		}
 	}
 	if len(cand) == 0 {
+		// No key it looked at had room: the next claim looks at the
+		// keys after them, not at the same ones again (a key with room
+		// beyond the walk's budget of busy keys would never be reached).
+		s.walkedPast(p.Queue, w)
 		return nil, takes, held, rated, false, nil
 	}
 	// key_lock and seg_key_pick in one round trip: the heads are read
@@ -282,6 +286,7 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		cnts[k] = n
 	}
 	if len(pkeys) == 0 {
+		s.walkedPast(p.Queue, w)
 		return nil, takes, held, rated, false, nil
 	}
 	// Each key's heads as a pick of its own count would have read them:
@@ -546,6 +551,15 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		}
 	}
 	return out, takes, held, rated, false, nil
+}
+
+// walkedPast moves queue's cursor to the last key the walk w examined,
+// when it examined any: a claim that took no job of them goes on after
+// them next time.
+func (s *segStore) walkedPast(queue string, w keyWalk) {
+	if len(w.keys) > 0 {
+		s.d.keys.setCursor(queue, w.keys[len(w.keys)-1], 0)
+	}
 }
 
 // claimNoKey claims up to p.Limit jobs without a key of p.Queue, a queue
