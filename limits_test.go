@@ -543,3 +543,74 @@ func TestLimitStats(t *testing.T) {
 		}
 	})
 }
+
+// A rate raised by another process reaches a process whose fetcher waits
+// for the old window to have room: the held job starts within about the
+// second the documentation promises for a change, not when the window of
+// the old rate (an hour here) opens. On PostgreSQL the change's
+// notification wakes the fetcher; the other backends have only the
+// process's read of the limits every second to see it.
+func TestLimitRateRaisedElsewhereWakesHeldFetcher(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		prefix := testdb.Prefix()
+		cfg := func() *conveyor.Config {
+			c := fast(prefix)
+			c.Queues = map[string]conveyor.QueueConfig{"rr": {MaxWorkers: 2}}
+			return c
+		}
+		var ran sync.Map
+		work := conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[limited]) error {
+			ran.Store(j.ID, true)
+			return nil
+		})
+		// The first client fills the window and stops: the second's
+		// fetcher then has no attempt of its own whose end would wake it.
+		first := openDropped(t, dsn, cfg())
+		a := open(t, dsn, cfg())
+		other := fast(prefix)
+		other.Queues, other.NoQueues = nil, true
+		b := open(t, dsn, other)
+		for _, c := range []*conveyor.Client[any]{first, a} {
+			if err := conveyor.AddWorker(c, work); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := b.SetQueueLimits(ctx, "rr", conveyor.QueueLimits{Rate: 1, RatePeriod: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		enqueue := func() int64 {
+			id, err := b.Enqueue(ctx, limited{}, &conveyor.EnqueueOpts{Queue: "rr"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return id
+		}
+		one := enqueue()
+		if err := first.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the first job completed", 30*time.Second, func() bool {
+			return jobState(t, b, one).State == conveyor.JobStateCompleted
+		})
+		if err := first.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		two := enqueue()
+		if err := a.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Its first claim finds the window full for an hour.
+		waitFor(t, "a claim held back by the rate", 30*time.Second, func() bool { return a.Counters().ClaimRounds > 0 })
+		if _, ok := ran.Load(two); ok {
+			t.Fatal("the second job ran with the window full")
+		}
+		if err := b.SetQueueLimits(ctx, "rr", conveyor.QueueLimits{Rate: 2, RatePeriod: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the held job run once the rate was raised elsewhere", 15*time.Second, func() bool {
+			_, ok := ran.Load(two)
+			return ok
+		})
+	})
+}

@@ -598,6 +598,12 @@ type ClaimResult struct {
 	// window has room again (by the database's clock); 0 when only the
 	// concurrency limit held them (a slot frees when an attempt ends).
 	RetryIn time.Duration
+	// RateFull, with Held, says that the queue's own rate (Rate) cut the
+	// claim and its window is full: no job of the queue, whatever its
+	// key, starts before RetryIn, which is then when that window has
+	// room. (A window of one key's rate, or a key's slots, says nothing
+	// of the queue's other keys.)
+	RateFull bool
 	// MaxRunning is the queue's MaxRunning as the claim read it (0: no
 	// concurrency limit). A process that holds that many of the queue's
 	// attempts need not claim again until one of them ends (the engine

@@ -240,8 +240,11 @@ func keyRates(t *testing.T, s suite) {
 		if got := claimLimited(t, d, "ch", 20, time.Minute); len(got.Rows) != 2 {
 			t.Fatalf("claimed %d after raising the rate to 6 with 4 starts in the window, want 2", len(got.Rows))
 		}
-		// Lowered again and swept: the slots beyond the rate go, with
-		// their starts; those within it stay, stamped.
+		// Lowered again and swept: the slots beyond the rate stay while
+		// their starts are within the window, ignored by claims, so that
+		// the rate raised again within the window counts them (the sweep
+		// deleted them, and 4 more started at 6 per hour: 10 within the
+		// hour).
 		setLimits(t, d, "ch", driver.QueueLimits{KeyRate: 2, KeyRatePeriod: time.Hour})
 		if _, err := d.Rescue(ctx, 100); err != nil {
 			t.Fatal(err)
@@ -250,13 +253,15 @@ func keyRates(t *testing.T, s suite) {
 			t.Fatalf("claimed %d after lowering the rate to 2 and a sweep", len(got.Rows))
 		}
 		setLimits(t, d, "ch", driver.QueueLimits{KeyRate: 6, KeyRatePeriod: time.Hour})
-		if got := claimLimited(t, d, "ch", 20, time.Minute); len(got.Rows) != 4 {
-			t.Fatalf("claimed %d at 6 per hour after a sweep of the slots beyond 2, want 4", len(got.Rows))
+		got = claimLimited(t, d, "ch", 20, time.Minute)
+		if len(got.Rows) != 0 {
+			t.Fatalf("claimed %d at 6 per hour after a sweep, with 6 starts in the window", len(got.Rows))
 		}
+		heldByRate(t, "claim after raising the rate back to 6", got, time.Hour)
 		// Removed: the key's other jobs run at once.
 		setLimits(t, d, "ch", driver.QueueLimits{})
-		if got := claimLimited(t, d, "ch", 20, time.Minute); len(got.Rows) != 2 || got.Held {
-			t.Fatalf("claimed %d (held %v) after removing the rate, want the last 2", len(got.Rows), got.Held)
+		if got := claimLimited(t, d, "ch", 20, time.Minute); len(got.Rows) != 6 || got.Held {
+			t.Fatalf("claimed %d (held %v) after removing the rate, want the last 6", len(got.Rows), got.Held)
 		}
 	})
 

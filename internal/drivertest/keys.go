@@ -433,6 +433,93 @@ func keys(t *testing.T, s suite) {
 		}
 	})
 
+	// The rotation goes on from the key the previous claim stopped at,
+	// not from the last key its walk looked at: a claim of 5 whose first
+	// key has room for all 5 takes them there, and the next claim starts
+	// at the key after it. A walk that looked at 5 keys and left the
+	// cursor at the fifth skipped the other four, and with 10 deep keys
+	// served two of them, turn about, while the other eight waited; so
+	// with the queue's own limits leaving a claim room for fewer jobs
+	// than it looked for.
+	t.Run("RotationFromWhereTheClaimStopped", func(t *testing.T) {
+		d := s.setup(t)
+		var jobs []driver.InsertParams
+		for i := 0; i < 20; i++ {
+			for k := 0; k < 10; k++ {
+				jobs = append(jobs, keyedJob("rs", fmt.Sprintf("k%02d", k), 0))
+			}
+		}
+		insertJobs(t, d, jobs...)
+		setLimits(t, d, "rs", driver.QueueLimits{KeyMaxRunning: 100})
+		var served []string
+		for i := 0; i < 4; i++ {
+			r := claimLimited(t, d, "rs", 5, time.Minute)
+			by := countByKey(r.Rows)
+			if len(r.Rows) != 5 || len(by) != 1 {
+				t.Fatalf("claim %d of 5 took %v, want 5 of one key (room for 100 each)", i+1, by)
+			}
+			for k := range by {
+				served = append(served, k)
+			}
+			for _, row := range r.Rows {
+				completeJob(t, d, row, driver.StateCompleted, 0)
+			}
+		}
+		if want := []string{"k00", "k01", "k02", "k03"}; !slices.Equal(served, want) {
+			t.Fatalf("4 claims of 5 served keys %v in turn, want %v", served, want)
+		}
+		// The queue's concurrency limit leaves each claim room for one.
+		setLimits(t, d, "rs", driver.QueueLimits{KeyMaxRunning: 100, MaxRunning: 1})
+		served = served[:0]
+		for i := 0; i < 4; i++ {
+			r := claimLimited(t, d, "rs", 5, time.Minute)
+			if len(r.Rows) != 1 {
+				t.Fatalf("claim %d took %d at a MaxRunning of 1, want 1", i+1, len(r.Rows))
+			}
+			served = append(served, r.Rows[0].Key)
+			completeJob(t, d, r.Rows[0], driver.StateCompleted, 0)
+		}
+		if want := []string{"k04", "k05", "k06", "k07"}; !slices.Equal(served, want) {
+			t.Fatalf("4 claims of one served keys %v in turn, want %v", served, want)
+		}
+	})
+
+	// A claim whose walk found no key with room within its budget of
+	// keys still moves the rotation past them: the next claim looks at
+	// the keys beyond. Left where it was, every claim looked at the same
+	// busy keys, and a key with room beyond them was never served for as
+	// long as those kept their slots.
+	t.Run("RotationPastBusyKeys", func(t *testing.T) {
+		d := s.setup(t)
+		var jobs []driver.InsertParams
+		for k := 0; k < 150; k++ {
+			key := fmt.Sprintf("k%03d", k)
+			jobs = append(jobs, keyedJob("rb", key, 0), keyedJob("rb", key, 0))
+		}
+		insertJobs(t, d, jobs...)
+		setLimits(t, d, "rb", driver.QueueLimits{KeyMaxRunning: 1})
+		// Every key's slot held, each key with a job left waiting.
+		var held int
+		for i := 0; i < 10 && held < 150; i++ {
+			held += len(claimLimited(t, d, "rb", 150-held, time.Minute).Rows)
+		}
+		if held != 150 {
+			t.Fatalf("claimed %d, want one job of each of the 150 keys", held)
+		}
+		// A key with room, far from the cursor in key order.
+		insertJobs(t, d, keyedJob("rb", "k1000", 0))
+		for i := 0; i < 10; i++ {
+			r := claimLimited(t, d, "rb", 1, time.Minute)
+			if len(r.Rows) == 1 {
+				if r.Rows[0].Key != "k1000" {
+					t.Fatalf("claimed a job of key %s, whose slot is held", r.Rows[0].Key)
+				}
+				return
+			}
+		}
+		t.Fatal("10 claims of one never reached the one key with room beyond 150 busy keys")
+	})
+
 	t.Run("ConcurrentClaimers", func(t *testing.T) {
 		d := s.setup(t)
 		const nKeys, perKey = 8, 15

@@ -284,6 +284,114 @@ func limits(t *testing.T, s suite) {
 		}
 	})
 
+	// A rate lowered and raised again within one window: the starts the
+	// higher rate admitted before the change still count when it comes
+	// back, so that no window holds more starts than the highest rate in
+	// force during it. The lowering deleted the slots beyond the lower
+	// rate with their starts, and the raise made them anew, open: a rate
+	// of 4 admitted 6 starts within the hour.
+	t.Run("RateLoweredAndRaisedInOneWindow", func(t *testing.T) {
+		d := s.setup(t)
+		insert(t, d, "lr", 10)
+		setLimits(t, d, "lr", driver.QueueLimits{Rate: 4, RatePeriod: time.Hour})
+		if r := claimLimited(t, d, "lr", 10, time.Minute); len(r.Rows) != 4 {
+			t.Fatalf("claimed %d at a rate of 4 per hour, want 4", len(r.Rows))
+		}
+		setLimits(t, d, "lr", driver.QueueLimits{Rate: 2, RatePeriod: time.Hour})
+		if r := claimLimited(t, d, "lr", 10, time.Minute); len(r.Rows) != 0 || !r.Held {
+			t.Fatalf("claimed %d (held %v) with 4 starts in the window of a rate lowered to 2, want none, held", len(r.Rows), r.Held)
+		}
+		setLimits(t, d, "lr", driver.QueueLimits{Rate: 4, RatePeriod: time.Hour})
+		if r := claimLimited(t, d, "lr", 10, time.Minute); len(r.Rows) != 0 || !r.Held || r.RetryIn <= time.Minute {
+			t.Fatalf("claimed %d (held %v, retry in %v) with 4 starts in the window of a rate raised back to 4, want none, held for most of the hour", len(r.Rows), r.Held, r.RetryIn)
+		}
+		if u, err := d.LimitUsage(ctx); err != nil || u["lr"].Started != 4 {
+			t.Fatalf("usage %+v, %v; want 4 started", u["lr"], err)
+		}
+		// Raised above what ran: the rest of the window's room.
+		setLimits(t, d, "lr", driver.QueueLimits{Rate: 5, RatePeriod: time.Hour})
+		if r := claimLimited(t, d, "lr", 10, time.Minute); len(r.Rows) != 1 {
+			t.Fatalf("claimed %d at a rate raised to 5 with 4 starts in the window, want 1", len(r.Rows))
+		}
+	})
+
+	// A queue served by key (Fair, or a limit per key) whose own Rate
+	// cut the claim says so (RateFull), with RetryIn until that window
+	// has room: no job of any key starts before, so a claimer need not
+	// claim again sooner (a process waited at most PollMin in a queue
+	// served by key, whatever held it: a claim every 10ms for as long as
+	// the queue's window stayed full). A claim cut by a key's limit while
+	// the queue's window has room is not RateFull.
+	t.Run("RateFullInAQueueServedByKey", func(t *testing.T) {
+		d := s.setup(t)
+		var jobs []driver.InsertParams
+		for i := 0; i < 4; i++ {
+			jobs = append(jobs, keyedJob("rf", "a", 0), keyedJob("rf", "b", 0), keyedJob("rk", "a", 0))
+		}
+		insertJobs(t, d, jobs...)
+		setLimits(t, d, "rf", driver.QueueLimits{Rate: 3, RatePeriod: time.Hour, Fair: true, KeyMaxRunning: 4})
+		r := claimLimited(t, d, "rf", 10, time.Minute)
+		if len(r.Rows) != 3 || !r.Held || !r.RateFull || r.RetryIn < 50*time.Minute {
+			t.Fatalf("claimed %d (held %v, rate full %v, retry in %v) at a rate of 3 per hour, want 3, held by the full window for about the hour", len(r.Rows), r.Held, r.RateFull, r.RetryIn)
+		}
+		r = claimLimited(t, d, "rf", 10, time.Minute)
+		if len(r.Rows) != 0 || !r.Held || !r.RateFull || r.RetryIn < 50*time.Minute {
+			t.Fatalf("claimed %d (held %v, rate full %v, retry in %v) with the window full, want none, held by it for about the hour", len(r.Rows), r.Held, r.RateFull, r.RetryIn)
+		}
+		// Cut by the key's limit, the window with room.
+		setLimits(t, d, "rk", driver.QueueLimits{Rate: 10, RatePeriod: time.Hour, KeyMaxRunning: 2})
+		r = claimLimited(t, d, "rk", 10, time.Minute)
+		if len(r.Rows) != 2 || !r.Held || r.RateFull {
+			t.Fatalf("claimed %d (held %v, rate full %v) of a key limited to 2 with room in the window, want 2, held, the rate not full", len(r.Rows), r.Held, r.RateFull)
+		}
+	})
+
+	// Every claim is a start of the queue's rate, whatever becomes of its
+	// attempt: released (given back unstarted), snoozed, or rescued and
+	// claimed again, the job's next claim is another start, and none
+	// gives its start back to the window.
+	t.Run("RateCountsEveryClaim", func(t *testing.T) {
+		d := s.setup(t)
+		insert(t, d, "ec", 2)
+		setLimits(t, d, "ec", driver.QueueLimits{Rate: 4, RatePeriod: time.Hour})
+		var starts []time.Time
+		claim := func(want int) []*driver.JobRow {
+			t.Helper()
+			r := claimLimited(t, d, "ec", 1, 10*time.Millisecond)
+			if len(r.Rows) != want {
+				t.Fatalf("claim %d: %d rows (held %v), want %d", len(starts)+1, len(r.Rows), r.Held, want)
+			}
+			for _, row := range r.Rows {
+				starts = append(starts, row.AttemptedAt)
+			}
+			return r.Rows
+		}
+		r := claim(1)[0]
+		if n, err := d.Release(ctx, []driver.Lease{{ID: r.ID, Fence: r.Fence}}); err != nil || n != 1 {
+			t.Fatalf("release: %d, %v", n, err)
+		}
+		r = claim(1)[0]
+		o := driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateScheduled}
+		if applied, err := d.Complete(ctx, []driver.Outcome{o}); err != nil || len(applied) != 1 {
+			t.Fatalf("snooze: %v, %v", applied, err)
+		}
+		if _, err := d.Promote(ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+		claim(1) // the snoozed job, or the other
+		time.Sleep(50 * time.Millisecond) // its lease expires
+		if _, err := d.Rescue(ctx, 100); err != nil {
+			t.Fatal(err)
+		}
+		claim(1)
+		if got := claimLimited(t, d, "ec", 10, time.Minute); len(got.Rows) != 0 || !got.Held {
+			t.Fatalf("claimed %d (held %v) after 4 starts at a rate of 4 per hour, want none, held", len(got.Rows), got.Held)
+		}
+		if u, err := d.LimitUsage(ctx); err != nil || u["ec"].Started != 4 {
+			t.Fatalf("usage %+v, %v; want 4 started", u["ec"], err)
+		}
+	})
+
 	// A queue with both limits whose claims the concurrency limit cuts
 	// while its rate window has room: RetryIn stays 0 (a slot frees when
 	// an attempt ends), never the age of the window's oldest start, which

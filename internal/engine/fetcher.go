@@ -345,7 +345,8 @@ func (f *fetcher) room() (n int, ok bool) {
 // the queue has limits (or the engine cannot tell), else through Claim.
 // hold, when positive, is how long to wait before the next claim because
 // the limits held jobs back: the result's RetryIn (the rate; at most
-// PollMin in a queue limited per key), else PollMin (a concurrency slot).
+// PollMin in a queue limited per key, unless the queue's own window is
+// full), else PollMin (a concurrency slot).
 func (f *fetcher) claim(ctx context.Context, limit int) (rows []*driver.JobRow, hold time.Duration, err error) {
 	e := f.e
 	p := driver.ClaimParams{Queue: f.queue, Limit: limit, Lease: e.cfg.Lease, Worker: e.id}
@@ -361,19 +362,20 @@ func (f *fetcher) claim(ctx context.Context, limit int) (rows []*driver.JobRow, 
 	if err != nil || !res.Held {
 		return res.Rows, 0, err
 	}
-	return res.Rows, heldWait(res.RetryIn, e.cfg.PollMin, e.keyLimited(f.queue)), nil
+	return res.Rows, heldWait(res, e.cfg.PollMin, e.keyLimited(f.queue)), nil
 }
 
-// heldWait is how long a claim held back by a queue's limits waits
-// before the next: until the rate's window has room (retryIn), else
+// heldWait is how long a claim held back by a queue's limits (res) waits
+// before the next: until the rate's window has room (res.RetryIn), else
 // pollMin; never less than a millisecond. In a queue limited per key
 // (keyed), a window of one key (KeyRate) says nothing of the queue's
 // other keys, whose slots may free and whose new jobs may come from
 // other processes: the wait is then at most pollMin, as for a key's
-// concurrency slot.
-func heldWait(retryIn, pollMin time.Duration, keyed bool) time.Duration {
-	if retryIn > 0 {
-		if keyed {
+// concurrency slot; but not when the queue's own window is full
+// (res.RateFull), which holds every key until it has room.
+func heldWait(res driver.ClaimResult, pollMin time.Duration, keyed bool) time.Duration {
+	if retryIn := res.RetryIn; retryIn > 0 {
+		if keyed && !res.RateFull {
 			retryIn = min(retryIn, pollMin)
 		}
 		return max(retryIn, time.Millisecond)

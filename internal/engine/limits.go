@@ -37,6 +37,11 @@ type limitCache struct {
 	// job enqueued there may start although the queue's claims are held
 	// back (its key may have room), so an enqueue wakes held claims.
 	keyed map[string]bool
+	// values holds the limits of the limited queues (as of the read),
+	// to tell a change of a limited queue's values made by another
+	// process: its held fetcher may wait for a window the change
+	// shortened or widened (see limitsLoop).
+	values map[string]driver.QueueLimits
 	// at is when the read began: the age of what the cache says of
 	// every queue but those this process changed since.
 	at time.Time
@@ -90,9 +95,11 @@ func (e *Engine) awaitLimits(stop <-chan struct{}) bool {
 func (e *Engine) setLimited(m map[string]driver.QueueLimits, at time.Time) {
 	limited := make(map[string]bool, len(m))
 	keyed := map[string]bool{}
+	values := make(map[string]driver.QueueLimits, len(m))
 	for q, l := range m {
 		if !l.IsZero() {
 			limited[q] = true
+			values[q] = l
 		}
 		if l.HasKeyLimits() {
 			keyed[q] = true
@@ -103,7 +110,7 @@ func (e *Engine) setLimited(m map[string]driver.QueueLimits, at time.Time) {
 	if old := e.limits.Load(); old != nil && (old.at.After(at) || old.changed.After(at)) {
 		return // a later change (LimitsChanged) is already in
 	}
-	e.limits.Store(&limitCache{limited: limited, keyed: keyed, at: at})
+	e.limits.Store(&limitCache{limited: limited, keyed: keyed, values: values, at: at})
 }
 
 // LimitsChanged tells the engine that this process set queue's limits
@@ -125,7 +132,7 @@ func (e *Engine) LimitsChanged(queue string, limited bool) {
 		// The read's age is kept (the rest of the cache is no fresher
 		// for this change); the change is stamped now, so that a read
 		// that began before it does not undo it (setLimited).
-		e.limits.Store(&limitCache{limited: m, keyed: old.keyed, at: old.at, changed: time.Now()})
+		e.limits.Store(&limitCache{limited: m, keyed: old.keyed, values: old.values, at: old.at, changed: time.Now()})
 	}
 	e.limitsMu.Unlock()
 	e.mu.Lock()
@@ -246,7 +253,12 @@ func (e *Engine) limitsClose() {
 
 // limitsLoop reads the limited queues at once and every limitsRefresh.
 // A queue that becomes limited, or no longer is, wakes its fetcher (it
-// may be waiting for a slot, or claim through the other statement now).
+// may be waiting for a slot, or claim through the other statement now);
+// so does a limited queue whose limits changed since the last read: a
+// fetcher held back by a rate sleeps until the window it last read has
+// room, up to a whole period, and a raised or removed rate, or a shorter
+// period, set by another process must not wait that long (on a backend
+// without notifications nothing else tells it).
 func (e *Engine) limitsLoop(ctx context.Context) {
 	for {
 		at := time.Now()
@@ -264,8 +276,8 @@ func (e *Engine) limitsLoop(ctx context.Context) {
 			e.setLimited(m, at)
 			if old != nil {
 				now := e.limits.Load()
-				for q := range now.limited {
-					if !old.limited[q] {
+				for q, l := range m {
+					if !l.IsZero() && (!old.limited[q] || old.values != nil && old.values[q] != l) {
 						e.slotFreed(q)
 					}
 				}

@@ -121,6 +121,39 @@ func TestLimitKeyRateHeldClaimRetriedAtPollMin(t *testing.T) {
 	}
 }
 
+// In a queue served by key (Fair here, with a Rate), a claim held back
+// by the queue's own full window (RateFull) is tried again when that
+// window has room, RetryIn later, not after PollMin: no job of any key
+// starts before. It was tried every PollMin for as long as the window
+// stayed full (up to its whole period).
+func TestLimitQueueRateHeldClaimInKeyedQueueRetriedAfterRetryIn(t *testing.T) {
+	const retryIn = 300 * time.Millisecond
+	d := &fakeDriver{limits: map[string]driver.QueueLimits{"q": {Rate: 1, RatePeriod: time.Second, Fair: true}}}
+	var n atomic.Int64
+	d.claimLimited = func(_ context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
+		if n.Add(1) == 1 {
+			return driver.ClaimResult{Held: true, RetryIn: retryIn, RateFull: true}, nil
+		}
+		return driver.ClaimResult{Rows: d.takePending(p)}, nil
+	}
+	d.add(job(1))
+	ran := make(chan int64, 1)
+	startEngine(t, d, limitConfig(10*time.Millisecond), map[string]Handler{"k": func(_ context.Context, row *driver.JobRow) error {
+		ran <- row.ID
+		return nil
+	}})
+	if id := recv(t, "the job held by the queue's rate to run", ran); id != 1 {
+		t.Fatalf("ran job %d, want 1", id)
+	}
+	cs := d.claimsOf("q")
+	if len(cs) < 2 {
+		t.Fatalf("%d claims, want 2", len(cs))
+	}
+	if gap := cs[1].at.Sub(cs[0].at); gap < retryIn {
+		t.Fatalf("the claim after a hold by the queue's full window came %v after it, want at least RetryIn (%v)", gap, retryIn)
+	}
+}
+
 // When an attempt of a limited queue ends, the completer wakes the
 // queue's fetcher, held back by the concurrency limit: it claims at once,
 // not at its next poll (an hour here).

@@ -143,7 +143,7 @@ func (e *Engine) claimRemote(ctx context.Context, p driver.ClaimParams) (rows []
 		res, err = e.drv.ClaimLimited(cctx, p)
 		rows = res.Rows
 		if res.Held {
-			hold = heldWait(res.RetryIn, e.cfg.PollMin, e.keyLimited(p.Queue))
+			hold = heldWait(res, e.cfg.PollMin, e.keyLimited(p.Queue))
 		}
 	} else {
 		rows, err = e.drv.Claim(cctx, p)

@@ -150,6 +150,10 @@ type keyWalk struct {
 	cont      string
 	contTaken int
 	depth     map[string]int
+	// last is the last key the walk examined (the cursor's key when it
+	// examined none): the next claim's walk starts after it unless the
+	// claim stopped taking jobs at an earlier key (claimKeyedTx).
+	last string
 }
 
 // rateStats is a key's rate slots as key_rate_stats read them: the rows
@@ -164,12 +168,21 @@ type keyStats struct {
 	rows, held, kept int
 }
 
+// moveKeyCursor sets where queue's next keyed claim starts: after
+// at.key, or at it for the rest of its turn when at.taken > 0.
+func (d *Driver) moveKeyCursor(queue string, at fairTurn) {
+	cur := d.keyCursor(queue)
+	cur.mu.Lock()
+	cur.key, cur.taken = at.key, at.taken
+	cur.mu.Unlock()
+}
+
 // walkKeys walks the distinct keys of queue's available keyed jobs in key
 // order from the key after the queue's cursor, wrapping around to the
 // start once, until it has want keys with room or has examined
 // 4*want+64 keys; it makes the candidate keys' missing slots (enough for
-// want attempts each, within the limit and the rate) and moves the cursor
-// to the last key examined. A key has room when it has a slot free
+// want attempts each, within the limit and the rate) and records the last
+// key examined (kw.last); claimKeyedTx moves the cursor. A key has room when it has a slot free
 // (KeyMaxRunning, Ordered; always without them) and a start left in its
 // window (KeyRate; always without one). A Fair walk whose cursor is
 // within a key's turn (the previous claim filled up before the key took
@@ -281,9 +294,10 @@ func (d *Driver) walkKeys(ctx context.Context, queue string, l driver.QueueLimit
 			wrapped, after = true, ""
 		}
 	}
-	cur.mu.Lock()
-	cur.key, cur.taken = last, 0
-	cur.mu.Unlock()
+	// The cursor moves once the claim knows where it stopped
+	// (claimKeyedTx): the walk looks at more keys than a claim may take
+	// from, and a cursor left at the last of them would skip the others.
+	kw.last = last
 	if limit > 0 {
 		if err := d.makeKeySlots(ctx, queue, limit, want, kw.keys, stats); err != nil {
 			return nil, err
@@ -594,6 +608,7 @@ type keySlot struct {
 // their window was full.
 func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimParams, l driver.QueueLimits, kw *keyWalk, k int) (rows []*driver.JobRow, held bool, rated []string, err error) {
 	if len(kw.keys) == 0 {
+		d.moveKeyCursor(p.Queue, fairTurn{key: kw.last})
 		return nil, false, nil, nil
 	}
 	concur, rate := l.KeyMaxRunning > 0, l.KeyRate > 0
@@ -780,14 +795,15 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 			left -= len(extra)
 			last = end
 		}
-		if left == 0 && last.key != "" {
-			// The claim filled up at the turn of last.key: the next
-			// claim goes on after it, or with the rest of its turn.
-			cur := d.keyCursor(p.Queue)
-			cur.mu.Lock()
-			cur.key, cur.taken = last.key, last.taken
-			cur.mu.Unlock()
-		}
+	}
+	if left == 0 && last.key != "" {
+		// The claim filled up at last.key: the next claim goes on after
+		// it (Fair: or with the rest of its turn), not after the keys
+		// the walk looked at beyond it, which this claim did not serve.
+		d.moveKeyCursor(p.Queue, last)
+	} else {
+		// Every key the walk found had its chance.
+		d.moveKeyCursor(p.Queue, fairTurn{key: kw.last})
 	}
 	if len(ids) == 0 {
 		return nil, held, rated, nil

@@ -310,6 +310,13 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 			return driver.ClaimResult{}, err
 		}
 		res.RetryIn = in
+		// Every rate slot it locked taken (or none locked): the window
+		// is full, and no job of the queue starts before it has room,
+		// whatever its key.
+		res.RateFull = len(rows) == len(rslots)
+		if res.RateFull {
+			return res, nil
+		}
 	}
 	return d.keyRateWait(ctx, tx, p.Queue, l, rated, res)
 }
@@ -574,9 +581,12 @@ func (d *Driver) heldEmpty(ctx context.Context, queue string) (driver.ClaimResul
 // SetQueueLimits stores queue's limits (the zero QueueLimits removes
 // them) in one transaction: the limit columns of its queues row (its
 // pause and key weights are kept), the missing slots, and the deletion of
-// free concurrency slots at or beyond MaxRunning and of every rate slot at
-// or beyond Rate. A lowered rate forgets the starts those rate slots
-// recorded, so in the window of the change up to the old rate may start.
+// free concurrency slots at or beyond MaxRunning and of the rate slots at
+// or beyond Rate whose start has left the window (all of them when the
+// rate is removed). A lowered rate counts the starts its first Rate slots
+// recorded, so in the window of the change up to the old rate may start;
+// those beyond it within the window stay, and count again should the
+// rate be raised within it.
 // The concurrency slots at or beyond MaxRunning stay locked until it
 // commits (slot_lock_above).
 func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.QueueLimits) error {
@@ -628,7 +638,7 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 		if _, err := tx.ExecContext(ctx, d.q.SlotTrimC, queue, int64(l.MaxRunning)); err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, d.q.SlotTrimR, queue, int64(l.Rate))
+		_, err = tx.ExecContext(ctx, d.q.SlotTrimR, queue, int64(l.Rate), int64(l.Rate), micros(l.RatePeriod))
 		return err
 	})
 }

@@ -245,3 +245,54 @@ func TestClaimUnderLimitsReadBeforeALoweredLimit(t *testing.T) {
 		})
 	}
 }
+
+// TestRateRetryInWithUnstampedSlotsLocked: a claim that finds the
+// queue's open rate slots locked by another claim is held, and told to
+// claim again soon, not when the oldest start within the window leaves
+// it: a slot that never admitted a start (a rate just set or raised) and
+// that the other claim locks but does not use is open again as soon as
+// that claim ends. It was left out of the wait's reckoning, so the
+// claimer slept up to a whole period (an hour here) while the window had
+// room. (The skip-locked strategy: the optimistic one waits for the
+// other claim instead of skipping its slots.)
+func TestRateRetryInWithUnstampedSlotsLocked(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{}, nil)
+	if d.claimMethod == ClaimOptimistic {
+		t.Skip("the server has no SKIP LOCKED")
+	}
+	if _, err := d.Insert(ctx, limitJobs("nul", 3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "nul", driver.QueueLimits{Rate: 3, RatePeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if rows := claimLimited(t, d, "nul", 1, time.Minute); len(rows) != 1 {
+		t.Fatalf("claimed %d, want 1", len(rows))
+	}
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	// Another claim's lock of the two slots that never admitted a start.
+	rows, err := tx.QueryContext(ctx, "SELECT n FROM `"+d.prefix+"limit_slots` WHERE queue = 'nul' AND type = 'r' AND lkey = '' AND used_at IS NULL FOR UPDATE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	locked := 0
+	for rows.Next() {
+		locked++
+	}
+	rows.Close()
+	if locked != 2 {
+		t.Fatalf("locked %d unstamped slots, want 2", locked)
+	}
+	r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "nul", Limit: 2, Lease: time.Minute, Worker: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Rows) != 0 || !r.Held || r.RetryIn <= 0 || r.RetryIn > time.Second {
+		t.Fatalf("claimed %d (held %v, retry in %v) with the window's open slots locked by another claim, want none, held, retry within a second", len(r.Rows), r.Held, r.RetryIn)
+	}
+}

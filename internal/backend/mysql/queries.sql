@@ -645,10 +645,15 @@ SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND 
 -- name: slot_trim_c
 DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n >= ? AND job_id IS NULL
 
--- Rate slots at or beyond the rate: a lowered rate forgets their starts.
--- (queue, rate.)
+-- Rate slots at or beyond the rate whose start has left the window, or
+-- that never admitted one; all of them when the queue has no rate.
+-- Claims ignore those beyond the rate: a lowered rate counts the starts
+-- of its first slots, and those beyond it within the window stay, so
+-- that a rate raised again within it counts them (no window holds more
+-- starts than the highest rate in force during it). (queue, rate, rate,
+-- period µs.)
 -- name: slot_trim_r
-DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n >= ?
+DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n >= ? AND (? = 0 OR used_at IS NULL OR used_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND)
 
 -- name: queue_limits
 SELECT name, max_running, rate, rate_period_us, key_max_running, key_order, key_rate, key_rate_period_us, key_fair FROM `{p}queues` WHERE max_running IS NOT NULL OR rate IS NOT NULL OR key_max_running IS NOT NULL OR key_rate IS NOT NULL OR key_fair IS NOT NULL
@@ -719,9 +724,11 @@ UPDATE `{p}limit_slots` SET job_id = NULL WHERE job_id = ?{intx}
 UPDATE `{p}limit_slots` SET job_id = CASE n {cases} END, fence = CASE n {cases} END, used_at = CASE n {cases} END WHERE queue = ? AND type = ? AND lkey = '' AND n IN ({ids}) AND (job_id IS NULL OR job_id = ?){intx}
 
 -- How long until the oldest start of the rate's window leaves it, when
--- the rate held jobs back. (period µs, queue, rate.)
+-- the rate held jobs back; 0 when a slot never admitted a start: open,
+-- it was skipped because another claim had it locked, and is open again
+-- once that claim ends unless it took it. (period µs, queue, rate.)
 -- name: slot_retry_in
-SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(used_at) + INTERVAL ? MICROSECOND) FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n < ?
+SELECT IF(COUNT(*) > COUNT(used_at), 0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(used_at) + INTERVAL ? MICROSECOND)) FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n < ?
 
 -- Whether the queue has a due job (a claim the limits cut to nothing is
 -- Held only then). (queue.)
@@ -942,9 +949,11 @@ SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(used_at) + INTERVAL ? MI
 SELECT COUNT(*) FROM (SELECT lkey FROM `{p}limit_slots` WHERE queue = ? AND type = 'w' AND n < ? AND used_at > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND GROUP BY lkey HAVING COUNT(*) >= ?) f
 
 -- The rescue's sweep of rate slots: those stamped longer ago than the
--- period or a minute, whichever is longer, or never, those at or beyond
--- their queue's rate, and those of a queue without a rate per key. A slot
--- stamped within the window is never deleted; one a claim has locked is
--- deleted, if still unstamped, only once that claim ends. (limit.)
+-- period or a minute, whichever is longer, or never, and those of a
+-- queue without a rate per key. A slot stamped within the window is
+-- never deleted, beyond a lowered rate too (claims ignore it), so that
+-- the rate raised again within the window counts its start; one a claim
+-- has locked is deleted, if still unstamped, only once that claim ends.
+-- (limit.)
 -- name: key_rate_trim
-DELETE FROM `{p}limit_slots` WHERE type = 'w' AND NOT EXISTS (SELECT 1 FROM `{p}queues` q WHERE q.name = `{p}limit_slots`.queue AND q.key_rate > 0 AND `{p}limit_slots`.n < q.key_rate AND `{p}limit_slots`.used_at >= UTC_TIMESTAMP(6) - INTERVAL GREATEST(q.key_rate_period_us, 60000000) MICROSECOND) LIMIT ?
+DELETE FROM `{p}limit_slots` WHERE type = 'w' AND NOT EXISTS (SELECT 1 FROM `{p}queues` q WHERE q.name = `{p}limit_slots`.queue AND q.key_rate > 0 AND `{p}limit_slots`.used_at >= UTC_TIMESTAMP(6) - INTERVAL GREATEST(q.key_rate_period_us, 60000000) MICROSECOND) LIMIT ?

@@ -30,7 +30,8 @@ import (
 // at most as many jobs of a key as it locked both free slots and open
 // rate slots of it. No outcome frees a rate slot (the statements that
 // free key slots match the held ones only); Rescue's sweep deletes them
-// once out of the window, or beyond a lowered rate.
+// once out of the window (beyond a lowered rate too: until then a raised
+// rate counts them).
 //
 // A fair queue (Fair) is claimed by the same walk and pick: each key
 // walked takes at most its weight (weights.go) per turn, within what its
@@ -190,6 +191,10 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		}
 	}
 	if len(cand) == 0 {
+		// No key it looked at had room: the next claim looks at the
+		// keys after them, not at the same ones again (a key with room
+		// beyond the walk's budget of busy keys would never be reached).
+		s.walkedPast(p.Queue, w)
 		return nil, takes, held, rated, false, nil
 	}
 	// key_lock and seg_key_pick in one round trip: the heads are read
@@ -281,6 +286,7 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		cnts[k] = n
 	}
 	if len(pkeys) == 0 {
+		s.walkedPast(p.Queue, w)
 		return nil, takes, held, rated, false, nil
 	}
 	// Each key's heads as a pick of its own count would have read them:
@@ -545,6 +551,15 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 		}
 	}
 	return out, takes, held, rated, false, nil
+}
+
+// walkedPast moves queue's cursor to the last key the walk w examined,
+// when it examined any: a claim that took no job of them goes on after
+// them next time.
+func (s *segStore) walkedPast(queue string, w keyWalk) {
+	if len(w.keys) > 0 {
+		s.d.keys.setCursor(queue, w.keys[len(w.keys)-1], 0)
+	}
 }
 
 // claimNoKey claims up to p.Limit jobs without a key of p.Queue, a queue

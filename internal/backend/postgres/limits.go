@@ -355,8 +355,12 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 		// but that another claimer had locked is taken or free again
 		// by then.
 		res.RetryIn = max(time.Duration(us)*time.Microsecond, time.Millisecond)
+		// Every rate slot it locked taken (or none locked): the window
+		// is full, and no job of the queue starts before it has room,
+		// whatever its key.
+		res.RateFull = len(rows) == len(rs)
 	}
-	if keyRetry {
+	if keyRetry && !res.RateFull {
 		// The same floor: a key's open slot another claimer had locked
 		// is taken or open again by then.
 		in := max(time.Duration(keyUS)*time.Microsecond, time.Millisecond)
@@ -449,9 +453,11 @@ func (s *segStore) claimIn(ctx context.Context, tx queryer, v *segView, p driver
 // SetQueueLimits stores queue's limits (the zero QueueLimits removes
 // them) and makes or deletes its slots, in one statement, leaving its
 // pause as it was; it wakes the queue's fetchers in every process. A
-// lowered Rate forgets the starts recorded in the slots it removes: up
-// to the old rate may start within the window of the change; a lowered
-// KeyRate leaves the starts recorded in the rate slots within it.
+// lowered Rate counts the starts recorded in its first Rate slots: up to
+// the old rate may start within the window of the change; the slots
+// beyond it whose start is within the window stay, so that a rate raised
+// again counts them. A lowered KeyRate leaves the starts recorded in the
+// rate slots within it.
 func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.QueueLimits) error {
 	if err := checkKeyRate(l); err != nil {
 		return d.wrap("set limits of queue "+queue, err)

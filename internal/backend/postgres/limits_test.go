@@ -293,3 +293,42 @@ func TestLimitTakeRefusesChangedLimits(t *testing.T) {
 		t.Fatal("another error taken for the limits-changed failure")
 	}
 }
+
+// TestLimitRetryInWithUnstampedSlotsLocked: a claim that finds the
+// queue's open rate slots locked by another claim is held, and told to
+// claim again soon, not when the oldest start within the window leaves
+// it: a slot that never admitted a start (a rate just set or raised) and
+// that the other claim locks but does not use is open again as soon as
+// that claim ends. It was left out of the wait's reckoning, so the
+// claimer slept up to a whole period (an hour here) while the window had
+// room.
+func TestLimitRetryInWithUnstampedSlotsLocked(t *testing.T) {
+	ctx := context.Background()
+	d := open(t, driver.Options{})
+	if _, err := d.Insert(ctx, []driver.InsertParams{pj("nul"), pj("nul"), pj("nul")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetQueueLimits(ctx, "nul", driver.QueueLimits{Rate: 3, RatePeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "nul", Limit: 1, Lease: time.Minute, Worker: "w"}); err != nil || len(r.Rows) != 1 {
+		t.Fatalf("claim: %d rows, %v", len(r.Rows), err)
+	}
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	// Another claim's lock of the two slots that never admitted a start.
+	tag, err := tx.Exec(ctx, "SELECT n FROM "+d.prefix+"limit_slots WHERE queue = 'nul' AND type = 'r' AND used_at IS NULL FOR UPDATE")
+	if err != nil || tag.RowsAffected() != 2 {
+		t.Fatalf("lock the unstamped slots: %v, %v", tag, err)
+	}
+	r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "nul", Limit: 2, Lease: time.Minute, Worker: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Rows) != 0 || !r.Held || r.RetryIn <= 0 || r.RetryIn > time.Second {
+		t.Fatalf("claimed %d (held %v, retry in %v) with the window's open slots locked by another claim, want none, held, retry within a second", len(r.Rows), r.Held, r.RetryIn)
+	}
+}

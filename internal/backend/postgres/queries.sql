@@ -195,9 +195,14 @@ SET plan_cache_mode = force_generic_plan
 -- them; the ones a change leaves unused are deleted by Rescue's sweep. Upserts the queue's limit columns only (its pause stays), makes
 -- the missing slots (concurrency 0..$2-1, rate 0..$3-1), deletes the free
 -- concurrency slots at or above $2 (held ones stay until their attempt
--- ends: rescue deletes them once free) and every rate slot at or above
--- $3 (a lowered rate forgets the starts they recorded, so that up to the
--- old rate may start in the window of the change), and wakes the queue's
+-- ends: rescue deletes them once free) and the rate slots at or above $3
+-- whose start has left the window of $4, or that never admitted one (all
+-- of them when $3 is 0). Claims ignore the rate slots at or above $3: a
+-- lowered rate counts the starts of its first $3, so that up to the old
+-- rate may start in the window of the change, and the slots beyond it
+-- that stay, within the window, count again if the rate is raised within
+-- it (no window holds more starts than the highest rate in force during
+-- it). It wakes the queue's
 -- fetchers in every process. One statement: one transaction. The rows it
 -- inserts and deletes are disjoint. It locks every concurrency slot at or
 -- above $2, held or not, until it commits: an attempt holding one cannot
@@ -236,7 +241,10 @@ mk AS (
 del AS (
     DELETE FROM {p}limit_slots s
      WHERE s.queue = $1 AND s.lkey = ''
-       AND ((s.type = 'c' AND s.n IN (SELECT n FROM lk) AND s.job_id IS NULL) OR (s.type = 'r' AND s.n >= $3::int))
+       AND ((s.type = 'c' AND s.n IN (SELECT n FROM lk) AND s.job_id IS NULL)
+            OR (s.type = 'r' AND s.n >= $3::int
+                AND ($3::int = 0 OR s.used_at IS NULL
+                     OR s.used_at <= now() - $4::bigint * interval '1 microsecond')))
 )
 SELECT pg_notify('{p}wake', name) FROM up
 
@@ -422,10 +430,14 @@ SELECT (CASE WHEN coalesce((SELECT coalesce(max_running, 0) = $6::int AND coales
 -- $1 queue, $2 rate, $3 rate period in microseconds: the microseconds
 -- until the oldest start recorded in the queue's rate slots leaves the
 -- window (by the transaction's now(): after limit_take, it sees its
--- stamps).
-SELECT coalesce((extract(epoch FROM min(used_at) + $3::bigint * interval '1 microsecond' - now()) * 1000000)::bigint, 0)
+-- stamps); 0 when a slot never admitted a start: open, it was skipped
+-- because another claim had it locked, and is open again once that
+-- claim ends unless it took it.
+SELECT CASE WHEN bool_or(used_at IS NULL) THEN 0
+            ELSE coalesce((extract(epoch FROM min(used_at) + $3::bigint * interval '1 microsecond' - now()) * 1000000)::bigint, 0)
+       END
   FROM {p}limit_slots
- WHERE queue = $1 AND type = 'r' AND lkey = '' AND n < $2::int AND used_at IS NOT NULL
+ WHERE queue = $1 AND type = 'r' AND lkey = '' AND n < $2::int
 
 -- name: key_lock
 -- The keyed claim, in its transaction: the open slots of queue $1's keys

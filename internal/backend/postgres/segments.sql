@@ -604,8 +604,10 @@ del AS (
 -- their queue's KeyMaxRunning, or of a queue without key limits, are
 -- deleted (claims make them again when they need them). Rate slots
 -- (negative n, never held) are deleted unless their queue has a rate per
--- key that they are within and they were stamped within the longer of
--- its period and a minute: a slot stamped within the period stays.
+-- key and they were stamped within the longer of its period and a
+-- minute: a slot stamped within the period stays, beyond a lowered rate
+-- too (claims ignore it), so that the rate raised again within the
+-- window counts its start.
 kc AS MATERIALIZED (
     SELECT s.queue, s.lkey, s.n, s.job_id, s.fence FROM {p}key_slots s
      WHERE s.fence IS NOT NULL AND (SELECT same FROM reg)
@@ -630,7 +632,7 @@ kdel AS (
             OR (s.n < 0
                 AND NOT EXISTS (
                     SELECT 1 FROM {p}queues q
-                     WHERE q.name = s.queue AND s.n >= -q.key_rate
+                     WHERE q.name = s.queue AND q.key_rate > 0
                        AND s.used_at >= now() - greatest(q.key_rate_period_us * interval '1 microsecond',
                                                          interval '1 minute'))))
 ),

@@ -162,15 +162,19 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 	}
 	if res.Held && rateCut {
 		var in int64
-		if err := tx.StmtContext(ctx, ls.retryIn).QueryRowContext(ctx, p.Queue, period).Scan(&in); err != nil {
+		if err := tx.StmtContext(ctx, ls.retryIn).QueryRowContext(ctx, p.Queue, period, rate).Scan(&in); err != nil {
 			return res, fmt.Errorf("read the rate's window: %w", err)
 		}
 		// The window is full (the rate cut the claim), so its oldest
 		// start leaves it in at most one period: at least a millisecond,
 		// the clock's resolution, for a start leaving it now.
 		res.RetryIn = max(time.Duration(in)*time.Microsecond, time.Millisecond)
+		// Every free rate slot taken (or none was): the window is full,
+		// and no job of the queue starts before it has room, whatever
+		// its key.
+		res.RateFull = len(res.Rows) == k
 	}
-	if keyRetryIn > 0 && (res.RetryIn == 0 || keyRetryIn < res.RetryIn) {
+	if keyRetryIn > 0 && !res.RateFull && (res.RetryIn == 0 || keyRetryIn < res.RetryIn) {
 		res.RetryIn = keyRetryIn
 	}
 	return res, nil
@@ -208,11 +212,13 @@ func takeRateSlots(ctx context.Context, tx *sql.Tx, ls *limitStmts, queue string
 
 // SetQueueLimits stores queue's limits (the zero QueueLimits removes
 // them) and, in the same transaction, creates the rate slots they need
-// and deletes those they no longer do, above Rate. A lowered rate
-// forgets the starts recorded in the rate slots it deletes, so within the
-// window of the change it may admit up to the old rate. MaxRunning needs
-// no row: claims count the queue's running jobs. The queue's pause is
-// kept.
+// and deletes those they no longer do, at or above Rate: those whose
+// start has left the window, and all of them when the rate is removed.
+// A lowered rate counts the starts recorded in its first Rate slots, so
+// within the window of the change it may admit up to the old rate; the
+// slots beyond it within the window stay, so that the rate raised again
+// counts their starts. MaxRunning needs no row: claims count the queue's
+// running jobs. The queue's pause is kept.
 //
 // Key limits are stored as key_max_running (1 when Ordered) and
 // key_order; their slot rows are made by the claims that need them. A
@@ -223,9 +229,9 @@ func takeRateSlots(ctx context.Context, tx *sql.Tx, ls *limitStmts, queue string
 //
 // A rate per key is stored as key_rate and key_rate_period_us; its rate
 // slots are made by the claims that need them and are not touched here:
-// those beyond a lowered KeyRate are ignored by claims, and Rescue's
-// sweep deletes them (forgetting the starts they recorded) with those of
-// a removed one.
+// those beyond a lowered KeyRate are ignored by claims (and counted
+// again if it is raised), and Rescue's sweep deletes them once their
+// start has left the window, and those of a removed one.
 //
 // Fair is stored as key_fair (1, or NULL); it needs no slot. The queue's
 // key weights (SetKeyWeights) are kept.
@@ -262,7 +268,7 @@ func (d *Driver) SetQueueLimits(ctx context.Context, queue string, l driver.Queu
 		if _, err := tx.ExecContext(ctx, d.q.AddLimitSlots, queue, "r", l.Rate); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, d.q.DropLimitSlots, queue, l.Rate)
+		_, err := tx.ExecContext(ctx, d.q.DropLimitSlots, queue, l.Rate, period)
 		return err
 	})
 	if err != nil {

@@ -614,14 +614,18 @@ SELECT ?1, ?2, '', n FROM s WHERE n < ?3
 ON CONFLICT DO NOTHING
 
 -- name: drop_limit_slots
--- ?1 queue, ?2 rate (0 for none). Rate slots above the rate go with the
--- starts they recorded, so a lowered rate may admit up to the old rate
--- within the window of the change; so do concurrency slots an earlier
--- version made (migration 16 deleted those there were), which nothing
--- reads.
+-- ?1 queue, ?2 rate (0 for none), ?3 its period in microseconds. Rate
+-- slots at or above the rate are ignored by claims; those whose start
+-- has left the window (or that never admitted one) are deleted, and
+-- every one when the queue has no rate. Those within it stay, so that a
+-- rate raised again within the window counts their starts: no window
+-- holds more starts than the highest rate in force during it. So do
+-- concurrency slots an earlier version made (migration 16 deleted those
+-- there were), which nothing reads.
 DELETE FROM {p}limit_slots
  WHERE queue = ?1 AND lkey = ''
-   AND (type = 'c' OR (type = 'r' AND n >= ?2))
+   AND (type = 'c'
+        OR (type = 'r' AND n >= ?2 AND (?2 = 0 OR used_at IS NULL OR used_at <= {now} - ?3)))
 
 -- name: queue_limits
 SELECT name, coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0),
@@ -669,10 +673,11 @@ SELECT EXISTS (SELECT 1 FROM {p}jobs WHERE state = 'available' AND queue = ?1)
    AND NOT EXISTS (SELECT 1 FROM {p}queues WHERE name = ?1 AND paused_at IS NOT NULL)
 
 -- name: rate_retry_in
--- ?1 queue, ?2 period in microseconds: how long until the oldest start
--- recorded in the queue's rate slots leaves the window.
+-- ?1 queue, ?2 period in microseconds, ?3 rate: how long until the
+-- oldest start recorded in the queue's rate slots below the rate leaves
+-- the window.
 SELECT coalesce(min(used_at) + ?2 - {now}, 0) FROM {p}limit_slots
- WHERE queue = ?1 AND type = 'r' AND lkey = '' AND used_at IS NOT NULL
+ WHERE queue = ?1 AND type = 'r' AND lkey = '' AND n < ?3 AND used_at IS NOT NULL
 
 -- name: limit_usage
 -- Every limited queue's limits, for a concurrency limit its running jobs
@@ -687,9 +692,11 @@ SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_
                    WHERE j.queue = q.name AND j.state = 'running')
             ELSE 0 END,
        (SELECT count(*) FROM {p}limit_slots AS s
-         WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.used_at > n.now - q.rate_period_us),
+         WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate
+           AND s.used_at > n.now - q.rate_period_us),
        (SELECT min(s.used_at) FROM {p}limit_slots AS s
-         WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.used_at > n.now - q.rate_period_us),
+         WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate
+           AND s.used_at > n.now - q.rate_period_us),
        (SELECT count(DISTINCT s.lkey) FROM {p}key_slots AS s
          WHERE s.queue = q.name AND s.job_id IS NOT NULL),
        n.now,
@@ -949,14 +956,14 @@ DELETE FROM {p}key_slots
 
 -- name: sweep_key_rate_slots
 -- Deletes the rate slots stamped more than max(period, a minute) ago (or
--- never), those beyond their queue's key_rate, and those of a queue
--- without one: claims make them again, open, when they need them. A slot
--- stamped within the period stays.
+-- never), and those of a queue without a rate per key: claims make them
+-- again, open, when they need them. A slot stamped within the period
+-- stays, beyond a lowered key_rate too (claims ignore it), so that the
+-- rate raised again within the window counts its start.
 DELETE FROM {p}key_slots
  WHERE n < 0
    AND NOT EXISTS (SELECT 1 FROM {p}queues AS q
                     WHERE q.name = {p}key_slots.queue AND q.key_rate > 0
-                      AND {p}key_slots.n >= -q.key_rate
                       AND {p}key_slots.used_at >= {now} - max(q.key_rate_period_us, 60000000))
 
 -- name: key_held
