@@ -672,7 +672,13 @@ func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*
 // claimOptimisticTx is claimOptimistic inside tx, or with autocommit
 // statements (each retried on its own) when tx is nil. Inside tx, the
 // rows it took stay locked until tx ends and an error is returned at
-// once, for the caller to retry the whole transaction.
+// once, for the caller to retry the whole transaction. Without tx, each
+// UPDATE that took rows has committed them as claimed (running, an
+// attempt used): a later failure (of a further round, or ctx's end) must
+// not drop them, or they would wait for their lease to expire, and a
+// job on its last attempt would be discarded without having run. The
+// claim then ends with the rows taken so far, read back even if ctx has
+// ended.
 func (d *Driver) claimOptimisticTx(ctx context.Context, tx *sql.Tx, p driver.ClaimParams) ([]*driver.JobRow, error) {
 	run := func(op string, fn func() error) error {
 		if tx != nil {
@@ -688,7 +694,21 @@ func (d *Driver) claimOptimisticTx(ctx context.Context, tx *sql.Tx, p driver.Cla
 	var cand []int64
 	var floor sql.NullInt64
 	got := 0
-	for round := 0; round < claimRounds && got < p.Limit; round++ {
+	// fail returns err, or, without tx, ends the rounds when rows may
+	// be taken already (see above), keeping err in failed.
+	// uncertain: an UPDATE failed without tx, and may have taken rows all
+	// the same (its answer lost, or ctx ended while the server ran it):
+	// its pick is read back by token with the rest.
+	stop, uncertain := false, false
+	var failed error
+	fail := func(err error) error {
+		if tx == nil && (got > 0 || uncertain) {
+			stop, failed = true, err
+			return nil
+		}
+		return err
+	}
+	for round := 0; round < claimRounds && got < p.Limit && !stop; round++ {
 		want := p.Limit - got
 		n := want
 		if random {
@@ -712,10 +732,16 @@ func (d *Driver) claimOptimisticTx(ctx context.Context, tx *sql.Tx, p driver.Cla
 			return rows.Err()
 		})
 		if err != nil {
-			return nil, err
+			if err = fail(err); err != nil {
+				return nil, err
+			}
+			break
 		}
 		if len(window) == 0 {
 			break
+		}
+		if d.claimStep != nil {
+			d.claimStep("window")
 		}
 		if !floor.Valid {
 			// A new primary, or a failback: take the next epoch first.
@@ -730,7 +756,10 @@ func (d *Driver) claimOptimisticTx(ctx context.Context, tx *sql.Tx, p driver.Cla
 				err = d.inTx(ctx, "claim", take)
 			}
 			if err != nil {
-				return nil, err
+				if err = fail(err); err != nil {
+					return nil, err
+				}
+				break
 			}
 		}
 		pick := window
@@ -753,7 +782,17 @@ func (d *Driver) claimOptimisticTx(ctx context.Context, tx *sql.Tx, p driver.Cla
 			return err
 		})
 		if err != nil {
-			return nil, err
+			if tx == nil {
+				cand = append(cand, pick...)
+				uncertain = true
+			}
+			if err = fail(err); err != nil {
+				return nil, err
+			}
+			break
+		}
+		if took > 0 && d.claimStep != nil {
+			d.claimStep("taken")
 		}
 		got += int(took)
 		cand = append(cand, pick...)
@@ -764,24 +803,44 @@ func (d *Driver) claimOptimisticTx(ctx context.Context, tx *sql.Tx, p driver.Cla
 		d.contendedUntil.Store(time.Now().Add(contendedFor).UnixNano())
 		random = true
 	}
-	if got == 0 {
+	if got == 0 && !uncertain {
 		return nil, nil
+	}
+	rctx := ctx
+	if tx == nil {
+		// The rows are claimed: read them back even if ctx has ended.
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
 	}
 	out := make([]*driver.JobRow, 0, got)
 	for off := 0; off < len(cand); off += maxBucket {
 		part := cand[off:min(off+maxBucket, len(cand))]
 		q, args, cache := d.inList(d.q.ClaimByToken, part, token[:])
-		rows, err := d.query(ctx, tx, cache, q, args...)
-		if err != nil {
-			return nil, d.wrap("claim", err)
+		var js []*driver.JobRow
+		read := func() error {
+			rows, err := d.query(rctx, tx, cache, q, args...)
+			if err != nil {
+				return err
+			}
+			js, err = scanJobs(rows)
+			return err
 		}
-		js, err := scanJobs(rows)
+		var err error
+		if tx != nil {
+			err = d.wrap("claim", read())
+		} else {
+			err = d.retry(rctx, "claim", read)
+		}
 		if err != nil {
-			return nil, d.wrap("claim", err)
+			return nil, err
 		}
 		out = append(out, js...)
 	}
-	if len(out) != got {
+	switch {
+	case len(out) == 0 && failed != nil:
+		return nil, failed
+	case !uncertain && len(out) != got:
 		return nil, fmt.Errorf("conveyor/mysql: claim: took %d rows but read back %d", got, len(out))
 	}
 	return out, nil
