@@ -560,14 +560,20 @@ func claimsBefore(prio int, sched time.Time, id int64, j *driver.JobRow) bool {
 func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur *claimCursor) ([]*driver.JobRow, error) {
 	var out []*driver.JobRow
 	q, qargs, st := cur.query(d, p)
-	began := time.Now()
+	// took counts from when the transaction had a connection: a wait for
+	// the pool (or a retry's backoff) is no part of the read's cost, and
+	// counted in it would space the next read of the front (frontAfter)
+	// by twice the wait.
+	var took time.Duration
 	err := d.inTx(ctx, "claim", func(tx *sql.Tx) error {
+		began := time.Now()
 		from := leaseFrom()
 		var err error
 		out, err = d.claimLockedTx(ctx, tx, p, q, qargs)
 		for _, j := range out {
 			j.LeaseFrom = from
 		}
+		took = time.Since(began)
 		return err
 	})
 	if err != nil {
@@ -576,7 +582,7 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 		cur.mu.Unlock()
 		return nil, err
 	}
-	cur.advance(out, p.Limit, st, time.Since(began))
+	cur.advance(out, p.Limit, st, took)
 	return out, nil
 }
 
