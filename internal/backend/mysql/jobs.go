@@ -436,10 +436,17 @@ func (d *Driver) claimCursor(queue string) *claimCursor {
 
 // before moves the cursor back so that the next claim resumes at job j
 // (a job just made available), if j comes before it in claim order.
+// Without a position yet (the queue's first claim, or the first after a
+// failed one, may be running from the front and set one past j), the
+// next claim reads the front.
 func (c *claimCursor) before(j *driver.JobRow) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.valid && claimsBefore(j.Priority, j.ScheduledAt, j.ID, &driver.JobRow{Priority: c.prio, ScheduledAt: c.sched, ID: c.id}) {
+	if !c.valid {
+		c.marked++
+		return
+	}
+	if claimsBefore(j.Priority, j.ScheduledAt, j.ID, &driver.JobRow{Priority: c.prio, ScheduledAt: c.sched, ID: c.id}) {
 		c.prio, c.sched, c.id = j.Priority, j.ScheduledAt, j.ID-1
 		c.moved++
 	}
@@ -543,6 +550,17 @@ func (c *claimCursor) advance(rows []*driver.JobRow, limit int, st claimStart, t
 	c.valid, c.prio, c.sched, c.id = true, last.Priority, last.ScheduledAt, last.ID
 }
 
+// failed records a claim that failed: the rows it had locked, which
+// concurrent claims skipped, are available again, so the next claim
+// reads the front, even if a concurrent claim ends after this one and
+// moves the cursor past them.
+func (c *claimCursor) failed() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.valid = false
+	c.marked++
+}
+
 // claimsBefore reports whether the key (prio, sched, id) comes before
 // job j's in claim order.
 func claimsBefore(prio int, sched time.Time, id int64, j *driver.JobRow) bool {
@@ -577,9 +595,7 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 		return err
 	})
 	if err != nil {
-		cur.mu.Lock()
-		cur.valid = false
-		cur.mu.Unlock()
+		cur.failed()
 		return nil, err
 	}
 	cur.advance(out, p.Limit, st, took)
