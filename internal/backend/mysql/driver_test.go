@@ -945,3 +945,24 @@ func TestClaimCursorAfterAFailedClaim(t *testing.T) {
 		t.Fatalf("claim after the failed one: %s after job %d, want front", q, c.id)
 	}
 }
+
+// TestClaimCursorInsertBeforeItIsSet: a job of a higher priority
+// inserted by this process while the queue's first claim runs from the
+// front, before the cursor holds a position, is claimed by the next
+// claim: that claim reads the front again instead of resuming after the
+// first claim's last job.
+func TestClaimCursorInsertBeforeItIsSet(t *testing.T) {
+	d := &Driver{q: queries{ClaimSelect: "front", ClaimSelectAfter: "after"}}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	key := func(id int64, prio int) *driver.JobRow {
+		return &driver.JobRow{ID: id, Priority: prio, ScheduledAt: t0}
+	}
+	c := d.claimCursor("q")
+	p := driver.ClaimParams{Queue: "q", Limit: 2}
+	_, _, st := c.query(d, p)
+	d.behindInserted([]driver.InsertParams{{Queue: "q", Priority: 0}})
+	c.advance([]*driver.JobRow{key(1, 5), key(2, 5)}, 2, st, 0)
+	if q, _, _ := c.query(d, p); q != "front" {
+		t.Fatalf("claim after the insert: %s after job %d, want front", q, c.id)
+	}
+}

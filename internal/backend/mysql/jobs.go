@@ -475,9 +475,10 @@ func (d *Driver) behindAll() {
 // before their queue's cursor: a job with a run_at (which may be past) or
 // a priority ahead of the cursor's. The scheduled_at of other new jobs is
 // the database's clock at the insert, so they sort after the cursor unless
-// their insert committed after a claim took a job inserted later. It
-// also ends the skip of the jobs without a key in their queues (see
-// driver.QueueSkip).
+// their insert committed after a claim took a job inserted later. Before
+// the cursor holds a position, every insert is marked: a claim running
+// from the front may set one past the job. It also ends the skip of the
+// jobs without a key in their queues (see driver.QueueSkip).
 func (d *Driver) behindInserted(jobs []driver.InsertParams) {
 	d.noKeyless.ForgetKeyless(jobs)
 	for i := range jobs {
@@ -488,7 +489,7 @@ func (d *Driver) behindInserted(jobs []driver.InsertParams) {
 		}
 		cur := c.(*claimCursor)
 		cur.mu.Lock()
-		if cur.valid && (!j.RunAt.IsZero() || j.Priority < cur.prio) {
+		if !cur.valid || !j.RunAt.IsZero() || j.Priority < cur.prio {
 			cur.marked++
 		}
 		cur.mu.Unlock()
