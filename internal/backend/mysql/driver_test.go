@@ -893,3 +893,76 @@ func TestClaimCursorMovedBackDuringClaim(t *testing.T) {
 		t.Fatalf("claim after the move back: %s, cursor at job %d, want after and job 6", q, c.id)
 	}
 }
+
+// TestClaimCursorMovedBackBeforeItIsSet: a job promoted or rescued while
+// the queue's first claim (or the first after a failed one) runs from
+// the front, before the cursor holds a position, is claimed by the next
+// claim: that claim reads the front again instead of resuming after the
+// first claim's last job, which may be past the promoted one.
+func TestClaimCursorMovedBackBeforeItIsSet(t *testing.T) {
+	d := &Driver{q: queries{ClaimSelect: "front", ClaimSelectAfter: "after"}}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	key := func(id int64, at time.Duration) *driver.JobRow {
+		return &driver.JobRow{ID: id, Priority: 1, ScheduledAt: t0.Add(at)}
+	}
+	c := &claimCursor{}
+	p := driver.ClaimParams{Queue: "q", Limit: 2}
+	q, _, st := c.query(d, p)
+	if q != "front" {
+		t.Fatalf("first claim: %s, want front", q)
+	}
+	// While it runs, job 3, scheduled before the jobs it takes, is
+	// promoted (committed after the claim's read).
+	c.before(key(3, 0))
+	c.advance([]*driver.JobRow{key(4, time.Second), key(5, 2*time.Second)}, 2, st, 0)
+	if q, _, _ := c.query(d, p); q != "front" {
+		t.Fatalf("claim after the promotion: %s after job %d, want front", q, c.id)
+	}
+}
+
+// TestClaimCursorAfterAFailedClaim: the rows a failed claim had locked
+// are available again, and a concurrent claim skipped them: when that
+// claim ends after the failure, the next claim still reads the front
+// instead of resuming past them.
+func TestClaimCursorAfterAFailedClaim(t *testing.T) {
+	d := &Driver{q: queries{ClaimSelect: "front", ClaimSelectAfter: "after"}}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	key := func(id int64, at time.Duration) *driver.JobRow {
+		return &driver.JobRow{ID: id, Priority: 1, ScheduledAt: t0.Add(at)}
+	}
+	c := &claimCursor{}
+	p := driver.ClaimParams{Queue: "q", Limit: 2}
+	_, _, st := c.query(d, p)
+	c.advance([]*driver.JobRow{key(1, 0), key(2, time.Second)}, 2, st, 0)
+	// Two claims resume after job 2: the first locks jobs 3 and 4, the
+	// second skips them and takes 5 and 6; the first fails, then the
+	// second ends.
+	c.query(d, p) // the first
+	_, _, st2 := c.query(d, p)
+	c.failed()
+	c.advance([]*driver.JobRow{key(5, 4*time.Second), key(6, 5*time.Second)}, 2, st2, 0)
+	if q, _, _ := c.query(d, p); q != "front" {
+		t.Fatalf("claim after the failed one: %s after job %d, want front", q, c.id)
+	}
+}
+
+// TestClaimCursorInsertBeforeItIsSet: a job of a higher priority
+// inserted by this process while the queue's first claim runs from the
+// front, before the cursor holds a position, is claimed by the next
+// claim: that claim reads the front again instead of resuming after the
+// first claim's last job.
+func TestClaimCursorInsertBeforeItIsSet(t *testing.T) {
+	d := &Driver{q: queries{ClaimSelect: "front", ClaimSelectAfter: "after"}}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	key := func(id int64, prio int) *driver.JobRow {
+		return &driver.JobRow{ID: id, Priority: prio, ScheduledAt: t0}
+	}
+	c := d.claimCursor("q")
+	p := driver.ClaimParams{Queue: "q", Limit: 2}
+	_, _, st := c.query(d, p)
+	d.behindInserted([]driver.InsertParams{{Queue: "q", Priority: 0}})
+	c.advance([]*driver.JobRow{key(1, 5), key(2, 5)}, 2, st, 0)
+	if q, _, _ := c.query(d, p); q != "front" {
+		t.Fatalf("claim after the insert: %s after job %d, want front", q, c.id)
+	}
+}

@@ -436,10 +436,17 @@ func (d *Driver) claimCursor(queue string) *claimCursor {
 
 // before moves the cursor back so that the next claim resumes at job j
 // (a job just made available), if j comes before it in claim order.
+// Without a position yet (the queue's first claim, or the first after a
+// failed one, may be running from the front and set one past j), the
+// next claim reads the front.
 func (c *claimCursor) before(j *driver.JobRow) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.valid && claimsBefore(j.Priority, j.ScheduledAt, j.ID, &driver.JobRow{Priority: c.prio, ScheduledAt: c.sched, ID: c.id}) {
+	if !c.valid {
+		c.marked++
+		return
+	}
+	if claimsBefore(j.Priority, j.ScheduledAt, j.ID, &driver.JobRow{Priority: c.prio, ScheduledAt: c.sched, ID: c.id}) {
 		c.prio, c.sched, c.id = j.Priority, j.ScheduledAt, j.ID-1
 		c.moved++
 	}
@@ -468,9 +475,10 @@ func (d *Driver) behindAll() {
 // before their queue's cursor: a job with a run_at (which may be past) or
 // a priority ahead of the cursor's. The scheduled_at of other new jobs is
 // the database's clock at the insert, so they sort after the cursor unless
-// their insert committed after a claim took a job inserted later. It
-// also ends the skip of the jobs without a key in their queues (see
-// driver.QueueSkip).
+// their insert committed after a claim took a job inserted later. Before
+// the cursor holds a position, every insert is marked: a claim running
+// from the front may set one past the job. It also ends the skip of the
+// jobs without a key in their queues (see driver.QueueSkip).
 func (d *Driver) behindInserted(jobs []driver.InsertParams) {
 	d.noKeyless.ForgetKeyless(jobs)
 	for i := range jobs {
@@ -481,7 +489,7 @@ func (d *Driver) behindInserted(jobs []driver.InsertParams) {
 		}
 		cur := c.(*claimCursor)
 		cur.mu.Lock()
-		if cur.valid && (!j.RunAt.IsZero() || j.Priority < cur.prio) {
+		if !cur.valid || !j.RunAt.IsZero() || j.Priority < cur.prio {
 			cur.marked++
 		}
 		cur.mu.Unlock()
@@ -543,6 +551,17 @@ func (c *claimCursor) advance(rows []*driver.JobRow, limit int, st claimStart, t
 	c.valid, c.prio, c.sched, c.id = true, last.Priority, last.ScheduledAt, last.ID
 }
 
+// failed records a claim that failed: the rows it had locked, which
+// concurrent claims skipped, are available again, so the next claim
+// reads the front, even if a concurrent claim ends after this one and
+// moves the cursor past them.
+func (c *claimCursor) failed() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.valid = false
+	c.marked++
+}
+
 // claimsBefore reports whether the key (prio, sched, id) comes before
 // job j's in claim order.
 func claimsBefore(prio int, sched time.Time, id int64, j *driver.JobRow) bool {
@@ -560,23 +579,27 @@ func claimsBefore(prio int, sched time.Time, id int64, j *driver.JobRow) bool {
 func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur *claimCursor) ([]*driver.JobRow, error) {
 	var out []*driver.JobRow
 	q, qargs, st := cur.query(d, p)
-	began := time.Now()
+	// took counts from when the transaction had a connection: a wait for
+	// the pool (or a retry's backoff) is no part of the read's cost, and
+	// counted in it would space the next read of the front (frontAfter)
+	// by twice the wait.
+	var took time.Duration
 	err := d.inTx(ctx, "claim", func(tx *sql.Tx) error {
+		began := time.Now()
 		from := leaseFrom()
 		var err error
 		out, err = d.claimLockedTx(ctx, tx, p, q, qargs)
 		for _, j := range out {
 			j.LeaseFrom = from
 		}
+		took = time.Since(began)
 		return err
 	})
 	if err != nil {
-		cur.mu.Lock()
-		cur.valid = false
-		cur.mu.Unlock()
+		cur.failed()
 		return nil, err
 	}
-	cur.advance(out, p.Limit, st, time.Since(began))
+	cur.advance(out, p.Limit, st, took)
 	return out, nil
 }
 
@@ -672,7 +695,13 @@ func (d *Driver) claimOptimistic(ctx context.Context, p driver.ClaimParams) ([]*
 // claimOptimisticTx is claimOptimistic inside tx, or with autocommit
 // statements (each retried on its own) when tx is nil. Inside tx, the
 // rows it took stay locked until tx ends and an error is returned at
-// once, for the caller to retry the whole transaction.
+// once, for the caller to retry the whole transaction. Without tx, each
+// UPDATE that took rows has committed them as claimed (running, an
+// attempt used): a later failure (of a further round, or ctx's end) must
+// not drop them, or they would wait for their lease to expire, and a
+// job on its last attempt would be discarded without having run. The
+// claim then ends with the rows taken so far, read back even if ctx has
+// ended.
 func (d *Driver) claimOptimisticTx(ctx context.Context, tx *sql.Tx, p driver.ClaimParams) ([]*driver.JobRow, error) {
 	run := func(op string, fn func() error) error {
 		if tx != nil {
@@ -688,7 +717,21 @@ func (d *Driver) claimOptimisticTx(ctx context.Context, tx *sql.Tx, p driver.Cla
 	var cand []int64
 	var floor sql.NullInt64
 	got := 0
-	for round := 0; round < claimRounds && got < p.Limit; round++ {
+	// fail returns err, or, without tx, ends the rounds when rows may
+	// be taken already (see above), keeping err in failed.
+	// uncertain: an UPDATE failed without tx, and may have taken rows all
+	// the same (its answer lost, or ctx ended while the server ran it):
+	// its pick is read back by token with the rest.
+	stop, uncertain := false, false
+	var failed error
+	fail := func(err error) error {
+		if tx == nil && (got > 0 || uncertain) {
+			stop, failed = true, err
+			return nil
+		}
+		return err
+	}
+	for round := 0; round < claimRounds && got < p.Limit && !stop; round++ {
 		want := p.Limit - got
 		n := want
 		if random {
@@ -712,10 +755,16 @@ func (d *Driver) claimOptimisticTx(ctx context.Context, tx *sql.Tx, p driver.Cla
 			return rows.Err()
 		})
 		if err != nil {
-			return nil, err
+			if err = fail(err); err != nil {
+				return nil, err
+			}
+			break
 		}
 		if len(window) == 0 {
 			break
+		}
+		if d.claimStep != nil {
+			d.claimStep("window")
 		}
 		if !floor.Valid {
 			// A new primary, or a failback: take the next epoch first.
@@ -730,7 +779,10 @@ func (d *Driver) claimOptimisticTx(ctx context.Context, tx *sql.Tx, p driver.Cla
 				err = d.inTx(ctx, "claim", take)
 			}
 			if err != nil {
-				return nil, err
+				if err = fail(err); err != nil {
+					return nil, err
+				}
+				break
 			}
 		}
 		pick := window
@@ -753,7 +805,17 @@ func (d *Driver) claimOptimisticTx(ctx context.Context, tx *sql.Tx, p driver.Cla
 			return err
 		})
 		if err != nil {
-			return nil, err
+			if tx == nil {
+				cand = append(cand, pick...)
+				uncertain = true
+			}
+			if err = fail(err); err != nil {
+				return nil, err
+			}
+			break
+		}
+		if took > 0 && d.claimStep != nil {
+			d.claimStep("taken")
 		}
 		got += int(took)
 		cand = append(cand, pick...)
@@ -764,24 +826,44 @@ func (d *Driver) claimOptimisticTx(ctx context.Context, tx *sql.Tx, p driver.Cla
 		d.contendedUntil.Store(time.Now().Add(contendedFor).UnixNano())
 		random = true
 	}
-	if got == 0 {
+	if got == 0 && !uncertain {
 		return nil, nil
+	}
+	rctx := ctx
+	if tx == nil {
+		// The rows are claimed: read them back even if ctx has ended.
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
 	}
 	out := make([]*driver.JobRow, 0, got)
 	for off := 0; off < len(cand); off += maxBucket {
 		part := cand[off:min(off+maxBucket, len(cand))]
 		q, args, cache := d.inList(d.q.ClaimByToken, part, token[:])
-		rows, err := d.query(ctx, tx, cache, q, args...)
-		if err != nil {
-			return nil, d.wrap("claim", err)
+		var js []*driver.JobRow
+		read := func() error {
+			rows, err := d.query(rctx, tx, cache, q, args...)
+			if err != nil {
+				return err
+			}
+			js, err = scanJobs(rows)
+			return err
 		}
-		js, err := scanJobs(rows)
+		var err error
+		if tx != nil {
+			err = d.wrap("claim", read())
+		} else {
+			err = d.retry(rctx, "claim", read)
+		}
 		if err != nil {
-			return nil, d.wrap("claim", err)
+			return nil, err
 		}
 		out = append(out, js...)
 	}
-	if len(out) != got {
+	switch {
+	case len(out) == 0 && failed != nil:
+		return nil, failed
+	case !uncertain && len(out) != got:
 		return nil, fmt.Errorf("conveyor/mysql: claim: took %d rows but read back %d", got, len(out))
 	}
 	return out, nil

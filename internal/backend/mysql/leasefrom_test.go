@@ -59,3 +59,37 @@ func TestLeaseFromAfterPoolWait(t *testing.T) {
 		}
 	}
 }
+
+// TestFrontReadTimeLeavesOutPoolWait: the time a read of the queue's
+// front took, which spaces the next one (frontAfter), counts from when
+// its transaction had a connection. Counted from the call, a claim that
+// waited for a busy pool made the next read of the front wait twice that
+// wait, and a job that became available behind the cursor with it.
+func TestFrontReadTimeLeavesOutPoolWait(t *testing.T) {
+	d := migrated(t, driver.Options{PoolSize: 1, ClaimStrategy: "skip-locked"}, nil)
+	ctx := context.Background()
+	if _, err := d.Insert(ctx, []driver.InsertParams{{Queue: "front", Kind: "k", MaxAttempts: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := d.DB().Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan time.Time, 1)
+	time.AfterFunc(300*time.Millisecond, func() {
+		released <- time.Now()
+		conn.Close()
+	})
+	rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "front", Limit: 10, Lease: time.Minute, Worker: "w"})
+	done := time.Now()
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("claim after waiting for the pool: %v, %v", rows, err)
+	}
+	cur := d.claimCursor("front")
+	cur.mu.Lock()
+	took := cur.took
+	cur.mu.Unlock()
+	if since := done.Sub(<-released); took > since {
+		t.Fatalf("the front read took %v by the cursor, more than the %v since the pool's connection was let go", took, since)
+	}
+}

@@ -135,6 +135,11 @@ type Driver struct {
 	lockTimeouts    atomic.Int64
 	claimConflicts  atomic.Int64
 	contendedUntil  atomic.Int64 // unix nanoseconds; see claimOptimistic
+
+	// claimStep, when set (by tests), is called by optimistic claims
+	// after each window read ("window") and after each UPDATE that took
+	// rows ("taken").
+	claimStep func(step string)
 }
 
 var _ driver.Driver = (*Driver)(nil)
