@@ -88,6 +88,11 @@ type Exec struct {
 	// the database claimed it, by the database's clock (zero if not
 	// recorded). The rate limit is checked on it (see checkLimits).
 	Claimed time.Time
+	// Cancelled is when the handler saw its context end, if that was
+	// before it returned (zero otherwise, and in records that predate
+	// it): a cut-off happens then, and the handler may take a while
+	// longer to return.
+	Cancelled time.Time
 
 	// opened is when the attempt was open at the latest, set by Check:
 	// Start, or the start of a later attempt of the job if that was
@@ -727,16 +732,21 @@ func (in *Input) cause(e Exec, later []Exec, j *FinalJob, errAt map[int][]string
 const slowRenewalCause = "cut off: its lease renewal was slow (a loaded machine)"
 
 // slowRenewal reports whether e's process had a lease renewal out when
-// e's handler was cut off: sent before the cut-off (e's end) and back
-// only after it. It is the engine's own evidence that the renewal, not
-// the handler or the queue, was late; an attempt cut off without one
-// stays unexplained.
+// e's handler was cut off: sent before the cut-off and back only after
+// it. The cut-off is when the handler saw its context end (Cancelled),
+// or, without that record, its end. It is the engine's own evidence that
+// the renewal, not the handler or the queue, was late; an attempt cut
+// off without one stays unexplained.
 func (in *Input) slowRenewal(e Exec) bool {
-	if e.End.IsZero() {
+	cut := e.Cancelled
+	if cut.IsZero() {
+		cut = e.End
+	}
+	if cut.IsZero() {
 		return false
 	}
 	for _, r := range in.SlowRenewals[e.PID] {
-		if !r.Sent.After(e.End) && !r.Done.Before(e.End) {
+		if !r.Sent.After(cut) && !r.Done.Before(cut) {
 			return true
 		}
 	}

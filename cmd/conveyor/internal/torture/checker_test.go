@@ -265,6 +265,33 @@ func TestCheckerLeaseDeadlineAfterSlowRenewal(t *testing.T) {
 	assertFailure(t, planted(map[int][]Renewal{300: {{Sent: at(1.6), Done: at(2.9)}}}), "1 unexplained duplicate executions")
 }
 
+// TestCheckerLeaseDeadlineHandlerReturnsLate: the cut-off is when the
+// handler's context ended, which its end record carries; the handler may
+// return after the renewal came back (a statement under way finishing
+// first). Such an attempt is explained by the renewal out at the cut-off;
+// one whose context ended after the renewal came back is not.
+func TestCheckerLeaseDeadlineHandlerReturnsLate(t *testing.T) {
+	const cutOff = lab.LeaseDeadlineMessage
+	planted := func(cancelled float64) *Findings {
+		w := newWorld()
+		w.job(85, "completed", 2, AttemptErr{1, cutOff})
+		w.exec(85, 1, 300, 1, 3, OutcomeError)
+		w.in.Execs[len(w.in.Execs)-1].Cancelled = at(cancelled)
+		w.exec(85, 2, 300, 3.3, 3.4, OutcomeOK)
+		w.in.SlowRenewals = map[int][]Renewal{300: {{Sent: at(1.6), Done: at(2.9)}}}
+		return Check(w.in)
+	}
+	f := planted(2.8)
+	if fl := f.Failures(); len(fl) > 0 {
+		t.Fatalf("failures: %v", fl)
+	}
+	if f.DuplicateCauses[slowRenewalCause] != 1 {
+		t.Fatalf("causes %v", f.DuplicateCauses)
+	}
+	assertFailure(t, planted(2.95), "1 unexplained duplicate executions")
+	assertFailure(t, planted(1.5), "1 unexplained duplicate executions")
+}
+
 // TestCheckerLeaseDeadlineInHandlerError: a handler cut off in a call of
 // its own that honours the context (a database read) returns that call's
 // error, and the engine appends the cut-off's cause in parentheses. Such

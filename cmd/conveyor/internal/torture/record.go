@@ -64,6 +64,9 @@ type line struct {
 	// Bat is a batch's id and IDs its jobs' ids.
 	Bat int64   `json:"bat,omitempty"`
 	IDs []int64 `json:"ids,omitempty"`
+	// Cut, on an end line, is when the handler's context ended, if it
+	// ended before the handler returned.
+	Cut int64 `json:"cut,omitempty"`
 }
 
 // recorder appends lines to one file. Each line is one write(2) on an
@@ -216,6 +219,9 @@ func readRecords(dir string) (*records, error) {
 				}
 				delete(open, k)
 				rs.execs[i].End = time.Unix(0, l.At)
+				if l.Cut != 0 {
+					rs.execs[i].Cancelled = time.Unix(0, l.Cut)
+				}
 				rs.execs[i].Outcome = l.Out
 				rs.execs[i].Err = l.Err
 			case lineEnq:

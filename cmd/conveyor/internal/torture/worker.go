@@ -439,15 +439,22 @@ func add[T torturePayload](c *conveyor.Client[any], rec *recorder, onOK func(int
 			l.Sch = j.ScheduledAt.UnixNano()
 		}
 		rec.write(l)
+		// When the context ends (a cut-off, a cancel, a shutdown): the
+		// checker places a cut-off by it, not by the handler's return,
+		// which may come later (a statement under way finishing).
+		var cut atomic.Int64
+		stop := context.AfterFunc(ctx, func() { cut.Store(time.Now().UnixNano()) })
 		defer func() {
+			stop()
+			c := cut.Load()
 			if r := recover(); r != nil {
-				rec.write(line{T: lineEnd, Job: j.ID, Att: j.Attempt, Out: OutcomePanic, Err: fmt.Sprint(r)})
+				rec.write(line{T: lineEnd, Job: j.ID, Att: j.Attempt, Out: OutcomePanic, Err: fmt.Sprint(r), Cut: c})
 				panic(r)
 			}
 			if err != nil {
-				rec.write(line{T: lineEnd, Job: j.ID, Att: j.Attempt, Out: OutcomeError, Err: err.Error()})
+				rec.write(line{T: lineEnd, Job: j.ID, Att: j.Attempt, Out: OutcomeError, Err: err.Error(), Cut: c})
 			} else {
-				rec.write(line{T: lineEnd, Job: j.ID, Att: j.Attempt, Out: OutcomeOK})
+				rec.write(line{T: lineEnd, Job: j.ID, Att: j.Attempt, Out: OutcomeOK, Cut: c})
 				onOK(j.ID, j.Attempt)
 			}
 		}()
