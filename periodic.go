@@ -95,9 +95,6 @@ func (c *Client[TTx]) AddPeriodic(p PeriodicJob) error {
 	if p.Args == nil {
 		return fmt.Errorf("%w: periodic job %q has nil args", ErrInvalidArgs, p.Name)
 	}
-	if p.Schedule.Next(time.Now()).IsZero() {
-		return fmt.Errorf("%w: periodic job %q: schedule %s has no slot to come", ErrInvalidOpts, p.Name, p.Schedule)
-	}
 	if o := p.Opts; o != nil && (!o.RunAt.IsZero() || o.Delay != 0 || o.Unique != nil) {
 		return fmt.Errorf("%w: periodic job %q: RunAt, Delay and Unique are set by the schedule", ErrInvalidOpts, p.Name)
 	}
@@ -171,6 +168,12 @@ func (c *Client[TTx]) periodicLoop(ctx context.Context) {
 	now := time.Now()
 	for _, j := range jobs {
 		j.next = j.Schedule.Next(now)
+		if j.next.IsZero() {
+			// A schedule of the application's own that has ended (or
+			// never had a slot): said once, not refused, so that a
+			// process restarted after its end still starts.
+			c.cfg.Logger.Warn("conveyor: periodic job has no slot to come; it enqueues nothing", "name", j.Name, "schedule", j.Schedule.String())
+		}
 		r, ok := recorded[j.Name]
 		if !j.RunMissed || !ok || r.LastSlot.IsZero() {
 			continue // missed slots are skipped; a new schedule missed none

@@ -3,7 +3,10 @@ package conveyor_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"path/filepath"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -197,9 +200,6 @@ func TestAddPeriodicRefusesBadJobs(t *testing.T) {
 		{Name: "tiny", Schedule: conveyor.Every(time.Microsecond), Args: tick{}},
 		{Name: "noargs", Schedule: conveyor.Every(time.Second)},
 		{Name: "runat", Schedule: conveyor.Every(time.Second), Args: tick{}, Opts: &conveyor.EnqueueOpts{Delay: time.Second}},
-		// A schedule with no slot to come would be dropped by the
-		// periodic loop without a word.
-		{Name: "noslot", Schedule: noSlot{}, Args: tick{}},
 	} {
 		if err := c.AddPeriodic(p); err == nil {
 			t.Errorf("AddPeriodic(%+v) succeeded", p)
@@ -212,6 +212,26 @@ func TestAddPeriodicRefusesBadJobs(t *testing.T) {
 	if err := c.AddPeriodic(ok); err == nil {
 		t.Error("a second periodic job with the same name was added")
 	}
+}
+
+// TestAddPeriodicEndedSchedule: a schedule of the application's own
+// that has no slot to come (it ended) is accepted, so that a process
+// restarted after its end still starts, and the start says so once.
+func TestAddPeriodicEndedSchedule(t *testing.T) {
+	var buf syncBuffer
+	cfg := fast(testdb.Prefix())
+	cfg.AllowUnregisteredKinds = true
+	cfg.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+	c := openDropped(t, filepath.Join(t.TempDir(), "ended.db"), cfg)
+	if err := c.AddPeriodic(conveyor.PeriodicJob{Name: "ended", Schedule: noSlot{}, Args: tick{}}); err != nil {
+		t.Fatalf("AddPeriodic of an ended schedule: %v", err)
+	}
+	if err := c.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the ended schedule's warning", 15*time.Second, func() bool {
+		return strings.Contains(buf.String(), "no slot to come") && strings.Contains(buf.String(), "name=ended")
+	})
 }
 
 // TestPeriodicStallPastRetention: a process whose periodic loop stalled
