@@ -77,6 +77,11 @@ type periodic struct {
 	jobs   []*periodicState
 	cancel context.CancelFunc
 	done   chan struct{}
+	// recorded is the last read of the schedules' records, at recordedAt
+	// (this process's clock); only the periodic loop uses them (see
+	// periodicWake).
+	recorded   map[string]driver.ScheduleRow
+	recordedAt time.Time
 }
 
 // AddPeriodic registers a periodic job on c. Call it before Start; the
@@ -208,8 +213,19 @@ func (c *Client[TTx]) periodicLoop(ctx context.Context) {
 // periodicWake enqueues the slots of jobs due at now (this process's
 // clock), in order; a slot that failed is tried again at the next wake,
 // as are all of them if the schedules could not be read.
+//
+// The schedules' records (read to leave out slots other processes went
+// past long ago, see slotPassed) are read again only when the last read
+// is older than recordsFresh: a slot another process went past since
+// that read is at most that old by the database's clock, younger than
+// any retention could prune its job at, so its job still holds the
+// slot's key and refuses a second one.
 func (c *Client[TTx]) periodicWake(ctx context.Context, jobs []*periodicState, now time.Time) {
-	var recorded map[string]driver.ScheduleRow
+	recorded := c.periodic.recorded
+	fresh := min(recordsFresh, min(c.cfg.CompletedRetention, c.cfg.DiscardedRetention)/4)
+	if recorded != nil && time.Since(c.periodic.recordedAt) > fresh {
+		recorded = nil
+	}
 	for _, j := range jobs {
 		var due []time.Time
 		for s := j.next; !s.IsZero() && !s.After(now); s = j.Schedule.Next(s) {
@@ -234,6 +250,7 @@ func (c *Client[TTx]) periodicWake(ctx context.Context, jobs []*periodicState, n
 			for _, r := range rows {
 				recorded[r.Name] = r
 			}
+			c.periodic.recorded, c.periodic.recordedAt = recorded, time.Now()
 		}
 		var skipped []time.Time
 		for _, s := range due {
@@ -253,6 +270,10 @@ func (c *Client[TTx]) periodicWake(ctx context.Context, jobs []*periodicState, n
 		}
 	}
 }
+
+// recordsFresh bounds how long the periodic loop goes by one read of
+// the schedules' records (at most a quarter of the shorter retention).
+const recordsFresh = time.Minute
 
 // slotPassed reports whether slot s, which this process reaches only now,
 // must not be enqueued: another process recorded a slot at or after it
