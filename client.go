@@ -217,6 +217,21 @@ type itemError struct {
 func (e *itemError) Error() string { return fmt.Sprintf("job %d of %d: %v", e.index, e.count, e.err) }
 func (e *itemError) Unwrap() error { return e.err }
 
+// ownTxError words the error of a write of n jobs in a transaction of the
+// driver's own (EnqueueBulk, EnqueueBatch, EnqueueWorkflow) as the
+// group-commit writer words its callers': none was inserted when the
+// driver knows nothing was committed, else they may exist (the connection
+// was lost while committing).
+func ownTxError(n int, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case driver.IsNotCommitted(err):
+		return fmt.Errorf("conveyor: enqueue of %d job(s) failed, none was inserted: %w", n, err)
+	}
+	return fmt.Errorf("conveyor: enqueue of %d job(s) failed before the commit was confirmed, so they may exist: %w", n, err)
+}
+
 func (c *Client[TTx]) params(items []EnqueueItem) ([]driver.InsertParams, error) {
 	c.mu.Lock()
 	checkKinds := len(c.handlers) > 0 && !c.cfg.AllowUnregisteredKinds
@@ -397,12 +412,13 @@ func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []Enqueue
 // all of them or none. Use it for loading thousands of jobs at once; ids
 // are not returned. Unique jobs are inserted as EnqueueMany inserts them
 // (plain jobs then too, in the same transaction, without COPY), and only
-// those inserted are counted.
+// those inserted are counted. An error says, as Enqueue's, that none was
+// inserted or that they may exist.
 func (c *Client[TTx]) EnqueueBulk(ctx context.Context, items []EnqueueItem) (int64, error) {
 	var n int64
 	err := c.enqueueThrough(ctx, items, func(ctx context.Context, ps []driver.InsertParams) (err error) {
 		n, err = c.eng.BulkInsert(ctx, ps)
-		return err
+		return ownTxError(len(ps), err)
 	})
 	return n, err
 }

@@ -641,7 +641,8 @@ type Driver interface {
 	// and marks its error NotCommitted as Insert does.
 	InsertUnique(ctx context.Context, tx any, jobs []InsertParams) (ids []int64, dup []bool, err error)
 	// BulkInsert streams many jobs (COPY where available) in one
-	// transaction and returns how many were inserted.
+	// transaction and returns how many were inserted. It marks its error
+	// NotCommitted as Insert does.
 	BulkInsert(ctx context.Context, jobs []InsertParams) (int64, error)
 
 	// Claim moves up to Limit due jobs of a queue to running, increments
@@ -853,7 +854,8 @@ type Driver interface {
 	// InsertTx inserts them; none unique), then per batch a row that
 	// keeps its callback (encoded, not yet a job), one member row per job
 	// of the batch and one row per earlier batch it waits for. It returns
-	// the jobs' ids and the batches' ids in order.
+	// the jobs' ids and the batches' ids in order. In a transaction of
+	// its own it marks its error NotCommitted as Insert does.
 	InsertBatches(ctx context.Context, tx any, jobs []InsertParams, batches []BatchParams) (jobIDs, batchIDs []int64, err error)
 	// FireBatches enqueues the callback of up to limit batches whose
 	// every member has finished (completed, discarded or cancelled, or
