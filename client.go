@@ -229,7 +229,7 @@ func ownTxError(n int, err error) error {
 	case driver.IsNotCommitted(err):
 		return fmt.Errorf("conveyor: enqueue of %d job(s) failed, none was inserted: %w", n, err)
 	}
-	return fmt.Errorf("conveyor: enqueue of %d job(s) failed before the commit was confirmed, so they may exist: %w", n, err)
+	return engine.Unconfirmed(fmt.Errorf("conveyor: enqueue of %d job(s) failed before the commit was confirmed, so they may exist: %w", n, err))
 }
 
 func (c *Client[TTx]) params(items []EnqueueItem) ([]driver.InsertParams, error) {

@@ -3,8 +3,11 @@ package conveyor_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
+	"log/slog"
 	"net"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/internal/testdb"
+	"github.com/conveyorq/conveyor/web"
 )
 
 // commitCutter is a TCP proxy in front of a database server that, once
@@ -194,8 +198,53 @@ func TestEnqueueCommitLostSaysJobsMayExist(t *testing.T) {
 				if n := totalJobs(t, c); n != int64(total) {
 					t.Fatalf("%s: %d jobs after the cut commit, want %d (the commit went through)", call.name, n, total)
 				}
-				if err == nil || !strings.Contains(err.Error(), "may exist") {
-					t.Errorf("%s: the commit's answer was lost, the jobs exist; got error %v, want one saying they may exist", call.name, err)
+				if !errors.Is(err, conveyor.ErrUnconfirmed) || !strings.Contains(err.Error(), "may exist") {
+					t.Errorf("%s: the commit's answer was lost, the jobs exist; got error %v, want ErrUnconfirmed saying they may exist", call.name, err)
+				}
+			}
+		})
+	}
+}
+
+// TestHTTPEnqueueCommitLostSaysJobsMayExist: an enqueue over the HTTP API
+// whose commit lost its answer (as in TestEnqueueCommitLostSaysJobsMayExist)
+// is answered with an error saying the jobs may exist, not "internal
+// error", which a client would take for a failure and send again.
+func TestHTTPEnqueueCommitLostSaysJobsMayExist(t *testing.T) {
+	for _, b := range backends {
+		if b.name != "postgres" && b.name != "mysql" {
+			continue
+		}
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cut, via := newCommitCutter(t, b.dsn(t))
+			c := openDropped(t, via, fast(testdb.Prefix()))
+			h, err := web.New(c, web.Options{InsecureLoopbackDev: true, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { h.Close() })
+			for _, call := range []struct {
+				name, path, body string
+				pattern          []byte
+			}{
+				{"one", "/api/v1/jobs", `{"kind":"tagged","args":{"tag":"cut-me-http"}}`, []byte("cut-me-http")},
+				{"batch", "/api/v1/jobs/batch", `{"jobs":[{"kind":"tagged","args":{"tag":"u"},"unique":{"by_args":true}}]}`, cut.commit},
+			} {
+				cut.arm(call.pattern)
+				r := httptest.NewRequestWithContext(ctx, "POST", "http://localhost"+call.path, strings.NewReader(call.body))
+				r.Header.Set("Content-Type", "application/json")
+				r.RemoteAddr = "127.0.0.1:1234"
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, r)
+				if cut.armed() {
+					t.Fatalf("%s: nothing was cut: %d %s", call.name, w.Code, w.Body)
+				}
+				<-cut.ended
+				if w.Code < 500 || !strings.Contains(w.Body.String(), "may or may not exist") {
+					t.Errorf("%s: the commit's answer was lost: got %d %s, want a 5xx saying the jobs may exist", call.name, w.Code, w.Body)
 				}
 			}
 		})

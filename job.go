@@ -63,6 +63,11 @@ var (
 	// *UniqueConflictError naming the holder. Retry again once the
 	// holder has finished.
 	ErrUniqueConflict = driver.ErrUniqueConflict
+	// ErrUnconfirmed: an enqueue whose jobs may or may not exist, because
+	// the connection was lost while committing (or the caller's context
+	// ended before the commit was confirmed). Enqueuing them again may
+	// enqueue them twice; look them up first, or make them unique.
+	ErrUnconfirmed = engine.ErrUnconfirmed
 )
 
 // UniqueConflictError is the error, wrapping ErrUniqueConflict, of a
