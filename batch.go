@@ -109,9 +109,9 @@ func (c *Client[TTx]) enqueueBatch(ctx context.Context, tx any, jobs []EnqueueIt
 		ids, bids, err = c.drv.InsertBatches(ctx, tx, ps[:len(ps)-1], []driver.BatchParams{{Callback: ps[len(ps)-1], Jobs: members}})
 		if err != nil {
 			if tx == nil {
-				err = ownTxError(len(ps), err)
+				return ownTxError(len(ps), err)
 			}
-			return err
+			return driver.ForeignTx(c.drv.Name(), err)
 		}
 		batchID = bids[0]
 		return nil

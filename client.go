@@ -399,7 +399,7 @@ func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []Enqueue
 	var rs []EnqueueResult
 	err := c.enqueueThrough(ctx, items, func(ctx context.Context, ps []driver.InsertParams) (err error) {
 		rs, err = results(c.eng.InsertTx(ctx, c.unwrap(tx), ps))
-		return err
+		return driver.ForeignTx(c.drv.Name(), err)
 	})
 	if err != nil {
 		return nil, err

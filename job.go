@@ -50,7 +50,8 @@ var (
 	// ErrSchemaOutdated: the database needs `conveyor migrate`.
 	ErrSchemaOutdated = driver.ErrSchemaOutdated
 	// ErrTxType: EnqueueTx was given a transaction the backend does not
-	// accept (pgx.Tx or *sql.Tx on PostgreSQL, *sql.Tx elsewhere).
+	// accept (pgx.Tx or *sql.Tx on PostgreSQL, *sql.Tx elsewhere), or a
+	// *sql.Tx begun on a database of another kind (the error names it).
 	ErrTxType = driver.ErrTxType
 	// ErrUniqueRace: on MySQL/MariaDB, a unique job enqueued in the
 	// application's transaction raced another transaction for its key.

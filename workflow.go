@@ -129,9 +129,9 @@ func (c *Client[TTx]) enqueueWorkflow(ctx context.Context, tx any, jobs []Workfl
 		ids, bids, err := c.drv.InsertBatches(ctx, tx, ps[:roots], bs)
 		if err != nil {
 			if tx == nil {
-				err = ownTxError(len(ps), err)
+				return ownTxError(len(ps), err)
 			}
-			return err
+			return driver.ForeignTx(c.drv.Name(), err)
 		}
 		for k := range roots {
 			wf.JobIDs[jobs[order[k]].Name] = ids[k]

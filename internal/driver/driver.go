@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -112,6 +113,37 @@ func NotCommitted(err error) error {
 		return err
 	}
 	return notCommitted{err}
+}
+
+// ForeignTx returns err, the error of a statement run in the caller's
+// transaction by the backend named backend, marked ErrTxType and naming
+// the other database when it is the error of another backend's database
+// driver: the transaction is of the type the backend accepts (a *sql.Tx)
+// but was begun on a database of another kind, where conveyor's SQL is
+// not understood.
+func ForeignTx(backend string, err error) error {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		t := reflect.TypeOf(e)
+		if t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		var other string
+		switch t.PkgPath() {
+		case "github.com/jackc/pgx/v5/pgconn":
+			other = "postgres"
+		case "github.com/go-sql-driver/mysql":
+			other = "mysql"
+		case "modernc.org/sqlite":
+			other = "sqlite"
+		}
+		if other != "" {
+			if other == backend {
+				return err
+			}
+			return fmt.Errorf("conveyor: the transaction is on a %s database, not the %s database of this client: %w (%w)", other, backend, ErrTxType, err)
+		}
+	}
+	return err
 }
 
 // IsNotCommitted reports whether err, or an error it wraps, was marked by
