@@ -348,6 +348,9 @@ func (c *Client[TTx]) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOp
 func (c *Client[TTx]) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]EnqueueResult, error) {
 	var rs []EnqueueResult
 	err := c.enqueueThrough(ctx, items, func(ctx context.Context, ps []driver.InsertParams) (err error) {
+		if err := sameCount(len(ps), len(items)); err != nil {
+			return err
+		}
 		rs, err = results(c.eng.Insert(ctx, ps))
 		return err
 	})
@@ -355,6 +358,16 @@ func (c *Client[TTx]) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]E
 		return nil, err
 	}
 	return rs, nil
+}
+
+// sameCount refuses, before anything is written, an enqueue whose
+// middleware passed on got jobs for the want given, when the call returns
+// one result per job given.
+func sameCount(got, want int) error {
+	if got == want {
+		return nil
+	}
+	return fmt.Errorf("conveyor: enqueue: the enqueue middleware passed on %d jobs for %d; nothing was inserted (the call returns one result per job given)", got, want)
 }
 
 // results pairs ids and duplicate flags.
@@ -398,6 +411,9 @@ func (c *Client[TTx]) EnqueueTx(ctx context.Context, tx TTx, args JobArgs, opts 
 func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []EnqueueItem) ([]EnqueueResult, error) {
 	var rs []EnqueueResult
 	err := c.enqueueThrough(ctx, items, func(ctx context.Context, ps []driver.InsertParams) (err error) {
+		if err := sameCount(len(ps), len(items)); err != nil {
+			return err
+		}
 		rs, err = results(c.eng.InsertTx(ctx, c.unwrap(tx), ps))
 		return driver.ForeignTx(c.drv.Name(), err)
 	})
