@@ -66,7 +66,8 @@ func (b *Batch) Finished() bool {
 // job. The callback finds its batch with BatchOf and reads the jobs'
 // states and results with Client.Batch. The jobs and the batch are
 // inserted in one transaction of their own; it returns the batch's id and
-// the jobs' ids in order. Jobs and callback are validated as EnqueueMany
+// the jobs' ids in order, or an error saying, as Enqueue's, that none was
+// inserted or that they may exist. Jobs and callback are validated as EnqueueMany
 // validates them (enqueue middleware included); unique jobs are refused
 // with ErrInvalidOpts, as is an empty batch.
 func (c *Client[TTx]) EnqueueBatch(ctx context.Context, jobs []EnqueueItem, callback EnqueueItem) (int64, []int64, error) {
@@ -106,10 +107,14 @@ func (c *Client[TTx]) enqueueBatch(ctx context.Context, tx any, jobs []EnqueueIt
 		var err error
 		var bids []int64
 		ids, bids, err = c.drv.InsertBatches(ctx, tx, ps[:len(ps)-1], []driver.BatchParams{{Callback: ps[len(ps)-1], Jobs: members}})
-		if err == nil {
-			batchID = bids[0]
+		if err != nil {
+			if tx == nil {
+				return ownTxError(len(ps), err)
+			}
+			return driver.ForeignTx(c.drv.Name(), err)
 		}
-		return err
+		batchID = bids[0]
+		return nil
 	})
 	var ie *itemError
 	if errors.As(err, &ie) && ie.count == len(items) {

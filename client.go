@@ -217,6 +217,21 @@ type itemError struct {
 func (e *itemError) Error() string { return fmt.Sprintf("job %d of %d: %v", e.index, e.count, e.err) }
 func (e *itemError) Unwrap() error { return e.err }
 
+// ownTxError words the error of a write of n jobs in a transaction of the
+// driver's own (EnqueueBulk, EnqueueBatch, EnqueueWorkflow) as the
+// group-commit writer words its callers': none was inserted when the
+// driver knows nothing was committed, else they may exist (the connection
+// was lost while committing).
+func ownTxError(n int, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case driver.IsNotCommitted(err):
+		return fmt.Errorf("conveyor: enqueue of %d job(s) failed, none was inserted: %w", n, err)
+	}
+	return engine.Unconfirmed(fmt.Errorf("conveyor: enqueue of %d job(s) failed before the commit was confirmed, so they may exist: %w", n, err))
+}
+
 func (c *Client[TTx]) params(items []EnqueueItem) ([]driver.InsertParams, error) {
 	c.mu.Lock()
 	checkKinds := len(c.handlers) > 0 && !c.cfg.AllowUnregisteredKinds
@@ -333,6 +348,9 @@ func (c *Client[TTx]) Enqueue(ctx context.Context, args JobArgs, opts *EnqueueOp
 func (c *Client[TTx]) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]EnqueueResult, error) {
 	var rs []EnqueueResult
 	err := c.enqueueThrough(ctx, items, func(ctx context.Context, ps []driver.InsertParams) (err error) {
+		if err := sameCount(len(ps), len(items)); err != nil {
+			return err
+		}
 		rs, err = results(c.eng.Insert(ctx, ps))
 		return err
 	})
@@ -340,6 +358,16 @@ func (c *Client[TTx]) EnqueueMany(ctx context.Context, items []EnqueueItem) ([]E
 		return nil, err
 	}
 	return rs, nil
+}
+
+// sameCount refuses, before anything is written, an enqueue whose
+// middleware passed on got jobs for the want given, when the call returns
+// one result per job given.
+func sameCount(got, want int) error {
+	if got == want {
+		return nil
+	}
+	return fmt.Errorf("conveyor: enqueue: the enqueue middleware passed on %d jobs for %d; nothing was inserted (the call returns one result per job given)", got, want)
 }
 
 // results pairs ids and duplicate flags.
@@ -383,8 +411,11 @@ func (c *Client[TTx]) EnqueueTx(ctx context.Context, tx TTx, args JobArgs, opts 
 func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []EnqueueItem) ([]EnqueueResult, error) {
 	var rs []EnqueueResult
 	err := c.enqueueThrough(ctx, items, func(ctx context.Context, ps []driver.InsertParams) (err error) {
+		if err := sameCount(len(ps), len(items)); err != nil {
+			return err
+		}
 		rs, err = results(c.eng.InsertTx(ctx, c.unwrap(tx), ps))
-		return err
+		return driver.ForeignTx(c.drv.Name(), err)
 	})
 	if err != nil {
 		return nil, err
@@ -397,12 +428,13 @@ func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []Enqueue
 // all of them or none. Use it for loading thousands of jobs at once; ids
 // are not returned. Unique jobs are inserted as EnqueueMany inserts them
 // (plain jobs then too, in the same transaction, without COPY), and only
-// those inserted are counted.
+// those inserted are counted. An error says, as Enqueue's, that none was
+// inserted or that they may exist.
 func (c *Client[TTx]) EnqueueBulk(ctx context.Context, items []EnqueueItem) (int64, error) {
 	var n int64
 	err := c.enqueueThrough(ctx, items, func(ctx context.Context, ps []driver.InsertParams) (err error) {
 		n, err = c.eng.BulkInsert(ctx, ps)
-		return err
+		return ownTxError(len(ps), err)
 	})
 	return n, err
 }

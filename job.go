@@ -50,7 +50,8 @@ var (
 	// ErrSchemaOutdated: the database needs `conveyor migrate`.
 	ErrSchemaOutdated = driver.ErrSchemaOutdated
 	// ErrTxType: EnqueueTx was given a transaction the backend does not
-	// accept (pgx.Tx or *sql.Tx on PostgreSQL, *sql.Tx elsewhere).
+	// accept (pgx.Tx or *sql.Tx on PostgreSQL, *sql.Tx elsewhere), or a
+	// *sql.Tx begun on a database of another kind (the error names it).
 	ErrTxType = driver.ErrTxType
 	// ErrUniqueRace: on MySQL/MariaDB, a unique job enqueued in the
 	// application's transaction raced another transaction for its key.
@@ -63,6 +64,11 @@ var (
 	// *UniqueConflictError naming the holder. Retry again once the
 	// holder has finished.
 	ErrUniqueConflict = driver.ErrUniqueConflict
+	// ErrUnconfirmed: an enqueue whose jobs may or may not exist, because
+	// the connection was lost while committing (or the caller's context
+	// ended before the commit was confirmed). Enqueuing them again may
+	// enqueue them twice; look them up first, or make them unique.
+	ErrUnconfirmed = engine.ErrUnconfirmed
 )
 
 // UniqueConflictError is the error, wrapping ErrUniqueConflict, of a

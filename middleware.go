@@ -23,6 +23,9 @@ type WorkMiddleware func(ctx context.Context, job *JobInfo, next func(ctx contex
 // change the items (a copy is passed: change the slice it gives next, not
 // the caller's), call next with a context of its choosing, and see the
 // error. Not calling next refuses the enqueue with the error it returns.
+// Only EnqueueBulk takes more or fewer items than it was given; the calls
+// that return one result per job (and batches and workflows) refuse that,
+// writing nothing.
 type EnqueueMiddleware func(ctx context.Context, items []EnqueueItem, next func(ctx context.Context, items []EnqueueItem) error) error
 
 // chainWork runs the handler h inside mws, the first outermost.

@@ -130,3 +130,42 @@ func TestOutcomeState(t *testing.T) {
 		}
 	}
 }
+
+// TestEnqueueMiddlewareChangingTheCount: an enqueue middleware that
+// passes on more or fewer jobs than Enqueue or EnqueueMany(Tx) was given,
+// which return one result per job given, is refused before anything is
+// written; it used to be written and then either reported as a failure
+// (Enqueue) or answered with results that no longer match the jobs given
+// (EnqueueMany).
+func TestEnqueueMiddlewareChangingTheCount(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		cfg := fast(testdb.Prefix())
+		cfg.EnqueueMiddleware = []conveyor.EnqueueMiddleware{func(ctx context.Context, items []conveyor.EnqueueItem, next func(context.Context, []conveyor.EnqueueItem) error) error {
+			if len(items) == 1 {
+				items = append(items, conveyor.EnqueueItem{Args: tagged{"audit"}}) // one more
+			} else {
+				items = items[:1] // one less
+			}
+			return next(ctx, items)
+		}}
+		c := openDropped(t, dsn, cfg)
+		if id, err := c.Enqueue(ctx, tagged{"a"}, nil); err == nil || !strings.Contains(err.Error(), "middleware") {
+			t.Errorf("Enqueue: %d, %v; want an error naming the middleware", id, err)
+		}
+		if rs, err := c.EnqueueMany(ctx, []conveyor.EnqueueItem{{Args: tagged{"b"}}, {Args: tagged{"c"}}}); err == nil || !strings.Contains(err.Error(), "middleware") {
+			t.Errorf("EnqueueMany of 2 jobs: %v, %v; want an error naming the middleware", rs, err)
+		}
+		tx, commit, rollback := beginTx(t, dsn)
+		t.Cleanup(func() { _ = rollback() })
+		if rs, err := c.EnqueueManyTx(ctx, tx, []conveyor.EnqueueItem{{Args: tagged{"d"}}, {Args: tagged{"e"}}}); err == nil || !strings.Contains(err.Error(), "middleware") {
+			t.Errorf("EnqueueManyTx of 2 jobs: %v, %v; want an error naming the middleware", rs, err)
+		}
+		if err := commit(); err != nil {
+			t.Fatal(err)
+		}
+		if got := tagsOf(t, c); len(got) != 0 {
+			t.Fatalf("jobs %v written by refused enqueues", got)
+		}
+	})
+}

@@ -65,7 +65,8 @@ const workflowCancelKey = "conveyor.cancel_on_dependency_failure"
 // themselves). Names must be unique and non-empty,
 // dependencies must name jobs of the workflow, and there must be no
 // cycle; otherwise ErrInvalidOpts and nothing is enqueued. Unique jobs
-// are refused as in batches.
+// are refused as in batches. A database error says, as Enqueue's, that
+// nothing was inserted or that the workflow may exist.
 func (c *Client[TTx]) EnqueueWorkflow(ctx context.Context, jobs []WorkflowJob, opts *WorkflowOpts) (*Workflow, error) {
 	return c.enqueueWorkflow(ctx, nil, jobs, opts)
 }
@@ -127,7 +128,10 @@ func (c *Client[TTx]) enqueueWorkflow(ctx context.Context, tx any, jobs []Workfl
 		}
 		ids, bids, err := c.drv.InsertBatches(ctx, tx, ps[:roots], bs)
 		if err != nil {
-			return err
+			if tx == nil {
+				return ownTxError(len(ps), err)
+			}
+			return driver.ForeignTx(c.drv.Name(), err)
 		}
 		for k := range roots {
 			wf.JobIDs[jobs[order[k]].Name] = ids[k]

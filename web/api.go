@@ -121,6 +121,11 @@ func (h *Handler) classify(r *http.Request, err error) (int, string) {
 		return http.StatusConflict, msg
 	case errors.Is(err, conveyor.ErrSchemaOutdated), errors.Is(err, conveyor.ErrSchemaTooNew), errors.Is(err, conveyor.ErrClosed):
 		return http.StatusServiceUnavailable, msg
+	case errors.Is(err, conveyor.ErrUnconfirmed):
+		// Not a plain failure: sending the jobs again may enqueue them
+		// twice.
+		h.opts.Logger.ErrorContext(r.Context(), "conveyor web: enqueue not confirmed", "method", r.Method, "path", r.URL.Path, "err", err)
+		return http.StatusInternalServerError, "enqueue failed before the database confirmed the commit: the jobs may or may not exist (detail logged by the server)"
 	case r.Context().Err() != nil:
 		return http.StatusServiceUnavailable, "request timed out or was cancelled: " + r.Context().Err().Error()
 	}

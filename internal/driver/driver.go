@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -112,6 +113,37 @@ func NotCommitted(err error) error {
 		return err
 	}
 	return notCommitted{err}
+}
+
+// ForeignTx returns err, the error of a statement run in the caller's
+// transaction by the backend named backend, marked ErrTxType and naming
+// the other database when it is the error of another backend's database
+// driver: the transaction is of the type the backend accepts (a *sql.Tx)
+// but was begun on a database of another kind, where conveyor's SQL is
+// not understood.
+func ForeignTx(backend string, err error) error {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		t := reflect.TypeOf(e)
+		if t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		var other string
+		switch t.PkgPath() {
+		case "github.com/jackc/pgx/v5/pgconn":
+			other = "postgres"
+		case "github.com/go-sql-driver/mysql":
+			other = "mysql"
+		case "modernc.org/sqlite":
+			other = "sqlite"
+		}
+		if other != "" {
+			if other == backend {
+				return err
+			}
+			return fmt.Errorf("conveyor: the transaction is on a %s database, not the %s database of this client: %w (%w)", other, backend, ErrTxType, err)
+		}
+	}
+	return err
 }
 
 // IsNotCommitted reports whether err, or an error it wraps, was marked by
@@ -647,7 +679,8 @@ type Driver interface {
 	// and marks its error NotCommitted as Insert does.
 	InsertUnique(ctx context.Context, tx any, jobs []InsertParams) (ids []int64, dup []bool, err error)
 	// BulkInsert streams many jobs (COPY where available) in one
-	// transaction and returns how many were inserted.
+	// transaction and returns how many were inserted. It marks its error
+	// NotCommitted as Insert does.
 	BulkInsert(ctx context.Context, jobs []InsertParams) (int64, error)
 
 	// Claim moves up to Limit due jobs of a queue to running, increments
@@ -859,7 +892,8 @@ type Driver interface {
 	// InsertTx inserts them; none unique), then per batch a row that
 	// keeps its callback (encoded, not yet a job), one member row per job
 	// of the batch and one row per earlier batch it waits for. It returns
-	// the jobs' ids and the batches' ids in order.
+	// the jobs' ids and the batches' ids in order. In a transaction of
+	// its own it marks its error NotCommitted as Insert does.
 	InsertBatches(ctx context.Context, tx any, jobs []InsertParams, batches []BatchParams) (jobIDs, batchIDs []int64, err error)
 	// FireBatches enqueues the callback of up to limit batches whose
 	// every member has finished (completed, discarded or cancelled, or

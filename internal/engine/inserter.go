@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -109,7 +110,7 @@ func (i *inserter) insert(ctx context.Context, jobs []driver.InsertParams) ([]in
 	case <-req.done:
 		return req.ids, req.dup, req.err
 	case <-ctx.Done():
-		return nil, nil, fmt.Errorf("conveyor: enqueue: %w before the commit was confirmed; the job may or may not exist", ctx.Err())
+		return nil, nil, Unconfirmed(fmt.Errorf("conveyor: enqueue: %w before the commit was confirmed; the job may or may not exist", ctx.Err()))
 	}
 }
 
@@ -278,9 +279,31 @@ func (i *inserter) fail(r *insertReq, err error) {
 	if driver.IsNotCommitted(err) {
 		r.err = fmt.Errorf("conveyor: enqueue of %d job(s) failed, none was inserted: %w", len(r.jobs), err)
 	} else {
-		r.err = fmt.Errorf("conveyor: enqueue of %d job(s) failed before the commit was confirmed, so they may exist: %w", len(r.jobs), err)
+		r.err = Unconfirmed(fmt.Errorf("conveyor: enqueue of %d job(s) failed before the commit was confirmed, so they may exist: %w", len(r.jobs), err))
 	}
 	close(r.done)
+}
+
+// ErrUnconfirmed is matched (errors.Is) by the errors Unconfirmed marks.
+var ErrUnconfirmed = errors.New("conveyor: enqueue not confirmed: the jobs may or may not exist")
+
+// unconfirmed marks the error of an enqueue whose jobs may or may not
+// have been committed.
+type unconfirmed struct{ err error }
+
+func (e unconfirmed) Error() string        { return e.err.Error() }
+func (e unconfirmed) Unwrap() error        { return e.err }
+func (e unconfirmed) Is(target error) bool { return target == ErrUnconfirmed }
+
+// Unconfirmed marks err (nil stays nil) as the error of an enqueue whose
+// jobs may or may not exist: the connection was lost while committing, or
+// the caller stopped waiting first. The message is err's; errors.Is
+// matches it with ErrUnconfirmed.
+func Unconfirmed(err error) error {
+	if err == nil || errors.Is(err, ErrUnconfirmed) {
+		return err
+	}
+	return unconfirmed{err}
 }
 
 // hasUnique reports whether any of jobs is unique.

@@ -321,7 +321,7 @@ func (d *Driver) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (in
 	defer d.behindInserted(jobs)
 	p, err := d.planInsert("bulk insert", jobs)
 	if err != nil {
-		return 0, err
+		return 0, driver.NotCommitted(err)
 	}
 	err = d.inTx(ctx, "bulk insert", func(tx *sql.Tx) error {
 		stmts := map[int]*sql.Stmt{}

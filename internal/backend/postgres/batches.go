@@ -15,7 +15,8 @@ import (
 // InsertBatches inserts jobs, then per batch a row keeping its callback,
 // its member rows and the rows of the batches it waits for, in tx (a
 // pgx.Tx or a *sql.Tx of the pgx stdlib driver) or in a transaction of
-// its own when tx is nil.
+// its own when tx is nil. In its own, an error before the commit, or the
+// server's refusal of the commit, is marked driver.NotCommitted.
 func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.InsertParams, batches []driver.BatchParams) ([]int64, []int64, error) {
 	var ids, batchIDs []int64
 	none := func(func(...any) error) error { return nil }
@@ -70,13 +71,13 @@ func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.Insert
 	err := d.retryable(ctx, func() error {
 		t, err := d.pool.Begin(ctx)
 		if err != nil {
-			return err
+			return driver.NotCommitted(err)
 		}
 		defer func() { _ = t.Rollback(context.WithoutCancel(ctx)) }()
 		if err := in(pgxQuerier(t)); err != nil {
-			return err
+			return driver.NotCommitted(err)
 		}
-		return t.Commit(ctx)
+		return refused(t.Commit(ctx))
 	})
 	if err != nil {
 		return nil, nil, d.wrap("insert batch", err)

@@ -183,17 +183,24 @@ func (s *copySource) Err() error { return nil }
 // takes), then notifies each queue that received an available job once,
 // in the same transaction. It locks the two segments as an insert would
 // (ROW EXCLUSIVE), then checks their incarnations, so that COPY, which
-// has no guard of its own, never writes into a reclaimed table.
+// has no guard of its own, never writes into a reclaimed table. An error
+// before the commit, or the server's refusal of the commit, is marked
+// driver.NotCommitted; a commit whose answer was lost is not.
 func (d *Driver) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (int64, error) {
 	if len(jobs) == 0 {
 		return 0, nil
 	}
-	n, err := d.bulkInsert(ctx, jobs)
+	var committing bool
+	n, err := d.bulkInsert(ctx, jobs, &committing)
+	if err != nil && !committing {
+		err = driver.NotCommitted(err)
+	}
 	return n, d.wrap("bulk insert", err)
 }
 
-// bulkInsert is BulkInsert, its error not yet named.
-func (d *Driver) bulkInsert(ctx context.Context, jobs []driver.InsertParams) (int64, error) {
+// bulkInsert is BulkInsert, its error not yet named nor marked; it sets
+// committing once it sends the commit, and marks the commit's error.
+func (d *Driver) bulkInsert(ctx context.Context, jobs []driver.InsertParams, committing *bool) (int64, error) {
 	s := d.seg
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
@@ -266,8 +273,9 @@ func (d *Driver) bulkInsert(ctx context.Context, jobs []driver.InsertParams) (in
 			return 0, fmt.Errorf("notify: %w", err)
 		}
 	}
+	*committing = true
 	if err := tx.Commit(ctx); err != nil {
-		return 0, err
+		return 0, refused(err)
 	}
 	s.wakeJobs(due)
 	return total, nil

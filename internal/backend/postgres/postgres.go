@@ -712,10 +712,24 @@ func wrap(op string, err error) error {
 // connection lost while waiting for the answer, may have committed.
 func refused(err error) error {
 	var pe *pgconn.PgError
-	if err != nil && (errors.As(err, &pe) || pgconn.SafeToRetry(err)) {
+	if err != nil && (errors.As(err, &pe) || pgconn.SafeToRetry(err) && !connClosed(err)) {
 		return driver.NotCommitted(err)
 	}
 	return err
+}
+
+// connClosed reports whether err is pgconn's "conn closed". pgconn says it
+// is safe to retry, as it is when a statement finds its connection already
+// closed; but it is also what a simple-protocol statement (a COMMIT)
+// returns when the connection broke while it waited for the answer, after
+// the server had received it.
+func connClosed(err error) bool {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if r, ok := e.(interface{ SafeToRetry() bool }); ok && r.SafeToRetry() && e.Error() == "conn closed" {
+			return true
+		}
+	}
+	return false
 }
 
 // pgCode returns the SQLSTATE of a server error, or "".
