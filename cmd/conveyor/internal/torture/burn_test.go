@@ -125,7 +125,7 @@ func TestCheckerCPUFaultExplainsNothing(t *testing.T) {
 	in := &Input{Lease: 2 * time.Second, Acked: map[int64]string{1: tok(1), 2: tok(2)}, Events: events, Deaths: deaths,
 		Jobs: map[int64]*FinalJob{
 			1: {ID: 1, Kind: KindWork, State: "completed", Attempt: 2, Token: tok(1), Errors: []AttemptErr{expired(1)}},
-			2: {ID: 2, Kind: KindWork, State: "completed", Attempt: 2, Token: tok(2), Errors: []AttemptErr{{1, "database is locked"}}},
+			2: {ID: 2, Kind: KindWork, State: "completed", Attempt: 2, Token: tok(2), Errors: []AttemptErr{{Attempt: 1, Error: "database is locked"}}},
 		},
 		Execs: []Exec{
 			{Job: 1, Attempt: 1, Kind: KindWork, Proc: "w1.0", PID: 100, Start: sec(0.05), End: sec(0.35), Outcome: OutcomeOK},

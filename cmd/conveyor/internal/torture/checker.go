@@ -117,6 +117,9 @@ type AttemptErr struct {
 	// Attempt is the attempt the entry is about; Error its message.
 	Attempt int
 	Error   string
+	// At is when the entry was recorded, by the database's clock (zero
+	// when unknown).
+	At time.Time
 }
 
 // FinalJob is a job's row as read through the public API after the drain.
@@ -212,6 +215,10 @@ type Input struct {
 	// checkBatches).
 	Batches   []BatchRec
 	BatchSeen []BatchSeen
+	// DBOffset is the database's clock minus the run's (non-zero only
+	// where a fault skews the database's clock), to read AttemptErr.At
+	// by the run's clock.
+	DBOffset time.Duration
 }
 
 // Renewal is one lease renewal: when it was sent and when it returned.
@@ -698,6 +705,9 @@ func (in *Input) cause(e Exec, later []Exec, j *FinalJob, errAt map[int][]string
 		if ev, ok := in.faultFor(e, farFuture); ok {
 			return "lease expired: " + ev.Kind, true
 		}
+		if ev, ok := in.diedBeforeRescue(e, j); ok {
+			return diedBeforeRescueCause + ev.Kind, true
+		}
 		return "lease expired while its process was live and connected (premature rescue)", false
 	}
 	if len(msgs) > 0 {
@@ -725,6 +735,42 @@ func (in *Input) cause(e Exec, later []Exec, j *FinalJob, errAt map[int][]string
 		return "completed, yet the job ran again", false
 	}
 	return "attempt ended without an error entry", false
+}
+
+// diedBeforeRescueCause explains a rescue of an attempt whose handler
+// had returned but whose outcome its process had not yet written (on a
+// loaded machine the write can wait longer than a lease) when the
+// process died: the lease was taken after the death, from nobody.
+const diedBeforeRescueCause = "lease expired after its process died with the outcome unwritten: "
+
+// diedBeforeRescue finds the death (kill or exit) of e's process that
+// came before the rescue of e's attempt was recorded, for an execution
+// whose handler had returned: faultFor only looks one lease past the
+// handler's return, and a process whose outcome write waited longer than
+// that may die later still with the outcome unwritten. A rescue recorded
+// while the process lived is not explained here.
+func (in *Input) diedBeforeRescue(e Exec, j *FinalJob) (Event, bool) {
+	if e.End.IsZero() {
+		return Event{}, false
+	}
+	var rescuedAt time.Time
+	for _, ae := range j.Errors {
+		if ae.Attempt == e.Attempt && strings.HasPrefix(ae.Error, leaseExpiredPrefix) && !ae.At.IsZero() {
+			rescuedAt = ae.At.Add(-in.DBOffset)
+		}
+	}
+	if rescuedAt.IsZero() {
+		return Event{}, false
+	}
+	for _, ev := range in.Events {
+		if ev.PID != e.PID || (ev.Kind != EventKill && ev.Kind != EventExit && ev.Kind != EventWriterKill) {
+			continue
+		}
+		if !ev.Start.Before(e.End) && !rescuedAt.Before(ev.Start) {
+			return ev, true
+		}
+	}
+	return Event{}, false
 }
 
 // slowRenewalCause explains an attempt that its engine cut off because a

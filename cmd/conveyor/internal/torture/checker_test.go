@@ -143,7 +143,7 @@ func TestCheckerReportsPlantedStaleAck(t *testing.T) {
 	w.exec(41, 1, 300, 1, 1.2, OutcomeOK)
 	// Job 42: attempt 1 was rescued, then its late failure was applied
 	// too (two entries for one attempt).
-	w.job(42, "completed", 2, expired(1), AttemptErr{1, "handler failed"})
+	w.job(42, "completed", 2, expired(1), AttemptErr{Attempt: 1, Error: "handler failed"})
 	w.exec(42, 1, 100, 1, 8, OutcomeError)
 	w.exec(42, 2, 200, 9, 9.1, OutcomeOK)
 	f := Check(w.in)
@@ -190,7 +190,7 @@ func TestCheckerReportsRolledBackAndDuplicateRows(t *testing.T) {
 func TestCheckerPoisonAndExplainedFailures(t *testing.T) {
 	w := newWorld()
 	w.in.Poison[KindPanic] = true
-	j := w.job(70, "discarded", 3, AttemptErr{1, "job panicked"}, AttemptErr{2, "job panicked"}, AttemptErr{3, "job panicked"})
+	j := w.job(70, "discarded", 3, AttemptErr{Attempt: 1, Error: "job panicked"}, AttemptErr{Attempt: 2, Error: "job panicked"}, AttemptErr{Attempt: 3, Error: "job panicked"})
 	j.Kind = KindPanic
 	for a := 1; a <= 3; a++ {
 		w.exec(70, a, 100, float64(a), float64(a)+0.01, OutcomePanic)
@@ -220,7 +220,7 @@ func TestCheckerPoisonAndExplainedFailures(t *testing.T) {
 func TestCheckerLeaseDeadlineAfterPause(t *testing.T) {
 	const cutOff = lab.LeaseDeadlineMessage
 	w := newWorld()
-	w.job(80, "completed", 2, AttemptErr{1, cutOff})
+	w.job(80, "completed", 2, AttemptErr{Attempt: 1, Error: cutOff})
 	w.exec(80, 1, 300, 1, 6.6, OutcomeError)
 	w.event(EventPause, 300, 1.2, 6.5)
 	w.exec(80, 2, 200, 7, 7.1, OutcomeOK)
@@ -233,7 +233,7 @@ func TestCheckerLeaseDeadlineAfterPause(t *testing.T) {
 	}
 
 	w = newWorld()
-	w.job(81, "completed", 2, AttemptErr{1, cutOff})
+	w.job(81, "completed", 2, AttemptErr{Attempt: 1, Error: cutOff})
 	w.exec(81, 1, 300, 1, 3, OutcomeError)
 	w.exec(81, 2, 200, 4, 4.1, OutcomeOK)
 	assertFailure(t, Check(w.in), "1 unexplained duplicate executions")
@@ -247,7 +247,7 @@ func TestCheckerLeaseDeadlineAfterSlowRenewal(t *testing.T) {
 	const cutOff = lab.LeaseDeadlineMessage
 	planted := func(renewals map[int][]Renewal) *Findings {
 		w := newWorld()
-		w.job(82, "completed", 2, AttemptErr{1, cutOff})
+		w.job(82, "completed", 2, AttemptErr{Attempt: 1, Error: cutOff})
 		w.exec(82, 1, 300, 1, 3, OutcomeError)
 		w.exec(82, 2, 300, 3.3, 3.4, OutcomeOK)
 		w.in.SlowRenewals = renewals
@@ -274,7 +274,7 @@ func TestCheckerLeaseDeadlineHandlerReturnsLate(t *testing.T) {
 	const cutOff = lab.LeaseDeadlineMessage
 	planted := func(cancelled float64) *Findings {
 		w := newWorld()
-		w.job(85, "completed", 2, AttemptErr{1, cutOff})
+		w.job(85, "completed", 2, AttemptErr{Attempt: 1, Error: cutOff})
 		w.exec(85, 1, 300, 1, 3, OutcomeError)
 		w.in.Execs[len(w.in.Execs)-1].Cancelled = at(cancelled)
 		w.exec(85, 2, 300, 3.3, 3.4, OutcomeOK)
@@ -304,7 +304,7 @@ func TestCheckerLeaseDeadlineInHandlerError(t *testing.T) {
 	slow := map[int][]Renewal{300: {{Sent: at(1.6), Done: at(3.2)}}}
 	planted := func(msg string, renewals map[int][]Renewal) *Findings {
 		w := newWorld()
-		w.job(83, "completed", 2, AttemptErr{1, msg})
+		w.job(83, "completed", 2, AttemptErr{Attempt: 1, Error: msg})
 		w.exec(83, 1, 300, 1, 3, OutcomeError)
 		w.exec(83, 2, 200, 3.3, 3.4, OutcomeOK)
 		w.in.SlowRenewals = renewals
@@ -323,7 +323,7 @@ func TestCheckerLeaseDeadlineInHandlerError(t *testing.T) {
 	assertFailure(t, planted("read failed: context canceled (conveyor: client shutting down)", slow), "1 unexplained duplicate executions")
 
 	w := newWorld()
-	w.job(84, "completed", 2, AttemptErr{1, wrapped})
+	w.job(84, "completed", 2, AttemptErr{Attempt: 1, Error: wrapped})
 	w.exec(84, 1, 300, 1, 6.6, OutcomeError)
 	w.event(EventPause, 300, 1.2, 6.5)
 	w.exec(84, 2, 200, 7, 7.1, OutcomeOK)
@@ -650,4 +650,45 @@ func TestCheckerClaimLostInRestart(t *testing.T) {
 		t.Fatalf("with synchronous claims: unexplained %v overlaps %v", f.Unexplained, f.Overlaps)
 	}
 	assertFailure(t, f, "attempt run twice without a shutdown")
+}
+
+// An attempt whose handler returned but whose outcome its process had
+// not written when it was killed, more than a lease later (a write that
+// waited on a loaded machine): rescued after the kill, it is explained
+// by the kill; rescued while the process lived, it is premature. The
+// rescue's time is by the database's clock, read through DBOffset.
+func TestCheckerRescueAfterDeathOfAFinishedHandler(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		offset    float64 // the database's clock minus the run's, s
+		rescuedAt float64 // by the database's clock, s
+		explained bool
+	}{
+		{"rescued after the kill", 0, 6, true},
+		{"rescued while the process lived", 0, 4, false},
+		{"database clock ahead, after the kill", 300, 306, true},
+		{"database clock ahead, while it lived", 300, 304, false},
+		{"database clock behind, after the kill", -300, -294, true},
+		{"database clock behind, while it lived", -300, -296, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := newWorld()
+			w.in.DBOffset = time.Duration(c.offset * float64(time.Second))
+			w.job(90, "completed", 2, AttemptErr{Attempt: 1, Error: "lease expired: host/100/ab stopped heartbeating", At: at(c.rescuedAt)})
+			w.exec(90, 1, 100, 1, 1.1, OutcomeOK) // returned; the lease would end by 3.1 unrenewed
+			w.event(EventKill, 100, 5, 5)
+			w.exec(90, 2, 200, 7, 7.1, OutcomeOK)
+			f := Check(w.in)
+			if c.explained {
+				if fl := f.Failures(); len(fl) > 0 {
+					t.Fatalf("failures: %v", fl)
+				}
+				if f.DuplicateCauses[diedBeforeRescueCause+EventKill] != 1 {
+					t.Fatalf("causes %v", f.DuplicateCauses)
+				}
+				return
+			}
+			assertFailure(t, f, "premature rescue")
+		})
+	}
 }

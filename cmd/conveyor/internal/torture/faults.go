@@ -409,6 +409,7 @@ func skewFault(name string, workerSkew time.Duration) *fault {
 			if err != nil {
 				return err
 			}
+			p.dbOffset = off
 			p.injected = append(p.injected, fmt.Sprintf("worker clocks %+.1fs from a private database's", -off.Seconds()))
 			if d := -off - workerSkew; d > 5*time.Second || d < -5*time.Second {
 				p.fail("clock skew not in effect: measured %v, wanted %v", -off, workerSkew)

@@ -281,7 +281,10 @@ type phase struct {
 	injected        []string
 	notes, failures []string
 	private         *privateServer
-	expectExits     bool
+	// dbOffset is the database's clock minus the run's, measured where a
+	// fault skews it (zero otherwise: one machine, one clock).
+	dbOffset    time.Duration
+	expectExits bool
 	// nodeOf maps a process slot to its node, with Options.Cluster.
 	nodeOf map[string]int
 
@@ -792,7 +795,7 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 		Jobs: jobs, Events: events, Deaths: deaths, Poison: p.poison, Applied: rs.applied,
 		AppliedAt: rs.appliedAt, Told: rs.told, Tick: p.tick, TickStop: p.tickStop,
 		AsyncClaims: p.backend == "postgres", SlowRenewals: rs.slowBeats, Limits: p.limits,
-		Batches: rs.batches, BatchSeen: rs.batchSeen}
+		Batches: rs.batches, BatchSeen: rs.batchSeen, DBOffset: p.dbOffset}
 	for proc, at := range rs.ready {
 		pid := rs.pids[proc]
 		in.Ups = append(in.Ups, Up{Proc: proc, PID: pid, Ready: at, End: deaths[pid]})
@@ -1031,7 +1034,7 @@ func (p *phase) finalJobs(ctx context.Context) (map[int64]*FinalJob, error) {
 				fj.Token, fj.U, fj.W = pl.Tok, pl.U, pl.W
 			}
 			for _, e := range j.Errors {
-				fj.Errors = append(fj.Errors, AttemptErr{Attempt: e.Attempt, Error: e.Error})
+				fj.Errors = append(fj.Errors, AttemptErr{Attempt: e.Attempt, Error: e.Error, At: e.At})
 			}
 			out[j.ID] = fj
 			after = j.ID
