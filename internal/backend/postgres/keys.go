@@ -7,7 +7,6 @@ import (
 	"math"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -620,26 +619,7 @@ func (s *segStore) keyHeld(ctx context.Context) (map[string]int64, error) {
 // still names in its own snapshot; if not, it frees nothing and runs
 // again on a fresh view (as sweepSlots).
 func (s *segStore) sweepKept(ctx context.Context) (int64, error) {
-	for round := 0; ; round++ {
-		v, err := s.refresh(ctx, time.Now())
-		if err != nil {
-			return 0, err
-		}
-		var same bool
-		var freed, woke int64
-		err = s.d.pool.QueryRow(ctx, s.stmt(&s.d.q.SegSweepKept, v, v.srcs(phReady, phWaiting)), v.liveSig(phReady, phWaiting)).
-			Scan(&same, &freed, &woke)
-		if s.goneSegment(err) {
-			err, same = nil, false
-		}
-		if err != nil || same {
-			return freed, err
-		}
-		s.stale.Add(1)
-		if round == sweepRounds {
-			return 0, fmt.Errorf("the segment registry changed during each of %d sweeps of the kept key slots", sweepRounds+1)
-		}
-	}
+	return s.sweepChecked(ctx, &s.d.q.SegSweepKept, "kept key slots", phReady, phWaiting)
 }
 
 // ranOut reports whether the walk examined every key with due jobs: it

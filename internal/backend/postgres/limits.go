@@ -606,6 +606,19 @@ const sweepRounds = 3
 // if not, it frees nothing and runs again on a fresh view. It returns
 // how many slots it freed.
 func (s *segStore) sweepSlots(ctx context.Context) (int64, error) {
+	return s.sweepChecked(ctx, &s.d.q.SegSweepSlots, "limit slots", phRunning)
+}
+
+// sweepChecked runs a sweep statement (tpl) on the live segments of
+// phases of a view read anew for it, never a cached one, with their
+// signature (liveSig), which the statement compares with the registry in
+// its own snapshot: it frees nothing when they differ (a segment created
+// or retired since the view was read), and the sweep runs again on a
+// fresh view, sweepRounds times at most. The statement returns whether
+// the registry was the same, how many slots it freed and how many jobs it
+// woke; what names the slots in the error. It returns how many slots it
+// freed.
+func (s *segStore) sweepChecked(ctx context.Context, tpl *string, what string, phases ...string) (int64, error) {
 	for round := 0; ; round++ {
 		v, err := s.refresh(ctx, time.Now())
 		if err != nil {
@@ -613,7 +626,7 @@ func (s *segStore) sweepSlots(ctx context.Context) (int64, error) {
 		}
 		var same bool
 		var freed, woke int64
-		err = s.d.pool.QueryRow(ctx, s.stmt(&s.d.q.SegSweepSlots, v, v.live[phRunning]), v.liveSig(phRunning)).
+		err = s.d.pool.QueryRow(ctx, s.stmt(tpl, v, v.srcs(phases...)), v.liveSig(phases...)).
 			Scan(&same, &freed, &woke)
 		if s.goneSegment(err) {
 			err, same = nil, false
@@ -623,7 +636,7 @@ func (s *segStore) sweepSlots(ctx context.Context) (int64, error) {
 		}
 		s.stale.Add(1)
 		if round == sweepRounds {
-			return 0, fmt.Errorf("the segment registry changed during each of %d sweeps of the limit slots", sweepRounds+1)
+			return 0, fmt.Errorf("the segment registry changed during each of %d sweeps of the %s", sweepRounds+1, what)
 		}
 	}
 }
