@@ -1023,6 +1023,11 @@ type BatchRow struct {
 	Callback InsertParams
 	// Members are the batch's jobs by id.
 	Members []BatchMember
+	// Waiting are the batches it waits for (BatchParams.After) whose
+	// callback is not enqueued yet, by id: each callback becomes a
+	// member once enqueued. Read before Members, so that a batch firing
+	// meanwhile may be in both, never in neither.
+	Waiting []int64
 }
 
 // BatchMember is one job of a batch.

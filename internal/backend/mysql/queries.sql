@@ -364,8 +364,12 @@ DELETE FROM `{p}batch_deps` WHERE batch_id IN ({ids})
 -- name: prune_batches
 DELETE FROM `{p}batches` WHERE id IN ({ids})
 
+-- The batch id twice: the batch, and the batches it waits for whose
+-- callback is not enqueued yet (a JSON array of their ids, NULL for
+-- none), read before its members: a batch that fires in between is then
+-- listed twice (waited for, and its callback a member), never left out.
 -- name: get_batch
-SELECT id, callback, callback_id, created_at, fired_at FROM `{p}batches` WHERE id = ?
+SELECT id, callback, callback_id, created_at, fired_at, (SELECT JSON_ARRAYAGG(d.dep_batch_id) FROM `{p}batch_deps` d JOIN `{p}batches` p ON p.id = d.dep_batch_id WHERE d.batch_id = ? AND p.callback_id IS NULL) FROM `{p}batches` WHERE id = ?
 
 -- name: job_batch
 -- The job id twice: the batch it is a member of and the batch whose

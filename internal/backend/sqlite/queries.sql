@@ -227,7 +227,14 @@ SELECT 1 FROM {p}batches b
 UPDATE {p}batches SET callback_id = ?2, fired_at = {now} WHERE id = ?1 AND callback_id IS NULL
 
 -- name: get_batch
-SELECT id, callback, callback_id, created_at, fired_at FROM {p}batches WHERE id = ?1
+-- The batch, and the batches it waits for whose callback is not
+-- enqueued yet (a JSON array of their ids), read before its members: a
+-- batch that fires in between is then listed twice (waited for, and its
+-- callback a member), never left out.
+SELECT id, callback, callback_id, created_at, fired_at,
+       (SELECT json_group_array(d.dep_batch_id) FROM {p}batch_deps d JOIN {p}batches p ON p.id = d.dep_batch_id
+         WHERE d.batch_id = ?1 AND p.callback_id IS NULL)
+  FROM {p}batches WHERE id = ?1
 
 -- name: job_batch
 -- ?1 job id: the batch it is a member of and the batch whose callback it
