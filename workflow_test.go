@@ -223,6 +223,16 @@ func TestWorkflowBatchWaiting(t *testing.T) {
 			}
 		}
 		fire(2) // B and C
+		// B's job, a job of D's batch, is read as its member, as A is of
+		// B's batch.
+		for _, m := range []struct {
+			name          string
+			id, batch, of int64
+		}{{"A", wf.JobIDs["A"], min(wf.BatchIDs["B"], wf.BatchIDs["C"]), 0}, {"B", batch("B").CallbackID, wf.BatchIDs["D"], wf.BatchIDs["B"]}} {
+			if j := jobState(t, c, m.id); j.BatchID != m.batch || j.CallbackOf != m.of {
+				t.Errorf("job %s: batch %d, callback of %d; want %d, %d", m.name, j.BatchID, j.CallbackOf, m.batch, m.of)
+			}
+		}
 		if d := batch("D"); d.Finished() || len(d.Jobs) != 2 || d.Counts[conveyor.JobStateAvailable] != 2 || len(d.WaitingFor) != 0 {
 			t.Fatalf("D's batch once B and C are enqueued: finished %v, %d jobs %v, waiting for %v", d.Finished(), len(d.Jobs), d.Counts, d.WaitingFor)
 		}

@@ -251,7 +251,8 @@ type JobRow struct {
 	// nil.
 	Result json.RawMessage
 	// BatchID is the batch the job is a member of (a row of the batch's
-	// jobs; the lowest id of those of a workflow's job several steps
+	// jobs, or for a callback a batch that waits for the batch it
+	// closes; the lowest id of those of a workflow's job several steps
 	// wait for), 0 when it is in none or its batches were pruned. Only
 	// GetJob reads it; other reads leave it 0.
 	BatchID int64

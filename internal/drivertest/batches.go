@@ -21,8 +21,8 @@ func batches(t *testing.T, s suite) {
 
 	// GetJob reports the batch a job is a member of (BatchID) and, once
 	// the batch fired, the batch its callback closes (CallbackOf); a job
-	// of no batch reports 0 for both, as does a callback for BatchID
-	// (it is no member, even of the batch that waits for its batch).
+	// of no batch reports 0 for both. A callback is a member of the batch
+	// that waits for its batch (GetBatch lists it among its members).
 	t.Run("JobBatch", func(t *testing.T) {
 		d := s.setup(t)
 		plain := insertJobs(t, d, job("m", 0))[0]
@@ -75,7 +75,7 @@ func batches(t *testing.T, s suite) {
 			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[0])
 		}
 		cb := fired[bids[0]]
-		check(cb, 0, bids[0])
+		check(cb, bids[1], bids[0])
 		waiting(2)
 		// Finished members keep their batch, the waiting batch's member
 		// its own.

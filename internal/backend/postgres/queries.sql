@@ -157,8 +157,13 @@ SELECT id, callback, callback_id, created_at, fired_at,
 
 -- name: job_batch
 -- $1 job id: the batch it is a member of and the batch whose callback it
--- is, 0 for none; one probe each of the indexes of migration 18.
-SELECT coalesce((SELECT min(batch_id) FROM {p}batch_jobs WHERE job_id = $1), 0),
+-- is, 0 for none; one probe each of the indexes of migration 18. A
+-- callback is a member of the batches that wait for its batch (a
+-- workflow's later steps, which list it among their jobs): found by
+-- batch_deps_dep_idx (migration 19) from the batch it closes.
+SELECT coalesce(least((SELECT min(batch_id) FROM {p}batch_jobs WHERE job_id = $1),
+                      (SELECT min(d.batch_id) FROM {p}batches p JOIN {p}batch_deps d ON d.dep_batch_id = p.id
+                        WHERE p.callback_id = $1)), 0),
        coalesce((SELECT min(id) FROM {p}batches WHERE callback_id = $1), 0)
 
 -- name: awaiting_dependencies
