@@ -64,8 +64,9 @@ const workflowCancelKey = "conveyor.cancel_on_dependency_failure"
 // package (or the TypeScript client's Worker) picks it up, before its
 // handler runs (other HTTP workers get it and must check the batch
 // themselves). Names must be unique and non-empty,
-// dependencies must name jobs of the workflow, and there must be no
-// cycle; otherwise ErrInvalidOpts and nothing is enqueued. Unique jobs
+// dependencies must name jobs of the workflow, there must be no cycle
+// and the policy must be one of the two; otherwise ErrInvalidOpts and
+// nothing is enqueued. Unique jobs
 // are refused as in batches. A database error says, as Enqueue's, that
 // nothing was inserted or that the workflow may exist.
 func (c *Client[TTx]) EnqueueWorkflow(ctx context.Context, jobs []WorkflowJob, opts *WorkflowOpts) (*Workflow, error) {
@@ -81,6 +82,9 @@ func (c *Client[TTx]) enqueueWorkflow(ctx context.Context, tx any, jobs []Workfl
 	order, err := workflowOrder(jobs)
 	if err != nil {
 		return nil, err
+	}
+	if opts != nil && opts.OnDependencyFailure != CancelDependents && opts.OnDependencyFailure != RunDependents {
+		return nil, fmt.Errorf("%w: workflow: OnDependencyFailure %d is neither CancelDependents nor RunDependents", ErrInvalidOpts, opts.OnDependencyFailure)
 	}
 	cancel := opts == nil || opts.OnDependencyFailure == CancelDependents
 	// Roots first, then the others in dependency order; items follow

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -241,4 +242,27 @@ func TestWorkflowBatchWaiting(t *testing.T) {
 			t.Fatalf("D's batch once B and C completed: finished %v, %d jobs %v", d.Finished(), len(d.Jobs), d.Counts)
 		}
 	})
+}
+
+// TestWorkflowUnknownPolicy: a failure policy that is neither
+// CancelDependents nor RunDependents is refused with ErrInvalidOpts
+// naming it, and nothing is enqueued; it used to be taken for
+// RunDependents.
+func TestWorkflowUnknownPolicy(t *testing.T) {
+	ctx := context.Background()
+	cfg := fast(testdb.Prefix())
+	cfg.AllowUnregisteredKinds = true
+	c := openDropped(t, filepath.Join(t.TempDir(), "c.db"), cfg)
+	_, err := c.EnqueueWorkflow(ctx, []conveyor.WorkflowJob{
+		{Name: "A", Args: step{Name: "A"}}, {Name: "B", Args: step{Name: "B"}, DependsOn: []string{"A"}},
+	}, &conveyor.WorkflowOpts{OnDependencyFailure: 7})
+	if !errors.Is(err, conveyor.ErrInvalidOpts) || !strings.Contains(err.Error(), "7") {
+		t.Fatalf("policy 7: %v, want ErrInvalidOpts naming it", err)
+	}
+	if js, err := c.Jobs(ctx, conveyor.JobFilter{}); err != nil || len(js) != 0 {
+		t.Fatalf("jobs after a refused workflow: %d %v", len(js), err)
+	}
+	if st, err := c.Stats(ctx); err != nil || len(st.Queues) != 0 {
+		t.Fatalf("queues after a refused workflow: %+v %v", st, err)
+	}
 }
