@@ -34,6 +34,12 @@ type Batch struct {
 	Counts map[JobState]int
 	// Jobs are the batch's jobs by id.
 	Jobs []BatchJob
+	// WaitingFor are, for a workflow step's batch, the batches of its
+	// dependencies that are steps themselves and not enqueued yet (their
+	// callbacks, the dependencies' jobs, do not exist yet), by id: each
+	// dependency becomes one of Jobs once enqueued. Empty for a batch of
+	// EnqueueBatch.
+	WaitingFor []int64 `json:",omitempty"`
 }
 
 // BatchJob is one job of a batch.
@@ -47,8 +53,12 @@ type BatchJob struct {
 }
 
 // Finished reports whether every job of the batch has finished
-// (completed, discarded or cancelled, or deleted by retention).
+// (completed, discarded or cancelled, or deleted by retention), and none
+// is still to be enqueued (WaitingFor is empty).
 func (b *Batch) Finished() bool {
+	if len(b.WaitingFor) > 0 {
+		return false
+	}
 	for _, j := range b.Jobs {
 		switch j.State {
 		case JobStateCompleted, JobStateDiscarded, JobStateCancelled, "":
@@ -132,14 +142,15 @@ func (c *Client[TTx]) enqueueBatch(ctx context.Context, tx any, jobs []EnqueueIt
 }
 
 // Batch returns batch id (ErrBatchNotFound if there is none) with every
-// job's state and result.
+// job's state and result, and for a workflow step the batches of its
+// dependencies not enqueued yet.
 func (c *Client[TTx]) Batch(ctx context.Context, id int64) (*Batch, error) {
 	r, err := c.drv.GetBatch(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	b := &Batch{ID: r.ID, CreatedAt: r.CreatedAt, CallbackID: r.CallbackID, FiredAt: r.FiredAt,
-		CallbackKind: r.Callback.Kind, Counts: map[JobState]int{}, Jobs: make([]BatchJob, len(r.Members))}
+		CallbackKind: r.Callback.Kind, Counts: map[JobState]int{}, Jobs: make([]BatchJob, len(r.Members)), WaitingFor: r.Waiting}
 	for i, m := range r.Members {
 		b.Jobs[i] = BatchJob{ID: m.ID, State: JobState(m.State), Result: m.Result}
 		b.Counts[JobState(m.State)]++

@@ -433,6 +433,9 @@ func (c *Client[TTx]) EnqueueManyTx(ctx context.Context, tx TTx, items []Enqueue
 func (c *Client[TTx]) EnqueueBulk(ctx context.Context, items []EnqueueItem) (int64, error) {
 	var n int64
 	err := c.enqueueThrough(ctx, items, func(ctx context.Context, ps []driver.InsertParams) (err error) {
+		if len(ps) == 0 { // the middleware passed on none
+			return nil
+		}
 		n, err = c.eng.BulkInsert(ctx, ps)
 		return ownTxError(len(ps), err)
 	})

@@ -362,7 +362,9 @@ var ErrInvalidResult = errors.New("conveyor: invalid job result")
 // job (the handler returns nil), in the same transaction as the
 // completion and fenced like it: the result of an attempt that no longer
 // owns the job (rescued, cancelled) is refused with its outcome. Read it
-// back with Client.Job (JobInfo.Result). It returns an error wrapping
+// back with Client.Job (JobInfo.Result). A v that encodes as JSON null
+// (nil, a nil map, slice or pointer) is no result: it clears one set
+// before. It returns an error wrapping
 // ErrInvalidResult, and records nothing, when v does not encode, is over
 // MaxResultBytes or ctx is not a handler's; the handler decides whether
 // that fails the attempt.
@@ -387,9 +389,12 @@ func encodeResult(v any) (json.RawMessage, error) {
 	return checkResult(b)
 }
 
-// checkResult checks an encoded result as encodeResult does.
+// checkResult checks an encoded result as encodeResult does. JSON null
+// is no result: it returns nil, as the HTTP API's completion takes it.
 func checkResult(b []byte) (json.RawMessage, error) {
 	switch {
+	case string(bytes.TrimSpace(b)) == "null":
+		return nil, nil
 	case !json.Valid(b) || !utf8.Valid(b):
 		return nil, fmt.Errorf("%w: not valid UTF-8 JSON", ErrInvalidResult)
 	case bytes.Contains(b, []byte(`\ufffd`)):

@@ -39,14 +39,18 @@ func chainWork(mws []WorkMiddleware, job *JobInfo, h func(ctx context.Context) e
 
 // enqueueThrough runs the client's enqueue middleware, the first
 // outermost, around the enqueue proper: the schema check, the items
-// checked and encoded, and insert, which runs only when there are jobs.
+// checked and encoded, and insert, which runs unless the call was given
+// no jobs: a middleware that passed on none is seen by insert, which
+// refuses that when its call returns one result per job given (or is a
+// batch or a workflow).
 func (c *Client[TTx]) enqueueThrough(ctx context.Context, items []EnqueueItem, insert func(ctx context.Context, ps []driver.InsertParams) error) error {
+	given := len(items)
 	do := func(ctx context.Context, items []EnqueueItem) error {
 		if err := c.ready(ctx); err != nil {
 			return err
 		}
 		ps, err := c.params(items)
-		if err != nil || len(ps) == 0 {
+		if err != nil || given == 0 {
 			return err
 		}
 		return insert(ctx, ps)

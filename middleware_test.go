@@ -169,3 +169,52 @@ func TestEnqueueMiddlewareChangingTheCount(t *testing.T) {
 		}
 	})
 }
+
+// TestEnqueueMiddlewareDroppingEveryJob: an enqueue middleware that passes
+// on no jobs at all is refused, as one that passes on fewer, by the calls
+// that return one result per job given and by batches and workflows; it
+// used to be taken for an enqueue of nothing, answered with no error: a
+// batch id of 0, a workflow without jobs, no results.
+func TestEnqueueMiddlewareDroppingEveryJob(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		cfg := fast(testdb.Prefix())
+		cfg.AllowUnregisteredKinds = true
+		cfg.EnqueueMiddleware = []conveyor.EnqueueMiddleware{func(ctx context.Context, items []conveyor.EnqueueItem, next func(context.Context, []conveyor.EnqueueItem) error) error {
+			return next(ctx, nil)
+		}}
+		c := openDropped(t, dsn, cfg)
+		refused := func(what string, err error) {
+			t.Helper()
+			if err == nil || !strings.Contains(err.Error(), "middleware passed on 0 jobs") {
+				t.Errorf("%s: %v; want an error naming the middleware", what, err)
+			}
+		}
+		_, err := c.Enqueue(ctx, tagged{"a"}, nil)
+		refused("Enqueue", err)
+		_, err = c.EnqueueMany(ctx, []conveyor.EnqueueItem{{Args: tagged{"b"}}})
+		refused("EnqueueMany", err)
+		tx, commit, rollback := beginTx(t, dsn)
+		t.Cleanup(func() { _ = rollback() })
+		_, err = c.EnqueueManyTx(ctx, tx, []conveyor.EnqueueItem{{Args: tagged{"c"}}})
+		refused("EnqueueManyTx", err)
+		_, _, err = c.EnqueueBatch(ctx, []conveyor.EnqueueItem{{Args: tagged{"d"}}}, conveyor.EnqueueItem{Args: tagged{"e"}})
+		refused("EnqueueBatch", err)
+		_, _, err = c.EnqueueBatchTx(ctx, tx, []conveyor.EnqueueItem{{Args: tagged{"f"}}}, conveyor.EnqueueItem{Args: tagged{"g"}})
+		refused("EnqueueBatchTx", err)
+		_, err = c.EnqueueWorkflow(ctx, []conveyor.WorkflowJob{{Name: "h", Args: tagged{"h"}}, {Name: "i", Args: tagged{"i"}, DependsOn: []string{"h"}}}, nil)
+		refused("EnqueueWorkflow", err)
+		_, err = c.EnqueueWorkflowTx(ctx, tx, []conveyor.WorkflowJob{{Name: "j", Args: tagged{"j"}}}, nil)
+		refused("EnqueueWorkflowTx", err)
+		if err := commit(); err != nil {
+			t.Fatal(err)
+		}
+		// EnqueueBulk takes what the middleware passes on: nothing.
+		if n, err := c.EnqueueBulk(ctx, []conveyor.EnqueueItem{{Args: tagged{"k"}}}); n != 0 || err != nil {
+			t.Errorf("EnqueueBulk: %d, %v; want 0 jobs inserted", n, err)
+		}
+		if got := tagsOf(t, c); len(got) != 0 {
+			t.Fatalf("jobs %v written by refused enqueues", got)
+		}
+	})
+}

@@ -179,7 +179,7 @@ func (r *RemoteWorkers) Renew(ctx context.Context, id, fence int64, lease time.D
 }
 
 // Complete records the success of job id's attempt claimed under fence,
-// with the attempt's result when result is not empty: JSON, checked as
+// with the attempt's result when result is not empty nor JSON null: JSON, checked as
 // SetResult checks it (an error wrapping ErrInvalidResult, and nothing
 // written, otherwise), stored only if the completion is applied. It waits
 // until the outcome is written, batched with the client's other outcomes;

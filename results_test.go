@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
@@ -168,4 +170,48 @@ func TestJobResultsFreeLimitSlots(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestJobResultNull: a result that is JSON null is no result, as the
+// HTTP API's completion takes it: SetResult(ctx, nil) clears a result set
+// before (the last call wins), and RemoteWorkers.Complete with null
+// stores none. Both used to store the JSON null, read back as a result
+// (JobInfo.Result "null", not nil) unlike the API's.
+func TestJobResultNull(t *testing.T) {
+	ctx := context.Background()
+	cfg := fast(testdb.Prefix())
+	cfg.AllowUnregisteredKinds = true
+	c := openDropped(t, filepath.Join(t.TempDir(), "c.db"), cfg)
+	conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[sum]) error {
+		if err := conveyor.SetResult(ctx, "set first"); err != nil {
+			return err
+		}
+		var none map[string]int
+		return conveyor.SetResult(ctx, none)
+	}))
+	id, err := c.Enqueue(ctx, sum{A: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w, err := seam.WorkOne(ctx, c, id); err != nil || w.Err != nil || !w.Applied {
+		t.Fatalf("work: %+v %v", w, err)
+	}
+	if j := jobState(t, c, id); j.State != conveyor.JobStateCompleted || j.Result != nil {
+		t.Errorf("SetResult(nil) after a result: %s, result %q; want completed without one", j.State, j.Result)
+	}
+	remote, err := c.Enqueue(ctx, tagged{"r"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rw := c.RemoteWorkers()
+	got, err := rw.Claim(ctx, conveyor.RemoteClaim{Worker: "w", Lease: time.Minute})
+	if err != nil || len(got) != 1 || got[0].ID != remote {
+		t.Fatalf("claim: %v %v", got, err)
+	}
+	if err := rw.Complete(ctx, remote, got[0].Fence, []byte(" null ")); err != nil {
+		t.Fatal(err)
+	}
+	if j := jobState(t, c, remote); j.State != conveyor.JobStateCompleted || j.Result != nil {
+		t.Errorf("Complete with null: %s, result %q; want completed without one", j.State, j.Result)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
@@ -63,8 +64,9 @@ const workflowCancelKey = "conveyor.cancel_on_dependency_failure"
 // package (or the TypeScript client's Worker) picks it up, before its
 // handler runs (other HTTP workers get it and must check the batch
 // themselves). Names must be unique and non-empty,
-// dependencies must name jobs of the workflow, and there must be no
-// cycle; otherwise ErrInvalidOpts and nothing is enqueued. Unique jobs
+// dependencies must name jobs of the workflow, there must be no cycle
+// and the policy must be one of the two; otherwise ErrInvalidOpts and
+// nothing is enqueued. Unique jobs
 // are refused as in batches. A database error says, as Enqueue's, that
 // nothing was inserted or that the workflow may exist.
 func (c *Client[TTx]) EnqueueWorkflow(ctx context.Context, jobs []WorkflowJob, opts *WorkflowOpts) (*Workflow, error) {
@@ -80,6 +82,9 @@ func (c *Client[TTx]) enqueueWorkflow(ctx context.Context, tx any, jobs []Workfl
 	order, err := workflowOrder(jobs)
 	if err != nil {
 		return nil, err
+	}
+	if opts != nil && opts.OnDependencyFailure != CancelDependents && opts.OnDependencyFailure != RunDependents {
+		return nil, fmt.Errorf("%w: workflow: OnDependencyFailure %d is neither CancelDependents nor RunDependents", ErrInvalidOpts, opts.OnDependencyFailure)
 	}
 	cancel := opts == nil || opts.OnDependencyFailure == CancelDependents
 	// Roots first, then the others in dependency order; items follow
@@ -153,8 +158,11 @@ func (c *Client[TTx]) enqueueWorkflow(ctx context.Context, tx any, jobs []Workfl
 }
 
 // workflowOrder checks jobs' names and dependencies and returns their
-// indexes with the jobs without dependencies first, then every job after
-// all of its dependencies.
+// indexes with the jobs without dependencies first, in the order given,
+// then every job after all of its dependencies. It takes time in
+// proportion to the jobs and their dependencies (Kahn's algorithm), so
+// that a workflow of many jobs, or a job with many dependencies, is
+// checked as fast as it is encoded.
 func workflowOrder(jobs []WorkflowJob) ([]int, error) {
 	if len(jobs) == 0 {
 		return nil, fmt.Errorf("%w: a workflow needs at least one job", ErrInvalidOpts)
@@ -169,47 +177,86 @@ func workflowOrder(jobs []WorkflowJob) ([]int, error) {
 		}
 		index[j.Name] = i
 	}
-	for _, j := range jobs {
+	// deps[i] are job i's dependencies by index; dependents the reverse.
+	deps := make([][]int, len(jobs))
+	dependents := make([][]int, len(jobs))
+	seenBy := make([]int, len(jobs)) // 1 + the last job that named it
+	for i, j := range jobs {
+		deps[i] = make([]int, 0, len(j.DependsOn))
 		for _, d := range j.DependsOn {
-			if _, ok := index[d]; !ok {
+			k, ok := index[d]
+			switch {
+			case !ok:
 				return nil, fmt.Errorf("%w: workflow job %q depends on %q, which is not in the workflow", ErrInvalidOpts, j.Name, d)
-			}
-			if d == j.Name || countOf(j.DependsOn, d) > 1 {
+			case k == i || seenBy[k] == i+1:
 				return nil, fmt.Errorf("%w: workflow job %q: dependency %q on itself or named twice", ErrInvalidOpts, j.Name, d)
 			}
+			seenBy[k] = i + 1
+			deps[i] = append(deps[i], k)
+			dependents[k] = append(dependents[k], i)
 		}
 	}
-	var order []int
-	for i, j := range jobs {
-		if len(j.DependsOn) == 0 {
+	order := make([]int, 0, len(jobs))
+	waiting := make([]int, len(jobs)) // dependencies not ordered yet
+	for i := range jobs {
+		waiting[i] = len(deps[i])
+		if waiting[i] == 0 {
 			order = append(order, i)
 		}
 	}
-	placed := make([]bool, len(jobs))
-	for _, i := range order {
-		placed[i] = true
-	}
-	for len(order) < len(jobs) {
-		progress := false
-		for i, j := range jobs {
-			if placed[i] {
-				continue
-			}
-			ready := true
-			for _, d := range j.DependsOn {
-				ready = ready && placed[index[d]]
-			}
-			if ready {
+	for k := 0; k < len(order); k++ {
+		for _, i := range dependents[order[k]] {
+			if waiting[i]--; waiting[i] == 0 {
 				order = append(order, i)
-				placed[i] = true
-				progress = true
 			}
 		}
-		if !progress {
-			return nil, fmt.Errorf("%w: the workflow's dependencies have a cycle", ErrInvalidOpts)
-		}
+	}
+	if len(order) < len(jobs) {
+		return nil, cycleError(jobs, deps, waiting)
 	}
 	return order, nil
+}
+
+// cycleError names a cycle of the jobs left unordered (waiting[i] > 0):
+// each of them waits for another one of them, so following such a
+// dependency from the first of them comes back to a job already passed.
+func cycleError(jobs []WorkflowJob, deps [][]int, waiting []int) error {
+	at := map[int]int{} // job -> its place on the path
+	var path []int
+	i := 0
+	for waiting[i] == 0 {
+		i++
+	}
+	for {
+		if p, ok := at[i]; ok {
+			path = path[p:]
+			break
+		}
+		at[i] = len(path)
+		path = append(path, i)
+		for _, d := range deps[i] {
+			if waiting[d] > 0 {
+				i = d
+				break
+			}
+		}
+	}
+	const most = 10 // links named at most
+	var b strings.Builder
+	for k, i := range path {
+		next := path[(k+1)%len(path)]
+		switch {
+		case k == most:
+			fmt.Fprintf(&b, ", ... (%d jobs in all)", len(path))
+		case k > most:
+			continue
+		case k == 0:
+			fmt.Fprintf(&b, "%q depends on %q", jobs[i].Name, jobs[next].Name)
+		default:
+			fmt.Fprintf(&b, ", %q on %q", jobs[i].Name, jobs[next].Name)
+		}
+	}
+	return fmt.Errorf("%w: the workflow's dependencies have a cycle: %s", ErrInvalidOpts, b.String())
 }
 
 // dependencyFailure returns the error that cancels job, a workflow job
@@ -237,15 +284,4 @@ func (c *Client[TTx]) dependencyFailure(ctx context.Context, job *JobInfo) error
 		}
 	}
 	return nil
-}
-
-// countOf counts s's elements equal to v.
-func countOf(s []string, v string) int {
-	n := 0
-	for _, x := range s {
-		if x == v {
-			n++
-		}
-	}
-	return n
 }

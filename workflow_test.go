@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/conveyorq/conveyor"
+	"github.com/conveyorq/conveyor/internal/seam"
 	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
@@ -168,4 +170,99 @@ func TestWorkflowDiamond(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestWorkflowBatchWaiting: the batch of a workflow step whose
+// dependencies are steps not enqueued yet is not finished, and names the
+// batches it waits for; each dependency becomes one of its jobs once
+// enqueued, and the batch is finished once they have all finished.
+func TestWorkflowBatchWaiting(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		cfg := fast(testdb.Prefix())
+		cfg.AllowUnregisteredKinds = true
+		c := openDropped(t, dsn, cfg)
+		wf, err := c.EnqueueWorkflow(ctx, diamond(false), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		batch := func(name string) *conveyor.Batch {
+			t.Helper()
+			b, err := c.Batch(ctx, wf.BatchIDs[name])
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+		waits := []int64{wf.BatchIDs["B"], wf.BatchIDs["C"]}
+		slices.Sort(waits)
+		if d := batch("D"); d.Finished() || len(d.Jobs) != 0 || !slices.Equal(d.WaitingFor, waits) {
+			t.Fatalf("D's batch before B and C are enqueued: finished %v, %d jobs, waiting for %v; want not finished, waiting for %v", d.Finished(), len(d.Jobs), d.WaitingFor, waits)
+		}
+		if b := batch("B"); b.Finished() || len(b.Jobs) != 1 || len(b.WaitingFor) != 0 {
+			t.Fatalf("B's batch: finished %v, %d jobs, waiting for %v", b.Finished(), len(b.Jobs), b.WaitingFor)
+		}
+		rw := c.RemoteWorkers()
+		complete := func(n int) {
+			t.Helper()
+			got, err := rw.Claim(ctx, conveyor.RemoteClaim{Worker: "w", Lease: time.Minute, Limit: n})
+			if err != nil || len(got) != n {
+				t.Fatalf("claim %d: %d %v", n, len(got), err)
+			}
+			for _, j := range got {
+				if err := rw.Complete(ctx, j.ID, j.Fence, []byte(`"r"`)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		complete(1) // A
+		fire := func(want int) {
+			t.Helper()
+			fired, err := seam.DriverOf(c).FireBatches(ctx, 10)
+			if err != nil || len(fired) != want {
+				t.Fatalf("fired %v, %v; want %d", fired, err, want)
+			}
+		}
+		fire(2) // B and C
+		// B's job, a job of D's batch, is read as its member, as A is of
+		// B's batch.
+		for _, m := range []struct {
+			name          string
+			id, batch, of int64
+		}{{"A", wf.JobIDs["A"], min(wf.BatchIDs["B"], wf.BatchIDs["C"]), 0}, {"B", batch("B").CallbackID, wf.BatchIDs["D"], wf.BatchIDs["B"]}} {
+			if j := jobState(t, c, m.id); j.BatchID != m.batch || j.CallbackOf != m.of {
+				t.Errorf("job %s: batch %d, callback of %d; want %d, %d", m.name, j.BatchID, j.CallbackOf, m.batch, m.of)
+			}
+		}
+		if d := batch("D"); d.Finished() || len(d.Jobs) != 2 || d.Counts[conveyor.JobStateAvailable] != 2 || len(d.WaitingFor) != 0 {
+			t.Fatalf("D's batch once B and C are enqueued: finished %v, %d jobs %v, waiting for %v", d.Finished(), len(d.Jobs), d.Counts, d.WaitingFor)
+		}
+		complete(2) // B and C
+		if d := batch("D"); !d.Finished() || len(d.Jobs) != 2 || d.Counts[conveyor.JobStateCompleted] != 2 {
+			t.Fatalf("D's batch once B and C completed: finished %v, %d jobs %v", d.Finished(), len(d.Jobs), d.Counts)
+		}
+	})
+}
+
+// TestWorkflowUnknownPolicy: a failure policy that is neither
+// CancelDependents nor RunDependents is refused with ErrInvalidOpts
+// naming it, and nothing is enqueued; it used to be taken for
+// RunDependents.
+func TestWorkflowUnknownPolicy(t *testing.T) {
+	ctx := context.Background()
+	cfg := fast(testdb.Prefix())
+	cfg.AllowUnregisteredKinds = true
+	c := openDropped(t, filepath.Join(t.TempDir(), "c.db"), cfg)
+	_, err := c.EnqueueWorkflow(ctx, []conveyor.WorkflowJob{
+		{Name: "A", Args: step{Name: "A"}}, {Name: "B", Args: step{Name: "B"}, DependsOn: []string{"A"}},
+	}, &conveyor.WorkflowOpts{OnDependencyFailure: 7})
+	if !errors.Is(err, conveyor.ErrInvalidOpts) || !strings.Contains(err.Error(), "7") {
+		t.Fatalf("policy 7: %v, want ErrInvalidOpts naming it", err)
+	}
+	if js, err := c.Jobs(ctx, conveyor.JobFilter{}); err != nil || len(js) != 0 {
+		t.Fatalf("jobs after a refused workflow: %d %v", len(js), err)
+	}
+	if st, err := c.Stats(ctx); err != nil || len(st.Queues) != 0 {
+		t.Fatalf("queues after a refused workflow: %+v %v", st, err)
+	}
 }

@@ -3,6 +3,7 @@ package web
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -108,6 +109,19 @@ func TestEnqueueWorkflow(t *testing.T) {
 		}
 		if n := e.count(); n != 1 {
 			t.Errorf("%d jobs exist, want only a (the others wait for their dependencies)", n)
+		}
+		// d's batch waits for b's and c's, whose jobs do not exist yet:
+		// not finished, and its page links them.
+		var d BatchJSON
+		e.must(200, req{method: "GET", path: fmt.Sprintf("/api/v1/batches/%d", wf.BatchIDs["d"]), auth: roToken}).json(t, &d)
+		waits := []int64{wf.BatchIDs["b"], wf.BatchIDs["c"]}
+		slices.Sort(waits)
+		if d.Finished || len(d.Jobs) != 0 || !slices.Equal(d.WaitingFor, waits) {
+			t.Errorf("batch of d: %+v, want not finished, no jobs, waiting for %v", d, waits)
+		}
+		page := string(e.must(200, req{method: "GET", path: fmt.Sprintf("/batches/%d", wf.BatchIDs["d"]), auth: roToken}).body)
+		if !strings.Contains(page, `id="batch-waiting"`) || !strings.Contains(page, fmt.Sprintf(`/batches/%d"`, waits[0])) || !strings.Contains(page, ">waiting</span>") {
+			t.Errorf("batch page of d does not show it waiting for batches %v", waits)
 		}
 	})
 }

@@ -176,7 +176,8 @@ type BatchJSON struct {
 	ID int64 `json:"id"`
 	// CreatedAt is when the batch was enqueued.
 	CreatedAt *JSONTime `json:"created_at"`
-	// Finished is whether every job has finished.
+	// Finished is whether every job has finished and none is still to
+	// be enqueued (WaitingFor is empty).
 	Finished bool `json:"finished"`
 	// CallbackKind is the callback job's kind.
 	CallbackKind string `json:"callback_kind"`
@@ -188,6 +189,9 @@ type BatchJSON struct {
 	Counts map[string]int `json:"counts"`
 	// Jobs are the batch's jobs by id.
 	Jobs []BatchJobJSON `json:"jobs"`
+	// WaitingFor are the batches of a workflow step's dependencies not
+	// enqueued yet (conveyor.Batch.WaitingFor); empty when none.
+	WaitingFor []int64 `json:"waiting_for"`
 }
 
 // BatchJobJSON is one job of a batch in BatchJSON.
@@ -203,7 +207,8 @@ type BatchJobJSON struct {
 // NewBatchJSON returns b in the shape of BatchJSON.
 func NewBatchJSON(b *conveyor.Batch) BatchJSON {
 	out := BatchJSON{ID: b.ID, CreatedAt: timeOrNull(b.CreatedAt), Finished: b.Finished(), CallbackKind: b.CallbackKind,
-		FiredAt: timeOrNull(b.FiredAt), Counts: map[string]int{}, Jobs: make([]BatchJobJSON, len(b.Jobs))}
+		FiredAt: timeOrNull(b.FiredAt), Counts: map[string]int{}, Jobs: make([]BatchJobJSON, len(b.Jobs)),
+		WaitingFor: append([]int64{}, b.WaitingFor...)}
 	if b.CallbackID != 0 {
 		out.CallbackID = ptr(b.CallbackID)
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -953,9 +954,27 @@ func TestBatchCommand(t *testing.T) {
 	}
 	bid, ids, err := c.EnqueueBatch(ctx, []conveyor.EnqueueItem{{Args: conveyor.RawArgs{KindName: "part"}}},
 		conveyor.EnqueueItem{Args: conveyor.RawArgs{KindName: "parts_done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf, err := c.EnqueueWorkflow(ctx, []conveyor.WorkflowJob{
+		{Name: "a", Args: conveyor.RawArgs{KindName: "step"}},
+		{Name: "b", Args: conveyor.RawArgs{KindName: "step"}, DependsOn: []string{"a"}},
+		{Name: "c", Args: conveyor.RawArgs{KindName: "step"}, DependsOn: []string{"b"}},
+	}, nil)
 	c.Close()
 	if err != nil {
 		t.Fatal(err)
+	}
+	// c's batch waits for b's, whose job is not enqueued yet.
+	cb, bb := strconv.FormatInt(wf.BatchIDs["c"], 10), strconv.FormatInt(wf.BatchIDs["b"], 10)
+	if out := mustCLI(t, "batch", cb, "--db", dsn); !strings.Contains(out, "\njobs:         0\nwaiting for:  batch "+bb+" (jobs not enqueued yet)\n") {
+		t.Fatalf("batch of a workflow job waiting for another:\n%s", out)
+	}
+	var w map[string]any
+	if err := json.Unmarshal([]byte(mustCLI(t, "batch", cb, "--json", "--db", dsn)), &w); err != nil ||
+		w["finished"] != false || !reflect.DeepEqual(w["waiting_for"], []any{float64(wf.BatchIDs["b"])}) {
+		t.Fatalf("batch --json of a workflow job waiting for another: %v %v", w, err)
 	}
 	out := mustCLI(t, "batch", strconv.FormatInt(bid, 10), "--db", dsn)
 	if !strings.Contains(out, "parts_done (waiting for every job to finish)") || !strings.Contains(out, "  "+strconv.FormatInt(ids[0], 10)+" available") {
@@ -966,7 +985,7 @@ func TestBatchCommand(t *testing.T) {
 		b["finished"] != false || b["callback_id"] != nil || b["callback_kind"] != "parts_done" {
 		t.Fatalf("batch --json: %v %v", b, err)
 	}
-	if _, _, err := cli(t, "", "batch", strconv.FormatInt(bid+1, 10), "--db", dsn); err == nil || !strings.Contains(err.Error(), "batch not found") {
+	if _, _, err := cli(t, "", "batch", strconv.FormatInt(bid+100, 10), "--db", dsn); err == nil || !strings.Contains(err.Error(), "batch not found") {
 		t.Fatalf("unknown batch: %v", err)
 	}
 	// A batch's job names its batch, in text and JSON.

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -99,8 +100,17 @@ func batchCmd(e *env, args []string) error {
 	if b.CallbackID != 0 {
 		cb = fmt.Sprintf("job %d, enqueued %s", b.CallbackID, b.FiredAt.Local().Format(time.RFC3339Nano))
 	}
-	fmt.Fprintf(e.stdout, "id:           %d\ncreated:      %s\njobs:         %d\ncallback:     %s (%s)\n",
-		b.ID, b.CreatedAt.Local().Format(time.RFC3339Nano), len(b.Jobs), b.CallbackKind, cb)
+	fmt.Fprintf(e.stdout, "id:           %d\ncreated:      %s\njobs:         %d\n",
+		b.ID, b.CreatedAt.Local().Format(time.RFC3339Nano), len(b.Jobs))
+	if len(b.WaitingFor) > 0 {
+		// A workflow job's dependencies that are not jobs yet.
+		ids := make([]string, len(b.WaitingFor))
+		for i, id := range b.WaitingFor {
+			ids[i] = strconv.FormatInt(id, 10)
+		}
+		fmt.Fprintf(e.stdout, "waiting for:  batch %s (jobs not enqueued yet)\n", strings.Join(ids, ", batch "))
+	}
+	fmt.Fprintf(e.stdout, "callback:     %s (%s)\n", b.CallbackKind, cb)
 	for _, j := range b.Jobs {
 		st := string(j.State)
 		if st == "" {

@@ -251,7 +251,8 @@ type JobRow struct {
 	// nil.
 	Result json.RawMessage
 	// BatchID is the batch the job is a member of (a row of the batch's
-	// jobs; the lowest id of those of a workflow's job several steps
+	// jobs, or for a callback a batch that waits for the batch it
+	// closes; the lowest id of those of a workflow's job several steps
 	// wait for), 0 when it is in none or its batches were pruned. Only
 	// GetJob reads it; other reads leave it 0.
 	BatchID int64
@@ -1023,6 +1024,11 @@ type BatchRow struct {
 	Callback InsertParams
 	// Members are the batch's jobs by id.
 	Members []BatchMember
+	// Waiting are the batches it waits for (BatchParams.After) whose
+	// callback is not enqueued yet, by id: each callback becomes a
+	// member once enqueued. Read before Members, so that a batch firing
+	// meanwhile may be in both, never in neither.
+	Waiting []int64
 }
 
 // BatchMember is one job of a batch.

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,8 +21,8 @@ func batches(t *testing.T, s suite) {
 
 	// GetJob reports the batch a job is a member of (BatchID) and, once
 	// the batch fired, the batch its callback closes (CallbackOf); a job
-	// of no batch reports 0 for both, as does a callback for BatchID
-	// (it is no member, even of the batch that waits for its batch).
+	// of no batch reports 0 for both. A callback is a member of the batch
+	// that waits for its batch (GetBatch lists it among its members).
 	t.Run("JobBatch", func(t *testing.T) {
 		d := s.setup(t)
 		plain := insertJobs(t, d, job("m", 0))[0]
@@ -46,6 +47,16 @@ func batches(t *testing.T, s suite) {
 		check(ids[0], bids[0], 0)
 		check(ids[1], bids[0], 0)
 		check(ids[2], bids[1], 0)
+		// The later batch names the batch it waits for until that one
+		// fires; its callback is then a member.
+		waiting := func(members int, want ...int64) {
+			t.Helper()
+			b, err := d.GetBatch(ctx, bids[1])
+			if err != nil || len(b.Members) != members || !slices.Equal(b.Waiting, want) {
+				t.Fatalf("later batch: %+v %v; want %d members, waiting for %v", b, err, members, want)
+			}
+		}
+		waiting(1, bids[0])
 
 		// The first batch's members finish and its callback is enqueued.
 		claimed, err := d.Claim(ctx, driver.ClaimParams{Queue: "m", Limit: 3, Lease: time.Minute, Worker: "w"})
@@ -64,7 +75,8 @@ func batches(t *testing.T, s suite) {
 			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[0])
 		}
 		cb := fired[bids[0]]
-		check(cb, 0, bids[0])
+		check(cb, bids[1], bids[0])
+		waiting(2)
 		// Finished members keep their batch, the waiting batch's member
 		// its own.
 		check(ids[0], bids[0], 0)

@@ -142,7 +142,7 @@ export interface Batch {
   id: number;
   /** When it was enqueued: RFC 3339, UTC, microseconds. */
   createdAt: string | null;
-  /** Whether every job has finished (completed, discarded, cancelled or deleted). */
+  /** Whether every job has finished (completed, discarded, cancelled or deleted) and none is still to be enqueued (`waitingFor` is empty). */
   finished: boolean;
   /** The callback job's kind. */
   callbackKind: string;
@@ -154,6 +154,12 @@ export interface Batch {
   counts: Record<string, number>;
   /** The batch's jobs by id. */
   jobs: BatchJob[];
+  /**
+   * For a workflow job's batch: the batches of its dependencies that are
+   * workflow jobs with dependencies of their own and are not enqueued
+   * yet. Each dependency is one of `jobs` once enqueued.
+   */
+  waitingFor: number[];
 }
 
 /** What `enqueueBatch` enqueued. */
@@ -450,6 +456,7 @@ interface WireBatch {
   fired_at: string | null;
   counts: Record<string, number> | null;
   jobs: { id: number; state: JobState | ""; result?: unknown }[] | null;
+  waiting_for?: number[] | null;
 }
 
 function toWire(kind: string, args: unknown, o: EnqueueOptions = {}): Record<string, unknown> {
@@ -677,6 +684,7 @@ export class Client {
       firedAt: w.fired_at,
       counts: w.counts ?? {},
       jobs: (w.jobs ?? []).map((j) => ({ id: j.id, state: j.state, result: j.result ?? null })),
+      waitingFor: w.waiting_for ?? [],
     };
   }
 

@@ -459,6 +459,8 @@ test("a diamond workflow A -> B, C -> D: each job runs once, D reads B's and C's
   assert.deepEqual(Object.keys(wf.batchIds).sort(), ["B", "C", "D"]);
   const before = await client.getBatch(wf.batchIds.D);
   assert.equal(before.callbackId, null, "D must wait for B and C");
+  assert.equal(before.finished, false, "D's dependencies are not enqueued yet");
+  assert.deepEqual(before.waitingFor, [wf.batchIds.B, wf.batchIds.C].sort((x, y) => x - y), "D's batch names the batches of B and C");
   await until("B, C and D to be counted as awaiting their dependencies", async () =>
     (await client.queues()).find((x) => x.queue === queue)?.awaitingDependencies === 3);
   assert.equal(before.callbackKind, "step");
@@ -481,6 +483,7 @@ test("a diamond workflow A -> B, C -> D: each job runs once, D reads B's and C's
     assert.equal(a.callbackOf, null);
     const b = await client.getBatch(wf.batchIds.D);
     assert.equal(b.finished, true);
+    assert.deepEqual(b.waitingFor, []);
     assert.equal(b.jobs.length, 2);
     assert.deepEqual(b.jobs.map((j) => j.result).sort(), ["B(A)", "C(A)"]);
     assert.deepEqual([...ran].sort(), ["A", "B", "C", "D"], "each job runs exactly once");

@@ -38,7 +38,7 @@ func (d *Driver) GetJob(ctx context.Context, id int64) (*driver.JobRow, error) {
 			j.Result = json.RawMessage(res)
 		}
 	}
-	if err := d.db.QueryRowContext(ctx, d.q.JobBatch, id, id).Scan(&j.BatchID, &j.CallbackOf); err != nil {
+	if err := d.db.QueryRowContext(ctx, d.q.JobBatch, id, id, id).Scan(&j.BatchID, &j.CallbackOf); err != nil {
 		return nil, d.wrap("get job batch", err)
 	}
 	return j, nil

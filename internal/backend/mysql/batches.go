@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -164,7 +165,8 @@ func (d *Driver) GetBatch(ctx context.Context, id int64) (*driver.BatchRow, erro
 	var cb string
 	var cbID sql.NullInt64
 	var fired sql.NullTime
-	err := d.db.QueryRowContext(ctx, d.q.GetBatch, id).Scan(&b.ID, &cb, &cbID, &b.CreatedAt, &fired)
+	var waiting sql.NullString
+	err := d.db.QueryRowContext(ctx, d.q.GetBatch, id, id).Scan(&b.ID, &cb, &cbID, &b.CreatedAt, &fired, &waiting)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("conveyor/mysql: get batch %d: %w", id, driver.ErrBatchNotFound)
 	}
@@ -173,6 +175,12 @@ func (d *Driver) GetBatch(ctx context.Context, id int64) (*driver.BatchRow, erro
 	}
 	if err := json.Unmarshal([]byte(cb), &b.Callback); err != nil {
 		return nil, fmt.Errorf("conveyor/mysql: get batch %d: callback: %w", id, err)
+	}
+	if waiting.Valid {
+		if err := json.Unmarshal([]byte(waiting.String), &b.Waiting); err != nil {
+			return nil, fmt.Errorf("conveyor/mysql: get batch %d: batches waited for: %w", id, err)
+		}
+		slices.Sort(b.Waiting)
 	}
 	b.CallbackID, b.FiredAt = cbID.Int64, fired.Time
 	rows, err := d.db.QueryContext(ctx, d.q.BatchMembers, id, id)

@@ -364,14 +364,20 @@ DELETE FROM `{p}batch_deps` WHERE batch_id IN ({ids})
 -- name: prune_batches
 DELETE FROM `{p}batches` WHERE id IN ({ids})
 
+-- The batch id twice: the batch, and the batches it waits for whose
+-- callback is not enqueued yet (a JSON array of their ids, NULL for
+-- none), read before its members: a batch that fires in between is then
+-- listed twice (waited for, and its callback a member), never left out.
 -- name: get_batch
-SELECT id, callback, callback_id, created_at, fired_at FROM `{p}batches` WHERE id = ?
+SELECT id, callback, callback_id, created_at, fired_at, (SELECT JSON_ARRAYAGG(d.dep_batch_id) FROM `{p}batch_deps` d JOIN `{p}batches` p ON p.id = d.dep_batch_id WHERE d.batch_id = ? AND p.callback_id IS NULL) FROM `{p}batches` WHERE id = ?
 
 -- name: job_batch
--- The job id twice: the batch it is a member of and the batch whose
--- callback it is, 0 for none; one probe each of job_idx (migration 16)
--- and open_idx (migration 12).
-SELECT COALESCE((SELECT MIN(`batch_id`) FROM `{p}batch_jobs` WHERE `job_id` = ?), 0),
+-- The job id three times: the batch it is a member of and the batch
+-- whose callback it is, 0 for none; one probe each of job_idx (migration
+-- 16) and open_idx (migration 12). A callback is a member of the batches
+-- that wait for its batch (a workflow's later steps, which list it among
+-- their jobs): found by dep_idx (migration 17) from the batch it closes.
+SELECT COALESCE((SELECT MIN(x.b) FROM (SELECT MIN(`batch_id`) AS b FROM `{p}batch_jobs` WHERE `job_id` = ? UNION ALL SELECT MIN(d.`batch_id`) FROM `{p}batches` p JOIN `{p}batch_deps` d ON d.`dep_batch_id` = p.`id` WHERE p.`callback_id` = ?) x), 0),
        COALESCE((SELECT MIN(`id`) FROM `{p}batches` WHERE `callback_id` = ?), 0)
 
 -- The callbacks of the open batches (not enqueued yet: jobs waiting for

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -184,7 +185,7 @@ func (d *Driver) GetBatch(ctx context.Context, id int64) (*driver.BatchRow, erro
 	var cb string
 	var cbID *int64
 	var fired *time.Time
-	err := d.pool.QueryRow(ctx, d.q.GetBatch, id).Scan(&b.ID, &cb, &cbID, &b.CreatedAt, &fired)
+	err := d.pool.QueryRow(ctx, d.q.GetBatch, id).Scan(&b.ID, &cb, &cbID, &b.CreatedAt, &fired, &b.Waiting)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("conveyor/postgres: get batch %d: %w", id, driver.ErrBatchNotFound)
 	}
@@ -197,6 +198,7 @@ func (d *Driver) GetBatch(ctx context.Context, id int64) (*driver.BatchRow, erro
 	if cbID != nil {
 		b.CallbackID = *cbID
 	}
+	slices.Sort(b.Waiting)
 	if fired != nil {
 		b.FiredAt = *fired
 	}

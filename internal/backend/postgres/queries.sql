@@ -146,12 +146,24 @@ bj AS (DELETE FROM {p}batch_jobs m USING b WHERE m.batch_id = b.id)
 DELETE FROM {p}batch_deps d USING b WHERE d.batch_id = b.id
 
 -- name: get_batch
-SELECT id, callback, callback_id, created_at, fired_at FROM {p}batches WHERE id = $1
+-- The batch, and the batches it waits for whose callback is not
+-- enqueued yet, read before its members: a batch that fires in between
+-- is then listed twice (waited for, and its callback a member), never
+-- left out.
+SELECT id, callback, callback_id, created_at, fired_at,
+       ARRAY(SELECT d.dep_batch_id FROM {p}batch_deps d JOIN {p}batches p ON p.id = d.dep_batch_id
+              WHERE d.batch_id = $1 AND p.callback_id IS NULL)
+  FROM {p}batches WHERE id = $1
 
 -- name: job_batch
 -- $1 job id: the batch it is a member of and the batch whose callback it
--- is, 0 for none; one probe each of the indexes of migration 18.
-SELECT coalesce((SELECT min(batch_id) FROM {p}batch_jobs WHERE job_id = $1), 0),
+-- is, 0 for none; one probe each of the indexes of migration 18. A
+-- callback is a member of the batches that wait for its batch (a
+-- workflow's later steps, which list it among their jobs): found by
+-- batch_deps_dep_idx (migration 19) from the batch it closes.
+SELECT coalesce(least((SELECT min(batch_id) FROM {p}batch_jobs WHERE job_id = $1),
+                      (SELECT min(d.batch_id) FROM {p}batches p JOIN {p}batch_deps d ON d.dep_batch_id = p.id
+                        WHERE p.callback_id = $1)), 0),
        coalesce((SELECT min(id) FROM {p}batches WHERE callback_id = $1), 0)
 
 -- name: awaiting_dependencies

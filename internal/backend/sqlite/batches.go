@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
@@ -140,10 +141,10 @@ func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, e
 // GetBatch returns batch id with its members' states and results.
 func (d *Driver) GetBatch(ctx context.Context, id int64) (*driver.BatchRow, error) {
 	b := &driver.BatchRow{}
-	var cb string
+	var cb, waiting string
 	var cbID, fired sql.NullInt64
 	var created int64
-	err := d.r.QueryRowContext(ctx, d.q.GetBatch, id).Scan(&b.ID, &cb, &cbID, &created, &fired)
+	err := d.r.QueryRowContext(ctx, d.q.GetBatch, id).Scan(&b.ID, &cb, &cbID, &created, &fired, &waiting)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("conveyor/sqlite: get batch %d: %w", id, driver.ErrBatchNotFound)
 	}
@@ -153,6 +154,10 @@ func (d *Driver) GetBatch(ctx context.Context, id int64) (*driver.BatchRow, erro
 	if err := json.Unmarshal([]byte(cb), &b.Callback); err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: get batch %d: callback: %w", id, err)
 	}
+	if err := json.Unmarshal([]byte(waiting), &b.Waiting); err != nil {
+		return nil, fmt.Errorf("conveyor/sqlite: get batch %d: batches waited for: %w", id, err)
+	}
+	slices.Sort(b.Waiting)
 	b.CallbackID, b.CreatedAt = cbID.Int64, fromUS(created)
 	if fired.Valid {
 		b.FiredAt = fromUS(fired.Int64)

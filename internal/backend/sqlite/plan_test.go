@@ -54,7 +54,7 @@ func TestQueryPlans(t *testing.T) {
 		// The jobs awaiting dependencies: the open batches' index alone.
 		{"awaiting dependencies", d.q.AwaitingDeps, nil, []string{"INDEX conveyor_batches_open"}, []string{"SCAN conveyor_batches\n"}},
 		// A job's batch: one probe of each index of migration 15.
-		{"job batch", d.q.JobBatch, []any{1}, []string{"COVERING INDEX conveyor_batch_jobs_job (job_id=?)", "INDEX conveyor_batches_callback (callback_id=?)"}, []string{"SCAN conveyor_batch_jobs", "SCAN conveyor_batches"}},
+		{"job batch", d.q.JobBatch, []any{1}, []string{"COVERING INDEX conveyor_batch_jobs_job (job_id=?)", "INDEX conveyor_batches_callback (callback_id=?)", "COVERING INDEX conveyor_batch_deps_dep (dep_batch_id=?)"}, []string{"SCAN conveyor_batch_jobs", "SCAN conveyor_batches", "SCAN conveyor_batch_deps"}},
 		// Fired batches to prune: by fired_at, each probing its callback
 		// by id and the batches waiting for it in batch_deps_dep
 		// (migration 17).

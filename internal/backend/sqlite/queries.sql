@@ -227,12 +227,25 @@ SELECT 1 FROM {p}batches b
 UPDATE {p}batches SET callback_id = ?2, fired_at = {now} WHERE id = ?1 AND callback_id IS NULL
 
 -- name: get_batch
-SELECT id, callback, callback_id, created_at, fired_at FROM {p}batches WHERE id = ?1
+-- The batch, and the batches it waits for whose callback is not
+-- enqueued yet (a JSON array of their ids), read before its members: a
+-- batch that fires in between is then listed twice (waited for, and its
+-- callback a member), never left out.
+SELECT id, callback, callback_id, created_at, fired_at,
+       (SELECT json_group_array(d.dep_batch_id) FROM {p}batch_deps d JOIN {p}batches p ON p.id = d.dep_batch_id
+         WHERE d.batch_id = ?1 AND p.callback_id IS NULL)
+  FROM {p}batches WHERE id = ?1
 
 -- name: job_batch
 -- ?1 job id: the batch it is a member of and the batch whose callback it
--- is, 0 for none; one probe each of the indexes of migration 15.
-SELECT coalesce((SELECT min(batch_id) FROM {p}batch_jobs WHERE job_id = ?1), 0),
+-- is, 0 for none; one probe each of the indexes of migration 15. A
+-- callback is a member of the batches that wait for its batch (a
+-- workflow's later steps, which list it among their jobs): found by
+-- batch_deps_dep (migration 17) from the batch it closes.
+SELECT coalesce((SELECT min(b) FROM (SELECT min(batch_id) AS b FROM {p}batch_jobs WHERE job_id = ?1
+                                       UNION ALL
+                                       SELECT min(d.batch_id) FROM {p}batches p JOIN {p}batch_deps d ON d.dep_batch_id = p.id
+                                        WHERE p.callback_id = ?1)), 0),
        coalesce((SELECT min(id) FROM {p}batches WHERE callback_id = ?1), 0)
 
 -- name: batch_members
