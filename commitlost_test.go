@@ -51,6 +51,13 @@ func newCommitCutter(t *testing.T, dsn string) (*commitCutter, string) {
 		p.commit = []byte("Q\x00\x00\x00\x0bcommit\x00") // simple query "commit" (pgx)
 	}
 	u.Host = ln.Addr().String()
+	if u.Scheme != "mysql" {
+		// The proxy reads the protocol: no TLS through it, whatever the
+		// DSN given asks for (pgx's default, prefer, would encrypt).
+		q := u.Query()
+		q.Set("sslmode", "disable")
+		u.RawQuery = q.Encode()
+	}
 	p.wg.Add(1)
 	go p.serve()
 	t.Cleanup(func() { ln.Close(); p.wg.Wait() })
