@@ -57,6 +57,11 @@ func InserterForTest[TTx any](c *Client[TTx]) (queued int, taken int64) {
 	return c.eng.QueuedInserts(), c.eng.TakenInserts()
 }
 
+// OneUniqueLaneForTest makes c write every enqueue with unique jobs in one
+// lane, as a single writer would, so that unique callers line up behind a
+// waiting one.
+func OneUniqueLaneForTest[TTx any](c *Client[TTx]) { c.eng.OneUniqueLane() }
+
 // HoldPlainWriterForTest keeps c's group-commit writer of plain jobs from
 // writing its next batch until release is called, as a write in progress
 // would.

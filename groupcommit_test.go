@@ -119,6 +119,7 @@ func lineUp(t *testing.T, ctx context.Context, c *conveyor.Client[any], dsn, key
 	if err != nil {
 		t.Fatal(err)
 	}
+	conveyor.OneUniqueLaneForTest(c) // the calls line up behind the blocked one
 	queued, taken := conveyor.InserterForTest(c)
 	if queued != 0 {
 		t.Fatalf("%d enqueues already wait for the writers", queued)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -573,6 +574,82 @@ func TestUniqueWaitLetsPlainEnqueuesThrough(t *testing.T) {
 		}
 		if w := <-waiting; w.err != nil || w.id != held {
 			t.Fatalf("the unique enqueue: %d, %v; want the holder %d", w.id, w.err, held)
+		}
+	})
+}
+
+// A unique enqueue waiting for an application's open transaction that
+// holds its key does not hold up a unique enqueue of another key from
+// the same process (a lane of its own): it is written while the
+// transaction is still open.
+func TestUniqueWaitLetsOtherKeysThrough(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "mysql://") {
+			t.Skip("SQLite: the application's transaction holds the write lock that every enqueue waits for")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		prefix := testdb.Prefix()
+		c := openDropped(t, dsn, fast(prefix))
+		byArgs := &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ByArgs: true}}
+		keyOf := func(o order) []byte {
+			args, _ := json.Marshal(o)
+			k, err := conveyor.UniqueKeyForTest("order", conveyor.DefaultQueue, args, byArgs.Unique)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return k
+		}
+		// In key order: low (committed, see
+		// TestUniqueWaitLetsPlainEnqueuesThrough), key (held by the
+		// application's transaction and waited for), other (after key:
+		// outside the gap the waiting insert locks on MySQL/MariaDB).
+		ords := []order{{"a", "", ""}, {"b", "", ""}, {"c", "", ""}}
+		slices.SortFunc(ords, func(x, y order) int { return bytes.Compare(keyOf(x), keyOf(y)) })
+		low, key, other := ords[0], ords[1], ords[2]
+		if _, err := c.Enqueue(ctx, low, byArgs); err != nil {
+			t.Fatal(err)
+		}
+		tx, commit, rollback := beginTx(t, dsn)
+		t.Cleanup(func() { _ = rollback() })
+		held, err := c.EnqueueTx(ctx, tx, key, byArgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			id  int64
+			err error
+		}
+		waiting := make(chan result, 1)
+		go func() {
+			id, err := c.Enqueue(ctx, key, byArgs)
+			waiting <- result{id, err}
+		}()
+		waitBlocked(t, dsn, prefix)
+		// Its deadline only bounds the failure, shorter than the bound on
+		// a write (30s) after which the stalled write gives up.
+		otherCtx, otherCancel := context.WithTimeout(ctx, 20*time.Second)
+		defer otherCancel()
+		id, err := c.Enqueue(otherCtx, other, byArgs)
+		if err != nil {
+			t.Fatalf("a unique enqueue of another key while one waits for the application's transaction: %v; want it written", err)
+		}
+		if id == held {
+			t.Fatalf("the other key's enqueue returned the holder %d", held)
+		}
+		select {
+		case w := <-waiting:
+			t.Fatalf("the unique enqueue returned %d, %v before the holder's transaction ended", w.id, w.err)
+		default:
+		}
+		if err := commit(); err != nil {
+			t.Fatal(err)
+		}
+		if w := <-waiting; w.err != nil || w.id != held {
+			t.Fatalf("the unique enqueue: %d, %v; want the holder %d", w.id, w.err, held)
+		}
+		if j, err := c.Job(ctx, id); err != nil || j.Kind != "order" {
+			t.Fatalf("the other key's job %d: %+v, %v", id, j, err)
 		}
 	})
 }

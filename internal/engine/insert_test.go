@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -348,6 +349,7 @@ func TestInserterMixedBatchTellsEachCaller(t *testing.T) {
 				return unique(ctx, ps)
 			}
 			e := New(d, testConfig(time.Second), nil)
+			e.OneUniqueLane() // the unique callers queue behind the first
 			t.Cleanup(func() { e.Close(context.Background()) })
 			ctx := context.Background()
 			a := enqueueJobs(ctx, e, u("held", 1))
@@ -432,6 +434,7 @@ func TestInserterCloseFlushesBothWriters(t *testing.T) {
 		return ids, nil
 	}
 	e := New(d, testConfig(time.Second), nil)
+	e.OneUniqueLane() // the unique callers queue behind the first
 	ctx := context.Background()
 	u := func(key string, prio int) driver.InsertParams {
 		return driver.InsertParams{Queue: "q", Kind: "k", Priority: prio, UniqueKey: []byte(key)}
@@ -554,4 +557,60 @@ func TestInsertMixedCallIsOneTransaction(t *testing.T) {
 	if _, _, err := e.InsertTx(context.Background(), nil, []driver.InsertParams{plain}); !errors.Is(err, driver.ErrTxType) {
 		t.Fatalf("nil transaction: %v, want ErrTxType", err)
 	}
+}
+
+// A unique caller waiting for a lock does not hold up the unique callers
+// of other keys, which go to another lane; a caller with the waiting
+// call's key goes to its lane, behind it, and so does the next caller of
+// a key that caller also has.
+func TestInserterUniqueLanes(t *testing.T) {
+	d := &fakeDriver{}
+	first, gate := make(chan struct{}), make(chan struct{})
+	var n atomic.Int64
+	d.insertUnique = func(_ context.Context, ps []driver.InsertParams) ([]int64, []bool, error) {
+		if n.Add(1) == 1 {
+			close(first)
+			<-gate
+		}
+		ids := make([]int64, len(ps))
+		for i, p := range ps {
+			ids[i] = int64(1000 + p.Priority)
+		}
+		return ids, make([]bool, len(ps)), nil
+	}
+	e := New(d, testConfig(time.Second), nil)
+	t.Cleanup(func() { e.Close(context.Background()) })
+	ctx := context.Background()
+	u := func(key string, prio int) driver.InsertParams {
+		return driver.InsertParams{Queue: "q", Kind: "k", Priority: prio, UniqueKey: []byte(key)}
+	}
+	a := enqueueJobs(ctx, e, u("held", 1))
+	recv(t, "the first unique insert", first)
+	for k := range 2 * uniqueLanes {
+		r := recv(t, "a unique caller of another key", enqueueJobs(ctx, e, u(fmt.Sprintf("other%d", k), 10+k)))
+		if r.err != nil || !slices.Equal(r.ids, []int64{int64(1010 + k)}) {
+			t.Fatalf("a unique caller of another key while one waits got %v, %v; want it written", r.ids, r.err)
+		}
+	}
+	same := enqueueJobs(ctx, e, u("x", 2), u("held", 3))
+	waitFor(t, "the caller with the held key queued", func() bool { return e.QueuedInserts() == 1 })
+	next := enqueueJobs(ctx, e, u("x", 4))
+	waitFor(t, "the caller with its other key queued", func() bool { return e.QueuedInserts() == 2 })
+	select {
+	case r := <-same:
+		t.Fatalf("a caller with the held key returned %v, %v before the held one", r.ids, r.err)
+	default:
+	}
+	close(gate)
+	for name, ch := range map[string]<-chan insertResult{"held": a, "same": same, "next": next} {
+		if r := recv(t, "caller "+name, ch); r.err != nil {
+			t.Fatalf("caller %s: %v", name, r.err)
+		}
+	}
+	// The lanes forget a call just after telling its caller.
+	waitFor(t, "the lanes to count no call", func() bool {
+		e.ins.lanesMu.Lock()
+		defer e.ins.lanesMu.Unlock()
+		return len(e.ins.lanes) == 0 && !slices.ContainsFunc(e.ins.load, func(n int) bool { return n != 0 })
+	})
 }

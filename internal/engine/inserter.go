@@ -16,15 +16,20 @@ import (
 // statement and one commit per batch (group commit); each caller returns
 // once its own jobs are committed.
 //
-// It has two writers, each writing its batches one at a time: one for the
-// callers whose jobs are all plain (one multi-row insert per batch) and
-// one for the callers with unique jobs (whose plain jobs go in the same
-// transaction, so that every call commits whole or not at all). A unique
-// insert can wait for a lock held by an application's open transaction
-// that inserted the same key, for as long as that transaction stays open
-// (up to flushTimeout): only the unique callers wait behind it, and plain
-// enqueues keep being written, also those of the goroutine that holds the
-// transaction and enqueues before committing it.
+// Its writers each write their batches one at a time: one for the callers
+// whose jobs are all plain (one multi-row insert per batch), and
+// uniqueLanes for the callers with unique jobs (whose plain jobs go in the
+// same transaction, so that every call commits whole or not at all). A
+// unique insert can wait for a lock held by an application's open
+// transaction that inserted the same key, for as long as that transaction
+// stays open (up to flushTimeout): only the callers of its lane wait
+// behind it. Plain enqueues keep being written, also those of the
+// goroutine that holds the transaction and enqueues before committing it,
+// and so do unique enqueues of other keys, in the other lanes: a call goes
+// to the lane that has a call with one of its keys not yet written (so
+// that one process's calls with a key are written in order and never wait
+// for each other in the database), else to the lane with the fewest calls
+// not yet written, which a stalled lane never is while another is idle.
 //
 // Each caller is told what happened to its own jobs. A caller's jobs are
 // all in one transaction of one writer, and the caller gets that
@@ -36,25 +41,44 @@ import (
 // others; when the outcome is unknown (a connection lost while
 // committing), no job is written twice: each caller of that transaction
 // is told its jobs may or may not exist. Close stops taking calls and
-// returns once both writers have written every call already queued.
+// returns once every writer has written every call already queued.
 type inserter struct {
 	e      *Engine
 	plain  *writer
-	uniq   *writer
+	uniq   []*writer    // uniqueLanes
 	gather atomic.Int64 // bound on the wait to gather a batch, ns (maxGather; tests)
 	mu     sync.RWMutex
 	shut   bool
 	taken  atomic.Int64 // calls the writers took from their queues (tests)
+
+	// lanes maps the unique keys of the calls given to a unique lane and
+	// not yet written to that lane and their number; load counts those
+	// calls per lane.
+	lanesMu sync.Mutex
+	lanes   map[string]*laneKey
+	load    []int
+	// oneLane puts every call with unique jobs in the first lane (tests
+	// that line unique callers up behind one another).
+	oneLane atomic.Bool
 }
 
-// writer is one of the inserter's two writers: the calls it is to write,
-// and done, closed once it has written them all after in was closed.
+// uniqueLanes is how many writers write the calls with unique jobs.
+const uniqueLanes = 4
+
+// laneKey is the lane of the unwritten calls with one unique key, and how
+// many they are.
+type laneKey struct{ lane, n int }
+
+// writer is one of the inserter's writers: the calls it is to write, and
+// done, closed once it has written them all after in was closed.
 type writer struct {
 	in   chan *insertReq
 	done chan struct{}
 	// hold is held by the writer around each write; a test holding it
 	// keeps the writer's next batch from being written.
 	hold sync.Mutex
+	// written, if set, is called with each batch once it is written.
+	written func([]*insertReq)
 }
 
 type insertReq struct {
@@ -64,6 +88,7 @@ type insertReq struct {
 	dup  []bool // per job: a unique job whose key was held (ids has the holder)
 	err  error
 	done chan struct{}
+	lane int // its unique lane, for a call with unique jobs
 }
 
 // flushTimeout bounds one write of a batch, and separately the writes
@@ -74,11 +99,76 @@ const flushTimeout = 30 * time.Second
 const maxGather = 2 * time.Millisecond
 
 func newInserter(e *Engine) *inserter {
-	i := &inserter{e: e, plain: newWriter(), uniq: newWriter()}
+	i := &inserter{e: e, plain: newWriter(), lanes: map[string]*laneKey{}, load: make([]int, uniqueLanes)}
 	i.gather.Store(int64(maxGather))
 	go i.run(i.plain)
-	go i.run(i.uniq)
+	for range uniqueLanes {
+		w := newWriter()
+		w.written = i.unlane
+		i.uniq = append(i.uniq, w)
+		go i.run(w)
+	}
 	return i
+}
+
+// lane picks the unique lane of req (see inserter) and counts req in it
+// until unlane.
+func (i *inserter) lane(req *insertReq) *writer {
+	i.lanesMu.Lock()
+	defer i.lanesMu.Unlock()
+	lane := -1
+	for _, j := range req.jobs {
+		if lk := i.lanes[string(j.UniqueKey)]; j.UniqueKey != nil && lk != nil {
+			lane = lk.lane
+			break
+		}
+	}
+	if lane < 0 {
+		lane = 0
+		for l, n := range i.load {
+			if i.oneLane.Load() {
+				break
+			}
+			if n < i.load[lane] {
+				lane = l
+			}
+		}
+	}
+	req.lane = lane
+	i.load[lane]++
+	for _, j := range req.jobs {
+		if j.UniqueKey == nil {
+			continue
+		}
+		lk := i.lanes[string(j.UniqueKey)]
+		if lk == nil {
+			lk = &laneKey{lane: lane}
+			i.lanes[string(j.UniqueKey)] = lk
+		}
+		lk.n++
+	}
+	return i.uniq[lane]
+}
+
+// unlane stops counting reqs in their lanes: they were written, or they
+// were never queued.
+func (i *inserter) unlane(reqs []*insertReq) {
+	i.lanesMu.Lock()
+	defer i.lanesMu.Unlock()
+	for _, r := range reqs {
+		i.load[r.lane]--
+		for _, j := range r.jobs {
+			if j.UniqueKey == nil {
+				continue
+			}
+			k := string(j.UniqueKey)
+			if lk := i.lanes[k]; lk != nil {
+				if lk.n--; lk.n == 0 {
+					delete(i.lanes, k)
+				}
+			}
+		}
+	}
 }
 
 func newWriter() *writer {
@@ -90,18 +180,21 @@ func newWriter() *writer {
 // not have been committed.
 func (i *inserter) insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, []bool, error) {
 	req := &insertReq{ctx: ctx, jobs: jobs, done: make(chan struct{})}
-	w := i.plain
-	if hasUnique(jobs) {
-		w = i.uniq
-	}
 	i.mu.RLock()
 	if i.shut {
 		i.mu.RUnlock()
 		return nil, nil, ErrStopped
 	}
+	w := i.plain
+	if hasUnique(jobs) {
+		w = i.lane(req)
+	}
 	select {
 	case w.in <- req:
 	case <-ctx.Done():
+		if w.written != nil {
+			w.written([]*insertReq{req})
+		}
 		i.mu.RUnlock()
 		return nil, nil, ctx.Err()
 	}
@@ -115,18 +208,28 @@ func (i *inserter) insert(ctx context.Context, jobs []driver.InsertParams) ([]in
 }
 
 // queued is how many enqueue calls wait for a writer (tests).
-func (i *inserter) queued() int { return len(i.plain.in) + len(i.uniq.in) }
+func (i *inserter) queued() int {
+	n := len(i.plain.in)
+	for _, w := range i.uniq {
+		n += len(w.in)
+	}
+	return n
+}
 
 func (i *inserter) close() {
 	i.mu.Lock()
 	if !i.shut {
 		i.shut = true
 		close(i.plain.in)
-		close(i.uniq.in)
+		for _, w := range i.uniq {
+			close(w.in)
+		}
 	}
 	i.mu.Unlock()
 	<-i.plain.done
-	<-i.uniq.done
+	for _, w := range i.uniq {
+		<-w.done
+	}
 }
 
 // run writes w's batches, one at a time. A batch takes every caller
@@ -194,6 +297,9 @@ func (i *inserter) run(w *writer) {
 		i.write(batch)
 		prevCallers, prevDur = len(batch), time.Since(t0)
 		w.hold.Unlock()
+		if w.written != nil {
+			w.written(batch)
+		}
 	}
 }
 
@@ -423,6 +529,11 @@ func (e *Engine) QueuedInserts() int { return e.ins.queued() }
 
 // TakenInserts: see QueuedInserts.
 func (e *Engine) TakenInserts() int64 { return e.ins.taken.Load() }
+
+// OneUniqueLane makes the engine write every call with unique jobs in one
+// lane, one batch after another, as a single writer would: for tests that
+// line unique callers up behind a waiting one.
+func (e *Engine) OneUniqueLane() { e.ins.oneLane.Store(true) }
 
 // HoldPlainInserts keeps the writer of plain jobs from writing its next
 // batch until release is called, as a write in progress would: for tests
