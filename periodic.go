@@ -94,8 +94,10 @@ func (c *Client[TTx]) AddPeriodic(p PeriodicJob) error {
 	if p.Schedule == nil {
 		return fmt.Errorf("%w: periodic job %q has no schedule", ErrInvalidOpts, p.Name)
 	}
-	if e, ok := p.Schedule.(every); ok && time.Duration(e) < time.Millisecond {
-		return fmt.Errorf("%w: periodic job %q: interval %v is under a millisecond", ErrInvalidOpts, p.Name, time.Duration(e))
+	if e, ok := p.Schedule.(every); ok {
+		if err := checkEvery(time.Duration(e)); err != nil {
+			return fmt.Errorf("%w: periodic job %q: %v", ErrInvalidOpts, p.Name, err)
+		}
 	}
 	if p.Args == nil {
 		return fmt.Errorf("%w: periodic job %q has nil args", ErrInvalidArgs, p.Name)
