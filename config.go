@@ -318,6 +318,14 @@ const (
 	processPruneAge = 15 * time.Minute
 )
 
+// A batch whose callback the maintenance leader could not enqueue is
+// tried again after batchFireBackoff, doubled at each failure in a row up
+// to batchFireBackoffMax, rather than at every round (PromoteInterval).
+const (
+	batchFireBackoff    = time.Second
+	batchFireBackoffMax = 5 * time.Minute
+)
+
 // moduleVersion is the version of the conveyor module built into this
 // binary, "(devel)" when it is the main module or built from a work
 // tree, "" when the build carries no module information.
@@ -348,28 +356,30 @@ func (c Config) engineConfig() engine.Config {
 	}
 	logger := c.Logger
 	return engine.Config{
-		Queues:             qs,
-		ClaimBatch:         c.ClaimBatch,
-		CompleteBatch:      c.CompleteBatch,
-		InsertBatch:        c.InsertBatch,
-		Lease:              c.Lease,
-		HeartbeatInterval:  c.HeartbeatInterval,
-		JobTimeout:         c.JobTimeout,
-		PollMin:            c.PollMin,
-		PollMax:            c.PollMax,
-		ListenPoll:         c.ListenPoll,
-		PromoteInterval:    c.PromoteInterval,
-		RescueInterval:     c.RescueInterval,
-		PruneInterval:      c.PruneInterval,
-		CompletedRetention: c.CompletedRetention,
-		DiscardedRetention: c.DiscardedRetention,
-		ShutdownTimeout:    c.ShutdownTimeout,
-		Backoff:            c.Backoff,
-		Logger:             logger,
-		FailedAttemptLevel: c.FailedAttemptLevel.Level(),
-		ProcessInterval:    processInterval,
-		ProcessTTL:         processTTL,
-		ProcessPruneAge:    processPruneAge,
-		Version:            moduleVersion(),
+		Queues:              qs,
+		ClaimBatch:          c.ClaimBatch,
+		CompleteBatch:       c.CompleteBatch,
+		InsertBatch:         c.InsertBatch,
+		Lease:               c.Lease,
+		HeartbeatInterval:   c.HeartbeatInterval,
+		JobTimeout:          c.JobTimeout,
+		PollMin:             c.PollMin,
+		PollMax:             c.PollMax,
+		ListenPoll:          c.ListenPoll,
+		PromoteInterval:     c.PromoteInterval,
+		RescueInterval:      c.RescueInterval,
+		PruneInterval:       c.PruneInterval,
+		CompletedRetention:  c.CompletedRetention,
+		DiscardedRetention:  c.DiscardedRetention,
+		ShutdownTimeout:     c.ShutdownTimeout,
+		Backoff:             c.Backoff,
+		Logger:              logger,
+		FailedAttemptLevel:  c.FailedAttemptLevel.Level(),
+		ProcessInterval:     processInterval,
+		ProcessTTL:          processTTL,
+		ProcessPruneAge:     processPruneAge,
+		BatchFireBackoff:    batchFireBackoff,
+		BatchFireBackoffMax: batchFireBackoffMax,
+		Version:             moduleVersion(),
 	}
 }

@@ -87,7 +87,7 @@ func BumpSchemaForTest[TTx any](c *Client[TTx], v int) error {
 // batches once, as any process may, and returns the callbacks it
 // enqueued by batch id.
 func FireBatchesForTest[TTx any](c *Client[TTx], limit int) (map[int64]int64, error) {
-	return c.drv.FireBatches(context.Background(), limit)
+	return c.drv.FireBatches(context.Background(), limit, nil)
 }
 
 // PeriodicCatchUpForTest plays a process whose periodic loop stalled: the

@@ -1126,7 +1126,7 @@ func TestGetBatch(t *testing.T) {
 		for i, j := range c {
 			e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/complete", j.ID), auth: adminToken, body: map[string]any{"fence": *j.Fence, "result": i}})
 		}
-		fired, err := seam.DriverOf(e.client).FireBatches(ctx, 10)
+		fired, err := seam.DriverOf(e.client).FireBatches(ctx, 10, nil)
 		if err != nil || fired[bid] == 0 {
 			t.Fatalf("fire: %v %v", fired, err)
 		}

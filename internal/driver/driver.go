@@ -910,8 +910,10 @@ type Driver interface {
 	// once. A batch whose callback cannot be enqueued does not keep the
 	// others from firing: they are fired, past limit's first batches if
 	// need be, and the error is a *BatchFireError naming each batch that
-	// failed (see FireReady).
-	FireBatches(ctx context.Context, limit int) (map[int64]int64, error)
+	// failed (see FireReady). A batch for which skip (nil: none) reports
+	// true is not fired (nor counted against limit) and is left for a
+	// later call: the leader's backoff of a batch whose callback failed.
+	FireBatches(ctx context.Context, limit int, skip func(batchID int64) bool) (map[int64]int64, error)
 	// GetBatch returns batch id and every member's state and result,
 	// the callbacks already enqueued of the batches it waits for counting
 	// as members (ErrBatchNotFound when there is no such batch).

@@ -101,6 +101,11 @@ type Config struct {
 	// expiring the maintenance leader deletes a row (a process that died
 	// without stopping).
 	ProcessInterval, ProcessTTL, ProcessPruneAge time.Duration
+	// BatchFireBackoff is how long the maintenance leader waits before
+	// trying again a batch whose callback could not be enqueued, doubled
+	// at each failure in a row up to BatchFireBackoffMax (see
+	// fireBackoff); 0 tries it again at every round.
+	BatchFireBackoff, BatchFireBackoffMax time.Duration
 	// Version is the conveyor version recorded with the process's row.
 	Version string
 }
