@@ -318,6 +318,19 @@ const (
 	processPruneAge = 15 * time.Minute
 )
 
+// The periodic schedules' rows: every started client touches the rows
+// of the schedules it has every scheduleTouchInterval (and at start), and
+// the maintenance leader deletes a row no process recorded or touched for
+// schedulePruneAge: a schedule that no process has any more (removed
+// from the code). The age is far longer than the touch interval, so a
+// process that still has the schedule, however far apart its slots,
+// keeps its row through a rolling deploy, restarts and database outages
+// of days.
+const (
+	scheduleTouchInterval = time.Hour
+	schedulePruneAge      = 30 * 24 * time.Hour
+)
+
 // A batch whose callback the maintenance leader could not enqueue is
 // tried again after batchFireBackoff, doubled at each failure in a row up
 // to batchFireBackoffMax, rather than at every round (PromoteInterval).
@@ -378,6 +391,7 @@ func (c Config) engineConfig() engine.Config {
 		ProcessInterval:     processInterval,
 		ProcessTTL:          processTTL,
 		ProcessPruneAge:     processPruneAge,
+		SchedulePruneAge:    schedulePruneAge,
 		BatchFireBackoff:    batchFireBackoff,
 		BatchFireBackoffMax: batchFireBackoffMax,
 		Version:             moduleVersion(),

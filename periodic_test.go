@@ -392,3 +392,61 @@ func TestPeriodicLateSlotNotRunTwice(t *testing.T) {
 		}
 	})
 }
+
+// TestPeriodicMarksSchedulesInUse: a started client marks the rows of
+// the schedules it has as in use at start, even one whose next slot is
+// far off (its row would otherwise look abandoned to the leader's prune
+// of removed schedules), and leaves the rows of schedules it does not
+// have as they are, for the prune.
+func TestPeriodicMarksSchedulesInUse(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		cfg := fast(testdb.Prefix())
+		cfg.AllowUnregisteredKinds = true
+		// An earlier process had both schedules and recorded a slot of each.
+		old := openDropped(t, dsn, cfg)
+		for _, name := range []string{"kept", "removed"} {
+			if err := old.AddPeriodic(conveyor.PeriodicJob{Name: name, Schedule: ownSchedule{conveyor.Every(100 * time.Millisecond)}, Args: tick{},
+				Opts: &conveyor.EnqueueOpts{Queue: "ticks"}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := old.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var before map[string]time.Time
+		waitFor(t, "a recorded slot of each schedule", 30*time.Second, func() bool {
+			var err error
+			before, err = conveyor.ScheduleTouchesForTest(old)
+			return err == nil && len(before) == 2
+		})
+		if err := old.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		before, err := conveyor.ScheduleTouchesForTest(old)
+		if err != nil || len(before) != 2 {
+			t.Fatalf("rows %v, %v", before, err)
+		}
+		// The new process has only "kept", now once a year.
+		c := open(t, dsn, cfg)
+		if err := c.AddPeriodic(conveyor.PeriodicJob{Name: "kept", Schedule: conveyor.Every(365 * 24 * time.Hour), Args: tick{},
+			Opts: &conveyor.EnqueueOpts{Queue: "ticks"}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var after map[string]time.Time
+		waitFor(t, "the kept schedule's row marked in use", 30*time.Second, func() bool {
+			var err error
+			after, err = conveyor.ScheduleTouchesForTest(c)
+			return err == nil && after["kept"].After(before["kept"])
+		})
+		if err := c.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if after, err = conveyor.ScheduleTouchesForTest(c); err != nil || !after["removed"].Equal(before["removed"]) {
+			t.Fatalf("the removed schedule's row: %v then %v (%v); want it left as it was", before["removed"], after["removed"], err)
+		}
+	})
+}

@@ -802,6 +802,14 @@ type Driver interface {
 	RecordSchedule(ctx context.Context, s ScheduleRow) error
 	// Schedules lists the recorded schedules by name.
 	Schedules(ctx context.Context) ([]ScheduleRow, error)
+	// TouchSchedules sets the updated_at of the named schedules' rows to
+	// the database's now: a started process that has them says it still
+	// does, however far apart their slots, so that PruneSchedules keeps
+	// them. A name without a row gets none (its first slot records it).
+	TouchSchedules(ctx context.Context, names []string) error
+	// PruneSchedules deletes the schedules that no process recorded or
+	// touched for age, by the database's clock, and returns how many.
+	PruneSchedules(ctx context.Context, age time.Duration) (int64, error)
 
 	// PauseQueue pauses (paused) or resumes a queue for every process on
 	// the database: no claim that starts after it returns takes a job of
@@ -953,7 +961,8 @@ type ScheduleRow struct {
 	LastJob  int64
 	// NextSlot is the slot after LastSlot (zero if none).
 	NextSlot time.Time
-	// UpdatedAt is when a process last recorded the schedule.
+	// UpdatedAt is when a process last recorded the schedule, or said it
+	// still has it (TouchSchedules).
 	UpdatedAt time.Time
 }
 

@@ -369,6 +369,12 @@ func (d *fakeDriver) PruneProcesses(_ context.Context, age time.Duration) (int64
 	return 0, nil
 }
 
+// PruneSchedules records the call and its age; it deletes nothing.
+func (d *fakeDriver) PruneSchedules(_ context.Context, age time.Duration) (int64, error) {
+	d.record(call{op: "pruneschedules", dur: age})
+	return 0, nil
+}
+
 // PausedQueues reports no paused queue.
 func (d *fakeDriver) PausedQueues(context.Context) (map[string]time.Time, error) {
 	return map[string]time.Time{}, nil

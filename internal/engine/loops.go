@@ -263,6 +263,11 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 					e.warn("conveyor: pruning gone processes failed", "error", err)
 				}
 			}
+			if e.cfg.SchedulePruneAge > 0 {
+				if _, err := e.drv.PruneSchedules(ctx, e.cfg.SchedulePruneAge); err != nil && ctx.Err() == nil {
+					e.warn("conveyor: pruning removed periodic schedules failed", "error", err)
+				}
+			}
 			for {
 				n, err := e.drv.Prune(ctx, e.cfg.CompletedRetention, e.cfg.DiscardedRetention, batch)
 				if err != nil {

@@ -357,6 +357,30 @@ func TestFireBackoff(t *testing.T) {
 	}
 }
 
+// The leader deletes the rows of periodic schedules that no process
+// recorded or touched for SchedulePruneAge, at the prune interval, with
+// that age; with no age it deletes none.
+func TestMaintenancePrunesRemovedSchedules(t *testing.T) {
+	for _, age := range []time.Duration{30 * 24 * time.Hour, 0} {
+		d := &fakeDriver{}
+		d.tryLead = func() (bool, error) { return true, nil }
+		cfg := maintenanceConfig(time.Hour, time.Hour)
+		cfg.SchedulePruneAge = age
+		e := startEngine(t, d, cfg, nil)
+		waitFor(t, "a prune and ten rounds", func() bool { return d.count("prune") >= 1 && d.count("promote") >= 10 })
+		if err := e.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		calls := d.callsOf("pruneschedules")
+		switch {
+		case age == 0 && len(calls) != 0:
+			t.Fatalf("pruned schedules %d times with no age", len(calls))
+		case age > 0 && (len(calls) != 1 || calls[0].dur != age):
+			t.Fatalf("schedule prunes %+v; want one (PruneInterval is an hour) with age %v", calls, age)
+		}
+	}
+}
+
 // lockedBuffer is a bytes.Buffer safe for concurrent use.
 type lockedBuffer struct {
 	mu sync.Mutex
