@@ -278,7 +278,7 @@ func TestBatchPruned(t *testing.T) {
 		if b, err := c.Batch(ctx, bid); err != nil || b.CallbackID != 0 || b.Jobs[0].State != "" {
 			t.Fatalf("unfired batch after prune: %+v %v", b, err)
 		}
-		fired, err := drv.FireBatches(ctx, 10)
+		fired, err := drv.FireBatches(ctx, 10, nil)
 		if err != nil || fired[bid] == 0 {
 			t.Fatalf("fire (its one job pruned counts as finished): %v %v", fired, err)
 		}

@@ -456,9 +456,11 @@ type JobFilter struct {
 	// States to include; empty means all. Jobs refuses a state that is not
 	// one of JobStates().
 	States []JobState
-	// Queue, when set, lists only that queue's jobs.
+	// Queue, when set, lists only that queue's jobs. Jobs refuses a name
+	// that breaks the queue name rule (as enqueue does).
 	Queue string
-	// Kind, when set, lists only jobs of that kind.
+	// Kind, when set, lists only jobs of that kind. Jobs refuses a name
+	// that breaks the kind name rule (as enqueue does).
 	Kind string
 	// Limit on jobs returned; default 100.
 	Limit int
@@ -473,8 +475,10 @@ type JobFilter struct {
 	Desc bool
 }
 
-// Jobs lists jobs by id, ascending unless f.Desc. An unknown state in f.States is an error that
-// names it and lists the valid states.
+// Jobs lists jobs by id, ascending unless f.Desc. An unknown state in
+// f.States is an error that names it and lists the valid states; a
+// Queue or Kind that no job can have (a name enqueue would refuse) is
+// an error naming it (ErrInvalidOpts for errors.Is), not an empty list.
 func (c *Client[TTx]) Jobs(ctx context.Context, f JobFilter) ([]*JobInfo, error) {
 	df, err := f.driverFilter()
 	if err != nil {
@@ -496,9 +500,16 @@ func (c *Client[TTx]) JobsTx(ctx context.Context, tx TTx, f JobFilter) ([]*JobIn
 	return jobInfos(c.drv.ListJobsTx(ctx, c.unwrap(tx), df))
 }
 
-// driverFilter checks f's states and returns it as the driver takes it.
+// driverFilter checks f's states, queue and kind and returns it as the
+// driver takes it.
 func (f JobFilter) driverFilter() (driver.JobFilter, error) {
 	df := driver.JobFilter{Queue: f.Queue, Kind: f.Kind, Limit: f.Limit, AfterID: f.AfterID, BeforeID: f.BeforeID, Desc: f.Desc}
+	if f.Queue != "" && !nameRE.MatchString(f.Queue) {
+		return df, filterNameError{field: "queue", name: f.Queue, re: nameRE.String()}
+	}
+	if f.Kind != "" && !kindRE.MatchString(f.Kind) {
+		return df, filterNameError{field: "kind", name: f.Kind, re: kindRE.String()}
+	}
 	for _, s := range f.States {
 		if !s.valid() {
 			return df, unknownState(string(s))
@@ -738,6 +749,19 @@ func (c *Client[TTx]) setPaused(ctx context.Context, queue string, paused bool) 
 	}
 	return nil
 }
+
+// filterNameError refuses a JobFilter's queue or kind that breaks the
+// rule enqueue applies to them: no job can have it, and an empty list
+// would hide the mistake. It is ErrInvalidOpts for errors.Is.
+type filterNameError struct{ field, name, re string }
+
+// Error names the field, the name and the rule.
+func (e filterNameError) Error() string {
+	return fmt.Sprintf("conveyor: jobs filter: invalid %s name %q: must match %s", e.field, e.name, e.re)
+}
+
+// Is reports the error as ErrInvalidOpts.
+func (e filterNameError) Is(target error) bool { return target == ErrInvalidOpts }
 
 // queueNameError refuses a queue name that PauseQueue or ResumeQueue was
 // given. It is ErrInvalidOpts for errors.Is, but its message does not

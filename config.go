@@ -318,6 +318,27 @@ const (
 	processPruneAge = 15 * time.Minute
 )
 
+// The periodic schedules' rows: every started client touches the rows
+// of the schedules it has every scheduleTouchInterval (and at start), and
+// the maintenance leader deletes a row no process recorded or touched for
+// schedulePruneAge: a schedule that no process has any more (removed
+// from the code). The age is far longer than the touch interval, so a
+// process that still has the schedule, however far apart its slots,
+// keeps its row through a rolling deploy, restarts and database outages
+// of days.
+const (
+	scheduleTouchInterval = time.Hour
+	schedulePruneAge      = 30 * 24 * time.Hour
+)
+
+// A batch whose callback the maintenance leader could not enqueue is
+// tried again after batchFireBackoff, doubled at each failure in a row up
+// to batchFireBackoffMax, rather than at every round (PromoteInterval).
+const (
+	batchFireBackoff    = time.Second
+	batchFireBackoffMax = 5 * time.Minute
+)
+
 // moduleVersion is the version of the conveyor module built into this
 // binary, "(devel)" when it is the main module or built from a work
 // tree, "" when the build carries no module information.
@@ -348,28 +369,31 @@ func (c Config) engineConfig() engine.Config {
 	}
 	logger := c.Logger
 	return engine.Config{
-		Queues:             qs,
-		ClaimBatch:         c.ClaimBatch,
-		CompleteBatch:      c.CompleteBatch,
-		InsertBatch:        c.InsertBatch,
-		Lease:              c.Lease,
-		HeartbeatInterval:  c.HeartbeatInterval,
-		JobTimeout:         c.JobTimeout,
-		PollMin:            c.PollMin,
-		PollMax:            c.PollMax,
-		ListenPoll:         c.ListenPoll,
-		PromoteInterval:    c.PromoteInterval,
-		RescueInterval:     c.RescueInterval,
-		PruneInterval:      c.PruneInterval,
-		CompletedRetention: c.CompletedRetention,
-		DiscardedRetention: c.DiscardedRetention,
-		ShutdownTimeout:    c.ShutdownTimeout,
-		Backoff:            c.Backoff,
-		Logger:             logger,
-		FailedAttemptLevel: c.FailedAttemptLevel.Level(),
-		ProcessInterval:    processInterval,
-		ProcessTTL:         processTTL,
-		ProcessPruneAge:    processPruneAge,
-		Version:            moduleVersion(),
+		Queues:              qs,
+		ClaimBatch:          c.ClaimBatch,
+		CompleteBatch:       c.CompleteBatch,
+		InsertBatch:         c.InsertBatch,
+		Lease:               c.Lease,
+		HeartbeatInterval:   c.HeartbeatInterval,
+		JobTimeout:          c.JobTimeout,
+		PollMin:             c.PollMin,
+		PollMax:             c.PollMax,
+		ListenPoll:          c.ListenPoll,
+		PromoteInterval:     c.PromoteInterval,
+		RescueInterval:      c.RescueInterval,
+		PruneInterval:       c.PruneInterval,
+		CompletedRetention:  c.CompletedRetention,
+		DiscardedRetention:  c.DiscardedRetention,
+		ShutdownTimeout:     c.ShutdownTimeout,
+		Backoff:             c.Backoff,
+		Logger:              logger,
+		FailedAttemptLevel:  c.FailedAttemptLevel.Level(),
+		ProcessInterval:     processInterval,
+		ProcessTTL:          processTTL,
+		ProcessPruneAge:     processPruneAge,
+		SchedulePruneAge:    schedulePruneAge,
+		BatchFireBackoff:    batchFireBackoff,
+		BatchFireBackoffMax: batchFireBackoffMax,
+		Version:             moduleVersion(),
 	}
 }

@@ -88,11 +88,25 @@ func BumpSchemaForTest[TTx any](c *Client[TTx], v int) error {
 	return fmt.Errorf("unknown driver %T", c.drv)
 }
 
+// ScheduleTouchesForTest returns when each recorded schedule's row was
+// last recorded or marked as in use (the database's clock), by name.
+func ScheduleTouchesForTest[TTx any](c *Client[TTx]) (map[string]time.Time, error) {
+	rows, err := c.drv.Schedules(context.Background())
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]time.Time, len(rows))
+	for _, r := range rows {
+		out[r.Name] = r.UpdatedAt
+	}
+	return out, nil
+}
+
 // FireBatchesForTest runs the maintenance leader's firing of finished
 // batches once, as any process may, and returns the callbacks it
 // enqueued by batch id.
 func FireBatchesForTest[TTx any](c *Client[TTx], limit int) (map[int64]int64, error) {
-	return c.drv.FireBatches(context.Background(), limit)
+	return c.drv.FireBatches(context.Background(), limit, nil)
 }
 
 // PeriodicCatchUpForTest plays a process whose periodic loop stalled: the

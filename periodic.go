@@ -26,6 +26,15 @@ import (
 // process went past more than half the shorter retention
 // (Config.CompletedRetention, DiscardedRetention) ago: their jobs may
 // have been pruned, and they are skipped rather than run twice.
+//
+// Each schedule has a row in the database (its latest slot, listed by
+// Client.Schedules). A started client marks the rows of the schedules it
+// has as in use at start and every hour, however far apart their slots;
+// the maintenance leader deletes a row that no process recorded or
+// marked for 30 days: a schedule removed from every process's code.
+// During a rolling deploy the processes that still have a schedule keep
+// its row. A schedule added again after its row was deleted starts as a
+// new one (RunMissed has no missed slot to run).
 type PeriodicJob struct {
 	// Name identifies the schedule in the database, across processes and
 	// restarts: the same rules as queue names. Two schedules of one
@@ -94,8 +103,10 @@ func (c *Client[TTx]) AddPeriodic(p PeriodicJob) error {
 	if p.Schedule == nil {
 		return fmt.Errorf("%w: periodic job %q has no schedule", ErrInvalidOpts, p.Name)
 	}
-	if e, ok := p.Schedule.(every); ok && time.Duration(e) < time.Millisecond {
-		return fmt.Errorf("%w: periodic job %q: interval %v is under a millisecond", ErrInvalidOpts, p.Name, time.Duration(e))
+	if e, ok := p.Schedule.(every); ok {
+		if err := checkEvery(time.Duration(e)); err != nil {
+			return fmt.Errorf("%w: periodic job %q: %v", ErrInvalidOpts, p.Name, err)
+		}
 	}
 	if p.Args == nil {
 		return fmt.Errorf("%w: periodic job %q has nil args", ErrInvalidArgs, p.Name)
@@ -188,17 +199,33 @@ func (c *Client[TTx]) periodicLoop(ctx context.Context) {
 			c.enqueueSlot(ctx, j, missed)
 		}
 	}
+	// The schedules' rows are touched now and every
+	// scheduleTouchInterval while the client runs, whatever their slots:
+	// the maintenance leader deletes rows no process touched or recorded
+	// for schedulePruneAge (a schedule removed from every process).
+	names := make([]string, len(jobs))
+	for i, j := range jobs {
+		names[i] = j.Name
+	}
+	touchAt := time.Now()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
-		var wake time.Time
-		for _, j := range jobs {
-			if !j.next.IsZero() && (wake.IsZero() || j.next.Before(wake)) {
-				wake = j.next
+		if !time.Now().Before(touchAt) {
+			touchAt = time.Now().Add(scheduleTouchInterval)
+			if err := c.drv.TouchSchedules(ctx, names); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				c.cfg.Logger.Warn("conveyor: marking the periodic schedules as in use failed (retrying in a minute)", "error", err)
+				touchAt = time.Now().Add(time.Minute)
 			}
 		}
-		if wake.IsZero() {
-			return // no schedule has another slot
+		wake := touchAt
+		for _, j := range jobs {
+			if !j.next.IsZero() && j.next.Before(wake) {
+				wake = j.next
+			}
 		}
 		timer.Reset(time.Until(wake))
 		select {

@@ -41,6 +41,11 @@ func slotsOf(t *testing.T, c *conveyor.Client[any]) []time.Time {
 	return out
 }
 
+// ownSchedule is a Schedule of the test's own: AddPeriodic refuses
+// Every under a second but does not check an application's schedule, so
+// the tests run 100ms slots through it to be quick.
+type ownSchedule struct{ conveyor.Schedule }
+
 // TestPeriodicExactlyOncePerSlot: three clients run one schedule of 100ms
 // slots; midway the first is closed and a new one started. Every slot from
 // the first to the last has exactly one job.
@@ -58,7 +63,7 @@ func TestPeriodicExactlyOncePerSlot(t *testing.T) {
 			} else {
 				c = open(t, dsn, cfg)
 			}
-			if err := c.AddPeriodic(conveyor.PeriodicJob{Name: "ticker", Schedule: conveyor.Every(step), Args: tick{},
+			if err := c.AddPeriodic(conveyor.PeriodicJob{Name: "ticker", Schedule: ownSchedule{conveyor.Every(step)}, Args: tick{},
 				Opts: &conveyor.EnqueueOpts{Queue: "ticks"}}); err != nil {
 				t.Fatal(err)
 			}
@@ -198,16 +203,29 @@ func TestAddPeriodicRefusesBadJobs(t *testing.T) {
 		{Name: "bad name", Schedule: conveyor.Every(time.Second), Args: tick{}},
 		{Name: "nosched", Args: tick{}},
 		{Name: "tiny", Schedule: conveyor.Every(time.Microsecond), Args: tick{}},
+		{Name: "millisecond", Schedule: conveyor.Every(time.Millisecond), Args: tick{}},
+		{Name: "under-a-second", Schedule: conveyor.Every(999 * time.Millisecond), Args: tick{}},
+		{Name: "nanoseconds", Schedule: conveyor.Every(time.Second + time.Nanosecond), Args: tick{}},
+		{Name: "negative", Schedule: conveyor.Every(-time.Hour), Args: tick{}},
 		{Name: "noargs", Schedule: conveyor.Every(time.Second)},
 		{Name: "runat", Schedule: conveyor.Every(time.Second), Args: tick{}, Opts: &conveyor.EnqueueOpts{Delay: time.Second}},
 	} {
-		if err := c.AddPeriodic(p); err == nil {
+		err := c.AddPeriodic(p)
+		switch {
+		case err == nil:
 			t.Errorf("AddPeriodic(%+v) succeeded", p)
+		case p.Name == "millisecond" && !strings.Contains(err.Error(), "Every(1ms): the interval must be at least 1s"):
+			t.Errorf("AddPeriodic of Every(1ms): %v, want the interval and the minimum named", err)
+		case p.Name == "nanoseconds" && !strings.Contains(err.Error(), "whole number of microseconds"):
+			t.Errorf("AddPeriodic of Every(1s+1ns): %v, want the precision named", err)
 		}
 	}
 	ok := conveyor.PeriodicJob{Name: "ok", Schedule: conveyor.Every(time.Second), Args: tick{}}
 	if err := c.AddPeriodic(ok); err != nil {
 		t.Fatal(err)
+	}
+	if err := c.AddPeriodic(conveyor.PeriodicJob{Name: "odd", Schedule: conveyor.Every(1500 * time.Millisecond), Args: tick{}}); err != nil {
+		t.Fatalf("Every(1.5s): %v", err)
 	}
 	if err := c.AddPeriodic(ok); err == nil {
 		t.Error("a second periodic job with the same name was added")
@@ -371,6 +389,64 @@ func TestPeriodicLateSlotNotRunTwice(t *testing.T) {
 		conveyor.CatchUpForTest(c, "alone", first, now)
 		if got := slotJobs("ticks-alone"); len(got) != 4 {
 			t.Fatalf("stalled process alone made slots %v, want 4", got)
+		}
+	})
+}
+
+// TestPeriodicMarksSchedulesInUse: a started client marks the rows of
+// the schedules it has as in use at start, even one whose next slot is
+// far off (its row would otherwise look abandoned to the leader's prune
+// of removed schedules), and leaves the rows of schedules it does not
+// have as they are, for the prune.
+func TestPeriodicMarksSchedulesInUse(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		cfg := fast(testdb.Prefix())
+		cfg.AllowUnregisteredKinds = true
+		// An earlier process had both schedules and recorded a slot of each.
+		old := openDropped(t, dsn, cfg)
+		for _, name := range []string{"kept", "removed"} {
+			if err := old.AddPeriodic(conveyor.PeriodicJob{Name: name, Schedule: ownSchedule{conveyor.Every(100 * time.Millisecond)}, Args: tick{},
+				Opts: &conveyor.EnqueueOpts{Queue: "ticks"}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := old.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var before map[string]time.Time
+		waitFor(t, "a recorded slot of each schedule", 30*time.Second, func() bool {
+			var err error
+			before, err = conveyor.ScheduleTouchesForTest(old)
+			return err == nil && len(before) == 2
+		})
+		if err := old.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		before, err := conveyor.ScheduleTouchesForTest(old)
+		if err != nil || len(before) != 2 {
+			t.Fatalf("rows %v, %v", before, err)
+		}
+		// The new process has only "kept", now once a year.
+		c := open(t, dsn, cfg)
+		if err := c.AddPeriodic(conveyor.PeriodicJob{Name: "kept", Schedule: conveyor.Every(365 * 24 * time.Hour), Args: tick{},
+			Opts: &conveyor.EnqueueOpts{Queue: "ticks"}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var after map[string]time.Time
+		waitFor(t, "the kept schedule's row marked in use", 30*time.Second, func() bool {
+			var err error
+			after, err = conveyor.ScheduleTouchesForTest(c)
+			return err == nil && after["kept"].After(before["kept"])
+		})
+		if err := c.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if after, err = conveyor.ScheduleTouchesForTest(c); err != nil || !after["removed"].Equal(before["removed"]) {
+			t.Fatalf("the removed schedule's row: %v then %v (%v); want it left as it was", before["removed"], after["removed"], err)
 		}
 	})
 }

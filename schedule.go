@@ -19,9 +19,31 @@ type Schedule interface {
 
 // Every returns a schedule whose slots are the multiples of d since the
 // Unix epoch (every 5 minutes: 10:00, 10:05, ... whatever the start time),
-// so that every process computes the same slots. d must be at least a
-// second (AddPeriodic checks).
+// so that every process computes the same slots. AddPeriodic refuses d
+// under a second or not a whole number of microseconds: each
+// slot is a job whose unique key is kept for the retention
+// (Config.CompletedRetention) after it ran, so a schedule keeps that
+// retention divided by d jobs in the table (86,400 at a second with the
+// default day), and every process running it writes the slot's job and
+// its record once per slot; a slot whose enqueue fails is tried again a
+// second later. Slots are stored to the microsecond, the precision every
+// backend keeps times at. A Schedule of the application's own is not
+// checked: space its slots as far apart.
 func Every(d time.Duration) Schedule { return every(d) }
+
+// minEvery is the shortest interval AddPeriodic takes for Every.
+const minEvery = time.Second
+
+// checkEvery refuses an interval Every cannot run well.
+func checkEvery(d time.Duration) error {
+	switch {
+	case d < minEvery:
+		return fmt.Errorf("Every(%v): the interval must be at least %v (each slot's job and unique key are kept for the retention, and every process writes each slot)", d, minEvery)
+	case d%time.Microsecond != 0:
+		return fmt.Errorf("Every(%v): the interval must be a whole number of microseconds, the precision slots are stored at", d)
+	}
+	return nil
+}
 
 type every time.Duration
 

@@ -69,6 +69,33 @@ func TestJobsRefusesUnknownState(t *testing.T) {
 	}
 }
 
+// A queue or kind name that no job can have (enqueue refuses it) is an
+// error naming it, not an empty list that hides the typo.
+func TestJobsRefusesInvalidNames(t *testing.T) {
+	c := openDropped(t, backends[0].dsn(t), fast(testdb.Prefix()))
+	ctx := context.Background()
+	for _, f := range []struct {
+		filter conveyor.JobFilter
+		want   string
+	}{
+		{conveyor.JobFilter{Queue: "bad q"}, `invalid queue name "bad q"`},
+		{conveyor.JobFilter{Queue: "-dash"}, `invalid queue name "-dash"`},
+		{conveyor.JobFilter{Kind: "bad kind"}, `invalid kind name "bad kind"`},
+		{conveyor.JobFilter{Queue: "ok", Kind: strings.Repeat("k", 129)}, "invalid kind name"},
+	} {
+		_, err := c.Jobs(ctx, f.filter)
+		if err == nil || !errors.Is(err, conveyor.ErrInvalidOpts) || !strings.Contains(err.Error(), f.want) {
+			t.Errorf("Jobs(%+v): %v, want ErrInvalidOpts with %q", f.filter, err, f.want)
+		}
+		if _, err := c.JobsTx(ctx, nil, f.filter); err == nil || !strings.Contains(err.Error(), f.want) {
+			t.Errorf("JobsTx(%+v): %v, want %q", f.filter, err, f.want)
+		}
+	}
+	if _, err := c.Jobs(ctx, conveyor.JobFilter{Queue: "a.b:c-d_e", Kind: "svc/report.v2"}); err != nil {
+		t.Fatalf("Jobs with valid names: %v", err)
+	}
+}
+
 // Counters keep the JSON keys the map they replaced had; the backend's own
 // counters are under "driver", and Map flattens both as before.
 func TestCountersJSONAndMap(t *testing.T) {

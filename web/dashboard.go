@@ -855,6 +855,9 @@ func checkQueueName(q string) error {
 	return nil
 }
 
+// kindRE is conveyor's rule for kind names.
+var kindRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$`)
+
 // timeView is a time as the dashboard shows it (the "time" template of
 // base.html): how long ago or how far ahead, with the absolute time in
 // the title and the datetime attribute. The script keeps the relative

@@ -725,6 +725,33 @@ func TestArgsSearchBounded(t *testing.T) {
 	e.must(400, req{method: "GET", path: "/api/v1/jobs?limit=100000", auth: roToken})
 }
 
+// A job list filtered by a queue or kind name that no job can have
+// (enqueue refuses it) is refused with 400 and an error naming the
+// parameter, rather than answered with an empty page; so is the
+// dashboard's list.
+func TestListJobsRefusesInvalidNames(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
+	e.enqueue(map[string]any{"kind": "k", "queue": "mail"})
+	for _, c := range []struct{ query, want string }{
+		{"queue=bad%20q", `queue="bad q": invalid queue name`},
+		{"queue=-x&state=available", `queue="-x": invalid queue name`},
+		{"kind=bad%20kind", `kind="bad kind": invalid kind name`},
+		{"queue=mail&kind=%3Cx%3E", `kind="<x>": invalid kind name`},
+	} {
+		var out struct{ Error string }
+		e.must(400, req{method: "GET", path: "/api/v1/jobs?" + c.query, auth: roToken}).json(t, &out)
+		if !strings.Contains(out.Error, c.want) {
+			t.Errorf("GET /api/v1/jobs?%s: error %q, want one with %s", c.query, out.Error, c.want)
+		}
+		e.must(400, req{method: "GET", path: "/jobs?" + c.query, auth: roToken})
+	}
+	var p jobPage
+	e.must(200, req{method: "GET", path: "/api/v1/jobs?queue=mail&kind=k", auth: roToken}).json(t, &p)
+	if len(p.Jobs) != 1 {
+		t.Fatalf("valid filter: %+v", p)
+	}
+}
+
 func TestAccessLog(t *testing.T) {
 	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
 	e.must(200, req{method: "GET", path: "/api/v1/queues?secret=1", auth: roToken})
@@ -1099,7 +1126,7 @@ func TestGetBatch(t *testing.T) {
 		for i, j := range c {
 			e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/complete", j.ID), auth: adminToken, body: map[string]any{"fence": *j.Fence, "result": i}})
 		}
-		fired, err := seam.DriverOf(e.client).FireBatches(ctx, 10)
+		fired, err := seam.DriverOf(e.client).FireBatches(ctx, 10, nil)
 		if err != nil || fired[bid] == 0 {
 			t.Fatalf("fire: %v %v", fired, err)
 		}

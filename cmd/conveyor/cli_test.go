@@ -245,6 +245,9 @@ func TestBadArguments(t *testing.T) {
 		{[]string{"jobs", "--limit", "0"}, "jobs: --limit 0: must be 1 or more"},
 		{[]string{"jobs", "--limit", "-1"}, "jobs: --limit -1: must be 1 or more"},
 		{[]string{"jobs", "--after", "-1"}, "jobs: --after -1: must be a job id"},
+		{[]string{"jobs", "--queue", "bad q"}, `jobs: --queue "bad q": invalid queue name: must match`},
+		{[]string{"jobs", "--queue", ".hidden"}, `jobs: --queue ".hidden": invalid queue name`},
+		{[]string{"jobs", "--kind", "bad kind"}, `jobs: --kind "bad kind": invalid kind name: must match`},
 		{[]string{"pause", "bad queue!"}, `pause queue "bad queue!": invalid queue name`},
 		{[]string{"resume", "bad queue!"}, `resume queue "bad queue!": invalid queue name`},
 		{[]string{"--bogus", "jobs"}, "flag provided but not defined: --bogus (run 'conveyor --help' for usage)"},
@@ -647,6 +650,11 @@ func TestPauseResume(t *testing.T) {
 	}
 }
 
+// ownSchedule is a Schedule of the test's own: AddPeriodic refuses
+// Every under a second but does not check an application's schedule, so
+// the test runs 100ms slots through it to be quick.
+type ownSchedule struct{ conveyor.Schedule }
+
 // TestSchedules: the schedules a client recorded are listed by the
 // command, in both shapes, on every backend.
 func TestSchedules(t *testing.T) {
@@ -665,7 +673,7 @@ func TestSchedules(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := c.AddPeriodic(conveyor.PeriodicJob{Name: "nightly", Schedule: conveyor.Every(100 * time.Millisecond), Args: conveyor.RawArgs{KindName: "report"}}); err != nil {
+			if err := c.AddPeriodic(conveyor.PeriodicJob{Name: "nightly", Schedule: ownSchedule{conveyor.Every(100 * time.Millisecond)}, Args: conveyor.RawArgs{KindName: "report"}}); err != nil {
 				t.Fatal(err)
 			}
 			if err := c.Start(ctx); err != nil {

@@ -15,6 +15,10 @@ import (
 // command looks the queue up, so that a bad name is reported as such.
 var queueNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
 
+// kindNameRE is the library's rule for kind names (enqueue refuses a
+// kind that breaks it): jobs --kind checks it before listing.
+var kindNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$`)
+
 // pauseCmd pauses or resumes (cmd names which) one queue for every process
 // working it on the database.
 //

@@ -803,6 +803,14 @@ type Driver interface {
 	RecordSchedule(ctx context.Context, s ScheduleRow) error
 	// Schedules lists the recorded schedules by name.
 	Schedules(ctx context.Context) ([]ScheduleRow, error)
+	// TouchSchedules sets the updated_at of the named schedules' rows to
+	// the database's now: a started process that has them says it still
+	// does, however far apart their slots, so that PruneSchedules keeps
+	// them. A name without a row gets none (its first slot records it).
+	TouchSchedules(ctx context.Context, names []string) error
+	// PruneSchedules deletes the schedules that no process recorded or
+	// touched for age, by the database's clock, and returns how many.
+	PruneSchedules(ctx context.Context, age time.Duration) (int64, error)
 
 	// PauseQueue pauses (paused) or resumes a queue for every process on
 	// the database: no claim that starts after it returns takes a job of
@@ -911,8 +919,10 @@ type Driver interface {
 	// once. A batch whose callback cannot be enqueued does not keep the
 	// others from firing: they are fired, past limit's first batches if
 	// need be, and the error is a *BatchFireError naming each batch that
-	// failed (see FireReady).
-	FireBatches(ctx context.Context, limit int) (map[int64]int64, error)
+	// failed (see FireReady). A batch for which skip (nil: none) reports
+	// true is not fired (nor counted against limit) and is left for a
+	// later call: the leader's backoff of a batch whose callback failed.
+	FireBatches(ctx context.Context, limit int, skip func(batchID int64) bool) (map[int64]int64, error)
 	// GetBatch returns batch id and every member's state and result,
 	// the callbacks already enqueued of the batches it waits for counting
 	// as members (ErrBatchNotFound when there is no such batch).
@@ -952,7 +962,8 @@ type ScheduleRow struct {
 	LastJob  int64
 	// NextSlot is the slot after LastSlot (zero if none).
 	NextSlot time.Time
-	// UpdatedAt is when a process last recorded the schedule.
+	// UpdatedAt is when a process last recorded the schedule, or said it
+	// still has it (TouchSchedules).
 	UpdatedAt time.Time
 }
 

@@ -107,8 +107,10 @@ func (e *BatchFireError) Unwrap() []error {
 // the last batch tried, so that batches failing every time (however
 // many) cannot keep the ones after them from firing. It returns the
 // callbacks' ids by batch id and, when a batch failed, a
-// *BatchFireError naming each; an error of read ends the call.
-func FireReady(ctx context.Context, limit int,
+// *BatchFireError naming each; an error of read ends the call. A batch
+// for which skip (nil: none) reports true is passed over, unfired and
+// uncounted, as a failing one is.
+func FireReady(ctx context.Context, limit int, skip func(batchID int64) bool,
 	read func(ctx context.Context, after int64, n int) ([]ReadyBatch, error),
 	fire func(ctx context.Context, batchID int64, callback InsertParams) (int64, error),
 ) (map[int64]int64, error) {
@@ -123,6 +125,9 @@ func FireReady(ctx context.Context, limit int,
 		}
 		for _, r := range rs {
 			after = r.ID
+			if skip != nil && skip(r.ID) {
+				continue
+			}
 			var p InsertParams
 			if err := json.Unmarshal([]byte(r.Callback), &p); err != nil {
 				failed = append(failed, BatchFailure{r.ID, fmt.Errorf("callback: %w", err)})

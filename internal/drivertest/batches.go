@@ -70,7 +70,7 @@ func batches(t *testing.T, s suite) {
 		if _, err := d.Complete(ctx, outs); err != nil {
 			t.Fatal(err)
 		}
-		fired, err := d.FireBatches(ctx, 10)
+		fired, err := d.FireBatches(ctx, 10, nil)
 		if err != nil || len(fired) != 1 || fired[bids[0]] == 0 {
 			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[0])
 		}
@@ -111,7 +111,7 @@ func batches(t *testing.T, s suite) {
 				}
 			})
 		}
-		fired, err := d.FireBatches(retryBefore(bids[0], ids[1]), 10)
+		fired, err := d.FireBatches(retryBefore(bids[0], ids[1]), 10, nil)
 		if err != nil || len(fired) != 0 {
 			t.Fatalf("fired %v, %v; want none: job %d was retried before the firing", fired, err, ids[1])
 		}
@@ -121,7 +121,7 @@ func batches(t *testing.T, s suite) {
 		if got := runOne(t, d, "ra"); got != ids[1] {
 			t.Fatalf("completed job %d, want the retried %d", got, ids[1])
 		}
-		fired, err = d.FireBatches(ctx, 10)
+		fired, err = d.FireBatches(ctx, 10, nil)
 		if err != nil || len(fired) != 1 || fired[bids[0]] == 0 {
 			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[0])
 		}
@@ -130,14 +130,14 @@ func batches(t *testing.T, s suite) {
 			t.Fatalf("completed job %d, want the callback %d", got, step)
 		}
 		// The later batch's own member is the earlier batch's callback.
-		fired, err = d.FireBatches(retryBefore(bids[1], step), 10)
+		fired, err = d.FireBatches(retryBefore(bids[1], step), 10, nil)
 		if err != nil || len(fired) != 0 {
 			t.Fatalf("fired %v, %v; want none: callback %d, which batch %d waits for, was retried before the firing", fired, err, step, bids[1])
 		}
 		if got := runOne(t, d, "rb"); got != step {
 			t.Fatalf("completed job %d, want the retried callback %d", got, step)
 		}
-		fired, err = d.FireBatches(ctx, 10)
+		fired, err = d.FireBatches(ctx, 10, nil)
 		if err != nil || len(fired) != 1 || fired[bids[1]] == 0 {
 			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[1])
 		}
@@ -191,7 +191,7 @@ func batches(t *testing.T, s suite) {
 				}
 			}
 		})
-		fired, err := d.FireBatches(hold, 10)
+		fired, err := d.FireBatches(hold, 10, nil)
 		if err != nil || len(fired) != 1 || fired[bids[0]] == 0 {
 			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[0])
 		}
@@ -227,7 +227,7 @@ func batches(t *testing.T, s suite) {
 		runOne(t, d, "fa")
 		// Two of the four per call: the first two fail.
 		for round := range 2 {
-			fired, err := d.FireBatches(ctx, 2)
+			fired, err := d.FireBatches(ctx, 2, nil)
 			want := 1
 			if round > 0 {
 				want = 0
@@ -251,6 +251,52 @@ func batches(t *testing.T, s suite) {
 			t.Fatal("no callback of the good batch")
 		}
 	})
+	// A batch the caller skips (the leader's backoff of a batch whose
+	// callback failed) is neither fired nor counted against limit, so
+	// the batches after it fire in the same call; once no longer skipped
+	// it fires, and every callback is enqueued exactly once.
+	t.Run("FireSkips", func(t *testing.T) {
+		d := s.setup(t)
+		ids, bids, err := d.InsertBatches(ctx, nil, []driver.InsertParams{job("sa", 0)}, []driver.BatchParams{
+			{Callback: job("scb", 0), Jobs: []int{0}},
+			{Callback: job("scb", 0), Jobs: []int{0}},
+			{Callback: job("scb", 0), Jobs: []int{0}},
+		})
+		if err != nil || len(ids) != 1 || len(bids) != 3 {
+			t.Fatalf("insert batches: %v %v %v", ids, bids, err)
+		}
+		runOne(t, d, "sa")
+		asked := map[int64]int{}
+		skip := func(id int64) bool {
+			asked[id]++
+			return id != bids[2]
+		}
+		fired, err := d.FireBatches(ctx, 1, skip)
+		if err != nil || len(fired) != 1 || fired[bids[2]] == 0 {
+			t.Fatalf("fire skipping %d and %d with limit 1: %v %v; want %d fired", bids[0], bids[1], fired, err, bids[2])
+		}
+		if asked[bids[0]] != 1 || asked[bids[1]] != 1 {
+			t.Fatalf("skip asked %v; want once for each of %d and %d", asked, bids[0], bids[1])
+		}
+		for _, id := range bids[:2] {
+			if b, err := d.GetBatch(ctx, id); err != nil || b.CallbackID != 0 {
+				t.Fatalf("skipped batch %d: %+v %v; want no callback", id, b, err)
+			}
+		}
+		fired, err = d.FireBatches(ctx, 10, nil)
+		if err != nil || len(fired) != 2 || fired[bids[0]] == 0 || fired[bids[1]] == 0 {
+			t.Fatalf("fire without skipping: %v %v; want %d and %d", fired, err, bids[0], bids[1])
+		}
+		if fired, err = d.FireBatches(ctx, 10, nil); err != nil || len(fired) != 0 {
+			t.Fatalf("fire again: %v %v; want none", fired, err)
+		}
+		for range 3 {
+			runOne(t, d, "scb")
+		}
+		if rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "scb", Limit: 10, Lease: time.Minute, Worker: "w"}); err != nil || len(rows) != 0 {
+			t.Fatalf("callbacks beyond one per batch: %d %v", len(rows), err)
+		}
+	})
 	// A fired batch that a still open batch waits for (a workflow's step
 	// whose own step has not finished) is kept by Prune however long ago
 	// it fired: without it the open batch would no longer see the step it
@@ -266,7 +312,7 @@ func batches(t *testing.T, s suite) {
 			t.Fatalf("insert batches: %v %v %v", ids, bids, err)
 		}
 		runOne(t, d, "wa")
-		fired, err := d.FireBatches(ctx, 10)
+		fired, err := d.FireBatches(ctx, 10, nil)
 		if err != nil || len(fired) != 1 || fired[bids[0]] == 0 {
 			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[0])
 		}
@@ -280,14 +326,14 @@ func batches(t *testing.T, s suite) {
 		if b, err := d.GetBatch(ctx, bids[0]); err != nil || b.CallbackID != step {
 			t.Fatalf("batch %d, awaited by open batch %d, after prune: %+v %v", bids[0], bids[1], b, err)
 		}
-		fired, err = d.FireBatches(ctx, 10)
+		fired, err = d.FireBatches(ctx, 10, nil)
 		if err != nil || len(fired) != 0 {
 			t.Fatalf("fired %v, %v while job %d, which batch %d waits for, is available", fired, err, step, bids[1])
 		}
 		if got := runOne(t, d, "wb"); got != step {
 			t.Fatalf("completed job %d, want the step %d", got, step)
 		}
-		fired, err = d.FireBatches(ctx, 10)
+		fired, err = d.FireBatches(ctx, 10, nil)
 		if err != nil || len(fired) != 1 || fired[bids[1]] == 0 {
 			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[1])
 		}
@@ -326,7 +372,7 @@ func batches(t *testing.T, s suite) {
 			t.Fatalf("insert batches: %v %v %v", ids, bids, err)
 		}
 		runOne(t, d, "pa")
-		fired, err := d.FireBatches(ctx, 10)
+		fired, err := d.FireBatches(ctx, 10, nil)
 		if err != nil || len(fired) != 1 || fired[bids[0]] == 0 {
 			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[0])
 		}

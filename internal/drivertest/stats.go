@@ -170,7 +170,7 @@ func stats(t *testing.T, s suite) {
 		if _, err := d.Complete(ctx, outs); err != nil {
 			t.Fatal(err)
 		}
-		fired, err := d.FireBatches(ctx, 10)
+		fired, err := d.FireBatches(ctx, 10, nil)
 		if err != nil || len(fired) != 1 || fired[bids[0]] == 0 {
 			t.Fatalf("fired %v, %v; want batch %d alone", fired, err, bids[0])
 		}

@@ -101,6 +101,17 @@ type Config struct {
 	// expiring the maintenance leader deletes a row (a process that died
 	// without stopping).
 	ProcessInterval, ProcessTTL, ProcessPruneAge time.Duration
+	// SchedulePruneAge is how long after the last record or touch of a
+	// periodic schedule's row (driver.TouchSchedules: every started
+	// process touches the schedules it has, far more often) the
+	// maintenance leader deletes the row, at its prune interval; 0
+	// deletes none.
+	SchedulePruneAge time.Duration
+	// BatchFireBackoff is how long the maintenance leader waits before
+	// trying again a batch whose callback could not be enqueued, doubled
+	// at each failure in a row up to BatchFireBackoffMax (see
+	// fireBackoff); 0 tries it again at every round.
+	BatchFireBackoff, BatchFireBackoffMax time.Duration
 	// Version is the conveyor version recorded with the process's row.
 	Version string
 }

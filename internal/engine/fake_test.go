@@ -53,8 +53,8 @@ type fakeDriver struct {
 	promote     func() (map[string]int, error)
 	rescue      func() (map[string]int, error)
 	prune       func() (int64, error)
-	// fireBatches answers FireBatches; nil fires none.
-	fireBatches func() (map[int64]int64, error)
+	// fireBatches answers FireBatches, given its skip; nil fires none.
+	fireBatches func(skip func(int64) bool) (map[int64]int64, error)
 
 	// maintain answers Maintain; nil does nothing.
 	maintain func() (map[string]int, error)
@@ -369,6 +369,12 @@ func (d *fakeDriver) PruneProcesses(_ context.Context, age time.Duration) (int64
 	return 0, nil
 }
 
+// PruneSchedules records the call and its age; it deletes nothing.
+func (d *fakeDriver) PruneSchedules(_ context.Context, age time.Duration) (int64, error) {
+	d.record(call{op: "pruneschedules", dur: age})
+	return 0, nil
+}
+
 // PausedQueues reports no paused queue.
 func (d *fakeDriver) PausedQueues(context.Context) (map[string]time.Time, error) {
 	return map[string]time.Time{}, nil
@@ -486,11 +492,12 @@ func (d *fakeDriver) Maintain(context.Context) (map[string]int, error) {
 
 // Promote records the call and answers through the promote hook.
 // FireBatches answers through the fireBatches hook, else fires none.
-func (d *fakeDriver) FireBatches(context.Context, int) (map[int64]int64, error) {
+func (d *fakeDriver) FireBatches(_ context.Context, _ int, skip func(int64) bool) (map[int64]int64, error) {
+	d.record(call{op: "fire"})
 	if d.fireBatches == nil {
 		return nil, nil
 	}
-	return d.fireBatches()
+	return d.fireBatches(skip)
 }
 
 func (d *fakeDriver) Promote(context.Context, int) (map[string]int, error) {

@@ -172,6 +172,7 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 	var leader bool
 	var lastLead, lastRescue, lastPrune time.Time
 	errs, roundErrs := 0, 0
+	fires := fireBackoff{base: e.cfg.BatchFireBackoff, max: e.cfg.BatchFireBackoffMax}
 	// A leader that stops gives the leadership up, so that another
 	// process promotes at its next tick instead of after the rest of the
 	// TTL (scheduled jobs would otherwise run up to 15s late at every
@@ -204,6 +205,7 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 			leader, lastLead = ok, now
 		}
 		if !leader {
+			fires.reset() // a later leadership starts afresh
 			continue
 		}
 		// Every round runs all its tasks: one that fails (a lasting
@@ -226,15 +228,22 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 		}
 		// Batches whose every job has finished get their callback. A
 		// batch whose callback could not be enqueued is logged by id and
-		// tried again next round; the others were fired all the same,
-		// and the round is not taken for a failed one (a batch that
-		// fails every time would otherwise slow every round down).
-		if _, err := e.drv.FireBatches(ctx, batch); err != nil && ctx.Err() == nil {
+		// tried again after a backoff of its own (fireBackoff); the
+		// others were fired all the same, and the round is not taken for
+		// a failed one (a batch that fails every time would otherwise
+		// slow every round down).
+		fires.forget(now)
+		fired, err := e.drv.FireBatches(ctx, batch, fires.skip(now))
+		for id := range fired {
+			fires.fired(id)
+		}
+		if err != nil && ctx.Err() == nil {
 			e.metrics.DBErrors.Add(1)
 			var fe *driver.BatchFireError
 			if errors.As(err, &fe) {
 				for _, f := range fe.Failed {
-					e.warn("conveyor: enqueueing the callback of a finished batch failed", "batch", f.BatchID, "error", f.Err)
+					wait := fires.failed(f.BatchID, now)
+					e.warn("conveyor: enqueueing the callback of a finished batch failed", "batch", f.BatchID, "error", f.Err, "retry_in", wait)
 				}
 			} else {
 				failed = true
@@ -252,6 +261,11 @@ func (e *Engine) maintenanceLoop(ctx context.Context) {
 			if e.cfg.ProcessPruneAge > 0 {
 				if _, err := e.drv.PruneProcesses(ctx, e.cfg.ProcessPruneAge); err != nil && ctx.Err() == nil {
 					e.warn("conveyor: pruning gone processes failed", "error", err)
+				}
+			}
+			if e.cfg.SchedulePruneAge > 0 {
+				if _, err := e.drv.PruneSchedules(ctx, e.cfg.SchedulePruneAge); err != nil && ctx.Err() == nil {
+					e.warn("conveyor: pruning removed periodic schedules failed", "error", err)
 				}
 			}
 			for {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -241,7 +242,7 @@ func TestMaintenanceFailingMaintainStillPromotesRescuesPrunes(t *testing.T) {
 func TestMaintenanceLogsEachFailedBatch(t *testing.T) {
 	d := &fakeDriver{}
 	d.tryLead = func() (bool, error) { return true, nil }
-	d.fireBatches = func() (map[int64]int64, error) {
+	d.fireBatches = func(func(int64) bool) (map[int64]int64, error) {
 		return map[int64]int64{3: 30}, &driver.BatchFireError{Failed: []driver.BatchFailure{
 			{BatchID: 1, Err: errors.New("bad one")}, {BatchID: 2, Err: errors.New("bad two")}}}
 	}
@@ -255,6 +256,128 @@ func TestMaintenanceLogsEachFailedBatch(t *testing.T) {
 	})
 	if err := e.Close(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A batch whose callback fails is not tried again at every round: the
+// leader skips it for the backoff (an hour here, so that no round of the
+// test comes after it), while the other batches fire at once, and a
+// batch that fired is no longer asked about.
+func TestMaintenanceBacksOffFailingBatch(t *testing.T) {
+	d := &fakeDriver{}
+	d.tryLead = func() (bool, error) { return true, nil }
+	var mu sync.Mutex
+	tries := map[int64]int{}
+	firedGood := false
+	d.fireBatches = func(skip func(int64) bool) (map[int64]int64, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		fired := map[int64]int64{}
+		var fe driver.BatchFireError
+		for _, id := range []int64{1, 2} {
+			if (id == 2 && firedGood) || (skip != nil && skip(id)) {
+				continue
+			}
+			tries[id]++
+			if id == 1 {
+				fe.Failed = append(fe.Failed, driver.BatchFailure{BatchID: 1, Err: errors.New("bad callback")})
+				continue
+			}
+			fired[id], firedGood = 20, true
+		}
+		if len(fe.Failed) > 0 {
+			return fired, &fe
+		}
+		return fired, nil
+	}
+	var log lockedBuffer
+	cfg := maintenanceConfig(time.Hour, time.Hour)
+	cfg.BatchFireBackoff, cfg.BatchFireBackoffMax = time.Hour, 4*time.Hour
+	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	e := startEngine(t, d, cfg, nil)
+	waitFor(t, "twenty firing rounds", func() bool { return d.count("fire") >= 20 })
+	if err := e.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if tries[1] != 1 || tries[2] != 1 {
+		t.Fatalf("tries by batch %v over %d rounds; want the failing batch 1 tried once (then backed off) and batch 2 fired once", tries, d.count("fire"))
+	}
+	if s := log.String(); !strings.Contains(s, `batch=1 error="bad callback" retry_in=1h0m0s`) {
+		t.Fatalf("log lacks the failure with its backoff:\n%s", s)
+	}
+}
+
+// fireBackoff doubles a failing batch's wait at each failure in a row up
+// to its cap, forgets a batch that fired, one not tried again long after
+// its wait, and every batch when the leadership is lost.
+func TestFireBackoff(t *testing.T) {
+	b := fireBackoff{base: time.Second, max: 5 * time.Second}
+	t0 := time.Unix(1_000_000, 0)
+	if b.skip(t0) != nil {
+		t.Fatal("a skip with no failing batch")
+	}
+	var waits []time.Duration
+	now := t0
+	for range 5 {
+		w := b.failed(7, now)
+		waits = append(waits, w)
+		if skip := b.skip(now.Add(w - time.Millisecond)); !skip(7) || skip(8) {
+			t.Fatalf("just before its wait of %v ends: skip(7) %v, skip(8) %v; want true, false", w, skip(7), skip(8))
+		}
+		if b.skip(now.Add(w))(7) {
+			t.Fatalf("skipped once its wait of %v ended", w)
+		}
+		now = now.Add(w)
+	}
+	if want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second}; !slices.Equal(waits, want) {
+		t.Fatalf("waits %v, want %v", waits, want)
+	}
+	b.fired(7)
+	if b.failed(7, now) != time.Second {
+		t.Fatal("a batch that fired kept its failures")
+	}
+	b.failed(9, now)
+	b.forget(now.Add(time.Second + 5*time.Second))
+	if _, ok := b.m[9]; !ok {
+		t.Fatal("forgot a batch within the cap of its wait")
+	}
+	b.forget(now.Add(time.Second + 5*time.Second + time.Millisecond))
+	if len(b.m) != 0 {
+		t.Fatalf("entries %v kept long after their wait", b.m)
+	}
+	b.failed(3, now)
+	b.reset()
+	if b.skip(now) != nil {
+		t.Fatal("entries kept after reset")
+	}
+	if w := (&fireBackoff{}).failed(1, now); w != 0 {
+		t.Fatalf("wait %v with no base, want 0 (no backoff)", w)
+	}
+}
+
+// The leader deletes the rows of periodic schedules that no process
+// recorded or touched for SchedulePruneAge, at the prune interval, with
+// that age; with no age it deletes none.
+func TestMaintenancePrunesRemovedSchedules(t *testing.T) {
+	for _, age := range []time.Duration{30 * 24 * time.Hour, 0} {
+		d := &fakeDriver{}
+		d.tryLead = func() (bool, error) { return true, nil }
+		cfg := maintenanceConfig(time.Hour, time.Hour)
+		cfg.SchedulePruneAge = age
+		e := startEngine(t, d, cfg, nil)
+		waitFor(t, "a prune and ten rounds", func() bool { return d.count("prune") >= 1 && d.count("promote") >= 10 })
+		if err := e.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		calls := d.callsOf("pruneschedules")
+		switch {
+		case age == 0 && len(calls) != 0:
+			t.Fatalf("pruned schedules %d times with no age", len(calls))
+		case age > 0 && (len(calls) != 1 || calls[0].dur != age):
+			t.Fatalf("schedule prunes %+v; want one (PruneInterval is an hour) with age %v", calls, age)
+		}
 	}
 }
 

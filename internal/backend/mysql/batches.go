@@ -96,7 +96,7 @@ func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.Insert
 // by a locking read (lock_batch_members: a retry by hand either came
 // before and is seen, or waits for the commit), and whose UPDATE of the
 // batch row records the callback's id only while none is recorded.
-func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, error) {
+func (d *Driver) FireBatches(ctx context.Context, limit int, skip func(batchID int64) bool) (map[int64]int64, error) {
 	read := func(ctx context.Context, after int64, n int) ([]driver.ReadyBatch, error) {
 		var rs []driver.ReadyBatch
 		err := d.retry(ctx, "fire batches", func() error {
@@ -156,7 +156,7 @@ func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, e
 		}
 		return cbID, nil
 	}
-	return driver.FireReady(ctx, limit, read, fire)
+	return driver.FireReady(ctx, limit, skip, read, fire)
 }
 
 // GetBatch returns batch id with its members' states and results.

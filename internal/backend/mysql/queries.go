@@ -130,6 +130,8 @@ type queries struct {
 	PausedQueues    string `sql:"paused_queues"`
 	RecordSchedule  string `sql:"record_schedule"`
 	Schedules       string `sql:"schedules"`
+	TouchSchedule   string `sql:"touch_schedule"`
+	PruneSchedules  string `sql:"prune_schedules"`
 	RegisterProcess string `sql:"register_process"`
 	RemoveProcess   string `sql:"remove_process"`
 	Processes       string `sql:"processes"`

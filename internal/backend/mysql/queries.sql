@@ -577,6 +577,17 @@ ON DUPLICATE KEY UPDATE spec = VALUES(spec),
 -- name: schedules
 SELECT name, spec, last_slot, last_job, next_slot, updated_at FROM `{p}schedules` ORDER BY name
 
+-- name: touch_schedule
+-- (name.) A started process that has the schedule says it still does,
+-- so that prune_schedules keeps the row; a schedule with no row gets
+-- none (its first slot records it).
+UPDATE `{p}schedules` SET updated_at = UTC_TIMESTAMP(6) WHERE name = ?
+
+-- name: prune_schedules
+-- (age µs.) Rows that no process recorded or touched for that long (the
+-- database's clock).
+DELETE FROM `{p}schedules` WHERE updated_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+
 -- name: register_process
 -- (id, kind, host, pid, version, queues JSON, ttl µs.) started_at
 -- is kept while the row is alive; a row that had expired starts anew.

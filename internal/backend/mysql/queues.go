@@ -47,6 +47,22 @@ func (d *Driver) RecordSchedule(ctx context.Context, s driver.ScheduleRow) error
 	return err
 }
 
+// TouchSchedules marks the named schedules' rows as still in use.
+func (d *Driver) TouchSchedules(ctx context.Context, names []string) error {
+	for _, n := range names {
+		if _, err := d.execCount(ctx, d.main, "touch schedule "+n, false, d.q.TouchSchedule, []any{n}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// PruneSchedules deletes the schedules no process recorded or touched
+// for age.
+func (d *Driver) PruneSchedules(ctx context.Context, age time.Duration) (int64, error) {
+	return d.execCount(ctx, d.main, "prune schedules", true, d.q.PruneSchedules, []any{micros(age)})
+}
+
 // Schedules lists the recorded schedules by name.
 func (d *Driver) Schedules(ctx context.Context) ([]driver.ScheduleRow, error) {
 	rows, err := d.db.QueryContext(ctx, d.q.Schedules)

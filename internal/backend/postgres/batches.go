@@ -97,7 +97,7 @@ func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.Insert
 // before and is seen, or waits for the commit), reads the batch again,
 // and whose UPDATE of the batch row records the callback's id only
 // while none is recorded.
-func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, error) {
+func (d *Driver) FireBatches(ctx context.Context, limit int, skip func(batchID int64) bool) (map[int64]int64, error) {
 	read := func(ctx context.Context, after int64, n int) ([]driver.ReadyBatch, error) {
 		var rs []driver.ReadyBatch
 		err := d.seg.read(ctx, func(v *segView) error {
@@ -175,7 +175,7 @@ func (d *Driver) FireBatches(ctx context.Context, limit int) (map[int64]int64, e
 		}
 		return cbID, nil
 	}
-	return driver.FireReady(ctx, limit, read, fire)
+	return driver.FireReady(ctx, limit, skip, read, fire)
 }
 
 // GetBatch returns batch id with its members' states and results, read

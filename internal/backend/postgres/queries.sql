@@ -88,6 +88,17 @@ ON CONFLICT (name) DO UPDATE
 -- name: schedules
 SELECT name, spec, last_slot, last_job, next_slot, updated_at FROM {p}schedules ORDER BY name
 
+-- name: touch_schedule
+-- $1 name: a started process that has the schedule says it still does,
+-- so that prune_schedules keeps the row; a schedule with no row gets
+-- none (its first slot records it).
+UPDATE {p}schedules SET updated_at = now() WHERE name = $1
+
+-- name: prune_schedules
+-- $1 age in microseconds: rows that no process recorded or touched for
+-- that long (the database's clock).
+DELETE FROM {p}schedules WHERE updated_at < now() - $1::bigint * interval '1 microsecond'
+
 -- name: register_process
 -- $1 id, $2 kind, $3 host, $4 pid (NULL when unknown), $5 version,
 -- $6 queues (JSON), $7 ttl in microseconds. started_at is kept while the

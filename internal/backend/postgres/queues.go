@@ -41,6 +41,26 @@ func (d *Driver) RecordSchedule(ctx context.Context, s driver.ScheduleRow) error
 	return d.wrap("record schedule "+s.Name, err)
 }
 
+// TouchSchedules marks the named schedules' rows as still in use.
+func (d *Driver) TouchSchedules(ctx context.Context, names []string) error {
+	for _, n := range names {
+		if _, err := d.pool.Exec(ctx, d.q.TouchSchedule, n); err != nil {
+			return d.wrap("touch schedule "+n, err)
+		}
+	}
+	return nil
+}
+
+// PruneSchedules deletes the schedules no process recorded or touched
+// for age.
+func (d *Driver) PruneSchedules(ctx context.Context, age time.Duration) (int64, error) {
+	tag, err := d.pool.Exec(ctx, d.q.PruneSchedules, micros(age))
+	if err != nil {
+		return 0, d.wrap("prune schedules", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // Schedules lists the recorded schedules by name.
 func (d *Driver) Schedules(ctx context.Context) ([]driver.ScheduleRow, error) {
 	rows, err := d.pool.Query(ctx, d.q.Schedules)

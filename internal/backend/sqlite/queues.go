@@ -58,6 +58,39 @@ func (d *Driver) RecordSchedule(ctx context.Context, s driver.ScheduleRow) error
 	return nil
 }
 
+// TouchSchedules marks the named schedules' rows as still in use,
+// through the write gate.
+func (d *Driver) TouchSchedules(ctx context.Context, names []string) error {
+	for _, n := range names {
+		err := d.retry(ctx, func() error {
+			_, err := d.w.ExecContext(ctx, d.q.TouchSchedule, n)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("conveyor/sqlite: touch schedule %q: %w", n, err)
+		}
+	}
+	return nil
+}
+
+// PruneSchedules deletes the schedules no process recorded or touched
+// for age, through the write gate.
+func (d *Driver) PruneSchedules(ctx context.Context, age time.Duration) (int64, error) {
+	var n int64
+	err := d.retry(ctx, func() error {
+		res, err := d.w.ExecContext(ctx, d.q.PruneSchedules, us(age))
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("conveyor/sqlite: prune schedules: %w", err)
+	}
+	return n, nil
+}
+
 // Schedules lists the recorded schedules by name.
 func (d *Driver) Schedules(ctx context.Context) ([]driver.ScheduleRow, error) {
 	rows, err := d.r.QueryContext(ctx, d.q.Schedules)
