@@ -218,7 +218,7 @@ func TestWorkflowBatchWaiting(t *testing.T) {
 		complete(1) // A
 		fire := func(want int) {
 			t.Helper()
-			fired, err := seam.DriverOf(c).FireBatches(ctx, 10)
+			fired, err := seam.DriverOf(c).FireBatches(ctx, 10, nil)
 			if err != nil || len(fired) != want {
 				t.Fatalf("fired %v, %v; want %d", fired, err, want)
 			}

@@ -378,7 +378,7 @@ func limits(t *testing.T, s suite) {
 		if _, err := d.Promote(ctx, 100); err != nil {
 			t.Fatal(err)
 		}
-		claim(1) // the snoozed job, or the other
+		claim(1)                          // the snoozed job, or the other
 		time.Sleep(50 * time.Millisecond) // its lease expires
 		if _, err := d.Rescue(ctx, 100); err != nil {
 			t.Fatal(err)
