@@ -23,12 +23,17 @@ import (
 // commitCutter is a TCP proxy in front of a database server that, once
 // armed with a pattern, passes on the client's next write that contains
 // it, then cuts that connection: the server runs (and commits) what it
-// was sent, and the client never hears so.
+// was sent, and the client never hears so. Armed with a marker as well,
+// it cuts only the connection that sent the marker first (the call's
+// own, where its arguments went), at its next write with the pattern: a
+// COMMIT of another transaction of the client (on a loaded machine one
+// can come in between) is passed on.
 type commitCutter struct {
 	ln      net.Listener
 	target  string
 	commit  []byte // the COMMIT message's bytes in the client's protocol
-	pattern atomic.Pointer[[]byte]
+	armedAt atomic.Pointer[arming]
+	conns   atomic.Int64  // connections accepted, numbering them
 	ended   chan struct{} // a connection that was cut has ended on the server's side
 	wg      sync.WaitGroup
 }
@@ -67,11 +72,22 @@ func newCommitCutter(t *testing.T, dsn string) (*commitCutter, string) {
 // pgCancel begins a PostgreSQL cancel request.
 var pgCancel = []byte{0, 0, 0, 16, 0x04, 0xd2, 0x16, 0x2e}
 
-// arm makes the proxy cut the next connection that sends pattern.
-func (p *commitCutter) arm(pattern []byte) { p.pattern.Store(&pattern) }
+// arming is what the proxy is armed with (see commitCutter): owner is
+// the number of the connection that sent the marker first (0: none yet).
+type arming struct {
+	marker, pattern []byte
+	owner           atomic.Int64
+}
 
-// armed reports whether the pattern is still to be seen.
-func (p *commitCutter) armed() bool { return p.pattern.Load() != nil }
+// arm makes the proxy cut the next connection that sends pattern; with a
+// marker, the first connection that sends the marker, when it then sends
+// pattern.
+func (p *commitCutter) arm(marker, pattern []byte) {
+	p.armedAt.Store(&arming{marker: marker, pattern: pattern})
+}
+
+// armed reports whether the cut is still to come.
+func (p *commitCutter) armed() bool { return p.armedAt.Load() != nil }
 
 func (p *commitCutter) serve() {
 	defer p.wg.Done()
@@ -86,6 +102,7 @@ func (p *commitCutter) serve() {
 			continue
 		}
 		var cut atomic.Bool
+		id := p.conns.Add(1)
 		p.wg.Add(2)
 		go func() { // server to client
 			defer p.wg.Done()
@@ -116,8 +133,11 @@ func (p *commitCutter) serve() {
 				first = false
 				if n > 0 {
 					seen := append(tail, buf[:n]...)
-					pat := p.pattern.Load()
-					if pat != nil && bytes.Contains(seen, *pat) && p.pattern.CompareAndSwap(pat, nil) {
+					a := p.armedAt.Load()
+					if a != nil && a.marker != nil && bytes.Contains(seen, a.marker) {
+						a.owner.CompareAndSwap(0, id)
+					}
+					if a != nil && (a.marker == nil || a.owner.Load() == id) && bytes.Contains(seen, a.pattern) && p.armedAt.CompareAndSwap(a, nil) {
 						_, _ = s.Write(buf[:n])
 						// The server reads what was sent, then the end
 						// of the stream; the client's side is gone.
@@ -160,6 +180,7 @@ func TestEnqueueCommitLostSaysJobsMayExist(t *testing.T) {
 			c := openDropped(t, via, fast(testdb.Prefix()))
 			calls := []struct {
 				name    string
+				marker  []byte // the call's arguments: its connection (nil: any)
 				pattern []byte // what the proxy cuts after
 				jobs    int
 				call    func() error
@@ -167,31 +188,31 @@ func TestEnqueueCommitLostSaysJobsMayExist(t *testing.T) {
 				// A plain job goes through the group-commit writer, in
 				// one statement committing on its own: cut once its
 				// arguments are sent.
-				{"enqueue", []byte("cut-me"), 1, func() error {
+				{"enqueue", nil, []byte("cut-me"), 1, func() error {
 					_, err := c.Enqueue(ctx, tagged{"cut-me"}, nil)
 					return err
 				}},
 				// Unique jobs, through the writer in a transaction.
-				{"unique", cut.commit, 1, func() error {
-					_, err := c.Enqueue(ctx, tagged{"u"}, &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ByArgs: true}})
+				{"unique", []byte("cut-unique"), cut.commit, 1, func() error {
+					_, err := c.Enqueue(ctx, tagged{"cut-unique"}, &conveyor.EnqueueOpts{Unique: &conveyor.UniqueOpts{ByArgs: true}})
 					return err
 				}},
-				{"bulk", cut.commit, 2, func() error {
-					_, err := c.EnqueueBulk(ctx, []conveyor.EnqueueItem{{Args: tagged{"b1"}}, {Args: tagged{"b2"}}})
+				{"bulk", []byte("cut-bulk-1"), cut.commit, 2, func() error {
+					_, err := c.EnqueueBulk(ctx, []conveyor.EnqueueItem{{Args: tagged{"cut-bulk-1"}}, {Args: tagged{"cut-bulk-2"}}})
 					return err
 				}},
-				{"batch", cut.commit, 1, func() error {
-					_, _, err := c.EnqueueBatch(ctx, []conveyor.EnqueueItem{{Args: tagged{"m1"}}}, conveyor.EnqueueItem{Args: tagged{"cb"}})
+				{"batch", []byte("cut-batch-m1"), cut.commit, 1, func() error {
+					_, _, err := c.EnqueueBatch(ctx, []conveyor.EnqueueItem{{Args: tagged{"cut-batch-m1"}}}, conveyor.EnqueueItem{Args: tagged{"cb"}})
 					return err
 				}},
-				{"workflow", cut.commit, 1, func() error {
-					_, err := c.EnqueueWorkflow(ctx, []conveyor.WorkflowJob{{Name: "a", Args: tagged{"w1"}}, {Name: "b", Args: tagged{"w2"}, DependsOn: []string{"a"}}}, nil)
+				{"workflow", []byte("cut-wf-w1"), cut.commit, 1, func() error {
+					_, err := c.EnqueueWorkflow(ctx, []conveyor.WorkflowJob{{Name: "a", Args: tagged{"cut-wf-w1"}}, {Name: "b", Args: tagged{"w2"}, DependsOn: []string{"a"}}}, nil)
 					return err
 				}},
 			}
 			total := 0
 			for _, call := range calls {
-				cut.arm(call.pattern)
+				cut.arm(call.marker, call.pattern)
 				err := call.call()
 				if cut.armed() {
 					t.Fatalf("%s: no COMMIT went through the proxy (error %v)", call.name, err)
@@ -235,12 +256,12 @@ func TestHTTPEnqueueCommitLostSaysJobsMayExist(t *testing.T) {
 			t.Cleanup(func() { h.Close() })
 			for _, call := range []struct {
 				name, path, body string
-				pattern          []byte
+				marker, pattern  []byte
 			}{
-				{"one", "/api/v1/jobs", `{"kind":"tagged","args":{"tag":"cut-me-http"}}`, []byte("cut-me-http")},
-				{"batch", "/api/v1/jobs/batch", `{"jobs":[{"kind":"tagged","args":{"tag":"u"},"unique":{"by_args":true}}]}`, cut.commit},
+				{"one", "/api/v1/jobs", `{"kind":"tagged","args":{"tag":"cut-me-http"}}`, nil, []byte("cut-me-http")},
+				{"batch", "/api/v1/jobs/batch", `{"jobs":[{"kind":"tagged","args":{"tag":"cut-http-u"},"unique":{"by_args":true}}]}`, []byte("cut-http-u"), cut.commit},
 			} {
-				cut.arm(call.pattern)
+				cut.arm(call.marker, call.pattern)
 				r := httptest.NewRequestWithContext(ctx, "POST", "http://localhost"+call.path, strings.NewReader(call.body))
 				r.Header.Set("Content-Type", "application/json")
 				r.RemoteAddr = "127.0.0.1:1234"
