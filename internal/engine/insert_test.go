@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -613,4 +614,164 @@ func TestInserterUniqueLanes(t *testing.T) {
 		defer e.ins.lanesMu.Unlock()
 		return len(e.ins.lanes) == 0 && !slices.ContainsFunc(e.ins.load, func(n int) bool { return n != 0 })
 	})
+}
+
+// A call whose unique keys have unwritten calls in two lanes is not
+// written in one of them while the other lane still has an unwritten
+// call of one of its keys: in the database the two writes would wait for
+// each other (and two such calls with their keys in opposite orders
+// would deadlock). It waits until its keys are in at most one lane, and
+// goes there; a later call of a key it waits for goes behind it.
+func TestInserterCallSpanningLanes(t *testing.T) {
+	d := &fakeDriver{}
+	gates := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}
+	in := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}
+	var mu sync.Mutex
+	flying := map[string]int{} // key -> writes in progress with it
+	seen := map[string]bool{}
+	var overlap atomic.Value
+	d.insertUnique = func(_ context.Context, ps []driver.InsertParams) ([]int64, []bool, error) {
+		var keys []string
+		var block string
+		mu.Lock()
+		for _, p := range ps {
+			k := string(p.UniqueKey)
+			if flying[k] > 0 {
+				overlap.Store(fmt.Sprintf("key %s written by two lanes at once", k))
+			}
+			flying[k]++
+			keys = append(keys, k)
+			if !seen[k] {
+				seen[k], block = true, k
+			}
+		}
+		mu.Unlock()
+		if block != "" {
+			close(in[block])
+			<-gates[block]
+		}
+		mu.Lock()
+		for _, k := range keys {
+			flying[k]--
+		}
+		mu.Unlock()
+		ids := make([]int64, len(ps))
+		for i, p := range ps {
+			ids[i] = int64(1000 + p.Priority)
+		}
+		return ids, make([]bool, len(ps)), nil
+	}
+	e := New(d, testConfig(time.Second), nil)
+	t.Cleanup(func() { e.Close(context.Background()) })
+	release := openOnce(t, gates["a"], gates["b"])
+	ctx := context.Background()
+	u := func(key string, prio int) driver.InsertParams {
+		return driver.InsertParams{Queue: "q", Kind: "k", Priority: prio, UniqueKey: []byte(key)}
+	}
+	c1 := enqueueJobs(ctx, e, u("a", 1))
+	recv(t, "the write of a", in["a"])
+	c2 := enqueueJobs(ctx, e, u("b", 2))
+	recv(t, "the write of b in another lane", in["b"])
+	c3 := enqueueJobs(ctx, e, u("a", 3), u("b", 4))
+	waitFor(t, "the call with both keys queued or waiting", func() bool { return e.QueuedInserts()+spanWaiting(e) == 1 })
+	c4 := enqueueJobs(ctx, e, u("b", 5))
+	waitFor(t, "the next call of b queued or waiting", func() bool { return e.QueuedInserts()+spanWaiting(e) == 2 })
+	release[0]()
+	if r := recv(t, "the call of a", c1); r.err != nil {
+		t.Fatalf("call of a: %v", r.err)
+	}
+	// Either the call with both keys was written, or it is queued in the
+	// lane of b (behind the write of b), as is the next call of b.
+	waitFor(t, "the call with both keys written or queued", func() bool { return len(c3) > 0 || e.QueuedInserts() == 2 })
+	release[1]()
+	for name, ch := range map[string]<-chan insertResult{"b": c2, "a+b": c3, "next b": c4} {
+		if r := recv(t, "caller "+name, ch); r.err != nil {
+			t.Fatalf("caller %s: %v", name, r.err)
+		}
+	}
+	if o := overlap.Load(); o != nil {
+		t.Fatal(o)
+	}
+	waitFor(t, "the lanes to count no call", func() bool {
+		e.ins.lanesMu.Lock()
+		defer e.ins.lanesMu.Unlock()
+		return len(e.ins.lanes) == 0 && !slices.ContainsFunc(e.ins.load, func(n int) bool { return n != 0 })
+	})
+}
+
+// spanWaiting is how many calls wait for their keys to be in one lane.
+func spanWaiting(e *Engine) int { return int(e.ins.spanWaiting.Load()) }
+
+// A call waiting for its keys to be in one lane that gives up (its
+// context ends) releases the keys it holds: a later call of one of them
+// is queued, and the lanes end up counting nothing.
+func TestInserterSpanningCallGivesUp(t *testing.T) {
+	d := &fakeDriver{}
+	gates := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}
+	in := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	d.insertUnique = func(_ context.Context, ps []driver.InsertParams) ([]int64, []bool, error) {
+		var block string
+		mu.Lock()
+		for _, p := range ps {
+			if k := string(p.UniqueKey); !seen[k] {
+				seen[k], block = true, k
+			}
+		}
+		mu.Unlock()
+		if block != "" {
+			close(in[block])
+			<-gates[block]
+		}
+		return make([]int64, len(ps)), make([]bool, len(ps)), nil
+	}
+	e := New(d, testConfig(time.Second), nil)
+	t.Cleanup(func() { e.Close(context.Background()) })
+	release := openOnce(t, gates["a"], gates["b"])
+	ctx := context.Background()
+	u := func(key string) driver.InsertParams {
+		return driver.InsertParams{Queue: "q", Kind: "k", UniqueKey: []byte(key)}
+	}
+	c1 := enqueueJobs(ctx, e, u("a"))
+	recv(t, "the write of a", in["a"])
+	c2 := enqueueJobs(ctx, e, u("b"))
+	recv(t, "the write of b in another lane", in["b"])
+	cctx, cancel := context.WithCancel(ctx)
+	c3 := enqueueJobs(cctx, e, u("a"), u("b"))
+	waitFor(t, "the call with both keys waiting", func() bool { return spanWaiting(e) == 1 })
+	cancel()
+	if r := recv(t, "the call that gave up", c3); !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("the call that gave up: %v, want context.Canceled", r.err)
+	}
+	c4 := enqueueJobs(ctx, e, u("b"))
+	waitFor(t, "the next call of b queued", func() bool { return e.QueuedInserts() == 1 })
+	release[0]()
+	release[1]()
+	for name, ch := range map[string]<-chan insertResult{"a": c1, "b": c2, "next b": c4} {
+		if r := recv(t, "caller "+name, ch); r.err != nil {
+			t.Fatalf("caller %s: %v", name, r.err)
+		}
+	}
+	waitFor(t, "the lanes to count no call", func() bool {
+		e.ins.lanesMu.Lock()
+		defer e.ins.lanesMu.Unlock()
+		return len(e.ins.lanes) == 0 && e.ins.spanner == nil && !slices.ContainsFunc(e.ins.load, func(n int) bool { return n != 0 })
+	})
+}
+
+// openOnce returns, for each gate, a function closing it once; the gates
+// still open when the test ends are closed then (before the engine is
+// closed), so that a failing test does not leave writers waiting.
+func openOnce(t *testing.T, gates ...chan struct{}) []func() {
+	fs := make([]func(), len(gates))
+	for i, g := range gates {
+		fs[i] = sync.OnceFunc(func() { close(g) })
+	}
+	t.Cleanup(func() {
+		for _, f := range fs {
+			f()
+		}
+	})
+	return fs
 }

@@ -30,6 +30,12 @@ import (
 // that one process's calls with a key are written in order and never wait
 // for each other in the database), else to the lane with the fewest calls
 // not yet written, which a stalled lane never is while another is idle.
+// A call whose keys have unwritten calls in more than one lane waits,
+// unqueued, until they are in at most one (written there, two calls of
+// one key would wait for each other in the database, and two calls with
+// their keys in opposite orders would deadlock): one such call at a time
+// holds its keys of the other lanes, so that a later call with one of
+// them waits behind it and those lanes finish with the key.
 //
 // Each caller is told what happened to its own jobs. A caller's jobs are
 // all in one transaction of one writer, and the caller gets that
@@ -57,6 +63,14 @@ type inserter struct {
 	lanesMu sync.Mutex
 	lanes   map[string]*laneKey
 	load    []int
+	// spanner is the call whose keys had unwritten calls in several lanes
+	// that holds its keys of the other lanes (held) while it waits;
+	// changed, when set, is closed at the next change of the lanes, for
+	// the calls that wait; spanWaiting counts those calls (tests).
+	spanner     *insertReq
+	held        map[string]bool
+	changed     chan struct{}
+	spanWaiting atomic.Int64
 	// oneLane puts every call with unique jobs in the first lane (tests
 	// that line unique callers up behind one another).
 	oneLane atomic.Bool
@@ -112,17 +126,44 @@ func newInserter(e *Engine) *inserter {
 }
 
 // lane picks the unique lane of req (see inserter) and counts req in it
-// until unlane.
-func (i *inserter) lane(req *insertReq) *writer {
+// until unlane. When req must wait first (its keys have unwritten calls
+// in several lanes, or another waiting call holds one of them), it
+// returns nil and a channel closed once the lanes change.
+func (i *inserter) lane(req *insertReq) (*writer, <-chan struct{}) {
 	i.lanesMu.Lock()
 	defer i.lanesMu.Unlock()
-	lane := -1
+	lane, spans := -1, false
 	for _, j := range req.jobs {
-		if lk := i.lanes[string(j.UniqueKey)]; j.UniqueKey != nil && lk != nil {
-			lane = lk.lane
-			break
+		if j.UniqueKey == nil {
+			continue
+		}
+		if i.held[string(j.UniqueKey)] && i.spanner != req {
+			return nil, i.waitChange()
+		}
+		if lk := i.lanes[string(j.UniqueKey)]; lk != nil {
+			if lane < 0 {
+				lane = lk.lane
+			} else if lk.lane != lane {
+				spans = true
+			}
 		}
 	}
+	if spans {
+		if i.spanner != nil && i.spanner != req {
+			return nil, i.waitChange()
+		}
+		i.spanner = req
+		if i.held == nil {
+			i.held = map[string]bool{}
+		}
+		for _, j := range req.jobs {
+			if lk := i.lanes[string(j.UniqueKey)]; j.UniqueKey != nil && lk != nil && lk.lane != lane {
+				i.held[string(j.UniqueKey)] = true
+			}
+		}
+		return nil, i.waitChange()
+	}
+	i.unhold(req)
 	if lane < 0 {
 		lane = 0
 		for l, n := range i.load {
@@ -147,7 +188,42 @@ func (i *inserter) lane(req *insertReq) *writer {
 		}
 		lk.n++
 	}
-	return i.uniq[lane]
+	return i.uniq[lane], nil
+}
+
+// waitChange returns the channel closed at the next change of the lanes;
+// lanesMu is held.
+func (i *inserter) waitChange() <-chan struct{} {
+	if i.changed == nil {
+		i.changed = make(chan struct{})
+	}
+	return i.changed
+}
+
+// signal closes the channel of the calls waiting for a change of the
+// lanes; lanesMu is held.
+func (i *inserter) signal() {
+	if i.changed != nil {
+		close(i.changed)
+		i.changed = nil
+	}
+}
+
+// unhold releases the keys req holds, if it is the spanner; lanesMu is
+// held.
+func (i *inserter) unhold(req *insertReq) {
+	if i.spanner == req {
+		i.spanner, i.held = nil, nil
+		i.signal()
+	}
+}
+
+// abandon releases the keys of req, a call that waited for a lane and
+// will not be queued (its context ended, or the inserter closed).
+func (i *inserter) abandon(req *insertReq) {
+	i.lanesMu.Lock()
+	defer i.lanesMu.Unlock()
+	i.unhold(req)
 }
 
 // unlane stops counting reqs in their lanes: they were written, or they
@@ -169,6 +245,7 @@ func (i *inserter) unlane(reqs []*insertReq) {
 			}
 		}
 	}
+	i.signal()
 }
 
 func newWriter() *writer {
@@ -180,14 +257,35 @@ func newWriter() *writer {
 // not have been committed.
 func (i *inserter) insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, []bool, error) {
 	req := &insertReq{ctx: ctx, jobs: jobs, done: make(chan struct{})}
-	i.mu.RLock()
-	if i.shut {
+	var w *writer
+	for w == nil {
+		i.mu.RLock()
+		if i.shut {
+			i.mu.RUnlock()
+			i.abandon(req)
+			return nil, nil, ErrStopped
+		}
+		if !hasUnique(jobs) {
+			w = i.plain
+			break
+		}
+		var wait <-chan struct{}
+		if w, wait = i.lane(req); w != nil {
+			break
+		}
+		// Its keys are in several lanes, or held by a call that waits
+		// for that: it waits, unqueued and without the lock (close
+		// does not wait for it), until the lanes change.
 		i.mu.RUnlock()
-		return nil, nil, ErrStopped
-	}
-	w := i.plain
-	if hasUnique(jobs) {
-		w = i.lane(req)
+		i.spanWaiting.Add(1)
+		select {
+		case <-wait:
+			i.spanWaiting.Add(-1)
+		case <-ctx.Done():
+			i.spanWaiting.Add(-1)
+			i.abandon(req)
+			return nil, nil, ctx.Err()
+		}
 	}
 	select {
 	case w.in <- req:
