@@ -626,6 +626,9 @@ func TestUniqueWaitLetsOtherKeysThrough(t *testing.T) {
 			waiting <- result{id, err}
 		}()
 		waitBlocked(t, dsn, prefix)
+		// Calls go to another lane once the blocked write has taken
+		// longer than a write takes (a tenth of a second): from then on.
+		time.Sleep(300 * time.Millisecond)
 		// Its deadline only bounds the failure, shorter than the bound on
 		// a write (30s) after which the stalled write gives up.
 		otherCtx, otherCancel := context.WithTimeout(ctx, 20*time.Second)

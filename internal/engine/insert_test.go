@@ -587,6 +587,7 @@ func TestInserterUniqueLanes(t *testing.T) {
 	}
 	a := enqueueJobs(ctx, e, u("held", 1))
 	recv(t, "the first unique insert", first)
+	time.Sleep(2 * laneStall) // its lane is stalled: new calls of other keys go to another
 	for k := range 2 * uniqueLanes {
 		r := recv(t, "a unique caller of another key", enqueueJobs(ctx, e, u(fmt.Sprintf("other%d", k), 10+k)))
 		if r.err != nil || !slices.Equal(r.ids, []int64{int64(1010 + k)}) {
@@ -670,6 +671,7 @@ func TestInserterCallSpanningLanes(t *testing.T) {
 	}
 	c1 := enqueueJobs(ctx, e, u("a", 1))
 	recv(t, "the write of a", in["a"])
+	time.Sleep(2 * laneStall) // its lane is stalled: new calls of other keys go to another
 	c2 := enqueueJobs(ctx, e, u("b", 2))
 	recv(t, "the write of b in another lane", in["b"])
 	c3 := enqueueJobs(ctx, e, u("a", 3), u("b", 4))
@@ -735,6 +737,7 @@ func TestInserterSpanningCallGivesUp(t *testing.T) {
 	}
 	c1 := enqueueJobs(ctx, e, u("a"))
 	recv(t, "the write of a", in["a"])
+	time.Sleep(2 * laneStall) // its lane is stalled: new calls of other keys go to another
 	c2 := enqueueJobs(ctx, e, u("b"))
 	recv(t, "the write of b in another lane", in["b"])
 	cctx, cancel := context.WithCancel(ctx)

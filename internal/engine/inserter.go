@@ -28,8 +28,9 @@ import (
 // and so do unique enqueues of other keys, in the other lanes: a call goes
 // to the lane that has a call with one of its keys not yet written (so
 // that one process's calls with a key are written in order and never wait
-// for each other in the database), else to the lane with the fewest calls
-// not yet written, which a stalled lane never is while another is idle.
+// for each other in the database), else to the first lane not stalled
+// (see freeLane), so that calls gather in one lane's batches while it
+// flows.
 // A call whose keys have unwritten calls in more than one lane waits,
 // unqueued, until they are in at most one (written there, two calls of
 // one key would wait for each other in the database, and two calls with
@@ -93,6 +94,9 @@ type writer struct {
 	hold sync.Mutex
 	// written, if set, is called with each batch once it is written.
 	written func([]*insertReq)
+	// writing is when the write in progress began (Unix ns), 0 between
+	// writes.
+	writing atomic.Int64
 }
 
 type insertReq struct {
@@ -165,15 +169,7 @@ func (i *inserter) lane(req *insertReq) (*writer, <-chan struct{}) {
 	}
 	i.unhold(req)
 	if lane < 0 {
-		lane = 0
-		for l, n := range i.load {
-			if i.oneLane.Load() {
-				break
-			}
-			if n < i.load[lane] {
-				lane = l
-			}
-		}
+		lane = i.freeLane()
 	}
 	req.lane = lane
 	i.load[lane]++
@@ -189,6 +185,34 @@ func (i *inserter) lane(req *insertReq) (*writer, <-chan struct{}) {
 		lk.n++
 	}
 	return i.uniq[lane], nil
+}
+
+// laneStall is how long a lane's write may take before new calls go to
+// another lane: a unique insert waiting for an application's transaction.
+const laneStall = 100 * time.Millisecond
+
+// freeLane picks the lane of a call none of whose keys has an unwritten
+// call: the first lane whose write, if any, began less than laneStall
+// ago, so that calls gather in one lane's batches as long as it flows;
+// when every lane is stalled, the one with the fewest calls not yet
+// written. lanesMu is held.
+func (i *inserter) freeLane() int {
+	if i.oneLane.Load() {
+		return 0
+	}
+	now := time.Now().UnixNano()
+	for l, w := range i.uniq {
+		if since := w.writing.Load(); since == 0 || now-since < int64(laneStall) {
+			return l
+		}
+	}
+	lane := 0
+	for l, n := range i.load {
+		if n < i.load[lane] {
+			lane = l
+		}
+	}
+	return lane
 }
 
 // waitChange returns the channel closed at the next change of the lanes;
@@ -392,7 +416,9 @@ func (i *inserter) run(w *writer) {
 		i.taken.Add(int64(len(batch)))
 		w.hold.Lock()
 		t0 := time.Now()
+		w.writing.Store(t0.UnixNano())
 		i.write(batch)
+		w.writing.Store(0)
 		prevCallers, prevDur = len(batch), time.Since(t0)
 		w.hold.Unlock()
 		if w.written != nil {
