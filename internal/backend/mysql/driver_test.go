@@ -705,24 +705,65 @@ func TestClaimCursorFindsJobsBehindIt(t *testing.T) {
 	if got := claim(100); len(got) != 0 {
 		t.Fatalf("drained queue: claimed %d rows", len(got))
 	}
-	// A second later the front is not due yet if reading it took a
-	// second: reading it again waits frontShare times as long.
+	// While reading the front is cheap, it is due frontEvery after the
+	// last read: the claim then reads from the front itself.
 	cur := d.claimCursor("c")
 	cur.mu.Lock()
-	cur.took, cur.scanned = time.Second, time.Now().Add(-time.Second)
-	cur.mu.Unlock()
-	if got := claim(100); len(got) != 0 {
-		t.Fatalf("claim before the front is due: %d rows", len(got))
-	}
-	// Once it is due, a claim reads from the front.
-	cur.mu.Lock()
-	cur.scanned = time.Now().Add(-cur.frontAfter())
+	cur.took, cur.scanned = 0, time.Now().Add(-frontEvery)
 	cur.mu.Unlock()
 	if got := claim(100); len(got) != 1 || got[0].ID != urgent[0] {
 		t.Fatalf("claim from the front: %d rows, urgent claimed %v", len(got), seen[urgent[0]])
 	}
-	if len(seen) != 251 {
-		t.Fatalf("claimed %d distinct jobs, want 251", len(seen))
+	// A read of the front that took a second (purge held back) makes the
+	// next one due only probeShare seconds later, and a probe apart from
+	// the claims: the claim that finds it due starts the probe and resumes
+	// after its cursor, and the claims after the probe take the job it
+	// found behind the cursor by id.
+	urgent2, err := other.Insert(ctx, []driver.InsertParams{job(0), job(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.mu.Lock()
+	cur.took, cur.probeTook, cur.scanned = time.Second, time.Second, time.Now().Add(-time.Second)
+	cur.mu.Unlock()
+	if got := claim(100); len(got) != 0 {
+		t.Fatalf("claim before the front is due: %d rows", len(got))
+	}
+	cur.mu.Lock()
+	cur.scanned = time.Now().Add(-cur.frontAfter())
+	cur.mu.Unlock()
+	more, err := other.Insert(ctx, []driver.InsertParams{job(5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := claim(1); len(got) != 1 || got[0].ID != more[0] {
+		t.Fatalf("claim that starts the probe: %v, want job %d resumed after the cursor", got, more[0])
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		cur.mu.Lock()
+		probing, took := cur.probing, cur.probeTook
+		cur.mu.Unlock()
+		if !probing && took != time.Second {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the probe did not end")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// Both found, taken by id in claim order, one claim at a time.
+	if got := claim(1); len(got) != 1 || got[0].ID != urgent2[0] {
+		t.Fatalf("first claim after the probe: %v, want job %d", got, urgent2[0])
+	}
+	if got := claim(100); len(got) != 1 || got[0].ID != urgent2[1] {
+		t.Fatalf("second claim after the probe: %v, want job %d", got, urgent2[1])
+	}
+	if got := claim(100); len(got) != 0 {
+		t.Fatalf("drained queue: claimed %d rows", len(got))
+	}
+	if len(seen) != 254 {
+		t.Fatalf("claimed %d distinct jobs, want 254", len(seen))
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"slices"
@@ -391,6 +392,17 @@ func (d *Driver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.Job
 // promoted, rescued or released by another process, a lock skipped and
 // then rolled back, a job whose insert read the clock before a job the
 // cursor passed and committed after it) waits at most frontAfter longer.
+//
+// Once a read of the front takes probeInline or more (purge is behind,
+// most often because a long snapshot holds it back), the reads of the
+// front that are only due by time no longer run in the claims: a probe
+// (claim_probe, a plain read of the claim index that locks nothing, a
+// tenth of the locking read's cost or less) runs on a goroutine of its
+// own beside them, every probeShare times as long as it took, and the
+// jobs it finds before the cursor are claimed by id (claim_select_ids) by
+// the claims that follow, before they resume after the cursor. The claims
+// then never wait for a read of the dead entries, however many there
+// are; a job behind the cursor waits for the probe instead.
 type claimCursor struct {
 	mu    sync.Mutex
 	valid bool // prio, sched, id hold a position
@@ -406,7 +418,28 @@ type claimCursor struct {
 	marked, clean uint64
 	// moved counts the times before moved the cursor back.
 	moved uint64
+	// probing: a probe of the front runs (see probeFront); probeTook is
+	// how long the last one took, and found the jobs it saw before the
+	// cursor, in claim order, that no claim has tried to take yet.
+	probing   bool
+	probeTook time.Duration
+	found     []*driver.JobRow
 }
+
+// probeInline is the cost of a read of the front above which the reads
+// due by time are probes apart from the claims (see claimCursor).
+const probeInline = 5 * time.Millisecond
+
+// probeShare spaces probes: one starts probeShare times as long after the
+// last one began as it took (or frontEvery after, when longer), so that
+// probes take at most about a probeShare-th of one connection's time.
+const probeShare = 8
+
+// probeRows is how many positions one probe reads from the front.
+const probeRows = 256
+
+// probeFor bounds one probe.
+const probeFor = time.Minute
 
 // cursorFor bounds how long a claim of jobs without a key in a queue
 // limited per key waits after finding none (see keys.go).
@@ -426,7 +459,18 @@ const frontShare = 2
 // frontAfter is how long after the last claim from the front began the
 // next one is due.
 func (c *claimCursor) frontAfter() time.Duration {
+	if c.probes() {
+		return max(frontEvery, probeShare*c.probeTook)
+	}
 	return max(frontEvery, frontShare*c.took)
+}
+
+// probes reports whether the reads of the front due by time are probes:
+// the last locking read of the front took probeInline or more, and the
+// last probe did not show the front cheap again (under a quarter of
+// that).
+func (c *claimCursor) probes() bool {
+	return c.took >= probeInline
 }
 
 func (d *Driver) claimCursor(queue string) *claimCursor {
@@ -501,6 +545,11 @@ func (d *Driver) behindInserted(jobs []driver.InsertParams) {
 type claimStart struct {
 	front         bool
 	marked, moved uint64
+	// probe: the claim starts a probe of the front (see probeFront);
+	// ids are jobs an earlier probe found before the cursor, which the
+	// claim takes by id first.
+	probe bool
+	ids   []int64
 }
 
 // query returns the claim statement and its arguments, and what the claim
@@ -509,10 +558,20 @@ func (c *claimCursor) query(d *Driver, p driver.ClaimParams) (string, []any, cla
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := claimStart{marked: c.marked, moved: c.moved}
-	if !c.valid || c.marked != c.clean || time.Since(c.scanned) >= c.frontAfter() {
+	due := time.Since(c.scanned) >= c.frontAfter()
+	if !c.valid || c.marked != c.clean || (due && !c.probes()) {
 		c.scanned = time.Now()
 		st.front = true
 		return d.q.ClaimSelect, []any{p.Queue, p.Queue, int64(p.Limit)}, st
+	}
+	if due && !c.probing {
+		c.scanned = time.Now()
+		c.probing = true
+		st.probe = true
+	}
+	for len(c.found) > 0 && len(st.ids) < p.Limit {
+		st.ids = append(st.ids, c.found[0].ID)
+		c.found = c.found[1:]
 	}
 	s := dbTime(c.sched)
 	return d.q.ClaimSelectAfter, []any{p.Queue, p.Queue, c.prio, c.prio, s, s, c.id, int64(p.Limit)}, st
@@ -579,6 +638,13 @@ func claimsBefore(prio int, sched time.Time, id int64, j *driver.JobRow) bool {
 func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur *claimCursor) ([]*driver.JobRow, error) {
 	var out []*driver.JobRow
 	q, qargs, st := cur.query(d, p)
+	if st.probe {
+		d.startProbe(p.Queue, cur)
+	}
+	// resumed: the rows the statement after the cursor returned, which
+	// alone move the cursor (the jobs taken by id sort before it).
+	var resumed []*driver.JobRow
+	limit := p.Limit
 	// took counts from when the transaction had a connection: a wait for
 	// the pool (or a retry's backoff) is no part of the read's cost, and
 	// counted in it would space the next read of the front (frontAfter)
@@ -587,8 +653,34 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 	err := d.inTx(ctx, "claim", func(tx *sql.Tx) error {
 		began := time.Now()
 		from := leaseFrom()
+		var byID []*driver.JobRow
+		var now time.Time
+		var floor sql.NullInt64
 		var err error
-		out, err = d.claimLockedTx(ctx, tx, p, q, qargs)
+		if len(st.ids) > 0 {
+			iq, iargs, _ := d.inList(d.q.ClaimSelectIDs, st.ids, p.Queue, p.Queue)
+			if byID, now, floor, err = d.lockClaimTx(ctx, tx, iq, iargs); err != nil {
+				return err
+			}
+		}
+		// The rest after the cursor, marked with the jobs taken by id.
+		limit = p.Limit - len(byID)
+		resumed = nil
+		if limit > 0 {
+			qargs[len(qargs)-1] = int64(limit)
+			var rnow time.Time
+			var rfloor sql.NullInt64
+			if resumed, rnow, rfloor, err = d.lockClaimTx(ctx, tx, q, qargs); err != nil {
+				return err
+			}
+			if len(byID) == 0 {
+				now, floor = rnow, rfloor
+			}
+		}
+		out, err = d.markClaimedTx(ctx, tx, p, append(byID, resumed...), now, floor)
+		if len(out) == 0 {
+			resumed = nil
+		}
 		for _, j := range out {
 			j.LeaseFrom = from
 		}
@@ -599,8 +691,76 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 		cur.failed()
 		return nil, err
 	}
-	cur.advance(out, p.Limit, st, took)
+	cur.advance(out[len(out)-len(resumed):], max(limit, 1), st, took)
 	return out, nil
+}
+
+// startProbe runs probeFront for queue's cursor on a goroutine of its own,
+// bounded by probeFor and by the driver's Close.
+func (d *Driver) startProbe(queue string, cur *claimCursor) {
+	ctx, stop, ok := d.background(probeFor)
+	if !ok {
+		cur.probed(nil, 0, errors.New("driver closed"))
+		return
+	}
+	go func() {
+		defer d.bgDone()
+		defer stop()
+		d.probeFront(ctx, queue, cur)
+	}()
+}
+
+// probeFront reads where the available jobs of queue begin (claim_probe)
+// and hands those before the cursor to the claims that follow.
+func (d *Driver) probeFront(ctx context.Context, queue string, cur *claimCursor) {
+	began := time.Now()
+	found, err := func() ([]*driver.JobRow, error) {
+		rows, err := d.query(ctx, nil, true, d.q.ClaimProbe, queue, probeRows)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		var found []*driver.JobRow
+		for rows.Next() {
+			j := &driver.JobRow{}
+			if err := rows.Scan(&j.Priority, &j.ScheduledAt, &j.ID); err != nil {
+				return nil, err
+			}
+			found = append(found, j)
+		}
+		return found, rows.Err()
+	}()
+	cur.probed(found, time.Since(began), err)
+}
+
+// probed records a probe's outcome: the jobs it found that sort before the
+// cursor become the ones the next claims take by id (in place of any an
+// earlier probe found: those still available are among them). A failed
+// probe leaves the cursor as it was; the next one is due frontAfter the
+// failed one began. A probe that took under a quarter of probeInline shows
+// the front cheap again: the next read due by time is a locking read of
+// the front, in the claim.
+func (c *claimCursor) probed(found []*driver.JobRow, took time.Duration, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.probing = false
+	if err != nil {
+		return
+	}
+	c.probeTook = took
+	c.found = c.found[:0]
+	for _, j := range found {
+		if c.valid && claimsBefore(j.Priority, j.ScheduledAt, j.ID, &driver.JobRow{Priority: c.prio, ScheduledAt: c.sched, ID: c.id}) {
+			c.found = append(c.found, j)
+		}
+	}
+	if len(c.found) == probeRows {
+		// More may follow: probe again at the next claim.
+		c.scanned = time.Time{}
+	}
+	if took < probeInline/4 {
+		c.took = 0
+	}
 }
 
 // leaseFrom is the LeaseFrom of the jobs a claim's transaction, begun
@@ -616,25 +776,38 @@ func leaseFrom() time.Time { return time.Now().Add(-time.Millisecond) }
 // claim_select_after, with its arguments) and claim_mark_queued in tx,
 // and returns the jobs as marked.
 func (d *Driver) claimLockedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimParams, q string, qargs []any) ([]*driver.JobRow, error) {
-	var out []*driver.JobRow
-	rows, err := d.query(ctx, tx, true, q, qargs...)
+	out, now, floor, err := d.lockClaimTx(ctx, tx, q, qargs)
 	if err != nil {
 		return nil, err
 	}
+	return d.markClaimedTx(ctx, tx, p, out, now, floor)
+}
+
+// lockClaimTx runs the locking claim statement q and returns the rows it
+// locked, the clock it read and the fence floor.
+func (d *Driver) lockClaimTx(ctx context.Context, tx *sql.Tx, q string, qargs []any) ([]*driver.JobRow, time.Time, sql.NullInt64, error) {
+	var out []*driver.JobRow
 	var now time.Time
 	var floor sql.NullInt64
+	rows, err := d.query(ctx, tx, true, q, qargs...)
+	if err != nil {
+		return nil, now, floor, err
+	}
 	for rows.Next() {
 		j, err := scanJob(rows, &now, &floor)
 		if err != nil {
 			rows.Close()
-			return nil, err
+			return nil, now, floor, err
 		}
 		out = append(out, j)
 	}
 	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
+	return out, now, floor, rows.Err()
+}
+
+// markClaimedTx marks the rows lockClaimTx locked in tx as claimed
+// (claim_mark_queued), with the clock and fence floor it read.
+func (d *Driver) markClaimedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimParams, out []*driver.JobRow, now time.Time, floor sql.NullInt64) ([]*driver.JobRow, error) {
 	if len(out) == 0 {
 		return nil, nil
 	}

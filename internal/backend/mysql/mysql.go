@@ -136,6 +136,16 @@ type Driver struct {
 	claimConflicts  atomic.Int64
 	contendedUntil  atomic.Int64 // unix nanoseconds; see claimOptimistic
 
+	// bg tracks the goroutines the driver runs beside its callers (claim
+	// probes, see claimCursor), which Close stops and waits for.
+	bg struct {
+		mu     sync.Mutex
+		closed bool
+		ctx    context.Context
+		stop   context.CancelFunc
+		wg     sync.WaitGroup
+	}
+
 	// claimStep, when set (by tests), is called by optimistic claims
 	// after each window read ("window") and after each UPDATE that took
 	// rows ("taken").
@@ -492,8 +502,35 @@ func (d *Driver) Listen(ctx context.Context) (driver.Listener, error) { return n
 
 // Close closes the prepared statements and both connection pools.
 func (d *Driver) Close() error {
+	d.bg.mu.Lock()
+	d.bg.closed = true
+	if d.bg.stop != nil {
+		d.bg.stop()
+	}
+	d.bg.mu.Unlock()
+	d.bg.wg.Wait()
 	return errors.Join(d.lease.close(), d.main.close())
 }
+
+// background returns a context for a goroutine of the driver's own,
+// bounded by limit and ended by Close, which waits for it to call bgDone;
+// ok is false once Close began.
+func (d *Driver) background(limit time.Duration) (ctx context.Context, stop context.CancelFunc, ok bool) {
+	d.bg.mu.Lock()
+	defer d.bg.mu.Unlock()
+	if d.bg.closed {
+		return nil, nil, false
+	}
+	if d.bg.ctx == nil {
+		d.bg.ctx, d.bg.stop = context.WithCancel(context.Background())
+	}
+	d.bg.wg.Add(1)
+	ctx, stop = context.WithTimeout(d.bg.ctx, limit)
+	return ctx, stop, true
+}
+
+// bgDone ends a goroutine started after background.
+func (d *Driver) bgDone() { d.bg.wg.Done() }
 
 func (d *Driver) wrap(op string, err error) error {
 	if err == nil {

@@ -26,6 +26,8 @@ type queries struct {
 	// Claims: SKIP LOCKED (select, then mark), by id, and optimistic.
 	ClaimSelect      string `sql:"claim_select"`
 	ClaimSelectAfter string `sql:"claim_select_after"`
+	ClaimProbe       string `sql:"claim_probe"`
+	ClaimSelectIDs   string `sql:"claim_select_ids"`
 	ClaimMark        string `sql:"claim_mark"`
 	ClaimMarkQueued  string `sql:"claim_mark_queued"`
 	ClaimJobSelect   string `sql:"claim_job_select"`

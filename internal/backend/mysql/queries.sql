@@ -128,6 +128,25 @@ SELECT UTC_TIMESTAMP(6), {fence_floor}, {cols} FROM `{p}jobs` FORCE INDEX (claim
 -- name: claim_select_after
 SELECT UTC_TIMESTAMP(6), {fence_floor}, {cols} FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? AND NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND state = 'available' AND (priority > ? OR (priority = ? AND (scheduled_at > ? OR (scheduled_at = ? AND id > ?)))) ORDER BY priority, scheduled_at, id LIMIT ? FOR UPDATE SKIP LOCKED
 
+-- claim_probe finds where the available jobs of a queue begin, without
+-- locking: a plain read of the claim index alone (every column it needs is
+-- in the index), a consistent read that passes over the delete-marked
+-- entries of claimed jobs at a fraction of what the locking claim_select
+-- pays for each (which checks each entry's row for a lock). Measured on
+-- MariaDB 10.11 80 s into a held consistent snapshot at 1,000 jobs/s: 1,032
+-- pages and 24 ms, where claim_select read 233,689 pages and took 262 ms.
+-- The claim then takes the jobs it found before its cursor by id
+-- (claim_select_ids), and resumes after its cursor for the rest.
+-- name: claim_probe
+SELECT priority, scheduled_at, id FROM `{p}jobs` FORCE INDEX (claim_idx) WHERE avail_queue = ? ORDER BY priority, scheduled_at, id LIMIT ?
+
+-- claim_select_ids is claim_select over the given jobs only (found by
+-- claim_probe): a primary-key read that locks each one that is still
+-- available (avail_queue is read on the row's latest version, as for any
+-- locking read) and that no other claim holds.
+-- name: claim_select_ids
+SELECT UTC_TIMESTAMP(6), {fence_floor}, {cols} FROM `{p}jobs` WHERE avail_queue = ? AND NOT EXISTS (SELECT 1 FROM `{p}queues` WHERE name = ? AND paused_at IS NOT NULL) AND id IN ({ids}) ORDER BY priority, scheduled_at, id FOR UPDATE SKIP LOCKED
+
 -- claim_mark runs in the same transaction over the rows just locked. It
 -- sets attempted_at and lease_expires_at from the clock claim_select read
 -- (microseconds earlier, same transaction), and the fence from the floor
