@@ -443,11 +443,15 @@ func parseJobQuery(r *http.Request) (jobQuery, error) {
 	f := jobQuery{Queue: q.Get("queue"), Kind: q.Get("kind"), Text: q.Get("q"), Limit: defaultListLimit}
 	// A name no job can have would list nothing: refused, as enqueue
 	// refuses it, so that a typo is not read as an empty queue.
-	if f.Queue != "" && !queueRE.MatchString(f.Queue) {
-		return f, fmt.Errorf("queue=%q: invalid queue name: must match %s", f.Queue, queueRE)
+	if f.Queue != "" {
+		if err := conveyor.ValidQueueName(f.Queue); err != nil {
+			return f, fmt.Errorf("queue=%q: %w", f.Queue, err)
+		}
 	}
-	if f.Kind != "" && !kindRE.MatchString(f.Kind) {
-		return f, fmt.Errorf("kind=%q: invalid kind name: must match %s", f.Kind, kindRE)
+	if f.Kind != "" {
+		if err := conveyor.ValidKindName(f.Kind); err != nil {
+			return f, fmt.Errorf("kind=%q: %w", f.Kind, err)
+		}
 	}
 	for _, s := range q["state"] {
 		for _, name := range strings.Split(s, ",") {

@@ -8,7 +8,6 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -845,18 +844,14 @@ func keysRated(n int) string {
 	return fmt.Sprintf("%d keys at their rate", n)
 }
 
-// queueRE is conveyor's rule for queue names.
-var queueRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
-
+// checkQueueName refuses a queue name that breaks conveyor's rule,
+// naming it; the error is conveyor.ErrInvalidOpts for errors.Is.
 func checkQueueName(q string) error {
-	if !queueRE.MatchString(q) {
-		return fmt.Errorf("queue name %q: 1 to 128 letters, digits, '_', '.', ':' or '-', starting with a letter or digit", q)
+	if err := conveyor.ValidQueueName(q); err != nil {
+		return fmt.Errorf("queue %q: %w", q, err)
 	}
 	return nil
 }
-
-// kindRE is conveyor's rule for kind names.
-var kindRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$`)
 
 // timeView is a time as the dashboard shows it (the "time" template of
 // base.html): how long ago or how far ahead, with the absolute time in
