@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"html/template"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -349,6 +350,10 @@ func (h *Handler) pageJob(w http.ResponseWriter, r *http.Request, p principal) {
 // shows; the job's own page shows more.
 const batchResultBytes = 2 << 10
 
+// batchPageJobs is the most jobs a batch's page lists; a link lists the
+// next ones (?after=).
+const batchPageJobs = maxListLimit
+
 // batchJobView is one job of a batch's page.
 type batchJobView struct {
 	ID     int64
@@ -364,6 +369,13 @@ func (h *Handler) pageBatch(w http.ResponseWriter, r *http.Request, p principal)
 		h.renderError(w, r, p, http.StatusBadRequest, "not a batch id")
 		return
 	}
+	var after int64
+	if v := r.URL.Query().Get("after"); v != "" {
+		if after, err = strconv.ParseInt(v, 10, 64); err != nil || after < 0 {
+			h.renderError(w, r, p, http.StatusBadRequest, fmt.Sprintf("after=%q is not a job id", v))
+			return
+		}
+	}
 	b, err := h.c.Batch(r.Context(), id)
 	if err != nil {
 		status, msg := h.classify(r, fmt.Errorf("batch %d: %w", id, err))
@@ -371,24 +383,38 @@ func (h *Handler) pageBatch(w http.ResponseWriter, r *http.Request, p principal)
 		return
 	}
 	bj := NewBatchJSON(b)
-	jobs := make([]batchJobView, len(b.Jobs))
 	done := 0
-	for i, j := range b.Jobs {
-		jobs[i] = batchJobView{ID: j.ID, State: string(j.State)}
-		if len(j.Result) > 0 {
-			text, truncated, flattened := formatJSON(j.Result, batchResultBytes, argsIndentDepth)
-			jobs[i].Result = argsView{Text: text, Truncated: truncated, Flattened: flattened, Bytes: len(j.Result)}
-		}
+	for _, j := range b.Jobs {
 		switch j.State {
 		case conveyor.JobStateCompleted, conveyor.JobStateDiscarded, conveyor.JobStateCancelled, "":
 			done++
 		}
 	}
+	// One page of the jobs: results are cut to batchResultBytes each, so
+	// batchPageJobs bounds the page.
+	page, more, _ := batchPage(bj, after, batchPageJobs, math.MaxInt)
+	jobs := make([]batchJobView, len(page))
+	for i, j := range page {
+		jobs[i] = batchJobView{ID: j.ID, State: j.State}
+		if len(j.Result) > 0 {
+			text, truncated, flattened := formatJSON(j.Result, batchResultBytes, argsIndentDepth)
+			jobs[i].Result = argsView{Text: text, Truncated: truncated, Flattened: flattened, Bytes: len(j.Result)}
+		}
+	}
+	var next int64
+	if more {
+		next = page[len(page)-1].ID
+	}
 	h.render(w, http.StatusOK, "batch", h.pageFor(p, fmt.Sprintf("Batch %d", id), struct {
 		Batch    BatchJSON
 		Jobs     []batchJobView
 		Finished int
-	}{bj, jobs, done}))
+		// Total is how many jobs the batch has; Jobs are those after
+		// After, up to batchPageJobs; Next, when more follow, is the
+		// after= of the next page (0 on the last).
+		Total       int
+		After, Next int64
+	}{bj, jobs, done, len(b.Jobs), after, next}))
 }
 
 // Bounds of the arguments shown on a job's page.
