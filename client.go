@@ -504,10 +504,10 @@ func (c *Client[TTx]) JobsTx(ctx context.Context, tx TTx, f JobFilter) ([]*JobIn
 // driver takes it.
 func (f JobFilter) driverFilter() (driver.JobFilter, error) {
 	df := driver.JobFilter{Queue: f.Queue, Kind: f.Kind, Limit: f.Limit, AfterID: f.AfterID, BeforeID: f.BeforeID, Desc: f.Desc}
-	if f.Queue != "" && !nameRE.MatchString(f.Queue) {
+	if f.Queue != "" && ValidQueueName(f.Queue) != nil {
 		return df, filterNameError{field: "queue", name: f.Queue, re: nameRE.String()}
 	}
-	if f.Kind != "" && !kindRE.MatchString(f.Kind) {
+	if f.Kind != "" && ValidKindName(f.Kind) != nil {
 		return df, filterNameError{field: "kind", name: f.Kind, re: kindRE.String()}
 	}
 	for _, s := range f.States {
@@ -731,7 +731,7 @@ func (c *Client[TTx]) ResumeQueue(ctx context.Context, queue string) error {
 }
 
 func (c *Client[TTx]) setPaused(ctx context.Context, queue string, paused bool) error {
-	if !nameRE.MatchString(queue) {
+	if ValidQueueName(queue) != nil {
 		op := "resume"
 		if paused {
 			op = "pause"

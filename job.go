@@ -550,18 +550,73 @@ func AddWorker[T JobArgs, TTx any](c *Client[TTx], w Worker[T], opts ...WorkerOp
 	return nil
 }
 
+// nameRE is the rule for queue names (and the protocol of a remote
+// claim); kindRE the rule for kind names, which also allows '/'. The
+// rest of the module checks names with ValidQueueName and ValidKindName.
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
 var kindRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$`)
 
+// ValidQueueName reports whether name is a valid queue name: 1 to 128
+// letters, digits, '_', '.', ':' or '-', starting with a letter or
+// digit. Enqueue, PauseQueue, SetQueueLimits and a JobFilter refuse a
+// queue name that breaks the rule; ValidQueueName lets a caller refuse it
+// first, with its own context. It returns nil for a valid name, else an
+// error that is ErrInvalidOpts for errors.Is, with the message "invalid
+// queue name: must match " and the rule: the message leaves the name out,
+// for the caller to wrap it with where the name came from, as in
+// fmt.Errorf("queue %q: %w", name, err).
+func ValidQueueName(name string) error {
+	if !nameRE.MatchString(name) {
+		return nameRuleError{field: "queue", re: nameRE}
+	}
+	return nil
+}
+
+// ValidKindName reports whether kind is a valid kind name: 1 to 128
+// letters, digits, '_', '.', ':', '/' or '-', starting with a letter or
+// digit. Enqueue and a JobFilter refuse a kind that breaks the rule. It
+// returns nil for a valid kind, else an error that is ErrInvalidOpts for
+// errors.Is (as a JobFilter reports it) and also ErrUnknownKind (as
+// enqueue reports it), with the message "invalid kind name: must match "
+// and the rule: the message leaves the kind out, for the caller to wrap
+// it with where the kind came from, as in fmt.Errorf("kind %q: %w",
+// kind, err).
+func ValidKindName(kind string) error {
+	if !kindRE.MatchString(kind) {
+		return nameRuleError{field: "kind", re: kindRE}
+	}
+	return nil
+}
+
+// nameRuleError is the error of ValidQueueName and ValidKindName: field
+// is "queue" or "kind", re the rule the name broke.
+type nameRuleError struct {
+	field string
+	re    *regexp.Regexp
+}
+
+// Error names the field and the rule.
+func (e nameRuleError) Error() string {
+	return fmt.Sprintf("invalid %s name: must match %s", e.field, e.re)
+}
+
+// Is reports the error as ErrInvalidOpts, and a kind's as ErrUnknownKind
+// too.
+func (e nameRuleError) Is(target error) bool {
+	return target == ErrInvalidOpts || (e.field == "kind" && target == ErrUnknownKind)
+}
+
+// checkQueue refuses an enqueued job's (or periodic job's) queue name.
 func checkQueue(q string) error {
-	if !nameRE.MatchString(q) {
+	if ValidQueueName(q) != nil {
 		return fmt.Errorf("%w: queue name %q: must match %s", ErrInvalidOpts, q, nameRE)
 	}
 	return nil
 }
 
+// checkKind refuses an enqueued job's kind name.
 func checkKind(k string) error {
-	if !kindRE.MatchString(k) {
+	if ValidKindName(k) != nil {
 		return fmt.Errorf("%w: kind name %q: must match %s", ErrUnknownKind, k, kindRE)
 	}
 	return nil

@@ -136,7 +136,7 @@ func rateProblem(kind string, rate int, period time.Duration) string {
 // naming the field, and nothing is changed. The queue's pause is left as
 // it is.
 func (c *Client[TTx]) SetQueueLimits(ctx context.Context, queue string, l QueueLimits) error {
-	if !nameRE.MatchString(queue) {
+	if ValidQueueName(queue) != nil {
 		return queueNameError{op: "set limits of", queue: queue}
 	}
 	if err := l.check(queue); err != nil {
@@ -162,7 +162,7 @@ func (c *Client[TTx]) SetQueueLimits(ctx context.Context, queue string, l QueueL
 // wait for it) and SetQueueLimits leaves them as they are. The first
 // claim that begins after SetKeyWeights returns uses them.
 func (c *Client[TTx]) SetKeyWeights(ctx context.Context, queue string, weights map[string]int) error {
-	if !nameRE.MatchString(queue) {
+	if ValidQueueName(queue) != nil {
 		return queueNameError{op: "set key weights of", queue: queue}
 	}
 	if err := driver.CheckKeyWeights(weights); err != nil {

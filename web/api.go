@@ -3,10 +3,12 @@ package web
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -378,10 +380,74 @@ func (h *Handler) apiGetJob(w http.ResponseWriter, r *http.Request, _ principal)
 	writeJSON(w, http.StatusOK, NewJobJSON(j))
 }
 
-// apiGetBatch answers a batch (BatchJSON).
+// batchPageJSON is the answer of GET /api/v1/batches/{id}: the batch
+// with one page of its jobs, in id order, after after= (0 for the first
+// page): at most limit= of them (maxListLimit without it) and
+// listPageBytes of their encoding (a first job larger than that alone).
+// Counts, Finished and TotalJobs are over every job of the batch.
+type batchPageJSON struct {
+	BatchJSON
+	// TotalJobs is how many jobs the batch has, on every page.
+	TotalJobs int `json:"total_jobs"`
+	// NextAfter is the after= of the next page; null on the last one.
+	NextAfter *int64 `json:"next_after"`
+	// Truncated is set when the page ended at MaxPageBytes with fewer
+	// jobs than limit asked for; NextAfter continues after its last job.
+	Truncated bool `json:"truncated"`
+	// MaxPageBytes is listPageBytes.
+	MaxPageBytes int `json:"max_page_bytes"`
+}
+
+// parseBatchQuery reads a batch page's after= and limit=.
+func parseBatchQuery(r *http.Request) (after int64, limit int, err error) {
+	q := r.URL.Query()
+	limit = maxListLimit
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return 0, 0, fmt.Errorf("after=%q is not a job id", v)
+		}
+		after = n
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxListLimit {
+			return 0, 0, fmt.Errorf("limit=%q: must be 1 to %d", v, maxListLimit)
+		}
+		limit = n
+	}
+	return after, limit, nil
+}
+
+// batchPage returns the page of b's jobs after after: at most limit jobs
+// and maxBytes of their encoding (at least one job), whether more follow,
+// and whether maxBytes ended the page before limit did.
+func batchPage(b BatchJSON, after int64, limit, maxBytes int) (page []BatchJobJSON, more, truncated bool) {
+	jobs := b.Jobs
+	start, _ := slices.BinarySearchFunc(jobs, after+1, func(j BatchJobJSON, id int64) int { return cmp.Compare(j.ID, id) })
+	jobs = jobs[start:]
+	size := 0
+	for i, j := range jobs {
+		if i == limit {
+			return jobs[:i], true, false
+		}
+		enc, _ := json.Marshal(j)
+		if size += len(enc) + 1; i > 0 && size > maxBytes {
+			return jobs[:i], true, true
+		}
+	}
+	return jobs, false, false
+}
+
+// apiGetBatch answers a batch with a page of its jobs (batchPageJSON).
 func (h *Handler) apiGetBatch(w http.ResponseWriter, r *http.Request, _ principal) {
 	id, ok := pathID(w, r)
 	if !ok {
+		return
+	}
+	after, limit, err := parseBatchQuery(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	b, err := h.c.Batch(r.Context(), id)
@@ -389,7 +455,13 @@ func (h *Handler) apiGetBatch(w http.ResponseWriter, r *http.Request, _ principa
 		h.fail(w, r, fmt.Errorf("batch %d: %w", id, err))
 		return
 	}
-	writeJSON(w, http.StatusOK, NewBatchJSON(b))
+	out := batchPageJSON{BatchJSON: NewBatchJSON(b), TotalJobs: len(b.Jobs), MaxPageBytes: listPageBytes}
+	page, more, truncated := batchPage(out.BatchJSON, after, limit, listPageBytes)
+	out.Jobs, out.Truncated = page, truncated
+	if more {
+		out.NextAfter = ptr(page[len(page)-1].ID)
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // jobQuery is a job list's filter, from the query string.
@@ -443,11 +515,15 @@ func parseJobQuery(r *http.Request) (jobQuery, error) {
 	f := jobQuery{Queue: q.Get("queue"), Kind: q.Get("kind"), Text: q.Get("q"), Limit: defaultListLimit}
 	// A name no job can have would list nothing: refused, as enqueue
 	// refuses it, so that a typo is not read as an empty queue.
-	if f.Queue != "" && !queueRE.MatchString(f.Queue) {
-		return f, fmt.Errorf("queue=%q: invalid queue name: must match %s", f.Queue, queueRE)
+	if f.Queue != "" {
+		if err := conveyor.ValidQueueName(f.Queue); err != nil {
+			return f, fmt.Errorf("queue=%q: %w", f.Queue, err)
+		}
 	}
-	if f.Kind != "" && !kindRE.MatchString(f.Kind) {
-		return f, fmt.Errorf("kind=%q: invalid kind name: must match %s", f.Kind, kindRE)
+	if f.Kind != "" {
+		if err := conveyor.ValidKindName(f.Kind); err != nil {
+			return f, fmt.Errorf("kind=%q: %w", f.Kind, err)
+		}
 	}
 	for _, s := range q["state"] {
 		for _, name := range strings.Split(s, ",") {

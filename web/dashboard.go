@@ -6,9 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"html/template"
+	"math"
 	"net/http"
 	"net/url"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -350,6 +350,10 @@ func (h *Handler) pageJob(w http.ResponseWriter, r *http.Request, p principal) {
 // shows; the job's own page shows more.
 const batchResultBytes = 2 << 10
 
+// batchPageJobs is the most jobs a batch's page lists; a link lists the
+// next ones (?after=).
+const batchPageJobs = maxListLimit
+
 // batchJobView is one job of a batch's page.
 type batchJobView struct {
 	ID     int64
@@ -365,6 +369,13 @@ func (h *Handler) pageBatch(w http.ResponseWriter, r *http.Request, p principal)
 		h.renderError(w, r, p, http.StatusBadRequest, "not a batch id")
 		return
 	}
+	var after int64
+	if v := r.URL.Query().Get("after"); v != "" {
+		if after, err = strconv.ParseInt(v, 10, 64); err != nil || after < 0 {
+			h.renderError(w, r, p, http.StatusBadRequest, fmt.Sprintf("after=%q is not a job id", v))
+			return
+		}
+	}
 	b, err := h.c.Batch(r.Context(), id)
 	if err != nil {
 		status, msg := h.classify(r, fmt.Errorf("batch %d: %w", id, err))
@@ -372,24 +383,38 @@ func (h *Handler) pageBatch(w http.ResponseWriter, r *http.Request, p principal)
 		return
 	}
 	bj := NewBatchJSON(b)
-	jobs := make([]batchJobView, len(b.Jobs))
 	done := 0
-	for i, j := range b.Jobs {
-		jobs[i] = batchJobView{ID: j.ID, State: string(j.State)}
-		if len(j.Result) > 0 {
-			text, truncated, flattened := formatJSON(j.Result, batchResultBytes, argsIndentDepth)
-			jobs[i].Result = argsView{Text: text, Truncated: truncated, Flattened: flattened, Bytes: len(j.Result)}
-		}
+	for _, j := range b.Jobs {
 		switch j.State {
 		case conveyor.JobStateCompleted, conveyor.JobStateDiscarded, conveyor.JobStateCancelled, "":
 			done++
 		}
 	}
+	// One page of the jobs: results are cut to batchResultBytes each, so
+	// batchPageJobs bounds the page.
+	page, more, _ := batchPage(bj, after, batchPageJobs, math.MaxInt)
+	jobs := make([]batchJobView, len(page))
+	for i, j := range page {
+		jobs[i] = batchJobView{ID: j.ID, State: j.State}
+		if len(j.Result) > 0 {
+			text, truncated, flattened := formatJSON(j.Result, batchResultBytes, argsIndentDepth)
+			jobs[i].Result = argsView{Text: text, Truncated: truncated, Flattened: flattened, Bytes: len(j.Result)}
+		}
+	}
+	var next int64
+	if more {
+		next = page[len(page)-1].ID
+	}
 	h.render(w, http.StatusOK, "batch", h.pageFor(p, fmt.Sprintf("Batch %d", id), struct {
 		Batch    BatchJSON
 		Jobs     []batchJobView
 		Finished int
-	}{bj, jobs, done}))
+		// Total is how many jobs the batch has; Jobs are those after
+		// After, up to batchPageJobs; Next, when more follow, is the
+		// after= of the next page (0 on the last).
+		Total       int
+		After, Next int64
+	}{bj, jobs, done, len(b.Jobs), after, next}))
 }
 
 // Bounds of the arguments shown on a job's page.
@@ -845,18 +870,14 @@ func keysRated(n int) string {
 	return fmt.Sprintf("%d keys at their rate", n)
 }
 
-// queueRE is conveyor's rule for queue names.
-var queueRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
-
+// checkQueueName refuses a queue name that breaks conveyor's rule,
+// naming it; the error is conveyor.ErrInvalidOpts for errors.Is.
 func checkQueueName(q string) error {
-	if !queueRE.MatchString(q) {
-		return fmt.Errorf("queue name %q: 1 to 128 letters, digits, '_', '.', ':' or '-', starting with a letter or digit", q)
+	if err := conveyor.ValidQueueName(q); err != nil {
+		return fmt.Errorf("queue %q: %w", q, err)
 	}
 	return nil
 }
-
-// kindRE is conveyor's rule for kind names.
-var kindRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$`)
 
 // timeView is a time as the dashboard shows it (the "time" template of
 // base.html): how long ago or how far ahead, with the absolute time in

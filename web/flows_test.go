@@ -1,11 +1,15 @@
 package web
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/conveyorq/conveyor"
 )
 
 // TestEnqueueBatchWithCallback: POST /api/v1/batches enqueues the jobs
@@ -204,5 +208,98 @@ func TestQueuesAwaitingDependencies(t *testing.T) {
 	page := e.must(200, req{method: "GET", path: "/", auth: roToken})
 	if !strings.Contains(string(page.body), ">2 awaiting dependencies</span>") {
 		t.Errorf("queues page lacks the jobs awaiting dependencies")
+	}
+}
+
+// TestLargeBatchPaged: a batch's answer (and its page) lists at most
+// maxListLimit of its jobs, says how many it has and where the next page
+// starts, and paging with after= lists every job once; counts and
+// finished stay over every job.
+func TestLargeBatchPaged(t *testing.T) {
+	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
+	ctx := context.Background()
+	const n = 2*maxListLimit + 1
+	items := make([]conveyor.EnqueueItem, n)
+	for i := range items {
+		items[i] = conveyor.EnqueueItem{Args: conveyor.RawArgs{KindName: "part"}, Opts: &conveyor.EnqueueOpts{Queue: "big"}}
+	}
+	bid, ids, err := e.client.EnqueueBatch(ctx, items, conveyor.EnqueueItem{Args: conveyor.RawArgs{KindName: "done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type page struct {
+		Jobs         []BatchJobJSON `json:"jobs"`
+		Counts       map[string]int `json:"counts"`
+		Finished     bool           `json:"finished"`
+		TotalJobs    int            `json:"total_jobs"`
+		NextAfter    *int64         `json:"next_after"`
+		Truncated    bool           `json:"truncated"`
+		MaxPageBytes int            `json:"max_page_bytes"`
+	}
+	var got []int64
+	path := fmt.Sprintf("/api/v1/batches/%d", bid)
+	for url, pages := path, 0; ; pages++ {
+		if pages > 3 {
+			t.Fatalf("paging does not end: %d jobs after %d pages", len(got), pages)
+		}
+		var p page
+		e.must(200, req{method: "GET", path: url, auth: roToken}).json(t, &p)
+		if len(p.Jobs) > maxListLimit || p.TotalJobs != n || p.Counts["available"] != n || p.Finished || p.Truncated || p.MaxPageBytes != listPageBytes {
+			t.Fatalf("GET %s: %d jobs, total %d, counts %v, finished %v, truncated %v, max_page_bytes %d; want at most %d jobs of %d",
+				url, len(p.Jobs), p.TotalJobs, p.Counts, p.Finished, p.Truncated, p.MaxPageBytes, maxListLimit, n)
+		}
+		for _, j := range p.Jobs {
+			got = append(got, j.ID)
+		}
+		if p.NextAfter == nil {
+			break
+		}
+		if *p.NextAfter != got[len(got)-1] {
+			t.Fatalf("next_after %d, last job listed %d", *p.NextAfter, got[len(got)-1])
+		}
+		url = fmt.Sprintf("%s?after=%d", path, *p.NextAfter)
+	}
+	if !slices.Equal(got, ids) {
+		t.Fatalf("paged %d jobs, want the batch's %d in id order", len(got), len(ids))
+	}
+	var p page
+	e.must(200, req{method: "GET", path: path + "?limit=2&after=" + fmt.Sprint(ids[0]), auth: roToken}).json(t, &p)
+	if len(p.Jobs) != 2 || p.Jobs[0].ID != ids[1] || p.NextAfter == nil || *p.NextAfter != ids[2] {
+		t.Fatalf("limit=2 after the first job: %+v", p)
+	}
+	for _, q := range []string{"limit=0", fmt.Sprintf("limit=%d", maxListLimit+1), "limit=x", "after=-1", "after=x"} {
+		e.must(400, req{method: "GET", path: path + "?" + q, auth: roToken})
+	}
+
+	body := string(e.must(200, req{method: "GET", path: fmt.Sprintf("/batches/%d", bid), auth: roToken}).body)
+	if rows := strings.Count(body, "<tr data-id="); rows != batchPageJobs ||
+		!strings.Contains(body, fmt.Sprintf("0 of %d finished", n)) ||
+		!strings.Contains(body, fmt.Sprintf(`/batches/%d?after=%d"`, bid, ids[batchPageJobs-1])) {
+		t.Fatalf("batch page: %d rows, want %d, the progress over %d jobs and a link to the next page", rows, batchPageJobs, n)
+	}
+	body = string(e.must(200, req{method: "GET", path: fmt.Sprintf("/batches/%d?after=%d", bid, ids[2*batchPageJobs-1]), auth: roToken}).body)
+	if rows := strings.Count(body, "<tr data-id="); rows != n-2*batchPageJobs || strings.Contains(body, `id="batch-next"`) {
+		t.Fatalf("last batch page: %d rows, want %d and no next link", rows, n-2*batchPageJobs)
+	}
+	e.must(400, req{method: "GET", path: fmt.Sprintf("/batches/%d?after=x", bid), auth: roToken})
+}
+
+// batchPage ends a page at its byte bound, keeping at least one job.
+func TestBatchPageBytes(t *testing.T) {
+	b := BatchJSON{}
+	for id := int64(1); id <= 5; id++ {
+		b.Jobs = append(b.Jobs, BatchJobJSON{ID: id, State: "completed", Result: json.RawMessage(`"` + strings.Repeat("r", 100) + `"`)})
+	}
+	if page, more, truncated := batchPage(b, 0, 5, 300); len(page) != 2 || !more || !truncated {
+		t.Errorf("300 bytes: %d jobs, more %v, truncated %v; want 2, true, true", len(page), more, truncated)
+	}
+	if page, more, truncated := batchPage(b, 1, 5, 10); len(page) != 1 || page[0].ID != 2 || !more || !truncated {
+		t.Errorf("10 bytes after job 1: %+v, more %v, truncated %v; want job 2 alone", page, more, truncated)
+	}
+	if page, more, truncated := batchPage(b, 3, 5, 1<<20); len(page) != 2 || more || truncated {
+		t.Errorf("after job 3: %d jobs, more %v, truncated %v; want the last 2", len(page), more, truncated)
+	}
+	if page, more, _ := batchPage(b, 5, 5, 1<<20); len(page) != 0 || more {
+		t.Errorf("after the last job: %d jobs, more %v", len(page), more)
 	}
 }

@@ -192,7 +192,7 @@ type queueLimitsJSON struct {
 // queueLimits reads queue's limits; nil when it has none.
 func (h *Handler) queueLimits(r *http.Request, queue string) (*conveyor.QueueLimits, error) {
 	if err := checkQueueName(queue); err != nil {
-		return nil, fmt.Errorf("%w: %v", conveyor.ErrInvalidOpts, err)
+		return nil, err
 	}
 	all, err := h.c.QueueLimits(r.Context())
 	if err != nil {
@@ -261,7 +261,7 @@ type keyWeightsJSON struct {
 func (h *Handler) apiGetWeights(w http.ResponseWriter, r *http.Request, _ principal) {
 	q := r.PathValue("queue")
 	if err := checkQueueName(q); err != nil {
-		h.fail(w, r, fmt.Errorf("%w: %v", conveyor.ErrInvalidOpts, err))
+		h.fail(w, r, err)
 		return
 	}
 	all, err := h.c.KeyWeights(r.Context())

@@ -802,6 +802,54 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 	}
 }
 
+// TestOpenAPINamePatterns: every pattern of openapi.json is the library's
+// rule for queue names or for kind names, as ValidQueueName and
+// ValidKindName state it, so that the description follows the rule.
+func TestOpenAPINamePatterns(t *testing.T) {
+	b, err := os.ReadFile("assets/openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rule := func(err error, prefix string) string {
+		if err == nil || !strings.HasPrefix(err.Error(), prefix) {
+			t.Fatalf("%v: want %q and the rule", err, prefix)
+		}
+		return strings.TrimPrefix(err.Error(), prefix)
+	}
+	rules := map[string]bool{
+		rule(conveyor.ValidQueueName(""), "invalid queue name: must match "): true,
+		rule(conveyor.ValidKindName(""), "invalid kind name: must match "):   true,
+	}
+	var doc any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	var walk func(path string, v any)
+	walk = func(path string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				if p, ok := x.(string); ok && k == "pattern" {
+					n++
+					if !rules[p] {
+						t.Errorf("%s: pattern %q is neither the queue nor the kind rule %v", path, p, rules)
+					}
+				}
+				walk(path+"/"+k, x)
+			}
+		case []any:
+			for i, x := range v {
+				walk(fmt.Sprintf("%s/%d", path, i), x)
+			}
+		}
+	}
+	walk("", doc)
+	if n == 0 {
+		t.Error("no pattern in openapi.json")
+	}
+}
+
 func TestBasePath(t *testing.T) {
 	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), func(o *Options) { o.BasePath = "/ops/conveyor" })
 	e.must(200, req{method: "GET", path: "/ops/conveyor/api/v1/queues", auth: adminToken})

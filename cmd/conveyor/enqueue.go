@@ -58,7 +58,9 @@ func enqueueCmd(e *env, args []string) error {
 		return err
 	}
 	defer c.Close()
-	if !*allowUnknown && libKindRE.MatchString(*kind) {
+	// A kind that breaks the library's rule is left to enqueue, which
+	// refuses it with its own message.
+	if !*allowUnknown && conveyor.ValidKindName(*kind) == nil {
 		known, err := kindKnown(e.ctx, c, *kind)
 		if err != nil {
 			return err

@@ -30,10 +30,10 @@ func jobsCmd(e *env, args []string) error {
 		return usageError("jobs", fmt.Sprintf("--after %d: must be a job id (or 0, the default, for the first page)", *after))
 	// A name no job can have would list nothing: refused, as enqueue
 	// refuses it, so that a typo is not read as an empty queue.
-	case *queue != "" && !queueNameRE.MatchString(*queue):
-		return fmt.Errorf("jobs: --queue %q: invalid queue name: must match %s", *queue, queueNameRE)
-	case *kind != "" && !kindNameRE.MatchString(*kind):
-		return fmt.Errorf("jobs: --kind %q: invalid kind name: must match %s", *kind, kindNameRE)
+	case *queue != "" && conveyor.ValidQueueName(*queue) != nil:
+		return fmt.Errorf("jobs: --queue %q: %w", *queue, conveyor.ValidQueueName(*queue))
+	case *kind != "" && conveyor.ValidKindName(*kind) != nil:
+		return fmt.Errorf("jobs: --kind %q: %w", *kind, conveyor.ValidKindName(*kind))
 	}
 	var states []conveyor.JobState
 	if *state != "" {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"sync"
 	"time"
 
@@ -41,10 +40,6 @@ const kindWarnEvery = 10 * time.Minute
 
 // maxKindMemo bounds the kinds kindCheck remembers.
 const maxKindMemo = 10000
-
-// libKindRE is the library's rule for kind names: a kind that breaks it
-// is left to the library, which refuses it with its own message.
-var libKindRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$`)
 
 // kindCheck is the enqueue middleware of the unknown-kind check. Its
 // client is set once opened (the middleware is part of the client's
@@ -84,7 +79,9 @@ func (k *kindCheck) Middleware(ctx context.Context, items []conveyor.EnqueueItem
 			continue
 		}
 		kind := it.Args.Kind()
-		if seen[kind] || !libKindRE.MatchString(kind) {
+		// A kind that breaks the library's rule is left to the library,
+		// which refuses it with its own message.
+		if seen[kind] || conveyor.ValidKindName(kind) != nil {
 			continue
 		}
 		seen[kind] = true

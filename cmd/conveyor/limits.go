@@ -245,8 +245,8 @@ func limitsWeights(e *env, o limitsFlags, pos []string) error {
 		return usageError(cmd, "queue name required")
 	}
 	queue, args := pos[0], pos[1:]
-	if !queueNameRE.MatchString(queue) {
-		return fmt.Errorf("%s: queue %q: invalid queue name: must match %s", cmd, queue, queueNameRE)
+	if err := conveyor.ValidQueueName(queue); err != nil {
+		return fmt.Errorf("%s: queue %q: %w", cmd, queue, err)
 	}
 	if o.clear && len(args) > 0 {
 		return usageError(cmd, fmt.Sprintf("--clear removes every weight: drop %q, or --clear", args[0]))
@@ -455,8 +455,8 @@ func limitsQueue(cmd string, pos []string) (string, error) {
 	default:
 		return "", usageError(cmd, fmt.Sprintf("unexpected argument %q after the queue name", pos[1]))
 	}
-	if !queueNameRE.MatchString(pos[0]) {
-		return "", fmt.Errorf("%s: queue %q: invalid queue name: must match %s", cmd, pos[0], queueNameRE)
+	if err := conveyor.ValidQueueName(pos[0]); err != nil {
+		return "", fmt.Errorf("%s: queue %q: %w", cmd, pos[0], err)
 	}
 	return pos[0], nil
 }

@@ -2,22 +2,12 @@ package main
 
 import (
 	"fmt"
-	"regexp"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/conveyorq/conveyor"
 )
-
-// queueNameRE is the library's rule for queue names (PauseQueue refuses
-// a name that breaks it with the same message): checked here before the
-// command looks the queue up, so that a bad name is reported as such.
-var queueNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
-
-// kindNameRE is the library's rule for kind names (enqueue refuses a
-// kind that breaks it): jobs --kind checks it before listing.
-var kindNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$`)
 
 // pauseCmd pauses or resumes (cmd names which) one queue for every process
 // working it on the database.
@@ -49,8 +39,10 @@ func pauseCmd(e *env, cmd string, args []string) error {
 		return usageError(cmd, fmt.Sprintf("unexpected argument %q after the queue name", pos[1]))
 	}
 	queue := pos[0]
-	if !queueNameRE.MatchString(queue) {
-		return fmt.Errorf("%s queue %q: invalid queue name: must match %s", cmd, queue, queueNameRE)
+	// Checked before the command looks the queue up, so that a bad name
+	// is reported as such (PauseQueue refuses it with the same message).
+	if err := conveyor.ValidQueueName(queue); err != nil {
+		return fmt.Errorf("%s queue %q: %w", cmd, queue, err)
 	}
 	c, err := e.open(false)
 	if err != nil {

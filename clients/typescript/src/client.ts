@@ -457,6 +457,8 @@ interface WireBatch {
   counts: Record<string, number> | null;
   jobs: { id: number; state: JobState | ""; result?: unknown }[] | null;
   waiting_for?: number[] | null;
+  /** The after= of the next page of jobs; null (or absent) on the last. */
+  next_after?: number | null;
 }
 
 function toWire(kind: string, args: unknown, o: EnqueueOptions = {}): Record<string, unknown> {
@@ -668,13 +670,27 @@ export class Client {
 
   /**
    * A batch, with every job's state and result (404 when there is none).
-   * Aborting `signal` gives up the request.
+   * The server lists a batch's jobs a page at a time (at most 500 jobs and
+   * 4 MiB): the next pages are read after the first, one request each.
+   * Aborting `signal` gives up the requests.
    */
   async getBatch(id: number, signal?: AbortSignal): Promise<Batch> {
     if (!Number.isSafeInteger(id) || id <= 0) {
       throw new TypeError(`${id} is not a batch id`);
     }
-    const w = await this.request<WireBatch>("GET", `/api/v1/batches/${id}`, undefined, { signal });
+    const path = `/api/v1/batches/${id}`;
+    const w = await this.request<WireBatch>("GET", path, undefined, { signal });
+    const jobs = w.jobs ?? [];
+    for (let after = w.next_after ?? null; after !== null; ) {
+      const p = await this.request<WireBatch>("GET", `${path}?after=${after}`, undefined, { signal });
+      jobs.push(...(p.jobs ?? []));
+      const next = p.next_after ?? null;
+      if (next !== null && next <= after) {
+        throw new Error(`batch ${id}: the page after job ${after} ends at job ${next}`);
+      }
+      after = next;
+    }
+    w.jobs = jobs;
     return {
       id: w.id,
       createdAt: w.created_at,

@@ -474,7 +474,7 @@ function workflowJob(cancel: boolean) {
 }
 
 /** Runs a worker over one claimed job until it sends an outcome; returns the fake server and whether the handler ran. */
-async function workOne(job: unknown, batch: () => Reply): Promise<{ srv: Fake; ran: boolean }> {
+async function workOne(job: unknown, batch: (path: string) => Reply): Promise<{ srv: Fake; ran: boolean }> {
   let handed = false;
   const srv = await fakeServer(async (kind, s) => {
     if (kind === "claim") {
@@ -485,7 +485,7 @@ async function workOne(job: unknown, batch: () => Reply): Promise<{ srv: Fake; r
       await sleep(Number(s.body.wait_ms ?? 0));
       return ok({ jobs: [] });
     }
-    if (kind === "/api/v1/batches/5") return batch();
+    if (kind === "/api/v1/batches/5" || kind.startsWith("/api/v1/batches/5?")) return batch(kind);
     return ok({});
   });
   let ran = false;
@@ -518,6 +518,24 @@ test("a workflow job whose dependency did not complete is failed with cancel, na
     assert.equal(f.body.cancel, true);
     assert.equal(f.body.error, `dependency job 9 is ${said}`);
   }
+});
+
+const batchPage = { id: 5, created_at: null, finished: true, callback_kind: "work", callback_id: 1, fired_at: null, counts: { completed: 2, discarded: 1 } };
+
+test("the dependencies of a workflow job are read on every page of its batch", { timeout: 30_000 }, async () => {
+  const { srv, ran } = await workOne(workflowJob(true), (path) => {
+    switch (path) {
+      case "/api/v1/batches/5":
+        return ok({ ...batchPage, jobs: [{ id: 7, state: "completed" }, { id: 8, state: "completed" }], next_after: 8 });
+      case "/api/v1/batches/5?after=8":
+        return ok({ ...batchPage, jobs: [{ id: 9, state: "discarded" }], next_after: null });
+      default:
+        return { status: 400, body: { error: `unexpected ${path}` } };
+    }
+  });
+  assert.equal(ran, false, "the handler ran although dependency 9, on the second page, is discarded");
+  assert.deepEqual(srv.seen.filter((s) => s.kind.startsWith("/api/v1/batches/")).map((s) => s.kind), ["/api/v1/batches/5", "/api/v1/batches/5?after=8"]);
+  assert.equal(srv.of("fail")[0]?.body.error, "dependency job 9 is discarded");
 });
 
 test("a workflow job whose dependencies completed runs; under the run policy its batch is not read", { timeout: 30_000 }, async () => {
