@@ -4,7 +4,9 @@ import { CancelJob, ConveyorError, Snooze, StaleFenceError } from "./errors.js";
 /**
  * Works one job. Resolve (with anything but a Snooze) to complete it: a
  * value other than undefined or null is the job's result, sent with the
- * completion as JSON (at most 256 KiB) and stored with the job;
+ * completion as JSON (at most 256 KiB) and stored with the job (one JSON
+ * cannot encode, such as a BigInt, or the server refuses fails the
+ * attempt, naming why);
  * throw to fail the attempt (retried with the server's backoff until its
  * max attempts, then discarded); throw a CancelJob to cancel it without
  * retry; return or throw `snooze(ms)` to put it back for later without
@@ -478,8 +480,14 @@ export class Worker {
         // 413: the request went over the server's body cap (MaxBodyBytes,
         // 1 MiB by default), checked before the result's own limit.
         const tooLarge = err instanceof ConveyorError && err.status === 413;
+        if (o.kind === "complete" && o.result !== undefined && !(err instanceof ConveyorError)) {
+          // The result cannot be encoded as JSON (a BigInt, a cycle): the
+          // request was never sent, and never will be.
+          o = { kind: "fail", error: `result refused: not JSON-encodable: ${err instanceof Error ? err.message : String(err)}`, cancel: false };
+          continue;
+        }
         if (o.kind === "complete" && o.result !== undefined && err instanceof ConveyorError && (err.status === 400 || tooLarge)) {
-          // The server refused the result (not JSON-encodable, or too
+          // The server refused the result (not valid JSON for it, or too
           // large): the attempt fails naming why, rather than its lease
           // lapsing and the handler running again for the same refusal.
           o = { kind: "fail", error: `result refused: ${err.serverMessage}`, cancel: false };

@@ -466,6 +466,42 @@ test("an outcome over the server's body cap (413) is not given up: a result fail
   }
 });
 
+test("a result JSON cannot encode fails the attempt naming why; it is not retried as if unanswered", { timeout: 60_000 }, async () => {
+  const claim = claims();
+  const srv = await fakeServer((kind, s) => (kind === "claim" ? claim(s) : ok({ id: 1, state: "retryable" })));
+  const { client, sent } = recordingClient(srv.url);
+  const errors: unknown[] = [];
+  const worker = new Worker(client, {
+    queue: "q",
+    waitMs: 100,
+    onError: (e) => errors.push(e),
+    handlers: { work: async () => ({ total: 10n }) },
+  });
+  worker.start();
+  try {
+    assert.ok(await until(() => srv.of("fail").length > 0, 15_000), "the attempt whose result cannot be encoded was never failed: its lease would lapse and its handler run again");
+    const f = srv.of("fail")[0];
+    assert.equal(f.body.fence, 7);
+    assert.match(String(f.body.error), /^result refused: .*BigInt/);
+    assert.equal(sent.filter((s) => s.kind === "complete").length, 0, "a completion left the client");
+    assert.ok(!errors.some((e) => e instanceof ConveyorError && e.status === null), `reported as a request without answer: ${errors}`);
+  } finally {
+    await worker.stop({ timeoutMs: 1000 });
+    await srv.close();
+  }
+});
+
+test("a client call whose body JSON cannot encode throws its TypeError, not a request without answer", { timeout: 30_000 }, async () => {
+  const srv = await fakeServer(() => ok({ id: 1, state: "completed" }));
+  try {
+    const client = new Client({ baseUrl: srv.url, token: "t" });
+    await assert.rejects(client.complete(1, 7, undefined, { n: 1n }), (e: unknown) => e instanceof TypeError && !(e instanceof ConveyorError));
+    assert.equal(srv.seen.length, 0);
+  } finally {
+    await srv.close();
+  }
+});
+
 /** A claimed workflow job (the callback of batch 5); cancel marks it for the "cancel" policy. */
 function workflowJob(cancel: boolean) {
   const metadata: Record<string, string> = { "conveyor.batch_id": "5" };
