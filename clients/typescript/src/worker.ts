@@ -10,7 +10,8 @@ import { CancelJob, ConveyorError, Snooze, StaleFenceError } from "./errors.js";
  * throw to fail the attempt (retried with the server's backoff until its
  * max attempts, then discarded); throw a CancelJob to cancel it without
  * retry; return or throw `snooze(ms)` to put it back for later without
- * using an attempt. `signal` is aborted when the job's timeout passes
+ * using an attempt (a snooze the server refuses, longer than 30 days,
+ * fails the attempt, naming why). `signal` is aborted when the job's timeout passes
  * (the attempt fails), when no heartbeat got through for four fifths of
  * the lease (a LeaseDeadlineError: the attempt fails), when its lease is
  * lost (a 409 at a heartbeat: it was cancelled, or rescued and claimed by
@@ -491,6 +492,13 @@ export class Worker {
           // large): the attempt fails naming why, rather than its lease
           // lapsing and the handler running again for the same refusal.
           o = { kind: "fail", error: `result refused: ${err.serverMessage}`, cancel: false };
+          continue;
+        }
+        if (o.kind === "snooze" && err instanceof ConveyorError && err.status === 400) {
+          // The server refused the snooze (a delay over its 30 days): the
+          // attempt fails naming why, rather than its lease lapsing and
+          // the handler running again, its attempt counted by the rescue.
+          o = { kind: "fail", error: `snooze refused: ${err.serverMessage}`, cancel: false };
           continue;
         }
         if (o.kind === "fail" && tooLarge && (o.trace !== undefined || o.error.length > cutErrorChars)) {

@@ -17,7 +17,7 @@
 import test from "node:test";
 import assert from "node:assert/strict";
 import { createServer, IncomingMessage, ServerResponse } from "node:http";
-import { Client, ConveyorError, LeaseDeadlineError, Worker } from "../src/index.js";
+import { Client, ConveyorError, LeaseDeadlineError, Worker, snooze } from "../src/index.js";
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
@@ -498,6 +498,33 @@ test("a client call whose body JSON cannot encode throws its TypeError, not a re
     await assert.rejects(client.complete(1, 7, undefined, { n: 1n }), (e: unknown) => e instanceof TypeError && !(e instanceof ConveyorError));
     assert.equal(srv.seen.length, 0);
   } finally {
+    await srv.close();
+  }
+});
+
+test("a snooze the server refuses (400) fails the attempt naming why, rather than being dropped", { timeout: 60_000 }, async () => {
+  const claim = claims();
+  const maxMs = 30 * 24 * 3600 * 1000;
+  const srv = await fakeServer((kind, s) => {
+    if (kind === "claim") return claim(s);
+    // As conveyor serve answers a delay over conveyor.MaxSnooze.
+    if (kind === "snooze" && Number(s.body.delay_ms) > maxMs) return { status: 400, body: { error: `delay_ms ${s.body.delay_ms}: must be 0 to ${maxMs}` } };
+    return ok({ id: 1, state: kind === "fail" ? "retryable" : "scheduled" });
+  });
+  const worker = new Worker(new Client({ baseUrl: srv.url, token: "t" }), {
+    queue: "q",
+    waitMs: 100,
+    onError: () => {},
+    handlers: { work: async () => snooze(2 * maxMs) },
+  });
+  worker.start();
+  try {
+    assert.ok(await until(() => srv.of("fail").length > 0, 15_000), "the refused snooze was dropped: the job's lease would lapse and its handler run again");
+    assert.equal(srv.of("snooze").length, 1);
+    assert.match(String(srv.of("fail")[0].body.error), /^snooze refused: delay_ms/);
+    assert.equal(srv.of("fail")[0].body.fence, 7);
+  } finally {
+    await worker.stop({ timeoutMs: 1000 });
     await srv.close();
   }
 });
