@@ -169,7 +169,12 @@ export class Worker {
   private readonly waitMs: number;
   private readonly jobTimeoutMs: number;
   private readonly onError: (err: unknown, job?: ClaimedJob) => void;
-  private readonly running = new Map<number, Running>();
+  /**
+   * The attempts this worker holds. Not keyed by job id: an attempt still
+   * sending its outcome when its lease lapsed may meet the same job
+   * claimed again by this worker under a new fence.
+   */
+  private readonly running = new Set<Running>();
   private readonly stopCtl = new AbortController();
   private slotWaiters: Array<() => void> = [];
   private loopDone: Promise<void> | undefined;
@@ -237,7 +242,7 @@ export class Worker {
     this.stopCtl.abort(new WorkerStopping());
     this.wakeSlots();
     await this.loopDone;
-    const all = () => Promise.all([...this.running.values()].map((r) => r.done));
+    const all = () => Promise.all([...this.running].map((r) => r.done));
     let timer: ReturnType<typeof setTimeout> | undefined;
     const timedOut = await Promise.race([
       all().then(() => false),
@@ -247,7 +252,7 @@ export class Worker {
     let released = 0;
     if (timedOut) {
       const releases: Promise<void>[] = [];
-      for (const r of this.running.values()) {
+      for (const r of this.running) {
         if (r.phase !== "running") continue; // acking: let the acknowledgement finish
         r.phase = "dropped";
         this.stopTimers(r);
@@ -345,7 +350,7 @@ export class Worker {
       cutOff: undefined,
       done: Promise.resolve(),
     };
-    this.running.set(job.id, r);
+    this.running.add(r);
     // A claim that took longer than a heartbeat interval to come back (a
     // long poll that waited) is renewed at once, as conveyor's own
     // processes do, rather than an interval later.
@@ -353,7 +358,7 @@ export class Worker {
     r.done = this.work(r).finally(() => {
       r.phase = "done";
       this.stopTimers(r);
-      this.running.delete(job.id);
+      this.running.delete(r);
       this.wakeSlots();
     });
   }

@@ -529,6 +529,61 @@ test("a snooze the server refuses (400) fails the attempt naming why, rather tha
   }
 });
 
+test("a job claimed again while its old attempt is still being acknowledged is counted, waited for and released on its own", { timeout: 60_000 }, async () => {
+  // Attempt 1 (fence 7) completes, but its completion gets no answer
+  // until the job was rescued and this very worker claimed it again
+  // (fence 8); then it is refused as stale. Attempt 2 is still running.
+  let claimsSeen = 0;
+  let secondStarted = false;
+  let firstRefused = false;
+  const srv = await fakeServer(async (kind, s) => {
+    if (kind === "claim") {
+      claimsSeen++;
+      if (claimsSeen === 1) return ok({ jobs: [wireJob(1)] });
+      if (claimsSeen === 2 && (await until(() => srv.of("complete").length > 0, 10_000))) return ok({ jobs: [{ ...wireJob(1), fence: 8 }] });
+      await sleep(Number(s.body.wait_ms ?? 0));
+      return ok({ jobs: [] });
+    }
+    if (kind === "complete" && s.body.fence === 7) {
+      await until(() => secondStarted, 10_000);
+      firstRefused = true;
+      return { status: 409, body: { error: "job 1 is no longer held under fence 7" } };
+    }
+    return ok({ id: 1, lease_ms: 30_000, state: "available" });
+  });
+  let releaseSecond = () => {};
+  const worker = new Worker(new Client({ baseUrl: srv.url, token: "t" }), {
+    queue: "q",
+    concurrency: 2,
+    waitMs: 100,
+    onError: () => {},
+    handlers: {
+      work: (job: { fence: number }, signal: AbortSignal) => {
+        if (job.fence === 7) return "first";
+        secondStarted = true;
+        return new Promise<void>((resolve) => {
+          releaseSecond = resolve;
+          signal.addEventListener("abort", () => resolve());
+        });
+      },
+    },
+  });
+  worker.start();
+  try {
+    assert.ok(await until(() => secondStarted, 15_000), "the job was not claimed again");
+    assert.ok(await until(() => firstRefused, 5000), "the first attempt's completion was not answered");
+    await sleep(200); // the first attempt's acknowledgement is over
+    assert.equal(worker.active, 1, "the second attempt, still running, is not counted");
+    const stopped = await worker.stop({ timeoutMs: 300 });
+    assert.equal(stopped.released, 1, "stop did not give back the second attempt, still running");
+    assert.deepEqual(srv.of("release").map((r) => r.body.fence), [8]);
+  } finally {
+    releaseSecond();
+    await worker.stop({ timeoutMs: 1000 });
+    await srv.close();
+  }
+});
+
 /** A claimed workflow job (the callback of batch 5); cancel marks it for the "cancel" policy. */
 function workflowJob(cancel: boolean) {
   const metadata: Record<string, string> = { "conveyor.batch_id": "5" };
