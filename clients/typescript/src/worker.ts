@@ -44,7 +44,11 @@ export interface WorkerOptions {
    * a tenth of the lease is given up and sent again.
    */
   heartbeatMs?: number;
-  /** How long one claim long-polls; default 20s (the server allows up to 30s). */
+  /**
+   * How long one claim long-polls; default 20s (the server allows up to
+   * 30s). A claim answered with no jobs before its wait was over (with
+   * 0, every empty claim) is followed by a pause, 50ms doubling to 1s.
+   */
   waitMs?: number;
   /** Timeout of jobs without their own timeout_ms; default 60s (conveyor's JobTimeout); 0 or less for none. */
   jobTimeoutMs?: number;
@@ -268,6 +272,7 @@ export class Worker {
 
   private async loop(): Promise<void> {
     let backoff = 500;
+    let idle = 0; // the pause after the last claim answered empty early
     while (!this.stopCtl.signal.aborted) {
       const free = this.concurrency - this.running.size;
       if (free <= 0) {
@@ -297,6 +302,16 @@ export class Worker {
         break;
       }
       for (const job of jobs) this.run(job, sent);
+      if (jobs.length === 0 && (this.waitMs === 0 || now() - sent < this.waitMs)) {
+        // Empty before its wait was over: the server is closing (it
+        // answers at once then) or waitMs is 0. Claim again after 50ms,
+        // doubling to 1s, as the server's own long poll paces its claims,
+        // rather than in a tight loop of claim statements.
+        idle = Math.min(Math.max(2 * idle, 50), 1000);
+        await sleep(idle, this.stopCtl.signal);
+      } else {
+        idle = 0;
+      }
     }
   }
 

@@ -584,6 +584,24 @@ test("a job claimed again while its old attempt is still being acknowledged is c
   }
 });
 
+test("claims answered empty before their wait (a server closing, or waitMs 0) are paced, not sent in a tight loop", { timeout: 30_000 }, async () => {
+  // As a closing conveyor serve answers: at once, with no jobs.
+  const srv = await fakeServer(() => ok({ jobs: [] }));
+  try {
+    for (const waitMs of [20_000, 0]) {
+      const before = srv.of("claim").length;
+      const worker = new Worker(new Client({ baseUrl: srv.url, token: "t" }), { queue: "q", waitMs, onError: () => {}, handlers: { work: () => 1 } });
+      worker.start();
+      await sleep(1000);
+      await worker.stop({ timeoutMs: 1000 });
+      const n = srv.of("claim").length - before;
+      assert.ok(n >= 2 && n <= 12, `${n} claims in a second with waitMs ${waitMs} against a server answering empty at once, want a few (50ms doubling to 1s between them)`);
+    }
+  } finally {
+    await srv.close();
+  }
+});
+
 /** A claimed workflow job (the callback of batch 5); cancel marks it for the "cancel" policy. */
 function workflowJob(cancel: boolean) {
   const metadata: Record<string, string> = { "conveyor.batch_id": "5" };
