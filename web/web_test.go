@@ -357,6 +357,31 @@ func TestStaleWorkerRefused(t *testing.T) {
 	})
 }
 
+// TestFenceRequired: an acknowledgement without a fence (absent, or not
+// one a claim can have given) is a malformed request, answered 400 naming
+// the field; not a 409, which tells the worker its claim was lost and to
+// stop working the job. The job is unchanged.
+func TestFenceRequired(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, e *env) {
+		id := e.enqueue(map[string]any{"kind": "k"})
+		j := e.claim(nil)[0]
+		before := e.job(id)
+		for _, action := range []string{"heartbeat", "complete", "fail", "snooze", "release"} {
+			for _, body := range []map[string]any{{}, {"fence": 0}, {"fence": -1}} {
+				res := e.must(400, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/%s", id, action), auth: adminToken, body: body})
+				if !strings.Contains(string(res.body), "fence") {
+					t.Errorf("%s %v: %s", action, body, res.body)
+				}
+			}
+		}
+		after := e.job(id)
+		if after.State != "running" || after.Attempt != before.Attempt || len(after.Errors) != 0 {
+			t.Errorf("acknowledgements without a fence changed the job: %+v -> %+v", before, after)
+		}
+		e.must(200, req{method: "POST", path: fmt.Sprintf("/api/v1/jobs/%d/complete", id), auth: adminToken, body: map[string]any{"fence": *j.Fence}})
+	})
+}
+
 func TestLongPollClaimWokenByEnqueue(t *testing.T) {
 	e := newEnv(t, filepath.Join(t.TempDir(), "q.db"), nil)
 	start := time.Now()

@@ -32,6 +32,18 @@ func staleMsg(id, fence int64) string {
 	return fmt.Sprintf("job %d is no longer held under fence %d: its lease expired and it was rescued, or it was released, cancelled, discarded or finished; stop working it and do not retry this request", id, fence)
 }
 
+// fenceOK refuses, with 400 naming the field, an acknowledgement whose
+// fence no claim can have given: absent (0) or negative; claims number
+// them from 1. Answered 409, a request that left it out would tell its
+// worker that the job was lost and to stop working it.
+func fenceOK(w http.ResponseWriter, fence int64) bool {
+	if fence < 1 {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("fence %d: required, the fence the claim returned with the job (1 or more)", fence))
+		return false
+	}
+	return true
+}
+
 // lease reads lease_ms: 0 (the client's Lease) or 1s to 1h.
 func (h *Handler) lease(w http.ResponseWriter, ms int64) (time.Duration, bool) {
 	if ms == 0 {
@@ -125,7 +137,7 @@ func (h *Handler) apiHeartbeat(w http.ResponseWriter, r *http.Request, _ princip
 		return
 	}
 	var in fenceJSON
-	if !h.decode(w, r, &in) {
+	if !h.decode(w, r, &in) || !fenceOK(w, in.Fence) {
 		return
 	}
 	lease, ok := h.lease(w, in.LeaseMS)
@@ -154,7 +166,7 @@ func (h *Handler) apiComplete(w http.ResponseWriter, r *http.Request, _ principa
 		// null stores none.
 		Result json.RawMessage `json:"result"`
 	}
-	if !h.decode(w, r, &in) {
+	if !h.decode(w, r, &in) || !fenceOK(w, in.Fence) {
 		return
 	}
 	if string(in.Result) == "null" {
@@ -218,7 +230,7 @@ func (h *Handler) apiFail(w http.ResponseWriter, r *http.Request, _ principal) {
 		return
 	}
 	var in failJSON
-	if !h.decode(w, r, &in) {
+	if !h.decode(w, r, &in) || !fenceOK(w, in.Fence) {
 		return
 	}
 	if in.RetryInMS < 0 || in.RetryInMS > conveyor.MaxSnooze.Milliseconds() {
@@ -265,7 +277,7 @@ func (h *Handler) apiSnooze(w http.ResponseWriter, r *http.Request, _ principal)
 		Fence   int64 `json:"fence"`
 		DelayMS int64 `json:"delay_ms"`
 	}
-	if !h.decode(w, r, &in) {
+	if !h.decode(w, r, &in) || !fenceOK(w, in.Fence) {
 		return
 	}
 	d, err := msDuration("delay_ms", in.DelayMS, 0, conveyor.MaxSnooze)
@@ -298,7 +310,7 @@ func (h *Handler) apiRelease(w http.ResponseWriter, r *http.Request, _ principal
 	var in struct {
 		Fence int64 `json:"fence"`
 	}
-	if !h.decode(w, r, &in) {
+	if !h.decode(w, r, &in) || !fenceOK(w, in.Fence) {
 		return
 	}
 	if err := h.rw.Release(r.Context(), id, in.Fence); err != nil {

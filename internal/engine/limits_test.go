@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -366,5 +367,76 @@ func TestLimitsChangedKeepsAStaleCacheStale(t *testing.T) {
 	}
 	if !e.limited("q") {
 		t.Fatal("the queue just limited is not limited")
+	}
+}
+
+// A refused call of a stale attempt (a renewal, an outcome, a release
+// under an old fence) does not make the engine forget the job's current
+// remote attempt: that attempt's completion still wakes a remote claim
+// held back by the queue's concurrency limit (its own poll here is an
+// hour).
+func TestStaleRemoteCallKeepsCurrentAttempt(t *testing.T) {
+	d := &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 1}}}
+	var n atomic.Int64
+	d.claimLimited = func(_ context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
+		switch n.Add(1) {
+		case 1:
+			return driver.ClaimResult{Rows: []*driver.JobRow{jobIn("q", 1, 101)}}, nil
+		case 2:
+			return driver.ClaimResult{Held: true}, nil
+		}
+		return driver.ClaimResult{Rows: []*driver.JobRow{jobIn("q", 2, 102)}}, nil
+	}
+	// Fence 100 is job 1's earlier attempt, since rescued: the database
+	// refuses it.
+	d.heartbeat = func(_ context.Context, ls []driver.Lease) ([]int64, error) {
+		var ids []int64
+		for _, l := range ls {
+			if l.Fence != 100 {
+				ids = append(ids, l.ID)
+			}
+		}
+		return ids, nil
+	}
+	d.complete = func(_ context.Context, os []driver.Outcome) ([]int64, error) {
+		var ids []int64
+		for _, o := range os {
+			if o.Fence != 100 {
+				ids = append(ids, o.ID)
+			}
+		}
+		return ids, nil
+	}
+	e := New(d, limitConfig(time.Hour), nil)
+	t.Cleanup(func() { e.Close(context.Background()) })
+	ctx := context.Background()
+	first, err := e.ClaimRemote(ctx, RemoteClaim{Queue: "q", Limit: 1, Lease: time.Minute, Worker: "w2", Process: "w2"})
+	if err != nil || len(first) != 1 {
+		t.Fatalf("first claim: %v %v", first, err)
+	}
+	if err := e.RenewRemote(ctx, 1, 100, time.Minute); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("the stale attempt's renewal: %v, want ErrLeaseLost", err)
+	}
+	if err := e.CompleteRemote(ctx, 1, 100, nil); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("the stale attempt's completion: %v, want ErrLeaseLost", err)
+	}
+	if q := e.remote.queueOf(1); q != "q" {
+		t.Fatalf("after the stale attempt's calls the current attempt's queue is %q, want q: its remote attempt was forgotten", q)
+	}
+	got := make(chan []*driver.JobRow, 1)
+	go func() {
+		rows, err := e.ClaimRemote(ctx, RemoteClaim{Queue: "q", Limit: 1, Lease: time.Minute, Worker: "w3", Wait: 3 * guard})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- rows
+	}()
+	waitFor(t, "the held remote claim", func() bool { cs := d.claimsOf("q"); return len(cs) == 2 && cs[1].done })
+	if err := e.CompleteRemote(ctx, 1, 101, nil); err != nil {
+		t.Fatal(err)
+	}
+	rows := recv(t, "the held remote claim to be woken by the current attempt's completion", got)
+	if len(rows) != 1 || rows[0].ID != 2 {
+		t.Fatalf("the woken claim got %v, want job 2", rows)
 	}
 }

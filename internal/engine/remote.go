@@ -182,7 +182,7 @@ func (e *Engine) RenewRemote(ctx context.Context, id, fence int64, lease time.Du
 		return err
 	}
 	if len(owned) != 1 {
-		e.remote.done(id)
+		e.remote.done(id, fence)
 		e.metrics.LeasesLost.Add(1)
 		return ErrLeaseLost
 	}
@@ -250,7 +250,7 @@ func (e *Engine) FailRemote(ctx context.Context, id, fence int64, f RemoteFailur
 		return "", fmt.Errorf("job %d: %w", id, err)
 	}
 	if row.Fence != fence || row.State != driver.StateRunning {
-		e.remote.done(id)
+		e.remote.done(id, fence)
 		e.metrics.StaleAcksRefused.Add(1)
 		return "", ErrLeaseLost
 	}
@@ -288,7 +288,7 @@ func (e *Engine) settleRemote(ctx context.Context, o driver.Outcome) error {
 	}
 	select {
 	case w := <-res:
-		e.remote.done(o.ID)
+		e.remote.done(o.ID, o.Fence)
 		switch {
 		case w.err != nil:
 			return w.err
@@ -297,7 +297,7 @@ func (e *Engine) settleRemote(ctx context.Context, o driver.Outcome) error {
 		}
 		return nil
 	case <-ctx.Done():
-		e.remote.done(o.ID) // the worker that waited is gone
+		e.remote.done(o.ID, o.Fence) // the worker that waited is gone
 		return ctx.Err()
 	}
 }
@@ -380,7 +380,7 @@ func (e *Engine) ReleaseRemote(ctx context.Context, id, fence int64) error {
 	if err != nil {
 		return err
 	}
-	e.remote.done(id)
+	e.remote.done(id, fence)
 	if n != 1 {
 		return ErrLeaseLost
 	}

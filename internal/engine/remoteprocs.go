@@ -36,7 +36,7 @@ type remoteProcs struct {
 
 	mu        sync.Mutex
 	workers   map[string]*remoteProc // by process id
-	jobs      map[int64]heldJob      // jobs handed out, by id
+	jobs      map[int64]heldJob      // jobs handed out, by id (the latest attempt)
 	lastSweep time.Time
 }
 
@@ -48,9 +48,12 @@ type remoteProc struct {
 	writing bool
 }
 
-// heldJob is a job handed out by a remote claim, until its outcome.
+// heldJob is a job handed out by a remote claim, until its outcome: its
+// worker, queue and fence (the attempt's, so that a stale attempt's call
+// does not forget a later one).
 type heldJob struct {
 	worker, queue string
+	fence         int64
 	at            time.Time
 }
 
@@ -83,7 +86,7 @@ func (rp *remoteProcs) claimed(id string, rows []*driver.JobRow) {
 	rp.mu.Lock()
 	defer rp.mu.Unlock()
 	for _, r := range rows {
-		rp.jobs[r.ID] = heldJob{worker: id, queue: r.Queue, at: now}
+		rp.jobs[r.ID] = heldJob{worker: id, queue: r.Queue, fence: r.Fence, at: now}
 	}
 }
 
@@ -104,11 +107,15 @@ func (rp *remoteProcs) beat(ctx context.Context, job int64) {
 	rp.refresh(ctx, j.worker)
 }
 
-// done forgets a job whose attempt ended (an outcome, a release, or a
-// refusal: it is no longer held under the fence the worker knows).
-func (rp *remoteProcs) done(job int64) {
+// done forgets a job whose attempt under fence ended (an outcome, a
+// release, or a refusal: it is no longer held under the fence the worker
+// knows). A job handed out since under another fence is kept: a stale
+// worker's refused call does not end the current attempt.
+func (rp *remoteProcs) done(job, fence int64) {
 	rp.mu.Lock()
-	delete(rp.jobs, job)
+	if j, ok := rp.jobs[job]; ok && j.fence == fence {
+		delete(rp.jobs, job)
+	}
 	rp.mu.Unlock()
 }
 

@@ -875,7 +875,8 @@ export class Client {
   /**
    * Records success, with the attempt's result when `result` is neither
    * undefined nor null: any JSON value, at most 256 KiB encoded (the server
-   * answers 400 otherwise). Throws StaleFenceError if the claim no longer
+   * answers 400 otherwise; a value JSON.stringify cannot encode, such as a
+   * BigInt, throws its TypeError and nothing is sent). Throws StaleFenceError if the claim no longer
    * holds the job; its result is then not stored either. Safe to send
    * again when an earlier call got no answer: if that one was written, the
    * server answers success with `alreadyRecorded` (its result kept).
@@ -923,6 +924,11 @@ export class Client {
     o: { signal?: AbortSignal; extraTimeoutMs?: number } = {},
   ): Promise<T> {
     const what = `${method} ${path.split("?")[0]}`;
+    // Encoded before anything is sent: a body JSON cannot encode (a
+    // BigInt, a cycle) throws its TypeError here, never a ConveyorError
+    // without status, which would say the request may have been sent and
+    // invite sending it again.
+    const payload = body === undefined ? undefined : JSON.stringify(body);
     const ctl = new AbortController();
     const limit = this.timeoutMs + (o.extraTimeoutMs ?? 0);
     const timer = setTimeout(() => ctl.abort(new Error(`timed out after ${limit}ms`)), limit);
@@ -940,7 +946,7 @@ export class Client {
       res = await this.fetchFn(this.baseUrl + path, {
         method,
         headers,
-        body: body === undefined ? undefined : JSON.stringify(body),
+        body: payload,
         signal: ctl.signal,
       });
       text = await res.text();

@@ -4,11 +4,14 @@ import { CancelJob, ConveyorError, Snooze, StaleFenceError } from "./errors.js";
 /**
  * Works one job. Resolve (with anything but a Snooze) to complete it: a
  * value other than undefined or null is the job's result, sent with the
- * completion as JSON (at most 256 KiB) and stored with the job;
+ * completion as JSON (at most 256 KiB) and stored with the job (one JSON
+ * cannot encode, such as a BigInt, or the server refuses fails the
+ * attempt, naming why);
  * throw to fail the attempt (retried with the server's backoff until its
  * max attempts, then discarded); throw a CancelJob to cancel it without
  * retry; return or throw `snooze(ms)` to put it back for later without
- * using an attempt. `signal` is aborted when the job's timeout passes
+ * using an attempt (a snooze the server refuses, longer than 30 days,
+ * fails the attempt, naming why). `signal` is aborted when the job's timeout passes
  * (the attempt fails), when no heartbeat got through for four fifths of
  * the lease (a LeaseDeadlineError: the attempt fails), when its lease is
  * lost (a 409 at a heartbeat: it was cancelled, or rescued and claimed by
@@ -41,7 +44,11 @@ export interface WorkerOptions {
    * a tenth of the lease is given up and sent again.
    */
   heartbeatMs?: number;
-  /** How long one claim long-polls; default 20s (the server allows up to 30s). */
+  /**
+   * How long one claim long-polls; default 20s (the server allows up to
+   * 30s). A claim answered with no jobs before its wait was over (with
+   * 0, every empty claim) is followed by a pause, 50ms doubling to 1s.
+   */
   waitMs?: number;
   /** Timeout of jobs without their own timeout_ms; default 60s (conveyor's JobTimeout); 0 or less for none. */
   jobTimeoutMs?: number;
@@ -166,7 +173,12 @@ export class Worker {
   private readonly waitMs: number;
   private readonly jobTimeoutMs: number;
   private readonly onError: (err: unknown, job?: ClaimedJob) => void;
-  private readonly running = new Map<number, Running>();
+  /**
+   * The attempts this worker holds. Not keyed by job id: an attempt still
+   * sending its outcome when its lease lapsed may meet the same job
+   * claimed again by this worker under a new fence.
+   */
+  private readonly running = new Set<Running>();
   private readonly stopCtl = new AbortController();
   private slotWaiters: Array<() => void> = [];
   private loopDone: Promise<void> | undefined;
@@ -234,7 +246,7 @@ export class Worker {
     this.stopCtl.abort(new WorkerStopping());
     this.wakeSlots();
     await this.loopDone;
-    const all = () => Promise.all([...this.running.values()].map((r) => r.done));
+    const all = () => Promise.all([...this.running].map((r) => r.done));
     let timer: ReturnType<typeof setTimeout> | undefined;
     const timedOut = await Promise.race([
       all().then(() => false),
@@ -244,7 +256,7 @@ export class Worker {
     let released = 0;
     if (timedOut) {
       const releases: Promise<void>[] = [];
-      for (const r of this.running.values()) {
+      for (const r of this.running) {
         if (r.phase !== "running") continue; // acking: let the acknowledgement finish
         r.phase = "dropped";
         this.stopTimers(r);
@@ -260,6 +272,7 @@ export class Worker {
 
   private async loop(): Promise<void> {
     let backoff = 500;
+    let idle = 0; // the pause after the last claim answered empty early
     while (!this.stopCtl.signal.aborted) {
       const free = this.concurrency - this.running.size;
       if (free <= 0) {
@@ -289,6 +302,16 @@ export class Worker {
         break;
       }
       for (const job of jobs) this.run(job, sent);
+      if (jobs.length === 0 && (this.waitMs === 0 || now() - sent < this.waitMs)) {
+        // Empty before its wait was over: the server is closing (it
+        // answers at once then) or waitMs is 0. Claim again after 50ms,
+        // doubling to 1s, as the server's own long poll paces its claims,
+        // rather than in a tight loop of claim statements.
+        idle = Math.min(Math.max(2 * idle, 50), 1000);
+        await sleep(idle, this.stopCtl.signal);
+      } else {
+        idle = 0;
+      }
     }
   }
 
@@ -342,7 +365,7 @@ export class Worker {
       cutOff: undefined,
       done: Promise.resolve(),
     };
-    this.running.set(job.id, r);
+    this.running.add(r);
     // A claim that took longer than a heartbeat interval to come back (a
     // long poll that waited) is renewed at once, as conveyor's own
     // processes do, rather than an interval later.
@@ -350,7 +373,7 @@ export class Worker {
     r.done = this.work(r).finally(() => {
       r.phase = "done";
       this.stopTimers(r);
-      this.running.delete(job.id);
+      this.running.delete(r);
       this.wakeSlots();
     });
   }
@@ -478,11 +501,24 @@ export class Worker {
         // 413: the request went over the server's body cap (MaxBodyBytes,
         // 1 MiB by default), checked before the result's own limit.
         const tooLarge = err instanceof ConveyorError && err.status === 413;
+        if (o.kind === "complete" && o.result !== undefined && !(err instanceof ConveyorError)) {
+          // The result cannot be encoded as JSON (a BigInt, a cycle): the
+          // request was never sent, and never will be.
+          o = { kind: "fail", error: `result refused: not JSON-encodable: ${err instanceof Error ? err.message : String(err)}`, cancel: false };
+          continue;
+        }
         if (o.kind === "complete" && o.result !== undefined && err instanceof ConveyorError && (err.status === 400 || tooLarge)) {
-          // The server refused the result (not JSON-encodable, or too
+          // The server refused the result (not valid JSON for it, or too
           // large): the attempt fails naming why, rather than its lease
           // lapsing and the handler running again for the same refusal.
           o = { kind: "fail", error: `result refused: ${err.serverMessage}`, cancel: false };
+          continue;
+        }
+        if (o.kind === "snooze" && err instanceof ConveyorError && err.status === 400) {
+          // The server refused the snooze (a delay over its 30 days): the
+          // attempt fails naming why, rather than its lease lapsing and
+          // the handler running again, its attempt counted by the rescue.
+          o = { kind: "fail", error: `snooze refused: ${err.serverMessage}`, cancel: false };
           continue;
         }
         if (o.kind === "fail" && tooLarge && (o.trace !== undefined || o.error.length > cutErrorChars)) {

@@ -17,7 +17,7 @@
 import test from "node:test";
 import assert from "node:assert/strict";
 import { createServer, IncomingMessage, ServerResponse } from "node:http";
-import { Client, ConveyorError, LeaseDeadlineError, Worker } from "../src/index.js";
+import { Client, ConveyorError, LeaseDeadlineError, Worker, snooze } from "../src/index.js";
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
@@ -462,6 +462,142 @@ test("an outcome over the server's body cap (413) is not given up: a result fail
     assert.ok(fails.some((s) => String(s.body.error).startsWith("yyy")), "the error refused with 413 was not sent again, cut");
   } finally {
     await worker.stop({ timeoutMs: 1000 });
+    await srv.close();
+  }
+});
+
+test("a result JSON cannot encode fails the attempt naming why; it is not retried as if unanswered", { timeout: 60_000 }, async () => {
+  const claim = claims();
+  const srv = await fakeServer((kind, s) => (kind === "claim" ? claim(s) : ok({ id: 1, state: "retryable" })));
+  const { client, sent } = recordingClient(srv.url);
+  const errors: unknown[] = [];
+  const worker = new Worker(client, {
+    queue: "q",
+    waitMs: 100,
+    onError: (e) => errors.push(e),
+    handlers: { work: async () => ({ total: 10n }) },
+  });
+  worker.start();
+  try {
+    assert.ok(await until(() => srv.of("fail").length > 0, 15_000), "the attempt whose result cannot be encoded was never failed: its lease would lapse and its handler run again");
+    const f = srv.of("fail")[0];
+    assert.equal(f.body.fence, 7);
+    assert.match(String(f.body.error), /^result refused: .*BigInt/);
+    assert.equal(sent.filter((s) => s.kind === "complete").length, 0, "a completion left the client");
+    assert.ok(!errors.some((e) => e instanceof ConveyorError && e.status === null), `reported as a request without answer: ${errors}`);
+  } finally {
+    await worker.stop({ timeoutMs: 1000 });
+    await srv.close();
+  }
+});
+
+test("a client call whose body JSON cannot encode throws its TypeError, not a request without answer", { timeout: 30_000 }, async () => {
+  const srv = await fakeServer(() => ok({ id: 1, state: "completed" }));
+  try {
+    const client = new Client({ baseUrl: srv.url, token: "t" });
+    await assert.rejects(client.complete(1, 7, undefined, { n: 1n }), (e: unknown) => e instanceof TypeError && !(e instanceof ConveyorError));
+    assert.equal(srv.seen.length, 0);
+  } finally {
+    await srv.close();
+  }
+});
+
+test("a snooze the server refuses (400) fails the attempt naming why, rather than being dropped", { timeout: 60_000 }, async () => {
+  const claim = claims();
+  const maxMs = 30 * 24 * 3600 * 1000;
+  const srv = await fakeServer((kind, s) => {
+    if (kind === "claim") return claim(s);
+    // As conveyor serve answers a delay over conveyor.MaxSnooze.
+    if (kind === "snooze" && Number(s.body.delay_ms) > maxMs) return { status: 400, body: { error: `delay_ms ${s.body.delay_ms}: must be 0 to ${maxMs}` } };
+    return ok({ id: 1, state: kind === "fail" ? "retryable" : "scheduled" });
+  });
+  const worker = new Worker(new Client({ baseUrl: srv.url, token: "t" }), {
+    queue: "q",
+    waitMs: 100,
+    onError: () => {},
+    handlers: { work: async () => snooze(2 * maxMs) },
+  });
+  worker.start();
+  try {
+    assert.ok(await until(() => srv.of("fail").length > 0, 15_000), "the refused snooze was dropped: the job's lease would lapse and its handler run again");
+    assert.equal(srv.of("snooze").length, 1);
+    assert.match(String(srv.of("fail")[0].body.error), /^snooze refused: delay_ms/);
+    assert.equal(srv.of("fail")[0].body.fence, 7);
+  } finally {
+    await worker.stop({ timeoutMs: 1000 });
+    await srv.close();
+  }
+});
+
+test("a job claimed again while its old attempt is still being acknowledged is counted, waited for and released on its own", { timeout: 60_000 }, async () => {
+  // Attempt 1 (fence 7) completes, but its completion gets no answer
+  // until the job was rescued and this very worker claimed it again
+  // (fence 8); then it is refused as stale. Attempt 2 is still running.
+  let claimsSeen = 0;
+  let secondStarted = false;
+  let firstRefused = false;
+  const srv = await fakeServer(async (kind, s) => {
+    if (kind === "claim") {
+      claimsSeen++;
+      if (claimsSeen === 1) return ok({ jobs: [wireJob(1)] });
+      if (claimsSeen === 2 && (await until(() => srv.of("complete").length > 0, 10_000))) return ok({ jobs: [{ ...wireJob(1), fence: 8 }] });
+      await sleep(Number(s.body.wait_ms ?? 0));
+      return ok({ jobs: [] });
+    }
+    if (kind === "complete" && s.body.fence === 7) {
+      await until(() => secondStarted, 10_000);
+      firstRefused = true;
+      return { status: 409, body: { error: "job 1 is no longer held under fence 7" } };
+    }
+    return ok({ id: 1, lease_ms: 30_000, state: "available" });
+  });
+  let releaseSecond = () => {};
+  const worker = new Worker(new Client({ baseUrl: srv.url, token: "t" }), {
+    queue: "q",
+    concurrency: 2,
+    waitMs: 100,
+    onError: () => {},
+    handlers: {
+      work: (job: { fence: number }, signal: AbortSignal) => {
+        if (job.fence === 7) return "first";
+        secondStarted = true;
+        return new Promise<void>((resolve) => {
+          releaseSecond = resolve;
+          signal.addEventListener("abort", () => resolve());
+        });
+      },
+    },
+  });
+  worker.start();
+  try {
+    assert.ok(await until(() => secondStarted, 15_000), "the job was not claimed again");
+    assert.ok(await until(() => firstRefused, 5000), "the first attempt's completion was not answered");
+    await sleep(200); // the first attempt's acknowledgement is over
+    assert.equal(worker.active, 1, "the second attempt, still running, is not counted");
+    const stopped = await worker.stop({ timeoutMs: 300 });
+    assert.equal(stopped.released, 1, "stop did not give back the second attempt, still running");
+    assert.deepEqual(srv.of("release").map((r) => r.body.fence), [8]);
+  } finally {
+    releaseSecond();
+    await worker.stop({ timeoutMs: 1000 });
+    await srv.close();
+  }
+});
+
+test("claims answered empty before their wait (a server closing, or waitMs 0) are paced, not sent in a tight loop", { timeout: 30_000 }, async () => {
+  // As a closing conveyor serve answers: at once, with no jobs.
+  const srv = await fakeServer(() => ok({ jobs: [] }));
+  try {
+    for (const waitMs of [20_000, 0]) {
+      const before = srv.of("claim").length;
+      const worker = new Worker(new Client({ baseUrl: srv.url, token: "t" }), { queue: "q", waitMs, onError: () => {}, handlers: { work: () => 1 } });
+      worker.start();
+      await sleep(1000);
+      await worker.stop({ timeoutMs: 1000 });
+      const n = srv.of("claim").length - before;
+      assert.ok(n >= 2 && n <= 12, `${n} claims in a second with waitMs ${waitMs} against a server answering empty at once, want a few (50ms doubling to 1s between them)`);
+    }
+  } finally {
     await srv.close();
   }
 });
