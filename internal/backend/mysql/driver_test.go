@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1005,5 +1006,58 @@ func TestClaimCursorInsertBeforeItIsSet(t *testing.T) {
 	c.advance([]*driver.JobRow{key(1, 5), key(2, 5)}, 2, st, 0)
 	if q, _, _ := c.query(d, p); q != "front" {
 		t.Fatalf("claim after the insert: %s after job %d, want front", q, c.id)
+	}
+}
+
+// TestClaimByIDAfterCursorMovedBack: a job a probe found behind the
+// cursor, which the cursor has since moved back before (a promotion),
+// is both taken by id and met again by the read after the cursor, in
+// one transaction whose own lock does not skip it: the claim takes it
+// once, with the rest after it.
+func TestClaimByIDAfterCursorMovedBack(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{ClaimStrategy: "skip-locked"}, nil)
+	other := open(t, d.prefix, driver.Options{ClaimStrategy: "skip-locked"}, nil)
+	defer other.Close()
+	job := func(prio int) driver.InsertParams {
+		return driver.InsertParams{Queue: "m", Kind: "k", Args: json.RawMessage(`{}`), Priority: prio, MaxAttempts: 1}
+	}
+	ids, err := d.Insert(ctx, []driver.InsertParams{job(5), job(5), job(5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := func(limit int) []*driver.JobRow {
+		t.Helper()
+		rows, err := d.Claim(ctx, driver.ClaimParams{Queue: "m", Limit: limit, Lease: time.Minute, Worker: "w"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows
+	}
+	if got := claim(1); len(got) != 1 || got[0].ID != ids[0] {
+		t.Fatalf("first claim: %v", got)
+	}
+	x, err := other.Insert(ctx, []driver.InsertParams{job(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	xr, err := d.GetJob(ctx, x[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur := d.claimCursor("m")
+	cur.mu.Lock()
+	// Reading the front is slow, none is due, and a probe found x.
+	cur.took, cur.probeTook, cur.scanned = time.Second, time.Second, time.Now()
+	cur.found = []*driver.JobRow{{ID: xr.ID, Priority: xr.Priority, ScheduledAt: xr.ScheduledAt}}
+	cur.mu.Unlock()
+	cur.before(xr) // promoted, say: the cursor moves back before x
+	got := claim(100)
+	var gotIDs []int64
+	for _, r := range got {
+		gotIDs = append(gotIDs, r.ID)
+	}
+	if want := []int64{x[0], ids[1], ids[2]}; !slices.Equal(gotIDs, want) {
+		t.Fatalf("claimed %v, want %v", gotIDs, want)
 	}
 }

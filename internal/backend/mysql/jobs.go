@@ -673,6 +673,14 @@ func (d *Driver) claimSkipLocked(ctx context.Context, p driver.ClaimParams, cur 
 			if resumed, rnow, rfloor, err = d.lockClaimTx(ctx, tx, q, qargs); err != nil {
 				return err
 			}
+			// A job taken by id may also be after the cursor (moved
+			// back since the probe): this transaction's own lock does
+			// not skip it. Keep it once.
+			if len(byID) > 0 {
+				resumed = slices.DeleteFunc(resumed, func(r *driver.JobRow) bool {
+					return slices.ContainsFunc(byID, func(b *driver.JobRow) bool { return b.ID == r.ID })
+				})
+			}
 			if len(byID) == 0 {
 				now, floor = rnow, rfloor
 			}
