@@ -138,11 +138,15 @@ func (p *commitCutter) serve() {
 						a.owner.CompareAndSwap(0, id)
 					}
 					if a != nil && (a.marker == nil || a.owner.Load() == id) && bytes.Contains(seen, a.pattern) && p.armedAt.CompareAndSwap(a, nil) {
-						_, _ = s.Write(buf[:n])
-						// The server reads what was sent, then the end
-						// of the stream; the client's side is gone.
+						// The client's side goes first: once the server
+						// has what was sent, its answer could otherwise
+						// reach the client before the cut (on a loaded
+						// machine this goroutine may wait that long
+						// between the two). The server reads what was
+						// sent, then the end of the stream.
 						cut.Store(true)
 						c.Close()
+						_, _ = s.Write(buf[:n])
 						return
 					}
 					if _, werr := s.Write(buf[:n]); werr != nil {
