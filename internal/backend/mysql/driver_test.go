@@ -1061,3 +1061,29 @@ func TestClaimByIDAfterCursorMovedBack(t *testing.T) {
 		t.Fatalf("claimed %v, want %v", gotIDs, want)
 	}
 }
+
+// TestClaimCursorRescuedAtIt: the job a cursor stands at (the last one
+// claimed), rescued by this process and so available again with the same
+// key, moves the cursor back before it: the next claim resumes at it even
+// when no read of the front runs in the claim (reading the front is slow,
+// and the read due is a probe apart from it).
+func TestClaimCursorRescuedAtIt(t *testing.T) {
+	d := &Driver{q: queries{ClaimSelect: "front", ClaimSelectAfter: "after"}}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	j := &driver.JobRow{ID: 7, Priority: 1, ScheduledAt: t0}
+	c := &claimCursor{}
+	p := driver.ClaimParams{Queue: "q", Limit: 1}
+	_, _, st := c.query(d, p)
+	c.advance([]*driver.JobRow{j}, 1, st, time.Second)
+	c.before(&driver.JobRow{ID: 7, Priority: 1, ScheduledAt: t0})
+	c.mu.Lock()
+	c.scanned = time.Time{}
+	c.mu.Unlock()
+	q, args, st := c.query(d, p)
+	if q != "after" || !st.probe {
+		t.Fatalf("claim: %s (probe %v), want after, with a probe started", q, st.probe)
+	}
+	if got := args[6]; got != int64(6) {
+		t.Fatalf("claim resumes after job %v, want after job 6 (so that job 7 is read)", got)
+	}
+}

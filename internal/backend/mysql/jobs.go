@@ -479,7 +479,8 @@ func (d *Driver) claimCursor(queue string) *claimCursor {
 }
 
 // before moves the cursor back so that the next claim resumes at job j
-// (a job just made available), if j comes before it in claim order.
+// (a job just made available), if j comes before it in claim order or is
+// the job it stands at (a job claimed, then rescued, keeps its key).
 // Without a position yet (the queue's first claim, or the first after a
 // failed one, may be running from the front and set one past j), the
 // next claim reads the front.
@@ -490,7 +491,7 @@ func (c *claimCursor) before(j *driver.JobRow) {
 		c.marked++
 		return
 	}
-	if claimsBefore(j.Priority, j.ScheduledAt, j.ID, &driver.JobRow{Priority: c.prio, ScheduledAt: c.sched, ID: c.id}) {
+	if !claimsBefore(c.prio, c.sched, c.id, j) {
 		c.prio, c.sched, c.id = j.Priority, j.ScheduledAt, j.ID-1
 		c.moved++
 	}
