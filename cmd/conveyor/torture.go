@@ -37,7 +37,7 @@ func tortureCmd(e *env, args []string) error {
 	poison := f.String("poison", "panic,exit,hang", "poison kinds the poison fault enqueues")
 	keep := f.Bool("keep", false, "keep each phase's tables and records")
 	sealAt := f.Int64("seal-at", 16<<10, "PostgreSQL: seal segments at this size in bytes, so that a short run rotates them")
-	holdXmin := f.Bool("hold-xmin", false, "PostgreSQL: hold a REPEATABLE READ transaction that read the phase's tables open through each phase, as pg_dump would")
+	holdXmin := f.Bool("hold-xmin", false, "PostgreSQL and MySQL: hold a transaction that read the phase's tables open through each phase, as a dump would (REPEATABLE READ, as pg_dump; a consistent snapshot, as mariadb-dump --single-transaction)")
 	patroniREST := f.String("patroni-rest", "", "PostgreSQL: comma-separated Patroni REST API URLs (on loopback) of the cluster behind a multi-host --db, for the switchover and failover faults")
 	patroniDirs := f.String("patroni-data-dirs", "", "PostgreSQL: the Patroni nodes' data directories, in the order of --patroni-rest (the failover fault kills the primary's postmaster)")
 	var about strings.Builder

@@ -28,6 +28,10 @@ type HoldFigures struct {
 	// Session is the held session's application_name (PostgreSQL), to
 	// find it in pg_stat_activity.
 	Session string `json:"session,omitempty"`
+	// Thread is the held connection's CONNECTION_ID() (MySQL), to find
+	// its transaction in information_schema.innodb_trx
+	// (trx_mysql_thread_id).
+	Thread int64 `json:"thread,omitempty"`
 	// Released: it was rolled back (or its connection closed, which ends
 	// it on the server).
 	Released bool `json:"released"`
@@ -49,6 +53,10 @@ type heldTx struct {
 	mu     sync.Mutex
 	end    func(context.Context) error // rollback and close
 	opened time.Time                   // when the reads were done
+	// count counts a table's rows in the transaction (see recount), and
+	// tables are the tables read when it began.
+	count  func(ctx context.Context, table string) (int64, error)
+	tables []string
 }
 
 // start sets the moment the figures count from (the load's start).
@@ -146,6 +154,9 @@ func holdSnapshot(ctx context.Context, dsn, backend, prefix string, safety time.
 		if backend == "mysql" {
 			// MariaDB only (MySQL has no such variable): a safety net.
 			_, _ = conn.ExecContext(ctx, fmt.Sprintf("SET SESSION idle_transaction_timeout = %d", int(safety.Seconds())))
+			if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&h.fig.Thread); err != nil {
+				return nil, err
+			}
 		}
 		exec = func(ctx context.Context, q string) error { _, err := conn.ExecContext(ctx, q); return err }
 		list = func(ctx context.Context, q, arg string) ([]string, error) {
@@ -182,8 +193,12 @@ func holdSnapshot(ctx context.Context, dsn, backend, prefix string, safety time.
 	if err := exec(ctx, begin); err != nil {
 		return nil, err
 	}
+	h.count = func(ctx context.Context, t string) (int64, error) {
+		return query(ctx, "SELECT count(*) FROM "+quote(t))
+	}
+	h.tables = tables
 	for _, t := range tables {
-		n, err := query(ctx, "SELECT count(*) FROM "+quote(t))
+		n, err := h.count(ctx, t)
 		if err != nil {
 			return nil, err
 		}
@@ -192,6 +207,26 @@ func holdSnapshot(ctx context.Context, dsn, backend, prefix string, safety time.
 	}
 	h.opened = time.Now()
 	return h, nil
+}
+
+// recount counts the rows of the tables read when the transaction began
+// again, in it: while it keeps its snapshot, as many as then (fig.Rows),
+// whatever was written since. It fails once the transaction is released.
+func (h *heldTx) recount(ctx context.Context) (int64, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fig.Released || h.count == nil {
+		return 0, errors.New("bench: the held transaction has ended")
+	}
+	var rows int64
+	for _, t := range h.tables {
+		n, err := h.count(ctx, t)
+		if err != nil {
+			return 0, err
+		}
+		rows += n
+	}
+	return rows, nil
 }
 
 // release ends the transaction (rollback, then close its connection) the
@@ -245,6 +280,15 @@ func HoldSnapshot(ctx context.Context, dsn, backend, prefix string, safety time.
 	h.start(h.opened)
 	return &Hold{h}, nil
 }
+
+// Recount counts the rows of the tables the transaction read when it
+// began again, in the transaction, which must still be held: as many as
+// then (Figures().Rows) for as long as it keeps its snapshot, however many
+// rows were written since.
+func (h *Hold) Recount(ctx context.Context) (int64, error) { return h.h.recount(ctx) }
+
+// Figures returns the hold's figures so far (final once released).
+func (h *Hold) Figures() *HoldFigures { return h.h.figures() }
 
 // Release ends the transaction (once; later calls do nothing) and
 // returns its figures, EndS counted from when it was opened.

@@ -138,3 +138,60 @@ func TestSteadyOfferedPerWindow(t *testing.T) {
 		}
 	}
 }
+
+// A held transaction's Recount counts the rows it counted when it began,
+// whatever was committed since, until it is released; on MySQL the
+// figures name its connection, whose transaction information_schema
+// shows open.
+func TestHoldRecountSeesItsSnapshot(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		dsn  func(testing.TB) string
+	}{
+		{"sqlite", func(tb testing.TB) string { return sqliteDSNForTest(tb.(*testing.T)) }},
+		{"mysql", testdb.MySQL},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			dsn := tc.dsn(t)
+			db, backend, err := openRaw(ctx, dsn, 2, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			prefix := "holdrecount" + time.Now().Format("150405000000") + "_"
+			table := prefix + "t"
+			if _, err := db.ExecContext(ctx, "CREATE TABLE "+table+" (id INTEGER PRIMARY KEY)"); err != nil {
+				t.Fatal(err)
+			}
+			defer db.ExecContext(ctx, "DROP TABLE "+table)
+			if _, err := db.ExecContext(ctx, "INSERT INTO "+table+" (id) VALUES (1), (2)"); err != nil {
+				t.Fatal(err)
+			}
+			h, err := HoldSnapshot(ctx, dsn, backend, prefix, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer h.Release()
+			if _, err := db.ExecContext(ctx, "INSERT INTO "+table+" (id) VALUES (3), (4), (5)"); err != nil {
+				t.Fatal(err)
+			}
+			f := h.Figures()
+			if n, err := h.Recount(ctx); err != nil || n != 2 || f.Rows != 2 {
+				t.Fatalf("recount %d (%v), %d rows at the start: want 2 and 2", n, err, f.Rows)
+			}
+			if backend == "mysql" {
+				var open int
+				if err := db.QueryRowContext(ctx, "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_mysql_thread_id = ?", f.Thread).Scan(&open); err != nil || f.Thread == 0 || open != 1 {
+					t.Errorf("thread %d: %d transactions in innodb_trx (%v), want 1", f.Thread, open, err)
+				}
+			}
+			if !h.Release().Released {
+				t.Fatal("not released")
+			}
+			if n, err := h.Recount(ctx); err == nil {
+				t.Errorf("recount after the release: %d rows, no error", n)
+			}
+		})
+	}
+}

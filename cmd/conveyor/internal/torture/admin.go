@@ -162,6 +162,34 @@ func (a *admin) killConnections(ctx context.Context, ports map[int]bool) (int, e
 	return 0, fmt.Errorf("no server connections to kill on %s", a.backend)
 }
 
+// myRows counts the rows of the prefix's tables named (without the
+// prefix) on MySQL, as a fresh read sees them.
+func (a *admin) myRows(ctx context.Context, tables []string) (int64, error) {
+	var sum int64
+	for _, t := range tables {
+		var n int64
+		if err := a.db.QueryRowContext(ctx, "SELECT count(*) FROM `"+a.prefix+t+"`").Scan(&n); err != nil {
+			return 0, err
+		}
+		sum += n
+	}
+	return sum, nil
+}
+
+// myTrxAge returns how many seconds ago (by the server's clock, to the
+// second) the transaction open on MySQL connection thread began, from
+// information_schema.innodb_trx, and false if that connection has none
+// open.
+func (a *admin) myTrxAge(ctx context.Context, thread int64) (int64, bool, error) {
+	var age int64
+	err := a.db.QueryRowContext(ctx, `SELECT TIMESTAMPDIFF(SECOND, trx_started, NOW())
+		FROM information_schema.innodb_trx WHERE trx_mysql_thread_id = ?`, thread).Scan(&age)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil
+	}
+	return age, err == nil, err
+}
+
 // segRotation reads the segments registry of a PostgreSQL prefix on the
 // segments storage: the tables registered now, the reclaims (truncations)
 // those tables went through, and the highest table number, which counts

@@ -73,10 +73,15 @@ type Options struct {
 	// Tick is the interval of the periodic job every worker process
 	// runs. Default a tenth of the lease; negative: none.
 	Tick time.Duration
-	// HoldXmin holds a REPEATABLE READ transaction that has read every
-	// table of the phase open from before the workers start until the
-	// queue has drained, as pg_dump would: vacuum is blocked through the
-	// faults. PostgreSQL only. (The restart fault's restart ends it.)
+	// HoldXmin holds a transaction that has read every table of the
+	// phase open, on a connection of its own, from before the workers
+	// start until the queue has drained, as a dump would: on PostgreSQL
+	// a REPEATABLE READ transaction, as pg_dump's, which blocks vacuum
+	// through the faults; on MySQL a consistent snapshot (START
+	// TRANSACTION WITH CONSISTENT SNAPSHOT, as mariadb-dump
+	// --single-transaction's), which holds back purge, and which the
+	// phase then checks lasted (see checkHeldSnapshot). Not on SQLite.
+	// (The restart fault's restart ends it.)
 	HoldXmin bool
 	// SealAt is the size at which the workers seal a PostgreSQL segment
 	// table (four times as much for done and dead): small, so
@@ -250,6 +255,7 @@ type phase struct {
 	client *conveyor.Client[any]
 	adm    *admin
 	hold   *bench.Hold // Options.HoldXmin's transaction, until tearDown
+	heldAt time.Time   // when hold was opened
 	sup    *supervisor
 	rec    *recorder
 
@@ -363,8 +369,8 @@ func Run(ctx context.Context, opts Options) ([]Row, error) {
 		}
 	}
 	backend := backendOf(o.DSN)
-	if o.HoldXmin && backend != "postgres" {
-		return nil, fmt.Errorf("torture: --hold-xmin is a PostgreSQL setting; this database is %s", backend)
+	if o.HoldXmin && backend != "postgres" && backend != "mysql" {
+		return nil, fmt.Errorf("torture: --hold-xmin is a PostgreSQL and MySQL setting; this database is %s", backend)
 	}
 	if backend == "mysql" {
 		// go-sql-driver logs dropped connections to stderr by default.
@@ -500,6 +506,7 @@ func (p *phase) setUp(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("holding a transaction open (--hold-xmin): %w", err)
 		}
+		p.heldAt = time.Now()
 	}
 	// The limited queues' limits, in the database before any worker
 	// process claims (see LimitsOf and checkLimits).
@@ -1057,6 +1064,9 @@ func (p *phase) tearDown(ctx context.Context, row *Row) {
 			p.note("segments: sealed at %d bytes; %d tables registered at the end, %d reclaims (truncations) of them, %d tables created in all",
 				p.o.SealAt, n, reclaims, highest)
 		}
+	}
+	if p.hold != nil && p.backend == "mysql" && !p.loadStart.IsZero() {
+		p.checkHeldSnapshot(ctx)
 	}
 	if p.hold != nil {
 		// Before the tables are dropped: a DROP waits for the held
