@@ -644,6 +644,33 @@ type ClaimResult struct {
 	MaxRunning int
 }
 
+// InsertClaim is what an insert that claims (InsertClaimer) may claim of
+// the jobs it writes.
+type InsertClaim struct {
+	// Claim flags, per job of the insert, those to claim: a flagged job
+	// that is due at once and whose queue is not paused is written as
+	// running, as Claim would have left it (attempt 1, a new fence, leased
+	// to Worker for Lease); every other job is written as Insert writes it.
+	Claim  []bool
+	Lease  time.Duration
+	Worker string
+}
+
+// InsertClaimer is implemented by a backend whose insert can claim the
+// jobs it writes in the same statement: a process that enqueues jobs of
+// a queue it works, while its workers of that queue are idle, hands them
+// to those workers without a claim of its own, so that the job starts
+// right after its commit and costs one move fewer (the engine checks for
+// it; a backend without it gets plain inserts).
+type InsertClaimer interface {
+	// InsertClaiming is Insert (one statement, one commit of its own, its
+	// error marked as Insert's) that claims the jobs c.Claim flags, as
+	// InsertClaim says. It returns the ids in order and, per job, the
+	// claimed row (nil for a job not claimed): a row as Claim returns it.
+	// Only jobs left available wake other processes' fetchers.
+	InsertClaiming(ctx context.Context, jobs []InsertParams, c InsertClaim) ([]int64, []*JobRow, error)
+}
+
 // Driver is a database backend. All methods are safe for concurrent use.
 type Driver interface {
 	// Name is the backend's short name: "sqlite", "postgres", "mysql".

@@ -151,6 +151,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		{"Leases", leases},
 		{"Unique", unique},
 		{"Inserts", inserts},
+		{"InsertClaim", insertClaim},
 		{"Periodic", periodic},
 		{"Pause", pause},
 		{"Limits", limits},

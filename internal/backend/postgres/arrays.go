@@ -88,6 +88,16 @@ func (a *arrayLit) time(t time.Time) {
 	a.b.WriteByte('"')
 }
 
+// bool appends a boolean element.
+func (a *arrayLit) bool(v bool) {
+	a.sep()
+	if v {
+		a.b.WriteByte('t')
+	} else {
+		a.b.WriteByte('f')
+	}
+}
+
 // null appends a NULL element.
 func (a *arrayLit) null() {
 	a.sep()

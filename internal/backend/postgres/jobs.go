@@ -96,6 +96,19 @@ func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int6
 	return ids, d.wrap("insert", refused(err))
 }
 
+// InsertClaiming is Insert that also claims the jobs c.Claim flags, when
+// due now and their queue is not paused, by writing them straight into
+// the current running segment (seg_insert_claim): the statement commits
+// synchronously, as an insert does, and only the jobs left available
+// notify their queues.
+func (d *Driver) InsertClaiming(ctx context.Context, jobs []driver.InsertParams, c driver.InsertClaim) ([]int64, []*driver.JobRow, error) {
+	if len(jobs) == 0 {
+		return nil, nil, nil
+	}
+	ids, rows, err := d.seg.insertClaim(ctx, jobs, c)
+	return ids, rows, d.wrap("insert", refused(err))
+}
+
 // InsertTx inserts jobs inside the caller's transaction, which must be a
 // pgx.Tx or a *sql.Tx of the pgx stdlib driver ("pgx"). The wake-up
 // notifications are part of that transaction: they are delivered when it

@@ -100,6 +100,7 @@ type queries struct {
 	SegRegistryTx    string `sql:"seg_registry_tx"`
 	SegCount         string `sql:"seg_count"`
 	SegInsert        string `sql:"seg_insert"`
+	SegInsertClaim   string `sql:"seg_insert_claim"`
 	SegInsertUnique  string `sql:"seg_insert_unique"`
 	SegJobUniqueKey  string `sql:"seg_job_unique_key"`
 	SegUniqueHolders string `sql:"seg_unique_holders"`

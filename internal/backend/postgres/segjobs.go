@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/conveyorq/conveyor/internal/driver"
 )
@@ -50,6 +51,66 @@ func (s *segStore) insert(ctx context.Context, q querier, jobs []driver.InsertPa
 		s.wakeJobs(jobs)
 	}
 	return ids, err
+}
+
+// insertClaim is insert with seg_insert_claim: the jobs c.Claim flags
+// that the statement claimed come back as running rows (nil for the
+// others), placed in the running segment they went into.
+func (s *segStore) insertClaim(ctx context.Context, jobs []driver.InsertParams, c driver.InsertClaim) ([]int64, []*driver.JobRow, error) {
+	var flags arrayLit
+	flags.init(2 * len(jobs))
+	for i := range jobs {
+		flags.bool(i < len(c.Claim) && c.Claim[i])
+	}
+	args := append(insertArgs(jobs), flags.String(), micros(c.Lease), c.Worker)
+	ids := make([]int64, 0, len(jobs))
+	rows := make([]*driver.JobRow, 0, len(jobs))
+	var claimed []*driver.JobRow
+	var running string
+	err := s.withView(ctx, func(v *segView) error {
+		ids, rows, claimed = ids[:0], rows[:0], claimed[:0]
+		running = v.cur[phRunning].tbl
+		err := rowsQuerier(s.d.pool.Query)(ctx, s.stmt(&s.d.q.SegInsertClaim, v, nil, phReady, phWaiting, phRunning), args,
+			func(scan func(...any) error) error {
+				var (
+					id                        int64
+					fence                     *int64
+					at, lease, created, sched pgtype.Timestamptz
+				)
+				if err := scan(&id, &fence, &at, &lease, &created, &sched); err != nil {
+					return err
+				}
+				ids = append(ids, id)
+				if fence == nil {
+					rows = append(rows, nil)
+					return nil
+				}
+				j := &jobs[len(ids)-1]
+				args := j.Args
+				if len(args) == 0 {
+					args = emptyArgs
+				}
+				r := &driver.JobRow{ID: id, Queue: j.Queue, Kind: j.Kind, Args: args, State: driver.StateRunning,
+					Priority: j.Priority, Attempt: 1, Fence: *fence, MaxAttempts: j.MaxAttempts, TimeoutMS: j.TimeoutMS,
+					ScheduledAt: sched.Time, CreatedAt: created.Time, AttemptedAt: at.Time, LeaseExpiresAt: lease.Time,
+					AttemptedBy: c.Worker, Meta: j.Meta, Key: j.Key}
+				rows = append(rows, r)
+				claimed = append(claimed, r)
+				return nil
+			})
+		if err == nil && len(ids) == 0 {
+			return errStale
+		}
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(claimed) > 0 {
+		s.place(running, claimed)
+	}
+	s.wakeJobs(jobs)
+	return ids, rows, nil
 }
 
 // wakeJobs starts over the claim hints of the queues of jobs just

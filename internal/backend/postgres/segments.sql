@@ -142,6 +142,64 @@ woke AS (
 )
 SELECT i.id FROM input i CROSS JOIN (SELECT count(*) FROM woke) w ORDER BY i.ord
 
+-- name: seg_insert_claim
+-- seg_insert whose jobs flagged in $11 are claimed as they are written
+-- (driver.InsertClaimer): a flagged job that is due now, in a queue that
+-- is not paused, goes straight into the current running segment as
+-- seg_claim would have moved it there (attempt 1, leased to $13 for $12
+-- microseconds, its fence the clock floor of seg_claim); every other job
+-- goes where seg_insert puts it. Only the jobs left available notify
+-- their queue. The statement commits as an insert does (synchronously):
+-- the enqueue is durable before the caller hears of it. Returns, in
+-- input order, each job's id and, for a claimed one, its fence, claim
+-- time, lease and creation time (NULL fence: not claimed).
+WITH input AS MATERIALIZED (
+    SELECT nextval('{p}job_ids') AS id,
+           i.ord, i.queue, i.kind, i.args, i.priority, i.max_attempts, i.timeout_ms,
+           coalesce(i.run_at, now() + i.delay_us * interval '1 microsecond') AS sched, i.meta, i.lkey,
+           coalesce(i.claim, false) AS claim
+    FROM unnest($1::text[], $2::text[], $3::json[], $4::int[], $5::int[], $6::bigint[], $7::timestamptz[], $8::bigint[],
+                $9::jsonb[], $10::text[], $11::bool[])
+         WITH ORDINALITY AS i(queue, kind, args, priority, max_attempts, timeout_ms, run_at, delay_us, meta, lkey, claim, ord)
+    WHERE {guard}
+),
+dec AS MATERIALIZED (
+    SELECT input.*,
+           input.claim AND input.sched <= now()
+             AND NOT EXISTS (SELECT 1 FROM {p}queues q WHERE q.name = input.queue AND q.paused_at IS NOT NULL) AS take
+    FROM input
+),
+cl AS MATERIALIZED (
+    SELECT (('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::bigint + 128) * 17592186044416
+             + (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS floor
+     WHERE EXISTS (SELECT 1 FROM dec WHERE take)
+),
+run AS (
+    INSERT INTO {running} (pos, id, queue, kind, args, state, priority, attempt, max_attempts, timeout_ms,
+                           scheduled_at, attempted_at, lease_expires_at, attempted_by, fence, meta, lkey)
+    SELECT nextval('{p}pos_seq'), id, queue, kind, args, 'running', priority, 1, max_attempts, timeout_ms,
+           sched, now(), now() + $12::bigint * interval '1 microsecond', $13, cl.floor, meta, lkey
+    FROM dec, cl WHERE take ORDER BY ord
+    RETURNING id, fence, attempted_at, lease_expires_at, created_at
+),
+r AS (
+    INSERT INTO {ready} (pos, id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at, meta, lkey)
+    SELECT nextval('{p}pos_seq'), id, queue, kind, args, 'available', priority, max_attempts, timeout_ms, sched, meta, lkey
+    FROM dec WHERE sched <= now() AND NOT take ORDER BY ord
+),
+wt AS (
+    INSERT INTO {waiting} (pos, id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at, meta, lkey)
+    SELECT 0, id, queue, kind, args, 'scheduled', priority, max_attempts, timeout_ms, sched, meta, lkey
+    FROM dec WHERE sched > now()
+),
+woke AS (
+    SELECT pg_notify('{p}wake', d.queue)
+    FROM (SELECT DISTINCT queue FROM dec WHERE sched <= now() AND NOT take) d
+)
+SELECT i.id, run.fence, run.attempted_at, run.lease_expires_at, run.created_at, i.sched
+FROM dec i LEFT JOIN run ON run.id = i.id CROSS JOIN (SELECT count(*) FROM woke) w
+ORDER BY i.ord
+
 -- name: seg_insert_unique
 -- seg_insert for jobs with a unique key ($11, hex) and keep bits ($12),
 -- given in key order. The key goes into {p}unique_keys first, in that
