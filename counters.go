@@ -12,6 +12,10 @@ type Counters struct {
 	// Claimed counts jobs claimed, that is attempts handed to this
 	// process's workers.
 	Claimed int64 `json:"claimed"`
+	// ClaimedAtInsert counts the jobs of Claimed that this process's own
+	// Enqueue calls claimed as they wrote them, for its idle workers of
+	// their queue (PostgreSQL; see "Claims at insert" in docs/design.md).
+	ClaimedAtInsert int64 `json:"claimed_at_insert"`
 	// OutcomeRounds counts the statements that wrote attempt outcomes,
 	// each carrying a batch of them (Completed per OutcomeRounds is the
 	// outcomes per commit).
@@ -78,6 +82,7 @@ func (c Counters) Map() map[string]int64 {
 	out := map[string]int64{
 		"claim_rounds":       c.ClaimRounds,
 		"claimed":            c.Claimed,
+		"claimed_at_insert":  c.ClaimedAtInsert,
 		"outcome_rounds":     c.OutcomeRounds,
 		"insert_rounds":      c.InsertRounds,
 		"completed":          c.Completed,
@@ -104,6 +109,7 @@ func (c *Client[TTx]) Counters() Counters {
 	out := Counters{
 		ClaimRounds:      m.ClaimRounds.Load(),
 		Claimed:          m.Claimed.Load(),
+		ClaimedAtInsert:  m.ClaimedAtInsert.Load(),
 		OutcomeRounds:    m.OutcomeRounds.Load(),
 		InsertRounds:     m.InsertRounds.Load(),
 		Completed:        m.Completed.Load(),

@@ -99,7 +99,7 @@ func TestJobsRefusesInvalidNames(t *testing.T) {
 // Counters keep the JSON keys the map they replaced had; the backend's own
 // counters are under "driver", and Map flattens both as before.
 func TestCountersJSONAndMap(t *testing.T) {
-	engine := []string{"claim_rounds", "claimed", "outcome_rounds", "insert_rounds", "completed", "failed_attempts", "snoozed", "stale_acks_refused", "leases_lost",
+	engine := []string{"claim_rounds", "claimed", "claimed_at_insert", "outcome_rounds", "insert_rounds", "completed", "failed_attempts", "snoozed", "stale_acks_refused", "leases_lost",
 		"lease_deadlines", "released", "rescued", "promoted", "pruned", "db_errors"}
 	c := conveyor.Counters{Claimed: 3, Driver: map[string]int64{"busy_retries": 2}}
 	b, err := json.Marshal(c)

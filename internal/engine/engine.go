@@ -134,8 +134,11 @@ type Metrics struct {
 	InsertRounds  atomic.Int64 // group-commit insert transactions
 	// SelfNotices counts wake-up notifications of this process's own
 	// inserts that the listener passed over (see selfNotes).
-	SelfNotices      atomic.Int64
-	Claimed          atomic.Int64
+	SelfNotices atomic.Int64
+	Claimed     atomic.Int64
+	// ClaimedAtInsert counts the jobs of Claimed that this process's own
+	// inserts claimed (insertclaim.go).
+	ClaimedAtInsert  atomic.Int64
 	Completed        atomic.Int64
 	Failed           atomic.Int64
 	Snoozed          atomic.Int64
@@ -189,6 +192,13 @@ type Engine struct {
 	loopWG     sync.WaitGroup
 	jobWG      sync.WaitGroup
 	stopping   atomic.Bool
+	// reserveMu orders the workers reserved for jobs claimed at insert
+	// (reserveWorkers, which counts them in jobWG) before Stop sets
+	// stopping and waits for jobWG.
+	reserveMu sync.Mutex
+	// ic is the driver as an InsertClaimer, nil when its inserts cannot
+	// claim (see reserveWorkers).
+	ic driver.InsertClaimer
 
 	// hbWake asks the heartbeat loop to renew at once (cap 1).
 	hbWake chan struct{}
@@ -228,6 +238,7 @@ func New(drv driver.Driver, cfg Config, handlers map[string]Handler) *Engine {
 
 		limitsRead: make(chan struct{}),
 	}
+	e.ic, _ = drv.(driver.InsertClaimer)
 	e.ins = newInserter(e)
 	e.remote = newRemoteProcs(e)
 	kinds := make(map[string]KindConfig, len(cfg.Kinds))
@@ -361,7 +372,9 @@ func (e *Engine) Stop(ctx context.Context) error {
 	e.started = false
 	e.mu.Unlock()
 
+	e.reserveMu.Lock()
 	e.stopping.Store(true)
+	e.reserveMu.Unlock()
 	// 1. No more claims.
 	for _, f := range e.fetchers {
 		f.stopFetching()

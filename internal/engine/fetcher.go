@@ -44,8 +44,21 @@ type fetcher struct {
 	limitCh chan struct{}
 	stopCh  chan struct{}
 	stopped sync.Once
-	// jobs holds claimed attempts for the workers: cap max + ClaimBatch,
-	// so that it never blocks (running <= max + one batch claimed ahead).
+	// idle is set from a claim that took fewer jobs than it asked for
+	// (not held back by limits) to the next that took as many: while the
+	// queue has no backlog, an insert of this process may claim the jobs
+	// of the queue it writes for this fetcher's free workers
+	// (Engine.reserveWorkers). claiming is the limit of the claim in
+	// flight (0 between claims), which those workers are not.
+	idle     atomic.Bool
+	claiming atomic.Int64
+	// dispMu orders the delivery of jobs claimed at insert (deliver)
+	// with closeWorkers, which sets workersClosed under it.
+	dispMu        sync.RWMutex
+	workersClosed bool
+	// jobs holds claimed attempts for the workers: cap 2*max + ClaimBatch,
+	// so that it never blocks (running <= max + one batch claimed ahead,
+	// plus up to max claimed at insert while a claim was under way).
 	jobs chan *running
 
 	// maxRun is the queue's MaxRunning as the last limited claim read it
@@ -113,7 +126,7 @@ func newFetcher(e *Engine, queue string, max int, workCtx context.Context) *fetc
 		freedCh: make(chan struct{}, 1),
 		limitCh: make(chan struct{}, 1),
 		stopCh:  make(chan struct{}),
-		jobs:    make(chan *running, max+e.cfg.ClaimBatch),
+		jobs:    make(chan *running, 2*max+e.cfg.ClaimBatch),
 		leases:  make(map[int64]*running, max),
 	}
 	f.runAvg.Store(-1)
@@ -279,8 +292,11 @@ func (f *fetcher) run(ctx context.Context) {
 		}
 		limit := min(free, e.cfg.ClaimBatch)
 		sent := time.Now()
+		f.claiming.Store(int64(limit))
 		rows, hold, err := f.claim(ctx, limit)
 		if err != nil {
+			f.claiming.Store(0)
+			f.idle.Store(false)
 			if ctx.Err() != nil {
 				return
 			}
@@ -303,8 +319,12 @@ func (f *fetcher) run(ctx context.Context) {
 			sent = rows[0].LeaseFrom
 		}
 		f.dispatch(rows, sent)
+		f.claiming.Store(0)
 		more = len(rows) == limit
 		held = hold
+		// Without a backlog, inserts of this process may claim the jobs
+		// they write for the free workers (insertclaim.go).
+		f.idle.Store(!more && held == 0)
 		if held > 0 {
 			// Fewer rows than asked because of the limits, not because
 			// the queue ran dry.
@@ -397,9 +417,15 @@ func (f *fetcher) dispatch(rows []*driver.JobRow, sent time.Time) {
 	if !slices.IsSortedFunc(rows, claimOrder) {
 		slices.SortStableFunc(rows, claimOrder)
 	}
-	f.e.metrics.Claimed.Add(int64(len(rows)))
 	f.running.Add(int64(len(rows)))
 	f.e.jobWG.Add(len(rows))
+	f.deliver(rows, sent)
+}
+
+// deliver holds rows, counted in running and jobWG already, as attempts
+// of this fetcher and hands them to the workers, in the order given.
+func (f *fetcher) deliver(rows []*driver.JobRow, sent time.Time) {
+	f.e.metrics.Claimed.Add(int64(len(rows)))
 	valid := sent.Add(f.e.cfg.Lease)
 	f.mu.Lock()
 	items := make([]*running, len(rows))
@@ -452,7 +478,14 @@ func (f *fetcher) startWorkers() {
 }
 
 // closeWorkers lets idle workers exit; the fetch loop has already stopped.
-func (f *fetcher) closeWorkers() { f.closeW.Do(func() { close(f.jobs) }) }
+func (f *fetcher) closeWorkers() {
+	f.closeW.Do(func() {
+		f.dispMu.Lock()
+		f.workersClosed = true
+		close(f.jobs)
+		f.dispMu.Unlock()
+	})
+}
 
 func (f *fetcher) worker() {
 	defer f.workerWG.Done()

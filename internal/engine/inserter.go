@@ -480,12 +480,32 @@ func (i *inserter) try(reqs []*insertReq, deadline time.Time) error {
 	if i.e.drv.Capabilities().Listen {
 		taken = i.e.self.take(all)
 	}
+	// Jobs this process's idle workers of their queue can take are
+	// claimed by the insert itself (insertclaim.go).
+	res, flags := i.e.reserveFor(all)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	ids, dup, err := i.e.insertSplit(ctx, nil, all)
+	var (
+		ids     []int64
+		dup     []bool
+		claimed []*driver.JobRow
+		err     error
+	)
+	sent := time.Now()
+	if flags != nil {
+		ids, claimed, err = i.e.ic.InsertClaiming(ctx, all, driver.InsertClaim{Claim: flags, Lease: i.e.cfg.Lease, Worker: i.e.id})
+		if err == nil {
+			dup = make([]bool, len(all))
+		}
+	} else {
+		ids, dup, err = i.e.insertSplit(ctx, nil, all)
+	}
 	cancel()
 	i.e.metrics.InsertRounds.Add(1)
-	i.e.self.give(taken, all, dup, err != nil)
+	// A claimed job's queue is not notified: for the counts, it is as if
+	// it had not gone in.
+	i.e.self.give(taken, all, notified(dup, claimed), err != nil)
 	if err != nil {
+		i.e.settleReservations(res, nil, sent)
 		// A notification passed over meanwhile on the strength of these
 		// counts is made up for here (see selfNotes).
 		for _, q := range taken {
@@ -499,8 +519,23 @@ func (i *inserter) try(reqs []*insertReq, deadline time.Time) error {
 		off += len(r.jobs)
 		close(r.done)
 	}
-	i.e.wakeFor(all)
+	i.e.settleReservations(res, claimed, sent)
+	i.e.wakeFor(all, claimed)
 	return nil
+}
+
+// notified merges dup (held unique jobs) and claimed (jobs claimed at
+// insert, nil for none) into the jobs whose insert sent no notification
+// of their queue (nil for none).
+func notified(dup []bool, claimed []*driver.JobRow) []bool {
+	if claimed == nil {
+		return dup
+	}
+	out := make([]bool, len(claimed))
+	for k, r := range claimed {
+		out[k] = r != nil || (dup != nil && dup[k])
+	}
+	return out
 }
 
 // fail tells r's caller that its jobs were not inserted (err marked
@@ -541,12 +576,13 @@ func hasUnique(jobs []driver.InsertParams) bool {
 	return slices.ContainsFunc(jobs, func(j driver.InsertParams) bool { return j.UniqueKey != nil })
 }
 
-// wakeFor nudges local fetchers of queues that received jobs due now.
-func (e *Engine) wakeFor(jobs []driver.InsertParams) {
+// wakeFor nudges local fetchers of queues that received jobs due now,
+// but for the jobs claimed at insert (claimed, by index; nil for none).
+func (e *Engine) wakeFor(jobs []driver.InsertParams, claimed []*driver.JobRow) {
 	var last string
 	now := time.Now()
-	for _, j := range jobs {
-		if j.Delay > 0 || (!j.RunAt.IsZero() && j.RunAt.After(now)) || j.Queue == last {
+	for k, j := range jobs {
+		if j.Delay > 0 || (!j.RunAt.IsZero() && j.RunAt.After(now)) || j.Queue == last || claimed != nil && claimed[k] != nil {
 			continue
 		}
 		last = j.Queue
@@ -636,12 +672,12 @@ func (e *Engine) BulkInsert(ctx context.Context, jobs []driver.InsertParams) (in
 				n++
 			}
 		}
-		e.wakeFor(jobs)
+		e.wakeFor(jobs, nil)
 		return n, nil
 	}
 	n, err := e.drv.BulkInsert(ctx, jobs)
 	if err == nil {
-		e.wakeFor(jobs)
+		e.wakeFor(jobs, nil)
 	}
 	return n, err
 }

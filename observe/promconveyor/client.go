@@ -63,6 +63,7 @@ type ClientCollector struct {
 var counterHelp = map[string]string{
 	"claim_rounds":       "Claim statements this process issued, whether or not they claimed anything.",
 	"claimed":            "Jobs this process claimed (attempts handed to its workers).",
+	"claimed_at_insert":  "Jobs among those claimed that this process's own inserts claimed for its idle workers.",
 	"outcome_rounds":     "Statements this process issued to write attempt outcomes, each a batch.",
 	"insert_rounds":      "Transactions of this process's group commit of Enqueue calls.",
 	"completed":          "Attempts whose success this process wrote.",
