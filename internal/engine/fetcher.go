@@ -52,6 +52,9 @@ type fetcher struct {
 	// flight (0 between claims), which those workers are not.
 	idle     atomic.Bool
 	claiming atomic.Int64
+	// resMu orders the fetcher's choice of a claim's limit (claiming)
+	// with reserveWorkers' reservations: each sees the other's.
+	resMu sync.Mutex
 	// dispMu orders the delivery of jobs claimed at insert (deliver)
 	// with closeWorkers, which sets workersClosed under it.
 	dispMu        sync.RWMutex
@@ -290,9 +293,23 @@ func (f *fetcher) run(ctx context.Context) {
 				return
 			}
 		}
+		// Workers reserved by inserts while this loop waited are taken:
+		// count them before choosing the claim's limit.
+		f.resMu.Lock()
+		if avail := slots - int(f.running.Load()); avail < free {
+			free = avail
+		}
+		if free <= 0 {
+			f.resMu.Unlock()
+			if !more {
+				signal(f.wakeCh) // the wake-up this wait took still stands
+			}
+			continue
+		}
 		limit := min(free, e.cfg.ClaimBatch)
-		sent := time.Now()
 		f.claiming.Store(int64(limit))
+		f.resMu.Unlock()
+		sent := time.Now()
 		rows, hold, err := f.claim(ctx, limit)
 		if err != nil {
 			f.claiming.Store(0)

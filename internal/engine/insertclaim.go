@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"time"
 
 	"github.com/conveyorq/conveyor/internal/driver"
@@ -29,9 +31,11 @@ import (
 // and given back for each job the insert did not claim.
 
 // reservation is the workers of one fetcher reserved for an insert's jobs
-// of its queue: jobs holds their indexes in the insert.
+// of its queue: n of them, for the jobs whose indexes in the insert jobs
+// holds.
 type reservation struct {
 	f    *fetcher
+	n    int
 	jobs []int
 }
 
@@ -43,44 +47,46 @@ func claimable(j *driver.InsertParams) bool {
 
 // reserveFor reserves workers for the claimable jobs of jobs, queue by
 // queue, and returns the reservations and the flags of the jobs to
-// claim; nil when none is to be claimed.
+// claim; nil when none is to be claimed. With fewer free workers than
+// claimable jobs of a queue, the jobs of the highest priorities (lowest
+// values), then the first, are claimed: the others wait for a claim, as
+// they would have.
 func (e *Engine) reserveFor(jobs []driver.InsertParams) ([]reservation, []bool) {
 	if e.ic == nil || hasUnique(jobs) {
 		return nil, nil
 	}
+	var order []string
+	byQueue := map[string][]int{}
+	for i := range jobs {
+		if !claimable(&jobs[i]) {
+			continue
+		}
+		q := jobs[i].Queue
+		if _, ok := byQueue[q]; !ok {
+			order = append(order, q)
+		}
+		byQueue[q] = append(byQueue[q], i)
+	}
 	var res []reservation
 	var flags []bool
-	at := map[string]int{} // queue -> its reservation in res, -1 for none
-	for i := range jobs {
-		j := &jobs[i]
-		if !claimable(j) {
+	for _, q := range order {
+		idx := byQueue[q]
+		f, got := e.reserveWorkers(q, len(idx))
+		if got == 0 {
 			continue
 		}
-		k, tried := at[j.Queue]
-		if !tried {
-			// One reservation per queue, for its claimable jobs of the
-			// batch (as many as there are free workers).
-			want := 0
-			for l := i; l < len(jobs); l++ {
-				if jobs[l].Queue == j.Queue && claimable(&jobs[l]) {
-					want++
-				}
-			}
-			k = -1
-			if f, got := e.reserveWorkers(j.Queue, want); got > 0 {
-				k = len(res)
-				res = append(res, reservation{f: f, jobs: make([]int, 0, got)})
-			}
-			at[j.Queue] = k
-		}
-		if k < 0 || len(res[k].jobs) == cap(res[k].jobs) {
-			continue
+		if got < len(idx) {
+			slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(jobs[a].Priority, jobs[b].Priority) })
+			idx = idx[:got]
+			slices.Sort(idx)
 		}
 		if flags == nil {
 			flags = make([]bool, len(jobs))
 		}
-		flags[i] = true
-		res[k].jobs = append(res[k].jobs, i)
+		for _, i := range idx {
+			flags[i] = true
+		}
+		res = append(res, reservation{f: f, n: got, jobs: idx})
 	}
 	return res, flags
 }
@@ -91,28 +97,31 @@ func (e *Engine) reserveFor(jobs []driver.InsertParams) ([]reservation, []bool) 
 // is not waiting for work, the queue may be limited, or the engine is
 // stopping).
 func (e *Engine) reserveWorkers(queue string, n int) (*fetcher, int) {
-	e.mu.Lock()
-	f := e.fetchers[queue]
-	e.mu.Unlock()
-	if f == nil || n <= 0 || !f.idle.Load() || e.limited(queue) {
+	if n <= 0 || e.limited(queue) {
 		return nil, 0
 	}
+	// Under reserveMu, a Stop has either not begun or set stopping: the
+	// fetchers read next are those of the engine as started now.
 	e.reserveMu.Lock()
 	defer e.reserveMu.Unlock()
 	if e.stopping.Load() {
 		return nil, 0
 	}
-	for {
-		running := f.running.Load()
-		k := min(int64(n), int64(f.max)-running-f.claiming.Load())
-		if k <= 0 {
-			return nil, 0
-		}
-		if f.running.CompareAndSwap(running, running+k) {
-			e.jobWG.Add(int(k))
-			return f, int(k)
-		}
+	e.mu.Lock()
+	f := e.fetchers[queue]
+	e.mu.Unlock()
+	if f == nil || !f.idle.Load() {
+		return nil, 0
 	}
+	f.resMu.Lock()
+	defer f.resMu.Unlock()
+	k := min(int64(n), int64(f.max)-f.running.Load()-f.claiming.Load())
+	if k <= 0 {
+		return nil, 0
+	}
+	f.running.Add(k)
+	e.jobWG.Add(int(k))
+	return f, int(k)
 }
 
 // unreserve gives back n workers reserveWorkers reserved that no job
@@ -140,9 +149,8 @@ func (e *Engine) settleReservations(res []reservation, rows []*driver.JobRow, se
 				}
 			}
 		}
-		r.f.unreserve(cap(r.jobs) - len(got))
+		r.f.unreserve(r.n - len(got))
 		if len(got) > 0 {
-			e.metrics.ClaimedAtInsert.Add(int64(len(got)))
 			r.f.deliverClaimed(got, sent)
 		}
 	}
@@ -154,6 +162,7 @@ func (e *Engine) settleReservations(res []reservation, rows []*driver.JobRow, se
 func (f *fetcher) deliverClaimed(rows []*driver.JobRow, sent time.Time) {
 	f.dispMu.RLock()
 	if !f.workersClosed {
+		f.e.metrics.ClaimedAtInsert.Add(int64(len(rows)))
 		f.deliver(rows, sent)
 		f.dispMu.RUnlock()
 		return

@@ -32,6 +32,12 @@ func (d *claimingFake) InsertClaiming(ctx context.Context, jobs []driver.InsertP
 	if d.insertClaim != nil {
 		return d.insertClaim(ctx, jobs, c)
 	}
+	return d.claimNow(jobs, c)
+}
+
+// claimNow is InsertClaiming without its hook: a flagged job becomes a
+// held attempt, the others pending.
+func (d *claimingFake) claimNow(jobs []driver.InsertParams, c driver.InsertClaim) ([]int64, []*driver.JobRow, error) {
 	d.fakeDriver.mu.Lock()
 	defer d.fakeDriver.mu.Unlock()
 	ids := make([]int64, len(jobs))
@@ -61,6 +67,17 @@ func (d *claimingFake) allFlags() [][]bool {
 	return slices.Clone(d.flags)
 }
 
+// newClaiming returns a claiming fake with a listener, and a config whose
+// fallback poll is a minute away: an idle fetcher claims only when woken,
+// so that no poll of its own races the inserts a test makes.
+func newClaiming(queues map[string]int) (*claimingFake, Config) {
+	d := &claimingFake{fakeDriver: &fakeDriver{listen: true, wakeups: make(chan string, 4)}}
+	cfg := testConfig(time.Minute)
+	cfg.Queues = queues
+	cfg.ListenPoll = time.Minute
+	return d, cfg
+}
+
 // plainJob is a job an insert may claim: due at once, two attempts.
 func plainJob(queue string) driver.InsertParams {
 	return driver.InsertParams{Queue: queue, Kind: "k", Args: []byte(`{}`), MaxAttempts: 2}
@@ -71,11 +88,9 @@ func plainJob(queue string) driver.InsertParams {
 // and only as many as there are free workers are claimed; the others are
 // left for the fetcher, which the insert wakes.
 func TestInsertClaimsForIdleWorkers(t *testing.T) {
-	d := &claimingFake{fakeDriver: &fakeDriver{}}
+	d, cfg := newClaiming(map[string]int{"q": 2})
 	release := make(chan struct{})
 	var ran atomic.Int64
-	cfg := testConfig(time.Minute)
-	cfg.Queues = map[string]int{"q": 2}
 	e := New(d, cfg, map[string]Handler{"k": func(ctx context.Context, row *driver.JobRow) error {
 		ran.Add(1)
 		<-release
@@ -122,10 +137,8 @@ func TestInsertClaimsForIdleWorkers(t *testing.T) {
 // ones, those with a single attempt, unique ones, and those of a queue
 // with limits or of a queue this process does not work.
 func TestInsertClaimSkips(t *testing.T) {
-	d := &claimingFake{fakeDriver: &fakeDriver{}}
+	d, cfg := newClaiming(map[string]int{"q": 4, "limited": 4})
 	d.setLimits("limited", driver.QueueLimits{MaxRunning: 5})
-	cfg := testConfig(time.Minute)
-	cfg.Queues = map[string]int{"q": 4, "limited": 4}
 	e := New(d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
 	if err := e.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -154,7 +167,9 @@ func TestInsertClaimSkips(t *testing.T) {
 	if n := d.count("insertclaim"); n != 0 {
 		t.Fatalf("a call with a unique job went through an insert that claims")
 	}
-	// A plain due job of the worked queue alone is claimed.
+	// A plain due job of the worked queue alone is claimed, once the
+	// fetcher has claimed the jobs above and waits again.
+	waitFor(t, "the fetcher to find the queue empty again", func() bool { return d.idle("q") && len(d.stillPending()) <= 1 })
 	if _, _, err := e.Insert(context.Background(), []driver.InsertParams{plainJob("q")}); err != nil {
 		t.Fatal(err)
 	}
@@ -166,12 +181,10 @@ func TestInsertClaimSkips(t *testing.T) {
 // An insert that fails gives its reserved workers back: the fetcher then
 // claims full batches for every worker again.
 func TestInsertClaimFailureGivesWorkersBack(t *testing.T) {
-	d := &claimingFake{fakeDriver: &fakeDriver{}}
+	d, cfg := newClaiming(map[string]int{"q": 3})
 	d.insertClaim = func(context.Context, []driver.InsertParams, driver.InsertClaim) ([]int64, []*driver.JobRow, error) {
 		return nil, nil, driver.NotCommitted(errors.New("refused"))
 	}
-	cfg := testConfig(time.Minute)
-	cfg.Queues = map[string]int{"q": 3}
 	e := New(d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
 	if err := e.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -206,10 +219,9 @@ func TestInsertClaimFailureGivesWorkersBack(t *testing.T) {
 // Inserts that claim, racing Stop, lose no job: every job they claimed
 // either ran and was completed or was released, and Stop returns.
 func TestInsertClaimRacingStop(t *testing.T) {
+	claimed := 0
 	for round := range 20 {
-		d := &claimingFake{fakeDriver: &fakeDriver{}}
-		cfg := testConfig(time.Minute)
-		cfg.Queues = map[string]int{"q": 4}
+		d, cfg := newClaiming(map[string]int{"q": 4})
 		cfg.ShutdownTimeout = 50 * time.Millisecond
 		e := New(d, cfg, map[string]Handler{"k": func(ctx context.Context, _ *driver.JobRow) error {
 			<-ctx.Done() // until Stop cancels it: released, not completed
@@ -234,10 +246,20 @@ func TestInsertClaimRacingStop(t *testing.T) {
 			t.Fatal(err)
 		}
 		wg.Wait()
+		// Close waits for the inserter, which hands over or releases
+		// what its last insert claimed after its callers returned.
+		e.Close(context.Background())
 		if held := d.heldIDs(); len(held) != 0 {
 			t.Fatalf("round %d: jobs %v held after Stop: claimed at insert and neither completed nor released", round, held)
 		}
-		e.Close(context.Background())
+		for _, f := range d.allFlags() {
+			if slices.Contains(f, true) {
+				claimed++
+			}
+		}
+	}
+	if claimed == 0 {
+		t.Fatal("no insert claimed a job in any round: the race was never run")
 	}
 }
 
@@ -245,15 +267,13 @@ func TestInsertClaimRacingStop(t *testing.T) {
 // releases its jobs at once, fenced, instead of handing them to workers
 // that are gone.
 func TestInsertClaimCommittedAfterStop(t *testing.T) {
-	d := &claimingFake{fakeDriver: &fakeDriver{}}
+	d, cfg := newClaiming(map[string]int{"q": 4})
 	entered, proceed := make(chan struct{}), make(chan struct{})
 	d.insertClaim = func(ctx context.Context, jobs []driver.InsertParams, c driver.InsertClaim) ([]int64, []*driver.JobRow, error) {
 		close(entered)
 		<-proceed
-		d.insertClaim = nil
-		return d.InsertClaiming(ctx, jobs, c)
+		return d.claimNow(jobs, c)
 	}
-	cfg := testConfig(time.Minute)
 	cfg.ShutdownTimeout = 10 * time.Millisecond
 	e := New(d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
 	if err := e.Start(context.Background()); err != nil {
@@ -277,5 +297,139 @@ func TestInsertClaimCommittedAfterStop(t *testing.T) {
 	waitFor(t, "the jobs claimed after Stop released", func() bool { return d.released.Load() == 2 })
 	if held := d.heldIDs(); len(held) != 0 {
 		t.Fatalf("jobs %v still held", held)
+	}
+}
+
+// The fetcher never claims past its free workers: workers reserved by an
+// insert while the fetcher waited for a wake-up (its free slots counted
+// before it began to wait) are not claimed for again when the insert's
+// jobs left available wake it.
+func TestInsertClaimFetcherCountsReservations(t *testing.T) {
+	d, cfg := newClaiming(map[string]int{"q": 2})
+	release := make(chan struct{})
+	var ran atomic.Int64
+	e := New(d, cfg, map[string]Handler{"k": func(ctx context.Context, row *driver.JobRow) error {
+		ran.Add(1)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}})
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
+	t.Cleanup(func() { close(release) })
+	waitFor(t, "the fetcher to find the queue empty", func() bool { return d.idle("q") })
+	e.mu.Lock()
+	f := e.fetchers["q"]
+	e.mu.Unlock()
+
+	// Both workers taken by jobs claimed at insert, one insert each.
+	if _, _, err := e.Insert(context.Background(), []driver.InsertParams{plainJob("q")}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first job to run", func() bool { return ran.Load() == 1 })
+	if _, _, err := e.Insert(context.Background(), []driver.InsertParams{plainJob("q"), plainJob("q"), plainJob("q")}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the second job to run", func() bool { return ran.Load() == 2 })
+
+	// Both workers are busy: the two jobs left available must wait in
+	// the database for a worker to free, not be claimed now.
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if n := f.running.Load(); n > int64(f.max) {
+			cs := d.claimsOf("q")
+			last := cs[len(cs)-1]
+			t.Fatalf("%d attempts held by a fetcher of %d workers, both busy: its last claim asked for %d and took %v",
+				n, f.max, last.limit, last.ids)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// An insert counts no notification of its own (selfNotes) for the jobs
+// it is to claim, which send none: another process's notification of the
+// queue that arrives while the insert is under way is not passed over,
+// and its job is claimed at once, not at the fetcher's fallback poll.
+func TestInsertClaimKeepsForeignNotification(t *testing.T) {
+	d, cfg := newClaiming(map[string]int{"q": 2})
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	d.insertClaim = func(ctx context.Context, jobs []driver.InsertParams, c driver.InsertClaim) ([]int64, []*driver.JobRow, error) {
+		if first.CompareAndSwap(false, true) {
+			close(entered)
+			<-proceed
+		}
+		return d.claimNow(jobs, c)
+	}
+	e := New(d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
+	waitFor(t, "the fetcher to find the queue empty", func() bool { return d.idle("q") })
+	// The listener is up (it wakes the fetcher): a notification now is
+	// one it receives, not one its connect forgets.
+	before := len(d.claimsOf("q"))
+	d.wakeups <- "q"
+	waitFor(t, "the listener to wake the fetcher", func() bool { return len(d.claimsOf("q")) > before && d.idle("q") })
+
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := e.Insert(context.Background(), []driver.InsertParams{plainJob("q")})
+		done <- err
+	}()
+	recv(t, "the insert that claims", entered)
+	// Another process commits a job of q; its notification arrives while
+	// this process's insert is under way.
+	before = len(d.claimsOf("q"))
+	d.add(jobIn("q", 1000, 1))
+	d.wakeups <- "q"
+	waitFor(t, "the listener to take the notification", func() bool {
+		return e.Metrics().SelfNotices.Load() > 0 || len(d.claimsOf("q")) > before
+	})
+	passedOver := e.Metrics().SelfNotices.Load()
+	close(proceed)
+	if err := recv(t, "the insert's answer", done); err != nil {
+		t.Fatal(err)
+	}
+	// One worker is free: the other process's job must be claimed now,
+	// not at the next fallback poll a minute away.
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if len(d.stillPending()) == 0 {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("job 1000 of another process still not claimed after 2s (%d notification(s) passed over as this process's own; "+
+		"the insert claimed its own job, so it neither notified nor woke the queue)", passedOver)
+}
+
+// With fewer free workers than claimable jobs of a queue in one insert,
+// the jobs of the highest priority (smallest value) are claimed, so that
+// smaller priorities still run first.
+func TestInsertClaimByPriority(t *testing.T) {
+	d, cfg := newClaiming(map[string]int{"q": 1})
+	e := New(d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
+	waitFor(t, "the fetcher to find the queue empty", func() bool { return d.idle("q") })
+	low, high := plainJob("q"), plainJob("q")
+	low.Priority, high.Priority = 10, -10
+	if _, _, err := e.Insert(context.Background(), []driver.InsertParams{low, high}); err != nil {
+		t.Fatal(err)
+	}
+	flags := d.allFlags()
+	if len(flags) != 1 {
+		t.Fatalf("%d inserts that claim, want 1", len(flags))
+	}
+	if got := flags[0]; !got[1] {
+		t.Fatalf("claim flags %v for priorities [10 -10] and one free worker: the lower priority (10) was claimed to run first", got)
 	}
 }

@@ -476,13 +476,14 @@ func (i *inserter) try(reqs []*insertReq, deadline time.Time) error {
 			all = append(all, r.jobs...)
 		}
 	}
+	// Jobs this process's idle workers of their queue can take are
+	// claimed by the insert itself (insertclaim.go). A job flagged to be
+	// claimed may send no notification: no count is taken for it.
+	res, flags := i.e.reserveFor(all)
 	var taken []string
 	if i.e.drv.Capabilities().Listen {
-		taken = i.e.self.take(all)
+		taken = i.e.self.take(all, flags)
 	}
-	// Jobs this process's idle workers of their queue can take are
-	// claimed by the insert itself (insertclaim.go).
-	res, flags := i.e.reserveFor(all)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	var (
 		ids     []int64

@@ -23,7 +23,9 @@ import (
 // that will not come, hence:
 //
 //   - a count is taken before the insert commits, only for queues with a
-//     job due at once (which the insert statement always notifies);
+//     job due at once that the insert is not to claim (the insert
+//     statement always notifies those; a job it claims notifies nothing,
+//     see insertclaim.go);
 //   - after the insert, it is given back for each queue that received no
 //     job (every job of it a held unique key, or the insert failed) and
 //     the insert then wakes the queue in process all the same;
@@ -40,11 +42,12 @@ type selfNotes struct {
 }
 
 // take counts one notification for each queue of jobs that has a job due
-// at once, and returns those queues for give.
-func (s *selfNotes) take(jobs []driver.InsertParams) []string {
+// at once not flagged in claim (the jobs the insert is to claim; nil for
+// none), and returns those queues for give.
+func (s *selfNotes) take(jobs []driver.InsertParams, claim []bool) []string {
 	var qs []string
-	for _, j := range jobs {
-		if j.Delay != 0 || !j.RunAt.IsZero() {
+	for i, j := range jobs {
+		if j.Delay != 0 || !j.RunAt.IsZero() || claim != nil && claim[i] {
 			continue
 		}
 		if len(qs) > 0 && qs[len(qs)-1] == j.Queue {
