@@ -137,8 +137,11 @@ func (f *fetcher) unreserve(n int) {
 
 // settleReservations hands each reservation's claimed rows (rows, by job
 // index; nil for a job not claimed) to its fetcher's workers, their
-// leases counted from sent, and gives back the workers no row took;
-// with rows nil (the insert failed) it gives them all back.
+// leases counted from sent, or from the first row's LeaseFrom when the
+// driver knows the insert waited (for a lock) before the database
+// started them, as the fetcher counts a claim's; and gives back the
+// workers no row took. With rows nil (the insert failed) it gives them
+// all back.
 func (e *Engine) settleReservations(res []reservation, rows []*driver.JobRow, sent time.Time) {
 	for _, r := range res {
 		var got []*driver.JobRow
@@ -151,7 +154,13 @@ func (e *Engine) settleReservations(res []reservation, rows []*driver.JobRow, se
 		}
 		r.f.unreserve(r.n - len(got))
 		if len(got) > 0 {
-			r.f.deliverClaimed(got, sent)
+			from := sent
+			if got[0].LeaseFrom.After(from) {
+				// The rows are in insert order: the first one's
+				// statement began first.
+				from = got[0].LeaseFrom
+			}
+			r.f.deliverClaimed(got, from)
 		}
 	}
 }

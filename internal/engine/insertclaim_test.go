@@ -433,3 +433,53 @@ func TestInsertClaimByPriority(t *testing.T) {
 		t.Fatalf("claim flags %v for priorities [10 -10] and one free worker: the lower priority (10) was claimed to run first", got)
 	}
 }
+
+// A job claimed at insert whose row says when its lease began
+// (LeaseFrom: the insert waited for a lock first) is held valid for a
+// lease from then, as a claim's row is, not from when the insert was
+// sent.
+func TestInsertClaimLeaseFrom(t *testing.T) {
+	d, cfg := newClaiming(map[string]int{"q": 1})
+	var from time.Time
+	d.insertClaim = func(ctx context.Context, jobs []driver.InsertParams, c driver.InsertClaim) ([]int64, []*driver.JobRow, error) {
+		time.Sleep(100 * time.Millisecond) // the wait for the lock
+		from = time.Now()
+		ids, rows, err := d.claimNow(jobs, c)
+		for _, r := range rows {
+			if r != nil {
+				r.LeaseFrom = from
+			}
+		}
+		return ids, rows, err
+	}
+	release := make(chan struct{})
+	defer close(release)
+	e := New(d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error {
+		<-release
+		return nil
+	}})
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
+	waitFor(t, "the fetcher to find the queue empty", func() bool { return d.idle("q") })
+	ids, _, err := e.Insert(context.Background(), []driver.InsertParams{plainJob("q")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.mu.Lock()
+	f := e.fetchers["q"]
+	e.mu.Unlock()
+	var valid time.Time
+	waitFor(t, "the job claimed at insert to be held", func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if it := f.leases[ids[0]]; it != nil {
+			valid = it.validUntil
+		}
+		return !valid.IsZero()
+	})
+	if want := from.Add(cfg.Lease); valid.Before(want) {
+		t.Fatalf("held valid until %v, want %v: a lease from its row's LeaseFrom", valid, want)
+	}
+}

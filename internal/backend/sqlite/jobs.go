@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -70,6 +71,184 @@ func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int6
 		return nil, fmt.Errorf("conveyor/sqlite: insert %d jobs: %d ids returned", len(jobs), len(ids))
 	}
 	return ids, nil
+}
+
+// InsertClaiming is Insert that also claims the jobs c.Claim flags
+// (driver.InsertClaimer): insert_claim writes each flagged job that is
+// due now, by the statement's clock, and whose queue is not paused as
+// running, as the claim statement would have left it, and every other
+// job as Insert writes it, in the same statement (or, for a batch Insert
+// splits, the same transaction), under the same commit and with its
+// error marked as Insert's. It returns the ids in input order and, per
+// job, the claimed row as Claim returns it (nil for a job not claimed).
+// A queue of unlimited jobs needs nothing beside the row: its running
+// jobs are counted from their state (jobs_running), and only limited
+// claims take rate or key slots. SQLite sends no notification; the skip
+// of jobs without a key ends, after the commit, for the queues of the
+// jobs left to a claim (all of them when the insert failed).
+func (d *Driver) InsertClaiming(ctx context.Context, jobs []driver.InsertParams, c driver.InsertClaim) ([]int64, []*driver.JobRow, error) {
+	if len(jobs) == 0 {
+		return nil, nil, nil
+	}
+	if !slices.Contains(c.Claim[:min(len(c.Claim), len(jobs))], true) {
+		ids, err := d.Insert(ctx, jobs)
+		if err != nil {
+			return nil, nil, err
+		}
+		return ids, make([]*driver.JobRow, len(jobs)), nil
+	}
+	var chunks []claimChunk
+	from := 0
+	err := insertChunks(jobs, 0, func(chunk string, n int) error {
+		chunks = append(chunks, claimChunk{text: chunk, flags: claimFlags(c.Claim, from, n), jobs: jobs[from : from+n]})
+		from += n
+		return nil
+	})
+	if err != nil {
+		return nil, nil, driver.NotCommitted(fmt.Errorf("conveyor/sqlite: insert %d jobs: %w", len(jobs), err))
+	}
+	ids := make([]int64, 0, len(jobs))
+	rows := make([]*driver.JobRow, 0, len(jobs))
+	st, err := d.prepared(ctx, d.q.InsertClaim)
+	switch {
+	case err != nil:
+		err = driver.NotCommitted(err)
+	case len(chunks) == 1:
+		// One statement is atomic by itself and commits once.
+		err = d.retry(ctx, func() error {
+			ids, rows = ids[:0], rows[:0]
+			return insertClaimChunk(ctx, st, true, chunks[0], c, &ids, &rows)
+		})
+	default:
+		err = d.inTx(ctx, func(tx *sql.Tx) error {
+			ids, rows = ids[:0], rows[:0]
+			txst := tx.StmtContext(ctx, st)
+			for _, ch := range chunks {
+				if err := insertClaimChunk(ctx, txst, false, ch, c, &ids, &rows); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	// After the commit, or the failure, which may follow one.
+	if err != nil {
+		d.noKeyless.ForgetKeyless(jobs)
+		return nil, nil, fmt.Errorf("conveyor/sqlite: insert %d jobs: %w", len(jobs), err)
+	}
+	d.forgetUnclaimed(jobs, rows)
+	return ids, rows, nil
+}
+
+// claimChunk is one statement of an insert that claims: the encoded rows,
+// their flags (see insert_claim) and the jobs they encode.
+type claimChunk struct {
+	text, flags string
+	jobs        []driver.InsertParams
+}
+
+// claimFlags encodes the flags of claim for the n jobs from from on, as
+// insert_claim reads them: '1' for a job to claim, '0' for one not to
+// (or beyond claim).
+func claimFlags(claim []bool, from, n int) string {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = '0'
+		if k := from + i; k < len(claim) && claim[k] {
+			b[i] = '1'
+		}
+	}
+	return string(b)
+}
+
+// claimedInsert is one row insert_claim returned.
+type claimedInsert struct {
+	id, fence, scheduled, created int64
+	attempted, lease              sql.NullInt64
+}
+
+// insertClaimChunk runs st, insert_claim prepared (on a transaction's
+// connection unless autocommit), for ch and appends the new ids, in
+// input order, to ids and, per job, its claimed row (nil when it was not
+// claimed) to rows. Run in autocommit, a statement that failed (and so
+// changed nothing) is marked driver.NotCommitted, as scanIDs marks it.
+// A claimed row's LeaseFrom is when the statement was sent, less the
+// clock's millisecond: its lease starts later, once it holds the write
+// lock, as a claim's does.
+func insertClaimChunk(ctx context.Context, st *sql.Stmt, autocommit bool, ch claimChunk, c driver.InsertClaim, ids *[]int64, rows *[]*driver.JobRow) error {
+	began := time.Now().Add(-time.Millisecond)
+	res, err := st.QueryContext(ctx, ch.text, ch.flags, us(c.Lease), c.Worker)
+	if err != nil {
+		var se *sqlite.Error
+		if autocommit && errors.As(err, &se) {
+			err = driver.NotCommitted(err)
+		}
+		return err
+	}
+	defer res.Close()
+	got := make([]claimedInsert, 0, len(ch.jobs))
+	for res.Next() {
+		var r claimedInsert
+		if err := res.Scan(&r.id, &r.attempted, &r.lease, &r.fence, &r.scheduled, &r.created); err != nil {
+			return err
+		}
+		got = append(got, r)
+	}
+	if err := res.Err(); err != nil {
+		return err
+	}
+	if len(got) != len(ch.jobs) {
+		return fmt.Errorf("%d rows returned for %d jobs", len(got), len(ch.jobs))
+	}
+	// Ids grow with the input position (see insert), whatever order
+	// RETURNING used.
+	slices.SortFunc(got, func(a, b claimedInsert) int { return cmp.Compare(a.id, b.id) })
+	for i, r := range got {
+		*ids = append(*ids, r.id)
+		if !r.attempted.Valid {
+			*rows = append(*rows, nil)
+			continue
+		}
+		*rows = append(*rows, claimedRow(&ch.jobs[i], r, c.Worker, began))
+	}
+	return nil
+}
+
+// claimedRow is the row of job j that insert_claim claimed (r), as
+// scanJob reads it from a claim's: the columns the statement computed
+// come from r, those it copied from j.
+func claimedRow(j *driver.InsertParams, r claimedInsert, worker string, leaseFrom time.Time) *driver.JobRow {
+	args := j.Args
+	if len(args) == 0 {
+		args = json.RawMessage(`{}`)
+	}
+	var meta json.RawMessage
+	if len(j.Meta) > 0 {
+		meta = j.Meta
+	}
+	return &driver.JobRow{ID: r.id, Queue: j.Queue, Kind: j.Kind, Args: args, State: driver.StateRunning,
+		Priority: j.Priority, Attempt: 1, Fence: r.fence, MaxAttempts: j.MaxAttempts, TimeoutMS: j.TimeoutMS,
+		ScheduledAt: fromUS(r.scheduled), CreatedAt: fromUS(r.created), AttemptedAt: fromUS(r.attempted.Int64),
+		LeaseExpiresAt: fromUS(r.lease.Int64), AttemptedBy: worker, Meta: meta, Key: j.Key, LeaseFrom: leaseFrom}
+}
+
+// forgetUnclaimed ends the skip of jobs without a key (ForgetKeyless) for
+// the queues of the jobs an insert that claims left to a claim (rows[i]
+// nil), run by run of them: a claimed job is no claim's to find.
+func (d *Driver) forgetUnclaimed(jobs []driver.InsertParams, rows []*driver.JobRow) {
+	start := -1
+	for i := range jobs {
+		switch {
+		case rows[i] == nil && start < 0:
+			start = i
+		case rows[i] != nil && start >= 0:
+			d.noKeyless.ForgetKeyless(jobs[start:i])
+			start = -1
+		}
+	}
+	if start >= 0 {
+		d.noKeyless.ForgetKeyless(jobs[start:])
+	}
 }
 
 // InsertTx inserts jobs inside the caller's transaction, which must be a

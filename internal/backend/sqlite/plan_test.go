@@ -27,6 +27,9 @@ func TestQueryPlans(t *testing.T) {
 		{"promote", d.q.Promote, []any{1}, []string{"INDEX conveyor_jobs_due (scheduled_at<?)"}, []string{"SCAN conveyor_jobs"}},
 		{"prune", d.q.Prune, []any{1, 1, 1}, []string{"INDEX conveyor_jobs_finalized (finalized_at<?)"}, []string{"SCAN conveyor_jobs"}},
 		{"insert", d.q.Insert, []any{"[]"}, nil, []string{"SCAN conveyor_jobs", "TEMP B-TREE"}},
+		// An insert that claims probes each job's queue for a pause by
+		// the queues' primary key.
+		{"insert claim", d.q.InsertClaim, []any{"[]", "", 1, "w"}, []string{"conveyor_queues_1 (name=?)"}, []string{"SCAN conveyor_jobs", "SCAN q", "TEMP B-TREE"}},
 		// Queue limits: a limited claim counts its queue's running jobs
 		// in jobs_running (migration 16), index entries only, and reads
 		// its rate slots by key, in slot order; so does the usage.

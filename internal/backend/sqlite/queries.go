@@ -18,6 +18,7 @@ type queries struct {
 
 	// The hot path: inserts, claims and the lease path.
 	Insert       string `sql:"insert"`
+	InsertClaim  string `sql:"insert_claim"`
 	BulkInsert   string `sql:"bulk_insert"`
 	InsertUnique string `sql:"insert_unique"`
 	UniqueHolder string `sql:"unique_holder"`

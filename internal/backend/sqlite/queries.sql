@@ -49,6 +49,50 @@ FROM (SELECT {now} AS now) AS n,
         FROM json_each(?1)) AS r
 RETURNING id
 
+-- name: insert_claim
+-- insert, claiming the jobs ?2 flags as they are written
+-- (driver.InsertClaimer). ?1: as for insert; ?2: one character per row of
+-- ?1, '1' for a job to claim; ?3 the lease in microseconds; ?4 the worker.
+-- A flagged job that is due now (by this statement's clock, as insert
+-- tells available from scheduled) and whose queue is not paused is
+-- written running, as claim would have left it: attempt 1, fence 1
+-- (claim's fence + 1 from the column's default), attempted_at now,
+-- leased to ?4 until now + ?3. Every other job is written as insert
+-- writes it (attempt and fence at their defaults, 0). Ids are assigned
+-- as insert assigns them, so sorting the returned rows by id restores
+-- the input order. Returns each job's id, claim time (NULL: not
+-- claimed), lease, fence, schedule and creation time.
+INSERT INTO {p}jobs (id, queue, kind, args, state, priority, attempt, max_attempts,
+                     timeout_ms, scheduled_at, created_at, attempted_at,
+                     lease_expires_at, attempted_by, fence, meta, lkey)
+SELECT c.id, c.queue, c.kind, c.args,
+       CASE WHEN c.take THEN 'running'
+            WHEN c.sched > c.now THEN 'scheduled' ELSE 'available' END,
+       c.priority, c.take, c.max_attempts, c.timeout_ms, c.sched, c.now,
+       CASE WHEN c.take THEN c.now END,
+       CASE WHEN c.take THEN c.now + ?3 END,
+       CASE WHEN c.take THEN ?4 END,
+       c.take, c.meta, c.lkey
+FROM (SELECT b.base + r.k + 1 AS id, r.queue, r.kind, r.args, r.priority,
+             r.max_attempts, r.timeout_ms, n.now,
+             coalesce(r.run_at, n.now + r.delay) AS sched, r.meta, r.lkey,
+             substr(?2, r.k + 1, 1) = '1'
+               AND coalesce(r.run_at, n.now + r.delay) <= n.now
+               AND q.name IS NULL AS take
+        FROM (SELECT {now} AS now) AS n,
+             (SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = '{p}jobs'), 0),
+                         coalesce((SELECT max(id) FROM {p}jobs), 0)) AS base) AS b,
+             (SELECT key AS k,
+                     value ->> 0 AS queue, value ->> 1 AS kind, value ->> 2 AS args,
+                     value ->> 3 AS priority, value ->> 4 AS max_attempts,
+                     value ->> 5 AS timeout_ms, value ->> 6 AS run_at,
+                     value ->> 7 AS delay, value ->> 8 AS meta,
+                     value ->> 9 AS lkey
+                FROM json_each(?1)) AS r
+             LEFT JOIN {p}queues AS q
+                    ON q.name = r.queue AND q.paused_at IS NOT NULL) AS c
+RETURNING id, attempted_at, lease_expires_at, fence, scheduled_at, created_at
+
 -- name: bulk_insert
 -- ?1: as for insert; ids are not needed, so SQLite assigns them.
 INSERT INTO {p}jobs (queue, kind, args, state, priority, max_attempts,

@@ -114,7 +114,11 @@ type Driver struct {
 	lockTimeouts atomic.Int64
 }
 
-var _ driver.Driver = (*Driver)(nil)
+var (
+	_ driver.Driver = (*Driver)(nil)
+	// Its inserts claim the jobs an idle worker of this process can take.
+	_ driver.InsertClaimer = (*Driver)(nil)
+)
 
 // Open opens (creating it if missing) the SQLite database named by dsn: a
 // plain path ("./conveyor.db", "/tmp/x.db"), "sqlite:path",
