@@ -42,7 +42,9 @@ type Config struct {
 	TablePrefix string
 
 	// ClaimBatch caps the jobs one claim takes (claims are also capped by
-	// the queue's free worker slots): 1 to 10000. Default 100.
+	// the queue's free worker slots, and by what its workers run in about
+	// 5 ms when they claim ahead of them: see QueueConfig.MaxWorkers): 1
+	// to 10000. Default 1000.
 	ClaimBatch int
 	// CompleteBatch caps the outcomes written in one statement: 1 to
 	// 100000. Default 2000.
@@ -151,8 +153,10 @@ type Config struct {
 type QueueConfig struct {
 	// MaxWorkers is the most jobs of this queue run at once in this
 	// process, 1 to 10000. Default 100. While the queue has a backlog of jobs whose
-	// handlers take under 5 ms, one more ClaimBatch may be claimed and
-	// wait for a worker (docs/design.md, "One batch ahead").
+	// handlers take under 5 ms on average, the fetcher claims ahead of
+	// its free workers as many jobs as they run in about 5 ms (at least
+	// MaxWorkers, at most ClaimBatch), which wait for a worker
+	// (docs/design.md, "Claims ahead for short jobs").
 	MaxWorkers int
 }
 
@@ -220,7 +224,7 @@ func (c Config) withDefaults() (Config, error) {
 		v        *int
 		def, max int
 	}{
-		{"ClaimBatch", &c.ClaimBatch, 100, maxClaimBatch},
+		{"ClaimBatch", &c.ClaimBatch, 1000, maxClaimBatch},
 		{"CompleteBatch", &c.CompleteBatch, 2000, maxOtherBatch},
 		{"InsertBatch", &c.InsertBatch, 1000, maxOtherBatch},
 	} {

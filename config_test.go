@@ -93,7 +93,7 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	got := open(nil)
 	want := conveyor.Config{
-		ClaimBatch: 100, CompleteBatch: 2000, InsertBatch: 1000, Lease: 30 * time.Second, HeartbeatInterval: 6 * time.Second,
+		ClaimBatch: 1000, CompleteBatch: 2000, InsertBatch: 1000, Lease: 30 * time.Second, HeartbeatInterval: 6 * time.Second,
 		JobTimeout: time.Minute, MaxAttempts: 25, PollMin: 10 * time.Millisecond, PollMax: 500 * time.Millisecond,
 		ListenPoll: 2 * time.Second, PromoteInterval: 250 * time.Millisecond, RescueInterval: 5 * time.Second,
 		PruneInterval: time.Minute, CompletedRetention: 24 * time.Hour, DiscardedRetention: 7 * 24 * time.Hour,

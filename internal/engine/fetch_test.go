@@ -507,3 +507,45 @@ func TestStopReleasesAttemptsClaimedAhead(t *testing.T) {
 		t.Fatalf("%d outcomes written, want %d", got, quick+slots)
 	}
 }
+
+// The jobs claimed ahead of free workers are as many as the workers run
+// in aheadMaxRun at the handlers' average, at least one batch of the
+// workers and at most ClaimBatch; a queue with limits claims one batch
+// ahead whatever its handlers take.
+func TestAheadN(t *testing.T) {
+	d := &fakeDriver{}
+	d.setLimits("lim", driver.QueueLimits{MaxRunning: 50})
+	cfg := testConfig(10 * time.Second)
+	cfg.ClaimBatch = 1000
+	e := New(d, cfg, nil)
+	t.Cleanup(func() { e.Close(context.Background()) })
+	m, err := d.QueueLimits(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.setLimited(m, time.Now())
+	f := newFetcher(e, "q", 100, context.Background())
+	for _, c := range []struct {
+		avg  time.Duration
+		want int
+	}{
+		{10 * time.Microsecond, 1000}, // 5ms x 100 / 10us = 50,000: ClaimBatch
+		{time.Millisecond, 500},       // 5ms x 100 / 1ms
+		{4 * time.Millisecond, 125},
+		{20 * time.Millisecond, 100}, // fewer than one batch of workers: want
+	} {
+		f.runAvg.Store(int64(c.avg))
+		if got := f.aheadN(100); got != c.want {
+			t.Errorf("handlers averaging %v: %d claimed ahead, want %d", c.avg, got, c.want)
+		}
+	}
+	f.runAvg.Store(-1)
+	if got := f.aheadN(100); got != 1000 {
+		t.Errorf("no average yet: %d claimed ahead, want ClaimBatch (ahead is not asked before one ran)", got)
+	}
+	lim := newFetcher(e, "lim", 100, context.Background())
+	lim.runAvg.Store(int64(10 * time.Microsecond))
+	if got := lim.aheadN(100); got != 100 {
+		t.Errorf("limited queue: %d claimed ahead, want one batch (100)", got)
+	}
+}

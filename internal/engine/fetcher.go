@@ -17,11 +17,13 @@ import (
 const gatherFor = time.Millisecond
 
 // aheadMaxRun is the longest a queue's handlers may take, on a running
-// average, for its fetcher to claim a batch ahead of free workers while
-// the queue has a backlog: the batch waits for workers about as long as
-// one job runs, so a claimed job never waits long for a worker (and
-// another process never waits long for a job this one holds), and the
-// claim's round trip overlaps the work instead of idling the workers.
+// average, for its fetcher to claim ahead of free workers while the queue
+// has a backlog, and about the longest the jobs claimed ahead wait for a
+// worker: the fetcher claims ahead as many jobs as its workers run in
+// aheadMaxRun at that average (at least one worker's round, at most
+// ClaimBatch; see aheadN), so a claimed job never waits long for a worker
+// (and another process never waits long for a job this one holds), and
+// the claim's round trip overlaps the work instead of idling the workers.
 const aheadMaxRun = 5 * time.Millisecond
 
 // fetcher is the only claimer of one queue in this process. It claims
@@ -60,8 +62,9 @@ type fetcher struct {
 	dispMu        sync.RWMutex
 	workersClosed bool
 	// jobs holds claimed attempts for the workers: cap 2*max + ClaimBatch,
-	// so that it never blocks (running <= max + one batch claimed ahead,
-	// plus up to max claimed at insert while a claim was under way).
+	// so that it never blocks (running <= max + at most ClaimBatch claimed
+	// ahead, plus up to max claimed at insert while a claim was under
+	// way).
 	jobs chan *running
 
 	// maxRun is the queue's MaxRunning as the last limited claim read it
@@ -147,8 +150,29 @@ func (f *fetcher) noteRun(d time.Duration) {
 	f.runAvg.Store(old + (int64(d)-old)/8)
 }
 
-// ahead reports whether the fetcher may claim a batch ahead of its free
-// workers: its handlers are short (see aheadMaxRun).
+// aheadN is how many jobs the fetcher may claim ahead of its free
+// workers (see aheadMaxRun): as many as its workers run in aheadMaxRun at
+// the handlers' average run time, at least want (one batch of its
+// workers), at most ClaimBatch. Very short handlers (a drain of no-op
+// jobs) thus get claims of up to ClaimBatch whatever MaxWorkers is, which
+// spreads each claim's and each outcome statement's fixed cost over more
+// jobs. A queue with limits claims want ahead: its claims hold slots,
+// keys or turns that other processes, or a key's later jobs, wait for.
+func (f *fetcher) aheadN(want int) int {
+	if f.e.limited(f.queue) {
+		return want
+	}
+	n := f.e.cfg.ClaimBatch
+	if avg := f.runAvg.Load(); avg > 0 {
+		if k := int64(aheadMaxRun) * int64(f.max) / avg; k < int64(n) {
+			n = int(k)
+		}
+	}
+	return max(n, want)
+}
+
+// ahead reports whether the fetcher may claim ahead of its free workers:
+// its handlers are short (see aheadMaxRun).
 func (f *fetcher) ahead() bool {
 	avg := f.runAvg.Load()
 	return avg >= 0 && avg < int64(aheadMaxRun)
@@ -202,7 +226,7 @@ func (f *fetcher) run(ctx context.Context) {
 			// processes' workers idle. A limit that does not bind (above
 			// the workers of every process) holds nothing back, and its
 			// queue claims ahead as any other.
-			slots += want
+			slots += f.aheadN(want)
 		}
 		free := slots - running
 		if free <= 0 {
