@@ -43,8 +43,8 @@ type Config struct {
 
 	// ClaimBatch caps the jobs one claim takes (claims are also capped by
 	// the queue's free worker slots, and by what its workers run in about
-	// 5 ms when they claim ahead of them: see QueueConfig.MaxWorkers): 1
-	// to 10000. Default 1000.
+	// 5 ms when they claim ahead of them, or on SQLite by one batch of
+	// them: see QueueConfig.MaxWorkers): 1 to 10000. Default 1000.
 	ClaimBatch int
 	// CompleteBatch caps the outcomes written in one statement: 1 to
 	// 100000. Default 2000.
@@ -155,8 +155,9 @@ type QueueConfig struct {
 	// process, 1 to 10000. Default 100. While the queue has a backlog of jobs whose
 	// handlers take under 5 ms on average, the fetcher claims ahead of
 	// its free workers as many jobs as they run in about 5 ms (at least
-	// MaxWorkers, at most ClaimBatch), which wait for a worker
-	// (docs/design.md, "Claims ahead for short jobs").
+	// MaxWorkers, at most ClaimBatch; MaxWorkers in a queue with limits
+	// and on SQLite), which wait for a worker (docs/design.md, "Claims
+	// ahead for short jobs").
 	MaxWorkers int
 }
 

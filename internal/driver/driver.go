@@ -166,6 +166,12 @@ type Capabilities struct {
 	// MaxArgsBytes is the largest encoded args the server accepts in one
 	// row (0: no server-specific limit beyond the client's).
 	MaxArgsBytes int
+	// OneWriter is true when every write of the database, of every
+	// process, waits for one lock (SQLite): a claim or an outcome batch
+	// holds back every other writer, heartbeats included, for as long as
+	// it takes. The engine then claims no more than one batch of a
+	// queue's workers ahead of them, whatever its handlers take.
+	OneWriter bool
 }
 
 // InsertParams is one job to insert. Args are already validated JSON.

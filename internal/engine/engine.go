@@ -199,6 +199,8 @@ type Engine struct {
 	// ic is the driver as an InsertClaimer, nil when its inserts cannot
 	// claim (see reserveWorkers).
 	ic driver.InsertClaimer
+	// oneWriter is the driver's Capabilities().OneWriter (see aheadN).
+	oneWriter bool
 
 	// hbWake asks the heartbeat loop to renew at once (cap 1).
 	hbWake chan struct{}
@@ -239,6 +241,7 @@ func New(drv driver.Driver, cfg Config, handlers map[string]Handler) *Engine {
 		limitsRead: make(chan struct{}),
 	}
 	e.ic, _ = drv.(driver.InsertClaimer)
+	e.oneWriter = drv.Capabilities().OneWriter
 	e.ins = newInserter(e)
 	e.remote = newRemoteProcs(e)
 	kinds := make(map[string]KindConfig, len(cfg.Kinds))

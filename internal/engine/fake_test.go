@@ -36,6 +36,7 @@ type fakeDriver struct {
 	uniqueHolders map[string]int64
 
 	listen  bool        // Capabilities().Listen
+	one     bool        // Capabilities().OneWriter
 	wakeups chan string // what the listener delivers when listen is set
 	onClaim func(driver.ClaimParams)
 	claim   func(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error)
@@ -163,7 +164,7 @@ func (d *fakeDriver) Name() string { return "fake" }
 
 // Capabilities offers a push channel only when listen is set.
 func (d *fakeDriver) Capabilities() driver.Capabilities {
-	return driver.Capabilities{Listen: d.listen}
+	return driver.Capabilities{Listen: d.listen, OneWriter: d.one}
 }
 
 // Claim records the claim, then hands out jobs through the claim hook or

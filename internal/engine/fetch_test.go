@@ -548,4 +548,13 @@ func TestAheadN(t *testing.T) {
 	if got := lim.aheadN(100); got != 100 {
 		t.Errorf("limited queue: %d claimed ahead, want one batch (100)", got)
 	}
+	// A backend whose writes all wait for one lock: one batch ahead.
+	one := New(&fakeDriver{one: true}, cfg, nil)
+	t.Cleanup(func() { one.Close(context.Background()) })
+	one.setLimited(map[string]driver.QueueLimits{}, time.Now())
+	of := newFetcher(one, "q", 100, context.Background())
+	of.runAvg.Store(int64(10 * time.Microsecond))
+	if got := of.aheadN(100); got != 100 {
+		t.Errorf("one writer: %d claimed ahead, want one batch (100)", got)
+	}
 }

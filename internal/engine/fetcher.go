@@ -157,9 +157,12 @@ func (f *fetcher) noteRun(d time.Duration) {
 // jobs) thus get claims of up to ClaimBatch whatever MaxWorkers is, which
 // spreads each claim's and each outcome statement's fixed cost over more
 // jobs. A queue with limits claims want ahead: its claims hold slots,
-// keys or turns that other processes, or a key's later jobs, wait for.
+// keys or turns that other processes, or a key's later jobs, wait for;
+// and so does every queue of a backend whose writes all wait for one lock
+// (driver.Capabilities.OneWriter: SQLite), where a larger claim would
+// hold every other writer, heartbeats included, back for longer.
 func (f *fetcher) aheadN(want int) int {
-	if f.e.limited(f.queue) {
+	if f.e.oneWriter || f.e.limited(f.queue) {
 		return want
 	}
 	n := f.e.cfg.ClaimBatch

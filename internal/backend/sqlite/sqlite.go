@@ -493,6 +493,7 @@ func (d *Driver) Capabilities() driver.Capabilities {
 	return driver.Capabilities{
 		Listen:       false,
 		MaxArgsBytes: maxArgsBytes,
+		OneWriter:    true,
 	}
 }
 
