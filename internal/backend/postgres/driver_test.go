@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver for InsertTx tests
 
 	"github.com/conveyorq/conveyor/internal/driver"
@@ -687,5 +688,46 @@ func TestListJobsTxDatabaseSQL(t *testing.T) {
 		!a.ScheduledAt.Equal(b.ScheduledAt) || !a.CreatedAt.Equal(b.CreatedAt) || !a.AttemptedAt.Equal(b.AttemptedAt) || !a.FinalizedAt.Equal(b.FinalizedAt) ||
 		fmt.Sprint(a.Errors) != fmt.Sprint(b.Errors) {
 		t.Fatalf("the same job read in a *sql.Tx and a pgx.Tx differs:\n%+v\n%+v", a, b)
+	}
+}
+
+// TestDropAllLeavesNothing: DropAll removes every relation of its prefix
+// (tables, segments, sequences, indexes), so that a bench or a test run
+// leaves nothing behind in the user's database.
+func TestDropAllLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	dsn := testdb.Postgres(t)
+	prefix := testdb.Prefix()
+	d, err := Open(ctx, dsn, driver.Options{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.BulkInsert(ctx, []driver.InsertParams{pj("q")}); err != nil {
+		t.Fatal(err)
+	}
+	count := func() (n int, names []string) {
+		t.Helper()
+		rows, err := d.pool.Query(ctx, `SELECT relname FROM pg_class WHERE starts_with(relname, $1) ORDER BY relname`, prefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(names), names
+	}
+	if n, _ := count(); n == 0 {
+		t.Fatalf("no relation of prefix %s after Migrate and an insert", prefix)
+	}
+	if err := d.DropAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, names := count(); n != 0 {
+		t.Errorf("%d relations left after DropAll: %v", n, names)
 	}
 }

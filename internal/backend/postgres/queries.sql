@@ -24,7 +24,7 @@ SELECT coalesce(max(version), 0) FROM {p}schema_migrations
 INSERT INTO {p}schema_migrations (version) VALUES ($1)
 
 -- name: drop_all
-DROP TABLE IF EXISTS {p}jobs, {p}unique_keys, {p}job_results, {p}batches, {p}batch_jobs, {p}batch_deps, {p}segments, {p}leader, {p}queues, {p}limit_slots, {p}schedules, {p}processes, {p}schema_migrations
+DROP TABLE IF EXISTS {p}jobs, {p}unique_keys, {p}job_results, {p}batches, {p}batch_jobs, {p}batch_deps, {p}segments, {p}leader, {p}queues, {p}limit_slots, {p}key_slots, {p}schedules, {p}processes, {p}schema_migrations
 
 -- name: server_info
 SELECT current_setting('server_version'),
