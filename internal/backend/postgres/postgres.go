@@ -92,30 +92,31 @@ type queries struct {
 	SetKeyWeights    string `sql:"set_key_weights"`
 	KeyWeights       string `sql:"key_weights"`
 
-	SegTable         string `sql:"seg_table"`
-	SegIndexReady    string `sql:"seg_index_ready"`
-	SegIndexWaiting  string `sql:"seg_index_waiting"`
-	SegIndexFinished string `sql:"seg_index_finished"`
-	SegRegistry      string `sql:"seg_registry"`
-	SegRegistryTx    string `sql:"seg_registry_tx"`
-	SegCount         string `sql:"seg_count"`
-	SegInsert        string `sql:"seg_insert"`
-	SegInsertClaim   string `sql:"seg_insert_claim"`
-	SegInsertUnique  string `sql:"seg_insert_unique"`
-	SegJobUniqueKey  string `sql:"seg_job_unique_key"`
-	SegUniqueHolders string `sql:"seg_unique_holders"`
-	SegBulkLock      string `sql:"seg_bulk_lock"`
-	SegBulkGuard     string `sql:"seg_bulk_guard"`
-	SegClaim         string `sql:"seg_claim"`
-	SegGuard         string `sql:"seg_guard"`
-	SegHasReady      string `sql:"seg_has_ready"`
-	SegSweepSlots    string `sql:"seg_sweep_slots"`
-	SegKeyRoom       string `sql:"seg_key_room"`
-	SegKeyWalk       string `sql:"seg_key_walk"`
-	SegKeyPick       string `sql:"seg_key_pick"`
-	SegClaimIDs      string `sql:"seg_claim_ids"`
-	SegKeyHeld       string `sql:"seg_key_held"`
-	SegSweepKept     string `sql:"seg_sweep_kept"`
+	SegTable           string `sql:"seg_table"`
+	SegIndexReady      string `sql:"seg_index_ready"`
+	SegIndexWaiting    string `sql:"seg_index_waiting"`
+	SegIndexFinished   string `sql:"seg_index_finished"`
+	SegUnindexFinished string `sql:"seg_unindex_finished"`
+	SegRegistry        string `sql:"seg_registry"`
+	SegRegistryTx      string `sql:"seg_registry_tx"`
+	SegCount           string `sql:"seg_count"`
+	SegInsert          string `sql:"seg_insert"`
+	SegInsertClaim     string `sql:"seg_insert_claim"`
+	SegInsertUnique    string `sql:"seg_insert_unique"`
+	SegJobUniqueKey    string `sql:"seg_job_unique_key"`
+	SegUniqueHolders   string `sql:"seg_unique_holders"`
+	SegBulkLock        string `sql:"seg_bulk_lock"`
+	SegBulkGuard       string `sql:"seg_bulk_guard"`
+	SegClaim           string `sql:"seg_claim"`
+	SegGuard           string `sql:"seg_guard"`
+	SegHasReady        string `sql:"seg_has_ready"`
+	SegSweepSlots      string `sql:"seg_sweep_slots"`
+	SegKeyRoom         string `sql:"seg_key_room"`
+	SegKeyWalk         string `sql:"seg_key_walk"`
+	SegKeyPick         string `sql:"seg_key_pick"`
+	SegClaimIDs        string `sql:"seg_claim_ids"`
+	SegKeyHeld         string `sql:"seg_key_held"`
+	SegSweepKept       string `sql:"seg_sweep_kept"`
 
 	// SegClaimNoKey is seg_claim for the jobs without a key of a queue
 	// with key limits (made by loadQueries).
@@ -162,6 +163,9 @@ type queries struct {
 	SegMoveDelete         string `sql:"seg_move_delete"`
 	SegFreeKeys           string `sql:"seg_free_keys"`
 	SegAnalyze            string `sql:"seg_analyze"`
+	SegAnalyzeSample      string `sql:"seg_analyze_sample"`
+	SegAnalyzeTable       string `sql:"seg_analyze_table"`
+	SegReltuples          string `sql:"seg_reltuples"`
 	SegTruncate           string `sql:"seg_truncate"`
 	SegAdvance            string `sql:"seg_advance"`
 	SegSync               string `sql:"seg_sync"`

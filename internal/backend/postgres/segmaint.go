@@ -105,7 +105,7 @@ func (s *segStore) round(ctx context.Context) error {
 			changed = true
 			continue
 		}
-		if err := s.analyzeGrown(ctx, r.tbl, size, 64<<10); err != nil {
+		if err := s.analyzeGrown(ctx, r.tbl, r.phase, size, 64<<10); err != nil {
 			return err
 		}
 	}
@@ -118,7 +118,7 @@ func (s *segStore) round(ctx context.Context) error {
 	if err := s.d.pool.QueryRow(ctx, s.d.q.SegSize, ks).Scan(&size); err != nil {
 		return err
 	}
-	if err := s.analyzeGrown(ctx, ks, size, 1); err != nil {
+	if err := s.analyzeGrown(ctx, ks, "", size, 1); err != nil {
 		return err
 	}
 	free := map[string]int{}
@@ -180,6 +180,10 @@ func (s *segStore) recordCounts(ctx context.Context, tbl string) (bool, error) {
 		if _, err := tx.Exec(ctx, s.table(s.d.q.SegLockShare, tbl, "")); err != nil {
 			return err
 		}
+		// Its list indexes, now that no more rows enter it.
+		if _, err := tx.Exec(ctx, s.table(s.d.q.SegIndexFinished, tbl, "")); err != nil {
+			return err
+		}
 		var inc int64
 		if err := tx.QueryRow(ctx, s.table(s.d.q.SegAdvance, tbl, "")).Scan(&inc); err != nil {
 			return err
@@ -234,14 +238,15 @@ func (s *segStore) syncCurrent(ctx context.Context, regs []regRow) (bool, error)
 	return changed, nil
 }
 
-// analyzeGrown analyzes table tbl (a current segment, or the key slots)
-// once it has doubled in size (and reached least bytes) since it was
-// last analyzed. The statistics steer the
+// analyzeGrown analyzes table tbl (a current segment of phase, or the key
+// slots when phase is "") once it has doubled in size (and reached least
+// bytes) since it was last analyzed. The statistics steer the
 // claim (see seg_analyze), and the analyze invalidates the plans cached
 // on the segment: the segments' statements keep generic plans (see
 // planGeneric), which are thus never made with statistics of a table less
-// than half its size.
-func (s *segStore) analyzeGrown(ctx context.Context, tbl string, size, least int64) error {
+// than half its size. A done or dead segment is analyzed from a smaller
+// sample (seg_analyze_sample).
+func (s *segStore) analyzeGrown(ctx context.Context, tbl, phase string, size, least int64) error {
 	if s.analyzed == nil {
 		s.analyzed = map[string]int64{}
 	}
@@ -252,8 +257,28 @@ func (s *segStore) analyzeGrown(ctx context.Context, tbl string, size, least int
 		return nil
 	}
 	s.analyzed[tbl] = size
-	_, err := s.d.pool.Exec(ctx, s.table(s.d.q.SegAnalyze, tbl, ""))
-	return err
+	q := &s.d.q
+	switch phase {
+	case "":
+		_, err := s.d.pool.Exec(ctx, s.table(q.SegAnalyzeTable, tbl, ""))
+		return err
+	case phDone, phDead:
+		tx, err := s.d.pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		if _, err := tx.Exec(ctx, q.SegAnalyzeSample); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, s.table(q.SegAnalyze, tbl, "")); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	default:
+		_, err := s.d.pool.Exec(ctx, s.table(q.SegAnalyze, tbl, ""))
+		return err
+	}
 }
 
 // registry reads every registry row.
@@ -333,8 +358,8 @@ func (s *segStore) rotate(ctx context.Context, phase string) error {
 				return err
 			}
 			if phase == phDone || phase == phDead {
-				// Empty (truncated) and read by nobody: instant.
-				if _, err := tx.Exec(ctx, s.table(s.d.q.SegIndexFinished, next, "")); err != nil {
+				// Its list indexes come when it is sealed and counted.
+				if _, err := tx.Exec(ctx, s.table(s.d.q.SegUnindexFinished, next, "")); err != nil {
 					return err
 				}
 			}

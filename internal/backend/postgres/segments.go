@@ -654,8 +654,6 @@ func (s *segStore) createSegment(ctx context.Context, tx pgx.Tx, phase, status s
 		ddl = append(ddl, q.SegIndexReady)
 	case phWaiting:
 		ddl = append(ddl, q.SegIndexWaiting)
-	case phDone, phDead:
-		ddl = append(ddl, q.SegIndexFinished)
 	}
 	for _, tpl := range ddl {
 		if _, err := tx.Exec(ctx, s.table(tpl, tbl, "")); err != nil {
