@@ -648,7 +648,11 @@ func TestVersionParse(t *testing.T) {
 func frontRead(d *Driver, queue string, took time.Duration) {
 	cur := d.claimCursor(queue)
 	cur.mu.Lock()
-	cur.scanned, cur.took = time.Now(), took
+	// A read that slow makes the reads due by time probes (probes), whose
+	// interval follows the last probe's time: as slow, or the front would
+	// be due again frontEvery after this, and a machine slow enough to
+	// take that long between two claims would read it.
+	cur.scanned, cur.took, cur.probeTook = time.Now(), took, took
 	cur.mu.Unlock()
 }
 
