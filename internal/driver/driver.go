@@ -292,6 +292,13 @@ type ClaimParams struct {
 	Limit  int
 	Lease  time.Duration
 	Worker string // identifies the claiming process, stored in attempted_by
+	// Blocked, for ClaimLimited, says that the caller holds a block of
+	// the queue's concurrency slots (SlotLeaser) and starts no more of
+	// the claimed jobs at once than the block allows: the claim takes no
+	// concurrency slot and is held only by the queue's other limits
+	// (Rate, the limits per key, the pause). It still reports the
+	// MaxRunning it read.
+	Blocked bool
 }
 
 // Outcome is the result of one attempt, as the completer writes it.
@@ -602,8 +609,11 @@ func (l QueueLimits) HasKeyLimits() bool {
 // read in one statement by the database's clock.
 type LimitUsage struct {
 	Limits QueueLimits
-	// Running is the number of concurrency slots held by attempts (the
-	// queue's running jobs where the backend counts them: SQLite).
+	// Running is the number of concurrency slots held by attempts or
+	// leased to processes in blocks (SlotLeaser); where the backend
+	// counts running jobs instead of holding slots for them (SQLite),
+	// the slots leased in blocks and the running jobs claimed by no
+	// block's owner.
 	Running int
 	// Started is the number of starts within the last RatePeriod.
 	Started int
@@ -675,6 +685,64 @@ type InsertClaimer interface {
 	// claimed row (nil for a job not claimed): a row as Claim returns it.
 	// Only jobs left available wake other processes' fetchers.
 	InsertClaiming(ctx context.Context, jobs []InsertParams, c InsertClaim) ([]int64, []*JobRow, error)
+}
+
+// SlotBlock is what an owner holds of one queue's concurrency slots
+// after SlotLeaser.LeaseSlots.
+type SlotBlock struct {
+	// Held is the number of the queue's concurrency slots the owner
+	// holds (leased until the call's ttl from the database's clock).
+	Held int
+	// MaxRunning is the queue's MaxRunning as the call read it; 0 when
+	// the queue has no concurrency limit (Held is then 0).
+	MaxRunning int
+}
+
+// SlotLeaser is implemented by a backend that leases a queue's
+// concurrency slots (QueueLimits.MaxRunning) to a process in blocks: the
+// process takes N slots in one call and runs up to N attempts of the
+// queue at once under them, its claims taking no slot of their own
+// (ClaimParams.Blocked) and its outcomes freeing none, so that a slot
+// passes from one finished job to the next inside the process without a
+// write. The slots are the same ones per-attempt claims take
+// (ClaimLimited without Blocked): a slot is free, held by an attempt, or
+// leased to an owner, never two of these; so the attempts holding slots
+// and the slots leased in blocks never exceed the limit together.
+//
+// A block's slots stay with their owner while it renews them, and after
+// their lease expired for as long as a job of the queue is running under
+// a claim of the owner (attempted_by = owner): Rescue frees a slot whose
+// lease expired only when no such job runs (after it rescued the
+// owner's expired jobs, in the same round or a later one). An owner that
+// starts a claimed job only if the claim came back before the block's
+// lease, by its own clock, could have expired, and never runs more
+// attempts at once than it holds slots, therefore never runs more than
+// the limit together with every other process.
+type SlotLeaser interface {
+	// LeaseSlots sets how many of each queue's concurrency slots owner
+	// holds, for each queue of want, in one transaction that commits
+	// durably: it keeps up to want[q] of the slots owner holds below the
+	// queue's MaxRunning (the lowest first), takes free ones below it
+	// (never one an attempt or another owner holds, never waiting for
+	// another caller: SKIP LOCKED where the database has it) until owner
+	// holds want[q] or none is free, and gives back the rest of owner's
+	// slots of the queue: those beyond want[q], and every one at or above
+	// MaxRunning (a lowered limit). It takes none while a slot at or
+	// above the queue's MaxRunning is held by an attempt or another
+	// owner (a lowered limit whose running attempts have not ended).
+	// Every slot owner keeps or takes is leased until ttl from the
+	// database's clock. want[q] = 0 gives back all of q's, as does a
+	// queue without a MaxRunning (whose slots are then deleted by
+	// Rescue's sweep, as free slots at or above the limit are). It
+	// returns each queue of want's block. It is on the lease path (see
+	// Driver.Complete): a block is renewed on a connection that claims
+	// and handlers never hold.
+	//
+	// A backend that holds MaxRunning by counting the queue's running
+	// jobs (SQLite, see ClaimLimited) counts, against the limit, the
+	// slots leased in blocks and the running jobs that no block's owner
+	// claimed.
+	LeaseSlots(ctx context.Context, owner string, want map[string]int, ttl time.Duration) (map[string]SlotBlock, error)
 }
 
 // Driver is a database backend. All methods are safe for concurrent use.
@@ -803,6 +871,12 @@ type Driver interface {
 	// AttemptError "lease expired: <attempted_by> stopped heartbeating".
 	// It returns the number of jobs rescued per queue and wakes other
 	// processes' fetchers for those queues where the backend can notify.
+	// It also gives back the slots of blocks (SlotLeaser) whose lease
+	// expired and whose owner has no job of the slot's queue running
+	// (attempted_by = owner), re-checking the lease on the slot's latest
+	// version so that a block renewed meanwhile stays with its owner: a
+	// dead owner's slots free in the round that rescued its last expired
+	// job of the queue, or a later one.
 	Rescue(ctx context.Context, limit int) (map[string]int, error)
 	// Promote makes up to limit scheduled and retryable jobs whose
 	// scheduled_at has passed available, and returns the count per queue,

@@ -155,6 +155,7 @@ func Run(t *testing.T, prefixFor func() string, open Opener) {
 		{"Periodic", periodic},
 		{"Pause", pause},
 		{"Limits", limits},
+		{"SlotBlocks", slotBlocks},
 		{"Keys", keys},
 		{"KeyRates", keyRates},
 		{"Fair", fair},
