@@ -213,6 +213,8 @@ func undoKeys(t *testing.T, d *Driver) []string {
 		t.Fatal("no segment tables")
 	}
 	undo := []string{
+		"ALTER TABLE " + d.prefix + "limit_slots DROP COLUMN owner, DROP COLUMN owner_until",
+		"DELETE FROM " + d.prefix + "schema_migrations WHERE version = 20",
 		"DROP INDEX " + d.prefix + "batch_deps_dep_idx",
 		"DELETE FROM " + d.prefix + "schema_migrations WHERE version = 19",
 		"DROP INDEX " + d.prefix + "batch_jobs_job_idx, " + d.prefix + "batches_callback_idx",

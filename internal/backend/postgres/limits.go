@@ -100,9 +100,10 @@ func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver
 		}
 		switch {
 		case unlimited:
-			// The limits were removed since the first read.
+			// The limits were removed since the first read, or the
+			// only one left is the MaxRunning the caller's block holds.
 			rows, err := d.Claim(ctx, p)
-			return driver.ClaimResult{Rows: rows}, err
+			return driver.ClaimResult{Rows: rows, MaxRunning: res.MaxRunning}, err
 		case !again:
 			return res, nil
 		}
@@ -162,7 +163,7 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 		s.queueWalk(b, v, p.Queue, ks, want)
 	}
 	b.Queue("BEGIN")
-	b.Queue(q.LimitBegin, p.Queue, want)
+	b.Queue(q.LimitBegin, p.Queue, want, p.Blocked)
 	br := conn.SendBatch(ctx, b)
 	if walked {
 		walk, err = readWalk(br, ks)
@@ -177,6 +178,15 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
+	// The MaxRunning read, which the result reports and limit_take checks
+	// again; a claimer holding a block of the queue's concurrency slots
+	// (p.Blocked) is not held by it here: it starts no more of the jobs
+	// at once than its block allows.
+	maxRunning := l.maxRunning
+	if p.Blocked {
+		l.maxRunning = 0
+	}
+	res.MaxRunning = maxRunning
 	if errors.Is(err, pgx.ErrNoRows) || err == nil && l.maxRunning == 0 && l.rate == 0 && !l.keyed() {
 		d.keys.set(p.Queue, keyState{cursor: ks.cursor, taken: ks.taken})
 		return res, false, true, false, nil
@@ -201,7 +211,7 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 		err := conn.QueryRow(ctx, q.LimitRowLock, p.Queue).Scan(&mine)
 		if errors.Is(err, pgx.ErrNoRows) {
 			// Another claim counts: nothing this time.
-			return driver.ClaimResult{Held: true, MaxRunning: l.maxRunning}, false, false, false, nil
+			return driver.ClaimResult{Held: true, MaxRunning: maxRunning}, false, false, false, nil
 		}
 		var held int
 		if err == nil {
@@ -294,9 +304,9 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 			}
 		}
 		b.Queue(q.LimitTake, p.Queue, ns.String(), ids.String(), fences.String(), stamps.String(),
-			l.maxRunning, l.rate, l.periodUS, l.keyRate, l.keyPeriodUS, l.keyMax, l.keyOrder)
+			maxRunning, l.rate, l.periodUS, l.keyRate, l.keyPeriodUS, l.keyMax, l.keyOrder)
 	}
-	res.Rows, res.MaxRunning = rows, l.maxRunning
+	res.Rows = rows
 	ready := k == 0
 	if ready {
 		b.Queue(s.stmt(&q.SegHasReady, v, v.live[phReady]), p.Queue)

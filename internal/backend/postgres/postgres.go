@@ -84,6 +84,10 @@ type queries struct {
 	LimitLock        string `sql:"limit_lock"`
 	LimitRowLock     string `sql:"limit_row_lock"`
 	LimitHeld        string `sql:"limit_held"`
+	LeaseLimits      string `sql:"lease_limits"`
+	LeaseMine        string `sql:"lease_mine"`
+	LeaseTake        string `sql:"lease_take"`
+	LeaseSet         string `sql:"lease_set"`
 	LimitTake        string `sql:"limit_take"`
 	LimitRetryIn     string `sql:"limit_retry_in"`
 	KeyLock          string `sql:"key_lock"`

@@ -217,8 +217,9 @@ SET plan_cache_mode = force_generic_plan
 -- Key slots, and the rate slots of keys, are made by the claims that need
 -- them; the ones a change leaves unused are deleted by Rescue's sweep. Upserts the queue's limit columns only (its pause stays), makes
 -- the missing slots (concurrency 0..$2-1, rate 0..$3-1), deletes the free
--- concurrency slots at or above $2 (held ones stay until their attempt
--- ends: rescue deletes them once free) and the rate slots at or above $3
+-- concurrency slots at or above $2 (held ones, and those leased to a
+-- process in a block, stay until their attempt ends or their owner gives
+-- them back: rescue deletes them once free) and the rate slots at or above $3
 -- whose start has left the window of $4, or that never admitted one (all
 -- of them when $3 is 0). Claims ignore the rate slots at or above $3: a
 -- lowered rate counts the starts of its first $3, so that up to the old
@@ -264,7 +265,7 @@ mk AS (
 del AS (
     DELETE FROM {p}limit_slots s
      WHERE s.queue = $1 AND s.lkey = ''
-       AND ((s.type = 'c' AND s.n IN (SELECT n FROM lk) AND s.job_id IS NULL)
+       AND ((s.type = 'c' AND s.n IN (SELECT n FROM lk) AND s.job_id IS NULL AND s.owner IS NULL)
             OR (s.type = 'r' AND s.n >= $3::int
                 AND ($3::int = 0 OR s.used_at IS NULL
                      OR s.used_at <= now() - $4::bigint * interval '1 microsecond')))
@@ -281,7 +282,8 @@ SELECT name, coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_u
     OR key_fair IS NOT NULL
 
 -- name: limit_usage
--- Every limited queue's limits, its held concurrency slots, its starts
+-- Every limited queue's limits, its concurrency slots held by attempts
+-- or leased to processes in blocks, its starts
 -- within the last period and, when they fill the rate, the microseconds
 -- until the oldest of them leaves the window; by the database's clock.
 -- Then the key limits, the keys with a slot held or kept, the rate per
@@ -290,7 +292,7 @@ SELECT name, coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_u
 -- seg_key_held), and whether the queue is fair.
 SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_period_us, 0),
        (SELECT count(*) FROM {p}limit_slots c
-         WHERE c.queue = q.name AND c.type = 'c' AND c.lkey = '' AND c.job_id IS NOT NULL),
+         WHERE c.queue = q.name AND c.type = 'c' AND c.lkey = '' AND (c.job_id IS NOT NULL OR c.owner IS NOT NULL)),
        coalesce(r.started, 0),
        CASE WHEN r.started >= q.rate
             THEN greatest(0, (extract(epoch FROM r.oldest + q.rate_period_us * interval '1 microsecond' - now())
@@ -318,7 +320,9 @@ SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_
 -- The first statement of a limited claim's transaction, which commits
 -- without waiting for the WAL flush, as seg_claim does (the slots it
 -- takes are lost with the claim in a crash, never without it): $1
--- queue, $2 how many. It reads the queue's limits and pause (no row:
+-- queue, $2 how many, $3 whether the claimer holds a block of the
+-- queue's concurrency slots (ClaimParams.Blocked: then no concurrency
+-- slot is locked, and the rate slots are sought for $2 jobs). It reads the queue's limits and pause (no row:
 -- none, not paused) and, under those limits, locks slots as limit_lock
 -- does, in the same round trip. The columns: the limits, the pause,
 -- whether a concurrency slot at or above the limit is held (then no
@@ -337,15 +341,16 @@ WITH l AS MATERIALIZED (
       FROM {p}queues WHERE name = $1
 ),
 hi AS MATERIALIZED (
-    SELECT l.mr > 0 AND NOT l.paused
+    SELECT l.mr > 0 AND NOT l.paused AND NOT $3::boolean
            AND EXISTS (SELECT 1 FROM {p}limit_slots
-                        WHERE queue = $1 AND type = 'c' AND lkey = '' AND n >= l.mr AND job_id IS NOT NULL) AS held
+                        WHERE queue = $1 AND type = 'c' AND lkey = '' AND n >= l.mr
+                          AND (job_id IS NOT NULL OR owner IS NOT NULL)) AS held
       FROM l
 ),
 c AS MATERIALIZED (
     SELECT n FROM {p}limit_slots
-     WHERE queue = $1 AND type = 'c' AND lkey = '' AND n < (SELECT mr FROM l) AND job_id IS NULL
-       AND NOT (SELECT paused FROM l) AND NOT (SELECT held FROM hi)
+     WHERE queue = $1 AND type = 'c' AND lkey = '' AND n < (SELECT mr FROM l) AND job_id IS NULL AND owner IS NULL
+       AND NOT (SELECT paused FROM l) AND NOT (SELECT held FROM hi) AND NOT $3::boolean
      ORDER BY n
      LIMIT $2
      FOR UPDATE SKIP LOCKED
@@ -356,7 +361,7 @@ r AS MATERIALIZED (
        AND (used_at IS NULL OR used_at <= now() - (SELECT per FROM l) * interval '1 microsecond')
        AND NOT (SELECT paused FROM l)
      ORDER BY n
-     LIMIT CASE WHEN (SELECT mr FROM l) > 0 THEN (SELECT count(*) FROM c) ELSE $2 END
+     LIMIT CASE WHEN (SELECT mr FROM l) > 0 AND NOT $3::boolean THEN (SELECT count(*) FROM c) ELSE $2 END
      FOR UPDATE SKIP LOCKED
 )
 SELECT l.async, l.mr, l.rt, l.per, l.paused, (SELECT held FROM hi),
@@ -381,11 +386,12 @@ SELECT l.async, l.mr, l.rt, l.per, l.paused, (SELECT held FROM hi),
 -- limit meanwhile counts that slot as free).
 WITH hi AS MATERIALIZED (
     SELECT $2::int > 0 AND EXISTS (SELECT 1 FROM {p}limit_slots
-                    WHERE queue = $1 AND type = 'c' AND lkey = '' AND n >= $2::int AND job_id IS NOT NULL) AS held
+                    WHERE queue = $1 AND type = 'c' AND lkey = '' AND n >= $2::int
+                      AND (job_id IS NOT NULL OR owner IS NOT NULL)) AS held
 ),
 c AS MATERIALIZED (
     SELECT n FROM {p}limit_slots
-     WHERE queue = $1 AND type = 'c' AND lkey = '' AND n < $2::int AND job_id IS NULL
+     WHERE queue = $1 AND type = 'c' AND lkey = '' AND n < $2::int AND job_id IS NULL AND owner IS NULL
        AND ($6::boolean OR NOT (SELECT held FROM hi))
      ORDER BY n
      LIMIT $4
@@ -413,8 +419,10 @@ SELECT (SELECT held FROM hi),
 SELECT true FROM {p}queues WHERE name = $1 FOR NO KEY UPDATE SKIP LOCKED
 
 -- name: limit_held
--- The queue's held concurrency slots, at any number.
-SELECT count(*) FROM {p}limit_slots WHERE queue = $1 AND type = 'c' AND lkey = '' AND job_id IS NOT NULL
+-- The queue's concurrency slots held by attempts or leased in blocks, at
+-- any number.
+SELECT count(*) FROM {p}limit_slots
+ WHERE queue = $1 AND type = 'c' AND lkey = '' AND (job_id IS NOT NULL OR owner IS NOT NULL)
 
 -- name: limit_take
 -- $1 queue; $2, $3, $4 the concurrency slots taken and the attempts
@@ -461,6 +469,64 @@ SELECT CASE WHEN bool_or(used_at IS NULL) THEN 0
        END
   FROM {p}limit_slots
  WHERE queue = $1 AND type = 'r' AND lkey = '' AND n < $2::int
+
+-- name: lease_limits
+-- LeaseSlots' first read, in its transaction: $1 the queues, each with
+-- its MaxRunning (0: none; a queue without a row has none).
+SELECT q, coalesce((SELECT max_running FROM {p}queues WHERE name = q), 0)
+  FROM unnest($1::text[]) AS q
+
+-- name: lease_mine
+-- The concurrency slots owner $1 holds of queues $2, locked until the
+-- transaction ends (only Rescue's sweep, a lowered limit and this owner
+-- write an owned slot), by queue and number.
+SELECT queue, n FROM {p}limit_slots
+ WHERE type = 'c' AND lkey = '' AND owner = $1 AND queue = ANY ($2::text[])
+ ORDER BY queue, n
+ FOR UPDATE
+
+-- name: lease_take
+-- Up to $3 free concurrency slots of queue $1 below its MaxRunning $2
+-- (held by no attempt and leased to no owner), locked FOR UPDATE SKIP
+-- LOCKED: owners and claims never wait for each other and never take the
+-- same slot. None while a slot at or above $2 is held by an attempt or an
+-- owner other than $4 (a lowered limit whose attempts have not ended:
+-- $4's own are given back in this transaction).
+SELECT n FROM {p}limit_slots
+ WHERE queue = $1 AND type = 'c' AND lkey = '' AND n < $2::int AND job_id IS NULL AND owner IS NULL
+   AND NOT EXISTS (SELECT 1 FROM {p}limit_slots
+                    WHERE queue = $1 AND type = 'c' AND lkey = '' AND n >= $2::int
+                      AND (job_id IS NOT NULL OR owner IS NOT NULL AND owner <> $4))
+ ORDER BY n
+ LIMIT $3
+ FOR UPDATE SKIP LOCKED
+
+-- name: lease_set
+-- LeaseSlots' writes, sent with its COMMIT: $1 owner; the slots it keeps
+-- or takes ($2 queues, $3 numbers), leased until $4 microseconds from now;
+-- the slots it gives back ($5 queues, $6 numbers), which wake their
+-- queues (a process held back by the limit may take them); then a check
+-- that the MaxRunning of queues $7 are still $8 in this statement's
+-- snapshot, taken after every slot was locked: if not (a limit changed
+-- meanwhile: a slot taken may be at or above a lowered one), it fails (an
+-- integer cast of a text naming the cause), so that the COMMIT sent with
+-- it does not run, and LeaseSlots runs again under the new limits.
+WITH k AS (
+    UPDATE {p}limit_slots s SET owner = $1, owner_until = now() + $4::bigint * interval '1 microsecond'
+      FROM unnest($2::text[], $3::int[]) AS t(queue, n)
+     WHERE s.queue = t.queue AND s.type = 'c' AND s.lkey = '' AND s.n = t.n
+),
+g AS (
+    UPDATE {p}limit_slots s SET owner = NULL, owner_until = NULL
+      FROM unnest($5::text[], $6::int[]) AS t(queue, n)
+     WHERE s.queue = t.queue AND s.type = 'c' AND s.lkey = '' AND s.n = t.n AND s.owner = $1
+    RETURNING s.queue
+),
+w AS (SELECT pg_notify('{p}wake', q) FROM (SELECT DISTINCT queue AS q FROM g) x)
+SELECT (CASE WHEN (SELECT count(*) FROM w) >= 0
+              AND NOT EXISTS (SELECT 1 FROM unnest($7::text[], $8::int[]) AS r(q, mr)
+                               WHERE coalesce((SELECT max_running FROM {p}queues WHERE name = r.q), 0) <> r.mr)
+             THEN '1' ELSE 'conveyor: the queue''s limits changed' END)::int
 
 -- name: key_lock
 -- The keyed claim, in its transaction: the open slots of queue $1's keys

@@ -637,9 +637,13 @@ UNION ALL
 -- the slot's fence in those segments (an attempt that ended by a path
 -- that did not free it: a statement of an earlier version), re-checking
 -- job_id and fence on the slot's latest version so that a slot taken
--- meanwhile stays taken, and wakes their queues; deletes the free
--- concurrency slots at or above their queue's limit (left held by a
--- lowered limit), or of a queue without one.
+-- meanwhile stays taken, and wakes their queues; gives back the slots of
+-- blocks (driver.SlotLeaser) whose lease expired and whose owner has no
+-- job of the slot's queue running in those segments (re-checking the
+-- lease on the slot's latest version, so that a block renewed meanwhile
+-- stays), and wakes their queues; deletes the free concurrency slots at
+-- or above their queue's limit (left held by a lowered limit, or leased),
+-- or of a queue without one.
 WITH
 reg AS MATERIALIZED (
     SELECT coalesce(string_agg(tbl || ':' || inc, ',' ORDER BY tbl COLLATE "C"), '') = $1 AS same
@@ -660,9 +664,27 @@ fr AS (
        AND s.job_id = c.job_id AND s.fence = c.fence
     RETURNING s.queue
 ),
+-- (Slots an owner's LeaseSlots has locked are skipped: it is renewing
+-- or giving them back, and the sweep never waits for it.)
+bc AS MATERIALIZED (
+    SELECT s.queue, s.n FROM {p}limit_slots s
+     WHERE s.type = 'c' AND s.lkey = '' AND s.owner IS NOT NULL AND s.owner_until < now() AND (SELECT same FROM reg)
+       AND NOT EXISTS (
+{each}SELECT 1 FROM {src} r WHERE r.queue = s.queue AND r.attempted_by = s.owner{sep}
+UNION ALL
+{end})
+     FOR UPDATE OF s SKIP LOCKED
+),
+bf AS (
+    UPDATE {p}limit_slots s SET owner = NULL, owner_until = NULL
+      FROM bc
+     WHERE s.queue = bc.queue AND s.type = 'c' AND s.lkey = '' AND s.n = bc.n
+       AND s.owner IS NOT NULL AND s.owner_until < now()
+    RETURNING s.queue
+),
 del AS (
     DELETE FROM {p}limit_slots s
-     WHERE s.type = 'c' AND s.job_id IS NULL
+     WHERE s.type = 'c' AND s.job_id IS NULL AND s.owner IS NULL
        AND s.n >= coalesce((SELECT q.max_running FROM {p}queues q WHERE q.name = s.queue), 0)
 ),
 -- Key slots the same way: held ones whose attempt is not running under
@@ -702,8 +724,9 @@ kdel AS (
                        AND s.used_at >= now() - greatest(q.key_rate_period_us * interval '1 microsecond',
                                                          interval '1 minute'))))
 ),
-woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT queue FROM fr UNION SELECT queue FROM kfr) f)
-SELECT (SELECT same FROM reg), (SELECT count(*) FROM fr) + (SELECT count(*) FROM kfr), (SELECT count(*) FROM woke)
+woke AS (SELECT pg_notify('{p}wake', f.queue) FROM (SELECT queue FROM fr UNION SELECT queue FROM kfr UNION SELECT queue FROM bf) f)
+SELECT (SELECT same FROM reg), (SELECT count(*) FROM fr) + (SELECT count(*) FROM kfr) + (SELECT count(*) FROM bf),
+       (SELECT count(*) FROM woke)
 
 -- name: seg_guard
 -- Whether the current segments a statement inserts into are still the
