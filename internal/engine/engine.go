@@ -201,6 +201,10 @@ type Engine struct {
 	ic driver.InsertClaimer
 	// oneWriter is the driver's Capabilities().OneWriter (see aheadN).
 	oneWriter bool
+	// leaser is the driver as a SlotLeaser, nil when it cannot lease a
+	// queue's slots in blocks (blocks.go); blockMu serializes the calls.
+	leaser  driver.SlotLeaser
+	blockMu sync.Mutex
 
 	// hbWake asks the heartbeat loop to renew at once (cap 1).
 	hbWake chan struct{}
@@ -242,6 +246,7 @@ func New(drv driver.Driver, cfg Config, handlers map[string]Handler) *Engine {
 	}
 	e.ic, _ = drv.(driver.InsertClaimer)
 	e.oneWriter = drv.Capabilities().OneWriter
+	e.leaser, _ = drv.(driver.SlotLeaser)
 	e.ins = newInserter(e)
 	e.remote = newRemoteProcs(e)
 	kinds := make(map[string]KindConfig, len(cfg.Kinds))
@@ -434,6 +439,17 @@ func (e *Engine) Stop(ctx context.Context) error {
 	}
 	e.runCancel()
 	e.loopWG.Wait()
+	// The blocks of limited queues' slots go back to the queues, now that
+	// the heartbeat no longer renews them: every attempt run under them
+	// has ended or was released. (Left to expire, they would hold the
+	// slots for a lease and a rescue.)
+	if e.leaser != nil {
+		bctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if berr := e.leaseBlocks(bctx, nil, true); berr != nil {
+			e.warn("conveyor: giving back the blocks of limited queues' slots failed (they are given back when their lease expires)", "error", berr)
+		}
+		cancel()
+	}
 	e.listenRelease(0)
 	e.limitsRelease(0)
 	// 5. Leave the processes table (the loop that refreshed the row has

@@ -84,6 +84,10 @@ type fetcher struct {
 
 	mu     sync.Mutex
 	leases map[int64]*running
+
+	// blk is the block of the queue's concurrency slots the process
+	// works the queue under, when it has a MaxRunning (blocks.go).
+	blk slotBlock
 }
 
 // running is one attempt in progress. Its fields other than row, ctx and
@@ -117,6 +121,10 @@ type running struct {
 	// carries a pointer to it (one context value per attempt, no
 	// allocation of its own).
 	result resultSlot
+	// permit is set when the attempt was claimed under the fetcher's
+	// block of the queue's slots: its handler starts only with a permit
+	// of the block (blocks.go).
+	permit bool
 }
 
 // abandoned reports whether the attempt's handler outlived its timeout by
@@ -162,7 +170,16 @@ func (f *fetcher) noteRun(d time.Duration) {
 // (driver.Capabilities.OneWriter: SQLite), where a larger claim would
 // hold every other writer, heartbeats included, back for longer.
 func (f *fetcher) aheadN(want int) int {
-	if f.e.oneWriter || f.e.limited(f.queue) {
+	if f.e.limited(f.queue) {
+		return want
+	}
+	return f.unlimitedAhead(want)
+}
+
+// unlimitedAhead is aheadN for a queue whose claims hold nothing that
+// other processes wait for: on a backend with one writer, want.
+func (f *fetcher) unlimitedAhead(want int) int {
+	if f.e.oneWriter {
 		return want
 	}
 	n := f.e.cfg.ClaimBatch
@@ -218,6 +235,15 @@ func (f *fetcher) run(ctx context.Context) {
 		case <-f.stopCh:
 			return
 		default:
+		}
+		if f.blocked() {
+			if !f.runBlocked(ctx) {
+				return
+			}
+			// The queue no longer has a MaxRunning: claim it as any
+			// other, at once.
+			more, held, errs = true, 0, 0
+			continue
 		}
 		running := int(f.running.Load())
 		slots := f.max
@@ -362,7 +388,7 @@ func (f *fetcher) run(ctx context.Context) {
 			// database started its leases.
 			sent = rows[0].LeaseFrom
 		}
-		f.dispatch(rows, sent)
+		f.dispatch(rows, sent, false)
 		f.claiming.Store(0)
 		more = len(rows) == limit
 		held = hold
@@ -376,14 +402,18 @@ func (f *fetcher) run(ctx context.Context) {
 			continue
 		}
 		if !listening {
-			// Adaptive poll: fast while work flows, backing off when idle.
-			if len(rows) > 0 {
-				interval = e.cfg.PollMin
-			} else {
-				interval = min(interval*2, e.cfg.PollMax)
-			}
+			interval = f.nextPoll(interval, len(rows) > 0)
 		}
 	}
+}
+
+// nextPoll is the adaptive poll of a backend without notifications: fast
+// while work flows (a claim got jobs), backing off when idle.
+func (f *fetcher) nextPoll(interval time.Duration, got bool) time.Duration {
+	if got {
+		return f.e.cfg.PollMin
+	}
+	return min(interval*2, f.e.cfg.PollMax)
 }
 
 // room returns how many more slots of the queue's concurrency limit
@@ -448,8 +478,9 @@ func heldWait(res driver.ClaimResult, pollMin time.Duration, keyed bool) time.Du
 }
 
 // dispatch hands claimed rows to the workers; sent is when the claim was
-// sent, from which their leases run.
-func (f *fetcher) dispatch(rows []*driver.JobRow, sent time.Time) {
+// sent, from which their leases run; permit, that they were claimed
+// under the fetcher's block (their handlers start with a permit).
+func (f *fetcher) dispatch(rows []*driver.JobRow, sent time.Time, permit bool) {
 	if len(rows) == 0 {
 		return
 	}
@@ -461,20 +492,24 @@ func (f *fetcher) dispatch(rows []*driver.JobRow, sent time.Time) {
 	if !slices.IsSortedFunc(rows, claimOrder) {
 		slices.SortStableFunc(rows, claimOrder)
 	}
-	f.running.Add(int64(len(rows)))
+	n := f.running.Add(int64(len(rows)))
+	if permit {
+		f.blk.noteHeld(int(n), false)
+	}
 	f.e.jobWG.Add(len(rows))
-	f.deliver(rows, sent)
+	f.deliver(rows, sent, permit)
 }
 
 // deliver holds rows, counted in running and jobWG already, as attempts
 // of this fetcher and hands them to the workers, in the order given.
-func (f *fetcher) deliver(rows []*driver.JobRow, sent time.Time) {
+func (f *fetcher) deliver(rows []*driver.JobRow, sent time.Time, permit bool) {
 	f.e.metrics.Claimed.Add(int64(len(rows)))
 	valid := sent.Add(f.e.cfg.Lease)
 	f.mu.Lock()
 	items := make([]*running, len(rows))
 	for i, r := range rows {
 		items[i] = f.hold(r, valid)
+		items[i].permit = permit
 	}
 	f.mu.Unlock()
 	if time.Until(valid) < f.e.cfg.Lease-f.e.cfg.HeartbeatInterval {
@@ -589,13 +624,30 @@ type attempt struct {
 func (f *fetcher) work(it *running) attempt {
 	e := f.e
 	defer it.cancel(nil)
+	if it.permit && !f.blk.acquire(it.ctx, f.stopCh) {
+		if it.ctx.Err() != nil {
+			// Cut off or lost while it waited for a permit.
+			f.giveBack(it)
+		}
+		// Else the process is stopping: Stop releases it with the
+		// other unstarted ones.
+		return attempt{}
+	}
 	if !f.startable(it) {
+		if it.permit {
+			f.blk.release()
+		}
 		f.giveBack(it)
 		return attempt{}
 	}
 	began := time.Now()
 	err, trace := e.runJob(context.WithValue(it.ctx, resultKey{}, &it.result), it.row)
 	ran := time.Since(began)
+	if it.permit {
+		// The execution ended: its permit goes to the next attempt at
+		// once, the outcome's write does not hold it.
+		f.blk.release()
+	}
 	a := attempt{ran: true, took: ran, err: err}
 	switch {
 	case err != nil && interrupting(context.Cause(it.ctx)):

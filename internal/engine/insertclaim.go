@@ -2,7 +2,6 @@ package engine
 
 import (
 	"cmp"
-	"context"
 	"slices"
 	"time"
 
@@ -172,22 +171,11 @@ func (f *fetcher) deliverClaimed(rows []*driver.JobRow, sent time.Time) {
 	f.dispMu.RLock()
 	if !f.workersClosed {
 		f.e.metrics.ClaimedAtInsert.Add(int64(len(rows)))
-		f.deliver(rows, sent)
+		f.deliver(rows, sent, false)
 		f.dispMu.RUnlock()
 		return
 	}
 	f.dispMu.RUnlock()
 	f.unreserve(len(rows))
-	leases := make([]driver.Lease, len(rows))
-	for i, r := range rows {
-		leases[i] = driver.Lease{ID: r.ID, Fence: r.Fence}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), f.e.cfg.Lease)
-	defer cancel()
-	n, err := f.e.drv.Release(ctx, leases)
-	f.e.metrics.Released.Add(n)
-	if err != nil {
-		f.e.metrics.DBErrors.Add(1)
-		f.e.warn("conveyor: releasing jobs claimed at insert during shutdown failed; they will be rescued", "queue", f.queue, "error", err)
-	}
+	f.releaseRows(rows, "jobs claimed at insert during shutdown")
 }

@@ -282,7 +282,7 @@ func TestAttemptCutOffBeforeStartCountedOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	f := newFetcher(e, "q", 1, ctx)
 	e.fetchers = map[string]*fetcher{"q": f}
-	f.dispatch([]*driver.JobRow{job(1)}, time.Now().Add(-lease)) // a claim sent a lease ago
+	f.dispatch([]*driver.JobRow{job(1)}, time.Now().Add(-lease), false) // a claim sent a lease ago
 	loopDone := make(chan struct{})
 	go func() { defer close(loopDone); e.deadlineLoop(ctx) }()
 	waitFor(t, "the deadline loop to cut the attempt off", func() bool { return e.Metrics().LeaseDeadlines.Load() >= 1 })

@@ -1,0 +1,310 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/conveyorq/conveyor/internal/driver"
+)
+
+// leasingDriver is the fake driver with blocks of slots (SlotLeaser):
+// each call grants min(want, the queue's MaxRunning as limits says, the
+// cap grant sets), and records what it was asked and gave.
+type leasingDriver struct {
+	*fakeDriver
+	mu    sync.Mutex
+	cap   map[string]int // the most a call grants per queue (none: no cap)
+	asked []map[string]int
+	gave  []map[string]driver.SlotBlock
+	// fail, when set, fails every call.
+	fail atomic.Bool
+	// onLease, when set, sees every call's want as it is made.
+	onLease func(want map[string]int)
+}
+
+func (d *leasingDriver) LeaseSlots(_ context.Context, owner string, want map[string]int, _ time.Duration) (map[string]driver.SlotBlock, error) {
+	if d.fail.Load() {
+		return nil, context.DeadlineExceeded
+	}
+	if d.onLease != nil {
+		d.onLease(want)
+	}
+	d.fakeDriver.mu.Lock()
+	limits := d.limits
+	d.fakeDriver.mu.Unlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := map[string]driver.SlotBlock{}
+	asked := map[string]int{}
+	for q, w := range want {
+		asked[q] = w
+		mr := limits[q].MaxRunning
+		n := min(w, mr)
+		if c, ok := d.cap[q]; ok {
+			n = min(n, c)
+		}
+		out[q] = driver.SlotBlock{Held: n, MaxRunning: mr}
+	}
+	d.asked = append(d.asked, asked)
+	d.gave = append(d.gave, out)
+	return out, nil
+}
+
+func (d *leasingDriver) setCap(q string, n int) {
+	d.mu.Lock()
+	if d.cap == nil {
+		d.cap = map[string]int{}
+	}
+	d.cap[q] = n
+	d.mu.Unlock()
+}
+
+func (d *leasingDriver) last() (map[string]int, map[string]driver.SlotBlock) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.asked) == 0 {
+		return nil, nil
+	}
+	return d.asked[len(d.asked)-1], d.gave[len(d.gave)-1]
+}
+
+// concurrency counts handlers running at once and their peak.
+type concurrency struct{ now, peak atomic.Int64 }
+
+func (c *concurrency) enter() {
+	n := c.now.Add(1)
+	for p := c.peak.Load(); n > p && !c.peak.CompareAndSwap(p, n); p = c.peak.Load() {
+	}
+}
+
+func (c *concurrency) leave() { c.now.Add(-1) }
+
+func startLeasing(t *testing.T, d *leasingDriver, cfg Config, handlers map[string]Handler) *Engine {
+	t.Helper()
+	e := New(d, cfg, handlers)
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
+	return e
+}
+
+// A queue with a MaxRunning is worked under a block: no more handlers
+// run at once than the block holds, whatever the workers, the claims
+// take no slot (Claim, Blocked), and Stop gives the block back.
+func TestBlockHoldsHandlersToItsSlots(t *testing.T) {
+	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 3}}}}
+	const jobs = 40
+	for i := range jobs {
+		d.add(job(int64(i + 1)))
+	}
+	var c concurrency
+	var done atomic.Int64
+	var blocked atomic.Bool
+	blocked.Store(true)
+	d.onClaim = func(p driver.ClaimParams) {
+		if !p.Blocked {
+			blocked.Store(false)
+		}
+	}
+	cfg := testConfig(10 * time.Second)
+	cfg.Queues = map[string]int{"q": 10}
+	e := startLeasing(t, d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error {
+		c.enter()
+		defer c.leave()
+		time.Sleep(2 * time.Millisecond)
+		done.Add(1)
+		return nil
+	}})
+	waitFor(t, "every job to run", func() bool { return done.Load() == jobs })
+	if p := c.peak.Load(); p != 3 {
+		t.Fatalf("peak of %d handlers at once under a block of 3 slots, want 3", p)
+	}
+	if !blocked.Load() {
+		t.Fatal("a claim under the block was not marked Blocked")
+	}
+	for _, cl := range d.claimsOf("q") {
+		if cl.limited {
+			t.Fatal("a queue whose only limit is MaxRunning was claimed through ClaimLimited under its block")
+		}
+	}
+	if asked, gave := d.last(); asked["q"] < 3 || gave["q"].Held != 3 {
+		t.Fatalf("last lease asked %v, gave %v; want a block of the limit's 3", asked, gave)
+	}
+	if err := e.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if asked, _ := d.last(); asked["q"] != 0 {
+		t.Fatalf("the last lease after Stop asked %v, want the block given back (0)", asked)
+	}
+}
+
+// A claim that comes back after the block's lease could have expired
+// (less the margin) starts nothing, although its jobs' own leases are
+// fresh: its jobs are released unstarted, and the block is renewed
+// before the next claim.
+func TestBlockLateClaimReleased(t *testing.T) {
+	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 2}}}}
+	const lease = 2 * time.Second
+	var slow atomic.Bool
+	slow.Store(true)
+	d.claim = func(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+		rows := d.takePending(p)
+		if len(rows) > 0 && slow.Swap(false) {
+			time.Sleep(lease / 4)
+		}
+		return rows, nil
+	}
+	ran := make(chan int64, 4)
+	cfg := testConfig(lease)
+	cfg.HeartbeatInterval = time.Hour // no renewal behind the claim's back
+	startLeasing(t, d, cfg, map[string]Handler{"k": func(_ context.Context, r *driver.JobRow) error {
+		ran <- r.ID
+		return nil
+	}})
+	waitFor(t, "the block's lease", func() bool { a, _ := d.last(); return a != nil })
+	leased := time.Now()
+	// The jobs come when the block has a little more than its margin
+	// (a fifth of the lease) left: the claim that finds them, slowed by
+	// a quarter of the lease, comes back with less than the margin left.
+	time.Sleep(lease - lease/5 - lease/8 - time.Since(leased))
+	d.add(job(1), job(2))
+	waitFor(t, "the late claim's jobs to be released", func() bool { return d.released.Load() == 2 })
+	select {
+	case id := <-ran:
+		t.Fatalf("job %d of a claim that came back after its block may have expired ran", id)
+	case <-time.After(50 * time.Millisecond):
+	}
+	// Released here means pending no more in the fake: put them back, as
+	// the database would, and they run under the renewed block.
+	d.add(job(1), job(2))
+	recv(t, "a job under the renewed block", ran)
+	recv(t, "a job under the renewed block", ran)
+}
+
+// A block whose slots another process holds is tried again after a
+// while, not in a tight loop, and the jobs run once slots free.
+func TestBlockGrowsWhenSlotsFree(t *testing.T) {
+	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 4}}}}
+	d.setCap("q", 0) // every slot held elsewhere
+	for i := range 5 {
+		d.add(job(int64(i + 1)))
+	}
+	var c concurrency
+	var done atomic.Int64
+	cfg := limitConfig(5 * time.Millisecond)
+	cfg.Queues = map[string]int{"q": 8}
+	startLeasing(t, d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error {
+		c.enter()
+		defer c.leave()
+		time.Sleep(5 * time.Millisecond)
+		done.Add(1)
+		return nil
+	}})
+	time.Sleep(300 * time.Millisecond)
+	d.mu.Lock()
+	tries := len(d.asked)
+	d.mu.Unlock()
+	if done.Load() != 0 {
+		t.Fatalf("%d jobs ran without a slot", done.Load())
+	}
+	// Backing off from PollMin (5ms) to blockRetryMax, 300ms hold about
+	// 7 tries; a tight loop thousands.
+	if tries < 2 || tries > 40 {
+		t.Fatalf("%d tries to lease a slot in 300ms while none was free", tries)
+	}
+	d.setCap("q", 2)
+	waitFor(t, "the jobs to run once 2 slots freed", func() bool { return done.Load() == 5 })
+	if p := c.peak.Load(); p > 2 {
+		t.Fatalf("peak of %d handlers at once with 2 slots", p)
+	}
+}
+
+// A lowered MaxRunning, seen by the limits cache, takes effect without
+// waiting for the next renewal: the block is leased again under it.
+func TestBlockLoweredLimitLeasedAgain(t *testing.T) {
+	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 4}}}}
+	var c concurrency
+	var done atomic.Int64
+	cfg := testConfig(10 * time.Second)
+	cfg.Queues = map[string]int{"q": 8}
+	cfg.HeartbeatInterval = time.Hour
+	startLeasing(t, d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error {
+		c.enter()
+		defer c.leave()
+		time.Sleep(3 * time.Millisecond)
+		done.Add(1)
+		return nil
+	}})
+	for i := range 20 {
+		d.add(job(int64(i + 1)))
+	}
+	waitFor(t, "the first jobs", func() bool { return done.Load() == 20 })
+	if p := c.peak.Load(); p != 4 {
+		t.Fatalf("peak %d under a block of 4", p)
+	}
+	d.fakeDriver.mu.Lock()
+	d.limits = map[string]driver.QueueLimits{"q": {MaxRunning: 1}}
+	d.fakeDriver.mu.Unlock()
+	waitFor(t, "the block leased again under the lowered limit", func() bool {
+		_, gave := d.last()
+		return gave["q"].MaxRunning == 1
+	})
+	c.peak.Store(0)
+	for i := range 20 {
+		d.add(job(int64(100 + i)))
+	}
+	waitFor(t, "the later jobs", func() bool { return done.Load() == 40 })
+	if p := c.peak.Load(); p != 1 {
+		t.Fatalf("peak %d after the limit was lowered to 1", p)
+	}
+}
+
+// A block is never given back below the handlers running under it: a
+// renewal that shrinks it (the queue's backlog gone) first stops handing
+// out permits beyond the smaller block, so that when the database gives
+// the rest back no handler runs under a slot another process may take.
+func TestBlockNeverShrinksUnderRunningHandlers(t *testing.T) {
+	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 6}}}}
+	var c concurrency
+	var below atomic.Int64
+	d.onLease = func(want map[string]int) {
+		// As a database would: the slots beyond want go back at the
+		// commit, a moment after the call was made.
+		time.Sleep(time.Millisecond)
+		if n := c.now.Load(); int64(want["q"]) < n {
+			below.Store(n<<32 | int64(want["q"]))
+		}
+	}
+	cfg := testConfig(time.Second)
+	cfg.Queues = map[string]int{"q": 6}
+	cfg.HeartbeatInterval = 5 * time.Millisecond // renewals all the time
+	var done atomic.Int64
+	startLeasing(t, d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error {
+		c.enter()
+		defer c.leave()
+		time.Sleep(time.Duration(1+done.Load()%4) * time.Millisecond)
+		done.Add(1)
+		return nil
+	}})
+	next := int64(1)
+	for round := range 120 {
+		// Bursts of 1 to 8 jobs with pauses between: blocks grow and
+		// shrink.
+		for range 1 + round%8 {
+			d.add(job(next))
+			next++
+		}
+		time.Sleep(time.Duration(round%5) * 3 * time.Millisecond)
+	}
+	waitFor(t, "every job", func() bool { return done.Load() == next-1 })
+	if v := below.Load(); v != 0 {
+		t.Fatalf("a lease asked for %d slots while %d handlers ran under the block", v&(1<<32-1), v>>32)
+	}
+	if p := c.peak.Load(); p > 6 {
+		t.Fatalf("peak %d under a limit of 6", p)
+	}
+}
