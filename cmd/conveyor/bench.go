@@ -406,9 +406,12 @@ func printLimits(tw *tabwriter.Writer, rs []*bench.Result) {
 			base = r.JobsPerS
 		}
 	}
-	fmt.Fprintln(tw, "phase\tlimits\tworkers\tjobs\tseconds\tjobs/s\tallowed jobs/s\tratio\tpeak running\tmost claims in a period\tpick-up p50/p99 ms\tp99 ms\tlost\tdup\t")
+	fmt.Fprintln(tw, "phase\tlimits\tworkers\tjobs\tseconds\tjobs/s\tallowed jobs/s\tratio\tslots busy\tpeak running\tmost claims in a period\tpick-up p50/p99 ms\tp99 ms\tlost\tdup\t")
 	for _, r := range rs {
-		lim, allowed, ratio, win, pick := "none", "-", "-", "-", "-"
+		lim, allowed, ratio, win, pick, busy := "none", "-", "-", "-", "-", "-"
+		if r.SlotsBusy > 0 {
+			busy = fmt.Sprintf("%.2f", r.SlotsBusy)
+		}
 		if r.PickupN > 0 {
 			pick = ms(r.PickupP50ms) + " / " + ms(r.PickupP99ms)
 		}
@@ -434,7 +437,7 @@ func printLimits(tw *tabwriter.Writer, rs []*bench.Result) {
 		case base > 0 && r.Phase != "unlimited":
 			ratio = fmt.Sprintf("%.2f of unlimited", r.JobsPerS/base)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.0f\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%d\t\n",
-			r.Phase, lim, r.Workers, r.Jobs, r.Seconds, r.JobsPerS, allowed, ratio, r.PeakRunning, win, pick, ms(r.P99ms), r.Lost, r.Duplicates)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.0f\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%d\t%d\t\n",
+			r.Phase, lim, r.Workers, r.Jobs, r.Seconds, r.JobsPerS, allowed, ratio, busy, r.PeakRunning, win, pick, ms(r.P99ms), r.Lost, r.Duplicates)
 	}
 }

@@ -276,13 +276,22 @@ type Result struct {
 	ShareRatio float64 `json:"share_ratio,omitempty"`
 	// PickupP50ms and PickupP99ms, for a run whose limits bind, are the
 	// median and 99th percentile of how long a job freed by the limits
-	// waited to start: from the end that freed its concurrency slot, or
-	// from the moment the rate's window had room, to its claim, by the
-	// database's clock (see pickup); PickupN is how many waits they
+	// waited to start: under a concurrency limit, from the end of an
+	// execution to the start of the one it made room for, by the
+	// handlers' clock (a slot passes from one job to the next inside a
+	// process, without a write the database could date); under a rate,
+	// from the moment the window had room to the claim, by the
+	// database's clock (see pickup). PickupN is how many waits they
 	// summarize.
 	PickupP50ms float64 `json:"pickup_p50_ms,omitempty"`
 	PickupP99ms float64 `json:"pickup_p99_ms,omitempty"`
 	PickupN     int     `json:"pickup_n,omitempty"`
+	// SlotsBusy, for a run whose MaxRunning binds, is the share of the
+	// limit's slots' time spent in executions, from the first start to
+	// the last end, by the handlers' clock: the rate the slots allow for
+	// the jobs as they ran (a sleep of 5ms takes longer on a busy
+	// machine) is reached at 1.
+	SlotsBusy float64 `json:"slots_busy,omitempty"`
 	// Latencies are the raw samples (not in JSON) for charts.
 	Latencies []time.Duration `json:"-"`
 }
@@ -505,6 +514,7 @@ func openClient(ctx context.Context, o Options, queues map[string]int, recs map[
 		if j.Key != "" {
 			rec.KeyEnd(j.Key)
 		}
+		rec.Ended(j.Args.Seq, time.Now())
 		rec.End()
 		return nil
 	})); err != nil {
@@ -525,6 +535,23 @@ func simulate(d time.Duration, spin bool) {
 		return
 	}
 	time.Sleep(d)
+}
+
+// slotsBusy is the share of m slots' time, from the first start to the
+// last end, that the executions (starts[i] to ends[i], unix ns) took.
+func slotsBusy(starts, ends []int64, m int) float64 {
+	if len(starts) == 0 || m <= 0 {
+		return 0
+	}
+	first, last := slices.Min(starts), slices.Max(ends)
+	var busy int64
+	for i := range starts {
+		busy += ends[i] - starts[i]
+	}
+	if last <= first {
+		return 0
+	}
+	return float64(busy) / (float64(m) * float64(last-first))
 }
 
 // jobMaker returns the function that builds job seq's arguments.
@@ -636,6 +663,15 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	ferr := res.fill(rec.Summarize(), elapsed)
 	res.PeakRunning = rec.Peak()
 	res.KeyPeakRunning, res.KeyReorders = rec.KeyPeak(), rec.KeyReorders()
+	if l := o.Limits; l.MaxRunning > 0 && l.MaxRunning < o.Workers {
+		// A binding concurrency limit: the waits of the jobs it held,
+		// from the executions' own starts and ends (see pickupWaits).
+		starts, ends := rec.Executions(0, rec.Issued())
+		waits := pickupWaits(starts, ends, l, true)
+		slices.Sort(waits)
+		res.PickupP50ms, res.PickupP99ms, res.PickupN = quantile(waits, 0.5), quantile(waits, 0.99), len(waits)
+		res.SlotsBusy = slotsBusy(starts, ends, l.MaxRunning)
+	}
 	if o.Limits.Rate > 0 {
 		res.MaxStartsInWindow = rec.MaxInWindow(0, rec.Issued(), o.Limits.RatePeriod)
 	}

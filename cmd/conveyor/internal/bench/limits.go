@@ -152,30 +152,29 @@ func checkHeld(r *Result) error {
 // pickupPage is how many jobs one read of pickup lists.
 const pickupPage = 1000
 
-// pickup measures, after a limited run of a backlogged queue, how long a
-// job freed by the limits waited to start, by the database's clock:
+// pickup measures, after a run held by a rate, how long a job freed by
+// the limits waited to start, by the database's clock:
 //
-//   - under a MaxRunning of m that binds (m below the workers), the
-//     (i+m)-th start (in time order) needs the i-th end: its wait is
-//     from that end (the outcome's finalized_at, when the slot was
-//     freed) to the start (the claim's attempted_at);
 //   - under a Rate of n per period, the i-th start needs the (i-n)-th
 //     to have left the window: its wait is from that moment (the
-//     earlier start's attempted_at plus the period) to the start;
+//     earlier start's attempted_at plus the period) to the start (the
+//     claim's attempted_at);
 //   - under a KeyRate alone, the same within each key's starts.
 //
-// Both clocks are the claim's and the outcome's transaction start
-// (now()), a little before their commits: a wait shorter than that gap
-// shows as 0. It reads every completed job of the queue (the run's
-// tables are its own) and returns the waits in time order, nil when the
-// run's limits do not bind.
+// The clock is the claim's transaction start (now()), a little before its
+// commit. It reads every completed job of the queue (the run's tables are
+// its own) and returns the waits in time order, nil when no rate binds.
+// A binding MaxRunning is measured from the executions instead (the
+// drain's runner, with pickupWaits): its slots pass from one job to the
+// next inside a process, and no claim or outcome the database dates marks
+// the moment.
 func pickup(ctx context.Context, c *conveyor.Client[any], l conveyor.QueueLimits, workers int) ([]time.Duration, error) {
 	conc := l.MaxRunning > 0 && l.MaxRunning < workers
 	keyRate := !conc && l.Rate == 0 && l.KeyRate > 0
-	if !conc && l.Rate == 0 && !keyRate {
+	if conc || l.Rate == 0 && !keyRate {
 		return nil, nil
 	}
-	var starts, ends []int64
+	var starts []int64
 	byKey := map[string][]int64{}
 	for after := int64(0); ; {
 		js, err := c.Jobs(ctx, conveyor.JobFilter{States: []conveyor.JobState{conveyor.JobStateCompleted},
@@ -185,7 +184,6 @@ func pickup(ctx context.Context, c *conveyor.Client[any], l conveyor.QueueLimits
 		}
 		for _, j := range js {
 			starts = append(starts, j.AttemptedAt.UnixNano())
-			ends = append(ends, j.FinalizedAt.UnixNano())
 			if keyRate && j.Key != "" {
 				byKey[j.Key] = append(byKey[j.Key], j.AttemptedAt.UnixNano())
 			}
@@ -205,7 +203,7 @@ func pickup(ctx context.Context, c *conveyor.Client[any], l conveyor.QueueLimits
 		}
 		return waits, nil
 	}
-	return pickupWaits(starts, ends, l, conc), nil
+	return pickupWaits(starts, nil, l, false), nil
 }
 
 // pickupWaits computes pickup's waits from the jobs' starts and ends

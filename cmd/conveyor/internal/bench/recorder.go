@@ -21,6 +21,7 @@ type slot struct {
 	enq   atomic.Int64 // unix ns when the enqueue commit was acknowledged
 	call  atomic.Int64 // unix ns when the enqueue call began
 	start atomic.Int64 // unix ns of the first execution's start
+	end   atomic.Int64 // unix ns of the first execution's end
 	// claimed is the unix ns of the first execution's claim by the
 	// database's clock (the job's attempted_at), 0 when not recorded.
 	claimed atomic.Int64
@@ -248,6 +249,24 @@ func (r *Recorder) Started(seq int64, t time.Time) {
 	if s.execs.Add(1) == 1 {
 		s.start.Store(t.UnixNano())
 	}
+}
+
+// Ended records that the execution of seq begun first ended at t (a
+// later one of the same job is not recorded).
+func (r *Recorder) Ended(seq int64, t time.Time) {
+	r.slot(seq).end.CompareAndSwap(0, t.UnixNano())
+}
+
+// Executions returns the starts and ends (unix ns, by this process's
+// clock) of the first executions of the jobs of [from, to) that ended.
+func (r *Recorder) Executions(from, to int64) (starts, ends []int64) {
+	for seq := from; seq < to; seq++ {
+		s := r.slot(seq)
+		if e := s.end.Load(); e != 0 {
+			starts, ends = append(starts, s.start.Load()), append(ends, e)
+		}
+	}
+	return starts, ends
 }
 
 // maxListed caps Summary.LostSeqs and Summary.DuplicateSeqs.
