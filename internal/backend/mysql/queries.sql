@@ -675,11 +675,12 @@ ON DUPLICATE KEY UPDATE n = n
 -- name: slot_lock_above
 SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n >= ? ORDER BY n FOR UPDATE
 
--- Concurrency slots at or beyond the limit that no attempt holds; a held
--- one stays until its attempt ends (then the rescue's sweep deletes it).
--- (queue, max_running.)
+-- Concurrency slots at or beyond the limit that no attempt holds and no
+-- owner has leased; a held one stays until its attempt ends or its owner
+-- gives it back (then the rescue's sweep deletes it). (queue,
+-- max_running.)
 -- name: slot_trim_c
-DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n >= ? AND job_id IS NULL
+DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n >= ? AND job_id IS NULL AND owner IS NULL
 
 -- Rate slots at or beyond the rate whose start has left the window, or
 -- that never admitted one; all of them when the queue has no rate.
@@ -695,31 +696,35 @@ DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n 
 SELECT name, max_running, rate, rate_period_us, key_max_running, key_order, key_rate, key_rate_period_us, key_fair FROM `{p}queues` WHERE max_running IS NOT NULL OR rate IS NOT NULL OR key_max_running IS NOT NULL OR key_rate IS NOT NULL OR key_fair IS NOT NULL
 
 -- LimitUsage, one statement by the database's clock: per limited queue,
--- the concurrency slots held, the starts within the window and how long
--- until the oldest of them leaves it.
+-- the concurrency slots held (by an attempt, or leased to an owner in a
+-- block), the starts within the window and how long until the oldest of
+-- them leaves it.
 -- name: limit_usage
 SELECT q.name, q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order, q.key_rate, q.key_rate_period_us, q.key_fair,
-  (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.job_id > 0),
+  (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND (s.job_id > 0 OR s.owner IS NOT NULL)),
   (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate AND s.used_at > UTC_TIMESTAMP(6) - INTERVAL q.rate_period_us MICROSECOND),
   (SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(s.used_at) + INTERVAL q.rate_period_us MICROSECOND) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate AND s.used_at > UTC_TIMESTAMP(6) - INTERVAL q.rate_period_us MICROSECOND)
   FROM `{p}queues` q WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL OR q.key_max_running IS NOT NULL OR q.key_rate IS NOT NULL OR q.key_fair IS NOT NULL
 
 -- ClaimLimited. limits_read is a plain read of the queue's limits and of
--- how many concurrency slots at or beyond max_running are still held (a
--- lowered limit: those attempts count against it until they end), then
+-- how many concurrency slots at or beyond max_running are still held by
+-- attempts or leased to owners (a lowered limit: they count against it
+-- until the attempts end and the owners give them back), then
 -- the queue's key weights (a Fair queue's). A queue without limits is
 -- claimed by Claim. (queue.)
 -- name: limits_read
-SELECT q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order, q.key_rate, q.key_rate_period_us, q.key_fair, (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.n >= q.max_running AND s.job_id IS NOT NULL), q.key_weights FROM `{p}queues` q WHERE q.name = ?
+SELECT q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order, q.key_rate, q.key_rate_period_us, q.key_fair, (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.n >= q.max_running AND (s.job_id IS NOT NULL OR s.owner IS NOT NULL)), q.key_weights FROM `{p}queues` q WHERE q.name = ?
 
 -- With SKIP LOCKED (the skip-locked strategy), in the claim's
 -- transaction and before the jobs: lock up to want free concurrency slots
--- (queue, max_running, want) and up to want rate slots whose last start
+-- (neither held by an attempt nor leased to an owner; LeaseSlots locks
+-- the free slots it takes with the same statement) (queue, max_running,
+-- want) and up to want rate slots whose last start
 -- has left the window (queue, rate, period µs, want), skipping the slots
 -- other claimers hold. Slots before jobs in every claim, so claimers lock
 -- in one order; and they never wait.
 -- name: slot_lock_c
-SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL ORDER BY n LIMIT ? FOR UPDATE {skip}
+SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL AND owner IS NULL ORDER BY n LIMIT ? FOR UPDATE {skip}
 
 -- name: slot_lock_r
 SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n < ? AND (used_at IS NULL OR used_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) ORDER BY n LIMIT ? FOR UPDATE {skip}
@@ -729,11 +734,12 @@ SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND 
 -- (a negative job_id, never a job's); the rows it changed are the
 -- claim's, and a slot another claim reserved or took is not free any
 -- more once that claim commits (a reservation never commits: the claim
--- turns it into a holder or clears it). Rows are locked in slot order.
+-- turns it into a holder or clears it); nor is one leased to an owner.
+-- Rows are locked in slot order.
 -- (marker, queue, max_running, want) and (marker, queue, rate, period µs,
 -- want).
 -- name: slot_reserve_c
-UPDATE `{p}limit_slots` SET job_id = ? WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL{intx} ORDER BY n LIMIT ?
+UPDATE `{p}limit_slots` SET job_id = ? WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL AND owner IS NULL{intx} ORDER BY n LIMIT ?
 
 -- name: slot_reserve_r
 UPDATE `{p}limit_slots` SET job_id = ? WHERE queue = ? AND type = 'r' AND lkey = '' AND n < ? AND job_id IS NULL AND (used_at IS NULL OR used_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND){intx} ORDER BY n LIMIT ?
@@ -752,12 +758,13 @@ UPDATE `{p}limit_slots` SET job_id = NULL WHERE job_id = ?{intx}
 -- fence stay NULL); used_at is the attempt's attempted_at, the clock value
 -- the claim wrote. {cases} is one "WHEN ? THEN ?" per slot (slot number,
 -- value) and {ids} the slot numbers. Only a slot still free, or reserved
--- with the marker, is taken, and the driver requires every one of them:
+-- with the marker, and leased to no owner, is taken, and the driver
+-- requires every one of them:
 -- a slot the claim no longer holds is never taken over from another
 -- attempt. (job cases, fence cases, used_at cases, queue, type, slot
 -- numbers, marker: 0 without a reservation.)
 -- name: slot_take
-UPDATE `{p}limit_slots` SET job_id = CASE n {cases} END, fence = CASE n {cases} END, used_at = CASE n {cases} END WHERE queue = ? AND type = ? AND lkey = '' AND n IN ({ids}) AND (job_id IS NULL OR job_id = ?){intx}
+UPDATE `{p}limit_slots` SET job_id = CASE n {cases} END, fence = CASE n {cases} END, used_at = CASE n {cases} END WHERE queue = ? AND type = ? AND lkey = '' AND n IN ({ids}) AND (job_id IS NULL OR job_id = ?) AND owner IS NULL{intx}
 
 -- How long until the oldest start of the rate's window leaves it, when
 -- the rate held jobs back; 0 when a slot never admitted a start: open,
