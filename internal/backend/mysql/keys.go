@@ -839,7 +839,7 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 		// since would have the claim admit a key's jobs into slots
 		// under the old limit. Read after the key slots were locked,
 		// the limits must be the same.
-		same, err := d.limitsStill(ctx, tx, p.Queue, l)
+		same, err := d.limitsStill(ctx, tx, p, l)
 		if err != nil {
 			return nil, false, nil, err
 		}

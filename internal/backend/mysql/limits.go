@@ -52,7 +52,10 @@ const slotInsertChunk = 1000
 // skip-locked strategy, reserved with a conditional UPDATE on the
 // optimistic one), claims at most as many jobs as it got slots, and
 // writes the slots' holders and starts with the clock value the claim
-// wrote as attempted_at. A queue without limits is claimed by Claim.
+// wrote as attempted_at. A queue without limits is claimed by Claim. A
+// blocked claim (p.Blocked) is held to the queue's limits but MaxRunning
+// (see claimLimits): a queue with only a MaxRunning is claimed by Claim
+// after the read of its limits.
 func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
 	if p.Limit <= 0 {
 		return driver.ClaimResult{}, nil
@@ -86,19 +89,21 @@ func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (dr
 	if err != nil {
 		return driver.ClaimResult{}, err
 	}
-	l := c.limits()
+	// maxRunning is reported whatever the claim is held to.
+	maxRunning := c.limits().MaxRunning
+	l := claimLimits(c.limits(), p)
 	if l.IsZero() {
 		rows, err := d.Claim(ctx, p)
-		return driver.ClaimResult{Rows: rows}, err
+		return driver.ClaimResult{Rows: rows, MaxRunning: maxRunning}, err
 	}
 	if l.MaxRunning == 0 {
 		above = 0
 	}
 	if l.MaxRunning > 0 && above >= l.MaxRunning {
 		// A lowered limit: as many attempts as it allows, or more, still
-		// hold slots beyond it.
+		// hold slots beyond it, or owners hold them leased.
 		res, err := d.heldEmpty(ctx, p.Queue)
-		res.MaxRunning = l.MaxRunning
+		res.MaxRunning = maxRunning
 		return res, err
 	}
 	var kw *keyWalk
@@ -126,8 +131,19 @@ func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (dr
 	if err != nil {
 		return driver.ClaimResult{}, err
 	}
-	res.MaxRunning = l.MaxRunning
+	res.MaxRunning = maxRunning
 	return res, nil
+}
+
+// claimLimits returns the limits claim p is held to, of the queue's
+// limits l: all of them, but for a blocked claim (p.Blocked) MaxRunning,
+// which the caller's block of slots holds (driver.SlotLeaser): the claim
+// takes no concurrency slot and is not cut by the slots free.
+func claimLimits(l driver.QueueLimits, p driver.ClaimParams) driver.QueueLimits {
+	if p.Blocked {
+		l.MaxRunning = 0
+	}
+	return l
 }
 
 // limitCols is a queues row's limit columns, in the order the
@@ -219,7 +235,7 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 		// the new one fill the slots below it. Read after the slots were
 		// locked (a new snapshot, which holds every change committed
 		// before the slots were freed), the limits must be the same.
-		same, err := d.limitsStill(ctx, tx, p.Queue, l)
+		same, err := d.limitsStill(ctx, tx, p, l)
 		if err != nil {
 			return driver.ClaimResult{}, err
 		}
@@ -338,9 +354,10 @@ func (d *Driver) keyRateWait(ctx context.Context, tx *sql.Tx, queue string, l dr
 	return res, nil
 }
 
-// limitsStill reports whether queue's limits, read in tx, are still l.
-func (d *Driver) limitsStill(ctx context.Context, tx *sql.Tx, queue string, l driver.QueueLimits) (bool, error) {
-	rows, err := d.query(ctx, tx, true, d.q.LimitsRead, queue)
+// limitsStill reports whether the limits claim p is held to (claimLimits),
+// read again in tx, are still l.
+func (d *Driver) limitsStill(ctx context.Context, tx *sql.Tx, p driver.ClaimParams, l driver.QueueLimits) (bool, error) {
+	rows, err := d.query(ctx, tx, true, d.q.LimitsRead, p.Queue)
 	if err != nil {
 		return false, err
 	}
@@ -353,7 +370,7 @@ func (d *Driver) limitsStill(ctx context.Context, tx *sql.Tx, queue string, l dr
 		if err := rows.Scan(append(c.dest(), &above, &weights)...); err != nil {
 			return false, err
 		}
-		now = c.limits()
+		now = claimLimits(c.limits(), p)
 	}
 	return now == l, rows.Err()
 }
