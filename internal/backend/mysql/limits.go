@@ -218,12 +218,12 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 	} else {
 		var err error
 		if l.MaxRunning > 0 {
-			if cslots, err = d.slotNumbers(ctx, tx, d.q.SlotLockC, p.Queue, int64(l.MaxRunning), int64(wantC)); err != nil {
+			if cslots, err = d.slotNumbers(ctx, d.main, tx, d.q.SlotLockC, p.Queue, int64(l.MaxRunning), int64(wantC)); err != nil {
 				return driver.ClaimResult{}, err
 			}
 		}
 		if l.Rate > 0 && (l.MaxRunning == 0 || len(cslots) > above) {
-			if rslots, err = d.slotNumbers(ctx, tx, d.q.SlotLockR, p.Queue, int64(l.Rate), period, int64(want)); err != nil {
+			if rslots, err = d.slotNumbers(ctx, d.main, tx, d.q.SlotLockR, p.Queue, int64(l.Rate), period, int64(want)); err != nil {
 				return driver.ClaimResult{}, err
 			}
 		}
@@ -375,9 +375,10 @@ func (d *Driver) limitsStill(ctx context.Context, tx *sql.Tx, p driver.ClaimPara
 	return now == l, rows.Err()
 }
 
-// slotNumbers runs a slot_lock_* statement and returns the slot numbers.
-func (d *Driver) slotNumbers(ctx context.Context, tx *sql.Tx, q string, args ...any) ([]int64, error) {
-	rows, err := d.query(ctx, tx, true, q, args...)
+// slotNumbers runs a slot_lock_* statement in tx, begun on pool p, and
+// returns the slot numbers.
+func (d *Driver) slotNumbers(ctx context.Context, p *stmtPool, tx *sql.Tx, q string, args ...any) ([]int64, error) {
+	rows, err := p.query(ctx, tx, true, q, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -496,7 +497,7 @@ func (d *Driver) takeSlots(ctx context.Context, tx *sql.Tx, queue string, l driv
 		args = append(args, marker)
 		q := strings.NewReplacer("{cases}", strings.TrimSuffix(strings.Repeat("WHEN ? THEN ? ", k), " "),
 			"{ids}", strings.TrimSuffix(strings.Repeat("?, ", k), ", ")).Replace(d.q.SlotTake)
-		if err := d.execTake(ctx, tx, q, args, k, "took", t.typ+" slots"); err != nil {
+		if err := d.execTake(ctx, d.main, tx, q, args, k, "took", t.typ+" slots"); err != nil {
 			return err
 		}
 	}
@@ -504,11 +505,12 @@ func (d *Driver) takeSlots(ctx context.Context, tx *sql.Tx, queue string, l driv
 }
 
 // execTake runs q, a statement that takes (or stamps) k slots, in tx
-// with args, and returns errSlotsLost, saying what it did to how many of
-// the k, unless it changed exactly k rows: the check every take of queue
-// slots, key slots and key rate slots makes.
-func (d *Driver) execTake(ctx context.Context, tx *sql.Tx, q string, args []any, k int, did, what string) error {
-	res, err := d.exec(ctx, tx, k <= maxCachedInsertRows, q, args...)
+// (begun on pool p) with args, and returns errSlotsLost, saying what it
+// did to how many of the k, unless it changed exactly k rows: the check
+// every take of queue slots, key slots, key rate slots and slots leased
+// in blocks makes.
+func (d *Driver) execTake(ctx context.Context, p *stmtPool, tx *sql.Tx, q string, args []any, k int, did, what string) error {
+	res, err := p.exec(ctx, tx, k <= maxCachedInsertRows, q, args...)
 	if err != nil {
 		return err
 	}

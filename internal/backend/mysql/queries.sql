@@ -804,6 +804,76 @@ SELECT queue, MAX(n) FROM `{p}limit_slots` WHERE type = 'c' AND lkey = '' GROUP 
 -- name: slot_lock_queue
 SELECT max_running FROM `{p}queues` WHERE name = ? FOR UPDATE
 
+-- Slot blocks (migrations/018_slot_blocks.sql, blocks.go): a queue's
+-- concurrency slots leased to an owner (a process's worker id) until
+-- leased_until. LeaseSlots runs, in one transaction on the lease path,
+-- queue by queue in name order: lease_limit, lease_read, then
+-- lease_give_back and lease_renew when the owner holds slots, then the
+-- take of free slots (slot_lock_c and lease_take with SKIP LOCKED,
+-- lease_take_free without). Its locks come in one order: the queue's
+-- row, then its slots; SetQueueLimits and the rescue's trim take them in
+-- the same order, and a claim, which takes no queue row lock, never waits
+-- for a slot LeaseSlots holds (see lease_give_back). The writes carry
+-- {intx} (see "Transactions on Galera" below): after the cluster aborted
+-- the transaction their counts fall short, and the driver runs it again.
+--
+-- lease_limit reads the queue's MaxRunning under a shared lock of its
+-- row, which SetQueueLimits (its first statement) and the rescue's trim
+-- of the queue's slots (slot_lock_queue) lock exclusively: the limit
+-- cannot change before the lease commits, and a change under way is
+-- waited for, so the slots below the limit read are the limit's. Leases
+-- of other owners share the lock. No row: no limit. (queue.)
+-- name: lease_limit
+SELECT max_running FROM `{p}queues` WHERE name = ? LOCK IN SHARE MODE
+
+-- A plain read (it locks nothing and never waits) of the queue's
+-- concurrency slots the owner holds and of those at or beyond the limit
+-- held by an attempt or leased to another owner (a lowered limit: while
+-- there is one the owner takes no slot), as (n, the owner's), in slot
+-- order. Nobody
+-- but the owner leases slots to it, and the rescue that gives them back
+-- re-checks their lease on their latest version, which the renewal
+-- below has locked: the owner's slots read are still its own when
+-- lease_renew counts them, but for any the rescue gave back before,
+-- which the count leaves out. (owner, queue, owner, max_running.)
+-- name: lease_read
+SELECT n, owner <=> ? FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND (owner = ? OR (n >= ? AND (job_id IS NOT NULL OR owner IS NOT NULL))) ORDER BY n
+
+-- Gives back the owner's slots of the queue from slot n on: those beyond
+-- the ones it keeps (the lowest below the limit, as many as it wants)
+-- and every one at or beyond the limit. Under READ COMMITTED an UPDATE
+-- that meets a row another transaction has locked reads the row's last
+-- committed version and waits only if that version matches: here only
+-- the owner's own slots do, so the statement never waits for a claim's
+-- slot (nor a claim for the owner's: its free slot reads find them
+-- leased). (queue, owner, n.)
+-- name: lease_give_back
+UPDATE `{p}limit_slots` SET owner = NULL, leased_until = NULL WHERE queue = ? AND type = 'c' AND lkey = '' AND owner = ? AND n >= ?{intx}
+
+-- Renews the lease of every slot of the queue the owner still holds,
+-- those it keeps, until ttl from the database's clock; the matched count
+-- is what it kept. (ttl µs, queue, owner.)
+-- name: lease_renew
+UPDATE `{p}limit_slots` SET leased_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE queue = ? AND type = 'c' AND lkey = '' AND owner = ?{intx}
+
+-- With SKIP LOCKED: leases to the owner the free slots slot_lock_c
+-- locked (skipping those claims and other leases hold), each only while
+-- still free; the driver requires every one. {ids} is the slot numbers.
+-- (owner, ttl µs, queue, slot numbers.)
+-- name: lease_take
+UPDATE `{p}limit_slots` SET owner = ?, leased_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE queue = ? AND type = 'c' AND lkey = '' AND n IN ({ids}) AND job_id IS NULL AND owner IS NULL{intx}
+
+-- Without SKIP LOCKED (the optimistic strategy): the same in one
+-- conditional UPDATE, as slot_reserve_c reserves slots for a claim: the
+-- lowest free slots below the limit, in slot order; a slot whose last
+-- committed version is free but that a claim or another lease has
+-- locked is waited for (for the length of that transaction, whose own
+-- locks come in slot order too) and taken only if still free; the
+-- matched count is what it took. (owner, ttl µs, queue, max_running,
+-- count.)
+-- name: lease_take_free
+UPDATE `{p}limit_slots` SET owner = ?, leased_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL AND owner IS NULL{intx} ORDER BY n LIMIT ?
+
 -- Key limits (migrations/013_keys.sql, keys.go). A limited claim of a
 -- queue with key limits first walks the distinct keys of its available
 -- keyed jobs in key order from the key after its cursor (key_walk; past
