@@ -154,3 +154,46 @@ func (d *Driver) leaseFree(ctx context.Context, tx *sql.Tx, owner, queue string,
 	}
 	return len(free), nil
 }
+
+// freeExpiredBlocks is the rescue's giving back of the blocks whose
+// lease expired: it reads up to limit expired slots, oldest lease first
+// (block_expired), and gives back each owner's expired slots of each
+// queue among them in a statement of its own (block_free), which keeps
+// them while a job of the queue runs under a claim of the owner and
+// re-checks each slot's lease on its latest version. MySQL has no
+// channel to wake other processes' claims: they find the slots free at
+// their next claim or lease.
+func (d *Driver) freeExpiredBlocks(ctx context.Context, limit int) error {
+	type block struct{ queue, owner string }
+	var expired []block
+	seen := map[block]bool{}
+	err := d.retry(ctx, "rescue: expired blocks", func() error {
+		expired = expired[:0]
+		clear(seen)
+		rows, err := d.query(ctx, nil, true, d.q.BlockExpired, int64(limit))
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var b block
+			if err := rows.Scan(&b.queue, &b.owner); err != nil {
+				return err
+			}
+			if !seen[b] {
+				seen[b] = true
+				expired = append(expired, b)
+			}
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return err
+	}
+	for _, b := range expired {
+		if _, err := d.execCount(ctx, d.main, "rescue: free expired block", true, d.q.BlockFree, []any{b.queue, b.owner, b.queue, b.owner}); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -773,10 +773,12 @@ func publicLimits(l driver.QueueLimits) driver.QueueLimits {
 
 // sweepSlots is the rescue's sweep of the limits' slots: it frees up to
 // limit slots whose holder no longer runs under the slot's fence
-// (slot_stale, each freed by slot_free fenced by its job and fence), and
-// deletes the free concurrency slots at or beyond their queue's
-// MaxRunning, or of a queue without one, under the lock of the queue's
-// row (slot_lock_queue) that SetQueueLimits takes first.
+// (slot_stale, each freed by slot_free fenced by its job and fence),
+// gives back the blocks whose lease expired and whose owner runs no job
+// of their queue (freeExpiredBlocks), and deletes the free concurrency
+// slots at or beyond their queue's MaxRunning, or of a queue without one,
+// under the lock of the queue's row (slot_lock_queue) that SetQueueLimits
+// takes first.
 func (d *Driver) sweepSlots(ctx context.Context, limit int) error {
 	limit = max(limit, 100)
 	if err := d.sweepKeySlots(ctx, limit); err != nil {
@@ -810,6 +812,9 @@ func (d *Driver) sweepSlots(ctx context.Context, limit int) error {
 		if _, err := d.execCount(ctx, d.main, "rescue: free slot", true, d.q.SlotFree, []any{s.queue, s.typ, s.lkey, s.n, s.job, s.fence}); err != nil {
 			return err
 		}
+	}
+	if err := d.freeExpiredBlocks(ctx, limit); err != nil {
+		return err
 	}
 
 	top := map[string]int64{}

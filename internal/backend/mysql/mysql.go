@@ -273,10 +273,11 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 			*r = q.CausalRead + " " + *r
 		}
 		// Acknowledgements that may reach a node before the claim they
-		// acknowledge, and the changes of one job by id (Cancel, Discard,
-		// Retry) that may reach it before the job or its last change (see
-		// causal_ack).
-		for _, r := range []*string{&q.Complete, &q.CompleteWithErrors, &q.SlotHolders, &q.CompleteFreeing, &q.CompleteWithErrorsFreeing, &q.Heartbeat, &q.Release, &q.FenceCheck, &q.Finalize, &q.Retry, &q.CompleteOne} {
+		// acknowledge, the changes of one job by id (Cancel, Discard,
+		// Retry) that may reach it before the job or its last change, and
+		// the rescue's giving back of an expired block, which must see
+		// every claim of its owner's (see causal_ack).
+		for _, r := range []*string{&q.Complete, &q.CompleteWithErrors, &q.SlotHolders, &q.CompleteFreeing, &q.CompleteWithErrorsFreeing, &q.Heartbeat, &q.Release, &q.FenceCheck, &q.Finalize, &q.Retry, &q.CompleteOne, &q.BlockFree} {
 			*r = q.CausalAck + " " + *r
 		}
 	}

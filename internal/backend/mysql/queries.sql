@@ -504,13 +504,16 @@ SELECT @@wsrep_on
 SET STATEMENT wsrep_sync_wait = 1 FOR
 
 -- On Galera, the fenced acknowledgements of a lease (complete, heartbeat,
--- release and fence_check) and the changes of one job by id (finalize,
--- retry) run with this prefix: a worker may acknowledge through a node
--- that has not yet applied the claim, where the fenced UPDATE would match
--- nothing; and an UPDATE that changes nothing writes nothing, so
--- certification would never see the stale read. The node first applies
--- what the cluster had ordered (3: before reads, bit 1, and before UPDATE
--- and DELETE, bit 2; none of them is an INSERT or REPLACE, bit 4).
+-- release and fence_check), the changes of one job by id (finalize,
+-- retry) and the rescue's giving back of an expired block (block_free)
+-- run with this prefix: a worker may acknowledge through a node that has
+-- not yet applied the claim, where the fenced UPDATE would match nothing;
+-- a block's owner may have claimed, through such a node, the job that
+-- keeps its block; and certification never sees a stale read (an UPDATE
+-- that changes nothing writes nothing, and the jobs block_free reads are
+-- not written at all). The node first applies what the cluster had
+-- ordered (3: before reads, bit 1, and before UPDATE and DELETE, bit 2;
+-- none of them is an INSERT or REPLACE, bit 4).
 -- name: causal_ack
 SET STATEMENT wsrep_sync_wait = 3 FOR
 
@@ -873,6 +876,33 @@ UPDATE `{p}limit_slots` SET owner = ?, leased_until = UTC_TIMESTAMP(6) + INTERVA
 -- count.)
 -- name: lease_take_free
 UPDATE `{p}limit_slots` SET owner = ?, leased_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL AND owner IS NULL{intx} ORDER BY n LIMIT ?
+
+-- The rescue's giving back of blocks whose lease expired. block_expired
+-- is a plain read of up to limit expired leases, oldest first, through
+-- slot_lease_idx (a range of the owned slots only), as (queue, owner)
+-- per slot, which the driver takes once each. (limit.)
+-- name: block_expired
+SELECT queue, owner FROM `{p}limit_slots` FORCE INDEX (slot_lease_idx) WHERE leased_until < UTC_TIMESTAMP(6) ORDER BY leased_until LIMIT ?
+
+-- block_free gives back the owner's slots of the queue whose lease has
+-- expired if no job of the queue runs under a claim of the owner. The
+-- UPDATE locks each slot and evaluates its lease on the row's latest
+-- version: a block renewed since block_expired read it stays with its
+-- owner, and one whose renewal is under way is waited for (LeaseSlots is
+-- short), then kept; the claims' slots, whose last committed version is
+-- not the owner's, are passed over without waiting (see
+-- lease_give_back). The running jobs are a consistent read, which takes
+-- no lock (the subquery of a single-table UPDATE, under READ COMMITTED),
+-- of the statement's snapshot, through lease_idx, whose non-NULL entries
+-- are the running jobs: all of them, for want of an index by worker,
+-- paid only by a rescue round that meets an expired block. A claim that
+-- commits after the snapshot came back after the lease had expired (the
+-- statement's clock, read first, already found it expired), and its
+-- owner does not start its jobs. On Galera the statement first applies
+-- what the cluster has ordered (causal_ack): the owner's claims may
+-- have been made through another node. (queue, owner, queue, owner.)
+-- name: block_free
+UPDATE `{p}limit_slots` SET owner = NULL, leased_until = NULL WHERE queue = ? AND type = 'c' AND lkey = '' AND owner = ? AND leased_until < UTC_TIMESTAMP(6) AND NOT EXISTS (SELECT 1 FROM `{p}jobs` FORCE INDEX (lease_idx) WHERE lease_expires_at IS NOT NULL AND state = 'running' AND queue = ? AND attempted_by = ?)
 
 -- Key limits (migrations/013_keys.sql, keys.go). A limited claim of a
 -- queue with key limits first walks the distinct keys of its available
