@@ -13,15 +13,11 @@ import (
 	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
-// TestGaleraLimitedClaimsAcrossNodes: workers on the three nodes claim
-// jobs of a queue with MaxRunning 3, hold each briefly and complete it,
-// while the rescue runs on node 1 and now and then an attempt is left to
-// its lease (a killed worker). The nodes' appliers keep aborting claims
-// whose locks they need. No claim may hand out a job beyond the limit
-// (counted from the claim's return to the outcome's call, a span within
-// the slot's hold) or an attempt whose marking did not commit (its fence
-// would come again).
-func TestGaleraLimitedClaimsAcrossNodes(t *testing.T) {
+// galeraNodes opens a driver on each node of the package's Galera
+// cluster, all on one fresh prefix migrated through node 1, whose tables
+// are dropped and drivers closed when t ends.
+func galeraNodes(t *testing.T) []*Driver {
+	t.Helper()
 	g := galera(t)
 	ctx := context.Background()
 	prefix := testdb.Prefix()
@@ -31,32 +27,53 @@ func TestGaleraLimitedClaimsAcrossNodes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer d.Close()
+		t.Cleanup(func() { d.Close() })
 		ds = append(ds, d)
 	}
 	if _, err := ds[0].Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		if err := ds[0].DropAll(ctx); err != nil {
+	t.Cleanup(func() {
+		if err := ds[0].DropAll(context.Background()); err != nil {
 			t.Error(err)
 		}
-	}()
-	const maxRunning, jobs = 3, 600
-	const lease = time.Second
-	if _, err := ds[0].Insert(ctx, limitJobs("gq", jobs)); err != nil {
+	})
+	return ds
+}
+
+// setLimitsEverywhere sets queue's limits through node 1 and returns once
+// every node has them (QueueLimits reads causally): an earlier claim
+// through a node that has not would rightly claim without them.
+func setLimitsEverywhere(t *testing.T, ds []*Driver, queue string, l driver.QueueLimits) {
+	t.Helper()
+	ctx := context.Background()
+	if err := ds[0].SetQueueLimits(ctx, queue, l); err != nil {
 		t.Fatal(err)
 	}
-	if err := ds[0].SetQueueLimits(ctx, "gq", driver.QueueLimits{MaxRunning: maxRunning}); err != nil {
-		t.Fatal(err)
-	}
-	// Every node has the limits before the claims begin (an earlier claim
-	// through a node that has not would rightly claim without them).
 	for _, d := range ds {
 		if _, err := d.QueueLimits(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// TestGaleraLimitedClaimsAcrossNodes: workers on the three nodes claim
+// jobs of a queue with MaxRunning 3, hold each briefly and complete it,
+// while the rescue runs on node 1 and now and then an attempt is left to
+// its lease (a killed worker). The nodes' appliers keep aborting claims
+// whose locks they need. No claim may hand out a job beyond the limit
+// (counted from the claim's return to the outcome's call, a span within
+// the slot's hold) or an attempt whose marking did not commit (its fence
+// would come again).
+func TestGaleraLimitedClaimsAcrossNodes(t *testing.T) {
+	ctx := context.Background()
+	ds := galeraNodes(t)
+	const maxRunning, jobs = 3, 600
+	const lease = time.Second
+	if _, err := ds[0].Insert(ctx, limitJobs("gq", jobs)); err != nil {
+		t.Fatal(err)
+	}
+	setLimitsEverywhere(t, ds, "gq", driver.QueueLimits{MaxRunning: maxRunning})
 
 	var (
 		mu       sync.Mutex
@@ -175,26 +192,8 @@ func TestGaleraLimitedClaimsAcrossNodes(t *testing.T) {
 // may hand out a second job of a key while one runs (counted from the
 // claim's return to the outcome's call), or a fence already handed out.
 func TestGaleraKeyedClaimsAcrossNodes(t *testing.T) {
-	g := galera(t)
 	ctx := context.Background()
-	prefix := testdb.Prefix()
-	var ds []*Driver
-	for i := 1; i <= 3; i++ {
-		d, err := Open(ctx, g.DSN(i), driver.Options{Prefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer d.Close()
-		ds = append(ds, d)
-	}
-	if _, err := ds[0].Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := ds[0].DropAll(ctx); err != nil {
-			t.Error(err)
-		}
-	}()
+	ds := galeraNodes(t)
 	const maxRunning, nKeys, jobs = 4, 6, 300
 	const lease = time.Second
 	all := limitJobs("gk", jobs)
@@ -204,14 +203,7 @@ func TestGaleraKeyedClaimsAcrossNodes(t *testing.T) {
 	if _, err := ds[0].Insert(ctx, all); err != nil {
 		t.Fatal(err)
 	}
-	if err := ds[0].SetQueueLimits(ctx, "gk", driver.QueueLimits{MaxRunning: maxRunning, KeyMaxRunning: 1}); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range ds {
-		if _, err := d.QueueLimits(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setLimitsEverywhere(t, ds, "gk", driver.QueueLimits{MaxRunning: maxRunning, KeyMaxRunning: 1})
 	var (
 		mu       sync.Mutex
 		running  = map[string]int{}
@@ -332,26 +324,8 @@ func TestGaleraKeyedClaimsAcrossNodes(t *testing.T) {
 // again, so each key starts exactly its rate's jobs, none twice, while
 // the rescue's sweep runs on node 1.
 func TestGaleraKeyRatesAcrossNodes(t *testing.T) {
-	g := galera(t)
 	ctx := context.Background()
-	prefix := testdb.Prefix()
-	var ds []*Driver
-	for i := 1; i <= 3; i++ {
-		d, err := Open(ctx, g.DSN(i), driver.Options{Prefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer d.Close()
-		ds = append(ds, d)
-	}
-	if _, err := ds[0].Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := ds[0].DropAll(ctx); err != nil {
-			t.Error(err)
-		}
-	}()
+	ds := galeraNodes(t)
 	const nKeys, perKey, rate = 6, 20, 4
 	var all []driver.InsertParams
 	for k := 0; k < nKeys; k++ {
@@ -360,14 +334,7 @@ func TestGaleraKeyRatesAcrossNodes(t *testing.T) {
 	if _, err := ds[0].Insert(ctx, all); err != nil {
 		t.Fatal(err)
 	}
-	if err := ds[0].SetQueueLimits(ctx, "gr", driver.QueueLimits{KeyMaxRunning: 2, KeyRate: rate, KeyRatePeriod: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range ds {
-		if _, err := d.QueueLimits(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setLimitsEverywhere(t, ds, "gr", driver.QueueLimits{KeyMaxRunning: 2, KeyRate: rate, KeyRatePeriod: time.Hour})
 	var (
 		mu    sync.Mutex
 		seen  = map[int64]bool{}
@@ -457,38 +424,13 @@ func TestGaleraKeyRatesAcrossNodes(t *testing.T) {
 // never exceed the limit, and an owner holds in the table what its lease
 // returned.
 func TestGaleraSlotBlocksAcrossNodes(t *testing.T) {
-	g := galera(t)
 	ctx := context.Background()
-	prefix := testdb.Prefix()
-	var ds []*Driver
-	for i := 1; i <= 3; i++ {
-		d, err := Open(ctx, g.DSN(i), driver.Options{Prefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer d.Close()
-		ds = append(ds, d)
-	}
-	if _, err := ds[0].Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := ds[0].DropAll(ctx); err != nil {
-			t.Error(err)
-		}
-	}()
+	ds := galeraNodes(t)
 	const maxRunning = 4
 	if _, err := ds[0].Insert(ctx, limitJobs("gb", 200)); err != nil {
 		t.Fatal(err)
 	}
-	if err := ds[0].SetQueueLimits(ctx, "gb", driver.QueueLimits{MaxRunning: maxRunning}); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range ds {
-		if _, err := d.QueueLimits(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setLimitsEverywhere(t, ds, "gb", driver.QueueLimits{MaxRunning: maxRunning})
 	var (
 		mu         sync.Mutex
 		believed   int
