@@ -719,13 +719,13 @@ SELECT q.name, q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key
 SELECT q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order, q.key_rate, q.key_rate_period_us, q.key_fair, (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.n >= q.max_running AND (s.job_id IS NOT NULL OR s.owner IS NOT NULL)), q.key_weights FROM `{p}queues` q WHERE q.name = ?
 
 -- With SKIP LOCKED (the skip-locked strategy), in the claim's
--- transaction and before the jobs: lock up to want free concurrency slots
--- (neither held by an attempt nor leased to an owner; LeaseSlots locks
--- the free slots it takes with the same statement) (queue, max_running,
--- want) and up to want rate slots whose last start
--- has left the window (queue, rate, period µs, want), skipping the slots
--- other claimers hold. Slots before jobs in every claim, so claimers lock
--- in one order; and they never wait.
+-- transaction and before the jobs: lock up to want free concurrency slots,
+-- neither held by an attempt nor leased to an owner (queue, max_running,
+-- want; LeaseSlots locks the free slots it takes with this statement too),
+-- and up to want rate slots whose last start has left the window (queue,
+-- rate, period µs, want), skipping the slots other claimers hold. Slots
+-- before jobs in every claim, so claimers lock in one order; and they
+-- never wait.
 -- name: slot_lock_c
 SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL AND owner IS NULL ORDER BY n LIMIT ? FOR UPDATE {skip}
 
@@ -815,10 +815,12 @@ SELECT max_running FROM `{p}queues` WHERE name = ? FOR UPDATE
 -- take of free slots (slot_lock_c and lease_take with SKIP LOCKED,
 -- lease_take_free without). Its locks come in one order: the queue's
 -- row, then its slots; SetQueueLimits and the rescue's trim take them in
--- the same order, and a claim, which takes no queue row lock, never waits
--- for a slot LeaseSlots holds (see lease_give_back). The writes carry
--- {intx} (see "Transactions on Galera" below): after the cluster aborted
--- the transaction their counts fall short, and the driver runs it again.
+-- the same order, and claims lock no queue row. A skip-locked claim
+-- skips the slots a lease holds; an optimistic one waits only for a slot
+-- a lease is taking, as it waits for one another claim reserved (see
+-- lease_give_back and lease_take_free). The writes carry {intx} (see
+-- "Transactions on Galera" below): after the cluster aborted the
+-- transaction their counts fall short, and the driver runs it again.
 --
 -- lease_limit reads the queue's MaxRunning under a shared lock of its
 -- row, which SetQueueLimits (its first statement) and the rescue's trim
@@ -833,11 +835,10 @@ SELECT max_running FROM `{p}queues` WHERE name = ? LOCK IN SHARE MODE
 -- concurrency slots the owner holds and of those at or beyond the limit
 -- held by an attempt or leased to another owner (a lowered limit: while
 -- there is one the owner takes no slot), as (n, the owner's), in slot
--- order. Nobody
--- but the owner leases slots to it, and the rescue that gives them back
--- re-checks their lease on their latest version, which the renewal
--- below has locked: the owner's slots read are still its own when
--- lease_renew counts them, but for any the rescue gave back before,
+-- order. Nobody but the owner leases slots to it, and the rescue that
+-- gives them back re-checks their lease on their latest version, which
+-- the renewal below has locked: the owner's slots read are still its own
+-- when lease_renew counts them, but for any the rescue gave back before,
 -- which the count leaves out. (owner, queue, owner, max_running.)
 -- name: lease_read
 SELECT n, owner <=> ? FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND (owner = ? OR (n >= ? AND (job_id IS NOT NULL OR owner IS NOT NULL))) ORDER BY n
