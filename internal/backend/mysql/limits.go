@@ -25,9 +25,12 @@ import (
 // what remains (a lowered limit racing a claim, the optimistic claim's
 // waits on rows of other claims) is retried whole on error 1213 as any
 // deadlock, as are Galera's certification conflicts on a slot that two
-// nodes took at once. Key limits keep their slots in the same table
-// (type 'k', one per key and unit of the limit; type 'w', one per key and
-// unit of its rate): see keys.go.
+// nodes took at once. A concurrency slot may also be leased to a process
+// in a block (blocks.go), which LeaseSlots takes after a shared lock of
+// the queue's row, in the order SetQueueLimits locks them; a leased slot
+// is as taken as an attempt's. Key limits keep their slots in the same
+// table (type 'k', one per key and unit of the limit; type 'w', one per
+// key and unit of its rate): see keys.go.
 
 // errLimitsChanged says that a claim's transaction locked slots under
 // limits that changed after the claim read them: it is rolled back and
