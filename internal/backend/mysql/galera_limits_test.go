@@ -13,15 +13,11 @@ import (
 	"github.com/conveyorq/conveyor/internal/testdb"
 )
 
-// TestGaleraLimitedClaimsAcrossNodes: workers on the three nodes claim
-// jobs of a queue with MaxRunning 3, hold each briefly and complete it,
-// while the rescue runs on node 1 and now and then an attempt is left to
-// its lease (a killed worker). The nodes' appliers keep aborting claims
-// whose locks they need. No claim may hand out a job beyond the limit
-// (counted from the claim's return to the outcome's call, a span within
-// the slot's hold) or an attempt whose marking did not commit (its fence
-// would come again).
-func TestGaleraLimitedClaimsAcrossNodes(t *testing.T) {
+// galeraNodes opens a driver on each node of the package's Galera
+// cluster, all on one fresh prefix migrated through node 1, whose tables
+// are dropped and drivers closed when t ends.
+func galeraNodes(t *testing.T) []*Driver {
+	t.Helper()
 	g := galera(t)
 	ctx := context.Background()
 	prefix := testdb.Prefix()
@@ -31,32 +27,53 @@ func TestGaleraLimitedClaimsAcrossNodes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer d.Close()
+		t.Cleanup(func() { d.Close() })
 		ds = append(ds, d)
 	}
 	if _, err := ds[0].Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		if err := ds[0].DropAll(ctx); err != nil {
+	t.Cleanup(func() {
+		if err := ds[0].DropAll(context.Background()); err != nil {
 			t.Error(err)
 		}
-	}()
-	const maxRunning, jobs = 3, 600
-	const lease = time.Second
-	if _, err := ds[0].Insert(ctx, limitJobs("gq", jobs)); err != nil {
+	})
+	return ds
+}
+
+// setLimitsEverywhere sets queue's limits through node 1 and returns once
+// every node has them (QueueLimits reads causally): an earlier claim
+// through a node that has not would rightly claim without them.
+func setLimitsEverywhere(t *testing.T, ds []*Driver, queue string, l driver.QueueLimits) {
+	t.Helper()
+	ctx := context.Background()
+	if err := ds[0].SetQueueLimits(ctx, queue, l); err != nil {
 		t.Fatal(err)
 	}
-	if err := ds[0].SetQueueLimits(ctx, "gq", driver.QueueLimits{MaxRunning: maxRunning}); err != nil {
-		t.Fatal(err)
-	}
-	// Every node has the limits before the claims begin (an earlier claim
-	// through a node that has not would rightly claim without them).
 	for _, d := range ds {
 		if _, err := d.QueueLimits(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// TestGaleraLimitedClaimsAcrossNodes: workers on the three nodes claim
+// jobs of a queue with MaxRunning 3, hold each briefly and complete it,
+// while the rescue runs on node 1 and now and then an attempt is left to
+// its lease (a killed worker). The nodes' appliers keep aborting claims
+// whose locks they need. No claim may hand out a job beyond the limit
+// (counted from the claim's return to the outcome's call, a span within
+// the slot's hold) or an attempt whose marking did not commit (its fence
+// would come again).
+func TestGaleraLimitedClaimsAcrossNodes(t *testing.T) {
+	ctx := context.Background()
+	ds := galeraNodes(t)
+	const maxRunning, jobs = 3, 600
+	const lease = time.Second
+	if _, err := ds[0].Insert(ctx, limitJobs("gq", jobs)); err != nil {
+		t.Fatal(err)
+	}
+	setLimitsEverywhere(t, ds, "gq", driver.QueueLimits{MaxRunning: maxRunning})
 
 	var (
 		mu       sync.Mutex
@@ -175,26 +192,8 @@ func TestGaleraLimitedClaimsAcrossNodes(t *testing.T) {
 // may hand out a second job of a key while one runs (counted from the
 // claim's return to the outcome's call), or a fence already handed out.
 func TestGaleraKeyedClaimsAcrossNodes(t *testing.T) {
-	g := galera(t)
 	ctx := context.Background()
-	prefix := testdb.Prefix()
-	var ds []*Driver
-	for i := 1; i <= 3; i++ {
-		d, err := Open(ctx, g.DSN(i), driver.Options{Prefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer d.Close()
-		ds = append(ds, d)
-	}
-	if _, err := ds[0].Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := ds[0].DropAll(ctx); err != nil {
-			t.Error(err)
-		}
-	}()
+	ds := galeraNodes(t)
 	const maxRunning, nKeys, jobs = 4, 6, 300
 	const lease = time.Second
 	all := limitJobs("gk", jobs)
@@ -204,14 +203,7 @@ func TestGaleraKeyedClaimsAcrossNodes(t *testing.T) {
 	if _, err := ds[0].Insert(ctx, all); err != nil {
 		t.Fatal(err)
 	}
-	if err := ds[0].SetQueueLimits(ctx, "gk", driver.QueueLimits{MaxRunning: maxRunning, KeyMaxRunning: 1}); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range ds {
-		if _, err := d.QueueLimits(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setLimitsEverywhere(t, ds, "gk", driver.QueueLimits{MaxRunning: maxRunning, KeyMaxRunning: 1})
 	var (
 		mu       sync.Mutex
 		running  = map[string]int{}
@@ -332,26 +324,8 @@ func TestGaleraKeyedClaimsAcrossNodes(t *testing.T) {
 // again, so each key starts exactly its rate's jobs, none twice, while
 // the rescue's sweep runs on node 1.
 func TestGaleraKeyRatesAcrossNodes(t *testing.T) {
-	g := galera(t)
 	ctx := context.Background()
-	prefix := testdb.Prefix()
-	var ds []*Driver
-	for i := 1; i <= 3; i++ {
-		d, err := Open(ctx, g.DSN(i), driver.Options{Prefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer d.Close()
-		ds = append(ds, d)
-	}
-	if _, err := ds[0].Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := ds[0].DropAll(ctx); err != nil {
-			t.Error(err)
-		}
-	}()
+	ds := galeraNodes(t)
 	const nKeys, perKey, rate = 6, 20, 4
 	var all []driver.InsertParams
 	for k := 0; k < nKeys; k++ {
@@ -360,14 +334,7 @@ func TestGaleraKeyRatesAcrossNodes(t *testing.T) {
 	if _, err := ds[0].Insert(ctx, all); err != nil {
 		t.Fatal(err)
 	}
-	if err := ds[0].SetQueueLimits(ctx, "gr", driver.QueueLimits{KeyMaxRunning: 2, KeyRate: rate, KeyRatePeriod: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range ds {
-		if _, err := d.QueueLimits(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setLimitsEverywhere(t, ds, "gr", driver.QueueLimits{KeyMaxRunning: 2, KeyRate: rate, KeyRatePeriod: time.Hour})
 	var (
 		mu    sync.Mutex
 		seen  = map[int64]bool{}
@@ -443,4 +410,157 @@ func TestGaleraKeyRatesAcrossNodes(t *testing.T) {
 			t.Errorf("key-%d: %d started, want %d", k, n, rate)
 		}
 	}
+}
+
+// TestGaleraSlotBlocksAcrossNodes: owners on the three nodes lease blocks
+// of a queue with MaxRunning 4 at random and run jobs under them (blocked
+// claims, as many at once as they hold), beside workers taking slots one
+// attempt at a time on every node, while the rescue runs on node 1. Two
+// nodes' writes of one slot conflict at certification instead of waiting
+// for each other's locks, and the appliers abort local transactions. The
+// slots every process believes it holds (an owner's block from the lease
+// that returned it until it means to give it back, an attempt's slot from
+// the claim's return to the outcome's call: spans within the real holds)
+// never exceed the limit, and an owner holds in the table what its lease
+// returned.
+func TestGaleraSlotBlocksAcrossNodes(t *testing.T) {
+	ctx := context.Background()
+	ds := galeraNodes(t)
+	const maxRunning = 4
+	if _, err := ds[0].Insert(ctx, limitJobs("gb", 200)); err != nil {
+		t.Fatal(err)
+	}
+	setLimitsEverywhere(t, ds, "gb", driver.QueueLimits{MaxRunning: maxRunning})
+	var (
+		mu         sync.Mutex
+		believed   int
+		peak       int
+		leases     atomic.Int64
+		blockedRan atomic.Int64
+	)
+	hold := func(n int) {
+		mu.Lock()
+		believed += n
+		peak = max(peak, believed)
+		mu.Unlock()
+	}
+	// run runs rows for a moment and retries them at once (the queue never
+	// runs dry), through d.
+	run := func(d *Driver, rows []*driver.JobRow) error {
+		time.Sleep(time.Duration(1+rand.IntN(3)) * time.Millisecond)
+		var outs []driver.Outcome
+		for _, j := range rows {
+			outs = append(outs, driver.Outcome{ID: j.ID, Fence: j.Fence, Attempt: j.Attempt, State: driver.StateScheduled})
+		}
+		_, err := d.Complete(ctx, outs)
+		return err
+	}
+	stop := make(chan struct{})
+	stopped := func() bool {
+		select {
+		case <-stop:
+			return true
+		default:
+			return false
+		}
+	}
+	var wg sync.WaitGroup
+	for i, d := range ds {
+		for k := range 2 {
+			wg.Add(1)
+			go func() { // an owner
+				defer wg.Done()
+				owner := fmt.Sprintf("node%d/owner%d", i+1, k)
+				held := 0
+				for !stopped() {
+					want := rand.IntN(maxRunning + 2)
+					if want < held {
+						hold(want - held) // it stops using what it gives back
+						held = want
+					}
+					got, err := d.LeaseSlots(ctx, owner, map[string]int{"gb": want}, time.Minute)
+					if err != nil {
+						t.Errorf("lease: %v", err)
+						return
+					}
+					leases.Add(1)
+					b := got["gb"]
+					hold(b.Held - held)
+					held = b.Held
+					if !checkBlocks(t, d, owner, map[string]int{"gb": want}, got) {
+						return
+					}
+					if held > 0 {
+						r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "gb", Limit: held, Lease: time.Minute, Worker: owner, Blocked: true})
+						if err != nil {
+							t.Errorf("blocked claim: %v", err)
+							return
+						}
+						blockedRan.Add(int64(len(r.Rows)))
+						if err := run(d, r.Rows); err != nil {
+							t.Errorf("complete: %v", err)
+							return
+						}
+					}
+				}
+				hold(-held)
+				if _, err := d.LeaseSlots(ctx, owner, map[string]int{"gb": 0}, time.Minute); err != nil {
+					t.Errorf("give back: %v", err)
+				}
+			}()
+		}
+		wg.Add(1)
+		go func() { // attempts taking slots of their own
+			defer wg.Done()
+			for !stopped() {
+				r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "gb", Limit: 1, Lease: time.Minute, Worker: "w"})
+				if err != nil {
+					t.Errorf("claim: %v", err)
+					return
+				}
+				hold(len(r.Rows))
+				time.Sleep(time.Duration(1+rand.IntN(3)) * time.Millisecond)
+				hold(-len(r.Rows))
+				if err := run(d, r.Rows); err != nil {
+					t.Errorf("complete: %v", err)
+					return
+				}
+				if len(r.Rows) == 0 {
+					time.Sleep(time.Millisecond)
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() { // the leader's rescue and promotion
+		defer wg.Done()
+		for !stopped() {
+			time.Sleep(20 * time.Millisecond)
+			if _, err := ds[0].Rescue(ctx, 100); err != nil {
+				t.Errorf("rescue: %v", err)
+				return
+			}
+			if _, err := ds[0].Promote(ctx, 500); err != nil {
+				t.Errorf("promote: %v", err)
+				return
+			}
+		}
+	}()
+	time.Sleep(3 * time.Second)
+	close(stop)
+	wg.Wait()
+	if peak > maxRunning {
+		t.Errorf("%d slots believed held at once, MaxRunning %d", peak, maxRunning)
+	}
+	if blockedRan.Load() == 0 {
+		t.Errorf("no job ran under a block in %d leases: the test proved nothing", leases.Load())
+	}
+	if u, err := ds[0].LimitUsage(ctx); err != nil || u["gb"].Running != 0 {
+		t.Errorf("usage once every owner gave its block back and every attempt ended: %+v, %v", u["gb"], err)
+	}
+	var counters []map[string]int64
+	for _, d := range ds {
+		counters = append(counters, d.Counters())
+	}
+	t.Logf("%d leases, %d jobs run under blocks, peak %d; counters by node %v", leases.Load(), blockedRan.Load(), peak, counters)
 }

@@ -1632,7 +1632,9 @@ func (d *Driver) lockAndUpdate(ctx context.Context, op, selectQ, updateQ string,
 // Rescue requeues (or discards, when attempts are used up) up to limit
 // running jobs whose lease expired, recording an AttemptError on each and
 // freeing their slots in the same transaction; then it sweeps the slots
-// of limited queues (see sweepSlots).
+// of limited queues (see sweepSlots), giving back the expired blocks of
+// owners that no longer run a job of their queue, those just rescued
+// included.
 func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) {
 	out, err := d.lockAndUpdate(ctx, "rescue", d.q.RescueSelect, d.q.RescueUpdate, limit, d.q.RescueFreeSlots)
 	if err != nil {

@@ -839,7 +839,7 @@ func (d *Driver) claimKeyedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimPar
 		// since would have the claim admit a key's jobs into slots
 		// under the old limit. Read after the key slots were locked,
 		// the limits must be the same.
-		same, err := d.limitsStill(ctx, tx, p.Queue, l)
+		same, err := d.limitsStill(ctx, tx, p, l)
 		if err != nil {
 			return nil, false, nil, err
 		}
@@ -1033,7 +1033,7 @@ func (d *Driver) takeRateSlots(ctx context.Context, tx *sql.Tx, queue string, l 
 	}
 	args = append(args, micros(l.KeyRatePeriod))
 	q := strings.Replace(d.q.KeyRateTake, "{pairs}", strings.TrimSuffix(strings.Repeat("(?, ?), ", k), ", "), 1)
-	return d.execTake(ctx, tx, q, args, k, "stamped", "key rate slots")
+	return d.execTake(ctx, d.main, tx, q, args, k, "stamped", "key rate slots")
 }
 
 // keyRateRetryIn returns how long until the oldest start within the
@@ -1078,7 +1078,7 @@ func (d *Driver) takeKeySlots(ctx context.Context, tx *sql.Tx, queue string, row
 	args = append(args, cases...)
 	q := strings.NewReplacer("{cases}", strings.TrimSuffix(strings.Repeat("WHEN lkey = ? AND n = ? THEN ? ", k), " "),
 		"{pairs}", strings.TrimSuffix(strings.Repeat("(?, ?), ", k), ", ")).Replace(d.q.KeySlotTake)
-	return d.execTake(ctx, tx, q, args, k, "took", "key slots")
+	return d.execTake(ctx, d.main, tx, q, args, k, "took", "key slots")
 }
 
 // keyParts joins query's parenthesized part n times with UNION ALL, n

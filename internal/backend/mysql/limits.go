@@ -25,9 +25,12 @@ import (
 // what remains (a lowered limit racing a claim, the optimistic claim's
 // waits on rows of other claims) is retried whole on error 1213 as any
 // deadlock, as are Galera's certification conflicts on a slot that two
-// nodes took at once. Key limits keep their slots in the same table
-// (type 'k', one per key and unit of the limit; type 'w', one per key and
-// unit of its rate): see keys.go.
+// nodes took at once. A concurrency slot may also be leased to a process
+// in a block (blocks.go), which LeaseSlots takes after a shared lock of
+// the queue's row, in the order SetQueueLimits locks them; a leased slot
+// is as taken as an attempt's. Key limits keep their slots in the same
+// table (type 'k', one per key and unit of the limit; type 'w', one per
+// key and unit of its rate): see keys.go.
 
 // errLimitsChanged says that a claim's transaction locked slots under
 // limits that changed after the claim read them: it is rolled back and
@@ -52,7 +55,10 @@ const slotInsertChunk = 1000
 // skip-locked strategy, reserved with a conditional UPDATE on the
 // optimistic one), claims at most as many jobs as it got slots, and
 // writes the slots' holders and starts with the clock value the claim
-// wrote as attempted_at. A queue without limits is claimed by Claim.
+// wrote as attempted_at. A queue without limits is claimed by Claim. A
+// blocked claim (p.Blocked) is held to the queue's limits but MaxRunning
+// (see claimLimits): a queue with only a MaxRunning is claimed by Claim
+// after the read of its limits.
 func (d *Driver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
 	if p.Limit <= 0 {
 		return driver.ClaimResult{}, nil
@@ -86,19 +92,21 @@ func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (dr
 	if err != nil {
 		return driver.ClaimResult{}, err
 	}
-	l := c.limits()
+	// maxRunning is reported whatever the claim is held to.
+	maxRunning := c.limits().MaxRunning
+	l := claimLimits(c.limits(), p)
 	if l.IsZero() {
 		rows, err := d.Claim(ctx, p)
-		return driver.ClaimResult{Rows: rows}, err
+		return driver.ClaimResult{Rows: rows, MaxRunning: maxRunning}, err
 	}
 	if l.MaxRunning == 0 {
 		above = 0
 	}
 	if l.MaxRunning > 0 && above >= l.MaxRunning {
 		// A lowered limit: as many attempts as it allows, or more, still
-		// hold slots beyond it.
+		// hold slots beyond it, or owners hold them leased.
 		res, err := d.heldEmpty(ctx, p.Queue)
-		res.MaxRunning = l.MaxRunning
+		res.MaxRunning = maxRunning
 		return res, err
 	}
 	var kw *keyWalk
@@ -126,8 +134,19 @@ func (d *Driver) claimLimitedOnce(ctx context.Context, p driver.ClaimParams) (dr
 	if err != nil {
 		return driver.ClaimResult{}, err
 	}
-	res.MaxRunning = l.MaxRunning
+	res.MaxRunning = maxRunning
 	return res, nil
+}
+
+// claimLimits returns the limits claim p is held to, of the queue's
+// limits l: all of them, but for a blocked claim (p.Blocked) MaxRunning,
+// which the caller's block of slots holds (driver.SlotLeaser): the claim
+// takes no concurrency slot and is not cut by the slots free.
+func claimLimits(l driver.QueueLimits, p driver.ClaimParams) driver.QueueLimits {
+	if p.Blocked {
+		l.MaxRunning = 0
+	}
+	return l
 }
 
 // limitCols is a queues row's limit columns, in the order the
@@ -202,12 +221,12 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 	} else {
 		var err error
 		if l.MaxRunning > 0 {
-			if cslots, err = d.slotNumbers(ctx, tx, d.q.SlotLockC, p.Queue, int64(l.MaxRunning), int64(wantC)); err != nil {
+			if cslots, err = d.slotNumbers(ctx, d.main, tx, d.q.SlotLockC, p.Queue, int64(l.MaxRunning), int64(wantC)); err != nil {
 				return driver.ClaimResult{}, err
 			}
 		}
 		if l.Rate > 0 && (l.MaxRunning == 0 || len(cslots) > above) {
-			if rslots, err = d.slotNumbers(ctx, tx, d.q.SlotLockR, p.Queue, int64(l.Rate), period, int64(want)); err != nil {
+			if rslots, err = d.slotNumbers(ctx, d.main, tx, d.q.SlotLockR, p.Queue, int64(l.Rate), period, int64(want)); err != nil {
 				return driver.ClaimResult{}, err
 			}
 		}
@@ -219,7 +238,7 @@ func (d *Driver) claimLimitedTx(ctx context.Context, tx *sql.Tx, p driver.ClaimP
 		// the new one fill the slots below it. Read after the slots were
 		// locked (a new snapshot, which holds every change committed
 		// before the slots were freed), the limits must be the same.
-		same, err := d.limitsStill(ctx, tx, p.Queue, l)
+		same, err := d.limitsStill(ctx, tx, p, l)
 		if err != nil {
 			return driver.ClaimResult{}, err
 		}
@@ -338,9 +357,10 @@ func (d *Driver) keyRateWait(ctx context.Context, tx *sql.Tx, queue string, l dr
 	return res, nil
 }
 
-// limitsStill reports whether queue's limits, read in tx, are still l.
-func (d *Driver) limitsStill(ctx context.Context, tx *sql.Tx, queue string, l driver.QueueLimits) (bool, error) {
-	rows, err := d.query(ctx, tx, true, d.q.LimitsRead, queue)
+// limitsStill reports whether the limits claim p is held to (claimLimits),
+// read again in tx, are still l.
+func (d *Driver) limitsStill(ctx context.Context, tx *sql.Tx, p driver.ClaimParams, l driver.QueueLimits) (bool, error) {
+	rows, err := d.query(ctx, tx, true, d.q.LimitsRead, p.Queue)
 	if err != nil {
 		return false, err
 	}
@@ -353,14 +373,15 @@ func (d *Driver) limitsStill(ctx context.Context, tx *sql.Tx, queue string, l dr
 		if err := rows.Scan(append(c.dest(), &above, &weights)...); err != nil {
 			return false, err
 		}
-		now = c.limits()
+		now = claimLimits(c.limits(), p)
 	}
 	return now == l, rows.Err()
 }
 
-// slotNumbers runs a slot_lock_* statement and returns the slot numbers.
-func (d *Driver) slotNumbers(ctx context.Context, tx *sql.Tx, q string, args ...any) ([]int64, error) {
-	rows, err := d.query(ctx, tx, true, q, args...)
+// slotNumbers runs a slot_lock_* statement in tx, begun on pool p, and
+// returns the slot numbers.
+func (d *Driver) slotNumbers(ctx context.Context, p *stmtPool, tx *sql.Tx, q string, args ...any) ([]int64, error) {
+	rows, err := p.query(ctx, tx, true, q, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -479,7 +500,7 @@ func (d *Driver) takeSlots(ctx context.Context, tx *sql.Tx, queue string, l driv
 		args = append(args, marker)
 		q := strings.NewReplacer("{cases}", strings.TrimSuffix(strings.Repeat("WHEN ? THEN ? ", k), " "),
 			"{ids}", strings.TrimSuffix(strings.Repeat("?, ", k), ", ")).Replace(d.q.SlotTake)
-		if err := d.execTake(ctx, tx, q, args, k, "took", t.typ+" slots"); err != nil {
+		if err := d.execTake(ctx, d.main, tx, q, args, k, "took", t.typ+" slots"); err != nil {
 			return err
 		}
 	}
@@ -487,11 +508,12 @@ func (d *Driver) takeSlots(ctx context.Context, tx *sql.Tx, queue string, l driv
 }
 
 // execTake runs q, a statement that takes (or stamps) k slots, in tx
-// with args, and returns errSlotsLost, saying what it did to how many of
-// the k, unless it changed exactly k rows: the check every take of queue
-// slots, key slots and key rate slots makes.
-func (d *Driver) execTake(ctx context.Context, tx *sql.Tx, q string, args []any, k int, did, what string) error {
-	res, err := d.exec(ctx, tx, k <= maxCachedInsertRows, q, args...)
+// (begun on pool p) with args, and returns errSlotsLost, saying what it
+// did to how many of the k, unless it changed exactly k rows: the check
+// every take of queue slots, key slots, key rate slots and slots leased
+// in blocks makes.
+func (d *Driver) execTake(ctx context.Context, p *stmtPool, tx *sql.Tx, q string, args []any, k int, did, what string) error {
+	res, err := p.exec(ctx, tx, k <= maxCachedInsertRows, q, args...)
 	if err != nil {
 		return err
 	}
@@ -754,10 +776,12 @@ func publicLimits(l driver.QueueLimits) driver.QueueLimits {
 
 // sweepSlots is the rescue's sweep of the limits' slots: it frees up to
 // limit slots whose holder no longer runs under the slot's fence
-// (slot_stale, each freed by slot_free fenced by its job and fence), and
-// deletes the free concurrency slots at or beyond their queue's
-// MaxRunning, or of a queue without one, under the lock of the queue's
-// row (slot_lock_queue) that SetQueueLimits takes first.
+// (slot_stale, each freed by slot_free fenced by its job and fence),
+// gives back the blocks whose lease expired and whose owner runs no job
+// of their queue (freeExpiredBlocks), and deletes the free concurrency
+// slots at or beyond their queue's MaxRunning, or of a queue without one,
+// under the lock of the queue's row (slot_lock_queue) that SetQueueLimits
+// takes first.
 func (d *Driver) sweepSlots(ctx context.Context, limit int) error {
 	limit = max(limit, 100)
 	if err := d.sweepKeySlots(ctx, limit); err != nil {
@@ -791,6 +815,9 @@ func (d *Driver) sweepSlots(ctx context.Context, limit int) error {
 		if _, err := d.execCount(ctx, d.main, "rescue: free slot", true, d.q.SlotFree, []any{s.queue, s.typ, s.lkey, s.n, s.job, s.fence}); err != nil {
 			return err
 		}
+	}
+	if err := d.freeExpiredBlocks(ctx, limit); err != nil {
+		return err
 	}
 
 	top := map[string]int64{}

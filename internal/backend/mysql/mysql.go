@@ -104,10 +104,10 @@ type Driver struct {
 	weights driver.KeyWeightCache
 	db      *sql.DB
 	// main is db with its prepared statements; lease is the lease path's
-	// own pool (heartbeat, complete, release): leaseConns connections that
-	// claims, inserts, maintenance and the application's handlers never
-	// hold, so renewing or ending a lease never waits for a pooled
-	// connection.
+	// own pool (heartbeat, complete, release, LeaseSlots): leaseConns
+	// connections that claims, inserts, maintenance and the application's
+	// handlers never hold, so renewing or ending a lease never waits for
+	// a pooled connection.
 	main, lease *stmtPool
 	prefix      string
 	q           queries
@@ -273,10 +273,11 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 			*r = q.CausalRead + " " + *r
 		}
 		// Acknowledgements that may reach a node before the claim they
-		// acknowledge, and the changes of one job by id (Cancel, Discard,
-		// Retry) that may reach it before the job or its last change (see
-		// causal_ack).
-		for _, r := range []*string{&q.Complete, &q.CompleteWithErrors, &q.SlotHolders, &q.CompleteFreeing, &q.CompleteWithErrorsFreeing, &q.Heartbeat, &q.Release, &q.FenceCheck, &q.Finalize, &q.Retry, &q.CompleteOne} {
+		// acknowledge, the changes of one job by id (Cancel, Discard,
+		// Retry) that may reach it before the job or its last change, and
+		// the rescue's giving back of an expired block, which must see
+		// every claim of its owner's (see causal_ack).
+		for _, r := range []*string{&q.Complete, &q.CompleteWithErrors, &q.SlotHolders, &q.CompleteFreeing, &q.CompleteWithErrorsFreeing, &q.Heartbeat, &q.Release, &q.FenceCheck, &q.Finalize, &q.Retry, &q.CompleteOne, &q.BlockFree} {
 			*r = q.CausalAck + " " + *r
 		}
 	}
@@ -324,9 +325,10 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 	return d, nil
 }
 
-// leaseConns is the size of the lease path's pool: the heartbeat loop and
-// the completer each hold at most one connection at a time.
-const leaseConns = 2
+// leaseConns is the size of the lease path's pool: the heartbeat loop,
+// the completer and the leases of slot blocks (LeaseSlots) each hold at
+// most one connection at a time.
+const leaseConns = 3
 
 // URLConfig converts mysql://user:pass@host:port/db?params (a "socket"
 // parameter selects a unix socket) into a go-sql-driver configuration,
@@ -728,13 +730,18 @@ func (d *Driver) retry(ctx context.Context, op string, fn func() error) error {
 	}
 }
 
-// inTx runs fn in a READ COMMITTED transaction (the session default),
-// retried as a whole on deadlocks and lock wait timeouts. An error before
-// the commit, or the server's refusal of the commit, is marked
-// driver.NotCommitted; a commit whose answer was lost is not.
+// inTx runs fn in a READ COMMITTED transaction (the session default) on
+// the main pool, retried as a whole on deadlocks and lock wait timeouts.
+// An error before the commit, or the server's refusal of the commit, is
+// marked driver.NotCommitted; a commit whose answer was lost is not.
 func (d *Driver) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
+	return d.inTxOn(ctx, d.main, op, fn)
+}
+
+// inTxOn is inTx on pool p (the lease path's, for LeaseSlots).
+func (d *Driver) inTxOn(ctx context.Context, p *stmtPool, op string, fn func(tx *sql.Tx) error) error {
 	return d.retry(ctx, op, func() error {
-		tx, err := d.db.BeginTx(ctx, nil)
+		tx, err := p.db.BeginTx(ctx, nil)
 		if err != nil {
 			return driver.NotCommitted(err)
 		}

@@ -166,6 +166,17 @@ type queries struct {
 	SlotMaxC       string `sql:"slot_max_c"`
 	SlotLockQueue  string `sql:"slot_lock_queue"`
 
+	// Slot blocks: LeaseSlots' statements and the rescue's giving back
+	// of expired blocks (see blocks.go).
+	LeaseLimit    string `sql:"lease_limit"`
+	LeaseRead     string `sql:"lease_read"`
+	LeaseGiveBack string `sql:"lease_give_back"`
+	LeaseRenew    string `sql:"lease_renew"`
+	LeaseTake     string `sql:"lease_take"`
+	LeaseTakeFree string `sql:"lease_take_free"`
+	BlockExpired  string `sql:"block_expired"`
+	BlockFree     string `sql:"block_free"`
+
 	// Key limits: the claim's walk of keys, its key slots and jobs, the
 	// usage and the sweep (see keys.go).
 	KeyWalk            string `sql:"key_walk"`

@@ -504,13 +504,16 @@ SELECT @@wsrep_on
 SET STATEMENT wsrep_sync_wait = 1 FOR
 
 -- On Galera, the fenced acknowledgements of a lease (complete, heartbeat,
--- release and fence_check) and the changes of one job by id (finalize,
--- retry) run with this prefix: a worker may acknowledge through a node
--- that has not yet applied the claim, where the fenced UPDATE would match
--- nothing; and an UPDATE that changes nothing writes nothing, so
--- certification would never see the stale read. The node first applies
--- what the cluster had ordered (3: before reads, bit 1, and before UPDATE
--- and DELETE, bit 2; none of them is an INSERT or REPLACE, bit 4).
+-- release and fence_check), the changes of one job by id (finalize,
+-- retry) and the rescue's giving back of an expired block (block_free)
+-- run with this prefix: a worker may acknowledge through a node that has
+-- not yet applied the claim, where the fenced UPDATE would match nothing;
+-- a block's owner may have claimed, through such a node, the job that
+-- keeps its block; and certification never sees a stale read (an UPDATE
+-- that changes nothing writes nothing, and the jobs block_free reads are
+-- not written at all). The node first applies what the cluster had
+-- ordered (3: before reads, bit 1, and before UPDATE and DELETE, bit 2;
+-- none of them is an INSERT or REPLACE, bit 4).
 -- name: causal_ack
 SET STATEMENT wsrep_sync_wait = 3 FOR
 
@@ -675,11 +678,12 @@ ON DUPLICATE KEY UPDATE n = n
 -- name: slot_lock_above
 SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n >= ? ORDER BY n FOR UPDATE
 
--- Concurrency slots at or beyond the limit that no attempt holds; a held
--- one stays until its attempt ends (then the rescue's sweep deletes it).
--- (queue, max_running.)
+-- Concurrency slots at or beyond the limit that no attempt holds and no
+-- owner has leased; a held one stays until its attempt ends or its owner
+-- gives it back (then the rescue's sweep deletes it). (queue,
+-- max_running.)
 -- name: slot_trim_c
-DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n >= ? AND job_id IS NULL
+DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n >= ? AND job_id IS NULL AND owner IS NULL
 
 -- Rate slots at or beyond the rate whose start has left the window, or
 -- that never admitted one; all of them when the queue has no rate.
@@ -695,31 +699,35 @@ DELETE FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n 
 SELECT name, max_running, rate, rate_period_us, key_max_running, key_order, key_rate, key_rate_period_us, key_fair FROM `{p}queues` WHERE max_running IS NOT NULL OR rate IS NOT NULL OR key_max_running IS NOT NULL OR key_rate IS NOT NULL OR key_fair IS NOT NULL
 
 -- LimitUsage, one statement by the database's clock: per limited queue,
--- the concurrency slots held, the starts within the window and how long
--- until the oldest of them leaves it.
+-- the concurrency slots held (by an attempt, or leased to an owner in a
+-- block), the starts within the window and how long until the oldest of
+-- them leaves it.
 -- name: limit_usage
 SELECT q.name, q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order, q.key_rate, q.key_rate_period_us, q.key_fair,
-  (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.job_id > 0),
+  (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND (s.job_id > 0 OR s.owner IS NOT NULL)),
   (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate AND s.used_at > UTC_TIMESTAMP(6) - INTERVAL q.rate_period_us MICROSECOND),
   (SELECT TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), MIN(s.used_at) + INTERVAL q.rate_period_us MICROSECOND) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate AND s.used_at > UTC_TIMESTAMP(6) - INTERVAL q.rate_period_us MICROSECOND)
   FROM `{p}queues` q WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL OR q.key_max_running IS NOT NULL OR q.key_rate IS NOT NULL OR q.key_fair IS NOT NULL
 
 -- ClaimLimited. limits_read is a plain read of the queue's limits and of
--- how many concurrency slots at or beyond max_running are still held (a
--- lowered limit: those attempts count against it until they end), then
+-- how many concurrency slots at or beyond max_running are still held by
+-- attempts or leased to owners (a lowered limit: they count against it
+-- until the attempts end and the owners give them back), then
 -- the queue's key weights (a Fair queue's). A queue without limits is
 -- claimed by Claim. (queue.)
 -- name: limits_read
-SELECT q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order, q.key_rate, q.key_rate_period_us, q.key_fair, (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.n >= q.max_running AND s.job_id IS NOT NULL), q.key_weights FROM `{p}queues` q WHERE q.name = ?
+SELECT q.max_running, q.rate, q.rate_period_us, q.key_max_running, q.key_order, q.key_rate, q.key_rate_period_us, q.key_fair, (SELECT COUNT(*) FROM `{p}limit_slots` s WHERE s.queue = q.name AND s.type = 'c' AND s.lkey = '' AND s.n >= q.max_running AND (s.job_id IS NOT NULL OR s.owner IS NOT NULL)), q.key_weights FROM `{p}queues` q WHERE q.name = ?
 
 -- With SKIP LOCKED (the skip-locked strategy), in the claim's
--- transaction and before the jobs: lock up to want free concurrency slots
--- (queue, max_running, want) and up to want rate slots whose last start
--- has left the window (queue, rate, period µs, want), skipping the slots
--- other claimers hold. Slots before jobs in every claim, so claimers lock
--- in one order; and they never wait.
+-- transaction and before the jobs: lock up to want free concurrency slots,
+-- neither held by an attempt nor leased to an owner (queue, max_running,
+-- want; LeaseSlots locks the free slots it takes with this statement too),
+-- and up to want rate slots whose last start has left the window (queue,
+-- rate, period µs, want), skipping the slots other claimers hold. Slots
+-- before jobs in every claim, so claimers lock in one order; and they
+-- never wait.
 -- name: slot_lock_c
-SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL ORDER BY n LIMIT ? FOR UPDATE {skip}
+SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL AND owner IS NULL ORDER BY n LIMIT ? FOR UPDATE {skip}
 
 -- name: slot_lock_r
 SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND n < ? AND (used_at IS NULL OR used_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND) ORDER BY n LIMIT ? FOR UPDATE {skip}
@@ -729,11 +737,12 @@ SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'r' AND lkey = '' AND 
 -- (a negative job_id, never a job's); the rows it changed are the
 -- claim's, and a slot another claim reserved or took is not free any
 -- more once that claim commits (a reservation never commits: the claim
--- turns it into a holder or clears it). Rows are locked in slot order.
+-- turns it into a holder or clears it); nor is one leased to an owner.
+-- Rows are locked in slot order.
 -- (marker, queue, max_running, want) and (marker, queue, rate, period µs,
 -- want).
 -- name: slot_reserve_c
-UPDATE `{p}limit_slots` SET job_id = ? WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL{intx} ORDER BY n LIMIT ?
+UPDATE `{p}limit_slots` SET job_id = ? WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL AND owner IS NULL{intx} ORDER BY n LIMIT ?
 
 -- name: slot_reserve_r
 UPDATE `{p}limit_slots` SET job_id = ? WHERE queue = ? AND type = 'r' AND lkey = '' AND n < ? AND job_id IS NULL AND (used_at IS NULL OR used_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND){intx} ORDER BY n LIMIT ?
@@ -752,12 +761,13 @@ UPDATE `{p}limit_slots` SET job_id = NULL WHERE job_id = ?{intx}
 -- fence stay NULL); used_at is the attempt's attempted_at, the clock value
 -- the claim wrote. {cases} is one "WHEN ? THEN ?" per slot (slot number,
 -- value) and {ids} the slot numbers. Only a slot still free, or reserved
--- with the marker, is taken, and the driver requires every one of them:
+-- with the marker, and leased to no owner, is taken, and the driver
+-- requires every one of them:
 -- a slot the claim no longer holds is never taken over from another
 -- attempt. (job cases, fence cases, used_at cases, queue, type, slot
 -- numbers, marker: 0 without a reservation.)
 -- name: slot_take
-UPDATE `{p}limit_slots` SET job_id = CASE n {cases} END, fence = CASE n {cases} END, used_at = CASE n {cases} END WHERE queue = ? AND type = ? AND lkey = '' AND n IN ({ids}) AND (job_id IS NULL OR job_id = ?){intx}
+UPDATE `{p}limit_slots` SET job_id = CASE n {cases} END, fence = CASE n {cases} END, used_at = CASE n {cases} END WHERE queue = ? AND type = ? AND lkey = '' AND n IN ({ids}) AND (job_id IS NULL OR job_id = ?) AND owner IS NULL{intx}
 
 -- How long until the oldest start of the rate's window leaves it, when
 -- the rate held jobs back; 0 when a slot never admitted a start: open,
@@ -796,6 +806,104 @@ SELECT queue, MAX(n) FROM `{p}limit_slots` WHERE type = 'c' AND lkey = '' GROUP 
 -- raised. (queue.)
 -- name: slot_lock_queue
 SELECT max_running FROM `{p}queues` WHERE name = ? FOR UPDATE
+
+-- Slot blocks (migrations/018_slot_blocks.sql, blocks.go): a queue's
+-- concurrency slots leased to an owner (a process's worker id) until
+-- leased_until. LeaseSlots runs, in one transaction on the lease path,
+-- queue by queue in name order: lease_limit, lease_read, then
+-- lease_give_back and lease_renew when the owner holds slots, then the
+-- take of free slots (slot_lock_c and lease_take with SKIP LOCKED,
+-- lease_take_free without). Its locks come in one order: the queue's
+-- row, then its slots; SetQueueLimits and the rescue's trim take them in
+-- the same order, and claims lock no queue row. A skip-locked claim
+-- skips the slots a lease holds; an optimistic one waits only for a slot
+-- a lease is taking, as it waits for one another claim reserved (see
+-- lease_give_back and lease_take_free). The writes carry {intx} (see
+-- "Transactions on Galera" below): after the cluster aborted the
+-- transaction their counts fall short, and the driver runs it again.
+--
+-- lease_limit reads the queue's MaxRunning under a shared lock of its
+-- row, which SetQueueLimits (its first statement) and the rescue's trim
+-- of the queue's slots (slot_lock_queue) lock exclusively: the limit
+-- cannot change before the lease commits, and a change under way is
+-- waited for, so the slots below the limit read are the limit's. Leases
+-- of other owners share the lock. No row: no limit. (queue.)
+-- name: lease_limit
+SELECT max_running FROM `{p}queues` WHERE name = ? LOCK IN SHARE MODE
+
+-- A plain read (it locks nothing and never waits) of the queue's
+-- concurrency slots the owner holds and of those at or beyond the limit
+-- held by an attempt or leased to another owner (a lowered limit: while
+-- there is one the owner takes no slot), as (n, the owner's), in slot
+-- order. Nobody but the owner leases slots to it, and the rescue that
+-- gives them back re-checks their lease on their latest version, which
+-- the renewal below has locked: the owner's slots read are still its own
+-- when lease_renew counts them, but for any the rescue gave back before,
+-- which the count leaves out. (owner, queue, owner, max_running.)
+-- name: lease_read
+SELECT n, owner <=> ? FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND (owner = ? OR (n >= ? AND (job_id IS NOT NULL OR owner IS NOT NULL))) ORDER BY n
+
+-- Gives back the owner's slots of the queue from slot n on: those beyond
+-- the ones it keeps (the lowest below the limit, as many as it wants)
+-- and every one at or beyond the limit. Under READ COMMITTED an UPDATE
+-- that meets a row another transaction has locked reads the row's last
+-- committed version and waits only if that version matches: here only
+-- the owner's own slots do, so the statement never waits for a claim's
+-- slot (nor a claim for the owner's: its free slot reads find them
+-- leased). (queue, owner, n.)
+-- name: lease_give_back
+UPDATE `{p}limit_slots` SET owner = NULL, leased_until = NULL WHERE queue = ? AND type = 'c' AND lkey = '' AND owner = ? AND n >= ?{intx}
+
+-- Renews the lease of every slot of the queue the owner still holds,
+-- those it keeps, until ttl from the database's clock; the matched count
+-- is what it kept. (ttl µs, queue, owner.)
+-- name: lease_renew
+UPDATE `{p}limit_slots` SET leased_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE queue = ? AND type = 'c' AND lkey = '' AND owner = ?{intx}
+
+-- With SKIP LOCKED: leases to the owner the free slots slot_lock_c
+-- locked (skipping those claims and other leases hold), each only while
+-- still free; the driver requires every one. {ids} is the slot numbers.
+-- (owner, ttl µs, queue, slot numbers.)
+-- name: lease_take
+UPDATE `{p}limit_slots` SET owner = ?, leased_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE queue = ? AND type = 'c' AND lkey = '' AND n IN ({ids}) AND job_id IS NULL AND owner IS NULL{intx}
+
+-- Without SKIP LOCKED (the optimistic strategy): the same in one
+-- conditional UPDATE, as slot_reserve_c reserves slots for a claim: the
+-- lowest free slots below the limit, in slot order; a slot whose last
+-- committed version is free but that a claim or another lease has
+-- locked is waited for (for the length of that transaction, whose own
+-- locks come in slot order too) and taken only if still free; the
+-- matched count is what it took. (owner, ttl µs, queue, max_running,
+-- count.)
+-- name: lease_take_free
+UPDATE `{p}limit_slots` SET owner = ?, leased_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL AND owner IS NULL{intx} ORDER BY n LIMIT ?
+
+-- The rescue's giving back of blocks whose lease expired. block_expired
+-- is a plain read of up to limit expired leases, oldest first, through
+-- slot_lease_idx (a range of the owned slots only), as (queue, owner)
+-- per slot, which the driver takes once each. (limit.)
+-- name: block_expired
+SELECT queue, owner FROM `{p}limit_slots` FORCE INDEX (slot_lease_idx) WHERE leased_until < UTC_TIMESTAMP(6) ORDER BY leased_until LIMIT ?
+
+-- block_free gives back the owner's slots of the queue whose lease has
+-- expired if no job of the queue runs under a claim of the owner. The
+-- UPDATE locks each slot and evaluates its lease on the row's latest
+-- version: a block renewed since block_expired read it stays with its
+-- owner, and one whose renewal is under way is waited for (LeaseSlots is
+-- short), then kept; the claims' slots, whose last committed version is
+-- not the owner's, are passed over without waiting (see
+-- lease_give_back). The running jobs are a consistent read, which takes
+-- no lock (the subquery of a single-table UPDATE, under READ COMMITTED),
+-- of the statement's snapshot, through lease_idx, whose non-NULL entries
+-- are the running jobs: all of them, for want of an index by worker,
+-- paid only by a rescue round that meets an expired block. A claim that
+-- commits after the snapshot came back after the lease had expired (the
+-- statement's clock, read first, already found it expired), and its
+-- owner does not start its jobs. On Galera the statement first applies
+-- what the cluster has ordered (causal_ack): the owner's claims may
+-- have been made through another node. (queue, owner, queue, owner.)
+-- name: block_free
+UPDATE `{p}limit_slots` SET owner = NULL, leased_until = NULL WHERE queue = ? AND type = 'c' AND lkey = '' AND owner = ? AND leased_until < UTC_TIMESTAMP(6) AND NOT EXISTS (SELECT 1 FROM `{p}jobs` FORCE INDEX (lease_idx) WHERE lease_expires_at IS NOT NULL AND state = 'running' AND queue = ? AND attempted_by = ?)
 
 -- Key limits (migrations/013_keys.sql, keys.go). A limited claim of a
 -- queue with key limits first walks the distinct keys of its available
