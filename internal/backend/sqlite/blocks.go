@@ -29,9 +29,13 @@ var _ driver.SlotLeaser = (*Driver)(nil)
 // holds fewer than want[q], it takes free slot numbers below MaxRunning
 // for as many as the limit leaves: MaxRunning less the slots in use (the
 // slots leased in blocks, every owner's, and the running jobs of the
-// queue that no block's owner claimed). So a lowered limit takes nothing
-// while as many as it are in use, and keeping is allowed. A queue
-// without a MaxRunning gets none, its owner's slots given back.
+// queue that no block's owner claimed). So under a lowered limit nothing
+// is taken while as many slots as the limit are in use, though an owner
+// keeps its slots below it. A queue without a MaxRunning gets none, its
+// owner's slots given back. While owner holds a slot of a queue, every
+// running job of the queue it claimed (attempted_by = owner), under the
+// block or not, counts through the block, not by itself: an owner runs
+// no more of them at once than it holds.
 //
 // Unlike a heartbeat it does not hold back the writes of other
 // processes while it waits: a block renewed late costs its owner a
