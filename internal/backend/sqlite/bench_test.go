@@ -48,45 +48,81 @@ func BenchmarkClaimComplete(b *testing.B) {
 	}{{"complete100", 100}, {"complete1000", 1000}} {
 		b.Run(tc.name, func(b *testing.B) {
 			d := benchDriver(b, b.N)
-			ctx := context.Background()
 			cp := driver.ClaimParams{Queue: "bench", Limit: 100, Lease: time.Minute, Worker: "bench"}
-			out := make([]driver.Outcome, 0, tc.completeEvery+100)
-			done := 0
-			flush := func() {
-				applied, err := d.Complete(ctx, out)
-				if err != nil || len(applied) != len(out) {
-					b.Fatalf("complete: %d of %d applied, %v", len(applied), len(out), err)
-				}
-				done += len(out)
-				out = out[:0]
-			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			for {
-				rows, err := d.Claim(ctx, cp)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if len(rows) == 0 {
-					break
-				}
-				for _, r := range rows {
-					out = append(out, driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted})
-				}
-				if len(out) >= tc.completeEvery {
-					flush()
-				}
-			}
-			if len(out) > 0 {
-				flush()
-			}
-			b.StopTimer()
-			if done != b.N {
-				b.Fatalf("drained %d jobs, want %d", done, b.N)
-			}
-			b.ReportMetric(float64(done)/b.Elapsed().Seconds(), "jobs/s")
+			drain(b, d, tc.completeEvery, func() ([]*driver.JobRow, error) { return d.Claim(context.Background(), cp) })
 		})
 	}
+}
+
+// BenchmarkClaimBlocked drains b.N no-op jobs as BenchmarkClaimComplete
+// does (complete1000), from a queue with a MaxRunning that never binds:
+// by the plain claim (for reference), by claims under a block
+// (ClaimParams.Blocked: the queue's row read, nothing counted), and by
+// claims without one (which count the queue's running jobs, up to 1,000
+// here, and its blocks).
+func BenchmarkClaimBlocked(b *testing.B) {
+	for _, tc := range []struct {
+		name    string
+		limited bool
+		blocked bool
+	}{{"claim", false, false}, {"blocked", true, true}, {"limited", true, false}} {
+		b.Run(tc.name, func(b *testing.B) {
+			d := benchDriver(b, b.N)
+			ctx := context.Background()
+			if err := d.SetQueueLimits(ctx, "bench", driver.QueueLimits{MaxRunning: b.N + 1}); err != nil {
+				b.Fatal(err)
+			}
+			cp := driver.ClaimParams{Queue: "bench", Limit: 100, Lease: time.Minute, Worker: "bench", Blocked: tc.blocked}
+			drain(b, d, 1000, func() ([]*driver.JobRow, error) {
+				if !tc.limited {
+					return d.Claim(ctx, cp)
+				}
+				r, err := d.ClaimLimited(ctx, cp)
+				return r.Rows, err
+			})
+		})
+	}
+}
+
+// drain claims every job of d with claim, completing them completeEvery
+// at a time, checks that b.N were, and reports the drain rate (jobs/s).
+func drain(b *testing.B, d *Driver, completeEvery int, claim func() ([]*driver.JobRow, error)) {
+	ctx := context.Background()
+	out := make([]driver.Outcome, 0, completeEvery+100)
+	done := 0
+	flush := func() {
+		applied, err := d.Complete(ctx, out)
+		if err != nil || len(applied) != len(out) {
+			b.Fatalf("complete: %d of %d applied, %v", len(applied), len(out), err)
+		}
+		done += len(out)
+		out = out[:0]
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for {
+		rows, err := claim()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(rows) == 0 {
+			break
+		}
+		for _, r := range rows {
+			out = append(out, driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted})
+		}
+		if len(out) >= completeEvery {
+			flush()
+		}
+	}
+	if len(out) > 0 {
+		flush()
+	}
+	b.StopTimer()
+	if done != b.N {
+		b.Fatalf("drained %d jobs, want %d", done, b.N)
+	}
+	b.ReportMetric(float64(done)/b.Elapsed().Seconds(), "jobs/s")
 }
 
 // BenchmarkPipeline drains b.N jobs the way the engine does: a fetcher

@@ -567,15 +567,18 @@ func (d *Driver) Release(ctx context.Context, leases []driver.Lease) (int64, err
 
 // Rescue handles up to limit running jobs whose lease expired (which
 // leaves them out of their queue's count of running jobs, its
-// concurrency limit's) and, in the same transaction, sweeps the key
-// slots: it frees those held by attempts no longer running under
-// their fence and those kept for jobs that no longer wait to run, and
-// deletes the free ones unused for a minute, above their key's limit or
-// of a queue without key limits. It deletes the rate slots of keys
-// stamped more than max(KeyRatePeriod, a minute) ago, those beyond their
-// queue's KeyRate and those of a queue without one.
+// concurrency limit's) and, in the same transaction, gives back the
+// slots of blocks whose lease expired and whose owner has no job of the
+// slot's queue running (a dead owner's, in the round that rescued its
+// last job of the queue or a later one), and sweeps the key slots: it
+// frees those held by attempts no longer running under their fence and
+// those kept for jobs that no longer wait to run, and deletes the free
+// ones unused for a minute, above their key's limit or of a queue
+// without key limits. It deletes the rate slots of keys stamped more
+// than max(KeyRatePeriod, a minute) ago, those beyond their queue's
+// KeyRate and those of a queue without one.
 func (d *Driver) Rescue(ctx context.Context, limit int) (map[string]int, error) {
-	m, err := d.queueCounts(ctx, d.q.Rescue, limit, d.q.SweepKeySlots, d.q.SweepIdleKeySlots, d.q.SweepKeyRateSlots)
+	m, err := d.queueCounts(ctx, d.q.Rescue, limit, d.q.SweepBlocks, d.q.SweepKeySlots, d.q.SweepIdleKeySlots, d.q.SweepKeyRateSlots)
 	if err != nil {
 		return nil, fmt.Errorf("conveyor/sqlite: rescue: %w", err)
 	}

@@ -12,20 +12,29 @@ import (
 
 // ClaimLimited claims up to p.Limit jobs of p.Queue within the queue's
 // limits, in one BEGIN IMMEDIATE transaction: it reads the limits with
-// the count of the queue's running jobs, takes as many free rate slots
-// as it may, claims at most MaxRunning less the running jobs (and no more
-// than the rate slots) with the claim statement Claim runs, and stamps a
-// rate slot with each claimed attempt's attempted_at. The transaction
-// holds the write lock, so no other claimer, in this process or another,
-// starts a job or takes a slot between its count or read and its update.
-// A queue without limits is claimed as Claim claims it.
+// the count of the queue's concurrency slots in use, takes as many free
+// rate slots as it may, claims at most MaxRunning less the slots in use
+// (and no more than the rate slots) with the claim statement Claim runs,
+// and stamps a rate slot with each claimed attempt's attempted_at. The
+// transaction holds the write lock, so no other claimer, in this process
+// or another, starts a job or takes a slot between its count or read and
+// its update. A queue without limits is claimed as Claim claims it.
 //
-// A concurrency limit admits a claim while fewer of the queue's jobs than
-// the limit run (state running: claimed by any process or HTTP worker,
-// ClaimJob's included, and not yet ended, an expired lease until Rescue
-// ends it). Nothing is held beside the job's own state, so nothing is
-// freed when an attempt ends, and a lowered limit holds as soon as fewer
-// jobs than it run.
+// A concurrency limit admits a claim while fewer of the queue's slots
+// than the limit are in use: the slots leased in blocks (LeaseSlots),
+// and the running jobs of the queue that no block's owner claimed (state
+// running: claimed by any process or HTTP worker, ClaimJob's included,
+// and not yet ended, an expired lease until Rescue ends it). Nothing is
+// held beside the job's own state, so nothing is freed when an attempt
+// ends, and a lowered limit holds as soon as fewer slots than it are in
+// use.
+//
+// A claim under a block (p.Blocked) counts nothing and is not cut by
+// MaxRunning, which it reports: its owner runs no more of the jobs at
+// once than its block allows, and they count through the block's rows.
+// It is held by the rate, the limits per key, fairness and the pause as
+// any other; a queue with a MaxRunning only is claimed by the claim
+// statement, after one read of the queue's row.
 //
 // A queue with limits per key (KeyMaxRunning, Ordered, KeyRate) or a
 // fair one (whose key weights the limits' statement reads) claims its
@@ -87,7 +96,7 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 	var period, keyRatePeriod int64
 	var paused bool
 	var rawWeights sql.NullString
-	err := tx.StmtContext(ctx, ls.limitsOf).QueryRowContext(ctx, p.Queue).Scan(&maxRunning, &rate, &period, &running, &keyMax, &keyOrder, &paused, &keyRate, &keyRatePeriod, &fair, &rawWeights)
+	err := tx.StmtContext(ctx, ls.limitsOf).QueryRowContext(ctx, p.Queue, p.Blocked).Scan(&maxRunning, &rate, &period, &running, &keyMax, &keyOrder, &paused, &keyRate, &keyRatePeriod, &fair, &rawWeights)
 	if errors.Is(err, sql.ErrNoRows) || err == nil && maxRunning <= 0 && rate <= 0 && keyMax <= 0 && keyRate <= 0 && fair <= 0 {
 		res.Rows, err = claimIn(ctx, tx, ls.claim, p, p.Limit)
 		return res, err
@@ -98,10 +107,11 @@ func (d *Driver) claimLimitedIn(ctx context.Context, tx *sql.Tx, ls *limitStmts,
 	res.MaxRunning = max(maxRunning, 0)
 	want := p.Limit
 	// allowed: what the concurrency limit lets this claim take, counted
-	// under the write lock: no job of the queue starts before this
-	// claim's commit but this claim's.
+	// under the write lock: no job of the queue starts, and no block
+	// grows, before this claim's commit but this claim's. A claim under
+	// a block is not counted (running is 0) nor cut.
 	allowed := want
-	if maxRunning > 0 {
+	if maxRunning > 0 && !p.Blocked {
 		allowed = max(min(allowed, maxRunning-running), 0)
 	}
 	k := allowed
@@ -218,7 +228,11 @@ func takeRateSlots(ctx context.Context, tx *sql.Tx, ls *limitStmts, queue string
 // within the window of the change it may admit up to the old rate; the
 // slots beyond it within the window stay, so that the rate raised again
 // counts their starts. MaxRunning needs no row: claims count the queue's
-// running jobs. The queue's pause is kept.
+// running jobs and the slots leased in blocks. The blocks stay, whatever
+// the new limits: a lowered or removed MaxRunning makes their owners give
+// back, at their next lease, the slots at or above it (all of them when
+// removed), and Rescue gives back those whose lease expired. The
+// queue's pause is kept.
 //
 // Key limits are stored as key_max_running (1 when Ordered) and
 // key_order; their slot rows are made by the claims that need them. A

@@ -16,19 +16,7 @@ import (
 // by the running jobs, the one claimed before the upgrade included.
 func TestUpgradeCountsRunningJobs(t *testing.T) {
 	ctx := context.Background()
-	d := openT(t, filepath.Join(t.TempDir(), "t.db"), "conveyor_")
-	all := d.migrations
-	d.migrations = all[:15]
-	if _, err := d.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	jobs := make([]driver.InsertParams, 6)
-	for i := range jobs {
-		jobs[i] = driver.InsertParams{Queue: "u", Kind: "k", Args: []byte(`{}`), MaxAttempts: 3}
-	}
-	if _, err := d.Insert(ctx, jobs); err != nil {
-		t.Fatal(err)
-	}
+	d := atVersion(t, 15, "u", 6)
 	if _, err := d.DB().ExecContext(ctx, `INSERT INTO conveyor_queues (name, max_running, updated_at) VALUES ('u', 2, 0)`); err != nil {
 		t.Fatal(err)
 	}
@@ -42,8 +30,7 @@ func TestUpgradeCountsRunningJobs(t *testing.T) {
 		VALUES ('u', 'c', '', 0, ?, ?), ('u', 'c', '', 1, 999999, 1)`, old[0].ID, old[0].Fence); err != nil {
 		t.Fatal(err)
 	}
-	d.migrations = all
-	if applied, err := d.Migrate(ctx); err != nil || len(applied) != len(all)-15 {
+	if applied, err := d.Migrate(ctx); err != nil || len(applied) != len(d.migrations)-15 {
 		t.Fatalf("upgrade: applied %v, %v", applied, err)
 	}
 	var slots int
@@ -68,4 +55,27 @@ func TestUpgradeCountsRunningJobs(t *testing.T) {
 	if got, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "u", Limit: 5, Lease: time.Minute, Worker: "new"}); err != nil || len(got.Rows) != 1 {
 		t.Fatalf("claimed %d, %v once the job claimed before the upgrade ended; want 1", len(got.Rows), err)
 	}
+}
+
+// atVersion opens a driver on a fresh file migrated to version v (and no
+// further: its Migrate then upgrades it to the latest), holding n
+// available jobs in queue.
+func atVersion(t *testing.T, v int, queue string, n int) *Driver {
+	t.Helper()
+	ctx := context.Background()
+	d := openT(t, filepath.Join(t.TempDir(), "t.db"), "conveyor_")
+	all := d.migrations
+	d.migrations = all[:v]
+	if _, err := d.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.migrations = all
+	jobs := make([]driver.InsertParams, n)
+	for i := range jobs {
+		jobs[i] = driver.InsertParams{Queue: queue, Kind: "k", Args: []byte(`{}`), MaxAttempts: 3}
+	}
+	if _, err := d.Insert(ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	return d
 }

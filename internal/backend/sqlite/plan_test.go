@@ -31,10 +31,20 @@ func TestQueryPlans(t *testing.T) {
 		// the queues' primary key.
 		{"insert claim", d.q.InsertClaim, []any{"[]", "", 1, "w"}, []string{"conveyor_queues_1 (name=?)"}, []string{"SCAN conveyor_jobs", "SCAN q", "TEMP B-TREE"}},
 		// Queue limits: a limited claim counts its queue's running jobs
-		// in jobs_running (migration 16), index entries only, and reads
-		// its rate slots by key, in slot order; so does the usage.
-		{"limits of", d.q.LimitsOf, []any{"q"}, []string{"COVERING INDEX conveyor_jobs_running (queue=?)"}, []string{"SCAN conveyor_jobs", "jobs_lease", "jobs_queue_list"}},
-		{"limit usage", d.q.LimitUsage, nil, []string{"COVERING INDEX conveyor_jobs_running (queue=?)"}, []string{"SCAN conveyor_jobs", "jobs_lease", "jobs_queue_list"}},
+		// in jobs_running (migration 16), index entries only, less those
+		// of the owners of its blocks, one probe each (migration 18),
+		// and reads its blocks and its rate slots by key, in slot order;
+		// so does the usage.
+		{"limits of", d.q.LimitsOf, []any{"q", 0}, []string{"COVERING INDEX conveyor_jobs_running (queue=?)", "COVERING INDEX conveyor_jobs_running (queue=? AND attempted_by=?)", "PRIMARY KEY (queue=? AND type=? AND lkey=?)"}, []string{"SCAN conveyor_jobs", "jobs_lease", "jobs_queue_list", "SCAN conveyor_limit_slots"}},
+		{"limit usage", d.q.LimitUsage, nil, []string{"COVERING INDEX conveyor_jobs_running (queue=?)", "COVERING INDEX conveyor_jobs_running (queue=? AND attempted_by=?)"}, []string{"SCAN conveyor_jobs", "jobs_lease", "jobs_queue_list", "SCAN conveyor_limit_slots"}},
+		// Blocks (migration 18): an owner's slots of a queue by key; the
+		// slots in use as limits_of counts them; Rescue reads the expired
+		// blocks by limit_slots_blocks, one probe of jobs_running each.
+		{"block give back", d.q.BlockGiveBack, []any{"q", "o", 3}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=?)", "PRIMARY KEY (queue=? AND type=? AND lkey=? AND n<?)"}, []string{"SCAN conveyor_limit_slots", "TEMP B-TREE"}},
+		{"block renew", d.q.BlockRenew, []any{"q", "o", 1}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=?)"}, []string{"SCAN conveyor_limit_slots"}},
+		{"block room", d.q.BlockRoom, []any{"q"}, []string{"COVERING INDEX conveyor_jobs_running (queue=?)", "COVERING INDEX conveyor_jobs_running (queue=? AND attempted_by=?)"}, []string{"SCAN conveyor_jobs", "SCAN conveyor_limit_slots"}},
+		{"block take", d.q.BlockTake, []any{"q", "o", 1, 5, 2}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=?)"}, []string{"SCAN conveyor_limit_slots", "TEMP B-TREE"}},
+		{"sweep blocks", d.q.SweepBlocks, nil, []string{"INDEX conveyor_limit_slots_blocks (expires_at<?)", "COVERING INDEX conveyor_jobs_running (queue=? AND attempted_by=?)"}, []string{"SCAN conveyor_limit_slots", "SCAN conveyor_jobs"}},
 		{"free rate slots", d.q.FreeRateSlots, []any{"q", 5, 1, 5}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=? AND n<?)"}, []string{"SCAN conveyor_limit_slots", "TEMP B-TREE"}},
 		{"take rate slot", d.q.TakeRateSlot, []any{"q", 1, 1}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=? AND n=?)"}, nil},
 		// Key limits: a keyed claim probes the keys of due jobs and a

@@ -6,15 +6,17 @@ import (
 	"github.com/conveyorq/conveyor/internal/sqlq"
 )
 
-// queries holds the statements of queries.sql, prefixed and with {now} and
-// {cols} expanded. The tags are the files' query names: sqlq.Load fails,
+// queries holds the statements of queries.sql, prefixed and with {now},
+// {cols} and {in_use} expanded. The tags are the files' query names: sqlq.Load fails,
 // and so does opening the driver, on a name missing from the file or a
 // query with no field here.
 type queries struct {
 	// Fragments expanded into the others: the database's clock in unix
-	// microseconds ({now}) and the column list scanJob reads ({cols}).
+	// microseconds ({now}), the column list scanJob reads ({cols}) and
+	// the count of a queue's concurrency slots in use ({in_use}).
 	Now        string `sql:"now"`
 	JobColumns string `sql:"job_columns"`
+	SlotsInUse string `sql:"slots_in_use"`
 
 	// The hot path: inserts, claims and the lease path.
 	Insert       string `sql:"insert"`
@@ -112,6 +114,13 @@ type queries struct {
 	DueJobWaits    string `sql:"due_job_waits"`
 	RateRetryIn    string `sql:"rate_retry_in"`
 	LimitUsage     string `sql:"limit_usage"`
+	// Blocks of a queue's concurrency slots (migration 18): LeaseSlots'
+	// statements and Rescue's sweep of the expired ones.
+	BlockGiveBack string `sql:"block_give_back"`
+	BlockRenew    string `sql:"block_renew"`
+	BlockRoom     string `sql:"block_room"`
+	BlockTake     string `sql:"block_take"`
+	SweepBlocks   string `sql:"sweep_blocks"`
 	// Key weights of fair queues (migration 14).
 	SetKeyWeights string `sql:"set_key_weights"`
 	KeyWeights    string `sql:"key_weights"`
@@ -155,13 +164,13 @@ type queries struct {
 	PruneProcesses  string `sql:"prune_processes"`
 }
 
-// loadQueries reads queries.sql for prefix and expands the {now} and
-// {cols} tokens.
+// loadQueries reads queries.sql for prefix and expands the {now}, {cols}
+// and {in_use} tokens.
 func loadQueries(prefix string) (queries, error) {
 	var q queries
 	if err := sqlq.Load(&q, sqlFS, prefix, "queries.sql"); err != nil {
 		return q, err
 	}
-	sqlq.Rewrite(&q, strings.NewReplacer("{now}", "("+q.Now+")", "{cols}", q.JobColumns).Replace)
+	sqlq.Rewrite(&q, strings.NewReplacer("{now}", "("+q.Now+")", "{cols}", q.JobColumns, "{in_use}", q.SlotsInUse).Replace)
 	return q, nil
 }

@@ -6,7 +6,10 @@
 --          microseconds. SQLite evaluates 'now' once per sqlite3_step, so
 --          every use within one statement sees the same instant (its
 --          resolution is one millisecond);
---   {cols} the "job_columns" block: the column order scanJob expects.
+--   {cols} the "job_columns" block: the column order scanJob expects;
+--   {in_use} the "slots_in_use" block: how many of a queue's concurrency
+--          slots are in use, for a statement that reads the queue's
+--          queues row as q.
 --
 -- Batches travel as ONE JSON text parameter read with json_each, so a batch
 -- of any size is one statement with a fixed text (no variable limit, one
@@ -647,10 +650,11 @@ PRAGMA wal_checkpoint(RESTART)
 -- Queue limits (migration 9). A queue's rate is held by rows of
 -- limit_slots, 'r' slots stamped with the starts they admitted (used_at);
 -- its concurrency limit by counting its running jobs (migration 16: the
--- 'c' slots are gone). Claims of a limited queue run these inside their
--- BEGIN IMMEDIATE transaction: the write lock is the claimer's alone, so
--- no slot is counted twice and no job starts between the count and the
--- claim.
+-- 'c' slots are gone) and the slots leased to processes in blocks ('b'
+-- rows, migration 18). Claims of a limited queue run these inside their
+-- BEGIN IMMEDIATE transaction, and so do the leases of blocks: the write
+-- lock is the writer's alone, so no slot is counted twice and no job
+-- starts, and no block grows, between the count and the write.
 
 -- name: set_queue_limits
 -- ?1 queue, ?2 max_running, ?3 rate, ?4 rate period in microseconds, ?5
@@ -689,7 +693,10 @@ ON CONFLICT DO NOTHING
 -- rate raised again within the window counts their starts: no window
 -- holds more starts than the highest rate in force during it. So do
 -- concurrency slots an earlier version made (migration 16 deleted those
--- there were), which nothing reads.
+-- there were), which nothing reads. The slots leased in blocks ('b')
+-- stay, whatever the new limits: their owners give them back at their
+-- next lease (all of them when the queue has no MaxRunning any more),
+-- or Rescue does once they expired.
 DELETE FROM {p}limit_slots
  WHERE queue = ?1 AND lkey = ''
    AND (type = 'c'
@@ -704,22 +711,22 @@ SELECT name, coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_u
     OR key_rate IS NOT NULL OR key_fair > 0
 
 -- name: limits_of
--- ?1 queue: its limits (0 for none), for a concurrency limit how many of
--- its jobs run (claimed and not ended: in a worker, an HTTP worker's, or
--- with an expired lease awaiting rescue; one entry each of jobs_running,
--- migration 16, and nothing else is read), its key limits (key_max_running, key_order), whether it is paused, its
--- rate per key (key_rate, key_rate_period_us), whether it is fair and its
--- key weights (as stored, NULL for none).
-SELECT coalesce(max_running, 0), coalesce(rate, 0), coalesce(rate_period_us, 0),
-       CASE WHEN max_running > 0
-            THEN (SELECT count(*) FROM {p}jobs INDEXED BY {p}jobs_running
-                   WHERE queue = ?1 AND state = 'running')
-            ELSE 0 END,
-       coalesce(key_max_running, 0), coalesce(key_order, 0), paused_at IS NOT NULL,
-       coalesce(key_rate, 0), coalesce(key_rate_period_us, 0),
-       coalesce(key_fair, 0), key_weights
-  FROM {p}queues
- WHERE name = ?1
+-- ?1 queue, ?2 1 for a claim under a block of the queue's slots
+-- (ClaimParams.Blocked), 0 otherwise: its limits (0 for none), for a
+-- concurrency limit how many of its slots are in use (slots_in_use: the
+-- slots leased in blocks and the running jobs no block's owner claimed;
+-- index entries and block rows only), or 0 for a claim under a block,
+-- which counts nothing (CASE evaluates the count only when it is
+-- needed), its key limits (key_max_running, key_order), whether it is
+-- paused, its rate per key (key_rate, key_rate_period_us), whether it is
+-- fair and its key weights (as stored, NULL for none).
+SELECT coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_period_us, 0),
+       CASE WHEN q.max_running > 0 AND NOT ?2 THEN {in_use} ELSE 0 END,
+       coalesce(q.key_max_running, 0), coalesce(q.key_order, 0), q.paused_at IS NOT NULL,
+       coalesce(q.key_rate, 0), coalesce(q.key_rate_period_us, 0),
+       coalesce(q.key_fair, 0), q.key_weights
+  FROM {p}queues AS q
+ WHERE q.name = ?1
 
 -- name: free_rate_slots
 -- ?1 queue, ?2 rate, ?3 period in microseconds, ?4 how many: rate slots
@@ -748,17 +755,14 @@ SELECT coalesce(min(used_at) + ?2 - {now}, 0) FROM {p}limit_slots
  WHERE queue = ?1 AND type = 'r' AND lkey = '' AND n < ?3 AND used_at IS NOT NULL
 
 -- name: limit_usage
--- Every limited queue's limits, for a concurrency limit its running jobs
--- (through jobs_running, as limits_of counts them), its starts
+-- Every limited queue's limits, for a concurrency limit its slots in use
+-- (slots_in_use, as limits_of counts them), its starts
 -- within the window with the oldest of them, the keys with a held or
 -- kept key slot, and the keys whose rate window is full (key_rate rate
 -- slots within the rate, each stamped within the period), by one clock.
 SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_period_us, 0),
        coalesce(q.key_max_running, 0), coalesce(q.key_order, 0),
-       CASE WHEN q.max_running > 0
-            THEN (SELECT count(*) FROM {p}jobs AS j INDEXED BY {p}jobs_running
-                   WHERE j.queue = q.name AND j.state = 'running')
-            ELSE 0 END,
+       CASE WHEN q.max_running > 0 THEN {in_use} ELSE 0 END,
        (SELECT count(*) FROM {p}limit_slots AS s
          WHERE s.queue = q.name AND s.type = 'r' AND s.lkey = '' AND s.n < q.rate
            AND s.used_at > n.now - q.rate_period_us),
@@ -781,6 +785,93 @@ SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_
  WHERE q.max_running IS NOT NULL OR q.rate IS NOT NULL OR q.key_max_running IS NOT NULL
     OR q.key_rate IS NOT NULL OR q.key_fair > 0
  ORDER BY q.name
+
+-- Blocks of a queue's concurrency slots (migration 18, driver.SlotLeaser):
+-- a slot leased to a process is a 'b' row of limit_slots, numbered below
+-- max_running when taken, with its owner (the process's worker id, the
+-- attempted_by of the jobs it claims under the block) and the lease's
+-- expiry (expires_at, by the database's clock). A free slot has no row:
+-- giving a slot back deletes it. The owner's claims take no slot and
+-- count nothing (limits_of with ?2 = 1), so its running jobs count
+-- through its block's rows, not one by one.
+--
+-- slots_in_use is the fragment the statements' in_use token stands for
+-- (put there as it is, so it carries no comment): how many of queue q's
+-- concurrency slots are in use, as claims without a block, LeaseSlots
+-- and LimitUsage count them against max_running: the slots leased in
+-- blocks (every owner's, expired ones too until Rescue gives them back),
+-- and the queue's running jobs that no owner of a block of the queue
+-- claimed (claimed and not ended, by any process, HTTP worker or
+-- ClaimJob, an expired lease until Rescue ends it). Those are the
+-- running jobs less the owners' (attempted_by): one range of
+-- jobs_running for the queue, one probe of it per owner, index entries
+-- only, and the queue's block rows. Counting the jobs "attempted_by NOT
+-- IN (the owners)" would make SQLite build the list of owners, a
+-- correlated subquery, anew for every running job.
+
+-- name: slots_in_use
+((SELECT count(*) FROM {p}limit_slots AS b
+   WHERE b.queue = q.name AND b.type = 'b' AND b.lkey = '')
+ + (SELECT count(*) FROM {p}jobs INDEXED BY {p}jobs_running
+     WHERE queue = q.name AND state = 'running')
+ - (SELECT count(*) FROM {p}jobs INDEXED BY {p}jobs_running
+     WHERE queue = q.name AND state = 'running'
+       AND attempted_by IN (SELECT b.owner FROM {p}limit_slots AS b
+                             WHERE b.queue = q.name AND b.type = 'b' AND b.lkey = '')))
+
+-- name: block_give_back
+-- ?1 queue, ?2 owner, ?3 how many it wants: gives back (deletes) the
+-- owner's slots of the queue but the lowest ?3 below its max_running:
+-- those beyond what it wants, and every one at or above a lowered
+-- max_running (all of them when the queue has none).
+DELETE FROM {p}limit_slots
+ WHERE queue = ?1 AND type = 'b' AND lkey = '' AND owner = ?2
+   AND n NOT IN (SELECT n FROM {p}limit_slots
+                  WHERE queue = ?1 AND type = 'b' AND lkey = '' AND owner = ?2
+                    AND n < coalesce((SELECT max_running FROM {p}queues WHERE name = ?1), 0)
+                  ORDER BY n
+                  LIMIT ?3 + 0)
+
+-- name: block_renew
+-- ?1 queue, ?2 owner, ?3 ttl in microseconds: leases the owner's slots
+-- of the queue (those block_give_back kept, expired ones included: an
+-- owner renewing before Rescue gave them back keeps them) until ?3 from
+-- now. The count of rows changed is how many it kept.
+UPDATE {p}limit_slots SET expires_at = {now} + ?3
+ WHERE queue = ?1 AND type = 'b' AND lkey = '' AND owner = ?2
+
+-- name: block_room
+-- ?1 queue: its max_running (0 for none) and its slots in use
+-- (slots_in_use), read after the owner's slots were given back or kept.
+-- No row when the queue has no queues row (no limits).
+SELECT coalesce(q.max_running, 0), {in_use} FROM {p}queues AS q WHERE q.name = ?1
+
+-- name: block_take
+-- ?1 queue, ?2 owner, ?3 ttl in microseconds, ?4 max_running, ?5 how
+-- many: leases the owner ?5 slots below ?4 that no block holds, rows
+-- made here, the lowest first (the recursive CTE yields 0, 1, ... in
+-- order, the LIMIT stops it once ?5 are found). The caller computed ?5
+-- from block_room in this transaction: no more than the limit leaves.
+WITH RECURSIVE s(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM s WHERE n + 1 < ?4)
+INSERT INTO {p}limit_slots (queue, type, lkey, n, owner, expires_at)
+SELECT ?1, 'b', '', s.n, ?2, {now} + ?3 FROM s
+ WHERE s.n NOT IN (SELECT n FROM {p}limit_slots WHERE queue = ?1 AND type = 'b' AND lkey = '')
+ LIMIT ?5 + 0
+
+-- name: sweep_blocks
+-- Gives back (deletes) the slots of blocks whose lease expired and whose
+-- owner has no job of the slot's queue running (attempted_by = owner;
+-- one probe of jobs_running per slot): an owner that stopped renewing
+-- keeps its slots while a job it claimed runs, and loses them in the
+-- Rescue round that ended its last one (run after the rescue statement,
+-- in its transaction) or a later one. The write transaction is
+-- exclusive, so a block renewed or a job claimed before it is seen, and
+-- none meanwhile. Reads the expired blocks' rows by limit_slots_blocks.
+DELETE FROM {p}limit_slots
+ WHERE type = 'b' AND expires_at < {now}
+   AND NOT EXISTS (SELECT 1 FROM {p}jobs INDEXED BY {p}jobs_running
+                    WHERE queue = {p}limit_slots.queue AND state = 'running'
+                      AND attempted_by = {p}limit_slots.owner)
 
 -- name: set_key_weights
 -- ?1 queue, ?2 its key weights (EncodeKeyWeights; NULL for none).
