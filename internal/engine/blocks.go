@@ -50,8 +50,8 @@ type slotBlock struct {
 	held, maxRun int
 	// validUntil is when the block's lease may expire in the database,
 	// by this process's clock: a lease's length after the last
-	// LeaseSlots that answered was sent.
-	validUntil time.Time
+	// LeaseSlots that answered was sent (leasedAt).
+	validUntil, leasedAt time.Time
 	// executing counts the handlers running under the block; waiters
 	// are the attempts waiting for a permit, first claimed first.
 	executing int
@@ -74,15 +74,14 @@ type slotBlock struct {
 
 // blockState is a read of a slotBlock.
 type blockState struct {
-	held, maxRun int
-	validUntil   time.Time
-	nextGrow     time.Time
+	held, maxRun                   int
+	validUntil, leasedAt, nextGrow time.Time
 }
 
 func (b *slotBlock) state() blockState {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return blockState{held: b.held, maxRun: b.maxRun, validUntil: b.validUntil, nextGrow: b.nextGrow}
+	return blockState{held: b.held, maxRun: b.maxRun, validUntil: b.validUntil, leasedAt: b.leasedAt, nextGrow: b.nextGrow}
 }
 
 // acquire waits for a permit to start an attempt under the block, in
@@ -281,7 +280,7 @@ func (e *Engine) leaseBlocks(ctx context.Context, grow *fetcher, stopping bool) 
 		b.mu.Lock()
 		b.held, b.maxRun = blk.Held, blk.MaxRunning
 		if valid.After(b.validUntil) {
-			b.validUntil = valid
+			b.validUntil, b.leasedAt = valid, sent
 		}
 		if f == grow {
 			if blk.Held < want[q] {
@@ -397,10 +396,11 @@ func (f *fetcher) runBlocked(ctx context.Context) bool {
 		now := time.Now()
 		valid := now.Before(st.validUntil.Add(-e.leaseMargin()))
 		desired := f.desired(st)
-		if c := e.limits.Load(); c != nil && c.at.After(now.Add(-limitsStale)) && c.values[f.queue].MaxRunning != st.maxRun && st.maxRun > 0 {
-			// The limit changed since the block was leased: lease it
-			// again under the new one (a lowered limit takes effect
-			// now, not at the next renewal).
+		if c := e.limits.Load(); c != nil && c.at.After(st.leasedAt) && c.values[f.queue].MaxRunning != st.maxRun && st.maxRun > 0 {
+			// The limit changed since the block was leased (as a read
+			// of the limits made since says): lease it again under the
+			// new one, so that a lowered limit takes effect now, not at
+			// the next renewal.
 			valid = false
 		}
 		running := int(f.running.Load())
