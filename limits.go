@@ -18,12 +18,16 @@ import (
 // counter row, and what it costs.
 type QueueLimits struct {
 	// MaxRunning is the most jobs of the queue running at once across
-	// every process, 0 to 100000; 0 means no limit. A job counts from the
-	// claim that starts its attempt until the attempt ends (its outcome
-	// is written, it is released, rescued, or cancelled or discarded by
-	// hand). Jobs over the limit wait in the queue: they are not failed
-	// and spend no attempt. A lowered limit lets running jobs finish and
-	// starts no job until fewer than the new limit run.
+	// every process, 0 to 100000; 0 means no limit. A job run by a
+	// started client's workers counts while its handler runs: the client
+	// leases a block of the queue's slots for its process and passes a
+	// slot from each finished handler to its next job without a write. A
+	// job handed to an HTTP worker counts from the claim that hands it
+	// out until its attempt ends (its outcome is written, it is released,
+	// rescued, or cancelled or discarded by hand). Jobs over the limit
+	// wait in the queue: they are not failed and spend no attempt. A
+	// lowered limit lets running jobs finish and starts no job until
+	// fewer than the new limit run.
 	MaxRunning int `json:"max_running,omitempty"`
 	// Rate is the most jobs of the queue started in any window of
 	// RatePeriod, by the database's clock, 0 to 100000; 0 means no limit.
@@ -215,9 +219,12 @@ const (
 
 // LimitUse is how much of a limited queue's limits is in use.
 type LimitUse struct {
-	// Running is the number of jobs holding the queue's concurrency
-	// slots (on SQLite, which counts them instead of holding slots, the
-	// queue's running jobs).
+	// Running is the number of the queue's concurrency slots in use:
+	// held by HTTP workers' jobs, or leased to processes in blocks (a
+	// process keeps the slots it used since its last renewal of its
+	// leases, busy or not; on SQLite, which counts jobs instead of
+	// holding slots for them, the slots leased in blocks and the running
+	// jobs no block holds).
 	Running int `json:"running"`
 	// Started is the number of jobs started within the last RatePeriod.
 	Started int `json:"started"`
