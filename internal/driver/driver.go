@@ -693,6 +693,12 @@ type SlotBlock struct {
 	// Held is the number of the queue's concurrency slots the owner
 	// holds (leased until the call's ttl from the database's clock).
 	Held int
+	// Usable is how many attempts the owner may run at once under its
+	// block: Held, or fewer while the slots in use exceed a lowered
+	// MaxRunning, min(Held, MaxRunning less the slots held by attempts
+	// and other owners), never below 0. (So a lowered limit starts no job
+	// until fewer than it are in use, whoever holds the slots above it.)
+	Usable int
 	// MaxRunning is the queue's MaxRunning as the call read it; 0 when
 	// the queue has no concurrency limit (Held is then 0).
 	MaxRunning int
@@ -721,15 +727,18 @@ type SlotBlock struct {
 type SlotLeaser interface {
 	// LeaseSlots sets how many of each queue's concurrency slots owner
 	// holds, for each queue of want, in one transaction that commits
-	// durably: it keeps up to want[q] of the slots owner holds below the
-	// queue's MaxRunning (the lowest first), takes free ones below it
-	// (never one an attempt or another owner holds, never waiting for
-	// another caller: SKIP LOCKED where the database has it) until owner
-	// holds want[q] or none is free, and gives back the rest of owner's
-	// slots of the queue: those beyond want[q], and every one at or above
-	// MaxRunning (a lowered limit). It takes none while a slot at or
-	// above the queue's MaxRunning is held by an attempt or another
-	// owner (a lowered limit whose running attempts have not ended).
+	// durably: it keeps up to want[q] of the slots owner holds, those
+	// below the queue's MaxRunning first (the lowest first), then those at
+	// or above it (a lowered limit: the owner's handlers may still run
+	// under them, and a slot it keeps is no one else's); takes free ones
+	// below MaxRunning (never one an attempt or another owner holds, never
+	// waiting for another caller: SKIP LOCKED where the database has it)
+	// until owner holds want[q] or min(want[q], MaxRunning), or none is
+	// free; and gives back the rest of owner's slots of the queue. It
+	// takes none while a slot at or above the queue's MaxRunning is held
+	// by an attempt or another owner (a lowered limit whose running
+	// attempts have not ended), and reports in Usable how many attempts
+	// the owner may run now.
 	// Every slot owner keeps or takes is leased until ttl from the
 	// database's clock. want[q] = 0 gives back all of q's, as does a
 	// queue without a MaxRunning (whose slots are then deleted by
@@ -741,7 +750,8 @@ type SlotLeaser interface {
 	// A backend that holds MaxRunning by counting the queue's running
 	// jobs (SQLite, see ClaimLimited) counts, against the limit, the
 	// slots leased in blocks and the running jobs that no block's owner
-	// claimed.
+	// claimed; it takes slots while fewer than MaxRunning are in use, and
+	// Usable is min(Held, MaxRunning less the others in use).
 	LeaseSlots(ctx context.Context, owner string, want map[string]int, ttl time.Duration) (map[string]SlotBlock, error)
 }
 

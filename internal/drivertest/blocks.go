@@ -37,11 +37,19 @@ func slotBlocks(t *testing.T, s suite) {
 		}
 		return b
 	}
+	// expectU checks a block: held slots, usable ones, the limit read.
+	expectU := func(t *testing.T, b driver.SlotBlock, held, usable, maxRunning int, what string) {
+		t.Helper()
+		if b.Held != held || b.Usable != usable || b.MaxRunning != maxRunning {
+			t.Fatalf("%s: held %d (usable %d) of a limit of %d, want %d (usable %d) of %d",
+				what, b.Held, b.Usable, b.MaxRunning, held, usable, maxRunning)
+		}
+	}
+	// expect checks a block whose slots are all usable (no lowered limit
+	// exceeded).
 	expect := func(t *testing.T, b driver.SlotBlock, held, maxRunning int, what string) {
 		t.Helper()
-		if b.Held != held || b.MaxRunning != maxRunning {
-			t.Fatalf("%s: held %d of a limit of %d, want %d of %d", what, b.Held, b.MaxRunning, held, maxRunning)
-		}
+		expectU(t, b, held, held, maxRunning, what)
 	}
 	running := func(t *testing.T, d driver.Driver, queue string) int {
 		t.Helper()
@@ -166,18 +174,45 @@ func slotBlocks(t *testing.T, s suite) {
 		}
 	})
 
-	// A lowered limit: an owner keeps only slots below it, and nobody
-	// takes a slot while attempts or owners still hold more than it.
+	// A lowered limit: an owner keeps the slots it asks for, those below
+	// the limit first, but may use no more than the limit leaves, and
+	// nobody takes a slot while attempts or owners still hold more than
+	// it.
 	t.Run("Lowered", func(t *testing.T) {
 		d := s.setup(t)
 		l := leaser(t, d)
 		setLimits(t, d, "lw", driver.QueueLimits{MaxRunning: 5})
 		expect(t, lease(t, l, "a", "lw", 5, time.Minute), 5, 5, "a takes the limit")
 		setLimits(t, d, "lw", driver.QueueLimits{MaxRunning: 2})
-		expect(t, lease(t, l, "a", "lw", 5, time.Minute), 2, 2, "a renews under a lowered limit")
+		expectU(t, lease(t, l, "a", "lw", 5, time.Minute), 5, 2, 2, "a renews under a lowered limit, its handlers still running")
+		expect(t, lease(t, l, "b", "lw", 1, time.Minute), 0, 2, "b beside a holding slots above the lowered limit")
+		expect(t, lease(t, l, "a", "lw", 2, time.Minute), 2, 2, "a once its handlers above the limit ended")
 		expect(t, lease(t, l, "b", "lw", 1, time.Minute), 0, 2, "b beside a holding the lowered limit")
 		setLimits(t, d, "lw", driver.QueueLimits{MaxRunning: 3})
 		expect(t, lease(t, l, "b", "lw", 2, time.Minute), 1, 3, "b after the limit was raised to 3")
+
+		// Lowered, then raised again while an owner's handlers above
+		// the lowered limit still ran: the slots they run under stayed
+		// the owner's, and nobody else takes them.
+		setLimits(t, d, "lr", driver.QueueLimits{MaxRunning: 4})
+		expect(t, lease(t, l, "a", "lr", 4, time.Minute), 4, 4, "a takes the limit")
+		setLimits(t, d, "lr", driver.QueueLimits{MaxRunning: 2})
+		expectU(t, lease(t, l, "a", "lr", 4, time.Minute), 4, 2, 2, "a renews under the lowered limit, 4 handlers running")
+		setLimits(t, d, "lr", driver.QueueLimits{MaxRunning: 4})
+		expect(t, lease(t, l, "b", "lr", 4, time.Minute), 0, 4, "b once the limit was raised again, a's 4 handlers running")
+		expect(t, lease(t, l, "a", "lr", 4, time.Minute), 4, 4, "a under the raised limit")
+
+		// Two owners beside a lowered limit: the one above it keeps its
+		// slots while its handlers run, and neither starts a job until
+		// fewer than the limit are in use.
+		setLimits(t, d, "lt", driver.QueueLimits{MaxRunning: 4})
+		expect(t, lease(t, l, "a", "lt", 2, time.Minute), 2, 4, "a takes 2")
+		expect(t, lease(t, l, "b", "lt", 2, time.Minute), 2, 4, "b takes the other 2")
+		setLimits(t, d, "lt", driver.QueueLimits{MaxRunning: 2})
+		expectU(t, lease(t, l, "b", "lt", 2, time.Minute), 2, 0, 2, "b above the lowered limit, beside a's 2 below it")
+		expectU(t, lease(t, l, "a", "lt", 2, time.Minute), 2, 0, 2, "a below the lowered limit, beside b's 2 above it")
+		expect(t, lease(t, l, "b", "lt", 0, time.Minute), 0, 2, "b once its handlers ended")
+		expect(t, lease(t, l, "a", "lt", 2, time.Minute), 2, 2, "a once b gave its slots back")
 
 		// Attempts holding more slots than a lowered limit: blocks get
 		// nothing until fewer attempts than the limit hold slots.
@@ -192,8 +227,8 @@ func slotBlocks(t *testing.T, s suite) {
 		setLimits(t, d, "la", driver.QueueLimits{MaxRunning: 2})
 		for i := range held {
 			b := lease(t, l, "a", "la", 2, time.Minute)
-			if left := len(held) - i; b.Held > max(0, 2-left) {
-				t.Fatalf("a block of %d beside %d attempts holding slots under a lowered limit of 2", b.Held, left)
+			if left := len(held) - i; b.Held > max(0, 2-left) || b.Usable > b.Held {
+				t.Fatalf("a block of %d (usable %d) beside %d attempts holding slots under a lowered limit of 2", b.Held, b.Usable, left)
 			}
 			completeJob(t, d, held[i], driver.StateCompleted, 0)
 		}
