@@ -93,7 +93,7 @@ func slotBlocks(t *testing.T, s suite) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got["q"] != (driver.SlotBlock{Held: 0, MaxRunning: 5}) || got["q2"] != (driver.SlotBlock{Held: 2, MaxRunning: 2}) {
+		if got["q"] != (driver.SlotBlock{Held: 0, Usable: 0, MaxRunning: 5}) || got["q2"] != (driver.SlotBlock{Held: 2, Usable: 2, MaxRunning: 2}) {
 			t.Fatalf("two queues in one call: %+v, want q 0 of 5 (b holds all), q2 2 of 2", got)
 		}
 		// Removing the limit leaves nothing to hold.
