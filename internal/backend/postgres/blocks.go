@@ -26,8 +26,9 @@ import (
 // crash while its owner runs attempts under it would let another process
 // take its slots): the queues' limits and the owner's slots (locked) with
 // BEGIN, the free slots it takes (SKIP LOCKED) in a second round trip
-// when it needs more, and the writes with COMMIT, which fail, and make it
-// run again, if a limit changed after it was read. Deadlocks with the
+// when it needs more, and the writes, the count of the slots others use
+// (for Usable) and COMMIT in a third; the writes fail, and make it run
+// again, if a limit changed after it was read. Deadlocks with the
 // sweep or a lowered limit, which lock owned slots too, are run again.
 func (d *Driver) LeaseSlots(ctx context.Context, owner string, want map[string]int, ttl time.Duration) (map[string]driver.SlotBlock, error) {
 	queues := make([]string, 0, len(want))
@@ -97,8 +98,9 @@ func (d *Driver) leaseSlots(ctx context.Context, owner string, queues []string, 
 		return nil, false, err
 	}
 
-	// Keep the lowest of the owner's slots below the limit, up to want;
-	// give the others back; take free ones for the rest.
+	// Keep the owner's slots up to want, the lowest below the limit
+	// first, then those above a lowered one (its handlers may still run
+	// under them); give the others back; take free ones for the rest.
 	var keepQ, giveQ []string
 	var keepN, giveN []int32
 	held := make(map[string]int, len(queues))
@@ -106,12 +108,20 @@ func (d *Driver) leaseSlots(ctx context.Context, owner string, queues []string, 
 	var takers []string
 	for _, qu := range queues {
 		mr, w := maxRun[qu], max(want[qu], 0)
-		for _, n := range mine[qu] { // in number order
-			if int(n) < mr && held[qu] < w {
-				keepQ, keepN = append(keepQ, qu), append(keepN, n)
-				held[qu]++
-			} else {
-				giveQ, giveN = append(giveQ, qu), append(giveN, n)
+		if mr == 0 {
+			w = 0 // no limit: nothing to hold
+		}
+		for _, above := range []bool{false, true} {
+			for _, n := range mine[qu] { // in number order
+				if (int(n) >= mr) != above {
+					continue
+				}
+				if held[qu] < w {
+					keepQ, keepN = append(keepQ, qu), append(keepN, n)
+					held[qu]++
+				} else {
+					giveQ, giveN = append(giveQ, qu), append(giveN, n)
+				}
 			}
 		}
 		if need := min(w, mr) - held[qu]; need > 0 {
@@ -145,10 +155,20 @@ func (d *Driver) leaseSlots(ctx context.Context, owner string, queues []string, 
 	}
 	b = &pgx.Batch{}
 	b.Queue(q.LeaseSet, owner, keepQ, keepN, micros(ttl), giveQ, giveN, queues, mrs)
+	b.Queue(q.LeaseOthers, owner, queues)
 	b.Queue("COMMIT")
 	br = conn.SendBatch(ctx, b)
 	var one int
+	others := make(map[string]int, len(queues))
 	err = br.QueryRow().Scan(&one)
+	if err == nil {
+		var name string
+		var n int
+		_, err = pgx.ForEachRow(mustRows(br.Query()), []any{&name, &n}, func() error {
+			others[name] = n
+			return nil
+		})
+	}
 	if err == nil {
 		_, err = br.Exec()
 	}
@@ -164,7 +184,8 @@ func (d *Driver) leaseSlots(ctx context.Context, owner string, queues []string, 
 	committed = true
 	out = make(map[string]driver.SlotBlock, len(queues))
 	for _, qu := range queues {
-		out[qu] = driver.SlotBlock{Held: held[qu], MaxRunning: maxRun[qu]}
+		usable := max(0, min(held[qu], maxRun[qu]-others[qu]))
+		out[qu] = driver.SlotBlock{Held: held[qu], Usable: usable, MaxRunning: maxRun[qu]}
 	}
 	return out, false, nil
 }

@@ -88,6 +88,7 @@ type queries struct {
 	LeaseMine        string `sql:"lease_mine"`
 	LeaseTake        string `sql:"lease_take"`
 	LeaseSet         string `sql:"lease_set"`
+	LeaseOthers      string `sql:"lease_others"`
 	LimitTake        string `sql:"limit_take"`
 	LimitRetryIn     string `sql:"limit_retry_in"`
 	KeyLock          string `sql:"key_lock"`

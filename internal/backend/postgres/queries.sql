@@ -528,6 +528,15 @@ SELECT (CASE WHEN (SELECT count(*) FROM w) >= 0
                                WHERE coalesce((SELECT max_running FROM {p}queues WHERE name = r.q), 0) <> r.mr)
              THEN '1' ELSE 'conveyor: the queue''s limits changed' END)::int
 
+-- name: lease_others
+-- LeaseSlots' count, after its writes: for each of queues $2, the
+-- concurrency slots held by attempts or leased to owners other than $1,
+-- at any number (a lowered limit's included), from which Usable follows.
+SELECT q, (SELECT count(*) FROM {p}limit_slots s
+            WHERE s.queue = q AND s.type = 'c' AND s.lkey = ''
+              AND (s.job_id IS NOT NULL OR s.owner IS NOT NULL AND s.owner <> $1))
+  FROM unnest($2::text[]) AS q
+
 -- name: key_lock
 -- The keyed claim, in its transaction: the open slots of queue $1's keys
 -- $2 (free ones below $3, and those kept for a job waiting for its retry
