@@ -24,18 +24,24 @@ var _ driver.SlotLeaser = (*Driver)(nil)
 //
 // A block is 'b' rows of limit_slots, one per slot (migration 18). Per
 // queue of want, in name order: the owner's slots but the lowest want[q]
-// below the queue's MaxRunning are given back (deleted); the rest are
-// leased until ttl from the database's clock; then, while the owner
-// holds fewer than want[q], it takes free slot numbers below MaxRunning
-// for as many as the limit leaves: MaxRunning less the slots in use (the
-// slots leased in blocks, every owner's, and the running jobs of the
+// are given back (deleted), those below the queue's MaxRunning coming
+// first, then those at or above a lowered one, which the owner's
+// handlers may still run under; the rest are leased until ttl from the
+// database's clock; then, while the owner holds fewer than want[q], it
+// takes free slot numbers below MaxRunning for as many as the limit
+// leaves: MaxRunning less the slots in use (the slots leased in blocks,
+// every owner's, its own kept ones too, and the running jobs of the
 // queue that no block's owner claimed). So under a lowered limit nothing
-// is taken while as many slots as the limit are in use, though an owner
-// keeps its slots below it. A queue without a MaxRunning gets none, its
-// owner's slots given back. While owner holds a slot of a queue, every
-// running job of the queue it claimed (attempted_by = owner), under the
-// block or not, counts through the block, not by itself: an owner runs
-// no more of them at once than it holds.
+// is taken while as many slots as the limit are in use, and an owner
+// never takes beyond MaxRunning. Usable is min(Held, MaxRunning less the
+// slots in use by others), never below 0: Held unless the slots in use
+// exceed a lowered limit, when the owner starts nothing until its
+// handlers, or others', have ended enough of them. A queue without a
+// MaxRunning gets none, its owner's slots given back. While owner holds
+// a slot of a queue, every running job of the queue it claimed
+// (attempted_by = owner), under the block or not, counts through the
+// block, not by itself: an owner runs no more of them at once than it
+// holds.
 //
 // Unlike a heartbeat it does not hold back the writes of other
 // processes while it waits: a block renewed late costs its owner a
@@ -95,6 +101,11 @@ func (d *Driver) leaseBlock(ctx context.Context, tx *sql.Tx, owner, queue string
 	if err != nil {
 		return b, fmt.Errorf("count slots in use: %w", err)
 	}
+	// Others' slots in use: inUse counts the owner's kept slots as
+	// block rows (and none of its running jobs, which count through
+	// them). inUse >= b.Held, so what the limit leaves also keeps the
+	// owner at or below MaxRunning.
+	others := inUse - b.Held
 	if n := min(want-b.Held, b.MaxRunning-inUse); n > 0 {
 		res, err := tx.ExecContext(ctx, d.q.BlockTake, queue, owner, us(ttl), b.MaxRunning, n)
 		if err != nil {
@@ -106,5 +117,6 @@ func (d *Driver) leaseBlock(ctx context.Context, tx *sql.Tx, owner, queue string
 		}
 		b.Held += int(taken)
 	}
+	b.Usable = max(0, min(b.Held, b.MaxRunning-others))
 	return b, nil
 }

@@ -54,7 +54,7 @@ func TestLeaseSlotsBesideHeldHandle(t *testing.T) {
 		got, err := d.LeaseSlots(wctx, "a", map[string]int{"q": 2}, time.Minute)
 		cancel()
 		conn.Close()
-		if err != nil || got["q"] != (driver.SlotBlock{Held: 2, MaxRunning: 3}) {
+		if err != nil || got["q"] != (driver.SlotBlock{Held: 2, Usable: 2, MaxRunning: 3}) {
 			t.Fatalf("borrowed %v: lease beside a held connection: %+v, %v", d.borrowed, got, err)
 		}
 	}
@@ -62,9 +62,9 @@ func TestLeaseSlotsBesideHeldHandle(t *testing.T) {
 
 // TestBlocksOutliveLimitChanges: setting a queue's limits (lowered,
 // removed, a rate added) leaves its blocks to their owners, and Rescue
-// leaves a block whose lease has not expired; the owner's next lease
-// gives back what the new limits no longer allow, and a queue whose
-// MaxRunning was removed counts none of it.
+// leaves a block whose lease has not expired; a queue whose MaxRunning
+// was removed counts none of it, and the owner's next lease gives it all
+// back.
 func TestBlocksOutliveLimitChanges(t *testing.T) {
 	ctx := context.Background()
 	d := migrated(t)
@@ -98,6 +98,65 @@ func TestBlocksOutliveLimitChanges(t *testing.T) {
 	}
 	if n := blockRows(t, d, "q"); n != 0 {
 		t.Fatalf("%d slots left once the owner gave its block back", n)
+	}
+}
+
+// TestBlockKeptAboveLoweredLimit: under a lowered limit an owner keeps
+// the lowest of its slots it asks for, those above the limit too, and
+// uses only what the limit leaves; the slots it kept count in use, so an
+// attempt's claim and another owner take none of them, even once the
+// limit is raised again, until the owner gives them back.
+func TestBlockKeptAboveLoweredLimit(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t)
+	for range 4 {
+		if _, err := d.Insert(ctx, []driver.InsertParams{{Queue: "q", Kind: "k", Args: []byte("{}"), MaxAttempts: 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lease := func(owner string, want int, w driver.SlotBlock) {
+		t.Helper()
+		got, err := d.LeaseSlots(ctx, owner, map[string]int{"q": want}, time.Minute)
+		if err != nil || got["q"] != w {
+			t.Fatalf("%s leases %d: %+v, %v; want %+v", owner, want, got["q"], err, w)
+		}
+	}
+	slots := func(owner string) string {
+		t.Helper()
+		var s sql.NullString
+		if err := d.r.QueryRow(`SELECT group_concat(n, ',') FROM (SELECT n FROM `+d.prefix+`limit_slots
+			WHERE queue = 'q' AND type = 'b' AND owner = ? ORDER BY n)`, owner).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s.String
+	}
+	setMax := func(n int) {
+		t.Helper()
+		if err := d.SetQueueLimits(ctx, "q", driver.QueueLimits{MaxRunning: n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setMax(4)
+	lease("a", 4, driver.SlotBlock{Held: 4, Usable: 4, MaxRunning: 4})
+	setMax(2)
+	lease("a", 3, driver.SlotBlock{Held: 3, Usable: 2, MaxRunning: 2})
+	if got := slots("a"); got != "0,1,2" {
+		t.Fatalf("a's slots after asking for 3 under a lowered limit of 2: %s, want 0,1,2", got)
+	}
+	if u, err := d.LimitUsage(ctx); err != nil || u["q"].Running != 3 {
+		t.Fatalf("usage with a block of 3 above a lowered limit of 2: %+v, %v; want 3 running", u["q"], err)
+	}
+	setMax(4)
+	lease("b", 4, driver.SlotBlock{Held: 1, Usable: 1, MaxRunning: 4})
+	if got := slots("b"); got != "3" {
+		t.Fatalf("b's slots beside a's 0,1,2 under a raised limit of 4: %s, want 3", got)
+	}
+	if r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "q", Limit: 4, Lease: time.Minute, Worker: "w"}); err != nil || len(r.Rows) != 0 || !r.Held {
+		t.Fatalf("an attempt's claim with every slot leased: claimed %d (held %v), %v", len(r.Rows), r.Held, err)
+	}
+	lease("a", 1, driver.SlotBlock{Held: 1, Usable: 1, MaxRunning: 4})
+	if r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "q", Limit: 4, Lease: time.Minute, Worker: "w"}); err != nil || len(r.Rows) != 2 {
+		t.Fatalf("an attempt's claim once a gave 2 back: claimed %d, %v; want 2", len(r.Rows), err)
 	}
 }
 
@@ -147,7 +206,7 @@ func TestUpgradeToBlocks(t *testing.T) {
 	if _, err := d.DB().ExecContext(ctx, `INSERT INTO conveyor_limit_slots (queue, type, n) VALUES ('u', 'x', 0)`); err == nil {
 		t.Fatal("the rebuilt table took a slot of type 'x'")
 	}
-	if got, err := d.LeaseSlots(ctx, "a", map[string]int{"u": 3}, time.Minute); err != nil || got["u"] != (driver.SlotBlock{Held: 1, MaxRunning: 3}) {
+	if got, err := d.LeaseSlots(ctx, "a", map[string]int{"u": 3}, time.Minute); err != nil || got["u"] != (driver.SlotBlock{Held: 1, Usable: 1, MaxRunning: 3}) {
 		t.Fatalf("a block beside the 2 jobs claimed before the upgrade: %+v, %v; want 1 of 3", got, err)
 	}
 	if u, err := d.LimitUsage(ctx); err != nil || u["u"].Running != 3 || u["u"].Started != 2 {

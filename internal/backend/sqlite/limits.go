@@ -229,10 +229,13 @@ func takeRateSlots(ctx context.Context, tx *sql.Tx, ls *limitStmts, queue string
 // slots beyond it within the window stay, so that the rate raised again
 // counts their starts. MaxRunning needs no row: claims count the queue's
 // running jobs and the slots leased in blocks. The blocks stay, whatever
-// the new limits: a lowered or removed MaxRunning makes their owners give
-// back, at their next lease, the slots at or above it (all of them when
-// removed), and Rescue gives back those whose lease expired. The
-// queue's pause is kept.
+// the new limits: under a lowered MaxRunning their owners keep, at their
+// next lease, the slots they ask for, those at or above it too (their
+// handlers may still run under them), counted in use until given back,
+// so that nothing is taken or started while more than the limit are in
+// use (LeaseSlots); a removed one makes them give back all at their
+// next lease; Rescue gives back those whose lease expired. The queue's
+// pause is kept.
 //
 // Key limits are stored as key_max_running (1 when Ordered) and
 // key_order; their slot rows are made by the claims that need them. A

@@ -37,10 +37,11 @@ func TestQueryPlans(t *testing.T) {
 		// so does the usage.
 		{"limits of", d.q.LimitsOf, []any{"q", 0}, []string{"COVERING INDEX conveyor_jobs_running (queue=?)", "COVERING INDEX conveyor_jobs_running (queue=? AND attempted_by=?)", "PRIMARY KEY (queue=? AND type=? AND lkey=?)"}, []string{"SCAN conveyor_jobs", "jobs_lease", "jobs_queue_list", "SCAN conveyor_limit_slots"}},
 		{"limit usage", d.q.LimitUsage, nil, []string{"COVERING INDEX conveyor_jobs_running (queue=?)", "COVERING INDEX conveyor_jobs_running (queue=? AND attempted_by=?)"}, []string{"SCAN conveyor_jobs", "jobs_lease", "jobs_queue_list", "SCAN conveyor_limit_slots"}},
-		// Blocks (migration 18): an owner's slots of a queue by key; the
+		// Blocks (migration 18): an owner's slots of a queue by key, in
+		// slot order, and whether the queue has a limit by its name; the
 		// slots in use as limits_of counts them; Rescue reads the expired
 		// blocks by limit_slots_blocks, one probe of jobs_running each.
-		{"block give back", d.q.BlockGiveBack, []any{"q", "o", 3}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=?)", "PRIMARY KEY (queue=? AND type=? AND lkey=? AND n<?)"}, []string{"SCAN conveyor_limit_slots", "TEMP B-TREE"}},
+		{"block give back", d.q.BlockGiveBack, []any{"q", "o", 3}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=?)", "conveyor_queues_1 (name=?)"}, []string{"SCAN conveyor_limit_slots", "SCAN conveyor_queues", "TEMP B-TREE"}},
 		{"block renew", d.q.BlockRenew, []any{"q", "o", 1}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=?)"}, []string{"SCAN conveyor_limit_slots"}},
 		{"block room", d.q.BlockRoom, []any{"q"}, []string{"COVERING INDEX conveyor_jobs_running (queue=?)", "COVERING INDEX conveyor_jobs_running (queue=? AND attempted_by=?)"}, []string{"SCAN conveyor_jobs", "SCAN conveyor_limit_slots"}},
 		{"block take", d.q.BlockTake, []any{"q", "o", 1, 5, 2}, []string{"PRIMARY KEY (queue=? AND type=? AND lkey=?)"}, []string{"SCAN conveyor_limit_slots", "TEMP B-TREE"}},

@@ -821,14 +821,21 @@ SELECT q.name, coalesce(q.max_running, 0), coalesce(q.rate, 0), coalesce(q.rate_
 
 -- name: block_give_back
 -- ?1 queue, ?2 owner, ?3 how many it wants: gives back (deletes) the
--- owner's slots of the queue but the lowest ?3 below its max_running:
--- those beyond what it wants, and every one at or above a lowered
--- max_running (all of them when the queue has none).
+-- owner's slots of the queue but the lowest ?3, all of them when the
+-- queue has no max_running. The lowest are those below max_running
+-- (their numbers are lower), then those at or above a lowered one, so
+-- ORDER BY n keeps them in the contract's order: the owner's handlers may
+-- still run under those, and a slot it keeps stays no one else's, so
+-- that once the limit is raised again no other claim starts a job under
+-- it while the owner's still runs. A kept slot counts in use
+-- (slots_in_use) wherever it is, so while the slots in use exceed the
+-- limit nobody takes a slot and the owner may use fewer than it holds
+-- (SlotBlock.Usable, from block_room).
 DELETE FROM {p}limit_slots
  WHERE queue = ?1 AND type = 'b' AND lkey = '' AND owner = ?2
    AND n NOT IN (SELECT n FROM {p}limit_slots
                   WHERE queue = ?1 AND type = 'b' AND lkey = '' AND owner = ?2
-                    AND n < coalesce((SELECT max_running FROM {p}queues WHERE name = ?1), 0)
+                    AND EXISTS (SELECT 1 FROM {p}queues WHERE name = ?1 AND max_running > 0)
                   ORDER BY n
                   LIMIT ?3 + 0)
 
@@ -842,8 +849,12 @@ UPDATE {p}limit_slots SET expires_at = {now} + ?3
 
 -- name: block_room
 -- ?1 queue: its max_running (0 for none) and its slots in use
--- (slots_in_use), read after the owner's slots were given back or kept.
--- No row when the queue has no queues row (no limits).
+-- (slots_in_use), read after the owner's slots were given back or kept,
+-- so counting those it kept: the caller takes no more than max_running
+-- less these (so none while a lowered limit is exceeded, and never
+-- beyond max_running for the owner), and tells the owner how many it may
+-- use: max_running less the slots in use by others (these less its
+-- own). No row when the queue has no queues row (no limits).
 SELECT coalesce(q.max_running, 0), {in_use} FROM {p}queues AS q WHERE q.name = ?1
 
 -- name: block_take
