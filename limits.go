@@ -152,7 +152,7 @@ func (c *Client[TTx]) SetQueueLimits(ctx context.Context, queue string, l QueueL
 	if err := c.drv.SetQueueLimits(ctx, queue, driver.QueueLimits(l)); err != nil {
 		return err
 	}
-	c.eng.LimitsChanged(queue, !l.IsZero())
+	c.eng.LimitsChanged(queue, driver.QueueLimits(l))
 	return nil
 }
 

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/conveyorq/conveyor/internal/driver"
@@ -12,10 +13,10 @@ import (
 // engine whose driver leases slots works a queue with a MaxRunning under
 // a block: the fetcher leases some of the queue's slots for the process
 // in one call (LeaseSlots), claims without taking a slot, and lets at
-// most as many of its handlers run at once as the block holds slots
+// most as many of its handlers run at once as the block may use
 // (permits handed from one finished handler to the next waiting one, in
-// the order they were claimed). So a slot passes from one job to the
-// next without a write, and the outcomes free nothing.
+// the order they asked). So a slot passes from one job to the next
+// without a write, and the outcomes free nothing.
 //
 // Soundness rests on three rules:
 //   - a claim's jobs are started only if the claim came back before the
@@ -28,44 +29,60 @@ import (
 //     queue runs under a claim of the process (driver.SlotLeaser), so a
 //     job the process holds, whose own lease is still valid, keeps the
 //     block's slots with the process;
-//   - LeaseSlots calls are serialized (blockMu), and the block asked for
-//     is never below the attempts the fetcher holds.
+//   - LeaseSlots calls are serialized (blockMu), a block is shrunk here
+//     before the database gives slots back, and it is never asked
+//     smaller than the handlers running (those without a permit
+//     included: jobs claimed one at a time while the process held no
+//     block, which on SQLite count through the block once it holds one).
 //
-// The heartbeat loop renews every block with the jobs' leases, sized to
-// what the queue used since the last renewal: a block shrinks when the
-// queue has no backlog, and grows at once (one LeaseSlots from the
-// fetcher) when claims come back full and the process has workers left.
+// A queue with a MaxRunning whose process holds no block and has no
+// backlog claims as before blocks (ClaimLimited, a slot per attempt): an
+// idle queue costs no lease. A claim that comes back full, or an enqueue
+// that wakes the fetcher, makes it lease a block, and its claims then
+// take no slot. The renewal loop renews every block with the leases,
+// sized to what the queue used since the last renewal: a block shrinks
+// when the queue's backlog is gone, and grows at once (one LeaseSlots
+// from the fetcher) when claims come back full and the process has
+// workers left.
 
 // blockRetryMax bounds the wait between two attempts to grow a block that
 // found no free slot (every slot held by other processes): the wait
-// starts at PollMin and doubles.
+// starts at PollMin and doubles, and a handler of the queue ending in
+// this process cuts it short.
 const blockRetryMax = 500 * time.Millisecond
 
 // slotBlock is a fetcher's block of its queue's concurrency slots, and
-// the permits of its handlers under it. Its fields are guarded by mu.
+// the permits of its handlers under it. Its fields are guarded by mu but
+// for others and waiting.
 type slotBlock struct {
 	mu sync.Mutex
-	// held is how many slots the process holds, as the last LeaseSlots
-	// said; maxRun the queue's MaxRunning it read (0 before the first).
-	held, maxRun int
-	// validUntil is when the block's lease may expire in the database,
-	// by this process's clock: a lease's length after the last
-	// LeaseSlots that answered was sent (leasedAt).
-	validUntil, leasedAt time.Time
-	// executing counts the handlers running under the block; waiters
-	// are the attempts waiting for a permit, first claimed first.
+	// held is how many slots the process holds, usable how many of its
+	// handlers may run at once under them, maxRun the queue's MaxRunning,
+	// as the last LeaseSlots said (all 0 before the first).
+	held, usable, maxRun int
+	// unlimited says that the last LeaseSlots found no MaxRunning: every
+	// attempt waiting for a permit gets one.
+	unlimited bool
+	// leasedAt is when the last LeaseSlots that answered was sent: the
+	// block's lease may expire a lease's length later in the database,
+	// by this process's clock.
+	leasedAt time.Time
+	// executing counts the handlers running under permits; waiters are
+	// the attempts waiting for one, first asked first.
 	executing int
 	waiters   []chan struct{}
+	// others counts the fetcher's handlers running without a permit
+	// (claimed with a slot of their own, or while no block was held),
+	// which permits leave room for; waiting is len(waiters), read
+	// without mu when such a handler ends.
+	others, waiting atomic.Int64
 	// busy says that the queue had a backlog for this process since the
 	// last renewal (a claim came back full): the renewal keeps the block
 	// at what the workers can run. peak is the most attempts the fetcher
 	// held at once since then: without a backlog, the renewal sizes the
-	// block to it.
-	busy bool
-	peak int
-	// claiming is the limit of the fetcher's claim under way (0 between
-	// claims): jobs that may be dispatched any moment.
-	claiming int
+	// block to it. claiming is the limit of the claim under way.
+	busy           bool
+	peak, claiming int
 	// nextGrow is the earliest time a fetcher that found no free slot
 	// tries again; retry the wait before the one after.
 	nextGrow time.Time
@@ -74,14 +91,19 @@ type slotBlock struct {
 
 // blockState is a read of a slotBlock.
 type blockState struct {
-	held, maxRun                   int
-	validUntil, leasedAt, nextGrow time.Time
+	held, usable, maxRun int
+	leasedAt, nextGrow   time.Time
 }
 
 func (b *slotBlock) state() blockState {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return blockState{held: b.held, maxRun: b.maxRun, validUntil: b.validUntil, leasedAt: b.leasedAt, nextGrow: b.nextGrow}
+	return blockState{held: b.held, usable: b.usable, maxRun: b.maxRun, leasedAt: b.leasedAt, nextGrow: b.nextGrow}
+}
+
+// roomLocked reports whether a permit is free.
+func (b *slotBlock) roomLocked() bool {
+	return b.unlimited || b.executing+int(b.others.Load()) < b.usable
 }
 
 // acquire waits for a permit to start an attempt under the block, in
@@ -89,13 +111,14 @@ func (b *slotBlock) state() blockState {
 // stop closed first.
 func (b *slotBlock) acquire(ctx context.Context, stop <-chan struct{}) bool {
 	b.mu.Lock()
-	if b.executing < b.held && len(b.waiters) == 0 {
+	if len(b.waiters) == 0 && b.roomLocked() {
 		b.executing++
 		b.mu.Unlock()
 		return true
 	}
 	ch := make(chan struct{})
 	b.waiters = append(b.waiters, ch)
+	b.waiting.Add(1)
 	b.mu.Unlock()
 	select {
 	case <-ch:
@@ -108,6 +131,7 @@ func (b *slotBlock) acquire(ctx context.Context, stop <-chan struct{}) bool {
 	for i, w := range b.waiters {
 		if w == ch {
 			b.waiters = append(b.waiters[:i], b.waiters[i+1:]...)
+			b.waiting.Add(-1)
 			return false
 		}
 	}
@@ -125,21 +149,28 @@ func (b *slotBlock) release() {
 	b.mu.Unlock()
 }
 
-// handOffLocked gives the free permits to the first waiters.
-func (b *slotBlock) handOffLocked() {
-	for b.executing < b.held && len(b.waiters) > 0 {
-		ch := b.waiters[0]
-		b.waiters = b.waiters[1:]
-		b.executing++
-		close(ch)
+// otherStarted and otherEnded count a handler of the fetcher running
+// without a permit; one that ends hands its room to a waiter.
+func (b *slotBlock) otherStarted() { b.others.Add(1) }
+
+func (b *slotBlock) otherEnded() {
+	b.others.Add(-1)
+	if b.waiting.Load() > 0 {
+		b.mu.Lock()
+		b.handOffLocked()
+		b.mu.Unlock()
 	}
 }
 
-// setClaiming records the limit of the claim under way (0: none).
-func (b *slotBlock) setClaiming(n int) {
-	b.mu.Lock()
-	b.claiming = n
-	b.mu.Unlock()
+// handOffLocked gives the free permits to the first waiters.
+func (b *slotBlock) handOffLocked() {
+	for len(b.waiters) > 0 && b.roomLocked() {
+		ch := b.waiters[0]
+		b.waiters = b.waiters[1:]
+		b.waiting.Add(-1)
+		b.executing++
+		close(ch)
+	}
 }
 
 // noteHeld records that the fetcher holds n attempts (dispatched, not
@@ -151,48 +182,63 @@ func (b *slotBlock) noteHeld(n int, full bool) {
 	b.mu.Unlock()
 }
 
-// blocked reports whether f claims under a block: the engine is started
-// on a driver that leases slots, and the queue has a MaxRunning as the
-// limits cache says (fresh), or f still holds slots of it.
+// setClaiming records the limit of the claim under way (0: none).
+func (b *slotBlock) setClaiming(n int) {
+	b.mu.Lock()
+	b.claiming = n
+	b.mu.Unlock()
+}
+
+// canLease reports whether f may work its queue under a block: a started
+// engine's fetcher on a driver that leases slots.
+func (f *fetcher) canLease() bool { return f.e.leaser != nil && f.comp != nil }
+
+// blocked reports whether f works its queue under a block: it holds one,
+// or the queue has a MaxRunning (as the fresh limits cache says).
 func (f *fetcher) blocked() bool {
-	if f.e.leaser == nil || f.comp == nil {
+	if !f.canLease() {
 		return false
 	}
 	f.blk.mu.Lock()
 	held := f.blk.held
 	f.blk.mu.Unlock()
-	if held > 0 {
-		return true
-	}
-	c := f.e.limits.Load()
-	return c != nil && time.Since(c.at) <= limitsStale && c.values[f.queue].MaxRunning > 0
+	return held > 0 || f.cachedMaxRunning() > 0
 }
 
-// desired is the most slots f's block can use: the queue's MaxRunning
-// (as the last lease read it, else the cache), at most f's workers.
+// cachedMaxRunning is the queue's MaxRunning as the limits cache says, 0
+// when it has none or the cache is stale.
+func (f *fetcher) cachedMaxRunning() int {
+	c := f.e.limits.Load()
+	if c == nil || time.Since(c.at) > limitsStale {
+		return 0
+	}
+	return c.values[f.queue].MaxRunning
+}
+
+// desired is the most slots f's block can use: the queue's MaxRunning (as
+// the fresher of the last lease and the limits cache says), at most f's
+// workers.
 func (f *fetcher) desired(st blockState) int {
 	mr := st.maxRun
-	if mr == 0 {
-		if c := f.e.limits.Load(); c != nil {
-			mr = c.values[f.queue].MaxRunning
-		}
+	if c := f.e.limits.Load(); c != nil && (mr == 0 || c.newest().After(st.leasedAt)) {
+		mr = c.values[f.queue].MaxRunning
 	}
 	return min(f.max, mr)
 }
 
-// blockAhead is how many jobs f claims beyond its block's slots, to wait
-// for a permit while the handlers run: as many as the block holds, so
-// that a freed permit goes to a job already claimed; or, when the block
-// holds as many slots as f has workers (the limit does not bind in this
-// process), what an unlimited queue claims ahead.
-func (f *fetcher) blockAhead(held int, more bool) int {
-	if held >= f.max {
+// blockAhead is how many jobs f claims beyond its block's usable slots,
+// to wait for a permit while the handlers run: as many as it may use, so
+// that a freed permit goes to a job already claimed; or, when it may use
+// as many as f has workers (the limit does not bind in this process),
+// what an unlimited queue claims ahead.
+func (f *fetcher) blockAhead(usable int, more bool) int {
+	if usable >= f.max {
 		if more && f.ahead() {
 			return f.unlimitedAhead(min(f.max, f.e.cfg.ClaimBatch))
 		}
 		return 0
 	}
-	return held
+	return usable
 }
 
 // covers reports whether a claim that came back at now may start its
@@ -201,62 +247,64 @@ func (f *fetcher) blockAhead(held int, more bool) int {
 func (f *fetcher) covers(now time.Time) bool {
 	f.blk.mu.Lock()
 	defer f.blk.mu.Unlock()
-	return now.Before(f.blk.validUntil.Add(-f.e.leaseMargin()))
+	return !f.blk.leasedAt.IsZero() && now.Before(f.blk.leasedAt.Add(f.e.cfg.Lease-f.e.leaseMargin()))
 }
 
 // target is the block f asks for: grow (f's fetcher wants more now) or a
 // backlog since the last renewal asks for what f's workers can run; else
-// the most attempts f held at once since then, or holds now; stopping,
-// none. A renewal starts the next period. A block asked smaller than it
-// is shrinks here, before the call: no permit beyond the smaller block is
-// handed out while the call gives the rest back, so that no handler runs
-// under a slot the database may already have given to another process.
-// It is never asked smaller than the handlers running under it.
+// the most attempts f held at once since then, or holds now; at most what
+// its workers can run; stopping, none. Never fewer than the handlers
+// running (with or without a permit). A renewal starts the next period.
+// A block asked smaller than it is shrinks here, before the call: no
+// permit beyond the smaller block is handed out while the call gives the
+// rest back, so that no handler runs under a slot the database may
+// already have given to another process.
 func (f *fetcher) target(grow, stopping bool) int {
-	st := f.blk.state()
-	d := f.desired(st)
+	d := f.desired(f.blk.state())
 	running := int(f.running.Load())
 	b := &f.blk
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	t := max(b.peak, running+b.claiming, b.executing)
+	t := min(max(b.peak, running+b.claiming), d)
 	if grow || b.busy {
-		t = max(t, d)
+		t = d
 	}
 	if stopping {
-		t = b.executing // none: every attempt ended or was released
+		t = 0
 	}
+	t = max(t, b.executing+int(b.others.Load()))
 	if !grow {
 		b.busy, b.peak = false, running
 	}
-	if t < b.held {
-		b.held = t
-	}
+	b.held, b.usable = min(b.held, t), min(b.usable, t)
 	return t
 }
 
-// leaseBlocks asks the driver, in one LeaseSlots, for the block of every
-// fetcher that works under one or holds one: grow's (nil for none) to
-// grow, the others renewed (see target); stopping gives them all back.
-// It applies the answer: slots held, limit, lease.
+// leaseBlocks asks the driver, in one LeaseSlots, for a block: grow's
+// queue's alone when grow is set (its fetcher wants more now), else the
+// block of every fetcher that works under one or holds one, renewed (see
+// target; stopping gives them all back). It applies the answer: slots
+// held and usable, limit, lease.
 func (e *Engine) leaseBlocks(ctx context.Context, grow *fetcher, stopping bool) error {
 	e.blockMu.Lock()
 	defer e.blockMu.Unlock()
-	e.mu.Lock()
-	fs := make(map[string]*fetcher, len(e.fetchers))
-	for q, f := range e.fetchers {
-		fs[q] = f
+	fs := map[string]*fetcher{}
+	if grow != nil {
+		fs[grow.queue] = grow
+	} else {
+		e.mu.Lock()
+		for q, f := range e.fetchers {
+			fs[q] = f
+		}
+		e.mu.Unlock()
 	}
-	e.mu.Unlock()
 	want := map[string]int{}
-	ask := grow != nil // a call that changes or renews something
+	ask := false // a call that changes or renews something
 	for q, f := range fs {
 		if !f.blocked() {
 			continue
 		}
-		f.blk.mu.Lock()
-		ask = ask || f.blk.held > 0
-		f.blk.mu.Unlock()
+		ask = ask || f == grow || f.blk.state().held > 0
 		want[q] = f.target(f == grow, stopping)
 		ask = ask || want[q] > 0
 	}
@@ -270,7 +318,6 @@ func (e *Engine) leaseBlocks(ctx context.Context, grow *fetcher, stopping bool) 
 	if err != nil {
 		return err
 	}
-	valid := sent.Add(e.cfg.Lease)
 	for q, blk := range got {
 		f := fs[q]
 		if f == nil {
@@ -278,12 +325,13 @@ func (e *Engine) leaseBlocks(ctx context.Context, grow *fetcher, stopping bool) 
 		}
 		b := &f.blk
 		b.mu.Lock()
-		b.held, b.maxRun = blk.Held, blk.MaxRunning
-		if valid.After(b.validUntil) {
-			b.validUntil, b.leasedAt = valid, sent
+		b.held, b.usable, b.maxRun = blk.Held, min(blk.Usable, blk.Held), blk.MaxRunning
+		b.unlimited = blk.MaxRunning == 0
+		if sent.After(b.leasedAt) {
+			b.leasedAt = sent
 		}
 		if f == grow {
-			if blk.Held < want[q] {
+			if blk.Usable < want[q] {
 				// Every slot it could take is held elsewhere: try again
 				// after a while, longer each time.
 				b.retry = min(max(2*b.retry, e.cfg.PollMin, time.Millisecond), blockRetryMax)
@@ -298,16 +346,20 @@ func (e *Engine) leaseBlocks(ctx context.Context, grow *fetcher, stopping bool) 
 	return nil
 }
 
-// renewBlocks renews every block with the heartbeat; a failure is
-// logged, and the blocks' leases run out unless a later one gets
-// through (claims are then released unstarted, see covers).
-func (e *Engine) renewBlocks(ctx context.Context) {
+// blockLoop renews every block every HeartbeatInterval, on a goroutine of
+// its own so that a slow LeaseSlots never delays the jobs' lease
+// renewals; a failure is logged, and the blocks' leases run out unless
+// a later one gets through (claims are then released unstarted, see
+// covers).
+func (e *Engine) blockLoop(ctx context.Context) {
 	if e.leaser == nil {
 		return
 	}
-	if err := e.leaseBlocks(ctx, nil, false); err != nil && ctx.Err() == nil {
-		e.metrics.DBErrors.Add(1)
-		e.warn("conveyor: renewing the blocks of limited queues' slots failed (retrying)", "error", err)
+	for sleep(ctx, e.cfg.HeartbeatInterval) {
+		if err := e.leaseBlocks(ctx, nil, false); err != nil && ctx.Err() == nil {
+			e.metrics.DBErrors.Add(1)
+			e.warn("conveyor: renewing the blocks of limited queues' slots failed (retrying)", "error", err)
+		}
 	}
 }
 
@@ -329,60 +381,72 @@ func (f *fetcher) releaseRows(rows []*driver.JobRow, why string) {
 	}
 }
 
-// runBlocked is the fetch loop of a queue worked under a block (see
-// run): it returns true once the queue no longer is (its MaxRunning was
-// removed and the block given back), false when the fetcher stops. It
-// claims for the block's slots and as many jobs again to wait for a
-// permit (blockAhead), grows the block when claims come back full and
-// the workers could run more, and waits, when the block is full, for a
-// handler to end, the limits to change or the next try to grow.
+// blockWaiter is runBlocked's one timer and its waits.
+type blockWaiter struct {
+	f     *fetcher
+	timer *time.Timer
+}
+
+// wait waits d at most for one of chs (nil ones never fire) and returns
+// its index, -1 after d; stop is set when the fetcher stops.
+func (w *blockWaiter) wait(d time.Duration, chs ...<-chan struct{}) (which int, stop bool) {
+	if !w.timer.Stop() {
+		select {
+		case <-w.timer.C:
+		default:
+		}
+	}
+	w.timer.Reset(max(d, 0))
+	var c [3]<-chan struct{}
+	copy(c[:], chs)
+	select {
+	case <-c[0]:
+		return 0, false
+	case <-c[1]:
+		return 1, false
+	case <-c[2]:
+		return 2, false
+	case <-w.timer.C:
+		return -1, false
+	case <-w.f.stopCh:
+		return -1, true
+	}
+}
+
+// runBlocked is the fetch loop of a queue with a MaxRunning worked under
+// a block (see run): it returns true once the queue no longer has one
+// and the process holds no slot of it, false when the fetcher stops.
+//
+// Holding no block and knowing of no backlog, it claims as a queue
+// without blocks does (ClaimLimited, a slot per attempt, after the poll
+// interval or a wake-up); a claim that found jobs, or an enqueue, makes
+// it lease a block. Under a block it claims for its usable slots and as
+// many jobs again to wait for a permit (blockAhead), grows the block
+// when claims come back full and its workers could run more, and waits,
+// when the block is full, for a handler to end, the limits to change or
+// the next try to grow.
 func (f *fetcher) runBlocked(ctx context.Context) bool {
 	e := f.e
+	f.idle.Store(false) // no claim at insert in a limited queue
 	listening := e.drv.Capabilities().Listen
 	interval := e.cfg.PollMin
 	if listening {
 		interval = e.cfg.ListenPoll
 	}
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	wait := func(d time.Duration, chans ...<-chan struct{}) (which int, stop bool) {
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
-		timer.Reset(max(d, 0))
-		var a, b, c <-chan struct{}
-		switch len(chans) {
-		case 3:
-			c = chans[2]
-			fallthrough
-		case 2:
-			b = chans[1]
-			fallthrough
-		case 1:
-			a = chans[0]
-		}
-		select {
-		case <-a:
-			return 0, false
-		case <-b:
-			return 1, false
-		case <-c:
-			return 2, false
-		case <-timer.C:
-			return -1, false
-		case <-f.stopCh:
-			return -1, true
-		}
-	}
+	w := &blockWaiter{f: f, timer: time.NewTimer(0)}
+	defer w.timer.Stop()
 	more := true // claim at once
 	errs := 0
 	// hold, when positive, is the wait the queue's other limits (rate,
 	// keys) set at the last claim.
 	var hold time.Duration
 	var gathering time.Time
+	backoff := func() bool {
+		errs++
+		e.metrics.DBErrors.Add(1)
+		_, stop := w.wait(errBackoff(errs))
+		return !stop
+	}
 	for {
 		select {
 		case <-f.stopCh:
@@ -394,9 +458,9 @@ func (f *fetcher) runBlocked(ctx context.Context) bool {
 		}
 		st := f.blk.state()
 		now := time.Now()
-		valid := now.Before(st.validUntil.Add(-e.leaseMargin()))
+		valid := f.covers(now)
 		desired := f.desired(st)
-		if c := e.limits.Load(); c != nil && c.at.After(st.leasedAt) && c.values[f.queue].MaxRunning != st.maxRun && st.maxRun > 0 {
+		if c := e.limits.Load(); c != nil && c.newest().After(st.leasedAt) && c.values[f.queue].MaxRunning != st.maxRun && st.held > 0 {
 			// The limit changed since the block was leased (as a read
 			// of the limits made since says): lease it again under the
 			// new one, so that a lowered limit takes effect now, not at
@@ -404,60 +468,88 @@ func (f *fetcher) runBlocked(ctx context.Context) bool {
 			valid = false
 		}
 		running := int(f.running.Load())
-		slots := 0
-		if valid {
-			slots = st.held + f.blockAhead(st.held, more)
-		}
-		free := slots - running
-		if !valid || more && free <= 0 && st.held < desired && !now.Before(st.nextGrow) {
-			// Lease (or renew) the block before claiming under it.
-			if err := e.leaseBlocks(ctx, f, false); err != nil {
-				if ctx.Err() != nil {
-					return false
-				}
-				errs++
-				e.metrics.DBErrors.Add(1)
-				e.warn("conveyor: leasing the queue's slots failed (retrying)", "queue", f.queue, "error", err)
-				if _, stop := wait(errBackoff(errs)); stop {
+		if st.held == 0 && !more && hold == 0 {
+			// No block, no backlog known: claim as a queue without
+			// blocks would, when woken or polling.
+			which, stop := w.wait(interval, f.wakeCh)
+			if stop {
+				return false
+			}
+			limit := min(f.max, e.cfg.ClaimBatch) - running
+			if limit <= 0 || which == 0 {
+				more = true // an enqueue: lease a block for it
+				continue
+			}
+			rows, h, err := f.claim(ctx, limit)
+			if err != nil {
+				if ctx.Err() != nil || !backoff() {
 					return false
 				}
 				continue
 			}
 			errs = 0
-			if st2 := f.blk.state(); st2.held == 0 && st2.maxRun == 0 {
-				// No concurrency limit any more (the cache says so
-				// within a second): claim the queue as any other.
-				more = true
-				if _, stop := wait(e.cfg.PollMin, f.limitCh); stop {
-					return false
-				}
+			e.metrics.ClaimRounds.Add(1)
+			f.dispatch(rows, time.Now(), false)
+			// Jobs found, or held back by the limit: lease a block
+			// for them (a rate holds its blocked claims as well).
+			more, hold = len(rows) > 0 || h > 0, 0
+			if !listening {
+				interval = f.nextPoll(interval, len(rows) > 0)
 			}
 			continue
 		}
+		slots := 0
+		if valid {
+			slots = st.usable + f.blockAhead(st.usable, more)
+		}
+		free := slots - running
+		if !valid && (st.held > 0 || more) || more && free <= 0 && st.usable < desired && !now.Before(st.nextGrow) {
+			// Lease (or renew) the block before claiming under it.
+			if err := e.leaseBlocks(ctx, f, false); err != nil {
+				if ctx.Err() != nil {
+					return false
+				}
+				e.warn("conveyor: leasing the queue's slots failed (retrying)", "queue", f.queue, "error", err)
+				if !backoff() {
+					return false
+				}
+				continue
+			}
+			errs = 0
+			continue
+		}
 		if free <= 0 {
-			// Every slot in use and every job ahead claimed: wait for a
-			// handler to end, the limits to change, an enqueue (a
+			// Every slot in use and every job ahead claimed, or none to
+			// be had: wait for a handler to end (it may also free a
+			// slot to grow into), the limits to change, an enqueue (a
 			// backlog to grow the block for), or the next try to grow.
 			d := interval
-			if more && st.held < desired {
+			if more && st.usable < desired {
 				d = max(time.Until(st.nextGrow), time.Millisecond)
 			}
-			which, stop := wait(d, f.freedCh, f.limitCh, f.wakeCh)
+			which, stop := w.wait(d, f.freedCh, f.limitCh, f.wakeCh)
 			if stop {
 				return false
 			}
-			if which == 2 {
+			switch which {
+			case 0:
+				// A handler of the queue ended here: its slot, or the
+				// one its outcome frees, may be free to grow into.
+				f.blk.mu.Lock()
+				f.blk.nextGrow = time.Time{}
+				f.blk.mu.Unlock()
+			case 2:
 				more = true
 			}
 			continue
 		}
 		if hold > 0 {
 			// Held back by the queue's rate or its limits per key.
-			if _, stop := wait(hold, f.limitCh); stop {
+			if _, stop := w.wait(hold, f.limitCh); stop {
 				return false
 			}
 		} else if !more {
-			which, stop := wait(interval, f.wakeCh)
+			which, stop := w.wait(interval, f.wakeCh)
 			if stop {
 				return false
 			}
@@ -465,14 +557,14 @@ func (f *fetcher) runBlocked(ctx context.Context) bool {
 				more = true
 			}
 		}
-		if want := max(1, st.held/2); more && running > 0 && free < want && hold == 0 {
+		if want := max(1, st.usable/2); more && running > 0 && free < want && hold == 0 {
 			// A backlog and only a few jobs to claim: wait briefly for
 			// more handlers to end, so that one claim takes a batch.
 			if gathering.IsZero() {
 				gathering = time.Now()
 			}
 			if left := gatherFor - time.Since(gathering); left > 0 {
-				if _, stop := wait(left, f.freedCh); stop {
+				if _, stop := w.wait(left, f.freedCh); stop {
 					return false
 				}
 				continue
@@ -491,10 +583,8 @@ func (f *fetcher) runBlocked(ctx context.Context) bool {
 			if ctx.Err() != nil {
 				return false
 			}
-			errs++
-			e.metrics.DBErrors.Add(1)
 			e.warn("conveyor: claim failed (retrying)", "queue", f.queue, "error", err)
-			if _, stop := wait(errBackoff(errs)); stop {
+			if !backoff() {
 				return false
 			}
 			more, hold = true, 0
@@ -503,10 +593,10 @@ func (f *fetcher) runBlocked(ctx context.Context) bool {
 		errs = 0
 		e.metrics.ClaimRounds.Add(1)
 		if !f.covers(time.Now()) {
-			f.blk.setClaiming(0)
 			// The claim came back too late: the block's slots may be
 			// another process's by now. Its jobs go back unstarted, and
 			// the block is renewed before the next claim.
+			f.blk.setClaiming(0)
 			if len(rows) > 0 {
 				f.releaseRows(rows, "jobs claimed after the block of their queue's slots may have expired")
 			}

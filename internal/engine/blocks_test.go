@@ -46,7 +46,7 @@ func (d *leasingDriver) LeaseSlots(_ context.Context, owner string, want map[str
 		if c, ok := d.cap[q]; ok {
 			n = min(n, c)
 		}
-		out[q] = driver.SlotBlock{Held: n, MaxRunning: mr}
+		out[q] = driver.SlotBlock{Held: n, Usable: n, MaxRunning: mr}
 	}
 	d.asked = append(d.asked, asked)
 	d.gave = append(d.gave, out)
@@ -269,6 +269,11 @@ func TestBlockLoweredLimitLeasedAgain(t *testing.T) {
 // the rest back no handler runs under a slot another process may take.
 func TestBlockNeverShrinksUnderRunningHandlers(t *testing.T) {
 	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 6}}}}
+	// Every slot of an attempt of its own taken (as by HTTP workers): the
+	// jobs run under the block alone, and every handler counts in it.
+	d.claimLimited = func(context.Context, driver.ClaimParams) (driver.ClaimResult, error) {
+		return driver.ClaimResult{Held: true, MaxRunning: 6}, nil
+	}
 	var c concurrency
 	var below atomic.Int64
 	d.onLease = func(want map[string]int) {
@@ -306,5 +311,165 @@ func TestBlockNeverShrinksUnderRunningHandlers(t *testing.T) {
 	}
 	if p := c.peak.Load(); p > 6 {
 		t.Fatalf("peak %d under a limit of 6", p)
+	}
+}
+
+// Jobs claimed ahead under a block, waiting for a permit, when the
+// queue's MaxRunning is removed: the lease that finds no limit hands them
+// all a permit, and they run.
+func TestBlockRemovedLimitFreesWaiters(t *testing.T) {
+	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 2}}}}
+	const jobs = 10
+	for i := range jobs {
+		d.add(job(int64(i + 1)))
+	}
+	gate := make(chan struct{})
+	var started, done atomic.Int64
+	cfg := testConfig(10 * time.Second)
+	cfg.Queues = map[string]int{"q": 8}
+	startLeasing(t, d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error {
+		started.Add(1)
+		<-gate
+		done.Add(1)
+		return nil
+	}})
+	waitFor(t, "two handlers under the block of 2", func() bool { return started.Load() == 2 })
+	time.Sleep(50 * time.Millisecond) // the claim ahead (2 more jobs) waits for permits
+	d.fakeDriver.mu.Lock()
+	d.limits = map[string]driver.QueueLimits{"q": {}}
+	d.fakeDriver.mu.Unlock()
+	waitFor(t, "the block leased again without a limit", func() bool {
+		_, gave := d.last()
+		return gave["q"].MaxRunning == 0
+	})
+	close(gate)
+	deadline := time.Now().Add(3 * time.Second)
+	for done.Load() < jobs && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if n := done.Load(); n != jobs {
+		t.Fatalf("%d of %d jobs ran 3s after MaxRunning was removed; none pending (%v): the rest wait for a permit",
+			n, jobs, d.stillPending())
+	}
+}
+
+// A block is never larger than the process's workers, whatever the jobs
+// it claimed ahead: slots no handler of it could use would be slots other
+// processes' workers wait for.
+func TestBlockNoLargerThanWorkers(t *testing.T) {
+	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 50}}}}
+	for i := range 3000 {
+		d.add(job(int64(i + 1)))
+	}
+	cfg := testConfig(time.Second)
+	cfg.Queues = map[string]int{"q": 4}
+	cfg.HeartbeatInterval = 20 * time.Millisecond
+	cfg.ClaimBatch = 100
+	var done atomic.Int64
+	startLeasing(t, d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error {
+		time.Sleep(200 * time.Microsecond)
+		done.Add(1)
+		return nil
+	}})
+	time.Sleep(500 * time.Millisecond)
+	d.mu.Lock()
+	most := 0
+	for _, g := range d.gave {
+		most = max(most, g["q"].Held)
+	}
+	d.mu.Unlock()
+	if most > 4 {
+		t.Fatalf("a process with 4 workers held a block of %d slots (limit 50)", most)
+	}
+}
+
+// A slow LeaseSlots (a lock wait, a slow durable commit) does not hold
+// back the renewal of the jobs' leases: blocks are renewed by a loop of
+// their own, and a handler whose job's lease the database renews is not
+// cut off.
+func TestBlockSlowRenewalSparesJobLeases(t *testing.T) {
+	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 2}}}}
+	var slow atomic.Bool
+	d.onLease = func(map[string]int) {
+		if slow.Load() {
+			time.Sleep(900 * time.Millisecond)
+		}
+	}
+	d.add(job(1))
+	cfg := testConfig(time.Second) // margin 200ms
+	cfg.HeartbeatInterval = 200 * time.Millisecond
+	cfg.Queues = map[string]int{"q": 2}
+	cut := make(chan error, 1)
+	e := startLeasing(t, d, cfg, map[string]Handler{"k": func(ctx context.Context, _ *driver.JobRow) error {
+		slow.Store(true)
+		select {
+		case <-ctx.Done():
+			cut <- context.Cause(ctx)
+		case <-time.After(3 * time.Second):
+			cut <- nil
+		}
+		return nil
+	}})
+	if err := recv(t, "the handler's end", cut); err != nil {
+		t.Fatalf("a handler whose job's lease the database renews every time was cut off (%v; lease deadlines %d): the block's renewal held back the job's", err, e.Metrics().LeaseDeadlines.Load())
+	}
+}
+
+// On a backend without notifications, a fetcher whose block shrank to
+// nothing (the queue idle) still polls: a job another process enqueued
+// starts within the poll interval.
+func TestBlockIdleQueuePolled(t *testing.T) {
+	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 2}}}}
+	cfg := testConfig(5 * time.Second)
+	cfg.HeartbeatInterval = 50 * time.Millisecond
+	ran := make(chan time.Time, 2)
+	startLeasing(t, d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error {
+		ran <- time.Now()
+		return nil
+	}})
+	waitFor(t, "a block", func() bool { _, g := d.last(); return g["q"].Held > 0 })
+	waitFor(t, "the idle block given back", func() bool { a, _ := d.last(); return a != nil && a["q"] == 0 })
+	time.Sleep(200 * time.Millisecond) // the fetcher has seen the empty block
+	added := time.Now()
+	d.add(job(1)) // enqueued by another process: no wake-up
+	select {
+	case at := <-ran:
+		if took := at.Sub(added); took > time.Second {
+			t.Fatalf("a job enqueued elsewhere started %v later (PollMax %v)", took, cfg.PollMax)
+		}
+	case <-time.After(2 * time.Second):
+		at := <-ran
+		t.Fatalf("a job enqueued elsewhere started %v later (PollMax %v, Lease %v)", at.Sub(added), cfg.PollMax, cfg.Lease)
+	}
+}
+
+// An idle queue whose block shrank to nothing, polled by claims of a slot
+// per attempt that the limit holds back (every such slot taken, as by
+// HTTP workers): the held claim says jobs wait, and the fetcher leases a
+// block for them.
+func TestBlockLeasedWhenProbeHeld(t *testing.T) {
+	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 2}}}}
+	d.claimLimited = func(context.Context, driver.ClaimParams) (driver.ClaimResult, error) {
+		return driver.ClaimResult{Held: true, MaxRunning: 2}, nil
+	}
+	cfg := testConfig(5 * time.Second)
+	cfg.HeartbeatInterval = 50 * time.Millisecond
+	ran := make(chan time.Time, 2)
+	startLeasing(t, d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error {
+		ran <- time.Now()
+		return nil
+	}})
+	waitFor(t, "a block", func() bool { _, g := d.last(); return g["q"].Held > 0 })
+	waitFor(t, "the idle block given back", func() bool { a, _ := d.last(); return a != nil && a["q"] == 0 })
+	time.Sleep(200 * time.Millisecond)
+	added := time.Now()
+	d.add(job(1)) // enqueued by another process: no wake-up
+	select {
+	case at := <-ran:
+		if took := at.Sub(added); took > time.Second {
+			t.Fatalf("a job enqueued elsewhere started %v later (PollMax %v)", took, cfg.PollMax)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("a job held back by per-attempt slots never started under a block")
 	}
 }

@@ -352,8 +352,9 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.fetchWG.Add(1)
 		go func() { defer e.fetchWG.Done(); f.run(runCtx) }()
 	}
-	e.loopWG.Add(4)
+	e.loopWG.Add(5)
 	go func() { defer e.loopWG.Done(); e.heartbeatLoop(runCtx) }()
+	go func() { defer e.loopWG.Done(); e.blockLoop(runCtx) }()
 	go func() { defer e.loopWG.Done(); e.deadlineLoop(runCtx) }()
 	go func() { defer e.loopWG.Done(); e.maintenanceLoop(runCtx) }()
 	go func() { defer e.loopWG.Done(); e.processLoop(runCtx) }()
@@ -440,7 +441,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 	e.runCancel()
 	e.loopWG.Wait()
 	// The blocks of limited queues' slots go back to the queues, now that
-	// the heartbeat no longer renews them: every attempt run under them
+	// the block loop no longer renews them: every attempt run under them
 	// has ended or was released. (Left to expire, they would hold the
 	// slots for a lease and a rescue.)
 	if e.leaser != nil {

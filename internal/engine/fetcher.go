@@ -640,13 +640,22 @@ func (f *fetcher) work(it *running) attempt {
 		f.giveBack(it)
 		return attempt{}
 	}
+	// A handler without a permit, in a fetcher that may work under a
+	// block, leaves room for it among the permits (blocks.go).
+	other := !it.permit && f.canLease()
+	if other {
+		f.blk.otherStarted()
+	}
 	began := time.Now()
 	err, trace := e.runJob(context.WithValue(it.ctx, resultKey{}, &it.result), it.row)
 	ran := time.Since(began)
-	if it.permit {
+	switch {
+	case it.permit:
 		// The execution ended: its permit goes to the next attempt at
 		// once, the outcome's write does not hold it.
 		f.blk.release()
+	case other:
+		f.blk.otherEnded()
 	}
 	a := attempt{ran: true, took: ran, err: err}
 	switch {

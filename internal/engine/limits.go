@@ -51,6 +51,15 @@ type limitCache struct {
 	changed time.Time
 }
 
+// newest is when what the cache says was last known true: its read, or
+// this process's change since.
+func (c *limitCache) newest() time.Time {
+	if c.changed.After(c.at) {
+		return c.changed
+	}
+	return c.at
+}
+
 // limited reports whether queue must be claimed through ClaimLimited:
 // it has limits, or the cache cannot tell.
 func (e *Engine) limited(queue string) bool {
@@ -113,26 +122,40 @@ func (e *Engine) setLimited(m map[string]driver.QueueLimits, at time.Time) {
 	e.limits.Store(&limitCache{limited: limited, keyed: keyed, values: values, at: at})
 }
 
-// LimitsChanged tells the engine that this process set queue's limits
-// (limited: it has some now), so that its claims follow them at once
-// rather than at the next refresh of the limits. It wakes the queue's
-// fetcher and the remote claims waiting on it.
-func (e *Engine) LimitsChanged(queue string, limited bool) {
+// LimitsChanged tells the engine that this process set queue's limits to
+// l, so that its claims follow them at once rather than at the next
+// refresh of the limits (a MaxRunning set here, say, is worked under a
+// block from the next claim). It wakes the queue's fetcher and the remote
+// claims waiting on it.
+func (e *Engine) LimitsChanged(queue string, l driver.QueueLimits) {
+	limited := !l.IsZero()
 	e.limitsMu.Lock()
-	if old := e.limits.Load(); old != nil && old.limited[queue] != limited {
+	if old := e.limits.Load(); old != nil && (old.limited[queue] != limited || old.values[queue] != l) {
 		m := make(map[string]bool, len(old.limited)+1)
 		for q := range old.limited {
 			m[q] = true
 		}
+		values := make(map[string]driver.QueueLimits, len(old.values)+1)
+		for q, v := range old.values {
+			values[q] = v
+		}
+		keyed := make(map[string]bool, len(old.keyed)+1)
+		for q := range old.keyed {
+			keyed[q] = true
+		}
+		delete(m, queue)
+		delete(values, queue)
+		delete(keyed, queue)
 		if limited {
-			m[queue] = true
-		} else {
-			delete(m, queue)
+			m[queue], values[queue] = true, l
+		}
+		if l.HasKeyLimits() {
+			keyed[queue] = true
 		}
 		// The read's age is kept (the rest of the cache is no fresher
 		// for this change); the change is stamped now, so that a read
 		// that began before it does not undo it (setLimited).
-		e.limits.Store(&limitCache{limited: m, keyed: old.keyed, values: old.values, at: old.at, changed: time.Now()})
+		e.limits.Store(&limitCache{limited: m, keyed: keyed, values: values, at: old.at, changed: time.Now()})
 	}
 	e.limitsMu.Unlock()
 	e.mu.Lock()

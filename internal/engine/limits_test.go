@@ -222,7 +222,7 @@ func TestLimitFullProcessClaimsAfterItsOwnEnd(t *testing.T) {
 func TestLimitFullProcessClaimsAfterItsOwnChange(t *testing.T) {
 	e, d := limitHoldEngine(t)
 	defer close(d.gate)
-	e.LimitsChanged("q", true)
+	e.LimitsChanged("q", driver.QueueLimits{MaxRunning: 1})
 	if id := recv(t, "job 2 to run after the process changed the limits", d.ran); id != 2 {
 		t.Fatalf("ran job %d, want 2", id)
 	}
@@ -328,7 +328,11 @@ func TestLimitsChangedSwitchesClaimAtOnce(t *testing.T) {
 	}
 	for _, limited := range []bool{true, false} {
 		before := len(d.claimsOf("q"))
-		e.LimitsChanged("q", limited)
+		var l driver.QueueLimits
+		if limited {
+			l = driver.QueueLimits{Rate: 1, RatePeriod: time.Hour}
+		}
+		e.LimitsChanged("q", l)
 		waitFor(t, "a claim after LimitsChanged", func() bool {
 			cs := claimsAfter(d, "q", before)
 			return len(cs) > 0 && cs[0].done
@@ -361,7 +365,7 @@ func TestLimitsChangedKeepsAStaleCacheStale(t *testing.T) {
 	e := startEngine(t, d, limitConfig(time.Hour), map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
 	waitFor(t, "the first read of the limits", func() bool { return e.limits.Load() != nil })
 	waitFor(t, "the cache to go stale", func() bool { return e.limited("elsewhere") })
-	e.LimitsChanged("q", true)
+	e.LimitsChanged("q", driver.QueueLimits{MaxRunning: 1})
 	if !e.limited("elsewhere") {
 		t.Fatal("after LimitsChanged of another queue, a stale cache said a queue is not limited")
 	}

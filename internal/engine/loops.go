@@ -39,8 +39,6 @@ func (e *Engine) heartbeatLoop(ctx context.Context) {
 		var sent time.Time
 		var err error
 		leases, sent, err = e.renew(ctx, fs, leases)
-		// The blocks of limited queues' slots with the jobs' leases.
-		e.renewBlocks(ctx)
 		switch {
 		case err != nil:
 			if ctx.Err() != nil {
