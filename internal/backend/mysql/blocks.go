@@ -19,11 +19,14 @@ import (
 // held at or beyond a lowered limit). The owner's claims take no slot
 // (ClaimParams.Blocked, see claimLimits) and the ends of their attempts
 // free none: nothing of the limit is written per job. A slot stays leased
-// until its owner gives it back (a LeaseSlots that wants fewer, or finds
-// the limit lowered below it) or the rescue does, once the lease expired
-// and no job of the queue runs under a claim of the owner
-// (freeExpiredBlocks); SetQueueLimits and the rescue's trim delete a slot
-// beyond a lowered limit only once no owner holds it.
+// until its owner gives it back (a LeaseSlots that wants fewer) or the
+// rescue does, once the lease expired and no job of the queue runs under
+// a claim of the owner (freeExpiredBlocks). A lowered limit takes no slot
+// from its owner, whose handlers may still run under it: the owner keeps
+// the slots it asks for, at or beyond the limit too, and may use only
+// what the limit leaves beside the slots of the attempts and the other
+// owners (SlotBlock.Usable); SetQueueLimits and the rescue's trim delete
+// a slot beyond a lowered limit only once no owner holds it.
 
 var _ driver.SlotLeaser = (*Driver)(nil)
 
@@ -56,28 +59,30 @@ func (d *Driver) LeaseSlots(ctx context.Context, owner string, want map[string]i
 
 // leaseQueue is LeaseSlots for queue, in its transaction tx: it reads the
 // queue's MaxRunning (lease_limit) and the owner's slots (lease_read),
-// keeps the owner's lowest want slots below the limit and gives back the
-// others (lease_give_back), renews those it keeps (lease_renew), and
-// takes free ones below the limit until the owner holds want
-// (leaseFree), unless a slot at or beyond the limit is held by an
-// attempt or another owner (a lowered limit).
+// keeps the owner's lowest want slots (those below the limit, then those
+// at or beyond a lowered one, which its handlers may still run under;
+// none without a limit) and gives back the others (lease_give_back),
+// renews those it keeps (lease_renew), and takes free ones below the
+// limit until the owner holds min(want, MaxRunning) (leaseFree), unless
+// a slot at or beyond the limit is held by an attempt or another owner
+// (a lowered limit). Last, after the writes, it reads the slots held by
+// the attempts and the other owners (lease_others) for Usable.
 func (d *Driver) leaseQueue(ctx context.Context, tx *sql.Tx, owner, queue string, want int, ttlUS int64) (driver.SlotBlock, error) {
 	var maxRunning sql.NullInt64
 	if err := tx.QueryRowContext(ctx, d.q.LeaseLimit, queue).Scan(&maxRunning); err != nil && err != sql.ErrNoRows {
 		return driver.SlotBlock{}, err
 	}
 	limit := int(max(maxRunning.Int64, 0))
-	mine, mineAbove, lowered, err := d.leaseRead(ctx, tx, owner, queue, limit)
+	mine, lowered, err := d.leaseRead(ctx, tx, owner, queue, limit)
 	if err != nil {
 		return driver.SlotBlock{}, err
 	}
-	keep := min(len(mine), want)
-	if keep < len(mine) || mineAbove {
-		from := int64(limit)
-		if keep < len(mine) {
-			from = mine[keep]
-		}
-		if _, err := d.lease.exec(ctx, tx, true, d.q.LeaseGiveBack, queue, owner, from); err != nil {
+	keep := 0
+	if limit > 0 {
+		keep = min(len(mine), want)
+	}
+	if keep < len(mine) {
+		if _, err := d.lease.exec(ctx, tx, true, d.q.LeaseGiveBack, queue, owner, mine[keep]); err != nil {
 			return driver.SlotBlock{}, err
 		}
 	}
@@ -94,39 +99,44 @@ func (d *Driver) leaseQueue(ctx context.Context, tx *sql.Tx, owner, queue string
 		kept = int(n)
 	}
 	taken := 0
-	if kept < want && limit > 0 && !lowered {
-		if taken, err = d.leaseFree(ctx, tx, owner, queue, limit, want-kept, ttlUS); err != nil {
+	if k := min(want, limit) - kept; k > 0 && !lowered {
+		if taken, err = d.leaseFree(ctx, tx, owner, queue, limit, k, ttlUS); err != nil {
 			return driver.SlotBlock{}, err
 		}
 	}
-	return driver.SlotBlock{Held: kept + taken, MaxRunning: limit}, nil
+	b := driver.SlotBlock{Held: kept + taken, MaxRunning: limit}
+	if b.Held > 0 {
+		others, err := d.slotNumbers(ctx, d.lease, tx, d.q.LeaseOthers, queue, owner)
+		if err != nil {
+			return driver.SlotBlock{}, err
+		}
+		b.Usable = max(min(b.Held, limit-len(others)), 0)
+	}
+	return b, nil
 }
 
-// leaseRead reads (lease_read, in tx) the slots of queue that owner holds
-// below limit, in slot order, whether it holds any at or beyond it, and
-// whether an attempt or another owner holds one at or beyond it.
-func (d *Driver) leaseRead(ctx context.Context, tx *sql.Tx, owner, queue string, limit int) (mine []int64, mineAbove, lowered bool, err error) {
+// leaseRead reads (lease_read, in tx) the slots of queue that owner
+// holds, in slot order (those below limit first), and whether an attempt
+// or another owner holds one at or beyond limit.
+func (d *Driver) leaseRead(ctx context.Context, tx *sql.Tx, owner, queue string, limit int) (mine []int64, lowered bool, err error) {
 	rows, err := d.lease.query(ctx, tx, true, d.q.LeaseRead, owner, queue, owner, int64(limit))
 	if err != nil {
-		return nil, false, false, err
+		return nil, false, err
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var n int64
 		var own bool
 		if err := rows.Scan(&n, &own); err != nil {
-			return nil, false, false, err
+			return nil, false, err
 		}
-		switch {
-		case own && n < int64(limit):
+		if own {
 			mine = append(mine, n)
-		case own:
-			mineAbove = true
-		default:
+		} else {
 			lowered = true
 		}
 	}
-	return mine, mineAbove, lowered, rows.Err()
+	return mine, lowered, rows.Err()
 }
 
 // leaseFree leases to owner, in tx, up to k free slots of queue below

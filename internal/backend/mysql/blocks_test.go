@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,25 +13,25 @@ import (
 	"github.com/conveyorq/conveyor/internal/driver"
 )
 
-// owned returns, per queue, how many concurrency slots owner holds in
-// d's tables and the highest of them (-1 for none).
-func owned(t *testing.T, d *Driver, owner string) map[string][2]int {
+// owned returns, per queue, the concurrency slots owner holds in d's
+// tables, in slot order.
+func owned(t *testing.T, d *Driver, owner string) map[string][]int {
 	t.Helper()
-	rows, err := d.db.QueryContext(context.Background(), "SELECT queue, COUNT(*), MAX(n) FROM `"+d.prefix+"limit_slots` WHERE type = 'c' AND owner = ? GROUP BY queue", owner)
+	rows, err := d.db.QueryContext(context.Background(), "SELECT queue, n FROM `"+d.prefix+"limit_slots` WHERE type = 'c' AND owner = ? ORDER BY queue, n", owner)
 	if err != nil {
 		t.Error(err)
 		return nil
 	}
 	defer rows.Close()
-	out := map[string][2]int{}
+	out := map[string][]int{}
 	for rows.Next() {
 		var q string
-		var n, top int
-		if err := rows.Scan(&q, &n, &top); err != nil {
+		var n int
+		if err := rows.Scan(&q, &n); err != nil {
 			t.Error(err)
 			return nil
 		}
-		out[q] = [2]int{n, top}
+		out[q] = append(out[q], n)
 	}
 	if err := rows.Err(); err != nil {
 		t.Error(err)
@@ -39,42 +40,70 @@ func owned(t *testing.T, d *Driver, owner string) map[string][2]int {
 }
 
 // checkBlocks fails t unless what owner holds in d's tables is what
-// LeaseSlots returned for each queue of want: Held slots, each below the
-// MaxRunning it read.
-func checkBlocks(t *testing.T, d *Driver, owner string, want map[string]int, got map[string]driver.SlotBlock) bool {
+// LeaseSlots returned for each queue of want, given the slots it held
+// before the call (before, from owned; only the owner's calls change its
+// slots while no rescue runs): Held slots, at most want; of those it held
+// before, its lowest (those below the limit first), up to want (none
+// without a limit); a slot taken only below the MaxRunning read and only
+// up to min(want, MaxRunning); and Usable between 0 and Held and within
+// the limit. It returns what owner holds now.
+func checkBlocks(t *testing.T, d *Driver, owner string, want map[string]int, got map[string]driver.SlotBlock, before map[string][]int) (map[string][]int, bool) {
 	t.Helper()
 	have := owned(t, d, owner)
 	for q, w := range want {
-		b := got[q]
-		h := have[q]
+		b, h, was := got[q], have[q], before[q]
+		var kept, took []int
+		for _, n := range h {
+			if slices.Contains(was, n) {
+				kept = append(kept, n)
+			} else {
+				took = append(took, n)
+			}
+		}
+		keep := 0
+		if b.MaxRunning > 0 {
+			keep = min(w, len(was))
+		}
 		switch {
-		case b.Held > w || b.Held > b.MaxRunning:
-			t.Errorf("%s: %s holds %d of %s (limit %d), wanted %d", owner, owner, b.Held, q, b.MaxRunning, w)
-		case h[0] != b.Held:
-			t.Errorf("%s: LeaseSlots said %d of %s, the table holds %d", owner, b.Held, q, h[0])
-		case h[0] > 0 && h[1] >= b.MaxRunning:
-			t.Errorf("%s: holds slot %d of %s at or beyond the limit %d it read", owner, h[1], q, b.MaxRunning)
+		case b.Held > w || (b.MaxRunning == 0 && b.Held > 0):
+			t.Errorf("%s: holds %d of %s (limit %d), wanted %d", owner, b.Held, q, b.MaxRunning, w)
+		case len(h) != b.Held:
+			t.Errorf("%s: LeaseSlots said %d of %s, the table holds %v", owner, b.Held, q, h)
+		case !slices.Equal(kept, was[:keep]):
+			t.Errorf("%s: kept %v of %s out of %v, want its lowest %d", owner, kept, q, was, keep)
+		case len(took) > 0 && (took[len(took)-1] >= b.MaxRunning || b.Held > min(w, b.MaxRunning)):
+			t.Errorf("%s: took %v of %s to hold %d, wanting %d under a limit of %d", owner, took, q, b.Held, w, b.MaxRunning)
+		case b.Usable < 0 || b.Usable > b.Held || b.Usable > b.MaxRunning:
+			t.Errorf("%s: may use %d of %s, holding %d of a limit of %d", owner, b.Usable, q, b.Held, b.MaxRunning)
 		default:
 			continue
 		}
-		return false
+		return have, false
 	}
-	return true
+	return have, true
 }
 
 // TestLeaseSlotsHeldIsOwned: owners lease blocks of two queues at random
 // beside claims that take and free slots of their own, while another
 // process moves one queue's MaxRunning up and down. After every call, what
 // the owner holds in the table is what the call returned (only the
-// owner's calls change its slots while no rescue runs), below the limit
-// it read; no slot is ever held by an attempt and an owner at once; and
-// no error surfaces (deadlocks and lock waits are the driver's).
+// owner's calls change its slots while no rescue runs), as checkBlocks
+// checks it; no slot is ever held by an attempt and an owner at once; and
+// no error surfaces (deadlocks and lock waits are the driver's). Each
+// owner runs handlers under its blocks as a process does: some end before
+// a call, which asks for at least the slots the others run under (the
+// call keeps those), and it starts more only up to Usable. The handlers
+// and attempts running at once never exceed the limit of "bb", which
+// stays 5 (where Usable is always Held), nor the highest limit "ba" ever
+// had, 6: giving back a lowered limit's slots under running handlers
+// would let others take them once it was raised again.
 func TestLeaseSlotsHeldIsOwned(t *testing.T) {
 	for _, v := range variants[:2] {
 		t.Run(v.name, func(t *testing.T) {
 			ctx := context.Background()
 			d := migrated(t, v.opts, v.tweak)
 			queues := []string{"ba", "bb"}
+			most := map[string]int{"ba": 6, "bb": 5}
 			for _, q := range queues {
 				if _, err := d.Insert(ctx, limitJobs(q, 30)); err != nil {
 					t.Fatal(err)
@@ -84,18 +113,33 @@ func TestLeaseSlotsHeldIsOwned(t *testing.T) {
 				}
 			}
 			var stop atomic.Bool
-			var calls, took atomic.Int64
+			var calls, took, cut atomic.Int64
+			var mu sync.Mutex
+			inUse, peak := map[string]int{}, map[string]int{}
+			use := func(q string, n int) {
+				mu.Lock()
+				inUse[q] += n
+				peak[q] = max(peak[q], inUse[q])
+				mu.Unlock()
+			}
 			var wg sync.WaitGroup
 			for i := range 4 {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					owner := fmt.Sprintf("host/%d/owner", i)
+					held := map[string][]int{}
+					running := map[string]int{} // its handlers, by queue
 					for !stop.Load() {
 						want := map[string]int{}
 						for _, q := range queues {
 							if rand.IntN(4) > 0 {
-								want[q] = rand.IntN(7)
+								w := rand.IntN(7)
+								if w < running[q] { // handlers that ended
+									use(q, w-running[q])
+									running[q] = w
+								}
+								want[q] = w
 							}
 						}
 						got, err := d.LeaseSlots(ctx, owner, want, time.Minute)
@@ -104,11 +148,26 @@ func TestLeaseSlotsHeldIsOwned(t *testing.T) {
 							return
 						}
 						calls.Add(1)
-						for _, b := range got {
-							took.Add(int64(b.Held))
-						}
-						if !checkBlocks(t, d, owner, want, got) {
+						var ok bool
+						if held, ok = checkBlocks(t, d, owner, want, got, held); !ok {
 							return
+						}
+						for q, b := range got {
+							took.Add(int64(b.Held))
+							switch {
+							case b.Held < running[q]:
+								t.Errorf("%s: holds %d of %s with %d handlers running under its block", owner, b.Held, q, running[q])
+								return
+							case q == "bb" && b.Usable != b.Held:
+								t.Errorf("%s: may use %d of the %d slots of %s it holds, a limit never lowered", owner, b.Usable, b.Held, q)
+								return
+							case b.Usable < b.Held:
+								cut.Add(1)
+							}
+							if b.Usable > running[q] { // it starts handlers up to Usable
+								use(q, b.Usable-running[q])
+								running[q] = b.Usable
+							}
 						}
 					}
 				}()
@@ -123,7 +182,9 @@ func TestLeaseSlotsHeldIsOwned(t *testing.T) {
 							t.Error(err)
 							return
 						}
+						use(q, len(r.Rows))
 						for _, row := range r.Rows {
+							use(q, -1)
 							o := driver.Outcome{ID: row.ID, Fence: row.Fence, Attempt: row.Attempt, State: driver.StateScheduled}
 							if _, err := d.Complete(ctx, []driver.Outcome{o}); err != nil {
 								t.Error(err)
@@ -169,7 +230,12 @@ func TestLeaseSlotsHeldIsOwned(t *testing.T) {
 			if took.Load() == 0 {
 				t.Fatalf("no owner held a slot in %d calls: the test proved nothing", calls.Load())
 			}
-			t.Logf("%d leases, %d slots held in all; %v", calls.Load(), took.Load(), d.Counters())
+			for _, q := range queues {
+				if peak[q] > most[q] {
+					t.Errorf("%d handlers and attempts of %s running at once, under limits of at most %d", peak[q], q, most[q])
+				}
+			}
+			t.Logf("%d leases, %d slots held in all, %d blocks cut by a lowered limit, peaks %v; %v", calls.Load(), took.Load(), cut.Load(), peak, d.Counters())
 		})
 	}
 }
@@ -191,10 +257,10 @@ func TestLeaseSlotsAroundAMissingSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got["gq"] != (driver.SlotBlock{Held: 3, MaxRunning: 4}) {
+	if got["gq"] != (driver.SlotBlock{Held: 3, Usable: 3, MaxRunning: 4}) {
 		t.Fatalf("lease of 4 with slot 1 missing: %+v, want 3 of 4", got["gq"])
 	}
-	checkBlocks(t, d, "a", want, got)
+	checkBlocks(t, d, "a", want, got, nil)
 	if err := d.SetQueueLimits(ctx, "gq", driver.QueueLimits{MaxRunning: 4}); err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +270,9 @@ func TestLeaseSlotsAroundAMissingSlot(t *testing.T) {
 }
 
 // SetQueueLimits and the rescue's trim delete the slots beyond a lowered
-// limit only once their owner gave them back.
+// limit only once their owner gave them back: it keeps them while it asks
+// for them (its handlers still run under them), using no more than the
+// limit.
 func TestLoweredLimitKeepsLeasedSlots(t *testing.T) {
 	ctx := context.Background()
 	d := migrated(t, driver.Options{}, nil)
@@ -237,8 +305,17 @@ func TestLoweredLimitKeepsLeasedSlots(t *testing.T) {
 	if r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "lq", Limit: 1, Lease: time.Minute, Worker: "w"}); err != nil || len(r.Rows) != 0 {
 		t.Fatalf("claim beside a block above the lowered limit: %+v, %v", r, err)
 	}
-	if got, err := d.LeaseSlots(ctx, "a", map[string]int{"lq": 4}, time.Minute); err != nil || got["lq"] != (driver.SlotBlock{Held: 2, MaxRunning: 2}) {
-		t.Fatalf("renewal under the lowered limit: %+v, %v; want 2 of 2", got, err)
+	if got, err := d.LeaseSlots(ctx, "a", map[string]int{"lq": 4}, time.Minute); err != nil || got["lq"] != (driver.SlotBlock{Held: 4, Usable: 2, MaxRunning: 2}) {
+		t.Fatalf("renewal under the lowered limit, 4 handlers running: %+v, %v; want 4 (2 usable) of 2", got, err)
+	}
+	if _, err := d.Rescue(ctx, 100); err != nil {
+		t.Fatal(err)
+	}
+	if n := slots(); n != 4 {
+		t.Fatalf("%d slots once the block was renewed above the lowered limit, want the block's 4", n)
+	}
+	if got, err := d.LeaseSlots(ctx, "a", map[string]int{"lq": 2}, time.Minute); err != nil || got["lq"] != (driver.SlotBlock{Held: 2, Usable: 2, MaxRunning: 2}) {
+		t.Fatalf("renewal of 2 under the lowered limit: %+v, %v; want 2 of 2", got, err)
 	}
 	if _, err := d.Rescue(ctx, 100); err != nil {
 		t.Fatal(err)
@@ -286,8 +363,8 @@ func TestRescueKeepsABlockRenewedMeanwhile(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if h := owned(t, d, "a")["rq"]; h[0] != 3 {
-		t.Fatalf("a holds %d slots after a rescue that met its renewal, want 3", h[0])
+	if h := owned(t, d, "a")["rq"]; len(h) != 3 {
+		t.Fatalf("a holds %v after a rescue that met its renewal, want 3 slots", h)
 	}
 	// Expired and not renewed, with no job running: given back.
 	if got, err := d.LeaseSlots(ctx, "a", map[string]int{"rq": 3}, time.Millisecond); err != nil || got["rq"].Held != 3 {
@@ -297,7 +374,7 @@ func TestRescueKeepsABlockRenewedMeanwhile(t *testing.T) {
 	if _, err := d.Rescue(ctx, 100); err != nil {
 		t.Fatal(err)
 	}
-	if h := owned(t, d, "a")["rq"]; h[0] != 0 {
-		t.Fatalf("a holds %d slots of an expired block with no job running after a rescue, want 0", h[0])
+	if h := owned(t, d, "a")["rq"]; len(h) != 0 {
+		t.Fatalf("a holds %v of an expired block with no job running after a rescue, want none", h)
 	}
 }

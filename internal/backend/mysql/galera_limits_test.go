@@ -414,15 +414,16 @@ func TestGaleraKeyRatesAcrossNodes(t *testing.T) {
 
 // TestGaleraSlotBlocksAcrossNodes: owners on the three nodes lease blocks
 // of a queue with MaxRunning 4 at random and run jobs under them (blocked
-// claims, as many at once as they hold), beside workers taking slots one
-// attempt at a time on every node, while the rescue runs on node 1. Two
-// nodes' writes of one slot conflict at certification instead of waiting
-// for each other's locks, and the appliers abort local transactions. The
-// slots every process believes it holds (an owner's block from the lease
-// that returned it until it means to give it back, an attempt's slot from
-// the claim's return to the outcome's call: spans within the real holds)
-// never exceed the limit, and an owner holds in the table what its lease
-// returned.
+// claims, as many at once as they may use), beside workers taking slots
+// one attempt at a time on every node, while the rescue runs on node 1.
+// Two nodes' writes of one slot conflict at certification instead of
+// waiting for each other's locks, and the appliers abort local
+// transactions. The slots every process believes it may use (an owner's
+// Usable from the lease that returned it until it means to give it back,
+// an attempt's slot from the claim's return to the outcome's call: spans
+// within the real holds) never exceed the limit; an owner holds in the
+// table what its lease returned (checkBlocks), and, the limit never
+// lowered, may use all of it.
 func TestGaleraSlotBlocksAcrossNodes(t *testing.T) {
 	ctx := context.Background()
 	ds := galeraNodes(t)
@@ -471,12 +472,13 @@ func TestGaleraSlotBlocksAcrossNodes(t *testing.T) {
 			go func() { // an owner
 				defer wg.Done()
 				owner := fmt.Sprintf("node%d/owner%d", i+1, k)
-				held := 0
+				usable := 0
+				var slots map[string][]int
 				for !stopped() {
 					want := rand.IntN(maxRunning + 2)
-					if want < held {
-						hold(want - held) // it stops using what it gives back
-						held = want
+					if want < usable {
+						hold(want - usable) // it stops using what it gives back
+						usable = want
 					}
 					got, err := d.LeaseSlots(ctx, owner, map[string]int{"gb": want}, time.Minute)
 					if err != nil {
@@ -485,13 +487,18 @@ func TestGaleraSlotBlocksAcrossNodes(t *testing.T) {
 					}
 					leases.Add(1)
 					b := got["gb"]
-					hold(b.Held - held)
-					held = b.Held
-					if !checkBlocks(t, d, owner, map[string]int{"gb": want}, got) {
+					hold(b.Usable - usable)
+					usable = b.Usable
+					var ok bool
+					if slots, ok = checkBlocks(t, d, owner, map[string]int{"gb": want}, got, slots); !ok {
 						return
 					}
-					if held > 0 {
-						r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "gb", Limit: held, Lease: time.Minute, Worker: owner, Blocked: true})
+					if b.Usable != b.Held {
+						t.Errorf("%s: may use %d of the %d slots it holds, a limit never lowered", owner, b.Usable, b.Held)
+						return
+					}
+					if usable > 0 {
+						r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "gb", Limit: usable, Lease: time.Minute, Worker: owner, Blocked: true})
 						if err != nil {
 							t.Errorf("blocked claim: %v", err)
 							return
@@ -503,7 +510,7 @@ func TestGaleraSlotBlocksAcrossNodes(t *testing.T) {
 						}
 					}
 				}
-				hold(-held)
+				hold(-usable)
 				if _, err := d.LeaseSlots(ctx, owner, map[string]int{"gb": 0}, time.Minute); err != nil {
 					t.Errorf("give back: %v", err)
 				}

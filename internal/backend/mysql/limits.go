@@ -378,8 +378,8 @@ func (d *Driver) limitsStill(ctx context.Context, tx *sql.Tx, p driver.ClaimPara
 	return now == l, rows.Err()
 }
 
-// slotNumbers runs a slot_lock_* statement in tx, begun on pool p, and
-// returns the slot numbers.
+// slotNumbers runs a statement that reads slot numbers (slot_lock_*,
+// lease_others) in tx, begun on pool p, and returns them.
 func (d *Driver) slotNumbers(ctx context.Context, p *stmtPool, tx *sql.Tx, q string, args ...any) ([]int64, error) {
 	rows, err := p.query(ctx, tx, true, q, args...)
 	if err != nil {

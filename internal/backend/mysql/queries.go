@@ -174,6 +174,7 @@ type queries struct {
 	LeaseRenew    string `sql:"lease_renew"`
 	LeaseTake     string `sql:"lease_take"`
 	LeaseTakeFree string `sql:"lease_take_free"`
+	LeaseOthers   string `sql:"lease_others"`
 	BlockExpired  string `sql:"block_expired"`
 	BlockFree     string `sql:"block_free"`
 

@@ -813,14 +813,16 @@ SELECT max_running FROM `{p}queues` WHERE name = ? FOR UPDATE
 -- queue by queue in name order: lease_limit, lease_read, then
 -- lease_give_back and lease_renew when the owner holds slots, then the
 -- take of free slots (slot_lock_c and lease_take with SKIP LOCKED,
--- lease_take_free without). Its locks come in one order: the queue's
--- row, then its slots; SetQueueLimits and the rescue's trim take them in
--- the same order, and claims lock no queue row. A skip-locked claim
--- skips the slots a lease holds; an optimistic one waits only for a slot
--- a lease is taking, as it waits for one another claim reserved (see
--- lease_give_back and lease_take_free). The writes carry {intx} (see
--- "Transactions on Galera" below): after the cluster aborted the
--- transaction their counts fall short, and the driver runs it again.
+-- lease_take_free without), and last, when the owner holds any,
+-- lease_others, which locks nothing. Its locks come in one order: the
+-- queue's row, then its slots; SetQueueLimits and the rescue's trim
+-- take them in the same order, and claims lock no queue row. A
+-- skip-locked claim skips the slots a lease holds; an optimistic one
+-- waits only for a slot a lease is taking, as it waits for one another
+-- claim reserved (see lease_give_back and lease_take_free). The writes
+-- carry {intx} (see "Transactions on Galera" below): after the cluster
+-- aborted the transaction their counts fall short, and the driver runs
+-- it again.
 --
 -- lease_limit reads the queue's MaxRunning under a shared lock of its
 -- row, which SetQueueLimits (its first statement) and the rescue's trim
@@ -832,25 +834,29 @@ SELECT max_running FROM `{p}queues` WHERE name = ? FOR UPDATE
 SELECT max_running FROM `{p}queues` WHERE name = ? LOCK IN SHARE MODE
 
 -- A plain read (it locks nothing and never waits) of the queue's
--- concurrency slots the owner holds and of those at or beyond the limit
--- held by an attempt or leased to another owner (a lowered limit: while
--- there is one the owner takes no slot), as (n, the owner's), in slot
--- order. Nobody but the owner leases slots to it, and the rescue that
--- gives them back re-checks their lease on their latest version, which
--- the renewal below has locked: the owner's slots read are still its own
--- when lease_renew counts them, but for any the rescue gave back before,
--- which the count leaves out. (owner, queue, owner, max_running.)
+-- concurrency slots the owner holds, at any n (those at or beyond a
+-- lowered limit too: it keeps them while it asks for them), and of
+-- those at or beyond the limit held by an attempt or leased to another
+-- owner (a lowered limit: while there is one the owner takes no slot),
+-- as (n, the owner's), in slot order. Nobody but the owner leases slots
+-- to it, and the rescue that gives them back re-checks their lease on
+-- their latest version, which the renewal below has locked: the owner's
+-- slots read are still its own when lease_renew counts them, but for
+-- any the rescue gave back before, which the count leaves out. (owner,
+-- queue, owner, max_running.)
 -- name: lease_read
 SELECT n, owner <=> ? FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND (owner = ? OR (n >= ? AND (job_id IS NOT NULL OR owner IS NOT NULL))) ORDER BY n
 
--- Gives back the owner's slots of the queue from slot n on: those beyond
--- the ones it keeps (the lowest below the limit, as many as it wants)
--- and every one at or beyond the limit. Under READ COMMITTED an UPDATE
--- that meets a row another transaction has locked reads the row's last
--- committed version and waits only if that version matches: here only
--- the owner's own slots do, so the statement never waits for a claim's
--- slot (nor a claim for the owner's: its free slot reads find them
--- leased). (queue, owner, n.)
+-- Gives back the owner's slots of the queue from slot n on: those
+-- beyond the ones it keeps, its lowest, as many as it wants (those
+-- below the limit first, then those at or beyond a lowered one, whose
+-- numbers are higher), or all of them when the queue has no limit (n
+-- its lowest). Under READ COMMITTED an UPDATE that meets a row another
+-- transaction has locked reads the row's last committed version and
+-- waits only if that version matches: here only the owner's own slots
+-- do, so the statement never waits for a claim's slot (nor a claim for
+-- the owner's: its free slot reads find them leased). (queue, owner,
+-- n.)
 -- name: lease_give_back
 UPDATE `{p}limit_slots` SET owner = NULL, leased_until = NULL WHERE queue = ? AND type = 'c' AND lkey = '' AND owner = ? AND n >= ?{intx}
 
@@ -877,6 +883,19 @@ UPDATE `{p}limit_slots` SET owner = ?, leased_until = UTC_TIMESTAMP(6) + INTERVA
 -- count.)
 -- name: lease_take_free
 UPDATE `{p}limit_slots` SET owner = ?, leased_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE queue = ? AND type = 'c' AND lkey = '' AND n < ? AND job_id IS NULL AND owner IS NULL{intx} ORDER BY n LIMIT ?
+
+-- After the writes, for SlotBlock.Usable: a plain read (it locks
+-- nothing and never waits) of the queue's concurrency slots, at any n,
+-- held by an attempt or leased to another owner, as their numbers. The
+-- owner may use min(Held, max_running less their count), never below 0:
+-- Held, but fewer while a lowered limit is exceeded. Under READ
+-- COMMITTED the read sees the transaction's own writes and the others'
+-- last committed versions (a claim's reservation never commits, and is
+-- never seen); on Galera, what the node has applied, as lease_read. A
+-- range of the primary key, the queue's concurrency slots. (queue,
+-- owner.)
+-- name: lease_others
+SELECT n FROM `{p}limit_slots` WHERE queue = ? AND type = 'c' AND lkey = '' AND (job_id IS NOT NULL OR owner <> ?)
 
 -- The rescue's giving back of blocks whose lease expired. block_expired
 -- is a plain read of up to limit expired leases, oldest first, through
