@@ -614,3 +614,48 @@ func TestLimitRateRaisedElsewhereWakesHeldFetcher(t *testing.T) {
 		})
 	})
 }
+
+// A client that sets a MaxRunning on a queue it works, jobs coming at
+// once: the jobs it claims before it holds a block of the queue's slots
+// (each with a slot of its own, or counted) and those it claims under the
+// block never run more than the limit at once together.
+func TestLimitSetByTheWorkingClient(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		const max, n = 4, 30
+		cfg := fast(testdb.Prefix())
+		cfg.Queues = map[string]conveyor.QueueConfig{"lim": {MaxWorkers: 8}}
+		c := openDropped(t, dsn, cfg)
+		var log executions
+		if err := conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[limited]) error {
+			start := time.Now()
+			d := 200 * time.Millisecond
+			if j.Args.N > 0 && j.Args.N < max {
+				d = 2 * time.Second // claimed first, still running once a block is held
+			}
+			time.Sleep(d)
+			log.add(execution{id: j.ID, start: start, end: time.Now()})
+			return nil
+		})); err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		if err := c.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1500 * time.Millisecond) // the limits read once, without any
+		if err := c.SetQueueLimits(ctx, "lim", conveyor.QueueLimits{MaxRunning: max}); err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			if _, err := c.Enqueue(ctx, limited{N: i}, &conveyor.EnqueueOpts{Queue: "lim"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitFor(t, "every job", time.Minute, func() bool { return len(log.snapshot()) == n })
+		if p := peak(log.snapshot(), time.Time{}); p > max {
+			t.Fatalf("%d jobs ran at once under a MaxRunning of %d set by the client working the queue", p, max)
+		} else if p < 2 {
+			t.Fatalf("at most %d job ran at once with 8 workers and a backlog", p)
+		}
+	})
+}
