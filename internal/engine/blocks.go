@@ -70,11 +70,12 @@ type slotBlock struct {
 	// executing counts the handlers running under permits; waiters are
 	// the attempts waiting for one, first asked first.
 	executing int
-	waiters   []chan struct{}
-	// others counts the fetcher's handlers running without a permit
-	// (claimed with a slot of their own, or while no block was held),
-	// which permits leave room for; waiting is len(waiters), read
-	// without mu when such a handler ends.
+	waiters   []*permitWait
+	// others counts the fetcher's attempts claimed without a permit
+	// (with a slot of their own, while no block was held) whose handler
+	// has not ended: permits leave room for them. waiting counts the
+	// attempts asking for a permit (in waiters, or about to be), read
+	// without mu when such an attempt ends.
 	others, waiting atomic.Int64
 	// busy says that the queue had a backlog for this process since the
 	// last renewal (a claim came back full): the renewal keeps the block
@@ -101,43 +102,56 @@ func (b *slotBlock) state() blockState {
 	return blockState{held: b.held, usable: b.usable, maxRun: b.maxRun, leasedAt: b.leasedAt, nextGrow: b.nextGrow}
 }
 
+// permitWait is an attempt waiting for a permit: ch is closed when it is
+// granted one (granted set) or turned away (the block is gone).
+type permitWait struct {
+	ch      chan struct{}
+	granted bool
+}
+
 // roomLocked reports whether a permit is free.
 func (b *slotBlock) roomLocked() bool {
 	return b.unlimited || b.executing+int(b.others.Load()) < b.usable
 }
 
 // acquire waits for a permit to start an attempt under the block, in
-// the order the attempts asked: false when ctx (the attempt's) ended or
-// stop closed first.
+// the order the attempts asked: false when ctx (the attempt's) ended,
+// stop closed, or the block was given up with attempts still waiting
+// (abortLocked) first.
 func (b *slotBlock) acquire(ctx context.Context, stop <-chan struct{}) bool {
 	b.mu.Lock()
+	// Counted before the room is looked at: an attempt without a permit
+	// ending meanwhile (otherEnded) then sees it waiting.
+	b.waiting.Add(1)
 	if len(b.waiters) == 0 && b.roomLocked() {
+		b.waiting.Add(-1)
 		b.executing++
 		b.mu.Unlock()
 		return true
 	}
-	ch := make(chan struct{})
-	b.waiters = append(b.waiters, ch)
-	b.waiting.Add(1)
+	w := &permitWait{ch: make(chan struct{})}
+	b.waiters = append(b.waiters, w)
 	b.mu.Unlock()
 	select {
-	case <-ch:
-		return true
+	case <-w.ch:
+		return w.granted
 	case <-ctx.Done():
 	case <-stop:
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for i, w := range b.waiters {
-		if w == ch {
+	for i, x := range b.waiters {
+		if x == w {
 			b.waiters = append(b.waiters[:i], b.waiters[i+1:]...)
 			b.waiting.Add(-1)
 			return false
 		}
 	}
-	// Handed a permit as it gave up: pass it on.
-	b.executing--
-	b.handOffLocked()
+	if w.granted {
+		// Handed a permit as it gave up: pass it on.
+		b.executing--
+		b.handOffLocked()
+	}
 	return false
 }
 
@@ -149,9 +163,10 @@ func (b *slotBlock) release() {
 	b.mu.Unlock()
 }
 
-// otherStarted and otherEnded count a handler of the fetcher running
-// without a permit; one that ends hands its room to a waiter.
-func (b *slotBlock) otherStarted() { b.others.Add(1) }
+// otherHeld and otherEnded count the fetcher's attempts claimed without a
+// permit until their handlers end; one that ends hands its room to a
+// waiter.
+func (b *slotBlock) otherHeld(n int) { b.others.Add(int64(n)) }
 
 func (b *slotBlock) otherEnded() {
 	b.others.Add(-1)
@@ -165,12 +180,30 @@ func (b *slotBlock) otherEnded() {
 // handOffLocked gives the free permits to the first waiters.
 func (b *slotBlock) handOffLocked() {
 	for len(b.waiters) > 0 && b.roomLocked() {
-		ch := b.waiters[0]
+		w := b.waiters[0]
 		b.waiters = b.waiters[1:]
 		b.waiting.Add(-1)
 		b.executing++
-		close(ch)
+		w.granted = true
+		close(w.ch)
 	}
+}
+
+// leave is called when the fetcher stops working the queue under a
+// block: without a limit any more, every waiting attempt gets a permit;
+// else (the block is gone) each is turned away, to be given back.
+func (b *slotBlock) leave() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.unlimited {
+		b.handOffLocked()
+		return
+	}
+	for _, w := range b.waiters {
+		b.waiting.Add(-1)
+		close(w.ch)
+	}
+	b.waiters = nil
 }
 
 // noteHeld records that the fetcher holds n attempts (dispatched, not
@@ -269,7 +302,11 @@ func (f *fetcher) target(grow, stopping bool) int {
 	if grow || b.busy {
 		t = d
 	}
-	if stopping {
+	if stopping || b.usable < b.held {
+		// Stopping; or the slots in use exceed a lowered limit: keep only
+		// the slots of the handlers running, so that those above the
+		// limit go back as they end (asking for the waiting ones too,
+		// every process would keep its slots and none could start).
 		t = 0
 	}
 	t = max(t, b.executing+int(b.others.Load()))
@@ -454,6 +491,7 @@ func (f *fetcher) runBlocked(ctx context.Context) bool {
 		default:
 		}
 		if !f.blocked() {
+			f.blk.leave()
 			return true
 		}
 		st := f.blk.state()
@@ -468,7 +506,17 @@ func (f *fetcher) runBlocked(ctx context.Context) bool {
 			valid = false
 		}
 		running := int(f.running.Load())
-		if st.held == 0 && !more && hold == 0 {
+		if st.held == 0 && hold > 0 {
+			// Held back by a rate or a key with no block left (given
+			// back while the queue waited): wait as the hold says, then
+			// lease one again.
+			if _, stop := w.wait(hold, f.limitCh); stop {
+				return false
+			}
+			hold, more = 0, true
+			continue
+		}
+		if st.held == 0 && !more {
 			// No block, no backlog known: claim as a queue without
 			// blocks would, when woken or polling.
 			which, stop := w.wait(interval, f.wakeCh)
@@ -531,14 +579,7 @@ func (f *fetcher) runBlocked(ctx context.Context) bool {
 			if stop {
 				return false
 			}
-			switch which {
-			case 0:
-				// A handler of the queue ended here: its slot, or the
-				// one its outcome frees, may be free to grow into.
-				f.blk.mu.Lock()
-				f.blk.nextGrow = time.Time{}
-				f.blk.mu.Unlock()
-			case 2:
+			if which == 2 {
 				more = true
 			}
 			continue
@@ -571,6 +612,12 @@ func (f *fetcher) runBlocked(ctx context.Context) bool {
 			}
 		}
 		gathering = time.Time{}
+		// The block as it is now: a renewal may have shrunk it while
+		// this loop waited.
+		if st = f.blk.state(); st.usable == 0 || !f.covers(time.Now()) {
+			continue
+		}
+		slots = st.usable + f.blockAhead(st.usable, more)
 		if free = slots - int(f.running.Load()); free <= 0 {
 			continue
 		}

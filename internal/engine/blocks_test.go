@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -472,4 +474,355 @@ func TestBlockLeasedWhenProbeHeld(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("a job held back by per-attempt slots never started under a block")
 	}
+}
+
+// A queue with a MaxRunning and a Rate: while the rate holds its claims
+// back (RetryIn) and nothing runs, the renewal gives the block back; once
+// the rate has room, the fetcher leases a block again and claims.
+func TestBlockRateHeldAfterBlockGivenBack(t *testing.T) {
+	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{
+		"q": {MaxRunning: 2, Rate: 1, RatePeriod: time.Hour}}}}
+	var full atomic.Bool
+	full.Store(true)
+	d.claimLimited = func(_ context.Context, p driver.ClaimParams) (driver.ClaimResult, error) {
+		if full.Load() {
+			return driver.ClaimResult{Held: true, RateFull: true, RetryIn: 30 * time.Millisecond, MaxRunning: 2}, nil
+		}
+		return driver.ClaimResult{Rows: d.takePending(p), MaxRunning: 2}, nil
+	}
+	d.add(job(1))
+	cfg := testConfig(2 * time.Second)
+	cfg.HeartbeatInterval = 20 * time.Millisecond
+	ran := make(chan int64, 1)
+	startLeasing(t, d, cfg, map[string]Handler{"k": func(_ context.Context, r *driver.JobRow) error {
+		ran <- r.ID
+		return nil
+	}})
+	waitFor(t, "a block", func() bool { _, g := d.last(); return g["q"].Held > 0 })
+	waitFor(t, "the block given back", func() bool { a, _ := d.last(); return a != nil && a["q"] == 0 })
+	time.Sleep(100 * time.Millisecond)
+	full.Store(false) // the rate has room
+	before := len(d.claimsOf("q"))
+	select {
+	case <-ran:
+	case <-time.After(3 * time.Second):
+		t.Fatalf("job 1 never ran after the rate had room: %d claims in 3s (before %d, after %d); pending %v",
+			len(d.claimsOf("q"))-before, before, len(d.claimsOf("q")), d.stillPending())
+	}
+}
+
+// A limit shared with another process (it holds half the slots), a
+// backlog: the fetcher tries to grow its block at most once per backoff
+// (PollMin doubling to blockRetryMax), not once per claim round: a
+// LeaseSlots is a durable write.
+func TestBlockSharedLimitGrowsBackingOff(t *testing.T) {
+	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 4}}}}
+	d.setCap("q", 2) // the other 2 slots are another process's
+	const jobs = 200
+	for i := range jobs {
+		d.add(job(int64(i + 1)))
+	}
+	var done atomic.Int64
+	cfg := testConfig(10 * time.Second) // renewals every 3.3s: none during the run
+	cfg.Queues = map[string]int{"q": 4}
+	start := time.Now()
+	startLeasing(t, d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error {
+		time.Sleep(2 * time.Millisecond)
+		done.Add(1)
+		return nil
+	}})
+	waitFor(t, "every job", func() bool { return done.Load() == jobs })
+	took := time.Since(start)
+	d.mu.Lock()
+	leases := len(d.asked)
+	d.mu.Unlock()
+	claims := len(d.claimsOf("q"))
+	t.Logf("%d jobs in %v: %d LeaseSlots calls, %d claims", jobs, took, leases, claims)
+	// Backing off to blockRetryMax (500ms), a run this long needs a
+	// handful of tries.
+	if max := int(took/blockRetryMax) + 10; leases > max {
+		t.Fatalf("%d LeaseSlots calls (durable writes) in %v for %d jobs, %d claims: want at most %d", leases, took, jobs, claims, max)
+	}
+}
+
+// An attempt without a permit that ends while another asks for a permit
+// (the room it leaves seen, or the waiter seen) always lets the waiter
+// start: no wake-up is lost between acquire and otherEnded.
+func TestBlockOtherEndedWakesWaiter(t *testing.T) {
+	stop := make(chan struct{})
+	for i := range 50000 {
+		var b slotBlock
+		b.usable, b.held = 1, 1
+		b.others.Store(1)
+		got := make(chan bool, 1)
+		go func() { got <- b.acquire(context.Background(), stop) }()
+		b.otherEnded()
+		select {
+		case <-got:
+		case <-time.After(time.Second):
+			b.mu.Lock()
+			t.Fatalf("iteration %d: a waiter got no permit with room free (executing %d, others %d, usable %d, waiters %d)",
+				i, b.executing, b.others.Load(), b.usable, len(b.waiters))
+		}
+	}
+}
+
+// A renewal that gives an idle block back while the fetcher waits: the
+// fetcher claims for the block as it is then, not as it read it before
+// the wait; and with the limit then removed by another process, the job
+// runs.
+func TestBlockClaimAfterBlockGivenBackRuns(t *testing.T) {
+	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 2}}}}
+	var eng atomic.Pointer[Engine]
+	var unblocked atomic.Bool
+	d.claim = func(_ context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+		rows := d.takePending(p)
+		if e := eng.Load(); e != nil && len(rows) > 0 && p.Blocked && fetcherOf(e, "q").blk.state().held == 0 {
+			unblocked.Store(true)
+			d.fakeDriver.mu.Lock()
+			d.limits = map[string]driver.QueueLimits{"q": {}} // MaxRunning removed, by another process
+			d.fakeDriver.mu.Unlock()
+		}
+		return rows, nil
+	}
+	var gaveBack atomic.Bool
+	d.onLease = func(want map[string]int) {
+		if w, ok := want["q"]; ok && w == 0 {
+			gaveBack.Store(true)
+		}
+	}
+	d.add(job(1), job(2))
+	cfg := testConfig(10 * time.Second)
+	cfg.HeartbeatInterval = 1500 * time.Millisecond
+	cfg.PollMax = time.Hour
+	ran := make(chan int64, 3)
+	e := startLeasing(t, d, cfg, map[string]Handler{"k": func(_ context.Context, r *driver.JobRow) error {
+		ran <- r.ID
+		return nil
+	}})
+	eng.Store(e)
+	recv(t, "job 1", ran)
+	recv(t, "job 2", ran)
+	waitFor(t, "the idle block given back", gaveBack.Load)
+	d.add(job(3))
+	e.Wake("q") // an enqueue (or a notification)
+	select {
+	case <-ran:
+	case <-time.After(4 * time.Second):
+		t.Fatalf("job 3 never started (claimed under Blocked with no block: %v; held %+v; fetcher blocked %v)",
+			unblocked.Load(), fetcherOf(e, "q").blk.state(), fetcherOf(e, "q").blocked())
+	}
+}
+
+// As above without removing the limit: a job enqueued once the idle block
+// was given back starts at once, not at the next renewal.
+func TestBlockClaimAfterBlockGivenBackStartsAtOnce(t *testing.T) {
+	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 2}}}}
+	var gaveBack atomic.Bool
+	d.onLease = func(want map[string]int) {
+		if w, ok := want["q"]; ok && w == 0 {
+			gaveBack.Store(true)
+		}
+	}
+	d.add(job(1), job(2))
+	cfg := testConfig(10 * time.Second)
+	cfg.HeartbeatInterval = 1500 * time.Millisecond
+	cfg.PollMax = time.Hour
+	ran := make(chan int64, 3)
+	e := startLeasing(t, d, cfg, map[string]Handler{"k": func(_ context.Context, r *driver.JobRow) error {
+		ran <- r.ID
+		return nil
+	}})
+	recv(t, "job 1", ran)
+	recv(t, "job 2", ran)
+	waitFor(t, "the idle block given back", gaveBack.Load)
+	d.add(job(3))
+	woke := time.Now()
+	e.Wake("q")
+	recv(t, "job 3", ran)
+	if took := time.Since(woke); took > 200*time.Millisecond {
+		t.Fatalf("job 3, enqueued with every slot free, started %v after its wake-up", took)
+	}
+}
+
+// A job claimed ahead under a block, waiting for a permit longer than its
+// timeout and a lease: its timeout runs from its start, so its lease is
+// renewed while it waits, and it runs when the permit comes.
+func TestBlockPermitWaitKeepsTheJob(t *testing.T) {
+	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 1}}}}
+	j2 := job(2)
+	j2.TimeoutMS = 50
+	d.add(job(1))
+	cfg := testConfig(time.Second)
+	ran := make(chan int64, 2)
+	e := startLeasing(t, d, cfg, map[string]Handler{"k": func(_ context.Context, r *driver.JobRow) error {
+		ran <- r.ID
+		if r.ID == 1 {
+			time.Sleep(2500 * time.Millisecond)
+		}
+		return nil
+	}})
+	if id := recv(t, "job 1", ran); id != 1 {
+		t.Fatalf("job %d first", id)
+	}
+	d.add(j2)
+	e.Wake("q")
+	select {
+	case id := <-ran:
+		if id != 2 {
+			t.Fatalf("job %d", id)
+		}
+	case <-time.After(5 * time.Second):
+		var renewedAt []time.Duration
+		start := d.callsOf("claim")[0].at
+		for _, c := range d.callsOf("heartbeat") {
+			for _, l := range c.leases {
+				if l.ID == 2 {
+					renewedAt = append(renewedAt, c.at.Sub(start))
+				}
+			}
+		}
+		t.Fatalf("job 2, claimed ahead and waiting for the permit job 1 held, never ran: released %d, lease deadlines %d; its lease renewed at %v only",
+			d.released.Load(), e.Metrics().LeaseDeadlines.Load(), renewedAt)
+	}
+}
+
+// slotFake leases a queue's concurrency slots as the PostgreSQL driver
+// does: keep the owner's slots up to want (below the limit first, then
+// above a lowered one), give back the rest, take free ones below the
+// limit (none while another holds one at or above it), Usable =
+// min(Held, MaxRunning less the slots others hold).
+type slotFake struct {
+	*fakeDriver
+	smu   sync.Mutex
+	owner map[int]string // slot number -> owner
+	calls atomic.Int64
+}
+
+func (d *slotFake) LeaseSlots(_ context.Context, owner string, want map[string]int, _ time.Duration) (map[string]driver.SlotBlock, error) {
+	d.calls.Add(1)
+	d.fakeDriver.mu.Lock()
+	limits := d.limits
+	d.fakeDriver.mu.Unlock()
+	d.smu.Lock()
+	defer d.smu.Unlock()
+	if d.owner == nil {
+		d.owner = map[int]string{}
+	}
+	out := map[string]driver.SlotBlock{}
+	for q, w := range want {
+		mr := limits[q].MaxRunning
+		if mr == 0 {
+			w = 0
+		}
+		var mine []int
+		for n, o := range d.owner {
+			if o == owner {
+				mine = append(mine, n)
+			}
+		}
+		slices.Sort(mine)
+		held := 0
+		for _, above := range []bool{false, true} {
+			for _, n := range mine {
+				if (n >= mr) != above {
+					continue
+				}
+				if held < w {
+					held++
+				} else {
+					delete(d.owner, n)
+				}
+			}
+		}
+		blocked := false
+		for n, o := range d.owner {
+			if n >= mr && o != owner {
+				blocked = true
+			}
+		}
+		for n := 0; n < mr && held < min(w, mr) && !blocked; n++ {
+			if _, ok := d.owner[n]; !ok {
+				d.owner[n] = owner
+				held++
+			}
+		}
+		others := 0
+		for _, o := range d.owner {
+			if o != owner {
+				others++
+			}
+		}
+		out[q] = driver.SlotBlock{Held: held, Usable: max(0, min(held, mr-others)), MaxRunning: mr}
+	}
+	return out, nil
+}
+
+func (d *slotFake) snapshot() map[int]string {
+	d.smu.Lock()
+	defer d.smu.Unlock()
+	return maps.Clone(d.owner)
+}
+
+// MaxRunning 4 shared by two processes of 2 workers, each holding 2 slots
+// with jobs claimed ahead; lowered to 2: while the limit is exceeded
+// each keeps only the slots of its running handlers, so that once they
+// end one of them leases the limit and the queue goes on.
+func TestBlockLoweredLimitSharedByTwoProcesses(t *testing.T) {
+	d := &slotFake{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 4}}}}
+	const jobs = 3000
+	for i := range jobs {
+		d.add(job(int64(i + 1)))
+	}
+	var done atomic.Int64
+	var c concurrency
+	cfg := testConfig(2 * time.Second)
+	cfg.HeartbeatInterval = 50 * time.Millisecond
+	cfg.Queues = map[string]int{"q": 2}
+	h := map[string]Handler{"k": func(context.Context, *driver.JobRow) error {
+		c.enter()
+		defer c.leave()
+		time.Sleep(time.Millisecond)
+		done.Add(1)
+		return nil
+	}}
+	var es []*Engine
+	for range 2 {
+		e := New(d, cfg, h)
+		es = append(es, e)
+		if err := e.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close(context.Background()) })
+	}
+	waitFor(t, "both processes to hold slots", func() bool {
+		owners := map[string]int{}
+		for _, o := range d.snapshot() {
+			owners[o]++
+		}
+		return len(owners) == 2 && done.Load() > 100
+	})
+	d.fakeDriver.mu.Lock()
+	d.limits = map[string]driver.QueueLimits{"q": {MaxRunning: 2}}
+	d.fakeDriver.mu.Unlock()
+	time.Sleep(1500 * time.Millisecond) // the caches see it, the blocks are leased again
+	before := done.Load()
+	time.Sleep(2 * time.Second)
+	if after := done.Load(); after == before && after < jobs {
+		for _, e := range es {
+			f := e.fetchers["q"]
+			f.blk.mu.Lock()
+			t.Logf("%s: attempts held %d, executing %d, waiting for a permit %d, held %d, usable %d", e.id, f.running.Load(), f.blk.executing, len(f.blk.waiters), f.blk.held, f.blk.usable)
+			f.blk.mu.Unlock()
+		}
+		t.Fatalf("no job ran in 2s after MaxRunning was lowered from 4 to 2 (%d of %d done, %d running): slots %v, %d LeaseSlots calls",
+			after, jobs, c.now.Load(), d.snapshot(), d.calls.Load())
+	}
+}
+
+// fetcherOf is e's fetcher of queue, read under e.mu.
+func fetcherOf(e *Engine, queue string) *fetcher {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.fetchers[queue]
 }

@@ -123,8 +123,10 @@ type running struct {
 	result resultSlot
 	// permit is set when the attempt was claimed under the fetcher's
 	// block of the queue's slots: its handler starts only with a permit
-	// of the block (blocks.go).
-	permit bool
+	// of the block (blocks.go). other is set for an attempt claimed
+	// otherwise by a fetcher that may work under a block: the permits
+	// leave room for it until its handler ends (or it ends unstarted).
+	permit, other bool
 }
 
 // abandoned reports whether the attempt's handler outlived its timeout by
@@ -507,9 +509,19 @@ func (f *fetcher) deliver(rows []*driver.JobRow, sent time.Time, permit bool) {
 	valid := sent.Add(f.e.cfg.Lease)
 	f.mu.Lock()
 	items := make([]*running, len(rows))
+	other := !permit && f.canLease()
 	for i, r := range rows {
-		items[i] = f.hold(r, valid)
-		items[i].permit = permit
+		it := f.hold(r, valid)
+		it.permit, it.other = permit, other
+		if permit {
+			// Its timeout runs from its start, not from its wait for a
+			// permit (blocks.go): abandonAt is set when it gets one.
+			it.abandonAt = time.Time{}
+		}
+		items[i] = it
+	}
+	if other {
+		f.blk.otherHeld(len(rows))
 	}
 	f.mu.Unlock()
 	if time.Until(valid) < f.e.cfg.Lease-f.e.cfg.HeartbeatInterval {
@@ -574,12 +586,18 @@ func (f *fetcher) worker() {
 			// Stop began before a worker took this attempt (claimed
 			// ahead, or by a claim already under way): it is not started,
 			// and Stop releases it with the other unstarted ones.
+			if it.other {
+				f.blk.otherEnded()
+			}
 			f.running.Add(-1)
 			signal(f.freedCh)
 			e.jobWG.Done()
 			continue
 		}
 		a := f.work(it)
+		if it.other {
+			f.blk.otherEnded()
+		}
 		if a.ran {
 			f.noteRun(a.took)
 		}
@@ -624,14 +642,21 @@ type attempt struct {
 func (f *fetcher) work(it *running) attempt {
 	e := f.e
 	defer it.cancel(nil)
-	if it.permit && !f.blk.acquire(it.ctx, f.stopCh) {
-		if it.ctx.Err() != nil {
-			// Cut off or lost while it waited for a permit.
-			f.giveBack(it)
+	if it.permit {
+		if !f.blk.acquire(it.ctx, f.stopCh) {
+			if !e.stopping.Load() {
+				// Cut off or lost while it waited for a permit, or its
+				// block is gone: give it back (a lost one is refused).
+				f.giveBack(it)
+			}
+			// Else Stop releases it with the other unstarted ones.
+			return attempt{}
 		}
-		// Else the process is stopping: Stop releases it with the
-		// other unstarted ones.
-		return attempt{}
+		if t := e.timeout(it.row); t > 0 {
+			f.mu.Lock()
+			it.abandonAt = time.Now().Add(t + e.cfg.Lease)
+			f.mu.Unlock()
+		}
 	}
 	if !f.startable(it) {
 		if it.permit {
@@ -640,22 +665,13 @@ func (f *fetcher) work(it *running) attempt {
 		f.giveBack(it)
 		return attempt{}
 	}
-	// A handler without a permit, in a fetcher that may work under a
-	// block, leaves room for it among the permits (blocks.go).
-	other := !it.permit && f.canLease()
-	if other {
-		f.blk.otherStarted()
-	}
 	began := time.Now()
 	err, trace := e.runJob(context.WithValue(it.ctx, resultKey{}, &it.result), it.row)
 	ran := time.Since(began)
-	switch {
-	case it.permit:
+	if it.permit {
 		// The execution ended: its permit goes to the next attempt at
 		// once, the outcome's write does not hold it.
 		f.blk.release()
-	case other:
-		f.blk.otherEnded()
 	}
 	a := attempt{ran: true, took: ran, err: err}
 	switch {
