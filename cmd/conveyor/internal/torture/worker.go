@@ -754,7 +754,9 @@ func runOrdered(ctx context.Context, c *conveyor.Client[any], w *workerFlags, re
 			tok := fmt.Sprintf("%s:%d", w.proc, seq.Add(1))
 			spec := jobSpec{queue: QueueOrdered, kind: KindWork, ms: w.orderedMinMS + rand.IntN(max(1, w.orderedMaxMS-w.orderedMinMS+1)), lkey: key}
 			if i == 0 && n%2 == 0 {
-				spec.kind = KindFlaky
+				// As long as the longest, so that the rest of the run
+				// has been acknowledged, and waits, when it fails.
+				spec.kind, spec.ms = KindFlaky, w.orderedMaxMS
 			}
 			// Not tied to ctx, like every enqueue of a producer.
 			ectx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
