@@ -167,8 +167,11 @@ type Input struct {
 	// Lease is the workers' lease. Database-side faults are taken to
 	// affect leases until one lease after they end.
 	Lease time.Duration
-	// Acked maps every acknowledged enqueue's job id to its token.
-	Acked map[int64]string
+	// Acked maps every acknowledged enqueue's job id to its token, and
+	// AckedAt to when the producer had the acknowledgement (the job was
+	// committed by then; zero or missing when unknown).
+	Acked   map[int64]string
+	AckedAt map[int64]time.Time
 	// RolledBack holds the tokens of transactional enqueues whose
 	// transaction was rolled back.
 	RolledBack map[string]bool
@@ -322,13 +325,20 @@ type Findings struct {
 	LimitPeak, RatePeak map[string]int
 	// Limits per key and ordered keys (see checkLimits, checkOrder).
 	// OverKey: instants at which more executions of one key were in
-	// progress than its queue allows per key (1 for an Ordered queue);
-	// OutOfOrder: a job of an ordered key that started before one
-	// enqueued before it. Both must be empty. KeyPeak is the most
-	// executions of one key at once; OrderedJobs counts the acknowledged
-	// jobs of ordered keys checked.
-	OverKey, OutOfOrder  []string
-	KeyPeak, OrderedJobs int
+	// progress than its queue's KeyMaxRunning; OrderedAtOnce: instants at
+	// which two executions of one key of an Ordered queue were;
+	// OutOfOrder: a job of an ordered key that started before an earlier
+	// job of its key (enqueued before it) had finished, or while one
+	// never did. All must be empty. KeyPeak is the most executions of
+	// one key at once. OrderedKeys and OrderedJobs count the ordered keys
+	// and their acknowledged jobs checked; OrderedWait is the most jobs
+	// of one key waiting (acknowledged, not started) while one of its
+	// jobs ran, and OrderedHeld counts the failed jobs a later job of
+	// their key waited for (see checkOrder).
+	OverKey, OrderedAtOnce, OutOfOrder []string
+	KeyPeak                            int
+	OrderedKeys, OrderedJobs           int
+	OrderedWait, OrderedHeld           int
 
 	// Batches (see checkBatches). Batches counts the recorded batches.
 	// BatchCallbackCount: a batch with two callback jobs, a finished one
@@ -377,6 +387,7 @@ func (f *Findings) Failures() []string {
 	add(len(f.OverLimit), "instants over a queue's MaxRunning", headS(f.OverLimit))
 	add(len(f.OverRate), "windows over a queue's Rate", headS(f.OverRate))
 	add(len(f.OverKey), "instants over a key's limit", headS(f.OverKey))
+	add(len(f.OrderedAtOnce), "instants with two jobs of an ordered key running at once", headS(f.OrderedAtOnce))
 	add(len(f.OutOfOrder), "jobs of an ordered key started out of order", headS(f.OutOfOrder))
 	add(len(f.BatchCallbackCount), "batches without exactly one callback job once finished", headS(f.BatchCallbackCount))
 	add(len(f.BatchCallbackEarly), "batch callbacks enqueued before their last job finished", headS(f.BatchCallbackEarly))
@@ -714,6 +725,9 @@ func (in *Input) cause(e Exec, later []Exec, j *FinalJob, errAt map[int][]string
 		if in.Poison[j.Kind] {
 			return "poison " + j.Kind + " failed", true
 		}
+		if j.Kind == KindFlaky && e.Attempt == 1 && strings.HasPrefix(msgs[0], flakyErr) {
+			return flakyCause, true
+		}
 		if ev, ok := in.faultFor(e, farFuture); ok {
 			switch {
 			case ev.PID == 0:
@@ -736,6 +750,10 @@ func (in *Input) cause(e Exec, later []Exec, j *FinalJob, errAt map[int][]string
 	}
 	return "attempt ended without an error entry", false
 }
+
+// flakyCause explains the retry of a KindFlaky job, whose first attempt
+// fails by design (with flakyErr).
+const flakyCause = "flaky: its first attempt failed as it was made to"
 
 // diedBeforeRescueCause explains a rescue of an attempt whose handler
 // had returned but whose outcome its process had not yet written (on a

@@ -153,28 +153,74 @@ func (in *Input) checkLimits(f *Findings, byJob map[int64][]Exec) {
 			continue
 		}
 		peak, over := overLimit(keySpans[k], per, fmt.Sprintf("queue %s key %s", k[0], k[1]), "per key")
-		f.OverKey = append(f.OverKey, over...)
+		if l.Ordered {
+			f.OrderedAtOnce = append(f.OrderedAtOnce, over...)
+		} else {
+			f.OverKey = append(f.OverKey, over...)
+		}
 		f.KeyPeak = maxInt(f.KeyPeak, peak)
 	}
-	in.checkOrder(f, byJob)
+	in.checkOrder(f, byJob, keySpans)
 	sort.Strings(f.OverLimit)
 	sort.Strings(f.OverRate)
 	sort.Strings(f.OverKey)
+	sort.Strings(f.OrderedAtOnce)
 	sort.Strings(f.OutOfOrder)
 }
 
 // Ordered keys as the records show them. The jobs of a key of an Ordered
-// queue start one at a time (checked with the limits per key above) in
-// the order they were enqueued. The torture enqueues each key's jobs one
+// queue run one at a time (checked above: at no instant two counted
+// intervals of one key, the intervals the queue's MaxRunning is checked
+// on, Findings.OrderedAtOnce), in the order they were enqueued, a job
+// that failed holding its key until its retry completes it (or it is
+// discarded or cancelled). The torture enqueues each key's jobs one
 // after another from one goroutine, each once the last was acknowledged,
 // so that the order of ids is the order of enqueues; jobs whose enqueue
-// was not acknowledged are left out (one may have committed after a later
-// one). Of two acknowledged jobs A before B of one key: B may not have
-// started (its earliest recorded execution) before A's earliest start, and if
-// B ran at all, A must have run too, unless A ended cancelled or
-// discarded without running (by hand) or its claim was lost with a
-// database restart (then its first counted start is its next one).
-func (in *Input) checkOrder(f *Findings, byJob map[int64][]Exec) {
+// was not acknowledged are left out (one may have committed after a
+// later one).
+//
+// Of two acknowledged jobs A before B of one key, B's claim came after A
+// freed the key for good: after the statement that completed A, or that
+// discarded or cancelled it. Each job's times are taken so that the
+// check errs on missing a violation, never on inventing one:
+//
+//   - B's first start is the earliest start of its counted executions
+//     (not those whose claim a database restart lost, lostClaim), not
+//     its first attempt's: a process stopped between the claim and the
+//     handler's start (SIGSTOP) records its attempt's start only on
+//     waking, after a later attempt of the same job, rescued meanwhile,
+//     ran elsewhere. Every start follows its claim;
+//   - A finished at the end of the execution that finished it: for a
+//     completed job the earliest end of a successful execution of its
+//     final attempt (the completion that took effect came after it: the
+//     end is recorded before the handler returns to the engine); for a
+//     discarded or cancelled one the earliest end of an execution of
+//     its final attempt as slotEnd counts it (an attempt rescued while
+//     its process was stopped or cut off past its lease counts up to
+//     the start of that fault, before the rescue that ended it). An
+//     execution whose claim a database restart lost may bound it too:
+//     the earliest end is the safe one. An execution of an attempt that
+//     did not finish the job (a zombie whose attempt was rescued, a
+//     failed attempt waiting for its retry) is not A's finish: B must
+//     wait for the retry. A job with no such execution (a completion no
+//     successful execution of its final attempt explains, a finding of
+//     its own; a job cancelled or discarded before it ran) bounds
+//     nothing;
+//   - a job not in a final state after the drain never finished: every
+//     later job of its key that ran at all ran out of order.
+//
+// B started out of order (Findings.OutOfOrder) when its first start is
+// before the finish of an earlier job of its key, or it ran while an
+// earlier one never finished. Times of different processes compare: they
+// share the machine's clock.
+//
+// The check proves something only where jobs of a key waited: the peak of
+// jobs of one key waiting (acknowledged, not yet started) at an instant
+// a counted execution of the key was in progress (Findings.OrderedWait),
+// and the failed jobs during whose retry wait a later job of their key
+// had been acknowledged and had not started (Findings.OrderedHeld: the
+// hold on failure exercised).
+func (in *Input) checkOrder(f *Findings, byJob map[int64][]Exec, keySpans map[[2]string][]span) {
 	keyed := map[[2]string][]int64{}
 	for id, j := range in.Jobs {
 		if j.Key == "" || !in.Limits[j.Queue].Ordered {
@@ -186,47 +232,128 @@ func (in *Input) checkOrder(f *Findings, byJob map[int64][]Exec) {
 		k := [2]string{j.Queue, j.Key}
 		keyed[k] = append(keyed[k], id)
 	}
-	// A job's first start is the earliest start of its counted
-	// executions, not that of its first attempt: a process stopped
-	// between the claim and the handler's start (SIGSTOP) records its
-	// attempt's start only on waking, after a later attempt of the
-	// same job, rescued meanwhile, ran elsewhere (the engine then cuts
-	// the stale handler off at once).
-	first := func(id int64) (time.Time, bool) {
-		es := byJob[id]
-		var t time.Time
-		ran := false
+	type ordered struct {
+		id         int64
+		ran        bool      // it has a counted execution
+		first      time.Time // its earliest counted start
+		done       time.Time // its finish (see above), when finished
+		finished   bool      // in a final state with a known finish
+		unfinished bool      // not in a final state
+		acked      time.Time // its enqueue's acknowledgement (zero if unknown)
+		failed     []time.Time
+	}
+	of := func(id int64) ordered {
+		j, es := in.Jobs[id], byJob[id]
+		o := ordered{id: id, acked: in.AckedAt[id]}
+		errAt := map[int][]string{}
+		for _, e := range j.Errors {
+			errAt[e.Attempt] = append(errAt[e.Attempt], e.Error)
+		}
 		for i, e := range es {
+			// Every execution may bound the finish (the earliest of them
+			// counts), one whose claim was lost included.
+			var end time.Time
+			switch j.State {
+			case "completed":
+				if e.Attempt == j.Attempt && e.Outcome == OutcomeOK && !e.End.IsZero() {
+					end = e.End
+				}
+			case "discarded", "cancelled":
+				if e.Attempt == j.Attempt {
+					end = in.slotEnd(e, errAt[e.Attempt])
+				}
+			}
+			if !end.IsZero() && (!o.finished || end.Before(o.done)) {
+				o.done, o.finished = end, true
+			}
 			if in.lostClaim(e, es[i+1:]) {
 				continue
 			}
-			if !ran || e.Start.Before(t) {
-				t, ran = e.Start, true
+			if !o.ran || e.Start.Before(o.first) {
+				o.first, o.ran = e.Start, true
+			}
+			// A failure that took effect: the job waited for its retry.
+			if e.Outcome != OutcomeOK && !e.End.IsZero() && e.Attempt < j.Attempt &&
+				len(errAt[e.Attempt]) > 0 && !rescued(errAt[e.Attempt]) {
+				o.failed = append(o.failed, e.End)
 			}
 		}
-		return t, ran
+		switch j.State {
+		case "completed", "discarded", "cancelled":
+		default:
+			o.unfinished = true
+		}
+		return o
 	}
-	for k, ids := range keyed {
+	for _, k := range slices.SortedFunc(maps.Keys(keyed), func(a, b [2]string) int { return strings.Compare(a[0]+"\x00"+a[1], b[0]+"\x00"+b[1]) }) {
+		ids := keyed[k]
 		slices.Sort(ids)
-		for i := 1; i < len(ids); i++ {
-			a, b := ids[i-1], ids[i]
-			tb, bRan := first(b)
-			if !bRan {
-				continue
-			}
-			ta, aRan := first(a)
-			switch {
-			case !aRan:
-				if st := in.Jobs[a].State; st == "cancelled" || st == "discarded" {
-					continue
+		jobs := make([]ordered, len(ids))
+		for i, id := range ids {
+			jobs[i] = of(id)
+		}
+		var bound ordered // the latest finish of the jobs before
+		var open *ordered // the first job before that never finished
+		for i := range jobs {
+			b := &jobs[i]
+			if b.ran {
+				switch {
+				case open != nil:
+					f.OutOfOrder = append(f.OutOfOrder, fmt.Sprintf("queue %s key %s: job %d started at %s while job %d enqueued before it was unfinished (%s after the drain)",
+						k[0], k[1], b.id, clock(b.first), open.id, in.Jobs[open.id].State))
+				case bound.finished && b.first.Before(bound.done):
+					f.OutOfOrder = append(f.OutOfOrder, fmt.Sprintf("queue %s key %s: job %d started at %s, before job %d enqueued before it finished (the run that finished it ended at %s)",
+						k[0], k[1], b.id, clock(b.first), bound.id, clock(bound.done)))
 				}
-				f.OutOfOrder = append(f.OutOfOrder, fmt.Sprintf("queue %s key %s: job %d started at %s, job %d enqueued before it never ran (%s)",
-					k[0], k[1], b, clock(tb), a, in.Jobs[a].State))
-			case tb.Before(ta):
-				f.OutOfOrder = append(f.OutOfOrder, fmt.Sprintf("queue %s key %s: job %d started at %s, before job %d enqueued before it (at %s)",
-					k[0], k[1], b, clock(tb), a, clock(ta)))
+			}
+			if b.unfinished && open == nil {
+				open = b
+			}
+			if b.finished && (!bound.finished || b.done.After(bound.done)) {
+				bound = *b
 			}
 		}
+		// How many of the key's jobs waited while one of them ran, and
+		// which failed jobs a later one waited for.
+		waiting := func(t time.Time, after int) int {
+			n := 0
+			for _, o := range jobs[after:] {
+				if !o.acked.IsZero() && !o.acked.After(t) && (!o.ran || o.first.After(t)) {
+					n++
+				}
+			}
+			return n
+		}
+		spans := keySpans[k]
+		running := func(t time.Time) bool {
+			for _, s := range spans {
+				if !t.Before(s.start) && t.Before(s.end) {
+					return true
+				}
+			}
+			return false
+		}
+		for _, o := range jobs {
+			for _, t := range []time.Time{o.acked, o.first} {
+				if !t.IsZero() && running(t) {
+					f.OrderedWait = maxInt(f.OrderedWait, waiting(t, 0))
+				}
+			}
+		}
+		for _, s := range spans {
+			if running(s.start) {
+				f.OrderedWait = maxInt(f.OrderedWait, waiting(s.start, 0))
+			}
+		}
+		for i, o := range jobs {
+			for _, t := range o.failed {
+				if waiting(t, i+1) > 0 {
+					f.OrderedHeld++
+					break
+				}
+			}
+		}
+		f.OrderedKeys++
 		f.OrderedJobs += len(ids)
 	}
 }
@@ -355,11 +482,11 @@ func maxInWindow(ts []time.Time, d time.Duration) (int, time.Time) {
 // whose producers enqueue rate jobs per second in all: QueueLimited runs
 // at most three jobs at once, QueueRated starts at most a fifth of the
 // enqueue rate per second (Rate 20 per second at the default 100),
-// QueueKeyed runs each key's jobs one at a time in enqueue order.
+// QueueOrdered runs each key's jobs one at a time in enqueue order.
 func LimitsOf(rate float64) map[string]conveyor.QueueLimits {
 	return map[string]conveyor.QueueLimits{
 		QueueLimited: {MaxRunning: limitedMaxRunning},
 		QueueRated:   {Rate: max(2, int(rate/5+0.5)), RatePeriod: time.Second},
-		QueueKeyed:   {Ordered: true},
+		QueueOrdered: {Ordered: true},
 	}
 }

@@ -1,6 +1,7 @@
 package torture
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -221,14 +222,20 @@ func TestCheckerRateByClaims(t *testing.T) {
 	}
 }
 
-// keyedWorld is a world with QueueKeyed ordered and two keys whose jobs
-// ran one at a time in enqueue order: key a's jobs 30 (its process
+// orderedWorld is a world with QueueOrdered ordered and four keys whose
+// jobs ran one at a time in enqueue order: key a's jobs 30 (its process
 // killed mid-job, then run again), 31 and 33; key b's 32 and 34, beside
-// key a's.
-func keyedWorld() *world {
+// key a's; key e's flaky job 60, which failed its first attempt and held
+// the key for its retry while 61 and 62 waited; key f's job 70, whose
+// process was stopped past its lease mid-job and whose attempt was
+// rescued and run again elsewhere, and 71 and 72 after it, while the
+// stopped handler had not returned (a zombie: its acknowledgement was
+// refused).
+func orderedWorld() *world {
 	w := newWorld()
-	w.in.Limits = map[string]conveyor.QueueLimits{QueueKeyed: {Ordered: true}}
-	on := func(j *FinalJob, key string) { j.Queue, j.Key = QueueKeyed, key }
+	w.in.Limits = map[string]conveyor.QueueLimits{QueueOrdered: {Ordered: true}}
+	w.in.AckedAt = map[int64]time.Time{}
+	on := func(j *FinalJob, key string) { j.Queue, j.Key = QueueOrdered, key }
 	on(w.job(30, "completed", 2, expired(1)), "a")
 	w.exec(30, 1, 500, 1.0, 0, "")
 	w.event(EventKill, 500, 1.2, 1.2)
@@ -241,18 +248,91 @@ func keyedWorld() *world {
 	w.exec(33, 1, 200, 2.0, 2.1, OutcomeOK)
 	on(w.job(34, "completed", 1), "b")
 	w.exec(34, 1, 300, 1.8, 2.5, OutcomeOK)
+
+	j := w.job(60, "completed", 2, AttemptErr{Attempt: 1, Error: flakyErr})
+	j.Kind = KindFlaky
+	on(j, "e")
+	w.in.AckedAt[60] = at(2.95)
+	w.exec(60, 1, 100, 3.0, 3.2, OutcomeError)
+	w.exec(60, 2, 200, 3.4, 3.6, OutcomeOK)
+	on(w.job(61, "completed", 1), "e")
+	w.in.AckedAt[61] = at(3.05)
+	w.exec(61, 1, 300, 3.6, 3.8, OutcomeOK)
+	on(w.job(62, "completed", 1), "e")
+	w.in.AckedAt[62] = at(3.1)
+	w.exec(62, 1, 100, 3.9, 4.0, OutcomeOK)
+
+	on(w.job(70, "completed", 2, expired(1)), "f")
+	w.in.AckedAt[70] = at(4.9)
+	w.exec(70, 1, 400, 5.0, 9.0, OutcomeOK)
+	w.event(EventPause, 400, 5.2, 8.5)
+	w.exec(70, 2, 200, 7.5, 7.7, OutcomeOK)
+	on(w.job(71, "completed", 1), "f")
+	w.in.AckedAt[71] = at(5.1)
+	w.exec(71, 1, 300, 7.8, 8.0, OutcomeOK)
+	on(w.job(72, "completed", 1), "f")
+	w.in.AckedAt[72] = at(5.15)
+	w.exec(72, 1, 200, 8.1, 8.2, OutcomeOK)
 	return w
 }
 
+// execOf returns job id's recorded execution of attempt.
+func (w *world) execOf(id int64, attempt int) *Exec {
+	for i := range w.in.Execs {
+		if e := &w.in.Execs[i]; e.Job == id && e.Attempt == attempt {
+			return e
+		}
+	}
+	panic("no such execution")
+}
+
 func TestCheckerOrderedKeysRespected(t *testing.T) {
-	w := keyedWorld()
+	w := orderedWorld()
 	f := Check(w.in)
 	if fl := f.Failures(); len(fl) > 0 {
 		t.Fatalf("failures with ordered keys respected: %v", fl)
 	}
-	if f.KeyPeak != 1 || f.OrderedJobs != 5 {
-		t.Fatalf("key peak %d, ordered jobs %d; want 1 and 5", f.KeyPeak, f.OrderedJobs)
+	if f.KeyPeak != 1 || f.OrderedKeys != 4 || f.OrderedJobs != 11 {
+		t.Fatalf("key peak %d, ordered keys %d, jobs %d; want 1, 4 and 11", f.KeyPeak, f.OrderedKeys, f.OrderedJobs)
 	}
+	// Two of key e waited while job 60's first attempt ran, and two of
+	// key f while job 70's did (until its process was stopped); 61
+	// waited for 60's retry.
+	if f.OrderedWait != 2 || f.OrderedHeld != 1 {
+		t.Fatalf("most waiting %d, failed jobs waited for %d; want 2 and 1", f.OrderedWait, f.OrderedHeld)
+	}
+	if f.DuplicateCauses[flakyCause] != 1 || f.OverlapsExplained != 1 {
+		t.Fatalf("duplicate causes %v, explained overlaps %d", f.DuplicateCauses, f.OverlapsExplained)
+	}
+	// The same records on a queue without limits are not checked.
+	w.in.Limits = nil
+	if f := Check(w.in); len(f.Failures()) > 0 || f.OrderedJobs != 0 || f.OrderedWait != 0 {
+		t.Fatalf("no limits: failures %v, ordered jobs %d, waiting %d", f.Failures(), f.OrderedJobs, f.OrderedWait)
+	}
+}
+
+// Job 70's zombie ran until 9.0, beside its own second attempt and jobs
+// 71 and 72 of its key: its attempt was rescued while its process was
+// stopped past its lease, so it counts only until the stop, and it is not
+// what finished job 70. Without the stop nothing explains the rescue,
+// and the zombie counts whole.
+func TestCheckerOrderedKeyZombieExcused(t *testing.T) {
+	w := orderedWorld()
+	f := Check(w.in)
+	if len(f.OrderedAtOnce) > 0 || len(f.OutOfOrder) > 0 {
+		t.Fatalf("zombie reported: at once %v, out of order %v", f.OrderedAtOnce, f.OutOfOrder)
+	}
+	w.in.Events = slices.DeleteFunc(w.in.Events, func(ev Event) bool { return ev.Kind == EventPause })
+	f = Check(w.in)
+	if len(f.OrderedAtOnce) == 0 || !strings.Contains(f.OrderedAtOnce[0], "key f: 2 running") {
+		t.Fatalf("no stop: at once %q, want key f named", f.OrderedAtOnce)
+	}
+	// The order held all the same: job 70's second attempt finished it
+	// before 71 started.
+	if len(f.OutOfOrder) > 0 {
+		t.Fatalf("no stop: out of order %v", f.OutOfOrder)
+	}
+	assertFailure(t, f, "instants with two jobs of an ordered key running at once")
 }
 
 // A process stopped between claiming job 40 of key d and starting its
@@ -260,8 +340,8 @@ func TestCheckerOrderedKeysRespected(t *testing.T) {
 // attempt (rescued meanwhile) and job 41 after it ran elsewhere: the
 // order held, since job 40 first ran before 41 started.
 func TestCheckerOrderedKeyStaleStartAfterPause(t *testing.T) {
-	w := keyedWorld()
-	on := func(j *FinalJob) { j.Queue, j.Key = QueueKeyed, "d" }
+	w := orderedWorld()
+	on := func(j *FinalJob) { j.Queue, j.Key = QueueOrdered, "d" }
 	on(w.job(40, "completed", 2, expired(1)))
 	w.event(EventPause, 500, 3.0, 8.0)
 	w.exec(40, 1, 500, 8.0, 8.01, "error")
@@ -289,7 +369,7 @@ func TestCheckerReportsPlantedKeyFaults(t *testing.T) {
 		name: "two of a key at once",
 		plant: func(w *world) {
 			j := w.job(37, "completed", 1)
-			j.Queue, j.Key = QueueKeyed, "b"
+			j.Queue, j.Key = QueueOrdered, "b"
 			w.exec(37, 1, 200, 2.4, 2.6, OutcomeOK)
 		},
 		want: "key b: 2 running",
@@ -307,15 +387,41 @@ func TestCheckerReportsPlantedKeyFaults(t *testing.T) {
 		plant: func(w *world) {
 			for id, st := range map[int64]string{35: "available", 36: "completed", 37: "cancelled", 38: "completed"} {
 				j := w.job(id, st, 0)
-				j.Queue, j.Key = QueueKeyed, "c"
+				j.Queue, j.Key = QueueOrdered, "c"
 			}
 			w.exec(36, 1, 100, 2.2, 2.3, OutcomeOK)
 			w.exec(38, 1, 100, 2.4, 2.5, OutcomeOK)
 		},
-		want: "job 35 enqueued before it never ran",
+		want: "while job 35 enqueued before it was unfinished (available after the drain)",
+	}, {
+		// Job 61 of key e started while job 60, failed, waited for its
+		// retry: the failed job holds its key.
+		name: "past a failed job",
+		plant: func(w *world) {
+			e := w.execOf(61, 1)
+			e.Start, e.End = at(3.25), at(3.35)
+		},
+		want: "job 61 started at 12:00:03.250, before job 60 enqueued before it finished (the run that finished it ended at 12:00:03.600)",
+	}, {
+		// Job 61 of key e started beside job 60's retry: two at once,
+		// and out of order.
+		name: "beside a retry",
+		plant: func(w *world) {
+			e := w.execOf(61, 1)
+			e.Start, e.End = at(3.5), at(3.55)
+		},
+		want: "key e: 2 running at 12:00:03.500",
+	}, {
+		// Job 72 of key f started after job 71 but before it ended.
+		name: "before its predecessor ended",
+		plant: func(w *world) {
+			e := w.execOf(72, 1)
+			e.Start, e.End = at(7.9), at(8.3)
+		},
+		want: "job 72 started at 12:00:07.900, before job 71",
 	}} {
 		t.Run(c.name, func(t *testing.T) {
-			w := keyedWorld()
+			w := orderedWorld()
 			c.plant(w)
 			fl := strings.Join(Check(w.in).Failures(), "\n")
 			if !strings.Contains(fl, c.want) {

@@ -128,8 +128,9 @@ func (r *recorder) close() error {
 // records is everything read back from a run's record files.
 type records struct {
 	execs      []Exec
-	acked      map[int64]string // id -> token
-	ackedKind  map[int64]string // id -> kind
+	acked      map[int64]string    // id -> token
+	ackedAt    map[int64]time.Time // id -> when the enqueue was acknowledged
+	ackedKind  map[int64]string    // id -> kind
 	rolledBack map[string]bool
 	ambiguous  int
 	applied    map[int64][]int     // job -> attempts seen completed
@@ -167,7 +168,7 @@ func readRecords(dir string) (*records, error) {
 	}
 	sort.Strings(files)
 	rs := &records{
-		acked: map[int64]string{}, ackedKind: map[int64]string{}, rolledBack: map[string]bool{}, applied: map[int64][]int{},
+		acked: map[int64]string{}, ackedAt: map[int64]time.Time{}, ackedKind: map[int64]string{}, rolledBack: map[string]bool{}, applied: map[int64][]int{},
 		appliedAt: map[int64]time.Time{}, ready: map[string]time.Time{},
 		counters: map[string]map[string]int64{}, bye: map[string]bool{}, pids: map[string]int{},
 		slowBeats: map[int][]Renewal{},
@@ -231,6 +232,7 @@ func readRecords(dir string) (*records, error) {
 				}
 				if !l.Dup { // a duplicate inserted nothing: the id is the holder's
 					rs.acked[l.Job] = l.Tok
+					rs.ackedAt[l.Job] = time.Unix(0, l.At)
 					rs.ackedKind[l.Job] = l.Kind
 				}
 			case lineRollback:

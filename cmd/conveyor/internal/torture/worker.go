@@ -44,15 +44,20 @@ const (
 	QueueRated   = "torture-rated"
 )
 
-// QueueKeyed is the torture's queue of ordered keys (Ordered, see
+// QueueOrdered is the torture's queue of ordered keys (Ordered, see
 // LimitsOf), worked by every ordinary worker process: each producer
-// process enqueues the jobs of keyedKeys keys of its own, each key's
-// jobs one after another (see runKeyed).
-const QueueKeyed = "torture-keyed"
+// process enqueues the jobs of orderedKeys keys of its own, each key's
+// jobs one after another, in runs that queue up behind each other (see
+// runOrdered).
+const QueueOrdered = "torture-ordered"
 
-// keyedKeys is how many keys each producer process enqueues on
-// QueueKeyed.
-const keyedKeys = 4
+// orderedKeys is how many keys each producer process enqueues on
+// QueueOrdered, and orderedRun how many jobs of a key it enqueues back to
+// back, each once the last was acknowledged.
+const (
+	orderedKeys = 4
+	orderedRun  = 4
+)
 
 // limitedMaxRunning is QueueLimited's MaxRunning.
 const limitedMaxRunning = 3
@@ -71,7 +76,15 @@ const (
 	KindExit = "exit"
 	// KindHang ignores its context and never returns.
 	KindHang = "hang"
+	// KindFlaky sleeps for its "ms" argument like KindWork, and then
+	// fails its first attempt (with flakyErr); every later attempt
+	// completes.
+	KindFlaky = "flaky"
 )
+
+// flakyErr is the error a KindFlaky job's first attempt fails with, as
+// its handler returns it and the job's error history stores it.
+const flakyErr = "torture: a flaky job fails its first attempt"
 
 // TickName is the name of the workers' periodic schedule.
 const TickName = "torture-tick"
@@ -94,6 +107,7 @@ type dbworkJob struct{ payload }
 type panicJob struct{ payload }
 type exitJob struct{ payload }
 type hangJob struct{ payload }
+type flakyJob struct{ payload }
 type tickJob struct{ payload }
 type batchDoneJob struct{ payload }
 
@@ -102,6 +116,7 @@ func (dbworkJob) Kind() string    { return KindDBWork }
 func (panicJob) Kind() string     { return KindPanic }
 func (exitJob) Kind() string      { return KindExit }
 func (hangJob) Kind() string      { return KindHang }
+func (flakyJob) Kind() string     { return KindFlaky }
 func (tickJob) Kind() string      { return KindTick }
 func (batchDoneJob) Kind() string { return KindBatchDone }
 
@@ -129,9 +144,11 @@ type workerFlags struct {
 	// limitedMaxMS bound the duration of a QueueLimited job.
 	limitedShare, ratedShare   float64
 	limitedMinMS, limitedMaxMS int
-	// keyedRate is the rate of a producer's jobs on QueueKeyed, in jobs
-	// per second over its keyedKeys keys (0: none).
-	keyedRate float64
+	// orderedRate is the rate of a producer's jobs on QueueOrdered, in
+	// jobs per second over its orderedKeys keys (0: none);
+	// orderedMinMS and orderedMaxMS bound their durations.
+	orderedRate                float64
+	orderedMinMS, orderedMaxMS int
 	// tick is the interval of the workers' periodic job (0: none), and
 	// tickStop the file whose appearance stops it.
 	tick     time.Duration
@@ -174,7 +191,9 @@ func parseWorkerFlags(args []string, stderr io.Writer) (*workerFlags, error) {
 	fs.Float64Var(&w.uniqueShare, "unique-share", 0, "producers: share of the jobs that are unique, with keys from small pools")
 	fs.Float64Var(&w.limitedShare, "limited-share", 0, "producers: share of the jobs enqueued on "+QueueLimited)
 	fs.Float64Var(&w.ratedShare, "rated-share", 0, "producers: share of the jobs enqueued on "+QueueRated)
-	fs.Float64Var(&w.keyedRate, "keyed-rate", 0, "producers: jobs per second enqueued on "+QueueKeyed+", over keys of their own")
+	fs.Float64Var(&w.orderedRate, "ordered-rate", 0, "producers: jobs per second enqueued on "+QueueOrdered+", over keys of their own")
+	fs.IntVar(&w.orderedMinMS, "ordered-min-ms", 100, "producers: shortest job on "+QueueOrdered+" (ms)")
+	fs.IntVar(&w.orderedMaxMS, "ordered-max-ms", 300, "producers: longest job on "+QueueOrdered+" (ms)")
 	fs.IntVar(&w.limitedMinMS, "limited-min-ms", 100, "producers: shortest job on "+QueueLimited+" (ms)")
 	fs.IntVar(&w.limitedMaxMS, "limited-max-ms", 200, "producers: longest job on "+QueueLimited+" (ms)")
 	fs.Float64Var(&w.batchRate, "batch-rate", 0, "producer: batches per second (of "+strconv.Itoa(batchSize)+" jobs and a callback)")
@@ -257,7 +276,7 @@ func workerConfig(w *workerFlags, logger *slog.Logger) *conveyor.Config {
 		// each with room for more than the limits let run.
 		queues[QueueLimited] = conveyor.QueueConfig{MaxWorkers: w.workers}
 		queues[QueueRated] = conveyor.QueueConfig{MaxWorkers: w.workers}
-		queues[QueueKeyed] = conveyor.QueueConfig{MaxWorkers: w.workers}
+		queues[QueueOrdered] = conveyor.QueueConfig{MaxWorkers: w.workers}
 	}
 	return &conveyor.Config{
 		Queues:          queues,
@@ -335,6 +354,17 @@ func runWorker(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.
 	})
 	add(c, rec, onOK, func(ctx context.Context, j *conveyor.Job[hangJob]) error {
 		select {} // ignores its context and never returns
+	})
+	add(c, rec, onOK, func(ctx context.Context, j *conveyor.Job[flakyJob]) error {
+		if err := sleep(ctx, j.Args.MS); err != nil {
+			return err
+		}
+		if j.Attempt == 1 {
+			// The failed job waits for its retry (Backoff, below): an
+			// ordered key's job holds its key meanwhile.
+			return errors.New(flakyErr)
+		}
+		return nil
 	})
 	add(c, rec, onOK, func(ctx context.Context, j *conveyor.Job[tickJob]) error { return sleep(ctx, j.Args.MS) })
 	add(c, rec, onOK, func(ctx context.Context, j *conveyor.Job[batchDoneJob]) error {
@@ -621,12 +651,12 @@ func runProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slo
 			pace(ctx, 1, w.batchRate, func(ctx context.Context) { enqueueBatch(ctx, c, w, rec, seq.Add(1)) })
 		}()
 	}
-	if w.keyedRate > 0 {
-		for i := range keyedKeys {
+	if w.orderedRate > 0 {
+		for i := range orderedKeys {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				runKeyed(ctx, c, w, rec, fmt.Sprintf("%s-k%d", w.proc, i), &seq)
+				runOrdered(ctx, c, w, rec, fmt.Sprintf("%s-k%d", w.proc, i), &seq)
 			}()
 		}
 	}
@@ -695,30 +725,49 @@ func limitedBurst(c *conveyor.Client[any], w *workerFlags, rec *recorder, seq *a
 	}
 }
 
-// runKeyed enqueues jobs of key on QueueKeyed, one at a time, each once
-// the last was acknowledged (or refused), at keyedRate / keyedKeys jobs
-// per second, until ctx ends: the order of the key's acknowledged ids is
-// the order of its enqueues, which the checker holds its starts to.
-func runKeyed(ctx context.Context, c *conveyor.Client[any], w *workerFlags, rec *recorder, key string, seq *atomic.Int64) {
-	interval := time.Duration(float64(keyedKeys) * float64(time.Second) / w.keyedRate)
-	for {
+// runOrdered enqueues jobs of key on QueueOrdered until ctx ends, in
+// runs of orderedRun jobs at orderedRate / orderedKeys jobs per second on
+// average: the jobs of a run one after another, each once the last was
+// acknowledged (or refused), so that the order of the key's acknowledged
+// ids is the order of its enqueues, which the checker holds its starts
+// to. A run is enqueued faster than its first job runs, so that the
+// key's later jobs wait for it (the checker fails a phase where the
+// order never made two jobs of a key wait). Every other run starts with a
+// KindFlaky job, which fails its first attempt and holds the key while
+// it waits for its retry.
+func runOrdered(ctx context.Context, c *conveyor.Client[any], w *workerFlags, rec *recorder, key string, seq *atomic.Int64) {
+	interval := time.Duration(float64(orderedRun*orderedKeys) * float64(time.Second) / w.orderedRate)
+	for n := 0; ; n++ {
 		// Jittered, so that the keys of one producer do not enqueue in
-		// lockstep.
+		// lockstep; the first run at once, so that every key has one
+		// however short the phase.
+		wait := interval/2 + rand.N(interval)
+		if n == 0 {
+			wait = rand.N(min(interval, time.Second))
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(interval/2 + rand.N(interval)):
+		case <-time.After(wait):
 		}
-		tok := fmt.Sprintf("%s:%d", w.proc, seq.Add(1))
-		spec := jobSpec{queue: QueueKeyed, kind: KindWork, ms: 5 + rand.IntN(30), lkey: key}
-		ectx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		res, err := c.EnqueueMany(ectx, []conveyor.EnqueueItem{{Args: conveyor.RawArgs{KindName: spec.kind, JSON: encodePayload(tok, spec)}, Opts: spec.opts()}})
-		cancel()
-		if err != nil {
-			rec.write(line{T: lineAmbig, Tok: tok, Err: err.Error()})
-			continue
+		for i := 0; i < orderedRun && ctx.Err() == nil; i++ {
+			tok := fmt.Sprintf("%s:%d", w.proc, seq.Add(1))
+			spec := jobSpec{queue: QueueOrdered, kind: KindWork, ms: w.orderedMinMS + rand.IntN(max(1, w.orderedMaxMS-w.orderedMinMS+1)), lkey: key}
+			if i == 0 && n%2 == 0 {
+				// As long as the longest, so that the rest of the run
+				// has been acknowledged, and waits, when it fails.
+				spec.kind, spec.ms = KindFlaky, w.orderedMaxMS
+			}
+			// Not tied to ctx, like every enqueue of a producer.
+			ectx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			res, err := c.EnqueueMany(ectx, []conveyor.EnqueueItem{{Args: conveyor.RawArgs{KindName: spec.kind, JSON: encodePayload(tok, spec)}, Opts: spec.opts()}})
+			cancel()
+			if err != nil {
+				rec.write(line{T: lineAmbig, Tok: tok, Err: err.Error()})
+				continue
+			}
+			rec.write(line{T: lineEnq, Job: res[0].ID, Tok: tok, Kind: spec.kind})
 		}
-		rec.write(line{T: lineEnq, Job: res[0].ID, Tok: tok, Kind: spec.kind})
 	}
 }
 
