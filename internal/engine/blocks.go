@@ -199,6 +199,12 @@ func (b *slotBlock) leave() {
 		b.handOffLocked()
 		return
 	}
+	b.turnAwayLocked()
+}
+
+// turnAwayLocked ends the wait of every attempt waiting for a permit
+// without one: each is given back unstarted (see fetcher.work).
+func (b *slotBlock) turnAwayLocked() {
 	for _, w := range b.waiters {
 		b.waiting.Add(-1)
 		close(w.ch)
@@ -306,8 +312,13 @@ func (f *fetcher) target(grow, stopping bool) int {
 		// Stopping; or the slots in use exceed a lowered limit: keep only
 		// the slots of the handlers running, so that those above the
 		// limit go back as they end (asking for the waiting ones too,
-		// every process would keep its slots and none could start).
+		// every process would keep its slots and none could start). The
+		// attempts waiting for a permit are turned away, to be given back
+		// to the queue: they would wait for slots this block gives up
+		// (and on SQLite, claimed by a process that holds no block, would
+		// count against the limit without running).
 		t = 0
+		b.turnAwayLocked()
 	}
 	t = max(t, b.executing+int(b.others.Load()))
 	if !grow {
@@ -364,6 +375,13 @@ func (e *Engine) leaseBlocks(ctx context.Context, grow *fetcher, stopping bool) 
 		b.mu.Lock()
 		b.held, b.usable, b.maxRun = blk.Held, min(blk.Usable, blk.Held), blk.MaxRunning
 		b.unlimited = blk.MaxRunning == 0
+		if b.usable == 0 && !b.unlimited {
+			// No slot to use: the attempts waiting for a permit go back
+			// to the queue rather than wait for a lease that their own
+			// claims may keep from coming (on SQLite, jobs claimed by a
+			// process that holds no block count against the limit).
+			b.turnAwayLocked()
+		}
 		if sent.After(b.leasedAt) {
 			b.leasedAt = sent
 		}

@@ -826,3 +826,33 @@ func fetcherOf(e *Engine, queue string) *fetcher {
 	defer e.mu.Unlock()
 	return e.fetchers[queue]
 }
+
+// A lease that leaves the block no slot to use turns away the attempts
+// waiting for a permit: they are given back to the queue rather than
+// wait for a lease that their own claims may keep from coming (on
+// SQLite, the jobs a process holding no block claimed count against the
+// limit while they wait).
+func TestBlockWaitersGivenBackWithoutSlots(t *testing.T) {
+	d := &leasingDriver{fakeDriver: &fakeDriver{limits: map[string]driver.QueueLimits{"q": {MaxRunning: 2}}}}
+	for i := range 6 {
+		d.add(job(int64(i + 1)))
+	}
+	gate := make(chan struct{})
+	var started atomic.Int64
+	cfg := testConfig(10 * time.Second)
+	cfg.Queues = map[string]int{"q": 8}
+	cfg.HeartbeatInterval = 30 * time.Millisecond
+	startLeasing(t, d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error {
+		started.Add(1)
+		<-gate
+		return nil
+	}})
+	defer close(gate)
+	waitFor(t, "two handlers under the block of 2", func() bool { return started.Load() == 2 })
+	time.Sleep(50 * time.Millisecond) // jobs claimed ahead wait for a permit
+	d.setCap("q", 0)
+	waitFor(t, "the waiting attempts given back", func() bool { return d.released.Load() >= 2 })
+	if n := started.Load(); n != 2 {
+		t.Fatalf("%d handlers started with no slot to use", n)
+	}
+}
