@@ -354,9 +354,10 @@ func TestLimitRateAcrossClients(t *testing.T) {
 			d := x.start.Sub(dbStarts[i])
 			lo, hi = min(lo, d), max(hi, d)
 		}
-		window := max(period-(hi-lo), period/2)
-		if k, at := maxInWindow(starts, window); k > rate+1 {
-			t.Errorf("%d starts within %v from %v, want at most %d (Rate %d, plus one; a window of %v less the %v spread of the delays from claim to start)", k, window, at.Format("15:04:05.000"), rate+1, rate, period, hi-lo)
+		if window, ok := handlerWindow(t, period, hi-lo); ok {
+			if k, at := maxInWindow(starts, window); k > rate+1 {
+				t.Errorf("%d starts within %v from %v, want at most %d (Rate %d, plus one; a window of %v less the %v spread of the delays from claim to start)", k, window, at.Format("15:04:05.000"), rate+1, rate, period, hi-lo)
+			}
 		}
 		if t.Failed() {
 			for _, x := range xs {
@@ -364,6 +365,22 @@ func TestLimitRateAcrossClients(t *testing.T) {
 			}
 		}
 	})
+}
+
+// handlerWindow is the window in which the handlers' own starts of a
+// rate of period are checked: the period less the spread of the delays
+// from claim to start, within which starts were claimed within one
+// period by the database. When the spread leaves less than a quarter of
+// the period (a machine loaded enough to delay some starts by most of a
+// period), starts that close say nothing of the claims, and the check is
+// left to the database's clock: ok is false, and the test says so.
+func handlerWindow(t *testing.T, period, spread time.Duration) (time.Duration, bool) {
+	w := period - spread
+	if w < period/4 {
+		t.Logf("the delays from claim to start spread over %v of the %v period: the rate is checked by the database's clock only", spread, period)
+		return 0, false
+	}
+	return w, true
 }
 
 // maxInWindow is the most of ts within any window of d (from one of
