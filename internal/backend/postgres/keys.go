@@ -224,7 +224,11 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 	if l.keyLimited() {
 		b.Queue(q.KeyLock, p.Queue, cand, l.keyMax, l.keyRate, l.keyPeriodUS, allowance)
 	}
-	b.Queue(s.stmt(&q.SegKeyPick, v, v.live[phReady]), p.Queue, cand, ucnts, ordered, keyMax > 0)
+	sig := ""
+	if ordered {
+		sig = v.liveSig(phReady)
+	}
+	b.Queue(s.stmt(&q.SegKeyPick, v, v.live[phReady]), p.Queue, cand, ucnts, ordered, keyMax > 0, sig)
 	br := tx.SendBatch(ctx, b)
 	slots := map[string][]keySlot{}
 	rslots := map[string][]int32{} // open rate slots locked
@@ -243,6 +247,11 @@ func (s *segStore) claimKeyed(ctx context.Context, tx queryer, v *segView, p dri
 	}
 	if err := br.Close(); err != nil {
 		return nil, takes, false, nil, false, err
+	}
+	if hs := all[""]; len(hs) > 0 && hs[0].id == -1 {
+		// The registry's live ready segments are not the view's: the
+		// heads read may miss an ordered key's oldest job (seg_key_pick).
+		return nil, takes, false, nil, true, nil
 	}
 	var pkeys []string
 	cnts := map[string]int{}
@@ -693,7 +702,7 @@ func (s *segStore) fairRounds(ctx context.Context, tx queryer, v *segView, p dri
 		// tells whether it is left with jobs.
 		keys[i], cnts[i] = k.key, int32(k.taken+ext[i]+1)
 	}
-	r, err := tx.Query(ctx, s.stmt(&s.d.q.SegKeyPick, v, v.live[phReady]), p.Queue, keys, cnts, false, false)
+	r, err := tx.Query(ctx, s.stmt(&s.d.q.SegKeyPick, v, v.live[phReady]), p.Queue, keys, cnts, false, false, "")
 	if err != nil {
 		return nil, 0, false, nil, err
 	}

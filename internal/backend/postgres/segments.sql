@@ -499,6 +499,18 @@ SELECT coalesce(array_agg(k ORDER BY i), '{}'), coalesce(array_agg(room ORDER BY
 -- other jobs are not read. Sent with key_lock in one round trip: the
 -- counts bound what the slots key_lock locks can admit, and the caller
 -- keeps of each key what they do admit.
+-- For ordered keys ($4) it also checks, in its own snapshot, that the
+-- registry's live ready segments are exactly $6 (as seg_sweep_kept's
+-- $1): a view that misses one (a rotation, or a reclaim that moved a
+-- sealed segment's leftover jobs into a current segment made since the
+-- view was read) would read a key's later job as its oldest. When they
+-- differ, a row with id -1 says so, and the claim runs again on a fresh
+-- view.
+SELECT '', -1::bigint, 0, false
+ WHERE $4::boolean AND (
+    SELECT coalesce(string_agg(tbl || ':' || inc, ',' ORDER BY tbl COLLATE "C"), '')
+      FROM {p}segments WHERE phase = 'ready' AND status IN ('current', 'sealed')) <> $6::text
+UNION ALL
 SELECT k.lkey, h.id, h.priority, false FROM unnest($2::text[], $3::int[]) AS k(lkey, cnt)
 CROSS JOIN LATERAL (
     SELECT id, priority FROM (

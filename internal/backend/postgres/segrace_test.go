@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -317,5 +318,74 @@ func TestSweepKeptSeesSegmentsCreatedSince(t *testing.T) {
 	}
 	if kept() != 1 {
 		t.Fatal("the sweep freed the slot kept for a job waiting for its retry in a segment created after its view")
+	}
+}
+
+// TestOrderedPickSeesSegmentsCreatedSince: an ordered key's oldest job,
+// moved by a reclaim into a ready segment made after a process read its
+// view, while a later job of the key went into a sealed segment that
+// view knows (an insert through the same stale view), is still the one
+// that process's claim starts first: the keyed pick finds its registry
+// changed and the claim runs again on a fresh view.
+func TestOrderedPickSeesSegmentsCreatedSince(t *testing.T) {
+	ctx := context.Background()
+	d, s := openSeg(t)
+	s.tune.grace = 0
+	other := openOther(t, d)
+	if err := d.SetQueueLimits(ctx, "o", driver.QueueLimits{Ordered: true}); err != nil {
+		t.Fatal(err)
+	}
+	job := pj("o")
+	job.Key = "k"
+	first, err := d.Insert(ctx, []driver.InsertParams{job})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldReady := s.view.Load().cur[phReady].tbl
+	if err := s.rotate(ctx, phReady); err != nil {
+		t.Fatal(err)
+	}
+	s.invalidate()
+	ov, err := other.seg.viewNow(ctx) // live ready: the first job's segment, and a current one
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := ov.cur[phReady].tbl
+	pin := func() {
+		cp := *ov
+		cp.at = time.Now()
+		other.seg.view.Store(&cp)
+	}
+	// Another process seals the segment other takes for current and
+	// reclaims the first job's, moving that job into a segment made now.
+	if err := s.rotate(ctx, phReady); err != nil {
+		t.Fatal(err)
+	}
+	reclaimSealed(t, s, oldReady)
+	s.invalidate()
+	if n := rowsIn(t, d, oldReady); n != 0 {
+		t.Fatalf("%d rows left in the reclaimed %s", n, oldReady)
+	}
+	// The key's next job, through other's stale view: into the sealed
+	// segment it still takes for current.
+	pin()
+	second, err := other.Insert(ctx, []driver.InsertParams{job})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := rowsIn(t, d, stale); n != 1 {
+		t.Fatalf("%d rows in %s, want the second job there (an insert through the stale view)", n, stale)
+	}
+	pin()
+	res, err := other.ClaimLimited(ctx, driver.ClaimParams{Queue: "o", Limit: 2, Lease: time.Minute, Worker: "w"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int64
+	for _, r := range res.Rows {
+		got = append(got, r.ID)
+	}
+	if !slices.Equal(got, first) {
+		t.Fatalf("claimed %v; want only the key's oldest job %v (the next one is %v)", got, first, second)
 	}
 }
