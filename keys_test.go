@@ -447,3 +447,119 @@ func TestKeyFromArguments(t *testing.T) {
 		t.Fatalf("%d jobs stored after refused enqueues, want %d", n, before)
 	}
 }
+
+// A queue limited only per key claims ahead of its free workers while its
+// handlers are short, each job claimed ahead holding its key's slot until
+// a worker runs it. The jobs claimed ahead that no worker took when Stop
+// began are released with their keys' slots: no job of the queue stays
+// running and no key stays held, and another client then runs every job
+// once, one at a time per key and in enqueue order.
+func TestOrderedKeysClaimedAheadReleasedAtStop(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		prefix := testdb.Prefix()
+		const queue, keys, perKey = "ahead", 100, 10
+		cfg := func(workers int) *conveyor.Config {
+			c := fast(prefix)
+			c.Queues = map[string]conveyor.QueueConfig{queue: {MaxWorkers: workers}}
+			return c
+		}
+		a := openDropped(t, dsn, cfg(2))
+		b := open(t, dsn, cfg(8))
+		if err := a.SetQueueLimits(ctx, queue, conveyor.QueueLimits{Ordered: true}); err != nil {
+			t.Fatal(err)
+		}
+		var log executions
+		for name, c := range map[string]*conveyor.Client[any]{"a": a, "b": b} {
+			if err := conveyor.AddWorker(c, conveyor.WorkFunc(func(ctx context.Context, j *conveyor.Job[limited]) error {
+				start := time.Now()
+				time.Sleep(200 * time.Microsecond) // short: its fetcher claims ahead
+				log.add(execution{id: j.ID, start: start, end: time.Now(), by: name})
+				return nil
+			})); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var items []conveyor.EnqueueItem
+		for j := 0; j < perKey; j++ {
+			for k := 0; k < keys; k++ {
+				items = append(items, conveyor.EnqueueItem{Args: limited{N: j}, Opts: &conveyor.EnqueueOpts{Queue: queue, Key: fmt.Sprintf("k%03d", k)}})
+			}
+		}
+		keyOf := map[int64]string{}
+		for i := 0; i < len(items); i += 100 {
+			rs, err := a.EnqueueMany(ctx, items[i:i+100])
+			if err != nil {
+				t.Fatal(err)
+			}
+			for n, r := range rs {
+				keyOf[r.ID] = items[i+n].Opts.Key
+			}
+		}
+		queueStats := func() conveyor.QueueStats {
+			st, err := a.Stats(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, q := range st.Queues {
+				if q.Queue == queue {
+					return q
+				}
+			}
+			return conveyor.QueueStats{}
+		}
+		if err := a.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Claimed ahead: more jobs running (claimed) than a's 2 workers.
+		most := int64(0)
+		waitFor(t, "more jobs claimed than a's 2 workers", time.Minute, func() bool {
+			most = max(most, queueStats().Counts[conveyor.JobStateRunning])
+			return most > 2 || len(log.snapshot()) == len(keyOf)
+		})
+		if most <= 2 {
+			t.Fatalf("a drained the queue with at most %d jobs claimed at once: nothing was claimed ahead", most)
+		}
+		if err := a.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ran := len(log.snapshot())
+		q := queueStats()
+		if n := q.Counts[conveyor.JobStateRunning]; n != 0 {
+			t.Fatalf("%d jobs still running after the only started client stopped: claimed ahead and not released", n)
+		}
+		if q.LimitUse != nil && q.LimitUse.KeysRunning != 0 {
+			t.Fatalf("%d keys hold a slot after the only started client stopped: a released job kept its key's slot", q.LimitUse.KeysRunning)
+		}
+		t.Logf("a ran %d of %d jobs before Stop, with up to %d claimed at once", ran, len(keyOf), most)
+		if err := b.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "every job ran", 2*time.Minute, func() bool { return len(log.snapshot()) >= len(keyOf) })
+		time.Sleep(50 * time.Millisecond) // a job run twice would show now
+		xs := log.snapshot()
+		byKey := map[string][]execution{}
+		seen := map[int64]bool{}
+		for _, x := range xs {
+			if seen[x.id] {
+				t.Fatalf("job %d ran twice", x.id)
+			}
+			seen[x.id] = true
+			byKey[keyOf[x.id]] = append(byKey[keyOf[x.id]], x)
+		}
+		if len(seen) != len(keyOf) {
+			t.Fatalf("%d jobs ran, want %d", len(seen), len(keyOf))
+		}
+		for k, runs := range byKey {
+			if p := peak(runs, time.Time{}); p > 1 {
+				t.Fatalf("%d jobs of ordered key %s ran at once", p, k)
+			}
+			slices.SortFunc(runs, func(a, b execution) int { return a.start.Compare(b.start) })
+			for i := 1; i < len(runs); i++ {
+				if runs[i].id < runs[i-1].id {
+					t.Fatalf("key %s ran job %d after job %d: out of enqueue order", k, runs[i].id, runs[i-1].id)
+				}
+			}
+		}
+	})
+}

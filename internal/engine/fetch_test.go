@@ -511,10 +511,14 @@ func TestStopReleasesAttemptsClaimedAhead(t *testing.T) {
 // The jobs claimed ahead of free workers are as many as the workers run
 // in aheadMaxRun at the handlers' average, at least one batch of the
 // workers and at most ClaimBatch; a queue with limits claims one batch
-// ahead whatever its handlers take.
+// ahead whatever its handlers take, unless its only limits are per key.
 func TestAheadN(t *testing.T) {
 	d := &fakeDriver{}
 	d.setLimits("lim", driver.QueueLimits{MaxRunning: 50})
+	d.setLimits("keys", driver.QueueLimits{KeyMaxRunning: 1})
+	d.setLimits("ordered", driver.QueueLimits{Ordered: true})
+	d.setLimits("keysrate", driver.QueueLimits{KeyMaxRunning: 1, KeyRate: 5, KeyRatePeriod: time.Second})
+	d.setLimits("fair", driver.QueueLimits{KeyMaxRunning: 1, Fair: true})
 	cfg := testConfig(10 * time.Second)
 	cfg.ClaimBatch = 1000
 	e := New(d, cfg, nil)
@@ -547,6 +551,15 @@ func TestAheadN(t *testing.T) {
 	lim.runAvg.Store(int64(10 * time.Microsecond))
 	if got := lim.aheadN(100); got != 100 {
 		t.Errorf("limited queue: %d claimed ahead, want one batch (100)", got)
+	}
+	// Limits per key alone: the claim holds only the slots of the keys
+	// it took, and claims ahead as an unlimited queue does.
+	for q, want := range map[string]int{"keys": 1000, "ordered": 1000, "keysrate": 100, "fair": 100} {
+		kf := newFetcher(e, q, 100, context.Background())
+		kf.runAvg.Store(int64(10 * time.Microsecond))
+		if got := kf.aheadN(100); got != want {
+			t.Errorf("queue %s: %d claimed ahead, want %d", q, got, want)
+		}
 	}
 	// A backend whose writes all wait for one lock: one batch ahead.
 	one := New(&fakeDriver{one: true}, cfg, nil)

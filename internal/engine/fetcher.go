@@ -167,12 +167,16 @@ func (f *fetcher) noteRun(d time.Duration) {
 // jobs) thus get claims of up to ClaimBatch whatever MaxWorkers is, which
 // spreads each claim's and each outcome statement's fixed cost over more
 // jobs. A queue with limits claims want ahead: its claims hold slots,
-// keys or turns that other processes, or a key's later jobs, wait for;
-// and so does every queue of a backend whose writes all wait for one lock
-// (driver.Capabilities.OneWriter: SQLite), where a larger claim would
-// hold every other writer, heartbeats included, back for longer.
+// windows or turns that other processes wait for; but not a queue
+// limited only per key (keysOnly), whose claims hold only the slots of
+// the keys they took, each for a job that starts within about
+// aheadMaxRun, as a job claimed ahead in an unlimited queue does. Every
+// queue of a backend whose writes all wait for one lock
+// (driver.Capabilities.OneWriter: SQLite) claims want ahead too, since a
+// larger claim would hold every other writer, heartbeats included, back
+// for longer.
 func (f *fetcher) aheadN(want int) int {
-	if f.e.limited(f.queue) {
+	if f.e.limited(f.queue) && !f.e.keysOnly(f.queue) {
 		return want
 	}
 	return f.unlimitedAhead(want)
@@ -394,6 +398,13 @@ func (f *fetcher) run(ctx context.Context) {
 		f.claiming.Store(0)
 		more = len(rows) == limit
 		held = hold
+		if held > 0 && more && e.keysOnly(f.queue) {
+			// Some keys had no room, but the claim got every job it
+			// asked for: in a queue limited only per key the other keys
+			// have a backlog, and no slot of the queue is held back by
+			// claiming on (at once, and ahead: aheadN).
+			held = 0
+		}
 		// Without a backlog, inserts of this process may claim the jobs
 		// they write for the free workers (insertclaim.go).
 		f.idle.Store(!more && held == 0)

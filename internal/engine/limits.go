@@ -78,6 +78,17 @@ func (e *Engine) keyLimited(queue string) bool {
 	return c != nil && c.keyed[queue]
 }
 
+// keysOnly reports whether queue's only limits are per key (KeyMaxRunning,
+// Ordered), as far as a fresh cache tells.
+func (e *Engine) keysOnly(queue string) bool {
+	c := e.limits.Load()
+	if c == nil || time.Since(c.at) > limitsStale {
+		return false
+	}
+	l, ok := c.values[queue]
+	return ok && l.MaxRunning == 0 && l.Rate == 0 && l.KeyRate == 0 && !l.Fair && (l.KeyMaxRunning > 0 || l.Ordered)
+}
+
 // anyLimited reports whether some queue may be limited (the completer's
 // cheap test before it looks at a batch's queues).
 func (e *Engine) anyLimited() bool {
