@@ -362,7 +362,7 @@ func TestKeyRatePlans(t *testing.T) {
 		"key_lock":          generic("kl", d.q.KeyLock, "'q', "+keys+", 4, 30, "+hour+", 10"),
 		"key_rate_retry_in": generic("kr", d.q.KeyRateRetryIn, "'q', "+keys+", 30, "+hour),
 		"key_take":          generic("kt", d.q.KeyTake, "'q', '{k1}', '{-1}', '{0}', '{0}'"),
-		"seg_key_walk":      generic("kw", s.stmt(&d.q.SegKeyWalk, v, v.live[phReady]), "'q', '', 104, 10, 4, 30, "+hour+", false"),
+		"seg_key_walk":      generic("kw", s.stmt(&d.q.SegKeyWalk, v, v.live[phReady]), "'q', '', 104, 10, 4, 30, "+hour+", false, 62"),
 	} {
 		if !strings.Contains(plan, "$1") {
 			t.Errorf("%s: not the generic plan:\n%s", name, plan)

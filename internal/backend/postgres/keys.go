@@ -65,6 +65,45 @@ func (st keyState) keyed() bool { return st.max > 0 || st.rate > 0 || st.fair }
 type keyStates struct {
 	mu sync.Mutex
 	m  map[string]keyState
+	// deep counts, per queue, the walks left to run without a window
+	// (seg_key_walk): its last window found deep keys.
+	deep map[string]int
+}
+
+const (
+	// windowMax bounds the entries of a walk's window.
+	windowMax = 4096
+	// deepWalks is how many walks of a queue whose window found deep
+	// keys run without one, before a window is tried again.
+	deepWalks = 32
+)
+
+// window returns the entries of the window for the next walk of queue
+// for want jobs (0: none, while its keys were last found deep).
+func (k *keyStates) window(queue string, want int) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if n := k.deep[queue]; n > 0 {
+		k.deep[queue] = n - 1
+		return 0
+	}
+	return min(3*want+32, windowMax)
+}
+
+// sawWindow records that a walk's window of entries held keys distinct
+// keys: fewer than one per four entries (keys that deep, or a queue
+// that nearly ran dry) turns the window off for the next deepWalks
+// walks of queue, since a probe per key then reads less.
+func (k *keyStates) sawWindow(queue string, entries, keys int) {
+	if entries == 0 || 4*keys >= entries {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.deep == nil {
+		k.deep = map[string]int{}
+	}
+	k.deep[queue] = deepWalks
 }
 
 // get returns queue's state and whether one is known.
@@ -106,6 +145,8 @@ type keyWalk struct {
 	// taken > 0, a turn left unfinished with taken jobs; after it else).
 	from  string
 	taken int
+	// window: the entries of the walk's window; wkeys the keys it held.
+	window, wkeys int
 }
 
 // walkBudget bounds the keys one claim examines for want jobs.
@@ -113,15 +154,19 @@ func walkBudget(want int) int { return 4*want + 64 }
 
 // queueWalk queues seg_key_walk in b for a claim of want jobs of queue,
 // under the key limits of st.
-func (s *segStore) queueWalk(b *pgx.Batch, v *segView, queue string, st keyState, want int) {
+// It returns the entries of the walk's window.
+func (s *segStore) queueWalk(b *pgx.Batch, v *segView, queue string, st keyState, want int) int {
+	win := s.d.keys.window(queue, want)
 	b.Queue(s.stmt(&s.d.q.SegKeyWalk, v, v.live[phReady]),
-		queue, st.cursor, walkBudget(want), want, st.max, st.rate, st.periodUS, st.taken > 0)
+		queue, st.cursor, walkBudget(want), want, st.max, st.rate, st.periodUS, st.taken > 0, win)
+	return win
 }
 
-// readWalk reads the result of the walk queueWalk queued for st from br.
-func readWalk(br pgx.BatchResults, st keyState) (keyWalk, error) {
-	w := keyWalk{from: st.cursor, taken: st.taken}
-	err := br.QueryRow().Scan(&w.keys, &w.room, &w.rated)
+// readWalk reads the result of the walk queueWalk queued for st, with a
+// window of win entries, from br.
+func readWalk(br pgx.BatchResults, st keyState, win int) (keyWalk, error) {
+	w := keyWalk{from: st.cursor, taken: st.taken, window: win}
+	err := br.QueryRow().Scan(&w.keys, &w.room, &w.rated, &w.wkeys)
 	return w, err
 }
 

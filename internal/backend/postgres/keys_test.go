@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -343,5 +344,94 @@ func TestKeySlotsAnalyzed(t *testing.T) {
 	round()
 	if n := tuples(); n != 2000 {
 		t.Fatalf("key slots: %v tuples in the statistics after they grew, want 2000", n)
+	}
+}
+
+// TestKeyWalkWindow: the walk that takes its keys from a window of the
+// key indexes examines exactly the keys the walk that probes the indexes
+// key by key does, in the same order and with the same room: over two
+// ready segments holding jobs of the same keys, shallow and deep keys
+// mixed, keys whose slot is held, from the start, from a cursor, resuming
+// a cursor's turn, wrapping around, and with windows that end before the
+// walk does (it goes on probing past them).
+func TestKeyWalkWindow(t *testing.T) {
+	ctx := context.Background()
+	d, s := openSeg(t)
+	s.tune.grace = 0
+	const q = "walkwin"
+	if err := d.SetQueueLimits(ctx, q, driver.QueueLimits{KeyMaxRunning: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var groups [][]driver.InsertParams
+	for k := 0; k < 60; k++ {
+		n := 1 + k%3
+		if k%17 == 0 {
+			n = 25 // deep
+		}
+		groups = append(groups, keyedJobs(q, fmt.Sprintf("k%03d", k), n))
+	}
+	insertJobs(t, d, groups[:35]...)
+	if err := s.rotate(ctx, phReady); err != nil {
+		t.Fatal(err)
+	}
+	s.invalidate()
+	insertJobs(t, d, groups[35:]...)
+	insertJobs(t, d, keyedJobs(q, "k001", 2), keyedJobs(q, "k034", 1), keyedJobs(q, "k017", 3))
+	// Some keys' slots held by running attempts.
+	if _, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: q, Limit: 9, Lease: time.Hour, Worker: "w"}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.viewNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v.live[phReady]) < 2 {
+		t.Fatalf("live ready segments %v, want two", v.live[phReady])
+	}
+	stmt := s.stmt(&d.q.SegKeyWalk, v, v.live[phReady])
+	type result struct {
+		keys        []string
+		room, rated []bool
+	}
+	walk := func(cursor string, budget, want int, again bool, win int) (r result, held int) {
+		t.Helper()
+		// In a transaction rolled back: the slots a walk makes stay out
+		// of the next walk's view, so every walk reads the same slots.
+		tx, err := d.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if err := tx.QueryRow(ctx, stmt, q, cursor, budget, want, 1, 0, int64(0), again, win).
+			Scan(&r.keys, &r.room, &r.rated, &held); err != nil {
+			t.Fatalf("walk from %q, window %d: %v", cursor, win, err)
+		}
+		return r, held
+	}
+	sawRoom, sawHeld, sawWrap := false, false, false
+	for _, cursor := range []string{"", "k010", "k017", "k034", "k058", "zzz"} {
+		for _, again := range []bool{false, true} {
+			for _, bw := range [][2]int{{300, 100}, {40, 12}, {7, 3}} {
+				want, _ := walk(cursor, bw[0], bw[1], again, 0)
+				for i, k := range want.keys {
+					sawRoom = sawRoom || want.room[i]
+					sawHeld = sawHeld || !want.room[i]
+					sawWrap = sawWrap || (cursor != "" && k < cursor)
+				}
+				for _, win := range []int{1, 2, 5, 13, 64, 4096} {
+					got, held := walk(cursor, bw[0], bw[1], again, win)
+					if !slices.Equal(got.keys, want.keys) || !slices.Equal(got.room, want.room) || !slices.Equal(got.rated, want.rated) {
+						t.Fatalf("walk from %q (again %v, budget %d, want %d) with a window of %d:\n%v %v\nwithout one:\n%v %v",
+							cursor, again, bw[0], bw[1], win, got.keys, got.room, want.keys, want.room)
+					}
+					if held == 0 && cursor < "k059" {
+						t.Fatalf("walk from %q with a window of %d: the window held no key", cursor, win)
+					}
+				}
+			}
+		}
+	}
+	if !sawRoom || !sawHeld || !sawWrap {
+		t.Fatalf("the walks saw keys with room %v, keys held %v, a wrap-around %v: want all three", sawRoom, sawHeld, sawWrap)
 	}
 }

@@ -397,8 +397,9 @@ LATERAL (
 -- claim of the queue stopped at, '' for the start; from $2 itself when
 -- $8, a fair queue's key whose turn the previous claim left unfinished,
 -- if it still has jobs) and, once past the last key, from the start up to
--- $2 (before it when $8); a skip scan (one probe of each
--- segment's key index per key, whatever the keys' depth). It examines at
+-- $2 (before it when $8); past its window (below) a skip scan (one
+-- probe of each segment's key index per key, whatever the keys' depth).
+-- It examines at
 -- most $3 keys and stops once $4 of them have room: fewer than $5 (the
 -- queue's KeyMaxRunning; 0: none) slots held by running attempts (at any
 -- number: a lowered limit leaves slots above it held) and, with a rate
@@ -411,27 +412,49 @@ LATERAL (
 -- (within $6): the next numbers after its highest, or from -1 when the
 -- sweep left gaps below it. It
 -- returns every key examined, in walk order, with whether it had room
--- and whether its rate's window was full.
+-- and whether its rate's window was full, and how many distinct keys the
+-- window held.
+-- The window: the first $9 entries after $2 of the key indexes, merged
+-- in key order, read in one scan each (0: none). It holds every key
+-- between $2 and its last key, so the walk takes its keys from it, one
+-- step each, and probes the indexes for the next key only past it: for
+-- shallow keys (a few jobs each) a probe per key costs several times a
+-- window's entries. The caller makes the window small or none for deep
+-- keys (keyStates.sawWindow: a window that held few keys for its
+-- entries).
 -- Asynchronous commit as a claim's: slot rows are made again on demand.
 WITH RECURSIVE
 async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
-w1(k, i, r, room, rfull, rtot, rmax, ropen, cs) AS (
-    SELECT x.k, 1, rm.room::int, rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen, rm.cs
-      FROM (SELECT coalesce((SELECT $2::text WHERE $8::boolean AND EXISTS (
-{each}SELECT 1 FROM {src} WHERE queue = $1 AND lkey = $2::text{sep}
+win AS MATERIALIZED (
+    SELECT coalesce(array_agg(DISTINCT t.lkey ORDER BY t.lkey), '{}') AS keys FROM (
+        SELECT u.lkey FROM (
+{each}(SELECT lkey FROM {src} WHERE queue = $1 AND lkey > $2::text AND $9::int > 0 ORDER BY lkey LIMIT $9::int){sep}
 UNION ALL
-{end})), (SELECT min(m) FROM (
+{end}) u ORDER BY u.lkey LIMIT $9::int
+    ) t
+),
+w1(k, i, p, r, room, rfull, rtot, rmax, ropen, cs) AS (
+    SELECT x.k, 1, x.p, rm.room::int, rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen, rm.cs
+      FROM (SELECT CASE WHEN rs.again THEN $2::text
+                        WHEN cardinality(wn.keys) > 0 THEN wn.keys[1]
+                        ELSE (SELECT min(m) FROM (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > $2::text{sep}
 UNION ALL
-{end}) s)) AS k OFFSET 0) x,
+{end}) s) END AS k,
+                   CASE WHEN rs.again THEN 0 ELSE 1 END AS p
+              FROM (SELECT $8::boolean AND EXISTS (
+{each}SELECT 1 FROM {src} WHERE queue = $1 AND lkey = $2::text{sep}
+UNION ALL
+{end}) AS again) rs, win wn OFFSET 0) x,
     {key_room}
      WHERE x.k IS NOT NULL
     UNION ALL
-    SELECT x.k, w1.i + 1, w1.r + rm.room::int, rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen, rm.cs
-      FROM w1, LATERAL (SELECT (SELECT min(m) FROM (
+    SELECT x.k, w1.i + 1, w1.p + 1, w1.r + rm.room::int, rm.room, rm.rfull, rm.rtot, rm.rmax, rm.ropen, rm.cs
+      FROM w1, LATERAL (SELECT CASE WHEN w1.p < cardinality(wn.keys) THEN wn.keys[w1.p + 1]
+                                    ELSE (SELECT min(m) FROM (
 {each}SELECT min(lkey) AS m FROM {src} WHERE queue = $1 AND lkey > w1.k{sep}
 UNION ALL
-{end}) s) AS k OFFSET 0) x,
+{end}) s) END AS k FROM win wn OFFSET 0) x,
     {key_room}
      WHERE w1.i < $3::int AND w1.r < $4::int AND x.k IS NOT NULL
 ),
@@ -486,7 +509,7 @@ mk AS (
     ON CONFLICT DO NOTHING
 )
 SELECT coalesce(array_agg(k ORDER BY i), '{}'), coalesce(array_agg(room ORDER BY i), '{}'),
-       coalesce(array_agg(rfull ORDER BY i), '{}')
+       coalesce(array_agg(rfull ORDER BY i), '{}'), (SELECT cardinality(keys) FROM win)
   FROM ks CROSS JOIN async
 
 -- name: seg_key_pick
