@@ -76,6 +76,8 @@ const (
 	// deepWalks is how many walks of a queue whose window found deep
 	// keys run without one, before a window is tried again.
 	deepWalks = 32
+	// deepMin is the fewest entries a window must read to find keys deep.
+	deepMin = 16
 )
 
 // window returns the entries of the window for the next walk of queue
@@ -90,12 +92,14 @@ func (k *keyStates) window(queue string, want int) int {
 	return min(3*want+32, windowMax)
 }
 
-// sawWindow records that a walk's window of entries held keys distinct
-// keys: fewer than one per four entries (keys that deep, or a queue
-// that nearly ran dry) turns the window off for the next deepWalks
-// walks of queue, since a probe per key then reads less.
+// sawWindow records that a walk's window held entries index entries of
+// keys distinct keys: fewer than one key per four entries (keys that
+// deep), over at least deepMin entries, turns the window off for the
+// next deepWalks walks of queue, since a probe per key then reads less.
+// A window cut short by the last key (a walk near the end of the keys)
+// says nothing of their depth unless it read that many.
 func (k *keyStates) sawWindow(queue string, entries, keys int) {
-	if entries == 0 || 4*keys >= entries {
+	if entries < deepMin || 4*keys >= entries {
 		return
 	}
 	k.mu.Lock()
@@ -145,8 +149,9 @@ type keyWalk struct {
 	// taken > 0, a turn left unfinished with taken jobs; after it else).
 	from  string
 	taken int
-	// window: the entries of the walk's window; wkeys the keys it held.
-	window, wkeys int
+	// wentries and wkeys: the index entries the walk's window read, and
+	// the distinct keys they held.
+	wentries, wkeys int
 }
 
 // walkBudget bounds the keys one claim examines for want jobs.
@@ -154,19 +159,16 @@ func walkBudget(want int) int { return 4*want + 64 }
 
 // queueWalk queues seg_key_walk in b for a claim of want jobs of queue,
 // under the key limits of st.
-// It returns the entries of the walk's window.
-func (s *segStore) queueWalk(b *pgx.Batch, v *segView, queue string, st keyState, want int) int {
-	win := s.d.keys.window(queue, want)
+func (s *segStore) queueWalk(b *pgx.Batch, v *segView, queue string, st keyState, want int) {
 	b.Queue(s.stmt(&s.d.q.SegKeyWalk, v, v.live[phReady]),
-		queue, st.cursor, walkBudget(want), want, st.max, st.rate, st.periodUS, st.taken > 0, win)
-	return win
+		queue, st.cursor, walkBudget(want), want, st.max, st.rate, st.periodUS, st.taken > 0,
+		s.d.keys.window(queue, want))
 }
 
-// readWalk reads the result of the walk queueWalk queued for st, with a
-// window of win entries, from br.
-func readWalk(br pgx.BatchResults, st keyState, win int) (keyWalk, error) {
-	w := keyWalk{from: st.cursor, taken: st.taken, window: win}
-	err := br.QueryRow().Scan(&w.keys, &w.room, &w.rated, &w.wkeys)
+// readWalk reads the result of the walk queueWalk queued for st from br.
+func readWalk(br pgx.BatchResults, st keyState) (keyWalk, error) {
+	w := keyWalk{from: st.cursor, taken: st.taken}
+	err := br.QueryRow().Scan(&w.keys, &w.room, &w.rated, &w.wkeys, &w.wentries)
 	return w, err
 }
 

@@ -393,7 +393,7 @@ func TestKeyWalkWindow(t *testing.T) {
 		keys        []string
 		room, rated []bool
 	}
-	walk := func(cursor string, budget, want int, again bool, win int) (r result, held int) {
+	walk := func(cursor string, budget, want int, again bool, win int) (r result, held, entries int) {
 		t.Helper()
 		// In a transaction rolled back: the slots a walk makes stay out
 		// of the next walk's view, so every walk reads the same slots.
@@ -403,29 +403,29 @@ func TestKeyWalkWindow(t *testing.T) {
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
 		if err := tx.QueryRow(ctx, stmt, q, cursor, budget, want, 1, 0, int64(0), again, win).
-			Scan(&r.keys, &r.room, &r.rated, &held); err != nil {
+			Scan(&r.keys, &r.room, &r.rated, &held, &entries); err != nil {
 			t.Fatalf("walk from %q, window %d: %v", cursor, win, err)
 		}
-		return r, held
+		return r, held, entries
 	}
 	sawRoom, sawHeld, sawWrap := false, false, false
 	for _, cursor := range []string{"", "k010", "k017", "k034", "k058", "zzz"} {
 		for _, again := range []bool{false, true} {
 			for _, bw := range [][2]int{{300, 100}, {40, 12}, {7, 3}} {
-				want, _ := walk(cursor, bw[0], bw[1], again, 0)
+				want, _, _ := walk(cursor, bw[0], bw[1], again, 0)
 				for i, k := range want.keys {
 					sawRoom = sawRoom || want.room[i]
 					sawHeld = sawHeld || !want.room[i]
 					sawWrap = sawWrap || (cursor != "" && k < cursor)
 				}
 				for _, win := range []int{1, 2, 5, 13, 64, 4096} {
-					got, held := walk(cursor, bw[0], bw[1], again, win)
+					got, held, entries := walk(cursor, bw[0], bw[1], again, win)
 					if !slices.Equal(got.keys, want.keys) || !slices.Equal(got.room, want.room) || !slices.Equal(got.rated, want.rated) {
 						t.Fatalf("walk from %q (again %v, budget %d, want %d) with a window of %d:\n%v %v\nwithout one:\n%v %v",
 							cursor, again, bw[0], bw[1], win, got.keys, got.room, want.keys, want.room)
 					}
-					if held == 0 && cursor < "k059" {
-						t.Fatalf("walk from %q with a window of %d: the window held no key", cursor, win)
+					if held == 0 && cursor < "k059" || held > entries || entries > win {
+						t.Fatalf("walk from %q with a window of %d: the window held %d keys in %d entries", cursor, win, held, entries)
 					}
 				}
 			}
@@ -433,5 +433,32 @@ func TestKeyWalkWindow(t *testing.T) {
 	}
 	if !sawRoom || !sawHeld || !sawWrap {
 		t.Fatalf("the walks saw keys with room %v, keys held %v, a wrap-around %v: want all three", sawRoom, sawHeld, sawWrap)
+	}
+}
+
+// A window that found deep keys turns the window off for the queue's next
+// deepWalks walks; a short window at the end of the keys, or shallow keys,
+// leave it on.
+func TestKeyWindowDeep(t *testing.T) {
+	var k keyStates
+	if w := k.window("q", 100); w != 332 {
+		t.Fatalf("window for 100 jobs: %d entries, want 332", w)
+	}
+	k.sawWindow("q", 10, 1)   // near the end of the keys: too few entries to tell
+	k.sawWindow("q", 332, 90) // shallow
+	if w := k.window("q", 100); w == 0 {
+		t.Fatal("window off after shallow keys and a short window")
+	}
+	k.sawWindow("q", 332, 12) // 27 entries a key: deep
+	for i := 0; i < deepWalks; i++ {
+		if w := k.window("q", 100); w != 0 {
+			t.Fatalf("walk %d after deep keys: a window of %d, want none", i, w)
+		}
+	}
+	if w := k.window("q", 5000); w != windowMax {
+		t.Fatalf("window after %d walks without: %d entries, want %d", deepWalks, w, windowMax)
+	}
+	if w := k.window("other", 100); w != 332 {
+		t.Fatalf("another queue's window: %d, want 332", w)
 	}
 }

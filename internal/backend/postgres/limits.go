@@ -159,16 +159,15 @@ func (d *Driver) claimLimited(ctx context.Context, v *segView, p driver.ClaimPar
 	var walk keyWalk
 	walked := known && ks.keyed()
 	b := &pgx.Batch{}
-	win := 0
 	if walked {
-		win = s.queueWalk(b, v, p.Queue, ks, want)
+		s.queueWalk(b, v, p.Queue, ks, want)
 	}
 	b.Queue("BEGIN")
 	b.Queue(q.LimitBegin, p.Queue, want, p.Blocked)
 	br := conn.SendBatch(ctx, b)
 	if walked {
-		if walk, err = readWalk(br, ks, win); err == nil {
-			d.keys.sawWindow(p.Queue, walk.window, walk.wkeys)
+		if walk, err = readWalk(br, ks); err == nil {
+			d.keys.sawWindow(p.Queue, walk.wentries, walk.wkeys)
 		}
 	}
 	if err == nil {

@@ -412,8 +412,8 @@ LATERAL (
 -- (within $6): the next numbers after its highest, or from -1 when the
 -- sweep left gaps below it. It
 -- returns every key examined, in walk order, with whether it had room
--- and whether its rate's window was full, and how many distinct keys the
--- window held.
+-- and whether its rate's window was full, and how many distinct keys and
+-- entries the window held.
 -- The window: the first $9 entries after $2 of the key indexes, merged
 -- in key order, read in one scan each (0: none). It holds every key
 -- between $2 and its last key, so the walk takes its keys from it, one
@@ -426,7 +426,7 @@ LATERAL (
 WITH RECURSIVE
 async AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
 win AS MATERIALIZED (
-    SELECT coalesce(array_agg(DISTINCT t.lkey ORDER BY t.lkey), '{}') AS keys FROM (
+    SELECT coalesce(array_agg(DISTINCT t.lkey ORDER BY t.lkey), '{}') AS keys, count(*)::int AS n FROM (
         SELECT u.lkey FROM (
 {each}(SELECT lkey FROM {src} WHERE queue = $1 AND lkey > $2::text AND $9::int > 0 ORDER BY lkey LIMIT $9::int){sep}
 UNION ALL
@@ -509,7 +509,7 @@ mk AS (
     ON CONFLICT DO NOTHING
 )
 SELECT coalesce(array_agg(k ORDER BY i), '{}'), coalesce(array_agg(room ORDER BY i), '{}'),
-       coalesce(array_agg(rfull ORDER BY i), '{}'), (SELECT cardinality(keys) FROM win)
+       coalesce(array_agg(rfull ORDER BY i), '{}'), (SELECT cardinality(keys) FROM win), (SELECT n FROM win)
   FROM ks CROSS JOIN async
 
 -- name: seg_key_pick
