@@ -113,16 +113,8 @@ func TestOrderedKeysWithPoisonedKey(t *testing.T) {
 		for _, x := range xs {
 			byKey[keyOf[x.id]] = append(byKey[keyOf[x.id]], x)
 		}
+		checkKeyOrder(t, byKey)
 		for k, runs := range byKey {
-			if p := peak(runs, time.Time{}); p > 1 {
-				t.Fatalf("%d jobs of ordered key %s ran at once", p, k)
-			}
-			slices.SortFunc(runs, func(a, b execution) int { return a.start.Compare(b.start) })
-			for i := 1; i < len(runs); i++ {
-				if runs[i].id < runs[i-1].id {
-					t.Fatalf("key %s ran job %d after job %d: out of enqueue order", k, runs[i].id, runs[i-1].id)
-				}
-			}
 			if k != "poison" && len(runs) != 5 {
 				t.Fatalf("key %s ran %d times, want its 5 jobs once each", k, len(runs))
 			}
@@ -550,16 +542,23 @@ func TestOrderedKeysClaimedAheadReleasedAtStop(t *testing.T) {
 		if len(seen) != len(keyOf) {
 			t.Fatalf("%d jobs ran, want %d", len(seen), len(keyOf))
 		}
-		for k, runs := range byKey {
-			if p := peak(runs, time.Time{}); p > 1 {
-				t.Fatalf("%d jobs of ordered key %s ran at once", p, k)
-			}
-			slices.SortFunc(runs, func(a, b execution) int { return a.start.Compare(b.start) })
-			for i := 1; i < len(runs); i++ {
-				if runs[i].id < runs[i-1].id {
-					t.Fatalf("key %s ran job %d after job %d: out of enqueue order", k, runs[i].id, runs[i-1].id)
-				}
+		checkKeyOrder(t, byKey)
+	})
+}
+
+// checkKeyOrder fails t if two executions of one key of byKey overlapped
+// or a key's jobs started out of enqueue (id) order.
+func checkKeyOrder(t *testing.T, byKey map[string][]execution) {
+	t.Helper()
+	for k, runs := range byKey {
+		if p := peak(runs, time.Time{}); p > 1 {
+			t.Fatalf("%d jobs of ordered key %s ran at once", p, k)
+		}
+		slices.SortFunc(runs, func(a, b execution) int { return a.start.Compare(b.start) })
+		for i := 1; i < len(runs); i++ {
+			if runs[i].id < runs[i-1].id {
+				t.Fatalf("key %s ran job %d after job %d: out of enqueue order", k, runs[i].id, runs[i-1].id)
 			}
 		}
-	})
+	}
 }
