@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -560,5 +561,88 @@ func checkKeyOrder(t *testing.T, byKey map[string][]execution) {
 				t.Fatalf("key %s ran job %d after job %d: out of enqueue order", k, runs[i].id, runs[i-1].id)
 			}
 		}
+	}
+}
+
+// Jobs enqueued while the workers run, by processes that work the queue,
+// keep the limits per key: four producers on the two in-process clients
+// enqueue into a queue limited only per key (ordered; at most 2 per key)
+// while those clients and an HTTP worker run it. By the executions
+// recorded outside the queue, no key ran more jobs at once than its
+// limit, an ordered key ran its jobs in enqueue order, and every job ran
+// once. On SQLite, whose inserts check key slots, some jobs are claimed by
+// their own insert (those of keys with room while workers idle).
+func TestKeysEnqueuedWhileWorking(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		limits conveyor.QueueLimits
+		max    int
+	}{{"ordered", conveyor.QueueLimits{Ordered: true}, 1}, {"per-key-2", conveyor.QueueLimits{KeyMaxRunning: 2}, 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			forEachBackend(t, func(t *testing.T, dsn string) {
+				r := newLimitRig(t, dsn, tc.limits, 3*time.Millisecond)
+				r.start()
+				var (
+					mu    sync.Mutex
+					ids   []int64
+					keyOf = map[int64]string{}
+					wg    sync.WaitGroup
+					errs  = make(chan error, 4)
+				)
+				for p := range 4 {
+					c := r.a
+					if p%2 == 1 {
+						c = r.b
+					}
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := range 60 {
+							k := fmt.Sprintf("k%d", (i+p)%6)
+							if i%10 == 9 {
+								k = ""
+							}
+							id, err := c.Enqueue(context.Background(), limited{N: i}, &conveyor.EnqueueOpts{Queue: r.queue, Key: k})
+							if err != nil {
+								errs <- err
+								return
+							}
+							mu.Lock()
+							ids = append(ids, id)
+							keyOf[id] = k
+							mu.Unlock()
+							time.Sleep(time.Duration(i%3) * time.Millisecond)
+						}
+					}()
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					t.Fatal(err)
+				}
+				xs := r.waitAll(ids, 2*time.Minute)
+				byKey := map[string][]execution{}
+				for _, x := range xs {
+					if k := keyOf[x.id]; k != "" {
+						byKey[k] = append(byKey[k], x)
+					}
+				}
+				if tc.limits.Ordered {
+					checkKeyOrder(t, byKey)
+				}
+				for k, runs := range byKey {
+					if p := peak(runs, time.Time{}); p > tc.max {
+						t.Fatalf("%d jobs of key %s ran at once, over the limit %d", p, k, tc.max)
+					}
+				}
+				if r.a.Backend() == "sqlite" {
+					if n := r.a.Counters().ClaimedAtInsert + r.b.Counters().ClaimedAtInsert; n == 0 {
+						t.Fatal("no job was claimed by its own insert")
+					} else {
+						t.Logf("%d of %d jobs claimed by their own insert", n, len(ids))
+					}
+				}
+			})
+		})
 	}
 }

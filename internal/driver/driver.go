@@ -172,6 +172,14 @@ type Capabilities struct {
 	// it takes. The engine then claims no more than one batch of a
 	// queue's workers ahead of them, whatever its handlers take.
 	OneWriter bool
+	// KeyedInsertClaim is true when the driver's InsertClaiming (see
+	// InsertClaimer) may also be given jobs of a queue whose only limits
+	// are per key (KeyMaxRunning, Ordered): it reads the queue's limits
+	// in the insert's own transaction, claims a job with a key only when
+	// no due job of its key waits and the key has a free slot, which the
+	// job then holds as a claim's would, and claims nothing of a queue
+	// with any other limit.
+	KeyedInsertClaim bool
 }
 
 // InsertParams is one job to insert. Args are already validated JSON.

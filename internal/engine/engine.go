@@ -201,6 +201,9 @@ type Engine struct {
 	ic driver.InsertClaimer
 	// oneWriter is the driver's Capabilities().OneWriter (see aheadN).
 	oneWriter bool
+	// keyedIC is the driver's Capabilities().KeyedInsertClaim: its
+	// inserts may claim jobs of queues limited only per key.
+	keyedIC bool
 	// leaser is the driver as a SlotLeaser, nil when it cannot lease a
 	// queue's slots in blocks (blocks.go); blockMu serializes the calls.
 	leaser  driver.SlotLeaser
@@ -246,6 +249,7 @@ func New(drv driver.Driver, cfg Config, handlers map[string]Handler) *Engine {
 	}
 	e.ic, _ = drv.(driver.InsertClaimer)
 	e.oneWriter = drv.Capabilities().OneWriter
+	e.keyedIC = e.ic != nil && drv.Capabilities().KeyedInsertClaim
 	e.leaser, _ = drv.(driver.SlotLeaser)
 	e.ins = newInserter(e)
 	e.remote = newRemoteProcs(e)

@@ -47,7 +47,9 @@ type fetcher struct {
 	stopCh  chan struct{}
 	stopped sync.Once
 	// idle is set from a claim that took fewer jobs than it asked for
-	// (not held back by limits) to the next that took as many: while the
+	// (not held back by limits, but for those per key when the insert
+	// checks them: Engine.claimsKeyedAtInsert) to the next that took as
+	// many: while the
 	// queue has no backlog, an insert of this process may claim the jobs
 	// of the queue it writes for this fetcher's free workers
 	// (Engine.reserveWorkers). claiming is the limit of the claim in
@@ -406,8 +408,11 @@ func (f *fetcher) run(ctx context.Context) {
 			held = 0
 		}
 		// Without a backlog, inserts of this process may claim the jobs
-		// they write for the free workers (insertclaim.go).
-		f.idle.Store(!more && held == 0)
+		// they write for the free workers (insertclaim.go). In a queue
+		// limited only per key whose keys the insert checks, a claim cut
+		// short by its keys left only jobs of keys without room: a new
+		// job of a key with room is next in line.
+		f.idle.Store(!more && (held == 0 || e.claimsKeyedAtInsert(f.queue)))
 		if held > 0 {
 			// Fewer rows than asked because of the limits, not because
 			// the queue ran dry.

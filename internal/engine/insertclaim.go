@@ -21,7 +21,9 @@ import (
 // ones, not jobs in the caller's transaction, not bulk or batch inserts),
 // and only jobs due at once, of a queue this process has no limits
 // recorded for (the cache of limits says so; an unknown cache claims
-// nothing), with at least two attempts (an insert whose commit was not
+// nothing) or, when the driver checks and takes key slots in the insert
+// (driver.Capabilities.KeyedInsertClaim: SQLite), of a queue whose only
+// limits are per key, with at least two attempts (an insert whose commit was not
 // confirmed may have left its jobs claimed by no worker: their lease then
 // expires, and the rescue that counts that attempt must leave one to
 // run). A paused queue's jobs are not claimed (the statement checks). The
@@ -96,7 +98,7 @@ func (e *Engine) reserveFor(jobs []driver.InsertParams) ([]reservation, []bool) 
 // is not waiting for work, the queue may be limited, or the engine is
 // stopping).
 func (e *Engine) reserveWorkers(queue string, n int) (*fetcher, int) {
-	if n <= 0 || e.limited(queue) {
+	if n <= 0 || e.limited(queue) && !e.claimsKeyedAtInsert(queue) {
 		return nil, 0
 	}
 	// Under reserveMu, a Stop has either not begun or set stopping: the
@@ -121,6 +123,14 @@ func (e *Engine) reserveWorkers(queue string, n int) (*fetcher, int) {
 	f.running.Add(k)
 	e.jobWG.Add(int(k))
 	return f, int(k)
+}
+
+// claimsKeyedAtInsert reports whether inserts of this process may claim
+// jobs of queue although it is limited: its only limits are per key, as
+// far as a fresh cache tells, and the driver's insert then checks and
+// takes the jobs' key slots itself (driver.Capabilities.KeyedInsertClaim).
+func (e *Engine) claimsKeyedAtInsert(queue string) bool {
+	return e.keyedIC && e.keysOnly(queue)
 }
 
 // unreserve gives back n workers reserveWorkers reserved that no job

@@ -194,3 +194,152 @@ func TestInsertClaimForgetsUnclaimed(t *testing.T) {
 		}
 	}
 }
+
+// An insert that claims jobs of a queue limited only per key claims a
+// job with a key only where a claim would have taken it at once: no due
+// job of its key waits (in the table or ahead of it in the insert) and
+// the key has a free slot, which the claimed attempt then holds, and
+// frees when it ends. A queue with another limit has nothing claimed.
+func TestInsertClaimKeyed(t *testing.T) {
+	d := migrated(t)
+	ctx := context.Background()
+	for q, l := range map[string]driver.QueueLimits{
+		"two": {KeyMaxRunning: 2}, "ord": {Ordered: true, OrderedMoveOn: true}, "hold": {Ordered: true},
+		"max": {MaxRunning: 10, KeyMaxRunning: 2}, "paused": {KeyMaxRunning: 2},
+	} {
+		if err := d.SetQueueLimits(ctx, q, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.PauseQueue(ctx, "paused", true); err != nil {
+		t.Fatal(err)
+	}
+	// Already waiting: a due job of key "w" in "two", and of "w" in "ord".
+	if _, err := d.Insert(ctx, []driver.InsertParams{
+		{Queue: "two", Kind: "k", Key: "w", MaxAttempts: 3},
+		{Queue: "ord", Kind: "k", Key: "w", MaxAttempts: 3},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	type want struct {
+		job     driver.InsertParams
+		flag    bool
+		claimed bool
+	}
+	j := func(q, key string) driver.InsertParams {
+		return driver.InsertParams{Queue: q, Kind: "k", Key: key, MaxAttempts: 3}
+	}
+	later := j("ord", "d")
+	later.Delay = time.Hour
+	cases := []want{
+		{j("two", "a"), true, true},
+		{j("two", "a"), true, true},
+		{j("two", "a"), true, false}, // the key's two slots are taken
+		{j("two", "w"), true, false}, // a job of the key waits
+		{j("two", ""), true, true},   // no key: as an unlimited job
+		{j("two", "b"), false, false},
+		{j("two", "b"), true, false}, // behind the key's job left to a claim
+		{j("ord", "c"), true, true},
+		{j("ord", "c"), true, false}, // one at a time
+		{later, true, false},         // not due
+		{j("ord", "d"), true, false}, // behind the key's earlier job: not due, but left to a claim
+		{j("ord", "w"), true, false},
+		{j("max", "a"), true, false}, // MaxRunning: the insert claims none of the queue's jobs
+		{j("max", ""), true, false},
+		{j("paused", "a"), true, false},
+		{j("hold", "h"), true, true},
+		{j("free", "a"), true, true}, // no limits
+	}
+	in := make([]driver.InsertParams, len(cases))
+	flags := make([]bool, len(cases))
+	for i, c := range cases {
+		in[i], flags[i] = c.job, c.flag
+	}
+	ids, rows, err := d.InsertClaiming(ctx, in, driver.InsertClaim{Claim: flags, Lease: time.Minute, Worker: "w1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := map[int64]bool{}
+	for i, c := range cases {
+		got, err := d.GetJob(ctx, ids[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (rows[i] != nil) != c.claimed || (got.State == driver.StateRunning) != c.claimed {
+			t.Errorf("job %d (%s, key %q): claimed %v, state %s; want claimed %v", i, c.job.Queue, c.job.Key, rows[i] != nil, got.State, c.claimed)
+		}
+		if c.claimed && c.job.Key != "" && c.job.Queue != "free" {
+			held[ids[i]] = true
+		}
+	}
+	slots := func() map[int64]int64 {
+		t.Helper()
+		rs, err := d.DB().Query(`SELECT job_id, fence FROM conveyor_key_slots WHERE job_id IS NOT NULL`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rs.Close()
+		m := map[int64]int64{}
+		for rs.Next() {
+			var id, fence int64
+			if err := rs.Scan(&id, &fence); err != nil {
+				t.Fatal(err)
+			}
+			m[id] = fence
+		}
+		return m
+	}
+	got := slots()
+	if len(got) != len(held) {
+		t.Fatalf("key slots held by jobs %v; want those of %v", got, held)
+	}
+	for id := range held {
+		if got[id] != 1 {
+			t.Fatalf("key slots %v: job %d holds none under fence 1", got, id)
+		}
+	}
+	// A claim of the queue sees the key full: it takes "w" and "b" but
+	// no third "a".
+	r, err := d.ClaimLimited(ctx, driver.ClaimParams{Queue: "two", Limit: 10, Lease: time.Minute, Worker: "w2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range r.Rows {
+		if row.Key == "a" {
+			t.Fatalf("a claim took a third job of key a (limit 2): %+v", row)
+		}
+	}
+	// The claimed attempts' ends free their slots: the next insert of
+	// key "c" in "ord" is claimed once its first job is done, and the
+	// key's waiting job is taken first.
+	var outs []driver.Outcome
+	for i, row := range rows {
+		if row != nil && in[i].Queue == "ord" {
+			outs = append(outs, driver.Outcome{ID: row.ID, Fence: row.Fence, State: driver.StateCompleted})
+		}
+	}
+	if applied, err := d.Complete(ctx, outs); err != nil || len(applied) != len(outs) {
+		t.Fatalf("complete: %v, %v", applied, err)
+	}
+	_, rows2, err := d.InsertClaiming(ctx, []driver.InsertParams{j("ord", "c"), j("ord", "e")}, driver.InsertClaim{Claim: []bool{true, true}, Lease: time.Minute, Worker: "w1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows2[0] != nil || rows2[1] == nil {
+		t.Fatalf("after the end of c's attempt, with c's next job waiting: claimed %v, %v; want only e", rows2[0] != nil, rows2[1] != nil)
+	}
+	// An ordered key that holds its failed job's slot until the retry:
+	// no job of the key is claimed meanwhile.
+	h := rows[len(rows)-2]
+	if applied, err := d.Complete(ctx, []driver.Outcome{{ID: h.ID, Fence: h.Fence, Attempt: 1, State: driver.StateRetryable, RetryIn: time.Hour,
+		Err: &driver.AttemptError{Attempt: 1, Error: "boom"}}}); err != nil || len(applied) != 1 {
+		t.Fatalf("fail h: %v, %v", applied, err)
+	}
+	_, rows3, err := d.InsertClaiming(ctx, []driver.InsertParams{j("hold", "h"), j("hold", "i")}, driver.InsertClaim{Claim: []bool{true, true}, Lease: time.Minute, Worker: "w1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows3[0] != nil || rows3[1] == nil {
+		t.Fatalf("with h's slot kept for its retry: claimed %v, %v; want only i", rows3[0] != nil, rows3[1] != nil)
+	}
+}

@@ -97,6 +97,9 @@ func (d *Driver) InsertClaiming(ctx context.Context, jobs []driver.InsertParams,
 		}
 		return ids, make([]*driver.JobRow, len(jobs)), nil
 	}
+	if flagsKeyed(jobs, c.Claim) {
+		return d.insertClaimingKeyed(ctx, jobs, c)
+	}
 	var chunks []claimChunk
 	from := 0
 	err := insertChunks(jobs, 0, func(chunk string, n int) error {
@@ -131,13 +134,239 @@ func (d *Driver) InsertClaiming(ctx context.Context, jobs []driver.InsertParams,
 			return nil
 		})
 	}
-	// After the commit, or the failure, which may follow one.
+	return d.insertClaimed(jobs, ids, rows, err)
+}
+
+// insertClaimed ends an insert that claims, after its commit or its
+// failure (which may follow one): the skip of jobs without a key ends
+// for the queues of the jobs left to a claim (all of them on failure).
+func (d *Driver) insertClaimed(jobs []driver.InsertParams, ids []int64, rows []*driver.JobRow, err error) ([]int64, []*driver.JobRow, error) {
 	if err != nil {
 		d.noKeyless.ForgetKeyless(jobs)
 		return nil, nil, fmt.Errorf("conveyor/sqlite: insert %d jobs: %w", len(jobs), err)
 	}
 	d.forgetUnclaimed(jobs, rows)
 	return ids, rows, nil
+}
+
+// flagsKeyed reports whether claim flags a job with a limit key: the
+// insert then checks the limits of its queue (insertClaimingKeyed).
+func flagsKeyed(jobs []driver.InsertParams, claim []bool) bool {
+	for i := range jobs {
+		if i < len(claim) && claim[i] && jobs[i].Key != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// insertClaimingKeyed is InsertClaiming for an insert that flags jobs
+// with a limit key (driver.Capabilities.KeyedInsertClaim). In one
+// transaction, under the write lock, it reads the limits of the flagged
+// jobs' queues and keeps the flag of a job only where a claim would
+// have taken it at once:
+//   - a queue without limits: every flagged job, as InsertClaiming;
+//   - a queue with a limit other than per key (MaxRunning, Rate, KeyRate,
+//     Fair): none of its jobs;
+//   - a queue limited only per key (KeyMaxRunning, Ordered): its jobs
+//     without a key, and of each key with no due job waiting, as many
+//     as the key has free concurrency slots (the limit less the slots
+//     held by running attempts or kept for a job waiting for its retry),
+//     first come first;
+//
+// then inserts the jobs, claiming those still flagged, and has each
+// claimed job with a key hold its slot, as a claim's attempt would
+// (take_key_slots), before the commit.
+func (d *Driver) insertClaimingKeyed(ctx context.Context, jobs []driver.InsertParams, c driver.InsertClaim) ([]int64, []*driver.JobRow, error) {
+	// Prepared before the transaction: the write handle's one
+	// connection is the transaction's until it ends.
+	var insClaim, limitsOf, waits, openSlots, takeSlots *sql.Stmt
+	for _, x := range []struct {
+		st    **sql.Stmt
+		query string
+	}{
+		{&insClaim, d.q.InsertClaim}, {&limitsOf, d.q.InsertClaimLimits}, {&waits, d.q.KeyWaits},
+		{&openSlots, d.q.OpenKeySlots}, {&takeSlots, d.q.TakeKeySlots},
+	} {
+		var err error
+		if *x.st, err = d.prepared(ctx, x.query); err != nil {
+			return nil, nil, fmt.Errorf("conveyor/sqlite: insert %d jobs: %w", len(jobs), driver.NotCommitted(err))
+		}
+	}
+	var ids []int64
+	var rows []*driver.JobRow
+	err := d.inTx(ctx, func(tx *sql.Tx) error {
+		ids, rows = ids[:0], rows[:0]
+		flags := make([]bool, len(jobs))
+		copy(flags, c.Claim)
+		slot, err := keyedClaimPlan(ctx, tx.StmtContext(ctx, limitsOf), tx.StmtContext(ctx, waits), tx.StmtContext(ctx, openSlots), jobs, flags)
+		if err != nil {
+			return err
+		}
+		txst := tx.StmtContext(ctx, insClaim)
+		from := 0
+		err = insertChunks(jobs, 0, func(chunk string, n int) error {
+			ch := claimChunk{text: chunk, flags: claimFlags(flags, from, n), jobs: jobs[from : from+n]}
+			from += n
+			return insertClaimChunk(ctx, txst, false, ch, c, &ids, &rows)
+		})
+		if err != nil {
+			return err
+		}
+		// The claimed jobs with a key hold their slots, queue by queue.
+		take := map[string][]any{}
+		var order []string
+		for i, r := range rows {
+			n, ok := slot[i]
+			if r == nil || !ok {
+				continue
+			}
+			q := jobs[i].Queue
+			if _, seen := take[q]; !seen {
+				order = append(order, q)
+			}
+			take[q] = append(take[q], []any{jobs[i].Key, n, r.ID, r.Fence, r.AttemptedAt.UnixMicro()})
+		}
+		st := tx.StmtContext(ctx, takeSlots)
+		for _, q := range order {
+			enc, err := json.Marshal(take[q])
+			if err != nil {
+				return err
+			}
+			if _, err := st.ExecContext(ctx, q, string(enc)); err != nil {
+				return fmt.Errorf("take the key slots of the jobs claimed: %w", err)
+			}
+		}
+		return nil
+	})
+	return d.insertClaimed(jobs, ids, rows, err)
+}
+
+// keyedClaimPlan clears the flags of the jobs an insert that claims must
+// leave to a claim (see insertClaimingKeyed) and returns, by job index,
+// the key slot each flagged job with a key is to hold. It reads in the
+// insert's transaction: limitsOf is insert_claim_limits, waits key_waits
+// and openSlots open_key_slots, prepared on it.
+func keyedClaimPlan(ctx context.Context, limitsOf, waits, openSlots *sql.Stmt, jobs []driver.InsertParams, flags []bool) (map[int]int64, error) {
+	type limits struct {
+		other  bool
+		keyMax int
+		keyed  bool
+	}
+	queues := map[string]*limits{}
+	type qk struct{ queue, key string }
+	byKey := map[qk][]int{}
+	var keys []qk
+	for i := range jobs {
+		if !flags[i] {
+			continue
+		}
+		q := jobs[i].Queue
+		l := queues[q]
+		if l == nil {
+			l = &limits{}
+			queues[q] = l
+			var keyOrder int
+			err := limitsOf.QueryRowContext(ctx, q).Scan(&l.other, &l.keyMax, &keyOrder)
+			switch {
+			case errors.Is(err, sql.ErrNoRows):
+			case err != nil:
+				return nil, fmt.Errorf("read the limits of queue %q: %w", q, err)
+			default:
+				if keyOrder > 0 && l.keyMax <= 0 {
+					l.keyMax = 1
+				}
+				l.keyed = l.keyMax > 0
+			}
+		}
+		if l.other {
+			flags[i] = false
+		}
+	}
+	// Every job of a limited key, flagged or not: a job left to a claim
+	// is ahead of the key's later jobs of the insert, which are then left
+	// to a claim too.
+	for i := range jobs {
+		l := queues[jobs[i].Queue]
+		if l == nil || !l.keyed || jobs[i].Key == "" {
+			continue
+		}
+		k := qk{jobs[i].Queue, jobs[i].Key}
+		if _, seen := byKey[k]; !seen {
+			keys = append(keys, k)
+		}
+		byKey[k] = append(byKey[k], i)
+	}
+	slot := map[int]int64{}
+	for _, k := range keys {
+		idx := byKey[k]
+		if !flags[idx[0]] {
+			for _, i := range idx {
+				flags[i] = false
+			}
+			continue
+		}
+		var waiting bool
+		if err := waits.QueryRowContext(ctx, k.queue, k.key).Scan(&waiting); err != nil {
+			return nil, fmt.Errorf("look for a waiting job of key %q: %w", k.key, err)
+		}
+		var free []int64
+		if !waiting {
+			var err error
+			if free, err = freeKeySlots(ctx, openSlots, k.queue, k.key, queues[k.queue].keyMax); err != nil {
+				return nil, err
+			}
+		}
+		for n, i := range idx {
+			if n < len(free) && flags[i] {
+				slot[i] = free[n]
+				continue
+			}
+			// Out of slots, or a job left to a claim: the key's jobs
+			// from here on are left to one.
+			for _, j := range idx[n:] {
+				flags[j] = false
+			}
+			break
+		}
+	}
+	return slot, nil
+}
+
+// freeKeySlots returns the concurrency slots of a key, below keyMax, that
+// a new attempt may hold: those neither held by an attempt nor kept for
+// a job (rows of open_key_slots with no job, and the missing ones), no
+// more than keyMax less every slot held or kept (rows at or above a
+// lowered limit count too).
+func freeKeySlots(ctx context.Context, openSlots *sql.Stmt, queue, key string, keyMax int) ([]int64, error) {
+	rs, err := openSlots.QueryContext(ctx, queue, key, keyMax)
+	if err != nil {
+		return nil, fmt.Errorf("read the slots of key %q: %w", key, err)
+	}
+	defer rs.Close()
+	taken := map[int64]bool{}
+	for rs.Next() {
+		var n int64
+		var job sql.NullInt64
+		var open, below bool
+		if err := rs.Scan(&n, &job, &open, &below); err != nil {
+			return nil, fmt.Errorf("read the slots of key %q: %w", key, err)
+		}
+		if job.Valid {
+			taken[n] = true
+		}
+	}
+	if err := rs.Err(); err != nil {
+		return nil, fmt.Errorf("read the slots of key %q: %w", key, err)
+	}
+	room := keyMax - len(taken)
+	var free []int64
+	for n := int64(0); n < int64(keyMax) && len(free) < room; n++ {
+		if !taken[n] {
+			free = append(free, n)
+		}
+	}
+	return free, nil
 }
 
 // claimChunk is one statement of an insert that claims: the encoded rows,

@@ -138,6 +138,8 @@ type queries struct {
 	ClaimIDs          string `sql:"claim_ids"`
 	ClaimUnkeyed      string `sql:"claim_unkeyed"`
 	TakeKeySlots      string `sql:"take_key_slots"`
+	InsertClaimLimits string `sql:"insert_claim_limits"`
+	KeyWaits          string `sql:"key_waits"`
 	FreeKeySlots      string `sql:"free_key_slots"`
 	SweepKeySlots     string `sql:"sweep_key_slots"`
 	SweepIdleKeySlots string `sql:"sweep_idle_key_slots"`

@@ -1082,6 +1082,23 @@ SELECT ?1, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4
 ON CONFLICT (queue, lkey, n) DO UPDATE
    SET job_id = excluded.job_id, fence = excluded.fence, used_at = excluded.used_at
 
+-- name: insert_claim_limits
+-- ?1 queue: the limits an insert that claims the queue's jobs checks
+-- (Driver.InsertClaiming): whether it has a limit other than per key
+-- (max_running, rate, key_rate, key_fair), its key_max_running and its
+-- key_order. No row: no limits.
+SELECT coalesce(max_running, 0) > 0 OR coalesce(rate, 0) > 0
+         OR coalesce(key_rate, 0) > 0 OR coalesce(key_fair, 0) > 0,
+       coalesce(key_max_running, 0), coalesce(key_order, 0)
+  FROM {p}queues
+ WHERE name = ?1
+
+-- name: key_waits
+-- ?1 queue, ?2 key: whether a due job of the key waits for a claim (one
+-- probe of jobs_key_order).
+SELECT EXISTS (SELECT 1 FROM {p}jobs INDEXED BY {p}jobs_key_order
+                WHERE queue = ?1 AND lkey = ?2 AND state = 'available' AND lkey IS NOT NULL)
+
 -- name: free_key_slots
 -- ?1: [[id, fence, new state, queue, key], ...], attempts just ended (or
 -- jobs finished by hand). Frees the slot each holds under that fence, or

@@ -494,6 +494,8 @@ func (d *Driver) Capabilities() driver.Capabilities {
 		Listen:       false,
 		MaxArgsBytes: maxArgsBytes,
 		OneWriter:    true,
+		// InsertClaiming checks and takes key slots (insertClaimingKeyed).
+		KeyedInsertClaim: true,
 	}
 }
 
