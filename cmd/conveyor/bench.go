@@ -363,10 +363,17 @@ func printKeys(tw *tabwriter.Writer, rs []*bench.Result) {
 		switch {
 		case r.KeyShares != nil:
 			ratio = fmt.Sprintf("starts %s: %.2f", sharesText(r.KeyShares, r.KeyWeights), r.ShareRatio)
-		case r.SmallP99ms > 0:
+		case r.SmallJobs > 0:
 			sm = ms(r.SmallP50ms) + " / " + ms(r.SmallP99ms)
-			if ref := small[r.Reference]; ref > 0 {
+			switch ref, ok := small[r.Reference]; {
+			case !ok:
+			case ref >= minRatioRef:
 				ratio = fmt.Sprintf("small p99 %.2fx %s", r.SmallP99ms/ref, r.Reference)
+			default:
+				// The reference's jobs started as their Enqueue returned
+				// (claimed by their own insert): a ratio to it would be
+				// a ratio to the clock's jitter.
+				ratio = fmt.Sprintf("small p99 %s ms, %s under %s ms", ms(r.SmallP99ms), r.Reference, ms(minRatioRef))
 			}
 		case by[r.Reference] > 0:
 			ratio = fmt.Sprintf("%.2f of %s", r.JobsPerS/by[r.Reference], r.Reference)
@@ -375,6 +382,10 @@ func printKeys(tw *tabwriter.Writer, rs []*bench.Result) {
 			r.Phase, lim, r.Keys, r.Workers, r.Jobs, r.Seconds, r.JobsPerS, ratio, r.KeyPeakRunning, order, ms(r.P99ms), sm, r.Lost, r.Duplicates)
 	}
 }
+
+// minRatioRef is the smallest p99 (ms) printKeys divides by: below it,
+// the small keys' jobs started within microseconds of their commit.
+const minRatioRef = 0.05
 
 // sharesText is each key's starts with its weight, heaviest first:
 // "heavy 3000 (weight 3) : light 1000 (weight 1)".

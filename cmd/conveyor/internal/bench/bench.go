@@ -264,6 +264,10 @@ type Result struct {
 	// latency.
 	SmallP50ms float64 `json:"small_p50_ms,omitempty"`
 	SmallP99ms float64 `json:"small_p99_ms,omitempty"` // see SmallP50ms
+	// SmallJobs is the number of small keys' jobs those percentiles
+	// cover (started ones): a percentile of 0 is a job started before
+	// its Enqueue returned (claimed by its own insert), not a gap.
+	SmallJobs int64 `json:"small_jobs,omitempty"`
 	// KeyWeights are the key weights of a keys run's fair-weights phase.
 	KeyWeights map[string]int `json:"key_weights,omitempty"`
 	// KeyShares, in a keys run's fair-weights phase, are the starts of

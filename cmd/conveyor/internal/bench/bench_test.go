@@ -236,12 +236,13 @@ func runWorkloads(t *testing.T, dsn, backend string) {
 				t.Errorf("%s: %d of one key at once, %d out of order", r.Phase, r.KeyPeakRunning, r.KeyReorders)
 			}
 		}
-		if p := rs[1].KeyPeakRunning; p < 1 || p > keysFloodLimit || rs[1].SmallP99ms <= 0 || rs[0].SmallP99ms <= 0 {
+		smallJobs := int64(keysSmallKeys * keysSmallJobs)
+		if p := rs[1].KeyPeakRunning; p < 1 || p > keysFloodLimit || rs[1].SmallJobs != smallJobs || rs[0].SmallJobs != smallJobs {
 			t.Errorf("flood: %d of the flooded key at once (want 1 to %d), small keys' p99 %.2f ms (alone %.2f ms)", p, keysFloodLimit, rs[1].SmallP99ms, rs[0].SmallP99ms)
 		}
 		// Fair: the small keys' latency measured beside the flood, and the
 		// weighed keys' starts in the ratio of their weights.
-		if rs[3].SmallP99ms <= 0 || rs[2].SmallP99ms <= 0 || rs[3].Limits == nil || !rs[3].Limits.Fair {
+		if rs[3].SmallJobs != smallJobs || rs[2].SmallJobs != smallJobs || rs[3].Limits == nil || !rs[3].Limits.Fair {
 			t.Errorf("fair-flood: small keys' p99 %.2f ms (alone %.2f ms), limits %+v", rs[3].SmallP99ms, rs[2].SmallP99ms, rs[3].Limits)
 		}
 		if r := rs[9]; r.Limits == nil || !r.Limits.Fair || r.ShareRatio < 2 || r.ShareRatio > 4 || r.KeyShares["heavy"] == 0 || r.KeyShares["light"] == 0 {

@@ -220,5 +220,6 @@ func keysFlood(ctx context.Context, c *conveyor.Client[any], rec *Recorder, o Op
 	el := time.Since(t0)
 	s := rec.SummarizeRange(from, from+int64(small))
 	res.SmallP50ms, res.SmallP99ms = float64(s.P50.Microseconds())/1000, float64(s.P99.Microseconds())/1000
+	res.SmallJobs = s.Jobs - s.Lost
 	return el, err
 }
