@@ -222,3 +222,90 @@ func TestCompleterKeepsOutcomesAppliedBeforeAnError(t *testing.T) {
 		}
 	}
 }
+
+// While attempts end one after another, the writer waits for more
+// outcomes before it writes a batch that is not full, as long as its last
+// write took: outcomes that end one by one after a write go out together
+// in the next.
+func TestCompleterGathersOutcomes(t *testing.T) {
+	const n = 4
+	d := &fakeDriver{}
+	d.add(jobs(n)...)
+	cfg := testConfig(10 * time.Second)
+	cfg.Queues = map[string]int{"q": n}
+	cfg.CompleteBatch = 3
+	var writes atomic.Int64
+	d.complete = func(_ context.Context, outs []driver.Outcome) ([]int64, error) {
+		if writes.Add(1) == 1 {
+			// The last write's duration bounds the wait: far longer than
+			// the next outcomes take to end.
+			time.Sleep(2 * time.Second)
+		}
+		return applied(outs), nil
+	}
+	next := make([]chan struct{}, n+1)
+	for i := range next {
+		next[i] = make(chan struct{})
+	}
+	e := startEngine(t, d, cfg, map[string]Handler{"k": func(_ context.Context, row *driver.JobRow) error {
+		<-next[row.ID]
+		return nil
+	}})
+	// A bound on the wait no test machine reaches (maxGather otherwise).
+	e.comp.gather.Store(int64(time.Hour))
+	waitFor(t, "the limits read", func() bool { return e.limits.Load() != nil })
+	close(next[1])
+	waitFor(t, "the first write", func() bool { return e.Metrics().Completed.Load() == 1 })
+	for id := 2; id <= n; id++ {
+		close(next[id])
+		time.Sleep(time.Millisecond)
+	}
+	waitFor(t, "every outcome written", func() bool { return e.Metrics().Completed.Load() == n })
+	cs := d.callsOf("complete")
+	if len(cs) != 2 || !slices.Equal(cs[1].ids, []int64{2, 3, 4}) {
+		var got [][]int64
+		for _, c := range cs {
+			got = append(got, c.ids)
+		}
+		t.Fatalf("writes %v; want [1] then [2 3 4]", got)
+	}
+}
+
+// The writer does not wait for more outcomes when a queue may be limited
+// (its outcomes free slots other attempts wait for), on a database with
+// one writer, when the batch holds a remote worker's outcome (its caller
+// waits for the answer), before its first write, or once it is closing.
+func TestCompleterGatherFor(t *testing.T) {
+	d := &fakeDriver{}
+	e := startEngine(t, d, testConfig(10*time.Second), map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
+	waitFor(t, "the limits read", func() bool { return e.limits.Load() != nil })
+	c := e.comp
+	f := e.fetchers["q"]
+	local, remote := []pending{{f: f}}, []pending{{f: f}, {res: make(chan written, 1)}}
+	last := time.Millisecond
+	if got := c.gatherFor(local, last); got != last {
+		t.Fatalf("local outcomes after a write of %v: wait %v, want %v", last, got, last)
+	}
+	if got := c.gatherFor(local, time.Hour); got != maxGather {
+		t.Fatalf("after a write of an hour: wait %v, want the bound %v", got, maxGather)
+	}
+	for name, got := range map[string]time.Duration{
+		"before the first write": c.gatherFor(local, 0),
+		"a remote outcome":       c.gatherFor(remote, last),
+	} {
+		if got != 0 {
+			t.Fatalf("%s: wait %v, want none", name, got)
+		}
+	}
+	e.oneWriter = true
+	if got := c.gatherFor(local, last); got != 0 {
+		t.Fatalf("one writer: wait %v, want none", got)
+	}
+	e.oneWriter = false
+	d.setLimits("q", driver.QueueLimits{MaxRunning: 3})
+	e.LimitsChanged("q", driver.QueueLimits{MaxRunning: 3})
+	waitFor(t, "the limits read again", func() bool { return e.anyLimited() })
+	if got := c.gatherFor(local, last); got != 0 {
+		t.Fatalf("a limited queue: wait %v, want none", got)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/conveyorq/conveyor/internal/driver"
@@ -30,6 +31,8 @@ type completer struct {
 	// gaveUp is set once the writer gave up at shutdown: later batches are
 	// tried once and dropped (their leases expire and they are rescued).
 	gaveUp bool
+	// gather bounds the wait for more outcomes, ns (maxGather; tests).
+	gather atomic.Int64
 }
 
 // pending is an outcome and the fetcher holding its attempt's lease, or,
@@ -79,6 +82,7 @@ func newCompleter(e *Engine) *completer {
 		done:    make(chan struct{}),
 		closing: make(chan struct{}),
 	}
+	c.gather.Store(int64(maxGather))
 	go c.run()
 	return c
 }
@@ -144,6 +148,9 @@ func (c *completer) run() {
 		batch, owners = append(batch, p.o), append(owners, p)
 	}
 	open := true
+	// lastWrite is how long the last write took, the bound on the next
+	// gathering (see gatherFor).
+	var lastWrite time.Duration
 	for open || len(later) > 0 {
 		batch, owners = batch[:0], owners[:0]
 		clear(in)
@@ -164,6 +171,7 @@ func (c *completer) run() {
 			}
 			add(p)
 		}
+		var expire <-chan time.Time
 	fill:
 		for open && len(batch) < max {
 			select {
@@ -173,7 +181,26 @@ func (c *completer) run() {
 					break fill
 				}
 				add(p)
+				continue
 			default:
+			}
+			if expire == nil {
+				wait := c.gatherFor(owners, lastWrite)
+				if wait <= 0 {
+					break fill
+				}
+				expire = time.After(wait)
+			}
+			select {
+			case p, ok := <-c.in:
+				if !ok {
+					open = false
+					break fill
+				}
+				add(p)
+			case <-expire:
+				break fill
+			case <-c.closing:
 				break fill
 			}
 		}
@@ -181,12 +208,37 @@ func (c *completer) run() {
 		// process's heartbeat, another process's completer) lock them in
 		// the same order.
 		sort.Sort(byID{batch, owners})
+		began := time.Now()
 		applied, err := c.write(batch)
+		lastWrite = time.Since(began)
 		settleAll(batch, owners, applied, err)
 		if len(applied) > 0 && c.e.anyLimited() {
 			c.freed(owners)
 		}
 	}
+}
+
+// gatherFor is how long the writer waits for more outcomes before it
+// writes a batch that is not full: as long as the last
+// write took, at most maxGather, so that while attempts end one after
+// another each statement and commit carries those of a write's time
+// rather than the one or two that ended during the last round trip
+// (gather, maxGather but in tests).
+// It does not wait when a queue may be limited (an outcome frees the
+// slot another attempt waits for), when the batch holds a remote
+// worker's outcome (its caller waits for the answer), at shutdown, or on
+// a database with one writer (SQLite: a larger batch holds every other
+// write back for longer, and the flow gained nothing from it).
+func (c *completer) gatherFor(owners []pending, lastWrite time.Duration) time.Duration {
+	if lastWrite <= 0 || c.e.oneWriter || c.closed() || c.e.anyLimited() {
+		return 0
+	}
+	for i := range owners {
+		if owners[i].f == nil {
+			return 0
+		}
+	}
+	return min(lastWrite, time.Duration(c.gather.Load()))
 }
 
 // freed wakes the fetchers and held remote claims of the limited
