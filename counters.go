@@ -14,8 +14,7 @@ type Counters struct {
 	Claimed int64 `json:"claimed"`
 	// ClaimedAtInsert counts the jobs of Claimed that this process's own
 	// Enqueue calls claimed as they wrote them, for its idle workers of
-	// their queue (PostgreSQL and SQLite; see "Claims at insert" in
-	// docs/design.md).
+	// their queue (see "Claims at insert" in docs/design.md).
 	ClaimedAtInsert int64 `json:"claimed_at_insert"`
 	// OutcomeRounds counts the statements that wrote attempt outcomes,
 	// each carrying a batch of them (Completed per OutcomeRounds is the

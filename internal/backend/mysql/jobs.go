@@ -191,14 +191,21 @@ func (d *Driver) insertChunk(ctx context.Context, tx *sql.Tx, ext *sql.Tx, jobs 
 	if err != nil {
 		return err
 	}
+	return d.sequentialIDs(res, ids)
+}
+
+// sequentialIDs writes to ids the ids of the rows a multi-row "simple
+// insert" res inserted (len(ids) of them, see insertChunk): consecutive
+// from its LAST_INSERT_ID(), spaced by auto_increment_increment.
+func (d *Driver) sequentialIDs(res sql.Result, ids []int64) error {
 	first, err := res.LastInsertId()
 	if err != nil {
 		return err
 	}
-	if n, err := res.RowsAffected(); err == nil && n != int64(len(jobs)) {
-		return fmt.Errorf("inserted %d rows, expected %d", n, len(jobs))
+	if n, err := res.RowsAffected(); err == nil && n != int64(len(ids)) {
+		return fmt.Errorf("inserted %d rows, expected %d", n, len(ids))
 	}
-	for i := range jobs {
+	for i := range ids {
 		ids[i] = first + int64(i)*d.autoincStep
 	}
 	return nil
@@ -219,11 +226,17 @@ func (d *Driver) insertReturning(ctx context.Context, tx *sql.Tx, ext *sql.Tx, j
 	if err != nil {
 		return err
 	}
+	return scanIDs(rows, ids)
+}
+
+// scanIDs reads the ids a multi-row INSERT ... RETURNING id returned, in
+// the order of its VALUES list, into ids, and closes rows.
+func scanIDs(rows *sql.Rows, ids []int64) error {
 	defer rows.Close()
 	n := 0
 	for rows.Next() {
 		if n == len(ids) {
-			return fmt.Errorf("inserted more rows than the %d expected", len(jobs))
+			return fmt.Errorf("inserted more rows than the %d expected", len(ids))
 		}
 		if err := rows.Scan(&ids[n]); err != nil {
 			return err
@@ -233,8 +246,8 @@ func (d *Driver) insertReturning(ctx context.Context, tx *sql.Tx, ext *sql.Tx, j
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	if n != len(jobs) {
-		return fmt.Errorf("inserted %d rows, expected %d", n, len(jobs))
+	if n != len(ids) {
+		return fmt.Errorf("inserted %d rows, expected %d", n, len(ids))
 	}
 	return nil
 }

@@ -17,11 +17,16 @@ type queries struct {
 	JobColumns string `sql:"job_columns"`
 
 	// Inserts: a statement head and one row, repeated per job.
-	InsertHead       string `sql:"insert_head"`
-	InsertRow        string `sql:"insert_row"`
-	InsertUniqueHead string `sql:"insert_unique_head"`
-	InsertUniqueRow  string `sql:"insert_unique_row"`
-	UniqueHolder     string `sql:"unique_holder"`
+	InsertHead string `sql:"insert_head"`
+	InsertRow  string `sql:"insert_row"`
+	// Claims at insert (InsertClaiming).
+	InsertClaimState    string `sql:"insert_claim_state"`
+	InsertClaimHead     string `sql:"insert_claim_head"`
+	InsertClaimPlainRow string `sql:"insert_claim_plain_row"`
+	InsertClaimRow      string `sql:"insert_claim_row"`
+	InsertUniqueHead    string `sql:"insert_unique_head"`
+	InsertUniqueRow     string `sql:"insert_unique_row"`
+	UniqueHolder        string `sql:"unique_holder"`
 
 	// Claims: SKIP LOCKED (select, then mark), by id, and optimistic.
 	ClaimSelect      string `sql:"claim_select"`

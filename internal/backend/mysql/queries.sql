@@ -87,6 +87,30 @@ INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, sc
 -- name: insert_row
 (?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]', ?, ?)
 
+-- Claims at insert (InsertClaiming, see jobs.go): the database's clock,
+-- this server's fence floor (see fence_floor) and which of the queues
+-- named in {names} (those of the jobs to claim) are paused, read by a
+-- plain read that locks nothing right before the insert; always one row
+-- at least (name NULL when none is paused).
+-- name: insert_claim_state
+SELECT UTC_TIMESTAMP(6), {fence_floor}, q.name FROM (SELECT 1 AS one) o LEFT JOIN `{p}queues` q ON q.paused_at IS NOT NULL AND q.name IN ({names})
+
+-- The insert of InsertClaiming: insert_row's columns and the attempt's,
+-- with two kinds of row. insert_claim_plain_row writes a job as
+-- insert_row does (no attempt yet); insert_claim_row writes one running,
+-- as claim_mark would leave it: scheduled, created and attempted at the
+-- clock insert_claim_state read, leased until that clock plus the lease,
+-- attempt 1, attempted_by the worker and the fence floor as its fence
+-- (a new job's first claim gets GREATEST(0 + 1, floor), the floor).
+-- name: insert_claim_head
+INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, scheduled_at, created_at, state, errors, meta, lkey, attempt, attempted_at, lease_expires_at, attempted_by, fence) VALUES
+
+-- name: insert_claim_plain_row
+(?, ?, ?, ?, ?, ?, COALESCE(CAST(? AS DATETIME(6)), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND), UTC_TIMESTAMP(6), IF(scheduled_at > created_at, 'scheduled', 'available'), '[]', ?, ?, 0, NULL, NULL, NULL, 0)
+
+-- name: insert_claim_row
+(?, ?, ?, ?, ?, ?, ?, ?, 'running', '[]', ?, ?, 1, ?, ?, ?, ?)
+
 -- Unique jobs are inserted one row each (insert_unique_head +
 -- insert_unique_row) after unique_holder, a plain consistent read that
 -- takes no lock, found no holder: a duplicate key (error 1062 on
