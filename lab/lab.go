@@ -121,7 +121,9 @@ func YieldToLeases(ctx context.Context, path string) error {
 type SlowRenewal struct {
 	// Sent is when the renewal was sent.
 	Sent time.Time
-	// Took is how long it took to come back, or to fail.
+	// Took is how long it took until its answer was applied to the
+	// leases (the engine's deadlines were the old ones until then), or
+	// until it failed.
 	Took time.Duration
 	// Leases is how many leases it renewed.
 	Leases int

@@ -56,13 +56,16 @@ func (e *Engine) heartbeatLoop(ctx context.Context) {
 }
 
 // SlowRenewal is a lease renewal that took longer than the heartbeat
-// interval: when it was sent, how long it took to come back (or fail),
+// interval: when it was sent, how long until its answer was applied (or
+// it failed),
 // how many leases it asked for and the driver's error.
 type SlowRenewal struct {
-	Sent   time.Time     // when the renewal was sent
-	Took   time.Duration // until it came back or failed
-	Leases int           // leases it asked for
-	Err    error         // the driver's error, nil when it got through
+	Sent time.Time // when the renewal was sent
+	// Took is until its answer was applied to the leases (the deadline
+	// loop saw the old deadlines until then), or until it failed.
+	Took   time.Duration
+	Leases int   // leases it asked for
+	Err    error // the driver's error, nil when it got through
 }
 
 // OnSlowRenewal has fn called, on the heartbeat's goroutine, after each
@@ -94,6 +97,21 @@ func (e *Engine) renew(ctx context.Context, fs []*fetcher, buf []driver.Lease) (
 	hctx, cancel := context.WithTimeout(ctx, max(e.cfg.HeartbeatInterval, e.cfg.Lease-e.leaseMargin()))
 	owned, err := e.drv.Heartbeat(hctx, leases, e.cfg.Lease)
 	cancel()
+	if err == nil {
+		// Applied first: until it is, the deadline loop still sees the
+		// old deadlines and may cut the handlers off.
+		asked := make(map[int64]int64, len(leases))
+		for _, l := range leases {
+			asked[l.ID] = l.Fence
+		}
+		own := make(map[int64]bool, len(owned))
+		for _, id := range owned {
+			own[id] = true
+		}
+		for _, f := range fs {
+			e.metrics.LeasesLost.Add(int64(f.renewed(asked, own, sent)))
+		}
+	}
 	if took := time.Since(sent); took > e.cfg.HeartbeatInterval {
 		e.warn("conveyor: heartbeat slow", "jobs", len(leases), "took", took, "error", err)
 		if fn := e.slowRenewal.Load(); fn != nil && *fn != nil {
@@ -106,17 +124,6 @@ func (e *Engine) renew(ctx context.Context, fs []*fetcher, buf []driver.Lease) (
 			e.warn("conveyor: heartbeat failed (retrying)", "jobs", len(leases), "error", err)
 		}
 		return leases, sent, err
-	}
-	asked := make(map[int64]int64, len(leases))
-	for _, l := range leases {
-		asked[l.ID] = l.Fence
-	}
-	own := make(map[int64]bool, len(owned))
-	for _, id := range owned {
-		own[id] = true
-	}
-	for _, f := range fs {
-		e.metrics.LeasesLost.Add(int64(f.renewed(asked, own, sent)))
 	}
 	return leases, sent, nil
 }
