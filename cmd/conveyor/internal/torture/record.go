@@ -26,7 +26,7 @@ const (
 	lineCounters = "counters" // the client's Counters(), written every 500ms and at exit
 	lineBye      = "bye"      // the process stopped gracefully
 	lineReady    = "ready"    // a worker process started its client (and its periodic job)
-	lineSlowBeat = "slowbeat" // the engine reported a lease renewal slower than its interval (lab.OnSlowRenewal; At: when it returned, Took: how long it took)
+	lineSlowBeat = "slowbeat" // the engine reported a lease renewal slower than its interval (lab.OnSlowRenewal; At: when its answer was applied, Took: how long it took)
 	lineBatch    = "bat"      // a batch's enqueue was acknowledged (Bat: its id, IDs: its jobs' ids)
 	lineBatchCB  = "cb"       // a batch's callback read its batch (Job, Att: the callback; Bat: the batch; C: the counts of its jobs' states)
 )

@@ -210,6 +210,10 @@ type Row struct {
 	StaleApplied   int `json:"stale_acks_applied"`
 	// StaleRefused sums the workers' stale_acks_refused counters.
 	StaleRefused int64 `json:"stale_acks_refused"`
+	// ClaimedAtInsert sums the workers' claimed_at_insert counters: jobs
+	// a worker process enqueued and its insert claimed for its own free
+	// workers.
+	ClaimedAtInsert int64 `json:"claimed_at_insert"`
 	// LateAcks counts successful executions of superseded attempts.
 	LateAcks int `json:"late_acks"`
 	// Duplicates counts executions beyond the first of each job, and
@@ -272,10 +276,13 @@ type phase struct {
 	tick         time.Duration
 	tickStopPath string
 	tickStop     time.Time
-	rate         float64 // the producer's rate (Options.Rate unless the fault lowers it)
-	limits       map[string]conveyor.QueueLimits
-	poison       map[string]bool
-	drainTimeout time.Duration
+	// produceStopPath is the file whose appearance ends the worker
+	// processes' own enqueues (--produce-stop), written when the load ends.
+	produceStopPath string
+	rate            float64 // the producer's rate (Options.Rate unless the fault lowers it)
+	limits          map[string]conveyor.QueueLimits
+	poison          map[string]bool
+	drainTimeout    time.Duration
 	// cleanups run at the very end of the phase, after its processes are
 	// gone, in the order they were added.
 	cleanups []func()
@@ -542,7 +549,19 @@ func (p *phase) setUp(ctx context.Context) error {
 		"--limited-min-ms", strconv.Itoa(lo), "--limited-max-ms", strconv.Itoa(hi),
 		"--batch-rate", rate(batchRate), "--ordered-rate", rate(orate),
 		"--ordered-min-ms", strconv.Itoa(olo), "--ordered-max-ms", strconv.Itoa(ohi)}, p.producerArgs)
-	p.p2Args = slices.Concat(prod, []string{"--rate", rate(p.rate * (1 - share))})
+	// The worker processes of Queue enqueue a share of their own, plain
+	// jobs and ordered runs, taken from the second producer's: their
+	// inserts may claim the jobs for their own free workers (claims at
+	// insert), which a process that works no queue never does.
+	workShare := 0.2
+	if p.producerRole != "producer" {
+		workShare = 0.1
+	}
+	p.produceStopPath = filepath.Join(dir, "produce-stop")
+	p.workerArgs = append(p.workerArgs, "--produce-rate", rate(p.rate*workShare/float64(max(p.o.Workers, 1))),
+		"--produce-stop", p.produceStopPath, "--ordered-rate", rate(orate/float64(max(p.o.Workers, 1))),
+		"--ordered-min-ms", strconv.Itoa(olo), "--ordered-max-ms", strconv.Itoa(ohi))
+	p.p2Args = slices.Concat(prod, []string{"--rate", rate(p.rate * (1 - share - workShare))})
 	p.producerArgs = slices.Concat(prod, []string{"--rate", rate(p.rate * share)}, p.p1Args)
 	for i := 1; i <= p.o.Workers; i++ {
 		name := fmt.Sprintf("w%d", i)
@@ -610,6 +629,9 @@ func (p *phase) load(ctx context.Context) error {
 	sleepUntil(ctx, p.loadEnd)
 	if p.tick > 0 {
 		err = errors.Join(err, p.stopTicks())
+	}
+	if p.produceStopPath != "" {
+		err = errors.Join(err, os.WriteFile(p.produceStopPath, nil, 0o644))
 	}
 	p.sup.stopRole(p.producerRole, 35*time.Second)
 	if p.producerRole != "producer" {
@@ -823,6 +845,10 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 	}
 	p.note("completion-effect log: %d of %d completions seen applied by the workers", seen, fd.Completed)
 	row.StaleRefused = rs.sumCounter("stale_acks_refused")
+	row.ClaimedAtInsert = rs.sumCounter("claimed_at_insert")
+	if row.ClaimedAtInsert > 0 {
+		p.note("%d jobs claimed by their own insert (%s)", row.ClaimedAtInsert, rs.counterBy("claimed_at_insert"))
+	}
 	row.LateAcks = fd.LateAcks
 	row.Duplicates, row.DuplicateCauses = fd.Duplicates, fd.DuplicateCauses
 	row.Overlaps, row.OverlapsExplained = len(fd.Overlaps), fd.OverlapsExplained

@@ -97,7 +97,26 @@ func (w testWriter) Write(p []byte) (int, error) {
 }
 
 func TestTortureSQLite(t *testing.T) {
-	shortRun(t, filepath.Join(t.TempDir(), "torture.db"))
+	requireClaimsAtInsert(t, shortRun(t, filepath.Join(t.TempDir(), "torture.db")))
+}
+
+// requireClaimsAtInsert fails a run in which no worker process's insert
+// claimed a job of its own (every backend has claims at insert): the
+// faults would then have proved nothing of that path.
+func requireClaimsAtInsert(t *testing.T, rows []Row) {
+	t.Helper()
+	var n int64
+	ran := false
+	for _, r := range rows {
+		if r.Skipped == "" {
+			ran = true
+			n += r.ClaimedAtInsert
+		}
+	}
+	if ran && n == 0 {
+		t.Errorf("no phase had a job claimed by its own insert: the workers' own enqueues never took that path")
+	}
+	t.Logf("%d jobs claimed by their own insert over the run", n)
 }
 
 // The backends run one after the other. Side by side, each suite's
@@ -113,7 +132,7 @@ func TestTortureSQLite(t *testing.T) {
 // fault, rotated and truncated while nothing holds them; the run below
 // holds a transaction.
 func TestTorturePostgres(t *testing.T) {
-	shortRun(t, testdb.Postgres(t))
+	requireClaimsAtInsert(t, shortRun(t, testdb.Postgres(t)))
 }
 
 // The segment tables through every fault, with a REPEATABLE READ
@@ -148,7 +167,7 @@ func TestTorturePostgresSegmentsHeld(t *testing.T) {
 }
 
 func TestTortureMySQL(t *testing.T) {
-	shortRun(t, testdb.MySQL(t))
+	requireClaimsAtInsert(t, shortRun(t, testdb.MySQL(t)))
 }
 
 // heldSnapshotFaults are the faults TestTortureMySQLSnapshotHeld runs

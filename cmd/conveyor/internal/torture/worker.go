@@ -153,6 +153,14 @@ type workerFlags struct {
 	// tickStop the file whose appearance stops it.
 	tick     time.Duration
 	tickStop string
+	// produceRate is the rate of plain jobs a worker process of Queue
+	// enqueues itself while it works (0: none), and produceStop the
+	// file whose appearance stops its enqueues: its inserts may claim
+	// their own jobs for its free workers (the claims at insert of a
+	// process that works the queue it enqueues on), which the separate
+	// producer processes never do.
+	produceRate float64
+	produceStop string
 	// batchRate is how many batches (of batchSize work jobs and a
 	// KindBatchDone callback) a producer enqueues per second, beside its
 	// jobs (0: none).
@@ -199,6 +207,8 @@ func parseWorkerFlags(args []string, stderr io.Writer) (*workerFlags, error) {
 	fs.Float64Var(&w.batchRate, "batch-rate", 0, "producer: batches per second (of "+strconv.Itoa(batchSize)+" jobs and a callback)")
 	fs.DurationVar(&w.tick, "tick", 0, "worker: interval of the periodic job (0: none)")
 	fs.StringVar(&w.tickStop, "tick-stop", "", "worker: the periodic job has no slot after the time written in this file, once it exists")
+	fs.Float64Var(&w.produceRate, "produce-rate", 0, "worker of "+Queue+": also enqueue this many plain jobs per second (and, with --ordered-rate, ordered runs of keys of its own) while working")
+	fs.StringVar(&w.produceStop, "produce-stop", "", "worker: stop the enqueues of --produce-rate once this file exists")
 	fs.IntVar(&w.threads, "threads", 0, "burn: busy threads (0: twice the CPUs)")
 	fs.Func("until", "burn: exit by itself at this time (RFC 3339)", func(s string) (err error) {
 		w.until, err = time.Parse(time.RFC3339Nano, s)
@@ -404,6 +414,15 @@ func runWorker(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.
 	}
 	rec.write(line{T: lineReady})
 	fmt.Fprintln(stdout, "ready")
+	produced := make(chan struct{})
+	if w.produceRate > 0 && w.queue == Queue {
+		go func() {
+			defer close(produced)
+			produceWhileWorking(ctx, c, w, rec)
+		}()
+	} else {
+		close(produced)
+	}
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
 	for done := false; !done; {
@@ -414,7 +433,9 @@ func runWorker(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.
 		}
 		rec.write(line{T: lineCounters, C: c.Counters().Map()})
 	}
-	// SIGTERM: stop gracefully (unfinished attempts are released).
+	// SIGTERM: stop gracefully (unfinished attempts are released), once
+	// the enqueues this process began have returned.
+	<-produced
 	err = c.Stop(context.Background())
 	rec.write(line{T: lineCounters, C: c.Counters().Map()})
 	return err
@@ -651,45 +672,76 @@ func runProducer(ctx context.Context, w *workerFlags, rec *recorder, logger *slo
 			pace(ctx, 1, w.batchRate, func(ctx context.Context) { enqueueBatch(ctx, c, w, rec, seq.Add(1)) })
 		}()
 	}
-	if w.orderedRate > 0 {
-		for i := range orderedKeys {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				runOrdered(ctx, c, w, rec, fmt.Sprintf("%s-k%d", w.proc, i), &seq)
-			}()
-		}
-	}
+	startOrdered(ctx, &wg, c, w, rec, &seq)
 	defer wg.Wait()
 	if w.limitedShare > 0 {
 		limitedBurst(c, w, rec, &seq)
 	}
-	pace(ctx, w.goroutines, w.rate, func(ctx context.Context) {
-		n := seq.Add(1)
-		tok := fmt.Sprintf("%s:%d", w.proc, n)
-		spec := w.nextJob(n)
-		// The enqueue is not tied to ctx: SIGTERM must not turn a commit
-		// into an unknown outcome. EnqueueMany of one job is coalesced
-		// like Enqueue, and says whether a unique job was a duplicate.
-		ectx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		begin := time.Now()
-		res, err := c.EnqueueMany(ectx, []conveyor.EnqueueItem{{Args: conveyor.RawArgs{KindName: spec.kind, JSON: encodePayload(tok, spec)}, Opts: spec.opts()}})
-		cancel()
-		if err != nil {
-			rec.write(line{T: lineAmbig, Tok: tok, Err: err.Error()})
-			select {
-			case <-time.After(100 * time.Millisecond):
-			case <-ctx.Done():
-			}
-			return
-		}
-		l := line{T: lineEnq, Job: res[0].ID, Tok: tok, Kind: spec.kind}
-		if spec.unique != nil {
-			l.U, l.Dup, l.B = spec.key(), res[0].Duplicate, begin.UnixNano()
-		}
-		rec.write(l)
-	})
+	pace(ctx, w.goroutines, w.rate, func(ctx context.Context) { enqueueOne(ctx, c, w, rec, seq.Add(1)) })
 	return nil
+}
+
+// enqueueOne enqueues the producer's job number n (w.nextJob) and records
+// its acknowledgement, or the error that left its outcome unknown (then it
+// pauses for 100ms, or until ctx ends).
+func enqueueOne(ctx context.Context, c *conveyor.Client[any], w *workerFlags, rec *recorder, n int64) {
+	tok := fmt.Sprintf("%s:%d", w.proc, n)
+	spec := w.nextJob(n)
+	// The enqueue is not tied to ctx: SIGTERM must not turn a commit
+	// into an unknown outcome. EnqueueMany of one job is coalesced
+	// like Enqueue, and says whether a unique job was a duplicate.
+	ectx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	begin := time.Now()
+	res, err := c.EnqueueMany(ectx, []conveyor.EnqueueItem{{Args: conveyor.RawArgs{KindName: spec.kind, JSON: encodePayload(tok, spec)}, Opts: spec.opts()}})
+	cancel()
+	if err != nil {
+		rec.write(line{T: lineAmbig, Tok: tok, Err: err.Error()})
+		select {
+		case <-time.After(100 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		return
+	}
+	l := line{T: lineEnq, Job: res[0].ID, Tok: tok, Kind: spec.kind}
+	if spec.unique != nil {
+		l.U, l.Dup, l.B = spec.key(), res[0].Duplicate, begin.UnixNano()
+	}
+	rec.write(l)
+}
+
+// produceWhileWorking is a worker's own enqueues (--produce-rate): plain
+// jobs at w.produceRate per second and, with w.orderedRate, ordered runs
+// of orderedKeys keys of its own, through the client that works their
+// queues, until ctx ends or the file w.produceStop exists. It returns
+// once every enqueue it began has returned.
+func produceWhileWorking(ctx context.Context, c *conveyor.Client[any], w *workerFlags, rec *recorder) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer cancel()
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if w.produceStop != "" {
+				if _, err := os.Stat(w.produceStop); err == nil {
+					return
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	var seq atomic.Int64
+	startOrdered(ctx, &wg, c, w, rec, &seq)
+	pace(ctx, 2, w.produceRate, func(ctx context.Context) { enqueueOne(ctx, c, w, rec, seq.Add(1)) })
+	cancel()
+	wg.Wait()
 }
 
 // limitedBurstJobs is how many jobs a producer enqueues on QueueLimited
@@ -722,6 +774,21 @@ func limitedBurst(c *conveyor.Client[any], w *workerFlags, rec *recorder, seq *a
 			continue
 		}
 		rec.write(line{T: lineEnq, Job: res[i].ID, Tok: tok, Kind: KindWork})
+	}
+}
+
+// startOrdered starts, with w.orderedRate, one goroutine per ordered key
+// of this process (runOrdered), counted in wg.
+func startOrdered(ctx context.Context, wg *sync.WaitGroup, c *conveyor.Client[any], w *workerFlags, rec *recorder, seq *atomic.Int64) {
+	if w.orderedRate <= 0 {
+		return
+	}
+	for i := range orderedKeys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runOrdered(ctx, c, w, rec, fmt.Sprintf("%s-k%d", w.proc, i), seq)
+		}()
 	}
 }
 
