@@ -23,7 +23,9 @@ import (
 // (insert_claim_state), the database's clock, this server's fence floor
 // and which of the flagged jobs' queues are paused, and then writes the
 // flagged rows with those values (insert_claim_row), which is what it
-// returns: two round trips, each statement autocommitted. A pause that
+// returns: two round trips, each statement autocommitted (on Galera the
+// read waits for the node to apply what the cluster had ordered, so that
+// a pause made through another node is seen). A pause that
 // commits between the read and the insert does not stop the jobs that
 // insert claimed, as it does not stop a job a claim took just before it.
 // A server without a fence epoch of its own yet (its first claim takes

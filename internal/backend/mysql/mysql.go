@@ -267,9 +267,11 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 	if d.galera {
 		d.returning = d.mariaDB && !ver.less(10, 5, 0)
 		// Reads that an application expects to see writes made through
-		// any node (see causal_read).
+		// any node (see causal_read), and the read of the queues' pauses
+		// before an insert claims (a pause made through another node must
+		// stop it).
 		for _, r := range []*string{&q.GetJob, &q.GetResult, &q.GetBatch, &q.BatchMembers, &q.ReadyBatches, &q.ListJobs, &q.ListJobsDesc, &q.Stats, &q.Overview,
-			&q.PausedQueues, &q.QueueLimits, &q.LimitUsage, &q.Schedules, &q.Processes, &q.MigrationsMax} {
+			&q.PausedQueues, &q.QueueLimits, &q.LimitUsage, &q.Schedules, &q.Processes, &q.MigrationsMax, &q.InsertClaimState} {
 			*r = q.CausalRead + " " + *r
 		}
 		// Acknowledgements that may reach a node before the claim they

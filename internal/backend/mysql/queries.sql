@@ -91,7 +91,8 @@ INSERT INTO `{p}jobs` (queue, kind, args, priority, max_attempts, timeout_ms, sc
 -- this server's fence floor (see fence_floor) and which of the queues
 -- named in {names} (those of the jobs to claim) are paused, read by a
 -- plain read that locks nothing right before the insert; always one row
--- at least (name NULL when none is paused).
+-- at least (name NULL when none is paused). On Galera it is a causal read
+-- (causal_read): a pause committed through another node stops the claim.
 -- name: insert_claim_state
 SELECT UTC_TIMESTAMP(6), {fence_floor}, q.name FROM (SELECT 1 AS one) o LEFT JOIN `{p}queues` q ON q.paused_at IS NOT NULL AND q.name IN ({names})
 
