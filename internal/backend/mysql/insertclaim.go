@@ -17,9 +17,9 @@ import (
 // starts it as the insert returns: no poll, no claim's three round trips
 // (lock, mark, commit) and no second write of the row.
 //
-// MySQL's INSERT returns no rows (MariaDB's RETURNING cannot return the
-// clock and fence a claim needs without a read of them anyway), so the
-// insert first reads, in one plain read that locks nothing
+// MySQL's INSERT returns no rows (MariaDB's RETURNING could return the
+// clock, fence and pause check computed inline in one statement; one path
+// serves both servers instead), so the insert first reads, in one plain read that locks nothing
 // (insert_claim_state), the database's clock, this server's fence floor
 // and which of the flagged jobs' queues are paused, and then writes the
 // flagged rows with those values (insert_claim_row), which is what it
