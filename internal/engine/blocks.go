@@ -221,6 +221,31 @@ func (b *slotBlock) noteHeld(n int, full bool) {
 	b.mu.Unlock()
 }
 
+// beginClaim sizes a claim under the block as it is now and records its
+// limit as the claim under way (claiming), in one hold of mu: 0 when the
+// block has no room (none usable, its lease may have expired, every
+// slot and every job ahead taken). A renewal sizing the block (target)
+// thus either shrinks it before this reads it, or counts this claim's
+// jobs: never a block shrunk to nothing under jobs being claimed for it,
+// which would be turned away unstarted.
+func (f *fetcher) beginClaim(more bool) int {
+	if !f.covers(time.Now()) {
+		return 0
+	}
+	b := &f.blk
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.usable == 0 {
+		return 0
+	}
+	free := b.usable + f.blockAhead(b.usable, more) - int(f.running.Load())
+	if free <= 0 {
+		return 0
+	}
+	b.claiming = min(free, f.e.cfg.ClaimBatch)
+	return b.claiming
+}
+
 // setClaiming records the limit of the claim under way (0: none).
 func (b *slotBlock) setClaiming(n int) {
 	b.mu.Lock()
@@ -632,16 +657,11 @@ func (f *fetcher) runBlocked(ctx context.Context) bool {
 		gathering = time.Time{}
 		// The block as it is now: a renewal may have shrunk it while
 		// this loop waited.
-		if st = f.blk.state(); st.usable == 0 || !f.covers(time.Now()) {
+		limit := f.beginClaim(more)
+		if limit == 0 {
 			continue
 		}
-		slots = st.usable + f.blockAhead(st.usable, more)
-		if free = slots - int(f.running.Load()); free <= 0 {
-			continue
-		}
-		limit := min(free, e.cfg.ClaimBatch)
 		sent := time.Now()
-		f.blk.setClaiming(limit)
 		rows, h, err := f.claimBlocked(ctx, limit)
 		if err != nil {
 			f.blk.setClaiming(0)
