@@ -459,7 +459,7 @@ func TestStopReleasesAttemptsClaimedAhead(t *testing.T) {
 	runs := map[int64]int{}
 	var cur atomic.Int64
 	release := make(chan struct{})
-	e := startEngine(t, d, cfg, map[string]Handler{"k": func(ctx context.Context, row *driver.JobRow) error {
+	e := New(d, cfg, map[string]Handler{"k": func(ctx context.Context, row *driver.JobRow) error {
 		runsMu.Lock()
 		runs[row.ID]++
 		runsMu.Unlock()
@@ -469,6 +469,13 @@ func TestStopReleasesAttemptsClaimedAhead(t *testing.T) {
 		}
 		return nil
 	}})
+	// The quick jobs must read as short however loaded the machine is
+	// (a handler preempted for a few milliseconds reads as long).
+	e.aheadRun = time.Minute
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
 	waitFor(t, "every slot busy and a batch claimed ahead", func() bool {
 		claimed := 0
 		for _, c := range d.claimsOf("q") {

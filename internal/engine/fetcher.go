@@ -192,7 +192,7 @@ func (f *fetcher) unlimitedAhead(want int) int {
 	}
 	n := f.e.cfg.ClaimBatch
 	if avg := f.runAvg.Load(); avg > 0 {
-		if k := int64(aheadMaxRun) * int64(f.max) / avg; k < int64(n) {
+		if k := int64(f.e.aheadRun) * int64(f.max) / avg; k < int64(n) {
 			n = int(k)
 		}
 	}
@@ -203,7 +203,7 @@ func (f *fetcher) unlimitedAhead(want int) int {
 // its handlers are short (see aheadMaxRun).
 func (f *fetcher) ahead() bool {
 	avg := f.runAvg.Load()
-	return avg >= 0 && avg < int64(aheadMaxRun)
+	return avg >= 0 && avg < int64(f.e.aheadRun)
 }
 
 func signal(ch chan struct{}) {
