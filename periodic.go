@@ -279,17 +279,28 @@ func (c *Client[TTx]) periodicWake(ctx context.Context, jobs []*periodicState, n
 			}
 			c.periodic.recorded, c.periodic.recordedAt = recorded, time.Now()
 		}
-		var skipped []time.Time
+		var skipped, todo []time.Time
 		for _, s := range due {
 			if c.slotPassed(recorded[j.Name], s, now) {
 				skipped = append(skipped, s)
-				j.next = j.Schedule.Next(s)
+				if len(todo) == 0 {
+					j.next = j.Schedule.Next(s)
+				}
 				continue
 			}
-			if !c.enqueueSlot(ctx, j, s) {
+			todo = append(todo, s)
+		}
+		// A process that reached its slots late enqueues them in a few
+		// writes rather than two per slot: on a busy database (a SQLite
+		// file shared by stalled writers) catching up one slot at a
+		// time could take longer than the slots come.
+		for len(todo) > 0 {
+			n := min(len(todo), slotsPerInsert)
+			if !c.enqueueSlots(ctx, j, todo[:n]) {
 				break // retried from this slot at the next wake
 			}
-			j.next = j.Schedule.Next(s)
+			j.next = j.Schedule.Next(todo[n-1])
+			todo = todo[n:]
 		}
 		if len(skipped) > 0 {
 			c.cfg.Logger.Warn("conveyor: periodic slots reached late, after other processes had gone past them, skipped (their jobs may have been pruned: enqueued again they would run twice)",
@@ -341,31 +352,52 @@ func latestSlot(sched Schedule, after, now time.Time) time.Time {
 	}
 }
 
+// slotsPerInsert bounds the slots of one schedule a catching-up wake
+// enqueues in one insert (one transaction).
+const slotsPerInsert = 100
+
 // enqueueSlot enqueues (or finds enqueued) the job of slot s and records
 // it; false if that failed and should be tried again.
 func (c *Client[TTx]) enqueueSlot(ctx context.Context, j *periodicState, s time.Time) bool {
-	// A slot begun is finished even when Stop comes meanwhile, so that its
-	// job and its record go together (bounded: Stop waits for it).
+	return c.enqueueSlots(ctx, j, []time.Time{s})
+}
+
+// enqueueSlots enqueues (or finds enqueued) the jobs of slots, in order,
+// in one insert, and records the last; false if that failed and all
+// should be tried again.
+func (c *Client[TTx]) enqueueSlots(ctx context.Context, j *periodicState, slots []time.Time) bool {
+	// Slots begun are finished even when Stop comes meanwhile, so that
+	// their jobs and their record go together (bounded: Stop waits for
+	// it).
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	opts := EnqueueOpts{}
-	if j.Opts != nil {
-		opts = *j.Opts
-	}
-	opts.RunAt = s
-	p, err := c.param(j.Args, &opts, false)
-	if err == nil {
+	ps := make([]driver.InsertParams, 0, len(slots))
+	var err error
+	for _, s := range slots {
+		opts := EnqueueOpts{}
+		if j.Opts != nil {
+			opts = *j.Opts
+		}
+		opts.RunAt = s
+		var p driver.InsertParams
+		if p, err = c.param(j.Args, &opts, false); err != nil {
+			break
+		}
 		p.UniqueKey, p.UniqueKeep = slotKey(j.Name, s), driver.KeepCompleted|driver.KeepDiscarded|driver.KeepCancelled
+		ps = append(ps, p)
+	}
+	last := slots[len(slots)-1]
+	if err == nil {
 		var ids []int64
-		if ids, _, err = c.eng.Insert(wctx, []driver.InsertParams{p}); err == nil {
+		if ids, _, err = c.eng.Insert(wctx, ps); err == nil {
 			err = c.drv.RecordSchedule(wctx, driver.ScheduleRow{
-				Name: j.Name, Spec: j.Schedule.String(), LastSlot: s, LastJob: ids[0], NextSlot: j.Schedule.Next(s),
+				Name: j.Name, Spec: j.Schedule.String(), LastSlot: last, LastJob: ids[len(ids)-1], NextSlot: j.Schedule.Next(last),
 			})
 		}
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			c.cfg.Logger.Warn("conveyor: enqueueing a periodic job failed (retrying)", "schedule", j.Name, "slot", s, "error", err)
+			c.cfg.Logger.Warn("conveyor: enqueueing a periodic job failed (retrying)", "schedule", j.Name, "slot", slots[0], "slots", len(slots), "error", err)
 			sleepCtx(ctx, time.Second)
 		}
 		return false

@@ -479,3 +479,64 @@ func TestPeriodicMarksSchedulesInUse(t *testing.T) {
 		}
 	})
 }
+
+// TestPeriodicCatchUpInBatches: a process that reaches many slots late
+// enqueues them in inserts of many slots each (across the bound of one
+// insert), one job per slot, run in slot order, and records the last.
+func TestPeriodicCatchUpInBatches(t *testing.T) {
+	forEachBackend(t, func(t *testing.T, dsn string) {
+		ctx := context.Background()
+		cfg := fast(testdb.Prefix())
+		cfg.AllowUnregisteredKinds = true
+		c := openDropped(t, dsn, cfg)
+		if err := c.AddPeriodic(conveyor.PeriodicJob{Name: "behind", Schedule: conveyor.Every(time.Second), Args: tick{},
+			Opts: &conveyor.EnqueueOpts{Queue: "behind"}}); err != nil {
+			t.Fatal(err)
+		}
+		const n = 250
+		now := time.Now().Truncate(time.Second)
+		first := now.Add(-(n - 1) * time.Second)
+		// The first slots another process made already: found, not made
+		// again.
+		conveyor.CatchUpForTest(c, "behind", first, first.Add(2*time.Second))
+		if next := conveyor.CatchUpForTest(c, "behind", first, now); !next.Equal(now.Add(time.Second)) {
+			t.Fatalf("next slot %v after catching up to %v", next, now)
+		}
+		js, err := c.Jobs(ctx, conveyor.JobFilter{Kind: "tick", Queue: "behind", Limit: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		per := map[int64]int{}
+		for _, j := range js {
+			per[j.ScheduledAt.UnixNano()]++
+		}
+		for s := first; !s.After(now); s = s.Add(time.Second) {
+			if per[s.UnixNano()] != 1 {
+				t.Fatalf("slot %v has %d jobs, want 1 (%d jobs for %d slots)", s, per[s.UnixNano()], len(js), n)
+			}
+		}
+		if len(js) != n {
+			t.Fatalf("%d jobs for %d slots", len(js), n)
+		}
+		// They run oldest first, those of one insert too (its keys are
+		// written in key order, not slot order).
+		bySlot := map[int64]int64{}
+		for _, j := range js {
+			bySlot[j.ScheduledAt.UnixNano()] = j.ID
+		}
+		for s := first; s.Before(first.Add(40 * time.Second)); s = s.Add(time.Second) {
+			if _, _, err := conveyor.ClaimForTest(c, bySlot[s.UnixNano()], time.Minute); err != nil {
+				t.Fatalf("slot %v is not the next to run: %v", s, err)
+			}
+		}
+		infos, err := c.Schedules(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, in := range infos {
+			if in.Name == "behind" && !in.Last.Equal(now) {
+				t.Fatalf("schedule recorded slot %v, want the last caught up %v", in.Last, now)
+			}
+		}
+	})
+}

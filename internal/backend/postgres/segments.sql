@@ -210,21 +210,25 @@ ORDER BY i.ord
 
 -- name: seg_insert_unique
 -- seg_insert for jobs with a unique key ($11, hex) and keep bits ($12),
--- given in key order. The key goes into {p}unique_keys first, in that
--- order (ORDER BY ord), so that concurrent inserters of overlapping keys
--- wait for each other in the same order and cannot deadlock: ON CONFLICT
--- DO NOTHING waits for a concurrent inserter of the same key and skips a
--- held one. Only jobs whose key went in are inserted, and only they
--- notify; the result says which went in.
+-- given in key order, each with its place in the caller's order ($13).
+-- The key goes into {p}unique_keys first, in key order (ORDER BY ord), so
+-- that concurrent inserters of overlapping keys wait for each other in
+-- the same order and cannot deadlock: ON CONFLICT DO NOTHING waits for a
+-- concurrent inserter of the same key and skips a held one. Only jobs
+-- whose key went in are inserted, and only they notify; the result says
+-- which went in. Ids and queue positions follow the caller's order
+-- (ORDER BY corder), so that a batch's jobs run in the order given (a
+-- schedule's late slots caught up in one insert run oldest first).
 WITH input AS MATERIALIZED (
-    SELECT nextval('{p}job_ids') AS id,
-           i.ord, i.queue, i.kind, i.args, i.priority, i.max_attempts, i.timeout_ms,
-           coalesce(i.run_at, now() + i.delay_us * interval '1 microsecond') AS sched,
-           i.meta, i.lkey, decode(i.ukey, 'hex') AS ukey, i.keep
-    FROM unnest($1::text[], $2::text[], $3::json[], $4::int[], $5::int[], $6::bigint[], $7::timestamptz[], $8::bigint[],
-                $9::jsonb[], $10::text[], $11::text[], $12::int[])
-         WITH ORDINALITY AS i(queue, kind, args, priority, max_attempts, timeout_ms, run_at, delay_us, meta, lkey, ukey, keep, ord)
-    WHERE {guard}
+    SELECT nextval('{p}job_ids') AS id, i.*
+    FROM (SELECT i.ord, i.corder, i.queue, i.kind, i.args, i.priority, i.max_attempts, i.timeout_ms,
+                 coalesce(i.run_at, now() + i.delay_us * interval '1 microsecond') AS sched,
+                 i.meta, i.lkey, decode(i.ukey, 'hex') AS ukey, i.keep
+          FROM unnest($1::text[], $2::text[], $3::json[], $4::int[], $5::int[], $6::bigint[], $7::timestamptz[], $8::bigint[],
+                      $9::jsonb[], $10::text[], $11::text[], $12::int[], $13::int[])
+               WITH ORDINALITY AS i(queue, kind, args, priority, max_attempts, timeout_ms, run_at, delay_us, meta, lkey, ukey, keep, corder, ord)
+          WHERE {guard}
+          ORDER BY i.corder) i
 ),
 k AS (
     INSERT INTO {p}unique_keys (key, job_id)
@@ -238,7 +242,7 @@ r AS (
                          unique_key, unique_keep, meta, lkey)
     SELECT nextval('{p}pos_seq'), id, queue, kind, args, 'available', priority, max_attempts, timeout_ms, sched,
            ukey, keep, meta, lkey
-    FROM ins WHERE sched <= now() ORDER BY ord
+    FROM ins WHERE sched <= now() ORDER BY corder
 ),
 wt AS (
     INSERT INTO {waiting} (pos, id, queue, kind, args, state, priority, max_attempts, timeout_ms, scheduled_at,

@@ -110,8 +110,9 @@ func (d *Driver) insertUnique(ctx context.Context, q querier, all []driver.Inser
 	return nil
 }
 
-// insertKeyed inserts jobs that all have a unique key, in key order, and
-// reads the holders of the keys held. An insert the incarnation guard
+// insertKeyed inserts jobs that all have a unique key, in key order (ids
+// and queue positions in the order given), and reads the holders of the
+// keys held. An insert the incarnation guard
 // refused returns no row at all, and the round runs again with a fresh
 // view of the registry.
 func (d *Driver) insertKeyed(ctx context.Context, q querier, jobs []driver.InsertParams, ids []int64, dup []bool) error {
@@ -130,17 +131,19 @@ func (d *Driver) insertKeyed(ctx context.Context, q querier, jobs []driver.Inser
 			return fmt.Errorf("%d unique jobs: their keys were held and freed again %d times in a row", len(pending), uniqueRounds)
 		}
 		batch := make([]driver.InsertParams, len(pending))
-		var keys, keeps arrayLit
+		var keys, keeps, order arrayLit
 		keys.init(67 * len(pending))
 		keeps.init(2 * len(pending))
+		order.init(4 * len(pending))
 		for k, i := range pending {
 			batch[k] = jobs[i]
 			keys.str(hex.EncodeToString(jobs[i].UniqueKey))
 			keeps.int(int64(jobs[i].UniqueKeep))
+			order.int(int64(i))
 		}
 		var refused []int
 		k := 0
-		err := q(ctx, insertQ, append(insertArgs(batch), keys.String(), keeps.String()), func(scan func(...any) error) error {
+		err := q(ctx, insertQ, append(insertArgs(batch), keys.String(), keeps.String(), order.String()), func(scan func(...any) error) error {
 			var id int64
 			var inserted bool
 			if err := scan(&id, &inserted); err != nil {
