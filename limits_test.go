@@ -649,9 +649,16 @@ func TestLimitSetByTheWorkingClient(t *testing.T) {
 			if j.Args.N > 0 && j.Args.N < max {
 				d = 2 * time.Second // claimed first, still running once a block is held
 			}
-			time.Sleep(d)
+			// A handler cut off (its lease lost on a saturated machine)
+			// ends there: the job may then run again elsewhere, and an
+			// execution that slept on would overlap it in the record
+			// although the queue ran it no more.
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+			}
 			log.add(execution{id: j.ID, start: start, end: time.Now()})
-			return nil
+			return ctx.Err()
 		})); err != nil {
 			t.Fatal(err)
 		}
@@ -668,7 +675,13 @@ func TestLimitSetByTheWorkingClient(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		waitFor(t, "every job", time.Minute, func() bool { return len(log.snapshot()) == n })
+		waitFor(t, "every job", time.Minute, func() bool {
+			ran := map[int64]bool{}
+			for _, x := range log.snapshot() {
+				ran[x.id] = true
+			}
+			return len(ran) == n
+		})
 		if p := peak(log.snapshot(), time.Time{}); p > max {
 			t.Fatalf("%d jobs ran at once under a MaxRunning of %d set by the client working the queue", p, max)
 		} else if p < 2 {
