@@ -29,7 +29,10 @@ type fakeDriver struct {
 	claimAt time.Time // when the last non-empty claim was called
 	// held is every claimed attempt (id -> fence) not yet completed or
 	// released: what the database would consider running.
-	held   map[int64]int64
+	held map[int64]int64
+	// rows is the row of every job handed out by a claim, so that a
+	// released one can be pending again, as a database would make it.
+	rows   map[int64]*driver.JobRow
 	calls  []call // every call, in the order it began
 	nextID int64  // last id given by Insert
 	// uniqueHolders maps each unique key InsertUnique stored to its job.
@@ -190,7 +193,7 @@ func (d *fakeDriver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver
 		d.held = map[int64]int64{}
 	}
 	for _, r := range out {
-		d.held[r.ID] = r.Fence
+		d.hold(r)
 		d.calls[i].ids = append(d.calls[i].ids, r.ID)
 	}
 	d.calls[i].done = true
@@ -225,7 +228,7 @@ func (d *fakeDriver) ClaimLimited(ctx context.Context, p driver.ClaimParams) (dr
 		d.held = map[int64]int64{}
 	}
 	for _, r := range res.Rows {
-		d.held[r.ID] = r.Fence
+		d.hold(r)
 		d.calls[i].ids = append(d.calls[i].ids, r.ID)
 	}
 	d.calls[i].held = res.Held
@@ -291,12 +294,21 @@ func (d *fakeDriver) ClaimJob(ctx context.Context, id int64, lease time.Duration
 		return nil, err
 	}
 	d.mu.Lock()
+	d.hold(r)
+	d.mu.Unlock()
+	return r, nil
+}
+
+// hold marks claimed row r held and keeps it for a release (d.mu held).
+func (d *fakeDriver) hold(r *driver.JobRow) {
 	if d.held == nil {
 		d.held = map[int64]int64{}
 	}
+	if d.rows == nil {
+		d.rows = map[int64]*driver.JobRow{}
+	}
 	d.held[r.ID] = r.Fence
-	d.mu.Unlock()
-	return r, nil
+	d.rows[r.ID] = r
 }
 
 // takePending removes and returns up to p.Limit pending jobs of p.Queue,
@@ -406,18 +418,30 @@ func (d *fakeDriver) Complete(ctx context.Context, outcomes []driver.Outcome) ([
 		d.mu.Lock()
 		for _, id := range ids {
 			delete(d.held, id)
+			delete(d.rows, id)
 		}
 		d.mu.Unlock()
 	}
 	return ids, err
 }
 
-// Release records the release, lets the attempts go and counts them.
+// Release records the release, lets the attempts go and counts them; a
+// job a claim handed out is pending again (fence + 1) once its held
+// attempt is released.
 func (d *fakeDriver) Release(ctx context.Context, leases []driver.Lease) (int64, error) {
 	d.record(call{op: "release", leases: slices.Clone(leases), ids: owned(leases)})
 	d.mu.Lock()
 	for _, l := range leases {
+		fence, ok := d.held[l.ID]
 		delete(d.held, l.ID)
+		// Pending again under a new fence, as a database makes a
+		// released job available again.
+		if r := d.rows[l.ID]; ok && fence == l.Fence && r != nil {
+			again := *r
+			again.Fence++
+			d.pending = append(d.pending, &again)
+		}
+		delete(d.rows, l.ID)
 	}
 	d.mu.Unlock()
 	d.released.Add(int64(len(leases)))
