@@ -566,7 +566,7 @@ var kindRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$`)
 // for the caller to wrap it with where the name came from, as in
 // fmt.Errorf("queue %q: %w", name, err).
 func ValidQueueName(name string) error {
-	if !nameRE.MatchString(name) {
+	if !validName(name, false) {
 		return nameRuleError{field: "queue", re: nameRE}
 	}
 	return nil
@@ -582,10 +582,31 @@ func ValidQueueName(name string) error {
 // it with where the kind came from, as in fmt.Errorf("kind %q: %w",
 // kind, err).
 func ValidKindName(kind string) error {
-	if !kindRE.MatchString(kind) {
+	if !validName(kind, true) {
 		return nameRuleError{field: "kind", re: kindRE}
 	}
 	return nil
+}
+
+// validName reports whether s matches nameRE (kindRE when slash is true)
+// without running the regular expression: every Enqueue checks a queue
+// and a kind, and a byte loop costs a fraction of a match. The test
+// checks that both agree.
+func validName(s string, slash bool) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case i > 0 && (c == '_' || c == '.' || c == ':' || c == '-'):
+		case i > 0 && slash && c == '/':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // nameRuleError is the error of ValidQueueName and ValidKindName: field

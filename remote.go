@@ -129,9 +129,9 @@ func (r *RemoteWorkers) Claim(ctx context.Context, p RemoteClaim) ([]*ClaimedJob
 		return nil, fmt.Errorf("%w: worker name: at most %d printable characters", ErrInvalidClaim, MaxRemoteWorkerName)
 	case !printable(p.Addr, MaxRemoteWorkerName):
 		return nil, fmt.Errorf("%w: address: at most %d printable characters", ErrInvalidClaim, MaxRemoteWorkerName)
-	case !nameRE.MatchString(p.Protocol):
+	case !validName(p.Protocol, false):
 		return nil, fmt.Errorf("%w: protocol %q: must match %s", ErrInvalidClaim, p.Protocol, nameRE)
-	case !nameRE.MatchString(p.Queue):
+	case !validName(p.Queue, false):
 		return nil, fmt.Errorf("%w: queue name %q: must match %s", ErrInvalidClaim, p.Queue, nameRE)
 	}
 	host := p.Addr
