@@ -780,14 +780,33 @@ SELECT {guard}
 -- outcomes that carry one (empty arrays for none): stored in rs for the
 -- jobs the statement completed, so that a stale attempt's result is
 -- refused with its outcome.
+--
+-- The running segments are read through m, the batch as a map keyed by
+-- 'id:fence' within the batch's range of ids, never joined with the
+-- batch: a running segment is emptied and filled again all day, and the
+-- statistics of one analyzed while empty (by autovacuum, between two
+-- bursts) say it holds no row. A generic plan made with them joined the
+-- segment's every row to every outcome (rows x batch: 9 million pairs,
+-- 1.7-3.4 s for a batch of 2,000 against 4,500 running jobs, during which
+-- no outcome of the process was written). A scan of the id range with a
+-- lookup in the map is linear in the rows it reads, whatever the plan.
+-- The same holds for seg_complete_done, seg_heartbeat and seg_release.
 WITH o AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::text[])
              AS o(id, fence, state, retry_us, err)
 ),
+m AS (
+    SELECT min(id) AS lo, max(id) AS hi,
+           jsonb_object_agg(id || ':' || fence, jsonb_build_array(state, retry_us, err)) AS f
+      FROM o
+),
 {each}d{i} AS (
-    DELETE FROM {src} r USING o
-     WHERE r.id = o.id AND r.fence = o.fence AND {guard}
-    RETURNING r.*, o.state AS nstate, o.retry_us, o.err
+    DELETE FROM {src} r
+     WHERE r.id BETWEEN (SELECT lo FROM m) AND (SELECT hi FROM m)
+       AND (SELECT f FROM m) ? (r.id || ':' || r.fence) AND {guard}
+    RETURNING r.*, (SELECT f FROM m) -> (r.id || ':' || r.fence) ->> 0 AS nstate,
+              ((SELECT f FROM m) -> (r.id || ':' || r.fence) ->> 1)::bigint AS retry_us,
+              (SELECT f FROM m) -> (r.id || ':' || r.fence) ->> 2 AS err
 ),
 {sep}{end}
 x AS (
@@ -854,10 +873,14 @@ UNION ALL SELECT -1 WHERE NOT ({guard})
 -- of outcome that seg_complete computes and keeps (x), a third of its
 -- cost. The same fence, guard, columns and unique-key rule as there; $3
 -- and $4 are seg_complete's $6 and $7 (results).
-WITH o AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS o(id, fence)),
+WITH m AS (
+    SELECT min(id) AS lo, max(id) AS hi, jsonb_object_agg(id || ':' || fence, true) AS f
+      FROM unnest($1::bigint[], $2::bigint[]) AS o(id, fence)
+),
 {each}d{i} AS (
-    DELETE FROM {src} r USING o
-     WHERE r.id = o.id AND r.fence = o.fence AND {guard}
+    DELETE FROM {src} r
+     WHERE r.id BETWEEN (SELECT lo FROM m) AND (SELECT hi FROM m)
+       AND (SELECT f FROM m) ? (r.id || ':' || r.fence) AND {guard}
     RETURNING r.*
 ),
 {sep}{end}
@@ -903,11 +926,15 @@ UNION ALL SELECT -1 WHERE NOT ({guard})
 -- name: seg_heartbeat
 -- In place, in whichever live running segment holds the job. No index
 -- covers lease_expires_at, so the update is HOT when the page has room.
-WITH l AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS l(id, fence)),
+WITH m AS (
+    SELECT min(id) AS lo, max(id) AS hi, jsonb_object_agg(id || ':' || fence, true) AS f
+      FROM unnest($1::bigint[], $2::bigint[]) AS l(id, fence)
+),
 {each}u{i} AS (
     UPDATE {src} j
     SET lease_expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond'
-    FROM l WHERE j.id = l.id AND j.fence = l.fence
+    WHERE j.id BETWEEN (SELECT lo FROM m) AND (SELECT hi FROM m)
+      AND (SELECT f FROM m) ? (j.id || ':' || j.fence)
     RETURNING j.id
 ){sep},
 {end}
@@ -916,10 +943,14 @@ WITH l AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS l(id, fence)),
 -- name: seg_release
 -- Running attempts back to ready (at the back of their priority), the
 -- attempt given back, the fence kept; wakes their queues.
-WITH l AS (SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS l(id, fence)),
+WITH m AS (
+    SELECT min(id) AS lo, max(id) AS hi, jsonb_object_agg(id || ':' || fence, true) AS f
+      FROM unnest($1::bigint[], $2::bigint[]) AS l(id, fence)
+),
 {each}d{i} AS (
-    DELETE FROM {src} r USING l
-     WHERE r.id = l.id AND r.fence = l.fence AND {guard}
+    DELETE FROM {src} r
+     WHERE r.id BETWEEN (SELECT lo FROM m) AND (SELECT hi FROM m)
+       AND (SELECT f FROM m) ? (r.id || ':' || r.fence) AND {guard}
     RETURNING r.*
 ),
 {sep}{end}
