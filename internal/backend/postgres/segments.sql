@@ -790,7 +790,8 @@ SELECT {guard}
 -- 1.7-3.4 s for a batch of 2,000 against 4,500 running jobs, during which
 -- no outcome of the process was written). A scan of the id range with a
 -- lookup in the map is linear in the rows it reads, whatever the plan.
--- The same holds for seg_complete_done, seg_heartbeat and seg_release.
+-- The same holds for seg_complete_done, seg_heartbeat and seg_release,
+-- and for the rows seg_rescue and seg_promote lock (m{i}).
 WITH o AS (
     SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[], $5::text[])
              AS o(id, fence, state, retry_us, err)
@@ -994,7 +995,13 @@ WITH
      LIMIT $1
      FOR UPDATE SKIP LOCKED
 ),
-d{i} AS (DELETE FROM {src} r USING p{i} WHERE r.id = p{i}.c AND r.lease_expires_at < now() RETURNING r.*),
+m{i} AS (SELECT min(c) AS lo, max(c) AS hi, jsonb_object_agg(c, true) AS f FROM p{i}),
+d{i} AS (
+    DELETE FROM {src} r
+     WHERE r.id BETWEEN (SELECT lo FROM m{i}) AND (SELECT hi FROM m{i})
+       AND (SELECT f FROM m{i}) ? r.id::text AND r.lease_expires_at < now()
+    RETURNING r.*
+),
 {sep}{end}
 x AS (
     SELECT pos, id, queue, kind, args,
@@ -1054,7 +1061,13 @@ WITH
      LIMIT $1
      FOR UPDATE SKIP LOCKED
 ),
-d{i} AS (DELETE FROM {src} r USING p{i} WHERE r.id = p{i}.c RETURNING r.*),
+m{i} AS (SELECT min(c) AS lo, max(c) AS hi, jsonb_object_agg(c, true) AS f FROM p{i}),
+d{i} AS (
+    DELETE FROM {src} r
+     WHERE r.id BETWEEN (SELECT lo FROM m{i}) AND (SELECT hi FROM m{i})
+       AND (SELECT f FROM m{i}) ? r.id::text
+    RETURNING r.*
+),
 {sep}{end}
 ins AS (
     INSERT INTO {ready} ({cols})
