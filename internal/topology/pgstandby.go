@@ -131,7 +131,37 @@ func (n *PostgresNode) start(ctx context.Context) error {
 		n.Stop()
 		return err
 	}
+	if err := n.waitReady(ctx, time.Minute); err != nil {
+		err = fmt.Errorf("%w\n%s", err, p.Tail(10))
+		n.Stop()
+		return err
+	}
 	return nil
+}
+
+// waitReady waits until the node accepts connections (pg_isready exits
+// 0), bounded by ctx and timeout. The postmaster listens before its
+// startup ends, and until then refuses every connection with "the
+// database system is starting up": on a loaded machine a pg_basebackup
+// sent as soon as the port answered failed that way.
+func (n *PostgresNode) waitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		c := exec.CommandContext(ctx, filepath.Join(n.bin, "pg_isready"), "-q", "-h", "127.0.0.1",
+			"-p", strconv.Itoa(n.Port), "-U", "postgres", "-d", "postgres", "-t", "5")
+		err := c.Run()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("topology: %s on port %d not ready after %v: pg_isready: %w", n.Name, n.Port, timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // Promote promotes a standby with pg_ctl promote and waits for it to
