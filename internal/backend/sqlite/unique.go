@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/conveyorq/conveyor/internal/driver"
@@ -78,6 +79,16 @@ func (d *Driver) insertUnique(ctx context.Context, e execer, jobs []driver.Inser
 		}
 	}
 	sort.Slice(order, func(a, b int) bool { return bytes.Compare(jobs[order[a]].UniqueKey, jobs[order[b]].UniqueKey) < 0 })
+	if len(order) > 1 {
+		// One statement per unique job (and one more per key found held),
+		// all in this transaction, which holds the write lock: compile
+		// each once, not once per job.
+		if p, ok := e.(preparer); ok {
+			c := &stmtCache{p: p, execer: e, queries: []string{d.q.InsertUnique, d.q.UniqueHolder}}
+			defer c.close()
+			e = c
+		}
+	}
 	for _, i := range order {
 		j := &jobs[i]
 		var row string
@@ -114,4 +125,69 @@ func (d *Driver) insertUnique(ctx context.Context, e execer, jobs []driver.Inser
 		ids[i], dup[i] = holder, true
 	}
 	return nil
+}
+
+// preparer is the part of *sql.Tx that prepares a statement.
+type preparer interface {
+	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
+}
+
+// stmtCache runs the statements of queries on statements it prepares on
+// p (a transaction) at their first use, and any other on execer.
+type stmtCache struct {
+	p       preparer
+	queries []string
+	stmts   []*sql.Stmt
+	execer
+}
+
+// stmt returns the prepared statement of query, or nil if query is not
+// one of c.queries.
+func (c *stmtCache) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	i := slices.Index(c.queries, query)
+	if i < 0 {
+		return nil, nil
+	}
+	if c.stmts == nil {
+		c.stmts = make([]*sql.Stmt, len(c.queries))
+	}
+	if c.stmts[i] == nil {
+		st, err := c.p.PrepareContext(ctx, query)
+		if err != nil {
+			return nil, err
+		}
+		c.stmts[i] = st
+	}
+	return c.stmts[i], nil
+}
+
+func (c *stmtCache) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	st, err := c.stmt(ctx, query)
+	switch {
+	case err != nil:
+		return nil, err
+	case st == nil:
+		return c.execer.QueryContext(ctx, query, args...)
+	}
+	return st.QueryContext(ctx, args...)
+}
+
+func (c *stmtCache) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	st, err := c.stmt(ctx, query)
+	switch {
+	case err != nil:
+		return nil, err
+	case st == nil:
+		return c.execer.ExecContext(ctx, query, args...)
+	}
+	return st.ExecContext(ctx, args...)
+}
+
+// close closes the statements prepared.
+func (c *stmtCache) close() {
+	for _, st := range c.stmts {
+		if st != nil {
+			st.Close()
+		}
+	}
 }
