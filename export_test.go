@@ -159,3 +159,17 @@ func PruneForTest[TTx any](c *Client[TTx], age time.Duration) (int64, error) {
 func LatestSlotForTest(sched Schedule, after, now time.Time) time.Time {
 	return latestSlot(sched, after, now)
 }
+
+// PeriodicWakeForTest runs c's periodic loop's work at a wake at now (its
+// clock) from where the schedule name's slots stand, and returns the next
+// slot it is left at. c must not be started.
+func PeriodicWakeForTest[TTx any](c *Client[TTx], name string, now time.Time) time.Time {
+	for _, j := range c.periodic.jobs {
+		if j.Name == name {
+			c.periodic.recorded = nil
+			c.periodicWake(context.Background(), []*periodicState{j}, now)
+			return j.next
+		}
+	}
+	panic("no periodic job " + name)
+}

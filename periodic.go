@@ -78,6 +78,11 @@ const maxCatchUp = 1000
 type periodicState struct {
 	PeriodicJob
 	next time.Time
+	// batch is the most slots the next insert of this schedule takes:
+	// slotsPerInsert, halved after an insert that failed (down to one)
+	// and doubled back after one that succeeded, so that on a database
+	// too slow for a full batch within its deadline the slots still go in.
+	batch int
 }
 
 // periodic runs the client's periodic jobs while it is started.
@@ -295,10 +300,18 @@ func (c *Client[TTx]) periodicWake(ctx context.Context, jobs []*periodicState, n
 		// file shared by stalled writers) catching up one slot at a
 		// time could take longer than the slots come.
 		for len(todo) > 0 {
-			n := min(len(todo), slotsPerInsert)
+			if j.batch <= 0 {
+				j.batch = slotsPerInsert
+			}
+			n := min(len(todo), j.batch)
 			if !c.enqueueSlots(ctx, j, todo[:n]) {
+				// A batch that did not go in within its deadline (a
+				// write lock held behind stalled writers, a slow disk)
+				// would not the next time either: retried smaller.
+				j.batch = max(n/2, 1)
 				break // retried from this slot at the next wake
 			}
+			j.batch = min(j.batch*2, slotsPerInsert)
 			j.next = j.Schedule.Next(todo[n-1])
 			todo = todo[n:]
 		}
