@@ -108,7 +108,6 @@ var faults = []*fault{
 	{
 		name:    "poison",
 		doc:     "poison jobs (panic, os.Exit, never return): each is discarded after its maximum attempts while the rest flows",
-		whole:   true,
 		applies: always,
 		inject:  injectPoison,
 		check:   checkPoison,
@@ -474,6 +473,10 @@ func injectPoison(ctx context.Context, p *phase) error {
 		if err := p.sup.start(ctx, "x1", "worker", append(slices.Clone(p.workerArgs), "--queue", QueueExit, "--workers", "4")); err != nil {
 			return err
 		}
+		// The poison starts once that process is ready: its start is
+		// not the poison, and on a machine whose cores are saturated it
+		// costs the other workers seconds of CPU.
+		p.faultStart = time.Now()
 	}
 	var parts []string
 	for _, kind := range p.o.PoisonKinds {
@@ -490,7 +493,11 @@ func injectPoison(ctx context.Context, p *phase) error {
 		for i := 0; i < n; i++ {
 			tok := fmt.Sprintf("orchestrator:%s:%d", kind, i)
 			b, _ := json.Marshal(payload{Tok: tok, Enq: time.Now().UnixNano()})
-			opts := &conveyor.EnqueueOpts{Queue: Queue, MaxAttempts: poisonAttempts}
+			// Ahead of every ordinary job: each attempt takes a worker
+			// first (the worst case for the rest of the queue), and the
+			// attempts end within the drain however deep a backlog a
+			// saturated machine has left behind the producers.
+			opts := &conveyor.EnqueueOpts{Queue: Queue, MaxAttempts: poisonAttempts, Priority: -1}
 			switch kind {
 			case KindHang:
 				opts.Timeout = time.Second
@@ -531,15 +538,23 @@ func checkPoison(_ context.Context, p *phase, rs *records, fd *Findings, in *Inp
 			p.fail("process exited by itself: %s", e)
 		}
 	}
-	// The rest keeps flowing: ordinary jobs complete at half the enqueue
-	// rate or better while the poison jobs fail; on a machine whose cores
-	// other work saturates, the producers fall behind that rate too, and
-	// the jobs must complete at half the rate they were enqueued at.
-	n := 0
-	for _, e := range in.Execs {
-		if e.Outcome == OutcomeOK && !p.poison[e.Kind] && e.End.After(p.faultStart) && e.End.Before(p.loadEnd) {
-			n++
+	// The rest keeps flowing: ordinary jobs complete at half the rate
+	// they were asked for or better while the poison jobs fail. Two
+	// things bound that rate on a machine whose cores other work
+	// saturates, and the check measures against the lower: the rate the
+	// producers managed to enqueue at in the same seconds, and the rate
+	// the same workers completed ordinary jobs at before the poison came
+	// (the warm-up, from its second second: the first fills the
+	// pipeline). A queue that poison jobs stall still fails: it completes
+	// less than half of what it did, or of what was enqueued, without them.
+	ordinary := func(from, to time.Time) float64 {
+		n := 0
+		for _, e := range in.Execs {
+			if e.Outcome == OutcomeOK && !p.poison[e.Kind] && e.End.After(from) && e.End.Before(to) {
+				n++
+			}
 		}
+		return float64(n) / to.Sub(from).Seconds()
 	}
 	acked := 0
 	for id, at := range in.AckedAt {
@@ -547,11 +562,12 @@ func checkPoison(_ context.Context, p *phase, rs *records, fd *Findings, in *Inp
 			acked++
 		}
 	}
-	secs := p.loadEnd.Sub(p.faultStart).Seconds()
-	rate, offered := float64(n)/secs, float64(acked)/secs
-	p.note("ordinary jobs completed at %.0f/s while poisoned (enqueued at %.0f/s, asked for %.0f/s)", rate, offered, p.o.Rate)
-	if rate < 0.5*min(p.o.Rate, offered) {
-		p.fail("the rest of the queue did not keep flowing: %.0f jobs/s, enqueued %.0f/s", rate, offered)
+	rate := ordinary(p.faultStart, p.loadEnd)
+	offered := float64(acked) / p.loadEnd.Sub(p.faultStart).Seconds()
+	before := ordinary(p.loadStart.Add(time.Second), p.faultStart)
+	p.note("ordinary jobs completed at %.0f/s while poisoned (enqueued at %.0f/s, asked for %.0f/s; completed at %.0f/s before the poison)", rate, offered, p.o.Rate, before)
+	if rate < 0.5*min(p.o.Rate, offered, before) {
+		p.fail("the rest of the queue did not keep flowing: %.0f jobs/s, enqueued %.0f/s, %.0f/s before the poison", rate, offered, before)
 	}
 }
 
