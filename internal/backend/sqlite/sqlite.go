@@ -43,19 +43,8 @@ import (
 var sqlFS embed.FS
 
 // busyTimeoutMS is how long SQLite itself waits for another connection's
-// lock before reporting SQLITE_BUSY, on the read pool's connections.
+// lock before reporting SQLITE_BUSY.
 const busyTimeoutMS = 10000
-
-// writeBusyTimeoutMS is that wait on the driver's write connection, whose
-// writes the driver retries itself (busyRetry) every millisecond or so.
-// SQLite's busy handler sleeps longer the longer a connection has waited
-// (1, 2, 5 ... 100 ms between tries): a claim that had waited a while
-// tried again every 100 ms, a fresh insert within a millisecond, so on a
-// busy file the inserts of other processes won the lock nearly every
-// time it came free and the claims, waiting longest, almost never did.
-// Workers fell behind producers by the whole difference. Retried at an
-// even pace, every writer that waits has the same chance at each release.
-const writeBusyTimeoutMS = 2
 
 // walSizeLimit is the size, in bytes, the checkpointer cuts the WAL file
 // of a database the driver opened back to (unless the DSN sets
@@ -169,10 +158,6 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	// wal_autocheckpoint(0): no commit of the driver's runs a checkpoint;
 	// the checkpointer does, off the writers' path (checkpoint.go).
 	wpragmas := append(append([]string(nil), pragmas...), "cache_size(-65536)", "temp_store(MEMORY)", "wal_autocheckpoint(0)")
-	if !target.hasBusyTimeout {
-		// Set last, so it wins over the pool's.
-		wpragmas = append(wpragmas, "busy_timeout("+strconv.Itoa(writeBusyTimeoutMS)+")")
-	}
 	// The WAL's size limit: a DSN's journal_size_limit applies as SQLite
 	// applies it, in the first commit after the WAL starts over;
 	// otherwise the checkpointer cuts the file back to walSizeLimit in
@@ -734,15 +719,14 @@ func (d *Driver) busyRetry(ctx context.Context, fn func() error) error {
 		return err
 	}
 	start := time.Now()
-	for {
+	for try := 0; ; try++ {
 		if time.Since(start) > maxBusyRetry {
 			d.lockTimeouts.Add(1)
 			return fmt.Errorf("database stayed locked for %s: %w", time.Since(start).Round(time.Second), err)
 		}
 		d.busyRetries.Add(1)
-		// An even pace, not a growing one (see writeBusyTimeoutMS): 0.5
-		// to 1.5 ms, jittered so that pollers do not move in step.
-		backoff := 500*time.Microsecond + rand.N(time.Millisecond)
+		backoff := time.Millisecond << min(try, 6) // 1ms .. 64ms
+		backoff += rand.N(backoff)
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
