@@ -88,22 +88,7 @@ func TestPeriodicCatchUpShrinksFailedBatches(t *testing.T) {
 	if !next.Equal(now.Add(time.Second)) {
 		t.Fatalf("after %d wakes the next slot is %v, want %v (insert sizes tried: %v)", wakes, next, now.Add(time.Second), tries)
 	}
-	js, err := c.Jobs(ctx, conveyor.JobFilter{Kind: "tick", Queue: "late", Limit: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	per := map[int64]int{}
-	for _, j := range js {
-		per[j.ScheduledAt.UnixNano()]++
-	}
-	for s := first; !s.After(now); s = s.Add(time.Second) {
-		if per[s.UnixNano()] != 1 {
-			t.Fatalf("slot %v has %d jobs, want 1 (%d jobs for %d slots; insert sizes tried: %v)", s, per[s.UnixNano()], len(js), n, tries)
-		}
-	}
-	if len(js) != n {
-		t.Fatalf("%d jobs for %d slots", len(js), n)
-	}
+	oneJobPerSlot(t, c, "late", first, now, n, fmt.Sprintf("; insert sizes tried: %v", tries))
 	refused := 0
 	for _, k := range tries {
 		if k > b.max {

@@ -502,22 +502,7 @@ func TestPeriodicCatchUpInBatches(t *testing.T) {
 		if next := conveyor.CatchUpForTest(c, "behind", first, now); !next.Equal(now.Add(time.Second)) {
 			t.Fatalf("next slot %v after catching up to %v", next, now)
 		}
-		js, err := c.Jobs(ctx, conveyor.JobFilter{Kind: "tick", Queue: "behind", Limit: 1000})
-		if err != nil {
-			t.Fatal(err)
-		}
-		per := map[int64]int{}
-		for _, j := range js {
-			per[j.ScheduledAt.UnixNano()]++
-		}
-		for s := first; !s.After(now); s = s.Add(time.Second) {
-			if per[s.UnixNano()] != 1 {
-				t.Fatalf("slot %v has %d jobs, want 1 (%d jobs for %d slots)", s, per[s.UnixNano()], len(js), n)
-			}
-		}
-		if len(js) != n {
-			t.Fatalf("%d jobs for %d slots", len(js), n)
-		}
+		js := oneJobPerSlot(t, c, "behind", first, now, n, "")
 		// They run oldest first, those of one insert too (its keys are
 		// written in key order, not slot order).
 		bySlot := map[int64]int64{}
@@ -539,4 +524,28 @@ func TestPeriodicCatchUpInBatches(t *testing.T) {
 			}
 		}
 	})
+}
+
+// oneJobPerSlot checks that queue holds exactly one tick job per slot
+// every second from first to now (n slots) and returns them; more is
+// added to a failure's message.
+func oneJobPerSlot(t *testing.T, c *conveyor.Client[any], queue string, first, now time.Time, n int, more string) []*conveyor.JobInfo {
+	t.Helper()
+	js, err := c.Jobs(context.Background(), conveyor.JobFilter{Kind: "tick", Queue: queue, Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	per := map[int64]int{}
+	for _, j := range js {
+		per[j.ScheduledAt.UnixNano()]++
+	}
+	for s := first; !s.After(now); s = s.Add(time.Second) {
+		if per[s.UnixNano()] != 1 {
+			t.Fatalf("slot %v has %d jobs, want 1 (%d jobs for %d slots)%s", s, per[s.UnixNano()], len(js), n, more)
+		}
+	}
+	if len(js) != n {
+		t.Fatalf("%d jobs for %d slots%s", len(js), n, more)
+	}
+	return js
 }
