@@ -582,7 +582,9 @@ func PatroniSwitchover(ctx context.Context, rest []string) error {
 // KillPrimary kills the primary's postmaster with SIGKILL (its Patroni
 // stays up and, with primary_start_timeout 0, hands the leader key to the
 // synchronous standby), and waits, up to timeout, until another node
-// leads and accepts writes. It returns the old and the new leader.
+// leads and accepts writes, asking for the failover itself if Patroni
+// has not made it by half the timeout. It returns the old and the new
+// leader.
 func (c *Patroni) KillPrimary(ctx context.Context, timeout time.Duration) (old, new *PatroniNode, err error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -590,11 +592,58 @@ func (c *Patroni) KillPrimary(ctx context.Context, timeout time.Duration) (old, 
 	if err != nil {
 		return nil, nil, err
 	}
+	sync, err := c.syncStandby(ctx)
+	if err != nil {
+		return old, nil, err
+	}
 	if err := KillPostmaster(old.DataDir); err != nil {
 		return old, nil, err
 	}
+	// Patroni hands the key over only when it finds the synchronous
+	// standby healthy through its REST API at once; on a starved machine
+	// that check can time out, and Patroni then restarts PostgreSQL in
+	// place and keeps the key. After half the timeout the failover it
+	// would have made is asked for (POST /failover to the standby that
+	// was synchronous when the postmaster was killed).
+	half, cancelHalf := context.WithTimeout(ctx, timeout/2)
+	new, err = c.waitLeader(half, old.Name)
+	cancelHalf()
+	if err == nil {
+		return old, new, nil
+	}
+	if ferr := PatroniFailover(ctx, c.RESTEndpoints(), sync); ferr != nil {
+		return old, nil, fmt.Errorf("%w; then %v", err, ferr)
+	}
 	new, err = c.waitLeader(ctx, old.Name)
 	return old, new, err
+}
+
+// syncStandby returns the name of the cluster's synchronous standby.
+func (c *Patroni) syncStandby(ctx context.Context) (string, error) {
+	ms, err := c.Members(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, m := range ms {
+		if m.Role == "sync_standby" {
+			return m.Name, nil
+		}
+	}
+	return "", fmt.Errorf("topology: patroni: no synchronous standby in %+v", ms)
+}
+
+// PatroniFailover asks the cluster behind the REST APIs at rest to fail
+// over to candidate (POST /failover), trying each node until one accepts.
+func PatroniFailover(ctx context.Context, rest []string, candidate string) error {
+	var last error = errors.New("no REST endpoint")
+	for _, r := range rest {
+		err := restJSON(ctx, http.MethodPost, r+"/failover", map[string]string{"candidate": candidate}, nil)
+		if err == nil {
+			return nil
+		}
+		last = err
+	}
+	return fmt.Errorf("topology: patroni: failover to %s: %w", candidate, last)
 }
 
 // KillPostmaster sends SIGKILL to the postmaster whose PID the data
