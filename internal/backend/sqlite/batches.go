@@ -93,7 +93,7 @@ func (d *Driver) FireBatches(ctx context.Context, limit int, skip func(batchID i
 				rs = append(rs, r)
 			}
 			return rows.Err()
-		})
+		}, nil)
 		if err != nil {
 			return nil, fmt.Errorf("conveyor/sqlite: fire batches: %w", err)
 		}

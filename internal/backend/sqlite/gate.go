@@ -49,10 +49,21 @@ const stuckFor = time.Second
 // Other processes writing the same file are ordered by a side file
 // (intentFile): while a heartbeat of this process is pending it holds a
 // read lock there, and an ordinary write of any process, before each try
-// at SQLite's lock, waits while another process holds one (yield). Only
-// heartbeats announce themselves across processes: they are one batch per
-// HeartbeatInterval per process, so other processes are held back rarely
-// and briefly, and a completion that waits keeps its lease through them.
+// at SQLite's lock, waits while another process holds one (yield). Of
+// the lease path only heartbeats announce themselves across processes:
+// they are one batch per HeartbeatInterval per process, so other
+// processes are held back rarely and briefly, and a completion that waits
+// keeps its lease through them.
+//
+// An ordinary write that has waited for SQLite's lock longer than
+// writeBusyTimeoutMS marks itself starved on a second byte of the side
+// file until it ends, and the ordinary writes of other processes that
+// have not waited that long yield to it (a starved one yields to
+// heartbeats only). SQLite's busy handler sleeps longer the longer a
+// connection has waited (1, 2, 5 ... 100 ms between tries), so without
+// this the write waiting longest tried least often: on a busy file the
+// back-to-back inserts of producer processes won the lock nearly every
+// time it came free, and a worker's claims starved for seconds.
 type gate struct {
 	mu        sync.Mutex
 	held      bool
@@ -72,9 +83,15 @@ type gate struct {
 
 	side    *intentFile // nil: this process's writes only (sideErr says why)
 	sideErr error
-	// stuckUntil (Unix nanoseconds): a yield ran out; writes do not
-	// yield again before then, unless the announcements are seen gone.
-	stuckUntil atomic.Int64
+	// starved: the side file marks this process's ordinary write as
+	// starved (starve). Only the gate's holder touches it.
+	starved bool
+	// stuckUntil (Unix nanoseconds): a yield to heartbeats ran out;
+	// writes do not yield to them again before then, unless the
+	// announcements are seen gone. starvedStuckUntil: the same for
+	// starved writes.
+	stuckUntil        atomic.Int64
+	starvedStuckUntil atomic.Int64
 }
 
 var (
@@ -286,16 +303,59 @@ func (g *gate) end() {
 	g.mu.Unlock()
 }
 
-// yield waits while another process has a heartbeat pending on the file,
-// for at most maxYield; it returns early only when ctx ends. Ordinary
-// writes call it before each try at SQLite's lock.
-func (g *gate) yield(ctx context.Context) {
+// starve marks, for other processes, the ordinary write of this process
+// that holds the gate as starved: it has waited for SQLite's lock longer
+// than writeBusyTimeoutMS, and their ordinary writes now yield to it
+// until unstarve. Called by the gate's holder only.
+func (g *gate) starve() {
+	if g.side == nil || g.starved {
+		return
+	}
+	// A failed lock leaves other processes unaware; the write goes on
+	// all the same.
+	if g.side.starve() == nil {
+		g.starved = true
+	}
+}
+
+// unstarve ends what starve marked, if it did.
+func (g *gate) unstarve() {
+	if g.starved {
+		_ = g.side.unstarve()
+		g.starved = false
+	}
+}
+
+// Bytes of the side file: a read lock on leaseByte marks a pending lease
+// renewal, one on starvedByte an ordinary write that has waited for
+// SQLite's lock longer than writeBusyTimeoutMS.
+const (
+	leaseByte   = 0
+	starvedByte = 1
+)
+
+// yield waits while another process has a heartbeat pending on the file
+// or, unless leasesOnly, a starved ordinary write, for at most maxYield
+// each; it returns early only when ctx ends. Ordinary writes call it
+// before each try at SQLite's lock; a starved one yields to heartbeats
+// only.
+func (g *gate) yield(ctx context.Context, leasesOnly bool) {
 	if g.side == nil {
 		return
 	}
-	if until := g.stuckUntil.Load(); until != 0 {
-		if !g.side.othersPending() {
-			g.stuckUntil.Store(0)
+	g.yieldTo(ctx, leaseByte, &g.stuckUntil)
+	if !leasesOnly {
+		g.yieldTo(ctx, starvedByte, &g.starvedStuckUntil)
+	}
+}
+
+// yieldTo waits while another process holds a read lock on byte at of
+// the side file, for at most maxYield, and then not again until stuckFor
+// has passed (*stuck, Unix nanoseconds) or the lock is seen gone.
+func (g *gate) yieldTo(ctx context.Context, at int64, stuck *atomic.Int64) {
+	if until := stuck.Load(); until != 0 {
+		if !g.side.othersPending(at) {
+			stuck.Store(0)
 			return
 		}
 		if time.Now().UnixNano() < until {
@@ -303,9 +363,9 @@ func (g *gate) yield(ctx context.Context) {
 		}
 	}
 	start := time.Now()
-	for g.side.othersPending() {
+	for g.side.othersPending(at) {
 		if time.Since(start) > maxYield {
-			g.stuckUntil.Store(time.Now().Add(stuckFor).UnixNano())
+			stuck.Store(time.Now().Add(stuckFor).UnixNano())
 			return
 		}
 		if pollPause(ctx) != nil {
@@ -359,7 +419,7 @@ func YieldToLeases(ctx context.Context, path string) error {
 			return err
 		}
 	}
-	g.yield(ctx)
+	g.yield(ctx, true)
 	return ctx.Err()
 }
 

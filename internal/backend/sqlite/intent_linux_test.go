@@ -41,13 +41,13 @@ func TestIntentFileOfAnotherUser(t *testing.T) {
 	defer side.close()
 	g.leaseBegin(true)
 	defer g.leaseEnd(true)
-	if !side.othersPending() {
+	if !side.othersPending(leaseByte) {
 		t.Fatal("another user's process does not see a pending heartbeat")
 	}
 	if err := side.announce(); err != nil {
 		t.Fatalf("another user's process cannot announce a heartbeat: %v", err)
 	}
-	if !g.side.othersPending() {
+	if !g.side.othersPending(leaseByte) {
 		t.Fatal("a heartbeat announced by another user's process is not seen")
 	}
 }

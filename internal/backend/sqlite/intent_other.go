@@ -13,7 +13,9 @@ func openIntentFile(string) (*intentFile, error) {
 	return nil, errors.New("cross-process lease priority needs Linux (open file description locks)")
 }
 
-func (*intentFile) announce() error     { return nil }
-func (*intentFile) withdraw() error     { return nil }
-func (*intentFile) othersPending() bool { return false }
-func (*intentFile) close() error        { return nil }
+func (*intentFile) announce() error          { return nil }
+func (*intentFile) withdraw() error          { return nil }
+func (*intentFile) othersPending(int64) bool { return false }
+func (*intentFile) starve() error            { return nil }
+func (*intentFile) unstarve() error          { return nil }
+func (*intentFile) close() error             { return nil }

@@ -43,8 +43,14 @@ import (
 var sqlFS embed.FS
 
 // busyTimeoutMS is how long SQLite itself waits for another connection's
-// lock before reporting SQLITE_BUSY.
+// lock before reporting SQLITE_BUSY, on the read pool's connections.
 const busyTimeoutMS = 10000
+
+// writeBusyTimeoutMS is that wait on the driver's write connection (unless
+// the DSN sets busy_timeout). Past it the write marks itself starved for
+// other processes (see gate) and tries again at once, as many times as it
+// takes, up to maxBusyRetry.
+const writeBusyTimeoutMS = 20
 
 // walSizeLimit is the size, in bytes, the checkpointer cuts the WAL file
 // of a database the driver opened back to (unless the DSN sets
@@ -110,8 +116,13 @@ type Driver struct {
 	// 20,000 jobs, to find nothing.
 	noKeyless driver.QueueSkip
 
-	busyRetries  atomic.Int64
-	lockTimeouts atomic.Int64
+	// shortBusy: the write connection waits writeBusyTimeoutMS in
+	// SQLite's busy handler, so a busy write is tried again at once.
+	shortBusy bool
+
+	busyRetries   atomic.Int64
+	lockTimeouts  atomic.Int64
+	starvedWrites atomic.Int64
 }
 
 var (
@@ -152,12 +163,14 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 	}
 	base := target.base()
 	pragmas := []string{"journal_mode(WAL)", "synchronous(" + syncMode + ")", "foreign_keys(0)"}
-	if !target.hasBusyTimeout {
-		pragmas = append(pragmas, "busy_timeout("+strconv.Itoa(busyTimeoutMS)+")")
-	}
 	// wal_autocheckpoint(0): no commit of the driver's runs a checkpoint;
 	// the checkpointer does, off the writers' path (checkpoint.go).
 	wpragmas := append(append([]string(nil), pragmas...), "cache_size(-65536)", "temp_store(MEMORY)", "wal_autocheckpoint(0)")
+	if !target.hasBusyTimeout {
+		// (The driver takes the first busy_timeout of a DSN.)
+		pragmas = append(pragmas, "busy_timeout("+strconv.Itoa(busyTimeoutMS)+")")
+		wpragmas = append(wpragmas, "busy_timeout("+strconv.Itoa(writeBusyTimeoutMS)+")")
+	}
 	// The WAL's size limit: a DSN's journal_size_limit applies as SQLite
 	// applies it, in the first commit after the WAL starts over;
 	// otherwise the checkpointer cuts the file back to walSizeLimit in
@@ -180,6 +193,7 @@ func Open(ctx context.Context, dsn string, opts driver.Options) (*Driver, error)
 		q:          q,
 		migrations: sqlq.Migrations(sqlFS, "migrations", opts.Prefix),
 	}
+	d.shortBusy = !target.hasBusyTimeout
 	d.gate, d.dropGate = gateFor(target.path)
 	d.w, err = sql.Open("sqlite", wdsn)
 	if err != nil {
@@ -574,12 +588,15 @@ func (d *Driver) leasePriority() string {
 }
 
 // Counters returns busy_retries (statements retried after SQLITE_BUSY or
-// SQLITE_LOCKED) and lock_timeouts (operations that gave up after
+// SQLITE_LOCKED), starved_writes (ordinary writes that waited for the
+// lock longer than writeBusyTimeoutMS and had other processes' ordinary
+// writes yield to them) and lock_timeouts (operations that gave up after
 // retrying for maxBusyRetry).
 func (d *Driver) Counters() map[string]int64 {
 	return map[string]int64{
-		"busy_retries":  d.busyRetries.Load(),
-		"lock_timeouts": d.lockTimeouts.Load(),
+		"busy_retries":   d.busyRetries.Load(),
+		"starved_writes": d.starvedWrites.Load(),
+		"lock_timeouts":  d.lockTimeouts.Load(),
 	}
 }
 
@@ -646,13 +663,21 @@ func (d *Driver) write(ctx context.Context, first bool, fn func() error) error {
 		return err
 	}
 	defer d.gate.release()
+	defer d.gate.unstarve()
+	starved := false
 	return d.busyRetry(ctx, func() error {
-		d.gate.yield(ctx)
+		d.gate.yield(ctx, starved)
 		if err := d.gate.begin(ctx); err != nil {
 			return err
 		}
 		defer d.gate.end()
 		return fn()
+	}, func() {
+		if !starved {
+			starved = true
+			d.starvedWrites.Add(1)
+			d.gate.starve()
+		}
 	})
 }
 
@@ -667,7 +692,7 @@ func (d *Driver) turn(ctx context.Context, fn func() error) error {
 		return err
 	}
 	defer d.gate.release()
-	d.gate.yield(ctx)
+	d.gate.yield(ctx, false)
 	if err := d.gate.begin(ctx); err != nil {
 		return err
 	}
@@ -709,11 +734,13 @@ func (d *Driver) leaseRetry(ctx context.Context, across bool, fn func(conn *sql.
 	}
 }
 
-// busyRetry runs fn, retrying it with short jittered backoff while SQLite
-// reports busy (another process holds the write lock). fn must be safe to
-// repeat after a busy failure: every caller runs one autocommit statement
-// or one transaction, which SQLite has rolled back when it reports busy.
-func (d *Driver) busyRetry(ctx context.Context, fn func() error) error {
+// busyRetry runs fn, retrying it while SQLite reports busy (another
+// process holds the write lock), at once when the write connection's own
+// wait is short (shortBusy) and otherwise with short jittered backoff;
+// onBusy (if not nil) runs before each retry. fn must be safe to repeat
+// after a busy failure: every caller runs one autocommit statement or one
+// transaction, which SQLite has rolled back when it reports busy.
+func (d *Driver) busyRetry(ctx context.Context, fn func() error, onBusy func()) error {
 	err := fn()
 	if err == nil || !isBusy(err) {
 		return err
@@ -725,8 +752,17 @@ func (d *Driver) busyRetry(ctx context.Context, fn func() error) error {
 			return fmt.Errorf("database stayed locked for %s: %w", time.Since(start).Round(time.Second), err)
 		}
 		d.busyRetries.Add(1)
-		backoff := time.Millisecond << min(try, 6) // 1ms .. 64ms
-		backoff += rand.N(backoff)
+		if onBusy != nil {
+			onBusy()
+		}
+		// SQLite's busy handler waited already; a busy reported without
+		// that wait (a lock SQLite does not wait for) is tried again
+		// after a pause all the same.
+		backoff := 250*time.Microsecond + rand.N(500*time.Microsecond)
+		if !d.shortBusy {
+			backoff = time.Millisecond << min(try, 6) // 1ms .. 64ms
+			backoff += rand.N(backoff)
+		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
