@@ -60,8 +60,10 @@ type Counters struct {
 	// absorbed, by name; it is never nil. The names depend on the backend:
 	//
 	//   - SQLite: busy_retries (statements retried after SQLITE_BUSY or
-	//     SQLITE_LOCKED), lock_timeouts (operations that gave up after
-	//     retrying).
+	//     SQLITE_LOCKED), starved_writes (writes that waited for another
+	//     process's lock longer than 20ms, to which other processes'
+	//     writes then yielded), lock_timeouts (operations that gave up
+	//     after retrying).
 	//   - PostgreSQL: deadlock_retries, lock_timeouts and
 	//     serialization_retries (statements retried after a deadlock, a
 	//     lock timeout or a serialization failure), listen_reconnects

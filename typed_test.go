@@ -130,7 +130,7 @@ func sameKeys[V any](m map[string]V, keys []string) bool {
 // documents for it.
 func TestDriverCountersAsDocumented(t *testing.T) {
 	documented := map[string][]string{
-		"sqlite":   {"busy_retries", "lock_timeouts"},
+		"sqlite":   {"busy_retries", "starved_writes", "lock_timeouts"},
 		"postgres": {"deadlock_retries", "lock_timeouts", "serialization_retries", "listen_reconnects", "server_drops"},
 		"mysql":    {"deadlock_retries", "lock_timeouts", "claim_conflicts"},
 	}

@@ -283,7 +283,7 @@ func steady(ctx context.Context, o Options) ([]*Result, error) {
 // clientContention picks the client's retry counters.
 func clientContention(counters map[string]int64) map[string]int64 {
 	out := map[string]int64{}
-	for _, k := range []string{"deadlock_retries", "lock_timeouts", "serialization_retries", "busy_retries", "claim_conflicts"} {
+	for _, k := range []string{"deadlock_retries", "lock_timeouts", "serialization_retries", "busy_retries", "starved_writes", "claim_conflicts"} {
 		if v, ok := counters[k]; ok {
 			out[k] = v
 		}

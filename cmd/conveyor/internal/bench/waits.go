@@ -315,7 +315,7 @@ func (w *waits) finish(ctx context.Context, counters map[string]int64) map[strin
 		out["error"] = "sampler: " + w.serr.Error()
 	}
 	client := map[string]int64{}
-	for _, k := range []string{"deadlock_retries", "lock_timeouts", "serialization_retries", "busy_retries", "claim_conflicts"} {
+	for _, k := range []string{"deadlock_retries", "lock_timeouts", "serialization_retries", "busy_retries", "starved_writes", "claim_conflicts"} {
 		if _, top := out[k]; top {
 			continue
 		}
