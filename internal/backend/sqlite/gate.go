@@ -374,11 +374,17 @@ func (g *gate) yieldTo(ctx context.Context, at int64, stuck *atomic.Int64) {
 	}
 }
 
+// pollInterval is one polling interval: 0.25 to 0.75ms, jittered so
+// that pollers do not move in step.
+func pollInterval() time.Duration {
+	return 250*time.Microsecond + rand.N(500*time.Microsecond)
+}
+
 // pollPause sleeps for the polling interval of lease writes and of writes
 // that wait for them (0.25 to 0.75ms, jittered so that pollers do not move
 // in step), or until ctx ends, returning ctx's error then.
 func pollPause(ctx context.Context) error {
-	t := time.NewTimer(250*time.Microsecond + rand.N(500*time.Microsecond))
+	t := time.NewTimer(pollInterval())
 	defer t.Stop()
 	select {
 	case <-ctx.Done():

@@ -758,7 +758,7 @@ func (d *Driver) busyRetry(ctx context.Context, fn func() error, onBusy func()) 
 		// SQLite's busy handler waited already; a busy reported without
 		// that wait (a lock SQLite does not wait for) is tried again
 		// after a pause all the same.
-		backoff := 250*time.Microsecond + rand.N(500*time.Microsecond)
+		backoff := pollInterval()
 		if !d.shortBusy {
 			backoff = time.Millisecond << min(try, 6) // 1ms .. 64ms
 			backoff += rand.N(backoff)
