@@ -217,9 +217,14 @@ func TestLostLeaseCancelsHandlerAndDropsOutcome(t *testing.T) {
 // An attempt whose lease ran out before a worker could start it (the
 // claim came back late, the process was paused or starved) is not
 // started: its handler never runs and the claim is given back, fenced.
+// Given back, the job is pending again and its next claim comes back as
+// late; the fake returns it twice, then nothing, so that every release
+// the test counts is a give-back and none is Stop's release of a claim
+// still in flight when Close began.
 func TestAttemptNotStartedPastItsLease(t *testing.T) {
 	const lease = 500 * time.Millisecond
-	d := &slowClaimDriver{fakeDriver: fakeDriver{pending: []*driver.JobRow{job(1)}}, delay: lease - lease/10}
+	const attempts = 2
+	d := &slowClaimDriver{fakeDriver: fakeDriver{pending: []*driver.JobRow{job(1)}}, delay: lease - lease/10, returns: attempts}
 	d.heartbeat = func(ctx context.Context, _ []driver.Lease) ([]int64, error) {
 		<-ctx.Done()
 		return nil, ctx.Err()
@@ -234,38 +239,44 @@ func TestAttemptNotStartedPastItsLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for d.released.Load() == 0 && time.Now().Before(deadline) {
+	for d.released.Load() < attempts && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	if err := e.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	// Given back, the job is pending again, and every claim of it comes
-	// back as late: each attempt is given back, none started.
-	n := d.released.Load()
-	if n < 1 {
-		t.Fatalf("%d leases given back, want at least 1", n)
+	if n := d.released.Load(); n != attempts {
+		t.Fatalf("%d leases given back, want one per late attempt (%d)", n, attempts)
 	}
-	if got := releasedLeases(&d.fakeDriver); !slices.Contains(got, driver.Lease{ID: 1, Fence: 7}) {
+	got := releasedLeases(&d.fakeDriver)
+	if !slices.Contains(got, driver.Lease{ID: 1, Fence: 7}) {
 		t.Fatalf("released %v, want job 1's first attempt (fence 7) among them", got)
 	}
 	if n := ran.Load(); n != 0 {
 		t.Fatalf("the handler ran %d times past its lease", n)
 	}
-	if got := e.Metrics().LeaseDeadlines.Load(); got != n {
-		t.Fatalf("lease_deadlines %d, want one per attempt given back (%d)", got, n)
+	if got := e.Metrics().LeaseDeadlines.Load(); got != attempts {
+		t.Fatalf("lease_deadlines %d, want one per attempt given back (%d)", got, attempts)
 	}
 }
 
-// slowClaimDriver's claims come back delay after they were sent.
+// slowClaimDriver's claims come back delay after they were sent. With
+// returns set, only the first returns claims that find a job return it;
+// later claims find nothing.
 type slowClaimDriver struct {
 	fakeDriver
-	delay time.Duration
+	delay    time.Duration
+	returns  int64
+	returned atomic.Int64
 }
 
 func (d *slowClaimDriver) Claim(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+	if d.returns > 0 && d.returned.Load() >= d.returns {
+		return nil, nil
+	}
 	rows, err := d.fakeDriver.Claim(ctx, p)
 	if len(rows) > 0 {
+		d.returned.Add(1)
 		time.Sleep(d.delay)
 	}
 	return rows, err
