@@ -69,7 +69,10 @@ type Counters struct {
 	//     lock timeout or a serialization failure), listen_reconnects
 	//     (LISTEN connections re-established), server_drops (times the
 	//     driver dropped its connections to a server that was gone or
-	//     read-only, as in a failover).
+	//     read-only, as in a failover), notify_lost (wake-up
+	//     notifications that could not be sent, twice, after their jobs
+	//     were committed: other processes found those jobs at their next
+	//     poll).
 	//   - MySQL/MariaDB: deadlock_retries (error 1213), lock_timeouts
 	//     (error 1205), claim_conflicts (optimistic claims that lost the
 	//     head of the queue to another claimer and picked again).

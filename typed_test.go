@@ -131,7 +131,7 @@ func sameKeys[V any](m map[string]V, keys []string) bool {
 func TestDriverCountersAsDocumented(t *testing.T) {
 	documented := map[string][]string{
 		"sqlite":   {"busy_retries", "starved_writes", "lock_timeouts"},
-		"postgres": {"deadlock_retries", "lock_timeouts", "serialization_retries", "listen_reconnects", "server_drops"},
+		"postgres": {"deadlock_retries", "lock_timeouts", "serialization_retries", "listen_reconnects", "server_drops", "notify_lost"},
 		"mysql":    {"deadlock_retries", "lock_timeouts", "claim_conflicts"},
 	}
 	forEachBackend(t, func(t *testing.T, dsn string) {

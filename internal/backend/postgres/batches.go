@@ -25,7 +25,7 @@ func (d *Driver) InsertBatches(ctx context.Context, tx any, jobs []driver.Insert
 		ids, batchIDs = nil, batchIDs[:0]
 		if len(jobs) > 0 {
 			var err error
-			if ids, err = d.seg.insert(ctx, q, jobs); err != nil {
+			if ids, err = d.seg.insert(ctx, q, jobs, true); err != nil {
 				return err
 			}
 		}
@@ -149,7 +149,7 @@ func (d *Driver) FireBatches(ctx context.Context, limit int, skip func(batchID i
 				return driver.ErrBatchNotReady
 			}
 			driver.InFire(ctx, id)
-			ids, err := d.seg.insert(ctx, q, []driver.InsertParams{p})
+			ids, err := d.seg.insert(ctx, q, []driver.InsertParams{p}, true)
 			if err != nil {
 				return err
 			}

@@ -82,25 +82,26 @@ func insertArgs(jobs []driver.InsertParams) []any {
 		maxAttempts.String(), timeouts.String(), runAt.String(), delays.String(), metas.String(), keys.String()}
 }
 
-// Insert inserts jobs with one statement in its own (implicit)
-// transaction, into the current ready segment (due now) or waiting
-// segment (due later), and returns their ids in input order. The same
-// statement notifies each distinct queue that received a job available
-// now, once. Its error is marked driver.NotCommitted when nothing was
-// committed (see refused).
+// Insert inserts jobs with one statement in its own transaction, into
+// the current ready segment (due now) or waiting segment (due later), and
+// returns their ids in input order. A second transaction, sent in the
+// same round trip once the first has committed, notifies each distinct
+// queue that may have received a job available now, once (see
+// notifyingQuerier). Its error is marked driver.NotCommitted when nothing
+// was committed (see refused).
 func (d *Driver) Insert(ctx context.Context, jobs []driver.InsertParams) ([]int64, error) {
 	if len(jobs) == 0 {
 		return nil, nil
 	}
-	ids, err := d.seg.insert(ctx, d.poolQuerier(), jobs)
+	ids, err := d.seg.insert(ctx, d.notifyingQuerier(dueQueues(jobs, nil)), jobs, false)
 	return ids, d.wrap("insert", refused(err))
 }
 
 // InsertClaiming is Insert that also claims the jobs c.Claim flags, when
 // due now and their queue is not paused, by writing them straight into
 // the current running segment (seg_insert_claim): the statement commits
-// synchronously, as an insert does, and only the jobs left available
-// notify their queues.
+// synchronously, as an insert does, and only the queues of the jobs not
+// flagged are notified.
 func (d *Driver) InsertClaiming(ctx context.Context, jobs []driver.InsertParams, c driver.InsertClaim) ([]int64, []*driver.JobRow, error) {
 	if len(jobs) == 0 {
 		return nil, nil, nil
@@ -118,7 +119,7 @@ func (d *Driver) InsertTx(ctx context.Context, tx any, jobs []driver.InsertParam
 	if err != nil || len(jobs) == 0 {
 		return nil, err
 	}
-	ids, err := d.seg.insert(ctx, q, jobs)
+	ids, err := d.seg.insert(ctx, q, jobs, true)
 	return ids, d.wrap("insert tx", err)
 }
 
@@ -193,8 +194,8 @@ func (s *copySource) Err() error { return nil }
 // BulkInsert copies jobs into the current ready and waiting segments
 // with COPY in one transaction, deciding scheduled or available against
 // the transaction's now() (the same instant the rows' created_at default
-// takes), then notifies each queue that received an available job once,
-// in the same transaction. It locks the two segments as an insert would
+// takes), then, once it committed, notifies each queue that received an
+// available job once (see notifyAfter). It locks the two segments as an insert would
 // (ROW EXCLUSIVE), then checks their incarnations, so that COPY, which
 // has no guard of its own, never writes into a reclaimed table. An error
 // before the commit, or the server's refusal of the commit, is marked
@@ -290,18 +291,16 @@ func (d *Driver) bulkInsert(ctx context.Context, jobs []driver.InsertParams, com
 			}
 		}
 	}
-	if len(queues) > 0 {
-		qs := make([]string, 0, len(queues))
-		for q := range queues {
-			qs = append(qs, q)
-		}
-		if _, err := tx.Exec(ctx, d.q.NotifyQueues, qs); err != nil {
-			return 0, fmt.Errorf("notify: %w", err)
-		}
-	}
 	*committing = true
 	if err := tx.Commit(ctx); err != nil {
 		return 0, refused(err)
+	}
+	if len(queues) > 0 {
+		var wake wakeList
+		for q := range queues {
+			wake.queues, wake.at = append(wake.queues, q), append(wake.at, time.Time{})
+		}
+		d.notifyAfter(ctx, wake)
 	}
 	s.wakeJobs(due)
 	return total, nil

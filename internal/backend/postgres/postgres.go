@@ -54,7 +54,7 @@ type queries struct {
 	ProbeBegin       string `sql:"probe_begin"`
 	ProbeRollback    string `sql:"probe_rollback"`
 	BulkNow          string `sql:"bulk_now"`
-	NotifyQueues     string `sql:"notify_queues"`
+	NotifyAsync      string `sql:"notify_queues_async"`
 	TryLead          string `sql:"try_lead"`
 	Listen           string `sql:"listen"`
 	PauseQueue       string `sql:"pause_queue"`
@@ -219,6 +219,9 @@ type Driver struct {
 	serializationRetries atomic.Int64
 	listenReconnects     atomic.Int64
 	serverDrops          atomic.Int64
+	// notifyLost counts wake-up notifications that failed twice after
+	// the commit of their jobs (notify.go).
+	notifyLost atomic.Int64
 
 	fo failover // see dropServer
 }
@@ -497,8 +500,9 @@ func (d *Driver) ServerInfo(ctx context.Context) (map[string]string, error) {
 }
 
 // Counters returns the retries this driver performed after deadlocks,
-// lock timeouts and serialization failures, and the listener's
-// reconnects.
+// lock timeouts and serialization failures, the listener's reconnects,
+// the drops of a lost server's connections, and the wake-up
+// notifications lost after their jobs' commit.
 func (d *Driver) Counters() map[string]int64 {
 	return map[string]int64{
 		"deadlock_retries":      d.deadlockRetries.Load(),
@@ -506,6 +510,7 @@ func (d *Driver) Counters() map[string]int64 {
 		"serialization_retries": d.serializationRetries.Load(),
 		"listen_reconnects":     d.listenReconnects.Load(),
 		"server_drops":          d.serverDrops.Load(),
+		"notify_lost":           d.notifyLost.Load(),
 	}
 }
 

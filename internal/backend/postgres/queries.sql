@@ -40,8 +40,22 @@ SELECT current_setting('server_version'),
 -- name: bulk_now
 SELECT now()
 
--- name: notify_queues
-SELECT pg_notify('{p}wake', q) FROM unnest($1::text[]) AS q
+-- name: notify_queues_async
+-- A wake-up of each queue of $1 whose earliest run-at in $2 (NULL: a job
+-- due at once) has come by the database's clock, as a transaction of its own, sent after the commit of the
+-- write whose jobs it announces, and committed without waiting for its
+-- WAL to reach disk. PostgreSQL serializes the commits of every
+-- transaction that notified, server-wide, under one lock held from
+-- before the commit record is written until the commit ends (so across
+-- the WAL flush of a synchronous commit): writes that notified in their
+-- own transaction committed one at a time, each waiting for the flush of
+-- the one before, however many connections wrote at once. This
+-- transaction writes nothing but its notifications and holds that lock
+-- only while its commit record is written. A crash that loses it loses
+-- nothing but the wake-up: listeners reconnect and claim anyway.
+WITH a AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
+SELECT pg_notify('{p}wake', w.q) FROM a, unnest($1::text[], $2::timestamptz[]) AS w(q, at)
+ WHERE w.at IS NULL OR w.at <= now()
 
 -- name: try_lead
 INSERT INTO {p}leader AS l (name, leader_id, expires_at)

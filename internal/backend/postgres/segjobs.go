@@ -27,10 +27,12 @@ func (s *segStore) guardOK(ctx context.Context, v *segView, phs ...string) (bool
 	return ok, err
 }
 
-// insert inserts plain jobs through q (the pool or the caller's
-// transaction).
-func (s *segStore) insert(ctx context.Context, q querier, jobs []driver.InsertParams) ([]int64, error) {
-	args := insertArgs(jobs)
+// insert inserts plain jobs through q. With inline, the statement
+// notifies the queues of the jobs available now itself (an insert in a
+// transaction whose commit the driver does not make); otherwise the
+// caller notifies after the commit (see notify.go).
+func (s *segStore) insert(ctx context.Context, q querier, jobs []driver.InsertParams, inline bool) ([]int64, error) {
+	args := append(insertArgs(jobs), inline)
 	ids := make([]int64, 0, len(jobs))
 	err := s.withView(ctx, func(v *segView) error {
 		ids = ids[:0]
@@ -53,16 +55,18 @@ func (s *segStore) insert(ctx context.Context, q querier, jobs []driver.InsertPa
 	return ids, err
 }
 
-// insertClaim is insert with seg_insert_claim: the jobs c.Claim flags
-// that the statement claimed come back as running rows (nil for the
-// others), placed in the running segment they went into.
+// insertClaim is insert with seg_insert_claim, in a transaction of its
+// own followed by the notification of the queues of the jobs not flagged
+// (see notifyingQuerier): the jobs c.Claim flags that the statement
+// claimed come back as running rows (nil for the others), placed in the
+// running segment they went into.
 func (s *segStore) insertClaim(ctx context.Context, jobs []driver.InsertParams, c driver.InsertClaim) ([]int64, []*driver.JobRow, error) {
 	var flags arrayLit
 	flags.init(2 * len(jobs))
 	for i := range jobs {
 		flags.bool(i < len(c.Claim) && c.Claim[i])
 	}
-	args := append(insertArgs(jobs), flags.String(), micros(c.Lease), c.Worker)
+	args := append(insertArgs(jobs), flags.String(), micros(c.Lease), c.Worker, false)
 	ids := make([]int64, 0, len(jobs))
 	rows := make([]*driver.JobRow, 0, len(jobs))
 	var claimed []*driver.JobRow
@@ -70,7 +74,7 @@ func (s *segStore) insertClaim(ctx context.Context, jobs []driver.InsertParams, 
 	err := s.withView(ctx, func(v *segView) error {
 		ids, rows, claimed = ids[:0], rows[:0], claimed[:0]
 		running = v.cur[phRunning].tbl
-		err := rowsQuerier(s.d.pool.Query)(ctx, s.stmt(&s.d.q.SegInsertClaim, v, nil, phReady, phWaiting, phRunning), args,
+		err := s.d.notifyingQuerier(dueQueues(jobs, c.Claim))(ctx, s.stmt(&s.d.q.SegInsertClaim, v, nil, phReady, phWaiting, phRunning), args,
 			func(scan func(...any) error) error {
 				var (
 					id                        int64

@@ -120,10 +120,13 @@ SELECT count(*) FROM {p}segments
 -- name: seg_insert
 -- Jobs into the current ready segment (due now) or waiting segment (due
 -- later). Ids are drawn from the sequence in input order (WITH
--- ORDINALITY) and returned in that order. One pg_notify per distinct
--- queue that received a job that is available now, in the same statement
--- and transaction. $9 is the metadata and $10 the limit keys (NULL: no
--- key); a batch without any passes an empty array, which unnest pads
+-- ORDINALITY) and returned in that order. With $11 true, one pg_notify
+-- per distinct queue that received a job that is available now, in the
+-- same statement and transaction (an insert in the caller's transaction:
+-- the wake-up is delivered at its commit). With $11 false the caller
+-- notifies after the commit, in a transaction of its own (see
+-- notify_queues_async). $9 is the metadata and $10 the limit keys (NULL:
+-- no key); a batch without any passes an empty array, which unnest pads
 -- with NULLs, so plain jobs cost nothing more.
 WITH input AS MATERIALIZED (
     SELECT nextval('{p}job_ids') AS id,
@@ -146,7 +149,7 @@ wt AS (
 ),
 woke AS (
     SELECT pg_notify('{p}wake', d.queue)
-    FROM (SELECT DISTINCT queue FROM input WHERE sched <= now()) d
+    FROM (SELECT DISTINCT queue FROM input WHERE sched <= now() AND $11::boolean) d
 )
 SELECT i.id FROM input i CROSS JOIN (SELECT count(*) FROM woke) w ORDER BY i.ord
 
@@ -156,8 +159,9 @@ SELECT i.id FROM input i CROSS JOIN (SELECT count(*) FROM woke) w ORDER BY i.ord
 -- is not paused, goes straight into the current running segment as
 -- seg_claim would have moved it there (attempt 1, leased to $13 for $12
 -- microseconds, its fence the clock floor of seg_claim); every other job
--- goes where seg_insert puts it. Only the jobs left available notify
--- their queue. The statement commits as an insert does (synchronously):
+-- goes where seg_insert puts it. With $14 true, only the jobs left
+-- available notify their queue; with $14 false the caller notifies after
+-- the commit (see seg_insert). The statement commits as an insert does (synchronously):
 -- the enqueue is durable before the caller hears of it. Returns, in
 -- input order, each job's id and, for a claimed one, its fence, claim
 -- time, lease and creation time (NULL fence: not claimed).
@@ -202,7 +206,7 @@ wt AS (
 ),
 woke AS (
     SELECT pg_notify('{p}wake', d.queue)
-    FROM (SELECT DISTINCT queue FROM dec WHERE sched <= now() AND NOT take) d
+    FROM (SELECT DISTINCT queue FROM dec WHERE sched <= now() AND NOT take AND $14::boolean) d
 )
 SELECT i.id, run.fence, run.attempted_at, run.lease_expires_at, run.created_at, i.sched
 FROM dec i LEFT JOIN run ON run.id = i.id CROSS JOIN (SELECT count(*) FROM woke) w
@@ -215,8 +219,9 @@ ORDER BY i.ord
 -- that concurrent inserters of overlapping keys wait for each other in
 -- the same order and cannot deadlock: ON CONFLICT DO NOTHING waits for a
 -- concurrent inserter of the same key and skips a held one. Only jobs
--- whose key went in are inserted, and only they notify; the result says
--- which went in. Ids and queue positions follow the caller's order
+-- whose key went in are inserted, and only they notify (with $14 true;
+-- false: the caller notifies after the commit, see seg_insert); the
+-- result says which went in. Ids and queue positions follow the caller's order
 -- (ORDER BY corder), so that a batch's jobs run in the order given (a
 -- schedule's late slots caught up in one insert run oldest first).
 WITH input AS MATERIALIZED (
@@ -252,7 +257,7 @@ wt AS (
 ),
 woke AS (
     SELECT pg_notify('{p}wake', d.queue)
-    FROM (SELECT DISTINCT queue FROM ins WHERE sched <= now()) d
+    FROM (SELECT DISTINCT queue FROM ins WHERE sched <= now() AND $14::boolean) d
 )
 SELECT i.id, k.job_id IS NOT NULL
 FROM input i LEFT JOIN k ON k.job_id = i.id CROSS JOIN (SELECT count(*) FROM woke) w

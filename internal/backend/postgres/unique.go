@@ -48,7 +48,7 @@ func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertP
 				return d.wrap("insert unique", driver.NotCommitted(err))
 			}
 			defer ptx.Rollback(ctx)
-			if err := d.insertUnique(ctx, pgxQuerier(ptx), jobs, ids, dup); err != nil {
+			if err := d.insertUnique(ctx, pgxQuerier(ptx), jobs, ids, dup, false); err != nil {
 				return d.wrap("insert unique", driver.NotCommitted(err))
 			}
 			if err := ptx.Commit(ctx); err != nil {
@@ -59,12 +59,15 @@ func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertP
 		if err != nil {
 			return nil, nil, err
 		}
+		// Notified after the commit (see notify.go): the jobs that went
+		// in, a held key's job not.
+		d.notifyAfter(ctx, dueQueues(jobs, dup))
 	} else {
 		q, _, err := txQuerier("insert unique tx", tx)
 		if err != nil {
 			return nil, nil, err
 		}
-		if err := d.insertUnique(ctx, q, jobs, ids, dup); err != nil {
+		if err := d.insertUnique(ctx, q, jobs, ids, dup, true); err != nil {
 			return nil, nil, d.wrap("insert unique tx", err)
 		}
 	}
@@ -75,7 +78,9 @@ func (d *Driver) InsertUnique(ctx context.Context, tx any, jobs []driver.InsertP
 	return ids, dup, nil
 }
 
-func (d *Driver) insertUnique(ctx context.Context, q querier, all []driver.InsertParams, ids []int64, dup []bool) error {
+// insertUnique is InsertUnique's work through q; inline says whether its
+// statements notify the queues themselves (see segStore.insert).
+func (d *Driver) insertUnique(ctx context.Context, q querier, all []driver.InsertParams, ids []int64, dup []bool, inline bool) error {
 	var jobs, plain []driver.InsertParams
 	var jobsAt, plainAt []int
 	for i := range all {
@@ -86,7 +91,7 @@ func (d *Driver) insertUnique(ctx context.Context, q querier, all []driver.Inser
 		}
 	}
 	if len(plain) > 0 {
-		got, err := d.seg.insert(ctx, q, plain)
+		got, err := d.seg.insert(ctx, q, plain, inline)
 		if err != nil {
 			return err
 		}
@@ -101,7 +106,7 @@ func (d *Driver) insertUnique(ctx context.Context, q querier, all []driver.Inser
 		return nil
 	}
 	uids, udup := make([]int64, len(jobs)), make([]bool, len(jobs))
-	if err := d.insertKeyed(ctx, q, jobs, uids, udup); err != nil {
+	if err := d.insertKeyed(ctx, q, jobs, uids, udup, inline); err != nil {
 		return err
 	}
 	for k, i := range jobsAt {
@@ -115,7 +120,7 @@ func (d *Driver) insertUnique(ctx context.Context, q querier, all []driver.Inser
 // keys held. An insert the incarnation guard
 // refused returns no row at all, and the round runs again with a fresh
 // view of the registry.
-func (d *Driver) insertKeyed(ctx context.Context, q querier, jobs []driver.InsertParams, ids []int64, dup []bool) error {
+func (d *Driver) insertKeyed(ctx context.Context, q querier, jobs []driver.InsertParams, ids []int64, dup []bool, inline bool) error {
 	insertQ, err := d.seg.uniqueInsert(ctx, false)
 	if err != nil {
 		return err
@@ -143,7 +148,7 @@ func (d *Driver) insertKeyed(ctx context.Context, q querier, jobs []driver.Inser
 		}
 		var refused []int
 		k := 0
-		err := q(ctx, insertQ, append(insertArgs(batch), keys.String(), keeps.String(), order.String()), func(scan func(...any) error) error {
+		err := q(ctx, insertQ, append(insertArgs(batch), keys.String(), keeps.String(), order.String(), inline), func(scan func(...any) error) error {
 			var id int64
 			var inserted bool
 			if err := scan(&id, &inserted); err != nil {
