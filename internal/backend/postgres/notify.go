@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"time"
 
@@ -103,18 +102,10 @@ func (d *Driver) notifyingQuerier(wake wakeList) querier {
 			b.Queue(d.q.NotifyAsync, wake.args()...)
 		}
 		br := c.SendBatch(ctx, b)
-		committed, err := readNotifying(br, row, !wake.empty())
+		err = readNotifying(br, row)
 		cerr := br.Close()
 		if err != nil {
 			return err
-		}
-		if !committed {
-			// Close reports what ended the batch before the commit's
-			// answer was read.
-			if cerr == nil {
-				cerr = errors.New("the batch ended before the commit's answer")
-			}
-			return cerr
 		}
 		if cerr != nil && !wake.empty() {
 			d.notifyAgain(ctx, wake)
@@ -123,36 +114,31 @@ func (d *Driver) notifyingQuerier(wake wakeList) querier {
 	}
 }
 
-// readNotifying reads the results of notifyingQuerier's batch: it returns
-// the query's or the commit's error, and whether the commit's answer was
-// read; the notification's error is left to the batch's Close.
-func readNotifying(br pgx.BatchResults, row func(scan func(dest ...any) error) error, notify bool) (bool, error) {
+// readNotifying reads the results of notifyingQuerier's batch up to the
+// commit's answer and returns the query's or the commit's error; the
+// notification's error is left to the batch's Close. (The whole batch is
+// sent before any answer is read: an error of row's does not keep the
+// commit from running, as it did not when the statement committed alone.)
+func readNotifying(br pgx.BatchResults, row func(scan func(dest ...any) error) error) error {
 	if _, err := br.Exec(); err != nil {
-		return false, err
+		return err
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return false, err
+		return err
 	}
 	for rows.Next() {
 		if err := row(rows.Scan); err != nil {
 			rows.Close()
-			return false, err
+			return err
 		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return false, err
+		return err
 	}
-	if _, err := br.Exec(); err != nil {
-		return false, err
-	}
-	if notify {
-		if _, err := br.Exec(); err != nil {
-			return true, nil
-		}
-	}
-	return true, nil
+	_, err = br.Exec()
+	return err
 }
 
 // notifyAfter sends wake after a commit of the driver's own, as a
