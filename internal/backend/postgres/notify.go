@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -52,14 +51,31 @@ func (w wakeList) args() []any {
 // held unique keys that did not go in; nil for none).
 func dueQueues(jobs []driver.InsertParams, skip []bool) wakeList {
 	var w wakeList
+	var at map[string]int // queue -> its index in w, once a batch names several
 	for i := range jobs {
 		j := &jobs[i]
 		if skip != nil && i < len(skip) && skip[i] || j.RunAt.IsZero() && j.Delay > 0 {
 			continue
 		}
-		k := slices.Index(w.queues, j.Queue)
+		k := -1
+		switch {
+		case len(w.queues) > 0 && w.queues[len(w.queues)-1] == j.Queue:
+			k = len(w.queues) - 1
+		case at != nil:
+			if n, ok := at[j.Queue]; ok {
+				k = n
+			}
+		case len(w.queues) > 0 && w.queues[0] == j.Queue:
+			k = 0
+		}
 		switch {
 		case k < 0:
+			if at == nil && len(w.queues) > 0 {
+				at = map[string]int{w.queues[0]: 0}
+			}
+			if at != nil {
+				at[j.Queue] = len(w.queues)
+			}
 			w.queues, w.at = append(w.queues, j.Queue), append(w.at, j.RunAt)
 		case w.at[k].IsZero():
 		case j.RunAt.IsZero() || j.RunAt.Before(w.at[k]):

@@ -142,3 +142,40 @@ func TestNotifyingInsertRefusedRollsBack(t *testing.T) {
 		}
 	}
 }
+
+// dueQueues names each queue once, in first-seen order, with the earliest
+// run-at of its jobs (zero when one is due at once), and leaves out
+// delayed and skipped jobs, however many queues a batch names.
+func TestDueQueues(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	job := func(q string, at time.Time, delay time.Duration) driver.InsertParams {
+		return driver.InsertParams{Queue: q, RunAt: at, Delay: delay}
+	}
+	jobs := []driver.InsertParams{
+		job("a", t0.Add(time.Minute), 0), job("b", time.Time{}, 0), job("a", t0, 0),
+		job("c", time.Time{}, time.Hour), job("d", time.Time{}, 0), job("b", t0, 0),
+		job("e", time.Time{}, 0), job("a", time.Time{}, 0), job("e", time.Time{}, 0),
+	}
+	skip := []bool{false, false, false, false, true}
+	w := dueQueues(jobs, skip)
+	got := fmt.Sprint(w.queues)
+	if got != "[a b e]" {
+		t.Fatalf("queues %s, want [a b e]", got)
+	}
+	for i, want := range []time.Time{{}, {}, {}} {
+		if !w.at[i].Equal(want) {
+			t.Fatalf("queue %s: run-at %v, want %v", w.queues[i], w.at[i], want)
+		}
+	}
+	w = dueQueues(jobs[:3], nil)
+	if fmt.Sprint(w.queues) != "[a b]" || !w.at[0].Equal(t0) || !w.at[1].IsZero() {
+		t.Fatalf("queues %v at %v, want [a b] at [%v zero]", w.queues, w.at, t0)
+	}
+	var many []driver.InsertParams
+	for i := range 300 {
+		many = append(many, job(fmt.Sprint("q", i%150), time.Time{}, 0))
+	}
+	if w := dueQueues(many, nil); len(w.queues) != 150 || w.queues[149] != "q149" {
+		t.Fatalf("%d queues (last %q), want 150 ending with q149", len(w.queues), w.queues[len(w.queues)-1])
+	}
+}
