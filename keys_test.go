@@ -553,7 +553,7 @@ func checkKeyOrder(t *testing.T, byKey map[string][]execution) {
 	t.Helper()
 	for k, runs := range byKey {
 		if p := peak(runs, time.Time{}); p > 1 {
-			t.Fatalf("%d jobs of ordered key %s ran at once", p, k)
+			t.Fatalf("%d jobs of ordered key %s ran at once; %s", p, k, atPeak(runs))
 		}
 		slices.SortFunc(runs, func(a, b execution) int { return a.start.Compare(b.start) })
 		for i := 1; i < len(runs); i++ {
@@ -632,7 +632,7 @@ func TestKeysEnqueuedWhileWorking(t *testing.T) {
 				}
 				for k, runs := range byKey {
 					if p := peak(runs, time.Time{}); p > tc.max {
-						t.Fatalf("%d jobs of key %s ran at once, over the limit %d", p, k, tc.max)
+						t.Fatalf("%d jobs of key %s ran at once, over the limit %d; %s", p, k, tc.max, atPeak(runs))
 					}
 				}
 				if r.a.Backend() == "sqlite" {

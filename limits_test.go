@@ -34,6 +34,7 @@ type execution struct {
 	start, end time.Time
 	by         string
 	failed     bool // the attempt failed (limitRig.failIf)
+	attempt    int  // the job's attempt number, where the test records it
 }
 
 // executions is the test's log of executions, kept outside the queue.
@@ -83,6 +84,42 @@ func peak(xs []execution, from time.Time) int {
 		}
 	}
 	return top
+}
+
+// atPeak describes the executions of xs running at the first instant the
+// most of them ran at once (peak with from zero), times from the first
+// start: what a failure names, so that an overlap can be traced.
+func atPeak(xs []execution) string {
+	if len(xs) == 0 {
+		return "no executions"
+	}
+	first := xs[0].start
+	for _, x := range xs {
+		if x.start.Before(first) {
+			first = x.start
+		}
+	}
+	top, at := 0, time.Time{}
+	for _, x := range xs {
+		n := 0
+		for _, y := range xs {
+			if !y.start.After(x.start) && y.end.After(x.start) {
+				n++
+			}
+		}
+		if n > top {
+			top, at = n, x.start
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d running at +%v:", top, at.Sub(first).Round(time.Millisecond))
+	for _, y := range xs {
+		if !y.start.After(at) && y.end.After(at) {
+			fmt.Fprintf(&b, " [job %d attempt %d by %q +%v..+%v]", y.id, y.attempt, y.by,
+				y.start.Sub(first).Round(time.Millisecond), y.end.Sub(first).Round(time.Millisecond))
+		}
+	}
+	return b.String()
 }
 
 // limitRig is three clients on one database working one limited queue:
@@ -310,7 +347,7 @@ func TestLimitMaxRunningAcrossClients(t *testing.T) {
 		r.start()
 		xs := r.waitAll(ids, time.Minute)
 		if p := peak(xs, time.Time{}); p > max {
-			t.Fatalf("%d jobs ran at once, over MaxRunning %d", p, max)
+			t.Fatalf("%d jobs ran at once, over MaxRunning %d; %s", p, max, atPeak(xs))
 		} else if p < max {
 			t.Fatalf("at most %d jobs ran at once with 11 workers and a backlog: the limit of %d was never reached", p, max)
 		}
@@ -657,7 +694,7 @@ func TestLimitSetByTheWorkingClient(t *testing.T) {
 			case <-time.After(d):
 			case <-ctx.Done():
 			}
-			log.add(execution{id: j.ID, start: start, end: time.Now()})
+			log.add(execution{id: j.ID, start: start, end: time.Now(), attempt: j.Attempt, by: fmt.Sprintf("n=%d", j.Args.N)})
 			return ctx.Err()
 		})); err != nil {
 			t.Fatal(err)
@@ -683,7 +720,7 @@ func TestLimitSetByTheWorkingClient(t *testing.T) {
 			return len(ran) == n
 		})
 		if p := peak(log.snapshot(), time.Time{}); p > max {
-			t.Fatalf("%d jobs ran at once under a MaxRunning of %d set by the client working the queue", p, max)
+			t.Fatalf("%d jobs ran at once under a MaxRunning of %d set by the client working the queue; %s; counters %+v", p, max, atPeak(log.snapshot()), c.Counters())
 		} else if p < 2 {
 			t.Fatalf("at most %d job ran at once with 8 workers and a backlog", p)
 		}
