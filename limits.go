@@ -138,7 +138,11 @@ func rateProblem(kind string, rate int, period time.Duration) string {
 // the zero QueueLimits removes them. The queue need not exist yet. A bad
 // queue name or a value out of range is refused with ErrInvalidOpts,
 // naming the field, and nothing is changed. The queue's pause is left as
-// it is.
+// it is. This process claims the queue under the new limits at once:
+// SetQueueLimits returns after its claims of the queue begun under the
+// old ones have returned, so that none of them takes a job enqueued
+// after it (other processes follow within a second, see
+// docs/flow-control.md).
 func (c *Client[TTx]) SetQueueLimits(ctx context.Context, queue string, l QueueLimits) error {
 	if ValidQueueName(queue) != nil {
 		return queueNameError{op: "set limits of", queue: queue}
@@ -152,7 +156,9 @@ func (c *Client[TTx]) SetQueueLimits(ctx context.Context, queue string, l QueueL
 	if err := c.drv.SetQueueLimits(ctx, queue, driver.QueueLimits(l)); err != nil {
 		return err
 	}
-	c.eng.LimitsChanged(queue, driver.QueueLimits(l))
+	if err := c.eng.LimitsChanged(ctx, queue, driver.QueueLimits(l)); err != nil {
+		return fmt.Errorf("conveyor: the limits of queue %q are set, but this process's claims under the old ones were still running when waiting for them ended: %w", queue, err)
+	}
 	return nil
 }
 

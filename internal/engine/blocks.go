@@ -715,6 +715,7 @@ func (f *fetcher) runBlocked(ctx context.Context) bool {
 func (f *fetcher) claimBlocked(ctx context.Context, limit int) ([]*driver.JobRow, time.Duration, error) {
 	e := f.e
 	p := driver.ClaimParams{Queue: f.queue, Limit: limit, Lease: e.cfg.Lease, Worker: e.id, Blocked: true}
+	defer e.lockClaims(f.queue)()
 	if c := e.limits.Load(); c != nil && time.Since(c.at) <= limitsStale {
 		if l := c.values[f.queue]; l.Rate == 0 && !l.HasKeyLimits() {
 			rows, err := e.drv.Claim(ctx, p)

@@ -303,7 +303,9 @@ func TestCompleterGatherFor(t *testing.T) {
 	}
 	e.oneWriter = false
 	d.setLimits("q", driver.QueueLimits{MaxRunning: 3})
-	e.LimitsChanged("q", driver.QueueLimits{MaxRunning: 3})
+	if err := e.LimitsChanged(context.Background(), "q", driver.QueueLimits{MaxRunning: 3}); err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, "the limits read again", func() bool { return e.anyLimited() })
 	if got := c.gatherFor(local, last); got != 0 {
 		t.Fatalf("a limited queue: wait %v, want none", got)

@@ -462,6 +462,7 @@ func (f *fetcher) room() (n int, ok bool) {
 func (f *fetcher) claim(ctx context.Context, limit int) (rows []*driver.JobRow, hold time.Duration, err error) {
 	e := f.e
 	p := driver.ClaimParams{Queue: f.queue, Limit: limit, Lease: e.cfg.Lease, Worker: e.id}
+	defer e.lockClaims(f.queue)()
 	if !e.limited(f.queue) {
 		f.maxRun.Store(0)
 		rows, err = e.drv.Claim(ctx, p)

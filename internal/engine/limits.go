@@ -137,8 +137,11 @@ func (e *Engine) setLimited(m map[string]driver.QueueLimits, at time.Time) {
 // l, so that its claims follow them at once rather than at the next
 // refresh of the limits (a MaxRunning set here, say, is worked under a
 // block from the next claim). It wakes the queue's fetcher and the remote
-// claims waiting on it.
-func (e *Engine) LimitsChanged(queue string, l driver.QueueLimits) {
+// claims waiting on it, and returns once every claim of the queue that
+// began under the cache as it was before has returned (see lockClaims),
+// or with ctx's error when ctx ends first: a job enqueued after it
+// returned nil is claimed within the new limits by this process.
+func (e *Engine) LimitsChanged(ctx context.Context, queue string, l driver.QueueLimits) error {
 	limited := !l.IsZero()
 	e.limitsMu.Lock()
 	if old := e.limits.Load(); old != nil && (old.limited[queue] != limited || old.values[queue] != l) {
@@ -178,6 +181,54 @@ func (e *Engine) LimitsChanged(queue string, l driver.QueueLimits) {
 	e.mu.Unlock()
 	e.wake(queue)
 	e.slotFreed(queue)
+	return e.awaitClaims(ctx, queue)
+}
+
+// claimGate is queue's gate (Engine.claimGates).
+func (e *Engine) claimGate(queue string) *sync.RWMutex {
+	if g, ok := e.claimGates.Load(queue); ok {
+		return g.(*sync.RWMutex)
+	}
+	g, _ := e.claimGates.LoadOrStore(queue, new(sync.RWMutex))
+	return g.(*sync.RWMutex)
+}
+
+// lockClaims read-locks queue's gate for one claim of the queue, from
+// its choice of statement by the limits cache to the end of the
+// statements, and returns the unlock: a claim that began before
+// LimitsChanged stored this process's change has returned before
+// LimitsChanged does. Without the gate, a claim slowed on a busy machine
+// between its choice and its statements could take jobs enqueued after
+// SetQueueLimits returned, without the slots or the rate the new limits
+// ask for: a plain claim chosen by the cache as it was, or a limited one
+// whose driver read no limits in the database and went on as a plain
+// claim in a later statement.
+func (e *Engine) lockClaims(queue string) (unlock func()) {
+	g := e.claimGate(queue)
+	g.RLock()
+	return g.RUnlock
+}
+
+// awaitClaims waits until no claim of queue holds its gate (the claims
+// that began before the limits cache changed have returned), or ctx ends.
+func (e *Engine) awaitClaims(ctx context.Context, queue string) error {
+	g := e.claimGate(queue)
+	if g.TryLock() {
+		g.Unlock()
+		return nil
+	}
+	done := make(chan struct{})
+	go func() {
+		g.Lock()
+		g.Unlock()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // slotFreed wakes the fetcher of a limited queue and the remote claims

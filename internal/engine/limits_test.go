@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -222,7 +223,9 @@ func TestLimitFullProcessClaimsAfterItsOwnEnd(t *testing.T) {
 func TestLimitFullProcessClaimsAfterItsOwnChange(t *testing.T) {
 	e, d := limitHoldEngine(t)
 	defer close(d.gate)
-	e.LimitsChanged("q", driver.QueueLimits{MaxRunning: 1})
+	if err := e.LimitsChanged(context.Background(), "q", driver.QueueLimits{MaxRunning: 1}); err != nil {
+		t.Fatal(err)
+	}
 	if id := recv(t, "job 2 to run after the process changed the limits", d.ran); id != 2 {
 		t.Fatalf("ran job %d, want 2", id)
 	}
@@ -332,7 +335,9 @@ func TestLimitsChangedSwitchesClaimAtOnce(t *testing.T) {
 		if limited {
 			l = driver.QueueLimits{Rate: 1, RatePeriod: time.Hour}
 		}
-		e.LimitsChanged("q", l)
+		if err := e.LimitsChanged(context.Background(), "q", l); err != nil {
+			t.Fatal(err)
+		}
 		waitFor(t, "a claim after LimitsChanged", func() bool {
 			cs := claimsAfter(d, "q", before)
 			return len(cs) > 0 && cs[0].done
@@ -341,6 +346,104 @@ func TestLimitsChangedSwitchesClaimAtOnce(t *testing.T) {
 			t.Fatalf("after LimitsChanged(q, %v) the claim was limited=%v", limited, c.limited)
 		}
 	}
+}
+
+// A claim that began before this process changed the queue's limits,
+// and whose statements are still running, may take jobs enqueued after
+// the change without the slots the new limits ask for (a plain claim
+// chosen by the cache as it was, or a limited one whose driver read no
+// limits and went on as a plain one): LimitsChanged (and so
+// SetQueueLimits) returns only after that claim has, and returns ctx's
+// error if ctx ends first.
+func TestLimitsChangedWaitsForClaims(t *testing.T) {
+	d := &fakeDriver{}
+	d.queueLimits = func(ctx context.Context) (map[string]driver.QueueLimits, error) {
+		return map[string]driver.QueueLimits{}, nil
+	}
+	// A claim made while stall holds a channel waits until it closes.
+	var stall atomic.Pointer[chan struct{}]
+	entered := make(chan struct{}, 1)
+	d.claim = func(ctx context.Context, p driver.ClaimParams) ([]*driver.JobRow, error) {
+		if ch := stall.Swap(nil); ch != nil {
+			entered <- struct{}{}
+			<-*ch
+		}
+		return d.takePending(p), nil
+	}
+	e := startEngine(t, d, limitConfig(time.Hour), map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
+	waitFor(t, "the first claim", func() bool { return d.idle("q") })
+
+	// The claim that will stall read the cache: no limits. (Released at
+	// the end whatever happens, before the engine is closed.)
+	release, release2 := make(chan struct{}), make(chan struct{})
+	var closing sync.Once
+	t.Cleanup(func() { closing.Do(func() { close(release) }) })
+	t.Cleanup(func() {
+		select {
+		case <-release2:
+		default:
+			close(release2)
+		}
+	})
+	stall.Store(&release)
+	e.Wake("q")
+	recv(t, "a plain claim under way", entered)
+	changed := make(chan error, 1)
+	go func() { changed <- e.LimitsChanged(context.Background(), "q", driver.QueueLimits{MaxRunning: 1}) }()
+	select {
+	case err := <-changed:
+		t.Fatalf("LimitsChanged returned (%v) while a claim that read the old limits was still running", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	closing.Do(func() { close(release) })
+	if err := recv(t, "LimitsChanged after the plain claim returned", changed); err != nil {
+		t.Fatal(err)
+	}
+
+	// A claim after the change goes through ClaimLimited.
+	before := len(d.claimsOf("q"))
+	if err := e.LimitsChanged(context.Background(), "q", driver.QueueLimits{MaxRunning: 2}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a claim after the change", func() bool { cs := claimsAfter(d, "q", before); return len(cs) > 0 && cs[0].done })
+	if c := claimAfter(d, before); !c.limited {
+		t.Fatal("a claim after LimitsChanged set a MaxRunning was not limited")
+	}
+
+	// A limited claim (whose driver may have read no limits and gone on
+	// as a plain claim) holds the change up as well.
+	release3 := make(chan struct{})
+	var closing3 sync.Once
+	t.Cleanup(func() { closing3.Do(func() { close(release3) }) })
+	stall.Store(&release3)
+	e.Wake("q")
+	recv(t, "a limited claim under way", entered)
+	go func() { changed <- e.LimitsChanged(context.Background(), "q", driver.QueueLimits{MaxRunning: 3}) }()
+	select {
+	case err := <-changed:
+		t.Fatalf("LimitsChanged returned (%v) while a limited claim begun before it was still running", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	closing3.Do(func() { close(release3) })
+	if err := recv(t, "LimitsChanged after the limited claim returned", changed); err != nil {
+		t.Fatal(err)
+	}
+
+	// Back to no limits; a plain claim stalls again, and the wait for it
+	// ends with the caller's context.
+	if err := e.LimitsChanged(context.Background(), "q", driver.QueueLimits{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "an idle plain claim", func() bool { return d.idle("q") })
+	stall.Store(&release2)
+	e.Wake("q")
+	recv(t, "a second plain claim under way", entered)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := e.LimitsChanged(ctx, "q", driver.QueueLimits{MaxRunning: 1}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("LimitsChanged with a stalled plain claim and an ended context returned %v, want the context's error", err)
+	}
+	close(release2)
 }
 
 // claimAfter is the first claim of "q" after index i.
@@ -365,7 +468,9 @@ func TestLimitsChangedKeepsAStaleCacheStale(t *testing.T) {
 	e := startEngine(t, d, limitConfig(time.Hour), map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
 	waitFor(t, "the first read of the limits", func() bool { return e.limits.Load() != nil })
 	waitFor(t, "the cache to go stale", func() bool { return e.limited("elsewhere") })
-	e.LimitsChanged("q", driver.QueueLimits{MaxRunning: 1})
+	if err := e.LimitsChanged(context.Background(), "q", driver.QueueLimits{MaxRunning: 1}); err != nil {
+		t.Fatal(err)
+	}
 	if !e.limited("elsewhere") {
 		t.Fatal("after LimitsChanged of another queue, a stale cache said a queue is not limited")
 	}

@@ -138,6 +138,7 @@ func (e *Engine) claimRemote(ctx context.Context, p driver.ClaimParams) (rows []
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), remoteWriteTimeout)
 	defer cancel()
 	e.metrics.ClaimRounds.Add(1)
+	unlock := e.lockClaims(p.Queue)
 	if e.limited(p.Queue) {
 		var res driver.ClaimResult
 		res, err = e.drv.ClaimLimited(cctx, p)
@@ -148,6 +149,7 @@ func (e *Engine) claimRemote(ctx context.Context, p driver.ClaimParams) (rows []
 	} else {
 		rows, err = e.drv.Claim(cctx, p)
 	}
+	unlock()
 	if err != nil {
 		e.metrics.DBErrors.Add(1)
 		return nil, 0, err
