@@ -27,32 +27,43 @@ func maintenance(t *testing.T, s suite) {
 	})
 
 	t.Run("ScheduledNotClaimedUntilPromoted", func(t *testing.T) {
+		// Job "s" is due in an hour: no promotion or claim of this test
+		// may take it. Job "s2" is due in 300 ms: the first promotion
+		// may already find it due on a loaded machine, so it is counted
+		// over both.
 		d := s.setup(t)
-		p := job("s", 0)
-		p.Delay = 300 * time.Millisecond
-		ids, err := d.Insert(ctx, []driver.InsertParams{p})
+		late, soon := job("s", 0), job("s2", 0)
+		late.Delay, soon.Delay = time.Hour, 300*time.Millisecond
+		ids, err := d.Insert(ctx, []driver.InsertParams{late, soon})
 		if err != nil {
 			t.Fatal(err)
 		}
-		j, _ := d.GetJob(ctx, ids[0])
-		if j.State != driver.StateScheduled {
-			t.Fatalf("delayed job state %q, want scheduled", j.State)
+		for _, id := range ids {
+			j, _ := d.GetJob(ctx, id)
+			if j.State != driver.StateScheduled {
+				t.Fatalf("delayed job %d state %q, want scheduled", id, j.State)
+			}
 		}
-		if n, _ := d.Promote(ctx, 100); n["s"] != 0 {
-			t.Fatalf("promoted a job before its time")
+		n, err := d.Promote(ctx, 100)
+		if err != nil || n["s"] != 0 {
+			t.Fatalf("promoted %v (err %v): a job due in an hour was promoted", n, err)
 		}
+		promoted := n["s2"]
 		rows, _ := d.Claim(ctx, driver.ClaimParams{Queue: "s", Limit: 5, Lease: time.Minute, Worker: "w"})
 		if len(rows) != 0 {
 			t.Fatalf("claimed a scheduled job early")
 		}
 		time.Sleep(400 * time.Millisecond)
-		n, err := d.Promote(ctx, 100)
-		if err != nil || n["s"] != 1 {
-			t.Fatalf("promote: %v err %v", n, err)
+		n, err = d.Promote(ctx, 100)
+		if err != nil || n["s"] != 0 || promoted+n["s2"] != 1 {
+			t.Fatalf("promote: %v err %v, after %d of s2 (want s2's one job promoted once, s's none)", n, err, promoted)
 		}
-		rows, _ = d.Claim(ctx, driver.ClaimParams{Queue: "s", Limit: 5, Lease: time.Minute, Worker: "w"})
-		if len(rows) != 1 || time.Since(rows[0].ScheduledAt) < 0 {
+		rows, _ = d.Claim(ctx, driver.ClaimParams{Queue: "s2", Limit: 5, Lease: time.Minute, Worker: "w"})
+		if len(rows) != 1 || rows[0].ID != ids[1] || time.Since(rows[0].ScheduledAt) < 0 {
 			t.Fatalf("claim after promote: %d rows", len(rows))
+		}
+		if rows, _ := d.Claim(ctx, driver.ClaimParams{Queue: "s", Limit: 5, Lease: time.Minute, Worker: "w"}); len(rows) != 0 {
+			t.Fatalf("claimed the job due in an hour")
 		}
 	})
 
