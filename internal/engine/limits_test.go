@@ -373,32 +373,35 @@ func TestLimitsChangedWaitsForClaims(t *testing.T) {
 	e := startEngine(t, d, limitConfig(time.Hour), map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
 	waitFor(t, "the first claim", func() bool { return d.idle("q") })
 
-	// The claim that will stall read the cache: no limits. (Released at
-	// the end whatever happens, before the engine is closed.)
-	release, release2 := make(chan struct{}), make(chan struct{})
-	var closing sync.Once
-	t.Cleanup(func() { closing.Do(func() { close(release) }) })
-	t.Cleanup(func() {
+	// Each stall is released at the end whatever happens, before the
+	// engine is closed.
+	stalled := func(what string) (release func()) {
+		ch := make(chan struct{})
+		var once sync.Once
+		release = func() { once.Do(func() { close(ch) }) }
+		t.Cleanup(release)
+		stall.Store(&ch)
+		e.Wake("q")
+		recv(t, what+" under way", entered)
+		return release
+	}
+	// LimitsChanged to l must wait for the stalled claim (what).
+	waitsFor := func(what string, l driver.QueueLimits, release func()) {
+		changed := make(chan error, 1)
+		go func() { changed <- e.LimitsChanged(context.Background(), "q", l) }()
 		select {
-		case <-release2:
-		default:
-			close(release2)
+		case err := <-changed:
+			t.Fatalf("LimitsChanged returned (%v) while %s begun before it was still running", err, what)
+		case <-time.After(100 * time.Millisecond):
 		}
-	})
-	stall.Store(&release)
-	e.Wake("q")
-	recv(t, "a plain claim under way", entered)
-	changed := make(chan error, 1)
-	go func() { changed <- e.LimitsChanged(context.Background(), "q", driver.QueueLimits{MaxRunning: 1}) }()
-	select {
-	case err := <-changed:
-		t.Fatalf("LimitsChanged returned (%v) while a claim that read the old limits was still running", err)
-	case <-time.After(100 * time.Millisecond):
+		release()
+		if err := recv(t, "LimitsChanged after "+what+" returned", changed); err != nil {
+			t.Fatal(err)
+		}
 	}
-	closing.Do(func() { close(release) })
-	if err := recv(t, "LimitsChanged after the plain claim returned", changed); err != nil {
-		t.Fatal(err)
-	}
+
+	// The claim that stalls read the cache: no limits.
+	waitsFor("a plain claim", driver.QueueLimits{MaxRunning: 1}, stalled("a plain claim"))
 
 	// A claim after the change goes through ClaimLimited.
 	before := len(d.claimsOf("q"))
@@ -412,22 +415,7 @@ func TestLimitsChangedWaitsForClaims(t *testing.T) {
 
 	// A limited claim (whose driver may have read no limits and gone on
 	// as a plain claim) holds the change up as well.
-	release3 := make(chan struct{})
-	var closing3 sync.Once
-	t.Cleanup(func() { closing3.Do(func() { close(release3) }) })
-	stall.Store(&release3)
-	e.Wake("q")
-	recv(t, "a limited claim under way", entered)
-	go func() { changed <- e.LimitsChanged(context.Background(), "q", driver.QueueLimits{MaxRunning: 3}) }()
-	select {
-	case err := <-changed:
-		t.Fatalf("LimitsChanged returned (%v) while a limited claim begun before it was still running", err)
-	case <-time.After(100 * time.Millisecond):
-	}
-	closing3.Do(func() { close(release3) })
-	if err := recv(t, "LimitsChanged after the limited claim returned", changed); err != nil {
-		t.Fatal(err)
-	}
+	waitsFor("a limited claim", driver.QueueLimits{MaxRunning: 3}, stalled("a limited claim"))
 
 	// Back to no limits; a plain claim stalls again, and the wait for it
 	// ends with the caller's context.
@@ -435,15 +423,13 @@ func TestLimitsChangedWaitsForClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "an idle plain claim", func() bool { return d.idle("q") })
-	stall.Store(&release2)
-	e.Wake("q")
-	recv(t, "a second plain claim under way", entered)
+	release := stalled("a second plain claim")
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	if err := e.LimitsChanged(ctx, "q", driver.QueueLimits{MaxRunning: 1}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("LimitsChanged with a stalled plain claim and an ended context returned %v, want the context's error", err)
 	}
-	close(release2)
+	release()
 }
 
 // claimAfter is the first claim of "q" after index i.
