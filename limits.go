@@ -140,8 +140,9 @@ func rateProblem(kind string, rate int, period time.Duration) string {
 // naming the field, and nothing is changed. The queue's pause is left as
 // it is. This process claims the queue under the new limits at once:
 // SetQueueLimits returns after its claims of the queue begun under the
-// old ones have returned, so that none of them takes a job enqueued
-// after it (other processes follow within a second, see
+// old ones have returned (enqueues claiming their own jobs for idle
+// workers included), so that none of them starts a job after it
+// without the new limits (other processes follow within a second, see
 // docs/flow-control.md).
 func (c *Client[TTx]) SetQueueLimits(ctx context.Context, queue string, l QueueLimits) error {
 	if ValidQueueName(queue) != nil {

@@ -33,11 +33,13 @@ import (
 
 // reservation is the workers of one fetcher reserved for an insert's jobs
 // of its queue: n of them, for the jobs whose indexes in the insert jobs
-// holds.
+// holds. unlock releases the queue's claims gate, read-locked from the
+// choice to claim at insert until the insert returned.
 type reservation struct {
-	f    *fetcher
-	n    int
-	jobs []int
+	f      *fetcher
+	n      int
+	jobs   []int
+	unlock func()
 }
 
 // claimable reports whether job j may be claimed at insert (see above),
@@ -52,6 +54,15 @@ func claimable(j *driver.InsertParams) bool {
 // claimable jobs of a queue, the jobs of the highest priorities (lowest
 // values), then the first, are claimed: the others wait for a claim, as
 // they would have.
+//
+// An insert that claims is a claim of each queue it reserved for: it
+// holds the queue's claims gate (lockClaims) from its look at the limits
+// cache until settleReservations, after the insert returned, so that a
+// SetQueueLimits of this process returns only once the inserts that
+// chose to claim under the old limits have, as it does for the fetchers'
+// claims. The gates are taken in the queues' order: a gate's writer
+// holds no other, so readers that take several in one order cannot wait
+// on each other in a cycle.
 func (e *Engine) reserveFor(jobs []driver.InsertParams) ([]reservation, []bool) {
 	if e.ic == nil || hasUnique(jobs) {
 		return nil, nil
@@ -68,12 +79,15 @@ func (e *Engine) reserveFor(jobs []driver.InsertParams) ([]reservation, []bool) 
 		}
 		byQueue[q] = append(byQueue[q], i)
 	}
+	slices.Sort(order)
 	var res []reservation
 	var flags []bool
 	for _, q := range order {
 		idx := byQueue[q]
+		unlock := e.lockClaims(q)
 		f, got := e.reserveWorkers(q, len(idx))
 		if got == 0 {
+			unlock()
 			continue
 		}
 		if got < len(idx) {
@@ -87,7 +101,7 @@ func (e *Engine) reserveFor(jobs []driver.InsertParams) ([]reservation, []bool) 
 		for _, i := range idx {
 			flags[i] = true
 		}
-		res = append(res, reservation{f: f, n: got, jobs: idx})
+		res = append(res, reservation{f: f, n: got, jobs: idx, unlock: unlock})
 	}
 	return res, flags
 }
@@ -150,8 +164,12 @@ func (f *fetcher) unreserve(n int) {
 // driver knows the insert waited (for a lock) before the database
 // started them, as the fetcher counts a claim's; and gives back the
 // workers no row took. With rows nil (the insert failed) it gives them
-// all back.
+// all back. It releases the reservations' claims gates first: the insert
+// has returned.
 func (e *Engine) settleReservations(res []reservation, rows []*driver.JobRow, sent time.Time) {
+	for _, r := range res {
+		r.unlock()
+	}
 	for _, r := range res {
 		var got []*driver.JobRow
 		if rows != nil {

@@ -483,3 +483,67 @@ func TestInsertClaimLeaseFrom(t *testing.T) {
 		t.Fatalf("held valid until %v, want %v: a lease from its row's LeaseFrom", valid, want)
 	}
 }
+
+// An insert that claims is a claim of its queues: a change of a queue's
+// limits made in this process (LimitsChanged, as SetQueueLimits makes)
+// returns only once an insert that chose to claim under the old limits
+// has returned. Without it, an insert sent just before the change could
+// start jobs after SetQueueLimits returned, with none of the slots the new
+// limits ask for.
+func TestLimitsChangedWaitsForInsertClaims(t *testing.T) {
+	d, cfg := newClaiming(map[string]int{"a": 2, "q": 2})
+	d.queueLimits = func(ctx context.Context) (map[string]driver.QueueLimits, error) {
+		return map[string]driver.QueueLimits{}, nil
+	}
+	entered := make(chan struct{}, 1)
+	stall := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(stall) }) }
+	d.insertClaim = func(ctx context.Context, jobs []driver.InsertParams, c driver.InsertClaim) ([]int64, []*driver.JobRow, error) {
+		entered <- struct{}{}
+		<-stall
+		return d.claimNow(jobs, c)
+	}
+	e := New(d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
+	t.Cleanup(release) // before the engine closes: a stalled insert holds it up
+	waitFor(t, "both fetchers to find their queues empty", func() bool { return d.idle("a") && d.idle("q") })
+
+	// One insert claims a job of each queue; it stalls in the database.
+	inserted := make(chan error, 1)
+	go func() {
+		_, _, err := e.Insert(context.Background(), []driver.InsertParams{plainJob("q"), plainJob("a")})
+		inserted <- err
+	}()
+	recv(t, "the claiming insert under way", entered)
+	if f := d.allFlags(); len(f) != 1 || !f[0][0] || !f[0][1] {
+		t.Fatalf("claim flags %v, want one insert claiming both jobs", f)
+	}
+
+	changed := make(chan error, 1)
+	go func() { changed <- e.LimitsChanged(context.Background(), "q", driver.QueueLimits{MaxRunning: 1}) }()
+	select {
+	case err := <-changed:
+		t.Fatalf("LimitsChanged returned (%v) while an insert that claims under the old limits was still running", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	release()
+	if err := recv(t, "LimitsChanged after the insert returned", changed); err != nil {
+		t.Fatal(err)
+	}
+	if err := recv(t, "the insert", inserted); err != nil {
+		t.Fatal(err)
+	}
+	// The queue is limited now: a later insert does not claim its job.
+	if _, _, err := e.Insert(context.Background(), []driver.InsertParams{plainJob("q")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range d.allFlags()[1:] {
+		if slices.Contains(f, true) {
+			t.Fatalf("an insert after the queue was limited claimed its job (flags %v)", f)
+		}
+	}
+}
