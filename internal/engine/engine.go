@@ -231,11 +231,11 @@ type Engine struct {
 	// (or failed).
 	limitsRead chan struct{}
 	limitsOnce sync.Once
-	// claimGates holds a *sync.RWMutex per queue: a claim of the queue
-	// holds it read-locked from its choice of statement by the limits
-	// cache until its statements returned, and LimitsChanged write-locks
-	// it once (see lockClaims).
-	claimGates sync.Map
+	// claimGates holds a gate per queue while a claim or a change of
+	// limits uses it: a claim of the queue holds it read-locked from its
+	// choice of statement by the limits cache until its statements
+	// returned, and LimitsChanged write-locks it once (see lockClaims).
+	claimGates gates
 }
 
 // New creates an engine. Enqueueing works at once; Start runs workers.

@@ -184,13 +184,52 @@ func (e *Engine) LimitsChanged(ctx context.Context, queue string, l driver.Queue
 	return e.awaitClaims(ctx, queue)
 }
 
-// claimGate is queue's gate (Engine.claimGates).
-func (e *Engine) claimGate(queue string) *sync.RWMutex {
-	if g, ok := e.claimGates.Load(queue); ok {
-		return g.(*sync.RWMutex)
+// gates holds the claims gate of each queue a claim or a change of
+// limits is using: an entry lives while one holds a reference to it, as
+// the waiters' entries do, so that claims of queue names made up by HTTP
+// workers leave nothing behind. A gate dropped once unused is as good as
+// a new one: nothing holds it or waits on it.
+type gates struct {
+	mu sync.Mutex
+	m  map[string]*gate
+}
+
+// gate is one queue's claims gate and how many hold a reference to it.
+type gate struct {
+	sync.RWMutex
+	refs int
+}
+
+// get returns queue's gate with a reference taken for the caller.
+func (gs *gates) get(queue string) *gate {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	g := gs.m[queue]
+	if g == nil {
+		if gs.m == nil {
+			gs.m = map[string]*gate{}
+		}
+		g = &gate{}
+		gs.m[queue] = g
 	}
-	g, _ := e.claimGates.LoadOrStore(queue, new(sync.RWMutex))
-	return g.(*sync.RWMutex)
+	g.refs++
+	return g
+}
+
+// put gives back a reference get took; the last one drops the gate.
+func (gs *gates) put(queue string, g *gate) {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	if g.refs--; g.refs == 0 && gs.m[queue] == g {
+		delete(gs.m, queue)
+	}
+}
+
+// len is how many gates are held (tests).
+func (gs *gates) len() int {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	return len(gs.m)
 }
 
 // lockClaims read-locks queue's gate for one claim of the queue, from
@@ -204,23 +243,28 @@ func (e *Engine) claimGate(queue string) *sync.RWMutex {
 // whose driver read no limits in the database and went on as a plain
 // claim in a later statement.
 func (e *Engine) lockClaims(queue string) (unlock func()) {
-	g := e.claimGate(queue)
+	g := e.claimGates.get(queue)
 	g.RLock()
-	return g.RUnlock
+	return func() {
+		g.RUnlock()
+		e.claimGates.put(queue, g)
+	}
 }
 
 // awaitClaims waits until no claim of queue holds its gate (the claims
 // that began before the limits cache changed have returned), or ctx ends.
 func (e *Engine) awaitClaims(ctx context.Context, queue string) error {
-	g := e.claimGate(queue)
+	g := e.claimGates.get(queue)
 	if g.TryLock() {
 		g.Unlock()
+		e.claimGates.put(queue, g)
 		return nil
 	}
 	done := make(chan struct{})
 	go func() {
 		g.Lock()
 		g.Unlock()
+		e.claimGates.put(queue, g)
 		close(done)
 	}()
 	select {

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -534,4 +535,36 @@ func TestStaleRemoteCallKeepsCurrentAttempt(t *testing.T) {
 	if len(rows) != 1 || rows[0].ID != 2 {
 		t.Fatalf("the woken claim got %v, want job 2", rows)
 	}
+}
+
+// A queue's claims gate lives only while a claim or a change of limits
+// uses it: claims of queue names HTTP workers make up, and changes whose
+// wait ended with the caller's context, leave no gate behind once they
+// returned.
+func TestClaimGatesAreDropped(t *testing.T) {
+	d := &fakeDriver{}
+	d.queueLimits = func(ctx context.Context) (map[string]driver.QueueLimits, error) {
+		return map[string]driver.QueueLimits{}, nil
+	}
+	e := startEngine(t, d, limitConfig(time.Hour), map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
+	waitFor(t, "the first claim", func() bool { return d.idle("q") })
+	for i := range 100 {
+		p := driver.ClaimParams{Queue: fmt.Sprintf("made-up-%d", i), Limit: 1, Lease: time.Minute, Worker: "w"}
+		if _, _, err := e.claimRemote(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A change whose wait ends with its context, a claim still holding
+	// the gate: the gate outlives the change until the claim returns.
+	unlock := e.lockClaims("other")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := e.LimitsChanged(ctx, "other", driver.QueueLimits{MaxRunning: 1}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("LimitsChanged with the gate held returned %v, want the context's error", err)
+	}
+	if n := e.claimGates.len(); n == 0 {
+		t.Fatal("the gate was dropped while a claim held it")
+	}
+	unlock()
+	waitFor(t, "every gate dropped", func() bool { return e.claimGates.len() == 0 })
 }
