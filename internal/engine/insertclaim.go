@@ -56,13 +56,14 @@ func claimable(j *driver.InsertParams) bool {
 // they would have.
 //
 // An insert that claims is a claim of each queue it reserved for: it
-// holds the queue's claims gate (lockClaims) from its look at the limits
-// cache until settleReservations, after the insert returned, so that a
+// holds the queue's claims gate from its look at the limits cache until
+// settleReservations, after the insert returned, so that a
 // SetQueueLimits of this process returns only once the inserts that
 // chose to claim under the old limits have, as it does for the fetchers'
-// claims. The gates are taken in the queues' order: a gate's writer
-// holds no other, so readers that take several in one order cannot wait
-// on each other in a cycle.
+// claims. It never waits for a gate (tryLockClaims): while a change of a
+// queue's limits holds its gate or waits for it, the insert claims none
+// of that queue's jobs, which wait for a claim as they would have, and
+// the inserts of every queue go on.
 func (e *Engine) reserveFor(jobs []driver.InsertParams) ([]reservation, []bool) {
 	if e.ic == nil || hasUnique(jobs) {
 		return nil, nil
@@ -79,12 +80,17 @@ func (e *Engine) reserveFor(jobs []driver.InsertParams) ([]reservation, []bool) 
 		}
 		byQueue[q] = append(byQueue[q], i)
 	}
-	slices.Sort(order)
 	var res []reservation
 	var flags []bool
 	for _, q := range order {
 		idx := byQueue[q]
-		unlock := e.lockClaims(q)
+		if !e.mayReserve(q) {
+			continue
+		}
+		unlock, ok := e.tryLockClaims(q)
+		if !ok {
+			continue
+		}
 		f, got := e.reserveWorkers(q, len(idx))
 		if got == 0 {
 			unlock()
@@ -104,6 +110,16 @@ func (e *Engine) reserveFor(jobs []driver.InsertParams) ([]reservation, []bool) 
 		res = append(res, reservation{f: f, n: got, jobs: idx, unlock: unlock})
 	}
 	return res, flags
+}
+
+// mayReserve is reserveWorkers' first look, without its locks: whether
+// this process has a fetcher of queue waiting for work, so that an
+// insert takes no claims gate for a queue it could not claim.
+func (e *Engine) mayReserve(queue string) bool {
+	e.mu.Lock()
+	f := e.fetchers[queue]
+	e.mu.Unlock()
+	return f != nil && f.idle.Load()
 }
 
 // reserveWorkers counts up to n of the free workers of this process's

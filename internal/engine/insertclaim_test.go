@@ -492,9 +492,6 @@ func TestInsertClaimLeaseFrom(t *testing.T) {
 // limits ask for.
 func TestLimitsChangedWaitsForInsertClaims(t *testing.T) {
 	d, cfg := newClaiming(map[string]int{"a": 2, "q": 2})
-	d.queueLimits = func(ctx context.Context) (map[string]driver.QueueLimits, error) {
-		return map[string]driver.QueueLimits{}, nil
-	}
 	entered := make(chan struct{}, 1)
 	stall := make(chan struct{})
 	var once sync.Once
@@ -523,6 +520,8 @@ func TestLimitsChangedWaitsForInsertClaims(t *testing.T) {
 		t.Fatalf("claim flags %v, want one insert claiming both jobs", f)
 	}
 
+	// The limits are stored, then the cache told, as SetQueueLimits does.
+	d.setLimits("q", driver.QueueLimits{MaxRunning: 1})
 	changed := make(chan error, 1)
 	go func() { changed <- e.LimitsChanged(context.Background(), "q", driver.QueueLimits{MaxRunning: 1}) }()
 	select {
@@ -545,5 +544,50 @@ func TestLimitsChangedWaitsForInsertClaims(t *testing.T) {
 		if slices.Contains(f, true) {
 			t.Fatalf("an insert after the queue was limited claimed its job (flags %v)", f)
 		}
+	}
+}
+
+// An insert never waits for a change of limits: while one waits for a
+// queue's claims gate (a claim of the queue begun before it still
+// running), an insert claims none of that queue's jobs, which wait for a
+// claim, and claims those of the other queues as before.
+func TestInsertClaimsPassOverALimitsChange(t *testing.T) {
+	d, cfg := newClaiming(map[string]int{"a": 2, "q": 2})
+	e := New(d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close(context.Background()) })
+	waitFor(t, "both fetchers to find their queues empty", func() bool { return d.idle("a") && d.idle("q") })
+
+	unlock := e.lockClaims("q") // a claim of q under way
+	var once sync.Once
+	t.Cleanup(func() { once.Do(unlock) })
+	d.setLimits("q", driver.QueueLimits{MaxRunning: 1})
+	changed := make(chan error, 1)
+	go func() { changed <- e.LimitsChanged(context.Background(), "q", driver.QueueLimits{MaxRunning: 1}) }()
+	waitFor(t, "the change to wait for the gate", func() bool {
+		u, ok := e.tryLockClaims("q")
+		if ok {
+			u()
+		}
+		return !ok
+	})
+
+	inserted := make(chan error, 1)
+	go func() {
+		_, _, err := e.Insert(context.Background(), []driver.InsertParams{plainJob("q"), plainJob("a")})
+		inserted <- err
+	}()
+	if err := recv(t, "the insert while the change waits", inserted); err != nil {
+		t.Fatal(err)
+	}
+	f := d.allFlags()
+	if len(f) != 1 || f[0][0] || !f[0][1] {
+		t.Fatalf("claim flags %v, want one insert claiming the job of a and not the job of q", f)
+	}
+	once.Do(unlock)
+	if err := recv(t, "LimitsChanged after the claim returned", changed); err != nil {
+		t.Fatal(err)
 	}
 }

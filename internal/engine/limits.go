@@ -225,11 +225,11 @@ func (gs *gates) put(queue string, g *gate) {
 	}
 }
 
-// len is how many gates are held (tests).
-func (gs *gates) len() int {
+// has reports whether queue has a gate (tests).
+func (gs *gates) has(queue string) bool {
 	gs.mu.Lock()
 	defer gs.mu.Unlock()
-	return len(gs.m)
+	return gs.m[queue] != nil
 }
 
 // lockClaims read-locks queue's gate for one claim of the queue, from
@@ -249,6 +249,21 @@ func (e *Engine) lockClaims(queue string) (unlock func()) {
 		g.RUnlock()
 		e.claimGates.put(queue, g)
 	}
+}
+
+// tryLockClaims is lockClaims for a claim that would rather not claim
+// than wait: it read-locks queue's gate unless a change of limits holds
+// it or waits for it, and then returns ok false.
+func (e *Engine) tryLockClaims(queue string) (unlock func(), ok bool) {
+	g := e.claimGates.get(queue)
+	if !g.TryRLock() {
+		e.claimGates.put(queue, g)
+		return nil, false
+	}
+	return func() {
+		g.RUnlock()
+		e.claimGates.put(queue, g)
+	}, true
 }
 
 // awaitClaims waits until no claim of queue holds its gate (the claims

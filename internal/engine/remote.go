@@ -138,18 +138,7 @@ func (e *Engine) claimRemote(ctx context.Context, p driver.ClaimParams) (rows []
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), remoteWriteTimeout)
 	defer cancel()
 	e.metrics.ClaimRounds.Add(1)
-	unlock := e.lockClaims(p.Queue)
-	if e.limited(p.Queue) {
-		var res driver.ClaimResult
-		res, err = e.drv.ClaimLimited(cctx, p)
-		rows = res.Rows
-		if res.Held {
-			hold = heldWait(res, e.cfg.PollMin, e.keyLimited(p.Queue))
-		}
-	} else {
-		rows, err = e.drv.Claim(cctx, p)
-	}
-	unlock()
+	rows, hold, err = e.claimRemoteGated(cctx, p)
 	if err != nil {
 		e.metrics.DBErrors.Add(1)
 		return nil, 0, err
@@ -171,6 +160,21 @@ func (e *Engine) claimRemote(ctx context.Context, p driver.ClaimParams) (rows []
 		e.slotFreed(p.Queue)
 	}
 	return nil, 0, ctx.Err()
+}
+
+// claimRemoteGated is claimRemote's statements under the queue's claims
+// gate (lockClaims), released however they return.
+func (e *Engine) claimRemoteGated(ctx context.Context, p driver.ClaimParams) (rows []*driver.JobRow, hold time.Duration, err error) {
+	defer e.lockClaims(p.Queue)()
+	if !e.limited(p.Queue) {
+		rows, err = e.drv.Claim(ctx, p)
+		return rows, 0, err
+	}
+	res, err := e.drv.ClaimLimited(ctx, p)
+	if res.Held {
+		hold = heldWait(res, e.cfg.PollMin, e.keyLimited(p.Queue))
+	}
+	return res.Rows, hold, err
 }
 
 // RenewRemote renews the lease of a remote worker's job for another
