@@ -743,6 +743,9 @@ func (in *Input) cause(e Exec, later []Exec, j *FinalJob, errAt map[int][]string
 		if cutOffErr(msgs[0]) && in.slowRenewal(e) {
 			return slowRenewalCause, true
 		}
+		if cutOffErr(msgs[0]) && in.lateClaim(e) {
+			return lateClaimCause, true
+		}
 		return "failed: " + firstLine(msgs[0]), false
 	}
 	if e.Outcome == OutcomeOK {
@@ -811,6 +814,42 @@ func (in *Input) slowRenewal(e Exec) bool {
 	}
 	for _, r := range in.SlowRenewals[e.PID] {
 		if !r.Sent.After(cut) && !r.Done.Before(cut) {
+			return true
+		}
+	}
+	return false
+}
+
+// lateClaimCause explains an attempt that its engine cut off within its
+// first lease because its claim came back late: the claim's statement
+// waited in a stall of the database that its process's renewals waited
+// in too, so that the lease, counted from when the claim was sent, was
+// nearly spent when the handler started, and no renewal got through
+// before the cut-off.
+const lateClaimCause = "cut off: its claim came back late, in a stall its renewals saw too"
+
+// lateClaim reports whether e was cut off within a lease of its claim
+// (by the database's clock, Exec.Claimed, read by the run's) while a
+// renewal of its process that the engine reported as slow was out
+// between that claim and the handler's start: the engine's own evidence
+// that the database stalled while the claim was out, and that no renewal
+// of the attempt's first lease could have been sent before it started.
+// Without the claim's time, or with a renewal that got through, an
+// attempt cut off stays unexplained.
+func (in *Input) lateClaim(e Exec) bool {
+	if e.Claimed.IsZero() {
+		return false
+	}
+	claimed := e.Claimed.Add(-in.DBOffset)
+	cut := e.Cancelled
+	if cut.IsZero() {
+		cut = e.End
+	}
+	if cut.IsZero() || cut.Sub(claimed) >= in.Lease {
+		return false
+	}
+	for _, r := range in.SlowRenewals[e.PID] {
+		if r.Sent.Before(e.Start) && r.Done.After(claimed) {
 			return true
 		}
 	}

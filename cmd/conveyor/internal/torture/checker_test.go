@@ -692,3 +692,37 @@ func TestCheckerRescueAfterDeathOfAFinishedHandler(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckerLeaseDeadlineAfterLateClaim: an attempt cut off within a
+// lease of its claim, whose claim came back late in a stall that a slow
+// renewal of its own process was out in (between the claim and the
+// handler's start), is explained; without the claim's time, with a slow
+// renewal of another process or one back before the claim, or cut off a
+// lease or more after its claim, it is not.
+func TestCheckerLeaseDeadlineAfterLateClaim(t *testing.T) {
+	const cutOff = lab.LeaseDeadlineMessage
+	planted := func(claimed float64, renewals map[int][]Renewal) *Findings {
+		w := newWorld()
+		w.job(86, "completed", 2, AttemptErr{Attempt: 1, Error: cutOff})
+		w.exec(86, 1, 300, 2.5, 2.6, OutcomeError)
+		if claimed > 0 {
+			w.in.Execs[len(w.in.Execs)-1].Claimed = at(claimed)
+		}
+		w.exec(86, 2, 300, 3, 3.1, OutcomeOK)
+		w.in.SlowRenewals = renewals
+		return Check(w.in)
+	}
+	stall := map[int][]Renewal{300: {{Sent: at(1.05), Done: at(2.45)}}}
+	f := planted(1, stall)
+	if fl := f.Failures(); len(fl) > 0 {
+		t.Fatalf("failures: %v", fl)
+	}
+	if f.DuplicateCauses[lateClaimCause] != 1 {
+		t.Fatalf("causes %v", f.DuplicateCauses)
+	}
+	assertFailure(t, planted(0, stall), "1 unexplained duplicate executions")
+	assertFailure(t, planted(1, nil), "1 unexplained duplicate executions")
+	assertFailure(t, planted(1, map[int][]Renewal{200: {{Sent: at(1.05), Done: at(2.45)}}}), "1 unexplained duplicate executions")
+	assertFailure(t, planted(1, map[int][]Renewal{300: {{Sent: at(0.2), Done: at(0.9)}}}), "1 unexplained duplicate executions")
+	assertFailure(t, planted(0.5, map[int][]Renewal{300: {{Sent: at(0.55), Done: at(2.45)}}}), "1 unexplained duplicate executions")
+}
