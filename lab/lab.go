@@ -2,14 +2,14 @@
 // bench and the torture suite of cmd/conveyor) use on a client, and that
 // the public API deliberately does not offer: dropping a prefix's tables,
 // tuning the PostgreSQL segments storage, SQLite's lease-yield timing
-// hook, running one job synchronously, the events of the engine's lease
-// renewals, the text of a cut-off attempt's error entry, and the DSN
-// conversion the bench opens its own connections with.
+// hook, running one job synchronously, the events of the engine's slow
+// lease renewals and late claims, the text of a cut-off attempt's error
+// entry, and the DSN conversion the bench opens its own connections with.
 //
 // Applications must not use it. Its calls destroy data (DropTables),
 // override what the backend decides for itself (SealSegmentsAt),
 // bypass the queues' concurrency limits and the client's shutdown
-// (WorkOne), and expose the engine's internals (OnSlowRenewal,
+// (WorkOne), and expose the engine's internals (OnSlowRenewal, OnLateClaim,
 // LeaseDeadlineMessage) that may change or go away in any release: none
 // of it is covered by the compatibility promise of the rest of the API.
 // It also links every backend, as package connect does. An application's
@@ -142,6 +142,53 @@ func OnSlowRenewal[TTx any](c *conveyor.Client[TTx], fn func(SlowRenewal)) {
 	}
 	seam.EngineOf(c).OnSlowRenewal(func(r engine.SlowRenewal) {
 		fn(SlowRenewal{Sent: r.Sent, Took: r.Took, Leases: r.Leases, Err: r.Err})
+	})
+}
+
+// LateClaim is one claim of a client's engine (a fetcher's, or an
+// enqueue's that claimed its own jobs for idle workers) that came back
+// more than its Config.HeartbeatInterval after it was sent. Its jobs'
+// leases run from when it was sent, so their handlers start with less of
+// their first lease, and the engine cuts them off at Deadline unless a
+// renewal of theirs gets through first (see LeaseDeadlineMessage).
+type LateClaim struct {
+	// Sent is when the claim was sent; the leases run from it.
+	Sent time.Time
+	// Back is when its jobs were handed to the engine's workers, before
+	// any renewal of their leases was sent and before their handlers
+	// started.
+	Back time.Time
+	// Deadline is when the engine cuts their handlers off unless a
+	// renewal got through: Sent plus the Lease, less a fifth of it.
+	Deadline time.Time
+	// Jobs are the claimed attempts: job ids and attempt numbers.
+	Jobs []JobAttempt
+}
+
+// JobAttempt names one attempt of a job.
+type JobAttempt struct {
+	// ID is the job's id.
+	ID int64
+	// Attempt is the attempt's number.
+	Attempt int
+}
+
+// OnLateClaim has fn called for each claim of the client's engine that
+// came back later than the heartbeat interval, before the claimed jobs'
+// handlers start; nil removes the hook. fn is called on the claiming
+// goroutine, which waits for it: it must return quickly. Set it before
+// Start to see every claim.
+func OnLateClaim[TTx any](c *conveyor.Client[TTx], fn func(LateClaim)) {
+	if fn == nil {
+		seam.EngineOf(c).OnLateClaim(nil)
+		return
+	}
+	seam.EngineOf(c).OnLateClaim(func(r engine.LateClaim) {
+		jobs := make([]JobAttempt, len(r.Jobs))
+		for i, j := range r.Jobs {
+			jobs[i] = JobAttempt{ID: j.ID, Attempt: j.Attempt}
+		}
+		fn(LateClaim{Sent: r.Sent, Back: r.Back, Deadline: r.Deadline, Jobs: jobs})
 	})
 }
 

@@ -214,8 +214,10 @@ type Engine struct {
 
 	// hbWake asks the heartbeat loop to renew at once (cap 1).
 	hbWake chan struct{}
-	// slowRenewal is OnSlowRenewal's hook (loops.go).
+	// slowRenewal is OnSlowRenewal's hook, lateClaim OnLateClaim's
+	// (loops.go).
 	slowRenewal atomic.Pointer[func(SlowRenewal)]
+	lateClaim   atomic.Pointer[func(LateClaim)]
 
 	// kinds is Config.Kinds, replaced whole by SetKind (copy on write):
 	// remote workers' outcomes read it whether or not the engine is

@@ -523,6 +523,7 @@ func (f *fetcher) dispatch(rows []*driver.JobRow, sent time.Time, permit bool) {
 // of this fetcher and hands them to the workers, in the order given.
 func (f *fetcher) deliver(rows []*driver.JobRow, sent time.Time, permit bool) {
 	f.e.metrics.Claimed.Add(int64(len(rows)))
+	back := time.Now() // before any renewal can hold these leases
 	valid := sent.Add(f.e.cfg.Lease)
 	f.mu.Lock()
 	items := make([]*running, len(rows))
@@ -541,10 +542,11 @@ func (f *fetcher) deliver(rows []*driver.JobRow, sent time.Time, permit bool) {
 		f.blk.otherHeld(len(rows))
 	}
 	f.mu.Unlock()
-	if time.Until(valid) < f.e.cfg.Lease-f.e.cfg.HeartbeatInterval {
+	if back.Sub(sent) > f.e.cfg.HeartbeatInterval {
 		// The claim took longer than a heartbeat interval to come back:
 		// do not wait for the next interval to renew these leases.
 		signal(f.e.hbWake)
+		f.e.lateClaimed(rows, sent, back)
 	}
 	for _, it := range items {
 		f.jobs <- it

@@ -74,6 +74,48 @@ type SlowRenewal struct {
 // hook; fn must return quickly.
 func (e *Engine) OnSlowRenewal(fn func(SlowRenewal)) { e.slowRenewal.Store(&fn) }
 
+// LateClaim is a claim (a fetcher's, or an insert's that claimed its own
+// jobs) that came back more than a heartbeat interval after it was sent.
+// Its jobs' leases run from when it was sent, so their handlers start
+// with that much less of their first lease: unless a renewal of theirs
+// gets through first, the deadline loop cuts them off at Deadline.
+type LateClaim struct {
+	Sent time.Time // when the claim was sent: the leases run from it
+	// Back is when its jobs were handed to the fetcher, before their
+	// handlers start: every renewal of their leases is sent after it.
+	Back time.Time
+	// Deadline is when their handlers are cut off unless a renewal got
+	// through: Sent plus the Lease, less the margin (Lease/5).
+	Deadline time.Time
+	Jobs     []JobAttempt // the attempts it claimed
+}
+
+// JobAttempt names one attempt of a job.
+type JobAttempt struct {
+	ID      int64
+	Attempt int
+}
+
+// OnLateClaim has fn called, on the claiming goroutine, for each claim
+// slower than the heartbeat interval, before its jobs go to their
+// workers; nil removes it. It is the lab package's hook; fn must return
+// quickly.
+func (e *Engine) OnLateClaim(fn func(LateClaim)) { e.lateClaim.Store(&fn) }
+
+// lateClaimed reports a late claim of rows, sent at sent and back at
+// back, to OnLateClaim's hook.
+func (e *Engine) lateClaimed(rows []*driver.JobRow, sent, back time.Time) {
+	fn := e.lateClaim.Load()
+	if fn == nil || *fn == nil {
+		return
+	}
+	jobs := make([]JobAttempt, len(rows))
+	for i, r := range rows {
+		jobs[i] = JobAttempt{ID: r.ID, Attempt: r.Attempt}
+	}
+	(*fn)(LateClaim{Sent: sent, Back: back, Deadline: sent.Add(e.cfg.Lease - e.leaseMargin()), Jobs: jobs})
+}
+
 // renew sends one renewal of the leases fs hold (their snapshots, into
 // buf) and applies its answer: owned leases are valid for another Lease
 // from when it was sent, the handlers of lost ones are cancelled. It
