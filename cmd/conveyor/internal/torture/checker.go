@@ -213,6 +213,13 @@ type Input struct {
 	// save a lease, and the engine then cuts the handlers off before the
 	// lease can expire (see slowRenewal).
 	SlowRenewals map[int][]Renewal
+	// LateClaims lists, per process id, the claims its engine reported
+	// as slower than the heartbeat interval (lab.OnLateClaim, recorded as
+	// late lines before the claimed handlers started): a claim that
+	// waited in a stall of the database leaves its jobs little of their
+	// first lease, and the engine may have to cut them off before any
+	// renewal of theirs gets through (see lateClaim).
+	LateClaims map[int][]LateClaim
 	// Batches are the batches the producers enqueued, and BatchSeen what
 	// each execution of a batch's callback read of its batch (see
 	// checkBatches).
@@ -227,6 +234,22 @@ type Input struct {
 // Renewal is one lease renewal: when it was sent and when it returned.
 type Renewal struct {
 	Sent, Done time.Time
+}
+
+// LateClaim is one claim that came back later than the heartbeat
+// interval: when it was sent (its jobs' leases run from then), when it
+// came back (before any renewal of its jobs was sent), the deadline at
+// which the engine cuts its jobs off unless a renewal gets through, and
+// its attempts.
+type LateClaim struct {
+	Sent, Back, Deadline time.Time
+	Jobs                 []JobAttempt
+}
+
+// JobAttempt names one attempt of a job.
+type JobAttempt struct {
+	ID      int64
+	Attempt int
 }
 
 // Findings is the checker's verdict on one run.
@@ -820,38 +843,42 @@ func (in *Input) slowRenewal(e Exec) bool {
 	return false
 }
 
-// lateClaimCause explains an attempt that its engine cut off within its
-// first lease because its claim came back late: the claim's statement
-// waited in a stall of the database that its process's renewals waited
-// in too, so that the lease, counted from when the claim was sent, was
-// nearly spent when the handler started, and no renewal got through
-// before the cut-off.
-const lateClaimCause = "cut off: its claim came back late, in a stall its renewals saw too"
+// lateClaimCause explains an attempt that its engine cut off at the
+// deadline its claim left it, because that claim came back late.
+const lateClaimCause = "cut off: its claim came back late, with too little of its lease left for a renewal"
 
-// lateClaim reports whether e was cut off within a lease of its claim
-// (by the database's clock, Exec.Claimed, read by the run's) while a
-// renewal of its process that the engine reported as slow was out
-// between that claim and the handler's start: the engine's own evidence
-// that the database stalled while the claim was out, and that no renewal
-// of the attempt's first lease could have been sent before it started.
-// Without the claim's time, or with a renewal that got through, an
-// attempt cut off stays unexplained.
+// lateClaim reports whether e was cut off at the deadline of a claim that
+// its engine reported as late (LateClaims): the engine's own record of
+// when the claim was sent and came back, written before e's handler
+// started. It takes three things, each the engine's own numbers:
+//   - the claim came back with less than two heartbeat intervals (the
+//     workers run the default, Lease/5) before its deadline: the round of
+//     renewals already out when it came back, up to an interval unless it
+//     was reported slow, and the first round holding its jobs, up to
+//     another, could both take that long;
+//   - the cut-off came at or after that deadline: never before it;
+//   - and before any renewal sent once the claim was back could have
+//     moved the deadline (Back + Lease - Lease/5): a cut-off later than
+//     that was not the claim's.
+//
+// A handler cut off sooner after a prompt claim, or with a claim that left
+// it time for a renewal, stays unexplained (unless a slow renewal was out
+// at its cut-off: slowRenewal).
 func (in *Input) lateClaim(e Exec) bool {
-	if e.Claimed.IsZero() {
-		return false
-	}
-	claimed := e.Claimed.Add(-in.DBOffset)
 	cut := e.Cancelled
 	if cut.IsZero() {
 		cut = e.End
 	}
-	if cut.IsZero() || cut.Sub(claimed) >= in.Lease {
+	if cut.IsZero() {
 		return false
 	}
-	for _, r := range in.SlowRenewals[e.PID] {
-		if r.Sent.Before(e.Start) && r.Done.After(claimed) {
-			return true
+	hb, margin := in.Lease/5, in.Lease/5
+	for _, c := range in.LateClaims[e.PID] {
+		if !slices.Contains(c.Jobs, JobAttempt{ID: e.Job, Attempt: e.Attempt}) {
+			continue
 		}
+		return c.Deadline.Sub(c.Back) < 2*hb && !cut.Before(c.Deadline) &&
+			cut.Before(c.Back.Add(in.Lease-margin))
 	}
 	return false
 }

@@ -693,36 +693,58 @@ func TestCheckerRescueAfterDeathOfAFinishedHandler(t *testing.T) {
 	}
 }
 
-// TestCheckerLeaseDeadlineAfterLateClaim: an attempt cut off within a
-// lease of its claim, whose claim came back late in a stall that a slow
-// renewal of its own process was out in (between the claim and the
-// handler's start), is explained; without the claim's time, with a slow
-// renewal of another process or one back before the claim, or cut off a
-// lease or more after its claim, it is not.
+// TestCheckerLeaseDeadlineAfterLateClaim: an attempt cut off at the
+// deadline of a claim its engine recorded as late, which came back with
+// less than two heartbeat intervals (0.8s of a 2s lease) before that
+// deadline, is explained; without that record (a prompt claim), with the
+// record of another process or attempt, with a claim that left time for
+// a renewal, cut off before the claim's deadline, or after the deadline
+// a renewal sent once the claim was back could give, it is not.
 func TestCheckerLeaseDeadlineAfterLateClaim(t *testing.T) {
 	const cutOff = lab.LeaseDeadlineMessage
-	planted := func(claimed float64, renewals map[int][]Renewal) *Findings {
+	// The attempt starts at 2.5 and is cut off at 2.6 (cancelled, when
+	// given, or its end).
+	planted := func(cancelled float64, claims map[int][]LateClaim) *Findings {
 		w := newWorld()
 		w.job(86, "completed", 2, AttemptErr{Attempt: 1, Error: cutOff})
-		w.exec(86, 1, 300, 2.5, 2.6, OutcomeError)
-		if claimed > 0 {
-			w.in.Execs[len(w.in.Execs)-1].Claimed = at(claimed)
+		end := 2.6
+		if cancelled > 0 {
+			end = 2.75
+		}
+		w.exec(86, 1, 300, 2.5, end, OutcomeError)
+		if cancelled > 0 {
+			w.in.Execs[len(w.in.Execs)-1].Cancelled = at(cancelled)
 		}
 		w.exec(86, 2, 300, 3, 3.1, OutcomeOK)
-		w.in.SlowRenewals = renewals
+		w.in.LateClaims = claims
 		return Check(w.in)
 	}
-	stall := map[int][]Renewal{300: {{Sent: at(1.05), Done: at(2.45)}}}
-	f := planted(1, stall)
-	if fl := f.Failures(); len(fl) > 0 {
-		t.Fatalf("failures: %v", fl)
+	// claim is a late claim of job 86's attempt att, sent and back at the
+	// given times, with the engine's deadline (sent + 1.6s).
+	claim := func(pid int, id int64, att int, sent, back float64) map[int][]LateClaim {
+		return map[int][]LateClaim{pid: {{Sent: at(sent), Back: at(back), Deadline: at(sent + 1.6),
+			Jobs: []JobAttempt{{ID: 85, Attempt: 1}, {ID: id, Attempt: att}}}}}
 	}
-	if f.DuplicateCauses[lateClaimCause] != 1 {
-		t.Fatalf("causes %v", f.DuplicateCauses)
+	for _, cancelled := range []float64{0, 2.6} {
+		f := planted(cancelled, claim(300, 86, 1, 1, 2.45))
+		if fl := f.Failures(); len(fl) > 0 {
+			t.Fatalf("failures: %v", fl)
+		}
+		if f.DuplicateCauses[lateClaimCause] != 1 {
+			t.Fatalf("causes %v", f.DuplicateCauses)
+		}
 	}
-	assertFailure(t, planted(0, stall), "1 unexplained duplicate executions")
-	assertFailure(t, planted(1, nil), "1 unexplained duplicate executions")
-	assertFailure(t, planted(1, map[int][]Renewal{200: {{Sent: at(1.05), Done: at(2.45)}}}), "1 unexplained duplicate executions")
-	assertFailure(t, planted(1, map[int][]Renewal{300: {{Sent: at(0.2), Done: at(0.9)}}}), "1 unexplained duplicate executions")
-	assertFailure(t, planted(0.5, map[int][]Renewal{300: {{Sent: at(0.55), Done: at(2.45)}}}), "1 unexplained duplicate executions")
+	for what, claims := range map[string]map[int][]LateClaim{
+		"no late claim (a prompt one)":                 nil,
+		"another process's late claim":                 claim(200, 86, 1, 1, 2.45),
+		"a late claim of another attempt":              claim(300, 86, 2, 1, 2.45),
+		"a late claim of another job":                  claim(300, 87, 1, 1, 2.45),
+		"a claim back 1.1s before its deadline":        claim(300, 86, 1, 1, 1.5),
+		"a cut-off 0.2s before the claim's deadline":   claim(300, 86, 1, 1.2, 2.45),
+		"a cut-off past a renewal's possible deadline": claim(300, 86, 1, 0, 0.9),
+	} {
+		t.Run(what, func(t *testing.T) {
+			assertFailure(t, planted(0, claims), "1 unexplained duplicate executions")
+		})
+	}
 }

@@ -27,6 +27,7 @@ const (
 	lineBye      = "bye"      // the process stopped gracefully
 	lineReady    = "ready"    // a worker process started its client (and its periodic job)
 	lineSlowBeat = "slowbeat" // the engine reported a lease renewal slower than its interval (lab.OnSlowRenewal; At: when its answer was applied, Took: how long it took)
+	lineLate     = "late"     // the engine reported a claim slower than its interval (lab.OnLateClaim; At: when it came back, B: when it was sent, Dl: its jobs' cut-off deadline, IDs and Atts: its attempts)
 	lineBatch    = "bat"      // a batch's enqueue was acknowledged (Bat: its id, IDs: its jobs' ids)
 	lineBatchCB  = "cb"       // a batch's callback read its batch (Job, Att: the callback; Bat: the batch; C: the counts of its jobs' states)
 )
@@ -67,6 +68,11 @@ type line struct {
 	// Cut, on an end line, is when the handler's context ended, if it
 	// ended before the handler returned.
 	Cut int64 `json:"cut,omitempty"`
+	// Dl, on a late line, is when the engine cuts the claimed
+	// attempts off unless a renewal gets through; Atts their attempt
+	// numbers, beside their ids in IDs.
+	Dl   int64 `json:"dl,omitempty"`
+	Atts []int `json:"atts,omitempty"`
 }
 
 // recorder appends lines to one file. Each line is one write(2) on an
@@ -153,8 +159,10 @@ type records struct {
 	bye      map[string]bool
 	pids     map[string]int // proc -> pid
 	bad      int            // unparsable lines (a write cut by a kill)
-	// slowBeats: the slow lease renewals each process logged.
-	slowBeats map[int][]Renewal
+	// slowBeats: the slow lease renewals each process logged; lateClaims
+	// its late claims.
+	slowBeats  map[int][]Renewal
+	lateClaims map[int][]LateClaim
 	// batches: the batches enqueued; batchSeen: what their callbacks read.
 	batches   []BatchRec
 	batchSeen []BatchSeen
@@ -171,7 +179,7 @@ func readRecords(dir string) (*records, error) {
 		acked: map[int64]string{}, ackedAt: map[int64]time.Time{}, ackedKind: map[int64]string{}, rolledBack: map[string]bool{}, applied: map[int64][]int{},
 		appliedAt: map[int64]time.Time{}, ready: map[string]time.Time{},
 		counters: map[string]map[string]int64{}, bye: map[string]bool{}, pids: map[string]int{},
-		slowBeats: map[int][]Renewal{},
+		slowBeats: map[int][]Renewal{}, lateClaims: map[int][]LateClaim{},
 	}
 	type key struct {
 		proc     string
@@ -267,6 +275,14 @@ func readRecords(dir string) (*records, error) {
 			case lineSlowBeat:
 				done := time.Unix(0, l.At)
 				rs.slowBeats[l.PID] = append(rs.slowBeats[l.PID], Renewal{Sent: done.Add(-time.Duration(l.Took)), Done: done})
+			case lineLate:
+				lc := LateClaim{Sent: time.Unix(0, l.B), Back: time.Unix(0, l.At), Deadline: time.Unix(0, l.Dl)}
+				for i, id := range l.IDs {
+					if i < len(l.Atts) {
+						lc.Jobs = append(lc.Jobs, JobAttempt{ID: id, Attempt: l.Atts[i]})
+					}
+				}
+				rs.lateClaims[l.PID] = append(rs.lateClaims[l.PID], lc)
 			}
 		}
 		err = sc.Err()

@@ -825,7 +825,7 @@ func (p *phase) finish(ctx context.Context, row *Row) {
 	in := &Input{Lease: p.o.Lease, Acked: rs.acked, AckedAt: rs.ackedAt, RolledBack: rs.rolledBack, Execs: rs.execs,
 		Jobs: jobs, Events: events, Deaths: deaths, Poison: p.poison, Applied: rs.applied,
 		AppliedAt: rs.appliedAt, Told: rs.told, Tick: p.tick, TickStop: p.tickStop,
-		AsyncClaims: p.backend == "postgres", SlowRenewals: rs.slowBeats, Limits: p.limits,
+		AsyncClaims: p.backend == "postgres", SlowRenewals: rs.slowBeats, LateClaims: rs.lateClaims, Limits: p.limits,
 		Batches: rs.batches, BatchSeen: rs.batchSeen, DBOffset: p.dbOffset}
 	for proc, at := range rs.ready {
 		pid := rs.pids[proc]

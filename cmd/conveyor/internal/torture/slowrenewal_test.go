@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/conveyorq/conveyor"
 	"github.com/conveyorq/conveyor/connect"
+	"github.com/conveyorq/conveyor/lab"
 )
 
 // TestSlowRenewalRecorded: a lease renewal of a worker's engine held up
@@ -106,5 +108,34 @@ func TestSlowRenewalRecorded(t *testing.T) {
 		if r.Done.Sub(r.Sent) <= c.Config().HeartbeatInterval {
 			t.Errorf("renewal sent %v, back %v: not slower than the heartbeat interval %v", r.Sent, r.Done, c.Config().HeartbeatInterval)
 		}
+	}
+}
+
+// TestLateClaimRecorded: a late claim reported by the engine
+// (lab.OnLateClaim) is written by the worker's hook as a late line
+// and read back by readRecords with its times and attempts, under the
+// writing process's pid.
+func TestLateClaimRecorded(t *testing.T) {
+	recDir := t.TempDir()
+	rec, err := newRecorder(filepath.Join(recDir, "w1.0.jsonl"), "w1.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := time.Unix(1700000000, 123456789)
+	want := LateClaim{Sent: sent, Back: sent.Add(1500 * time.Millisecond), Deadline: sent.Add(1600 * time.Millisecond),
+		Jobs: []JobAttempt{{ID: 7, Attempt: 1}, {ID: 9, Attempt: 3}}}
+	rec.write(lateClaimLine(lab.LateClaim{Sent: want.Sent, Back: want.Back, Deadline: want.Deadline,
+		Jobs: []lab.JobAttempt{{ID: 7, Attempt: 1}, {ID: 9, Attempt: 3}}}))
+	if err := rec.close(); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := readRecords(recDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := rs.lateClaims[os.Getpid()]
+	if len(got) != 1 || !got[0].Sent.Equal(want.Sent) || !got[0].Back.Equal(want.Back) ||
+		!got[0].Deadline.Equal(want.Deadline) || !slices.Equal(got[0].Jobs, want.Jobs) {
+		t.Fatalf("late claims read back %+v, want [%+v]", rs.lateClaims, want)
 	}
 }

@@ -316,6 +316,7 @@ func runWorker(ctx context.Context, w *workerFlags, rec *recorder, logger *slog.
 		}
 	}
 	recordSlowRenewals(c, rec)
+	recordLateClaims(c, rec)
 	sleep := func(ctx context.Context, ms int) error {
 		t := time.NewTimer(time.Duration(ms) * time.Millisecond)
 		defer t.Stop()
@@ -1038,4 +1039,22 @@ func recordSlowRenewals(c *conveyor.Client[any], rec *recorder) {
 	lab.OnSlowRenewal(c, func(r lab.SlowRenewal) {
 		rec.write(line{T: lineSlowBeat, At: r.Sent.Add(r.Took).UnixNano(), Took: int64(r.Took)})
 	})
+}
+
+// recordLateClaims records each claim of c's engine that came back later
+// than the heartbeat interval (lab.OnLateClaim) as a late line,
+// before the claimed jobs' handlers start: the checker's evidence for an
+// attempt cut off because its claim left it too little of its lease (see
+// Input.LateClaims).
+func recordLateClaims(c *conveyor.Client[any], rec *recorder) {
+	lab.OnLateClaim(c, func(r lab.LateClaim) { rec.write(lateClaimLine(r)) })
+}
+
+// lateClaimLine is the record line of a late claim.
+func lateClaimLine(r lab.LateClaim) line {
+	l := line{T: lineLate, At: r.Back.UnixNano(), B: r.Sent.UnixNano(), Dl: r.Deadline.UnixNano()}
+	for _, j := range r.Jobs {
+		l.IDs, l.Atts = append(l.IDs, j.ID), append(l.Atts, j.Attempt)
+	}
+	return l
 }
