@@ -550,7 +550,10 @@ func TestLimitsChangedWaitsForInsertClaims(t *testing.T) {
 // An insert never waits for a change of limits: while one waits for a
 // queue's claims gate (a claim of the queue begun before it still
 // running), an insert claims none of that queue's jobs, which wait for a
-// claim, and claims those of the other queues as before.
+// claim, and claims those of the other queues as before. (That it claims
+// none of the queue's jobs the limits cache, changed before the wait,
+// ensures too; TestLimitsChangedWaitsForInsertClaims checks the gate
+// itself. This test fails when an insert waits for the gate.)
 func TestInsertClaimsPassOverALimitsChange(t *testing.T) {
 	d, cfg := newClaiming(map[string]int{"a": 2, "q": 2})
 	e := New(d, cfg, map[string]Handler{"k": func(context.Context, *driver.JobRow) error { return nil }})

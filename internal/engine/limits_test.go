@@ -554,9 +554,17 @@ func TestClaimGatesAreDropped(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// A change whose wait ends with its context, a claim still holding
-	// the gate: the gate outlives the change until the claim returns.
+	// Two claims hold a gate; the first returns: the gate stays, and a
+	// change still waits for the second (a gate dropped early would be
+	// made anew, and the change would not wait). The change's wait ends
+	// with its context: the gate outlives the change until the claim
+	// returns.
+	unlock1 := e.lockClaims("other")
 	unlock := e.lockClaims("other")
+	unlock1()
+	if !e.claimGates.has("other") {
+		t.Fatal("the gate was dropped while a claim held it")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	if err := e.LimitsChanged(ctx, "other", driver.QueueLimits{MaxRunning: 1}); !errors.Is(err, context.DeadlineExceeded) {
