@@ -141,9 +141,10 @@ func rateProblem(kind string, rate int, period time.Duration) string {
 // it is. This process claims the queue under the new limits at once:
 // SetQueueLimits returns after its claims of the queue begun under the
 // old ones have returned (enqueues claiming their own jobs for idle
-// workers included), so that none of them starts a job after it
-// without the new limits (other processes follow within a second, see
-// docs/flow-control.md).
+// workers included), so that none of them takes a job after it
+// without the new limits (a job claimed before it returned may still
+// reach its handler a moment after; other processes follow within a
+// second, see docs/flow-control.md).
 func (c *Client[TTx]) SetQueueLimits(ctx context.Context, queue string, l QueueLimits) error {
 	if ValidQueueName(queue) != nil {
 		return queueNameError{op: "set limits of", queue: queue}
