@@ -847,10 +847,11 @@ func (in *Input) slowRenewal(e Exec) bool {
 // deadline its claim left it, because that claim came back late.
 const lateClaimCause = "cut off: its claim came back late, with too little of its lease left for a renewal"
 
-// lateClaim reports whether e was cut off at the deadline of a claim that
-// its engine reported as late (LateClaims): the engine's own record of
-// when the claim was sent and came back, written before e's handler
-// started. It takes three things, each the engine's own numbers:
+// lateClaim reports whether e was cut off at the deadline of the claim
+// that handed it over, when its engine reported that claim as late
+// (LateClaims): the engine's own record of when the claim was sent and
+// came back, written before e's handler started. It takes three things,
+// each the engine's own numbers:
 //   - the claim came back with less than two heartbeat intervals (the
 //     workers run the default, Lease/5) before its deadline: the round of
 //     renewals already out when it came back, up to an interval unless it
@@ -872,15 +873,19 @@ func (in *Input) lateClaim(e Exec) bool {
 	if cut.IsZero() {
 		return false
 	}
-	hb, margin := in.Lease/5, in.Lease/5
-	for _, c := range in.LateClaims[e.PID] {
-		if !slices.Contains(c.Jobs, JobAttempt{ID: e.Job, Attempt: e.Attempt}) {
-			continue
+	// The claim that handed e over: the last late one of its attempt
+	// back before its start (a snoozed or released job is claimed again
+	// under the same attempt number).
+	var c *LateClaim
+	for i, lc := range in.LateClaims[e.PID] {
+		if !lc.Back.After(e.Start) && slices.Contains(lc.Jobs, JobAttempt{ID: e.Job, Attempt: e.Attempt}) &&
+			(c == nil || lc.Back.After(c.Back)) {
+			c = &in.LateClaims[e.PID][i]
 		}
-		return c.Deadline.Sub(c.Back) < 2*hb && !cut.Before(c.Deadline) &&
-			cut.Before(c.Back.Add(in.Lease-margin))
 	}
-	return false
+	hb, margin := in.Lease/5, in.Lease/5
+	return c != nil && c.Deadline.Sub(c.Back) < 2*hb && !cut.Before(c.Deadline) &&
+		cut.Before(c.Back.Add(in.Lease-margin))
 }
 
 // faultFor finds a fault that hit e's process (or every process) while

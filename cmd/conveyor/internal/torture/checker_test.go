@@ -725,6 +725,19 @@ func TestCheckerLeaseDeadlineAfterLateClaim(t *testing.T) {
 		return map[int][]LateClaim{pid: {{Sent: at(sent), Back: at(back), Deadline: at(sent + 1.6),
 			Jobs: []JobAttempt{{ID: 85, Attempt: 1}, {ID: id, Attempt: att}}}}}
 	}
+	// A claim of the same attempt after this execution's start (a later
+	// one) does not hide the claim that handed it over.
+	later := claim(300, 86, 1, 1, 2.45)
+	later[300] = append(later[300], LateClaim{Sent: at(2.0), Back: at(2.9), Deadline: at(3.6), Jobs: []JobAttempt{{ID: 86, Attempt: 1}}})
+	for _, claims := range []map[int][]LateClaim{claim(300, 86, 1, 1, 2.45), later} {
+		f := planted(0, claims)
+		if fl := f.Failures(); len(fl) > 0 {
+			t.Fatalf("failures: %v", fl)
+		}
+		if f.DuplicateCauses[lateClaimCause] != 1 {
+			t.Fatalf("causes %v", f.DuplicateCauses)
+		}
+	}
 	for _, cancelled := range []float64{0, 2.6} {
 		f := planted(cancelled, claim(300, 86, 1, 1, 2.45))
 		if fl := f.Failures(); len(fl) > 0 {
@@ -742,6 +755,13 @@ func TestCheckerLeaseDeadlineAfterLateClaim(t *testing.T) {
 		"a claim back 1.1s before its deadline":        claim(300, 86, 1, 1, 1.5),
 		"a cut-off 0.2s before the claim's deadline":   claim(300, 86, 1, 1.2, 2.45),
 		"a cut-off past a renewal's possible deadline": claim(300, 86, 1, 0, 0.9),
+		// The same attempt number claimed late again (a snooze or a
+		// release keeps it) before this start, in time for a renewal:
+		// the earlier record is not this execution's claim.
+		"a later claim of the same attempt in time": {300: {
+			{Sent: at(1), Back: at(2.45), Deadline: at(2.6), Jobs: []JobAttempt{{ID: 86, Attempt: 1}}},
+			{Sent: at(2.2), Back: at(2.46), Deadline: at(3.8), Jobs: []JobAttempt{{ID: 86, Attempt: 1}}}}},
+		"a late claim back after the start": claim(300, 86, 1, 1, 2.51),
 	} {
 		t.Run(what, func(t *testing.T) {
 			assertFailure(t, planted(0, claims), "1 unexplained duplicate executions")
