@@ -92,8 +92,8 @@ type LateClaim struct {
 
 // JobAttempt names one attempt of a job.
 type JobAttempt struct {
-	ID      int64
-	Attempt int
+	ID      int64 // the job's id
+	Attempt int   // the attempt's number
 }
 
 // OnLateClaim has fn called, on the claiming goroutine, for each claim

@@ -248,8 +248,8 @@ type LateClaim struct {
 
 // JobAttempt names one attempt of a job.
 type JobAttempt struct {
-	ID      int64
-	Attempt int
+	ID      int64 // the job's id
+	Attempt int   // the attempt's number
 }
 
 // Findings is the checker's verdict on one run.
