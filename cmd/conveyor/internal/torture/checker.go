@@ -821,6 +821,15 @@ func (in *Input) diedBeforeRescue(e Exec, j *FinalJob) (Event, bool) {
 // renewal of its lease was still out when the lease was about to expire.
 const slowRenewalCause = "cut off: its lease renewal was slow (a loaded machine)"
 
+// cutOffAt is when e's handler was cut off: when it saw its context end
+// (Cancelled), or, without that record, its end; zero without either.
+func cutOffAt(e Exec) time.Time {
+	if !e.Cancelled.IsZero() {
+		return e.Cancelled
+	}
+	return e.End
+}
+
 // slowRenewal reports whether e's process had a lease renewal out when
 // e's handler was cut off: sent before the cut-off and back only after
 // it. The cut-off is when the handler saw its context end (Cancelled),
@@ -828,10 +837,7 @@ const slowRenewalCause = "cut off: its lease renewal was slow (a loaded machine)
 // the renewal, not the handler or the queue, was late; an attempt cut
 // off without one stays unexplained.
 func (in *Input) slowRenewal(e Exec) bool {
-	cut := e.Cancelled
-	if cut.IsZero() {
-		cut = e.End
-	}
+	cut := cutOffAt(e)
 	if cut.IsZero() {
 		return false
 	}
@@ -866,10 +872,7 @@ const lateClaimCause = "cut off: its claim came back late, with too little of it
 // it time for a renewal, stays unexplained (unless a slow renewal was out
 // at its cut-off: slowRenewal).
 func (in *Input) lateClaim(e Exec) bool {
-	cut := e.Cancelled
-	if cut.IsZero() {
-		cut = e.End
-	}
+	cut := cutOffAt(e)
 	if cut.IsZero() {
 		return false
 	}
