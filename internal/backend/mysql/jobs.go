@@ -1208,7 +1208,7 @@ func (d *Driver) complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 			return nil, fmt.Errorf("conveyor/mysql: complete: job %d: outcome state %q is not completed, retryable, discarded or cancelled", o.ID, o.State)
 		}
 	}
-	holders, slots, err := d.slotHolders(ctx, outcomes)
+	holders, err := d.slotHolders(ctx, outcomes)
 	if err != nil {
 		return nil, err
 	}
@@ -1237,7 +1237,6 @@ func (d *Driver) complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 		}
 	}
 	var matched int64
-	freed := false
 	budget := d.maxPacket / 2
 	// sent holds the ids of the statements that succeeded: each
 	// autocommits, so when a later one fails they are applied already,
@@ -1247,7 +1246,8 @@ func (d *Driver) complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 	for _, part := range []struct {
 		query string
 		idx   []int
-	}{{d.q.Complete, plain}, {d.q.CompleteWithErrors, failed}, {d.q.CompleteFreeing, plainSlot}, {d.q.CompleteWithErrorsFreeing, failedSlot}} {
+		slots bool
+	}{{d.q.Complete, plain, false}, {d.q.CompleteWithErrors, failed, false}, {d.q.Complete, plainSlot, true}, {d.q.CompleteWithErrors, failedSlot, true}} {
 		// Ascending ids: concurrent batches lock rows in the same order.
 		slices.SortFunc(part.idx, func(a, b int) int { return cmp.Compare(outcomes[a].ID, outcomes[b].ID) })
 		for len(part.idx) > 0 {
@@ -1287,7 +1287,12 @@ func (d *Driver) complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 					js = appendJSONString(js, errs[i])
 					return append(js, ']')
 				}, token[:])
-			n64, f, err := d.execFreeing(ctx, d.lease, "complete", cache, q, args)
+			var n64 int64
+			if part.slots {
+				n64, err = d.completeFreeing(ctx, q, args, cache, outcomes, chunk)
+			} else {
+				n64, err = d.execCount(ctx, d.lease, "complete", cache, q, args)
+			}
 			if err != nil {
 				return d.appliedBefore(ctx, token[:], sent), err
 			}
@@ -1295,20 +1300,13 @@ func (d *Driver) complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 				sent = append(sent, outcomes[i].ID)
 			}
 			matched += n64
-			freed = freed || f
 		}
 	}
 	ids := make([]int64, len(outcomes))
 	for i := range outcomes {
 		ids[i] = outcomes[i].ID
 	}
-	if matched == int64(len(outcomes)) && !freed {
-		return ids, nil
-	}
-	if freed && matched == int64(len(outcomes)+slots) {
-		// Every job and every slot its attempt held: a job's slots match
-		// only with it, and a job matches at most once, so no fewer jobs
-		// can make up the count.
+	if matched == int64(len(outcomes)) {
 		return ids, nil
 	}
 	return d.fenceCheck(ctx, d.lease, "complete", token[:], ids)
@@ -1334,11 +1332,9 @@ func (d *Driver) appliedBefore(ctx context.Context, token []byte, sent []int64) 
 
 // slotHolders returns the ids of the outcomes whose attempt holds a slot
 // of a limited queue (slot_holders), or nil when none does, the case of
-// every job of an unlimited queue, and how many slots they hold (a
-// concurrency slot and a key slot each, at most).
-func (d *Driver) slotHolders(ctx context.Context, outcomes []driver.Outcome) (map[int64]bool, int, error) {
+// every job of an unlimited queue.
+func (d *Driver) slotHolders(ctx context.Context, outcomes []driver.Outcome) (map[int64]bool, error) {
 	var out map[int64]bool
-	slots := 0
 	for off := 0; off < len(outcomes); off += maxBucket {
 		part := outcomes[off:min(off+maxBucket, len(outcomes))]
 		leases := make([]driver.Lease, len(part))
@@ -1346,9 +1342,7 @@ func (d *Driver) slotHolders(ctx context.Context, outcomes []driver.Outcome) (ma
 			leases[i] = driver.Lease{ID: o.ID, Fence: o.Fence}
 		}
 		q, args, cache := d.leaseSource(d.q.SlotHolders, leases)
-		var n int
 		err := d.retry(ctx, "complete", func() error {
-			n = 0
 			rows, err := d.lease.query(ctx, nil, cache, q, args...)
 			if err != nil {
 				return err
@@ -1363,16 +1357,64 @@ func (d *Driver) slotHolders(ctx context.Context, outcomes []driver.Outcome) (ma
 					out = map[int64]bool{}
 				}
 				out[id] = true
-				n++
 			}
 			return rows.Err()
 		})
 		if err != nil {
-			return nil, 0, err
+			return nil, err
 		}
-		slots += n
 	}
-	return out, slots, nil
+	return out, nil
+}
+
+// completeFreeing runs q, complete or complete_with_errors over the
+// outcomes of chunk (indexes into outcomes), and then frees the slots
+// their attempts hold (free_slots), in one transaction on the lease pool,
+// and returns how many jobs q matched. See free_slots in queries.sql for
+// why these are two statements.
+func (d *Driver) completeFreeing(ctx context.Context, q string, args []any, cache bool, outcomes []driver.Outcome, chunk []int) (int64, error) {
+	fq, fargs := d.freeSlotsQuery(outcomes, chunk)
+	var n int64
+	err := d.inTxOn(ctx, d.lease, "complete", func(tx *sql.Tx) error {
+		res, err := d.lease.exec(ctx, tx, cache, q, args...)
+		if err != nil {
+			return err
+		}
+		if n, err = res.RowsAffected(); err != nil {
+			return err
+		}
+		_, err = d.lease.exec(ctx, tx, len(chunk) <= maxBucket, fq, fargs...)
+		return err
+	})
+	return n, err
+}
+
+// freeSlotsQuery expands free_slots for the outcomes of chunk: their
+// attempts (id, fence), and the ids of the retryable and snoozed ones,
+// whose key slot an ordered queue that holds its keys keeps. Each list is
+// padded to the chunk's bucket (with the first attempt, and with id 0,
+// which no job has), so that the statement's text depends on the bucket
+// alone.
+func (d *Driver) freeSlotsQuery(outcomes []driver.Outcome, chunk []int) (string, []any) {
+	b := bucket(len(chunk))
+	args := make([]any, 0, 4*b)
+	for _, i := range chunk {
+		if st := outcomes[i].State; st == driver.StateRetryable || st == driver.StateScheduled {
+			args = append(args, outcomes[i].ID)
+		}
+	}
+	for len(args) < b {
+		args = append(args, int64(0))
+	}
+	for k := 0; k < b; k++ {
+		args = append(args, outcomes[chunk[min(k, len(chunk)-1)]].ID)
+	}
+	for k := 0; k < b; k++ {
+		o := &outcomes[chunk[min(k, len(chunk)-1)]]
+		args = append(args, o.ID, o.Fence)
+	}
+	q := strings.NewReplacer("{keep}", placeholders(b), "{ids}", placeholders(b), "{pairs}", strings.Repeat("(?, ?), ", b-1)+"(?, ?)").Replace(d.q.FreeSlots)
+	return q, args
 }
 
 // execFreeing is execCount for a statement that may free the slots of

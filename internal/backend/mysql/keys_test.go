@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -293,5 +294,48 @@ func TestCompleteFreeingCount(t *testing.T) {
 	}
 	if got := claimLimited(t, d, "kc", 10, time.Minute); len(got) != 5 {
 		t.Errorf("claimed %d after the outcomes, want 5 (key b still runs)", len(got))
+	}
+}
+
+// TestKeySlotsTakenInChunks: a claim of more keyed jobs than one
+// statement of key_slot_take takes (keySlotTakeChunk) takes every one's
+// slot, so no key runs more than its limit, and completing them frees
+// every slot.
+func TestKeySlotsTakenInChunks(t *testing.T) {
+	ctx := context.Background()
+	d := migrated(t, driver.Options{}, nil)
+	const keys = 2*keySlotTakeChunk + 22
+	for range 2 {
+		jobs := limitJobs("kch", keys)
+		for i := range jobs {
+			jobs[i].Key = "k" + strconv.Itoa(i)
+		}
+		if _, err := d.Insert(ctx, jobs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.SetQueueLimits(ctx, "kch", driver.QueueLimits{KeyMaxRunning: 1}); err != nil {
+		t.Fatal(err)
+	}
+	rows := claimLimited(t, d, "kch", 2*keys, time.Minute)
+	byKey := map[string]int{}
+	for _, r := range rows {
+		byKey[r.Key]++
+	}
+	if len(rows) != keys || len(byKey) != keys {
+		t.Fatalf("claimed %d jobs of %d keys, want one of each of %d keys", len(rows), len(byKey), keys)
+	}
+	if more := claimLimited(t, d, "kch", 2*keys, time.Minute); len(more) != 0 {
+		t.Fatalf("claimed %d more while every key runs its one job", len(more))
+	}
+	outs := make([]driver.Outcome, len(rows))
+	for i, r := range rows {
+		outs[i] = driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: driver.StateCompleted}
+	}
+	if applied, err := d.Complete(ctx, outs); err != nil || len(applied) != len(outs) {
+		t.Fatalf("complete: applied %d of %d, %v", len(applied), len(outs), err)
+	}
+	if next := claimLimited(t, d, "kch", 2*keys, time.Minute); len(next) != keys {
+		t.Fatalf("after completing: claimed %d, want the second job of each of %d keys", len(next), keys)
 	}
 }

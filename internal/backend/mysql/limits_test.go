@@ -30,9 +30,11 @@ func claimLimited(t *testing.T, d *Driver, queue string, limit int, lease time.D
 	return r.Rows
 }
 
-// A freed slot adds to the matched count of complete and release: a batch
-// whose stale outcome is made up for by a freed slot must still report
-// only the outcomes applied, and Release only the jobs released.
+// A freed slot adds to the matched count of release (complete counts its
+// jobs by a statement of their own, and frees the slots by another): a
+// batch whose stale outcome would be made up for by a freed slot must
+// still report only the outcomes applied, and Release only the jobs
+// released.
 func TestFreedSlotsDoNotCountAsJobs(t *testing.T) {
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {

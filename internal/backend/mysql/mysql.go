@@ -279,7 +279,7 @@ func New(ctx context.Context, appCfg *gomysql.Config, opts driver.Options) (*Dri
 		// Retry) that may reach it before the job or its last change, and
 		// the rescue's giving back of an expired block, which must see
 		// every claim of its owner's (see causal_ack).
-		for _, r := range []*string{&q.Complete, &q.CompleteWithErrors, &q.SlotHolders, &q.CompleteFreeing, &q.CompleteWithErrorsFreeing, &q.Heartbeat, &q.Release, &q.FenceCheck, &q.Finalize, &q.Retry, &q.CompleteOne, &q.BlockFree} {
+		for _, r := range []*string{&q.Complete, &q.CompleteWithErrors, &q.SlotHolders, &q.Heartbeat, &q.Release, &q.FenceCheck, &q.Finalize, &q.Retry, &q.CompleteOne, &q.BlockFree} {
 			*r = q.CausalAck + " " + *r
 		}
 	}

@@ -53,14 +53,13 @@ type queries struct {
 	LeaseSourceRow     string `sql:"lease_source_row"`
 	Complete           string `sql:"complete"`
 	CompleteWithErrors string `sql:"complete_with_errors"`
-	// The same, freeing the slots of limited queues' attempts, which
-	// slot_holders finds.
-	SlotHolders               string `sql:"slot_holders"`
-	CompleteFreeing           string `sql:"complete_freeing"`
-	CompleteWithErrorsFreeing string `sql:"complete_with_errors_freeing"`
-	Heartbeat                 string `sql:"heartbeat"`
-	Release                   string `sql:"release"`
-	FenceCheck                string `sql:"fence_check"`
+	// The attempts of a batch that hold slots of limited queues, and the
+	// freeing of those slots after complete in the same transaction.
+	SlotHolders string `sql:"slot_holders"`
+	FreeSlots   string `sql:"free_slots"`
+	Heartbeat   string `sql:"heartbeat"`
+	Release     string `sql:"release"`
+	FenceCheck  string `sql:"fence_check"`
 
 	// Maintenance.
 	RescueSelect    string `sql:"rescue_select"`

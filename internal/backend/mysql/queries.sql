@@ -258,27 +258,41 @@ SELECT CAST(? AS SIGNED) AS id, CAST(? AS SIGNED) AS fence
 -- another one writes. A snooze (state scheduled) gives the attempt back.
 --
 -- Queue limits: an attempt of a limited queue holds a concurrency slot,
--- freed in the statement that ends the attempt. slot_holders first reads
+-- freed in the transaction that ends the attempt. slot_holders first reads
 -- which of the batch's attempts hold one (a plain read by slot_job_idx;
 -- an attempt's slot was written by the claim that issued its fence, so
 -- the read cannot miss it, and nothing takes a slot for a fence later).
--- Those outcomes go through complete_freeing and
--- complete_with_errors_freeing, which also free the slot held under the
--- same job and fence (fence is not assigned, so the join sees the
--- attempt's); the others through complete and complete_with_errors, which
--- never touch the slots: a second table to update costs the server a
--- temporary table per statement, which jobs of unlimited queues do not
--- pay. A freed slot adds to the matched count, so its assignment also
--- sets LAST_INSERT_ID(1), which the server reports with the statement's
--- result (0 when no slot was freed): the driver then reads back the ids
--- applied by op_token instead of trusting the count.
+-- Those outcomes go, in one transaction per chunk, through complete (or
+-- complete_with_errors) and then free_slots; the others through complete
+-- and complete_with_errors alone, autocommitted, which never touch the
+-- slots.
+--
+-- Why two statements and not one UPDATE of both tables: MariaDB keeps
+-- the row ids of a multi-table UPDATE's second table in an internal
+-- temporary table, and limit_slots' row id is its primary key (queue,
+-- type, lkey, n: up to about 1.5 KB in utf8mb4), too long for a
+-- temporary table in memory. Every such statement made one on disk
+-- (1.2-2.0 ms a statement against 0.5 ms without the slots); the
+-- single-table free_slots makes none.
+--
+-- free_slots frees the slots held by the attempts (id, fence) of the
+-- chunk ({pairs}, with their ids in {ids} for the index). It runs after
+-- complete in the same transaction, so that no slot is free while its
+-- attempt still runs, nor kept (below) for a job whose outcome was not
+-- written. It needs no join to the jobs: a slot held under (id, fence)
+-- means the attempt of that fence, and a fence only grows; when that
+-- attempt has ended otherwise (rescued, cancelled), whatever ended it
+-- freed the slot in the same transaction, and a slot found held for an
+-- ended attempt is free to give back in any case.
 --
 -- Key limits: an attempt of a job with a key in a key-limited queue also
 -- holds a key slot (type 'k', see migrations/013_keys.sql), found and
--- freed by the same join on job and fence. In a queue whose key_order is
--- 1 (ordered, holding), a retryable or snoozed outcome keeps the key slot
--- for the job instead: its fence is cleared and its job_id stays, so that
--- no later job of the key starts before this one (see claimKeyedTx).
+-- freed by the same pair. In a queue whose key_order is 1 (ordered,
+-- holding), a retryable or snoozed outcome ({keep}: their ids) keeps the
+-- key slot for the job instead: its fence is cleared and its job_id
+-- stays, so that no later job of the key starts before this one (see
+-- claimKeyedTx). A single-table UPDATE assigns left to right: job_id is
+-- computed before fence is cleared.
 -- name: slot_holders
 SELECT s.job_id FROM {source} u STRAIGHT_JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = u.id AND s.fence = u.fence
 
@@ -288,17 +302,20 @@ UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence
 -- name: complete_with_errors
 UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.errors = CONCAT(LEFT(j.errors, CHAR_LENGTH(j.errors) - 1), IF(j.errors = '[]', '', ','), u.err, ']'), j.op_token = ? WHERE j.state = 'running'
 
--- name: complete_freeing
-UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND s.fence = j.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.op_token = ?, s.job_id = IF(s.type = 'k' AND u.state IN ('retryable', 'scheduled') AND (SELECT q.key_order FROM `{p}queues` q WHERE q.name = j.queue) = 1, s.job_id, NULL), s.fence = IF(LAST_INSERT_ID(1), NULL, NULL) WHERE j.state = 'running'
-
--- name: complete_with_errors_freeing
-UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND s.fence = j.fence SET j.state = u.state, j.finalized_at = IF(u.state IN ('retryable', 'scheduled'), NULL, UTC_TIMESTAMP(6)), j.scheduled_at = IF(u.state IN ('retryable', 'scheduled'), UTC_TIMESTAMP(6) + INTERVAL u.retry_us MICROSECOND, j.scheduled_at), j.attempt = IF(u.state = 'scheduled', j.attempt - 1, j.attempt), j.lease_expires_at = NULL, j.errors = CONCAT(LEFT(j.errors, CHAR_LENGTH(j.errors) - 1), IF(j.errors = '[]', '', ','), u.err, ']'), j.op_token = ?, s.job_id = IF(s.type = 'k' AND u.state IN ('retryable', 'scheduled') AND (SELECT q.key_order FROM `{p}queues` q WHERE q.name = j.queue) = 1, s.job_id, NULL), s.fence = IF(LAST_INSERT_ID(1), NULL, NULL) WHERE j.state = 'running'
+-- name: free_slots
+UPDATE `{p}limit_slots` s SET s.job_id = IF(s.type = 'k' AND s.job_id IN ({keep}) AND (SELECT q.key_order FROM `{p}queues` q WHERE q.name = s.queue) = 1, s.job_id, NULL), s.fence = NULL WHERE s.job_id IN ({ids}) AND (s.job_id, s.fence) IN ({pairs}){intx}
 
 -- name: heartbeat
 UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence SET j.lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, j.op_token = ? WHERE j.state = 'running'
 
--- Release frees the slot as complete does, and marks the rows it changed
--- with op_token for the same reason.
+-- Release frees the slots of the attempts it gives back in the same
+-- statement (a LEFT JOIN of limit_slots by job and fence; release runs
+-- when a process stops, so its temporary table on disk, see free_slots,
+-- is not worth a transaction), and marks the rows it changed with
+-- op_token. A freed slot adds to the matched count, so its assignment
+-- also sets LAST_INSERT_ID(1), which the server reports with the
+-- statement's result (0 when no slot was freed): the driver then reads
+-- back the ids applied by op_token instead of trusting the count.
 -- name: release
 UPDATE {source} u STRAIGHT_JOIN `{p}jobs` j ON j.id = u.id AND j.fence = u.fence LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND s.fence = j.fence SET j.state = 'available', j.attempt = j.attempt - 1, j.lease_expires_at = NULL, j.attempted_by = NULL, j.op_token = ?, s.job_id = NULL, s.fence = IF(LAST_INSERT_ID(1), NULL, NULL) WHERE j.state = 'running'
 
@@ -337,8 +354,9 @@ SELECT id, queue, priority, scheduled_at FROM `{p}jobs` FORCE INDEX (due_idx) WH
 UPDATE `{p}jobs` SET state = 'available' WHERE id IN ({ids}) AND state IN ('retryable', 'scheduled'){intx}
 
 -- A completion that carries a result, in a transaction with
--- store_result (see Complete): the one job, fenced, its slot freed as
--- complete_freeing frees it.
+-- store_result (see Complete): the one job, fenced, and the slots its
+-- attempt held, joined by job and fence (a completion never keeps a key
+-- slot).
 -- name: complete_one
 UPDATE `{p}jobs` j LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND s.fence = j.fence SET j.state = 'completed', j.finalized_at = UTC_TIMESTAMP(6), j.lease_expires_at = NULL, s.job_id = NULL, s.fence = NULL WHERE j.id = ? AND j.fence = ? AND j.state = 'running'
 
