@@ -2,6 +2,7 @@ package drivertest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sync"
@@ -189,11 +190,12 @@ func keys(t *testing.T, s suite) {
 
 	// One batch of outcomes in an ordered queue that holds its keys: the
 	// retryable and snoozed outcomes keep their keys' slots, the others
-	// in the same batch free theirs.
+	// in the same batch free theirs, a completion with a result (which a
+	// driver may write apart) too.
 	t.Run("OrderedMixedBatchKeepsOnlyFailedKeys", func(t *testing.T) {
 		d := s.setup(t)
 		setLimits(t, d, "omb", driver.QueueLimits{Ordered: true, KeyMaxRunning: 1})
-		keys := []string{"done", "failed", "snoozed", "discarded"}
+		keys := []string{"done", "failed", "snoozed", "discarded", "result"}
 		for range 2 {
 			for _, k := range keys {
 				insertJobs(t, d, keyedJob("omb", k, 0))
@@ -203,18 +205,22 @@ func keys(t *testing.T, s suite) {
 		if len(heads) != len(keys) {
 			t.Fatalf("claimed %d, want one job of each of %d keys", len(heads), len(keys))
 		}
-		state := map[string]string{"done": driver.StateCompleted, "failed": driver.StateRetryable, "snoozed": driver.StateScheduled, "discarded": driver.StateDiscarded}
+		state := map[string]string{"done": driver.StateCompleted, "failed": driver.StateRetryable, "snoozed": driver.StateScheduled, "discarded": driver.StateDiscarded, "result": driver.StateCompleted}
 		var outs []driver.Outcome
 		for _, r := range heads {
-			outs = append(outs, driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: state[r.Key], RetryIn: time.Hour})
+			o := driver.Outcome{ID: r.ID, Fence: r.Fence, Attempt: r.Attempt, State: state[r.Key], RetryIn: time.Hour}
+			if r.Key == "result" {
+				o.Result = json.RawMessage(`{"n":1}`)
+			}
+			outs = append(outs, o)
 		}
 		if applied, err := d.Complete(ctx, outs); err != nil || len(applied) != len(outs) {
 			t.Fatalf("complete: applied %v of %d, %v", applied, len(outs), err)
 		}
 		next := claimLimited(t, d, "omb", 10, time.Minute).Rows
 		got := countByKey(next)
-		if len(next) != 2 || got["done"] != 1 || got["discarded"] != 1 {
-			t.Fatalf("after the batch: claimed %v, want the next job of keys done and discarded only (failed and snoozed keep their keys)", got)
+		if len(next) != 3 || got["done"] != 1 || got["discarded"] != 1 || got["result"] != 1 {
+			t.Fatalf("after the batch: claimed %v, want the next job of keys done, discarded and result only (failed and snoozed keep their keys)", got)
 		}
 	})
 

@@ -1151,44 +1151,45 @@ func (d *Driver) Complete(ctx context.Context, outcomes []driver.Outcome) ([]int
 }
 
 // completeResults completes the jobs of outcomes, each fenced by its own
-// statement (complete_one), and stores the result of each job completed
-// (store_result), in one transaction on the lease pool, in ascending id
-// order so that concurrent batches lock rows in the same order. It
-// returns the ids applied.
+// statement (complete_one), stores the result of each job completed
+// (store_result), and frees the slots their attempts held (free_slots),
+// in one transaction on the lease pool, in ascending id order so that
+// concurrent batches lock rows in the same order. It returns the ids
+// applied.
 func (d *Driver) completeResults(ctx context.Context, outcomes []driver.Outcome) ([]int64, error) {
 	slices.SortFunc(outcomes, func(a, b driver.Outcome) int { return cmp.Compare(a.ID, b.ID) })
 	var applied []int64
-	err := d.retry(ctx, "complete", func() error {
-		applied = applied[:0]
-		tx, err := d.lease.db.BeginTx(ctx, nil)
-		if err != nil {
-			return driver.NotCommitted(err)
-		}
+	var done []int
+	err := d.inTxOn(ctx, d.lease, "complete", func(tx *sql.Tx) error {
+		applied, done = applied[:0], done[:0]
 		for i := range outcomes {
 			o := &outcomes[i]
-			res, err := tx.ExecContext(ctx, d.q.CompleteOne, o.ID, o.Fence)
+			res, err := d.lease.exec(ctx, tx, true, d.q.CompleteOne, o.ID, o.Fence)
 			if err != nil {
-				_ = tx.Rollback()
-				return driver.NotCommitted(err)
+				return err
 			}
-			// The job's row, and its slot's when it held one.
-			if n, err := res.RowsAffected(); err != nil || n == 0 {
-				if err != nil {
-					_ = tx.Rollback()
-					return driver.NotCommitted(err)
-				}
+			if n, err := res.RowsAffected(); err != nil {
+				return err
+			} else if n == 0 {
 				continue
 			}
-			if _, err := tx.ExecContext(ctx, d.q.StoreResult, o.ID, o.Fence, string(o.Result)); err != nil {
-				_ = tx.Rollback()
-				return driver.NotCommitted(err)
+			if _, err := d.lease.exec(ctx, tx, true, d.q.StoreResult, o.ID, o.Fence, string(o.Result)); err != nil {
+				return err
 			}
 			applied = append(applied, o.ID)
+			done = append(done, i)
 		}
-		return d.refused(tx.Commit())
+		for off := 0; off < len(done); off += maxBucket {
+			part := done[off:min(off+maxBucket, len(done))]
+			q, args := d.freeSlotsQuery(outcomes, part)
+			if _, err := d.lease.exec(ctx, tx, len(part) <= maxBucket, q, args...); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
-		return nil, d.wrap("complete", err)
+		return nil, err
 	}
 	return applied, nil
 }

@@ -265,7 +265,9 @@ SELECT CAST(? AS SIGNED) AS id, CAST(? AS SIGNED) AS fence
 -- Those outcomes go, in one transaction per chunk, through complete (or
 -- complete_with_errors) and then free_slots; the others through complete
 -- and complete_with_errors alone, autocommitted, which never touch the
--- slots.
+-- slots. Completions with a result go through complete_one and
+-- store_result, job by job, and then free_slots over those applied, in
+-- one transaction (completeResults).
 --
 -- Why two statements and not one UPDATE of both tables: MariaDB keeps
 -- the row ids of a multi-table UPDATE's second table in an internal
@@ -354,11 +356,9 @@ SELECT id, queue, priority, scheduled_at FROM `{p}jobs` FORCE INDEX (due_idx) WH
 UPDATE `{p}jobs` SET state = 'available' WHERE id IN ({ids}) AND state IN ('retryable', 'scheduled'){intx}
 
 -- A completion that carries a result, in a transaction with
--- store_result (see Complete): the one job, fenced, and the slots its
--- attempt held, joined by job and fence (a completion never keeps a key
--- slot).
+-- store_result and free_slots (see completeResults): the one job, fenced.
 -- name: complete_one
-UPDATE `{p}jobs` j LEFT JOIN `{p}limit_slots` s FORCE INDEX (slot_job_idx) ON s.job_id = j.id AND s.fence = j.fence SET j.state = 'completed', j.finalized_at = UTC_TIMESTAMP(6), j.lease_expires_at = NULL, s.job_id = NULL, s.fence = NULL WHERE j.id = ? AND j.fence = ? AND j.state = 'running'
+UPDATE `{p}jobs` SET state = 'completed', finalized_at = UTC_TIMESTAMP(6), lease_expires_at = NULL WHERE id = ? AND fence = ? AND state = 'running'
 
 -- name: store_result
 INSERT INTO `{p}job_results` (job_id, fence, result, stored_at) VALUES (?, ?, ?, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE fence = VALUES(fence), result = VALUES(result), stored_at = VALUES(stored_at)
