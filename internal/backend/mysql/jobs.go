@@ -1418,11 +1418,11 @@ func (d *Driver) freeSlotsQuery(outcomes []driver.Outcome, chunk []int) (string,
 	return q, args
 }
 
-// execFreeing is execCount for a statement that may free the slots of
-// limited queues beside the jobs it changes (complete, release): a freed
-// slot counts as a matched row too, so it also reports whether any slot
-// was freed (the statement's LAST_INSERT_ID(1), see complete in
-// queries.sql). The count is then not the jobs' alone.
+// execFreeing is execCount for release, which may free the slots of
+// limited queues beside the jobs it changes: a freed slot counts as a
+// matched row too, so it also reports whether any slot was freed (the
+// statement's LAST_INSERT_ID(1), see release in queries.sql). The count
+// is then not the jobs' alone.
 func (d *Driver) execFreeing(ctx context.Context, p *stmtPool, op string, cache bool, q string, args []any) (int64, bool, error) {
 	var n, id int64
 	err := d.retry(ctx, op, func() error {

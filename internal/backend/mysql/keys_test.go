@@ -239,8 +239,8 @@ func TestReadKeyJobsShallow(t *testing.T) {
 }
 
 // TestCompleteFreeingCount: a batch of outcomes whose attempts hold key
-// slots reports the jobs it applied from the statement's count when every
-// job and slot matched, and reads them back when one did not: a stale
+// slots reports the jobs it applied from the jobs statement's count when
+// every job matched, and reads them back when one did not: a stale
 // outcome, or the same outcome twice.
 func TestCompleteFreeingCount(t *testing.T) {
 	ctx := context.Background()
